@@ -1,0 +1,106 @@
+# kiln: one non-recursive Makefile, everything built under build/.
+#   make            binaries: build/kiln-host, build/kiln-init (+ initramfs)
+#   make image      guest kernel and root filesystem (cached in $(KILN_CACHE))
+#   make test       unit tests, fuzz corpus replay, integration tests with real VMs
+#   make bench      benchmarks (figures, not pass/fail)
+#   make demo       an example task, end to end
+# Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln
+
+B          := build
+KILN_CACHE ?= /var/cache/kiln
+export KILN_CACHE
+
+CC       ?= gcc
+WERROR   ?= 1
+SANITIZE ?=
+CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter \
+            -D_GNU_SOURCE -Ilib -MMD -MP
+ifeq ($(WERROR),1)
+CFLAGS   += -Werror
+endif
+ifneq ($(SANITIZE),)
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+HOST_LIBS := -ljansson -lcrypto
+
+LIB_SRCS   := $(wildcard lib/*.c)
+LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
+HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c))
+HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
+# kiln-init is static and links only what the guest needs (no jansson/libcrypto).
+GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c
+GUEST_OBJS := $(GUEST_SRCS:%.c=$(B)/guest-obj/%.o)
+
+UNIT_SRCS  := $(wildcard tests/unit/test_*.c)
+UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
+FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
+
+.PHONY: all deps image test unit bench demo fuzz clean
+all: $(B)/kiln-host $(B)/kiln-init $(B)/image/initramfs.cpio
+
+deps:
+	@scripts/deps.sh
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/guest-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKILN_GUEST -c $< -o $@
+
+$(B)/libkiln.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/libkiln-host.a: $(HOST_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
+
+$(B)/kiln-init: $(GUEST_OBJS)
+	$(CC) -static -o $@ $^
+
+# The initramfs holds only kiln-init (as /init); it mounts the root disk itself.
+$(B)/image/initramfs.cpio: $(B)/kiln-init
+	@mkdir -p $(B)/image/initramfs
+	cp $< $(B)/image/initramfs/init
+	cd $(B)/image/initramfs && echo init | cpio --quiet -o -H newc -R 0:0 > ../initramfs.cpio
+
+image: deps
+	@image/build-kernel.sh $(B)/image/vmlinux
+	@image/build-rootfs.sh $(B)/image/rootfs.ext4
+
+$(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-host.a $(B)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $^ -lcmocka $(HOST_LIBS)
+
+# Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ihost -fsanitize=fuzzer,address,undefined
+$(B)/tests/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(HOST_SRCS)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(HOST_SRCS) $(HOST_LIBS)
+
+unit: $(UNIT_BINS)
+fuzz: $(FUZZ_BINS)
+
+test: deps
+	@$(MAKE) --no-print-directory all image unit fuzz
+	@tests/run.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory all image
+	@bench/run.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all image
+	@scripts/demo.sh
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,527 @@
+/* run: one task, start to finish: start a VM, wait for kiln-init, set its
+ * clock and entropy, send the files, run the command under a host-side
+ * wall-clock deadline, collect /output (re-validating every path and size the
+ * guest names), build the result JSON, destroy the VM. */
+#include "run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "outdir.h"
+#include "proto.h"
+#include "textbuf.h"
+
+#define KILL_GRACE_MS    3000  /* after KILL, the guest has this long to report EXIT */
+#define SETUP_TIMEOUT_MS 10000
+#define COLLECT_BASE_MS  30000 /* plus 1 s per 8 MiB of output budget */
+
+static const char *const default_env[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/work",
+	"LANG=C.UTF-8",
+	"PYTHONUNBUFFERED=1", /* stream output as it is produced */
+	"PYTHONDONTWRITEBYTECODE=1",
+	NULL,
+};
+
+struct run_ctx {
+	const struct task_spec *spec;
+	const struct run_opts *opts;
+	struct vm vm;
+	struct kiln_err err;
+	uint64_t budget;            /* output_mib in bytes: stdout + stderr + files */
+	struct textbuf out, errb;   /* captured stdout / stderr */
+	int out_trunc, err_trunc;
+	struct proto_exit exit;
+	int have_exit, timed_out;
+	json_t *outputs;
+	int64_t t0, t_ready, t_started, t_exit, t_collected;
+	int outdir_fd;
+	char hello_release[65];
+};
+
+static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
+{
+	struct proto_frame f;
+
+	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
+		return -1;
+	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(&c->err, "guest_error", "%s: %s", what, e.message);
+	}
+	return kiln_err_set(&c->err, "vm_error", "%s: unexpected frame type 0x%02x from the guest", what, f.type);
+}
+
+static int wait_hello(struct run_ctx *c)
+{
+	struct proto_frame f;
+	struct proto_hello h;
+	int64_t deadline = proto_now_ms() + (int64_t)c->opts->boot_timeout_s * 1000;
+
+	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0) {
+		if (!strcmp(c->err.code, "timeout")) {
+			char tail[700];
+
+			vm_log_tail(&c->vm, tail, sizeof(tail));
+			kiln_err_set(&c->err, "vm_error", "the guest did not become ready within %d s%s%s",
+				     c->opts->boot_timeout_s, tail[0] ? ": " : "", tail);
+		}
+		return -1;
+	}
+	if (f.type != PROTO_HELLO || proto_hello_decode(f.payload, f.len, &h) < 0)
+		return kiln_err_set(&c->err, "vm_error", "the guest's first frame was not a valid HELLO");
+	if (h.version != PROTO_VERSION)
+		return kiln_err_set(&c->err, "vm_error", "guest speaks protocol version %u, host %u", h.version,
+				    PROTO_VERSION);
+	memcpy(c->hello_release, h.release, sizeof(c->hello_release));
+	c->t_ready = proto_now_us();
+	return 0;
+}
+
+/* The guest has no clock of its own worth trusting and, after a restore,
+ * shares its entropy pool with every clone: give it both before any code runs. */
+static int send_setup(struct run_ctx *c)
+{
+	struct proto_setup s = { .entropy_len = 64 };
+	struct timespec now;
+	uint8_t buf[512];
+	ssize_t n;
+	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
+
+	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
+		return kiln_err_set(&c->err, "host_error", "getrandom: %s", strerror(errno));
+	clock_gettime(CLOCK_REALTIME, &now);
+	s.sec = (uint64_t)now.tv_sec;
+	s.nsec = (uint32_t)now.tv_nsec;
+	n = proto_setup_encode(buf, sizeof(buf), &s);
+	if (n < 0 || vm_send(&c->vm, PROTO_SETUP, buf, (size_t)n, deadline, &c->err) < 0)
+		return -1;
+	return recv_ok(c, PROTO_SETUP, deadline, "setup");
+}
+
+static int send_files(struct run_ctx *c)
+{
+	static uint8_t buf[PROTO_MAX_PAYLOAD];
+
+	for (size_t i = 0; i < c->spec->nfiles; i++) {
+		const struct spec_file *sf = &c->spec->files[i];
+		struct proto_file m = { .mode = sf->mode, .size = sf->size };
+		/* 1 s per 4 MiB on top of a fixed allowance: TCG guests write slowly. */
+		int64_t deadline = proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000;
+		ssize_t n;
+
+		snprintf(m.path, sizeof(m.path), "%s", sf->path);
+		n = proto_file_encode(buf, sizeof(buf), &m);
+		if (n < 0 || vm_send(&c->vm, PROTO_FILE, buf, (size_t)n, deadline, &c->err) < 0)
+			return n < 0 ? kiln_err_set(&c->err, "host_error", "file header too large") : -1;
+		for (size_t off = 0; off < sf->size; off += PROTO_MAX_PAYLOAD) {
+			size_t len = sf->size - off < PROTO_MAX_PAYLOAD ? sf->size - off : PROTO_MAX_PAYLOAD;
+
+			if (vm_send(&c->vm, PROTO_FILE_DATA, sf->data + off, len, deadline, &c->err) < 0)
+				return -1;
+		}
+		if (recv_ok(c, PROTO_FILE, deadline, sf->path) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Build the environment: defaults first, then the task's own (which wins). */
+static size_t build_env(const struct task_spec *spec, char **env, size_t max)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; default_env[i] && n < max; i++) {
+		size_t klen = strchr(default_env[i], '=') - default_env[i] + 1;
+		int overridden = 0;
+
+		for (size_t j = 0; j < spec->nenv; j++)
+			overridden |= !strncmp(spec->env[j], default_env[i], klen);
+		if (!overridden)
+			env[n++] = (char *)default_env[i];
+	}
+	for (size_t j = 0; j < spec->nenv && n < max; j++)
+		env[n++] = spec->env[j];
+	return n;
+}
+
+static int send_exec(struct run_ctx *c)
+{
+	static struct proto_exec m;
+	static uint8_t buf[PROTO_MAX_PAYLOAD];
+	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
+	struct proto_frame f;
+	ssize_t n;
+
+	memset(&m, 0, offsetof(struct proto_exec, argv));
+	m.output_cap = c->budget;
+	m.uid = m.gid = 1000; /* the guest's unprivileged `sandbox` user */
+	snprintf(m.cwd, sizeof(m.cwd), "%s", c->spec->cwd);
+	m.argc = (uint32_t)c->spec->argc;
+	if (m.argc > PROTO_MAX_ARGS)
+		return kiln_err_set(&c->err, "invalid_spec", "argv: too many arguments");
+	for (size_t i = 0; i < c->spec->argc; i++)
+		m.argv[i] = c->spec->argv[i];
+	m.envc = (uint32_t)build_env(c->spec, m.env, PROTO_MAX_ENV);
+	n = proto_exec_encode(buf, sizeof(buf), &m);
+	if (n < 0)
+		return kiln_err_set(&c->err, "invalid_spec", "argv and env together exceed %d bytes", PROTO_MAX_PAYLOAD);
+	if (vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err) < 0)
+		return -1;
+	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
+		return -1;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(&c->err, "guest_error", "exec: %s", e.message);
+	}
+	if (f.type != PROTO_STARTED)
+		return kiln_err_set(&c->err, "vm_error", "exec: unexpected frame type 0x%02x", f.type);
+	c->t_started = proto_now_us();
+	return 0;
+}
+
+static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
+{
+	json_t *ev;
+	char *s;
+
+	if (!c->opts->stream)
+		return;
+	s = textbuf_to_utf8((const char *)p, n);
+	ev = json_pack("{s:s, s:s}", "stream", name, "data", s ? s : "");
+	json_dumpf(ev, c->opts->stream, JSON_COMPACT);
+	fputc('\n', c->opts->stream);
+	fflush(c->opts->stream);
+	json_decref(ev);
+	free(s);
+}
+
+/* Run until EXIT, enforcing the wall-clock limit from the host. */
+static int run_loop(struct run_ctx *c)
+{
+	int64_t deadline = c->t_started / 1000 + (int64_t)c->spec->timeout_s * 1000;
+	uint64_t received = 0;
+
+	for (;;) {
+		struct proto_frame f;
+
+		if (vm_recv(&c->vm, &f, deadline, &c->err) < 0) {
+			if (strcmp(c->err.code, "timeout"))
+				return -1;
+			/* No EXIT within the grace: the VM is destroyed without collecting. */
+			if (c->timed_out)
+				return 0;
+			/* Time is up: ask kiln-init to kill the task, then give it a short grace. */
+			c->timed_out = 1;
+			c->t_exit = proto_now_us();
+			if (vm_send(&c->vm, PROTO_KILL, NULL, 0, proto_now_ms() + KILL_GRACE_MS, &c->err) < 0)
+				return -1;
+			deadline = proto_now_ms() + KILL_GRACE_MS;
+			continue;
+		}
+		switch (f.type) {
+		case PROTO_STDOUT:
+		case PROTO_STDERR:
+			/* kiln-init enforces the cap; a guest that sends more is broken or hostile. */
+			received += f.len;
+			if (received > c->budget)
+				return kiln_err_set(&c->err, "vm_error", "the guest sent more output than its limit");
+			if (textbuf_append(f.type == PROTO_STDOUT ? &c->out : &c->errb, f.payload, f.len) < 0)
+				return kiln_err_set(&c->err, "host_error", "out of memory");
+			stream_event(c, f.type == PROTO_STDOUT ? "stdout" : "stderr", f.payload, f.len);
+			break;
+		case PROTO_EXIT:
+			if (proto_exit_decode(f.payload, f.len, &c->exit) < 0)
+				return kiln_err_set(&c->err, "vm_error", "malformed EXIT from the guest");
+			c->have_exit = 1;
+			if (!c->timed_out)
+				c->t_exit = proto_now_us();
+			c->out_trunc = c->exit.stdout_bytes > c->out.len;
+			c->err_trunc = c->exit.stderr_bytes > c->errb.len;
+			return 0;
+		default:
+			return kiln_err_set(&c->err, "vm_error", "unexpected frame type 0x%02x while the task ran", f.type);
+		}
+	}
+}
+
+static int hex_digest(EVP_MD_CTX *md, char out[65])
+{
+	unsigned char d[32];
+	unsigned int dl = 0;
+
+	if (!EVP_DigestFinal_ex(md, d, &dl) || dl != 32)
+		return -1;
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+	return 0;
+}
+
+/* Receive /output. Every path and size from the guest is checked again here:
+ * the decoder refuses absolute paths and '..', the byte budget is counted on
+ * this side, and files are created under the output directory without
+ * following symlinks. */
+static int collect(struct run_ctx *c)
+{
+	uint64_t used = c->out.len + c->errb.len;
+	uint64_t budget = c->budget > used ? c->budget - used : 0;
+	int64_t deadline = proto_now_ms() + COLLECT_BASE_MS + (int64_t)(budget >> 23) * 1000;
+	uint8_t req[8];
+	struct proto_writer w = { .buf = req, .cap = sizeof(req) };
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	struct proto_out_file file;
+	uint64_t left = 0; /* bytes still due for the current file */
+	int fd = -1, in_file = 0, r = -1;
+
+	if (!md)
+		return kiln_err_set(&c->err, "host_error", "out of memory");
+	proto_put_u64(&w, budget);
+	if (vm_send(&c->vm, PROTO_COLLECT, req, w.len, deadline, &c->err) < 0)
+		goto out;
+	for (;;) {
+		struct proto_frame f;
+		char path[PROTO_MAX_PATH + 1];
+
+		if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
+			goto out;
+		if (in_file && f.type != PROTO_OUT_DATA) {
+			kiln_err_set(&c->err, "vm_error", "guest ended %s early", file.path);
+			goto out;
+		}
+		switch (f.type) {
+		case PROTO_OUT_DIR:
+			if (proto_path_decode(f.payload, f.len, path) < 0) {
+				kiln_err_set(&c->err, "vm_error", "guest named an invalid output directory");
+				goto out;
+			}
+			if (c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &c->err) < 0)
+				goto out;
+			break;
+		case PROTO_OUT_FILE:
+			if (proto_out_file_decode(f.payload, f.len, &file) < 0) {
+				kiln_err_set(&c->err, "vm_error", "guest named an invalid output file");
+				goto out;
+			}
+			if (file.size > budget) {
+				kiln_err_set(&c->err, "vm_error", "guest sent %s beyond the output budget", file.path);
+				goto out;
+			}
+			budget -= file.size;
+			if (c->outdir_fd >= 0 && (fd = outdir_create(c->outdir_fd, file.path, file.mode, &c->err)) < 0)
+				goto out;
+			EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+			left = file.size;
+			in_file = 1;
+			break;
+		case PROTO_OUT_DATA:
+			if (!in_file || f.len > left) {
+				kiln_err_set(&c->err, "vm_error", "guest sent output data beyond the announced size");
+				goto out;
+			}
+			EVP_DigestUpdate(md, f.payload, f.len);
+			if (fd >= 0 && proto_write_all(fd, f.payload, f.len, 0) < 0) {
+				kiln_err_set(&c->err, "host_error", "writing %s: %s", file.path, strerror(errno));
+				goto out;
+			}
+			left -= f.len;
+			break;
+		case PROTO_OUT_END: {
+			struct proto_out_end e;
+
+			if (proto_out_end_decode(f.payload, f.len, &e) < 0) {
+				kiln_err_set(&c->err, "vm_error", "malformed OUT_END");
+				goto out;
+			}
+			if (e.flags & PROTO_OUT_TRUNCATED)
+				c->exit.flags |= PROTO_EXIT_OUTPUT_LIMIT;
+			r = 0;
+			goto out;
+		}
+		case PROTO_ERROR: {
+			struct proto_error e;
+
+			if (proto_error_decode(f.payload, f.len, &e) == 0)
+				kiln_err_set(&c->err, "guest_error", "collecting /output: %s", e.message);
+			else
+				kiln_err_set(&c->err, "vm_error", "malformed ERROR");
+			goto out;
+		}
+		default:
+			kiln_err_set(&c->err, "vm_error", "unexpected frame type 0x%02x while collecting", f.type);
+			goto out;
+		}
+		if (in_file && left == 0) {
+			char hex[65];
+
+			if (hex_digest(md, hex) < 0) {
+				kiln_err_set(&c->err, "host_error", "sha256 failed");
+				goto out;
+			}
+			json_array_append_new(c->outputs, json_pack("{s:s, s:I, s:s}", "path", file.path, "size",
+								     (json_int_t)file.size, "sha256", hex));
+			if (fd >= 0)
+				close(fd);
+			fd = -1;
+			in_file = 0;
+		}
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	EVP_MD_CTX_free(md);
+	c->t_collected = proto_now_us();
+	return r;
+}
+
+static json_t *str_json(const struct textbuf *b)
+{
+	char *s = textbuf_to_utf8(b->p, b->len);
+	json_t *j = json_string(s ? s : "");
+
+	free(s);
+	return j;
+}
+
+static const char *signame(unsigned sig)
+{
+	static char other[16];
+
+	switch (sig) {
+	case SIGKILL: return "SIGKILL";
+	case SIGTERM: return "SIGTERM";
+	case SIGSEGV: return "SIGSEGV";
+	case SIGABRT: return "SIGABRT";
+	case SIGBUS: return "SIGBUS";
+	case SIGFPE: return "SIGFPE";
+	case SIGILL: return "SIGILL";
+	case SIGINT: return "SIGINT";
+	case SIGPIPE: return "SIGPIPE";
+	case SIGHUP: return "SIGHUP";
+	case SIGXCPU: return "SIGXCPU";
+	case SIGXFSZ: return "SIGXFSZ";
+	}
+	snprintf(other, sizeof(other), "SIG%u", sig);
+	return other;
+}
+
+static json_t *ms(int64_t a_us, int64_t b_us)
+{
+	return json_integer(a_us && b_us && b_us >= a_us ? (b_us - a_us + 500) / 1000 : 0);
+}
+
+static json_t *build_result(struct run_ctx *c, int failed)
+{
+	json_t *r = json_object();
+	const char *state, *reason;
+	json_t *exit_code = json_null(), *sig = json_null();
+
+	if (failed) {
+		state = "error";
+		reason = "vm_error";
+	} else if (c->timed_out) {
+		state = "timed_out";
+		reason = "timeout";
+	} else if (c->exit.flags & PROTO_EXIT_OUTPUT_LIMIT) {
+		state = "failed";
+		reason = "output_limit";
+	} else if (c->exit.flags & PROTO_EXIT_OOM) {
+		state = "failed";
+		reason = "oom";
+	} else if (c->exit.how == PROTO_SIGNALED) {
+		state = "failed";
+		reason = "signaled";
+	} else {
+		state = c->exit.status == 0 ? "succeeded" : "failed";
+		reason = "exited";
+	}
+	if (c->have_exit) {
+		if (c->exit.how == PROTO_EXITED)
+			exit_code = json_integer(c->exit.status);
+		else
+			sig = json_string(signame(c->exit.status));
+	} else if (c->timed_out) {
+		sig = json_string("SIGKILL");
+	}
+	json_object_set_new(r, "state", json_string(state));
+	json_object_set_new(r, "exit_code", exit_code);
+	json_object_set_new(r, "signal", sig);
+	json_object_set_new(r, "end_reason", json_string(reason));
+	json_object_set_new(r, "stdout", str_json(&c->out));
+	json_object_set_new(r, "stderr", str_json(&c->errb));
+	json_object_set_new(r, "stdout_truncated", json_boolean(c->out_trunc));
+	json_object_set_new(r, "stderr_truncated", json_boolean(c->err_trunc));
+	json_object_set(r, "outputs", c->outputs);
+	if (c->have_exit)
+		json_object_set_new(r, "usage",
+				    json_pack("{s:I, s:I, s:I, s:I, s:I}", "user_ms", (json_int_t)(c->exit.user_us / 1000),
+					      "sys_ms", (json_int_t)(c->exit.sys_us / 1000), "max_rss_kib",
+					      (json_int_t)c->exit.maxrss_kib, "stdout_bytes",
+					      (json_int_t)c->exit.stdout_bytes, "stderr_bytes",
+					      (json_int_t)c->exit.stderr_bytes));
+	json_object_set_new(r, "timings",
+			    json_pack("{s:s, s:o, s:o, s:o, s:o}", "start", "cold", "boot_ms", ms(c->t0, c->t_ready),
+				      "run_ms", ms(c->t_started, c->t_exit), "collect_ms", ms(c->t_exit, c->t_collected),
+				      "total_ms", ms(c->t0, proto_now_us())));
+	if (c->hello_release[0])
+		json_object_set_new(r, "guest_kernel", json_string(c->hello_release));
+	if (failed)
+		json_object_set_new(r, "error", json_pack("{s:s, s:s}", "code", c->err.code, "message", c->err.message));
+	return r;
+}
+
+json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
+{
+	struct run_ctx *c = calloc(1, sizeof(*c));
+	struct vm_config cfg = opts->vm;
+	int failed = 1;
+	json_t *result;
+
+	if (!c)
+		return json_pack("{s:s, s:s, s:{s:s, s:s}}", "state", "error", "end_reason", "vm_error", "error", "code",
+				 "host_error", "message", "out of memory");
+	c->spec = spec;
+	c->opts = opts;
+	c->t0 = proto_now_us();
+	c->budget = (uint64_t)spec->output_mib << 20;
+	c->outputs = json_array();
+	c->outdir_fd = -1;
+	c->vm.pid = c->vm.pidfd = c->vm.agent_fd = c->vm.qmp_fd = c->vm.lock_fd = -1;
+	cfg.vcpus = spec->vcpus;
+	cfg.memory_mib = spec->memory_mib;
+
+	if (opts->output_dir && (c->outdir_fd = outdir_open(opts->output_dir, &c->err)) < 0)
+		goto done;
+	if (vm_start(&cfg, &c->vm, &c->err) < 0)
+		goto done;
+	if (wait_hello(c) < 0 || send_setup(c) < 0 || send_files(c) < 0 || send_exec(c) < 0 || run_loop(c) < 0)
+		goto done;
+	if (c->have_exit && collect(c) < 0)
+		goto done;
+	failed = 0;
+done:
+	vm_destroy(&c->vm);
+	result = build_result(c, failed);
+	if (c->outdir_fd >= 0)
+		close(c->outdir_fd);
+	json_decref(c->outputs);
+	textbuf_free(&c->out);
+	textbuf_free(&c->errb);
+	free(c);
+	return result;
+}

@@ -1,0 +1,30 @@
+/* run: execute one task spec in a fresh VM and build its result. */
+#ifndef KILN_RUN_H
+#define KILN_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "spec.h"
+#include "vm.h"
+
+struct run_opts {
+	struct vm_config vm;       /* image paths, accel, run dir (vcpus/memory come from the spec) */
+	const char *output_dir;    /* write /output files here (NULL: hash only) */
+	FILE *stream;              /* NULL, or write stdout/stderr events here as JSON lines */
+	int boot_timeout_s;        /* cold boot to kiln-init ready */
+};
+
+/* Run spec to completion and return the result object (see docs/api.md,
+ * "Task result"): never NULL, also for infrastructure errors, which yield
+ * state "error". The caller owns the returned reference. */
+json_t *run_task(const struct task_spec *spec, const struct run_opts *opts);
+
+/* A host-side view of a finished task, shared with the result encoder. */
+enum run_state { RUN_SUCCEEDED, RUN_FAILED, RUN_TIMED_OUT, RUN_ERROR };
+
+#endif

@@ -1,0 +1,92 @@
+/* textbuf: growable buffers and UTF-8 sanitising of task output. */
+#include "textbuf.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int textbuf_append(struct textbuf *b, const void *data, size_t n)
+{
+	if (b->cap - b->len < n) {
+		size_t cap = b->cap ? b->cap : 4096;
+		char *p;
+
+		while (cap - b->len < n) {
+			if (cap > SIZE_MAX / 2)
+				return -ENOMEM;
+			cap *= 2;
+		}
+		p = realloc(b->p, cap);
+		if (!p)
+			return -ENOMEM;
+		b->p = p;
+		b->cap = cap;
+	}
+	if (n)
+		memcpy(b->p + b->len, data, n);
+	b->len += n;
+	return 0;
+}
+
+void textbuf_free(struct textbuf *b)
+{
+	free(b->p);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, no
+ * surrogates, nothing above U+10FFFF), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned char c = s[0];
+
+	if (c >= 0x01 && c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		return n >= 2 && (s[1] & 0xc0) == 0x80 ? 2 : 0;
+	if (c >= 0xe0 && c <= 0xef) {
+		if (n < 3 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80)
+			return 0;
+		if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))
+			return 0;
+		return 3;
+	}
+	if (c >= 0xf0 && c <= 0xf4) {
+		if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
+			return 0;
+		if ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))
+			return 0;
+		return 4;
+	}
+	return 0;
+}
+
+char *textbuf_to_utf8(const char *p, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)p;
+	char *out, *o;
+
+	/* Worst case: every byte becomes the 3-byte U+FFFD. */
+	if (n > (SIZE_MAX - 1) / 3)
+		return NULL;
+	out = malloc(n * 3 + 1);
+	if (!out)
+		return NULL;
+	o = out;
+	for (size_t i = 0; i < n;) {
+		size_t k = utf8_seq(s + i, n - i);
+
+		if (k) {
+			memcpy(o, s + i, k);
+			o += k;
+			i += k;
+		} else {
+			memcpy(o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+		}
+	}
+	*o = '\0';
+	return out;
+}

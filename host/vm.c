@@ -1,0 +1,615 @@
+/* vm: start, talk to and destroy one QEMU microvm. QEMU gets its agent and QMP
+ * channels as inherited socketpair ends (no socket files to race on or leak),
+ * dies with its owner (PR_SET_PDEATHSIG), and leaves a locked per-VM directory
+ * that vm_reap_stale cleans when an owner was killed before it could. */
+#include "vm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "qmp.h"
+
+#define VM_MAX_ARGS 64
+#define QMP_BUF_SIZE (QMP_MAX_LINE + 1)
+
+enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
+{
+	int hw = access("/sys/module/kvm_intel", F_OK) == 0 || access("/sys/module/kvm_amd", F_OK) == 0;
+	int fd;
+
+	if (want == VM_ACCEL_TCG)
+		return VM_ACCEL_TCG;
+	fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+	if (hw && fd >= 0)
+		return VM_ACCEL_KVM;
+	if (want == VM_ACCEL_KVM) {
+		kiln_err_set(err, "kvm_unavailable",
+			     "--accel kvm: %s", fd < 0 ? "/dev/kvm cannot be opened"
+			     : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software hypervisor that cannot boot the guest");
+		return VM_ACCEL_AUTO;
+	}
+	return VM_ACCEL_TCG;
+}
+
+const char *vm_accel_name(enum vm_accel a)
+{
+	return a == VM_ACCEL_KVM ? "kvm" : a == VM_ACCEL_TCG ? "tcg" : "auto";
+}
+
+static int rm_tree_at(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d;
+	struct dirent *e;
+
+	if (fd < 0)
+		return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		if (e->d_type == DT_DIR)
+			rm_tree_at(fd, e->d_name);
+		else
+			unlinkat(fd, e->d_name, 0);
+	}
+	closedir(d);
+	return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? 0 : -errno;
+}
+
+/* Start time of a process in clock ticks since boot (field 22 of stat), or 0. */
+static unsigned long long proc_start_time(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long start = 0;
+	int fd, i;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* The command name may contain spaces and ')': fields start after the last ')'. */
+	p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	for (i = 2; p && i < 22; i++)
+		p = strchr(p + 1, ' ');
+	if (p)
+		start = strtoull(p + 1, NULL, 10);
+	return start;
+}
+
+static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
+{
+	static unsigned counter;
+	char path[600];
+
+	if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST)
+		return kiln_err_set(err, "host_error", "cannot create run directory %s: %s", cfg->run_dir, strerror(errno));
+	for (int tries = 0; tries < 100; tries++) {
+		snprintf(vm->dir, sizeof(vm->dir), "%s/vm-%d-%u", cfg->run_dir, (int)getpid(), counter++);
+		if (mkdir(vm->dir, 0700) == 0)
+			break;
+		if (errno != EEXIST)
+			return kiln_err_set(err, "host_error", "cannot create %s: %s", vm->dir, strerror(errno));
+		vm->dir[0] = '\0';
+	}
+	if (!vm->dir[0])
+		return kiln_err_set(err, "host_error", "cannot create a VM directory in %s", cfg->run_dir);
+	snprintf(path, sizeof(path), "%s/lock", vm->dir);
+	vm->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (vm->lock_fd < 0 || flock(vm->lock_fd, LOCK_EX | LOCK_NB) < 0)
+		return kiln_err_set(err, "host_error", "cannot lock %s: %s", path, strerror(errno));
+	return 0;
+}
+
+/* Build QEMU's command line into argv (strings in store). */
+static void build_argv(const struct vm_config *cfg, const struct vm *vm, int agent_fd, int qmp_fd,
+		       char **argv, char store[][1024])
+{
+	int n = 0, s = 0;
+
+#define ARG(...) (snprintf(store[s], 1024, __VA_ARGS__), argv[n++] = store[s++])
+	ARG("%s", cfg->qemu);
+	ARG("-M");
+	/* No ACPI (virtio-mmio devices come from the kernel command line), an RTC so
+	 * the kernel does not wait a second for its clock, no option ROMs. */
+	ARG("microvm,acpi=off,rtc=on,x-option-roms=off,isa-serial=on%s",
+	    cfg->mem_file ? ",memory-backend=mem" : "");
+	ARG("-accel");
+	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "kvm" : "tcg,tb-size=64");
+	ARG("-cpu");
+	/* qemu64 under TCG: fewer features to emulate; first-touch writes ~2x faster. */
+	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "host" : "qemu64");
+	ARG("-m");
+	ARG("%u", cfg->memory_mib);
+	ARG("-smp");
+	ARG("%u", cfg->vcpus);
+	if (cfg->mem_file) {
+		ARG("-object");
+		ARG("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s", cfg->memory_mib, cfg->mem_file,
+		    cfg->mem_share ? "on" : "off");
+	}
+	ARG("-nodefaults");
+	ARG("-no-user-config");
+	ARG("-nographic");
+	ARG("-no-reboot");
+	ARG("-kernel");
+	ARG("%s", cfg->kernel);
+	ARG("-initrd");
+	ARG("%s", cfg->initrd);
+	ARG("-append");
+	ARG("console=ttyS0 quiet loglevel=3 acpi=off reboot=t panic=-1 nolapic_timer pty.legacy_count=0 "
+	    "random.trust_cpu=off");
+	ARG("-serial");
+	ARG("file:%s/console.log", vm->dir);
+	ARG("-drive");
+	/* The base image is never written: snapshot=on puts this VM's writes in a
+	 * temporary overlay that QEMU deletes; a template writes its own overlay. */
+	ARG("id=root,if=none,file=%s,format=%s,%s", cfg->disk, cfg->disk_format,
+	    cfg->disk_writable ? "cache=unsafe" : "snapshot=on,cache=unsafe");
+	ARG("-device");
+	ARG("virtio-blk-device,drive=root");
+	ARG("-device");
+	ARG("virtio-serial-device,max_ports=2");
+	ARG("-chardev");
+	ARG("socket,id=agent,fd=%d", agent_fd);
+	ARG("-device");
+	ARG("virtserialport,chardev=agent,name=kiln.agent");
+	ARG("-object");
+	ARG("rng-random,id=rng,filename=/dev/urandom");
+	ARG("-device");
+	ARG("virtio-rng-device,rng=rng");
+	ARG("-chardev");
+	ARG("socket,id=qmp,fd=%d", qmp_fd);
+	ARG("-mon");
+	ARG("chardev=qmp,mode=control");
+	if (cfg->incoming) {
+		ARG("-incoming");
+		ARG("defer");
+	}
+	ARG("-sandbox");
+	ARG("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+	argv[n] = NULL;
+#undef ARG
+}
+
+/* Child side of fork: never returns. Only async-signal-safe calls. */
+static void exec_qemu(char **argv, const char *dir, int agent_fd, int qmp_fd, pid_t parent)
+{
+	char log[600];
+	int fd;
+
+	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(127);
+	setpgid(0, 0);
+	fd = open("/dev/null", O_RDONLY);
+	if (fd >= 0) {
+		dup2(fd, 0);
+		close(fd);
+	}
+	snprintf(log, sizeof(log), "%s/qemu.log", dir);
+	fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+	if (fd >= 0) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+		close(fd);
+	}
+	/* Only the two channel fds cross into QEMU. */
+	syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+	fcntl(agent_fd, F_SETFD, 0);
+	fcntl(qmp_fd, F_SETFD, 0);
+	/* TMPDIR: where QEMU puts the snapshot=on overlay (inside the VM directory). */
+	setenv("TMPDIR", dir, 1);
+	execv(argv[0], argv);
+	_exit(127);
+}
+
+static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, struct kiln_err *err);
+
+int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
+{
+	char *argv[VM_MAX_ARGS + 1];
+	static char store[VM_MAX_ARGS][1024];
+	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 };
+	struct qmp_msg m;
+	pid_t parent = getpid();
+	char path[600];
+	FILE *f;
+
+	memset(vm, 0, sizeof(*vm));
+	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;
+	vm->pid = -1;
+	if (make_vm_dir(cfg, vm, err) < 0)
+		goto fail;
+	vm->rbuf = malloc(PROTO_MAX_FRAME);
+	vm->qbuf = malloc(QMP_BUF_SIZE);
+	if (!vm->rbuf || !vm->qbuf) {
+		kiln_err_set(err, "host_error", "out of memory");
+		goto fail;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0) {
+		kiln_err_set(err, "host_error", "socketpair: %s", strerror(errno));
+		goto fail;
+	}
+	build_argv(cfg, vm, agent[1], qmp[1], argv, store);
+	vm->t_spawn_us = proto_now_us();
+	vm->pid = fork();
+	if (vm->pid < 0) {
+		kiln_err_set(err, "host_error", "fork: %s", strerror(errno));
+		goto fail;
+	}
+	if (vm->pid == 0)
+		exec_qemu(argv, vm->dir, agent[1], qmp[1], parent);
+	close(agent[1]);
+	close(qmp[1]);
+	agent[1] = qmp[1] = -1;
+	vm->agent_fd = agent[0];
+	vm->qmp_fd = qmp[0];
+	fcntl(vm->agent_fd, F_SETFL, O_NONBLOCK);
+	fcntl(vm->qmp_fd, F_SETFL, O_NONBLOCK);
+	vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
+	if (vm->pidfd < 0) {
+		kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
+		goto fail;
+	}
+	/* Record who runs in this directory, for vm_reap_stale after a crash. */
+	snprintf(path, sizeof(path), "%s/qemu.pid", vm->dir);
+	f = fopen(path, "we");
+	if (f) {
+		fprintf(f, "%d %llu\n", (int)vm->pid, proc_start_time(vm->pid));
+		fclose(f);
+	}
+	/* QMP: greeting, then capabilities negotiation. */
+	if (qmp_read_msg(vm, &m, proto_now_ms() + 10000, err) < 0)
+		goto fail;
+	if (m.kind != QMP_GREETING) {
+		qmp_msg_free(&m);
+		kiln_err_set(err, "vm_error", "QEMU did not send a QMP greeting");
+		goto fail;
+	}
+	qmp_msg_free(&m);
+	if (vm_qmp(vm, "{\"execute\":\"qmp_capabilities\"}", proto_now_ms() + 10000, NULL, err) < 0)
+		goto fail;
+	return 0;
+fail:
+	if (agent[1] >= 0)
+		close(agent[1]);
+	if (qmp[1] >= 0)
+		close(qmp[1]);
+	if (agent[0] >= 0 && vm->agent_fd < 0)
+		close(agent[0]);
+	if (qmp[0] >= 0 && vm->qmp_fd < 0)
+		close(qmp[0]);
+	return -1;
+}
+
+/* Wait until fd is readable or QEMU exits or the deadline passes.
+ * Returns 1 readable, 0 QEMU exited, -ETIMEDOUT, or -errno. */
+static int wait_readable(struct vm *vm, int fd, int64_t deadline_ms)
+{
+	for (;;) {
+		struct pollfd p[2] = { { .fd = fd, .events = POLLIN }, { .fd = vm->pidfd, .events = POLLIN } };
+		int64_t left = deadline_ms - proto_now_ms();
+		int r;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		r = poll(p, 2, left > 60000 ? 60000 : (int)left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		/* Data first: QEMU may have written its last bytes and then exited. */
+		if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+			return 1;
+		if (p[1].revents)
+			return 0;
+	}
+}
+
+static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
+{
+	char tail[1024];
+	int status = 0;
+
+	if (vm->pid > 0 && waitpid(vm->pid, &status, WNOHANG) == vm->pid)
+		vm->pid = -1;
+	vm_log_tail(vm, tail, sizeof(tail));
+	return kiln_err_set(err, "vm_error", "QEMU exited %s (%s %d)%s%s", when,
+			    WIFSIGNALED(status) ? "signal" : "status",
+			    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
+			    tail[0] ? ": " : "", tail);
+}
+
+int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
+{
+	for (;;) {
+		ssize_t n;
+
+		/* Drop the frame handed out last time. */
+		if (vm->rskip) {
+			memmove(vm->rbuf, vm->rbuf + vm->rskip, vm->rlen - vm->rskip);
+			vm->rlen -= vm->rskip;
+			vm->rskip = 0;
+		}
+		n = proto_frame_parse(vm->rbuf, vm->rlen, f);
+		if (n < 0)
+			return kiln_err_set(err, "vm_error", "guest sent a malformed frame (protocol violation)");
+		if (n > 0) {
+			vm->rskip = (size_t)n;
+			return 0;
+		}
+		n = wait_readable(vm, vm->agent_fd, deadline_ms);
+		if (n == -ETIMEDOUT)
+			return kiln_err_set(err, "timeout", "timed out waiting for the guest");
+		if (n == 0)
+			return vm_gone(vm, err, "while the guest was running");
+		if (n < 0)
+			return kiln_err_set(err, "host_error", "poll: %s", strerror((int)-n));
+		n = read(vm->agent_fd, vm->rbuf + vm->rlen, PROTO_MAX_FRAME - vm->rlen);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (n < 0)
+			return kiln_err_set(err, "vm_error", "agent channel: %s", strerror(errno));
+		if (n == 0)
+			return vm_gone(vm, err, "(agent channel closed)");
+		vm->rlen += (size_t)n;
+	}
+}
+
+int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_t deadline_ms,
+	    struct kiln_err *err)
+{
+	int r = proto_send(vm->agent_fd, type, payload, len, deadline_ms);
+
+	if (r == -ETIMEDOUT)
+		return kiln_err_set(err, "timeout", "timed out sending to the guest");
+	if (r < 0)
+		return kiln_err_set(err, "vm_error", "agent channel: %s", strerror(-r));
+	return 0;
+}
+
+/* Read one QMP line into m. */
+static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, struct kiln_err *err)
+{
+	for (;;) {
+		char *nl = memchr(vm->qbuf, '\n', vm->qlen);
+		ssize_t n;
+
+		if (nl) {
+			size_t len = (size_t)(nl - vm->qbuf);
+			int r = qmp_parse(vm->qbuf, len, m);
+
+			memmove(vm->qbuf, nl + 1, vm->qlen - len - 1);
+			vm->qlen -= len + 1;
+			if (r < 0)
+				return kiln_err_set(err, "vm_error", "malformed QMP message from QEMU");
+			return 0;
+		}
+		if (vm->qlen >= QMP_MAX_LINE)
+			return kiln_err_set(err, "vm_error", "QMP message longer than %d bytes", QMP_MAX_LINE);
+		n = wait_readable(vm, vm->qmp_fd, deadline_ms);
+		if (n == -ETIMEDOUT)
+			return kiln_err_set(err, "timeout", "timed out waiting for QMP");
+		if (n == 0)
+			return vm_gone(vm, err, "during a QMP exchange");
+		if (n < 0)
+			return kiln_err_set(err, "host_error", "poll: %s", strerror((int)-n));
+		n = read(vm->qmp_fd, vm->qbuf + vm->qlen, QMP_MAX_LINE - vm->qlen);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (n <= 0)
+			return vm_gone(vm, err, "(QMP channel closed)");
+		vm->qlen += (size_t)n;
+	}
+}
+
+int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
+{
+	size_t len = strlen(cmd);
+	struct qmp_msg m;
+	int r;
+
+	if (ret)
+		*ret = NULL;
+	r = proto_write_all(vm->qmp_fd, cmd, len, deadline_ms);
+	if (r == 0)
+		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
+	if (r < 0)
+		return kiln_err_set(err, "vm_error", "QMP send: %s", strerror(-r));
+	for (;;) {
+		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
+			return -1;
+		if (m.kind == QMP_RETURN) {
+			if (ret)
+				*ret = json_incref(m.ret);
+			qmp_msg_free(&m);
+			return 0;
+		}
+		if (m.kind == QMP_ERROR) {
+			kiln_err_set(err, "vm_error", "QMP %s: %s: %s", cmd, m.errclass, m.errdesc);
+			qmp_msg_free(&m);
+			return -1;
+		}
+		qmp_msg_free(&m); /* events and stray greetings */
+	}
+}
+
+int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct kiln_err *err)
+{
+	struct qmp_msg m;
+
+	for (;;) {
+		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
+			return -1;
+		if (m.kind == QMP_EVENT && !strcmp(m.event, event)) {
+			qmp_msg_free(&m);
+			return 0;
+		}
+		qmp_msg_free(&m);
+	}
+}
+
+void vm_destroy(struct vm *vm)
+{
+	if (vm->pid > 0) {
+		kill(vm->pid, SIGKILL);
+		while (waitpid(vm->pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		vm->pid = -1;
+	}
+	if (vm->pidfd >= 0)
+		close(vm->pidfd);
+	if (vm->agent_fd >= 0)
+		close(vm->agent_fd);
+	if (vm->qmp_fd >= 0)
+		close(vm->qmp_fd);
+	vm->pidfd = vm->agent_fd = vm->qmp_fd = -1;
+	if (vm->dir[0]) {
+		char *slash = strrchr(vm->dir, '/');
+
+		if (slash) {
+			*slash = '\0';
+			int dfd = open(vm->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+			*slash = '/';
+			if (dfd >= 0) {
+				rm_tree_at(dfd, slash + 1);
+				close(dfd);
+			}
+		}
+		vm->dir[0] = '\0';
+	}
+	/* The lock goes last: until the directory is gone, nobody may reap it. */
+	if (vm->lock_fd >= 0)
+		close(vm->lock_fd);
+	vm->lock_fd = -1;
+	free(vm->rbuf);
+	free(vm->qbuf);
+	vm->rbuf = NULL;
+	vm->qbuf = NULL;
+	vm->rlen = vm->rskip = vm->qlen = 0;
+}
+
+static void tail_file(const char *path, char *out, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	off_t size;
+	ssize_t n;
+	size_t want = cap - 1;
+
+	out[0] = '\0';
+	if (fd < 0)
+		return;
+	size = lseek(fd, 0, SEEK_END);
+	if (size > (off_t)want)
+		lseek(fd, size - (off_t)want, SEEK_SET);
+	else
+		lseek(fd, 0, SEEK_SET);
+	n = read(fd, out, want);
+	close(fd);
+	if (n < 0)
+		n = 0;
+	out[n] = '\0';
+	/* Keep it one line and printable: it ends up inside a JSON message. */
+	for (ssize_t i = 0; i < n; i++)
+		if ((unsigned char)out[i] < 0x20 || (unsigned char)out[i] >= 0x7f)
+			out[i] = out[i] == '\n' ? '|' : ' ';
+}
+
+void vm_log_tail(const struct vm *vm, char *out, size_t cap)
+{
+	char path[600], con[512], qlog[512];
+
+	out[0] = '\0';
+	if (!vm->dir[0] || cap < 2)
+		return;
+	snprintf(path, sizeof(path), "%s/console.log", vm->dir);
+	tail_file(path, con, sizeof(con));
+	snprintf(path, sizeof(path), "%s/qemu.log", vm->dir);
+	tail_file(path, qlog, sizeof(qlog));
+	snprintf(out, cap, "%s%s%s%s%s", qlog[0] ? "qemu: " : "", qlog, qlog[0] && con[0] ? "; " : "",
+		 con[0] ? "console: " : "", con);
+}
+
+int vm_reap_stale(const char *run_dir)
+{
+	DIR *d = opendir(run_dir);
+	struct dirent *e;
+	int reaped = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		char path[1024];
+		int lock, pid = 0;
+		unsigned long long start = 0;
+		FILE *f;
+
+		if (strncmp(e->d_name, "vm-", 3))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s/lock", run_dir, e->d_name);
+		lock = open(path, O_RDWR | O_CLOEXEC);
+		if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) < 0) {
+			close(lock); /* its owner is alive */
+			continue;
+		}
+		snprintf(path, sizeof(path), "%s/%s/qemu.pid", run_dir, e->d_name);
+		f = fopen(path, "re");
+		if (f) {
+			if (fscanf(f, "%d %llu", &pid, &start) != 2)
+				pid = 0;
+			fclose(f);
+		}
+		/* Only kill the process we started: same pid and same start time. */
+		if (pid > 0 && start && proc_start_time(pid) == start) {
+			int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+
+			if (pfd >= 0 && proc_start_time(pid) == start) {
+				struct pollfd p = { .fd = pfd, .events = POLLIN };
+
+				syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+				poll(&p, 1, 5000);
+			}
+			if (pfd >= 0)
+				close(pfd);
+		}
+		rm_tree_at(dirfd(d), e->d_name);
+		if (lock >= 0)
+			close(lock);
+		reaped++;
+	}
+	closedir(d);
+	return reaped;
+}

@@ -1,0 +1,87 @@
+/* vm: the VM driver. Starts one QEMU microvm per task, talks QMP, reads the
+ * kiln-init agent channel, and destroys the VM and everything it took (process,
+ * fds, per-VM directory) on every path, including after a SIGKILL of kiln-host
+ * (vm_reap_stale on the next start). */
+#ifndef KILN_VM_H
+#define KILN_VM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "proto.h"
+
+enum vm_accel { VM_ACCEL_AUTO, VM_ACCEL_KVM, VM_ACCEL_TCG };
+
+struct vm_config {
+	const char *qemu;          /* qemu-system-x86_64 */
+	const char *kernel;        /* vmlinux (PVH entry) */
+	const char *initrd;        /* initramfs with kiln-init */
+	const char *disk;          /* root disk: never written (QEMU snapshot=on overlay) */
+	const char *disk_format;   /* "raw" or "qcow2" */
+	const char *run_dir;       /* per-VM directories live here */
+	enum vm_accel accel;       /* resolved: KVM or TCG, never AUTO */
+	unsigned vcpus, memory_mib;
+	/* Snapshots (NULL/0 for a cold boot): */
+	const char *mem_file;      /* guest RAM backed by this file (memory-backend-file) */
+	int mem_share;             /* 1: writes go to the file (template); 0: private COW (clone) */
+	int incoming;              /* start paused in -incoming defer */
+	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
+};
+
+struct vm {
+	pid_t pid;
+	int pidfd;      /* readable when QEMU exits */
+	int agent_fd;   /* virtio-serial port "kiln.agent" (socketpair end) */
+	int qmp_fd;     /* QMP monitor (socketpair end) */
+	int lock_fd;    /* flock on <dir>/lock: held while this process owns the VM */
+	char dir[512];  /* per-VM directory: lock, qemu.pid, console.log, qemu.log */
+	int64_t t_spawn_us;
+	/* Agent receive buffer: bytes read from the guest, not yet consumed. */
+	uint8_t *rbuf;
+	size_t rlen, rskip;
+	/* QMP receive buffer. */
+	char *qbuf;
+	size_t qlen;
+};
+
+/* Resolve VM_ACCEL_AUTO: KVM only when a hardware KVM module (kvm_intel or
+ * kvm_amd) is loaded and /dev/kvm opens; never a software hypervisor (PVM). */
+enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err);
+const char *vm_accel_name(enum vm_accel a);
+
+/* Spawn QEMU for cfg. On success the VM is running (or, with cfg->incoming,
+ * waiting for migrate-incoming) and QMP has been negotiated. The caller owns
+ * vm and must call vm_destroy on every path. Returns 0 or -1 with err set. */
+int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err);
+
+/* Receive the next agent frame, waiting until deadline_ms (monotonic). The
+ * frame's payload points into vm's buffer and is valid until the next call.
+ * Returns 0, or -1 with err set (timeout, QEMU exited, protocol error). */
+int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err);
+
+/* Send one agent frame. Returns 0 or -1 with err set. */
+int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_t deadline_ms,
+	    struct kiln_err *err);
+
+/* Run one QMP command (a JSON object text), skipping events, and return its
+ * "return" member as a new jansson reference in *ret (NULL to ignore). */
+struct json_t;
+int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, struct json_t **ret, struct kiln_err *err);
+
+/* Wait for a QMP event by name (e.g. "RESUME"), until deadline_ms. */
+int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct kiln_err *err);
+
+/* Kill QEMU (SIGKILL), reap it, close every fd and remove the VM directory.
+ * Safe on a zeroed or half-started vm, and idempotent. */
+void vm_destroy(struct vm *vm);
+
+/* The last bytes of the guest console and QEMU's own log, for error messages. */
+void vm_log_tail(const struct vm *vm, char *out, size_t cap);
+
+/* Remove what crashed kiln-host processes left in run_dir: for every VM
+ * directory whose lock is free, kill its QEMU (checked by pid and start time)
+ * and delete the directory. Returns the number of VMs reaped. */
+int vm_reap_stale(const char *run_dir);
+
+#endif
