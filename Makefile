@@ -13,7 +13,7 @@ export KILN_CACHE
 CC       ?= gcc
 WERROR   ?= 1
 SANITIZE ?=
-CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter \
+CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
             -D_GNU_SOURCE -Ilib -MMD -MP
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
@@ -22,7 +22,7 @@ ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
-HOST_LIBS := -ljansson -lcrypto
+HOST_LIBS := -ljansson -lcrypto -lmicrohttpd -lpthread
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
@@ -85,6 +85,19 @@ $(B)/tests/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(HOST_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(HOST_SRCS) $(HOST_LIBS)
 
+# Benchmarks: C drivers over the real host code, and the busybox baseline guest.
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
+$(B)/bench/%: bench/%.c $(B)/libkiln-host.a $(B)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $^ $(HOST_LIBS)
+
+$(B)/bench/baseline.cpio: bench/baseline-init
+	@mkdir -p $(B)/bench/baseline/bin
+	cp bench/baseline-init $(B)/bench/baseline/init
+	cp /bin/busybox $(B)/bench/baseline/bin/busybox
+	cd $(B)/bench/baseline && printf 'init\nbin\nbin/busybox\n' | cpio --quiet -o -H newc -R 0:0 > ../baseline.cpio
+
 unit: $(UNIT_BINS)
 fuzz: $(FUZZ_BINS)
 
@@ -93,7 +106,7 @@ test: deps
 	@tests/run.sh
 
 bench: deps
-	@$(MAKE) --no-print-directory all image
+	@$(MAKE) --no-print-directory all image $(BENCH_BINS) $(B)/bench/baseline.cpio
 	@bench/run.sh
 
 demo: deps

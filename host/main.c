@@ -1,5 +1,6 @@
 /* kiln-host: the per-machine daemon and its operator commands. This file only
  * parses the command line; the work is in run.c, vm.c and friends. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -13,19 +14,26 @@
 #include "err.h"
 #include "run.h"
 #include "spec.h"
+#include "serve.h"
+#include "snapshot.h"
 #include "vm.h"
 
-#define SPEC_MAX_BYTES (96 << 20) /* 64 MiB of files, base64-encoded, plus code */
+#define SPEC_MAX_BYTES SPEC_MAX_JSON
 
 static void usage(FILE *f)
 {
-	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [options]\n"
+	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [--cold] [options]\n"
+	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [options]\n"
+	      "       kiln-host snapshot list | snapshot rm KEY...\n"
+	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--memory-capacity MiB]\n"
+	      "                       [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "options:\n"
 	      "  --accel auto|kvm|tcg   hypervisor (auto: KVM only with hardware virtualisation)\n"
 	      "  --image-dir DIR        vmlinux, initramfs.cpio, rootfs.ext4 (default: <binary dir>/image)\n"
 	      "  --run-dir DIR          per-VM state (default: $KILN_RUN_DIR or /run/kiln)\n"
 	      "  --qemu PATH            QEMU binary (default: qemu-system-x86_64)\n"
+	      "  --cache DIR            snapshot cache (default: $KILN_CACHE or /var/cache/kiln)\n"
 	      "  --boot-timeout S       cold boot deadline in seconds (default 60)\n"
 	      "exit status: 0 task succeeded, 1 task failed or timed out, 2 bad usage or spec, 3 error\n",
 	      f);
@@ -80,7 +88,7 @@ fail:
 static int print_error(const struct kiln_err *err, int status)
 {
 	json_t *r = json_pack("{s:s, s:n, s:n, s:s, s:{s:s, s:s}}", "state", "error", "exit_code", "signal",
-			      "end_reason", "invalid_spec", "error", "code", err->code, "message", err->message);
+			      "end_reason", err->code, "error", "code", err->code, "message", err->message);
 
 	fprintf(stderr, "kiln-host: %s\n", err->message);
 	json_dumpf(r, stdout, JSON_COMPACT);
@@ -96,6 +104,13 @@ static const char *default_run_dir(void)
 	return d && *d ? d : "/run/kiln";
 }
 
+static const char *default_cache(void)
+{
+	const char *d = getenv("KILN_CACHE");
+
+	return d && *d ? d : "/var/cache/kiln";
+}
+
 static int image_path(char *out, size_t cap, const char *dir, const char *name, struct kiln_err *err)
 {
 	snprintf(out, cap, "%s/%s", dir, name);
@@ -104,77 +119,137 @@ static int image_path(char *out, size_t cap, const char *dir, const char *name, 
 	return 0;
 }
 
+/* Options every command that starts VMs shares. */
+struct common {
+	const char *image_dir, *accel, *cache;
+	struct vm_config vm;
+	char kernel[PATH_MAX], initrd[PATH_MAX], disk[PATH_MAX], exe_dir[PATH_MAX];
+};
+
+enum { OPT_ACCEL = 1000, OPT_IMAGE_DIR, OPT_RUN_DIR, OPT_QEMU, OPT_CACHE };
+#define COMMON_OPTIONS                                                                                  \
+	{ "accel", required_argument, 0, OPT_ACCEL }, { "image-dir", required_argument, 0, OPT_IMAGE_DIR }, \
+	{ "run-dir", required_argument, 0, OPT_RUN_DIR }, { "qemu", required_argument, 0, OPT_QEMU },       \
+	{ "cache", required_argument, 0, OPT_CACHE }
+
+static void common_init(struct common *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->accel = "auto";
+	c->cache = default_cache();
+	c->vm.qemu = "/usr/bin/qemu-system-x86_64";
+	c->vm.run_dir = default_run_dir();
+}
+
+/* Returns 1 when opt was a common option. */
+static int common_opt(struct common *c, int opt, const char *arg)
+{
+	switch (opt) {
+	case OPT_ACCEL: c->accel = arg; return 1;
+	case OPT_IMAGE_DIR: c->image_dir = arg; return 1;
+	case OPT_RUN_DIR: c->vm.run_dir = arg; return 1;
+	case OPT_QEMU: c->vm.qemu = arg; return 1;
+	case OPT_CACHE: c->cache = arg; return 1;
+	}
+	return 0;
+}
+
+/* Resolve the accelerator and the image files. */
+static int common_finish(struct common *c, struct kiln_err *err)
+{
+	if (!strcmp(c->accel, "auto"))
+		c->vm.accel = VM_ACCEL_AUTO;
+	else if (!strcmp(c->accel, "kvm"))
+		c->vm.accel = VM_ACCEL_KVM;
+	else if (!strcmp(c->accel, "tcg"))
+		c->vm.accel = VM_ACCEL_TCG;
+	else
+		return kiln_err_set(err, "usage", "--accel: expected auto, kvm or tcg, got \"%s\"", c->accel);
+	c->vm.accel = vm_accel_resolve(c->vm.accel, err);
+	if (c->vm.accel == VM_ACCEL_AUTO)
+		return -1;
+	if (!c->image_dir) {
+		ssize_t n = readlink("/proc/self/exe", c->exe_dir, sizeof(c->exe_dir) - 8);
+		char *slash;
+
+		c->exe_dir[n > 0 ? n : 0] = '\0';
+		slash = strrchr(c->exe_dir, '/');
+		if (slash)
+			strcpy(slash, "/image");
+		c->image_dir = c->exe_dir;
+	}
+	if (image_path(c->kernel, sizeof(c->kernel), c->image_dir, "vmlinux", err) < 0 ||
+	    image_path(c->initrd, sizeof(c->initrd), c->image_dir, "initramfs.cpio", err) < 0 ||
+	    image_path(c->disk, sizeof(c->disk), c->image_dir, "rootfs.ext4", err) < 0)
+		return -1;
+	c->vm.kernel = c->kernel;
+	c->vm.initrd = c->initrd;
+	c->vm.disk = c->disk;
+	c->vm.disk_format = "raw";
+	return 0;
+}
+
+static int parse_uint(const char *s, unsigned min, unsigned max, unsigned *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v < min || v > max)
+		return -1;
+	*out = (unsigned)v;
+	return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "spec", required_argument, 0, 's' },     { "output-dir", required_argument, 0, 'o' },
-		{ "stream", no_argument, 0, 'S' },         { "accel", required_argument, 0, 'a' },
-		{ "image-dir", required_argument, 0, 'i' }, { "run-dir", required_argument, 0, 'r' },
-		{ "qemu", required_argument, 0, 'q' },     { "boot-timeout", required_argument, 0, 'b' },
-		{ "help", no_argument, 0, 'h' },           { 0, 0, 0, 0 },
+		{ "spec", required_argument, 0, 's' }, { "output-dir", required_argument, 0, 'o' },
+		{ "stream", no_argument, 0, 'S' },     { "boot-timeout", required_argument, 0, 'b' },
+		{ "cold", no_argument, 0, 'c' },       { "help", no_argument, 0, 'h' },
+		COMMON_OPTIONS,                        { 0, 0, 0, 0 },
 	};
-	static char kernel[PATH_MAX], initrd[PATH_MAX], disk[PATH_MAX], exe_dir[PATH_MAX];
-	const char *spec_path = NULL, *image_dir = NULL, *accel = "auto";
+	static struct common cm;
+	static struct snapshot snap;
+	const char *spec_path = NULL;
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct task_spec spec;
-	struct kiln_err err = { { 0 } };
+	struct kiln_err err = { .code = "" };
 	json_t *result;
 	const char *state;
 	size_t len;
 	char *text;
-	int c, status;
+	int c, status, cold = 0;
+	unsigned bt;
 
-	ro.vm.qemu = "/usr/bin/qemu-system-x86_64";
-	ro.vm.run_dir = default_run_dir();
+	common_init(&cm);
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (common_opt(&cm, c, optarg))
+			continue;
 		switch (c) {
 		case 's': spec_path = optarg; break;
 		case 'o': ro.output_dir = optarg; break;
 		case 'S': ro.stream = stdout; break;
-		case 'a': accel = optarg; break;
-		case 'i': image_dir = optarg; break;
-		case 'r': ro.vm.run_dir = optarg; break;
-		case 'q': ro.vm.qemu = optarg; break;
-		case 'b': ro.boot_timeout_s = atoi(optarg); break;
+		case 'c': cold = 1; break;
+		case 'b':
+			if (parse_uint(optarg, 1, 3600, &bt) < 0) {
+				kiln_err_set(&err, "usage", "--boot-timeout: expected 1..3600 seconds");
+				return print_error(&err, 2);
+			}
+			ro.boot_timeout_s = (int)bt;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!spec_path || optind != argc || ro.boot_timeout_s <= 0) {
+	if (!spec_path || optind != argc) {
 		usage(stderr);
 		return 2;
 	}
-	if (!strcmp(accel, "auto"))
-		ro.vm.accel = VM_ACCEL_AUTO;
-	else if (!strcmp(accel, "kvm"))
-		ro.vm.accel = VM_ACCEL_KVM;
-	else if (!strcmp(accel, "tcg"))
-		ro.vm.accel = VM_ACCEL_TCG;
-	else {
-		kiln_err_set(&err, "usage", "--accel: expected auto, kvm or tcg, got \"%s\"", accel);
-		return print_error(&err, 2);
-	}
-	ro.vm.accel = vm_accel_resolve(ro.vm.accel, &err);
-	if (ro.vm.accel == VM_ACCEL_AUTO)
-		return print_error(&err, 3);
-	if (!image_dir) {
-		ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof(exe_dir) - 8);
-		char *slash;
-
-		exe_dir[n > 0 ? n : 0] = '\0';
-		slash = strrchr(exe_dir, '/');
-		if (slash)
-			strcpy(slash, "/image");
-		image_dir = exe_dir;
-	}
-	if (image_path(kernel, sizeof(kernel), image_dir, "vmlinux", &err) < 0 ||
-	    image_path(initrd, sizeof(initrd), image_dir, "initramfs.cpio", &err) < 0 ||
-	    image_path(disk, sizeof(disk), image_dir, "rootfs.ext4", &err) < 0)
-		return print_error(&err, 3);
-	ro.vm.kernel = kernel;
-	ro.vm.initrd = initrd;
-	ro.vm.disk = disk;
-	ro.vm.disk_format = "raw";
+	if (common_finish(&cm, &err) < 0)
+		return print_error(&err, !strcmp(err.code, "usage") ? 2 : 3);
+	ro.vm = cm.vm;
 
 	text = read_all(spec_path, &len, &err);
 	if (!text)
@@ -187,6 +262,25 @@ static int cmd_run(int argc, char **argv)
 
 	/* VMs a killed kiln-host left behind go before this one starts. */
 	vm_reap_stale(ro.vm.run_dir);
+	if (!cold) {
+		char key[17];
+		struct kiln_err serr = { .code = "" };
+
+		/* A matching, intact snapshot makes this a restore; a damaged one is
+		 * rebuilt (never used half-working). */
+		if (snapshot_key(&ro.vm, spec.memory_mib, spec.vcpus, key, &serr) == 0) {
+			int r = snapshot_open(cm.cache, key, &snap, &serr);
+
+			if (r == -EBADMSG) {
+				fprintf(stderr, "kiln-host: %s; rebuilding it\n", serr.message);
+				r = snapshot_create(&ro.vm, cm.cache, spec.memory_mib, spec.vcpus, 1, &snap, &serr);
+				if (r < 0)
+					fprintf(stderr, "kiln-host: snapshot rebuild failed (%s); cold boot\n", serr.message);
+			}
+			if (r == 0)
+				ro.snap = &snap;
+		}
+	}
 	result = run_task(&spec, &ro);
 	spec_free(&spec);
 	if (ro.stream)
@@ -198,6 +292,154 @@ static int cmd_run(int argc, char **argv)
 	status = !strcmp(state, "succeeded") ? 0 : !strcmp(state, "error") ? 3 : 1;
 	json_decref(result);
 	return status;
+}
+
+static int cmd_snapshot(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "image", required_argument, 0, 'i' }, { "memory", required_argument, 0, 'm' },
+		{ "vcpus", required_argument, 0, 'v' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
+	};
+	static struct common cm;
+	struct kiln_err err = { .code = "" };
+	unsigned mem = 256, vcpus = 1;
+	const char *sub;
+	int c;
+
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	sub = argv[1];
+	common_init(&cm);
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (common_opt(&cm, c, optarg))
+			continue;
+		switch (c) {
+		case 'i':
+			if (strcmp(optarg, "default")) {
+				kiln_err_set(&err, "usage", "--image: only \"default\" exists");
+				return print_error(&err, 2);
+			}
+			break;
+		case 'm':
+			if (parse_uint(optarg, 128, 16384, &mem) < 0) {
+				kiln_err_set(&err, "usage", "--memory: expected 128..16384 MiB");
+				return print_error(&err, 2);
+			}
+			break;
+		case 'v':
+			if (parse_uint(optarg, 1, 16, &vcpus) < 0) {
+				kiln_err_set(&err, "usage", "--vcpus: expected 1..16");
+				return print_error(&err, 2);
+			}
+			break;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!strcmp(sub, "list") && optind == argc) {
+		snapshot_list(cm.cache, stdout);
+		return 0;
+	}
+	if (!strcmp(sub, "rm") && optind < argc) {
+		for (int i = optind; i < argc; i++)
+			if (snapshot_rm(cm.cache, argv[i], &err) < 0) {
+				fprintf(stderr, "kiln-host: %s\n", err.message);
+				return 1;
+			}
+		return 0;
+	}
+	if (!strcmp(sub, "create") && optind == argc) {
+		struct snapshot s;
+
+		if (common_finish(&cm, &err) < 0)
+			return print_error(&err, 3);
+		vm_reap_stale(cm.vm.run_dir);
+		if (snapshot_create(&cm.vm, cm.cache, mem, vcpus, 1, &s, &err) < 0) {
+			fprintf(stderr, "kiln-host: snapshot create: %s\n", err.message);
+			return 3;
+		}
+		printf("%s\n", s.key);
+		return 0;
+	}
+	usage(stderr);
+	return 2;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
+		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
+		{ "cold", no_argument, 0, 'c' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
+	};
+	static struct common cm;
+	static struct sockaddr_in addr;
+	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1 };
+	struct run_opts ro = { .boot_timeout_s = 60 };
+	struct kiln_err err = { .code = "" };
+	static char host[64];
+	unsigned v;
+	int c;
+
+	common_init(&cm);
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (common_opt(&cm, c, optarg))
+			continue;
+		switch (c) {
+		case 'l': {
+			const char *colon = strrchr(optarg, ':');
+			unsigned port;
+
+			if (!colon || (size_t)(colon - optarg) >= sizeof(host) || parse_uint(colon + 1, 1, 65535, &port) < 0) {
+				kiln_err_set(&err, "usage", "--listen: expected ADDRESS:PORT");
+				return print_error(&err, 2);
+			}
+			memcpy(host, optarg, (size_t)(colon - optarg));
+			so.listen_host = host;
+			so.port = (int)port;
+			break;
+		}
+		case 'p':
+			if (parse_uint(optarg, 0, 256, &so.pool_size) < 0) {
+				kiln_err_set(&err, "usage", "--pool: expected 0..256");
+				return print_error(&err, 2);
+			}
+			break;
+		case 'M':
+			if (parse_uint(optarg, 128, 1u << 30, &v) < 0) {
+				kiln_err_set(&err, "usage", "--memory-capacity: expected MiB >= 128");
+				return print_error(&err, 2);
+			}
+			so.memory_capacity_mib = v;
+			break;
+		case 'm':
+			if (parse_uint(optarg, 128, 16384, &so.snap_memory_mib) < 0) {
+				kiln_err_set(&err, "usage", "--snapshot-memory: expected 128..16384 MiB");
+				return print_error(&err, 2);
+			}
+			break;
+		case 'c': so.cold = 1; break;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	addr.sin_family = AF_INET;
+	addr.sin_port = htons((uint16_t)so.port);
+	if (inet_pton(AF_INET, so.listen_host, &addr.sin_addr) != 1) {
+		kiln_err_set(&err, "usage", "--listen: \"%s\" is not an IPv4 address", so.listen_host);
+		return print_error(&err, 2);
+	}
+	so.addr = &addr;
+	so.cache = cm.cache;
+	if (common_finish(&cm, &err) < 0)
+		return print_error(&err, 3);
+	ro.vm = cm.vm;
+	return serve_main(&so, &ro);
 }
 
 static int cmd_reap(int argc, char **argv)
@@ -224,6 +466,10 @@ int main(int argc, char **argv)
 		return cmd_run(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "reap"))
 		return cmd_reap(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "snapshot"))
+		return cmd_snapshot(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "serve"))
+		return cmd_serve(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

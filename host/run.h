@@ -10,10 +10,14 @@
 
 #include "err.h"
 #include "spec.h"
+#include "pool.h"
+#include "snapshot.h"
 #include "vm.h"
 
 struct run_opts {
 	struct vm_config vm;       /* image paths, accel, run dir (vcpus/memory come from the spec) */
+	const struct snapshot *snap; /* restore from it when its memory/vCPUs match the spec (NULL: cold) */
+	struct pool *pool;         /* take a warm VM from it first when it matches (NULL: none) */
 	const char *output_dir;    /* write /output files here (NULL: hash only) */
 	FILE *stream;              /* NULL, or write stdout/stderr events here as JSON lines */
 	int boot_timeout_s;        /* cold boot to kiln-init ready */

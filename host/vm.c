@@ -108,13 +108,14 @@ static unsigned long long proc_start_time(pid_t pid)
 
 static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 {
-	static unsigned counter;
+	static unsigned counter; /* atomically incremented: VMs start from several threads */
 	char path[600];
 
 	if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST)
 		return kiln_err_set(err, "host_error", "cannot create run directory %s: %s", cfg->run_dir, strerror(errno));
 	for (int tries = 0; tries < 100; tries++) {
-		snprintf(vm->dir, sizeof(vm->dir), "%s/vm-%d-%u", cfg->run_dir, (int)getpid(), counter++);
+		snprintf(vm->dir, sizeof(vm->dir), "%s/vm-%d-%u", cfg->run_dir, (int)getpid(),
+			 __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 		if (mkdir(vm->dir, 0700) == 0)
 			break;
 		if (errno != EEXIST)
@@ -239,7 +240,7 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 {
 	char *argv[VM_MAX_ARGS + 1];
-	static char store[VM_MAX_ARGS][1024];
+	char (*store)[1024] = NULL;
 	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 };
 	struct qmp_msg m;
 	pid_t parent = getpid();
@@ -262,6 +263,11 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 		kiln_err_set(err, "host_error", "socketpair: %s", strerror(errno));
 		goto fail;
 	}
+	store = malloc(sizeof(*store) * VM_MAX_ARGS);
+	if (!store) {
+		kiln_err_set(err, "host_error", "out of memory");
+		goto fail;
+	}
 	build_argv(cfg, vm, agent[1], qmp[1], argv, store);
 	vm->t_spawn_us = proto_now_us();
 	vm->pid = fork();
@@ -271,6 +277,8 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 	}
 	if (vm->pid == 0)
 		exec_qemu(argv, vm->dir, agent[1], qmp[1], parent);
+	free(store);
+	store = NULL;
 	close(agent[1]);
 	close(qmp[1]);
 	agent[1] = qmp[1] = -1;
@@ -303,6 +311,7 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 		goto fail;
 	return 0;
 fail:
+	free(store);
 	if (agent[1] >= 0)
 		close(agent[1]);
 	if (qmp[1] >= 0)
@@ -466,16 +475,74 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 	}
 }
 
-int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct kiln_err *err)
+int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, json_t **data, struct kiln_err *err)
 {
 	struct qmp_msg m;
 
+	if (data)
+		*data = NULL;
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
 			return -1;
 		if (m.kind == QMP_EVENT && !strcmp(m.event, event)) {
+			if (data)
+				*data = json_incref(json_object_get(m.root, "data"));
 			qmp_msg_free(&m);
 			return 0;
+		}
+		qmp_msg_free(&m);
+	}
+}
+
+int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err)
+{
+	char cmd[256];
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct iovec iov;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+			      .msg_controllen = sizeof(ctl.buf) };
+	struct cmsghdr *c;
+	struct qmp_msg m;
+	int n = snprintf(cmd, sizeof(cmd), "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}\n", name);
+
+	iov.iov_base = cmd;
+	iov.iov_len = (size_t)n;
+	memset(ctl.buf, 0, sizeof(ctl.buf));
+	c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	/* The whole command goes in one sendmsg so the fd arrives with it. */
+	for (;;) {
+		ssize_t w = sendmsg(vm->qmp_fd, &msg, MSG_NOSIGNAL);
+
+		if (w == n)
+			break;
+		if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
+			struct pollfd p = { .fd = vm->qmp_fd, .events = POLLOUT };
+
+			if (proto_now_ms() >= deadline_ms)
+				return kiln_err_set(err, "timeout", "timed out sending getfd");
+			poll(&p, 1, 100);
+			continue;
+		}
+		return kiln_err_set(err, "vm_error", "QMP getfd: %s", w < 0 ? strerror(errno) : "short write");
+	}
+	for (;;) {
+		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
+			return -1;
+		if (m.kind == QMP_RETURN) {
+			qmp_msg_free(&m);
+			return 0;
+		}
+		if (m.kind == QMP_ERROR) {
+			kiln_err_set(err, "vm_error", "QMP getfd: %s", m.errdesc);
+			qmp_msg_free(&m);
+			return -1;
 		}
 		qmp_msg_free(&m);
 	}

@@ -69,8 +69,13 @@ int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_
 struct json_t;
 int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, struct json_t **ret, struct kiln_err *err);
 
-/* Wait for a QMP event by name (e.g. "RESUME"), until deadline_ms. */
-int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct kiln_err *err);
+/* Wait for a QMP event by name (e.g. "MIGRATION"), until deadline_ms; its
+ * "data" member goes to *data as a new reference (NULL to ignore). */
+int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct json_t **data,
+		      struct kiln_err *err);
+
+/* Hand QEMU a file descriptor under a name (QMP getfd with SCM_RIGHTS). */
+int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err);
 
 /* Kill QEMU (SIGKILL), reap it, close every fd and remove the VM directory.
  * Safe on a zeroed or half-started vm, and idempotent. */

@@ -40,6 +40,7 @@ enum proto_type {
 	PROTO_EXEC = 0x43,      /* struct proto_exec */
 	PROTO_KILL = 0x44,      /* empty: kill the task (host-side timeout) */
 	PROTO_COLLECT = 0x45,   /* u64 byte budget: send everything under /output */
+	PROTO_PREPARE = 0x46,   /* empty: pre-start the Python interpreter (before a snapshot) */
 };
 
 /* Feature bits in HELLO. */
@@ -113,7 +114,9 @@ struct proto_file {
 };
 
 /* EXEC: argv/env strings point into `strbuf`, a copy the decoder owns. */
-#define PROTO_EXEC_ZYGOTE 0x1u /* argv[0] is Python source for the pre-started interpreter */
+/* Run argv[1] (a Python file) in the interpreter PREPARE pre-started, instead
+ * of exec'ing argv[0]; the guest falls back to exec when there is none. */
+#define PROTO_EXEC_ZYGOTE 0x1u
 struct proto_exec {
 	uint32_t flags;
 	uint64_t output_cap;  /* stdout + stderr bytes before the task is killed */

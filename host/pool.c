@@ -1,0 +1,219 @@
+/* pool: warm, paused VMs restored from one snapshot, refilled by one thread. */
+#include "pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "proto.h"
+
+#define POOL_MAX 256
+
+struct pool {
+	struct snapshot snap;
+	struct vm_config base;
+	unsigned size;
+	struct capacity *cap;
+	pthread_mutex_t *cap_lock;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct vm *ready[POOL_MAX];
+	unsigned nready;
+	int stop;
+	pthread_t thread;
+	unsigned failures; /* consecutive refill failures: back off */
+};
+
+/* One round trip (SETUP) so TCG translates the agent's request path before a
+ * task needs it, then pause. The task's own SETUP at hand-out sets the clock
+ * again and adds fresh entropy. */
+static int warm_and_pause(struct vm *vm, struct kiln_err *err)
+{
+	struct proto_setup s = { .entropy_len = 32 };
+	struct proto_frame f;
+	struct timespec now;
+	uint8_t buf[256];
+	ssize_t n;
+	int64_t deadline = proto_now_ms() + 20000;
+
+	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
+		return kiln_err_set(err, "host_error", "getrandom failed");
+	clock_gettime(CLOCK_REALTIME, &now);
+	s.sec = (uint64_t)now.tv_sec;
+	s.nsec = (uint32_t)now.tv_nsec;
+	n = proto_setup_encode(buf, sizeof(buf), &s);
+	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline, err) < 0 || vm_recv(vm, &f, deadline, err) < 0)
+		return -1;
+	if (f.type != PROTO_OK)
+		return kiln_err_set(err, "vm_error", "pool VM: SETUP was not acknowledged");
+	return vm_qmp(vm, "{\"execute\":\"stop\"}", deadline, NULL, err);
+}
+
+static int reserve(struct pool *p, unsigned mib)
+{
+	int ok;
+
+	pthread_mutex_lock(p->cap_lock);
+	ok = p->cap->used_mib + mib <= p->cap->total_mib;
+	if (ok)
+		p->cap->used_mib += mib;
+	pthread_mutex_unlock(p->cap_lock);
+	return ok;
+}
+
+static void unreserve(struct pool *p, unsigned mib)
+{
+	pthread_mutex_lock(p->cap_lock);
+	p->cap->used_mib -= mib;
+	pthread_mutex_unlock(p->cap_lock);
+}
+
+static void *refill(void *arg)
+{
+	struct pool *p = arg;
+
+	pthread_mutex_lock(&p->mu);
+	while (!p->stop) {
+		struct kiln_err err = { .code = "" };
+		struct vm *vm;
+
+		if (p->nready >= p->size) {
+			pthread_cond_wait(&p->cv, &p->mu);
+			continue;
+		}
+		if (p->failures) {
+			/* Back off after failures (bounded, and woken early by pool_stop). */
+			struct timespec until;
+			unsigned s = p->failures > 5 ? 30 : 1u << p->failures;
+
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_sec += s;
+			pthread_cond_timedwait(&p->cv, &p->mu, &until);
+			if (p->stop)
+				break;
+		}
+		pthread_mutex_unlock(&p->mu);
+		vm = NULL;
+		if (!reserve(p, p->snap.memory_mib)) {
+			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
+			pthread_mutex_lock(&p->mu);
+			if (!p->stop) {
+				struct timespec until;
+
+				clock_gettime(CLOCK_REALTIME, &until);
+				until.tv_sec += 1;
+				pthread_cond_timedwait(&p->cv, &p->mu, &until);
+			}
+			continue;
+		}
+		vm = calloc(1, sizeof(*vm));
+		if (vm && (snapshot_restore(&p->snap, &p->base, vm, &err) < 0 || warm_and_pause(vm, &err) < 0)) {
+			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
+			vm_destroy(vm);
+			free(vm);
+			vm = NULL;
+		}
+		pthread_mutex_lock(&p->mu);
+		if (!vm) {
+			unreserve(p, p->snap.memory_mib);
+			p->failures++;
+			continue;
+		}
+		p->failures = 0;
+		if (p->stop) {
+			vm_destroy(vm);
+			free(vm);
+			unreserve(p, p->snap.memory_mib);
+			break;
+		}
+		p->ready[p->nready++] = vm;
+		pthread_cond_broadcast(&p->cv);
+	}
+	pthread_mutex_unlock(&p->mu);
+	return NULL;
+}
+
+struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size,
+			struct capacity *cap, void *cap_lock)
+{
+	struct pool *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->snap = *s;
+	p->base = *base;
+	p->size = size > POOL_MAX ? POOL_MAX : size;
+	p->cap = cap;
+	p->cap_lock = cap_lock;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	/* QEMU processes get PR_SET_PDEATHSIG from the thread that forks them:
+	 * this thread lives as long as the pool, and pool_stop destroys its VMs. */
+	if (pthread_create(&p->thread, NULL, refill, p) != 0) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
+{
+	struct vm *v = NULL;
+
+	pthread_mutex_lock(&p->mu);
+	if (p->nready)
+		v = p->ready[--p->nready];
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	if (!v)
+		return -EAGAIN;
+	*vm = *v;
+	free(v);
+	if (vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0)
+		return -1;
+	return 0;
+}
+
+unsigned pool_memory_mib(const struct pool *p)
+{
+	return p->snap.memory_mib;
+}
+
+unsigned pool_vcpus(const struct pool *p)
+{
+	return p->snap.vcpus;
+}
+
+unsigned pool_ready(struct pool *p)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&p->mu);
+	n = p->nready;
+	pthread_mutex_unlock(&p->mu);
+	return n;
+}
+
+void pool_stop(struct pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->stop = 1;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	pthread_join(p->thread, NULL);
+	for (unsigned i = 0; i < p->nready; i++) {
+		vm_destroy(p->ready[i]);
+		free(p->ready[i]);
+		unreserve(p, p->snap.memory_mib);
+	}
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->cv);
+	free(p);
+}

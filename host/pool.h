@@ -1,0 +1,43 @@
+/* pool: a warm pool of VMs restored from one snapshot, run once (so TCG has
+ * translated the agent's hot path), then paused. A task takes a VM, resumes
+ * it, and the pool refills in the background. A pool VM serves exactly one
+ * task and is destroyed after it. */
+#ifndef KILN_POOL_H
+#define KILN_POOL_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "snapshot.h"
+#include "vm.h"
+
+struct pool;
+
+/* Memory accounting shared by the pool and running tasks: the pool only
+ * refills while reserving another VM's memory keeps the host within its
+ * capacity. */
+struct capacity {
+	uint64_t total_mib;
+	uint64_t used_mib; /* running VMs + pool VMs */
+};
+
+/* Start a pool of `size` VMs of snapshot s (copied). Refilling starts at once
+ * on a background thread. cap and its lock are shared with the caller. */
+struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size,
+			struct capacity *cap, void *cap_lock);
+
+/* Take a ready VM: resume it (QMP cont) and return it in vm, running. The
+ * VM's memory stays reserved in the capacity until the caller releases it.
+ * Returns 0, or -EAGAIN when no VM is ready (the caller restores or cold
+ * boots instead), or -1 with err set. Thread-safe. */
+int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err);
+
+/* Memory of one pool VM (its snapshot's). */
+unsigned pool_memory_mib(const struct pool *p);
+unsigned pool_vcpus(const struct pool *p);
+unsigned pool_ready(struct pool *p);
+
+/* Stop refilling, destroy every ready VM, free the pool. */
+void pool_stop(struct pool *p);
+
+#endif

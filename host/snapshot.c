@@ -1,0 +1,488 @@
+/* snapshot: create, validate, restore, list and remove pre-booted VM snapshots.
+ * Layout: <cache>/snapshots/<key>/{manifest.json, state, mem, disk.qcow2}.
+ * The manifest records what was written so a truncated, modified or
+ * half-written snapshot is refused instead of producing a half-working VM. */
+#include "snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <openssl/evp.h>
+
+#include "proto.h"
+
+#define SNAP_BOOT_TIMEOUT_MS    120000
+#define SNAP_PREPARE_TIMEOUT_MS 120000
+#define SNAP_SAVE_TIMEOUT_MS    60000
+#define RESTORE_TIMEOUT_MS      20000
+
+extern char **environ;
+
+static int sha256_file(const char *path, char out[65])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned char buf[65536], d[32];
+	unsigned int dl = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = -1;
+	ssize_t n;
+
+	if (fd < 0 || !md)
+		goto out;
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		EVP_DigestUpdate(md, buf, (size_t)n);
+	if (n == 0 && EVP_DigestFinal_ex(md, d, &dl) && dl == 32) {
+		for (int i = 0; i < 32; i++)
+			snprintf(out + 2 * i, 3, "%02x", d[i]);
+		r = 0;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	EVP_MD_CTX_free(md);
+	return r;
+}
+
+/* Identity of an input file: resolved path, size and mtime (the kernel and
+ * rootfs are large and live in a content-keyed cache; the initramfs is small
+ * and hashed outright). */
+static void key_add_file(EVP_MD_CTX *md, const char *label, const char *path, int hash)
+{
+	char real[PATH_MAX], line[PATH_MAX + 256], sha[65] = "";
+	struct stat st = { 0 };
+
+	if (!realpath(path, real))
+		snprintf(real, sizeof(real), "%s", path);
+	stat(real, &st);
+	if (hash)
+		sha256_file(real, sha);
+	snprintf(line, sizeof(line), "%s %s %lld %lld.%09ld %s\n", label, real, (long long)st.st_size,
+		 (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, sha);
+	EVP_DigestUpdate(md, line, strlen(line));
+}
+
+int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
+		 struct kiln_err *err)
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned char d[32];
+	unsigned int dl;
+	char line[128];
+
+	if (!md)
+		return kiln_err_set(err, "host_error", "out of memory");
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	key_add_file(md, "kernel", base->kernel, 0);
+	key_add_file(md, "rootfs", base->disk, 0);
+	key_add_file(md, "initramfs", base->initrd, 1);
+	key_add_file(md, "qemu", base->qemu, 0);
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 1\n", memory_mib, vcpus,
+		 vm_accel_name(base->accel));
+	EVP_DigestUpdate(md, line, strlen(line));
+	EVP_DigestFinal_ex(md, d, &dl);
+	EVP_MD_CTX_free(md);
+	for (int i = 0; i < 8; i++)
+		snprintf(key + 2 * i, 3, "%02x", d[i]);
+	return 0;
+}
+
+static int mkdir_p(const char *path)
+{
+	char tmp[PATH_MAX];
+
+	snprintf(tmp, sizeof(tmp), "%s", path);
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+static int rm_rf(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *e;
+
+	if (!d)
+		return unlink(path) == 0 || errno == ENOENT ? 0 : -errno;
+	while ((e = readdir(d))) {
+		char sub[PATH_MAX];
+
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+		if (e->d_type == DT_DIR)
+			rm_rf(sub);
+		else
+			unlink(sub);
+	}
+	closedir(d);
+	return rmdir(path) == 0 ? 0 : -errno;
+}
+
+static void snap_paths(struct snapshot *s)
+{
+	snprintf(s->mem, sizeof(s->mem), "%s/mem", s->dir);
+	snprintf(s->disk, sizeof(s->disk), "%s/disk.qcow2", s->dir);
+	snprintf(s->state, sizeof(s->state), "%s/state", s->dir);
+}
+
+static int run_cmd(char *const argv[])
+{
+	pid_t pid;
+	int status;
+
+	if (posix_spawn(&pid, argv[0], NULL, NULL, argv, environ) != 0)
+		return -1;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int expect_ok(struct vm *vm, uint8_t want, int64_t deadline, const char *what, struct kiln_err *err)
+{
+	struct proto_frame f;
+
+	if (vm_recv(vm, &f, deadline, err) < 0)
+		return -1;
+	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(err, "guest_error", "%s: %s", what, e.message);
+	}
+	return kiln_err_set(err, "vm_error", "%s: unexpected frame 0x%02x", what, f.type);
+}
+
+/* Wait for the MIGRATION event that ends a migration, either way. */
+static int wait_migration(struct vm *vm, int64_t deadline, struct kiln_err *err)
+{
+	for (;;) {
+		json_t *data;
+		const char *st;
+
+		if (vm_qmp_wait_event(vm, "MIGRATION", deadline, &data, err) < 0)
+			return -1;
+		st = json_string_value(json_object_get(data, "status"));
+		if (st && !strcmp(st, "completed")) {
+			json_decref(data);
+			return 0;
+		}
+		if (st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"))) {
+			json_decref(data);
+			return kiln_err_set(err, "snapshot_error", "migration %s", st);
+		}
+		json_decref(data);
+	}
+}
+
+static const char *migrate_caps =
+	"{\"execute\":\"migrate-set-capabilities\",\"arguments\":{\"capabilities\":["
+	"{\"capability\":\"x-ignore-shared\",\"state\":true},{\"capability\":\"events\",\"state\":true}]}}";
+
+static int write_manifest(const struct snapshot *s, const char *path, struct kiln_err *err)
+{
+	json_t *m = json_pack("{s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "memory_mib",
+			      (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256", s->state_sha256, "mem_size",
+			      (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino, "mem_mtime_ns",
+			      (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns, "created",
+			      (json_int_t)time(NULL));
+	int r = m ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
+
+	json_decref(m);
+	return r ? kiln_err_set(err, "snapshot_error", "cannot write %s", path) : 0;
+}
+
+static void mem_identity(const struct stat *st, struct snapshot *s)
+{
+	s->mem_size = (uint64_t)st->st_size;
+	s->mem_ino = (uint64_t)st->st_ino;
+	s->mem_mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000u + (uint64_t)st->st_mtim.tv_nsec;
+	s->mem_ctime_ns = (uint64_t)st->st_ctim.tv_sec * 1000000000u + (uint64_t)st->st_ctim.tv_nsec;
+}
+
+int snapshot_create(const struct vm_config *base, const char *cache, unsigned memory_mib, unsigned vcpus,
+		    int verbose, struct snapshot *out, struct kiln_err *err)
+{
+	struct vm_config cfg = *base;
+	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus };
+	char root[PATH_MAX], final[PATH_MAX], rootfs[PATH_MAX], backing[PATH_MAX + 16], cmd[256];
+	struct vm vm = { .pid = -1, .pidfd = -1, .agent_fd = -1, .qmp_fd = -1, .lock_fd = -1 };
+	struct proto_frame f;
+	struct stat st;
+	int64_t t0 = proto_now_ms();
+	int state_fd = -1, r = -1;
+
+	if (snapshot_key(base, memory_mib, vcpus, s.key, err) < 0)
+		return -1;
+	snprintf(root, sizeof(root), "%s/snapshots", cache);
+	if (mkdir_p(root) < 0)
+		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", root, strerror(errno));
+	snprintf(s.dir, sizeof(s.dir), "%s/.build-%s-%d", root, s.key, (int)getpid());
+	rm_rf(s.dir);
+	if (mkdir(s.dir, 0755) < 0)
+		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", s.dir, strerror(errno));
+	snap_paths(&s);
+	if (verbose)
+		fprintf(stderr, "[snapshot] %s: booting the template VM (%u MiB, %u vCPU)\n", s.key, memory_mib, vcpus);
+
+	/* The template writes its own overlay; clones stack theirs on top of it. */
+	if (!realpath(base->disk, rootfs)) {
+		kiln_err_set(err, "snapshot_error", "%s: %s", base->disk, strerror(errno));
+		goto out;
+	}
+	snprintf(backing, sizeof(backing), "%s", rootfs);
+	{
+		char *argv[] = { "/usr/bin/qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backing,
+				 s.disk, NULL };
+
+		if (run_cmd(argv) < 0) {
+			kiln_err_set(err, "snapshot_error", "qemu-img create %s failed", s.disk);
+			goto out;
+		}
+	}
+	cfg.mem_file = s.mem;
+	cfg.mem_share = 1;
+	cfg.disk = s.disk;
+	cfg.disk_format = "qcow2";
+	cfg.disk_writable = 1;
+	cfg.incoming = 0;
+	cfg.memory_mib = memory_mib;
+	cfg.vcpus = vcpus;
+	if (vm_start(&cfg, &vm, err) < 0)
+		goto out;
+	if (vm_recv(&vm, &f, proto_now_ms() + SNAP_BOOT_TIMEOUT_MS, err) < 0)
+		goto out;
+	if (f.type != PROTO_HELLO) {
+		kiln_err_set(err, "snapshot_error", "template VM: first frame was not HELLO");
+		goto out;
+	}
+	if (verbose)
+		fprintf(stderr, "[snapshot] booted in %lld ms; pre-starting Python\n", (long long)(proto_now_ms() - t0));
+	if (vm_send(&vm, PROTO_PREPARE, NULL, 0, proto_now_ms() + 10000, err) < 0 ||
+	    expect_ok(&vm, PROTO_PREPARE, proto_now_ms() + SNAP_PREPARE_TIMEOUT_MS, "prepare", err) < 0)
+		goto out;
+
+	if (verbose)
+		fprintf(stderr, "[snapshot] saving device state\n");
+	state_fd = open(s.state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (state_fd < 0) {
+		kiln_err_set(err, "snapshot_error", "cannot create %s: %s", s.state, strerror(errno));
+		goto out;
+	}
+	/* RAM stays in the shared file (x-ignore-shared): the stream holds only
+	 * device state, a few dozen KiB. */
+	if (vm_qmp(&vm, migrate_caps, proto_now_ms() + 10000, NULL, err) < 0 ||
+	    vm_qmp(&vm, "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":107374182400}}",
+		   proto_now_ms() + 10000, NULL, err) < 0 ||
+	    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, err) < 0 ||
+	    vm_qmp_getfd(&vm, "snap", state_fd, proto_now_ms() + 10000, err) < 0)
+		goto out;
+	snprintf(cmd, sizeof(cmd), "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"fd:snap\"}}");
+	if (vm_qmp(&vm, cmd, proto_now_ms() + 10000, NULL, err) < 0 ||
+	    wait_migration(&vm, proto_now_ms() + SNAP_SAVE_TIMEOUT_MS, err) < 0)
+		goto out;
+	vm_destroy(&vm);
+	if (fsync(state_fd) < 0 || close(state_fd) < 0) {
+		state_fd = -1;
+		kiln_err_set(err, "snapshot_error", "writing %s: %s", s.state, strerror(errno));
+		goto out;
+	}
+	state_fd = -1;
+	if (sha256_file(s.state, s.state_sha256) < 0 || stat(s.mem, &st) < 0) {
+		kiln_err_set(err, "snapshot_error", "cannot read back the snapshot files");
+		goto out;
+	}
+	mem_identity(&st, &s);
+	{
+		char manifest[PATH_MAX];
+
+		snprintf(manifest, sizeof(manifest), "%s/manifest.json", s.dir);
+		if (write_manifest(&s, manifest, err) < 0)
+			goto out;
+	}
+	snprintf(final, sizeof(final), "%s/%s", root, s.key);
+	rm_rf(final);
+	if (rename(s.dir, final) < 0) {
+		kiln_err_set(err, "snapshot_error", "rename to %s: %s", final, strerror(errno));
+		goto out;
+	}
+	/* Renaming the directory keeps the files' identity (inode, times). */
+	snprintf(s.dir, sizeof(s.dir), "%s", final);
+	snap_paths(&s);
+	if (verbose)
+		fprintf(stderr, "[snapshot] %s ready in %lld ms: %s\n", s.key, (long long)(proto_now_ms() - t0), s.dir);
+	if (out)
+		*out = s;
+	r = 0;
+out:
+	vm_destroy(&vm);
+	if (state_fd >= 0)
+		close(state_fd);
+	if (r < 0)
+		rm_rf(s.dir);
+	return r;
+}
+
+int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct kiln_err *err)
+{
+	char manifest[PATH_MAX], sha[65];
+	json_error_t je;
+	json_t *m;
+	struct stat st;
+	struct snapshot rec = { 0 };
+	const char *state_sha;
+
+	memset(s, 0, sizeof(*s));
+	snprintf(s->key, sizeof(s->key), "%s", key);
+	snprintf(s->dir, sizeof(s->dir), "%s/snapshots/%s", cache, key);
+	snap_paths(s);
+	snprintf(manifest, sizeof(manifest), "%s/manifest.json", s->dir);
+	if (access(s->dir, F_OK) < 0) {
+		kiln_err_set(err, "snapshot_missing", "no snapshot %s", key);
+		return -ENOENT;
+	}
+	m = json_load_file(manifest, 0, &je);
+	if (!m) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: unreadable manifest: %s", key, je.text);
+		return -EBADMSG;
+	}
+	state_sha = json_string_value(json_object_get(m, "state_sha256"));
+	s->memory_mib = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
+	s->vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
+	rec.mem_size = (uint64_t)json_integer_value(json_object_get(m, "mem_size"));
+	rec.mem_ino = (uint64_t)json_integer_value(json_object_get(m, "mem_ino"));
+	rec.mem_mtime_ns = (uint64_t)json_integer_value(json_object_get(m, "mem_mtime_ns"));
+	rec.mem_ctime_ns = (uint64_t)json_integer_value(json_object_get(m, "mem_ctime_ns"));
+	snprintf(s->state_sha256, sizeof(s->state_sha256), "%s", state_sha ? state_sha : "");
+	json_decref(m);
+	if (!state_sha || !s->memory_mib || !s->vcpus) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: manifest is missing fields", key);
+		return -EBADMSG;
+	}
+	/* The device state is small: hash it every time. */
+	if (sha256_file(s->state, sha) < 0 || strcmp(sha, s->state_sha256)) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: device state file is damaged (sha256 mismatch)", key);
+		return -EBADMSG;
+	}
+	/* The RAM file is large: any write to it changes its ctime, which nobody can
+	 * set back, and truncation changes its size. */
+	if (stat(s->mem, &st) < 0) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file: %s", key, strerror(errno));
+		return -EBADMSG;
+	}
+	mem_identity(&st, s);
+	if (s->mem_size != (uint64_t)s->memory_mib << 20 || s->mem_size != rec.mem_size) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file is %llu bytes, expected %llu", key,
+			     (unsigned long long)s->mem_size, (unsigned long long)rec.mem_size);
+		return -EBADMSG;
+	}
+	if (s->mem_ino != rec.mem_ino || s->mem_mtime_ns != rec.mem_mtime_ns || s->mem_ctime_ns != rec.mem_ctime_ns) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file was modified after the snapshot was taken", key);
+		return -EBADMSG;
+	}
+	if (access(s->disk, R_OK) < 0) {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: disk overlay: %s", key, strerror(errno));
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)
+{
+	struct vm_config cfg = *base;
+	int64_t deadline = proto_now_ms() + RESTORE_TIMEOUT_MS;
+	int state_fd;
+
+	cfg.mem_file = s->mem;
+	cfg.mem_share = 0; /* a private copy-on-write mapping: the template never changes */
+	cfg.disk = s->disk;
+	cfg.disk_format = "qcow2";
+	cfg.disk_writable = 0;
+	cfg.incoming = 1;
+	cfg.memory_mib = s->memory_mib;
+	cfg.vcpus = s->vcpus;
+	state_fd = open(s->state, O_RDONLY | O_CLOEXEC);
+	if (state_fd < 0)
+		return kiln_err_set(err, "snapshot_corrupt", "%s: %s", s->state, strerror(errno));
+	if (vm_start(&cfg, vm, err) < 0 || vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 ||
+	    vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
+	    vm_qmp(vm, "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0 ||
+	    wait_migration(vm, deadline, err) < 0) {
+		close(state_fd);
+		return -1;
+	}
+	close(state_fd);
+	/* Without -S, QEMU resumes the guest by itself once the state is loaded. */
+	return 0;
+}
+
+int snapshot_list(const char *cache, FILE *out)
+{
+	char root[PATH_MAX];
+	DIR *d;
+	struct dirent *e;
+	int n = 0;
+
+	snprintf(root, sizeof(root), "%s/snapshots", cache);
+	d = opendir(root);
+	fprintf(out, "%-16s %8s %5s  %-20s %s\n", "KEY", "MEMORY", "VCPUS", "CREATED", "STATUS");
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		struct snapshot s;
+		struct kiln_err err = { .code = "" };
+		char manifest[PATH_MAX], when[32] = "?";
+		json_t *m;
+		int r;
+
+		if (e->d_name[0] == '.')
+			continue;
+		r = snapshot_open(cache, e->d_name, &s, &err);
+		snprintf(manifest, sizeof(manifest), "%s/%s/manifest.json", root, e->d_name);
+		m = json_load_file(manifest, 0, NULL);
+		if (m) {
+			time_t t = (time_t)json_integer_value(json_object_get(m, "created"));
+			struct tm tm;
+
+			strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&t, &tm));
+			json_decref(m);
+		}
+		fprintf(out, "%-16s %5u MiB %5u  %-20s %s\n", e->d_name, s.memory_mib, s.vcpus, when,
+			r == 0 ? "ok" : err.message);
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+int snapshot_rm(const char *cache, const char *key, struct kiln_err *err)
+{
+	char dir[PATH_MAX];
+
+	if (!key[0] || strchr(key, '/') || key[0] == '.')
+		return kiln_err_set(err, "usage", "invalid snapshot key \"%s\"", key);
+	snprintf(dir, sizeof(dir), "%s/snapshots/%s", cache, key);
+	if (access(dir, F_OK) < 0)
+		return kiln_err_set(err, "snapshot_missing", "no snapshot %s", key);
+	if (rm_rf(dir) < 0)
+		return kiln_err_set(err, "snapshot_error", "cannot remove %s: %s", dir, strerror(errno));
+	return 0;
+}

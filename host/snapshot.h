@@ -1,0 +1,50 @@
+/* snapshot: pre-booted VM images. A template VM boots once, pre-starts the
+ * Python interpreter, pauses and saves its device state; its RAM lives in a
+ * file that every clone maps privately (copy-on-write), and its disk overlay
+ * becomes the read-only backing of every clone's own throw-away overlay. */
+#ifndef KILN_SNAPSHOT_H
+#define KILN_SNAPSHOT_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "vm.h"
+
+struct snapshot {
+	char key[17];
+	char dir[512];
+	char mem[600], disk[600], state[600];
+	unsigned memory_mib, vcpus;
+	/* What the manifest recorded, checked on every open. */
+	char state_sha256[65];
+	uint64_t mem_size, mem_ino, mem_mtime_ns, mem_ctime_ns;
+};
+
+/* The key of the snapshot for base's kernel, rootfs, initramfs, QEMU, memory
+ * size and vCPUs: a change to any of them selects a different snapshot. */
+int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
+		 struct kiln_err *err);
+
+/* Boot a template VM from base, prepare it and save it under
+ * <cache>/snapshots/<key>/ (replacing any snapshot with that key).
+ * Shows progress on stderr when verbose. */
+int snapshot_create(const struct vm_config *base, const char *cache, unsigned memory_mib, unsigned vcpus,
+		    int verbose, struct snapshot *out, struct kiln_err *err);
+
+/* Open and validate the snapshot with this key. Returns 0; -ENOENT when there
+ * is none (err set); -EBADMSG when it exists but is damaged (truncated,
+ * modified, unreadable manifest: err says which). */
+int snapshot_open(const char *cache, const char *key, struct snapshot *out, struct kiln_err *err);
+
+/* Start a clone: QEMU waits in -incoming, loads the device state, maps the
+ * RAM file privately, then runs. On success the guest is running and
+ * waiting for the host's first request. The caller owns vm. */
+int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err);
+
+/* Operator commands. */
+int snapshot_list(const char *cache, FILE *out);
+int snapshot_rm(const char *cache, const char *key, struct kiln_err *err);
+
+#endif

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SIGKILL of `kiln-host run` mid-task: QEMU dies with it, and the next start
+# reaps what was left (run directory, overlay); counts before and after match.
+. "$(dirname "$0")/lib.sh"
+require_image
+
+count_tmp() { find /var/tmp /tmp -maxdepth 1 -name 'vl.*' 2>/dev/null | wc -l; }
+before_qemu=$(count_qemu); before_entries=$(count_run_entries); before_tmp=$(count_tmp)
+
+printf '%s' "$(sh_spec 'echo started; sleep 600' '{"limits":{"timeout_s":600}}')" > "$T_TMP/long.spec"
+"$KILN_HOST" run --spec "$T_TMP/long.spec" --stream > "$T_TMP/long.out" 2>&1 &
+host_pid=$!
+# Wait (bounded) until the task is really running inside its VM.
+for _ in $(seq 300); do grep -q '"data":"started' "$T_TMP/long.out" 2>/dev/null && break; sleep 0.1; done
+if grep -q '"data":"started' "$T_TMP/long.out"; then ok "long task started"; else not_ok "long task started" "$(cat "$T_TMP/long.out")"; fi
+running=$(count_qemu)
+kill -9 "$host_pid"; wait "$host_pid" 2>/dev/null
+# QEMU dies with its owner (PR_SET_PDEATHSIG); wait for that, bounded.
+for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
+if [ "$running" -gt "$before_qemu" ] && [ "$(count_qemu)" = "$before_qemu" ]; then
+	ok "QEMU exits when kiln-host is SIGKILLed"
+else not_ok "QEMU exits with kiln-host" "running=$running now=$(count_qemu) before=$before_qemu"; fi
+if [ "$(count_run_entries)" -gt "$before_entries" ]; then ok "the killed run left its VM directory (to be reaped)"
+else not_ok "left a VM directory" "entries=$(count_run_entries)"; fi
+
+# The next run reaps it before starting its own VM.
+run_spec next "$(py_spec 'print(1)')"
+if [ "$(r next .state)" = succeeded ] && [ "$(count_run_entries)" = "$before_entries" ] && [ "$(count_qemu)" = "$before_qemu" ] \
+   && [ "$(count_tmp)" = "$before_tmp" ]; then
+	ok "the next run reaps the leftovers: QEMU processes, run entries and temp overlays back to their counts"
+else not_ok "reaped by the next run" "entries=$(count_run_entries) qemu=$(count_qemu) tmp=$(count_tmp)" "$(show next)"; fi
+
+# A stale directory whose QEMU is still alive (owner gone) is killed by `kiln-host reap`.
+"$KILN_HOST" run --spec "$T_TMP/long.spec" --stream > "$T_TMP/long2.out" 2>&1 &
+host_pid=$!
+for _ in $(seq 300); do grep -q '"data":"started' "$T_TMP/long2.out" 2>/dev/null && break; sleep 0.1; done
+qpid=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR" | head -n1)
+# Detach QEMU from its owner's death signal by stopping kiln-host, then drop the lock by killing it.
+kill -9 "$host_pid"; wait "$host_pid" 2>/dev/null
+"$KILN_HOST" reap --run-dir "$KILN_RUN_DIR" > "$T_TMP/reap.out"
+if [ -n "$qpid" ] && ! kill -0 "$qpid" 2>/dev/null && [ "$(count_run_entries)" = "$before_entries" ]; then
+	ok "kiln-host reap removes what a killed host left: $(cat "$T_TMP/reap.out")"
+else not_ok "kiln-host reap" "qpid=$qpid entries=$(count_run_entries)"; fi
+
+t_done

@@ -1,0 +1,59 @@
+# Shared helpers for integration tests (sourced). Tests print TAP:
+#   ok N - name / not ok N - name / ok N - name # SKIP reason
+# Each test script gets its own run directory so resource counts are exact.
+
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+KILN_HOST=$ROOT/build/kiln-host
+T_N=0
+T_FAILED=0
+export KILN_RUN_DIR=${KILN_RUN_DIR:-$(mktemp -d /tmp/kiln-it-run.XXXXXX)}
+T_TMP=$(mktemp -d /tmp/kiln-it.XXXXXX)
+trap 't_cleanup' EXIT
+
+t_cleanup() {
+	rm -rf "$T_TMP"
+	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
+}
+
+ok() { T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
+not_ok() {
+	T_N=$((T_N + 1)); T_FAILED=$((T_FAILED + 1)); echo "not ok $T_N - $1"
+	shift; for l in "$@"; do printf '#   %s\n' "$l"; done
+}
+skip() { T_N=$((T_N + 1)); echo "ok $T_N - $1 # SKIP $2"; }
+# check NAME CONDITION-COMMAND...: ok when the command succeeds.
+check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name" "failed: $*"; fi; }
+t_done() { echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
+
+# require_image: skip the whole script (loudly) when the guest image is missing.
+require_image() {
+	local d=$ROOT/build/image
+	for f in vmlinux initramfs.cpio rootfs.ext4; do
+		if [ ! -r "$d/$f" ]; then
+			echo "1..0 # SKIP guest image missing ($d/$f): run make image"
+			exit 0
+		fi
+	done
+}
+
+# run_spec NAME JSON [kiln-host args...]: runs the task, result JSON in $T_TMP/NAME.json,
+# kiln-host's exit status in $T_TMP/NAME.rc.
+run_spec() {
+	local name=$1 json=$2; shift 2
+	printf '%s' "$json" > "$T_TMP/$name.spec"
+	"$KILN_HOST" run --spec "$T_TMP/$name.spec" "$@" > "$T_TMP/$name.json" 2> "$T_TMP/$name.err"
+	echo $? > "$T_TMP/$name.rc"
+}
+# jq over a result: r NAME FILTER
+r() { jq -r "$2" "$T_TMP/$1.json" 2>/dev/null | tail -n 1; }
+rc() { cat "$T_TMP/$1.rc"; }
+# py CODE: a spec for a python task (code JSON-escaped here)
+py_spec() { jq -cn --arg code "$1" --argjson extra "${2:-{\}}" '{language:"python", code:$code} + $extra'; }
+sh_spec() { jq -cn --arg code "$1" --argjson extra "${2:-{\}}" '{language:"sh", code:$code} + $extra'; }
+# show NAME: diagnostics for a failing check
+show() { echo "result: $(head -c 1500 "$T_TMP/$1.json")"; echo "stderr: $(head -c 500 "$T_TMP/$1.err")"; }
+
+# Resources a VM takes, counted for this test's run directory.
+count_qemu() { pgrep -c -f "qemu-system-x86_64.*$KILN_RUN_DIR" || true; }
+count_run_entries() { find "$KILN_RUN_DIR" -mindepth 1 2>/dev/null | wc -l; }
