@@ -1,0 +1,714 @@
+/* agent: the guest side of the host-guest protocol: receive buffer, frame
+ * dispatch, SETUP, the FILE state machine; EXEC and COLLECT are handed to
+ * task.c and collect.c. Driven only through fds, so a socketpair can stand in
+ * for the virtio-serial port. */
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/random.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "collect.h"
+#include "init.h"
+#include "task.h"
+
+/* A FILE being received: its FILE_DATA frames are expected next. */
+struct agent_file {
+	int active;
+	int fd;     /* -1 once a failure was reported: the rest is skipped */
+	int dirfd;  /* the parent, to unlink a partial file */
+	uint64_t left;
+	char name[NAME_MAX + 1];
+	char path[PROTO_MAX_PATH + 1];
+};
+
+struct agent {
+	int chan;
+	int sigfd;
+	int connected; /* the host end of the port is open */
+	sigset_t sigio;
+	struct agent_config cfg;
+	struct agent_file file;
+	size_t rx_start, rx_end; /* unparsed bytes are rx[rx_start, rx_end) */
+	uint8_t rx[PROTO_MAX_FRAME];
+	uint8_t tx[PROTO_MAX_FRAME];
+	struct proto_exec exec; /* ~150 KiB: too big for the stack */
+};
+
+struct agent *agent_create(int chan, const struct agent_config *cfg)
+{
+	struct agent *a;
+	sigset_t mask;
+	int flags, err;
+
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return NULL;
+	a->chan = chan;
+	a->connected = 1;
+	a->cfg = *cfg;
+	a->file.fd = -1;
+	a->file.dirfd = -1;
+	sigemptyset(&a->sigio);
+	sigaddset(&a->sigio, SIGIO);
+
+	/* SIGCHLD: reap through a signalfd in the event loop. SIGIO: a
+	 * virtio-serial port raises it when the host (re)connects, the only
+	 * wake-up for a port that polls as hung up. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGCHLD);
+	sigaddset(&mask, SIGIO);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+		goto fail;
+	/* A write to a closed socketpair (tests) must be an error, not death. */
+	signal(SIGPIPE, SIG_IGN);
+	a->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (a->sigfd < 0)
+		goto fail;
+	flags = fcntl(chan, F_GETFL);
+	if (flags < 0 || fcntl(chan, F_SETOWN, getpid()) < 0 ||
+	    fcntl(chan, F_SETFL, flags | O_NONBLOCK | O_ASYNC) < 0)
+		goto fail_sigfd;
+	return a;
+
+fail_sigfd:
+	err = errno;
+	close(a->sigfd);
+	errno = err;
+fail:
+	err = errno;
+	free(a);
+	errno = err;
+	return NULL;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+/* Is the host end of the port open? A virtio-serial port whose host side is
+ * closed polls POLLHUP (and POLLIN: reads return 0). */
+static void agent_check_host(struct agent *a)
+{
+	struct pollfd p = { .fd = a->chan, .events = POLLIN };
+
+	if (poll(&p, 1, 0) >= 0 && !(p.revents & POLLHUP))
+		a->connected = 1;
+}
+
+/* Waits until the channel takes more bytes. While the host end is closed the
+ * port polls POLLHUP without POLLOUT, so poll() cannot wait for it: wait for
+ * the SIGIO the port raises on reconnection (the 1 s timeout is only a safety
+ * net), then look again. */
+static int agent_wait_writable(struct agent *a)
+{
+	static const struct timespec recheck = { .tv_sec = 1 };
+	struct pollfd p = { .fd = a->chan, .events = POLLOUT };
+
+	for (;;) {
+		if (poll(&p, 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (p.revents & POLLOUT)
+			return 0;
+		if (p.revents & POLLNVAL)
+			return -EBADF;
+		if (p.revents & POLLERR)
+			return -EIO;
+		sigtimedwait(&a->sigio, NULL, &recheck);
+	}
+}
+
+static int agent_write_all(struct agent *a, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(a->chan, p, n);
+		int r;
+
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			r = agent_wait_writable(a);
+			if (r < 0)
+				return r;
+			continue;
+		}
+		return w < 0 ? -errno : -EIO;
+	}
+	return 0;
+}
+
+uint8_t *agent_payload(struct agent *a)
+{
+	return a->tx + PROTO_HDR_SIZE;
+}
+
+int agent_send(struct agent *a, uint8_t type, const void *payload, size_t len)
+{
+	if (len > PROTO_MAX_PAYLOAD)
+		return -EMSGSIZE;
+	/* Header and payload in one buffer: each write() to a virtio port is
+	 * one virtqueue buffer, so a separate header would double them. */
+	if (len && payload != agent_payload(a))
+		memmove(agent_payload(a), payload, len);
+	proto_frame_header(a->tx, type, (uint32_t)len);
+	return agent_write_all(a, a->tx, PROTO_HDR_SIZE + len);
+}
+
+int agent_send_error(struct agent *a, int code, const char *fmt, ...)
+{
+	struct proto_error e;
+	va_list ap;
+	ssize_t n;
+
+	e.code = code;
+	va_start(ap, fmt);
+	vsnprintf(e.message, sizeof(e.message), fmt, ap);
+	va_end(ap);
+	n = proto_error_encode(agent_payload(a), PROTO_MAX_PAYLOAD, &e);
+	if (n < 0)
+		return (int)n; /* cannot happen: the message is bounded */
+	return agent_send(a, PROTO_ERROR, agent_payload(a), (size_t)n);
+}
+
+static int agent_send_ok(struct agent *a, uint8_t type)
+{
+	return agent_send(a, PROTO_OK, &type, 1);
+}
+
+int agent_hello(struct agent *a)
+{
+	struct proto_hello h = { .version = PROTO_VERSION, .features = 0 };
+	struct utsname u;
+	ssize_t n;
+
+	if (uname(&u) == 0)
+		snprintf(h.release, sizeof(h.release), "%s", u.release);
+	n = proto_hello_encode(agent_payload(a), PROTO_MAX_PAYLOAD, &h);
+	if (n < 0)
+		return (int)n;
+	return agent_send(a, PROTO_HELLO, agent_payload(a), (size_t)n);
+}
+
+/* ---- FILE --------------------------------------------------------------- */
+
+static void file_reset(struct agent_file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	if (f->dirfd >= 0)
+		close(f->dirfd);
+	f->fd = -1;
+	f->dirfd = -1;
+	f->active = 0;
+	f->left = 0;
+}
+
+/* Removes the partial file; the state stays active so that the FILE_DATA
+ * frames still in flight are skipped. */
+static void file_drop(struct agent_file *f)
+{
+	if (f->fd < 0)
+		return;
+	close(f->fd);
+	f->fd = -1;
+	if (unlinkat(f->dirfd, f->name, 0) < 0 && errno != ENOENT)
+		init_log("FILE %s: removing the partial file: %s", f->path, strerror(errno));
+}
+
+static int path_under(const char *path, const char *dir)
+{
+	size_t n = strlen(dir);
+
+	return !strncmp(path, dir, n) && (path[n] == '\0' || path[n] == '/');
+}
+
+/* Opens one parent directory below dfd, creating it (0755, owned by the task
+ * user) when missing. Symlinks are followed only when root owns them (the
+ * image's /bin -> usr/bin and friends): one planted by an earlier task must
+ * not redirect a root-written file. */
+static int file_enter(struct agent *a, int dfd, const char *name, const char **what)
+{
+	const int dflags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+	struct stat st;
+	int fd;
+
+	fd = openat(dfd, name, dflags | O_NOFOLLOW);
+	if (fd >= 0)
+		return fd;
+	if (errno == ENOENT) {
+		*what = "creating a parent directory";
+		if (mkdirat(dfd, name, 0755) < 0)
+			return -errno;
+		if (fchownat(dfd, name, a->cfg.file_uid, a->cfg.file_gid, AT_SYMLINK_NOFOLLOW) < 0)
+			return -errno;
+		fd = openat(dfd, name, dflags | O_NOFOLLOW);
+		return fd >= 0 ? fd : -errno;
+	}
+	if (errno != ELOOP && errno != ENOTDIR) {
+		*what = "opening a parent directory";
+		return -errno;
+	}
+	*what = "a parent is not a directory";
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return -errno;
+	if (!S_ISLNK(st.st_mode))
+		return -ENOTDIR;
+	if (st.st_uid != 0) {
+		*what = "a parent is a symlink not owned by root";
+		return -ELOOP;
+	}
+	fd = openat(dfd, name, dflags);
+	return fd >= 0 ? fd : -errno;
+}
+
+/* Opens path for writing as a fresh, empty regular file owned by the task
+ * user, leaving fd, dirfd and name in f. On failure returns a negative errno
+ * and what names the step. */
+static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const char **what)
+{
+	char buf[PROTO_MAX_PATH + 1];
+	char *comp, *slash;
+	struct stat st;
+	int dfd, fd;
+
+	/* proto_abspath_ok() held: absolute, no empty, "." or ".." component. */
+	*what = "path";
+	if (!f->path[1])
+		return -EISDIR;
+	memcpy(buf, f->path, sizeof(buf));
+	dfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	comp = buf + 1;
+	while ((slash = strchr(comp, '/'))) {
+		*slash = '\0';
+		fd = file_enter(a, dfd, comp, what);
+		close(dfd);
+		if (fd < 0)
+			return fd;
+		dfd = fd;
+		comp = slash + 1;
+	}
+
+	/* No O_TRUNC yet: the checks below come first, or a hard link to a
+	 * root file would already be truncated. O_NONBLOCK: a FIFO must not
+	 * hang PID 1. */
+	*what = "open";
+	fd = openat(dfd, comp, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+	if (fd < 0)
+		goto fail_errno;
+	*what = "fstat";
+	if (fstat(fd, &st) < 0)
+		goto fail_errno_fd;
+	*what = "not a regular file";
+	if (!S_ISREG(st.st_mode)) {
+		errno = EINVAL;
+		goto fail_errno_fd;
+	}
+	*what = "it has other hard links";
+	if (st.st_nlink > 1) {
+		errno = EMLINK;
+		goto fail_errno_fd;
+	}
+	*what = "truncate";
+	if (ftruncate(fd, 0) < 0)
+		goto fail_errno_fd;
+	/* chown before chmod: chown clears set-id bits the mode may ask for. */
+	*what = "chown";
+	if (fchown(fd, a->cfg.file_uid, a->cfg.file_gid) < 0)
+		goto fail_errno_fd;
+	*what = "chmod";
+	if (fchmod(fd, mode) < 0)
+		goto fail_errno_fd;
+	f->fd = fd;
+	f->dirfd = dfd;
+	snprintf(f->name, sizeof(f->name), "%s", comp);
+	return 0;
+
+fail_errno_fd:
+	{
+		int err = errno;
+
+		close(fd);
+		errno = err;
+	}
+fail_errno:
+	{
+		int err = errno;
+
+		close(dfd);
+		return -err;
+	}
+}
+
+static int file_finish(struct agent *a)
+{
+	struct agent_file *f = &a->file;
+	int r = close(f->fd) < 0 ? -errno : 0;
+
+	f->fd = -1;
+	if (r < 0) {
+		/* Already closed: file_drop() only unlinks what it still holds. */
+		unlinkat(f->dirfd, f->name, 0);
+		file_reset(f);
+		return agent_send_error(a, r, "FILE %s: close: %s", f->path, strerror(-r));
+	}
+	file_reset(f);
+	return agent_send_ok(a, PROTO_FILE);
+}
+
+static int file_begin(struct agent *a, const struct proto_frame *fr)
+{
+	struct agent_file *f = &a->file;
+	struct proto_file m;
+	const char *what = "";
+	int r;
+
+	if (proto_file_decode(fr->payload, fr->len, &m) < 0)
+		return agent_send_error(a, -EPROTO, "malformed FILE request");
+	memcpy(f->path, m.path, sizeof(f->path));
+	f->active = 1;
+	f->left = m.size;
+	f->fd = -1;
+	if (path_under(m.path, "/proc") || path_under(m.path, "/sys") || path_under(m.path, "/dev")) {
+		r = agent_send_error(a, -EPERM, "FILE %s: refusing to write under /proc, /sys or /dev", m.path);
+		goto skip;
+	}
+	r = file_open(a, f, m.mode, &what);
+	if (r < 0) {
+		r = agent_send_error(a, r, "FILE %s: %s: %s", m.path, what, strerror(-r));
+		goto skip;
+	}
+	if (f->left == 0)
+		return file_finish(a);
+	return 0;
+
+skip:
+	/* The host has already sent the data: swallow it quietly. */
+	if (f->left == 0)
+		file_reset(f);
+	return r;
+}
+
+static int file_data(struct agent *a, const struct proto_frame *fr)
+{
+	struct agent_file *f = &a->file;
+	const uint8_t *p = fr->payload;
+	size_t n = fr->len;
+	int r;
+
+	if (!f->active)
+		return agent_send_error(a, -EPROTO, "FILE_DATA without a FILE");
+	if (n > f->left) {
+		int reported = f->fd < 0;
+
+		file_drop(f);
+		file_reset(f);
+		if (reported)
+			return 0;
+		return agent_send_error(a, -EPROTO, "FILE %s: more data than announced", f->path);
+	}
+	f->left -= n;
+	while (f->fd >= 0 && n > 0) {
+		ssize_t w = write(f->fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			r = w < 0 ? -errno : -EIO;
+			file_drop(f);
+			if (f->left == 0)
+				file_reset(f);
+			return agent_send_error(a, r, "FILE %s: write: %s", f->path, strerror(-r));
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+	if (f->left > 0)
+		return 0;
+	if (f->fd < 0) {
+		file_reset(f); /* a failure was already reported */
+		return 0;
+	}
+	return file_finish(a);
+}
+
+/* A frame other than FILE_DATA arrived before the file was complete. */
+static int file_interrupted(struct agent *a, uint8_t type)
+{
+	struct agent_file *f = &a->file;
+	int reported = f->fd < 0;
+	unsigned long long left = f->left;
+
+	file_drop(f);
+	file_reset(f);
+	if (reported)
+		return 0;
+	return agent_send_error(a, -EPROTO, "FILE %s: %llu bytes missing (got a frame of type 0x%02x)",
+				f->path, left, type);
+}
+
+/* ---- SETUP -------------------------------------------------------------- */
+
+static int agent_add_entropy(const uint8_t *bytes, size_t len)
+{
+	union {
+		struct rand_pool_info info;
+		uint8_t raw[sizeof(struct rand_pool_info) + PROTO_MAX_ENTROPY];
+	} u;
+	int fd, r = 0;
+
+	if (len > PROTO_MAX_ENTROPY)
+		return -EINVAL;
+	/* The host's bytes come from its own CSPRNG: credit them in full, so
+	 * that a clone restored from a snapshot stops sharing its parent's
+	 * random state right now. */
+	u.info.entropy_count = (int)(len * 8);
+	u.info.buf_size = (int)len;
+	memcpy(u.raw + offsetof(struct rand_pool_info, buf), bytes, len);
+	fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ioctl(fd, RNDADDENTROPY, &u.info) < 0) {
+		r = -errno;
+		goto out;
+	}
+	/* ENODATA: the CRNG is not initialised yet; it will seed itself from
+	 * the pool (which now holds these bytes) once enough is credited. */
+	if (ioctl(fd, RNDRESEEDCRNG) < 0 && errno != ENODATA)
+		r = -errno;
+out:
+	close(fd);
+	return r;
+}
+
+static int agent_setup(struct agent *a, const struct proto_frame *fr)
+{
+	struct proto_setup s;
+	struct timespec ts;
+	int r;
+
+	if (proto_setup_decode(fr->payload, fr->len, &s) < 0)
+		return agent_send_error(a, -EPROTO, "malformed SETUP request");
+	if (s.sec > (uint64_t)INT64_MAX)
+		return agent_send_error(a, -EINVAL, "SETUP: time out of range");
+	ts.tv_sec = (time_t)s.sec;
+	ts.tv_nsec = (long)s.nsec;
+	if (clock_settime(CLOCK_REALTIME, &ts) < 0)
+		return agent_send_error(a, -errno, "SETUP: clock_settime: %s", strerror(errno));
+	if (s.entropy_len > 0) {
+		r = agent_add_entropy(s.entropy, s.entropy_len);
+		if (r < 0)
+			return agent_send_error(a, r, "SETUP: adding entropy: %s", strerror(-r));
+	}
+	return agent_send_ok(a, PROTO_SETUP);
+}
+
+/* ---- receiving and dispatch ------------------------------------------- */
+
+int agent_chan_pollfd(struct agent *a)
+{
+	return a->connected ? a->chan : -1;
+}
+
+int agent_sigfd(struct agent *a)
+{
+	return a->sigfd;
+}
+
+int agent_signals(struct agent *a)
+{
+	struct signalfd_siginfo si[8];
+
+	for (;;) {
+		ssize_t n = read(a->sigfd, si, sizeof(si));
+
+		if (n > 0)
+			continue;
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno != EAGAIN)
+			return -errno;
+		break;
+	}
+	if (!a->connected)
+		agent_check_host(a);
+	return 0;
+}
+
+/* The host closed its end. A restored snapshot clone may see this before
+ * the new host connects, so it is not fatal: drop the partial state (the
+ * next connection starts on a frame boundary) and wait for SIGIO. */
+static void agent_hangup(struct agent *a)
+{
+	a->connected = 0;
+	a->rx_start = 0;
+	a->rx_end = 0;
+	file_drop(&a->file);
+	file_reset(&a->file);
+}
+
+int agent_read(struct agent *a)
+{
+	ssize_t n;
+
+	if (!a->connected)
+		return 0;
+	if (a->rx_start > 0) {
+		memmove(a->rx, a->rx + a->rx_start, a->rx_end - a->rx_start);
+		a->rx_end -= a->rx_start;
+		a->rx_start = 0;
+	}
+	/* Full: a whole frame is buffered (none exceeds the buffer) and must
+	 * be taken first. */
+	if (a->rx_end == sizeof(a->rx))
+		return 0;
+	n = read(a->chan, a->rx + a->rx_end, sizeof(a->rx) - a->rx_end);
+	if (n > 0) {
+		a->rx_end += (size_t)n;
+		return 0;
+	}
+	if (n == 0) {
+		agent_hangup(a);
+		return 0;
+	}
+	if (errno == EAGAIN || errno == EINTR)
+		return 0;
+	return -errno;
+}
+
+int agent_next_frame(struct agent *a, struct proto_frame *f)
+{
+	ssize_t n = proto_frame_parse(a->rx + a->rx_start, a->rx_end - a->rx_start, f);
+	int r;
+
+	if (n == 0)
+		return 0;
+	if (n < 0) {
+		/* Nothing after a bad header can be trusted to be aligned on a
+		 * frame: drop it all, and any file it was feeding. */
+		a->rx_start = 0;
+		a->rx_end = 0;
+		file_drop(&a->file);
+		file_reset(&a->file);
+		r = agent_send_error(a, -EPROTO, "bad frame header: receive buffer dropped");
+		return r < 0 ? r : 0;
+	}
+	a->rx_start += (size_t)n;
+	return 1;
+}
+
+static int agent_exec(struct agent *a, const struct proto_frame *fr)
+{
+	if (proto_exec_decode(fr->payload, fr->len, &a->exec) < 0)
+		return agent_send_error(a, -EPROTO, "malformed EXEC request");
+	return task_run(a, &a->exec);
+}
+
+static int agent_collect(struct agent *a, const struct proto_frame *fr)
+{
+	struct proto_reader r;
+	uint64_t budget;
+
+	proto_reader_init(&r, fr->payload, fr->len);
+	budget = proto_get_u64(&r);
+	if (proto_reader_end(&r) < 0)
+		return agent_send_error(a, -EPROTO, "malformed COLLECT request");
+	return collect_run(a, a->cfg.output_dir, budget);
+}
+
+static int agent_dispatch(struct agent *a, const struct proto_frame *f)
+{
+	int r;
+
+	if (a->file.active && f->type != PROTO_FILE_DATA) {
+		r = file_interrupted(a, f->type);
+		if (r < 0)
+			return r;
+	}
+	switch (f->type) {
+	case PROTO_SETUP:
+		return agent_setup(a, f);
+	case PROTO_FILE:
+		return file_begin(a, f);
+	case PROTO_FILE_DATA:
+		return file_data(a, f);
+	case PROTO_EXEC:
+		return agent_exec(a, f);
+	case PROTO_KILL:
+		/* No task is running: this KILL crossed the task's EXIT on the wire. */
+		return 0;
+	case PROTO_COLLECT:
+		return agent_collect(a, f);
+	default:
+		return agent_send_error(a, -EINVAL, "unknown request type 0x%02x", f->type);
+	}
+}
+
+int agent_serve(struct agent *a)
+{
+	struct proto_frame f;
+	int r;
+
+	for (;;) {
+		struct pollfd p[2] = {
+			{ .fd = a->sigfd, .events = POLLIN },
+			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
+		};
+
+		if (poll(p, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (p[0].revents) {
+			r = agent_signals(a);
+			if (r < 0)
+				return r;
+			task_reap(0, NULL, NULL);
+		}
+		if (p[1].revents) {
+			r = agent_read(a);
+			if (r < 0)
+				return r;
+		}
+		while ((r = agent_next_frame(a, &f)) > 0) {
+			r = agent_dispatch(a, &f);
+			if (r < 0)
+				return r;
+		}
+		if (r < 0)
+			return r;
+	}
+}
+
+void agent_destroy(struct agent *a)
+{
+	if (!a)
+		return;
+	file_drop(&a->file);
+	file_reset(&a->file);
+	close(a->sigfd);
+	close(a->chan);
+	free(a);
+}

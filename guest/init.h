@@ -1,0 +1,32 @@
+/* init: kiln-init's boot (mounts, switch to the root disk, host channel) and
+ * its last resort on fatal errors (console message, reboot: QEMU exits). */
+#ifndef KILN_GUEST_INIT_H
+#define KILN_GUEST_INIT_H
+
+/* Name of the virtio-serial port that carries the host-guest protocol. */
+#define INIT_PORT_NAME "kiln.agent"
+
+/* Brings the guest up from the initramfs: fds 0-2, devtmpfs and proc, waits
+ * (bounded) for /dev/vda, mounts it on /newroot and makes it the root, mounts
+ * /proc, /sys, /dev, /dev/pts, /dev/shm, /tmp, /run there, raises `lo`, sets
+ * the hostname and protects PID 1 from the OOM killer. Calls init_die() on
+ * anything a task could not run without. PID 1 only, before any other thread
+ * or child exists. */
+void init_boot(void);
+
+/* Waits (bounded) for the virtio-serial port called `name` to appear and
+ * opens it O_RDWR | O_NONBLOCK | O_CLOEXEC. Returns the fd; calls init_die()
+ * when it does not show up in time. */
+int init_open_port(const char *name);
+
+/* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
+ * run) in a single write. For errors only: the serial console is slow under
+ * TCG. Callable from anywhere, including a forked child before exec. */
+void init_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Logs the message, waits for the console to drain and reboots; with
+ * `-no-reboot` QEMU exits, which is how the host learns the guest died.
+ * Never returns. */
+void init_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+#endif

@@ -1,0 +1,473 @@
+/* task: one EXEC at a time: fork, drop to the task's uid, exec; forward its
+ * stdout/stderr as they are read, cap them, kill the whole uid on KILL, on
+ * the cap and at the end; report EXIT with rusage and the OOM verdict. */
+#include "task.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "init.h"
+
+#define TASK_CHUNK    (64 * 1024) /* most bytes per STDOUT/STDERR frame */
+/* Once the task's processes are killed the pipes reach EOF within
+ * milliseconds; only a process outside the task's uid still holding them
+ * (a set-uid helper) could keep them open, and EXIT must not wait on it. */
+#define TASK_DRAIN_MS 5000
+
+static const char task_default_path_env[] = "PATH=" TASK_DEFAULT_PATH;
+
+struct task {
+	const struct proto_exec *e;
+	pid_t pid;
+	int out, err; /* our read ends, -1 once at EOF */
+	uint64_t sent; /* stdout + stderr bytes forwarded to the host */
+	int64_t start_us, end_us, drain_deadline_ms;
+	int exited;
+	int killed; /* we sent SIGKILL while the main process was alive */
+	int wstatus;
+	struct rusage ru;
+	int64_t oom_before;
+	struct proto_exit exit;
+};
+
+int task_reap(pid_t watch, int *status, struct rusage *ru)
+{
+	int found = 0;
+
+	for (;;) {
+		struct rusage r;
+		int st;
+		pid_t pid = wait4(-1, &st, WNOHANG, &r);
+
+		if (pid < 0 && errno == EINTR)
+			continue;
+		if (pid <= 0)
+			return found; /* 0: none exited yet; ECHILD: no children */
+		if (watch > 0 && pid == watch) {
+			*status = st;
+			*ru = r;
+			found = 1;
+		}
+	}
+}
+
+/* The kernel's count of OOM kills so far, or -1 when it cannot be read. */
+static int64_t task_oom_kills(void)
+{
+	char buf[32768];
+	size_t len = 0;
+	const char *p;
+	int fd;
+
+	fd = open("/proc/vmstat", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	while (len < sizeof(buf) - 1) {
+		ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	buf[len] = '\0';
+	for (p = buf; p;) {
+		if (!strncmp(p, "oom_kill ", 9))
+			return strtoll(p + 9, NULL, 10);
+		p = strchr(p, '\n');
+		if (p)
+			p++;
+	}
+	return -1;
+}
+
+/* Kills every process running as uid, wherever it went (setsid, double
+ * fork, re-parented to PID 1). An unprivileged sender may signal exactly the
+ * processes of its own uid, so a child that becomes uid and calls kill(-1)
+ * reaches all of them and nothing else (kill(-1) spares PID 1 and the
+ * caller). One pass is enough even against a fork bomb: fork() fails for a
+ * parent with SIGKILL pending. The child is reaped by task_reap(). */
+static void task_kill_uid(uid_t uid)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		if (setuid(uid) < 0)
+			_exit(1);
+		kill(-1, SIGKILL);
+		_exit(0);
+	}
+	if (pid < 0)
+		init_log("task: fork to kill uid %u: %s", (unsigned)uid, strerror(errno));
+}
+
+static void task_kill(struct task *t)
+{
+	if (!t->exited) {
+		t->killed = 1;
+		/* The process group as well: it may hold processes that changed
+		 * uid (set-uid helpers). The pid itself, for a child that has
+		 * not reached setsid() or setuid() yet. */
+		kill(-t->pid, SIGKILL);
+		kill(t->pid, SIGKILL);
+	}
+	task_kill_uid(t->e->uid);
+}
+
+/* ---- the child ---------------------------------------------------------- */
+
+static void __attribute__((noreturn)) task_child_fail(const char *what, const char *arg, int err)
+{
+	/* fd 2 is the task's stderr by now: the host sees this as output. */
+	init_log("%s %s: %s", what, arg, strerror(err));
+	_exit(127);
+}
+
+/* execvpe() with an explicit PATH: the task's, not PID 1's. */
+static void __attribute__((noreturn)) task_child_exec(const char *file, char *const argv[],
+						      char *const envp[], const char *path)
+{
+	char buf[PATH_MAX];
+	size_t flen = strlen(file);
+	const char *p, *end;
+	int err = ENOENT, eacces = 0;
+
+	if (strchr(file, '/')) {
+		execve(file, argv, envp);
+		task_child_fail("cannot execute", file, errno);
+	}
+	for (p = path;; p = end + 1) {
+		size_t dlen;
+
+		end = strchrnul(p, ':');
+		dlen = (size_t)(end - p);
+		if (dlen + 1 + flen + 1 <= sizeof(buf)) {
+			/* An empty entry is the current directory, as in execvp. */
+			if (dlen == 0) {
+				buf[0] = '.';
+				dlen = 1;
+			} else {
+				memcpy(buf, p, dlen);
+			}
+			buf[dlen] = '/';
+			memcpy(buf + dlen + 1, file, flen + 1);
+			execve(buf, argv, envp);
+			switch (errno) {
+			case EACCES:
+				eacces = 1;
+				break;
+			case ENOENT:
+			case ENOTDIR:
+			case ENAMETOOLONG:
+			case ESTALE:
+			case ENODEV:
+			case ETIMEDOUT:
+				break;
+			default:
+				/* Found but cannot run (ENOEXEC, E2BIG, ...): stop
+				 * here, as execvp does. */
+				task_child_fail("cannot execute", buf, errno);
+			}
+		}
+		if (!*end)
+			break;
+	}
+	if (eacces)
+		err = EACCES;
+	task_child_fail("cannot execute", file, err);
+}
+
+static void __attribute__((noreturn)) task_child(const struct proto_exec *e, char *const envp[],
+						 const char *path, int out, int err)
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	sigset_t none;
+	int sig, fd;
+
+	/* PID 1 blocks SIGCHLD and SIGIO and ignores SIGPIPE; the mask and
+	 * ignored signals survive exec. sigaction() fails harmlessly for
+	 * SIGKILL, SIGSTOP and glibc's internal signals. */
+	for (sig = 1; sig < NSIG; sig++)
+		sigaction(sig, &dfl, NULL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	if (dup2(out, 1) < 0 || dup2(err, 2) < 0)
+		_exit(127);
+	fd = open("/dev/null", O_RDONLY);
+	if (fd < 0 || dup2(fd, 0) < 0)
+		task_child_fail("cannot open", "/dev/null", errno);
+	/* Everything of PID 1's is O_CLOEXEC already; this makes sure above
+	 * all that the channel never reaches the task, which could then speak
+	 * the protocol to the host. */
+	close_range(3, ~0U, 0);
+	/* PID 1's -1000 is inherited: the task must be the OOM killer's first
+	 * choice, not immune to it (which would end in a kernel panic). */
+	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, "0", 1) != 1)
+		task_child_fail("cannot reset", "/proc/self/oom_score_adj", errno);
+	close(fd);
+	if (setgroups(0, NULL) < 0)
+		task_child_fail("cannot drop", "supplementary groups", errno);
+	if (setgid(e->gid) < 0)
+		task_child_fail("cannot change group to", "the task's gid", errno);
+	if (setuid(e->uid) < 0)
+		task_child_fail("cannot change user to", "the task's uid", errno);
+	/* After setuid(): the directory must be reachable by the task itself. */
+	if (chdir(e->cwd) < 0)
+		task_child_fail("cannot change directory to", e->cwd, errno);
+	task_child_exec(e->argv[0], e->argv, envp, path);
+}
+
+/* ---- the parent ---------------------------------------------------------- */
+
+/* Reads what one pipe holds and forwards it, up to the output cap. */
+static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uint64_t *count)
+{
+	uint8_t *buf = agent_payload(a);
+	uint64_t room = t->e->output_cap - t->sent;
+	ssize_t n;
+	size_t fwd;
+	int r;
+
+	n = read(*fd, buf, TASK_CHUNK);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return 0;
+	if (n < 0)
+		init_log("task: reading output: %s", strerror(errno));
+	if (n <= 0) {
+		close(*fd);
+		*fd = -1;
+		return 0;
+	}
+	*count += (uint64_t)n;
+	fwd = (uint64_t)n < room ? (size_t)n : (size_t)room;
+	if (fwd > 0) {
+		t->sent += fwd;
+		r = agent_send(a, type, buf, fwd);
+		if (r < 0)
+			return r;
+	}
+	/* Keep reading past the cap (and drop it) so that the task never
+	 * blocks on a full pipe before it is dead. */
+	if (t->exit.stdout_bytes + t->exit.stderr_bytes > t->e->output_cap &&
+	    !(t->exit.flags & PROTO_EXIT_OUTPUT_LIMIT)) {
+		t->exit.flags |= PROTO_EXIT_OUTPUT_LIMIT;
+		if (!t->exited)
+			task_kill(t);
+	}
+	return 0;
+}
+
+/* Requests that arrive while the task runs: only KILL is served. */
+static int task_channel(struct agent *a, struct task *t)
+{
+	struct proto_frame f;
+	int r;
+
+	r = agent_read(a);
+	if (r < 0)
+		return r;
+	while ((r = agent_next_frame(a, &f)) > 0) {
+		if (f.type == PROTO_KILL) {
+			/* After the exit it is moot: the host's timer crossed EXIT. */
+			if (!t->exited) {
+				t->exit.flags |= PROTO_EXIT_KILLED;
+				task_kill(t);
+			}
+			continue;
+		}
+		r = agent_send_error(a, -EBUSY, "a task is running: request type 0x%02x refused", f.type);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+static void task_close_pipes(struct task *t)
+{
+	if (t->out >= 0)
+		close(t->out);
+	if (t->err >= 0)
+		close(t->err);
+	t->out = -1;
+	t->err = -1;
+}
+
+static int task_loop(struct agent *a, struct task *t)
+{
+	int r;
+
+	for (;;) {
+		struct pollfd p[4] = {
+			{ .fd = agent_sigfd(a), .events = POLLIN },
+			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
+			{ .fd = t->out, .events = POLLIN },
+			{ .fd = t->err, .events = POLLIN },
+		};
+		int timeout = -1;
+
+		if (t->exited) {
+			int64_t left = t->drain_deadline_ms - proto_now_ms();
+
+			if (t->out < 0 && t->err < 0)
+				return 0;
+			if (left <= 0) {
+				init_log("task: output still open %d ms after the task ended; not waiting for it",
+					 TASK_DRAIN_MS);
+				task_close_pipes(t);
+				return 0;
+			}
+			timeout = (int)left;
+		}
+		if (poll(p, 4, timeout) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (p[0].revents) {
+			r = agent_signals(a);
+			if (r < 0)
+				return r;
+			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0) {
+				t->end_us = proto_now_us();
+				t->exited = 1;
+				/* Daemons and stray children of the task die with it. */
+				task_kill_uid(t->e->uid);
+				t->drain_deadline_ms = proto_now_ms() + TASK_DRAIN_MS;
+			}
+		}
+		if (p[2].revents) {
+			r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes);
+			if (r < 0)
+				return r;
+		}
+		if (p[3].revents) {
+			r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes);
+			if (r < 0)
+				return r;
+		}
+		if (p[1].revents) {
+			r = task_channel(a, t);
+			if (r < 0)
+				return r;
+		}
+	}
+}
+
+static uint64_t task_tv_us(const struct timeval *tv)
+{
+	return (uint64_t)tv->tv_sec * 1000000u + (uint64_t)tv->tv_usec;
+}
+
+static int task_send_exit(struct agent *a, struct task *t)
+{
+	struct proto_exit *x = &t->exit;
+	int64_t oom_after;
+	ssize_t n;
+
+	if (WIFSIGNALED(t->wstatus)) {
+		x->how = PROTO_SIGNALED;
+		x->status = (uint32_t)WTERMSIG(t->wstatus);
+	} else {
+		x->how = PROTO_EXITED;
+		x->status = (uint32_t)WEXITSTATUS(t->wstatus);
+	}
+	x->run_us = (uint64_t)(t->end_us - t->start_us);
+	x->user_us = task_tv_us(&t->ru.ru_utime);
+	x->sys_us = task_tv_us(&t->ru.ru_stime);
+	x->maxrss_kib = t->ru.ru_maxrss > 0 ? (uint64_t)t->ru.ru_maxrss : 0;
+	/* SIGKILL we did not send plus a new OOM kill in the guest: the OOM
+	 * killer took the task. Only this task runs, so the count is ours. */
+	if (x->how == PROTO_SIGNALED && x->status == SIGKILL && !t->killed && t->oom_before >= 0) {
+		oom_after = task_oom_kills();
+		if (oom_after > t->oom_before)
+			x->flags |= PROTO_EXIT_OOM;
+	}
+	n = proto_exit_encode(agent_payload(a), PROTO_MAX_PAYLOAD, x);
+	if (n < 0)
+		return (int)n;
+	return agent_send(a, PROTO_EXIT, agent_payload(a), (size_t)n);
+}
+
+int task_run(struct agent *a, const struct proto_exec *e)
+{
+	char *envp[PROTO_MAX_ENV + 2];
+	const char *path = NULL;
+	struct task t = { .e = e, .out = -1, .err = -1 };
+	int out[2], err[2];
+	uint32_t i, n = 0;
+	int r;
+
+	if (e->flags & PROTO_EXEC_ZYGOTE)
+		return agent_send_error(a, -EOPNOTSUPP, "EXEC: no pre-started interpreter in this guest");
+
+	for (i = 0; i < e->envc; i++) {
+		envp[n++] = e->env[i];
+		if (!path && !strncmp(e->env[i], "PATH=", 5))
+			path = e->env[i] + 5;
+	}
+	if (!path) {
+		/* execve() does not modify its environment strings. */
+		envp[n++] = (char *)task_default_path_env;
+		path = TASK_DEFAULT_PATH;
+	}
+	envp[n] = NULL;
+
+	if (pipe2(out, O_CLOEXEC) < 0)
+		return agent_send_error(a, -errno, "EXEC: pipe: %s", strerror(errno));
+	if (pipe2(err, O_CLOEXEC) < 0) {
+		r = -errno;
+		goto fail_out;
+	}
+	/* Only our ends: the task gets ordinary blocking pipes. */
+	if (fcntl(out[0], F_SETFL, O_NONBLOCK) < 0 || fcntl(err[0], F_SETFL, O_NONBLOCK) < 0) {
+		r = -errno;
+		goto fail_err;
+	}
+
+	t.oom_before = task_oom_kills();
+	t.start_us = proto_now_us();
+	t.pid = fork();
+	if (t.pid < 0) {
+		r = -errno;
+		goto fail_err;
+	}
+	if (t.pid == 0)
+		task_child(e, envp, path, out[1], err[1]);
+	close(out[1]);
+	close(err[1]);
+	t.out = out[0];
+	t.err = err[0];
+
+	r = agent_send(a, PROTO_STARTED, NULL, 0);
+	if (r == 0)
+		r = task_loop(a, &t);
+	if (r < 0) {
+		/* The channel is gone: leave nothing running behind. */
+		task_kill(&t);
+		task_close_pipes(&t);
+		return r;
+	}
+	task_close_pipes(&t);
+	return task_send_exit(a, &t);
+
+fail_err:
+	close(err[0]);
+	close(err[1]);
+fail_out:
+	close(out[0]);
+	close(out[1]);
+	return agent_send_error(a, r, "EXEC: %s", strerror(-r));
+}

@@ -1,0 +1,98 @@
+/* spec: parse and validate a task spec, the JSON document that says what to
+ * run in a sandbox (code or argv, input files, env, cwd, limits, network).
+ * The same JSON is the body of the HTTP API's task request. */
+#ifndef KILN_SPEC_H
+#define KILN_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+/* Whole JSON document. Base64 costs 4/3 of the 64 MiB of file data, plus the
+ * code and some room for JSON syntax and escapes. */
+#define SPEC_MAX_JSON        (128u << 20)
+
+#define SPEC_MAX_CODE        (1u << 20)  /* bytes of "code" */
+#define SPEC_MAX_ARGS        1024        /* entries of "argv" */
+#define SPEC_MAX_ARGV_BYTES  (64u << 10) /* sum over argv of strlen + 1 */
+#define SPEC_MAX_FILES       1000        /* entries of "files" (not counting the code file) */
+#define SPEC_MAX_FILE_BYTES  (64u << 20) /* sum of decoded file sizes (not counting the code) */
+#define SPEC_MAX_ENV         1024        /* entries of "env" */
+#define SPEC_MAX_ENV_KEY     256         /* bytes of one env name */
+#define SPEC_MAX_ENV_BYTES   (64u << 10) /* sum over env of strlen("K=V") + 1 */
+/* argv, env and cwd travel in one PROTO_EXEC message; this much of its
+ * payload is kept free for what the host adds (PATH, HOME, ...). A spec that
+ * has both argv and env near their own bounds can fail this combined check. */
+#define SPEC_EXEC_RESERVE    4096
+
+#define SPEC_DEFAULT_MODE    0644
+#define SPEC_MAX_MODE        0777        /* no setuid/setgid/sticky bits */
+#define SPEC_DEFAULT_CWD     "/work"
+
+#define SPEC_MIN_VCPUS       1
+#define SPEC_MAX_VCPUS       16
+#define SPEC_DEFAULT_VCPUS   1
+#define SPEC_MIN_MEMORY_MIB  128
+#define SPEC_MAX_MEMORY_MIB  16384
+#define SPEC_DEFAULT_MEMORY_MIB 256
+#define SPEC_MIN_TIMEOUT_S   1
+#define SPEC_MAX_TIMEOUT_S   86400
+#define SPEC_DEFAULT_TIMEOUT_S 30
+#define SPEC_MIN_OUTPUT_MIB  1
+#define SPEC_MAX_OUTPUT_MIB  4096
+#define SPEC_DEFAULT_OUTPUT_MIB 64
+
+/* With "language" + "code", the code is delivered as this file (appended as
+ * the last entry of files, mode 0644) and run with a fixed argv. The /kiln
+ * tree is reserved, so user files can never collide with it. */
+#define SPEC_RESERVED_DIR    "/kiln"
+#define SPEC_CODE_PATH_PY    "/kiln/code/main.py"
+#define SPEC_CODE_PATH_SH    "/kiln/code/main.sh"
+
+struct spec_file {
+	char *path;          /* absolute, checked with proto_abspath_ok() */
+	unsigned char *data; /* decoded content; never NULL, even when size is 0 */
+	size_t size;
+	uint32_t mode;       /* 0 .. 0777 */
+};
+
+enum spec_language { SPEC_LANG_NONE, SPEC_LANG_PYTHON, SPEC_LANG_BASH, SPEC_LANG_SH };
+
+struct task_spec {
+	enum spec_language language; /* SPEC_LANG_NONE with "argv" */
+	char *code;                  /* NUL-terminated; NULL with "argv" */
+	size_t code_len;
+	char **argv;                 /* argc entries + NULL; from language+code or "argv" */
+	size_t argc;
+	struct spec_file *files;     /* NULL when nfiles is 0 */
+	size_t nfiles;
+	char **env;                  /* "K=V", nenv entries + NULL; never NULL itself */
+	size_t nenv;
+	char *cwd;                   /* default SPEC_DEFAULT_CWD */
+	uint32_t vcpus, memory_mib, timeout_s, output_mib;
+	int egress_none;             /* always 1: only "none" is supported for now */
+};
+
+/*
+ * Parse and validate the spec in json[0..len) (need not be NUL-terminated).
+ *
+ * Exactly one of "code" and "argv" is required. "language" is required with
+ * "code" and rejected with "argv": there argv[0] names the program, and a
+ * language that did nothing would only mislead. Unknown keys anywhere, null
+ * values and duplicate keys are errors; absent optional keys take defaults.
+ * File contents are standard base64 (RFC 4648 alphabet, padded to a multiple
+ * of 4, no whitespace).
+ *
+ * Returns 0 with *out filled (all memory owned by *out, release it with
+ * spec_free()), or -1 with err set (code "invalid_spec", the message naming
+ * the field by its JSON path, e.g. "files[2].path: ...") and *out zeroed.
+ * Reentrant; no global state.
+ */
+int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_err *err);
+
+/* Free everything a successful spec_parse() allocated and zero *s. Safe on a
+ * zeroed struct and when called twice. */
+void spec_free(struct task_spec *s);
+
+#endif

@@ -1,0 +1,106 @@
+/* fuzz_proto: libFuzzer target for the host-guest protocol (lib/proto.c).
+ * Splits the input into frames and hands every payload to every decoder,
+ * each from an exact-size heap copy so that ASan sees any read past the
+ * payload. A payload that decodes must re-encode to the very same bytes. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto.h"
+
+/* An abort() with the failed condition, so a crash report says which
+ * property broke. */
+#define check(cond)                                                             \
+	do {                                                                    \
+		if (!(cond)) {                                                  \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
+				__LINE__, #cond);                               \
+			abort();                                                \
+		}                                                               \
+	} while (0)
+
+/* struct proto_exec is ~140 KiB: keep it off the fuzzer's stack. */
+static struct proto_exec exec_msg;
+static uint8_t enc[PROTO_MAX_PAYLOAD];
+
+static void same(ssize_t n, const uint8_t *p, size_t len)
+{
+	check(n >= 0 && (size_t)n == len && memcmp(enc, p, len) == 0);
+}
+
+static void decode_all(const uint8_t *p, size_t len)
+{
+	struct proto_hello hello;
+	struct proto_setup setup;
+	struct proto_file file;
+	struct proto_exit ex;
+	struct proto_out_file of;
+	struct proto_out_end oe;
+	struct proto_error er;
+	char path[PROTO_MAX_PATH + 1];
+	uint32_t i;
+
+	if (proto_hello_decode(p, len, &hello) == 0)
+		same(proto_hello_encode(enc, sizeof(enc), &hello), p, len);
+	if (proto_setup_decode(p, len, &setup) == 0) {
+		check(setup.nsec < 1000000000u && setup.entropy_len <= PROTO_MAX_ENTROPY);
+		same(proto_setup_encode(enc, sizeof(enc), &setup), p, len);
+	}
+	if (proto_file_decode(p, len, &file) == 0) {
+		check(proto_abspath_ok(file.path) == 0);
+		same(proto_file_encode(enc, sizeof(enc), &file), p, len);
+	}
+	if (proto_exec_decode(p, len, &exec_msg) == 0) {
+		check(exec_msg.argc >= 1 && exec_msg.argc <= PROTO_MAX_ARGS);
+		check(exec_msg.argv[exec_msg.argc] == NULL && exec_msg.env[exec_msg.envc] == NULL);
+		for (i = 0; i < exec_msg.envc; i++)
+			check(strchr(exec_msg.env[i], '=') != NULL);
+		same(proto_exec_encode(enc, sizeof(enc), &exec_msg), p, len);
+	} else {
+		/* Not all error paths reset argc/envc (trailing bytes leave them
+		 * set), but the arrays must stay NULL-terminated within bounds. */
+		check(exec_msg.argc <= PROTO_MAX_ARGS && exec_msg.envc <= PROTO_MAX_ENV);
+		check(exec_msg.argv[exec_msg.argc] == NULL && exec_msg.env[exec_msg.envc] == NULL);
+	}
+	if (proto_exit_decode(p, len, &ex) == 0)
+		same(proto_exit_encode(enc, sizeof(enc), &ex), p, len);
+	if (proto_out_file_decode(p, len, &of) == 0) {
+		check(proto_relpath_ok(of.path) == 0);
+		same(proto_out_file_encode(enc, sizeof(enc), &of), p, len);
+	}
+	if (proto_out_end_decode(p, len, &oe) == 0)
+		same(proto_out_end_encode(enc, sizeof(enc), &oe), p, len);
+	if (proto_error_decode(p, len, &er) == 0)
+		same(proto_error_encode(enc, sizeof(enc), &er), p, len);
+	if (proto_path_decode(p, len, path) == 0)
+		check(proto_relpath_ok(path) == 0 && strlen(path) + 4 == len);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	size_t off = 0;
+
+	while (off < size) {
+		struct proto_frame f;
+		ssize_t n = proto_frame_parse(data + off, size - off, &f);
+		uint8_t *copy;
+
+		if (n == 0)
+			break; /* needs more bytes than there are */
+		if (n < 0) {
+			/* Never valid: resynchronise one byte on to reach more frames. */
+			off++;
+			continue;
+		}
+		check((size_t)n == PROTO_HDR_SIZE + f.len && (size_t)n <= size - off);
+		check(f.type != 0 && f.len <= PROTO_MAX_PAYLOAD);
+		copy = malloc(f.len ? f.len : 1);
+		check(copy != NULL);
+		memcpy(copy, f.payload, f.len);
+		decode_all(copy, f.len);
+		free(copy);
+		off += (size_t)n;
+	}
+	return 0;
+}

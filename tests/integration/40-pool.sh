@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Warm pool (kiln-host serve --pool N): tasks start from paused, pre-restored
+# VMs, a pool VM serves one task only, pool VMs are destroyed on shutdown and
+# reaped after a SIGKILL.
+. "$(dirname "$0")/lib.sh"
+require_image
+
+PORT=$((20000 + RANDOM % 20000))
+URL=http://127.0.0.1:$PORT
+serve_pid=
+start_serve() {
+	"$KILN_HOST" serve --listen 127.0.0.1:$PORT --pool 2 "$@" > "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &
+	serve_pid=$!
+}
+# wait_ready N: until health says N pool VMs are ready (bounded: snapshot creation may take a while)
+wait_ready() {
+	for _ in $(seq 1200); do
+		[ "$(curl -s --max-time 2 "$URL/v1/health" | jq -r .pool_ready 2>/dev/null)" = "$1" ] && return 0
+		kill -0 "$serve_pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+post() { curl -s --max-time 120 -X POST --data-binary @- "$URL/v1/run" > "$T_TMP/$1.json"; }
+stop_serve() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=; }
+trap 'stop_serve; t_cleanup' EXIT
+
+start_serve
+if wait_ready 2; then ok "serve starts with 2 warm pool VMs"; else not_ok "pool fills" "$(tail -5 "$T_TMP/serve.err")"; fi
+check "the pool's VMs are running QEMU processes" [ "$(count_qemu)" -ge 2 ]
+
+code='import os
+print(os.path.exists("/tmp/kiln-pool-mark"))
+open("/tmp/kiln-pool-mark", "w").write("x")'
+py_spec "$code" | post p1
+wait_ready 2 || true
+py_spec "$code" | post p2
+if [ "$(r p1 .timings.start)" = pool ] && [ "$(r p2 .timings.start)" = pool ] && [ "$(r p1 .stdout)" = False ] \
+   && [ "$(r p2 .stdout)" = False ]; then
+	ok "tasks start from pool VMs, and a pool VM is never reused (second task sees a clean VM)"
+else not_ok "pool hand-out" "$(head -c 600 "$T_TMP/p1.json")" "$(head -c 600 "$T_TMP/p2.json")"; fi
+
+echo '{"language":"python","code":"print(1)","limits":{"memory_mib":128}}' | post other
+if [ "$(r other .state)" = succeeded ] && [ "$(r other .timings.start)" = cold ]; then
+	ok "a task whose size matches no snapshot cold-boots"
+else not_ok "non-matching size" "$(head -c 600 "$T_TMP/other.json")"; fi
+
+echo '{"language":"cobol"}' | post bad
+check "an invalid spec gets a JSON error naming the field" grep -q '"code":"invalid_spec".*language' "$T_TMP/bad.json"
+
+wait_ready 2 || true
+stop_serve
+if [ "$(count_qemu)" = 0 ] && [ "$(count_run_entries)" = 0 ]; then ok "SIGTERM destroys every pool VM and its directory"
+else not_ok "pool destroyed on shutdown" "qemu=$(count_qemu) entries=$(find "$KILN_RUN_DIR" -mindepth 1 | head)"; fi
+
+start_serve
+wait_ready 2 || true
+kill -9 "$serve_pid"; wait "$serve_pid" 2>/dev/null; serve_pid=
+for _ in $(seq 100); do [ "$(count_qemu)" = 0 ] && break; sleep 0.1; done
+left=$(count_run_entries)
+"$KILN_HOST" reap --run-dir "$KILN_RUN_DIR" > /dev/null
+if [ "$(count_qemu)" = 0 ] && [ "$left" -gt 0 ] && [ "$(count_run_entries)" = 0 ]; then
+	ok "after SIGKILL the pool's QEMUs die with it and their directories are reaped"
+else not_ok "pool reaped after SIGKILL" "qemu=$(count_qemu) left=$left now=$(count_run_entries)"; fi
+
+t_done
