@@ -46,7 +46,7 @@ run_spec() {
 	echo $? > "$T_TMP/$name.rc"
 }
 # jq over a result: r NAME FILTER
-r() { jq -r "$2" "$T_TMP/$1.json" 2>/dev/null | tail -n 1; }
+r() { jq -r "$2" "$T_TMP/$1.json" 2>/dev/null; }
 rc() { cat "$T_TMP/$1.rc"; }
 # py CODE: a spec for a python task (code JSON-escaped here)
 py_spec() { jq -cn --arg code "$1" --argjson extra "${2:-{\}}" '{language:"python", code:$code} + $extra'; }
