@@ -77,10 +77,10 @@ image: deps
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $^ -lcmocka $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS)
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
-FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ihost -fsanitize=fuzzer,address,undefined
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(B)/tests/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(HOST_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(HOST_SRCS) $(HOST_LIBS)
@@ -90,7 +90,7 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 $(B)/bench/%: bench/%.c $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $^ $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 
 $(B)/bench/baseline.cpio: bench/baseline-init
 	@mkdir -p $(B)/bench/baseline/bin

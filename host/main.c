@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -458,6 +459,8 @@ static int cmd_reap(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	/* A guest channel closing under a write must be an error, not a death. */
+	signal(SIGPIPE, SIG_IGN);
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

@@ -223,6 +223,8 @@ int proto_hello_decode(const uint8_t *p, size_t len, struct proto_hello *m)
 ssize_t proto_setup_encode(uint8_t *buf, size_t cap, const struct proto_setup *m)
 {
 	WRITER(w, buf, cap);
+	if (m->entropy_len > PROTO_MAX_ENTROPY)
+		return -E2BIG;
 	proto_put_u64(&w, m->sec);
 	proto_put_u32(&w, m->nsec);
 	proto_put_bytes(&w, m->entropy, m->entropy_len);
@@ -272,6 +274,8 @@ ssize_t proto_exec_encode(uint8_t *buf, size_t cap, const struct proto_exec *m)
 	WRITER(w, buf, cap);
 	uint32_t i;
 
+	if (m->argc > PROTO_MAX_ARGS || m->envc > PROTO_MAX_ENV)
+		return -E2BIG;
 	proto_put_u32(&w, m->flags);
 	proto_put_u64(&w, m->output_cap);
 	proto_put_u32(&w, m->uid);
@@ -334,13 +338,17 @@ int proto_exec_decode(const uint8_t *p, size_t len, struct proto_exec *m)
 	}
 	if (!r.err && (m->argv[0][0] == '\0' || proto_abspath_ok(m->cwd) || m->flags & ~PROTO_EXEC_ZYGOTE))
 		r.err = -EPROTO;
-	if (r.err) {
+	/* The pre-started interpreter runs argv[1]: there must be one. */
+	if (!r.err && (m->flags & PROTO_EXEC_ZYGOTE) && m->argc < 2)
+		r.err = -EPROTO;
+	/* Trailing bytes are an error too: check before deciding what to keep. */
+	if (proto_reader_end(&r)) {
 		m->argc = 0;
 		m->envc = 0;
 	}
 	m->argv[m->argc] = NULL;
 	m->env[m->envc] = NULL;
-	return proto_reader_end(&r);
+	return r.err;
 }
 
 ssize_t proto_exit_encode(uint8_t *buf, size_t cap, const struct proto_exit *m)

@@ -176,7 +176,7 @@ ssize_t proto_out_end_encode(uint8_t *buf, size_t cap, const struct proto_out_en
 int proto_out_end_decode(const uint8_t *p, size_t len, struct proto_out_end *m);
 ssize_t proto_error_encode(uint8_t *buf, size_t cap, const struct proto_error *m);
 int proto_error_decode(const uint8_t *p, size_t len, struct proto_error *m);
-/* OUT_DIR: one relative path. */
+/* OUT_DIR: one relative path, into out (PROTO_MAX_PATH + 1 bytes). */
 int proto_path_decode(const uint8_t *p, size_t len, char *out);
 
 /* Relative path check for paths the guest names under /output: non-empty, at

@@ -394,22 +394,29 @@ static const struct {
 };
 #define NLANGUAGES (sizeof(languages) / sizeof(languages[0]))
 
-/* "language" + "code": the code becomes the last file and argv runs it. */
-static int parse_code(json_t *jlang, json_t *jcode, struct task_spec *out, struct kiln_err *err)
+/* "language": an index into languages[]. */
+static int parse_language(json_t *j, size_t *li, struct kiln_err *err)
 {
-	struct spec_file *files, *f;
 	struct quoted q;
 	const char *s;
-	size_t n, li;
+	size_t n;
 
-	if (get_str(jlang, "language", &s, &n, err))
+	if (get_str(j, "language", &s, &n, err))
 		return -1;
-	for (li = 0; li < NLANGUAGES; li++)
-		if (strlen(languages[li].name) == n && memcmp(languages[li].name, s, n) == 0)
-			break;
-	if (li == NLANGUAGES)
-		return fail(err, "language", "\"%s\" is not supported (one of \"python\", \"bash\", \"sh\")",
-			    quote(&q, s, n));
+	for (*li = 0; *li < NLANGUAGES; (*li)++)
+		if (strlen(languages[*li].name) == n && memcmp(languages[*li].name, s, n) == 0)
+			return 0;
+	return fail(err, "language", "\"%s\" is not supported (one of \"python\", \"bash\", \"sh\")",
+		    quote(&q, s, n));
+}
+
+/* "language" + "code": the code becomes the last file and argv runs it. */
+static int parse_code(size_t li, json_t *jcode, struct task_spec *out, struct kiln_err *err)
+{
+	struct spec_file *files, *f;
+	const char *s;
+	size_t n;
+
 	out->language = languages[li].lang;
 
 	if (get_str(jcode, "code", &s, &n, err))
@@ -641,9 +648,12 @@ static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
 	json_t *jcode = json_object_get(root, "code");
 	json_t *jargv = json_object_get(root, "argv");
 	struct quoted q, q2;
-	size_t i, n;
+	size_t i, n, li = 0;
 
 	if (check_keys(root, "spec", root_keys, err))
+		return -1;
+	/* An unsupported language is the most useful thing to hear first. */
+	if (jlang && !jargv && parse_language(jlang, &li, err))
 		return -1;
 	if (jcode && jargv)
 		return fail(err, "code", "cannot be combined with \"argv\" (give exactly one)");
@@ -657,7 +667,7 @@ static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
 	/* User files first: the code file is appended after them. */
 	if (parse_files(json_object_get(root, "files"), out, err))
 		return -1;
-	if (jcode ? parse_code(jlang, jcode, out, err) : parse_argv(jargv, out, err))
+	if (jcode ? parse_code(li, jcode, out, err) : parse_argv(jargv, out, err))
 		return -1;
 	if (parse_env(json_object_get(root, "env"), out, err) ||
 	    parse_cwd(json_object_get(root, "cwd"), out, err) ||
@@ -678,6 +688,39 @@ static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
 				    quote(&q, out->cwd, strlen(out->cwd)),
 				    quote(&q2, out->files[i].path, strlen(out->files[i].path)));
 	return 0;
+}
+
+/* Count '[', '{' and ',' outside strings, stopping past max (see
+ * SPEC_MAX_JSON_NODES). Malformed JSON may be miscounted; jansson rejects it
+ * anyway. Linear: each run of backslashes is looked at once. */
+static size_t json_nodes(const char *p, size_t n, size_t max)
+{
+	size_t i = 0, count = 0;
+
+	while (i < n && count <= max) {
+		char c = p[i];
+
+		if (c == '"') {
+			/* Skip to the quote that ends the string: one not preceded
+			 * by an odd number of backslashes. */
+			for (;;) {
+				const char *q = memchr(p + i + 1, '"', n - i - 1);
+				size_t bs = 0;
+
+				if (!q)
+					return count;
+				i = (size_t)(q - p);
+				while (p[i - 1 - bs] == '\\')
+					bs++;
+				if (bs % 2 == 0)
+					break;
+			}
+		} else if (c == '[' || c == '{' || c == ',') {
+			count++;
+		}
+		i++;
+	}
+	return count;
 }
 
 /* Reduce jansson's error text to printable ASCII: it may quote raw input. */
@@ -701,6 +744,9 @@ int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_
 	 * REJECT_DUPLICATES: {"cwd":"/a","cwd":"/b"} is ambiguous, not last-wins.
 	 * ALLOW_NUL: see get_str(). */
 	assert(json || len == 0);
+	if (json_nodes(json, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
+		return fail(err, "spec", "must have at most %d JSON arrays, objects and ',' separators "
+			    "outside strings", SPEC_MAX_JSON_NODES);
 	root = json_loadb(json ? json : "", len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
 			  &jerr);
 	if (!root) {

@@ -12,6 +12,10 @@
 /* Whole JSON document. Base64 costs 4/3 of the 64 MiB of file data, plus the
  * code and some room for JSON syntax and escapes. */
 #define SPEC_MAX_JSON        (128u << 20)
+/* Objects, arrays and ',' outside strings. jansson spends ~100 bytes on each
+ * value, so 128 MiB of "[]," would cost gigabytes before any check of ours
+ * ran; the largest valid spec (1000 files, 1024 argv, 1024 env) has ~6100. */
+#define SPEC_MAX_JSON_NODES  16384
 
 #define SPEC_MAX_CODE        (1u << 20)  /* bytes of "code" */
 #define SPEC_MAX_ARGS        1024        /* entries of "argv" */

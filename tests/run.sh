@@ -154,13 +154,14 @@ run_unit() {
 # -runs=0 makes libFuzzer execute every file of the corpus once (plus the
 # empty input) and stop, exiting non-zero on the first crash, leak or
 # sanitizer report. -max_len: by default inputs are cut to 1 MiB; replay
-# them whole. Crash artifacts go to a temporary directory, not the tree.
+# them whole. A crashing input is saved under $B/fuzz-artifacts/, not in the
+# source tree; add it to the corpus once fixed.
 # The count of files libFuzzer says it read is checked against the corpus,
 # so unreadable inputs cannot silently drop out.
 replay_fuzzer() { # binary
 	local bin=$1 name=${1##*/}
 	local suite=fuzz/$name dir=tests/fuzz/corpus/${name#fuzz_}
-	local nfiles maxlen found rc
+	local nfiles maxlen found rc line
 
 	if [ ! -d "$dir" ]; then
 		fail_extra "$suite" "no corpus: $dir is missing"
@@ -172,15 +173,18 @@ replay_fuzzer() { # binary
 		return
 	fi
 	maxlen=$(find "$dir" -type f -printf '%s\n' | sort -n | tail -n 1)
+	mkdir -p "$B/fuzz-artifacts"
 	timeout -k 10 "${KILN_TEST_TIMEOUT:-600}" "$bin" -runs=0 -max_len="$maxlen" -timeout=60 \
-		-artifact_prefix="$tmp/$name-" "$dir/" >"$tmp/$name.log" 2>&1 </dev/null
+		-artifact_prefix="$B/fuzz-artifacts/$name-" "$dir/" >"$tmp/$name.log" 2>&1 </dev/null
 	rc=$?
 	found=$(sed -n 's/^INFO: *\([0-9][0-9]*\) files found in .*/\1/p' "$tmp/$name.log" | head -n 1)
 	if [ "$rc" -eq 0 ] && [ "${found:-x}" = "$nfiles" ]; then
 		pass "$suite" "ok - replayed $nfiles inputs from $dir"
 		return
 	fi
-	sed "s/^/[$suite] # /" "$tmp/$name.log" | tail -n 40
+	tail -n 40 "$tmp/$name.log" | while IFS= read -r line; do
+		echo "[$suite] # $line"
+	done
 	if [ "$rc" -ne 0 ]; then
 		fail_extra "$suite" "replaying $dir $(describe_rc "$rc")"
 	else

@@ -345,6 +345,9 @@ static void test_reject_code(void **state)
 		{ "{\"language\":\"ruby\",\"code\":\"x\"}", "language",
 		  "\"ruby\" is not supported (one of \"python\", \"bash\", \"sh\")" },
 		{ "{\"language\":\"Python\",\"code\":\"x\"}", "language", "\"Python\" is not supported" },
+		/* A bad language is reported before the missing code. */
+		{ "{\"language\":\"cobol\"}", "language", "\"cobol\" is not supported" },
+		{ "{\"language\":\"python\"}", "spec", "one of \"code\" (with \"language\") or \"argv\" is required" },
 		{ "{\"language\":\"python\\u0000\",\"code\":\"x\"}", "language", "must not contain NUL" },
 		{ "{\"language\":\"\",\"code\":\"x\"}", "language", "\"\" is not supported" },
 		{ "{\"language\":1,\"code\":\"x\"}", "language", "must be a string (got an integer)" },
@@ -798,6 +801,53 @@ static void test_reject_oversized_document(void **state)
 	free(big);
 }
 
+static void test_json_nodes(void **state)
+{
+	struct sbuf b = { 0 };
+	struct task_spec s;
+	size_t i;
+
+	/* Cheap-to-send, costly-to-build structure is refused before parsing. */
+	sb_add(&b, "{\"argv\":[\"x\"],\"pad\":[");
+	for (i = 0; i < SPEC_MAX_JSON_NODES; i++)
+		sb_add(&b, "[],");
+	sb_add(&b, "[]]}");
+	reject_n(b.s, b.len, "spec", "must have at most 16384 JSON arrays, objects and ',' separators");
+
+	/* Separators inside strings do not count, also after escaped quotes
+	 * and escaped backslashes. */
+	b.len = 0;
+	sb_add(&b, "{\"argv\":[\"a\\\\\",\"q\\\"");
+	sb_repeat(&b, ',', 3 * SPEC_MAX_JSON_NODES);
+	sb_add(&b, "\\\\\"]}");
+	parse_ok_n(b.s, b.len, &s);
+	assert_string_equal(s.argv[0], "a\\");
+	assert_int_equal(strlen(s.argv[1]), 2 + 3 * SPEC_MAX_JSON_NODES + 1);
+	assert_int_equal(s.argv[1][1], '"');
+	spec_free(&s);
+
+	/* The largest valid spec stays well under the bound. */
+	b.len = 0;
+	sb_add(&b, "{\"argv\":[\"x\"");
+	for (i = 1; i < SPEC_MAX_ARGS; i++)
+		sb_add(&b, ",\"a\"");
+	sb_add(&b, "],\"env\":{\"E0\":\"\"");
+	for (i = 1; i < SPEC_MAX_ENV; i++)
+		sb_add(&b, ",\"E%zu\":\"v\"", i);
+	sb_add(&b, "},\"files\":[");
+	for (i = 0; i < SPEC_MAX_FILES; i++)
+		sb_add(&b, "%s{\"path\":\"/f/%zu\",\"content_b64\":\"QQ==\",\"mode\":420}", i ? "," : "", i);
+	sb_add(&b, "],\"cwd\":\"/w\",\"limits\":{\"vcpus\":2,\"memory_mib\":512,\"timeout_s\":5,"
+	       "\"output_mib\":2},\"network\":{\"egress\":\"none\"}}");
+	parse_ok_n(b.s, b.len, &s);
+	assert_int_equal(s.argc, SPEC_MAX_ARGS);
+	assert_int_equal(s.nenv, SPEC_MAX_ENV);
+	assert_int_equal(s.nfiles, SPEC_MAX_FILES);
+	assert_int_equal(s.vcpus, 2);
+	spec_free(&s);
+	free(b.s);
+}
+
 static void test_err_set(void **state)
 {
 	struct kiln_err e;
@@ -836,6 +886,7 @@ int main(void)
 		cmocka_unit_test(test_reject_limits),
 		cmocka_unit_test(test_reject_network),
 		cmocka_unit_test(test_reject_oversized_document),
+		cmocka_unit_test(test_json_nodes),
 		cmocka_unit_test(test_err_set),
 	};
 
