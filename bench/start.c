@@ -1,0 +1,273 @@
+/* bench/start: how fast a task's code starts, by start path, in one run:
+ *   cold    - vm_start to kiln-init's HELLO
+ *   restore - snapshot_restore to the guest's first reply (SETUP acknowledged)
+ *   pool    - pool_take to the task's code running (STARTED), through the real
+ *             hand-out path (cont, SETUP, code file, EXEC)
+ *   print(1) end to end through run_task in each mode
+ * and the host memory (RSS, PSS) of an idle restored VM by guest memory size.
+ *   usage: start IMAGE_DIR RUNS */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "pool.h"
+#include "proto.h"
+#include "run.h"
+#include "snapshot.h"
+#include "spec.h"
+#include "vm.h"
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void report(const char *what, int64_t *v, int n)
+{
+	if (n == 0) {
+		printf("  %-44s no successful runs\n", what);
+		return;
+	}
+	qsort(v, (size_t)n, sizeof(*v), cmp_i64);
+	printf("  %-44s median %8.2f ms  p95 %8.2f ms  (n=%d)\n", what, v[n / 2] / 1e3, v[(n - 1) * 95 / 100] / 1e3, n);
+}
+
+static int64_t median(int64_t *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_i64);
+	return n ? v[n / 2] : 0;
+}
+
+static int setup_roundtrip(struct vm *vm, struct kiln_err *err)
+{
+	struct proto_setup s = { .entropy_len = 32 };
+	struct proto_frame f;
+	uint8_t buf[256];
+	struct timespec now;
+	ssize_t n;
+
+	getrandom(s.entropy, s.entropy_len, 0);
+	clock_gettime(CLOCK_REALTIME, &now);
+	s.sec = (uint64_t)now.tv_sec;
+	s.nsec = (uint32_t)now.tv_nsec;
+	n = proto_setup_encode(buf, sizeof(buf), &s);
+	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
+	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0)
+		return -1;
+	return f.type == PROTO_OK ? 0 : kiln_err_set(err, "bench", "SETUP not acknowledged");
+}
+
+/* The hand-out path of run.c up to STARTED, with print(1) as the code. */
+static int start_code(struct vm *vm, struct kiln_err *err)
+{
+	static uint8_t buf[PROTO_MAX_PAYLOAD];
+	static struct proto_exec e;
+	struct proto_file file = { .mode = 0644, .size = 9 };
+	struct proto_frame f;
+	ssize_t n;
+
+	if (setup_roundtrip(vm, err) < 0)
+		return -1;
+	snprintf(file.path, sizeof(file.path), "/kiln/code/main.py");
+	n = proto_file_encode(buf, sizeof(buf), &file);
+	if (vm_send(vm, PROTO_FILE, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
+	    vm_send(vm, PROTO_FILE_DATA, "print(1)\n", 9, proto_now_ms() + 20000, err) < 0 ||
+	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0 || f.type != PROTO_OK)
+		return -1;
+	memset(&e, 0, sizeof(e));
+	e.flags = PROTO_EXEC_ZYGOTE;
+	e.output_cap = 1 << 20;
+	e.uid = e.gid = 1000;
+	snprintf(e.cwd, sizeof(e.cwd), "/work");
+	e.argc = 2;
+	e.argv[0] = "python3";
+	e.argv[1] = "/kiln/code/main.py";
+	e.envc = 1;
+	e.env[0] = "PATH=/usr/bin:/bin";
+	n = proto_exec_encode(buf, sizeof(buf), &e);
+	if (vm_send(vm, PROTO_EXEC, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
+	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0)
+		return -1;
+	return f.type == PROTO_STARTED ? 0 : kiln_err_set(err, "bench", "no STARTED (frame 0x%02x)", f.type);
+}
+
+static long status_kib(pid_t pid, const char *file, const char *field)
+{
+	char path[64], line[256];
+	size_t fl = strlen(field);
+	long v = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, fl) && line[fl] == ':')
+			v = strtol(line + fl + 1, NULL, 10);
+	fclose(f);
+	return v;
+}
+
+static int open_or_create(const struct vm_config *base, const char *cache, unsigned mib, struct snapshot *s)
+{
+	struct kiln_err err = { .code = "" };
+	char key[17];
+
+	if (snapshot_key(base, mib, 1, key, &err) == 0 && snapshot_open(cache, key, s, &err) == 0)
+		return 0;
+	if (snapshot_create(base, cache, mib, 1, 1, s, &err) < 0) {
+		fprintf(stderr, "bench: snapshot create (%u MiB): %s\n", mib, err.message);
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static char kernel[4096], initrd[4096], disk[4096];
+	struct vm_config base = { 0 };
+	struct snapshot snap;
+	struct capacity cap = { .total_mib = 1 << 20 };
+	pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+	const char *cache = getenv("KILN_CACHE") ? getenv("KILN_CACHE") : "/var/cache/kiln";
+	int runs, nc = 0, nr = 0, np = 0;
+	int64_t *cold, *rest, *pool, *e2e[3];
+	int ne2e[3] = { 0, 0, 0 };
+	struct pool *p;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: start IMAGE_DIR RUNS\n");
+		return 2;
+	}
+	runs = atoi(argv[2]);
+	cold = calloc((size_t)runs, sizeof(int64_t));
+	rest = calloc((size_t)runs, sizeof(int64_t));
+	pool = calloc((size_t)runs, sizeof(int64_t));
+	for (int m = 0; m < 3; m++)
+		e2e[m] = calloc((size_t)runs, sizeof(int64_t));
+	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
+	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", argv[1]);
+	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", argv[1]);
+	base.qemu = "/usr/bin/qemu-system-x86_64";
+	base.kernel = kernel;
+	base.initrd = initrd;
+	base.disk = disk;
+	base.disk_format = "raw";
+	base.run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
+	base.accel = VM_ACCEL_TCG;
+	base.vcpus = 1;
+	base.memory_mib = 256;
+	if (open_or_create(&base, cache, 256, &snap) < 0)
+		return 1;
+	p = pool_start(&snap, &base, 1, &cap, &cap_lock);
+
+	for (int i = 0; i < runs; i++) {
+		struct kiln_err err = { .code = "" };
+		struct vm vm;
+		struct proto_frame f;
+		int64_t t0;
+
+		t0 = proto_now_us();
+		if (vm_start(&base, &vm, &err) == 0 && vm_recv(&vm, &f, proto_now_ms() + 60000, &err) == 0 &&
+		    f.type == PROTO_HELLO)
+			cold[nc++] = proto_now_us() - t0;
+		else
+			fprintf(stderr, "cold: %s\n", err.message);
+		vm_destroy(&vm);
+
+		t0 = proto_now_us();
+		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && setup_roundtrip(&vm, &err) == 0)
+			rest[nr++] = proto_now_us() - t0;
+		else
+			fprintf(stderr, "restore: %s\n", err.message);
+		vm_destroy(&vm);
+
+		/* The pool refills in the background: wait (bounded) for a ready VM. */
+		for (int w = 0; w < 3000 && pool_ready(p) == 0; w++)
+			usleep(10000);
+		t0 = proto_now_us();
+		if (pool_take(p, &vm, &err) == 0 && start_code(&vm, &err) == 0)
+			pool[np++] = proto_now_us() - t0;
+		else
+			fprintf(stderr, "pool: %s\n", err.message[0] ? err.message : "no VM ready");
+		vm_destroy(&vm);
+	}
+
+	/* print(1) end to end, through run_task, in each mode. */
+	for (int i = 0; i < runs; i++) {
+		for (int m = 0; m < 3; m++) {
+			struct run_opts ro = { .vm = base, .boot_timeout_s = 60 };
+			struct task_spec spec;
+			struct kiln_err err = { .code = "" };
+			const char *json = "{\"language\":\"python\",\"code\":\"print(1)\"}";
+			json_t *r;
+			int64_t t0;
+
+			if (m >= 1)
+				ro.snap = &snap;
+			if (m == 2) {
+				ro.pool = p;
+				for (int w = 0; w < 3000 && pool_ready(p) == 0; w++)
+					usleep(10000);
+			}
+			t0 = proto_now_us();
+			if (spec_parse(json, strlen(json), &spec, &err) < 0)
+				return 1;
+			r = run_task(&spec, &ro);
+			if (!strcmp(json_string_value(json_object_get(r, "state")), "succeeded") &&
+			    !strcmp(json_string_value(json_object_get(json_object_get(r, "timings"), "start")),
+				    m == 0 ? "cold" : m == 1 ? "restore" : "pool"))
+				e2e[m][ne2e[m]++] = proto_now_us() - t0;
+			else
+				fprintf(stderr, "print(1) mode %d: %s\n", m, json_dumps(r, JSON_COMPACT));
+			json_decref(r);
+			spec_free(&spec);
+		}
+	}
+	pool_stop(p);
+
+	printf("start-up paths (%d runs each, interleaved; TCG, 1 vCPU, 256 MiB)\n", runs);
+	{
+		int64_t cm = median(cold, nc), rm = median(rest, nr), pm = median(pool, np);
+
+		report("cold boot to kiln-init ready", cold, nc);
+		report("snapshot restore to guest ready", rest, nr);
+		report("pool hand-out to task code running", pool, np);
+		report("print(1) end to end, cold", e2e[0], ne2e[0]);
+		report("print(1) end to end, restore", e2e[1], ne2e[1]);
+		report("print(1) end to end, pool", e2e[2], ne2e[2]);
+		if (rm && pm)
+			printf("  ratios (medians): cold/restore %.1fx, cold/pool %.1fx; print(1) cold/restore %.1fx, cold/pool %.1fx\n",
+			       (double)cm / rm, (double)cm / pm, (double)median(e2e[0], ne2e[0]) / median(e2e[1], ne2e[1]),
+			       (double)median(e2e[0], ne2e[0]) / median(e2e[2], ne2e[2]));
+	}
+
+	printf("\nhost memory of one idle restored VM (QEMU process, after its first reply, paused)\n");
+	for (unsigned mib = 256; mib <= 1024; mib *= 2) {
+		struct snapshot s;
+		struct kiln_err err = { .code = "" };
+		struct vm vm;
+
+		if (open_or_create(&base, cache, mib, &s) < 0)
+			continue;
+		if (snapshot_restore(&s, &base, &vm, &err) == 0 && setup_roundtrip(&vm, &err) == 0 &&
+		    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, &err) == 0)
+			printf("  guest %4u MiB: RSS %6.1f MiB, PSS %6.1f MiB (RAM file pages shared with other clones count once in PSS)\n",
+			       mib, status_kib(vm.pid, "status", "VmRSS") / 1024.0,
+			       status_kib(vm.pid, "smaps_rollup", "Pss") / 1024.0);
+		else
+			printf("  guest %4u MiB: %s\n", mib, err.message);
+		vm_destroy(&vm);
+	}
+	return 0;
+}
