@@ -310,6 +310,14 @@ static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const
 		comp = slash + 1;
 	}
 
+	/* proto_abspath_ok() bounds components to NAME_MAX already. */
+	*what = "file name";
+	if (strlen(comp) > NAME_MAX) {
+		errno = ENAMETOOLONG;
+		goto fail_errno;
+	}
+	memcpy(f->name, comp, strlen(comp) + 1);
+
 	/* No O_TRUNC yet: the checks below come first, or a hard link to a
 	 * root file would already be truncated. O_NONBLOCK: a FIFO must not
 	 * hang PID 1. */
@@ -342,7 +350,6 @@ static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const
 		goto fail_errno_fd;
 	f->fd = fd;
 	f->dirfd = dfd;
-	snprintf(f->name, sizeof(f->name), "%s", comp);
 	return 0;
 
 fail_errno_fd:

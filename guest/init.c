@@ -13,6 +13,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <termios.h>
@@ -31,6 +32,7 @@
 #define INIT_ROOT_DEV "/dev/vda"
 #define INIT_NEWROOT  "/newroot"
 #define INIT_PORTS    "/sys/class/virtio-ports"
+#define INIT_NICE     -10
 
 void init_log(const char *fmt, ...)
 {
@@ -280,6 +282,11 @@ void init_boot(void)
 	r = init_write_file("/proc/self/oom_score_adj", "-1000");
 	if (r < 0)
 		init_log("oom_score_adj: %s", strerror(-r));
+	/* A task that saturates the vCPU (a fork bomb: thousands of runnable
+	 * processes) must not delay PID 1 reading KILL or forking the killer.
+	 * Task children reset it to 0. */
+	if (setpriority(PRIO_PROCESS, 0, INIT_NICE) < 0)
+		init_log("setpriority: %s", strerror(errno));
 }
 
 /* Reads /sys/class/virtio-ports/<port>/name into out. The attribute only

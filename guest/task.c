@@ -3,6 +3,7 @@
  * the cap and at the end; report EXIT with rusage and the OOM verdict. */
 #include "task.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -92,24 +93,82 @@ static int64_t task_oom_kills(void)
 	return -1;
 }
 
+/* Does /proc/<pid>/status show uid as a real, effective or saved uid? */
+static int task_pid_has_uid(const char *pid, uid_t uid)
+{
+	char path[64], buf[4096];
+	unsigned long ids[3];
+	const char *p;
+	ssize_t n;
+	int fd, i;
+
+	snprintf(path, sizeof(path), "/proc/%s/status", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strstr(buf, "\nUid:");
+	if (!p || sscanf(p + 5, "%lu %lu %lu", &ids[0], &ids[1], &ids[2]) != 3)
+		return 0;
+	for (i = 0; i < 3; i++)
+		if (ids[i] == uid)
+			return 1;
+	return 0;
+}
+
+/* The fallback when PID 1 cannot fork: kill what /proc lists for uid. */
+static void task_kill_uid_scan(uid_t uid)
+{
+	struct dirent *de;
+	DIR *d;
+
+	d = opendir("/proc");
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		long pid = strtol(de->d_name, NULL, 10);
+
+		if (pid > 1 && task_pid_has_uid(de->d_name, uid))
+			kill((pid_t)pid, SIGKILL);
+	}
+	closedir(d);
+}
+
 /* Kills every process running as uid, wherever it went (setsid, double
  * fork, re-parented to PID 1). An unprivileged sender may signal exactly the
  * processes of its own uid, so a child that becomes uid and calls kill(-1)
  * reaches all of them and nothing else (kill(-1) spares PID 1 and the
  * caller). One pass is enough even against a fork bomb: fork() fails for a
- * parent with SIGKILL pending. The child is reaped by task_reap(). */
+ * parent with SIGKILL pending. Synchronous: a killer still running after
+ * EXIT would kill the next task. */
 static void task_kill_uid(uid_t uid)
 {
-	pid_t pid = fork();
+	int attempt, st, err = 0;
+	pid_t pid;
 
-	if (pid == 0) {
-		if (setuid(uid) < 0)
-			_exit(1);
-		kill(-1, SIGKILL);
-		_exit(0);
+	for (attempt = 0; attempt < 3; attempt++) {
+		pid = fork();
+		if (pid == 0) {
+			if (setuid(uid) < 0)
+				_exit(1);
+			kill(-1, SIGKILL);
+			_exit(0);
+		}
+		if (pid > 0) {
+			while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+				;
+			return;
+		}
+		/* Out of processes (threads-max binds root too), most likely
+		 * because of this very task: free some the slow way. */
+		err = errno;
+		task_kill_uid_scan(uid);
 	}
-	if (pid < 0)
-		init_log("task: fork to kill uid %u: %s", (unsigned)uid, strerror(errno));
+	init_log("task: cannot fork to kill uid %u: %s", (unsigned)uid, strerror(err));
 }
 
 static void task_kill(struct task *t)
@@ -212,12 +271,14 @@ static void __attribute__((noreturn)) task_child(const struct proto_exec *e, cha
 	 * all that the channel never reaches the task, which could then speak
 	 * the protocol to the host. */
 	close_range(3, ~0U, 0);
-	/* PID 1's -1000 is inherited: the task must be the OOM killer's first
+	/* PID 1's -1000 (and its nice value) are inherited: the task must be the OOM killer's first
 	 * choice, not immune to it (which would end in a kernel panic). */
 	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, "0", 1) != 1)
 		task_child_fail("cannot reset", "/proc/self/oom_score_adj", errno);
 	close(fd);
+	if (setpriority(PRIO_PROCESS, 0, 0) < 0)
+		task_child_fail("cannot reset", "the scheduling priority", errno);
 	if (setgroups(0, NULL) < 0)
 		task_child_fail("cannot drop", "supplementary groups", errno);
 	if (setgid(e->gid) < 0)
@@ -410,8 +471,8 @@ int task_run(struct agent *a, const struct proto_exec *e)
 	uint32_t i, n = 0;
 	int r;
 
-	if (e->flags & PROTO_EXEC_ZYGOTE)
-		return agent_send_error(a, -EOPNOTSUPP, "EXEC: no pre-started interpreter in this guest");
+	/* PROTO_EXEC_ZYGOTE without a pre-started interpreter: argv is an
+	 * ordinary command line (python3 SCRIPT ...), so exec it (proto.h). */
 
 	for (i = 0; i < e->envc; i++) {
 		envp[n++] = e->env[i];
