@@ -25,6 +25,7 @@
 #include "collect.h"
 #include "init.h"
 #include "task.h"
+#include "zygote.h"
 
 /* A FILE being received: its FILE_DATA frames are expected next. */
 struct agent_file {
@@ -47,6 +48,7 @@ struct agent {
 	uint8_t rx[PROTO_MAX_FRAME];
 	uint8_t tx[PROTO_MAX_FRAME];
 	struct proto_exec exec; /* ~150 KiB: too big for the stack */
+	struct zygote zygote;   /* the pre-started interpreter (PREPARE), if any */
 };
 
 struct agent *agent_create(int chan, const struct agent_config *cfg)
@@ -59,6 +61,7 @@ struct agent *agent_create(int chan, const struct agent_config *cfg)
 	if (!a)
 		return NULL;
 	a->chan = chan;
+	a->zygote.ctl = a->zygote.out = a->zygote.err = -1;
 	a->connected = 1;
 	a->cfg = *cfg;
 	a->file.fd = -1;
@@ -644,6 +647,26 @@ static int agent_collect(struct agent *a, const struct proto_frame *fr)
 	return collect_run(a, a->cfg.output_dir, budget);
 }
 
+struct zygote *agent_zygote(struct agent *a)
+{
+	return &a->zygote;
+}
+
+/* PREPARE: pre-start the interpreter a snapshot will carry. Idempotent. */
+static int agent_prepare(struct agent *a, const struct proto_frame *fr)
+{
+	int r;
+
+	if (fr->len)
+		return agent_send_error(a, -EPROTO, "malformed PREPARE request");
+	if (a->zygote.pid <= 0) {
+		r = zygote_start(&a->zygote, proto_now_ms() + 120000);
+		if (r < 0)
+			return agent_send_error(a, r, "PREPARE: cannot pre-start python3: %s", strerror(-r));
+	}
+	return agent_send_ok(a, PROTO_PREPARE);
+}
+
 static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 {
 	int r;
@@ -667,6 +690,8 @@ static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 		return 0;
 	case PROTO_COLLECT:
 		return agent_collect(a, f);
+	case PROTO_PREPARE:
+		return agent_prepare(a, f);
 	default:
 		return agent_send_error(a, -EINVAL, "unknown request type 0x%02x", f->type);
 	}

@@ -39,6 +39,9 @@ int agent_serve(struct agent *a);
 
 /* ---- for task.c and collect.c ----------------------------------------- */
 
+/* The interpreter PREPARE pre-started (pid 0 when there is none). */
+struct zygote *agent_zygote(struct agent *a);
+
 /* A buffer of PROTO_MAX_PAYLOAD bytes in which a caller may build or read a
  * payload and then pass it to agent_send() without a copy. Its contents are
  * lost on any agent_send*() call. */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "zygote.h"
 
 #define TASK_CHUNK    (64 * 1024) /* most bytes per STDOUT/STDERR frame */
 /* Once the task's processes are killed the pipes reach EOF within
@@ -471,8 +472,9 @@ int task_run(struct agent *a, const struct proto_exec *e)
 	uint32_t i, n = 0;
 	int r;
 
-	/* PROTO_EXEC_ZYGOTE without a pre-started interpreter: argv is an
-	 * ordinary command line (python3 SCRIPT ...), so exec it (proto.h). */
+	/* PROTO_EXEC_ZYGOTE without a pre-started interpreter (or one that
+	 * cannot honour this environment): argv is an ordinary command line
+	 * (python3 SCRIPT ...), so exec it (proto.h). */
 
 	for (i = 0; i < e->envc; i++) {
 		envp[n++] = e->env[i];
@@ -485,6 +487,14 @@ int task_run(struct agent *a, const struct proto_exec *e)
 		path = TASK_DEFAULT_PATH;
 	}
 	envp[n] = NULL;
+
+	if ((e->flags & PROTO_EXEC_ZYGOTE) && zygote_can_run(agent_zygote(a), e)) {
+		t.oom_before = task_oom_kills();
+		t.start_us = proto_now_us();
+		if (zygote_hand_off(agent_zygote(a), e, envp, &t.pid, &t.out, &t.err) == 0)
+			goto started;
+		/* The interpreter is gone: run the command line instead. */
+	}
 
 	if (pipe2(out, O_CLOEXEC) < 0)
 		return agent_send_error(a, -errno, "EXEC: pipe: %s", strerror(errno));
@@ -512,6 +522,7 @@ int task_run(struct agent *a, const struct proto_exec *e)
 	t.out = out[0];
 	t.err = err[0];
 
+started:
 	r = agent_send(a, PROTO_STARTED, NULL, 0);
 	if (r == 0)
 		r = task_loop(a, &t);

@@ -430,8 +430,9 @@ int snapshot_restore(const struct snapshot *s, const struct vm_config *base, str
 		return -1;
 	}
 	close(state_fd);
-	/* Without -S, QEMU resumes the guest by itself once the state is loaded. */
-	return 0;
+	/* The template was stopped when saved, and QEMU carries that run state
+	 * over: resume explicitly. */
+	return vm_qmp(vm, "{\"execute\":\"cont\"}", deadline, NULL, err);
 }
 
 int snapshot_list(const char *cache, FILE *out)

@@ -1,0 +1,287 @@
+/* zygote: start the pre-started Python interpreter and hand it a task.
+ * Request on its fd 3, NUL-separated: uid, gid, cwd, argc, argv..., envc,
+ * env...; then EOF. Readiness: one byte on its fd 4 once imports are done. */
+#include "zygote.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "init.h"
+
+/* Runs the script the way `python3 SCRIPT ARGS` would: a fresh __main__,
+ * sys.argv and sys.path[0] as for a script, SystemExit and uncaught
+ * exceptions reported by the default machinery (without this wrapper's own
+ * frame), atexit handlers at interpreter exit. `random` was seeded when the
+ * snapshot was taken, in every clone alike: it is reseeded from the kernel,
+ * which the host reseeded, before the task's code runs. */
+static const char zygote_src[] =
+	"import os, sys\n"
+	"import builtins, importlib.machinery, random, traceback, types\n"
+	"import abc, argparse, base64, bisect, collections, contextlib, copy, csv, dataclasses, datetime, decimal\n"
+	"import enum, fractions, functools, glob, hashlib, heapq, io, itertools, json, logging, math, numbers\n"
+	"import operator, pathlib, pprint, re, secrets, shutil, statistics, string, struct, subprocess\n"
+	"import tempfile, textwrap, time, typing, urllib.parse, uuid, zlib\n"
+	"os.write(4, b'R'); os.close(4)\n"
+	"buf = bytearray()\n"
+	"while True:\n"
+	"    b = os.read(3, 65536)\n"
+	"    if not b: break\n"
+	"    buf += b\n"
+	"os.close(3)\n"
+	"f = bytes(buf).split(b'\\0')\n"
+	"uid, gid, cwd, argc = int(f[0]), int(f[1]), os.fsdecode(f[2]), int(f[3])\n"
+	"argv = [os.fsdecode(a) for a in f[4:4 + argc]]\n"
+	"envc = int(f[4 + argc])\n"
+	"env = [os.fsdecode(e) for e in f[5 + argc:5 + argc + envc]]\n"
+	"del f, buf\n"
+	"os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
+	"try:\n"
+	"    os.chdir(cwd)\n"
+	"except OSError as e:\n"
+	"    os.write(2, ('kiln-init: cannot change directory to %s: %s\\n' % (cwd, os.strerror(e.errno))).encode())\n"
+	"    os._exit(127)\n"
+	"os.environ.clear()\n"
+	"for kv in env:\n"
+	"    k, _, v = kv.partition('=')\n"
+	"    os.environ[k] = v\n"
+	"random.seed()\n"
+	"sys.argv = argv[1:]\n"
+	"path = sys.argv[0]\n"
+	"sys.path[0] = os.path.dirname(os.path.realpath(path))\n"
+	"main = types.ModuleType('__main__')\n"
+	"main.__file__ = path\n"
+	"main.__cached__ = None\n"
+	"main.__builtins__ = builtins\n"
+	"main.__loader__ = importlib.machinery.SourceFileLoader('__main__', path)\n"
+	"sys.modules['__main__'] = main\n"
+	"def _kiln_run():\n"
+	"    try:\n"
+	"        with open(path, 'rb') as fh:\n"
+	"            code = compile(fh.read(), path, 'exec')\n"
+	"        exec(code, main.__dict__)\n"
+	"    except SystemExit:\n"
+	"        raise\n"
+	"    except BaseException as e:\n"
+	"        tb = e.__traceback__\n"
+	"        while tb is not None and tb.tb_frame.f_code.co_filename == '<string>':\n"
+	"            tb = tb.tb_next\n"
+	"        sys.excepthook(type(e), e, tb)\n"
+	"        sys.exit(1)\n"
+	"_kiln_run()\n";
+
+static const char *const zygote_env[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/work",
+	"LANG=C.UTF-8",
+	"PYTHONUNBUFFERED=1",
+	"PYTHONDONTWRITEBYTECODE=1",
+	NULL,
+};
+
+/* The task may override any of these by name; the interpreter read some of
+ * them at start-up, so a task that changes them must not use the zygote. */
+int zygote_can_run(const struct zygote *z, const struct proto_exec *e)
+{
+	if (z->pid <= 0 || e->argc < 2 || strcmp(e->argv[0], "python3"))
+		return 0;
+	for (uint32_t i = 0; i < e->envc; i++) {
+		const char *v = e->env[i];
+		int known = 0;
+
+		if (strncmp(v, "PYTHON", 6) && strncmp(v, "LANG=", 5) && strncmp(v, "LC_", 3))
+			continue;
+		for (int j = 0; zygote_env[j]; j++)
+			known |= !strcmp(v, zygote_env[j]);
+		if (!known)
+			return 0;
+	}
+	return 1;
+}
+
+static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, int ready)
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	sigset_t none;
+	int fd;
+
+	for (int sig = 1; sig < NSIG; sig++)
+		sigaction(sig, &dfl, NULL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	fd = open("/dev/null", O_RDONLY);
+	/* Move the fds into place: 0 null, 1 out, 2 err, 3 ctl, 4 ready. Use
+	 * high numbers first so no dup2 clobbers a source. */
+	if (fd < 0 || dup2(out, 101) < 0 || dup2(err, 102) < 0 || dup2(ctl, 103) < 0 || dup2(ready, 104) < 0 ||
+	    dup2(fd, 0) < 0 || dup2(101, 1) < 0 || dup2(102, 2) < 0 || dup2(103, 3) < 0 || dup2(104, 4) < 0)
+		_exit(127);
+	close_range(5, ~0U, 0);
+	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (write(fd, "0", 1) != 1)
+			_exit(127);
+		close(fd);
+	}
+	setpriority(PRIO_PROCESS, 0, 0);
+	execve("/usr/bin/python3", (char *const[]){ "python3", "-c", (char *)zygote_src, NULL },
+	       (char *const *)zygote_env);
+	init_log("zygote: cannot execute /usr/bin/python3: %s", strerror(errno));
+	_exit(127);
+}
+
+int zygote_start(struct zygote *z, int64_t deadline_ms)
+{
+	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, ctl[2] = { -1, -1 }, ready[2] = { -1, -1 };
+	int r = 0;
+	char c;
+
+	memset(z, 0, sizeof(*z));
+	z->ctl = z->out = z->err = -1;
+	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(ctl, O_CLOEXEC) < 0 ||
+	    pipe2(ready, O_CLOEXEC) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	z->pid = fork();
+	if (z->pid < 0) {
+		r = -errno;
+		z->pid = 0;
+		goto fail;
+	}
+	if (z->pid == 0)
+		zygote_child(out[1], err[1], ctl[0], ready[1]);
+	close(out[1]);
+	close(err[1]);
+	close(ctl[0]);
+	close(ready[1]);
+	out[1] = err[1] = ctl[0] = ready[1] = -1;
+	z->out = out[0];
+	z->err = err[0];
+	z->ctl = ctl[1];
+	fcntl(z->out, F_SETFL, O_NONBLOCK);
+	fcntl(z->err, F_SETFL, O_NONBLOCK);
+	/* Ready byte, or EOF if the interpreter died while importing. */
+	for (;;) {
+		struct pollfd p = { .fd = ready[0], .events = POLLIN };
+		int64_t left = deadline_ms - proto_now_ms();
+		ssize_t n;
+
+		if (left <= 0) {
+			r = -ETIMEDOUT;
+			goto fail;
+		}
+		if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR) {
+			r = -errno;
+			goto fail;
+		}
+		if (!p.revents)
+			continue;
+		n = read(ready[0], &c, 1);
+		if (n == 1)
+			break;
+		if (n < 0 && errno == EINTR)
+			continue;
+		r = n == 0 ? -EPIPE : -errno;
+		goto fail;
+	}
+	close(ready[0]);
+	return 0;
+fail:
+	for (int i = 0; i < 2; i++) {
+		if (out[i] >= 0 && out[i] != z->out)
+			close(out[i]);
+		if (err[i] >= 0 && err[i] != z->err)
+			close(err[i]);
+		if (ctl[i] >= 0 && ctl[i] != z->ctl)
+			close(ctl[i]);
+		if (ready[i] >= 0)
+			close(ready[i]);
+	}
+	zygote_stop(z);
+	return r;
+}
+
+static int put(char *buf, size_t cap, size_t *len, const char *s)
+{
+	size_t n = strlen(s) + 1;
+
+	if (cap - *len < n)
+		return -E2BIG;
+	memcpy(buf + *len, s, n);
+	*len += n;
+	return 0;
+}
+
+int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const envp[], pid_t *pid, int *out,
+		     int *err)
+{
+	/* argv + env fit one EXEC payload; the numbers and NULs add a little. */
+	static char buf[PROTO_MAX_PAYLOAD + 4 * PROTO_MAX_ENV + 256];
+	char num[32];
+	size_t len = 0, envc = 0, off = 0;
+	int r = 0;
+
+	while (envp[envc])
+		envc++;
+	snprintf(num, sizeof(num), "%u", e->uid);
+	r |= put(buf, sizeof(buf), &len, num);
+	snprintf(num, sizeof(num), "%u", e->gid);
+	r |= put(buf, sizeof(buf), &len, num);
+	r |= put(buf, sizeof(buf), &len, e->cwd);
+	snprintf(num, sizeof(num), "%u", e->argc);
+	r |= put(buf, sizeof(buf), &len, num);
+	for (uint32_t i = 0; i < e->argc; i++)
+		r |= put(buf, sizeof(buf), &len, e->argv[i]);
+	snprintf(num, sizeof(num), "%zu", envc);
+	r |= put(buf, sizeof(buf), &len, num);
+	for (size_t i = 0; i < envc; i++)
+		r |= put(buf, sizeof(buf), &len, envp[i]);
+	if (r) {
+		zygote_stop(z);
+		return -E2BIG;
+	}
+	/* The interpreter is blocked reading: this write completes. */
+	while (off < len) {
+		ssize_t n = write(z->ctl, buf + off, len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			/* EPIPE: it died and PID 1 reaped it; its pid may be reused. */
+			if (r == -EPIPE)
+				z->pid = 0;
+			zygote_stop(z);
+			return r;
+		}
+		off += (size_t)n;
+	}
+	close(z->ctl);
+	*pid = z->pid;
+	*out = z->out;
+	*err = z->err;
+	memset(z, 0, sizeof(*z));
+	z->ctl = z->out = z->err = -1;
+	return 0;
+}
+
+void zygote_stop(struct zygote *z)
+{
+	if (z->pid > 0)
+		kill(z->pid, SIGKILL);
+	if (z->ctl >= 0)
+		close(z->ctl);
+	if (z->out >= 0)
+		close(z->out);
+	if (z->err >= 0)
+		close(z->err);
+	memset(z, 0, sizeof(*z));
+	z->ctl = z->out = z->err = -1;
+}
