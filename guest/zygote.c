@@ -72,7 +72,7 @@ static const char zygote_src[] =
 	"        tb = e.__traceback__\n"
 	"        while tb is not None and tb.tb_frame.f_code.co_filename == '<string>':\n"
 	"            tb = tb.tb_next\n"
-	"        sys.excepthook(type(e), e, tb)\n"
+	"        sys.excepthook(type(e), e.with_traceback(tb), tb)\n"
 	"        sys.exit(1)\n"
 	"_kiln_run()\n";
 

@@ -184,6 +184,11 @@ unsigned pool_memory_mib(const struct pool *p)
 	return p->snap.memory_mib;
 }
 
+const char *pool_release(const struct pool *p)
+{
+	return p->snap.release;
+}
+
 unsigned pool_vcpus(const struct pool *p)
 {
 	return p->snap.vcpus;

@@ -35,6 +35,7 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err);
 /* Memory of one pool VM (its snapshot's). */
 unsigned pool_memory_mib(const struct pool *p);
 unsigned pool_vcpus(const struct pool *p);
+const char *pool_release(const struct pool *p); /* guest kernel release */
 unsigned pool_ready(struct pool *p);
 
 /* Stop refilling, destroy every ready VM, free the pool. */

@@ -502,6 +502,7 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 
 		if (r == 0) {
 			c->start = "pool";
+			snprintf(c->hello_release, sizeof(c->hello_release), "%s", pool_release(o->pool));
 			c->t_ready = proto_now_us();
 			return 0;
 		}
@@ -510,6 +511,7 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 	}
 	if (o->snap && o->snap->memory_mib == spec->memory_mib && o->snap->vcpus == spec->vcpus) {
 		c->start = "restore";
+		snprintf(c->hello_release, sizeof(c->hello_release), "%s", o->snap->release);
 		if (snapshot_restore(o->snap, cfg, &c->vm, &c->err) < 0)
 			return -1;
 		c->t_ready = proto_now_us();

@@ -86,7 +86,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 1\n", memory_mib, vcpus,
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 2\n", memory_mib, vcpus,
 		 vm_accel_name(base->accel));
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);
@@ -199,7 +199,7 @@ static const char *migrate_caps =
 
 static int write_manifest(const struct snapshot *s, const char *path, struct kiln_err *err)
 {
-	json_t *m = json_pack("{s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "memory_mib",
+	json_t *m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "release", s->release, "memory_mib",
 			      (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256", s->state_sha256, "mem_size",
 			      (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino, "mem_mtime_ns",
 			      (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns, "created",
@@ -270,9 +270,14 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		goto out;
 	if (vm_recv(&vm, &f, proto_now_ms() + SNAP_BOOT_TIMEOUT_MS, err) < 0)
 		goto out;
-	if (f.type != PROTO_HELLO) {
-		kiln_err_set(err, "snapshot_error", "template VM: first frame was not HELLO");
-		goto out;
+	{
+		struct proto_hello h;
+
+		if (f.type != PROTO_HELLO || proto_hello_decode(f.payload, f.len, &h) < 0) {
+			kiln_err_set(err, "snapshot_error", "template VM: first frame was not a valid HELLO");
+			goto out;
+		}
+		memcpy(s.release, h.release, sizeof(s.release));
 	}
 	if (verbose)
 		fprintf(stderr, "[snapshot] booted in %lld ms; pre-starting Python\n", (long long)(proto_now_ms() - t0));
@@ -365,6 +370,7 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct
 		return -EBADMSG;
 	}
 	state_sha = json_string_value(json_object_get(m, "state_sha256"));
+	snprintf(s->release, sizeof(s->release), "%s", json_string_value(json_object_get(m, "release")) ?: "");
 	s->memory_mib = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
 	s->vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
 	rec.mem_size = (uint64_t)json_integer_value(json_object_get(m, "mem_size"));

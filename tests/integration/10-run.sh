@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # kiln-host run: one task per fresh VM, results, limits, isolation, cleanup.
+# KILN_IT_MODE=cold (default) boots every VM; =restore clones a snapshot
+# (11-run-restore.sh runs this whole file that way).
 . "$(dirname "$0")/lib.sh"
 require_image
+MODE=${KILN_IT_MODE:-cold}
+if [ "$MODE" = restore ]; then
+	"$KILN_HOST" snapshot create > /dev/null 2> "$T_TMP/snapshot.err" || { echo "1..0 # SKIP snapshot create failed: $(tail -1 "$T_TMP/snapshot.err")"; exit 1; }
+	RUN_MODE_ARGS=()
+else
+	RUN_MODE_ARGS=(--cold)
+fi
 
 before_qemu=$(count_qemu)
 
 # hello world
 run_spec hello "$(py_spec 'print("hello, kiln")')"
 if [ "$(r hello .state)" = succeeded ] && [ "$(r hello .stdout)" = "hello, kiln" ] && [ "$(r hello .exit_code)" = 0 ] \
-   && [ "$(rc hello)" = 0 ]; then ok "hello world succeeds with its stdout"; else not_ok "hello world" "$(show hello)"; fi
+   && [ "$(rc hello)" = 0 ] && [ "$(r hello .timings.start)" = "$MODE" ]; then ok "hello world succeeds with its stdout ($MODE)"
+else not_ok "hello world ($MODE)" "$(show hello)"; fi
 
 # the guest runs its own kernel
 host_rel=$(uname -r)

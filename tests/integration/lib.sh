@@ -42,7 +42,7 @@ require_image() {
 run_spec() {
 	local name=$1 json=$2; shift 2
 	printf '%s' "$json" > "$T_TMP/$name.spec"
-	"$KILN_HOST" run --spec "$T_TMP/$name.spec" "$@" > "$T_TMP/$name.json" 2> "$T_TMP/$name.err"
+	"$KILN_HOST" run --spec "$T_TMP/$name.spec" ${RUN_MODE_ARGS[@]+"${RUN_MODE_ARGS[@]}"} "$@" > "$T_TMP/$name.json" 2> "$T_TMP/$name.err"
 	echo $? > "$T_TMP/$name.rc"
 }
 # jq over a result: r NAME FILTER
