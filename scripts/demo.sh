@@ -10,7 +10,9 @@ cat > "$spec" <<'JSON'
  "limits": {"vcpus": 1, "memory_mib": 256, "timeout_s": 30}}
 JSON
 echo "== task spec: $spec"
-echo "== running it in a fresh microVM (build/kiln-host run)"
+echo "== pre-booted snapshot (made once, cached in ${KILN_CACHE:-/var/cache/kiln}/snapshots)"
+build/kiln-host snapshot create > /dev/null
+echo "== running it in a fresh microVM cloned from the snapshot (build/kiln-host run)"
 build/kiln-host run --spec "$spec" --output-dir "$out/output" > "$out/result.json" || true
 python3 - "$out/result.json" <<'PY'
 import json, sys
