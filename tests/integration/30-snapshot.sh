@@ -28,6 +28,9 @@ progs=(
 	'import sys, os; print(sys.argv, os.getcwd(), os.getuid(), os.environ.get("K"), __name__)'
 	'import json, collections; print(json.dumps(collections.Counter("abracadabra").most_common(2)))'
 	'import os; os.kill(os.getpid(), 9)'
+	'import atexit, sys, threading, time; atexit.register(lambda: print("bye")); threading.Thread(target=lambda: (time.sleep(0.2), print("thread"))).start(); sys.exit("fatal")'
+	'import sys; sys.stdout.write("no newline"); sys.exit(300)'
+	'def f(:'
 )
 same=0; starts=""
 for i in "${!progs[@]}"; do
