@@ -47,6 +47,13 @@ static int64_t median(int64_t *v, int n)
 	return n ? v[n / 2] : 0;
 }
 
+/* Bench only: poll (bounded, 30 s) until the pool's one VM is ready. */
+static void wait_pool(struct pool *p)
+{
+	for (int w = 0; w < 3000 && pool_ready(p) == 0; w++)
+		usleep(10000);
+}
+
 static int setup_roundtrip(struct vm *vm, struct kiln_err *err)
 {
 	struct proto_setup s = { .entropy_len = 32 };
@@ -75,14 +82,18 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 	struct proto_frame f;
 	ssize_t n;
 
+	int64_t t0 = proto_now_us();
+#define STEP(x) (getenv("BENCH_TRACE") ? fprintf(stderr, "  %-6s %6.2f ms\n", x, (proto_now_us() - t0) / 1e3) : 0)
 	if (setup_roundtrip(vm, err) < 0)
 		return -1;
+	STEP("setup");
 	snprintf(file.path, sizeof(file.path), "/kiln/code/main.py");
 	n = proto_file_encode(buf, sizeof(buf), &file);
 	if (vm_send(vm, PROTO_FILE, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
 	    vm_send(vm, PROTO_FILE_DATA, "print(1)\n", 9, proto_now_ms() + 20000, err) < 0 ||
 	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0 || f.type != PROTO_OK)
 		return -1;
+	STEP("file");
 	memset(&e, 0, sizeof(e));
 	e.flags = PROTO_EXEC_ZYGOTE;
 	e.output_cap = 1 << 20;
@@ -97,6 +108,7 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 	if (vm_send(vm, PROTO_EXEC, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
 	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0)
 		return -1;
+	STEP("exec");
 	return f.type == PROTO_STARTED ? 0 : kiln_err_set(err, "bench", "no STARTED (frame 0x%02x)", f.type);
 }
 
@@ -177,6 +189,7 @@ int main(int argc, char **argv)
 		struct proto_frame f;
 		int64_t t0;
 
+		wait_pool(p);
 		t0 = proto_now_us();
 		if (vm_start(&base, &vm, &err) == 0 && vm_recv(&vm, &f, proto_now_ms() + 60000, &err) == 0 &&
 		    f.type == PROTO_HELLO)
@@ -185,6 +198,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "cold: %s\n", err.message);
 		vm_destroy(&vm);
 
+		wait_pool(p);
 		t0 = proto_now_us();
 		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && setup_roundtrip(&vm, &err) == 0)
 			rest[nr++] = proto_now_us() - t0;
@@ -192,9 +206,9 @@ int main(int argc, char **argv)
 			fprintf(stderr, "restore: %s\n", err.message);
 		vm_destroy(&vm);
 
-		/* The pool refills in the background: wait (bounded) for a ready VM. */
-		for (int w = 0; w < 3000 && pool_ready(p) == 0; w++)
-			usleep(10000);
+		/* The pool refills in the background: wait (bounded) for a ready VM,
+		 * and measure only while no refill competes for the CPU. */
+		wait_pool(p);
 		t0 = proto_now_us();
 		if (pool_take(p, &vm, &err) == 0 && start_code(&vm, &err) == 0)
 			pool[np++] = proto_now_us() - t0;
@@ -215,11 +229,9 @@ int main(int argc, char **argv)
 
 			if (m >= 1)
 				ro.snap = &snap;
-			if (m == 2) {
+			if (m == 2)
 				ro.pool = p;
-				for (int w = 0; w < 3000 && pool_ready(p) == 0; w++)
-					usleep(10000);
-			}
+			wait_pool(p);
 			t0 = proto_now_us();
 			if (spec_parse(json, strlen(json), &spec, &err) < 0)
 				return 1;

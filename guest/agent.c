@@ -61,7 +61,7 @@ struct agent *agent_create(int chan, const struct agent_config *cfg)
 	if (!a)
 		return NULL;
 	a->chan = chan;
-	a->zygote.ctl = a->zygote.out = a->zygote.err = -1;
+	a->zygote.ctl = a->zygote.out = a->zygote.err = a->zygote.ready = -1;
 	a->connected = 1;
 	a->cfg = *cfg;
 	a->file.fd = -1;
@@ -667,6 +667,24 @@ static int agent_prepare(struct agent *a, const struct proto_frame *fr)
 	return agent_send_ok(a, PROTO_PREPARE);
 }
 
+/* WARM: a pool VM's warm-up, after the host ran a throw-away FILE, EXEC
+ * and COLLECT: the interpreter runs a sample in a fork. */
+static int agent_warm(struct agent *a, const struct proto_frame *fr)
+{
+	int r;
+
+	if (fr->len)
+		return agent_send_error(a, -EPROTO, "malformed WARM request");
+	if (a->zygote.pid > 0) {
+		r = zygote_warm(&a->zygote, proto_now_ms() + 60000);
+		if (r < 0) {
+			zygote_stop(&a->zygote);
+			return agent_send_error(a, r, "WARM: the interpreter failed: %s", strerror(-r));
+		}
+	}
+	return agent_send_ok(a, PROTO_WARM);
+}
+
 static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 {
 	int r;
@@ -692,6 +710,8 @@ static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 		return agent_collect(a, f);
 	case PROTO_PREPARE:
 		return agent_prepare(a, f);
+	case PROTO_WARM:
+		return agent_warm(a, f);
 	default:
 		return agent_send_error(a, -EINVAL, "unknown request type 0x%02x", f->type);
 	}

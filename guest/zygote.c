@@ -1,6 +1,8 @@
 /* zygote: start the pre-started Python interpreter and hand it a task.
- * Request on its fd 3, NUL-separated: uid, gid, cwd, argc, argv..., envc,
- * env...; then EOF. Readiness: one byte on its fd 4 once imports are done. */
+ * Commands on its fd 3: 'W' (warm up: run a sample script in a throw-away
+ * fork, so TCG has translated the task path; acknowledged with 'w' on fd 4),
+ * or 'T' then the task, NUL-separated: uid, gid, cwd, argc, argv..., envc,
+ * env...; then EOF. Readiness: 'R' on fd 4 once imports are done. */
 #include "zygote.h"
 
 #include <errno.h>
@@ -30,7 +32,33 @@ static const char zygote_src[] =
 	"import enum, fractions, functools, glob, hashlib, heapq, io, itertools, json, logging, math, numbers\n"
 	"import operator, pathlib, pprint, re, secrets, shutil, statistics, string, struct, subprocess\n"
 	"import tempfile, textwrap, time, typing, urllib.parse, uuid, zlib\n"
-	"os.write(4, b'R'); os.close(4)\n"
+	"def _kiln_warm():\n"
+	"    pid = os.fork()\n"
+	"    if pid == 0:\n"
+	"        try:\n"
+	"            fd = os.open('/dev/null', os.O_WRONLY)\n"
+	"            os.dup2(fd, 1); os.dup2(fd, 2)\n"
+	"            os.setgroups([]); os.setgid(1000); os.setuid(1000)\n"
+	"            os.chdir('/work')\n"
+	"            random.seed()\n"
+	"            g = {'__name__': '__main__', '__builtins__': builtins}\n"
+	"            src = 'import json, sys\\nprint(json.dumps({\"k\": [1, 2.5, None]}))\\nsys.stderr.write(\"e\\\\n\")\\n'\n"
+	"            exec(compile(src, '/kiln/warm/main.py', 'exec'), g)\n"
+	"            sys.stdout.flush(); sys.stderr.flush()\n"
+	"        finally:\n"
+	"            os._exit(0)\n"
+	"    os.waitpid(pid, 0)\n"
+	"os.write(4, b'R')\n"
+	"while True:\n"
+	"    cmd = os.read(3, 1)\n"
+	"    if cmd == b'W':\n"
+	"        _kiln_warm()\n"
+	"        os.write(4, b'w')\n"
+	"        continue\n"
+	"    if cmd != b'T':\n"
+	"        os._exit(0)\n"
+	"    break\n"
+	"os.close(4)\n"
 	"buf = bytearray()\n"
 	"while True:\n"
 	"    b = os.read(3, 65536)\n"
@@ -169,7 +197,7 @@ int zygote_start(struct zygote *z, int64_t deadline_ms)
 	char c;
 
 	memset(z, 0, sizeof(*z));
-	z->ctl = z->out = z->err = -1;
+	z->ctl = z->out = z->err = z->ready = -1;
 	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(ctl, O_CLOEXEC) < 0 ||
 	    pipe2(ready, O_CLOEXEC) < 0) {
 		r = -errno;
@@ -217,7 +245,7 @@ int zygote_start(struct zygote *z, int64_t deadline_ms)
 		r = n == 0 ? -EPIPE : -errno;
 		goto fail;
 	}
-	close(ready[0]);
+	z->ready = ready[0];
 	return 0;
 fail:
 	for (int i = 0; i < 2; i++) {
@@ -256,6 +284,7 @@ int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const en
 
 	while (envp[envc])
 		envc++;
+	buf[len++] = 'T';
 	snprintf(num, sizeof(num), "%u", e->uid);
 	r |= put(buf, sizeof(buf), &len, num);
 	snprintf(num, sizeof(num), "%u", e->gid);
@@ -290,12 +319,41 @@ int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const en
 		off += (size_t)n;
 	}
 	close(z->ctl);
+	close(z->ready);
 	*pid = z->pid;
 	*out = z->out;
 	*err = z->err;
 	memset(z, 0, sizeof(*z));
-	z->ctl = z->out = z->err = -1;
+	z->ctl = z->out = z->err = z->ready = -1;
 	return 0;
+}
+
+int zygote_warm(struct zygote *z, int64_t deadline_ms)
+{
+	char c = 'W';
+
+	if (z->pid <= 0)
+		return -ESRCH;
+	if (write(z->ctl, &c, 1) != 1)
+		return -errno;
+	for (;;) {
+		struct pollfd p = { .fd = z->ready, .events = POLLIN };
+		int64_t left = deadline_ms - proto_now_ms();
+		ssize_t n;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
+			return -errno;
+		if (!p.revents)
+			continue;
+		n = read(z->ready, &c, 1);
+		if (n == 1 && c == 'w')
+			return 0;
+		if (n < 0 && errno == EINTR)
+			continue;
+		return n == 0 ? -EPIPE : n < 0 ? -errno : -EPROTO;
+	}
 }
 
 void zygote_stop(struct zygote *z)
@@ -308,6 +366,8 @@ void zygote_stop(struct zygote *z)
 		close(z->out);
 	if (z->err >= 0)
 		close(z->err);
+	if (z->ready >= 0)
+		close(z->ready);
 	memset(z, 0, sizeof(*z));
-	z->ctl = z->out = z->err = -1;
+	z->ctl = z->out = z->err = z->ready = -1;
 }

@@ -15,6 +15,7 @@ struct zygote {
 	pid_t pid;    /* 0: none */
 	int ctl;      /* write end: the request, then EOF */
 	int out, err; /* read ends of its stdout/stderr pipes (non-blocking) */
+	int ready;    /* read end of its acknowledgements */
 };
 
 /* Start the interpreter and wait (until deadline_ms) until it has imported
@@ -30,6 +31,11 @@ int zygote_can_run(const struct zygote *z, const struct proto_exec *e);
  * then stopped and emptied). */
 int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const envp[], pid_t *pid, int *out,
 		    int *err);
+
+/* Have the interpreter run a sample script in a throw-away fork, as the
+ * task user, with its output discarded: TCG then has the task path
+ * translated before a real task arrives (pool VMs). Returns 0 or -errno. */
+int zygote_warm(struct zygote *z, int64_t deadline_ms);
 
 /* Kill and forget the interpreter (its zombie is reaped by PID 1's loop). */
 void zygote_stop(struct zygote *z);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,17 +30,37 @@ struct pool {
 	unsigned failures; /* consecutive refill failures: back off */
 };
 
-/* One round trip (SETUP) so TCG translates the agent's request path before a
- * task needs it, then pause. The task's own SETUP at hand-out sets the clock
+/* Wait for a frame of type want (skipping STDOUT/STDERR of the warm-up). */
+static int expect(struct vm *vm, uint8_t want, int64_t deadline, struct kiln_err *err)
+{
+	for (;;) {
+		struct proto_frame f;
+
+		if (vm_recv(vm, &f, deadline, err) < 0)
+			return -1;
+		if (f.type == want)
+			return 0;
+		if (f.type != PROTO_STDOUT && f.type != PROTO_STDERR)
+			return kiln_err_set(err, "vm_error", "pool warm-up: frame 0x%02x instead of 0x%02x", f.type, want);
+	}
+}
+
+/* Before pausing, walk a pool VM through everything a task does, so TCG has
+ * translated those paths (kernel and Python) when a task arrives: SETUP, a
+ * FILE on the root disk, an EXEC of /bin/true as the task user, a COLLECT,
+ * and WARM (the pre-started interpreter runs a sample in a throw-away fork).
+ * No task code runs here; the task's own SETUP at hand-out sets the clock
  * again and adds fresh entropy. */
 static int warm_and_pause(struct vm *vm, struct kiln_err *err)
 {
+	static const char sample[] = "print('warm')\n";
+	static __thread uint8_t buf[4096];
 	struct proto_setup s = { .entropy_len = 32 };
-	struct proto_frame f;
+	struct proto_file file = { .mode = 0644, .size = sizeof(sample) - 1 };
+	struct proto_exec *e;
 	struct timespec now;
-	uint8_t buf[256];
 	ssize_t n;
-	int64_t deadline = proto_now_ms() + 20000;
+	int64_t deadline = proto_now_ms() + 60000;
 
 	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
 		return kiln_err_set(err, "host_error", "getrandom failed");
@@ -47,10 +68,50 @@ static int warm_and_pause(struct vm *vm, struct kiln_err *err)
 	s.sec = (uint64_t)now.tv_sec;
 	s.nsec = (uint32_t)now.tv_nsec;
 	n = proto_setup_encode(buf, sizeof(buf), &s);
-	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline, err) < 0 || vm_recv(vm, &f, deadline, err) < 0)
+	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
 		return -1;
-	if (f.type != PROTO_OK)
-		return kiln_err_set(err, "vm_error", "pool VM: SETUP was not acknowledged");
+
+	snprintf(file.path, sizeof(file.path), "/kiln/warm/main.py");
+	n = proto_file_encode(buf, sizeof(buf), &file);
+	if (n < 0 || vm_send(vm, PROTO_FILE, buf, (size_t)n, deadline, err) < 0 ||
+	    vm_send(vm, PROTO_FILE_DATA, sample, file.size, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
+		return -1;
+
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return kiln_err_set(err, "host_error", "out of memory");
+	e->output_cap = 4096;
+	e->uid = e->gid = 1000;
+	snprintf(e->cwd, sizeof(e->cwd), "/work");
+	e->argc = 1;
+	e->argv[0] = "true";
+	e->envc = 1;
+	e->env[0] = "PATH=/usr/bin:/bin";
+	n = proto_exec_encode(buf, sizeof(buf), e);
+	free(e);
+	if (n < 0 || vm_send(vm, PROTO_EXEC, buf, (size_t)n, deadline, err) < 0 ||
+	    expect(vm, PROTO_STARTED, deadline, err) < 0 || expect(vm, PROTO_EXIT, deadline, err) < 0)
+		return -1;
+
+	{
+		struct proto_writer w = { .buf = buf, .cap = sizeof(buf) };
+
+		proto_put_u64(&w, 0);
+		if (vm_send(vm, PROTO_COLLECT, buf, w.len, deadline, err) < 0)
+			return -1;
+	}
+	for (;;) {
+		struct proto_frame f;
+
+		if (vm_recv(vm, &f, deadline, err) < 0)
+			return -1;
+		if (f.type == PROTO_OUT_END)
+			break;
+		if (f.type != PROTO_OUT_DIR && f.type != PROTO_OUT_FILE && f.type != PROTO_OUT_DATA)
+			return kiln_err_set(err, "vm_error", "pool warm-up: unexpected frame 0x%02x in COLLECT", f.type);
+	}
+	if (vm_send(vm, PROTO_WARM, NULL, 0, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
+		return -1;
 	return vm_qmp(vm, "{\"execute\":\"stop\"}", deadline, NULL, err);
 }
 

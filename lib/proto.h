@@ -41,6 +41,7 @@ enum proto_type {
 	PROTO_KILL = 0x44,      /* empty: kill the task (host-side timeout) */
 	PROTO_COLLECT = 0x45,   /* u64 byte budget: send everything under /output */
 	PROTO_PREPARE = 0x46,   /* empty: pre-start the Python interpreter (before a snapshot) */
+	PROTO_WARM = 0x47,      /* empty: run a sample in a fork of that interpreter (pool warm-up) */
 };
 
 /* Feature bits in HELLO. */
