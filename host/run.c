@@ -506,8 +506,13 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 			c->t_ready = proto_now_us();
 			return 0;
 		}
-		if (r != -EAGAIN)
-			return -1;
+		if (r != -EAGAIN) {
+			/* A broken pool VM must not fail the task: fall through to a
+			 * fresh clone or a cold boot. */
+			fprintf(stderr, "kiln-host: pool VM unusable (%s); starting another\n", c->err.message);
+			vm_destroy(&c->vm);
+			memset(&c->err, 0, sizeof(c->err));
+		}
 	}
 	if (o->snap && o->snap->memory_mib == spec->memory_mib && o->snap->vcpus == spec->vcpus) {
 		c->start = "restore";
