@@ -54,25 +54,6 @@ static void wait_pool(struct pool *p)
 		usleep(10000);
 }
 
-static int setup_roundtrip(struct vm *vm, struct kiln_err *err)
-{
-	struct proto_setup s = { .entropy_len = 32 };
-	struct proto_frame f;
-	uint8_t buf[256];
-	struct timespec now;
-	ssize_t n;
-
-	getrandom(s.entropy, s.entropy_len, 0);
-	clock_gettime(CLOCK_REALTIME, &now);
-	s.sec = (uint64_t)now.tv_sec;
-	s.nsec = (uint32_t)now.tv_nsec;
-	n = proto_setup_encode(buf, sizeof(buf), &s);
-	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
-	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0)
-		return -1;
-	return f.type == PROTO_OK ? 0 : kiln_err_set(err, "bench", "SETUP not acknowledged");
-}
-
 /* The hand-out path of run.c up to STARTED, with print(1) as the code. */
 static int start_code(struct vm *vm, struct kiln_err *err)
 {
@@ -84,7 +65,7 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 
 	int64_t t0 = proto_now_us();
 #define STEP(x) (getenv("BENCH_TRACE") ? fprintf(stderr, "  %-6s %6.2f ms\n", x, (proto_now_us() - t0) / 1e3) : 0)
-	if (setup_roundtrip(vm, err) < 0)
+	if (vm_setup(vm, proto_now_ms() + 20000, err) < 0)
 		return -1;
 	STEP("setup");
 	snprintf(file.path, sizeof(file.path), "/kiln/code/main.py");
@@ -200,7 +181,7 @@ int main(int argc, char **argv)
 
 		wait_pool(p);
 		t0 = proto_now_us();
-		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && setup_roundtrip(&vm, &err) == 0)
+		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0)
 			rest[nr++] = proto_now_us() - t0;
 		else
 			fprintf(stderr, "restore: %s\n", err.message);
@@ -272,7 +253,7 @@ int main(int argc, char **argv)
 
 		if (open_or_create(&base, cache, mib, &s) < 0)
 			continue;
-		if (snapshot_restore(&s, &base, &vm, &err) == 0 && setup_roundtrip(&vm, &err) == 0 &&
+		if (snapshot_restore(&s, &base, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0 &&
 		    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, &err) == 0)
 			printf("  guest %4u MiB: RSS %6.1f MiB, PSS %6.1f MiB (RAM file pages shared with other clones count once in PSS)\n",
 			       mib, status_kib(vm.pid, "status", "VmRSS") / 1024.0,

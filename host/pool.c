@@ -55,20 +55,12 @@ static int warm_and_pause(struct vm *vm, struct kiln_err *err)
 {
 	static const char sample[] = "print('warm')\n";
 	static __thread uint8_t buf[4096];
-	struct proto_setup s = { .entropy_len = 32 };
 	struct proto_file file = { .mode = 0644, .size = sizeof(sample) - 1 };
 	struct proto_exec *e;
-	struct timespec now;
 	ssize_t n;
 	int64_t deadline = proto_now_ms() + 60000;
 
-	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
-		return kiln_err_set(err, "host_error", "getrandom failed");
-	clock_gettime(CLOCK_REALTIME, &now);
-	s.sec = (uint64_t)now.tv_sec;
-	s.nsec = (uint32_t)now.tv_nsec;
-	n = proto_setup_encode(buf, sizeof(buf), &s);
-	if (n < 0 || vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
+	if (vm_setup(vm, deadline, err) < 0)
 		return -1;
 
 	snprintf(file.path, sizeof(file.path), "/kiln/warm/main.py");

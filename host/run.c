@@ -93,27 +93,6 @@ static int wait_hello(struct run_ctx *c)
 	return 0;
 }
 
-/* The guest has no clock of its own worth trusting and, after a restore,
- * shares its entropy pool with every clone: give it both before any code runs. */
-static int send_setup(struct run_ctx *c)
-{
-	struct proto_setup s = { .entropy_len = 64 };
-	struct timespec now;
-	uint8_t buf[512];
-	ssize_t n;
-	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
-
-	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
-		return kiln_err_set(&c->err, "host_error", "getrandom: %s", strerror(errno));
-	clock_gettime(CLOCK_REALTIME, &now);
-	s.sec = (uint64_t)now.tv_sec;
-	s.nsec = (uint32_t)now.tv_nsec;
-	n = proto_setup_encode(buf, sizeof(buf), &s);
-	if (n < 0 || vm_send(&c->vm, PROTO_SETUP, buf, (size_t)n, deadline, &c->err) < 0)
-		return -1;
-	return recv_ok(c, PROTO_SETUP, deadline, "setup");
-}
-
 static int send_files(struct run_ctx *c)
 {
 	static uint8_t buf[PROTO_MAX_PAYLOAD];
@@ -552,7 +531,7 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 		goto done;
 	if (acquire_vm(c, &cfg) < 0)
 		goto done;
-	if (send_setup(c) < 0 || send_files(c) < 0 || send_exec(c) < 0 || run_loop(c) < 0)
+	if (vm_setup(&c->vm, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0 || send_files(c) < 0 || send_exec(c) < 0 || run_loop(c) < 0)
 		goto done;
 	if (c->have_exit && collect(c) < 0)
 		goto done;

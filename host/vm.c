@@ -14,10 +14,12 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -546,6 +548,35 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 		}
 		qmp_msg_free(&m);
 	}
+}
+
+int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+{
+	struct proto_setup s = { .entropy_len = 64 };
+	struct proto_frame f;
+	struct timespec now;
+	uint8_t buf[512];
+	ssize_t n;
+
+	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
+		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
+	clock_gettime(CLOCK_REALTIME, &now);
+	s.sec = (uint64_t)now.tv_sec;
+	s.nsec = (uint32_t)now.tv_nsec;
+	n = proto_setup_encode(buf, sizeof(buf), &s);
+	if (n < 0)
+		return kiln_err_set(err, "host_error", "SETUP does not encode");
+	if (vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline_ms, err) < 0 || vm_recv(vm, &f, deadline_ms, err) < 0)
+		return -1;
+	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == PROTO_SETUP)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(err, "guest_error", "setup: %s", e.message);
+	}
+	return kiln_err_set(err, "vm_error", "setup: unexpected frame type 0x%02x from the guest", f.type);
 }
 
 void vm_destroy(struct vm *vm)

@@ -77,6 +77,12 @@ int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, str
 /* Hand QEMU a file descriptor under a name (QMP getfd with SCM_RIGHTS). */
 int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err);
 
+/* SETUP round trip: give the guest the host's wall-clock time and 64 bytes
+ * of fresh entropy, and wait for its OK. Done after every boot and restore,
+ * before any task code runs (clones of one snapshot share their RNG state
+ * and a stale clock until this). Returns 0 or -1 with err set. */
+int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
+
 /* Kill QEMU (SIGKILL), reap it, close every fd and remove the VM directory.
  * Safe on a zeroed or half-started vm, and idempotent. */
 void vm_destroy(struct vm *vm);
