@@ -26,7 +26,7 @@ static void usage(FILE *f)
 	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [--cold] [options]\n"
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY...\n"
-	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--memory-capacity MiB]\n"
+	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "options:\n"
@@ -372,12 +372,14 @@ static int cmd_serve(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
+		{ "prestart", required_argument, 0, 'P' },
 		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
 		{ "cold", no_argument, 0, 'c' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
 	};
 	static struct common cm;
 	static struct sockaddr_in addr;
-	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1 };
+	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
+				 .prestart = 1 };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	static char host[64];
@@ -405,6 +407,12 @@ static int cmd_serve(int argc, char **argv)
 		case 'p':
 			if (parse_uint(optarg, 0, 256, &so.pool_size) < 0) {
 				kiln_err_set(&err, "usage", "--pool: expected 0..256");
+				return print_error(&err, 2);
+			}
+			break;
+		case 'P':
+			if (parse_uint(optarg, 0, 256, &so.prestart) < 0) {
+				kiln_err_set(&err, "usage", "--prestart: expected 0..256");
 				return print_error(&err, 2);
 			}
 			break;

@@ -25,6 +25,10 @@ struct pool {
 	pthread_cond_t cv;
 	struct vm *ready[POOL_MAX];
 	unsigned nready;
+	/* Second tier: QEMU processes already started in -incoming, waiting for a
+	 * snapshot load (process start-up is most of a restore's cost). */
+	struct vm *spawned[POOL_MAX];
+	unsigned nspawned, spawn_target;
 	int stop;
 	pthread_t thread;
 	unsigned failures; /* consecutive refill failures: back off */
@@ -135,7 +139,7 @@ static void *refill(void *arg)
 		struct kiln_err err = { .code = "" };
 		struct vm *vm;
 
-		if (p->nready >= p->size) {
+		if (p->nready >= p->size && p->nspawned >= p->spawn_target) {
 			pthread_cond_wait(&p->cv, &p->mu);
 			continue;
 		}
@@ -150,9 +154,40 @@ static void *refill(void *arg)
 			if (p->stop)
 				break;
 		}
+		if (p->nready >= p->size) {
+			/* Ready tier full: top up the pre-started tier (no guest memory yet). */
+			pthread_mutex_unlock(&p->mu);
+			vm = calloc(1, sizeof(*vm));
+			if (vm && snapshot_spawn(&p->snap, &p->base, vm, &err) < 0) {
+				fprintf(stderr, "kiln-host: pool pre-start failed: %s\n", err.message);
+				vm_destroy(vm);
+				free(vm);
+				vm = NULL;
+			}
+			pthread_mutex_lock(&p->mu);
+			if (!vm) {
+				p->failures++;
+				continue;
+			}
+			p->failures = 0;
+			if (p->stop) {
+				vm_destroy(vm);
+				free(vm);
+				break;
+			}
+			p->spawned[p->nspawned++] = vm;
+			pthread_cond_broadcast(&p->cv);
+			continue;
+		}
+		/* A pre-started QEMU makes this refill faster too. */
+		vm = p->nspawned ? p->spawned[--p->nspawned] : NULL;
 		pthread_mutex_unlock(&p->mu);
-		vm = NULL;
 		if (!reserve(p, p->snap.memory_mib)) {
+			if (vm) {
+				pthread_mutex_lock(&p->mu);
+				p->spawned[p->nspawned++] = vm;
+				pthread_mutex_unlock(&p->mu);
+			}
 			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
 			pthread_mutex_lock(&p->mu);
 			if (!p->stop) {
@@ -164,8 +199,15 @@ static void *refill(void *arg)
 			}
 			continue;
 		}
-		vm = calloc(1, sizeof(*vm));
-		if (vm && (snapshot_restore(&p->snap, &p->base, vm, &err) < 0 || warm_and_pause(vm, &err) < 0)) {
+		if (vm) {
+			if (snapshot_load(&p->snap, vm, &err) < 0 || warm_and_pause(vm, &err) < 0) {
+				fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
+				vm_destroy(vm);
+				free(vm);
+				vm = NULL;
+			}
+		} else if ((vm = calloc(1, sizeof(*vm))) &&
+			   (snapshot_restore(&p->snap, &p->base, vm, &err) < 0 || warm_and_pause(vm, &err) < 0)) {
 			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
 			vm_destroy(vm);
 			free(vm);
@@ -191,7 +233,7 @@ static void *refill(void *arg)
 	return NULL;
 }
 
-struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size,
+struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
 			struct capacity *cap, void *cap_lock)
 {
 	struct pool *p = calloc(1, sizeof(*p));
@@ -201,6 +243,7 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 	p->snap = *s;
 	p->base = *base;
 	p->size = size > POOL_MAX ? POOL_MAX : size;
+	p->spawn_target = prestart > POOL_MAX ? POOL_MAX : prestart;
 	p->cap = cap;
 	p->cap_lock = cap_lock;
 	pthread_mutex_init(&p->mu, NULL);
@@ -230,6 +273,32 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 	if (vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0)
 		return -1;
 	return 0;
+}
+
+int pool_take_prestarted(struct pool *p, struct vm *vm)
+{
+	struct vm *v = NULL;
+
+	pthread_mutex_lock(&p->mu);
+	if (p->nspawned)
+		v = p->spawned[--p->nspawned];
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	if (!v)
+		return -EAGAIN;
+	*vm = *v;
+	free(v);
+	return 0;
+}
+
+unsigned pool_prestarted(struct pool *p)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&p->mu);
+	n = p->nspawned;
+	pthread_mutex_unlock(&p->mu);
+	return n;
 }
 
 unsigned pool_memory_mib(const struct pool *p)
@@ -270,6 +339,10 @@ void pool_stop(struct pool *p)
 		vm_destroy(p->ready[i]);
 		free(p->ready[i]);
 		unreserve(p, p->snap.memory_mib);
+	}
+	for (unsigned i = 0; i < p->nspawned; i++) {
+		vm_destroy(p->spawned[i]);
+		free(p->spawned[i]);
 	}
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);

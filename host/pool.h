@@ -21,10 +21,17 @@ struct capacity {
 	uint64_t used_mib; /* running VMs + pool VMs */
 };
 
-/* Start a pool of `size` VMs of snapshot s (copied). Refilling starts at once
- * on a background thread. cap and its lock are shared with the caller. */
-struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size,
+/* Start a pool of `size` ready VMs of snapshot s (copied), plus `prestart`
+ * QEMU processes started ahead in -incoming (no guest memory touched yet)
+ * for restores when no ready VM is left. Refilling starts at once on a
+ * background thread, ready VMs first. cap and its lock are shared with the
+ * caller. */
+struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
 			struct capacity *cap, void *cap_lock);
+
+/* Take a pre-started QEMU for snapshot_load(). Returns 0 or -EAGAIN. */
+int pool_take_prestarted(struct pool *p, struct vm *vm);
+unsigned pool_prestarted(struct pool *p);
 
 /* Take a ready VM: resume it (QMP cont) and return it in vm, running. The
  * VM's memory stays reserved in the capacity until the caller releases it.

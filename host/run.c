@@ -496,8 +496,13 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 	if (o->snap && o->snap->memory_mib == spec->memory_mib && o->snap->vcpus == spec->vcpus) {
 		c->start = "restore";
 		snprintf(c->hello_release, sizeof(c->hello_release), "%s", o->snap->release);
-		if (snapshot_restore(o->snap, cfg, &c->vm, &c->err) < 0)
+		if (o->pool && pool_memory_mib(o->pool) == spec->memory_mib && pool_vcpus(o->pool) == spec->vcpus &&
+		    pool_take_prestarted(o->pool, &c->vm) == 0) {
+			if (snapshot_load(o->snap, &c->vm, &c->err) < 0)
+				return -1;
+		} else if (snapshot_restore(o->snap, cfg, &c->vm, &c->err) < 0) {
 			return -1;
+		}
 		c->t_ready = proto_now_us();
 		return 0;
 	}

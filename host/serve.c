@@ -134,9 +134,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		json_t *j;
 
 		pthread_mutex_lock(&s->cap_lock);
-		j = json_pack("{s:s, s:{s:I, s:I}, s:i, s:s?}", "status", "ok", "capacity", "total_mib",
+		j = json_pack("{s:s, s:{s:I, s:I}, s:i, s:i, s:s?}", "status", "ok", "capacity", "total_mib",
 			      (json_int_t)s->cap.total_mib, "used_mib", (json_int_t)s->cap.used_mib, "pool_ready",
-			      s->pool ? (int)pool_ready(s->pool) : 0, "snapshot", s->have_snap ? s->snap.key : NULL);
+			      s->pool ? (int)pool_ready(s->pool) : 0, "prestarted", s->pool ? (int)pool_prestarted(s->pool) : 0,
+			      "snapshot", s->have_snap ? s->snap.key : NULL);
 		pthread_mutex_unlock(&s->cap_lock);
 		return reply_json(conn, MHD_HTTP_OK, j);
 	}
@@ -200,8 +201,8 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		}
 		s.have_snap = 1;
 		s.ro.snap = &s.snap;
-		if (o->pool_size) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, &s.cap, &s.cap_lock);
+		if (o->pool_size || o->prestart) {
+			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &s.cap_lock);
 			if (!s.pool) {
 				kiln_err_set(&err, "host_error", "cannot start the pool");
 				goto fail;
@@ -216,8 +217,8 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		kiln_err_set(&err, "host_error", "cannot listen on port %d", o->port);
 		goto fail;
 	}
-	fprintf(stderr, "kiln-host: serving on http://%s:%d (pool %u, capacity %llu MiB)\n", o->listen_host, o->port,
-		o->pool_size, (unsigned long long)s.cap.total_mib);
+	fprintf(stderr, "kiln-host: serving on http://%s:%d (pool %u, pre-started %u, capacity %llu MiB)\n",
+		o->listen_host, o->port, o->pool_size, o->prestart, (unsigned long long)s.cap.total_mib);
 	while (sigwait(&set, &sig) != 0)
 		;
 	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));

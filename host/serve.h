@@ -11,6 +11,7 @@ struct serve_opts {
 	struct sockaddr_in *addr;     /* where to listen (loopback by default) */
 	int port;
 	unsigned pool_size;           /* warm VMs kept ready (0: none) */
+	unsigned prestart;            /* QEMUs started ahead for restores (0: none) */
 	unsigned snap_memory_mib, snap_vcpus; /* the snapshot (and pool) size */
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */

@@ -411,11 +411,9 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct
 	return 0;
 }
 
-int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)
+int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)
 {
 	struct vm_config cfg = *base;
-	int64_t deadline = proto_now_ms() + RESTORE_TIMEOUT_MS;
-	int state_fd;
 
 	cfg.mem_file = s->mem;
 	cfg.mem_share = 0; /* a private copy-on-write mapping: the template never changes */
@@ -425,20 +423,33 @@ int snapshot_restore(const struct snapshot *s, const struct vm_config *base, str
 	cfg.incoming = 1;
 	cfg.memory_mib = s->memory_mib;
 	cfg.vcpus = s->vcpus;
-	state_fd = open(s->state, O_RDONLY | O_CLOEXEC);
+	return vm_start(&cfg, vm, err);
+}
+
+int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)
+{
+	int64_t deadline = proto_now_ms() + RESTORE_TIMEOUT_MS;
+	int state_fd = open(s->state, O_RDONLY | O_CLOEXEC);
+	int r;
+
 	if (state_fd < 0)
 		return kiln_err_set(err, "snapshot_corrupt", "%s: %s", s->state, strerror(errno));
-	if (vm_start(&cfg, vm, err) < 0 || vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 ||
-	    vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
+	r = vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 || vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
 	    vm_qmp(vm, "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0 ||
-	    wait_migration(vm, deadline, err) < 0) {
-		close(state_fd);
-		return -1;
-	}
+	    wait_migration(vm, deadline, err) < 0;
 	close(state_fd);
+	if (r)
+		return -1;
 	/* The template was stopped when saved, and QEMU carries that run state
 	 * over: resume explicitly. */
 	return vm_qmp(vm, "{\"execute\":\"cont\"}", deadline, NULL, err);
+}
+
+int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)
+{
+	if (snapshot_spawn(s, base, vm, err) < 0)
+		return -1;
+	return snapshot_load(s, vm, err);
 }
 
 int snapshot_list(const char *cache, FILE *out)

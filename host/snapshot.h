@@ -44,6 +44,12 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *out, stru
  * waiting for the host's first request. The caller owns vm. */
 int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err);
 
+/* The two halves of snapshot_restore: start QEMU waiting in -incoming with
+ * the snapshot's devices and RAM file (the slow part: process start-up), and
+ * later load the device state into it and resume. */
+int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err);
+int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err);
+
 /* Operator commands. */
 int snapshot_list(const char *cache, FILE *out);
 int snapshot_rm(const char *cache, const char *key, struct kiln_err *err);

@@ -53,6 +53,17 @@ stop_serve
 if [ "$(count_qemu)" = 0 ] && [ "$(count_run_entries)" = 0 ]; then ok "SIGTERM destroys every pool VM and its directory"
 else not_ok "pool destroyed on shutdown" "qemu=$(count_qemu) entries=$(find "$KILN_RUN_DIR" -mindepth 1 | head)"; fi
 
+# Pre-started QEMUs: with no ready VM, a task restores into one of them.
+start_serve --pool 0 --prestart 1
+for _ in $(seq 300); do [ "$(curl -s --max-time 2 "$URL/v1/health" | jq -r .prestarted 2>/dev/null)" = 1 ] && break; sleep 0.1; done
+pre=$(curl -s --max-time 2 "$URL/v1/health" | jq -r .prestarted)
+py_spec 'print("from a pre-started QEMU")' | post pre
+if [ "$pre" = 1 ] && [ "$(r pre .timings.start)" = restore ] && [ "$(r pre .stdout)" = "from a pre-started QEMU" ]; then
+	ok "with no ready VM, a task restores into a pre-started QEMU"
+else not_ok "pre-started restore" "prestarted=$pre" "$(head -c 600 "$T_TMP/pre.json")"; fi
+stop_serve
+check "SIGTERM also destroys pre-started QEMUs" [ "$(count_qemu)" = 0 -a "$(count_run_entries)" = 0 ]
+
 start_serve
 wait_ready 2 || true
 kill -9 "$serve_pid"; wait "$serve_pid" 2>/dev/null; serve_pid=
