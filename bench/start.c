@@ -54,8 +54,8 @@ static void wait_pool(struct pool *p)
 		usleep(10000);
 }
 
-/* The hand-out path of run.c up to STARTED, with print(1) as the code. */
-static int start_code(struct vm *vm, struct kiln_err *err)
+/* The rest of run.c's path after SETUP, up to STARTED, with print(1) as the code. */
+static int run_code(struct vm *vm, struct kiln_err *err)
 {
 	static uint8_t buf[PROTO_MAX_PAYLOAD];
 	static struct proto_exec e;
@@ -65,9 +65,6 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 
 	int64_t t0 = proto_now_us();
 #define STEP(x) (getenv("BENCH_TRACE") ? fprintf(stderr, "  %-6s %6.2f ms\n", x, (proto_now_us() - t0) / 1e3) : 0)
-	if (vm_setup(vm, proto_now_ms() + 20000, err) < 0)
-		return -1;
-	STEP("setup");
 	snprintf(file.path, sizeof(file.path), "/kiln/code/main.py");
 	n = proto_file_encode(buf, sizeof(buf), &file);
 	if (vm_send(vm, PROTO_FILE, buf, (size_t)n, proto_now_ms() + 20000, err) < 0 ||
@@ -91,6 +88,14 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 		return -1;
 	STEP("exec");
 	return f.type == PROTO_STARTED ? 0 : kiln_err_set(err, "bench", "no STARTED (frame 0x%02x)", f.type);
+}
+
+/* SETUP, then run_code: the whole hand-out path of a pool VM. */
+static int start_code(struct vm *vm, struct kiln_err *err)
+{
+	if (vm_setup(vm, proto_now_ms() + 20000, err) < 0)
+		return -1;
+	return run_code(vm, err);
 }
 
 static long status_kib(pid_t pid, const char *file, const char *field)
@@ -133,8 +138,8 @@ int main(int argc, char **argv)
 	struct capacity cap = { .total_mib = 1 << 20 };
 	pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
 	const char *cache = getenv("KILN_CACHE") ? getenv("KILN_CACHE") : "/var/cache/kiln";
-	int runs, nc = 0, nr = 0, np = 0, nl = 0;
-	int64_t *cold, *rest, *pool, *load, *e2e[3];
+	int runs, nc = 0, nr = 0, np = 0, nl = 0, ncr = 0, nrr = 0, nlr = 0;
+	int64_t *cold, *rest, *pool, *load, *cold_run, *rest_run, *load_run, *e2e[3];
 	int ne2e[3] = { 0, 0, 0 };
 	struct pool *p;
 
@@ -147,6 +152,9 @@ int main(int argc, char **argv)
 	rest = calloc((size_t)runs, sizeof(int64_t));
 	pool = calloc((size_t)runs, sizeof(int64_t));
 	load = calloc((size_t)runs, sizeof(int64_t));
+	cold_run = calloc((size_t)runs, sizeof(int64_t));
+	rest_run = calloc((size_t)runs, sizeof(int64_t));
+	load_run = calloc((size_t)runs, sizeof(int64_t));
 	for (int m = 0; m < 3; m++)
 		e2e[m] = calloc((size_t)runs, sizeof(int64_t));
 	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
@@ -174,28 +182,37 @@ int main(int argc, char **argv)
 		wait_pool(p);
 		t0 = proto_now_us();
 		if (vm_start(&base, &vm, &err) == 0 && vm_recv(&vm, &f, proto_now_ms() + 60000, &err) == 0 &&
-		    f.type == PROTO_HELLO)
+		    f.type == PROTO_HELLO) {
 			cold[nc++] = proto_now_us() - t0;
-		else
+			if (start_code(&vm, &err) == 0)
+				cold_run[ncr++] = proto_now_us() - t0;
+		} else {
 			fprintf(stderr, "cold: %s\n", err.message);
+		}
 		vm_destroy(&vm);
 
 		wait_pool(p);
 		t0 = proto_now_us();
-		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0)
+		if (snapshot_restore(&snap, &base, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0) {
 			rest[nr++] = proto_now_us() - t0;
-		else
+			if (run_code(&vm, &err) == 0)
+				rest_run[nrr++] = proto_now_us() - t0;
+		} else {
 			fprintf(stderr, "restore: %s\n", err.message);
+		}
 		vm_destroy(&vm);
 
 		/* Restore into a QEMU that was started ahead of time (-incoming defer). */
 		wait_pool(p);
 		if (snapshot_spawn(&snap, &base, &vm, &err) == 0) {
 			t0 = proto_now_us();
-			if (snapshot_load(&snap, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0)
+			if (snapshot_load(&snap, &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0) {
 				load[nl++] = proto_now_us() - t0;
-			else
+				if (run_code(&vm, &err) == 0)
+					load_run[nlr++] = proto_now_us() - t0;
+			} else {
 				fprintf(stderr, "load: %s\n", err.message);
+			}
 		}
 		vm_destroy(&vm);
 
@@ -242,23 +259,31 @@ int main(int argc, char **argv)
 	pool_stop(p);
 
 	printf("start-up paths (%d runs each, interleaved; TCG, 1 vCPU, 256 MiB)\n", runs);
+	printf(" to guest ready (kiln-init answers):\n");
+	report("cold boot", cold, nc);
+	report("snapshot restore (QEMU start + load)", rest, nr);
+	report("restore into a pre-started QEMU", load, nl);
+	printf(" to task code running (code file sent, EXEC answered STARTED):\n");
+	report("cold boot", cold_run, ncr);
+	report("snapshot restore", rest_run, nrr);
+	report("restore into a pre-started QEMU", load_run, nlr);
+	report("pool hand-out", pool, np);
+	printf(" print(1) end to end through run_task (spec parse to result):\n");
+	report("cold", e2e[0], ne2e[0]);
+	report("restore", e2e[1], ne2e[1]);
+	report("pool", e2e[2], ne2e[2]);
 	{
-		int64_t cm = median(cold, nc), rm = median(rest, nr), pm = median(pool, np), lm = median(load, nl);
+		double c = (double)median(cold, nc), cr = (double)median(cold_run, ncr), e = (double)median(e2e[0], ne2e[0]);
 
-		report("cold boot to kiln-init ready", cold, nc);
-		report("snapshot restore to guest ready", rest, nr);
-		report("restore into a pre-started QEMU to ready", load, nl);
-		report("pool hand-out to task code running", pool, np);
-		report("print(1) end to end, cold", e2e[0], ne2e[0]);
-		report("print(1) end to end, restore", e2e[1], ne2e[1]);
-		report("print(1) end to end, pool", e2e[2], ne2e[2]);
-		if (rm && pm && lm)
-			printf("  ratios (medians): cold/restore %.1fx, cold/restore-into-pre-started %.1fx, cold/pool %.1fx;\n"
-			       "                    print(1) cold/restore %.1fx, cold/pool %.1fx\n",
-			       (double)cm / rm, (double)cm / lm, (double)cm / pm, (double)median(e2e[0], ne2e[0]) / median(e2e[1], ne2e[1]),
-			       (double)median(e2e[0], ne2e[0]) / median(e2e[2], ne2e[2]));
+		if (nr && nl && nrr && nlr && np && ne2e[1] && ne2e[2])
+			printf(" ratios of medians:\n"
+			       "  to ready:        cold/restore %.1fx, cold/restore-into-pre-started %.1fx\n"
+			       "  to code running: cold/restore %.1fx, cold/restore-into-pre-started %.1fx, cold/pool %.1fx\n"
+			       "  print(1):        cold/restore %.1fx, cold/pool %.1fx\n",
+			       c / (double)median(rest, nr), c / (double)median(load, nl), cr / (double)median(rest_run, nrr),
+			       cr / (double)median(load_run, nlr), cr / (double)median(pool, np), e / (double)median(e2e[1], ne2e[1]),
+			       e / (double)median(e2e[2], ne2e[2]));
 	}
-
 	printf("\nhost memory of one idle restored VM (QEMU process, after its first reply, paused)\n");
 	for (unsigned mib = 256; mib <= 1024; mib *= 2) {
 		struct snapshot s;

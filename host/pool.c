@@ -49,13 +49,10 @@ static int expect(struct vm *vm, uint8_t want, int64_t deadline, struct kiln_err
 	}
 }
 
-/* Before pausing, walk a pool VM through everything a task does, so TCG has
- * translated those paths (kernel and Python) when a task arrives: SETUP, a
- * FILE on the root disk, an EXEC of /bin/true as the task user, a COLLECT,
- * and WARM (the pre-started interpreter runs a sample in a throw-away fork).
- * No task code runs here; the task's own SETUP at hand-out sets the clock
- * again and adds fresh entropy. */
-static int warm_and_pause(struct vm *vm, struct kiln_err *err)
+/* Walk a VM through everything a task does: SETUP, a FILE on the root disk,
+ * an EXEC of /bin/true as the task user, a COLLECT, and WARM (the pre-started
+ * interpreter runs a sample in a throw-away fork). No task code runs here. */
+int pool_warm_up(struct vm *vm, struct kiln_err *err)
 {
 	static const char sample[] = "print('warm')\n";
 	static __thread uint8_t buf[4096];
@@ -108,7 +105,14 @@ static int warm_and_pause(struct vm *vm, struct kiln_err *err)
 	}
 	if (vm_send(vm, PROTO_WARM, NULL, 0, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
 		return -1;
-	return vm_qmp(vm, "{\"execute\":\"stop\"}", deadline, NULL, err);
+	return 0;
+}
+
+static int warm_and_pause(struct vm *vm, struct kiln_err *err)
+{
+	if (pool_warm_up(vm, err) < 0)
+		return -1;
+	return vm_qmp(vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, err);
 }
 
 static int reserve(struct pool *p, unsigned mib)

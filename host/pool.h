@@ -45,6 +45,13 @@ unsigned pool_vcpus(const struct pool *p);
 const char *pool_release(const struct pool *p); /* guest kernel release */
 unsigned pool_ready(struct pool *p);
 
+/* Walk a running VM through everything a task does (SETUP, FILE, EXEC of
+ * /bin/true, COLLECT, WARM), running no task code. In a snapshot template it
+ * leaves the guest's caches (dentries, page cache, the interpreter's lazy
+ * state) warm for every clone; in a pool VM it also gets TCG to translate
+ * those paths before a task needs them. Returns 0 or -1 with err set. */
+int pool_warm_up(struct vm *vm, struct kiln_err *err);
+
 /* Stop refilling, destroy every ready VM, free the pool. */
 void pool_stop(struct pool *p);
 

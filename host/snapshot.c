@@ -19,6 +19,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
+#include "pool.h"
 #include "proto.h"
 
 #define SNAP_BOOT_TIMEOUT_MS    120000
@@ -86,7 +87,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 2\n", memory_mib, vcpus,
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 3\n", memory_mib, vcpus,
 		 vm_accel_name(base->accel));
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);
@@ -283,6 +284,10 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		fprintf(stderr, "[snapshot] booted in %lld ms; pre-starting Python\n", (long long)(proto_now_ms() - t0));
 	if (vm_send(&vm, PROTO_PREPARE, NULL, 0, proto_now_ms() + 10000, err) < 0 ||
 	    expect_ok(&vm, PROTO_PREPARE, proto_now_ms() + SNAP_PREPARE_TIMEOUT_MS, "prepare", err) < 0)
+		goto out;
+	/* Every clone inherits the guest caches this fills (no disk reads for
+	 * the task path after a restore). */
+	if (pool_warm_up(&vm, err) < 0)
 		goto out;
 
 	if (verbose)
