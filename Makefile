@@ -98,7 +98,13 @@ $(B)/bench/baseline.cpio: bench/baseline-init
 	cp /bin/busybox $(B)/bench/baseline/bin/busybox
 	cd $(B)/bench/baseline && printf 'init\nbin\nbin/busybox\n' | cpio --quiet -o -H newc -R 0:0 > ../baseline.cpio
 
-unit: $(UNIT_BINS)
+# The guest agent on the host, for tests/agent/agent_host.py (no VM needed).
+AGENT_DRIVE_SRCS := tests/agent/drive.c $(filter-out guest/main.c,$(wildcard guest/*.c)) lib/proto.c
+$(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKILN_GUEST -Iguest -o $@ $(AGENT_DRIVE_SRCS)
+
+unit: $(UNIT_BINS) $(B)/tests/agent-drive
 fuzz: $(FUZZ_BINS)
 
 test: deps
