@@ -135,8 +135,7 @@ int main(int argc, char **argv)
 	static char kernel[4096], initrd[4096], disk[4096];
 	struct vm_config base = { 0 };
 	struct snapshot snap;
-	struct capacity cap = { .total_mib = 1 << 20 };
-	pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+	struct capacity cap = { .lock = PTHREAD_MUTEX_INITIALIZER, .total_mib = 1 << 20 };
 	const char *cache = getenv("KILN_CACHE") ? getenv("KILN_CACHE") : "/var/cache/kiln";
 	int runs, nc = 0, nr = 0, np = 0, nl = 0, ncr = 0, nrr = 0, nlr = 0;
 	int64_t *cold, *rest, *pool, *load, *cold_run, *rest_run, *load_run, *e2e[3];
@@ -174,7 +173,7 @@ int main(int argc, char **argv)
 	base.memory_mib = 256;
 	if (open_or_create(&base, cache, 256, &snap) < 0)
 		return 1;
-	p = pool_start(&snap, &base, 1, 0, &cap, &cap_lock);
+	p = pool_start(&snap, &base, 1, 0, &cap);
 
 	for (int i = 0; i < runs; i++) {
 		struct kiln_err err = { .code = "" };

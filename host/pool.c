@@ -19,7 +19,6 @@ struct pool {
 	struct vm_config base;
 	unsigned size;
 	struct capacity *cap;
-	pthread_mutex_t *cap_lock;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -115,23 +114,23 @@ static int warm_and_pause(struct vm *vm, struct kiln_err *err)
 	return vm_qmp(vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, err);
 }
 
-static int reserve(struct pool *p, unsigned mib)
+int capacity_reserve(struct capacity *c, unsigned mib)
 {
 	int ok;
 
-	pthread_mutex_lock(p->cap_lock);
-	ok = p->cap->used_mib + mib <= p->cap->total_mib;
+	pthread_mutex_lock(&c->lock);
+	ok = c->used_mib + mib <= c->total_mib;
 	if (ok)
-		p->cap->used_mib += mib;
-	pthread_mutex_unlock(p->cap_lock);
+		c->used_mib += mib;
+	pthread_mutex_unlock(&c->lock);
 	return ok;
 }
 
-static void unreserve(struct pool *p, unsigned mib)
+void capacity_release(struct capacity *c, unsigned mib)
 {
-	pthread_mutex_lock(p->cap_lock);
-	p->cap->used_mib -= mib;
-	pthread_mutex_unlock(p->cap_lock);
+	pthread_mutex_lock(&c->lock);
+	c->used_mib -= mib;
+	pthread_mutex_unlock(&c->lock);
 }
 
 static void *refill(void *arg)
@@ -186,7 +185,7 @@ static void *refill(void *arg)
 		/* A pre-started QEMU makes this refill faster too. */
 		vm = p->nspawned ? p->spawned[--p->nspawned] : NULL;
 		pthread_mutex_unlock(&p->mu);
-		if (!reserve(p, p->snap.memory_mib)) {
+		if (!capacity_reserve(p->cap, p->snap.memory_mib)) {
 			if (vm) {
 				pthread_mutex_lock(&p->mu);
 				p->spawned[p->nspawned++] = vm;
@@ -219,7 +218,7 @@ static void *refill(void *arg)
 		}
 		pthread_mutex_lock(&p->mu);
 		if (!vm) {
-			unreserve(p, p->snap.memory_mib);
+			capacity_release(p->cap, p->snap.memory_mib);
 			p->failures++;
 			continue;
 		}
@@ -227,7 +226,7 @@ static void *refill(void *arg)
 		if (p->stop) {
 			vm_destroy(vm);
 			free(vm);
-			unreserve(p, p->snap.memory_mib);
+			capacity_release(p->cap, p->snap.memory_mib);
 			break;
 		}
 		p->ready[p->nready++] = vm;
@@ -238,7 +237,7 @@ static void *refill(void *arg)
 }
 
 struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
-			struct capacity *cap, void *cap_lock)
+			struct capacity *cap)
 {
 	struct pool *p = calloc(1, sizeof(*p));
 
@@ -249,7 +248,6 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 	p->size = size > POOL_MAX ? POOL_MAX : size;
 	p->spawn_target = prestart > POOL_MAX ? POOL_MAX : prestart;
 	p->cap = cap;
-	p->cap_lock = cap_lock;
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	/* QEMU processes get PR_SET_PDEATHSIG from the thread that forks them:
@@ -342,7 +340,7 @@ void pool_stop(struct pool *p)
 	for (unsigned i = 0; i < p->nready; i++) {
 		vm_destroy(p->ready[i]);
 		free(p->ready[i]);
-		unreserve(p, p->snap.memory_mib);
+		capacity_release(p->cap, p->snap.memory_mib);
 	}
 	for (unsigned i = 0; i < p->nspawned; i++) {
 		vm_destroy(p->spawned[i]);

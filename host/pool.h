@@ -5,6 +5,7 @@
 #ifndef KILN_POOL_H
 #define KILN_POOL_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "err.h"
@@ -17,9 +18,14 @@ struct pool;
  * refills while reserving another VM's memory keeps the host within its
  * capacity. */
 struct capacity {
+	pthread_mutex_t lock;
 	uint64_t total_mib;
 	uint64_t used_mib; /* running VMs + pool VMs */
 };
+
+/* Reserve mib of guest memory if it fits (returns 1) or not at all (0). */
+int capacity_reserve(struct capacity *c, unsigned mib);
+void capacity_release(struct capacity *c, unsigned mib);
 
 /* Start a pool of `size` ready VMs of snapshot s (copied), plus `prestart`
  * QEMU processes started ahead in -incoming (no guest memory touched yet)
@@ -27,14 +33,15 @@ struct capacity {
  * background thread, ready VMs first. cap and its lock are shared with the
  * caller. */
 struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
-			struct capacity *cap, void *cap_lock);
+			struct capacity *cap);
 
 /* Take a pre-started QEMU for snapshot_load(). Returns 0 or -EAGAIN. */
 int pool_take_prestarted(struct pool *p, struct vm *vm);
 unsigned pool_prestarted(struct pool *p);
 
 /* Take a ready VM: resume it (QMP cont) and return it in vm, running. The
- * VM's memory stays reserved in the capacity until the caller releases it.
+ * VM's memory stays reserved in the capacity: the caller releases it
+ * (capacity_release) when the VM is destroyed.
  * Returns 0, or -EAGAIN when no VM is ready (the caller restores or cold
  * boots instead), or -1 with err set. Thread-safe. */
 int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err);

@@ -48,6 +48,7 @@ struct run_ctx {
 	int outdir_fd;
 	char hello_release[65];
 	const char *start;          /* "cold", "restore" or "pool" */
+	unsigned reserved_mib;      /* held in opts->cap until the end */
 };
 
 static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
@@ -480,6 +481,7 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 		int r = pool_take(o->pool, &c->vm, &c->err);
 
 		if (r == 0) {
+			c->reserved_mib = spec->memory_mib; /* the pool VM's reservation moves to the task */
 			c->start = "pool";
 			snprintf(c->hello_release, sizeof(c->hello_release), "%s", pool_release(o->pool));
 			c->t_ready = proto_now_us();
@@ -490,8 +492,15 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 			 * fresh clone or a cold boot. */
 			fprintf(stderr, "kiln-host: pool VM unusable (%s); starting another\n", c->err.message);
 			vm_destroy(&c->vm);
+			if (o->cap)
+				capacity_release(o->cap, spec->memory_mib); /* the pool VM's reservation */
 			memset(&c->err, 0, sizeof(c->err));
 		}
+	}
+	if (o->cap) {
+		if (!capacity_reserve(o->cap, spec->memory_mib))
+			return kiln_err_set(&c->err, "no_capacity", "this host has no free memory for the task right now");
+		c->reserved_mib = spec->memory_mib;
 	}
 	if (o->snap && o->snap->memory_mib == spec->memory_mib && o->snap->vcpus == spec->vcpus) {
 		c->start = "restore";
@@ -543,6 +552,8 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	failed = 0;
 done:
 	vm_destroy(&c->vm);
+	if (c->reserved_mib && opts->cap)
+		capacity_release(opts->cap, c->reserved_mib);
 	result = build_result(c, failed);
 	if (c->outdir_fd >= 0)
 		close(c->outdir_fd);

@@ -18,6 +18,8 @@ struct run_opts {
 	struct vm_config vm;       /* image paths, accel, run dir (vcpus/memory come from the spec) */
 	const struct snapshot *snap; /* restore from it when its memory/vCPUs match the spec (NULL: cold) */
 	struct pool *pool;         /* take a warm VM from it first when it matches (NULL: none) */
+	struct capacity *cap;      /* reserve the task's memory here unless a pool VM brings its
+				    * own reservation (NULL: no accounting); released at the end */
 	const char *output_dir;    /* write /output files here (NULL: hash only) */
 	FILE *stream;              /* NULL, or write stdout/stderr events here as JSON lines */
 	int boot_timeout_s;        /* cold boot to kiln-init ready */

@@ -22,7 +22,6 @@ struct server {
 	const struct serve_opts *o;
 	struct run_opts ro;
 	struct capacity cap;
-	pthread_mutex_t cap_lock;
 	struct pool *pool;
 	struct snapshot snap;
 	int have_snap;
@@ -55,46 +54,25 @@ static int reply_error(struct MHD_Connection *conn, unsigned status, const char 
 	return reply_json(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
 }
 
-static int reserve(struct server *s, unsigned mib)
-{
-	int ok;
-
-	pthread_mutex_lock(&s->cap_lock);
-	ok = s->cap.used_mib + mib <= s->cap.total_mib;
-	if (ok)
-		s->cap.used_mib += mib;
-	pthread_mutex_unlock(&s->cap_lock);
-	return ok;
-}
-
-static void release(struct server *s, unsigned mib)
-{
-	pthread_mutex_lock(&s->cap_lock);
-	s->cap.used_mib -= mib;
-	pthread_mutex_unlock(&s->cap_lock);
-}
-
 static int handle_run(struct server *s, struct MHD_Connection *conn, struct request *req)
 {
 	struct task_spec spec;
 	struct kiln_err err = { .code = "" };
-	json_t *result;
-	const char *start;
+	json_t *result, *e;
 
 	if (spec_parse(req->body ? req->body : "", req->len, &spec, &err) < 0)
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
-	if (!reserve(s, spec.memory_mib)) {
-		spec_free(&spec);
-		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity",
-				   "this host has no free memory for the task right now");
-	}
 	result = run_task(&spec, &s->ro);
-	start = json_string_value(json_object_get(json_object_get(result, "timings"), "start"));
-	/* A pool VM brought its own reservation along: drop it with the task's. */
-	if (start && !strcmp(start, "pool"))
-		release(s, spec.memory_mib);
-	release(s, spec.memory_mib);
 	spec_free(&spec);
+	/* Refused before anything started: say so with 503, not as a task result. */
+	e = json_object_get(result, "error");
+	if (e && !strcmp(json_string_value(json_object_get(e, "code")) ?: "", "no_capacity")) {
+		int r = reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity",
+				    json_string_value(json_object_get(e, "message")));
+
+		json_decref(result);
+		return r;
+	}
 	return reply_json(conn, MHD_HTTP_OK, result);
 }
 
@@ -133,12 +111,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (!strcmp(url, "/v1/health") && !strcmp(method, "GET")) {
 		json_t *j;
 
-		pthread_mutex_lock(&s->cap_lock);
+		pthread_mutex_lock(&s->cap.lock);
 		j = json_pack("{s:s, s:{s:I, s:I}, s:i, s:i, s:s?}", "status", "ok", "capacity", "total_mib",
 			      (json_int_t)s->cap.total_mib, "used_mib", (json_int_t)s->cap.used_mib, "pool_ready",
 			      s->pool ? (int)pool_ready(s->pool) : 0, "prestarted", s->pool ? (int)pool_prestarted(s->pool) : 0,
 			      "snapshot", s->have_snap ? s->snap.key : NULL);
-		pthread_mutex_unlock(&s->cap_lock);
+		pthread_mutex_unlock(&s->cap.lock);
 		return reply_json(conn, MHD_HTTP_OK, j);
 	}
 	if (!strcmp(url, "/v1/run")) {
@@ -178,7 +156,8 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	int sig;
 	char key[17];
 
-	pthread_mutex_init(&s.cap_lock, NULL);
+	pthread_mutex_init(&s.cap.lock, NULL);
+	s.ro.cap = &s.cap;
 	s.cap.total_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
 	/* Signals are taken synchronously below; every thread inherits the mask. */
 	sigemptyset(&set);
@@ -202,7 +181,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		s.have_snap = 1;
 		s.ro.snap = &s.snap;
 		if (o->pool_size || o->prestart) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &s.cap_lock);
+			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap);
 			if (!s.pool) {
 				kiln_err_set(&err, "host_error", "cannot start the pool");
 				goto fail;

@@ -50,6 +50,18 @@ check "an invalid spec gets a JSON error naming the field" grep -q '"code":"inva
 
 wait_ready 2 || true
 stop_serve
+
+# Capacity: pool VMs reserve their memory; a task that does not fit gets 503.
+start_serve --pool 1 --prestart 0 --memory-capacity 300
+wait_ready 1 || true
+code=$(echo '{"language":"python","code":"print(1)","limits":{"memory_mib":128}}' | curl -s -o "$T_TMP/full.json" -w '%{http_code}' --max-time 60 -X POST --data-binary @- "$URL/v1/run")
+used=$(curl -s --max-time 2 "$URL/v1/health" | jq -r .capacity.used_mib)
+py_spec 'print("fits")' | post fits
+if [ "$code" = 503 ] && grep -q no_capacity "$T_TMP/full.json" && [ "$used" = 256 ] && [ "$(r fits .stdout)" = fits ] \
+   && [ "$(r fits .timings.start)" = pool ]; then
+	ok "capacity: with the pool VM holding 256 of 300 MiB, a 128 MiB task gets 503, a 256 MiB task takes the pool VM"
+else not_ok "capacity" "code=$code used=$used" "$(cat "$T_TMP/full.json")" "$(head -c 300 "$T_TMP/fits.json")"; fi
+stop_serve
 if [ "$(count_qemu)" = 0 ] && [ "$(count_run_entries)" = 0 ]; then ok "SIGTERM destroys every pool VM and its directory"
 else not_ok "pool destroyed on shutdown" "qemu=$(count_qemu) entries=$(find "$KILN_RUN_DIR" -mindepth 1 | head)"; fi
 
