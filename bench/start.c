@@ -105,7 +105,10 @@ static long status_kib(pid_t pid, const char *file, const char *field)
 	long v = -1;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+	if (file[0] == '/')
+		snprintf(path, sizeof(path), "%s", file);
+	else
+		snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
 	f = fopen(path, "re");
 	if (!f)
 		return -1;
@@ -320,6 +323,33 @@ int main(int argc, char **argv)
 		else
 			printf("  guest %4u MiB: %s\n", mib, err.message);
 		vm_destroy(&vm);
+	}
+	/* The marginal cost of one more idle sandbox: N clones side by side share
+	 * QEMU's text and the snapshot's page cache, as they would on a host. */
+	{
+		enum { N = 10 };
+		static struct vm vms[N];
+		struct kiln_err err = { .code = "" };
+		long avail0 = status_kib(0, "/proc/meminfo", "MemAvailable"), avail1, pss = 0;
+		int n = 0;
+
+		for (int i = 0; i < N; i++) {
+			if (snapshot_restore(&snap, &base, &vms[i], &err) == 0 &&
+			    vm_setup(&vms[i], proto_now_ms() + 20000, &err) == 0 &&
+			    vm_qmp(&vms[i], "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, &err) == 0)
+				n++;
+			else
+				fprintf(stderr, "idle clone %d: %s\n", i, err.message);
+		}
+		avail1 = status_kib(0, "/proc/meminfo", "MemAvailable");
+		for (int i = 0; i < N; i++)
+			if (vms[i].pid > 0)
+				pss += status_kib(vms[i].pid, "smaps_rollup", "Pss");
+		if (n)
+			printf("  %d idle clones of the 256 MiB snapshot side by side: PSS %.1f MiB each, MemAvailable down %.1f MiB each\n",
+			       n, pss / 1024.0 / n, (avail0 - avail1) / 1024.0 / n);
+		for (int i = 0; i < N; i++)
+			vm_destroy(&vms[i]);
 	}
 	return 0;
 }
