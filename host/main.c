@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <sys/signalfd.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +264,19 @@ static int cmd_run(int argc, char **argv)
 
 	/* VMs a killed kiln-host left behind go before this one starts. */
 	vm_reap_stale(ro.vm.run_dir);
+	/* SIGINT/SIGTERM/SIGHUP end the run cleanly (VM destroyed, its directory
+	 * removed, a result with error "interrupted") instead of killing us
+	 * mid-way; SIGKILL is left to vm_reap_stale. */
+	{
+		sigset_t set;
+
+		sigemptyset(&set);
+		sigaddset(&set, SIGINT);
+		sigaddset(&set, SIGTERM);
+		sigaddset(&set, SIGHUP);
+		sigprocmask(SIG_BLOCK, &set, NULL);
+		ro.vm.cancel_fd = signalfd(-1, &set, SFD_CLOEXEC);
+	}
 	if (!cold) {
 		char key[17];
 		struct kiln_err serr = { .code = "" };

@@ -219,6 +219,13 @@ static void exec_qemu(char **argv, const char *dir, int agent_fd, int qmp_fd, pi
 	if (getppid() != parent)
 		_exit(127);
 	setpgid(0, 0);
+	/* kiln-host may block signals it reads from a signalfd: QEMU starts clean. */
+	{
+		sigset_t none;
+
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+	}
 	fd = open("/dev/null", O_RDONLY);
 	if (fd >= 0) {
 		dup2(fd, 0);
@@ -256,6 +263,7 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 	memset(vm, 0, sizeof(*vm));
 	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;
 	vm->pid = -1;
+	vm->cancel_fd = cfg->cancel_fd > 0 ? cfg->cancel_fd : -1;
 	if (make_vm_dir(cfg, vm, err) < 0)
 		goto fail;
 	vm->rbuf = malloc(PROTO_MAX_FRAME);
@@ -334,13 +342,15 @@ fail:
 static int wait_readable(struct vm *vm, int fd, int64_t deadline_ms)
 {
 	for (;;) {
-		struct pollfd p[2] = { { .fd = fd, .events = POLLIN }, { .fd = vm->pidfd, .events = POLLIN } };
+		struct pollfd p[3] = { { .fd = fd, .events = POLLIN }, { .fd = vm->pidfd, .events = POLLIN },
+				       { .fd = vm->cancel_fd, .events = POLLIN } };
 		int64_t left = deadline_ms - proto_now_ms();
 		int r;
 
 		if (left <= 0)
 			return -ETIMEDOUT;
-		r = poll(p, 2, left > 60000 ? 60000 : (int)left);
+		/* A negative fd is ignored by poll: cancel_fd -1 means "not cancellable". */
+		r = poll(p, 3, left > 60000 ? 60000 : (int)left);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -350,6 +360,8 @@ static int wait_readable(struct vm *vm, int fd, int64_t deadline_ms)
 			return 1;
 		if (p[1].revents)
 			return 0;
+		if (p[2].revents)
+			return -ECANCELED;
 	}
 }
 
@@ -388,6 +400,8 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 		n = wait_readable(vm, vm->agent_fd, deadline_ms);
 		if (n == -ETIMEDOUT)
 			return kiln_err_set(err, "timeout", "timed out waiting for the guest");
+		if (n == -ECANCELED)
+			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
 		if (n == 0)
 			return vm_gone(vm, err, "while the guest was running");
 		if (n < 0)
@@ -437,6 +451,8 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 		n = wait_readable(vm, vm->qmp_fd, deadline_ms);
 		if (n == -ETIMEDOUT)
 			return kiln_err_set(err, "timeout", "timed out waiting for QMP");
+		if (n == -ECANCELED)
+			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
 		if (n == 0)
 			return vm_gone(vm, err, "during a QMP exchange");
 		if (n < 0)

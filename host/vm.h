@@ -27,6 +27,7 @@ struct vm_config {
 	int mem_share;             /* 1: writes go to the file (template); 0: private COW (clone) */
 	int incoming;              /* start paused in -incoming defer */
 	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
+	int cancel_fd;             /* > 0: every wait ends ("interrupted") once it is readable */
 };
 
 struct vm {
@@ -35,6 +36,7 @@ struct vm {
 	int agent_fd;   /* virtio-serial port "kiln.agent" (socketpair end) */
 	int qmp_fd;     /* QMP monitor (socketpair end) */
 	int lock_fd;    /* flock on <dir>/lock: held while this process owns the VM */
+	int cancel_fd;  /* from vm_config, not owned */
 	char dir[512];  /* per-VM directory: lock, qemu.pid, console.log, qemu.log */
 	int64_t t_spawn_us;
 	/* Agent receive buffer: bytes read from the guest, not yet consumed. */

@@ -44,4 +44,14 @@ if [ -n "$qpid" ] && ! alive "$qpid" && [ "$(count_run_entries)" = "$before_entr
 	ok "kiln-host reap removes what a killed host left: $(cat "$T_TMP/reap.out")"
 else not_ok "kiln-host reap" "qpid=$qpid entries=$(count_run_entries)"; fi
 
+# SIGTERM (and Ctrl-C) end a run cleanly: VM destroyed, directory removed, an "interrupted" result.
+"$KILN_HOST" run --spec "$T_TMP/long.spec" --stream > "$T_TMP/term.out" 2>&1 &
+host_pid=$!
+for _ in $(seq 300); do grep -q '"data":"started' "$T_TMP/term.out" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$host_pid"; wait "$host_pid"; st=$?
+if [ "$st" = 3 ] && grep -q '"code":"interrupted"' "$T_TMP/term.out" && [ "$(count_qemu)" = "$before_qemu" ] \
+   && [ "$(count_run_entries)" = "$before_entries" ]; then
+	ok "SIGTERM ends a run at once with an interrupted result, leaving no QEMU and no directory"
+else not_ok "SIGTERM cleanup" "status=$st qemu=$(count_qemu) entries=$(count_run_entries)" "$(tail -c 400 "$T_TMP/term.out")"; fi
+
 t_done
