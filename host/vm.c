@@ -212,10 +212,6 @@ static void exec_qemu(char **argv, const char *dir, int agent_fd, int qmp_fd, pi
 
 	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	/* No transparent huge pages: with THP "always", every touched corner of
-	 * the TCG code buffer and of the private RAM mapping costs 2 MiB, which
-	 * roughly doubles an idle VM's footprint. */
-	prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
 	if (getppid() != parent)
 		_exit(127);
 	setpgid(0, 0);
