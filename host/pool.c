@@ -259,48 +259,51 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 	return p;
 }
 
-int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
+/* Move the last VM of a tier into out (the tier's slot is freed) and wake
+ * the refill thread. Returns 0 or -EAGAIN when the tier is empty. */
+static int pop(struct pool *p, struct vm **tier, unsigned *n, struct vm *out)
 {
 	struct vm *v = NULL;
 
 	pthread_mutex_lock(&p->mu);
-	if (p->nready)
-		v = p->ready[--p->nready];
+	if (*n)
+		v = tier[--*n];
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	if (!v)
 		return -EAGAIN;
-	*vm = *v;
+	*out = *v;
 	free(v);
-	if (vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0)
-		return -1;
 	return 0;
+}
+
+static unsigned count(struct pool *p, const unsigned *n)
+{
+	unsigned v;
+
+	pthread_mutex_lock(&p->mu);
+	v = *n;
+	pthread_mutex_unlock(&p->mu);
+	return v;
+}
+
+int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
+{
+	int r = pop(p, p->ready, &p->nready, vm);
+
+	if (r < 0)
+		return r;
+	return vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0 ? -1 : 0;
 }
 
 int pool_take_prestarted(struct pool *p, struct vm *vm)
 {
-	struct vm *v = NULL;
-
-	pthread_mutex_lock(&p->mu);
-	if (p->nspawned)
-		v = p->spawned[--p->nspawned];
-	pthread_cond_broadcast(&p->cv);
-	pthread_mutex_unlock(&p->mu);
-	if (!v)
-		return -EAGAIN;
-	*vm = *v;
-	free(v);
-	return 0;
+	return pop(p, p->spawned, &p->nspawned, vm);
 }
 
 unsigned pool_prestarted(struct pool *p)
 {
-	unsigned n;
-
-	pthread_mutex_lock(&p->mu);
-	n = p->nspawned;
-	pthread_mutex_unlock(&p->mu);
-	return n;
+	return count(p, &p->nspawned);
 }
 
 unsigned pool_memory_mib(const struct pool *p)
@@ -320,12 +323,7 @@ unsigned pool_vcpus(const struct pool *p)
 
 unsigned pool_ready(struct pool *p)
 {
-	unsigned n;
-
-	pthread_mutex_lock(&p->mu);
-	n = p->nready;
-	pthread_mutex_unlock(&p->mu);
-	return n;
+	return count(p, &p->nready);
 }
 
 void pool_stop(struct pool *p)
