@@ -26,7 +26,7 @@ static void usage(FILE *f)
 {
 	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [--cold] [options]\n"
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [options]\n"
-	      "       kiln-host snapshot list | snapshot rm KEY...\n"
+	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
@@ -363,6 +363,12 @@ static int cmd_snapshot(int argc, char **argv)
 				fprintf(stderr, "kiln-host: %s\n", err.message);
 				return 1;
 			}
+		return 0;
+	}
+	if (!strcmp(sub, "prune") && optind == argc) {
+		if (common_finish(&cm, &err) < 0)
+			return print_error(&err, 3);
+		printf("%d snapshot(s) removed\n", snapshot_prune(&cm.vm, cm.cache, stdout));
 		return 0;
 	}
 	if (!strcmp(sub, "create") && optind == argc) {

@@ -496,6 +496,45 @@ int snapshot_list(const char *cache, FILE *out)
 	return n;
 }
 
+int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
+{
+	char root[PATH_MAX];
+	DIR *d;
+	struct dirent *e;
+	int n = 0;
+
+	snprintf(root, sizeof(root), "%s/snapshots", cache);
+	d = opendir(root);
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		char dir[PATH_MAX], manifest[PATH_MAX], key[17] = "";
+		json_t *m;
+		unsigned mem = 0, vcpus = 0;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(dir, sizeof(dir), "%s/%s", root, e->d_name);
+		snprintf(manifest, sizeof(manifest), "%s/manifest.json", dir);
+		m = json_load_file(manifest, 0, NULL);
+		if (m) {
+			mem = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
+			vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
+			json_decref(m);
+		}
+		/* Keep what the current inputs would select for that size; the rest
+		 * (older kernels, rootfs, kiln-init, QEMU, or unreadable) goes. */
+		if (mem && vcpus && snapshot_key(base, mem, vcpus, key, NULL) == 0 && !strcmp(key, e->d_name))
+			continue;
+		if (rm_rf(dir) == 0) {
+			fprintf(out, "removed %s\n", e->d_name);
+			n++;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
 int snapshot_rm(const char *cache, const char *key, struct kiln_err *err)
 {
 	char dir[PATH_MAX];

@@ -53,5 +53,8 @@ int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)
 /* Operator commands. */
 int snapshot_list(const char *cache, FILE *out);
 int snapshot_rm(const char *cache, const char *key, struct kiln_err *err);
+/* Remove every snapshot the current inputs (base) would not select: made
+ * from another kernel, rootfs, kiln-init or QEMU. Returns how many. */
+int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out);
 
 #endif

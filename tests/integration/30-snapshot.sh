@@ -87,6 +87,11 @@ key2=$(H snapshot create 2>/dev/null)
 if [ "$(r inval .timings.start)" = cold ] && [ -n "$key2" ] && [ "$key2" != "$key" ]; then
 	ok "changing the initramfs invalidates the snapshot (cold boot, then a new key)"
 else not_ok "invalidation" "start=$(r inval .timings.start) key=$key key2=$key2"; fi
+# prune: the snapshot of the old initramfs goes, the current one stays.
+H snapshot prune > "$T_TMP/prune.out"
+if [ ! -e "$KILN_CACHE/snapshots/$key" ] && [ -e "$KILN_CACHE/snapshots/$key2" ] && grep -q "removed $key" "$T_TMP/prune.out"; then
+	ok "snapshot prune removes the snapshot of the old inputs and keeps the current one"
+else not_ok "snapshot prune" "$(cat "$T_TMP/prune.out")"; fi
 key=$key2
 
 # Damage: a truncated RAM file, a modified RAM file, a corrupted state file.
