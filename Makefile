@@ -14,7 +14,7 @@ CC       ?= gcc
 WERROR   ?= 1
 SANITIZE ?=
 CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
-            -D_GNU_SOURCE -Ilib -MMD -MP
+            -D_GNU_SOURCE -Ilib -MMD -MP -ffile-prefix-map=$(CURDIR)=.
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
