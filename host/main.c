@@ -25,7 +25,7 @@
 static void usage(FILE *f)
 {
 	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [--cold] [options]\n"
-	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [options]\n"
+	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [--force] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--snapshot-memory MiB] [--cold] [options]\n"
@@ -313,11 +313,13 @@ static int cmd_snapshot(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "image", required_argument, 0, 'i' }, { "memory", required_argument, 0, 'm' },
-		{ "vcpus", required_argument, 0, 'v' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
+		{ "vcpus", required_argument, 0, 'v' }, { "force", no_argument, 0, 'f' },
+		COMMON_OPTIONS, { 0, 0, 0, 0 },
 	};
 	static struct common cm;
 	struct kiln_err err = { .code = "" };
 	unsigned mem = 256, vcpus = 1;
+	int force = 0;
 	const char *sub;
 	int c;
 
@@ -343,6 +345,9 @@ static int cmd_snapshot(int argc, char **argv)
 				kiln_err_set(&err, "usage", "--memory: expected 128..16384 MiB");
 				return print_error(&err, 2);
 			}
+			break;
+		case 'f':
+			force = 1;
 			break;
 		case 'v':
 			if (parse_uint(optarg, 1, 16, &vcpus) < 0) {
@@ -374,8 +379,16 @@ static int cmd_snapshot(int argc, char **argv)
 	if (!strcmp(sub, "create") && optind == argc) {
 		struct snapshot s;
 
+		char key[17];
+
 		if (common_finish(&cm, &err) < 0)
 			return print_error(&err, 3);
+		/* An intact snapshot for these inputs is reused unless --force. */
+		if (!force && snapshot_key(&cm.vm, mem, vcpus, key, &err) == 0 && snapshot_open(cm.cache, key, &s, &err) == 0) {
+			fprintf(stderr, "[snapshot] %s is up to date (--force rebuilds it)\n", key);
+			printf("%s\n", key);
+			return 0;
+		}
 		vm_reap_stale(cm.vm.run_dir);
 		if (snapshot_create(&cm.vm, cm.cache, mem, vcpus, 1, &s, &err) < 0) {
 			fprintf(stderr, "kiln-host: snapshot create: %s\n", err.message);

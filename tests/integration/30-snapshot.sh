@@ -113,6 +113,17 @@ for how in truncate modify state; do
 	else not_ok "damaged snapshot ($how)" "listed: $listed" "$(show "dmg-$how")"; fi
 done
 
+# create is idempotent: an intact snapshot is reused, --force rebuilds it.
+ino=$(stat -c %i "$KILN_CACHE/snapshots/$key/state")
+again=$(H snapshot create 2>/dev/null)
+ino_again=$(stat -c %i "$KILN_CACHE/snapshots/$key/state")
+forced=$(H snapshot create --force 2>/dev/null)
+ino_forced=$(stat -c %i "$KILN_CACHE/snapshots/$key/state")
+if [ "$again" = "$key" ] && [ "$ino_again" = "$ino" ] && [ "$forced" = "$key" ] && [ "$ino_forced" != "$ino" ] \
+   && H snapshot list | grep -q "^$key .* ok$"; then
+	ok "snapshot create reuses an intact snapshot; --force rebuilds it"
+else not_ok "snapshot create idempotence" "again=$again forced=$forced state inode $ino/$ino_again/$ino_forced"; fi
+
 # snapshot rm
 H snapshot rm "$key"
 check "snapshot rm removes it" [ ! -e "$KILN_CACHE/snapshots/$key" ]
