@@ -65,12 +65,20 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 char *textbuf_to_utf8(const char *p, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)p;
+	size_t out_len = 0;
 	char *out, *o;
 
-	/* Worst case: every byte becomes the 3-byte U+FFFD. */
-	if (n > (SIZE_MAX - 1) / 3)
-		return NULL;
-	out = malloc(n * 3 + 1);
+	/* Measure first: output may hold up to 64 MiB, and sizing for the worst
+	 * case (every byte a 3-byte U+FFFD) would triple that. */
+	for (size_t i = 0; i < n;) {
+		size_t k = utf8_seq(s + i, n - i);
+
+		out_len += k ? k : 3;
+		i += k ? k : 1;
+		if (out_len > SIZE_MAX - 4)
+			return NULL;
+	}
+	out = malloc(out_len + 1);
 	if (!out)
 		return NULL;
 	o = out;
