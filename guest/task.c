@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -280,6 +281,10 @@ static void __attribute__((noreturn)) task_child(const struct proto_exec *e, cha
 	close(fd);
 	if (setpriority(PRIO_PROCESS, 0, 0) < 0)
 		task_child_fail("cannot reset", "the scheduling priority", errno);
+	/* No set-uid or file-capability binary may lift the task out of its uid
+	 * (where the uid-wide kill could no longer reach it). */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		task_child_fail("cannot set", "no_new_privs", errno);
 	if (setgroups(0, NULL) < 0)
 		task_child_fail("cannot drop", "supplementary groups", errno);
 	if (setgid(e->gid) < 0)

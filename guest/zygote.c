@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -184,6 +185,10 @@ static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, in
 		close(fd);
 	}
 	setpriority(PRIO_PROCESS, 0, 0);
+	/* As for every task process: set-uid binaries never raise privileges.
+	 * The interpreter can still drop from root to the task's uid. */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		_exit(127);
 	execve("/usr/bin/python3", (char *const[]){ "python3", "-c", (char *)zygote_src, NULL },
 	       (char *const *)zygote_env);
 	init_log("zygote: cannot execute /usr/bin/python3: %s", strerror(errno));

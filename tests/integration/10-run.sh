@@ -40,6 +40,11 @@ if [ "$(r sig .state)" = failed ] && [ "$(r sig .signal)" = SIGSEGV ] && [ "$(r 
 	ok "death by signal is reported with the signal name"
 else not_ok "death by signal" "$(show sig)"; fi
 
+# task processes can never gain privileges (set-uid binaries are inert)
+run_spec nnp "$(py_spec 'print([l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0])')"
+if [ "$(r nnp .stdout)" = 1 ]; then ok "task processes run with no_new_privs"
+else not_ok "no_new_privs" "$(show nnp)"; fi
+
 # programs that read stdin see EOF, not a hang
 run_spec stdin "$(py_spec 'import sys; print(repr(sys.stdin.read()))' '{"limits":{"timeout_s":20}}')"
 if [ "$(r stdin .state)" = succeeded ] && [ "$(r stdin .stdout)" = "''" ]; then ok "stdin is empty (EOF), no hang"
