@@ -40,6 +40,14 @@ if [ "$(r p1 .timings.start)" = pool ] && [ "$(r p2 .timings.start)" = pool ] &&
 	ok "tasks start from pool VMs, and a pool VM is never reused (second task sees a clean VM)"
 else not_ok "pool hand-out" "$(head -c 600 "$T_TMP/p1.json")" "$(head -c 600 "$T_TMP/p2.json")"; fi
 
+# Concurrent tasks: more than the pool holds; all succeed, each in its own VM.
+pids=()
+for i in 1 2 3 4; do py_spec "print($i)" | post "conc$i" & pids+=($!); done
+wait "${pids[@]}"   # not a bare wait: the server is a background job too
+conc_ok=0
+for i in 1 2 3 4; do [ "$(r "conc$i" .state)" = succeeded ] && [ "$(r "conc$i" .stdout)" = "$i" ] && conc_ok=$((conc_ok + 1)); done
+check "4 concurrent tasks on a pool of 2 all succeed ($conc_ok/4)" [ "$conc_ok" = 4 ]
+
 echo '{"language":"python","code":"print(1)","limits":{"memory_mib":128}}' | post other
 if [ "$(r other .state)" = succeeded ] && [ "$(r other .timings.start)" = cold ]; then
 	ok "a task whose size matches no snapshot cold-boots"
