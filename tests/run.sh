@@ -225,7 +225,7 @@ run_integration() {
 		name=${script##*/}
 		selected "$name" || continue
 		matched=$((matched + 1))
-		run_tap "integration/$name" "${KILN_TEST_TIMEOUT:-3600}" "$script"
+		run_tap "integration/$name" "${KILN_TEST_TIMEOUT:-900}" "$script"
 	done
 }
 
