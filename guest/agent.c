@@ -49,6 +49,7 @@ struct agent {
 	uint8_t tx[PROTO_MAX_FRAME];
 	struct proto_exec exec; /* ~150 KiB: too big for the stack */
 	struct zygote zygote;   /* the pre-started interpreter (PREPARE), if any */
+	int64_t oom_baseline;   /* guest OOM kills before the next task (task.c) */
 };
 
 struct agent *agent_create(int chan, const struct agent_config *cfg)
@@ -62,6 +63,7 @@ struct agent *agent_create(int chan, const struct agent_config *cfg)
 		return NULL;
 	a->chan = chan;
 	a->zygote.ctl = a->zygote.out = a->zygote.err = a->zygote.ready = -1;
+	a->oom_baseline = task_oom_kills();
 	a->connected = 1;
 	a->cfg = *cfg;
 	a->file.fd = -1;
@@ -645,6 +647,11 @@ static int agent_collect(struct agent *a, const struct proto_frame *fr)
 	if (proto_reader_end(&r) < 0)
 		return agent_send_error(a, -EPROTO, "malformed COLLECT request");
 	return collect_run(a, a->cfg.output_dir, budget);
+}
+
+int64_t *agent_oom_baseline(struct agent *a)
+{
+	return &a->oom_baseline;
 }
 
 struct zygote *agent_zygote(struct agent *a)

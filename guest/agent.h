@@ -39,6 +39,9 @@ int agent_serve(struct agent *a);
 
 /* ---- for task.c and collect.c ----------------------------------------- */
 
+/* The guest's OOM-kill count to compare a task's end against (task.c). */
+int64_t *agent_oom_baseline(struct agent *a);
+
 /* The interpreter PREPARE pre-started (pid 0 when there is none). */
 struct zygote *agent_zygote(struct agent *a);
 

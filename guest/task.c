@@ -64,7 +64,7 @@ int task_reap(pid_t watch, int *status, struct rusage *ru)
 }
 
 /* The kernel's count of OOM kills so far, or -1 when it cannot be read. */
-static int64_t task_oom_kills(void)
+int64_t task_oom_kills(void)
 {
 	char buf[32768];
 	size_t len = 0;
@@ -461,6 +461,10 @@ static int task_send_exit(struct agent *a, struct task *t)
 		oom_after = task_oom_kills();
 		if (oom_after > t->oom_before)
 			x->flags |= PROTO_EXIT_OOM;
+		/* The next task (a pool VM's real one after its warm-up) compares
+		 * against this. */
+		if (oom_after >= 0)
+			*agent_oom_baseline(a) = oom_after;
 	}
 	n = proto_exit_encode(agent_payload(a), PROTO_MAX_PAYLOAD, x);
 	if (n < 0)
@@ -493,8 +497,12 @@ int task_run(struct agent *a, const struct proto_exec *e)
 	}
 	envp[n] = NULL;
 
+	/* The guest's OOM-kill count before the task. Read once when the agent
+	 * started (in a snapshot's template, so a clone does not pay for the
+	 * /proc/vmstat read on its start-up path) and after any SIGKILLed task:
+	 * nothing but the task runs in between. */
+	t.oom_before = *agent_oom_baseline(a);
 	if ((e->flags & PROTO_EXEC_ZYGOTE) && zygote_can_run(agent_zygote(a), e)) {
-		t.oom_before = task_oom_kills();
 		t.start_us = proto_now_us();
 		if (zygote_hand_off(agent_zygote(a), e, envp, &t.pid, &t.out, &t.err) == 0)
 			goto started;
@@ -513,7 +521,6 @@ int task_run(struct agent *a, const struct proto_exec *e)
 		goto fail_err;
 	}
 
-	t.oom_before = task_oom_kills();
 	t.start_us = proto_now_us();
 	t.pid = fork();
 	if (t.pid < 0) {

@@ -21,6 +21,9 @@
  * Returns 0, or a negative errno when the channel failed (fatal). */
 int task_run(struct agent *a, const struct proto_exec *e);
 
+/* The guest's OOM-kill count (oom_kill in /proc/vmstat), or -1. */
+int64_t task_oom_kills(void);
+
 /* Reaps every child that has exited, without blocking. If `watch` (> 0) is
  * among them, stores its wait status and rusage and returns 1; else 0. The
  * agent calls this whenever SIGCHLD arrives, since PID 1 inherits every
