@@ -133,6 +133,16 @@ void capacity_release(struct capacity *c, unsigned mib)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Destroy a VM the pool allocated; returns NULL for `vm = discard(vm)`. */
+static struct vm *discard(struct vm *vm)
+{
+	if (vm) {
+		vm_destroy(vm);
+		free(vm);
+	}
+	return NULL;
+}
+
 static void *refill(void *arg)
 {
 	struct pool *p = arg;
@@ -163,9 +173,7 @@ static void *refill(void *arg)
 			vm = calloc(1, sizeof(*vm));
 			if (vm && snapshot_spawn(&p->snap, &p->base, vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool pre-start failed: %s\n", err.message);
-				vm_destroy(vm);
-				free(vm);
-				vm = NULL;
+				vm = discard(vm);
 			}
 			pthread_mutex_lock(&p->mu);
 			if (!vm) {
@@ -174,8 +182,7 @@ static void *refill(void *arg)
 			}
 			p->failures = 0;
 			if (p->stop) {
-				vm_destroy(vm);
-				free(vm);
+				discard(vm);
 				break;
 			}
 			p->spawned[p->nspawned++] = vm;
@@ -205,16 +212,12 @@ static void *refill(void *arg)
 		if (vm) {
 			if (snapshot_load(&p->snap, vm, &err) < 0 || warm_and_pause(vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
-				vm_destroy(vm);
-				free(vm);
-				vm = NULL;
+				vm = discard(vm);
 			}
 		} else if ((vm = calloc(1, sizeof(*vm))) &&
 			   (snapshot_restore(&p->snap, &p->base, vm, &err) < 0 || warm_and_pause(vm, &err) < 0)) {
 			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
-			vm_destroy(vm);
-			free(vm);
-			vm = NULL;
+			vm = discard(vm);
 		}
 		pthread_mutex_lock(&p->mu);
 		if (!vm) {
@@ -224,8 +227,7 @@ static void *refill(void *arg)
 		}
 		p->failures = 0;
 		if (p->stop) {
-			vm_destroy(vm);
-			free(vm);
+			discard(vm);
 			capacity_release(p->cap, p->snap.memory_mib);
 			break;
 		}
@@ -336,14 +338,11 @@ void pool_stop(struct pool *p)
 	pthread_mutex_unlock(&p->mu);
 	pthread_join(p->thread, NULL);
 	for (unsigned i = 0; i < p->nready; i++) {
-		vm_destroy(p->ready[i]);
-		free(p->ready[i]);
+		discard(p->ready[i]);
 		capacity_release(p->cap, p->snap.memory_mib);
 	}
-	for (unsigned i = 0; i < p->nspawned; i++) {
-		vm_destroy(p->spawned[i]);
-		free(p->spawned[i]);
-	}
+	for (unsigned i = 0; i < p->nspawned; i++)
+		discard(p->spawned[i]);
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);
 	free(p);
