@@ -22,7 +22,7 @@ ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
-HOST_LIBS := -ljansson -lcrypto -lmicrohttpd -lpthread
+HOST_LIBS := -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
@@ -104,7 +104,12 @@ $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKILN_GUEST -Iguest -o $@ $(AGENT_DRIVE_SRCS)
 
-unit: $(UNIT_BINS) $(B)/tests/agent-drive
+# S3 driver over lib/s3.c for tests/integration/50-s3.sh and measurements.
+$(B)/tests/s3tool: tests/s3/s3tool.c $(B)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+
+unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/s3tool
 fuzz: $(FUZZ_BINS)
 
 test: deps

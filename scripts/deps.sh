@@ -15,6 +15,9 @@ pkgs=(
   qemu-system-x86 qemu-utils iproute2 nftables
   # tests and benchmarks
   python3 jq curl hyperfine
+  # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
+  # S3 client for the tests to read back what kiln wrote
+  swift swift-proxy swift-account swift-container swift-object memcached python3-boto3
 )
 
 missing=()
@@ -30,5 +33,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# Packages must not start their services: Debian's memcached and swift-* would
+# grab 11211/8080/620x system-wide, and kiln runs its own instances
+# (scripts/s3-local.sh). invoke-rc.d and deb-systemd-invoke both ask
+# policy-rc.d (exit 101 = "action forbidden"); put one in place for the
+# install unless the machine already has one (containers usually do).
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# installed by kiln scripts/deps.sh for the duration of apt-get install\nexit 101\n' >"$policy"
+  chmod 755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,106 @@
+/* s3: a small S3 client over libcurl (CURLOPT_AWS_SIGV4): put objects with
+ * their SHA-256 checked by the server, multipart upload for large files,
+ * head/get/delete, bucket creation, and presigned GET URLs. Every call is
+ * synchronous and thread-safe (each uses its own curl handle); curl_global_init
+ * must have run once before any thread calls in (s3_global_init). */
+#ifndef KILN_S3_H
+#define KILN_S3_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "err.h"
+
+#define S3_MULTIPART_THRESHOLD (16u << 20) /* files above this go up as multipart */
+#define S3_PART_SIZE (16u << 20)
+
+struct s3_config {
+	const char *endpoint;   /* "http://127.0.0.1:8080" (path-style addressing) */
+	const char *region;     /* "us-east-1" */
+	const char *bucket;     /* "" when the endpoint itself names the bucket
+				 * (virtual-hosted style: https://B.s3.amazonaws.com) */
+	const char *access_key; /* may contain ':' (Swift's "test:tester") */
+	const char *secret_key;
+	long timeout_s;         /* per HTTP request; 0: 60 s */
+	int attempts;           /* tries per request for transient failures (5xx,
+				 * connection errors) with backoff; 0: 3 */
+	uint64_t multipart_threshold; /* 0: S3_MULTIPART_THRESHOLD */
+	uint64_t part_size;     /* 0: S3_PART_SIZE (>= 5 MiB) */
+};
+
+/* Error codes set in kiln_err.code by the calls below:
+ *   "s3_auth"        the server refused the credentials or the signature (403)
+ *   "s3_unavailable" no connection, timeout, or 5xx after every attempt
+ *   "s3_not_found"   no such key or bucket (404)
+ *   "s3_error"       any other failure (the message names the HTTP status and
+ *                    the S3 error code and message from the XML body)
+ *   "io_error"       reading or writing the local file failed              */
+
+/* curl_global_init; call once from main before threads start. */
+int s3_global_init(void);
+
+/* Create the bucket if it does not exist (200 or 409 "owned by you" are fine). */
+int s3_ensure_bucket(const struct s3_config *c, struct kiln_err *err);
+
+/* Upload the file at path as key. The payload's SHA-256 is sent as
+ * x-amz-content-sha256 so that the server checks it; files above the multipart
+ * threshold go up as a multipart upload (each part's SHA-256 checked; the
+ * upload is aborted on failure). sha256_hex (65 bytes, may be NULL) receives the
+ * whole file's SHA-256. bytes_sent (may be NULL) is incremented by the bytes
+ * put on the wire, retries included. */
+int s3_put_file(const struct s3_config *c, const char *key, const char *path, const char *content_type,
+		char sha256_hex[65], uint64_t *bytes_sent, struct kiln_err *err);
+
+/* Upload a memory buffer as key (single PUT, SHA-256 checked). */
+int s3_put_buffer(const struct s3_config *c, const char *key, const void *buf, size_t len,
+		  const char *content_type, struct kiln_err *err);
+
+/* 1 if key exists (its size in *size, may be NULL), 0 if not, -1 on error. */
+int s3_head(const struct s3_config *c, const char *key, uint64_t *size, struct kiln_err *err);
+
+/* Download key into the file at path (created or truncated, written to a
+ * temporary name and renamed on success). */
+int s3_get_file(const struct s3_config *c, const char *key, const char *path, struct kiln_err *err);
+
+/* Delete key (a missing key is not an error). */
+int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err);
+
+/* A presigned GET URL for key (SigV4 query signing), valid expires_s seconds
+ * from now. Returns a malloc'd string or NULL (err set). */
+char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expires_s, time_t now,
+		     struct kiln_err *err);
+
+/* Percent-encode an object key for a URL path: everything but unreserved
+ * characters and '/'. Returns a malloc'd string or NULL. */
+char *s3_encode_key(const char *key);
+
+/* ---- building blocks, exported for the tests and the fuzzer ---- */
+
+struct s3_param {
+	const char *name;  /* unreserved characters only (every S3 parameter is) */
+	const char *value; /* NULL or "" is written as "name=" */
+};
+
+/* The query string as SigV4 signs it (and as libcurl must send it, since
+ * curl signs the query exactly as written): parameters sorted by name, then
+ * value; names and values percent-encoded (everything but unreserved
+ * characters, '/' too, uppercase hex); "name=" for empty values; joined with
+ * '&'. At most 64 parameters. Returns a malloc'd string ("" for none) or NULL. */
+char *s3_canonical_query(const struct s3_param *params, size_t n);
+
+#define S3_XML_MAX (1u << 20) /* longest XML document s3_xml_text looks at */
+
+/* The text of the first element <tag>...</tag> (attributes allowed, "<tag/>"
+ * skipped) in xml[0..len), which need not be NUL-terminated, for S3's error
+ * bodies (Code, Message) and InitiateMultipartUploadResult (UploadId). The
+ * text must be character data only (no child elements or CDATA). The five
+ * predefined entities and numeric references are decoded; every byte outside
+ * printable ASCII becomes '?' (tab/CR/LF a space), so the result is safe in
+ * messages, logs and JSON. Writes at most out_size-1 bytes and a NUL (out is
+ * "" on failure). Returns the text's full decoded length (may exceed what
+ * fitted) or -1 when there is no such element, it is not closed, len exceeds
+ * S3_XML_MAX or tag is empty or longer than 64. Pure function, thread-safe. */
+int s3_xml_text(const char *xml, size_t len, const char *tag, char *out, size_t out_size);
+
+#endif
