@@ -16,7 +16,9 @@
 #include "err.h"
 #include "run.h"
 #include "spec.h"
+#include "config.h"
 #include "serve.h"
+#include "spool.h"
 #include "snapshot.h"
 #include "vm.h"
 
@@ -27,8 +29,9 @@ static void usage(FILE *f)
 	fputs("usage: kiln-host run --spec FILE|- [--output-dir DIR] [--stream] [--cold] [options]\n"
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [--force] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
-	      "       kiln-host serve [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
-	      "                       [--snapshot-memory MiB] [--cold] [options]\n"
+	      "       kiln-host serve [--config FILE] [--token T] [--host-id ID] [--spool-dir DIR]\n"
+	      "                       [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
+	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "options:\n"
 	      "  --accel auto|kvm|tcg   hypervisor (auto: KVM only with hardware virtualisation)\n"
@@ -401,9 +404,75 @@ static int cmd_snapshot(int argc, char **argv)
 	return 2;
 }
 
+/* --listen / "listen": ADDRESS:PORT into host (cap bytes) and port. */
+static int parse_listen(const char *arg, char *host, size_t cap, int *port)
+{
+	const char *colon = strrchr(arg, ':');
+	unsigned p;
+
+	if (!colon || (size_t)(colon - arg) >= cap || colon == arg || parse_uint(colon + 1, 1, 65535, &p) < 0)
+		return -1;
+	memcpy(host, arg, (size_t)(colon - arg));
+	host[colon - arg] = '\0';
+	*port = (int)p;
+	return 0;
+}
+
+/* Settings from the configuration file first; flags parsed afterwards win. */
+static int serve_apply_config(const struct host_config *hc, struct serve_opts *so, struct common *cm, char *host,
+			      size_t hostcap, struct kiln_err *err)
+{
+	if (hc->listen && parse_listen(hc->listen, host, hostcap, &so->port) < 0)
+		return kiln_err_set(err, "usage", "config: listen: expected ADDRESS:PORT");
+	if (hc->listen)
+		so->listen_host = host;
+	if (hc->host_id)
+		so->host_id = hc->host_id;
+	if (hc->token)
+		so->token = hc->token;
+	if (hc->spool_dir)
+		so->spool_dir = hc->spool_dir;
+	if (hc->accel)
+		cm->accel = hc->accel;
+	if (hc->image_dir)
+		cm->image_dir = hc->image_dir;
+	if (hc->run_dir)
+		cm->vm.run_dir = hc->run_dir;
+	if (hc->cache)
+		cm->cache = hc->cache;
+	if (hc->qemu)
+		cm->vm.qemu = hc->qemu;
+	if (hc->vcpus)
+		so->vcpus_capacity = hc->vcpus;
+	if (hc->cpu_overcommit > 0)
+		so->cpu_overcommit = hc->cpu_overcommit;
+	if (hc->memory_mib)
+		so->memory_capacity_mib = hc->memory_mib;
+	if (hc->pool_size >= 0)
+		so->pool_size = (unsigned)hc->pool_size;
+	if (hc->prestart >= 0)
+		so->prestart = (unsigned)hc->prestart;
+	if (hc->snapshot_memory_mib >= 0)
+		so->snap_memory_mib = (unsigned)hc->snapshot_memory_mib;
+	if (hc->snapshot_vcpus >= 0)
+		so->snap_vcpus = (unsigned)hc->snapshot_vcpus;
+	if (hc->cold >= 0)
+		so->cold = hc->cold;
+	if (hc->s3.endpoint)
+		so->s3 = &hc->s3;
+	so->upload_workers = hc->upload_workers;
+	so->max_backoff_s = hc->max_backoff_s;
+	so->retention_s = hc->retention_s;
+	return 0;
+}
+
 static int cmd_serve(int argc, char **argv)
 {
+	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o' };
 	static const struct option opts[] = {
+		{ "config", required_argument, 0, O_CONFIG }, { "token", required_argument, 0, O_TOKEN },
+		{ "host-id", required_argument, 0, O_HOST_ID }, { "spool-dir", required_argument, 0, O_SPOOL },
+		{ "vcpus-capacity", required_argument, 0, O_VCPUS }, { "cpu-overcommit", required_argument, 0, O_OVERCOMMIT },
 		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
 		{ "prestart", required_argument, 0, 'P' },
 		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
@@ -411,32 +480,65 @@ static int cmd_serve(int argc, char **argv)
 	};
 	static struct common cm;
 	static struct sockaddr_in addr;
+	static struct host_config hc;
+	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
-				 .prestart = 1 };
+				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool" };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
-	static char host[64];
 	unsigned v;
 	int c;
 
 	common_init(&cm);
+	if (gethostname(host_id, sizeof(host_id) - 1) < 0 || !host_id[0])
+		snprintf(host_id, sizeof(host_id), "host");
+	so.host_id = host_id;
+	so.token = getenv("KILN_CLUSTER_TOKEN");
+	/* The configuration file comes first, wherever --config stands. */
+	for (int i = 1; i < argc; i++) {
+		const char *path = NULL;
+
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[i + 1];
+		else if (!strncmp(argv[i], "--config=", 9))
+			path = argv[i] + 9;
+		if (!path)
+			continue;
+		if (config_load(path, &hc, &err) < 0 || serve_apply_config(&hc, &so, &cm, host, sizeof(host), &err) < 0)
+			return print_error(&err, 2);
+		so.config_path = path;
+	}
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (common_opt(&cm, c, optarg))
 			continue;
 		switch (c) {
-		case 'l': {
-			const char *colon = strrchr(optarg, ':');
-			unsigned port;
+		case O_CONFIG: break; /* read above */
+		case O_TOKEN: so.token = optarg; break;
+		case O_HOST_ID: so.host_id = optarg; break;
+		case O_SPOOL: so.spool_dir = optarg; break;
+		case O_VCPUS:
+			if (parse_uint(optarg, 1, 4096, &so.vcpus_capacity) < 0) {
+				kiln_err_set(&err, "usage", "--vcpus-capacity: expected 1..4096");
+				return print_error(&err, 2);
+			}
+			break;
+		case O_OVERCOMMIT: {
+			char *end;
 
-			if (!colon || (size_t)(colon - optarg) >= sizeof(host) || parse_uint(colon + 1, 1, 65535, &port) < 0) {
+			so.cpu_overcommit = strtod(optarg, &end);
+			if (*end || !(so.cpu_overcommit >= 1 && so.cpu_overcommit <= 64)) {
+				kiln_err_set(&err, "usage", "--cpu-overcommit: expected 1..64");
+				return print_error(&err, 2);
+			}
+			break;
+		}
+		case 'l':
+			if (parse_listen(optarg, host, sizeof(host), &so.port) < 0) {
 				kiln_err_set(&err, "usage", "--listen: expected ADDRESS:PORT");
 				return print_error(&err, 2);
 			}
-			memcpy(host, optarg, (size_t)(colon - optarg));
 			so.listen_host = host;
-			so.port = (int)port;
 			break;
-		}
 		case 'p':
 			if (parse_uint(optarg, 0, 256, &so.pool_size) < 0) {
 				kiln_err_set(&err, "usage", "--pool: expected 0..256");
@@ -469,6 +571,10 @@ static int cmd_serve(int argc, char **argv)
 	if (optind != argc) {
 		usage(stderr);
 		return 2;
+	}
+	if (!spool_id_ok(so.host_id)) {
+		kiln_err_set(&err, "usage", "host id \"%s\": expected 1-64 characters of [A-Za-z0-9_.-]", so.host_id);
+		return print_error(&err, 2);
 	}
 	addr.sin_family = AF_INET;
 	addr.sin_port = htons((uint16_t)so.port);

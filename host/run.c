@@ -49,6 +49,8 @@ struct run_ctx {
 	char hello_release[65];
 	const char *start;          /* "cold", "restore" or "pool" */
 	unsigned reserved_mib;      /* held in opts->cap until the end */
+	uint8_t *iobuf;             /* PROTO_MAX_PAYLOAD bytes for outgoing frames */
+	struct proto_exec exec_msg; /* per task: run_task runs on many threads at once */
 };
 
 static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
@@ -96,7 +98,7 @@ static int wait_hello(struct run_ctx *c)
 
 static int send_files(struct run_ctx *c)
 {
-	static uint8_t buf[PROTO_MAX_PAYLOAD];
+	uint8_t *buf = c->iobuf;
 
 	for (size_t i = 0; i < c->spec->nfiles; i++) {
 		const struct spec_file *sf = &c->spec->files[i];
@@ -106,7 +108,7 @@ static int send_files(struct run_ctx *c)
 		ssize_t n;
 
 		snprintf(m.path, sizeof(m.path), "%s", sf->path);
-		n = proto_file_encode(buf, sizeof(buf), &m);
+		n = proto_file_encode(buf, PROTO_MAX_PAYLOAD, &m);
 		if (n < 0 || vm_send(&c->vm, PROTO_FILE, buf, (size_t)n, deadline, &c->err) < 0)
 			return n < 0 ? kiln_err_set(&c->err, "host_error", "file header too large") : -1;
 		for (size_t off = 0; off < sf->size; off += PROTO_MAX_PAYLOAD) {
@@ -142,27 +144,27 @@ static size_t build_env(const struct task_spec *spec, char **env, size_t max)
 
 static int send_exec(struct run_ctx *c)
 {
-	static struct proto_exec m;
-	static uint8_t buf[PROTO_MAX_PAYLOAD];
+	struct proto_exec *mp = &c->exec_msg;
+	uint8_t *buf = c->iobuf;
 	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
 	struct proto_frame f;
 	ssize_t n;
 
-	memset(&m, 0, offsetof(struct proto_exec, argv));
-	m.output_cap = c->budget;
+	memset(mp, 0, offsetof(struct proto_exec, argv));
+	mp->output_cap = c->budget;
 	/* A restored VM has a Python interpreter waiting with the common modules
 	 * imported: python tasks run in it (kiln-init falls back to exec). */
 	if (c->spec->language == SPEC_LANG_PYTHON && strcmp(c->start, "cold"))
-		m.flags |= PROTO_EXEC_ZYGOTE;
-	m.uid = m.gid = 1000; /* the guest's unprivileged `sandbox` user */
-	snprintf(m.cwd, sizeof(m.cwd), "%s", c->spec->cwd);
-	m.argc = (uint32_t)c->spec->argc;
-	if (m.argc > PROTO_MAX_ARGS)
+		mp->flags |= PROTO_EXEC_ZYGOTE;
+	mp->uid = mp->gid = 1000; /* the guest's unprivileged `sandbox` user */
+	snprintf(mp->cwd, sizeof(mp->cwd), "%s", c->spec->cwd);
+	mp->argc = (uint32_t)c->spec->argc;
+	if (mp->argc > PROTO_MAX_ARGS)
 		return kiln_err_set(&c->err, "invalid_spec", "argv: too many arguments");
 	for (size_t i = 0; i < c->spec->argc; i++)
-		m.argv[i] = c->spec->argv[i];
-	m.envc = (uint32_t)build_env(c->spec, m.env, PROTO_MAX_ENV);
-	n = proto_exec_encode(buf, sizeof(buf), &m);
+		mp->argv[i] = c->spec->argv[i];
+	mp->envc = (uint32_t)build_env(c->spec, mp->env, PROTO_MAX_ENV);
+	n = proto_exec_encode(buf, PROTO_MAX_PAYLOAD, mp);
 	if (n < 0)
 		return kiln_err_set(&c->err, "invalid_spec", "argv and env together exceed %d bytes", PROTO_MAX_PAYLOAD);
 	if (vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err) < 0)
@@ -178,6 +180,8 @@ static int send_exec(struct run_ctx *c)
 	if (f.type != PROTO_STARTED)
 		return kiln_err_set(&c->err, "vm_error", "exec: unexpected frame type 0x%02x", f.type);
 	c->t_started = proto_now_us();
+	if (c->opts->on_event)
+		c->opts->on_event(c->opts->event_ctx, RUN_EV_RUNNING, NULL, 0);
 	return 0;
 }
 
@@ -230,6 +234,9 @@ static int run_loop(struct run_ctx *c)
 			if (textbuf_append(f.type == PROTO_STDOUT ? &c->out : &c->errb, f.payload, f.len) < 0)
 				return kiln_err_set(&c->err, "host_error", "out of memory");
 			stream_event(c, f.type == PROTO_STDOUT ? "stdout" : "stderr", f.payload, f.len);
+			if (c->opts->on_event)
+				c->opts->on_event(c->opts->event_ctx, f.type == PROTO_STDOUT ? RUN_EV_STDOUT : RUN_EV_STDERR,
+						  f.payload, f.len);
 			break;
 		case PROTO_EXIT:
 			if (proto_exit_decode(f.payload, f.len, &c->exit) < 0)
@@ -239,6 +246,8 @@ static int run_loop(struct run_ctx *c)
 				c->t_exit = proto_now_us();
 			c->out_trunc = c->exit.stdout_bytes > c->out.len;
 			c->err_trunc = c->exit.stderr_bytes > c->errb.len;
+			if (c->opts->on_event)
+				c->opts->on_event(c->opts->event_ctx, RUN_EV_EXITED, NULL, 0);
 			return 0;
 		default:
 			return kiln_err_set(&c->err, "vm_error", "unexpected frame type 0x%02x while the task ran", f.type);
@@ -481,7 +490,12 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 		int r = pool_take(o->pool, &c->vm, &c->err);
 
 		if (r == 0) {
-			c->reserved_mib = spec->memory_mib; /* the pool VM's reservation moves to the task */
+			/* The pool VM's reservation moves to the task, or is dropped when
+			 * the caller holds one for the task already. */
+			if (o->prereserved)
+				capacity_release(o->cap, spec->memory_mib);
+			else
+				c->reserved_mib = spec->memory_mib;
 			c->start = "pool";
 			snprintf(c->hello_release, sizeof(c->hello_release), "%s", pool_release(o->pool));
 			c->t_ready = proto_now_us();
@@ -497,7 +511,7 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 			memset(&c->err, 0, sizeof(c->err));
 		}
 	}
-	if (o->cap) {
+	if (o->cap && !o->prereserved) {
 		if (!capacity_reserve(o->cap, spec->memory_mib))
 			return kiln_err_set(&c->err, "no_capacity", "this host has no free memory for the task right now");
 		c->reserved_mib = spec->memory_mib;
@@ -537,14 +551,21 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	c->budget = (uint64_t)spec->output_mib << 20;
 	c->outputs = json_array();
 	c->outdir_fd = -1;
+	c->iobuf = malloc(PROTO_MAX_PAYLOAD);
 	c->vm.pid = c->vm.pidfd = c->vm.agent_fd = c->vm.qmp_fd = c->vm.lock_fd = -1;
 	cfg.vcpus = spec->vcpus;
 	cfg.memory_mib = spec->memory_mib;
 
+	if (!c->iobuf) {
+		kiln_err_set(&c->err, "host_error", "out of memory");
+		goto done;
+	}
 	if (opts->output_dir && (c->outdir_fd = outdir_open(opts->output_dir, &c->err)) < 0)
 		goto done;
 	if (acquire_vm(c, &cfg) < 0)
 		goto done;
+	/* Pool VMs were started before this task existed: its cancel fd applies now. */
+	c->vm.cancel_fd = opts->vm.cancel_fd > 0 ? opts->vm.cancel_fd : -1;
 	if (vm_setup(&c->vm, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0 || send_files(c) < 0 || send_exec(c) < 0 || run_loop(c) < 0)
 		goto done;
 	if (c->have_exit && collect(c) < 0)
@@ -560,6 +581,7 @@ done:
 	json_decref(c->outputs);
 	textbuf_free(&c->out);
 	textbuf_free(&c->errb);
+	free(c->iobuf);
 	free(c);
 	return result;
 }

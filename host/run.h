@@ -23,7 +23,16 @@ struct run_opts {
 	const char *output_dir;    /* write /output files here (NULL: hash only) */
 	FILE *stream;              /* NULL, or write stdout/stderr events here as JSON lines */
 	int boot_timeout_s;        /* cold boot to kiln-init ready */
+	int prereserved;           /* the caller already reserved the task's memory in cap (and
+				    * releases it): a pool VM's own reservation is dropped */
+	/* NULL, or called on the running thread as the task progresses: RUN_EV_RUNNING
+	 * when the code has started, RUN_EV_STDOUT/STDERR with the raw bytes as they
+	 * arrive (already bounded by the output limit), RUN_EV_EXITED when it ended. */
+	void (*on_event)(void *ctx, int event, const void *data, size_t len);
+	void *event_ctx;
 };
+
+enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED };
 
 /* Run spec to completion and return the result object (see docs/api.md,
  * "Task result"): never NULL, also for infrastructure errors, which yield

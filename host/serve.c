@@ -1,6 +1,7 @@
-/* serve: kiln-host as a long-running daemon. Keeps the default snapshot and
- * a warm pool ready, accounts memory capacity, and runs tasks posted over
- * HTTP (libmicrohttpd, one thread per connection). */
+/* serve: kiln-host as a long-running daemon: the HTTP API (libmicrohttpd,
+ * one thread per connection, so that event streams may block) over hostd,
+ * which owns the tasks. Start-up reaps what a crashed predecessor left,
+ * prepares the default snapshot and the warm pool, and recovers the spool. */
 #include "serve.h"
 
 #include <errno.h>
@@ -13,7 +14,11 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 
+#include "config.h"
+#include "hostd.h"
 #include "proto.h"
 #include "run.h"
 #include "spec.h"
@@ -25,6 +30,8 @@ struct server {
 	struct pool *pool;
 	struct snapshot snap;
 	int have_snap;
+	struct hostd *hostd;
+	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
 
 struct request {
@@ -54,6 +61,52 @@ static int reply_error(struct MHD_Connection *conn, unsigned status, const char 
 	return reply_json(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
 }
 
+/* 401 unless the request carries "Authorization: Bearer <cluster token>".
+ * Both sides are hashed first so that the comparison takes the same time
+ * whatever the token's length or content. */
+static int authorized(struct server *s, struct MHD_Connection *conn)
+{
+	const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	unsigned char got[SHA256_DIGEST_LENGTH];
+
+	if (!h || strncmp(h, "Bearer ", 7))
+		return 0;
+	SHA256((const unsigned char *)h + 7, strlen(h + 7), got);
+	return CRYPTO_memcmp(got, s->token_hash, sizeof(got)) == 0;
+}
+
+static int reply_unauthorized(struct MHD_Connection *conn)
+{
+	json_t *j = json_pack("{s:{s:s, s:s}}", "error", "code", "unauthorized", "message",
+			      "missing or wrong cluster token (Authorization: Bearer ...)");
+	char *body = json_dumps(j, JSON_COMPACT);
+	struct MHD_Response *r;
+	int ret;
+
+	json_decref(j);
+	if (!body)
+		return MHD_NO;
+	r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+	MHD_add_response_header(r, "Content-Type", "application/json");
+	MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+	ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static unsigned status_for(const char *code)
+{
+	if (!strcmp(code, "invalid_request") || !strcmp(code, "invalid_spec") || !strcmp(code, "invalid_json"))
+		return MHD_HTTP_BAD_REQUEST;
+	if (!strcmp(code, "duplicate"))
+		return MHD_HTTP_CONFLICT;
+	if (!strcmp(code, "no_capacity") || !strcmp(code, "no_s3"))
+		return MHD_HTTP_SERVICE_UNAVAILABLE;
+	return MHD_HTTP_INTERNAL_SERVER_ERROR;
+}
+
+/* POST /v1/run: run synchronously and answer with the result (no spool, no
+ * S3): for debugging a host and for benchmarks of the VM path alone. */
 static int handle_run(struct server *s, struct MHD_Connection *conn, struct request *req)
 {
 	struct task_spec spec;
@@ -76,6 +129,171 @@ static int handle_run(struct server *s, struct MHD_Connection *conn, struct requ
 	return reply_json(conn, MHD_HTTP_OK, result);
 }
 
+/* POST /v1/tasks {"id","customer","spec"} */
+static int handle_submit(struct server *s, struct MHD_Connection *conn, struct request *req)
+{
+	json_error_t je;
+	json_t *body, *spec = NULL;
+	const char *id = NULL, *customer = NULL, *k;
+	json_t *v;
+	struct kiln_err err = { .code = "" };
+	char msg[256];
+
+	body = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &je);
+	if (!body) {
+		snprintf(msg, sizeof(msg), "line %d, column %d: %s", je.line, je.column, je.text);
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_json", msg);
+	}
+	if (!json_is_object(body)) {
+		json_decref(body);
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "expected a JSON object");
+	}
+	json_object_foreach(body, k, v) {
+		if (!strcmp(k, "id") && json_is_string(v))
+			id = json_string_value(v);
+		else if (!strcmp(k, "customer") && json_is_string(v))
+			customer = json_string_value(v);
+		else if (!strcmp(k, "spec"))
+			spec = v;
+		else {
+			snprintf(msg, sizeof(msg), "%.64s: %s", k,
+				 !strcmp(k, "id") || !strcmp(k, "customer") ? "expected a string" : "unknown field");
+			json_decref(body);
+			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", msg);
+		}
+	}
+	if (!id || !customer || !spec) {
+		json_decref(body);
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+				   !id ? "id: required" : !customer ? "customer: required" : "spec: required");
+	}
+	if (hostd_submit(s->hostd, id, customer, spec, &err) < 0) {
+		json_decref(body);
+		return reply_error(conn, status_for(err.code), err.code, err.message);
+	}
+	v = hostd_task_json(s->hostd, id);
+	json_decref(body);
+	return reply_json(conn, MHD_HTTP_ACCEPTED, v ? v : json_object());
+}
+
+/* GET /v1/tasks/{id}/events: server-sent events, from the task's first one. */
+struct sse {
+	struct server *s;
+	struct hostd_task *t;
+	size_t cursor;
+};
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct sse *e = cls;
+	long n = hostd_events_read(e->s->hostd, e->t, &e->cursor, buf, max, proto_now_ms() + 15000);
+	static const char keepalive[] = ": keepalive\n\n";
+
+	if (n < 0)
+		return MHD_CONTENT_READER_END_OF_STREAM;
+	if (n == 0) {
+		memcpy(buf, keepalive, sizeof(keepalive) - 1);
+		return (ssize_t)sizeof(keepalive) - 1;
+	}
+	return n;
+}
+
+static void sse_free(void *cls)
+{
+	struct sse *e = cls;
+
+	hostd_task_put(e->s->hostd, e->t);
+	free(e);
+}
+
+static int handle_events(struct server *s, struct MHD_Connection *conn, const char *id)
+{
+	struct sse *e = calloc(1, sizeof(*e));
+	struct MHD_Response *r;
+	int ret;
+
+	if (!e)
+		return MHD_NO;
+	e->s = s;
+	e->t = hostd_task_get(s->hostd, id);
+	if (!e->t) {
+		free(e);
+		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+	}
+	/* Events carry output chunks of up to 128 KiB, JSON-escaped: room for one. */
+	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1 << 20, sse_read, e, sse_free);
+	if (!r) {
+		sse_free(e);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static int handle_metrics(struct server *s, struct MHD_Connection *conn)
+{
+	char *m = hostd_metrics(s->hostd);
+	struct MHD_Response *r;
+	int ret;
+
+	if (!m)
+		return MHD_NO;
+	r = MHD_create_response_from_buffer(strlen(m), m, MHD_RESPMEM_MUST_FREE);
+	MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static int method_not_allowed(struct MHD_Connection *conn, const char *allowed)
+{
+	char msg[64];
+
+	snprintf(msg, sizeof(msg), "use %s", allowed);
+	return reply_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", msg);
+}
+
+/* Route /v1/tasks/{id}[/events]. */
+static int handle_task(struct server *s, struct MHD_Connection *conn, const char *method, const char *rest)
+{
+	char id[80];
+	const char *slash = strchr(rest, '/');
+	size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+
+	if (n == 0 || n >= sizeof(id))
+		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+	memcpy(id, rest, n);
+	id[n] = '\0';
+	if (slash) {
+		if (strcmp(slash, "/events"))
+			return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return handle_events(s, conn, id);
+	}
+	if (!strcmp(method, "GET")) {
+		json_t *j = hostd_task_json(s->hostd, id);
+
+		return j ? reply_json(conn, MHD_HTTP_OK, j)
+			 : reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+	}
+	if (!strcmp(method, "DELETE")) {
+		int r = hostd_cancel(s->hostd, id);
+		json_t *j;
+
+		if (r == -ENOENT)
+			return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+		if (r == -EALREADY)
+			return reply_error(conn, MHD_HTTP_CONFLICT, "not_cancellable", "the task's code has already ended");
+		j = hostd_task_json(s->hostd, id);
+		return reply_json(conn, MHD_HTTP_ACCEPTED, j ? j : json_object());
+	}
+	return method_not_allowed(conn, "GET or DELETE");
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -90,7 +308,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		return MHD_YES;
 	}
 	if (*upload_size) {
-		if (req->len + *upload_size > SPEC_MAX_JSON) {
+		if (req->len + *upload_size > SPEC_MAX_JSON + 4096) {
 			req->too_big = 1;
 		} else if (!req->too_big) {
 			if (req->cap - req->len < *upload_size + 1) {
@@ -108,22 +326,33 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		*upload_size = 0;
 		return MHD_YES;
 	}
-	if (!strcmp(url, "/v1/health") && !strcmp(method, "GET")) {
-		json_t *j;
-
-		pthread_mutex_lock(&s->cap.lock);
-		j = json_pack("{s:s, s:{s:I, s:I}, s:i, s:i, s:s?}", "status", "ok", "capacity", "total_mib",
-			      (json_int_t)s->cap.total_mib, "used_mib", (json_int_t)s->cap.used_mib, "pool_ready",
-			      s->pool ? (int)pool_ready(s->pool) : 0, "prestarted", s->pool ? (int)pool_prestarted(s->pool) : 0,
-			      "snapshot", s->have_snap ? s->snap.key : NULL);
-		pthread_mutex_unlock(&s->cap.lock);
-		return reply_json(conn, MHD_HTTP_OK, j);
+	if (!strcmp(url, "/healthz")) {
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "host_id", s->o->host_id));
+	}
+	if (!authorized(s, conn))
+		return reply_unauthorized(conn);
+	if (req->too_big)
+		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
+	if (!strcmp(url, "/v1/tasks")) {
+		if (strcmp(method, "POST"))
+			return method_not_allowed(conn, "POST");
+		return handle_submit(s, conn, req);
+	}
+	if (!strncmp(url, "/v1/tasks/", 10))
+		return handle_task(s, conn, method, url + 10);
+	if (!strcmp(url, "/v1/capacity")) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return reply_json(conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
+	}
+	if (!strcmp(url, "/metrics")) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return handle_metrics(s, conn);
 	}
 	if (!strcmp(url, "/v1/run")) {
 		if (strcmp(method, "POST"))
-			return reply_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "use POST");
-		if (req->too_big)
-			return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the spec is too large");
+			return method_not_allowed(conn, "POST");
 		return handle_run(s, conn, req);
 	}
 	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
@@ -147,15 +376,47 @@ static uint64_t mem_total_mib(void)
 	return pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize >> 20 : 1024;
 }
 
+/* SIGHUP: reread the configuration file's S3 settings (a fixed secret takes
+ * effect without a restart; everything else needs one). */
+static void reload_s3(struct server *s)
+{
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+
+	if (!s->o->config_path) {
+		fprintf(stderr, "kiln-host: SIGHUP: no configuration file to reread\n");
+		return;
+	}
+	if (config_load(s->o->config_path, &c, &err) < 0) {
+		fprintf(stderr, "kiln-host: SIGHUP: %s (keeping the current settings)\n", err.message);
+		return;
+	}
+	if (!c.s3.endpoint) {
+		fprintf(stderr, "kiln-host: SIGHUP: %s has no s3 section (keeping the current settings)\n",
+			s->o->config_path);
+	} else {
+		hostd_set_s3(s->hostd, &c.s3);
+		fprintf(stderr, "kiln-host: SIGHUP: S3 settings reloaded from %s\n", s->o->config_path);
+	}
+	config_free(&c);
+}
+
 int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 {
 	struct server s = { .o = o, .ro = *ro };
-	struct MHD_Daemon *d;
+	struct MHD_Daemon *d = NULL;
 	struct kiln_err err = { .code = "" };
+	struct hostd_config hc;
 	sigset_t set;
 	int sig;
 	char key[17];
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
+	if (!o->token || !o->token[0]) {
+		fprintf(stderr, "kiln-host: serve needs a cluster token (--token, or token/token_file in the config)\n");
+		return 2;
+	}
+	SHA256((const unsigned char *)o->token, strlen(o->token), s.token_hash);
 	pthread_mutex_init(&s.cap.lock, NULL);
 	s.ro.cap = &s.cap;
 	s.cap.total_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
@@ -163,8 +424,11 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	if (o->s3)
+		s3_global_init();
 
 	vm_reap_stale(ro->vm.run_dir);
 	if (!o->cold) {
@@ -189,22 +453,49 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			s.ro.pool = s.pool;
 		}
 	}
+	hc = (struct hostd_config){
+		.host_id = o->host_id,
+		.spool_dir = o->spool_dir,
+		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
+					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : 4.0)),
+		.s3 = o->s3,
+		.upload_workers = o->upload_workers,
+		.max_backoff_s = o->max_backoff_s,
+		.retention_s = o->retention_s ? o->retention_s : 86400,
+		.accel = vm_accel_name(ro->vm.accel),
+	};
+	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
+	if (!s.hostd)
+		goto fail;
 	d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 			     (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 			     MHD_OPTION_SOCK_ADDR, o->addr, MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_END);
 	if (!d) {
-		kiln_err_set(&err, "host_error", "cannot listen on port %d", o->port);
+		kiln_err_set(&err, "host_error", "cannot listen on %s:%d", o->listen_host, o->port);
 		goto fail;
 	}
-	fprintf(stderr, "kiln-host: serving on http://%s:%d (pool %u, pre-started %u, capacity %llu MiB)\n",
-		o->listen_host, o->port, o->pool_size, o->prestart, (unsigned long long)s.cap.total_mib);
-	while (sigwait(&set, &sig) != 0)
-		;
+	fprintf(stderr,
+		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s)\n",
+		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
+		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none");
+	for (;;) {
+		if (sigwait(&set, &sig) != 0)
+			continue;
+		if (sig != SIGHUP)
+			break;
+		reload_s3(&s);
+	}
 	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));
+	/* Streams and running tasks end first, then the HTTP threads, then the rest. */
+	hostd_stop(s.hostd);
 	MHD_stop_daemon(d);
+	hostd_close(s.hostd);
 	pool_stop(s.pool);
 	return 0;
 fail:
+	if (d)
+		MHD_stop_daemon(d);
+	hostd_close(s.hostd);
 	pool_stop(s.pool);
 	fprintf(stderr, "kiln-host: %s\n", err.message);
 	return 3;

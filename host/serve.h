@@ -1,19 +1,29 @@
-/* serve: the kiln-host daemon (snapshot + warm pool + HTTP task endpoint). */
+/* serve: the kiln-host daemon's HTTP layer (libmicrohttpd, one thread per
+ * connection) over hostd, plus start-up: snapshot, warm pool, recovery. */
 #ifndef KILN_SERVE_H
 #define KILN_SERVE_H
 
 #include <netinet/in.h>
 
 #include "run.h"
+#include "s3.h"
 
 struct serve_opts {
 	const char *listen_host;      /* for messages */
 	struct sockaddr_in *addr;     /* where to listen (loopback by default) */
 	int port;
+	const char *config_path;      /* reread on SIGHUP (S3 settings), may be NULL */
+	const char *host_id;
+	const char *token;            /* cluster token callers present as Bearer (required) */
+	const char *spool_dir;
 	unsigned pool_size;           /* warm VMs kept ready (0: none) */
 	unsigned prestart;            /* QEMUs started ahead for restores (0: none) */
 	unsigned snap_memory_mib, snap_vcpus; /* the snapshot (and pool) size */
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */
+	unsigned vcpus_capacity;      /* 0: the host's CPUs */
+	double cpu_overcommit;        /* vCPUs handed out per host CPU (default 4) */
+	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
+	unsigned upload_workers, max_backoff_s, retention_s;
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */
 	int cold;                     /* no snapshot, no pool: cold boot every task */
 };

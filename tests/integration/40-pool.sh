@@ -7,21 +7,23 @@ require_image
 
 PORT=$((20000 + RANDOM % 20000))
 URL=http://127.0.0.1:$PORT
+TOKEN=pool-test-$RANDOM
+AUTH=(-H "Authorization: Bearer $TOKEN")
 serve_pid=
 start_serve() {
-	"$KILN_HOST" serve --listen 127.0.0.1:$PORT --pool 2 "$@" > "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &
+	"$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 2 "$@" > "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &
 	serve_pid=$!
 }
 # wait_ready N: until health says N pool VMs are ready (bounded: snapshot creation may take a while)
 wait_ready() {
 	for _ in $(seq 1200); do
-		[ "$(curl -s --max-time 2 "$URL/v1/health" | jq -r .pool_ready 2>/dev/null)" = "$1" ] && return 0
+		[ "$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .pool.ready 2>/dev/null)" = "$1" ] && return 0
 		kill -0 "$serve_pid" 2>/dev/null || return 1
 		sleep 0.1
 	done
 	return 1
 }
-post() { curl -s --max-time 120 -X POST --data-binary @- "$URL/v1/run" > "$T_TMP/$1.json"; }
+post() { curl -s --max-time 120 "${AUTH[@]}" -X POST --data-binary @- "$URL/v1/run" > "$T_TMP/$1.json"; }
 stop_serve() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=; }
 trap 'stop_serve; t_cleanup' EXIT
 
@@ -62,8 +64,8 @@ stop_serve
 # Capacity: pool VMs reserve their memory; a task that does not fit gets 503.
 start_serve --pool 1 --prestart 0 --memory-capacity 300
 wait_ready 1 || true
-code=$(echo '{"language":"python","code":"print(1)","limits":{"memory_mib":128}}' | curl -s -o "$T_TMP/full.json" -w '%{http_code}' --max-time 60 -X POST --data-binary @- "$URL/v1/run")
-used=$(curl -s --max-time 2 "$URL/v1/health" | jq -r .capacity.used_mib)
+code=$(echo '{"language":"python","code":"print(1)","limits":{"memory_mib":128}}' | curl -s -o "$T_TMP/full.json" -w '%{http_code}' --max-time 60 "${AUTH[@]}" -X POST --data-binary @- "$URL/v1/run")
+used=$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .memory_mib.used)
 py_spec 'print("fits")' | post fits
 if [ "$code" = 503 ] && grep -q no_capacity "$T_TMP/full.json" && [ "$used" = 256 ] && [ "$(r fits .stdout)" = fits ] \
    && [ "$(r fits .timings.start)" = pool ]; then
@@ -75,8 +77,8 @@ else not_ok "pool destroyed on shutdown" "qemu=$(count_qemu) entries=$(find "$KI
 
 # Pre-started QEMUs: with no ready VM, a task restores into one of them.
 start_serve --pool 0 --prestart 1
-for _ in $(seq 300); do [ "$(curl -s --max-time 2 "$URL/v1/health" | jq -r .prestarted 2>/dev/null)" = 1 ] && break; sleep 0.1; done
-pre=$(curl -s --max-time 2 "$URL/v1/health" | jq -r .prestarted)
+for _ in $(seq 300); do [ "$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .pool.prestarted 2>/dev/null)" = 1 ] && break; sleep 0.1; done
+pre=$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .pool.prestarted)
 py_spec 'print("from a pre-started QEMU")' | post pre
 if [ "$pre" = 1 ] && [ "$(r pre .timings.start)" = restore ] && [ "$(r pre .stdout)" = "from a pre-started QEMU" ]; then
 	ok "with no ready VM, a task restores into a pre-started QEMU"

@@ -1,0 +1,35 @@
+/* config: the kiln-host configuration file (JSON). Every setting is optional;
+ * command-line flags override it. Unknown keys are errors, so that a typo
+ * never silently leaves a default in place. See README "Configuration". */
+#ifndef KILN_CONFIG_H
+#define KILN_CONFIG_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "s3.h"
+
+struct host_config {
+	const char *listen;          /* "ADDR:PORT" */
+	const char *host_id;
+	const char *token;           /* cluster token (or read from token_file) */
+	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
+	unsigned vcpus;              /* 0: unset */
+	double cpu_overcommit;       /* 0: unset */
+	uint64_t memory_mib;         /* 0: unset */
+	int pool_size, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
+	int cold;                    /* -1: unset */
+	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
+	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
+	json_t *root;                /* owns every string above */
+	char *file_token, *file_secret; /* read from *_file settings */
+};
+
+/* Load and validate path into c (zeroed first). Returns 0 or -1 with err set
+ * (code "config", the message naming the key and the file). */
+int config_load(const char *path, struct host_config *c, struct kiln_err *err);
+void config_free(struct host_config *c);
+
+#endif

@@ -1,0 +1,83 @@
+/* hostd: the task engine of the kiln-host daemon. Accepts tasks (durable in
+ * the spool before the caller hears "accepted"), runs each on its own thread
+ * in a fresh VM, streams its progress as events, spools its outputs and logs,
+ * uploads them to S3 with retries until S3 confirms them, and recovers after a
+ * crash. The HTTP layer (serve.c) is a thin shell over these calls. */
+#ifndef KILN_HOSTD_H
+#define KILN_HOSTD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "pool.h"
+#include "run.h"
+#include "s3.h"
+
+struct hostd_config {
+	const char *host_id;
+	const char *spool_dir;
+	unsigned vcpus_total;        /* vCPUs that may be handed out (overcommit applied) */
+	const struct s3_config *s3;  /* NULL: no S3 (POST /v1/tasks is refused) */
+	unsigned upload_workers;     /* threads uploading to S3 */
+	unsigned max_backoff_s;      /* cap of the retry back-off */
+	unsigned retention_s;        /* finished task records are kept this long */
+	const char *accel;           /* for reports: "kvm" or "tcg" */
+};
+
+struct hostd;
+struct hostd_task;
+
+/* Open the spool, recover what a previous process left (tasks that were
+ * running end as error/host_restart; pending uploads resume), start the upload
+ * threads. ro, cap and pool stay owned by the caller and must outlive the
+ * hostd. Returns NULL with err set. */
+struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *ro, struct capacity *cap,
+			 struct pool *pool, struct kiln_err *err);
+
+/* Begin shutting down: refuse new tasks, end event streams, cancel running
+ * tasks (they end as error/host_shutdown). Idempotent; hostd_close follows. */
+void hostd_stop(struct hostd *d);
+
+/* hostd_stop, then wait for the workers, stop the upload threads,
+ * free everything. Tasks waiting for upload stay in the spool for the next
+ * start. */
+void hostd_close(struct hostd *d);
+
+/* Accept a task: validate (id, customer, spec), reserve vCPUs and memory,
+ * write its record durably, start it. Returns 0, or -1 with err->code one of
+ * "invalid_request"/"invalid_spec" (400), "duplicate" (409), "no_capacity" and
+ * "no_s3" (503), "host_error" (500). Thread-safe. */
+int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec, struct kiln_err *err);
+
+/* The task's public JSON (docs/api.md), or NULL when there is no such task. */
+json_t *hostd_task_json(struct hostd *d, const char *id);
+
+/* Cancel: a task not started yet ends at once, a starting or running one has
+ * its VM destroyed. Returns 0; -ENOENT for no such task; -EALREADY when its
+ * code already ended (uploading or final). */
+int hostd_cancel(struct hostd *d, const char *id);
+
+/* Events (server-sent-event text blocks) of one task, for GET .../events.
+ * hostd_task_get takes a reference (NULL: no such task); hostd_events_read
+ * copies whole events from *cursor on into buf (at most cap bytes, at least
+ * one event even if larger is truncated to cap), waiting until deadline_ms for
+ * new ones. Returns bytes copied, 0 on timeout (send a keep-alive), or -1 when
+ * the stream is over (the task is final and every event was read, or the
+ * daemon stops). */
+struct hostd_task *hostd_task_get(struct hostd *d, const char *id);
+void hostd_task_put(struct hostd *d, struct hostd_task *t);
+long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, char *buf, size_t cap,
+		       int64_t deadline_ms);
+
+/* GET /v1/capacity and GET /metrics bodies (caller frees / decrefs). */
+json_t *hostd_capacity_json(struct hostd *d);
+char *hostd_metrics(struct hostd *d);
+
+/* Replace the S3 settings (SIGHUP after a config fix); pending uploads retry
+ * at once with the new ones. The strings are copied. */
+void hostd_set_s3(struct hostd *d, const struct s3_config *s3);
+
+#endif
