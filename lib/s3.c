@@ -168,8 +168,10 @@ char *s3_canonical_query(const struct s3_param *params, size_t n)
 	sorted = malloc((n ? n : 1) * sizeof(*sorted));
 	if (!sorted)
 		return NULL;
-	memcpy(sorted, params, n * sizeof(*sorted));
-	qsort(sorted, n, sizeof(*sorted), param_cmp);
+	if (n) {
+		memcpy(sorted, params, n * sizeof(*sorted));
+		qsort(sorted, n, sizeof(*sorted), param_cmp);
+	}
 	out = calloc(1, cap);
 	for (i = 0; out && i < n; i++) {
 		char *grown;
