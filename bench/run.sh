@@ -24,3 +24,7 @@ printf '%s\n' "${times[@]}" | sort -n | awk '{ v[NR] = $1 } END {
 	printf("  kiln-host run --cold print(1): median %6.1f ms  p95 %6.1f ms  (%d runs)\n", v[int((NR + 1) / 2)] / 1000, v[int((NR - 1) * 95 / 100) + 1] / 1000, NR) }'
 rm -f "$spec"
 rmdir "$KILN_RUN_DIR" 2>/dev/null || true
+echo
+# The host daemon under load: tasks/s, POST-to-succeeded latency with outputs
+# in a local S3, idle pool VM memory, 200 MiB upload throughput.
+python3 bench/hostd.py "${HOSTD_TASKS:-60}" "${HOSTD_CONCURRENCY:-4}" "${HOSTD_POOL:-4}"
