@@ -43,7 +43,7 @@ echo "== task $id: examples/squares.py"
 jq -n --arg id "$id" --rawfile code examples/squares.py \
 	'{id: $id, customer: "demo", spec: {language: "python", code: $code, limits: {vcpus: 1, memory_mib: 256, timeout_s: 30}}}' \
 	| curl -s --fail-with-body "${auth[@]}" -X POST --data-binary @- "$url/v1/tasks" > /dev/null
-# Follow the task's events: its output as it runs, then the final state.
+# Follow the task's events: state changes, and its output raw as it is printed.
 curl -s -N --max-time 120 "${auth[@]}" "$url/v1/tasks/$id/events" | while IFS= read -r line; do
 	case $line in
 	"event: "*) ev=${line#event: } ;;
@@ -51,7 +51,8 @@ curl -s -N --max-time 120 "${auth[@]}" "$url/v1/tasks/$id/events" | while IFS= r
 		data=${line#data: }
 		case $ev in
 		state) echo "   [state] $(jq -r .state <<< "$data")" ;;
-		stdout | stderr) printf '   [%s] %s' "$ev" "$(jq -j .data <<< "$data")" ;;
+		stdout) jq -j .data <<< "$data" ;;
+		stderr) jq -j .data <<< "$data" >&2 ;;
 		*) echo "   [$ev] $data" ;;
 		esac ;;
 	esac
