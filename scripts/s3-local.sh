@@ -55,6 +55,10 @@ LOG=$DIR/log
 SERVERS=(memcached account container object proxy)
 START_TIMEOUT=${KILN_S3_START_TIMEOUT:-60}
 STOP_TIMEOUT=10
+# The interpreter Swift is installed for (Debian's), whatever python3 is first
+# in PATH.
+SWIFT_PY=$(sed -n '1s/^#! *\([^ ]*\).*/\1/p' "$(command -v swift-proxy-server 2>/dev/null || echo /dev/null)" 2>/dev/null)
+SWIFT_PY=${SWIFT_PY:-/usr/bin/python3}
 
 say() { echo "s3-local: $*" >&2; }
 die() {
@@ -119,7 +123,7 @@ stop_all() {
 # True when TCP ports P..P+4 can all be bound on 127.0.0.1 (SO_REUSEADDR, as
 # the servers themselves bind, so our own TIME_WAIT leftovers do not count).
 block_free() { # base
-	python3 - "$1" <<'PY'
+	"$SWIFT_PY" - "$1" <<'PY'
 import socket, sys
 base = int(sys.argv[1])
 for p in range(base, base + 5):
@@ -224,22 +228,29 @@ use = egg:swift#healthcheck'
 
 # One ring per service, one device; rebuilt only when the ports changed (the
 # ring names each device's port; with one device every partition stays on d1,
-# so objects already stored remain reachable).
+# so objects already stored remain reachable). Built through Swift's own
+# RingBuilder in one Python process: nine swift-ring-builder runs (create,
+# add, rebalance per ring) cost ~6 s here.
 write_rings() { # base-port
-	local P=$1 svc port out
+	local P=$1 out
 	[ "$(cat "$ETC/port" 2>/dev/null || true)" = "$P" ] && [ -f "$ETC/object.ring.gz" ] &&
 		[ -f "$ETC/container.ring.gz" ] && [ -f "$ETC/account.ring.gz" ] && return 0
 	say "building rings for ports $((P + 1))..$((P + 3))"
-	for svc in object container account; do
-		case $svc in object) port=$((P + 1)) ;; container) port=$((P + 2)) ;; account) port=$((P + 3)) ;; esac
-		rm -f "$ETC/$svc.builder" "$ETC/$svc.ring.gz"
-		# rebalance exits 1 for mere warnings: judge by the ring file instead.
-		out=$({ swift-ring-builder "$ETC/$svc.builder" create 8 1 1 &&
-			swift-ring-builder "$ETC/$svc.builder" add "r1z1-127.0.0.1:$port/d1" 1 &&
-			{ swift-ring-builder "$ETC/$svc.builder" rebalance || true; }; } 2>&1) ||
-			die "swift-ring-builder $svc failed: $out"
-		[ -f "$ETC/$svc.ring.gz" ] || die "swift-ring-builder $svc made no ring: $out"
-	done
+	rm -f "$ETC/port"
+	out=$("$SWIFT_PY" - "$ETC" "$P" 2>&1 <<'PY'
+import os, sys
+from swift.common.ring import RingBuilder
+etc, base = sys.argv[1], int(sys.argv[2])
+for svc, port in (("object", base + 1), ("container", base + 2), ("account", base + 3)):
+    b = RingBuilder(8, 1, 1)  # 2^8 partitions, 1 replica, min_part_hours 1
+    b.add_dev({"id": 0, "region": 1, "zone": 1, "ip": "127.0.0.1", "port": port,
+               "replication_ip": "127.0.0.1", "replication_port": port,
+               "device": "d1", "weight": 1, "meta": ""})
+    b.rebalance()
+    b.get_ring().save(os.path.join(etc, svc + ".ring.gz"))
+    b.save(os.path.join(etc, svc + ".builder"))
+PY
+) || die "building the rings failed: $out"
 	echo "$P" >"$ETC/port"
 }
 
@@ -315,7 +326,7 @@ start() {
 		stop_all
 	fi
 	for s in swift-proxy-server swift-object-server swift-container-server swift-account-server \
-		swift-ring-builder memcached curl python3; do
+		memcached curl "$SWIFT_PY"; do
 		command -v "$s" >/dev/null || die "$s not found (run scripts/deps.sh)"
 	done
 	mkdir -p "$ETC" "$RUN" "$LOG" "$DIR/node/d1"
@@ -372,11 +383,17 @@ status)
 	status || rc=$?
 	exit $rc
 	;;
-start | stop)
+stop)
+	[ -d "$DIR" ] || exit 0
+	exec 9>"$DIR/lock"
+	flock -w 120 9 || die "$DIR/lock: another start/stop did not finish within 120 s"
+	stop_all
+	;;
+start)
 	mkdir -p "$DIR"
 	# One start or stop at a time per DIR (fd 9 is closed in the servers).
 	exec 9>"$DIR/lock"
 	flock -w 120 9 || die "$DIR/lock: another start/stop did not finish within 120 s"
-	if [ "$cmd" = start ]; then start; else stop_all; fi
+	start
 	;;
 esac
