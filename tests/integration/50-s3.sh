@@ -158,6 +158,23 @@ if [ "$code_t" = 403 ] && grep -q SignatureDoesNotMatch "$T_TMP/tampered.out" &&
 	ok "a tampered signature, another key and an expired URL are all refused (403)"
 else not_ok "presigned refusals" "tampered=$code_t other-key=$other_key expired=$code_e" "$(head -c 300 "$T_TMP/expired.out")"; fi
 
+# ---- 5xx: retried with backoff, then s3_unavailable; start repairs a partial instance -------------
+kill "$(cat "$S3DIR/run/object.pid")"
+for _ in $(seq 100); do [ "$(count_procs "$S3DIR")" = 4 ] && break; sleep 0.1; done
+"$S3TOOL" put cust-1/retry "$T_TMP/small" >/dev/null 2>"$T_TMP/503.err"
+st=$?
+tries=$(grep -c 'PUT /kiln-it/cust-1/retry HTTP/[0-9.]* 503' "$S3DIR/log/proxy.log")
+if [ $st = 1 ] && grep -q '^s3tool: s3_unavailable: .* after 3 attempts: PUT kiln-it/cust-1/retry: HTTP 503' "$T_TMP/503.err" &&
+	[ "$tries" = 3 ]; then
+	ok "with the object server down, a PUT is tried 3 times (503 each) and fails with s3_unavailable"
+else not_ok "503 retries" "status=$st tries=$tries $(cat "$T_TMP/503.err")"; fi
+"$S3LOCAL" start "$S3DIR" >"$T_TMP/env4" 2>"$T_TMP/restart.err"
+st=$?
+if [ $st = 0 ] && cmp -s "$T_TMP/env" "$T_TMP/env4" && [ "$(count_procs "$S3DIR")" = 5 ] &&
+	grep -q 'restarting all' "$T_TMP/restart.err" && "$S3TOOL" put cust-1/retry "$T_TMP/small" >/dev/null 2>&1; then
+	ok "start on a partly running instance restarts it on the same endpoint, and the PUT goes through"
+else not_ok "restart" "status=$st procs=$(count_procs "$S3DIR")" "$(cat "$T_TMP/restart.err")"; fi
+
 # ---- a second instance in another directory ------------------------------------------------------
 if "$S3LOCAL" start "$S3DIR2" >"$T_TMP/env-second" 2>"$T_TMP/start2.err"; then
 	ep2=$(sed -n 's/^S3_ENDPOINT=//p' "$T_TMP/env-second")
