@@ -108,6 +108,22 @@ out:
 	return rc;
 }
 
+/* ---- messages ------------------------------------------------------------------ */
+
+/* s (an object key or a file path, which may come from a guest) as it goes
+ * into a message: printable ASCII, other bytes as '?', cut to 200 bytes with
+ * "...", so that messages stay valid UTF-8 and one line. Returns buf. */
+#define SHOWN_MAX 208
+static const char *shown(const char *s, char buf[SHOWN_MAX])
+{
+	size_t i;
+
+	for (i = 0; s && s[i] && i < 200; i++)
+		buf[i] = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f ? s[i] : '?';
+	strcpy(buf + i, s && s[i] ? "..." : "");
+	return buf;
+}
+
 /* ---- encoding --------------------------------------------------------------- */
 
 static int unreserved(unsigned char ch)
@@ -360,6 +376,7 @@ static int check_config(const struct s3_config *c, struct kiln_err *err)
 static int check_key(const char *key, struct kiln_err *err)
 {
 	size_t n, i, seg = 0;
+	char kb[SHOWN_MAX];
 
 	if (!key || !key[0])
 		return kiln_err_set(err, "s3_error", "S3 object key is empty");
@@ -370,17 +387,33 @@ static int check_key(const char *key, struct kiln_err *err)
 		unsigned char ch = (unsigned char)key[i];
 
 		if (i < n && (ch < 0x20 || ch == 0x7f))
-			return kiln_err_set(err, "s3_error", "S3 object key %.200s: control character at byte %zu",
-					    key, i);
+			return kiln_err_set(err, "s3_error", "S3 object key %s: control character at byte %zu",
+					    shown(key, kb), i);
 		if (i == n || ch == '/') {
 			size_t sl = i - seg;
 
 			if (sl == 0 || (sl == 1 && key[seg] == '.') || (sl == 2 && key[seg] == '.' && key[seg + 1] == '.'))
 				return kiln_err_set(err, "s3_error",
-						    "S3 object key %.200s: empty, \".\" or \"..\" path segment", key);
+						    "S3 object key %s: empty, \".\" or \"..\" path segment",
+						    shown(key, kb));
 			seg = i + 1;
 		}
 	}
+	return 0;
+}
+
+/* A Content-Type goes into a header: printable ASCII, bounded. */
+static int check_content_type(const char *ct, struct kiln_err *err)
+{
+	size_t i;
+
+	if (!ct)
+		return 0;
+	for (i = 0; ct[i] && i < 128; i++)
+		if ((unsigned char)ct[i] < 0x20 || (unsigned char)ct[i] >= 0x7f)
+			return kiln_err_set(err, "s3_error", "Content-Type: byte %zu is not printable ASCII", i);
+	if (i == 0 || i >= 128)
+		return kiln_err_set(err, "s3_error", "Content-Type: must be 1-127 bytes");
 	return 0;
 }
 
@@ -621,7 +654,7 @@ static int setup(struct s3_call *call, struct s3_request *q, struct s3_reply *r,
 		 q->payload_sha256 ? q->payload_sha256 : S3_EMPTY_SHA256);
 	l = curl_slist_append(l, line);
 	if (l && q->content_type) {
-		char ct[160];
+		char ct[160]; /* check_content_type: at most 127 bytes */
 
 		snprintf(ct, sizeof(ct), "Content-Type: %s", q->content_type);
 		t = curl_slist_append(l, ct);
@@ -640,8 +673,15 @@ static int setup(struct s3_call *call, struct s3_request *q, struct s3_reply *r,
 	e |= curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
 	e |= curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
 	e |= curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	e |= curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout);
 	e |= curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, timeout < 10 ? timeout : 10L);
+	if ((q->has_body && !q->body.mem) || q->out_fd >= 0) {
+		/* A file going up or down may rightly take longer than timeout_s
+		 * (a 4 GiB download): what must not happen is a stall. */
+		e |= curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+		e |= curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, timeout);
+	} else {
+		e |= curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout);
+	}
 	e |= curl_easy_setopt(h, CURLOPT_ERRORBUFFER, call->errbuf);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
@@ -717,8 +757,10 @@ static void s3_error_text(const struct s3_reply *r, char *out, size_t n)
 
 static const char *what(const struct s3_config *c, const struct s3_request *q, char *buf, size_t n)
 {
-	snprintf(buf, n, "%s %s%s%.300s", q->method, c->bucket[0] ? c->bucket : "(endpoint)", q->key ? "/" : "",
-		 q->key ? q->key : "");
+	char kb[SHOWN_MAX];
+
+	snprintf(buf, n, "%s %s%s%s", q->method, c->bucket[0] ? c->bucket : "(endpoint)", q->key ? "/" : "",
+		 q->key ? shown(q->key, kb) : "");
 	return buf;
 }
 
@@ -884,7 +926,7 @@ int s3_put_buffer(const struct s3_config *c, const char *key, const void *buf, s
 	struct s3_reply r;
 	int rc;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || check_key(key, err) < 0 || check_content_type(content_type, err) < 0)
 		return -1;
 	rc = simple(c, "PUT", key, NULL, buf, len, content_type, &r, err);
 	if (rc == 0 && !ok_status(r.status)) {
@@ -898,7 +940,9 @@ int s3_put_buffer(const struct s3_config *c, const char *key, const void *buf, s
 
 static int hash_error(const char *key, int rc, struct kiln_err *err)
 {
-	return kiln_err_set(err, "io_error", "reading %.300s for its SHA-256: %s", key,
+	char kb[SHOWN_MAX];
+
+	return kiln_err_set(err, "io_error", "reading %s for its SHA-256: %s", shown(key, kb),
 			    rc == -EIO ? "the file is shorter than its size" : strerror(-rc));
 }
 
@@ -968,7 +1012,7 @@ static int mpu_create(struct s3_call *call, const char *key, const char *content
 	struct s3_request q = { .method = "POST", .key = key, .content_type = content_type, .out_fd = -1,
 				.has_body = 1, .body = { .mem = "", .fd = -1 } };
 	struct s3_reply r = { 0 };
-	char *query = s3_canonical_query(p, 1);
+	char *query = s3_canonical_query(p, 1), kb[SHOWN_MAX];
 	int rc = -1, idlen;
 
 	if (!query)
@@ -984,7 +1028,7 @@ static int mpu_create(struct s3_call *call, const char *key, const char *content
 	idlen = r.body ? s3_xml_text(r.body, r.body_len, "UploadId", upload_id, n) : -1;
 	if (idlen <= 0 || (size_t)idlen >= n || strchr(upload_id, '?')) {
 		kiln_err_set(err, "s3_error", "S3 %s: CreateMultipartUpload reply has no usable UploadId",
-			     key);
+			     shown(key, kb));
 		goto out;
 	}
 	rc = 0;
@@ -1018,7 +1062,7 @@ static int mpu_complete(struct s3_call *call, const char *key, const char *uploa
 	/* Per part: fixed tags (~60) + number (5) + an ETag of which every byte may
 	 * become "&amp;" (5x). */
 	size_t cap = 128 + (size_t)nparts * (80 + 5 * S3_MAX_ETAG);
-	char *xml = malloc(cap), *query = s3_canonical_query(p, 1), sha[65], code[64];
+	char *xml = malloc(cap), *query = s3_canonical_query(p, 1), sha[65], code[64], kb[SHOWN_MAX];
 	unsigned i;
 	int rc = -1;
 
@@ -1052,7 +1096,8 @@ static int mpu_complete(struct s3_call *call, const char *key, const char *uploa
 		char msg[320] = "";
 
 		s3_xml_text(r.body, r.body_len, "Message", msg, sizeof(msg));
-		kiln_err_set(err, "s3_error", "S3 %s: CompleteMultipartUpload failed: %s: %s", key, code, msg);
+		kiln_err_set(err, "s3_error", "S3 %s: CompleteMultipartUpload failed: %s: %s", shown(key, kb), code,
+			     msg);
 		goto out;
 	}
 	rc = 0;
@@ -1094,7 +1139,7 @@ static int put_multipart(struct s3_call *call, const char *key, int fd, uint64_t
 	uint64_t part = part_size_for(call->c, size);
 	unsigned nparts = (unsigned)((size + part - 1) / part), i;
 	char (*etags)[S3_MAX_ETAG + 1] = calloc(nparts ? nparts : 1, sizeof(*etags));
-	char upload_id[S3_MAX_UPLOAD_ID + 1], num[16];
+	char upload_id[S3_MAX_UPLOAD_ID + 1], num[16], kb[SHOWN_MAX];
 	struct s3_reply r = { 0 };
 	struct hash_job job = { .threaded = 0 };
 	int rc = -1;
@@ -1124,7 +1169,8 @@ static int put_multipart(struct s3_call *call, const char *key, int fd, uint64_t
 			   : kiln_err_set(err, "s3_error", "out of memory");
 		free(query);
 		if (rc == 0 && (!r.etag[0] || r.etag_too_long))
-			rc = kiln_err_set(err, "s3_error", "S3 %s: part %u: the reply has no usable ETag", key, i + 1);
+			rc = kiln_err_set(err, "s3_error", "S3 %s: part %u: the reply has no usable ETag",
+					  shown(key, kb), i + 1);
 		if (rc < 0)
 			goto abort;
 		memcpy(etags[i], r.etag, sizeof(etags[i]));
@@ -1152,14 +1198,15 @@ int s3_put_file(const struct s3_config *c, const char *key, const char *path, co
 	struct s3_reply r = { 0 };
 	struct stat st;
 	int fd = -1, rc = -1;
+	char kb[SHOWN_MAX];
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || check_key(key, err) < 0 || check_content_type(content_type, err) < 0)
 		return -1;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return kiln_err_set(err, "io_error", "opening %.300s: %s", path, strerror(errno));
+		return kiln_err_set(err, "io_error", "opening %s: %s", shown(path, kb), strerror(errno));
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		kiln_err_set(err, "io_error", "%.300s: not a regular file", path);
+		kiln_err_set(err, "io_error", "%s: not a regular file", shown(path, kb));
 		goto out;
 	}
 	whole = EVP_MD_CTX_new();
@@ -1225,7 +1272,7 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 	struct s3_call call = { 0 };
 	struct s3_request q = { .method = "GET", .key = key, .body = { .fd = -1 } };
 	struct s3_reply r = { 0 };
-	char *tmp = NULL;
+	char *tmp = NULL, kb[SHOWN_MAX];
 	int fd = -1, rc = -1;
 
 	if (check_config(c, err) < 0 || check_key(key, err) < 0)
@@ -1235,7 +1282,7 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 		return kiln_err_set(err, "s3_error", "out of memory");
 	fd = mkostemp(tmp, O_CLOEXEC);
 	if (fd < 0) {
-		kiln_err_set(err, "io_error", "creating %.300s: %s", tmp, strerror(errno));
+		kiln_err_set(err, "io_error", "creating %s: %s", shown(tmp, kb), strerror(errno));
 		goto out;
 	}
 	q.out_fd = fd;
@@ -1245,7 +1292,7 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 	if (rc == 0 && !ok_status(r.status))
 		rc = fail_status(c, &q, &r, err);
 	if (rc == 0 && (fchmod(fd, 0644) < 0 || fsync(fd) < 0 || rename(tmp, path) < 0))
-		rc = kiln_err_set(err, "io_error", "writing %.300s: %s", path, strerror(errno));
+		rc = kiln_err_set(err, "io_error", "writing %s: %s", shown(path, kb), strerror(errno));
 out:
 	call_close(&call);
 	reply_free(&r);

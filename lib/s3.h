@@ -22,7 +22,10 @@ struct s3_config {
 				 * (virtual-hosted style: https://B.s3.amazonaws.com) */
 	const char *access_key; /* may contain ':' (Swift's "test:tester") */
 	const char *secret_key;
-	long timeout_s;         /* per HTTP request; 0: 60 s */
+	long timeout_s;         /* per HTTP request; 0: 60 s. For requests that
+				 * move a file (PUT of a file or part, GET to a
+				 * file) it bounds a stall instead (below 1 KiB/s
+				 * for this long), so big files are not cut off */
 	int attempts;           /* tries per request for transient failures (5xx,
 				 * connection errors) with backoff; 0: 3 */
 	uint64_t multipart_threshold; /* 0: S3_MULTIPART_THRESHOLD */
@@ -37,6 +40,13 @@ struct s3_config {
  *                    the S3 error code and message from the XML body)
  *   "io_error"       reading or writing the local file failed              */
 
+/* Object keys, for every call: 1-1024 bytes, no control characters, no
+ * empty, "." or ".." segments between slashes (refused with "s3_error":
+ * libcurl and servers would normalise them differently); other bytes are
+ * percent-encoded. A content_type may be NULL, else 1-127 printable ASCII
+ * bytes. Keys and paths appear in messages as printable ASCII ('?' for other
+ * bytes), so messages are always valid UTF-8. */
+
 /* curl_global_init; call once from main before threads start. */
 int s3_global_init(void);
 
@@ -46,9 +56,12 @@ int s3_ensure_bucket(const struct s3_config *c, struct kiln_err *err);
 /* Upload the file at path as key. The payload's SHA-256 is sent as
  * x-amz-content-sha256 so that the server checks it; files above the multipart
  * threshold go up as a multipart upload (each part's SHA-256 checked; the
- * upload is aborted on failure). sha256_hex (65 bytes, may be NULL) receives the
- * whole file's SHA-256. bytes_sent (may be NULL) is incremented by the bytes
- * put on the wire, retries included. */
+ * upload is aborted on failure). The file is streamed from disk in two passes
+ * per part (hash, then send; a multipart upload hashes the next part on a
+ * helper thread meanwhile), never held in memory. sha256_hex (65 bytes, may be
+ * NULL) receives the whole file's SHA-256. bytes_sent (may be NULL) is
+ * incremented by the request bytes put on the wire, retries included, also
+ * when the call fails. */
 int s3_put_file(const struct s3_config *c, const char *key, const char *path, const char *content_type,
 		char sha256_hex[65], uint64_t *bytes_sent, struct kiln_err *err);
 
@@ -59,15 +72,18 @@ int s3_put_buffer(const struct s3_config *c, const char *key, const void *buf, s
 /* 1 if key exists (its size in *size, may be NULL), 0 if not, -1 on error. */
 int s3_head(const struct s3_config *c, const char *key, uint64_t *size, struct kiln_err *err);
 
-/* Download key into the file at path (created or truncated, written to a
- * temporary name and renamed on success). */
+/* Download key into the file at path: written to a temporary name beside it
+ * (PATH.s3tmp.XXXXXX), fsync'd and renamed over path (mode 0644) on success,
+ * removed on failure; path is untouched unless the whole object arrived. */
 int s3_get_file(const struct s3_config *c, const char *key, const char *path, struct kiln_err *err);
 
 /* Delete key (a missing key is not an error). */
 int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err);
 
-/* A presigned GET URL for key (SigV4 query signing), valid expires_s seconds
- * from now. Returns a malloc'd string or NULL (err set). */
+/* A presigned GET URL for key (SigV4 query signing, UNSIGNED-PAYLOAD, only
+ * the host header signed), valid expires_s (1..604800) seconds from now
+ * (the caller's clock; pass time(NULL)). Computed locally, no request made.
+ * Returns a malloc'd string (caller frees) or NULL (err set). */
 char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expires_s, time_t now,
 		     struct kiln_err *err);
 

@@ -264,6 +264,55 @@ static void test_presign_rejects(void **state)
 	}
 }
 
+static int printable_ascii(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			return 0;
+	return 1;
+}
+
+/* Refusals happen before any request (the endpoint is a closed port that
+ * would give s3_unavailable), and messages show keys as printable ASCII only,
+ * even when the key holds control or non-ASCII bytes or is very long. */
+static void test_refusals_before_network(void **state)
+{
+	const struct s3_config c = { .endpoint = "http://127.0.0.1:1", .region = "us-east-1", .bucket = "kilntest",
+				     .access_key = "a", .secret_key = "s", .attempts = 1 };
+	struct kiln_err err = { "", "" };
+	char long_bad[900];
+
+	assert_int_equal(s3_put_buffer(&c, "r\xc3\xa9sum\xc3\xa9/\x1b[2J", "x", 1, NULL, &err), -1);
+	assert_string_equal(err.code, "s3_error");
+	assert_true(printable_ascii(err.message));
+	assert_non_null(strstr(err.message, "r??sum?" "?/?[2J"));
+	memset(long_bad, '\xff', sizeof(long_bad) - 2);
+	long_bad[sizeof(long_bad) - 2] = '\n';
+	long_bad[sizeof(long_bad) - 1] = '\0';
+	assert_int_equal(s3_put_buffer(&c, long_bad, "x", 1, NULL, &err), -1);
+	assert_true(printable_ascii(err.message));
+	assert_non_null(strstr(err.message, "???..."));
+
+	assert_int_equal(s3_put_buffer(&c, "k", "x", 1, "text/plain\r\nX-Evil: 1", &err), -1);
+	assert_string_equal(err.code, "s3_error");
+	assert_non_null(strstr(err.message, "Content-Type"));
+	assert_int_equal(s3_put_buffer(&c, "k", "x", 1, "", &err), -1);
+	assert_non_null(strstr(err.message, "Content-Type"));
+	assert_int_equal(s3_put_file(&c, "a/../b", "/dev/null", NULL, NULL, NULL, &err), -1);
+	assert_string_equal(err.code, "s3_error");
+	assert_int_equal(s3_get_file(&c, "", "/tmp/never", &err), -1);
+	assert_string_equal(err.code, "s3_error");
+	assert_int_equal(s3_head(&c, "a//b", NULL, &err), -1);
+	assert_string_equal(err.code, "s3_error");
+	assert_int_equal(s3_delete(&c, "./x", &err), -1);
+	assert_string_equal(err.code, "s3_error");
+
+	/* And a valid call does reach the (closed) endpoint. */
+	assert_int_equal(s3_head(&c, "k", NULL, &err), -1);
+	assert_string_equal(err.code, "s3_unavailable");
+	assert_non_null(strstr(err.message, "after 1 attempts"));
+}
+
 /* ---- XML text extraction ------------------------------------------------------- */
 
 /* What Swift's s3api sends for a bad signature (abridged). */
@@ -428,6 +477,7 @@ int main(void)
 		cmocka_unit_test(test_presign_path_style),
 		cmocka_unit_test(test_presign_host),
 		cmocka_unit_test(test_presign_rejects),
+		cmocka_unit_test(test_refusals_before_network),
 		cmocka_unit_test(test_xml_s3_replies),
 		cmocka_unit_test(test_xml_element_matching),
 		cmocka_unit_test(test_xml_malformed),
