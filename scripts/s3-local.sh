@@ -34,6 +34,10 @@
 # are in DIR/log). P is $KILN_S3_PORT when set (start fails if that block is
 # taken); otherwise the block DIR used last time if it is still free, else the
 # first free block of 8780, 8790, ... 9270.
+# Objects persist in DIR/node across stop and start (also when the ports
+# change); remove DIR after stop to start empty. start and stop hold
+# DIR/lock, so concurrent calls on one DIR are serialised. Each server is one
+# process (workers = 0) detached in its own session; ~270 MB RSS in all.
 # Progress and errors go to stderr. Needs the Debian packages swift,
 # swift-proxy, swift-account, swift-container, swift-object, memcached, curl
 # (scripts/deps.sh).
