@@ -455,6 +455,7 @@ struct s3_body {
 	uint64_t length;
 	uint64_t pos;
 	int io_errno;
+	int shrunk; /* the file ended before length: it changed under us */
 };
 
 struct s3_request {
@@ -501,6 +502,7 @@ static size_t read_cb(char *buf, size_t size, size_t nitems, void *arg)
 	if (n <= 0) {
 		/* A file that shrank since we hashed it is an error, not an EOF. */
 		b->io_errno = n < 0 ? errno : EIO;
+		b->shrunk = n == 0;
 		return CURL_READFUNC_ABORT;
 	}
 	b->pos += (uint64_t)n;
@@ -787,6 +789,7 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 		reply_reset(r);
 		q->body.pos = 0;
 		q->body.io_errno = 0;
+		q->body.shrunk = 0;
 		call->errbuf[0] = '\0';
 		if (q->out_fd >= 0 && (ftruncate(q->out_fd, 0) < 0 || lseek(q->out_fd, 0, SEEK_SET) < 0)) {
 			kiln_err_set(err, "io_error", "truncating the download file: %s", strerror(errno));
@@ -805,7 +808,8 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 		if (q->body.io_errno || r->io_errno) {
 			kiln_err_set(err, "io_error", "%s: %s the local file: %s", what(c, q, desc, sizeof(desc)),
 				     q->body.io_errno ? "reading" : "writing",
-				     strerror(q->body.io_errno ? q->body.io_errno : r->io_errno));
+				     q->body.shrunk ? "it is shorter than it was (changed during the upload)"
+						    : strerror(q->body.io_errno ? q->body.io_errno : r->io_errno));
 			break;
 		}
 		if (e == CURLE_OK && r->status < 500) {
@@ -943,7 +947,8 @@ static int hash_error(const char *key, int rc, struct kiln_err *err)
 	char kb[SHOWN_MAX];
 
 	return kiln_err_set(err, "io_error", "reading %s for its SHA-256: %s", shown(key, kb),
-			    rc == -EIO ? "the file is shorter than its size" : strerror(-rc));
+			    rc == -EIO ? "the file is shorter than its size (changed during the upload)"
+				       : strerror(-rc));
 }
 
 /* PUT of len bytes of fd from offset (whole file or one part) whose SHA-256

@@ -158,6 +158,36 @@ if [ "$code_t" = 403 ] && grep -q SignatureDoesNotMatch "$T_TMP/tampered.out" &&
 	ok "a tampered signature, another key and an expired URL are all refused (403)"
 else not_ok "presigned refusals" "tampered=$code_t other-key=$other_key expired=$code_e" "$(head -c 300 "$T_TMP/expired.out")"; fi
 
+# ---- a multipart upload that fails half-way is aborted --------------------------------------------
+# The file shrinks once the upload has begun (its first part is on its way):
+# a later part cannot be read, the call fails with io_error, and the upload
+# must be aborted rather than left open with its parts stored.
+head -c $((60 << 20)) /dev/zero >"$T_TMP/shrinks"
+"$S3TOOL" --part-size $((5 << 20)) put cust-1/shrinks "$T_TMP/shrinks" >/dev/null 2>"$T_TMP/shrink.err" &
+put_pid=$!
+for _ in $(seq 500); do
+	# (the proxy logs the query string percent-encoded)
+	grep -q 'POST /kiln-it/cust-1/shrinks%3Fuploads' "$S3DIR/log/proxy.log" && break
+	sleep 0.01
+done
+truncate -s $((1 << 20)) "$T_TMP/shrinks"
+wait $put_pid
+st=$?
+$PY - >"$T_TMP/abort.out" 2>&1 <<'PY'
+import os
+import boto3, botocore
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name=os.environ["S3_REGION"],
+                  aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+                  config=botocore.config.Config(s3={"addressing_style": "path"}))
+print(f"open_uploads={len(s3.list_multipart_uploads(Bucket=os.environ['S3_BUCKET']).get('Uploads', []))}")
+PY
+"$S3TOOL" head cust-1/shrinks >/dev/null 2>&1
+h=$?
+if [ $st = 1 ] && grep -q '^s3tool: io_error: .*shorter' "$T_TMP/shrink.err" &&
+	grep -qx 'open_uploads=0' "$T_TMP/abort.out" && [ $h = 3 ]; then
+	ok "a multipart upload whose file shrinks fails with io_error and is aborted (no open upload, no object)"
+else not_ok "multipart abort" "status=$st head=$h" "$(cat "$T_TMP/shrink.err" "$T_TMP/abort.out")"; fi
+
 # ---- 5xx: retried with backoff, then s3_unavailable; start repairs a partial instance -------------
 kill "$(cat "$S3DIR/run/object.pid")"
 for _ in $(seq 100); do [ "$(count_procs "$S3DIR")" = 4 ] && break; sleep 0.1; done
