@@ -14,7 +14,7 @@ CC       ?= gcc
 WERROR   ?= 1
 SANITIZE ?=
 CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
-            -D_GNU_SOURCE -Ilib -MMD -MP -ffile-prefix-map=$(CURDIR)=.
+            -D_GNU_SOURCE -Ilib -Ijail -MMD -MP -ffile-prefix-map=$(CURDIR)=.
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
@@ -22,11 +22,12 @@ ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
-HOST_LIBS := -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
+HOST_LIBS := -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
-HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c))
+# The jail module is part of the host library (vm.c calls it); jail/main.c is kiln-jail.
+HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c)) $(filter-out jail/main.c,$(wildcard jail/*.c))
 HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
 # kiln-init is static and links only what the guest needs (no jansson/libcrypto).
 GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c
@@ -38,7 +39,7 @@ FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
 .PHONY: all deps image test unit bench demo fuzz clean
-all: $(B)/kiln-host $(B)/kiln-init $(B)/image/initramfs.cpio
+all: $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
 	@scripts/deps.sh
@@ -62,6 +63,9 @@ $(B)/libkiln-host.a: $(HOST_OBJS)
 $(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
 
+$(B)/kiln-jail: $(B)/jail/main.o $(B)/libkiln-host.a $(B)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ -lseccomp
+
 $(B)/kiln-init: $(GUEST_OBJS)
 	$(CC) -static -o $@ $^
 
@@ -80,7 +84,7 @@ $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-host.a $(B)/libkiln.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS)
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
-FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(B)/tests/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(HOST_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(HOST_SRCS) $(HOST_LIBS)
@@ -109,7 +113,12 @@ $(B)/tests/s3tool: tests/s3/s3tool.c $(B)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 
-unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/s3tool
+# Looks at a live jail from the inside, for tests/integration/25-jail.sh.
+$(B)/tests/jail-probe: tests/integration/jail_probe.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $<
+
+unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool
 fuzz: $(FUZZ_BINS)
 
 test: deps
