@@ -40,6 +40,8 @@ static void usage(FILE *f)
 	      "  --qemu PATH            QEMU binary (default: qemu-system-x86_64)\n"
 	      "  --cache DIR            snapshot cache (default: $KILN_CACHE or /var/cache/kiln)\n"
 	      "  --boot-timeout S       cold boot deadline in seconds (default 60)\n"
+	      "  --no-jail              run QEMU unconfined, as root (debugging only; by default every\n"
+	      "                         QEMU runs in its own namespaces, cgroups and slot uid)\n"
 	      "exit status: 0 task succeeded, 1 task failed or timed out, 2 bad usage or spec, 3 error\n",
 	      f);
 }
@@ -127,15 +129,17 @@ static int image_path(char *out, size_t cap, const char *dir, const char *name, 
 /* Options every command that starts VMs shares. */
 struct common {
 	const char *image_dir, *accel, *cache;
+	int no_jail;
 	struct vm_config vm;
+	struct jail_config jail;
 	char kernel[PATH_MAX], initrd[PATH_MAX], disk[PATH_MAX], exe_dir[PATH_MAX];
 };
 
-enum { OPT_ACCEL = 1000, OPT_IMAGE_DIR, OPT_RUN_DIR, OPT_QEMU, OPT_CACHE };
+enum { OPT_ACCEL = 1000, OPT_IMAGE_DIR, OPT_RUN_DIR, OPT_QEMU, OPT_CACHE, OPT_NO_JAIL };
 #define COMMON_OPTIONS                                                                                  \
 	{ "accel", required_argument, 0, OPT_ACCEL }, { "image-dir", required_argument, 0, OPT_IMAGE_DIR }, \
 	{ "run-dir", required_argument, 0, OPT_RUN_DIR }, { "qemu", required_argument, 0, OPT_QEMU },       \
-	{ "cache", required_argument, 0, OPT_CACHE }
+	{ "cache", required_argument, 0, OPT_CACHE }, { "no-jail", no_argument, 0, OPT_NO_JAIL }
 
 static void common_init(struct common *c)
 {
@@ -155,6 +159,7 @@ static int common_opt(struct common *c, int opt, const char *arg)
 	case OPT_RUN_DIR: c->vm.run_dir = arg; return 1;
 	case OPT_QEMU: c->vm.qemu = arg; return 1;
 	case OPT_CACHE: c->cache = arg; return 1;
+	case OPT_NO_JAIL: c->no_jail = 1; return 1;
 	}
 	return 0;
 }
@@ -191,6 +196,15 @@ static int common_finish(struct common *c, struct kiln_err *err)
 	c->vm.initrd = c->initrd;
 	c->vm.disk = c->disk;
 	c->vm.disk_format = "raw";
+	/* Every QEMU this process starts is jailed unless asked otherwise. */
+	if (!c->no_jail) {
+		if (vm_jail_config(&c->jail, c->vm.qemu, c->vm.accel, err) < 0) {
+			snprintf(err->message + strlen(err->message), sizeof(err->message) - strlen(err->message),
+				 " (the jail needs root and cgroup v1; --no-jail runs QEMU unconfined)");
+			return -1;
+		}
+		c->vm.jail = &c->jail;
+	}
 	return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
+#include "jail.h"
 #include "pool.h"
 #include "proto.h"
 
@@ -135,6 +136,32 @@ static int rm_rf(const char *path)
 	return rmdir(path) == 0 ? 0 : -errno;
 }
 
+/* The backing file named in a qcow2 header (version 2 or 3), or "" for none. */
+static int qcow2_backing(const char *path, char *out, size_t cap)
+{
+	unsigned char h[20];
+	uint64_t off = 0;
+	uint32_t len = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = -EBADMSG;
+
+	out[0] = '\0';
+	if (fd < 0)
+		return -errno;
+	if (pread(fd, h, sizeof(h), 0) != (ssize_t)sizeof(h) || memcmp(h, "QFI\xfb", 4))
+		goto out;
+	for (int i = 0; i < 8; i++)
+		off = off << 8 | h[8 + i];
+	for (int i = 0; i < 4; i++)
+		len = len << 8 | h[16 + i];
+	if (off && (len == 0 || len >= cap || pread(fd, out, len, (off_t)off) != (ssize_t)len))
+		goto out;
+	out[off ? len : 0] = '\0';
+	r = 0;
+out:
+	close(fd);
+	return r;
+}
+
 static void snap_paths(struct snapshot *s)
 {
 	snprintf(s->mem, sizeof(s->mem), "%s/mem", s->dir);
@@ -223,7 +250,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		    int verbose, struct snapshot *out, struct kiln_err *err)
 {
 	struct vm_config cfg = *base;
-	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus };
+	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus, .mem_fd = -1 };
 	char root[PATH_MAX], final[PATH_MAX], rootfs[PATH_MAX], backing[PATH_MAX + 16], cmd[256];
 	struct vm vm = { .pid = -1, .pidfd = -1, .agent_fd = -1, .qmp_fd = -1, .lock_fd = -1 };
 	struct proto_frame f;
@@ -261,9 +288,11 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	}
 	cfg.mem_file = s.mem;
 	cfg.mem_share = 1;
+	cfg.mem_fd = 0;
 	cfg.disk = s.disk;
 	cfg.disk_format = "qcow2";
 	cfg.disk_writable = 1;
+	cfg.disk_backing = backing;
 	cfg.incoming = 0;
 	cfg.memory_mib = memory_mib;
 	cfg.vcpus = vcpus;
@@ -310,6 +339,12 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	    wait_migration(&vm, proto_now_ms() + SNAP_SAVE_TIMEOUT_MS, err) < 0)
 		goto out;
 	vm_destroy(&vm);
+	/* The jailed template wrote its RAM file and overlay as its slot uid:
+	 * from now on they are root's, read by every clone. */
+	if (lchown(s.mem, 0, 0) < 0 || lchown(s.disk, 0, 0) < 0 || chmod(s.mem, 0644) < 0) {
+		kiln_err_set(err, "snapshot_error", "chown %s: %s", s.dir, strerror(errno));
+		goto out;
+	}
 	if (fsync(state_fd) < 0 || close(state_fd) < 0) {
 		state_fd = -1;
 		kiln_err_set(err, "snapshot_error", "writing %s: %s", s.state, strerror(errno));
@@ -339,8 +374,15 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	snap_paths(&s);
 	if (verbose)
 		fprintf(stderr, "[snapshot] %s ready in %lld ms: %s\n", s.key, (long long)(proto_now_ms() - t0), s.dir);
-	if (out)
+	snprintf(s.backing, sizeof(s.backing), "%s", backing);
+	if (out) {
+		struct stat loaded;
+
+		s.mem_fd = jail_sealed_memfd(s.mem, &loaded, err);
+		if (s.mem_fd < 0)
+			goto out;
 		*out = s;
+	}
 	r = 0;
 out:
 	vm_destroy(&vm);
@@ -351,7 +393,8 @@ out:
 	return r;
 }
 
-int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct kiln_err *err)
+/* snapshot_open without loading the RAM (for listing). */
+static int snapshot_check(const char *cache, const char *key, struct snapshot *s, struct kiln_err *err)
 {
 	char manifest[PATH_MAX], sha[65];
 	json_error_t je;
@@ -361,6 +404,7 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct
 	const char *state_sha;
 
 	memset(s, 0, sizeof(*s));
+	s->mem_fd = -1;
 	snprintf(s->key, sizeof(s->key), "%s", key);
 	snprintf(s->dir, sizeof(s->dir), "%s/snapshots/%s", cache, key);
 	snap_paths(s);
@@ -413,18 +457,56 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct
 		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: disk overlay: %s", key, strerror(errno));
 		return -EBADMSG;
 	}
+	if (qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: disk overlay has no valid backing file", key);
+		return -EBADMSG;
+	}
 	return 0;
+}
+
+int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct kiln_err *err)
+{
+	struct stat st;
+	struct snapshot loaded;
+	int r = snapshot_check(cache, key, s, err);
+
+	if (r < 0)
+		return r;
+	s->mem_fd = jail_sealed_memfd(s->mem, &st, err);
+	if (s->mem_fd < 0)
+		return -EBADMSG;
+	/* What was loaded is what the manifest describes (checked on the file
+	 * that was read, not on the path again). */
+	mem_identity(&st, &loaded);
+	if (loaded.mem_size != s->mem_size || loaded.mem_ino != s->mem_ino || loaded.mem_mtime_ns != s->mem_mtime_ns ||
+	    loaded.mem_ctime_ns != s->mem_ctime_ns) {
+		snapshot_close(s);
+		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file changed while it was loaded", key);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+void snapshot_close(struct snapshot *s)
+{
+	if (s->mem_fd >= 0)
+		close(s->mem_fd);
+	s->mem_fd = -1;
 }
 
 int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)
 {
 	struct vm_config cfg = *base;
 
+	if (s->mem_fd < 0)
+		return kiln_err_set(err, "host_error", "snapshot %s: its memory was not loaded", s->key);
 	cfg.mem_file = s->mem;
-	cfg.mem_share = 0; /* a private copy-on-write mapping: the template never changes */
+	cfg.mem_fd = s->mem_fd; /* a private copy-on-write mapping: the template never changes */
+	cfg.mem_share = 0;
 	cfg.disk = s->disk;
 	cfg.disk_format = "qcow2";
 	cfg.disk_writable = 0;
+	cfg.disk_backing = s->backing;
 	cfg.incoming = 1;
 	cfg.memory_mib = s->memory_mib;
 	cfg.vcpus = s->vcpus;
@@ -478,7 +560,7 @@ int snapshot_list(const char *cache, FILE *out)
 
 		if (e->d_name[0] == '.')
 			continue;
-		r = snapshot_open(cache, e->d_name, &s, &err);
+		r = snapshot_check(cache, e->d_name, &s, &err);
 		snprintf(manifest, sizeof(manifest), "%s/%s/manifest.json", root, e->d_name);
 		m = json_load_file(manifest, 0, NULL);
 		if (m) {

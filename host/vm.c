@@ -1,7 +1,9 @@
-/* vm: start, talk to and destroy one QEMU microvm. QEMU gets its agent and QMP
- * channels as inherited socketpair ends (no socket files to race on or leak),
- * dies with its owner (PR_SET_PDEATHSIG), and leaves a locked per-VM directory
- * that vm_reap_stale cleans when an owner was killed before it could. */
+/* vm: start, talk to and destroy one QEMU microvm. QEMU runs in a jail
+ * (jail/jail.h: namespaces, a read-only root with only what it needs, cgroups,
+ * rlimits, an unprivileged slot uid), gets its agent and QMP channels as
+ * inherited socketpair ends (no socket files to race on or leak), dies with
+ * its owner (PR_SET_PDEATHSIG), and leaves a locked per-VM directory that
+ * vm_reap_stale cleans when an owner was killed before it could. */
 #include "vm.h"
 
 #include <dirent.h>
@@ -23,11 +25,38 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <limits.h>
 
 #include "qmp.h"
 
 #define VM_MAX_ARGS 64
 #define QMP_BUF_SIZE (QMP_MAX_LINE + 1)
+
+/* QEMU's descriptors: the agent and QMP socketpair ends, then the snapshot
+ * memfd, always at these numbers (the jail and exec_qemu move them there). */
+#define QEMU_FD_AGENT 3
+#define QEMU_FD_QMP   4
+#define QEMU_FD_MEM   5
+
+/* Jail limits. Memory: the cgroup holds guest RAM plus QEMU's own use: under
+ * TCG mostly the translation buffer (tb-size=64 MiB, filled as the guest runs
+ * new code), QEMU's heap, thread stacks and softmmu TLBs, kernel memory
+ * (page tables, page-cache metadata: grows with RAM) and the page cache of
+ * QEMU's disk I/O, which the cgroup reclaims down to what is dirty. Measured
+ * with the guest using all its RAM while writing 600 MB to disk (cold boot,
+ * the worst case): peak anonymous memory RAM + 86 MiB (1 vCPU, 256 MiB) and
+ * RAM + 93 MiB (2 vCPUs, 512 MiB), kernel memory 15 and 29 MiB; RAM + 64 MiB
+ * was OOM-killed, RAM + 128 MiB passed. Margin on top: see
+ * docs/architecture.md, "The jail". */
+#define VM_JAIL_MEM_OVERHEAD_MIB(ram_mib) (192 + (ram_mib) / 16)
+/* Threads: main loop, RCU, one per vCPU, up to 64 block-layer thread-pool
+ * workers under heavy disk I/O, migration; a failed thread creation aborts
+ * QEMU, so the margin is generous. */
+#define VM_JAIL_PIDS(vcpus) (128 + (vcpus))
+#define VM_JAIL_NOFILE 256
+/* The largest file QEMU writes: the disk overlay (at most the disk's size
+ * plus qcow2 metadata) or a template's RAM file. */
+#define VM_JAIL_FSIZE_SLACK (256ull << 20)
 
 enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 {
@@ -53,6 +82,45 @@ enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 const char *vm_accel_name(enum vm_accel a)
 {
 	return a == VM_ACCEL_KVM ? "kvm" : a == VM_ACCEL_TCG ? "tcg" : "auto";
+}
+
+int vm_jail_config(struct jail_config *jc, const char *qemu, enum vm_accel accel, struct kiln_err *err)
+{
+	/* Where Debian's (and upstream's) QEMU looks, relative to its binary:
+	 * firmware in ../share/qemu (microvm's qboot), modules in
+	 * ../lib/<triplet>/qemu (TCG itself is a module: accel-tcg-x86_64.so). */
+	static const char *const moddirs[] = { "../lib/x86_64-linux-gnu/qemu", "../lib64/qemu", "../lib/qemu" };
+	char real[PATH_MAX], bindir[PATH_MAX], path[PATH_MAX + 64];
+	int found = 0;
+
+	if (qemu[0] != '/')
+		return kiln_err_set(err, "usage", "--qemu: the jail needs an absolute path, got \"%s\"", qemu);
+	if (jail_config_init(jc, err) < 0)
+		return -1;
+	if (!realpath(qemu, real))
+		return kiln_err_set(err, "host_error", "%s: %s", qemu, strerror(errno));
+	snprintf(bindir, sizeof(bindir), "%s", real);
+	*strrchr(bindir, '/') = '\0';
+	snprintf(path, sizeof(path), "%s/../share/qemu", bindir);
+	if (access(path, R_OK) < 0)
+		snprintf(path, sizeof(path), "/usr/share/qemu");
+	if (jail_config_add_ro(jc, path, err) < 0)
+		return -1;
+	for (size_t i = 0; i < sizeof(moddirs) / sizeof(moddirs[0]) && !found; i++) {
+		snprintf(path, sizeof(path), "%s/%s", bindir, moddirs[i]);
+		if (access(path, R_OK) < 0)
+			continue;
+		found = 1;
+		/* The module directory goes first: the modules in it need no bind of their own. */
+		if (jail_config_add_ro(jc, path, err) < 0)
+			return -1;
+		if (accel == VM_ACCEL_TCG) {
+			snprintf(path + strlen(path), sizeof(path) - strlen(path), "/accel-tcg-x86_64.so");
+			if (access(path, R_OK) == 0 && jail_config_add_program(jc, path, err) < 0)
+				return -1;
+		}
+	}
+	return jail_config_add_program(jc, qemu, err);
 }
 
 static int rm_tree_at(int dirfd, const char *name)
@@ -134,8 +202,7 @@ static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_e
 }
 
 /* Build QEMU's command line into argv (strings in store). */
-static void build_argv(const struct vm_config *cfg, const struct vm *vm, int agent_fd, int qmp_fd,
-		       char **argv, char store[][1024])
+static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **argv, char store[][1024])
 {
 	int n = 0, s = 0;
 
@@ -145,7 +212,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 	/* No ACPI (virtio-mmio devices come from the kernel command line), an RTC so
 	 * the kernel does not wait a second for its clock, no option ROMs. */
 	ARG("microvm,acpi=off,rtc=on,x-option-roms=off,isa-serial=on%s",
-	    cfg->mem_file ? ",memory-backend=mem" : "");
+	    cfg->mem_file || cfg->mem_fd > 0 ? ",memory-backend=mem" : "");
 	ARG("-accel");
 	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "kvm" : "tcg,tb-size=64");
 	ARG("-cpu");
@@ -155,7 +222,14 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 	ARG("%u", cfg->memory_mib);
 	ARG("-smp");
 	ARG("%u", cfg->vcpus);
-	if (cfg->mem_file) {
+	if (cfg->mem_fd > 0) {
+		/* A clone: the template's RAM in a sealed memfd, reached through
+		 * /proc/self/fd (QEMU opens mem-path itself, read-write even for
+		 * share=off: the seals, not permissions, keep the template intact). */
+		ARG("-object");
+		ARG("memory-backend-file,id=mem,size=%uM,mem-path=/proc/self/fd/%d,share=off", cfg->memory_mib,
+		    QEMU_FD_MEM);
+	} else if (cfg->mem_file) {
 		ARG("-object");
 		ARG("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s", cfg->memory_mib, cfg->mem_file,
 		    cfg->mem_share ? "on" : "off");
@@ -172,7 +246,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 	ARG("console=ttyS0 quiet loglevel=3 acpi=off reboot=t panic=-1 nolapic_timer pty.legacy_count=0 "
 	    "random.trust_cpu=off");
 	ARG("-serial");
-	ARG("file:%s/console.log", vm->dir);
+	ARG("file:%s/vm/console.log", vm->dir);
 	ARG("-drive");
 	/* The base image is never written: snapshot=on puts this VM's writes in a
 	 * temporary overlay that QEMU deletes; a template writes its own overlay. */
@@ -183,7 +257,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 	ARG("-device");
 	ARG("virtio-serial-device,max_ports=2");
 	ARG("-chardev");
-	ARG("socket,id=agent,fd=%d", agent_fd);
+	ARG("socket,id=agent,fd=%d", QEMU_FD_AGENT);
 	ARG("-device");
 	ARG("virtserialport,chardev=agent,name=kiln.agent");
 	ARG("-object");
@@ -191,7 +265,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 	ARG("-device");
 	ARG("virtio-rng-device,rng=rng");
 	ARG("-chardev");
-	ARG("socket,id=qmp,fd=%d", qmp_fd);
+	ARG("socket,id=qmp,fd=%d", QEMU_FD_QMP);
 	ARG("-mon");
 	ARG("chardev=qmp,mode=control");
 	if (cfg->incoming) {
@@ -204,11 +278,12 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, int age
 #undef ARG
 }
 
-/* Child side of fork: never returns. Only async-signal-safe calls. */
-static void exec_qemu(char **argv, const char *dir, int agent_fd, int qmp_fd, pid_t parent)
+/* Child side of fork, unjailed (--no-jail): never returns. Only
+ * async-signal-safe calls. */
+static void exec_qemu(char **argv, const char *dir, const int keep[3], int log_fd, pid_t parent)
 {
-	char log[600];
-	int fd;
+	char tmpdir[600];
+	int fd, tmp[3];
 
 	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -227,37 +302,131 @@ static void exec_qemu(char **argv, const char *dir, int agent_fd, int qmp_fd, pi
 		dup2(fd, 0);
 		close(fd);
 	}
-	snprintf(log, sizeof(log), "%s/qemu.log", dir);
-	fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
-	if (fd >= 0) {
-		dup2(fd, 1);
-		dup2(fd, 2);
-		close(fd);
+	if (log_fd >= 0) {
+		dup2(log_fd, 1);
+		dup2(log_fd, 2);
 	}
-	/* Only the two channel fds cross into QEMU. */
-	syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
-	fcntl(agent_fd, F_SETFD, 0);
-	fcntl(qmp_fd, F_SETFD, 0);
+	/* Only the channel fds (and a clone's memfd) cross into QEMU, at the
+	 * numbers its command line names. */
+	for (int i = 0; i < 3; i++)
+		tmp[i] = keep[i] > 0 ? fcntl(keep[i], F_DUPFD_CLOEXEC, 3 + 3) : -1;
+	for (int i = 0; i < 3; i++)
+		if (tmp[i] >= 0)
+			dup2(tmp[i], 3 + i);
+	syscall(SYS_close_range, 3 + 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
 	/* TMPDIR: where QEMU puts the snapshot=on overlay (inside the VM directory). */
-	setenv("TMPDIR", dir, 1);
+	snprintf(tmpdir, sizeof(tmpdir), "%s/vm", dir);
+	setenv("TMPDIR", tmpdir, 1);
 	execv(argv[0], argv);
 	_exit(127);
 }
 
+/* Size of the file at path (0 when it cannot be read). */
+static uint64_t file_size(const char *path)
+{
+	struct stat st;
+
+	return path && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+/* Start QEMU in its jail: the VM directory's root/ is the jail's root mount
+ * point, vm/ its writable directory; everything QEMU reads is bound read-only
+ * at its host path, so the command line is the same as unjailed. */
+static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv, const int keep[3], int log_fd,
+			struct kiln_err *err)
+{
+	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
+	char root[600], work[600], record[600], tmpdir[620];
+	char *envp[] = { tmpdir, NULL };
+	uint64_t fsize = file_size(cfg->disk), back = file_size(cfg->disk_backing), mem = (uint64_t)cfg->memory_mib << 20;
+	int nro = 0, nrw = 0;
+	struct stat kvm;
+
+	snprintf(root, sizeof(root), "%s/root", vm->dir);
+	snprintf(work, sizeof(work), "%s/vm", vm->dir);
+	snprintf(record, sizeof(record), "%s/jail", vm->dir);
+	snprintf(tmpdir, sizeof(tmpdir), "TMPDIR=%s", work);
+	if (mkdir(root, 0755) < 0)
+		return kiln_err_set(err, "host_error", "cannot create %s: %s", root, strerror(errno));
+	spec.name = strrchr(vm->dir, '/') + 1;
+	spec.root = root;
+	spec.work = work;
+	spec.exe = cfg->qemu;
+	spec.record = record;
+	spec.envp = envp;
+	spec.ro[nro++] = cfg->kernel;
+	spec.ro[nro++] = cfg->initrd;
+	if (cfg->disk_backing)
+		spec.ro[nro++] = cfg->disk_backing;
+	if (cfg->disk_writable)
+		spec.rw[nrw++] = cfg->disk;
+	else
+		spec.ro[nro++] = cfg->disk;
+	if (cfg->mem_file && cfg->mem_fd <= 0) {
+		/* A template writes its RAM file: it must exist to be bound. */
+		int fd = open(cfg->mem_file, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+
+		if (fd < 0)
+			return kiln_err_set(err, "host_error", "cannot create %s: %s", cfg->mem_file, strerror(errno));
+		close(fd);
+		spec.rw[nrw++] = cfg->mem_file;
+	}
+	spec.dev[0] = "/dev/urandom";
+	if (cfg->accel == VM_ACCEL_KVM) {
+		spec.dev[1] = "/dev/kvm";
+		/* The slot uid reaches /dev/kvm through its group, when it is not world-writable. */
+		if (stat("/dev/kvm", &kvm) == 0 && (kvm.st_mode & 0006) != 0006)
+			spec.extra_gid = kvm.st_gid;
+	}
+	for (int i = 0; i < 3; i++)
+		if (keep[i] > 0)
+			spec.keep_fds[spec.nkeep++] = keep[i];
+	spec.memory_bytes = ((uint64_t)cfg->memory_mib + VM_JAIL_MEM_OVERHEAD_MIB(cfg->memory_mib)) << 20;
+	spec.cpus = cfg->vcpus;
+	spec.pids = VM_JAIL_PIDS(cfg->vcpus);
+	spec.nofile = VM_JAIL_NOFILE;
+	if (back > fsize)
+		fsize = back;
+	if (cfg->mem_file && cfg->mem_fd <= 0 && mem > fsize)
+		fsize = mem;
+	spec.fsize_bytes = fsize + VM_JAIL_FSIZE_SLACK;
+	vm->pid = jail_spawn(cfg->jail, &spec, argv, &vm->jail, &vm->pidfd, err);
+	return vm->pid < 0 ? -1 : 0;
+}
+
 static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, struct kiln_err *err);
 
-int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
+/* path made absolute into buf (the jail shows files at their absolute host
+ * paths, and QEMU's working directory there is /). */
+static const char *absolute(const char *path, char *buf, size_t cap)
+{
+	char cwd[PATH_MAX];
+
+	if (!path || path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		return path;
+	snprintf(buf, cap, "%s/%s", cwd, path);
+	return buf;
+}
+
+int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err)
 {
 	char *argv[VM_MAX_ARGS + 1];
 	char (*store)[1024] = NULL;
-	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 };
+	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, log_fd = -1;
 	struct qmp_msg m;
 	pid_t parent = getpid();
-	char path[600];
+	char path[600], abs[5][PATH_MAX];
+	struct vm_config abs_cfg = *cfg_in, *cfg = &abs_cfg;
 	FILE *f;
 
+	abs_cfg.kernel = absolute(cfg_in->kernel, abs[0], sizeof(abs[0]));
+	abs_cfg.initrd = absolute(cfg_in->initrd, abs[1], sizeof(abs[1]));
+	abs_cfg.disk = absolute(cfg_in->disk, abs[2], sizeof(abs[2]));
+	abs_cfg.disk_backing = absolute(cfg_in->disk_backing, abs[3], sizeof(abs[3]));
+	abs_cfg.mem_file = absolute(cfg_in->mem_file, abs[4], sizeof(abs[4]));
 	memset(vm, 0, sizeof(*vm));
 	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;
+	vm->jail.slot_fd = -1;
 	vm->pid = -1;
 	vm->cancel_fd = cfg->cancel_fd > 0 ? cfg->cancel_fd : -1;
 	if (make_vm_dir(cfg, vm, err) < 0)
@@ -266,6 +435,18 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 	vm->qbuf = malloc(QMP_BUF_SIZE);
 	if (!vm->rbuf || !vm->qbuf) {
 		kiln_err_set(err, "host_error", "out of memory");
+		goto fail;
+	}
+	/* QEMU's own directory: its logs, console and disk overlay. */
+	snprintf(path, sizeof(path), "%s/vm", vm->dir);
+	if (mkdir(path, 0700) < 0) {
+		kiln_err_set(err, "host_error", "cannot create %s: %s", path, strerror(errno));
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/vm/qemu.log", vm->dir);
+	log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (log_fd < 0) {
+		kiln_err_set(err, "host_error", "cannot create %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0 ||
@@ -278,17 +459,38 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 		kiln_err_set(err, "host_error", "out of memory");
 		goto fail;
 	}
-	build_argv(cfg, vm, agent[1], qmp[1], argv, store);
+	build_argv(cfg, vm, argv, store);
 	vm->t_spawn_us = proto_now_us();
-	vm->pid = fork();
-	if (vm->pid < 0) {
-		kiln_err_set(err, "host_error", "fork: %s", strerror(errno));
-		goto fail;
+	{
+		const int keep[3] = { agent[1], qmp[1], cfg->mem_fd > 0 ? cfg->mem_fd : -1 };
+
+		if (cfg->jail) {
+			if (spawn_jailed(cfg, vm, argv, keep, log_fd, err) < 0)
+				goto fail;
+			/* The log belongs to the uid that writes it. */
+			if (fchown(log_fd, vm->jail.uid, vm->jail.gid) < 0) {
+				kiln_err_set(err, "host_error", "chown %s/vm/qemu.log: %s", vm->dir, strerror(errno));
+				goto fail;
+			}
+		} else {
+			vm->pid = fork();
+			if (vm->pid < 0) {
+				kiln_err_set(err, "host_error", "fork: %s", strerror(errno));
+				goto fail;
+			}
+			if (vm->pid == 0)
+				exec_qemu(argv, vm->dir, keep, log_fd, parent);
+			vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
+			if (vm->pidfd < 0) {
+				kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
+				goto fail;
+			}
+		}
 	}
-	if (vm->pid == 0)
-		exec_qemu(argv, vm->dir, agent[1], qmp[1], parent);
 	free(store);
 	store = NULL;
+	close(log_fd);
+	log_fd = -1;
 	close(agent[1]);
 	close(qmp[1]);
 	agent[1] = qmp[1] = -1;
@@ -296,11 +498,6 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 	vm->qmp_fd = qmp[0];
 	fcntl(vm->agent_fd, F_SETFL, O_NONBLOCK);
 	fcntl(vm->qmp_fd, F_SETFL, O_NONBLOCK);
-	vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
-	if (vm->pidfd < 0) {
-		kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
-		goto fail;
-	}
 	/* Record who runs in this directory, for vm_reap_stale after a crash. */
 	snprintf(path, sizeof(path), "%s/qemu.pid", vm->dir);
 	f = fopen(path, "we");
@@ -322,6 +519,8 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 	return 0;
 fail:
 	free(store);
+	if (log_fd >= 0)
+		close(log_fd);
 	if (agent[1] >= 0)
 		close(agent[1]);
 	if (qmp[1] >= 0)
@@ -603,6 +802,9 @@ void vm_destroy(struct vm *vm)
 			;
 		vm->pid = -1;
 	}
+	/* QEMU was its jail's init: with it reaped, the jail's namespaces and
+	 * mounts are gone; what is left are its cgroups and slot. */
+	jail_release(&vm->jail);
 	if (vm->pidfd >= 0)
 		close(vm->pidfd);
 	if (vm->agent_fd >= 0)
@@ -638,7 +840,10 @@ void vm_destroy(struct vm *vm)
 
 static void tail_file(const char *path, char *out, size_t cap)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* QEMU's directory belongs to its (untrusted) uid: no symbolic link, no
+	 * FIFO to block on, only a regular file it wrote. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	struct stat st;
 	off_t size;
 	ssize_t n;
 	size_t want = cap - 1;
@@ -646,6 +851,10 @@ static void tail_file(const char *path, char *out, size_t cap)
 	out[0] = '\0';
 	if (fd < 0)
 		return;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return;
+	}
 	size = lseek(fd, 0, SEEK_END);
 	if (size > (off_t)want)
 		lseek(fd, size - (off_t)want, SEEK_SET);
@@ -669,9 +878,9 @@ void vm_log_tail(const struct vm *vm, char *out, size_t cap)
 	out[0] = '\0';
 	if (!vm->dir[0] || cap < 2)
 		return;
-	snprintf(path, sizeof(path), "%s/console.log", vm->dir);
+	snprintf(path, sizeof(path), "%s/vm/console.log", vm->dir);
 	tail_file(path, con, sizeof(con));
-	snprintf(path, sizeof(path), "%s/qemu.log", vm->dir);
+	snprintf(path, sizeof(path), "%s/vm/qemu.log", vm->dir);
 	tail_file(path, qlog, sizeof(qlog));
 	snprintf(out, cap, "%s%s%s%s%s", qlog[0] ? "qemu: " : "", qlog, qlog[0] && con[0] ? "; " : "",
 		 con[0] ? "console: " : "", con);
@@ -719,6 +928,9 @@ int vm_reap_stale(const char *run_dir)
 			if (pfd >= 0)
 				close(pfd);
 		}
+		/* Its cgroups (anything still in them is killed first). */
+		snprintf(path, sizeof(path), "%s/%s/jail", run_dir, e->d_name);
+		jail_reap(path);
 		rm_tree_at(dirfd(d), e->d_name);
 		if (lock >= 0)
 			close(lock);

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include "err.h"
+#include "jail.h"
 #include "proto.h"
 
 enum vm_accel { VM_ACCEL_AUTO, VM_ACCEL_KVM, VM_ACCEL_TCG };
@@ -27,7 +28,14 @@ struct vm_config {
 	int mem_share;             /* 1: writes go to the file (template); 0: private COW (clone) */
 	int incoming;              /* start paused in -incoming defer */
 	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
+	const char *disk_backing;  /* the qcow2 `disk`'s backing file (read-only), or NULL */
+	int mem_fd;                /* > 0: guest RAM is this sealed memfd, mapped privately
+				    * (a snapshot clone; see snapshot.h); overrides mem_file */
 	int cancel_fd;             /* > 0: every wait ends ("interrupted") once it is readable */
+	/* The jail around QEMU (namespaces, read-only root, cgroups, rlimits,
+	 * slot uid): from vm_jail_config. NULL runs QEMU unconfined, as root:
+	 * only for debugging (kiln-host --no-jail). */
+	const struct jail_config *jail;
 };
 
 struct vm {
@@ -37,7 +45,11 @@ struct vm {
 	int qmp_fd;     /* QMP monitor (socketpair end) */
 	int lock_fd;    /* flock on <dir>/lock: held while this process owns the VM */
 	int cancel_fd;  /* from vm_config, not owned */
-	char dir[512];  /* per-VM directory: lock, qemu.pid, console.log, qemu.log */
+	/* Per-VM directory: lock, qemu.pid, jail (what to reap), root/ (the
+	 * jail's root mount point) and vm/ (QEMU's own files, owned by the slot
+	 * uid: console.log, qemu.log, the disk overlay). */
+	char dir[512];
+	struct jail jail; /* slot and cgroups, while jailed */
 	int64_t t_spawn_us;
 	/* Agent receive buffer: bytes read from the guest, not yet consumed. */
 	uint8_t *rbuf;
@@ -51,6 +63,12 @@ struct vm {
  * kvm_amd) is loaded and /dev/kvm opens; never a software hypervisor (PVM). */
 enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err);
 const char *vm_accel_name(enum vm_accel a);
+
+/* Fill jc for jailing QEMU: jail_config_init, then QEMU itself, its shared
+ * libraries, its firmware directory and (under TCG) its accelerator module
+ * with that module's libraries. Once per process; jc is then read-only and
+ * shared by every VM. Returns 0 or -1 with err set. */
+int vm_jail_config(struct jail_config *jc, const char *qemu, enum vm_accel accel, struct kiln_err *err);
 
 /* Spawn QEMU for cfg. On success the VM is running (or, with cfg->incoming,
  * waiting for migrate-incoming) and QMP has been negotiated. The caller owns
@@ -93,8 +111,9 @@ void vm_destroy(struct vm *vm);
 void vm_log_tail(const struct vm *vm, char *out, size_t cap);
 
 /* Remove what crashed kiln-host processes left in run_dir: for every VM
- * directory whose lock is free, kill its QEMU (checked by pid and start time)
- * and delete the directory. Returns the number of VMs reaped. */
+ * directory whose lock is free, kill its QEMU (checked by pid and start time;
+ * its jail's PID namespace and mounts go with it), remove its cgroups and
+ * delete the directory. Returns the number of VMs reaped. */
 int vm_reap_stale(const char *run_dir);
 
 #endif
