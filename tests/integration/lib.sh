@@ -57,3 +57,28 @@ show() { echo "result: $(head -c 1500 "$T_TMP/$1.json")"; echo "stderr: $(head -
 # Resources a VM takes, counted for this test's run directory.
 count_qemu() { pgrep -c -f "qemu-system-x86_64.*$KILN_RUN_DIR" || true; }
 count_run_entries() { find "$KILN_RUN_DIR" -mindepth 1 2>/dev/null | wc -l; }
+
+# What a jail takes besides its QEMU process: cgroup directories under the
+# kiln/ parents of this shell's own cgroups (kiln-host nests its VMs' cgroups
+# there), mounts naming the run directory in this (the host's) mount
+# namespace (jails mount only inside their own), and held slot locks.
+kiln_cgroup_parent() { # CONTROLLER
+	local own
+	own=$(awk -F: -v c="$1" '{ n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c) print $3 }' /proc/self/cgroup)
+	[ "$own" = / ] && own=
+	echo "/sys/fs/cgroup/$1$own/kiln"
+}
+count_cgroups() {
+	local n=0 c
+	for c in memory cpu pids; do
+		n=$((n + $(find "$(kiln_cgroup_parent "$c")" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)))
+	done
+	echo "$n"
+}
+count_mounts() { grep -c -- "$KILN_RUN_DIR" /proc/self/mountinfo || true; }
+count_slot_locks() {
+	local inodes
+	inodes=$(stat -c %i "${KILN_SLOT_DIR:-/run/kiln/slots}"/*.lock 2>/dev/null | sort -u)
+	if [ -z "$inodes" ]; then echo 0; return; fi
+	awk '$2 == "FLOCK" { split($6, a, ":"); print a[3] }' /proc/locks | grep -cxF -f <(echo "$inodes") || true
+}
