@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,7 +26,6 @@
 #include <unistd.h>
 
 #include <jansson.h>
-#include <limits.h>
 
 #include "qmp.h"
 

@@ -1,5 +1,5 @@
-/* jail: run one program (QEMU) confined. New mount, PID, IPC, UTS and network
- * namespaces; a read-only tmpfs root holding only the files the program needs
+/* jail: run one program (QEMU) confined. New mount, PID, IPC, UTS, network and
+ * cgroup namespaces; a read-only tmpfs root holding only the files it needs
  * (bound read-only at their host paths) plus its own work directory; cgroup v1
  * limits (memory, CPU, pids); rlimits; a per-slot unprivileged uid/gid; no
  * capabilities and no_new_privs. kiln-host calls it in-process from vm.c;
