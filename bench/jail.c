@@ -1,8 +1,8 @@
 /* bench/jail: what the jail around QEMU costs, jailed and unjailed runs
  * interleaved: cold boot to kiln-init's HELLO, snapshot restore to the
  * guest's first reply, restore into an already started QEMU, QEMU start-up to
- * its QMP greeting, the time to load a snapshot's RAM into the sealed memfd,
- * and the host memory (RSS, PSS) of an idle restored clone.
+ * its QMP greeting, vm_destroy, the time to load a snapshot's RAM into the
+ * sealed memfd, and the host memory (RSS, PSS) of an idle restored clone.
  *   usage: jail IMAGE_DIR RUNS   (as root, with cgroup v1) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,15 +62,15 @@ int main(int argc, char **argv)
 	struct kiln_err err = { .code = "" };
 	struct snapshot snap;
 	const char *cache = getenv("KILN_CACHE") ? getenv("KILN_CACHE") : "/var/cache/kiln";
-	int runs, n[4][2] = { { 0 } };
-	int64_t *t[4][2];
+	int runs, n[5][2] = { { 0 } };
+	int64_t *t[5][2];
 	char key[17];
 
 	if (argc != 3 || (runs = atoi(argv[2])) <= 0) {
 		fprintf(stderr, "usage: jail IMAGE_DIR RUNS\n");
 		return 2;
 	}
-	for (int k = 0; k < 4; k++)
+	for (int k = 0; k < 5; k++)
 		for (int j = 0; j < 2; j++)
 			t[k][j] = calloc((size_t)runs, sizeof(int64_t));
 	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
@@ -145,7 +145,11 @@ int main(int argc, char **argv)
 				t[2][j][n[2][j]++] = proto_now_us() - t0;
 			else
 				fprintf(stderr, "restore (%s): %s\n", j ? "jailed" : "unjailed", err.message);
+			/* Teardown: kill, reap (the jail's namespaces go with its
+			 * init), cgroups, directory. */
+			t0 = proto_now_us();
 			vm_destroy(&vm);
+			t[4][j][n[4][j]++] = proto_now_us() - t0;
 
 			t0 = proto_now_us();
 			if (vm_start(&cfg[j], &vm, &err) == 0 && vm_recv(&vm, &f, proto_now_ms() + 60000, &err) == 0 &&
@@ -161,6 +165,7 @@ int main(int argc, char **argv)
 	report("restore into a started QEMU", t[1][0], n[1][0], t[1][1], n[1][1]);
 	report("snapshot restore (start + load)", t[2][0], n[2][0], t[2][1], n[2][1]);
 	report("cold boot to HELLO", t[3][0], n[3][0], t[3][1], n[3][1]);
+	report("vm_destroy of a restored clone", t[4][0], n[4][0], t[4][1], n[4][1]);
 
 	printf("host memory of one idle restored clone (after its first reply, paused), median of 5:\n");
 	for (int j = 0; j < 2; j++) {
