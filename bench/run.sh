@@ -11,6 +11,8 @@ build/bench/boot build/image build/bench/baseline.cpio "$RUNS"
 echo
 build/bench/start build/image "$RUNS"
 echo
+build/bench/jail build/image "${JAIL_RUNS:-10}"
+echo
 echo "print(1) end to end through the kiln-host run command (process start, cold boot, result)"
 spec=$(mktemp /tmp/kiln-bench-spec.XXXXXX)
 echo '{"language":"python","code":"print(1)"}' > "$spec"

@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "pool.h"
+#include "jail.h"
 #include "proto.h"
 #include "run.h"
 #include "snapshot.h"
@@ -174,6 +175,17 @@ int main(int argc, char **argv)
 	base.accel = VM_ACCEL_TCG;
 	base.vcpus = 1;
 	base.memory_mib = 256;
+	{
+		/* Jailed, as kiln-host runs every QEMU (bench/jail compares both). */
+		static struct jail_config jc;
+		struct kiln_err err = { .code = "" };
+
+		if (vm_jail_config(&jc, base.qemu, base.accel, &err) < 0) {
+			fprintf(stderr, "start: %s\n", err.message);
+			return 1;
+		}
+		base.jail = &jc;
+	}
 	if (open_or_create(&base, cache, 256, &snap) < 0)
 		return 1;
 	p = pool_start(&snap, &base, 1, 0, &cap);

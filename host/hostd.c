@@ -286,9 +286,18 @@ static json_t *outputs_with_keys(const struct hostd_task *t, json_t *outs)
 		json_t *c = json_deep_copy(o);
 		char rel[PROTO_MAX_PATH + 16], *k;
 
+		struct kiln_err err = { .code = "" };
+
 		snprintf(rel, sizeof(rel), "outputs/%s", json_string_value(json_object_get(o, "path")) ?: "");
 		k = s3_key_for(t, rel);
-		json_object_set_new(c, "s3_key", json_string(k ? k : ""));
+		/* The guest names its files: one no S3 key can carry (control
+		 * characters, too long) is reported, not retried forever. */
+		if (k && s3_key_check(k, &err) == 0) {
+			json_object_set_new(c, "s3_key", json_string(k));
+		} else {
+			json_object_set_new(c, "s3_key", json_null());
+			json_object_set_new(c, "skipped", json_string(k ? err.message : "out of memory"));
+		}
 		free(k);
 		json_array_append_new(a, c);
 	}
@@ -568,6 +577,11 @@ static int upload_task(struct hostd *d, struct hostd_task *t, const struct s3_co
 		step = t->upload_done;
 		if (step < nout) {
 			o = json_array_get(t->outputs, step);
+			if (json_is_null(json_object_get(o, "s3_key"))) {
+				t->upload_done++; /* skipped: not a valid key (see "skipped") */
+				pthread_mutex_unlock(&d->lock);
+				continue;
+			}
 			snprintf(rel, sizeof(rel), "outputs/%s", json_string_value(json_object_get(o, "path")) ?: "");
 			snprintf(sha, sizeof(sha), "%s", json_string_value(json_object_get(o, "sha256")) ?: "");
 		}

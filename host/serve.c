@@ -491,12 +491,16 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	MHD_stop_daemon(d);
 	hostd_close(s.hostd);
 	pool_stop(s.pool);
+	if (s.have_snap)
+		snapshot_close(&s.snap);
 	return 0;
 fail:
 	if (d)
 		MHD_stop_daemon(d);
 	hostd_close(s.hostd);
 	pool_stop(s.pool);
+	if (s.have_snap)
+		snapshot_close(&s.snap);
 	fprintf(stderr, "kiln-host: %s\n", err.message);
 	return 3;
 }

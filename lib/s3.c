@@ -373,7 +373,7 @@ static int check_config(const struct s3_config *c, struct kiln_err *err)
 
 /* Object keys as kiln writes them: no empty, "." or ".." segments (libcurl
  * and servers normalise those differently), no control characters. */
-static int check_key(const char *key, struct kiln_err *err)
+int s3_key_check(const char *key, struct kiln_err *err)
 {
 	size_t n, i, seg = 0;
 	char kb[SHOWN_MAX];
@@ -930,7 +930,7 @@ int s3_put_buffer(const struct s3_config *c, const char *key, const void *buf, s
 	struct s3_reply r;
 	int rc;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0 || check_content_type(content_type, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0 || check_content_type(content_type, err) < 0)
 		return -1;
 	rc = simple(c, "PUT", key, NULL, buf, len, content_type, &r, err);
 	if (rc == 0 && !ok_status(r.status)) {
@@ -1205,7 +1205,7 @@ int s3_put_file(const struct s3_config *c, const char *key, const char *path, co
 	int fd = -1, rc = -1;
 	char kb[SHOWN_MAX];
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0 || check_content_type(content_type, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0 || check_content_type(content_type, err) < 0)
 		return -1;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -1250,7 +1250,7 @@ int s3_head(const struct s3_config *c, const char *key, uint64_t *size, struct k
 	curl_off_t cl = -1;
 	int rc;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
 		return -1;
 	if (call_open(&call, c, err) < 0)
 		return -1;
@@ -1280,7 +1280,7 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 	char *tmp = NULL, kb[SHOWN_MAX];
 	int fd = -1, rc = -1;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
 		return -1;
 	/* Same directory, so the rename is atomic. */
 	if (asprintf(&tmp, "%s.s3tmp.XXXXXX", path) < 0)
@@ -1314,7 +1314,7 @@ int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err)
 	struct s3_reply r;
 	int rc;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
 		return -1;
 	rc = simple(c, "DELETE", key, NULL, NULL, 0, NULL, &r, err);
 	if (rc == 0 && !ok_status(r.status) && r.status != 404) {
@@ -1380,7 +1380,7 @@ char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expire
 	unsigned char skey[32], mac[32];
 	struct tm tm;
 
-	if (check_config(c, err) < 0 || check_key(key, err) < 0)
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
 		return NULL;
 	if (expires_s < 1 || expires_s > 604800) {
 		kiln_err_set(err, "s3_error", "presigned URL lifetime %u s: must be 1..604800 (7 days)", expires_s);

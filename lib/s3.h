@@ -87,6 +87,11 @@ int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err);
 char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expires_s, time_t now,
 		     struct kiln_err *err);
 
+/* 0 when key is one kiln can write: 1..S3_MAX_KEY bytes, no control
+ * characters, no empty, "." or ".." segments; else -1 with err set
+ * ("s3_error", naming the problem). Every call above checks its key so. */
+int s3_key_check(const char *key, struct kiln_err *err);
+
 /* Percent-encode an object key for a URL path: everything but unreserved
  * characters and '/'. Returns a malloc'd string or NULL. */
 char *s3_encode_key(const char *key);

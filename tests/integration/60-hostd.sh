@@ -168,6 +168,15 @@ else not_ok "capacity refusal" "$st $(cat "$T_TMP/last.json")"; fi
 st=$(api GET /v1/tasks/nope)
 check "an unknown task gets 404" [ "$st" = 404 ]
 
+# --- a file name no S3 key can carry: reported, the rest uploaded, never stuck ---
+submit oddname "$(py_spec 'open("/output/ok.txt","w").write("ok"); open("/output/bad\x01name","w").write("x")')" > /dev/null
+if wait_state oddname 'succeeded|failed|error' 120 && task oddname > "$T_TMP/odd.json" \
+   && [ "$(jq -r .state "$T_TMP/odd.json")" = succeeded ] \
+   && jq -e '.outputs[] | select(.path | startswith("bad")) | .s3_key == null and (.skipped | test("control character"))' "$T_TMP/odd.json" > /dev/null \
+   && [ "$(s3py cat acme/oddname/outputs/ok.txt)" = ok ]; then
+	ok "an output whose name cannot be an S3 key is listed as skipped with the reason; the others are uploaded"
+else not_ok "odd file name" "$(head -c 800 "$T_TMP/odd.json")"; fi
+
 # --- events stream and cancel ---
 submit slow "$(sh_spec 'echo first; sleep 1; echo second; sleep 600' '{"limits":{"timeout_s":900}}')" > /dev/null
 curl -s -N --max-time 120 -H "Authorization: Bearer $TOKEN" "$URL/v1/tasks/slow/events" > "$T_TMP/events.txt" &
@@ -196,7 +205,7 @@ if jq -e '.vcpus.total == 8 and .vcpus.used == 0 and .running_tasks == 0 and (.a
 	ok "GET /v1/capacity reports vCPUs, memory, running tasks, pool and accel"
 else not_ok "capacity" "$(cat "$T_TMP/last.json")"; fi
 api GET /metrics > /dev/null
-if grep -q '^kiln_host_tasks{state="succeeded"} 8' "$T_TMP/last.json" && grep -q '^kiln_host_task_start_seconds_count 9' "$T_TMP/last.json" \
+if grep -q '^kiln_host_tasks{state="succeeded"} 9' "$T_TMP/last.json" && grep -q '^kiln_host_task_start_seconds_count 10' "$T_TMP/last.json" \
    && grep -Eq '^kiln_host_upload_bytes_total [1-9]' "$T_TMP/last.json" && grep -q '^kiln_host_vms_running 0' "$T_TMP/last.json"; then
 	ok "GET /metrics: tasks by state, start latency histogram, VMs running, upload bytes"
 else not_ok "metrics" "$(grep -v '^#' "$T_TMP/last.json" | head -20)"; fi
