@@ -19,6 +19,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
+#include "fsutil.h"
 #include "jail.h"
 #include "pool.h"
 #include "proto.h"
@@ -96,44 +97,6 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	for (int i = 0; i < 8; i++)
 		snprintf(key + 2 * i, 3, "%02x", d[i]);
 	return 0;
-}
-
-static int mkdir_p(const char *path)
-{
-	char tmp[PATH_MAX];
-
-	snprintf(tmp, sizeof(tmp), "%s", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -errno : 0;
-}
-
-static int rm_rf(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *e;
-
-	if (!d)
-		return unlink(path) == 0 || errno == ENOENT ? 0 : -errno;
-	while ((e = readdir(d))) {
-		char sub[PATH_MAX];
-
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
-		if (e->d_type == DT_DIR)
-			rm_rf(sub);
-		else
-			unlink(sub);
-	}
-	closedir(d);
-	return rmdir(path) == 0 ? 0 : -errno;
 }
 
 /* The backing file named in a qcow2 header (version 2 or 3), or "" for none. */
@@ -261,10 +224,10 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	if (snapshot_key(base, memory_mib, vcpus, s.key, err) < 0)
 		return -1;
 	snprintf(root, sizeof(root), "%s/snapshots", cache);
-	if (mkdir_p(root) < 0)
+	if (fs_mkdir_p(root, 0755) < 0)
 		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", root, strerror(errno));
 	snprintf(s.dir, sizeof(s.dir), "%s/.build-%s-%d", root, s.key, (int)getpid());
-	rm_rf(s.dir);
+	fs_rmtree(s.dir);
 	if (mkdir(s.dir, 0755) < 0)
 		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", s.dir, strerror(errno));
 	snap_paths(&s);
@@ -364,7 +327,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 			goto out;
 	}
 	snprintf(final, sizeof(final), "%s/%s", root, s.key);
-	rm_rf(final);
+	fs_rmtree(final);
 	if (rename(s.dir, final) < 0) {
 		kiln_err_set(err, "snapshot_error", "rename to %s: %s", final, strerror(errno));
 		goto out;
@@ -389,7 +352,7 @@ out:
 	if (state_fd >= 0)
 		close(state_fd);
 	if (r < 0)
-		rm_rf(s.dir);
+		fs_rmtree(s.dir);
 	return r;
 }
 
@@ -608,7 +571,7 @@ int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
 		 * (older kernels, rootfs, kiln-init, QEMU, or unreadable) goes. */
 		if (mem && vcpus && snapshot_key(base, mem, vcpus, key, NULL) == 0 && !strcmp(key, e->d_name))
 			continue;
-		if (rm_rf(dir) == 0) {
+		if (fs_rmtree(dir) == 0) {
 			fprintf(out, "removed %s\n", e->d_name);
 			n++;
 		}
@@ -626,7 +589,7 @@ int snapshot_rm(const char *cache, const char *key, struct kiln_err *err)
 	snprintf(dir, sizeof(dir), "%s/snapshots/%s", cache, key);
 	if (access(dir, F_OK) < 0)
 		return kiln_err_set(err, "snapshot_missing", "no snapshot %s", key);
-	if (rm_rf(dir) < 0)
+	if (fs_rmtree(dir) < 0)
 		return kiln_err_set(err, "snapshot_error", "cannot remove %s: %s", dir, strerror(errno));
 	return 0;
 }

@@ -3,13 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "proto.h"
 
 int spool_init(const char *spool, struct kiln_err *err)
@@ -61,22 +61,9 @@ out:
 	return r;
 }
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	if (flag == FTW_DP)
-		return rmdir(path) < 0 && errno != ENOENT ? -errno : 0;
-	return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
-}
-
 int spool_rm_tree(const char *path)
 {
-	struct stat st;
-
-	if (lstat(path, &st) < 0)
-		return errno == ENOENT ? 0 : -errno;
-	if (!S_ISDIR(st.st_mode))
-		return unlink(path) < 0 ? -errno : 0;
-	return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	return fs_rmtree(path);
 }
 
 int spool_id_ok(const char *s)

@@ -27,6 +27,7 @@
 
 #include <jansson.h>
 
+#include "fsutil.h"
 #include "qmp.h"
 
 #define VM_MAX_ARGS 64
@@ -121,31 +122,6 @@ int vm_jail_config(struct jail_config *jc, const char *qemu, enum vm_accel accel
 		}
 	}
 	return jail_config_add_program(jc, qemu, err);
-}
-
-static int rm_tree_at(int dirfd, const char *name)
-{
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d;
-	struct dirent *e;
-
-	if (fd < 0)
-		return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		if (e->d_type == DT_DIR)
-			rm_tree_at(fd, e->d_name);
-		else
-			unlinkat(fd, e->d_name, 0);
-	}
-	closedir(d);
-	return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? 0 : -errno;
 }
 
 /* Start time of a process in clock ticks since boot (field 22 of stat), or 0. */
@@ -821,7 +797,7 @@ void vm_destroy(struct vm *vm)
 
 			*slash = '/';
 			if (dfd >= 0) {
-				rm_tree_at(dfd, slash + 1);
+				fs_rmtree_at(dfd, slash + 1);
 				close(dfd);
 			}
 		}
@@ -931,7 +907,7 @@ int vm_reap_stale(const char *run_dir)
 		/* Its cgroups (anything still in them is killed first). */
 		snprintf(path, sizeof(path), "%s/%s/jail", run_dir, e->d_name);
 		jail_reap(path);
-		rm_tree_at(dirfd(d), e->d_name);
+		fs_rmtree_at(dirfd(d), e->d_name);
 		if (lock >= 0)
 			close(lock);
 		reaped++;

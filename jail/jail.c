@@ -35,6 +35,8 @@
 #include <linux/seccomp.h>
 #include <seccomp.h>
 
+#include "fsutil.h"
+
 #ifndef MOUNT_ATTR_RDONLY
 #define MOUNT_ATTR_RDONLY 0x00000001
 #define MOUNT_ATTR_NOSUID 0x00000002
@@ -860,22 +862,6 @@ static int cg_create(const struct jail_config *c, const struct jail_spec *spec, 
 
 /* ---- slots ---------------------------------------------------------------- */
 
-static int mkdir_p(const char *path, mode_t mode)
-{
-	char tmp[PATH_MAX];
-
-	snprintf(tmp, sizeof(tmp), "%s", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	return mkdir(tmp, mode) < 0 && errno != EEXIST ? -errno : 0;
-}
-
 /* 1 when the cgroup directory still holds processes. */
 static int cg_populated(const char *dir)
 {
@@ -902,7 +888,7 @@ static int slot_take(const struct jail_config *c, struct jail *j, const char *me
 	unsigned start;
 	int r;
 
-	if ((r = mkdir_p(c->slot_dir, 0700)) < 0)
+	if ((r = fs_mkdir_p(c->slot_dir, 0700)) < 0)
 		return kiln_err_set(err, "host_error", "jail: cannot create %s: %s", c->slot_dir, strerror(-r));
 	/* A random start spreads concurrent hosts over the range. */
 	if (getrandom(&start, sizeof(start), 0) != sizeof(start))
@@ -1417,36 +1403,6 @@ static int jail_record(const struct jail *j, const char *path)
 	if (fclose(f) != 0 && !r)
 		r = -errno;
 	return r;
-}
-
-static int rmtree_at(int dirfd, const char *name, int depth)
-{
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d;
-	struct dirent *e;
-
-	if (fd < 0)
-		return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		if (e->d_type == DT_DIR && depth < 64)
-			rmtree_at(fd, e->d_name, depth + 1);
-		else
-			unlinkat(fd, e->d_name, 0);
-	}
-	closedir(d);
-	return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? 0 : -errno;
-}
-
-int jail_rmtree(const char *path)
-{
-	return rmtree_at(AT_FDCWD, path, 0);
 }
 
 int jail_reap(const char *record_path)

@@ -110,8 +110,5 @@ void jail_release(struct jail *j);
  * otherwise. */
 int jail_reap(const char *record_path);
 
-/* rm -rf path without following symbolic links (a jail's directory holds
- * what an untrusted program wrote). Returns 0 or -errno. */
-int jail_rmtree(const char *path);
 
 #endif

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "jail.h"
 
 static void usage(FILE *f)
@@ -241,7 +242,7 @@ fail:
 out:
 	/* The directory we made, with what the program wrote (never following its links). */
 	if (made_dir)
-		jail_rmtree(dir);
+		fs_rmtree(dir);
 	jail_config_free(&jc);
 	return rc;
 too_many:

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "fsutil.h"
 #include "jail.h"
 
 static char dir[64];
@@ -27,7 +28,7 @@ static int dir_setup(void **state)
 
 static int dir_teardown(void **state)
 {
-	return jail_rmtree(dir);
+	return fs_rmtree(dir);
 }
 
 /* A sparse file: 64 KiB of data at 1 MiB, holes elsewhere, 4 MiB long. */
@@ -126,10 +127,10 @@ static void rmtree_does_not_follow_links(void **state)
 	assert_int_equal(symlink(victim, p), 0);
 	snprintf(p, sizeof(p), "%s/fifo", tree);
 	assert_int_equal(mkfifo(p, 0600), 0);
-	assert_int_equal(jail_rmtree(tree), 0);
+	assert_int_equal(fs_rmtree(tree), 0);
 	assert_int_equal(access(tree, F_OK), -1);
 	assert_int_equal(access(victim, F_OK), 0); /* .../victim/keep is still there */
-	assert_int_equal(jail_rmtree(tree), 0);    /* gone already: fine */
+	assert_int_equal(fs_rmtree(tree), 0);    /* gone already: fine */
 }
 
 int main(void)

@@ -1,0 +1,64 @@
+/* fsutil: directory trees, removed without following links. */
+#include "fsutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int rmtree_at(int dirfd, const char *name, int depth)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d;
+	struct dirent *e;
+
+	if (fd < 0)
+		return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		/* DT_UNKNOWN (some filesystems): try it as a directory first. */
+		if ((e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) && depth < 64)
+			rmtree_at(fd, e->d_name, depth + 1);
+		else
+			unlinkat(fd, e->d_name, 0);
+	}
+	closedir(d);
+	return unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT ? 0 : -errno;
+}
+
+int fs_rmtree_at(int dirfd, const char *name)
+{
+	return rmtree_at(dirfd, name, 0);
+}
+
+int fs_rmtree(const char *path)
+{
+	return rmtree_at(AT_FDCWD, path, 0);
+}
+
+int fs_mkdir_p(const char *path, mode_t mode)
+{
+	char tmp[PATH_MAX];
+
+	if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return mkdir(tmp, mode) < 0 && errno != EEXIST ? -errno : 0;
+}
