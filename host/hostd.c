@@ -995,6 +995,50 @@ void hostd_close(struct hostd *d)
 	free(d);
 }
 
+json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
+			    struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *j, *v;
+	const char *k;
+
+	*id = *customer = NULL;
+	*spec = NULL;
+	j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+	if (!j) {
+		kiln_err_set(err, "invalid_json", "line %d, column %d: %s", je.line, je.column, je.text);
+		return NULL;
+	}
+	if (!json_is_object(j)) {
+		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		goto fail;
+	}
+	json_object_foreach(j, k, v) {
+		if (!strcmp(k, "id") || !strcmp(k, "customer")) {
+			if (!json_is_string(v)) {
+				kiln_err_set(err, "invalid_request", "%s: expected a string", k);
+				goto fail;
+			}
+			*(!strcmp(k, "id") ? id : customer) = json_string_value(v);
+		} else if (!strcmp(k, "spec")) {
+			*spec = v;
+		} else {
+			kiln_err_set(err, "invalid_request", "%.64s: unknown field", k);
+			goto fail;
+		}
+	}
+	if (!*id || !*customer || !*spec) {
+		kiln_err_set(err, "invalid_request", "%s: required", !*id ? "id" : !*customer ? "customer" : "spec");
+		goto fail;
+	}
+	return j;
+fail:
+	json_decref(j);
+	*id = *customer = NULL;
+	*spec = NULL;
+	return NULL;
+}
+
 int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, struct kiln_err *err)
 {
 	struct task_spec spec;

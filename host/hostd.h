@@ -46,6 +46,13 @@ void hostd_stop(struct hostd *d);
  * start. */
 void hostd_close(struct hostd *d);
 
+/* Parse a POST /v1/tasks body {"id","customer","spec"}: unknown keys and
+ * duplicate keys are refused. Returns the parsed document (the caller
+ * decrefs it; *id, *customer and *spec point into it), or NULL with err set
+ * ("invalid_json" or "invalid_request", naming the field). Reentrant. */
+json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
+			    struct kiln_err *err);
+
 /* Accept a task: validate (id, customer, spec), reserve vCPUs and memory,
  * write its record durably, start it. Returns 0, or -1 with err->code one of
  * "invalid_request"/"invalid_spec" (400), "duplicate" (409), "no_capacity" and

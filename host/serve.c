@@ -132,41 +132,13 @@ static int handle_run(struct server *s, struct MHD_Connection *conn, struct requ
 /* POST /v1/tasks {"id","customer","spec"} */
 static int handle_submit(struct server *s, struct MHD_Connection *conn, struct request *req)
 {
-	json_error_t je;
-	json_t *body, *spec = NULL;
-	const char *id = NULL, *customer = NULL, *k;
-	json_t *v;
 	struct kiln_err err = { .code = "" };
-	char msg[256];
+	const char *id, *customer;
+	json_t *body, *spec, *v;
 
-	body = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &je);
-	if (!body) {
-		snprintf(msg, sizeof(msg), "line %d, column %d: %s", je.line, je.column, je.text);
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_json", msg);
-	}
-	if (!json_is_object(body)) {
-		json_decref(body);
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "expected a JSON object");
-	}
-	json_object_foreach(body, k, v) {
-		if (!strcmp(k, "id") && json_is_string(v))
-			id = json_string_value(v);
-		else if (!strcmp(k, "customer") && json_is_string(v))
-			customer = json_string_value(v);
-		else if (!strcmp(k, "spec"))
-			spec = v;
-		else {
-			snprintf(msg, sizeof(msg), "%.64s: %s", k,
-				 !strcmp(k, "id") || !strcmp(k, "customer") ? "expected a string" : "unknown field");
-			json_decref(body);
-			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", msg);
-		}
-	}
-	if (!id || !customer || !spec) {
-		json_decref(body);
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
-				   !id ? "id: required" : !customer ? "customer: required" : "spec: required");
-	}
+	body = hostd_request_parse(req->body ? req->body : "", req->len, &id, &customer, &spec, &err);
+	if (!body)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
 	if (hostd_submit(s->hostd, id, customer, spec, &err) < 0) {
 		json_decref(body);
 		return reply_error(conn, status_for(err.code), err.code, err.message);

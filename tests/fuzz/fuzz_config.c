@@ -1,0 +1,45 @@
+/* fuzz_config: libFuzzer target for kiln-host's configuration file parser
+ * (config_load), fed through a memfd path. Checks that a refusal names the
+ * problem and that an accepted file's values are within their documented
+ * ranges. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "config.h"
+
+#define check(cond)                                                                              \
+	do {                                                                                     \
+		if (!(cond)) {                                                                   \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			abort();                                                                 \
+		}                                                                                \
+	} while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static int fd = -1;
+	char path[64];
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+
+	if (fd < 0)
+		fd = memfd_create("fuzz-config", MFD_CLOEXEC);
+	check(fd >= 0);
+	check(ftruncate(fd, 0) == 0 && pwrite(fd, data, size, 0) == (ssize_t)size);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	if (config_load(path, &c, &err) < 0) {
+		check(!strcmp(err.code, "config") && err.message[0]);
+		return 0;
+	}
+	check(c.pool_size >= -1 && c.pool_size <= 256 && c.prestart >= -1 && c.prestart <= 256);
+	check(c.vcpus <= 4096 && (c.cpu_overcommit == 0 || (c.cpu_overcommit >= 1 && c.cpu_overcommit <= 64)));
+	check(!c.s3.endpoint || (c.s3.bucket && (!strncmp(c.s3.endpoint, "http://", 7) ||
+						  !strncmp(c.s3.endpoint, "https://", 8))));
+	check(c.root != NULL);
+	config_free(&c);
+	return 0;
+}

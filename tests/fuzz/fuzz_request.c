@@ -1,0 +1,50 @@
+/* fuzz_request: libFuzzer target for the host API's task request parser
+ * (hostd_request_parse) followed by the spec parser, as POST /v1/tasks runs
+ * them. Checks that an accepted request has its three fields, that ids the
+ * spool accepts are safe path and key components, and that every refusal
+ * says why. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hostd.h"
+#include "spec.h"
+#include "spool.h"
+
+#define check(cond)                                                                              \
+	do {                                                                                     \
+		if (!(cond)) {                                                                   \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			abort();                                                                 \
+		}                                                                                \
+	} while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct kiln_err err = { .code = "" };
+	const char *id, *customer;
+	json_t *spec, *j = hostd_request_parse((const char *)data, size, &id, &customer, &spec, &err);
+
+	if (!j) {
+		check(err.code[0] && err.message[0]);
+		check(!id && !customer && !spec);
+		return 0;
+	}
+	check(id && customer && spec);
+	if (spool_id_ok(id)) {
+		check(!strchr(id, '/') && strcmp(id, ".") && strcmp(id, "..") && strlen(id) <= 64);
+	}
+	if (json_is_object(spec)) {
+		char *s = json_dumps(spec, JSON_COMPACT);
+		struct task_spec ts;
+
+		if (s && spec_parse(s, strlen(s), &ts, &err) == 0)
+			spec_free(&ts);
+		else if (s)
+			check(err.message[0]);
+		free(s);
+	}
+	json_decref(j);
+	return 0;
+}
