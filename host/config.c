@@ -99,7 +99,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
-	uint64_t vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
+	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
@@ -114,7 +114,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "run_dir", 's', &c->run_dir }, { "cache", 's', &c->cache }, { "qemu", 's', &c->qemu },
 			{ "spool_dir", 's', &c->spool_dir }, { "cold", 'b', &c->cold }, { "capacity", 'o', &capacity },
 			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
-			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { 0 },
+			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
+			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;
@@ -183,6 +184,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			goto fail;
 		c->s3.secret_key = c->file_secret;
 	}
+	c->heartbeat_ms = (unsigned)heartbeat;
 	c->vcpus = (unsigned)vcpus;
 	c->memory_mib = memory;
 	c->upload_workers = (unsigned)workers;

@@ -15,6 +15,8 @@ struct host_config {
 	const char *listen;          /* "ADDR:PORT" */
 	const char *host_id;
 	const char *token;           /* cluster token (or read from token_file) */
+	const char *api, *advertise_url; /* kiln-api to register with, and how it reaches us */
+	unsigned heartbeat_ms;
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */
 	double cpu_overcommit;       /* 0: unset */

@@ -30,6 +30,7 @@ static void usage(FILE *f)
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [--force] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--config FILE] [--token T] [--host-id ID] [--spool-dir DIR]\n"
+	      "                       [--api URL] [--advertise URL]\n"
 	      "                       [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
@@ -446,6 +447,11 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->token = hc->token;
 	if (hc->spool_dir)
 		so->spool_dir = hc->spool_dir;
+	if (hc->api)
+		so->api = hc->api;
+	if (hc->advertise_url)
+		so->advertise = hc->advertise_url;
+	so->heartbeat_ms = hc->heartbeat_ms;
 	if (hc->accel)
 		cm->accel = hc->accel;
 	if (hc->image_dir)
@@ -482,9 +488,11 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 
 static int cmd_serve(int argc, char **argv)
 {
-	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o' };
+	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o',
+	       O_API = 'A', O_ADVERTISE = 'a' };
 	static const struct option opts[] = {
 		{ "config", required_argument, 0, O_CONFIG }, { "token", required_argument, 0, O_TOKEN },
+		{ "api", required_argument, 0, O_API }, { "advertise", required_argument, 0, O_ADVERTISE },
 		{ "host-id", required_argument, 0, O_HOST_ID }, { "spool-dir", required_argument, 0, O_SPOOL },
 		{ "vcpus-capacity", required_argument, 0, O_VCPUS }, { "cpu-overcommit", required_argument, 0, O_OVERCOMMIT },
 		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
@@ -530,6 +538,14 @@ static int cmd_serve(int argc, char **argv)
 		case O_TOKEN: so.token = optarg; break;
 		case O_HOST_ID: so.host_id = optarg; break;
 		case O_SPOOL: so.spool_dir = optarg; break;
+		case O_API:
+			if (strncmp(optarg, "http://", 7) && strncmp(optarg, "https://", 8)) {
+				kiln_err_set(&err, "usage", "--api: expected an http:// or https:// URL");
+				return print_error(&err, 2);
+			}
+			so.api = optarg;
+			break;
+		case O_ADVERTISE: so.advertise = optarg; break;
 		case O_VCPUS:
 			if (parse_uint(optarg, 1, 4096, &so.vcpus_capacity) < 0) {
 				kiln_err_set(&err, "usage", "--vcpus-capacity: expected 1..4096");

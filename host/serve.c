@@ -18,6 +18,7 @@
 #include <openssl/sha.h>
 
 #include "config.h"
+#include "heartbeat.h"
 #include "hostd.h"
 #include "proto.h"
 #include "run.h"
@@ -31,6 +32,7 @@ struct server {
 	struct snapshot snap;
 	int have_snap;
 	struct hostd *hostd;
+	struct heartbeat *heartbeat;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
 
@@ -399,7 +401,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	if (o->s3)
+	if (o->s3 || o->api)
 		s3_global_init();
 
 	vm_reap_stale(ro->vm.run_dir);
@@ -446,6 +448,15 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		kiln_err_set(&err, "host_error", "cannot listen on %s:%d", o->listen_host, o->port);
 		goto fail;
 	}
+	if (o->api) {
+		char adv[128];
+
+		snprintf(adv, sizeof(adv), "http://%s:%d", o->listen_host, o->port);
+		s.heartbeat = heartbeat_start(s.hostd, o->api, o->host_id, o->advertise ? o->advertise : adv, o->token,
+					      o->heartbeat_ms, &err);
+		if (!s.heartbeat)
+			goto fail;
+	}
 	fprintf(stderr,
 		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s)\n",
 		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
@@ -459,6 +470,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	}
 	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));
 	/* Streams and running tasks end first, then the HTTP threads, then the rest. */
+	heartbeat_stop(s.heartbeat);
 	hostd_stop(s.hostd);
 	MHD_stop_daemon(d);
 	hostd_close(s.hostd);
@@ -467,6 +479,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		snapshot_close(&s.snap);
 	return 0;
 fail:
+	heartbeat_stop(s.heartbeat);
 	if (d)
 		MHD_stop_daemon(d);
 	hostd_close(s.hostd);

@@ -24,6 +24,9 @@ struct serve_opts {
 	double cpu_overcommit;        /* vCPUs handed out per host CPU (default 4) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	unsigned upload_workers, max_backoff_s, retention_s;
+	const char *api;              /* kiln-api base URL to register with (NULL: standalone) */
+	const char *advertise;        /* URL kiln-api reaches this host at (default http://listen) */
+	unsigned heartbeat_ms;        /* 0: 1000 */
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */
 	int cold;                     /* no snapshot, no pool: cold boot every task */
 };
