@@ -1,0 +1,655 @@
+/* sched: placing tasks on hosts and following them there.
+ *
+ * One scheduler thread ticks (every 100 ms, or at once on sched_wake):
+ * refreshes the host list from the heartbeats in the store, handles hosts
+ * that went quiet, and places queued tasks. Each placed task then has a
+ * watcher thread that pushes it to its host (POST /v1/tasks; a 409 means a
+ * previous kiln-api already did) and follows the host's event stream,
+ * recording each state in the store with compare-and-set transitions, so
+ * that a task cancelled or requeued meanwhile is never overwritten. */
+#include "scheduler.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hostclient.h"
+#include "proto.h"
+
+#define MAX_HOSTS 256
+#define MAX_BATCH 256
+#define TICK_MS 100
+#define HOST_FULL_BACKOFF_MS 1000
+
+struct host_view {
+	char id[65];
+	char url[256];
+	int64_t last_hb_ms;
+	int lost;
+	unsigned vcpus_total, vcpus_used;
+	uint64_t mem_total, mem_used;
+	unsigned pool_ready, pool_mem, pool_vcpus;
+	/* Placed by us after the host's last heartbeat: not in its report yet. */
+	unsigned inflight_vcpus;
+	uint64_t inflight_mem;
+	int64_t full_until_ms;
+};
+
+struct watch {
+	struct sched *s;
+	char task[40], customer[65], host[65], url[256];
+	enum task_state state;       /* as last recorded by this watcher */
+	int push;                    /* push before following */
+	struct watch *next;
+};
+
+struct sched {
+	struct store *st;
+	struct sched_config cfg;
+	char *token;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t wake;
+	int stopping, woken;
+	struct host_view hosts[MAX_HOSTS];
+	int nhosts;
+	struct watch *watches;       /* placed tasks being followed */
+	unsigned nwatchers;
+};
+
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct host_view *host_find_locked(struct sched *s, const char *id)
+{
+	for (int i = 0; i < s->nhosts; i++)
+		if (!strcmp(s->hosts[i].id, id))
+			return &s->hosts[i];
+	return NULL;
+}
+
+static void relay(struct sched *s, const char *task, const char *event, json_t *data)
+{
+	if (s->cfg.relay)
+		s->cfg.relay(s->cfg.relay_ctx, task, event, data);
+}
+
+/* ---- watchers ---- */
+
+/* The task's state in the store (TASK_STATE_COUNT if it is gone). */
+static enum task_state stored_state(struct sched *s, const char *id)
+{
+	json_t *j = store_task_json(s->st, id, NULL);
+	enum task_state st = task_state_parse(json_string_value(json_object_get(j, "state")));
+
+	json_decref(j);
+	return st;
+}
+
+/* Record the host's progress with compare-and-set from what this watcher
+ * last recorded. Returns 1 recorded, 0 when the store moved on without us
+ * (the task was cancelled through the API meanwhile: the host is told). */
+static int transition(struct watch *w, enum task_state to)
+{
+	if (w->state == to || to < w->state)
+		return 1;
+	if (store_task_transition(w->s->st, w->task, w->state, to, NULL) == 1) {
+		w->state = to;
+		return 1;
+	}
+	if (stored_state(w->s, w->task) == TASK_CANCELLED) {
+		char path[80];
+		struct kiln_err err = { .code = "" };
+
+		snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
+		hostclient_call(w->url, w->s->token, "DELETE", path, NULL, 5000, NULL, &err);
+		w->state = TASK_CANCELLED; /* final in the store: stop following */
+	}
+	return 0;
+}
+
+static int finish(struct watch *w, json_t *host_task)
+{
+	json_t *res = json_object_get(host_task, "result");
+	enum task_state st = task_state_parse(json_string_value(json_object_get(host_task, "state")));
+	const char *reason = json_string_value(json_object_get(res, "end_reason"));
+
+	if (!task_state_final(st))
+		return 0;
+	store_task_finish(w->s->st, w->task, st, reason ? reason : "", host_task);
+	w->state = st;
+	return 1;
+}
+
+struct follow_ctx {
+	struct watch *w;
+	int final_seen;
+};
+
+static int on_host_event(void *ctx, const char *name, json_t *data)
+{
+	struct follow_ctx *f = ctx;
+	struct watch *w = f->w;
+
+	relay(w->s, w->task, name, data);
+	if (!strcmp(name, "state")) {
+		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
+
+		if ((st == TASK_STARTING || st == TASK_RUNNING || st == TASK_UPLOADING) && !transition(w, st) &&
+		    task_state_final(w->state))
+			return 1;
+		else if (task_state_final(st)) {
+			f->final_seen = 1;
+			return 1; /* the task JSON is fetched next */
+		}
+	}
+	return 0;
+}
+
+static int stopping(struct sched *s)
+{
+	int r;
+
+	pthread_mutex_lock(&s->lock);
+	r = s->stopping;
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+static int host_is_lost(struct sched *s, const char *host)
+{
+	struct host_view *h;
+	int lost;
+
+	pthread_mutex_lock(&s->lock);
+	h = host_find_locked(s, host);
+	lost = !h || h->lost;
+	pthread_mutex_unlock(&s->lock);
+	return lost;
+}
+
+/* Push the task to its host. 1 pushed (or already there), 0 refused for now
+ * (requeued), -1 host unreachable (left scheduled: lost-host handling or a
+ * later retry settles it). */
+static int push(struct watch *w)
+{
+	struct sched *s = w->s;
+	char *spec_text = store_task_spec(s->st, w->task);
+	json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL, *body, *reply = NULL;
+	struct kiln_err err = { .code = "" };
+	int st;
+
+	free(spec_text);
+	if (!spec)
+		return -1;
+	if (stored_state(s, w->task) != TASK_SCHEDULED) {
+		/* Cancelled (or requeued) before it reached the host: nothing to push. */
+		json_decref(spec);
+		w->state = TASK_QUEUED;
+		return 0;
+	}
+	body = json_pack("{s:s, s:s, s:o}", "id", w->task, "customer", w->customer, "spec", spec);
+	st = hostclient_call(w->url, s->token, "POST", "/v1/tasks", body, 10000, &reply, &err);
+	json_decref(body);
+	if (st == 202 || st == 409) {
+		json_decref(reply);
+		return 1;
+	}
+	if (st > 0) {
+		/* Refused (full, or the spec rejected): back to the queue, and the host
+		 * is left alone for a moment. */
+		struct host_view *h;
+
+		fprintf(stderr, "kiln-api: host %s refused task %s: HTTP %d %s\n", w->host, w->task, st,
+			json_string_value(json_object_get(json_object_get(reply, "error"), "message")) ?: "");
+		pthread_mutex_lock(&s->lock);
+		h = host_find_locked(s, w->host);
+		if (h)
+			h->full_until_ms = proto_now_ms() + HOST_FULL_BACKOFF_MS;
+		pthread_mutex_unlock(&s->lock);
+		json_decref(reply);
+		if (st >= 400 && st < 500 && st != 409) {
+			json_t *e = json_pack("{s:s, s:{s:s, s:s}}", "state", "error", "error", "code", "host_refused",
+					      "message", "the host refused the task");
+
+			store_task_finish(s->st, w->task, TASK_ERROR, "host_refused", e);
+			json_decref(e);
+			w->state = TASK_ERROR;
+			return 0;
+		}
+		store_task_transition(s->st, w->task, TASK_SCHEDULED, TASK_QUEUED, "");
+		w->state = TASK_QUEUED;
+		return 0;
+	}
+	fprintf(stderr, "kiln-api: pushing task %s to %s: %s\n", w->task, w->host, err.message);
+	return -1;
+}
+
+static void *watch_main(void *arg)
+{
+	struct watch *w = arg;
+	struct sched *s = w->s;
+
+	while (!stopping(s) && !task_state_final(w->state) && w->state != TASK_QUEUED) {
+		struct follow_ctx f = { .w = w };
+		struct kiln_err err = { .code = "" };
+		json_t *t = NULL;
+		int st;
+
+		if (host_is_lost(s, w->host))
+			break; /* the lost-host handling settles the task */
+		if (w->push) {
+			int r = push(w);
+
+			if (r == 0)
+				break;
+			if (r < 0) {
+				usleep(500000);
+				continue;
+			}
+			w->push = 0;
+		}
+		hostclient_follow(w->url, s->token, w->task, 30, on_host_event, &f, &err);
+		{
+			char path[80];
+
+			snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
+			st = hostclient_call(w->url, s->token, "GET", path, NULL, 10000, &t, &err);
+		}
+		if (st == 200 && finish(w, t)) {
+			json_decref(t);
+			break;
+		}
+		json_decref(t);
+		if (st == 404 && w->state == TASK_SCHEDULED) {
+			w->push = 1; /* never arrived (a previous kiln-api died before pushing) */
+			continue;
+		}
+		if (!f.final_seen)
+			usleep(200000);
+	}
+	pthread_mutex_lock(&s->lock);
+	for (struct watch **pp = &s->watches; *pp; pp = &(*pp)->next)
+		if (*pp == w) {
+			*pp = w->next;
+			break;
+		}
+	s->nwatchers--;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+	free(w);
+	sched_wake(s); /* capacity may have freed */
+	return NULL;
+}
+
+static int watch_start_locked(struct sched *s, const struct store_task *t, const struct host_view *h, int do_push)
+{
+	struct watch *w;
+	pthread_attr_t attr;
+	pthread_t th;
+
+	for (w = s->watches; w; w = w->next)
+		if (!strcmp(w->task, t->id))
+			return 0;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -1;
+	w->s = s;
+	snprintf(w->task, sizeof(w->task), "%s", t->id);
+	snprintf(w->customer, sizeof(w->customer), "%s", t->customer);
+	snprintf(w->host, sizeof(w->host), "%s", h->id);
+	snprintf(w->url, sizeof(w->url), "%s", h->url);
+	w->state = t->state;
+	w->push = do_push;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &attr, watch_main, w) != 0) {
+		pthread_attr_destroy(&attr);
+		free(w);
+		return -1;
+	}
+	pthread_attr_destroy(&attr);
+	w->next = s->watches;
+	s->watches = w;
+	s->nwatchers++;
+	return 0;
+}
+
+/* ---- hosts ---- */
+
+static void refresh_hosts_locked(struct sched *s)
+{
+	json_t *list = store_host_list(s->st), *h;
+	size_t i;
+	int n = 0;
+	struct host_view old[MAX_HOSTS];
+	int nold = s->nhosts;
+
+	memcpy(old, s->hosts, sizeof(old[0]) * (size_t)nold);
+	json_array_foreach(json_is_array(list) ? list : json_object_get(list, "hosts"), i, h) {
+		struct host_view *v = &s->hosts[n];
+		json_t *cap = json_object_get(h, "capacity");
+		const char *id = json_string_value(json_object_get(h, "id"));
+
+		if (!id || n >= MAX_HOSTS)
+			continue;
+		memset(v, 0, sizeof(*v));
+		snprintf(v->id, sizeof(v->id), "%s", id);
+		snprintf(v->url, sizeof(v->url), "%s", json_string_value(json_object_get(h, "url")) ?: "");
+		v->last_hb_ms = json_integer_value(json_object_get(h, "last_heartbeat_ms"));
+		v->lost = json_is_true(json_object_get(h, "lost")) ||
+			  !strcmp(json_string_value(json_object_get(h, "state")) ?: "", "lost");
+		v->vcpus_total = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "total"));
+		v->vcpus_used = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "used"));
+		v->mem_total = (uint64_t)json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "total"));
+		v->mem_used = (uint64_t)json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "used"));
+		v->pool_ready = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "ready"));
+		v->pool_mem = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "memory_mib"));
+		v->pool_vcpus = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "vcpus"));
+		for (int j = 0; j < nold; j++) {
+			if (strcmp(old[j].id, v->id))
+				continue;
+			/* Our placements since its last report stay counted until the
+			 * next heartbeat includes them. */
+			if (old[j].last_hb_ms == v->last_hb_ms) {
+				v->inflight_vcpus = old[j].inflight_vcpus;
+				v->inflight_mem = old[j].inflight_mem;
+			}
+			v->full_until_ms = old[j].full_until_ms;
+		}
+		n++;
+	}
+	s->nhosts = n;
+	json_decref(list);
+}
+
+/* A host went quiet: tasks it never started go back to the queue; started
+ * ones end (their code may have had side effects: not run twice). */
+static void host_lost(struct sched *s, const char *host)
+{
+	static const enum task_state started[] = { TASK_STARTING, TASK_RUNNING, TASK_UPLOADING };
+	struct store_task *t = calloc(MAX_BATCH, sizeof(*t));
+	int n;
+
+	if (!t)
+		return;
+	fprintf(stderr, "kiln-api: host %s is lost (no heartbeat)\n", host);
+	store_host_set_lost(s->st, host, 1);
+	n = store_tasks_in_state(s->st, TASK_SCHEDULED, t, MAX_BATCH);
+	for (int i = 0; i < n; i++)
+		if (!strcmp(t[i].host_id, host))
+			store_task_transition(s->st, t[i].id, TASK_SCHEDULED, TASK_QUEUED, "");
+	for (size_t k = 0; k < sizeof(started) / sizeof(*started); k++) {
+		n = store_tasks_in_state(s->st, started[k], t, MAX_BATCH);
+		for (int i = 0; i < n; i++) {
+			json_t *e;
+
+			if (strcmp(t[i].host_id, host))
+				continue;
+			e = json_pack("{s:s, s:{s:s, s:s, s:s}}", "state", "error", "result", "end_reason", "host_lost",
+				      "state", "error", "error", "the task's host stopped answering; it was not run again");
+			store_task_finish(s->st, t[i].id, TASK_ERROR, "host_lost", e);
+			json_decref(e);
+		}
+	}
+	free(t);
+}
+
+/* ---- placement ---- */
+
+static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, int64_t now)
+{
+	struct host_view *best = NULL;
+	long best_score = -1;
+
+	for (int i = 0; i < s->nhosts; i++) {
+		struct host_view *h = &s->hosts[i];
+		long free_v, score;
+		int64_t free_m;
+
+		if (h->lost || !h->url[0] || now < h->full_until_ms)
+			continue;
+		free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
+		free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
+		/* A pool VM of the task's size brings its own memory. */
+		if (h->pool_ready && h->pool_mem == t->memory_mib && h->pool_vcpus == t->vcpus)
+			free_m += h->pool_mem;
+		if (free_v < (long)t->vcpus || free_m < (int64_t)t->memory_mib)
+			continue;
+		/* Prefer a warm pool VM for the task's size, then the emptiest host. */
+		score = (h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0) +
+			free_v * 1000 / (long)(h->vcpus_total ? h->vcpus_total : 1);
+		if (score > best_score) {
+			best = h;
+			best_score = score;
+		}
+	}
+	return best;
+}
+
+static void place(struct sched *s)
+{
+	struct store_task *q = calloc(MAX_BATCH, sizeof(*q));
+	int n, done[MAX_BATCH] = { 0 };
+	int64_t now = proto_now_ms();
+
+	if (!q)
+		return;
+	n = store_tasks_in_state(s->st, TASK_QUEUED, q, MAX_BATCH);
+	/* Round-robin over customers (in order of their oldest queued task),
+	 * FIFO within each: one busy customer cannot starve the others. */
+	for (int progress = 1; progress;) {
+		char seen[MAX_BATCH][65];
+		int nseen = 0;
+
+		progress = 0;
+		for (int i = 0; i < n; i++) {
+			int dup = 0;
+			struct quota qt;
+			struct usage u;
+			struct host_view *h;
+
+			if (done[i])
+				continue;
+			for (int k = 0; k < nseen; k++)
+				dup |= !strcmp(seen[k], q[i].customer);
+			if (dup)
+				continue; /* this customer's turn in this round is taken */
+			snprintf(seen[nseen++], sizeof(seen[0]), "%s", q[i].customer);
+			if (store_customer_quota(s->st, q[i].customer, &qt) < 0 ||
+			    store_customer_usage(s->st, q[i].customer, &u) < 0) {
+				done[i] = 1;
+				continue;
+			}
+			/* At its running cap the customer's tasks wait in the queue. */
+			if ((qt.max_running && u.running + 1 > qt.max_running) ||
+			    (qt.max_vcpus && u.vcpus + q[i].vcpus > qt.max_vcpus) ||
+			    (qt.max_memory_mib && u.memory_mib + q[i].memory_mib > qt.max_memory_mib)) {
+				for (int k = i; k < n; k++)
+					if (!strcmp(q[k].customer, q[i].customer))
+						done[k] = 1;
+				continue;
+			}
+			pthread_mutex_lock(&s->lock);
+			h = pick_host_locked(s, &q[i], now);
+			if (h && store_task_transition(s->st, q[i].id, TASK_QUEUED, TASK_SCHEDULED, h->id) == 1) {
+				q[i].state = TASK_SCHEDULED;
+				h->inflight_vcpus += q[i].vcpus;
+				h->inflight_mem += q[i].memory_mib;
+				if (h->pool_ready && h->pool_mem == q[i].memory_mib)
+					h->pool_ready--;
+				watch_start_locked(s, &q[i], h, 1);
+				progress = 1;
+			}
+			pthread_mutex_unlock(&s->lock);
+			done[i] = 1;
+			if (!h) /* no host fits it now: later tasks of other customers may */
+				continue;
+		}
+	}
+	free(q);
+}
+
+/* Follow tasks a previous kiln-api placed (and push those it may not have). */
+static void reattach(struct sched *s)
+{
+	static const enum task_state placed[] = { TASK_SCHEDULED, TASK_STARTING, TASK_RUNNING, TASK_UPLOADING };
+	struct store_task *t = calloc(MAX_BATCH, sizeof(*t));
+
+	if (!t)
+		return;
+	for (size_t k = 0; k < sizeof(placed) / sizeof(*placed); k++) {
+		int n = store_tasks_in_state(s->st, placed[k], t, MAX_BATCH);
+
+		for (int i = 0; i < n; i++) {
+			struct host_view *h;
+
+			pthread_mutex_lock(&s->lock);
+			h = host_find_locked(s, t[i].host_id);
+			if (h)
+				watch_start_locked(s, &t[i], h, t[i].state == TASK_SCHEDULED);
+			pthread_mutex_unlock(&s->lock);
+		}
+	}
+	free(t);
+}
+
+static void *sched_main(void *arg)
+{
+	struct sched *s = arg;
+	int reattached = 0;
+
+	pthread_mutex_lock(&s->lock);
+	while (!s->stopping) {
+		struct timespec ts;
+		int64_t now = wall_ms();
+		char lost[MAX_HOSTS][65];
+		int nlost = 0;
+
+		refresh_hosts_locked(s);
+		for (int i = 0; i < s->nhosts; i++) {
+			struct host_view *h = &s->hosts[i];
+
+			if (!h->lost && now - h->last_hb_ms > (int64_t)s->cfg.host_lost_after_ms) {
+				h->lost = 1;
+				snprintf(lost[nlost++], sizeof(lost[0]), "%s", h->id);
+			} else if (h->lost && now - h->last_hb_ms <= (int64_t)s->cfg.host_lost_after_ms) {
+				/* Back: it is a host like any other again. */
+				h->lost = 0;
+				store_host_set_lost(s->st, h->id, 0);
+				fprintf(stderr, "kiln-api: host %s is back\n", h->id);
+			}
+		}
+		pthread_mutex_unlock(&s->lock);
+		for (int i = 0; i < nlost; i++)
+			host_lost(s, lost[i]);
+		if (!reattached) {
+			reattach(s);
+			reattached = 1;
+		}
+		place(s);
+		pthread_mutex_lock(&s->lock);
+		if (s->woken) {
+			s->woken = 0;
+			continue;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += TICK_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+		s->woken = 0;
+	}
+	/* Watchers end at their next check of `stopping`. */
+	while (s->nwatchers) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_sec += 1;
+		if (pthread_cond_timedwait(&s->wake, &s->lock, &ts) != 0)
+			break; /* one stuck in a long request: the process exit ends it */
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+struct sched *sched_start(struct store *st, const struct sched_config *cfg, struct kiln_err *err)
+{
+	struct sched *s = calloc(1, sizeof(*s));
+	pthread_condattr_t ca;
+
+	if (!s || !(s->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
+		free(s);
+		kiln_err_set(err, "api_error", "out of memory");
+		return NULL;
+	}
+	s->st = st;
+	s->cfg = *cfg;
+	s->cfg.cluster_token = s->token;
+	if (!s->cfg.host_lost_after_ms)
+		s->cfg.host_lost_after_ms = 10000;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->wake, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+		free(s->token);
+		free(s);
+		kiln_err_set(err, "api_error", "cannot start the scheduler thread");
+		return NULL;
+	}
+	return s;
+}
+
+void sched_wake(struct sched *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->woken = 1;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int sched_cancel(struct sched *s, const char *task_id)
+{
+	char url[256] = "", path[80];
+	struct kiln_err err = { .code = "" };
+	int st;
+
+	pthread_mutex_lock(&s->lock);
+	for (struct watch *w = s->watches; w; w = w->next)
+		if (!strcmp(w->task, task_id))
+			snprintf(url, sizeof(url), "%s", w->url);
+	pthread_mutex_unlock(&s->lock);
+	if (!url[0])
+		return -1;
+	snprintf(path, sizeof(path), "/v1/tasks/%s", task_id);
+	st = hostclient_call(url, s->token, "DELETE", path, NULL, 5000, NULL, &err);
+	return st == 202 || st == 409 ? 0 : -1;
+}
+
+void sched_stop(struct sched *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->stopping = 1;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+	pthread_join(s->thread, NULL);
+	if (!s->nwatchers) {
+		free(s->token);
+		free(s);
+	} /* else a watcher still holds s; the process is exiting */
+}
