@@ -38,6 +38,9 @@
 # change); remove DIR after stop to start empty. start and stop hold
 # DIR/lock, so concurrent calls on one DIR are serialised. Each server is one
 # process (workers = 0) detached in its own session; ~270 MB RSS in all.
+# KILN_S3_BIND (default 127.0.0.1): the address the S3 endpoint (the proxy)
+# listens on, e.g. a bridge address that hosts in network namespaces reach;
+# the backend servers and memcached stay on 127.0.0.1.
 # Progress and errors go to stderr. Needs the Debian packages swift,
 # swift-proxy, swift-account, swift-container, swift-object, memcached, curl
 # (scripts/deps.sh).
@@ -59,6 +62,8 @@ LOG=$DIR/log
 SERVERS=(memcached account container object proxy)
 START_TIMEOUT=${KILN_S3_START_TIMEOUT:-60}
 STOP_TIMEOUT=10
+# The endpoint's address: as given to `start`, remembered for `env`/`status`.
+if [ "$cmd" = start ]; then BIND=${KILN_S3_BIND:-127.0.0.1}; else BIND=$(cat "$DIR/run/bind" 2>/dev/null || echo 127.0.0.1); fi
 # The interpreter Swift is installed for (Debian's), whatever python3 is first
 # in PATH.
 SWIFT_PY=$(sed -n '1s/^#! *\([^ ]*\).*/\1/p' "$(command -v swift-proxy-server 2>/dev/null || echo /dev/null)" 2>/dev/null)
@@ -169,13 +174,14 @@ choose_port() {
 # ---- configuration -------------------------------------------------------------
 
 write_server_conf() { # name port pipeline-app-section...
-	local name=$1 port=$2 P=$3
+	local name=$1 port=$2 P=$3 ip=127.0.0.1
 	shift 3
+	[ "$name" = proxy ] && ip=$BIND
 	{
 		cat <<EOF
 # written by scripts/s3-local.sh; rewritten on every start
 [DEFAULT]
-bind_ip = 127.0.0.1
+bind_ip = $ip
 bind_port = $port
 workers = 0
 user = $(id -un)
@@ -284,11 +290,13 @@ answers() { # server base-port
 	container) port=$((P + 2)) ;;
 	account) port=$((P + 3)) ;;
 	esac
-	[ "$(curl -s -m 2 "http://127.0.0.1:$port/healthcheck" 2>/dev/null)" = OK ]
+	local ip=127.0.0.1
+	[ "$1" = proxy ] && ip=$BIND
+	[ "$(curl -s -m 2 "http://$ip:$port/healthcheck" 2>/dev/null)" = OK ]
 }
 
 print_env() { # base-port
-	echo "S3_ENDPOINT=http://127.0.0.1:$1"
+	echo "S3_ENDPOINT=http://$BIND:$1"
 	echo "S3_REGION=us-east-1"
 	echo "S3_ACCESS_KEY=test:tester"
 	echo "S3_SECRET_KEY=testing"
@@ -334,6 +342,7 @@ start() {
 		command -v "$s" >/dev/null || die "$s not found (run scripts/deps.sh)"
 	done
 	mkdir -p "$ETC" "$RUN" "$LOG" "$DIR/node/d1"
+	echo "$BIND" >"$RUN/bind"
 	P=$(choose_port)
 	write_configs "$P"
 	write_rings "$P"
@@ -349,7 +358,7 @@ start() {
 		stop_all
 		die "start failed"
 	fi
-	say "ready: S3 endpoint http://127.0.0.1:$P"
+	say "ready: S3 endpoint http://$BIND:$P"
 	print_env "$P"
 }
 
