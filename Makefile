@@ -1,5 +1,5 @@
 # kiln: one non-recursive Makefile, everything built under build/.
-#   make            binaries: build/kiln-host, build/kiln-init (+ initramfs)
+#   make            binaries: build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
 #   make image      guest kernel and root filesystem (cached in $(KILN_CACHE))
 #   make test       unit tests, fuzz corpus replay, integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
@@ -23,12 +23,16 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
+API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpthread -lm
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
 # The jail module is part of the host library (vm.c calls it); jail/main.c is kiln-jail.
 HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c)) $(filter-out jail/main.c,$(wildcard jail/*.c))
 HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
+# kiln-api: its module (store, quotas, HTTP layer, scheduler) is a library; api/main.c is the binary.
+API_SRCS   := $(filter-out api/main.c,$(wildcard api/*.c))
+API_OBJS   := $(API_SRCS:%.c=$(B)/%.o)
 # kiln-init is static and links only what the guest needs (no jansson/libcrypto).
 GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c
 GUEST_OBJS := $(GUEST_SRCS:%.c=$(B)/guest-obj/%.o)
@@ -39,7 +43,7 @@ FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
 .PHONY: all deps image test unit bench demo fuzz clean
-all: $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
+all: $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
 	@scripts/deps.sh
@@ -60,6 +64,13 @@ $(B)/libkiln-host.a: $(HOST_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(B)/libkiln-api.a: $(API_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/kiln-api: $(B)/api/main.o $(B)/libkiln-api.a $(B)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(API_LIBS)
+
 $(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
 
@@ -79,15 +90,21 @@ image: deps
 	@image/build-kernel.sh $(B)/image/vmlinux
 	@image/build-rootfs.sh $(B)/image/rootfs.ext4
 
-$(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-host.a $(B)/libkiln.a
+$(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS)
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(B)/tests/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(HOST_SRCS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(HOST_SRCS) $(HOST_LIBS)
+
+# kiln-api's request parsers need none of the host code.
+APIREQ_SRCS := api/request.c api/quota.c $(LIB_SRCS)
+$(B)/tests/fuzz/fuzz_apireq: tests/fuzz/fuzz_apireq.c $(APIREQ_SRCS)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Iapi -o $@ $< $(APIREQ_SRCS) $(HOST_LIBS) -lm
 
 # Benchmarks: C drivers over the real host code, and the busybox baseline guest.
 BENCH_SRCS := $(wildcard bench/*.c)

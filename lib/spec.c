@@ -690,10 +690,8 @@ static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
 	return 0;
 }
 
-/* Count '[', '{' and ',' outside strings, stopping past max (see
- * SPEC_MAX_JSON_NODES). Malformed JSON may be miscounted; jansson rejects it
- * anyway. Linear: each run of backslashes is looked at once. */
-static size_t json_nodes(const char *p, size_t n, size_t max)
+/* Linear: each run of backslashes is looked at once. */
+size_t spec_json_nodes(const char *p, size_t n, size_t max)
 {
 	size_t i = 0, count = 0;
 
@@ -744,7 +742,7 @@ int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_
 	 * REJECT_DUPLICATES: {"cwd":"/a","cwd":"/b"} is ambiguous, not last-wins.
 	 * ALLOW_NUL: see get_str(). */
 	assert(json || len == 0);
-	if (json_nodes(json, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
+	if (spec_json_nodes(json, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
 		return fail(err, "spec", "must have at most %d JSON arrays, objects and ',' separators "
 			    "outside strings", SPEC_MAX_JSON_NODES);
 	root = json_loadb(json ? json : "", len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,

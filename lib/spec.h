@@ -95,6 +95,12 @@ struct task_spec {
  */
 int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_err *err);
 
+/* Count '[', '{' and ',' outside strings in p[0..n), stopping once past max
+ * (see SPEC_MAX_JSON_NODES): for callers that parse a body that embeds a spec
+ * before spec_parse() does, so that they apply the same bound first.
+ * Malformed JSON may be miscounted; jansson rejects it anyway. */
+size_t spec_json_nodes(const char *p, size_t n, size_t max);
+
 /* Free everything a successful spec_parse() allocated and zero *s. Safe on a
  * zeroed struct and when called twice. */
 void spec_free(struct task_spec *s);

@@ -1,0 +1,176 @@
+/* config: parse and validate kiln-api's JSON configuration file. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quota.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
+
+void api_config_defaults(struct api_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->listen = "127.0.0.1:8080";
+	c->db = "/var/lib/kiln/api.db";
+	c->presign_expiry_s = 3600;
+	c->host_lost_after_s = 30;
+	c->max_body_mib = 64;
+	quota_defaults(&c->quotas);
+}
+
+/* The first line of a file, without its newline. */
+static char *read_secret(const char *path, const char *key, const char *file, struct kiln_err *err)
+{
+	FILE *f = fopen(path, "re");
+	char buf[1024], *nl;
+
+	if (!f) {
+		kiln_err_set(err, "config", "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
+		return NULL;
+	}
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = '\0';
+	fclose(f);
+	nl = strchr(buf, '\n');
+	if (nl)
+		*nl = '\0';
+	if (!buf[0]) {
+		kiln_err_set(err, "config", "%s: %s: %s is empty", file, key, path);
+		return NULL;
+	}
+	return strdup(buf);
+}
+
+struct field {
+	const char *name;
+	char type; /* 's' string, 'u' unsigned, 'o' object */
+	void *out;
+	double min, max;
+};
+
+static int take(json_t *obj, const char *where, const struct field *fields, const char *file, struct kiln_err *err)
+{
+	const char *k;
+	json_t *v;
+
+	if (!json_is_object(obj))
+		return kiln_err_set(err, "config", "%s: %s: expected an object", file, *where ? where : "(top)");
+	json_object_foreach(obj, k, v) {
+		const struct field *f = fields;
+		const char *dot = *where ? "." : "";
+
+		while (f->name && strcmp(f->name, k))
+			f++;
+		if (!f->name)
+			return kiln_err_set(err, "config", "%s: %s%s%s: unknown setting", file, where, dot, k);
+		if (f->type == 's') {
+			if (!json_is_string(v) || !json_string_length(v))
+				return kiln_err_set(err, "config", "%s: %s%s%s: expected a non-empty string", file, where,
+						    dot, k);
+			*(const char **)f->out = json_string_value(v);
+		} else if (f->type == 'u') {
+			if (!json_is_integer(v) || json_integer_value(v) < f->min || json_integer_value(v) > f->max)
+				return kiln_err_set(err, "config", "%s: %s%s%s: expected an integer %g..%g", file, where,
+						    dot, k, f->min, f->max);
+			*(unsigned *)f->out = (unsigned)json_integer_value(v);
+		} else {
+			*(json_t **)f->out = v;
+		}
+	}
+	return 0;
+}
+
+/* "x" and "x_file": one of them, the file read. */
+static int secret(const char *value, const char *file_path, const char *name, const char *file, const char **out,
+		  char **owned, struct kiln_err *err)
+{
+	if (value && file_path)
+		return kiln_err_set(err, "config", "%s: %s and %s_file: give one, not both", file, name, name);
+	if (file_path) {
+		char key[64];
+
+		snprintf(key, sizeof(key), "%s_file", name);
+		*owned = read_secret(file_path, key, file, err);
+		if (!*owned)
+			return -1;
+		*out = *owned;
+	} else if (value) {
+		*out = value;
+	}
+	return 0;
+}
+
+int api_config_load(const char *path, struct api_config *c, struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *s3 = NULL, *quotas = NULL;
+	const char *admin_key = NULL, *admin_key_file = NULL, *token = NULL, *token_file = NULL;
+	const char *sk = NULL, *sk_file = NULL;
+	struct kiln_err qerr;
+
+	api_config_defaults(c);
+	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+	if (!c->root)
+		return kiln_err_set(err, "config", "%s:%d:%d: %s", path, je.line, je.column, je.text);
+	{
+		const struct field top[] = {
+			{ "listen", 's', &c->listen }, { "db", 's', &c->db }, { "admin_key", 's', &admin_key },
+			{ "admin_key_file", 's', &admin_key_file }, { "cluster_token", 's', &token },
+			{ "cluster_token_file", 's', &token_file }, { "s3", 'o', &s3 },
+			{ "presign_expiry_s", 'u', &c->presign_expiry_s, 1, 604800 },
+			{ "host_lost_after_s", 'u', &c->host_lost_after_s, 1, 86400 }, { "quotas", 'o', &quotas },
+			{ "max_body_mib", 'u', &c->max_body_mib, 1, 128 }, { 0 },
+		};
+		if (take(c->root, "", top, path, err) < 0)
+			goto fail;
+	}
+	if (s3) {
+		const struct field f[] = {
+			{ "endpoint", 's', &c->s3.endpoint }, { "region", 's', &c->s3.region }, { "bucket", 's', &c->s3.bucket },
+			{ "access_key", 's', &c->s3.access_key }, { "secret_key", 's', &sk },
+			{ "secret_key_file", 's', &sk_file }, { 0 },
+		};
+		if (take(s3, "s3", f, path, err) < 0)
+			goto fail;
+		if (!c->s3.endpoint || !c->s3.bucket || !c->s3.access_key || (!sk && !sk_file)) {
+			kiln_err_set(err, "config", "%s: s3: endpoint, bucket, access_key and secret_key are required", path);
+			goto fail;
+		}
+		if (strncmp(c->s3.endpoint, "http://", 7) && strncmp(c->s3.endpoint, "https://", 8)) {
+			kiln_err_set(err, "config", "%s: s3.endpoint: expected an http:// or https:// URL", path);
+			goto fail;
+		}
+		if (!c->s3.region)
+			c->s3.region = "us-east-1";
+		if (secret(sk, sk_file, "s3.secret_key", path, &c->s3.secret_key, &c->file_secret, err) < 0)
+			goto fail;
+	}
+	if (quotas && quota_from_json(quotas, "quotas", &c->quotas, &qerr) < 0) {
+		kiln_err_set(err, "config", "%s: %s", path, qerr.message);
+		goto fail;
+	}
+	if (secret(admin_key, admin_key_file, "admin_key", path, &c->admin_key, &c->file_admin_key, err) < 0 ||
+	    secret(token, token_file, "cluster_token", path, &c->cluster_token, &c->file_token, err) < 0)
+		goto fail;
+	if (c->admin_key && strlen(c->admin_key) < 16) {
+		kiln_err_set(err, "config", "%s: admin_key: at least 16 characters", path);
+		goto fail;
+	}
+	return 0;
+fail:
+	api_config_free(c);
+	return -1;
+}
+
+void api_config_free(struct api_config *c)
+{
+	json_decref(c->root);
+	free(c->file_admin_key);
+	free(c->file_token);
+	free(c->file_secret);
+	c->root = NULL;
+	c->file_admin_key = c->file_token = c->file_secret = NULL;
+}

@@ -1,0 +1,37 @@
+/* config: kiln-api's JSON configuration file (README, "kiln-api
+ * configuration"). Every key but the secrets' is optional; unknown keys are
+ * errors; command-line flags override the file. */
+#ifndef KILN_API_CONFIG_H
+#define KILN_API_CONFIG_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "s3.h"
+#include "store.h"
+
+struct api_config {
+	const char *listen;          /* "ADDR:PORT", default 127.0.0.1:8080 */
+	const char *db;              /* SQLite file, default /var/lib/kiln/api.db */
+	const char *admin_key;       /* accepted as an admin key; may be NULL */
+	const char *cluster_token;   /* hosts present it (heartbeats); may be NULL */
+	struct s3_config s3;         /* s3.endpoint NULL: outputs get no url */
+	unsigned presign_expiry_s;   /* default 3600 */
+	unsigned host_lost_after_s;  /* default 30 */
+	struct quota quotas;         /* defaults for new customers */
+	unsigned max_body_mib;       /* POST body limit, default 64 */
+	json_t *root;                /* owns the strings above */
+	char *file_admin_key, *file_token, *file_secret;
+};
+
+/* Built-in defaults only (no file): for tests and flags-only runs. */
+void api_config_defaults(struct api_config *c);
+
+/* Defaults, then path over them. 0, or -1 with err set (code "config", the
+ * message naming the file and the key); *c is freed then. */
+int api_config_load(const char *path, struct api_config *c, struct kiln_err *err);
+void api_config_free(struct api_config *c);
+
+#endif

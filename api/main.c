@@ -1,0 +1,101 @@
+/* kiln-api: the public HTTP API of kiln (docs/api.md, "kiln-api"). Loads the
+ * configuration, opens the store, serves until SIGINT/SIGTERM. */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "server.h"
+#include "store.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
+		   "  Serves the kiln API; see README \"kiln-api configuration\".\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, 0, 'c' }, { "listen", required_argument, 0, 'l' },
+		{ "db", required_argument, 0, 'd' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	const char *config_path = NULL, *listen = NULL, *db = NULL;
+	struct kiln_err err = { .code = "" };
+	struct api_config cfg;
+	struct store *st;
+	struct server *srv;
+	sigset_t set;
+	int opt, sig;
+
+	while ((opt = getopt_long(argc, argv, "c:l:d:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			config_path = optarg;
+			break;
+		case 'l':
+			listen = optarg;
+			break;
+		case 'd':
+			db = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (config_path) {
+		if (api_config_load(config_path, &cfg, &err) < 0) {
+			fprintf(stderr, "kiln-api: %s\n", err.message);
+			return 2;
+		}
+	} else {
+		api_config_defaults(&cfg);
+	}
+	if (listen)
+		cfg.listen = listen;
+	if (db)
+		cfg.db = db;
+	if (!cfg.admin_key)
+		fprintf(stderr, "kiln-api: warning: no admin_key configured: nobody can create customers or keys\n");
+
+	/* Signals are taken synchronously below; every thread inherits the mask. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	st = store_open(cfg.db, &err);
+	if (!st) {
+		fprintf(stderr, "kiln-api: %s\n", err.message);
+		api_config_free(&cfg);
+		return 3;
+	}
+	srv = server_start(&cfg, st, NULL, &err);
+	if (!srv) {
+		fprintf(stderr, "kiln-api: %s\n", err.message);
+		store_close(st);
+		api_config_free(&cfg);
+		return 3;
+	}
+	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
+		cfg.s3.endpoint ? cfg.s3.endpoint : "none: outputs get no url");
+	while (sigwait(&set, &sig) != 0)
+		;
+	fprintf(stderr, "kiln-api: %s: shutting down\n", strsignal(sig));
+	server_stop(srv);
+	store_close(st);
+	api_config_free(&cfg);
+	return 0;
+}

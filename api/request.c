@@ -1,0 +1,273 @@
+/* request: parsers for kiln-api's request bodies (see request.h). */
+#include "request.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "quota.h"
+#include "spec.h"
+
+/* Printable ASCII only in messages: jansson may quote raw input. */
+static void scrub(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			*s = '?';
+}
+
+/* Parse a body that must be one JSON object. Small bodies only (admin,
+ * heartbeat): the caller bounds len. */
+static json_t *load_object(const char *body, size_t len, struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *j;
+
+	if (spec_json_nodes(body ? body : "", len, 1024) > 1024) {
+		kiln_err_set(err, "invalid_request", "body: too many JSON values");
+		return NULL;
+	}
+	j = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+	if (!j) {
+		scrub(je.text);
+		kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column, je.text);
+		return NULL;
+	}
+	if (!json_is_object(j)) {
+		json_decref(j);
+		kiln_err_set(err, "invalid_request", "body: must be a JSON object");
+		return NULL;
+	}
+	return j;
+}
+
+void api_task_request_free(struct api_task_request *r)
+{
+	if (!r)
+		return;
+	free(r->spec_json);
+	json_decref(r->metadata);
+	free(r->egress);
+	memset(r, 0, sizeof(*r));
+}
+
+int api_task_request_parse(const char *body, size_t len, struct api_task_request *out, struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *root = NULL, *md, *net, *eg;
+	char *md_text = NULL;
+
+	memset(out, 0, sizeof(*out));
+	if (!body)
+		body = "";
+	if (len > SPEC_MAX_JSON + API_METADATA_MAX)
+		return kiln_err_set(err, "invalid_spec", "spec: must be at most %u bytes of JSON (got %zu)",
+				    SPEC_MAX_JSON, len);
+	/* jansson spends ~100 bytes per value: bound them before it runs, as
+	 * spec_parse does (metadata counts too). */
+	if (spec_json_nodes(body, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
+		return kiln_err_set(err, "invalid_spec",
+				    "spec: must have at most %d JSON arrays, objects and ',' separators outside strings",
+				    SPEC_MAX_JSON_NODES);
+	root = json_loadb(body, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+	if (!root) {
+		scrub(je.text);
+		return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column,
+				    je.text);
+	}
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return kiln_err_set(err, "invalid_spec", "spec: must be a JSON object");
+	}
+	md = json_object_get(root, "metadata");
+	if (md) {
+		if (!json_is_object(md)) {
+			kiln_err_set(err, "invalid_request", "metadata: must be an object");
+			goto fail;
+		}
+		md_text = json_dumps(md, JSON_COMPACT);
+		if (!md_text || strlen(md_text) > API_METADATA_MAX) {
+			kiln_err_set(err, "invalid_request", "metadata: must be at most %d bytes as compact JSON",
+				     API_METADATA_MAX);
+			goto fail;
+		}
+		free(md_text);
+		md_text = NULL;
+		out->metadata = json_incref(md);
+		json_object_del(root, "metadata");
+	}
+	net = json_object_get(root, "network");
+	eg = json_is_object(net) ? json_object_get(net, "egress") : NULL;
+	if (json_is_string(eg)) {
+		out->egress = strndup(json_string_value(eg), 64);
+		if (!out->egress)
+			goto oom;
+	}
+	if (out->metadata) {
+		/* Without metadata the body is the spec as sent; with it, the
+		 * rest is written out again (same values, compact). */
+		out->spec_json = json_dumps(root, JSON_COMPACT);
+		if (!out->spec_json)
+			goto oom;
+		out->spec_len = strlen(out->spec_json);
+	} else {
+		out->spec_json = malloc(len + 1);
+		if (!out->spec_json)
+			goto oom;
+		memcpy(out->spec_json, body, len);
+		out->spec_json[len] = '\0';
+		out->spec_len = len;
+	}
+	json_decref(root);
+	return 0;
+oom:
+	kiln_err_set(err, "internal", "out of memory");
+fail:
+	json_decref(root);
+	api_task_request_free(out);
+	return -1;
+}
+
+int api_id_ok(const char *id)
+{
+	size_t n = strlen(id);
+
+	if (n < 1 || n > 64 || id[0] == '.')
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+		      c == '.' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+static int check_keys(json_t *j, const char *const *allowed, struct kiln_err *err)
+{
+	const char *k;
+	json_t *v;
+
+	json_object_foreach(j, k, v) {
+		const char *const *a = allowed;
+
+		while (*a && strcmp(*a, k))
+			a++;
+		if (!*a) {
+			char q[65];
+
+			snprintf(q, sizeof(q), "%s", k);
+			scrub(q);
+			return kiln_err_set(err, "invalid_request", "%s: unknown field", q);
+		}
+	}
+	return 0;
+}
+
+int api_customer_request_parse(const char *body, size_t len, char *id, char *name, struct quota *q,
+			       struct kiln_err *err)
+{
+	static const char *const keys[] = { "id", "name", "quotas", NULL };
+	json_t *j = load_object(body, len, err), *v;
+	struct quota nq = *q;
+	int r = -1;
+
+	if (!j)
+		return -1;
+	if (check_keys(j, keys, err))
+		goto out;
+	v = json_object_get(j, "id");
+	if (!json_is_string(v) || !api_id_ok(json_string_value(v)) ||
+	    strlen(json_string_value(v)) != json_string_length(v)) {
+		kiln_err_set(err, "invalid_request", "id: required, 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		goto out;
+	}
+	strcpy(id, json_string_value(v));
+	v = json_object_get(j, "name");
+	if (v) {
+		const char *s = json_string_value(v);
+		size_t n = json_string_length(v);
+
+		if (!s || n < 1 || n > API_NAME_MAX || strlen(s) != n) {
+			kiln_err_set(err, "invalid_request", "name: must be a string of 1-%d bytes without NUL",
+				     API_NAME_MAX);
+			goto out;
+		}
+		for (size_t i = 0; i < n; i++)
+			if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) {
+				kiln_err_set(err, "invalid_request", "name: no control characters");
+				goto out;
+			}
+		memcpy(name, s, n + 1);
+	} else {
+		strcpy(name, id);
+	}
+	v = json_object_get(j, "quotas");
+	if (v && quota_from_json(v, "quotas", &nq, err) < 0)
+		goto out;
+	*q = nq;
+	r = 0;
+out:
+	json_decref(j);
+	return r;
+}
+
+int api_quota_request_parse(const char *body, size_t len, struct quota *q, struct kiln_err *err)
+{
+	json_t *j = load_object(body, len, err);
+	int r;
+
+	if (!j)
+		return -1;
+	r = quota_from_json(j, "", q, err);
+	json_decref(j);
+	return r;
+}
+
+int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capacity, struct kiln_err *err)
+{
+	static const char *const keys[] = { "url", "capacity", NULL };
+	json_t *j = load_object(body, len, err), *v, *c;
+	const char *s;
+	size_t n;
+	char *dump;
+
+	*capacity = NULL;
+	if (!j)
+		return -1;
+	if (check_keys(j, keys, err))
+		goto fail;
+	v = json_object_get(j, "url");
+	s = json_string_value(v);
+	n = s ? json_string_length(v) : 0;
+	if (!s || n > API_URL_MAX || strlen(s) != n ||
+	    (strncmp(s, "http://", 7) && strncmp(s, "https://", 8)) || n <= 8) {
+		kiln_err_set(err, "invalid_request", "url: required, an http:// or https:// URL of at most %d bytes",
+			     API_URL_MAX);
+		goto fail;
+	}
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f) {
+			kiln_err_set(err, "invalid_request", "url: no spaces, control or non-ASCII characters");
+			goto fail;
+		}
+	c = json_object_get(j, "capacity");
+	if (!json_is_object(c)) {
+		kiln_err_set(err, "invalid_request", "capacity: required, an object (kiln-host's GET /v1/capacity)");
+		goto fail;
+	}
+	dump = json_dumps(c, JSON_COMPACT);
+	n = dump ? strlen(dump) : 0;
+	free(dump);
+	if (!n || n > API_CAPACITY_MAX) {
+		kiln_err_set(err, "invalid_request", "capacity: at most %d bytes", API_CAPACITY_MAX);
+		goto fail;
+	}
+	memcpy(url, s, strlen(s) + 1);
+	*capacity = json_incref(c);
+	json_decref(j);
+	return 0;
+fail:
+	json_decref(j);
+	return -1;
+}

@@ -1,0 +1,57 @@
+/* request: the pure parsers behind kiln-api's request bodies (POST
+ * /v1/tasks with its metadata, the admin bodies, host heartbeats). No store,
+ * no HTTP: the server and the fuzzer (tests/fuzz/fuzz_apireq.c) link them
+ * alike. Every function is reentrant. */
+#ifndef KILN_API_REQUEST_H
+#define KILN_API_REQUEST_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "store.h"
+
+#define API_METADATA_MAX  16384 /* bytes of compact JSON */
+#define API_NAME_MAX      128
+#define API_URL_MAX       256
+#define API_CAPACITY_MAX  16384 /* bytes of a heartbeat's capacity JSON */
+
+/* A POST /v1/tasks body split in two. */
+struct api_task_request {
+	char *spec_json;   /* the body without "metadata" (malloc'd), for spec_parse */
+	size_t spec_len;
+	json_t *metadata;  /* the "metadata" object, or NULL when absent */
+	char *egress;      /* network.egress as given when it is a string, else NULL */
+};
+
+/* Split body[0..len): parse it (line/column on malformed JSON: code
+ * "invalid_json"), take "metadata" out (an object of at most
+ * API_METADATA_MAX bytes as compact JSON: else "invalid_request" naming
+ * "metadata"), note network.egress. The spec itself is NOT validated: run
+ * spec_parse() on spec_json. The same JSON-node bound as spec_parse applies
+ * before anything is parsed ("invalid_spec"). Returns 0 with *out filled
+ * (release with api_task_request_free) or -1 with err set and *out zeroed. */
+int api_task_request_parse(const char *body, size_t len, struct api_task_request *out, struct kiln_err *err);
+void api_task_request_free(struct api_task_request *r);
+
+/* Customer and host ids: 1-64 of [A-Za-z0-9_.-], not starting with '.'
+ * (they name S3 prefixes). 1 when ok. */
+int api_id_ok(const char *id);
+
+/* POST /v1/admin/customers {"id","name"?,"quotas"?}: id into id (65 bytes),
+ * name (API_NAME_MAX+1 bytes; the id when absent), quotas applied over *q.
+ * 0 or -1 with err set ("invalid_json", "invalid_request"). */
+int api_customer_request_parse(const char *body, size_t len, char *id, char *name, struct quota *q,
+			       struct kiln_err *err);
+
+/* PUT /v1/admin/customers/{id}/quotas: a (partial) quotas object applied
+ * over *q. 0 or -1 with err set. */
+int api_quota_request_parse(const char *body, size_t len, struct quota *q, struct kiln_err *err);
+
+/* POST /v1/hosts/{id}/heartbeat {"url":"http://...","capacity":{...}}: url
+ * into url (API_URL_MAX+1 bytes), *capacity a new reference to the capacity
+ * object. 0 or -1 with err set. */
+int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capacity, struct kiln_err *err);
+
+#endif

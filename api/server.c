@@ -1,0 +1,1201 @@
+/* server: kiln-api's HTTP API over the store (see server.h, docs/api.md).
+ *
+ * Threads: libmicrohttpd runs one thread per connection, so a long-poll
+ * (GET /v1/tasks/{id}?wait=S) simply blocks in its handler on the store's
+ * change counter (store_wait_change) and an event stream blocks in its
+ * reader on the event hub's condition variable. Every handler answers on the
+ * second call of the access handler (answering on the first makes
+ * libmicrohttpd close the connection), except for 413: a body that is too
+ * large is refused as soon as it is known to be, and the connection closes
+ * without reading the rest.
+ *
+ * Event hub: per-task lists of formatted SSE blocks (s->ev_*), fed by the
+ * store's listener (state changes) and by server_task_event (the
+ * scheduler's relay of host output). One mutex and one condition variable. */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include "quota.h"
+#include "request.h"
+#include "s3.h"
+#include "spec.h"
+
+#define EV_BUCKETS 1024
+#define EV_MAX_TASKS 4096
+#define EV_TASK_MAX_BYTES (1u << 20)
+#define EV_TOTAL_MAX_BYTES (256u << 20)
+#define KEEPALIVE_MS 15000
+#define WAIT_MAX_S 60
+#define QUEUE_FULL_RETRY_S 5
+#define ADMIN_BODY_MAX (64u << 10)
+
+struct ev_task {
+	char id[40];
+	char **ev;
+	size_t nev, cap, bytes;
+	enum task_state last_state;
+	int final, truncated;
+	unsigned refs;
+	int64_t touched_ms;
+	struct ev_task *next;
+};
+
+struct server {
+	const struct api_config *cfg;
+	struct store *st;
+	struct quota_limiter *lim;
+	struct MHD_Daemon *d;
+	size_t max_body;
+	unsigned char admin_hash[SHA256_DIGEST_LENGTH], token_hash[SHA256_DIGEST_LENGTH];
+	int have_admin, have_token;
+	pthread_mutex_t hooks_lock;
+	struct server_hooks hooks;
+
+	pthread_mutex_t ev_lock;
+	pthread_cond_t ev_cond;
+	struct ev_task *ev_tab[EV_BUCKETS];
+	size_t ev_count, ev_bytes;
+	int stopping;
+};
+
+struct request {
+	char *body;
+	size_t len, cap;
+};
+
+struct caller {
+	char customer[65]; /* "" for the admin */
+	int admin;
+};
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- replies ---- */
+
+static enum MHD_Result queue(struct MHD_Connection *conn, unsigned status, json_t *j, const char *hname,
+			     const char *hvalue)
+{
+	char *s = json_dumps(j, JSON_COMPACT);
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	json_decref(j);
+	if (!s)
+		return MHD_NO;
+	r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(s);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "application/json");
+	if (hname)
+		MHD_add_response_header(r, hname, hvalue);
+	ret = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j)
+{
+	return queue(conn, status, j ? j : json_object(), NULL, NULL);
+}
+
+static enum MHD_Result reply_error_h(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg,
+				     const char *hname, const char *hvalue)
+{
+	return queue(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg), hname, hvalue);
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg)
+{
+	return reply_error_h(conn, status, code, msg, NULL, NULL);
+}
+
+static enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e)
+{
+	return reply_error(conn, status, e->code[0] ? e->code : "internal", e->message);
+}
+
+static enum MHD_Result not_found(struct MHD_Connection *conn, const char *what)
+{
+	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", what);
+}
+
+static enum MHD_Result method_not_allowed(struct MHD_Connection *conn, const char *allowed)
+{
+	char msg[64];
+	json_t *j;
+
+	snprintf(msg, sizeof(msg), "use %s", allowed);
+	j = json_pack("{s:{s:s, s:s}}", "error", "code", "method_not_allowed", "message", msg);
+	return queue(conn, MHD_HTTP_METHOD_NOT_ALLOWED, j, "Allow", allowed);
+}
+
+static enum MHD_Result internal(struct MHD_Connection *conn, const char *what)
+{
+	return reply_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", what);
+}
+
+/* ---- authentication ---- */
+
+static const char *bearer(struct MHD_Connection *conn)
+{
+	const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+
+	if (!h || strncmp(h, "Bearer ", 7))
+		return NULL;
+	return h + 7;
+}
+
+/* Hash both sides so that the comparison takes the same time whatever the
+ * presented secret's length or content. */
+static int secret_matches(const char *got, const unsigned char want[SHA256_DIGEST_LENGTH])
+{
+	unsigned char h[SHA256_DIGEST_LENGTH];
+
+	SHA256((const unsigned char *)got, strlen(got), h);
+	return CRYPTO_memcmp(h, want, sizeof(h)) == 0;
+}
+
+static int authenticate(struct server *s, struct MHD_Connection *conn, struct caller *c)
+{
+	const char *key = bearer(conn);
+
+	memset(c, 0, sizeof(*c));
+	if (!key)
+		return 0;
+	if (s->have_admin && secret_matches(key, s->admin_hash)) {
+		c->admin = 1;
+		return 1;
+	}
+	if (!store_key_check(s->st, key, c->customer, &c->admin))
+		return 0;
+	if (c->admin)
+		c->customer[0] = '\0';
+	return 1;
+}
+
+static enum MHD_Result reply_unauthorized(struct MHD_Connection *conn, const char *msg)
+{
+	return reply_error_h(conn, MHD_HTTP_UNAUTHORIZED, "unauthorized", msg, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+			     "Bearer");
+}
+
+/* ---- event hub ---- */
+
+static unsigned ev_hash(const char *id)
+{
+	unsigned h = 2166136261u;
+
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * 16777619u;
+	return h % EV_BUCKETS;
+}
+
+static struct ev_task *ev_find_locked(struct server *s, const char *id)
+{
+	for (struct ev_task *t = s->ev_tab[ev_hash(id)]; t; t = t->next)
+		if (!strcmp(t->id, id))
+			return t;
+	return NULL;
+}
+
+static void ev_free(struct server *s, struct ev_task *t)
+{
+	for (size_t i = 0; i < t->nev; i++)
+		free(t->ev[i]);
+	s->ev_bytes -= t->bytes;
+	free(t->ev);
+	free(t);
+}
+
+static void ev_unlink_locked(struct server *s, struct ev_task *t)
+{
+	struct ev_task **p = &s->ev_tab[ev_hash(t->id)];
+
+	while (*p != t)
+		p = &(*p)->next;
+	*p = t->next;
+	s->ev_count--;
+}
+
+/* Drop the oldest finished lists nobody reads until within the bounds. */
+static void ev_evict_locked(struct server *s)
+{
+	while (s->ev_count > EV_MAX_TASKS || s->ev_bytes > EV_TOTAL_MAX_BYTES) {
+		struct ev_task *victim = NULL;
+
+		for (unsigned b = 0; b < EV_BUCKETS; b++)
+			for (struct ev_task *t = s->ev_tab[b]; t; t = t->next)
+				if (!t->refs && (t->final || s->ev_count > EV_MAX_TASKS) &&
+				    (!victim || (t->final && !victim->final) ||
+				     (t->final == victim->final && t->touched_ms < victim->touched_ms)))
+					victim = t;
+		if (!victim)
+			return;
+		ev_unlink_locked(s, victim);
+		ev_free(s, victim);
+	}
+}
+
+/* Append "event: NAME\ndata: JSON\n\n" (ev_lock held). */
+static void ev_append_locked(struct server *s, struct ev_task *t, const char *name, json_t *data)
+{
+	int is_state = !strcmp(name, "state");
+	char *js = json_dumps(data, JSON_COMPACT), *block = NULL;
+	size_t len;
+
+	if (!js)
+		return;
+	len = strlen(name) + strlen(js) + 16;
+	if (!is_state && (t->bytes + len > EV_TASK_MAX_BYTES || s->ev_bytes + len > EV_TOTAL_MAX_BYTES)) {
+		ev_evict_locked(s);
+		if (t->bytes + len > EV_TASK_MAX_BYTES || s->ev_bytes + len > EV_TOTAL_MAX_BYTES) {
+			free(js);
+			if (t->truncated)
+				return;
+			t->truncated = 1;
+			js = strdup("{}");
+			name = "truncated";
+			if (!js)
+				return;
+			len = strlen(name) + strlen(js) + 16;
+		}
+	}
+	if (t->nev == t->cap) {
+		size_t ncap = t->cap ? t->cap * 2 : 8;
+		char **n = realloc(t->ev, ncap * sizeof(*n));
+
+		if (!n) {
+			free(js);
+			return;
+		}
+		t->ev = n;
+		t->cap = ncap;
+	}
+	if (asprintf(&block, "event: %s\ndata: %s\n\n", name, js) < 0) {
+		free(js);
+		return;
+	}
+	free(js);
+	len = strlen(block);
+	t->ev[t->nev++] = block;
+	t->bytes += len;
+	s->ev_bytes += len;
+	t->touched_ms = mono_ms();
+	if (is_state) {
+		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
+
+		t->last_state = st;
+		if (task_state_final(st))
+			t->final = 1;
+	}
+	pthread_cond_broadcast(&s->ev_cond);
+}
+
+static json_t *state_data(enum task_state st)
+{
+	return json_pack("{s:s, s:I}", "state", task_state_name(st), "at", (json_int_t)wall_ms());
+}
+
+/* The task's list with a reference taken, made (starting with the task's
+ * current state) if there is none. NULL when the store has no such task. */
+static struct ev_task *ev_get(struct server *s, const char *id)
+{
+	enum task_state st, st2;
+	struct ev_task *t;
+
+	pthread_mutex_lock(&s->ev_lock);
+	t = ev_find_locked(s, id);
+	if (t) {
+		t->refs++;
+		pthread_mutex_unlock(&s->ev_lock);
+		return t;
+	}
+	pthread_mutex_unlock(&s->ev_lock);
+	/* The store is read without ev_lock held: its listener takes ev_lock
+	 * while the store may be busy, never the other way round. */
+	if (store_task_state(s->st, id, &st) < 0)
+		return NULL;
+	pthread_mutex_lock(&s->ev_lock);
+	t = ev_find_locked(s, id);
+	if (!t) {
+		json_t *d = state_data(st);
+
+		t = calloc(1, sizeof(*t));
+		if (!t) {
+			pthread_mutex_unlock(&s->ev_lock);
+			json_decref(d);
+			return NULL;
+		}
+		snprintf(t->id, sizeof(t->id), "%s", id);
+		t->last_state = TASK_STATE_COUNT;
+		t->next = s->ev_tab[ev_hash(id)];
+		s->ev_tab[ev_hash(id)] = t;
+		s->ev_count++;
+		ev_append_locked(s, t, "state", d);
+		json_decref(d);
+		ev_evict_locked(s);
+	}
+	t->refs++;
+	pthread_mutex_unlock(&s->ev_lock);
+	/* A change committed between the read above and the list's creation
+	 * reached no list: look once more. */
+	if (store_task_state(s->st, id, &st2) == 0) {
+		pthread_mutex_lock(&s->ev_lock);
+		if (st2 != t->last_state && !t->final) {
+			json_t *d = state_data(st2);
+
+			ev_append_locked(s, t, "state", d);
+			json_decref(d);
+		}
+		pthread_mutex_unlock(&s->ev_lock);
+	}
+	return t;
+}
+
+static void ev_put(struct server *s, struct ev_task *t)
+{
+	pthread_mutex_lock(&s->ev_lock);
+	t->refs--;
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+/* The store's listener: committed changes reach lists that exist. */
+static void store_listener(void *arg, const char *task_id, const char *event, json_t *data)
+{
+	struct server *s = arg;
+	struct ev_task *t;
+
+	pthread_mutex_lock(&s->ev_lock);
+	t = ev_find_locked(s, task_id);
+	if (t && !(t->final && !strcmp(event, "state")))
+		ev_append_locked(s, t, event, data);
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void server_task_event(struct server *s, const char *task_id, const char *event, json_t *data)
+{
+	struct ev_task *t;
+
+	if (!strcmp(event, "state") || !data)
+		return;
+	t = ev_get(s, task_id);
+	if (!t)
+		return;
+	pthread_mutex_lock(&s->ev_lock);
+	ev_append_locked(s, t, event, data);
+	t->refs--;
+	pthread_mutex_unlock(&s->ev_lock);
+}
+
+void server_relay_event(void *server, const char *task_id, const char *event, json_t *data)
+{
+	server_task_event(server, task_id, event, data);
+}
+
+/* ---- presigned URLs ---- */
+
+static void presign_one(struct server *s, json_t *o, time_t now)
+{
+	const char *key = json_string_value(json_object_get(o, "s3_key"));
+	char *url = NULL;
+
+	if (!json_is_object(o))
+		return;
+	if (key && s->cfg->s3.endpoint)
+		url = s3_presign_get(&s->cfg->s3, key, s->cfg->presign_expiry_s, now, NULL);
+	json_object_set_new(o, "url", url ? json_string(url) : json_null());
+	free(url);
+}
+
+/* outputs[] and artifacts{} of a task get a presigned GET "url" each. */
+static json_t *with_urls(struct server *s, json_t *task)
+{
+	time_t now = time(NULL);
+	json_t *outputs = json_object_get(task, "outputs"), *arts = json_object_get(task, "artifacts"), *v;
+	const char *k;
+	size_t i;
+
+	json_array_foreach(outputs, i, v)
+		presign_one(s, v, now);
+	json_object_foreach(arts, k, v)
+		presign_one(s, v, now);
+	return task;
+}
+
+/* ---- tasks ---- */
+
+static int idem_key_ok(const char *k)
+{
+	size_t n = strlen(k);
+
+	if (n < 1 || n > 128)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)k[i] < 0x20 || (unsigned char)k[i] > 0x7e)
+			return 0;
+	return 1;
+}
+
+/* Whether some live host is big enough (by its reported totals); 1 also
+ * when no host is live (the task waits for one). */
+static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib)
+{
+	json_t *hosts = store_host_list(s->st), *h;
+	int64_t cutoff = wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
+	int live = 0, fits = 0;
+	size_t i;
+
+	json_array_foreach(hosts, i, h) {
+		json_t *cap = json_object_get(h, "capacity");
+		json_int_t v = json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "total"));
+		json_int_t m = json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "total"));
+
+		if (strcmp(json_string_value(json_object_get(h, "state")) ?: "", "live") ||
+		    json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
+			continue;
+		live++;
+		if (v >= vcpus && m >= memory_mib)
+			fits = 1;
+	}
+	json_decref(hosts);
+	return !live || fits;
+}
+
+static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn, unsigned status, const char *id,
+				  const char *customer)
+{
+	json_t *j = store_task_json(s->st, id, customer);
+
+	if (!j)
+		return internal(conn, "the task was stored but cannot be read back");
+	return reply_json(conn, status, with_urls(s, j));
+}
+
+static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *conn, struct request *req,
+				     const struct caller *c)
+{
+	const char *idem = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Idempotency-Key");
+	struct kiln_err err = { .code = "" };
+	struct api_task_request tr;
+	struct task_spec spec;
+	struct quota q;
+	struct usage u;
+	unsigned char h[SHA256_DIGEST_LENGTH];
+	char hash_hex[2 * SHA256_DIGEST_LENGTH + 1], id[40], msg[160];
+	char *md = NULL;
+	unsigned vcpus, memory_mib, timeout_s, output_mib;
+	int64_t retry_ms;
+	int r;
+
+	if (c->admin)
+		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "an admin key cannot submit tasks: use a customer key");
+	if (idem && !idem_key_ok(idem))
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+				   "Idempotency-Key: 1-128 printable ASCII characters");
+	SHA256((const unsigned char *)(req->body ? req->body : ""), req->len, h);
+	for (size_t i = 0; i < sizeof(h); i++)
+		sprintf(hash_hex + 2 * i, "%02x", h[i]);
+	/* A retry is answered before admission: it must not be refused for
+	 * a rate or queue its first attempt already counted against. */
+	if (idem) {
+		r = store_task_idem_find(s->st, c->customer, idem, hash_hex, id, &err);
+		if (r == 1)
+			return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
+		if (r < 0)
+			return reply_err(conn, !strcmp(err.code, "idempotency_conflict") ? MHD_HTTP_CONFLICT
+											  : MHD_HTTP_INTERNAL_SERVER_ERROR,
+					 &err);
+	}
+	if (api_task_request_parse(req->body, req->len, &tr, &err) < 0)
+		return reply_err(conn, strcmp(err.code, "internal") ? MHD_HTTP_BAD_REQUEST : MHD_HTTP_INTERNAL_SERVER_ERROR,
+				 &err);
+	if (store_customer_quota(s->st, c->customer, &q) < 0) {
+		api_task_request_free(&tr);
+		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "this key's customer no longer exists");
+	}
+	if (tr.egress && strcmp(tr.egress, "none") && !q.allow_egress) {
+		api_task_request_free(&tr);
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "egress_not_allowed",
+				   "network.egress: network egress is not allowed for your account");
+	}
+	if (spec_parse(tr.spec_json, tr.spec_len, &spec, &err) < 0) {
+		api_task_request_free(&tr);
+		return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+	}
+	/* Only its limits are needed below (spec_free zeroes them). */
+	vcpus = spec.vcpus;
+	memory_mib = spec.memory_mib;
+	timeout_s = spec.timeout_s;
+	output_mib = spec.output_mib;
+	spec_free(&spec);
+	if (quota_check_task(&q, vcpus, memory_mib, timeout_s, output_mib, &err) < 0)
+		goto bad_request;
+	if (!quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, mono_ms(), &retry_ms)) {
+		char ra[24];
+
+		api_task_request_free(&tr);
+		snprintf(ra, sizeof(ra), "%lld", (long long)((retry_ms + 999) / 1000));
+		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q.submit_rate,
+			 q.submit_burst, ra);
+		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limited", msg, "Retry-After", ra);
+	}
+	if (store_customer_usage(s->st, c->customer, &u) < 0) {
+		api_task_request_free(&tr);
+		return internal(conn, "cannot read the usage");
+	}
+	if (q.max_queued && u.queued >= q.max_queued) {
+		char ra[24];
+
+		api_task_request_free(&tr);
+		snprintf(ra, sizeof(ra), "%d", QUEUE_FULL_RETRY_S);
+		snprintf(msg, sizeof(msg), "%u tasks are queued, your quota's max_queued", u.queued);
+		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "queue_full", msg, "Retry-After", ra);
+	}
+	if (!some_host_fits(s, vcpus, memory_mib)) {
+		api_task_request_free(&tr);
+		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory", vcpus, memory_mib);
+		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_host_fits", msg);
+	}
+	if (tr.metadata && !(md = json_dumps(tr.metadata, JSON_COMPACT))) {
+		api_task_request_free(&tr);
+		return internal(conn, "out of memory");
+	}
+	{
+		struct store_submit sub = {
+			.customer = c->customer, .spec_json = tr.spec_json, .metadata_json = md, .vcpus = vcpus,
+			.memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
+			.idem_key = idem, .body_hash = hash_hex,
+		};
+
+		r = store_task_submit(s->st, &sub, id, &err);
+	}
+	free(md);
+	api_task_request_free(&tr);
+	if (r < 0)
+		return reply_err(conn, !strcmp(err.code, "idempotency_conflict") ? MHD_HTTP_CONFLICT
+										  : MHD_HTTP_INTERNAL_SERVER_ERROR,
+				 &err);
+	if (r == 1) /* the same retry raced us past the lookup above */
+		return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
+	pthread_mutex_lock(&s->hooks_lock);
+	if (s->hooks.submitted)
+		s->hooks.submitted(s->hooks.ctx);
+	pthread_mutex_unlock(&s->hooks_lock);
+	return reply_task(s, conn, MHD_HTTP_ACCEPTED, id, c->customer);
+bad_request:
+	api_task_request_free(&tr);
+	return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+}
+
+/* Parse an integer query argument in [min, max]; def when absent. -1 when bad. */
+static long query_int(struct MHD_Connection *conn, const char *name, long min, long max, long def)
+{
+	const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
+	char *end;
+	long x;
+
+	if (!v)
+		return def;
+	errno = 0;
+	x = strtol(v, &end, 10);
+	if (!*v || *end || errno || x < min || x > max || v[0] == '+' || v[0] == ' ')
+		return -1;
+	return x;
+}
+
+static enum MHD_Result handle_list(struct server *s, struct MHD_Connection *conn, const struct caller *c)
+{
+	const char *state = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "state");
+	const char *cursor = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "cursor");
+	long limit = query_int(conn, "limit", 1, 100, 20);
+	struct kiln_err err = { .code = "" };
+	char *next = NULL;
+	json_t *arr;
+
+	if (limit < 0)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit: an integer from 1 to 100");
+	if (state && task_state_parse(state) == TASK_STATE_COUNT)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+				   "state: one of queued, scheduled, starting, running, uploading, succeeded, failed, "
+				   "timed_out, cancelled, error");
+	arr = store_task_list(s->st, c->admin ? NULL : c->customer, state, (unsigned)limit, cursor, &next, &err);
+	if (!arr)
+		return reply_err(conn, strcmp(err.code, "invalid_request") ? MHD_HTTP_INTERNAL_SERVER_ERROR
+									    : MHD_HTTP_BAD_REQUEST,
+				 &err);
+	{
+		json_t *j = json_pack("{s:o, s:s?}", "tasks", arr, "next_cursor", next);
+
+		free(next); /* json_pack copied it */
+		return reply_json(conn, MHD_HTTP_OK, j);
+	}
+}
+
+static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn, const char *id,
+				  const struct caller *c)
+{
+	long wait = query_int(conn, "wait", 0, WAIT_MAX_S, 0);
+	int64_t deadline;
+
+	if (wait < 0)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait: an integer from 0 to 60 (seconds)");
+	deadline = mono_ms() + wait * 1000;
+	for (;;) {
+		/* Read the change counter before the task: a change committed
+		 * after the read below bumps it, so the wait cannot miss it. */
+		uint64_t seen = store_changes(s->st);
+		json_t *j = store_task_json(s->st, id, c->admin ? NULL : c->customer);
+		enum task_state st;
+		int stopping;
+
+		if (!j)
+			return not_found(conn, "no such task");
+		st = task_state_parse(json_string_value(json_object_get(j, "state")));
+		pthread_mutex_lock(&s->ev_lock);
+		stopping = s->stopping;
+		pthread_mutex_unlock(&s->ev_lock);
+		if (task_state_final(st) || mono_ms() >= deadline || stopping)
+			return reply_json(conn, MHD_HTTP_OK, with_urls(s, j));
+		json_decref(j);
+		store_wait_change(s->st, seen, deadline);
+	}
+}
+
+static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *conn, const char *id,
+				     const struct caller *c)
+{
+	enum task_state st;
+	enum store_cancel r = store_task_cancel(s->st, id, c->admin ? NULL : c->customer, &st);
+	char msg[128];
+
+	switch (r) {
+	case STORE_CANCEL_NOT_FOUND:
+		return not_found(conn, "no such task");
+	case STORE_CANCEL_DONE:
+		return reply_task(s, conn, MHD_HTTP_OK, id, NULL);
+	case STORE_CANCEL_REQUESTED:
+		pthread_mutex_lock(&s->hooks_lock);
+		if (s->hooks.cancel_requested)
+			s->hooks.cancel_requested(s->hooks.ctx, id);
+		pthread_mutex_unlock(&s->hooks_lock);
+		return reply_task(s, conn, MHD_HTTP_ACCEPTED, id, NULL);
+	case STORE_CANCEL_TOO_LATE:
+		snprintf(msg, sizeof(msg), "the task is %s: its code has already ended", task_state_name(st));
+		return reply_error(conn, MHD_HTTP_CONFLICT, "not_cancellable", msg);
+	default:
+		return internal(conn, "cannot cancel the task");
+	}
+}
+
+/* GET /v1/tasks/{id}/events */
+struct sse {
+	struct server *s;
+	struct ev_task *t;
+	size_t cursor, off; /* next event, and bytes of it already sent */
+};
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	static const char keepalive[] = ": keepalive\n\n";
+	struct sse *e = cls;
+	struct server *s = e->s;
+	struct ev_task *t = e->t;
+	int64_t deadline = mono_ms() + KEEPALIVE_MS;
+	size_t n = 0;
+
+	pthread_mutex_lock(&s->ev_lock);
+	while (e->cursor == t->nev && !t->final && !s->stopping) {
+		int64_t now = mono_ms();
+		struct timespec ts = { .tv_sec = deadline / 1000, .tv_nsec = (deadline % 1000) * 1000000 };
+
+		if (now >= deadline)
+			break;
+		pthread_cond_timedwait(&s->ev_cond, &s->ev_lock, &ts);
+	}
+	while (e->cursor < t->nev && n < max) {
+		const char *ev = t->ev[e->cursor];
+		size_t len = strlen(ev) - e->off, take = len < max - n ? len : max - n;
+
+		memcpy(buf + n, ev + e->off, take);
+		n += take;
+		e->off += take;
+		if (e->off == strlen(ev)) {
+			e->cursor++;
+			e->off = 0;
+		}
+	}
+	if (n == 0 && (t->final || s->stopping)) {
+		pthread_mutex_unlock(&s->ev_lock);
+		return MHD_CONTENT_READER_END_OF_STREAM;
+	}
+	pthread_mutex_unlock(&s->ev_lock);
+	if (n == 0) {
+		n = sizeof(keepalive) - 1 < max ? sizeof(keepalive) - 1 : max;
+		memcpy(buf, keepalive, n);
+	}
+	return (ssize_t)n;
+}
+
+static void sse_free(void *cls)
+{
+	struct sse *e = cls;
+
+	ev_put(e->s, e->t);
+	free(e);
+}
+
+static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *conn, const char *id,
+				     const struct caller *c)
+{
+	json_t *j = store_task_json(s->st, id, c->admin ? NULL : c->customer);
+	struct MHD_Response *r;
+	struct sse *e;
+	enum MHD_Result ret;
+
+	if (!j)
+		return not_found(conn, "no such task");
+	json_decref(j);
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return MHD_NO;
+	e->s = s;
+	e->t = ev_get(s, id);
+	if (!e->t) {
+		free(e);
+		return not_found(conn, "no such task");
+	}
+	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 << 10, sse_read, e, sse_free);
+	if (!r) {
+		sse_free(e);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* /v1/tasks/{id}[/events|/cancel] */
+static enum MHD_Result route_task(struct server *s, struct MHD_Connection *conn, const char *method,
+				  const char *rest, const struct caller *c)
+{
+	const char *slash = strchr(rest, '/');
+	size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+	char id[40];
+
+	if (n == 0 || n >= sizeof(id))
+		return not_found(conn, "no such task");
+	memcpy(id, rest, n);
+	id[n] = '\0';
+	if (!slash) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return handle_get(s, conn, id, c);
+	}
+	if (!strcmp(slash, "/events")) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return handle_events(s, conn, id, c);
+	}
+	if (!strcmp(slash, "/cancel")) {
+		if (strcmp(method, "POST"))
+			return method_not_allowed(conn, "POST");
+		return handle_cancel(s, conn, id, c);
+	}
+	return not_found(conn, "no such endpoint");
+}
+
+static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *conn, const struct caller *c)
+{
+	struct quota q;
+	struct usage u;
+
+	if (c->admin)
+		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "an admin key has no usage: use a customer key");
+	if (store_customer_quota(s->st, c->customer, &q) < 0 || store_customer_usage(s->st, c->customer, &u) < 0)
+		return internal(conn, "cannot read the usage");
+	return reply_json(conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:o, s:{s:i, s:i, s:I, s:i}, s:{s:f, s:i, s:f}}", "customer", c->customer,
+				    "quotas", quota_to_json(&q), "usage", "running", (int)u.running, "vcpus", (int)u.vcpus,
+				    "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued, "submit", "rate",
+				    q.submit_rate, "burst", (int)q.submit_burst, "tokens",
+				    quota_limiter_peek(s->lim, c->customer, q.submit_rate, q.submit_burst, mono_ms())));
+}
+
+/* ---- admin ---- */
+
+static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *conn, const char *method,
+				    const char *rest, struct request *req)
+{
+	struct kiln_err err = { .code = "" };
+	char id[65];
+
+	if (req->len > ADMIN_BODY_MAX)
+		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "admin bodies are at most 64 KiB");
+	if (!strcmp(rest, "customers")) {
+		char name[API_NAME_MAX + 1];
+		struct quota q = s->cfg->quotas;
+
+		if (strcmp(method, "POST"))
+			return method_not_allowed(conn, "POST");
+		if (api_customer_request_parse(req->body, req->len, id, name, &q, &err) < 0)
+			return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+		if (store_customer_create(s->st, id, name, &q, &err) < 0)
+			return reply_err(conn, !strcmp(err.code, "duplicate") ? MHD_HTTP_CONFLICT
+									       : MHD_HTTP_INTERNAL_SERVER_ERROR,
+					 &err);
+		return reply_json(conn, MHD_HTTP_CREATED, store_customer_json(s->st, id));
+	}
+	if (!strncmp(rest, "customers/", 10)) {
+		const char *cid = rest + 10, *slash = strchr(cid, '/');
+		size_t n = slash ? (size_t)(slash - cid) : strlen(cid);
+		struct quota q;
+
+		if (n == 0 || n >= sizeof(id))
+			return not_found(conn, "no such customer");
+		memcpy(id, cid, n);
+		id[n] = '\0';
+		if (store_customer_quota(s->st, id, &q) < 0)
+			return not_found(conn, "no such customer");
+		if (!slash) {
+			struct usage u;
+			json_t *j;
+
+			if (strcmp(method, "GET"))
+				return method_not_allowed(conn, "GET");
+			j = store_customer_json(s->st, id);
+			if (j && store_customer_usage(s->st, id, &u) == 0)
+				json_object_set_new(j, "usage",
+						    json_pack("{s:i, s:i, s:I, s:i}", "running", (int)u.running, "vcpus",
+							      (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib,
+							      "queued", (int)u.queued));
+			return j ? reply_json(conn, MHD_HTTP_OK, j) : internal(conn, "cannot read the customer");
+		}
+		if (!strcmp(slash, "/quotas")) {
+			if (strcmp(method, "PUT"))
+				return method_not_allowed(conn, "PUT");
+			if (api_quota_request_parse(req->body, req->len, &q, &err) < 0)
+				return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+			if (store_customer_set_quota(s->st, id, &q, &err) < 0)
+				return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "id", id, "quotas", quota_to_json(&q)));
+		}
+		if (!strcmp(slash, "/keys")) {
+			char *key = NULL, key_id[32];
+			json_t *j;
+
+			if (strcmp(method, "POST"))
+				return method_not_allowed(conn, "POST");
+			if (store_key_create(s->st, id, 0, &key, key_id, &err) < 0)
+				return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+			j = json_pack("{s:s, s:s, s:s}", "key", key, "key_id", key_id, "customer", id);
+			OPENSSL_cleanse(key, strlen(key));
+			free(key);
+			return reply_json(conn, MHD_HTTP_CREATED, j);
+		}
+		return not_found(conn, "no such endpoint");
+	}
+	if (!strncmp(rest, "keys/", 5)) {
+		const char *kid = rest + 5;
+		int r;
+
+		if (strcmp(method, "DELETE"))
+			return method_not_allowed(conn, "DELETE");
+		if (!*kid || strlen(kid) >= 32 || strchr(kid, '/'))
+			return not_found(conn, "no such key");
+		r = store_key_revoke(s->st, kid);
+		if (r == -ENOENT)
+			return not_found(conn, "no such key");
+		if (r < 0)
+			return internal(conn, "cannot revoke the key");
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:b}", "key_id", kid, "revoked", 1));
+	}
+	if (!strcmp(rest, "hosts")) {
+		json_t *hosts, *h;
+		int64_t cutoff = wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
+		size_t i;
+
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		hosts = store_host_list(s->st);
+		/* A host the scheduler has not yet marked shows as lost once its
+		 * heartbeat is older than host_lost_after_s. */
+		json_array_foreach(hosts, i, h)
+			if (json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
+				json_object_set_new(h, "state", json_string("lost"));
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:o}", "hosts", hosts));
+	}
+	return not_found(conn, "no such endpoint");
+}
+
+/* POST /v1/hosts/{id}/heartbeat (cluster token) */
+static enum MHD_Result handle_host(struct server *s, struct MHD_Connection *conn, const char *method,
+				   const char *rest, struct request *req)
+{
+	const char *slash = strchr(rest, '/'), *tok = bearer(conn);
+	struct kiln_err err = { .code = "" };
+	char id[65], url[API_URL_MAX + 1];
+	json_t *cap;
+	size_t n = slash ? (size_t)(slash - rest) : 0;
+
+	if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
+		return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
+	if (!slash || strcmp(slash, "/heartbeat") || n == 0 || n >= sizeof(id))
+		return not_found(conn, "no such endpoint");
+	memcpy(id, rest, n);
+	id[n] = '\0';
+	if (strcmp(method, "POST"))
+		return method_not_allowed(conn, "POST");
+	if (!api_id_ok(id))
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+				   "host id: 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+	if (req->len > ADMIN_BODY_MAX)
+		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "heartbeats are at most 64 KiB");
+	if (api_heartbeat_parse(req->body, req->len, url, &cap, &err) < 0)
+		return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (store_host_heartbeat(s->st, id, url, cap, &err) < 0) {
+		json_decref(cap);
+		return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+	}
+	json_decref(cap);
+	return reply_json(conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
+}
+
+/* ---- dispatch ---- */
+
+static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *conn)
+{
+	char msg[96];
+
+	snprintf(msg, sizeof(msg), "the request body is larger than %zu MiB", s->max_body >> 20);
+	return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", msg);
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+	struct server *s = cls;
+	struct request *req = *con_cls;
+	struct caller c;
+
+	if (!req) {
+		const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+
+		req = calloc(1, sizeof(*req));
+		if (!req)
+			return MHD_NO;
+		*con_cls = req;
+		/* Refuse a declared oversized body before reading any of it
+		 * (and before "100 Continue"). */
+		if (cl && strtoull(cl, NULL, 10) > s->max_body)
+			return reply_too_large(s, conn);
+		return MHD_YES;
+	}
+	if (*upload_size) {
+		if (req->len + *upload_size > s->max_body) {
+			/* Chunked bodies have no length up front: stop here. */
+			*upload_size = 0;
+			return reply_too_large(s, conn);
+		}
+		if (req->cap - req->len < *upload_size + 1) {
+			size_t cap = (req->len + *upload_size + 1) * 2;
+			char *b;
+
+			if (cap > s->max_body + 1)
+				cap = s->max_body + 1;
+			b = realloc(req->body, cap);
+			if (!b)
+				return MHD_NO;
+			req->body = b;
+			req->cap = cap;
+		}
+		memcpy(req->body + req->len, upload, *upload_size);
+		req->len += *upload_size;
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	if (!strcmp(url, "/healthz")) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+	}
+	if (!strncmp(url, "/v1/hosts/", 10))
+		return handle_host(s, conn, method, url + 10, req);
+	if (!authenticate(s, conn, &c))
+		return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
+							     : "missing API key (Authorization: Bearer kiln_...)");
+	if (!strcmp(url, "/v1/tasks")) {
+		if (!strcmp(method, "POST"))
+			return handle_submit(s, conn, req, &c);
+		if (!strcmp(method, "GET"))
+			return handle_list(s, conn, &c);
+		return method_not_allowed(conn, "GET, POST");
+	}
+	if (!strncmp(url, "/v1/tasks/", 10))
+		return route_task(s, conn, method, url + 10, &c);
+	if (!strcmp(url, "/v1/usage")) {
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET");
+		return handle_usage(s, conn, &c);
+	}
+	if (!strncmp(url, "/v1/admin/", 10)) {
+		if (!c.admin)
+			return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "admin endpoints need an admin key");
+		return handle_admin(s, conn, method, url + 10, req);
+	}
+	return not_found(conn, "no such endpoint");
+}
+
+static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+	struct request *req = *con_cls;
+
+	if (req) {
+		free(req->body);
+		free(req);
+	}
+	*con_cls = NULL;
+}
+
+/* "ADDR:PORT" (IPv4) into sa. */
+static int parse_listen(const char *arg, struct sockaddr_in *sa)
+{
+	const char *colon = strrchr(arg, ':');
+	char host[64];
+	char *end;
+	long port;
+
+	if (!colon || (size_t)(colon - arg) >= sizeof(host))
+		return -1;
+	memcpy(host, arg, (size_t)(colon - arg));
+	host[colon - arg] = '\0';
+	port = strtol(colon + 1, &end, 10);
+	if (!colon[1] || *end || port < 0 || port > 65535)
+		return -1;
+	memset(sa, 0, sizeof(*sa));
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons((uint16_t)port);
+	return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+struct server *server_start(const struct api_config *cfg, struct store *st, const struct server_hooks *hooks,
+			    struct kiln_err *err)
+{
+	struct server *s = calloc(1, sizeof(*s));
+	struct sockaddr_in sa;
+	pthread_condattr_t ca;
+
+	if (!s) {
+		kiln_err_set(err, "internal", "out of memory");
+		return NULL;
+	}
+	if (parse_listen(cfg->listen, &sa) < 0) {
+		free(s);
+		kiln_err_set(err, "config", "listen: expected IPv4-ADDRESS:PORT (got \"%s\")", cfg->listen);
+		return NULL;
+	}
+	s->cfg = cfg;
+	s->st = st;
+	s->max_body = (size_t)(cfg->max_body_mib ? cfg->max_body_mib : 64) << 20;
+	if (cfg->admin_key) {
+		SHA256((const unsigned char *)cfg->admin_key, strlen(cfg->admin_key), s->admin_hash);
+		s->have_admin = 1;
+	}
+	if (cfg->cluster_token) {
+		SHA256((const unsigned char *)cfg->cluster_token, strlen(cfg->cluster_token), s->token_hash);
+		s->have_token = 1;
+	}
+	if (hooks)
+		s->hooks = *hooks;
+	pthread_mutex_init(&s->hooks_lock, NULL);
+	pthread_mutex_init(&s->ev_lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->ev_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	s->lim = quota_limiter_new();
+	if (!s->lim) {
+		kiln_err_set(err, "internal", "out of memory");
+		goto fail;
+	}
+	store_set_listener(st, store_listener, s);
+	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+				MHD_OPTION_CONNECTION_LIMIT, 2048u, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+	if (!s->d) {
+		kiln_err_set(err, "listen", "cannot listen on %s", cfg->listen);
+		store_set_listener(st, NULL, NULL);
+		goto fail;
+	}
+	return s;
+fail:
+	quota_limiter_free(s->lim);
+	pthread_mutex_destroy(&s->hooks_lock);
+	pthread_mutex_destroy(&s->ev_lock);
+	pthread_cond_destroy(&s->ev_cond);
+	free(s);
+	return NULL;
+}
+
+void server_set_hooks(struct server *s, const struct server_hooks *hooks)
+{
+	pthread_mutex_lock(&s->hooks_lock);
+	if (hooks)
+		s->hooks = *hooks;
+	else
+		memset(&s->hooks, 0, sizeof(s->hooks));
+	pthread_mutex_unlock(&s->hooks_lock);
+}
+
+void server_stop(struct server *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->ev_lock);
+	s->stopping = 1;
+	pthread_cond_broadcast(&s->ev_cond);
+	pthread_mutex_unlock(&s->ev_lock);
+	store_wake_all(s->st);
+	MHD_stop_daemon(s->d);
+	store_set_listener(s->st, NULL, NULL);
+	for (unsigned b = 0; b < EV_BUCKETS; b++)
+		for (struct ev_task *t = s->ev_tab[b], *n; t; t = n) {
+			n = t->next;
+			ev_free(s, t);
+		}
+	quota_limiter_free(s->lim);
+	pthread_mutex_destroy(&s->hooks_lock);
+	pthread_mutex_destroy(&s->ev_lock);
+	pthread_cond_destroy(&s->ev_cond);
+	free(s);
+}

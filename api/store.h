@@ -1,0 +1,232 @@
+/* store: kiln-api's durable state in SQLite (WAL, synchronous=FULL, schema
+ * migrations): customers and their quotas, API keys (only SHA-256 hashes),
+ * tasks with their whole lifecycle, registered hosts. Every write that a
+ * client is told about has been committed (fsync'd) first.
+ *
+ * Thread-safety: a store handle is used by many HTTP threads and the
+ * scheduler at once; every call takes the store's lock (one SQLite
+ * connection). Returned json_t are new references the caller decrefs. */
+#ifndef KILN_STORE_H
+#define KILN_STORE_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+
+struct store;
+
+/* Quotas of one customer. 0 in a max_* field means "no limit" only where
+ * noted; the defaults come from the API's configuration. */
+struct quota {
+	unsigned max_running;        /* tasks starting/running at once (queued beyond) */
+	unsigned max_vcpus;          /* vCPUs of those tasks together (queued beyond) */
+	uint64_t max_memory_mib;     /* memory of those tasks together (queued beyond) */
+	unsigned max_task_vcpus;     /* per task: over it, 400 */
+	unsigned max_task_memory_mib;
+	unsigned max_task_timeout_s;
+	unsigned max_task_output_mib;
+	double submit_rate;          /* token bucket: tasks per second ... */
+	unsigned submit_burst;       /* ... and bucket size (429 beyond) */
+	unsigned max_queued;         /* tasks queued/scheduled at once (429 beyond) */
+	int allow_egress;            /* 0: tasks asking for network egress get 400 */
+};
+
+/* Task states (docs/api.md). */
+enum task_state {
+	TASK_QUEUED,
+	TASK_SCHEDULED,
+	TASK_STARTING,
+	TASK_RUNNING,
+	TASK_UPLOADING,
+	TASK_SUCCEEDED,
+	TASK_FAILED,
+	TASK_TIMED_OUT,
+	TASK_CANCELLED,
+	TASK_ERROR,
+	TASK_STATE_COUNT
+};
+const char *task_state_name(enum task_state s);
+enum task_state task_state_parse(const char *s); /* TASK_STATE_COUNT if unknown */
+static inline int task_state_final(enum task_state s)
+{
+	return s >= TASK_SUCCEEDED && s < TASK_STATE_COUNT;
+}
+
+/* A task row as the scheduler needs it. */
+struct store_task {
+	char id[40];
+	char customer[65];
+	enum task_state state;
+	unsigned vcpus, memory_mib;
+	char host_id[65];            /* "" until scheduled */
+	int64_t seq;                 /* submission order */
+	int64_t created_ms;
+	int cancel_requested;        /* a cancel waits to be forwarded to its host */
+};
+
+/* Open (creating and migrating) the database at path. NULL with err set. */
+struct store *store_open(const char *path, struct kiln_err *err);
+void store_close(struct store *s);
+
+/* ---- customers, quotas, keys ---- */
+
+/* Create a customer with the default quotas. err->code "duplicate" when the
+ * id exists. */
+int store_customer_create(struct store *s, const char *id, const char *name, const struct quota *q,
+			  struct kiln_err *err);
+/* 0 and *q filled, -ENOENT when no such customer. */
+int store_customer_quota(struct store *s, const char *id, struct quota *q);
+int store_customer_set_quota(struct store *s, const char *id, const struct quota *q, struct kiln_err *err);
+
+/* Make a new key for customer (admin: an admin key, customer NULL). The full
+ * key "kiln_<key id>_<secret>" is returned once in key_out (caller frees);
+ * only its SHA-256 is stored. key_id_out (32 bytes) receives its id. */
+int store_key_create(struct store *s, const char *customer, int admin, char **key_out, char key_id_out[32],
+		     struct kiln_err *err);
+/* -ENOENT when no such key; revoking twice is fine. */
+int store_key_revoke(struct store *s, const char *key_id);
+/* Look a presented key up: 1 and *customer (65 bytes) / *admin filled when it
+ * is valid and not revoked, 0 otherwise. Fast path: an in-memory cache of
+ * hashes, invalidated on revoke. */
+int store_key_check(struct store *s, const char *key, char customer[65], int *admin);
+
+/* ---- tasks ---- */
+
+/* Insert a queued task (committed before returning). idem_key may be NULL;
+ * when a task of this customer has the same idempotency key, nothing is
+ * inserted, 1 is returned and id_out names the existing task (err->code
+ * "idempotency_conflict" and -1 when its request body differed). spec_json is
+ * the validated spec; body_hash the SHA-256 hex of the request body. Returns
+ * 0 (inserted) with the new id (a random "t_..." id) in id_out. */
+int store_task_insert(struct store *s, const char *customer, const char *spec_json, const char *metadata_json,
+		      unsigned vcpus, unsigned memory_mib, const char *idem_key, const char *body_hash,
+		      char id_out[40], struct kiln_err *err);
+
+/* The task's public JSON (docs/api.md) if it belongs to customer (NULL:
+ * any customer, for admins and the scheduler); NULL when not found. */
+json_t *store_task_json(struct store *s, const char *id, const char *customer);
+
+/* The customer's tasks, newest first: at most limit, optionally only one
+ * state, starting after cursor (an opaque string from a previous page; NULL
+ * for the first). *next_cursor (caller frees) is NULL on the last page. */
+json_t *store_task_list(struct store *s, const char *customer, const char *state, unsigned limit,
+			const char *cursor, char **next_cursor, struct kiln_err *err);
+
+/* The spec JSON text of a task (caller frees), for pushing it to a host. */
+char *store_task_spec(struct store *s, const char *id);
+
+/* Move a task to state `to` only if it is now in `from` (compare-and-set,
+ * committed). host_id is recorded when non-NULL. Returns 1 moved, 0 not (its
+ * state was something else), -1 error. */
+int store_task_transition(struct store *s, const char *id, enum task_state from, enum task_state to,
+			  const char *host_id);
+
+/* Record a final state with the host's task JSON (result, outputs with
+ * S3 keys, artifacts, host timings) and end_reason. Only from a non-final
+ * state; returns 1 done, 0 already final. */
+int store_task_finish(struct store *s, const char *id, enum task_state state, const char *end_reason,
+		      json_t *host_task);
+
+/* Tasks in the given state, oldest first (at most max), for the scheduler
+ * and recovery. Returns the number filled. */
+int store_tasks_in_state(struct store *s, enum task_state state, struct store_task *out, int max);
+
+/* Use of one customer now: tasks scheduled/starting/running and their vCPUs
+ * and memory, tasks queued. */
+struct usage {
+	unsigned running, vcpus, queued;
+	uint64_t memory_mib;
+};
+int store_customer_usage(struct store *s, const char *customer, struct usage *u);
+
+/* ---- hosts ---- */
+
+/* Register or refresh a host (heartbeat): its URL, its capacity JSON (as
+ * GET /v1/capacity of kiln-host reports) and the time now. */
+int store_host_heartbeat(struct store *s, const char *host_id, const char *url, json_t *capacity,
+			 struct kiln_err *err);
+/* All hosts with their last heartbeat and state (live/lost). */
+json_t *store_host_list(struct store *s);
+int store_host_set_lost(struct store *s, const char *host_id, int lost);
+
+/* ==== Additions for the HTTP layer and the scheduler ====
+ * (The functions above are the original contract; these extend it.) */
+
+#define STORE_SCHEMA_VERSION 2
+
+/* The database's schema version (after migrations: STORE_SCHEMA_VERSION). */
+int store_schema_version(struct store *s);
+
+/* store_task_insert with every limit recorded (shown in the task's JSON).
+ * store_task_insert is this with timeout_s/output_mib unknown (0). */
+struct store_submit {
+	const char *customer;
+	const char *spec_json;       /* validated spec, stored apart from the row */
+	const char *metadata_json;   /* may be NULL */
+	unsigned vcpus, memory_mib, timeout_s, output_mib;
+	const char *idem_key;        /* may be NULL */
+	const char *body_hash;       /* SHA-256 hex of the request body */
+};
+int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err);
+
+/* Idempotency: the customer's task with this key. 0 none; 1 found and the
+ * body hash matches (its id in id_out); -1 with err "idempotency_conflict"
+ * (id_out still filled) when it does not. */
+int store_task_idem_find(struct store *s, const char *customer, const char *idem_key, const char *body_hash,
+			 char id_out[40], struct kiln_err *err);
+
+/* The state of a task (any customer): 0 and *state, or -ENOENT. */
+int store_task_state(struct store *s, const char *id, enum task_state *state);
+
+/* Cancel on behalf of customer (NULL: any). queued/scheduled tasks become
+ * cancelled at once (end_reason "cancelled", compare-and-set); starting and
+ * running ones get cancel_requested (the scheduler forwards it: see
+ * store_tasks_cancel_pending); uploading and final ones are too late.
+ * *state (may be NULL) receives the state after the call. */
+enum store_cancel {
+	STORE_CANCEL_NOT_FOUND,   /* no such task (of this customer) */
+	STORE_CANCEL_DONE,        /* it is cancelled now */
+	STORE_CANCEL_REQUESTED,   /* recorded; its host will be told */
+	STORE_CANCEL_TOO_LATE,    /* uploading or final */
+	STORE_CANCEL_FAILED,      /* store error */
+};
+enum store_cancel store_task_cancel(struct store *s, const char *id, const char *customer, enum task_state *state);
+
+/* Tasks with a cancel requested but not yet forwarded (oldest first, at most
+ * max), and marking one as forwarded (it is not listed again). */
+int store_tasks_cancel_pending(struct store *s, struct store_task *out, int max);
+int store_task_cancel_sent(struct store *s, const char *id);
+
+/* Queued tasks in a fair order, at most max: every customer's oldest first
+ * (round-robin across customers in order of their oldest task), then every
+ * customer's second oldest, ... FIFO within one customer. */
+int store_tasks_queued_fair(struct store *s, struct store_task *out, int max);
+
+/* queued -> scheduled on host_id, only if the customer's running quota
+ * (max_running, max_vcpus, max_memory_mib against store_customer_usage)
+ * leaves room: checked and moved in one transaction. Returns 1 moved, 0 the
+ * task is not queued (any more), -EDQUOT its customer is at its quota (leave
+ * it queued, try its next customer), other negative on error. */
+int store_task_schedule(struct store *s, const char *id, const char *host_id);
+
+/* ---- change notification ----
+ * Every committed change of a task's state (insert, transition, finish,
+ * cancel) bumps a counter and wakes store_wait_change(); the listener (one,
+ * set by the HTTP layer) is called after the commit, outside the store's lock,
+ * on the thread that made the change, with event "state" and data
+ * {"state":NAME,"at":MS} or event "cancel" and data {"at":MS}. data is
+ * borrowed. */
+typedef void store_listener_fn(void *arg, const char *task_id, const char *event, json_t *data);
+void store_set_listener(struct store *s, store_listener_fn *fn, void *arg);
+uint64_t store_changes(struct store *s);
+/* Wait until store_changes() differs from seen or deadline_ms (CLOCK_MONOTONIC
+ * milliseconds) passes or store_wake_all(). 1 changed, 0 not. */
+int store_wait_change(struct store *s, uint64_t seen, int64_t deadline_ms);
+void store_wake_all(struct store *s);
+
+/* A customer's row {"id","name","created_at","quotas"} or NULL. */
+json_t *store_customer_json(struct store *s, const char *id);
+
+#endif
