@@ -193,7 +193,7 @@ int quota_bucket_take(struct quota_bucket *b, double rate, unsigned burst, int64
 		return 1;
 	}
 	if (retry_ms)
-		*retry_ms = (int64_t)ceil((1.0 - b->tokens) * 1000.0 / rate);
+		*retry_ms = (int64_t)ceil((1.0 - b->tokens) * 1000.0 / rate - 1e-6); /* no rounding up of float noise */
 	return 0;
 }
 

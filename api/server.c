@@ -5,9 +5,12 @@
  * change counter (store_wait_change) and an event stream blocks in its
  * reader on the event hub's condition variable. Every handler answers on the
  * second call of the access handler (answering on the first makes
- * libmicrohttpd close the connection), except for 413: a body that is too
- * large is refused as soon as it is known to be, and the connection closes
- * without reading the rest.
+ * libmicrohttpd close the connection), except for 413: a body whose
+ * Content-Length is over the limit is refused before any of it is read (and
+ * the connection closes). A chunked body that grows past the limit is
+ * dropped as it arrives and refused at its end, or the connection is closed
+ * once it passes twice the limit (libmicrohttpd accepts no reply while a
+ * body is arriving).
  *
  * Event hub: per-task lists of formatted SSE blocks (s->ev_*), fed by the
  * store's listener (state changes) and by server_task_event (the
@@ -73,6 +76,8 @@ struct server {
 struct request {
 	char *body;
 	size_t len, cap;
+	int too_big;
+	size_t dropped;
 };
 
 struct caller {
@@ -562,7 +567,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		char ra[24];
 
 		api_task_request_free(&tr);
-		snprintf(ra, sizeof(ra), "%lld", (long long)((retry_ms + 999) / 1000));
+		snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
 		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q.submit_rate,
 			 q.submit_burst, ra);
 		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limited", msg, "Retry-After", ra);
@@ -1021,10 +1026,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		return MHD_YES;
 	}
 	if (*upload_size) {
-		if (req->len + *upload_size > s->max_body) {
-			/* Chunked bodies have no length up front: stop here. */
+		if (req->too_big || req->len + *upload_size > s->max_body) {
+			/* A chunked body has no length up front, and libmicrohttpd
+			 * takes no reply in the middle of a body: drop the rest
+			 * and answer 413 at its end, or close the connection if it
+			 * goes on past twice the limit. */
+			req->too_big = 1;
+			req->dropped += *upload_size;
 			*upload_size = 0;
-			return reply_too_large(s, conn);
+			return req->dropped > s->max_body ? MHD_NO : MHD_YES;
 		}
 		if (req->cap - req->len < *upload_size + 1) {
 			size_t cap = (req->len + *upload_size + 1) * 2;
@@ -1043,6 +1053,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		*upload_size = 0;
 		return MHD_YES;
 	}
+	if (req->too_big)
+		return reply_too_large(s, conn);
 	if (!strcmp(url, "/healthz")) {
 		if (strcmp(method, "GET"))
 			return method_not_allowed(conn, "GET");

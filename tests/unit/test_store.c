@@ -1,0 +1,488 @@
+/* test_store: kiln-api's SQLite store in a temporary directory: migrations
+ * on a fresh and on an older database, keys (only hashes on disk, revoke,
+ * the cache after a reopen), idempotency, compare-and-set transitions and
+ * the quota-checked schedule, fair queue order, list pagination, usage,
+ * cancel, hosts, change notification, and that a close/reopen keeps all. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "quota.h"
+#include "store.h"
+
+static char dir[] = "/tmp/kiln-test-store.XXXXXX";
+static char path[256];
+static int seq;
+
+static int setup(void **state)
+{
+	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
+	return 0;
+}
+
+static struct store *open_ok(void)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = store_open(path, &err);
+
+	if (!s)
+		fail_msg("store_open(%s): %s", path, err.message);
+	return s;
+}
+
+static void customer(struct store *s, const char *id, const struct quota *q)
+{
+	struct kiln_err err = { "", "" };
+	struct quota d;
+
+	quota_defaults(&d);
+	if (store_customer_create(s, id, id, q ? q : &d, &err) != 0)
+		fail_msg("customer %s: %s", id, err.message);
+}
+
+static void submit(struct store *s, const char *cust, char id[40])
+{
+	struct kiln_err err = { "", "" };
+
+	if (store_task_insert(s, cust, "{\"argv\":[\"true\"]}", NULL, 1, 256, NULL, "h", id, &err) != 0)
+		fail_msg("insert: %s", err.message);
+}
+
+/* Is needle anywhere in the file's bytes? */
+static int file_contains(const char *file, const char *needle)
+{
+	FILE *f = fopen(file, "rb");
+	size_t n = strlen(needle), len;
+	char *buf;
+	int found = 0;
+
+	if (!f)
+		return 0;
+	buf = malloc(64 << 20);
+	assert_non_null(buf);
+	len = fread(buf, 1, 64 << 20, f);
+	fclose(f);
+	for (size_t i = 0; i + n <= len && !found; i++)
+		found = !memcmp(buf + i, needle, n);
+	free(buf);
+	return found;
+}
+
+static void sql(const char *stmt)
+{
+	sqlite3 *db;
+	char *msg = NULL;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	if (sqlite3_exec(db, stmt, NULL, NULL, &msg) != SQLITE_OK)
+		fail_msg("%s: %s", stmt, msg);
+	sqlite3_close(db);
+}
+
+static int sql_int(const char *q)
+{
+	sqlite3 *db;
+	sqlite3_stmt *st;
+	int v = -1;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, q, -1, &st, NULL), SQLITE_OK);
+	if (sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+static void test_migrations(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	struct quota q;
+
+	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
+	customer(s, "acme", NULL);
+	store_close(s);
+	assert_int_equal(sql_int("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'"), 1);
+	/* Make it a version-1 database (without migration 2's indexes) and
+	 * open it again: migration 2 runs, the data stays. */
+	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; UPDATE schema_version SET version = 1");
+	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 0);
+	s = open_ok();
+	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
+	assert_int_equal(store_customer_quota(s, "acme", &q), 0);
+	store_close(s);
+	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
+	/* Opening twice more changes nothing. */
+	s = open_ok();
+	store_close(s);
+	assert_int_equal(sql_int("SELECT version FROM schema_version"), STORE_SCHEMA_VERSION);
+	/* A database from a newer kiln-api is refused, not "migrated". */
+	sql("UPDATE schema_version SET version = 99");
+	assert_null(store_open(path, &err));
+	assert_non_null(strstr(err.message, "newer"));
+}
+
+static void test_keys(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	char *k1, *k2, *adm, kid1[32], kid2[32], kida[32], cust[65], wal[300], bad[200];
+	const char *secret;
+	int admin = -1;
+
+	customer(s, "acme", NULL);
+	assert_int_equal(store_key_create(s, "acme", 0, &k1, kid1, &err), 0);
+	assert_int_equal(store_key_create(s, "acme", 0, &k2, kid2, &err), 0);
+	assert_int_equal(store_key_create(s, NULL, 1, &adm, kida, &err), 0);
+	/* kiln_<id>_<secret>: 32 random bytes of base64url. */
+	assert_int_equal(strncmp(k1, "kiln_", 5), 0);
+	assert_int_equal(strncmp(k1 + 5, kid1, strlen(kid1)), 0);
+	secret = k1 + 5 + strlen(kid1) + 1;
+	assert_int_equal(strlen(secret), 43);
+	assert_string_not_equal(k1, k2);
+	assert_int_equal(store_key_check(s, k1, cust, &admin), 1);
+	assert_string_equal(cust, "acme");
+	assert_int_equal(admin, 0);
+	assert_int_equal(store_key_check(s, adm, cust, &admin), 1);
+	assert_int_equal(admin, 1);
+	/* Unknown, truncated, or one character off: refused. */
+	snprintf(bad, sizeof(bad), "%s", k1);
+	bad[strlen(bad) - 1] ^= 1;
+	assert_int_equal(store_key_check(s, bad, cust, &admin), 0);
+	bad[strlen(bad) - 1] = '\0';
+	assert_int_equal(store_key_check(s, bad, cust, &admin), 0);
+	assert_int_equal(store_key_check(s, "", cust, &admin), 0);
+	/* A key for no customer is refused. */
+	assert_int_equal(store_key_create(s, "nobody", 0, &k2, kid2, &err) < 0, 1);
+	/* Revoke: at once, twice is fine, unknown ids are -ENOENT. */
+	assert_int_equal(store_key_revoke(s, kid1), 0);
+	assert_int_equal(store_key_revoke(s, kid1), 0);
+	assert_int_equal(store_key_revoke(s, "nope"), -ENOENT);
+	assert_int_equal(store_key_check(s, k1, cust, &admin), 0);
+	store_close(s);
+	/* Only hashes on disk: the secret is in neither the database nor its WAL. */
+	snprintf(wal, sizeof(wal), "%s-wal", path);
+	assert_false(file_contains(path, secret));
+	assert_false(file_contains(wal, secret));
+	assert_int_equal(sql_int("SELECT count(*) FROM keys WHERE length(hash) = 32"), 3);
+	/* After a reopen the cache is rebuilt from the rows. */
+	s = open_ok();
+	assert_int_equal(store_key_check(s, k1, cust, &admin), 0);
+	assert_int_equal(store_key_check(s, adm, cust, &admin), 1);
+	assert_int_equal(admin, 1);
+	store_close(s);
+	free(k1);
+	free(adm);
+}
+
+static void test_idempotency(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	char a[40], b[40], c[40], d[40];
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	assert_int_equal(store_task_insert(s, "acme", "{}", NULL, 1, 256, "k1", "hash1", a, &err), 0);
+	assert_int_equal(strncmp(a, "t_", 2), 0);
+	/* Same key, same body: the same task, nothing inserted. */
+	assert_int_equal(store_task_insert(s, "acme", "{}", NULL, 1, 256, "k1", "hash1", b, &err), 1);
+	assert_string_equal(a, b);
+	assert_int_equal(store_task_idem_find(s, "acme", "k1", "hash1", c, &err), 1);
+	assert_string_equal(a, c);
+	/* Same key, another body: a conflict naming the task. */
+	assert_int_equal(store_task_insert(s, "acme", "{}", NULL, 1, 256, "k1", "hash2", b, &err), -1);
+	assert_string_equal(err.code, "idempotency_conflict");
+	assert_int_equal(store_task_idem_find(s, "acme", "k1", "hash2", c, &err), -1);
+	/* Keys are per customer. */
+	assert_int_equal(store_task_insert(s, "beta", "{}", NULL, 1, 256, "k1", "hash2", d, &err), 0);
+	assert_string_not_equal(a, d);
+	assert_int_equal(store_task_idem_find(s, "acme", "k2", "hash1", c, &err), 0);
+	assert_int_equal(sql_int("SELECT count(*) FROM tasks"), 2);
+	store_close(s);
+}
+
+static void test_transitions(void **state)
+{
+	struct store *s = open_ok();
+	struct quota q;
+	char a[40], b[40];
+	enum task_state st;
+	json_t *j;
+	char *spec;
+
+	quota_defaults(&q);
+	q.max_running = 1;
+	customer(s, "acme", &q);
+	submit(s, "acme", a);
+	submit(s, "acme", b);
+	spec = store_task_spec(s, a);
+	assert_string_equal(spec, "{\"argv\":[\"true\"]}");
+	free(spec);
+	/* Compare-and-set: from the wrong state nothing moves. */
+	assert_int_equal(store_task_transition(s, a, TASK_RUNNING, TASK_SUCCEEDED, NULL), 0);
+	assert_int_equal(store_task_schedule(s, a, "h1"), 1);
+	assert_int_equal(store_task_schedule(s, a, "h1"), 0);
+	/* b's customer has max_running 1 and a holds it. */
+	assert_int_equal(store_task_schedule(s, b, "h1"), -EDQUOT);
+	assert_int_equal(store_task_state(s, b, &st), 0);
+	assert_int_equal(st, TASK_QUEUED);
+	assert_int_equal(store_task_transition(s, a, TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+	assert_int_equal(store_task_transition(s, a, TASK_SCHEDULED, TASK_STARTING, NULL), 0);
+	assert_int_equal(store_task_transition(s, a, TASK_STARTING, TASK_RUNNING, NULL), 1);
+	assert_int_equal(store_task_transition(s, a, TASK_RUNNING, TASK_UPLOADING, NULL), 1);
+	j = json_pack("{s:{s:i}, s:[{s:s, s:s}]}", "result", "exit_code", 0, "outputs", "path", "a.txt", "s3_key",
+		      "acme/x/outputs/a.txt");
+	assert_int_equal(store_task_finish(s, a, TASK_SUCCEEDED, "exited", j), 1);
+	assert_int_equal(store_task_finish(s, a, TASK_FAILED, "exited", j), 0);
+	json_decref(j);
+	j = store_task_json(s, a, "acme");
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(j, "state")), "succeeded");
+	assert_string_equal(json_string_value(json_object_get(j, "host")), "h1");
+	assert_string_equal(json_string_value(json_object_get(j, "end_reason")), "exited");
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "result"), "exit_code")), 0);
+	assert_int_equal(json_array_size(json_object_get(j, "outputs")), 1);
+	assert_true(json_is_integer(json_object_get(json_object_get(j, "timings"), "total_ms")));
+	json_decref(j);
+	/* Another customer sees nothing; no customer (admin) sees it. */
+	assert_null(store_task_json(s, a, "beta"));
+	j = store_task_json(s, a, NULL);
+	assert_non_null(j);
+	json_decref(j);
+	/* Now b may start. Back to the queue (a lost host) forgets the host. */
+	assert_int_equal(store_task_schedule(s, b, "h2"), 1);
+	assert_int_equal(store_task_transition(s, b, TASK_SCHEDULED, TASK_QUEUED, NULL), 1);
+	j = store_task_json(s, b, NULL);
+	assert_true(json_is_null(json_object_get(j, "host")));
+	json_decref(j);
+	store_close(s);
+}
+
+static void test_fair_and_list(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	struct store_task t[10];
+	char a[5][40], b[40], *cursor = NULL, *next = NULL;
+	json_t *page;
+	int n;
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	for (int i = 0; i < 3; i++)
+		submit(s, "acme", a[i]);
+	submit(s, "beta", b);
+	submit(s, "acme", a[3]);
+	submit(s, "acme", a[4]);
+	/* Fair: each customer's oldest, then each one's second oldest, ... */
+	n = store_tasks_queued_fair(s, t, 10);
+	assert_int_equal(n, 6);
+	assert_string_equal(t[0].id, a[0]);
+	assert_string_equal(t[1].id, b);
+	assert_string_equal(t[2].id, a[1]);
+	assert_string_equal(t[3].id, a[2]);
+	assert_int_equal(store_tasks_queued_fair(s, t, 2), 2);
+	/* Oldest first by state. */
+	n = store_tasks_in_state(s, TASK_QUEUED, t, 10);
+	assert_int_equal(n, 6);
+	assert_string_equal(t[0].id, a[0]);
+	assert_string_equal(t[5].id, a[4]);
+
+	/* acme's 5 tasks, 2 per page, newest first. */
+	page = store_task_list(s, "acme", NULL, 2, NULL, &next, &err);
+	assert_int_equal(json_array_size(page), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 0), "id")), a[4]);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 1), "id")), a[3]);
+	assert_non_null(next);
+	json_decref(page);
+	cursor = next;
+	page = store_task_list(s, "acme", NULL, 2, cursor, &next, &err);
+	free(cursor);
+	assert_int_equal(json_array_size(page), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 0), "id")), a[2]);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 1), "id")), a[1]);
+	json_decref(page);
+	cursor = next;
+	page = store_task_list(s, "acme", NULL, 2, cursor, &next, &err);
+	free(cursor);
+	assert_int_equal(json_array_size(page), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 0), "id")), a[0]);
+	assert_null(next);
+	json_decref(page);
+	/* Exactly a page's worth: no next cursor. */
+	page = store_task_list(s, "beta", NULL, 1, NULL, &next, &err);
+	assert_int_equal(json_array_size(page), 1);
+	assert_null(next);
+	json_decref(page);
+	/* By state. */
+	assert_int_equal(store_task_cancel(s, a[1], "acme", NULL), STORE_CANCEL_DONE);
+	page = store_task_list(s, "acme", "cancelled", 10, NULL, &next, &err);
+	assert_int_equal(json_array_size(page), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(page, 0), "id")), a[1]);
+	json_decref(page);
+	/* Bad cursors are refused. */
+	assert_null(store_task_list(s, "acme", NULL, 2, "x1", &next, &err));
+	assert_string_equal(err.code, "invalid_request");
+	assert_null(store_task_list(s, "acme", "bogus", 2, NULL, &next, &err));
+	store_close(s);
+}
+
+static void test_usage_and_cancel(void **state)
+{
+	struct store *s = open_ok();
+	struct store_task t[4];
+	struct usage u;
+	char a[4][40];
+	enum task_state st;
+
+	customer(s, "acme", NULL);
+	for (int i = 0; i < 4; i++)
+		submit(s, "acme", a[i]);
+	assert_int_equal(store_customer_usage(s, "acme", &u), 0);
+	assert_int_equal(u.queued, 4);
+	assert_int_equal(u.running, 0);
+	assert_int_equal(store_task_schedule(s, a[0], "h"), 1);
+	assert_int_equal(store_task_schedule(s, a[1], "h"), 1);
+	assert_int_equal(store_task_transition(s, a[1], TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+	assert_int_equal(store_task_transition(s, a[1], TASK_STARTING, TASK_RUNNING, NULL), 1);
+	assert_int_equal(store_customer_usage(s, "acme", &u), 0);
+	assert_int_equal(u.queued, 2);
+	assert_int_equal(u.running, 2);
+	assert_int_equal(u.vcpus, 2);
+	assert_int_equal(u.memory_mib, 512);
+	/* scheduled: cancelled at once; running: requested; final: too late;
+	 * another customer's: not found. */
+	assert_int_equal(store_task_cancel(s, a[0], "beta", NULL), STORE_CANCEL_NOT_FOUND);
+	assert_int_equal(store_task_cancel(s, "t_nope", NULL, NULL), STORE_CANCEL_NOT_FOUND);
+	assert_int_equal(store_task_cancel(s, a[0], "acme", &st), STORE_CANCEL_DONE);
+	assert_int_equal(st, TASK_CANCELLED);
+	assert_int_equal(store_task_cancel(s, a[0], "acme", &st), STORE_CANCEL_TOO_LATE);
+	assert_int_equal(store_task_cancel(s, a[1], "acme", &st), STORE_CANCEL_REQUESTED);
+	assert_int_equal(st, TASK_RUNNING);
+	assert_int_equal(store_tasks_cancel_pending(s, t, 4), 1);
+	assert_string_equal(t[0].id, a[1]);
+	assert_int_equal(t[0].cancel_requested, 1);
+	assert_int_equal(store_task_cancel_sent(s, a[1]), 0);
+	assert_int_equal(store_tasks_cancel_pending(s, t, 4), 0);
+	assert_int_equal(store_customer_usage(s, "acme", &u), 0);
+	assert_int_equal(u.running, 1);
+	store_close(s);
+}
+
+static void test_hosts_and_changes(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	json_t *cap = json_pack("{s:{s:i}}", "vcpus", "total", 8), *hosts;
+	uint64_t g;
+	struct timespec ts;
+	int64_t now;
+	char a[40];
+
+	assert_int_equal(store_host_heartbeat(s, "h1", "http://127.0.0.1:7070", cap, &err), 0);
+	assert_int_equal(store_host_heartbeat(s, "h1", "http://127.0.0.1:7071", cap, &err), 0);
+	json_decref(cap);
+	hosts = store_host_list(s);
+	assert_int_equal(json_array_size(hosts), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "url")), "http://127.0.0.1:7071");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "live");
+	json_decref(hosts);
+	assert_int_equal(store_host_set_lost(s, "h1", 1), 0);
+	assert_int_equal(store_host_set_lost(s, "h9", 1), -ENOENT);
+	hosts = store_host_list(s);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "lost");
+	json_decref(hosts);
+
+	/* Every committed state change bumps the counter; a wait without one
+	 * times out. */
+	customer(s, "acme", NULL);
+	g = store_changes(s);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	assert_int_equal(store_wait_change(s, g, now + 50), 0);
+	submit(s, "acme", a);
+	assert_true(store_changes(s) > g);
+	assert_int_equal(store_wait_change(s, g, now + 50), 1);
+	g = store_changes(s);
+	assert_int_equal(store_task_transition(s, a, TASK_RUNNING, TASK_FAILED, NULL), 0);
+	assert_int_equal(store_changes(s), g);
+	store_close(s);
+}
+
+static void test_durability(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	char ids[20][40], *key, kid[32], cust[65];
+	int admin;
+	struct quota q;
+	json_t *j;
+
+	quota_defaults(&q);
+	q.max_queued = 7;
+	customer(s, "acme", &q);
+	assert_int_equal(store_key_create(s, "acme", 0, &key, kid, &err), 0);
+	for (int i = 0; i < 20; i++)
+		submit(s, "acme", ids[i]);
+	assert_int_equal(store_task_cancel(s, ids[3], NULL, NULL), STORE_CANCEL_DONE);
+	store_close(s);
+	s = open_ok();
+	for (int i = 0; i < 20; i++) {
+		j = store_task_json(s, ids[i], "acme");
+		assert_non_null(j);
+		assert_string_equal(json_string_value(json_object_get(j, "state")), i == 3 ? "cancelled" : "queued");
+		json_decref(j);
+	}
+	assert_int_equal(store_key_check(s, key, cust, &admin), 1);
+	assert_int_equal(store_customer_quota(s, "acme", &q), 0);
+	assert_int_equal(q.max_queued, 7);
+	q.max_queued = 9;
+	assert_int_equal(store_customer_set_quota(s, "acme", &q, &err), 0);
+	assert_int_equal(store_customer_set_quota(s, "nobody", &q, &err), -ENOENT);
+	store_close(s);
+	s = open_ok();
+	assert_int_equal(store_customer_quota(s, "acme", &q), 0);
+	assert_int_equal(q.max_queued, 9);
+	store_close(s);
+	free(key);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_migrations, setup),
+		cmocka_unit_test_setup(test_keys, setup),
+		cmocka_unit_test_setup(test_idempotency, setup),
+		cmocka_unit_test_setup(test_transitions, setup),
+		cmocka_unit_test_setup(test_fair_and_list, setup),
+		cmocka_unit_test_setup(test_usage_and_cancel, setup),
+		cmocka_unit_test_setup(test_hosts_and_changes, setup),
+		cmocka_unit_test_setup(test_durability, setup),
+	};
+	int r;
+	char cmd[300];
+
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	r = cmocka_run_group_tests(tests, NULL, NULL);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+	return r;
+}
