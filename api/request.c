@@ -122,6 +122,7 @@ int api_task_request_parse(const char *body, size_t len, struct api_task_request
 oom:
 	kiln_err_set(err, "internal", "out of memory");
 fail:
+	free(md_text);
 	json_decref(root);
 	api_task_request_free(out);
 	return -1;

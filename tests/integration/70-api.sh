@@ -10,7 +10,7 @@
 for t in curl jq xargs; do
 	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
 done
-KILN_API=$ROOT/build/kiln-api
+KILN_API=${KILN_API:-$ROOT/build/kiln-api}
 [ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
 
 PORT=$((20000 + RANDOM % 20000))

@@ -165,8 +165,10 @@ static void test_keys(void **state)
 	bad[strlen(bad) - 1] = '\0';
 	assert_int_equal(store_key_check(s, bad, cust, &admin), 0);
 	assert_int_equal(store_key_check(s, "", cust, &admin), 0);
+	free(k2);
 	/* A key for no customer is refused. */
 	assert_int_equal(store_key_create(s, "nobody", 0, &k2, kid2, &err) < 0, 1);
+	assert_null(k2);
 	/* Revoke: at once, twice is fine, unknown ids are -ENOENT. */
 	assert_int_equal(store_key_revoke(s, kid1), 0);
 	assert_int_equal(store_key_revoke(s, kid1), 0);
