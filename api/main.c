@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "config.h"
+#include "s3.h"
+#include "scheduler.h"
 #include "server.h"
 #include "store.h"
 
@@ -15,6 +17,18 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
 		   "  Serves the kiln API; see README \"kiln-api configuration\".\n");
+}
+
+static void on_submitted(void *ctx)
+{
+	sched_wake(ctx);
+}
+
+/* A cancel of a placed task: forward it now (the scheduler's periodic pass
+ * over store_tasks_cancel_pending retries when the host cannot be reached). */
+static void on_cancel(void *ctx, const char *task_id)
+{
+	sched_wake(ctx);
 }
 
 int main(int argc, char **argv)
@@ -28,6 +42,7 @@ int main(int argc, char **argv)
 	struct api_config cfg;
 	struct store *st;
 	struct server *srv;
+	struct sched *sched;
 	sigset_t set;
 	int opt, sig;
 
@@ -89,11 +104,35 @@ int main(int argc, char **argv)
 		api_config_free(&cfg);
 		return 3;
 	}
+	s3_global_init(); /* curl: presigning needs none, the scheduler's host client does */
+	{
+		struct sched_config sc = {
+			.cluster_token = cfg.cluster_token,
+			.host_lost_after_ms = cfg.host_lost_after_s * 1000,
+			.relay = server_relay_event,
+			.relay_ctx = srv,
+		};
+
+		sched = sched_start(st, &sc, &err);
+		if (!sched) {
+			fprintf(stderr, "kiln-api: %s\n", err.message);
+			server_stop(srv);
+			store_close(st);
+			api_config_free(&cfg);
+			return 3;
+		}
+		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
+							     .ctx = sched });
+	}
+	if (!cfg.cluster_token)
+		fprintf(stderr, "kiln-api: warning: no cluster_token configured: no host can register\n");
 	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
 		cfg.s3.endpoint ? cfg.s3.endpoint : "none: outputs get no url");
 	while (sigwait(&set, &sig) != 0)
 		;
 	fprintf(stderr, "kiln-api: %s: shutting down\n", strsignal(sig));
+	server_set_hooks(srv, NULL);
+	sched_stop(sched);
 	server_stop(srv);
 	store_close(st);
 	api_config_free(&cfg);

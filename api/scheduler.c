@@ -439,64 +439,57 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 static void place(struct sched *s)
 {
 	struct store_task *q = calloc(MAX_BATCH, sizeof(*q));
-	int n, done[MAX_BATCH] = { 0 };
+	char capped[64][65];
+	int n, ncapped = 0;
 	int64_t now = proto_now_ms();
 
 	if (!q)
 		return;
-	n = store_tasks_in_state(s->st, TASK_QUEUED, q, MAX_BATCH);
-	/* Round-robin over customers (in order of their oldest queued task),
-	 * FIFO within each: one busy customer cannot starve the others. */
-	for (int progress = 1; progress;) {
-		char seen[MAX_BATCH][65];
-		int nseen = 0;
+	/* Round-robin over customers, FIFO within each (the store orders them):
+	 * one busy customer cannot starve the others. */
+	n = store_tasks_queued_fair(s->st, q, MAX_BATCH);
+	for (int i = 0; i < n; i++) {
+		struct host_view *h;
+		int skip = 0, r;
 
-		progress = 0;
-		for (int i = 0; i < n; i++) {
-			int dup = 0;
-			struct quota qt;
-			struct usage u;
-			struct host_view *h;
-
-			if (done[i])
-				continue;
-			for (int k = 0; k < nseen; k++)
-				dup |= !strcmp(seen[k], q[i].customer);
-			if (dup)
-				continue; /* this customer's turn in this round is taken */
-			snprintf(seen[nseen++], sizeof(seen[0]), "%s", q[i].customer);
-			if (store_customer_quota(s->st, q[i].customer, &qt) < 0 ||
-			    store_customer_usage(s->st, q[i].customer, &u) < 0) {
-				done[i] = 1;
-				continue;
-			}
-			/* At its running cap the customer's tasks wait in the queue. */
-			if ((qt.max_running && u.running + 1 > qt.max_running) ||
-			    (qt.max_vcpus && u.vcpus + q[i].vcpus > qt.max_vcpus) ||
-			    (qt.max_memory_mib && u.memory_mib + q[i].memory_mib > qt.max_memory_mib)) {
-				for (int k = i; k < n; k++)
-					if (!strcmp(q[k].customer, q[i].customer))
-						done[k] = 1;
-				continue;
-			}
-			pthread_mutex_lock(&s->lock);
-			h = pick_host_locked(s, &q[i], now);
-			if (h && store_task_transition(s->st, q[i].id, TASK_QUEUED, TASK_SCHEDULED, h->id) == 1) {
-				q[i].state = TASK_SCHEDULED;
-				h->inflight_vcpus += q[i].vcpus;
-				h->inflight_mem += q[i].memory_mib;
-				if (h->pool_ready && h->pool_mem == q[i].memory_mib)
-					h->pool_ready--;
-				watch_start_locked(s, &q[i], h, 1);
-				progress = 1;
-			}
+		for (int k = 0; k < ncapped; k++)
+			skip |= !strcmp(capped[k], q[i].customer);
+		if (skip)
+			continue;
+		pthread_mutex_lock(&s->lock);
+		h = pick_host_locked(s, &q[i], now);
+		if (!h) {
+			/* No host fits it now; smaller tasks of other customers may fit. */
 			pthread_mutex_unlock(&s->lock);
-			done[i] = 1;
-			if (!h) /* no host fits it now: later tasks of other customers may */
-				continue;
+			continue;
 		}
+		/* Checked against the customer's running quota and moved in one
+		 * transaction: at its cap the task simply stays queued. */
+		r = store_task_schedule(s->st, q[i].id, h->id);
+		if (r == 1) {
+			q[i].state = TASK_SCHEDULED;
+			h->inflight_vcpus += q[i].vcpus;
+			h->inflight_mem += q[i].memory_mib;
+			if (h->pool_ready && h->pool_mem == q[i].memory_mib)
+				h->pool_ready--;
+			watch_start_locked(s, &q[i], h, 1);
+		} else if (r == -EDQUOT && ncapped < 64) {
+			snprintf(capped[ncapped++], sizeof(capped[0]), "%s", q[i].customer);
+		}
+		pthread_mutex_unlock(&s->lock);
 	}
 	free(q);
+}
+
+/* Cancels requested through the API for placed tasks: tell their hosts. */
+static void forward_cancels(struct sched *s)
+{
+	struct store_task t[32];
+	int n = store_tasks_cancel_pending(s->st, t, 32);
+
+	for (int i = 0; i < n; i++)
+		if (sched_cancel(s, t[i].id) == 0)
+			store_task_cancel_sent(s->st, t[i].id);
 }
 
 /* Follow tasks a previous kiln-api placed (and push those it may not have). */
@@ -557,6 +550,7 @@ static void *sched_main(void *arg)
 			reattached = 1;
 		}
 		place(s);
+		forward_cancels(s);
 		pthread_mutex_lock(&s->lock);
 		if (s->woken) {
 			s->woken = 0;

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The whole stack over three hosts: kiln-api (SQLite) and a local S3 in the
+# root network namespace, three kiln-host daemons each in its own network
+# namespace on a private bridge. Tasks are spread over the hosts, their
+# outputs reach S3 and come back as presigned URLs; one host is SIGKILLed
+# mid-run: its running tasks end as error/host_lost, the others carry on,
+# and nothing is run twice. Traffic stays on the bridge and loopback.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in ip nsenter swift-proxy-server; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+[ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }
+
+N=$((RANDOM % 200 + 20))
+NET=10.231.$N
+BR=kbr$N
+NS_PREFIX=kiln-it-$N
+TOKEN=cluster-token-$RANDOM$RANDOM$RANDOM
+ADMIN=admin-key-$RANDOM$RANDOM$RANDOM
+API_PORT=$((20000 + RANDOM % 20000))
+API=http://$NET.1:$API_PORT
+S3_DIR=$T_TMP/s3
+host_pids=()
+api_pid=
+
+cleanup() {
+	for p in "${host_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
+	for p in "${host_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	for n in 1 2 3; do ip netns del "$NS_PREFIX-$n" 2> /dev/null; done
+	ip link del "$BR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+
+# --- network: a bridge in the root namespace, one namespace per host ---
+before_ns=$(ip netns list | wc -l)
+before_cg=$(count_cgroups)
+ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
+	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
+for n in 1 2 3; do
+	ns=$NS_PREFIX-$n
+	ip netns add "$ns"
+	ip link add "kv$N-$n" type veth peer name eth0 netns "$ns"
+	ip link set "kv$N-$n" master "$BR" up
+	ip -n "$ns" addr add "$NET.$((10 + n))/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	ip -n "$ns" link set lo up
+done
+
+KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+
+jq -n --arg listen "$NET.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
+	  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-cluster", access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
+start_api() {
+	"$ROOT/build/kiln-api" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && return 0; sleep 0.1; done
+	return 1
+}
+start_host() { # n
+	local n=$1 ns=$NS_PREFIX-$1
+	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg api "$API" --arg token "$TOKEN" \
+		--arg spool "$T_TMP/spool-$n" --arg run "$KILN_RUN_DIR/h$n" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
+		  heartbeat_ms: 500, capacity: {vcpus: 1, cpu_overcommit: 3}, pool: {size: 1, prestart: 1},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-cluster", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host$n.json"
+	# nsenter --net: only the network namespace (ip netns exec would also remount /sys, hiding the cgroups the jail needs).
+	nsenter --net="/run/netns/$ns" "$KILN_HOST" serve --config "$T_TMP/host$n.json" >> "$T_TMP/host$n.out" 2>> "$T_TMP/host$n.err" &
+	host_pids[$n]=$!
+}
+admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
+
+if start_api; then ok "kiln-api starts"; else not_ok "kiln-api starts" "$(tail -5 "$T_TMP/api.err")"; exit 1; fi
+for n in 1 2 3; do start_host "$n"; done
+for _ in $(seq 1200); do [ "$(live_hosts)" = 3 ] && break; sleep 0.2; done
+if [ "$(live_hosts)" = 3 ]; then ok "three kiln-hosts in their own network namespaces register and heartbeat"
+else not_ok "hosts register" "live=$(live_hosts)" "$(tail -3 "$T_TMP/host1.err")"; fi
+# Their pools fill (snapshot loaded, one warm VM each).
+for _ in $(seq 1200); do
+	[ "$(admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.capacity.pool.ready >= 1)] | length')" = 3 ] && break
+	sleep 0.2
+done
+
+admin -X POST --data '{"id":"acme","name":"Acme"}' "$API/v1/admin/customers" > /dev/null
+KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
+check "an admin creates a customer and its key" test -n "$KEY" -a "$KEY" != null
+
+# --- spread: 6 short tasks over 3 hosts, outputs through presigned URLs ---
+ids=()
+for i in $(seq 6); do
+	ids+=("$(py_spec "import time; time.sleep(2); open('/output/o.txt','w').write('out$i'); print('task $i')" \
+		| cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)")
+done
+good=0 hosts=""
+for i in $(seq 6); do
+	id=${ids[$((i - 1))]}
+	cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/t$i.json"
+	for _ in 1 2 3; do jq -e '.state | test("succeeded|failed|error|cancelled|timed_out")' "$T_TMP/t$i.json" > /dev/null && break
+		cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/t$i.json"; done
+	url=$(jq -r '.outputs[0].url // empty' "$T_TMP/t$i.json")
+	if [ "$(jq -r .state "$T_TMP/t$i.json")" = succeeded ] && [ "$(jq -r .result.stdout "$T_TMP/t$i.json")" = "task $i" ] \
+	   && [ -n "$url" ] && [ "$(curl -s -m 10 "$url")" = "out$i" ]; then
+		good=$((good + 1))
+	else echo "# t$i: $(head -c 500 "$T_TMP/t$i.json")"; fi
+	hosts="$hosts $(jq -r .host "$T_TMP/t$i.json")"
+done
+nhosts=$(echo "$hosts" | tr ' ' '\n' | grep -c . | tr -d ' '); distinct=$(echo "$hosts" | tr ' ' '\n' | grep . | sort -u | wc -l)
+if [ "$good" = 6 ] && [ "$distinct" -ge 2 ]; then
+	ok "6 tasks succeed spread over $distinct hosts ($hosts); outputs come back through presigned S3 URLs"
+else not_ok "spread tasks" "good=$good hosts=$hosts n=$nhosts"; fi
+
+# --- one host killed mid-run ---
+long=()
+for i in $(seq 6); do
+	long+=("$(sh_spec "echo started $i; sleep 12; echo done $i" '{"limits":{"timeout_s":60}}' \
+		| cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)")
+done
+for _ in $(seq 600); do
+	running=0
+	for id in "${long[@]}"; do [ "$(cust "$API/v1/tasks/$id" | jq -r .state)" = running ] && running=$((running + 1)); done
+	[ "$running" -ge 3 ] && break
+	sleep 0.2
+done
+victim_host=$(for id in "${long[@]}"; do cust "$API/v1/tasks/$id" | jq -r 'select(.state == "running") | .host'; done | head -n1)
+vn=${victim_host#h}
+kill -9 "${host_pids[$vn]}"; wait "${host_pids[$vn]}" 2> /dev/null; unset "host_pids[$vn]"
+for id in "${long[@]}"; do cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/l-$id.json"; done
+for id in "${long[@]}"; do jq -e '.state | test("succeeded|failed|error|cancelled|timed_out")' "$T_TMP/l-$id.json" > /dev/null \
+	|| cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/l-$id.json"; done
+lost=0 fine=0 other=""
+for id in "${long[@]}"; do
+	st=$(jq -r .state "$T_TMP/l-$id.json"); h=$(jq -r .host "$T_TMP/l-$id.json"); er=$(jq -r .end_reason "$T_TMP/l-$id.json")
+	if [ "$h" = "$victim_host" ] && [ "$st" = error ] && [ "$er" = host_lost ]; then lost=$((lost + 1))
+	elif [ "$h" != "$victim_host" ] && [ "$st" = succeeded ]; then fine=$((fine + 1))
+	else other="$other $id:$h:$st:$er"; fi
+done
+if [ "$lost" -ge 1 ] && [ $((lost + fine)) = 6 ]; then
+	ok "host $victim_host SIGKILLed mid-run: its $lost running task(s) end as error/host_lost, the other $fine succeed"
+else not_ok "host loss" "lost=$lost fine=$fine other=$other"; fi
+state=$(admin "$API/v1/admin/hosts" | jq -r --arg h "$victim_host" '(.hosts // .)[] | select(.id == $h) | .state')
+check "the killed host is reported lost" [ "$state" = lost ]
+
+# --- nothing run twice: every task ran on exactly one host ---
+twice=0
+for id in "${ids[@]}" "${long[@]}"; do
+	c=$(cat "$T_TMP"/spool-*/tasks/"$id"/record.json 2> /dev/null | wc -l)
+	[ "$c" -le 1 ] || twice=$((twice + 1))
+done
+check "no task reached more than one host's spool" [ "$twice" = 0 ]
+
+# --- shutdown leaves nothing ---
+for p in "${host_pids[@]}"; do kill "$p"; done
+for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
+host_pids=()
+kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+for n in 1 2 3; do ip netns del "$NS_PREFIX-$n"; done
+ip link del "$BR"
+# The SIGKILLed host's QEMUs died with it; its VM directories and cgroups
+# wait for its next start, or for `kiln-host reap`.
+"$KILN_HOST" reap --run-dir "$KILN_RUN_DIR/h$vn" > "$T_TMP/reap.out" 2>&1
+for n in 1 2 3; do rmdir "$KILN_RUN_DIR/h$n"; done
+if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && ! ip link show "$BR" > /dev/null 2>&1 \
+   && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_run_entries)" = 0 ]; then
+	ok "afterwards (the killed host reaped: $(cat "$T_TMP/reap.out")): no QEMU, VM directory, namespace, bridge or cgroup left"
+else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+t_done
