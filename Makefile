@@ -1,5 +1,5 @@
 # kiln: one non-recursive Makefile, everything built under build/.
-#   make            binaries: build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
+#   make            binaries: build/kiln, build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
 #   make image      guest kernel and root filesystem (cached in $(KILN_CACHE))
 #   make test       unit tests, fuzz corpus replay, integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
@@ -24,6 +24,7 @@ LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
 API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpthread -lm
+CLI_LIBS  := -ljansson -lcurl -lcrypto
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
@@ -33,6 +34,9 @@ HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
 # kiln-api: its module (store, quotas, HTTP layer, scheduler) is a library; api/main.c is the binary.
 API_SRCS   := $(filter-out api/main.c,$(wildcard api/*.c))
 API_OBJS   := $(API_SRCS:%.c=$(B)/%.o)
+# kiln (the CLI and `kiln up`): its commands are a library; cli/main.c is the binary.
+CLI_SRCS   := $(filter-out cli/main.c,$(wildcard cli/*.c))
+CLI_OBJS   := $(CLI_SRCS:%.c=$(B)/%.o)
 # kiln-init is static and links only what the guest needs (no jansson/libcrypto).
 GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c
 GUEST_OBJS := $(GUEST_SRCS:%.c=$(B)/guest-obj/%.o)
@@ -43,7 +47,7 @@ FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
 .PHONY: all deps image test unit bench demo fuzz clean
-all: $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
+all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
 	@scripts/deps.sh
@@ -67,6 +71,13 @@ $(B)/libkiln-host.a: $(HOST_OBJS)
 $(B)/libkiln-api.a: $(API_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(B)/libkiln-cli.a: $(CLI_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/kiln: $(B)/cli/main.o $(B)/libkiln-cli.a $(B)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CLI_LIBS)
 
 $(B)/kiln-api: $(B)/api/main.o $(B)/libkiln-api.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(API_LIBS)

@@ -1,0 +1,68 @@
+/* common: configuration and request helpers shared by the kiln CLI's commands. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+int cli_connect(struct creds *cr, int admin, struct cli_conn *conn)
+{
+	struct kiln_err err = { .code = "" };
+	const char *key;
+
+	if (creds_load(cr, &err) < 0) {
+		fprintf(stderr, "kiln: %s\n", err.message);
+		return EXIT_USAGE;
+	}
+	key = admin ? cr->admin_key : (cr->key[0] ? cr->key : cr->admin_key);
+	if (!cr->api[0] || !key[0]) {
+		fprintf(stderr,
+			"kiln: no %s configured: set KILN_API and %s, or start a local stack with `kiln up` "
+			"(credentials file: %s)\n",
+			!cr->api[0] ? "API" : "key", admin ? "KILN_ADMIN_KEY" : "KILN_KEY",
+			cr->file[0] ? cr->file : "KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ", does not exist");
+		return EXIT_USAGE;
+	}
+	conn->api = cr->api;
+	conn->key = key;
+	return 0;
+}
+
+int cli_request(const struct cli_conn *conn, const char *what, const char *method, const char *path, json_t *body,
+		long timeout_s, json_t **reply)
+{
+	struct kiln_err err = { .code = "" };
+	char msg[700];
+	int status = http_call(conn, method, path, body, timeout_s, reply, &err);
+
+	if (status < 0) {
+		fprintf(stderr, "kiln: %s: %s\n", what, err.message);
+		return EXIT_INFRA;
+	}
+	if (status < 200 || status > 299) {
+		http_describe_error(status, *reply, msg, sizeof(msg));
+		fprintf(stderr, "kiln: %s: %s\n", what, msg);
+		json_decref(*reply);
+		*reply = NULL;
+		return EXIT_REFUSED;
+	}
+	if (!*reply) {
+		fprintf(stderr, "kiln: %s: HTTP %d with a reply that is not JSON\n", what, status);
+		return EXIT_INFRA;
+	}
+	return 0;
+}
+
+void cli_print_json(json_t *v)
+{
+	json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	putchar('\n');
+}
+
+long long cli_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

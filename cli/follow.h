@@ -1,0 +1,26 @@
+/* follow: a task's event stream (GET /v1/tasks/{id}/events) shown on the
+ * terminal: output chunks written raw to stdout/stderr as they arrive, and,
+ * optionally, state changes and the elapsed time on stderr. */
+#ifndef KILN_CLI_FOLLOW_H
+#define KILN_CLI_FOLLOW_H
+
+#include "http.h"
+
+struct follow_view {
+	int progress;         /* show states and elapsed time on stderr */
+	const char *task_id;
+	/* filled in while following */
+	char state[32];       /* the latest state seen */
+	long long output_bytes;
+	int cancel_sent;
+};
+
+/* Follow the task's events until the stream ends (0), or fails (-1, err
+ * set). SIGINT while following sends a cancel request once (when
+ * cancel_on_int); a second SIGINT returns 1 at once. */
+int follow_task(const struct cli_conn *c, struct follow_view *v, int cancel_on_int, struct kiln_err *err);
+
+/* A state name that is final. */
+int follow_state_final(const char *state);
+
+#endif

@@ -1,0 +1,41 @@
+/* http: the kiln CLI's client for kiln-api (docs/api.md, "kiln-api") over
+ * libcurl: JSON requests, the task event stream (SSE) and downloads of
+ * presigned URLs. Every call is synchronous; the CLI is single-threaded. */
+#ifndef KILN_CLI_HTTP_H
+#define KILN_CLI_HTTP_H
+
+#include <jansson.h>
+
+#include "err.h"
+
+/* Where the API is and which key to present (both borrowed). */
+struct cli_conn {
+	const char *api; /* "http://127.0.0.1:8080", no trailing slash needed */
+	const char *key; /* Bearer key, may be NULL */
+};
+
+/* One request to api + path with an optional JSON body. Returns the HTTP
+ * status, with the parsed reply in *reply (NULL when it is not JSON; caller
+ * decrefs), or -1 with err set (code "unreachable") when no answer came. */
+int http_call(const struct cli_conn *c, const char *method, const char *path, json_t *body, long timeout_s,
+	      json_t **reply, struct kiln_err *err);
+
+/* "HTTP 401 unauthorized: unknown key" from a status and an API error reply. */
+void http_describe_error(int status, json_t *reply, char *out, size_t size);
+
+/* Follow api + path as server-sent events: on_event gets each event's name
+ * and parsed data until the stream ends (0), the callback returns nonzero
+ * (1) or the connection fails or is silent for stall_s (-1, err set; an HTTP
+ * error status sets err from the API's error body). tick (may be NULL) is
+ * called about every 200 ms while waiting, for progress displays; a nonzero
+ * return aborts the stream (returns 1). */
+int http_follow(const struct cli_conn *c, const char *path, long stall_s,
+		int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
+		struct kiln_err *err);
+
+/* GET url (no Authorization: a presigned URL) into path: written to a
+ * temporary file beside it and renamed over it once complete. 0 or -1 with
+ * err set. */
+int http_download(const char *url, const char *path, long timeout_s, struct kiln_err *err);
+
+#endif

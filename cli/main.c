@@ -1,0 +1,54 @@
+/* kiln: the command-line client of kiln-api (kiln run, kiln task, kiln
+ * admin) and `kiln up`, the one-command local stack. A thin dispatcher over
+ * the cli/ modules; usage and exit statuses in cli.h and the README. */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kiln COMMAND [ARGS]\n"
+		   "  up [--dir DIR] [--port P]            the local stack: S3, kiln-api, one kiln-host\n"
+		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
+		   "  task get|list|cancel|logs ...        inspect tasks\n"
+		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
+		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
+		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
+		   "Exit status: 0 ok; 1 refused by the API or the task failed (run: the task's exit code);\n"
+		   "2 bad usage or no configuration; 3 API unreachable or a task error.\n");
+}
+
+int main(int argc, char **argv)
+{
+	int rc;
+
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (curl_global_init(CURL_GLOBAL_DEFAULT)) {
+		fprintf(stderr, "kiln: curl_global_init failed\n");
+		return EXIT_INFRA;
+	}
+	if (!strcmp(argv[1], "run"))
+		rc = cmd_run(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "task"))
+		rc = cmd_task(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "admin"))
+		rc = cmd_admin(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "up"))
+		rc = cmd_up(argc - 1, argv + 1);
+	else {
+		fprintf(stderr, "kiln: %s: unknown command\n", argv[1]);
+		usage(stderr);
+		rc = EXIT_USAGE;
+	}
+	curl_global_cleanup();
+	return rc;
+}
