@@ -18,9 +18,9 @@ int cli_connect(struct creds *cr, int admin, struct cli_conn *conn)
 	if (!cr->api[0] || !key[0]) {
 		fprintf(stderr,
 			"kiln: no %s configured: set KILN_API and %s, or start a local stack with `kiln up` "
-			"(credentials file: %s)\n",
-			!cr->api[0] ? "API" : "key", admin ? "KILN_ADMIN_KEY" : "KILN_KEY",
-			cr->file[0] ? cr->file : "KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ", does not exist");
+			"(credentials file %s%s)\n",
+			!cr->api[0] ? "API" : "key", admin ? "KILN_ADMIN_KEY" : "KILN_KEY", cr->file,
+			cr->file_found ? "" : ": not there");
 		return EXIT_USAGE;
 	}
 	conn->api = cr->api;

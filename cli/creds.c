@@ -66,9 +66,10 @@ int creds_load(struct creds *c, struct kiln_err *err)
 	memset(c, 0, sizeof(*c));
 	if (!path || !*path)
 		path = CREDS_DEFAULT_FILE;
+	snprintf(c->file, sizeof(c->file), "%s", path);
 	f = fopen(path, "re");
 	if (f) {
-		snprintf(c->file, sizeof(c->file), "%s", path);
+		c->file_found = 1;
 		while (fgets(line, sizeof(line), f)) {
 			int r = creds_parse_line(line, name, sizeof(name), value, sizeof(value));
 

@@ -13,7 +13,8 @@
 struct creds {
 	char api[512], key[512], admin_key[512];
 	char s3_endpoint[512], s3_bucket[256];
-	char file[4096]; /* the credentials file consulted ("" if none) */
+	char file[4096]; /* the credentials file consulted */
+	int file_found;  /* it exists */
 };
 
 /* Fill c: each variable from the environment when set, else from the
