@@ -101,9 +101,9 @@ image: deps
 	@image/build-kernel.sh $(B)/image/vmlinux
 	@image/build-rootfs.sh $(B)/image/rootfs.ext4
 
-$(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
+$(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS)
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined

@@ -32,6 +32,11 @@ int cli_connect(struct creds *cr, int admin, struct cli_conn *conn);
 int cli_request(const struct cli_conn *conn, const char *what, const char *method, const char *path, json_t *body,
 		long timeout_s, json_t **reply);
 
+/* 1 when an output path from the server may be joined onto a local
+ * directory: relative, at most 1024 bytes, no empty, "." or ".." components,
+ * no control characters; else 0. Pure function. */
+int cli_output_path_ok(const char *path);
+
 /* Print a JSON value indented on stdout. */
 void cli_print_json(json_t *v);
 

@@ -101,9 +101,7 @@ static json_t *file_entry(const char *arg)
 	return e;
 }
 
-/* Paths the server names for outputs: relative, no empty, "." or ".."
- * components, so that joined onto the output directory they stay inside it. */
-static int output_path_ok(const char *p)
+int cli_output_path_ok(const char *p)
 {
 	const char *s = p;
 
@@ -146,7 +144,7 @@ static int fetch_outputs(json_t *task, const char *dir, const struct creds *cr)
 		char local[8192], *slash;
 		int r;
 
-		if (!path || !output_path_ok(path)) {
+		if (!path || !cli_output_path_ok(path)) {
 			fprintf(stderr, "kiln:   refusing an output path from the server: %s\n", path ? path : "(none)");
 			failed++;
 			continue;

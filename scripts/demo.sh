@@ -50,7 +50,8 @@ rc=0
 [ "$rc" = 0 ] || { echo "kiln run exited $rc" >&2; exit "$rc"; }
 id=$("$KILN" task list --limit 1 --json | jq -r '.tasks[0].id')
 echo "== task $id: where its files are in S3 (bucket kiln), from kiln task get"
-"$KILN" task get "$id" | jq -r '.outputs[] | "   s3://kiln/\(.s3_key)  (\(.size) bytes, sha256 \(.sha256[:16])...)",
-	((.artifacts // {}) | to_entries[] | "   s3://kiln/\(.value.s3_key)")' 2> /dev/null || true
+"$KILN" task get "$id" | jq -r '(.outputs[] | "   s3://kiln/\(.s3_key)  (\(.size) bytes, sha256 \(.sha256[:16])...)"),
+	((.artifacts // {}) | to_entries[] | "   s3://kiln/\(.value.s3_key)  (\(.value.size) bytes)")'
+echo "   (presigned GET URLs for each: kiln task get $id | jq '.outputs[].url')"
 echo "== the downloaded copy, $out/outputs/report/squares.csv:"
 sed 's/^/   /' "$out/outputs/report/squares.csv"
