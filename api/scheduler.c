@@ -29,7 +29,8 @@ struct host_view {
 	char id[65];
 	char url[256];
 	int64_t last_hb_ms;
-	int lost;
+	int lost;                    /* as the store says (a heartbeat clears it) */
+	int was_lost;                /* lost at the previous refresh: a heartbeat means it is back */
 	unsigned vcpus_total, vcpus_used;
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
@@ -365,6 +366,7 @@ static void refresh_hosts_locked(struct sched *s)
 				v->inflight_mem = old[j].inflight_mem;
 			}
 			v->full_until_ms = old[j].full_until_ms;
+			v->was_lost = old[j].lost;
 		}
 		n++;
 	}
@@ -402,6 +404,41 @@ static void host_lost(struct sched *s, const char *host)
 		}
 	}
 	free(t);
+}
+
+/* A host we had given up on is back: whatever it still runs that the store
+ * has settled otherwise (requeued elsewhere, or ended as host_lost) is
+ * cancelled there, so that no task's code runs twice to completion. */
+static void reconcile(struct sched *s, const char *host, const char *url)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *reply = NULL, *t;
+	size_t i;
+	int st = hostclient_call(url, s->token, "GET", "/v1/tasks", NULL, 5000, &reply, &err);
+
+	if (st != 200) {
+		fprintf(stderr, "kiln-api: reconciling with host %s: %s\n", host, st < 0 ? err.message : "unexpected status");
+		json_decref(reply);
+		return;
+	}
+	json_array_foreach(json_object_get(reply, "tasks"), i, t) {
+		const char *id = json_string_value(json_object_get(t, "id"));
+		json_t *mine = id ? store_task_json(s->st, id, NULL) : NULL;
+		enum task_state ms = task_state_parse(json_string_value(json_object_get(mine, "state")));
+		const char *mh = json_string_value(json_object_get(mine, "host"));
+		char path[80];
+
+		if (!id)
+			continue;
+		if (!mine || task_state_final(ms) || ms == TASK_QUEUED || !mh || strcmp(mh, host)) {
+			snprintf(path, sizeof(path), "/v1/tasks/%s", id);
+			hostclient_call(url, s->token, "DELETE", path, NULL, 5000, NULL, &err);
+			fprintf(stderr, "kiln-api: host %s still had task %s (%s here): cancelled there\n", host, id,
+				mine ? task_state_name(ms) : "unknown");
+		}
+		json_decref(mine);
+	}
+	json_decref(reply);
 }
 
 /* ---- placement ---- */
@@ -525,26 +562,32 @@ static void *sched_main(void *arg)
 	while (!s->stopping) {
 		struct timespec ts;
 		int64_t now = wall_ms();
-		char lost[MAX_HOSTS][65];
-		int nlost = 0;
+		char lost[MAX_HOSTS][65], back[MAX_HOSTS][65], back_url[MAX_HOSTS][256];
+		int nlost = 0, nback = 0;
 
 		refresh_hosts_locked(s);
 		for (int i = 0; i < s->nhosts; i++) {
 			struct host_view *h = &s->hosts[i];
 
-			if (!h->lost && now - h->last_hb_ms > (int64_t)s->cfg.host_lost_after_ms) {
+			int stale = now - h->last_hb_ms > (int64_t)s->cfg.host_lost_after_ms;
+
+			if (stale && !h->lost) {
 				h->lost = 1;
 				snprintf(lost[nlost++], sizeof(lost[0]), "%s", h->id);
-			} else if (h->lost && now - h->last_hb_ms <= (int64_t)s->cfg.host_lost_after_ms) {
-				/* Back: it is a host like any other again. */
-				h->lost = 0;
+			} else if (!stale && (h->lost || h->was_lost)) {
+				/* Back (its heartbeat cleared the flag): a host like any other again. */
+				h->lost = h->was_lost = 0;
 				store_host_set_lost(s->st, h->id, 0);
 				fprintf(stderr, "kiln-api: host %s is back\n", h->id);
+				snprintf(back[nback], sizeof(back[0]), "%s", h->id);
+				snprintf(back_url[nback++], sizeof(back_url[0]), "%s", h->url);
 			}
 		}
 		pthread_mutex_unlock(&s->lock);
 		for (int i = 0; i < nlost; i++)
 			host_lost(s, lost[i]);
+		for (int i = 0; i < nback; i++)
+			reconcile(s, back[i], back_url[i]);
 		if (!reattached) {
 			reattach(s);
 			reattached = 1;

@@ -1191,6 +1191,19 @@ json_t *hostd_task_json(struct hostd *d, const char *id)
 	return j;
 }
 
+json_t *hostd_task_list(struct hostd *d, int unfinished_only)
+{
+	json_t *a = json_array();
+
+	pthread_mutex_lock(&d->lock);
+	for (struct hostd_task *t = d->tasks; t; t = t->next)
+		if (!unfinished_only || !state_final(t->state))
+			json_array_append_new(a, json_pack("{s:s, s:s, s:s}", "id", t->id, "customer", t->customer, "state",
+							   state_names[t->state]));
+	pthread_mutex_unlock(&d->lock);
+	return a;
+}
+
 int hostd_cancel(struct hostd *d, const char *id)
 {
 	struct hostd_task *t;

@@ -62,6 +62,11 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 /* The task's public JSON (docs/api.md), or NULL when there is no such task. */
 json_t *hostd_task_json(struct hostd *d, const char *id);
 
+/* [{"id","customer","state"}] of the host's tasks, newest first; with
+ * unfinished_only, only those not final yet (for kiln-api's reconciliation
+ * when a host it thought lost comes back). */
+json_t *hostd_task_list(struct hostd *d, int unfinished_only);
+
 /* Cancel: a task not started yet ends at once, a starting or running one has
  * its VM destroyed. Returns 0; -ENOENT for no such task; -EALREADY when its
  * code already ended (uploading or final). */

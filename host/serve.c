@@ -308,8 +308,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (req->too_big)
 		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
 	if (!strcmp(url, "/v1/tasks")) {
+		if (!strcmp(method, "GET")) {
+			const char *all = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "all");
+
+			return reply_json(conn, MHD_HTTP_OK,
+					  json_pack("{s:o}", "tasks", hostd_task_list(s->hostd, !all || strcmp(all, "1"))));
+		}
 		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "POST");
+			return method_not_allowed(conn, "GET or POST");
 		return handle_submit(s, conn, req);
 	}
 	if (!strncmp(url, "/v1/tasks/", 10))
