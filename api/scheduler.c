@@ -59,6 +59,7 @@ struct sched {
 	struct host_view hosts[MAX_HOSTS];
 	int nhosts;
 	struct watch *watches;       /* placed tasks being followed */
+	int64_t started_ms;          /* hosts get a full timeout after our own start */
 	unsigned nwatchers;
 };
 
@@ -569,7 +570,10 @@ static void *sched_main(void *arg)
 		for (int i = 0; i < s->nhosts; i++) {
 			struct host_view *h = &s->hosts[i];
 
-			int stale = now - h->last_hb_ms > (int64_t)s->cfg.host_lost_after_ms;
+			/* While kiln-api itself was down no heartbeat could arrive: a
+			 * host is judged only on the time since our own start too. */
+			int64_t seen = h->last_hb_ms > s->started_ms ? h->last_hb_ms : s->started_ms;
+			int stale = now - seen > (int64_t)s->cfg.host_lost_after_ms;
 
 			if (stale && !h->lost) {
 				h->lost = 1;
@@ -633,6 +637,7 @@ struct sched *sched_start(struct store *st, const struct sched_config *cfg, stru
 	}
 	s->st = st;
 	s->cfg = *cfg;
+	s->started_ms = wall_ms();
 	s->cfg.cluster_token = s->token;
 	if (!s->cfg.host_lost_after_ms)
 		s->cfg.host_lost_after_ms = 10000;

@@ -149,6 +149,71 @@ else not_ok "host loss" "lost=$lost fine=$fine other=$other"; fi
 state=$(admin "$API/v1/admin/hosts" | jq -r --arg h "$victim_host" '(.hosts // .)[] | select(.id == $h) | .state')
 check "the killed host is reported lost" [ "$state" = lost ]
 
+# --- the killed host comes back over its old spool ---
+start_host "$vn"
+for _ in $(seq 600); do [ "$(live_hosts)" = 3 ] && break; sleep 0.2; done
+check "the killed host restarts and is live again" [ "$(live_hosts)" = 3 ]
+
+# --- live output relayed through kiln-api's event stream ---
+id=$(sh_spec 'echo relay-one; sleep 1; echo relay-two' | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)
+curl -s -N -m 90 -H "Authorization: Bearer $KEY" "$API/v1/tasks/$id/events" > "$T_TMP/ev.txt"
+if grep -q '"state":"running"' "$T_TMP/ev.txt" && grep -q 'relay-one' "$T_TMP/ev.txt" && grep -q 'relay-two' "$T_TMP/ev.txt" \
+   && grep -q '"state":"succeeded"' "$T_TMP/ev.txt"; then
+	ok "GET /v1/tasks/ID/events on kiln-api relays the host's stdout live, from queued to succeeded"
+else not_ok "event relay" "$(head -c 800 "$T_TMP/ev.txt")"; fi
+
+# --- a partitioned host: marked lost while its task still runs, then reconciled ---
+for _ in $(seq 100); do
+	[ "$(admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live" and .capacity.pool.ready >= 1)] | length')" = 3 ] && break
+	sleep 0.2
+done
+pid=$(sh_spec 'echo partitioned; sleep 40' '{"limits":{"timeout_s":60}}' | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)
+for _ in $(seq 300); do [ "$(cust "$API/v1/tasks/$pid" | jq -r .state)" = running ] && break; sleep 0.2; done
+ph=$(cust "$API/v1/tasks/$pid" | jq -r .host); pn=${ph#h}
+ip link set "kv$N-$pn" down
+cust "$API/v1/tasks/$pid?wait=30" > "$T_TMP/part.json"
+host_state() { nsenter --net="/run/netns/$NS_PREFIX-$pn" curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://$NET.$((10 + pn)):7070/v1/tasks/$pid" | jq -r .state; }
+still=$(host_state)
+ip link set "kv$N-$pn" up
+for _ in $(seq 150); do [ "$(host_state)" = cancelled ] && break; sleep 0.2; done
+if [ "$(jq -r .state "$T_TMP/part.json")/$(jq -r .end_reason "$T_TMP/part.json")" = error/host_lost ] && [ "$still" = running ] \
+   && [ "$(host_state)" = cancelled ]; then
+	ok "a partitioned host's running task ends as host_lost; when the host is back kiln-api cancels it there"
+else not_ok "partition" "api: $(jq -c '{state,end_reason}' "$T_TMP/part.json") host during: $still after: $(host_state)"; fi
+
+# --- kiln-api SIGKILLed during a burst of submissions ---
+# No rate limit for this part: the point is the crash, not the quota.
+admin -X PUT --data '{"submit_rate":0,"max_queued":0,"max_running":0}' "$API/v1/admin/customers/acme/quotas" > /dev/null
+burst=$T_TMP/burst; mkdir -p "$burst"
+bpids=()
+for c in 1 2 3 4; do for i in $(seq $((c * 100 + 1)) $((c * 100 + 50))); do py_spec "print($i)" > "$burst/$i.spec"; done; done
+for c in 1 2 3 4; do
+	( for i in $(seq $((c * 100 + 1)) $((c * 100 + 50))); do
+		curl -s -m 10 -o "$burst/$i.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+			-X POST --data-binary @"$burst/$i.spec" "$API/v1/tasks" > "$burst/$i.code"
+	done ) &
+	bpids+=($!)
+done
+sleep 1
+kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+wait "${bpids[@]}" 2> /dev/null   # not a bare wait: the hosts are background jobs too
+start_api || echo "# kiln-api did not restart: $(tail -3 "$T_TMP/api.err")"
+accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
+final=0 succeeded=0
+for id in "${accepted[@]}"; do
+	for _ in 1 2 3 4; do
+		st=$(cust "$API/v1/tasks/$id?wait=60" | jq -r .state)
+		[[ $st =~ succeeded|failed|error|cancelled|timed_out ]] && break
+	done
+	[[ $st =~ succeeded|failed|error|cancelled|timed_out ]] && final=$((final + 1))
+	[ "$st" = succeeded ] && succeeded=$((succeeded + 1))
+done
+if [ "${#accepted[@]}" -ge 1 ] && [ "$final" = "${#accepted[@]}" ] && [ "$succeeded" = "${#accepted[@]}" ]; then
+	ok "kiln-api SIGKILLed mid-burst and restarted: all ${#accepted[@]} tasks that got a 202 succeed; hosts reconnect"
+else not_ok "api crash" "accepted=${#accepted[@]} final=$final succeeded=$succeeded" \
+	"first: $(cust "$API/v1/tasks/${accepted[0]}" | head -c 400)" "api: $(tail -5 "$T_TMP/api.err")"; fi
+ids+=("${accepted[@]}")
+
 # --- nothing run twice: every task ran on exactly one host ---
 twice=0
 for id in "${ids[@]}" "${long[@]}"; do
