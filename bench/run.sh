@@ -30,3 +30,9 @@ echo
 # The host daemon under load: tasks/s, POST-to-succeeded latency with outputs
 # in a local S3, idle pool VM memory, 200 MiB upload throughput.
 python3 bench/hostd.py "${HOSTD_TASKS:-60}" "${HOSTD_CONCURRENCY:-4}" "${HOSTD_POOL:-4}"
+echo
+# kiln-api alone: authenticated GET /v1/tasks/{id} requests/s, durable submissions/s.
+bench/api.sh
+echo
+# The whole stack: print(1) through kiln-api, the scheduler, a host's pool and S3.
+python3 bench/stack.py "${STACK_TASKS:-80}" "${STACK_CONCURRENCY:-8}"

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The whole stack end to end: figures, not pass/fail.
+
+Starts `kiln up` (local S3, kiln-api, one kiln-host with a warm pool) in a
+temporary directory, then measures print(1) from POST /v1/tasks on kiln-api
+to the task being final with its outputs in S3 (API -> scheduler -> host pool
+-> S3 -> result), read back with a long-poll GET ?wait=:
+  - one client at a time (pool VM ready): p50/p95/p99;
+  - C concurrent clients (default 8): p50/p95/p99 and tasks/s.
+Usage: bench/stack.py [TASKS] [CONCURRENCY]
+"""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 80
+CONC = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round((len(v) - 1) * p / 100)))]
+
+
+class Api:
+    def __init__(self, url, key):
+        u = urllib.parse.urlparse(url)
+        self.host, self.port, self.key = u.hostname, u.port, key
+
+    def call(self, method, path, body=None, timeout=90):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        h = {"Authorization": "Bearer " + self.key, "Content-Type": "application/json"}
+        c.request(method, path, json.dumps(body) if body is not None else None, h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, json.loads(data) if data else None
+
+
+FINAL = ("succeeded", "failed", "timed_out", "cancelled", "error")
+
+
+def one(api, code):
+    t0 = time.monotonic()
+    st, t = api.call("POST", "/v1/tasks", {"language": "python", "code": code})
+    while st == 429:
+        time.sleep(0.05)
+        st, t = api.call("POST", "/v1/tasks", {"language": "python", "code": code})
+    if st != 202:
+        raise SystemExit("POST: %d %s" % (st, t))
+    tid = t["id"]
+    while t["state"] not in FINAL:
+        st, t = api.call("GET", "/v1/tasks/%s?wait=60" % tid)
+    return (time.monotonic() - t0) * 1000, t
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="kiln-bench-stack.")
+    up = subprocess.Popen([ROOT + "/build/kiln", "up", "--dir", work, "--port", str(30000 + os.getpid() % 10000)],
+                          stdout=subprocess.DEVNULL, stderr=open(work + "/up.log", "w"))
+    try:
+        creds = work + "/credentials"
+        deadline = time.monotonic() + 900
+        while not os.path.exists(creds):
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("kiln up did not get ready: see " + work + "/up.log")
+            time.sleep(0.2)
+        env = dict(l.strip().split("=", 1) for l in open(creds) if "=" in l)
+        env = {k: v.strip("'\"") for k, v in env.items()}
+        api = Api(env["KILN_API"], env["KILN_KEY"])
+        admin = Api(env["KILN_API"], env["KILN_ADMIN_KEY"])
+        admin.call("PUT", "/v1/admin/customers/default/quotas",
+                   {"submit_rate": 0, "max_queued": 0, "max_running": 0})
+        code = 'open("/output/r.txt", "w").write("1")\nprint(1)'
+        one(api, code)  # warm-up
+        print("== the whole stack (kiln up: kiln-api + scheduler + one kiln-host with a warm pool + local S3), %d cores" %
+              os.cpu_count())
+        single, where = [], {}
+        for _ in range(15):
+            time.sleep(1.0)  # let the pool refill: the unloaded path
+            ms, t = one(api, code)
+            single.append(ms)
+            s = (t.get("result") or {}).get("timings", {}).get("start", "?")
+            where[s] = where.get(s, 0) + 1
+        print("  print(1), one client, POST -> succeeded with outputs in S3: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s)"
+              % (pct(single, 50), pct(single, 95), pct(single, 99), where))
+        lat, lock, todo = [], threading.Lock(), list(range(TASKS))
+
+        def client():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    todo.pop()
+                ms, t = one(api, code)
+                with lock:
+                    lat.append(ms)
+
+        t0 = time.monotonic()
+        th = [threading.Thread(target=client) for _ in range(CONC)]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        wall = time.monotonic() - t0
+        print("  print(1), %d concurrent clients, %d tasks: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms; %.2f tasks/s" %
+              (CONC, len(lat), pct(lat, 50), pct(lat, 95), pct(lat, 99), len(lat) / wall))
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait()
+        subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()
