@@ -118,6 +118,26 @@ if [ "$good" = 6 ] && [ "$distinct" -ge 2 ]; then
 	ok "6 tasks succeed spread over $distinct hosts ($hosts); outputs come back through presigned S3 URLs"
 else not_ok "spread tasks" "good=$good hosts=$hosts n=$nhosts"; fi
 
+# --- the concurrency quota: tasks beyond it wait in the queue, then run ---
+admin -X POST --data '{"id":"solo","name":"Solo","quotas":{"max_running":1}}' "$API/v1/admin/customers" > /dev/null
+SOLO=$(admin -X POST "$API/v1/admin/customers/solo/keys" | jq -r .key)
+solo=()
+for i in 1 2 3; do
+	solo+=("$(sh_spec "echo solo $i; sleep 2" | curl -s -m 30 -H "Authorization: Bearer $SOLO" -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)")
+done
+maxrun=0 queued_seen=0
+for _ in $(seq 300); do
+	states=$(for id in "${solo[@]}"; do curl -s -m 5 -H "Authorization: Bearer $SOLO" "$API/v1/tasks/$id" | jq -r .state; done)
+	r=$(grep -cE '^(scheduled|starting|running)$' <<< "$states")
+	[ "$r" -gt "$maxrun" ] && maxrun=$r
+	grep -q '^queued$' <<< "$states" && [ "$r" -ge 1 ] && queued_seen=1
+	[ "$(grep -c '^succeeded$' <<< "$states")" = 3 ] && break
+	sleep 0.1
+done
+if [ "$maxrun" = 1 ] && [ "$queued_seen" = 1 ] && [ "$(grep -c '^succeeded$' <<< "$states")" = 3 ]; then
+	ok "max_running 1: the customer's other tasks wait queued while one runs, then all three succeed"
+else not_ok "concurrency quota" "max running at once: $maxrun, queued seen: $queued_seen, states: $(echo $states)"; fi
+
 # --- one host killed mid-run ---
 long=()
 for i in $(seq 6); do
