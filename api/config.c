@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsutil.h"
 #include "quota.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
@@ -19,29 +20,6 @@ void api_config_defaults(struct api_config *c)
 	c->host_lost_after_s = 30;
 	c->max_body_mib = 64;
 	quota_defaults(&c->quotas);
-}
-
-/* The first line of a file, without its newline. */
-static char *read_secret(const char *path, const char *key, const char *file, struct kiln_err *err)
-{
-	FILE *f = fopen(path, "re");
-	char buf[1024], *nl;
-
-	if (!f) {
-		kiln_err_set(err, "config", "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
-		return NULL;
-	}
-	if (!fgets(buf, sizeof(buf), f))
-		buf[0] = '\0';
-	fclose(f);
-	nl = strchr(buf, '\n');
-	if (nl)
-		*nl = '\0';
-	if (!buf[0]) {
-		kiln_err_set(err, "config", "%s: %s: %s is empty", file, key, path);
-		return NULL;
-	}
-	return strdup(buf);
 }
 
 struct field {
@@ -93,7 +71,7 @@ static int secret(const char *value, const char *file_path, const char *name, co
 		char key[64];
 
 		snprintf(key, sizeof(key), "%s_file", name);
-		*owned = read_secret(file_path, key, file, err);
+		*owned = fs_read_secret(file_path, key, file, err);
 		if (!*owned)
 			return -1;
 		*out = *owned;

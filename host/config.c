@@ -6,30 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsutil.h"
+
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
-
-/* Read a secret from a file: the first line, without its newline. */
-static char *read_secret(const char *path, const char *key, const char *file, struct kiln_err *err)
-{
-	FILE *f = fopen(path, "re");
-	char buf[1024], *nl;
-
-	if (!f) {
-		kiln_err_set(err, "config", "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
-		return NULL;
-	}
-	if (!fgets(buf, sizeof(buf), f))
-		buf[0] = '\0';
-	fclose(f);
-	nl = strchr(buf, '\n');
-	if (nl)
-		*nl = '\0';
-	if (!buf[0]) {
-		kiln_err_set(err, "config", "%s: %s: %s is empty", file, key, path);
-		return NULL;
-	}
-	return strdup(buf);
-}
 
 struct field {
 	const char *name;
@@ -169,7 +148,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		goto fail;
 	}
 	if (token_file) {
-		c->file_token = read_secret(token_file, "token_file", path, err);
+		c->file_token = fs_read_secret(token_file, "token_file", path, err);
 		if (!c->file_token)
 			goto fail;
 		c->token = c->file_token;
@@ -179,7 +158,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		goto fail;
 	}
 	if (secret_file) {
-		c->file_secret = read_secret(secret_file, "s3.secret_key_file", path, err);
+		c->file_secret = fs_read_secret(secret_file, "s3.secret_key_file", path, err);
 		if (!c->file_secret)
 			goto fail;
 		c->s3.secret_key = c->file_secret;

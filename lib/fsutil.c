@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,4 +62,26 @@ int fs_mkdir_p(const char *path, mode_t mode)
 		*p = '/';
 	}
 	return mkdir(tmp, mode) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+char *fs_read_secret(const char *path, const char *key, const char *file, struct kiln_err *err)
+{
+	FILE *f = fopen(path, "re");
+	char buf[1024], *nl;
+
+	if (!f) {
+		kiln_err_set(err, "config", "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
+		return NULL;
+	}
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = '\0';
+	fclose(f);
+	nl = strchr(buf, '\n');
+	if (nl)
+		*nl = '\0';
+	if (!buf[0]) {
+		kiln_err_set(err, "config", "%s: %s: %s is empty", file, key, path);
+		return NULL;
+	}
+	return strdup(buf);
 }

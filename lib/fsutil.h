@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include "err.h"
+
 /* Remove name (relative to dirfd, or AT_FDCWD) and everything below it,
  * depth-bounded (64 levels), never following links. A missing path is not an
  * error. Returns 0 or a negative errno from the final removal. */
@@ -15,5 +17,10 @@ int fs_rmtree(const char *path);
 /* mkdir -p: parents with 0755, the last component with mode. Returns 0 or a
  * negative errno. An existing directory is fine. */
 int fs_mkdir_p(const char *path, mode_t mode);
+
+/* A secret kept in a file (a token, an S3 secret, an admin key): its first
+ * line without the newline, malloc'd. NULL with err set (code "config",
+ * naming the configuration file and key) when it cannot be read or is empty. */
+char *fs_read_secret(const char *path, const char *key, const char *file, struct kiln_err *err);
 
 #endif
