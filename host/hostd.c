@@ -558,71 +558,141 @@ static int upload_one(struct hostd *d, struct hostd_task *t, const struct s3_con
 	return r;
 }
 
-/* Upload whatever of t is not confirmed yet: outputs, then the logs, then the
- * manifest (last: its presence means everything else is there). */
+/* Upload step `step` of t: an output (step < nout; one whose name is no
+ * valid key is skipped), stdout.log (nout), stderr.log (nout + 1), the
+ * manifest (nout + 2). Thread-safe for distinct steps. */
+static int upload_step(struct hostd *d, struct hostd_task *t, const struct s3_config *s3, size_t step, size_t nout,
+		       struct kiln_err *err)
+{
+	char path[8400], rel[PROTO_MAX_PATH + 16], sha[65] = "";
+
+	if (step < nout) {
+		json_t *o;
+		int skip;
+
+		pthread_mutex_lock(&d->lock);
+		o = json_array_get(t->outputs, step);
+		skip = json_is_null(json_object_get(o, "s3_key")); /* see its "skipped" */
+		snprintf(rel, sizeof(rel), "outputs/%s", json_string_value(json_object_get(o, "path")) ?: "");
+		snprintf(sha, sizeof(sha), "%s", json_string_value(json_object_get(o, "sha256")) ?: "");
+		pthread_mutex_unlock(&d->lock);
+		if (skip)
+			return 0;
+		snprintf(path, sizeof(path), "%s/%s", t->dir, rel);
+		return upload_one(d, t, s3, rel, path, "application/octet-stream", sha, NULL, err);
+	}
+	if (step == nout || step == nout + 1) {
+		const char *name = step == nout ? "stdout.log" : "stderr.log";
+
+		snprintf(path, sizeof(path), "%s/%s", t->dir, name);
+		/* A task that never started has no logs: an empty one says so. */
+		if (access(path, F_OK) < 0) {
+			int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+			if (fd >= 0)
+				close(fd);
+		}
+		return upload_one(d, t, s3, name, path, "text/plain; charset=utf-8", NULL, name, err);
+	}
+	{
+		json_t *m;
+		int r;
+
+		pthread_mutex_lock(&d->lock);
+		m = manifest_json_locked(d, t);
+		pthread_mutex_unlock(&d->lock);
+		r = spool_write_json(t->dir, "manifest.json", m, err);
+		json_decref(m);
+		snprintf(path, sizeof(path), "%s/manifest.json", t->dir);
+		return r < 0 ? -1 : upload_one(d, t, s3, "manifest.json", path, "application/json", NULL, "manifest.json", err);
+	}
+}
+
+#define UPLOAD_PARALLEL 4 /* objects of one task in flight at once */
+
+struct upload_batch {
+	struct hostd *d;
+	struct hostd_task *t;
+	const struct s3_config *s3;
+	size_t next, end, nout, base;
+	unsigned char *ok;
+	pthread_mutex_t lock;
+	int failed;
+	struct kiln_err err;
+};
+
+static void *upload_batch_worker(void *arg)
+{
+	struct upload_batch *b = arg;
+
+	for (;;) {
+		struct kiln_err e = { .code = "" };
+		size_t step;
+		int r;
+
+		pthread_mutex_lock(&b->lock);
+		step = b->failed ? b->end : b->next++;
+		pthread_mutex_unlock(&b->lock);
+		if (step >= b->end)
+			return NULL;
+		r = upload_step(b->d, b->t, b->s3, step, b->nout, &e);
+		pthread_mutex_lock(&b->lock);
+		if (r < 0 && !b->failed) {
+			b->failed = 1;
+			b->err = e;
+		} else if (r == 0) {
+			b->ok[step - b->base] = 1;
+		}
+		pthread_mutex_unlock(&b->lock);
+	}
+}
+
+/* Upload whatever of t is not confirmed yet: its outputs and logs, up to
+ * UPLOAD_PARALLEL at a time (a trivial task's four small objects would
+ * otherwise cost four round trips in a row), then the manifest, last: its
+ * presence means everything else is there. */
 static int upload_task(struct hostd *d, struct hostd_task *t, const struct s3_config *s3, struct kiln_err *err)
 {
-	size_t nout;
-	char path[8400];
+	struct upload_batch b = { .d = d, .t = t, .s3 = s3 };
+	pthread_t th[UPLOAD_PARALLEL];
+	unsigned nth = 0;
+	size_t k;
 
 	pthread_mutex_lock(&d->lock);
-	nout = json_array_size(t->outputs);
+	b.nout = json_array_size(t->outputs);
+	b.base = b.next = t->upload_done;
 	pthread_mutex_unlock(&d->lock);
-	for (;;) {
-		size_t step;
-		json_t *o = NULL;
-		char rel[PROTO_MAX_PATH + 16], sha[65] = "";
-
+	b.end = b.nout + 2;
+	if (b.base < b.end) {
+		b.ok = calloc(b.end - b.base, 1);
+		if (!b.ok)
+			return kiln_err_set(err, "host_error", "out of memory");
+		pthread_mutex_init(&b.lock, NULL);
+		/* This thread is one of the uploaders; helpers only when there is more. */
+		for (; nth + 1 < UPLOAD_PARALLEL && nth + 1 < b.end - b.base; nth++)
+			if (pthread_create(&th[nth], NULL, upload_batch_worker, &b) != 0)
+				break;
+		upload_batch_worker(&b);
+		for (unsigned i = 0; i < nth; i++)
+			pthread_join(th[i], NULL);
+		pthread_mutex_destroy(&b.lock);
+		/* Progress survives a failure: what went up in order need not go again. */
 		pthread_mutex_lock(&d->lock);
-		step = t->upload_done;
-		if (step < nout) {
-			o = json_array_get(t->outputs, step);
-			if (json_is_null(json_object_get(o, "s3_key"))) {
-				t->upload_done++; /* skipped: not a valid key (see "skipped") */
-				pthread_mutex_unlock(&d->lock);
-				continue;
-			}
-			snprintf(rel, sizeof(rel), "outputs/%s", json_string_value(json_object_get(o, "path")) ?: "");
-			snprintf(sha, sizeof(sha), "%s", json_string_value(json_object_get(o, "sha256")) ?: "");
-		}
+		for (k = 0; k < b.end - b.base && b.ok[k]; k++)
+			t->upload_done++;
 		pthread_mutex_unlock(&d->lock);
-		if (step < nout) {
-			snprintf(path, sizeof(path), "%s/%s", t->dir, rel);
-			if (upload_one(d, t, s3, rel, path, "application/octet-stream", sha, NULL, err) < 0)
-				return -1;
-		} else if (step == nout || step == nout + 1) {
-			const char *name = step == nout ? "stdout.log" : "stderr.log";
-
-			snprintf(path, sizeof(path), "%s/%s", t->dir, name);
-			/* A task that never started has no logs: an empty one says so. */
-			if (access(path, F_OK) < 0) {
-				int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-
-				if (fd >= 0)
-					close(fd);
-			}
-			if (upload_one(d, t, s3, name, path, "text/plain; charset=utf-8", NULL, name, err) < 0)
-				return -1;
-		} else if (step == nout + 2) {
-			json_t *m;
-			int r;
-
-			pthread_mutex_lock(&d->lock);
-			m = manifest_json_locked(d, t);
-			pthread_mutex_unlock(&d->lock);
-			r = spool_write_json(t->dir, "manifest.json", m, err);
-			json_decref(m);
-			snprintf(path, sizeof(path), "%s/manifest.json", t->dir);
-			if (r < 0 || upload_one(d, t, s3, "manifest.json", path, "application/json", NULL, "manifest.json",
-						err) < 0)
-				return -1;
-		} else {
-			return 0;
+		free(b.ok);
+		if (b.failed) {
+			*err = b.err;
+			return -1;
 		}
-		pthread_mutex_lock(&d->lock);
-		t->upload_done++;
-		pthread_mutex_unlock(&d->lock);
 	}
+	if (upload_step(d, t, s3, b.end, b.nout, err) < 0)
+		return -1;
+	pthread_mutex_lock(&d->lock);
+	t->upload_done = b.end + 1;
+	pthread_mutex_unlock(&d->lock);
+	return 0;
 }
 
 /* Everything is in S3: the final state goes to disk, then the spooled files go. */
