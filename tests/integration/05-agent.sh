@@ -3,4 +3,5 @@
 # socketpair, without a VM: fast, and it reaches error paths a VM test cannot.
 . "$(dirname "$0")/lib.sh"
 if [ "$(id -u)" != 0 ]; then echo "1..0 # SKIP needs root (runs tasks as uid 54321)"; exit 0; fi
-exec python3 "$ROOT/tests/agent/agent_host.py" "$ROOT/build/tests/agent-drive" "$T_TMP"
+# Not exec: the EXIT trap removes $T_TMP and the run directory afterwards.
+python3 "$ROOT/tests/agent/agent_host.py" "$ROOT/build/tests/agent-drive" "$T_TMP"
