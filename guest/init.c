@@ -6,7 +6,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -244,6 +247,73 @@ out:
 	return r;
 }
 
+/* The sandbox's side of its network (only VMs of tasks with an egress policy
+ * have a NIC; see docs/architecture.md, "Network egress"). Every sandbox sees
+ * the same addresses: the host keeps each in its own network namespace, so
+ * they never meet. The host's resolver for the sandbox listens on the gateway. */
+#define INIT_NET_IF    "eth0"
+#define INIT_NET_ADDR  "10.0.2.2"
+#define INIT_NET_MASK  "255.255.255.252"
+#define INIT_NET_GW    "10.0.2.1"
+
+static void init_sin(struct sockaddr *sa, const char *ip)
+{
+	struct sockaddr_in *sin = (struct sockaddr_in *)sa;
+
+	memset(sin, 0, sizeof(*sin));
+	sin->sin_family = AF_INET;
+	inet_pton(AF_INET, ip, &sin->sin_addr);
+}
+
+/* Configure eth0 when there is one. Returns 0 (also when there is no NIC) or
+ * -errno. */
+static int init_network(void)
+{
+	struct ifreq ifr;
+	struct rtentry rt;
+	int fd, r = 0, wfd;
+	static const char resolv[] = "nameserver " INIT_NET_GW "\noptions timeout:2 attempts:2\n";
+
+	fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	memset(&ifr, 0, sizeof(ifr));
+	strcpy(ifr.ifr_name, INIT_NET_IF);
+	if (ioctl(fd, SIOCGIFFLAGS, &ifr) < 0) {
+		r = errno == ENODEV ? 0 : -errno; /* no NIC: a task without network */
+		goto out;
+	}
+	init_sin(&ifr.ifr_addr, INIT_NET_ADDR);
+	if (ioctl(fd, SIOCSIFADDR, &ifr) < 0)
+		goto fail;
+	init_sin(&ifr.ifr_netmask, INIT_NET_MASK);
+	if (ioctl(fd, SIOCSIFNETMASK, &ifr) < 0)
+		goto fail;
+	if (ioctl(fd, SIOCGIFFLAGS, &ifr) < 0)
+		goto fail;
+	ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+	if (ioctl(fd, SIOCSIFFLAGS, &ifr) < 0)
+		goto fail;
+	memset(&rt, 0, sizeof(rt));
+	init_sin(&rt.rt_dst, "0.0.0.0");
+	init_sin(&rt.rt_genmask, "0.0.0.0");
+	init_sin(&rt.rt_gateway, INIT_NET_GW);
+	rt.rt_flags = RTF_UP | RTF_GATEWAY;
+	if (ioctl(fd, SIOCADDRT, &rt) < 0 && errno != EEXIST)
+		goto fail;
+	wfd = open("/etc/resolv.conf", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (wfd < 0 || write(wfd, resolv, sizeof(resolv) - 1) != (ssize_t)(sizeof(resolv) - 1))
+		init_log("/etc/resolv.conf: %s", strerror(errno));
+	if (wfd >= 0)
+		close(wfd);
+	goto out;
+fail:
+	r = -errno;
+out:
+	close(fd);
+	return r;
+}
+
 void init_boot(void)
 {
 	int r;
@@ -280,6 +350,9 @@ void init_boot(void)
 	r = init_loopback();
 	if (r < 0)
 		init_log("bringing lo up: %s", strerror(-r));
+	r = init_network();
+	if (r < 0)
+		init_log("configuring " INIT_NET_IF ": %s", strerror(-r));
 	if (sethostname("kiln", 4) < 0)
 		init_log("sethostname: %s", strerror(errno));
 	/* The kernel never OOM-kills the global init anyway; this also keeps

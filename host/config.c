@@ -1,5 +1,6 @@
 /* config: parse and validate kiln-host's JSON configuration file. */
 #include "config.h"
+#include "net.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -76,7 +77,7 @@ static int take(json_t *obj, const char *where, const struct field *fields, cons
 int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL;
+	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
 	int attempts = 0;
@@ -94,7 +95,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "spool_dir", 's', &c->spool_dir }, { "cold", 'b', &c->cold }, { "capacity", 'o', &capacity },
 			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
 			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
-			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 }, { 0 },
+			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
+			{ "network", 'o', &network }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;
@@ -162,6 +164,24 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		if (!c->file_secret)
 			goto fail;
 		c->s3.secret_key = c->file_secret;
+	}
+	if (network) {
+		/* Parsed and checked here, so that kiln-host refuses a bad file
+		 * before it starts anything; used by serve. */
+		struct net_host probe;
+
+		if (!json_is_object(network)) {
+			kiln_err_set(err, "config", "%s: network: expected an object", path);
+			goto fail;
+		}
+		if (net_config_check(network, &probe, err) < 0) {
+			char m[sizeof(err->message)];
+
+			snprintf(m, sizeof(m), "%s", err->message);
+			kiln_err_set(err, "config", "%s: %s", path, m);
+			goto fail;
+		}
+		c->network = network;
 	}
 	c->heartbeat_ms = (unsigned)heartbeat;
 	c->vcpus = (unsigned)vcpus;

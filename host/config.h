@@ -25,6 +25,7 @@ struct host_config {
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
 	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
+	json_t *network;             /* the "network" section (egress), checked by net_host_init */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

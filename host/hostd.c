@@ -348,6 +348,16 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 		free(s);
 		break;
 	}
+	case RUN_EV_BLOCKED: {
+		const struct run_blocked *b = data;
+
+		pthread_mutex_lock(&d->lock);
+		event_add_locked(d, t, "egress_blocked",
+				 json_pack("{s:s, s:i, s:s}", "destination", b->destination, "port", (int)b->port,
+					   "protocol", b->protocol));
+		pthread_mutex_unlock(&d->lock);
+		break;
+	}
 	case RUN_EV_EXITED:
 		break;
 	}
@@ -1130,6 +1140,12 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 		free(sj);
 		return -1;
 	}
+	if (spec.egress && !(d->ro.net && d->ro.net->enabled)) {
+		spec_free(&spec);
+		free(sj);
+		return kiln_err_set(err, "egress_unavailable",
+				    "network.egress: this host does not offer network egress (network.egress in its configuration)");
+	}
 	t = task_new(d, id, customer);
 	w = malloc(sizeof(*w));
 	if (!t || !w || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -1373,13 +1389,14 @@ json_t *hostd_capacity_json(struct hostd *d)
 	total_mib = d->cap->total_mib;
 	used_mib = d->cap->used_mib;
 	pthread_mutex_unlock(&d->cap->lock);
-	return json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}}", "host_id",
+	return json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
 			 d->host_id, "accel", d->cfg.accel ? d->cfg.accel : "tcg", "vcpus", "total",
 			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "memory_mib", "total", (json_int_t)total_mib,
 			 "used", (json_int_t)used_mib, "running_tasks", (int)running, "uploading_tasks", (int)uploading,
 			 "pool", "ready", d->pool ? (int)pool_ready(d->pool) : 0, "prestarted",
 			 d->pool ? (int)pool_prestarted(d->pool) : 0, "memory_mib",
-			 d->pool ? (int)pool_memory_mib(d->pool) : 0, "vcpus", d->pool ? (int)pool_vcpus(d->pool) : 0);
+			 d->pool ? (int)pool_memory_mib(d->pool) : 0, "vcpus", d->pool ? (int)pool_vcpus(d->pool) : 0,
+			 "egress", d->ro.net && d->ro.net->enabled);
 }
 
 char *hostd_metrics(struct hostd *d)
@@ -1434,6 +1451,29 @@ char *hostd_metrics(struct hostd *d)
 	      "# TYPE kiln_host_memory_used_mib gauge\n", f);
 	fprintf(f, "kiln_host_memory_used_mib %llu\n", (unsigned long long)d->cap->used_mib);
 	pthread_mutex_unlock(&d->cap->lock);
+	if (d->ro.net && d->ro.net->enabled) {
+		struct net_host *n = d->ro.net;
+
+		/* Finished sandboxes' totals (a running task's counters join at its end). */
+		pthread_mutex_lock(&n->lock);
+		fputs("# HELP kiln_host_egress_sandboxes Sandboxes with a network now.\n"
+		      "# TYPE kiln_host_egress_sandboxes gauge\n", f);
+		fprintf(f, "kiln_host_egress_sandboxes %llu\n", (unsigned long long)n->active);
+		fputs("# HELP kiln_host_egress_connections_total Connections from sandboxes, by verdict.\n"
+		      "# TYPE kiln_host_egress_connections_total counter\n", f);
+		fprintf(f, "kiln_host_egress_connections_total{verdict=\"allowed\"} %llu\n", (unsigned long long)n->allowed);
+		fprintf(f, "kiln_host_egress_connections_total{verdict=\"blocked\"} %llu\n", (unsigned long long)n->blocked);
+		fputs("# HELP kiln_host_egress_bytes_total IP bytes through sandboxes' NICs that were let through.\n"
+		      "# TYPE kiln_host_egress_bytes_total counter\n", f);
+		fprintf(f, "kiln_host_egress_bytes_total{direction=\"out\"} %llu\n", (unsigned long long)n->bytes_out);
+		fprintf(f, "kiln_host_egress_bytes_total{direction=\"in\"} %llu\n", (unsigned long long)n->bytes_in);
+		fputs("# HELP kiln_host_egress_dns_queries_total Queries to sandboxes' resolvers, by answer.\n"
+		      "# TYPE kiln_host_egress_dns_queries_total counter\n", f);
+		fprintf(f, "kiln_host_egress_dns_queries_total{answer=\"refused\"} %llu\n", (unsigned long long)n->dns_refused);
+		fprintf(f, "kiln_host_egress_dns_queries_total{answer=\"served\"} %llu\n",
+			(unsigned long long)(n->dns_queries - n->dns_refused));
+		pthread_mutex_unlock(&n->lock);
+	}
 	fclose(f);
 	return out;
 }

@@ -480,6 +480,7 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->cold = hc->cold;
 	if (hc->s3.endpoint)
 		so->s3 = &hc->s3;
+	so->network = hc->network;
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
 	so->retention_s = hc->retention_s;

@@ -16,6 +16,7 @@
 
 #include <openssl/evp.h>
 
+#include "net.h"
 #include "outdir.h"
 #include "proto.h"
 #include "textbuf.h"
@@ -48,6 +49,9 @@ struct run_ctx {
 	int outdir_fd;
 	char hello_release[65];
 	const char *start;          /* "cold", "restore" or "pool" */
+	struct net_sandbox *net;    /* the sandbox's network, with an egress policy */
+	struct net_stats net_st;
+	int64_t t_net;              /* when the network was ready */
 	unsigned reserved_mib;      /* held in opts->cap until the end */
 	uint8_t *iobuf;             /* PROTO_MAX_PAYLOAD bytes for outgoing frames */
 	struct proto_exec exec_msg; /* per task: run_task runs on many threads at once */
@@ -194,11 +198,35 @@ static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, 
 		return;
 	s = textbuf_to_utf8((const char *)p, n);
 	ev = json_pack("{s:s, s:s}", "stream", name, "data", s ? s : "");
+	/* The sandbox network's thread writes here too (egress_blocked). */
+	flockfile(c->opts->stream);
 	json_dumpf(ev, c->opts->stream, JSON_COMPACT);
 	fputc('\n', c->opts->stream);
 	fflush(c->opts->stream);
+	funlockfile(c->opts->stream);
 	json_decref(ev);
 	free(s);
+}
+
+/* A destination the sandbox's network dropped (on the network's thread). */
+static void on_blocked(void *ctx, const char *dst, unsigned port, const char *proto)
+{
+	struct run_ctx *c = ctx;
+	struct run_blocked b = { .destination = dst, .port = port, .protocol = proto };
+
+	if (c->opts->stream) {
+		json_t *ev = json_pack("{s:s, s:s, s:i, s:s}", "event", "egress_blocked", "destination", dst, "port",
+				       (int)port, "protocol", proto);
+
+		flockfile(c->opts->stream);
+		json_dumpf(ev, c->opts->stream, JSON_COMPACT);
+		fputc('\n', c->opts->stream);
+		fflush(c->opts->stream);
+		funlockfile(c->opts->stream);
+		json_decref(ev);
+	}
+	if (c->opts->on_event)
+		c->opts->on_event(c->opts->event_ctx, RUN_EV_BLOCKED, &b, sizeof(b));
 }
 
 /* Run until EXIT, enforcing the wall-clock limit from the host. */
@@ -474,6 +502,14 @@ static json_t *build_result(struct run_ctx *c, int failed)
 				      "total_ms", ms(c->t0, proto_now_us())));
 	if (c->hello_release[0])
 		json_object_set_new(r, "guest_kernel", json_string(c->hello_release));
+	if (c->spec->egress) {
+		json_t *n = net_stats_json(&c->net_st);
+
+		json_object_set_new(n, "setup_ms", ms(c->t0, c->t_net));
+		json_object_set_new(r, "network", n);
+	} else {
+		json_object_set_new(r, "network", json_pack("{s:s}", "egress", "none"));
+	}
 	if (failed)
 		json_object_set_new(r, "error", json_pack("{s:s, s:s}", "code", c->err.code, "message", c->err.message));
 	return r;
@@ -485,8 +521,19 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 {
 	const struct run_opts *o = c->opts;
 	const struct task_spec *spec = c->spec;
+	const struct snapshot *snap = o->snap;
 
-	if (o->pool && pool_memory_mib(o->pool) == spec->memory_mib && pool_vcpus(o->pool) == spec->vcpus) {
+	if (spec->egress) {
+		/* Its own network first; then a clone of the template that has a
+		 * NIC (pool VMs and the default template have none), else a cold
+		 * boot with one. */
+		if (net_sandbox_start(o->net, spec->net_rules, spec->nnet_rules, on_blocked, c, &c->net, &c->err) < 0)
+			return -1;
+		c->t_net = proto_now_us();
+		cfg->net = 1;
+		cfg->net_fd = net_sandbox_tap_fd(c->net);
+		snap = o->net_snap;
+	} else if (o->pool && pool_memory_mib(o->pool) == spec->memory_mib && pool_vcpus(o->pool) == spec->vcpus) {
 		int r = pool_take(o->pool, &c->vm, &c->err);
 
 		if (r == 0) {
@@ -516,14 +563,14 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 			return kiln_err_set(&c->err, "no_capacity", "this host has no free memory for the task right now");
 		c->reserved_mib = spec->memory_mib;
 	}
-	if (o->snap && o->snap->memory_mib == spec->memory_mib && o->snap->vcpus == spec->vcpus) {
+	if (snap && snap->memory_mib == spec->memory_mib && snap->vcpus == spec->vcpus) {
 		c->start = "restore";
-		snprintf(c->hello_release, sizeof(c->hello_release), "%s", o->snap->release);
-		if (o->pool && pool_memory_mib(o->pool) == spec->memory_mib && pool_vcpus(o->pool) == spec->vcpus &&
-		    pool_take_prestarted(o->pool, &c->vm) == 0) {
-			if (snapshot_load(o->snap, &c->vm, &c->err) < 0)
+		snprintf(c->hello_release, sizeof(c->hello_release), "%s", snap->release);
+		if (!spec->egress && o->pool && pool_memory_mib(o->pool) == spec->memory_mib &&
+		    pool_vcpus(o->pool) == spec->vcpus && pool_take_prestarted(o->pool, &c->vm) == 0) {
+			if (snapshot_load(snap, &c->vm, &c->err) < 0)
 				return -1;
-		} else if (snapshot_restore(o->snap, cfg, &c->vm, &c->err) < 0) {
+		} else if (snapshot_restore(snap, cfg, &c->vm, &c->err) < 0) {
 			return -1;
 		}
 		c->t_ready = proto_now_us();
@@ -573,6 +620,11 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	failed = 0;
 done:
 	vm_destroy(&c->vm);
+	if (c->net) {
+		/* After QEMU is gone: nothing uses the tap any more. */
+		net_sandbox_stop(c->net, &c->net_st);
+		c->net = NULL;
+	}
 	if (c->reserved_mib && opts->cap)
 		capacity_release(opts->cap, c->reserved_mib);
 	result = build_result(c, failed);

@@ -10,6 +10,7 @@
 
 #include "err.h"
 #include "spec.h"
+#include "net.h"
 #include "pool.h"
 #include "snapshot.h"
 #include "vm.h"
@@ -17,6 +18,8 @@
 struct run_opts {
 	struct vm_config vm;       /* image paths, accel, run dir (vcpus/memory come from the spec) */
 	const struct snapshot *snap; /* restore from it when its memory/vCPUs match the spec (NULL: cold) */
+	const struct snapshot *net_snap; /* the same with a NIC, for tasks with egress (NULL: cold) */
+	struct net_host *net;      /* egress set-up (NULL or disabled: tasks asking for egress fail) */
 	struct pool *pool;         /* take a warm VM from it first when it matches (NULL: none) */
 	struct capacity *cap;      /* reserve the task's memory here unless a pool VM brings its
 				    * own reservation (NULL: no accounting); released at the end */
@@ -27,12 +30,20 @@ struct run_opts {
 				    * releases it): a pool VM's own reservation is dropped */
 	/* NULL, or called on the running thread as the task progresses: RUN_EV_RUNNING
 	 * when the code has started, RUN_EV_STDOUT/STDERR with the raw bytes as they
-	 * arrive (already bounded by the output limit), RUN_EV_EXITED when it ended. */
+	 * arrive (already bounded by the output limit), RUN_EV_EXITED when it ended;
+	 * RUN_EV_BLOCKED (struct run_blocked) on another thread. */
 	void (*on_event)(void *ctx, int event, const void *data, size_t len);
 	void *event_ctx;
 };
 
-enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED };
+enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED, RUN_EV_BLOCKED };
+/* RUN_EV_BLOCKED's data: a destination the sandbox's network dropped. It
+ * comes from the network's own thread, not the task's. */
+struct run_blocked {
+	const char *destination; /* dotted quad */
+	unsigned port;           /* 0 for ICMP and others */
+	const char *protocol;    /* "tcp", "udp", "icmp" or "other" */
+};
 
 /* Run spec to completion and return the result object (see docs/api.md,
  * "Task result"): never NULL, also for infrastructure errors, which yield

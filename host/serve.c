@@ -29,8 +29,9 @@ struct server {
 	struct run_opts ro;
 	struct capacity cap;
 	struct pool *pool;
-	struct snapshot snap;
-	int have_snap;
+	struct snapshot snap, net_snap;
+	int have_snap, have_net_snap;
+	struct net_host net;
 	struct hostd *hostd;
 	struct heartbeat *heartbeat;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
@@ -102,7 +103,7 @@ static unsigned status_for(const char *code)
 		return MHD_HTTP_BAD_REQUEST;
 	if (!strcmp(code, "duplicate"))
 		return MHD_HTTP_CONFLICT;
-	if (!strcmp(code, "no_capacity") || !strcmp(code, "no_s3"))
+	if (!strcmp(code, "no_capacity") || !strcmp(code, "no_s3") || !strcmp(code, "egress_unavailable"))
 		return MHD_HTTP_SERVICE_UNAVAILABLE;
 	return MHD_HTTP_INTERNAL_SERVER_ERROR;
 }
@@ -411,6 +412,28 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		s3_global_init();
 
 	vm_reap_stale(ro->vm.run_dir);
+	if (net_host_init(&s.net, o->network, &err) < 0)
+		goto fail;
+	if (s.net.enabled) {
+		s.ro.net = &s.net;
+		if (!o->cold) {
+			/* Tasks with egress start from their own template, one with a NIC. */
+			struct vm_config nb = ro->vm;
+			int r;
+
+			nb.net = 1;
+			if (snapshot_key(&nb, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
+				goto fail;
+			r = snapshot_open(o->cache, key, &s.net_snap, &err);
+			if (r < 0) {
+				fprintf(stderr, "kiln-host: %s; creating it (the template with a NIC, for egress)\n", err.message);
+				if (snapshot_create(&nb, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.net_snap, &err) < 0)
+					goto fail;
+			}
+			s.have_net_snap = 1;
+			s.ro.net_snap = &s.net_snap;
+		}
+	}
 	if (!o->cold) {
 		int r;
 
@@ -464,9 +487,10 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			goto fail;
 	}
 	fprintf(stderr,
-		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s)\n",
+		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s, egress %s)\n",
 		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
-		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none");
+		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none",
+		s.net.enabled ? "on" : "off");
 	for (;;) {
 		if (sigwait(&set, &sig) != 0)
 			continue;
@@ -483,6 +507,9 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	pool_stop(s.pool);
 	if (s.have_snap)
 		snapshot_close(&s.snap);
+	if (s.have_net_snap)
+		snapshot_close(&s.net_snap);
+	net_host_fini(&s.net);
 	return 0;
 fail:
 	heartbeat_stop(s.heartbeat);
@@ -492,6 +519,9 @@ fail:
 	pool_stop(s.pool);
 	if (s.have_snap)
 		snapshot_close(&s.snap);
+	if (s.have_net_snap)
+		snapshot_close(&s.net_snap);
+	net_host_fini(&s.net);
 	fprintf(stderr, "kiln-host: %s\n", err.message);
 	return 3;
 }

@@ -29,6 +29,7 @@ struct serve_opts {
 	unsigned heartbeat_ms;        /* 0: 1000 */
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */
 	int cold;                     /* no snapshot, no pool: cold boot every task */
+	json_t *network;              /* the config's "network" section (NULL: no egress) */
 };
 
 /* Run until SIGINT/SIGTERM. Returns the process exit status. */

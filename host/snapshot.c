@@ -89,8 +89,8 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 3\n", memory_mib, vcpus,
-		 vm_accel_name(base->accel));
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s format 3%s\n", memory_mib, vcpus,
+		 vm_accel_name(base->accel), base->net ? " net 1" : "");
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);
 	EVP_MD_CTX_free(md);
@@ -195,7 +195,7 @@ static int write_manifest(const struct snapshot *s, const char *path, struct kil
 			      (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino, "mem_mtime_ns",
 			      (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns, "created",
 			      (json_int_t)time(NULL));
-	int r = m ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
+	int r = m && json_object_set_new(m, "net", json_boolean(s->net)) == 0 ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
 
 	json_decref(m);
 	return r ? kiln_err_set(err, "snapshot_error", "cannot write %s", path) : 0;
@@ -213,7 +213,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		    int verbose, struct snapshot *out, struct kiln_err *err)
 {
 	struct vm_config cfg = *base;
-	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus, .mem_fd = -1 };
+	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus, .mem_fd = -1, .net = base->net ? 1 : 0 };
 	char root[PATH_MAX], final[PATH_MAX], rootfs[PATH_MAX], backing[PATH_MAX + 16], cmd[256];
 	struct vm vm = { .pid = -1, .pidfd = -1, .agent_fd = -1, .qmp_fd = -1, .lock_fd = -1 };
 	struct proto_frame f;
@@ -256,6 +256,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	cfg.disk_format = "qcow2";
 	cfg.disk_writable = 1;
 	cfg.disk_backing = backing;
+	cfg.net_fd = -1; /* a template with a NIC has it on a hub port leading nowhere */
 	cfg.incoming = 0;
 	cfg.memory_mib = memory_mib;
 	cfg.vcpus = vcpus;
@@ -385,6 +386,7 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 	snprintf(s->release, sizeof(s->release), "%s", json_string_value(json_object_get(m, "release")) ?: "");
 	s->memory_mib = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
 	s->vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
+	s->net = json_is_true(json_object_get(m, "net"));
 	rec.mem_size = (uint64_t)json_integer_value(json_object_get(m, "mem_size"));
 	rec.mem_ino = (uint64_t)json_integer_value(json_object_get(m, "mem_ino"));
 	rec.mem_mtime_ns = (uint64_t)json_integer_value(json_object_get(m, "mem_mtime_ns"));
@@ -473,6 +475,7 @@ int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struc
 	cfg.incoming = 1;
 	cfg.memory_mib = s->memory_mib;
 	cfg.vcpus = s->vcpus;
+	cfg.net = s->net; /* the device set must be the template's; the tap (net_fd) is the caller's */
 	return vm_start(&cfg, vm, err);
 }
 
@@ -556,6 +559,7 @@ int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
 		char dir[PATH_MAX], manifest[PATH_MAX], key[17] = "";
 		json_t *m;
 		unsigned mem = 0, vcpus = 0;
+		struct vm_config nb = *base;
 
 		if (e->d_name[0] == '.')
 			continue;
@@ -565,11 +569,13 @@ int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
 		if (m) {
 			mem = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
 			vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
+			nb.net = json_is_true(json_object_get(m, "net"));
 			json_decref(m);
 		}
-		/* Keep what the current inputs would select for that size; the rest
-		 * (older kernels, rootfs, kiln-init, QEMU, or unreadable) goes. */
-		if (mem && vcpus && snapshot_key(base, mem, vcpus, key, NULL) == 0 && !strcmp(key, e->d_name))
+		/* Keep what the current inputs would select for that size (with or
+		 * without a NIC); the rest (older kernels, rootfs, kiln-init, QEMU,
+		 * or unreadable) goes. */
+		if (mem && vcpus && snapshot_key(&nb, mem, vcpus, key, NULL) == 0 && !strcmp(key, e->d_name))
 			continue;
 		if (fs_rmtree(dir) == 0) {
 			fprintf(out, "removed %s\n", e->d_name);

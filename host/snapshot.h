@@ -17,6 +17,7 @@ struct snapshot {
 	char dir[512];
 	char mem[600], disk[600], state[600];
 	unsigned memory_mib, vcpus;
+	int net;               /* the template has a NIC: its clones need a tap (vm_config.net_fd) */
 	char release[65];      /* the guest kernel's release (from its HELLO) */
 	/* What the manifest recorded, checked on every open. */
 	char state_sha256[65];

@@ -38,6 +38,11 @@
 #define QEMU_FD_AGENT 3
 #define QEMU_FD_QMP   4
 #define QEMU_FD_MEM   5
+#define QEMU_NKEEP    4 /* agent, QMP, memfd, tap: passed compacted from fd 3 on */
+/* A NIC's tap fd follows the memfd when there is one. */
+#define QEMU_FD_NET(cfg) ((cfg)->mem_fd > 0 ? QEMU_FD_MEM + 1 : QEMU_FD_MEM)
+/* Every sandbox's NIC has this address; each lives alone in its own network. */
+#define VM_NET_MAC    "52:54:00:6b:6c:02"
 
 /* Jail limits. Memory: the cgroup holds guest RAM plus QEMU's own use: under
  * TCG mostly the translation buffer (tb-size=64 MiB, filled as the guest runs
@@ -240,6 +245,18 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("rng-random,id=rng,filename=/dev/urandom");
 	ARG("-device");
 	ARG("virtio-rng-device,rng=rng");
+	if (cfg->net) {
+		/* After every other device, so that VMs without a NIC keep the same
+		 * virtio-mmio layout. A template has no network to join: a hub port
+		 * with nothing behind it stands in, and its clones get the tap. */
+		ARG("-netdev");
+		if (cfg->net_fd > 0)
+			ARG("tap,id=net0,fd=%d", QEMU_FD_NET(cfg));
+		else
+			ARG("hubport,id=net0,hubid=0");
+		ARG("-device");
+		ARG("virtio-net-device,netdev=net0,mac=" VM_NET_MAC);
+	}
 	ARG("-chardev");
 	ARG("socket,id=qmp,fd=%d", QEMU_FD_QMP);
 	ARG("-mon");
@@ -256,10 +273,10 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 
 /* Child side of fork, unjailed (--no-jail): never returns. Only
  * async-signal-safe calls. */
-static void exec_qemu(char **argv, const char *dir, const int keep[3], int log_fd, pid_t parent)
+static void exec_qemu(char **argv, const char *dir, const int keep[QEMU_NKEEP], int log_fd, pid_t parent)
 {
 	char tmpdir[600];
-	int fd, tmp[3];
+	int fd, tmp[QEMU_NKEEP], n = 0;
 
 	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -282,14 +299,14 @@ static void exec_qemu(char **argv, const char *dir, const int keep[3], int log_f
 		dup2(log_fd, 1);
 		dup2(log_fd, 2);
 	}
-	/* Only the channel fds (and a clone's memfd) cross into QEMU, at the
-	 * numbers its command line names. */
-	for (int i = 0; i < 3; i++)
-		tmp[i] = keep[i] > 0 ? fcntl(keep[i], F_DUPFD_CLOEXEC, 3 + 3) : -1;
-	for (int i = 0; i < 3; i++)
-		if (tmp[i] >= 0)
-			dup2(tmp[i], 3 + i);
-	syscall(SYS_close_range, 3 + 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+	/* Only the channel fds (and a clone's memfd, a NIC's tap) cross into
+	 * QEMU, compacted from fd 3 on: the numbers its command line names. */
+	for (int i = 0; i < QEMU_NKEEP; i++)
+		if (keep[i] > 0)
+			tmp[n++] = fcntl(keep[i], F_DUPFD_CLOEXEC, 3 + QEMU_NKEEP);
+	for (int i = 0; i < n; i++)
+		dup2(tmp[i], 3 + i);
+	syscall(SYS_close_range, 3 + n, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
 	/* TMPDIR: where QEMU puts the snapshot=on overlay (inside the VM directory). */
 	snprintf(tmpdir, sizeof(tmpdir), "%s/vm", dir);
 	setenv("TMPDIR", tmpdir, 1);
@@ -308,7 +325,7 @@ static uint64_t file_size(const char *path)
 /* Start QEMU in its jail: the VM directory's root/ is the jail's root mount
  * point, vm/ its writable directory; everything QEMU reads is bound read-only
  * at its host path, so the command line is the same as unjailed. */
-static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv, const int keep[3], int log_fd,
+static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv, const int keep[QEMU_NKEEP], int log_fd,
 			struct kiln_err *err)
 {
 	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
@@ -354,7 +371,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 		if (stat("/dev/kvm", &kvm) == 0 && (kvm.st_mode & 0006) != 0006)
 			spec.extra_gid = kvm.st_gid;
 	}
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < QEMU_NKEEP; i++)
 		if (keep[i] > 0)
 			spec.keep_fds[spec.nkeep++] = keep[i];
 	spec.memory_bytes = ((uint64_t)cfg->memory_mib + VM_JAIL_MEM_OVERHEAD_MIB(cfg->memory_mib)) << 20;
@@ -438,7 +455,8 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	build_argv(cfg, vm, argv, store);
 	vm->t_spawn_us = proto_now_us();
 	{
-		const int keep[3] = { agent[1], qmp[1], cfg->mem_fd > 0 ? cfg->mem_fd : -1 };
+		const int keep[QEMU_NKEEP] = { agent[1], qmp[1], cfg->mem_fd > 0 ? cfg->mem_fd : -1,
+					       cfg->net && cfg->net_fd > 0 ? cfg->net_fd : -1 };
 
 		if (cfg->jail) {
 			if (spawn_jailed(cfg, vm, argv, keep, log_fd, err) < 0)

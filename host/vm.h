@@ -32,6 +32,12 @@ struct vm_config {
 	int mem_fd;                /* > 0: guest RAM is this sealed memfd, mapped privately
 				    * (a snapshot clone; see snapshot.h); overrides mem_file */
 	int cancel_fd;             /* > 0: every wait ends ("interrupted") once it is readable */
+	/* Network (see net.h). 0: no NIC at all, the default. 1: a virtio-net NIC
+	 * on the tap net_fd (opened in the sandbox's own network namespace; not
+	 * owned), or, with net_fd <= 0, on a hub port leading nowhere (a template
+	 * that clones with a tap are made from). */
+	int net;
+	int net_fd;
 	/* The jail around QEMU (namespaces, read-only root, cgroups, rlimits,
 	 * slot uid): from vm_jail_config. NULL runs QEMU unconfined, as root:
 	 * only for debugging (kiln-host --no-jail). */

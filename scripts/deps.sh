@@ -12,7 +12,7 @@ pkgs=(
   linux-source-6.1 bc bison flex libelf-dev cpio xz-utils debootstrap e2fsprogs
   busybox-static libcmocka-dev
   # running VMs
-  qemu-system-x86 qemu-utils iproute2 nftables
+  qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
   # tests and benchmarks
   python3 jq curl hyperfine
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent

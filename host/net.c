@@ -1,0 +1,1201 @@
+/* net: a sandbox's own network namespace (tap, veth, NAT, nftables) and the
+ * resolver kiln-host runs for it. See net.h and docs/architecture.md.
+ *
+ * Layout, per sandbox (every guest sees the same addresses):
+ *
+ *   guest eth0 10.0.2.2/30 ── tap0 10.0.2.1/30 [sandbox netns: nft kiln,
+ *   resolver on 10.0.2.1:53] eth0 L+2/30 ── veth ── kvN L+1/30 [host netns:
+ *   nft kiln_host, masquerade] ── the host's routes
+ *
+ * where L is the sandbox's /30 in the link range. The sandbox's namespace is
+ * created by (and lives with) the sandbox's thread: unshare(CLONE_NEWNET)
+ * changes only the calling thread, so the rest of kiln-host stays put. */
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/if_link.h>
+#include <linux/if_tun.h>
+#include <linux/rtnetlink.h>
+#include <linux/veth.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <libmnl/libmnl.h>
+#include <nftables/libnftables.h>
+
+#include "dns.h"
+#include "proto.h"
+
+#define NET_TAP        "tap0"
+#define NET_GUEST      "10.0.2.2"
+#define NET_GW         "10.0.2.1"
+#define NET_UPLINK     "eth0"
+#define NET_HOST_IFPFX "kv" /* host ends of the veth pairs: kv<index> */
+#define NET_DNS_PORT   53
+#define NET_POLL_MS    200   /* how often blocked flows are looked for */
+#define NET_MAX_EVENTS 256   /* blocked destinations reported per sandbox */
+#define NET_DNS_PENDING 16   /* upstream queries in flight per sandbox */
+#define NET_DNS_TIMEOUT_MS 3000
+#define NET_TTL_MIN    5     /* answered addresses stay allowed at least this long */
+#define NET_TTL_MAX    3600
+#define NET_SETUP_MS   10000
+
+/* libnftables keeps process-wide state (symbol tables, the parser's scanner
+ * set-up); every call into it is serialised. */
+static pthread_mutex_t nft_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Ranges no sandbox may ever reach, whatever its rules say. */
+static const char *const default_deny[] = {
+	"0.0.0.0/8",      "10.0.0.0/8",      "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+	"172.16.0.0/12",  "192.0.0.0/24",    "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4",
+	"240.0.0.0/4",
+};
+
+int net_range_parse(const char *s, struct net_range *r)
+{
+	unsigned part[4], prefix = 32;
+	const char *p = s;
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		unsigned v = 0, digits = 0;
+
+		while (*p >= '0' && *p <= '9' && digits < 4) {
+			v = v * 10 + (unsigned)(*p++ - '0');
+			digits++;
+		}
+		if (!digits || digits > 3 || v > 255 || (digits > 1 && p[-(int)digits] == '0'))
+			return -1;
+		part[i] = v;
+		if (i < 3 && *p++ != '.')
+			return -1;
+	}
+	if (*p == '/') {
+		char *end;
+
+		p++;
+		if (*p < '0' || *p > '9' || (p[0] == '0' && p[1]))
+			return -1;
+		prefix = (unsigned)strtoul(p, &end, 10);
+		if (*end || prefix > 32)
+			return -1;
+	} else if (*p) {
+		return -1;
+	}
+	r->addr = part[0] << 24 | part[1] << 16 | part[2] << 8 | part[3];
+	r->prefix = (uint8_t)prefix;
+	if (prefix < 32 && (r->addr & (0xffffffffu >> prefix)))
+		return -1;
+	return 0;
+}
+
+static const char *range_str(const struct net_range *r, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%u.%u.%u.%u/%u", r->addr >> 24, (r->addr >> 16) & 255, (r->addr >> 8) & 255,
+		 r->addr & 255, r->prefix);
+	return buf;
+}
+
+static const char *ip_str(uint32_t a, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%u.%u.%u.%u", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255);
+	return buf;
+}
+
+/* ---- growable text, for rulesets ---------------------------------------- */
+
+struct text {
+	char *p;
+	size_t len, cap;
+	int oom;
+};
+
+__attribute__((format(printf, 2, 3))) static void text_add(struct text *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (t->oom)
+		return;
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->oom = 1;
+			return;
+		}
+		if (t->p && t->len + (size_t)n < t->cap) {
+			t->len += (size_t)n;
+			return;
+		}
+		{
+			size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)n;
+			char *q = realloc(t->p, cap);
+
+			if (!q) {
+				t->oom = 1;
+				return;
+			}
+			t->p = q;
+			t->cap = cap;
+		}
+	}
+}
+
+/* ---- nftables ---------------------------------------------------------- */
+
+/* Run cmd in ctx (whose netlink socket is in the namespace it was created
+ * in). With out, the command's output (JSON) is parsed into *out. Returns 0
+ * or -1 with err set to nftables' own message. */
+static int nft_run(struct nft_ctx *ctx, const char *cmd, json_t **out, struct kiln_err *err)
+{
+	int r;
+
+	pthread_mutex_lock(&nft_lock);
+	r = nft_run_cmd_from_buffer(ctx, cmd);
+	if (r != 0 && err) {
+		const char *e = nft_ctx_get_error_buffer(ctx);
+
+		kiln_err_set(err, "net_error", "nftables: %.400s", e && *e ? e : "command failed");
+	}
+	if (r == 0 && out) {
+		const char *o = nft_ctx_get_output_buffer(ctx);
+
+		*out = o ? json_loads(o, 0, NULL) : NULL;
+	} else {
+		nft_ctx_get_output_buffer(ctx); /* reset it */
+	}
+	nft_ctx_get_error_buffer(ctx);
+	pthread_mutex_unlock(&nft_lock);
+	return r == 0 ? 0 : -1;
+}
+
+/* A context for the calling thread's current network namespace. */
+static struct nft_ctx *nft_open(int json)
+{
+	struct nft_ctx *ctx;
+
+	pthread_mutex_lock(&nft_lock);
+	ctx = nft_ctx_new(NFT_CTX_DEFAULT);
+	if (ctx) {
+		nft_ctx_buffer_output(ctx);
+		nft_ctx_buffer_error(ctx);
+		if (json)
+			nft_ctx_output_set_flags(ctx, NFT_CTX_OUTPUT_JSON);
+	}
+	pthread_mutex_unlock(&nft_lock);
+	return ctx;
+}
+
+static void nft_close(struct nft_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	pthread_mutex_lock(&nft_lock);
+	nft_ctx_free(ctx);
+	pthread_mutex_unlock(&nft_lock);
+}
+
+/* ---- interfaces (ioctl on a socket of the namespace concerned) ---------- */
+
+static int if_addr(int sock, const char *ifname, uint32_t addr, uint8_t prefix)
+{
+	struct ifreq ifr;
+	struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+	sin->sin_family = AF_INET;
+	sin->sin_addr.s_addr = htonl(addr);
+	if (ioctl(sock, SIOCSIFADDR, &ifr) < 0)
+		return -errno;
+	sin->sin_addr.s_addr = htonl(prefix ? 0xffffffffu << (32 - prefix) : 0);
+	if (ioctl(sock, SIOCSIFNETMASK, &ifr) < 0)
+		return -errno;
+	return 0;
+}
+
+static int if_up(int sock, const char *ifname)
+{
+	struct ifreq ifr;
+
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
+	if (ioctl(sock, SIOCGIFFLAGS, &ifr) < 0)
+		return -errno;
+	ifr.ifr_flags |= IFF_UP;
+	if (ioctl(sock, SIOCSIFFLAGS, &ifr) < 0)
+		return -errno;
+	return 0;
+}
+
+static int route_default(int sock, uint32_t gw)
+{
+	struct rtentry rt;
+	struct sockaddr_in *s;
+
+	memset(&rt, 0, sizeof(rt));
+	s = (struct sockaddr_in *)&rt.rt_dst;
+	s->sin_family = AF_INET;
+	s = (struct sockaddr_in *)&rt.rt_genmask;
+	s->sin_family = AF_INET;
+	s = (struct sockaddr_in *)&rt.rt_gateway;
+	s->sin_family = AF_INET;
+	s->sin_addr.s_addr = htonl(gw);
+	rt.rt_flags = RTF_UP | RTF_GATEWAY;
+	return ioctl(sock, SIOCADDRT, &rt) < 0 ? -errno : 0;
+}
+
+static int write_sysctl(const char *path, const char *value)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, value, strlen(value)) != (ssize_t)strlen(value))
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+/* Create a veth pair: `inner` in the calling thread's namespace, `outer` in
+ * the namespace of outer_nsfd. Returns 0, -EEXIST when a name is taken, or
+ * another -errno. */
+static int veth_create(const char *inner, const char *outer, int outer_nsfd)
+{
+	char buf[1024];
+	struct mnl_socket *nl;
+	struct nlmsghdr *nlh;
+	struct ifinfomsg *ifm;
+	struct nlattr *info, *data, *peer;
+	unsigned seq = 1, portid;
+	ssize_t n;
+	int r;
+
+	nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
+	if (!nl)
+		return -errno;
+	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
+		r = -errno;
+		goto out;
+	}
+	portid = mnl_socket_get_portid(nl);
+	nlh = mnl_nlmsg_put_header(buf);
+	nlh->nlmsg_type = RTM_NEWLINK;
+	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
+	nlh->nlmsg_seq = seq;
+	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
+	ifm->ifi_family = AF_UNSPEC;
+	mnl_attr_put_strz(nlh, IFLA_IFNAME, inner);
+	info = mnl_attr_nest_start(nlh, IFLA_LINKINFO);
+	mnl_attr_put_strz(nlh, IFLA_INFO_KIND, "veth");
+	data = mnl_attr_nest_start(nlh, IFLA_INFO_DATA);
+	peer = mnl_attr_nest_start(nlh, VETH_INFO_PEER);
+	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
+	ifm->ifi_family = AF_UNSPEC;
+	mnl_attr_put_strz(nlh, IFLA_IFNAME, outer);
+	mnl_attr_put_u32(nlh, IFLA_NET_NS_FD, (uint32_t)outer_nsfd);
+	mnl_attr_nest_end(nlh, peer);
+	mnl_attr_nest_end(nlh, data);
+	mnl_attr_nest_end(nlh, info);
+	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
+		r = -errno;
+		goto out;
+	}
+	n = mnl_socket_recvfrom(nl, buf, sizeof(buf));
+	if (n < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = mnl_cb_run(buf, (size_t)n, seq, portid, NULL, NULL) < 0 ? -errno : 0;
+out:
+	mnl_socket_close(nl);
+	return r;
+}
+
+/* ---- host-wide set-up --------------------------------------------------- */
+
+static int add_deny(struct net_host *h, const struct net_range *r, struct kiln_err *err)
+{
+	for (size_t i = 0; i < h->ndeny; i++)
+		if (h->deny[i].addr == r->addr && h->deny[i].prefix == r->prefix)
+			return 0;
+	if (h->ndeny >= NET_MAX_RANGES)
+		return kiln_err_set(err, "config", "network.deny: more than %d ranges", NET_MAX_RANGES);
+	h->deny[h->ndeny++] = *r;
+	return 0;
+}
+
+/* The first nameserver in /etc/resolv.conf, else 127.0.0.53. */
+static void default_upstream(struct sockaddr_in *sa)
+{
+	char line[256];
+	FILE *f = fopen("/etc/resolv.conf", "re");
+
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons(53);
+	inet_pton(AF_INET, "127.0.0.53", &sa->sin_addr);
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char ip[64];
+
+		if (sscanf(line, " nameserver %63s", ip) == 1 && inet_pton(AF_INET, ip, &sa->sin_addr) == 1)
+			break;
+	}
+	fclose(f);
+}
+
+static int parse_config(struct net_host *h, json_t *c, struct kiln_err *err)
+{
+	const char *k;
+	json_t *v;
+
+	if (!c)
+		return 0;
+	if (!json_is_object(c))
+		return kiln_err_set(err, "config", "network: expected an object");
+	json_object_foreach(c, k, v) {
+		if (!strcmp(k, "egress")) {
+			if (!json_is_boolean(v))
+				return kiln_err_set(err, "config", "network.egress: expected true or false");
+			h->enabled = json_is_true(v);
+		} else if (!strcmp(k, "deny")) {
+			size_t i;
+			json_t *e;
+
+			if (!json_is_array(v))
+				return kiln_err_set(err, "config", "network.deny: expected an array of \"A.B.C.D/P\"");
+			json_array_foreach(v, i, e) {
+				struct net_range r;
+
+				if (!json_is_string(e) || net_range_parse(json_string_value(e), &r) < 0)
+					return kiln_err_set(err, "config",
+							    "network.deny[%zu]: expected \"A.B.C.D/P\" with the host bits zero", i);
+				if (add_deny(h, &r, err) < 0)
+					return -1;
+			}
+		} else if (!strcmp(k, "link_range")) {
+			if (!json_is_string(v) || net_range_parse(json_string_value(v), &h->link) < 0 ||
+			    h->link.prefix > 24 || h->link.prefix < 8)
+				return kiln_err_set(err, "config", "network.link_range: expected \"A.B.C.D/P\" with P 8..24");
+		} else if (!strcmp(k, "bandwidth_mbit")) {
+			if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100000)
+				return kiln_err_set(err, "config", "network.bandwidth_mbit: expected 0..100000 (0: no cap)");
+			h->bandwidth_bytes_s = (uint64_t)json_integer_value(v) * 1000000 / 8;
+		} else if (!strcmp(k, "dns_upstream")) {
+			char ip[64];
+			unsigned port = 53;
+			const char *s = json_string_value(v), *colon;
+
+			if (!s || !(colon = strrchr(s, ':')) || (size_t)(colon - s) >= sizeof(ip) ||
+			    sscanf(colon + 1, "%u", &port) != 1 || !port || port > 65535)
+				return kiln_err_set(err, "config", "network.dns_upstream: expected \"A.B.C.D:PORT\"");
+			memcpy(ip, s, (size_t)(colon - s));
+			ip[colon - s] = 0;
+			if (inet_pton(AF_INET, ip, &h->dns_upstream.sin_addr) != 1)
+				return kiln_err_set(err, "config", "network.dns_upstream: expected \"A.B.C.D:PORT\"");
+			h->dns_upstream.sin_family = AF_INET;
+			h->dns_upstream.sin_port = htons((uint16_t)port);
+		} else {
+			return kiln_err_set(err, "config", "network.%s: unknown setting", k);
+		}
+	}
+	return 0;
+}
+
+int net_config_check(json_t *config, struct net_host *h, struct kiln_err *err)
+{
+	memset(h, 0, sizeof(*h));
+	h->root_nsfd = -1;
+	net_range_parse("10.200.0.0/16", &h->link);
+	default_upstream(&h->dns_upstream);
+	for (size_t i = 0; i < sizeof(default_deny) / sizeof(*default_deny); i++) {
+		struct net_range d;
+
+		net_range_parse(default_deny[i], &d);
+		add_deny(h, &d, NULL);
+	}
+	return parse_config(h, config, err);
+}
+
+int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
+{
+	struct ifaddrs *ifa = NULL;
+	struct nft_ctx *ctx = NULL;
+	struct text t = { 0 };
+	char a[32];
+	int r = -1;
+
+	if (net_config_check(config, h, err) < 0)
+		return -1;
+	pthread_mutex_init(&h->lock, NULL);
+	if (!h->enabled)
+		return 0;
+	if (add_deny(h, &h->link, err) < 0)
+		return -1;
+	/* The host's own addresses: a sandbox must not reach this machine's
+	 * services through an address that is not in a private range. */
+	if (getifaddrs(&ifa) == 0) {
+		for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+			struct net_range own;
+
+			if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+				continue;
+			own.addr = ntohl(((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr);
+			own.prefix = 32;
+			if (add_deny(h, &own, err) < 0)
+				goto out;
+		}
+	}
+	h->root_nsfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (h->root_nsfd < 0) {
+		kiln_err_set(err, "net_error", "/proc/self/ns/net: %s", strerror(errno));
+		goto out;
+	}
+	if (write_sysctl("/proc/sys/net/ipv4/ip_forward", "1") < 0) {
+		kiln_err_set(err, "net_error", "cannot enable IPv4 forwarding: %s", strerror(errno));
+		goto out;
+	}
+	/* Sandboxes reach the world through the host's routes, masqueraded;
+	 * never the host itself (input), never each other, never a denied
+	 * range, and nothing from outside reaches them unasked. The sandbox's
+	 * own namespace enforces the same and more; this is the second wall. */
+	text_add(&t, "table inet kiln_host {\n set deny { type ipv4_addr; flags interval; auto-merge; elements = { ");
+	for (size_t i = 0; i < h->ndeny; i++)
+		text_add(&t, "%s%s", i ? ", " : "", range_str(&h->deny[i], a, sizeof(a)));
+	text_add(&t, " } }\n");
+	text_add(&t,
+		 " chain forward { type filter hook forward priority -10; policy accept;\n"
+		 "  iifname \"" NET_HOST_IFPFX "*\" oifname \"" NET_HOST_IFPFX "*\" drop\n"
+		 "  iifname \"" NET_HOST_IFPFX "*\" ip daddr @deny drop\n"
+		 "  iifname \"" NET_HOST_IFPFX "*\" meta nfproto ipv6 drop\n"
+		 "  oifname \"" NET_HOST_IFPFX "*\" ct state established,related accept\n"
+		 "  oifname \"" NET_HOST_IFPFX "*\" drop\n }\n"
+		 " chain input { type filter hook input priority -10; policy accept;\n"
+		 "  iifname \"" NET_HOST_IFPFX "*\" drop\n }\n"
+		 " chain postrouting { type nat hook postrouting priority 100; policy accept;\n"
+		 "  ip saddr %s oifname != \"" NET_HOST_IFPFX "*\" masquerade\n }\n}\n",
+		 range_str(&h->link, a, sizeof(a)));
+	if (t.oom) {
+		kiln_err_set(err, "host_error", "out of memory");
+		goto out;
+	}
+	ctx = nft_open(0);
+	if (!ctx) {
+		kiln_err_set(err, "net_error", "cannot open nftables");
+		goto out;
+	}
+	/* A table left by an earlier kiln-host in this namespace is replaced. */
+	nft_run(ctx, "delete table inet kiln_host", NULL, NULL);
+	if (nft_run(ctx, t.p, NULL, err) < 0)
+		goto out;
+	r = 0;
+out:
+	if (ifa)
+		freeifaddrs(ifa);
+	nft_close(ctx);
+	free(t.p);
+	if (r < 0 && h->root_nsfd >= 0) {
+		close(h->root_nsfd);
+		h->root_nsfd = -1;
+	}
+	return r;
+}
+
+void net_host_fini(struct net_host *h)
+{
+	struct nft_ctx *ctx;
+
+	if (!h->enabled || h->root_nsfd < 0)
+		return;
+	ctx = nft_open(0);
+	if (ctx) {
+		nft_run(ctx, "delete table inet kiln_host", NULL, NULL);
+		nft_close(ctx);
+	}
+	close(h->root_nsfd);
+	h->root_nsfd = -1;
+}
+
+/* ---- one sandbox -------------------------------------------------------- */
+
+struct dns_pending {
+	int used;
+	uint16_t up_id;
+	int64_t deadline_ms;
+	struct dns_query q;
+	struct sockaddr_in from;
+	uint64_t rules;           /* bit i: hostname rule i matched */
+};
+
+struct blocked_seen {
+	uint32_t addr;
+	uint16_t port;
+	uint8_t proto;
+};
+
+struct net_sandbox {
+	struct net_host *h;
+	struct spec_net_rule *rules;
+	size_t nrules;
+	net_blocked_fn on_blocked;
+	void *ctx;
+	pthread_t thread;
+	int thread_started;
+	int tap_fd, stop_fd;
+	unsigned link_idx;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int setup_done, setup_rc;
+	struct kiln_err err;
+	struct net_stats st;      /* dns counters live here; nft ones filled from the kernel */
+	struct nft_ctx *nft, *nft_json;
+	int dns_fd, up_fd;
+	struct dns_pending pending[NET_DNS_PENDING];
+	struct blocked_seen seen[NET_MAX_EVENTS];
+	size_t nseen;
+};
+
+static uint32_t link_base(const struct net_sandbox *s)
+{
+	return s->h->link.addr + s->link_idx * 4;
+}
+
+/* The sandbox's ruleset: see the comment at the top of the file. */
+static char *sandbox_ruleset(const struct net_sandbox *s)
+{
+	const struct net_host *h = s->h;
+	struct text t = { 0 };
+	char a[32];
+
+	text_add(&t, "table inet kiln {\n");
+	text_add(&t, " counter allowed { }\n counter blocked { }\n counter bytes_out { }\n counter bytes_in { }\n");
+	text_add(&t, " set deny { type ipv4_addr; flags interval; auto-merge; elements = { ");
+	for (size_t i = 0; i < h->ndeny; i++)
+		text_add(&t, "%s%s", i ? ", " : "", range_str(&h->deny[i], a, sizeof(a)));
+	text_add(&t, " } }\n");
+	for (size_t i = 0; i < s->nrules; i++)
+		if (s->rules[i].kind != SPEC_NET_CIDR)
+			text_add(&t, " set host%zu { type ipv4_addr; flags timeout; size 4096; }\n", i);
+	/* One entry per blocked flow (a TCP connect's retries are one), so that
+	 * the count is of attempts, and kiln-host can report their
+	 * destinations. */
+	text_add(&t,
+		 " set bflows { type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic,timeout; size 65536; timeout 60s; }\n"
+		 " set bother { type ipv4_addr . inet_proto; flags dynamic,timeout; size 4096; timeout 60s; }\n");
+	text_add(&t, " chain sbx_forward { type filter hook forward priority 0; policy drop;\n");
+	text_add(&t, "  iifname \"" NET_TAP "\" ip saddr != " NET_GUEST " drop\n");
+	text_add(&t, "  meta nfproto ipv6 drop\n");
+	if (h->bandwidth_bytes_s) {
+		uint64_t burst = h->bandwidth_bytes_s / 8 < 16384 ? 16384 : h->bandwidth_bytes_s / 8;
+
+		text_add(&t, "  iifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n",
+			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
+		text_add(&t, "  oifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n",
+			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
+	}
+	text_add(&t, "  ct state established,related goto sbx_pass\n");
+	text_add(&t, "  iifname != \"" NET_TAP "\" drop\n");
+	text_add(&t, "  ip daddr @deny goto sbx_block\n");
+	for (size_t i = 0; i < s->nrules; i++) {
+		const struct spec_net_rule *r = &s->rules[i];
+		char ports[16];
+
+		if (r->port_lo == r->port_hi)
+			snprintf(ports, sizeof(ports), "%u", r->port_lo);
+		else
+			snprintf(ports, sizeof(ports), "%u-%u", r->port_lo, r->port_hi);
+		if (r->kind == SPEC_NET_CIDR) {
+			struct net_range nr = { r->addr, r->prefix };
+
+			text_add(&t, "  ip daddr %s meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
+				 range_str(&nr, a, sizeof(a)), ports);
+		} else {
+			text_add(&t, "  ip daddr @host%zu meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
+				 i, ports);
+		}
+	}
+	text_add(&t, "  goto sbx_block\n }\n");
+	text_add(&t, " chain sbx_pass {\n  iifname \"" NET_TAP "\" counter name bytes_out accept\n"
+		     "  counter name bytes_in accept\n }\n");
+	text_add(&t, " chain sbx_block {\n"
+		     "  meta l4proto { tcp, udp } ip daddr . meta l4proto . th sport . th dport @bflows drop\n"
+		     "  meta l4proto { tcp, udp } add @bflows { ip daddr . meta l4proto . th sport . th dport } counter name blocked drop\n"
+		     "  meta l4proto { tcp, udp } counter name blocked drop\n"
+		     "  ip daddr . meta l4proto @bother drop\n"
+		     "  add @bother { ip daddr . meta l4proto } counter name blocked drop\n"
+		     "  counter name blocked drop\n }\n");
+	/* The namespace itself: only the resolver, only from the guest. */
+	text_add(&t, " chain sbx_input { type filter hook input priority 0; policy drop;\n"
+		     "  iif lo accept\n"
+		     "  iifname \"" NET_TAP "\" ip saddr " NET_GUEST " ip daddr " NET_GW " udp dport %d accept\n"
+		     "  ct state established,related accept\n }\n",
+		 NET_DNS_PORT);
+	text_add(&t, " chain sbx_post { type nat hook postrouting priority 100; policy accept;\n"
+		     "  oifname \"" NET_UPLINK "\" masquerade\n }\n}\n");
+	if (t.oom) {
+		free(t.p);
+		return NULL;
+	}
+	return t.p;
+}
+
+static int setup_fail(struct net_sandbox *s, const char *what, int e)
+{
+	return kiln_err_set(&s->err, "net_error", "sandbox network: %s: %s", what, strerror(e < 0 ? -e : e));
+}
+
+/* Runs on the sandbox's thread: everything from here on happens in its new
+ * namespace, except through root_sock and up_fd, made before it. */
+static int sandbox_setup(struct net_sandbox *s, int root_sock)
+{
+	struct ifreq ifr;
+	struct sockaddr_in sa;
+	char outer[IFNAMSIZ];
+	uint32_t nlinks = 1u << (32 - s->h->link.prefix - 2);
+	int sock, r;
+	char *rules;
+
+	if (unshare(CLONE_NEWNET) < 0)
+		return setup_fail(s, "unshare", errno);
+	sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (sock < 0)
+		return setup_fail(s, "socket", errno);
+	r = if_up(sock, "lo");
+	if (r < 0) {
+		setup_fail(s, "lo", r);
+		goto out;
+	}
+	/* The tap: made here, so it lives in this namespace; QEMU gets the fd
+	 * and needs no privilege for it. */
+	s->tap_fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC);
+	if (s->tap_fd < 0) {
+		r = setup_fail(s, "/dev/net/tun", errno);
+		goto out;
+	}
+	memset(&ifr, 0, sizeof(ifr));
+	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), NET_TAP);
+	ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+	if (ioctl(s->tap_fd, TUNSETIFF, &ifr) < 0) {
+		r = setup_fail(s, "TUNSETIFF", errno);
+		goto out;
+	}
+	if ((r = if_addr(sock, NET_TAP, ntohl(inet_addr(NET_GW)), 30)) < 0 || (r = if_up(sock, NET_TAP)) < 0) {
+		setup_fail(s, NET_TAP, r);
+		goto out;
+	}
+	/* A /30 of the link range: the first free kv<index> name is ours (the
+	 * kernel refuses a name taken by another sandbox or kiln-host). */
+	for (uint32_t tries = 0;; tries++) {
+		if (tries >= nlinks || tries >= 4096) {
+			r = kiln_err_set(&s->err, "no_capacity", "sandbox network: no free link in %s", "the link range");
+			goto out;
+		}
+		pthread_mutex_lock(&s->h->lock);
+		s->link_idx = s->h->next_link++ % nlinks;
+		pthread_mutex_unlock(&s->h->lock);
+		snprintf(outer, sizeof(outer), NET_HOST_IFPFX "%u", s->link_idx);
+		r = veth_create(NET_UPLINK, outer, s->h->root_nsfd);
+		if (r == 0)
+			break;
+		if (r != -EEXIST && r != -ENFILE) {
+			setup_fail(s, "veth", r);
+			goto out;
+		}
+	}
+	if ((r = if_addr(sock, NET_UPLINK, link_base(s) + 2, 30)) < 0 || (r = if_up(sock, NET_UPLINK)) < 0 ||
+	    (r = if_addr(root_sock, outer, link_base(s) + 1, 30)) < 0 || (r = if_up(root_sock, outer)) < 0 ||
+	    (r = route_default(sock, link_base(s) + 1)) < 0) {
+		setup_fail(s, "addresses", r);
+		goto out;
+	}
+	/* /proc/sys/net is the opener's (this thread's) namespace. */
+	if ((r = write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")) < 0) {
+		setup_fail(s, "ip_forward", r);
+		goto out;
+	}
+	s->dns_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons(NET_DNS_PORT);
+	sa.sin_addr.s_addr = inet_addr(NET_GW);
+	if (s->dns_fd < 0 || bind(s->dns_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = setup_fail(s, "resolver socket", errno);
+		goto out;
+	}
+	s->nft = nft_open(0);
+	s->nft_json = nft_open(1);
+	if (!s->nft || !s->nft_json) {
+		r = kiln_err_set(&s->err, "net_error", "sandbox network: cannot open nftables");
+		goto out;
+	}
+	rules = sandbox_ruleset(s);
+	if (!rules) {
+		r = kiln_err_set(&s->err, "host_error", "out of memory");
+		goto out;
+	}
+	r = nft_run(s->nft, rules, NULL, &s->err);
+	free(rules);
+out:
+	close(sock);
+	return r < 0 ? -1 : 0;
+}
+
+static uint64_t counter_value(json_t *root, const char *name, const char *field)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(json_object_get(root, "nftables"), i, e) {
+		json_t *c = json_object_get(e, "counter");
+
+		if (c && json_is_string(json_object_get(c, "name")) &&
+		    !strcmp(json_string_value(json_object_get(c, "name")), name))
+			return (uint64_t)json_integer_value(json_object_get(c, field));
+	}
+	return 0;
+}
+
+static const char *proto_name(int p)
+{
+	return p == 6 ? "tcp" : p == 17 ? "udp" : p == 1 ? "icmp" : "other";
+}
+
+static int proto_value(json_t *v)
+{
+	const char *s = json_string_value(v);
+
+	if (json_is_integer(v))
+		return (int)json_integer_value(v);
+	if (!s)
+		return -1;
+	return !strcmp(s, "tcp") ? 6 : !strcmp(s, "udp") ? 17 : !strcmp(s, "icmp") ? 1 : 255;
+}
+
+/* Report destinations in a blocked-flow set not reported before. */
+static void report_blocked(struct net_sandbox *s, json_t *root)
+{
+	size_t i, j;
+	json_t *e, *el;
+
+	json_array_foreach(json_object_get(root, "nftables"), i, e) {
+		json_t *set = json_object_get(e, "set");
+
+		json_array_foreach(json_object_get(set, "elem"), j, el) {
+			json_t *val = json_object_get(el, "elem") ? json_object_get(json_object_get(el, "elem"), "val") : el;
+			json_t *cat = json_object_get(val, "concat");
+			struct in_addr ia;
+			struct blocked_seen b = { 0 };
+			size_t k;
+			char dst[32];
+
+			if (!json_is_array(cat) || json_array_size(cat) < 2 || !json_is_string(json_array_get(cat, 0)) ||
+			    inet_pton(AF_INET, json_string_value(json_array_get(cat, 0)), &ia) != 1)
+				continue;
+			b.addr = ntohl(ia.s_addr);
+			b.proto = (uint8_t)proto_value(json_array_get(cat, 1));
+			if (json_array_size(cat) == 4)
+				b.port = (uint16_t)json_integer_value(json_array_get(cat, 3));
+			for (k = 0; k < s->nseen; k++)
+				if (s->seen[k].addr == b.addr && s->seen[k].port == b.port && s->seen[k].proto == b.proto)
+					break;
+			if (k < s->nseen || s->nseen >= NET_MAX_EVENTS)
+				continue;
+			s->seen[s->nseen++] = b;
+			if (s->on_blocked)
+				s->on_blocked(s->ctx, ip_str(b.addr, dst, sizeof(dst)), b.port, proto_name(b.proto));
+		}
+	}
+}
+
+/* Read the kernel's counters into s->st and report new blocked flows. */
+static void sandbox_poll(struct net_sandbox *s)
+{
+	json_t *root = NULL;
+	uint64_t blocked;
+
+	if (nft_run(s->nft_json, "list counters table inet kiln", &root, NULL) < 0 || !root)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->st.allowed = counter_value(root, "allowed", "packets");
+	blocked = counter_value(root, "blocked", "packets");
+	s->st.bytes_out = counter_value(root, "bytes_out", "bytes");
+	s->st.bytes_in = counter_value(root, "bytes_in", "bytes");
+	pthread_mutex_unlock(&s->lock);
+	json_decref(root);
+	if (blocked == s->st.blocked)
+		return;
+	s->st.blocked = blocked;
+	if (s->nseen >= NET_MAX_EVENTS)
+		return;
+	root = NULL;
+	if (nft_run(s->nft_json, "list set inet kiln bflows", &root, NULL) == 0 && root)
+		report_blocked(s, root);
+	json_decref(root);
+	root = NULL;
+	if (nft_run(s->nft_json, "list set inet kiln bother", &root, NULL) == 0 && root)
+		report_blocked(s, root);
+	json_decref(root);
+}
+
+/* The hostname rules that name matches, as a bit set. */
+static uint64_t rules_matching(const struct net_sandbox *s, const char *name)
+{
+	uint64_t m = 0;
+
+	for (size_t i = 0; i < s->nrules && i < 64; i++) {
+		const struct spec_net_rule *r = &s->rules[i];
+		char pat[SPEC_MAX_NET_HOST + 3];
+
+		if (r->kind == SPEC_NET_HOST)
+			snprintf(pat, sizeof(pat), "%s", r->host);
+		else if (r->kind == SPEC_NET_WILDCARD)
+			snprintf(pat, sizeof(pat), "*.%s", r->host);
+		else
+			continue;
+		if (dns_name_match(pat, name))
+			m |= 1ull << i;
+	}
+	return m;
+}
+
+static void dns_reply(struct net_sandbox *s, const struct dns_query *q, const struct sockaddr_in *to, int rcode,
+		      const uint32_t *addrs, size_t n, uint32_t ttl)
+{
+	uint8_t out[DNS_MAX_MSG];
+	size_t len = dns_build_reply(q, rcode, addrs, n, ttl, out, sizeof(out));
+
+	if (len)
+		sendto(s->dns_fd, out, len, MSG_DONTWAIT, (const struct sockaddr *)to, sizeof(*to));
+}
+
+/* One datagram from the guest. It is hostile: parsed strictly, answered
+ * from our own records, never forwarded as it came. */
+static void dns_from_guest(struct net_sandbox *s)
+{
+	uint8_t msg[DNS_MAX_MSG], out[64];
+	struct sockaddr_in from;
+	socklen_t fl = sizeof(from);
+	struct dns_query q;
+	uint16_t id = 0;
+	uint64_t match;
+	ssize_t n = recvfrom(s->dns_fd, msg, sizeof(msg), MSG_DONTWAIT, (struct sockaddr *)&from, &fl);
+	struct dns_pending *p = NULL;
+
+	if (n <= 0 || fl != sizeof(from) || from.sin_addr.s_addr != inet_addr(NET_GUEST))
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->st.dns_queries++;
+	pthread_mutex_unlock(&s->lock);
+	if (dns_parse_query(msg, (size_t)n, &q, &id) < 0) {
+		size_t len = dns_build_formerr(id, out, sizeof(out));
+
+		if (len && n >= 12)
+			sendto(s->dns_fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&from, sizeof(from));
+		return;
+	}
+	match = q.qclass == DNS_CLASS_IN ? rules_matching(s, q.name) : 0;
+	if (!match) {
+		pthread_mutex_lock(&s->lock);
+		s->st.dns_refused++;
+		pthread_mutex_unlock(&s->lock);
+		dns_reply(s, &q, &from, DNS_RCODE_NXDOMAIN, NULL, 0, 0);
+		return;
+	}
+	if (q.qtype != DNS_TYPE_A) {
+		/* The name exists, but only its IPv4 addresses are ever served. */
+		dns_reply(s, &q, &from, DNS_RCODE_NOERROR, NULL, 0, 0);
+		return;
+	}
+	for (size_t i = 0; i < NET_DNS_PENDING; i++)
+		if (!s->pending[i].used) {
+			p = &s->pending[i];
+			break;
+		}
+	if (!p) {
+		dns_reply(s, &q, &from, DNS_RCODE_SERVFAIL, NULL, 0, 0);
+		return;
+	}
+	if (getrandom(&p->up_id, sizeof(p->up_id), 0) != sizeof(p->up_id))
+		p->up_id = (uint16_t)rand();
+	{
+		uint8_t qb[DNS_MAX_NAME + 32];
+		size_t len = dns_build_query(p->up_id, q.name, DNS_TYPE_A, qb, sizeof(qb));
+
+		if (!len || send(s->up_fd, qb, len, MSG_DONTWAIT) < 0) {
+			dns_reply(s, &q, &from, DNS_RCODE_SERVFAIL, NULL, 0, 0);
+			return;
+		}
+	}
+	p->used = 1;
+	p->q = q;
+	p->from = from;
+	p->rules = match;
+	p->deadline_ms = proto_now_ms() + NET_DNS_TIMEOUT_MS;
+}
+
+/* Let addrs through for the hostname rules in match, for ttl seconds. */
+static void allow_addresses(struct net_sandbox *s, uint64_t match, const struct dns_addr *addrs, size_t n,
+			    uint32_t ttl)
+{
+	struct text t = { 0 };
+	char a[32];
+
+	/* Deleting first renews an entry's timeout; a missing one is no error
+	 * worth stopping for, so the deletes run as their own commands. */
+	for (size_t i = 0; i < s->nrules && i < 64; i++) {
+		if (!(match & (1ull << i)))
+			continue;
+		for (size_t k = 0; k < n; k++) {
+			char cmd[160];
+
+			snprintf(cmd, sizeof(cmd), "delete element inet kiln host%zu { %s }", i,
+				 ip_str(ntohl(addrs[k].addr), a, sizeof(a)));
+			nft_run(s->nft, cmd, NULL, NULL);
+			text_add(&t, "add element inet kiln host%zu { %s timeout %us }\n", i, a, ttl);
+		}
+	}
+	if (t.p)
+		nft_run(s->nft, t.p, NULL, NULL);
+	free(t.p);
+}
+
+static void dns_from_upstream(struct net_sandbox *s)
+{
+	uint8_t msg[DNS_MAX_MSG];
+	ssize_t n = recv(s->up_fd, msg, sizeof(msg), MSG_DONTWAIT);
+	struct dns_addr addrs[32];
+	uint32_t ips[32], ttl = NET_TTL_MAX;
+	size_t na = 0;
+	int rcode = 0;
+
+	if (n < 12)
+		return;
+	for (size_t i = 0; i < NET_DNS_PENDING; i++) {
+		struct dns_pending *p = &s->pending[i];
+		uint64_t match;
+
+		if (!p->used || ((uint16_t)(msg[0] << 8 | msg[1])) != p->up_id)
+			continue;
+		if (dns_parse_response(msg, (size_t)n, p->up_id, p->q.name, addrs, 32, &na, &rcode) < 0)
+			return; /* not the answer (spoofed or broken): the query times out */
+		p->used = 0;
+		match = p->rules;
+		if (rcode != DNS_RCODE_NOERROR) {
+			dns_reply(s, &p->q, &p->from, rcode == DNS_RCODE_NXDOMAIN ? rcode : DNS_RCODE_SERVFAIL, NULL, 0, 0);
+			return;
+		}
+		for (size_t k = 0; k < na; k++) {
+			ips[k] = addrs[k].addr;
+			if (addrs[k].ttl < ttl)
+				ttl = addrs[k].ttl;
+		}
+		if (ttl < NET_TTL_MIN)
+			ttl = NET_TTL_MIN;
+		if (na)
+			allow_addresses(s, match, addrs, na, ttl);
+		dns_reply(s, &p->q, &p->from, DNS_RCODE_NOERROR, ips, na, ttl);
+		return;
+	}
+}
+
+static void dns_expire(struct net_sandbox *s)
+{
+	int64_t now = proto_now_ms();
+
+	for (size_t i = 0; i < NET_DNS_PENDING; i++)
+		if (s->pending[i].used && now >= s->pending[i].deadline_ms) {
+			s->pending[i].used = 0;
+			dns_reply(s, &s->pending[i].q, &s->pending[i].from, DNS_RCODE_SERVFAIL, NULL, 0, 0);
+		}
+}
+
+static void *sandbox_main(void *arg)
+{
+	struct net_sandbox *s = arg;
+	int root_sock, rc;
+	int64_t next_poll;
+
+	/* Made before unshare: these stay in the host's namespace. */
+	root_sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	s->up_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (root_sock < 0 || s->up_fd < 0 ||
+	    connect(s->up_fd, (const struct sockaddr *)&s->h->dns_upstream, sizeof(s->h->dns_upstream)) < 0)
+		rc = setup_fail(s, "upstream resolver socket", errno);
+	else
+		rc = sandbox_setup(s, root_sock);
+	if (root_sock >= 0)
+		close(root_sock);
+	pthread_mutex_lock(&s->lock);
+	s->setup_done = 1;
+	s->setup_rc = rc;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (rc < 0)
+		return NULL;
+	next_poll = proto_now_ms() + NET_POLL_MS;
+	for (;;) {
+		struct pollfd pf[3] = {
+			{ .fd = s->stop_fd, .events = POLLIN },
+			{ .fd = s->dns_fd, .events = POLLIN },
+			{ .fd = s->up_fd, .events = POLLIN },
+		};
+		int64_t now = proto_now_ms();
+		int wait = next_poll > now ? (int)(next_poll - now) : 0;
+
+		if (poll(pf, 3, wait) < 0 && errno != EINTR)
+			break;
+		if (pf[0].revents)
+			break;
+		if (pf[1].revents & POLLIN)
+			dns_from_guest(s);
+		if (pf[2].revents & POLLIN)
+			dns_from_upstream(s);
+		if (proto_now_ms() >= next_poll) {
+			dns_expire(s);
+			sandbox_poll(s);
+			next_poll = proto_now_ms() + NET_POLL_MS;
+		}
+	}
+	sandbox_poll(s);
+	return NULL;
+}
+
+static void sandbox_free(struct net_sandbox *s)
+{
+	nft_close(s->nft);
+	nft_close(s->nft_json);
+	if (s->dns_fd >= 0)
+		close(s->dns_fd);
+	if (s->up_fd >= 0)
+		close(s->up_fd);
+	if (s->tap_fd >= 0)
+		close(s->tap_fd);
+	if (s->stop_fd >= 0)
+		close(s->stop_fd);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->rules);
+	free(s);
+}
+
+int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, size_t n, net_blocked_fn on_blocked,
+		      void *ctx, struct net_sandbox **out, struct kiln_err *err)
+{
+	struct net_sandbox *s;
+	int64_t deadline = proto_now_ms() + NET_SETUP_MS;
+
+	*out = NULL;
+	if (!h || !h->enabled)
+		return kiln_err_set(err, "egress_disabled", "this host does not offer network egress (network.egress in its configuration)");
+	if (n > 64)
+		return kiln_err_set(err, "invalid_spec", "network.allow: more than 64 rules");
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return kiln_err_set(err, "host_error", "out of memory");
+	s->h = h;
+	s->tap_fd = s->dns_fd = s->up_fd = -1;
+	s->on_blocked = on_blocked;
+	s->ctx = ctx;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	s->stop_fd = eventfd(0, EFD_CLOEXEC);
+	s->rules = n ? calloc(n, sizeof(*rules)) : NULL;
+	if (s->stop_fd < 0 || (n && !s->rules)) {
+		sandbox_free(s);
+		return kiln_err_set(err, "host_error", "out of memory");
+	}
+	if (n)
+		memcpy(s->rules, rules, n * sizeof(*rules));
+	s->nrules = n;
+	if (pthread_create(&s->thread, NULL, sandbox_main, s) != 0) {
+		sandbox_free(s);
+		return kiln_err_set(err, "host_error", "cannot start the sandbox network thread");
+	}
+	s->thread_started = 1;
+	pthread_mutex_lock(&s->lock);
+	while (!s->setup_done) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+		if (proto_now_ms() > deadline && !s->setup_done) {
+			pthread_mutex_unlock(&s->lock);
+			kiln_err_set(err, "net_error", "sandbox network: set-up took longer than %d ms", NET_SETUP_MS);
+			net_sandbox_stop(s, NULL);
+			return -1;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (s->setup_rc < 0) {
+		*err = s->err;
+		net_sandbox_stop(s, NULL);
+		return -1;
+	}
+	pthread_mutex_lock(&h->lock);
+	h->active++;
+	h->started++;
+	pthread_mutex_unlock(&h->lock);
+	*out = s;
+	return 0;
+}
+
+int net_sandbox_tap_fd(const struct net_sandbox *s)
+{
+	return s ? s->tap_fd : -1;
+}
+
+void net_sandbox_stop(struct net_sandbox *s, struct net_stats *st)
+{
+	uint64_t one = 1;
+
+	if (!s)
+		return;
+	if (s->thread_started) {
+		if (write(s->stop_fd, &one, sizeof(one)) < 0) {
+			/* an eventfd write only fails on overflow: it is readable then */
+		}
+		pthread_join(s->thread, NULL);
+	}
+	if (s->setup_done && s->setup_rc == 0) {
+		struct net_host *h = s->h;
+
+		pthread_mutex_lock(&h->lock);
+		h->active--;
+		h->allowed += s->st.allowed;
+		h->blocked += s->st.blocked;
+		h->bytes_out += s->st.bytes_out;
+		h->bytes_in += s->st.bytes_in;
+		h->dns_queries += s->st.dns_queries;
+		h->dns_refused += s->st.dns_refused;
+		pthread_mutex_unlock(&h->lock);
+	}
+	if (st)
+		*st = s->st;
+	sandbox_free(s);
+}
+
+json_t *net_stats_json(const struct net_stats *st)
+{
+	return json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "egress", "allow", "allowed_connections",
+			 (json_int_t)st->allowed, "blocked_connections", (json_int_t)st->blocked, "bytes_out",
+			 (json_int_t)st->bytes_out, "bytes_in", (json_int_t)st->bytes_in, "dns_queries",
+			 (json_int_t)st->dns_queries, "dns_refused", (json_int_t)st->dns_refused);
+}
