@@ -486,7 +486,7 @@ static int parse_argv(json_t *j, struct task_spec *out, struct kiln_err *err)
 	return 0;
 }
 
-/* ---- env, cwd, limits, network ----------------------------------------- */
+/* ---- env, cwd, limits -------------------------------------------------- */
 
 static int env_name_ok(const char *k, size_t n)
 {
@@ -596,16 +596,250 @@ out:
 	return r;
 }
 
-static const char *const network_keys[] = { "egress", NULL };
+/* ---- network ----------------------------------------------------------- */
+
+/* A rule's JSON path and its quoted text, for errors of the form
+ * network.allow[2]: "exa mple.org:443": <why>. */
+struct rule_ctx {
+	const char *path;
+	const char *text;
+	struct kiln_err *err;
+};
+
+__attribute__((format(printf, 2, 3)))
+static int rule_fail(const struct rule_ctx *c, const char *fmt, ...)
+{
+	char msg[sizeof(c->err->message)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return fail(c->err, c->path, "\"%s\": %s", c->text, msg);
+}
+
+/* p[0..n) is a decimal number of at most 5 digits, without sign or leading
+ * zeros, and at most max. */
+static int parse_dec(const char *p, size_t n, unsigned max, unsigned *out)
+{
+	unsigned v = 0;
+	size_t i;
+
+	if (n == 0 || n > 5 || (n > 1 && p[0] == '0'))
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (p[i] < '0' || p[i] > '9')
+			return -1;
+		v = v * 10 + (unsigned)(p[i] - '0');
+	}
+	if (v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Strict dotted quad: exactly four decimal parts 0..255, no leading zeros
+ * (inet_aton() would read "010" as octal 8 and "1.2" as 1.0.0.2). */
+static int parse_ipv4(const char *p, size_t n, uint32_t *out)
+{
+	uint32_t a = 0;
+	size_t i = 0, part;
+
+	for (part = 0; part < 4; part++) {
+		size_t j = i;
+		unsigned v;
+
+		while (j < n && p[j] != '.')
+			j++;
+		if (parse_dec(p + i, j - i, 255, &v))
+			return -1;
+		a = (a << 8) | v;
+		if (part < 3) {
+			if (j == n)
+				return -1;
+			i = j + 1;
+		} else if (j != n) {
+			return -1;
+		}
+	}
+	*out = a;
+	return 0;
+}
+
+static int parse_cidr(const struct rule_ctx *c, const char *p, size_t n, struct spec_net_rule *r)
+{
+	const char *slash = memchr(p, '/', n);
+	size_t an = slash ? (size_t)(slash - p) : n;
+	unsigned prefix = 32;
+	uint32_t mask, a;
+
+	if (parse_ipv4(p, an, &r->addr))
+		return rule_fail(c, "not a valid IPv4 address (four decimal numbers 0 to 255 without "
+				 "leading zeros, e.g. 203.0.113.7 or 203.0.113.0/24)");
+	if (slash && parse_dec(slash + 1, n - an - 1, 32, &prefix))
+		return rule_fail(c, "the prefix length must be a number from 0 to 32 without leading zeros");
+	mask = prefix ? ~0u << (32 - prefix) : 0;
+	if (r->addr & ~mask) {
+		a = r->addr & mask;
+		return rule_fail(c, "the host bits are set (the network is %u.%u.%u.%u/%u)",
+				 a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255, prefix);
+	}
+	r->kind = SPEC_NET_CIDR;
+	r->prefix = (uint8_t)prefix;
+	return 0;
+}
+
+/* An LDH host name (RFC 1123): dot-separated labels of 1..63 letters, digits
+ * and '-', not starting or ending with '-'; at least two labels, the last not
+ * all digits (so that it never reads as an address); no trailing dot. Written
+ * lower-cased to out (SPEC_MAX_NET_HOST + 1 bytes). */
+static int parse_hostname(const struct rule_ctx *c, const char *p, size_t n, const char *what,
+			  char *out)
+{
+	size_t i, start = 0, labels = 0;
+	int digits = 1;
+
+	if (n == 0)
+		return rule_fail(c, "the %s is empty", what);
+	if (n > SPEC_MAX_NET_HOST)
+		return rule_fail(c, "the %s is longer than %d bytes", what, SPEC_MAX_NET_HOST);
+	if (p[n - 1] == '.')
+		return rule_fail(c, "the %s must not end with '.'", what);
+	for (i = 0; i <= n; i++) {
+		unsigned char ch = i < n ? (unsigned char)p[i] : '.';
+
+		if (ch == '.') {
+			if (i == start)
+				return rule_fail(c, "the %s has an empty label", what);
+			if (i - start > 63)
+				return rule_fail(c, "the %s has a label longer than 63 bytes", what);
+			if (p[start] == '-' || p[i - 1] == '-')
+				return rule_fail(c, "a label of the %s starts or ends with '-'", what);
+			labels++;
+			if (i < n) {
+				out[i] = '.';
+				digits = 1;
+			}
+			start = i + 1;
+			continue;
+		}
+		if (ch >= 'A' && ch <= 'Z')
+			ch = (unsigned char)(ch - 'A' + 'a');
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-')) {
+			if (ch >= 0x20 && ch < 0x7f)
+				return rule_fail(c, "'%c' is not allowed in a %s (letters, digits, '-' and '.')",
+						 ch, what);
+			return rule_fail(c, "byte 0x%02x is not allowed in a %s (letters, digits, '-' and '.')",
+					 ch, what);
+		}
+		if (ch < '0' || ch > '9')
+			digits = 0;
+		out[i] = (char)ch;
+	}
+	out[n] = '\0';
+	if (labels < 2)
+		return rule_fail(c, "the %s needs at least two labels (e.g. example.org)", what);
+	if (digits)
+		return rule_fail(c, "the last label of the %s must not be all digits", what);
+	return 0;
+}
+
+/* "PORT" or "LO-HI", each 1..65535 without leading zeros. */
+static int parse_ports(const struct rule_ctx *c, const char *p, size_t n, struct spec_net_rule *r)
+{
+	const char *dash = memchr(p, '-', n);
+	size_t ln = dash ? (size_t)(dash - p) : n;
+	unsigned lo, hi;
+
+	if (n == 0)
+		return rule_fail(c, "the port is empty (e.g. example.org:443 or example.org:8000-8100)");
+	if (parse_dec(p, ln, 65535, &lo) || lo == 0 ||
+	    (dash && (parse_dec(dash + 1, n - ln - 1, 65535, &hi) || hi == 0)))
+		return rule_fail(c, "the port must be a number from 1 to 65535 without leading zeros, "
+				 "or a range LO-HI of two");
+	if (!dash)
+		hi = lo;
+	if (lo > hi)
+		return rule_fail(c, "the port range %u-%u is reversed (LO must not exceed HI)", lo, hi);
+	r->port_lo = (uint16_t)lo;
+	r->port_hi = (uint16_t)hi;
+	return 0;
+}
+
+/* One entry of "network.allow": DESTINATION:PORTS, split at the last ':'. */
+static int parse_net_rule(json_t *j, size_t idx, struct spec_net_rule *r, struct kiln_err *err)
+{
+	char path[PATH_BUF];
+	struct quoted q;
+	struct rule_ctx c;
+	const char *s, *colon = NULL;
+	size_t n, i, dn, colons = 0;
+	int ip = 1, digits = 0;
+
+	snprintf(path, sizeof(path), "network.allow[%zu]", idx);
+	if (get_str(j, path, &s, &n, err))
+		return -1;
+	c.path = path;
+	c.text = quote(&q, s, n);
+	c.err = err;
+	if (n > SPEC_MAX_NET_RULE_BYTES)
+		return rule_fail(&c, "must be at most %d bytes (got %zu)", SPEC_MAX_NET_RULE_BYTES, n);
+	for (i = 0; i < n; i++)
+		if (s[i] == ':') {
+			colons++;
+			colon = s + i;
+		}
+	if (memchr(s, '[', n) || colons > 1)
+		return rule_fail(&c, "IPv6 is not supported (IPv4 addresses and host names only)");
+	if (!colon)
+		return rule_fail(&c, "a port is required (e.g. example.org:443, 203.0.113.0/24:8000-8100)");
+	dn = (size_t)(colon - s);
+	if (dn == 0)
+		return rule_fail(&c, "the destination before ':' is empty");
+
+	if (dn >= 2 && s[0] == '*' && s[1] == '.' && !memchr(s + 2, '*', dn - 2)) {
+		r->kind = SPEC_NET_WILDCARD;
+		if (parse_hostname(&c, s + 2, dn - 2, "wildcard suffix", r->host))
+			return -1;
+	} else if (memchr(s, '*', dn)) {
+		return rule_fail(&c, "only a leading \"*.\" wildcard is allowed (e.g. *.example.org)");
+	} else {
+		/* Digits and dots (or a '/') mean an address: no valid host name
+		 * looks like that, and "1.2.3.256" deserves an address error. */
+		for (i = 0; i < dn; i++) {
+			if (s[i] >= '0' && s[i] <= '9')
+				digits = 1;
+			else if (s[i] != '.')
+				ip = 0;
+		}
+		if ((ip && digits) || memchr(s, '/', dn)) {
+			if (parse_cidr(&c, s, dn, r))
+				return -1;
+		} else {
+			r->kind = SPEC_NET_HOST;
+			if (parse_hostname(&c, s, dn, "host name", r->host))
+				return -1;
+		}
+	}
+	return parse_ports(&c, colon + 1, n - dn - 1, r);
+}
+
+static int net_rule_equal(const struct spec_net_rule *a, const struct spec_net_rule *b)
+{
+	return a->kind == b->kind && a->addr == b->addr && a->prefix == b->prefix &&
+	       strcmp(a->host, b->host) == 0 && a->port_lo == b->port_lo && a->port_hi == b->port_hi;
+}
+
+static const char *const network_keys[] = { "egress", "allow", NULL };
 
 static int parse_network(json_t *j, struct task_spec *out, struct kiln_err *err)
 {
 	struct quoted q;
 	const char *s;
-	size_t n;
-	json_t *v;
+	size_t n, i, k;
+	json_t *v, *allow;
 
-	out->egress_none = 1;
+	out->egress = 0;
 	if (!j)
 		return 0;
 	if (!json_is_object(j))
@@ -613,14 +847,77 @@ static int parse_network(json_t *j, struct task_spec *out, struct kiln_err *err)
 	if (check_keys(j, "network", network_keys, err))
 		return -1;
 	v = json_object_get(j, "egress");
-	if (!v)
+	allow = json_object_get(j, "allow");
+	if (v) {
+		if (get_str(v, "network.egress", &s, &n, err))
+			return -1;
+		if (n == 5 && memcmp(s, "allow", 5) == 0)
+			out->egress = 1;
+		else if (n != 4 || memcmp(s, "none", 4) != 0)
+			return fail(err, "network.egress", "\"%s\" is not supported (one of \"none\", \"allow\")",
+				    quote(&q, s, n));
+	}
+	if (!out->egress) {
+		/* Rules that would silently do nothing are a mistake worth naming. */
+		if (allow)
+			return fail(err, "network.allow", "is not allowed with egress \"none\"%s: "
+				    "use \"egress\":\"allow\" for rules", v ? "" : " (the default)");
 		return 0;
-	if (get_str(v, "network.egress", &s, &n, err))
-		return -1;
-	if (n != 4 || memcmp(s, "none", 4) != 0)
-		return fail(err, "network.egress", "\"%s\" is not supported yet (only \"none\")",
-			    quote(&q, s, n));
+	}
+	if (!allow)
+		return fail(err, "network.allow", "is required with egress \"allow\" (1 to %d rules such as "
+			    "\"example.org:443\")", SPEC_MAX_NET_RULES);
+	if (!json_is_array(allow))
+		return fail(err, "network.allow", "must be an array of strings (got %s)", json_kind(allow));
+	n = json_array_size(allow);
+	if (n < 1 || n > SPEC_MAX_NET_RULES)
+		return fail(err, "network.allow", "must have 1 to %d entries (got %zu)", SPEC_MAX_NET_RULES, n);
+	out->net_rules = calloc(n, sizeof(*out->net_rules));
+	if (!out->net_rules)
+		return fail_nomem(err);
+	out->nnet_rules = n;
+	for (i = 0; i < n; i++) {
+		if (parse_net_rule(json_array_get(allow, i), i, &out->net_rules[i], err))
+			return -1;
+		/* At most 64 * 63 / 2 comparisons. */
+		for (k = 0; k < i; k++)
+			if (net_rule_equal(&out->net_rules[k], &out->net_rules[i])) {
+				char path[PATH_BUF];
+				const char *t = json_string_value(json_array_get(allow, i));
+
+				snprintf(path, sizeof(path), "network.allow[%zu]", i);
+				return fail(err, path, "\"%s\": duplicates network.allow[%zu]",
+					    quote(&q, t, strlen(t)), k);
+			}
+	}
 	return 0;
+}
+
+void spec_net_rule_format(const struct spec_net_rule *r, char *out, size_t cap)
+{
+	char ports[16];
+	uint32_t a = r->addr;
+
+	if (r->port_lo == r->port_hi)
+		snprintf(ports, sizeof(ports), "%u", (unsigned)r->port_lo);
+	else
+		snprintf(ports, sizeof(ports), "%u-%u", (unsigned)r->port_lo, (unsigned)r->port_hi);
+	switch (r->kind) {
+	case SPEC_NET_CIDR:
+		if (r->prefix == 32)
+			snprintf(out, cap, "%u.%u.%u.%u:%s", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255, ports);
+		else
+			snprintf(out, cap, "%u.%u.%u.%u/%u:%s", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255,
+				 (unsigned)r->prefix, ports);
+		return;
+	case SPEC_NET_HOST:
+		snprintf(out, cap, "%s:%s", r->host, ports);
+		return;
+	case SPEC_NET_WILDCARD:
+		snprintf(out, cap, "*.%s:%s", r->host, ports);
+		return;
+	}
+	snprintf(out, cap, "?:%s", ports);
 }
 
 /* ---- whole spec --------------------------------------------------------- */
@@ -782,5 +1079,6 @@ void spec_free(struct task_spec *s)
 		free(s->env[i]);
 	free(s->env);
 	free(s->cwd);
+	free(s->net_rules);
 	memset(s, 0, sizeof(*s));
 }

@@ -63,6 +63,29 @@ struct spec_file {
 
 enum spec_language { SPEC_LANG_NONE, SPEC_LANG_PYTHON, SPEC_LANG_BASH, SPEC_LANG_SH };
 
+/* Network policy ("network": {"egress": "allow", "allow": [...]}): each rule
+ * lets the sandbox reach one destination on a port or port range, over TCP
+ * and UDP alike. IPv4 only. */
+#define SPEC_MAX_NET_RULES      64  /* entries of "network.allow" */
+#define SPEC_MAX_NET_RULE_BYTES 300 /* bytes of one entry as written */
+#define SPEC_MAX_NET_HOST       253 /* bytes of a host name or wildcard suffix */
+/* Room for spec_net_rule_format()'s longest output ("*." + a 253-byte suffix
+ * + ":65535-65535") and its NUL. */
+#define SPEC_NET_RULE_TEXT      272
+
+/* CIDR: "A.B.C.D/P:PORT" or "A.B.C.D:PORT" (= /32). HOST: "name.example:PORT",
+ * that name only. WILDCARD: "*.example.org:PORT", names with at least one
+ * more label in front of the suffix, never the suffix itself. */
+enum spec_net_kind { SPEC_NET_CIDR, SPEC_NET_HOST, SPEC_NET_WILDCARD };
+
+struct spec_net_rule {
+	enum spec_net_kind kind;
+	uint32_t addr;                    /* CIDR: network address, host byte order, host bits zero */
+	uint8_t prefix;                   /* CIDR: 0..32 */
+	char host[SPEC_MAX_NET_HOST + 1]; /* HOST: the name; WILDCARD: the suffix after "*."; lower-case */
+	uint16_t port_lo, port_hi;        /* 1..65535, port_lo <= port_hi */
+};
+
 struct task_spec {
 	enum spec_language language; /* SPEC_LANG_NONE with "argv" */
 	char *code;                  /* NUL-terminated; NULL with "argv" */
@@ -75,7 +98,9 @@ struct task_spec {
 	size_t nenv;
 	char *cwd;                   /* default SPEC_DEFAULT_CWD */
 	uint32_t vcpus, memory_mib, timeout_s, output_mib;
-	int egress_none;             /* always 1: only "none" is supported for now */
+	int egress;                       /* 0: "none" (no NIC at all), 1: "allow" */
+	struct spec_net_rule *net_rules;  /* nnet_rules entries (NULL with egress 0) */
+	size_t nnet_rules;                /* 0 with egress 0, else 1..SPEC_MAX_NET_RULES, all distinct */
 };
 
 /*
@@ -86,7 +111,9 @@ struct task_spec {
  * language that did nothing would only mislead. Unknown keys anywhere, null
  * values and duplicate keys are errors; absent optional keys take defaults.
  * File contents are standard base64 (RFC 4648 alphabet, padded to a multiple
- * of 4, no whitespace).
+ * of 4, no whitespace). "network.egress" is "none" (the default; "allow" must
+ * then be absent) or "allow" with 1..SPEC_MAX_NET_RULES distinct rules in
+ * "network.allow"; an error in a rule names it, e.g. network.allow[2]: "...": ...
  *
  * Returns 0 with *out filled (all memory owned by *out, release it with
  * spec_free()), or -1 with err set (code "invalid_spec", the message naming
@@ -104,5 +131,12 @@ size_t spec_json_nodes(const char *p, size_t n, size_t max);
 /* Free everything a successful spec_parse() allocated and zero *s. Safe on a
  * zeroed struct and when called twice. */
 void spec_free(struct task_spec *s);
+
+/* The rule in its normalized text form ("203.0.113.0/24:443",
+ * "203.0.113.7:80" for a /32, "example.org:443", "*.example.org:8000-8100"),
+ * which spec_parse() accepts back as the same rule. Writes at most cap bytes
+ * including the NUL (SPEC_NET_RULE_TEXT always suffices); truncates beyond.
+ * Reentrant. */
+void spec_net_rule_format(const struct spec_net_rule *r, char *out, size_t cap);
 
 #endif

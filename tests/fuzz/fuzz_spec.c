@@ -20,6 +20,61 @@
 		}                                                               \
 	} while (0)
 
+static int ldh(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
+}
+
+/* Parsed network rules are what kiln-host turns into firewall and resolver
+ * state: every field in range, and each rule's normalized text parses back
+ * to the same rule. */
+static void check_network(const struct task_spec *s)
+{
+	size_t i, k;
+
+	check(s->egress == 0 || s->egress == 1);
+	if (s->egress == 0) {
+		check(s->net_rules == NULL && s->nnet_rules == 0);
+		return;
+	}
+	check(s->net_rules != NULL && s->nnet_rules >= 1 && s->nnet_rules <= SPEC_MAX_NET_RULES);
+	for (i = 0; i < s->nnet_rules; i++) {
+		const struct spec_net_rule *r = &s->net_rules[i];
+		char text[SPEC_NET_RULE_TEXT], json[SPEC_NET_RULE_TEXT + 96];
+		struct kiln_err err = { "", "" };
+		struct task_spec back;
+		size_t hl = strnlen(r->host, sizeof(r->host));
+
+		check(r->port_lo >= 1 && r->port_lo <= r->port_hi);
+		check(hl <= SPEC_MAX_NET_HOST);
+		switch (r->kind) {
+		case SPEC_NET_CIDR:
+			check(r->prefix <= 32 && hl == 0);
+			check(r->prefix == 0 ? r->addr == 0 : (r->addr & ~(~0u << (32 - r->prefix))) == 0);
+			break;
+		case SPEC_NET_HOST:
+		case SPEC_NET_WILDCARD:
+			check(hl > 0 && r->addr == 0 && r->prefix == 0);
+			check(r->host[0] != '.' && r->host[0] != '-' && r->host[hl - 1] != '.');
+			check(strchr(r->host, '.') != NULL);
+			for (k = 0; k < hl; k++)
+				check(ldh(r->host[k]));
+			break;
+		default:
+			check(!"unknown rule kind");
+		}
+		for (k = 0; k < i; k++)
+			check(memcmp(&s->net_rules[k], r, sizeof(*r)) != 0);
+		spec_net_rule_format(r, text, sizeof(text));
+		check(strlen(text) < sizeof(text) - 1);
+		snprintf(json, sizeof(json), "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"%s\"]}}",
+			 text);
+		check(spec_parse(json, strlen(json), &back, &err) == 0);
+		check(back.nnet_rules == 1 && memcmp(&back.net_rules[0], r, sizeof(*r)) == 0);
+		spec_free(&back);
+	}
+}
+
 static void check_ok(const struct task_spec *s)
 {
 	size_t i, files = 0;
@@ -48,7 +103,7 @@ static void check_ok(const struct task_spec *s)
 	check(s->memory_mib >= SPEC_MIN_MEMORY_MIB && s->memory_mib <= SPEC_MAX_MEMORY_MIB);
 	check(s->timeout_s >= SPEC_MIN_TIMEOUT_S && s->timeout_s <= SPEC_MAX_TIMEOUT_S);
 	check(s->output_mib >= SPEC_MIN_OUTPUT_MIB && s->output_mib <= SPEC_MAX_OUTPUT_MIB);
-	check(s->egress_none == 1);
+	check_network(s);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -63,7 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(strcmp(err.code, "invalid_spec") == 0 || strcmp(err.code, "host_error") == 0);
 		check(err.message[0] != '\0' && strchr(err.message, ':') != NULL);
 		/* spec_parse() leaves *out zeroed on failure. */
-		check(s.argv == NULL && s.files == NULL && s.env == NULL && s.cwd == NULL);
+		check(s.argv == NULL && s.files == NULL && s.env == NULL && s.cwd == NULL &&
+		      s.net_rules == NULL && s.nnet_rules == 0);
 	}
 	return 0;
 }

@@ -1,6 +1,7 @@
 /* test_spec: unit tests for lib/spec.c, the task spec parser: defaults, each
- * way of saying what to run, base64 file contents, and every rejection path
- * with the field its message must name. */
+ * way of saying what to run, base64 file contents, the network policy's rules
+ * and their normalized form, and every rejection path with the field (or the
+ * network rule) its message must name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -127,7 +128,9 @@ static void test_defaults(void **state)
 	assert_int_equal(s.memory_mib, 256);
 	assert_int_equal(s.timeout_s, 30);
 	assert_int_equal(s.output_mib, 64);
-	assert_int_equal(s.egress_none, 1);
+	assert_int_equal(s.egress, 0);
+	assert_null(s.net_rules);
+	assert_int_equal(s.nnet_rules, 0);
 	spec_free(&s);
 	/* spec_free() zeroes, so a second call is harmless. */
 	assert_null(s.argv);
@@ -136,7 +139,8 @@ static void test_defaults(void **state)
 	/* Empty limits / network objects also give the defaults. */
 	parse_ok("{\"argv\":[\"true\"],\"limits\":{},\"network\":{},\"env\":{},\"files\":[]}", &s);
 	assert_int_equal(s.memory_mib, 256);
-	assert_int_equal(s.egress_none, 1);
+	assert_int_equal(s.egress, 0);
+	assert_null(s.net_rules);
 	assert_int_equal(s.nfiles, 0);
 	spec_free(&s);
 }
@@ -222,7 +226,9 @@ static void test_limits_and_network(void **state)
 	assert_int_equal(s.memory_mib, 16384);
 	assert_int_equal(s.timeout_s, 86400);
 	assert_int_equal(s.output_mib, 4096);
-	assert_int_equal(s.egress_none, 1);
+	assert_int_equal(s.egress, 0);
+	assert_null(s.net_rules);
+	assert_int_equal(s.nnet_rules, 0);
 	spec_free(&s);
 
 	parse_ok("{\"argv\":[\"x\"],\"limits\":{\"vcpus\":1,\"memory_mib\":128,"
@@ -759,12 +765,50 @@ static void test_reject_network(void **state)
 {
 	static const struct reject_case cases[] = {
 		{ "{\"argv\":[\"x\"],\"network\":\"none\"}", "network", "must be an object (got a string)" },
+		{ "{\"argv\":[\"x\"],\"network\":null}", "network", "must be an object (got null)" },
 		{ "{\"argv\":[\"x\"],\"network\":{\"ingress\":\"none\"}}", "network",
-		  "unknown key \"ingress\" (expected egress)" },
+		  "unknown key \"ingress\" (expected egress, allow)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"deny\":[]}}", "network",
+		  "unknown key \"deny\" (expected egress, allow)" },
 		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"all\"}}", "network.egress",
-		  "\"all\" is not supported yet (only \"none\")" },
+		  "\"all\" is not supported (one of \"none\", \"allow\")" },
 		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"None\"}}", "network.egress",
-		  "\"None\" is not supported yet" },
+		  "\"None\" is not supported (one of" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"Allow\",\"allow\":[\"a.org:1\"]}}",
+		  "network.egress", "\"Allow\" is not supported (one of" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow \",\"allow\":[\"a.org:1\"]}}",
+		  "network.egress", "\"allow \" is not supported" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"\"}}", "network.egress", "\"\" is not supported" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":null}}", "network.egress",
+		  "must be a string (got null)" },
+		/* "none" (said or by default) takes no rules. */
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"none\",\"allow\":[\"example.org:443\"]}}",
+		  "network.allow", "is not allowed with egress \"none\": use \"egress\":\"allow\"" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"allow\":[\"example.org:443\"]}}",
+		  "network.allow", "is not allowed with egress \"none\" (the default)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"none\",\"allow\":[]}}",
+		  "network.allow", "is not allowed with egress \"none\"" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"none\",\"allow\":null}}",
+		  "network.allow", "is not allowed with egress \"none\"" },
+		/* "allow" needs 1-64 rules as strings. */
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\"}}", "network.allow",
+		  "is required with egress \"allow\" (1 to 64 rules" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":\"example.org:443\"}}",
+		  "network.allow", "must be an array of strings (got a string)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":{}}}",
+		  "network.allow", "must be an array of strings (got an object)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":null}}",
+		  "network.allow", "must be an array of strings (got null)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[]}}",
+		  "network.allow", "must have 1 to 64 entries (got 0)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org:1\",443]}}",
+		  "network.allow[1]", "must be a string (got an integer)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[[\"a.org:1\"]]}}",
+		  "network.allow[0]", "must be a string (got an array)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org:1\",null]}}",
+		  "network.allow[1]", "must be a string (got null)" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org\\u0000:1\"]}}",
+		  "network.allow[0]", "must not contain NUL" },
 		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"none\\u0000x\"}}", "network.egress",
 		  "must not contain NUL" },
 		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":false}}", "network.egress",
@@ -782,9 +826,399 @@ static void test_reject_network(void **state)
 	sb_add(&b, "\"}}");
 	assert_int_equal(spec_parse(b.s, b.len, &s, &err), -1);
 	assert_non_null(strstr(err.message, "network.egress: \"\\x01\\x1b[31mzzz"));
-	assert_non_null(strstr(err.message, "zzz...\" is not supported yet"));
+	assert_non_null(strstr(err.message, "zzz...\" is not supported (one of"));
 	assert_true(strlen(err.message) < 200);
 	free(b.s);
+}
+
+/* ---- network policy ----------------------------------------------------- */
+
+/* A spec whose network.allow holds the given JSON string bodies. */
+static void net_spec(struct sbuf *b, const char *const *rules, size_t n)
+{
+	size_t i;
+
+	b->len = 0;
+	sb_add(b, "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[");
+	for (i = 0; i < n; i++)
+		sb_add(b, "%s\"%s\"", i ? "," : "", rules[i]);
+	sb_add(b, "]}}");
+}
+
+static void check_rule_format(const struct spec_net_rule *r, const char *want)
+{
+	char text[SPEC_NET_RULE_TEXT];
+
+	spec_net_rule_format(r, text, sizeof(text));
+	assert_string_equal(text, want);
+}
+
+static void test_network_allow(void **state)
+{
+	static const char *const rules[] = {
+		"203.0.113.0/24:443", "203.0.113.7:80", "example.org:443", "*.pypi.example:8000-8100",
+	};
+	struct sbuf b = { 0 };
+	struct task_spec s;
+
+	/* The example from the docs, in order. */
+	net_spec(&b, rules, 4);
+	parse_ok_n(b.s, b.len, &s);
+	assert_int_equal(s.egress, 1);
+	assert_int_equal(s.nnet_rules, 4);
+	assert_non_null(s.net_rules);
+	assert_int_equal(s.net_rules[0].kind, SPEC_NET_CIDR);
+	assert_int_equal(s.net_rules[0].addr, 0xcb007100u);
+	assert_int_equal(s.net_rules[0].prefix, 24);
+	assert_string_equal(s.net_rules[0].host, "");
+	assert_int_equal(s.net_rules[0].port_lo, 443);
+	assert_int_equal(s.net_rules[0].port_hi, 443);
+	assert_int_equal(s.net_rules[1].kind, SPEC_NET_CIDR);
+	assert_int_equal(s.net_rules[1].addr, 0xcb007107u);
+	assert_int_equal(s.net_rules[1].prefix, 32);
+	assert_int_equal(s.net_rules[1].port_lo, 80);
+	assert_int_equal(s.net_rules[1].port_hi, 80);
+	assert_int_equal(s.net_rules[2].kind, SPEC_NET_HOST);
+	assert_string_equal(s.net_rules[2].host, "example.org");
+	assert_int_equal(s.net_rules[2].addr, 0);
+	assert_int_equal(s.net_rules[2].prefix, 0);
+	assert_int_equal(s.net_rules[2].port_lo, 443);
+	assert_int_equal(s.net_rules[3].kind, SPEC_NET_WILDCARD);
+	assert_string_equal(s.net_rules[3].host, "pypi.example");
+	assert_int_equal(s.net_rules[3].port_lo, 8000);
+	assert_int_equal(s.net_rules[3].port_hi, 8100);
+	/* The normalized text is what was written. */
+	check_rule_format(&s.net_rules[0], "203.0.113.0/24:443");
+	check_rule_format(&s.net_rules[1], "203.0.113.7:80");
+	check_rule_format(&s.net_rules[2], "example.org:443");
+	check_rule_format(&s.net_rules[3], "*.pypi.example:8000-8100");
+	spec_free(&s);
+	assert_null(s.net_rules);
+	assert_int_equal(s.nnet_rules, 0);
+	assert_int_equal(s.egress, 0);
+	free(b.s);
+}
+
+static void test_network_normalize(void **state)
+{
+	static const struct {
+		const char *rule, *norm;
+		enum spec_net_kind kind;
+		const char *host;
+		uint32_t addr;
+		unsigned prefix, lo, hi;
+	} ok[] = {
+		/* Names are lower-cased. */
+		{ "ExAmple.ORG:443", "example.org:443", SPEC_NET_HOST, "example.org", 0, 0, 443, 443 },
+		{ "*.PyPI.Example:1", "*.pypi.example:1", SPEC_NET_WILDCARD, "pypi.example", 0, 0, 1, 1 },
+		/* /32 is the same as no prefix, and is written without one. */
+		{ "203.0.113.7/32:80", "203.0.113.7:80", SPEC_NET_CIDR, "", 0xcb007107u, 32, 80, 80 },
+		/* A one-port range is that port. */
+		{ "example.org:5-5", "example.org:5", SPEC_NET_HOST, "example.org", 0, 0, 5, 5 },
+		/* Edges of addresses, prefixes and ports. */
+		{ "0.0.0.0/0:1-65535", "0.0.0.0/0:1-65535", SPEC_NET_CIDR, "", 0, 0, 1, 65535 },
+		{ "255.255.255.255:65535", "255.255.255.255:65535", SPEC_NET_CIDR, "", 0xffffffffu, 32, 65535, 65535 },
+		{ "10.0.0.0/8:53", "10.0.0.0/8:53", SPEC_NET_CIDR, "", 0x0a000000u, 8, 53, 53 },
+		{ "128.0.0.0/1:9", "128.0.0.0/1:9", SPEC_NET_CIDR, "", 0x80000000u, 1, 9, 9 },
+		{ "192.0.2.254/31:9", "192.0.2.254/31:9", SPEC_NET_CIDR, "", 0xc00002feu, 31, 9, 9 },
+		{ "0.0.0.0:1", "0.0.0.0:1", SPEC_NET_CIDR, "", 0, 32, 1, 1 },
+		/* Digits and hyphens inside labels; only the last label must have a non-digit. */
+		{ "1.2.3.4.example:443", "1.2.3.4.example:443", SPEC_NET_HOST, "1.2.3.4.example", 0, 0, 443, 443 },
+		{ "xn--bcher-kva.Example:443", "xn--bcher-kva.example:443", SPEC_NET_HOST, "xn--bcher-kva.example", 0, 0,
+		  443, 443 },
+		{ "a-b.c-d:1", "a-b.c-d:1", SPEC_NET_HOST, "a-b.c-d", 0, 0, 1, 1 },
+		{ "a.b1:1", "a.b1:1", SPEC_NET_HOST, "a.b1", 0, 0, 1, 1 },
+		{ "*.a.b:65535", "*.a.b:65535", SPEC_NET_WILDCARD, "a.b", 0, 0, 65535, 65535 },
+		{ "*.x.y.z:1000-2000", "*.x.y.z:1000-2000", SPEC_NET_WILDCARD, "x.y.z", 0, 0, 1000, 2000 },
+	};
+	char json[512];
+	struct task_spec s;
+	size_t i;
+
+	for (i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		const struct spec_net_rule *r;
+
+		snprintf(json, sizeof(json), "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"%s\"]}}",
+			 ok[i].rule);
+		parse_ok(json, &s);
+		assert_int_equal(s.nnet_rules, 1);
+		r = &s.net_rules[0];
+		assert_int_equal(r->kind, ok[i].kind);
+		assert_string_equal(r->host, ok[i].host);
+		assert_int_equal(r->addr, ok[i].addr);
+		assert_int_equal(r->prefix, ok[i].prefix);
+		assert_int_equal(r->port_lo, ok[i].lo);
+		assert_int_equal(r->port_hi, ok[i].hi);
+		check_rule_format(r, ok[i].norm);
+		spec_free(&s);
+	}
+
+	/* The key order inside "network" does not matter. */
+	parse_ok("{\"argv\":[\"x\"],\"network\":{\"allow\":[\"a.org:1\"],\"egress\":\"allow\"}}", &s);
+	assert_int_equal(s.egress, 1);
+	assert_int_equal(s.nnet_rules, 1);
+	spec_free(&s);
+}
+
+static void test_network_format(void **state)
+{
+	struct spec_net_rule r;
+	char small[8], text[SPEC_NET_RULE_TEXT];
+
+	/* The longest rule fits SPEC_NET_RULE_TEXT exactly or better. */
+	memset(&r, 0, sizeof(r));
+	r.kind = SPEC_NET_WILDCARD;
+	memset(r.host, 'a', SPEC_MAX_NET_HOST);
+	r.host[SPEC_MAX_NET_HOST] = '\0';
+	r.port_lo = 65534;
+	r.port_hi = 65535;
+	spec_net_rule_format(&r, text, sizeof(text));
+	assert_int_equal(strlen(text), 2 + SPEC_MAX_NET_HOST + 12);
+	assert_true(strlen(text) < sizeof(text));
+	assert_string_equal(text + 2 + SPEC_MAX_NET_HOST, ":65534-65535");
+
+	/* A short buffer is truncated and still NUL-terminated. */
+	r.kind = SPEC_NET_CIDR;
+	r.host[0] = '\0';
+	r.addr = 0xcb007100u;
+	r.prefix = 24;
+	memset(small, 'x', sizeof(small));
+	spec_net_rule_format(&r, small, sizeof(small));
+	assert_string_equal(small, "203.0.1");
+}
+
+/* Rule `rule` (JSON string body) as network.allow[1] is refused with
+ * network.allow[1]: "<shown>": <why>... */
+static void reject_rule(const char *rule, const char *shown, const char *why)
+{
+	char json[1024], want[512];
+
+	snprintf(json, sizeof(json),
+		 "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"example.org:443\",\"%s\"]}}", rule);
+	snprintf(want, sizeof(want), "\"%s\": %s", shown ? shown : rule, why);
+	reject(json, "network.allow[1]", want);
+}
+
+static void test_reject_network_rules(void **state)
+{
+	static const char *const bad_ip[] = {
+		"010.0.0.1:80", "10.0.0.01:80", "00.0.0.0:80", "1.2.3:80", "1.2.3.4.5:80", "256.1.1.1:80",
+		"1.2.3.1000:80", "1..2.3:80", "1.2.3.4.:80", ".1.2.3.4:80", "1234:80",
+		"example.org/24:443", "/24:443",
+	};
+	static const char *const bad_prefix[] = {
+		"10.0.0.0/33:80", "10.0.0.0/08:80", "10.0.0.0/00:80", "10.0.0.0/:80", "10.0.0.0/8/8:80",
+		"10.0.0.0/-8:80", "10.0.0.0/99999:80",
+	};
+	static const char *const bad_port[] = {
+		"example.org:0", "example.org:65536", "example.org:080", "example.org:+80", "example.org:80 ",
+		"example.org:-80", "example.org:80-", "example.org:1-2-3", "example.org:http", "example.org:99999999",
+		"example.org:1-0", "example.org:0-1", "example.org:1-65536", "example.org:8000-08100",
+		"10.0.0.0/8:x",
+	};
+	static const char *const ipv6[] = {
+		"[::1]:443", "::1:443", "2001:db8::1:443", "[2001:db8::]/32:443", "a:b:c", "[example.org]:443",
+		"example.org:443:1",
+	};
+	static const char *const bad_wild[] = {
+		"a.*.b:1", "*example.org:1", "*:1", "*.*.example.org:1", "**.example.org:1", "example.*:1",
+		"*.example.*:1", ".*.example.org:1", "x*.example.org:1",
+	};
+	char name[300], rule[400], shown[80];
+	size_t i;
+
+	for (i = 0; i < sizeof(bad_ip) / sizeof(bad_ip[0]); i++)
+		reject_rule(bad_ip[i], NULL, "not a valid IPv4 address");
+	for (i = 0; i < sizeof(bad_prefix) / sizeof(bad_prefix[0]); i++)
+		reject_rule(bad_prefix[i], NULL, "the prefix length must be a number from 0 to 32");
+	for (i = 0; i < sizeof(bad_port) / sizeof(bad_port[0]); i++)
+		reject_rule(bad_port[i], NULL, "the port must be a number from 1 to 65535 without leading zeros");
+	for (i = 0; i < sizeof(ipv6) / sizeof(ipv6[0]); i++)
+		reject_rule(ipv6[i], NULL, "IPv6 is not supported");
+	for (i = 0; i < sizeof(bad_wild) / sizeof(bad_wild[0]); i++)
+		reject_rule(bad_wild[i], NULL, "only a leading \"*.\" wildcard is allowed");
+
+	/* CIDR with host bits set names the network it probably meant. */
+	reject_rule("203.0.113.5/24:443", NULL, "the host bits are set (the network is 203.0.113.0/24)");
+	reject_rule("10.1.0.0/8:1", NULL, "the host bits are set (the network is 10.0.0.0/8)");
+	reject_rule("0.0.0.1/0:1", NULL, "the host bits are set (the network is 0.0.0.0/0)");
+	reject_rule("192.0.2.255/31:1", NULL, "the host bits are set (the network is 192.0.2.254/31)");
+
+	/* Ports. */
+	reject_rule("example.org", NULL, "a port is required");
+	reject_rule("203.0.113.7", NULL, "a port is required");
+	reject_rule("203.0.113.0/24", NULL, "a port is required");
+	reject_rule("*.example.org", NULL, "a port is required");
+	reject_rule("example.org:", NULL, "the port is empty");
+	reject_rule(":443", NULL, "the destination before ':' is empty");
+	reject_rule("", NULL, "a port is required");
+	reject_rule("example.org:8100-8000", NULL, "the port range 8100-8000 is reversed");
+	reject_rule("example.org:2-1", NULL, "the port range 2-1 is reversed");
+
+	/* Host names. */
+	reject_rule("exa mple.org:443", NULL, "' ' is not allowed in a host name (letters, digits, '-' and '.')");
+	reject_rule("under_score.example:80", NULL, "'_' is not allowed in a host name");
+	reject_rule("_sip._tcp.example.org:5060", NULL, "'_' is not allowed in a host name");
+	reject_rule("a+b.example:80", NULL, "'+' is not allowed in a host name");
+	reject_rule("\\u00e9.example:80", "\\xc3\\xa9.example:80", "byte 0xc3 is not allowed in a host name");
+	reject_rule("a\\tb.example:80", "a\\x09b.example:80", "byte 0x09 is not allowed in a host name");
+	reject_rule("example.org.:443", NULL, "the host name must not end with '.'");
+	reject_rule(".:443", NULL, "the host name must not end with '.'");
+	reject_rule(".example.org:443", NULL, "the host name has an empty label");
+	reject_rule("a..org:1", NULL, "the host name has an empty label");
+	reject_rule("-a.org:1", NULL, "a label of the host name starts or ends with '-'");
+	reject_rule("a-.org:1", NULL, "a label of the host name starts or ends with '-'");
+	reject_rule("a.-org:1", NULL, "a label of the host name starts or ends with '-'");
+	reject_rule("a.org-:1", NULL, "a label of the host name starts or ends with '-'");
+	reject_rule("localhost:80", NULL, "the host name needs at least two labels");
+	reject_rule("Example:80", NULL, "the host name needs at least two labels");
+	reject_rule("example.123:80", NULL, "the last label of the host name must not be all digits");
+	reject_rule("a.b.0:80", NULL, "the last label of the host name must not be all digits");
+	reject_rule("1.2.3.-1:80", NULL, "a label of the host name starts or ends with '-'");
+
+	/* Wildcard suffixes obey the same rules. */
+	reject_rule("*.org:443", NULL, "the wildcard suffix needs at least two labels");
+	reject_rule("*.:443", NULL, "the wildcard suffix is empty");
+	reject_rule("*.example.org.:443", NULL, "the wildcard suffix must not end with '.'");
+	reject_rule("*..example.org:443", NULL, "the wildcard suffix has an empty label");
+	reject_rule("*.-x.org:443", NULL, "a label of the wildcard suffix starts or ends with '-'");
+	reject_rule("*.example.42:443", NULL, "the last label of the wildcard suffix must not be all digits");
+	reject_rule("*.ex_ample.org:443", NULL, "'_' is not allowed in a wildcard suffix");
+
+	/* Labels of 63 bytes are fine, 64 are not; names of 253 bytes are
+	 * fine, 254 are not (also as a wildcard suffix). */
+	memset(name, 'l', 63);
+	snprintf(name + 63, sizeof(name) - 63, ".org");
+	snprintf(rule, sizeof(rule), "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"%s:1\"]}}",
+		 name);
+	{
+		struct task_spec s;
+
+		parse_ok(rule, &s);
+		assert_int_equal(strlen(s.net_rules[0].host), 67);
+		spec_free(&s);
+	}
+	memset(name, 'l', 64);
+	snprintf(name + 64, sizeof(name) - 64, ".org");
+	snprintf(rule, sizeof(rule), "%s:1", name);
+	snprintf(shown, sizeof(shown), "%.48s...", rule);
+	reject_rule(rule, shown, "the host name has a label longer than 63 bytes");
+
+	/* 253 bytes: labels of 49 bytes and a last one of 3. */
+	for (i = 0; i < 253; i++)
+		name[i] = i % 50 == 49 ? '.' : 'h';
+	name[253] = '\0';
+	{
+		struct task_spec s;
+		char json[700];
+
+		snprintf(json, sizeof(json), "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":"
+			 "[\"%s:1\",\"*.%s:2\"]}}", name, name);
+		parse_ok(json, &s);
+		assert_int_equal(s.nnet_rules, 2);
+		assert_int_equal(strlen(s.net_rules[0].host), 253);
+		assert_int_equal(strlen(s.net_rules[1].host), 253);
+		spec_free(&s);
+	}
+	name[253] = 'h';
+	name[254] = '\0';
+	snprintf(rule, sizeof(rule), "%s:1", name);
+	snprintf(shown, sizeof(shown), "%.48s...", rule);
+	reject_rule(rule, shown, "the host name is longer than 253 bytes");
+	snprintf(rule, sizeof(rule), "*.%s:1", name);
+	snprintf(shown, sizeof(shown), "%.48s...", rule);
+	reject_rule(rule, shown, "the wildcard suffix is longer than 253 bytes");
+}
+
+static void test_reject_network_limits(void **state)
+{
+	const char *rules[SPEC_MAX_NET_RULES + 1];
+	char names[SPEC_MAX_NET_RULES + 1][32], want[128];
+	struct sbuf b = { 0 };
+	struct kiln_err err;
+	struct task_spec s;
+	size_t i;
+
+	/* 64 rules are accepted, 65 are not. */
+	for (i = 0; i <= SPEC_MAX_NET_RULES; i++) {
+		snprintf(names[i], sizeof(names[i]), "h%zu.example:%zu", i, 1000 + i);
+		rules[i] = names[i];
+	}
+	net_spec(&b, rules, SPEC_MAX_NET_RULES);
+	parse_ok_n(b.s, b.len, &s);
+	assert_int_equal(s.nnet_rules, SPEC_MAX_NET_RULES);
+	assert_string_equal(s.net_rules[SPEC_MAX_NET_RULES - 1].host, "h63.example");
+	assert_int_equal(s.net_rules[SPEC_MAX_NET_RULES - 1].port_lo, 1063);
+	spec_free(&s);
+	net_spec(&b, rules, SPEC_MAX_NET_RULES + 1);
+	reject_n(b.s, b.len, "network.allow", "must have 1 to 64 entries (got 65)");
+
+	/* No valid rule comes near 300 bytes, but an entry of 300 is looked
+	 * at (and refused for its port); one of 301 is refused for its length. */
+	b.len = 0;
+	sb_add(&b, "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"x.org:");
+	sb_repeat(&b, '1', SPEC_MAX_NET_RULE_BYTES - 6);
+	sb_add(&b, "\"]}}");
+	reject_n(b.s, b.len, "network.allow[0]", "the port must be a number from 1 to 65535");
+	b.len = 0;
+	sb_add(&b, "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"x.org:");
+	sb_repeat(&b, '1', SPEC_MAX_NET_RULE_BYTES - 5);
+	sb_add(&b, "\"]}}");
+	reject_n(b.s, b.len, "network.allow[0]", "...\": must be at most 300 bytes (got 301)");
+
+	/* A hostile value is echoed cut short, as printable ASCII. */
+	b.len = 0;
+	sb_add(&b, "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org:1\",\"\\u001b[31m");
+	sb_repeat(&b, 'z', SPEC_MAX_NET_RULE_BYTES - 4);
+	sb_add(&b, "\"]}}");
+	assert_int_equal(spec_parse(b.s, b.len, &s, &err), -1);
+	assert_string_equal(err.code, "invalid_spec");
+	snprintf(want, sizeof(want), "network.allow[1]: \"\\x1b[31mzzz");
+	assert_int_equal(strncmp(err.message, want, strlen(want)), 0);
+	assert_non_null(strstr(err.message, "zzz...\": must be at most 300 bytes (got 301)"));
+	assert_true(strlen(err.message) < 200);
+	free(b.s);
+}
+
+static void test_reject_network_duplicates(void **state)
+{
+	static const struct reject_case cases[] = {
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":"
+		  "[\"example.org:443\",\"a.org:1\",\"EXAMPLE.org:443\"]}}",
+		  "network.allow[2]", "\"EXAMPLE.org:443\": duplicates network.allow[0]" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":"
+		  "[\"203.0.113.7:80\",\"203.0.113.7/32:80\"]}}",
+		  "network.allow[1]", "\"203.0.113.7/32:80\": duplicates network.allow[0]" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":"
+		  "[\"*.a.org:1-2\",\"b.org:3\",\"*.A.org:1-2\"]}}",
+		  "network.allow[2]", "duplicates network.allow[0]" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"x.org:5\",\"x.org:5-5\"]}}",
+		  "network.allow[1]", "\"x.org:5-5\": duplicates network.allow[0]" },
+		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org:1\",\"x.org:5\",\"x.org:5\"]}}",
+		  "network.allow[2]", "duplicates network.allow[1]" },
+	};
+	struct kiln_err err = { "", "" };
+	struct task_spec s;
+	const char *json;
+
+	REJECT_ALL(cases);
+
+	/* The whole message, as the API client sees it. */
+	json = "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":"
+	       "[\"a.org:1\",\"b.org:2\",\"exa mple.org:443\"]}}";
+	assert_int_equal(spec_parse(json, strlen(json), &s, &err), -1);
+	assert_string_equal(err.code, "invalid_spec");
+	assert_string_equal(err.message, "network.allow[2]: \"exa mple.org:443\": ' ' is not allowed in a "
+			    "host name (letters, digits, '-' and '.')");
+
+	/* Overlapping but different rules are not duplicates. */
+	parse_ok("{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":["
+		 "\"example.org:443\",\"example.org:444\",\"example.org:443-444\",\"*.example.org:443\","
+		 "\"10.0.0.0/8:1\",\"10.0.0.0/16:1\",\"10.0.0.0:1\",\"www.example.org:443\"]}}", &s);
+	assert_int_equal(s.nnet_rules, 8);
+	assert_int_equal(s.net_rules[3].kind, SPEC_NET_WILDCARD);
+	assert_string_equal(s.net_rules[3].host, "example.org");
+	spec_free(&s);
 }
 
 static void test_reject_oversized_document(void **state)
@@ -885,6 +1319,12 @@ int main(void)
 		cmocka_unit_test(test_reject_cwd),
 		cmocka_unit_test(test_reject_limits),
 		cmocka_unit_test(test_reject_network),
+		cmocka_unit_test(test_network_allow),
+		cmocka_unit_test(test_network_normalize),
+		cmocka_unit_test(test_network_format),
+		cmocka_unit_test(test_reject_network_rules),
+		cmocka_unit_test(test_reject_network_limits),
+		cmocka_unit_test(test_reject_network_duplicates),
 		cmocka_unit_test(test_reject_oversized_document),
 		cmocka_unit_test(test_json_nodes),
 		cmocka_unit_test(test_err_set),
