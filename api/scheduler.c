@@ -34,6 +34,7 @@ struct host_view {
 	unsigned vcpus_total, vcpus_used;
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
+	int egress;                  /* offers network egress */
 	/* Placed by us after the host's last heartbeat: not in its report yet. */
 	unsigned inflight_vcpus;
 	uint64_t inflight_mem;
@@ -357,6 +358,7 @@ static void refresh_hosts_locked(struct sched *s)
 		v->pool_ready = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "ready"));
 		v->pool_mem = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "memory_mib"));
 		v->pool_vcpus = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "vcpus"));
+		v->egress = json_is_true(json_object_get(cap, "egress"));
 		for (int j = 0; j < nold; j++) {
 			if (strcmp(old[j].id, v->id))
 				continue;
@@ -454,17 +456,18 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 		long free_v, score;
 		int64_t free_m;
 
-		if (h->lost || !h->url[0] || now < h->full_until_ms)
+		if (h->lost || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress))
 			continue;
 		free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
 		free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
-		/* A pool VM of the task's size brings its own memory. */
-		if (h->pool_ready && h->pool_mem == t->memory_mib && h->pool_vcpus == t->vcpus)
+		/* A pool VM of the task's size brings its own memory (pool VMs
+		 * have no NIC: not for a task with egress). */
+		if (!t->egress && h->pool_ready && h->pool_mem == t->memory_mib && h->pool_vcpus == t->vcpus)
 			free_m += h->pool_mem;
 		if (free_v < (long)t->vcpus || free_m < (int64_t)t->memory_mib)
 			continue;
 		/* Prefer a warm pool VM for the task's size, then the emptiest host. */
-		score = (h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0) +
+		score = (!t->egress && h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0) +
 			free_v * 1000 / (long)(h->vcpus_total ? h->vcpus_total : 1);
 		if (score > best_score) {
 			best = h;
@@ -508,7 +511,7 @@ static void place(struct sched *s)
 			q[i].state = TASK_SCHEDULED;
 			h->inflight_vcpus += q[i].vcpus;
 			h->inflight_mem += q[i].memory_mib;
-			if (h->pool_ready && h->pool_mem == q[i].memory_mib)
+			if (!q[i].egress && h->pool_ready && h->pool_mem == q[i].memory_mib)
 				h->pool_ready--;
 			watch_start_locked(s, &q[i], h, 1);
 		} else if (r == -EDQUOT && ncapped < 64) {

@@ -471,7 +471,7 @@ static int idem_key_ok(const char *k)
 
 /* Whether some live host is big enough (by its reported totals); 1 also
  * when no host is live (the task waits for one). */
-static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib)
+static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress)
 {
 	json_t *hosts = store_host_list(s->st), *h;
 	int64_t cutoff = wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
@@ -487,7 +487,7 @@ static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib)
 		    json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
 			continue;
 		live++;
-		if (v >= vcpus && m >= memory_mib)
+		if (v >= vcpus && m >= memory_mib && (!egress || json_is_true(json_object_get(cap, "egress"))))
 			fits = 1;
 	}
 	json_decref(hosts);
@@ -517,6 +517,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	char hash_hex[2 * SHA256_DIGEST_LENGTH + 1], id[40], msg[160];
 	char *md = NULL;
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
+	int egress;
 	int64_t retry_ms;
 	int r;
 
@@ -558,6 +559,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	/* Only its limits are needed below (spec_free zeroes them). */
 	vcpus = spec.vcpus;
 	memory_mib = spec.memory_mib;
+	egress = spec.egress;
 	timeout_s = spec.timeout_s;
 	output_mib = spec.output_mib;
 	spec_free(&spec);
@@ -584,9 +586,10 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		snprintf(msg, sizeof(msg), "%u tasks are queued, your quota's max_queued", u.queued);
 		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "queue_full", msg, "Retry-After", ra);
 	}
-	if (!some_host_fits(s, vcpus, memory_mib)) {
+	if (!some_host_fits(s, vcpus, memory_mib, egress)) {
 		api_task_request_free(&tr);
-		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory", vcpus, memory_mib);
+		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", vcpus, memory_mib,
+			 egress ? " and offers network egress" : "");
 		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_host_fits", msg);
 	}
 	if (tr.metadata && !(md = json_dumps(tr.metadata, JSON_COMPACT))) {

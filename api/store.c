@@ -86,7 +86,11 @@ enum {
 	TC_CREATED, TC_SCHEDULED, TC_STARTING, TC_RUNNING, TC_UPLOADING, TC_ENDED, TC_CANCEL_REQ, TC_END_REASON,
 	TC_IDEM, TC_SEQ, TC_HOST_TASK,
 };
-#define SCHED_COLS "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
+#define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
+/* Whether the task asks for network egress: only hosts that offer it take it. */
+#define SCHED_EGRESS "coalesce((SELECT json_extract(sp.spec, '$.network.egress') = 'allow'" \
+		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
+#define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS
 
 enum stmt_id {
 	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
@@ -121,7 +125,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
 		      " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
 	[ST_IN_STATE] = "SELECT " SCHED_COLS " FROM tasks WHERE state = ?1 ORDER BY seq LIMIT ?2",
-	[ST_FAIR] = "SELECT " SCHED_COLS " FROM (SELECT " SCHED_COLS ", row_number() OVER"
+	[ST_FAIR] = "SELECT " SCHED_BASE ", egress FROM (SELECT " SCHED_COLS ", row_number() OVER"
 		    " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
 		    " ORDER BY rn, seq LIMIT ?1",
 	[ST_USAGE_RUN] = "SELECT count(*), coalesce(sum(vcpus), 0), coalesce(sum(memory_mib), 0) FROM tasks"
@@ -1276,6 +1280,7 @@ static int fill_tasks(struct store *s, sqlite3_stmt *st, struct store_task *out,
 		t->seq = sqlite3_column_int64(st, 6);
 		t->created_ms = sqlite3_column_int64(st, 7);
 		t->cancel_requested = sqlite3_column_int(st, 8);
+		t->egress = sqlite3_column_int(st, 9);
 	}
 	sqlite3_reset(st);
 	return n;

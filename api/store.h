@@ -64,6 +64,7 @@ struct store_task {
 	int64_t seq;                 /* submission order */
 	int64_t created_ms;
 	int cancel_requested;        /* a cancel waits to be forwarded to its host */
+	int egress;                  /* the spec asks for network egress */
 };
 
 /* Open (creating and migrating) the database at path. NULL with err set. */
