@@ -36,3 +36,6 @@ bench/api.sh
 echo
 # The whole stack: print(1) through kiln-api, the scheduler, a host's pool and S3.
 python3 bench/stack.py "${STACK_TASKS:-80}" "${STACK_CONCURRENCY:-8}"
+echo
+# Network egress: extra start-up time, and throughput to an allowed destination.
+bench/egress.sh

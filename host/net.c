@@ -938,7 +938,7 @@ static void dns_from_guest(struct net_sandbox *s)
 		uint8_t qb[DNS_MAX_NAME + 32];
 		size_t len = dns_build_query(p->up_id, q.name, DNS_TYPE_A, qb, sizeof(qb));
 
-		if (!len || send(s->up_fd, qb, len, MSG_DONTWAIT) < 0) {
+		if (!len || s->up_fd < 0 || send(s->up_fd, qb, len, MSG_DONTWAIT) < 0) {
 			dns_reply(s, &q, &from, DNS_RCODE_SERVFAIL, NULL, 0, 0);
 			return;
 		}
@@ -1032,12 +1032,17 @@ static void *sandbox_main(void *arg)
 	int root_sock, rc;
 	int64_t next_poll;
 
-	/* Made before unshare: these stay in the host's namespace. */
+	/* Made before unshare: these stay in the host's namespace. An
+	 * upstream that cannot be reached now only means SERVFAIL answers. */
 	root_sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	s->up_fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (root_sock < 0 || s->up_fd < 0 ||
-	    connect(s->up_fd, (const struct sockaddr *)&s->h->dns_upstream, sizeof(s->h->dns_upstream)) < 0)
-		rc = setup_fail(s, "upstream resolver socket", errno);
+	if (s->up_fd >= 0 &&
+	    connect(s->up_fd, (const struct sockaddr *)&s->h->dns_upstream, sizeof(s->h->dns_upstream)) < 0) {
+		close(s->up_fd);
+		s->up_fd = -1;
+	}
+	if (root_sock < 0)
+		rc = setup_fail(s, "socket", errno);
 	else
 		rc = sandbox_setup(s, root_sock);
 	if (root_sock >= 0)

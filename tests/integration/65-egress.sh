@@ -266,8 +266,18 @@ while True:
 print(n, round(n / (time.monotonic() - t0)))'
 BW='{"network":{"egress":"allow","allow":["198.51.100.20:8080"]},"limits":{"timeout_s":60}}'
 run_task fast "$(py_spec "$DL" "$BW")"
-stop_host
+
+# --- kiln-host SIGKILLed while a task with egress runs: its network goes with the process ---
+jq -cn --argjson spec "$(py_spec 'import time; time.sleep(60)' "$BW")" '{id:"killed", customer:"eg", spec:$spec}' \
+	| hc v1/tasks -X POST --data-binary @- > /dev/null
+for _ in $(seq 300); do [ "$(hc v1/tasks/killed | jq -r .state)" = running ] && break; sleep 0.1; done
+links_before=$(host_links)
+kill -9 "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+for _ in $(seq 50); do [ "$(host_links)" = 0 ] && break; sleep 0.1; done
+check "SIGKILL of kiln-host mid-task: the sandbox's veth ($links_before before) and namespace go with it" \
+	test "$links_before" = 1 -a "$(host_links)" = 0
 if start_host 8; then
+	check "after the restart the killed task ended as host_restart" test "$(hc v1/tasks/killed | jq -r .result.end_reason)" = host_restart
 	run_task slow "$(py_spec "$DL" "$BW")"
 	# Timed on the host (the task's run_ms): 4 MB at 1 MB/s cannot take less than ~4 s.
 	fast=$(r fast .result.timings.run_ms); slow=$(r slow .result.timings.run_ms)
