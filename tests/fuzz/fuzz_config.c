@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "net.h"
 
 #define check(cond)                                                                              \
 	do {                                                                                     \
@@ -40,6 +41,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check(!c.s3.endpoint || (c.s3.bucket && (!strncmp(c.s3.endpoint, "http://", 7) ||
 						  !strncmp(c.s3.endpoint, "https://", 8))));
 	check(c.root != NULL);
+	if (c.network) {
+		/* Accepted by config_load: the network section checks out again,
+		 * and what it yields is within its documented bounds. */
+		struct net_host h;
+
+		check(net_config_check(c.network, &h, &err) == 0);
+		check(h.ndeny >= 11 && h.ndeny <= NET_MAX_RANGES && h.link.prefix >= 8 && h.link.prefix <= 24);
+		for (size_t i = 0; i < h.ndeny; i++)
+			check(h.deny[i].prefix <= 32 &&
+			      (h.deny[i].prefix == 32 || !(h.deny[i].addr & (0xffffffffu >> h.deny[i].prefix))));
+	}
 	config_free(&c);
 	return 0;
 }

@@ -1,6 +1,7 @@
 /* test_config: kiln-host's configuration file: values land where they
  * should, typos and out-of-range values are refused naming the key, secrets
  * come from files. */
+#include <arpa/inet.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 
 #include "config.h"
 #include "hostd.h"
+#include "net.h"
 
 static char dir[] = "/tmp/kiln-test-config.XXXXXX";
 
@@ -77,6 +79,59 @@ static void test_refusals(void **state)
 	refused("{\"token_file\":\"/nonexistent/kiln-token\"}", "cannot read");
 	refused("{\"listen\":\"x\",", "bad.json:");
 	refused("{\"token\":\"a\",\"token\":\"b\"}", "duplicate");
+	refused("{\"network\":{\"egres\":true}}", "network.egres: unknown setting");
+	refused("{\"network\":{\"egress\":1}}", "network.egress: expected true or false");
+	refused("{\"network\":{\"deny\":[\"10.0.0.1/8\"]}}", "network.deny[0]");
+	refused("{\"network\":{\"deny\":[\"1.2.3.0/24\",\"300.1.1.1\"]}}", "network.deny[1]");
+	refused("{\"network\":{\"link_range\":\"10.200.0.0/28\"}}", "network.link_range");
+	refused("{\"network\":{\"bandwidth_mbit\":-1}}", "network.bandwidth_mbit");
+	refused("{\"network\":{\"dns_upstream\":\"1.2.3.4\"}}", "network.dns_upstream");
+	refused("{\"network\":{\"dns_upstream\":\"1.2.3.4:0\"}}", "network.dns_upstream");
+	refused("{\"network\":[]}", "network: expected an object");
+}
+
+/* The network section: values land, defaults fill the rest, the built-in
+ * deny ranges are always there. */
+static void test_network(void **state)
+{
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+	struct net_host h;
+	struct net_range r;
+	int found_meta = 0, found_extra = 0;
+
+	assert_int_equal(config_load(write_file("net.json", "{\"network\":{\"egress\":true,\"deny\":[\"203.0.113.0/24\"],"
+							   "\"bandwidth_mbit\":8,\"dns_upstream\":\"192.0.2.53:5353\","
+							   "\"link_range\":\"10.201.0.0/16\"}}"),
+					 &c, &err),
+			 0);
+	assert_non_null(c.network);
+	assert_int_equal(net_config_check(c.network, &h, &err), 0);
+	assert_int_equal(h.enabled, 1);
+	assert_int_equal(h.bandwidth_bytes_s, 1000000);
+	assert_int_equal(ntohs(h.dns_upstream.sin_port), 5353);
+	assert_int_equal(h.link.addr, 0x0ac90000u);
+	assert_int_equal(h.link.prefix, 16);
+	for (size_t i = 0; i < h.ndeny; i++) {
+		found_meta |= h.deny[i].addr == 0xa9fe0000u && h.deny[i].prefix == 16;
+		found_extra |= h.deny[i].addr == 0xcb007100u && h.deny[i].prefix == 24;
+	}
+	assert_true(found_meta && found_extra);
+	config_free(&c);
+
+	assert_int_equal(net_range_parse("10.0.0.0/8", &r), 0);
+	assert_int_equal(r.addr, 0x0a000000u);
+	assert_int_equal(net_range_parse("192.0.2.7", &r), 0);
+	assert_int_equal(r.prefix, 32);
+	assert_int_equal(net_range_parse("0.0.0.0/0", &r), 0);
+	assert_int_equal(net_range_parse("10.0.0.1/8", &r), -1);   /* host bits */
+	assert_int_equal(net_range_parse("010.0.0.0/8", &r), -1);  /* leading zero */
+	assert_int_equal(net_range_parse("10.0.0/8", &r), -1);
+	assert_int_equal(net_range_parse("10.0.0.0/33", &r), -1);
+	assert_int_equal(net_range_parse("10.0.0.0/08", &r), -1);
+	assert_int_equal(net_range_parse("10.0.0.0/", &r), -1);
+	assert_int_equal(net_range_parse("1.2.3.4 ", &r), -1);
+	assert_int_equal(net_range_parse("1.2.3.1000", &r), -1);
 }
 
 static json_t *parse(const char *body, struct kiln_err *err)
@@ -126,6 +181,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_request_parse),
 	};
 
