@@ -50,6 +50,7 @@
 #define NET_MAX_EVENTS 256   /* blocked destinations reported per sandbox */
 #define NET_DNS_PENDING 16   /* upstream queries in flight per sandbox */
 #define NET_DNS_TIMEOUT_MS 3000
+#define NET_DNS_UDP_MAX 512  /* our replies carry no EDNS OPT record */
 #define NET_TTL_MIN    5     /* answered addresses stay allowed at least this long */
 #define NET_TTL_MAX    3600
 #define NET_SETUP_MS   10000
@@ -878,7 +879,7 @@ static uint64_t rules_matching(const struct net_sandbox *s, const char *name)
 static void dns_reply(struct net_sandbox *s, const struct dns_query *q, const struct sockaddr_in *to, int rcode,
 		      const uint32_t *addrs, size_t n, uint32_t ttl)
 {
-	uint8_t out[DNS_MAX_MSG];
+	uint8_t out[NET_DNS_UDP_MAX];
 	size_t len = dns_build_reply(q, rcode, addrs, n, ttl, out, sizeof(out));
 
 	if (len)
@@ -1008,6 +1009,14 @@ static void dns_from_upstream(struct net_sandbox *s)
 		}
 		if (ttl < NET_TTL_MIN)
 			ttl = NET_TTL_MIN;
+		/* Plain UDP DNS (no EDNS in our replies): what fits 512 bytes. */
+		while (na) {
+			uint8_t probe[NET_DNS_UDP_MAX];
+
+			if (dns_build_reply(&p->q, DNS_RCODE_NOERROR, ips, na, ttl, probe, sizeof(probe)))
+				break;
+			na--;
+		}
 		if (na)
 			allow_addresses(s, match, addrs, na, ttl);
 		dns_reply(s, &p->q, &p->from, DNS_RCODE_NOERROR, ips, na, ttl);

@@ -124,6 +124,14 @@ st=$(submit "$KA" $'{"argv":["true"],\n "limits": {,}}')
 expect "malformed JSON: 400 with line and column" 400 "$st" '.error.code == "invalid_json" and (.error.message | test("line 2, column [0-9]+"))'
 st=$(submit "$KA" '{"argv":["true"],"network":{"egress":"internet"}}')
 expect "egress not allowed: 400" 400 "$st" '.error.code == "egress_not_allowed"'
+st=$(req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"allow_egress":true}')
+st=$(submit "$KA" '{"argv":["true"],"network":{"egress":"allow","allow":["203.0.113.0/24:443","203.0.113.5/24:80"]}}')
+expect "with allow_egress, a malformed rule: 400 naming it" 400 "$st" \
+	'.error.code == "invalid_spec" and (.error.message | startswith("network.allow[1]: \"203.0.113.5/24:80\""))'
+st=$(submit "$KA" '{"argv":["true"],"network":{"egress":"allow","allow":["203.0.113.0/24:443","*.pypi.example:443"]}}')
+expect "with allow_egress, a valid policy is accepted" 202 "$st" '.state == "queued"'
+req "$KA" POST "/v1/tasks/$(last .id)/cancel" > /dev/null
+req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"allow_egress":false}' > /dev/null
 head -c $((2 << 20)) /dev/zero | tr '\0' ' ' > "$T_TMP/big.json"
 st=$(req "$KA" POST /v1/tasks --data-binary @"$T_TMP/big.json")
 expect "a body over max_body_mib: 413" 413 "$st" '.error.code == "too_large"'

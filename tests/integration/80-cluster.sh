@@ -93,6 +93,14 @@ done
 admin -X POST --data '{"id":"acme","name":"Acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 check "an admin creates a customer and its key" test -n "$KEY" -a "$KEY" != null
+# None of these hosts offers egress: a task that asks for it has nowhere to go.
+admin -X PUT --data '{"allow_egress":true}' "$API/v1/admin/customers/acme/quotas" > /dev/null
+eg=$(py_spec 'print(1)' '{"network":{"egress":"allow","allow":["203.0.113.0/24:443"]}}' \
+	| curl -s -m 30 -H "Authorization: Bearer $KEY" --data-binary @- -w '\n%{http_code}' "$API/v1/tasks")
+if [ "$(echo "$eg" | tail -1)" = 503 ] && echo "$eg" | head -1 | jq -e '.error.code == "no_host_fits" and (.error.message | test("egress"))' > /dev/null; then
+	ok "a task with egress is refused (503 no_host_fits) when no live host offers egress"
+else not_ok "egress placement" "$eg"; fi
+admin -X PUT --data '{"allow_egress":false}' "$API/v1/admin/customers/acme/quotas" > /dev/null
 
 # --- spread: 6 short tasks over 3 hosts, outputs through presigned URLs ---
 ids=()
