@@ -20,10 +20,12 @@
 static void run_usage(FILE *f)
 {
 	fprintf(f, "usage: kiln run FILE.py|FILE.sh [--memory MiB] [--vcpus N] [--timeout S]\n"
-		   "                [--file LOCAL[:GUEST]]... [--env K=V]... [--out DIR]\n"
+		   "                [--file LOCAL[:GUEST]]... [--env K=V]... [--allow DEST:PORTS]... [--out DIR]\n"
 		   "  Runs FILE in a fresh microVM through kiln-api, streams its output, downloads the\n"
 		   "  files it wrote under /output into DIR (default ./kiln-out/TASK_ID/) and exits with\n"
-		   "  its exit code (1: failed without one, timed out or cancelled; 3: kiln error).\n");
+		   "  its exit code (1: failed without one, timed out or cancelled; 3: kiln error).\n"
+		   "  --allow gives the task network egress to DEST:PORTS only (203.0.113.0/24:443,\n"
+		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n");
 }
 
 /* Read a whole local file (at most max bytes). Returns malloc'd bytes or NULL
@@ -221,9 +223,10 @@ int cmd_run(int argc, char **argv)
 		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'c' },
 		{ "timeout", required_argument, 0, 't' }, { "file", required_argument, 0, 'f' },
 		{ "env", required_argument, 0, 'e' }, { "out", required_argument, 0, 'o' },
-		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "allow", required_argument, 0, 'a' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	json_t *spec = NULL, *files = json_array(), *env = json_object(), *limits = json_object();
+	json_t *allow = json_array();
 	json_t *reply = NULL, *task = NULL;
 	struct follow_view view = { .progress = 1 };
 	struct kiln_err err = { .code = "" };
@@ -237,7 +240,7 @@ int cmd_run(int argc, char **argv)
 	int opt, rc = EXIT_USAGE;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:t:f:e:o:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:c:t:f:e:o:a:h", opts, NULL)) != -1) {
 		char *end;
 		long n;
 
@@ -277,6 +280,10 @@ int cmd_run(int argc, char **argv)
 		}
 		case 'o':
 			out = optarg;
+			break;
+		case 'a':
+			/* Checked by kiln-api (400 naming the rule). */
+			json_array_append_new(allow, json_string(optarg));
 			break;
 		case 'h':
 			run_usage(stdout);
@@ -322,6 +329,8 @@ int cmd_run(int argc, char **argv)
 		json_object_set(spec, "env", env);
 	if (json_object_size(limits))
 		json_object_set(spec, "limits", limits);
+	if (json_array_size(allow))
+		json_object_set_new(spec, "network", json_pack("{s:s, s:O}", "egress", "allow", "allow", allow));
 
 	t0 = cli_now_ms();
 	if ((rc = cli_request(&conn, "submit", "POST", "/v1/tasks", spec, 60, &reply)))
@@ -393,6 +402,7 @@ out:
 	json_decref(files);
 	json_decref(env);
 	json_decref(limits);
+	json_decref(allow);
 	json_decref(reply);
 	json_decref(task);
 	return rc;

@@ -93,6 +93,12 @@ rc=$?
 check "--env and --file (relative and absolute guest paths) reach the task" \
 	[ "$rc" = 0 -a "$(cat "$T_TMP/files.out")" = "$(printf 'env=hello\n%s\n%s' "$(cat "$T_TMP/data.txt")" "$(cat "$T_TMP/data.txt")")" ]
 
+# --- --allow: egress needs the customer's quota (this customer has none) ---
+"$KILN" run "$T_TMP/fail.py" --allow 203.0.113.0/24:443 > /dev/null 2> "$T_TMP/allow.err"
+rc=$?
+check "kiln run --allow is refused, saying why, when the quota does not allow egress (exit $rc)" \
+	[ "$rc" != 0 ] && grep -q "egress" "$T_TMP/allow.err"
+
 # --- kiln task list / get / logs ---
 "$KILN" task list --limit 10 > "$T_TMP/list.out" 2>&1
 check "kiln task list shows the tasks" grep -q "^$ok_id *succeeded" "$T_TMP/list.out"
