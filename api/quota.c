@@ -23,6 +23,7 @@ void quota_defaults(struct quota *q)
 		.submit_burst = 20,
 		.max_queued = 100,
 		.allow_egress = 0,
+		.session_auto_pause = 0,
 	};
 }
 
@@ -48,6 +49,7 @@ static const struct qfield qfields[] = {
 	QF(submit_burst, Q_UINT, 1000000),
 	QF(max_queued, Q_UINT, 100000000),
 	QF(allow_egress, Q_BOOL, 1),
+	QF(session_auto_pause, Q_BOOL, 1),
 };
 #define NQFIELDS (sizeof(qfields) / sizeof(qfields[0]))
 
@@ -154,6 +156,24 @@ int quota_allows_start(const struct quota *q, const struct usage *u, unsigned vc
 	if (q->max_memory_mib && u->memory_mib + memory_mib > q->max_memory_mib)
 		return 0;
 	return 1;
+}
+
+int quota_check_start(const struct quota *q, const struct usage *u, unsigned vcpus, unsigned memory_mib,
+		      struct kiln_err *err)
+{
+	if (q->max_running && u->running + 1 > q->max_running)
+		return kiln_err_set(err, "quota_exceeded",
+				    "max_running: %u tasks and sessions are running, your quota's limit is %u", u->running,
+				    q->max_running);
+	if (q->max_vcpus && u->vcpus + vcpus > q->max_vcpus)
+		return kiln_err_set(err, "quota_exceeded",
+				    "max_vcpus: %u vCPUs are in use, %u more would exceed your quota of %u", u->vcpus,
+				    vcpus, q->max_vcpus);
+	if (q->max_memory_mib && u->memory_mib + memory_mib > q->max_memory_mib)
+		return kiln_err_set(err, "quota_exceeded",
+				    "max_memory_mib: %llu MiB are in use, %u more would exceed your quota of %llu",
+				    (unsigned long long)u->memory_mib, memory_mib, (unsigned long long)q->max_memory_mib);
+	return 0;
 }
 
 /* ---- token buckets ---- */

@@ -35,6 +35,13 @@ int quota_check_task(const struct quota *q, unsigned vcpus, unsigned memory_mib,
  * customer whose tasks now use *u. 1 yes, 0 it must stay queued. */
 int quota_allows_start(const struct quota *q, const struct usage *u, unsigned vcpus, unsigned memory_mib);
 
+/* quota_allows_start with the reason: 0, or -1 with err code
+ * "quota_exceeded" and a message naming the limit, e.g. "max_running: 4
+ * tasks and sessions are running, your quota's limit is 4". For sessions,
+ * which are refused rather than queued. */
+int quota_check_start(const struct quota *q, const struct usage *u, unsigned vcpus, unsigned memory_mib,
+		      struct kiln_err *err);
+
 /* ---- submit rate: token buckets ---- */
 
 /* One bucket: `burst` tokens, refilled at `rate` per second; a submission

@@ -73,6 +73,15 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	/* 2: the scheduler's and the per-state list's access paths */
 	"CREATE INDEX tasks_state ON tasks(state, seq);"
 	"CREATE INDEX tasks_customer_state ON tasks(customer, state, seq);",
+	/* 3: sessions (long-lived sandboxes) */
+	"CREATE TABLE sessions (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, state TEXT NOT NULL, host_id TEXT, vcpus INTEGER NOT NULL,"
+	"  memory_mib INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL, max_lifetime_s INTEGER NOT NULL,"
+	"  egress INTEGER NOT NULL DEFAULT 0, created_ms INTEGER NOT NULL, started_ms INTEGER NOT NULL,"
+	"  last_active_ms INTEGER NOT NULL, paused_ms INTEGER, ended_ms INTEGER, end_reason TEXT, metadata TEXT,"
+	"  snapshot TEXT, spec TEXT NOT NULL);"
+	"CREATE INDEX sessions_customer ON sessions(customer, seq);"
+	"CREATE INDEX sessions_state ON sessions(state, seq);",
 };
 
 /* ---- prepared statements ---- */
@@ -92,6 +101,18 @@ enum {
 		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
 #define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS
 
+/* Holding a VM: counted in the running quota. */
+#define SESS_HOLDING "('starting', 'running', 'pausing', 'resuming')"
+#define SESS_COLS                                                                                          \
+	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
+	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
+	" metadata, snapshot, spec, seq"
+enum {
+	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
+	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
+	SC_SEQ,
+};
+
 enum stmt_id {
 	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
 	ST_CUST_INSERT, ST_CUST_QUOTA, ST_CUST_SET_QUOTA, ST_CUST_GET,
@@ -101,6 +122,8 @@ enum stmt_id {
 	ST_CANCEL_NOW, ST_CANCEL_REQ, ST_CANCEL_PENDING, ST_CANCEL_SENT,
 	ST_LIST_ALL, ST_LIST_ALL_STATE, ST_LIST_CUST, ST_LIST_CUST_STATE,
 	ST_HOST_HB, ST_HOST_LIST, ST_HOST_LOST,
+	ST_SESS_INSERT, ST_SESS_GET, ST_SESS_DISCARD, ST_SESS_TRANS, ST_SESS_TOUCH, ST_SESS_SPEC, ST_SESS_HOLDING,
+	ST_SESS_LIST, ST_USAGE_SESS,
 	ST_COUNT
 };
 
@@ -128,8 +151,11 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_FAIR] = "SELECT " SCHED_BASE ", egress FROM (SELECT " SCHED_COLS ", row_number() OVER"
 		    " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
 		    " ORDER BY rn, seq LIMIT ?1",
-	[ST_USAGE_RUN] = "SELECT count(*), coalesce(sum(vcpus), 0), coalesce(sum(memory_mib), 0) FROM tasks"
-			 " WHERE customer = ?1 AND state IN ('scheduled', 'starting', 'running')",
+	/* Tasks placed and sessions holding a VM share the running quota. */
+	[ST_USAGE_RUN] = "SELECT count(*), coalesce(sum(vcpus), 0), coalesce(sum(memory_mib), 0) FROM"
+			 " (SELECT vcpus, memory_mib FROM tasks WHERE customer = ?1"
+			 " AND state IN ('scheduled', 'starting', 'running')"
+			 " UNION ALL SELECT vcpus, memory_mib FROM sessions WHERE customer = ?1 AND state IN " SESS_HOLDING ")",
 	[ST_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
 	[ST_CANCEL_NOW] = "UPDATE tasks SET state = 'cancelled', end_reason = 'cancelled', ended_ms = ?1,"
 			  " cancel_requested = 1 WHERE id = ?2 AND state IN ('queued', 'scheduled')",
@@ -148,6 +174,34 @@ static const char *const stmt_sql[ST_COUNT] = {
 		       " capacity = excluded.capacity, last_heartbeat_ms = excluded.last_heartbeat_ms, lost = 0",
 	[ST_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost FROM hosts ORDER BY id",
 	[ST_HOST_LOST] = "UPDATE hosts SET lost = ?1 WHERE id = ?2",
+	[ST_SESS_INSERT] = "INSERT INTO sessions(id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s,"
+			   " max_lifetime_s, egress, created_ms, started_ms, last_active_ms, metadata, spec)"
+			   " VALUES (?1, ?2, 'starting', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9, ?10, ?11)",
+	[ST_SESS_GET] = "SELECT " SESS_COLS " FROM sessions WHERE id = ?1",
+	[ST_SESS_DISCARD] = "DELETE FROM sessions WHERE id = ?1 AND state = 'starting'",
+	/* ?1 to, ?2 host (NULL keep, '' clear), ?3 reason (same), ?4 snapshot
+	 * (NULL keep), ?5 now, ?6 id, ?7 from. */
+	[ST_SESS_TRANS] = "UPDATE sessions SET state = ?1,"
+			  " host_id = CASE WHEN ?2 IS NULL THEN host_id WHEN ?2 = '' THEN NULL ELSE ?2 END,"
+			  " end_reason = CASE WHEN ?3 IS NULL THEN end_reason WHEN ?3 = '' THEN NULL ELSE ?3 END,"
+			  " snapshot = coalesce(?4, snapshot),"
+			  " started_ms = CASE WHEN ?1 = 'running' AND ?7 IN ('starting', 'resuming') THEN ?5"
+			  "  ELSE started_ms END,"
+			  " last_active_ms = CASE WHEN ?1 = 'running' AND ?7 IN ('starting', 'resuming') THEN ?5"
+			  "  ELSE last_active_ms END,"
+			  " paused_ms = CASE WHEN ?1 = 'paused' THEN ?5 ELSE paused_ms END,"
+			  " ended_ms = CASE WHEN ?1 IN ('destroyed', 'error') THEN ?5"
+			  "  WHEN ?1 IN ('running', 'resuming') THEN NULL ELSE ended_ms END"
+			  " WHERE id = ?6 AND state = ?7",
+	[ST_SESS_TOUCH] = "UPDATE sessions SET last_active_ms = max(last_active_ms, ?1) WHERE id = ?2",
+	[ST_SESS_SPEC] = "SELECT spec FROM sessions WHERE id = ?1",
+	[ST_SESS_HOLDING] = "SELECT " SESS_COLS " FROM sessions WHERE state IN " SESS_HOLDING " ORDER BY seq LIMIT ?1",
+	/* ?1 customer (NULL: all), ?2 state (NULL: all but destroyed; 'all'), ?3 before seq, ?4 limit */
+	[ST_SESS_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
+			 " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 ELSE state = ?2 END)"
+			 " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
+	[ST_USAGE_SESS] = "SELECT coalesce(sum(state IN " SESS_HOLDING "), 0), coalesce(sum(state = 'paused'), 0)"
+			  " FROM sessions WHERE customer = ?1",
 };
 
 /* ---- the key cache ---- */
@@ -1171,6 +1225,25 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 	return n < 0 ? -1 : n > 0;
 }
 
+/* Tasks placed and sessions holding a VM: count, vCPUs, memory (s->lock held). */
+static int running_usage_locked(struct store *s, const char *customer, struct usage *u)
+{
+	sqlite3_stmt *st = stmt(s, ST_USAGE_RUN);
+	int r = -EIO;
+
+	if (!st)
+		return -EIO;
+	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
+	if (step_done(s, st) == SQLITE_ROW) {
+		u->running = (unsigned)sqlite3_column_int64(st, 0);
+		u->vcpus = (unsigned)sqlite3_column_int64(st, 1);
+		u->memory_mib = (uint64_t)sqlite3_column_int64(st, 2);
+		r = 0;
+	}
+	sqlite3_reset(st);
+	return r;
+}
+
 int store_task_schedule(struct store *s, const char *id, const char *host_id)
 {
 	int64_t now = wall_ms();
@@ -1201,16 +1274,8 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	}
 	if (customer_quota_locked(s, customer, &q) < 0)
 		quota_defaults(&q); /* a task whose customer row is gone still runs under the defaults */
-	st = stmt(s, ST_USAGE_RUN);
-	if (!st)
+	if (running_usage_locked(s, customer, &u) < 0)
 		goto rollback;
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW) {
-		u.running = (unsigned)sqlite3_column_int64(st, 0);
-		u.vcpus = (unsigned)sqlite3_column_int64(st, 1);
-		u.memory_mib = (uint64_t)sqlite3_column_int64(st, 2);
-	}
-	sqlite3_reset(st);
 	if (!quota_allows_start(&q, &u, vcpus, mem)) {
 		r = -EDQUOT;
 		goto rollback;
@@ -1430,23 +1495,24 @@ int store_customer_usage(struct store *s, const char *customer, struct usage *u)
 
 	memset(u, 0, sizeof(*u));
 	pthread_mutex_lock(&s->lock);
-	st = stmt(s, ST_USAGE_RUN);
-	if (st) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		if (step_done(s, st) == SQLITE_ROW) {
-			u->running = (unsigned)sqlite3_column_int64(st, 0);
-			u->vcpus = (unsigned)sqlite3_column_int64(st, 1);
-			u->memory_mib = (uint64_t)sqlite3_column_int64(st, 2);
-			r = 0;
-		}
-		sqlite3_reset(st);
-	}
+	r = running_usage_locked(s, customer, u);
 	st = r == 0 ? stmt(s, ST_USAGE_QUEUED) : NULL;
 	if (st) {
 		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
 		r = -EIO;
 		if (step_done(s, st) == SQLITE_ROW) {
 			u->queued = (unsigned)sqlite3_column_int64(st, 0);
+			r = 0;
+		}
+		sqlite3_reset(st);
+	}
+	st = r == 0 ? stmt(s, ST_USAGE_SESS) : NULL;
+	if (st) {
+		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
+		r = -EIO;
+		if (step_done(s, st) == SQLITE_ROW) {
+			u->sessions = (unsigned)sqlite3_column_int64(st, 0);
+			u->paused_sessions = (unsigned)sqlite3_column_int64(st, 1);
 			r = 0;
 		}
 		sqlite3_reset(st);
@@ -1523,4 +1589,414 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost)
 	if (rc != SQLITE_DONE)
 		return -EIO;
 	return n ? 0 : -ENOENT;
+}
+
+/* ---- sessions ---- */
+
+static const char *const session_names[SESSION_STATE_COUNT] = {
+	"starting", "running", "pausing", "paused", "resuming", "destroyed", "error",
+};
+
+const char *session_state_name(enum session_state st)
+{
+	return st < SESSION_STATE_COUNT ? session_names[st] : "unknown";
+}
+
+enum session_state session_state_parse(const char *str)
+{
+	for (int i = 0; str && i < SESSION_STATE_COUNT; i++)
+		if (!strcmp(str, session_names[i]))
+			return (enum session_state)i;
+	return SESSION_STATE_COUNT;
+}
+
+static void session_row(sqlite3_stmt *st, struct store_session *out)
+{
+	memset(out, 0, sizeof(*out));
+	copy_col(st, SC_ID, out->id, sizeof(out->id));
+	copy_col(st, SC_CUSTOMER, out->customer, sizeof(out->customer));
+	copy_col(st, SC_HOST, out->host_id, sizeof(out->host_id));
+	out->state = session_state_parse(col_text(st, SC_STATE));
+	out->vcpus = (unsigned)sqlite3_column_int64(st, SC_VCPUS);
+	out->memory_mib = (unsigned)sqlite3_column_int64(st, SC_MEMORY);
+	out->idle_timeout_s = (unsigned)sqlite3_column_int64(st, SC_IDLE);
+	out->max_lifetime_s = (unsigned)sqlite3_column_int64(st, SC_LIFETIME);
+	out->egress = sqlite3_column_int(st, SC_EGRESS);
+	out->has_snapshot = sqlite3_column_int(st, SC_HAS_SNAP);
+	out->created_ms = sqlite3_column_int64(st, SC_CREATED);
+	out->started_ms = sqlite3_column_int64(st, SC_STARTED);
+	out->last_active_ms = sqlite3_column_int64(st, SC_ACTIVE);
+}
+
+/* The public JSON of the session row st is on. */
+static json_t *session_row_json(sqlite3_stmt *st)
+{
+	const char *md = col_text(st, SC_METADATA), *snap = col_text(st, SC_SNAPSHOT), *spec = col_text(st, SC_SPEC);
+	json_t *sp = spec ? json_loads(spec, 0, NULL) : NULL, *limits, *net, *j;
+	enum session_state state = session_state_parse(col_text(st, SC_STATE));
+	json_t *expires = json_null();
+
+	limits = json_object_get(sp, "limits");
+	net = json_object_get(sp, "network");
+	if (session_state_holds(state)) {
+		/* The earlier of the idle deadline and the end of its lifetime. */
+		int64_t idle = sqlite3_column_int64(st, SC_ACTIVE) + sqlite3_column_int64(st, SC_IDLE) * 1000;
+		int64_t life = sqlite3_column_int64(st, SC_STARTED) + sqlite3_column_int64(st, SC_LIFETIME) * 1000;
+
+		expires = json_integer(idle < life ? idle : life);
+	}
+	j = json_pack("{s:s, s:s, s:s, s:o, s:s, s:O, s:O, s:I, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
+		      "id", col_text(st, SC_ID), "customer", col_text(st, SC_CUSTOMER), "state",
+		      session_state_name(state), "host", opt_str(st, SC_HOST), "image", "default", "limits",
+		      limits ? limits : json_null(), "network", net ? net : json_null(), "idle_timeout_s",
+		      (json_int_t)sqlite3_column_int64(st, SC_IDLE), "max_lifetime_s",
+		      (json_int_t)sqlite3_column_int64(st, SC_LIFETIME), "metadata",
+		      md ? json_loads(md, 0, NULL) : json_null(), "created_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_CREATED), "started_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_STARTED), "last_active_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_ACTIVE), "paused_at", opt_int(st, SC_PAUSED), "ended_at",
+		      opt_int(st, SC_ENDED), "expires_at", expires, "end_reason", opt_str(st, SC_END_REASON),
+		      "snapshot", snap ? json_loads(snap, 0, NULL) : json_null());
+	json_decref(sp);
+	return j;
+}
+
+int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err)
+{
+	int64_t now = wall_ms();
+	unsigned char rnd[16];
+	struct quota q;
+	struct usage u = { 0 };
+	sqlite3_stmt *st;
+	char id[40];
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	if (run(s, ST_BEGIN) != SQLITE_DONE) {
+		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		goto out;
+	}
+	if (customer_quota_locked(s, n->customer, &q) < 0) {
+		kiln_err_set(err, "store_error", "cannot read the quotas of %s", n->customer);
+		goto rollback;
+	}
+	if (running_usage_locked(s, n->customer, &u) < 0) {
+		kiln_err_set(err, "store_error", "cannot read the usage of %s", n->customer);
+		goto rollback;
+	}
+	if (quota_check_start(&q, &u, n->vcpus, n->memory_mib, err) < 0) {
+		r = -EDQUOT;
+		goto rollback;
+	}
+	/* 128 random bits, as task ids. */
+	if (random_bytes(rnd, sizeof(rnd)) < 0) {
+		kiln_err_set(err, "internal", "no randomness");
+		goto rollback;
+	}
+	memcpy(id, "s_", 2);
+	hex(rnd, sizeof(rnd), id + 2);
+	st = stmt(s, ST_SESS_INSERT);
+	if (!st)
+		goto fail_sql;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, n->customer, -1, SQLITE_STATIC);
+	bind_opt_text(st, 3, n->host_id);
+	sqlite3_bind_int64(st, 4, n->vcpus);
+	sqlite3_bind_int64(st, 5, n->memory_mib);
+	sqlite3_bind_int64(st, 6, n->idle_timeout_s);
+	sqlite3_bind_int64(st, 7, n->max_lifetime_s);
+	sqlite3_bind_int(st, 8, n->egress ? 1 : 0);
+	sqlite3_bind_int64(st, 9, now);
+	bind_opt_text(st, 10, n->metadata_json);
+	sqlite3_bind_text(st, 11, n->spec_json, -1, SQLITE_STATIC);
+	if (step_done(s, st) != SQLITE_DONE) {
+		sqlite3_reset(st);
+		goto fail_sql;
+	}
+	sqlite3_reset(st);
+	if (run(s, ST_COMMIT) != SQLITE_DONE)
+		goto fail_sql;
+	memcpy(id_out, id, strlen(id) + 1);
+	r = 0;
+	goto out;
+fail_sql:
+	kiln_err_set(err, "store_error", "cannot store the session: %s", sqlite3_errmsg(s->db));
+rollback:
+	run(s, ST_ROLLBACK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_discard(struct store *s, const char *id)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR, n = 0;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_DISCARD);
+	if (st) {
+		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		rc = step_done(s, st);
+		n = sqlite3_changes(s->db);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc == SQLITE_DONE && n > 0;
+}
+
+/* s->lock held: the compare-and-set UPDATE; rows changed or -1. */
+static int session_transition_locked(struct store *s, const char *id, enum session_state from,
+				     enum session_state to, const char *host_id, const char *reason,
+				     const char *snapshot, int64_t now)
+{
+	sqlite3_stmt *st = stmt(s, ST_SESS_TRANS);
+	int rc, n;
+
+	if (!st)
+		return -1;
+	sqlite3_bind_text(st, 1, session_state_name(to), -1, SQLITE_STATIC);
+	bind_opt_text(st, 2, host_id);
+	bind_opt_text(st, 3, reason);
+	bind_opt_text(st, 4, snapshot);
+	sqlite3_bind_int64(st, 5, now);
+	sqlite3_bind_text(st, 6, id, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 7, session_state_name(from), -1, SQLITE_STATIC);
+	rc = step_done(s, st);
+	n = sqlite3_changes(s->db);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? n : -1;
+}
+
+int store_session_transition(struct store *s, const char *id, enum session_state from, enum session_state to,
+			     const char *host_id, const char *reason, json_t *snapshot)
+{
+	char *snap = snapshot ? json_dumps(snapshot, JSON_COMPACT) : NULL;
+	int n;
+
+	if (from >= SESSION_STATE_COUNT || to >= SESSION_STATE_COUNT || from == to || (snapshot && !snap)) {
+		free(snap);
+		return -1;
+	}
+	pthread_mutex_lock(&s->lock);
+	n = session_transition_locked(s, id, from, to, host_id, reason, snap, wall_ms());
+	pthread_mutex_unlock(&s->lock);
+	free(snap);
+	if (n > 0) {
+		/* Long-polls and other waiters on the store see sessions change too. */
+		changed(s, id, "session", NULL);
+	}
+	return n < 0 ? -1 : n > 0;
+}
+
+int store_session_resume_begin(struct store *s, const char *id, const char *customer, const char *host_id,
+			       enum session_state *prev, struct kiln_err *err)
+{
+	struct store_session cur;
+	struct quota q;
+	struct usage u = { 0 };
+	sqlite3_stmt *st;
+	int r = -1, found = 0;
+
+	*prev = SESSION_STATE_COUNT;
+	pthread_mutex_lock(&s->lock);
+	if (run(s, ST_BEGIN) != SQLITE_DONE) {
+		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		goto out;
+	}
+	st = stmt(s, ST_SESS_GET);
+	if (!st)
+		goto fail_sql;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		session_row(st, &cur);
+		found = !customer || !strcmp(customer, cur.customer);
+	}
+	sqlite3_reset(st);
+	if (!found) {
+		r = 0;
+		goto rollback;
+	}
+	*prev = cur.state;
+	if (!(cur.state == SESSION_PAUSED || (cur.state == SESSION_ERROR && cur.has_snapshot))) {
+		r = 0;
+		goto rollback;
+	}
+	if (customer_quota_locked(s, cur.customer, &q) < 0)
+		quota_defaults(&q);
+	if (running_usage_locked(s, cur.customer, &u) < 0)
+		goto fail_sql;
+	if (quota_check_start(&q, &u, cur.vcpus, cur.memory_mib, err) < 0) {
+		r = -EDQUOT;
+		goto rollback;
+	}
+	if (session_transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, "", NULL, wall_ms()) != 1)
+		goto fail_sql;
+	if (run(s, ST_COMMIT) != SQLITE_DONE)
+		goto fail_sql;
+	r = 1;
+	goto out;
+fail_sql:
+	kiln_err_set(err, "store_error", "cannot resume the session: %s", sqlite3_errmsg(s->db));
+rollback:
+	run(s, ST_ROLLBACK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	if (r == 1)
+		changed(s, id, "session", NULL);
+	return r;
+}
+
+int store_session_get(struct store *s, const char *id, const char *customer, struct store_session *out)
+{
+	sqlite3_stmt *st;
+	int r = -ENOENT;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_GET);
+	if (st) {
+		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		if (sqlite3_step(st) == SQLITE_ROW &&
+		    (!customer || !strcmp(customer, col_text(st, SC_CUSTOMER) ? col_text(st, SC_CUSTOMER) : ""))) {
+			session_row(st, out);
+			r = 0;
+		}
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+json_t *store_session_json(struct store *s, const char *id, const char *customer)
+{
+	sqlite3_stmt *st;
+	json_t *j = NULL;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_GET);
+	if (st) {
+		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		if (sqlite3_step(st) == SQLITE_ROW &&
+		    (!customer || !strcmp(customer, col_text(st, SC_CUSTOMER) ? col_text(st, SC_CUSTOMER) : "")))
+			j = session_row_json(st);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return j;
+}
+
+json_t *store_session_list(struct store *s, const char *customer, const char *state, unsigned limit,
+			   const char *cursor, char **next_cursor, struct kiln_err *err)
+{
+	int64_t before = INT64_MAX, last = 0;
+	sqlite3_stmt *st;
+	json_t *arr;
+	unsigned n = 0;
+	int rc;
+
+	*next_cursor = NULL;
+	if (limit < 1 || limit > 1000) {
+		kiln_err_set(err, "invalid_request", "limit: must be from 1 to 100");
+		return NULL;
+	}
+	if (state && strcmp(state, "all") && session_state_parse(state) == SESSION_STATE_COUNT) {
+		kiln_err_set(err, "invalid_request", "state: unknown state");
+		return NULL;
+	}
+	if (cursor) {
+		char *end;
+
+		errno = 0;
+		before = strtoll(cursor, &end, 10);
+		if (!*cursor || *end || errno || before < 1 || cursor[0] == '+' || cursor[0] == ' ') {
+			kiln_err_set(err, "invalid_request", "cursor: not one this API gave out");
+			return NULL;
+		}
+	}
+	arr = json_array();
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_LIST);
+	if (!st) {
+		pthread_mutex_unlock(&s->lock);
+		json_decref(arr);
+		kiln_err_set(err, "store_error", "cannot list sessions");
+		return NULL;
+	}
+	bind_opt_text(st, 1, customer);
+	bind_opt_text(st, 2, state);
+	sqlite3_bind_int64(st, 3, before);
+	sqlite3_bind_int64(st, 4, (sqlite3_int64)limit + 1);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		if (n == limit) {
+			if (asprintf(next_cursor, "%lld", (long long)last) < 0)
+				*next_cursor = NULL;
+			break;
+		}
+		json_array_append_new(arr, session_row_json(st));
+		last = sqlite3_column_int64(st, SC_SEQ);
+		n++;
+	}
+	sqlite3_reset(st);
+	pthread_mutex_unlock(&s->lock);
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+		json_decref(arr);
+		free(*next_cursor);
+		*next_cursor = NULL;
+		kiln_err_set(err, "store_error", "cannot list sessions");
+		return NULL;
+	}
+	return arr;
+}
+
+char *store_session_spec(struct store *s, const char *id)
+{
+	sqlite3_stmt *st;
+	char *spec = NULL;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_SPEC);
+	if (st) {
+		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		if (sqlite3_step(st) == SQLITE_ROW && col_text(st, 0))
+			spec = strdup(col_text(st, 0));
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return spec;
+}
+
+int store_session_touch(struct store *s, const char *id)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_TOUCH);
+	if (st) {
+		sqlite3_bind_int64(st, 1, wall_ms());
+		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+		rc = step_done(s, st);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc == SQLITE_DONE ? 0 : -1;
+}
+
+int store_sessions_holding(struct store *s, struct store_session *out, int max)
+{
+	sqlite3_stmt *st;
+	int n = 0;
+
+	if (max <= 0)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, ST_SESS_HOLDING);
+	if (st) {
+		sqlite3_bind_int(st, 1, max);
+		while (n < max && step_done(s, st) == SQLITE_ROW)
+			session_row(st, &out[n++]);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return n;
 }

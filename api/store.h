@@ -31,6 +31,7 @@ struct quota {
 	unsigned submit_burst;       /* ... and bucket size (429 beyond) */
 	unsigned max_queued;         /* tasks queued/scheduled at once (429 beyond) */
 	int allow_egress;            /* 0: tasks asking for network egress get 400 */
+	int session_auto_pause;      /* idle/lifetime limits pause sessions (else destroy them) */
 };
 
 /* Task states (docs/api.md). */
@@ -134,11 +135,14 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
  * and recovery. Returns the number filled. */
 int store_tasks_in_state(struct store *s, enum task_state state, struct store_task *out, int max);
 
-/* Use of one customer now: tasks scheduled/starting/running and their vCPUs
- * and memory, tasks queued. */
+/* Use of one customer now: tasks scheduled/starting/running and sessions
+ * holding a VM, with their vCPUs and memory; tasks queued; sessions. */
 struct usage {
 	unsigned running, vcpus, queued;
 	uint64_t memory_mib;
+	/* Sessions holding a VM (starting, running, pausing, resuming: counted
+	 * in running, vcpus and memory_mib above too) and paused ones (not). */
+	unsigned sessions, paused_sessions;
 };
 int store_customer_usage(struct store *s, const char *customer, struct usage *u);
 
@@ -155,7 +159,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 
 /* The database's schema version (after migrations: STORE_SCHEMA_VERSION). */
 int store_schema_version(struct store *s);
@@ -229,5 +233,104 @@ void store_wake_all(struct store *s);
 
 /* A customer's row {"id","name","created_at","quotas"} or NULL. */
 json_t *store_customer_json(struct store *s, const char *id);
+
+/* ==== Sessions (docs/api.md, "Sessions") ====
+ * A session is a long-lived sandbox on one host. Its row holds what it was
+ * created with (the spec sent to a host on create and on every resume) and
+ * where it is. starting, running, pausing and resuming hold a VM on a host and
+ * count against the customer's running quota like tasks do; paused, destroyed
+ * and error do not. Every change of state is a compare-and-set. */
+
+enum session_state {
+	SESSION_STARTING,            /* being created on its host */
+	SESSION_RUNNING,
+	SESSION_PAUSING,             /* its host saves it to S3 */
+	SESSION_PAUSED,              /* only in S3: no host, no VM */
+	SESSION_RESUMING,            /* a host restores it from S3 */
+	SESSION_DESTROYED,
+	SESSION_ERROR,               /* lost (end_reason says why); a snapshot it has stays resumable */
+	SESSION_STATE_COUNT
+};
+const char *session_state_name(enum session_state s);
+enum session_state session_state_parse(const char *s); /* SESSION_STATE_COUNT if unknown */
+/* The states in which a session holds a VM (and quota). */
+static inline int session_state_holds(enum session_state s)
+{
+	return s == SESSION_STARTING || s == SESSION_RUNNING || s == SESSION_PAUSING || s == SESSION_RESUMING;
+}
+
+/* A session row as the HTTP layer and the reaper need it. */
+struct store_session {
+	char id[40];
+	char customer[65];
+	char host_id[65];            /* "" when on no host */
+	enum session_state state;
+	unsigned vcpus, memory_mib;
+	unsigned idle_timeout_s, max_lifetime_s;
+	int egress;                  /* the spec asks for network egress */
+	int has_snapshot;            /* paused at least once: resumable from S3 */
+	int64_t created_ms;
+	int64_t started_ms;          /* created or latest resumed: max_lifetime_s counts from here */
+	int64_t last_active_ms;      /* latest exec/files call (start or end) */
+};
+
+struct store_session_new {
+	const char *customer;
+	const char *spec_json;       /* {"limits":{...},"network":{...}}: sent to hosts as is */
+	const char *metadata_json;   /* may be NULL */
+	unsigned vcpus, memory_mib, idle_timeout_s, max_lifetime_s;
+	int egress;
+	const char *host_id;         /* where it is being created */
+};
+
+/* Insert a session in state starting on n->host_id if the customer's running
+ * quota (tasks and sessions together: max_running, max_vcpus,
+ * max_memory_mib) leaves room: checked and inserted in one transaction.
+ * Returns 0 with the new id ("s_" + 32 hex digits) in id_out; -EDQUOT with
+ * err code "quota_exceeded" naming the limit; -1 with err set otherwise. */
+int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err);
+
+/* Remove a session that never reached running (its host refused it), only
+ * while it is starting. 1 removed, 0 not. */
+int store_session_discard(struct store *s, const char *id);
+
+/* paused, or error with a snapshot -> resuming on host_id, if the running
+ * quota leaves room (one transaction, as store_session_create). Returns 1
+ * moved (*prev: the state it left); 0 not resumable now (*prev: its state,
+ * SESSION_STATE_COUNT when there is no such session of this customer);
+ * -EDQUOT with err "quota_exceeded"; -1 error. customer NULL: any. */
+int store_session_resume_begin(struct store *s, const char *id, const char *customer, const char *host_id,
+			       enum session_state *prev, struct kiln_err *err);
+
+/* Compare-and-set: from -> to, only if the session is in `from` now.
+ * host_id: NULL keeps it, "" clears it, else sets it. reason: end_reason,
+ * NULL keeps, "" clears. snapshot: the snapshot JSON (pause reply), NULL
+ * keeps. Timestamps follow: starting/resuming -> running sets started_ms and
+ * last_active_ms; -> paused sets paused_ms; -> destroyed/error sets
+ * ended_ms. Returns 1 moved, 0 not, -1 error. */
+int store_session_transition(struct store *s, const char *id, enum session_state from, enum session_state to,
+			     const char *host_id, const char *reason, json_t *snapshot);
+
+/* The row, if it belongs to customer (NULL: any). 0, or -ENOENT. */
+int store_session_get(struct store *s, const char *id, const char *customer, struct store_session *out);
+
+/* The public JSON (docs/api.md) of a session of customer (NULL: any), or NULL. */
+json_t *store_session_json(struct store *s, const char *id, const char *customer);
+
+/* The customer's (NULL: every customer's) sessions, newest first, as
+ * store_task_list pages tasks; state NULL: every state but destroyed,
+ * "all": every state. */
+json_t *store_session_list(struct store *s, const char *customer, const char *state, unsigned limit,
+			   const char *cursor, char **next_cursor, struct kiln_err *err);
+
+/* The spec JSON text the session was created with (caller frees) or NULL. */
+char *store_session_spec(struct store *s, const char *id);
+
+/* last_active_ms = now (an exec or files call started or ended). */
+int store_session_touch(struct store *s, const char *id);
+
+/* Sessions that hold a VM (starting, running, pausing, resuming), oldest
+ * first, at most max; for the reaper. Returns the number filled. */
+int store_sessions_holding(struct store *s, struct store_session *out, int max);
 
 #endif

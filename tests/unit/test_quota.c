@@ -121,6 +121,20 @@ static void test_quota_json(void **state)
 	j = json_pack("{s:s}", "allow_egress", "yes");
 	assert_int_equal(quota_from_json(j, "", &r, &err), -1);
 	json_decref(j);
+	/* session_auto_pause: a boolean, false by default. */
+	quota_defaults(&q);
+	assert_int_equal(q.session_auto_pause, 0);
+	j = json_pack("{s:b}", "session_auto_pause", 1);
+	assert_int_equal(quota_from_json(j, "", &q, &err), 0);
+	json_decref(j);
+	assert_int_equal(q.session_auto_pause, 1);
+	j = quota_to_json(&q);
+	assert_true(json_is_true(json_object_get(j, "session_auto_pause")));
+	json_decref(j);
+	j = json_pack("{s:i}", "session_auto_pause", 1);
+	assert_int_equal(quota_from_json(j, "quotas", &q, &err), -1);
+	assert_non_null(strstr(err.message, "quotas.session_auto_pause: must be true or false"));
+	json_decref(j);
 }
 
 static void test_checks(void **state)
@@ -153,6 +167,20 @@ static void test_checks(void **state)
 	assert_int_equal(quota_allows_start(&q, &u, 2, 513), 0);
 	u.running = 2;
 	assert_int_equal(quota_allows_start(&q, &u, 1, 128), 0);
+
+	/* The same checks with the limit named (sessions are refused, not queued). */
+	u.running = 1;
+	assert_int_equal(quota_check_start(&q, &u, 2, 512, &err), 0);
+	assert_int_equal(quota_check_start(&q, &u, 3, 512, &err), -1);
+	assert_string_equal(err.code, "quota_exceeded");
+	assert_string_equal(err.message, "max_vcpus: 2 vCPUs are in use, 3 more would exceed your quota of 4");
+	assert_int_equal(quota_check_start(&q, &u, 2, 513, &err), -1);
+	assert_non_null(strstr(err.message, "max_memory_mib: 512 MiB are in use, 513 more"));
+	u.running = 2;
+	assert_int_equal(quota_check_start(&q, &u, 1, 128, &err), -1);
+	assert_string_equal(err.message, "max_running: 2 tasks and sessions are running, your quota's limit is 2");
+	q.max_running = 0, q.max_vcpus = 0, q.max_memory_mib = 0; /* 0: no limit */
+	assert_int_equal(quota_check_start(&q, &u, 16, 16384, &err), 0);
 }
 
 static void test_task_request(void **state)

@@ -115,15 +115,17 @@ static void test_migrations(void **state)
 	customer(s, "acme", NULL);
 	store_close(s);
 	assert_int_equal(sql_int("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'"), 1);
-	/* Make it a version-1 database (without migration 2's indexes) and
-	 * open it again: migration 2 runs, the data stays. */
-	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; UPDATE schema_version SET version = 1");
+	/* Make it a version-1 database (without migration 2's indexes and 3's
+	 * sessions) and open it again: migrations 2 and 3 run, the data stays. */
+	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
+	    " UPDATE schema_version SET version = 1");
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
 	assert_int_equal(store_customer_quota(s, "acme", &q), 0);
 	store_close(s);
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'sessions'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
 	/* Opening twice more changes nothing. */
 	s = open_ok();
