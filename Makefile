@@ -86,7 +86,7 @@ $(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
 
 $(B)/kiln-jail: $(B)/jail/main.o $(B)/libkiln-host.a $(B)/libkiln.a
-	$(CC) $(LDFLAGS) -o $@ $^ -lseccomp
+	$(CC) $(LDFLAGS) -o $@ $^ -lseccomp -lcrypto
 
 $(B)/kiln-init: $(GUEST_OBJS)
 	$(CC) -static -o $@ $^

@@ -25,6 +25,7 @@
  * milliseconds; only a process outside the task's uid still holding them
  * (a set-uid helper) could keep them open, and EXIT must not wait on it. */
 #define TASK_DRAIN_MS 5000
+#define TASK_KEEP_DRAIN_MS 300
 
 static const char task_default_path_env[] = "PATH=" TASK_DEFAULT_PATH;
 
@@ -410,9 +411,14 @@ static int task_loop(struct agent *a, struct task *t)
 			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0) {
 				t->end_us = proto_now_us();
 				t->exited = 1;
-				/* Daemons and stray children of the task die with it. */
-				task_kill_uid(t->e->uid);
-				t->drain_deadline_ms = proto_now_ms() + TASK_DRAIN_MS;
+				/* Daemons and stray children of the task die with it,
+				 * unless it is a session's command (they stay). */
+				if (!(t->e->flags & PROTO_EXEC_KEEP))
+					task_kill_uid(t->e->uid);
+				/* A session's background job that kept the pipes
+				 * open would hold every command up: a short grace. */
+				t->drain_deadline_ms = proto_now_ms() +
+						       ((t->e->flags & PROTO_EXEC_KEEP) ? TASK_KEEP_DRAIN_MS : TASK_DRAIN_MS);
 			}
 		}
 		if (p[2].revents) {

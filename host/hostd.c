@@ -1477,3 +1477,69 @@ char *hostd_metrics(struct hostd *d)
 	fclose(f);
 	return out;
 }
+
+int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
+{
+	uint64_t free_mib;
+
+	pthread_mutex_lock(&d->lock);
+	if (d->stopping) {
+		pthread_mutex_unlock(&d->lock);
+		return kiln_err_set(err, "no_capacity", "kiln-host is shutting down");
+	}
+	if (d->vcpus_used + vcpus > d->cfg.vcpus_total) {
+		kiln_err_set(err, "no_capacity", "not enough vCPUs: %u requested, %u of %u in use", vcpus, d->vcpus_used,
+			     d->cfg.vcpus_total);
+		pthread_mutex_unlock(&d->lock);
+		return -1;
+	}
+	if (!capacity_reserve(d->cap, memory_mib)) {
+		pthread_mutex_lock(&d->cap->lock);
+		free_mib = d->cap->total_mib - d->cap->used_mib;
+		pthread_mutex_unlock(&d->cap->lock);
+		kiln_err_set(err, "no_capacity", "not enough memory: %u MiB requested, %llu MiB free", memory_mib,
+			     (unsigned long long)free_mib);
+		pthread_mutex_unlock(&d->lock);
+		return -1;
+	}
+	d->vcpus_used += vcpus;
+	pthread_mutex_unlock(&d->lock);
+	return 0;
+}
+
+void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib)
+{
+	pthread_mutex_lock(&d->lock);
+	d->vcpus_used -= vcpus;
+	pthread_mutex_unlock(&d->lock);
+	capacity_release(d->cap, memory_mib);
+}
+
+const struct run_opts *hostd_run_opts(const struct hostd *d)
+{
+	return &d->ro;
+}
+
+int hostd_s3_take(struct hostd *d, struct hostd_s3 *out)
+{
+	struct s3_copy cp;
+	int have;
+
+	pthread_mutex_lock(&d->lock);
+	have = d->have_s3;
+	if (have)
+		s3_copy_take(d, &cp);
+	pthread_mutex_unlock(&d->lock);
+	if (!have)
+		return -1;
+	out->c = cp.c;
+	memcpy(out->s, cp.s, sizeof(out->s));
+	return 0;
+}
+
+void hostd_s3_free(struct hostd_s3 *s)
+{
+	for (int i = 0; i < 5; i++)
+		free(s->s[i]);
+	memset(s, 0, sizeof(*s));
+}

@@ -86,6 +86,21 @@ long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, ch
 
 /* GET /v1/capacity and GET /metrics bodies (caller frees / decrefs). */
 json_t *hostd_capacity_json(struct hostd *d);
+
+/* Capacity for work that is not a task (sessions): reserve vCPUs and guest
+ * memory, or refuse with err "no_capacity" naming which; and give it back. */
+int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err);
+void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib);
+/* The run options tasks use (image, snapshots, network, jail). */
+const struct run_opts *hostd_run_opts(const struct hostd *d);
+/* A private copy of the current S3 settings (SIGHUP may replace them):
+ * 0, or -1 when there are none. Free with hostd_s3_free. */
+struct hostd_s3 {
+	struct s3_config c;
+	char *s[5];
+};
+int hostd_s3_take(struct hostd *d, struct hostd_s3 *out);
+void hostd_s3_free(struct hostd_s3 *s);
 char *hostd_metrics(struct hostd *d);
 
 /* Replace the S3 settings (SIGHUP after a config fix); pending uploads retry

@@ -55,6 +55,7 @@ struct run_ctx {
 	unsigned reserved_mib;      /* held in opts->cap until the end */
 	uint8_t *iobuf;             /* PROTO_MAX_PAYLOAD bytes for outgoing frames */
 	struct proto_exec exec_msg; /* per task: run_task runs on many threads at once */
+	unsigned exec_flags;        /* extra PROTO_EXEC_* (a session's PROTO_EXEC_KEEP) */
 };
 
 static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
@@ -160,6 +161,7 @@ static int send_exec(struct run_ctx *c)
 	 * imported: python tasks run in it (kiln-init falls back to exec). */
 	if (c->spec->language == SPEC_LANG_PYTHON && strcmp(c->start, "cold"))
 		mp->flags |= PROTO_EXEC_ZYGOTE;
+	mp->flags |= c->exec_flags;
 	mp->uid = mp->gid = 1000; /* the guest's unprivileged `sandbox` user */
 	snprintf(mp->cwd, sizeof(mp->cwd), "%s", c->spec->cwd);
 	mp->argc = (uint32_t)c->spec->argc;
@@ -636,4 +638,102 @@ done:
 	free(c->iobuf);
 	free(c);
 	return result;
+}
+
+/* ---- sessions: commands in a VM that outlives them ---------------------- */
+
+static struct run_ctx *session_ctx(struct vm *vm, const struct task_spec *spec, const struct run_opts *opts)
+{
+	struct run_ctx *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->spec = spec;
+	c->opts = opts;
+	c->t0 = proto_now_us();
+	c->t_ready = c->t0;
+	c->budget = (uint64_t)spec->output_mib << 20;
+	c->outputs = json_array();
+	c->outdir_fd = -1;
+	c->iobuf = malloc(PROTO_MAX_PAYLOAD);
+	c->start = "session";
+	c->exec_flags = PROTO_EXEC_KEEP;
+	c->vm = *vm; /* moved back by session_ctx_free: one owner at a time */
+	if (!c->iobuf || !c->outputs) {
+		json_decref(c->outputs);
+		free(c->iobuf);
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static void session_ctx_free(struct run_ctx *c, struct vm *vm)
+{
+	*vm = c->vm;
+	if (c->outdir_fd >= 0)
+		close(c->outdir_fd);
+	json_decref(c->outputs);
+	textbuf_free(&c->out);
+	textbuf_free(&c->errb);
+	free(c->iobuf);
+	free(c);
+}
+
+json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const struct run_opts *opts)
+{
+	struct run_ctx *c = session_ctx(vm, spec, opts);
+	int failed = 1;
+	json_t *result;
+
+	if (!c)
+		return json_pack("{s:s, s:s, s:{s:s, s:s}}", "state", "error", "end_reason", "vm_error", "error", "code",
+				 "host_error", "message", "out of memory");
+	c->vm.cancel_fd = opts->vm.cancel_fd > 0 ? opts->vm.cancel_fd : -1;
+	if (send_files(c) == 0 && send_exec(c) == 0 && run_loop(c) == 0)
+		failed = 0;
+	c->t_collected = c->t_exit;
+	result = build_result(c, failed);
+	json_object_del(result, "outputs");
+	json_object_del(result, "network");
+	c->vm.cancel_fd = -1;
+	session_ctx_free(c, vm);
+	return result;
+}
+
+json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, struct kiln_err *err)
+{
+	struct task_spec spec = { .output_mib = (uint32_t)(budget >> 20) };
+	struct run_opts opts = { 0 };
+	struct run_ctx *c = session_ctx(vm, &spec, &opts);
+	json_t *outputs = NULL;
+
+	if (!c) {
+		kiln_err_set(err, "host_error", "out of memory");
+		return NULL;
+	}
+	c->budget = budget;
+	if ((c->outdir_fd = outdir_open(outdir, &c->err)) >= 0 && collect(c) == 0)
+		outputs = json_incref(c->outputs);
+	else
+		*err = c->err;
+	session_ctx_free(c, vm);
+	return outputs;
+}
+
+int run_session_put(struct vm *vm, const char *path, const void *data, size_t len, uint32_t mode, struct kiln_err *err)
+{
+	struct spec_file f = { .path = (char *)path, .data = (unsigned char *)data, .size = len, .mode = mode };
+	struct task_spec spec = { .files = &f, .nfiles = 1, .output_mib = 1 };
+	struct run_opts opts = { 0 };
+	struct run_ctx *c = session_ctx(vm, &spec, &opts);
+	int r;
+
+	if (!c)
+		return kiln_err_set(err, "host_error", "out of memory");
+	r = send_files(c);
+	if (r < 0)
+		*err = c->err;
+	session_ctx_free(c, vm);
+	return r;
 }

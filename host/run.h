@@ -50,6 +50,22 @@ struct run_blocked {
  * state "error". The caller owns the returned reference. */
 json_t *run_task(const struct task_spec *spec, const struct run_opts *opts);
 
+/* Sessions (host/session.c): run one command of spec (its files, then its
+ * argv; no COLLECT) in vm, a running VM that outlives it: processes the
+ * command leaves running are kept (PROTO_EXEC_KEEP). Returns a result like
+ * run_task's without "outputs"; state "error" with end_reason "vm_error"
+ * means the VM is no longer usable. Uses opts->vm.cancel_fd, on_event and
+ * stream. One caller per vm at a time. */
+json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const struct run_opts *opts);
+
+/* Write one file (absolute guest path, created with its directories, owned
+ * by the task's user) into a session's VM. 0 or -1 with err set. */
+int run_session_put(struct vm *vm, const char *path, const void *data, size_t len, uint32_t mode, struct kiln_err *err);
+
+/* COLLECT vm's /output into outdir (created; at most budget bytes): the
+ * outputs array ({path, size, sha256}), or NULL with err set. */
+json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, struct kiln_err *err);
+
 /* A host-side view of a finished task, shared with the result encoder. */
 enum run_state { RUN_SUCCEEDED, RUN_FAILED, RUN_TIMED_OUT, RUN_ERROR };
 

@@ -5,6 +5,7 @@
 #include "serve.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,7 +23,9 @@
 #include "hostd.h"
 #include "proto.h"
 #include "run.h"
+#include "session.h"
 #include "spec.h"
+#include "textbuf.h"
 
 struct server {
 	const struct serve_opts *o;
@@ -33,6 +36,7 @@ struct server {
 	int have_snap, have_net_snap;
 	struct net_host net;
 	struct hostd *hostd;
+	struct sessions *sessions;
 	struct heartbeat *heartbeat;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
@@ -269,6 +273,273 @@ static int handle_task(struct server *s, struct MHD_Connection *conn, const char
 	return method_not_allowed(conn, "GET or DELETE");
 }
 
+/* ---- sessions ---- */
+
+static unsigned session_status(const char *code)
+{
+	static const struct {
+		const char *code;
+		unsigned status;
+	} map[] = {
+		{ "not_found", 404 }, { "no_snapshot", 404 }, { "busy", 409 }, { "duplicate", 409 },
+		{ "incompatible_snapshot", 409 }, { "invalid_request", 400 }, { "invalid_spec", 400 },
+		{ "invalid_json", 400 }, { "too_large", 413 }, { "snapshot_corrupt", 422 }, { "no_capacity", 503 },
+		{ "no_s3", 503 }, { "egress_unavailable", 503 }, { "s3_unavailable", 503 },
+	};
+
+	for (size_t i = 0; i < sizeof(map) / sizeof(*map); i++)
+		if (!strcmp(code, map[i].code))
+			return map[i].status;
+	return !strncmp(code, "s3", 2) ? 502 : 500;
+}
+
+static int session_error(struct MHD_Connection *conn, const struct kiln_err *err)
+{
+	return reply_error(conn, session_status(err->code), err->code, err->message);
+}
+
+static json_t *body_json(struct request *req, struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *j = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &je);
+
+	if (!j)
+		kiln_err_set(err, "invalid_json", "line %d, column %d: %s", je.line, je.column, je.text);
+	else if (!json_is_object(j)) {
+		json_decref(j);
+		j = NULL;
+		kiln_err_set(err, "invalid_request", "expected a JSON object");
+	}
+	return j;
+}
+
+/* POST /v1/sessions/{id}/exec?stream=1: the command runs on a thread of its
+ * own that writes server-sent events into a pipe the response reads. */
+struct exec_stream {
+	struct server *s;
+	char id[80];
+	json_t *req;
+	int rfd, wfd;
+	pthread_t th;
+};
+
+static void stream_write(int fd, const char *event, json_t *data)
+{
+	char *d = json_dumps(data, JSON_COMPACT);
+
+	if (d) {
+		dprintf(fd, "event: %s\ndata: %s\n\n", event, d);
+		free(d);
+	}
+	json_decref(data);
+}
+
+static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
+{
+	struct exec_stream *x = ctx;
+	char *s;
+
+	if (ev != RUN_EV_STDOUT && ev != RUN_EV_STDERR)
+		return;
+	s = textbuf_to_utf8(data, len);
+	stream_write(x->wfd, ev == RUN_EV_STDOUT ? "stdout" : "stderr", json_pack("{s:s}", "data", s ? s : ""));
+	free(s);
+}
+
+static void *exec_stream_main(void *arg)
+{
+	struct exec_stream *x = arg;
+	struct kiln_err err = { .code = "" };
+	json_t *res = session_exec(x->s->sessions, x->id, x->req, exec_stream_event, x, &err);
+
+	if (res)
+		stream_write(x->wfd, "result", res);
+	else
+		stream_write(x->wfd, "error", json_pack("{s:s, s:s}", "code", err.code, "message", err.message));
+	close(x->wfd);
+	x->wfd = -1;
+	return NULL;
+}
+
+static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct exec_stream *x = cls;
+	ssize_t n;
+
+	do
+		n = read(x->rfd, buf, max);
+	while (n < 0 && errno == EINTR);
+	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void exec_stream_free(void *cls)
+{
+	struct exec_stream *x = cls;
+
+	/* A reader that went away: the command still ends on its own (its
+	 * timeout bounds it); its events go nowhere. */
+	close(x->rfd);
+	pthread_join(x->th, NULL);
+	json_decref(x->req);
+	free(x);
+}
+
+static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, const char *id, json_t *req)
+{
+	struct exec_stream *x = calloc(1, sizeof(*x));
+	struct MHD_Response *r;
+	int p[2], ret;
+
+	if (!x || pipe2(p, O_CLOEXEC) < 0) {
+		free(x);
+		json_decref(req);
+		return MHD_NO;
+	}
+	x->s = s;
+	snprintf(x->id, sizeof(x->id), "%s", id);
+	x->req = req;
+	x->rfd = p[0];
+	x->wfd = p[1];
+	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
+		close(p[0]);
+		close(p[1]);
+		json_decref(req);
+		free(x);
+		return MHD_NO;
+	}
+	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1 << 20, exec_stream_read, x, exec_stream_free);
+	if (!r) {
+		exec_stream_free(x);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* Route /v1/sessions[/{id}[/exec|/files|/pause|/resume|/outputs]]. */
+static int handle_sessions(struct server *s, struct MHD_Connection *conn, const char *method, const char *rest,
+			   struct request *req)
+{
+	struct kiln_err err = { .code = "" };
+	char id[80];
+	const char *slash, *op;
+	size_t n;
+	json_t *j, *out = NULL;
+
+	if (!*rest) {
+		if (!strcmp(method, "GET"))
+			return reply_json(conn, MHD_HTTP_OK, sessions_list(s->sessions));
+		if (strcmp(method, "POST"))
+			return method_not_allowed(conn, "GET or POST");
+		if (!(j = body_json(req, &err)))
+			return session_error(conn, &err);
+		if (!json_is_string(json_object_get(j, "id")) || !json_is_string(json_object_get(j, "customer"))) {
+			json_decref(j);
+			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "id and customer: expected strings");
+		}
+		if (session_create(s->sessions, json_string_value(json_object_get(j, "id")),
+				   json_string_value(json_object_get(j, "customer")),
+				   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
+			json_decref(j);
+			return session_error(conn, &err);
+		}
+		json_decref(j);
+		return reply_json(conn, MHD_HTTP_CREATED, out);
+	}
+	slash = strchr(rest, '/');
+	n = slash ? (size_t)(slash - rest) : strlen(rest);
+	if (n == 0 || n >= sizeof(id))
+		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
+	memcpy(id, rest, n);
+	id[n] = '\0';
+	op = slash ? slash + 1 : "";
+	if (!*op) {
+		if (!strcmp(method, "GET")) {
+			j = session_get(s->sessions, id);
+			return j ? reply_json(conn, MHD_HTTP_OK, j)
+				 : reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
+		}
+		if (strcmp(method, "DELETE"))
+			return method_not_allowed(conn, "GET or DELETE");
+		if (session_delete(s->sessions, id, MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "customer"),
+				   &err) < 0)
+			return session_error(conn, &err);
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
+	}
+	if (!strcmp(op, "files")) {
+		const char *path = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "path");
+		const char *dir = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "dir");
+
+		if (!strcmp(method, "PUT")) {
+			if (session_put_file(s->sessions, id, path, req->body ? req->body : "", req->len, &err) < 0)
+				return session_error(conn, &err);
+			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", path, "size", (json_int_t)req->len));
+		}
+		if (strcmp(method, "GET"))
+			return method_not_allowed(conn, "GET or PUT");
+		if (dir) {
+			out = session_list_dir(s->sessions, id, dir, &err);
+			return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+		} else {
+			unsigned char *data = NULL;
+			size_t len = 0;
+			struct MHD_Response *r;
+			int ret;
+
+			if (session_get_file(s->sessions, id, path, &data, &len, &err) < 0)
+				return session_error(conn, &err);
+			r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+			if (!r) {
+				free(data);
+				return MHD_NO;
+			}
+			MHD_add_response_header(r, "Content-Type", "application/octet-stream");
+			ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+			MHD_destroy_response(r);
+			return ret;
+		}
+	}
+	if (strcmp(method, "POST"))
+		return method_not_allowed(conn, "POST");
+	if (!strcmp(op, "exec")) {
+		const char *stream = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "stream");
+
+		if (!(j = body_json(req, &err)))
+			return session_error(conn, &err);
+		if (stream && !strcmp(stream, "1"))
+			return handle_exec_stream(s, conn, id, j);
+		out = session_exec(s->sessions, id, j, NULL, NULL, &err);
+		json_decref(j);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+	}
+	if (!strcmp(op, "pause")) {
+		out = session_pause(s->sessions, id, &err);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+	}
+	if (!strcmp(op, "resume")) {
+		if (!(j = body_json(req, &err)))
+			return session_error(conn, &err);
+		if (!json_is_string(json_object_get(j, "customer"))) {
+			json_decref(j);
+			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "customer: expected a string");
+		}
+		if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
+			json_decref(j);
+			return session_error(conn, &err);
+		}
+		json_decref(j);
+		return reply_json(conn, MHD_HTTP_OK, out);
+	}
+	if (!strcmp(op, "outputs")) {
+		out = session_outputs(s->sessions, id, &err);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+	}
+	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -321,6 +592,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	}
 	if (!strncmp(url, "/v1/tasks/", 10))
 		return handle_task(s, conn, method, url + 10);
+	if (!strcmp(url, "/v1/sessions"))
+		return handle_sessions(s, conn, method, "", req);
+	if (!strncmp(url, "/v1/sessions/", 13))
+		return handle_sessions(s, conn, method, url + 13, req);
 	if (!strcmp(url, "/v1/capacity")) {
 		if (strcmp(method, "GET"))
 			return method_not_allowed(conn, "GET");
@@ -470,6 +745,9 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
 	if (!s.hostd)
 		goto fail;
+	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
+	if (!s.sessions)
+		goto fail;
 	d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 			     (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 			     MHD_OPTION_SOCK_ADDR, o->addr, MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_END);
@@ -503,6 +781,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	heartbeat_stop(s.heartbeat);
 	hostd_stop(s.hostd);
 	MHD_stop_daemon(d);
+	sessions_close(s.sessions);
 	hostd_close(s.hostd);
 	pool_stop(s.pool);
 	if (s.have_snap)
@@ -515,6 +794,7 @@ fail:
 	heartbeat_stop(s.heartbeat);
 	if (d)
 		MHD_stop_daemon(d);
+	sessions_close(s.sessions);
 	hostd_close(s.hostd);
 	pool_stop(s.pool);
 	if (s.have_snap)

@@ -31,31 +31,6 @@
 
 extern char **environ;
 
-static int sha256_file(const char *path, char out[65])
-{
-	EVP_MD_CTX *md = EVP_MD_CTX_new();
-	unsigned char buf[65536], d[32];
-	unsigned int dl = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), r = -1;
-	ssize_t n;
-
-	if (fd < 0 || !md)
-		goto out;
-	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-	while ((n = read(fd, buf, sizeof(buf))) > 0)
-		EVP_DigestUpdate(md, buf, (size_t)n);
-	if (n == 0 && EVP_DigestFinal_ex(md, d, &dl) && dl == 32) {
-		for (int i = 0; i < 32; i++)
-			snprintf(out + 2 * i, 3, "%02x", d[i]);
-		r = 0;
-	}
-out:
-	if (fd >= 0)
-		close(fd);
-	EVP_MD_CTX_free(md);
-	return r;
-}
-
 /* Identity of an input file: resolved path, size and mtime (the kernel and
  * rootfs are large and live in a content-keyed cache; the initramfs is small
  * and hashed outright). */
@@ -68,7 +43,7 @@ static void key_add_file(EVP_MD_CTX *md, const char *label, const char *path, in
 		snprintf(real, sizeof(real), "%s", path);
 	stat(real, &st);
 	if (hash)
-		sha256_file(real, sha);
+		fs_sha256_file(real, sha);
 	snprintf(line, sizeof(line), "%s %s %lld %lld.%09ld %s\n", label, real, (long long)st.st_size,
 		 (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, sha);
 	EVP_DigestUpdate(md, line, strlen(line));
@@ -132,7 +107,7 @@ static void snap_paths(struct snapshot *s)
 	snprintf(s->state, sizeof(s->state), "%s/state", s->dir);
 }
 
-static int run_cmd(char *const argv[])
+int snapshot_run_cmd(char *const argv[])
 {
 	pid_t pid;
 	int status;
@@ -244,7 +219,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		char *argv[] = { "/usr/bin/qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", backing,
 				 s.disk, NULL };
 
-		if (run_cmd(argv) < 0) {
+		if (snapshot_run_cmd(argv) < 0) {
 			kiln_err_set(err, "snapshot_error", "qemu-img create %s failed", s.disk);
 			goto out;
 		}
@@ -315,7 +290,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		goto out;
 	}
 	state_fd = -1;
-	if (sha256_file(s.state, s.state_sha256) < 0 || stat(s.mem, &st) < 0) {
+	if (fs_sha256_file(s.state, s.state_sha256) < 0 || stat(s.mem, &st) < 0) {
 		kiln_err_set(err, "snapshot_error", "cannot read back the snapshot files");
 		goto out;
 	}
@@ -398,7 +373,7 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 		return -EBADMSG;
 	}
 	/* The device state is small: hash it every time. */
-	if (sha256_file(s->state, sha) < 0 || strcmp(sha, s->state_sha256)) {
+	if (fs_sha256_file(s->state, sha) < 0 || strcmp(sha, s->state_sha256)) {
 		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: device state file is damaged (sha256 mismatch)", key);
 		return -EBADMSG;
 	}
@@ -479,23 +454,46 @@ int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struc
 	return vm_start(&cfg, vm, err);
 }
 
+int snapshot_load_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err)
+{
+	int64_t deadline = proto_now_ms() + timeout_ms;
+
+	if (vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 || vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
+	    vm_qmp(vm, "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0 ||
+	    wait_migration(vm, deadline, err) < 0)
+		return -1;
+	/* The VM was stopped when saved, and QEMU carries that run state
+	 * over: resume explicitly. */
+	return vm_qmp(vm, "{\"execute\":\"cont\"}", deadline, NULL, err);
+}
+
+int snapshot_save_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err)
+{
+	int64_t deadline = proto_now_ms() + timeout_ms;
+
+	/* x-ignore-shared: only RAM shared with a file stays out of the stream;
+	 * a clone's private RAM (and a resumed VM's) goes in. When the stream is
+	 * complete QEMU has flushed and released its disks. */
+	if (vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 ||
+	    vm_qmp(vm, "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":107374182400}}",
+		   deadline, NULL, err) < 0 ||
+	    vm_qmp(vm, "{\"execute\":\"stop\"}", deadline, NULL, err) < 0 ||
+	    vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
+	    vm_qmp(vm, "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0)
+		return -1;
+	return wait_migration(vm, deadline, err);
+}
+
 int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)
 {
-	int64_t deadline = proto_now_ms() + RESTORE_TIMEOUT_MS;
 	int state_fd = open(s->state, O_RDONLY | O_CLOEXEC);
 	int r;
 
 	if (state_fd < 0)
 		return kiln_err_set(err, "snapshot_corrupt", "%s: %s", s->state, strerror(errno));
-	r = vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 || vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
-	    vm_qmp(vm, "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0 ||
-	    wait_migration(vm, deadline, err) < 0;
+	r = snapshot_load_fd(vm, state_fd, RESTORE_TIMEOUT_MS, err);
 	close(state_fd);
-	if (r)
-		return -1;
-	/* The template was stopped when saved, and QEMU carries that run state
-	 * over: resume explicitly. */
-	return vm_qmp(vm, "{\"execute\":\"cont\"}", deadline, NULL, err);
+	return r;
 }
 
 int snapshot_restore(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err)

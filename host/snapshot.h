@@ -65,6 +65,16 @@ int snapshot_restore(const struct snapshot *s, const struct vm_config *base, str
 int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struct vm *vm, struct kiln_err *err);
 int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err);
 
+/* Save a running VM's whole state (devices, and RAM unless it is shared
+ * with a file) into state_fd; the VM is stopped and its disks flushed and
+ * released when this returns 0 (then only destroy it). And load such a
+ * stream into a VM started with vm_config.incoming, then run it. */
+int snapshot_save_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err);
+int snapshot_load_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err);
+
+/* Run a helper program (qemu-img) to completion: 0 when it exits 0. */
+int snapshot_run_cmd(char *const argv[]);
+
 /* Operator commands. */
 int snapshot_list(const char *cache, FILE *out);
 int snapshot_rm(const char *cache, const char *key, struct kiln_err *err);

@@ -193,7 +193,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	/* No ACPI (virtio-mmio devices come from the kernel command line), an RTC so
 	 * the kernel does not wait a second for its clock, no option ROMs. */
 	ARG("microvm,acpi=off,rtc=on,x-option-roms=off,isa-serial=on%s",
-	    cfg->mem_file || cfg->mem_fd > 0 ? ",memory-backend=mem" : "");
+	    cfg->mem_file || cfg->mem_fd > 0 || cfg->mem_ram ? ",memory-backend=mem" : "");
 	ARG("-accel");
 	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "kvm" : "tcg,tb-size=64");
 	ARG("-cpu");
@@ -210,6 +210,9 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 		ARG("-object");
 		ARG("memory-backend-file,id=mem,size=%uM,mem-path=/proc/self/fd/%d,share=off", cfg->memory_mib,
 		    QEMU_FD_MEM);
+	} else if (cfg->mem_ram) {
+		ARG("-object");
+		ARG("memory-backend-ram,id=mem,size=%uM", cfg->memory_mib);
 	} else if (cfg->mem_file) {
 		ARG("-object");
 		ARG("memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s", cfg->memory_mib, cfg->mem_file,
@@ -331,7 +334,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
 	char root[600], work[600], record[600], tmpdir[620];
 	char *envp[] = { tmpdir, NULL };
-	uint64_t fsize = file_size(cfg->disk), back = file_size(cfg->disk_backing), mem = (uint64_t)cfg->memory_mib << 20;
+	uint64_t fsize = file_size(cfg->disk), back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing) : file_size(cfg->disk_backing2), mem = (uint64_t)cfg->memory_mib << 20;
 	int nro = 0, nrw = 0;
 	struct stat kvm;
 
@@ -351,6 +354,8 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	spec.ro[nro++] = cfg->initrd;
 	if (cfg->disk_backing)
 		spec.ro[nro++] = cfg->disk_backing;
+	if (cfg->disk_backing2)
+		spec.ro[nro++] = cfg->disk_backing2;
 	if (cfg->disk_writable)
 		spec.rw[nrw++] = cfg->disk;
 	else
@@ -408,7 +413,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, log_fd = -1;
 	struct qmp_msg m;
 	pid_t parent = getpid();
-	char path[600], abs[5][PATH_MAX];
+	char path[600], abs[6][PATH_MAX];
 	struct vm_config abs_cfg = *cfg_in, *cfg = &abs_cfg;
 	FILE *f;
 
@@ -416,6 +421,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	abs_cfg.initrd = absolute(cfg_in->initrd, abs[1], sizeof(abs[1]));
 	abs_cfg.disk = absolute(cfg_in->disk, abs[2], sizeof(abs[2]));
 	abs_cfg.disk_backing = absolute(cfg_in->disk_backing, abs[3], sizeof(abs[3]));
+	abs_cfg.disk_backing2 = absolute(cfg_in->disk_backing2, abs[5], sizeof(abs[5]));
 	abs_cfg.mem_file = absolute(cfg_in->mem_file, abs[4], sizeof(abs[4]));
 	memset(vm, 0, sizeof(*vm));
 	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;

@@ -29,6 +29,9 @@ struct vm_config {
 	int incoming;              /* start paused in -incoming defer */
 	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
 	const char *disk_backing;  /* the qcow2 `disk`'s backing file (read-only), or NULL */
+	const char *disk_backing2; /* and that file's own backing file (read-only), or NULL */
+	int mem_ram;               /* guest RAM as memory-backend-ram "mem": a resumed session,
+				    * whose RAM comes in the migration stream */
 	int mem_fd;                /* > 0: guest RAM is this sealed memfd, mapped privately
 				    * (a snapshot clone; see snapshot.h); overrides mem_file */
 	int cancel_fd;             /* > 0: every wait ends ("interrupted") once it is readable */

@@ -1,6 +1,8 @@
 /* fsutil: directory trees, removed without following links. */
 #include "fsutil.h"
 
+#include <openssl/evp.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -84,4 +86,29 @@ char *fs_read_secret(const char *path, const char *key, const char *file, struct
 		return NULL;
 	}
 	return strdup(buf);
+}
+
+int fs_sha256_file(const char *path, char out[65])
+{
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned char buf[65536], d[32];
+	unsigned int dl = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = -1;
+	ssize_t n;
+
+	if (fd < 0 || !md)
+		goto out;
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		EVP_DigestUpdate(md, buf, (size_t)n);
+	if (n == 0 && EVP_DigestFinal_ex(md, d, &dl) && dl == 32) {
+		for (int i = 0; i < 32; i++)
+			snprintf(out + 2 * i, 3, "%02x", d[i]);
+		r = 0;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	EVP_MD_CTX_free(md);
+	return r;
 }

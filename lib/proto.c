@@ -336,7 +336,7 @@ int proto_exec_decode(const uint8_t *p, size_t len, struct proto_exec *m)
 		if (m->env[i] && (m->env[i][0] == '=' || !strchr(m->env[i], '=')))
 			r.err = -EPROTO;
 	}
-	if (!r.err && (m->argv[0][0] == '\0' || proto_abspath_ok(m->cwd) || m->flags & ~PROTO_EXEC_ZYGOTE))
+	if (!r.err && (m->argv[0][0] == '\0' || proto_abspath_ok(m->cwd) || m->flags & ~(PROTO_EXEC_ZYGOTE | PROTO_EXEC_KEEP)))
 		r.err = -EPROTO;
 	/* The pre-started interpreter runs argv[1]: there must be one. */
 	if (!r.err && (m->flags & PROTO_EXEC_ZYGOTE) && m->argc < 2)

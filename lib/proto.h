@@ -118,6 +118,10 @@ struct proto_file {
 /* Run argv[1] (a Python file) in the interpreter PREPARE pre-started, instead
  * of exec'ing argv[0]; the guest falls back to exec when there is none. */
 #define PROTO_EXEC_ZYGOTE 0x1u
+/* A session's command: when it exits, the processes it left running (its
+ * daemons, background jobs) are not killed; they stay for later commands. A
+ * KILL (timeout) still kills every process of the uid. */
+#define PROTO_EXEC_KEEP   0x2u
 struct proto_exec {
 	uint32_t flags;
 	uint64_t output_cap;  /* stdout + stderr bytes before the task is killed */

@@ -1,0 +1,74 @@
+/* session: long-lived sandboxes on one kiln-host. A session is a VM cloned
+ * from the host's snapshot (with a NIC when its policy asks for egress) that
+ * runs many commands one after another, takes and gives files, and can be
+ * paused: its whole RAM and device state and its own disk layer go to S3
+ * (CUSTOMER/sessions/ID/), the VM is destroyed, and any host with the same
+ * image can resume it later with processes, files and memory as they were.
+ * See docs/api.md, "kiln-host sessions". Every call is thread-safe; one
+ * operation runs per session at a time (others get err "busy"). */
+#ifndef KILN_SESSION_H
+#define KILN_SESSION_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "err.h"
+#include "hostd.h"
+#include "run.h"
+
+struct sessions;
+
+/* Sessions of this host: their files live in <spool_dir>/sessions/<id>/
+ * (what an earlier process left there is removed: its VMs died with it).
+ * Uses d for capacity, run options and S3. NULL with err set. */
+struct sessions *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err);
+/* Destroy every running session (on shutdown; paused ones are in S3). */
+void sessions_close(struct sessions *ss);
+
+/* {"sessions":[session objects]} / one session object, or NULL. */
+json_t *sessions_list(struct sessions *ss);
+json_t *session_get(struct sessions *ss, const char *id);
+
+/* Start a session. spec: {"limits":{...},"network":{...}} as in a task spec
+ * (no code). *out: the session object. Errors: invalid_request,
+ * invalid_spec, duplicate, no_capacity, egress_unavailable, vm_error. */
+int session_create(struct sessions *ss, const char *id, const char *customer, json_t *spec, json_t **out,
+		   struct kiln_err *err);
+
+/* Run one command: req {"argv":[...]} or {"language","code"}, optional
+ * "env", "cwd", "timeout_s". on_event/ctx (may be NULL): output as it comes
+ * (RUN_EV_STDOUT/STDERR). Returns the result (a task result without
+ * outputs), or NULL with err (not_found, busy, invalid_spec). A command that
+ * broke the VM ends the session (state "error"). */
+json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
+		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
+		     struct kiln_err *err);
+
+/* Files: write data at path (absolute); read the file at path (malloc'd
+ * into *data); list a directory ({"entries":[{name,type,size}]}). */
+int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
+		     struct kiln_err *err);
+int session_get_file(struct sessions *ss, const char *id, const char *path, unsigned char **data, size_t *len,
+		     struct kiln_err *err);
+json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, struct kiln_err *err);
+
+/* Pause: save the VM to S3 and destroy it. Returns
+ * {"id","state":"paused","snapshot":{"bucket","prefix","bytes","pause_ms"}}
+ * or NULL with err. If S3 fails, the saved files stay on this host and a
+ * later pause retries the upload (the session is "pausing"). */
+json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err);
+
+/* Resume a paused session of customer from S3 on this host. Errors:
+ * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
+ * incompatible_snapshot (another image), no_capacity, vm_error. */
+int session_resume(struct sessions *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err);
+
+/* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...]} */
+json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err);
+
+/* Destroy the session (if it runs here) and delete its paused snapshot from
+ * S3 (customer may be NULL when the session runs here). */
+int session_delete(struct sessions *ss, const char *id, const char *customer, struct kiln_err *err);
+
+#endif

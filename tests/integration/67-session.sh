@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# kiln-host sessions: a VM that runs many commands, takes and gives files,
+# pauses into a real S3 (Swift s3api) and resumes on another kiln-host with
+# its files, processes and memory as they were; a damaged snapshot is caught
+# on resume; busy sessions refuse a pause; nothing is left behind.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in swift-proxy-server memcached python3; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+
+S3_DIR=$T_TMP/s3
+TOKEN=sess-token-$RANDOM$RANDOM
+PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
+BUCKET=kiln-sessions
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
+	for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+before_cg=$(count_cgroups)
+
+start_host() { # NAME PORT
+	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
+	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
+	pids+=($!)
+	for _ in $(seq 1800); do
+		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
+		sleep 0.2
+	done
+	return 1
+}
+# h PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
+h() {
+	local port=$1 m=$2 p=$3; shift 3
+	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$port$p"
+}
+last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+ex() { # PORT JSON: run a command in s1; the result in $T_TMP/last
+	h "$1" POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary "$2"
+}
+s3py() {
+	S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY BUCKET=$BUCKET python3 -c '
+import os, sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
+                  aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+op, key = sys.argv[1], sys.argv[2]
+b = os.environ["BUCKET"]
+if op == "exists":
+    try:
+        s3.head_object(Bucket=b, Key=key); print("yes")
+    except Exception:
+        print("no")
+elif op == "flip":  # damage one byte in the middle of the object
+    d = bytearray(s3.get_object(Bucket=b, Key=key)["Body"].read())
+    d[len(d) // 2] ^= 0xFF
+    s3.put_object(Bucket=b, Key=key, Body=bytes(d))
+' "$@"
+}
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
+
+if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
+else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
+
+# --- create, commands, state across commands ---
+st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}')
+check "POST /v1/sessions: 201 running" test "$st" = 201 -a "$(last .state)" = running
+check "the session holds a vCPU in the host's capacity" test "$(vcpus_used "$PA")" = 1
+st=$(ex "$PA" '{"language":"python","code":"open(\"/work/note.txt\",\"w\").write(\"before\")\nprint(\"hi\")"}')
+check "a python command runs and writes a file" test "$st" = 200 -a "$(last .stdout)" = hi -a "$(last .exit_code)" = 0 || { cat "$T_TMP/last"; tail -5 "$T_TMP/a.err"; }
+st=$(ex "$PA" '{"argv":["cat","/work/note.txt"]}')
+check "a later command sees the earlier one's file" test "$(last .stdout)" = before
+st=$(ex "$PA" '{"argv":["sh","-c","exit 3"]}')
+check "a command's exit code is reported (failed, 3)" test "$(last .state)" = failed -a "$(last .exit_code)" = 3
+
+# A long-lived interpreter holding a value in memory, serving it on a socket.
+KV=$'import os, socket\nvalue = "v-%d" % int.from_bytes(os.urandom(4), "big")\ns = socket.socket(socket.AF_UNIX)\ns.bind("/tmp/kv.sock")\ns.listen()\nwhile True:\n    c, _ = s.accept()\n    c.sendall(("%s %d" % (value, os.getpid())).encode())\n    c.close()\n'
+st=$(printf '%s' "$KV" | h "$PA" PUT "/v1/sessions/s1/files?path=/work/kv.py" --data-binary @-)
+check "PUT a file into the session" test "$st" = 200
+st=$(ex "$PA" '{"argv":["sh","-c","python3 /work/kv.py > /dev/null 2>&1 & sleep 1; echo started"]}')
+ASK='{"language":"python","code":"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect(\"/tmp/kv.sock\")\nprint(s.recv(100).decode())"}'
+st=$(ex "$PA" "$ASK")
+kv=$(last .stdout)
+check "a background process started by one command still serves the next ($kv)" test "$st" = 200 -a "${kv:0:2}" = v-
+
+head -c 300000 /dev/urandom > "$T_TMP/blob"
+h "$PA" PUT "/v1/sessions/s1/files?path=/work/sub/blob.bin" --data-binary @"$T_TMP/blob" > /dev/null
+st=$(h "$PA" GET "/v1/sessions/s1/files?path=/work/sub/blob.bin")
+check "GET returns a binary file byte for byte (300 kB)" cmp -s "$T_TMP/last" "$T_TMP/blob"
+st=$(h "$PA" GET "/v1/sessions/s1/files?path=/work/missing")
+check "GET of a missing file: 404" test "$st" = 404
+st=$(h "$PA" GET "/v1/sessions/s1/files?dir=/work")
+check "GET ?dir= lists a directory" test "$(last '[.entries[] | "\(.name):\(.type)"] | sort | join(",")')" = "kv.py:file,note.txt:file,sub:dir"
+st=$(h "$PA" PUT "/v1/sessions/s1/files?path=../etc/x" --data-binary x)
+check "a relative or dotted path is refused (400)" test "$st" = 400
+
+# --- streaming, busy ---
+curl -s -m 60 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary '{"argv":["sh","-c","echo one; sleep 1; echo two"]}' \
+	"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$T_TMP/stream"
+check "?stream=1: stdout events, then the result" \
+	test "$(grep -c '^event: stdout' "$T_TMP/stream")" -ge 1 -a "$(grep -A1 '^event: result' "$T_TMP/stream" | sed -n 's/^data: //p' | jq -r .stdout)" = "$(printf 'one\ntwo')"
+ex "$PA" '{"argv":["sleep","4"]}' > /dev/null &
+slow=$!
+sleep 1.5
+st=$(h "$PA" POST /v1/sessions/s1/pause)
+check "pause while a command runs is refused (409 busy), nothing lost" test "$st" = 409 -a "$(last .error.code)" = busy
+wait "$slow"
+st=$(ex "$PA" "$ASK")
+check "after the refused pause the session goes on as before" test "$(last .stdout)" = "$kv"
+
+# --- pause on A, resume on B ---
+st=$(h "$PA" POST /v1/sessions/s1/pause)
+pause_json=$(cat "$T_TMP/last"); [ "$st" = 200 ] || echo "# pause: $pause_json"
+check "pause: 200 paused, RAM and disk layer in S3 ($(echo "$pause_json" | jq -c .snapshot))" \
+	test "$st" = 200 -a "$(last .state)" = paused -a "$(last .snapshot.bytes)" -gt 1000000 \
+	-a "$(s3py exists acme/sessions/s1/manifest.json)" = yes
+check "the paused session is gone from A and its vCPU is free" test "$(h "$PA" GET /v1/sessions/s1)" = 404 -a "$(vcpus_used "$PA")" = 0
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"other"}')
+check "another customer cannot resume it (404)" test "$st" = 404
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "resume on host B: 200 running" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
+st=$(ex "$PB" "$ASK")
+check "after resume: the background process and the value in its memory are there ($(last .stdout))" test "$(last .stdout)" = "$kv"
+st=$(ex "$PB" '{"argv":["cat","/work/note.txt"]}')
+check "after resume: files written before are there" test "$(last .stdout)" = before
+h "$PB" GET "/v1/sessions/s1/files?path=/work/sub/blob.bin" > /dev/null
+check "after resume: the binary file is intact" cmp -s "$T_TMP/last" "$T_TMP/blob"
+st=$(ex "$PB" '{"argv":["sh","-c","date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d \" \\n\""]}')
+gt=$(last .stdout | head -1); now=$(date +%s)
+check "after resume: the guest clock is the host's (±2 s)" test $((gt - now)) -le 2 -a $((now - gt)) -le 2
+
+# --- a damaged snapshot is caught on resume ---
+h "$PB" POST /v1/sessions/s1/pause > /dev/null
+s3py flip acme/sessions/s1/state
+st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "a damaged paused snapshot is refused on resume (422 snapshot_corrupt: $(last .error.message))" \
+	test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt
+check "and the failed resume holds nothing on A" test "$(vcpus_used "$PA")" = 0 -a "$(h "$PA" GET /v1/sessions/s1)" = 404
+
+# --- delete ---
+st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
+check "DELETE removes the paused snapshot from S3" test "$st" = 200 -a "$(s3py exists acme/sessions/s1/manifest.json)" = no
+h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{}}' > /dev/null
+st=$(h "$PA" DELETE /v1/sessions/s2)
+check "DELETE of a running session: destroyed, capacity back" test "$st" = 200 -a "$(vcpus_used "$PA")" = 0
+
+for p in "${pids[@]}"; do kill "$p"; done
+for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
+pids=()
+check "nothing left: no QEMU, VM directories, session files or cgroups" \
+	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
+	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
+	-a "$(count_cgroups)" = "$before_cg"
+t_done
