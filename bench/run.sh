@@ -39,3 +39,6 @@ python3 bench/stack.py "${STACK_TASKS:-80}" "${STACK_CONCURRENCY:-8}"
 echo
 # Network egress: extra start-up time, and throughput to an allowed destination.
 bench/egress.sh
+echo
+# Sessions: pause/resume time by guest memory size, exec round trip.
+bench/session.sh

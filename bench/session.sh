@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Sessions (figures, not pass/fail): pause and resume time against guest
+# memory size (128, 256, 512 MiB), with the snapshot in a local S3 (Swift on
+# loopback), next to E2B's published figures (about 4 s per GiB to pause,
+# about 1 s to resume); and the round trip of `true` run in a live session.
+# One kiln-host per size (its snapshot has that size); RUNS rounds of
+# pause + resume each, after a command that touched 64 MiB of the session's RAM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+SIZES=${SESSION_SIZES:-128 256 512}
+TMP=$(mktemp -d /tmp/kiln-bench-session.XXXXXX)
+export KILN_RUN_DIR=${KILN_RUN_DIR:-$TMP/run}
+PORT=$((30000 + RANDOM % 10000))
+TOKEN=bench-$RANDOM$RANDOM
+host_pid=
+cleanup() {
+	[ -z "$host_pid" ] || { kill "$host_pid" 2> /dev/null || true; wait "$host_pid" 2> /dev/null || true; }
+	scripts/s3-local.sh stop "$TMP/s3" > /dev/null 2>&1 || true
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+scripts/s3-local.sh start "$TMP/s3" > "$TMP/s3.env" 2> /dev/null
+. "$TMP/s3.env"
+h() { curl -s -m 600 -H "Authorization: Bearer $TOKEN" "$@"; }
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+med() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
+
+echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory ($RUNS rounds each; local S3 on loopback)"
+printf '  %-8s %10s %10s %12s %12s %14s %14s\n' memory "pause ms" "resume ms" "state MB" "disk MB" "pause s/GiB" "E2B s/GiB"
+for mem in $SIZES; do
+	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$TMP/spool" --arg run "$KILN_RUN_DIR" --argjson mem "$mem" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		'{listen: ("127.0.0.1:" + $port), host_id: "bench", token: $token, spool_dir: $spool, run_dir: $run,
+		  pool: {size: 0, prestart: 0, memory_mib: $mem},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}' > "$TMP/host.json"
+	build/kiln-host serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
+	host_pid=$!
+	for _ in $(seq 1800); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
+	U=http://127.0.0.1:$PORT/v1/sessions
+	h -X POST "$U" --data "{\"id\":\"b$mem\",\"customer\":\"bench\",\"spec\":{\"limits\":{\"memory_mib\":$mem}}}" > "$TMP/create"
+	jq -e '.state == "running"' "$TMP/create" > /dev/null || { echo "  $mem MiB: create failed: $(cat "$TMP/create")"; kill "$host_pid"; wait "$host_pid" || true; host_pid=; continue; }
+	# A process holding 64 MiB of written memory across the pauses.
+	h -X POST "$U/b$mem/exec" --data '{"argv":["sh","-c","python3 -c \"import time; b = bytearray(64 << 20); b[::4096] = b\\\"x\\\" * (len(b) // 4096); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
+	: > "$TMP/p"; : > "$TMP/r"
+	for _ in $(seq "$RUNS"); do
+		t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/pause"; ms "$t" >> "$TMP/p"
+		t=$(date +%s%N); h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/r"
+		jq -e '.state == "running"' "$TMP/resume" > /dev/null || { echo "  resume failed: $(cat "$TMP/resume")"; break; }
+	done
+	sizes=$(S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY python3 -c '
+import os, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
+    aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+    config=Config(s3={"addressing_style": "path"}))
+print(" ".join("%.1f" % (s3.head_object(Bucket="kiln-bench", Key="bench/sessions/b'"$mem"'/" + k)["ContentLength"] / 1e6) for k in ("state", "disk.qcow2")))' 2> /dev/null || echo "? ?")
+	p=$(med < "$TMP/p"); r=$(med < "$TMP/r")
+	printf '  %-8s %10s %10s %12s %12s %14s %14s\n' "$mem MiB" "$p" "$r" ${sizes} \
+		"$(awk -v p="$p" -v m="$mem" 'BEGIN { printf("%.2f", p / 1000 * 1024 / m) }')" "~4 (resume ~1 s)"
+	if [ "$mem" = 256 ]; then
+		: > "$TMP/x"
+		for _ in $(seq 20); do
+			t=$(date +%s%N); h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/x"
+		done
+		xt=$(med < "$TMP/x")
+	fi
+	h -X DELETE "$U/b$mem?customer=bench" > /dev/null
+	kill "$host_pid"; wait "$host_pid" 2> /dev/null || true; host_pid=
+done
+echo "  (pause s/GiB is per GiB of guest memory; the state holds only pages the guest wrote, zero pages are flagged)"
+[ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"
