@@ -21,4 +21,45 @@ int hostclient_call(const char *base, const char *token, const char *method, con
 int hostclient_follow(const char *base, const char *token, const char *task_id, long stall_s,
 		      int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err);
 
+/* ---- raw bodies (session files) ---- */
+
+/* A reply kept as bytes. */
+struct hostclient_reply {
+	int status;               /* the HTTP status; -1 when no answer came */
+	char *body;               /* malloc'd, NUL-terminated (not counted in len); NULL when empty */
+	size_t len;
+	char content_type[128];   /* "" when the host sent none */
+};
+
+/* One request with a raw body (body may be NULL; content_type names it)
+ * whose reply is kept as bytes, at most max_reply of them (a longer one is
+ * a failure). Returns the status (also in r->status), or -1 with err set
+ * ("host_unreachable", or "host_error" for an oversized reply). Release r
+ * with hostclient_reply_free. */
+int hostclient_raw(const char *base, const char *token, const char *method, const char *path, const void *body,
+		   size_t len, const char *content_type, long timeout_ms, size_t max_reply, struct hostclient_reply *r,
+		   struct kiln_err *err);
+void hostclient_reply_free(struct hostclient_reply *r);
+
+/* ---- a streamed reply, read piece by piece (server-sent events relayed) ----
+ * The transfer advances only inside these calls (curl's multi interface), so
+ * the caller sets the pace: one thread, no buffering beyond one read. */
+struct hostclient_stream;
+
+/* Start a request with an optional JSON body. NULL with err set when it
+ * cannot even be set up. */
+struct hostclient_stream *hostclient_stream_open(const char *base, const char *token, const char *method,
+						 const char *path, json_t *body, struct kiln_err *err);
+
+/* Wait (at most timeout_ms) until the reply's status is known: the status,
+ * or -1 with err set (no answer, or none in time). */
+int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struct kiln_err *err);
+
+/* Up to max bytes of the body: > 0 bytes copied; 0 when nothing came within
+ * wait_ms; -1 the body has ended; -2 the transfer failed (err set). */
+long hostclient_stream_read(struct hostclient_stream *h, char *buf, size_t max, long wait_ms, struct kiln_err *err);
+
+/* Stop (a transfer still going is aborted) and free. NULL is fine. */
+void hostclient_stream_close(struct hostclient_stream *h);
+
 #endif

@@ -11,6 +11,7 @@
 #include "s3.h"
 #include "scheduler.h"
 #include "server.h"
+#include "sessions.h"
 #include "store.h"
 
 static void usage(FILE *f)
@@ -43,6 +44,7 @@ int main(int argc, char **argv)
 	struct store *st;
 	struct server *srv;
 	struct sched *sched;
+	struct sessions *sessions;
 	sigset_t set;
 	int opt, sig;
 
@@ -124,6 +126,17 @@ int main(int argc, char **argv)
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
 							     .ctx = sched });
 	}
+	sessions = sessions_start(&cfg, st, sched, &err);
+	if (!sessions) {
+		fprintf(stderr, "kiln-api: %s\n", err.message);
+		server_set_hooks(srv, NULL);
+		sched_stop(sched);
+		server_stop(srv);
+		store_close(st);
+		api_config_free(&cfg);
+		return 3;
+	}
+	server_set_sessions(srv, sessions);
 	if (!cfg.cluster_token)
 		fprintf(stderr, "kiln-api: warning: no cluster_token configured: no host can register\n");
 	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
@@ -132,6 +145,10 @@ int main(int argc, char **argv)
 		;
 	fprintf(stderr, "kiln-api: %s: shutting down\n", strsignal(sig));
 	server_set_hooks(srv, NULL);
+	/* HTTP threads still running see no sessions from here on; the reaper
+	 * stops before the scheduler it asks about hosts. */
+	server_set_sessions(srv, NULL);
+	sessions_stop(sessions);
 	sched_stop(sched);
 	server_stop(srv);
 	store_close(st);

@@ -272,3 +272,225 @@ fail:
 	json_decref(j);
 	return -1;
 }
+
+/* ---- sessions ---- */
+
+void api_session_request_free(struct api_session_request *r)
+{
+	if (!r)
+		return;
+	free(r->spec_json);
+	free(r->metadata_json);
+	memset(r, 0, sizeof(*r));
+}
+
+/* An optional integer field in [1, max], default def. */
+static int opt_uint(json_t *j, const char *key, unsigned max, unsigned def, unsigned *out, struct kiln_err *err)
+{
+	json_t *v = json_object_get(j, key);
+
+	if (!v) {
+		*out = def;
+		return 0;
+	}
+	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > max)
+		return kiln_err_set(err, "invalid_request", "%s: must be an integer from 1 to %u", key, max);
+	*out = (unsigned)json_integer_value(v);
+	return 0;
+}
+
+int api_session_request_parse(const char *body, size_t len, int allow_egress, struct api_session_request *out,
+			      struct kiln_err *err)
+{
+	static const char *const keys[] = { "image", "limits", "network", "idle_timeout_s", "max_lifetime_s",
+					    "metadata", NULL };
+	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
+	struct task_spec ts;
+	char *probe_text = NULL;
+	int r = -1;
+
+	memset(out, 0, sizeof(*out));
+	if (len > API_SESSION_BODY_MAX)
+		return kiln_err_set(err, "invalid_request", "body: at most %d bytes", API_SESSION_BODY_MAX);
+	/* Metadata may hold more values than load_object's bound for admin bodies. */
+	if (spec_json_nodes(body ? body : "", len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
+		return kiln_err_set(err, "invalid_request", "body: too many JSON values");
+	{
+		json_error_t je;
+
+		j = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+		if (!j) {
+			scrub(je.text);
+			return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line,
+					    je.column, je.text);
+		}
+		if (!json_is_object(j)) {
+			json_decref(j);
+			return kiln_err_set(err, "invalid_request", "body: must be a JSON object");
+		}
+	}
+	if (check_keys(j, keys, err))
+		goto out;
+	v = json_object_get(j, "image");
+	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "default"))) {
+		kiln_err_set(err, "invalid_request", "image: only \"default\" exists");
+		goto out;
+	}
+	limits = json_object_get(j, "limits");
+	if (limits && !json_is_object(limits)) {
+		kiln_err_set(err, "invalid_spec", "limits: must be an object");
+		goto out;
+	}
+	if (json_object_get(limits, "timeout_s")) {
+		kiln_err_set(err, "invalid_spec",
+			     "limits.timeout_s: a session has no timeout: use idle_timeout_s, max_lifetime_s and each "
+			     "exec's timeout_s");
+		goto out;
+	}
+	net = json_object_get(j, "network");
+	v = json_is_object(net) ? json_object_get(net, "egress") : NULL;
+	if (!allow_egress && json_is_string(v) && strcmp(json_string_value(v), "none")) {
+		kiln_err_set(err, "egress_not_allowed", "network.egress: network egress is not allowed for your account");
+		goto out;
+	}
+	/* The limits and the network policy follow the task spec's rules: let
+	 * its parser check them (and fill in the defaults), messages and all. */
+	probe = json_pack("{s:[s]}", "argv", "true");
+	if (limits)
+		json_object_set(probe, "limits", limits);
+	if (net)
+		json_object_set(probe, "network", net);
+	probe_text = json_dumps(probe, JSON_COMPACT);
+	if (!probe_text) {
+		kiln_err_set(err, "internal", "out of memory");
+		goto out;
+	}
+	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+		goto out;
+	out->vcpus = ts.vcpus;
+	out->memory_mib = ts.memory_mib;
+	out->output_mib = ts.output_mib;
+	out->egress = ts.egress;
+	spec_free(&ts);
+	if (opt_uint(j, "idle_timeout_s", API_SESSION_MAX_IDLE_S, API_SESSION_DEFAULT_IDLE_S, &out->idle_timeout_s,
+		     err) < 0 ||
+	    opt_uint(j, "max_lifetime_s", API_SESSION_MAX_LIFETIME_S, API_SESSION_DEFAULT_LIFETIME_S,
+		     &out->max_lifetime_s, err) < 0)
+		goto out;
+	v = json_object_get(j, "metadata");
+	if (v) {
+		if (!json_is_object(v)) {
+			kiln_err_set(err, "invalid_request", "metadata: must be an object");
+			goto out;
+		}
+		out->metadata_json = json_dumps(v, JSON_COMPACT);
+		if (!out->metadata_json || strlen(out->metadata_json) > API_METADATA_MAX) {
+			kiln_err_set(err, "invalid_request", "metadata: must be at most %d bytes as compact JSON",
+				     API_METADATA_MAX);
+			goto out;
+		}
+	}
+	spec = json_pack("{s:{s:i, s:i, s:i}, s:o}", "limits", "vcpus", (int)out->vcpus, "memory_mib",
+			 (int)out->memory_mib, "output_mib", (int)out->output_mib, "network",
+			 net ? json_incref(net) : json_pack("{s:s}", "egress", "none"));
+	out->spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+	if (!out->spec_json) {
+		kiln_err_set(err, "internal", "out of memory");
+		goto out;
+	}
+	r = 0;
+out:
+	if (r < 0)
+		api_session_request_free(out);
+	free(probe_text);
+	json_decref(probe);
+	json_decref(spec);
+	json_decref(j);
+	return r;
+}
+
+int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s, json_t **out,
+			   struct kiln_err *err)
+{
+	static const char *const keys[] = { "argv", "language", "code", "env", "cwd", "timeout_s", NULL };
+	json_error_t je;
+	json_t *j, *v, *probe = NULL;
+	struct task_spec ts;
+	char *probe_text = NULL;
+	unsigned timeout_s = SPEC_DEFAULT_TIMEOUT_S;
+	int r = -1;
+
+	*out = NULL;
+	if (!body)
+		body = "";
+	if (len > SPEC_MAX_JSON)
+		return kiln_err_set(err, "invalid_spec", "body: must be at most %u bytes of JSON", SPEC_MAX_JSON);
+	if (spec_json_nodes(body, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
+		return kiln_err_set(err, "invalid_spec",
+				    "body: must have at most %d JSON arrays, objects and ',' separators outside strings",
+				    SPEC_MAX_JSON_NODES);
+	j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+	if (!j) {
+		scrub(je.text);
+		return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column,
+				    je.text);
+	}
+	if (!json_is_object(j)) {
+		kiln_err_set(err, "invalid_spec", "body: must be a JSON object");
+		goto out;
+	}
+	if (check_keys(j, keys, err)) {
+		snprintf(err->code, sizeof(err->code), "invalid_spec");
+		goto out;
+	}
+	v = json_object_get(j, "timeout_s");
+	if (v) {
+		if (!json_is_integer(v) || json_integer_value(v) < SPEC_MIN_TIMEOUT_S ||
+		    json_integer_value(v) > SPEC_MAX_TIMEOUT_S) {
+			kiln_err_set(err, "invalid_spec", "timeout_s: must be an integer from %d to %d", SPEC_MIN_TIMEOUT_S,
+				     SPEC_MAX_TIMEOUT_S);
+			goto out;
+		}
+		timeout_s = (unsigned)json_integer_value(v);
+	}
+	if (max_timeout_s && timeout_s > max_timeout_s) {
+		kiln_err_set(err, "over_quota", "timeout_s: %u exceeds your quota of %u", timeout_s, max_timeout_s);
+		goto out;
+	}
+	/* argv or language+code, env, cwd: the task spec's rules and messages. */
+	probe = json_deep_copy(j);
+	if (!probe) {
+		kiln_err_set(err, "internal", "out of memory");
+		goto out;
+	}
+	json_object_del(probe, "timeout_s");
+	probe_text = json_dumps(probe, JSON_COMPACT);
+	if (!probe_text) {
+		kiln_err_set(err, "internal", "out of memory");
+		goto out;
+	}
+	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+		goto out;
+	spec_free(&ts);
+	json_object_set_new(j, "timeout_s", json_integer(timeout_s));
+	*out = j;
+	j = NULL;
+	r = 0;
+out:
+	free(probe_text);
+	json_decref(probe);
+	json_decref(j);
+	return r;
+}
+
+int api_guest_path_ok(const char *p)
+{
+	size_t n = p ? strlen(p) : 0;
+
+	if (n < 1 || n > 4096 || p[0] != '/')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+			return 0;
+	return 1;
+}

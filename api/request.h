@@ -54,4 +54,48 @@ int api_quota_request_parse(const char *body, size_t len, struct quota *q, struc
  * object. 0 or -1 with err set. */
 int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capacity, struct kiln_err *err);
 
+/* ---- sessions ---- */
+
+#define API_SESSION_DEFAULT_IDLE_S      600
+#define API_SESSION_MAX_IDLE_S          86400
+#define API_SESSION_DEFAULT_LIFETIME_S  3600
+#define API_SESSION_MAX_LIFETIME_S      604800
+#define API_SESSION_BODY_MAX            (256 << 10) /* bytes of a POST /v1/sessions body */
+
+/* A POST /v1/sessions body, checked. */
+struct api_session_request {
+	char *spec_json;       /* {"limits":{"vcpus","memory_mib","output_mib"},"network":{...}}, every
+				* limit filled in: what hosts get on create and resume (malloc'd) */
+	char *metadata_json;   /* compact, or NULL when absent (malloc'd) */
+	unsigned vcpus, memory_mib, output_mib, idle_timeout_s, max_lifetime_s;
+	int egress;            /* network.egress is "allow" */
+};
+
+/* Parse {"image","limits","network","idle_timeout_s","max_lifetime_s",
+ * "metadata"} (all optional): image "default" only; limits vcpus, memory_mib
+ * and output_mib with the task spec's ranges and defaults (no timeout_s:
+ * sessions have idle and lifetime limits, and each exec its own timeout);
+ * network as a task's (a network.egress other than "none" without
+ * allow_egress is refused first, code "egress_not_allowed"); idle_timeout_s
+ * 1..API_SESSION_MAX_IDLE_S, max_lifetime_s 1..API_SESSION_MAX_LIFETIME_S;
+ * metadata as a task's. Returns 0 with *out filled (release with
+ * api_session_request_free) or -1 with err set ("invalid_json",
+ * "invalid_request", "invalid_spec" naming the field). */
+int api_session_request_parse(const char *body, size_t len, int allow_egress, struct api_session_request *out,
+			      struct kiln_err *err);
+void api_session_request_free(struct api_session_request *r);
+
+/* Parse a POST /v1/sessions/{id}/exec body: {"argv":[...]} or
+ * {"language","code"}, optional "env" and "cwd", checked with the task
+ * spec's rules (the message names the field), and "timeout_s" 1..86400
+ * (default 30), at most max_timeout_s (the quota's max_task_timeout_s; 0: no
+ * quota) else code "over_quota". *out: the body to send the host (a new
+ * reference) with timeout_s filled in. 0, or -1 with err set. */
+int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s, json_t **out,
+			   struct kiln_err *err);
+
+/* A guest path in a query (?path= or ?dir=): absolute, 1-4096 bytes, no
+ * control characters. 1 when ok. (The host checks it further.) */
+int api_guest_path_ok(const char *p);
+
 #endif

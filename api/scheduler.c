@@ -446,7 +446,17 @@ static void reconcile(struct sched *s, const char *host, const char *url)
 
 /* ---- placement ---- */
 
-static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, int64_t now)
+static int excluded(const char *id, char (*exclude)[65], int nexclude)
+{
+	for (int i = 0; i < nexclude; i++)
+		if (!strcmp(exclude[i], id))
+			return 1;
+	return 0;
+}
+
+/* The best host for t now, or NULL; hosts named in exclude are skipped. */
+static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, int64_t now,
+					  char (*exclude)[65], int nexclude)
 {
 	struct host_view *best = NULL;
 	long best_score = -1;
@@ -456,7 +466,8 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 		long free_v, score;
 		int64_t free_m;
 
-		if (h->lost || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress))
+		if (h->lost || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress) ||
+		    excluded(h->id, exclude, nexclude))
 			continue;
 		free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
 		free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
@@ -475,6 +486,16 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 		}
 	}
 	return best;
+}
+
+/* What was placed on h since its last heartbeat is counted until the next
+ * one reports it (and a pool VM of its size is taken). */
+static void reserve_locked(struct host_view *h, const struct store_task *t)
+{
+	h->inflight_vcpus += t->vcpus;
+	h->inflight_mem += t->memory_mib;
+	if (!t->egress && h->pool_ready && h->pool_mem == t->memory_mib)
+		h->pool_ready--;
 }
 
 static void place(struct sched *s)
@@ -498,7 +519,7 @@ static void place(struct sched *s)
 		if (skip)
 			continue;
 		pthread_mutex_lock(&s->lock);
-		h = pick_host_locked(s, &q[i], now);
+		h = pick_host_locked(s, &q[i], now, NULL, 0);
 		if (!h) {
 			/* No host fits it now; smaller tasks of other customers may fit. */
 			pthread_mutex_unlock(&s->lock);
@@ -509,10 +530,7 @@ static void place(struct sched *s)
 		r = store_task_schedule(s->st, q[i].id, h->id);
 		if (r == 1) {
 			q[i].state = TASK_SCHEDULED;
-			h->inflight_vcpus += q[i].vcpus;
-			h->inflight_mem += q[i].memory_mib;
-			if (!q[i].egress && h->pool_ready && h->pool_mem == q[i].memory_mib)
-				h->pool_ready--;
+			reserve_locked(h, &q[i]);
 			watch_start_locked(s, &q[i], h, 1);
 		} else if (r == -EDQUOT && ncapped < 64) {
 			snprintf(capped[ncapped++], sizeof(capped[0]), "%s", q[i].customer);
@@ -682,6 +700,94 @@ int sched_cancel(struct sched *s, const char *task_id)
 	snprintf(path, sizeof(path), "/v1/tasks/%s", task_id);
 	st = hostclient_call(url, s->token, "DELETE", path, NULL, 5000, NULL, &err);
 	return st == 202 || st == 409 ? 0 : -1;
+}
+
+/* ---- placement outside the queue (sessions) ---- */
+
+int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
+		char host_id[65], char url[256])
+{
+	struct store_task t = { .vcpus = need->vcpus, .memory_mib = need->memory_mib, .egress = need->egress };
+	struct host_view *h;
+	int live = 0, big = 0;
+
+	pthread_mutex_lock(&s->lock);
+	h = pick_host_locked(s, &t, proto_now_ms(), exclude, nexclude);
+	if (h) {
+		reserve_locked(h, &t);
+		snprintf(host_id, 65, "%s", h->id);
+		snprintf(url, 256, "%s", h->url);
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	/* Why not: nobody there, nobody big enough, or everybody busy now. */
+	for (int i = 0; i < s->nhosts; i++) {
+		struct host_view *v = &s->hosts[i];
+
+		if (v->lost || !v->url[0])
+			continue;
+		live++;
+		if (v->vcpus_total >= need->vcpus && v->mem_total >= need->memory_mib && (!need->egress || v->egress))
+			big++;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return !live ? -ENOENT : !big ? -E2BIG : -EBUSY;
+}
+
+void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need)
+{
+	struct host_view *h;
+
+	pthread_mutex_lock(&s->lock);
+	h = host_find_locked(s, host_id);
+	if (h) {
+		h->inflight_vcpus -= need->vcpus < h->inflight_vcpus ? need->vcpus : h->inflight_vcpus;
+		h->inflight_mem -= need->memory_mib < h->inflight_mem ? need->memory_mib : h->inflight_mem;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sched_host_full(struct sched *s, const char *host_id)
+{
+	struct host_view *h;
+
+	pthread_mutex_lock(&s->lock);
+	h = host_find_locked(s, host_id);
+	if (h)
+		h->full_until_ms = proto_now_ms() + HOST_FULL_BACKOFF_MS;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int sched_host_state(struct sched *s, const char *host_id, char url[256])
+{
+	struct host_view *h;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	h = host_find_locked(s, host_id);
+	if (h) {
+		r = !h->lost;
+		if (url)
+			snprintf(url, 256, "%s", h->url);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int sched_live_hosts(struct sched *s, char (*ids)[65], char (*urls)[256], int max)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->nhosts && n < max; i++) {
+		if (s->hosts[i].lost || !s->hosts[i].url[0])
+			continue;
+		snprintf(ids[n], 65, "%s", s->hosts[i].id);
+		snprintf(urls[n], 256, "%s", s->hosts[i].url);
+		n++;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return n;
 }
 
 void sched_stop(struct sched *s)

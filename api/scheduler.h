@@ -38,4 +38,36 @@ int sched_cancel(struct sched *s, const char *task_id);
 
 void sched_stop(struct sched *s);
 
+/* ---- placement outside the queue (sessions) ----
+ * Sessions are not queued: a request to create or resume one is answered at
+ * once, so it picks a host itself, by the same rules as queued tasks. */
+
+struct sched_need {
+	unsigned vcpus, memory_mib;
+	int egress;                    /* only hosts that offer network egress */
+};
+
+/* Pick a live host with room for need (as queued tasks are placed: from its
+ * last report minus what was placed since, a warm pool VM of its size
+ * preferred, else the emptiest), skipping the nexclude ids in exclude, and
+ * count need as placed there until its next heartbeat reports it. Returns 0
+ * with host_id and url filled; -ENOENT when no host is live; -E2BIG when no
+ * live host is big enough (by its totals) or offers egress when asked;
+ * -EBUSY when some are, but none has room now. Thread-safe. */
+int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
+		char host_id[65], char url[256]);
+
+/* Undo sched_place's accounting (the host or the quota refused). */
+void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need);
+
+/* The host answered that it is full: place nothing there for a moment. */
+void sched_host_full(struct sched *s, const char *host_id);
+
+/* 1 the host is live (url filled when not NULL, 256 bytes), 0 it is lost,
+ * -1 unknown (not seen yet since this kiln-api started: do not judge). */
+int sched_host_state(struct sched *s, const char *host_id, char url[256]);
+
+/* The live hosts (ids and URLs), at most max. Returns how many. */
+int sched_live_hosts(struct sched *s, char (*ids)[65], char (*urls)[256], int max);
+
 #endif

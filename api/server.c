@@ -31,8 +31,10 @@
 #include <openssl/sha.h>
 
 #include "quota.h"
+#include "reply.h"
 #include "request.h"
 #include "s3.h"
+#include "sessions.h"
 #include "spec.h"
 
 #define EV_BUCKETS 1024
@@ -65,6 +67,7 @@ struct server {
 	int have_admin, have_token;
 	pthread_mutex_t hooks_lock;
 	struct server_hooks hooks;
+	struct sessions *sessions;   /* under hooks_lock */
 
 	pthread_mutex_t ev_lock;
 	pthread_cond_t ev_cond;
@@ -99,72 +102,6 @@ static int64_t wall_ms(void)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* ---- replies ---- */
-
-static enum MHD_Result queue(struct MHD_Connection *conn, unsigned status, json_t *j, const char *hname,
-			     const char *hvalue)
-{
-	char *s = json_dumps(j, JSON_COMPACT);
-	struct MHD_Response *r;
-	enum MHD_Result ret;
-
-	json_decref(j);
-	if (!s)
-		return MHD_NO;
-	r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-	if (!r) {
-		free(s);
-		return MHD_NO;
-	}
-	MHD_add_response_header(r, "Content-Type", "application/json");
-	if (hname)
-		MHD_add_response_header(r, hname, hvalue);
-	ret = MHD_queue_response(conn, status, r);
-	MHD_destroy_response(r);
-	return ret;
-}
-
-static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j)
-{
-	return queue(conn, status, j ? j : json_object(), NULL, NULL);
-}
-
-static enum MHD_Result reply_error_h(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg,
-				     const char *hname, const char *hvalue)
-{
-	return queue(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg), hname, hvalue);
-}
-
-static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg)
-{
-	return reply_error_h(conn, status, code, msg, NULL, NULL);
-}
-
-static enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e)
-{
-	return reply_error(conn, status, e->code[0] ? e->code : "internal", e->message);
-}
-
-static enum MHD_Result not_found(struct MHD_Connection *conn, const char *what)
-{
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", what);
-}
-
-static enum MHD_Result method_not_allowed(struct MHD_Connection *conn, const char *allowed)
-{
-	char msg[64];
-	json_t *j;
-
-	snprintf(msg, sizeof(msg), "use %s", allowed);
-	j = json_pack("{s:{s:s, s:s}}", "error", "code", "method_not_allowed", "message", msg);
-	return queue(conn, MHD_HTTP_METHOD_NOT_ALLOWED, j, "Allow", allowed);
-}
-
-static enum MHD_Result internal(struct MHD_Connection *conn, const char *what)
-{
-	return reply_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", what);
 }
 
 /* ---- authentication ---- */
@@ -500,7 +437,7 @@ static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn,
 	json_t *j = store_task_json(s->st, id, customer);
 
 	if (!j)
-		return internal(conn, "the task was stored but cannot be read back");
+		return reply_internal(conn, "the task was stored but cannot be read back");
 	return reply_json(conn, status, with_urls(s, j));
 }
 
@@ -576,7 +513,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	}
 	if (store_customer_usage(s->st, c->customer, &u) < 0) {
 		api_task_request_free(&tr);
-		return internal(conn, "cannot read the usage");
+		return reply_internal(conn, "cannot read the usage");
 	}
 	if (q.max_queued && u.queued >= q.max_queued) {
 		char ra[24];
@@ -594,7 +531,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	}
 	if (tr.metadata && !(md = json_dumps(tr.metadata, JSON_COMPACT))) {
 		api_task_request_free(&tr);
-		return internal(conn, "out of memory");
+		return reply_internal(conn, "out of memory");
 	}
 	{
 		struct store_submit sub = {
@@ -685,7 +622,7 @@ static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn,
 		int stopping;
 
 		if (!j)
-			return not_found(conn, "no such task");
+			return reply_not_found(conn, "no such task");
 		st = task_state_parse(json_string_value(json_object_get(j, "state")));
 		pthread_mutex_lock(&s->ev_lock);
 		stopping = s->stopping;
@@ -706,7 +643,7 @@ static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *co
 
 	switch (r) {
 	case STORE_CANCEL_NOT_FOUND:
-		return not_found(conn, "no such task");
+		return reply_not_found(conn, "no such task");
 	case STORE_CANCEL_DONE:
 		return reply_task(s, conn, MHD_HTTP_OK, id, NULL);
 	case STORE_CANCEL_REQUESTED:
@@ -719,7 +656,7 @@ static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *co
 		snprintf(msg, sizeof(msg), "the task is %s: its code has already ended", task_state_name(st));
 		return reply_error(conn, MHD_HTTP_CONFLICT, "not_cancellable", msg);
 	default:
-		return internal(conn, "cannot cancel the task");
+		return reply_internal(conn, "cannot cancel the task");
 	}
 }
 
@@ -789,7 +726,7 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 	enum MHD_Result ret;
 
 	if (!j)
-		return not_found(conn, "no such task");
+		return reply_not_found(conn, "no such task");
 	json_decref(j);
 	e = calloc(1, sizeof(*e));
 	if (!e)
@@ -798,7 +735,7 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 	e->t = ev_get(s, id);
 	if (!e->t) {
 		free(e);
-		return not_found(conn, "no such task");
+		return reply_not_found(conn, "no such task");
 	}
 	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 << 10, sse_read, e, sse_free);
 	if (!r) {
@@ -821,25 +758,25 @@ static enum MHD_Result route_task(struct server *s, struct MHD_Connection *conn,
 	char id[40];
 
 	if (n == 0 || n >= sizeof(id))
-		return not_found(conn, "no such task");
+		return reply_not_found(conn, "no such task");
 	memcpy(id, rest, n);
 	id[n] = '\0';
 	if (!slash) {
 		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
+			return reply_method_not_allowed(conn, "GET");
 		return handle_get(s, conn, id, c);
 	}
 	if (!strcmp(slash, "/events")) {
 		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
+			return reply_method_not_allowed(conn, "GET");
 		return handle_events(s, conn, id, c);
 	}
 	if (!strcmp(slash, "/cancel")) {
 		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "POST");
+			return reply_method_not_allowed(conn, "POST");
 		return handle_cancel(s, conn, id, c);
 	}
-	return not_found(conn, "no such endpoint");
+	return reply_not_found(conn, "no such endpoint");
 }
 
 static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *conn, const struct caller *c)
@@ -850,11 +787,12 @@ static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *con
 	if (c->admin)
 		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "an admin key has no usage: use a customer key");
 	if (store_customer_quota(s->st, c->customer, &q) < 0 || store_customer_usage(s->st, c->customer, &u) < 0)
-		return internal(conn, "cannot read the usage");
+		return reply_internal(conn, "cannot read the usage");
 	return reply_json(conn, MHD_HTTP_OK,
-			  json_pack("{s:s, s:o, s:{s:i, s:i, s:I, s:i}, s:{s:f, s:i, s:f}}", "customer", c->customer,
-				    "quotas", quota_to_json(&q), "usage", "running", (int)u.running, "vcpus", (int)u.vcpus,
-				    "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued, "submit", "rate",
+			  json_pack("{s:s, s:o, s:{s:i, s:i, s:I, s:i, s:i, s:i}, s:{s:f, s:i, s:f}}", "customer",
+				    c->customer, "quotas", quota_to_json(&q), "usage", "running", (int)u.running, "vcpus",
+				    (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued,
+				    "sessions", (int)u.sessions, "paused_sessions", (int)u.paused_sessions, "submit", "rate",
 				    q.submit_rate, "burst", (int)q.submit_burst, "tokens",
 				    quota_limiter_peek(s->lim, c->customer, q.submit_rate, q.submit_burst, mono_ms())));
 }
@@ -874,7 +812,7 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 		struct quota q = s->cfg->quotas;
 
 		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "POST");
+			return reply_method_not_allowed(conn, "POST");
 		if (api_customer_request_parse(req->body, req->len, id, name, &q, &err) < 0)
 			return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
 		if (store_customer_create(s->st, id, name, &q, &err) < 0)
@@ -889,28 +827,29 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 		struct quota q;
 
 		if (n == 0 || n >= sizeof(id))
-			return not_found(conn, "no such customer");
+			return reply_not_found(conn, "no such customer");
 		memcpy(id, cid, n);
 		id[n] = '\0';
 		if (store_customer_quota(s->st, id, &q) < 0)
-			return not_found(conn, "no such customer");
+			return reply_not_found(conn, "no such customer");
 		if (!slash) {
 			struct usage u;
 			json_t *j;
 
 			if (strcmp(method, "GET"))
-				return method_not_allowed(conn, "GET");
+				return reply_method_not_allowed(conn, "GET");
 			j = store_customer_json(s->st, id);
 			if (j && store_customer_usage(s->st, id, &u) == 0)
 				json_object_set_new(j, "usage",
-						    json_pack("{s:i, s:i, s:I, s:i}", "running", (int)u.running, "vcpus",
-							      (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib,
-							      "queued", (int)u.queued));
-			return j ? reply_json(conn, MHD_HTTP_OK, j) : internal(conn, "cannot read the customer");
+						    json_pack("{s:i, s:i, s:I, s:i, s:i, s:i}", "running", (int)u.running,
+							      "vcpus", (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib,
+							      "queued", (int)u.queued, "sessions", (int)u.sessions,
+							      "paused_sessions", (int)u.paused_sessions));
+			return j ? reply_json(conn, MHD_HTTP_OK, j) : reply_internal(conn, "cannot read the customer");
 		}
 		if (!strcmp(slash, "/quotas")) {
 			if (strcmp(method, "PUT"))
-				return method_not_allowed(conn, "PUT");
+				return reply_method_not_allowed(conn, "PUT");
 			if (api_quota_request_parse(req->body, req->len, &q, &err) < 0)
 				return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
 			if (store_customer_set_quota(s->st, id, &q, &err) < 0)
@@ -922,7 +861,7 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 			json_t *j;
 
 			if (strcmp(method, "POST"))
-				return method_not_allowed(conn, "POST");
+				return reply_method_not_allowed(conn, "POST");
 			if (store_key_create(s->st, id, 0, &key, key_id, &err) < 0)
 				return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 			j = json_pack("{s:s, s:s, s:s}", "key", key, "key_id", key_id, "customer", id);
@@ -930,21 +869,21 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 			free(key);
 			return reply_json(conn, MHD_HTTP_CREATED, j);
 		}
-		return not_found(conn, "no such endpoint");
+		return reply_not_found(conn, "no such endpoint");
 	}
 	if (!strncmp(rest, "keys/", 5)) {
 		const char *kid = rest + 5;
 		int r;
 
 		if (strcmp(method, "DELETE"))
-			return method_not_allowed(conn, "DELETE");
+			return reply_method_not_allowed(conn, "DELETE");
 		if (!*kid || strlen(kid) >= 32 || strchr(kid, '/'))
-			return not_found(conn, "no such key");
+			return reply_not_found(conn, "no such key");
 		r = store_key_revoke(s->st, kid);
 		if (r == -ENOENT)
-			return not_found(conn, "no such key");
+			return reply_not_found(conn, "no such key");
 		if (r < 0)
-			return internal(conn, "cannot revoke the key");
+			return reply_internal(conn, "cannot revoke the key");
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:b}", "key_id", kid, "revoked", 1));
 	}
 	if (!strcmp(rest, "hosts")) {
@@ -953,7 +892,7 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 		size_t i;
 
 		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
+			return reply_method_not_allowed(conn, "GET");
 		hosts = store_host_list(s->st);
 		/* A host the scheduler has not yet marked shows as lost once its
 		 * heartbeat is older than host_lost_after_s. */
@@ -962,7 +901,7 @@ static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *con
 				json_object_set_new(h, "state", json_string("lost"));
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:o}", "hosts", hosts));
 	}
-	return not_found(conn, "no such endpoint");
+	return reply_not_found(conn, "no such endpoint");
 }
 
 /* POST /v1/hosts/{id}/heartbeat (cluster token) */
@@ -978,11 +917,11 @@ static enum MHD_Result handle_host(struct server *s, struct MHD_Connection *conn
 	if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
 		return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
 	if (!slash || strcmp(slash, "/heartbeat") || n == 0 || n >= sizeof(id))
-		return not_found(conn, "no such endpoint");
+		return reply_not_found(conn, "no such endpoint");
 	memcpy(id, rest, n);
 	id[n] = '\0';
 	if (strcmp(method, "POST"))
-		return method_not_allowed(conn, "POST");
+		return reply_method_not_allowed(conn, "POST");
 	if (!api_id_ok(id))
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
 				   "host id: 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
@@ -1060,7 +999,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		return reply_too_large(s, conn);
 	if (!strcmp(url, "/healthz")) {
 		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
+			return reply_method_not_allowed(conn, "GET");
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
 	}
 	if (!strncmp(url, "/v1/hosts/", 10))
@@ -1073,13 +1012,27 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return handle_submit(s, conn, req, &c);
 		if (!strcmp(method, "GET"))
 			return handle_list(s, conn, &c);
-		return method_not_allowed(conn, "GET, POST");
+		return reply_method_not_allowed(conn, "GET, POST");
 	}
 	if (!strncmp(url, "/v1/tasks/", 10))
 		return route_task(s, conn, method, url + 10, &c);
+	if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13)) {
+		struct sessions_request sr = {
+			.conn = conn, .method = method, .path = url + 12, .body = req->body, .len = req->len,
+			.customer = c.customer, .admin = c.admin, .lim = s->lim,
+		};
+		struct sessions *ss;
+
+		pthread_mutex_lock(&s->hooks_lock);
+		ss = s->sessions;
+		pthread_mutex_unlock(&s->hooks_lock);
+		if (!ss)
+			return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "sessions are not served now");
+		return sessions_handle(ss, &sr);
+	}
 	if (!strcmp(url, "/v1/usage")) {
 		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
+			return reply_method_not_allowed(conn, "GET");
 		return handle_usage(s, conn, &c);
 	}
 	if (!strncmp(url, "/v1/admin/", 10)) {
@@ -1087,7 +1040,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "admin endpoints need an admin key");
 		return handle_admin(s, conn, method, url + 10, req);
 	}
-	return not_found(conn, "no such endpoint");
+	return reply_not_found(conn, "no such endpoint");
 }
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
@@ -1189,6 +1142,13 @@ void server_set_hooks(struct server *s, const struct server_hooks *hooks)
 		s->hooks = *hooks;
 	else
 		memset(&s->hooks, 0, sizeof(s->hooks));
+	pthread_mutex_unlock(&s->hooks_lock);
+}
+
+void server_set_sessions(struct server *s, struct sessions *ss)
+{
+	pthread_mutex_lock(&s->hooks_lock);
+	s->sessions = ss;
 	pthread_mutex_unlock(&s->hooks_lock);
 }
 

@@ -36,6 +36,11 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 			    struct kiln_err *err);
 void server_set_hooks(struct server *s, const struct server_hooks *hooks);
 
+/* Serve /v1/sessions with ss (sessions.h); until it is set (or after it is
+ * set to NULL) those paths answer 503. */
+struct sessions;
+void server_set_sessions(struct server *s, struct sessions *ss);
+
 /* Stop: long-polls and event streams end, then the HTTP threads, then
  * everything is freed. */
 void server_stop(struct server *s);

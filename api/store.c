@@ -1830,7 +1830,8 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 		r = -EDQUOT;
 		goto rollback;
 	}
-	if (session_transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, "", NULL, wall_ms()) != 1)
+	/* end_reason stays until it runs again: a failed resume goes back with it. */
+	if (session_transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, NULL, NULL, wall_ms()) != 1)
 		goto fail_sql;
 	if (run(s, ST_COMMIT) != SQLITE_DONE)
 		goto fail_sql;

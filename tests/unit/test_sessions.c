@@ -220,7 +220,10 @@ static void test_lifecycle(void **state)
 	assert_string_equal(ss.host_id, "h2");
 	assert_int_equal(ss.has_snapshot, 1);
 	usleep(5000);
-	assert_int_equal(store_session_transition(s, a, SESSION_RESUMING, SESSION_RUNNING, NULL, NULL, NULL), 1);
+	j = store_session_json(s, a, NULL);
+	assert_string_equal(jstr(j, "end_reason"), "paused"); /* kept while resuming: a failure goes back */
+	json_decref(j);
+	assert_int_equal(store_session_transition(s, a, SESSION_RESUMING, SESSION_RUNNING, NULL, "", NULL), 1);
 	{
 		struct store_session t2;
 

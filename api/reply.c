@@ -1,0 +1,90 @@
+/* reply: kiln-api's JSON, error and raw answers (see reply.h). */
+#include "reply.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum MHD_Result reply_json_h(struct MHD_Connection *conn, unsigned status, json_t *j, const char *hname,
+			     const char *hvalue)
+{
+	char *s = json_dumps(j ? j : json_object(), JSON_COMPACT);
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	json_decref(j);
+	if (!s)
+		return MHD_NO;
+	r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(s);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "application/json");
+	if (hname)
+		MHD_add_response_header(r, hname, hvalue);
+	ret = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j)
+{
+	return reply_json_h(conn, status, j, NULL, NULL);
+}
+
+enum MHD_Result reply_error_h(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg,
+			      const char *hname, const char *hvalue)
+{
+	return reply_json_h(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg), hname,
+			    hvalue);
+}
+
+enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg)
+{
+	return reply_error_h(conn, status, code, msg, NULL, NULL);
+}
+
+enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e)
+{
+	return reply_error(conn, status, e->code[0] ? e->code : "internal", e->message);
+}
+
+enum MHD_Result reply_not_found(struct MHD_Connection *conn, const char *what)
+{
+	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", what);
+}
+
+enum MHD_Result reply_method_not_allowed(struct MHD_Connection *conn, const char *allowed)
+{
+	char msg[64];
+
+	snprintf(msg, sizeof(msg), "use %s", allowed);
+	return reply_error_h(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", msg, "Allow", allowed);
+}
+
+enum MHD_Result reply_internal(struct MHD_Connection *conn, const char *what)
+{
+	return reply_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", what);
+}
+
+enum MHD_Result reply_bytes(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
+			    const char *content_type)
+{
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	if (body)
+		r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+	else
+		r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	if (content_type)
+		MHD_add_response_header(r, "Content-Type", content_type);
+	ret = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}

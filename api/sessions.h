@@ -1,0 +1,49 @@
+/* sessions: kiln-api's sessions, long-lived sandboxes on one kiln-host each
+ * (docs/api.md, "Sessions"): the /v1/sessions endpoints, which check
+ * quotas, place a session on a host with the scheduler's rules, keep its row
+ * in the store and proxy exec, files, pause, resume and outputs to its host;
+ * and the reaper thread, which ends sessions past their idle or lifetime
+ * limit (pausing them when the customer's session_auto_pause says so, else
+ * destroying them), settles sessions whose host is lost (error/host_lost),
+ * finishes what a killed kiln-api left half-done, and destroys sessions a
+ * host still runs that the store has settled otherwise. */
+#ifndef KILN_API_SESSIONS_H
+#define KILN_API_SESSIONS_H
+
+#include <stddef.h>
+
+#include <microhttpd.h>
+
+#include "config.h"
+#include "err.h"
+#include "quota.h"
+#include "scheduler.h"
+#include "store.h"
+
+struct sessions;
+
+/* Start the reaper. cfg, st and sched stay owned by the caller and must
+ * outlive the sessions (sessions_stop first). NULL with err set. */
+struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
+				struct kiln_err *err);
+
+/* Stop the reaper (and wait a moment for ends it started), then free. */
+void sessions_stop(struct sessions *ss);
+
+/* One authenticated request under /v1/sessions, with its whole body. */
+struct sessions_request {
+	struct MHD_Connection *conn;
+	const char *method;
+	const char *path;            /* after "/v1/sessions": "", "/ID", "/ID/exec", ... */
+	const char *body;            /* may be NULL */
+	size_t len;
+	const char *customer;        /* the caller's customer; "" for an admin key */
+	int admin;
+	struct quota_limiter *lim;   /* the submit-rate buckets (create and resume take a token) */
+};
+
+/* Answer it (queues the response on r->conn). Called from libmicrohttpd's
+ * connection threads; may block for as long as the host takes (an exec). */
+enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r);
+
+#endif
