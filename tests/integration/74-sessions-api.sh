@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# kiln-api's sessions without VMs: the real kiln-api over two stand-in hosts
+# (fake_session_host.py: kiln-host's session contract, files in memory,
+# "snapshots" in a shared directory). Create, validation and per-session
+# limits, exec (plain and ?stream=1), files, another customer's 404s, the
+# running quota shared with tasks (429 naming the limit; a task waits while a
+# session holds the quota), pause (quota freed, usage shows it), resume on the
+# other host, idle and lifetime limits (destroy, or auto-pause per quota), an
+# exec longer than the idle limit, a host lost (error/host_lost, resumable
+# from its last pause), a host that restarted (error/vm_lost), a session
+# only a host knows (destroyed there), a kiln-api restart, delete.
+# The same flows with real VMs: 75-sessions.sh.
+. "$(dirname "$0")/lib.sh"
+
+for t in curl jq python3; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+KILN_API=${KILN_API:-$ROOT/build/kiln-api}
+[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
+FAKE=$ROOT/tests/integration/fake_session_host.py
+
+PORT=$((20000 + RANDOM % 20000))
+URL=http://127.0.0.1:$PORT
+H1_PORT=$((PORT + 1)) H2_PORT=$((PORT + 2))
+ADMIN=it-admin-$RANDOM$RANDOM$RANDOM$RANDOM
+TOKEN=it-cluster-$RANDOM$RANDOM
+api_pid= h_pids=()
+mkdir -p "$T_TMP/snaps"
+
+jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 2,
+	  quotas: {submit_rate: 1000, submit_burst: 1000}}' > "$T_TMP/api.json"
+
+start_api() {
+	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do
+		curl -sf --max-time 1 "$URL/healthz" > /dev/null && return 0
+		kill -0 "$api_pid" 2> /dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+stop_api() { [ -n "$api_pid" ] && kill "$api_pid" 2> /dev/null && wait "$api_pid" 2> /dev/null; api_pid=; }
+start_host() { # N PORT
+	python3 "$FAKE" --listen "127.0.0.1:$2" --host-id "h$1" --token "$TOKEN" --api "$URL" \
+		--snapshots "$T_TMP/snaps" --memory-mib 1024 >> "$T_TMP/h$1.log" 2>&1 &
+	h_pids[$1]=$!
+}
+# until host N answers (a restarted one starts empty)
+wait_host() { for _ in $(seq 100); do curl -sf -m 1 "http://127.0.0.1:$((PORT + $1))/healthz" > /dev/null && return 0; sleep 0.1; done; return 1; }
+stop_host() { kill "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
+cleanup() {
+	stop_api
+	for n in 1 2; do [ -n "${h_pids[$n]:-}" ] && stop_host "$n"; done
+	t_cleanup
+}
+trap cleanup EXIT
+
+# req KEY METHOD PATH [curl args...]: body in $T_TMP/last.json, the status echoed.
+req() {
+	local key=$1 m=$2 p=$3
+	shift 3
+	curl -s --max-time 70 -o "$T_TMP/last.json" -D "$T_TMP/last.h" -w '%{http_code}' -X "$m" \
+		-H "Authorization: Bearer $key" "$@" "$URL$p"
+}
+last() { jq -r "$1" "$T_TMP/last.json" 2> /dev/null; }
+header() { tr -d '\r' < "$T_TMP/last.h" | awk -v h="$(echo "$1" | tr A-Z a-z)" 'BEGIN{FS=": "} tolower($1) == h {print $2}'; }
+expect() { # NAME STATUS GOT [jq condition]
+	local name=$1 want=$2 got=$3 cond=${4:-true}
+	if [ "$got" = "$want" ] && [ "$(last "$cond")" = true ]; then ok "$name"
+	else not_ok "$name" "status $got (want $want), body: $(head -c 600 "$T_TMP/last.json")"; fi
+}
+create() { req "$1" POST /v1/sessions -H 'Content-Type: application/json' --data-binary "${2:-{\}}"; }
+sexec() { req "$1" POST "/v1/sessions/$2/exec" -H 'Content-Type: application/json' --data-binary "$3"; }
+state_of() { req "$1" GET "/v1/sessions/$2" > /dev/null; last .state; }
+# wait_state KEY ID STATE SECONDS: until the session is in STATE.
+wait_state() {
+	local i
+	for i in $(seq $(($4 * 10))); do [ "$(state_of "$1" "$2")" = "$3" ] && return 0; sleep 0.1; done
+	return 1
+}
+live_hosts() { curl -s -m 5 -H "Authorization: Bearer $ADMIN" "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
+
+if ! start_api; then echo "1..0 # SKIP kiln-api did not start: $(tail -3 "$T_TMP/api.err")"; exit 0; fi
+start_host 1 "$H1_PORT"
+start_host 2 "$H2_PORT"
+for _ in $(seq 100); do [ "$(live_hosts)" = 2 ] && break; sleep 0.1; done
+check "two stand-in hosts heartbeat and are live" [ "$(live_hosts)" = 2 ]
+
+req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"acme","quotas":{"max_running":2}}' > /dev/null
+req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"beta"}' > /dev/null
+req "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; KA=$(last .key)
+req "$ADMIN" POST /v1/admin/customers/beta/keys > /dev/null; KB=$(last .key)
+
+# ---- create ----
+st=$(create "$KA" '{"image":"default","limits":{"memory_mib":512},"idle_timeout_s":300,"metadata":{"job":7}}')
+expect "create: 201 running on a host, limits filled in, metadata kept" 201 "$st" \
+	'(.id | test("^s_[0-9a-f]{32}$")) and .state == "running" and (.host | test("^h[12]$"))
+	 and .limits == {"vcpus":1,"memory_mib":512,"output_mib":64} and .network.egress == "none"
+	 and .metadata.job == 7 and .idle_timeout_s == 300 and .max_lifetime_s == 3600 and .expires_at > .created_at'
+S1=$(last .id); S1_HOST=$(last .host)
+check "the host has it" grep -q "session $S1 created" "$T_TMP/$S1_HOST.log"
+st=$(req "$KA" GET /v1/usage)
+expect "usage counts the running session (running 1, 512 MiB, sessions 1)" 200 "$st" \
+	'.usage.running == 1 and .usage.memory_mib == 512 and .usage.sessions == 1 and .usage.paused_sessions == 0'
+
+for bad in '{"image":"ubuntu"}|image:' '{"limits":{"timeout_s":10}}|limits.timeout_s:' \
+	'{"limits":{"memory_mib":64}}|limits.memory_mib:' '{"idle_timeout_s":0}|idle_timeout_s:' \
+	'{"max_lifetime_s":999999999}|max_lifetime_s:' '{"colour":"red"}|colour:' '{"metadata":[1]}|metadata:' \
+	'[1,2]|body:' '{"limits":|invalid JSON'; do
+	st=$(create "$KA" "${bad%%|*}")
+	expect "create ${bad%%|*}: 400 naming ${bad#*|}" 400 "$st" ".error.message | contains(\"${bad#*|}\")"
+done
+st=$(create "$KA" '{"network":{"egress":"allow","allow":["203.0.113.0/24:443"]}}')
+expect "egress without allow_egress: 400 egress_not_allowed" 400 "$st" '.error.code == "egress_not_allowed"'
+st=$(create "$KA" '{"limits":{"memory_mib":8192}}')
+expect "memory over the per-task quota: 400 over_quota" 400 "$st" '.error.code == "over_quota"'
+st=$(create "$ADMIN" '{}'); expect "an admin key cannot create sessions: 403" 403 "$st"
+
+# ---- exec, files ----
+st=$(sexec "$KA" "$S1" '{"argv":["write","/work/state.txt","kept across execs"]}')
+expect "exec: 200 with the result" 200 "$st" '.state == "succeeded" and .exit_code == 0'
+st=$(sexec "$KA" "$S1" '{"argv":["cat","/work/state.txt"],"cwd":"/tmp"}')
+expect "a later exec sees the file (another cwd)" 200 "$st" '.stdout == "kept across execs"'
+st=$(sexec "$KA" "$S1" '{"argv":["exit","3"]}')
+expect "a failing command: its exit code" 200 "$st" '.state == "failed" and .exit_code == 3'
+st=$(sexec "$KA" "$S1" '{"argv":["pwd"]}')
+expect "exec without timeout_s gets the default (30) sent: the host accepts it" 200 "$st" '.stdout == "/work\n"'
+st=$(sexec "$KA" "$S1" '{"argv":[]}'); expect "exec with an empty argv: 400 invalid_spec naming argv" 400 "$st" \
+	'.error.code == "invalid_spec" and (.error.message | startswith("argv"))'
+st=$(sexec "$KA" "$S1" '{"argv":["pwd"],"timeout_s":7200}')
+expect "exec timeout_s over the quota: 400 over_quota" 400 "$st" '.error.code == "over_quota"'
+st=$(sexec "$KA" "$S1" '{"argv":["pwd"],"stdin":"x"}'); expect "exec with an unknown field: 400" 400 "$st"
+curl -s -N --max-time 20 -H "Authorization: Bearer $KA" -H 'Content-Type: application/json' \
+	--data-binary '{"argv":["echo","streamed","line"]}' "$URL/v1/sessions/$S1/exec?stream=1" > "$T_TMP/stream.txt"
+if grep -q '^event: stdout' "$T_TMP/stream.txt" && grep -q 'streamed line' "$T_TMP/stream.txt" \
+   && grep -A1 '^event: result' "$T_TMP/stream.txt" | sed -n 's/^data: //p' | jq -e '.exit_code == 0' > /dev/null; then
+	ok "exec ?stream=1: stdout events, then the result event"
+else not_ok "exec stream" "$(head -c 600 "$T_TMP/stream.txt")"; fi
+
+printf 'line one\nline two\n' > "$T_TMP/up.txt"
+st=$(req "$KA" PUT "/v1/sessions/$S1/files?path=/work/dir%20x/up.txt" --data-binary @"$T_TMP/up.txt")
+check "files PUT: 204 ($st)" [ "$st" = 204 ]
+st=$(req "$KA" GET "/v1/sessions/$S1/files?path=/work/dir%20x/up.txt")
+check "files GET: the same bytes back ($st)" cmp -s "$T_TMP/last.json" "$T_TMP/up.txt"
+st=$(req "$KA" GET "/v1/sessions/$S1/files?dir=/work")
+expect "files ?dir=: the listing" 200 "$st" \
+	'[.entries[] | .name] == ["dir x", "state.txt"] and (.entries[] | select(.name == "state.txt") | .type == "file" and .size == 17)'
+st=$(req "$KA" GET "/v1/sessions/$S1/files?path=/work/nope")
+expect "a missing file: 404 not_found (the session stays running)" 404 "$st" '.error.code == "not_found"'
+check "... still running" [ "$(state_of "$KA" "$S1")" = running ]
+st=$(req "$KA" GET "/v1/sessions/$S1/files?path=relative.txt"); expect "a relative path: 400" 400 "$st"
+st=$(req "$KA" GET "/v1/sessions/$S1/files"); expect "neither path nor dir: 400" 400 "$st"
+
+# ---- another customer ----
+bad=""
+for m in "GET /v1/sessions/$S1" "DELETE /v1/sessions/$S1" "POST /v1/sessions/$S1/exec" "POST /v1/sessions/$S1/pause" \
+	"POST /v1/sessions/$S1/resume" "POST /v1/sessions/$S1/outputs" "GET /v1/sessions/$S1/files?dir=/work" \
+	"PUT /v1/sessions/$S1/files?path=/work/x"; do
+	# shellcheck disable=SC2086
+	st=$(req "$KB" ${m% *} "${m#* }" --data-binary '{"argv":["pwd"]}')
+	[ "$st" = 404 ] && [ "$(last .error.code)" = not_found ] || bad="$bad [$m: $st]"
+done
+check "another customer gets 404 on every session endpoint${bad:+:$bad}" [ -z "$bad" ]
+st=$(req "$KB" GET /v1/sessions); expect "... and an empty list" 200 "$st" '.sessions == []'
+st=$(req "$KA" GET /v1/sessions); expect "the owner's list has it" 200 "$st" ".sessions[0].id == \"$S1\""
+st=$(req "$ADMIN" GET /v1/sessions); expect "an admin lists every customer's" 200 "$st" ".sessions | map(.id) | index(\"$S1\") != null"
+st=$(req "$ADMIN" POST "/v1/sessions/$S1/exec" --data-binary '{"argv":["pwd"]}')
+expect "an admin cannot exec in a customer's session: 403" 403 "$st"
+
+# ---- the running quota, shared with tasks (max_running 2) ----
+st=$(create "$KA" '{"idle_timeout_s":300}'); S2=$(last .id)
+check "a second session fits max_running 2 ($st)" [ "$st" = 201 ]
+st=$(create "$KA" '{}')
+expect "a third: 429 quota_exceeded naming max_running" 429 "$st" \
+	'.error.code == "quota_exceeded" and (.error.message | startswith("max_running: 2 tasks and sessions"))'
+st=$(req "$KA" POST /v1/tasks -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}'); T1=$(last .id)
+sleep 1
+check "a task submitted meanwhile waits queued: sessions hold the quota" \
+	[ "$(req "$KA" GET "/v1/tasks/$T1" > /dev/null; last .state)" = queued ]
+req "$KA" POST "/v1/tasks/$T1/cancel" > /dev/null
+
+# ---- pause, resume on the other host ----
+st=$(req "$KA" POST "/v1/sessions/$S1/pause")
+expect "pause: 200 paused, no host, the snapshot under CUSTOMER/sessions/ID/" 200 "$st" \
+	".state == \"paused\" and .host == null and .snapshot.prefix == \"acme/sessions/$S1/\" and .end_reason == \"paused\""
+st=$(req "$KA" GET /v1/usage)
+expect "usage: the paused session holds no quota (running 1, paused_sessions 1)" 200 "$st" \
+	'.usage.running == 1 and .usage.sessions == 1 and .usage.paused_sessions == 1 and .usage.memory_mib == 256'
+check "the freed slot takes a new session" [ "$(create "$KA" '{}')" = 201 ]
+S3=$(last .id)
+st=$(req "$KA" POST "/v1/sessions/$S1/resume")
+expect "resume while the quota is full: 429 quota_exceeded" 429 "$st" '.error.code == "quota_exceeded"'
+check "... and it stays paused" [ "$(state_of "$KA" "$S1")" = paused ]
+req "$KA" DELETE "/v1/sessions/$S3" > /dev/null
+st=$(sexec "$KA" "$S1" '{"argv":["pwd"]}'); expect "exec in a paused session: 409 not_running" 409 "$st" '.error.code == "not_running"'
+st=$(req "$KA" POST "/v1/sessions/$S1/pause"); expect "pausing it again: 409" 409 "$st"
+# Force the other host: stop the one it ran on.
+OTHER=h2; [ "$S1_HOST" = h2 ] && OTHER=h1
+N=${S1_HOST#h}
+stop_host "$N"
+for _ in $(seq 60); do [ "$(live_hosts)" = 1 ] && break; sleep 0.1; done
+st=$(req "$KA" POST "/v1/sessions/$S1/resume")
+expect "resume: 200 running on the other host ($OTHER), lifetime counted from now" 200 "$st" \
+	".state == \"running\" and .host == \"$OTHER\" and .started_at > .created_at and .end_reason == null"
+st=$(sexec "$KA" "$S1" '{"argv":["cat","/work/state.txt"]}')
+expect "what it wrote before the pause is there" 200 "$st" '.stdout == "kept across execs"'
+st=$(req "$KA" GET "/v1/sessions/$S1/files?path=/work/dir%20x/up.txt")
+check "so is the uploaded file" cmp -s "$T_TMP/last.json" "$T_TMP/up.txt"
+
+# ---- the stopped host: its session S2 (if there) ends as error/host_lost ----
+S2_HOST=$(req "$KA" GET "/v1/sessions/$S2" > /dev/null; last .host)
+if [ "$S2_HOST" = "$S1_HOST" ]; then
+	wait_state "$KA" "$S2" error 10
+	expect "a session on the lost host: error/host_lost" 200 "$(req "$KA" GET "/v1/sessions/$S2")" \
+		'.state == "error" and .end_reason == "host_lost"'
+	st=$(req "$KA" POST "/v1/sessions/$S2/resume")
+	expect "never paused: not resumable (409 not_paused)" 409 "$st" '.error.code == "not_paused"'
+else
+	check "a session on the other host ($S2_HOST) is not affected by the loss of $S1_HOST" \
+		[ "$(state_of "$KA" "$S2")" = running ]
+	req "$KA" DELETE "/v1/sessions/$S2" > /dev/null
+fi
+start_host "$N" "$((PORT + N))"
+for _ in $(seq 60); do [ "$(live_hosts)" = 2 ] && break; sleep 0.1; done
+
+# A session lost with its host after a pause resumes from that pause.
+req "$KA" POST "/v1/sessions/$S1/pause" > /dev/null
+req "$KA" POST "/v1/sessions/$S1/resume" > /dev/null
+R_HOST=$(last .host)
+sexec "$KA" "$S1" '{"argv":["write","/work/after.txt","written after the last pause"]}' > /dev/null
+stop_host "${R_HOST#h}"
+wait_state "$KA" "$S1" error 10
+expect "its host lost: error/host_lost, snapshot kept" 200 "$(req "$KA" GET "/v1/sessions/$S1")" \
+	'.state == "error" and .end_reason == "host_lost" and .snapshot != null'
+st=$(req "$KA" POST "/v1/sessions/$S1/resume")
+expect "... and it resumes from its last pause" 200 "$st" '.state == "running"'
+st=$(sexec "$KA" "$S1" '{"argv":["cat","/work/after.txt"]}')
+expect "what came after the pause is gone, what came before is there" 200 "$st" '.exit_code == 1'
+st=$(sexec "$KA" "$S1" '{"argv":["cat","/work/state.txt"]}'); expect "... (state.txt)" 200 "$st" '.stdout == "kept across execs"'
+start_host "${R_HOST#h}" "$((PORT + ${R_HOST#h}))"
+for _ in $(seq 60); do [ "$(live_hosts)" = 2 ] && break; sleep 0.1; done
+
+# ---- a host that restarted lost the VM: error/vm_lost ----
+R_HOST=$(req "$KA" GET "/v1/sessions/$S1" > /dev/null; last .host)
+stop_host "${R_HOST#h}"
+start_host "${R_HOST#h}" "$((PORT + ${R_HOST#h}))"
+wait_host "${R_HOST#h}"
+st=$(sexec "$KA" "$S1" '{"argv":["pwd"]}')
+expect "exec after its host restarted empty: 409 not_running, the session is error/vm_lost" 409 "$st" \
+	'.error.code == "not_running"'
+check "... state error/vm_lost" [ "$(state_of "$KA" "$S1")/$(last .end_reason)" = error/vm_lost ]
+
+# ---- a session only a host knows is destroyed there ----
+curl -s -m 5 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -X POST "http://127.0.0.1:$H1_PORT/v1/sessions" \
+	--data-binary '{"id":"s_orphan","customer":"acme","spec":{"limits":{"vcpus":1,"memory_mib":128,"output_mib":1},"network":{"egress":"none"}}}' > /dev/null
+for _ in $(seq 150); do grep -q "still had session s_orphan" "$T_TMP/api.err" && break; sleep 0.1; done
+code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$H1_PORT/v1/sessions/s_orphan")
+check "reconciliation destroys a session its host has and the store does not (host now: $code)" [ "$code" = 404 ]
+
+# ---- idle and lifetime limits ----
+st=$(create "$KA" '{"idle_timeout_s":2}'); SI=$(last .id)
+sexec "$KA" "$SI" '{"argv":["sleep","3.5"]}' > /dev/null
+check "an exec longer than the idle limit is activity: still running after it" [ "$(state_of "$KA" "$SI")" = running ]
+wait_state "$KA" "$SI" destroyed 8
+expect "idle for longer than idle_timeout_s: destroyed, end_reason idle_timeout" 200 "$(req "$KA" GET "/v1/sessions/$SI")" \
+	'.state == "destroyed" and .end_reason == "idle_timeout"'
+st=$(create "$KA" '{"max_lifetime_s":2}'); SL=$(last .id)
+for _ in 1 2 3 4 5 6; do sexec "$KA" "$SL" '{"argv":["pwd"]}' > /dev/null; sleep 0.5; done
+wait_state "$KA" "$SL" destroyed 5
+expect "busy but past max_lifetime_s: destroyed, end_reason max_lifetime" 200 "$(req "$KA" GET "/v1/sessions/$SL")" \
+	'.state == "destroyed" and .end_reason == "max_lifetime"'
+req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"session_auto_pause":true}' > /dev/null
+st=$(create "$KA" '{"idle_timeout_s":1}'); SP=$(last .id)
+sexec "$KA" "$SP" '{"argv":["write","/work/k","v"]}' > /dev/null
+wait_state "$KA" "$SP" paused 6
+expect "with session_auto_pause: paused instead, end_reason idle_timeout" 200 "$(req "$KA" GET "/v1/sessions/$SP")" \
+	'.state == "paused" and .end_reason == "idle_timeout" and .snapshot != null'
+st=$(req "$KA" POST "/v1/sessions/$SP/resume"); sexec "$KA" "$SP" '{"argv":["cat","/work/k"]}' > /dev/null
+check "... and resumes with its files" [ "$(last .stdout)" = v ]
+
+# ---- kiln-api restart: sessions survive and keep working ----
+stop_api
+start_api
+st=$(sexec "$KA" "$SP" '{"argv":["cat","/work/k"]}')
+expect "after a kiln-api restart the running session answers" 200 "$st" '.stdout == "v"'
+
+# ---- delete ----
+st=$(req "$KA" DELETE "/v1/sessions/$SP"); expect "DELETE: 200 destroyed" 200 "$st" '.state == "destroyed" and .end_reason == "deleted"'
+SP_HOST=$(last .host)
+st=$(req "$KA" DELETE "/v1/sessions/$SP"); expect "DELETE again: 200, still destroyed" 200 "$st" '.state == "destroyed"'
+code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$H1_PORT/v1/sessions/$SP")
+code2=$(curl -s -o /dev/null -w '%{http_code}' -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$H2_PORT/v1/sessions/$SP")
+check "no host has it any more ($code $code2)" [ "$code" = 404 -a "$code2" = 404 ]
+st=$(req "$KA" GET /v1/sessions); expect "the list leaves destroyed sessions out" 200 "$st" ".sessions | map(.id) | index(\"$SP\") == null"
+st=$(req "$KA" GET "/v1/sessions?state=destroyed"); expect "... unless asked (?state=destroyed)" 200 "$st" ".sessions | map(.id) | index(\"$SP\") != null"
+st=$(req "$KA" GET /v1/usage); expect "nothing holds the quota now" 200 "$st" '.usage.running == 0 and .usage.sessions == 0'
+t_done
