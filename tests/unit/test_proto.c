@@ -594,7 +594,7 @@ static void test_decode_exec_invalid(void **state)
 	strcpy(exec_in.cwd, "/work/../etc");
 	exec_expect(-EPROTO);
 	strcpy(exec_in.cwd, "/work");
-	exec_in.flags = 0x2; /* unknown flag */
+	exec_in.flags = 0x4; /* unknown flag (0x1 zygote, 0x2 keep are known) */
 	exec_expect(-EPROTO);
 	exec_in.flags = 0;
 	exec_in.envc = 1;
