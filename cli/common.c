@@ -1,6 +1,9 @@
 /* common: configuration and request helpers shared by the kiln CLI's commands. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
@@ -65,4 +68,36 @@ long long cli_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+unsigned char *cli_read_file(const char *path, size_t max, size_t *len, mode_t *mode)
+{
+	FILE *f = fopen(path, "re");
+	struct stat st;
+	unsigned char *p;
+
+	if (!f || fstat(fileno(f), &st) < 0) {
+		fprintf(stderr, "kiln: %s: %s\n", path, strerror(errno));
+		if (f)
+			fclose(f);
+		return NULL;
+	}
+	if (!S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+		fprintf(stderr, "kiln: %s: %s\n", path, S_ISREG(st.st_mode) ? "too large" : "not a regular file");
+		fclose(f);
+		return NULL;
+	}
+	p = malloc((size_t)st.st_size + 1);
+	if (!p || fread(p, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
+		fprintf(stderr, "kiln: %s: read failed\n", path);
+		free(p);
+		fclose(f);
+		return NULL;
+	}
+	fclose(f);
+	p[st.st_size] = '\0';
+	*len = (size_t)st.st_size;
+	if (mode)
+		*mode = st.st_mode & 0777;
+	return p;
 }

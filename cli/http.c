@@ -193,10 +193,17 @@ int http_follow(const struct cli_conn *c, const char *path, long stall_s,
 		int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
 		struct kiln_err *err)
 {
+	return http_follow_body(c, "GET", path, NULL, stall_s, on_event, tick, ctx, err);
+}
+
+int http_follow_body(const struct cli_conn *c, const char *method, const char *path, json_t *body, long stall_s,
+		     int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
+		     struct kiln_err *err)
+{
 	CURL *h = curl_easy_init();
-	struct curl_slist *hd = headers(c->key, 0);
+	struct curl_slist *hd = headers(c->key, body != NULL);
 	struct follow f = { .on_event = on_event, .tick = tick, .ctx = ctx, .h = h };
-	char url[2048];
+	char url[8192], *req = NULL;
 	CURLcode rc;
 	int ret = 0;
 
@@ -206,6 +213,11 @@ int http_follow(const struct cli_conn *c, const char *path, long stall_s,
 	}
 	url_of(c, path, url, sizeof(url));
 	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+	if (body) {
+		req = json_dumps(body, JSON_COMPACT);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, req ? req : "");
+	}
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, follow_write);
 	curl_easy_setopt(h, CURLOPT_WRITEDATA, &f);
@@ -234,9 +246,161 @@ int http_follow(const struct cli_conn *c, const char *path, long stall_s,
 	}
 	free(f.line.p);
 	free(f.body.p);
+	free(req);
 	curl_slist_free_all(hd);
 	curl_easy_cleanup(h);
 	return ret;
+}
+
+int http_send(const struct cli_conn *c, const char *method, const char *path, const void *body, size_t len,
+	      const char *content_type, long timeout_s, json_t **reply, struct kiln_err *err)
+{
+	CURL *h = curl_easy_init();
+	struct curl_slist *hd = headers(c->key, 0);
+	struct buf b = { 0 };
+	char url[8192], ct[160];
+	long status = -1;
+	CURLcode rc;
+
+	*reply = NULL;
+	if (!h) {
+		curl_slist_free_all(hd);
+		return kiln_err_set(err, "unreachable", "out of memory");
+	}
+	if (content_type) {
+		snprintf(ct, sizeof(ct), "Content-Type: %s", content_type);
+		hd = curl_slist_append(hd, ct);
+	}
+	hd = curl_slist_append(hd, "Expect:");
+	url_of(c, path, url, sizeof(url));
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout_s);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? (const char *)body : "");
+	curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? len : 0));
+	rc = curl_easy_perform(h);
+	if (rc == CURLE_OK) {
+		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+		if (b.p)
+			*reply = json_loadb(b.p, b.len, 0, NULL);
+	} else {
+		kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, curl_easy_strerror(rc));
+		status = -1;
+	}
+	free(b.p);
+	curl_slist_free_all(hd);
+	curl_easy_cleanup(h);
+	return (int)status;
+}
+
+struct save {
+	FILE *f;          /* the temporary file (or stdout) */
+	struct buf err;   /* a non-200 answer's body */
+	long status;
+	CURL *h;
+};
+
+static size_t save_write(char *p, size_t size, size_t n, void *arg)
+{
+	struct save *s = arg;
+	size_t total = size * n;
+
+	if (!s->status)
+		curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
+	if (s->status != 200)
+		return buf_add(&s->err, p, total, 1u << 20) < 0 ? 0 : total;
+	return fwrite(p, 1, total, s->f) == total ? total : 0;
+}
+
+int http_get_file(const struct cli_conn *c, const char *path, const char *local, long timeout_s, json_t **reply,
+		  struct kiln_err *err)
+{
+	int to_stdout = !strcmp(local, "-");
+	struct curl_slist *hd = headers(c->key, 0);
+	struct save s = { 0 };
+	char url[8192], tmp[4096];
+	CURLcode rc;
+	int fd = -1;
+
+	*reply = NULL;
+	if (to_stdout) {
+		s.f = stdout;
+	} else {
+		if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", local) >= (int)sizeof(tmp)) {
+			curl_slist_free_all(hd);
+			return kiln_err_set(err, "io_error", "%s: path too long", local);
+		}
+		fd = mkstemp(tmp);
+		if (fd < 0 || !(s.f = fdopen(fd, "w"))) {
+			int e = errno;
+
+			if (fd >= 0) {
+				close(fd);
+				unlink(tmp);
+			}
+			curl_slist_free_all(hd);
+			return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
+		}
+	}
+	s.h = curl_easy_init();
+	if (!s.h) {
+		if (!to_stdout) {
+			fclose(s.f);
+			unlink(tmp);
+		}
+		curl_slist_free_all(hd);
+		return kiln_err_set(err, "unreachable", "out of memory");
+	}
+	url_of(c, path, url, sizeof(url));
+	curl_easy_setopt(s.h, CURLOPT_URL, url);
+	curl_easy_setopt(s.h, CURLOPT_HTTPHEADER, hd);
+	curl_easy_setopt(s.h, CURLOPT_WRITEFUNCTION, save_write);
+	curl_easy_setopt(s.h, CURLOPT_WRITEDATA, &s);
+	curl_easy_setopt(s.h, CURLOPT_CONNECTTIMEOUT, 5L);
+	curl_easy_setopt(s.h, CURLOPT_TIMEOUT, timeout_s);
+	curl_easy_setopt(s.h, CURLOPT_NOSIGNAL, 1L);
+	rc = curl_easy_perform(s.h);
+	if (!s.status)
+		curl_easy_getinfo(s.h, CURLINFO_RESPONSE_CODE, &s.status);
+	curl_easy_cleanup(s.h);
+	curl_slist_free_all(hd);
+	if (to_stdout) {
+		fflush(stdout);
+	} else {
+		int bad = fflush(s.f) || fsync(fileno(s.f)) || ferror(s.f);
+
+		fclose(s.f);
+		if (rc == CURLE_OK && s.status == 200 && !bad) {
+			chmod(tmp, 0644);
+			if (rename(tmp, local) < 0) {
+				int e = errno;
+
+				unlink(tmp);
+				free(s.err.p);
+				return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
+			}
+		} else {
+			unlink(tmp);
+			if (bad && rc == CURLE_OK && s.status == 200) {
+				free(s.err.p);
+				return kiln_err_set(err, "io_error", "%s: write failed", local);
+			}
+		}
+	}
+	if (rc != CURLE_OK && !(s.status && s.status != 200)) {
+		free(s.err.p);
+		return kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api,
+				    curl_easy_strerror(rc));
+	}
+	if (s.err.p)
+		*reply = json_loadb(s.err.p, s.err.len, 0, NULL);
+	free(s.err.p);
+	return (int)s.status;
 }
 
 int http_download(const char *url, const char *path, long timeout_s, struct kiln_err *err)

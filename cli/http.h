@@ -33,6 +33,25 @@ int http_follow(const struct cli_conn *c, const char *path, long stall_s,
 		int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
 		struct kiln_err *err);
 
+/* http_follow for any method with an optional JSON body (POST
+ * /v1/sessions/{id}/exec?stream=1). */
+int http_follow_body(const struct cli_conn *c, const char *method, const char *path, json_t *body, long stall_s,
+		     int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
+		     struct kiln_err *err);
+
+/* A request with a raw body (a file to PUT): the HTTP status, with the
+ * reply parsed as JSON in *reply when it is JSON (may be NULL; caller
+ * decrefs), or -1 with err set (code "unreachable"). */
+int http_send(const struct cli_conn *c, const char *method, const char *path, const void *body, size_t len,
+	      const char *content_type, long timeout_s, json_t **reply, struct kiln_err *err);
+
+/* GET api + path (with the key) into the local file `local` ("-": stdout):
+ * written to a temporary file beside it and renamed over it only on a 200.
+ * Returns the HTTP status (the error reply in *reply when it is JSON), or -1
+ * with err set. */
+int http_get_file(const struct cli_conn *c, const char *path, const char *local, long timeout_s, json_t **reply,
+		  struct kiln_err *err);
+
 /* GET url (no Authorization: a presigned URL) into path: written to a
  * temporary file beside it and renamed over it once complete. 0 or -1 with
  * err set. */

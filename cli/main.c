@@ -1,5 +1,5 @@
 /* kiln: the command-line client of kiln-api (kiln run, kiln task, kiln
- * admin) and `kiln up`, the one-command local stack. A thin dispatcher over
+ * session, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
  * the cli/ modules; usage and exit statuses in cli.h and the README. */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -13,6 +13,8 @@ static void usage(FILE *f)
 		   "  up [--dir DIR] [--port P]            the local stack: S3, kiln-api, one kiln-host\n"
 		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
+		   "  session create|exec|put|get|ls|pause|resume|rm|list|info ...\n"
+		   "                                       long-lived sandboxes (kiln session --help)\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
 		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
@@ -40,6 +42,8 @@ int main(int argc, char **argv)
 		rc = cmd_run(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "task"))
 		rc = cmd_task(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "session"))
+		rc = cmd_session(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "admin"))
 		rc = cmd_admin(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "up"))

@@ -28,40 +28,6 @@ static void run_usage(FILE *f)
 		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n");
 }
 
-/* Read a whole local file (at most max bytes). Returns malloc'd bytes or NULL
- * (message printed). */
-static unsigned char *slurp(const char *path, size_t max, size_t *len, mode_t *mode)
-{
-	FILE *f = fopen(path, "re");
-	struct stat st;
-	unsigned char *p;
-
-	if (!f || fstat(fileno(f), &st) < 0) {
-		fprintf(stderr, "kiln: %s: %s\n", path, strerror(errno));
-		if (f)
-			fclose(f);
-		return NULL;
-	}
-	if (!S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
-		fprintf(stderr, "kiln: %s: %s\n", path, S_ISREG(st.st_mode) ? "too large" : "not a regular file");
-		fclose(f);
-		return NULL;
-	}
-	p = malloc((size_t)st.st_size + 1);
-	if (!p || fread(p, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-		fprintf(stderr, "kiln: %s: read failed\n", path);
-		free(p);
-		fclose(f);
-		return NULL;
-	}
-	fclose(f);
-	p[st.st_size] = '\0';
-	*len = (size_t)st.st_size;
-	if (mode)
-		*mode = st.st_mode & 0777;
-	return p;
-}
-
 static json_t *file_entry(const char *arg)
 {
 	const char *colon = strrchr(arg, ':');
@@ -88,7 +54,7 @@ static json_t *file_entry(const char *arg)
 		fprintf(stderr, "kiln: --file %s: expected LOCAL[:GUEST]\n", arg);
 		return NULL;
 	}
-	data = slurp(local, FILE_MAX, &len, &mode);
+	data = cli_read_file(local, FILE_MAX, &len, &mode);
 	if (!data)
 		return NULL;
 	b64 = malloc(4 * ((len + 2) / 3) + 1);
@@ -311,7 +277,7 @@ int cmd_run(int argc, char **argv)
 	if ((rc = cli_connect(&cr, 0, &conn)))
 		goto out;
 	rc = EXIT_USAGE;
-	code = slurp(file, CODE_MAX, &len, NULL);
+	code = cli_read_file(file, CODE_MAX, &len, NULL);
 	if (!code)
 		goto out;
 	if (strlen((char *)code) != len) {

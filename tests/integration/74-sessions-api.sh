@@ -286,6 +286,55 @@ start_api
 st=$(sexec "$KA" "$SP" '{"argv":["cat","/work/k"]}')
 expect "after a kiln-api restart the running session answers" 200 "$st" '.stdout == "v"'
 
+# ---- the CLI: kiln session ... ----
+KILN=$ROOT/build/kiln
+if [ -x "$KILN" ]; then
+	export KILN_API=$URL KILN_KEY=$KA
+	cs=$("$KILN" session create --memory 256 --idle 120 2> "$T_TMP/cli.err")
+	check "kiln session create prints the id ($cs) and where it runs" \
+		[ "$(state_of "$KA" "$cs")" = running ] && grep -q "session $cs running on h" "$T_TMP/cli.err"
+	"$KILN" session exec "$cs" -- echo hello cli > "$T_TMP/cli.out" 2> "$T_TMP/cli.err"
+	rc=$?
+	check "kiln session exec -- ARGV streams stdout, exit 0 ($rc)" [ "$rc" = 0 -a "$(cat "$T_TMP/cli.out")" = "hello cli" ]
+	"$KILN" session exec "$cs" -- exit 4 > /dev/null 2> "$T_TMP/cli.err"
+	rc=$?
+	check "... and exits with the command's exit code ($rc)" [ "$rc" = 4 ]
+	echo "payload $RANDOM" > "$T_TMP/p.txt"
+	"$KILN" session put "$cs" "$T_TMP/p.txt" in/p.txt 2> "$T_TMP/cli.err"
+	rc=$?
+	"$KILN" session get "$cs" /work/in/p.txt "$T_TMP/back.txt" 2>> "$T_TMP/cli.err"
+	check "kiln session put (relative: under /work) then get: the same bytes ($rc)" cmp -s "$T_TMP/p.txt" "$T_TMP/back.txt"
+	check "kiln session get GUEST -: to stdout" [ "$("$KILN" session get "$cs" in/p.txt - 2> /dev/null)" = "$(cat "$T_TMP/p.txt")" ]
+	"$KILN" session get "$cs" /work/none "$T_TMP/none.txt" 2> "$T_TMP/cli.err"
+	rc=$?
+	check "kiln session get of a missing file: exit 1, the API's message, no local file ($rc)" \
+		[ "$rc" = 1 -a ! -e "$T_TMP/none.txt" ] && grep -q "404 not_found" "$T_TMP/cli.err"
+	check "kiln session ls" grep -q "^dir .* in$" <("$KILN" session ls "$cs" 2>&1)
+	check "kiln session list shows it running" grep -q "^$cs *running" <("$KILN" session list 2>&1)
+	check "kiln session pause" [ "$("$KILN" session pause "$cs" 2>&1)" = "$cs paused" ]
+	check "kiln session resume" grep -q "^$cs running on h" <("$KILN" session resume "$cs" 2>&1)
+	check "kiln session rm" [ "$("$KILN" session rm "$cs" 2>&1)" = "$cs destroyed" ]
+	check "kiln session list --all shows it destroyed, the default list does not" \
+		grep -q "^$cs *destroyed" <("$KILN" session list --all 2>&1) && ! "$KILN" session list 2>&1 | grep -q "^$cs"
+	"$KILN" session exec "$cs" -- true > /dev/null 2> "$T_TMP/cli.err"
+	rc=$?
+	check "kiln session exec in a destroyed session: exit 1 with the API's error ($rc)" \
+		[ "$rc" = 1 ] && grep -q "409 not_running" "$T_TMP/cli.err"
+	bad=""
+	for args in "session" "session frob" "session exec $cs" "session exec $cs --" "session exec $cs --code x.rb" \
+		"session put $cs onlyone" "session get $cs" "session create --memory lots" "session pause" "session shell $cs"; do
+		# shellcheck disable=SC2086
+		"$KILN" $args > /dev/null 2>&1
+		rc=$?
+		[ "$rc" = 2 ] || bad="$bad [kiln $args: $rc]"
+	done
+	check "kiln session: bad usage exits 2${bad:+:$bad}" [ -z "$bad" ]
+	check "kiln session --help says why there is no shell" grep -q "no \`kiln shell\`" <("$KILN" session --help)
+	unset KILN_API KILN_KEY
+else
+	skip "kiln session commands" "build/kiln missing: run make"
+fi
+
 # ---- delete ----
 st=$(req "$KA" DELETE "/v1/sessions/$SP"); expect "DELETE: 200 destroyed" 200 "$st" '.state == "destroyed" and .end_reason == "deleted"'
 SP_HOST=$(last .host)

@@ -1,12 +1,17 @@
 /* Unit tests for the kiln CLI's parsers of untrusted or user-written input:
- * credentials-file lines and output paths named by the server. */
+ * credentials-file lines, output paths named by the server, and the
+ * arguments of kiln session exec/put/get. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "creds.h"
@@ -64,11 +69,119 @@ static void test_output_paths(void **state)
 	}
 }
 
+/* argv for cli_session_exec_args from a NULL-terminated list. */
+static int exec_args(struct cli_exec_args *a, char *msg, ...)
+{
+	char *argv[32];
+	int argc = 0;
+	va_list ap;
+
+	argv[argc++] = "exec";
+	va_start(ap, msg);
+	while (argc < 31 && (argv[argc] = va_arg(ap, char *)))
+		argc++;
+	va_end(ap);
+	argv[argc] = NULL;
+	msg[0] = '\0';
+	return cli_session_exec_args(argc, argv, a, msg, 300);
+}
+
+static void test_session_exec_args(void **state)
+{
+	struct cli_exec_args a;
+	char msg[300];
+
+	/* Options before "--" (either spelling), the command after it as is. */
+	assert_int_equal(exec_args(&a, msg, "s_1", "--env", "A=1", "--cwd=/tmp", "--timeout", "9", "--env=B=x=y", "--",
+				   "ls", "-l", "--env", "--", NULL),
+			 0);
+	assert_string_equal(a.id, "s_1");
+	assert_int_equal(a.ncmd, 4);
+	assert_string_equal(a.cmd[0], "ls");
+	assert_string_equal(a.cmd[2], "--env"); /* after "--": the command's own */
+	assert_string_equal(a.cmd[3], "--");
+	assert_int_equal(a.nenv, 2);
+	assert_string_equal(a.env[0], "A=1");
+	assert_string_equal(a.env[1], "B=x=y");
+	assert_string_equal(a.cwd, "/tmp");
+	assert_int_equal(a.timeout_s, 9);
+	assert_null(a.code_file);
+	assert_int_equal(a.json, 0);
+	/* The id may come after options; --code picks the language. */
+	assert_int_equal(exec_args(&a, msg, "--json", "--code", "job.py", "s_2", NULL), 0);
+	assert_string_equal(a.id, "s_2");
+	assert_string_equal(a.language, "python");
+	assert_int_equal(a.json, 1);
+	assert_null(a.cmd);
+	assert_int_equal(exec_args(&a, msg, "s_2", "--code=run.sh", NULL), 0);
+	assert_string_equal(a.language, "bash");
+	/* Refusals say why. */
+	assert_int_equal(exec_args(&a, msg, "s_1", NULL), -1);
+	assert_non_null(strstr(msg, "no command"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--", NULL), -1);
+	assert_non_null(strstr(msg, "nothing after"));
+	assert_int_equal(exec_args(&a, msg, "--", "ls", NULL), -1);
+	assert_non_null(strstr(msg, "ID is missing"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "ls", "--", "ls", NULL), -1);
+	assert_non_null(strstr(msg, "ls: unexpected"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--code", "a.py", "--", "ls", NULL), -1);
+	assert_non_null(strstr(msg, "not both"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--code", "a.rb", NULL), -1);
+	assert_non_null(strstr(msg, ".py or .sh"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--env", "NOEQ", "--", "ls", NULL), -1);
+	assert_non_null(strstr(msg, "NAME=VALUE"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--timeout", "0", "--", "ls", NULL), -1);
+	assert_int_equal(exec_args(&a, msg, "s_1", "--timeout", "5s", "--", "ls", NULL), -1);
+	assert_int_equal(exec_args(&a, msg, "s_1", "--memory", "5", "--", "ls", NULL), -1);
+	assert_non_null(strstr(msg, "unknown option"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--cwd", NULL), -1);
+	assert_non_null(strstr(msg, "needs a value"));
+	assert_int_equal(exec_args(&a, msg, "s_1", "--cwd", "--", "ls", NULL), -1); /* "--" is not a value */
+}
+
+static void test_session_paths(void **state)
+{
+	char out[64], dir[] = "/tmp/kiln-test-cli.XXXXXX", want[128];
+
+	assert_int_equal(cli_guest_path("data.csv", out, sizeof(out)), 0);
+	assert_string_equal(out, "/work/data.csv");
+	assert_int_equal(cli_guest_path("sub/a b", out, sizeof(out)), 0);
+	assert_string_equal(out, "/work/sub/a b");
+	assert_int_equal(cli_guest_path("/etc/hosts", out, sizeof(out)), 0);
+	assert_string_equal(out, "/etc/hosts");
+	assert_int_equal(cli_guest_path("", out, sizeof(out)), -1);
+	{
+		char big[100];
+
+		memset(big, 'a', sizeof(big));
+		big[sizeof(big) - 1] = '\0';
+		assert_int_equal(cli_guest_path(big, out, sizeof(out)), -1); /* never cut short */
+	}
+	/* kiln session get: where the file lands. */
+	assert_int_equal(cli_session_get_target("/work/out/r.csv", NULL, out, sizeof(out)), 0);
+	assert_string_equal(out, "r.csv");
+	assert_int_equal(cli_session_get_target("/work/out/r.csv", "-", out, sizeof(out)), 0);
+	assert_string_equal(out, "-");
+	assert_int_equal(cli_session_get_target("/work/out/r.csv", "mine.csv", out, sizeof(out)), 0);
+	assert_string_equal(out, "mine.csv");
+	assert_int_equal(cli_session_get_target("/work/out/", NULL, out, sizeof(out)), -1);
+	assert_int_equal(cli_session_get_target("/work/..", NULL, out, sizeof(out)), -1);
+	assert_int_equal(cli_session_get_target("/work/out/", "x", out, sizeof(out)), 0);
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(cli_session_get_target("/work/r.csv", dir, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "%s/r.csv", dir);
+	assert_string_equal(out, want);
+	assert_int_equal(cli_session_get_target("/work/", dir, out, sizeof(out)), -1);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_creds_lines),
 		cmocka_unit_test(test_output_paths),
+		cmocka_unit_test(test_session_exec_args),
+		cmocka_unit_test(test_session_paths),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
