@@ -309,6 +309,16 @@ static void do_pause(struct sessions *ss, const char *id, const char *reason, st
 	hostclient_reply_free(&r);
 }
 
+static int any_live_host(struct sessions *ss, char url[256])
+{
+	char ids[1][65], urls[1][256];
+
+	if (sched_live_hosts(ss->sched, ids, urls, 1) < 1)
+		return 0;
+	snprintf(url, 256, "%s", urls[0]);
+	return 1;
+}
+
 /* Destroy a session in any state but a transient one: its VM (if it has
  * one) is destroyed on its host, the row becomes destroyed with `reason`.
  * A host that cannot be reached is reconciled later (reaper). */
@@ -330,16 +340,20 @@ static void do_destroy(struct sessions *ss, const char *id, const char *reason, 
 		case SESSION_DESTROYED:
 			return;
 		case SESSION_RUNNING:
-			if (cur.host_id[0] && sched_host_state(ss->sched, cur.host_id, url) == 1) {
-				snprintf(path, sizeof(path), "/v1/sessions/%s", id);
-				st = hostclient_call(url, ss->token, "DELETE", path, NULL, 30000, NULL, &err);
-				if (st != 200 && st != 404)
-					fprintf(stderr, "kiln-api: session %s: destroying it on %s: %s; the reaper retries\n", id,
-						cur.host_id, st < 0 ? err.message : "unexpected status");
-			}
-			/* fallthrough */
 		case SESSION_PAUSED:
 		case SESSION_ERROR:
+			/* kiln-host's DELETE destroys the VM if it runs there and deletes
+			 * the snapshot in S3 (found by ?customer= when it does not run
+			 * there): a destroyed session leaves nothing. Any live host can
+			 * do the latter for a paused one. */
+			if (cur.state == SESSION_RUNNING ? sched_host_state(ss->sched, cur.host_id, url) == 1
+							 : cur.has_snapshot && any_live_host(ss, url)) {
+				snprintf(path, sizeof(path), "/v1/sessions/%s?customer=%s", id, cur.customer);
+				st = hostclient_call(url, ss->token, "DELETE", path, NULL, 60000, NULL, &err);
+				if (st != 200 && st != 404)
+					fprintf(stderr, "kiln-api: session %s: destroying it on %s: %s\n", id, url,
+						st < 0 ? err.message : "unexpected status");
+			}
 			if (store_session_transition(ss->st, id, cur.state, SESSION_DESTROYED, "", reason, NULL) == 1)
 				return;
 			break; /* changed meanwhile: look again */
@@ -793,6 +807,16 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 		       (long)timeout_s * 1000 + EXEC_MARGIN_MS, HOST_REPLY_MAX, &hr, &err);
 	free(text);
 	store_session_touch(ss->st, cur->id);
+	if (hr.status == 200) {
+		/* A command that broke the VM ended the session on the host. */
+		json_t *res = json_loadb(hr.body ? hr.body : "", hr.len, 0, NULL);
+
+		if (!strcmp(json_string_value(json_object_get(res, "state")) ?: "", "error") &&
+		    !strcmp(json_string_value(json_object_get(res, "end_reason")) ?: "", "vm_error") &&
+		    store_session_transition(ss->st, cur->id, SESSION_RUNNING, SESSION_ERROR, NULL, "vm_error", NULL) == 1)
+			fprintf(stderr, "kiln-api: session %s: its VM failed during an exec: error/vm_error\n", cur->id);
+		json_decref(res);
+	}
 	ops_leave(ss, cur->id);
 	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
@@ -833,7 +857,10 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 		       put ? "application/octet-stream" : NULL, FILES_TIMEOUT_MS, HOST_REPLY_MAX, &hr, &err);
 	store_session_touch(ss->st, cur->id);
 	ops_leave(ss, cur->id);
-	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+	if (put && hr.status >= 200 && hr.status < 300)
+		ret = reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", p, "size", (json_int_t)r->len));
+	else
+		ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
 	return ret;
 }
@@ -1203,15 +1230,29 @@ static void reconcile_host(struct sessions *ss, const char *host, const char *ur
 		struct store_session cur;
 		char path[96];
 
+		int known;
+
 		if (!id || strlen(id) >= sizeof(cur.id) || ops_busy(ss, id))
 			continue;
-		if (store_session_get(ss->st, id, NULL, &cur) == 0 && session_state_holds(cur.state) &&
-		    !strcmp(cur.host_id, host))
+		known = store_session_get(ss->st, id, NULL, &cur) == 0;
+		if (known && session_state_holds(cur.state) && !strcmp(cur.host_id, host))
 			continue;
+		/* kiln-host's DELETE also deletes the session's snapshot in S3:
+		 * only where nothing needs it (destroyed, unknown, never paused).
+		 * A stale copy of a session that is paused, resumable or running
+		 * elsewhere is left alone (and said so once a minute) rather than
+		 * taking the snapshot with it. */
+		if (known && cur.state != SESSION_DESTROYED && (cur.has_snapshot || session_state_holds(cur.state))) {
+			if (listed_ms / 1000 % 60 < RECONCILE_EVERY_MS / 1000)
+				fprintf(stderr, "kiln-api: host %s still runs a stale copy of session %s (%s here); left "
+						"there: destroying it would delete its snapshot in S3\n", host, id,
+					session_state_name(cur.state));
+			continue;
+		}
 		snprintf(path, sizeof(path), "/v1/sessions/%s", id);
 		st = hostclient_call(url, ss->token, "DELETE", path, NULL, 30000, NULL, &err);
 		fprintf(stderr, "kiln-api: host %s still had session %s (%s here): destroyed there (HTTP %d)\n", host, id,
-			store_session_get(ss->st, id, NULL, &cur) == 0 ? session_state_name(cur.state) : "unknown", st);
+			known ? session_state_name(cur.state) : "unknown", st);
 	}
 	for (int k = 0; k < nheld; k++) {
 		struct store_session now;
