@@ -1,9 +1,11 @@
 /* fuzz_apireq: libFuzzer target for kiln-api's request-body parsers. The
- * first byte picks one: 0 POST /v1/tasks (api_task_request_parse, then
- * spec_parse on what it leaves, as the server runs them), 1 POST
- * /v1/admin/customers, 2 PUT .../quotas, 3 a host heartbeat. Checks that
+ * first byte (& 7; 6 and 7 as 2 and 3) picks one: 0 POST /v1/tasks
+ * (api_task_request_parse, then spec_parse on what it leaves, as the server
+ * runs them), 1 POST /v1/admin/customers, 2 PUT .../quotas, 3 a host
+ * heartbeat, 4 POST /v1/sessions, 5 POST /v1/sessions/{id}/exec. Checks that
  * metadata never reaches the spec, that accepted values are within their
- * bounds, and that every refusal says why. */
+ * bounds (a session's spec is one a host's spec_parse accepts), and that
+ * every refusal says why. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,60 @@ static void task_request(const char *body, size_t len)
 	api_task_request_free(&r);
 }
 
+static void session_request(const char *body, size_t len, int allow_egress)
+{
+	struct kiln_err err = { .code = "" };
+	struct api_session_request r;
+	struct task_spec spec;
+	json_t *sp, *probe;
+	char *text;
+
+	if (api_session_request_parse(body, len, allow_egress, &r, &err) < 0) {
+		check(err.code[0] && err.message[0]);
+		check(!r.spec_json && !r.metadata_json);
+		return;
+	}
+	check(r.vcpus >= SPEC_MIN_VCPUS && r.vcpus <= SPEC_MAX_VCPUS);
+	check(r.memory_mib >= SPEC_MIN_MEMORY_MIB && r.memory_mib <= SPEC_MAX_MEMORY_MIB);
+	check(r.output_mib >= SPEC_MIN_OUTPUT_MIB && r.output_mib <= SPEC_MAX_OUTPUT_MIB);
+	check(r.idle_timeout_s >= 1 && r.idle_timeout_s <= API_SESSION_MAX_IDLE_S);
+	check(r.max_lifetime_s >= 1 && r.max_lifetime_s <= API_SESSION_MAX_LIFETIME_S);
+	check(allow_egress || !r.egress);
+	check(!r.metadata_json || strlen(r.metadata_json) <= API_METADATA_MAX);
+	/* What hosts get: only limits and network, and a spec with a command
+	 * added parses to the same limits. */
+	sp = json_loads(r.spec_json, 0, NULL);
+	check(json_is_object(sp) && json_object_size(sp) == 2 && json_object_get(sp, "limits") &&
+	      json_object_get(sp, "network"));
+	probe = json_deep_copy(sp);
+	json_object_set_new(probe, "argv", json_pack("[s]", "true"));
+	text = json_dumps(probe, JSON_COMPACT);
+	check(text && spec_parse(text, strlen(text), &spec, &err) == 0);
+	check(spec.vcpus == r.vcpus && spec.memory_mib == r.memory_mib && spec.egress == r.egress);
+	spec_free(&spec);
+	free(text);
+	json_decref(probe);
+	json_decref(sp);
+	api_session_request_free(&r);
+}
+
+static void exec_request(const char *body, size_t len, unsigned max_timeout_s)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *out = NULL, *t;
+
+	if (api_exec_request_parse(body, len, max_timeout_s, &out, &err) < 0) {
+		check(err.code[0] && err.message[0] && !out);
+		return;
+	}
+	t = json_object_get(out, "timeout_s");
+	check(json_is_integer(t) && json_integer_value(t) >= SPEC_MIN_TIMEOUT_S &&
+	      json_integer_value(t) <= SPEC_MAX_TIMEOUT_S);
+	check(!max_timeout_s || json_integer_value(t) <= max_timeout_s);
+	check(json_object_get(out, "argv") || json_object_get(out, "code"));
+	json_decref(out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct kiln_err err = { .code = "" };
@@ -66,7 +122,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	quota_defaults(&q);
 	before = q;
-	switch (data[0] & 3) {
+	switch ((data[0] & 7) >= 6 ? data[0] & 3 : data[0] & 7) {
+	case 4:
+		session_request(body, len, data[0] & 0x80);
+		break;
+	case 5:
+		exec_request(body, len, data[0] & 0x80 ? 3600 : 0);
+		break;
 	case 0:
 		task_request(body, len);
 		break;
@@ -89,7 +151,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			check(!memcmp(&q, &before, sizeof(q)));
 		}
 		break;
-	default:
+	case 3:
 		if (api_heartbeat_parse(body, len, url, &cap, &err) == 0) {
 			check(json_is_object(cap));
 			check(!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8));
