@@ -4,7 +4,8 @@
  * transitions and their timestamps, pause freeing the quota, resume from
  * paused and from error with a snapshot only, discard, touch, the reaper's
  * list, listing with filters and pages, customer isolation, the public
- * JSON, and that a reopen keeps everything. */
+ * JSON, and that a reopen keeps everything; the create and exec body
+ * parsers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "quota.h"
+#include "request.h"
 #include "store.h"
 
 static char dir[] = "/tmp/kiln-test-sessions.XXXXXX";
@@ -337,9 +339,94 @@ static void test_list_and_reopen(void **state)
 	store_close(s);
 }
 
+static void test_request_parsers(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct api_session_request r;
+	json_t *j;
+	const char *b;
+
+	/* Defaults: the task spec's limits, 600 s idle, 3600 s lifetime. */
+	assert_int_equal(api_session_request_parse("{}", 2, 0, &r, &err), 0);
+	assert_int_equal(r.vcpus, 1);
+	assert_int_equal(r.memory_mib, 256);
+	assert_int_equal(r.output_mib, 64);
+	assert_int_equal(r.idle_timeout_s, 600);
+	assert_int_equal(r.max_lifetime_s, 3600);
+	assert_null(r.metadata_json);
+	assert_string_equal(r.spec_json,
+			    "{\"limits\":{\"vcpus\":1,\"memory_mib\":256,\"output_mib\":64},\"network\":{\"egress\":\"none\"}}");
+	api_session_request_free(&r);
+	b = "{\"image\":\"default\",\"limits\":{\"memory_mib\":1024},\"network\":{\"egress\":\"allow\","
+	    "\"allow\":[\"example.org:443\"]},\"idle_timeout_s\":5,\"metadata\":{\"k\":1}}";
+	assert_int_equal(api_session_request_parse(b, strlen(b), 1, &r, &err), 0);
+	assert_int_equal(r.memory_mib, 1024);
+	assert_int_equal(r.egress, 1);
+	assert_int_equal(r.idle_timeout_s, 5);
+	assert_string_equal(r.metadata_json, "{\"k\":1}");
+	assert_non_null(strstr(r.spec_json, "example.org:443"));
+	api_session_request_free(&r);
+	/* Egress without the quota is refused before the rules are looked at. */
+	assert_int_equal(api_session_request_parse(b, strlen(b), 0, &r, &err), -1);
+	assert_string_equal(err.code, "egress_not_allowed");
+	b = "{\"network\":{\"egress\":\"allow\",\"allow\":[\"exa mple.org:443\"]}}";
+	assert_int_equal(api_session_request_parse(b, strlen(b), 1, &r, &err), -1);
+	assert_string_equal(err.code, "invalid_spec");
+	assert_non_null(strstr(err.message, "network.allow[0]"));
+	{
+		static const char *const bad[][2] = {
+			{ "{\"limits\":{\"timeout_s\":5}}", "limits.timeout_s:" },
+			{ "{\"limits\":{\"vcpus\":99}}", "limits.vcpus:" },
+			{ "{\"image\":\"alpine\"}", "image:" },
+			{ "{\"idle_timeout_s\":0}", "idle_timeout_s:" },
+			{ "{\"max_lifetime_s\":\"1\"}", "max_lifetime_s:" },
+			{ "{\"metadata\":3}", "metadata:" },
+			{ "{\"x\":1}", "x: unknown field" },
+			{ "[]", "body:" },
+			{ "{", "invalid JSON" },
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			assert_int_equal(api_session_request_parse(bad[i][0], strlen(bad[i][0]), 1, &r, &err), -1);
+			if (!strstr(err.message, bad[i][1]))
+				fail_msg("%s: \"%s\" does not name %s", bad[i][0], err.message, bad[i][1]);
+			assert_null(r.spec_json);
+		}
+	}
+
+	/* exec: timeout_s filled in, checked against the quota; the rest by the task spec's rules. */
+	b = "{\"argv\":[\"ls\"],\"cwd\":\"/tmp\"}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 3600, &j, &err), 0);
+	assert_int_equal(json_integer_value(json_object_get(j, "timeout_s")), 30);
+	assert_string_equal(json_string_value(json_object_get(j, "cwd")), "/tmp");
+	json_decref(j);
+	b = "{\"language\":\"python\",\"code\":\"print(1)\",\"timeout_s\":7200}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 3600, &j, &err), -1);
+	assert_string_equal(err.code, "over_quota");
+	assert_string_equal(err.message, "timeout_s: 7200 exceeds your quota of 3600");
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), 0);
+	json_decref(j);
+	b = "{\"argv\":[\"ls\"],\"language\":\"python\"}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_string_equal(err.code, "invalid_spec");
+	b = "{\"argv\":[\"ls\"],\"files\":[]}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_non_null(strstr(err.message, "files"));
+	b = "{\"argv\":[\"ls\"],\"timeout_s\":0}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_null(j);
+
+	assert_true(api_guest_path_ok("/work/a b.txt"));
+	assert_false(api_guest_path_ok("work/a"));
+	assert_false(api_guest_path_ok(""));
+	assert_false(api_guest_path_ok(NULL));
+	assert_false(api_guest_path_ok("/work/a\nb"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_request_parsers),
 		cmocka_unit_test_setup(test_create_and_quota, setup),
 		cmocka_unit_test_setup(test_lifecycle, setup),
 		cmocka_unit_test_setup(test_list_and_reopen, setup),
