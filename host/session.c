@@ -40,6 +40,8 @@
 #define SESSION_SETUP_MS   10000
 #define SESSION_MANIFEST_V 1
 #define SESSION_FILE_MAX   (64u << 20) /* a file read back with GET .../files */
+#define SESSION_STDIN_MAX  (16u << 20) /* a command's stdin_b64, decoded */
+#define SESSION_STDIN_PATH "/kiln/stdin"
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 
@@ -507,7 +509,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 		return kiln_err_set(err, "invalid_request", "expected a JSON object");
 	j = json_object();
 	json_object_foreach(req, k, v) {
-		if (!strcmp(k, "timeout_s"))
+		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64"))
 			continue;
 		if (strcmp(k, "argv") && strcmp(k, "language") && strcmp(k, "code") && strcmp(k, "env") &&
 		    strcmp(k, "cwd") && strcmp(k, "files")) {
@@ -530,6 +532,69 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	return r;
 }
 
+/* The command's stdin, from "stdin_b64" (standard base64, padded): *data is
+ * malloc'd (NULL when there is none). 0 or -1 with err. */
+static int exec_stdin(json_t *req, unsigned char **data, size_t *len, struct kiln_err *err)
+{
+	json_t *v = json_object_get(req, "stdin_b64");
+	const char *b;
+	size_t n;
+	int got;
+
+	*data = NULL;
+	*len = 0;
+	if (!v)
+		return 0;
+	b = json_string_value(v);
+	n = b ? strlen(b) : 0;
+	if (!b || n % 4 || n / 4 * 3 > SESSION_STDIN_MAX)
+		return kiln_err_set(err, "invalid_spec", "stdin_b64: expected padded base64 of at most %u MiB",
+				    SESSION_STDIN_MAX >> 20);
+	*data = malloc(n / 4 * 3 + 1);
+	if (!*data)
+		return kiln_err_set(err, "host_error", "out of memory");
+	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)b, (int)n) : 0;
+	for (size_t i = 0; i < n; i++)
+		if (b[i] == '=' && i < n - 2)
+			got = -1; /* padding only at the end */
+	if (got < 0) {
+		free(*data);
+		*data = NULL;
+		return kiln_err_set(err, "invalid_spec", "stdin_b64: not valid base64");
+	}
+	if (n && b[n - 1] == '=')
+		got--;
+	if (n > 1 && b[n - 2] == '=')
+		got--;
+	*len = (size_t)got;
+	return 0;
+}
+
+/* Run the command with its stdin from SESSION_STDIN_PATH: argv behind a
+ * shell that redirects and execs it (the guest starts every command with
+ * stdin at /dev/null). */
+static int wrap_stdin(struct task_spec *ts, struct kiln_err *err)
+{
+	static const char *const pre[] = { "/bin/sh", "-c", "exec \"$@\" < " SESSION_STDIN_PATH, "sh" };
+	char **argv = calloc(ts->argc + 5, sizeof(*argv));
+
+	if (!argv)
+		return kiln_err_set(err, "host_error", "out of memory");
+	for (size_t i = 0; i < 4; i++)
+		if (!(argv[i] = strdup(pre[i]))) {
+			for (size_t j = 0; j < i; j++)
+				free(argv[j]);
+			free(argv);
+			return kiln_err_set(err, "host_error", "out of memory");
+		}
+	memcpy(argv + 4, ts->argv, ts->argc * sizeof(*argv));
+	free(ts->argv);
+	ts->argv = argv;
+	ts->argc += 4;
+	ts->language = SPEC_LANG_NONE; /* not the pre-started interpreter: it has no stdin */
+	return 0;
+}
+
 /* The VM stopped answering: the session is over. */
 static int vm_broken(json_t *result)
 {
@@ -545,6 +610,8 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	struct run_opts opts;
 	struct task_spec ts;
 	json_t *result;
+	unsigned char *in = NULL;
+	size_t in_len = 0;
 	int broken;
 
 	if (!s)
@@ -558,6 +625,15 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 		session_put(ss, s, 0);
 		return NULL;
 	}
+	if (exec_stdin(req, &in, &in_len, err) < 0 ||
+	    (in && (wrap_stdin(&ts, err) < 0 ||
+		    run_session_put(&s->vm, SESSION_STDIN_PATH, in, in_len, 0600, err) < 0))) {
+		free(in);
+		spec_free(&ts);
+		session_put(ss, s, 0);
+		return NULL;
+	}
+	free(in);
 	opts = *hostd_run_opts(ss->d);
 	opts.vm.cancel_fd = -1;
 	opts.stream = NULL;

@@ -86,6 +86,13 @@ check "a later command sees the earlier one's file" test "$(last .stdout)" = bef
 st=$(ex "$PA" '{"argv":["sh","-c","exit 3"]}')
 check "a command's exit code is reported (failed, 3)" test "$(last .state)" = failed -a "$(last .exit_code)" = 3
 
+st=$(ex "$PA" "{\"language\":\"python\",\"code\":\"import sys\nprint(sys.stdin.read().upper())\",\"stdin_b64\":\"$(printf 'abc\ndef' | base64 -w0)\"}")
+check "stdin_b64 becomes the command's stdin (python)" test "$st" = 200 -a "$(last .stdout)" = "$(printf 'ABC\nDEF')"
+st=$(ex "$PA" "{\"argv\":[\"wc\",\"-c\"],\"stdin_b64\":\"$(head -c 60000 /dev/zero | base64 -w0)\"}")
+check "stdin_b64 of 60 kB reaches wc -c" test "$(last .stdout | tr -d ' ')" = 60000
+st=$(ex "$PA" '{"argv":["cat"],"stdin_b64":"a=bc"}')
+check "malformed stdin_b64: 400" test "$st" = 400
+
 # A long-lived interpreter holding a value in memory, serving it on a socket.
 KV=$'import os, socket\nvalue = "v-%d" % int.from_bytes(os.urandom(4), "big")\ns = socket.socket(socket.AF_UNIX)\ns.bind("/tmp/kv.sock")\ns.listen()\nwhile True:\n    c, _ = s.accept()\n    c.sendall(("%s %d" % (value, os.getpid())).encode())\n    c.close()\n'
 st=$(printf '%s' "$KV" | h "$PA" PUT "/v1/sessions/s1/files?path=/work/kv.py" --data-binary @-)
