@@ -1025,6 +1025,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 
 		pthread_mutex_lock(&s->hooks_lock);
 		ss = s->sessions;
+		if (ss)
+			sessions_hold(ss);
 		pthread_mutex_unlock(&s->hooks_lock);
 		if (!ss)
 			return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "sessions are not served now");

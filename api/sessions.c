@@ -61,6 +61,7 @@ struct sessions {
 	pthread_cond_t cond;
 	int stopping;
 	unsigned enders;             /* detached threads ending sessions */
+	unsigned users;              /* HTTP requests and event-stream relays using ss */
 	struct op *ops;              /* sessions with a request in flight here */
 };
 
@@ -160,6 +161,21 @@ static int ops_busy(struct sessions *ss, const char *id)
 		busy = !strcmp(o->id, id);
 	pthread_mutex_unlock(&ss->lock);
 	return busy;
+}
+
+void sessions_hold(struct sessions *ss)
+{
+	pthread_mutex_lock(&ss->lock);
+	ss->users++;
+	pthread_mutex_unlock(&ss->lock);
+}
+
+static void sessions_release(struct sessions *ss)
+{
+	pthread_mutex_lock(&ss->lock);
+	ss->users--;
+	pthread_cond_broadcast(&ss->cond);
+	pthread_mutex_unlock(&ss->lock);
 }
 
 /* ---- talking to hosts ---- */
@@ -710,6 +726,7 @@ static void relay_free(void *cls)
 	hostclient_stream_close(sr->hs);
 	store_session_touch(sr->ss->st, sr->id);
 	ops_leave(sr->ss, sr->id);
+	sessions_release(sr->ss);
 	free(sr);
 }
 
@@ -727,6 +744,7 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	if (!sr)
 		return reply_internal(r->conn, "out of memory");
 	sr->ss = ss;
+	sessions_hold(ss); /* the response outlives the request's handler */
 	snprintf(sr->id, sizeof(sr->id), "%s", id);
 	sr->deadline_ms = mono_ms() + (int64_t)timeout_s * 1000 + EXEC_MARGIN_MS;
 	snprintf(path, sizeof(path), "/v1/sessions/%s/exec?stream=1", id);
@@ -1022,7 +1040,17 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 	}
 }
 
+static enum MHD_Result route(struct sessions *ss, const struct sessions_request *r);
+
 enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r)
+{
+	enum MHD_Result ret = route(ss, r);
+
+	sessions_release(ss);
+	return ret;
+}
+
+static enum MHD_Result route(struct sessions *ss, const struct sessions_request *r)
 {
 	const char *p = r->path, *slash;
 	struct store_session cur;
@@ -1376,21 +1404,21 @@ struct sessions *sessions_start(const struct api_config *cfg, struct store *st, 
 	return ss;
 }
 
-void sessions_stop(struct sessions *ss)
+int sessions_stop(struct sessions *ss)
 {
 	int64_t deadline;
 
 	if (!ss)
-		return;
+		return 0;
 	pthread_mutex_lock(&ss->lock);
 	ss->stopping = 1;
 	pthread_cond_broadcast(&ss->cond);
 	pthread_mutex_unlock(&ss->lock);
 	pthread_join(ss->reaper, NULL);
 	/* Ends in progress finish their host call, or the process exit cuts them. */
-	deadline = mono_ms() + 1000;
+	deadline = mono_ms() + 2000;
 	pthread_mutex_lock(&ss->lock);
-	while (ss->enders && mono_ms() < deadline) {
+	while ((ss->enders || ss->users) && mono_ms() < deadline) {
 		struct timespec ts;
 
 		clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1401,9 +1429,9 @@ void sessions_stop(struct sessions *ss)
 		}
 		pthread_cond_timedwait(&ss->cond, &ss->lock, &ts);
 	}
-	if (ss->enders) {
+	if (ss->enders || ss->users) {
 		pthread_mutex_unlock(&ss->lock);
-		return; /* an ender still holds ss; the process is exiting */
+		return -1; /* an ender or a request (a long exec) still holds ss */
 	}
 	pthread_mutex_unlock(&ss->lock);
 	for (struct op *o = ss->ops, *nx; o; o = nx) {
@@ -1414,4 +1442,5 @@ void sessions_stop(struct sessions *ss)
 	pthread_cond_destroy(&ss->cond);
 	free(ss->token);
 	free(ss);
+	return 0;
 }

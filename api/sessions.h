@@ -27,8 +27,10 @@ struct sessions;
 struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
 				struct kiln_err *err);
 
-/* Stop the reaper (and wait a moment for ends it started), then free. */
-void sessions_stop(struct sessions *ss);
+/* Stop the reaper, wait a moment (2 s) for the ends it started and the
+ * requests held, then free: 0. -1 when some still run: ss is left to them
+ * (and the caller should exit without freeing what they use). */
+int sessions_stop(struct sessions *ss);
 
 /* One authenticated request under /v1/sessions, with its whole body. */
 struct sessions_request {
@@ -42,8 +44,14 @@ struct sessions_request {
 	struct quota_limiter *lim;   /* the submit-rate buckets (create and resume take a token) */
 };
 
-/* Answer it (queues the response on r->conn). Called from libmicrohttpd's
- * connection threads; may block for as long as the host takes (an exec). */
+/* Count one request about to be handled, under the lock that guards the
+ * caller's pointer to ss, so that sessions_stop (called once that pointer is
+ * cleared) waits for it. sessions_handle releases it. */
+void sessions_hold(struct sessions *ss);
+
+/* Answer a request held with sessions_hold (queues the response on
+ * r->conn). Called from libmicrohttpd's connection threads; may block for as
+ * long as the host takes (an exec). */
 enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r);
 
 #endif

@@ -281,8 +281,18 @@ st=$(req "$KA" POST "/v1/sessions/$SP/resume"); sexec "$KA" "$SP" '{"argv":["cat
 check "... and resumes with its files" [ "$(last .stdout)" = v ]
 
 # ---- kiln-api restart: sessions survive and keep working ----
+sexec "$KA" "$SP" '{"argv":["sleep","15"]}' > /dev/null &
+slow=$!
+sleep 0.5
+t0=$(date +%s%N)
 stop_api
+t1=$(date +%s%N)
+wait "$slow"
+check "SIGTERM during a 15 s exec: kiln-api exits in $(( (t1 - t0) / 1000000 )) ms, not after the exec" \
+	[ $(( (t1 - t0) / 1000000 )) -lt 5000 ]
+grep -q "session requests still in flight" "$T_TMP/api.err" || echo "# (the exec had already ended?)"
 start_api
+for _ in $(seq 200); do [ "$(sexec "$KA" "$SP" '{"argv":["pwd"]}')" = 200 ] && break; sleep 0.1; done
 st=$(sexec "$KA" "$SP" '{"argv":["cat","/work/k"]}')
 expect "after a kiln-api restart the running session answers" 200 "$st" '.stdout == "v"'
 
