@@ -412,7 +412,7 @@ out:
 int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s, json_t **out,
 			   struct kiln_err *err)
 {
-	static const char *const keys[] = { "argv", "language", "code", "env", "cwd", "timeout_s", NULL };
+	static const char *const keys[] = { "argv", "language", "code", "env", "cwd", "timeout_s", "stdin_b64", NULL };
 	json_error_t je;
 	json_t *j, *v, *probe = NULL;
 	struct task_spec ts;
@@ -457,6 +457,16 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 		kiln_err_set(err, "over_quota", "timeout_s: %u exceeds your quota of %u", timeout_s, max_timeout_s);
 		goto out;
 	}
+	/* stdin_b64: kiln-host decodes and checks it; bounded here. */
+	v = json_object_get(j, "stdin_b64");
+	if (v && (!json_is_string(v) || json_string_length(v) % 4 ||
+		  json_string_length(v) / 4 * 3 > API_EXEC_STDIN_MAX ||
+		  strspn(json_string_value(v), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") !=
+			  json_string_length(v))) {
+		kiln_err_set(err, "invalid_spec", "stdin_b64: expected padded standard base64 of at most %u MiB",
+			     API_EXEC_STDIN_MAX >> 20);
+		goto out;
+	}
 	/* argv or language+code, env, cwd: the task spec's rules and messages. */
 	probe = json_deep_copy(j);
 	if (!probe) {
@@ -464,6 +474,7 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 		goto out;
 	}
 	json_object_del(probe, "timeout_s");
+	json_object_del(probe, "stdin_b64");
 	probe_text = json_dumps(probe, JSON_COMPACT);
 	if (!probe_text) {
 		kiln_err_set(err, "internal", "out of memory");

@@ -61,6 +61,7 @@ int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capaci
 #define API_SESSION_DEFAULT_LIFETIME_S  3600
 #define API_SESSION_MAX_LIFETIME_S      604800
 #define API_SESSION_BODY_MAX            (256 << 10) /* bytes of a POST /v1/sessions body */
+#define API_EXEC_STDIN_MAX              (16u << 20) /* an exec's stdin_b64, decoded (kiln-host's bound) */
 
 /* A POST /v1/sessions body, checked. */
 struct api_session_request {
@@ -87,7 +88,8 @@ void api_session_request_free(struct api_session_request *r);
 
 /* Parse a POST /v1/sessions/{id}/exec body: {"argv":[...]} or
  * {"language","code"}, optional "env" and "cwd", checked with the task
- * spec's rules (the message names the field), and "timeout_s" 1..86400
+ * spec's rules (the message names the field), "stdin_b64" (padded standard
+ * base64 of at most API_EXEC_STDIN_MAX bytes), and "timeout_s" 1..86400
  * (default 30), at most max_timeout_s (the quota's max_task_timeout_s; 0: no
  * quota) else code "over_quota". *out: the body to send the host (a new
  * reference) with timeout_s filled in. 0, or -1 with err set. */

@@ -48,8 +48,8 @@ unsigned char *cli_read_file(const char *path, size_t max, size_t *len, mode_t *
 
 /* ---- kiln session: the parts with logic of their own (pure functions) ---- */
 
-/* `kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--json]
- * (-- ARGV... | --code FILE.py|FILE.sh)`. Pointers borrow from argv. */
+/* `kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-]
+ * [--json] (-- ARGV... | --code FILE.py|FILE.sh)`. Pointers borrow from argv. */
 struct cli_exec_args {
 	const char *id;
 	char **cmd;                 /* the command after "--" (ncmd entries), or NULL */
@@ -57,6 +57,7 @@ struct cli_exec_args {
 	const char *code_file;      /* --code */
 	const char *language;       /* from code_file's extension: "python" or "bash" */
 	const char *cwd;
+	const char *stdin_file;     /* --stdin FILE ("-": kiln's own stdin), or NULL: at EOF */
 	long timeout_s;             /* 0: the API's default */
 	char *env[64];              /* "K=V" */
 	int nenv;

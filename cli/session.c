@@ -9,18 +9,21 @@
 #include <time.h>
 
 #include <curl/curl.h>
+#include <openssl/evp.h>
 
 #include "cli.h"
 
 #define PUT_MAX (64u << 20)   /* kiln-api's default body limit */
 #define CODE_MAX (1u << 20)
+#define STDIN_MAX (16u << 20) /* kiln-host's bound for an exec's stdin */
 
 static void session_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kiln session create [--memory MiB] [--vcpus N] [--output MiB] [--allow DEST:PORTS]...\n"
 		"                           [--idle S] [--lifetime S] [--json]\n"
-		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--json] -- COMMAND [ARGS...]\n"
+		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-] [--json]\n"
+		"                            -- COMMAND [ARGS...]\n"
 		"       kiln session exec ID [options] --code FILE.py|FILE.sh\n"
 		"       kiln session put ID LOCAL GUEST        (a relative GUEST is under /work)\n"
 		"       kiln session get ID GUEST [LOCAL|-]    (default: GUEST's name in the current directory)\n"
@@ -31,8 +34,10 @@ static void session_usage(FILE *f)
 		"  directory's contents persist, each exec is a new process. It ends after --idle\n"
 		"  seconds without a command (default 600) or --lifetime seconds (default 3600);\n"
 		"  pause saves it to S3 and frees its quota, resume brings it back on any host.\n"
+		"  --stdin gives the command a file (\"-\": kiln's own stdin, read to its end first) as\n"
+		"  its stdin, at most 16 MiB; without it the command's stdin is at EOF.\n"
 		"  There is no `kiln shell` (an interactive shell in a session): the guest protocol\n"
-		"  has no way to feed a running command its stdin yet; run one command per exec.\n"
+		"  has no way to feed a running command its stdin as it goes; run one command per exec.\n"
 		"  exec exits with the command's exit code (1 when it failed without one or timed\n"
 		"  out, 3 when kiln could not run it).\n");
 }
@@ -76,7 +81,8 @@ int cli_session_exec_args(int argc, char **argv, struct cli_exec_args *out, char
 			out->json = 1;
 			continue;
 		}
-		if (strcmp(name, "env") && strcmp(name, "cwd") && strcmp(name, "timeout") && strcmp(name, "code")) {
+		if (strcmp(name, "env") && strcmp(name, "cwd") && strcmp(name, "timeout") && strcmp(name, "code") &&
+		    strcmp(name, "stdin")) {
 			snprintf(msg, msg_size, "%s: unknown option", a);
 			return -1;
 		}
@@ -102,6 +108,8 @@ int cli_session_exec_args(int argc, char **argv, struct cli_exec_args *out, char
 			out->env[out->nenv++] = (char *)v;
 		} else if (!strcmp(name, "cwd")) {
 			out->cwd = v;
+		} else if (!strcmp(name, "stdin")) {
+			out->stdin_file = v;
 		} else if (!strcmp(name, "timeout")) {
 			char *e;
 
@@ -310,6 +318,48 @@ static int exec_status(json_t *res)
 	return 1;
 }
 
+/* The file ("-": our stdin, to its end) as base64 (malloc'd), or NULL with why printed. */
+static char *stdin_b64(const char *file)
+{
+	unsigned char *data = NULL;
+	size_t len = 0;
+	char *b64;
+
+	if (!strcmp(file, "-")) {
+		size_t cap = 0, n;
+
+		do {
+			if (len == cap) {
+				unsigned char *p;
+
+				cap = cap ? cap * 2 : 65536;
+				if (cap > STDIN_MAX + 1)
+					cap = STDIN_MAX + 1;
+				p = realloc(data, cap);
+				if (!p) {
+					free(data);
+					return NULL;
+				}
+				data = p;
+			}
+			n = fread(data + len, 1, cap - len, stdin);
+			len += n;
+		} while (n && len <= STDIN_MAX);
+		if (len > STDIN_MAX) {
+			fprintf(stderr, "kiln: --stdin -: more than %u MiB\n", STDIN_MAX >> 20);
+			free(data);
+			return NULL;
+		}
+	} else if (!(data = cli_read_file(file, STDIN_MAX, &len, NULL))) {
+		return NULL;
+	}
+	b64 = malloc(4 * ((len + 2) / 3) + 1);
+	if (b64)
+		EVP_EncodeBlock((unsigned char *)b64, data ? data : (unsigned char *)"", (int)len);
+	free(data);
+	return b64;
+}
+
 static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 {
 	struct cli_exec_args a;
@@ -367,6 +417,16 @@ static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 	}
 	if (a.cwd)
 		json_object_set_new(body, "cwd", json_string(a.cwd));
+	if (a.stdin_file) {
+		char *b64 = stdin_b64(a.stdin_file);
+
+		if (!b64) {
+			json_decref(body);
+			return EXIT_USAGE;
+		}
+		json_object_set_new(body, "stdin_b64", json_string(b64));
+		free(b64);
+	}
 	if (a.timeout_s)
 		json_object_set_new(body, "timeout_s", json_integer(a.timeout_s));
 	if (a.json) {

@@ -132,6 +132,10 @@ st=$(sexec "$KA" "$S1" '{"argv":[]}'); expect "exec with an empty argv: 400 inva
 st=$(sexec "$KA" "$S1" '{"argv":["pwd"],"timeout_s":7200}')
 expect "exec timeout_s over the quota: 400 over_quota" 400 "$st" '.error.code == "over_quota"'
 st=$(sexec "$KA" "$S1" '{"argv":["pwd"],"stdin":"x"}'); expect "exec with an unknown field: 400" 400 "$st"
+st=$(sexec "$KA" "$S1" '{"argv":["cat"],"stdin_b64":"aGVsbG8gc3RkaW4="}')
+expect "exec with stdin_b64: the command reads it" 200 "$st" '.stdout == "hello stdin"'
+st=$(sexec "$KA" "$S1" '{"argv":["cat"],"stdin_b64":"not base64!"}')
+expect "exec with a malformed stdin_b64: 400 naming it" 400 "$st" '.error.message | startswith("stdin_b64")'
 curl -s -N --max-time 20 -H "Authorization: Bearer $KA" -H 'Content-Type: application/json' \
 	--data-binary '{"argv":["echo","streamed","line"]}' "$URL/v1/sessions/$S1/exec?stream=1" > "$T_TMP/stream.txt"
 if grep -q '^event: stdout' "$T_TMP/stream.txt" && grep -q 'streamed line' "$T_TMP/stream.txt" \
@@ -309,6 +313,8 @@ if [ -x "$KILN" ]; then
 	"$KILN" session exec "$cs" -- exit 4 > /dev/null 2> "$T_TMP/cli.err"
 	rc=$?
 	check "... and exits with the command's exit code ($rc)" [ "$rc" = 4 ]
+	check "kiln session exec --stdin -: the command reads kiln's stdin" \
+		[ "$(printf 'piped in' | "$KILN" session exec "$cs" --stdin - -- cat 2> /dev/null)" = "piped in" ]
 	echo "payload $RANDOM" > "$T_TMP/p.txt"
 	"$KILN" session put "$cs" "$T_TMP/p.txt" in/p.txt 2> "$T_TMP/cli.err"
 	rc=$?

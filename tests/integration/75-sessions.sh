@@ -186,6 +186,8 @@ export KILN_API=$URL KILN_KEY=$KA
 rc=$?
 check "kiln session exec streams the output and exits with the command's code ($rc)" \
 	[ "$rc" = 5 -a "$(cat "$T_TMP/cli.out")" = from-cli ]
+check "kiln session exec --stdin FILE: the command reads the file" \
+	[ "$("$ROOT/build/kiln" session exec "$S1" --stdin "$T_TMP/blob" -- wc -c 2> /dev/null | tr -d ' ')" = 200000 ]
 printf 'print(sum(range(10)))\n' > "$T_TMP/c.py"
 check "kiln session exec --code FILE.py" [ "$("$ROOT/build/kiln" session exec "$S1" --code "$T_TMP/c.py" 2> /dev/null)" = 45 ]
 "$ROOT/build/kiln" session put "$S1" "$T_TMP/blob" cli.bin 2> /dev/null

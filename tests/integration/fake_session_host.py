@@ -13,6 +13,7 @@ usage: fake_session_host.py --listen 127.0.0.1:PORT --host-id h1 --token T
          --api http://127.0.0.1:APIPORT --snapshots DIR [--memory-mib N]
 """
 import argparse
+import base64
 import json
 import os
 import re
@@ -70,9 +71,11 @@ def check_spec(spec):
     return None
 
 
-def run(files, argv, env, cwd):
+def run(files, argv, env, cwd, stdin=b""):
     """The pretend commands: (exit_code, stdout, stderr)."""
     cmd, rest = argv[0], argv[1:]
+    if cmd == "cat" and not rest:
+        return 0, stdin.decode("utf-8", "replace"), ""
     if cmd == "echo":
         return 0, " ".join(rest) + "\n", ""
     if cmd == "pwd":
@@ -203,7 +206,7 @@ class Handler(BaseHTTPRequestHandler):
     def exec(self, sid, s, stream):
         j = self.json_body()
         if not j or not ({"argv"} <= set(j) or {"language", "code"} <= set(j)) \
-                or set(j) - {"argv", "language", "code", "env", "cwd", "timeout_s"} \
+                or set(j) - {"argv", "language", "code", "env", "cwd", "timeout_s", "stdin_b64"} \
                 or not isinstance(j.get("timeout_s"), int):
             return self.error(400, "invalid_spec", "exec body (timeout_s filled in by kiln-api)")
         argv = j.get("argv") or ["echo", j.get("code", "")]
@@ -212,7 +215,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.error(409, "busy", "another command runs in this session")
             s["busy"] = True
         try:
-            code, out, err = run(s["files"], argv, j.get("env", {}), j.get("cwd", "/work"))
+            code, out, err = run(s["files"], argv, j.get("env", {}), j.get("cwd", "/work"),
+                                 base64.b64decode(j.get("stdin_b64", "")))
         finally:
             with LOCK:
                 s["busy"] = False

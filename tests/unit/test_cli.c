@@ -115,6 +115,10 @@ static void test_session_exec_args(void **state)
 	assert_null(a.cmd);
 	assert_int_equal(exec_args(&a, msg, "s_2", "--code=run.sh", NULL), 0);
 	assert_string_equal(a.language, "bash");
+	assert_null(a.stdin_file);
+	assert_int_equal(exec_args(&a, msg, "s_2", "--stdin", "-", "--", "wc", "-l", NULL), 0);
+	assert_string_equal(a.stdin_file, "-");
+	assert_int_equal(a.ncmd, 2);
 	/* Refusals say why. */
 	assert_int_equal(exec_args(&a, msg, "s_1", NULL), -1);
 	assert_non_null(strstr(msg, "no command"));

@@ -412,6 +412,15 @@ static void test_request_parsers(void **state)
 	b = "{\"argv\":[\"ls\"],\"files\":[]}";
 	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
 	assert_non_null(strstr(err.message, "files"));
+	b = "{\"argv\":[\"cat\"],\"stdin_b64\":\"aGk=\"}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), 0);
+	assert_string_equal(json_string_value(json_object_get(j, "stdin_b64")), "aGk="); /* passed on as is */
+	json_decref(j);
+	b = "{\"argv\":[\"cat\"],\"stdin_b64\":\"aGk\"}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_non_null(strstr(err.message, "stdin_b64"));
+	b = "{\"argv\":[\"cat\"],\"stdin_b64\":7}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
 	b = "{\"argv\":[\"ls\"],\"timeout_s\":0}";
 	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
 	assert_null(j);
