@@ -135,7 +135,9 @@ for i in 1 2 3; do
 done
 maxrun=0 queued_seen=0
 for _ in $(seq 300); do
-	states=$(for id in "${solo[@]}"; do curl -s -m 5 -H "Authorization: Bearer $SOLO" "$API/v1/tasks/$id" | jq -r .state; done)
+	# One list request: one consistent read of the store (reading the tasks one
+	# by one could see one task still running and the next already placed).
+	states=$(curl -s -m 5 -H "Authorization: Bearer $SOLO" "$API/v1/tasks?limit=10" | jq -r '.tasks[].state')
 	r=$(grep -cE '^(scheduled|starting|running)$' <<< "$states")
 	[ "$r" -gt "$maxrun" ] && maxrun=$r
 	grep -q '^queued$' <<< "$states" && [ "$r" -ge 1 ] && queued_seen=1
