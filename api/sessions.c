@@ -1265,19 +1265,13 @@ static void reconcile_host(struct sessions *ss, const char *host, const char *ur
 		known = store_session_get(ss->st, id, NULL, &cur) == 0;
 		if (known && session_state_holds(cur.state) && !strcmp(cur.host_id, host))
 			continue;
-		/* kiln-host's DELETE also deletes the session's snapshot in S3:
-		 * only where nothing needs it (destroyed, unknown, never paused).
-		 * A stale copy of a session that is paused, resumable or running
-		 * elsewhere is left alone (and said so once a minute) rather than
-		 * taking the snapshot with it. */
-		if (known && cur.state != SESSION_DESTROYED && (cur.has_snapshot || session_state_holds(cur.state))) {
-			if (listed_ms / 1000 % 60 < RECONCILE_EVERY_MS / 1000)
-				fprintf(stderr, "kiln-api: host %s still runs a stale copy of session %s (%s here); left "
-						"there: destroying it would delete its snapshot in S3\n", host, id,
-					session_state_name(cur.state));
-			continue;
-		}
-		snprintf(path, sizeof(path), "/v1/sessions/%s", id);
+		/* A stale copy of a session that is paused, resumable or running
+		 * elsewhere goes without its snapshot in S3 (keep_snapshot=1);
+		 * one nothing needs (destroyed, unknown, never paused) with it. */
+		if (known && cur.state != SESSION_DESTROYED && (cur.has_snapshot || session_state_holds(cur.state)))
+			snprintf(path, sizeof(path), "/v1/sessions/%s?keep_snapshot=1", id);
+		else
+			snprintf(path, sizeof(path), "/v1/sessions/%s", id);
 		st = hostclient_call(url, ss->token, "DELETE", path, NULL, 30000, NULL, &err);
 		fprintf(stderr, "kiln-api: host %s still had session %s (%s here): destroyed there (HTTP %d)\n", host, id,
 			known ? session_state_name(cur.state) : "unknown", st);

@@ -464,8 +464,10 @@ static int handle_sessions(struct server *s, struct MHD_Connection *conn, const 
 		}
 		if (strcmp(method, "DELETE"))
 			return method_not_allowed(conn, "GET or DELETE");
+		const char *keep = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "keep_snapshot");
+
 		if (session_delete(s->sessions, id, MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "customer"),
-				   &err) < 0)
+				   keep && !strcmp(keep, "1"), &err) < 0)
 			return session_error(conn, &err);
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
 	}

@@ -1075,7 +1075,8 @@ json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *er
 	return outs ? json_pack("{s:o}", "outputs", outs) : NULL;
 }
 
-int session_delete(struct sessions *ss, const char *id, const char *customer, struct kiln_err *err)
+int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,
+		   struct kiln_err *err)
 {
 	struct session *s = session_take(ss, id, err);
 	struct hostd_s3 s3;
@@ -1088,9 +1089,11 @@ int session_delete(struct sessions *ss, const char *id, const char *customer, st
 		snprintf(cust, sizeof(cust), "%s", s->customer);
 		session_teardown(ss, s);
 		session_put(ss, s, 1);
-	} else if (customer && spool_id_ok(customer)) {
+	} else if (customer && spool_id_ok(customer) && !keep_snapshot) {
 		snprintf(cust, sizeof(cust), "%s", customer);
 	}
+	if (keep_snapshot)
+		return found ? 0 : -1;
 	/* Its paused snapshot goes too: a destroyed session leaves nothing. */
 	if (cust[0] && spool_id_ok(id) && hostd_s3_take(ss->d, &s3) == 0) {
 		static const char *const all[] = { "manifest.json", "state", "disk.qcow2" };

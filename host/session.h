@@ -67,8 +67,11 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...]} */
 json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err);
 
-/* Destroy the session (if it runs here) and delete its paused snapshot from
- * S3 (customer may be NULL when the session runs here). */
-int session_delete(struct sessions *ss, const char *id, const char *customer, struct kiln_err *err);
+/* Destroy the session (if it runs here) and, unless keep_snapshot, delete
+ * its paused snapshot from S3 (customer may be NULL when the session runs
+ * here). keep_snapshot: only this copy goes (a stale one, whose session
+ * lives on elsewhere or in S3). */
+int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,
+		   struct kiln_err *err);
 
 #endif
