@@ -157,6 +157,15 @@ check "a damaged paused snapshot is refused on resume (422 snapshot_corrupt: $(l
 	test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt
 check "and the failed resume holds nothing on A" test "$(vcpus_used "$PA")" = 0 -a "$(h "$PA" GET /v1/sessions/s1)" = 404
 
+# --- a stale copy goes without its snapshot (keep_snapshot=1) ---
+h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}' > /dev/null
+h "$PA" POST /v1/sessions/s3/pause > /dev/null
+h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+st=$(h "$PA" DELETE "/v1/sessions/s3?keep_snapshot=1")
+check "DELETE ?keep_snapshot=1 destroys the copy here and keeps the paused snapshot" \
+	test "$st" = 200 -a "$(h "$PA" GET /v1/sessions/s3)" = 404 -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
+h "$PA" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
+
 # --- delete ---
 st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
 check "DELETE removes the paused snapshot from S3" test "$st" = 200 -a "$(s3py exists acme/sessions/s1/manifest.json)" = no
