@@ -711,7 +711,9 @@ static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 	case PROTO_EXEC:
 		return agent_exec(a, f);
 	case PROTO_KILL:
-		/* No task is running: this KILL crossed the task's EXIT on the wire. */
+	case PROTO_STDIN:
+	case PROTO_RESIZE:
+		/* No task is running: these crossed the task's EXIT on the wire. */
 		return 0;
 	case PROTO_COLLECT:
 		return agent_collect(a, f);

@@ -1,6 +1,7 @@
 /* task: one EXEC at a time: fork, drop to the task's uid, exec; forward its
  * stdout/stderr as they are read, cap them, kill the whole uid on KILL, on
- * the cap and at the end; report EXIT with rusage and the OOM verdict. */
+ * the cap and at the end; feed STDIN frames to an interactive task (a pipe
+ * or a pseudo-terminal); report EXIT with rusage and the OOM verdict. */
 #include "task.h"
 
 #include <dirent.h>
@@ -13,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "init.h"
@@ -26,13 +29,20 @@
  * (a set-uid helper) could keep them open, and EXIT must not wait on it. */
 #define TASK_DRAIN_MS 5000
 #define TASK_KEEP_DRAIN_MS 300
+/* Input the task has not read yet, held in PID 1: beyond this it is dropped
+ * (and EXIT says so) rather than let a task that never reads grow PID 1. */
+#define TASK_STDIN_MAX (1u << 20)
 
 static const char task_default_path_env[] = "PATH=" TASK_DEFAULT_PATH;
 
 struct task {
 	const struct proto_exec *e;
 	pid_t pid;
-	int out, err; /* our read ends, -1 once at EOF */
+	int out, err; /* our read ends, -1 once at EOF (a terminal: out is its master, err -1) */
+	int in;       /* our write end of the task's stdin (pipe or terminal master), or -1 */
+	int in_eof;   /* close `in` once `pending` is written (a pipe's end of input) */
+	uint8_t *pending; /* input not yet written, at most TASK_STDIN_MAX */
+	size_t pending_len;
 	uint64_t sent; /* stdout + stderr bytes forwarded to the host */
 	int64_t start_us, end_us, drain_deadline_ms;
 	int exited;
@@ -250,8 +260,14 @@ static void __attribute__((noreturn)) task_child_exec(const char *file, char *co
 	task_child_fail("cannot execute", file, err);
 }
 
+/* The child's standard streams: stdin (-1: /dev/null), stdout and stderr;
+ * or, when tty >= 0, that terminal for all three. */
+struct task_stdio {
+	int in, out, err, tty;
+};
+
 static void __attribute__((noreturn)) task_child(const struct proto_exec *e, char *const envp[],
-						 const char *path, int out, int err)
+						 const char *path, const struct task_stdio *io)
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	sigset_t none;
@@ -265,11 +281,21 @@ static void __attribute__((noreturn)) task_child(const struct proto_exec *e, cha
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	setsid();
-	if (dup2(out, 1) < 0 || dup2(err, 2) < 0)
-		_exit(127);
-	fd = open("/dev/null", O_RDONLY);
-	if (fd < 0 || dup2(fd, 0) < 0)
-		task_child_fail("cannot open", "/dev/null", errno);
+	if (io->tty >= 0) {
+		/* A new session's first terminal becomes its controlling one;
+		 * the task's user owns it, as login(1) would arrange. */
+		if (ioctl(io->tty, TIOCSCTTY, 0) < 0 || dup2(io->tty, 0) < 0 || dup2(io->tty, 1) < 0 ||
+		    dup2(io->tty, 2) < 0)
+			_exit(127);
+		if (fchown(0, e->uid, e->gid) < 0)
+			task_child_fail("cannot hand over", "the terminal", errno);
+	} else {
+		if (dup2(io->out, 1) < 0 || dup2(io->err, 2) < 0)
+			_exit(127);
+		fd = io->in >= 0 ? io->in : open("/dev/null", O_RDONLY);
+		if (fd < 0 || dup2(fd, 0) < 0)
+			task_child_fail("cannot open", "/dev/null", errno);
+	}
 	/* Everything of PID 1's is O_CLOEXEC already; this makes sure above
 	 * all that the channel never reaches the task, which could then speak
 	 * the protocol to the host. */
@@ -312,7 +338,8 @@ static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uin
 	n = read(*fd, buf, TASK_CHUNK);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return 0;
-	if (n < 0)
+	/* A terminal's master reads EIO once no process holds the other side. */
+	if (n < 0 && !((t->e->flags & PROTO_EXEC_TTY) && errno == EIO))
 		init_log("task: reading output: %s", strerror(errno));
 	if (n <= 0) {
 		close(*fd);
@@ -338,7 +365,86 @@ static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uin
 	return 0;
 }
 
-/* Requests that arrive while the task runs: only KILL is served. */
+static void task_close_in(struct task *t)
+{
+	if (t->in >= 0)
+		close(t->in);
+	t->in = -1;
+	t->pending_len = 0;
+}
+
+/* Writes what input is pending, as far as the task takes it now. */
+static void task_flush_in(struct task *t)
+{
+	size_t off = 0;
+
+	while (t->in >= 0 && off < t->pending_len) {
+		ssize_t n = write(t->in, t->pending + off, t->pending_len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			break;
+		if (n <= 0) {
+			/* EPIPE, EIO: nobody reads any more; the rest is moot. */
+			task_close_in(t);
+			return;
+		}
+		off += (size_t)n;
+	}
+	if (t->in < 0)
+		return;
+	memmove(t->pending, t->pending + off, t->pending_len - off);
+	t->pending_len -= off;
+	if (!t->pending_len && t->in_eof)
+		task_close_in(t);
+}
+
+/* STDIN: bytes for the task, or (empty) the end of its input. A terminal has
+ * no end of input but its EOF character, which is what a user would type. */
+static void task_stdin(struct task *t, const uint8_t *p, size_t n)
+{
+	static const uint8_t veof = 0x04;
+	size_t room;
+
+	if (t->in < 0 || t->in_eof)
+		return; /* not interactive, or its input is closed: crossed on the wire */
+	if (n == 0) {
+		if (t->e->flags & PROTO_EXEC_TTY) {
+			p = &veof;
+			n = 1;
+		} else {
+			t->in_eof = 1;
+		}
+	}
+	if (!t->pending && n) {
+		t->pending = malloc(TASK_STDIN_MAX);
+		if (!t->pending) {
+			t->exit.flags |= PROTO_EXIT_STDIN_LOST;
+			return;
+		}
+	}
+	room = TASK_STDIN_MAX - t->pending_len;
+	if (n > room) {
+		t->exit.flags |= PROTO_EXIT_STDIN_LOST;
+		n = room;
+	}
+	memcpy(t->pending + t->pending_len, p, n);
+	t->pending_len += n;
+	task_flush_in(t);
+}
+
+static void task_resize(struct task *t, uint32_t rows, uint32_t cols)
+{
+	struct winsize ws = { .ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols };
+
+	/* The kernel sends SIGWINCH to the terminal's foreground group. */
+	if ((t->e->flags & PROTO_EXEC_TTY) && t->out >= 0 && ioctl(t->out, TIOCSWINSZ, &ws) < 0)
+		init_log("task: resizing the terminal: %s", strerror(errno));
+}
+
+/* Requests that arrive while the task runs: KILL, STDIN and RESIZE are
+ * served, anything else is refused. */
 static int task_channel(struct agent *a, struct task *t)
 {
 	struct proto_frame f;
@@ -348,12 +454,25 @@ static int task_channel(struct agent *a, struct task *t)
 	if (r < 0)
 		return r;
 	while ((r = agent_next_frame(a, &f)) > 0) {
+		uint32_t rows, cols;
+
 		if (f.type == PROTO_KILL) {
 			/* After the exit it is moot: the host's timer crossed EXIT. */
 			if (!t->exited) {
 				t->exit.flags |= PROTO_EXIT_KILLED;
 				task_kill(t);
 			}
+			continue;
+		}
+		if (f.type == PROTO_STDIN) {
+			task_stdin(t, f.payload, f.len);
+			continue;
+		}
+		if (f.type == PROTO_RESIZE) {
+			if (proto_resize_decode(f.payload, f.len, &rows, &cols) == 0)
+				task_resize(t, rows, cols);
+			else if ((r = agent_send_error(a, -EPROTO, "malformed RESIZE request")) < 0)
+				return r;
 			continue;
 		}
 		r = agent_send_error(a, -EBUSY, "a task is running: request type 0x%02x refused", f.type);
@@ -365,6 +484,9 @@ static int task_channel(struct agent *a, struct task *t)
 
 static void task_close_pipes(struct task *t)
 {
+	task_close_in(t);
+	free(t->pending);
+	t->pending = NULL;
 	if (t->out >= 0)
 		close(t->out);
 	if (t->err >= 0)
@@ -378,11 +500,12 @@ static int task_loop(struct agent *a, struct task *t)
 	int r;
 
 	for (;;) {
-		struct pollfd p[4] = {
+		struct pollfd p[5] = {
 			{ .fd = agent_sigfd(a), .events = POLLIN },
 			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
 			{ .fd = t->out, .events = POLLIN },
 			{ .fd = t->err, .events = POLLIN },
+			{ .fd = t->pending_len ? t->in : -1, .events = POLLOUT },
 		};
 		int timeout = -1;
 
@@ -399,7 +522,7 @@ static int task_loop(struct agent *a, struct task *t)
 			}
 			timeout = (int)left;
 		}
-		if (poll(p, 4, timeout) < 0) {
+		if (poll(p, 5, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			return -errno;
@@ -411,6 +534,8 @@ static int task_loop(struct agent *a, struct task *t)
 			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0) {
 				t->end_us = proto_now_us();
 				t->exited = 1;
+				/* Input after the end goes nowhere. */
+				task_close_in(t);
 				/* Daemons and stray children of the task die with it,
 				 * unless it is a session's command (they stay). */
 				if (!(t->e->flags & PROTO_EXEC_KEEP))
@@ -431,6 +556,8 @@ static int task_loop(struct agent *a, struct task *t)
 			if (r < 0)
 				return r;
 		}
+		if (p[4].revents)
+			task_flush_in(t);
 		if (p[1].revents) {
 			r = task_channel(a, t);
 			if (r < 0)
@@ -478,18 +605,12 @@ static int task_send_exit(struct agent *a, struct task *t)
 	return agent_send(a, PROTO_EXIT, agent_payload(a), (size_t)n);
 }
 
-int task_run(struct agent *a, const struct proto_exec *e)
+/* The task's environment into envp (PROTO_MAX_ENV + 2 entries): its own,
+ * plus the default PATH when it has none. Returns the PATH to search. */
+static const char *task_env(const struct proto_exec *e, char **envp)
 {
-	char *envp[PROTO_MAX_ENV + 2];
 	const char *path = NULL;
-	struct task t = { .e = e, .out = -1, .err = -1 };
-	int out[2], err[2];
 	uint32_t i, n = 0;
-	int r;
-
-	/* PROTO_EXEC_ZYGOTE without a pre-started interpreter (or one that
-	 * cannot honour this environment): argv is an ordinary command line
-	 * (python3 SCRIPT ...), so exec it (proto.h). */
 
 	for (i = 0; i < e->envc; i++) {
 		envp[n++] = e->env[i];
@@ -502,6 +623,89 @@ int task_run(struct agent *a, const struct proto_exec *e)
 		path = TASK_DEFAULT_PATH;
 	}
 	envp[n] = NULL;
+	return path;
+}
+
+/* From STARTED to EXIT: the task `t` has been forked. */
+static int task_follow(struct agent *a, struct task *t)
+{
+	int r = agent_send(a, PROTO_STARTED, NULL, 0);
+
+	if (r == 0)
+		r = task_loop(a, t);
+	if (r < 0) {
+		/* The channel is gone: leave nothing running behind. */
+		task_kill(t);
+		task_close_pipes(t);
+		return r;
+	}
+	task_close_pipes(t);
+	return task_send_exit(a, t);
+}
+
+/* PROTO_EXEC_TTY: the task on a new pseudo-terminal of e->rows x e->cols.
+ * We keep the master (output and input); the child gets the other side
+ * (from TIOCGPTPEER, so no path under /dev/pts is looked up) as its
+ * controlling terminal. */
+static int task_run_tty(struct agent *a, const struct proto_exec *e, struct task *t)
+{
+	char *envp[PROTO_MAX_ENV + 2];
+	const char *path = NULL;
+	struct winsize ws = { .ws_row = (unsigned short)e->rows, .ws_col = (unsigned short)e->cols };
+	struct task_stdio io = { .in = -1, .out = -1, .err = -1, .tty = -1 };
+	int master, unlock = 0, r;
+
+	path = task_env(e, envp);
+	t->oom_before = *agent_oom_baseline(a);
+
+	master = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+	if (master < 0)
+		return agent_send_error(a, -errno, "EXEC: cannot open a terminal: %s", strerror(errno));
+	if (ioctl(master, TIOCSPTLCK, &unlock) < 0 || ioctl(master, TIOCSWINSZ, &ws) < 0 ||
+	    (io.tty = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 ||
+	    (t->in = fcntl(master, F_DUPFD_CLOEXEC, 3)) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	t->start_us = proto_now_us();
+	t->pid = fork();
+	if (t->pid < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (t->pid == 0)
+		task_child(e, envp, path, &io);
+	close(io.tty);
+	t->out = master;
+	return task_follow(a, t);
+
+fail:
+	if (io.tty >= 0)
+		close(io.tty);
+	if (t->in >= 0)
+		close(t->in);
+	t->in = -1;
+	close(master);
+	return agent_send_error(a, r, "EXEC: terminal: %s", strerror(-r));
+}
+
+int task_run(struct agent *a, const struct proto_exec *e)
+{
+	char *envp[PROTO_MAX_ENV + 2];
+	const char *path = NULL;
+	struct task t = { .e = e, .out = -1, .err = -1, .in = -1 };
+	struct task_stdio io = { .in = -1, .tty = -1 };
+	int out[2], err[2], in[2] = { -1, -1 };
+	int r;
+
+	if (e->flags & PROTO_EXEC_TTY)
+		return task_run_tty(a, e, &t);
+
+	/* PROTO_EXEC_ZYGOTE without a pre-started interpreter (or one that
+	 * cannot honour this environment): argv is an ordinary command line
+	 * (python3 SCRIPT ...), so exec it (proto.h). */
+
+	path = task_env(e, envp);
 
 	/* The guest's OOM-kill count before the task. Read once when the agent
 	 * started (in a snapshot's template, so a clone does not pay for the
@@ -521,38 +725,44 @@ int task_run(struct agent *a, const struct proto_exec *e)
 		r = -errno;
 		goto fail_out;
 	}
-	/* Only our ends: the task gets ordinary blocking pipes. */
-	if (fcntl(out[0], F_SETFL, O_NONBLOCK) < 0 || fcntl(err[0], F_SETFL, O_NONBLOCK) < 0) {
+	if ((e->flags & PROTO_EXEC_STDIN) && pipe2(in, O_CLOEXEC) < 0) {
 		r = -errno;
 		goto fail_err;
 	}
+	/* Only our ends: the task gets ordinary blocking pipes. */
+	if (fcntl(out[0], F_SETFL, O_NONBLOCK) < 0 || fcntl(err[0], F_SETFL, O_NONBLOCK) < 0 ||
+	    (in[1] >= 0 && fcntl(in[1], F_SETFL, O_NONBLOCK) < 0)) {
+		r = -errno;
+		goto fail_in;
+	}
 
+	io.in = in[0];
+	io.out = out[1];
+	io.err = err[1];
 	t.start_us = proto_now_us();
 	t.pid = fork();
 	if (t.pid < 0) {
 		r = -errno;
-		goto fail_err;
+		goto fail_in;
 	}
 	if (t.pid == 0)
-		task_child(e, envp, path, out[1], err[1]);
+		task_child(e, envp, path, &io);
 	close(out[1]);
 	close(err[1]);
+	if (in[0] >= 0)
+		close(in[0]);
 	t.out = out[0];
 	t.err = err[0];
+	t.in = in[1];
 
 started:
-	r = agent_send(a, PROTO_STARTED, NULL, 0);
-	if (r == 0)
-		r = task_loop(a, &t);
-	if (r < 0) {
-		/* The channel is gone: leave nothing running behind. */
-		task_kill(&t);
-		task_close_pipes(&t);
-		return r;
-	}
-	task_close_pipes(&t);
-	return task_send_exit(a, &t);
+	return task_follow(a, &t);
 
+fail_in:
+	if (in[0] >= 0) {
+		close(in[0]);
+		close(in[1]);
+	}
 fail_err:
 	close(err[0]);
 	close(err[1]);

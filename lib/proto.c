@@ -287,6 +287,10 @@ ssize_t proto_exec_encode(uint8_t *buf, size_t cap, const struct proto_exec *m)
 	proto_put_u32(&w, m->envc);
 	for (i = 0; i < m->envc; i++)
 		proto_put_str(&w, m->env[i]);
+	if (m->flags & PROTO_EXEC_TTY) {
+		proto_put_u32(&w, m->rows);
+		proto_put_u32(&w, m->cols);
+	}
 	return FINISH(w);
 }
 
@@ -336,7 +340,18 @@ int proto_exec_decode(const uint8_t *p, size_t len, struct proto_exec *m)
 		if (m->env[i] && (m->env[i][0] == '=' || !strchr(m->env[i], '=')))
 			r.err = -EPROTO;
 	}
-	if (!r.err && (m->argv[0][0] == '\0' || proto_abspath_ok(m->cwd) || m->flags & ~(PROTO_EXEC_ZYGOTE | PROTO_EXEC_KEEP)))
+	m->rows = m->cols = 0;
+	if (!r.err && (m->flags & PROTO_EXEC_TTY)) {
+		m->rows = proto_get_u32(&r);
+		m->cols = proto_get_u32(&r);
+		if (m->rows < 1 || m->rows > PROTO_MAX_TTY_DIM || m->cols < 1 || m->cols > PROTO_MAX_TTY_DIM)
+			r.err = -EPROTO;
+	}
+	if (!r.err && (m->argv[0][0] == '\0' || proto_abspath_ok(m->cwd) || m->flags & ~PROTO_EXEC_FLAGS))
+		r.err = -EPROTO;
+	/* The pre-started interpreter's stdin is not a pipe or a terminal of
+	 * the task's: an interactive command is always exec'd. */
+	if (!r.err && (m->flags & PROTO_EXEC_ZYGOTE) && (m->flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY)))
 		r.err = -EPROTO;
 	/* The pre-started interpreter runs argv[1]: there must be one. */
 	if (!r.err && (m->flags & PROTO_EXEC_ZYGOTE) && m->argc < 2)
@@ -387,7 +402,7 @@ int proto_exit_decode(const uint8_t *p, size_t len, struct proto_exit *m)
 			r.err = -EPROTO;
 		else if (m->how != PROTO_EXITED && m->how != PROTO_SIGNALED)
 			r.err = -EPROTO;
-		else if (m->flags & ~(PROTO_EXIT_OOM | PROTO_EXIT_OUTPUT_LIMIT | PROTO_EXIT_KILLED))
+		else if (m->flags & ~(PROTO_EXIT_OOM | PROTO_EXIT_OUTPUT_LIMIT | PROTO_EXIT_KILLED | PROTO_EXIT_STDIN_LOST))
 			r.err = -EPROTO;
 	}
 	return proto_reader_end(&r);
@@ -456,6 +471,26 @@ int proto_error_decode(const uint8_t *p, size_t len, struct proto_error *m)
 	proto_reader_init(&r, p, len);
 	m->code = (int32_t)proto_get_u32(&r);
 	proto_get_str(&r, m->message, PROTO_MAX_MSG);
+	return proto_reader_end(&r);
+}
+
+ssize_t proto_resize_encode(uint8_t *buf, size_t cap, uint32_t rows, uint32_t cols)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, rows);
+	proto_put_u32(&w, cols);
+	return FINISH(w);
+}
+
+int proto_resize_decode(const uint8_t *p, size_t len, uint32_t *rows, uint32_t *cols)
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*rows = proto_get_u32(&r);
+	*cols = proto_get_u32(&r);
+	if (!r.err && (*rows < 1 || *rows > PROTO_MAX_TTY_DIM || *cols < 1 || *cols > PROTO_MAX_TTY_DIM))
+		r.err = -EPROTO;
 	return proto_reader_end(&r);
 }
 

@@ -42,6 +42,8 @@ enum proto_type {
 	PROTO_COLLECT = 0x45,   /* u64 byte budget: send everything under /output */
 	PROTO_PREPARE = 0x46,   /* empty: pre-start the Python interpreter (before a snapshot) */
 	PROTO_WARM = 0x47,      /* empty: run a sample in a fork of that interpreter (pool warm-up) */
+	PROTO_STDIN = 0x48,     /* raw bytes for the running task's stdin; empty: end of input */
+	PROTO_RESIZE = 0x49,    /* u32 rows, u32 cols: the running task's terminal size */
 };
 
 /* Feature bits in HELLO. */
@@ -122,12 +124,22 @@ struct proto_file {
  * daemons, background jobs) are not killed; they stay for later commands. A
  * KILL (timeout) still kills every process of the uid. */
 #define PROTO_EXEC_KEEP   0x2u
+/* stdin is a pipe fed by STDIN frames (an empty one closes it) instead of
+ * /dev/null. */
+#define PROTO_EXEC_STDIN  0x4u
+/* stdin, stdout and stderr are a new pseudo-terminal of rows x cols (the
+ * task's controlling terminal); STDIN frames are typed into it, RESIZE
+ * changes its size, all output comes as STDOUT. */
+#define PROTO_EXEC_TTY    0x8u
+#define PROTO_EXEC_FLAGS  (PROTO_EXEC_ZYGOTE | PROTO_EXEC_KEEP | PROTO_EXEC_STDIN | PROTO_EXEC_TTY)
+#define PROTO_MAX_TTY_DIM 4096 /* rows and cols: 1 to this */
 struct proto_exec {
 	uint32_t flags;
 	uint64_t output_cap;  /* stdout + stderr bytes before the task is killed */
 	uint32_t uid, gid;
 	char cwd[PROTO_MAX_PATH + 1];
 	uint32_t argc, envc;
+	uint32_t rows, cols;  /* with PROTO_EXEC_TTY only (encoded after env) */
 	char *argv[PROTO_MAX_ARGS + 1];
 	char *env[PROTO_MAX_ENV + 1];
 	char strbuf[PROTO_MAX_PAYLOAD];
@@ -137,6 +149,7 @@ enum proto_exit_how { PROTO_EXITED = 1, PROTO_SIGNALED = 2 };
 #define PROTO_EXIT_OOM          0x1u
 #define PROTO_EXIT_OUTPUT_LIMIT 0x2u
 #define PROTO_EXIT_KILLED       0x4u /* killed on the host's request (KILL) */
+#define PROTO_EXIT_STDIN_LOST   0x8u /* STDIN bytes dropped: the task did not read them fast enough */
 struct proto_exit {
 	uint8_t how;     /* enum proto_exit_how */
 	uint32_t status; /* exit code or signal number */
@@ -181,6 +194,9 @@ ssize_t proto_out_end_encode(uint8_t *buf, size_t cap, const struct proto_out_en
 int proto_out_end_decode(const uint8_t *p, size_t len, struct proto_out_end *m);
 ssize_t proto_error_encode(uint8_t *buf, size_t cap, const struct proto_error *m);
 int proto_error_decode(const uint8_t *p, size_t len, struct proto_error *m);
+/* RESIZE: both dimensions 1..PROTO_MAX_TTY_DIM. */
+ssize_t proto_resize_encode(uint8_t *buf, size_t cap, uint32_t rows, uint32_t cols);
+int proto_resize_decode(const uint8_t *p, size_t len, uint32_t *rows, uint32_t *cols);
 /* OUT_DIR: one relative path, into out (PROTO_MAX_PATH + 1 bytes). */
 int proto_path_decode(const uint8_t *p, size_t len, char *out);
 

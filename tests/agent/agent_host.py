@@ -6,7 +6,8 @@
 import os, socket, struct, subprocess, sys, time, stat, errno, signal, pwd
 
 T = dict(HELLO=1, OK=2, ERROR=3, STARTED=4, STDOUT=5, STDERR=6, EXIT=7, OUT_DIR=8, OUT_FILE=9,
-         OUT_DATA=10, OUT_END=11, SETUP=0x40, FILE=0x41, FILE_DATA=0x42, EXEC=0x43, KILL=0x44, COLLECT=0x45)
+         OUT_DATA=10, OUT_END=11, SETUP=0x40, FILE=0x41, FILE_DATA=0x42, EXEC=0x43, KILL=0x44, COLLECT=0x45,
+         STDIN=0x48, RESIZE=0x49)
 N = {v: k for k, v in T.items()}
 ROOT = os.path.join(sys.argv[2], 'root')
 DRIVE = sys.argv[1]
@@ -60,16 +61,24 @@ def error(p):
     code, = struct.unpack('<i', p[:4])
     return code, p[8:].decode(errors='replace')
 
-def exec_payload(argv, uid=UID, gid=UID, cwd='/tmp', env=('HOME=/tmp',), cap=1 << 30, flags=0):
+EXEC_STDIN, EXEC_TTY = 0x4, 0x8
+
+def exec_payload(argv, uid=UID, gid=UID, cwd='/tmp', env=('HOME=/tmp',), cap=1 << 30, flags=0, tty=None):
     p = struct.pack('<IQII', flags, cap, uid, gid) + s(cwd) + struct.pack('<I', len(argv))
     p += b''.join(s(x) for x in argv) + struct.pack('<I', len(env)) + b''.join(s(x) for x in env)
+    if tty:
+        p += struct.pack('<II', *tty)
     return p
 
-def run(h, argv, kill_after=None, **kw):
+def run(h, argv, kill_after=None, feed=(), **kw):
     h.send(T['EXEC'], exec_payload(argv, **kw))
     t, p = h.frame()
     if t != 'STARTED':
         return t, p
+    # Frames to send once the task runs: (type, payload), or a number (seconds to wait).
+    for f in feed:
+        if isinstance(f, (int, float)): time.sleep(f)
+        else: h.send(T[f[0]], f[1])
     out, err, nframes = b'', b'', 0
     t0 = time.time()
     killed = False
@@ -243,6 +252,46 @@ time.sleep(0.2)
 check(uid_procs() == 0, 'orphans killed')
 zombies = subprocess.run(['sh', '-c', 'ps -o stat=,ppid= -e | awk \'$1 ~ /Z/ && $2 == %d\' | wc -l' % h.proc.pid], capture_output=True, text=True).stdout.strip()
 check(zombies == '0', 'no zombies left under the agent (%s)' % zombies)
+
+# STDIN (a pipe) and TTY (a pseudo-terminal): interactive commands
+r = run(h, ['cat'], flags=EXEC_STDIN, feed=[('STDIN', b'hello\n'), ('STDIN', b'world'), ('STDIN', b'')])
+check(r['how'] == 1 and r['status'] == 0 and r['out'] == b'hello\nworld', 'STDIN pipe: cat echoes the frames, empty STDIN ends input %r' % (r,))
+blob = os.urandom(300000)
+r = run(h, ['sh', '-c', 'sha256sum | cut -c1-64'], flags=EXEC_STDIN,
+        feed=[('STDIN', blob[i:i + 65536]) for i in range(0, len(blob), 65536)] + [('STDIN', b'')])
+import hashlib
+check(r['out'].strip() == hashlib.sha256(blob).hexdigest().encode() and r['flags'] == 0, 'STDIN pipe: 300 kB arrive intact %r' % (r['out'][:80],))
+r = run(h, ['sh', '-c', 'sleep 1'], flags=EXEC_STDIN, feed=[('STDIN', b'x' * 65536)] * 20)
+check(r['status'] == 0 and r['flags'] & 8, 'STDIN a task does not read: past 1 MiB dropped, EXIT says STDIN_LOST (flags %x)' % r['flags'])
+r = run(h, ['sh', '-c', 'read x; echo "[$x]"'], feed=[('STDIN', b'ignored\n')])
+check(r['out'] == b'[]\n' and r['flags'] == 0, 'STDIN to a command without EXEC_STDIN: ignored, stdin is /dev/null %r' % r['out'])
+r = run(h, ['sh', '-c', '[ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo all-tty; stty size; tty; stat -c owner=%u $(tty)'],
+        flags=EXEC_TTY, tty=(30, 100))
+check(r['status'] == 0 and b'all-tty' in r['out'] and b'30 100' in r['out'] and b'/dev/pts/' in r['out'] and r['err'] == b'',
+      'TTY: 0-2 are a terminal of 30x100, output as STDOUT %r' % r['out'])
+check(b'owner=%d' % UID in r['out'], 'TTY: the terminal belongs to the task user %r' % r['out'].split(b'\n')[-2:])
+r = run(h, ['sh', '-c', 'read x; echo "got:$x"; read y; stty size; read z'], flags=EXEC_TTY, tty=(24, 80),
+        feed=[('STDIN', b'abc\n'), 0.3, ('RESIZE', struct.pack('<II', 50, 120)), ('STDIN', b'\n'), 0.3, ('STDIN', b'\n')])
+check(r['status'] == 0 and b'got:abc' in r['out'] and b'50 120' in r['out'], 'TTY: typed input read, RESIZE seen by stty %r' % r['out'])
+r = run(h, ['cat'], flags=EXEC_TTY, tty=(24, 80), feed=[('STDIN', b'line\n'), 0.2, ('STDIN', b'')])
+check(r['status'] == 0 and r['out'].count(b'line') == 2, 'TTY: empty STDIN types ^D: cat ends (echo + output) %r' % r['out'])
+h.send(T['STDIN'], b'late'); h.send(T['RESIZE'], struct.pack('<II', 10, 10))
+check(h.none_pending() is None, 'STDIN and RESIZE while idle: ignored')
+for what, kw in (('rows 0', dict(flags=EXEC_TTY, tty=(0, 80))), ('cols 5000', dict(flags=EXEC_TTY, tty=(24, 5000))),
+                 ('TTY without size', dict(flags=EXEC_TTY)), ('ZYGOTE with STDIN', dict(flags=1 | EXEC_STDIN)),
+                 ('unknown flag 0x10', dict(flags=0x10))):
+    h.send(T['EXEC'], exec_payload(['python3', 'x.py'], **kw))
+    t, p = h.frame()
+    check(t == 'ERROR' and error(p)[0] == -errno.EPROTO, 'EXEC %s: -EPROTO %r' % (what, (t, p[:60])))
+h.send(T['EXEC'], exec_payload(['sh', '-c', 'read x'], flags=EXEC_TTY, tty=(24, 80)))
+check(h.frame()[0] == 'STARTED', 'TTY started')
+h.send(T['RESIZE'], b'\x01\x00')
+t, p = h.frame()
+check(t == 'ERROR' and error(p)[0] == -errno.EPROTO, 'malformed RESIZE during a task: -EPROTO')
+h.send(T['KILL'])
+while t != 'EXIT':
+    t, p = h.frame()
+check(uid_procs() == 0, 'TTY task killed: nothing of its uid left')
 
 # COLLECT
 o = ROOT + '/output'

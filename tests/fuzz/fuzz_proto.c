@@ -39,7 +39,7 @@ static void decode_all(const uint8_t *p, size_t len)
 	struct proto_out_end oe;
 	struct proto_error er;
 	char path[PROTO_MAX_PATH + 1];
-	uint32_t i;
+	uint32_t i, rows, cols;
 
 	if (proto_hello_decode(p, len, &hello) == 0)
 		same(proto_hello_encode(enc, sizeof(enc), &hello), p, len);
@@ -53,6 +53,8 @@ static void decode_all(const uint8_t *p, size_t len)
 	}
 	if (proto_exec_decode(p, len, &exec_msg) == 0) {
 		check(exec_msg.argc >= 1 && exec_msg.argc <= PROTO_MAX_ARGS);
+		check(!(exec_msg.flags & PROTO_EXEC_TTY) ||
+		      (exec_msg.rows >= 1 && exec_msg.rows <= PROTO_MAX_TTY_DIM && exec_msg.cols >= 1 && exec_msg.cols <= PROTO_MAX_TTY_DIM));
 		check(exec_msg.argv[exec_msg.argc] == NULL && exec_msg.env[exec_msg.envc] == NULL);
 		for (i = 0; i < exec_msg.envc; i++)
 			check(strchr(exec_msg.env[i], '=') != NULL);
@@ -73,6 +75,10 @@ static void decode_all(const uint8_t *p, size_t len)
 		same(proto_out_end_encode(enc, sizeof(enc), &oe), p, len);
 	if (proto_error_decode(p, len, &er) == 0)
 		same(proto_error_encode(enc, sizeof(enc), &er), p, len);
+	if (proto_resize_decode(p, len, &rows, &cols) == 0) {
+		check(rows >= 1 && rows <= PROTO_MAX_TTY_DIM && cols >= 1 && cols <= PROTO_MAX_TTY_DIM);
+		same(proto_resize_encode(enc, sizeof(enc), rows, cols), p, len);
+	}
 	if (proto_path_decode(p, len, path) == 0)
 		check(proto_relpath_ok(path) == 0 && strlen(path) + 4 == len);
 }

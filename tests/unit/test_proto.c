@@ -569,6 +569,43 @@ static void exec_expect(int want)
 	}
 }
 
+static void test_exec_tty_round_trip(void **state)
+{
+	uint8_t buf[64];
+	uint32_t rows, cols;
+	ssize_t n;
+
+	memset(&exec_in, 0, sizeof(exec_in));
+	strcpy(exec_in.cwd, "/work");
+	exec_in.flags = PROTO_EXEC_TTY | PROTO_EXEC_KEEP;
+	exec_in.argc = 1;
+	exec_in.argv[0] = "/bin/bash";
+	exec_in.rows = 50;
+	exec_in.cols = 132;
+	n = proto_exec_encode(pl, sizeof(pl), &exec_in);
+	assert_true(n > 0);
+	assert_int_equal(dec_exec(pl, (size_t)n), 0);
+	assert_int_equal(exec_out.rows, 50);
+	assert_int_equal(exec_out.cols, 132);
+	/* Without the flag the size is not on the wire: 8 bytes shorter. */
+	exec_in.flags = PROTO_EXEC_KEEP;
+	assert_int_equal(proto_exec_encode(pl, sizeof(pl), &exec_in), n - 8);
+	assert_int_equal(dec_exec(pl, (size_t)n - 8), 0);
+	assert_int_equal(exec_out.rows, 0);
+
+	n = proto_resize_encode(buf, sizeof(buf), 24, 80);
+	assert_int_equal(n, 8);
+	assert_int_equal(proto_resize_decode(buf, 8, &rows, &cols), 0);
+	assert_int_equal(rows, 24);
+	assert_int_equal(cols, 80);
+	assert_int_equal(proto_resize_decode(buf, 7, &rows, &cols), -EPROTO);
+	n = proto_resize_encode(buf, sizeof(buf), 0, 80);
+	assert_int_equal(proto_resize_decode(buf, 8, &rows, &cols), -EPROTO);
+	n = proto_resize_encode(buf, sizeof(buf), 24, PROTO_MAX_TTY_DIM + 1);
+	assert_int_equal(proto_resize_decode(buf, 8, &rows, &cols), -EPROTO);
+	assert_int_equal(proto_resize_encode(buf, 4, 24, 80), -ENOSPC);
+}
+
 static void test_decode_exec_invalid(void **state)
 {
 	static char *many[PROTO_MAX_ARGS + 1];
@@ -594,9 +631,25 @@ static void test_decode_exec_invalid(void **state)
 	strcpy(exec_in.cwd, "/work/../etc");
 	exec_expect(-EPROTO);
 	strcpy(exec_in.cwd, "/work");
-	exec_in.flags = 0x4; /* unknown flag (0x1 zygote, 0x2 keep are known) */
+	exec_in.flags = 0x10; /* unknown flag (zygote, keep, stdin and tty are known) */
+	exec_expect(-EPROTO);
+	exec_in.flags = PROTO_EXEC_STDIN | PROTO_EXEC_KEEP;
+	exec_expect(0);
+	exec_in.flags = PROTO_EXEC_TTY; /* a terminal of 0 x 0 */
+	exec_expect(-EPROTO);
+	exec_in.rows = 24;
+	exec_in.cols = PROTO_MAX_TTY_DIM + 1;
+	exec_expect(-EPROTO);
+	exec_in.cols = 80;
+	exec_expect(0);
+	exec_in.flags = PROTO_EXEC_TTY | PROTO_EXEC_ZYGOTE; /* the interpreter has no terminal */
+	exec_in.argc = 2;
+	exec_in.argv[1] = "x.py";
+	exec_expect(-EPROTO);
+	exec_in.flags = PROTO_EXEC_STDIN | PROTO_EXEC_ZYGOTE;
 	exec_expect(-EPROTO);
 	exec_in.flags = 0;
+	exec_in.argc = 1;
 	exec_in.envc = 1;
 	exec_in.env[0] = "NOEQUALS";
 	exec_expect(-EPROTO);
@@ -927,6 +980,7 @@ int main(void)
 		cmocka_unit_test(test_decode_string_bounds),
 		cmocka_unit_test(test_decode_strings_with_nul),
 		cmocka_unit_test(test_decode_exec_invalid),
+		cmocka_unit_test(test_exec_tty_round_trip),
 		cmocka_unit_test(test_decode_bad_fields),
 		cmocka_unit_test(test_paths),
 		cmocka_unit_test(test_send_socketpair),
