@@ -721,7 +721,8 @@ static void test_decode_bad_fields(void **state)
 		{ 3, 0, 0, -EPROTO },
 		{ 0xff, 1, 0, -EPROTO },
 		{ PROTO_EXITED, 0, PROTO_EXIT_OOM | PROTO_EXIT_OUTPUT_LIMIT | PROTO_EXIT_KILLED, 0 },
-		{ PROTO_EXITED, 0, 0x8, -EPROTO },
+		{ PROTO_EXITED, 0, 0x8, 0 }, /* STDIN_LOST */
+		{ PROTO_EXITED, 0, 0x10, -EPROTO },
 		{ PROTO_EXITED, 0, 0x80000000u, -EPROTO },
 	};
 	ssize_t n;
