@@ -409,10 +409,39 @@ out:
 	return r;
 }
 
+/* A terminal size {"rows":N,"cols":N} (field names it in messages). */
+static int tty_size_check(json_t *v, const char *field, struct kiln_err *err)
+{
+	json_t *rows = json_object_get(v, "rows"), *cols = json_object_get(v, "cols");
+
+	if (!json_is_object(v) || json_object_size(v) != 2 || !json_is_integer(rows) || !json_is_integer(cols) ||
+	    json_integer_value(rows) < 1 || json_integer_value(rows) > API_TTY_MAX || json_integer_value(cols) < 1 ||
+	    json_integer_value(cols) > API_TTY_MAX)
+		return kiln_err_set(err, "invalid_spec", "%s: expected {\"rows\":N,\"cols\":N}, each an integer from 1 to %d",
+				    field, API_TTY_MAX);
+	return 0;
+}
+
+/* "interactive" (a boolean) and "tty" (a size) of an exec, not with stdin_b64. */
+static int tty_check(json_t *j, struct kiln_err *err)
+{
+	json_t *ia = json_object_get(j, "interactive"), *tty = json_object_get(j, "tty");
+
+	if (ia && !json_is_boolean(ia))
+		return kiln_err_set(err, "invalid_spec", "interactive: must be true or false");
+	if (tty && !json_is_null(tty) && tty_size_check(tty, "tty", err) < 0)
+		return -1;
+	if ((json_is_true(ia) || json_is_object(tty)) && json_object_get(j, "stdin_b64"))
+		return kiln_err_set(err, "invalid_spec",
+				    "stdin_b64: not with an interactive command (send its input to .../input)");
+	return 0;
+}
+
 int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s, json_t **out,
 			   struct kiln_err *err)
 {
-	static const char *const keys[] = { "argv", "language", "code", "env", "cwd", "timeout_s", "stdin_b64", NULL };
+	static const char *const keys[] = { "argv",	 "language", "code", "env", "cwd", "timeout_s", "stdin_b64",
+					    "interactive", "tty",      NULL };
 	json_error_t je;
 	json_t *j, *v, *probe = NULL;
 	struct task_spec ts;
@@ -467,6 +496,8 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 			     API_EXEC_STDIN_MAX >> 20);
 		goto out;
 	}
+	if (tty_check(j, err) < 0)
+		goto out;
 	/* argv or language+code, env, cwd: the task spec's rules and messages. */
 	probe = json_deep_copy(j);
 	if (!probe) {
@@ -475,6 +506,8 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	}
 	json_object_del(probe, "timeout_s");
 	json_object_del(probe, "stdin_b64");
+	json_object_del(probe, "interactive");
+	json_object_del(probe, "tty");
 	probe_text = json_dumps(probe, JSON_COMPACT);
 	if (!probe_text) {
 		kiln_err_set(err, "internal", "out of memory");
@@ -492,6 +525,47 @@ out:
 	json_decref(probe);
 	json_decref(j);
 	return r;
+}
+
+int api_input_request_parse(const char *body, size_t len, json_t **out, struct kiln_err *err)
+{
+	static const char *const keys[] = { "exec_id", "data_b64", "eof", "resize", NULL };
+	json_t *j = load_object(body, len, err), *v;
+	const char *s;
+
+	*out = NULL;
+	if (!j)
+		return -1;
+	if (check_keys(j, keys, err))
+		goto bad;
+	s = json_string_value(json_object_get(j, "exec_id"));
+	if (!s || !*s || strlen(s) > 64 || strspn(s, "0123456789abcdef") != strlen(s)) {
+		kiln_err_set(err, "invalid_request", "exec_id: expected the id from the exec's started event");
+		goto bad;
+	}
+	v = json_object_get(j, "data_b64");
+	if (v && (!json_is_string(v) || json_string_length(v) % 4 || json_string_length(v) / 4 * 3 > API_INPUT_MAX ||
+		  strspn(json_string_value(v), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") !=
+			  json_string_length(v))) {
+		kiln_err_set(err, "invalid_request", "data_b64: expected padded standard base64 of at most %u KiB",
+			     API_INPUT_MAX >> 10);
+		goto bad;
+	}
+	v = json_object_get(j, "eof");
+	if (v && !json_is_boolean(v)) {
+		kiln_err_set(err, "invalid_request", "eof: must be true or false");
+		goto bad;
+	}
+	v = json_object_get(j, "resize");
+	if (v && tty_size_check(v, "resize", err) < 0) {
+		snprintf(err->code, sizeof(err->code), "invalid_request");
+		goto bad;
+	}
+	*out = j;
+	return 0;
+bad:
+	json_decref(j);
+	return -1;
 }
 
 int api_guest_path_ok(const char *p)

@@ -62,6 +62,8 @@ int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capaci
 #define API_SESSION_MAX_LIFETIME_S      604800
 #define API_SESSION_BODY_MAX            (256 << 10) /* bytes of a POST /v1/sessions body */
 #define API_EXEC_STDIN_MAX              (16u << 20) /* an exec's stdin_b64, decoded (kiln-host's bound) */
+#define API_INPUT_MAX                   (256u << 10) /* one input request's data_b64, decoded (kiln-host's bound) */
+#define API_TTY_MAX                     4096 /* a terminal's rows and cols (the guest protocol's bound) */
 
 /* A POST /v1/sessions body, checked. */
 struct api_session_request {
@@ -89,12 +91,19 @@ void api_session_request_free(struct api_session_request *r);
 /* Parse a POST /v1/sessions/{id}/exec body: {"argv":[...]} or
  * {"language","code"}, optional "env" and "cwd", checked with the task
  * spec's rules (the message names the field), "stdin_b64" (padded standard
- * base64 of at most API_EXEC_STDIN_MAX bytes), and "timeout_s" 1..86400
+ * base64 of at most API_EXEC_STDIN_MAX bytes), "interactive" (boolean) or
+ * "tty" ({"rows","cols"}, 1..API_TTY_MAX; neither with stdin_b64), "timeout_s" 1..86400
  * (default 30), at most max_timeout_s (the quota's max_task_timeout_s; 0: no
  * quota) else code "over_quota". *out: the body to send the host (a new
  * reference) with timeout_s filled in. 0, or -1 with err set. */
 int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s, json_t **out,
 			   struct kiln_err *err);
+
+/* Parse a POST /v1/sessions/{id}/input body: "exec_id" (required: lower-case
+ * hex, at most 64), "data_b64" (padded standard base64 of at most
+ * API_INPUT_MAX bytes), "eof" (boolean), "resize" ({"rows","cols"}, 1..4096).
+ * *out: the body to relay (a new reference). 0, or -1 with err set. */
+int api_input_request_parse(const char *body, size_t len, json_t **out, struct kiln_err *err);
 
 /* A guest path in a query (?path= or ?dir=): absolute, 1-4096 bytes, no
  * control characters. 1 when ok. (The host checks it further.) */

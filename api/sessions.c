@@ -37,6 +37,7 @@
 #define CREATE_TIMEOUT_MS 120000
 #define SNAPSHOT_TIMEOUT_MS 900000  /* pause and resume move the VM's memory and disk through S3 */
 #define FILES_TIMEOUT_MS 300000
+#define INPUT_TIMEOUT_MS 10000 /* the host only queues input */
 #define SHORT_TIMEOUT_MS 10000
 #define EXEC_MARGIN_MS 60000        /* beyond the exec's own timeout */
 #define HOST_REPLY_MAX (128u << 20) /* a file or an exec result with its output */
@@ -841,6 +842,37 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 	return ret;
 }
 
+/* POST /v1/sessions/{id}/input: input for the session's running interactive
+ * command, relayed to its host (which answers at once: it queues it). Not
+ * an operation of its own: the command it feeds is one already. */
+static enum MHD_Result handle_input(struct sessions *ss, const struct sessions_request *r,
+				    const struct store_session *cur)
+{
+	struct kiln_err err = { .code = "" };
+	struct hostclient_reply hr;
+	enum MHD_Result ret;
+	char url[256], path[96], *text;
+	json_t *body;
+
+	if (api_input_request_parse(r->body, r->len, &body, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (!need_running(ss, r, cur, url, &ret)) {
+		json_decref(body);
+		return ret;
+	}
+	text = json_dumps(body, JSON_COMPACT);
+	json_decref(body);
+	if (!text)
+		return reply_internal(r->conn, "out of memory");
+	snprintf(path, sizeof(path), "/v1/sessions/%s/input", cur->id);
+	hostclient_raw(url, ss->token, "POST", path, text, strlen(text), "application/json", INPUT_TIMEOUT_MS,
+		       HOST_REPLY_MAX, &hr, &err);
+	free(text);
+	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+	hostclient_reply_free(&hr);
+	return ret;
+}
+
 static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_request *r,
 				    const struct store_session *cur)
 {
@@ -1091,7 +1123,7 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 		return reply_outcome(ss, r->conn, id, &o);
 	}
 	if (!strcmp(slash, "/exec") || !strcmp(slash, "/pause") || !strcmp(slash, "/resume") ||
-	    !strcmp(slash, "/outputs")) {
+	    !strcmp(slash, "/outputs") || !strcmp(slash, "/input")) {
 		if (strcmp(r->method, "POST"))
 			return reply_method_not_allowed(r->conn, "POST");
 	} else if (strcmp(slash, "/files")) {
@@ -1102,6 +1134,8 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 				   "an admin key may only list, read and delete sessions");
 	if (!strcmp(slash, "/exec"))
 		return handle_exec(ss, r, &cur);
+	if (!strcmp(slash, "/input"))
+		return handle_input(ss, r, &cur);
 	if (!strcmp(slash, "/files"))
 		return handle_files(ss, r, &cur);
 	if (!strcmp(slash, "/outputs"))

@@ -56,6 +56,10 @@ struct run_ctx {
 	uint8_t *iobuf;             /* PROTO_MAX_PAYLOAD bytes for outgoing frames */
 	struct proto_exec exec_msg; /* per task: run_task runs on many threads at once */
 	unsigned exec_flags;        /* extra PROTO_EXEC_* (a session's PROTO_EXEC_KEEP) */
+	/* Frames from opts->input_fd, being passed on: each at most PIPE_BUF
+	 * bytes (the writer's bound), so a part frame always leaves room. */
+	uint8_t in_buf[4 * 4096];
+	size_t in_len;
 };
 
 static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
@@ -159,9 +163,12 @@ static int send_exec(struct run_ctx *c)
 	mp->output_cap = c->budget;
 	/* A restored VM has a Python interpreter waiting with the common modules
 	 * imported: python tasks run in it (kiln-init falls back to exec). */
-	if (c->spec->language == SPEC_LANG_PYTHON && strcmp(c->start, "cold"))
+	if (c->spec->language == SPEC_LANG_PYTHON && strcmp(c->start, "cold") &&
+	    !(c->opts->extra_flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY)))
 		mp->flags |= PROTO_EXEC_ZYGOTE;
-	mp->flags |= c->exec_flags;
+	mp->flags |= c->exec_flags | c->opts->extra_flags;
+	mp->rows = c->opts->tty_rows;
+	mp->cols = c->opts->tty_cols;
 	mp->uid = mp->gid = 1000; /* the guest's unprivileged `sandbox` user */
 	snprintf(mp->cwd, sizeof(mp->cwd), "%s", c->spec->cwd);
 	mp->argc = (uint32_t)c->spec->argc;
@@ -187,8 +194,45 @@ static int send_exec(struct run_ctx *c)
 		return kiln_err_set(&c->err, "vm_error", "exec: unexpected frame type 0x%02x", f.type);
 	c->t_started = proto_now_us();
 	if (c->opts->on_event)
-		c->opts->on_event(c->opts->event_ctx, RUN_EV_RUNNING, NULL, 0);
+		c->opts->on_event(c->opts->event_ctx, RUN_EV_RUNNING, c->opts->exec_id,
+				  c->opts->exec_id ? strlen(c->opts->exec_id) : 0);
 	return 0;
+}
+
+/* Pass the whole STDIN/RESIZE frames waiting on vm.input_fd on to the
+ * guest (frames the session's own input handler wrote; a part frame waits
+ * in c->in_buf for the rest). */
+static int forward_input(struct run_ctx *c)
+{
+	for (;;) {
+		struct proto_frame f;
+		size_t off = 0;
+		ssize_t n;
+
+		if (c->in_len == sizeof(c->in_buf))
+			return kiln_err_set(&c->err, "host_error", "an input frame is too large");
+		n = read(c->vm.input_fd, c->in_buf + c->in_len, sizeof(c->in_buf) - c->in_len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return 0;
+		if (n <= 0) {
+			c->vm.input_fd = -1; /* the writer is gone: no more input */
+			return 0;
+		}
+		c->in_len += (size_t)n;
+		while ((n = proto_frame_parse(c->in_buf + off, c->in_len - off, &f)) > 0) {
+			if ((f.type == PROTO_STDIN || f.type == PROTO_RESIZE) &&
+			    vm_send(&c->vm, f.type, f.payload, f.len, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0)
+				return -1;
+			off += (size_t)n;
+		}
+		if (n < 0)
+			return kiln_err_set(&c->err, "host_error", "malformed input frame");
+		memmove(c->in_buf, c->in_buf + off, c->in_len - off);
+		c->in_len -= off;
+	}
 }
 
 static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
@@ -241,6 +285,11 @@ static int run_loop(struct run_ctx *c)
 		struct proto_frame f;
 
 		if (vm_recv(&c->vm, &f, deadline, &c->err) < 0) {
+			if (!strcmp(c->err.code, "input")) {
+				if (forward_input(c) < 0)
+					return -1;
+				continue;
+			}
 			if (strcmp(c->err.code, "timeout"))
 				return -1;
 			/* No EXIT within the grace: the VM is destroyed without collecting. */
@@ -690,8 +739,14 @@ json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const stru
 		return json_pack("{s:s, s:s, s:{s:s, s:s}}", "state", "error", "end_reason", "vm_error", "error", "code",
 				 "host_error", "message", "out of memory");
 	c->vm.cancel_fd = opts->vm.cancel_fd > 0 ? opts->vm.cancel_fd : -1;
-	if (send_files(c) == 0 && send_exec(c) == 0 && run_loop(c) == 0)
-		failed = 0;
+	if (send_files(c) == 0 && send_exec(c) == 0) {
+		/* Input only once the guest runs the command: frames written
+		 * earlier wait in the pipe. */
+		c->vm.input_fd = opts->input_fd > 0 ? opts->input_fd : -1;
+		if (run_loop(c) == 0)
+			failed = 0;
+	}
+	c->vm.input_fd = -1;
 	c->t_collected = c->t_exit;
 	result = build_result(c, failed);
 	json_object_del(result, "outputs");

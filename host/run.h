@@ -34,6 +34,15 @@ struct run_opts {
 	 * RUN_EV_BLOCKED (struct run_blocked) on another thread. */
 	void (*on_event)(void *ctx, int event, const void *data, size_t len);
 	void *event_ctx;
+	/* A session's interactive command (run_session_exec only): extra_flags
+	 * PROTO_EXEC_STDIN or PROTO_EXEC_TTY (with tty_rows x tty_cols); and
+	 * input_fd (> 0), a non-blocking pipe of whole STDIN/RESIZE frames, each
+	 * written at once, passed on to the guest while the command runs.
+	 * exec_id is RUN_EV_RUNNING's data (NUL-terminated), or NULL. */
+	unsigned extra_flags;
+	uint32_t tty_rows, tty_cols;
+	int input_fd;
+	const char *exec_id;
 };
 
 enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED, RUN_EV_BLOCKED };

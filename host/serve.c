@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include "config.h"
@@ -284,7 +285,8 @@ static unsigned session_status(const char *code)
 		{ "not_found", 404 }, { "no_snapshot", 404 }, { "busy", 409 }, { "duplicate", 409 },
 		{ "incompatible_snapshot", 409 }, { "invalid_request", 400 }, { "invalid_spec", 400 },
 		{ "invalid_json", 400 }, { "too_large", 413 }, { "snapshot_corrupt", 422 }, { "no_capacity", 503 },
-		{ "no_s3", 503 }, { "egress_unavailable", 503 }, { "s3_unavailable", 503 },
+		{ "no_s3", 503 }, { "egress_unavailable", 503 }, { "s3_unavailable", 503 }, { "no_exec", 409 },
+		{ "input_full", 503 },
 	};
 
 	for (size_t i = 0; i < sizeof(map) / sizeof(*map); i++)
@@ -320,6 +322,8 @@ struct exec_stream {
 	char id[80];
 	json_t *req;
 	int rfd, wfd;
+	int raw;      /* an interactive command: output also as data_b64 (a
+		       * terminal's bytes need not end on a character) */
 	pthread_t th;
 };
 
@@ -337,13 +341,30 @@ static void stream_write(int fd, const char *event, json_t *data)
 static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 {
 	struct exec_stream *x = ctx;
+	json_t *d;
 	char *s;
 
+	if (ev == RUN_EV_RUNNING) {
+		/* The exec id is what input requests name. */
+		stream_write(x->wfd, "started",
+			     data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object());
+		return;
+	}
 	if (ev != RUN_EV_STDOUT && ev != RUN_EV_STDERR)
 		return;
 	s = textbuf_to_utf8(data, len);
-	stream_write(x->wfd, ev == RUN_EV_STDOUT ? "stdout" : "stderr", json_pack("{s:s}", "data", s ? s : ""));
+	d = json_pack("{s:s}", "data", s ? s : "");
 	free(s);
+	if (x->raw) {
+		char *b64 = malloc(4 * ((len + 2) / 3) + 1);
+
+		if (b64) {
+			EVP_EncodeBlock((unsigned char *)b64, data, (int)len);
+			json_object_set_new(d, "data_b64", json_string(b64));
+			free(b64);
+		}
+	}
+	stream_write(x->wfd, ev == RUN_EV_STDOUT ? "stdout" : "stderr", d);
 }
 
 static void *exec_stream_main(void *arg)
@@ -398,6 +419,7 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 	x->s = s;
 	snprintf(x->id, sizeof(x->id), "%s", id);
 	x->req = req;
+	x->raw = json_is_true(json_object_get(req, "interactive")) || json_is_object(json_object_get(req, "tty"));
 	x->rfd = p[0];
 	x->wfd = p[1];
 	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
@@ -419,7 +441,7 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 	return ret;
 }
 
-/* Route /v1/sessions[/{id}[/exec|/files|/pause|/resume|/outputs]]. */
+/* Route /v1/sessions[/{id}[/exec|/input|/files|/pause|/resume|/outputs]]. */
 static int handle_sessions(struct server *s, struct MHD_Connection *conn, const char *method, const char *rest,
 			   struct request *req)
 {
@@ -514,6 +536,13 @@ static int handle_sessions(struct server *s, struct MHD_Connection *conn, const 
 		if (stream && !strcmp(stream, "1"))
 			return handle_exec_stream(s, conn, id, j);
 		out = session_exec(s->sessions, id, j, NULL, NULL, &err);
+		json_decref(j);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+	}
+	if (!strcmp(op, "input")) {
+		if (!(j = body_json(req, &err)))
+			return session_error(conn, &err);
+		out = session_input(s->sessions, id, j, &err);
 		json_decref(j);
 		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
 	}

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +44,12 @@
 #define SESSION_FILE_MAX   (64u << 20) /* a file read back with GET .../files */
 #define SESSION_STDIN_MAX  (16u << 20) /* a command's stdin_b64, decoded */
 #define SESSION_STDIN_PATH "/kiln/stdin"
+/* Interactive commands: what one input request may carry, decoded, and the
+ * pipe that holds input on its way to the guest. Each frame in the pipe is
+ * at most PIPE_BUF bytes, so that it is written (and later read) whole. */
+#define SESSION_INPUT_MAX   (256u << 10)
+#define SESSION_INPUT_PIPE  (1u << 20)
+#define SESSION_INPUT_CHUNK (PIPE_BUF - PROTO_HDR_SIZE)
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 
@@ -58,6 +66,10 @@ struct session {
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
 	int refs;                /* under ss->lock */
+	/* The interactive command running now (under ss->lock): its id and the
+	 * write end of its input pipe (-1: none). */
+	char exec_id[33];
+	int input_wr;
 	struct session *next;
 };
 
@@ -365,6 +377,7 @@ static struct session *session_new(struct sessions *ss, const char *id, const ch
 	snprintf(s->disk, sizeof(s->disk), "%s/disk.qcow2", s->dir);
 	snprintf(s->state_path, sizeof(s->state_path), "%s/state", s->dir);
 	s->created_ms = s->last_active_ms = wall_ms();
+	s->input_wr = -1;
 	pthread_mutex_init(&s->op, NULL);
 	return s;
 }
@@ -509,7 +522,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 		return kiln_err_set(err, "invalid_request", "expected a JSON object");
 	j = json_object();
 	json_object_foreach(req, k, v) {
-		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64"))
+		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64") || !strcmp(k, "tty") || !strcmp(k, "interactive"))
 			continue;
 		if (strcmp(k, "argv") && strcmp(k, "language") && strcmp(k, "code") && strcmp(k, "env") &&
 		    strcmp(k, "cwd") && strcmp(k, "files")) {
@@ -532,11 +545,12 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	return r;
 }
 
-/* The command's stdin, from "stdin_b64" (standard base64, padded): *data is
- * malloc'd (NULL when there is none). 0 or -1 with err. */
-static int exec_stdin(json_t *req, unsigned char **data, size_t *len, struct kiln_err *err)
+/* The field `name` of req (standard base64, padded), decoded: *data is
+ * malloc'd (NULL when there is none). At most max bytes. 0 or -1 with err. */
+static int field_b64(json_t *req, const char *name, size_t max, unsigned char **data, size_t *len,
+		     struct kiln_err *err)
 {
-	json_t *v = json_object_get(req, "stdin_b64");
+	json_t *v = json_object_get(req, name);
 	const char *b;
 	size_t n;
 	int got;
@@ -547,9 +561,9 @@ static int exec_stdin(json_t *req, unsigned char **data, size_t *len, struct kil
 		return 0;
 	b = json_string_value(v);
 	n = b ? strlen(b) : 0;
-	if (!b || n % 4 || n / 4 * 3 > SESSION_STDIN_MAX)
-		return kiln_err_set(err, "invalid_spec", "stdin_b64: expected padded base64 of at most %u MiB",
-				    SESSION_STDIN_MAX >> 20);
+	if (!b || n % 4 || n / 4 * 3 > max)
+		return kiln_err_set(err, "invalid_spec", "%s: expected padded base64 of at most %zu KiB", name,
+				    max >> 10);
 	*data = malloc(n / 4 * 3 + 1);
 	if (!*data)
 		return kiln_err_set(err, "host_error", "out of memory");
@@ -560,13 +574,49 @@ static int exec_stdin(json_t *req, unsigned char **data, size_t *len, struct kil
 	if (got < 0) {
 		free(*data);
 		*data = NULL;
-		return kiln_err_set(err, "invalid_spec", "stdin_b64: not valid base64");
+		return kiln_err_set(err, "invalid_spec", "%s: not valid base64", name);
 	}
 	if (n && b[n - 1] == '=')
 		got--;
 	if (n > 1 && b[n - 2] == '=')
 		got--;
 	*len = (size_t)got;
+	return 0;
+}
+
+/* "interactive": true (stdin from input requests) or "tty": {"rows","cols"}
+ * (a terminal, input typed into it): the PROTO_EXEC_* flag and size. */
+static int exec_interactive(json_t *req, unsigned *flags, uint32_t *rows, uint32_t *cols, struct kiln_err *err)
+{
+	json_t *tty = json_object_get(req, "tty"), *ia = json_object_get(req, "interactive"), *v;
+	const char *k;
+
+	*flags = 0;
+	*rows = *cols = 0;
+	if (ia && !json_is_boolean(ia))
+		return kiln_err_set(err, "invalid_spec", "interactive: expected true or false");
+	if (json_is_true(ia))
+		*flags = PROTO_EXEC_STDIN;
+	if (!tty || json_is_null(tty))
+		goto done;
+	if (!json_is_object(tty))
+		return kiln_err_set(err, "invalid_spec", "tty: expected an object {\"rows\":N,\"cols\":N}");
+	json_object_foreach(tty, k, v) {
+		json_int_t n = json_integer_value(v);
+
+		if (strcmp(k, "rows") && strcmp(k, "cols"))
+			return kiln_err_set(err, "invalid_spec", "tty.%s: not a field (rows, cols)", k);
+		if (!json_is_integer(v) || n < 1 || n > PROTO_MAX_TTY_DIM)
+			return kiln_err_set(err, "invalid_spec", "tty.%s: expected an integer from 1 to %d", k,
+					    PROTO_MAX_TTY_DIM);
+		*(k[0] == 'r' ? rows : cols) = (uint32_t)n;
+	}
+	if (!*rows || !*cols)
+		return kiln_err_set(err, "invalid_spec", "tty: both rows and cols are required");
+	*flags = PROTO_EXEC_TTY;
+done:
+	if (*flags && json_object_get(req, "stdin_b64"))
+		return kiln_err_set(err, "invalid_spec", "stdin_b64: not with an interactive command (send input instead)");
 	return 0;
 }
 
@@ -602,6 +652,19 @@ static int vm_broken(json_t *result)
 	       !strcmp(json_string_value(json_object_get(result, "end_reason")) ?: "", "vm_error");
 }
 
+/* The interactive command is over: no more input requests reach it. */
+static void input_close(struct sessions *ss, struct session *s, int rd)
+{
+	pthread_mutex_lock(&ss->lock);
+	if (s->input_wr >= 0)
+		close(s->input_wr);
+	s->input_wr = -1;
+	s->exec_id[0] = '\0';
+	pthread_mutex_unlock(&ss->lock);
+	if (rd >= 0)
+		close(rd);
+}
+
 json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
 		     struct kiln_err *err)
@@ -610,9 +673,12 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	struct run_opts opts;
 	struct task_spec ts;
 	json_t *result;
-	unsigned char *in = NULL;
+	unsigned char *in = NULL, rnd[16];
 	size_t in_len = 0;
-	int broken;
+	unsigned flags;
+	uint32_t rows, cols;
+	int broken, pipe_fd[2] = { -1, -1 };
+	char exec_id[33] = "";
 
 	if (!s)
 		return NULL;
@@ -621,15 +687,32 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 		session_put(ss, s, 0);
 		return NULL;
 	}
-	if (exec_spec(s, req, &ts, err) < 0) {
+	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0) {
 		session_put(ss, s, 0);
 		return NULL;
 	}
-	if (exec_stdin(req, &in, &in_len, err) < 0 ||
+	if (flags) {
+		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd) || pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) < 0) {
+			kiln_err_set(err, "host_error", "interactive command: %s", strerror(errno));
+			spec_free(&ts);
+			session_put(ss, s, 0);
+			return NULL;
+		}
+		/* Room for a burst of typing or a pasted file; the default 64 KiB if refused. */
+		fcntl(pipe_fd[1], F_SETPIPE_SZ, SESSION_INPUT_PIPE);
+		for (size_t i = 0; i < sizeof(rnd); i++)
+			sprintf(exec_id + 2 * i, "%02x", rnd[i]);
+		pthread_mutex_lock(&ss->lock);
+		memcpy(s->exec_id, exec_id, sizeof(exec_id));
+		s->input_wr = pipe_fd[1];
+		pthread_mutex_unlock(&ss->lock);
+	}
+	if (field_b64(req, "stdin_b64", SESSION_STDIN_MAX, &in, &in_len, err) < 0 ||
 	    (in && (wrap_stdin(&ts, err) < 0 ||
 		    run_session_put(&s->vm, SESSION_STDIN_PATH, in, in_len, 0600, err) < 0))) {
 		free(in);
 		spec_free(&ts);
+		input_close(ss, s, pipe_fd[0]);
 		session_put(ss, s, 0);
 		return NULL;
 	}
@@ -639,8 +722,14 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	opts.stream = NULL;
 	opts.on_event = on_event;
 	opts.event_ctx = ctx;
+	opts.extra_flags = flags;
+	opts.tty_rows = rows;
+	opts.tty_cols = cols;
+	opts.input_fd = pipe_fd[0];
+	opts.exec_id = flags ? exec_id : NULL;
 	result = run_session_exec(&s->vm, &ts, &opts);
 	spec_free(&ts);
+	input_close(ss, s, pipe_fd[0]);
 	broken = vm_broken(result);
 	if (broken) {
 		fprintf(stderr, "kiln-host: session %s: its VM failed; the session ends\n", id);
@@ -648,6 +737,111 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	}
 	session_put(ss, s, broken);
 	return result;
+}
+
+/* One frame into the input pipe, whole (the caller checked the room). */
+static int input_frame(int fd, uint8_t type, const void *p, size_t n)
+{
+	uint8_t frame[PIPE_BUF];
+
+	proto_frame_header(frame, type, (uint32_t)n);
+	if (n)
+		memcpy(frame + PROTO_HDR_SIZE, p, n);
+	return write(fd, frame, PROTO_HDR_SIZE + n) == (ssize_t)(PROTO_HDR_SIZE + n) ? 0 : -1;
+}
+
+json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err)
+{
+	json_t *resize = json_object_get(req, "resize"), *eof = json_object_get(req, "eof"), *v;
+	const char *exec_id = json_string_value(json_object_get(req, "exec_id")), *k;
+	unsigned char *data = NULL;
+	uint8_t rs[8];
+	uint32_t rows = 0, cols = 0;
+	size_t len = 0, need = 0, room;
+	struct session *s;
+	int r = -1, queued = 0, size;
+
+	if (!json_is_object(req)) {
+		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		return NULL;
+	}
+	json_object_foreach(req, k, v)
+		if (strcmp(k, "exec_id") && strcmp(k, "data_b64") && strcmp(k, "eof") && strcmp(k, "resize")) {
+			kiln_err_set(err, "invalid_request", "%s: not a field of an input request", k);
+			return NULL;
+		}
+	if (!exec_id) {
+		kiln_err_set(err, "invalid_request", "exec_id: expected the string the command's started event gave");
+		return NULL;
+	}
+	if (eof && !json_is_boolean(eof)) {
+		kiln_err_set(err, "invalid_request", "eof: expected true or false");
+		return NULL;
+	}
+	if (resize && (!json_is_object(resize) || json_object_size(resize) != 2 ||
+		       json_integer_value(json_object_get(resize, "rows")) < 1 ||
+		       json_integer_value(json_object_get(resize, "rows")) > PROTO_MAX_TTY_DIM ||
+		       json_integer_value(json_object_get(resize, "cols")) < 1 ||
+		       json_integer_value(json_object_get(resize, "cols")) > PROTO_MAX_TTY_DIM)) {
+		kiln_err_set(err, "invalid_request", "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
+			     PROTO_MAX_TTY_DIM);
+		return NULL;
+	}
+	if (field_b64(req, "data_b64", SESSION_INPUT_MAX, &data, &len, err) < 0) {
+		strcpy(err->code, "invalid_request");
+		return NULL;
+	}
+	if (resize) {
+		rows = (uint32_t)json_integer_value(json_object_get(resize, "rows"));
+		cols = (uint32_t)json_integer_value(json_object_get(resize, "cols"));
+		proto_resize_encode(rs, sizeof(rs), rows, cols);
+		need += PROTO_HDR_SIZE + sizeof(rs);
+	}
+	need += len + (len + SESSION_INPUT_CHUNK - 1) / SESSION_INPUT_CHUNK * PROTO_HDR_SIZE;
+	if (json_is_true(eof))
+		need += PROTO_HDR_SIZE;
+
+	pthread_mutex_lock(&ss->lock);
+	for (s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id))
+			break;
+	if (!s || s->state == SS_GONE) {
+		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		goto out;
+	}
+	if (s->input_wr < 0 || strcmp(s->exec_id, exec_id)) {
+		kiln_err_set(err, "no_exec", "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
+		goto out;
+	}
+	/* All of it or nothing: the pipe's free room, checked under the lock
+	 * that every writer takes (the reader only makes more room). */
+	size = fcntl(s->input_wr, F_GETPIPE_SZ);
+	if (size < 0 || ioctl(s->input_wr, FIONREAD, &queued) < 0) {
+		kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+		goto out;
+	}
+	room = (size_t)size > (size_t)queued ? (size_t)size - (size_t)queued : 0;
+	if (need > room) {
+		kiln_err_set(err, "input_full", "the command has not yet taken the %d bytes sent before; retry", queued);
+		goto out;
+	}
+	if (resize && input_frame(s->input_wr, PROTO_RESIZE, rs, sizeof(rs)) < 0)
+		goto write_failed;
+	for (size_t off = 0; off < len; off += SESSION_INPUT_CHUNK)
+		if (input_frame(s->input_wr, PROTO_STDIN, data + off,
+				len - off < SESSION_INPUT_CHUNK ? len - off : SESSION_INPUT_CHUNK) < 0)
+			goto write_failed;
+	if (json_is_true(eof) && input_frame(s->input_wr, PROTO_STDIN, NULL, 0) < 0)
+		goto write_failed;
+	s->last_active_ms = wall_ms();
+	r = 0;
+	goto out;
+write_failed:
+	kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+out:
+	pthread_mutex_unlock(&ss->lock);
+	free(data);
+	return r < 0 ? NULL : json_pack("{s:s, s:I}", "exec_id", exec_id, "accepted", (json_int_t)len);
 }
 
 int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,

@@ -37,13 +37,24 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 		   struct kiln_err *err);
 
 /* Run one command: req {"argv":[...]} or {"language","code"}, optional
- * "env", "cwd", "timeout_s". on_event/ctx (may be NULL): output as it comes
- * (RUN_EV_STDOUT/STDERR). Returns the result (a task result without
+ * "env", "cwd", "timeout_s", "stdin_b64", "interactive", "tty". on_event/ctx
+ * (may be NULL): output as it comes (RUN_EV_STDOUT/STDERR), and
+ * RUN_EV_RUNNING once it started (its data: the exec id that input requests
+ * name, for an interactive command; else none). Returns the result (a task result without
  * outputs), or NULL with err (not_found, busy, invalid_spec). A command that
  * broke the VM ends the session (state "error"). */
 json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
 		     struct kiln_err *err);
+
+/* Input for the session's interactive command (one started with
+ * "interactive":true or "tty"): req {"exec_id", "data_b64", "eof",
+ * "resize":{"rows","cols"}} (all but exec_id optional), queued for the guest
+ * in that order, all or nothing. Returns {"exec_id","accepted":bytes}, or
+ * NULL with err (invalid_request, not_found, no_exec: not running now,
+ * input_full: the command has not read what came before). Does not wait for
+ * the command; safe while it runs (it takes no operation lock). */
+json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err);
 
 /* Files: write data at path (absolute); read the file at path (malloc'd
  * into *data); list a directory ({"entries":[{name,type,size}]}). */

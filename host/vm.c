@@ -428,6 +428,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	vm->jail.slot_fd = -1;
 	vm->pid = -1;
 	vm->cancel_fd = cfg->cancel_fd > 0 ? cfg->cancel_fd : -1;
+	vm->input_fd = -1;
 	if (make_vm_dir(cfg, vm, err) < 0)
 		goto fail;
 	vm->rbuf = malloc(PROTO_MAX_FRAME);
@@ -532,20 +533,23 @@ fail:
 	return -1;
 }
 
-/* Wait until fd is readable or QEMU exits or the deadline passes.
- * Returns 1 readable, 0 QEMU exited, -ETIMEDOUT, or -errno. */
+/* Wait until fd is readable or QEMU exits or the deadline passes (or, for
+ * the agent channel, vm->input_fd is readable).
+ * Returns 1 readable, 0 QEMU exited, -ETIMEDOUT, -EAGAIN (input), or -errno. */
 static int wait_readable(struct vm *vm, int fd, int64_t deadline_ms)
 {
 	for (;;) {
-		struct pollfd p[3] = { { .fd = fd, .events = POLLIN }, { .fd = vm->pidfd, .events = POLLIN },
-				       { .fd = vm->cancel_fd, .events = POLLIN } };
+		struct pollfd p[4] = { { .fd = fd, .events = POLLIN }, { .fd = vm->pidfd, .events = POLLIN },
+				       { .fd = vm->cancel_fd, .events = POLLIN },
+				       { .fd = fd == vm->agent_fd && vm->input_fd > 0 ? vm->input_fd : -1,
+					 .events = POLLIN } };
 		int64_t left = deadline_ms - proto_now_ms();
 		int r;
 
 		if (left <= 0)
 			return -ETIMEDOUT;
 		/* A negative fd is ignored by poll: cancel_fd -1 means "not cancellable". */
-		r = poll(p, 3, left > 60000 ? 60000 : (int)left);
+		r = poll(p, 4, left > 60000 ? 60000 : (int)left);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -557,6 +561,8 @@ static int wait_readable(struct vm *vm, int fd, int64_t deadline_ms)
 			return 0;
 		if (p[2].revents)
 			return -ECANCELED;
+		if (p[3].revents)
+			return -EAGAIN;
 	}
 }
 
@@ -597,6 +603,8 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 			return kiln_err_set(err, "timeout", "timed out waiting for the guest");
 		if (n == -ECANCELED)
 			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
+		if (n == -EAGAIN)
+			return kiln_err_set(err, "input", "input for the guest is waiting");
 		if (n == 0)
 			return vm_gone(vm, err, "while the guest was running");
 		if (n < 0)
@@ -648,6 +656,8 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 			return kiln_err_set(err, "timeout", "timed out waiting for QMP");
 		if (n == -ECANCELED)
 			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
+		if (n == -EAGAIN)
+			return kiln_err_set(err, "input", "input for the guest is waiting");
 		if (n == 0)
 			return vm_gone(vm, err, "during a QMP exchange");
 		if (n < 0)

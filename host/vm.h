@@ -54,6 +54,8 @@ struct vm {
 	int qmp_fd;     /* QMP monitor (socketpair end) */
 	int lock_fd;    /* flock on <dir>/lock: held while this process owns the VM */
 	int cancel_fd;  /* from vm_config, not owned */
+	int input_fd;   /* > 0: vm_recv also returns ("input") when it is readable;
+			 * not owned (a session's interactive command, run.c) */
 	/* Per-VM directory: lock, qemu.pid, jail (what to reap), root/ (the
 	 * jail's root mount point) and vm/ (QEMU's own files, owned by the slot
 	 * uid: console.log, qemu.log, the disk overlay). */
