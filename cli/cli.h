@@ -23,6 +23,12 @@ int cmd_task(int argc, char **argv);
 int cmd_admin(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_session(int argc, char **argv);
+int cmd_shell(int argc, char **argv);
+
+/* The exit status for a session command's result: the command's exit code,
+ * 1 when it failed without one (signal, timeout), 3 when kiln could not run
+ * it. */
+int cli_exec_status(json_t *res);
 
 /* Resolve the API and key (admin: KILN_ADMIN_KEY, else KILN_KEY falling back
  * to KILN_ADMIN_KEY) into conn, borrowing from cr. Prints why and returns

@@ -15,6 +15,7 @@ static void usage(FILE *f)
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
 		   "  session create|exec|put|get|ls|pause|resume|rm|list|info ...\n"
 		   "                                       long-lived sandboxes (kiln session --help)\n"
+		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
 		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
@@ -44,6 +45,8 @@ int main(int argc, char **argv)
 		rc = cmd_task(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "session"))
 		rc = cmd_session(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "shell"))
+		rc = cmd_shell(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "admin"))
 		rc = cmd_admin(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "up"))

@@ -36,8 +36,7 @@ static void session_usage(FILE *f)
 		"  pause saves it to S3 and frees its quota, resume brings it back on any host.\n"
 		"  --stdin gives the command a file (\"-\": kiln's own stdin, read to its end first) as\n"
 		"  its stdin, at most 16 MiB; without it the command's stdin is at EOF.\n"
-		"  There is no `kiln shell` (an interactive shell in a session): the guest protocol\n"
-		"  has no way to feed a running command its stdin as it goes; run one command per exec.\n"
+		"  For an interactive terminal in a session: kiln shell ID (kiln shell --help).\n"
 		"  exec exits with the command's exit code (1 when it failed without one or timed\n"
 		"  out, 3 when kiln could not run it).\n");
 }
@@ -302,9 +301,7 @@ static int on_exec_event(void *ctx, const char *name, json_t *data)
 	return 0;
 }
 
-/* The exit status for a result: the command's exit code, 1 when it failed
- * without one (signal, timeout), 3 when kiln could not run it. */
-static int exec_status(json_t *res)
+int cli_exec_status(json_t *res)
 {
 	const char *st = json_string_value(json_object_get(res, "state"));
 	json_t *code = json_object_get(res, "exit_code");
@@ -436,7 +433,7 @@ static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 		if (rc)
 			return rc;
 		cli_print_json(reply);
-		rc = exec_status(reply);
+		rc = cli_exec_status(reply);
 		json_decref(reply);
 		return rc;
 	}
@@ -452,7 +449,7 @@ static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 		fprintf(stderr, "kiln: session exec: the stream ended without a result\n");
 		return EXIT_INFRA;
 	}
-	rc = exec_status(v.result);
+	rc = cli_exec_status(v.result);
 	if (rc) {
 		const char *st = json_string_value(json_object_get(v.result, "state"));
 		const char *reason = json_string_value(json_object_get(v.result, "end_reason"));
@@ -658,9 +655,7 @@ int cmd_session(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	} else if (VERB("shell")) {
-		fprintf(stderr, "kiln: session shell: not there yet: an interactive shell needs stdin for a running "
-				"command, which the guest protocol does not carry; use kiln session exec\n");
-		return EXIT_USAGE;
+		return cmd_shell(argc - 1, argv + 1);
 	} else {
 		fprintf(stderr, "kiln: session %s: unknown command\n", verb);
 		session_usage(stderr);

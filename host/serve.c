@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -324,8 +325,12 @@ struct exec_stream {
 	int rfd, wfd;
 	int raw;      /* an interactive command: output also as data_b64 (a
 		       * terminal's bytes need not end on a character) */
+	char exec_id[40]; /* its id, once started (under the session's lock) */
+	char tail[2];  /* the last two bytes sent: "\n\n" between events */
 	pthread_t th;
 };
+
+#define STREAM_KEEPALIVE_MS 10000 /* a quiet command's stream still shows it is alive */
 
 static void stream_write(int fd, const char *event, json_t *data)
 {
@@ -346,6 +351,8 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 
 	if (ev == RUN_EV_RUNNING) {
 		/* The exec id is what input requests name. */
+		if (data)
+			snprintf(x->exec_id, sizeof(x->exec_id), "%.*s", (int)len, (const char *)data);
 		stream_write(x->wfd, "started",
 			     data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object());
 		return;
@@ -384,12 +391,28 @@ static void *exec_stream_main(void *arg)
 
 static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
+	static const char keepalive[] = ": keepalive\n\n";
 	struct exec_stream *x = cls;
+	struct pollfd p = { .fd = x->rfd, .events = POLLIN };
 	ssize_t n;
 
+	/* Between events, silence becomes a comment line: a client that went
+	 * away is noticed when it cannot be written (see exec_stream_free). */
+	while (poll(&p, 1, STREAM_KEEPALIVE_MS) == 0 || (p.revents == 0 && errno == EINTR))
+		if (((x->tail[0] == '\n' && x->tail[1] == '\n') || pos == 0) && max >= sizeof(keepalive) - 1) {
+			memcpy(buf, keepalive, sizeof(keepalive) - 1);
+			return (ssize_t)(sizeof(keepalive) - 1);
+		}
 	do
 		n = read(x->rfd, buf, max);
 	while (n < 0 && errno == EINTR);
+	if (n >= 2) {
+		x->tail[0] = buf[n - 2];
+		x->tail[1] = buf[n - 1];
+	} else if (n == 1) {
+		x->tail[0] = x->tail[1];
+		x->tail[1] = buf[0];
+	}
 	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
@@ -397,8 +420,11 @@ static void exec_stream_free(void *cls)
 {
 	struct exec_stream *x = cls;
 
-	/* A reader that went away: the command still ends on its own (its
-	 * timeout bounds it); its events go nowhere. */
+	/* A reader that went away: an interactive command has nobody to talk
+	 * to, so it is killed; any other still ends on its own (its timeout
+	 * bounds it), its events going nowhere. */
+	if (x->raw && x->exec_id[0])
+		session_interrupt(x->s->sessions, x->id, x->exec_id);
 	close(x->rfd);
 	pthread_join(x->th, NULL);
 	json_decref(x->req);

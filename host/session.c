@@ -844,6 +844,17 @@ out:
 	return r < 0 ? NULL : json_pack("{s:s, s:I}", "exec_id", exec_id, "accepted", (json_int_t)len);
 }
 
+void session_interrupt(struct sessions *ss, const char *id, const char *exec_id)
+{
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id) && s->input_wr >= 0 && !strcmp(s->exec_id, exec_id) &&
+		    input_frame(s->input_wr, PROTO_KILL, NULL, 0) == 0)
+			fprintf(stderr, "kiln-host: session %s: interactive command %s lost its client: killed\n", id,
+				exec_id);
+	pthread_mutex_unlock(&ss->lock);
+}
+
 int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
 		     struct kiln_err *err)
 {

@@ -56,6 +56,10 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
  * the command; safe while it runs (it takes no operation lock). */
 json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err);
 
+/* Kill the interactive command exec_id of session id if it still runs (its
+ * client went away); its result then says it was killed. */
+void session_interrupt(struct sessions *ss, const char *id, const char *exec_id);
+
 /* Files: write data at path (absolute); read the file at path (malloc'd
  * into *data); list a directory ({"entries":[{name,type,size}]}). */
 int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
