@@ -878,7 +878,8 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 {
 	const char *p = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "path");
 	const char *d = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "dir");
-	int put = !strcmp(r->method, "PUT");
+	const char *fmt = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "format");
+	int put = !strcmp(r->method, "PUT"), tar = fmt && !strcmp(fmt, "tar");
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
@@ -886,9 +887,12 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 
 	if (!put && strcmp(r->method, "GET"))
 		return reply_method_not_allowed(r->conn, "GET, PUT");
-	if ((p && d) || (!p && !d) || (put && d))
+	if (fmt && (!tar || !d || p))
 		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
-				   put ? "path: required (?path=/absolute/file)"
+				   "format: only \"tar\", with dir (a whole directory as a tar archive)");
+	if ((p && d) || (!p && !d) || (put && d && !tar))
+		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+				   put ? "path (a file) or dir with format=tar (a tar archive to unpack) is required"
 				       : "one of path (a file) and dir (a directory listing) is required");
 	if (!api_guest_path_ok(p ? p : d))
 		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
@@ -899,7 +903,8 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 	enc = curl_easy_escape(NULL, p ? p : d, 0);
 	if (!enc)
 		return reply_internal(r->conn, "out of memory");
-	snprintf(path, sizeof(path), "/v1/sessions/%s/files?%s=%s", cur->id, p ? "path" : "dir", enc);
+	snprintf(path, sizeof(path), "/v1/sessions/%s/files?%s=%s%s", cur->id, p ? "path" : "dir", enc,
+		 tar ? "&format=tar" : "");
 	curl_free(enc);
 	ops_enter(ss, cur->id);
 	store_session_touch(ss->st, cur->id);
@@ -908,7 +913,8 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 	store_session_touch(ss->st, cur->id);
 	ops_leave(ss, cur->id);
 	if (put && hr.status >= 200 && hr.status < 300)
-		ret = reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", p, "size", (json_int_t)r->len));
+		ret = reply_json(r->conn, MHD_HTTP_OK,
+				 json_pack("{s:s, s:I}", p ? "path" : "dir", p ? p : d, "size", (json_int_t)r->len));
 	else
 		ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);

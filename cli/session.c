@@ -5,8 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
@@ -25,8 +29,10 @@ static void session_usage(FILE *f)
 		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-] [--json]\n"
 		"                            -- COMMAND [ARGS...]\n"
 		"       kiln session exec ID [options] --code FILE.py|FILE.sh\n"
-		"       kiln session put ID LOCAL GUEST        (a relative GUEST is under /work)\n"
-		"       kiln session get ID GUEST [LOCAL|-]    (default: GUEST's name in the current directory)\n"
+		"       kiln session put ID LOCAL GUEST        (a relative GUEST is under /work; a LOCAL\n"
+		"                                              directory goes up whole, as tar, into GUEST)\n"
+		"       kiln session get ID GUEST [LOCAL|-]    (default: GUEST's name in the current directory;\n"
+		"                                              GUEST/ with a '/': the whole directory, as tar)\n"
 		"       kiln session ls ID [DIR]               (default /work)\n"
 		"       kiln session pause|resume|rm|info ID\n"
 		"       kiln session list [--all] [--json]\n"
@@ -486,6 +492,146 @@ static int report(const char *what, int status, json_t *reply, const struct kiln
 	return EXIT_REFUSED;
 }
 
+extern char **environ;
+
+/* Run tar with argv (argv[0] "tar"); with out, its stdout is read into a
+ * malloc'd *out (at most max bytes). 0, or -1 with why printed. */
+static int local_tar(char *const argv[], unsigned char **out, size_t *len, size_t max)
+{
+	posix_spawn_file_actions_t fa;
+	int p[2] = { -1, -1 }, st, r = -1;
+	size_t cap = 0;
+	pid_t pid;
+
+	if (out) {
+		*out = NULL;
+		*len = 0;
+		if (pipe2(p, O_CLOEXEC) < 0)
+			return -1;
+	}
+	posix_spawn_file_actions_init(&fa);
+	if (out)
+		posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
+	st = posix_spawnp(&pid, "tar", &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (out)
+		close(p[1]);
+	if (st) {
+		fprintf(stderr, "kiln: cannot run tar: %s\n", strerror(st));
+		if (out)
+			close(p[0]);
+		return -1;
+	}
+	while (out) {
+		ssize_t n;
+
+		if (*len == cap) {
+			size_t ncap = cap ? cap * 2 : 65536;
+			unsigned char *b;
+
+			if (cap > max)
+				break; /* over the bound: read no further (tar gets SIGPIPE) */
+			if (ncap > max + 1)
+				ncap = max + 1;
+			b = realloc(*out, ncap);
+			if (!b)
+				break;
+			*out = b;
+			cap = ncap;
+		}
+		n = read(p[0], *out + *len, cap - *len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		*len += (size_t)n;
+	}
+	if (out)
+		close(p[0]);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (out && *len > max)
+		fprintf(stderr, "kiln: the archive is larger than %zu MiB\n", max >> 20);
+	else if (!WIFEXITED(st) || WEXITSTATUS(st))
+		fprintf(stderr, "kiln: tar failed (see above)\n");
+	else
+		r = 0;
+	if (r && out) {
+		free(*out);
+		*out = NULL;
+	}
+	return r;
+}
+
+/* put LOCALDIR GUESTDIR: the directory's contents as one tar archive. */
+static int session_put_dir(const char *id, const char *local, const char *guest, const struct cli_conn *conn)
+{
+	struct kiln_err err = { .code = "" };
+	char *argv[] = { "tar", "-C", (char *)local, "-cf", "-", ".", NULL };
+	char path[16384];
+	unsigned char *data;
+	json_t *reply = NULL;
+	size_t len;
+	int st, rc = 0;
+
+	if (files_path(id, "dir", guest, path, sizeof(path) - 16) < 0) {
+		fprintf(stderr, "kiln: session put: %s: not a usable guest path\n", guest);
+		return EXIT_USAGE;
+	}
+	strcat(path, "&format=tar");
+	if (local_tar(argv, &data, &len, PUT_MAX) < 0)
+		return EXIT_USAGE;
+	st = http_send(conn, "PUT", path, data, len, "application/x-tar", 300, &reply, &err);
+	free(data);
+	if (st >= 200 && st < 300)
+		fprintf(stderr, "kiln: %s/ -> %s:%s/ (%zu bytes of tar)\n", local, id, guest, len);
+	else
+		rc = report("session put", st, reply, &err);
+	json_decref(reply);
+	return rc;
+}
+
+/* get GUESTDIR/ [LOCALDIR]: the guest directory as tar, unpacked into
+ * LOCALDIR (created; default: the guest directory's name here). */
+static int session_get_dir(const char *id, const char *guest, const char *local_arg, const struct cli_conn *conn)
+{
+	struct kiln_err err = { .code = "" };
+	char dir[4200], local[4300], tmp[4400], path[16384];
+	const char *name;
+	json_t *reply = NULL;
+	int st, rc = 0;
+
+	snprintf(dir, sizeof(dir), "%s", guest);
+	while (strlen(dir) > 1 && dir[strlen(dir) - 1] == '/')
+		dir[strlen(dir) - 1] = '\0';
+	name = strrchr(dir, '/') + 1;
+	snprintf(local, sizeof(local), "%s", local_arg ? local_arg : *name ? name : ".");
+	if (files_path(id, "dir", dir, path, sizeof(path) - 16) < 0) {
+		fprintf(stderr, "kiln: session get: %s: not a usable guest path\n", guest);
+		return EXIT_USAGE;
+	}
+	strcat(path, "&format=tar");
+	if (mkdir(local, 0755) < 0 && errno != EEXIST) {
+		fprintf(stderr, "kiln: session get: %s: %s\n", local, strerror(errno));
+		return EXIT_USAGE;
+	}
+	snprintf(tmp, sizeof(tmp), "%s/.kiln-get.tar", local);
+	st = http_get_file(conn, path, tmp, 300, &reply, &err);
+	if (st == 200) {
+		char *argv[] = { "tar", "-C", local, "-xf", tmp, "--no-same-owner", NULL };
+
+		if (local_tar(argv, NULL, NULL, 0) < 0)
+			rc = EXIT_INFRA;
+		else
+			fprintf(stderr, "kiln: %s:%s/ -> %s/\n", id, dir, local);
+		unlink(tmp);
+	} else {
+		rc = report("session get", st, reply, &err);
+	}
+	json_decref(reply);
+	return rc;
+}
+
 static int session_put(const char *id, const char *local, const char *guest_arg, const struct cli_conn *conn)
 {
 	struct kiln_err err = { .code = "" };
@@ -495,10 +641,14 @@ static int session_put(const char *id, const char *local, const char *guest_arg,
 	size_t len;
 	int st, rc = 0;
 
+	struct stat stl;
+
 	if (cli_guest_path(guest_arg, guest, sizeof(guest)) < 0 || files_path(id, "path", guest, path, sizeof(path)) < 0) {
 		fprintf(stderr, "kiln: session put: %s: not a usable guest path\n", guest_arg);
 		return EXIT_USAGE;
 	}
+	if (stat(local, &stl) == 0 && S_ISDIR(stl.st_mode))
+		return session_put_dir(id, local, guest, conn);
 	data = cli_read_file(local, PUT_MAX, &len, NULL);
 	if (!data)
 		return EXIT_USAGE;
@@ -523,6 +673,9 @@ static int session_get(const char *id, const char *guest_arg, const char *local_
 		fprintf(stderr, "kiln: session get: %s: not a usable guest path\n", guest_arg);
 		return EXIT_USAGE;
 	}
+	/* A trailing '/' asks for the whole directory. */
+	if (guest[strlen(guest) - 1] == '/' && (!local_arg || strcmp(local_arg, "-")))
+		return session_get_dir(id, guest, local_arg, conn);
 	if (cli_session_get_target(guest, local_arg, local, sizeof(local)) < 0) {
 		fprintf(stderr, "kiln: session get: %s names no file: give LOCAL\n", guest_arg);
 		return EXIT_USAGE;

@@ -523,6 +523,18 @@ static int handle_sessions(struct server *s, struct MHD_Connection *conn, const 
 		const char *path = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "path");
 		const char *dir = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "dir");
 
+		const char *format = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "format");
+		int tar = format && !strcmp(format, "tar");
+
+		if (format && !tar)
+			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format: only \"tar\" (with dir)");
+		if (tar && (!dir || path))
+			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format=tar goes with dir= only");
+		if (!strcmp(method, "PUT") && tar) {
+			if (session_put_tar(s->sessions, id, dir, req->body ? req->body : "", req->len, &err) < 0)
+				return session_error(conn, &err);
+			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "dir", dir, "size", (json_int_t)req->len));
+		}
 		if (!strcmp(method, "PUT")) {
 			if (session_put_file(s->sessions, id, path, req->body ? req->body : "", req->len, &err) < 0)
 				return session_error(conn, &err);
@@ -530,7 +542,7 @@ static int handle_sessions(struct server *s, struct MHD_Connection *conn, const 
 		}
 		if (strcmp(method, "GET"))
 			return method_not_allowed(conn, "GET or PUT");
-		if (dir) {
+		if (dir && !tar) {
 			out = session_list_dir(s->sessions, id, dir, &err);
 			return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
 		} else {
@@ -539,14 +551,15 @@ static int handle_sessions(struct server *s, struct MHD_Connection *conn, const 
 			struct MHD_Response *r;
 			int ret;
 
-			if (session_get_file(s->sessions, id, path, &data, &len, &err) < 0)
+			if ((tar ? session_get_tar(s->sessions, id, dir, &data, &len, &err)
+				 : session_get_file(s->sessions, id, path, &data, &len, &err)) < 0)
 				return session_error(conn, &err);
 			r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
 			if (!r) {
 				free(data);
 				return MHD_NO;
 			}
-			MHD_add_response_header(r, "Content-Type", "application/octet-stream");
+			MHD_add_response_header(r, "Content-Type", tar ? "application/x-tar" : "application/octet-stream");
 			ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
 			MHD_destroy_response(r);
 			return ret;

@@ -975,6 +975,61 @@ json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, s
 	return json_pack("{s:o}", "entries", entries);
 }
 
+int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
+		    struct kiln_err *err)
+{
+	if (!dir || proto_abspath_ok(dir))
+		return kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
+	/* As the task's user, paths relative to dir ("./..."); GNU tar keeps
+	 * symlinks as links and reports what it cannot read (exit 2). */
+	return exec_base64(ss, id,
+			   json_pack("[s, s, s, s, s]", "/bin/bash", "-c",
+				     "cd -- \"$1\" 2>/dev/null || { echo \"$1: No such file or directory\" >&2; exit 1; }; "
+				     "set -o pipefail; tar -cf - --one-file-system . | base64 -w0",
+				     "sh", dir),
+			   data, len, err);
+}
+
+int session_put_tar(struct sessions *ss, const char *id, const char *dir, const void *data, size_t len,
+		    struct kiln_err *err)
+{
+	unsigned char rnd[8];
+	char tmp[64];
+	json_t *req, *res;
+	int r = -1;
+
+	if (!dir || proto_abspath_ok(dir) || !strncmp(dir, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)) ||
+	    !strcmp(dir, SPEC_RESERVED_DIR))
+		return kiln_err_set(err, "invalid_request",
+				    "dir: expected an absolute path without '.', '..' or empty parts, outside /kiln");
+	if (len > SESSION_FILE_MAX)
+		return kiln_err_set(err, "too_large", "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
+	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
+	/* /tmp, not /kiln: the archive may be larger than /kiln's 16 MiB. */
+	snprintf(tmp, sizeof(tmp), "/tmp/.kiln-put-%02x%02x%02x%02x%02x%02x%02x%02x.tar", rnd[0], rnd[1], rnd[2], rnd[3],
+		 rnd[4], rnd[5], rnd[6], rnd[7]);
+	if (session_put_file(ss, id, tmp, data, len, err) < 0)
+		return -1;
+	/* Unpacked as the task's user, so it makes only what the session's
+	 * own code could; files belong to that user, modes as archived (less
+	 * the umask). */
+	req = json_pack("{s:[s, s, s, s, s, s]}", "argv", "/bin/sh", "-c",
+			"mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\" --no-same-owner; rc=$?; rm -f -- \"$2\"; exit $rc",
+			"sh", dir, tmp);
+	res = session_exec(ss, id, req, NULL, NULL, err);
+	json_decref(req);
+	if (!res)
+		return -1;
+	if (json_integer_value(json_object_get(res, "exit_code")) == 0 && json_is_integer(json_object_get(res, "exit_code")))
+		r = 0;
+	else
+		kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
+			     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
+	json_decref(res);
+	return r;
+}
+
 /* ---- pause and resume --------------------------------------------------- */
 
 static const char *const snap_files[] = { "state", "disk.qcow2" };

@@ -67,6 +67,14 @@ int session_put_file(struct sessions *ss, const char *id, const char *path, cons
 int session_get_file(struct sessions *ss, const char *id, const char *path, unsigned char **data, size_t *len,
 		     struct kiln_err *err);
 json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, struct kiln_err *err);
+/* Whole directories as tar (POSIX/GNU format, paths relative to dir):
+ * pack dir into *data (malloc'd), or unpack data into dir (created), as the
+ * task's user. 0, or -1 with err (not_found, invalid_request: tar's
+ * message, too_large). */
+int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
+		    struct kiln_err *err);
+int session_put_tar(struct sessions *ss, const char *id, const char *dir, const void *data, size_t len,
+		    struct kiln_err *err);
 
 /* Pause: save the VM to S3 and destroy it. Returns
  * {"id","state":"paused","snapshot":{"bucket","prefix","bytes","pause_ms"}}
