@@ -751,6 +751,8 @@ json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const stru
 	result = build_result(c, failed);
 	json_object_del(result, "outputs");
 	json_object_del(result, "network");
+	if (opts->extra_flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY))
+		json_object_set_new(result, "stdin_lost", json_boolean(c->exit.flags & PROTO_EXIT_STDIN_LOST));
 	c->vm.cancel_fd = -1;
 	session_ctx_free(c, vm);
 	return result;

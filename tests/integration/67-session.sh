@@ -114,6 +114,86 @@ check "GET ?dir= lists a directory" test "$(last '[.entries[] | "\(.name):\(.typ
 st=$(h "$PA" PUT "/v1/sessions/s1/files?path=../etc/x" --data-binary x)
 check "a relative or dotted path is refused (400)" test "$st" = 400
 
+# --- whole directories as tar ---
+mkdir -p "$T_TMP/tree/sub/deeper"
+printf 'alpha' > "$T_TMP/tree/a.txt"; head -c 70000 /dev/urandom > "$T_TMP/tree/sub/deeper/r.bin"
+printf '#!/bin/sh\necho run\n' > "$T_TMP/tree/sub/x.sh"; chmod 755 "$T_TMP/tree/sub/x.sh"
+tar -C "$T_TMP/tree" -cf "$T_TMP/tree.tar" .
+st=$(h "$PA" PUT "/v1/sessions/s1/files?dir=/work/up&format=tar" --data-binary @"$T_TMP/tree.tar")
+ex "$PA" '{"argv":["sh","-c","cat /work/up/a.txt; /work/up/sub/x.sh; stat -c %U /work/up/sub/deeper/r.bin; ls -a /tmp | grep -c kiln-put"]}' > /dev/null
+check "PUT ?dir=&format=tar unpacks the archive as the task user, modes kept, archive removed ($st: $(last .stdout | tr '\n' ' '))" \
+	test "$st" = 200 -a "$(last .stdout)" = "$(printf 'alpha\nrun\nsandbox\n0')"
+st=$(h "$PA" GET "/v1/sessions/s1/files?dir=/work/up&format=tar")
+mkdir -p "$T_TMP/back"; tar -C "$T_TMP/back" -xf "$T_TMP/last" 2> /dev/null
+check "GET ?dir=&format=tar: the same tree back ($st)" diff -r "$T_TMP/tree" "$T_TMP/back"
+st=$(h "$PA" GET "/v1/sessions/s1/files?dir=/work/nothing-here&format=tar")
+check "tar of a missing directory: 404" test "$st" = 404
+st=$(h "$PA" PUT "/v1/sessions/s1/files?dir=/work/up2&format=tar" --data-binary 'not a tar archive')
+check "PUT of something that is not tar: 400 with tar's message ($(last .error.message | head -c 80))" \
+	test "$st" = 400 -a "$(last .error.code)" = invalid_request
+st=$(h "$PA" GET "/v1/sessions/s1/files?dir=/work&format=zip")
+check "format other than tar: 400" test "$st" = 400
+
+# --- interactive commands: a terminal, typed input, resize, end of input ---
+# stream_start FILE JSON: exec ?stream=1 in the background, waits for its exec id (echoed)
+stream_start() {
+	curl -s -m 120 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary "$2" \
+		"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$1" &
+	spid=$!
+	for _ in $(seq 300); do
+		grep -q '^event: started' "$1" 2> /dev/null && break
+		sleep 0.1
+	done
+	grep -A1 '^event: started' "$1" | sed -n 's/^data: //p' | jq -r .exec_id
+}
+input() { h "$PA" POST /v1/sessions/s1/input -H 'Content-Type: application/json' --data-binary "$1"; }
+b64() { printf "$1" | base64 -w0; }
+# stream_out FILE: what the command wrote so far, decoded exactly
+stream_out() { sed -n 's/^data: //p' "$1" | jq -r 'select(.data_b64) | .data_b64' | base64 -d 2> /dev/null; }
+wait_for() { # FILE TEXT: until the command's output holds TEXT (30 s)
+	for _ in $(seq 300); do stream_out "$1" | grep -q -- "$2" && return 0; sleep 0.1; done; return 1
+}
+xid=$(stream_start "$T_TMP/tty" '{"argv":["/bin/bash","--norc","--noprofile","-i"],"tty":{"rows":30,"cols":90},"env":{"PS1":"kiln$ "},"timeout_s":60}')
+check "a tty exec's stream starts with the exec id ($xid)" test "${#xid}" = 32
+st=$(input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'echo $((6*7)); stty size; tty\n')\"}")
+wait_for "$T_TMP/tty" '^/dev/pts/'
+out_has() { stream_out "$1" | grep -q -- "$2"; } # FILE REGEX
+check "typed input runs in bash on a 30x90 terminal ($st)" \
+	eval 'test "$st" = 200 && out_has "$T_TMP/tty" "^42" && out_has "$T_TMP/tty" "^30 90"'
+st=$(input "{\"exec_id\":\"$xid\",\"resize\":{\"rows\":50,\"cols\":132},\"data_b64\":\"$(b64 'stty size\n')\"}")
+wait_for "$T_TMP/tty" '^50 132'
+check "resize: the command sees the new size ($st)" out_has "$T_TMP/tty" "^50 132"
+st=$(input "{\"exec_id\":\"0123456789abcdef0123456789abcdef\",\"data_b64\":\"$(b64 'x')\"}")
+check "input naming another exec: 409 no_exec" test "$st" = 409 -a "$(last .error.code)" = no_exec
+st=$(input "{\"exec_id\":\"$xid\",\"resize\":{\"rows\":0,\"cols\":80}}")
+check "malformed input (rows 0): 400" test "$st" = 400
+st=$(h "$PA" POST /v1/sessions/s1/pause)
+check "pause while the shell runs: 409 busy" test "$st" = 409
+input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'exit 5\n')\"}" > /dev/null
+wait "$spid"
+res=$(grep -A1 '^event: result' "$T_TMP/tty" | sed -n 's/^data: //p')
+check "exit in the shell ends the exec with its code (5)" test "$(echo "$res" | jq -r .exit_code)" = 5
+st=$(input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'late')\"}")
+check "input after the command ended: 409 no_exec" test "$st" = 409
+
+xid=$(stream_start "$T_TMP/pipe" '{"argv":["tr","a-z","A-Z"],"interactive":true}')
+input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'hello\n')\"}" > /dev/null
+st=$(input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'world')\",\"eof\":true}")
+wait "$spid"
+res=$(grep -A1 '^event: result' "$T_TMP/pipe" | sed -n 's/^data: //p')
+check "interactive (a pipe): input as it comes, eof ends it ($st)" test "$(echo "$res" | jq -r .stdout)" = "$(printf 'HELLO\nWORLD')"
+st=$(ex "$PA" '{"argv":["cat"],"interactive":true,"stdin_b64":"YQ=="}')
+check "interactive with stdin_b64: 400" test "$st" = 400
+st=$(ex "$PA" '{"argv":["cat"],"tty":{"rows":24}}')
+check "tty without cols: 400 naming it ($(last .error.message))" test "$st" = 400
+
+# A client that goes away: its interactive command is killed, the session is free again.
+xid=$(stream_start "$T_TMP/gone" '{"argv":["sh","-c","read x"],"tty":{"rows":24,"cols":80},"timeout_s":300}')
+kill "$spid"; wait "$spid" 2> /dev/null
+t0=$(date +%s)
+for _ in $(seq 120); do st=$(ex "$PA" '{"argv":["true"]}'); [ "$st" = 200 ] && break; sleep 0.5; done
+check "the stream's reader went away: the command is killed, the next exec runs ($st after $(( $(date +%s) - t0 )) s)" test "$st" = 200
+
 # --- streaming, busy ---
 curl -s -m 60 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary '{"argv":["sh","-c","echo one; sleep 1; echo two"]}' \
 	"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$T_TMP/stream"

@@ -393,6 +393,23 @@ if [ -x "$KILN" ]; then
 	check "kiln session get of a missing file: exit 1, the API's message, no local file ($rc)" \
 		[ "$rc" = 1 -a ! -e "$T_TMP/none.txt" ] && grep -q "404 not_found" "$T_TMP/cli.err"
 	check "kiln session ls" grep -q "^dir .* in$" <("$KILN" session ls "$cs" 2>&1)
+	mkdir -p "$T_TMP/dirup/sub"; echo one > "$T_TMP/dirup/one.txt"; head -c 5000 /dev/urandom > "$T_TMP/dirup/sub/r.bin"
+	"$KILN" session put "$cs" "$T_TMP/dirup" tree 2> "$T_TMP/cli.err"
+	rc=$?
+	(cd "$T_TMP" && "$KILN" session get "$cs" tree/ dirback 2>> "$T_TMP/cli.err")
+	check "kiln session put DIR / get DIR/: a whole directory up and back as tar ($rc)" diff -r "$T_TMP/dirup" "$T_TMP/dirback"
+	out=$(printf 'echo piped-$((1+1))\nexit 6\n' | "$KILN" shell "$cs" 2> "$T_TMP/cli.err")
+	rc=$?
+	check "kiln shell with stdin not a terminal: lines typed in, the shell's exit code ($rc)" \
+		[ "$rc" = 6 ] && grep -q '^piped-2' <<< "$(tr -d '\r' <<< "$out")"
+	drv=$(timeout 300 python3 "$ROOT/tests/integration/shell_drive.py" "$KILN" "$cs")
+	echo "# shell_drive: $(jq -c 'del(.tail)' <<< "$drv" 2> /dev/null || echo "$drv")"
+	check "kiln shell on a terminal: bash -l prompt, the terminal's size (33x101), a tty" \
+		jq -e '.prompt and .size and .tty and .math' <<< "$drv"
+	check "... a window resize reaches the command (40x120)" jq -e '.resized' <<< "$drv"
+	check "... ^C interrupts the remote command, not kiln" jq -e '.ctrl_c and .kiln_alive_after_ctrl_c' <<< "$drv"
+	check "... exit 3 ends kiln with 3, the local terminal restored" jq -e '.rc == 3 and .termios_restored' <<< "$drv"
+	check "after kiln shell the session takes commands again" [ "$("$KILN" session exec "$cs" -- echo free 2> /dev/null)" = free ]
 	check "kiln session list shows it running" grep -q "^$cs *running" <("$KILN" session list 2>&1)
 	check "kiln session pause" [ "$("$KILN" session pause "$cs" 2>&1)" = "$cs paused" ]
 	check "kiln session resume" grep -q "^$cs running on h" <("$KILN" session resume "$cs" 2>&1)
@@ -406,14 +423,15 @@ if [ -x "$KILN" ]; then
 		[ "$rc" = 1 ] && grep -q "409 not_running" "$T_TMP/cli.err"
 	bad=""
 	for args in "session" "session frob" "session exec $cs" "session exec $cs --" "session exec $cs --code x.rb" \
-		"session put $cs onlyone" "session get $cs" "session create --memory lots" "session pause" "session shell $cs"; do
+		"session put $cs onlyone" "session get $cs" "session create --memory lots" "session pause" "shell" \
+		"shell $cs --" "shell $cs --timeout x" "shell bad/id"; do
 		# shellcheck disable=SC2086
 		"$KILN" $args > /dev/null 2>&1
 		rc=$?
 		[ "$rc" = 2 ] || bad="$bad [kiln $args: $rc]"
 	done
 	check "kiln session: bad usage exits 2${bad:+:$bad}" [ -z "$bad" ]
-	check "kiln session --help says why there is no shell" grep -q "no \`kiln shell\`" <("$KILN" session --help)
+	check "kiln shell --help describes the terminal" grep -q "pseudo-terminal" <("$KILN" shell --help)
 	unset KILN_API KILN_KEY
 else
 	skip "kiln session commands" "build/kiln missing: run make"
