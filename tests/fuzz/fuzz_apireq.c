@@ -106,6 +106,36 @@ static void exec_request(const char *body, size_t len, unsigned max_timeout_s)
 	      json_integer_value(t) <= SPEC_MAX_TIMEOUT_S);
 	check(!max_timeout_s || json_integer_value(t) <= max_timeout_s);
 	check(json_object_get(out, "argv") || json_object_get(out, "code"));
+	/* An interactive command has no stdin_b64; a terminal has a size in bounds. */
+	t = json_object_get(out, "tty");
+	check(!json_object_get(out, "interactive") || json_is_boolean(json_object_get(out, "interactive")));
+	check(!t || json_is_null(t) ||
+	      (json_integer_value(json_object_get(t, "rows")) >= 1 && json_integer_value(json_object_get(t, "rows")) <= API_TTY_MAX &&
+	       json_integer_value(json_object_get(t, "cols")) >= 1 && json_integer_value(json_object_get(t, "cols")) <= API_TTY_MAX));
+	check(!(json_is_true(json_object_get(out, "interactive")) || json_is_object(t)) || !json_object_get(out, "stdin_b64"));
+	json_decref(out);
+}
+
+static void input_request(const char *body, size_t len)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *out = NULL, *v;
+	const char *id;
+
+	if (api_input_request_parse(body, len, &out, &err) < 0) {
+		check(err.code[0] && err.message[0] && !out);
+		return;
+	}
+	id = json_string_value(json_object_get(out, "exec_id"));
+	check(id && *id && strlen(id) <= 64 && strspn(id, "0123456789abcdef") == strlen(id));
+	v = json_object_get(out, "data_b64");
+	check(!v || (json_is_string(v) && json_string_length(v) % 4 == 0 && json_string_length(v) / 4 * 3 <= API_INPUT_MAX));
+	check(!json_object_get(out, "eof") || json_is_boolean(json_object_get(out, "eof")));
+	v = json_object_get(out, "resize");
+	check(!v || (json_object_size(v) == 2 && json_integer_value(json_object_get(v, "rows")) >= 1 &&
+		     json_integer_value(json_object_get(v, "rows")) <= API_TTY_MAX &&
+		     json_integer_value(json_object_get(v, "cols")) >= 1 &&
+		     json_integer_value(json_object_get(v, "cols")) <= API_TTY_MAX));
 	json_decref(out);
 }
 
@@ -122,7 +152,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	quota_defaults(&q);
 	before = q;
-	switch ((data[0] & 7) >= 6 ? data[0] & 3 : data[0] & 7) {
+	switch ((data[0] & 7) == 7 ? data[0] & 3 : data[0] & 7) {
+	case 6:
+		input_request(body, len);
+		break;
 	case 4:
 		session_request(body, len, data[0] & 0x80);
 		break;

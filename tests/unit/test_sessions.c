@@ -425,6 +425,49 @@ static void test_request_parsers(void **state)
 	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
 	assert_null(j);
 
+	/* Interactive commands: a terminal's size, interactive, not with stdin_b64. */
+	b = "{\"argv\":[\"bash\"],\"tty\":{\"rows\":24,\"cols\":80}}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), 0);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "tty"), "cols")), 80);
+	json_decref(j);
+	b = "{\"argv\":[\"cat\"],\"interactive\":true}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), 0);
+	json_decref(j);
+	b = "{\"argv\":[\"cat\"],\"interactive\":1}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_string_equal(err.message, "interactive: must be true or false");
+	b = "{\"argv\":[\"bash\"],\"tty\":{\"rows\":24}}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_non_null(strstr(err.message, "tty: expected"));
+	b = "{\"argv\":[\"bash\"],\"tty\":{\"rows\":24,\"cols\":4097}}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	b = "{\"argv\":[\"bash\"],\"tty\":{\"rows\":24,\"cols\":80},\"stdin_b64\":\"aGk=\"}";
+	assert_int_equal(api_exec_request_parse(b, strlen(b), 0, &j, &err), -1);
+	assert_non_null(strstr(err.message, "stdin_b64: not with an interactive command"));
+
+	/* Input: exec_id required (hex), data_b64 bounded, eof a boolean, resize a size. */
+	b = "{\"exec_id\":\"00ff\",\"data_b64\":\"bHMK\",\"eof\":true,\"resize\":{\"rows\":5,\"cols\":9}}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), 0);
+	assert_string_equal(json_string_value(json_object_get(j, "data_b64")), "bHMK");
+	json_decref(j);
+	b = "{\"data_b64\":\"bHMK\"}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	assert_non_null(strstr(err.message, "exec_id"));
+	b = "{\"exec_id\":\"../x\"}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	b = "{\"exec_id\":\"ab\",\"data_b64\":\"bHM\"}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	assert_non_null(strstr(err.message, "data_b64"));
+	b = "{\"exec_id\":\"ab\",\"eof\":\"yes\"}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	b = "{\"exec_id\":\"ab\",\"resize\":{\"rows\":0,\"cols\":80}}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	assert_string_equal(err.code, "invalid_request");
+	b = "{\"exec_id\":\"ab\",\"kill\":true}";
+	assert_int_equal(api_input_request_parse(b, strlen(b), &j, &err), -1);
+	assert_non_null(strstr(err.message, "kill: unknown field"));
+	assert_null(j);
+
 	assert_true(api_guest_path_ok("/work/a b.txt"));
 	assert_false(api_guest_path_ok("work/a"));
 	assert_false(api_guest_path_ok(""));
