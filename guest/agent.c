@@ -713,6 +713,7 @@ static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 	case PROTO_KILL:
 	case PROTO_STDIN:
 	case PROTO_RESIZE:
+	case PROTO_HANGUP:
 		/* No task is running: these crossed the task's EXIT on the wire. */
 		return 0;
 	case PROTO_COLLECT:

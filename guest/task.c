@@ -32,6 +32,8 @@
 /* Input the task has not read yet, held in PID 1: beyond this it is dropped
  * (and EXIT says so) rather than let a task that never reads grow PID 1. */
 #define TASK_STDIN_MAX (1u << 20)
+/* After HANGUP, a task still running this long gets SIGKILL (its group). */
+#define TASK_HANGUP_MS 3000
 
 static const char task_default_path_env[] = "PATH=" TASK_DEFAULT_PATH;
 
@@ -45,6 +47,7 @@ struct task {
 	size_t pending_len;
 	uint64_t sent; /* stdout + stderr bytes forwarded to the host */
 	int64_t start_us, end_us, drain_deadline_ms;
+	int64_t hangup_deadline_ms; /* after HANGUP: SIGKILL to the task's group then (0: none) */
 	int exited;
 	int killed; /* we sent SIGKILL while the main process was alive */
 	int wstatus;
@@ -443,8 +446,27 @@ static void task_resize(struct task *t, uint32_t rows, uint32_t cols)
 		init_log("task: resizing the terminal: %s", strerror(errno));
 }
 
-/* Requests that arrive while the task runs: KILL, STDIN and RESIZE are
- * served, anything else is refused. */
+/* HANGUP: the client of an interactive task is gone. As when a terminal
+ * closes: a terminal's master is closed (the kernel hangs it up: SIGHUP to
+ * its session), a pipe's end closed and the task's group sent SIGHUP; if it
+ * still runs TASK_HANGUP_MS later, its group gets SIGKILL. The session's
+ * other processes (its daemons) are left alone, unlike KILL. */
+static void task_hangup(struct task *t)
+{
+	if (t->exited || !(t->e->flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY)) || t->hangup_deadline_ms)
+		return;
+	task_close_in(t);
+	if ((t->e->flags & PROTO_EXEC_TTY) && t->out >= 0) {
+		close(t->out);
+		t->out = -1;
+	} else {
+		kill(-t->pid, SIGHUP);
+	}
+	t->hangup_deadline_ms = proto_now_ms() + TASK_HANGUP_MS;
+}
+
+/* Requests that arrive while the task runs: KILL, STDIN, RESIZE and HANGUP
+ * are served, anything else is refused. */
 static int task_channel(struct agent *a, struct task *t)
 {
 	struct proto_frame f;
@@ -466,6 +488,10 @@ static int task_channel(struct agent *a, struct task *t)
 		}
 		if (f.type == PROTO_STDIN) {
 			task_stdin(t, f.payload, f.len);
+			continue;
+		}
+		if (f.type == PROTO_HANGUP) {
+			task_hangup(t);
 			continue;
 		}
 		if (f.type == PROTO_RESIZE) {
@@ -509,6 +535,18 @@ static int task_loop(struct agent *a, struct task *t)
 		};
 		int timeout = -1;
 
+		if (!t->exited && t->hangup_deadline_ms) {
+			int64_t left = t->hangup_deadline_ms - proto_now_ms();
+
+			if (left <= 0) {
+				t->killed = 1;
+				kill(-t->pid, SIGKILL);
+				kill(t->pid, SIGKILL);
+				t->hangup_deadline_ms = 0;
+			} else {
+				timeout = (int)left;
+			}
+		}
 		if (t->exited) {
 			int64_t left = t->drain_deadline_ms - proto_now_ms();
 

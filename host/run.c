@@ -199,7 +199,7 @@ static int send_exec(struct run_ctx *c)
 	return 0;
 }
 
-/* Pass the whole STDIN/RESIZE/KILL frames waiting on vm.input_fd on to the
+/* Pass the whole STDIN/RESIZE/HANGUP frames waiting on vm.input_fd on to the
  * guest (frames the session's own input handler wrote; a part frame waits
  * in c->in_buf for the rest). */
 static int forward_input(struct run_ctx *c)
@@ -223,7 +223,7 @@ static int forward_input(struct run_ctx *c)
 		}
 		c->in_len += (size_t)n;
 		while ((n = proto_frame_parse(c->in_buf + off, c->in_len - off, &f)) > 0) {
-			if ((f.type == PROTO_STDIN || f.type == PROTO_RESIZE || f.type == PROTO_KILL) &&
+			if ((f.type == PROTO_STDIN || f.type == PROTO_RESIZE || f.type == PROTO_HANGUP) &&
 			    vm_send(&c->vm, f.type, f.payload, f.len, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0)
 				return -1;
 			off += (size_t)n;

@@ -421,7 +421,7 @@ static void exec_stream_free(void *cls)
 	struct exec_stream *x = cls;
 
 	/* A reader that went away: an interactive command has nobody to talk
-	 * to, so it is killed; any other still ends on its own (its timeout
+	 * to, so it is hung up; any other still ends on its own (its timeout
 	 * bounds it), its events going nowhere. */
 	if (x->raw && x->exec_id[0])
 		session_interrupt(x->s->sessions, x->id, x->exec_id);

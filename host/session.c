@@ -849,8 +849,8 @@ void session_interrupt(struct sessions *ss, const char *id, const char *exec_id)
 	pthread_mutex_lock(&ss->lock);
 	for (struct session *s = ss->list; s; s = s->next)
 		if (!strcmp(s->id, id) && s->input_wr >= 0 && !strcmp(s->exec_id, exec_id) &&
-		    input_frame(s->input_wr, PROTO_KILL, NULL, 0) == 0)
-			fprintf(stderr, "kiln-host: session %s: interactive command %s lost its client: killed\n", id,
+		    input_frame(s->input_wr, PROTO_HANGUP, NULL, 0) == 0)
+			fprintf(stderr, "kiln-host: session %s: interactive command %s lost its client: hung up\n", id,
 				exec_id);
 	pthread_mutex_unlock(&ss->lock);
 }

@@ -56,8 +56,9 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
  * the command; safe while it runs (it takes no operation lock). */
 json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err);
 
-/* Kill the interactive command exec_id of session id if it still runs (its
- * client went away); its result then says it was killed. */
+/* Hang up the interactive command exec_id of session id if it still runs
+ * (its client went away): SIGHUP as when a terminal closes, SIGKILL to its
+ * process group 3 s later; the session's other processes stay. */
 void session_interrupt(struct sessions *ss, const char *id, const char *exec_id);
 
 /* Files: write data at path (absolute); read the file at path (malloc'd

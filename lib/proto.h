@@ -44,6 +44,7 @@ enum proto_type {
 	PROTO_WARM = 0x47,      /* empty: run a sample in a fork of that interpreter (pool warm-up) */
 	PROTO_STDIN = 0x48,     /* raw bytes for the running task's stdin; empty: end of input */
 	PROTO_RESIZE = 0x49,    /* u32 rows, u32 cols: the running task's terminal size */
+	PROTO_HANGUP = 0x4a,    /* empty: the interactive task's client is gone (SIGHUP, then SIGKILL to its group) */
 };
 
 /* Feature bits in HELLO. */

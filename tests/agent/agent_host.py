@@ -7,7 +7,7 @@ import os, socket, struct, subprocess, sys, time, stat, errno, signal, pwd
 
 T = dict(HELLO=1, OK=2, ERROR=3, STARTED=4, STDOUT=5, STDERR=6, EXIT=7, OUT_DIR=8, OUT_FILE=9,
          OUT_DATA=10, OUT_END=11, SETUP=0x40, FILE=0x41, FILE_DATA=0x42, EXEC=0x43, KILL=0x44, COLLECT=0x45,
-         STDIN=0x48, RESIZE=0x49)
+         STDIN=0x48, RESIZE=0x49, HANGUP=0x4a)
 N = {v: k for k, v in T.items()}
 ROOT = os.path.join(sys.argv[2], 'root')
 DRIVE = sys.argv[1]
@@ -292,6 +292,26 @@ h.send(T['KILL'])
 while t != 'EXIT':
     t, p = h.frame()
 check(uid_procs() == 0, 'TTY task killed: nothing of its uid left')
+
+# HANGUP: the client is gone. SIGHUP as a closing terminal gives, SIGKILL to the group 3 s later;
+# the session's own daemons (KEEP) are left alone.
+r = run(h, ['sh', '-c', 'setsid sleep 1000 > /dev/null 2>&1 < /dev/null & exit 0'], flags=2)
+check(r['status'] == 0 and uid_procs() == 1, 'KEEP: a daemon stays after its command (%d)' % uid_procs())
+t0 = time.time()
+r = run(h, ['sh', '-c', 'read x'], flags=EXEC_TTY | 2, tty=(24, 80), feed=[0.3, ('HANGUP', b'')])
+check(r['how'] == 2 and r['status'] == 1 and time.time() - t0 < 3, 'HANGUP on a terminal: SIGHUP ends the shell (%r, %.1fs)' % ({k: r[k] for k in ('how', 'status')}, time.time() - t0))
+check(uid_procs() == 1, 'HANGUP: the session\'s daemon is still there (%d)' % uid_procs())
+t0 = time.time()
+r = run(h, ['sh', '-c', 'trap "" HUP; sleep 100'], flags=EXEC_TTY | 2, tty=(24, 80), feed=[0.3, ('HANGUP', b'')])
+check(r['how'] == 2 and r['status'] == 9 and 2.5 < time.time() - t0 < 8, 'HANGUP ignored: SIGKILL to the group after 3 s (%r, %.1fs)' % ({k: r[k] for k in ('how', 'status')}, time.time() - t0))
+r = run(h, ['sh', '-c', 'read x; echo "[$x]"'], flags=EXEC_STDIN | 2, feed=[0.3, ('HANGUP', b'')])
+check(r['how'] == 2 and r['status'] == 1, 'HANGUP on a pipe: stdin closed, SIGHUP to the group %r' % ({k: r[k] for k in ('how', 'status')},))
+check(uid_procs() == 1, 'and the daemon is still there (%d)' % uid_procs())
+h.send(T['HANGUP'])
+check(h.none_pending() is None, 'HANGUP while idle: ignored')
+r = run(h, ['true'])
+time.sleep(0.2)
+check(uid_procs() == 0, 'a command without KEEP ends the daemon too')
 
 # COLLECT
 o = ROOT + '/output'
