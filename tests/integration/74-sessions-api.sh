@@ -404,11 +404,12 @@ if [ -x "$KILN" ]; then
 		[ "$rc" = 6 ] && grep -q '^piped-2' <<< "$(tr -d '\r' <<< "$out")"
 	drv=$(timeout 300 python3 "$ROOT/tests/integration/shell_drive.py" "$KILN" "$cs")
 	echo "# shell_drive: $(jq -c 'del(.tail)' <<< "$drv" 2> /dev/null || echo "$drv")"
+	saw() { jq -e "$1" <<< "$drv" > /dev/null; }
 	check "kiln shell on a terminal: bash -l prompt, the terminal's size (33x101), a tty" \
-		jq -e '.prompt and .size and .tty and .math' <<< "$drv"
-	check "... a window resize reaches the command (40x120)" jq -e '.resized' <<< "$drv"
-	check "... ^C interrupts the remote command, not kiln" jq -e '.ctrl_c and .kiln_alive_after_ctrl_c' <<< "$drv"
-	check "... exit 3 ends kiln with 3, the local terminal restored" jq -e '.rc == 3 and .termios_restored' <<< "$drv"
+		saw '.prompt and .size and .tty and .math'
+	check "... a window resize reaches the command (40x120)" saw '.resized'
+	check "... ^C interrupts the remote command, not kiln" saw '.ctrl_c and .kiln_alive_after_ctrl_c'
+	check "... exit 3 ends kiln with 3, the local terminal restored" saw '.rc == 3 and .termios_restored'
 	check "after kiln shell the session takes commands again" [ "$("$KILN" session exec "$cs" -- echo free 2> /dev/null)" = free ]
 	check "kiln session list shows it running" grep -q "^$cs *running" <("$KILN" session list 2>&1)
 	check "kiln session pause" [ "$("$KILN" session pause "$cs" 2>&1)" = "$cs paused" ]
