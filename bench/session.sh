@@ -64,9 +64,44 @@ print(" ".join("%.1f" % (s3.head_object(Bucket="kiln-bench", Key="bench/sessions
 			t=$(date +%s%N); h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/x"
 		done
 		xt=$(med < "$TMP/x")
+		# Typing into a terminal: an input request to the echo on the stream (kiln shell's keystroke latency).
+		kt=$(PORT=$PORT TOKEN=$TOKEN SID=b$mem python3 - <<'PY' 2> "$TMP/keys.err" || echo "nan"
+import http.client, json, os, statistics, time
+port, tok, sid = int(os.environ["PORT"]), os.environ["TOKEN"], os.environ["SID"]
+hdr = {"Authorization": "Bearer " + tok, "Content-Type": "application/json"}
+st = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+st.request("POST", "/v1/sessions/%s/exec?stream=1" % sid, json.dumps({"argv": ["cat"], "tty": {"rows": 24, "cols": 80}, "timeout_s": 120}), hdr)
+r = st.getresponse()
+def event():
+    name = None
+    while True:
+        line = r.fp.readline().decode().rstrip("\n")
+        if line.startswith("event: "): name = line[7:]
+        elif line.startswith("data: "): return name, json.loads(line[6:])
+exec_id = None
+while exec_id is None:
+    n, d = event()
+    if n == "started": exec_id = d["exec_id"]
+inp = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+lat = []
+for i in range(30):
+    ch = "abcdefghijklmnopqrstuvwxyzABCD"[i]
+    t = time.perf_counter()
+    inp.request("POST", "/v1/sessions/%s/input" % sid, json.dumps({"exec_id": exec_id, "data_b64": __import__("base64").b64encode(ch.encode()).decode()}), hdr)
+    inp.getresponse().read()
+    while True:
+        n, d = event()
+        if n == "stdout" and ch in d.get("data", ""): break
+    lat.append((time.perf_counter() - t) * 1000)
+inp.request("POST", "/v1/sessions/%s/input" % sid, json.dumps({"exec_id": exec_id, "data_b64": "", "eof": True}), hdr)
+inp.getresponse().read()
+print("%.1f" % statistics.median(lat[5:]))
+PY
+)
 	fi
 	h -X DELETE "$U/b$mem?customer=bench" > /dev/null
 	kill "$host_pid"; wait "$host_pid" 2> /dev/null || true; host_pid=
 done
 echo "  (pause s/GiB is per GiB of guest memory; the state holds only pages the guest wrote, zero pages are flagged)"
 [ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"
+[ -z "${kt:-}" ] || echo "sessions: a key typed into a terminal (tty exec of cat) to its echo on the event stream, through kiln-host: median $kt ms over 25"
