@@ -325,7 +325,8 @@ struct exec_stream {
 	int rfd, wfd;
 	int raw;      /* an interactive command: output also as data_b64 (a
 		       * terminal's bytes need not end on a character) */
-	char exec_id[40]; /* its id, once started (under the session's lock) */
+	pthread_mutex_t lock; /* exec_id: set on the command's thread, read when the reader goes */
+	char exec_id[40];     /* its id, once started */
 	char tail[2];  /* the last two bytes sent: "\n\n" between events */
 	pthread_t th;
 };
@@ -351,8 +352,11 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 
 	if (ev == RUN_EV_RUNNING) {
 		/* The exec id is what input requests name. */
-		if (data)
+		if (data) {
+			pthread_mutex_lock(&x->lock);
 			snprintf(x->exec_id, sizeof(x->exec_id), "%.*s", (int)len, (const char *)data);
+			pthread_mutex_unlock(&x->lock);
+		}
 		stream_write(x->wfd, "started",
 			     data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object());
 		return;
@@ -419,14 +423,20 @@ static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void exec_stream_free(void *cls)
 {
 	struct exec_stream *x = cls;
+	char exec_id[40];
 
 	/* A reader that went away: an interactive command has nobody to talk
 	 * to, so it is hung up; any other still ends on its own (its timeout
-	 * bounds it), its events going nowhere. */
-	if (x->raw && x->exec_id[0])
-		session_interrupt(x->s->sessions, x->id, x->exec_id);
+	 * bounds it), its events going nowhere. After a whole stream the
+	 * command is over and this finds nothing. */
+	pthread_mutex_lock(&x->lock);
+	memcpy(exec_id, x->exec_id, sizeof(exec_id));
+	pthread_mutex_unlock(&x->lock);
+	if (x->raw && exec_id[0])
+		session_interrupt(x->s->sessions, x->id, exec_id);
 	close(x->rfd);
 	pthread_join(x->th, NULL);
+	pthread_mutex_destroy(&x->lock);
 	json_decref(x->req);
 	free(x);
 }
@@ -446,6 +456,7 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 	snprintf(x->id, sizeof(x->id), "%s", id);
 	x->req = req;
 	x->raw = json_is_true(json_object_get(req, "interactive")) || json_is_object(json_object_get(req, "tty"));
+	pthread_mutex_init(&x->lock, NULL);
 	x->rfd = p[0];
 	x->wfd = p[1];
 	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
