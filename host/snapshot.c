@@ -137,15 +137,21 @@ static int expect_ok(struct vm *vm, uint8_t want, int64_t deadline, const char *
 	return kiln_err_set(err, "vm_error", "%s: unexpected frame 0x%02x", what, f.type);
 }
 
-/* Wait for the MIGRATION event that ends a migration, either way. */
+/* Wait for the MIGRATION event that ends a migration, either way; it may
+ * have come already, while the command that started it was answered. */
 static int wait_migration(struct vm *vm, int64_t deadline, struct kiln_err *err)
 {
 	for (;;) {
-		json_t *data;
+		json_t *data = NULL;
 		const char *st;
 
-		if (vm_qmp_wait_event(vm, "MIGRATION", deadline, &data, err) < 0)
+		if (!strcmp(vm->migration, "completed") || !strcmp(vm->migration, "failed") ||
+		    !strcmp(vm->migration, "cancelled")) {
+			data = json_pack("{s:s}", "status", vm->migration);
+			vm_qmp_migration_reset(vm);
+		} else if (vm_qmp_wait_event(vm, "MIGRATION", deadline, &data, err) < 0) {
 			return -1;
+		}
 		st = json_string_value(json_object_get(data, "status"));
 		if (st && !strcmp(st, "completed")) {
 			json_decref(data);
@@ -273,6 +279,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, err) < 0 ||
 	    vm_qmp_getfd(&vm, "snap", state_fd, proto_now_ms() + 10000, err) < 0)
 		goto out;
+	vm_qmp_migration_reset(&vm);
 	snprintf(cmd, sizeof(cmd), "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"fd:snap\"}}");
 	if (vm_qmp(&vm, cmd, proto_now_ms() + 10000, NULL, err) < 0 ||
 	    wait_migration(&vm, proto_now_ms() + SNAP_SAVE_TIMEOUT_MS, err) < 0)
@@ -458,6 +465,7 @@ int snapshot_load_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_er
 {
 	int64_t deadline = proto_now_ms() + timeout_ms;
 
+	vm_qmp_migration_reset(vm);
 	if (vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 || vm_qmp_getfd(vm, "snap", state_fd, deadline, err) < 0 ||
 	    vm_qmp(vm, "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0 ||
 	    wait_migration(vm, deadline, err) < 0)
@@ -474,6 +482,7 @@ int snapshot_save_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_er
 	/* x-ignore-shared: only RAM shared with a file stays out of the stream;
 	 * a clone's private RAM (and a resumed VM's) goes in. When the stream is
 	 * complete QEMU has flushed and released its disks. */
+	vm_qmp_migration_reset(vm);
 	if (vm_qmp(vm, migrate_caps, deadline, NULL, err) < 0 ||
 	    vm_qmp(vm, "{\"execute\":\"migrate-set-parameters\",\"arguments\":{\"max-bandwidth\":107374182400}}",
 		   deadline, NULL, err) < 0 ||

@@ -698,8 +698,18 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 			qmp_msg_free(&m);
 			return -1;
 		}
-		qmp_msg_free(&m); /* events and stray greetings */
+		/* Events and stray greetings; a MIGRATION status is kept for
+		 * whoever waits for the migration's end. */
+		if (m.kind == QMP_EVENT && !strcmp(m.event, "MIGRATION"))
+			snprintf(vm->migration, sizeof(vm->migration), "%s",
+				 json_string_value(json_object_get(json_object_get(m.root, "data"), "status")) ?: "");
+		qmp_msg_free(&m);
 	}
+}
+
+void vm_qmp_migration_reset(struct vm *vm)
+{
+	vm->migration[0] = '\0';
 }
 
 int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, json_t **data, struct kiln_err *err)

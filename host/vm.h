@@ -68,6 +68,10 @@ struct vm {
 	/* QMP receive buffer. */
 	char *qbuf;
 	size_t qlen;
+	/* The status of the last MIGRATION event that arrived while vm_qmp
+	 * waited for a reply: a short migration can end before QEMU answers
+	 * the command that started it ("" when none since vm_qmp_migration_reset). */
+	char migration[24];
 };
 
 /* Resolve VM_ACCEL_AUTO: KVM only when a hardware KVM module (kvm_intel or
@@ -95,7 +99,8 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_t deadline_ms,
 	    struct kiln_err *err);
 
-/* Run one QMP command (a JSON object text), skipping events, and return its
+/* Run one QMP command (a JSON object text), skipping events (a MIGRATION
+ * event's status is kept in vm->migration), and return its
  * "return" member as a new jansson reference in *ret (NULL to ignore). */
 struct json_t;
 int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, struct json_t **ret, struct kiln_err *err);
@@ -104,6 +109,8 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, struct json_t **
  * "data" member goes to *data as a new reference (NULL to ignore). */
 int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, struct json_t **data,
 		      struct kiln_err *err);
+/* Forget the MIGRATION status vm_qmp kept (call before starting a migration). */
+void vm_qmp_migration_reset(struct vm *vm);
 
 /* Hand QEMU a file descriptor under a name (QMP getfd with SCM_RIGHTS). */
 int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err);
