@@ -561,7 +561,8 @@ static int field_b64(json_t *req, const char *name, size_t max, unsigned char **
 		return 0;
 	b = json_string_value(v);
 	n = b ? strlen(b) : 0;
-	if (!b || n % 4 || n / 4 * 3 > max)
+	/* The decoded length: padding ('=') carries no data. */
+	if (!b || n % 4 || n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=') > max)
 		return kiln_err_set(err, "invalid_spec", "%s: expected padded base64 of at most %zu KiB", name,
 				    max >> 10);
 	*data = malloc(n / 4 * 3 + 1);
@@ -757,7 +758,7 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 	unsigned char *data = NULL;
 	uint8_t rs[8];
 	uint32_t rows = 0, cols = 0;
-	size_t len = 0, need = 0, room;
+	size_t len = 0, need = 0, room, frames;
 	struct session *s;
 	int r = -1, queued = 0, size;
 
@@ -797,6 +798,7 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		proto_resize_encode(rs, sizeof(rs), rows, cols);
 		need += PROTO_HDR_SIZE + sizeof(rs);
 	}
+	frames = (len + SESSION_INPUT_CHUNK - 1) / SESSION_INPUT_CHUNK + (resize != NULL) + json_is_true(eof);
 	need += len + (len + SESSION_INPUT_CHUNK - 1) / SESSION_INPUT_CHUNK * PROTO_HDR_SIZE;
 	if (json_is_true(eof))
 		need += PROTO_HDR_SIZE;
@@ -821,7 +823,9 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		goto out;
 	}
 	room = (size_t)size > (size_t)queued ? (size_t)size - (size_t)queued : 0;
-	if (need > room) {
+	/* A frame that does not fit the pipe's last page takes a page of its
+	 * own: allow a page's slack per frame. */
+	if (need + frames * PIPE_BUF > room) {
 		kiln_err_set(err, "input_full", "the command has not yet taken the %d bytes sent before; retry", queued);
 		goto out;
 	}

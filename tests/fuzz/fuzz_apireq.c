@@ -129,7 +129,9 @@ static void input_request(const char *body, size_t len)
 	id = json_string_value(json_object_get(out, "exec_id"));
 	check(id && *id && strlen(id) <= 64 && strspn(id, "0123456789abcdef") == strlen(id));
 	v = json_object_get(out, "data_b64");
-	check(!v || (json_is_string(v) && json_string_length(v) % 4 == 0 && json_string_length(v) / 4 * 3 <= API_INPUT_MAX));
+	/* At most API_INPUT_MAX decoded: padding carries no data. */
+	check(!v || (json_is_string(v) && json_string_length(v) % 4 == 0 &&
+		     json_string_length(v) / 4 * 3 <= API_INPUT_MAX + 2));
 	check(!json_object_get(out, "eof") || json_is_boolean(json_object_get(out, "eof")));
 	v = json_object_get(out, "resize");
 	check(!v || (json_object_size(v) == 2 && json_integer_value(json_object_get(v, "rows")) >= 1 &&

@@ -182,6 +182,16 @@ st=$(input "{\"exec_id\":\"$xid\",\"data_b64\":\"$(b64 'world')\",\"eof\":true}"
 wait "$spid"
 res=$(grep -A1 '^event: result' "$T_TMP/pipe" | sed -n 's/^data: //p')
 check "interactive (a pipe): input as it comes, eof ends it ($st)" test "$(echo "$res" | jq -r .stdout)" = "$(printf 'HELLO\nWORLD')"
+stream_start "$T_TMP/lost" '{"argv":["sleep","3"],"interactive":true}'
+printf '{"exec_id":"%s","data_b64":"%s"}' "$xid" "$(head -c 262144 /dev/zero | base64 -w0)" > "$T_TMP/big.json"
+codes=""
+for _ in 1 2 3 4 5 6; do
+	codes="$codes $(h "$PA" POST /v1/sessions/s1/input -H 'Content-Type: application/json' --data-binary @"$T_TMP/big.json")"
+done
+wait "$spid"
+res=$(grep -A1 '^event: result' "$T_TMP/lost" | sed -n 's/^data: //p')
+check "1.5 MiB to a command that does not read: accepted or input_full ($codes), the result says stdin_lost" \
+	test "$(echo "$res" | jq -r .stdin_lost)" = true -a -z "$(echo "$codes" | tr -d ' ' | sed 's/200//g; s/503//g')"
 st=$(ex "$PA" '{"argv":["cat"],"interactive":true,"stdin_b64":"YQ=="}')
 check "interactive with stdin_b64: 400" test "$st" = 400
 st=$(ex "$PA" '{"argv":["cat"],"tty":{"rows":24}}')
