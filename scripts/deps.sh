@@ -14,7 +14,7 @@ pkgs=(
   # running VMs
   qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
   # tests and benchmarks
-  python3 jq curl hyperfine
+  python3 jq curl hyperfine wrk
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
   # S3 client for the tests to read back what kiln wrote
   swift swift-proxy swift-account swift-container swift-object memcached python3-boto3
