@@ -29,7 +29,7 @@ static void on_submitted(void *ctx)
  * over store_tasks_cancel_pending retries when the host cannot be reached). */
 static void on_cancel(void *ctx, const char *task_id)
 {
-	sched_wake(ctx);
+	sched_wake_full(ctx);
 }
 
 int main(int argc, char **argv)

@@ -1,13 +1,15 @@
 /* sched: placing tasks on hosts and following them there.
  *
- * One scheduler thread ticks (every 100 ms, or at once on sched_wake):
+ * One scheduler thread ticks every 100 ms (or at once on sched_wake_full):
  * refreshes the host list from the heartbeats in the store, handles hosts
- * that went quiet, and places queued tasks. Each placed task then has a
+ * that went quiet, forwards cancels and places queued tasks; a submission's
+ * sched_wake only places (when some host has room at all). Each placed task then has a
  * watcher thread that pushes it to its host (POST /v1/tasks; a 409 means a
  * previous kiln-api already did) and follows the host's event stream,
  * recording each state in the store with compare-and-set transitions, so
  * that a task cancelled or requeued meanwhile is never overwritten. */
 #include "scheduler.h"
+#include "spec.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -57,6 +59,7 @@ struct sched {
 	pthread_mutex_t lock;
 	pthread_cond_t wake;
 	int stopping, woken;
+	int want_full; /* the next tick reads the hosts and forwards cancels (sched_wake_full) */
 	struct host_view hosts[MAX_HOSTS];
 	int nhosts;
 	struct watch *watches;       /* placed tasks being followed */
@@ -290,7 +293,7 @@ static void *watch_main(void *arg)
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
 	free(w);
-	sched_wake(s); /* capacity may have freed */
+	sched_wake_full(s); /* capacity may have freed: the hosts are read again */
 	return NULL;
 }
 
@@ -498,12 +501,39 @@ static void reserve_locked(struct host_view *h, const struct store_task *t)
 		h->pool_ready--;
 }
 
+/* Could some live host take a task of the smallest size now? When none
+ * can, the queue is not read at all: with thousands of tasks queued (the
+ * hosts full) reading it fairly is the costliest query there is, and it
+ * would run on every submission's wake-up. */
+static int any_room_locked(struct sched *s, int64_t now)
+{
+	for (int i = 0; i < s->nhosts; i++) {
+		const struct host_view *h = &s->hosts[i];
+		long free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
+		int64_t free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
+
+		if (h->pool_ready)
+			free_m += h->pool_mem;
+		if (!h->lost && h->url[0] && now >= h->full_until_ms && free_v >= SPEC_MIN_VCPUS &&
+		    free_m >= SPEC_MIN_MEMORY_MIB)
+			return 1;
+	}
+	return 0;
+}
+
 static void place(struct sched *s)
 {
-	struct store_task *q = calloc(MAX_BATCH, sizeof(*q));
+	struct store_task *q;
 	char capped[64][65];
 	int n, ncapped = 0;
 	int64_t now = proto_now_ms();
+
+	pthread_mutex_lock(&s->lock);
+	n = any_room_locked(s, now);
+	pthread_mutex_unlock(&s->lock);
+	if (!n)
+		return;
+	q = calloc(MAX_BATCH, sizeof(*q));
 
 	if (!q)
 		return;
@@ -579,6 +609,7 @@ static void *sched_main(void *arg)
 {
 	struct sched *s = arg;
 	int reattached = 0;
+	int64_t last_full = 0;
 
 	pthread_mutex_lock(&s->lock);
 	while (!s->stopping) {
@@ -586,9 +617,18 @@ static void *sched_main(void *arg)
 		int64_t now = wall_ms();
 		char lost[MAX_HOSTS][65], back[MAX_HOSTS][65], back_url[MAX_HOSTS][256];
 		int nlost = 0, nback = 0;
+		/* A submission's wake-up only places (with the hosts as last read,
+		 * their placements since counted in flight); the hosts, lost
+		 * hosts and cancels are looked at once per tick. Under a burst of
+		 * submissions this keeps the scheduler off the store's lock. */
+		int full = s->want_full || now - last_full >= TICK_MS || now < last_full;
 
-		refresh_hosts_locked(s);
-		for (int i = 0; i < s->nhosts; i++) {
+		s->want_full = 0;
+		if (full) {
+			last_full = now;
+			refresh_hosts_locked(s);
+		}
+		for (int i = 0; full && i < s->nhosts; i++) {
 			struct host_view *h = &s->hosts[i];
 
 			/* While kiln-api itself was down no heartbeat could arrive: a
@@ -618,7 +658,8 @@ static void *sched_main(void *arg)
 			reattached = 1;
 		}
 		place(s);
-		forward_cancels(s);
+		if (full)
+			forward_cancels(s);
 		pthread_mutex_lock(&s->lock);
 		if (s->woken) {
 			s->woken = 0;
@@ -680,6 +721,15 @@ void sched_wake(struct sched *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->woken = 1;
+	pthread_cond_broadcast(&s->wake);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sched_wake_full(struct sched *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->woken = 1;
+	s->want_full = 1;
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
 }

@@ -28,8 +28,12 @@ struct sched_config {
  * left placed). Returns NULL with err set. */
 struct sched *sched_start(struct store *st, const struct sched_config *cfg, struct kiln_err *err);
 
-/* A task was queued or capacity may have freed: look again now. */
+/* A task was queued: place now, with the hosts as last read (they are read
+ * again once per tick). */
 void sched_wake(struct sched *s);
+/* Capacity may have freed or a cancel waits: read the hosts, forward
+ * cancels and place, now. */
+void sched_wake_full(struct sched *s);
 
 /* Forward a cancel of a placed (scheduled/starting/running) task to its
  * host. Returns 0 when forwarded, -1 when its host cannot be reached (the

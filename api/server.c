@@ -511,7 +511,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 			 q.submit_burst, ra);
 		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limited", msg, "Retry-After", ra);
 	}
-	if (store_customer_usage(s->st, c->customer, &u) < 0) {
+	/* Counting the queue costs a scan of it: only when a limit needs it. */
+	if (q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
 		api_task_request_free(&tr);
 		return reply_internal(conn, "cannot read the usage");
 	}

@@ -5,6 +5,12 @@
  * commit has reached the disk when sqlite3_step returns, so the HTTP layer
  * may answer 202 right after store_task_submit.
  *
+ * Group commit: a commit costs an fsync (a few ms), so submissions that
+ * arrive while one is being committed wait and then go to disk together in
+ * the next transaction, each inside a savepoint of its own (one failing
+ * insert does not take the others with it). Whoever finds no commit under
+ * way leads the next batch; the others sleep until theirs is done.
+ *
  * Keys: only SHA-256(key) is stored. Every key row is loaded at open into an
  * in-memory table (s->keys, under its own rwlock) that store_key_check reads
  * without touching SQLite; create and revoke update table and database
@@ -114,7 +120,7 @@ enum {
 };
 
 enum stmt_id {
-	ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
+	ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST_SAVEPOINT, ST_RELEASE, ST_ROLLBACK_TO,
 	ST_CUST_INSERT, ST_CUST_QUOTA, ST_CUST_SET_QUOTA, ST_CUST_GET,
 	ST_KEY_INSERT, ST_KEY_REVOKE, ST_KEY_GET,
 	ST_TASK_INSERT, ST_SPEC_INSERT, ST_IDEM_FIND, ST_TASK_GET, ST_SPEC_GET, ST_TASK_STATE,
@@ -131,6 +137,9 @@ static const char *const stmt_sql[ST_COUNT] = {
 	[ST_BEGIN] = "BEGIN IMMEDIATE",
 	[ST_COMMIT] = "COMMIT",
 	[ST_ROLLBACK] = "ROLLBACK",
+	[ST_SAVEPOINT] = "SAVEPOINT sub",
+	[ST_RELEASE] = "RELEASE sub",
+	[ST_ROLLBACK_TO] = "ROLLBACK TO sub",
 	[ST_CUST_INSERT] = "INSERT INTO customers(id, name, quotas, created_ms) VALUES (?1, ?2, ?3, ?4)",
 	[ST_CUST_QUOTA] = "SELECT quotas FROM customers WHERE id = ?1",
 	[ST_CUST_SET_QUOTA] = "UPDATE customers SET quotas = ?1 WHERE id = ?2",
@@ -229,6 +238,23 @@ struct store {
 	int woken;
 	store_listener_fn *listener;
 	void *listener_arg;
+
+	/* Group commit of submissions (see the top of this file). */
+	pthread_mutex_t gc_lock;
+	pthread_cond_t gc_cond;
+	struct pending_submit *gc_queue; /* waiting for the next batch, newest first */
+	int gc_leading;                  /* a batch is being committed */
+};
+
+/* One submission on its way into a batch (on its submitter's stack). */
+struct pending_submit {
+	const struct store_submit *t;
+	struct kiln_err *err;
+	char id[40];
+	int64_t at; /* when it was recorded */
+	int r;      /* store_task_submit's result, once done */
+	int done;
+	struct pending_submit *next;
 };
 
 static int64_t wall_ms(void)
@@ -538,6 +564,8 @@ struct store *store_open(const char *path, struct kiln_err *err)
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_rwlock_init(&s->keys_lock, NULL);
 	pthread_mutex_init(&s->ch_lock, NULL);
+	pthread_mutex_init(&s->gc_lock, NULL);
+	pthread_cond_init(&s->gc_cond, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->ch_cond, &ca);
@@ -580,6 +608,8 @@ void store_close(struct store *s)
 	pthread_rwlock_destroy(&s->keys_lock);
 	pthread_mutex_destroy(&s->ch_lock);
 	pthread_cond_destroy(&s->ch_cond);
+	pthread_mutex_destroy(&s->gc_lock);
+	pthread_cond_destroy(&s->gc_cond);
 	free(s);
 }
 
@@ -886,39 +916,40 @@ int store_task_idem_find(struct store *s, const char *customer, const char *idem
 	return r;
 }
 
-int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err)
+/* One submission inside the open transaction, in a savepoint: p->r is 0
+ * (inserted, p->id set), 1 (its idempotency key names an earlier task with
+ * the same body: p->id is that task), or -1 with p->err. s->lock held. */
+static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t now)
 {
+	const struct store_submit *t = p->t;
 	unsigned char rnd[16];
-	char id[40];
 	sqlite3_stmt *st;
-	int64_t now = wall_ms();
-	int rc, r = -1;
+	int rc;
 
-	pthread_mutex_lock(&s->lock);
-	if (t->idem_key) {
-		r = idem_find_locked(s, t->customer, t->idem_key, t->body_hash, id_out, err);
-		if (r != 0) {
-			pthread_mutex_unlock(&s->lock);
-			return r;
-		}
-		r = -1;
+	p->r = -1;
+	p->at = now;
+	if (run(s, ST_SAVEPOINT) != SQLITE_DONE) {
+		kiln_err_set(p->err, "store_error", "cannot store the task: %s", sqlite3_errmsg(s->db));
+		return;
 	}
-	if (run(s, ST_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
-		goto out;
+	if (t->idem_key) {
+		p->r = idem_find_locked(s, t->customer, t->idem_key, t->body_hash, p->id, p->err);
+		if (p->r != 0)
+			goto release;
+		p->r = -1;
 	}
 	/* 128 random bits: a collision is not a practical concern, and the
 	 * UNIQUE constraint would refuse one rather than merge two tasks. */
 	if (random_bytes(rnd, sizeof(rnd)) < 0) {
-		kiln_err_set(err, "internal", "no randomness");
-		goto rollback;
+		kiln_err_set(p->err, "internal", "no randomness");
+		goto undo;
 	}
-	memcpy(id, "t_", 2);
-	hex(rnd, sizeof(rnd), id + 2);
+	memcpy(p->id, "t_", 2);
+	hex(rnd, sizeof(rnd), p->id + 2);
 	st = stmt(s, ST_TASK_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, t->customer, -1, SQLITE_STATIC);
 	bind_opt_text(st, 3, t->metadata_json);
 	sqlite3_bind_int64(st, 4, t->vcpus);
@@ -935,26 +966,92 @@ int store_task_submit(struct store *s, const struct store_submit *t, char id_out
 	st = stmt(s, ST_SPEC_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, t->spec_json, -1, SQLITE_STATIC);
 	rc = step_done(s, st);
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE)
 		goto fail_sql;
-	if (run(s, ST_COMMIT) != SQLITE_DONE)
-		goto fail_sql;
-	r = 0;
-	memcpy(id_out, id, strlen(id) + 1);
-	goto out;
+	p->r = 0;
+	goto release;
 fail_sql:
-	kiln_err_set(err, "store_error", "cannot store the task: %s", sqlite3_errmsg(s->db));
-rollback:
-	run(s, ST_ROLLBACK);
-out:
+	kiln_err_set(p->err, "store_error", "cannot store the task: %s", sqlite3_errmsg(s->db));
+undo:
+	run(s, ST_ROLLBACK_TO);
+release:
+	run(s, ST_RELEASE);
+}
+
+/* Commit a batch (oldest first) in one transaction: every p->r and p->err
+ * is set. A failed commit fails the whole batch. Takes s->lock. */
+static void commit_batch(struct store *s, struct pending_submit *batch, int64_t now)
+{
+	struct pending_submit *p;
+
+	pthread_mutex_lock(&s->lock);
+	if (run(s, ST_BEGIN) != SQLITE_DONE) {
+		for (p = batch; p; p = p->next) {
+			p->r = -1;
+			kiln_err_set(p->err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		}
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	for (p = batch; p; p = p->next)
+		submit_one_locked(s, p, now);
+	if (run(s, ST_COMMIT) != SQLITE_DONE) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", sqlite3_errmsg(s->db));
+		run(s, ST_ROLLBACK);
+		for (p = batch; p; p = p->next) {
+			p->r = -1;
+			kiln_err_set(p->err, "store_error", "cannot store the task: %s", why);
+		}
+	}
 	pthread_mutex_unlock(&s->lock);
-	if (r == 0)
-		state_changed(s, id_out, TASK_QUEUED, now);
-	return r;
+}
+
+int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err)
+{
+	struct pending_submit me = { .t = t, .err = err };
+
+	pthread_mutex_lock(&s->gc_lock);
+	me.next = s->gc_queue;
+	s->gc_queue = &me;
+	while (!me.done) {
+		struct pending_submit *batch = NULL, *p, *next;
+		int64_t now;
+
+		if (s->gc_leading) {
+			pthread_cond_wait(&s->gc_cond, &s->gc_lock);
+			continue;
+		}
+		/* Lead: take everything queued, oldest first. */
+		s->gc_leading = 1;
+		for (p = s->gc_queue; p; p = next) {
+			next = p->next;
+			p->next = batch;
+			batch = p;
+		}
+		s->gc_queue = NULL;
+		pthread_mutex_unlock(&s->gc_lock);
+		now = wall_ms();
+		commit_batch(s, batch, now);
+		pthread_mutex_lock(&s->gc_lock);
+		for (p = batch; p; p = next) {
+			next = p->next; /* p may be gone once done is seen */
+			p->done = 1;
+		}
+		s->gc_leading = 0;
+		pthread_cond_broadcast(&s->gc_cond);
+	}
+	pthread_mutex_unlock(&s->gc_lock);
+	if (me.r >= 0)
+		memcpy(id_out, me.id, strlen(me.id) + 1);
+	if (me.r == 0)
+		state_changed(s, id_out, TASK_QUEUED, me.at);
+	return me.r;
 }
 
 int store_task_insert(struct store *s, const char *customer, const char *spec_json, const char *metadata_json,
