@@ -415,6 +415,17 @@ static size_t b64_decoded_len(const char *b, size_t n)
 	return n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=');
 }
 
+/* A string of padded standard base64 that decodes to at most max bytes
+ * (the host decodes and checks it again). */
+static int b64_field_ok(json_t *v, size_t max)
+{
+	const char *b = json_string_value(v);
+	size_t n = json_string_length(v);
+
+	return b && n % 4 == 0 && b64_decoded_len(b, n) <= max &&
+	       strspn(b, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == n;
+}
+
 /* A terminal size {"rows":N,"cols":N} (field names it in messages). */
 static int tty_size_check(json_t *v, const char *field, struct kiln_err *err)
 {
@@ -494,10 +505,7 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	}
 	/* stdin_b64: kiln-host decodes and checks it; bounded here. */
 	v = json_object_get(j, "stdin_b64");
-	if (v && (!json_is_string(v) || json_string_length(v) % 4 ||
-		  b64_decoded_len(json_string_value(v), json_string_length(v)) > API_EXEC_STDIN_MAX ||
-		  strspn(json_string_value(v), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") !=
-			  json_string_length(v))) {
+	if (v && !b64_field_ok(v, API_EXEC_STDIN_MAX)) {
 		kiln_err_set(err, "invalid_spec", "stdin_b64: expected padded standard base64 of at most %u MiB",
 			     API_EXEC_STDIN_MAX >> 20);
 		goto out;
@@ -550,10 +558,7 @@ int api_input_request_parse(const char *body, size_t len, json_t **out, struct k
 		goto bad;
 	}
 	v = json_object_get(j, "data_b64");
-	if (v && (!json_is_string(v) || json_string_length(v) % 4 ||
-		  b64_decoded_len(json_string_value(v), json_string_length(v)) > API_INPUT_MAX ||
-		  strspn(json_string_value(v), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") !=
-			  json_string_length(v))) {
+	if (v && !b64_field_ok(v, API_INPUT_MAX)) {
 		kiln_err_set(err, "invalid_request", "data_b64: expected padded standard base64 of at most %u KiB",
 			     API_INPUT_MAX >> 10);
 		goto bad;
