@@ -447,21 +447,25 @@ static void task_resize(struct task *t, uint32_t rows, uint32_t cols)
 }
 
 /* HANGUP: the client of an interactive task is gone. As when a terminal
- * closes: a terminal's master is closed (the kernel hangs it up: SIGHUP to
- * its session), a pipe's end closed and the task's group sent SIGHUP; if it
+ * closes: the task's group is sent SIGHUP, then its terminal's master (the
+ * kernel hangs the terminal up) or its stdin pipe is closed; if it
  * still runs TASK_HANGUP_MS later, its group gets SIGKILL. The session's
  * other processes (its daemons) are left alone, unlike KILL. */
 static void task_hangup(struct task *t)
 {
 	if (t->exited || !(t->e->flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY)) || t->hangup_deadline_ms)
 		return;
-	task_close_in(t);
+	/* The signal first: a reader must not see EOF, finish and exit 0
+	 * before it is told the client is gone (the kernel's own SIGHUP on a
+	 * closed master comes after it wakes the terminal's readers). The
+	 * child itself too: until its setsid() it has no group of its own. */
+	kill(-t->pid, SIGHUP);
+	kill(t->pid, SIGHUP);
 	if ((t->e->flags & PROTO_EXEC_TTY) && t->out >= 0) {
 		close(t->out);
 		t->out = -1;
-	} else {
-		kill(-t->pid, SIGHUP);
 	}
+	task_close_in(t);
 	t->hangup_deadline_ms = proto_now_ms() + TASK_HANGUP_MS;
 }
 
