@@ -83,15 +83,23 @@ def main():
         one(api, code)  # warm-up
         print("== the whole stack (kiln up: kiln-api + scheduler + one kiln-host with a warm pool + local S3), %d cores" %
               os.cpu_count())
-        single, where = [], {}
+        single, where, parts = [], {}, {}
         for _ in range(15):
             time.sleep(1.0)  # let the pool refill: the unloaded path
             ms, t = one(api, code)
             single.append(ms)
             s = (t.get("result") or {}).get("timings", {}).get("start", "?")
             where[s] = where.get(s, 0) + 1
+            for k, v in (t.get("timings") or {}).items():
+                if isinstance(v, (int, float)):
+                    parts.setdefault(k, []).append(v)
+            for k, v in ((t.get("result") or {}).get("timings") or {}).items():
+                if isinstance(v, (int, float)):
+                    parts.setdefault("vm." + k, []).append(v)
         print("  print(1), one client, POST -> succeeded with outputs in S3: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s)"
               % (pct(single, 50), pct(single, 95), pct(single, 99), where))
+        print("    where the time goes (the task's timings, medians): " +
+              ", ".join("%s %.0f" % (k, pct(v, 50)) for k, v in sorted(parts.items())))
         lat, lock, todo = [], threading.Lock(), list(range(TASKS))
 
         def client():

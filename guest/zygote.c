@@ -25,7 +25,9 @@
  * leaves with os._exit: tearing down every pre-imported module costs ~150 ms
  * under TCG, and the VM is destroyed anyway. `random` was seeded when the
  * snapshot was taken, in every clone alike: it is reseeded from the kernel,
- * which the host reseeded, before the task's code runs. */
+ * which the host reseeded, before the task's code runs. A pool VM's warm-up
+ * ('W') runs that very task path (_kiln_task) in a fork, on a sample the host
+ * wrote, so that TCG has translated what the real task will execute. */
 static const char zygote_src[] =
 	"import os, sys\n"
 	"import builtins, importlib.machinery, random, traceback, types\n"
@@ -33,65 +35,6 @@ static const char zygote_src[] =
 	"import enum, fractions, functools, glob, hashlib, heapq, io, itertools, json, logging, math, numbers\n"
 	"import operator, pathlib, pprint, re, secrets, shutil, statistics, string, struct, subprocess\n"
 	"import tempfile, textwrap, time, typing, urllib.parse, uuid, zlib\n"
-	"def _kiln_warm():\n"
-	"    pid = os.fork()\n"
-	"    if pid == 0:\n"
-	"        try:\n"
-	"            fd = os.open('/dev/null', os.O_WRONLY)\n"
-	"            os.dup2(fd, 1); os.dup2(fd, 2)\n"
-	"            os.setgroups([]); os.setgid(1000); os.setuid(1000)\n"
-	"            os.chdir('/work')\n"
-	"            random.seed()\n"
-	"            g = {'__name__': '__main__', '__builtins__': builtins}\n"
-	"            src = 'import json, sys\\nprint(json.dumps({\"k\": [1, 2.5, None]}))\\nsys.stderr.write(\"e\\\\n\")\\n'\n"
-	"            exec(compile(src, '/kiln/warm/main.py', 'exec'), g)\n"
-	"            sys.stdout.flush(); sys.stderr.flush()\n"
-	"        finally:\n"
-	"            os._exit(0)\n"
-	"    os.waitpid(pid, 0)\n"
-	"os.write(4, b'R')\n"
-	"while True:\n"
-	"    cmd = os.read(3, 1)\n"
-	"    if cmd == b'W':\n"
-	"        _kiln_warm()\n"
-	"        os.write(4, b'w')\n"
-	"        continue\n"
-	"    if cmd != b'T':\n"
-	"        os._exit(0)\n"
-	"    break\n"
-	"os.close(4)\n"
-	"buf = bytearray()\n"
-	"while True:\n"
-	"    b = os.read(3, 65536)\n"
-	"    if not b: break\n"
-	"    buf += b\n"
-	"os.close(3)\n"
-	"f = bytes(buf).split(b'\\0')\n"
-	"uid, gid, cwd, argc = int(f[0]), int(f[1]), os.fsdecode(f[2]), int(f[3])\n"
-	"argv = [os.fsdecode(a) for a in f[4:4 + argc]]\n"
-	"envc = int(f[4 + argc])\n"
-	"env = [os.fsdecode(e) for e in f[5 + argc:5 + argc + envc]]\n"
-	"del f, buf\n"
-	"os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
-	"try:\n"
-	"    os.chdir(cwd)\n"
-	"except OSError as e:\n"
-	"    os.write(2, ('kiln-init: cannot change directory to %s: %s\\n' % (cwd, os.strerror(e.errno))).encode())\n"
-	"    os._exit(127)\n"
-	"os.environ.clear()\n"
-	"for kv in env:\n"
-	"    k, _, v = kv.partition('=')\n"
-	"    os.environ[k] = v\n"
-	"random.seed()\n"
-	"sys.argv = argv[1:]\n"
-	"path = sys.argv[0]\n"
-	"sys.path[0] = os.path.dirname(os.path.realpath(path))\n"
-	"main = types.ModuleType('__main__')\n"
-	"main.__file__ = path\n"
-	"main.__cached__ = None\n"
-	"main.__builtins__ = builtins\n"
-	"main.__loader__ = importlib.machinery.SourceFileLoader('__main__', path)\n"
-	"sys.modules['__main__'] = main\n"
 	"def _kiln_exit(status):\n"
 	"    try:\n"
 	"        threading = sys.modules.get('threading')\n"
@@ -106,7 +49,7 @@ static const char zygote_src[] =
 	"            except BaseException:\n"
 	"                status = status or 120\n"
 	"        os._exit(status)\n"
-	"def _kiln_run():\n"
+	"def _kiln_run(path, main):\n"
 	"    try:\n"
 	"        with open(path, 'rb') as fh:\n"
 	"            code = compile(fh.read(), path, 'exec')\n"
@@ -129,7 +72,62 @@ static const char zygote_src[] =
 	"            tb = tb.tb_next\n"
 	"        sys.excepthook(type(e), e.with_traceback(tb), tb)\n"
 	"        return 1\n"
-	"_kiln_exit(_kiln_run())\n";
+	"def _kiln_task(data):\n"
+	"    f = data.split(b'\\0')\n"
+	"    uid, gid, cwd, argc = int(f[0]), int(f[1]), os.fsdecode(f[2]), int(f[3])\n"
+	"    argv = [os.fsdecode(a) for a in f[4:4 + argc]]\n"
+	"    envc = int(f[4 + argc])\n"
+	"    env = [os.fsdecode(e) for e in f[5 + argc:5 + argc + envc]]\n"
+	"    del f, data\n"
+	"    os.setgroups([]); os.setgid(gid); os.setuid(uid)\n"
+	"    try:\n"
+	"        os.chdir(cwd)\n"
+	"    except OSError as e:\n"
+	"        os.write(2, ('kiln-init: cannot change directory to %s: %s\\n' % (cwd, os.strerror(e.errno))).encode())\n"
+	"        os._exit(127)\n"
+	"    os.environ.clear()\n"
+	"    for kv in env:\n"
+	"        k, _, v = kv.partition('=')\n"
+	"        os.environ[k] = v\n"
+	"    random.seed()\n"
+	"    sys.argv = argv[1:]\n"
+	"    path = sys.argv[0]\n"
+	"    sys.path[0] = os.path.dirname(os.path.realpath(path))\n"
+	"    main = types.ModuleType('__main__')\n"
+	"    main.__file__ = path\n"
+	"    main.__cached__ = None\n"
+	"    main.__builtins__ = builtins\n"
+	"    main.__loader__ = importlib.machinery.SourceFileLoader('__main__', path)\n"
+	"    sys.modules['__main__'] = main\n"
+	"    _kiln_exit(_kiln_run(path, main))\n"
+	"def _kiln_warm():\n"
+	"    pid = os.fork()\n"
+	"    if pid == 0:\n"
+	"        try:\n"
+	"            os.close(3); os.close(4)\n"
+	"            _kiln_task(b'1000\\0' b'1000\\0' b'/work\\0' b'2\\0' b'python3\\0' b'/kiln/warm/main.py\\0'\n"
+	"                       b'2\\0' b'PATH=/usr/bin:/bin\\0' b'HOME=/work\\0')\n"
+	"        finally:\n"
+	"            os._exit(0)\n"
+	"    os.waitpid(pid, 0)\n"
+	"os.write(4, b'R')\n"
+	"while True:\n"
+	"    cmd = os.read(3, 1)\n"
+	"    if cmd == b'W':\n"
+	"        _kiln_warm()\n"
+	"        os.write(4, b'w')\n"
+	"        continue\n"
+	"    if cmd != b'T':\n"
+	"        os._exit(0)\n"
+	"    break\n"
+	"os.close(4)\n"
+	"buf = bytearray()\n"
+	"while True:\n"
+	"    b = os.read(3, 65536)\n"
+	"    if not b: break\n"
+	"    buf += b\n"
+	"os.close(3)\n"
+	"_kiln_task(bytes(buf))\n";
 
 static const char *const zygote_env[] = {
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -333,6 +331,15 @@ int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const en
 	return 0;
 }
 
+/* Reads and drops what a pipe holds now (the warm-up's output). */
+static void zygote_discard(int fd)
+{
+	char buf[4096];
+
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+}
+
 int zygote_warm(struct zygote *z, int64_t deadline_ms)
 {
 	char c = 'W';
@@ -342,19 +349,33 @@ int zygote_warm(struct zygote *z, int64_t deadline_ms)
 	if (write(z->ctl, &c, 1) != 1)
 		return -errno;
 	for (;;) {
-		struct pollfd p = { .fd = z->ready, .events = POLLIN };
+		/* The sample writes to the task's own pipes (so that path is
+		 * translated too): drained here, never seen by a task. */
+		struct pollfd p[3] = {
+			{ .fd = z->ready, .events = POLLIN },
+			{ .fd = z->out, .events = POLLIN },
+			{ .fd = z->err, .events = POLLIN },
+		};
 		int64_t left = deadline_ms - proto_now_ms();
 		ssize_t n;
 
 		if (left <= 0)
 			return -ETIMEDOUT;
-		if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
+		if (poll(p, 3, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
 			return -errno;
-		if (!p.revents)
+		if (p[1].revents)
+			zygote_discard(z->out);
+		if (p[2].revents)
+			zygote_discard(z->err);
+		if (!p[0].revents)
 			continue;
 		n = read(z->ready, &c, 1);
-		if (n == 1 && c == 'w')
+		if (n == 1 && c == 'w') {
+			/* The sample has been reaped: all it wrote is in the pipes. */
+			zygote_discard(z->out);
+			zygote_discard(z->err);
 			return 0;
+		}
 		if (n < 0 && errno == EINTR)
 			continue;
 		return n == 0 ? -EPIPE : n < 0 ? -errno : -EPROTO;

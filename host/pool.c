@@ -50,10 +50,18 @@ static int expect(struct vm *vm, uint8_t want, int64_t deadline, struct kiln_err
 
 /* Walk a VM through everything a task does: SETUP, a FILE on the root disk,
  * an EXEC of /bin/true as the task user, a COLLECT, and WARM (the pre-started
- * interpreter runs a sample in a throw-away fork). No task code runs here. */
+ * interpreter runs that file, the sample, through its own task path in a
+ * throw-away fork). No task code runs here. */
 int pool_warm_up(struct vm *vm, struct kiln_err *err)
 {
-	static const char sample[] = "print('warm')\n";
+	/* What a small task does: imports, prints to both streams, writes a
+	 * file (in /tmp: /output must stay empty for the task). */
+	static const char sample[] = "import json, os, sys\n"
+				     "print(json.dumps({'k': [1, 2.5, None]}))\n"
+				     "sys.stderr.write('e\\n')\n"
+				     "with open('/tmp/.kiln-warm', 'w') as f:\n"
+				     "    f.write('1')\n"
+				     "os.unlink('/tmp/.kiln-warm')\n";
 	static __thread uint8_t buf[4096];
 	struct proto_file file = { .mode = 0644, .size = sizeof(sample) - 1 };
 	struct proto_exec *e;

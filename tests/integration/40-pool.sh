@@ -42,6 +42,15 @@ if [ "$(r p1 .timings.start)" = pool ] && [ "$(r p2 .timings.start)" = pool ] &&
 	ok "tasks start from pool VMs, and a pool VM is never reused (second task sees a clean VM)"
 else not_ok "pool hand-out" "$(head -c 600 "$T_TMP/p1.json")" "$(head -c 600 "$T_TMP/p2.json")"; fi
 
+# The warm-up ran a sample through the interpreter's task path: nothing of it
+# may reach the task (its output, its file, anything in /output).
+wait_ready 2 || true
+py_spec 'import os, sys
+print(os.path.exists("/tmp/.kiln-warm"), os.listdir("/output"), sys.argv)' | post p3
+if [ "$(r p3 .timings.start)|$(r p3 .stdout)|$(r p3 .stderr)" = "pool|False [] ['/kiln/code/main.py']|" ]; then
+	ok "a pool task sees nothing of the warm-up (no output, no file, empty /output, its own argv)"
+else not_ok "warm-up invisible to the task" "$(head -c 600 "$T_TMP/p3.json")"; fi
+
 # Concurrent tasks: more than the pool holds; all succeed, each in its own VM.
 pids=()
 for i in 1 2 3 4; do py_spec "print($i)" | post "conc$i" & pids+=($!); done
