@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "proto.h"
 
@@ -31,6 +34,7 @@ struct pool {
 	int stop;
 	pthread_t thread;
 	unsigned failures; /* consecutive refill failures: back off */
+	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 */
 };
 
 /* Wait for a frame of type want (skipping STDOUT/STDERR of the warm-up). */
@@ -151,10 +155,39 @@ static struct vm *discard(struct vm *vm)
 	return NULL;
 }
 
+/* The refill thread and the QEMUs it starts (they inherit its nice value)
+ * run at REFILL_NICE: a restore and warm-up is ~250 ms of CPU under TCG, and
+ * on a small host it would otherwise take a core from the task that has just
+ * taken a pool VM, and from its upload. Only if this process may raise a nice
+ * value again (CAP_SYS_NICE): a VM handed out goes back to 0. */
+#define REFILL_NICE 19
+
+static void refill_lower_priority(struct pool *p)
+{
+	id_t self = (id_t)syscall(SYS_gettid);
+
+	if (setpriority(PRIO_PROCESS, self, 1) < 0)
+		return;
+	if (setpriority(PRIO_PROCESS, self, 0) < 0)
+		return; /* stays at 1: not worth a VM that cannot be raised again */
+	if (setpriority(PRIO_PROCESS, self, REFILL_NICE) == 0)
+		p->renice = 1;
+}
+
+/* A VM leaves the pool for a task: it gets the CPU share of any task. */
+static void hand_out_priority(struct pool *p, struct vm *vm)
+{
+	int r;
+
+	if (p->renice && (r = vm_set_nice(vm, 0)) < 0)
+		fprintf(stderr, "kiln-host: pool: cannot restore the priority of a VM handed out: %s\n", strerror(-r));
+}
+
 static void *refill(void *arg)
 {
 	struct pool *p = arg;
 
+	refill_lower_priority(p);
 	pthread_mutex_lock(&p->mu);
 	while (!p->stop) {
 		struct kiln_err err = { .code = "" };
@@ -303,12 +336,17 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 
 	if (r < 0)
 		return r;
+	hand_out_priority(p, vm);
 	return vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0 ? -1 : 0;
 }
 
 int pool_take_prestarted(struct pool *p, struct vm *vm)
 {
-	return pop(p, p->spawned, &p->nspawned, vm);
+	int r = pop(p, p->spawned, &p->nspawned, vm);
+
+	if (r == 0)
+		hand_out_priority(p, vm);
+	return r;
 }
 
 unsigned pool_prestarted(struct pool *p)

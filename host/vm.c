@@ -18,6 +18,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -812,6 +813,33 @@ int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 			return kiln_err_set(err, "guest_error", "setup: %s", e.message);
 	}
 	return kiln_err_set(err, "vm_error", "setup: unexpected frame type 0x%02x from the guest", f.type);
+}
+
+int vm_set_nice(const struct vm *vm, int nice)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int r = 0;
+
+	if (vm->pid <= 0)
+		return -ESRCH;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)vm->pid);
+	d = opendir(path);
+	if (!d)
+		return -errno;
+	while ((e = readdir(d))) {
+		char *end;
+		long tid = strtol(e->d_name, &end, 10);
+
+		if (e->d_name[0] == '.' || *end || tid <= 0)
+			continue;
+		/* A thread that has just ended is no failure. */
+		if (setpriority(PRIO_PROCESS, (id_t)tid, nice) < 0 && errno != ESRCH && !r)
+			r = -errno;
+	}
+	closedir(d);
+	return r;
 }
 
 void vm_destroy(struct vm *vm)

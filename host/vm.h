@@ -121,6 +121,11 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
  * and a stale clock until this). Returns 0 or -1 with err set. */
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
 
+/* Set the nice value of every thread of QEMU (a pool refills at 19, so that
+ * running tasks keep the CPU; a VM handed out goes back to 0). Returns 0, or
+ * -errno of the first thread that could not be changed. */
+int vm_set_nice(const struct vm *vm, int nice);
+
 /* Kill QEMU (SIGKILL), reap it, close every fd and remove the VM directory.
  * Safe on a zeroed or half-started vm, and idempotent. */
 void vm_destroy(struct vm *vm);

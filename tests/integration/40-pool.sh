@@ -51,6 +51,24 @@ if [ "$(r p3 .timings.start)|$(r p3 .stdout)|$(r p3 .stderr)" = "pool|False [] [
 	ok "a pool task sees nothing of the warm-up (no output, no file, empty /output, its own argv)"
 else not_ok "warm-up invisible to the task" "$(head -c 600 "$T_TMP/p3.json")"; fi
 
+# Priorities: the pool refills at nice 19 (its QEMUs inherit that), a VM
+# handed out to a task goes back to 0, every one of its threads.
+qemu_nices() { # one line per QEMU of this test: the distinct nice values of its threads
+	for p in $(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"); do
+		awk '{print $19}' /proc/"$p"/task/*/stat 2>/dev/null | sort -u | tr '\n' ' '
+		echo
+	done
+}
+wait_ready 2 || true
+py_spec 'import time; time.sleep(4)' | post slow &
+slow_pid=$!
+sleep 2
+nices=$(qemu_nices | sort | uniq -c | awk '{$1=$1; print}' | tr '\n' ';')
+wait "$slow_pid"
+if [ "$(r slow .timings.start)" = pool ] && [[ "$nices" =~ ^"1 0;"([0-9]+" 19;")?$ ]]; then
+	ok "the task's QEMU runs at nice 0 (all threads), pool and pre-started QEMUs at 19 ($nices)"
+else not_ok "priorities" "nices: $nices" "$(head -c 300 "$T_TMP/slow.json")"; fi
+
 # Concurrent tasks: more than the pool holds; all succeed, each in its own VM.
 pids=()
 for i in 1 2 3 4; do py_spec "print($i)" | post "conc$i" & pids+=($!); done
