@@ -666,11 +666,12 @@ static void input_close(struct sessions *ss, struct session *s, int rd)
 		close(rd);
 }
 
-json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
-		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
-		     struct kiln_err *err)
+/* One command in a session whose op lock the caller holds (session_take);
+ * *gone says whether the VM broke and the session ended (for session_put). */
+static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
+			 void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx, int *gone,
+			 struct kiln_err *err)
 {
-	struct session *s = session_take(ss, id, err);
 	struct run_opts opts;
 	struct task_spec ts;
 	json_t *result;
@@ -681,22 +682,17 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	int broken, pipe_fd[2] = { -1, -1 };
 	char exec_id[33] = "";
 
-	if (!s)
-		return NULL;
+	*gone = 0;
 	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", id);
-		session_put(ss, s, 0);
+		kiln_err_set(err, "busy", "session %s is being paused", s->id);
 		return NULL;
 	}
-	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0) {
-		session_put(ss, s, 0);
+	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0)
 		return NULL;
-	}
 	if (flags) {
 		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd) || pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) < 0) {
 			kiln_err_set(err, "host_error", "interactive command: %s", strerror(errno));
 			spec_free(&ts);
-			session_put(ss, s, 0);
 			return NULL;
 		}
 		/* Room for a burst of typing or a pasted file; the default 64 KiB if refused. */
@@ -714,7 +710,6 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 		free(in);
 		spec_free(&ts);
 		input_close(ss, s, pipe_fd[0]);
-		session_put(ss, s, 0);
 		return NULL;
 	}
 	free(in);
@@ -733,10 +728,25 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
 	input_close(ss, s, pipe_fd[0]);
 	broken = vm_broken(result);
 	if (broken) {
-		fprintf(stderr, "kiln-host: session %s: its VM failed; the session ends\n", id);
+		fprintf(stderr, "kiln-host: session %s: its VM failed; the session ends\n", s->id);
 		session_teardown(ss, s);
 	}
-	session_put(ss, s, broken);
+	*gone = broken;
+	return result;
+}
+
+json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
+		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
+		     struct kiln_err *err)
+{
+	struct session *s = session_take(ss, id, err);
+	json_t *result;
+	int gone;
+
+	if (!s)
+		return NULL;
+	result = exec_held(ss, s, req, on_event, ctx, &gone, err);
+	session_put(ss, s, gone);
 	return result;
 }
 
@@ -1000,7 +1010,8 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 	unsigned char rnd[8];
 	char tmp[64];
 	json_t *req, *res;
-	int r = -1;
+	struct session *s;
+	int r = -1, gone = 0;
 
 	if (!dir || proto_abspath_ok(dir) || !strncmp(dir, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)) ||
 	    !strcmp(dir, SPEC_RESERVED_DIR))
@@ -1013,24 +1024,43 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 	/* /tmp, not /kiln: the archive may be larger than /kiln's 16 MiB. */
 	snprintf(tmp, sizeof(tmp), "/tmp/.kiln-put-%02x%02x%02x%02x%02x%02x%02x%02x.tar", rnd[0], rnd[1], rnd[2], rnd[3],
 		 rnd[4], rnd[5], rnd[6], rnd[7]);
-	if (session_put_file(ss, id, tmp, data, len, err) < 0)
-		return -1;
 	/* Unpacked as the task's user, so it makes only what the session's
 	 * own code could; files belong to that user, modes as archived (less
-	 * the umask). */
+	 * the umask). The archive goes whatever tar made of it. */
 	req = json_pack("{s:[s, s, s, s, s, s]}", "argv", "/bin/sh", "-c",
 			"mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\" --no-same-owner; rc=$?; rm -f -- \"$2\"; exit $rc",
 			"sh", dir, tmp);
-	res = session_exec(ss, id, req, NULL, NULL, err);
-	json_decref(req);
-	if (!res)
+	if (!req)
+		return kiln_err_set(err, "host_error", "out of memory");
+	/* Written and unpacked in one operation: no other request can take the
+	 * session in between and leave the archive behind in the guest. */
+	s = session_take(ss, id, err);
+	if (!s) {
+		json_decref(req);
 		return -1;
-	if (json_integer_value(json_object_get(res, "exit_code")) == 0 && json_is_integer(json_object_get(res, "exit_code")))
-		r = 0;
-	else
-		kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
-			     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
-	json_decref(res);
+	}
+	if (s->state != SS_RUNNING) {
+		kiln_err_set(err, "busy", "session %s is being paused", id);
+	} else if (run_session_put(&s->vm, tmp, data, len, 0600, err) < 0) {
+		/* A part may have been written (the guest's /tmp filled up):
+		 * remove it, in the same operation. */
+		json_t *rm = json_pack("{s:[s, s, s]}", "argv", "/bin/rm", "-f", tmp);
+		struct kiln_err ignore = { .code = "" };
+
+		if (rm)
+			json_decref(exec_held(ss, s, rm, NULL, NULL, &gone, &ignore));
+		json_decref(rm);
+	} else if ((res = exec_held(ss, s, req, NULL, NULL, &gone, err))) {
+		if (json_integer_value(json_object_get(res, "exit_code")) == 0 &&
+		    json_is_integer(json_object_get(res, "exit_code")))
+			r = 0;
+		else
+			kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
+				     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
+		json_decref(res);
+	}
+	session_put(ss, s, gone);
+	json_decref(req);
 	return r;
 }
 

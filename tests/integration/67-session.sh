@@ -131,6 +131,8 @@ check "tar of a missing directory: 404" test "$st" = 404
 st=$(h "$PA" PUT "/v1/sessions/s1/files?dir=/work/up2&format=tar" --data-binary 'not a tar archive')
 check "PUT of something that is not tar: 400 with tar's message ($(last .error.message | head -c 80))" \
 	test "$st" = 400 -a "$(last .error.code)" = invalid_request
+ex "$PA" '{"argv":["sh","-c","ls -a /tmp | grep -c kiln-put"]}' > /dev/null
+check "a refused archive is removed from the guest too ($(last .stdout))" test "$(last .stdout)" = 0
 st=$(h "$PA" GET "/v1/sessions/s1/files?dir=/work&format=zip")
 check "format other than tar: 400" test "$st" = 400
 
