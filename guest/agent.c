@@ -50,6 +50,7 @@ struct agent {
 	struct proto_exec exec; /* ~150 KiB: too big for the stack */
 	struct zygote zygote;   /* the pre-started interpreter (PREPARE), if any */
 	int64_t oom_baseline;   /* guest OOM kills before the next task (task.c) */
+	int refused;            /* an ERROR was sent since the last EXEC (PROTO_EXEC_IF_OK) */
 };
 
 struct agent *agent_create(int chan, const struct agent_config *cfg)
@@ -192,6 +193,7 @@ int agent_send_error(struct agent *a, int code, const char *fmt, ...)
 	n = proto_error_encode(agent_payload(a), PROTO_MAX_PAYLOAD, &e);
 	if (n < 0)
 		return (int)n; /* cannot happen: the message is bounded */
+	a->refused = 1;
 	return agent_send(a, PROTO_ERROR, agent_payload(a), (size_t)n);
 }
 
@@ -574,6 +576,7 @@ int agent_signals(struct agent *a)
 static void agent_hangup(struct agent *a)
 {
 	a->connected = 0;
+	a->refused = 0;
 	a->rx_start = 0;
 	a->rx_end = 0;
 	file_drop(&a->file);
@@ -632,9 +635,19 @@ int agent_next_frame(struct agent *a, struct proto_frame *f)
 
 static int agent_exec(struct agent *a, const struct proto_frame *fr)
 {
+	int refused = a->refused, r;
+
+	/* Whatever this EXEC comes to, the next one counts from here. */
 	if (proto_exec_decode(fr->payload, fr->len, &a->exec) < 0)
-		return agent_send_error(a, -EPROTO, "malformed EXEC request");
-	return task_run(a, &a->exec);
+		r = agent_send_error(a, -EPROTO, "malformed EXEC request");
+	else if ((a->exec.flags & PROTO_EXEC_IF_OK) && refused)
+		r = agent_send_error(a, -ECANCELED, "EXEC: not run, an earlier request was refused");
+	else {
+		a->refused = 0;
+		return task_run(a, &a->exec);
+	}
+	a->refused = 0;
+	return r;
 }
 
 static int agent_collect(struct agent *a, const struct proto_frame *fr)

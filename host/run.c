@@ -105,7 +105,9 @@ static int wait_hello(struct run_ctx *c)
 	return 0;
 }
 
-static int send_files(struct run_ctx *c)
+/* The task's files; with wait, each FILE's OK is read before the next
+ * (else the caller reads them, with recv_files, after more requests). */
+static int send_files(struct run_ctx *c, int wait)
 {
 	uint8_t *buf = c->iobuf;
 
@@ -126,7 +128,18 @@ static int send_files(struct run_ctx *c)
 			if (vm_send(&c->vm, PROTO_FILE_DATA, sf->data + off, len, deadline, &c->err) < 0)
 				return -1;
 		}
-		if (recv_ok(c, PROTO_FILE, deadline, sf->path) < 0)
+		if (wait && recv_ok(c, PROTO_FILE, deadline, sf->path) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int recv_files(struct run_ctx *c)
+{
+	for (size_t i = 0; i < c->spec->nfiles; i++) {
+		const struct spec_file *sf = &c->spec->files[i];
+
+		if (recv_ok(c, PROTO_FILE, proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000, sf->path) < 0)
 			return -1;
 	}
 	return 0;
@@ -151,12 +164,11 @@ static size_t build_env(const struct task_spec *spec, char **env, size_t max)
 	return n;
 }
 
-static int send_exec(struct run_ctx *c)
+static int exec_send(struct run_ctx *c, uint32_t flags)
 {
 	struct proto_exec *mp = &c->exec_msg;
 	uint8_t *buf = c->iobuf;
 	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
-	struct proto_frame f;
 	ssize_t n;
 
 	memset(mp, 0, offsetof(struct proto_exec, argv));
@@ -166,7 +178,7 @@ static int send_exec(struct run_ctx *c)
 	if (c->spec->language == SPEC_LANG_PYTHON && strcmp(c->start, "cold") &&
 	    !(c->opts->extra_flags & (PROTO_EXEC_STDIN | PROTO_EXEC_TTY)))
 		mp->flags |= PROTO_EXEC_ZYGOTE;
-	mp->flags |= c->exec_flags | c->opts->extra_flags;
+	mp->flags |= c->exec_flags | c->opts->extra_flags | flags;
 	mp->rows = c->opts->tty_rows;
 	mp->cols = c->opts->tty_cols;
 	mp->uid = mp->gid = 1000; /* the guest's unprivileged `sandbox` user */
@@ -180,9 +192,14 @@ static int send_exec(struct run_ctx *c)
 	n = proto_exec_encode(buf, PROTO_MAX_PAYLOAD, mp);
 	if (n < 0)
 		return kiln_err_set(&c->err, "invalid_spec", "argv and env together exceed %d bytes", PROTO_MAX_PAYLOAD);
-	if (vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err) < 0)
-		return -1;
-	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
+	return vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err);
+}
+
+static int exec_wait(struct run_ctx *c)
+{
+	struct proto_frame f;
+
+	if (vm_recv(&c->vm, &f, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0)
 		return -1;
 	if (f.type == PROTO_ERROR) {
 		struct proto_error e;
@@ -202,6 +219,25 @@ static int send_exec(struct run_ctx *c)
 /* Pass the whole STDIN/RESIZE/HANGUP frames waiting on vm.input_fd on to the
  * guest (frames the session's own input handler wrote; a part frame waits
  * in c->in_buf for the rest). */
+static int send_exec(struct run_ctx *c)
+{
+	return exec_send(c, 0) < 0 ? -1 : exec_wait(c);
+}
+
+/* A fresh VM's way to its task: SETUP, the files and EXEC in one go, then
+ * their replies (a round trip each saved). EXEC runs only if the others were
+ * all accepted (PROTO_EXEC_IF_OK); the first refusal is the error. */
+static int start_task(struct run_ctx *c)
+{
+	int64_t deadline = proto_now_ms() + SETUP_TIMEOUT_MS;
+
+	if (vm_setup_send(&c->vm, deadline, &c->err) < 0 || send_files(c, 0) < 0 || exec_send(c, PROTO_EXEC_IF_OK) < 0)
+		return -1;
+	if (vm_setup_recv(&c->vm, deadline, &c->err) < 0 || recv_files(c) < 0)
+		return -1;
+	return exec_wait(c);
+}
+
 static int forward_input(struct run_ctx *c)
 {
 	for (;;) {
@@ -664,7 +700,7 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 		goto done;
 	/* Pool VMs were started before this task existed: its cancel fd applies now. */
 	c->vm.cancel_fd = opts->vm.cancel_fd > 0 ? opts->vm.cancel_fd : -1;
-	if (vm_setup(&c->vm, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0 || send_files(c) < 0 || send_exec(c) < 0 || run_loop(c) < 0)
+	if (start_task(c) < 0 || run_loop(c) < 0)
 		goto done;
 	if (c->have_exit && collect(c) < 0)
 		goto done;
@@ -739,7 +775,7 @@ json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const stru
 		return json_pack("{s:s, s:s, s:{s:s, s:s}}", "state", "error", "end_reason", "vm_error", "error", "code",
 				 "host_error", "message", "out of memory");
 	c->vm.cancel_fd = opts->vm.cancel_fd > 0 ? opts->vm.cancel_fd : -1;
-	if (send_files(c) == 0 && send_exec(c) == 0) {
+	if (send_files(c, 1) == 0 && send_exec(c) == 0) {
 		/* Input only once the guest runs the command: frames written
 		 * earlier wait in the pipe. */
 		c->vm.input_fd = opts->input_fd > 0 ? opts->input_fd : -1;
@@ -788,7 +824,7 @@ int run_session_put(struct vm *vm, const char *path, const void *data, size_t le
 
 	if (!c)
 		return kiln_err_set(err, "host_error", "out of memory");
-	r = send_files(c);
+	r = send_files(c, 1);
 	if (r < 0)
 		*err = c->err;
 	session_ctx_free(c, vm);

@@ -786,10 +786,9 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 	}
 }
 
-int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 {
 	struct proto_setup s = { .entropy_len = 64 };
-	struct proto_frame f;
 	struct timespec now;
 	uint8_t buf[512];
 	ssize_t n;
@@ -802,7 +801,14 @@ int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 	n = proto_setup_encode(buf, sizeof(buf), &s);
 	if (n < 0)
 		return kiln_err_set(err, "host_error", "SETUP does not encode");
-	if (vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline_ms, err) < 0 || vm_recv(vm, &f, deadline_ms, err) < 0)
+	return vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline_ms, err);
+}
+
+int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+{
+	struct proto_frame f;
+
+	if (vm_recv(vm, &f, deadline_ms, err) < 0)
 		return -1;
 	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == PROTO_SETUP)
 		return 0;
@@ -813,6 +819,11 @@ int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 			return kiln_err_set(err, "guest_error", "setup: %s", e.message);
 	}
 	return kiln_err_set(err, "vm_error", "setup: unexpected frame type 0x%02x from the guest", f.type);
+}
+
+int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+{
+	return vm_setup_send(vm, deadline_ms, err) < 0 ? -1 : vm_setup_recv(vm, deadline_ms, err);
 }
 
 int vm_set_nice(const struct vm *vm, int nice)

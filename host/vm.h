@@ -120,6 +120,9 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
  * before any task code runs (clones of one snapshot share their RNG state
  * and a stale clock until this). Returns 0 or -1 with err set. */
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
+/* The two halves of vm_setup, for a host that sends more before it reads. */
+int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
+int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
 
 /* Set the nice value of every thread of QEMU (a pool refills at 19, so that
  * running tasks keep the CPU; a VM handed out goes back to 0). Returns 0, or

@@ -132,7 +132,11 @@ struct proto_file {
  * task's controlling terminal); STDIN frames are typed into it, RESIZE
  * changes its size, all output comes as STDOUT. */
 #define PROTO_EXEC_TTY    0x8u
-#define PROTO_EXEC_FLAGS  (PROTO_EXEC_ZYGOTE | PROTO_EXEC_KEEP | PROTO_EXEC_STDIN | PROTO_EXEC_TTY)
+/* Run only if no request since the previous EXEC (SETUP, FILE, ...) was
+ * answered with ERROR; else ERROR -ECANCELED and nothing runs. Lets the host
+ * send SETUP, the files and EXEC in one go and read the replies after. */
+#define PROTO_EXEC_IF_OK  0x10u
+#define PROTO_EXEC_FLAGS  (PROTO_EXEC_ZYGOTE | PROTO_EXEC_KEEP | PROTO_EXEC_STDIN | PROTO_EXEC_TTY | PROTO_EXEC_IF_OK)
 #define PROTO_MAX_TTY_DIM 4096 /* rows and cols: 1 to this */
 struct proto_exec {
 	uint32_t flags;

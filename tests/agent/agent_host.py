@@ -279,7 +279,7 @@ h.send(T['STDIN'], b'late'); h.send(T['RESIZE'], struct.pack('<II', 10, 10))
 check(h.none_pending() is None, 'STDIN and RESIZE while idle: ignored')
 for what, kw in (('rows 0', dict(flags=EXEC_TTY, tty=(0, 80))), ('cols 5000', dict(flags=EXEC_TTY, tty=(24, 5000))),
                  ('TTY without size', dict(flags=EXEC_TTY)), ('ZYGOTE with STDIN', dict(flags=1 | EXEC_STDIN)),
-                 ('unknown flag 0x10', dict(flags=0x10))):
+                 ('unknown flag 0x20', dict(flags=0x20))):
     h.send(T['EXEC'], exec_payload(['python3', 'x.py'], **kw))
     t, p = h.frame()
     check(t == 'ERROR' and error(p)[0] == -errno.EPROTO, 'EXEC %s: -EPROTO %r' % (what, (t, p[:60])))
@@ -292,6 +292,21 @@ h.send(T['KILL'])
 while t != 'EXIT':
     t, p = h.frame()
 check(uid_procs() == 0, 'TTY task killed: nothing of its uid left')
+
+# IF_OK: SETUP, FILE and EXEC sent in one go; EXEC runs only when nothing
+# since the previous EXEC was refused.
+EXEC_IF_OK = 0x10
+file_req(h, '/proc/kiln-nope', b'x' * 100)
+h.send(T['EXEC'], exec_payload(['sh', '-c', 'touch /tmp/if-ok-ran'], flags=EXEC_IF_OK))
+t1, p1 = h.frame(); t2, p2 = h.frame()
+check(t1 == 'ERROR' and t2 == 'ERROR' and error(p2)[0] == -errno.ECANCELED and not os.path.exists('/tmp/if-ok-ran'),
+      'IF_OK after a refused FILE: -ECANCELED, nothing runs %r' % ((t1, t2, error(p2) if t2 == 'ERROR' else p2),))
+file_req(h, '/tmp/if-ok.txt', b'fine')
+t1, p1 = h.frame()
+r = run(h, ['cat', '/tmp/if-ok.txt'], flags=EXEC_IF_OK)
+check(t1 == 'OK' and isinstance(r, dict) and r['status'] == 0 and r['out'] == b'fine',
+      'IF_OK after accepted requests (and a refusal before the last EXEC): it runs %r' % ((t1, r if not isinstance(r, dict) else r['out']),))
+os.unlink('/tmp/if-ok.txt')
 
 # HANGUP: the client is gone. SIGHUP as a closing terminal gives, SIGKILL to the group 3 s later;
 # the session's own daemons (KEEP) are left alone.

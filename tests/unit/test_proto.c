@@ -631,8 +631,10 @@ static void test_decode_exec_invalid(void **state)
 	strcpy(exec_in.cwd, "/work/../etc");
 	exec_expect(-EPROTO);
 	strcpy(exec_in.cwd, "/work");
-	exec_in.flags = 0x10; /* unknown flag (zygote, keep, stdin and tty are known) */
+	exec_in.flags = 0x20; /* unknown flag (zygote, keep, stdin, tty and if-ok are known) */
 	exec_expect(-EPROTO);
+	exec_in.flags = PROTO_EXEC_IF_OK | PROTO_EXEC_KEEP;
+	exec_expect(0);
 	exec_in.flags = PROTO_EXEC_STDIN | PROTO_EXEC_KEEP;
 	exec_expect(0);
 	exec_in.flags = PROTO_EXEC_TTY; /* a terminal of 0 x 0 */
