@@ -77,9 +77,10 @@ static int take(json_t *obj, const char *where, const struct field *fields, cons
 int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL;
+	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
+	uint64_t out_entries = 0, out_depth = 0;
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
@@ -96,10 +97,19 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
 			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
 			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
-			{ "network", 'o', &network }, { 0 },
+			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;
+	}
+	if (outputs) {
+		const struct field f[] = {
+			{ "max_entries", 'u', &out_entries, 1, 10000000 }, { "max_depth", 'u', &out_depth, 1, 1024 }, { 0 },
+		};
+		if (take(outputs, "outputs", f, path, err) < 0)
+			goto fail;
+		c->out_max_entries = (uint32_t)out_entries;
+		c->out_max_depth = (uint32_t)out_depth;
 	}
 	if (capacity) {
 		const struct field f[] = {

@@ -288,6 +288,10 @@ static json_t *outputs_with_keys(const struct hostd_task *t, json_t *outs)
 
 		struct kiln_err err = { .code = "" };
 
+		if (json_object_get(o, "skipped")) { /* collect left it out (its name) */
+			json_array_append_new(a, c);
+			continue;
+		}
 		snprintf(rel, sizeof(rel), "outputs/%s", json_string_value(json_object_get(o, "path")) ?: "");
 		k = s3_key_for(t, rel);
 		/* The guest names its files: one no S3 key can carry (control

@@ -530,6 +530,8 @@ static int cmd_serve(int argc, char **argv)
 		if (config_load(path, &hc, &err) < 0 || serve_apply_config(&hc, &so, &cm, host, sizeof(host), &err) < 0)
 			return print_error(&err, 2);
 		so.config_path = path;
+		ro.out_max_entries = hc.out_max_entries;
+		ro.out_max_depth = hc.out_max_depth;
 	}
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		if (common_opt(&cm, c, optarg))

@@ -44,6 +44,7 @@ struct run_ctx {
 	int out_trunc, err_trunc;
 	struct proto_exit exit;
 	int have_exit, timed_out;
+	int out_truncated;          /* COLLECT left files out (the budget, or a limit) */
 	json_t *outputs;
 	int64_t t0, t_ready, t_started, t_exit, t_collected;
 	int outdir_fd;
@@ -382,12 +383,32 @@ static int hex_digest(EVP_MD_CTX *md, char out[65])
 	return 0;
 }
 
+/* Path components of a checked relative path ("a/b/c" is 3). */
+static uint32_t path_depth(const char *p)
+{
+	uint32_t n = 1;
+
+	for (; *p; p++)
+		n += *p == '/';
+	return n;
+}
+
 /* Receive /output. Every path and size from the guest is checked again here:
  * the decoder refuses absolute paths and '..', the byte budget is counted on
  * this side, and files are created under the output directory without
- * following symlinks. */
+ * following symlinks. A hostile guest kernel ignores kiln-init's limits, so
+ * the host counts entries and depth itself: an OUT_DIR or an empty OUT_FILE
+ * costs no bytes but an inode, a JSON entry and an S3 PUT. Past a limit
+ * nothing more is created; the walk's remaining frames are read and dropped
+ * until OUT_END (bounded by the deadline), so that a session's channel stays
+ * in step, and the task ends with output_limit. */
 static int collect(struct run_ctx *c)
 {
+	uint32_t max_entries = c->opts->out_max_entries ? c->opts->out_max_entries : RUN_OUT_MAX_ENTRIES;
+	uint32_t max_depth = c->opts->out_max_depth ? c->opts->out_max_depth : RUN_OUT_MAX_DEPTH;
+	uint32_t entries = 0;
+	int over = 0;     /* a host limit was reached: drop the rest */
+	int bad_name = 0; /* the current file's name is not UTF-8: listed, not kept */
 	uint64_t used = c->out.len + c->errb.len;
 	uint64_t budget = c->budget > used ? c->budget - used : 0;
 	int64_t deadline = proto_now_ms() + COLLECT_BASE_MS + (int64_t)(budget >> 23) * 1000;
@@ -419,7 +440,9 @@ static int collect(struct run_ctx *c)
 				kiln_err_set(&c->err, "vm_error", "guest named an invalid output directory");
 				goto out;
 			}
-			if (c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &c->err) < 0)
+			if (!over && (++entries > max_entries || path_depth(path) > max_depth))
+				over = 1;
+			if (!over && c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &c->err) < 0)
 				goto out;
 			break;
 		case PROTO_OUT_FILE:
@@ -432,7 +455,16 @@ static int collect(struct run_ctx *c)
 				goto out;
 			}
 			budget -= file.size;
-			if (c->outdir_fd >= 0 && (fd = outdir_create(c->outdir_fd, file.path, file.mode, &c->err)) < 0)
+			/* A file's directories count towards the depth, the file itself
+			 * one level below the deepest directory. */
+			if (!over && (++entries > max_entries || path_depth(file.path) > max_depth + 1))
+				over = 1;
+			/* Names are bytes to the guest but strings in JSON and S3: a
+			 * name that is not UTF-8 is listed (made readable) with the
+			 * reason, never kept or uploaded under a name it does not have. */
+			bad_name = !textbuf_utf8_valid(file.path, strlen(file.path));
+			if (!over && !bad_name && c->outdir_fd >= 0 &&
+			    (fd = outdir_create(c->outdir_fd, file.path, file.mode, &c->err)) < 0)
 				goto out;
 			EVP_DigestInit_ex(md, EVP_sha256(), NULL);
 			left = file.size;
@@ -457,8 +489,9 @@ static int collect(struct run_ctx *c)
 				kiln_err_set(&c->err, "vm_error", "malformed OUT_END");
 				goto out;
 			}
-			if (e.flags & PROTO_OUT_TRUNCATED)
+			if ((e.flags & PROTO_OUT_TRUNCATED) || over)
 				c->exit.flags |= PROTO_EXIT_OUTPUT_LIMIT;
+			c->out_truncated = (e.flags & PROTO_OUT_TRUNCATED) || over;
 			r = 0;
 			goto out;
 		}
@@ -482,8 +515,18 @@ static int collect(struct run_ctx *c)
 				kiln_err_set(&c->err, "host_error", "sha256 failed");
 				goto out;
 			}
-			json_array_append_new(c->outputs, json_pack("{s:s, s:I, s:s}", "path", file.path, "size",
-								     (json_int_t)file.size, "sha256", hex));
+			if (!over && !bad_name) {
+				json_array_append_new(c->outputs, json_pack("{s:s, s:I, s:s}", "path", file.path, "size",
+									     (json_int_t)file.size, "sha256", hex));
+			} else if (!over) {
+				char *shown = textbuf_to_utf8(file.path, strlen(file.path));
+
+				json_array_append_new(c->outputs,
+						      json_pack("{s:s?, s:I, s:s, s:n, s:s}", "path", shown, "size",
+								(json_int_t)file.size, "sha256", hex, "s3_key", "skipped",
+								"the file name is not valid UTF-8 (shown with U+FFFD)"));
+				free(shown);
+			}
 			if (fd >= 0)
 				close(fd);
 			fd = -1;
@@ -794,10 +837,12 @@ json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const stru
 	return result;
 }
 
-json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, struct kiln_err *err)
+json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, const struct run_opts *lim,
+			    int *truncated, struct kiln_err *err)
 {
 	struct task_spec spec = { .output_mib = (uint32_t)(budget >> 20) };
-	struct run_opts opts = { 0 };
+	struct run_opts opts = { .out_max_entries = lim ? lim->out_max_entries : 0,
+				 .out_max_depth = lim ? lim->out_max_depth : 0 };
 	struct run_ctx *c = session_ctx(vm, &spec, &opts);
 	json_t *outputs = NULL;
 
@@ -806,9 +851,11 @@ json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, 
 		return NULL;
 	}
 	c->budget = budget;
-	if ((c->outdir_fd = outdir_open(outdir, &c->err)) >= 0 && collect(c) == 0)
+	if ((c->outdir_fd = outdir_open(outdir, &c->err)) >= 0 && collect(c) == 0) {
 		outputs = json_incref(c->outputs);
-	else
+		if (truncated)
+			*truncated = c->out_truncated;
+	} else
 		*err = c->err;
 	session_ctx_free(c, vm);
 	return outputs;

@@ -43,7 +43,17 @@ struct run_opts {
 	uint32_t tty_rows, tty_cols;
 	int input_fd;
 	const char *exec_id;
+	/* What a guest's /output may make on this host, whatever the guest says:
+	 * files plus directories, and path components (0: RUN_OUT_MAX_ENTRIES,
+	 * RUN_OUT_MAX_DEPTH). Past either, nothing more is created, the rest of
+	 * the walk is read and dropped, and the result says output_limit. */
+	uint32_t out_max_entries, out_max_depth;
 };
+
+/* Defaults of run_opts.out_max_*: what an honest kiln-init ever sends
+ * (guest/collect.h: 100000 entries, directories 32 levels deep). */
+#define RUN_OUT_MAX_ENTRIES 100000u
+#define RUN_OUT_MAX_DEPTH   32u
 
 enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED, RUN_EV_BLOCKED };
 /* RUN_EV_BLOCKED's data: a destination the sandbox's network dropped. It
@@ -71,9 +81,13 @@ json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const stru
  * by the task's user) into a session's VM. 0 or -1 with err set. */
 int run_session_put(struct vm *vm, const char *path, const void *data, size_t len, uint32_t mode, struct kiln_err *err);
 
-/* COLLECT vm's /output into outdir (created; at most budget bytes): the
- * outputs array ({path, size, sha256}), or NULL with err set. */
-json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, struct kiln_err *err);
+/* COLLECT vm's /output into outdir (created; at most budget bytes, and
+ * lim's out_max_entries/out_max_depth, lim may be NULL): the outputs array
+ * ({path, size, sha256}), or NULL with err set. *truncated (may be NULL) is
+ * set when files were left out (the budget, the guest's or the host's
+ * limits). */
+json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, const struct run_opts *lim,
+			    int *truncated, struct kiln_err *err);
 
 /* A host-side view of a finished task, shared with the result encoder. */
 enum run_state { RUN_SUCCEEDED, RUN_FAILED, RUN_TIMED_OUT, RUN_ERROR };

@@ -1328,6 +1328,23 @@ out_s3:
 	return r;
 }
 
+char *session_output_key(const char *customer, const char *id, const char *rel, struct kiln_err *err)
+{
+	char *key = NULL;
+
+	/* The guest names its files: the key is built whole, never cut short
+	 * (where two long names would meet), and checked as S3 needs it. */
+	if (asprintf(&key, "%s/sessions/%s/outputs/%s", customer, id, rel) < 0) {
+		kiln_err_set(err, "host_error", "out of memory");
+		return NULL;
+	}
+	if (s3_key_check(key, err) < 0) {
+		free(key);
+		return NULL;
+	}
+	return key;
+}
+
 json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err)
 {
 	struct session *s = session_take(ss, id, err);
@@ -1335,38 +1352,48 @@ json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *er
 	char dir[PATH_MAX + 16];
 	json_t *outs, *o;
 	size_t i;
+	int truncated = 0;
 
 	if (!s)
 		return NULL;
 	snprintf(dir, sizeof(dir), "%s/outputs", s->dir);
 	fs_rmtree(dir);
-	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, err);
+	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
 	if (outs && hostd_s3_take(ss->d, &s3) < 0) {
 		kiln_err_set(err, "no_s3", "this host has no S3 configured");
 		json_decref(outs);
 		outs = NULL;
 	}
 	json_array_foreach(outs, i, o) {
-		char key[1024], path[PATH_MAX * 2];
+		char *key = NULL, path[PATH_MAX * 2];
 		const char *rel = json_string_value(json_object_get(o, "path"));
 
-		snprintf(key, sizeof(key), "%s/sessions/%s/outputs/%s", s->customer, s->id, rel);
-		snprintf(path, sizeof(path), "%s/%s", dir, rel);
-		if (s3_key_check(key, err) < 0) {
-			json_object_set_new(o, "skipped", json_string(err->message));
+		if (json_object_get(o, "skipped")) /* collect left it out (its name) */
+			continue;
+		if (!rel || !(key = session_output_key(s->customer, s->id, rel, err))) {
+			json_object_set_new(o, "skipped", json_string(rel ? err->message : "no path"));
+			json_object_set_new(o, "s3_key", json_null());
+			continue;
+		}
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, rel) >= sizeof(path)) {
+			json_object_set_new(o, "skipped", json_string("the path is too long for this host"));
+			json_object_set_new(o, "s3_key", json_null());
+			free(key);
 			continue;
 		}
 		if (s3_put_file(&s3.c, key, path, "application/octet-stream", NULL, NULL, err) < 0) {
+			free(key);
 			json_decref(outs);
 			outs = NULL;
 			break;
 		}
 		json_object_set_new(o, "s3_key", json_string(key));
+		free(key);
 	}
 	hostd_s3_free(&s3);
 	fs_rmtree(dir);
 	session_put(ss, s, 0);
-	return outs ? json_pack("{s:o}", "outputs", outs) : NULL;
+	return outs ? json_pack("{s:o, s:b}", "outputs", outs, "truncated", truncated) : NULL;
 }
 
 int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,

@@ -88,8 +88,15 @@ json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
  * incompatible_snapshot (another image), no_capacity, vm_error. */
 int session_resume(struct sessions *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err);
 
-/* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...]} */
+/* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],
+ * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,
+ * is listed with "skipped" (the reason) and "s3_key" null. */
 json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err);
+
+/* The S3 key of a session's output file rel: malloc'd, built whole and
+ * checked with s3_key_check; NULL with err set when no valid key can carry
+ * it (never a shortened key, which two names could share). */
+char *session_output_key(const char *customer, const char *id, const char *rel, struct kiln_err *err);
 
 /* Destroy the session (if it runs here) and, unless keep_snapshot, delete
  * its paused snapshot from S3 (customer may be NULL when the session runs

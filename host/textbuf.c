@@ -62,6 +62,20 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 	return 0;
 }
 
+int textbuf_utf8_valid(const char *p, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)p;
+
+	for (size_t i = 0; i < n;) {
+		size_t k = utf8_seq(s + i, n - i);
+
+		if (!k)
+			return 0;
+		i += k;
+	}
+	return 1;
+}
+
 char *textbuf_to_utf8(const char *p, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)p;

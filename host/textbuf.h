@@ -19,4 +19,8 @@ void textbuf_free(struct textbuf *b);
  * string cannot hold them). Caller frees; NULL on allocation failure. */
 char *textbuf_to_utf8(const char *p, size_t n);
 
+/* 1 when p[0..n) is well-formed UTF-8 without NUL bytes (what jansson takes
+ * as a string), else 0. */
+int textbuf_utf8_valid(const char *p, size_t n);
+
 #endif

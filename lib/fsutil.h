@@ -8,9 +8,10 @@
 
 #include "err.h"
 
-/* Remove name (relative to dirfd, or AT_FDCWD) and everything below it,
- * depth-bounded (64 levels), never following links. A missing path is not an
- * error. Returns 0 or a negative errno from the final removal. */
+/* Remove name (relative to dirfd, or AT_FDCWD) and everything below it, at
+ * any depth (deeper than PATH_MAX too: the walk is iterative, holds at most
+ * 33 fds and builds no path), never following links. A missing path is not
+ * an error. Returns 0 or a negative errno from the final removal. Any thread. */
 int fs_rmtree_at(int dirfd, const char *name);
 int fs_rmtree(const char *path);
 
