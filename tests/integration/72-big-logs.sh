@@ -75,6 +75,7 @@ fi
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 
+jqe() { jq -e "$@" > /dev/null; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$host_pid/status"; }
 submit() { py_spec "$1" "${2:-{\}}" | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id; }
 # final ID SECONDS: waits (long-polls) until the task is final; its JSON in $T_TMP/ID.json.
@@ -110,7 +111,7 @@ host_size=$(curl -s -m 30 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T1"
 check "GET of that task is small: kiln-api $api_size bytes, kiln-host $host_size bytes (each < 64 KiB)" \
 	[ "$api_size" -lt 65536 -a "$host_size" -lt 65536 ]
 check "the result marks the excerpt: stdout_truncated, stdout_bytes = 12 MiB, head and tail of at most 4 KiB" \
-	jq -e '.result.stdout_truncated == true and .result.stdout_bytes == 12582912 and
+	jqe '.result.stdout_truncated == true and .result.stdout_bytes == 12582912 and
 	       (.result.stdout | length) <= 4096 and (.result.stdout_tail | length) <= 4096 and
 	       (.result.stdout | length) > 0 and (.result.stdout_tail | length) > 0' "$T_TMP/$T1.json"
 check "kiln-host's record.json is small ($(wc -c < "$T_TMP/spool/tasks/$T1/record.json" 2> /dev/null) bytes)" \
@@ -145,7 +146,22 @@ got=$([ -n "$url" ] && sha_of_url "$url")
 want=$($PY -c 'import hashlib; d=b"x"*(32<<20); print(len(d), hashlib.sha256(d).hexdigest())')
 check "its 32 MiB stdout.log is whole in S3" [ -n "$got" -a "$got" = "$want" ]
 check "its short stderr is whole in the result, not marked truncated" \
-	jq -e '.result.stderr == "task 20" and .result.stderr_truncated == false and .result.stderr_bytes == 7' "$T_TMP/$last.json"
+	jqe '.result.stderr == "task 20" and .result.stderr_truncated == false and .result.stderr_bytes == 7' "$T_TMP/$last.json"
+
+# ---- the CLI shows the whole output: kiln-api's event list keeps 1 MiB per task ----
+KILN=$BIN/kiln
+printf 'import sys\nsys.stdout.buffer.write(bytes(range(32, 127)) * 40000)\nsys.stderr.write("e" * 3000000)\n' > "$T_TMP/big.py"
+want=$($PY -c 'import hashlib; d=bytes(range(32,127))*40000; print(len(d), hashlib.sha256(d).hexdigest())')
+(cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 300 "$KILN" run big.py > run.out 2> run.err)
+rc=$?
+got=$($PY -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(len(d), hashlib.sha256(d).hexdigest())' "$T_TMP/run.out")
+check "kiln run prints all 3.8 MB of stdout (exit $rc; want $want, got $got)" [ "$rc" = 0 -a "$got" = "$want" ]
+erun=$($PY -c 'import re,sys; print(max(map(len, re.findall(rb"e+", open(sys.argv[1],"rb").read()))))' "$T_TMP/run.err")
+check "and all 3 MB of stderr, once (its longest run of e: $erun)" [ "$erun" = 3000000 ]
+id=$(grep -o 't_[0-9a-f]*' "$T_TMP/run.err" | head -1)
+(cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 120 "$KILN" task logs "$id" > logs.out 2> logs.err)
+got=$($PY -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(len(d), hashlib.sha256(d).hexdigest())' "$T_TMP/logs.out")
+check "kiln task logs of the finished task prints all of its stdout (got $got)" [ "$got" = "$want" ]
 
 # ---- nothing left ----
 kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
