@@ -363,7 +363,6 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 	case RUN_EV_STDOUT:
 	case RUN_EV_STDERR: {
 		char *s = textbuf_to_utf8(data, len);
-
 		uint64_t *off = ev == RUN_EV_STDOUT ? &t->stdout_off : &t->stderr_off;
 
 		fd = ev == RUN_EV_STDOUT ? t->stdout_fd : t->stderr_fd;

@@ -4,7 +4,9 @@
 # kiln-api within 30 s, its full log is in S3 (sha256 and size compared
 # through the presigned URL), the task JSON on both servers carries only a
 # bounded excerpt; 20 tasks printing 32 MiB each grow kiln-host's RSS by
-# less than 100 MiB. Nothing is left running.
+# less than 100 MiB; kiln run and kiln task logs print all of a task's output
+# (past kiln-api's 1 MiB event list); kiln-api's watcher backs off when a
+# (fake) host keeps failing the GET of a final task. Nothing is left running.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached curl jq; do
@@ -27,10 +29,11 @@ HOST=http://127.0.0.1:$HOST_PORT
 BUCKET=kiln-biglogs
 host_pid=
 api_pid=
+fake_pid=
 
 cleanup() {
-	for p in $host_pid $api_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid; do wait "$p" 2> /dev/null; done
+	for p in $host_pid $api_pid $fake_pid; do kill "$p" 2> /dev/null; done
+	for p in $host_pid $api_pid $fake_pid; do wait "$p" 2> /dev/null; done
 	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
 	t_cleanup
 }
@@ -44,7 +47,7 @@ before_locks=$(count_slot_locks)
 
 jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token,
+	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
 	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}' > "$T_TMP/api.json"
 jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
@@ -163,8 +166,27 @@ id=$(grep -o 't_[0-9a-f]*' "$T_TMP/run.err" | head -1)
 got=$($PY -c 'import hashlib,sys; d=open(sys.argv[1],"rb").read(); print(len(d), hashlib.sha256(d).hexdigest())' "$T_TMP/logs.out")
 check "kiln task logs of the finished task prints all of its stdout (got $got)" [ "$got" = "$want" ]
 
-# ---- nothing left ----
+# ---- kiln-api's watcher backs off when a host's GET keeps failing ----
+# A fake host says the task is final on its event stream, then answers every
+# GET of the task with 500 (as a reply over hostclient's 64 MiB cap did).
 kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+FAKE_PORT=$((HOST_PORT + 1))
+$PY "$ROOT/tests/integration/fake_host.py" "$FAKE_PORT" "$API" "$TOKEN" "$T_TMP/gets" 2> "$T_TMP/fake.err" &
+fake_pid=$!
+for _ in $(seq 100); do
+	[ "$(admin "$API/v1/admin/hosts" | jq -r '[(.hosts // .)[] | select(.state == "live") | .id] | join(",")' 2> /dev/null)" = fake ] && break
+	sleep 0.2
+done
+TF=$(submit 'print(1)')
+for _ in $(seq 100); do [ -s "$T_TMP/gets" ] && break; sleep 0.1; done
+g0=$(cat "$T_TMP/gets" 2> /dev/null || echo 0)
+sleep 8
+g1=$(cat "$T_TMP/gets" 2> /dev/null || echo 0)
+check "a host whose GET keeps failing: kiln-api retries it $((g1 - g0)) times in 8 s (backing off: at most 10)" \
+	[ "$g0" -ge 1 -a "$((g1 - g0))" -le 10 ]
+kill "$fake_pid"; wait "$fake_pid" 2> /dev/null; fake_pid=
+
+# ---- nothing left ----
 kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
 for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
 check "no QEMU or slot lock left (qemu $(count_qemu)/$before_qemu, locks $(count_slot_locks)/$before_locks)" \
