@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "excerpt.h"
 #include "hostclient.h"
 #include "proto.h"
 
@@ -26,6 +27,8 @@
 #define MAX_BATCH 256
 #define TICK_MS 100
 #define HOST_FULL_BACKOFF_MS 1000
+#define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
+#define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
 
 struct host_view {
 	char id[65];
@@ -131,6 +134,8 @@ static int finish(struct watch *w, json_t *host_task)
 
 	if (!task_state_final(st))
 		return 0;
+	/* The store keeps an excerpt, whatever the host sent: the logs are in S3. */
+	excerpt_result(res, EXCERPT_BYTES);
 	store_task_finish(w->s->st, w->task, st, reason ? reason : "", host_task);
 	w->state = st;
 	return 1;
@@ -240,10 +245,29 @@ static int push(struct watch *w)
 	return -1;
 }
 
+/* Sleep ms, or less when the scheduler stops. */
+static void watch_sleep(struct sched *s, unsigned ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* s->wake's clock */
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&s->lock);
+	while (!s->stopping && pthread_cond_timedwait(&s->wake, &s->lock, &ts) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&s->lock);
+}
+
 static void *watch_main(void *arg)
 {
 	struct watch *w = arg;
 	struct sched *s = w->s;
+	unsigned backoff_ms = WATCH_BACKOFF_MIN_MS;
 
 	while (!stopping(s) && !task_state_final(w->state) && w->state != TASK_QUEUED) {
 		struct follow_ctx f = { .w = w };
@@ -259,7 +283,8 @@ static void *watch_main(void *arg)
 			if (r == 0)
 				break;
 			if (r < 0) {
-				usleep(500000);
+				watch_sleep(s, backoff_ms);
+				backoff_ms = backoff_ms * 2 < WATCH_BACKOFF_MAX_MS ? backoff_ms * 2 : WATCH_BACKOFF_MAX_MS;
 				continue;
 			}
 			w->push = 0;
@@ -280,8 +305,18 @@ static void *watch_main(void *arg)
 			w->push = 1; /* never arrived (a previous kiln-api died before pushing) */
 			continue;
 		}
-		if (!f.final_seen)
-			usleep(200000);
+		/* A round whose GET failed (host unreachable, an error status, a
+		 * reply over hostclient's size cap) waits, doubling up to
+		 * WATCH_BACKOFF_MAX_MS: a task whose GET keeps failing must not make
+		 * this thread spin on re-following and re-GETting its host. */
+		if (st == 200) {
+			if (!f.final_seen)
+				watch_sleep(s, WATCH_BACKOFF_MIN_MS);
+			backoff_ms = WATCH_BACKOFF_MIN_MS;
+		} else {
+			watch_sleep(s, backoff_ms);
+			backoff_ms = backoff_ms * 2 < WATCH_BACKOFF_MAX_MS ? backoff_ms * 2 : WATCH_BACKOFF_MAX_MS;
+		}
 	}
 	pthread_mutex_lock(&s->lock);
 	for (struct watch **pp = &s->watches; *pp; pp = &(*pp)->next)

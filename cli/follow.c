@@ -63,6 +63,18 @@ static int on_event(void *ctx, const char *name, json_t *data)
 		size_t n = d ? strlen(d) : 0;
 		FILE *out = name[3] == 'o' ? stdout : stderr;
 
+		json_t *off = json_object_get(data, "offset"), *len = json_object_get(data, "bytes");
+		int k = name[3] == 'o' ? 0 : 1;
+
+		if (json_is_integer(off) && json_is_integer(len) && json_integer_value(off) >= 0 &&
+		    json_integer_value(len) >= 0) {
+			if ((unsigned long long)json_integer_value(off) != v->log_next[k])
+				v->log_gap = 1; /* a chunk went missing on the way */
+			v->log_next[k] = (unsigned long long)json_integer_value(off) +
+					 (unsigned long long)json_integer_value(len);
+		} else {
+			v->log_gap = v->log_unknown = 1; /* an older kiln-host */
+		}
 		if (!n)
 			return 0;
 		clear_ticker(f);
@@ -85,6 +97,7 @@ static int on_event(void *ctx, const char *name, json_t *data)
 		if (v->progress && !f->cancel_shown++)
 			say(f, "kiln: %s (%.1f s)\n", "cancel requested", secs);
 	} else if (!strcmp(name, "truncated")) {
+		v->log_gap = 1;
 		say(f, "kiln: %s (%.1f s)\n", "event stream truncated: the rest of the output is only in the logs",
 		    secs);
 	}

@@ -13,6 +13,13 @@ struct follow_view {
 	char state[32];       /* the latest state seen */
 	long long output_bytes;
 	int cancel_sent;
+	/* Where the output shown so far ends in stdout.log ([0]) and stderr.log
+	 * ([1]): the offset + bytes of the last chunk (kiln-host's events carry
+	 * them). log_gap: some output was not shown (the stream said
+	 * `truncated`, or a chunk came without offsets); the rest is in the logs. */
+	unsigned long long log_next[2];
+	int log_gap;
+	int log_unknown;      /* a chunk without offsets: log_next cannot be trusted */
 };
 
 /* Follow the task's events until the stream ends (0), or fails (-1, err

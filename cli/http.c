@@ -312,7 +312,7 @@ static size_t save_write(char *p, size_t size, size_t n, void *arg)
 
 	if (!s->status)
 		curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
-	if (s->status != 200)
+	if (s->status != 200 && s->status != 206)
 		return buf_add(&s->err, p, total, 1u << 20) < 0 ? 0 : total;
 	return fwrite(p, 1, total, s->f) == total ? total : 0;
 }
@@ -401,6 +401,41 @@ int http_get_file(const struct cli_conn *c, const char *path, const char *local,
 		*reply = json_loadb(s.err.p, s.err.len, 0, NULL);
 	free(s.err.p);
 	return (int)s.status;
+}
+
+int http_stream_url(const char *url, unsigned long long from, FILE *out, long timeout_s, struct kiln_err *err)
+{
+	struct save s = { .f = out };
+	char range[64];
+	CURLcode rc;
+
+	s.h = curl_easy_init();
+	if (!s.h)
+		return kiln_err_set(err, "io_error", "out of memory");
+	curl_easy_setopt(s.h, CURLOPT_URL, url);
+	if (from) {
+		snprintf(range, sizeof(range), "%llu-", from);
+		curl_easy_setopt(s.h, CURLOPT_RANGE, range);
+	}
+	curl_easy_setopt(s.h, CURLOPT_WRITEFUNCTION, save_write);
+	curl_easy_setopt(s.h, CURLOPT_WRITEDATA, &s);
+	curl_easy_setopt(s.h, CURLOPT_CONNECTTIMEOUT, 5L);
+	curl_easy_setopt(s.h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(s.h, CURLOPT_LOW_SPEED_TIME, timeout_s);
+	curl_easy_setopt(s.h, CURLOPT_NOSIGNAL, 1L);
+	rc = curl_easy_perform(s.h);
+	if (!s.status)
+		curl_easy_getinfo(s.h, CURLINFO_RESPONSE_CODE, &s.status);
+	curl_easy_cleanup(s.h);
+	fflush(out);
+	free(s.err.p);
+	if (s.status == 416)
+		return 0; /* nothing after `from` */
+	if (s.status != 200 && s.status != 206)
+		return kiln_err_set(err, "http", "download: HTTP %ld", s.status);
+	if (rc != CURLE_OK)
+		return kiln_err_set(err, "unreachable", "download: %s", curl_easy_strerror(rc));
+	return 0;
 }
 
 int http_download(const char *url, const char *path, long timeout_s, struct kiln_err *err)

@@ -52,6 +52,11 @@ int http_send(const struct cli_conn *c, const char *method, const char *path, co
 int http_get_file(const struct cli_conn *c, const char *path, const char *local, long timeout_s, json_t **reply,
 		  struct kiln_err *err);
 
+/* GET url (no Authorization: a presigned URL) from byte `from` on (a Range
+ * request when from > 0) and write it to out as it arrives. 0 (also when
+ * there is nothing from `from` on: 416), or -1 with err set. */
+int http_stream_url(const char *url, unsigned long long from, FILE *out, long timeout_s, struct kiln_err *err);
+
 /* GET url (no Authorization: a presigned URL) into path: written to a
  * temporary file beside it and renamed over it once complete. 0 or -1 with
  * err set. */

@@ -146,6 +146,64 @@ static int fetch_outputs(json_t *task, const char *dir, const struct creds *cr)
 	return failed;
 }
 
+/* The task's output that the event stream did not show, for a final task:
+ * with no stream at all (v NULL or nothing shown), the whole of each log
+ * that the result holds only an excerpt of (else the result's text); after
+ * a stream with a gap, each log from where the stream's last chunk ended.
+ * The logs come from S3 through their presigned URLs (artifacts); without
+ * one, the result's excerpt is shown with a line saying what is missing.
+ * Returns the number of logs that could not be shown whole. */
+static int show_missing_output(json_t *task, const struct follow_view *v)
+{
+	static const char *const names[2] = { "stdout", "stderr" };
+	json_t *res = json_object_get(task, "result"), *arts = json_object_get(task, "artifacts");
+	int streamed = v && v->output_bytes > 0, failed = 0;
+
+	if (streamed && !v->log_gap)
+		return 0;
+	for (int k = 0; k < 2; k++) {
+		FILE *out = k ? stderr : stdout;
+		char key[32];
+		const char *url, *head, *tail;
+		int cut;
+		struct kiln_err err = { .code = "" };
+
+		snprintf(key, sizeof(key), "%s.log", names[k]);
+		url = json_string_value(json_object_get(json_object_get(arts, key), "url"));
+		head = json_string_value(json_object_get(res, names[k]));
+		snprintf(key, sizeof(key), "%s_tail", names[k]);
+		tail = json_string_value(json_object_get(res, key));
+		cut = tail != NULL;
+		if (!streamed && !cut) {
+			fputs(head ? head : "", out); /* the result holds it all */
+			continue;
+		}
+		if (streamed && v->log_unknown) {
+			fprintf(stderr, "kiln: some %s was not shown; the whole log: %s\n", names[k],
+				url ? url : "(no presigned URL: kiln-api has no s3 settings)");
+			continue;
+		}
+		if (url && http_stream_url(url, streamed ? v->log_next[k] : 0, out, 60, &err) == 0)
+			continue;
+		fflush(out);
+		failed++;
+		if (streamed) {
+			fprintf(stderr, "\nkiln: the rest of %s.log could not be fetched (%s); see kiln task get %s\n",
+				names[k], url ? err.message : "kiln-api has no s3 settings",
+				json_string_value(json_object_get(task, "id")) ?: "");
+			continue;
+		}
+		fputs(head ? head : "", out);
+		fflush(out);
+		fprintf(stderr, "\nkiln: [%s: %lld bytes in all; only the first and last %zu shown: %s.log could not be fetched (%s)]\n",
+			names[k], (long long)json_integer_value(json_object_get(res, names[k][3] == 'o' ? "stdout_bytes" : "stderr_bytes")),
+			strlen(tail), names[k], url ? err.message : "kiln-api has no s3 settings");
+		fputs(tail, out);
+	}
+	fflush(stdout);
+	return failed;
+}
+
 /* GET the task, waiting (long-poll) until it is final. */
 static int wait_final(const struct cli_conn *conn, const char *id, json_t **task)
 {
@@ -316,21 +374,12 @@ int cmd_run(int argc, char **argv)
 			goto out;
 		}
 		fprintf(stderr, "kiln: %s; waiting for the task instead\n", err.message);
+		view.log_gap = 1; /* what the stream did not show comes from the logs */
 	}
 	if ((rc = wait_final(&conn, id, &task)))
 		goto out;
-	if (!view.output_bytes) {
-		/* The stream was lost (or started late): show the output from the result. */
-		json_t *res = json_object_get(task, "result");
-		const char *o = json_string_value(json_object_get(res, "stdout"));
-		const char *e = json_string_value(json_object_get(res, "stderr"));
-
-		if (o)
-			fputs(o, stdout);
-		if (e)
-			fputs(e, stderr);
-		fflush(stdout);
-	}
+	/* The stream was lost, started late or truncated: the rest from the logs. */
+	show_missing_output(task, &view);
 	st = json_string_value(json_object_get(task, "state"));
 	{
 		json_t *res = json_object_get(task, "result");
@@ -502,6 +551,14 @@ int cmd_task(int argc, char **argv)
 			fprintf(stderr, "kiln: task logs: %s\n", err.message);
 			return strcmp(err.code, "http") ? EXIT_INFRA : EXIT_REFUSED;
 		}
+		/* A final task's stream may have dropped output: the rest from the logs. */
+		snprintf(path, sizeof(path), "/v1/tasks/%s", argv[2]);
+		if (view.log_gap && (rc = cli_request(&conn, "task get", "GET", path, NULL, 30, &reply)) == 0 &&
+		    follow_state_final(json_string_value(json_object_get(reply, "state")) ?: "") &&
+		    show_missing_output(reply, &view))
+			rc = EXIT_INFRA;
+		json_decref(reply);
+		return rc;
 	}
 	json_decref(reply);
 	return 0;

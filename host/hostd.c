@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "excerpt.h"
 #include "proto.h"
 #include "spec.h"
 #include "spool.h"
@@ -79,6 +80,7 @@ struct hostd_task {
 	int cancel_pipe[2];
 	int cancel_requested;
 	int stdout_fd, stderr_fd;    /* open while the code runs */
+	uint64_t stdout_off, stderr_off; /* bytes in stdout.log / stderr.log so far */
 	/* Events: formatted SSE blocks, kept so that a late subscriber sees all. */
 	char **ev;
 	size_t nev, evcap, ev_bytes;
@@ -235,6 +237,29 @@ static void event_add_locked(struct hostd *d, struct hostd_task *t, const char *
 	pthread_cond_broadcast(&d->changed);
 }
 
+/* A final task's output events go (they are in stdout.log/stderr.log in S3):
+ * kept for retention_s, they would hold up to EVENTS_MAX_BYTES per task. The
+ * last one dropped becomes a `truncated` note, so that a reader that had not
+ * read them all yet learns where the output is; entries are NULLed, not
+ * removed, so that readers' cursors stay valid. */
+static void events_drop_output_locked(struct hostd_task *t)
+{
+	static const char note[] = "event: truncated\ndata: {\"message\":\"output events are not kept once the task "
+				   "is final: the whole output is in stdout.log/stderr.log\"}\n\n";
+	size_t last = t->nev;
+
+	for (size_t i = 0; i < t->nev; i++) {
+		if (!t->ev[i] || (strncmp(t->ev[i], "event: stdout\n", 14) && strncmp(t->ev[i], "event: stderr\n", 14)))
+			continue;
+		t->ev_bytes -= strlen(t->ev[i]) + 1;
+		free(t->ev[i]);
+		t->ev[i] = NULL;
+		last = i;
+	}
+	if (last < t->nev && (t->ev[last] = strdup(note)))
+		t->ev_bytes += sizeof(note);
+}
+
 static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_state s)
 {
 	t->state = s;
@@ -342,12 +367,18 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 	case RUN_EV_STDOUT:
 	case RUN_EV_STDERR: {
 		char *s = textbuf_to_utf8(data, len);
+		uint64_t *off = ev == RUN_EV_STDOUT ? &t->stdout_off : &t->stderr_off;
 
 		fd = ev == RUN_EV_STDOUT ? t->stdout_fd : t->stderr_fd;
 		if (fd >= 0 && proto_write_all(fd, data, len, 0) < 0)
 			fprintf(stderr, "kiln-host: task %s: writing its log: %s\n", t->id, strerror(errno));
 		pthread_mutex_lock(&d->lock);
-		event_add_locked(d, t, ev == RUN_EV_STDOUT ? "stdout" : "stderr", json_pack("{s:s}", "data", s ? s : ""));
+		/* offset/bytes: where the chunk's raw bytes are in the log (a reader
+		 * that lost events resumes from the log with a Range request). */
+		event_add_locked(d, t, ev == RUN_EV_STDOUT ? "stdout" : "stderr",
+				 json_pack("{s:s, s:I, s:I}", "data", s ? s : "", "offset", (json_int_t)*off, "bytes",
+					   (json_int_t)len));
+		*off += len;
 		pthread_mutex_unlock(&d->lock);
 		free(s);
 		break;
@@ -402,10 +433,10 @@ static void finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *res
 
 static json_t *error_result(const char *reason, const char *code, const char *msg)
 {
-	return json_pack("{s:s, s:n, s:n, s:s, s:s, s:s, s:b, s:b, s:[], s:{s:s, s:s}}", "state",
+	return json_pack("{s:s, s:n, s:n, s:s, s:s, s:s, s:b, s:b, s:i, s:i, s:[], s:{s:s, s:s}}", "state",
 			 !strcmp(reason, "cancelled") ? "cancelled" : "error", "exit_code", "signal", "end_reason",
-			 reason, "stdout", "", "stderr", "", "stdout_truncated", 0, "stderr_truncated", 0, "outputs",
-			 "error", "code", code, "message", msg);
+			 reason, "stdout", "", "stderr", "", "stdout_truncated", 0, "stderr_truncated", 0, "stdout_bytes",
+			 0, "stderr_bytes", 0, "outputs", "error", "code", code, "message", msg);
 }
 
 static int open_log(const struct hostd_task *t, const char *name)
@@ -454,6 +485,7 @@ static void *worker_main(void *arg)
 		ro = d->ro;
 		ro.output_dir = outdir;
 		ro.stream = NULL;
+		ro.log_excerpt = EXCERPT_BYTES; /* the whole logs are spooled (on_run_event) and go to S3 */
 		ro.vm.cancel_fd = t->cancel_pipe[0];
 		ro.prereserved = 1;
 		ro.on_event = on_run_event;
@@ -720,6 +752,7 @@ static void upload_finished_locked(struct hostd *d, struct hostd_task *t)
 	t->last_error[0] = '\0';
 	t->in_upload = 0;
 	d->finished_total[t->final_state]++;
+	events_drop_output_locked(t);
 	set_state_locked(d, t, t->final_state);
 	if (record_write_locked(t, &err) < 0) {
 		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id, err.message);
@@ -878,8 +911,11 @@ static void recover_one(struct hostd *d, const char *id)
 	le = json_string_value(json_object_get(r, "last_error"));
 	if (le)
 		snprintf(t->last_error, sizeof(t->last_error), "%s", le);
-	if (json_object_get(r, "result") && !json_is_null(json_object_get(r, "result")))
+	if (json_object_get(r, "result") && !json_is_null(json_object_get(r, "result"))) {
 		t->result = json_incref(json_object_get(r, "result"));
+		/* A record an older kiln-host wrote holds the whole output. */
+		excerpt_result(t->result, EXCERPT_BYTES);
+	}
 	if (json_is_object(json_object_get(r, "artifacts")) && s > TS_UPLOADING) {
 		json_decref(t->artifacts);
 		t->artifacts = json_incref(json_object_get(r, "artifacts"));
@@ -1357,7 +1393,13 @@ long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, ch
 		}
 	}
 	while (*cursor < t->nev) {
-		size_t len = strlen(t->ev[*cursor]);
+		size_t len;
+
+		if (!t->ev[*cursor]) { /* an output event dropped at the end (events_drop_output_locked) */
+			(*cursor)++;
+			continue;
+		}
+		len = strlen(t->ev[*cursor]);
 
 		if ((size_t)n + len > cap) {
 			if (n == 0) {

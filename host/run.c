@@ -40,7 +40,7 @@ struct run_ctx {
 	struct vm vm;
 	struct kiln_err err;
 	uint64_t budget;            /* output_mib in bytes: stdout + stderr + files */
-	struct textbuf out, errb;   /* captured stdout / stderr */
+	struct textcap out, errb;   /* captured stdout / stderr (bounded: opts->log_excerpt) */
 	int out_trunc, err_trunc;
 	struct proto_exit exit;
 	int have_exit, timed_out;
@@ -347,7 +347,7 @@ static int run_loop(struct run_ctx *c)
 			received += f.len;
 			if (received > c->budget)
 				return kiln_err_set(&c->err, "vm_error", "the guest sent more output than its limit");
-			if (textbuf_append(f.type == PROTO_STDOUT ? &c->out : &c->errb, f.payload, f.len) < 0)
+			if (textcap_append(f.type == PROTO_STDOUT ? &c->out : &c->errb, f.payload, f.len) < 0)
 				return kiln_err_set(&c->err, "host_error", "out of memory");
 			stream_event(c, f.type == PROTO_STDOUT ? "stdout" : "stderr", f.payload, f.len);
 			if (c->opts->on_event)
@@ -360,8 +360,8 @@ static int run_loop(struct run_ctx *c)
 			c->have_exit = 1;
 			if (!c->timed_out)
 				c->t_exit = proto_now_us();
-			c->out_trunc = c->exit.stdout_bytes > c->out.len;
-			c->err_trunc = c->exit.stderr_bytes > c->errb.len;
+			c->out_trunc = c->exit.stdout_bytes > c->out.total;
+			c->err_trunc = c->exit.stderr_bytes > c->errb.total;
 			if (c->opts->on_event)
 				c->opts->on_event(c->opts->event_ctx, RUN_EV_EXITED, NULL, 0);
 			return 0;
@@ -409,7 +409,7 @@ static int collect(struct run_ctx *c)
 	uint32_t entries = 0;
 	int over = 0;     /* a host limit was reached: drop the rest */
 	int bad_name = 0; /* the current file's name is not UTF-8: listed, not kept */
-	uint64_t used = c->out.len + c->errb.len;
+	uint64_t used = c->out.total + c->errb.total;
 	uint64_t budget = c->budget > used ? c->budget - used : 0;
 	int64_t deadline = proto_now_ms() + COLLECT_BASE_MS + (int64_t)(budget >> 23) * 1000;
 	uint8_t req[8];
@@ -550,6 +550,28 @@ static json_t *str_json(const struct textbuf *b)
 	return j;
 }
 
+/* NAME ("stdout"/"stderr"), NAME_truncated, NAME_bytes and, when only an
+ * excerpt is kept (opts->log_excerpt), NAME_tail: see docs/api.md. */
+static void set_stream(json_t *r, const char *name, const struct textcap *cap, int guest_trunc)
+{
+	struct textbuf head, tail;
+	char key[32];
+
+	textcap_head(cap, &head);
+	json_object_set_new(r, name, str_json(&head));
+	if (textcap_cut(cap)) {
+		textcap_tail(cap, &tail);
+		snprintf(key, sizeof(key), "%s_tail", name);
+		json_object_set_new(r, key, str_json(&tail));
+		textbuf_free(&tail);
+	}
+	snprintf(key, sizeof(key), "%s_truncated", name);
+	json_object_set_new(r, key, json_boolean(guest_trunc || textcap_cut(cap)));
+	snprintf(key, sizeof(key), "%s_bytes", name);
+	json_object_set_new(r, key, json_integer((json_int_t)cap->total));
+	textbuf_free(&head);
+}
+
 static const char *signame(unsigned sig)
 {
 	static char other[16];
@@ -614,10 +636,8 @@ static json_t *build_result(struct run_ctx *c, int failed)
 	json_object_set_new(r, "exit_code", exit_code);
 	json_object_set_new(r, "signal", sig);
 	json_object_set_new(r, "end_reason", json_string(reason));
-	json_object_set_new(r, "stdout", str_json(&c->out));
-	json_object_set_new(r, "stderr", str_json(&c->errb));
-	json_object_set_new(r, "stdout_truncated", json_boolean(c->out_trunc));
-	json_object_set_new(r, "stderr_truncated", json_boolean(c->err_trunc));
+	set_stream(r, "stdout", &c->out, c->out_trunc);
+	set_stream(r, "stderr", &c->errb, c->err_trunc);
 	json_object_set(r, "outputs", c->outputs);
 	if (c->have_exit)
 		json_object_set_new(r, "usage",
@@ -728,6 +748,7 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	c->budget = (uint64_t)spec->output_mib << 20;
 	c->outputs = json_array();
 	c->outdir_fd = -1;
+	c->out.keep = c->errb.keep = opts->log_excerpt;
 	c->iobuf = malloc(PROTO_MAX_PAYLOAD);
 	c->vm.pid = c->vm.pidfd = c->vm.agent_fd = c->vm.qmp_fd = c->vm.lock_fd = -1;
 	cfg.vcpus = spec->vcpus;
@@ -761,8 +782,8 @@ done:
 	if (c->outdir_fd >= 0)
 		close(c->outdir_fd);
 	json_decref(c->outputs);
-	textbuf_free(&c->out);
-	textbuf_free(&c->errb);
+	textcap_free(&c->out);
+	textcap_free(&c->errb);
 	free(c->iobuf);
 	free(c);
 	return result;
@@ -802,8 +823,8 @@ static void session_ctx_free(struct run_ctx *c, struct vm *vm)
 	if (c->outdir_fd >= 0)
 		close(c->outdir_fd);
 	json_decref(c->outputs);
-	textbuf_free(&c->out);
-	textbuf_free(&c->errb);
+	textcap_free(&c->out);
+	textcap_free(&c->errb);
 	free(c->iobuf);
 	free(c);
 }

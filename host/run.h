@@ -26,6 +26,11 @@ struct run_opts {
 	const char *output_dir;    /* write /output files here (NULL: hash only) */
 	FILE *stream;              /* NULL, or write stdout/stderr events here as JSON lines */
 	int boot_timeout_s;        /* cold boot to kiln-init ready */
+	/* 0: the result holds all of stdout/stderr (up to the output limit). N:
+	 * only the first and the last N bytes of each (stdout, stdout_tail): the
+	 * caller keeps the whole streams itself (on_event; kiln-host's spool and
+	 * S3). run_task's memory for them is then at most 4 N bytes. */
+	size_t log_excerpt;
 	int prereserved;           /* the caller already reserved the task's memory in cap (and
 				    * releases it): a pool VM's own reservation is dropped */
 	/* NULL, or called on the running thread as the task progresses: RUN_EV_RUNNING

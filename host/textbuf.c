@@ -35,6 +35,80 @@ void textbuf_free(struct textbuf *b)
 	memset(b, 0, sizeof(*b));
 }
 
+int textcap_append(struct textcap *c, const void *data, size_t n)
+{
+	const char *p = data;
+	size_t h = 0;
+
+	if (!c->keep)
+		return textbuf_append(&c->head, p, n) < 0 ? -ENOMEM : (c->total += n, 0);
+	if (c->head.len < c->keep) {
+		h = c->keep - c->head.len < n ? c->keep - c->head.len : n;
+		if (textbuf_append(&c->head, p, h) < 0)
+			return -ENOMEM;
+	}
+	c->total += n;
+	p += h;
+	n -= h;
+	if (!n)
+		return 0;
+	if (!c->ring && !(c->ring = malloc(c->keep)))
+		return -ENOMEM;
+	if (n > c->keep) { /* only the last keep bytes of this piece can stay */
+		p += n - c->keep;
+		n = c->keep;
+	}
+	while (n) {
+		size_t k = c->keep - c->ring_pos < n ? c->keep - c->ring_pos : n;
+
+		memcpy(c->ring + c->ring_pos, p, k);
+		c->ring_pos = (c->ring_pos + k) % c->keep;
+		c->ring_len = c->ring_len + k > c->keep ? c->keep : c->ring_len + k;
+		p += k;
+		n -= k;
+	}
+	return 0;
+}
+
+int textcap_cut(const struct textcap *c)
+{
+	return c->total > (uint64_t)c->head.len + c->ring_len;
+}
+
+/* The ring's bytes in order (oldest first), appended to out. */
+static int ring_copy(const struct textcap *c, struct textbuf *out)
+{
+	size_t start = c->ring_len < c->keep ? 0 : c->ring_pos;
+
+	if (!c->ring_len)
+		return 0;
+	if (textbuf_append(out, c->ring + start, c->ring_len - (c->ring_len < c->keep ? 0 : start)) < 0 ||
+	    textbuf_append(out, c->ring, c->ring_len < c->keep ? 0 : start) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+int textcap_head(const struct textcap *c, struct textbuf *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (textbuf_append(out, c->head.p, c->head.len) < 0)
+		return -ENOMEM;
+	return textcap_cut(c) ? 0 : ring_copy(c, out);
+}
+
+int textcap_tail(const struct textcap *c, struct textbuf *out)
+{
+	memset(out, 0, sizeof(*out));
+	return textcap_cut(c) ? ring_copy(c, out) : 0;
+}
+
+void textcap_free(struct textcap *c)
+{
+	textbuf_free(&c->head);
+	free(c->ring);
+	memset(c, 0, sizeof(*c));
+}
+
 /* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlongs, no
  * surrogates, nothing above U+10FFFF), or 0. */
 static size_t utf8_seq(const unsigned char *s, size_t n)

@@ -4,6 +4,7 @@
 #define KILN_TEXTBUF_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct textbuf {
 	char *p;
@@ -13,6 +14,32 @@ struct textbuf {
 /* Append n bytes. Returns 0 or -ENOMEM. */
 int textbuf_append(struct textbuf *b, const void *data, size_t n);
 void textbuf_free(struct textbuf *b);
+
+/* A bounded capture of one output stream: its first `keep` bytes (head), its
+ * last `keep` bytes (tail, a ring) and its total length. keep 0 keeps
+ * everything in head. Memory: at most 2 * keep bytes, whatever the stream's
+ * length (the whole stream is the caller's to spool, e.g. to a log file). */
+struct textcap {
+	struct textbuf head;
+	char *ring;
+	size_t keep, ring_len, ring_pos; /* ring_pos: where the next byte goes */
+	uint64_t total;
+};
+
+/* Append n bytes. Returns 0 or -ENOMEM. */
+int textcap_append(struct textcap *c, const void *data, size_t n);
+
+/* Whether the head and tail together are not the whole stream. */
+int textcap_cut(const struct textcap *c);
+
+/* The stream when it is not cut (head then tail), else its head: bytes into
+ * out (freshly allocated, caller frees with textbuf_free). 0 or -ENOMEM. */
+int textcap_head(const struct textcap *c, struct textbuf *out);
+
+/* The last `keep` bytes when the stream is cut (else empty), in order. */
+int textcap_tail(const struct textcap *c, struct textbuf *out);
+
+void textcap_free(struct textcap *c);
 
 /* A NUL-terminated copy of p[0..n) that is valid UTF-8: each byte that does not
  * start a well-formed sequence becomes U+FFFD, NUL bytes become U+FFFD too (a C

@@ -183,7 +183,7 @@ curl -s -N --max-time 120 -H "Authorization: Bearer $TOKEN" "$URL/v1/tasks/slow/
 ev_pid=$!
 for _ in $(seq 600); do grep -q 'second' "$T_TMP/events.txt" 2> /dev/null && break; sleep 0.1; done
 if grep -q '^event: state' "$T_TMP/events.txt" && grep -q '"state":"running"' "$T_TMP/events.txt" \
-   && grep -q '^data: {"data":"first\\n"}' "$T_TMP/events.txt" && grep -q 'second' "$T_TMP/events.txt"; then
+   && grep -q '^data: {"data":"first\\n","offset":0,"bytes":6}' "$T_TMP/events.txt" && grep -q 'second' "$T_TMP/events.txt"; then
 	ok "GET /v1/tasks/ID/events streams state changes and stdout as they happen"
 else not_ok "events" "$(head -c 800 "$T_TMP/events.txt")"; fi
 running_qemu=$(count_qemu)

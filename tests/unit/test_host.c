@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "excerpt.h"
 #include "outdir.h"
 #include "qmp.h"
 #include "textbuf.h"
@@ -65,6 +66,73 @@ static int outdir_teardown(void **state)
 
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpl);
 	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A bounded capture keeps head and tail whatever the stream's length and
+ * however it arrives in pieces; short streams come back whole. */
+static void textcap_bounded(void **state)
+{
+	struct textcap c = { .keep = 8 };
+	struct textbuf h, t;
+	char big[100];
+
+	(void)state;
+	assert_int_equal(textcap_append(&c, "0123456789abcdef", 16), 0);
+	assert_false(textcap_cut(&c)); /* exactly 2 * keep: whole */
+	textcap_head(&c, &h);
+	assert_int_equal(h.len, 16);
+	assert_memory_equal(h.p, "0123456789abcdef", 16);
+	textbuf_free(&h);
+	assert_int_equal(textcap_append(&c, "g", 1), 0);
+	assert_true(textcap_cut(&c));
+	textcap_head(&c, &h);
+	textcap_tail(&c, &t);
+	assert_int_equal(h.len, 8);
+	assert_memory_equal(h.p, "01234567", 8);
+	assert_int_equal(t.len, 8);
+	assert_memory_equal(t.p, "9abcdefg", 8);
+	textbuf_free(&h);
+	textbuf_free(&t);
+	/* A piece larger than the ring, then byte by byte across its wrap. */
+	for (int i = 0; i < 100; i++)
+		big[i] = (char)('A' + i % 26);
+	assert_int_equal(textcap_append(&c, big, sizeof(big)), 0);
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(textcap_append(&c, "xyz" + i % 3, 1), 0);
+	assert_int_equal(c.total, 16 + 1 + 100 + 5);
+	assert_true(c.head.len == 8 && c.ring_len == 8);
+	textcap_tail(&c, &t);
+	assert_memory_equal(t.p, "TUVxyzxy", 8); /* big ends ...STUV (99 % 26 = 21: V) */
+	textbuf_free(&t);
+	textcap_free(&c);
+	/* keep 0: everything. */
+	c = (struct textcap){ 0 };
+	assert_int_equal(textcap_append(&c, big, sizeof(big)), 0);
+	assert_false(textcap_cut(&c));
+	assert_int_equal(c.head.len, 100);
+	textcap_free(&c);
+}
+
+/* A result with whole streams (an older record, another host) is cut to
+ * head and tail on character boundaries and marked. */
+static void excerpt_cuts_results(void **state)
+{
+	json_t *r = json_pack("{s:s, s:s, s:b}", "stdout", "aa\xc3\xa9" "bbbbbb\xc3\xa9" "cc", "stderr", "abc",
+			      "stdout_truncated", 0);
+
+	(void)state;
+	assert_int_equal(excerpt_result(r, 3), 1);
+	assert_string_equal(json_string_value(json_object_get(r, "stdout")), "aa");
+	assert_string_equal(json_string_value(json_object_get(r, "stdout_tail")), "cc");
+	assert_true(json_is_true(json_object_get(r, "stdout_truncated")));
+	assert_int_equal(json_integer_value(json_object_get(r, "stdout_bytes")), 14);
+	assert_string_equal(json_string_value(json_object_get(r, "stderr")), "abc");
+	assert_null(json_object_get(r, "stderr_tail"));
+	assert_int_equal(excerpt_result(r, 3), 0); /* already bounded */
+	json_object_set_new(r, "stderr_tail", json_string("0123456789"));
+	assert_int_equal(excerpt_result(r, 4), 1);
+	assert_string_equal(json_string_value(json_object_get(r, "stderr_tail")), "6789");
+	json_decref(r);
 }
 
 static void outdir_creates_nested(void **state)
@@ -151,6 +219,8 @@ int main(void)
 		cmocka_unit_test(utf8_valid_kept),
 		cmocka_unit_test(utf8_invalid_replaced),
 		cmocka_unit_test(textbuf_grows),
+		cmocka_unit_test(textcap_bounded),
+		cmocka_unit_test(excerpt_cuts_results),
 		cmocka_unit_test_setup_teardown(outdir_creates_nested, outdir_setup, outdir_teardown),
 		cmocka_unit_test_setup_teardown(outdir_refuses_escapes, outdir_setup, outdir_teardown),
 		cmocka_unit_test(qmp_kinds),
