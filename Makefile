@@ -146,7 +146,12 @@ $(B)/tests/jail-probe: tests/integration/jail_probe.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $<
 
-unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool
+# Tries io_uring inside kiln-jail, for tests/integration/28-hardening.sh (static: the jail has no libraries).
+$(B)/tests/uring-probe: tests/integration/uring_probe.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -static -o $@ $<
+
+unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe
 fuzz: $(FUZZ_BINS)
 
 test: deps

@@ -1,5 +1,6 @@
 /* config: parse and validate kiln-host's JSON configuration file. */
 #include "config.h"
+#include "vm.h"
 #include "net.h"
 
 #include <errno.h>
@@ -77,7 +78,7 @@ static int take(json_t *obj, const char *where, const struct field *fields, cons
 int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL;
+	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
 	uint64_t out_entries = 0, out_depth = 0;
@@ -97,10 +98,20 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
 			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
 			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
-			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { 0 },
+			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { "disk", 'o', &disk }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;
+	}
+	if (disk) {
+		const struct field f[] = {
+			{ "bps_mib", 'u', &c->disk_bps_mib, 0, 1 << 20 }, { "iops", 'u', &c->disk_iops, 0, 10000000 }, { 0 },
+		};
+		c->disk_bps_mib = VM_DISK_BPS >> 20;
+		c->disk_iops = VM_DISK_IOPS;
+		if (take(disk, "disk", f, path, err) < 0)
+			goto fail;
+		c->disk_set = 1;
 	}
 	if (outputs) {
 		const struct field f[] = {

@@ -149,6 +149,8 @@ static void common_init(struct common *c)
 	c->cache = default_cache();
 	c->vm.qemu = "/usr/bin/qemu-system-x86_64";
 	c->vm.run_dir = default_run_dir();
+	c->vm.disk_bps = VM_DISK_BPS;
+	c->vm.disk_iops = VM_DISK_IOPS;
 }
 
 /* Returns 1 when opt was a common option. */
@@ -620,6 +622,10 @@ static int cmd_serve(int argc, char **argv)
 	if (common_finish(&cm, &err) < 0)
 		return print_error(&err, 3);
 	ro.vm = cm.vm;
+	if (hc.disk_set) {
+		ro.vm.disk_bps = hc.disk_bps_mib << 20;
+		ro.vm.disk_iops = hc.disk_iops;
+	}
 	return serve_main(&so, &ro);
 }
 

@@ -235,8 +235,19 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("-drive");
 	/* The base image is never written: snapshot=on puts this VM's writes in a
 	 * temporary overlay that QEMU deletes; a template writes its own overlay. */
-	ARG("id=root,if=none,file=%s,format=%s,%s", cfg->disk, cfg->disk_format,
-	    cfg->disk_writable ? "cache=unsafe" : "snapshot=on,cache=unsafe");
+	{
+		char thr[96] = "";
+
+		/* QEMU's own throttling: applied to the guest's requests, before
+		 * any cache, so it holds under cache=unsafe where a cgroup v1 blkio
+		 * limit would not see buffered writes. */
+		if (cfg->disk_bps)
+			snprintf(thr, sizeof(thr), ",throttling.bps-total=%llu", (unsigned long long)cfg->disk_bps);
+		if (cfg->disk_iops)
+			snprintf(thr + strlen(thr), sizeof(thr) - strlen(thr), ",throttling.iops-total=%u", cfg->disk_iops);
+		ARG("id=root,if=none,file=%s,format=%s,%s%s", cfg->disk, cfg->disk_format,
+		    cfg->disk_writable ? "cache=unsafe" : "snapshot=on,cache=unsafe", thr);
+	}
 	ARG("-device");
 	ARG("virtio-blk-device,drive=root");
 	ARG("-device");

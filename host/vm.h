@@ -14,6 +14,10 @@
 
 enum vm_accel { VM_ACCEL_AUTO, VM_ACCEL_KVM, VM_ACCEL_TCG };
 
+/* Defaults of vm_config.disk_bps/disk_iops (kiln-host's "disk" settings). */
+#define VM_DISK_BPS  (128ull << 20)
+#define VM_DISK_IOPS 4000u
+
 struct vm_config {
 	const char *qemu;          /* qemu-system-x86_64 */
 	const char *kernel;        /* vmlinux (PVH entry) */
@@ -30,6 +34,12 @@ struct vm_config {
 	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
 	const char *disk_backing;  /* the qcow2 `disk`'s backing file (read-only), or NULL */
 	const char *disk_backing2; /* and that file's own backing file (read-only), or NULL */
+	/* The guest's disk I/O, throttled by QEMU's block layer whatever the
+	 * host's page cache absorbs: bytes and requests per second, reads and
+	 * writes together (0: no limit). A guest cannot saturate the host's
+	 * disk; see VM_DISK_BPS/VM_DISK_IOPS for the defaults. */
+	uint64_t disk_bps;
+	unsigned disk_iops;
 	int mem_ram;               /* guest RAM as memory-backend-ram "mem": a resumed session,
 				    * whose RAM comes in the migration stream */
 	int mem_fd;                /* > 0: guest RAM is this sealed memfd, mapped privately
