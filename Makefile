@@ -24,7 +24,7 @@ LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lpthread
 API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpthread -lm
-CLI_LIBS  := -ljansson -lcurl -lcrypto
+CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
@@ -103,7 +103,7 @@ image: deps
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources.
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined

@@ -11,10 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "creds.h"
+#include "untar.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
 
 static void test_creds_lines(void **state)
 {
@@ -179,6 +185,96 @@ static void test_session_paths(void **state)
 	rmdir(dir);
 }
 
+/* ---- a guest's tar archive, unpacked ---- */
+
+static void tar_add(struct archive *a, const char *name, mode_t type, mode_t perm, const char *link, const char *data)
+{
+	struct archive_entry *e = archive_entry_new();
+
+	archive_entry_set_pathname(e, name);
+	archive_entry_set_filetype(e, type);
+	archive_entry_set_perm(e, perm);
+	archive_entry_set_uid(e, 1234);
+	archive_entry_set_gid(e, 1234);
+	if (type == AE_IFCHR)
+		archive_entry_set_rdev(e, makedev(1, 3));
+	if (type == AE_IFLNK)
+		archive_entry_set_symlink(e, link);
+	if (link && type == AE_IFREG)
+		archive_entry_set_hardlink(e, link);
+	archive_entry_set_size(e, data && !link ? (la_int64_t)strlen(data) : 0);
+	assert_int_equal(archive_write_header(a, e), ARCHIVE_OK);
+	if (data && !link)
+		assert_int_equal(archive_write_data(a, data, strlen(data)), (la_ssize_t)strlen(data));
+	archive_entry_free(e);
+}
+
+/* What a hostile guest could put in `kiln session get DIR/`'s archive, and
+ * what the CLI (as root here) makes of it: plain files and directories
+ * only, no owner, no setuid, nothing outside the target. */
+static void test_untar_hostile(void **state)
+{
+	char dir[] = "/tmp/kiln-untar.XXXXXX", tarpath[64], dest[64], p[160], outside[64];
+	struct archive *a = archive_write_new();
+	struct untar_report rep;
+	struct kiln_err err = { .code = "" };
+	struct stat st;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(tarpath, sizeof(tarpath), "%s/in.tar", dir);
+	snprintf(dest, sizeof(dest), "%s/out", dir);
+	snprintf(outside, sizeof(outside), "%s/escaped.txt", dir);
+	assert_int_equal(mkdir(dest, 0755), 0);
+	archive_write_set_format_pax_restricted(a);
+	assert_int_equal(archive_write_open_filename(a, tarpath), ARCHIVE_OK);
+	tar_add(a, "ok.txt", AE_IFREG, 04755, NULL, "fine\n");
+	tar_add(a, "sub", AE_IFDIR, 02777, NULL, NULL);
+	tar_add(a, "sub/inner.txt", AE_IFREG, 06644, NULL, "in\n");
+	tar_add(a, "null", AE_IFCHR, 0666, NULL, NULL);
+	tar_add(a, "fifo", AE_IFIFO, 0666, NULL, NULL);
+	tar_add(a, "etc", AE_IFLNK, 0777, "/etc", NULL);
+	tar_add(a, "etc/passwd-kiln-test", AE_IFREG, 0644, NULL, "through the link\n");
+	tar_add(a, "hard", AE_IFREG, 0644, "/etc/passwd", NULL);
+	tar_add(a, "../escaped.txt", AE_IFREG, 0644, NULL, "out\n");
+	tar_add(a, "/tmp/kiln-untar-absolute.txt", AE_IFREG, 0644, NULL, "abs\n");
+	archive_write_close(a);
+	archive_write_free(a);
+
+	assert_int_equal(untar_safe(tarpath, dest, &rep, &err), 0);
+	/* ok.txt, sub/inner.txt and etc/passwd-kiln-test (in a directory etc
+	 * of its own: the symlink was left out); sub. */
+	assert_int_equal(rep.files, 3);
+	assert_int_equal(rep.dirs, 1);
+	assert_int_equal(rep.skipped, 6);
+	snprintf(p, sizeof(p), "%s/ok.txt", dest);
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0755); /* setuid dropped */
+	assert_int_equal(st.st_uid, getuid());      /* not 1234 */
+	snprintf(p, sizeof(p), "%s/sub", dest);
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_mode & 07000, 0);
+	assert_int_equal(st.st_uid, getuid());
+	snprintf(p, sizeof(p), "%s/sub/inner.txt", dest);
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0644);
+	snprintf(p, sizeof(p), "%s/null", dest);
+	assert_int_equal(lstat(p, &st), -1);
+	snprintf(p, sizeof(p), "%s/fifo", dest);
+	assert_int_equal(lstat(p, &st), -1);
+	snprintf(p, sizeof(p), "%s/etc", dest);
+	assert_int_equal(lstat(p, &st), 0);
+	assert_true(S_ISDIR(st.st_mode)); /* not the symlink to /etc */
+	snprintf(p, sizeof(p), "%s/hard", dest);
+	assert_int_equal(lstat(p, &st), -1);
+	assert_int_equal(lstat("/etc/passwd-kiln-test", &st), -1);
+	assert_int_equal(lstat(outside, &st), -1);
+	assert_int_equal(lstat("/tmp/kiln-untar-absolute.txt", &st), -1);
+	/* A file that is not a tar archive is an error, not a silent success. */
+	assert_int_equal(untar_safe("/etc/hostname", dest, &rep, &err), -1);
+	snprintf(p, sizeof(p), "rm -rf %s", dir);
+	assert_int_equal(system(p), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -186,6 +282,7 @@ int main(void)
 		cmocka_unit_test(test_output_paths),
 		cmocka_unit_test(test_session_exec_args),
 		cmocka_unit_test(test_session_paths),
+		cmocka_unit_test(test_untar_hostile),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
