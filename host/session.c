@@ -15,6 +15,7 @@
  * and a QEMU with plain RAM loads the stream. Clock and entropy are set anew
  * afterwards, as after any restore. */
 #include "session.h"
+#include "qcow2.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1288,7 +1289,12 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 			goto fail;
 	}
 	/* Point the overlay at this host's copy of the template (same key: the
-	 * same bytes); -u: only the header changes. */
+	 * same bytes); -u: only the header changes. qemu-img runs as root and
+	 * the header came from S3 (written by a jailed QEMU): it must be a plain
+	 * overlay of this template first, nothing that makes qemu-img open
+	 * another host file (an external data file) or parse more than that. */
+	if (qcow2_file_check(s->disk, snap->disk, err) < 0)
+		goto fail;
 	{
 		char *argv[] = { "/usr/bin/qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
 				 (char *)snap->disk, s->disk, NULL };

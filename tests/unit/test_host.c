@@ -15,6 +15,7 @@
 
 #include "excerpt.h"
 #include "outdir.h"
+#include "qcow2.h"
 #include "qmp.h"
 #include "textbuf.h"
 
@@ -213,6 +214,71 @@ static void qmp_rejects(void **state)
 		assert_int_equal(qmp_parse(bad[i], strlen(bad[i]), &m), -EPROTO);
 }
 
+/* A session's disk layer is checked before qemu-img (as root) opens it. */
+static void qcow2_overlay_checked(void **state)
+{
+	static const char want[] = "/var/cache/kiln/snapshots/0123456789abcdef/disk.qcow2";
+	char dir[] = "/tmp/kiln-qcow2.XXXXXX", path[64], cmd[512];
+	uint8_t h[QCOW2_HEADER_MAX], x[QCOW2_HEADER_MAX];
+	struct kiln_err err = { .code = "" };
+	ssize_t n;
+	int fd;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/disk.qcow2", dir);
+	/* What kiln makes: qemu-img create -b on the template (-u: it need not exist). */
+	snprintf(cmd, sizeof(cmd), "qemu-img create -q -f qcow2 -F qcow2 -u -b %s %s 64M", want, path);
+	if (system(cmd) != 0) {
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		assert_int_equal(system(cmd), 0);
+		skip(); /* no qemu-img: scripts/deps.sh installs qemu-utils */
+	}
+	assert_int_equal(qcow2_file_check(path, want, &err), 0);
+	/* The same template on another host: another directory, same key. */
+	assert_int_equal(qcow2_file_check(path, "/srv/kiln/snapshots/0123456789abcdef/disk.qcow2", &err), 0);
+	assert_int_equal(qcow2_file_check(path, "/var/cache/kiln/snapshots/fedcba9876543210/disk.qcow2", &err), -1);
+	assert_string_equal(err.code, "snapshot_corrupt");
+	fd = open(path, O_RDONLY);
+	assert_true(fd >= 0);
+	n = read(fd, h, sizeof(h));
+	close(fd);
+	assert_true(n >= 512);
+	/* Bad magic; version 4; an external data file (incompatible bit 2); an
+	 * encrypted image; a data-file name extension; the backing name past
+	 * the buffer; clusters of 2 MiB. */
+	memcpy(x, h, (size_t)n);
+	x[0] = 'X';
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	memcpy(x, h, (size_t)n);
+	x[7] = 4;
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	memcpy(x, h, (size_t)n);
+	x[79] = 0x04;
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	assert_non_null(strstr(err.message, "incompatible"));
+	memcpy(x, h, (size_t)n);
+	x[35] = 1;
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	memcpy(x, h, (size_t)n);
+	{
+		uint32_t hl = (uint32_t)x[100] << 24 | x[101] << 16 | x[102] << 8 | x[103];
+
+		memcpy(x + hl, "\x44\x41\x54\x41", 4); /* "DATA": the external data file's name */
+	}
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	memcpy(x, h, (size_t)n);
+	x[8] = 0x7f;
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	memcpy(x, h, (size_t)n);
+	x[23] = 21;
+	assert_int_equal(qcow2_header_check(x, (size_t)n, want, &err), -1);
+	/* Truncated anywhere: refused, never read past. */
+	for (size_t len = 0; len < 128; len++)
+		assert_int_equal(qcow2_header_check(h, len, want, &err), -1);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -225,6 +291,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(outdir_refuses_escapes, outdir_setup, outdir_teardown),
 		cmocka_unit_test(qmp_kinds),
 		cmocka_unit_test(qmp_rejects),
+		cmocka_unit_test(qcow2_overlay_checked),
 	};
 
 	return cmocka_run_group_tests_name("host", tests, NULL, NULL);
