@@ -25,7 +25,8 @@ int outdir_open(const char *path, struct kiln_err *err)
 /* Walk the directory components of rel (all but the last when leaf is set),
  * creating them, and return an fd of the last directory reached; *last gets
  * the remaining leaf name. Never follows a symlink. */
-static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char **last, struct kiln_err *err)
+static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char **last, unsigned *created,
+		struct kiln_err *err)
 {
 	char *p, *slash;
 	int fd;
@@ -46,7 +47,10 @@ static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char 
 		}
 		if (slash)
 			*slash = '\0';
-		if (mkdirat(fd, p, 0755) < 0 && errno != EEXIST) {
+		if (mkdirat(fd, p, 0755) == 0) {
+			if (created)
+				++*created;
+		} else if (errno != EEXIST) {
 			kiln_err_set(err, "host_error", "cannot create output directory %s: %s", rel, strerror(errno));
 			close(fd);
 			return -1;
@@ -61,10 +65,10 @@ static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char 
 	}
 }
 
-int outdir_mkdir(int dirfd, const char *rel, struct kiln_err *err)
+int outdir_mkdir(int dirfd, const char *rel, unsigned *created, struct kiln_err *err)
 {
 	char name[PROTO_MAX_PATH + 1];
-	int fd = walk(dirfd, rel, 0, name, NULL, err);
+	int fd = walk(dirfd, rel, 0, name, NULL, created, err);
 
 	if (fd < 0)
 		return -1;
@@ -72,11 +76,11 @@ int outdir_mkdir(int dirfd, const char *rel, struct kiln_err *err)
 	return 0;
 }
 
-int outdir_create(int dirfd, const char *rel, uint32_t mode, struct kiln_err *err)
+int outdir_create(int dirfd, const char *rel, uint32_t mode, unsigned *created, struct kiln_err *err)
 {
 	char name[PROTO_MAX_PATH + 1];
 	const char *leaf = NULL;
-	int dfd = walk(dirfd, rel, 1, name, &leaf, err), fd;
+	int dfd = walk(dirfd, rel, 1, name, &leaf, created, err), fd;
 
 	if (dfd < 0)
 		return -1;
@@ -84,5 +88,16 @@ int outdir_create(int dirfd, const char *rel, uint32_t mode, struct kiln_err *er
 	close(dfd);
 	if (fd < 0)
 		return kiln_err_set(err, "host_error", "cannot create output file %s: %s", rel, strerror(errno));
+	if (created)
+		++*created;
 	return fd;
+}
+
+unsigned outdir_depth(const char *rel, int leaf)
+{
+	unsigned n = 1;
+
+	for (const char *p = rel; *p; p++)
+		n += *p == '/';
+	return leaf ? n - 1 : n;
 }

@@ -406,7 +406,7 @@ static int collect(struct run_ctx *c)
 {
 	uint32_t max_entries = c->opts->out_max_entries ? c->opts->out_max_entries : RUN_OUT_MAX_ENTRIES;
 	uint32_t max_depth = c->opts->out_max_depth ? c->opts->out_max_depth : RUN_OUT_MAX_DEPTH;
-	uint32_t entries = 0;
+	unsigned created = 0; /* inodes made under the output directory, implicit parents too */
 	int over = 0;     /* a host limit was reached: drop the rest */
 	int bad_name = 0; /* the current file's name is not UTF-8: listed, not kept */
 	uint64_t used = c->out.total + c->errb.total;
@@ -440,10 +440,14 @@ static int collect(struct run_ctx *c)
 				kiln_err_set(&c->err, "vm_error", "guest named an invalid output directory");
 				goto out;
 			}
-			if (!over && (++entries > max_entries || path_depth(path) > max_depth))
+			/* Counted before: what the host makes is bounded by the limit
+			 * plus one path's directories. */
+			if (!over && (created >= max_entries || path_depth(path) > max_depth))
 				over = 1;
-			if (!over && c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &c->err) < 0)
+			if (!over && c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &created, &c->err) < 0)
 				goto out;
+			if (!over && c->outdir_fd < 0)
+				created++; /* nothing made, but an entry in the result */
 			break;
 		case PROTO_OUT_FILE:
 			if (proto_out_file_decode(f.payload, f.len, &file) < 0) {
@@ -457,15 +461,17 @@ static int collect(struct run_ctx *c)
 			budget -= file.size;
 			/* A file's directories count towards the depth, the file itself
 			 * one level below the deepest directory. */
-			if (!over && (++entries > max_entries || path_depth(file.path) > max_depth + 1))
+			if (!over && (created >= max_entries || path_depth(file.path) > max_depth + 1))
 				over = 1;
 			/* Names are bytes to the guest but strings in JSON and S3: a
 			 * name that is not UTF-8 is listed (made readable) with the
 			 * reason, never kept or uploaded under a name it does not have. */
 			bad_name = !textbuf_utf8_valid(file.path, strlen(file.path));
 			if (!over && !bad_name && c->outdir_fd >= 0 &&
-			    (fd = outdir_create(c->outdir_fd, file.path, file.mode, &c->err)) < 0)
+			    (fd = outdir_create(c->outdir_fd, file.path, file.mode, &created, &c->err)) < 0)
 				goto out;
+			if (!over && (c->outdir_fd < 0 || bad_name))
+				created++;
 			EVP_DigestInit_ex(md, EVP_sha256(), NULL);
 			left = file.size;
 			in_file = 1;

@@ -143,7 +143,7 @@ static void rmtree_never_follows_links(void **state)
 
 /* ---- COLLECT from a hostile guest ---- */
 
-enum fake_kind { FAKE_EMPTY_FILES, FAKE_DEEP_DIR, FAKE_BAD_NAMES };
+enum fake_kind { FAKE_EMPTY_FILES, FAKE_DEEP_DIR, FAKE_BAD_NAMES, FAKE_DIR_FILES };
 
 struct fake_guest {
 	int fd;
@@ -181,6 +181,17 @@ static void *fake_guest_main(void *arg)
 			char path[32];
 
 			snprintf(path, sizeof(path), "f%u", g->sent);
+			if (send_out_file(g->fd, path, 0) < 0)
+				return NULL;
+		}
+		end.files = g->n;
+		break;
+	case FAKE_DIR_FILES:
+		/* Each file in a directory of its own that the host must make. */
+		for (g->sent = 0; g->sent < g->n; g->sent++) {
+			char path[48];
+
+			snprintf(path, sizeof(path), "d%u/e/f/x", g->sent);
 			if (send_out_file(g->fd, path, 0) < 0)
 				return NULL;
 		}
@@ -275,6 +286,26 @@ static void collect_bounds_empty_files(void **state)
 	assert_int_equal(g.sent, 200000);
 	assert_int_equal(json_array_size(outs), 5000);
 	assert_int_equal(count_entries(out), 5000);
+	assert_true(truncated);
+	json_decref(outs);
+}
+
+/* Directories the host makes on the way to a file count too. */
+static void collect_counts_implicit_dirs(void **state)
+{
+	struct fake_guest g = { .kind = FAKE_DIR_FILES, .n = 2000 };
+	struct run_opts lim = { .out_max_entries = 500 };
+	struct kiln_err err = { .code = "" };
+	char out[128];
+	int truncated = 0;
+	json_t *outs = collect_from(&g, &lim, &truncated, &err);
+	unsigned n;
+
+	assert_non_null(outs);
+	snprintf(out, sizeof(out), "%s/out", tmpdir);
+	n = count_entries(out);
+	assert_true(n >= 500 && n <= 500 + 4); /* the limit plus one path's directories */
+	assert_int_equal(json_array_size(outs), 125);
 	assert_true(truncated);
 	json_decref(outs);
 }
@@ -375,6 +406,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(rmtree_removes_beyond_path_max, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(rmtree_never_follows_links, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(collect_bounds_empty_files, tmp_setup, tmp_teardown),
+		cmocka_unit_test_setup_teardown(collect_counts_implicit_dirs, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(collect_default_limit_is_bounded, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(collect_bounds_depth, tmp_setup, tmp_teardown),
 		cmocka_unit_test_setup_teardown(collect_lists_non_utf8_names, tmp_setup, tmp_teardown),

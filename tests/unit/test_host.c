@@ -144,7 +144,7 @@ static void outdir_creates_nested(void **state)
 	int dfd = outdir_open(tmpl, &err), fd;
 
 	assert_true(dfd >= 0);
-	fd = outdir_create(dfd, "a/b/c.txt", 04755, &err);
+	fd = outdir_create(dfd, "a/b/c.txt", 04755, NULL, &err);
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, "hi", 2), 2);
 	close(fd);
@@ -153,7 +153,7 @@ static void outdir_creates_nested(void **state)
 	assert_int_equal(st.st_size, 2);
 	assert_int_equal(st.st_mode & 07777, 0755); /* setuid dropped */
 	/* An existing file is never overwritten. */
-	assert_int_equal(outdir_create(dfd, "a/b/c.txt", 0644, &err), -1);
+	assert_int_equal(outdir_create(dfd, "a/b/c.txt", 0644, NULL, &err), -1);
 	close(dfd);
 }
 
@@ -163,16 +163,16 @@ static void outdir_refuses_escapes(void **state)
 	char link[256], victim[256];
 	int dfd = outdir_open(tmpl, &err);
 
-	assert_int_equal(outdir_create(dfd, "../x", 0644, &err), -1);
-	assert_int_equal(outdir_create(dfd, "/etc/x", 0644, &err), -1);
-	assert_int_equal(outdir_create(dfd, "a//x", 0644, &err), -1);
-	assert_int_equal(outdir_mkdir(dfd, "a/./b", &err), -1);
+	assert_int_equal(outdir_create(dfd, "../x", 0644, NULL, &err), -1);
+	assert_int_equal(outdir_create(dfd, "/etc/x", 0644, NULL, &err), -1);
+	assert_int_equal(outdir_create(dfd, "a//x", 0644, NULL, &err), -1);
+	assert_int_equal(outdir_mkdir(dfd, "a/./b", NULL, &err), -1);
 	/* A symlink planted in the output directory is not followed. */
 	snprintf(victim, sizeof(victim), "%s-victim", tmpl);
 	mkdir(victim, 0755);
 	snprintf(link, sizeof(link), "%s/sneaky", tmpl);
 	assert_int_equal(symlink(victim, link), 0);
-	assert_int_equal(outdir_create(dfd, "sneaky/x", 0644, &err), -1);
+	assert_int_equal(outdir_create(dfd, "sneaky/x", 0644, NULL, &err), -1);
 	snprintf(link, sizeof(link), "%s/x", victim);
 	assert_int_equal(access(link, F_OK), -1);
 	rmdir(victim);
