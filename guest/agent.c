@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -290,8 +291,9 @@ static int file_enter(struct agent *a, int dfd, const char *name, const char **w
 
 /* Opens path for writing as a fresh, empty regular file owned by the task
  * user, leaving fd, dirfd and name in f. On failure returns a negative errno
- * and what names the step. */
-static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const char **what)
+ * and what names the step. as_task: the caller runs with the task user's
+ * filesystem credentials; an existing file must then belong to that user. */
+static int file_open_walk(struct agent *a, struct agent_file *f, uint32_t mode, int as_task, const char **what)
 {
 	char buf[PROTO_MAX_PATH + 1];
 	char *comp, *slash;
@@ -340,6 +342,13 @@ static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const
 		errno = EINVAL;
 		goto fail_errno_fd;
 	}
+	/* Writable by the task user (a 0666 file of root's) is not enough:
+	 * truncating and chowning it would take it from its owner. */
+	*what = "it belongs to another user";
+	if (as_task && st.st_uid != a->cfg.file_uid) {
+		errno = EPERM;
+		goto fail_errno_fd;
+	}
 	*what = "it has other hard links";
 	if (st.st_nlink > 1) {
 		errno = EMLINK;
@@ -373,6 +382,33 @@ fail_errno:
 		close(dfd);
 		return -err;
 	}
+}
+
+/* FILE writes with the task user's filesystem uid and gid (setfsuid: this
+ * thread only, and CAP_DAC_OVERRIDE and friends drop while it is not 0), so
+ * the kernel itself refuses what the task user could not write: /etc/shadow,
+ * a new file in /etc or /usr, anything behind a directory it cannot enter.
+ * Only kiln's own directory (/kiln: the host's warm-up sample, a session
+ * command's stdin; no task spec or session call may name it) is written
+ * with root's credentials, as before. */
+static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const char **what)
+{
+	int as_task = !path_under(f->path, "/kiln"), r;
+
+	if (as_task) {
+		setfsgid(a->cfg.file_gid);
+		setfsuid(a->cfg.file_uid);
+		if ((uid_t)setfsuid((uid_t)-1) != a->cfg.file_uid) {
+			*what = "taking the task user's credentials";
+			return -EPERM;
+		}
+	}
+	r = file_open_walk(a, f, mode, as_task, what);
+	if (as_task) {
+		setfsuid(0);
+		setfsgid(0);
+	}
+	return r;
 }
 
 static int file_finish(struct agent *a)
