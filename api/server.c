@@ -364,47 +364,31 @@ void server_relay_event(void *server, const char *task_id, const char *event, js
 
 /* ---- presigned URLs ---- */
 
-/* A presigned GET "url" for o's "s3_key", when that key lies under prefix
- * (the task's or session's own folder of its customer): a host reports the
- * keys, and a compromised one must not get links to other customers'
- * objects. A key elsewhere gets no url, an "url_error" and a log line. */
-void server_presign_one(const struct s3_config *s3, unsigned expiry_s, const char *prefix, json_t *o, time_t now)
+static void presign_one(struct server *s, json_t *o, time_t now)
 {
 	const char *key = json_string_value(json_object_get(o, "s3_key"));
-	struct kiln_err err = { .code = "" };
 	char *url = NULL;
 
 	if (!json_is_object(o))
 		return;
-	if (key && s3->endpoint) {
-		if (s3_key_under(key, prefix, &err))
-			url = s3_presign_get(s3, key, expiry_s, now, NULL);
-		else {
-			fprintf(stderr, "kiln-api: not signing a host's key: %s\n", err.message);
-			json_object_set_new(o, "url_error", json_string("the host reported a key outside this task's folder"));
-		}
-	}
+	if (key && s->cfg->s3.endpoint)
+		url = s3_presign_get(&s->cfg->s3, key, s->cfg->presign_expiry_s, now, NULL);
 	json_object_set_new(o, "url", url ? json_string(url) : json_null());
 	free(url);
 }
 
-/* outputs[] and artifacts{} of a task get a presigned GET "url" each, for
- * keys under CUSTOMER/TASK/ only. */
+/* outputs[] and artifacts{} of a task get a presigned GET "url" each. */
 static json_t *with_urls(struct server *s, json_t *task)
 {
 	time_t now = time(NULL);
 	json_t *outputs = json_object_get(task, "outputs"), *arts = json_object_get(task, "artifacts"), *v;
-	const char *k, *cust = json_string_value(json_object_get(task, "customer")),
-		       *id = json_string_value(json_object_get(task, "id"));
-	char prefix[300] = "";
+	const char *k;
 	size_t i;
 
-	if (cust && id)
-		snprintf(prefix, sizeof(prefix), "%s/%s/", cust, id);
 	json_array_foreach(outputs, i, v)
-		server_presign_one(&s->cfg->s3, s->cfg->presign_expiry_s, prefix, v, now);
+		presign_one(s, v, now);
 	json_object_foreach(arts, k, v)
-		server_presign_one(&s->cfg->s3, s->cfg->presign_expiry_s, prefix, v, now);
+		presign_one(s, v, now);
 	return task;
 }
 

@@ -65,11 +65,6 @@ void server_stop(struct server *s);
  * Thread-safe; never blocks on I/O. Unknown task ids are ignored. */
 void server_task_event(struct server *s, const char *task_id, const char *event, json_t *data);
 
-/* Set o's "url" to a presigned GET of its "s3_key" when that key lies under
- * prefix ("CUSTOMER/TASK/", "CUSTOMER/sessions/ID/"), else null (with
- * "url_error" when a key elsewhere was refused). Any thread. */
-void server_presign_one(const struct s3_config *s3, unsigned expiry_s, const char *prefix, json_t *o, time_t now);
-
 /* The same with the signature of sched_config.relay (ctx is the server). */
 void server_relay_event(void *server, const char *task_id, const char *event, json_t *data);
 

@@ -29,7 +29,6 @@
 #include "reply.h"
 #include "request.h"
 #include "s3.h"
-#include "server.h"
 
 #define REAP_TICK_MS 500
 #define RECONCILE_EVERY_MS 10000
@@ -953,15 +952,16 @@ static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions
 		json_decref(j);
 		return reply_error(r->conn, MHD_HTTP_BAD_GATEWAY, "host_error", "the host's answer is not JSON");
 	}
-	/* Every output gets a presigned GET url, as a task's do: for keys under
-	 * CUSTOMER/sessions/ID/ only. */
-	{
-		char prefix[300];
-		time_t now = time(NULL);
+	/* Every output gets a presigned GET url, as a task's do. */
+	json_array_foreach(json_object_get(j, "outputs"), i, o) {
+		const char *key = json_string_value(json_object_get(o, "s3_key"));
+		char *u = key && ss->cfg->s3.endpoint
+				  ? s3_presign_get(&ss->cfg->s3, key, ss->cfg->presign_expiry_s, time(NULL), NULL)
+				  : NULL;
 
-		snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", cur->customer, cur->id);
-		json_array_foreach(json_object_get(j, "outputs"), i, o)
-			server_presign_one(&ss->cfg->s3, ss->cfg->presign_expiry_s, prefix, o, now);
+		if (json_is_object(o))
+			json_object_set_new(o, "url", u ? json_string(u) : json_null());
+		free(u);
 	}
 	json_object_set_new(j, "id", json_string(cur->id));
 	return reply_json(r->conn, MHD_HTTP_OK, j);

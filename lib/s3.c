@@ -402,25 +402,6 @@ int s3_key_check(const char *key, struct kiln_err *err)
 	return 0;
 }
 
-int s3_key_under(const char *key, const char *prefix, struct kiln_err *err)
-{
-	size_t pl = prefix ? strlen(prefix) : 0;
-	char kb[SHOWN_MAX];
-
-	if (s3_key_check(key, err) < 0)
-		return 0;
-	if (pl < 2 || prefix[pl - 1] != '/' || prefix[0] == '/') {
-		kiln_err_set(err, "forbidden_key", "S3 object key %s: no valid folder to check it against",
-			     shown(key, kb));
-		return 0;
-	}
-	if (strncmp(key, prefix, pl) || !key[pl]) {
-		kiln_err_set(err, "forbidden_key", "S3 object key %s is not under %s", shown(key, kb), prefix);
-		return 0;
-	}
-	return 1;
-}
-
 /* A Content-Type goes into a header: printable ASCII, bounded. */
 static int check_content_type(const char *ct, struct kiln_err *err)
 {

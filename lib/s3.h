@@ -92,15 +92,6 @@ char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expire
  * ("s3_error", naming the problem). Every call above checks its key so. */
 int s3_key_check(const char *key, struct kiln_err *err);
 
-/* 1 when key is a valid key (s3_key_check) under the folder prefix, which
- * ends with '/' (such as "CUSTOMER/TASK/"): the keys of one customer's task
- * or session. Keys are compared byte for byte, as S3 does, and
- * s3_key_check refuses "." and ".." segments, so no key climbs out of the
- * folder. Else 0 with err set (code "forbidden_key"). kiln-api checks every
- * key a host reports before it signs one: a compromised host must not get
- * links to other customers' objects. */
-int s3_key_under(const char *key, const char *prefix, struct kiln_err *err);
-
 /* Percent-encode an object key for a URL path: everything but unreserved
  * characters and '/'. Returns a malloc'd string or NULL. */
 char *s3_encode_key(const char *key);

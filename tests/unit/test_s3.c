@@ -12,10 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "s3.h"
-#include "server.h"
 
 /* ---- key encoding ----------------------------------------------------------- */
 
@@ -112,54 +109,6 @@ static void test_canonical_query_limit(void **state)
 }
 
 /* ---- presigned URLs ------------------------------------------------------------- */
-
-/* kiln-api signs only keys under the task's or session's own folder. */
-static void test_key_under(void **state)
-{
-	struct kiln_err err = { "", "" };
-
-	assert_int_equal(s3_key_under("acme/t_1/outputs/a.txt", "acme/t_1/", &err), 1);
-	assert_int_equal(s3_key_under("acme/sessions/s_1/outputs/x", "acme/sessions/s_1/", &err), 1);
-	/* Another customer, another task, a sibling whose name starts alike. */
-	assert_int_equal(s3_key_under("evil/t_1/outputs/a.txt", "acme/t_1/", &err), 0);
-	assert_string_equal(err.code, "forbidden_key");
-	assert_int_equal(s3_key_under("acme/t_2/stdout.log", "acme/t_1/", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_10/stdout.log", "acme/t_1", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_1x/stdout.log", "acme/t_1/", &err), 0);
-	/* Climbing out: ".." segments, a leading '/', the folder itself. */
-	assert_int_equal(s3_key_under("acme/t_1/../../other/sessions/s_9/memory", "acme/t_1/", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_1/./x", "acme/t_1/", &err), 0);
-	assert_int_equal(s3_key_under("/acme/t_1/x", "acme/t_1/", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_1/", "acme/t_1/", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_1/x", "", &err), 0);
-	assert_int_equal(s3_key_under("acme/t_1/x", "/", &err), 0);
-	/* Percent signs are bytes of the key (the URL encodes them): no escape. */
-	assert_int_equal(s3_key_under("acme/t_1/%2e%2e/x", "acme/t_1/", &err), 1);
-}
-
-/* A host reports its outputs' keys: one under another customer's folder gets
- * no presigned URL, the task's own do. */
-static void test_presign_only_own_keys(void **state)
-{
-	const struct s3_config c = {
-		.endpoint = "http://127.0.0.1:8780", .region = "us-east-1", .bucket = "kiln",
-		.access_key = "test:tester", .secret_key = "testing",
-	};
-	json_t *own = json_pack("{s:s}", "s3_key", "acme/t_1/outputs/a.txt");
-	json_t *other = json_pack("{s:s}", "s3_key", "evil/sessions/s_9/memory.zst");
-	json_t *climb = json_pack("{s:s}", "s3_key", "acme/t_1/../../evil/sessions/s_9/memory.zst");
-
-	server_presign_one(&c, 600, "acme/t_1/", own, 1700000000);
-	server_presign_one(&c, 600, "acme/t_1/", other, 1700000000);
-	server_presign_one(&c, 600, "acme/t_1/", climb, 1700000000);
-	assert_non_null(strstr(json_string_value(json_object_get(own, "url")) ?: "", "/kiln/acme/t_1/outputs/a.txt?"));
-	assert_true(json_is_null(json_object_get(other, "url")));
-	assert_non_null(json_string_value(json_object_get(other, "url_error")));
-	assert_true(json_is_null(json_object_get(climb, "url")));
-	json_decref(own);
-	json_decref(other);
-	json_decref(climb);
-}
 
 /* The example of AWS's "Authenticating Requests: Using Query Parameters (AWS
  * Signature Version 4)" page (Amazon S3 API Reference): GET test.txt in
@@ -524,8 +473,6 @@ int main(void)
 		cmocka_unit_test(test_encode_key_all_bytes),
 		cmocka_unit_test(test_canonical_query),
 		cmocka_unit_test(test_canonical_query_limit),
-		cmocka_unit_test(test_key_under),
-		cmocka_unit_test(test_presign_only_own_keys),
 		cmocka_unit_test(test_presign_aws_example),
 		cmocka_unit_test(test_presign_path_style),
 		cmocka_unit_test(test_presign_host),
