@@ -317,86 +317,31 @@ static json_t *body_json(struct request *req, struct kiln_err *err)
 }
 
 /* POST /v1/sessions/{id}/exec?stream=1: the command runs on a thread of its
- * own that queues server-sent events for the response to read. The command's
- * thread is the session's VM loop, which also sends the timeout's KILL: it
- * must never wait for a client. So the queue is bounded and never blocks:
- * when a client reads so slowly that STREAM_QUEUE_MAX bytes wait, one
- * "dropped" event is queued, later output events are dropped (whole events
- * only, so the stream stays well-formed) and the command runs on to its end
- * or timeout; its "result" (or "error") is always queued last. */
+ * own that writes server-sent events into a pipe the response reads. */
 struct exec_stream {
 	struct server *s;
 	char id[80];
 	json_t *req;
+	int rfd, wfd;
 	int raw;      /* an interactive command: output also as data_b64 (a
 		       * terminal's bytes need not end on a character) */
-	pthread_mutex_t lock; /* everything below */
-	pthread_cond_t cond;  /* queue grew, or the command ended */
+	pthread_mutex_t lock; /* exec_id: set on the command's thread, read when the reader goes */
 	char exec_id[40];     /* its id, once started */
-	char *q;              /* queued events: q[qoff..qlen) not yet read */
-	size_t qlen, qoff, qcap;
-	int lost;             /* output events are being dropped */
-	int done;             /* the last event is queued */
-	int gone;             /* the client went away: queue nothing */
+	char tail[2];  /* the last two bytes sent: "\n\n" between events */
 	pthread_t th;
 };
 
-#define STREAM_KEEPALIVE_MS 10000     /* a quiet command's stream still shows it is alive */
-#define STREAM_QUEUE_MAX    (4u << 20) /* bytes of events waiting for a slow client */
+#define STREAM_KEEPALIVE_MS 10000 /* a quiet command's stream still shows it is alive */
 
-/* Queue one event (lock not held). final: the last one, queued whatever
- * the queue holds (a result is bounded by the session's output limit). */
-static void stream_write(struct exec_stream *x, const char *event, json_t *data, int final)
+static void stream_write(int fd, const char *event, json_t *data)
 {
-	char *d = json_dumps(data, JSON_COMPACT), *ev = NULL;
-	int n = d ? asprintf(&ev, "event: %s\ndata: %s\n\n", event, d) : -1;
+	char *d = json_dumps(data, JSON_COMPACT);
 
-	free(d);
+	if (d) {
+		dprintf(fd, "event: %s\ndata: %s\n\n", event, d);
+		free(d);
+	}
 	json_decref(data);
-	if (n < 0)
-		return;
-	pthread_mutex_lock(&x->lock);
-	if (!x->gone && !x->lost && !final && x->qlen - x->qoff + (size_t)n > STREAM_QUEUE_MAX) {
-		static const char dropped[] =
-			"event: dropped\ndata: {\"message\":\"the client read too slowly: later output events are "
-			"dropped; the command runs on to its end\"}\n\n";
-
-		x->lost = 1;
-		free(ev);
-		ev = strdup(dropped);
-		n = ev ? (int)strlen(ev) : -1;
-	} else if (x->gone || (x->lost && !final)) {
-		n = -1;
-	}
-	if (n > 0) {
-		if (x->qoff) { /* what was read is gone: keep the buffer small */
-			memmove(x->q, x->q + x->qoff, x->qlen - x->qoff);
-			x->qlen -= x->qoff;
-			x->qoff = 0;
-		}
-		if (x->qlen + (size_t)n > x->qcap) {
-			size_t cap = x->qcap ? x->qcap : 64 << 10;
-			char *q;
-
-			while (cap < x->qlen + (size_t)n)
-				cap *= 2;
-			if ((q = realloc(x->q, cap))) {
-				x->q = q;
-				x->qcap = cap;
-			}
-		}
-		if (x->qlen + (size_t)n <= x->qcap) {
-			memcpy(x->q + x->qlen, ev, (size_t)n);
-			x->qlen += (size_t)n;
-		} else {
-			x->lost = 1; /* out of memory: as a slow client */
-		}
-	}
-	if (final)
-		x->done = 1;
-	pthread_cond_broadcast(&x->cond);
-	pthread_mutex_unlock(&x->lock);
-	free(ev);
 }
 
 static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
@@ -412,18 +357,12 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 			snprintf(x->exec_id, sizeof(x->exec_id), "%.*s", (int)len, (const char *)data);
 			pthread_mutex_unlock(&x->lock);
 		}
-		stream_write(x, "started", data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object(),
-			     0);
+		stream_write(x->wfd, "started",
+			     data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object());
 		return;
 	}
 	if (ev != RUN_EV_STDOUT && ev != RUN_EV_STDERR)
 		return;
-	pthread_mutex_lock(&x->lock);
-	if (x->lost || x->gone) { /* nobody will see it: do not even format it */
-		pthread_mutex_unlock(&x->lock);
-		return;
-	}
-	pthread_mutex_unlock(&x->lock);
 	s = textbuf_to_utf8(data, len);
 	d = json_pack("{s:s}", "data", s ? s : "");
 	free(s);
@@ -436,7 +375,7 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 			free(b64);
 		}
 	}
-	stream_write(x, ev == RUN_EV_STDOUT ? "stdout" : "stderr", d, 0);
+	stream_write(x->wfd, ev == RUN_EV_STDOUT ? "stdout" : "stderr", d);
 }
 
 static void *exec_stream_main(void *arg)
@@ -446,9 +385,11 @@ static void *exec_stream_main(void *arg)
 	json_t *res = session_exec(x->s->sessions, x->id, x->req, exec_stream_event, x, &err);
 
 	if (res)
-		stream_write(x, "result", res, 1);
+		stream_write(x->wfd, "result", res);
 	else
-		stream_write(x, "error", json_pack("{s:s, s:s}", "code", err.code, "message", err.message), 1);
+		stream_write(x->wfd, "error", json_pack("{s:s, s:s}", "code", err.code, "message", err.message));
+	close(x->wfd);
+	x->wfd = -1;
 	return NULL;
 }
 
@@ -456,28 +397,26 @@ static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	static const char keepalive[] = ": keepalive\n\n";
 	struct exec_stream *x = cls;
+	struct pollfd p = { .fd = x->rfd, .events = POLLIN };
 	ssize_t n;
 
 	/* Between events, silence becomes a comment line: a client that went
-	 * away is noticed when it cannot be written (see exec_stream_free).
-	 * Events are queued whole, so an empty queue is always between two. */
-	pthread_mutex_lock(&x->lock);
-	while (x->qlen == x->qoff && !x->done) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_sec += STREAM_KEEPALIVE_MS / 1000;
-		if (pthread_cond_timedwait(&x->cond, &x->lock, &ts) == ETIMEDOUT && x->qlen == x->qoff && !x->done &&
-		    max >= sizeof(keepalive) - 1) {
-			pthread_mutex_unlock(&x->lock);
+	 * away is noticed when it cannot be written (see exec_stream_free). */
+	while (poll(&p, 1, STREAM_KEEPALIVE_MS) == 0 || (p.revents == 0 && errno == EINTR))
+		if (((x->tail[0] == '\n' && x->tail[1] == '\n') || pos == 0) && max >= sizeof(keepalive) - 1) {
 			memcpy(buf, keepalive, sizeof(keepalive) - 1);
 			return (ssize_t)(sizeof(keepalive) - 1);
 		}
+	do
+		n = read(x->rfd, buf, max);
+	while (n < 0 && errno == EINTR);
+	if (n >= 2) {
+		x->tail[0] = buf[n - 2];
+		x->tail[1] = buf[n - 1];
+	} else if (n == 1) {
+		x->tail[0] = x->tail[1];
+		x->tail[1] = buf[0];
 	}
-	n = (ssize_t)(x->qlen - x->qoff < max ? x->qlen - x->qoff : max);
-	memcpy(buf, x->q + x->qoff, (size_t)n);
-	x->qoff += (size_t)n;
-	pthread_mutex_unlock(&x->lock);
 	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
@@ -492,17 +431,12 @@ static void exec_stream_free(void *cls)
 	 * command is over and this finds nothing. */
 	pthread_mutex_lock(&x->lock);
 	memcpy(exec_id, x->exec_id, sizeof(exec_id));
-	x->gone = 1;
-	free(x->q);
-	x->q = NULL;
-	x->qlen = x->qoff = x->qcap = 0;
 	pthread_mutex_unlock(&x->lock);
 	if (x->raw && exec_id[0])
 		session_interrupt(x->s->sessions, x->id, exec_id);
+	close(x->rfd);
 	pthread_join(x->th, NULL);
-	pthread_cond_destroy(&x->cond);
 	pthread_mutex_destroy(&x->lock);
-	free(x->q);
 	json_decref(x->req);
 	free(x);
 }
@@ -511,10 +445,10 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 {
 	struct exec_stream *x = calloc(1, sizeof(*x));
 	struct MHD_Response *r;
-	pthread_condattr_t ca;
-	int ret;
+	int p[2], ret;
 
-	if (!x) {
+	if (!x || pipe2(p, O_CLOEXEC) < 0) {
+		free(x);
 		json_decref(req);
 		return MHD_NO;
 	}
@@ -523,13 +457,11 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 	x->req = req;
 	x->raw = json_is_true(json_object_get(req, "interactive")) || json_is_object(json_object_get(req, "tty"));
 	pthread_mutex_init(&x->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&x->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	x->rfd = p[0];
+	x->wfd = p[1];
 	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
-		pthread_cond_destroy(&x->cond);
-		pthread_mutex_destroy(&x->lock);
+		close(p[0]);
+		close(p[1]);
 		json_decref(req);
 		free(x);
 		return MHD_NO;
