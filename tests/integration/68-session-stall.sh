@@ -6,6 +6,9 @@
 # session must then take other requests (not 409 busy) and DELETE must
 # destroy its VM; the stream, once read, holds a `truncated` event and the
 # result (timed_out). Nothing is left behind.
+# Then item 8: a fake host (fake_host.py) registers with kiln-api and reports
+# output and log keys under another customer's prefix: kiln-api signs no URL
+# for them (url null, url_error), only for the task's own keys.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in jq curl python3; do
@@ -109,8 +112,9 @@ check "host: no QEMU left for the session" test "$(count_qemu)" = 0
 
 # ---- through kiln-api ----
 jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-	  quotas: {submit_rate: 1000, submit_burst: 1000}}' > "$T_TMP/api.json"
+	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
+	  quotas: {submit_rate: 1000, submit_burst: 1000},
+	  s3: {endpoint: "http://127.0.0.1:9", bucket: "kiln", access_key: "AK", secret_key: "SK"}}' > "$T_TMP/api.json"
 "$ROOT/build/kiln-api" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
 api_pid=$!
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
@@ -124,9 +128,15 @@ areq() { # METHOD PATH [curl args]: kiln-api; body in $T_TMP/last, status echoed
 	local m=$1 p=$2; shift 2
 	curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $KA" "$@" "$URL$p"
 }
-st=$(areq POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{}')
+# 503 (no host live yet, or capacity not yet reported back) says retry.
+for _ in $(seq 15); do
+	st=$(areq POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{}')
+	[ "$st" = 503 ] || break
+	echo "# create: 503 $(last .error.code): $(last .error.message); retrying"
+	sleep 2
+done
 SID=$(last .id)
-check "a session through kiln-api ($st $SID)" test "$st" = 201
+check "a session through kiln-api ($st $SID $(last .error.message))" test "$st" = 201
 t0=$(date +%s)
 stall api "$PORT" "/v1/sessions/$SID/exec?stream=1" "$KA"
 sleep 2
@@ -143,11 +153,45 @@ res=$(sse_event "$T_TMP/api.sse" result)
 check "api: the stream, read at last, ends with the result: timed_out" \
 	test "$(echo "$res" | jq -r '.end_reason' 2> /dev/null)" = timeout
 c_pids=()
-
-kill "$api_pid" "$h_pid"
-wait "$api_pid" "$h_pid" 2> /dev/null
-api_pid=''
+kill "$h_pid"
+wait "$h_pid" 2> /dev/null
 h_pid=''
+
+# ---- item 8: a lying host gets no URL signed for another customer's keys ----
+# (kiln-api's S3 settings are only used for signing here: no S3 server.)
+"$PY" "$ROOT/tests/integration/fake_host.py" "$URL" "$TOKEN" $((PORT + 2)) h-fake victim 2>> "$T_TMP/fake.err" &
+c_pids+=($!)
+for _ in $(seq 100); do
+	[ "$(admin "$URL/v1/admin/hosts" | jq -r '[.hosts[]? | select(.state == "live") | .id] | join(",")' 2> /dev/null)" = h-fake ] && break
+	sleep 0.2
+done
+st=$(areq POST /v1/tasks -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}')
+TID=$(last .id)
+for _ in $(seq 30); do
+	areq GET "/v1/tasks/$TID?wait=2" > /dev/null
+	[ "$(last .state)" = succeeded ] && break
+	sleep 0.2
+done
+if [ "$(last .state)" = succeeded ] && [ "$(last .host)" = h-fake ]; then ok "a task on the fake host ends succeeded ($TID)"
+else not_ok "a task on the fake host ends succeeded" "$st $TID $(last .state) on $(last .host)" "fake host: $(tail -3 "$T_TMP/fake.err")" \
+	"hosts: $(admin "$URL/v1/admin/hosts" | jq -c '[.hosts[]? | [.id, .state]]')"; fi
+cp "$T_TMP/last" "$T_TMP/task.json"
+out() { jq -r --arg p "$1" ".outputs[] | select(.path == \$p) | $2" "$T_TMP/task.json"; }
+check "the honest output gets a presigned URL under acme/$TID/" \
+	eval '[[ "$(out ok.txt .url)" == *"/kiln/acme/$TID/outputs/ok.txt?"*X-Amz-Signature=* ]]'
+check "an output key naming another customer's session RAM gets no URL, with a reason ($(out ram .url_error))" \
+	test "$(out ram .url)" = null -a "$(out ram '.url_error | test("not available")')" = true
+check "a percent-encoded way out of the prefix gets no URL ($(out up .url | head -c 80))" \
+	test "$(out up .url)" = null -a "$(out up '.url_error != null')" = true
+check "a log key naming another customer's session disk gets no URL; the honest log does" \
+	test "$(jq -r '.artifacts["stderr.log"].url' "$T_TMP/task.json")" = null \
+	-a "$(jq -r '.artifacts["stdout.log"].url | test("/kiln/acme/")' "$T_TMP/task.json")" = true
+check "not a 500: the task is answered, and the refusal is logged" grep -q "outside acme/$TID/: not signed" "$T_TMP/api.err"
+
+kill "$api_pid" "${c_pids[@]}"
+wait "$api_pid" "${c_pids[@]}" 2> /dev/null
+api_pid=''
+c_pids=()
 check "nothing left: QEMU $(count_qemu), cgroups $(count_cgroups) (before $before_cg), slot locks $(count_slot_locks) (before $before_locks)" \
 	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_slot_locks)" -le "$before_locks"
 t_done
