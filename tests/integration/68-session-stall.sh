@@ -75,6 +75,11 @@ until_free() {
 	echo never
 	return 1
 }
+# started NAME: until the stalled client saw its command start (60 s); then true if it did
+started() {
+	for _ in $(seq 300); do [ -e "$T_TMP/$1.sse.started" ] && break; sleep 0.2; done
+	grep -q '^event: started' "$T_TMP/$1.sse.started" 2> /dev/null
+}
 # sse_event FILE NAME: the data of the stream's first event NAME (JSON), or nothing
 sse_event() {
 	"$PY" - "$1" "$2" << 'EOF'
@@ -94,7 +99,9 @@ st=$(hreq POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{
 check "a session on the host ($st)" test "$st" = 201
 t0=$(date +%s)
 stall host "$HP" /v1/sessions/s1/exec?stream=1 "$TOKEN"
-sleep 2
+check "host: \`yes\` started, its stream left unread" started host
+st=$(hreq POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}')
+check "host: meanwhile the session is busy with it ($st)" test "$st" = 409
 free_s=$(until_free "$t0" hreq POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}')
 check "host: with the stream unread, the session takes another exec $free_s s after \`yes\` started (timeout_s $TIMEOUT_S, bound $((TIMEOUT_S + BOUND_S)) s)" \
 	test "$free_s" != never
@@ -139,7 +146,9 @@ SID=$(last .id)
 check "a session through kiln-api ($st $SID $(last .error.message))" test "$st" = 201
 t0=$(date +%s)
 stall api "$PORT" "/v1/sessions/$SID/exec?stream=1" "$KA"
-sleep 2
+check "api: \`yes\` started, its stream left unread" started api
+st=$(areq POST "/v1/sessions/$SID/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}')
+check "api: meanwhile the session is busy with it ($st)" test "$st" = 409
 free_s=$(until_free "$t0" areq POST "/v1/sessions/$SID/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["true"]}')
 check "api: with the stream unread, the session takes another exec $free_s s after \`yes\` started (bound $((TIMEOUT_S + BOUND_S)) s)" \
 	test "$free_s" != never
