@@ -31,6 +31,7 @@
 #include <openssl/sha.h>
 
 #include "quota.h"
+#include "presign.h"
 #include "reply.h"
 #include "request.h"
 #include "s3.h"
@@ -364,32 +365,11 @@ void server_relay_event(void *server, const char *task_id, const char *event, js
 
 /* ---- presigned URLs ---- */
 
-static void presign_one(struct server *s, json_t *o, time_t now)
-{
-	const char *key = json_string_value(json_object_get(o, "s3_key"));
-	char *url = NULL;
-
-	if (!json_is_object(o))
-		return;
-	if (key && s->cfg->s3.endpoint)
-		url = s3_presign_get(&s->cfg->s3, key, s->cfg->presign_expiry_s, now, NULL);
-	json_object_set_new(o, "url", url ? json_string(url) : json_null());
-	free(url);
-}
-
-/* outputs[] and artifacts{} of a task get a presigned GET "url" each. */
+/* outputs[] and artifacts{} of a task get a presigned GET "url" each, for
+ * keys under the task's own prefix only (presign.h). */
 static json_t *with_urls(struct server *s, json_t *task)
 {
-	time_t now = time(NULL);
-	json_t *outputs = json_object_get(task, "outputs"), *arts = json_object_get(task, "artifacts"), *v;
-	const char *k;
-	size_t i;
-
-	json_array_foreach(outputs, i, v)
-		presign_one(s, v, now);
-	json_object_foreach(arts, k, v)
-		presign_one(s, v, now);
-	return task;
+	return presign_task(&s->cfg->s3, s->cfg->presign_expiry_s, task, time(NULL));
 }
 
 /* ---- tasks ---- */

@@ -26,6 +26,7 @@
 #include <curl/curl.h>
 
 #include "hostclient.h"
+#include "presign.h"
 #include "reply.h"
 #include "request.h"
 #include "s3.h"
@@ -928,8 +929,7 @@ static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
 	char url[256], path[96];
-	json_t *j, *o;
-	size_t i;
+	json_t *j;
 
 	if (!need_running(ss, r, cur, url, &ret))
 		return ret;
@@ -952,17 +952,9 @@ static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions
 		json_decref(j);
 		return reply_error(r->conn, MHD_HTTP_BAD_GATEWAY, "host_error", "the host's answer is not JSON");
 	}
-	/* Every output gets a presigned GET url, as a task's do. */
-	json_array_foreach(json_object_get(j, "outputs"), i, o) {
-		const char *key = json_string_value(json_object_get(o, "s3_key"));
-		char *u = key && ss->cfg->s3.endpoint
-				  ? s3_presign_get(&ss->cfg->s3, key, ss->cfg->presign_expiry_s, time(NULL), NULL)
-				  : NULL;
-
-		if (json_is_object(o))
-			json_object_set_new(o, "url", u ? json_string(u) : json_null());
-		free(u);
-	}
+	/* Every output gets a presigned GET url, as a task's do, for keys
+	 * under the session's own outputs/ only. */
+	presign_session_outputs(&ss->cfg->s3, ss->cfg->presign_expiry_s, j, cur->customer, cur->id, time(NULL));
 	json_object_set_new(j, "id", json_string(cur->id));
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }

@@ -196,6 +196,12 @@ static int exec_send(struct run_ctx *c, uint32_t flags)
 	return vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err);
 }
 
+/* When the running task's timeout_s is up (proto_now_ms clock). */
+static int64_t run_deadline_ms(const struct run_ctx *c)
+{
+	return c->t_started / 1000 + (int64_t)c->spec->timeout_s * 1000;
+}
+
 static int exec_wait(struct run_ctx *c)
 {
 	struct proto_frame f;
@@ -211,9 +217,11 @@ static int exec_wait(struct run_ctx *c)
 	if (f.type != PROTO_STARTED)
 		return kiln_err_set(&c->err, "vm_error", "exec: unexpected frame type 0x%02x", f.type);
 	c->t_started = proto_now_us();
-	if (c->opts->on_event)
-		c->opts->on_event(c->opts->event_ctx, RUN_EV_RUNNING, c->opts->exec_id,
-				  c->opts->exec_id ? strlen(c->opts->exec_id) : 0);
+	if (c->opts->on_event) {
+		struct run_started st = { .exec_id = c->opts->exec_id, .deadline_ms = run_deadline_ms(c) };
+
+		c->opts->on_event(c->opts->event_ctx, RUN_EV_RUNNING, &st, sizeof(st));
+	}
 	return 0;
 }
 
@@ -315,7 +323,7 @@ static void on_blocked(void *ctx, const char *dst, unsigned port, const char *pr
 /* Run until EXIT, enforcing the wall-clock limit from the host. */
 static int run_loop(struct run_ctx *c)
 {
-	int64_t deadline = c->t_started / 1000 + (int64_t)c->spec->timeout_s * 1000;
+	int64_t deadline = run_deadline_ms(c);
 	uint64_t received = 0;
 
 	for (;;) {

@@ -34,16 +34,19 @@ struct run_opts {
 	int prereserved;           /* the caller already reserved the task's memory in cap (and
 				    * releases it): a pool VM's own reservation is dropped */
 	/* NULL, or called on the running thread as the task progresses: RUN_EV_RUNNING
-	 * when the code has started, RUN_EV_STDOUT/STDERR with the raw bytes as they
-	 * arrive (already bounded by the output limit), RUN_EV_EXITED when it ended;
-	 * RUN_EV_BLOCKED (struct run_blocked) on another thread. */
+	 * (struct run_started) when the code has started, RUN_EV_STDOUT/STDERR with
+	 * the raw bytes as they arrive (already bounded by the output limit),
+	 * RUN_EV_EXITED when it ended; RUN_EV_BLOCKED (struct run_blocked) on
+	 * another thread. The task's timeout is enforced on the running thread
+	 * between calls: a callback must not wait past run_started.deadline_ms
+	 * (it may, until then, to slow the task down for a slow consumer). */
 	void (*on_event)(void *ctx, int event, const void *data, size_t len);
 	void *event_ctx;
 	/* A session's interactive command (run_session_exec only): extra_flags
 	 * PROTO_EXEC_STDIN or PROTO_EXEC_TTY (with tty_rows x tty_cols); and
 	 * input_fd (> 0), a non-blocking pipe of whole STDIN/RESIZE frames, each
 	 * written at once, passed on to the guest while the command runs.
-	 * exec_id is RUN_EV_RUNNING's data (NUL-terminated), or NULL. */
+	 * exec_id is RUN_EV_RUNNING's exec_id (NUL-terminated), or NULL. */
 	unsigned extra_flags;
 	uint32_t tty_rows, tty_cols;
 	int input_fd;
@@ -61,6 +64,11 @@ struct run_opts {
 #define RUN_OUT_MAX_DEPTH   32u
 
 enum run_event { RUN_EV_RUNNING, RUN_EV_STDOUT, RUN_EV_STDERR, RUN_EV_EXITED, RUN_EV_BLOCKED };
+/* RUN_EV_RUNNING's data. */
+struct run_started {
+	const char *exec_id;  /* opts->exec_id (NULL: none) */
+	int64_t deadline_ms;  /* when the task's timeout_s is up (CLOCK_MONOTONIC ms, proto_now_ms) */
+};
 /* RUN_EV_BLOCKED's data: a destination the sandbox's network dropped. It
  * comes from the network's own thread, not the task's. */
 struct run_blocked {

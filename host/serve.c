@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -317,31 +318,103 @@ static json_t *body_json(struct request *req, struct kiln_err *err)
 }
 
 /* POST /v1/sessions/{id}/exec?stream=1: the command runs on a thread of its
- * own that writes server-sent events into a pipe the response reads. */
+ * own (the producer) that queues server-sent events; the response's reader
+ * (the consumer, on the connection's thread) takes them out as the client
+ * reads. The queue is bounded (STREAM_QUEUE_MAX). When it is full the
+ * producer waits for room, so that a slow client slows the command down as
+ * a pipe would and loses nothing; but never past the command's deadline:
+ * the producer is the loop that enforces the timeout, and a client that
+ * stops reading must not hold the command, and with it the session, past
+ * its timeout_s. Output events that find no room after the deadline are
+ * dropped (the result event holds the output) and a `truncated` event says
+ * so. The last event (result or error) waits for room as long as the reader
+ * is there: the session is free by then, only this stream waits. */
 struct exec_stream {
 	struct server *s;
 	char id[80];
 	json_t *req;
-	int rfd, wfd;
-	int raw;      /* an interactive command: output also as data_b64 (a
-		       * terminal's bytes need not end on a character) */
-	pthread_mutex_t lock; /* exec_id: set on the command's thread, read when the reader goes */
-	char exec_id[40];     /* its id, once started */
-	char tail[2];  /* the last two bytes sent: "\n\n" between events */
+	int raw;               /* an interactive command: output also as data_b64 (a
+				* terminal's bytes need not end on a character) */
 	pthread_t th;
+	pthread_mutex_t lock;  /* everything below */
+	pthread_cond_t cond;   /* the queue changed, or the reader went away */
+	struct textbuf q;      /* whole events; q.p[q_off..q.len) not read yet */
+	size_t q_off;
+	int64_t deadline_ms;   /* the command's (RUN_EV_RUNNING); 0 until it runs */
+	uint64_t dropped;      /* bytes of events dropped, not yet reported */
+	int done;              /* the last event is queued */
+	int reader_gone;       /* exec_stream_free: nobody reads any more */
+	char exec_id[40];      /* its id, once started (interactive commands) */
 };
 
-#define STREAM_KEEPALIVE_MS 10000 /* a quiet command's stream still shows it is alive */
+#define STREAM_QUEUE_MAX    (1u << 20) /* events queued for a slow client */
+#define STREAM_KEEPALIVE_MS 10000      /* a quiet command's stream still shows it is alive */
 
-static void stream_write(int fd, const char *event, json_t *data)
+/* pthread_cond_timedwait until deadline_ms (proto_now_ms clock; the
+ * condition variable uses CLOCK_MONOTONIC). */
+static int stream_wait_until(struct exec_stream *x, int64_t deadline_ms)
+{
+	struct timespec ts = { .tv_sec = deadline_ms / 1000, .tv_nsec = (deadline_ms % 1000) * 1000000 };
+
+	return pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+}
+
+/* Queue one event (takes data). last: the final one, after which the
+ * stream ends. See struct exec_stream for when it waits and when it drops. */
+static void stream_put(struct exec_stream *x, const char *event, json_t *data, int last)
 {
 	char *d = json_dumps(data, JSON_COMPACT);
+	char note[200] = "";
+	size_t need;
 
-	if (d) {
-		dprintf(fd, "event: %s\ndata: %s\n\n", event, d);
-		free(d);
-	}
 	json_decref(data);
+	pthread_mutex_lock(&x->lock);
+	if (!d)
+		goto out;
+	need = strlen(event) + strlen(d) + 16 + sizeof(note);
+	for (;;) {
+		size_t queued = x->q.len - x->q_off;
+
+		if (x->reader_gone)
+			goto drop;
+		/* An event larger than the queue still goes, into an empty one. */
+		if (queued == 0 || queued + need <= STREAM_QUEUE_MAX)
+			break;
+		if (last) {
+			pthread_cond_wait(&x->cond, &x->lock);
+			continue;
+		}
+		if (x->deadline_ms <= 0 || proto_now_ms() >= x->deadline_ms)
+			goto drop;
+		stream_wait_until(x, x->deadline_ms);
+	}
+	/* Room again: first say what was lost. */
+	if (x->dropped)
+		snprintf(note, sizeof(note),
+			 "event: truncated\ndata: {\"dropped_bytes\":%llu,\"message\":\"the client read too slowly: "
+			 "output events were dropped after the command's timeout; the result has its output\"}\n\n",
+			 (unsigned long long)x->dropped);
+	x->dropped = 0;
+	if (x->q_off == x->q.len) {
+		x->q_off = x->q.len = 0;
+	} else if (x->q_off > x->q.len / 2) {
+		memmove(x->q.p, x->q.p + x->q_off, x->q.len - x->q_off);
+		x->q.len -= x->q_off;
+		x->q_off = 0;
+	}
+	if (textbuf_append(&x->q, note, strlen(note)) < 0 || textbuf_append(&x->q, "event: ", 7) < 0 ||
+	    textbuf_append(&x->q, event, strlen(event)) < 0 || textbuf_append(&x->q, "\ndata: ", 7) < 0 ||
+	    textbuf_append(&x->q, d, strlen(d)) < 0 || textbuf_append(&x->q, "\n\n", 2) < 0)
+		fprintf(stderr, "kiln-host: session %s: out of memory queueing a stream event\n", x->id);
+	goto out;
+drop:
+	x->dropped += strlen(event) + strlen(d) + 16;
+out:
+	if (last)
+		x->done = 1;
+	pthread_cond_broadcast(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+	free(d);
 }
 
 static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
@@ -351,14 +424,16 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 	char *s;
 
 	if (ev == RUN_EV_RUNNING) {
-		/* The exec id is what input requests name. */
-		if (data) {
-			pthread_mutex_lock(&x->lock);
-			snprintf(x->exec_id, sizeof(x->exec_id), "%.*s", (int)len, (const char *)data);
-			pthread_mutex_unlock(&x->lock);
-		}
-		stream_write(x->wfd, "started",
-			     data ? json_pack("{s:s%}", "exec_id", (const char *)data, len) : json_object());
+		const struct run_started *st = data;
+
+		/* The exec id is what input requests name; the deadline bounds
+		 * how long a slow reader may hold the command back. */
+		pthread_mutex_lock(&x->lock);
+		x->deadline_ms = st->deadline_ms;
+		if (st->exec_id)
+			snprintf(x->exec_id, sizeof(x->exec_id), "%s", st->exec_id);
+		pthread_mutex_unlock(&x->lock);
+		stream_put(x, "started", st->exec_id ? json_pack("{s:s}", "exec_id", st->exec_id) : json_object(), 0);
 		return;
 	}
 	if (ev != RUN_EV_STDOUT && ev != RUN_EV_STDERR)
@@ -375,7 +450,7 @@ static void exec_stream_event(void *ctx, int ev, const void *data, size_t len)
 			free(b64);
 		}
 	}
-	stream_write(x->wfd, ev == RUN_EV_STDOUT ? "stdout" : "stderr", d);
+	stream_put(x, ev == RUN_EV_STDOUT ? "stdout" : "stderr", d, 0);
 }
 
 static void *exec_stream_main(void *arg)
@@ -385,11 +460,9 @@ static void *exec_stream_main(void *arg)
 	json_t *res = session_exec(x->s->sessions, x->id, x->req, exec_stream_event, x, &err);
 
 	if (res)
-		stream_write(x->wfd, "result", res);
+		stream_put(x, "result", res, 1);
 	else
-		stream_write(x->wfd, "error", json_pack("{s:s, s:s}", "code", err.code, "message", err.message));
-	close(x->wfd);
-	x->wfd = -1;
+		stream_put(x, "error", json_pack("{s:s, s:s}", "code", err.code, "message", err.message), 1);
 	return NULL;
 }
 
@@ -397,27 +470,39 @@ static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	static const char keepalive[] = ": keepalive\n\n";
 	struct exec_stream *x = cls;
-	struct pollfd p = { .fd = x->rfd, .events = POLLIN };
-	ssize_t n;
+	size_t n;
 
-	/* Between events, silence becomes a comment line: a client that went
-	 * away is noticed when it cannot be written (see exec_stream_free). */
-	while (poll(&p, 1, STREAM_KEEPALIVE_MS) == 0 || (p.revents == 0 && errno == EINTR))
-		if (((x->tail[0] == '\n' && x->tail[1] == '\n') || pos == 0) && max >= sizeof(keepalive) - 1) {
+	(void)pos;
+	pthread_mutex_lock(&x->lock);
+	for (;;) {
+		int64_t until = proto_now_ms() + STREAM_KEEPALIVE_MS;
+
+		while (x->q.len == x->q_off && !x->done)
+			if (stream_wait_until(x, until) == ETIMEDOUT)
+				break;
+		n = x->q.len - x->q_off;
+		if (n)
+			break;
+		if (x->done) {
+			pthread_mutex_unlock(&x->lock);
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		}
+		/* Silence: events are queued whole, so an empty queue is
+		 * between events, where a comment line may go. A client that
+		 * went away is noticed when it cannot be written (exec_stream_free). */
+		if (max >= sizeof(keepalive) - 1) {
+			pthread_mutex_unlock(&x->lock);
 			memcpy(buf, keepalive, sizeof(keepalive) - 1);
 			return (ssize_t)(sizeof(keepalive) - 1);
 		}
-	do
-		n = read(x->rfd, buf, max);
-	while (n < 0 && errno == EINTR);
-	if (n >= 2) {
-		x->tail[0] = buf[n - 2];
-		x->tail[1] = buf[n - 1];
-	} else if (n == 1) {
-		x->tail[0] = x->tail[1];
-		x->tail[1] = buf[0];
 	}
-	return n > 0 ? n : MHD_CONTENT_READER_END_OF_STREAM;
+	if (n > max)
+		n = max;
+	memcpy(buf, x->q.p + x->q_off, n);
+	x->q_off += n;
+	pthread_cond_broadcast(&x->cond); /* room for the producer */
+	pthread_mutex_unlock(&x->lock);
+	return (ssize_t)n;
 }
 
 static void exec_stream_free(void *cls)
@@ -425,18 +510,22 @@ static void exec_stream_free(void *cls)
 	struct exec_stream *x = cls;
 	char exec_id[40];
 
-	/* A reader that went away: an interactive command has nobody to talk
-	 * to, so it is hung up; any other still ends on its own (its timeout
-	 * bounds it), its events going nowhere. After a whole stream the
-	 * command is over and this finds nothing. */
+	/* A reader that went away: the producer waits for room no more. An
+	 * interactive command has nobody to talk to, so it is hung up; any
+	 * other still ends on its own (its timeout bounds it), its events
+	 * going nowhere. After a whole stream the command is over and this
+	 * finds nothing. */
 	pthread_mutex_lock(&x->lock);
+	x->reader_gone = 1;
 	memcpy(exec_id, x->exec_id, sizeof(exec_id));
+	pthread_cond_broadcast(&x->cond);
 	pthread_mutex_unlock(&x->lock);
 	if (x->raw && exec_id[0])
 		session_interrupt(x->s->sessions, x->id, exec_id);
-	close(x->rfd);
 	pthread_join(x->th, NULL);
+	pthread_cond_destroy(&x->cond);
 	pthread_mutex_destroy(&x->lock);
+	textbuf_free(&x->q);
 	json_decref(x->req);
 	free(x);
 }
@@ -445,10 +534,10 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 {
 	struct exec_stream *x = calloc(1, sizeof(*x));
 	struct MHD_Response *r;
-	int p[2], ret;
+	pthread_condattr_t ca;
+	int ret;
 
-	if (!x || pipe2(p, O_CLOEXEC) < 0) {
-		free(x);
+	if (!x) {
 		json_decref(req);
 		return MHD_NO;
 	}
@@ -457,11 +546,13 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 	x->req = req;
 	x->raw = json_is_true(json_object_get(req, "interactive")) || json_is_object(json_object_get(req, "tty"));
 	pthread_mutex_init(&x->lock, NULL);
-	x->rfd = p[0];
-	x->wfd = p[1];
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&x->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
-		close(p[0]);
-		close(p[1]);
+		pthread_cond_destroy(&x->cond);
+		pthread_mutex_destroy(&x->lock);
 		json_decref(req);
 		free(x);
 		return MHD_NO;

@@ -39,8 +39,9 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 /* Run one command: req {"argv":[...]} or {"language","code"}, optional
  * "env", "cwd", "timeout_s", "stdin_b64", "interactive", "tty". on_event/ctx
  * (may be NULL): output as it comes (RUN_EV_STDOUT/STDERR), and
- * RUN_EV_RUNNING once it started (its data: the exec id that input requests
- * name, for an interactive command; else none). Returns the result (a task result without
+ * RUN_EV_RUNNING once it started (its data: struct run_started, with the
+ * exec id that input requests name for an interactive command, and the
+ * command's deadline, past which on_event must not wait: run.h). Returns the result (a task result without
  * outputs), or NULL with err (not_found, busy, invalid_spec). A command that
  * broke the VM ends the session (state "error"). */
 json_t *session_exec(struct sessions *ss, const char *id, json_t *req,

@@ -402,6 +402,49 @@ int s3_key_check(const char *key, struct kiln_err *err)
 	return 0;
 }
 
+static int hex_value(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
+}
+
+int s3_key_under(const char *key, const char *prefix, struct kiln_err *err)
+{
+	char kb[SHOWN_MAX], decoded[S3_MAX_KEY + 1];
+	size_t plen = prefix ? strlen(prefix) : 0, i, n = 0;
+
+	if (plen == 0 || prefix[plen - 1] != '/')
+		return kiln_err_set(err, "s3_key_outside", "no prefix to check the key against");
+	if (s3_key_check(key, err) < 0) {
+		snprintf(err->code, sizeof(err->code), "s3_key_outside");
+		return -1;
+	}
+	if (strncmp(key, prefix, plen) || !key[plen])
+		return kiln_err_set(err, "s3_key_outside", "S3 object key %s is not under %.200s", shown(key, kb), prefix);
+	/* s3_key_check bounded key to S3_MAX_KEY bytes: so is its decoding. */
+	for (i = 0; key[i]; i++) {
+		int hi = key[i] == '%' ? hex_value(key[i + 1]) : -1, lo = hi >= 0 ? hex_value(key[i + 2]) : -1;
+
+		if (hi >= 0 && lo >= 0) {
+			decoded[n++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else {
+			decoded[n++] = key[i];
+		}
+	}
+	decoded[n] = '\0';
+	if (memchr(decoded, '\0', n) || s3_key_check(decoded, err) < 0 || strncmp(decoded, prefix, plen))
+		return kiln_err_set(err, "s3_key_outside",
+				    "S3 object key %s: its percent-decoded form leaves %.200s or is not a valid key",
+				    shown(key, kb), prefix);
+	return 0;
+}
+
 /* A Content-Type goes into a header: printable ASCII, bounded. */
 static int check_content_type(const char *ct, struct kiln_err *err)
 {

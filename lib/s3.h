@@ -92,6 +92,14 @@ char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expire
  * ("s3_error", naming the problem). Every call above checks its key so. */
 int s3_key_check(const char *key, struct kiln_err *err);
 
+/* 0 when key passes s3_key_check and lies under prefix (non-empty, ending
+ * in '/'), and still does so once percent-decoded (a server or proxy on the
+ * way that decodes a key once more must not find "..", an empty segment or
+ * another prefix in it); else -1 with err ("s3_key_outside", naming the
+ * problem). For keys someone else reports (a host's outputs), before
+ * anything is signed for them. */
+int s3_key_under(const char *key, const char *prefix, struct kiln_err *err);
+
 /* Percent-encode an object key for a URL path: everything but unreserved
  * characters and '/'. Returns a malloc'd string or NULL. */
 char *s3_encode_key(const char *key);

@@ -1,7 +1,8 @@
 /* fuzz_s3xml: S3 reply bodies (the server's bytes, which end up in error
  * messages and in the UploadId we send back) through s3_xml_text; and the
  * same bytes as an object key (built from guest file names) through
- * s3_encode_key. Checks, besides memory safety, the extractor's contract:
+ * s3_encode_key, and as a key a host reports (s3_key_under: signed only
+ * under the task's prefix). Checks, besides memory safety, the extractor's contract:
  * bounded, NUL-terminated, printable ASCII only, "" on failure, and the same
  * answer whatever the output buffer's size. */
 #include <stdint.h>
@@ -102,12 +103,62 @@ static void fuzz_key(const uint8_t *data, size_t size)
 	free(key);
 }
 
+static int hexval_any(char c)
+{
+	return hexval(c) >= 0 ? hexval(c) : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* A key s3_key_under accepts lies under the prefix and has no dot or empty
+ * segment, as written and once percent-decoded. */
+static void fuzz_key_under(const uint8_t *data, size_t size)
+{
+	static const char prefix[] = "acme/t_1/";
+	struct kiln_err err = { .code = "" };
+	char *key = malloc(size + 1);
+
+	check(key != NULL);
+	memcpy(key, data, size);
+	key[size] = '\0';
+	if (s3_key_under(key, prefix, &err) == 0) {
+		/* The key, and the key percent-decoded once, with a '/' at
+		 * the end so that a last segment is checked too. */
+		size_t n = strlen(key), o = 0;
+		char *forms[2] = { malloc(n + 2), malloc(n + 2) };
+
+		check(forms[0] && forms[1]);
+		for (size_t i = 0; i < n; i++) {
+			int hi = key[i] == '%' ? hexval_any(key[i + 1]) : -1, lo = hi >= 0 ? hexval_any(key[i + 2]) : -1;
+
+			if (hi >= 0 && lo >= 0) {
+				forms[1][o++] = (char)(hi << 4 | lo);
+				i += 2;
+			} else {
+				forms[1][o++] = key[i];
+			}
+		}
+		memcpy(forms[1] + o, "/", 2);
+		memcpy(forms[0], key, n);
+		memcpy(forms[0] + n, "/", 2);
+		check(strlen(forms[1]) == o + 1); /* no NUL decoded */
+		for (int f = 0; f < 2; f++) {
+			check(strncmp(forms[f], prefix, sizeof(prefix) - 1) == 0 && strlen(forms[f]) > sizeof(prefix));
+			check(!strstr(forms[f], "/../") && !strstr(forms[f], "/./") && !strstr(forms[f], "//"));
+			free(forms[f]);
+		}
+	} else {
+		check(!strcmp(err.code, "s3_key_outside") && err.message[0]);
+	}
+	free(key);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size == 0)
 		return 0;
 	fuzz_xml(data, size);
-	if (size <= 2048)
+	if (size <= 2048) {
 		fuzz_key(data, size);
+		fuzz_key_under(data, size);
+	}
 	return 0;
 }
