@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -291,14 +290,16 @@ static int file_enter(struct agent *a, int dfd, const char *name, const char **w
 
 /* Opens path for writing as a fresh, empty regular file owned by the task
  * user, leaving fd, dirfd and name in f. On failure returns a negative errno
- * and what names the step. as_task: the caller runs with the task user's
- * filesystem credentials; an existing file must then belong to that user. */
-static int file_open_walk(struct agent *a, struct agent_file *f, uint32_t mode, int as_task, const char **what)
+ * and what names the step. A file may be created anywhere (the spec's
+ * files, `kiln run --file X:/opt/x`), but an existing file is replaced only
+ * when it already belongs to the task user: a FILE must never hand it a
+ * file of root's (/etc/shadow), truncated and chowned. */
+static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const char **what)
 {
 	char buf[PROTO_MAX_PATH + 1];
 	char *comp, *slash;
 	struct stat st;
-	int dfd, fd;
+	int dfd, fd, created;
 
 	/* proto_abspath_ok() held: absolute, no empty, "." or ".." component. */
 	*what = "path";
@@ -331,7 +332,12 @@ static int file_open_walk(struct agent *a, struct agent_file *f, uint32_t mode, 
 	 * root file would already be truncated. O_NONBLOCK: a FIFO must not
 	 * hang PID 1. */
 	*what = "open";
-	fd = openat(dfd, comp, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+	created = 1;
+	fd = openat(dfd, comp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EEXIST) {
+		created = 0;
+		fd = openat(dfd, comp, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	}
 	if (fd < 0)
 		goto fail_errno;
 	*what = "fstat";
@@ -345,7 +351,7 @@ static int file_open_walk(struct agent *a, struct agent_file *f, uint32_t mode, 
 	/* Writable by the task user (a 0666 file of root's) is not enough:
 	 * truncating and chowning it would take it from its owner. */
 	*what = "it belongs to another user";
-	if (as_task && st.st_uid != a->cfg.file_uid) {
+	if (!created && st.st_uid != a->cfg.file_uid) {
 		errno = EPERM;
 		goto fail_errno_fd;
 	}
@@ -382,33 +388,6 @@ fail_errno:
 		close(dfd);
 		return -err;
 	}
-}
-
-/* FILE writes with the task user's filesystem uid and gid (setfsuid: this
- * thread only, and CAP_DAC_OVERRIDE and friends drop while it is not 0), so
- * the kernel itself refuses what the task user could not write: /etc/shadow,
- * a new file in /etc or /usr, anything behind a directory it cannot enter.
- * Only kiln's own directory (/kiln: the host's warm-up sample, a session
- * command's stdin; no task spec or session call may name it) is written
- * with root's credentials, as before. */
-static int file_open(struct agent *a, struct agent_file *f, uint32_t mode, const char **what)
-{
-	int as_task = !path_under(f->path, "/kiln"), r;
-
-	if (as_task) {
-		setfsgid(a->cfg.file_gid);
-		setfsuid(a->cfg.file_uid);
-		if ((uid_t)setfsuid((uid_t)-1) != a->cfg.file_uid) {
-			*what = "taking the task user's credentials";
-			return -EPERM;
-		}
-	}
-	r = file_open_walk(a, f, mode, as_task, what);
-	if (as_task) {
-		setfsuid(0);
-		setfsgid(0);
-	}
-	return r;
 }
 
 static int file_finish(struct agent *a)
