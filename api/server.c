@@ -966,6 +966,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		 * (and before "100 Continue"). */
 		if (cl && strtoull(cl, NULL, 10) > s->max_body)
 			return reply_too_large(s, conn);
+		/* Customer routes need a key: check it before reading any body,
+		 * so an unauthenticated upload costs neither memory nor time
+		 * (the host routes check the cluster token in handle_host). */
+		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, &c))
+			return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
+								     : "missing API key (Authorization: Bearer kiln_...)");
 		return MHD_YES;
 	}
 	if (*upload_size) {
@@ -1121,8 +1127,10 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	store_set_listener(st, store_listener, s);
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
-				MHD_OPTION_CONNECTION_LIMIT, 2048u, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
+				MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+				MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->max_connections_per_address,
+				MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
 	if (!s->d) {
 		kiln_err_set(err, "listen", "cannot listen on %s", cfg->listen);
 		store_set_listener(st, NULL, NULL);

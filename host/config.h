@@ -24,6 +24,7 @@ struct host_config {
 	int pool_size, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
+	unsigned max_connections, max_connections_per_address, connection_timeout_s; /* 0: unset */
 	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
 	json_t *network;             /* the "network" section (egress), checked by net_host_init */
 	json_t *root;                /* owns every string above */
