@@ -22,7 +22,6 @@ void api_config_defaults(struct api_config *c)
 	c->max_connections = 2048;
 	c->max_connections_per_address = 64;
 	c->connection_timeout_s = 300;
-	c->max_streams_per_customer = 16;
 	quota_defaults(&c->quotas);
 }
 
@@ -107,8 +106,7 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "max_body_mib", 'u', &c->max_body_mib, 1, 128 },
 			{ "max_connections", 'u', &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", 'u', &c->max_connections_per_address, 1, 65536 },
-			{ "connection_timeout_s", 'u', &c->connection_timeout_s, 5, 86400 },
-			{ "max_streams_per_customer", 'u', &c->max_streams_per_customer, 1, 65536 }, { 0 },
+			{ "connection_timeout_s", 'u', &c->connection_timeout_s, 5, 86400 }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;

@@ -25,7 +25,6 @@ struct api_config {
 	unsigned max_connections;    /* open HTTP connections in all, default 2048 */
 	unsigned max_connections_per_address; /* from one client IP address, default 64 */
 	unsigned connection_timeout_s; /* an idle connection is closed after, default 300 */
-	unsigned max_streams_per_customer; /* event streams, exec streams, wait= polls, default 16 */
 	json_t *root;                /* owns the strings above */
 	char *file_admin_key, *file_token, *file_secret;
 };

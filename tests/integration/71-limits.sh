@@ -36,7 +36,7 @@ trap cleanup EXIT
 jq -n --arg listen "127.0.0.1:$APORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
 	--argjson per "$PER_ADDR" --argjson streams "$STREAMS" \
 	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token,
-	  max_connections: 64, max_connections_per_address: $per, max_streams_per_customer: $streams,
+	  max_connections: 64, max_connections_per_address: $per,
 	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}' > "$T_TMP/api.json"
 jq -n --arg listen "127.0.0.1:$HPORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
 	--argjson per "$PER_ADDR" \
@@ -92,6 +92,53 @@ flood() {
 }
 flood kiln-api "$APORT"
 flood kiln-host "$HPORT"
+
+# ---- long-lived requests per customer (kiln-api): quota max_streams ----
+AURL=http://127.0.0.1:$APORT
+areq() { # KEY METHOD PATH [curl args]: body in last.json, status echoed
+	local k=$1 m=$2 p=$3; shift 3
+	curl -s --max-time 20 -o "$T_TMP/last.json" -D "$T_TMP/last.h" -w '%{http_code}' -X "$m" \
+		-H "Authorization: Bearer $k" "$@" "$AURL$p"
+}
+areq "$ADMIN" POST /v1/admin/customers --data-binary "{\"id\":\"hog\",\"quotas\":{\"max_streams\":$STREAMS}}" > /dev/null
+areq "$ADMIN" POST /v1/admin/customers/hog/keys > /dev/null; KH=$(jq -r .key "$T_TMP/last.json")
+areq "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"other"}' > /dev/null
+areq "$ADMIN" POST /v1/admin/customers/other/keys > /dev/null; KO=$(jq -r .key "$T_TMP/last.json")
+check "max_streams is a quota, shown by the admin API" \
+	[ "$(areq "$ADMIN" GET /v1/admin/customers/hog > /dev/null; jq -r .quotas.max_streams "$T_TMP/last.json")" = "$STREAMS" ]
+# A task stays queued (no host): its event stream stays open with keep-alives.
+areq "$TOKEN" POST /v1/hosts/h-limits/heartbeat -H 'Content-Type: application/json' \
+	--data-binary '{"url":"http://127.0.0.1:9","capacity":{"vcpus":{"total":8,"used":8},"memory_mib":{"total":16384,"used":16384}}}' > /dev/null
+st=$(areq "$KH" POST /v1/tasks -H 'Content-Type: application/json' --data-binary '{"language":"sh","code":"true"}')
+TID=$(jq -r .id "$T_TMP/last.json")
+[ "$st" = 202 ] || echo "# submit: $st $(head -c 300 "$T_TMP/last.json")"
+spids=()
+for i in $(seq "$STREAMS"); do
+	curl -s -N --max-time 60 -H "Authorization: Bearer $KH" "$AURL/v1/tasks/$TID/events" > "$T_TMP/ev$i" &
+	spids+=($!)
+done
+sleep 1.5
+st=$(areq "$KH" GET "/v1/tasks/$TID/events" --max-time 3)
+if [ "$st" = 429 ] && [ "$(jq -r .error.code "$T_TMP/last.json")" = too_many_streams ] &&
+	[ -n "$(tr -d '\r' < "$T_TMP/last.h" | awk 'tolower($1) == "retry-after:" {print $2}')" ]; then
+	ok "hog: $STREAMS event streams open, the next gets 429 too_many_streams with Retry-After"
+else
+	not_ok "hog: $STREAMS event streams open, the next gets 429 too_many_streams with Retry-After" "status $st: $(head -c 300 "$T_TMP/last.json")"
+fi
+st=$(areq "$KH" GET "/v1/tasks/$TID?wait=5")
+check "hog: a wait= long-poll counts too (429)" [ "$st" = 429 ]
+st=$(areq "$KO" GET /v1/usage)
+check "another customer still gets GET /v1/usage" [ "$st" = 200 ]
+kill "${spids[@]}" 2> /dev/null; wait "${spids[@]}" 2> /dev/null
+# kiln-api sees a client gone when it next writes: a keep-alive within 15 s.
+for _ in $(seq 40); do
+	st=$(areq "$KH" GET "/v1/tasks/$TID?wait=1")
+	[ "$st" = 200 ] && break
+	sleep 1
+done
+check "after the streams close, hog long-polls again (the count is released)" [ "$st" = 200 ]
+curl -s -N --max-time 2 -H "Authorization: Bearer $KH" -o /dev/null -w '%{http_code}' "$AURL/v1/tasks/$TID/events" > "$T_TMP/again" || true
+check "... and opens an event stream again" [ "$(cat "$T_TMP/again")" = 200 ]
 
 check "kiln-api still running" kill -0 "$api_pid"
 check "kiln-host still running" kill -0 "$host_pid"
