@@ -19,6 +19,9 @@ void api_config_defaults(struct api_config *c)
 	c->presign_expiry_s = 3600;
 	c->host_lost_after_s = 30;
 	c->max_body_mib = 64;
+	c->max_connections = 2048;
+	c->max_connections_per_address = 64;
+	c->connection_timeout_s = 300;
 	quota_defaults(&c->quotas);
 }
 
@@ -100,7 +103,10 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "cluster_token_file", 's', &token_file }, { "s3", 'o', &s3 },
 			{ "presign_expiry_s", 'u', &c->presign_expiry_s, 1, 604800 },
 			{ "host_lost_after_s", 'u', &c->host_lost_after_s, 1, 86400 }, { "quotas", 'o', &quotas },
-			{ "max_body_mib", 'u', &c->max_body_mib, 1, 128 }, { 0 },
+			{ "max_body_mib", 'u', &c->max_body_mib, 1, 128 },
+			{ "max_connections", 'u', &c->max_connections, 16, 65536 },
+			{ "max_connections_per_address", 'u', &c->max_connections_per_address, 1, 65536 },
+			{ "connection_timeout_s", 'u', &c->connection_timeout_s, 5, 86400 }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;

@@ -22,6 +22,9 @@ struct api_config {
 	unsigned host_lost_after_s;  /* default 30 */
 	struct quota quotas;         /* defaults for new customers */
 	unsigned max_body_mib;       /* POST body limit, default 64 */
+	unsigned max_connections;    /* open HTTP connections in all, default 2048 */
+	unsigned max_connections_per_address; /* from one client IP address, default 64 */
+	unsigned connection_timeout_s; /* an idle connection is closed after, default 300 */
 	json_t *root;                /* owns the strings above */
 	char *file_admin_key, *file_token, *file_secret;
 };

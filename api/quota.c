@@ -24,6 +24,7 @@ void quota_defaults(struct quota *q)
 		.max_queued = 100,
 		.allow_egress = 0,
 		.session_auto_pause = 0,
+		.max_streams = 16,
 	};
 }
 
@@ -50,6 +51,7 @@ static const struct qfield qfields[] = {
 	QF(max_queued, Q_UINT, 100000000),
 	QF(allow_egress, Q_BOOL, 1),
 	QF(session_auto_pause, Q_BOOL, 1),
+	QF(max_streams, Q_UINT, 1000000),
 };
 #define NQFIELDS (sizeof(qfields) / sizeof(qfields[0]))
 
@@ -230,6 +232,7 @@ double quota_bucket_peek(const struct quota_bucket *b, double rate, unsigned bur
 struct limiter_entry {
 	char customer[65];
 	struct quota_bucket b;
+	unsigned streams;            /* long-lived requests open now */
 	struct limiter_entry *next;
 };
 
@@ -317,4 +320,30 @@ double quota_limiter_peek(struct quota_limiter *l, const char *customer, double 
 	t = e ? quota_bucket_peek(&e->b, rate, burst, now_ms) : 0;
 	pthread_mutex_unlock(&l->lock);
 	return t;
+}
+
+int quota_limiter_stream_open(struct quota_limiter *l, const char *customer, unsigned max)
+{
+	struct limiter_entry *e;
+	int r = 0;
+
+	pthread_mutex_lock(&l->lock);
+	e = limiter_get(l, customer);
+	if (e && (!max || e->streams < max)) {
+		e->streams++;
+		r = 1;
+	}
+	pthread_mutex_unlock(&l->lock);
+	return r;
+}
+
+void quota_limiter_stream_close(struct quota_limiter *l, const char *customer)
+{
+	struct limiter_entry *e;
+
+	pthread_mutex_lock(&l->lock);
+	e = limiter_get(l, customer);
+	if (e && e->streams)
+		e->streams--;
+	pthread_mutex_unlock(&l->lock);
 }

@@ -69,4 +69,12 @@ int quota_limiter_take(struct quota_limiter *l, const char *customer, double rat
 double quota_limiter_peek(struct quota_limiter *l, const char *customer, double rate, unsigned burst,
 			  int64_t now_ms);
 
+/* Long-lived requests (event streams, exec streams, wait= polls) of a
+ * customer: open counts one more unless max (the quota's max_streams; 0: no
+ * limit) are open already. 1 counted, 0 refused (or out of memory). Each 1
+ * is paired with exactly one close, on whatever path the request ends.
+ * Thread-safe. */
+int quota_limiter_stream_open(struct quota_limiter *l, const char *customer, unsigned max);
+void quota_limiter_stream_close(struct quota_limiter *l, const char *customer);
+
 #endif

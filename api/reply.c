@@ -50,6 +50,15 @@ enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const st
 	return reply_error(conn, status, e->code[0] ? e->code : "internal", e->message);
 }
 
+enum MHD_Result reply_too_many_streams(struct MHD_Connection *conn, unsigned max)
+{
+	char msg[160];
+
+	snprintf(msg, sizeof(msg),
+		 "%u streams and long-polls are open, your quota's max_streams: close one or retry later", max);
+	return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "too_many_streams", msg, "Retry-After", "5");
+}
+
 enum MHD_Result reply_not_found(struct MHD_Connection *conn, const char *what)
 {
 	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", what);

@@ -28,6 +28,9 @@ enum MHD_Result reply_not_found(struct MHD_Connection *conn, const char *what);
 /* 405 with Allow: allowed. */
 enum MHD_Result reply_method_not_allowed(struct MHD_Connection *conn, const char *allowed);
 enum MHD_Result reply_internal(struct MHD_Connection *conn, const char *what);
+/* 429 too_many_streams with Retry-After: the customer has max long-lived
+ * requests (streams, long-polls) open already. */
+enum MHD_Result reply_too_many_streams(struct MHD_Connection *conn, unsigned max);
 
 /* Raw bytes: body (malloc'd, taken over and freed; NULL with len 0 for an
  * empty body) with content_type (NULL: none). */

@@ -585,15 +585,25 @@ static enum MHD_Result handle_list(struct server *s, struct MHD_Connection *conn
 	}
 }
 
-static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn, const char *id,
-				  const struct caller *c)
+/* Count one long-lived request of the caller's customer against its quota's
+ * max_streams (an admin key is not counted). 1 counted (pair it with
+ * quota_limiter_stream_close), 0 not counted, -1 refused with *max set. */
+static int stream_open(struct server *s, const struct caller *c, unsigned *max)
 {
-	long wait = query_int(conn, "wait", 0, WAIT_MAX_S, 0);
-	int64_t deadline;
+	struct quota q;
 
-	if (wait < 0)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait: an integer from 0 to 60 (seconds)");
-	deadline = mono_ms() + wait * 1000;
+	if (c->admin)
+		return 0;
+	if (store_customer_quota(s->st, c->customer, &q) < 0)
+		quota_defaults(&q);
+	*max = q.max_streams;
+	return quota_limiter_stream_open(s->lim, c->customer, q.max_streams) ? 1 : -1;
+}
+
+/* GET /v1/tasks/{id}[?wait=S]: the task, once final or after S seconds. */
+static enum MHD_Result wait_task(struct server *s, struct MHD_Connection *conn, const char *id,
+				 const struct caller *c, int64_t deadline)
+{
 	for (;;) {
 		/* Read the change counter before the task: a change committed
 		 * after the read below bumps it, so the wait cannot miss it. */
@@ -613,6 +623,28 @@ static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn,
 		json_decref(j);
 		store_wait_change(s->st, seen, deadline);
 	}
+}
+
+static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn, const char *id,
+				  const struct caller *c)
+{
+	long wait = query_int(conn, "wait", 0, WAIT_MAX_S, 0);
+	enum MHD_Result ret;
+	unsigned max = 0;
+	int counted;
+
+	if (wait < 0)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait: an integer from 0 to 60 (seconds)");
+	if (wait == 0)
+		return wait_task(s, conn, id, c, mono_ms());
+	/* A long-poll holds a connection (and a thread) like a stream. */
+	counted = stream_open(s, c, &max);
+	if (counted < 0)
+		return reply_too_many_streams(conn, max);
+	ret = wait_task(s, conn, id, c, mono_ms() + wait * 1000);
+	if (counted)
+		quota_limiter_stream_close(s->lim, c->customer);
+	return ret;
 }
 
 static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *conn, const char *id,
@@ -645,6 +677,7 @@ static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *co
 struct sse {
 	struct server *s;
 	struct ev_task *t;
+	char customer[65];   /* counted in the limiter's streams ("": not counted) */
 	size_t cursor, off; /* next event, and bytes of it already sent */
 };
 
@@ -694,6 +727,10 @@ static void sse_free(void *cls)
 {
 	struct sse *e = cls;
 
+	/* libmicrohttpd calls this however the stream ends (its end, the
+	 * client gone, a timeout, the daemon stopping): the count goes back. */
+	if (e->customer[0])
+		quota_limiter_stream_close(e->s->lim, e->customer);
 	ev_put(e->s, e->t);
 	free(e);
 }
@@ -705,6 +742,8 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 	struct MHD_Response *r;
 	struct sse *e;
 	enum MHD_Result ret;
+	unsigned max = 0;
+	int counted;
 
 	if (!j)
 		return reply_not_found(conn, "no such task");
@@ -718,6 +757,14 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 		free(e);
 		return reply_not_found(conn, "no such task");
 	}
+	counted = stream_open(s, c, &max);
+	if (counted < 0) {
+		ev_put(s, e->t);
+		free(e);
+		return reply_too_many_streams(conn, max);
+	}
+	if (counted)
+		snprintf(e->customer, sizeof(e->customer), "%s", c->customer);
 	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 << 10, sse_read, e, sse_free);
 	if (!r) {
 		sse_free(e);
@@ -946,6 +993,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		 * (and before "100 Continue"). */
 		if (cl && strtoull(cl, NULL, 10) > s->max_body)
 			return reply_too_large(s, conn);
+		/* Customer routes need a key: check it before reading any body,
+		 * so an unauthenticated upload costs neither memory nor time
+		 * (the host routes check the cluster token in handle_host). */
+		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, &c))
+			return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
+								     : "missing API key (Authorization: Bearer kiln_...)");
 		return MHD_YES;
 	}
 	if (*upload_size) {
@@ -1101,8 +1154,10 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	store_set_listener(st, store_listener, s);
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, 300u,
-				MHD_OPTION_CONNECTION_LIMIT, 2048u, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
+				MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+				MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->max_connections_per_address,
+				MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
 	if (!s->d) {
 		kiln_err_set(err, "listen", "cannot listen on %s", cfg->listen);
 		store_set_listener(st, NULL, NULL);

@@ -638,6 +638,8 @@ static enum MHD_Result relay_or_lost(struct sessions *ss, const struct sessions_
 struct stream_relay {
 	struct sessions *ss;
 	char id[40];
+	struct quota_limiter *lim;
+	char customer[65];           /* counted in lim's streams ("": not counted) */
 	struct hostclient_stream *hs;
 	int64_t deadline_ms;         /* monotonic: the exec's timeout and a margin */
 	char tail[2];                /* the last two bytes relayed: at an event boundary after "\n\n" */
@@ -725,6 +727,9 @@ static void relay_free(void *cls)
 {
 	struct stream_relay *sr = cls;
 
+	/* Called however the relay ends (its end, an error, the client gone). */
+	if (sr->customer[0])
+		quota_limiter_stream_close(sr->lim, sr->customer);
 	hostclient_stream_close(sr->hs);
 	store_session_touch(sr->ss->st, sr->id);
 	ops_leave(sr->ss, sr->id);
@@ -733,7 +738,8 @@ static void relay_free(void *cls)
 }
 
 static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_request *r, const char *url,
-				   const char *id, json_t *body, unsigned timeout_s)
+				   const char *id, const char *customer, unsigned max_streams, json_t *body,
+				   unsigned timeout_s)
 {
 	struct kiln_err err = { .code = "" };
 	struct stream_relay *sr;
@@ -742,9 +748,19 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	enum MHD_Result ret;
 	int st;
 
+	/* A stream holds a connection and a thread: counted per customer (an
+	 * admin key is not). */
+	if (!r->admin && !quota_limiter_stream_open(r->lim, customer, max_streams))
+		return reply_too_many_streams(r->conn, max_streams);
 	sr = calloc(1, sizeof(*sr));
-	if (!sr)
+	if (!sr) {
+		if (!r->admin)
+			quota_limiter_stream_close(r->lim, customer);
 		return reply_internal(r->conn, "out of memory");
+	}
+	sr->lim = r->lim;
+	if (!r->admin)
+		snprintf(sr->customer, sizeof(sr->customer), "%s", customer);
 	sr->ss = ss;
 	sessions_hold(ss); /* the response outlives the request's handler */
 	snprintf(sr->id, sizeof(sr->id), "%s", id);
@@ -812,7 +828,7 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 				 &err);
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {
-		ret = exec_stream(ss, r, url, cur->id, body, timeout_s);
+		ret = exec_stream(ss, r, url, cur->id, cur->customer, q.max_streams, body, timeout_s);
 		json_decref(body);
 		return ret;
 	}

@@ -32,6 +32,7 @@ struct quota {
 	unsigned max_queued;         /* tasks queued/scheduled at once (429 beyond) */
 	int allow_egress;            /* 0: tasks asking for network egress get 400 */
 	int session_auto_pause;      /* idle/lifetime limits pause sessions (else destroy them) */
+	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls (429 beyond; 0: no limit) */
 };
 
 /* Task states (docs/api.md). */

@@ -82,6 +82,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
 	uint64_t out_entries = 0, out_depth = 0;
+	uint64_t max_conns = 0, per_addr = 0, conn_timeout = 0;
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
@@ -98,7 +99,10 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
 			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
 			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
-			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { "disk", 'o', &disk }, { 0 },
+			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { "disk", 'o', &disk },
+			{ "max_connections", 'u', &max_conns, 16, 65536 },
+			{ "max_connections_per_address", 'u', &per_addr, 1, 65536 },
+			{ "connection_timeout_s", 'u', &conn_timeout, 5, 86400 }, { 0 },
 		};
 		if (take(c->root, "", top, path, err) < 0)
 			goto fail;
@@ -210,6 +214,9 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	c->upload_workers = (unsigned)workers;
 	c->max_backoff_s = (unsigned)backoff;
 	c->retention_s = (unsigned)retention;
+	c->max_connections = (unsigned)max_conns;
+	c->max_connections_per_address = (unsigned)per_addr;
+	c->connection_timeout_s = (unsigned)conn_timeout;
 	return 0;
 fail:
 	config_free(c);

@@ -27,6 +27,7 @@ struct host_config {
 	uint32_t out_max_entries, out_max_depth; /* "outputs" section; 0: unset */
 	int disk_set;                /* a "disk" section: its values replace the defaults */
 	uint64_t disk_bps_mib, disk_iops; /* per VM; 0: no limit */
+	unsigned max_connections, max_connections_per_address, connection_timeout_s; /* 0: unset */
 	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
 	json_t *network;             /* the "network" section (egress), checked by net_host_init */
 	json_t *root;                /* owns every string above */

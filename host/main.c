@@ -486,6 +486,9 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
 	so->retention_s = hc->retention_s;
+	so->max_connections = hc->max_connections;
+	so->max_connections_per_address = hc->max_connections_per_address;
+	so->connection_timeout_s = hc->connection_timeout_s;
 	return 0;
 }
 

@@ -30,6 +30,9 @@
 #include "spec.h"
 #include "textbuf.h"
 
+/* A request body (a task spec, a session call) is at most this long. */
+#define BODY_MAX (SPEC_MAX_JSON + 4096)
+
 struct server {
 	const struct serve_opts *o;
 	struct run_opts ro;
@@ -719,14 +722,22 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	struct request *req = *con_cls;
 
 	if (!req) {
+		const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+
 		req = calloc(1, sizeof(*req));
 		if (!req)
 			return MHD_NO;
 		*con_cls = req;
+		/* Refuse before reading any body: a caller without the token,
+		 * and a declared body over the cap (then the connection closes). */
+		if (strcmp(url, "/healthz") && !authorized(s, conn))
+			return reply_unauthorized(conn);
+		if (cl && strtoull(cl, NULL, 10) > BODY_MAX)
+			return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
 		return MHD_YES;
 	}
 	if (*upload_size) {
-		if (req->len + *upload_size > SPEC_MAX_JSON + 4096) {
+		if (req->len + *upload_size > BODY_MAX) {
 			req->too_big = 1;
 		} else if (!req->too_big) {
 			if (req->cap - req->len < *upload_size + 1) {
@@ -920,9 +931,16 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
 	if (!s.sessions)
 		goto fail;
+	/* The idle timeout does not cut kiln-api's long requests: its event
+	 * and exec streams get a keepalive every 10-15 s, its other calls give
+	 * up after at most 60 s. */
 	d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 			     (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-			     MHD_OPTION_SOCK_ADDR, o->addr, MHD_OPTION_CONNECTION_TIMEOUT, 0u, MHD_OPTION_END);
+			     MHD_OPTION_SOCK_ADDR, o->addr,
+			     MHD_OPTION_CONNECTION_TIMEOUT, o->connection_timeout_s ? o->connection_timeout_s : 300u,
+			     MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : 1024u,
+			     MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+			     o->max_connections_per_address ? o->max_connections_per_address : 512u, MHD_OPTION_END);
 	if (!d) {
 		kiln_err_set(&err, "host_error", "cannot listen on %s:%d", o->listen_host, o->port);
 		goto fail;

@@ -27,6 +27,9 @@ struct serve_opts {
 	const char *api;              /* kiln-api base URL to register with (NULL: standalone) */
 	const char *advertise;        /* URL kiln-api reaches this host at (default http://listen) */
 	unsigned heartbeat_ms;        /* 0: 1000 */
+	unsigned max_connections;     /* open HTTP connections in all (0: 1024) */
+	unsigned max_connections_per_address; /* from one IP address (0: 512; kiln-api is one address) */
+	unsigned connection_timeout_s; /* an idle connection is closed after (0: 300) */
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */
 	int cold;                     /* no snapshot, no pool: cold boot every task */
 	json_t *network;              /* the config's "network" section (NULL: no egress) */

@@ -137,6 +137,32 @@ static void test_quota_json(void **state)
 	json_decref(j);
 }
 
+/* Long-lived requests: counted per customer up to max, released by close;
+ * 0 means no limit; a close never takes the count below zero. */
+static void test_streams(void **state)
+{
+	struct quota_limiter *l = quota_limiter_new();
+	struct quota q;
+
+	(void)state;
+	quota_defaults(&q);
+	assert_int_equal(q.max_streams, 16);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(quota_limiter_stream_open(l, "a", 3), 1);
+	assert_int_equal(quota_limiter_stream_open(l, "a", 3), 0);
+	assert_int_equal(quota_limiter_stream_open(l, "b", 3), 1); /* another customer is not affected */
+	quota_limiter_stream_close(l, "a");
+	assert_int_equal(quota_limiter_stream_open(l, "a", 3), 1);
+	assert_int_equal(quota_limiter_stream_open(l, "a", 3), 0);
+	assert_int_equal(quota_limiter_stream_open(l, "a", 0), 1); /* no limit */
+	for (int i = 0; i < 10; i++)
+		quota_limiter_stream_close(l, "b");
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(quota_limiter_stream_open(l, "b", 3), 1);
+	assert_int_equal(quota_limiter_stream_open(l, "b", 3), 0);
+	quota_limiter_free(l);
+}
+
 static void test_checks(void **state)
 {
 	struct kiln_err err = { "", "" };
@@ -299,6 +325,7 @@ int main(void)
 		cmocka_unit_test(test_bucket),	       cmocka_unit_test(test_limiter),
 		cmocka_unit_test(test_quota_json),     cmocka_unit_test(test_checks),
 		cmocka_unit_test(test_task_request),   cmocka_unit_test(test_admin_bodies),
+		cmocka_unit_test(test_streams),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
