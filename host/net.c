@@ -35,6 +35,9 @@
 #include <unistd.h>
 
 #include <libmnl/libmnl.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
 #include <nftables/libnftables.h>
 
 #include "dns.h"
@@ -165,6 +168,7 @@ __attribute__((format(printf, 2, 3))) static void text_add(struct text *t, const
  * or -1 with err set to nftables' own message. */
 static int nft_run(struct nft_ctx *ctx, const char *cmd, json_t **out, struct kiln_err *err)
 {
+	char *text = NULL;
 	int r;
 
 	pthread_mutex_lock(&nft_lock);
@@ -177,12 +181,18 @@ static int nft_run(struct nft_ctx *ctx, const char *cmd, json_t **out, struct ki
 	if (r == 0 && out) {
 		const char *o = nft_ctx_get_output_buffer(ctx);
 
-		*out = o ? json_loads(o, 0, NULL) : NULL;
+		/* Copied out and parsed after the lock is released: every
+		 * sandbox's set-up and DNS answers wait on this lock. */
+		text = o && *o ? strdup(o) : NULL;
 	} else {
 		nft_ctx_get_output_buffer(ctx); /* reset it */
 	}
 	nft_ctx_get_error_buffer(ctx);
 	pthread_mutex_unlock(&nft_lock);
+	if (out) {
+		*out = text ? json_loads(text, 0, NULL) : NULL;
+		free(text);
+	}
 	return r == 0 ? 0 : -1;
 }
 
@@ -594,12 +604,17 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	for (size_t i = 0; i < s->nrules; i++)
 		if (s->rules[i].kind != SPEC_NET_CIDR)
 			text_add(&t, " set host%zu { type ipv4_addr; flags timeout; size 4096; }\n", i);
-	/* One entry per blocked flow (a TCP connect's retries are one), so that
-	 * the count is of attempts, and kiln-host can report their
-	 * destinations. */
+	/* bflows: one entry per blocked flow (a TCP connect's retries are
+	 * one), so that the count is of attempts; it stays in the kernel and
+	 * is never listed. bdest/bother: the blocked destinations, which
+	 * kiln-host lists to report them; keyed by what is reported, at most
+	 * NET_MAX_EVENTS entries each, so a guest rotating source ports (or
+	 * destinations) cannot make that listing large. */
 	text_add(&t,
 		 " set bflows { type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic,timeout; size 65536; timeout 60s; }\n"
-		 " set bother { type ipv4_addr . inet_proto; flags dynamic,timeout; size 4096; timeout 60s; }\n");
+		 " set bdest { type ipv4_addr . inet_proto . inet_service; flags dynamic; size %d; }\n"
+		 " set bother { type ipv4_addr . inet_proto; flags dynamic,timeout; size %d; timeout 60s; }\n",
+		 NET_MAX_EVENTS, NET_MAX_EVENTS);
 	text_add(&t, " chain sbx_forward { type filter hook forward priority 0; policy drop;\n");
 	text_add(&t, "  iifname \"" NET_TAP "\" ip saddr != " NET_GUEST " drop\n");
 	text_add(&t, "  meta nfproto ipv6 drop\n");
@@ -637,6 +652,8 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 		     "  counter name bytes_in accept\n }\n");
 	text_add(&t, " chain sbx_block {\n"
 		     "  meta l4proto { tcp, udp } ip daddr . meta l4proto . th sport . th dport @bflows drop\n"
+		     /* no verdict: once bdest is full, the add fails and the next rule counts */
+		     "  meta l4proto { tcp, udp } add @bdest { ip daddr . meta l4proto . th dport }\n"
 		     "  meta l4proto { tcp, udp } add @bflows { ip daddr . meta l4proto . th sport . th dport } counter name blocked drop\n"
 		     "  meta l4proto { tcp, udp } counter name blocked drop\n"
 		     "  ip daddr . meta l4proto @bother drop\n"
@@ -758,21 +775,6 @@ out:
 	return r < 0 ? -1 : 0;
 }
 
-static uint64_t counter_value(json_t *root, const char *name, const char *field)
-{
-	size_t i;
-	json_t *e;
-
-	json_array_foreach(json_object_get(root, "nftables"), i, e) {
-		json_t *c = json_object_get(e, "counter");
-
-		if (c && json_is_string(json_object_get(c, "name")) &&
-		    !strcmp(json_string_value(json_object_get(c, "name")), name))
-			return (uint64_t)json_integer_value(json_object_get(c, field));
-	}
-	return 0;
-}
-
 static const char *proto_name(int p)
 {
 	return p == 6 ? "tcp" : p == 17 ? "udp" : p == 1 ? "icmp" : "other";
@@ -811,8 +813,8 @@ static void report_blocked(struct net_sandbox *s, json_t *root)
 				continue;
 			b.addr = ntohl(ia.s_addr);
 			b.proto = (uint8_t)proto_value(json_array_get(cat, 1));
-			if (json_array_size(cat) == 4)
-				b.port = (uint16_t)json_integer_value(json_array_get(cat, 3));
+			if (json_array_size(cat) == 3)
+				b.port = (uint16_t)json_integer_value(json_array_get(cat, 2));
 			for (k = 0; k < s->nseen; k++)
 				if (s->seen[k].addr == b.addr && s->seen[k].port == b.port && s->seen[k].proto == b.proto)
 					break;
@@ -825,28 +827,124 @@ static void report_blocked(struct net_sandbox *s, json_t *root)
 	}
 }
 
+/* The named counters of the calling thread's table inet kiln. */
+struct kiln_counters {
+	uint64_t allowed, blocked, bytes_out, bytes_in;
+};
+
+static int counter_cb(const struct nlmsghdr *nlh, void *arg)
+{
+	struct kiln_counters *c = arg;
+	struct nlattr *a, *d, *name = NULL, *data = NULL, *table = NULL;
+	uint64_t packets = 0, bytes = 0;
+	const char *n;
+
+	mnl_attr_for_each(a, nlh, sizeof(struct nfgenmsg)) {
+		if (mnl_attr_get_type(a) == NFTA_OBJ_NAME && mnl_attr_validate(a, MNL_TYPE_NUL_STRING) == 0)
+			name = a;
+		else if (mnl_attr_get_type(a) == NFTA_OBJ_TABLE && mnl_attr_validate(a, MNL_TYPE_NUL_STRING) == 0)
+			table = a;
+		else if (mnl_attr_get_type(a) == NFTA_OBJ_DATA && mnl_attr_validate(a, MNL_TYPE_NESTED) == 0)
+			data = a;
+	}
+	if (!name || !data || !table || strcmp(mnl_attr_get_str(table), "kiln"))
+		return MNL_CB_OK;
+	mnl_attr_for_each_nested(d, data) {
+		if (mnl_attr_validate(d, MNL_TYPE_U64) < 0)
+			continue;
+		if (mnl_attr_get_type(d) == NFTA_COUNTER_PACKETS)
+			packets = be64toh(mnl_attr_get_u64(d));
+		else if (mnl_attr_get_type(d) == NFTA_COUNTER_BYTES)
+			bytes = be64toh(mnl_attr_get_u64(d));
+	}
+	n = mnl_attr_get_str(name);
+	if (!strcmp(n, "allowed"))
+		c->allowed = packets;
+	else if (!strcmp(n, "blocked"))
+		c->blocked = packets;
+	else if (!strcmp(n, "bytes_out"))
+		c->bytes_out = bytes;
+	else if (!strcmp(n, "bytes_in"))
+		c->bytes_in = bytes;
+	return MNL_CB_OK;
+}
+
+/* Read the counters straight from the kernel (a dump of table kiln's
+ * counter objects). Not through libnftables: its cache would fetch every
+ * set element of the table first (65,536 flows: ~1 s, under nft_lock).
+ * Returns 0 or -errno. */
+static int counters_read(struct kiln_counters *c)
+{
+	char buf[MNL_SOCKET_BUFFER_SIZE];
+	struct mnl_socket *nl;
+	struct nlmsghdr *nlh;
+	struct nfgenmsg *nfg;
+	unsigned seq = 1, portid;
+	ssize_t n;
+	int r;
+
+	memset(c, 0, sizeof(*c));
+	nl = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+	if (!nl)
+		return -errno;
+	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
+		r = -errno;
+		goto out;
+	}
+	portid = mnl_socket_get_portid(nl);
+	nlh = mnl_nlmsg_put_header(buf);
+	nlh->nlmsg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ;
+	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	nlh->nlmsg_seq = seq;
+	nfg = mnl_nlmsg_put_extra_header(nlh, sizeof(*nfg));
+	nfg->nfgen_family = NFPROTO_INET;
+	nfg->version = NFNETLINK_V0;
+	nfg->res_id = 0;
+	mnl_attr_put_strz(nlh, NFTA_OBJ_TABLE, "kiln");
+	mnl_attr_put_u32(nlh, NFTA_OBJ_TYPE, htonl(NFT_OBJECT_COUNTER));
+	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
+		r = -errno;
+		goto out;
+	}
+	for (;;) {
+		n = mnl_socket_recvfrom(nl, buf, sizeof(buf));
+		if (n < 0) {
+			r = -errno;
+			goto out;
+		}
+		r = mnl_cb_run(buf, (size_t)n, seq, portid, counter_cb, c);
+		if (r <= MNL_CB_STOP) {
+			r = r < 0 ? -errno : 0;
+			goto out;
+		}
+	}
+out:
+	mnl_socket_close(nl);
+	return r;
+}
+
 /* Read the kernel's counters into s->st and report new blocked flows. */
 static void sandbox_poll(struct net_sandbox *s)
 {
 	json_t *root = NULL;
+	struct kiln_counters c;
 	uint64_t blocked;
 
-	if (nft_run(s->nft_json, "list counters table inet kiln", &root, NULL) < 0 || !root)
+	if (counters_read(&c) < 0)
 		return;
 	pthread_mutex_lock(&s->lock);
-	s->st.allowed = counter_value(root, "allowed", "packets");
-	blocked = counter_value(root, "blocked", "packets");
-	s->st.bytes_out = counter_value(root, "bytes_out", "bytes");
-	s->st.bytes_in = counter_value(root, "bytes_in", "bytes");
+	s->st.allowed = c.allowed;
+	blocked = c.blocked;
+	s->st.bytes_out = c.bytes_out;
+	s->st.bytes_in = c.bytes_in;
 	pthread_mutex_unlock(&s->lock);
-	json_decref(root);
 	if (blocked == s->st.blocked)
 		return;
 	s->st.blocked = blocked;
 	if (s->nseen >= NET_MAX_EVENTS)
 		return;
 	root = NULL;
-	if (nft_run(s->nft_json, "list set inet kiln bflows", &root, NULL) == 0 && root)
+	if (nft_run(s->nft_json, "list set inet kiln bdest", &root, NULL) == 0 && root)
 		report_blocked(s, root);
 	json_decref(root);
 	root = NULL;
