@@ -151,7 +151,12 @@ $(B)/tests/uring-probe: tests/integration/uring_probe.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -static -o $@ $<
 
-unit: $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe
+# Boots a guest that floods its serial console, for tests/integration/27-console.sh.
+$(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a $(B)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+
+unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe
 fuzz: $(FUZZ_BINS)
 
 test: deps

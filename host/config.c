@@ -100,6 +100,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
 			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
 			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { "disk", 'o', &disk },
+			{ "debug_console", 'b', &c->debug_console },
 			{ "max_connections", 'u', &max_conns, 16, 65536 },
 			{ "max_connections_per_address", 'u', &per_addr, 1, 65536 },
 			{ "connection_timeout_s", 'u', &conn_timeout, 5, 86400 }, { 0 },

@@ -25,6 +25,7 @@ struct host_config {
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
 	uint32_t out_max_entries, out_max_depth; /* "outputs" section; 0: unset */
+	int debug_console;           /* keep each VM's whole console in vm/console.log */
 	int disk_set;                /* a "disk" section: its values replace the defaults */
 	uint64_t disk_bps_mib, disk_iops; /* per VM; 0: no limit */
 	unsigned max_connections, max_connections_per_address, connection_timeout_s; /* 0: unset */

@@ -625,6 +625,7 @@ static int cmd_serve(int argc, char **argv)
 	if (common_finish(&cm, &err) < 0)
 		return print_error(&err, 3);
 	ro.vm = cm.vm;
+	ro.vm.console_file = hc.debug_console > 0;
 	if (hc.disk_set) {
 		ro.vm.disk_bps = hc.disk_bps_mib << 20;
 		ro.vm.disk_iops = hc.disk_iops;

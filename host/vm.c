@@ -230,8 +230,20 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("-append");
 	ARG("console=ttyS0 quiet loglevel=3 acpi=off reboot=t panic=-1 nolapic_timer pty.legacy_count=0 "
 	    "random.trust_cpu=off");
-	ARG("-serial");
-	ARG("file:%s/vm/console.log", vm->dir);
+	/* The guest's serial console goes into a ring inside QEMU: a hostile
+	 * guest kernel writing ttyS0 at full speed overwrites its own oldest
+	 * bytes, never fills the host's run directory, and never waits for a
+	 * reader. vm_log_tail reads it over QMP; console_file keeps the whole
+	 * console in vm/console.log for debugging. */
+	if (cfg->console_file) {
+		ARG("-serial");
+		ARG("file:%s/vm/console.log", vm->dir);
+	} else {
+		ARG("-chardev");
+		ARG("ringbuf,id=con,size=%u", VM_CONSOLE_RING);
+		ARG("-serial");
+		ARG("chardev:con");
+	}
 	ARG("-drive");
 	/* The base image is never written: snapshot=on puts this VM's writes in a
 	 * temporary overlay that QEMU deletes; a template writes its own overlay. */
@@ -941,7 +953,52 @@ static void tail_file(const char *path, char *out, size_t cap)
 			out[i] = out[i] == '\n' ? '|' : ' ';
 }
 
-void vm_log_tail(const struct vm *vm, char *out, size_t cap)
+/* The last bytes of the console ring (QEMU still running), made one
+ * printable line as tail_file does. The ring is read in pieces: a QMP reply
+ * is bounded (JSON may escape a byte into six), and reading empties it. */
+#define RING_PIECE 8192u
+static void tail_ring(struct vm *vm, char *out, size_t cap)
+{
+	char cmd[128];
+	struct kiln_err err = { .code = "" };
+	size_t have = 0, want = cap - 1;
+
+	out[0] = '\0';
+	if (vm->qmp_fd < 0)
+		return;
+	snprintf(cmd, sizeof(cmd),
+		 "{\"execute\":\"ringbuf-read\",\"arguments\":{\"device\":\"con\",\"size\":%u,\"format\":\"utf8\"}}",
+		 RING_PIECE);
+	for (unsigned i = 0; i <= VM_CONSOLE_RING / RING_PIECE; i++) {
+		json_t *ret = NULL;
+		const char *s;
+		size_t n;
+
+		if (vm_qmp(vm, cmd, proto_now_ms() + 1000, &ret, &err) < 0 || !(s = json_string_value(ret)) || !*s) {
+			json_decref(ret);
+			break;
+		}
+		/* Keep the newest want bytes of what has been read so far. */
+		n = strlen(s);
+		if (n >= want) {
+			memcpy(out, s + n - want, want);
+			have = want;
+		} else {
+			size_t keep = have + n > want ? want - n : have;
+
+			memmove(out, out + have - keep, keep);
+			memcpy(out + keep, s, n);
+			have = keep + n;
+		}
+		json_decref(ret);
+	}
+	out[have] = '\0';
+	for (size_t i = 0; i < have; i++)
+		if ((unsigned char)out[i] < 0x20 || (unsigned char)out[i] >= 0x7f)
+			out[i] = out[i] == '\n' ? '|' : ' ';
+}
+
+void vm_log_tail(struct vm *vm, char *out, size_t cap)
 {
 	char path[600], con[512], qlog[512];
 
@@ -950,6 +1007,8 @@ void vm_log_tail(const struct vm *vm, char *out, size_t cap)
 		return;
 	snprintf(path, sizeof(path), "%s/vm/console.log", vm->dir);
 	tail_file(path, con, sizeof(con));
+	if (!con[0])
+		tail_ring(vm, con, sizeof(con));
 	snprintf(path, sizeof(path), "%s/vm/qemu.log", vm->dir);
 	tail_file(path, qlog, sizeof(qlog));
 	snprintf(out, cap, "%s%s%s%s%s", qlog[0] ? "qemu: " : "", qlog, qlog[0] && con[0] ? "; " : "",

@@ -16,6 +16,8 @@ enum vm_accel { VM_ACCEL_AUTO, VM_ACCEL_KVM, VM_ACCEL_TCG };
 
 /* Defaults of vm_config.disk_bps/disk_iops (kiln-host's "disk" settings). */
 #define VM_DISK_BPS  (128ull << 20)
+/* Bytes of the guest's serial console QEMU keeps (a ring; see vm.c). */
+#define VM_CONSOLE_RING 65536u
 #define VM_DISK_IOPS 4000u
 
 struct vm_config {
@@ -40,6 +42,10 @@ struct vm_config {
 	 * disk; see VM_DISK_BPS/VM_DISK_IOPS for the defaults. */
 	uint64_t disk_bps;
 	unsigned disk_iops;
+	/* 1: the whole serial console in <dir>/vm/console.log (debugging; a
+	 * guest can fill the run directory with it). 0: a VM_CONSOLE_RING ring
+	 * inside QEMU, read on failure. */
+	int console_file;
 	int mem_ram;               /* guest RAM as memory-backend-ram "mem": a resumed session,
 				    * whose RAM comes in the migration stream */
 	int mem_fd;                /* > 0: guest RAM is this sealed memfd, mapped privately
@@ -144,7 +150,7 @@ int vm_set_nice(const struct vm *vm, int nice);
 void vm_destroy(struct vm *vm);
 
 /* The last bytes of the guest console and QEMU's own log, for error messages. */
-void vm_log_tail(const struct vm *vm, char *out, size_t cap);
+void vm_log_tail(struct vm *vm, char *out, size_t cap);
 
 /* Remove what crashed kiln-host processes left in run_dir: for every VM
  * directory whose lock is free, kill its QEMU (checked by pid and start time;

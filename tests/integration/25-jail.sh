@@ -138,7 +138,7 @@ read -r -a libc_line <<< "$(grep '/libc.so.6 ' "$T_TMP/mounts")"
 "$PROBE" "$Q" --memfd /proc/1/fd/5 --write /usr/bin/qemu-system-x86_64 --write "${libc_line[0]}" \
 	--write "$(readlink -f "$ROOT/build/image/vmlinux")" --write "$(readlink -f "$ROOT/build/image/rootfs.ext4")" \
 	--write "$SNAP/disk.qcow2" --open "$SNAP/mem" --open /etc/passwd --open /root --open "$VMDIR/lock" \
-	--open "$VMDIR/qemu.pid" --write "$VMDIR/vm/console.log" > "$T_TMP/probe.out" 2>&1
+	--open "$VMDIR/qemu.pid" --write "$VMDIR/vm/qemu.log" > "$T_TMP/probe.out" 2>&1
 pv() { awk -v k="$1" '$1 == k { $1 = ""; print substr($0, 2) }' "$T_TMP/probe.out"; }
 memfd=$(pv memfd)
 seals=$(echo "$memfd" | sed -n 's/.*seals=\(0x[0-9a-f]*\).*/\1/p')
@@ -148,10 +148,10 @@ if [ "$(pv uid)" = "${quid[0]}" ] && [ -n "$seals" ] && [ $((seals & 0xf)) = 15 
    && [[ $memfd == *" unseal=EPERM" ]]; then
 	ok "as uid ${quid[0]} inside the jail, the snapshot RAM QEMU maps (its fd 5, a memfd sealed $seals) cannot be written, truncated, hole-punched, mapped shared-writable or unsealed; a private (copy-on-write) mapping works"
 else not_ok "template memfd from inside the jail" "$(cat "$T_TMP/probe.out")"; fi
-wr_bad=$(awk '$1 == "write" && $2 !~ /console.log$/ && $3 != "EACCES" && $3 != "EROFS"' "$T_TMP/probe.out")
-if [ -z "$wr_bad" ] && grep -q "^write $VMDIR/vm/console.log ok$" "$T_TMP/probe.out" \
+wr_bad=$(awk '$1 == "write" && $2 !~ /qemu.log$/ && $3 != "EACCES" && $3 != "EROFS"' "$T_TMP/probe.out")
+if [ -z "$wr_bad" ] && grep -q "^write $VMDIR/vm/qemu.log ok$" "$T_TMP/probe.out" \
    && [ "$(awk '$1 == "open" && $3 != "ENOENT"' "$T_TMP/probe.out")" = "" ] && [ "$(pv mkdir_root)" = EROFS ]; then
-	ok "inside the jail: qemu, libc, kernel, rootfs and snapshot disk not writable; / read-only; the snapshot's RAM file, /etc/passwd, /root and the host-side lock and qemu.pid do not exist; its console log is writable"
+	ok "inside the jail: qemu, libc, kernel, rootfs and snapshot disk not writable; / read-only; the snapshot's RAM file, /etc/passwd, /root and the host-side lock and qemu.pid do not exist; its own log is writable"
 else not_ok "files inside the jail" "$(cat "$T_TMP/probe.out")"; fi
 pids_seen=$(pv proc_pids | tr ',' '\n' | grep -c '^[0-9]')
 if [ "$(pv netifs)" = lo ] && [ "$(pv hostname)" = kiln ] && [ "$pids_seen" -le 2 ] \
