@@ -74,7 +74,7 @@ struct vm {
 			 * not owned (a session's interactive command, run.c) */
 	/* Per-VM directory: lock, qemu.pid, jail (what to reap), root/ (the
 	 * jail's root mount point) and vm/ (QEMU's own files, owned by the slot
-	 * uid: console.log, qemu.log, the disk overlay). */
+	 * uid: qemu.log, the disk overlay, console.log with console_file). */
 	char dir[512];
 	struct jail jail; /* slot and cgroups, while jailed */
 	int64_t t_spawn_us;
