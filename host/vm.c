@@ -31,7 +31,7 @@
 #include "fsutil.h"
 #include "qmp.h"
 
-#define VM_MAX_ARGS 64
+#define VM_MAX_ARGS 96
 #define QMP_BUF_SIZE (QMP_MAX_LINE + 1)
 
 /* QEMU's descriptors: the agent and QMP socketpair ends, then the snapshot
@@ -235,6 +235,10 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	 * bytes, never fills the host's run directory, and never waits for a
 	 * reader. vm_log_tail reads it over QMP; console_file keeps the whole
 	 * console in vm/console.log for debugging. */
+	/* The VM's directory in QEMU's command line: operators (and the
+	 * tests' leak counts) find a VM's QEMU by it with ps/pgrep. */
+	ARG("-name");
+	ARG("guest=kiln:%s", vm->dir);
 	if (cfg->console_file) {
 		ARG("-serial");
 		ARG("file:%s/vm/console.log", vm->dir);
