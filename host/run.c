@@ -391,16 +391,6 @@ static int hex_digest(EVP_MD_CTX *md, char out[65])
 	return 0;
 }
 
-/* Path components of a checked relative path ("a/b/c" is 3). */
-static uint32_t path_depth(const char *p)
-{
-	uint32_t n = 1;
-
-	for (; *p; p++)
-		n += *p == '/';
-	return n;
-}
-
 /* Receive /output. Every path and size from the guest is checked again here:
  * the decoder refuses absolute paths and '..', the byte budget is counted on
  * this side, and files are created under the output directory without
@@ -450,7 +440,7 @@ static int collect(struct run_ctx *c)
 			}
 			/* Counted before: what the host makes is bounded by the limit
 			 * plus one path's directories. */
-			if (!over && (created >= max_entries || path_depth(path) > max_depth))
+			if (!over && (created >= max_entries || outdir_depth(path, 0) > max_depth))
 				over = 1;
 			if (!over && c->outdir_fd >= 0 && outdir_mkdir(c->outdir_fd, path, &created, &c->err) < 0)
 				goto out;
@@ -469,7 +459,7 @@ static int collect(struct run_ctx *c)
 			budget -= file.size;
 			/* A file's directories count towards the depth, the file itself
 			 * one level below the deepest directory. */
-			if (!over && (created >= max_entries || path_depth(file.path) > max_depth + 1))
+			if (!over && (created >= max_entries || outdir_depth(file.path, 1) > max_depth))
 				over = 1;
 			/* Names are bytes to the guest but strings in JSON and S3: a
 			 * name that is not UTF-8 is listed (made readable) with the
