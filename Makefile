@@ -1,7 +1,8 @@
 # kiln: one non-recursive Makefile, everything built under build/.
 #   make            binaries: build/kiln, build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
 #   make image      guest kernel and root filesystem (cached in $(KILN_CACHE))
-#   make test       unit tests, fuzz corpus replay, integration tests with real VMs
+#   make check      unit tests and fuzz corpus replay: no root, no VMs, well under a minute
+#   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
 #   make demo       an example task, end to end
 # Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln
@@ -46,7 +47,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image test unit bench demo fuzz clean
+.PHONY: all deps image check test unit bench demo fuzz clean
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -159,6 +160,12 @@ $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe
 fuzz: $(FUZZ_BINS)
 
+# What needs neither root nor VMs (a developer's inner loop; CI's first step).
+check: all unit fuzz
+	@tests/run.sh check
+
+# tests/run.sh all runs check's programs first, then the integration scripts,
+# with one count at the end.
 test: deps
 	@$(MAKE) --no-print-directory all image unit fuzz
 	@tests/run.sh

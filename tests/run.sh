@@ -4,8 +4,10 @@
 # integration scripts (TAP), printing each result as it arrives with its
 # suite as prefix. Everything must already be built (make unit fuzz ...).
 #
-#   tests/run.sh [all|unit|fuzz|integration] [name-filter]
+#   tests/run.sh [all|check|unit|fuzz|integration] [name-filter]
 #
+# check is unit + fuzz: what `make check` runs, no root, no VMs, no network
+# beyond loopback. all is check, then the integration scripts.
 # name-filter is a substring of the program name (test_spec, fuzz_proto,
 # boot.sh). The last line printed is "N passed, N failed" (", N skipped" when
 # any were skipped); the exit status is 1 when anything failed, 2 on bad usage.
@@ -13,7 +15,7 @@
 set -u
 
 usage() {
-	echo "usage: $0 [all|unit|fuzz|integration] [name-filter]" >&2
+	echo "usage: $0 [all|check|unit|fuzz|integration] [name-filter]" >&2
 	exit 2
 }
 
@@ -24,7 +26,7 @@ export B
 what=${1:-all}
 filter=${2:-}
 case $what in
-all | unit | fuzz | integration) ;;
+all | check | unit | fuzz | integration) ;;
 *) usage ;;
 esac
 [ $# -le 2 ] || usage
@@ -233,6 +235,10 @@ case $what in
 unit) run_unit ;;
 fuzz) run_fuzz ;;
 integration) run_integration ;;
+check)
+	run_unit
+	run_fuzz
+	;;
 all)
 	run_unit
 	run_fuzz
