@@ -19,9 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "excerpt.h"
-#include "hostclient.h"
-#include "proto.h"
+#include "host_ops.h"
 
 #define MAX_HOSTS 256
 #define MAX_BATCH 256
@@ -68,14 +68,17 @@ struct sched {
 	struct watch *watches;       /* placed tasks being followed */
 	int64_t started_ms;          /* hosts get a full timeout after our own start */
 	unsigned nwatchers;
+	const struct host_ops *ops;  /* how hosts are called (cfg.host or the real one) */
+	const struct kiln_clock *clock;
+	int threaded;                /* sched_start ran sched_main on s->thread */
+	int reattached;
+	int64_t last_full;
 };
 
-static int64_t wall_ms(void)
+static int host_call(struct sched *s, const char *url, const char *method, const char *path, json_t *body,
+		     long timeout_ms, json_t **reply, struct kiln_err *err)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return s->ops->call(s->ops->ctx, url, s->token, method, path, body, timeout_ms, reply, err);
 }
 
 static struct host_view *host_find_locked(struct sched *s, const char *id)
@@ -120,7 +123,7 @@ static int transition(struct watch *w, enum task_state to)
 		struct kiln_err err = { .code = "" };
 
 		snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
-		hostclient_call(w->url, w->s->token, "DELETE", path, NULL, 5000, NULL, &err);
+		host_call(w->s, w->url, "DELETE", path, NULL, 5000, NULL, &err);
 		w->state = TASK_CANCELLED; /* final in the store: stop following */
 	}
 	return 0;
@@ -209,7 +212,7 @@ static int push(struct watch *w)
 		return 0;
 	}
 	body = json_pack("{s:s, s:s, s:o}", "id", w->task, "customer", w->customer, "spec", spec);
-	st = hostclient_call(w->url, s->token, "POST", "/v1/tasks", body, 10000, &reply, &err);
+	st = host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);
 	json_decref(body);
 	if (st == 202 || st == 409) {
 		json_decref(reply);
@@ -225,7 +228,7 @@ static int push(struct watch *w)
 		pthread_mutex_lock(&s->lock);
 		h = host_find_locked(s, w->host);
 		if (h)
-			h->full_until_ms = proto_now_ms() + HOST_FULL_BACKOFF_MS;
+			h->full_until_ms = kclock_mono_ms(s->clock) + HOST_FULL_BACKOFF_MS;
 		pthread_mutex_unlock(&s->lock);
 		json_decref(reply);
 		if (st >= 400 && st < 500 && st != 409) {
@@ -289,12 +292,12 @@ static void *watch_main(void *arg)
 			}
 			w->push = 0;
 		}
-		hostclient_follow(w->url, s->token, w->task, 30, on_host_event, &f, &err);
+		s->ops->follow(s->ops->ctx, w->url, s->token, w->task, 30, on_host_event, &f, &err);
 		{
 			char path[80];
 
 			snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
-			st = hostclient_call(w->url, s->token, "GET", path, NULL, 10000, &t, &err);
+			st = host_call(s, w->url, "GET", path, NULL, 10000, &t, &err);
 		}
 		if (st == 200 && finish(w, t)) {
 			json_decref(t);
@@ -455,7 +458,7 @@ static void reconcile(struct sched *s, const char *host, const char *url)
 	struct kiln_err err = { .code = "" };
 	json_t *reply = NULL, *t;
 	size_t i;
-	int st = hostclient_call(url, s->token, "GET", "/v1/tasks", NULL, 5000, &reply, &err);
+	int st = host_call(s, url, "GET", "/v1/tasks", NULL, 5000, &reply, &err);
 
 	if (st != 200) {
 		fprintf(stderr, "kiln-api: reconciling with host %s: %s\n", host, st < 0 ? err.message : "unexpected status");
@@ -473,7 +476,7 @@ static void reconcile(struct sched *s, const char *host, const char *url)
 			continue;
 		if (!mine || task_state_final(ms) || ms == TASK_QUEUED || !mh || strcmp(mh, host)) {
 			snprintf(path, sizeof(path), "/v1/tasks/%s", id);
-			hostclient_call(url, s->token, "DELETE", path, NULL, 5000, NULL, &err);
+			host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
 			fprintf(stderr, "kiln-api: host %s still had task %s (%s here): cancelled there\n", host, id,
 				mine ? task_state_name(ms) : "unknown");
 		}
@@ -561,7 +564,7 @@ static void place(struct sched *s)
 	struct store_task *q;
 	char capped[64][65];
 	int n, ncapped = 0;
-	int64_t now = proto_now_ms();
+	int64_t now = kclock_mono_ms(s->clock);
 
 	pthread_mutex_lock(&s->lock);
 	n = any_room_locked(s, now);
@@ -640,62 +643,70 @@ static void reattach(struct sched *s)
 	free(t);
 }
 
+/* One pass (lock held on entry and on return): with full, the hosts are
+ * read again, hosts gone quiet are lost and hosts back are reconciled, and
+ * cancels are forwarded; then queued tasks are placed. */
+static void tick_locked(struct sched *s, int full)
+{
+	int64_t now = kclock_wall_ms(s->clock);
+	char lost[MAX_HOSTS][65], back[MAX_HOSTS][65], back_url[MAX_HOSTS][256];
+	int nlost = 0, nback = 0;
+
+	if (full) {
+		s->last_full = now;
+		refresh_hosts_locked(s);
+	}
+	for (int i = 0; full && i < s->nhosts; i++) {
+		struct host_view *h = &s->hosts[i];
+
+		/* While kiln-api itself was down no heartbeat could arrive: a
+		 * host is judged only on the time since our own start too. */
+		int64_t seen = h->last_hb_ms > s->started_ms ? h->last_hb_ms : s->started_ms;
+		int stale = now - seen > (int64_t)s->cfg.host_lost_after_ms;
+
+		if (stale && !h->lost) {
+			h->lost = 1;
+			snprintf(lost[nlost++], sizeof(lost[0]), "%s", h->id);
+		} else if (!stale && (h->lost || h->was_lost)) {
+			/* Back (its heartbeat cleared the flag): a host like any other again. */
+			h->lost = h->was_lost = 0;
+			store_host_set_lost(s->st, h->id, 0);
+			fprintf(stderr, "kiln-api: host %s is back\n", h->id);
+			snprintf(back[nback], sizeof(back[0]), "%s", h->id);
+			snprintf(back_url[nback++], sizeof(back_url[0]), "%s", h->url);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	for (int i = 0; i < nlost; i++)
+		host_lost(s, lost[i]);
+	for (int i = 0; i < nback; i++)
+		reconcile(s, back[i], back_url[i]);
+	if (!s->reattached) {
+		reattach(s);
+		s->reattached = 1;
+	}
+	place(s);
+	if (full)
+		forward_cancels(s);
+	pthread_mutex_lock(&s->lock);
+}
+
 static void *sched_main(void *arg)
 {
 	struct sched *s = arg;
-	int reattached = 0;
-	int64_t last_full = 0;
 
 	pthread_mutex_lock(&s->lock);
 	while (!s->stopping) {
 		struct timespec ts;
-		int64_t now = wall_ms();
-		char lost[MAX_HOSTS][65], back[MAX_HOSTS][65], back_url[MAX_HOSTS][256];
-		int nlost = 0, nback = 0;
+		int64_t now = kclock_wall_ms(s->clock);
 		/* A submission's wake-up only places (with the hosts as last read,
 		 * their placements since counted in flight); the hosts, lost
 		 * hosts and cancels are looked at once per tick. Under a burst of
 		 * submissions this keeps the scheduler off the store's lock. */
-		int full = s->want_full || now - last_full >= TICK_MS || now < last_full;
+		int full = s->want_full || now - s->last_full >= TICK_MS || now < s->last_full;
 
 		s->want_full = 0;
-		if (full) {
-			last_full = now;
-			refresh_hosts_locked(s);
-		}
-		for (int i = 0; full && i < s->nhosts; i++) {
-			struct host_view *h = &s->hosts[i];
-
-			/* While kiln-api itself was down no heartbeat could arrive: a
-			 * host is judged only on the time since our own start too. */
-			int64_t seen = h->last_hb_ms > s->started_ms ? h->last_hb_ms : s->started_ms;
-			int stale = now - seen > (int64_t)s->cfg.host_lost_after_ms;
-
-			if (stale && !h->lost) {
-				h->lost = 1;
-				snprintf(lost[nlost++], sizeof(lost[0]), "%s", h->id);
-			} else if (!stale && (h->lost || h->was_lost)) {
-				/* Back (its heartbeat cleared the flag): a host like any other again. */
-				h->lost = h->was_lost = 0;
-				store_host_set_lost(s->st, h->id, 0);
-				fprintf(stderr, "kiln-api: host %s is back\n", h->id);
-				snprintf(back[nback], sizeof(back[0]), "%s", h->id);
-				snprintf(back_url[nback++], sizeof(back_url[0]), "%s", h->url);
-			}
-		}
-		pthread_mutex_unlock(&s->lock);
-		for (int i = 0; i < nlost; i++)
-			host_lost(s, lost[i]);
-		for (int i = 0; i < nback; i++)
-			reconcile(s, back[i], back_url[i]);
-		if (!reattached) {
-			reattach(s);
-			reattached = 1;
-		}
-		place(s);
-		if (full)
-			forward_cancels(s);
-		pthread_mutex_lock(&s->lock);
+		tick_locked(s, full);
 		if (s->woken) {
 			s->woken = 0;
 			continue;
@@ -709,7 +720,13 @@ static void *sched_main(void *arg)
 		pthread_cond_timedwait(&s->wake, &s->lock, &ts);
 		s->woken = 0;
 	}
-	/* Watchers end at their next check of `stopping`. */
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* Watchers end at their next check of `stopping` (lock held). */
+static void wait_watchers_locked(struct sched *s)
+{
 	while (s->nwatchers) {
 		struct timespec ts;
 
@@ -718,11 +735,9 @@ static void *sched_main(void *arg)
 		if (pthread_cond_timedwait(&s->wake, &s->lock, &ts) != 0)
 			break; /* one stuck in a long request: the process exit ends it */
 	}
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
 }
 
-struct sched *sched_start(struct store *st, const struct sched_config *cfg, struct kiln_err *err)
+struct sched *sched_create(struct store *st, const struct sched_config *cfg, struct kiln_err *err)
 {
 	struct sched *s = calloc(1, sizeof(*s));
 	pthread_condattr_t ca;
@@ -734,7 +749,9 @@ struct sched *sched_start(struct store *st, const struct sched_config *cfg, stru
 	}
 	s->st = st;
 	s->cfg = *cfg;
-	s->started_ms = wall_ms();
+	s->ops = cfg->host ? cfg->host : &host_ops_hostclient;
+	s->clock = cfg->clock;
+	s->started_ms = kclock_wall_ms(s->clock);
 	s->cfg.cluster_token = s->token;
 	if (!s->cfg.host_lost_after_ms)
 		s->cfg.host_lost_after_ms = 10000;
@@ -743,12 +760,31 @@ struct sched *sched_start(struct store *st, const struct sched_config *cfg, stru
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->wake, &ca);
 	pthread_condattr_destroy(&ca);
+	return s;
+}
+
+void sched_tick(struct sched *s)
+{
+	pthread_mutex_lock(&s->lock);
+	tick_locked(s, 1);
+	pthread_mutex_unlock(&s->lock);
+}
+
+struct sched *sched_start(struct store *st, const struct sched_config *cfg, struct kiln_err *err)
+{
+	struct sched *s = sched_create(st, cfg, err);
+
+	if (!s)
+		return NULL;
 	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+		pthread_mutex_destroy(&s->lock);
+		pthread_cond_destroy(&s->wake);
 		free(s->token);
 		free(s);
 		kiln_err_set(err, "api_error", "cannot start the scheduler thread");
 		return NULL;
 	}
+	s->threaded = 1;
 	return s;
 }
 
@@ -783,7 +819,7 @@ int sched_cancel(struct sched *s, const char *task_id)
 	if (!url[0])
 		return -1;
 	snprintf(path, sizeof(path), "/v1/tasks/%s", task_id);
-	st = hostclient_call(url, s->token, "DELETE", path, NULL, 5000, NULL, &err);
+	st = host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
 	return st == 202 || st == 409 ? 0 : -1;
 }
 
@@ -797,7 +833,7 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 	int live = 0, big = 0;
 
 	pthread_mutex_lock(&s->lock);
-	h = pick_host_locked(s, &t, proto_now_ms(), exclude, nexclude);
+	h = pick_host_locked(s, &t, kclock_mono_ms(s->clock), exclude, nexclude);
 	if (h) {
 		reserve_locked(h, &t);
 		snprintf(host_id, 65, "%s", h->id);
@@ -839,7 +875,7 @@ void sched_host_full(struct sched *s, const char *host_id)
 	pthread_mutex_lock(&s->lock);
 	h = host_find_locked(s, host_id);
 	if (h)
-		h->full_until_ms = proto_now_ms() + HOST_FULL_BACKOFF_MS;
+		h->full_until_ms = kclock_mono_ms(s->clock) + HOST_FULL_BACKOFF_MS;
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -883,7 +919,11 @@ void sched_stop(struct sched *s)
 	s->stopping = 1;
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
-	pthread_join(s->thread, NULL);
+	if (s->threaded)
+		pthread_join(s->thread, NULL);
+	pthread_mutex_lock(&s->lock);
+	wait_watchers_locked(s);
+	pthread_mutex_unlock(&s->lock);
 	if (!s->nwatchers) {
 		free(s->token);
 		free(s);

@@ -10,7 +10,9 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "err.h"
+#include "host_ops.h"
 #include "store.h"
 
 struct sched;
@@ -22,6 +24,11 @@ struct sched_config {
 	 * chunks), from scheduler threads; data is borrowed. May be NULL. */
 	void (*relay)(void *ctx, const char *task_id, const char *event, json_t *data);
 	void *relay_ctx;
+	/* How hosts are called and what time it is (the seams for tests):
+	 * production passes &host_ops_hostclient and &clock_system; NULL means
+	 * those too. Both must outlive the scheduler. */
+	const struct host_ops *host;
+	const struct kiln_clock *clock;
 };
 
 /* Start the scheduler thread (and reattach to tasks a previous kiln-api
@@ -40,7 +47,17 @@ void sched_wake_full(struct sched *s);
  * task ends when the host is lost or answers later). */
 int sched_cancel(struct sched *s, const char *task_id);
 
+/* Stop the thread (sched_start) and the watchers, then free. */
 void sched_stop(struct sched *s);
+
+/* ---- driving it by hand (unit tests) ----
+ * sched_create sets a scheduler up without its thread: nothing happens
+ * until sched_tick, which runs one full tick on the caller's thread (read
+ * the hosts, judge lost and returned ones, reattach once, place, forward
+ * cancels). Watchers of placed tasks still run on threads of their own.
+ * sched_wake and sched_wake_full only flag it. sched_stop frees it. */
+struct sched *sched_create(struct store *st, const struct sched_config *cfg, struct kiln_err *err);
+void sched_tick(struct sched *s);
 
 /* ---- placement outside the queue (sessions) ----
  * Sessions are not queued: a request to create or resume one is answered at
