@@ -113,6 +113,8 @@ int main(int argc, char **argv)
 			.host_lost_after_ms = cfg.host_lost_after_s * 1000,
 			.relay = server_relay_event,
 			.relay_ctx = srv,
+			.host = &host_ops_hostclient,
+			.clock = &clock_system,
 		};
 
 		sched = sched_start(st, &sc, &err);
@@ -126,7 +128,7 @@ int main(int argc, char **argv)
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
 							     .ctx = sched });
 	}
-	sessions = sessions_start(&cfg, st, sched, &err);
+	sessions = sessions_start(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
 	if (!sessions) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
 		server_set_hooks(srv, NULL);

@@ -1,8 +1,9 @@
 /* sessions: kiln-api's sessions, long-lived sandboxes on one kiln-host each
- * (docs/api.md, "Sessions"): the /v1/sessions endpoints, which check
- * quotas, place a session on a host with the scheduler's rules, keep its row
- * in the store and proxy exec, files, pause, resume and outputs to its host;
- * and the reaper thread, which ends sessions past their idle or lifetime
+ * (docs/api.md, "Sessions"): the /v1/sessions endpoints (sessions.c), which
+ * check quotas, place a session on a host with the scheduler's rules
+ * (session_place.c), keep its row in the store and proxy exec, files, pause,
+ * resume and outputs to its host; and the reaper thread (session_reap.c),
+ * which ends sessions past their idle or lifetime
  * limit (pausing them when the customer's session_auto_pause says so, else
  * destroying them), settles sessions whose host is lost (error/host_lost),
  * finishes what a killed kiln-api left half-done, and destroys sessions a
@@ -15,17 +16,22 @@
 #include <microhttpd.h>
 
 #include "config.h"
+#include "clock.h"
 #include "err.h"
+#include "host_ops.h"
 #include "quota.h"
 #include "scheduler.h"
 #include "store.h"
 
 struct sessions;
 
-/* Start the reaper. cfg, st and sched stay owned by the caller and must
- * outlive the sessions (sessions_stop first). NULL with err set. */
+/* Start the reaper. cfg, st, sched, host and clock stay owned by the
+ * caller and must outlive the sessions (sessions_stop first); hosts are
+ * called through host (production: &host_ops_hostclient) and time is read
+ * from clock (production: &clock_system; NULL means the real clocks too).
+ * NULL with err set. */
 struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
-				struct kiln_err *err);
+				const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err);
 
 /* Stop the reaper, wait a moment (2 s) for the ends it started and the
  * requests held, then free: 0. -1 when some still run: ss is left to them

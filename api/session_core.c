@@ -1,0 +1,392 @@
+/* session_core: struct sessions (start, stop, the requests held), the
+ * sessions with a request in flight in this process, and the two actions
+ * both the endpoints (sessions.c) and the reaper (session_reap.c) take:
+ * pausing and destroying a session (see sessions.h, sessions_internal.h).
+ *
+ * State lives in the store; every change is a compare-and-set, so that an
+ * HTTP request and the reaper racing on one session cannot both win: the
+ * transient states starting, pausing and resuming are taken before the
+ * host is asked and left once it has answered. A session that holds a VM
+ * (starting, running, pausing, resuming) counts against the customer's
+ * running quota, checked in the same transaction that takes the state.
+ *
+ * In memory only: which sessions have a request in flight in this process
+ * (ss->inflight). The reaper leaves those alone: an exec that runs is
+ * activity, and a transient state with a request behind it is not a
+ * leftover. After a restart nothing is in flight, so a transient state in
+ * the store is what a killed kiln-api left, and the reaper settles it by
+ * asking the host. */
+#include "sessions_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- requests in flight ---- */
+
+void sessions_op_enter(struct sessions *ss, const char *id)
+{
+	struct op *o;
+
+	pthread_mutex_lock(&ss->lock);
+	for (o = ss->inflight; o; o = o->next)
+		if (!strcmp(o->id, id))
+			break;
+	if (!o && (o = calloc(1, sizeof(*o)))) {
+		snprintf(o->id, sizeof(o->id), "%s", id);
+		o->next = ss->inflight;
+		ss->inflight = o;
+	}
+	if (o)
+		o->n++;
+	pthread_mutex_unlock(&ss->lock);
+}
+
+void sessions_op_leave(struct sessions *ss, const char *id)
+{
+	pthread_mutex_lock(&ss->lock);
+	for (struct op **p = &ss->inflight; *p; p = &(*p)->next)
+		if (!strcmp((*p)->id, id)) {
+			struct op *o = *p;
+
+			if (--o->n == 0) {
+				*p = o->next;
+				free(o);
+			}
+			break;
+		}
+	pthread_mutex_unlock(&ss->lock);
+}
+
+/* ops_enter for the reaper's end of a session: 0 (and nothing entered) when
+ * one is already under way. */
+int sessions_op_enter_ending(struct sessions *ss, const char *id)
+{
+	struct op *o;
+	int r = 0;
+
+	pthread_mutex_lock(&ss->lock);
+	for (o = ss->inflight; o; o = o->next)
+		if (!strcmp(o->id, id))
+			break;
+	if (!o && (o = calloc(1, sizeof(*o)))) {
+		snprintf(o->id, sizeof(o->id), "%s", id);
+		o->next = ss->inflight;
+		ss->inflight = o;
+	}
+	if (o && !o->ending) {
+		o->n++;
+		o->ending = 1;
+		r = 1;
+	}
+	pthread_mutex_unlock(&ss->lock);
+	return r;
+}
+
+void sessions_op_leave_ending(struct sessions *ss, const char *id)
+{
+	pthread_mutex_lock(&ss->lock);
+	for (struct op *o = ss->inflight; o; o = o->next)
+		if (!strcmp(o->id, id))
+			o->ending = 0;
+	pthread_mutex_unlock(&ss->lock);
+	sessions_op_leave(ss, id);
+}
+
+int sessions_op_busy(struct sessions *ss, const char *id)
+{
+	int busy = 0;
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct op *o = ss->inflight; o && !busy; o = o->next)
+		busy = !strcmp(o->id, id);
+	pthread_mutex_unlock(&ss->lock);
+	return busy;
+}
+
+void sessions_hold(struct sessions *ss)
+{
+	pthread_mutex_lock(&ss->lock);
+	ss->users++;
+	pthread_mutex_unlock(&ss->lock);
+}
+
+void sessions_release(struct sessions *ss)
+{
+	pthread_mutex_lock(&ss->lock);
+	ss->users--;
+	pthread_cond_broadcast(&ss->cond);
+	pthread_mutex_unlock(&ss->lock);
+}
+
+/* ---- talking to hosts ---- */
+
+int sessions_host_call(struct sessions *ss, const char *url, const char *method, const char *path, json_t *body,
+		       long timeout_ms, json_t **reply, struct kiln_err *err)
+{
+	return ss->host->call(ss->host->ctx, url, ss->token, method, path, body, timeout_ms, reply, err);
+}
+
+int sessions_host_raw(struct sessions *ss, const char *url, const char *method, const char *path, const void *body,
+		      size_t len, const char *content_type, long timeout_ms, size_t max_reply,
+		      struct hostclient_reply *r, struct kiln_err *err)
+{
+	return ss->host->raw(ss->host->ctx, url, ss->token, method, path, body, len, content_type, timeout_ms,
+			     max_reply, r, err);
+}
+
+const char *sessions_host_error_code(const struct hostclient_reply *r, char *buf, size_t cap)
+{
+	json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+	const char *c = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+
+	snprintf(buf, cap, "%s", c ? c : "");
+	json_decref(j);
+	return buf;
+}
+
+const char *sessions_host_error_message(const struct hostclient_reply *r, char *buf, size_t cap)
+{
+	json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+	const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+
+	snprintf(buf, cap, "%s", m ? m : "");
+	json_decref(j);
+	return buf;
+}
+
+/* Whether the host confirms it has no such session (GET answered 404). */
+int sessions_host_lacks(struct sessions *ss, const char *url, const char *id)
+{
+	struct kiln_err err = { .code = "" };
+	char path[96];
+	int st;
+
+	snprintf(path, sizeof(path), "/v1/sessions/%s", id);
+	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, NULL, &err);
+	return st == 404;
+}
+
+/* The session's VM is gone from its host (kiln-host restarted, or the VM
+ * died): from `from` to error/vm_lost. */
+void sessions_vm_lost(struct sessions *ss, const char *id, enum session_state from)
+{
+	if (store_session_transition(ss->st, id, from, SESSION_ERROR, NULL, "vm_lost", NULL) == 1)
+		fprintf(stderr, "kiln-api: session %s: its VM is gone from its host: error/vm_lost\n", id);
+}
+
+/* ---- the actions shared by the endpoints and the reaper ---- */
+
+/* Pause a running session: running -> pausing -> paused (snapshot in S3,
+ * VM gone, quota freed) with end_reason `reason`. */
+void sessions_pause(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o)
+{
+	struct store_session cur;
+	struct hostclient_reply r;
+	struct kiln_err err = { .code = "" };
+	char url[256], path[96], code[64], msg[256];
+	json_t *j, *snap;
+	int hs;
+
+	o->status = 200;
+	if (store_session_get(ss->st, id, NULL, &cur) < 0) {
+		o->status = 404;
+		kiln_err_set(&o->err, "not_found", "no such session");
+		return;
+	}
+	if (cur.state != SESSION_RUNNING) {
+		o->status = 409;
+		kiln_err_set(&o->err, cur.state == SESSION_PAUSED ? "not_running" : "busy", "the session is %s",
+			     session_state_name(cur.state));
+		return;
+	}
+	hs = sched_host_state(ss->sched, cur.host_id, url);
+	if (hs != 1) {
+		o->status = 503;
+		kiln_err_set(&o->err, "host_unavailable", "the session's host %s is %s", cur.host_id,
+			     hs == 0 ? "lost" : "not known yet");
+		return;
+	}
+	if (store_session_transition(ss->st, id, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL) != 1) {
+		o->status = 409;
+		kiln_err_set(&o->err, "busy", "the session changed state meanwhile: try again");
+		return;
+	}
+	snprintf(path, sizeof(path), "/v1/sessions/%s/pause", id);
+	sessions_host_raw(ss, url, "POST", path, NULL, 0, NULL, SNAPSHOT_TIMEOUT_MS, 1u << 20, &r, &err);
+	if (r.status == 200) {
+		j = json_loadb(r.body ? r.body : "", r.len, 0, NULL);
+		snap = json_object_get(j, "snapshot");
+		store_session_transition(ss->st, id, SESSION_PAUSING, SESSION_PAUSED, "", reason,
+					 json_is_object(snap) ? snap : NULL);
+		json_decref(j);
+	} else if (r.status == 404 && sessions_host_lacks(ss, url, id)) {
+		sessions_vm_lost(ss, id, SESSION_PAUSING);
+		o->status = 409;
+		kiln_err_set(&o->err, "not_running", "the session's VM is gone from its host: it is error/vm_lost");
+	} else {
+		/* Still there (busy with an exec, or the host failed): running again. */
+		store_session_transition(ss->st, id, SESSION_PAUSING, SESSION_RUNNING, NULL, NULL, NULL);
+		if (r.status < 0) {
+			o->status = 503;
+			kiln_err_set(&o->err, "host_unavailable", "%s", err.message);
+		} else {
+			sessions_host_error_code(&r, code, sizeof(code));
+			sessions_host_error_message(&r, msg, sizeof(msg));
+			o->status = r.status == 409 ? 409 : 502;
+			kiln_err_set(&o->err, code[0] ? code : "host_error", "the host could not pause it: HTTP %d %s",
+				     r.status, msg);
+		}
+	}
+	hostclient_reply_free(&r);
+}
+
+static int any_live_host(struct sessions *ss, char url[256])
+{
+	char ids[1][65], urls[1][256];
+
+	if (sched_live_hosts(ss->sched, ids, urls, 1) < 1)
+		return 0;
+	snprintf(url, 256, "%s", urls[0]);
+	return 1;
+}
+
+/* Destroy a session in any state but a transient one: its VM (if it has
+ * one) is destroyed on its host, the row becomes destroyed with `reason`.
+ * A host that cannot be reached is reconciled later (reaper). */
+void sessions_destroy(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o)
+{
+	for (int attempt = 0; attempt < 3; attempt++) {
+		struct store_session cur;
+		struct kiln_err err = { .code = "" };
+		char url[256], path[96];
+		int st;
+
+		o->status = 200;
+		if (store_session_get(ss->st, id, NULL, &cur) < 0) {
+			o->status = 404;
+			kiln_err_set(&o->err, "not_found", "no such session");
+			return;
+		}
+		switch (cur.state) {
+		case SESSION_DESTROYED:
+			return;
+		case SESSION_RUNNING:
+		case SESSION_PAUSED:
+		case SESSION_ERROR:
+			/* kiln-host's DELETE destroys the VM if it runs there and deletes
+			 * the snapshot in S3 (found by ?customer= when it does not run
+			 * there): a destroyed session leaves nothing. Any live host can
+			 * do the latter for a paused one. */
+			if (cur.state == SESSION_RUNNING ? sched_host_state(ss->sched, cur.host_id, url) == 1
+							 : cur.has_snapshot && any_live_host(ss, url)) {
+				snprintf(path, sizeof(path), "/v1/sessions/%s?customer=%s", id, cur.customer);
+				st = sessions_host_call(ss, url, "DELETE", path, NULL, 60000, NULL, &err);
+				if (st != 200 && st != 404)
+					fprintf(stderr, "kiln-api: session %s: destroying it on %s: %s\n", id, url,
+						st < 0 ? err.message : "unexpected status");
+			}
+			if (store_session_transition(ss->st, id, cur.state, SESSION_DESTROYED, "", reason, NULL) == 1)
+				return;
+			break; /* changed meanwhile: look again */
+		default:
+			o->status = 409;
+			kiln_err_set(&o->err, "busy", "the session is %s: try again once that is done",
+				     session_state_name(cur.state));
+			return;
+		}
+	}
+	o->status = 409;
+	kiln_err_set(&o->err, "busy", "the session keeps changing state: try again");
+}
+
+
+/* ---- start and stop ---- */
+
+struct sessions *sessions_create(const struct api_config *cfg, struct store *st, struct sched *sched,
+				 const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
+{
+	struct sessions *ss = calloc(1, sizeof(*ss));
+	pthread_condattr_t ca;
+
+	if (!ss || !(ss->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
+		free(ss);
+		kiln_err_set(err, "internal", "out of memory");
+		return NULL;
+	}
+	ss->cfg = cfg;
+	ss->st = st;
+	ss->sched = sched;
+	ss->host = host ? host : &host_ops_hostclient;
+	ss->clock = clock;
+	pthread_mutex_init(&ss->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&ss->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	return ss;
+}
+
+struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
+				const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
+{
+	struct sessions *ss = sessions_create(cfg, st, sched, host, clock, err);
+
+	if (!ss)
+		return NULL;
+	if (pthread_create(&ss->reaper, NULL, sessions_reaper_main, ss) != 0) {
+		pthread_mutex_destroy(&ss->lock);
+		pthread_cond_destroy(&ss->cond);
+		free(ss->token);
+		free(ss);
+		kiln_err_set(err, "internal", "cannot start the session reaper");
+		return NULL;
+	}
+	ss->reaping = 1;
+	return ss;
+}
+
+int sessions_stop(struct sessions *ss)
+{
+	int64_t deadline;
+
+	if (!ss)
+		return 0;
+	pthread_mutex_lock(&ss->lock);
+	ss->stopping = 1;
+	pthread_cond_broadcast(&ss->cond);
+	pthread_mutex_unlock(&ss->lock);
+	if (ss->reaping)
+		pthread_join(ss->reaper, NULL);
+	/* Ends in progress finish their host call, or the process exit cuts them. */
+	deadline = clock_mono_ms() + 2000;
+	pthread_mutex_lock(&ss->lock);
+	while ((ss->enders || ss->users) && clock_mono_ms() < deadline) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 100 * 1000000L;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&ss->cond, &ss->lock, &ts);
+	}
+	if (ss->enders || ss->users) {
+		pthread_mutex_unlock(&ss->lock);
+		return -1; /* an ender or a request (a long exec) still holds ss */
+	}
+	pthread_mutex_unlock(&ss->lock);
+	for (struct op *o = ss->inflight, *nx; o; o = nx) {
+		nx = o->next;
+		free(o);
+	}
+	pthread_mutex_destroy(&ss->lock);
+	pthread_cond_destroy(&ss->cond);
+	free(ss->token);
+	free(ss);
+	return 0;
+}
