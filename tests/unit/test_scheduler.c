@@ -1,0 +1,405 @@
+/* test_scheduler: kiln-api's scheduler (api/scheduler.c) driven by hand
+ * (sched_create, sched_tick) over a real store on a temporary SQLite file,
+ * with a fake host_ops and a hand-moved clock (fake_host_ops.h): placement
+ * fairness across customers, pool preference, the push's retry rules (full:
+ * back to the queue and the host left alone for a moment; refused: error;
+ * unreachable: pushed again), host loss and return, and placement outside
+ * the queue (sched_place, as sessions use it). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake_host_ops.h"
+#include "quota.h"
+#include "scheduler.h"
+#include "store.h"
+
+#define H1 "http://h1"
+#define H2 "http://h2"
+
+static char dir[] = "/tmp/kiln-test-sched.XXXXXX";
+static char path[256];
+static int seq;
+static struct store *st;
+static struct sched *sc;
+
+static void customer(const char *id, unsigned max_running)
+{
+	struct kiln_err err = { "", "" };
+	struct quota q;
+
+	quota_defaults(&q);
+	q.max_running = max_running;
+	q.max_vcpus = 64;
+	q.max_memory_mib = 65536;
+	if (store_customer_create(st, id, id, &q, &err) != 0)
+		fail_msg("customer %s: %s", id, err.message);
+}
+
+/* A heartbeat: vcpus_total/used, and a pool of `ready` warm VMs of
+ * pool_mem MiB and one vCPU. */
+static void heartbeat(const char *id, const char *url, unsigned vt, unsigned vu, unsigned ready, unsigned pool_mem)
+{
+	struct kiln_err err = { "", "" };
+	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:{s:i, s:i, s:i}, s:b}", "vcpus", "total", vt, "used",
+				vu, "memory_mib", "total", 4096, "used", 0, "pool", "ready", ready, "memory_mib",
+				pool_mem, "vcpus", 1, "egress", 0);
+
+	assert_int_equal(store_host_heartbeat(st, id, url, cap, &err), 0);
+	json_decref(cap);
+}
+
+static void submit(const char *cust, unsigned memory_mib, char id[40])
+{
+	struct kiln_err err = { "", "" };
+
+	if (store_task_insert(st, cust, "{\"argv\":[\"true\"]}", NULL, 1, memory_mib, NULL, "h", id, &err) != 0)
+		fail_msg("insert: %s", err.message);
+}
+
+static enum task_state state_of(const char *id)
+{
+	enum task_state s = TASK_STATE_COUNT;
+
+	store_task_state(st, id, &s);
+	return s;
+}
+
+/* The task's host ("" when none), into buf. */
+static const char *host_of(const char *id, char buf[65])
+{
+	json_t *j = store_task_json(st, id, NULL);
+
+	snprintf(buf, 65, "%s", json_string_value(json_object_get(j, "host")) ?: "");
+	json_decref(j);
+	return buf;
+}
+
+/* Wait (real time, 5 s at most) for a watcher thread to move the task. */
+static int wait_state(const char *id, enum task_state want)
+{
+	for (int i = 0; i < 1000; i++) {
+		if (state_of(id) == want)
+			return 1;
+		real_nap();
+	}
+	return 0;
+}
+
+static int wait_count(const char *method, const char *url, const char *p, int want)
+{
+	for (int i = 0; i < 1000; i++) {
+		if (fake_count(method, url, p) >= want)
+			return 1;
+		real_nap();
+	}
+	return 0;
+}
+
+static int setup(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct sched_config cfg = {
+		.cluster_token = "tok", .host_lost_after_ms = 10000, .host = &fake_ops, .clock = &fake_clock,
+	};
+
+	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
+	st = store_open(path, &err);
+	if (!st)
+		fail_msg("store_open: %s", err.message);
+	fake_reset();
+	clock_reset();
+	/* A host accepts pushes and reports the task running until told otherwise. */
+	fake_rule("POST", NULL, "/v1/tasks", 202, "{}");
+	fake_rule("GET", NULL, "/v1/tasks", 200, "{\"tasks\":[]}");
+	fake_rule("GET", NULL, "/v1/tasks/", 200, "{\"state\":\"running\"}");
+	fake_rule("DELETE", NULL, "/v1/tasks/", 202, "{}");
+	sc = sched_create(st, &cfg, &err);
+	assert_non_null(sc);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	sched_stop(sc);
+	store_close(st);
+	return 0;
+}
+
+/* One customer's backlog does not starve another: the queue is read
+ * round-robin over customers, FIFO within each. */
+static void test_fair_across_customers(void **state)
+{
+	char a[10][40], b[2][40], h[65];
+	int na = 0, nb = 0;
+
+	customer("a", 20);
+	customer("b", 20);
+	heartbeat("h1", H1, 4, 0, 0, 0); /* room for four 1-vCPU tasks */
+	for (int i = 0; i < 10; i++)
+		submit("a", 256, a[i]);
+	for (int i = 0; i < 2; i++)
+		submit("b", 256, b[i]);
+	sched_tick(sc);
+	for (int i = 0; i < 10; i++)
+		na += state_of(a[i]) == TASK_SCHEDULED;
+	for (int i = 0; i < 2; i++)
+		nb += state_of(b[i]) == TASK_SCHEDULED;
+	assert_int_equal(na, 2);
+	assert_int_equal(nb, 2);
+	/* FIFO within a customer: a's first two. */
+	assert_int_equal(state_of(a[0]), TASK_SCHEDULED);
+	assert_int_equal(state_of(a[1]), TASK_SCHEDULED);
+	assert_int_equal(state_of(a[2]), TASK_QUEUED);
+	assert_string_equal(host_of(b[1], h), "h1");
+	/* No room left (placed since the last report count): nothing more. */
+	sched_tick(sc);
+	assert_int_equal(state_of(a[2]), TASK_QUEUED);
+	assert_true(wait_count("POST", H1, "/v1/tasks", 4));
+}
+
+/* A customer at its running quota waits; the others are placed. */
+static void test_quota_cap_skips_customer(void **state)
+{
+	char a[3][40], b[40];
+
+	customer("a", 1);
+	customer("b", 4);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	for (int i = 0; i < 3; i++)
+		submit("a", 256, a[i]);
+	submit("b", 256, b);
+	sched_tick(sc);
+	assert_int_equal(state_of(a[0]), TASK_SCHEDULED);
+	assert_int_equal(state_of(a[1]), TASK_QUEUED);
+	assert_int_equal(state_of(a[2]), TASK_QUEUED);
+	assert_int_equal(state_of(b), TASK_SCHEDULED);
+}
+
+/* A host with a warm pool VM of the task's size is preferred over an
+ * emptier one; once that VM is taken, the emptiest host again. */
+static void test_pool_preference(void **state)
+{
+	char t1[40], t2[40], t3[40], h[65];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);   /* emptiest */
+	heartbeat("h2", H2, 8, 4, 1, 256); /* one warm 256 MiB VM */
+	submit("a", 256, t1);
+	submit("a", 512, t2);
+	submit("a", 256, t3);
+	sched_tick(sc);
+	assert_string_equal(host_of(t1, h), "h2");
+	assert_string_equal(host_of(t2, h), "h1"); /* no pool VM of its size */
+	assert_string_equal(host_of(t3, h), "h1"); /* the pool VM is taken */
+}
+
+/* A host that answers full (503): the task goes back to the queue and
+ * the host gets nothing for HOST_FULL_BACKOFF_MS (1 s of the scheduler's
+ * monotonic clock); another host takes it meanwhile. */
+static void test_retry_full_host(void **state)
+{
+	char t[40], h[65];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	heartbeat("h2", H2, 8, 2, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", 503, "{\"error\":{\"code\":\"no_capacity\",\"message\":\"full\"}}");
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_string_equal(host_of(t, h), "h1");
+	assert_true(wait_state(t, TASK_QUEUED));
+	sched_tick(sc);
+	assert_int_equal(state_of(t), TASK_SCHEDULED);
+	assert_string_equal(host_of(t, h), "h2");
+}
+
+static void test_retry_full_backoff_clock(void **state)
+{
+	char t[40], h[65];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", 503, "{}");
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_state(t, TASK_QUEUED));
+	fake_rule("POST", H1, "/v1/tasks", 202, "{}");
+	sched_tick(sc);
+	assert_int_equal(state_of(t), TASK_QUEUED); /* left alone for a moment */
+	clock_advance(999);
+	sched_tick(sc);
+	assert_int_equal(state_of(t), TASK_QUEUED);
+	clock_advance(2);
+	sched_tick(sc);
+	assert_int_equal(state_of(t), TASK_SCHEDULED);
+	assert_string_equal(host_of(t, h), "h1");
+}
+
+/* Refused outright (a 4xx other than 409): the task ends as
+ * error/host_refused, not tried elsewhere. 409 means a previous kiln-api
+ * pushed it already: fine. */
+static void test_retry_refused_fails(void **state)
+{
+	char t[40], t2[40];
+	json_t *j;
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	heartbeat("h2", H2, 8, 2, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", 400, "{\"error\":{\"code\":\"invalid_request\",\"message\":\"no\"}}");
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_state(t, TASK_ERROR));
+	j = store_task_json(st, t, NULL);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "result"), "end_reason")) ?:
+				    json_string_value(json_object_get(j, "end_reason")) ?: "",
+			    "host_refused");
+	json_decref(j);
+	assert_int_equal(fake_count("POST", H2, "/v1/tasks"), 0);
+
+	fake_rule("POST", H1, "/v1/tasks", 409, "{}");
+	clock_advance(1001); /* past h1's moment of rest after the refusal */
+	submit("a", 256, t2);
+	sched_tick(sc);
+	assert_true(wait_count("GET", H1, "/v1/tasks/", 1)); /* followed, as pushed */
+	assert_int_equal(state_of(t2), TASK_SCHEDULED);
+}
+
+/* A host that cannot be reached: the task stays scheduled there and the
+ * push is tried again (with a growing wait) until it answers. */
+static void test_retry_unreachable_pushes_again(void **state)
+{
+	char t[40];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", -1, NULL);
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_count("POST", H1, "/v1/tasks", 2));
+	assert_int_equal(state_of(t), TASK_SCHEDULED);
+	fake_rule("POST", H1, "/v1/tasks", 202, "{}");
+	assert_true(wait_count("GET", H1, "/v1/tasks/", 1));
+	assert_int_equal(state_of(t), TASK_SCHEDULED);
+}
+
+/* A host that stops heartbeating is lost: a task it never started goes
+ * back to the queue, a started one ends as error/host_lost. When it
+ * heartbeats again it is used again, and what it still runs that the store
+ * has settled is cancelled there. */
+static void test_host_lost_and_back(void **state)
+{
+	char t1[40], t2[40], list[256], del[80], h[65];
+	json_t *hosts, *j;
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	submit("a", 256, t1);
+	submit("a", 256, t2);
+	sched_tick(sc);
+	assert_true(wait_count("POST", H1, "/v1/tasks", 2));
+	assert_int_equal(store_task_transition(st, t2, TASK_SCHEDULED, TASK_RUNNING, NULL), 1);
+
+	clock_advance(9000);
+	sched_tick(sc);
+	assert_int_equal(state_of(t1), TASK_SCHEDULED); /* not yet */
+	clock_advance(1001);
+	sched_tick(sc);
+	assert_int_equal(state_of(t1), TASK_QUEUED);
+	assert_int_equal(state_of(t2), TASK_ERROR);
+	j = store_task_json(st, t2, NULL);
+	assert_non_null(strstr(json_dumps(j, 0) ?: "", "host_lost") ? "y" : NULL);
+	json_decref(j);
+	hosts = store_host_list(st);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "lost");
+	json_decref(hosts);
+	assert_int_equal(sched_host_state(sc, "h1", NULL), 0);
+	sched_tick(sc);
+	assert_int_equal(state_of(t1), TASK_QUEUED); /* nowhere to go */
+
+	/* Back: it still runs t2 (ended here as host_lost): cancelled there. */
+	snprintf(list, sizeof(list), "{\"tasks\":[{\"id\":\"%s\",\"state\":\"running\"}]}", t2);
+	fake_rule("GET", H1, "/v1/tasks", 200, list);
+	fake_rule("GET", H1, "/v1/tasks/", 200, "{\"state\":\"running\"}");
+	clock_reset();
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	sched_tick(sc);
+	assert_int_equal(sched_host_state(sc, "h1", NULL), 1);
+	hosts = store_host_list(st);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "live");
+	json_decref(hosts);
+	snprintf(del, sizeof(del), "/v1/tasks/%s", t2);
+	assert_int_equal(fake_count("DELETE", H1, del), 1);
+	assert_int_equal(state_of(t1), TASK_SCHEDULED);
+	assert_string_equal(host_of(t1, h), "h1");
+}
+
+/* Placement outside the queue (sessions): the same rules, the reasons when
+ * none fits, exclusion, and the accounting undone by sched_unplace. */
+static void test_place_outside_queue(void **state)
+{
+	struct sched_need small = { .vcpus = 2, .memory_mib = 256 }, big = { .vcpus = 16, .memory_mib = 256 };
+	struct sched_need eg = { .vcpus = 1, .memory_mib = 256, .egress = 1 };
+	char id[65], url[256], ex[1][65] = { "h1" };
+
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), -ENOENT);
+	heartbeat("h1", H1, 4, 0, 0, 0);
+	heartbeat("h2", H2, 4, 2, 0, 0);
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &big, NULL, 0, id, url), -E2BIG);
+	assert_int_equal(sched_place(sc, &eg, NULL, 0, id, url), -E2BIG);
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h1");
+	assert_string_equal(url, H1);
+	assert_int_equal(sched_place(sc, &small, ex, 1, id, url), 0);
+	assert_string_equal(id, "h2");
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), 0); /* h1's last 2 */
+	assert_string_equal(id, "h1");
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), -EBUSY);
+	sched_unplace(sc, "h2", &small);
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h2");
+	/* A host that said it is full is skipped for a moment. */
+	sched_unplace(sc, "h2", &small);
+	sched_host_full(sc, "h2");
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), -EBUSY);
+	clock_advance(1000);
+	assert_int_equal(sched_place(sc, &small, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h2");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_fair_across_customers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_quota_cap_skips_customer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pool_preference, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retry_full_host, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retry_full_backoff_clock, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retry_refused_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retry_unreachable_pushes_again, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_host_lost_and_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_place_outside_queue, setup, teardown),
+	};
+	char cmd[300];
+	int r;
+
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	r = cmocka_run_group_tests(tests, NULL, NULL);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+	return r;
+}
