@@ -328,10 +328,13 @@ static void *watch_main(void *arg)
 			break;
 		}
 	s->nwatchers--;
+	/* Capacity may have freed: the hosts are read again (sched_wake_full,
+	 * under this same lock: once nwatchers is 0 sched_stop may free s). */
+	s->woken = 1;
+	s->want_full = 1;
 	pthread_cond_broadcast(&s->wake);
 	pthread_mutex_unlock(&s->lock);
 	free(w);
-	sched_wake_full(s); /* capacity may have freed: the hosts are read again */
 	return NULL;
 }
 
