@@ -1,0 +1,108 @@
+/* store_migrate: the store's schema as an ordered list of migrations, each
+ * applied once, in its own transaction, on open; a database newer than this
+ * kiln-api knows is refused. Only store_open (store.c) runs them. */
+#include "store_impl.h"
+
+#include <stdio.h>
+
+static const char *const migrations[STORE_SCHEMA_VERSION] = {
+	/* 1: everything */
+	"CREATE TABLE customers (id TEXT PRIMARY KEY, name TEXT NOT NULL, quotas TEXT NOT NULL,"
+	"  created_ms INTEGER NOT NULL);"
+	"CREATE TABLE keys (id TEXT PRIMARY KEY, customer TEXT REFERENCES customers(id), admin INTEGER NOT NULL,"
+	"  hash BLOB NOT NULL UNIQUE, created_ms INTEGER NOT NULL, revoked_ms INTEGER);"
+	"CREATE TABLE tasks (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, state TEXT NOT NULL, metadata TEXT, vcpus INTEGER NOT NULL,"
+	"  memory_mib INTEGER NOT NULL, timeout_s INTEGER, output_mib INTEGER, idem_key TEXT, body_hash TEXT,"
+	"  host_id TEXT, created_ms INTEGER NOT NULL, scheduled_ms INTEGER, starting_ms INTEGER,"
+	"  running_ms INTEGER, uploading_ms INTEGER, ended_ms INTEGER, cancel_requested INTEGER NOT NULL DEFAULT 0,"
+	"  cancel_sent_ms INTEGER, end_reason TEXT,"
+	"  host_task TEXT);" /* last: it can be large, and columns after it would cost reading it */
+	"CREATE UNIQUE INDEX tasks_idem ON tasks(customer, idem_key) WHERE idem_key IS NOT NULL;"
+	"CREATE INDEX tasks_customer ON tasks(customer, seq);"
+	"CREATE TABLE task_specs (id TEXT PRIMARY KEY, spec TEXT NOT NULL);"
+	"CREATE TABLE hosts (id TEXT PRIMARY KEY, url TEXT NOT NULL, capacity TEXT NOT NULL,"
+	"  last_heartbeat_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, lost INTEGER NOT NULL DEFAULT 0);",
+	/* 2: the scheduler's and the per-state list's access paths */
+	"CREATE INDEX tasks_state ON tasks(state, seq);"
+	"CREATE INDEX tasks_customer_state ON tasks(customer, state, seq);",
+	/* 3: sessions (long-lived sandboxes) */
+	"CREATE TABLE sessions (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, state TEXT NOT NULL, host_id TEXT, vcpus INTEGER NOT NULL,"
+	"  memory_mib INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL, max_lifetime_s INTEGER NOT NULL,"
+	"  egress INTEGER NOT NULL DEFAULT 0, created_ms INTEGER NOT NULL, started_ms INTEGER NOT NULL,"
+	"  last_active_ms INTEGER NOT NULL, paused_ms INTEGER, ended_ms INTEGER, end_reason TEXT, metadata TEXT,"
+	"  snapshot TEXT, spec TEXT NOT NULL);"
+	"CREATE INDEX sessions_customer ON sessions(customer, seq);"
+	"CREATE INDEX sessions_state ON sessions(state, seq);",
+};
+
+int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)
+{
+	char *msg = NULL;
+
+	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		kiln_err_set(err, "store_error", "%s", msg ? msg : sqlite3_errmsg(db));
+		sqlite3_free(msg);
+		return -1;
+	}
+	return 0;
+}
+
+int store_read_version(sqlite3 *db)
+{
+	sqlite3_stmt *st;
+	int v = -1;
+
+	if (sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &st, NULL) != SQLITE_OK)
+		return -1;
+	if (sqlite3_step(st) == SQLITE_ROW)
+		v = sqlite3_column_int(st, 0);
+	sqlite3_finalize(st);
+	return v;
+}
+
+int store_migrate(sqlite3 *db, struct kiln_err *err)
+{
+	int v;
+
+	if (store_exec(db, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)", err) < 0)
+		return -1;
+	if (store_exec(db, "INSERT INTO schema_version SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM schema_version)",
+		       err) < 0)
+		return -1;
+	v = store_read_version(db);
+	if (v < 0)
+		return kiln_err_set(err, "store_error", "cannot read the schema version");
+	if (v > STORE_SCHEMA_VERSION)
+		return kiln_err_set(err, "store_error",
+				    "the database has schema version %d, newer than this kiln-api knows (%d)", v,
+				    STORE_SCHEMA_VERSION);
+	for (; v < STORE_SCHEMA_VERSION; v++) {
+		char bump[64];
+
+		snprintf(bump, sizeof(bump), "UPDATE schema_version SET version = %d", v + 1);
+		if (store_exec(db, "BEGIN IMMEDIATE", err) < 0)
+			return -1;
+		if (store_exec(db, migrations[v], err) < 0 || store_exec(db, bump, err) < 0) {
+			char m[sizeof(err->message)];
+
+			snprintf(m, sizeof(m), "%s", err ? err->message : "");
+			store_exec(db, "ROLLBACK", NULL);
+			return kiln_err_set(err, "store_error", "migration %d: %s", v + 1, m);
+		}
+		if (store_exec(db, "COMMIT", err) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+int store_schema_version(struct store *s)
+{
+	int v;
+
+	pthread_mutex_lock(&s->lock);
+	v = store_read_version(s->db);
+	pthread_mutex_unlock(&s->lock);
+	return v;
+}

@@ -1,0 +1,396 @@
+/* store_sessions: the store's sessions (long-lived sandboxes): create and
+ * resume under the running quota, compare-and-set changes of state, their
+ * public JSON and list, and the reaper's query. Pages, single-row reads and
+ * compare-and-set are the core's helpers, shared with tasks (store.c). */
+#include "store_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+
+static const char *const session_names[SESSION_STATE_COUNT] = {
+	"starting", "running", "pausing", "paused", "resuming", "destroyed", "error",
+};
+
+const char *session_state_name(enum session_state st)
+{
+	return st < SESSION_STATE_COUNT ? session_names[st] : "unknown";
+}
+
+enum session_state session_state_parse(const char *str)
+{
+	return (enum session_state)store_name_index(session_names, SESSION_STATE_COUNT, str);
+}
+
+/* Holding a VM: counted in the running quota. */
+#define SESS_HOLDING "('starting', 'running', 'pausing', 'resuming')"
+#define SESS_COLS                                                                                          \
+	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
+	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
+	" metadata, snapshot, spec, seq"
+enum {
+	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
+	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
+	SC_SEQ,
+};
+
+enum sessions_stmt {
+	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST,
+	S_COUNT
+};
+
+static const char *const sessions_sql[S_COUNT] = {
+	[S_INSERT] = "INSERT INTO sessions(id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s,"
+		     " max_lifetime_s, egress, created_ms, started_ms, last_active_ms, metadata, spec)"
+		     " VALUES (?1, ?2, 'starting', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9, ?10, ?11)",
+	[S_GET] = "SELECT " SESS_COLS " FROM sessions WHERE id = ?1",
+	[S_DISCARD] = "DELETE FROM sessions WHERE id = ?1 AND state = 'starting'",
+	/* :host and :reason: NULL keeps, '' clears; :snapshot: NULL keeps. */
+	[S_TRANS] = "UPDATE sessions SET state = :to,"
+		    " host_id = CASE WHEN :host IS NULL THEN host_id WHEN :host = '' THEN NULL ELSE :host END,"
+		    " end_reason = CASE WHEN :reason IS NULL THEN end_reason WHEN :reason = '' THEN NULL"
+		    "  ELSE :reason END,"
+		    " snapshot = coalesce(:snapshot, snapshot),"
+		    " started_ms = CASE WHEN :to = 'running' AND :from IN ('starting', 'resuming') THEN :now"
+		    "  ELSE started_ms END,"
+		    " last_active_ms = CASE WHEN :to = 'running' AND :from IN ('starting', 'resuming') THEN :now"
+		    "  ELSE last_active_ms END,"
+		    " paused_ms = CASE WHEN :to = 'paused' THEN :now ELSE paused_ms END,"
+		    " ended_ms = CASE WHEN :to IN ('destroyed', 'error') THEN :now"
+		    "  WHEN :to IN ('running', 'resuming') THEN NULL ELSE ended_ms END"
+		    " WHERE id = :id AND state = :from",
+	[S_TOUCH] = "UPDATE sessions SET last_active_ms = max(last_active_ms, ?1) WHERE id = ?2",
+	[S_SPEC] = "SELECT spec FROM sessions WHERE id = ?1",
+	[S_HOLDING] = "SELECT " SESS_COLS " FROM sessions WHERE state IN " SESS_HOLDING " ORDER BY seq LIMIT ?1",
+	/* A page (store_page_run): ?1 customer (NULL: all), ?2 state (NULL:
+	 * all but destroyed; 'all'), ?3 before seq, ?4 limit. */
+	[S_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
+		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 ELSE state = ?2 END)"
+		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
+};
+
+_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_MAX, "store_sessions.c's statements overflow their slots");
+
+static sqlite3_stmt *stmt(struct store *s, enum sessions_stmt id)
+{
+	return store_stmt(s, STORE_SLOTS_SESSIONS + id, sessions_sql[id]);
+}
+
+/* ---- rows ---- */
+
+static void session_row(sqlite3_stmt *st, struct store_session *out)
+{
+	memset(out, 0, sizeof(*out));
+	store_copy_col(st, SC_ID, out->id, sizeof(out->id));
+	store_copy_col(st, SC_CUSTOMER, out->customer, sizeof(out->customer));
+	store_copy_col(st, SC_HOST, out->host_id, sizeof(out->host_id));
+	out->state = session_state_parse(store_col_text(st, SC_STATE));
+	out->vcpus = (unsigned)sqlite3_column_int64(st, SC_VCPUS);
+	out->memory_mib = (unsigned)sqlite3_column_int64(st, SC_MEMORY);
+	out->idle_timeout_s = (unsigned)sqlite3_column_int64(st, SC_IDLE);
+	out->max_lifetime_s = (unsigned)sqlite3_column_int64(st, SC_LIFETIME);
+	out->egress = sqlite3_column_int(st, SC_EGRESS);
+	out->has_snapshot = sqlite3_column_int(st, SC_HAS_SNAP);
+	out->created_ms = sqlite3_column_int64(st, SC_CREATED);
+	out->started_ms = sqlite3_column_int64(st, SC_STARTED);
+	out->last_active_ms = sqlite3_column_int64(st, SC_ACTIVE);
+}
+
+/* The public JSON of the session row st is on. */
+static json_t *session_row_json(sqlite3_stmt *st)
+{
+	const char *md = store_col_text(st, SC_METADATA), *snap = store_col_text(st, SC_SNAPSHOT);
+	const char *spec = store_col_text(st, SC_SPEC);
+	json_t *sp = spec ? json_loads(spec, 0, NULL) : NULL, *limits, *net, *j;
+	enum session_state state = session_state_parse(store_col_text(st, SC_STATE));
+	json_t *expires = json_null();
+
+	limits = json_object_get(sp, "limits");
+	net = json_object_get(sp, "network");
+	if (session_state_holds(state)) {
+		/* The earlier of the idle deadline and the end of its lifetime. */
+		int64_t idle = sqlite3_column_int64(st, SC_ACTIVE) + sqlite3_column_int64(st, SC_IDLE) * 1000;
+		int64_t life = sqlite3_column_int64(st, SC_STARTED) + sqlite3_column_int64(st, SC_LIFETIME) * 1000;
+
+		expires = json_integer(idle < life ? idle : life);
+	}
+	j = json_pack("{s:s, s:s, s:s, s:o, s:s, s:O, s:O, s:I, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
+		      "id", store_col_text(st, SC_ID), "customer", store_col_text(st, SC_CUSTOMER), "state",
+		      session_state_name(state), "host", store_opt_str(st, SC_HOST), "image", "default", "limits",
+		      limits ? limits : json_null(), "network", net ? net : json_null(), "idle_timeout_s",
+		      (json_int_t)sqlite3_column_int64(st, SC_IDLE), "max_lifetime_s",
+		      (json_int_t)sqlite3_column_int64(st, SC_LIFETIME), "metadata",
+		      md ? json_loads(md, 0, NULL) : json_null(), "created_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_CREATED), "started_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_STARTED), "last_active_at",
+		      (json_int_t)sqlite3_column_int64(st, SC_ACTIVE), "paused_at", store_opt_int(st, SC_PAUSED),
+		      "ended_at", store_opt_int(st, SC_ENDED), "expires_at", expires, "end_reason",
+		      store_opt_str(st, SC_END_REASON), "snapshot", snap ? json_loads(snap, 0, NULL) : json_null());
+	json_decref(sp);
+	return j;
+}
+
+/* ---- create, discard ---- */
+
+int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err)
+{
+	int64_t now = clock_wall_ms();
+	sqlite3_stmt *st;
+	char id[40];
+	int r = -1, room;
+
+	pthread_mutex_lock(&s->lock);
+	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
+		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		goto out;
+	}
+	room = store_room_locked(s, n->customer, n->vcpus, n->memory_mib, 0, err);
+	if (room == -ENOENT) {
+		kiln_err_set(err, "store_error", "cannot read the quotas of %s", n->customer);
+		goto rollback;
+	}
+	if (room == -EIO) {
+		kiln_err_set(err, "store_error", "cannot read the usage of %s", n->customer);
+		goto rollback;
+	}
+	if (room == -EDQUOT) {
+		r = -EDQUOT;
+		goto rollback;
+	}
+	if (store_new_id("s_", id) < 0) {
+		kiln_err_set(err, "internal", "no randomness");
+		goto rollback;
+	}
+	st = stmt(s, S_INSERT);
+	if (!st)
+		goto fail_sql;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sqlite3_bind_text(st, 2, n->customer, -1, SQLITE_STATIC);
+	store_bind_opt_text(st, 3, n->host_id);
+	sqlite3_bind_int64(st, 4, n->vcpus);
+	sqlite3_bind_int64(st, 5, n->memory_mib);
+	sqlite3_bind_int64(st, 6, n->idle_timeout_s);
+	sqlite3_bind_int64(st, 7, n->max_lifetime_s);
+	sqlite3_bind_int(st, 8, n->egress ? 1 : 0);
+	sqlite3_bind_int64(st, 9, now);
+	store_bind_opt_text(st, 10, n->metadata_json);
+	sqlite3_bind_text(st, 11, n->spec_json, -1, SQLITE_STATIC);
+	if (store_step(s, st) != SQLITE_DONE) {
+		sqlite3_reset(st);
+		goto fail_sql;
+	}
+	sqlite3_reset(st);
+	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+		goto fail_sql;
+	memcpy(id_out, id, strlen(id) + 1);
+	r = 0;
+	goto out;
+fail_sql:
+	kiln_err_set(err, "store_error", "cannot store the session: %s", sqlite3_errmsg(s->db));
+rollback:
+	store_run(s, STORE_ROLLBACK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_discard(struct store *s, const char *id)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR, n = 0;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_DISCARD);
+	if (st) {
+		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		rc = store_step(s, st);
+		n = sqlite3_changes(s->db);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc == SQLITE_DONE && n > 0;
+}
+
+/* ---- changes of state ---- */
+
+/* Lock held: the compare-and-set; 1 moved, 0 not, -1 error. */
+static int transition_locked(struct store *s, const char *id, enum session_state from, enum session_state to,
+			     const char *host_id, const char *reason, const char *snapshot, int64_t now)
+{
+	struct store_cas c = {
+		.id = id, .from = session_state_name(from), .to = session_state_name(to), .host = host_id,
+		.reason = reason, .snapshot = snapshot, .now = now,
+	};
+	sqlite3_stmt *st = stmt(s, S_TRANS);
+
+	return st ? store_cas_locked(s, st, &c) : -1;
+}
+
+int store_session_transition(struct store *s, const char *id, enum session_state from, enum session_state to,
+			     const char *host_id, const char *reason, json_t *snapshot)
+{
+	char *snap = snapshot ? json_dumps(snapshot, JSON_COMPACT) : NULL;
+	int r;
+
+	if (from >= SESSION_STATE_COUNT || to >= SESSION_STATE_COUNT || from == to || (snapshot && !snap)) {
+		free(snap);
+		return -1;
+	}
+	pthread_mutex_lock(&s->lock);
+	r = transition_locked(s, id, from, to, host_id, reason, snap, clock_wall_ms());
+	pthread_mutex_unlock(&s->lock);
+	free(snap);
+	if (r > 0) {
+		/* Long-polls and other waiters on the store see sessions change too. */
+		store_changed(s, id, "session", NULL);
+	}
+	return r;
+}
+
+int store_session_resume_begin(struct store *s, const char *id, const char *customer, const char *host_id,
+			       enum session_state *prev, struct kiln_err *err)
+{
+	struct store_session cur;
+	sqlite3_stmt *st;
+	int r = -1, found = 0, room;
+
+	*prev = SESSION_STATE_COUNT;
+	pthread_mutex_lock(&s->lock);
+	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
+		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		goto out;
+	}
+	st = stmt(s, S_GET);
+	if (!st)
+		goto fail_sql;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		session_row(st, &cur);
+		found = !customer || !strcmp(customer, cur.customer);
+	}
+	sqlite3_reset(st);
+	if (!found) {
+		r = 0;
+		goto rollback;
+	}
+	*prev = cur.state;
+	if (!(cur.state == SESSION_PAUSED || (cur.state == SESSION_ERROR && cur.has_snapshot))) {
+		r = 0;
+		goto rollback;
+	}
+	room = store_room_locked(s, cur.customer, cur.vcpus, cur.memory_mib, 1, err);
+	if (room == -EDQUOT) {
+		r = -EDQUOT;
+		goto rollback;
+	}
+	if (room < 0)
+		goto fail_sql;
+	/* end_reason stays until it runs again: a failed resume goes back with it. */
+	if (transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, NULL, NULL, clock_wall_ms()) != 1)
+		goto fail_sql;
+	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+		goto fail_sql;
+	r = 1;
+	goto out;
+fail_sql:
+	kiln_err_set(err, "store_error", "cannot resume the session: %s", sqlite3_errmsg(s->db));
+rollback:
+	store_run(s, STORE_ROLLBACK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	if (r == 1)
+		store_changed(s, id, "session", NULL);
+	return r;
+}
+
+int store_session_touch(struct store *s, const char *id)
+{
+	sqlite3_stmt *st;
+	int rc = SQLITE_ERROR;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_TOUCH);
+	if (st) {
+		sqlite3_bind_int64(st, 1, clock_wall_ms());
+		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+		rc = store_step(s, st);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* ---- reading ---- */
+
+static int row_out(sqlite3_stmt *st, void *arg)
+{
+	session_row(st, arg);
+	return 0;
+}
+
+int store_session_get(struct store *s, const char *id, const char *customer, struct store_session *out)
+{
+	return store_row_by_id(s, STORE_SLOTS_SESSIONS + S_GET, sessions_sql[S_GET], id, customer, SC_CUSTOMER,
+			       row_out, out) < 0
+		       ? -ENOENT
+		       : 0;
+}
+
+static int json_out(sqlite3_stmt *st, void *arg)
+{
+	*(json_t **)arg = session_row_json(st);
+	return 0;
+}
+
+json_t *store_session_json(struct store *s, const char *id, const char *customer)
+{
+	json_t *j = NULL;
+
+	store_row_by_id(s, STORE_SLOTS_SESSIONS + S_GET, sessions_sql[S_GET], id, customer, SC_CUSTOMER, json_out,
+			&j);
+	return j;
+}
+
+static int state_valid(const char *state)
+{
+	return !strcmp(state, "all") || session_state_parse(state) != SESSION_STATE_COUNT;
+}
+
+json_t *store_session_list(struct store *s, const char *customer, const char *state, unsigned limit,
+			   const char *cursor, char **next_cursor, struct kiln_err *err)
+{
+	struct store_page p = {
+		.slot = STORE_SLOTS_SESSIONS + S_LIST, .sql = sessions_sql[S_LIST], .customer = customer,
+		.state = state, .state_valid = state_valid, .seq_col = SC_SEQ, .row_json = session_row_json,
+		.what = "sessions",
+	};
+
+	return store_page_run(s, &p, limit, cursor, next_cursor, err);
+}
+
+char *store_session_spec(struct store *s, const char *id)
+{
+	return store_text_by_id(s, STORE_SLOTS_SESSIONS + S_SPEC, sessions_sql[S_SPEC], id);
+}
+
+int store_sessions_holding(struct store *s, struct store_session *out, int max)
+{
+	sqlite3_stmt *st;
+	int n = 0;
+
+	if (max <= 0)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_HOLDING);
+	if (st) {
+		sqlite3_bind_int(st, 1, max);
+		while (n < max && store_step(s, st) == SQLITE_ROW)
+			session_row(st, &out[n++]);
+		sqlite3_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
