@@ -2,7 +2,11 @@
  * on a fresh and on an older database, keys (only hashes on disk, revoke,
  * the cache after a reopen), idempotency, compare-and-set transitions and
  * the quota-checked schedule, fair queue order, list pagination, usage,
- * cancel, hosts, change notification, and that a close/reopen keeps all. */
+ * cancel, hosts, change notification, and that a close/reopen keeps all.
+ * The pieces' shared helpers (store_impl.h): the page helper behind both the
+ * task and the session lists (cursor and limit edges), the compare-and-set
+ * helper behind both transitions, ids, the running-quota check; and the
+ * session half: create under the quota, transitions, resume, discard. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +24,7 @@
 
 #include "quota.h"
 #include "store.h"
+#include "store_impl.h"
 
 static char dir[] = "/tmp/kiln-test-store.XXXXXX";
 static char path[256];
@@ -465,6 +470,372 @@ static void test_durability(void **state)
 	free(key);
 }
 
+/* ---- the shared helpers (store_impl.h) ---- */
+
+static void test_cursor_parse(void **state)
+{
+	static const char *const bad[] = {
+		"", "0", "-1", "+5", " 5", "5 ", "5x", "x5", "0x10", "99999999999999999999", "1.5",
+	};
+	int64_t before = 0;
+
+	assert_int_equal(store_cursor_parse("1", &before), 0);
+	assert_int_equal(before, 1);
+	assert_int_equal(store_cursor_parse("9223372036854775807", &before), 0);
+	assert_true(before == INT64_MAX);
+	assert_int_equal(store_cursor_parse("0042", &before), 0);
+	assert_int_equal(before, 42);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		before = 7;
+		if (store_cursor_parse(bad[i], &before) != -EINVAL)
+			fail_msg("cursor \"%s\" accepted", bad[i]);
+		assert_int_equal(before, 7); /* untouched */
+	}
+}
+
+static void test_names_and_ids(void **state)
+{
+	static const char *const names[] = { "a", "bb", "c" };
+	char a[40], b[40];
+
+	assert_int_equal(store_name_index(names, 3, "bb"), 1);
+	assert_int_equal(store_name_index(names, 3, "d"), 3);
+	assert_int_equal(store_name_index(names, 3, NULL), 3);
+	assert_int_equal(task_state_parse(task_state_name(TASK_TIMED_OUT)), TASK_TIMED_OUT);
+	assert_int_equal(task_state_parse("nope"), TASK_STATE_COUNT);
+	assert_string_equal(task_state_name(TASK_STATE_COUNT), "unknown");
+	assert_int_equal(session_state_parse(session_state_name(SESSION_RESUMING)), SESSION_RESUMING);
+	assert_int_equal(session_state_parse("queued"), SESSION_STATE_COUNT);
+	assert_string_equal(session_state_name(SESSION_STATE_COUNT), "unknown");
+	assert_int_equal(store_new_id("t_", a), 0);
+	assert_int_equal(store_new_id("t_", b), 0);
+	assert_int_equal(strlen(a), 34);
+	assert_int_equal(strncmp(a, "t_", 2), 0);
+	assert_int_equal(strspn(a + 2, "0123456789abcdef"), 32);
+	assert_string_not_equal(a, b);
+}
+
+/* The list's ids, in order, joined by spaces (into out). */
+static void page_ids(json_t *page, char *out, size_t cap)
+{
+	size_t i, o = 0;
+	json_t *v;
+
+	out[0] = '\0';
+	json_array_foreach(page, i, v)
+		o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "%s%s", i ? " " : "",
+				      json_string_value(json_object_get(v, "id")));
+}
+
+/* Walk the whole list limit at a time (tasks or sessions): the ids, newest
+ * first, and the number of pages. */
+static int walk(struct store *s, int sessions, const char *cust, const char *st, unsigned limit, char *out,
+		size_t cap)
+{
+	struct kiln_err err = { "", "" };
+	char *cursor = NULL, *next = NULL, ids[1024];
+	size_t o = 0;
+	int pages = 0;
+
+	out[0] = '\0';
+	do {
+		json_t *page = sessions ? store_session_list(s, cust, st, limit, cursor, &next, &err)
+					: store_task_list(s, cust, st, limit, cursor, &next, &err);
+
+		if (!page)
+			fail_msg("list: %s", err.message);
+		assert_true(json_array_size(page) <= limit);
+		/* Only the last page may be short, and it has no cursor. */
+		if (next)
+			assert_int_equal(json_array_size(page), limit);
+		page_ids(page, ids, sizeof(ids));
+		if (*ids)
+			o += (size_t)snprintf(out + o, cap - o, "%s%s", o ? " " : "", ids);
+		json_decref(page);
+		free(cursor);
+		cursor = next;
+		pages++;
+	} while (cursor);
+	return pages;
+}
+
+/* Limit and cursor edges, the same for both lists (one helper). */
+static void page_edges(struct store *s, int sessions, char ids[][40], int n)
+{
+	struct kiln_err err = { "", "" };
+	char all[2048], got[2048], *next = (char *)1;
+	json_t *page;
+
+	/* Newest first. */
+	all[0] = '\0';
+	for (int i = n - 1; i >= 0; i--)
+		snprintf(all + strlen(all), sizeof(all) - strlen(all), "%s%s", i == n - 1 ? "" : " ", ids[i]);
+	for (unsigned limit = 1; limit <= (unsigned)n + 1; limit++) {
+		int pages = walk(s, sessions, "acme", NULL, limit, got, sizeof(got));
+
+		assert_string_equal(got, all);
+		/* An exact multiple needs no empty page at the end. */
+		assert_int_equal(pages, (n + (int)limit - 1) / (int)limit);
+	}
+	assert_int_equal(walk(s, sessions, "acme", NULL, STORE_PAGE_MAX, got, sizeof(got)), 1);
+	assert_string_equal(got, all);
+	/* Limits out of 1..1000 and cursors this API never gave out: refused,
+	 * *next_cursor NULL. */
+	static const unsigned bad_limits[] = { 0, STORE_PAGE_MAX + 1, 100000 };
+	for (size_t i = 0; i < 3; i++) {
+		page = sessions ? store_session_list(s, "acme", NULL, bad_limits[i], NULL, &next, &err)
+				: store_task_list(s, "acme", NULL, bad_limits[i], NULL, &next, &err);
+		assert_null(page);
+		assert_null(next);
+		assert_string_equal(err.code, "invalid_request");
+		assert_non_null(strstr(err.message, "limit"));
+	}
+	static const char *const bad_cursors[] = { "", "0", "-3", "+3", "3a" };
+	for (size_t i = 0; i < 5; i++) {
+		page = sessions ? store_session_list(s, "acme", NULL, 2, bad_cursors[i], &next, &err)
+				: store_task_list(s, "acme", NULL, 2, bad_cursors[i], &next, &err);
+		assert_null(page);
+		assert_string_equal(err.code, "invalid_request");
+		assert_non_null(strstr(err.message, "cursor"));
+	}
+	/* A cursor below every row: an empty last page. */
+	page = sessions ? store_session_list(s, "acme", NULL, 2, "1", &next, &err)
+			: store_task_list(s, "acme", NULL, 2, "1", &next, &err);
+	assert_non_null(page);
+	assert_int_equal(json_array_size(page), 0);
+	assert_null(next);
+	json_decref(page);
+	/* An unknown state is refused before the cursor is looked at. */
+	page = sessions ? store_session_list(s, "acme", "bogus", 2, "x", &next, &err)
+			: store_task_list(s, "acme", "bogus", 2, "x", &next, &err);
+	assert_null(page);
+	assert_non_null(strstr(err.message, "state"));
+	/* Another customer's list is empty; no customer (admin) sees them all. */
+	assert_int_equal(walk(s, sessions, "beta", NULL, 2, got, sizeof(got)), 1);
+	assert_string_equal(got, "");
+	walk(s, sessions, NULL, NULL, 3, got, sizeof(got));
+	assert_string_equal(got, all);
+}
+
+static void test_task_page(void **state)
+{
+	struct store *s = open_ok();
+	char ids[7][40], got[1024];
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	for (int i = 0; i < 7; i++)
+		submit(s, "acme", ids[i]);
+	page_edges(s, 0, ids, 7);
+	/* By state, across pages. */
+	assert_int_equal(store_task_cancel(s, ids[1], NULL, NULL), STORE_CANCEL_DONE);
+	assert_int_equal(store_task_cancel(s, ids[4], NULL, NULL), STORE_CANCEL_DONE);
+	assert_int_equal(walk(s, 0, "acme", "cancelled", 1, got, sizeof(got)), 2);
+	assert_string_equal(strstr(got, ids[4]), got);
+	assert_non_null(strstr(got, ids[1]));
+	assert_int_equal(walk(s, 0, NULL, "cancelled", 5, got, sizeof(got)), 1);
+	assert_int_equal(strlen(got), 2 * 34 + 1);
+	store_close(s);
+}
+
+static void session_new(struct store *s, const char *cust, char id[40])
+{
+	struct kiln_err err = { "", "" };
+	struct store_session_new n = {
+		.customer = cust, .spec_json = "{\"limits\":{\"vcpus\":1},\"network\":{\"egress\":\"deny\"}}",
+		.vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60, .max_lifetime_s = 3600, .host_id = "h1",
+	};
+
+	if (store_session_create(s, &n, id, &err) != 0)
+		fail_msg("session: %s", err.message);
+}
+
+static void test_session_page(void **state)
+{
+	struct store *s = open_ok();
+	char ids[5][40], got[1024];
+	struct quota q;
+
+	quota_defaults(&q);
+	q.max_running = q.max_vcpus = 0; /* no limit */
+	q.max_memory_mib = 0;
+	customer(s, "acme", &q);
+	customer(s, "beta", NULL);
+	for (int i = 0; i < 5; i++)
+		session_new(s, "acme", ids[i]);
+	page_edges(s, 1, ids, 5);
+	/* Destroyed ones are left out unless asked for ("all" or by state). */
+	assert_int_equal(store_session_transition(s, ids[2], SESSION_STARTING, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	walk(s, 1, "acme", NULL, 2, got, sizeof(got));
+	assert_null(strstr(got, ids[2]));
+	assert_int_equal(strlen(got), 4 * 34 + 3);
+	walk(s, 1, "acme", "all", 2, got, sizeof(got));
+	assert_int_equal(strlen(got), 5 * 34 + 4);
+	assert_int_equal(walk(s, 1, "acme", "destroyed", 1, got, sizeof(got)), 1);
+	assert_string_equal(got, ids[2]);
+	store_close(s);
+}
+
+/* The compare-and-set helper on a statement of its own: it binds only the
+ * named parameters the statement has. */
+static void test_cas_helper(void **state)
+{
+	struct store *s = open_ok();
+	struct store_cas c = { .from = "queued", .to = "failed", .reason = "why", .now = 5 };
+	sqlite3_stmt *st;
+	char a[40];
+
+	customer(s, "acme", NULL);
+	submit(s, "acme", a);
+	c.id = a;
+	pthread_mutex_lock(&s->lock);
+	assert_int_equal(sqlite3_prepare_v2(s->db,
+					    "UPDATE tasks SET state = :to, end_reason = :reason, ended_ms = :now"
+					    " WHERE id = :id AND state = :from",
+					    -1, &st, NULL),
+			 SQLITE_OK);
+	/* From a state the row is not in: refused, nothing written. */
+	c.from = "running";
+	assert_int_equal(store_cas_locked(s, st, &c), 0);
+	/* An id that does not exist: refused. */
+	c.from = "queued";
+	c.id = "t_nope";
+	assert_int_equal(store_cas_locked(s, st, &c), 0);
+	/* From the state it is in: applied, once. */
+	c.id = a;
+	assert_int_equal(store_cas_locked(s, st, &c), 1);
+	assert_int_equal(store_cas_locked(s, st, &c), 0);
+	/* A statement that fails (state is NOT NULL): -1. */
+	c.from = "failed";
+	c.to = NULL;
+	assert_int_equal(store_cas_locked(s, st, &c), -1);
+	sqlite3_finalize(st);
+	pthread_mutex_unlock(&s->lock);
+	store_close(s);
+	assert_int_equal(sql_int("SELECT count(*) FROM tasks WHERE state = 'failed' AND end_reason = 'why'"
+				 " AND ended_ms = 5"),
+			 1);
+}
+
+/* Both users of the helper: from a wrong state refused, from the right one
+ * applied; bad arguments are errors, not moves. */
+static void test_task_and_session_cas(void **state)
+{
+	struct store *s = open_ok();
+	struct store_session ss;
+	char t[40], x[40];
+	uint64_t g;
+	json_t *j, *snap;
+
+	customer(s, "acme", NULL);
+	submit(s, "acme", t);
+	session_new(s, "acme", x);
+	g = store_changes(s);
+	assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_STARTING, "h1"), 0);
+	assert_int_equal(store_session_transition(s, x, SESSION_PAUSING, SESSION_PAUSED, NULL, NULL, NULL), 0);
+	assert_int_equal(store_task_transition(s, t, TASK_QUEUED, TASK_QUEUED, NULL), -1);
+	assert_int_equal(store_task_transition(s, t, TASK_QUEUED, TASK_STATE_COUNT, NULL), -1);
+	assert_int_equal(store_session_transition(s, x, SESSION_STARTING, SESSION_STARTING, NULL, NULL, NULL), -1);
+	assert_int_equal(store_session_transition(s, x, SESSION_STATE_COUNT, SESSION_RUNNING, NULL, NULL, NULL), -1);
+	assert_int_equal(store_changes(s), g); /* nothing moved, nothing announced */
+
+	/* Tasks: a final state without a reason takes the state's name. */
+	assert_int_equal(store_task_transition(s, t, TASK_QUEUED, TASK_ERROR, "h1"), 1);
+	assert_true(store_changes(s) > g);
+	j = store_task_json(s, t, NULL);
+	assert_string_equal(json_string_value(json_object_get(j, "end_reason")), "error");
+	assert_string_equal(json_string_value(json_object_get(j, "host")), "h1");
+	json_decref(j);
+
+	/* Sessions: host kept (NULL), cleared (""), set; reason; snapshot. */
+	g = store_changes(s);
+	assert_int_equal(store_session_transition(s, x, SESSION_STARTING, SESSION_RUNNING, NULL, NULL, NULL), 1);
+	assert_true(store_changes(s) > g);
+	assert_int_equal(store_session_get(s, x, "acme", &ss), 0);
+	assert_int_equal(ss.state, SESSION_RUNNING);
+	assert_string_equal(ss.host_id, "h1");
+	assert_int_equal(store_session_get(s, x, "beta", &ss), -ENOENT);
+	assert_int_equal(store_session_transition(s, x, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL), 1);
+	snap = json_pack("{s:s}", "key", "acme/s/snap");
+	assert_int_equal(store_session_transition(s, x, SESSION_PAUSING, SESSION_PAUSED, "", "idle", snap), 1);
+	json_decref(snap);
+	j = store_session_json(s, x, "acme");
+	assert_string_equal(json_string_value(json_object_get(j, "state")), "paused");
+	assert_true(json_is_null(json_object_get(j, "host")));
+	assert_string_equal(json_string_value(json_object_get(j, "end_reason")), "idle");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "snapshot"), "key")), "acme/s/snap");
+	assert_true(json_is_integer(json_object_get(j, "paused_at")));
+	assert_true(json_is_null(json_object_get(j, "expires_at")));
+	json_decref(j);
+	assert_int_equal(store_session_get(s, x, NULL, &ss), 0);
+	assert_int_equal(ss.has_snapshot, 1);
+	assert_null(store_session_json(s, x, "beta"));
+	store_close(s);
+}
+
+static void test_session_quota_resume_discard(void **state)
+{
+	struct kiln_err err = { "", "" };
+	struct store *s = open_ok();
+	struct store_session_new n = { .customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256,
+				       .idle_timeout_s = 60, .max_lifetime_s = 60, .host_id = "h1" };
+	enum session_state prev;
+	struct usage u;
+	struct quota q;
+	char a[40], b[40], t[40], *spec;
+
+	quota_defaults(&q);
+	q.max_running = 1;
+	customer(s, "acme", &q);
+	/* No such customer: no quota to check against. */
+	n.customer = "nobody";
+	assert_int_equal(store_session_create(s, &n, a, &err), -1);
+	assert_string_equal(err.code, "store_error");
+	n.customer = "acme";
+	session_new(s, "acme", a);
+	spec = store_session_spec(s, a);
+	assert_non_null(strstr(spec, "limits"));
+	free(spec);
+	assert_null(store_session_spec(s, "s_nope"));
+	/* Sessions and tasks share the running quota. */
+	assert_int_equal(store_session_create(s, &n, b, &err), -EDQUOT);
+	assert_string_equal(err.code, "quota_exceeded");
+	submit(s, "acme", t);
+	assert_int_equal(store_task_schedule(s, t, "h1"), -EDQUOT);
+	assert_int_equal(store_customer_usage(s, "acme", &u), 0);
+	assert_int_equal(u.running, 1);
+	assert_int_equal(u.sessions, 1);
+	/* The shared check, directly: the defaults when the row is gone only
+	 * if the caller allows it. */
+	pthread_mutex_lock(&s->lock);
+	assert_int_equal(store_room_locked(s, "acme", 1, 256, 0, NULL), -EDQUOT);
+	assert_int_equal(store_room_locked(s, "nobody", 1, 256, 0, NULL), -ENOENT);
+	assert_int_equal(store_room_locked(s, "nobody", 1, 256, 1, NULL), 0);
+	pthread_mutex_unlock(&s->lock);
+	/* Not resumable while running; paused, it resumes (and holds the quota). */
+	assert_int_equal(store_session_transition(s, a, SESSION_STARTING, SESSION_RUNNING, NULL, NULL, NULL), 1);
+	assert_int_equal(store_session_resume_begin(s, a, "acme", "h2", &prev, &err), 0);
+	assert_int_equal(prev, SESSION_RUNNING);
+	assert_int_equal(store_session_resume_begin(s, a, "beta", "h2", &prev, &err), 0);
+	assert_int_equal(prev, SESSION_STATE_COUNT);
+	assert_int_equal(store_session_transition(s, a, SESSION_RUNNING, SESSION_PAUSED, "", NULL, NULL), 1);
+	assert_int_equal(store_customer_usage(s, "acme", &u), 0);
+	assert_int_equal(u.paused_sessions, 1);
+	assert_int_equal(store_task_schedule(s, t, "h1"), 1);
+	assert_int_equal(store_session_resume_begin(s, a, "acme", "h2", &prev, &err), -EDQUOT);
+	assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_CANCELLED, NULL), 1);
+	assert_int_equal(store_session_resume_begin(s, a, NULL, "h2", &prev, &err), 1);
+	assert_int_equal(prev, SESSION_PAUSED);
+	assert_int_equal(store_sessions_holding(s, (struct store_session[4]){ 0 }, 4), 1);
+	/* Discard: only while starting. */
+	assert_int_equal(store_session_discard(s, a), 0);
+	assert_int_equal(store_session_transition(s, a, SESSION_RESUMING, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	session_new(s, "acme", b);
+	assert_int_equal(store_session_discard(s, b), 1);
+	assert_int_equal(store_session_get(s, b, NULL, &(struct store_session){ 0 }), -ENOENT);
+	store_close(s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -476,6 +847,13 @@ int main(void)
 		cmocka_unit_test_setup(test_usage_and_cancel, setup),
 		cmocka_unit_test_setup(test_hosts_and_changes, setup),
 		cmocka_unit_test_setup(test_durability, setup),
+		cmocka_unit_test(test_cursor_parse),
+		cmocka_unit_test(test_names_and_ids),
+		cmocka_unit_test_setup(test_task_page, setup),
+		cmocka_unit_test_setup(test_session_page, setup),
+		cmocka_unit_test_setup(test_cas_helper, setup),
+		cmocka_unit_test_setup(test_task_and_session_cas, setup),
+		cmocka_unit_test_setup(test_session_quota_resume_discard, setup),
 	};
 	int r;
 	char cmd[300];
