@@ -5,7 +5,12 @@
  *
  * Thread-safety: a store handle is used by many HTTP threads and the
  * scheduler at once; every call takes the store's lock (one SQLite
- * connection). Returned json_t are new references the caller decrefs. */
+ * connection). Returned json_t are new references the caller decrefs.
+ *
+ * Implemented in api/store.c (core: open/close, locks, change notification,
+ * the shared page, compare-and-set and quota helpers), store_migrate.c,
+ * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c;
+ * store_impl.h is their private interface. */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
 
