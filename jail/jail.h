@@ -15,7 +15,7 @@
 #define JAIL_MAX_PATHS 16
 #define JAIL_MAX_FDS   8
 
-struct jail_plan; /* mount-point layout; private to jail.c */
+struct jail_plan; /* mount-point layout; private to jail/ (jail_priv.h) */
 struct sock_filter;
 
 /* Host-wide settings, shared by every jail a process starts. Fill with
@@ -29,7 +29,7 @@ struct jail_config {
 	 * <mount>/<this process's own cgroup>/kiln (jail_config_init finds them). */
 	char cg_memory[512], cg_cpu[512], cg_pids[512];
 	struct jail_plan *base;    /* what every jail sees (programs, libraries, firmware) */
-	struct sock_filter *filter;/* seccomp filter loaded before the exec (see jail.c) */
+	struct sock_filter *filter;/* seccomp filter loaded before the exec (see seccomp.c) */
 	unsigned filter_len;
 };
 
