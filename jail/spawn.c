@@ -342,7 +342,7 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
 		return kiln_err_set(err, "host_error", "jail: name, root and exe are required");
 	for (int i = 0; i < CG_N; i++)
 		if (cg_path(cg[i], sizeof(cg[i]), cg_base(c, i), spec->name) < 0)
-			return kiln_err_set(err, "host_error", "jail: name %s is too long", spec->name);
+			return kiln_err_set(err, "host_error", "jail: name too long for a cgroup directory: %.80s...", spec->name);
 	j->active = 1;
 	if (slot_take(c, j, cg[CG_MEMORY], err) < 0)
 		goto fail;
