@@ -47,7 +47,7 @@ struct child {
 	const char *root;
 	char *const *argv;
 	char *const *envp;
-	int procs_fd[3];
+	int procs_fd[CG_N];
 	int status_fd;    /* write end of the status pipe (close-on-exec) */
 	int parent_pidfd; /* readable once the parent process is gone */
 	uid_t uid;
