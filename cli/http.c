@@ -1,7 +1,7 @@
-/* http: kiln-api calls, event streams and downloads for the kiln CLI. */
+/* http: kiln-api calls, event streams and downloads for the kiln CLI, over
+ * lib/httpc with the CLI's timeouts and wording. */
 #include "http.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -10,54 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "httpc.h"
+
 #define REPLY_MAX (64u << 20)    /* largest JSON reply we keep */
 #define EVENT_LINE_MAX (8u << 20) /* longest SSE line (an output chunk) */
-
-struct buf {
-	char *p;
-	size_t len, cap;
-};
-
-static int buf_add(struct buf *b, const char *p, size_t n, size_t max)
-{
-	if (b->len + n + 1 > max)
-		return -1;
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		char *q;
-
-		while (cap < b->len + n + 1)
-			cap *= 2;
-		q = realloc(b->p, cap);
-		if (!q)
-			return -1;
-		b->p = q;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, p, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-	return 0;
-}
-
-static size_t collect(char *p, size_t size, size_t n, void *arg)
-{
-	return buf_add(arg, p, size * n, REPLY_MAX) < 0 ? 0 : size * n;
-}
-
-static struct curl_slist *headers(const char *key, int json_body)
-{
-	struct curl_slist *h = NULL;
-	char auth[1024];
-
-	if (key) {
-		snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key);
-		h = curl_slist_append(h, auth);
-	}
-	if (json_body)
-		h = curl_slist_append(h, "Content-Type: application/json");
-	return h;
-}
+#define CONNECT_MS 5000L
 
 static void url_of(const struct cli_conn *c, const char *path, char *url, size_t size)
 {
@@ -68,48 +25,42 @@ static void url_of(const struct cli_conn *c, const char *path, char *url, size_t
 	snprintf(url, size, "%.*s%s", (int)n, c->api, path);
 }
 
+/* A request to the API: its URL into url, the key as bearer. */
+static struct httpc_req api_req(const struct cli_conn *c, const char *method, const char *path, long timeout_s,
+				char *url, size_t size)
+{
+	url_of(c, path, url, size);
+	return (struct httpc_req){
+		.method = method,
+		.url = url,
+		.bearer = c->key,
+		.max_reply = REPLY_MAX,
+		.lim = { .timeout_ms = timeout_s * 1000, .connect_timeout_ms = CONNECT_MS },
+	};
+}
+
+/* The status, with the reply as JSON in *reply, or -1 with err set. */
+static int api_answer(const struct cli_conn *c, int rc, struct httpc_reply *r, json_t **reply, struct kiln_err *err)
+{
+	int status = (int)r->status;
+
+	if (rc == 0 && r->body.len)
+		*reply = json_loadb(r->body.p, r->body.len, 0, NULL);
+	if (rc != 0)
+		status = kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, r->error);
+	httpc_reply_free(r);
+	return status;
+}
+
 int http_call(const struct cli_conn *c, const char *method, const char *path, json_t *body, long timeout_s,
 	      json_t **reply, struct kiln_err *err)
 {
-	CURL *h = curl_easy_init();
-	struct curl_slist *hd = headers(c->key, body != NULL);
-	struct buf b = { 0 };
-	char url[2048], *s = NULL;
-	long status = -1;
-	CURLcode rc;
+	char url[2048];
+	struct httpc_req q = api_req(c, method, path, timeout_s, url, sizeof(url));
+	struct httpc_reply r;
 
 	*reply = NULL;
-	if (!h) {
-		curl_slist_free_all(hd);
-		return kiln_err_set(err, "unreachable", "out of memory");
-	}
-	url_of(c, path, url, sizeof(url));
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout_s);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	if (body) {
-		s = json_dumps(body, JSON_COMPACT);
-		curl_easy_setopt(h, CURLOPT_POSTFIELDS, s ? s : "");
-	}
-	rc = curl_easy_perform(h);
-	if (rc == CURLE_OK) {
-		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-		if (b.p)
-			*reply = json_loadb(b.p, b.len, 0, NULL);
-	} else {
-		kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, curl_easy_strerror(rc));
-		status = -1;
-	}
-	free(s);
-	free(b.p);
-	curl_slist_free_all(hd);
-	curl_easy_cleanup(h);
-	return (int)status;
+	return api_answer(c, httpc_json(NULL, &q, body, NULL, &r), &r, reply, err);
 }
 
 void http_describe_error(int status, json_t *reply, char *out, size_t size)
@@ -125,69 +76,9 @@ void http_describe_error(int status, json_t *reply, char *out, size_t size)
 }
 
 struct follow {
-	struct buf line, body; /* body: a non-200 answer, for its error message */
-	char name[64];
-	long status;
-	CURL *h;
-	int (*on_event)(void *ctx, const char *name, json_t *data);
 	int (*tick)(void *ctx);
 	void *ctx;
-	int stopped;
 };
-
-/* Server-sent events: "event: NAME", "data: JSON", a blank line; lines
- * starting with ':' are comments (keep-alives). */
-static size_t follow_write(char *p, size_t size, size_t n, void *arg)
-{
-	struct follow *f = arg;
-	size_t total = size * n;
-
-	if (!f->status)
-		curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &f->status);
-	if (f->status != 200)
-		return buf_add(&f->body, p, total, 1u << 20) < 0 ? 0 : total;
-	for (size_t i = 0; i < total; i++) {
-		if (p[i] != '\n') {
-			if (buf_add(&f->line, p + i, 1, EVENT_LINE_MAX) < 0)
-				return 0; /* an absurd line: drop the stream */
-			continue;
-		}
-		if (f->line.len && f->line.p[f->line.len - 1] == '\r')
-			f->line.p[--f->line.len] = '\0';
-		if (f->line.len >= 6 && !strncmp(f->line.p, "event:", 6)) {
-			const char *v = f->line.p + 6;
-
-			snprintf(f->name, sizeof(f->name), "%s", v + (*v == ' '));
-		} else if (f->line.len >= 5 && !strncmp(f->line.p, "data:", 5)) {
-			const char *v = f->line.p + 5;
-			json_t *d;
-
-			v += *v == ' ';
-			d = json_loads(v, 0, NULL);
-			if (d && f->name[0] && f->on_event(f->ctx, f->name, d)) {
-				json_decref(d);
-				f->stopped = 1;
-				return 0;
-			}
-			json_decref(d);
-		} else if (!f->line.len) {
-			f->name[0] = '\0';
-		}
-		f->line.len = 0;
-	}
-	return total;
-}
-
-static int follow_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
-{
-	struct follow *f = arg;
-
-	if (f->tick && f->tick(f->ctx)) {
-		f->stopped = 1;
-		return 1;
-	}
-	return 0;
-}
 
 int http_follow(const struct cli_conn *c, const char *path, long stall_s,
 		int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
@@ -200,252 +91,181 @@ int http_follow_body(const struct cli_conn *c, const char *method, const char *p
 		     int (*on_event)(void *ctx, const char *name, json_t *data), int (*tick)(void *ctx), void *ctx,
 		     struct kiln_err *err)
 {
-	CURL *h = curl_easy_init();
-	struct curl_slist *hd = headers(c->key, body != NULL);
-	struct follow f = { .on_event = on_event, .tick = tick, .ctx = ctx, .h = h };
 	char url[8192], *req = NULL;
-	CURLcode rc;
-	int ret = 0;
+	struct httpc_req q = api_req(c, method, path, 0, url, sizeof(url));
+	struct httpc_reply r;
+	int ret;
 
-	if (!h) {
-		curl_slist_free_all(hd);
-		return kiln_err_set(err, "unreachable", "out of memory");
-	}
-	url_of(c, path, url, sizeof(url));
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
 	if (body) {
 		req = json_dumps(body, JSON_COMPACT);
-		curl_easy_setopt(h, CURLOPT_POSTFIELDS, req ? req : "");
+		q.body = req ? req : "";
+		q.body_len = req ? strlen(req) : 0;
+		q.content_type = "application/json";
 	}
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, follow_write);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, &f);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
 	/* kiln-api sends a keep-alive every 15 s: longer silence is a dead stream. */
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, stall_s);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-	curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, follow_progress);
-	curl_easy_setopt(h, CURLOPT_XFERINFODATA, &f);
-	rc = curl_easy_perform(h);
-	if (!f.status)
-		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &f.status);
-	if (f.stopped) {
-		ret = 1;
-	} else if (rc != CURLE_OK) {
-		ret = kiln_err_set(err, "unreachable", "event stream %s: %s", url, curl_easy_strerror(rc));
-	} else if (f.status != 200) {
-		json_t *r = f.body.p ? json_loadb(f.body.p, f.body.len, 0, NULL) : NULL;
+	q.lim.stall_s = stall_s;
+	q.max_reply = EVENT_LINE_MAX;
+	q.tick = tick;
+	q.ctx = ctx;
+	ret = httpc_follow(NULL, &q, on_event, ctx, &r);
+	if (ret < 0) {
+		ret = kiln_err_set(err, "unreachable", "event stream %s: %s", url, r.error);
+	} else if (ret == 0 && r.status != 200) {
+		json_t *e = r.body.len ? json_loadb(r.body.p, r.body.len, 0, NULL) : NULL;
 		char msg[600];
 
-		http_describe_error((int)f.status, r, msg, sizeof(msg));
-		json_decref(r);
+		http_describe_error((int)r.status, e, msg, sizeof(msg));
+		json_decref(e);
 		ret = kiln_err_set(err, "http", "%s", msg);
 	}
-	free(f.line.p);
-	free(f.body.p);
+	httpc_reply_free(&r);
 	free(req);
-	curl_slist_free_all(hd);
-	curl_easy_cleanup(h);
 	return ret;
 }
 
 int http_send(const struct cli_conn *c, const char *method, const char *path, const void *body, size_t len,
 	      const char *content_type, long timeout_s, json_t **reply, struct kiln_err *err)
 {
-	CURL *h = curl_easy_init();
-	struct curl_slist *hd = headers(c->key, 0);
-	struct buf b = { 0 };
-	char url[8192], ct[160];
-	long status = -1;
-	CURLcode rc;
+	char url[8192];
+	struct httpc_req q = api_req(c, method, path, timeout_s, url, sizeof(url));
+	struct httpc_reply r;
 
 	*reply = NULL;
-	if (!h) {
-		curl_slist_free_all(hd);
-		return kiln_err_set(err, "unreachable", "out of memory");
-	}
-	if (content_type) {
-		snprintf(ct, sizeof(ct), "Content-Type: %s", content_type);
-		hd = curl_slist_append(hd, ct);
-	}
-	hd = curl_slist_append(hd, "Expect:");
-	url_of(c, path, url, sizeof(url));
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout_s);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? (const char *)body : "");
-	curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? len : 0));
-	rc = curl_easy_perform(h);
-	if (rc == CURLE_OK) {
-		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-		if (b.p)
-			*reply = json_loadb(b.p, b.len, 0, NULL);
-	} else {
-		kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, curl_easy_strerror(rc));
-		status = -1;
-	}
-	free(b.p);
-	curl_slist_free_all(hd);
-	curl_easy_cleanup(h);
-	return (int)status;
+	q.body = body ? body : "";
+	q.body_len = body ? len : 0;
+	q.content_type = content_type;
+	return api_answer(c, httpc_request(NULL, &q, &r), &r, reply, err);
 }
 
-struct save {
-	FILE *f;          /* the temporary file (or stdout) */
-	struct buf err;   /* a non-200 answer's body */
-	long status;
-	CURL *h;
-};
-
-static size_t save_write(char *p, size_t size, size_t n, void *arg)
+/* A 200/206 body written to a file as it arrives. */
+static int to_file(void *arg, const char *p, size_t n)
 {
-	struct save *s = arg;
-	size_t total = size * n;
+	return fwrite(p, 1, n, arg) == n ? 0 : -1;
+}
 
-	if (!s->status)
-		curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
-	if (s->status != 200 && s->status != 206)
-		return buf_add(&s->err, p, total, 1u << 20) < 0 ? 0 : total;
-	return fwrite(p, 1, total, s->f) == total ? total : 0;
+/* curl's words for a transfer: rc from httpc_request (1: the file could
+ * not take what came). */
+static const char *xfer_error(int rc, const struct httpc_reply *r)
+{
+	return rc == 1 ? curl_easy_strerror(CURLE_WRITE_ERROR) : r->error;
 }
 
 int http_get_file(const struct cli_conn *c, const char *path, const char *local, long timeout_s, json_t **reply,
 		  struct kiln_err *err)
 {
 	int to_stdout = !strcmp(local, "-");
-	struct curl_slist *hd = headers(c->key, 0);
-	struct save s = { 0 };
 	char url[8192], tmp[4096];
-	CURLcode rc;
-	int fd = -1;
+	struct httpc_req q = api_req(c, NULL, path, timeout_s, url, sizeof(url));
+	struct httpc_reply r;
+	FILE *f = NULL;
+	int fd = -1, rc;
 
 	*reply = NULL;
 	if (to_stdout) {
-		s.f = stdout;
+		f = stdout;
 	} else {
-		if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", local) >= (int)sizeof(tmp)) {
-			curl_slist_free_all(hd);
+		if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", local) >= (int)sizeof(tmp))
 			return kiln_err_set(err, "io_error", "%s: path too long", local);
-		}
 		fd = mkstemp(tmp);
-		if (fd < 0 || !(s.f = fdopen(fd, "w"))) {
+		if (fd < 0 || !(f = fdopen(fd, "w"))) {
 			int e = errno;
 
 			if (fd >= 0) {
 				close(fd);
 				unlink(tmp);
 			}
-			curl_slist_free_all(hd);
 			return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
 		}
 	}
-	s.h = curl_easy_init();
-	if (!s.h) {
+	q.sink = to_file;
+	q.ctx = f;
+	rc = httpc_request(NULL, &q, &r);
+	if (rc == -ENOMEM && !r.status) {
 		if (!to_stdout) {
-			fclose(s.f);
+			fclose(f);
 			unlink(tmp);
 		}
-		curl_slist_free_all(hd);
 		return kiln_err_set(err, "unreachable", "out of memory");
 	}
-	url_of(c, path, url, sizeof(url));
-	curl_easy_setopt(s.h, CURLOPT_URL, url);
-	curl_easy_setopt(s.h, CURLOPT_HTTPHEADER, hd);
-	curl_easy_setopt(s.h, CURLOPT_WRITEFUNCTION, save_write);
-	curl_easy_setopt(s.h, CURLOPT_WRITEDATA, &s);
-	curl_easy_setopt(s.h, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(s.h, CURLOPT_TIMEOUT, timeout_s);
-	curl_easy_setopt(s.h, CURLOPT_NOSIGNAL, 1L);
-	rc = curl_easy_perform(s.h);
-	if (!s.status)
-		curl_easy_getinfo(s.h, CURLINFO_RESPONSE_CODE, &s.status);
-	curl_easy_cleanup(s.h);
-	curl_slist_free_all(hd);
 	if (to_stdout) {
 		fflush(stdout);
 	} else {
-		int bad = fflush(s.f) || fsync(fileno(s.f)) || ferror(s.f);
+		int bad = fflush(f) || fsync(fileno(f)) || ferror(f);
 
-		fclose(s.f);
-		if (rc == CURLE_OK && s.status == 200 && !bad) {
+		fclose(f);
+		if (rc == 0 && r.status == 200 && !bad) {
 			chmod(tmp, 0644);
 			if (rename(tmp, local) < 0) {
 				int e = errno;
 
 				unlink(tmp);
-				free(s.err.p);
+				httpc_reply_free(&r);
 				return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
 			}
 		} else {
 			unlink(tmp);
-			if (bad && rc == CURLE_OK && s.status == 200) {
-				free(s.err.p);
+			if (bad && rc == 0 && r.status == 200) {
+				httpc_reply_free(&r);
 				return kiln_err_set(err, "io_error", "%s: write failed", local);
 			}
 		}
 	}
-	if (rc != CURLE_OK && !(s.status && s.status != 200)) {
-		free(s.err.p);
-		return kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api,
-				    curl_easy_strerror(rc));
+	if (rc != 0 && !(r.status && r.status != 200)) {
+		kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, xfer_error(rc, &r));
+		httpc_reply_free(&r);
+		return -1;
 	}
-	if (s.err.p)
-		*reply = json_loadb(s.err.p, s.err.len, 0, NULL);
-	free(s.err.p);
-	return (int)s.status;
+	if (r.body.len)
+		*reply = json_loadb(r.body.p, r.body.len, 0, NULL);
+	httpc_reply_free(&r);
+	return (int)r.status;
+}
+
+/* A download of a presigned URL: no key; a stall, not its length, fails it. */
+static struct httpc_req url_req(const char *url, long timeout_s, FILE *out)
+{
+	return (struct httpc_req){
+		.url = url,
+		.lim = { .connect_timeout_ms = CONNECT_MS, .stall_s = timeout_s },
+		.sink = to_file,
+		.ctx = out,
+	};
 }
 
 int http_stream_url(const char *url, unsigned long long from, FILE *out, long timeout_s, struct kiln_err *err)
 {
-	struct save s = { .f = out };
+	struct httpc_req q = url_req(url, timeout_s, out);
+	struct httpc_reply r;
 	char range[64];
-	CURLcode rc;
+	long status;
+	int rc;
 
-	s.h = curl_easy_init();
-	if (!s.h)
-		return kiln_err_set(err, "io_error", "out of memory");
-	curl_easy_setopt(s.h, CURLOPT_URL, url);
 	if (from) {
 		snprintf(range, sizeof(range), "%llu-", from);
-		curl_easy_setopt(s.h, CURLOPT_RANGE, range);
+		q.range = range;
 	}
-	curl_easy_setopt(s.h, CURLOPT_WRITEFUNCTION, save_write);
-	curl_easy_setopt(s.h, CURLOPT_WRITEDATA, &s);
-	curl_easy_setopt(s.h, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(s.h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-	curl_easy_setopt(s.h, CURLOPT_LOW_SPEED_TIME, timeout_s);
-	curl_easy_setopt(s.h, CURLOPT_NOSIGNAL, 1L);
-	rc = curl_easy_perform(s.h);
-	if (!s.status)
-		curl_easy_getinfo(s.h, CURLINFO_RESPONSE_CODE, &s.status);
-	curl_easy_cleanup(s.h);
+	rc = httpc_request(NULL, &q, &r);
 	fflush(out);
-	free(s.err.p);
-	if (s.status == 416)
+	status = r.status;
+	httpc_reply_free(&r);
+	if (rc == -ENOMEM && !status)
+		return kiln_err_set(err, "io_error", "out of memory");
+	if (status == 416)
 		return 0; /* nothing after `from` */
-	if (s.status != 200 && s.status != 206)
-		return kiln_err_set(err, "http", "download: HTTP %ld", s.status);
-	if (rc != CURLE_OK)
-		return kiln_err_set(err, "unreachable", "download: %s", curl_easy_strerror(rc));
+	if (status != 200 && status != 206)
+		return kiln_err_set(err, "http", "download: HTTP %ld", status);
+	if (rc != 0)
+		return kiln_err_set(err, "unreachable", "download: %s", xfer_error(rc, &r));
 	return 0;
 }
 
 int http_download(const char *url, const char *path, long timeout_s, struct kiln_err *err)
 {
 	char tmp[4096];
-	CURL *h;
+	struct httpc_req q;
+	struct httpc_reply r;
 	FILE *f;
-	long status = 0;
-	CURLcode rc;
-	int fd;
+	int fd, rc;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", path) >= (int)sizeof(tmp))
 		return kiln_err_set(err, "io_error", "%s: path too long", path);
@@ -453,37 +273,31 @@ int http_download(const char *url, const char *path, long timeout_s, struct kiln
 	if (fd < 0)
 		return kiln_err_set(err, "io_error", "%s: %s", tmp, strerror(errno));
 	f = fdopen(fd, "w");
-	h = curl_easy_init();
-	if (!f || !h) {
-		if (f)
-			fclose(f);
-		else
-			close(fd);
-		curl_easy_cleanup(h);
+	if (!f) {
+		close(fd);
 		unlink(tmp);
 		return kiln_err_set(err, "io_error", "out of memory");
 	}
-	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, f);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, timeout_s);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	rc = curl_easy_perform(h);
-	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-	curl_easy_cleanup(h);
+	q = url_req(url, timeout_s, f);
+	rc = httpc_request(NULL, &q, &r);
 	if (fflush(f) || fsync(fileno(f)) || ferror(f)) {
 		fclose(f);
 		unlink(tmp);
+		httpc_reply_free(&r);
 		return kiln_err_set(err, "io_error", "%s: write failed", tmp);
 	}
 	fclose(f);
-	if (rc != CURLE_OK || status != 200) {
+	if (rc != 0 || r.status != 200) {
 		unlink(tmp);
-		if (rc != CURLE_OK)
-			return kiln_err_set(err, "unreachable", "download: %s", curl_easy_strerror(rc));
-		return kiln_err_set(err, "http", "download: HTTP %ld", status);
+		if (rc != 0)
+			kiln_err_set(err, rc == -ENOMEM && !r.status ? "io_error" : "unreachable", "download: %s",
+				     xfer_error(rc, &r));
+		else
+			kiln_err_set(err, "http", "download: HTTP %ld", r.status);
+		httpc_reply_free(&r);
+		return -1;
 	}
+	httpc_reply_free(&r);
 	chmod(tmp, 0644);
 	if (rename(tmp, path) < 0) {
 		int e = errno;

@@ -8,13 +8,12 @@
 #include <string.h>
 #include <time.h>
 
-#include <curl/curl.h>
-
+#include "httpc.h"
 #include "proto.h"
 
 struct heartbeat {
 	struct hostd *d;
-	char *url, *advertise, *auth;
+	char *url, *advertise, *token;
 	unsigned period_ms;
 	pthread_t thread;
 	int started;
@@ -24,45 +23,29 @@ struct heartbeat {
 	char last_error[256];
 };
 
-static size_t discard(char *p, size_t size, size_t n, void *ctx)
-{
-	return size * n;
-}
-
 /* One heartbeat; returns 0 or -1 with a message in err (cap bytes). */
-static int send_one(struct heartbeat *h, CURL *c, char *err, size_t cap)
+static int send_one(struct heartbeat *h, struct httpc *c, char *err, size_t cap)
 {
 	json_t *body = json_pack("{s:s, s:o}", "url", h->advertise, "capacity", hostd_capacity_json(h->d));
-	char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
-	struct curl_slist *hdr = NULL;
-	long status = 0;
-	CURLcode rc;
+	struct httpc_req q = {
+		.method = "POST", .url = h->url, .bearer = h->token, .lim = { .timeout_ms = 5000 },
+	};
+	struct httpc_reply r;
+	int rc;
 
-	json_decref(body);
-	if (!s) {
+	if (!body) {
 		snprintf(err, cap, "out of memory");
 		return -1;
 	}
-	hdr = curl_slist_append(hdr, "Content-Type: application/json");
-	hdr = curl_slist_append(hdr, h->auth);
-	curl_easy_reset(c);
-	curl_easy_setopt(c, CURLOPT_URL, h->url);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDS, s);
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	rc = curl_easy_perform(c);
-	if (rc == CURLE_OK)
-		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-	curl_slist_free_all(hdr);
-	free(s);
-	if (rc != CURLE_OK) {
-		snprintf(err, cap, "%s", curl_easy_strerror(rc));
+	rc = httpc_json(c, &q, body, NULL, &r);
+	json_decref(body);
+	httpc_reply_free(&r);
+	if (rc < 0) {
+		snprintf(err, cap, "%s", r.error);
 		return -1;
 	}
-	if (status != 200) {
-		snprintf(err, cap, "HTTP %ld%s", status, status == 401 ? " (wrong cluster token?)" : "");
+	if (r.status != 200) {
+		snprintf(err, cap, "HTTP %ld%s", r.status, r.status == 401 ? " (wrong cluster token?)" : "");
 		return -1;
 	}
 	return 0;
@@ -71,7 +54,7 @@ static int send_one(struct heartbeat *h, CURL *c, char *err, size_t cap)
 static void *heartbeat_main(void *arg)
 {
 	struct heartbeat *h = arg;
-	CURL *c = curl_easy_init();
+	struct httpc *c = httpc_new(); /* one connection, kept across beats */
 
 	pthread_mutex_lock(&h->lock);
 	while (!h->stopping && c) {
@@ -102,8 +85,7 @@ static void *heartbeat_main(void *arg)
 			;
 	}
 	pthread_mutex_unlock(&h->lock);
-	if (c)
-		curl_easy_cleanup(c);
+	httpc_free(c);
 	return NULL;
 }
 
@@ -122,7 +104,7 @@ struct heartbeat *heartbeat_start(struct hostd *d, const char *api, const char *
 	while (n && api[n - 1] == '/')
 		n--;
 	if (asprintf(&h->url, "%.*s/v1/hosts/%s/heartbeat", (int)n, api, host_id) < 0 ||
-	    asprintf(&h->auth, "Authorization: Bearer %s", token) < 0 || !(h->advertise = strdup(advertise)))
+	    !(h->token = strdup(token)) || !(h->advertise = strdup(advertise)))
 		goto oom;
 	pthread_mutex_init(&h->lock, NULL);
 	pthread_condattr_init(&ca);
@@ -155,7 +137,7 @@ void heartbeat_stop(struct heartbeat *h)
 		pthread_join(h->thread, NULL);
 	}
 	free(h->url);
-	free(h->auth);
+	free(h->token);
 	free(h->advertise);
 	free(h);
 }

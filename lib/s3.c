@@ -20,6 +20,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "httpc.h"
 #include "io.h"
 
 #define S3_MAX_KEY 1024            /* S3's own limit, in bytes */
@@ -679,6 +680,7 @@ static int setup(struct s3_call *call, struct s3_request *q, struct s3_reply *r,
 	char sigv4[64], line[128];
 	long timeout = c->timeout_s > 0 ? c->timeout_s : 60;
 	struct curl_slist *l = NULL, *t;
+	struct httpc_limits lim = { 0 };
 	CURLcode e = CURLE_OK;
 
 	curl_easy_reset(h);
@@ -705,16 +707,16 @@ static int setup(struct s3_call *call, struct s3_request *q, struct s3_reply *r,
 	e |= curl_easy_setopt(h, CURLOPT_USERNAME, c->access_key);
 	e |= curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
 	e |= curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
-	e |= curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	e |= curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, timeout < 10 ? timeout : 10L);
+	lim.connect_timeout_ms = (timeout < 10 ? timeout : 10L) * 1000;
 	if ((q->has_body && !q->body.mem) || q->out_fd >= 0) {
 		/* A file going up or down may rightly take longer than timeout_s
 		 * (a 4 GiB download): what must not happen is a stall. */
-		e |= curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-		e |= curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, timeout);
+		lim.stall_bytes = 1024;
+		lim.stall_s = timeout;
 	} else {
-		e |= curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout);
+		lim.timeout_ms = timeout * 1000;
 	}
+	e |= httpc_set_limits(h, &lim);
 	e |= curl_easy_setopt(h, CURLOPT_ERRORBUFFER, call->errbuf);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
