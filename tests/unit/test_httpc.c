@@ -1,0 +1,503 @@
+/* test_httpc: unit tests for lib/httpc.c, the HTTP client, against a tiny
+ * HTTP server on 127.0.0.1 (a thread with a raw socket, port 0) that plays
+ * back a scripted reply in pieces: status and body, the reply cap, a
+ * timeout, JSON both ways, server-sent events cut anywhere (split reads,
+ * multi-line data, comments, CRLF), the error body of a non-200 answer, a
+ * reply read piece by piece, and the SSE parser on its own. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "httpc.h"
+
+/* ---- the server ---------------------------------------------------------- */
+
+#define MAX_PIECES 8
+
+struct server {
+	int lfd;
+	int port;
+	pthread_t thread;
+	const char *pieces[MAX_PIECES]; /* the reply, written one piece at a time */
+	int gap_ms;                     /* pause between pieces (forces split reads) */
+	int hang;                       /* answer nothing; wait for the client to leave */
+	char req[16384];                /* the request as received (head and body) */
+	size_t req_len;
+	char url[64];
+};
+
+/* Read the request head, then Content-Length bytes of body. */
+static void read_request(struct server *s, int fd)
+{
+	size_t want = 0;
+	char *end = NULL;
+
+	for (;;) {
+		ssize_t n;
+
+		if (end && s->req_len >= (size_t)(end - s->req) + 4 + want)
+			return;
+		n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
+		if (n <= 0)
+			return;
+		s->req_len += (size_t)n;
+		s->req[s->req_len] = '\0';
+		if (!end && (end = strstr(s->req, "\r\n\r\n"))) {
+			const char *cl = strcasestr(s->req, "\r\nContent-Length:");
+
+			if (cl && cl < end)
+				want = strtoul(cl + 17, NULL, 10);
+		}
+	}
+}
+
+static void *server_main(void *arg)
+{
+	struct server *s = arg;
+	int fd = accept(s->lfd, NULL, NULL), one = 1;
+
+	if (fd < 0)
+		return NULL;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	read_request(s, fd);
+	if (s->hang) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char c;
+
+		/* Until the client gives up and closes (bounded, should it not). */
+		if (poll(&p, 1, 10000) > 0)
+			(void)read(fd, &c, 1);
+	}
+	for (int i = 0; !s->hang && i < MAX_PIECES && s->pieces[i]; i++) {
+		if (i && s->gap_ms)
+			usleep((useconds_t)s->gap_ms * 1000);
+		if (write(fd, s->pieces[i], strlen(s->pieces[i])) < 0)
+			break;
+	}
+	close(fd);
+	return NULL;
+}
+
+static void server_start(struct server *s)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+
+	s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(s->lfd >= 0);
+	assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(s->lfd, 4), 0);
+	assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&a, &len), 0);
+	s->port = ntohs(a.sin_port);
+	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d/x", s->port);
+	assert_int_equal(pthread_create(&s->thread, NULL, server_main, s), 0);
+}
+
+static void server_join(struct server *s)
+{
+	pthread_join(s->thread, NULL);
+	close(s->lfd);
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+static void test_status_and_body(void **state)
+{
+	struct server s = { .pieces = { "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
+					"Content-Length: 5\r\nConnection: close\r\n\r\nhello" } };
+	struct httpc_req q = { .method = "PUT", .bearer = "tok3n", .content_type = "application/octet-stream",
+			       .body = "abc", .body_len = 3, .lim = { .timeout_ms = 5000 } };
+	struct httpc_reply r;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_request(NULL, &q, &r), 0);
+	server_join(&s);
+	assert_int_equal(r.status, 201);
+	assert_int_equal(r.body.len, 5);
+	assert_string_equal(r.body.p, "hello");
+	assert_string_equal(r.content_type, "text/plain");
+	assert_non_null(strstr(s.req, "PUT /x HTTP/1.1\r\n"));
+	assert_non_null(strstr(s.req, "\r\nAuthorization: Bearer tok3n\r\n"));
+	assert_non_null(strstr(s.req, "\r\nContent-Type: application/octet-stream\r\n"));
+	assert_null(strcasestr(s.req, "Expect:"));
+	assert_string_equal(s.req + s.req_len - 7, "\r\n\r\nabc");
+	httpc_reply_free(&r);
+}
+
+/* A reused handle keeps working across requests (the heartbeat's). */
+static void test_handle_reused(void **state)
+{
+	struct httpc *c = httpc_new();
+
+	assert_non_null(c);
+	for (int i = 0; i < 2; i++) {
+		struct server s = { .pieces = { "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok" } };
+		struct httpc_req q = { .lim = { .timeout_ms = 5000 } };
+		struct httpc_reply r;
+
+		server_start(&s);
+		q.url = s.url;
+		assert_int_equal(httpc_request(c, &q, &r), 0);
+		server_join(&s);
+		assert_int_equal(r.status, 200);
+		assert_string_equal(r.body.p, "ok");
+		assert_non_null(strstr(s.req, "GET /x HTTP/1.1\r\n"));
+		assert_null(strstr(s.req, "Authorization"));
+		httpc_reply_free(&r);
+	}
+	httpc_free(c);
+}
+
+static void test_size_cap(void **state)
+{
+	static const char reply[] = "HTTP/1.1 200 OK\r\nContent-Length: 20\r\nConnection: close\r\n\r\n"
+				    "0123456789abcdefghij";
+
+	for (size_t cap = 19; cap <= 20; cap++) {
+		struct server s = { .pieces = { reply } };
+		struct httpc_req q = { .max_reply = cap, .lim = { .timeout_ms = 5000 } };
+		struct httpc_reply r;
+		int rc;
+
+		server_start(&s);
+		q.url = s.url;
+		rc = httpc_request(NULL, &q, &r);
+		server_join(&s);
+		if (cap == 19) {
+			assert_int_equal(rc, -E2BIG);
+			assert_true(r.body.len <= 19);
+			assert_true(r.error[0] != '\0');
+		} else {
+			assert_int_equal(rc, 0);
+			assert_int_equal(r.body.len, 20);
+		}
+		httpc_reply_free(&r);
+	}
+}
+
+static void test_timeout(void **state)
+{
+	struct server s = { .hang = 1 };
+	struct httpc_req q = { .lim = { .timeout_ms = 300, .connect_timeout_ms = 300 } };
+	struct httpc_reply r;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_request(NULL, &q, &r), -ETIMEDOUT);
+	server_join(&s);
+	assert_int_equal(r.status, 0);
+	assert_true(strstr(r.error, "imeout") != NULL || strstr(r.error, "timed out") != NULL);
+	httpc_reply_free(&r);
+}
+
+static void test_unreachable(void **state)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char url[64];
+	struct httpc_req q = { .url = url, .lim = { .timeout_ms = 2000 } };
+	struct httpc_reply r;
+
+	/* A port that was just free: nobody listens there. */
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d/", ntohs(a.sin_port));
+	close(fd);
+	assert_int_equal(httpc_request(NULL, &q, &r), -EIO);
+	assert_int_equal(r.status, 0);
+	assert_true(r.error[0] != '\0');
+	httpc_reply_free(&r);
+}
+
+static void test_json(void **state)
+{
+	struct server s = { .pieces = { "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+					"Connection: close\r\n\r\n{\"a\":", "1}" },
+			    .gap_ms = 20 };
+	struct httpc_req q = { .method = "POST", .lim = { .timeout_ms = 5000 } };
+	struct httpc_reply r;
+	json_t *body = json_pack("{s:s}", "x", "y"), *reply = NULL;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_json(NULL, &q, body, &reply, &r), 0);
+	server_join(&s);
+	assert_int_equal(r.status, 200);
+	assert_non_null(reply);
+	assert_int_equal(json_integer_value(json_object_get(reply, "a")), 1);
+	assert_non_null(strstr(s.req, "\r\nContent-Type: application/json\r\n"));
+	assert_string_equal(s.req + s.req_len - 13, "\r\n\r\n{\"x\":\"y\"}");
+	json_decref(reply);
+	json_decref(body);
+	httpc_reply_free(&r);
+}
+
+static void test_json_not_json(void **state)
+{
+	struct server s = { .pieces = { "HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n<html>" } };
+	struct httpc_req q = { .lim = { .timeout_ms = 5000 } };
+	struct httpc_reply r;
+	json_t *reply = (json_t *)1;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_json(NULL, &q, NULL, &reply, &r), 0);
+	server_join(&s);
+	assert_int_equal(r.status, 502);
+	assert_null(reply);
+	assert_string_equal(r.body.p, "<html>");
+	httpc_reply_free(&r);
+}
+
+/* ---- server-sent events ----------------------------------------------------- */
+
+struct seen {
+	char names[8][32];
+	char data[8][64];
+	int n;
+	int stop_after; /* 0: never */
+};
+
+static int on_json(void *ctx, const char *name, json_t *data)
+{
+	struct seen *v = ctx;
+	char *d = json_dumps(data, JSON_COMPACT | JSON_SORT_KEYS);
+
+	assert_true(v->n < 8);
+	snprintf(v->names[v->n], sizeof(v->names[0]), "%s", name);
+	snprintf(v->data[v->n], sizeof(v->data[0]), "%s", d);
+	free(d);
+	v->n++;
+	return v->stop_after && v->n >= v->stop_after;
+}
+
+#define SSE_HEAD "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+
+static void test_follow_split_multiline(void **state)
+{
+	struct server s = {
+		.pieces = { SSE_HEAD "event: st", "ate\ndata: {\"a\":", "1}\n", "\n: keepalive\n\n",
+			    "event: multi\r\ndata: {\"b\":\r\ndata: 2}\r\n\r\nevent: bad\ndata: not json\n\n",
+			    "data: {\"nameless\":1}\n\nevent:tight\ndata:{\"c\":3}\n\n" },
+		.gap_ms = 30,
+	};
+	struct httpc_req q = { .lim = { .stall_s = 5 } };
+	struct httpc_reply r;
+	struct seen v = { 0 };
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 0);
+	server_join(&s);
+	assert_int_equal(r.status, 200);
+	assert_int_equal(r.body.len, 0);
+	assert_int_equal(v.n, 3);
+	assert_string_equal(v.names[0], "state");
+	assert_string_equal(v.data[0], "{\"a\":1}");
+	assert_string_equal(v.names[1], "multi");
+	assert_string_equal(v.data[1], "{\"b\":2}");
+	assert_string_equal(v.names[2], "tight");
+	assert_string_equal(v.data[2], "{\"c\":3}");
+	httpc_reply_free(&r);
+}
+
+static void test_follow_stop(void **state)
+{
+	struct server s = { .pieces = { SSE_HEAD "event: a\ndata: {}\n\nevent: b\ndata: {}\n\n", "event: c\ndata: {}\n\n" },
+			    .gap_ms = 20 };
+	struct httpc_req q = { .lim = { .stall_s = 5 } };
+	struct httpc_reply r;
+	struct seen v = { .stop_after = 1 };
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
+	server_join(&s);
+	assert_int_equal(v.n, 1);
+	assert_string_equal(v.names[0], "a");
+	httpc_reply_free(&r);
+}
+
+static void test_follow_error_body(void **state)
+{
+	struct server s = { .pieces = { "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+					"Connection: close\r\n\r\n{\"error\":{\"code\":\"not_found\",",
+					"\"message\":\"no task t-1\"}}\n\nevent: x\ndata: {}\n\n" },
+			    .gap_ms = 20 };
+	struct httpc_req q = { .lim = { .stall_s = 5 } };
+	struct httpc_reply r;
+	struct seen v = { 0 };
+	json_t *e;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 0);
+	server_join(&s);
+	assert_int_equal(r.status, 404);
+	assert_int_equal(v.n, 0); /* an error body is not an event stream */
+	e = json_loadb(r.body.p, r.body.len, JSON_DISABLE_EOF_CHECK, NULL);
+	assert_non_null(e);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "message")), "no task t-1");
+	json_decref(e);
+	httpc_reply_free(&r);
+}
+
+static void test_follow_line_too_long(void **state)
+{
+	struct server s = { .pieces = { SSE_HEAD "event: a\ndata: {\"x\":\"0123456789012345678901234567890\"}\n\n" } };
+	struct httpc_req q = { .max_reply = 32, .lim = { .stall_s = 5 } };
+	struct httpc_reply r;
+	struct seen v = { 0 };
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), -E2BIG);
+	server_join(&s);
+	assert_int_equal(v.n, 0);
+	assert_true(r.error[0] != '\0');
+	httpc_reply_free(&r);
+}
+
+static int tick_stop(void *ctx)
+{
+	return ++*(int *)ctx >= 3;
+}
+
+static void test_follow_tick_stops(void **state)
+{
+	struct server s = { .hang = 1 };
+	int ticks = 0;
+	struct httpc_req q = { .lim = { .stall_s = 5 }, .tick = tick_stop, .ctx = &ticks };
+	struct httpc_reply r;
+	struct seen v = { 0 };
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
+	server_join(&s);
+	assert_int_equal(ticks, 3);
+	httpc_reply_free(&r);
+}
+
+/* The parser alone: one feed and a byte at a time agree. */
+struct raw_seen {
+	char log[512];
+};
+
+static int on_raw(void *ctx, const char *name, const char *data, size_t len)
+{
+	struct raw_seen *v = ctx;
+	size_t at = strlen(v->log);
+
+	snprintf(v->log + at, sizeof(v->log) - at, "[%s|%.*s]", name, (int)len, data);
+	return 0;
+}
+
+static void test_sse_parser(void **state)
+{
+	static const char in[] = ": hi\nevent: one\ndata: a\ndata:\ndata:  b\n\n"
+				 "data: only\r\n\r\nevent: empty\ndata:\n\nevent: none\n\nid: 7\nretry: 1\n\n"
+				 "event: last\ndata: unterminated";
+	static const char want[] = "[one|a\n\n b][|only][empty|]";
+	struct raw_seen whole = { "" }, bytes = { "" };
+	struct httpc_sse s;
+
+	httpc_sse_init(&s, 0, on_raw, &whole);
+	assert_int_equal(httpc_sse_feed(&s, in, sizeof(in) - 1), 0);
+	httpc_sse_free(&s);
+	assert_string_equal(whole.log, want);
+
+	httpc_sse_init(&s, 0, on_raw, &bytes);
+	for (size_t i = 0; i < sizeof(in) - 1; i++)
+		assert_int_equal(httpc_sse_feed(&s, in + i, 1), 0);
+	httpc_sse_free(&s);
+	assert_string_equal(bytes.log, want);
+
+	httpc_sse_init(&s, 8, on_raw, &bytes);
+	assert_int_equal(httpc_sse_feed(&s, "data: 0123456789", 16), -E2BIG);
+	httpc_sse_free(&s);
+}
+
+/* ---- a reply read piece by piece ---------------------------------------------- */
+
+static void test_stream(void **state)
+{
+	struct server s = { .pieces = { "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nfirst", "second" }, .gap_ms = 50 };
+	struct httpc_req q = { .method = "POST", .content_type = "application/json", .body = "{}", .body_len = 2,
+			       .lim = { .connect_timeout_ms = 2000 } };
+	struct httpc_stream *st;
+	char got[64] = "", piece[4];
+	size_t len = 0;
+	long n;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_stream_open(&q, &st), 0);
+	assert_int_equal(httpc_stream_status(st, 5000), 200);
+	while ((n = httpc_stream_read(st, piece, sizeof(piece), 5000)) > 0) {
+		assert_true(n <= (long)sizeof(piece));
+		memcpy(got + len, piece, (size_t)n);
+		len += (size_t)n;
+	}
+	assert_int_equal(n, -ENODATA);
+	got[len] = '\0';
+	assert_string_equal(got, "firstsecond");
+	httpc_stream_close(st);
+	server_join(&s);
+	assert_non_null(strstr(s.req, "POST /x HTTP/1.1\r\n"));
+	assert_string_equal(s.req + s.req_len - 2, "{}");
+}
+
+static void test_stream_no_answer(void **state)
+{
+	struct server s = { .hang = 1 };
+	struct httpc_req q = { 0 };
+	struct httpc_stream *st;
+
+	server_start(&s);
+	q.url = s.url;
+	assert_int_equal(httpc_stream_open(&q, &st), 0);
+	assert_int_equal(httpc_stream_status(st, 200), -ETIMEDOUT);
+	httpc_stream_close(st);
+	server_join(&s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_status_and_body),
+		cmocka_unit_test(test_handle_reused),
+		cmocka_unit_test(test_size_cap),
+		cmocka_unit_test(test_timeout),
+		cmocka_unit_test(test_unreachable),
+		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_json_not_json),
+		cmocka_unit_test(test_follow_split_multiline),
+		cmocka_unit_test(test_follow_stop),
+		cmocka_unit_test(test_follow_error_body),
+		cmocka_unit_test(test_follow_line_too_long),
+		cmocka_unit_test(test_follow_tick_stops),
+		cmocka_unit_test(test_sse_parser),
+		cmocka_unit_test(test_stream),
+		cmocka_unit_test(test_stream_no_answer),
+	};
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
