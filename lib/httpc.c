@@ -254,12 +254,14 @@ int httpc_json(struct httpc *c, const struct httpc_req *q, json_t *body, json_t 
 /* ---- server-sent events ---- */
 
 void httpc_sse_init(struct httpc_sse *s, size_t max,
-		    int (*on_event)(void *ctx, const char *name, const char *data, size_t len), void *ctx)
+		    int (*on_event)(void *ctx, const char *name, const char *data, size_t len),
+		    int (*complete)(void *ctx, const char *data, size_t len), void *ctx)
 {
 	memset(s, 0, sizeof(*s));
 	buf_init(&s->line, max);
 	buf_init(&s->data, max);
 	s->on_event = on_event;
+	s->complete = complete;
 	s->ctx = ctx;
 }
 
@@ -297,6 +299,13 @@ static int sse_line(struct httpc_sse *s, char *l, size_t n)
 		if ((rc = buf_add(&s->data, v, n - (size_t)(v - l))) < 0)
 			return rc;
 		s->has_data = 1;
+		/* Complete already: out at once (the name stays until the blank line). */
+		if (s->complete && s->complete(s->ctx, s->data.p, s->data.len)) {
+			rc = s->on_event(s->ctx, s->name, s->data.p, s->data.len) ? 1 : 0;
+			s->has_data = 0;
+			buf_reset(&s->data);
+			return rc;
+		}
 	}
 	return 0;
 }
@@ -327,19 +336,30 @@ struct follow {
 	const struct httpc_req *q; /* the caller's, for its tick */
 	int (*on_event)(void *ctx, const char *name, json_t *data);
 	void *ctx;
+	json_t *parsed;            /* the data follow_complete found whole */
 	int failed;                /* the stream broke the parser's bounds */
 };
+
+/* kiln's events carry one JSON value each, on one data line, and
+ * kiln-host's task streams end an event with a single "\n": an event is
+ * complete once its data parses, not only at the blank line. */
+static int follow_complete(void *arg, const char *data, size_t len)
+{
+	struct follow *f = arg;
+
+	json_decref(f->parsed);
+	f->parsed = json_loadb(data, len, 0, NULL);
+	return f->parsed != NULL;
+}
 
 static int follow_event(void *arg, const char *name, const char *data, size_t len)
 {
 	struct follow *f = arg;
-	json_t *d;
+	json_t *d = f->parsed ? f->parsed : json_loadb(data, len, 0, NULL);
 	int stop = 0;
 
-	if (!name[0])
-		return 0;
-	d = json_loadb(data, len, 0, NULL);
-	if (d)
+	f->parsed = NULL;
+	if (d && name[0])
 		stop = f->on_event(f->ctx, name, d);
 	json_decref(d);
 	return stop;
@@ -369,7 +389,7 @@ int httpc_follow(struct httpc *c, const struct httpc_req *q,
 	struct httpc_req fq = *q;
 	int ret;
 
-	httpc_sse_init(&f.sse, q->max_reply ? q->max_reply : HTTPC_REPLY_MAX, follow_event, &f);
+	httpc_sse_init(&f.sse, q->max_reply ? q->max_reply : HTTPC_REPLY_MAX, follow_event, follow_complete, &f);
 	fq.sink = follow_sink;
 	fq.tick = q->tick ? follow_tick : NULL;
 	fq.ctx = &f;
@@ -380,6 +400,7 @@ int httpc_follow(struct httpc *c, const struct httpc_req *q,
 		ret = f.failed;
 	}
 	httpc_sse_free(&f.sse);
+	json_decref(f.parsed);
 	return ret;
 }
 

@@ -85,21 +85,26 @@ int httpc_json(struct httpc *c, const struct httpc_req *q, json_t *body, json_t 
 
 /* The parser: lines end in "\n" (a "\r" before it is dropped); "event:" names
  * the event, "data:" lines (joined by "\n") carry it, ":" lines are comments,
- * a blank line dispatches an event that had data. One space after the colon
- * is dropped. The name is "" when the event had none. */
+ * a blank line dispatches an event that had data, and so does a data line
+ * after which `complete` (optional) says the data is whole (the name is then
+ * kept until the blank line). One space after the colon is dropped. The name
+ * is "" when the event had none. */
 struct httpc_sse {
 	struct buf line;  /* the line being read */
 	struct buf data;  /* the event's data so far */
 	char name[64];
 	int has_data;     /* a "data:" line came since the last event */
 	int (*on_event)(void *ctx, const char *name, const char *data, size_t len);
+	int (*complete)(void *ctx, const char *data, size_t len);
 	void *ctx;
 };
 
 /* A parser whose lines and events are at most max bytes (0: unbounded).
- * on_event returns nonzero to stop. */
+ * on_event returns nonzero to stop; complete (may be NULL) nonzero when the
+ * event's data so far is whole. Both get ctx. */
 void httpc_sse_init(struct httpc_sse *s, size_t max,
-		    int (*on_event)(void *ctx, const char *name, const char *data, size_t len), void *ctx);
+		    int (*on_event)(void *ctx, const char *name, const char *data, size_t len),
+		    int (*complete)(void *ctx, const char *data, size_t len), void *ctx);
 
 /* Feed n bytes, cut anywhere. 0, 1 when on_event stopped (the rest of p is
  * not looked at), -E2BIG for a line or event over max, -ENOMEM. */
@@ -108,7 +113,9 @@ void httpc_sse_free(struct httpc_sse *s);
 
 /* Follow q (its sink is replaced) as server-sent events: on_event gets each
  * named event's name and data parsed as JSON (events without a name or
- * whose data is not JSON are skipped; data is the callback's to incref).
+ * whose data is not JSON are skipped; data is the callback's to incref). An
+ * event goes out as soon as its data lines parse as JSON: kiln-host's task
+ * streams end events with one "\n", not a blank line.
  * Returns as httpc_request: 0 when the stream ended (r->status; a non-200
  * answer's body in r->body), 1 when on_event or q->tick stopped it, < 0 when
  * it failed or stalled (r->error). */

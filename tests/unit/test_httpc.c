@@ -418,20 +418,64 @@ static void test_sse_parser(void **state)
 	struct raw_seen whole = { "" }, bytes = { "" };
 	struct httpc_sse s;
 
-	httpc_sse_init(&s, 0, on_raw, &whole);
+	httpc_sse_init(&s, 0, on_raw, NULL, &whole);
 	assert_int_equal(httpc_sse_feed(&s, in, sizeof(in) - 1), 0);
 	httpc_sse_free(&s);
 	assert_string_equal(whole.log, want);
 
-	httpc_sse_init(&s, 0, on_raw, &bytes);
+	httpc_sse_init(&s, 0, on_raw, NULL, &bytes);
 	for (size_t i = 0; i < sizeof(in) - 1; i++)
 		assert_int_equal(httpc_sse_feed(&s, in + i, 1), 0);
 	httpc_sse_free(&s);
 	assert_string_equal(bytes.log, want);
 
-	httpc_sse_init(&s, 8, on_raw, &bytes);
+	httpc_sse_init(&s, 8, on_raw, NULL, &bytes);
 	assert_int_equal(httpc_sse_feed(&s, "data: 0123456789", 16), -E2BIG);
 	httpc_sse_free(&s);
+}
+
+/* With `complete`, a data line that completes the data dispatches at once;
+ * the name holds until the blank line. */
+static int ends_in_brace(void *ctx, const char *data, size_t len)
+{
+	return len && data[len - 1] == '}';
+}
+
+static void test_sse_parser_complete(void **state)
+{
+	static const char in[] = "event: a\ndata: {1}\nevent: b\ndata: {2\ndata: 3}\ndata: {4}\n\ndata: {5}\n";
+	struct raw_seen v = { "" };
+	struct httpc_sse s;
+
+	httpc_sse_init(&s, 0, on_raw, ends_in_brace, &v);
+	assert_int_equal(httpc_sse_feed(&s, in, sizeof(in) - 1), 0);
+	httpc_sse_free(&s);
+	assert_string_equal(v.log, "[a|{1}][b|{2\n3}][b|{4}][|{5}]");
+}
+
+/* kiln-host's task events end with a single "\n" (no blank line): each goes
+ * out as soon as its data line is in, as before the shared client. */
+static void test_follow_host_framing(void **state)
+{
+	struct server s = { .pieces = { SSE_HEAD "event: state\ndata: {\"state\":\"running\"}\n",
+					"event: stdout\ndata: {\"data\":\"hi\\n\"}\n: keepalive\n\n",
+					"event: state\ndata: {\"state\":\"succeeded\"}\n" },
+			    .gap_ms = 20 };
+	struct httpc_req q = { .lim = { .stall_s = 5 } };
+	struct httpc_reply r;
+	struct seen v = { .stop_after = 2 };
+
+	server_start(&s);
+	q.url = s.url;
+	/* Stopping after the second event proves it came before the stream's end. */
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
+	server_join(&s);
+	assert_int_equal(v.n, 2);
+	assert_string_equal(v.names[0], "state");
+	assert_string_equal(v.data[0], "{\"state\":\"running\"}");
+	assert_string_equal(v.names[1], "stdout");
+	assert_string_equal(v.data[1], "{\"data\":\"hi\\n\"}");
+	httpc_reply_free(&r);
 }
 
 /* ---- a reply read piece by piece ---------------------------------------------- */
@@ -494,6 +538,8 @@ int main(void)
 		cmocka_unit_test(test_follow_line_too_long),
 		cmocka_unit_test(test_follow_tick_stops),
 		cmocka_unit_test(test_sse_parser),
+		cmocka_unit_test(test_sse_parser_complete),
+		cmocka_unit_test(test_follow_host_framing),
 		cmocka_unit_test(test_stream),
 		cmocka_unit_test(test_stream_no_answer),
 	};
