@@ -12,8 +12,6 @@
  * changes only the calling thread, so the rest of kiln-host stays put. */
 #include "net.h"
 
-#include "buf.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -124,23 +122,43 @@ static const char *ip_str(uint32_t a, char *buf, size_t cap)
 
 /* ---- growable text, for rulesets ---------------------------------------- */
 
-/* A ruleset being written: lib/buf.h, with a sticky failure so that a
- * builder appends without checking and looks once at the end. */
 struct text {
-	struct buf b;
+	char *p;
+	size_t len, cap;
 	int oom;
 };
 
 __attribute__((format(printf, 2, 3))) static void text_add(struct text *t, const char *fmt, ...)
 {
 	va_list ap;
+	int n;
 
 	if (t->oom)
 		return;
-	va_start(ap, fmt);
-	if (buf_vprintf(&t->b, fmt, ap) < 0)
-		t->oom = 1;
-	va_end(ap);
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->oom = 1;
+			return;
+		}
+		if (t->p && t->len + (size_t)n < t->cap) {
+			t->len += (size_t)n;
+			return;
+		}
+		{
+			size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)n;
+			char *q = realloc(t->p, cap);
+
+			if (!q) {
+				t->oom = 1;
+				return;
+			}
+			t->p = q;
+			t->cap = cap;
+		}
+	}
 }
 
 /* ---- nftables ---------------------------------------------------------- */
@@ -431,7 +449,7 @@ int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
 {
 	struct ifaddrs *ifa = NULL;
 	struct nft_ctx *ctx = NULL;
-	struct text t = { BUF_INIT, 0 };
+	struct text t = { 0 };
 	char a[32];
 	int r = -1;
 
@@ -496,14 +514,14 @@ int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
 	}
 	/* A table left by an earlier kiln-host in this namespace is replaced. */
 	nft_run(ctx, "delete table inet kiln_host", NULL, NULL);
-	if (nft_run(ctx, t.b.p, NULL, err) < 0)
+	if (nft_run(ctx, t.p, NULL, err) < 0)
 		goto out;
 	r = 0;
 out:
 	if (ifa)
 		freeifaddrs(ifa);
 	nft_close(ctx);
-	buf_free(&t.b);
+	free(t.p);
 	if (r < 0 && h->root_nsfd >= 0) {
 		close(h->root_nsfd);
 		h->root_nsfd = -1;
@@ -574,7 +592,7 @@ static uint32_t link_base(const struct net_sandbox *s)
 static char *sandbox_ruleset(const struct net_sandbox *s)
 {
 	const struct net_host *h = s->h;
-	struct text t = { BUF_INIT, 0 };
+	struct text t = { 0 };
 	char a[32];
 
 	text_add(&t, "table inet kiln {\n");
@@ -650,10 +668,10 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	text_add(&t, " chain sbx_post { type nat hook postrouting priority 100; policy accept;\n"
 		     "  oifname \"" NET_UPLINK "\" masquerade\n }\n}\n");
 	if (t.oom) {
-		buf_free(&t.b);
+		free(t.p);
 		return NULL;
 	}
-	return t.b.p;
+	return t.p;
 }
 
 static int setup_fail(struct net_sandbox *s, const char *what, int e)
@@ -1035,7 +1053,7 @@ static void dns_from_guest(struct net_sandbox *s)
 static void allow_addresses(struct net_sandbox *s, uint64_t match, const struct dns_addr *addrs, size_t n,
 			    uint32_t ttl)
 {
-	struct text t = { BUF_INIT, 0 };
+	struct text t = { 0 };
 	char a[32];
 
 	/* Deleting first renews an entry's timeout; a missing one is no error
@@ -1052,9 +1070,9 @@ static void allow_addresses(struct net_sandbox *s, uint64_t match, const struct 
 			text_add(&t, "add element inet kiln host%zu { %s timeout %us }\n", i, a, ttl);
 		}
 	}
-	if (t.b.p)
-		nft_run(s->nft, t.b.p, NULL, NULL);
-	buf_free(&t.b);
+	if (t.p)
+		nft_run(s->nft, t.p, NULL, NULL);
+	free(t.p);
 }
 
 static void dns_from_upstream(struct net_sandbox *s)

@@ -4,9 +4,6 @@
  * and against a fixed bound before touching memory. */
 #include "proto.h"
 
-#include "clock.h"
-#include "io.h"
-
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
@@ -554,17 +551,49 @@ int proto_abspath_ok(const char *path)
 
 int64_t proto_now_ms(void)
 {
-	return clock_mono_ms();
+	return proto_now_us() / 1000;
 }
 
 int64_t proto_now_us(void)
 {
-	return clock_mono_us();
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 int proto_write_all(int fd, const void *buf, size_t n, int64_t deadline_ms)
 {
-	return io_write_all(fd, buf, n, deadline_ms);
+	const uint8_t *p = buf;
+
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+			int timeout = -1;
+
+			if (deadline_ms > 0) {
+				int64_t left = deadline_ms - proto_now_ms();
+
+				if (left <= 0)
+					return -ETIMEDOUT;
+				timeout = left > 60000 ? 60000 : (int)left;
+			}
+			if (poll(&pfd, 1, timeout) < 0 && errno != EINTR)
+				return -errno;
+			continue;
+		}
+		return w < 0 ? -errno : -EIO;
+	}
+	return 0;
 }
 
 int proto_send(int fd, uint8_t type, const void *payload, size_t len, int64_t deadline_ms)

@@ -21,7 +21,6 @@
 #include <openssl/hmac.h>
 
 #include "httpc.h"
-#include "io.h"
 
 #define S3_MAX_KEY 1024            /* S3's own limit, in bytes */
 #define S3_MAX_BODY (64u << 10)    /* response bytes kept for error reporting */
@@ -567,6 +566,20 @@ static int seek_cb(void *arg, curl_off_t offset, int origin)
 	return CURL_SEEKFUNC_OK;
 }
 
+static int write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
 
 static size_t write_cb(char *data, size_t size, size_t nmemb, void *arg)
 {
@@ -577,7 +590,7 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *arg)
 
 	curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &status);
 	if (r->out_fd >= 0 && status >= 200 && status < 300) {
-		rc = io_write_all(r->out_fd, data, n, 0);
+		rc = write_all(r->out_fd, data, n);
 		if (rc < 0) {
 			r->io_errno = -rc;
 			return 0; /* CURLE_WRITE_ERROR */
