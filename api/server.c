@@ -899,8 +899,8 @@ static enum MHD_Result host_heartbeat(void *ctx, struct httpd_req *r)
 
 /* ---- dispatch ---- */
 
-/* The task named by the path: NULL (after answering 404) when it cannot be
- * one of ours. */
+/* The task named by the path, or NULL (answer 404 no such task) when it is
+ * too long to be a task id. */
 static const char *task_id(struct httpd_req *r)
 {
 	return strlen(r->param[0]) < 40 ? r->param[0] : NULL;
