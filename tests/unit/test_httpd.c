@@ -139,6 +139,7 @@ struct srv {
 	struct MHD_Daemon *d;
 	unsigned short port;
 	size_t drop_max;
+	const struct httpd_routes *table;
 };
 
 static enum MHD_Result h_echo(void *ctx, struct httpd_req *r)
@@ -196,6 +197,8 @@ static const struct httpd_route srv_rows[] = {
 };
 
 static const struct httpd_routes srv_table = { srv_rows, 3, "no such endpoint", ", " };
+/* kiln-host's wording of the 405 message, and its own 404 message. */
+static const struct httpd_routes srv_table_or = { srv_rows, 3, "nothing here", " or " };
 
 static enum MHD_Result srv_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 				   const char *version, const char *upload, size_t *upload_size, void **con_cls)
@@ -219,7 +222,7 @@ static enum MHD_Result srv_handler(void *cls, struct MHD_Connection *conn, const
 	if (body->too_big)
 		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "at the end");
 	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body };
-	return httpd_dispatch(&srv_table, s, &r);
+	return httpd_dispatch(s->table, s, &r);
 }
 
 static void srv_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -234,7 +237,7 @@ static void srv_completed(void *cls, struct MHD_Connection *conn, void **con_cls
 	*con_cls = NULL;
 }
 
-static int srv_setup(void **state)
+static int srv_start(void **state, const struct httpd_routes *routes)
 {
 	struct srv *s = calloc(1, sizeof(*s));
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = 0 };
@@ -242,6 +245,7 @@ static int srv_setup(void **state)
 
 	assert_non_null(s);
 	s->drop_max = CAP * 4;
+	s->table = routes;
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
 				srv_handler, s, MHD_OPTION_NOTIFY_COMPLETED, srv_completed, NULL, MHD_OPTION_SOCK_ADDR,
@@ -257,6 +261,16 @@ static int srv_setup(void **state)
 	assert_true(s->port > 0);
 	*state = s;
 	return 0;
+}
+
+static int srv_setup(void **state)
+{
+	return srv_start(state, &srv_table);
+}
+
+static int srv_setup_or(void **state)
+{
+	return srv_start(state, &srv_table_or);
 }
 
 static int srv_teardown(void **state)
@@ -373,6 +387,24 @@ static void test_dispatch_over_http(void **state)
 	resp_free(&r);
 }
 
+static void test_dispatch_wording(void **state)
+{
+	struct srv *s = *state;
+	struct resp r;
+
+	/* The message uses the table's wording; Allow stays an HTTP list. */
+	do_req(s, "PUT", "/v1/echo/abc", NULL, 0, 0, &r);
+	expect_error(&r, 405, "method_not_allowed");
+	assert_non_null(strcasestr(r.headers.p, "\r\nAllow: POST, GET\r\n"));
+	assert_non_null(strstr(r.body.p, "\"message\":\"use POST or GET\""));
+	resp_free(&r);
+
+	do_req(s, "GET", "/nope", NULL, 0, 0, &r);
+	expect_error(&r, 404, "not_found");
+	assert_non_null(strstr(r.body.p, "\"message\":\"nothing here\""));
+	resp_free(&r);
+}
+
 static void test_body_limits(void **state)
 {
 	struct srv *s = *state;
@@ -486,6 +518,7 @@ int main(void)
 		cmocka_unit_test(test_body_feed_direct),
 		cmocka_unit_test(test_sse_helpers),
 		cmocka_unit_test_setup_teardown(test_dispatch_over_http, srv_setup, srv_teardown),
+		cmocka_unit_test_setup_teardown(test_dispatch_wording, srv_setup_or, srv_teardown),
 		cmocka_unit_test_setup_teardown(test_body_limits, srv_setup, srv_teardown),
 		cmocka_unit_test_setup_teardown(test_sse_framing, srv_setup, srv_teardown),
 	};
