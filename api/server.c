@@ -30,6 +30,8 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include "clock.h"
+#include "httpd.h"
 #include "quota.h"
 #include "presign.h"
 #include "reply.h"
@@ -77,33 +79,10 @@ struct server {
 	int stopping;
 };
 
-struct request {
-	char *body;
-	size_t len, cap;
-	int too_big;
-	size_t dropped;
-};
-
 struct caller {
 	char customer[65]; /* "" for the admin */
 	int admin;
 };
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- authentication ---- */
 
@@ -142,12 +121,6 @@ static int authenticate(struct server *s, struct MHD_Connection *conn, struct ca
 	if (c->admin)
 		c->customer[0] = '\0';
 	return 1;
-}
-
-static enum MHD_Result reply_unauthorized(struct MHD_Connection *conn, const char *msg)
-{
-	return reply_error_h(conn, MHD_HTTP_UNAUTHORIZED, "unauthorized", msg, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
-			     "Bearer");
 }
 
 /* ---- event hub ---- */
@@ -251,7 +224,7 @@ static void ev_append_locked(struct server *s, struct ev_task *t, const char *na
 	t->ev[t->nev++] = block;
 	t->bytes += len;
 	s->ev_bytes += len;
-	t->touched_ms = mono_ms();
+	t->touched_ms = clock_mono_ms();
 	if (is_state) {
 		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
 
@@ -264,7 +237,7 @@ static void ev_append_locked(struct server *s, struct ev_task *t, const char *na
 
 static json_t *state_data(enum task_state st)
 {
-	return json_pack("{s:s, s:I}", "state", task_state_name(st), "at", (json_int_t)wall_ms());
+	return json_pack("{s:s, s:I}", "state", task_state_name(st), "at", (json_int_t)clock_wall_ms());
 }
 
 /* The task's list with a reference taken, made (starting with the task's
@@ -391,7 +364,7 @@ static int idem_key_ok(const char *k)
 static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress)
 {
 	json_t *hosts = store_host_list(s->st), *h;
-	int64_t cutoff = wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
+	int64_t cutoff = clock_wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
 	int live = 0, fits = 0;
 	size_t i;
 
@@ -421,7 +394,7 @@ static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn,
 	return reply_json(conn, status, with_urls(s, j));
 }
 
-static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *conn, struct request *req,
+static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *conn, const struct httpd_body *req,
 				     const struct caller *c)
 {
 	const char *idem = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Idempotency-Key");
@@ -443,7 +416,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	if (idem && !idem_key_ok(idem))
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
 				   "Idempotency-Key: 1-128 printable ASCII characters");
-	SHA256((const unsigned char *)(req->body ? req->body : ""), req->len, h);
+	SHA256((const unsigned char *)(httpd_body_data(req) ? httpd_body_data(req) : ""), httpd_body_len(req), h);
 	for (size_t i = 0; i < sizeof(h); i++)
 		sprintf(hash_hex + 2 * i, "%02x", h[i]);
 	/* A retry is answered before admission: it must not be refused for
@@ -457,7 +430,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 											  : MHD_HTTP_INTERNAL_SERVER_ERROR,
 					 &err);
 	}
-	if (api_task_request_parse(req->body, req->len, &tr, &err) < 0)
+	if (api_task_request_parse(httpd_body_data(req), httpd_body_len(req), &tr, &err) < 0)
 		return reply_err(conn, strcmp(err.code, "internal") ? MHD_HTTP_BAD_REQUEST : MHD_HTTP_INTERNAL_SERVER_ERROR,
 				 &err);
 	if (store_customer_quota(s->st, c->customer, &q) < 0) {
@@ -482,7 +455,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	spec_free(&spec);
 	if (quota_check_task(&q, vcpus, memory_mib, timeout_s, output_mib, &err) < 0)
 		goto bad_request;
-	if (!quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, mono_ms(), &retry_ms)) {
+	if (!quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms(), &retry_ms)) {
 		char ra[24];
 
 		api_task_request_free(&tr);
@@ -618,7 +591,7 @@ static enum MHD_Result wait_task(struct server *s, struct MHD_Connection *conn, 
 		pthread_mutex_lock(&s->ev_lock);
 		stopping = s->stopping;
 		pthread_mutex_unlock(&s->ev_lock);
-		if (task_state_final(st) || mono_ms() >= deadline || stopping)
+		if (task_state_final(st) || clock_mono_ms() >= deadline || stopping)
 			return reply_json(conn, MHD_HTTP_OK, with_urls(s, j));
 		json_decref(j);
 		store_wait_change(s->st, seen, deadline);
@@ -636,12 +609,12 @@ static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn,
 	if (wait < 0)
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait: an integer from 0 to 60 (seconds)");
 	if (wait == 0)
-		return wait_task(s, conn, id, c, mono_ms());
+		return wait_task(s, conn, id, c, clock_mono_ms());
 	/* A long-poll holds a connection (and a thread) like a stream. */
 	counted = stream_open(s, c, &max);
 	if (counted < 0)
 		return reply_too_many_streams(conn, max);
-	ret = wait_task(s, conn, id, c, mono_ms() + wait * 1000);
+	ret = wait_task(s, conn, id, c, clock_mono_ms() + wait * 1000);
 	if (counted)
 		quota_limiter_stream_close(s->lim, c->customer);
 	return ret;
@@ -683,16 +656,15 @@ struct sse {
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
-	static const char keepalive[] = ": keepalive\n\n";
 	struct sse *e = cls;
 	struct server *s = e->s;
 	struct ev_task *t = e->t;
-	int64_t deadline = mono_ms() + KEEPALIVE_MS;
+	int64_t deadline = clock_mono_ms() + KEEPALIVE_MS;
 	size_t n = 0;
 
 	pthread_mutex_lock(&s->ev_lock);
 	while (e->cursor == t->nev && !t->final && !s->stopping) {
-		int64_t now = mono_ms();
+		int64_t now = clock_mono_ms();
 		struct timespec ts = { .tv_sec = deadline / 1000, .tv_nsec = (deadline % 1000) * 1000000 };
 
 		if (now >= deadline)
@@ -716,10 +688,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 		return MHD_CONTENT_READER_END_OF_STREAM;
 	}
 	pthread_mutex_unlock(&s->ev_lock);
-	if (n == 0) {
-		n = sizeof(keepalive) - 1 < max ? sizeof(keepalive) - 1 : max;
-		memcpy(buf, keepalive, n);
-	}
+	if (n == 0)
+		return reply_sse_keepalive(buf, max);
 	return (ssize_t)n;
 }
 
@@ -739,9 +709,7 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 				     const struct caller *c)
 {
 	json_t *j = store_task_json(s->st, id, c->admin ? NULL : c->customer);
-	struct MHD_Response *r;
 	struct sse *e;
-	enum MHD_Result ret;
 	unsigned max = 0;
 	int counted;
 
@@ -765,46 +733,7 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 	}
 	if (counted)
 		snprintf(e->customer, sizeof(e->customer), "%s", c->customer);
-	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 << 10, sse_read, e, sse_free);
-	if (!r) {
-		sse_free(e);
-		return MHD_NO;
-	}
-	MHD_add_response_header(r, "Content-Type", "text/event-stream");
-	MHD_add_response_header(r, "Cache-Control", "no-cache");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
-	return ret;
-}
-
-/* /v1/tasks/{id}[/events|/cancel] */
-static enum MHD_Result route_task(struct server *s, struct MHD_Connection *conn, const char *method,
-				  const char *rest, const struct caller *c)
-{
-	const char *slash = strchr(rest, '/');
-	size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
-	char id[40];
-
-	if (n == 0 || n >= sizeof(id))
-		return reply_not_found(conn, "no such task");
-	memcpy(id, rest, n);
-	id[n] = '\0';
-	if (!slash) {
-		if (strcmp(method, "GET"))
-			return reply_method_not_allowed(conn, "GET");
-		return handle_get(s, conn, id, c);
-	}
-	if (!strcmp(slash, "/events")) {
-		if (strcmp(method, "GET"))
-			return reply_method_not_allowed(conn, "GET");
-		return handle_events(s, conn, id, c);
-	}
-	if (!strcmp(slash, "/cancel")) {
-		if (strcmp(method, "POST"))
-			return reply_method_not_allowed(conn, "POST");
-		return handle_cancel(s, conn, id, c);
-	}
-	return reply_not_found(conn, "no such endpoint");
+	return reply_sse(conn, 64 << 10, sse_read, e, sse_free);
 }
 
 static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *conn, const struct caller *c)
@@ -822,150 +751,225 @@ static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *con
 				    (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued,
 				    "sessions", (int)u.sessions, "paused_sessions", (int)u.paused_sessions, "submit", "rate",
 				    q.submit_rate, "burst", (int)q.submit_burst, "tokens",
-				    quota_limiter_peek(s->lim, c->customer, q.submit_rate, q.submit_burst, mono_ms())));
+				    quota_limiter_peek(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms())));
 }
 
 /* ---- admin ---- */
 
-static enum MHD_Result handle_admin(struct server *s, struct MHD_Connection *conn, const char *method,
-				    const char *rest, struct request *req)
+/* POST /v1/admin/customers */
+static enum MHD_Result admin_customer_create(void *ctx, struct httpd_req *r)
 {
+	struct server *s = ctx;
 	struct kiln_err err = { .code = "" };
-	char id[65];
+	char id[65], name[API_NAME_MAX + 1];
+	struct quota q = s->cfg->quotas;
 
-	if (req->len > ADMIN_BODY_MAX)
-		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "admin bodies are at most 64 KiB");
-	if (!strcmp(rest, "customers")) {
-		char name[API_NAME_MAX + 1];
-		struct quota q = s->cfg->quotas;
-
-		if (strcmp(method, "POST"))
-			return reply_method_not_allowed(conn, "POST");
-		if (api_customer_request_parse(req->body, req->len, id, name, &q, &err) < 0)
-			return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
-		if (store_customer_create(s->st, id, name, &q, &err) < 0)
-			return reply_err(conn, !strcmp(err.code, "duplicate") ? MHD_HTTP_CONFLICT
-									       : MHD_HTTP_INTERNAL_SERVER_ERROR,
-					 &err);
-		return reply_json(conn, MHD_HTTP_CREATED, store_customer_json(s->st, id));
-	}
-	if (!strncmp(rest, "customers/", 10)) {
-		const char *cid = rest + 10, *slash = strchr(cid, '/');
-		size_t n = slash ? (size_t)(slash - cid) : strlen(cid);
-		struct quota q;
-
-		if (n == 0 || n >= sizeof(id))
-			return reply_not_found(conn, "no such customer");
-		memcpy(id, cid, n);
-		id[n] = '\0';
-		if (store_customer_quota(s->st, id, &q) < 0)
-			return reply_not_found(conn, "no such customer");
-		if (!slash) {
-			struct usage u;
-			json_t *j;
-
-			if (strcmp(method, "GET"))
-				return reply_method_not_allowed(conn, "GET");
-			j = store_customer_json(s->st, id);
-			if (j && store_customer_usage(s->st, id, &u) == 0)
-				json_object_set_new(j, "usage",
-						    json_pack("{s:i, s:i, s:I, s:i, s:i, s:i}", "running", (int)u.running,
-							      "vcpus", (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib,
-							      "queued", (int)u.queued, "sessions", (int)u.sessions,
-							      "paused_sessions", (int)u.paused_sessions));
-			return j ? reply_json(conn, MHD_HTTP_OK, j) : reply_internal(conn, "cannot read the customer");
-		}
-		if (!strcmp(slash, "/quotas")) {
-			if (strcmp(method, "PUT"))
-				return reply_method_not_allowed(conn, "PUT");
-			if (api_quota_request_parse(req->body, req->len, &q, &err) < 0)
-				return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
-			if (store_customer_set_quota(s->st, id, &q, &err) < 0)
-				return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
-			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "id", id, "quotas", quota_to_json(&q)));
-		}
-		if (!strcmp(slash, "/keys")) {
-			char *key = NULL, key_id[32];
-			json_t *j;
-
-			if (strcmp(method, "POST"))
-				return reply_method_not_allowed(conn, "POST");
-			if (store_key_create(s->st, id, 0, &key, key_id, &err) < 0)
-				return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
-			j = json_pack("{s:s, s:s, s:s}", "key", key, "key_id", key_id, "customer", id);
-			OPENSSL_cleanse(key, strlen(key));
-			free(key);
-			return reply_json(conn, MHD_HTTP_CREATED, j);
-		}
-		return reply_not_found(conn, "no such endpoint");
-	}
-	if (!strncmp(rest, "keys/", 5)) {
-		const char *kid = rest + 5;
-		int r;
-
-		if (strcmp(method, "DELETE"))
-			return reply_method_not_allowed(conn, "DELETE");
-		if (!*kid || strlen(kid) >= 32 || strchr(kid, '/'))
-			return reply_not_found(conn, "no such key");
-		r = store_key_revoke(s->st, kid);
-		if (r == -ENOENT)
-			return reply_not_found(conn, "no such key");
-		if (r < 0)
-			return reply_internal(conn, "cannot revoke the key");
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:b}", "key_id", kid, "revoked", 1));
-	}
-	if (!strcmp(rest, "hosts")) {
-		json_t *hosts, *h;
-		int64_t cutoff = wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
-		size_t i;
-
-		if (strcmp(method, "GET"))
-			return reply_method_not_allowed(conn, "GET");
-		hosts = store_host_list(s->st);
-		/* A host the scheduler has not yet marked shows as lost once its
-		 * heartbeat is older than host_lost_after_s. */
-		json_array_foreach(hosts, i, h)
-			if (json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
-				json_object_set_new(h, "state", json_string("lost"));
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:o}", "hosts", hosts));
-	}
-	return reply_not_found(conn, "no such endpoint");
+	if (api_customer_request_parse(httpd_body_data(r->body), httpd_body_len(r->body), id, name, &q, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (store_customer_create(s->st, id, name, &q, &err) < 0)
+		return reply_err(r->conn, !strcmp(err.code, "duplicate") ? MHD_HTTP_CONFLICT : MHD_HTTP_INTERNAL_SERVER_ERROR,
+				 &err);
+	return reply_json(r->conn, MHD_HTTP_CREATED, store_customer_json(s->st, id));
 }
 
-/* POST /v1/hosts/{id}/heartbeat (cluster token) */
-static enum MHD_Result handle_host(struct server *s, struct MHD_Connection *conn, const char *method,
-				   const char *rest, struct request *req)
+/* The customer named by the path (r->param[0]) into id, with its quota:
+ * 0, or -1 when there is no such customer. */
+static int admin_customer(struct server *s, struct httpd_req *r, char id[65], struct quota *q)
 {
-	const char *slash = strchr(rest, '/'), *tok = bearer(conn);
-	struct kiln_err err = { .code = "" };
-	char id[65], url[API_URL_MAX + 1];
-	json_t *cap;
-	size_t n = slash ? (size_t)(slash - rest) : 0;
+	if (strlen(r->param[0]) >= 65)
+		return -1;
+	snprintf(id, 65, "%s", r->param[0]);
+	return store_customer_quota(s->st, id, q) < 0 ? -1 : 0;
+}
 
-	if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
-		return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
-	if (!slash || strcmp(slash, "/heartbeat") || n == 0 || n >= sizeof(id))
-		return reply_not_found(conn, "no such endpoint");
-	memcpy(id, rest, n);
-	id[n] = '\0';
-	if (strcmp(method, "POST"))
-		return reply_method_not_allowed(conn, "POST");
+/* GET /v1/admin/customers/{id} */
+static enum MHD_Result admin_customer_get(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct quota q;
+	struct usage u;
+	char id[65];
+	json_t *j;
+
+	if (admin_customer(s, r, id, &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	j = store_customer_json(s->st, id);
+	if (j && store_customer_usage(s->st, id, &u) == 0)
+		json_object_set_new(j, "usage",
+				    json_pack("{s:i, s:i, s:I, s:i, s:i, s:i}", "running", (int)u.running, "vcpus",
+					      (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued,
+					      "sessions", (int)u.sessions, "paused_sessions", (int)u.paused_sessions));
+	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : reply_internal(r->conn, "cannot read the customer");
+}
+
+/* PUT /v1/admin/customers/{id}/quotas */
+static enum MHD_Result admin_customer_quotas(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct kiln_err err = { .code = "" };
+	struct quota q;
+	char id[65];
+
+	if (admin_customer(s, r, id, &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	if (api_quota_request_parse(httpd_body_data(r->body), httpd_body_len(r->body), &q, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (store_customer_set_quota(s->st, id, &q, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "id", id, "quotas", quota_to_json(&q)));
+}
+
+/* POST /v1/admin/customers/{id}/keys */
+static enum MHD_Result admin_customer_key(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct kiln_err err = { .code = "" };
+	char *key = NULL, key_id[32], id[65];
+	struct quota q;
+	json_t *j;
+
+	if (admin_customer(s, r, id, &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	if (store_key_create(s->st, id, 0, &key, key_id, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+	j = json_pack("{s:s, s:s, s:s}", "key", key, "key_id", key_id, "customer", id);
+	OPENSSL_cleanse(key, strlen(key));
+	free(key);
+	return reply_json(r->conn, MHD_HTTP_CREATED, j);
+}
+
+/* DELETE /v1/admin/keys/{id} */
+static enum MHD_Result admin_key_revoke(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const char *kid = r->param[0];
+	int rc;
+
+	if (strlen(kid) >= 32)
+		return reply_not_found(r->conn, "no such key");
+	rc = store_key_revoke(s->st, kid);
+	if (rc == -ENOENT)
+		return reply_not_found(r->conn, "no such key");
+	if (rc < 0)
+		return reply_internal(r->conn, "cannot revoke the key");
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:b}", "key_id", kid, "revoked", 1));
+}
+
+/* GET /v1/admin/hosts */
+static enum MHD_Result admin_hosts(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	int64_t cutoff = clock_wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
+	json_t *hosts = store_host_list(s->st), *h;
+	size_t i;
+
+	/* A host the scheduler has not yet marked shows as lost once its
+	 * heartbeat is older than host_lost_after_s. */
+	json_array_foreach(hosts, i, h)
+		if (json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
+			json_object_set_new(h, "state", json_string("lost"));
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:o}", "hosts", hosts));
+}
+
+/* POST /v1/hosts/{id}/heartbeat (the cluster token was checked before) */
+static enum MHD_Result host_heartbeat(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = r->param[0];
+	char url[API_URL_MAX + 1];
+	json_t *cap;
+
+	if (strlen(id) >= 65)
+		return reply_not_found(r->conn, "no such endpoint");
 	if (!api_id_ok(id))
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
 				   "host id: 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
-	if (req->len > ADMIN_BODY_MAX)
-		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "heartbeats are at most 64 KiB");
-	if (api_heartbeat_parse(req->body, req->len, url, &cap, &err) < 0)
-		return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (httpd_body_len(r->body) > ADMIN_BODY_MAX)
+		return reply_error(r->conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "heartbeats are at most 64 KiB");
+	if (api_heartbeat_parse(httpd_body_data(r->body), httpd_body_len(r->body), url, &cap, &err) < 0)
+		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (store_host_heartbeat(s->st, id, url, cap, &err) < 0) {
 		json_decref(cap);
-		return reply_err(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	}
 	json_decref(cap);
-	return reply_json(conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
 }
 
 /* ---- dispatch ---- */
+
+/* The task named by the path, or NULL (answer 404 no such task) when it is
+ * too long to be a task id. */
+static const char *task_id(struct httpd_req *r)
+{
+	return strlen(r->param[0]) < 40 ? r->param[0] : NULL;
+}
+
+static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
+{
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+}
+
+static enum MHD_Result rt_list(void *ctx, struct httpd_req *r)
+{
+	return handle_list(ctx, r->conn, r->app);
+}
+
+static enum MHD_Result rt_submit(void *ctx, struct httpd_req *r)
+{
+	return handle_submit(ctx, r->conn, r->body, r->app);
+}
+
+static enum MHD_Result rt_task_get(void *ctx, struct httpd_req *r)
+{
+	const char *id = task_id(r);
+
+	return id ? handle_get(ctx, r->conn, id, r->app) : reply_not_found(r->conn, "no such task");
+}
+
+static enum MHD_Result rt_task_events(void *ctx, struct httpd_req *r)
+{
+	const char *id = task_id(r);
+
+	return id ? handle_events(ctx, r->conn, id, r->app) : reply_not_found(r->conn, "no such task");
+}
+
+static enum MHD_Result rt_task_cancel(void *ctx, struct httpd_req *r)
+{
+	const char *id = task_id(r);
+
+	return id ? handle_cancel(ctx, r->conn, id, r->app) : reply_not_found(r->conn, "no such task");
+}
+
+static enum MHD_Result rt_usage(void *ctx, struct httpd_req *r)
+{
+	return handle_usage(ctx, r->conn, r->app);
+}
+
+/* Every endpoint but /v1/sessions/..., which sessions.c routes. Customer
+ * and admin routes are authenticated, admin routes checked for an admin
+ * key and /v1/hosts/ routes for the cluster token before the table. */
+static const struct httpd_route api_routes[] = {
+	{ "GET", "/healthz", rt_healthz },
+	{ "GET", "/v1/tasks", rt_list },
+	{ "POST", "/v1/tasks", rt_submit },
+	{ "GET", "/v1/tasks/{id}", rt_task_get },
+	{ "GET", "/v1/tasks/{id}/events", rt_task_events },
+	{ "POST", "/v1/tasks/{id}/cancel", rt_task_cancel },
+	{ "GET", "/v1/usage", rt_usage },
+	{ "POST", "/v1/admin/customers", admin_customer_create },
+	{ "GET", "/v1/admin/customers/{id}", admin_customer_get },
+	{ "PUT", "/v1/admin/customers/{id}/quotas", admin_customer_quotas },
+	{ "POST", "/v1/admin/customers/{id}/keys", admin_customer_key },
+	{ "DELETE", "/v1/admin/keys/{id}", admin_key_revoke },
+	{ "GET", "/v1/admin/hosts", admin_hosts },
+	{ "POST", "/v1/hosts/{id}/heartbeat", host_heartbeat },
+};
+
+static const struct httpd_routes api_table = {
+	api_routes, sizeof(api_routes) / sizeof(api_routes[0]), "no such endpoint", ", ",
+};
 
 static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *conn)
 {
@@ -975,117 +979,90 @@ static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *
 	return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", msg);
 }
 
+static enum MHD_Result reply_no_key(struct MHD_Connection *conn)
+{
+	return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
+						     : "missing API key (Authorization: Bearer kiln_...)");
+}
+
+static enum MHD_Result handle_sessions(struct server *s, struct MHD_Connection *conn, const char *method,
+				       const char *url, const struct httpd_body *body, const struct caller *c)
+{
+	struct sessions_request sr = {
+		.conn = conn, .method = method, .path = url + 12, .body = httpd_body_data(body),
+		.len = httpd_body_len(body), .customer = c->customer, .admin = c->admin, .lim = s->lim,
+	};
+	struct sessions *ss;
+
+	pthread_mutex_lock(&s->hooks_lock);
+	ss = s->sessions;
+	if (ss)
+		sessions_hold(ss);
+	pthread_mutex_unlock(&s->hooks_lock);
+	if (!ss)
+		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "sessions are not served now");
+	return sessions_handle(ss, &sr);
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
 	struct server *s = cls;
-	struct request *req = *con_cls;
+	struct httpd_body *body = *con_cls;
+	struct httpd_req r;
 	struct caller c;
 
-	if (!req) {
-		const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-
-		req = calloc(1, sizeof(*req));
-		if (!req)
+	if (!body) {
+		body = malloc(sizeof(*body));
+		if (!body)
 			return MHD_NO;
-		*con_cls = req;
-		/* Refuse a declared oversized body before reading any of it
-		 * (and before "100 Continue"). */
-		if (cl && strtoull(cl, NULL, 10) > s->max_body)
+		/* Past the cap a chunked body is dropped, and the connection
+		 * closed once it goes on past twice the cap. */
+		httpd_body_init(body, s->max_body, s->max_body);
+		*con_cls = body;
+		if (httpd_body_declared_too_big(body, conn))
 			return reply_too_large(s, conn);
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
-		 * (the host routes check the cluster token in handle_host). */
+		 * (the host routes check the cluster token below). */
 		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, &c))
-			return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
-								     : "missing API key (Authorization: Bearer kiln_...)");
+			return reply_no_key(conn);
 		return MHD_YES;
 	}
-	if (*upload_size) {
-		if (req->too_big || req->len + *upload_size > s->max_body) {
-			/* A chunked body has no length up front, and libmicrohttpd
-			 * takes no reply in the middle of a body: drop the rest
-			 * and answer 413 at its end, or close the connection if it
-			 * goes on past twice the limit. */
-			req->too_big = 1;
-			req->dropped += *upload_size;
-			*upload_size = 0;
-			return req->dropped > s->max_body ? MHD_NO : MHD_YES;
-		}
-		if (req->cap - req->len < *upload_size + 1) {
-			size_t cap = (req->len + *upload_size + 1) * 2;
-			char *b;
-
-			if (cap > s->max_body + 1)
-				cap = s->max_body + 1;
-			b = realloc(req->body, cap);
-			if (!b)
-				return MHD_NO;
-			req->body = b;
-			req->cap = cap;
-		}
-		memcpy(req->body + req->len, upload, *upload_size);
-		req->len += *upload_size;
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (req->too_big)
+	if (*upload_size)
+		return httpd_body_feed(body, upload, upload_size);
+	if (body->too_big)
 		return reply_too_large(s, conn);
-	if (!strcmp(url, "/healthz")) {
-		if (strcmp(method, "GET"))
-			return reply_method_not_allowed(conn, "GET");
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
-	}
-	if (!strncmp(url, "/v1/hosts/", 10))
-		return handle_host(s, conn, method, url + 10, req);
-	if (!authenticate(s, conn, &c))
-		return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
-							     : "missing API key (Authorization: Bearer kiln_...)");
-	if (!strcmp(url, "/v1/tasks")) {
-		if (!strcmp(method, "POST"))
-			return handle_submit(s, conn, req, &c);
-		if (!strcmp(method, "GET"))
-			return handle_list(s, conn, &c);
-		return reply_method_not_allowed(conn, "GET, POST");
-	}
-	if (!strncmp(url, "/v1/tasks/", 10))
-		return route_task(s, conn, method, url + 10, &c);
-	if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13)) {
-		struct sessions_request sr = {
-			.conn = conn, .method = method, .path = url + 12, .body = req->body, .len = req->len,
-			.customer = c.customer, .admin = c.admin, .lim = s->lim,
-		};
-		struct sessions *ss;
+	memset(&c, 0, sizeof(c));
+	if (!strncmp(url, "/v1/hosts/", 10)) {
+		const char *tok = bearer(conn);
 
-		pthread_mutex_lock(&s->hooks_lock);
-		ss = s->sessions;
-		if (ss)
-			sessions_hold(ss);
-		pthread_mutex_unlock(&s->hooks_lock);
-		if (!ss)
-			return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "sessions are not served now");
-		return sessions_handle(ss, &sr);
+		if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
+			return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
+	} else if (strcmp(url, "/healthz")) {
+		if (!authenticate(s, conn, &c))
+			return reply_no_key(conn);
+		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
+			return handle_sessions(s, conn, method, url, body, &c);
+		if (!strncmp(url, "/v1/admin/", 10)) {
+			if (!c.admin)
+				return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "admin endpoints need an admin key");
+			if (httpd_body_len(body) > ADMIN_BODY_MAX)
+				return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large",
+						   "admin bodies are at most 64 KiB");
+		}
 	}
-	if (!strcmp(url, "/v1/usage")) {
-		if (strcmp(method, "GET"))
-			return reply_method_not_allowed(conn, "GET");
-		return handle_usage(s, conn, &c);
-	}
-	if (!strncmp(url, "/v1/admin/", 10)) {
-		if (!c.admin)
-			return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "admin endpoints need an admin key");
-		return handle_admin(s, conn, method, url + 10, req);
-	}
-	return reply_not_found(conn, "no such endpoint");
+	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body, .app = &c };
+	return httpd_dispatch(&api_table, s, &r);
 }
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-	struct request *req = *con_cls;
+	struct httpd_body *body = *con_cls;
 
-	if (req) {
-		free(req->body);
-		free(req);
+	if (body) {
+		httpd_body_free(body);
+		free(body);
 	}
 	*con_cls = NULL;
 }

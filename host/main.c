@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <limits.h>
@@ -18,6 +19,11 @@
 #include "spec.h"
 #include "config.h"
 #include "serve.h"
+#include "session.h"
+#include "heartbeat.h"
+#include "hostd.h"
+#include "pool.h"
+#include "net.h"
 #include "spool.h"
 #include "snapshot.h"
 #include "vm.h"
@@ -433,6 +439,209 @@ static int parse_listen(const char *arg, char *host, size_t cap, int *port)
 	host[colon - arg] = '\0';
 	*port = (int)p;
 	return 0;
+}
+
+/* ---- serve: the daemon ---- */
+
+/* What serve_main owns while the daemon runs. */
+struct serve_state {
+	const struct serve_opts *o;
+	struct run_opts ro;
+	struct capacity cap;
+	struct pool *pool;
+	struct snapshot snap, net_snap;
+	int have_snap, have_net_snap;
+	struct net_host net;
+	struct hostd *hostd;
+	struct sessions *sessions;
+	struct heartbeat *heartbeat;
+};
+
+static uint64_t mem_total_mib(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize >> 20 : 1024;
+}
+
+/* SIGHUP: reread the configuration file's S3 settings (a fixed secret takes
+ * effect without a restart; everything else needs one). */
+static void reload_s3(struct serve_state *s)
+{
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+
+	if (!s->o->config_path) {
+		fprintf(stderr, "kiln-host: SIGHUP: no configuration file to reread\n");
+		return;
+	}
+	if (config_load(s->o->config_path, &c, &err) < 0) {
+		fprintf(stderr, "kiln-host: SIGHUP: %s (keeping the current settings)\n", err.message);
+		return;
+	}
+	if (!c.s3.endpoint) {
+		fprintf(stderr, "kiln-host: SIGHUP: %s has no s3 section (keeping the current settings)\n",
+			s->o->config_path);
+	} else {
+		hostd_set_s3(s->hostd, &c.s3);
+		fprintf(stderr, "kiln-host: SIGHUP: S3 settings reloaded from %s\n", s->o->config_path);
+	}
+	config_free(&c);
+}
+
+/* kiln-host serve: reap what a crashed predecessor left, prepare the default
+ * snapshot (and the one with a NIC for egress) and the warm pool, open hostd
+ * (which recovers the spool) and the sessions, serve HTTP, register with
+ * kiln-api, and run until SIGINT/SIGTERM (SIGHUP rereads S3 settings).
+ * Returns the process exit status. */
+static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
+{
+	struct serve_state s = { .o = o, .ro = *ro };
+	struct serve_http *http = NULL;
+	struct serve_http_config http_cfg;
+	struct kiln_err err = { .code = "" };
+	struct hostd_config hc;
+	sigset_t set;
+	int sig;
+	char key[17];
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (!o->token || !o->token[0]) {
+		fprintf(stderr, "kiln-host: serve needs a cluster token (--token, or token/token_file in the config)\n");
+		return 2;
+	}
+	pthread_mutex_init(&s.cap.lock, NULL);
+	s.ro.cap = &s.cap;
+	s.cap.total_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
+	/* Signals are taken synchronously below; every thread inherits the mask. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	if (o->s3 || o->api)
+		s3_global_init();
+
+	vm_reap_stale(ro->vm.run_dir);
+	if (net_host_init(&s.net, o->network, &err) < 0)
+		goto fail;
+	if (s.net.enabled) {
+		s.ro.net = &s.net;
+		if (!o->cold) {
+			/* Tasks with egress start from their own template, one with a NIC. */
+			struct vm_config nb = ro->vm;
+			int r;
+
+			nb.net = 1;
+			if (snapshot_key(&nb, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
+				goto fail;
+			r = snapshot_open(o->cache, key, &s.net_snap, &err);
+			if (r < 0) {
+				fprintf(stderr, "kiln-host: %s; creating it (the template with a NIC, for egress)\n", err.message);
+				if (snapshot_create(&nb, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.net_snap, &err) < 0)
+					goto fail;
+			}
+			s.have_net_snap = 1;
+			s.ro.net_snap = &s.net_snap;
+		}
+	}
+	if (!o->cold) {
+		int r;
+
+		if (snapshot_key(&ro->vm, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
+			goto fail;
+		r = snapshot_open(o->cache, key, &s.snap, &err);
+		if (r < 0) {
+			fprintf(stderr, "kiln-host: %s; creating it\n", err.message);
+			if (snapshot_create(&ro->vm, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.snap, &err) < 0)
+				goto fail;
+		}
+		s.have_snap = 1;
+		s.ro.snap = &s.snap;
+		if (o->pool_size || o->prestart) {
+			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap);
+			if (!s.pool) {
+				kiln_err_set(&err, "host_error", "cannot start the pool");
+				goto fail;
+			}
+			s.ro.pool = s.pool;
+		}
+	}
+	hc = (struct hostd_config){
+		.host_id = o->host_id,
+		.spool_dir = o->spool_dir,
+		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
+					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : 4.0)),
+		.s3 = o->s3,
+		.upload_workers = o->upload_workers,
+		.max_backoff_s = o->max_backoff_s,
+		.retention_s = o->retention_s ? o->retention_s : 86400,
+		.accel = vm_accel_name(ro->vm.accel),
+	};
+	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
+	if (!s.hostd)
+		goto fail;
+	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
+	if (!s.sessions)
+		goto fail;
+	http_cfg = (struct serve_http_config){
+		.host_id = o->host_id, .token = o->token, .listen_host = o->listen_host, .addr = o->addr,
+		.port = o->port, .connection_timeout_s = o->connection_timeout_s, .max_connections = o->max_connections,
+		.max_connections_per_address = o->max_connections_per_address, .ro = &s.ro, .hostd = s.hostd,
+		.sessions = s.sessions,
+	};
+	http = serve_http_start(&http_cfg, &err);
+	if (!http)
+		goto fail;
+	if (o->api) {
+		char adv[128];
+
+		snprintf(adv, sizeof(adv), "http://%s:%d", o->listen_host, o->port);
+		s.heartbeat = heartbeat_start(s.hostd, o->api, o->host_id, o->advertise ? o->advertise : adv, o->token,
+					      o->heartbeat_ms, &err);
+		if (!s.heartbeat)
+			goto fail;
+	}
+	fprintf(stderr,
+		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s, egress %s)\n",
+		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
+		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none",
+		s.net.enabled ? "on" : "off");
+	for (;;) {
+		if (sigwait(&set, &sig) != 0)
+			continue;
+		if (sig != SIGHUP)
+			break;
+		reload_s3(&s);
+	}
+	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));
+	/* Streams and running tasks end first, then the HTTP threads, then the rest. */
+	heartbeat_stop(s.heartbeat);
+	hostd_stop(s.hostd);
+	serve_http_stop(http);
+	sessions_close(s.sessions);
+	hostd_close(s.hostd);
+	pool_stop(s.pool);
+	if (s.have_snap)
+		snapshot_close(&s.snap);
+	if (s.have_net_snap)
+		snapshot_close(&s.net_snap);
+	net_host_fini(&s.net);
+	return 0;
+fail:
+	heartbeat_stop(s.heartbeat);
+	serve_http_stop(http);
+	sessions_close(s.sessions);
+	hostd_close(s.hostd);
+	pool_stop(s.pool);
+	if (s.have_snap)
+		snapshot_close(&s.snap);
+	if (s.have_net_snap)
+		snapshot_close(&s.net_snap);
+	net_host_fini(&s.net);
+	fprintf(stderr, "kiln-host: %s\n", err.message);
+	return 3;
 }
 
 /* Settings from the configuration file first; flags parsed afterwards win. */

@@ -1,19 +1,15 @@
-/* serve: kiln-host as a long-running daemon: the HTTP API (libmicrohttpd,
- * one thread per connection, so that event streams may block) over hostd,
- * which owns the tasks. Start-up reaps what a crashed predecessor left,
- * prepares the default snapshot and the warm pool, and recovers the spool. */
+/* serve: kiln-host's HTTP API (libmicrohttpd, one thread per connection,
+ * so that event streams may block) over hostd, which owns the tasks, and
+ * the sessions: a route table (lib/httpd.h) of handlers. The daemon's
+ * start-up and shutdown are in main.c. */
 #include "serve.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -21,10 +17,11 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
-#include "config.h"
-#include "heartbeat.h"
+#include "buf.h"
+#include "clock.h"
 #include "hostd.h"
-#include "proto.h"
+#include "httpd.h"
+#include "reply.h"
 #include "run.h"
 #include "session.h"
 #include "spec.h"
@@ -33,51 +30,19 @@
 /* A request body (a task spec, a session call) is at most this long. */
 #define BODY_MAX (SPEC_MAX_JSON + 4096)
 
-struct server {
-	const struct serve_opts *o;
-	struct run_opts ro;
-	struct capacity cap;
-	struct pool *pool;
-	struct snapshot snap, net_snap;
-	int have_snap, have_net_snap;
-	struct net_host net;
+struct serve_http {
+	struct MHD_Daemon *d;
+	const char *host_id;
+	const struct run_opts *ro;
 	struct hostd *hostd;
 	struct sessions *sessions;
-	struct heartbeat *heartbeat;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
-
-struct request {
-	char *body;
-	size_t len, cap;
-	int too_big;
-};
-
-static int reply_json(struct MHD_Connection *conn, unsigned status, json_t *j)
-{
-	char *s = json_dumps(j, JSON_COMPACT);
-	struct MHD_Response *r;
-	int ret;
-
-	json_decref(j);
-	if (!s)
-		return MHD_NO;
-	r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-	MHD_add_response_header(r, "Content-Type", "application/json");
-	ret = MHD_queue_response(conn, status, r);
-	MHD_destroy_response(r);
-	return ret;
-}
-
-static int reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg)
-{
-	return reply_json(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
-}
 
 /* 401 unless the request carries "Authorization: Bearer <cluster token>".
  * Both sides are hashed first so that the comparison takes the same time
  * whatever the token's length or content. */
-static int authorized(struct server *s, struct MHD_Connection *conn)
+static int authorized(struct serve_http *s, struct MHD_Connection *conn)
 {
 	const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
 	unsigned char got[SHA256_DIGEST_LENGTH];
@@ -86,25 +51,6 @@ static int authorized(struct server *s, struct MHD_Connection *conn)
 		return 0;
 	SHA256((const unsigned char *)h + 7, strlen(h + 7), got);
 	return CRYPTO_memcmp(got, s->token_hash, sizeof(got)) == 0;
-}
-
-static int reply_unauthorized(struct MHD_Connection *conn)
-{
-	json_t *j = json_pack("{s:{s:s, s:s}}", "error", "code", "unauthorized", "message",
-			      "missing or wrong cluster token (Authorization: Bearer ...)");
-	char *body = json_dumps(j, JSON_COMPACT);
-	struct MHD_Response *r;
-	int ret;
-
-	json_decref(j);
-	if (!body)
-		return MHD_NO;
-	r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-	MHD_add_response_header(r, "Content-Type", "application/json");
-	MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-	ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
-	MHD_destroy_response(r);
-	return ret;
 }
 
 static unsigned status_for(const char *code)
@@ -120,20 +66,20 @@ static unsigned status_for(const char *code)
 
 /* POST /v1/run: run synchronously and answer with the result (no spool, no
  * S3): for debugging a host and for benchmarks of the VM path alone. */
-static int handle_run(struct server *s, struct MHD_Connection *conn, struct request *req)
+static enum MHD_Result handle_run(struct serve_http *s, struct MHD_Connection *conn, const struct httpd_body *req)
 {
 	struct task_spec spec;
 	struct kiln_err err = { .code = "" };
 	json_t *result, *e;
 
-	if (spec_parse(req->body ? req->body : "", req->len, &spec, &err) < 0)
+	if (spec_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &spec, &err) < 0)
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
-	result = run_task(&spec, &s->ro);
+	result = run_task(&spec, s->ro);
 	spec_free(&spec);
 	/* Refused before anything started: say so with 503, not as a task result. */
 	e = json_object_get(result, "error");
 	if (e && !strcmp(json_string_value(json_object_get(e, "code")) ?: "", "no_capacity")) {
-		int r = reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity",
+		enum MHD_Result r = reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity",
 				    json_string_value(json_object_get(e, "message")));
 
 		json_decref(result);
@@ -143,13 +89,13 @@ static int handle_run(struct server *s, struct MHD_Connection *conn, struct requ
 }
 
 /* POST /v1/tasks {"id","customer","spec"} */
-static int handle_submit(struct server *s, struct MHD_Connection *conn, struct request *req)
+static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection *conn, const struct httpd_body *req)
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
 	json_t *body, *spec, *v;
 
-	body = hostd_request_parse(req->body ? req->body : "", req->len, &id, &customer, &spec, &err);
+	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer, &spec, &err);
 	if (!body)
 		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
 	if (hostd_submit(s->hostd, id, customer, spec, &err) < 0) {
@@ -163,7 +109,7 @@ static int handle_submit(struct server *s, struct MHD_Connection *conn, struct r
 
 /* GET /v1/tasks/{id}/events: server-sent events, from the task's first one. */
 struct sse {
-	struct server *s;
+	struct serve_http *s;
 	struct hostd_task *t;
 	size_t cursor;
 };
@@ -171,15 +117,12 @@ struct sse {
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct sse *e = cls;
-	long n = hostd_events_read(e->s->hostd, e->t, &e->cursor, buf, max, proto_now_ms() + 15000);
-	static const char keepalive[] = ": keepalive\n\n";
+	long n = hostd_events_read(e->s->hostd, e->t, &e->cursor, buf, max, clock_mono_ms() + 15000);
 
 	if (n < 0)
 		return MHD_CONTENT_READER_END_OF_STREAM;
-	if (n == 0) {
-		memcpy(buf, keepalive, sizeof(keepalive) - 1);
-		return (ssize_t)sizeof(keepalive) - 1;
-	}
+	if (n == 0)
+		return reply_sse_keepalive(buf, max);
 	return n;
 }
 
@@ -191,11 +134,9 @@ static void sse_free(void *cls)
 	free(e);
 }
 
-static int handle_events(struct server *s, struct MHD_Connection *conn, const char *id)
+static enum MHD_Result handle_events(struct serve_http *s, struct MHD_Connection *conn, const char *id)
 {
 	struct sse *e = calloc(1, sizeof(*e));
-	struct MHD_Response *r;
-	int ret;
 
 	if (!e)
 		return MHD_NO;
@@ -206,77 +147,94 @@ static int handle_events(struct server *s, struct MHD_Connection *conn, const ch
 		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
 	}
 	/* Events carry output chunks of up to 128 KiB, JSON-escaped: room for one. */
-	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1 << 20, sse_read, e, sse_free);
-	if (!r) {
-		sse_free(e);
-		return MHD_NO;
-	}
-	MHD_add_response_header(r, "Content-Type", "text/event-stream");
-	MHD_add_response_header(r, "Cache-Control", "no-cache");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
-	return ret;
+	return reply_sse(conn, 1 << 20, sse_read, e, sse_free);
 }
 
-static int handle_metrics(struct server *s, struct MHD_Connection *conn)
+/* The task named by the path, or NULL when it cannot be one. */
+static const char *task_id(struct httpd_req *r)
 {
+	return strlen(r->param[0]) < 80 ? r->param[0] : NULL;
+}
+
+static enum MHD_Result no_task(struct MHD_Connection *conn)
+{
+	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+}
+
+/* GET /v1/tasks[?all=1] */
+static enum MHD_Result tasks_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	const char *all = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "all");
+
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:o}", "tasks", hostd_task_list(s->hostd, !all || strcmp(all, "1"))));
+}
+
+/* GET /v1/tasks/{id} */
+static enum MHD_Result task_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	const char *id = task_id(r);
+	json_t *j = id ? hostd_task_json(s->hostd, id) : NULL;
+
+	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_task(r->conn);
+}
+
+/* DELETE /v1/tasks/{id} */
+static enum MHD_Result task_cancel(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	const char *id = task_id(r);
+	json_t *j;
+	int rc;
+
+	if (!id)
+		return no_task(r->conn);
+	rc = hostd_cancel(s->hostd, id);
+	if (rc == -ENOENT)
+		return no_task(r->conn);
+	if (rc == -EALREADY)
+		return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_cancellable", "the task's code has already ended");
+	j = hostd_task_json(s->hostd, id);
+	return reply_json(r->conn, MHD_HTTP_ACCEPTED, j ? j : json_object());
+}
+
+/* GET /v1/tasks/{id}/events */
+static enum MHD_Result task_events(void *ctx, struct httpd_req *r)
+{
+	const char *id = task_id(r);
+
+	return id ? handle_events(ctx, r->conn, id) : no_task(r->conn);
+}
+
+static enum MHD_Result tasks_post(void *ctx, struct httpd_req *r)
+{
+	return handle_submit(ctx, r->conn, r->body);
+}
+
+static enum MHD_Result run_post(void *ctx, struct httpd_req *r)
+{
+	return handle_run(ctx, r->conn, r->body);
+}
+
+/* GET /v1/capacity */
+static enum MHD_Result capacity_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return reply_json(r->conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
+}
+
+/* GET /metrics (Prometheus text) */
+static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
 	char *m = hostd_metrics(s->hostd);
-	struct MHD_Response *r;
-	int ret;
 
 	if (!m)
 		return MHD_NO;
-	r = MHD_create_response_from_buffer(strlen(m), m, MHD_RESPMEM_MUST_FREE);
-	MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
-	return ret;
-}
-
-static int method_not_allowed(struct MHD_Connection *conn, const char *allowed)
-{
-	char msg[64];
-
-	snprintf(msg, sizeof(msg), "use %s", allowed);
-	return reply_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", msg);
-}
-
-/* Route /v1/tasks/{id}[/events]. */
-static int handle_task(struct server *s, struct MHD_Connection *conn, const char *method, const char *rest)
-{
-	char id[80];
-	const char *slash = strchr(rest, '/');
-	size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
-
-	if (n == 0 || n >= sizeof(id))
-		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
-	memcpy(id, rest, n);
-	id[n] = '\0';
-	if (slash) {
-		if (strcmp(slash, "/events"))
-			return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
-		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
-		return handle_events(s, conn, id);
-	}
-	if (!strcmp(method, "GET")) {
-		json_t *j = hostd_task_json(s->hostd, id);
-
-		return j ? reply_json(conn, MHD_HTTP_OK, j)
-			 : reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
-	}
-	if (!strcmp(method, "DELETE")) {
-		int r = hostd_cancel(s->hostd, id);
-		json_t *j;
-
-		if (r == -ENOENT)
-			return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
-		if (r == -EALREADY)
-			return reply_error(conn, MHD_HTTP_CONFLICT, "not_cancellable", "the task's code has already ended");
-		j = hostd_task_json(s->hostd, id);
-		return reply_json(conn, MHD_HTTP_ACCEPTED, j ? j : json_object());
-	}
-	return method_not_allowed(conn, "GET or DELETE");
+	return reply_bytes(r->conn, MHD_HTTP_OK, m, strlen(m), "text/plain; version=0.0.4");
 }
 
 /* ---- sessions ---- */
@@ -300,15 +258,15 @@ static unsigned session_status(const char *code)
 	return !strncmp(code, "s3", 2) ? 502 : 500;
 }
 
-static int session_error(struct MHD_Connection *conn, const struct kiln_err *err)
+static enum MHD_Result session_error(struct MHD_Connection *conn, const struct kiln_err *err)
 {
 	return reply_error(conn, session_status(err->code), err->code, err->message);
 }
 
-static json_t *body_json(struct request *req, struct kiln_err *err)
+static json_t *body_json(const struct httpd_body *req, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *j = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &je);
+	json_t *j = json_loadb(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), JSON_REJECT_DUPLICATES, &je);
 
 	if (!j)
 		kiln_err_set(err, "invalid_json", "line %d, column %d: %s", je.line, je.column, je.text);
@@ -333,7 +291,7 @@ static json_t *body_json(struct request *req, struct kiln_err *err)
  * so. The last event (result or error) waits for room as long as the reader
  * is there: the session is free by then, only this stream waits. */
 struct exec_stream {
-	struct server *s;
+	struct serve_http *s;
 	char id[80];
 	json_t *req;
 	int raw;               /* an interactive command: output also as data_b64 (a
@@ -341,7 +299,7 @@ struct exec_stream {
 	pthread_t th;
 	pthread_mutex_t lock;  /* everything below */
 	pthread_cond_t cond;   /* the queue changed, or the reader went away */
-	struct textbuf q;      /* whole events; q.p[q_off..q.len) not read yet */
+	struct buf q;          /* whole events; q.p[q_off..q.len) not read yet */
 	size_t q_off;
 	int64_t deadline_ms;   /* the command's (RUN_EV_RUNNING); 0 until it runs */
 	uint64_t dropped;      /* bytes of events dropped, not yet reported */
@@ -387,7 +345,7 @@ static void stream_put(struct exec_stream *x, const char *event, json_t *data, i
 			pthread_cond_wait(&x->cond, &x->lock);
 			continue;
 		}
-		if (x->deadline_ms <= 0 || proto_now_ms() >= x->deadline_ms)
+		if (x->deadline_ms <= 0 || clock_mono_ms() >= x->deadline_ms)
 			goto drop;
 		stream_wait_until(x, x->deadline_ms);
 	}
@@ -398,16 +356,11 @@ static void stream_put(struct exec_stream *x, const char *event, json_t *data, i
 			 "output events were dropped after the command's timeout; the result has its output\"}\n\n",
 			 (unsigned long long)x->dropped);
 	x->dropped = 0;
-	if (x->q_off == x->q.len) {
-		x->q_off = x->q.len = 0;
-	} else if (x->q_off > x->q.len / 2) {
-		memmove(x->q.p, x->q.p + x->q_off, x->q.len - x->q_off);
-		x->q.len -= x->q_off;
+	if (x->q_off == x->q.len || x->q_off > x->q.len / 2) {
+		buf_consume(&x->q, x->q_off);
 		x->q_off = 0;
 	}
-	if (textbuf_append(&x->q, note, strlen(note)) < 0 || textbuf_append(&x->q, "event: ", 7) < 0 ||
-	    textbuf_append(&x->q, event, strlen(event)) < 0 || textbuf_append(&x->q, "\ndata: ", 7) < 0 ||
-	    textbuf_append(&x->q, d, strlen(d)) < 0 || textbuf_append(&x->q, "\n\n", 2) < 0)
+	if (buf_adds(&x->q, note) < 0 || reply_sse_event(&x->q, event, d) < 0)
 		fprintf(stderr, "kiln-host: session %s: out of memory queueing a stream event\n", x->id);
 	goto out;
 drop:
@@ -471,14 +424,13 @@ static void *exec_stream_main(void *arg)
 
 static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
-	static const char keepalive[] = ": keepalive\n\n";
 	struct exec_stream *x = cls;
 	size_t n;
 
 	(void)pos;
 	pthread_mutex_lock(&x->lock);
 	for (;;) {
-		int64_t until = proto_now_ms() + STREAM_KEEPALIVE_MS;
+		int64_t until = clock_mono_ms() + STREAM_KEEPALIVE_MS;
 
 		while (x->q.len == x->q_off && !x->done)
 			if (stream_wait_until(x, until) == ETIMEDOUT)
@@ -493,10 +445,9 @@ static ssize_t exec_stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		/* Silence: events are queued whole, so an empty queue is
 		 * between events, where a comment line may go. A client that
 		 * went away is noticed when it cannot be written (exec_stream_free). */
-		if (max >= sizeof(keepalive) - 1) {
+		if ((n = (size_t)reply_sse_keepalive(buf, max))) {
 			pthread_mutex_unlock(&x->lock);
-			memcpy(buf, keepalive, sizeof(keepalive) - 1);
-			return (ssize_t)(sizeof(keepalive) - 1);
+			return (ssize_t)n;
 		}
 	}
 	if (n > max)
@@ -528,17 +479,15 @@ static void exec_stream_free(void *cls)
 	pthread_join(x->th, NULL);
 	pthread_cond_destroy(&x->cond);
 	pthread_mutex_destroy(&x->lock);
-	textbuf_free(&x->q);
+	buf_free(&x->q);
 	json_decref(x->req);
 	free(x);
 }
 
-static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, const char *id, json_t *req)
+static enum MHD_Result handle_exec_stream(struct serve_http *s, struct MHD_Connection *conn, const char *id, json_t *req)
 {
 	struct exec_stream *x = calloc(1, sizeof(*x));
-	struct MHD_Response *r;
 	pthread_condattr_t ca;
-	int ret;
 
 	if (!x) {
 		json_decref(req);
@@ -560,438 +509,332 @@ static int handle_exec_stream(struct server *s, struct MHD_Connection *conn, con
 		free(x);
 		return MHD_NO;
 	}
-	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 1 << 20, exec_stream_read, x, exec_stream_free);
-	if (!r) {
-		exec_stream_free(x);
-		return MHD_NO;
-	}
-	MHD_add_response_header(r, "Content-Type", "text/event-stream");
-	MHD_add_response_header(r, "Cache-Control", "no-cache");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
-	return ret;
+	return reply_sse(conn, 1 << 20, exec_stream_read, x, exec_stream_free);
 }
 
-/* Route /v1/sessions[/{id}[/exec|/input|/files|/pause|/resume|/outputs]]. */
-static int handle_sessions(struct server *s, struct MHD_Connection *conn, const char *method, const char *rest,
-			   struct request *req)
+/* The session named by the path, or NULL (answer 404) when it cannot be one. */
+static const char *session_id(struct httpd_req *r)
 {
+	return strlen(r->param[0]) < 80 ? r->param[0] : NULL;
+}
+
+static enum MHD_Result no_session(struct MHD_Connection *conn)
+{
+	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
+}
+
+/* GET /v1/sessions */
+static enum MHD_Result sessions_get_list(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return reply_json(r->conn, MHD_HTTP_OK, sessions_list(s->sessions));
+}
+
+/* POST /v1/sessions {"id","customer","spec"} */
+static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
-	char id[80];
-	const char *slash, *op;
-	size_t n;
 	json_t *j, *out = NULL;
 
-	if (!*rest) {
-		if (!strcmp(method, "GET"))
-			return reply_json(conn, MHD_HTTP_OK, sessions_list(s->sessions));
-		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "GET or POST");
-		if (!(j = body_json(req, &err)))
-			return session_error(conn, &err);
-		if (!json_is_string(json_object_get(j, "id")) || !json_is_string(json_object_get(j, "customer"))) {
-			json_decref(j);
-			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "id and customer: expected strings");
-		}
-		if (session_create(s->sessions, json_string_value(json_object_get(j, "id")),
-				   json_string_value(json_object_get(j, "customer")),
-				   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
-			json_decref(j);
-			return session_error(conn, &err);
-		}
+	if (!(j = body_json(r->body, &err)))
+		return session_error(r->conn, &err);
+	if (!json_is_string(json_object_get(j, "id")) || !json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
-		return reply_json(conn, MHD_HTTP_CREATED, out);
+		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "id and customer: expected strings");
 	}
-	slash = strchr(rest, '/');
-	n = slash ? (size_t)(slash - rest) : strlen(rest);
-	if (n == 0 || n >= sizeof(id))
-		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
-	memcpy(id, rest, n);
-	id[n] = '\0';
-	op = slash ? slash + 1 : "";
-	if (!*op) {
-		if (!strcmp(method, "GET")) {
-			j = session_get(s->sessions, id);
-			return j ? reply_json(conn, MHD_HTTP_OK, j)
-				 : reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
-		}
-		if (strcmp(method, "DELETE"))
-			return method_not_allowed(conn, "GET or DELETE");
-		const char *keep = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "keep_snapshot");
-
-		if (session_delete(s->sessions, id, MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "customer"),
-				   keep && !strcmp(keep, "1"), &err) < 0)
-			return session_error(conn, &err);
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
-	}
-	if (!strcmp(op, "files")) {
-		const char *path = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "path");
-		const char *dir = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "dir");
-
-		const char *format = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "format");
-		int tar = format && !strcmp(format, "tar");
-
-		if (format && !tar)
-			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format: only \"tar\" (with dir)");
-		if (tar && (!dir || path))
-			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format=tar goes with dir= only");
-		if (!strcmp(method, "PUT") && tar) {
-			if (session_put_tar(s->sessions, id, dir, req->body ? req->body : "", req->len, &err) < 0)
-				return session_error(conn, &err);
-			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "dir", dir, "size", (json_int_t)req->len));
-		}
-		if (!strcmp(method, "PUT")) {
-			if (session_put_file(s->sessions, id, path, req->body ? req->body : "", req->len, &err) < 0)
-				return session_error(conn, &err);
-			return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", path, "size", (json_int_t)req->len));
-		}
-		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET or PUT");
-		if (dir && !tar) {
-			out = session_list_dir(s->sessions, id, dir, &err);
-			return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
-		} else {
-			unsigned char *data = NULL;
-			size_t len = 0;
-			struct MHD_Response *r;
-			int ret;
-
-			if ((tar ? session_get_tar(s->sessions, id, dir, &data, &len, &err)
-				 : session_get_file(s->sessions, id, path, &data, &len, &err)) < 0)
-				return session_error(conn, &err);
-			r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
-			if (!r) {
-				free(data);
-				return MHD_NO;
-			}
-			MHD_add_response_header(r, "Content-Type", tar ? "application/x-tar" : "application/octet-stream");
-			ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-			MHD_destroy_response(r);
-			return ret;
-		}
-	}
-	if (strcmp(method, "POST"))
-		return method_not_allowed(conn, "POST");
-	if (!strcmp(op, "exec")) {
-		const char *stream = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "stream");
-
-		if (!(j = body_json(req, &err)))
-			return session_error(conn, &err);
-		if (stream && !strcmp(stream, "1"))
-			return handle_exec_stream(s, conn, id, j);
-		out = session_exec(s->sessions, id, j, NULL, NULL, &err);
+	if (session_create(s->sessions, json_string_value(json_object_get(j, "id")),
+			   json_string_value(json_object_get(j, "customer")),
+			   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
 		json_decref(j);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+		return session_error(r->conn, &err);
 	}
-	if (!strcmp(op, "input")) {
-		if (!(j = body_json(req, &err)))
+	json_decref(j);
+	return reply_json(r->conn, MHD_HTTP_CREATED, out);
+}
+
+/* GET /v1/sessions/{id} */
+static enum MHD_Result session_get_one(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	const char *id = session_id(r);
+	json_t *j = id ? session_get(s->sessions, id) : NULL;
+
+	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_session(r->conn);
+}
+
+/* DELETE /v1/sessions/{id}[?keep_snapshot=1][&customer=C] */
+static enum MHD_Result session_del(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	const char *keep = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "keep_snapshot");
+
+	if (!id)
+		return no_session(r->conn);
+	if (session_delete(s->sessions, id, MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer"),
+			   keep && !strcmp(keep, "1"), &err) < 0)
+		return session_error(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
+}
+
+/* GET and PUT /v1/sessions/{id}/files?path=P | ?dir=D[&format=tar] */
+static enum MHD_Result session_files(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct MHD_Connection *conn = r->conn;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	const char *path = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "path");
+	const char *dir = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "dir");
+	const char *format = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "format");
+	const char *data = httpd_body_data(r->body) ? httpd_body_data(r->body) : "";
+	size_t len = httpd_body_len(r->body);
+	int tar = format && !strcmp(format, "tar");
+	json_t *out;
+
+	if (!id)
+		return no_session(conn);
+	if (format && !tar)
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format: only \"tar\" (with dir)");
+	if (tar && (!dir || path))
+		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format=tar goes with dir= only");
+	if (!strcmp(r->method, "PUT") && tar) {
+		if (session_put_tar(s->sessions, id, dir, data, len, &err) < 0)
 			return session_error(conn, &err);
-		out = session_input(s->sessions, id, j, &err);
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "dir", dir, "size", (json_int_t)len));
+	}
+	if (!strcmp(r->method, "PUT")) {
+		if (session_put_file(s->sessions, id, path, data, len, &err) < 0)
+			return session_error(conn, &err);
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", path, "size", (json_int_t)len));
+	}
+	if (dir && !tar) {
+		out = session_list_dir(s->sessions, id, dir, &err);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+	} else {
+		unsigned char *bytes = NULL;
+		size_t n = 0;
+
+		if ((tar ? session_get_tar(s->sessions, id, dir, &bytes, &n, &err)
+			 : session_get_file(s->sessions, id, path, &bytes, &n, &err)) < 0)
+			return session_error(conn, &err);
+		return reply_bytes(conn, MHD_HTTP_OK, (char *)bytes, n,
+				   tar ? "application/x-tar" : "application/octet-stream");
+	}
+}
+
+/* POST /v1/sessions/{id}/exec[?stream=1] */
+static enum MHD_Result session_exec_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	const char *stream = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "stream");
+	json_t *j, *out;
+
+	if (!id)
+		return no_session(r->conn);
+	if (!(j = body_json(r->body, &err)))
+		return session_error(r->conn, &err);
+	if (stream && !strcmp(stream, "1"))
+		return handle_exec_stream(s, r->conn, id, j);
+	out = session_exec(s->sessions, id, j, NULL, NULL, &err);
+	json_decref(j);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+}
+
+/* POST /v1/sessions/{id}/input */
+static enum MHD_Result session_input_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *j, *out;
+
+	if (!id)
+		return no_session(r->conn);
+	if (!(j = body_json(r->body, &err)))
+		return session_error(r->conn, &err);
+	out = session_input(s->sessions, id, j, &err);
+	json_decref(j);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+}
+
+/* POST /v1/sessions/{id}/pause */
+static enum MHD_Result session_pause_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *out;
+
+	if (!id)
+		return no_session(r->conn);
+	out = session_pause(s->sessions, id, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+}
+
+/* POST /v1/sessions/{id}/resume {"customer"} */
+static enum MHD_Result session_resume_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *j, *out = NULL;
+
+	if (!id)
+		return no_session(r->conn);
+	if (!(j = body_json(r->body, &err)))
+		return session_error(r->conn, &err);
+	if (!json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "customer: expected a string");
 	}
-	if (!strcmp(op, "pause")) {
-		out = session_pause(s->sessions, id, &err);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
-	}
-	if (!strcmp(op, "resume")) {
-		if (!(j = body_json(req, &err)))
-			return session_error(conn, &err);
-		if (!json_is_string(json_object_get(j, "customer"))) {
-			json_decref(j);
-			return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "customer: expected a string");
-		}
-		if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
-			json_decref(j);
-			return session_error(conn, &err);
-		}
+	if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
 		json_decref(j);
-		return reply_json(conn, MHD_HTTP_OK, out);
+		return session_error(r->conn, &err);
 	}
-	if (!strcmp(op, "outputs")) {
-		out = session_outputs(s->sessions, id, &err);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
-	}
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
+	json_decref(j);
+	return reply_json(r->conn, MHD_HTTP_OK, out);
+}
+
+/* POST /v1/sessions/{id}/outputs */
+static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *out;
+
+	if (!id)
+		return no_session(r->conn);
+	out = session_outputs(s->sessions, id, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+}
+
+/* ---- dispatch ---- */
+
+/* Every endpoint but /healthz (no token, any method). Rows of one path are
+ * in the order the 405 message names them ("use GET or POST"). */
+static const struct httpd_route host_routes[] = {
+	{ "GET", "/v1/tasks", tasks_get },
+	{ "POST", "/v1/tasks", tasks_post },
+	{ "GET", "/v1/tasks/{id}", task_get },
+	{ "DELETE", "/v1/tasks/{id}", task_cancel },
+	{ "GET", "/v1/tasks/{id}/events", task_events },
+	{ "GET", "/v1/sessions", sessions_get_list },
+	{ "POST", "/v1/sessions", sessions_post },
+	{ "GET", "/v1/sessions/{id}", session_get_one },
+	{ "DELETE", "/v1/sessions/{id}", session_del },
+	{ "GET", "/v1/sessions/{id}/files", session_files },
+	{ "PUT", "/v1/sessions/{id}/files", session_files },
+	{ "POST", "/v1/sessions/{id}/exec", session_exec_post },
+	{ "POST", "/v1/sessions/{id}/input", session_input_post },
+	{ "POST", "/v1/sessions/{id}/pause", session_pause_post },
+	{ "POST", "/v1/sessions/{id}/resume", session_resume_post },
+	{ "POST", "/v1/sessions/{id}/outputs", session_outputs_post },
+	{ "GET", "/v1/capacity", capacity_get },
+	{ "GET", "/metrics", metrics_get },
+	{ "POST", "/v1/run", run_post },
+};
+
+static const struct httpd_routes host_table = {
+	host_routes, sizeof(host_routes) / sizeof(host_routes[0]), "no such endpoint", " or ",
+};
+
+static enum MHD_Result reply_no_token(struct MHD_Connection *conn)
+{
+	return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
+}
+
+static enum MHD_Result reply_too_large(struct MHD_Connection *conn)
+{
+	return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
-	struct server *s = cls;
-	struct request *req = *con_cls;
+	struct serve_http *s = cls;
+	struct httpd_body *body = *con_cls;
+	struct httpd_req r;
 
-	if (!req) {
-		const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-
-		req = calloc(1, sizeof(*req));
-		if (!req)
+	if (!body) {
+		body = malloc(sizeof(*body));
+		if (!body)
 			return MHD_NO;
-		*con_cls = req;
+		/* Past the cap a body is dropped as it arrives, however long. */
+		httpd_body_init(body, BODY_MAX, 0);
+		*con_cls = body;
 		/* Refuse before reading any body: a caller without the token,
 		 * and a declared body over the cap (then the connection closes). */
 		if (strcmp(url, "/healthz") && !authorized(s, conn))
-			return reply_unauthorized(conn);
-		if (cl && strtoull(cl, NULL, 10) > BODY_MAX)
-			return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
+			return reply_no_token(conn);
+		if (httpd_body_declared_too_big(body, conn))
+			return reply_too_large(conn);
 		return MHD_YES;
 	}
-	if (*upload_size) {
-		if (req->len + *upload_size > BODY_MAX) {
-			req->too_big = 1;
-		} else if (!req->too_big) {
-			if (req->cap - req->len < *upload_size + 1) {
-				size_t cap = (req->len + *upload_size + 1) * 2;
-				char *b = realloc(req->body, cap);
-
-				if (!b)
-					return MHD_NO;
-				req->body = b;
-				req->cap = cap;
-			}
-			memcpy(req->body + req->len, upload, *upload_size);
-			req->len += *upload_size;
-		}
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (!strcmp(url, "/healthz")) {
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "host_id", s->o->host_id));
-	}
+	if (*upload_size)
+		return httpd_body_feed(body, upload, upload_size);
+	if (!strcmp(url, "/healthz"))
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "host_id", s->host_id));
 	if (!authorized(s, conn))
-		return reply_unauthorized(conn);
-	if (req->too_big)
-		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
-	if (!strcmp(url, "/v1/tasks")) {
-		if (!strcmp(method, "GET")) {
-			const char *all = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "all");
-
-			return reply_json(conn, MHD_HTTP_OK,
-					  json_pack("{s:o}", "tasks", hostd_task_list(s->hostd, !all || strcmp(all, "1"))));
-		}
-		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "GET or POST");
-		return handle_submit(s, conn, req);
-	}
-	if (!strncmp(url, "/v1/tasks/", 10))
-		return handle_task(s, conn, method, url + 10);
-	if (!strcmp(url, "/v1/sessions"))
-		return handle_sessions(s, conn, method, "", req);
-	if (!strncmp(url, "/v1/sessions/", 13))
-		return handle_sessions(s, conn, method, url + 13, req);
-	if (!strcmp(url, "/v1/capacity")) {
-		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
-		return reply_json(conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
-	}
-	if (!strcmp(url, "/metrics")) {
-		if (strcmp(method, "GET"))
-			return method_not_allowed(conn, "GET");
-		return handle_metrics(s, conn);
-	}
-	if (!strcmp(url, "/v1/run")) {
-		if (strcmp(method, "POST"))
-			return method_not_allowed(conn, "POST");
-		return handle_run(s, conn, req);
-	}
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such endpoint");
+		return reply_no_token(conn);
+	if (body->too_big)
+		return reply_too_large(conn);
+	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body };
+	return httpd_dispatch(&host_table, s, &r);
 }
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-	struct request *req = *con_cls;
+	struct httpd_body *body = *con_cls;
 
-	if (req) {
-		free(req->body);
-		free(req);
+	if (body) {
+		httpd_body_free(body);
+		free(body);
 	}
 	*con_cls = NULL;
 }
 
-static uint64_t mem_total_mib(void)
+struct serve_http *serve_http_start(const struct serve_http_config *c, struct kiln_err *err)
 {
-	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+	struct serve_http *s = calloc(1, sizeof(*s));
 
-	return pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize >> 20 : 1024;
-}
-
-/* SIGHUP: reread the configuration file's S3 settings (a fixed secret takes
- * effect without a restart; everything else needs one). */
-static void reload_s3(struct server *s)
-{
-	struct host_config c;
-	struct kiln_err err = { .code = "" };
-
-	if (!s->o->config_path) {
-		fprintf(stderr, "kiln-host: SIGHUP: no configuration file to reread\n");
-		return;
+	if (!s) {
+		kiln_err_set(err, "host_error", "out of memory");
+		return NULL;
 	}
-	if (config_load(s->o->config_path, &c, &err) < 0) {
-		fprintf(stderr, "kiln-host: SIGHUP: %s (keeping the current settings)\n", err.message);
-		return;
-	}
-	if (!c.s3.endpoint) {
-		fprintf(stderr, "kiln-host: SIGHUP: %s has no s3 section (keeping the current settings)\n",
-			s->o->config_path);
-	} else {
-		hostd_set_s3(s->hostd, &c.s3);
-		fprintf(stderr, "kiln-host: SIGHUP: S3 settings reloaded from %s\n", s->o->config_path);
-	}
-	config_free(&c);
-}
-
-int serve_main(const struct serve_opts *o, const struct run_opts *ro)
-{
-	struct server s = { .o = o, .ro = *ro };
-	struct MHD_Daemon *d = NULL;
-	struct kiln_err err = { .code = "" };
-	struct hostd_config hc;
-	sigset_t set;
-	int sig;
-	char key[17];
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-
-	if (!o->token || !o->token[0]) {
-		fprintf(stderr, "kiln-host: serve needs a cluster token (--token, or token/token_file in the config)\n");
-		return 2;
-	}
-	SHA256((const unsigned char *)o->token, strlen(o->token), s.token_hash);
-	pthread_mutex_init(&s.cap.lock, NULL);
-	s.ro.cap = &s.cap;
-	s.cap.total_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
-	/* Signals are taken synchronously below; every thread inherits the mask. */
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	if (o->s3 || o->api)
-		s3_global_init();
-
-	vm_reap_stale(ro->vm.run_dir);
-	if (net_host_init(&s.net, o->network, &err) < 0)
-		goto fail;
-	if (s.net.enabled) {
-		s.ro.net = &s.net;
-		if (!o->cold) {
-			/* Tasks with egress start from their own template, one with a NIC. */
-			struct vm_config nb = ro->vm;
-			int r;
-
-			nb.net = 1;
-			if (snapshot_key(&nb, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
-				goto fail;
-			r = snapshot_open(o->cache, key, &s.net_snap, &err);
-			if (r < 0) {
-				fprintf(stderr, "kiln-host: %s; creating it (the template with a NIC, for egress)\n", err.message);
-				if (snapshot_create(&nb, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.net_snap, &err) < 0)
-					goto fail;
-			}
-			s.have_net_snap = 1;
-			s.ro.net_snap = &s.net_snap;
-		}
-	}
-	if (!o->cold) {
-		int r;
-
-		if (snapshot_key(&ro->vm, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
-			goto fail;
-		r = snapshot_open(o->cache, key, &s.snap, &err);
-		if (r < 0) {
-			fprintf(stderr, "kiln-host: %s; creating it\n", err.message);
-			if (snapshot_create(&ro->vm, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.snap, &err) < 0)
-				goto fail;
-		}
-		s.have_snap = 1;
-		s.ro.snap = &s.snap;
-		if (o->pool_size || o->prestart) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap);
-			if (!s.pool) {
-				kiln_err_set(&err, "host_error", "cannot start the pool");
-				goto fail;
-			}
-			s.ro.pool = s.pool;
-		}
-	}
-	hc = (struct hostd_config){
-		.host_id = o->host_id,
-		.spool_dir = o->spool_dir,
-		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
-					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : 4.0)),
-		.s3 = o->s3,
-		.upload_workers = o->upload_workers,
-		.max_backoff_s = o->max_backoff_s,
-		.retention_s = o->retention_s ? o->retention_s : 86400,
-		.accel = vm_accel_name(ro->vm.accel),
-	};
-	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
-	if (!s.hostd)
-		goto fail;
-	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
-	if (!s.sessions)
-		goto fail;
+	s->host_id = c->host_id;
+	s->ro = c->ro;
+	s->hostd = c->hostd;
+	s->sessions = c->sessions;
+	SHA256((const unsigned char *)c->token, strlen(c->token), s->token_hash);
 	/* The idle timeout does not cut kiln-api's long requests: its event
 	 * and exec streams get a keepalive every 10-15 s, its other calls give
 	 * up after at most 60 s. */
-	d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
-			     (uint16_t)o->port, NULL, NULL, handler, &s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-			     MHD_OPTION_SOCK_ADDR, o->addr,
-			     MHD_OPTION_CONNECTION_TIMEOUT, o->connection_timeout_s ? o->connection_timeout_s : 300u,
-			     MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : 1024u,
-			     MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-			     o->max_connections_per_address ? o->max_connections_per_address : 512u, MHD_OPTION_END);
-	if (!d) {
-		kiln_err_set(&err, "host_error", "cannot listen on %s:%d", o->listen_host, o->port);
-		goto fail;
+	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+				(uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+				MHD_OPTION_SOCK_ADDR, c->addr,
+				MHD_OPTION_CONNECTION_TIMEOUT, c->connection_timeout_s ? c->connection_timeout_s : 300u,
+				MHD_OPTION_CONNECTION_LIMIT, c->max_connections ? c->max_connections : 1024u,
+				MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+				c->max_connections_per_address ? c->max_connections_per_address : 512u, MHD_OPTION_END);
+	if (!s->d) {
+		kiln_err_set(err, "host_error", "cannot listen on %s:%d", c->listen_host, c->port);
+		free(s);
+		return NULL;
 	}
-	if (o->api) {
-		char adv[128];
+	return s;
+}
 
-		snprintf(adv, sizeof(adv), "http://%s:%d", o->listen_host, o->port);
-		s.heartbeat = heartbeat_start(s.hostd, o->api, o->host_id, o->advertise ? o->advertise : adv, o->token,
-					      o->heartbeat_ms, &err);
-		if (!s.heartbeat)
-			goto fail;
-	}
-	fprintf(stderr,
-		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s, egress %s)\n",
-		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
-		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none",
-		s.net.enabled ? "on" : "off");
-	for (;;) {
-		if (sigwait(&set, &sig) != 0)
-			continue;
-		if (sig != SIGHUP)
-			break;
-		reload_s3(&s);
-	}
-	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));
-	/* Streams and running tasks end first, then the HTTP threads, then the rest. */
-	heartbeat_stop(s.heartbeat);
-	hostd_stop(s.hostd);
-	MHD_stop_daemon(d);
-	sessions_close(s.sessions);
-	hostd_close(s.hostd);
-	pool_stop(s.pool);
-	if (s.have_snap)
-		snapshot_close(&s.snap);
-	if (s.have_net_snap)
-		snapshot_close(&s.net_snap);
-	net_host_fini(&s.net);
-	return 0;
-fail:
-	heartbeat_stop(s.heartbeat);
-	if (d)
-		MHD_stop_daemon(d);
-	sessions_close(s.sessions);
-	hostd_close(s.hostd);
-	pool_stop(s.pool);
-	if (s.have_snap)
-		snapshot_close(&s.snap);
-	if (s.have_net_snap)
-		snapshot_close(&s.net_snap);
-	net_host_fini(&s.net);
-	fprintf(stderr, "kiln-host: %s\n", err.message);
-	return 3;
+void serve_http_stop(struct serve_http *s)
+{
+	if (!s)
+		return;
+	MHD_stop_daemon(s->d);
+	free(s);
 }

@@ -1,10 +1,12 @@
 /* serve: the kiln-host daemon's HTTP layer (libmicrohttpd, one thread per
- * connection) over hostd, plus start-up: snapshot, warm pool, recovery. */
+ * connection) over hostd and the sessions. struct serve_opts is the
+ * daemon's settings, which main.c turns into a running daemon. */
 #ifndef KILN_SERVE_H
 #define KILN_SERVE_H
 
 #include <netinet/in.h>
 
+#include "err.h"
 #include "run.h"
 #include "s3.h"
 
@@ -35,7 +37,28 @@ struct serve_opts {
 	json_t *network;              /* the config's "network" section (NULL: no egress) */
 };
 
-/* Run until SIGINT/SIGTERM. Returns the process exit status. */
-int serve_main(const struct serve_opts *o, const struct run_opts *ro);
+struct hostd;
+struct sessions;
+struct serve_http;
+
+/* What the HTTP layer serves and where. Everything is borrowed and must
+ * outlive the server. */
+struct serve_http_config {
+	const char *host_id;          /* /healthz says it */
+	const char *token;            /* the cluster token callers present as Bearer */
+	const char *listen_host;      /* for messages */
+	struct sockaddr_in *addr;
+	int port;
+	unsigned connection_timeout_s, max_connections, max_connections_per_address; /* 0: 300, 1024, 512 */
+	const struct run_opts *ro;    /* POST /v1/run */
+	struct hostd *hostd;
+	struct sessions *sessions;
+};
+
+/* Listen and serve on threads of libmicrohttpd's. NULL with err set. */
+struct serve_http *serve_http_start(const struct serve_http_config *c, struct kiln_err *err);
+
+/* Stop serving: open streams end, then the connection threads. NULL: no-op. */
+void serve_http_stop(struct serve_http *h);
 
 #endif

@@ -1,5 +1,8 @@
-/* reply: kiln-api's JSON, error and raw answers (see reply.h). */
+/* reply: the JSON, error, raw and event-stream answers of both HTTP servers
+ * (see reply.h). */
 #include "reply.h"
+
+#include "buf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,4 +99,42 @@ enum MHD_Result reply_bytes(struct MHD_Connection *conn, unsigned status, char *
 	ret = MHD_queue_response(conn, status, r);
 	MHD_destroy_response(r);
 	return ret;
+}
+
+enum MHD_Result reply_unauthorized(struct MHD_Connection *conn, const char *msg)
+{
+	return reply_error_h(conn, MHD_HTTP_UNAUTHORIZED, "unauthorized", msg, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+			     "Bearer");
+}
+
+enum MHD_Result reply_sse(struct MHD_Connection *conn, size_t block, MHD_ContentReaderCallback read, void *cls,
+			  MHD_ContentReaderFreeCallback fini)
+{
+	struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, block, read, cls, fini);
+	enum MHD_Result ret;
+
+	if (!r) {
+		fini(cls);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+ssize_t reply_sse_keepalive(char *buf, size_t max)
+{
+	static const char keepalive[] = ": keepalive\n\n";
+
+	if (max < sizeof(keepalive) - 1)
+		return 0;
+	memcpy(buf, keepalive, sizeof(keepalive) - 1);
+	return (ssize_t)(sizeof(keepalive) - 1);
+}
+
+int reply_sse_event(struct buf *b, const char *event, const char *data)
+{
+	return buf_printf(b, "event: %s\ndata: %s\n\n", event, data);
 }

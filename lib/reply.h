@@ -1,11 +1,12 @@
-/* reply: kiln-api's HTTP answers over libmicrohttpd: JSON bodies, the error
- * body {"error":{"code","message"}} (docs/api.md, "Errors"), raw bytes.
- * Shared by the HTTP layer (server.c) and the session endpoints
- * (sessions.c). Each call queues the response on conn; thread-safe. */
-#ifndef KILN_API_REPLY_H
-#define KILN_API_REPLY_H
+/* reply: the HTTP answers of kiln-api and kiln-host over libmicrohttpd: JSON
+ * bodies, the error body {"error":{"code","message"}} (docs/api.md,
+ * "Errors"), raw bytes and server-sent event streams. Each call queues the
+ * response on conn; callable from any connection thread. */
+#ifndef KILN_REPLY_H
+#define KILN_REPLY_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
@@ -36,5 +37,24 @@ enum MHD_Result reply_too_many_streams(struct MHD_Connection *conn, unsigned max
  * empty body) with content_type (NULL: none). */
 enum MHD_Result reply_bytes(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
 			    const char *content_type);
+
+/* 401 unauthorized with WWW-Authenticate: Bearer. */
+enum MHD_Result reply_unauthorized(struct MHD_Connection *conn, const char *msg);
+
+/* 200 text/event-stream (Cache-Control: no-cache) whose body read() produces
+ * until it returns MHD_CONTENT_READER_END_OF_STREAM, block bytes at most per
+ * call. fini(cls) runs once however the stream ends (also when this fails:
+ * cls is then freed through fini and MHD_NO returned). */
+enum MHD_Result reply_sse(struct MHD_Connection *conn, size_t block, MHD_ContentReaderCallback read, void *cls,
+			  MHD_ContentReaderFreeCallback fini);
+
+/* The SSE comment line a quiet stream sends to show it is alive
+ * (": keepalive\n\n") into buf when it fits in max: its length, else 0. */
+ssize_t reply_sse_keepalive(char *buf, size_t max);
+
+/* Append one event block "event: NAME\ndata: DATA\n\n" to b (DATA one line,
+ * e.g. compact JSON). 0 or buf_add's negative errno (nothing appended). */
+struct buf;
+int reply_sse_event(struct buf *b, const char *event, const char *data);
 
 #endif
