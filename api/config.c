@@ -6,10 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf.h"
 #include "fsutil.h"
 #include "quota.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
+
+/* kiln-api's wording of bad values, as it has always been. */
+#define API_CONF_FLAGS (CONF_TOP_NAMED | CONF_INT_ONE_MESSAGE)
 
 void api_config_defaults(struct api_config *c)
 {
@@ -23,45 +27,6 @@ void api_config_defaults(struct api_config *c)
 	c->max_connections_per_address = 64;
 	c->connection_timeout_s = 300;
 	quota_defaults(&c->quotas);
-}
-
-struct field {
-	const char *name;
-	char type; /* 's' string, 'u' unsigned, 'o' object */
-	void *out;
-	double min, max;
-};
-
-static int take(json_t *obj, const char *where, const struct field *fields, const char *file, struct kiln_err *err)
-{
-	const char *k;
-	json_t *v;
-
-	if (!json_is_object(obj))
-		return kiln_err_set(err, "config", "%s: %s: expected an object", file, *where ? where : "(top)");
-	json_object_foreach(obj, k, v) {
-		const struct field *f = fields;
-		const char *dot = *where ? "." : "";
-
-		while (f->name && strcmp(f->name, k))
-			f++;
-		if (!f->name)
-			return kiln_err_set(err, "config", "%s: %s%s%s: unknown setting", file, where, dot, k);
-		if (f->type == 's') {
-			if (!json_is_string(v) || !json_string_length(v))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected a non-empty string", file, where,
-						    dot, k);
-			*(const char **)f->out = json_string_value(v);
-		} else if (f->type == 'u') {
-			if (!json_is_integer(v) || json_integer_value(v) < f->min || json_integer_value(v) > f->max)
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected an integer %g..%g", file, where,
-						    dot, k, f->min, f->max);
-			*(unsigned *)f->out = (unsigned)json_integer_value(v);
-		} else {
-			*(json_t **)f->out = v;
-		}
-	}
-	return 0;
 }
 
 /* "x" and "x_file": one of them, the file read. */
@@ -97,27 +62,27 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 	if (!c->root)
 		return kiln_err_set(err, "config", "%s:%d:%d: %s", path, je.line, je.column, je.text);
 	{
-		const struct field top[] = {
-			{ "listen", 's', &c->listen }, { "db", 's', &c->db }, { "admin_key", 's', &admin_key },
-			{ "admin_key_file", 's', &admin_key_file }, { "cluster_token", 's', &token },
-			{ "cluster_token_file", 's', &token_file }, { "s3", 'o', &s3 },
-			{ "presign_expiry_s", 'u', &c->presign_expiry_s, 1, 604800 },
-			{ "host_lost_after_s", 'u', &c->host_lost_after_s, 1, 86400 }, { "quotas", 'o', &quotas },
-			{ "max_body_mib", 'u', &c->max_body_mib, 1, 128 },
-			{ "max_connections", 'u', &c->max_connections, 16, 65536 },
-			{ "max_connections_per_address", 'u', &c->max_connections_per_address, 1, 65536 },
-			{ "connection_timeout_s", 'u', &c->connection_timeout_s, 5, 86400 }, { 0 },
+		const struct conf_field top[] = {
+			{ "listen", CONF_STR, &c->listen }, { "db", CONF_STR, &c->db },
+			{ "admin_key", CONF_STR, &admin_key }, { "admin_key_file", CONF_STR, &admin_key_file },
+			{ "cluster_token", CONF_STR, &token }, { "cluster_token_file", CONF_STR, &token_file },
+			{ "s3", CONF_OBJ, &s3 }, { "presign_expiry_s", CONF_U32, &c->presign_expiry_s, 1, 604800 },
+			{ "host_lost_after_s", CONF_U32, &c->host_lost_after_s, 1, 86400 },
+			{ "quotas", CONF_OBJ, &quotas }, { "max_body_mib", CONF_U32, &c->max_body_mib, 1, 128 },
+			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
+			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
+			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
 		};
-		if (take(c->root, "", top, path, err) < 0)
+		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
 	}
 	if (s3) {
-		const struct field f[] = {
-			{ "endpoint", 's', &c->s3.endpoint }, { "region", 's', &c->s3.region }, { "bucket", 's', &c->s3.bucket },
-			{ "access_key", 's', &c->s3.access_key }, { "secret_key", 's', &sk },
-			{ "secret_key_file", 's', &sk_file }, { 0 },
+		const struct conf_field f[] = {
+			{ "endpoint", CONF_STR, &c->s3.endpoint }, { "region", CONF_STR, &c->s3.region },
+			{ "bucket", CONF_STR, &c->s3.bucket }, { "access_key", CONF_STR, &c->s3.access_key },
+			{ "secret_key", CONF_STR, &sk }, { "secret_key_file", CONF_STR, &sk_file }, { 0 },
 		};
-		if (take(s3, "s3", f, path, err) < 0)
+		if (conf_take(s3, "s3", f, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
 		if (!c->s3.endpoint || !c->s3.bucket || !c->s3.access_key || (!sk && !sk_file)) {
 			kiln_err_set(err, "config", "%s: s3: endpoint, bucket, access_key and secret_key are required", path);

@@ -12,9 +12,10 @@
  * once it passes twice the limit (libmicrohttpd accepts no reply while a
  * body is arriving).
  *
- * Event hub: per-task lists of formatted SSE blocks (s->ev_*), fed by the
- * store's listener (state changes) and by server_task_event (the
- * scheduler's relay of host output). One mutex and one condition variable. */
+ * Event hub: a table of per-task event logs (lib/evlog.h, under s->ev_lock,
+ * one condition variable, one shared memory pool), fed by the store's
+ * listener (state changes) and by server_task_event (the scheduler's relay
+ * of host output). */
 #include "server.h"
 
 #include <arpa/inet.h>
@@ -31,6 +32,7 @@
 #include <openssl/sha.h>
 
 #include "clock.h"
+#include "evlog.h"
 #include "httpd.h"
 #include "quota.h"
 #include "presign.h"
@@ -51,10 +53,9 @@
 
 struct ev_task {
 	char id[40];
-	char **ev;
-	size_t nev, cap, bytes;
+	struct evlog log;            /* closed once final */
 	enum task_state last_state;
-	int final, truncated;
+	int final;
 	unsigned refs;
 	int64_t touched_ms;
 	struct ev_task *next;
@@ -75,7 +76,8 @@ struct server {
 	pthread_mutex_t ev_lock;
 	pthread_cond_t ev_cond;
 	struct ev_task *ev_tab[EV_BUCKETS];
-	size_t ev_count, ev_bytes;
+	size_t ev_count;
+	struct evlog_pool ev_pool;
 	int stopping;
 };
 
@@ -142,12 +144,9 @@ static struct ev_task *ev_find_locked(struct server *s, const char *id)
 	return NULL;
 }
 
-static void ev_free(struct server *s, struct ev_task *t)
+static void ev_free(struct ev_task *t)
 {
-	for (size_t i = 0; i < t->nev; i++)
-		free(t->ev[i]);
-	s->ev_bytes -= t->bytes;
-	free(t->ev);
+	evlog_free(&t->log);
 	free(t);
 }
 
@@ -164,7 +163,7 @@ static void ev_unlink_locked(struct server *s, struct ev_task *t)
 /* Drop the oldest finished lists nobody reads until within the bounds. */
 static void ev_evict_locked(struct server *s)
 {
-	while (s->ev_count > EV_MAX_TASKS || s->ev_bytes > EV_TOTAL_MAX_BYTES) {
+	while (s->ev_count > EV_MAX_TASKS || s->ev_pool.bytes > s->ev_pool.max) {
 		struct ev_task *victim = NULL;
 
 		for (unsigned b = 0; b < EV_BUCKETS; b++)
@@ -176,63 +175,36 @@ static void ev_evict_locked(struct server *s)
 		if (!victim)
 			return;
 		ev_unlink_locked(s, victim);
-		ev_free(s, victim);
+		ev_free(victim);
 	}
+}
+
+static void ev_reclaim(void *server)
+{
+	ev_evict_locked(server);
 }
 
 /* Append "event: NAME\ndata: JSON\n\n" (ev_lock held). */
 static void ev_append_locked(struct server *s, struct ev_task *t, const char *name, json_t *data)
 {
 	int is_state = !strcmp(name, "state");
-	char *js = json_dumps(data, JSON_COMPACT), *block = NULL;
-	size_t len;
 
-	if (!js)
-		return;
-	len = strlen(name) + strlen(js) + 16;
-	if (!is_state && (t->bytes + len > EV_TASK_MAX_BYTES || s->ev_bytes + len > EV_TOTAL_MAX_BYTES)) {
-		ev_evict_locked(s);
-		if (t->bytes + len > EV_TASK_MAX_BYTES || s->ev_bytes + len > EV_TOTAL_MAX_BYTES) {
-			free(js);
-			if (t->truncated)
-				return;
-			t->truncated = 1;
-			js = strdup("{}");
-			name = "truncated";
-			if (!js)
-				return;
-			len = strlen(name) + strlen(js) + 16;
-		}
-	}
-	if (t->nev == t->cap) {
-		size_t ncap = t->cap ? t->cap * 2 : 8;
-		char **n = realloc(t->ev, ncap * sizeof(*n));
-
-		if (!n) {
-			free(js);
-			return;
-		}
-		t->ev = n;
-		t->cap = ncap;
-	}
-	if (asprintf(&block, "event: %s\ndata: %s\n\n", name, js) < 0) {
-		free(js);
+	t->refs++; /* what ev_reclaim may drop to make room is never t itself */
+	if (evlog_append_locked(&t->log, name, data) < 0) {
+		t->refs--;
 		return;
 	}
-	free(js);
-	len = strlen(block);
-	t->ev[t->nev++] = block;
-	t->bytes += len;
-	s->ev_bytes += len;
+	t->refs--;
 	t->touched_ms = clock_mono_ms();
 	if (is_state) {
 		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
 
 		t->last_state = st;
-		if (task_state_final(st))
+		if (task_state_final(st)) {
 			t->final = 1;
+			evlog_close_locked(&t->log);
+		}
 	}
-	pthread_cond_broadcast(&s->ev_cond);
 }
 
 static json_t *state_data(enum task_state st)
@@ -271,6 +243,10 @@ static struct ev_task *ev_get(struct server *s, const char *id)
 			return NULL;
 		}
 		snprintf(t->id, sizeof(t->id), "%s", id);
+		evlog_init(&t->log, &(struct evlog_opts){ .lock = &s->ev_lock, .cond = &s->ev_cond,
+							  .stopping = &s->stopping, .max_bytes = EV_TASK_MAX_BYTES,
+							  .pool = &s->ev_pool, .reclaim = ev_reclaim, .reclaim_ctx = s,
+							  .truncated_data = "{}" });
 		t->last_state = TASK_STATE_COUNT;
 		t->next = s->ev_tab[ev_hash(id)];
 		s->ev_tab[ev_hash(id)] = t;
@@ -651,43 +627,16 @@ struct sse {
 	struct server *s;
 	struct ev_task *t;
 	char customer[65];   /* counted in the limiter's streams ("": not counted) */
-	size_t cursor, off; /* next event, and bytes of it already sent */
+	struct evlog_cursor cur;
 };
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct sse *e = cls;
-	struct server *s = e->s;
-	struct ev_task *t = e->t;
-	int64_t deadline = clock_mono_ms() + KEEPALIVE_MS;
-	size_t n = 0;
+	long n = evlog_read(&e->t->log, &e->cur, buf, max, clock_mono_ms() + KEEPALIVE_MS, 0);
 
-	pthread_mutex_lock(&s->ev_lock);
-	while (e->cursor == t->nev && !t->final && !s->stopping) {
-		int64_t now = clock_mono_ms();
-		struct timespec ts = { .tv_sec = deadline / 1000, .tv_nsec = (deadline % 1000) * 1000000 };
-
-		if (now >= deadline)
-			break;
-		pthread_cond_timedwait(&s->ev_cond, &s->ev_lock, &ts);
-	}
-	while (e->cursor < t->nev && n < max) {
-		const char *ev = t->ev[e->cursor];
-		size_t len = strlen(ev) - e->off, take = len < max - n ? len : max - n;
-
-		memcpy(buf + n, ev + e->off, take);
-		n += take;
-		e->off += take;
-		if (e->off == strlen(ev)) {
-			e->cursor++;
-			e->off = 0;
-		}
-	}
-	if (n == 0 && (t->final || s->stopping)) {
-		pthread_mutex_unlock(&s->ev_lock);
+	if (n == EVLOG_END)
 		return MHD_CONTENT_READER_END_OF_STREAM;
-	}
-	pthread_mutex_unlock(&s->ev_lock);
 	if (n == 0)
 		return reply_sse_keepalive(buf, max);
 	return (ssize_t)n;
@@ -1123,6 +1072,7 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->ev_cond, &ca);
 	pthread_condattr_destroy(&ca);
+	s->ev_pool.max = EV_TOTAL_MAX_BYTES;
 	s->lim = quota_limiter_new();
 	if (!s->lim) {
 		kiln_err_set(err, "internal", "out of memory");
@@ -1181,7 +1131,7 @@ void server_stop(struct server *s)
 	for (unsigned b = 0; b < EV_BUCKETS; b++)
 		for (struct ev_task *t = s->ev_tab[b], *n; t; t = n) {
 			n = t->next;
-			ev_free(s, t);
+			ev_free(t);
 		}
 	quota_limiter_free(s->lim);
 	pthread_mutex_destroy(&s->hooks_lock);

@@ -8,81 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf.h"
 #include "fsutil.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
-
-struct field {
-	const char *name;
-	char type;     /* 's' string, 'u' unsigned, 'b' bool, 'd' number, 'o' object */
-	void *out;
-	double min, max;
-};
-
-/* Check obj's keys against fields and store the values. */
-static int take(json_t *obj, const char *where, const struct field *fields, const char *file, struct kiln_err *err)
-{
-	const char *k;
-	json_t *v;
-
-	if (!json_is_object(obj))
-		return kiln_err_set(err, "config", "%s: %s: expected an object", file, where);
-	json_object_foreach(obj, k, v) {
-		const struct field *f = fields;
-
-		while (f->name && strcmp(f->name, k))
-			f++;
-		if (!f->name)
-			return kiln_err_set(err, "config", "%s: %s%s%s: unknown setting", file, where, *where ? "." : "", k);
-		switch (f->type) {
-		case 's':
-			if (!json_is_string(v) || !json_string_length(v))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected a non-empty string", file, where,
-						    *where ? "." : "", k);
-			*(const char **)f->out = json_string_value(v);
-			break;
-		case 'u':
-		case 'i':
-		case 'd': {
-			double x;
-
-			if (!json_is_number(v) || (f->type != 'd' && !json_is_integer(v)))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected a number", file, where,
-						    *where ? "." : "", k);
-			x = json_number_value(v);
-			if (x < f->min || x > f->max)
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected %g..%g", file, where,
-						    *where ? "." : "", k, f->min, f->max);
-			if (f->type == 'u')
-				*(uint64_t *)f->out = (uint64_t)x;
-			else if (f->type == 'i')
-				*(int *)f->out = (int)x;
-			else
-				*(double *)f->out = x;
-			break;
-		}
-		case 'b':
-			if (!json_is_boolean(v))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected true or false", file, where,
-						    *where ? "." : "", k);
-			*(int *)f->out = json_is_true(v);
-			break;
-		case 'o':
-			*(json_t **)f->out = v;
-			break;
-		}
-	}
-	return 0;
-}
 
 int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
-	uint64_t heartbeat = 0, vcpus = 0, memory = 0, workers = 0, backoff = 0, retention = 0, timeout = 0;
-	uint64_t out_entries = 0, out_depth = 0;
-	uint64_t max_conns = 0, per_addr = 0, conn_timeout = 0;
+	uint64_t timeout = 0;
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
@@ -91,67 +27,71 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	if (!c->root)
 		return kiln_err_set(err, "config", "%s:%d:%d: %s", path, je.line, je.column, je.text);
 	{
-		const struct field top[] = {
-			{ "listen", 's', &c->listen }, { "host_id", 's', &c->host_id }, { "token", 's', &c->token },
-			{ "token_file", 's', &token_file }, { "accel", 's', &c->accel }, { "image_dir", 's', &c->image_dir },
-			{ "run_dir", 's', &c->run_dir }, { "cache", 's', &c->cache }, { "qemu", 's', &c->qemu },
-			{ "spool_dir", 's', &c->spool_dir }, { "cold", 'b', &c->cold }, { "capacity", 'o', &capacity },
-			{ "pool", 'o', &pool }, { "s3", 'o', &s3 }, { "upload", 'o', &upload },
-			{ "retention_s", 'u', &retention, 60, 365 * 86400 }, { "api", 's', &c->api },
-			{ "advertise_url", 's', &c->advertise_url }, { "heartbeat_ms", 'u', &heartbeat, 100, 60000 },
-			{ "network", 'o', &network }, { "outputs", 'o', &outputs }, { "disk", 'o', &disk },
-			{ "debug_console", 'b', &c->debug_console },
-			{ "max_connections", 'u', &max_conns, 16, 65536 },
-			{ "max_connections_per_address", 'u', &per_addr, 1, 65536 },
-			{ "connection_timeout_s", 'u', &conn_timeout, 5, 86400 }, { 0 },
+		const struct conf_field top[] = {
+			{ "listen", CONF_STR, &c->listen }, { "host_id", CONF_STR, &c->host_id },
+			{ "token", CONF_STR, &c->token }, { "token_file", CONF_STR, &token_file },
+			{ "accel", CONF_STR, &c->accel }, { "image_dir", CONF_STR, &c->image_dir },
+			{ "run_dir", CONF_STR, &c->run_dir }, { "cache", CONF_STR, &c->cache },
+			{ "qemu", CONF_STR, &c->qemu }, { "spool_dir", CONF_STR, &c->spool_dir },
+			{ "cold", CONF_BOOL, &c->cold }, { "capacity", CONF_OBJ, &capacity },
+			{ "pool", CONF_OBJ, &pool }, { "s3", CONF_OBJ, &s3 }, { "upload", CONF_OBJ, &upload },
+			{ "retention_s", CONF_U32, &c->retention_s, 60, 365 * 86400 }, { "api", CONF_STR, &c->api },
+			{ "advertise_url", CONF_STR, &c->advertise_url },
+			{ "heartbeat_ms", CONF_U32, &c->heartbeat_ms, 100, 60000 }, { "network", CONF_OBJ, &network },
+			{ "outputs", CONF_OBJ, &outputs }, { "disk", CONF_OBJ, &disk },
+			{ "debug_console", CONF_BOOL, &c->debug_console },
+			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
+			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
+			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
 		};
-		if (take(c->root, "", top, path, err) < 0)
+		if (conf_take(c->root, "", top, path, 0, err) < 0)
 			goto fail;
 	}
 	if (disk) {
-		const struct field f[] = {
-			{ "bps_mib", 'u', &c->disk_bps_mib, 0, 1 << 20 }, { "iops", 'u', &c->disk_iops, 0, 10000000 }, { 0 },
+		const struct conf_field f[] = {
+			{ "bps_mib", CONF_U64, &c->disk_bps_mib, 0, 1 << 20 },
+			{ "iops", CONF_U64, &c->disk_iops, 0, 10000000 }, { 0 },
 		};
 		c->disk_bps_mib = VM_DISK_BPS >> 20;
 		c->disk_iops = VM_DISK_IOPS;
-		if (take(disk, "disk", f, path, err) < 0)
+		if (conf_take(disk, "disk", f, path, 0, err) < 0)
 			goto fail;
 		c->disk_set = 1;
 	}
 	if (outputs) {
-		const struct field f[] = {
-			{ "max_entries", 'u', &out_entries, 1, 10000000 }, { "max_depth", 'u', &out_depth, 1, 1024 }, { 0 },
+		const struct conf_field f[] = {
+			{ "max_entries", CONF_U32, &c->out_max_entries, 1, 10000000 },
+			{ "max_depth", CONF_U32, &c->out_max_depth, 1, 1024 }, { 0 },
 		};
-		if (take(outputs, "outputs", f, path, err) < 0)
+		if (conf_take(outputs, "outputs", f, path, 0, err) < 0)
 			goto fail;
-		c->out_max_entries = (uint32_t)out_entries;
-		c->out_max_depth = (uint32_t)out_depth;
 	}
 	if (capacity) {
-		const struct field f[] = {
-			{ "vcpus", 'u', &vcpus, 1, 4096 }, { "memory_mib", 'u', &memory, 128, 1 << 30 },
-			{ "cpu_overcommit", 'd', &c->cpu_overcommit, 1, 64 }, { 0 },
+		const struct conf_field f[] = {
+			{ "vcpus", CONF_U32, &c->vcpus, 1, 4096 },
+			{ "memory_mib", CONF_U64, &c->memory_mib, 128, 1 << 30 },
+			{ "cpu_overcommit", CONF_DOUBLE, &c->cpu_overcommit, 1, 64 }, { 0 },
 		};
-		if (take(capacity, "capacity", f, path, err) < 0)
+		if (conf_take(capacity, "capacity", f, path, 0, err) < 0)
 			goto fail;
 	}
 	if (pool) {
-		const struct field f[] = {
-			{ "size", 'i', &c->pool_size, 0, 256 }, { "prestart", 'i', &c->prestart, 0, 256 },
-			{ "memory_mib", 'i', &c->snapshot_memory_mib, 128, 16384 }, { "vcpus", 'i', &c->snapshot_vcpus, 1, 16 },
-			{ 0 },
+		const struct conf_field f[] = {
+			{ "size", CONF_INT, &c->pool_size, 0, 256 }, { "prestart", CONF_INT, &c->prestart, 0, 256 },
+			{ "memory_mib", CONF_INT, &c->snapshot_memory_mib, 128, 16384 },
+			{ "vcpus", CONF_INT, &c->snapshot_vcpus, 1, 16 }, { 0 },
 		};
-		if (take(pool, "pool", f, path, err) < 0)
+		if (conf_take(pool, "pool", f, path, 0, err) < 0)
 			goto fail;
 	}
 	if (s3) {
-		const struct field f[] = {
-			{ "endpoint", 's', &c->s3.endpoint }, { "region", 's', &c->s3.region }, { "bucket", 's', &c->s3.bucket },
-			{ "access_key", 's', &c->s3.access_key }, { "secret_key", 's', &c->s3.secret_key },
-			{ "secret_key_file", 's', &secret_file }, { "timeout_s", 'u', &timeout, 1, 3600 },
-			{ "attempts", 'i', &attempts, 1, 20 }, { 0 },
+		const struct conf_field f[] = {
+			{ "endpoint", CONF_STR, &c->s3.endpoint }, { "region", CONF_STR, &c->s3.region },
+			{ "bucket", CONF_STR, &c->s3.bucket }, { "access_key", CONF_STR, &c->s3.access_key },
+			{ "secret_key", CONF_STR, &c->s3.secret_key }, { "secret_key_file", CONF_STR, &secret_file },
+			{ "timeout_s", CONF_U64, &timeout, 1, 3600 }, { "attempts", CONF_INT, &attempts, 1, 20 }, { 0 },
 		};
-		if (take(s3, "s3", f, path, err) < 0)
+		if (conf_take(s3, "s3", f, path, 0, err) < 0)
 			goto fail;
 		if (!c->s3.endpoint || !c->s3.bucket) {
 			kiln_err_set(err, "config", "%s: s3: endpoint and bucket are required", path);
@@ -165,10 +105,11 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		c->s3.attempts = attempts;
 	}
 	if (upload) {
-		const struct field f[] = {
-			{ "workers", 'u', &workers, 1, 64 }, { "max_backoff_s", 'u', &backoff, 1, 3600 }, { 0 },
+		const struct conf_field f[] = {
+			{ "workers", CONF_U32, &c->upload_workers, 1, 64 },
+			{ "max_backoff_s", CONF_U32, &c->max_backoff_s, 1, 3600 }, { 0 },
 		};
-		if (take(upload, "upload", f, path, err) < 0)
+		if (conf_take(upload, "upload", f, path, 0, err) < 0)
 			goto fail;
 	}
 	if (token_file && c->token) {
@@ -209,15 +150,6 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		}
 		c->network = network;
 	}
-	c->heartbeat_ms = (unsigned)heartbeat;
-	c->vcpus = (unsigned)vcpus;
-	c->memory_mib = memory;
-	c->upload_workers = (unsigned)workers;
-	c->max_backoff_s = (unsigned)backoff;
-	c->retention_s = (unsigned)retention;
-	c->max_connections = (unsigned)max_conns;
-	c->max_connections_per_address = (unsigned)per_addr;
-	c->connection_timeout_s = (unsigned)conn_timeout;
 	return 0;
 fail:
 	config_free(c);

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "evlog.h"
 #include "excerpt.h"
 #include "proto.h"
 #include "spec.h"
@@ -81,10 +82,9 @@ struct hostd_task {
 	int cancel_requested;
 	int stdout_fd, stderr_fd;    /* open while the code runs */
 	uint64_t stdout_off, stderr_off; /* bytes in stdout.log / stderr.log so far */
-	/* Events: formatted SSE blocks, kept so that a late subscriber sees all. */
-	char **ev;
-	size_t nev, evcap, ev_bytes;
-	int ev_truncated;
+	/* Events: formatted SSE blocks, kept so that a late subscriber sees
+	 * all; closed once the task is final. */
+	struct evlog ev;
 	/* Upload progress (in memory: a restart uploads again from the start;
 	 * PUTs are idempotent). */
 	int upload_busy, in_upload;
@@ -152,9 +152,7 @@ static void task_free(struct hostd_task *t)
 	json_decref(t->result);
 	json_decref(t->outputs);
 	json_decref(t->artifacts);
-	for (size_t i = 0; i < t->nev; i++)
-		free(t->ev[i]);
-	free(t->ev);
+	evlog_free(&t->ev);
 	if (t->cancel_pipe[0] >= 0)
 		close(t->cancel_pipe[0]);
 	if (t->cancel_pipe[1] >= 0)
@@ -180,6 +178,10 @@ static struct hostd_task *task_new(struct hostd *d, const char *id, const char *
 	t->outputs = json_array();
 	t->artifacts = json_object();
 	t->refs = 1; /* the table's */
+	evlog_init(&t->ev, &(struct evlog_opts){ .lock = &d->lock, .cond = &d->changed, .stopping = &d->stopping,
+						 .max_bytes = EVENTS_MAX_BYTES, .short_frame = 1,
+						 .truncated_data = "{\"message\":\"event stream truncated: the full "
+								   "output is in stdout.log/stderr.log\"}" });
 	return t;
 }
 
@@ -189,52 +191,13 @@ static void task_put_locked(struct hostd_task *t)
 		task_free(t);
 }
 
-/* Append one server-sent event: "event: NAME\ndata: JSON\n\n". */
+/* Append one server-sent event: "event: NAME\ndata: JSON\n\n" (data taken).
+ * Output beyond EVENTS_MAX_BYTES is in the logs in S3, not in the stream. */
 static void event_add_locked(struct hostd *d, struct hostd_task *t, const char *name, json_t *data)
 {
-	char *js = json_dumps(data, JSON_COMPACT), *block = NULL;
-	size_t len;
-
+	(void)d; /* t->ev broadcasts d->changed */
+	evlog_append_locked(&t->ev, name, data);
 	json_decref(data);
-	if (!js)
-		return;
-	len = strlen(name) + strlen(js) + 16;
-	if (t->ev_bytes + len > EVENTS_MAX_BYTES && strcmp(name, "state")) {
-		/* Output beyond this is in the logs in S3, not in the stream. */
-		if (!t->ev_truncated) {
-			t->ev_truncated = 1;
-			free(js);
-			js = strdup("{\"message\":\"event stream truncated: the full output is in stdout.log/stderr.log\"}");
-			name = "truncated";
-			if (!js)
-				return;
-			len = strlen(name) + strlen(js) + 16;
-		} else {
-			free(js);
-			return;
-		}
-	}
-	if (t->nev == t->evcap) {
-		size_t cap = t->evcap ? t->evcap * 2 : 16;
-		char **n = realloc(t->ev, cap * sizeof(*n));
-
-		if (!n) {
-			free(js);
-			return;
-		}
-		t->ev = n;
-		t->evcap = cap;
-	}
-	block = malloc(len);
-	if (!block) {
-		free(js);
-		return;
-	}
-	snprintf(block, len, "event: %s\ndata: %s\n\n", name, js);
-	free(js);
-	t->ev[t->nev++] = block;
-	t->ev_bytes += len;
-	pthread_cond_broadcast(&d->changed);
 }
 
 /* A final task's output events go (they are in stdout.log/stderr.log in S3):
@@ -244,26 +207,19 @@ static void event_add_locked(struct hostd *d, struct hostd_task *t, const char *
  * removed, so that readers' cursors stay valid. */
 static void events_drop_output_locked(struct hostd_task *t)
 {
+	static const char *const output[] = { "stdout", "stderr", NULL };
 	static const char note[] = "event: truncated\ndata: {\"message\":\"output events are not kept once the task "
 				   "is final: the whole output is in stdout.log/stderr.log\"}\n\n";
-	size_t last = t->nev;
 
-	for (size_t i = 0; i < t->nev; i++) {
-		if (!t->ev[i] || (strncmp(t->ev[i], "event: stdout\n", 14) && strncmp(t->ev[i], "event: stderr\n", 14)))
-			continue;
-		t->ev_bytes -= strlen(t->ev[i]) + 1;
-		free(t->ev[i]);
-		t->ev[i] = NULL;
-		last = i;
-	}
-	if (last < t->nev && (t->ev[last] = strdup(note)))
-		t->ev_bytes += sizeof(note);
+	evlog_drop_locked(&t->ev, output, note);
 }
 
 static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_state s)
 {
 	t->state = s;
 	event_add_locked(d, t, "state", json_pack("{s:s, s:I}", "state", state_names[s], "at", (json_int_t)wall_ms()));
+	if (state_final(s))
+		evlog_close_locked(&t->ev);
 }
 
 /* The durable record: small, rewritten at each milestone. */
@@ -903,6 +859,8 @@ static void recover_one(struct hostd *d, const char *id)
 		return;
 	}
 	t->state = s;
+	if (state_final(s))
+		evlog_close_locked(&t->ev);
 	t->final_state = fs == TS_COUNT ? TS_ERROR : fs;
 	t->created_ms = json_integer_value(json_object_get(r, "created_ms"));
 	t->running_ms = json_integer_value(json_object_get(r, "running_ms"));
@@ -1373,50 +1331,13 @@ void hostd_task_put(struct hostd *d, struct hostd_task *t)
 long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, char *buf, size_t cap,
 		       int64_t deadline_ms)
 {
-	long n = 0;
+	struct evlog_cursor c = { .next = *cursor };
+	long n;
 
-	pthread_mutex_lock(&d->lock);
-	for (;;) {
-		if (*cursor < t->nev)
-			break;
-		if (state_final(t->state) || d->stopping) {
-			pthread_mutex_unlock(&d->lock);
-			return -1;
-		}
-		{
-			struct timespec ts = { .tv_sec = deadline_ms / 1000, .tv_nsec = (deadline_ms % 1000) * 1000000 };
-
-			if (pthread_cond_timedwait(&d->changed, &d->lock, &ts) == ETIMEDOUT && *cursor >= t->nev) {
-				pthread_mutex_unlock(&d->lock);
-				return 0;
-			}
-		}
-	}
-	while (*cursor < t->nev) {
-		size_t len;
-
-		if (!t->ev[*cursor]) { /* an output event dropped at the end (events_drop_output_locked) */
-			(*cursor)++;
-			continue;
-		}
-		len = strlen(t->ev[*cursor]);
-
-		if ((size_t)n + len > cap) {
-			if (n == 0) {
-				/* One event larger than the buffer: cannot happen with the
-				 * bounds above (chunks are <= 128 KiB), cut it if it does. */
-				memcpy(buf, t->ev[*cursor], cap);
-				n = (long)cap;
-				(*cursor)++;
-			}
-			break;
-		}
-		memcpy(buf + n, t->ev[*cursor], len);
-		n += (long)len;
-		(*cursor)++;
-	}
-	pthread_mutex_unlock(&d->lock);
-	return n;
+	(void)d; /* t->ev waits under d->lock, on d->changed */
+	n = evlog_read(&t->ev, &c, buf, cap, deadline_ms, 1);
+	*cursor = c.next;
+	return n == EVLOG_END ? -1 : n;
 }
 
 json_t *hostd_capacity_json(struct hostd *d)

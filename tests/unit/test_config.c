@@ -1,6 +1,7 @@
 /* test_config: kiln-host's configuration file: values land where they
  * should, typos and out-of-range values are refused naming the key, secrets
- * come from files. */
+ * come from files. Also the shared field walker (lib/conf.h) on its own, and
+ * kiln-api's file wording its errors as it always has. */
 #include <arpa/inet.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "../../api/config.h" /* kiln-api's; "config.h" is kiln-host's */
+#include "conf.h"
 #include "config.h"
 #include "hostd.h"
 #include "net.h"
@@ -163,6 +166,171 @@ static void test_request_parse(void **state)
 	assert_string_equal(err.code, "invalid_json");
 }
 
+/* ---- lib/conf: the walker itself ---- */
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* tables leave min/max unset for strings */
+
+struct walked {
+	const char *s;
+	uint32_t u32;
+	uint64_t u64;
+	int i, b;
+	double d;
+	json_t *o;
+};
+
+static int walk(const char *text, unsigned flags, struct walked *w, struct kiln_err *err)
+{
+	const struct conf_field f[] = {
+		{ "s", CONF_STR, &w->s }, { "u32", CONF_U32, &w->u32, 1, 4294967295.0 },
+		{ "small", CONF_U32, &w->u32, 10, 20 }, { "u64", CONF_U64, &w->u64, 0, 9223372036854775807.0 },
+		{ "i", CONF_INT, &w->i, -5, 5 }, { "d", CONF_DOUBLE, &w->d, 0.5, 2 }, { "b", CONF_BOOL, &w->b },
+		{ "o", CONF_OBJ, &w->o }, { 0 },
+	};
+	json_t *j = json_loads(text, 0, NULL);
+	int r;
+
+	assert_non_null(j);
+	memset(w, 0, sizeof(*w));
+	r = conf_take(j, "sec", f, "f.json", flags, err);
+	json_decref(j); /* strings and objects are only looked at while j lives */
+	return r;
+}
+
+static void walk_refused(const char *text, unsigned flags, const char *message)
+{
+	struct walked w;
+	struct kiln_err err = { .code = "" };
+
+	assert_int_equal(walk(text, flags, &w, &err), -1);
+	assert_string_equal(err.code, "config");
+	assert_string_equal(err.message, message);
+}
+
+static void test_conf_values(void **state)
+{
+	struct walked w;
+	struct kiln_err err = { .code = "" };
+
+	assert_int_equal(walk("{\"u32\":4294967295,\"u64\":9007199254740993,\"i\":-5,\"d\":2,\"b\":true}", 0, &w, &err), 0);
+	assert_true(w.u32 == 4294967295u);
+	assert_true(w.u64 == 9007199254740993ull); /* past 2^53: every bit kept */
+	assert_int_equal(w.i, -5);
+	assert_true(w.d == 2.0);
+	assert_int_equal(w.b, 1);
+	assert_int_equal(walk("{\"small\":10,\"d\":0.5,\"b\":false,\"i\":5}", 0, &w, &err), 0);
+	assert_int_equal(w.u32, 10);
+	assert_true(w.d == 0.5);
+	assert_int_equal(w.b, 0);
+	assert_int_equal(w.i, 5);
+	/* An empty object stores nothing; a number field takes an integer
+	 * for a double. */
+	assert_int_equal(walk("{}", 0, &w, &err), 0);
+	assert_int_equal(walk("{\"d\":1}", 0, &w, &err), 0);
+	assert_true(w.d == 1.0);
+}
+
+/* u32 and u64: 2^32 overflows one, not the other. */
+static void test_conf_overflow(void **state)
+{
+	struct walked w;
+	struct kiln_err err = { .code = "" };
+
+	walk_refused("{\"u32\":4294967296}", 0, "f.json: sec.u32: expected 1..4.29497e+09");
+	walk_refused("{\"u32\":4294967296}", CONF_INT_ONE_MESSAGE, "f.json: sec.u32: expected an integer 1..4.29497e+09");
+	assert_int_equal(walk("{\"u64\":4294967296}", 0, &w, &err), 0);
+	assert_true(w.u64 == 4294967296ull);
+	walk_refused("{\"u64\":-1}", 0, "f.json: sec.u64: expected 0..9.22337e+18");
+	walk_refused("{\"u32\":-1}", 0, "f.json: sec.u32: expected 1..4.29497e+09");
+}
+
+static void test_conf_bounds(void **state)
+{
+	walk_refused("{\"small\":9}", 0, "f.json: sec.small: expected 10..20");
+	walk_refused("{\"small\":21}", 0, "f.json: sec.small: expected 10..20");
+	walk_refused("{\"small\":21}", CONF_INT_ONE_MESSAGE, "f.json: sec.small: expected an integer 10..20");
+	walk_refused("{\"i\":-6}", 0, "f.json: sec.i: expected -5..5");
+	walk_refused("{\"d\":0.4}", 0, "f.json: sec.d: expected 0.5..2");
+	walk_refused("{\"d\":2.01}", 0, "f.json: sec.d: expected 0.5..2");
+}
+
+static void test_conf_types(void **state)
+{
+	walk_refused("{\"s\":\"\"}", 0, "f.json: sec.s: expected a non-empty string");
+	walk_refused("{\"s\":1}", 0, "f.json: sec.s: expected a non-empty string");
+	walk_refused("{\"small\":15.5}", 0, "f.json: sec.small: expected a number");
+	walk_refused("{\"small\":\"15\"}", 0, "f.json: sec.small: expected a number");
+	walk_refused("{\"small\":\"15\"}", CONF_INT_ONE_MESSAGE, "f.json: sec.small: expected an integer 10..20");
+	walk_refused("{\"u64\":true}", 0, "f.json: sec.u64: expected a number");
+	walk_refused("{\"i\":null}", 0, "f.json: sec.i: expected a number");
+	walk_refused("{\"d\":\"1\"}", 0, "f.json: sec.d: expected a number");
+	walk_refused("{\"b\":1}", 0, "f.json: sec.b: expected true or false");
+	walk_refused("{\"b\":\"true\"}", 0, "f.json: sec.b: expected true or false");
+}
+
+static void test_conf_unknown_and_objects(void **state)
+{
+	const struct conf_field none[] = { { 0 } };
+	struct kiln_err err = { .code = "" };
+	json_t *j = json_loads("[1]", 0, NULL), *o = json_loads("{\"x\":1}", 0, NULL);
+	struct walked w;
+
+	walk_refused("{\"s\":\"a\",\"typo\":1}", 0, "f.json: sec.typo: unknown setting");
+	walk_refused("{\"S\":\"a\"}", 0, "f.json: sec.S: unknown setting"); /* keys are case-sensitive */
+	/* Not an object: named by where; at the top, "(top)" or nothing. */
+	assert_int_equal(conf_take(j, "sec", none, "f.json", 0, &err), -1);
+	assert_string_equal(err.message, "f.json: sec: expected an object");
+	assert_int_equal(conf_take(j, "", none, "f.json", CONF_TOP_NAMED, &err), -1);
+	assert_string_equal(err.message, "f.json: (top): expected an object");
+	assert_int_equal(conf_take(j, "", none, "f.json", 0, &err), -1);
+	assert_string_equal(err.message, "f.json: : expected an object");
+	/* At the top, keys have no dot. */
+	assert_int_equal(conf_take(o, "", none, "f.json", 0, &err), -1);
+	assert_string_equal(err.message, "f.json: x: unknown setting");
+	/* An object field takes any value, left to a nested walk. */
+	assert_int_equal(walk("{\"o\":[1,2]}", 0, &w, &err), 0);
+	json_decref(j);
+	json_decref(o);
+}
+
+/* kiln-api's file: the same walker, its own wording. */
+static void api_refused(const char *text, const char *message)
+{
+	struct api_config c;
+	struct kiln_err err = { .code = "" };
+	char want[512];
+
+	assert_int_equal(api_config_load(write_file("api.json", text), &c, &err), -1);
+	assert_string_equal(err.code, "config");
+	snprintf(want, sizeof(want), "%s/api.json: %s", dir, message);
+	assert_string_equal(err.message, want);
+}
+
+static void test_api_config(void **state)
+{
+	struct api_config c;
+	struct kiln_err err = { .code = "" };
+
+	assert_int_equal(api_config_load(write_file("api.json", "{\"max_body_mib\":128,\"listen\":\"127.0.0.1:1\","
+							       "\"s3\":{\"endpoint\":\"http://x\",\"bucket\":\"b\","
+							       "\"access_key\":\"a\",\"secret_key\":\"s\"}}"),
+					 &c, &err),
+			 0);
+	assert_int_equal(c.max_body_mib, 128);
+	assert_int_equal(c.presign_expiry_s, 3600); /* the default stays */
+	assert_string_equal(c.listen, "127.0.0.1:1");
+	assert_string_equal(c.s3.region, "us-east-1");
+	api_config_free(&c);
+	api_refused("[]", "(top): expected an object");
+	api_refused("{\"max_body_mib\":129}", "max_body_mib: expected an integer 1..128");
+	api_refused("{\"max_body_mib\":\"1\"}", "max_body_mib: expected an integer 1..128");
+	api_refused("{\"max_connections\":15}", "max_connections: expected an integer 16..65536");
+	api_refused("{\"lsten\":\"x\"}", "lsten: unknown setting");
+	api_refused("{\"db\":\"\"}", "db: expected a non-empty string");
+	api_refused("{\"s3\":{\"bucket\":\"b\",\"x\":1}}", "s3.x: unknown setting");
+	api_refused("{\"s3\":3}", "s3: expected an object");
+}
+
 static int setup(void **state)
 {
 	return mkdtemp(dir) ? 0 : -1;
@@ -183,6 +351,12 @@ int main(void)
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_request_parse),
+		cmocka_unit_test(test_conf_values),
+		cmocka_unit_test(test_conf_overflow),
+		cmocka_unit_test(test_conf_bounds),
+		cmocka_unit_test(test_conf_types),
+		cmocka_unit_test(test_conf_unknown_and_objects),
+		cmocka_unit_test(test_api_config),
 	};
 
 	return cmocka_run_group_tests_name("config", tests, setup, teardown);
