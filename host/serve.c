@@ -21,6 +21,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include "clock.h"
 #include "config.h"
 #include "heartbeat.h"
 #include "hostd.h"
@@ -29,6 +30,7 @@
 #include "session.h"
 #include "spec.h"
 #include "textbuf.h"
+#include "vm_ops.h"
 
 /* A request body (a task spec, a session call) is at most this long. */
 #define BODY_MAX (SPEC_MAX_JSON + 4096)
@@ -906,7 +908,8 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		s.have_snap = 1;
 		s.ro.snap = &s.snap;
 		if (o->pool_size || o->prestart) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap);
+			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &vm_ops_real,
+					    &clock_system);
 			if (!s.pool) {
 				kiln_err_set(&err, "host_error", "cannot start the pool");
 				goto fail;
@@ -925,7 +928,7 @@ int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.retention_s = o->retention_s ? o->retention_s : 86400,
 		.accel = vm_accel_name(ro->vm.accel),
 	};
-	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
+	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &vm_ops_real, &clock_system, &err);
 	if (!s.hostd)
 		goto fail;
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
