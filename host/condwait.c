@@ -1,4 +1,4 @@
-/* condwait: timed condition waits in a struct kiln_clock's time. */
+/* condwait: timed condition waits on a struct kiln_clock's time. */
 #include "condwait.h"
 
 #include <errno.h>
@@ -16,7 +16,7 @@ int condwait_init(pthread_cond_t *c)
 	return r;
 }
 
-static int wait_real_ms(pthread_cond_t *c, pthread_mutex_t *mu, int64_t ms)
+static void wait_real_ms(pthread_cond_t *c, pthread_mutex_t *mu, int64_t ms)
 {
 	struct timespec ts;
 
@@ -27,24 +27,18 @@ static int wait_real_ms(pthread_cond_t *c, pthread_mutex_t *mu, int64_t ms)
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000;
 	}
-	return pthread_cond_timedwait(c, mu, &ts);
+	pthread_cond_timedwait(c, mu, &ts);
 }
 
-int condwait_ms(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t ms)
+int condwait_until(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t deadline_ms)
 {
-	int64_t until;
+	int64_t left = deadline_ms - kclock_mono_ms(clk);
 
-	if (ms <= 0)
+	if (left <= 0)
 		return ETIMEDOUT;
-	if (!clk || clk == &clock_system)
-		return wait_real_ms(c, mu, ms);
-	until = kclock_mono_ms(clk) + ms;
-	for (;;) {
-		int r = wait_real_ms(c, mu, CONDWAIT_SLICE_MS);
-
-		if (r != ETIMEDOUT)
-			return r;
-		if (kclock_mono_ms(clk) >= until)
-			return ETIMEDOUT;
-	}
+	/* Another clock may jump past the deadline at any moment: look again
+	 * soon. (Whether a wait ended by a signal or by its timeout cannot be
+	 * told apart reliably, hence the clock decides.) */
+	wait_real_ms(c, mu, clk && clk != &clock_system && left > CONDWAIT_SLICE_MS ? CONDWAIT_SLICE_MS : left);
+	return kclock_mono_ms(clk) >= deadline_ms ? ETIMEDOUT : 0;
 }

@@ -1,9 +1,11 @@
-/* condwait: wait on a condition variable for a span of a struct kiln_clock's
- * time (lib/clock.h). With the system clock that is one timed wait; with a
- * test's clock, moved by hand, the wait is cut into short real slices so
- * that the waiter notices when the test has moved the clock past its
- * deadline. Used by the modules that take a clock and sleep on it (hostd's
- * uploaders, the pool's refill thread). */
+/* condwait: wait on a condition variable until a deadline on a struct
+ * kiln_clock's monotonic time (lib/clock.h). With the system clock that is
+ * one timed wait; with a test's clock, moved by hand, it is one short real
+ * slice, reported as a wake-up, so that the caller's loop looks at the clock
+ * (and at its condition) again. Callers therefore always loop, rechecking
+ * their condition, as with any condition variable. Used by the modules that
+ * take a clock and sleep on it (hostd's uploaders, the pool's refill
+ * thread). */
 #ifndef KILN_CONDWAIT_H
 #define KILN_CONDWAIT_H
 
@@ -12,17 +14,17 @@
 
 #include "clock.h"
 
-/* Real milliseconds between two looks at a clock that is not clock_system. */
+/* Real milliseconds a wait on a clock other than clock_system lasts. */
 #define CONDWAIT_SLICE_MS 5
 
-/* Initialise c to time its waits with CLOCK_MONOTONIC, as condwait_ms
+/* Initialise c to time its waits with CLOCK_MONOTONIC, as condwait_until
  * requires. Returns pthread_cond_init's result. */
 int condwait_init(pthread_cond_t *c);
 
-/* With mu held: wait until c is signalled or ms of clk's monotonic time have
- * passed (clk NULL: the system clock). Returns 0 when signalled (or woken
- * spuriously: callers recheck their condition), ETIMEDOUT otherwise; mu is
- * held again on return. */
-int condwait_ms(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t ms);
+/* With mu held: wait for c to be signalled, at most until deadline_ms of
+ * clk's monotonic time (clk NULL: the system clock). Returns ETIMEDOUT when
+ * the deadline has passed, else 0 (signalled, or a spurious or slice
+ * wake-up: recheck and wait again). mu is held again on return. */
+int condwait_until(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t deadline_ms);
 
 #endif

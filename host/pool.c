@@ -40,6 +40,7 @@ struct pool {
 	int stop;
 	pthread_t thread;
 	unsigned failures; /* consecutive refill failures: back off */
+	unsigned kicks;    /* takes so far: they end a back-off early */
 	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 */
 };
 
@@ -189,6 +190,17 @@ static void hand_out_priority(struct pool *p, struct vm *vm)
 		fprintf(stderr, "kiln-host: pool: cannot restore the priority of a VM handed out: %s\n", strerror(-r));
 }
 
+/* With p->mu held: wait until a take or pool_stop, or ms of the pool's
+ * clock. */
+static void wait_kick(struct pool *p, int64_t ms)
+{
+	int64_t until = kclock_mono_ms(p->clk) + ms;
+	unsigned kicks = p->kicks;
+
+	while (!p->stop && p->kicks == kicks && condwait_until(&p->cv, &p->mu, p->clk, until) == 0)
+		;
+}
+
 static void *refill(void *arg)
 {
 	struct pool *p = arg;
@@ -204,10 +216,11 @@ static void *refill(void *arg)
 			continue;
 		}
 		if (p->failures) {
-			/* Back off after failures (bounded, and woken early by pool_stop). */
+			/* Back off after failures (bounded, and woken early by a take
+			 * or pool_stop). */
 			unsigned s = p->failures > 5 ? 30 : 1u << p->failures;
 
-			condwait_ms(&p->cv, &p->mu, p->clk, (int64_t)s * 1000);
+			wait_kick(p, (int64_t)s * 1000);
 			if (p->stop)
 				break;
 		}
@@ -244,8 +257,7 @@ static void *refill(void *arg)
 			}
 			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
 			pthread_mutex_lock(&p->mu);
-			if (!p->stop)
-				condwait_ms(&p->cv, &p->mu, p->clk, 1000);
+			wait_kick(p, 1000);
 			continue;
 		}
 		if (vm) {
@@ -314,6 +326,7 @@ static int pop(struct pool *p, struct vm **tier, unsigned *n, struct vm *out)
 	pthread_mutex_lock(&p->mu);
 	if (*n)
 		v = tier[--*n];
+	p->kicks++;
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	if (!v)

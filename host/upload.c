@@ -266,7 +266,7 @@ void *hostd_uploader_main(void *arg)
 		if (!pick || !d->have_s3) {
 			if (next > now + 1000)
 				next = now + 1000;
-			condwait_ms(&d->upload_wake, &d->lock, d->clk, next - now);
+			condwait_until(&d->upload_wake, &d->lock, d->clk, next);
 			continue;
 		}
 		pick->upload_busy = 1;
