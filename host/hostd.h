@@ -29,13 +29,17 @@ struct hostd_config {
 
 struct hostd;
 struct hostd_task;
+struct vm_ops;
+struct kiln_clock;
 
 /* Open the spool, recover what a previous process left (tasks that were
  * running end as error/host_restart; pending uploads resume), start the upload
- * threads. ro, cap and pool stay owned by the caller and must outlive the
- * hostd. Returns NULL with err set. */
+ * threads. Tasks run and their outputs go to S3 through ops (kiln-host:
+ * vm_ops_real); timestamps, upload back-offs and the retention follow clk
+ * (NULL: the system clock). ro, cap, pool, ops and clk stay owned by the
+ * caller and must outlive the hostd. Returns NULL with err set. */
 struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *ro, struct capacity *cap,
-			 struct pool *pool, struct kiln_err *err);
+			 struct pool *pool, const struct vm_ops *ops, const struct kiln_clock *clk, struct kiln_err *err);
 
 /* Begin shutting down: refuse new tasks, end event streams, cancel running
  * tasks (they end as error/host_shutdown). Idempotent; hostd_close follows. */

@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "err.h"
 #include "run.h"
 #include "spec.h"
@@ -27,6 +28,7 @@
 #include "spool.h"
 #include "snapshot.h"
 #include "vm.h"
+#include "vm_ops.h"
 
 #define SPEC_MAX_BYTES SPEC_MAX_JSON
 
@@ -560,7 +562,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		s.have_snap = 1;
 		s.ro.snap = &s.snap;
 		if (o->pool_size || o->prestart) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap);
+			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &vm_ops_real, &clock_system);
 			if (!s.pool) {
 				kiln_err_set(&err, "host_error", "cannot start the pool");
 				goto fail;
@@ -579,7 +581,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.retention_s = o->retention_s ? o->retention_s : 86400,
 		.accel = vm_accel_name(ro->vm.accel),
 	};
-	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &err);
+	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &vm_ops_real, &clock_system, &err);
 	if (!s.hostd)
 		goto fail;
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);

@@ -1,4 +1,6 @@
-/* pool: warm, paused VMs restored from one snapshot, refilled by one thread. */
+/* pool: warm, paused VMs restored from one snapshot, refilled by one thread.
+ * Every VM operation goes through the vm_ops the pool was started with, and
+ * every back-off is measured on its clock (tests/unit/test_pool.c). */
 #include "pool.h"
 
 #include <errno.h>
@@ -10,10 +12,12 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+#include "condwait.h"
 #include "proto.h"
+#include "vm_ops.h"
 
 #define POOL_MAX 256
 
@@ -22,6 +26,8 @@ struct pool {
 	struct vm_config base;
 	unsigned size;
 	struct capacity *cap;
+	const struct vm_ops *ops;
+	const struct kiln_clock *clk;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -34,6 +40,7 @@ struct pool {
 	int stop;
 	pthread_t thread;
 	unsigned failures; /* consecutive refill failures: back off */
+	unsigned kicks;    /* takes so far: they end a back-off early */
 	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 */
 };
 
@@ -70,7 +77,7 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 	struct proto_file file = { .mode = 0644, .size = sizeof(sample) - 1 };
 	struct proto_exec *e;
 	ssize_t n;
-	int64_t deadline = proto_now_ms() + 60000;
+	int64_t deadline = clock_mono_ms() + 60000;
 
 	if (vm_setup(vm, deadline, err) < 0)
 		return -1;
@@ -119,11 +126,11 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 	return 0;
 }
 
-static int warm_and_pause(struct vm *vm, struct kiln_err *err)
+static int warm_and_pause(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
-	if (pool_warm_up(vm, err) < 0)
+	if (p->ops->warm_up(p->ops->ctx, vm, err) < 0)
 		return -1;
-	return vm_qmp(vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, err);
+	return p->ops->pause(p->ops->ctx, vm, err);
 }
 
 int capacity_reserve(struct capacity *c, unsigned mib)
@@ -145,11 +152,11 @@ void capacity_release(struct capacity *c, unsigned mib)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Destroy a VM the pool allocated; returns NULL for `vm = discard(vm)`. */
-static struct vm *discard(struct vm *vm)
+/* Destroy a VM the pool allocated; returns NULL for `vm = discard(p, vm)`. */
+static struct vm *discard(struct pool *p, struct vm *vm)
 {
 	if (vm) {
-		vm_destroy(vm);
+		p->ops->destroy(p->ops->ctx, vm);
 		free(vm);
 	}
 	return NULL;
@@ -179,8 +186,19 @@ static void hand_out_priority(struct pool *p, struct vm *vm)
 {
 	int r;
 
-	if (p->renice && (r = vm_set_nice(vm, 0)) < 0)
+	if (p->renice && (r = p->ops->set_nice(p->ops->ctx, vm, 0)) < 0)
 		fprintf(stderr, "kiln-host: pool: cannot restore the priority of a VM handed out: %s\n", strerror(-r));
+}
+
+/* With p->mu held: wait until a take or pool_stop, or ms of the pool's
+ * clock. */
+static void wait_kick(struct pool *p, int64_t ms)
+{
+	int64_t until = kclock_mono_ms(p->clk) + ms;
+	unsigned kicks = p->kicks;
+
+	while (!p->stop && p->kicks == kicks && condwait_until(&p->cv, &p->mu, p->clk, until) == 0)
+		;
 }
 
 static void *refill(void *arg)
@@ -198,13 +216,11 @@ static void *refill(void *arg)
 			continue;
 		}
 		if (p->failures) {
-			/* Back off after failures (bounded, and woken early by pool_stop). */
-			struct timespec until;
+			/* Back off after failures (bounded, and woken early by a take
+			 * or pool_stop). */
 			unsigned s = p->failures > 5 ? 30 : 1u << p->failures;
 
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_sec += s;
-			pthread_cond_timedwait(&p->cv, &p->mu, &until);
+			wait_kick(p, (int64_t)s * 1000);
 			if (p->stop)
 				break;
 		}
@@ -212,9 +228,9 @@ static void *refill(void *arg)
 			/* Ready tier full: top up the pre-started tier (no guest memory yet). */
 			pthread_mutex_unlock(&p->mu);
 			vm = calloc(1, sizeof(*vm));
-			if (vm && snapshot_spawn(&p->snap, &p->base, vm, &err) < 0) {
+			if (vm && p->ops->spawn(p->ops->ctx, &p->snap, &p->base, vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool pre-start failed: %s\n", err.message);
-				vm = discard(vm);
+				vm = discard(p, vm);
 			}
 			pthread_mutex_lock(&p->mu);
 			if (!vm) {
@@ -223,7 +239,7 @@ static void *refill(void *arg)
 			}
 			p->failures = 0;
 			if (p->stop) {
-				discard(vm);
+				discard(p, vm);
 				break;
 			}
 			p->spawned[p->nspawned++] = vm;
@@ -241,24 +257,19 @@ static void *refill(void *arg)
 			}
 			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
 			pthread_mutex_lock(&p->mu);
-			if (!p->stop) {
-				struct timespec until;
-
-				clock_gettime(CLOCK_REALTIME, &until);
-				until.tv_sec += 1;
-				pthread_cond_timedwait(&p->cv, &p->mu, &until);
-			}
+			wait_kick(p, 1000);
 			continue;
 		}
 		if (vm) {
-			if (snapshot_load(&p->snap, vm, &err) < 0 || warm_and_pause(vm, &err) < 0) {
+			if (p->ops->load(p->ops->ctx, &p->snap, vm, &err) < 0 || warm_and_pause(p, vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
-				vm = discard(vm);
+				vm = discard(p, vm);
 			}
 		} else if ((vm = calloc(1, sizeof(*vm))) &&
-			   (snapshot_restore(&p->snap, &p->base, vm, &err) < 0 || warm_and_pause(vm, &err) < 0)) {
+			   (p->ops->restore(p->ops->ctx, &p->snap, &p->base, vm, &err) < 0 ||
+			    warm_and_pause(p, vm, &err) < 0)) {
 			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
-			vm = discard(vm);
+			vm = discard(p, vm);
 		}
 		pthread_mutex_lock(&p->mu);
 		if (!vm) {
@@ -268,7 +279,7 @@ static void *refill(void *arg)
 		}
 		p->failures = 0;
 		if (p->stop) {
-			discard(vm);
+			discard(p, vm);
 			capacity_release(p->cap, p->snap.memory_mib);
 			break;
 		}
@@ -280,7 +291,7 @@ static void *refill(void *arg)
 }
 
 struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
-			struct capacity *cap)
+			struct capacity *cap, const struct vm_ops *ops, const struct kiln_clock *clk)
 {
 	struct pool *p = calloc(1, sizeof(*p));
 
@@ -291,11 +302,15 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 	p->size = size > POOL_MAX ? POOL_MAX : size;
 	p->spawn_target = prestart > POOL_MAX ? POOL_MAX : prestart;
 	p->cap = cap;
+	p->ops = ops;
+	p->clk = clk;
 	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->cv, NULL);
+	condwait_init(&p->cv);
 	/* QEMU processes get PR_SET_PDEATHSIG from the thread that forks them:
 	 * this thread lives as long as the pool, and pool_stop destroys its VMs. */
 	if (pthread_create(&p->thread, NULL, refill, p) != 0) {
+		pthread_mutex_destroy(&p->mu);
+		pthread_cond_destroy(&p->cv);
 		free(p);
 		return NULL;
 	}
@@ -311,6 +326,7 @@ static int pop(struct pool *p, struct vm **tier, unsigned *n, struct vm *out)
 	pthread_mutex_lock(&p->mu);
 	if (*n)
 		v = tier[--*n];
+	p->kicks++;
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 	if (!v)
@@ -337,7 +353,7 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 	if (r < 0)
 		return r;
 	hand_out_priority(p, vm);
-	return vm_qmp(vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) < 0 ? -1 : 0;
+	return p->ops->resume(p->ops->ctx, vm, err) < 0 ? -1 : 0;
 }
 
 int pool_take_prestarted(struct pool *p, struct vm *vm)
@@ -384,11 +400,11 @@ void pool_stop(struct pool *p)
 	pthread_mutex_unlock(&p->mu);
 	pthread_join(p->thread, NULL);
 	for (unsigned i = 0; i < p->nready; i++) {
-		discard(p->ready[i]);
+		discard(p, p->ready[i]);
 		capacity_release(p->cap, p->snap.memory_mib);
 	}
 	for (unsigned i = 0; i < p->nspawned; i++)
-		discard(p->spawned[i]);
+		discard(p, p->spawned[i]);
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);
 	free(p);

@@ -13,6 +13,8 @@
 #include "vm.h"
 
 struct pool;
+struct vm_ops;
+struct kiln_clock;
 
 /* Memory accounting shared by the pool and running tasks: the pool only
  * refills while reserving another VM's memory keeps the host within its
@@ -31,9 +33,11 @@ void capacity_release(struct capacity *c, unsigned mib);
  * QEMU processes started ahead in -incoming (no guest memory touched yet)
  * for restores when no ready VM is left. Refilling starts at once on a
  * background thread, ready VMs first. cap and its lock are shared with the
- * caller. */
+ * caller. Every VM operation goes through ops (kiln-host: vm_ops_real) and
+ * the back-offs after failures are measured on clk (NULL: the system
+ * clock); both must outlive the pool. */
 struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, unsigned size, unsigned prestart,
-			struct capacity *cap);
+			struct capacity *cap, const struct vm_ops *ops, const struct kiln_clock *clk);
 
 /* Take a pre-started QEMU for snapshot_load(). Returns 0 or -EAGAIN. */
 int pool_take_prestarted(struct pool *p, struct vm *vm);
@@ -43,7 +47,9 @@ unsigned pool_prestarted(struct pool *p);
  * VM's memory stays reserved in the capacity: the caller releases it
  * (capacity_release) when the VM is destroyed.
  * Returns 0, or -EAGAIN when no VM is ready (the caller restores or cold
- * boots instead), or -1 with err set. Thread-safe. */
+ * boots instead), or -1 with err set: the VM could not be resumed (it died
+ * while paused); it is the caller's all the same, to destroy and release.
+ * Either way the refill thread is woken to fill the slot. Thread-safe. */
 int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err);
 
 /* Memory of one pool VM (its snapshot's). */
@@ -59,7 +65,8 @@ unsigned pool_ready(struct pool *p);
  * those paths before a task needs them. Returns 0 or -1 with err set. */
 int pool_warm_up(struct vm *vm, struct kiln_err *err);
 
-/* Stop refilling, destroy every ready VM, free the pool. */
+/* Stop refilling, destroy every ready and pre-started VM (through the
+ * pool's vm_ops), give their memory back to the capacity, free the pool. */
 void pool_stop(struct pool *p);
 
 #endif
