@@ -9,6 +9,7 @@
  * recording each state in the store with compare-and-set transitions, so
  * that a task cancelled or requeued meanwhile is never overwritten. */
 #include "scheduler.h"
+#include "condwait.h"
 #include "spec.h"
 
 #include <errno.h>
@@ -743,7 +744,6 @@ static void wait_watchers_locked(struct sched *s)
 struct sched *sched_create(struct store *st, const struct sched_config *cfg, struct kiln_err *err)
 {
 	struct sched *s = calloc(1, sizeof(*s));
-	pthread_condattr_t ca;
 
 	if (!s || !(s->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
 		free(s);
@@ -759,10 +759,7 @@ struct sched *sched_create(struct store *st, const struct sched_config *cfg, str
 	if (!s->cfg.host_lost_after_ms)
 		s->cfg.host_lost_after_ms = 10000;
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&s->wake);
 	return s;
 }
 

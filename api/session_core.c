@@ -17,6 +17,7 @@
  * the store is what a killed kiln-api left, and the reaper settles it by
  * asking the host. */
 #include "sessions_internal.h"
+#include "condwait.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -310,7 +311,6 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 				 const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
 {
 	struct sessions *ss = calloc(1, sizeof(*ss));
-	pthread_condattr_t ca;
 
 	if (!ss || !(ss->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
 		free(ss);
@@ -323,10 +323,7 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 	ss->host = host ? host : &host_ops_hostclient;
 	ss->clock = clock;
 	pthread_mutex_init(&ss->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&ss->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&ss->cond);
 	return ss;
 }
 

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "condwait.h"
 #include "quota.h"
 
 static const char *const core_sql[STORE_CORE_COUNT] = {
@@ -412,7 +413,6 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 struct store *store_open(const char *path, struct kiln_err *err)
 {
 	struct store *s = calloc(1, sizeof(*s));
-	pthread_condattr_t ca;
 	int rc;
 
 	if (!s) {
@@ -424,10 +424,7 @@ struct store *store_open(const char *path, struct kiln_err *err)
 	pthread_mutex_init(&s->ch_lock, NULL);
 	pthread_mutex_init(&s->gc_lock, NULL);
 	pthread_cond_init(&s->gc_cond, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->ch_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&s->ch_cond);
 	/* NOMUTEX: s->lock serialises every use of the connection. */
 	rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
 	if (rc != SQLITE_OK) {

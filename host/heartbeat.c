@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "condwait.h"
 #include "httpc.h"
 #include "proto.h"
 
@@ -93,7 +94,6 @@ struct heartbeat *heartbeat_start(struct hostd *d, const char *api, const char *
 				  const char *token, unsigned period_ms, struct kiln_err *err)
 {
 	struct heartbeat *h = calloc(1, sizeof(*h));
-	pthread_condattr_t ca;
 	size_t n;
 
 	if (!h)
@@ -107,10 +107,7 @@ struct heartbeat *heartbeat_start(struct hostd *d, const char *api, const char *
 	    !(h->token = strdup(token)) || !(h->advertise = strdup(advertise)))
 		goto oom;
 	pthread_mutex_init(&h->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&h->wake);
 	strcpy(h->last_error, "(none yet)");
 	h->started = pthread_create(&h->thread, NULL, heartbeat_main, h) == 0;
 	if (!h->started) {
