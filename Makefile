@@ -39,7 +39,7 @@ API_OBJS   := $(API_SRCS:%.c=$(B)/%.o)
 CLI_SRCS   := $(filter-out cli/main.c,$(wildcard cli/*.c))
 CLI_OBJS   := $(CLI_SRCS:%.c=$(B)/%.o)
 # kiln-init is static and links only what the guest needs (no jansson/libcrypto).
-GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c
+GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c lib/io.c
 GUEST_OBJS := $(GUEST_SRCS:%.c=$(B)/guest-obj/%.o)
 
 UNIT_SRCS  := $(wildcard tests/unit/test_*.c)
@@ -132,7 +132,7 @@ $(B)/bench/baseline.cpio: bench/baseline-init
 	cd $(B)/bench/baseline && printf 'init\nbin\nbin/busybox\n' | cpio --quiet -o -H newc -R 0:0 > ../baseline.cpio
 
 # The guest agent on the host, for tests/agent/agent_host.py (no VM needed).
-AGENT_DRIVE_SRCS := tests/agent/drive.c $(filter-out guest/main.c,$(wildcard guest/*.c)) lib/proto.c
+AGENT_DRIVE_SRCS := tests/agent/drive.c $(filter-out guest/main.c,$(wildcard guest/*.c)) lib/proto.c lib/io.c
 $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKILN_GUEST -Iguest -o $@ $(AGENT_DRIVE_SRCS)

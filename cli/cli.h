@@ -87,7 +87,4 @@ int cli_session_get_target(const char *guest, const char *local, char *out, size
 /* Print a JSON value indented on stdout. */
 void cli_print_json(json_t *v);
 
-/* Milliseconds on the monotonic clock. */
-long long cli_now_ms(void);
-
 #endif

@@ -62,14 +62,6 @@ void cli_print_json(json_t *v)
 	putchar('\n');
 }
 
-long long cli_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 unsigned char *cli_read_file(const char *path, size_t max, size_t *len, mode_t *mode)
 {
 	FILE *f = fopen(path, "re");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 
 static volatile sig_atomic_t interrupts; /* SIGINTs received while following */
 
@@ -56,7 +57,7 @@ static int on_event(void *ctx, const char *name, json_t *data)
 {
 	struct follow_ctx *f = ctx;
 	struct follow_view *v = f->v;
-	double secs = (double)(cli_now_ms() - f->started_ms) / 1000.0;
+	double secs = (double)(clock_mono_ms() - f->started_ms) / 1000.0;
 
 	if (!strcmp(name, "stdout") || !strcmp(name, "stderr")) {
 		const char *d = json_string_value(json_object_get(data, "data"));
@@ -89,7 +90,7 @@ static int on_event(void *ctx, const char *name, json_t *data)
 			return 0;
 		snprintf(v->state, sizeof(v->state), "%s", s);
 		if (!strcmp(s, "running"))
-			f->running_ms = cli_now_ms();
+			f->running_ms = clock_mono_ms();
 		if (v->progress)
 			say(f, "kiln: %s (%.1f s)\n", s, secs);
 	} else if (!strcmp(name, "cancel")) {
@@ -108,7 +109,7 @@ static int on_event(void *ctx, const char *name, json_t *data)
 static int on_tick(void *ctx)
 {
 	struct follow_ctx *f = ctx;
-	long long now = cli_now_ms();
+	long long now = clock_mono_ms();
 
 	if (interrupts >= 2)
 		return 1;
@@ -141,7 +142,7 @@ int follow_task(const struct cli_conn *c, struct follow_view *v, int cancel_on_i
 {
 	struct follow_ctx f = {
 		.conn = c, .v = v, .tty = isatty(2), .at_line_start = 1, .cancel_on_int = cancel_on_int,
-		.started_ms = cli_now_ms(),
+		.started_ms = clock_mono_ms(),
 	};
 	struct sigaction sa = { .sa_handler = on_sigint }, old;
 	char path[256];

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cli.h"
 #include "follow.h"
 #include "fsutil.h"
@@ -356,7 +357,7 @@ int cmd_run(int argc, char **argv)
 	if (json_array_size(allow))
 		json_object_set_new(spec, "network", json_pack("{s:s, s:O}", "egress", "allow", "allow", allow));
 
-	t0 = cli_now_ms();
+	t0 = clock_mono_ms();
 	if ((rc = cli_request(&conn, "submit", "POST", "/v1/tasks", spec, 60, &reply)))
 		goto out;
 	id = json_string_value(json_object_get(reply, "id"));
@@ -395,7 +396,7 @@ int cmd_run(int argc, char **argv)
 			fprintf(stderr, " (signal %s)", sig);
 		if (reason && strcmp(reason, "exited") && strcmp(reason, st))
 			fprintf(stderr, ", %s", reason);
-		fprintf(stderr, " in %.2f s\n", (double)(cli_now_ms() - t0) / 1000.0);
+		fprintf(stderr, " in %.2f s\n", (double)(clock_mono_ms() - t0) / 1000.0);
 		if (emsg && !strcmp(st, "error"))
 			fprintf(stderr, "kiln: error: %s\n", emsg);
 	}

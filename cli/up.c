@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cli.h"
 #include "fsutil.h"
 
@@ -391,7 +392,7 @@ static int check_died(struct up *u)
 static int wait_api(struct up *u)
 {
 	struct cli_conn c = { .api = u->api_url };
-	long long deadline = cli_now_ms() + 30000;
+	long long deadline = clock_mono_ms() + 30000;
 
 	while (!u->stop && !check_died(u)) {
 		struct kiln_err err = { .code = "" };
@@ -401,7 +402,7 @@ static int wait_api(struct up *u)
 		json_decref(r);
 		if (st == 200)
 			return 0;
-		if (cli_now_ms() > deadline) {
+		if (clock_mono_ms() > deadline) {
 			say("kiln-api does not answer on %s after 30 s (log: %s/api.log)", u->api_url, u->dir);
 			return -1;
 		}
@@ -415,7 +416,7 @@ static int wait_api(struct up *u)
 static int wait_host(struct up *u)
 {
 	struct cli_conn c = { .api = u->api_url, .key = u->admin_key };
-	long long start = cli_now_ms(), last_say = start;
+	long long start = clock_mono_ms(), last_say = start;
 	char log[PATH_MAX + 16], tail[200], prev[200] = "";
 
 	snprintf(log, sizeof(log), "%s/host.log", u->dir);
@@ -440,13 +441,13 @@ static int wait_host(struct up *u)
 			}
 			if (json_integer_value(ready) >= 1) {
 				json_decref(r);
-				say("kiln-host is live with a warm VM (%.1f s)", (double)(cli_now_ms() - start) / 1000);
+				say("kiln-host is live with a warm VM (%.1f s)", (double)(clock_mono_ms() - start) / 1000);
 				return 0;
 			}
 			phase = "live, warming its pool";
 		}
 		json_decref(r);
-		now = cli_now_ms();
+		now = clock_mono_ms();
 		if (now - last_say >= 5000) {
 			last_line(log, tail, sizeof(tail));
 			say("%.0f s: kiln-host %s%s%s", (double)(now - start) / 1000, phase,
@@ -544,7 +545,7 @@ static int write_credentials(struct up *u)
 /* SIGTERM one child and wait for it (SIGKILL after timeout_s). */
 static void stop_child(struct up *u, pid_t *pid, const char *name, int timeout_s)
 {
-	long long deadline = cli_now_ms() + timeout_s * 1000LL;
+	long long deadline = clock_mono_ms() + timeout_s * 1000LL;
 	pid_t p = *pid;
 	int st;
 
@@ -554,7 +555,7 @@ static void stop_child(struct up *u, pid_t *pid, const char *name, int timeout_s
 	for (;;) {
 		if (waitpid(p, &st, WNOHANG) == p)
 			break;
-		if (cli_now_ms() > deadline) {
+		if (clock_mono_ms() > deadline) {
 			say("%s did not stop within %d s: SIGKILL", name, timeout_s);
 			kill(p, SIGKILL);
 			waitpid(p, &st, 0);

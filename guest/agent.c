@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "collect.h"
+#include "io.h"
 #include "init.h"
 #include "task.h"
 #include "zygote.h"
@@ -458,20 +459,11 @@ static int file_data(struct agent *a, const struct proto_frame *fr)
 		return agent_send_error(a, -EPROTO, "FILE %s: more data than announced", f->path);
 	}
 	f->left -= n;
-	while (f->fd >= 0 && n > 0) {
-		ssize_t w = write(f->fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			r = w < 0 ? -errno : -EIO;
-			file_drop(f);
-			if (f->left == 0)
-				file_reset(f);
-			return agent_send_error(a, r, "FILE %s: write: %s", f->path, strerror(-r));
-		}
-		p += w;
-		n -= (size_t)w;
+	if (f->fd >= 0 && (r = io_write_all(f->fd, p, n)) < 0) {
+		file_drop(f);
+		if (f->left == 0)
+			file_reset(f);
+		return agent_send_error(a, r, "FILE %s: write: %s", f->path, strerror(-r));
 	}
 	if (f->left > 0)
 		return 0;

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "io.h"
 #include "init.h"
 
 /* Runs the script the way `python3 SCRIPT ARGS` would: a fresh __main__,
@@ -282,7 +283,7 @@ int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const en
 	/* argv + env fit one EXEC payload; the numbers and NULs add a little. */
 	static char buf[PROTO_MAX_PAYLOAD + 4 * PROTO_MAX_ENV + 256];
 	char num[32];
-	size_t len = 0, envc = 0, off = 0;
+	size_t len = 0, envc = 0;
 	int r = 0;
 
 	while (envp[envc])
@@ -306,20 +307,13 @@ int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const en
 		return -E2BIG;
 	}
 	/* The interpreter is blocked reading: this write completes. */
-	while (off < len) {
-		ssize_t n = write(z->ctl, buf + off, len - off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			r = n < 0 ? -errno : -EIO;
-			/* EPIPE: it died and PID 1 reaped it; its pid may be reused. */
-			if (r == -EPIPE)
-				z->pid = 0;
-			zygote_stop(z);
-			return r;
-		}
-		off += (size_t)n;
+	r = io_write_all(z->ctl, buf, len);
+	if (r < 0) {
+		/* EPIPE: it died and PID 1 reaped it; its pid may be reused. */
+		if (r == -EPIPE)
+			z->pid = 0;
+		zygote_stop(z);
+		return r;
 	}
 	close(z->ctl);
 	close(z->ready);

@@ -32,6 +32,7 @@
 
 #include <openssl/evp.h>
 
+#include "clock.h"
 #include "fsutil.h"
 #include "net.h"
 #include "proto.h"
@@ -134,14 +135,6 @@ static int launch_vm(struct sessions *ss, const struct vm_config *cfg, struct vm
 		pthread_cond_wait(&ss->launched_cond, &ss->lock);
 	pthread_mutex_unlock(&ss->lock);
 	return l.rc;
-}
-
-static int64_t wall_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 struct sessions *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err)
@@ -292,7 +285,7 @@ static void session_put(struct sessions *ss, struct session *s, int gone)
 	if (gone)
 		s->state = SS_GONE;
 	else
-		s->last_active_ms = wall_ms();
+		s->last_active_ms = clock_wall_ms();
 	pthread_mutex_unlock(&s->op);
 	pthread_mutex_lock(&ss->lock);
 	if (gone) {
@@ -377,7 +370,7 @@ static struct session *session_new(struct sessions *ss, const char *id, const ch
 	snprintf(s->dir, sizeof(s->dir), "%s/%s", ss->root, id);
 	snprintf(s->disk, sizeof(s->disk), "%s/disk.qcow2", s->dir);
 	snprintf(s->state_path, sizeof(s->state_path), "%s/state", s->dir);
-	s->created_ms = s->last_active_ms = wall_ms();
+	s->created_ms = s->last_active_ms = clock_wall_ms();
 	s->input_wr = -1;
 	pthread_mutex_init(&s->op, NULL);
 	return s;
@@ -848,7 +841,7 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 			goto write_failed;
 	if (json_is_true(eof) && input_frame(s->input_wr, PROTO_STDIN, NULL, 0) < 0)
 		goto write_failed;
-	s->last_active_ms = wall_ms();
+	s->last_active_ms = clock_wall_ms();
 	r = 0;
 	goto out;
 write_failed:
@@ -1106,7 +1099,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:O, s:I, s:s}", "version", SESSION_MANIFEST_V, "id",
 		      s->id, "customer", s->customer, "template", s->snap->key, "net", s->snap->net, "memory_mib",
 		      (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec, "guest_kernel", s->release, "files",
-		      files, "paused_ms", (json_int_t)wall_ms(), "host_id", ss->host_id);
+		      files, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id);
 	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
 	json_decref(m);
 	s3_key_of(key, sizeof(key), s->customer, s->id, "manifest.json");

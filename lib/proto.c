@@ -4,10 +4,10 @@
  * and against a fixed bound before touching memory. */
 #include "proto.h"
 
+#include "io.h"
+
 #include <errno.h>
-#include <poll.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -549,51 +549,9 @@ int proto_abspath_ok(const char *path)
 
 /* ---- I/O ---------------------------------------------------------------- */
 
-int64_t proto_now_ms(void)
-{
-	return proto_now_us() / 1000;
-}
-
-int64_t proto_now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 int proto_write_all(int fd, const void *buf, size_t n, int64_t deadline_ms)
 {
-	const uint8_t *p = buf;
-
-	while (n > 0) {
-		ssize_t w = write(fd, p, n);
-
-		if (w > 0) {
-			p += w;
-			n -= (size_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN) {
-			struct pollfd pfd = { .fd = fd, .events = POLLOUT };
-			int timeout = -1;
-
-			if (deadline_ms > 0) {
-				int64_t left = deadline_ms - proto_now_ms();
-
-				if (left <= 0)
-					return -ETIMEDOUT;
-				timeout = left > 60000 ? 60000 : (int)left;
-			}
-			if (poll(&pfd, 1, timeout) < 0 && errno != EINTR)
-				return -errno;
-			continue;
-		}
-		return w < 0 ? -errno : -EIO;
-	}
-	return 0;
+	return io_write_all_deadline(fd, buf, n, deadline_ms);
 }
 
 int proto_send(int fd, uint8_t type, const void *payload, size_t len, int64_t deadline_ms)

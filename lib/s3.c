@@ -4,6 +4,7 @@
  * retries with backoff, and a bounded extractor for S3's XML replies (the
  * server's bytes are treated as hostile: they end up in error messages). */
 #include "s3.h"
+#include "io.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -566,21 +567,6 @@ static int seek_cb(void *arg, curl_off_t offset, int origin)
 	return CURL_SEEKFUNC_OK;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return w < 0 ? -errno : -EIO;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 static size_t write_cb(char *data, size_t size, size_t nmemb, void *arg)
 {
 	struct s3_reply *r = arg;
@@ -590,7 +576,7 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *arg)
 
 	curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &status);
 	if (r->out_fd >= 0 && status >= 200 && status < 300) {
-		rc = write_all(r->out_fd, data, n);
+		rc = io_write_all(r->out_fd, data, n);
 		if (rc < 0) {
 			r->io_errno = -rc;
 			return 0; /* CURLE_WRITE_ERROR */

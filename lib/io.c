@@ -1,0 +1,129 @@
+/* io: write-all / read-all loops over a file descriptor (lib/io.h). Built into
+ * libkiln and into the static guest, so it uses libc only. */
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "clock.h"
+
+int io_write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+
+	while (n > 0) {
+		ssize_t w = write(fd, c, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+int io_write_all_deadline(int fd, const void *p, size_t n, int64_t deadline_ms)
+{
+	const char *c = p;
+
+	while (n > 0) {
+		ssize_t w = write(fd, c, n);
+
+		if (w > 0) {
+			c += w;
+			n -= (size_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+			int timeout = -1;
+
+			if (deadline_ms > 0) {
+				int64_t left = deadline_ms - clock_mono_ms();
+
+				if (left <= 0)
+					return -ETIMEDOUT;
+				/* Bounded so a clock that moved is noticed. */
+				timeout = left > 60000 ? 60000 : (int)left;
+			}
+			if (poll(&pfd, 1, timeout) < 0 && errno != EINTR)
+				return -errno;
+			continue;
+		}
+		return w < 0 ? -errno : -EIO;
+	}
+	return 0;
+}
+
+ssize_t io_read_all(int fd, void *p, size_t n)
+{
+	char *c = p;
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = read(fd, c + got, n - got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	return (ssize_t)got;
+}
+
+char *io_read_file(const char *path, size_t max, size_t *len)
+{
+	size_t cap = 4096, got = 0;
+	char *p = NULL, *np;
+	int fd, saved;
+	ssize_t r;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	for (;;) {
+		if (!p || got == cap - 1) {
+			if (p)
+				cap *= 2;
+			np = realloc(p, cap);
+			if (!np) {
+				errno = ENOMEM;
+				goto fail;
+			}
+			p = np;
+		}
+		r = io_read_all(fd, p + got, cap - 1 - got);
+		if (r < 0) {
+			errno = (int)-r;
+			goto fail;
+		}
+		got += (size_t)r;
+		if (got > max) {
+			errno = EFBIG;
+			goto fail;
+		}
+		if (got < cap - 1)
+			break; /* end of file */
+	}
+	close(fd);
+	p[got] = 0;
+	if (len)
+		*len = got;
+	return p;
+fail:
+	saved = errno;
+	free(p);
+	close(fd);
+	errno = saved;
+	return NULL;
+}

@@ -1,0 +1,32 @@
+/* io: the one write-all / read-all loop over a file descriptor, shared by the
+ * host, the API, the CLI and the static guest (kiln-init links lib/io.c).
+ * io_write_all is for blocking fds; io_write_all_deadline also copes with
+ * non-blocking fds (poll() for POLLOUT) and gives up at a CLOCK_MONOTONIC
+ * deadline: it is the loop under proto_write_all/proto_send. No allocation
+ * except in io_read_file. */
+#ifndef KILN_IO_H
+#define KILN_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Write all n bytes to a blocking fd, retrying on EINTR and short writes.
+ * 0, or a negative errno (-EIO if write() returned 0). Any thread. */
+int io_write_all(int fd, const void *p, size_t n);
+
+/* Write all n bytes to a blocking or non-blocking fd; on EAGAIN wait with
+ * poll() until deadline_ms (clock_mono_ms() milliseconds; <= 0: no deadline).
+ * 0, -ETIMEDOUT, or a negative errno. Any thread. */
+int io_write_all_deadline(int fd, const void *p, size_t n, int64_t deadline_ms);
+
+/* Read until n bytes are in p or end of file, retrying on EINTR. Returns the
+ * number of bytes read (< n only at end of file) or a negative errno. */
+ssize_t io_read_all(int fd, void *p, size_t n);
+
+/* Read a whole file of at most max bytes into a malloc'd, NUL-terminated
+ * buffer the caller frees; *len (may be NULL) gets its length. Returns NULL
+ * with errno set (EFBIG past max). Any thread. */
+char *io_read_file(const char *path, size_t max, size_t *len);
+
+#endif
