@@ -40,6 +40,7 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <nftables/libnftables.h>
 
+#include "buf.h"
 #include "dns.h"
 #include "proto.h"
 
@@ -122,43 +123,23 @@ static const char *ip_str(uint32_t a, char *buf, size_t cap)
 
 /* ---- growable text, for rulesets ---------------------------------------- */
 
+/* A ruleset being written: lib/buf.h plus a sticky failure, so the many
+ * text_add calls are checked once at the end. */
 struct text {
-	char *p;
-	size_t len, cap;
+	struct buf b;
 	int oom;
 };
 
 __attribute__((format(printf, 2, 3))) static void text_add(struct text *t, const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
 	if (t->oom)
 		return;
-	for (;;) {
-		va_start(ap, fmt);
-		n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			t->oom = 1;
-			return;
-		}
-		if (t->p && t->len + (size_t)n < t->cap) {
-			t->len += (size_t)n;
-			return;
-		}
-		{
-			size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)n;
-			char *q = realloc(t->p, cap);
-
-			if (!q) {
-				t->oom = 1;
-				return;
-			}
-			t->p = q;
-			t->cap = cap;
-		}
-	}
+	va_start(ap, fmt);
+	if (buf_vprintf(&t->b, fmt, ap) < 0)
+		t->oom = 1;
+	va_end(ap);
 }
 
 /* ---- nftables ---------------------------------------------------------- */
@@ -514,14 +495,14 @@ int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
 	}
 	/* A table left by an earlier kiln-host in this namespace is replaced. */
 	nft_run(ctx, "delete table inet kiln_host", NULL, NULL);
-	if (nft_run(ctx, t.p, NULL, err) < 0)
+	if (nft_run(ctx, t.b.p, NULL, err) < 0)
 		goto out;
 	r = 0;
 out:
 	if (ifa)
 		freeifaddrs(ifa);
 	nft_close(ctx);
-	free(t.p);
+	buf_free(&t.b);
 	if (r < 0 && h->root_nsfd >= 0) {
 		close(h->root_nsfd);
 		h->root_nsfd = -1;
@@ -668,10 +649,10 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	text_add(&t, " chain sbx_post { type nat hook postrouting priority 100; policy accept;\n"
 		     "  oifname \"" NET_UPLINK "\" masquerade\n }\n}\n");
 	if (t.oom) {
-		free(t.p);
+		buf_free(&t.b);
 		return NULL;
 	}
-	return t.p;
+	return t.b.p;
 }
 
 static int setup_fail(struct net_sandbox *s, const char *what, int e)
@@ -1070,9 +1051,9 @@ static void allow_addresses(struct net_sandbox *s, uint64_t match, const struct 
 			text_add(&t, "add element inet kiln host%zu { %s timeout %us }\n", i, a, ttl);
 		}
 	}
-	if (t.p)
-		nft_run(s->nft, t.p, NULL, NULL);
-	free(t.p);
+	if (t.b.p)
+		nft_run(s->nft, t.b.p, NULL, NULL);
+	buf_free(&t.b);
 }
 
 static void dns_from_upstream(struct net_sandbox *s)

@@ -545,7 +545,7 @@ out:
 	return r;
 }
 
-static json_t *str_json(const struct textbuf *b)
+static json_t *str_json(const struct buf *b)
 {
 	char *s = textbuf_to_utf8(b->p, b->len);
 	json_t *j = json_string(s ? s : "");
@@ -558,7 +558,7 @@ static json_t *str_json(const struct textbuf *b)
  * excerpt is kept (opts->log_excerpt), NAME_tail: see docs/api.md. */
 static void set_stream(json_t *r, const char *name, const struct textcap *cap, int guest_trunc)
 {
-	struct textbuf head, tail;
+	struct buf head, tail;
 	char key[32];
 
 	textcap_head(cap, &head);
@@ -567,13 +567,13 @@ static void set_stream(json_t *r, const char *name, const struct textcap *cap, i
 		textcap_tail(cap, &tail);
 		snprintf(key, sizeof(key), "%s_tail", name);
 		json_object_set_new(r, key, str_json(&tail));
-		textbuf_free(&tail);
+		buf_free(&tail);
 	}
 	snprintf(key, sizeof(key), "%s_truncated", name);
 	json_object_set_new(r, key, json_boolean(guest_trunc || textcap_cut(cap)));
 	snprintf(key, sizeof(key), "%s_bytes", name);
 	json_object_set_new(r, key, json_integer((json_int_t)cap->total));
-	textbuf_free(&head);
+	buf_free(&head);
 }
 
 static const char *signame(unsigned sig)

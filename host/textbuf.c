@@ -1,4 +1,4 @@
-/* textbuf: growable buffers and UTF-8 sanitising of task output. */
+/* textbuf: bounded output capture and UTF-8 sanitising of task output. */
 #include "textbuf.h"
 
 #include <errno.h>
@@ -6,45 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-int textbuf_append(struct textbuf *b, const void *data, size_t n)
-{
-	if (b->cap - b->len < n) {
-		size_t cap = b->cap ? b->cap : 4096;
-		char *p;
-
-		while (cap - b->len < n) {
-			if (cap > SIZE_MAX / 2)
-				return -ENOMEM;
-			cap *= 2;
-		}
-		p = realloc(b->p, cap);
-		if (!p)
-			return -ENOMEM;
-		b->p = p;
-		b->cap = cap;
-	}
-	if (n)
-		memcpy(b->p + b->len, data, n);
-	b->len += n;
-	return 0;
-}
-
-void textbuf_free(struct textbuf *b)
-{
-	free(b->p);
-	memset(b, 0, sizeof(*b));
-}
-
 int textcap_append(struct textcap *c, const void *data, size_t n)
 {
 	const char *p = data;
 	size_t h = 0;
 
 	if (!c->keep)
-		return textbuf_append(&c->head, p, n) < 0 ? -ENOMEM : (c->total += n, 0);
+		return buf_add(&c->head, p, n) < 0 ? -ENOMEM : (c->total += n, 0);
 	if (c->head.len < c->keep) {
 		h = c->keep - c->head.len < n ? c->keep - c->head.len : n;
-		if (textbuf_append(&c->head, p, h) < 0)
+		if (buf_add(&c->head, p, h) < 0)
 			return -ENOMEM;
 	}
 	c->total += n;
@@ -76,35 +47,35 @@ int textcap_cut(const struct textcap *c)
 }
 
 /* The ring's bytes in order (oldest first), appended to out. */
-static int ring_copy(const struct textcap *c, struct textbuf *out)
+static int ring_copy(const struct textcap *c, struct buf *out)
 {
 	size_t start = c->ring_len < c->keep ? 0 : c->ring_pos;
 
 	if (!c->ring_len)
 		return 0;
-	if (textbuf_append(out, c->ring + start, c->ring_len - (c->ring_len < c->keep ? 0 : start)) < 0 ||
-	    textbuf_append(out, c->ring, c->ring_len < c->keep ? 0 : start) < 0)
+	if (buf_add(out, c->ring + start, c->ring_len - (c->ring_len < c->keep ? 0 : start)) < 0 ||
+	    buf_add(out, c->ring, c->ring_len < c->keep ? 0 : start) < 0)
 		return -ENOMEM;
 	return 0;
 }
 
-int textcap_head(const struct textcap *c, struct textbuf *out)
+int textcap_head(const struct textcap *c, struct buf *out)
 {
-	memset(out, 0, sizeof(*out));
-	if (textbuf_append(out, c->head.p, c->head.len) < 0)
+	buf_init(out, 0);
+	if (buf_add(out, c->head.p, c->head.len) < 0)
 		return -ENOMEM;
 	return textcap_cut(c) ? 0 : ring_copy(c, out);
 }
 
-int textcap_tail(const struct textcap *c, struct textbuf *out)
+int textcap_tail(const struct textcap *c, struct buf *out)
 {
-	memset(out, 0, sizeof(*out));
+	buf_init(out, 0);
 	return textcap_cut(c) ? ring_copy(c, out) : 0;
 }
 
 void textcap_free(struct textcap *c)
 {
-	textbuf_free(&c->head);
+	buf_free(&c->head);
 	free(c->ring);
 	memset(c, 0, sizeof(*c));
 }

@@ -1,26 +1,20 @@
-/* textbuf: a growable byte buffer for captured stdout/stderr, and the
- * conversion of arbitrary task bytes into valid UTF-8 for JSON. */
+/* textbuf: the bounded capture of a task's stdout/stderr (struct textcap,
+ * built on lib/buf.h's struct buf), and the conversion of arbitrary task
+ * bytes into valid UTF-8 for JSON. */
 #ifndef KILN_TEXTBUF_H
 #define KILN_TEXTBUF_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-struct textbuf {
-	char *p;
-	size_t len, cap;
-};
-
-/* Append n bytes. Returns 0 or -ENOMEM. */
-int textbuf_append(struct textbuf *b, const void *data, size_t n);
-void textbuf_free(struct textbuf *b);
+#include "buf.h"
 
 /* A bounded capture of one output stream: its first `keep` bytes (head), its
  * last `keep` bytes (tail, a ring) and its total length. keep 0 keeps
  * everything in head. Memory: at most 2 * keep bytes, whatever the stream's
  * length (the whole stream is the caller's to spool, e.g. to a log file). */
 struct textcap {
-	struct textbuf head;
+	struct buf head;
 	char *ring;
 	size_t keep, ring_len, ring_pos; /* ring_pos: where the next byte goes */
 	uint64_t total;
@@ -33,11 +27,11 @@ int textcap_append(struct textcap *c, const void *data, size_t n);
 int textcap_cut(const struct textcap *c);
 
 /* The stream when it is not cut (head then tail), else its head: bytes into
- * out (freshly allocated, caller frees with textbuf_free). 0 or -ENOMEM. */
-int textcap_head(const struct textcap *c, struct textbuf *out);
+ * out (freshly allocated, caller frees with buf_free). 0 or -ENOMEM. */
+int textcap_head(const struct textcap *c, struct buf *out);
 
 /* The last `keep` bytes when the stream is cut (else empty), in order. */
-int textcap_tail(const struct textcap *c, struct textbuf *out);
+int textcap_tail(const struct textcap *c, struct buf *out);
 
 void textcap_free(struct textcap *c);
 

@@ -41,15 +41,15 @@ static void utf8_invalid_replaced(void **state)
 
 static void textbuf_grows(void **state)
 {
-	struct textbuf b = { 0 };
+	struct buf b = { 0 };
 	char chunk[1000];
 
 	memset(chunk, 'x', sizeof(chunk));
 	for (int i = 0; i < 100; i++)
-		assert_int_equal(textbuf_append(&b, chunk, sizeof(chunk)), 0);
+		assert_int_equal(buf_add(&b, chunk, sizeof(chunk)), 0);
 	assert_int_equal(b.len, 100000);
 	assert_true(b.cap >= b.len);
-	textbuf_free(&b);
+	buf_free(&b);
 	assert_null(b.p);
 }
 
@@ -74,7 +74,7 @@ static int outdir_teardown(void **state)
 static void textcap_bounded(void **state)
 {
 	struct textcap c = { .keep = 8 };
-	struct textbuf h, t;
+	struct buf h, t;
 	char big[100];
 
 	(void)state;
@@ -83,7 +83,7 @@ static void textcap_bounded(void **state)
 	textcap_head(&c, &h);
 	assert_int_equal(h.len, 16);
 	assert_memory_equal(h.p, "0123456789abcdef", 16);
-	textbuf_free(&h);
+	buf_free(&h);
 	assert_int_equal(textcap_append(&c, "g", 1), 0);
 	assert_true(textcap_cut(&c));
 	textcap_head(&c, &h);
@@ -92,8 +92,8 @@ static void textcap_bounded(void **state)
 	assert_memory_equal(h.p, "01234567", 8);
 	assert_int_equal(t.len, 8);
 	assert_memory_equal(t.p, "9abcdefg", 8);
-	textbuf_free(&h);
-	textbuf_free(&t);
+	buf_free(&h);
+	buf_free(&t);
 	/* A piece larger than the ring, then byte by byte across its wrap. */
 	for (int i = 0; i < 100; i++)
 		big[i] = (char)('A' + i % 26);
@@ -104,7 +104,7 @@ static void textcap_bounded(void **state)
 	assert_true(c.head.len == 8 && c.ring_len == 8);
 	textcap_tail(&c, &t);
 	assert_memory_equal(t.p, "TUVxyzxy", 8); /* big ends ...STUV (99 % 26 = 21: V) */
-	textbuf_free(&t);
+	buf_free(&t);
 	textcap_free(&c);
 	/* keep 0: everything. */
 	c = (struct textcap){ 0 };
