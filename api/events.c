@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "clock.h"
+#include "condwait.h"
 
 #define EV_BUCKETS 1024
 #define EV_MAX_TASKS 4096
@@ -219,16 +219,12 @@ void events_task_event(struct events *h, const char *task_id, const char *event,
 struct events *events_new(struct store *st)
 {
 	struct events *h = calloc(1, sizeof(*h));
-	pthread_condattr_t ca;
 
 	if (!h)
 		return NULL;
 	h->st = st;
 	pthread_mutex_init(&h->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&h->cond); /* evlog_read times its waits in clock_mono_ms */
 	h->pool.max = EV_TOTAL_MAX_BYTES;
 	return h;
 }
