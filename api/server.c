@@ -12,10 +12,8 @@
  * once it passes twice the limit (libmicrohttpd accepts no reply while a
  * body is arriving).
  *
- * Event hub: a table of per-task event logs (lib/evlog.h, under s->ev_lock,
- * one condition variable, one shared memory pool), fed by the store's
- * listener (state changes) and by server_task_event (the scheduler's relay
- * of host output). */
+ * The event hub (per-task event lists, fed by the store's listener and by
+ * server_task_event) is in events.c. */
 #include "server.h"
 
 #include <arpa/inet.h>
@@ -32,7 +30,7 @@
 #include <openssl/sha.h>
 
 #include "clock.h"
-#include "evlog.h"
+#include "events.h"
 #include "httpd.h"
 #include "quota.h"
 #include "presign.h"
@@ -42,24 +40,11 @@
 #include "sessions.h"
 #include "spec.h"
 
-#define EV_BUCKETS 1024
-#define EV_MAX_TASKS 4096
-#define EV_TASK_MAX_BYTES (1u << 20)
-#define EV_TOTAL_MAX_BYTES (256u << 20)
 #define KEEPALIVE_MS 15000
 #define WAIT_MAX_S 60
 #define QUEUE_FULL_RETRY_S 5
 #define ADMIN_BODY_MAX (64u << 10)
 
-struct ev_task {
-	char id[40];
-	struct evlog log;            /* closed once final */
-	enum task_state last_state;
-	int final;
-	unsigned refs;
-	int64_t touched_ms;
-	struct ev_task *next;
-};
 
 struct server {
 	const struct api_config *cfg;
@@ -72,13 +57,7 @@ struct server {
 	pthread_mutex_t hooks_lock;
 	struct server_hooks hooks;
 	struct sessions *sessions;   /* under hooks_lock */
-
-	pthread_mutex_t ev_lock;
-	pthread_cond_t ev_cond;
-	struct ev_task *ev_tab[EV_BUCKETS];
-	size_t ev_count;
-	struct evlog_pool ev_pool;
-	int stopping;
+	struct events *ev;           /* the event hub (events.h) */
 };
 
 struct caller {
@@ -125,192 +104,18 @@ static int authenticate(struct server *s, struct MHD_Connection *conn, struct ca
 	return 1;
 }
 
-/* ---- event hub ---- */
-
-static unsigned ev_hash(const char *id)
-{
-	unsigned h = 2166136261u;
-
-	for (; *id; id++)
-		h = (h ^ (unsigned char)*id) * 16777619u;
-	return h % EV_BUCKETS;
-}
-
-static struct ev_task *ev_find_locked(struct server *s, const char *id)
-{
-	for (struct ev_task *t = s->ev_tab[ev_hash(id)]; t; t = t->next)
-		if (!strcmp(t->id, id))
-			return t;
-	return NULL;
-}
-
-static void ev_free(struct ev_task *t)
-{
-	evlog_free(&t->log);
-	free(t);
-}
-
-static void ev_unlink_locked(struct server *s, struct ev_task *t)
-{
-	struct ev_task **p = &s->ev_tab[ev_hash(t->id)];
-
-	while (*p != t)
-		p = &(*p)->next;
-	*p = t->next;
-	s->ev_count--;
-}
-
-/* Drop the oldest finished lists nobody reads until within the bounds. */
-static void ev_evict_locked(struct server *s)
-{
-	while (s->ev_count > EV_MAX_TASKS || s->ev_pool.bytes > s->ev_pool.max) {
-		struct ev_task *victim = NULL;
-
-		for (unsigned b = 0; b < EV_BUCKETS; b++)
-			for (struct ev_task *t = s->ev_tab[b]; t; t = t->next)
-				if (!t->refs && (t->final || s->ev_count > EV_MAX_TASKS) &&
-				    (!victim || (t->final && !victim->final) ||
-				     (t->final == victim->final && t->touched_ms < victim->touched_ms)))
-					victim = t;
-		if (!victim)
-			return;
-		ev_unlink_locked(s, victim);
-		ev_free(victim);
-	}
-}
-
-static void ev_reclaim(void *server)
-{
-	ev_evict_locked(server);
-}
-
-/* Append "event: NAME\ndata: JSON\n\n" (ev_lock held). */
-static void ev_append_locked(struct server *s, struct ev_task *t, const char *name, json_t *data)
-{
-	int is_state = !strcmp(name, "state");
-
-	t->refs++; /* what ev_reclaim may drop to make room is never t itself */
-	if (evlog_append_locked(&t->log, name, data) < 0) {
-		t->refs--;
-		return;
-	}
-	t->refs--;
-	t->touched_ms = clock_mono_ms();
-	if (is_state) {
-		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
-
-		t->last_state = st;
-		if (task_state_final(st)) {
-			t->final = 1;
-			evlog_close_locked(&t->log);
-		}
-	}
-}
-
-static json_t *state_data(enum task_state st)
-{
-	return json_pack("{s:s, s:I}", "state", task_state_name(st), "at", (json_int_t)clock_wall_ms());
-}
-
-/* The task's list with a reference taken, made (starting with the task's
- * current state) if there is none. NULL when the store has no such task. */
-static struct ev_task *ev_get(struct server *s, const char *id)
-{
-	enum task_state st, st2;
-	struct ev_task *t;
-
-	pthread_mutex_lock(&s->ev_lock);
-	t = ev_find_locked(s, id);
-	if (t) {
-		t->refs++;
-		pthread_mutex_unlock(&s->ev_lock);
-		return t;
-	}
-	pthread_mutex_unlock(&s->ev_lock);
-	/* The store is read without ev_lock held: its listener takes ev_lock
-	 * while the store may be busy, never the other way round. */
-	if (store_task_state(s->st, id, &st) < 0)
-		return NULL;
-	pthread_mutex_lock(&s->ev_lock);
-	t = ev_find_locked(s, id);
-	if (!t) {
-		json_t *d = state_data(st);
-
-		t = calloc(1, sizeof(*t));
-		if (!t) {
-			pthread_mutex_unlock(&s->ev_lock);
-			json_decref(d);
-			return NULL;
-		}
-		snprintf(t->id, sizeof(t->id), "%s", id);
-		evlog_init(&t->log, &(struct evlog_opts){ .lock = &s->ev_lock, .cond = &s->ev_cond,
-							  .stopping = &s->stopping, .max_bytes = EV_TASK_MAX_BYTES,
-							  .pool = &s->ev_pool, .reclaim = ev_reclaim, .reclaim_ctx = s,
-							  .truncated_data = "{}" });
-		t->last_state = TASK_STATE_COUNT;
-		t->next = s->ev_tab[ev_hash(id)];
-		s->ev_tab[ev_hash(id)] = t;
-		s->ev_count++;
-		ev_append_locked(s, t, "state", d);
-		json_decref(d);
-		ev_evict_locked(s);
-	}
-	t->refs++;
-	pthread_mutex_unlock(&s->ev_lock);
-	/* A change committed between the read above and the list's creation
-	 * reached no list: look once more. */
-	if (store_task_state(s->st, id, &st2) == 0) {
-		pthread_mutex_lock(&s->ev_lock);
-		if (st2 != t->last_state && !t->final) {
-			json_t *d = state_data(st2);
-
-			ev_append_locked(s, t, "state", d);
-			json_decref(d);
-		}
-		pthread_mutex_unlock(&s->ev_lock);
-	}
-	return t;
-}
-
-static void ev_put(struct server *s, struct ev_task *t)
-{
-	pthread_mutex_lock(&s->ev_lock);
-	t->refs--;
-	pthread_mutex_unlock(&s->ev_lock);
-}
-
-/* The store's listener: committed changes reach lists that exist. */
-static void store_listener(void *arg, const char *task_id, const char *event, json_t *data)
-{
-	struct server *s = arg;
-	struct ev_task *t;
-
-	pthread_mutex_lock(&s->ev_lock);
-	t = ev_find_locked(s, task_id);
-	if (t && !(t->final && !strcmp(event, "state")))
-		ev_append_locked(s, t, event, data);
-	pthread_mutex_unlock(&s->ev_lock);
-}
+/* ---- events ---- */
 
 void server_task_event(struct server *s, const char *task_id, const char *event, json_t *data)
 {
-	struct ev_task *t;
-
-	if (!strcmp(event, "state") || !data)
-		return;
-	t = ev_get(s, task_id);
-	if (!t)
-		return;
-	pthread_mutex_lock(&s->ev_lock);
-	ev_append_locked(s, t, event, data);
-	t->refs--;
-	pthread_mutex_unlock(&s->ev_lock);
+	events_task_event(s->ev, task_id, event, data);
 }
 
 void server_relay_event(void *server, const char *task_id, const char *event, json_t *data)
 {
 	server_task_event(server, task_id, event, data);
 }
+
 
 /* ---- presigned URLs ---- */
 
@@ -564,9 +369,7 @@ static enum MHD_Result wait_task(struct server *s, struct MHD_Connection *conn, 
 		if (!j)
 			return reply_not_found(conn, "no such task");
 		st = task_state_parse(json_string_value(json_object_get(j, "state")));
-		pthread_mutex_lock(&s->ev_lock);
-		stopping = s->stopping;
-		pthread_mutex_unlock(&s->ev_lock);
+		stopping = events_stopping(s->ev);
 		if (task_state_final(st) || clock_mono_ms() >= deadline || stopping)
 			return reply_json(conn, MHD_HTTP_OK, with_urls(s, j));
 		json_decref(j);
@@ -633,7 +436,7 @@ struct sse {
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct sse *e = cls;
-	long n = evlog_read(&e->t->log, &e->cur, buf, max, clock_mono_ms() + KEEPALIVE_MS, 0);
+	long n = events_read(e->t, &e->cur, buf, max, clock_mono_ms() + KEEPALIVE_MS);
 
 	if (n == EVLOG_END)
 		return MHD_CONTENT_READER_END_OF_STREAM;
@@ -650,7 +453,7 @@ static void sse_free(void *cls)
 	 * client gone, a timeout, the daemon stopping): the count goes back. */
 	if (e->customer[0])
 		quota_limiter_stream_close(e->s->lim, e->customer);
-	ev_put(e->s, e->t);
+	events_put(e->s->ev, e->t);
 	free(e);
 }
 
@@ -669,14 +472,14 @@ static enum MHD_Result handle_events(struct server *s, struct MHD_Connection *co
 	if (!e)
 		return MHD_NO;
 	e->s = s;
-	e->t = ev_get(s, id);
+	e->t = events_get(s->ev, id);
 	if (!e->t) {
 		free(e);
 		return reply_not_found(conn, "no such task");
 	}
 	counted = stream_open(s, c, &max);
 	if (counted < 0) {
-		ev_put(s, e->t);
+		events_put(s->ev, e->t);
 		free(e);
 		return reply_too_many_streams(conn, max);
 	}
@@ -1042,7 +845,6 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 {
 	struct server *s = calloc(1, sizeof(*s));
 	struct sockaddr_in sa;
-	pthread_condattr_t ca;
 
 	if (!s) {
 		kiln_err_set(err, "internal", "out of memory");
@@ -1067,18 +869,13 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	if (hooks)
 		s->hooks = *hooks;
 	pthread_mutex_init(&s->hooks_lock, NULL);
-	pthread_mutex_init(&s->ev_lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->ev_cond, &ca);
-	pthread_condattr_destroy(&ca);
-	s->ev_pool.max = EV_TOTAL_MAX_BYTES;
+	s->ev = events_new(st);
 	s->lim = quota_limiter_new();
-	if (!s->lim) {
+	if (!s->ev || !s->lim) {
 		kiln_err_set(err, "internal", "out of memory");
 		goto fail;
 	}
-	store_set_listener(st, store_listener, s);
+	store_set_listener(st, events_store_listener, s->ev);
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
 				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
@@ -1093,9 +890,8 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	return s;
 fail:
 	quota_limiter_free(s->lim);
+	events_free(s->ev);
 	pthread_mutex_destroy(&s->hooks_lock);
-	pthread_mutex_destroy(&s->ev_lock);
-	pthread_cond_destroy(&s->ev_cond);
 	free(s);
 	return NULL;
 }
@@ -1121,21 +917,12 @@ void server_stop(struct server *s)
 {
 	if (!s)
 		return;
-	pthread_mutex_lock(&s->ev_lock);
-	s->stopping = 1;
-	pthread_cond_broadcast(&s->ev_cond);
-	pthread_mutex_unlock(&s->ev_lock);
+	events_stop(s->ev);
 	store_wake_all(s->st);
 	MHD_stop_daemon(s->d);
 	store_set_listener(s->st, NULL, NULL);
-	for (unsigned b = 0; b < EV_BUCKETS; b++)
-		for (struct ev_task *t = s->ev_tab[b], *n; t; t = n) {
-			n = t->next;
-			ev_free(t);
-		}
+	events_free(s->ev);
 	quota_limiter_free(s->lim);
 	pthread_mutex_destroy(&s->hooks_lock);
-	pthread_mutex_destroy(&s->ev_lock);
-	pthread_cond_destroy(&s->ev_cond);
 	free(s);
 }

@@ -9,7 +9,12 @@
  *
  * where L is the sandbox's /30 in the link range. The sandbox's namespace is
  * created by (and lives with) the sandbox's thread: unshare(CLONE_NEWNET)
- * changes only the calling thread, so the rest of kiln-host stays put. */
+ * changes only the calling thread, so the rest of kiln-host stays put.
+ *
+ * One file on purpose: the namespace plumbing, the nftables ruleset, the
+ * counters and the resolver that opens the ruleset name by name all work on
+ * one struct net_sandbox, most of it on that sandbox's own thread
+ * (sandbox_main), which alone may enter its namespace. */
 #include "net.h"
 
 #include <arpa/inet.h>

@@ -1,102 +1,28 @@
-/* session: long-lived sandboxes (see session.h).
+/* session: kiln-host's long-lived sandboxes (see session.h): the session
+ * table, the launcher thread that starts their VMs, create and delete.
+ * Commands and files are in session_io.c, pause and resume in
+ * session_pause.c; what they share is in session_priv.h.
  *
  * A session VM is a snapshot clone like a task's, with two differences: its
  * disk layer is a qcow2 overlay of its own in <spool>/sessions/<id>/ (not
  * QEMU's throw-away snapshot=on file), so that it can be saved; and its
- * commands run with PROTO_EXEC_KEEP, so processes they start survive them.
- *
- * Pause: QEMU migrates the stopped VM into a file (its RAM is private, so
- * the stream holds all of it; x-ignore-shared only leaves out RAM shared
- * with a file), which also flushes and releases the overlay. Both go to S3,
- * then a manifest naming their sizes and SHA-256 (written last: a snapshot
- * without one does not exist). Resume: the manifest, then the files, each
- * checked against it; the overlay is re-pointed at this host's copy of the
- * same template (the template key is part of the manifest and must match),
- * and a QEMU with plain RAM loads the stream. Clock and entropy are set anew
- * afterwards, as after any restore. */
-#include "session.h"
-#include "qcow2.h"
+ * commands run with PROTO_EXEC_KEEP, so processes they start survive them. */
+#include "session_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
-#include "clock.h"
 #include "fsutil.h"
-#include "net.h"
 #include "proto.h"
-#include "snapshot.h"
 #include "spool.h"
 
-#define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
 #define SESSION_LOAD_MS    300000
 #define SESSION_SETUP_MS   10000
-#define SESSION_MANIFEST_V 1
-#define SESSION_FILE_MAX   (64u << 20) /* a file read back with GET .../files */
-#define SESSION_STDIN_MAX  (16u << 20) /* a command's stdin_b64, decoded */
-#define SESSION_STDIN_PATH "/kiln/stdin"
-/* Interactive commands: what one input request may carry, decoded, and the
- * pipe that holds input on its way to the guest. Each frame in the pipe is
- * at most PIPE_BUF bytes, so that it is written (and later read) whole. */
-#define SESSION_INPUT_MAX   (256u << 10)
-#define SESSION_INPUT_PIPE  (1u << 20)
-#define SESSION_INPUT_CHUNK (PIPE_BUF - PROTO_HDR_SIZE)
-
-enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
-
-struct session {
-	char id[65], customer[65];
-	enum session_state state;
-	struct vm vm;
-	struct net_sandbox *net;
-	json_t *spec;            /* {"limits","network"}: kept for the manifest */
-	unsigned vcpus, memory_mib, output_mib;
-	const struct snapshot *snap;
-	char release[65];
-	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
-	int64_t created_ms, last_active_ms;
-	pthread_mutex_t op;      /* one operation at a time */
-	int refs;                /* under ss->lock */
-	/* The interactive command running now (under ss->lock): its id and the
-	 * write end of its input pipe (-1: none). */
-	char exec_id[33];
-	int input_wr;
-	struct session *next;
-};
-
-/* A QEMU dies with the thread that started it (PR_SET_PDEATHSIG), and HTTP
- * requests come on threads that end with them: session VMs are started on
- * this process-long thread instead. */
-struct launch {
-	const struct vm_config *cfg;
-	struct vm *vm;
-	struct kiln_err *err;
-	int done, rc;
-	struct launch *next;
-};
-
-struct sessions {
-	struct hostd *d;
-	char host_id[65];
-	char root[PATH_MAX];
-	pthread_mutex_t lock;
-	struct session *list;
-	pthread_t launcher;
-	pthread_cond_t launch_cond, launched_cond;
-	struct launch *queue;
-	int stopping;
-};
 
 static void *launcher_main(void *arg)
 {
@@ -167,7 +93,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	return ss;
 }
 
-static void session_teardown(struct sessions *ss, struct session *s)
+void session_teardown(struct sessions *ss, struct session *s)
 {
 	vm_destroy(&s->vm);
 	if (s->net) {
@@ -180,7 +106,7 @@ static void session_teardown(struct sessions *ss, struct session *s)
 	fs_rmtree(s->dir);
 }
 
-static void session_free(struct session *s)
+void session_free(struct session *s)
 {
 	json_decref(s->spec);
 	pthread_mutex_destroy(&s->op);
@@ -210,7 +136,7 @@ void sessions_close(struct sessions *ss)
 	free(ss);
 }
 
-static json_t *session_json(const struct sessions *ss, const struct session *s)
+json_t *session_json(const struct sessions *ss, const struct session *s)
 {
 	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", s->id, "customer", s->customer, "state",
 			 s->state == SS_RUNNING ? "running" : s->state == SS_PAUSING ? "pausing" : "destroyed", "host_id",
@@ -243,7 +169,7 @@ json_t *session_get(struct sessions *ss, const char *id)
 
 /* Take the session for one operation: found, referenced, its op lock held.
  * NULL with err "not_found" or "busy". */
-static struct session *session_take(struct sessions *ss, const char *id, struct kiln_err *err)
+struct session *session_take(struct sessions *ss, const char *id, struct kiln_err *err)
 {
 	struct session *s;
 
@@ -278,7 +204,7 @@ static struct session *session_take(struct sessions *ss, const char *id, struct 
 
 /* End an operation; with gone, the session also leaves the list and is
  * freed by whoever holds the last reference. */
-static void session_put(struct sessions *ss, struct session *s, int gone)
+void session_put(struct sessions *ss, struct session *s, int gone)
 {
 	int free_it;
 
@@ -305,7 +231,7 @@ static void session_put(struct sessions *ss, struct session *s, int gone)
 
 /* Parse a session spec ({"limits","network"}) as a task spec, so the same
  * rules and messages apply. */
-static int parse_session_spec(json_t *spec, struct task_spec *out, struct kiln_err *err)
+int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err)
 {
 	const char *k;
 	json_t *v, *j;
@@ -329,8 +255,8 @@ static int parse_session_spec(json_t *spec, struct task_spec *out, struct kiln_e
 }
 
 /* The template a session of spec starts from (and is resumed against). */
-static const struct snapshot *template_for(const struct run_opts *ro, const struct task_spec *spec,
-					   struct kiln_err *err)
+const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
+					struct kiln_err *err)
 {
 	const struct snapshot *snap = spec->egress ? ro->net_snap : ro->snap;
 
@@ -350,8 +276,8 @@ static const struct snapshot *template_for(const struct run_opts *ro, const stru
 	return snap;
 }
 
-static struct session *session_new(struct sessions *ss, const char *id, const char *customer, json_t *spec,
-				   const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err)
+struct session *session_new(struct sessions *ss, const char *id, const char *customer, json_t *spec,
+			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err)
 {
 	struct session *s = calloc(1, sizeof(*s));
 
@@ -377,7 +303,7 @@ static struct session *session_new(struct sessions *ss, const char *id, const ch
 }
 
 /* Register s, unless a session with its id is here already. */
-static int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err)
+int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err)
 {
 	pthread_mutex_lock(&ss->lock);
 	for (struct session *o = ss->list; o; o = o->next)
@@ -394,8 +320,8 @@ static int session_insert(struct sessions *ss, struct session *s, struct kiln_er
 /* Start the session's VM: its network (if any), then QEMU on the overlay
  * s->disk (backed by the template's disk), loading state_fd (a template's
  * device state, or a paused session's whole state with mem_ram). */
-static int session_boot(struct sessions *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
-			struct kiln_err *err)
+int session_boot(struct sessions *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+		 struct kiln_err *err)
 {
 	const struct run_opts *ro = hostd_run_opts(ss->d);
 	struct vm_config cfg = ro->vm;
@@ -457,9 +383,9 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
 		return kiln_err_set(err, "invalid_request",
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
-	if (parse_session_spec(spec, &ts, err) < 0)
+	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
-	snap = template_for(hostd_run_opts(ss->d), &ts, err);
+	snap = session_template(hostd_run_opts(ss->d), &ts, err);
 	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
 		spec_free(&ts);
 		return -1;
@@ -501,899 +427,6 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 	return 0;
 }
 
-/* ---- commands and files ------------------------------------------------- */
-
-/* The session's command as a task spec: the session's limits plus the
- * command's own timeout, so that the spec parser checks everything. */
-static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts, struct kiln_err *err)
-{
-	const char *k;
-	json_t *v, *j, *limits;
-	char *text;
-	int r;
-
-	if (!json_is_object(req))
-		return kiln_err_set(err, "invalid_request", "expected a JSON object");
-	j = json_object();
-	json_object_foreach(req, k, v) {
-		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64") || !strcmp(k, "tty") || !strcmp(k, "interactive"))
-			continue;
-		if (strcmp(k, "argv") && strcmp(k, "language") && strcmp(k, "code") && strcmp(k, "env") &&
-		    strcmp(k, "cwd") && strcmp(k, "files")) {
-			json_decref(j);
-			return kiln_err_set(err, "invalid_spec", "%s: not a field of a session command", k);
-		}
-		json_object_set(j, k, v);
-	}
-	limits = json_pack("{s:i, s:i, s:i}", "vcpus", (int)s->vcpus, "memory_mib", (int)s->memory_mib, "output_mib",
-			   (int)s->output_mib);
-	if (json_object_get(req, "timeout_s"))
-		json_object_set(limits, "timeout_s", json_object_get(req, "timeout_s"));
-	json_object_set_new(j, "limits", limits);
-	text = json_dumps(j, JSON_COMPACT);
-	json_decref(j);
-	if (!text)
-		return kiln_err_set(err, "host_error", "out of memory");
-	r = spec_parse(text, strlen(text), ts, err);
-	free(text);
-	return r;
-}
-
-/* The field `name` of req (standard base64, padded), decoded: *data is
- * malloc'd (NULL when there is none). At most max bytes. 0 or -1 with err. */
-static int field_b64(json_t *req, const char *name, size_t max, unsigned char **data, size_t *len,
-		     struct kiln_err *err)
-{
-	json_t *v = json_object_get(req, name);
-	const char *b;
-	size_t n;
-	int got;
-
-	*data = NULL;
-	*len = 0;
-	if (!v)
-		return 0;
-	b = json_string_value(v);
-	n = b ? strlen(b) : 0;
-	/* The decoded length: padding ('=') carries no data. */
-	if (!b || n % 4 || n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=') > max)
-		return kiln_err_set(err, "invalid_spec", "%s: expected padded base64 of at most %zu KiB", name,
-				    max >> 10);
-	*data = malloc(n / 4 * 3 + 1);
-	if (!*data)
-		return kiln_err_set(err, "host_error", "out of memory");
-	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)b, (int)n) : 0;
-	for (size_t i = 0; i < n; i++)
-		if (b[i] == '=' && i < n - 2)
-			got = -1; /* padding only at the end */
-	if (got < 0) {
-		free(*data);
-		*data = NULL;
-		return kiln_err_set(err, "invalid_spec", "%s: not valid base64", name);
-	}
-	if (n && b[n - 1] == '=')
-		got--;
-	if (n > 1 && b[n - 2] == '=')
-		got--;
-	*len = (size_t)got;
-	return 0;
-}
-
-/* "interactive": true (stdin from input requests) or "tty": {"rows","cols"}
- * (a terminal, input typed into it): the PROTO_EXEC_* flag and size. */
-static int exec_interactive(json_t *req, unsigned *flags, uint32_t *rows, uint32_t *cols, struct kiln_err *err)
-{
-	json_t *tty = json_object_get(req, "tty"), *ia = json_object_get(req, "interactive"), *v;
-	const char *k;
-
-	*flags = 0;
-	*rows = *cols = 0;
-	if (ia && !json_is_boolean(ia))
-		return kiln_err_set(err, "invalid_spec", "interactive: expected true or false");
-	if (json_is_true(ia))
-		*flags = PROTO_EXEC_STDIN;
-	if (!tty || json_is_null(tty))
-		goto done;
-	if (!json_is_object(tty))
-		return kiln_err_set(err, "invalid_spec", "tty: expected an object {\"rows\":N,\"cols\":N}");
-	json_object_foreach(tty, k, v) {
-		json_int_t n = json_integer_value(v);
-
-		if (strcmp(k, "rows") && strcmp(k, "cols"))
-			return kiln_err_set(err, "invalid_spec", "tty.%s: not a field (rows, cols)", k);
-		if (!json_is_integer(v) || n < 1 || n > PROTO_MAX_TTY_DIM)
-			return kiln_err_set(err, "invalid_spec", "tty.%s: expected an integer from 1 to %d", k,
-					    PROTO_MAX_TTY_DIM);
-		*(k[0] == 'r' ? rows : cols) = (uint32_t)n;
-	}
-	if (!*rows || !*cols)
-		return kiln_err_set(err, "invalid_spec", "tty: both rows and cols are required");
-	*flags = PROTO_EXEC_TTY;
-done:
-	if (*flags && json_object_get(req, "stdin_b64"))
-		return kiln_err_set(err, "invalid_spec", "stdin_b64: not with an interactive command (send input instead)");
-	return 0;
-}
-
-/* Run the command with its stdin from SESSION_STDIN_PATH: argv behind a
- * shell that redirects and execs it (the guest starts every command with
- * stdin at /dev/null). */
-static int wrap_stdin(struct task_spec *ts, struct kiln_err *err)
-{
-	static const char *const pre[] = { "/bin/sh", "-c", "exec \"$@\" < " SESSION_STDIN_PATH, "sh" };
-	char **argv = calloc(ts->argc + 5, sizeof(*argv));
-
-	if (!argv)
-		return kiln_err_set(err, "host_error", "out of memory");
-	for (size_t i = 0; i < 4; i++)
-		if (!(argv[i] = strdup(pre[i]))) {
-			for (size_t j = 0; j < i; j++)
-				free(argv[j]);
-			free(argv);
-			return kiln_err_set(err, "host_error", "out of memory");
-		}
-	memcpy(argv + 4, ts->argv, ts->argc * sizeof(*argv));
-	free(ts->argv);
-	ts->argv = argv;
-	ts->argc += 4;
-	ts->language = SPEC_LANG_NONE; /* not the pre-started interpreter: it has no stdin */
-	return 0;
-}
-
-/* The VM stopped answering: the session is over. */
-static int vm_broken(json_t *result)
-{
-	return !strcmp(json_string_value(json_object_get(result, "state")) ?: "", "error") &&
-	       !strcmp(json_string_value(json_object_get(result, "end_reason")) ?: "", "vm_error");
-}
-
-/* The interactive command is over: no more input requests reach it. */
-static void input_close(struct sessions *ss, struct session *s, int rd)
-{
-	pthread_mutex_lock(&ss->lock);
-	if (s->input_wr >= 0)
-		close(s->input_wr);
-	s->input_wr = -1;
-	s->exec_id[0] = '\0';
-	pthread_mutex_unlock(&ss->lock);
-	if (rd >= 0)
-		close(rd);
-}
-
-/* One command in a session whose op lock the caller holds (session_take);
- * *gone says whether the VM broke and the session ended (for session_put). */
-static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
-			 void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx, int *gone,
-			 struct kiln_err *err)
-{
-	struct run_opts opts;
-	struct task_spec ts;
-	json_t *result;
-	unsigned char *in = NULL, rnd[16];
-	size_t in_len = 0;
-	unsigned flags;
-	uint32_t rows, cols;
-	int broken, pipe_fd[2] = { -1, -1 };
-	char exec_id[33] = "";
-
-	*gone = 0;
-	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", s->id);
-		return NULL;
-	}
-	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0)
-		return NULL;
-	if (flags) {
-		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd) || pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) < 0) {
-			kiln_err_set(err, "host_error", "interactive command: %s", strerror(errno));
-			spec_free(&ts);
-			return NULL;
-		}
-		/* Room for a burst of typing or a pasted file; the default 64 KiB if refused. */
-		fcntl(pipe_fd[1], F_SETPIPE_SZ, SESSION_INPUT_PIPE);
-		for (size_t i = 0; i < sizeof(rnd); i++)
-			sprintf(exec_id + 2 * i, "%02x", rnd[i]);
-		pthread_mutex_lock(&ss->lock);
-		memcpy(s->exec_id, exec_id, sizeof(exec_id));
-		s->input_wr = pipe_fd[1];
-		pthread_mutex_unlock(&ss->lock);
-	}
-	if (field_b64(req, "stdin_b64", SESSION_STDIN_MAX, &in, &in_len, err) < 0 ||
-	    (in && (wrap_stdin(&ts, err) < 0 ||
-		    run_session_put(&s->vm, SESSION_STDIN_PATH, in, in_len, 0600, err) < 0))) {
-		free(in);
-		spec_free(&ts);
-		input_close(ss, s, pipe_fd[0]);
-		return NULL;
-	}
-	free(in);
-	opts = *hostd_run_opts(ss->d);
-	opts.vm.cancel_fd = -1;
-	opts.stream = NULL;
-	opts.on_event = on_event;
-	opts.event_ctx = ctx;
-	opts.extra_flags = flags;
-	opts.tty_rows = rows;
-	opts.tty_cols = cols;
-	opts.input_fd = pipe_fd[0];
-	opts.exec_id = flags ? exec_id : NULL;
-	result = run_session_exec(&s->vm, &ts, &opts);
-	spec_free(&ts);
-	input_close(ss, s, pipe_fd[0]);
-	broken = vm_broken(result);
-	if (broken) {
-		fprintf(stderr, "kiln-host: session %s: its VM failed; the session ends\n", s->id);
-		session_teardown(ss, s);
-	}
-	*gone = broken;
-	return result;
-}
-
-json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
-		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
-		     struct kiln_err *err)
-{
-	struct session *s = session_take(ss, id, err);
-	json_t *result;
-	int gone;
-
-	if (!s)
-		return NULL;
-	result = exec_held(ss, s, req, on_event, ctx, &gone, err);
-	session_put(ss, s, gone);
-	return result;
-}
-
-/* One frame into the input pipe, whole (the caller checked the room). */
-static int input_frame(int fd, uint8_t type, const void *p, size_t n)
-{
-	uint8_t frame[PIPE_BUF];
-
-	proto_frame_header(frame, type, (uint32_t)n);
-	if (n)
-		memcpy(frame + PROTO_HDR_SIZE, p, n);
-	return write(fd, frame, PROTO_HDR_SIZE + n) == (ssize_t)(PROTO_HDR_SIZE + n) ? 0 : -1;
-}
-
-json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err)
-{
-	json_t *resize = json_object_get(req, "resize"), *eof = json_object_get(req, "eof"), *v;
-	const char *exec_id = json_string_value(json_object_get(req, "exec_id")), *k;
-	unsigned char *data = NULL;
-	uint8_t rs[8];
-	uint32_t rows = 0, cols = 0;
-	size_t len = 0, need = 0, room, frames;
-	struct session *s;
-	int r = -1, queued = 0, size;
-
-	if (!json_is_object(req)) {
-		kiln_err_set(err, "invalid_request", "expected a JSON object");
-		return NULL;
-	}
-	json_object_foreach(req, k, v)
-		if (strcmp(k, "exec_id") && strcmp(k, "data_b64") && strcmp(k, "eof") && strcmp(k, "resize")) {
-			kiln_err_set(err, "invalid_request", "%s: not a field of an input request", k);
-			return NULL;
-		}
-	if (!exec_id) {
-		kiln_err_set(err, "invalid_request", "exec_id: expected the string the command's started event gave");
-		return NULL;
-	}
-	if (eof && !json_is_boolean(eof)) {
-		kiln_err_set(err, "invalid_request", "eof: expected true or false");
-		return NULL;
-	}
-	if (resize && (!json_is_object(resize) || json_object_size(resize) != 2 ||
-		       json_integer_value(json_object_get(resize, "rows")) < 1 ||
-		       json_integer_value(json_object_get(resize, "rows")) > PROTO_MAX_TTY_DIM ||
-		       json_integer_value(json_object_get(resize, "cols")) < 1 ||
-		       json_integer_value(json_object_get(resize, "cols")) > PROTO_MAX_TTY_DIM)) {
-		kiln_err_set(err, "invalid_request", "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
-			     PROTO_MAX_TTY_DIM);
-		return NULL;
-	}
-	if (field_b64(req, "data_b64", SESSION_INPUT_MAX, &data, &len, err) < 0) {
-		strcpy(err->code, "invalid_request");
-		return NULL;
-	}
-	if (resize) {
-		rows = (uint32_t)json_integer_value(json_object_get(resize, "rows"));
-		cols = (uint32_t)json_integer_value(json_object_get(resize, "cols"));
-		proto_resize_encode(rs, sizeof(rs), rows, cols);
-		need += PROTO_HDR_SIZE + sizeof(rs);
-	}
-	frames = (len + SESSION_INPUT_CHUNK - 1) / SESSION_INPUT_CHUNK + (resize != NULL) + json_is_true(eof);
-	need += len + (len + SESSION_INPUT_CHUNK - 1) / SESSION_INPUT_CHUNK * PROTO_HDR_SIZE;
-	if (json_is_true(eof))
-		need += PROTO_HDR_SIZE;
-
-	pthread_mutex_lock(&ss->lock);
-	for (s = ss->list; s; s = s->next)
-		if (!strcmp(s->id, id))
-			break;
-	if (!s || s->state == SS_GONE) {
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
-		goto out;
-	}
-	if (s->input_wr < 0 || strcmp(s->exec_id, exec_id)) {
-		kiln_err_set(err, "no_exec", "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
-		goto out;
-	}
-	/* All of it or nothing: the pipe's free room, checked under the lock
-	 * that every writer takes (the reader only makes more room). */
-	size = fcntl(s->input_wr, F_GETPIPE_SZ);
-	if (size < 0 || ioctl(s->input_wr, FIONREAD, &queued) < 0) {
-		kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
-		goto out;
-	}
-	room = (size_t)size > (size_t)queued ? (size_t)size - (size_t)queued : 0;
-	/* A frame that does not fit the pipe's last page takes a page of its
-	 * own: allow a page's slack per frame. */
-	if (need + frames * PIPE_BUF > room) {
-		kiln_err_set(err, "input_full", "the command has not yet taken the %d bytes sent before; retry", queued);
-		goto out;
-	}
-	if (resize && input_frame(s->input_wr, PROTO_RESIZE, rs, sizeof(rs)) < 0)
-		goto write_failed;
-	for (size_t off = 0; off < len; off += SESSION_INPUT_CHUNK)
-		if (input_frame(s->input_wr, PROTO_STDIN, data + off,
-				len - off < SESSION_INPUT_CHUNK ? len - off : SESSION_INPUT_CHUNK) < 0)
-			goto write_failed;
-	if (json_is_true(eof) && input_frame(s->input_wr, PROTO_STDIN, NULL, 0) < 0)
-		goto write_failed;
-	s->last_active_ms = clock_wall_ms();
-	r = 0;
-	goto out;
-write_failed:
-	kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
-out:
-	pthread_mutex_unlock(&ss->lock);
-	free(data);
-	return r < 0 ? NULL : json_pack("{s:s, s:I}", "exec_id", exec_id, "accepted", (json_int_t)len);
-}
-
-void session_interrupt(struct sessions *ss, const char *id, const char *exec_id)
-{
-	pthread_mutex_lock(&ss->lock);
-	for (struct session *s = ss->list; s; s = s->next)
-		if (!strcmp(s->id, id) && s->input_wr >= 0 && !strcmp(s->exec_id, exec_id) &&
-		    input_frame(s->input_wr, PROTO_HANGUP, NULL, 0) == 0)
-			fprintf(stderr, "kiln-host: session %s: interactive command %s lost its client: hung up\n", id,
-				exec_id);
-	pthread_mutex_unlock(&ss->lock);
-}
-
-int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
-		     struct kiln_err *err)
-{
-	struct session *s;
-	int r;
-
-	if (!path || proto_abspath_ok(path) || !strncmp(path, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)))
-		return kiln_err_set(err, "invalid_request",
-				    "path: expected an absolute path without '.', '..' or empty parts, outside /kiln");
-	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a file is at most %u MiB", SESSION_FILE_MAX >> 20);
-	s = session_take(ss, id, err);
-	if (!s)
-		return -1;
-	r = run_session_put(&s->vm, path, data, len, SPEC_DEFAULT_MODE, err);
-	session_put(ss, s, 0);
-	return r;
-}
-
-/* Run argv in the session and return its stdout decoded from base64 (the
- * command pipes through base64, so any bytes survive the text result). */
-static int exec_base64(struct sessions *ss, const char *id, json_t *argv, unsigned char **data, size_t *len,
-		       struct kiln_err *err)
-{
-	json_t *req = json_pack("{s:o}", "argv", argv), *res;
-	const char *out, *errs;
-	size_t n;
-	int got;
-
-	res = session_exec(ss, id, req, NULL, NULL, err);
-	json_decref(req);
-	if (!res)
-		return -1;
-	if (json_integer_value(json_object_get(res, "exit_code")) != 0 || !json_is_integer(json_object_get(res, "exit_code"))) {
-		errs = json_string_value(json_object_get(res, "stderr")) ?: "";
-		if (strstr(errs, "No such file") || strstr(errs, "Not a directory"))
-			kiln_err_set(err, "not_found", "%.300s", errs);
-		else
-			kiln_err_set(err, "invalid_request", "%.300s", *errs ? errs : "the guest could not read it");
-		json_decref(res);
-		return -1;
-	}
-	if (json_is_true(json_object_get(res, "stdout_truncated"))) {
-		json_decref(res);
-		return kiln_err_set(err, "too_large", "larger than the session's output limit allows");
-	}
-	out = json_string_value(json_object_get(res, "stdout")) ?: "";
-	n = strlen(out);
-	*data = malloc(n / 4 * 3 + 4);
-	if (!*data) {
-		json_decref(res);
-		return kiln_err_set(err, "host_error", "out of memory");
-	}
-	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)out, (int)n) : 0;
-	if (got < 0 || n % 4) {
-		free(*data);
-		*data = NULL;
-		json_decref(res);
-		return kiln_err_set(err, "vm_error", "the guest's base64 did not decode");
-	}
-	/* EVP_DecodeBlock counts padding as data. */
-	if (n >= 1 && out[n - 1] == '=')
-		got--;
-	if (n >= 2 && out[n - 2] == '=')
-		got--;
-	*len = (size_t)got;
-	json_decref(res);
-	return 0;
-}
-
-int session_get_file(struct sessions *ss, const char *id, const char *path, unsigned char **data, size_t *len,
-		     struct kiln_err *err)
-{
-	if (!path || proto_abspath_ok(path))
-		return kiln_err_set(err, "invalid_request", "path: expected an absolute path without '.', '..' or empty parts");
-	/* As the task's user: what the session's code could read, nothing more. */
-	return exec_base64(ss, id, json_pack("[s, s, s, s]", "/usr/bin/base64", "-w0", "--", path), data, len, err);
-}
-
-json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, struct kiln_err *err)
-{
-	unsigned char *raw = NULL;
-	size_t len = 0, i = 0;
-	json_t *entries;
-
-	if (!dir || proto_abspath_ok(dir)) {
-		kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
-		return NULL;
-	}
-	/* Type, size and name of each entry, NUL-terminated (a name may hold
-	 * anything but NUL and '/'), as the task's user. */
-	if (exec_base64(ss, id,
-			json_pack("[s, s, s, s, s]", "/bin/sh", "-c",
-				  "cd -- \"$1\" 2>/dev/null || { echo \"$1: No such file or directory\" >&2; exit 1; }; "
-				  "find . -mindepth 1 -maxdepth 1 -printf '%y\\t%s\\t%P\\0' | base64 -w0",
-				  "sh", dir),
-			&raw, &len, err) < 0)
-		return NULL;
-	entries = json_array();
-	while (i < len) {
-		char *e = (char *)raw + i, *t1, *t2;
-		size_t n = strnlen(e, len - i);
-
-		if (i + n >= len)
-			break; /* no NUL: not an entry find wrote */
-		i += n + 1;
-		t1 = strchr(e, '\t');
-		t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
-		if (!t1 || !t2)
-			continue;
-		*t1 = *t2 = 0;
-		json_array_append_new(entries,
-				      json_pack("{s:s, s:s, s:I}", "name", t2 + 1, "type",
-						e[0] == 'f' ? "file" : e[0] == 'd' ? "dir" : e[0] == 'l' ? "link" : "other",
-						"size", (json_int_t)strtoll(t1 + 1, NULL, 10)));
-	}
-	free(raw);
-	return json_pack("{s:o}", "entries", entries);
-}
-
-int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
-		    struct kiln_err *err)
-{
-	if (!dir || proto_abspath_ok(dir))
-		return kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
-	/* As the task's user, paths relative to dir ("./..."); GNU tar keeps
-	 * symlinks as links and reports what it cannot read (exit 2). */
-	return exec_base64(ss, id,
-			   json_pack("[s, s, s, s, s]", "/bin/bash", "-c",
-				     "cd -- \"$1\" 2>/dev/null || { echo \"$1: No such file or directory\" >&2; exit 1; }; "
-				     "set -o pipefail; tar -cf - --one-file-system . | base64 -w0",
-				     "sh", dir),
-			   data, len, err);
-}
-
-int session_put_tar(struct sessions *ss, const char *id, const char *dir, const void *data, size_t len,
-		    struct kiln_err *err)
-{
-	unsigned char rnd[8];
-	char tmp[64];
-	json_t *req, *res;
-	struct session *s;
-	int r = -1, gone = 0;
-
-	if (!dir || proto_abspath_ok(dir) || !strncmp(dir, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)) ||
-	    !strcmp(dir, SPEC_RESERVED_DIR))
-		return kiln_err_set(err, "invalid_request",
-				    "dir: expected an absolute path without '.', '..' or empty parts, outside /kiln");
-	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
-	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
-	/* /tmp, not /kiln: the archive may be larger than /kiln's 16 MiB. */
-	snprintf(tmp, sizeof(tmp), "/tmp/.kiln-put-%02x%02x%02x%02x%02x%02x%02x%02x.tar", rnd[0], rnd[1], rnd[2], rnd[3],
-		 rnd[4], rnd[5], rnd[6], rnd[7]);
-	/* Unpacked as the task's user, so it makes only what the session's
-	 * own code could; files belong to that user, modes as archived (less
-	 * the umask). The archive goes whatever tar made of it. */
-	req = json_pack("{s:[s, s, s, s, s, s]}", "argv", "/bin/sh", "-c",
-			"mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\" --no-same-owner; rc=$?; rm -f -- \"$2\"; exit $rc",
-			"sh", dir, tmp);
-	if (!req)
-		return kiln_err_set(err, "host_error", "out of memory");
-	/* Written and unpacked in one operation: no other request can take the
-	 * session in between and leave the archive behind in the guest. */
-	s = session_take(ss, id, err);
-	if (!s) {
-		json_decref(req);
-		return -1;
-	}
-	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", id);
-	} else if (run_session_put(&s->vm, tmp, data, len, 0600, err) < 0) {
-		/* A part may have been written (the guest's /tmp filled up):
-		 * remove it, in the same operation. */
-		json_t *rm = json_pack("{s:[s, s, s]}", "argv", "/bin/rm", "-f", tmp);
-		struct kiln_err ignore = { .code = "" };
-
-		if (rm)
-			json_decref(exec_held(ss, s, rm, NULL, NULL, &gone, &ignore));
-		json_decref(rm);
-	} else if ((res = exec_held(ss, s, req, NULL, NULL, &gone, err))) {
-		if (json_integer_value(json_object_get(res, "exit_code")) == 0 &&
-		    json_is_integer(json_object_get(res, "exit_code")))
-			r = 0;
-		else
-			kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
-				     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
-		json_decref(res);
-	}
-	session_put(ss, s, gone);
-	json_decref(req);
-	return r;
-}
-
-/* ---- pause and resume --------------------------------------------------- */
-
-static const char *const snap_files[] = { "state", "disk.qcow2" };
-
-static void s3_key_of(char *out, size_t cap, const char *customer, const char *id, const char *name)
-{
-	snprintf(out, cap, "%s/sessions/%s/%s", customer, id, name);
-}
-
-/* Upload the saved files, then the manifest that makes them a snapshot. */
-static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes, struct kiln_err *err)
-{
-	struct hostd_s3 s3;
-	json_t *m, *files = json_object();
-	char key[512], path[PATH_MAX + 32];
-	char *text;
-	int r = -1;
-
-	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
-	*bytes = 0;
-	if (s3_ensure_bucket(&s3.c, err) < 0)
-		goto out;
-	for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
-		char sha[65];
-		struct stat st;
-
-		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
-		s3_key_of(key, sizeof(key), s->customer, s->id, snap_files[i]);
-		if (stat(path, &st) < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", path, strerror(errno));
-			goto out;
-		}
-		if (s3_put_file(&s3.c, key, path, "application/octet-stream", sha, NULL, err) < 0)
-			goto out;
-		json_object_set_new(files, snap_files[i], json_pack("{s:I, s:s}", "size", (json_int_t)st.st_size, "sha256", sha));
-		*bytes += (uint64_t)st.st_size;
-	}
-	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:O, s:I, s:s}", "version", SESSION_MANIFEST_V, "id",
-		      s->id, "customer", s->customer, "template", s->snap->key, "net", s->snap->net, "memory_mib",
-		      (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec, "guest_kernel", s->release, "files",
-		      files, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id);
-	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
-	json_decref(m);
-	s3_key_of(key, sizeof(key), s->customer, s->id, "manifest.json");
-	if (!text) {
-		kiln_err_set(err, "host_error", "out of memory");
-		goto out;
-	}
-	r = s3_put_buffer(&s3.c, key, text, strlen(text), "application/json", err);
-	free(text);
-out:
-	json_decref(files);
-	hostd_s3_free(&s3);
-	return r;
-}
-
-json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
-{
-	struct session *s = session_take(ss, id, err);
-	int64_t t0 = proto_now_ms();
-	uint64_t bytes = 0;
-	struct hostd_s3 s3;
-	char prefix[512];
-	json_t *out;
-
-	if (!s)
-		return NULL;
-	if (s->state == SS_RUNNING) {
-		int fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		int r;
-
-		if (fd < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
-			session_put(ss, s, 0);
-			return NULL;
-		}
-		r = snapshot_save_fd(&s->vm, fd, SESSION_SAVE_MS, err);
-		if (r == 0 && (fsync(fd) < 0 || close(fd) < 0)) {
-			fd = -1;
-			r = kiln_err_set(err, "host_error", "writing %s: %s", s->state_path, strerror(errno));
-		} else if (fd >= 0 && r < 0) {
-			close(fd);
-		}
-		if (r < 0) {
-			/* QEMU may have stopped the guest: it cannot be trusted to go on. */
-			fprintf(stderr, "kiln-host: session %s: pause failed (%s); the session ends\n", id, err->message);
-			session_teardown(ss, s);
-			session_put(ss, s, 1);
-			return NULL;
-		}
-		/* Saved: the VM and its network go now; the files stay until S3
-		 * has them. */
-		vm_destroy(&s->vm);
-		if (s->net) {
-			net_sandbox_stop(s->net, NULL);
-			s->net = NULL;
-		}
-		hostd_release(ss->d, s->vcpus, s->memory_mib);
-		s->vcpus = 0;
-		s->state = SS_PAUSING;
-	}
-	if (pause_upload(ss, s, &bytes, err) < 0) {
-		char m[sizeof(err->message)];
-
-		snprintf(m, sizeof(m), "%s", err->message);
-		kiln_err_set(err, strncmp(err->code, "s3", 2) ? err->code : "s3_unavailable",
-			     "the session is saved on this host but not yet in S3 (pause again to retry): %s", m);
-		session_put(ss, s, 0);
-		return NULL;
-	}
-	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", s->customer, s->id);
-	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I}}", "id", s->id, "state", "paused", "snapshot", "bucket",
-			hostd_s3_take(ss->d, &s3) == 0 ? s3.c.bucket : "", "prefix", prefix, "bytes", (json_int_t)bytes,
-			"pause_ms", (json_int_t)(proto_now_ms() - t0));
-	hostd_s3_free(&s3);
-	session_teardown(ss, s);
-	session_put(ss, s, 1);
-	return out;
-}
-
-/* Check a downloaded file against the manifest's size and sha256. */
-static int check_file(const char *path, json_t *want, const char *name, struct kiln_err *err)
-{
-	char sha[65];
-	struct stat st;
-	const char *ws = json_string_value(json_object_get(want, "sha256"));
-
-	if (!ws || !json_is_integer(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest does not describe %s", name);
-	if (stat(path, &st) < 0 || (json_int_t)st.st_size != json_integer_value(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: size differs from the manifest (S3 copy damaged)", name);
-	if (fs_sha256_file(path, sha) < 0 || strcmp(sha, ws))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: sha256 differs from the manifest (S3 copy damaged)", name);
-	return 0;
-}
-
-int session_resume(struct sessions *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err)
-{
-	const struct run_opts *ro = hostd_run_opts(ss->d);
-	struct hostd_s3 s3;
-	struct task_spec ts = { 0 };
-	const struct snapshot *snap;
-	struct session *s = NULL;
-	json_t *m = NULL, *files;
-	json_error_t je;
-	char key[512], path[PATH_MAX + 32];
-	int fd = -1, r = -1, have_ts = 0, reserved = 0;
-
-	*out = NULL;
-	if (!spool_id_ok(id) || !spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request",
-				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
-	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
-	s = session_new(ss, id, customer, NULL, &(struct task_spec){ .memory_mib = 0 }, &(struct snapshot){ .mem_fd = -1 },
-			err);
-	if (!s)
-		goto out_s3;
-	pthread_mutex_lock(&s->op);
-	s->refs = 1;
-	if (session_insert(ss, s, err) < 0) {
-		pthread_mutex_unlock(&s->op);
-		session_free(s);
-		s = NULL;
-		goto out_s3;
-	}
-	if (mkdir(s->dir, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", s->dir, strerror(errno));
-		goto fail;
-	}
-	/* The manifest first: without it there is no paused session. */
-	snprintf(path, sizeof(path), "%s/manifest.json", s->dir);
-	s3_key_of(key, sizeof(key), customer, id, "manifest.json");
-	if (s3_get_file(&s3.c, key, path, err) < 0) {
-		if (!strcmp(err->code, "s3_not_found"))
-			kiln_err_set(err, "no_snapshot", "no paused session %s", id);
-		goto fail;
-	}
-	m = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-	if (!m || json_integer_value(json_object_get(m, "version")) != SESSION_MANIFEST_V ||
-	    strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
-	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec"))) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest is unreadable or not this session's");
-		goto fail;
-	}
-	if (parse_session_spec(json_object_get(m, "spec"), &ts, err) < 0) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's spec is invalid");
-		goto fail;
-	}
-	have_ts = 1;
-	snap = template_for(ro, &ts, err);
-	if (!snap)
-		goto fail;
-	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {
-		kiln_err_set(err, "incompatible_snapshot",
-			     "the session was paused on a host with another image (template %.20s, this host's %s)",
-			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
-		goto fail;
-	}
-	if (hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0)
-		goto fail;
-	reserved = 1;
-	/* The real values, now that they are known. */
-	json_decref(s->spec);
-	s->spec = json_deep_copy(json_object_get(m, "spec"));
-	s->snap = snap;
-	s->vcpus = ts.vcpus;
-	s->memory_mib = ts.memory_mib;
-	s->output_mib = ts.output_mib;
-	snprintf(s->release, sizeof(s->release), "%s", snap->release);
-	files = json_object_get(m, "files");
-	for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
-		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
-		s3_key_of(key, sizeof(key), customer, id, snap_files[i]);
-		if (s3_get_file(&s3.c, key, path, err) < 0) {
-			if (!strcmp(err->code, "s3_not_found"))
-				kiln_err_set(err, "snapshot_corrupt", "%s is missing from the paused session in S3", snap_files[i]);
-			goto fail;
-		}
-		if (check_file(path, json_object_get(files, snap_files[i]), snap_files[i], err) < 0)
-			goto fail;
-	}
-	/* Point the overlay at this host's copy of the template (same key: the
-	 * same bytes); -u: only the header changes. qemu-img runs as root and
-	 * the header came from S3 (written by a jailed QEMU): it must be a plain
-	 * overlay of this template first, nothing that makes qemu-img open
-	 * another host file (an external data file) or parse more than that. */
-	if (qcow2_file_check(s->disk, snap->disk, err) < 0)
-		goto fail;
-	{
-		char *argv[] = { "/usr/bin/qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
-				 (char *)snap->disk, s->disk, NULL };
-
-		if (snapshot_run_cmd(argv) < 0) {
-			kiln_err_set(err, "snapshot_corrupt", "the paused session's disk layer is not a usable qcow2 image");
-			goto fail;
-		}
-	}
-	fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
-		goto fail;
-	}
-	if (session_boot(ss, s, &ts, fd, 1, err) < 0)
-		goto fail;
-	close(fd);
-	fd = -1;
-	unlink(s->state_path); /* the RAM is in the VM now */
-	*out = session_json(ss, s);
-	session_put(ss, s, 0);
-	r = 0;
-	goto out;
-fail:
-	if (fd >= 0)
-		close(fd);
-	if (!reserved)
-		s->vcpus = 0; /* nothing to give back */
-	session_teardown(ss, s);
-	session_put(ss, s, 1);
-out:
-	if (have_ts)
-		spec_free(&ts);
-	json_decref(m);
-out_s3:
-	hostd_s3_free(&s3);
-	return r;
-}
-
-char *session_output_key(const char *customer, const char *id, const char *rel, struct kiln_err *err)
-{
-	char *key = NULL;
-
-	/* The guest names its files: the key is built whole, never cut short
-	 * (where two long names would meet), and checked as S3 needs it. */
-	if (asprintf(&key, "%s/sessions/%s/outputs/%s", customer, id, rel) < 0) {
-		kiln_err_set(err, "host_error", "out of memory");
-		return NULL;
-	}
-	if (s3_key_check(key, err) < 0) {
-		free(key);
-		return NULL;
-	}
-	return key;
-}
-
-json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err)
-{
-	struct session *s = session_take(ss, id, err);
-	struct hostd_s3 s3 = { 0 };
-	char dir[PATH_MAX + 16];
-	json_t *outs, *o;
-	size_t i;
-	int truncated = 0;
-
-	if (!s)
-		return NULL;
-	snprintf(dir, sizeof(dir), "%s/outputs", s->dir);
-	fs_rmtree(dir);
-	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
-	if (outs && hostd_s3_take(ss->d, &s3) < 0) {
-		kiln_err_set(err, "no_s3", "this host has no S3 configured");
-		json_decref(outs);
-		outs = NULL;
-	}
-	json_array_foreach(outs, i, o) {
-		char *key = NULL, path[PATH_MAX * 2];
-		const char *rel = json_string_value(json_object_get(o, "path"));
-
-		if (json_object_get(o, "skipped")) /* collect left it out (its name) */
-			continue;
-		if (!rel || !(key = session_output_key(s->customer, s->id, rel, err))) {
-			json_object_set_new(o, "skipped", json_string(rel ? err->message : "no path"));
-			json_object_set_new(o, "s3_key", json_null());
-			continue;
-		}
-		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, rel) >= sizeof(path)) {
-			json_object_set_new(o, "skipped", json_string("the path is too long for this host"));
-			json_object_set_new(o, "s3_key", json_null());
-			free(key);
-			continue;
-		}
-		if (s3_put_file(&s3.c, key, path, "application/octet-stream", NULL, NULL, err) < 0) {
-			free(key);
-			json_decref(outs);
-			outs = NULL;
-			break;
-		}
-		json_object_set_new(o, "s3_key", json_string(key));
-		free(key);
-	}
-	hostd_s3_free(&s3);
-	fs_rmtree(dir);
-	session_put(ss, s, 0);
-	return outs ? json_pack("{s:o, s:b}", "outputs", outs, "truncated", truncated) : NULL;
-}
 
 int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err)
@@ -1422,7 +455,7 @@ int session_delete(struct sessions *ss, const char *id, const char *customer, in
 		for (size_t i = 0; i < sizeof(all) / sizeof(*all); i++) {
 			struct kiln_err e2;
 
-			s3_key_of(key, sizeof(key), cust, id, all[i]);
+			session_s3_key(key, sizeof(key), cust, id, all[i]);
 			if (s3_delete(&s3.c, key, &e2) < 0)
 				fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, key, e2.message);
 		}

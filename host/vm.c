@@ -3,7 +3,9 @@
  * rlimits, an unprivileged slot uid), gets its agent and QMP channels as
  * inherited socketpair ends (no socket files to race on or leak), dies with
  * its owner (PR_SET_PDEATHSIG), and leaves a locked per-VM directory that
- * vm_reap_stale cleans when an owner was killed before it could. */
+ * vm_reap_stale cleans when an owner was killed before it could. One file on
+ * purpose: one QEMU process's whole life over one struct vm (jail and argv,
+ * the agent and QMP channels with their deadlines, teardown, log tails). */
 #include "vm.h"
 
 #include <dirent.h>

@@ -2,7 +2,9 @@
  * multipart uploads streamed from disk with their SHA-256 checked by the
  * server, head/get/delete, bucket creation, presigned GET URLs signed here,
  * retries with backoff, and a bounded extractor for S3's XML replies (the
- * server's bytes are treated as hostile: they end up in error messages). */
+ * server's bytes are treated as hostile: they end up in error messages).
+ * One file on purpose: one protocol client; signing, the retrying call,
+ * multipart and presigning share its private hashing, encoding and XML code. */
 #include "s3.h"
 #include "io.h"
 

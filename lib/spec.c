@@ -1,7 +1,9 @@
 /* spec: parser and validator for task specs (see spec.h). The JSON comes
  * straight from an API client and is hostile: every size is bounded before
  * memory is allocated for it, every string is checked for embedded NUL, and
- * every error names the offending field by its JSON path. */
+ * every error names the offending field by its JSON path. One file on
+ * purpose: one ruleset for one input, every section on the same bounded
+ * field readers and path-naming error helpers (fail, get_str, check_keys). */
 #include "spec.h"
 
 #include <assert.h>

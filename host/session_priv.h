@@ -1,0 +1,105 @@
+/* session_priv: what kiln-host's session files share (session.c: the
+ * session table, its launcher thread, create and delete; session_io.c:
+ * commands, interactive input, files and outputs over the agent channel;
+ * session_pause.c: pause to S3 and resume). Not for other modules: they use
+ * session.h.
+ *
+ * Locking: ss->lock guards the list, every session's refs, exec_id and
+ * input_wr; s->op is held for the whole of one operation (session_take). */
+#ifndef KILN_SESSION_PRIV_H
+#define KILN_SESSION_PRIV_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "clock.h"
+#include "net.h"
+#include "session.h"
+#include "snapshot.h"
+
+enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
+
+struct session {
+	char id[65], customer[65];
+	enum session_state state;
+	struct vm vm;
+	struct net_sandbox *net;
+	json_t *spec;            /* {"limits","network"}: kept for the manifest */
+	unsigned vcpus, memory_mib, output_mib;
+	const struct snapshot *snap;
+	char release[65];
+	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
+	int64_t created_ms, last_active_ms;
+	pthread_mutex_t op;      /* one operation at a time */
+	int refs;                /* under ss->lock */
+	/* The interactive command running now (under ss->lock): its id and the
+	 * write end of its input pipe (-1: none). */
+	char exec_id[33];
+	int input_wr;
+	struct session *next;
+};
+
+/* A QEMU dies with the thread that started it (PR_SET_PDEATHSIG), and HTTP
+ * requests come on threads that end with them: session VMs are started on
+ * this process-long thread instead. */
+struct launch {
+	const struct vm_config *cfg;
+	struct vm *vm;
+	struct kiln_err *err;
+	int done, rc;
+	struct launch *next;
+};
+
+struct sessions {
+	struct hostd *d;
+	char host_id[65];
+	char root[PATH_MAX];
+	pthread_mutex_t lock;
+	struct session *list;
+	pthread_t launcher;
+	pthread_cond_t launch_cond, launched_cond;
+	struct launch *queue;
+	int stopping;
+};
+
+/* Sessions of this host (session.c) ------------------------------------- */
+
+/* Take the session for one operation: found, referenced, its op lock held.
+ * NULL with err "not_found" or "busy". */
+struct session *session_take(struct sessions *ss, const char *id, struct kiln_err *err);
+/* End an operation; with gone, the session also leaves the list and is
+ * freed by whoever holds the last reference. */
+void session_put(struct sessions *ss, struct session *s, int gone);
+/* Give back what a session holds on this host: its VM, its network, its
+ * reservation and its directory (the caller holds s->op). */
+void session_teardown(struct sessions *ss, struct session *s);
+void session_free(struct session *s);
+/* The public session object (see session.h). */
+json_t *session_json(const struct sessions *ss, const struct session *s);
+
+/* Parse a session spec ({"limits","network"}) as a task spec, so the same
+ * rules and messages apply. */
+int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err);
+/* The template a session of spec starts from (and is resumed against). */
+const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
+					struct kiln_err *err);
+/* A new session, not yet registered (session_insert); NULL with err. */
+struct session *session_new(struct sessions *ss, const char *id, const char *customer, json_t *spec,
+			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err);
+/* Register s, unless a session with its id is here already. */
+int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err);
+/* Start the session's VM: its network (if any), then QEMU on the overlay
+ * s->disk (backed by the template's disk), loading state_fd (a template's
+ * device state, or a paused session's whole state with mem_ram). */
+int session_boot(struct sessions *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+		 struct kiln_err *err);
+
+/* Pause and resume (session_pause.c) ------------------------------------ */
+
+/* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
+void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
+
+#endif
