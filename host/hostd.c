@@ -780,15 +780,13 @@ void hostd_task_put(struct hostd *d, struct hostd_task *t)
 	pthread_mutex_unlock(&d->lock);
 }
 
-long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, char *buf, size_t cap,
+long hostd_events_read(struct hostd *d, struct hostd_task *t, struct evlog_cursor *cursor, char *buf, size_t cap,
 		       int64_t deadline_ms)
 {
-	struct evlog_cursor c = { .next = *cursor };
 	long n;
 
 	(void)d; /* t->ev waits under d->lock, on d->changed */
-	n = evlog_read(&t->ev, &c, buf, cap, deadline_ms, 1);
-	*cursor = c.next;
+	n = evlog_read(&t->ev, cursor, buf, cap, deadline_ms, 0);
 	return n == EVLOG_END ? -1 : n;
 }
 

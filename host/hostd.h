@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "evlog.h"
 #include "err.h"
 #include "pool.h"
 #include "run.h"
@@ -78,14 +79,16 @@ int hostd_cancel(struct hostd *d, const char *id);
 
 /* Events (server-sent-event text blocks) of one task, for GET .../events.
  * hostd_task_get takes a reference (NULL: no such task); hostd_events_read
- * copies whole events from *cursor on into buf (at most cap bytes, at least
- * one event even if larger is truncated to cap), waiting until deadline_ms for
- * new ones. Returns bytes copied, 0 on timeout (send a keep-alive), or -1 when
- * the stream is over (the task is final and every event was read, or the
- * daemon stops). */
+ * copies the stream's bytes from *cursor on into buf (at most cap bytes; an
+ * event larger than cap goes out over several calls, never cut: libmicrohttpd
+ * offers as little as its 32 KiB connection buffer, less than one stdout
+ * chunk's JSON), waiting until deadline_ms (clock_mono_ms) for new ones when
+ * every event was read. Returns bytes copied, 0 on timeout (between events:
+ * send a keep-alive), or -1 when the stream is over (the task is final and
+ * every event was read, or the daemon stops). A cursor starts zeroed. */
 struct hostd_task *hostd_task_get(struct hostd *d, const char *id);
 void hostd_task_put(struct hostd *d, struct hostd_task *t);
-long hostd_events_read(struct hostd *d, struct hostd_task *t, size_t *cursor, char *buf, size_t cap,
+long hostd_events_read(struct hostd *d, struct hostd_task *t, struct evlog_cursor *cursor, char *buf, size_t cap,
 		       int64_t deadline_ms);
 
 /* GET /v1/capacity and GET /metrics bodies (caller frees / decrefs). */

@@ -111,7 +111,7 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 struct sse {
 	struct serve_http *s;
 	struct hostd_task *t;
-	size_t cursor;
+	struct evlog_cursor cursor;
 };
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
