@@ -149,7 +149,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	struct sessions *ss = calloc(1, sizeof(*ss));
 
 	if (!ss) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	ss->d = d;
@@ -159,7 +159,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	pthread_cond_init(&ss->launch_cond, NULL);
 	pthread_cond_init(&ss->launched_cond, NULL);
 	if (pthread_create(&ss->launcher, NULL, launcher_main, ss) != 0) {
-		kiln_err_set(err, "host_error", "cannot start the session launcher thread");
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the session launcher thread");
 		free(ss);
 		return NULL;
 	}
@@ -167,7 +167,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	 * children); paused ones are in S3, not here. */
 	fs_rmtree(ss->root);
 	if (fs_mkdir_p(ss->root, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", ss->root, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", ss->root, strerror(errno));
 		sessions_close(ss);
 		return NULL;
 	}
@@ -262,14 +262,14 @@ static struct session *session_take(struct sessions *ss, const char *id, struct 
 		s->refs++;
 	pthread_mutex_unlock(&ss->lock);
 	if (!s) {
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
 	if (pthread_mutex_trylock(&s->op) != 0) {
 		pthread_mutex_lock(&ss->lock);
 		s->refs--;
 		pthread_mutex_unlock(&ss->lock);
-		kiln_err_set(err, "busy", "session %s is busy with another request", id);
+		kiln_err_set(err, KERR_BUSY, "session %s is busy with another request", id);
 		return NULL;
 	}
 	if (s->state == SS_GONE) {
@@ -277,7 +277,7 @@ static struct session *session_take(struct sessions *ss, const char *id, struct 
 		pthread_mutex_lock(&ss->lock);
 		s->refs--;
 		pthread_mutex_unlock(&ss->lock);
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
 	return s;
@@ -320,16 +320,16 @@ static int parse_session_spec(json_t *spec, struct task_spec *out, struct kiln_e
 	int r;
 
 	if (!json_is_object(spec))
-		return kiln_err_set(err, "invalid_request", "spec: expected an object");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	json_object_foreach(spec, k, v)
 		if (strcmp(k, "limits") && strcmp(k, "network"))
-			return kiln_err_set(err, "invalid_spec", "%s: a session spec has only \"limits\" and \"network\"", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "%s: a session spec has only \"limits\" and \"network\"", k);
 	j = json_deep_copy(spec);
 	json_object_set_new(j, "argv", json_pack("[s]", "true"));
 	text = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
 	if (!text)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r = spec_parse(text, strlen(text), out, err);
 	free(text);
 	return r;
@@ -342,14 +342,14 @@ static const struct snapshot *template_for(const struct run_opts *ro, const stru
 	const struct snapshot *snap = spec->egress ? ro->net_snap : ro->snap;
 
 	if (!snap) {
-		kiln_err_set(err, spec->egress && !(ro->net && ro->net->enabled) ? "egress_unavailable" : "invalid_spec",
+		kiln_err_set(err, spec->egress && !(ro->net && ro->net->enabled) ? KERR_EGRESS_UNAVAILABLE : KERR_INVALID_SPEC,
 			     spec->egress && !(ro->net && ro->net->enabled)
 				     ? "network.egress: this host does not offer network egress"
 				     : "sessions need a snapshot: this host runs cold");
 		return NULL;
 	}
 	if (snap->memory_mib != spec->memory_mib || snap->vcpus != spec->vcpus) {
-		kiln_err_set(err, "invalid_spec",
+		kiln_err_set(err, KERR_INVALID_SPEC,
 			     "limits: sessions on this host have %u MiB and %u vCPU (its snapshot's size), not %u MiB and %u",
 			     snap->memory_mib, snap->vcpus, spec->memory_mib, spec->vcpus);
 		return NULL;
@@ -363,7 +363,7 @@ static struct session *session_new(struct sessions *ss, const char *id, const ch
 	struct session *s = calloc(1, sizeof(*s));
 
 	if (!s) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	snprintf(s->id, sizeof(s->id), "%s", id);
@@ -390,7 +390,7 @@ static int session_insert(struct sessions *ss, struct session *s, struct kiln_er
 	for (struct session *o = ss->list; o; o = o->next)
 		if (!strcmp(o->id, s->id)) {
 			pthread_mutex_unlock(&ss->lock);
-			return kiln_err_set(err, "duplicate", "session %s already runs on this host", s->id);
+			return kiln_err_set(err, KERR_DUPLICATE, "session %s already runs on this host", s->id);
 		}
 	s->next = ss->list;
 	ss->list = s;
@@ -435,7 +435,7 @@ static int session_boot(struct sessions *ss, struct session *s, const struct tas
 		return -1;
 	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
 		if (mem_ram)
-			kiln_err_set(err, "snapshot_corrupt", "the paused session's state does not load: %s", err->message);
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		return -1;
 	}
 	return vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err);
@@ -448,7 +448,7 @@ static int make_overlay(const char *disk, const char *backing, struct kiln_err *
 			 (char *)disk, NULL };
 
 	if (snapshot_run_cmd(argv) < 0)
-		return kiln_err_set(err, "host_error", "qemu-img create %s failed", disk);
+		return kiln_err_set(err, KERR_HOST_ERROR, "qemu-img create %s failed", disk);
 	return 0;
 }
 
@@ -462,7 +462,7 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (parse_session_spec(spec, &ts, err) < 0)
 		return -1;
@@ -490,9 +490,9 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 	r = -1;
 	fd = -1;
 	if (mkdir(s->dir, 0700) < 0)
-		kiln_err_set(err, "host_error", "cannot create %s: %s", s->dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 	else if (make_overlay(s->disk, snap->disk, err) == 0 && (fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
-		kiln_err_set(err, "snapshot_corrupt", "%s: %s", snap->state, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
 	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0)
 		r = 0;
 	if (fd >= 0)
@@ -520,7 +520,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	int r;
 
 	if (!json_is_object(req))
-		return kiln_err_set(err, "invalid_request", "expected a JSON object");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 	j = json_object();
 	json_object_foreach(req, k, v) {
 		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64") || !strcmp(k, "tty") || !strcmp(k, "interactive"))
@@ -528,7 +528,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 		if (strcmp(k, "argv") && strcmp(k, "language") && strcmp(k, "code") && strcmp(k, "env") &&
 		    strcmp(k, "cwd") && strcmp(k, "files")) {
 			json_decref(j);
-			return kiln_err_set(err, "invalid_spec", "%s: not a field of a session command", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "%s: not a field of a session command", k);
 		}
 		json_object_set(j, k, v);
 	}
@@ -540,7 +540,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	text = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
 	if (!text)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r = spec_parse(text, strlen(text), ts, err);
 	free(text);
 	return r;
@@ -564,11 +564,11 @@ static int field_b64(json_t *req, const char *name, size_t max, unsigned char **
 	n = b ? strlen(b) : 0;
 	/* The decoded length: padding ('=') carries no data. */
 	if (!b || n % 4 || n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=') > max)
-		return kiln_err_set(err, "invalid_spec", "%s: expected padded base64 of at most %zu KiB", name,
+		return kiln_err_set(err, KERR_INVALID_SPEC, "%s: expected padded base64 of at most %zu KiB", name,
 				    max >> 10);
 	*data = malloc(n / 4 * 3 + 1);
 	if (!*data)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)b, (int)n) : 0;
 	for (size_t i = 0; i < n; i++)
 		if (b[i] == '=' && i < n - 2)
@@ -576,7 +576,7 @@ static int field_b64(json_t *req, const char *name, size_t max, unsigned char **
 	if (got < 0) {
 		free(*data);
 		*data = NULL;
-		return kiln_err_set(err, "invalid_spec", "%s: not valid base64", name);
+		return kiln_err_set(err, KERR_INVALID_SPEC, "%s: not valid base64", name);
 	}
 	if (n && b[n - 1] == '=')
 		got--;
@@ -596,29 +596,29 @@ static int exec_interactive(json_t *req, unsigned *flags, uint32_t *rows, uint32
 	*flags = 0;
 	*rows = *cols = 0;
 	if (ia && !json_is_boolean(ia))
-		return kiln_err_set(err, "invalid_spec", "interactive: expected true or false");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "interactive: expected true or false");
 	if (json_is_true(ia))
 		*flags = PROTO_EXEC_STDIN;
 	if (!tty || json_is_null(tty))
 		goto done;
 	if (!json_is_object(tty))
-		return kiln_err_set(err, "invalid_spec", "tty: expected an object {\"rows\":N,\"cols\":N}");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "tty: expected an object {\"rows\":N,\"cols\":N}");
 	json_object_foreach(tty, k, v) {
 		json_int_t n = json_integer_value(v);
 
 		if (strcmp(k, "rows") && strcmp(k, "cols"))
-			return kiln_err_set(err, "invalid_spec", "tty.%s: not a field (rows, cols)", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "tty.%s: not a field (rows, cols)", k);
 		if (!json_is_integer(v) || n < 1 || n > PROTO_MAX_TTY_DIM)
-			return kiln_err_set(err, "invalid_spec", "tty.%s: expected an integer from 1 to %d", k,
+			return kiln_err_set(err, KERR_INVALID_SPEC, "tty.%s: expected an integer from 1 to %d", k,
 					    PROTO_MAX_TTY_DIM);
 		*(k[0] == 'r' ? rows : cols) = (uint32_t)n;
 	}
 	if (!*rows || !*cols)
-		return kiln_err_set(err, "invalid_spec", "tty: both rows and cols are required");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "tty: both rows and cols are required");
 	*flags = PROTO_EXEC_TTY;
 done:
 	if (*flags && json_object_get(req, "stdin_b64"))
-		return kiln_err_set(err, "invalid_spec", "stdin_b64: not with an interactive command (send input instead)");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "stdin_b64: not with an interactive command (send input instead)");
 	return 0;
 }
 
@@ -631,13 +631,13 @@ static int wrap_stdin(struct task_spec *ts, struct kiln_err *err)
 	char **argv = calloc(ts->argc + 5, sizeof(*argv));
 
 	if (!argv)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	for (size_t i = 0; i < 4; i++)
 		if (!(argv[i] = strdup(pre[i]))) {
 			for (size_t j = 0; j < i; j++)
 				free(argv[j]);
 			free(argv);
-			return kiln_err_set(err, "host_error", "out of memory");
+			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		}
 	memcpy(argv + 4, ts->argv, ts->argc * sizeof(*argv));
 	free(ts->argv);
@@ -685,14 +685,14 @@ static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
 
 	*gone = 0;
 	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", s->id);
+		kiln_err_set(err, KERR_BUSY, "session %s is being paused", s->id);
 		return NULL;
 	}
 	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0)
 		return NULL;
 	if (flags) {
 		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd) || pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) < 0) {
-			kiln_err_set(err, "host_error", "interactive command: %s", strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "interactive command: %s", strerror(errno));
 			spec_free(&ts);
 			return NULL;
 		}
@@ -774,20 +774,20 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 	int r = -1, queued = 0, size;
 
 	if (!json_is_object(req)) {
-		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 		return NULL;
 	}
 	json_object_foreach(req, k, v)
 		if (strcmp(k, "exec_id") && strcmp(k, "data_b64") && strcmp(k, "eof") && strcmp(k, "resize")) {
-			kiln_err_set(err, "invalid_request", "%s: not a field of an input request", k);
+			kiln_err_set(err, KERR_INVALID_REQUEST, "%s: not a field of an input request", k);
 			return NULL;
 		}
 	if (!exec_id) {
-		kiln_err_set(err, "invalid_request", "exec_id: expected the string the command's started event gave");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "exec_id: expected the string the command's started event gave");
 		return NULL;
 	}
 	if (eof && !json_is_boolean(eof)) {
-		kiln_err_set(err, "invalid_request", "eof: expected true or false");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "eof: expected true or false");
 		return NULL;
 	}
 	if (resize && (!json_is_object(resize) || json_object_size(resize) != 2 ||
@@ -795,12 +795,12 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		       json_integer_value(json_object_get(resize, "rows")) > PROTO_MAX_TTY_DIM ||
 		       json_integer_value(json_object_get(resize, "cols")) < 1 ||
 		       json_integer_value(json_object_get(resize, "cols")) > PROTO_MAX_TTY_DIM)) {
-		kiln_err_set(err, "invalid_request", "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
+		kiln_err_set(err, KERR_INVALID_REQUEST, "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
 			     PROTO_MAX_TTY_DIM);
 		return NULL;
 	}
 	if (field_b64(req, "data_b64", SESSION_INPUT_MAX, &data, &len, err) < 0) {
-		strcpy(err->code, "invalid_request");
+		kiln_err_recode(err, KERR_INVALID_REQUEST);
 		return NULL;
 	}
 	if (resize) {
@@ -819,25 +819,25 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		if (!strcmp(s->id, id))
 			break;
 	if (!s || s->state == SS_GONE) {
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		goto out;
 	}
 	if (s->input_wr < 0 || strcmp(s->exec_id, exec_id)) {
-		kiln_err_set(err, "no_exec", "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
+		kiln_err_set(err, KERR_NO_EXEC, "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
 		goto out;
 	}
 	/* All of it or nothing: the pipe's free room, checked under the lock
 	 * that every writer takes (the reader only makes more room). */
 	size = fcntl(s->input_wr, F_GETPIPE_SZ);
 	if (size < 0 || ioctl(s->input_wr, FIONREAD, &queued) < 0) {
-		kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "input pipe: %s", strerror(errno));
 		goto out;
 	}
 	room = (size_t)size > (size_t)queued ? (size_t)size - (size_t)queued : 0;
 	/* A frame that does not fit the pipe's last page takes a page of its
 	 * own: allow a page's slack per frame. */
 	if (need + frames * PIPE_BUF > room) {
-		kiln_err_set(err, "input_full", "the command has not yet taken the %d bytes sent before; retry", queued);
+		kiln_err_set(err, KERR_INPUT_FULL, "the command has not yet taken the %d bytes sent before; retry", queued);
 		goto out;
 	}
 	if (resize && input_frame(s->input_wr, PROTO_RESIZE, rs, sizeof(rs)) < 0)
@@ -852,7 +852,7 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 	r = 0;
 	goto out;
 write_failed:
-	kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+	kiln_err_set(err, KERR_HOST_ERROR, "input pipe: %s", strerror(errno));
 out:
 	pthread_mutex_unlock(&ss->lock);
 	free(data);
@@ -877,10 +877,10 @@ int session_put_file(struct sessions *ss, const char *id, const char *path, cons
 	int r;
 
 	if (!path || proto_abspath_ok(path) || !strncmp(path, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "path: expected an absolute path without '.', '..' or empty parts, outside /kiln");
 	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a file is at most %u MiB", SESSION_FILE_MAX >> 20);
+		return kiln_err_set(err, KERR_TOO_LARGE, "a file is at most %u MiB", SESSION_FILE_MAX >> 20);
 	s = session_take(ss, id, err);
 	if (!s)
 		return -1;
@@ -906,29 +906,29 @@ static int exec_base64(struct sessions *ss, const char *id, json_t *argv, unsign
 	if (json_integer_value(json_object_get(res, "exit_code")) != 0 || !json_is_integer(json_object_get(res, "exit_code"))) {
 		errs = json_string_value(json_object_get(res, "stderr")) ?: "";
 		if (strstr(errs, "No such file") || strstr(errs, "Not a directory"))
-			kiln_err_set(err, "not_found", "%.300s", errs);
+			kiln_err_set(err, KERR_NOT_FOUND, "%.300s", errs);
 		else
-			kiln_err_set(err, "invalid_request", "%.300s", *errs ? errs : "the guest could not read it");
+			kiln_err_set(err, KERR_INVALID_REQUEST, "%.300s", *errs ? errs : "the guest could not read it");
 		json_decref(res);
 		return -1;
 	}
 	if (json_is_true(json_object_get(res, "stdout_truncated"))) {
 		json_decref(res);
-		return kiln_err_set(err, "too_large", "larger than the session's output limit allows");
+		return kiln_err_set(err, KERR_TOO_LARGE, "larger than the session's output limit allows");
 	}
 	out = json_string_value(json_object_get(res, "stdout")) ?: "";
 	n = strlen(out);
 	*data = malloc(n / 4 * 3 + 4);
 	if (!*data) {
 		json_decref(res);
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
 	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)out, (int)n) : 0;
 	if (got < 0 || n % 4) {
 		free(*data);
 		*data = NULL;
 		json_decref(res);
-		return kiln_err_set(err, "vm_error", "the guest's base64 did not decode");
+		return kiln_err_set(err, KERR_VM_ERROR, "the guest's base64 did not decode");
 	}
 	/* EVP_DecodeBlock counts padding as data. */
 	if (n >= 1 && out[n - 1] == '=')
@@ -944,7 +944,7 @@ int session_get_file(struct sessions *ss, const char *id, const char *path, unsi
 		     struct kiln_err *err)
 {
 	if (!path || proto_abspath_ok(path))
-		return kiln_err_set(err, "invalid_request", "path: expected an absolute path without '.', '..' or empty parts");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "path: expected an absolute path without '.', '..' or empty parts");
 	/* As the task's user: what the session's code could read, nothing more. */
 	return exec_base64(ss, id, json_pack("[s, s, s, s]", "/usr/bin/base64", "-w0", "--", path), data, len, err);
 }
@@ -956,7 +956,7 @@ json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, s
 	json_t *entries;
 
 	if (!dir || proto_abspath_ok(dir)) {
-		kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "dir: expected an absolute path without '.', '..' or empty parts");
 		return NULL;
 	}
 	/* Type, size and name of each entry, NUL-terminated (a name may hold
@@ -994,7 +994,7 @@ int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsign
 		    struct kiln_err *err)
 {
 	if (!dir || proto_abspath_ok(dir))
-		return kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "dir: expected an absolute path without '.', '..' or empty parts");
 	/* As the task's user, paths relative to dir ("./..."); GNU tar keeps
 	 * symlinks as links and reports what it cannot read (exit 2). */
 	return exec_base64(ss, id,
@@ -1016,12 +1016,12 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 
 	if (!dir || proto_abspath_ok(dir) || !strncmp(dir, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)) ||
 	    !strcmp(dir, SPEC_RESERVED_DIR))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "dir: expected an absolute path without '.', '..' or empty parts, outside /kiln");
 	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
+		return kiln_err_set(err, KERR_TOO_LARGE, "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "getrandom: %s", strerror(errno));
 	/* /tmp, not /kiln: the archive may be larger than /kiln's 16 MiB. */
 	snprintf(tmp, sizeof(tmp), "/tmp/.kiln-put-%02x%02x%02x%02x%02x%02x%02x%02x.tar", rnd[0], rnd[1], rnd[2], rnd[3],
 		 rnd[4], rnd[5], rnd[6], rnd[7]);
@@ -1032,7 +1032,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 			"mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\" --no-same-owner; rc=$?; rm -f -- \"$2\"; exit $rc",
 			"sh", dir, tmp);
 	if (!req)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	/* Written and unpacked in one operation: no other request can take the
 	 * session in between and leave the archive behind in the guest. */
 	s = session_take(ss, id, err);
@@ -1041,7 +1041,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 		return -1;
 	}
 	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", id);
+		kiln_err_set(err, KERR_BUSY, "session %s is being paused", id);
 	} else if (run_session_put(&s->vm, tmp, data, len, 0600, err) < 0) {
 		/* A part may have been written (the guest's /tmp filled up):
 		 * remove it, in the same operation. */
@@ -1056,7 +1056,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 		    json_is_integer(json_object_get(res, "exit_code")))
 			r = 0;
 		else
-			kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
+			kiln_err_set(err, KERR_INVALID_REQUEST, "the archive did not unpack: %.300s",
 				     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
 		json_decref(res);
 	}
@@ -1084,7 +1084,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 	int r = -1;
 
 	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	*bytes = 0;
 	if (s3_ensure_bucket(&s3.c, err) < 0)
 		goto out;
@@ -1095,7 +1095,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
 		s3_key_of(key, sizeof(key), s->customer, s->id, snap_files[i]);
 		if (stat(path, &st) < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", path, strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 			goto out;
 		}
 		if (s3_put_file(&s3.c, key, path, "application/octet-stream", sha, NULL, err) < 0)
@@ -1111,7 +1111,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 	json_decref(m);
 	s3_key_of(key, sizeof(key), s->customer, s->id, "manifest.json");
 	if (!text) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
 	r = s3_put_buffer(&s3.c, key, text, strlen(text), "application/json", err);
@@ -1138,14 +1138,14 @@ json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
 		int r;
 
 		if (fd < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 			session_put(ss, s, 0);
 			return NULL;
 		}
 		r = snapshot_save_fd(&s->vm, fd, SESSION_SAVE_MS, err);
 		if (r == 0 && (fsync(fd) < 0 || close(fd) < 0)) {
 			fd = -1;
-			r = kiln_err_set(err, "host_error", "writing %s: %s", s->state_path, strerror(errno));
+			r = kiln_err_set(err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
 		} else if (fd >= 0 && r < 0) {
 			close(fd);
 		}
@@ -1171,7 +1171,7 @@ json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
 		char m[sizeof(err->message)];
 
 		snprintf(m, sizeof(m), "%s", err->message);
-		kiln_err_set(err, strncmp(err->code, "s3", 2) ? err->code : "s3_unavailable",
+		kiln_err_set(err, kiln_err_is_s3(err->errc) ? KERR_S3_UNAVAILABLE : err->errc,
 			     "the session is saved on this host but not yet in S3 (pause again to retry): %s", m);
 		session_put(ss, s, 0);
 		return NULL;
@@ -1194,11 +1194,11 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 	const char *ws = json_string_value(json_object_get(want, "sha256"));
 
 	if (!ws || !json_is_integer(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest does not describe %s", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest does not describe %s", name);
 	if (stat(path, &st) < 0 || (json_int_t)st.st_size != json_integer_value(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: size differs from the manifest (S3 copy damaged)", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: size differs from the manifest (S3 copy damaged)", name);
 	if (fs_sha256_file(path, sha) < 0 || strcmp(sha, ws))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: sha256 differs from the manifest (S3 copy damaged)", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: sha256 differs from the manifest (S3 copy damaged)", name);
 	return 0;
 }
 
@@ -1216,10 +1216,10 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	s = session_new(ss, id, customer, NULL, &(struct task_spec){ .memory_mib = 0 }, &(struct snapshot){ .mem_fd = -1 },
 			err);
 	if (!s)
@@ -1233,26 +1233,26 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 		goto out_s3;
 	}
 	if (mkdir(s->dir, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", s->dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 		goto fail;
 	}
 	/* The manifest first: without it there is no paused session. */
 	snprintf(path, sizeof(path), "%s/manifest.json", s->dir);
 	s3_key_of(key, sizeof(key), customer, id, "manifest.json");
 	if (s3_get_file(&s3.c, key, path, err) < 0) {
-		if (!strcmp(err->code, "s3_not_found"))
-			kiln_err_set(err, "no_snapshot", "no paused session %s", id);
+		if (err->errc == KERR_S3_NOT_FOUND)
+			kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
 		goto fail;
 	}
 	m = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!m || json_integer_value(json_object_get(m, "version")) != SESSION_MANIFEST_V ||
 	    strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
 	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec"))) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest is unreadable or not this session's");
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable or not this session's");
 		goto fail;
 	}
 	if (parse_session_spec(json_object_get(m, "spec"), &ts, err) < 0) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's spec is invalid");
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's spec is invalid");
 		goto fail;
 	}
 	have_ts = 1;
@@ -1260,7 +1260,7 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 	if (!snap)
 		goto fail;
 	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {
-		kiln_err_set(err, "incompatible_snapshot",
+		kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
 			     "the session was paused on a host with another image (template %.20s, this host's %s)",
 			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
 		goto fail;
@@ -1281,8 +1281,8 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
 		s3_key_of(key, sizeof(key), customer, id, snap_files[i]);
 		if (s3_get_file(&s3.c, key, path, err) < 0) {
-			if (!strcmp(err->code, "s3_not_found"))
-				kiln_err_set(err, "snapshot_corrupt", "%s is missing from the paused session in S3", snap_files[i]);
+			if (err->errc == KERR_S3_NOT_FOUND)
+				kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s is missing from the paused session in S3", snap_files[i]);
 			goto fail;
 		}
 		if (check_file(path, json_object_get(files, snap_files[i]), snap_files[i], err) < 0)
@@ -1300,13 +1300,13 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 				 (char *)snap->disk, s->disk, NULL };
 
 		if (snapshot_run_cmd(argv) < 0) {
-			kiln_err_set(err, "snapshot_corrupt", "the paused session's disk layer is not a usable qcow2 image");
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's disk layer is not a usable qcow2 image");
 			goto fail;
 		}
 	}
 	fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 		goto fail;
 	}
 	if (session_boot(ss, s, &ts, fd, 1, err) < 0)
@@ -1341,7 +1341,7 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
 	/* The guest names its files: the key is built whole, never cut short
 	 * (where two long names would meet), and checked as S3 needs it. */
 	if (asprintf(&key, "%s/sessions/%s/outputs/%s", customer, id, rel) < 0) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	if (s3_key_check(key, err) < 0) {
@@ -1366,7 +1366,7 @@ json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *er
 	fs_rmtree(dir);
 	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
 	if (outs && hostd_s3_take(ss->d, &s3) < 0) {
-		kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 		json_decref(outs);
 		outs = NULL;
 	}
@@ -1410,7 +1410,7 @@ int session_delete(struct sessions *ss, const char *id, const char *customer, in
 	char cust[65] = "";
 	int found = s != NULL;
 
-	if (!s && strcmp(err->code, "not_found"))
+	if (!s && err->errc != KERR_NOT_FOUND)
 		return -1; /* busy */
 	if (s) {
 		snprintf(cust, sizeof(cust), "%s", s->customer);
