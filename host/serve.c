@@ -228,10 +228,8 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 
 /* ---- sessions ---- */
 
-static enum MHD_Result session_error(struct MHD_Connection *conn, const struct kiln_err *err)
-{
-	return reply_err(conn, err);
-}
+/* Failures are answered with reply_err: the code's status in lib/err.h's
+ * table is the one docs/api.md gives kiln-host's session endpoints. */
 
 static json_t *body_json(const struct httpd_body *req, struct kiln_err *err)
 {
@@ -509,7 +507,7 @@ static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
 	json_t *j, *out = NULL;
 
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (!json_is_string(json_object_get(j, "id")) || !json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "id and customer: expected strings");
@@ -518,7 +516,7 @@ static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
 			   json_string_value(json_object_get(j, "customer")),
 			   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
 		json_decref(j);
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	}
 	json_decref(j);
 	return reply_json(r->conn, MHD_HTTP_CREATED, out);
@@ -546,7 +544,7 @@ static enum MHD_Result session_del(void *ctx, struct httpd_req *r)
 		return no_session(r->conn);
 	if (session_delete(s->sessions, id, MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer"),
 			   keep && !strcmp(keep, "1"), &err) < 0)
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
 }
 
@@ -573,24 +571,24 @@ static enum MHD_Result session_files(void *ctx, struct httpd_req *r)
 		return reply_error(conn, KERR_INVALID_REQUEST, "format=tar goes with dir= only");
 	if (!strcmp(r->method, "PUT") && tar) {
 		if (session_put_tar(s->sessions, id, dir, data, len, &err) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "dir", dir, "size", (json_int_t)len));
 	}
 	if (!strcmp(r->method, "PUT")) {
 		if (session_put_file(s->sessions, id, path, data, len, &err) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", path, "size", (json_int_t)len));
 	}
 	if (dir && !tar) {
 		out = session_list_dir(s->sessions, id, dir, &err);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : reply_err(conn, &err);
 	} else {
 		unsigned char *bytes = NULL;
 		size_t n = 0;
 
 		if ((tar ? session_get_tar(s->sessions, id, dir, &bytes, &n, &err)
 			 : session_get_file(s->sessions, id, path, &bytes, &n, &err)) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_bytes(conn, MHD_HTTP_OK, (char *)bytes, n,
 				   tar ? "application/x-tar" : "application/octet-stream");
 	}
@@ -608,12 +606,12 @@ static enum MHD_Result session_exec_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (stream && !strcmp(stream, "1"))
 		return handle_exec_stream(s, r->conn, id, j);
 	out = session_exec(s->sessions, id, j, NULL, NULL, &err);
 	json_decref(j);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/input */
@@ -627,10 +625,10 @@ static enum MHD_Result session_input_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	out = session_input(s->sessions, id, j, &err);
 	json_decref(j);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/pause */
@@ -644,7 +642,7 @@ static enum MHD_Result session_pause_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	out = session_pause(s->sessions, id, &err);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/resume {"customer"} */
@@ -658,14 +656,14 @@ static enum MHD_Result session_resume_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (!json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected a string");
 	}
 	if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
 		json_decref(j);
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	}
 	json_decref(j);
 	return reply_json(r->conn, MHD_HTTP_OK, out);
@@ -682,7 +680,7 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	out = session_outputs(s->sessions, id, &err);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* ---- dispatch ---- */
