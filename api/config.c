@@ -34,7 +34,7 @@ static int secret(const char *value, const char *file_path, const char *name, co
 		  char **owned, struct kiln_err *err)
 {
 	if (value && file_path)
-		return kiln_err_set(err, "config", "%s: %s and %s_file: give one, not both", file, name, name);
+		return kiln_err_set(err, KERR_CONFIG, "%s: %s and %s_file: give one, not both", file, name, name);
 	if (file_path) {
 		char key[64];
 
@@ -60,7 +60,7 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 	api_config_defaults(c);
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
-		return kiln_err_set(err, "config", "%s:%d:%d: %s", path, je.line, je.column, je.text);
+		return kiln_err_set(err, KERR_CONFIG, "%s:%d:%d: %s", path, je.line, je.column, je.text);
 	{
 		const struct conf_field top[] = {
 			{ "listen", CONF_STR, &c->listen }, { "db", CONF_STR, &c->db },
@@ -85,11 +85,11 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 		if (conf_take(s3, "s3", f, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
 		if (!c->s3.endpoint || !c->s3.bucket || !c->s3.access_key || (!sk && !sk_file)) {
-			kiln_err_set(err, "config", "%s: s3: endpoint, bucket, access_key and secret_key are required", path);
+			kiln_err_set(err, KERR_CONFIG, "%s: s3: endpoint, bucket, access_key and secret_key are required", path);
 			goto fail;
 		}
 		if (strncmp(c->s3.endpoint, "http://", 7) && strncmp(c->s3.endpoint, "https://", 8)) {
-			kiln_err_set(err, "config", "%s: s3.endpoint: expected an http:// or https:// URL", path);
+			kiln_err_set(err, KERR_CONFIG, "%s: s3.endpoint: expected an http:// or https:// URL", path);
 			goto fail;
 		}
 		if (!c->s3.region)
@@ -98,14 +98,14 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			goto fail;
 	}
 	if (quotas && quota_from_json(quotas, "quotas", &c->quotas, &qerr) < 0) {
-		kiln_err_set(err, "config", "%s: %s", path, qerr.message);
+		kiln_err_set(err, KERR_CONFIG, "%s: %s", path, qerr.message);
 		goto fail;
 	}
 	if (secret(admin_key, admin_key_file, "admin_key", path, &c->admin_key, &c->file_admin_key, err) < 0 ||
 	    secret(token, token_file, "cluster_token", path, &c->cluster_token, &c->file_token, err) < 0)
 		goto fail;
 	if (c->admin_key && strlen(c->admin_key) < 16) {
-		kiln_err_set(err, "config", "%s: admin_key: at least 16 characters", path);
+		kiln_err_set(err, KERR_CONFIG, "%s: admin_key: at least 16 characters", path);
 		goto fail;
 	}
 	return 0;

@@ -41,7 +41,7 @@ int hostclient_call(const char *base, const char *token, const char *method, con
 	if (httpc_json(NULL, &q, body, reply, &r) == 0) {
 		status = (int)r.status;
 	} else {
-		kiln_err_set(err, "host_unreachable", "%s %s: %s", method, url, r.error);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s %s: %s", method, url, r.error);
 		status = -1;
 	}
 	httpc_reply_free(&r);
@@ -73,9 +73,9 @@ int hostclient_raw(const char *base, const char *token, const char *method, cons
 		r->body = hr.body.len ? buf_steal(&hr.body, NULL) : NULL;
 		snprintf(r->content_type, sizeof(r->content_type), "%s", hr.content_type);
 	} else if (rc == -E2BIG) {
-		kiln_err_set(err, "host_error", "%s %s: the reply is larger than %zu bytes", method, url, max_reply);
+		kiln_err_set(err, KERR_HOST_ERROR, "%s %s: the reply is larger than %zu bytes", method, url, max_reply);
 	} else {
-		kiln_err_set(err, "host_unreachable", "%s %s: %s", method, url, hr.error);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s %s: %s", method, url, hr.error);
 	}
 	httpc_reply_free(&hr);
 	return r->status;
@@ -106,7 +106,7 @@ struct hostclient_stream *hostclient_stream_open(const char *base, const char *t
 	int rc;
 
 	if (!h) {
-		kiln_err_set(err, "host_unreachable", "out of memory");
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "out of memory");
 		return NULL;
 	}
 	host_req(&q, h->url, sizeof(h->url), base, token, method, path, 0);
@@ -119,7 +119,7 @@ struct hostclient_stream *hostclient_stream_open(const char *base, const char *t
 	rc = httpc_stream_open(&q, &h->s);
 	free(req);
 	if (rc < 0) {
-		kiln_err_set(err, "host_unreachable", rc == -ENOMEM ? "out of memory" : "cannot start the request");
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, rc == -ENOMEM ? "out of memory" : "cannot start the request");
 		free(h);
 		return NULL;
 	}
@@ -131,9 +131,9 @@ int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struc
 	int st = httpc_stream_status(h->s, timeout_ms);
 
 	if (st == -ETIMEDOUT)
-		return kiln_err_set(err, "host_unreachable", "%s: no answer in %ld ms", h->url, timeout_ms);
+		return kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s: no answer in %ld ms", h->url, timeout_ms);
 	if (st < 0)
-		return kiln_err_set(err, "host_unreachable", "%s: %s", h->url, httpc_stream_error(h->s));
+		return kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s: %s", h->url, httpc_stream_error(h->s));
 	return st;
 }
 
@@ -144,7 +144,7 @@ long hostclient_stream_read(struct hostclient_stream *h, char *buf, size_t max, 
 	if (n == -ENODATA)
 		return -1;
 	if (n < 0) {
-		kiln_err_set(err, "host_unreachable", "%s: %s", h->url, httpc_stream_error(h->s));
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s: %s", h->url, httpc_stream_error(h->s));
 		return -2;
 	}
 	return n;
@@ -175,9 +175,9 @@ int hostclient_follow(const char *base, const char *token, const char *task_id, 
 	q.max_reply = EVENT_LINE_MAX;
 	rc = httpc_follow(NULL, &q, on_event, ctx, &r);
 	if (rc < 0)
-		kiln_err_set(err, "host_unreachable", "events of %s: %s", task_id, r.error);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "events of %s: %s", task_id, r.error);
 	else if (rc == 0 && r.status != 200)
-		rc = kiln_err_set(err, r.status == 404 ? "not_found" : "host_error", "events of %s: HTTP %ld", task_id,
+		rc = kiln_err_set(err, r.status == 404 ? KERR_NOT_FOUND : KERR_HOST_ERROR, "events of %s: HTTP %ld", task_id,
 				  r.status);
 	httpc_reply_free(&r);
 	return rc < 0 ? -1 : rc;

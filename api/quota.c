@@ -64,7 +64,7 @@ int quota_from_json(json_t *j, const char *where, struct quota *q, struct kiln_e
 	if (!where)
 		where = "quotas";
 	if (!json_is_object(j))
-		return kiln_err_set(err, "invalid_request", "%s: must be an object", *where ? where : "body");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "%s: must be an object", *where ? where : "body");
 	json_object_foreach(j, k, v) {
 		const struct qfield *f = NULL;
 		char *p;
@@ -74,22 +74,22 @@ int quota_from_json(json_t *j, const char *where, struct quota *q, struct kiln_e
 			if (!strcmp(qfields[i].name, k))
 				f = &qfields[i];
 		if (!f)
-			return kiln_err_set(err, "invalid_request", "%s%s%.64s: unknown quota", where, *where ? "." : "",
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "%s%s%.64s: unknown quota", where, *where ? "." : "",
 					    k);
 		p = (char *)&n + f->off;
 		if (f->type == Q_BOOL) {
 			if (!json_is_boolean(v))
-				return kiln_err_set(err, "invalid_request", "%s%s%s: must be true or false", where,
+				return kiln_err_set(err, KERR_INVALID_REQUEST, "%s%s%s: must be true or false", where,
 						    *where ? "." : "", k);
 			*(int *)p = json_is_true(v);
 			continue;
 		}
 		if (f->type == Q_RATE ? !json_is_number(v) : !json_is_integer(v))
-			return kiln_err_set(err, "invalid_request", "%s%s%s: must be %s from 0 to %g", where,
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "%s%s%s: must be %s from 0 to %g", where,
 					    *where ? "." : "", k, f->type == Q_RATE ? "a number" : "an integer", f->max);
 		x = json_number_value(v);
 		if (!(x >= 0 && x <= f->max))
-			return kiln_err_set(err, "invalid_request", "%s%s%s: must be from 0 to %g (got %g)", where,
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "%s%s%s: must be from 0 to %g (got %g)", where,
 					    *where ? "." : "", k, f->max, x);
 		if (f->type == Q_UINT)
 			*(unsigned *)p = (unsigned)x;
@@ -144,7 +144,7 @@ int quota_check_task(const struct quota *q, unsigned vcpus, unsigned memory_mib,
 
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
 		if (c[i].max && c[i].got > c[i].max)
-			return kiln_err_set(err, "over_quota", "%s: %u exceeds your quota of %u", c[i].field, c[i].got,
+			return kiln_err_set(err, KERR_OVER_QUOTA, "%s: %u exceeds your quota of %u", c[i].field, c[i].got,
 					    c[i].max);
 	return 0;
 }
@@ -164,15 +164,15 @@ int quota_check_start(const struct quota *q, const struct usage *u, unsigned vcp
 		      struct kiln_err *err)
 {
 	if (q->max_running && u->running + 1 > q->max_running)
-		return kiln_err_set(err, "quota_exceeded",
+		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
 				    "max_running: %u tasks and sessions are running, your quota's limit is %u", u->running,
 				    q->max_running);
 	if (q->max_vcpus && u->vcpus + vcpus > q->max_vcpus)
-		return kiln_err_set(err, "quota_exceeded",
+		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
 				    "max_vcpus: %u vCPUs are in use, %u more would exceed your quota of %u", u->vcpus,
 				    vcpus, q->max_vcpus);
 	if (q->max_memory_mib && u->memory_mib + memory_mib > q->max_memory_mib)
-		return kiln_err_set(err, "quota_exceeded",
+		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
 				    "max_memory_mib: %llu MiB are in use, %u more would exceed your quota of %llu",
 				    (unsigned long long)u->memory_mib, memory_mib, (unsigned long long)q->max_memory_mib);
 	return 0;

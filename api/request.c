@@ -23,18 +23,18 @@ static json_t *load_object(const char *body, size_t len, struct kiln_err *err)
 	json_t *j;
 
 	if (spec_json_nodes(body ? body : "", len, 1024) > 1024) {
-		kiln_err_set(err, "invalid_request", "body: too many JSON values");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "body: too many JSON values");
 		return NULL;
 	}
 	j = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
 	if (!j) {
 		scrub(je.text);
-		kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column, je.text);
+		kiln_err_set(err, KERR_INVALID_JSON, "invalid JSON at line %d, column %d: %s", je.line, je.column, je.text);
 		return NULL;
 	}
 	if (!json_is_object(j)) {
 		json_decref(j);
-		kiln_err_set(err, "invalid_request", "body: must be a JSON object");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "body: must be a JSON object");
 		return NULL;
 	}
 	return j;
@@ -60,33 +60,33 @@ int api_task_request_parse(const char *body, size_t len, struct api_task_request
 	if (!body)
 		body = "";
 	if (len > SPEC_MAX_JSON + API_METADATA_MAX)
-		return kiln_err_set(err, "invalid_spec", "spec: must be at most %u bytes of JSON (got %zu)",
+		return kiln_err_set(err, KERR_INVALID_SPEC, "spec: must be at most %u bytes of JSON (got %zu)",
 				    SPEC_MAX_JSON, len);
 	/* jansson spends ~100 bytes per value: bound them before it runs, as
 	 * spec_parse does (metadata counts too). */
 	if (spec_json_nodes(body, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
-		return kiln_err_set(err, "invalid_spec",
+		return kiln_err_set(err, KERR_INVALID_SPEC,
 				    "spec: must have at most %d JSON arrays, objects and ',' separators outside strings",
 				    SPEC_MAX_JSON_NODES);
 	root = json_loadb(body, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
 	if (!root) {
 		scrub(je.text);
-		return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column,
+		return kiln_err_set(err, KERR_INVALID_JSON, "invalid JSON at line %d, column %d: %s", je.line, je.column,
 				    je.text);
 	}
 	if (!json_is_object(root)) {
 		json_decref(root);
-		return kiln_err_set(err, "invalid_spec", "spec: must be a JSON object");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "spec: must be a JSON object");
 	}
 	md = json_object_get(root, "metadata");
 	if (md) {
 		if (!json_is_object(md)) {
-			kiln_err_set(err, "invalid_request", "metadata: must be an object");
+			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be an object");
 			goto fail;
 		}
 		md_text = json_dumps(md, JSON_COMPACT);
 		if (!md_text || strlen(md_text) > API_METADATA_MAX) {
-			kiln_err_set(err, "invalid_request", "metadata: must be at most %d bytes as compact JSON",
+			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be at most %d bytes as compact JSON",
 				     API_METADATA_MAX);
 			goto fail;
 		}
@@ -120,7 +120,7 @@ int api_task_request_parse(const char *body, size_t len, struct api_task_request
 	json_decref(root);
 	return 0;
 oom:
-	kiln_err_set(err, "internal", "out of memory");
+	kiln_err_set(err, KERR_INTERNAL, "out of memory");
 fail:
 	free(md_text);
 	json_decref(root);
@@ -159,7 +159,7 @@ static int check_keys(json_t *j, const char *const *allowed, struct kiln_err *er
 
 			snprintf(q, sizeof(q), "%s", k);
 			scrub(q);
-			return kiln_err_set(err, "invalid_request", "%s: unknown field", q);
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "%s: unknown field", q);
 		}
 	}
 	return 0;
@@ -180,7 +180,7 @@ int api_customer_request_parse(const char *body, size_t len, char *id, char *nam
 	v = json_object_get(j, "id");
 	if (!json_is_string(v) || !api_id_ok(json_string_value(v)) ||
 	    strlen(json_string_value(v)) != json_string_length(v)) {
-		kiln_err_set(err, "invalid_request", "id: required, 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "id: required, 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 		goto out;
 	}
 	strcpy(id, json_string_value(v));
@@ -190,13 +190,13 @@ int api_customer_request_parse(const char *body, size_t len, char *id, char *nam
 		size_t n = json_string_length(v);
 
 		if (!s || n < 1 || n > API_NAME_MAX || strlen(s) != n) {
-			kiln_err_set(err, "invalid_request", "name: must be a string of 1-%d bytes without NUL",
+			kiln_err_set(err, KERR_INVALID_REQUEST, "name: must be a string of 1-%d bytes without NUL",
 				     API_NAME_MAX);
 			goto out;
 		}
 		for (size_t i = 0; i < n; i++)
 			if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) {
-				kiln_err_set(err, "invalid_request", "name: no control characters");
+				kiln_err_set(err, KERR_INVALID_REQUEST, "name: no control characters");
 				goto out;
 			}
 		memcpy(name, s, n + 1);
@@ -243,25 +243,25 @@ int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capaci
 	n = s ? json_string_length(v) : 0;
 	if (!s || n > API_URL_MAX || strlen(s) != n ||
 	    (strncmp(s, "http://", 7) && strncmp(s, "https://", 8)) || n <= 8) {
-		kiln_err_set(err, "invalid_request", "url: required, an http:// or https:// URL of at most %d bytes",
+		kiln_err_set(err, KERR_INVALID_REQUEST, "url: required, an http:// or https:// URL of at most %d bytes",
 			     API_URL_MAX);
 		goto fail;
 	}
 	for (size_t i = 0; i < n; i++)
 		if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f) {
-			kiln_err_set(err, "invalid_request", "url: no spaces, control or non-ASCII characters");
+			kiln_err_set(err, KERR_INVALID_REQUEST, "url: no spaces, control or non-ASCII characters");
 			goto fail;
 		}
 	c = json_object_get(j, "capacity");
 	if (!json_is_object(c)) {
-		kiln_err_set(err, "invalid_request", "capacity: required, an object (kiln-host's GET /v1/capacity)");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "capacity: required, an object (kiln-host's GET /v1/capacity)");
 		goto fail;
 	}
 	dump = json_dumps(c, JSON_COMPACT);
 	n = dump ? strlen(dump) : 0;
 	free(dump);
 	if (!n || n > API_CAPACITY_MAX) {
-		kiln_err_set(err, "invalid_request", "capacity: at most %d bytes", API_CAPACITY_MAX);
+		kiln_err_set(err, KERR_INVALID_REQUEST, "capacity: at most %d bytes", API_CAPACITY_MAX);
 		goto fail;
 	}
 	memcpy(url, s, strlen(s) + 1);
@@ -294,7 +294,7 @@ static int opt_uint(json_t *j, const char *key, unsigned max, unsigned def, unsi
 		return 0;
 	}
 	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > max)
-		return kiln_err_set(err, "invalid_request", "%s: must be an integer from 1 to %u", key, max);
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "%s: must be an integer from 1 to %u", key, max);
 	*out = (unsigned)json_integer_value(v);
 	return 0;
 }
@@ -311,38 +311,38 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 
 	memset(out, 0, sizeof(*out));
 	if (len > API_SESSION_BODY_MAX)
-		return kiln_err_set(err, "invalid_request", "body: at most %d bytes", API_SESSION_BODY_MAX);
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "body: at most %d bytes", API_SESSION_BODY_MAX);
 	/* Metadata may hold more values than load_object's bound for admin bodies. */
 	if (spec_json_nodes(body ? body : "", len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
-		return kiln_err_set(err, "invalid_request", "body: too many JSON values");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "body: too many JSON values");
 	{
 		json_error_t je;
 
 		j = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
 		if (!j) {
 			scrub(je.text);
-			return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line,
+			return kiln_err_set(err, KERR_INVALID_JSON, "invalid JSON at line %d, column %d: %s", je.line,
 					    je.column, je.text);
 		}
 		if (!json_is_object(j)) {
 			json_decref(j);
-			return kiln_err_set(err, "invalid_request", "body: must be a JSON object");
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "body: must be a JSON object");
 		}
 	}
 	if (check_keys(j, keys, err))
 		goto out;
 	v = json_object_get(j, "image");
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "default"))) {
-		kiln_err_set(err, "invalid_request", "image: only \"default\" exists");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "image: only \"default\" exists");
 		goto out;
 	}
 	limits = json_object_get(j, "limits");
 	if (limits && !json_is_object(limits)) {
-		kiln_err_set(err, "invalid_spec", "limits: must be an object");
+		kiln_err_set(err, KERR_INVALID_SPEC, "limits: must be an object");
 		goto out;
 	}
 	if (json_object_get(limits, "timeout_s")) {
-		kiln_err_set(err, "invalid_spec",
+		kiln_err_set(err, KERR_INVALID_SPEC,
 			     "limits.timeout_s: a session has no timeout: use idle_timeout_s, max_lifetime_s and each "
 			     "exec's timeout_s");
 		goto out;
@@ -350,7 +350,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 	net = json_object_get(j, "network");
 	v = json_is_object(net) ? json_object_get(net, "egress") : NULL;
 	if (!allow_egress && json_is_string(v) && strcmp(json_string_value(v), "none")) {
-		kiln_err_set(err, "egress_not_allowed", "network.egress: network egress is not allowed for your account");
+		kiln_err_set(err, KERR_EGRESS_NOT_ALLOWED, "network.egress: network egress is not allowed for your account");
 		goto out;
 	}
 	/* The limits and the network policy follow the task spec's rules: let
@@ -362,7 +362,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		json_object_set(probe, "network", net);
 	probe_text = json_dumps(probe, JSON_COMPACT);
 	if (!probe_text) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		goto out;
 	}
 	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
@@ -380,12 +380,12 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 	v = json_object_get(j, "metadata");
 	if (v) {
 		if (!json_is_object(v)) {
-			kiln_err_set(err, "invalid_request", "metadata: must be an object");
+			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be an object");
 			goto out;
 		}
 		out->metadata_json = json_dumps(v, JSON_COMPACT);
 		if (!out->metadata_json || strlen(out->metadata_json) > API_METADATA_MAX) {
-			kiln_err_set(err, "invalid_request", "metadata: must be at most %d bytes as compact JSON",
+			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be at most %d bytes as compact JSON",
 				     API_METADATA_MAX);
 			goto out;
 		}
@@ -395,7 +395,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 			 net ? json_incref(net) : json_pack("{s:s}", "egress", "none"));
 	out->spec_json = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
 	if (!out->spec_json) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		goto out;
 	}
 	r = 0;
@@ -434,7 +434,7 @@ static int tty_size_check(json_t *v, const char *field, struct kiln_err *err)
 	if (!json_is_object(v) || json_object_size(v) != 2 || !json_is_integer(rows) || !json_is_integer(cols) ||
 	    json_integer_value(rows) < 1 || json_integer_value(rows) > API_TTY_MAX || json_integer_value(cols) < 1 ||
 	    json_integer_value(cols) > API_TTY_MAX)
-		return kiln_err_set(err, "invalid_spec", "%s: expected {\"rows\":N,\"cols\":N}, each an integer from 1 to %d",
+		return kiln_err_set(err, KERR_INVALID_SPEC, "%s: expected {\"rows\":N,\"cols\":N}, each an integer from 1 to %d",
 				    field, API_TTY_MAX);
 	return 0;
 }
@@ -445,11 +445,11 @@ static int tty_check(json_t *j, struct kiln_err *err)
 	json_t *ia = json_object_get(j, "interactive"), *tty = json_object_get(j, "tty");
 
 	if (ia && !json_is_boolean(ia))
-		return kiln_err_set(err, "invalid_spec", "interactive: must be true or false");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "interactive: must be true or false");
 	if (tty && !json_is_null(tty) && tty_size_check(tty, "tty", err) < 0)
 		return -1;
 	if ((json_is_true(ia) || json_is_object(tty)) && json_object_get(j, "stdin_b64"))
-		return kiln_err_set(err, "invalid_spec",
+		return kiln_err_set(err, KERR_INVALID_SPEC,
 				    "stdin_b64: not with an interactive command (send its input to .../input)");
 	return 0;
 }
@@ -470,43 +470,43 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	if (!body)
 		body = "";
 	if (len > SPEC_MAX_JSON)
-		return kiln_err_set(err, "invalid_spec", "body: must be at most %u bytes of JSON", SPEC_MAX_JSON);
+		return kiln_err_set(err, KERR_INVALID_SPEC, "body: must be at most %u bytes of JSON", SPEC_MAX_JSON);
 	if (spec_json_nodes(body, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
-		return kiln_err_set(err, "invalid_spec",
+		return kiln_err_set(err, KERR_INVALID_SPEC,
 				    "body: must have at most %d JSON arrays, objects and ',' separators outside strings",
 				    SPEC_MAX_JSON_NODES);
 	j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
 	if (!j) {
 		scrub(je.text);
-		return kiln_err_set(err, "invalid_json", "invalid JSON at line %d, column %d: %s", je.line, je.column,
+		return kiln_err_set(err, KERR_INVALID_JSON, "invalid JSON at line %d, column %d: %s", je.line, je.column,
 				    je.text);
 	}
 	if (!json_is_object(j)) {
-		kiln_err_set(err, "invalid_spec", "body: must be a JSON object");
+		kiln_err_set(err, KERR_INVALID_SPEC, "body: must be a JSON object");
 		goto out;
 	}
 	if (check_keys(j, keys, err)) {
-		snprintf(err->code, sizeof(err->code), "invalid_spec");
+		kiln_err_recode(err, KERR_INVALID_SPEC);
 		goto out;
 	}
 	v = json_object_get(j, "timeout_s");
 	if (v) {
 		if (!json_is_integer(v) || json_integer_value(v) < SPEC_MIN_TIMEOUT_S ||
 		    json_integer_value(v) > SPEC_MAX_TIMEOUT_S) {
-			kiln_err_set(err, "invalid_spec", "timeout_s: must be an integer from %d to %d", SPEC_MIN_TIMEOUT_S,
+			kiln_err_set(err, KERR_INVALID_SPEC, "timeout_s: must be an integer from %d to %d", SPEC_MIN_TIMEOUT_S,
 				     SPEC_MAX_TIMEOUT_S);
 			goto out;
 		}
 		timeout_s = (unsigned)json_integer_value(v);
 	}
 	if (max_timeout_s && timeout_s > max_timeout_s) {
-		kiln_err_set(err, "over_quota", "timeout_s: %u exceeds your quota of %u", timeout_s, max_timeout_s);
+		kiln_err_set(err, KERR_OVER_QUOTA, "timeout_s: %u exceeds your quota of %u", timeout_s, max_timeout_s);
 		goto out;
 	}
 	/* stdin_b64: kiln-host decodes and checks it; bounded here. */
 	v = json_object_get(j, "stdin_b64");
 	if (v && !b64_field_ok(v, API_EXEC_STDIN_MAX)) {
-		kiln_err_set(err, "invalid_spec", "stdin_b64: expected padded standard base64 of at most %u MiB",
+		kiln_err_set(err, KERR_INVALID_SPEC, "stdin_b64: expected padded standard base64 of at most %u MiB",
 			     API_EXEC_STDIN_MAX >> 20);
 		goto out;
 	}
@@ -515,7 +515,7 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	/* argv or language+code, env, cwd: the task spec's rules and messages. */
 	probe = json_deep_copy(j);
 	if (!probe) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		goto out;
 	}
 	json_object_del(probe, "timeout_s");
@@ -524,7 +524,7 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	json_object_del(probe, "tty");
 	probe_text = json_dumps(probe, JSON_COMPACT);
 	if (!probe_text) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		goto out;
 	}
 	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
@@ -554,23 +554,23 @@ int api_input_request_parse(const char *body, size_t len, json_t **out, struct k
 		goto bad;
 	s = json_string_value(json_object_get(j, "exec_id"));
 	if (!s || !*s || strlen(s) > 64 || strspn(s, "0123456789abcdef") != strlen(s)) {
-		kiln_err_set(err, "invalid_request", "exec_id: expected the id from the exec's started event");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "exec_id: expected the id from the exec's started event");
 		goto bad;
 	}
 	v = json_object_get(j, "data_b64");
 	if (v && !b64_field_ok(v, API_INPUT_MAX)) {
-		kiln_err_set(err, "invalid_request", "data_b64: expected padded standard base64 of at most %u KiB",
+		kiln_err_set(err, KERR_INVALID_REQUEST, "data_b64: expected padded standard base64 of at most %u KiB",
 			     API_INPUT_MAX >> 10);
 		goto bad;
 	}
 	v = json_object_get(j, "eof");
 	if (v && !json_is_boolean(v)) {
-		kiln_err_set(err, "invalid_request", "eof: must be true or false");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "eof: must be true or false");
 		goto bad;
 	}
 	v = json_object_get(j, "resize");
 	if (v && tty_size_check(v, "resize", err) < 0) {
-		snprintf(err->code, sizeof(err->code), "invalid_request");
+		kiln_err_recode(err, KERR_INVALID_REQUEST);
 		goto bad;
 	}
 	*out = j;

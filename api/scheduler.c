@@ -747,7 +747,7 @@ struct sched *sched_create(struct store *st, const struct sched_config *cfg, str
 
 	if (!s || !(s->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
 		free(s);
-		kiln_err_set(err, "api_error", "out of memory");
+		kiln_err_set(err, KERR_API_ERROR, "out of memory");
 		return NULL;
 	}
 	s->st = st;
@@ -781,7 +781,7 @@ struct sched *sched_start(struct store *st, const struct sched_config *cfg, stru
 		pthread_cond_destroy(&s->wake);
 		free(s->token);
 		free(s);
-		kiln_err_set(err, "api_error", "cannot start the scheduler thread");
+		kiln_err_set(err, KERR_API_ERROR, "cannot start the scheduler thread");
 		return NULL;
 	}
 	s->threaded = 1;

@@ -193,9 +193,9 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	int r;
 
 	if (c->admin)
-		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "an admin key cannot submit tasks: use a customer key");
+		return reply_error(conn, KERR_FORBIDDEN, "an admin key cannot submit tasks: use a customer key");
 	if (idem && !idem_key_ok(idem))
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(conn, KERR_INVALID_REQUEST,
 				   "Idempotency-Key: 1-128 printable ASCII characters");
 	SHA256((const unsigned char *)(httpd_body_data(req) ? httpd_body_data(req) : ""), httpd_body_len(req), h);
 	for (size_t i = 0; i < sizeof(h); i++)
@@ -207,25 +207,22 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		if (r == 1)
 			return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
 		if (r < 0)
-			return reply_err(conn, !strcmp(err.code, "idempotency_conflict") ? MHD_HTTP_CONFLICT
-											  : MHD_HTTP_INTERNAL_SERVER_ERROR,
-					 &err);
+			return reply_err(conn, &err);
 	}
 	if (api_task_request_parse(httpd_body_data(req), httpd_body_len(req), &tr, &err) < 0)
-		return reply_err(conn, strcmp(err.code, "internal") ? MHD_HTTP_BAD_REQUEST : MHD_HTTP_INTERNAL_SERVER_ERROR,
-				 &err);
+		return reply_err(conn, &err);
 	if (store_customer_quota(s->st, c->customer, &q) < 0) {
 		api_task_request_free(&tr);
-		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "this key's customer no longer exists");
+		return reply_error(conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	}
 	if (tr.egress && strcmp(tr.egress, "none") && !q.allow_egress) {
 		api_task_request_free(&tr);
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "egress_not_allowed",
+		return reply_error(conn, KERR_EGRESS_NOT_ALLOWED,
 				   "network.egress: network egress is not allowed for your account");
 	}
 	if (spec_parse(tr.spec_json, tr.spec_len, &spec, &err) < 0) {
 		api_task_request_free(&tr);
-		return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
 	/* Only its limits are needed below (spec_free zeroes them). */
 	vcpus = spec.vcpus;
@@ -243,7 +240,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
 		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q.submit_rate,
 			 q.submit_burst, ra);
-		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limited", msg, "Retry-After", ra);
+		return reply_error_h(conn, KERR_RATE_LIMITED, msg, "Retry-After", ra);
 	}
 	/* Counting the queue costs a scan of it: only when a limit needs it. */
 	if (q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
@@ -256,13 +253,13 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		api_task_request_free(&tr);
 		snprintf(ra, sizeof(ra), "%d", QUEUE_FULL_RETRY_S);
 		snprintf(msg, sizeof(msg), "%u tasks are queued, your quota's max_queued", u.queued);
-		return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "queue_full", msg, "Retry-After", ra);
+		return reply_error_h(conn, KERR_QUEUE_FULL, msg, "Retry-After", ra);
 	}
 	if (!some_host_fits(s, vcpus, memory_mib, egress)) {
 		api_task_request_free(&tr);
 		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", vcpus, memory_mib,
 			 egress ? " and offers network egress" : "");
-		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_host_fits", msg);
+		return reply_error(conn, KERR_NO_HOST_FITS, msg);
 	}
 	if (tr.metadata && !(md = json_dumps(tr.metadata, JSON_COMPACT))) {
 		api_task_request_free(&tr);
@@ -280,9 +277,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	free(md);
 	api_task_request_free(&tr);
 	if (r < 0)
-		return reply_err(conn, !strcmp(err.code, "idempotency_conflict") ? MHD_HTTP_CONFLICT
-										  : MHD_HTTP_INTERNAL_SERVER_ERROR,
-				 &err);
+		return reply_err(conn, &err);
 	if (r == 1) /* the same retry raced us past the lookup above */
 		return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
 	pthread_mutex_lock(&s->hooks_lock);
@@ -292,7 +287,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	return reply_task(s, conn, MHD_HTTP_ACCEPTED, id, c->customer);
 bad_request:
 	api_task_request_free(&tr);
-	return reply_err(conn, MHD_HTTP_BAD_REQUEST, &err);
+	return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 }
 
 /* Parse an integer query argument in [min, max]; def when absent. -1 when bad. */
@@ -321,16 +316,14 @@ static enum MHD_Result handle_list(struct server *s, struct MHD_Connection *conn
 	json_t *arr;
 
 	if (limit < 0)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit: an integer from 1 to 100");
+		return reply_error(conn, KERR_INVALID_REQUEST, "limit: an integer from 1 to 100");
 	if (state && task_state_parse(state) == TASK_STATE_COUNT)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(conn, KERR_INVALID_REQUEST,
 				   "state: one of queued, scheduled, starting, running, uploading, succeeded, failed, "
 				   "timed_out, cancelled, error");
 	arr = store_task_list(s->st, c->admin ? NULL : c->customer, state, (unsigned)limit, cursor, &next, &err);
 	if (!arr)
-		return reply_err(conn, strcmp(err.code, "invalid_request") ? MHD_HTTP_INTERNAL_SERVER_ERROR
-									    : MHD_HTTP_BAD_REQUEST,
-				 &err);
+		return reply_err(conn, &err);
 	{
 		json_t *j = json_pack("{s:o, s:s?}", "tasks", arr, "next_cursor", next);
 
@@ -386,7 +379,7 @@ static enum MHD_Result handle_get(struct server *s, struct MHD_Connection *conn,
 	int counted;
 
 	if (wait < 0)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "wait: an integer from 0 to 60 (seconds)");
+		return reply_error(conn, KERR_INVALID_REQUEST, "wait: an integer from 0 to 60 (seconds)");
 	if (wait == 0)
 		return wait_task(s, conn, id, c, clock_mono_ms());
 	/* A long-poll holds a connection (and a thread) like a stream. */
@@ -419,7 +412,7 @@ static enum MHD_Result handle_cancel(struct server *s, struct MHD_Connection *co
 		return reply_task(s, conn, MHD_HTTP_ACCEPTED, id, NULL);
 	case STORE_CANCEL_TOO_LATE:
 		snprintf(msg, sizeof(msg), "the task is %s: its code has already ended", task_state_name(st));
-		return reply_error(conn, MHD_HTTP_CONFLICT, "not_cancellable", msg);
+		return reply_error(conn, KERR_NOT_CANCELLABLE, msg);
 	default:
 		return reply_internal(conn, "cannot cancel the task");
 	}
@@ -494,7 +487,7 @@ static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *con
 	struct usage u;
 
 	if (c->admin)
-		return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "an admin key has no usage: use a customer key");
+		return reply_error(conn, KERR_FORBIDDEN, "an admin key has no usage: use a customer key");
 	if (store_customer_quota(s->st, c->customer, &q) < 0 || store_customer_usage(s->st, c->customer, &u) < 0)
 		return reply_internal(conn, "cannot read the usage");
 	return reply_json(conn, MHD_HTTP_OK,
@@ -517,10 +510,9 @@ static enum MHD_Result admin_customer_create(void *ctx, struct httpd_req *r)
 	struct quota q = s->cfg->quotas;
 
 	if (api_customer_request_parse(httpd_body_data(r->body), httpd_body_len(r->body), id, name, &q, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (store_customer_create(s->st, id, name, &q, &err) < 0)
-		return reply_err(r->conn, !strcmp(err.code, "duplicate") ? MHD_HTTP_CONFLICT : MHD_HTTP_INTERNAL_SERVER_ERROR,
-				 &err);
+		return reply_err(r->conn, &err);
 	return reply_json(r->conn, MHD_HTTP_CREATED, store_customer_json(s->st, id));
 }
 
@@ -565,9 +557,9 @@ static enum MHD_Result admin_customer_quotas(void *ctx, struct httpd_req *r)
 	if (admin_customer(s, r, id, &q) < 0)
 		return reply_not_found(r->conn, "no such customer");
 	if (api_quota_request_parse(httpd_body_data(r->body), httpd_body_len(r->body), &q, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (store_customer_set_quota(s->st, id, &q, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:o}", "id", id, "quotas", quota_to_json(&q)));
 }
 
@@ -583,7 +575,7 @@ static enum MHD_Result admin_customer_key(void *ctx, struct httpd_req *r)
 	if (admin_customer(s, r, id, &q) < 0)
 		return reply_not_found(r->conn, "no such customer");
 	if (store_key_create(s->st, id, 0, &key, key_id, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	j = json_pack("{s:s, s:s, s:s}", "key", key, "key_id", key_id, "customer", id);
 	OPENSSL_cleanse(key, strlen(key));
 	free(key);
@@ -635,15 +627,15 @@ static enum MHD_Result host_heartbeat(void *ctx, struct httpd_req *r)
 	if (strlen(id) >= 65)
 		return reply_not_found(r->conn, "no such endpoint");
 	if (!api_id_ok(id))
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   "host id: 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (httpd_body_len(r->body) > ADMIN_BODY_MAX)
-		return reply_error(r->conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "heartbeats are at most 64 KiB");
+		return reply_error(r->conn, KERR_TOO_LARGE, "heartbeats are at most 64 KiB");
 	if (api_heartbeat_parse(httpd_body_data(r->body), httpd_body_len(r->body), url, &cap, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (store_host_heartbeat(s->st, id, url, cap, &err) < 0) {
 		json_decref(cap);
-		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	}
 	json_decref(cap);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
@@ -728,7 +720,7 @@ static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *
 	char msg[96];
 
 	snprintf(msg, sizeof(msg), "the request body is larger than %zu MiB", s->max_body >> 20);
-	return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", msg);
+	return reply_error(conn, KERR_TOO_LARGE, msg);
 }
 
 static enum MHD_Result reply_no_key(struct MHD_Connection *conn)
@@ -752,7 +744,7 @@ static enum MHD_Result handle_sessions(struct server *s, struct MHD_Connection *
 		sessions_hold(ss);
 	pthread_mutex_unlock(&s->hooks_lock);
 	if (!ss)
-		return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", "sessions are not served now");
+		return reply_error(conn, KERR_UNAVAILABLE, "sessions are not served now");
 	return sessions_handle(ss, &sr);
 }
 
@@ -798,9 +790,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return handle_sessions(s, conn, method, url, body, &c);
 		if (!strncmp(url, "/v1/admin/", 10)) {
 			if (!c.admin)
-				return reply_error(conn, MHD_HTTP_FORBIDDEN, "forbidden", "admin endpoints need an admin key");
+				return reply_error(conn, KERR_FORBIDDEN, "admin endpoints need an admin key");
 			if (httpd_body_len(body) > ADMIN_BODY_MAX)
-				return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large",
+				return reply_error(conn, KERR_TOO_LARGE,
 						   "admin bodies are at most 64 KiB");
 		}
 	}
@@ -847,12 +839,12 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	struct sockaddr_in sa;
 
 	if (!s) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	if (parse_listen(cfg->listen, &sa) < 0) {
 		free(s);
-		kiln_err_set(err, "config", "listen: expected IPv4-ADDRESS:PORT (got \"%s\")", cfg->listen);
+		kiln_err_set(err, KERR_CONFIG, "listen: expected IPv4-ADDRESS:PORT (got \"%s\")", cfg->listen);
 		return NULL;
 	}
 	s->cfg = cfg;
@@ -872,7 +864,7 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	s->ev = events_new(st);
 	s->lim = quota_limiter_new();
 	if (!s->ev || !s->lim) {
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		goto fail;
 	}
 	store_set_listener(st, events_store_listener, s->ev);
@@ -883,7 +875,7 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 				MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->max_connections_per_address,
 				MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
 	if (!s->d) {
-		kiln_err_set(err, "listen", "cannot listen on %s", cfg->listen);
+		kiln_err_set(err, KERR_LISTEN, "cannot listen on %s", cfg->listen);
 		store_set_listener(st, NULL, NULL);
 		goto fail;
 	}

@@ -195,25 +195,25 @@ void sessions_pause(struct sessions *ss, const char *id, const char *reason, str
 	o->status = 200;
 	if (store_session_get(ss->st, id, NULL, &cur) < 0) {
 		o->status = 404;
-		kiln_err_set(&o->err, "not_found", "no such session");
+		kiln_err_set(&o->err, KERR_NOT_FOUND, "no such session");
 		return;
 	}
 	if (cur.state != SESSION_RUNNING) {
 		o->status = 409;
-		kiln_err_set(&o->err, cur.state == SESSION_PAUSED ? "not_running" : "busy", "the session is %s",
+		kiln_err_set(&o->err, cur.state == SESSION_PAUSED ? KERR_NOT_RUNNING : KERR_BUSY, "the session is %s",
 			     session_state_name(cur.state));
 		return;
 	}
 	hs = sched_host_state(ss->sched, cur.host_id, url);
 	if (hs != 1) {
 		o->status = 503;
-		kiln_err_set(&o->err, "host_unavailable", "the session's host %s is %s", cur.host_id,
+		kiln_err_set(&o->err, KERR_HOST_UNAVAILABLE, "the session's host %s is %s", cur.host_id,
 			     hs == 0 ? "lost" : "not known yet");
 		return;
 	}
 	if (store_session_transition(ss->st, id, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL) != 1) {
 		o->status = 409;
-		kiln_err_set(&o->err, "busy", "the session changed state meanwhile: try again");
+		kiln_err_set(&o->err, KERR_BUSY, "the session changed state meanwhile: try again");
 		return;
 	}
 	snprintf(path, sizeof(path), "/v1/sessions/%s/pause", id);
@@ -227,19 +227,19 @@ void sessions_pause(struct sessions *ss, const char *id, const char *reason, str
 	} else if (r.status == 404 && sessions_host_lacks(ss, url, id)) {
 		sessions_vm_lost(ss, id, SESSION_PAUSING);
 		o->status = 409;
-		kiln_err_set(&o->err, "not_running", "the session's VM is gone from its host: it is error/vm_lost");
+		kiln_err_set(&o->err, KERR_NOT_RUNNING, "the session's VM is gone from its host: it is error/vm_lost");
 	} else {
 		/* Still there (busy with an exec, or the host failed): running again. */
 		store_session_transition(ss->st, id, SESSION_PAUSING, SESSION_RUNNING, NULL, NULL, NULL);
 		if (r.status < 0) {
 			o->status = 503;
-			kiln_err_set(&o->err, "host_unavailable", "%s", err.message);
+			kiln_err_set(&o->err, KERR_HOST_UNAVAILABLE, "%s", err.message);
 		} else {
 			sessions_host_error_code(&r, code, sizeof(code));
 			sessions_host_error_message(&r, msg, sizeof(msg));
 			o->status = r.status == 409 ? 409 : 502;
-			kiln_err_set(&o->err, code[0] ? code : "host_error", "the host could not pause it: HTTP %d %s",
-				     r.status, msg);
+			kiln_err_relay(&o->err, code, KERR_HOST_ERROR, "the host could not pause it: HTTP %d %s",
+				       r.status, msg);
 		}
 	}
 	hostclient_reply_free(&r);
@@ -269,7 +269,7 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 		o->status = 200;
 		if (store_session_get(ss->st, id, NULL, &cur) < 0) {
 			o->status = 404;
-			kiln_err_set(&o->err, "not_found", "no such session");
+			kiln_err_set(&o->err, KERR_NOT_FOUND, "no such session");
 			return;
 		}
 		switch (cur.state) {
@@ -295,13 +295,13 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 			break; /* changed meanwhile: look again */
 		default:
 			o->status = 409;
-			kiln_err_set(&o->err, "busy", "the session is %s: try again once that is done",
+			kiln_err_set(&o->err, KERR_BUSY, "the session is %s: try again once that is done",
 				     session_state_name(cur.state));
 			return;
 		}
 	}
 	o->status = 409;
-	kiln_err_set(&o->err, "busy", "the session keeps changing state: try again");
+	kiln_err_set(&o->err, KERR_BUSY, "the session keeps changing state: try again");
 }
 
 
@@ -314,7 +314,7 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 
 	if (!ss || !(ss->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
 		free(ss);
-		kiln_err_set(err, "internal", "out of memory");
+		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	ss->cfg = cfg;
@@ -339,7 +339,7 @@ struct sessions *sessions_start(const struct api_config *cfg, struct store *st, 
 		pthread_cond_destroy(&ss->cond);
 		free(ss->token);
 		free(ss);
-		kiln_err_set(err, "internal", "cannot start the session reaper");
+		kiln_err_set(err, KERR_INTERNAL, "cannot start the session reaper");
 		return NULL;
 	}
 	ss->reaping = 1;

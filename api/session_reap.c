@@ -44,8 +44,8 @@ int sessions_reap_destroy_after_pause(const struct sessions_outcome *o)
 	 * session running past its limit: it is destroyed instead. A busy one
 	 * (an exec runs, only at the end of its lifetime) is tried again at the
 	 * next tick. */
-	return o->status != 200 && strcmp(o->err.code, "busy") && o->status != 503 && o->status != 404 &&
-	       strcmp(o->err.code, "not_running");
+	return o->status != 200 && o->err.errc != KERR_BUSY && o->status != 503 && o->status != 404 &&
+	       o->err.errc != KERR_NOT_RUNNING;
 }
 
 int sessions_reap_stale(int known, const struct store_session *cur, const char *host, int *keep_snapshot)

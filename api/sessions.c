@@ -38,8 +38,8 @@ static enum MHD_Result relay(struct MHD_Connection *conn, struct hostclient_repl
 			char msg[96];
 
 			snprintf(msg, sizeof(msg), "the session's host answered HTTP %d", r->status);
-			return reply_error(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status,
-					   "host_error", msg);
+			return reply_error_status(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status,
+						  KERR_HOST_ERROR, msg);
 		}
 	}
 	r->body = NULL;
@@ -52,7 +52,7 @@ static enum MHD_Result host_unavailable(struct MHD_Connection *conn, const char 
 	char msg[600];
 
 	snprintf(msg, sizeof(msg), "the session's host cannot be reached: %s", why);
-	return reply_error_h(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "host_unavailable", msg, "Retry-After",
+	return reply_error_h(conn, KERR_HOST_UNAVAILABLE, msg, "Retry-After",
 			     RETRY_AFTER_S);
 }
 
@@ -72,8 +72,8 @@ static enum MHD_Result reply_outcome(struct sessions *ss, struct MHD_Connection 
 	if (o->status == 200)
 		return reply_session(ss, conn, MHD_HTTP_OK, id);
 	if (o->status == 503)
-		return reply_error_h(conn, o->status, o->err.code, o->err.message, "Retry-After", RETRY_AFTER_S);
-	return reply_err(conn, o->status, &o->err);
+		return reply_err_status_h(conn, o->status, &o->err, "Retry-After", RETRY_AFTER_S);
+	return reply_err_status(conn, o->status, &o->err);
 }
 
 static enum MHD_Result no_room(struct MHD_Connection *conn, int r, const struct sched_need *need)
@@ -83,14 +83,14 @@ static enum MHD_Result no_room(struct MHD_Connection *conn, int r, const struct 
 	if (r == -EBUSY) {
 		snprintf(msg, sizeof(msg), "no host has room for %u vCPUs and %u MiB now: retry later", need->vcpus,
 			 need->memory_mib);
-		return reply_error_h(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity", msg, "Retry-After", RETRY_AFTER_S);
+		return reply_error_h(conn, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
 	}
 	if (r == -ENOENT)
-		return reply_error_h(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_host", "no host is live", "Retry-After",
+		return reply_error_h(conn, KERR_NO_HOST, "no host is live", "Retry-After",
 				     RETRY_AFTER_S);
 	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", need->vcpus,
 		 need->memory_mib, need->egress ? " and offers network egress" : "");
-	return reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_host_fits", msg);
+	return reply_error(conn, KERR_NO_HOST_FITS, msg);
 }
 
 /* Submit rate and the running quota, checked before a host is picked (the
@@ -109,12 +109,12 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
 		snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
 		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q->submit_rate,
 			 q->submit_burst, ra);
-		return reply_error_h(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limited", msg, "Retry-After", ra);
+		return reply_error_h(r->conn, KERR_RATE_LIMITED, msg, "Retry-After", ra);
 	}
 	if (store_customer_usage(ss->st, r->customer, &u) < 0)
 		return reply_internal(r->conn, "cannot read the usage");
 	if (quota_check_start(q, &u, vcpus, memory_mib, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
+		return reply_err_status(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
 	*refused = 0;
 	return MHD_YES;
 }
@@ -131,14 +131,12 @@ static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_
 	int refused, pr;
 
 	if (store_customer_quota(ss->st, r->customer, &q) < 0)
-		return reply_error(r->conn, MHD_HTTP_FORBIDDEN, "forbidden", "this key's customer no longer exists");
+		return reply_error(r->conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	if (api_session_request_parse(r->body, r->len, q.allow_egress, &sr, &err) < 0)
-		return reply_err(r->conn, strcmp(err.code, "internal") ? MHD_HTTP_BAD_REQUEST
-								       : MHD_HTTP_INTERNAL_SERVER_ERROR,
-				 &err);
+		return reply_err(r->conn, &err);
 	if (quota_check_task(&q, sr.vcpus, sr.memory_mib, 0, sr.output_mib, &err) < 0) {
 		api_session_request_free(&sr);
-		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
 	ret = admit(ss, r, &q, sr.vcpus, sr.memory_mib, &refused);
 	if (refused) {
@@ -162,7 +160,7 @@ static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
 			api_session_request_free(&sr);
-			return reply_err(r->conn, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
+			return reply_err_status(r->conn, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
 					 &err);
 		}
 	}
@@ -204,7 +202,7 @@ static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_
 		char msg[400];
 
 		snprintf(msg, sizeof(msg), "no host could take the session now%s%s", p.last[0] ? ": " : "", p.last);
-		return reply_error_h(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity", msg, "Retry-After",
+		return reply_error_h(r->conn, KERR_NO_CAPACITY, msg, "Retry-After",
 				     RETRY_AFTER_S);
 	}
 }
@@ -224,16 +222,14 @@ static enum MHD_Result handle_list(struct sessions *ss, const struct sessions_re
 
 		limit = strtol(lim, &end, 10);
 		if (!*lim || *end || limit < 1 || limit > 100 || lim[0] == '+' || lim[0] == ' ')
-			return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "limit: an integer from 1 to 100");
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "limit: an integer from 1 to 100");
 	}
 	if (state && strcmp(state, "all") && session_state_parse(state) == SESSION_STATE_COUNT)
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   "state: one of starting, running, pausing, paused, resuming, destroyed, error, all");
 	arr = store_session_list(ss->st, r->admin ? NULL : r->customer, state, (unsigned)limit, cursor, &next, &err);
 	if (!arr)
-		return reply_err(r->conn, strcmp(err.code, "invalid_request") ? MHD_HTTP_INTERNAL_SERVER_ERROR
-									       : MHD_HTTP_BAD_REQUEST,
-				 &err);
+		return reply_err(r->conn, &err);
 	j = json_pack("{s:o, s:s?}", "sessions", arr, "next_cursor", next);
 	free(next);
 	return reply_json(r->conn, MHD_HTTP_OK, j);
@@ -252,7 +248,7 @@ static int need_running(struct sessions *ss, const struct sessions_request *r, c
 				 cur->id);
 		else
 			snprintf(msg, sizeof(msg), "the session is %s", session_state_name(cur->state));
-		*ret = reply_error(r->conn, MHD_HTTP_CONFLICT, "not_running", msg);
+		*ret = reply_error(r->conn, KERR_NOT_RUNNING, msg);
 		return 0;
 	}
 	hs = sched_host_state(ss->sched, cur->host_id, url);
@@ -271,7 +267,7 @@ static enum MHD_Result relay_or_lost(struct sessions *ss, const struct sessions_
 {
 	if (hr->status == 404 && sessions_host_lacks(ss, url, id)) {
 		sessions_vm_lost(ss, id, SESSION_RUNNING);
-		return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_running",
+		return reply_error(r->conn, KERR_NOT_RUNNING,
 				   "the session's VM is gone from its host (it restarted?): the session is error/vm_lost");
 	}
 	return relay(r->conn, hr);
@@ -468,9 +464,7 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 	if (store_customer_quota(ss->st, cur->customer, &q) < 0)
 		quota_defaults(&q);
 	if (api_exec_request_parse(r->body, r->len, q.max_task_timeout_s, &body, &err) < 0)
-		return reply_err(r->conn, strcmp(err.code, "internal") ? MHD_HTTP_BAD_REQUEST
-								       : MHD_HTTP_INTERNAL_SERVER_ERROR,
-				 &err);
+		return reply_err(r->conn, &err);
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {
 		ret = exec_stream(ss, r, url, cur->id, cur->customer, q.max_streams, body, timeout_s);
@@ -517,7 +511,7 @@ static enum MHD_Result handle_input(struct sessions *ss, const struct sessions_r
 	json_t *body;
 
 	if (api_input_request_parse(r->body, r->len, &body, &err) < 0)
-		return reply_err(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (!need_running(ss, r, cur, url, &ret)) {
 		json_decref(body);
 		return ret;
@@ -550,14 +544,14 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 	if (!put && strcmp(r->method, "GET"))
 		return reply_method_not_allowed(r->conn, "GET, PUT");
 	if (fmt && (!tar || !d || p))
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   "format: only \"tar\", with dir (a whole directory as a tar archive)");
 	if ((p && d) || (!p && !d) || (put && d && !tar))
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   put ? "path (a file) or dir with format=tar (a tar archive to unpack) is required"
 				       : "one of path (a file) and dir (a directory listing) is required");
 	if (!api_guest_path_ok(p ? p : d))
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request",
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   p ? "path: an absolute path of at most 4096 bytes, no control characters"
 				     : "dir: an absolute path of at most 4096 bytes, no control characters");
 	if (!need_running(ss, r, cur, url, &ret))
@@ -611,7 +605,7 @@ static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions
 	hostclient_reply_free(&hr);
 	if (!json_is_object(j)) {
 		json_decref(j);
-		return reply_error(r->conn, MHD_HTTP_BAD_GATEWAY, "host_error", "the host's answer is not JSON");
+		return reply_error_status(r->conn, MHD_HTTP_BAD_GATEWAY, KERR_HOST_ERROR, "the host's answer is not JSON");
 	}
 	/* Every output gets a presigned GET url, as a task's do, for keys
 	 * under the session's own outputs/ only. */
@@ -638,10 +632,10 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 		snprintf(msg, sizeof(msg), "the session is %s%s: only a paused session can be resumed",
 			 session_state_name(cur->state),
 			 cur->state == SESSION_ERROR ? " and was never paused (no snapshot)" : "");
-		return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_paused", msg);
+		return reply_error(r->conn, KERR_NOT_PAUSED, msg);
 	}
 	if (store_customer_quota(ss->st, cur->customer, &q) < 0)
-		return reply_error(r->conn, MHD_HTTP_FORBIDDEN, "forbidden", "this key's customer no longer exists");
+		return reply_error(r->conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	ret = admit(ss, r, &q, cur->vcpus, cur->memory_mib, &refused);
 	if (refused)
 		return ret;
@@ -653,10 +647,10 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 	if (br != 1) {
 		sched_unplace(ss->sched, host, &need);
 		if (br == -EDQUOT)
-			return reply_err(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
+			return reply_err_status(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
 		if (br == 0)
-			return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_paused", "the session changed state meanwhile");
-		return reply_err(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+			return reply_error(r->conn, KERR_NOT_PAUSED, "the session changed state meanwhile");
+		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	}
 	spec_text = store_session_spec(ss->st, cur->id);
 	sessions_op_enter(ss, cur->id);
@@ -691,8 +685,9 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 		fprintf(stderr, "kiln-api: session %s: cannot resume: %s: %s\n", cur->id, reason, msg);
 		snprintf(why, sizeof(why), "the session's snapshot is %s (%s): the session is error/%s",
 			 p.hr.status == 404 ? "missing" : "damaged", msg, reason);
-		ret = reply_error(r->conn, p.hr.status == 404 ? MHD_HTTP_CONFLICT : 422,
-				  p.hr.status == 404 ? "no_snapshot" : "snapshot_corrupt", why);
+		/* kiln-host's 404 no_snapshot is kiln-api's 409 (docs/api.md). */
+		ret = reply_error_status(r->conn, p.hr.status == 404 ? MHD_HTTP_CONFLICT : 422,
+					 p.hr.status == 404 ? KERR_NO_SNAPSHOT : KERR_SNAPSHOT_CORRUPT, why);
 		hostclient_reply_free(&p.hr);
 		return ret;
 	}
@@ -708,7 +703,7 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 		char msg[400];
 
 		snprintf(msg, sizeof(msg), "no host could resume the session now%s%s", p.last[0] ? ": " : "", p.last);
-		return reply_error_h(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity", msg, "Retry-After",
+		return reply_error_h(r->conn, KERR_NO_CAPACITY, msg, "Retry-After",
 				     RETRY_AFTER_S);
 	}
 }
@@ -737,7 +732,7 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 		if (strcmp(r->method, "POST"))
 			return reply_method_not_allowed(r->conn, "GET, POST");
 		if (r->admin)
-			return reply_error(r->conn, MHD_HTTP_FORBIDDEN, "forbidden",
+			return reply_error(r->conn, KERR_FORBIDDEN,
 					   "an admin key cannot create sessions: use a customer key");
 		return handle_create(ss, r);
 	}
@@ -771,7 +766,7 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 		return reply_not_found(r->conn, "no such endpoint");
 	}
 	if (r->admin)
-		return reply_error(r->conn, MHD_HTTP_FORBIDDEN, "forbidden",
+		return reply_error(r->conn, KERR_FORBIDDEN,
 				   "an admin key may only list, read and delete sessions");
 	if (!strcmp(slash, "/exec"))
 		return handle_exec(ss, r, &cur);
@@ -784,7 +779,7 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 	if (!strcmp(slash, "/resume"))
 		return handle_resume(ss, r, &cur);
 	if (cur.state == SESSION_PAUSED)
-		return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_running", "the session is paused already");
+		return reply_error(r->conn, KERR_NOT_RUNNING, "the session is paused already");
 	sessions_op_enter(ss, id);
 	sessions_pause(ss, id, "paused", &o);
 	sessions_op_leave(ss, id);

@@ -293,15 +293,15 @@ json_t *store_page_run(struct store *s, const struct store_page *p, unsigned lim
 
 	*next_cursor = NULL;
 	if (limit < 1 || limit > STORE_PAGE_MAX) {
-		kiln_err_set(err, "invalid_request", "limit: must be from 1 to 100");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "limit: must be from 1 to 100");
 		return NULL;
 	}
 	if (p->state && !p->state_valid(p->state)) {
-		kiln_err_set(err, "invalid_request", "state: unknown state");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "state: unknown state");
 		return NULL;
 	}
 	if (cursor && store_cursor_parse(cursor, &before) < 0) {
-		kiln_err_set(err, "invalid_request", "cursor: not one this API gave out");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "cursor: not one this API gave out");
 		return NULL;
 	}
 	arr = json_array();
@@ -310,7 +310,7 @@ json_t *store_page_run(struct store *s, const struct store_page *p, unsigned lim
 	if (!st) {
 		pthread_mutex_unlock(&s->lock);
 		json_decref(arr);
-		kiln_err_set(err, "store_error", "cannot list %s", p->what);
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot list %s", p->what);
 		return NULL;
 	}
 	store_bind_opt_text(st, 1, p->customer);
@@ -334,7 +334,7 @@ json_t *store_page_run(struct store *s, const struct store_page *p, unsigned lim
 		json_decref(arr);
 		free(*next_cursor);
 		*next_cursor = NULL;
-		kiln_err_set(err, "store_error", "cannot list %s", p->what);
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot list %s", p->what);
 		return NULL;
 	}
 	return arr;
@@ -416,7 +416,7 @@ struct store *store_open(const char *path, struct kiln_err *err)
 	int rc;
 
 	if (!s) {
-		kiln_err_set(err, "store_error", "out of memory");
+		kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
 		return NULL;
 	}
 	pthread_mutex_init(&s->lock, NULL);
@@ -428,7 +428,7 @@ struct store *store_open(const char *path, struct kiln_err *err)
 	/* NOMUTEX: s->lock serialises every use of the connection. */
 	rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
 	if (rc != SQLITE_OK) {
-		kiln_err_set(err, "store_error", "%s: %s", path, s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+		kiln_err_set(err, KERR_STORE_ERROR, "%s: %s", path, s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
 		goto fail;
 	}
 	sqlite3_busy_timeout(s->db, 5000);
@@ -444,7 +444,7 @@ fail:
 		char m[sizeof(err->message)];
 
 		snprintf(m, sizeof(m), "%s", err->message);
-		kiln_err_set(err, "store_error", "%s: %s", path, m);
+		kiln_err_set(err, KERR_STORE_ERROR, "%s: %s", path, m);
 	}
 	store_close(s);
 	return NULL;

@@ -66,7 +66,7 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 
 	json_decref(qj);
 	if (!qs)
-		return kiln_err_set(err, "internal", "out of memory");
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_CUST_INSERT);
 	if (st) {
@@ -80,9 +80,9 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 	pthread_mutex_unlock(&s->lock);
 	free(qs);
 	if (rc == SQLITE_CONSTRAINT)
-		return kiln_err_set(err, "duplicate", "a customer with the id \"%s\" exists", id);
+		return kiln_err_set(err, KERR_DUPLICATE, "a customer with the id \"%s\" exists", id);
 	if (rc != SQLITE_DONE)
-		return kiln_err_set(err, "store_error", "cannot create the customer");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot create the customer");
 	return 0;
 }
 
@@ -127,7 +127,7 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 
 	json_decref(qj);
 	if (!qs)
-		return kiln_err_set(err, "internal", "out of memory");
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_CUST_SET_QUOTA);
 	if (st) {
@@ -140,9 +140,9 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 	pthread_mutex_unlock(&s->lock);
 	free(qs);
 	if (rc != SQLITE_DONE)
-		return kiln_err_set(err, "store_error", "cannot update the quotas");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot update the quotas");
 	if (!n) {
-		kiln_err_set(err, "not_found", "no customer \"%s\"", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no customer \"%s\"", id);
 		return -ENOENT;
 	}
 	return 0;
@@ -269,7 +269,7 @@ int store_keys_load(struct store *s, struct kiln_err *err)
 	int rc;
 
 	if (!st)
-		return kiln_err_set(err, "store_error", "cannot read keys");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read keys");
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		struct key_entry e = { .admin = sqlite3_column_int(st, 2), .revoked = sqlite3_column_type(st, 4) != SQLITE_NULL };
 
@@ -280,11 +280,11 @@ int store_keys_load(struct store *s, struct kiln_err *err)
 		store_copy_col(st, 1, e.customer, sizeof(e.customer));
 		if (key_table_add(s, &e) < 0) {
 			sqlite3_reset(st);
-			return kiln_err_set(err, "store_error", "out of memory");
+			return kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
 		}
 	}
 	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, "store_error", "reading keys: %s", sqlite3_errmsg(s->db));
+	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "reading keys: %s", sqlite3_errmsg(s->db));
 }
 
 int store_key_create(struct store *s, const char *customer, int admin, char **key_out, char key_id_out[32],
@@ -298,12 +298,12 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 
 	*key_out = NULL;
 	if (store_random(idb, sizeof(idb)) < 0 || store_random(secret, sizeof(secret)) < 0)
-		return kiln_err_set(err, "internal", "no randomness: %s", strerror(errno));
+		return kiln_err_set(err, KERR_INTERNAL, "no randomness: %s", strerror(errno));
 	store_hex(idb, sizeof(idb), id);
 	base64url(secret, sizeof(secret), sec);
 	OPENSSL_cleanse(secret, sizeof(secret));
 	if (asprintf(&key, "kiln_%s_%s", id, sec) < 0)
-		return kiln_err_set(err, "internal", "out of memory");
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
 	OPENSSL_cleanse(sec, sizeof(sec));
 	SHA256((const unsigned char *)key, strlen(key), e.hash);
 	snprintf(e.key_id, sizeof(e.key_id), "%s", id);
@@ -332,8 +332,8 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 		OPENSSL_cleanse(key, strlen(key));
 		free(key);
 		if (rc == SQLITE_CONSTRAINT)
-			return kiln_err_set(err, "not_found", "no customer \"%s\"", customer ? customer : "");
-		return kiln_err_set(err, "store_error", "cannot store the key");
+			return kiln_err_set(err, KERR_NOT_FOUND, "no customer \"%s\"", customer ? customer : "");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot store the key");
 	}
 	*key_out = key;
 	snprintf(key_id_out, 32, "%s", id);
@@ -405,7 +405,7 @@ int store_host_heartbeat(struct store *s, const char *host_id, const char *url, 
 	int rc = SQLITE_ERROR;
 
 	if (!cap)
-		return kiln_err_set(err, "internal", "out of memory");
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_HOST_HB);
 	if (st) {
@@ -418,7 +418,7 @@ int store_host_heartbeat(struct store *s, const char *host_id, const char *url, 
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(cap);
-	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, "store_error", "cannot record the heartbeat");
+	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "cannot record the heartbeat");
 }
 
 json_t *store_host_list(struct store *s)

@@ -42,7 +42,7 @@ int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)
 	char *msg = NULL;
 
 	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-		kiln_err_set(err, "store_error", "%s", msg ? msg : sqlite3_errmsg(db));
+		kiln_err_set(err, KERR_STORE_ERROR, "%s", msg ? msg : sqlite3_errmsg(db));
 		sqlite3_free(msg);
 		return -1;
 	}
@@ -73,9 +73,9 @@ int store_migrate(sqlite3 *db, struct kiln_err *err)
 		return -1;
 	v = store_read_version(db);
 	if (v < 0)
-		return kiln_err_set(err, "store_error", "cannot read the schema version");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the schema version");
 	if (v > STORE_SCHEMA_VERSION)
-		return kiln_err_set(err, "store_error",
+		return kiln_err_set(err, KERR_STORE_ERROR,
 				    "the database has schema version %d, newer than this kiln-api knows (%d)", v,
 				    STORE_SCHEMA_VERSION);
 	for (; v < STORE_SCHEMA_VERSION; v++) {
@@ -89,7 +89,7 @@ int store_migrate(sqlite3 *db, struct kiln_err *err)
 
 			snprintf(m, sizeof(m), "%s", err ? err->message : "");
 			store_exec(db, "ROLLBACK", NULL);
-			return kiln_err_set(err, "store_error", "migration %d: %s", v + 1, m);
+			return kiln_err_set(err, KERR_STORE_ERROR, "migration %d: %s", v + 1, m);
 		}
 		if (store_exec(db, "COMMIT", err) < 0)
 			return -1;

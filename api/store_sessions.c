@@ -144,16 +144,16 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 
 	pthread_mutex_lock(&s->lock);
 	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
 		goto out;
 	}
 	room = store_room_locked(s, n->customer, n->vcpus, n->memory_mib, 0, err);
 	if (room == -ENOENT) {
-		kiln_err_set(err, "store_error", "cannot read the quotas of %s", n->customer);
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot read the quotas of %s", n->customer);
 		goto rollback;
 	}
 	if (room == -EIO) {
-		kiln_err_set(err, "store_error", "cannot read the usage of %s", n->customer);
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot read the usage of %s", n->customer);
 		goto rollback;
 	}
 	if (room == -EDQUOT) {
@@ -161,7 +161,7 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto rollback;
 	}
 	if (store_new_id("s_", id) < 0) {
-		kiln_err_set(err, "internal", "no randomness");
+		kiln_err_set(err, KERR_INTERNAL, "no randomness");
 		goto rollback;
 	}
 	st = stmt(s, S_INSERT);
@@ -189,7 +189,7 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	r = 0;
 	goto out;
 fail_sql:
-	kiln_err_set(err, "store_error", "cannot store the session: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the session: %s", sqlite3_errmsg(s->db));
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:
@@ -260,7 +260,7 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 	*prev = SESSION_STATE_COUNT;
 	pthread_mutex_lock(&s->lock);
 	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
 		goto out;
 	}
 	st = stmt(s, S_GET);
@@ -296,7 +296,7 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 	r = 1;
 	goto out;
 fail_sql:
-	kiln_err_set(err, "store_error", "cannot resume the session: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(err, KERR_STORE_ERROR, "cannot resume the session: %s", sqlite3_errmsg(s->db));
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:

@@ -114,7 +114,7 @@ static int idem_find_locked(struct store *s, const char *customer, const char *i
 	int r = 0;
 
 	if (!st)
-		return kiln_err_set(err, "store_error", "cannot look the idempotency key up");
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot look the idempotency key up");
 	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
 	sqlite3_bind_text(st, 2, idem_key, -1, SQLITE_STATIC);
 	if (sqlite3_step(st) == SQLITE_ROW) {
@@ -124,7 +124,7 @@ static int idem_find_locked(struct store *s, const char *customer, const char *i
 		if (h && body_hash && !strcmp(h, body_hash))
 			r = 1;
 		else
-			r = kiln_err_set(err, "idempotency_conflict",
+			r = kiln_err_set(err, KERR_IDEMPOTENCY_CONFLICT,
 					 "Idempotency-Key was used for task %s with a different request body", id_out);
 	}
 	sqlite3_reset(st);
@@ -154,7 +154,7 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	p->r = -1;
 	p->at = now;
 	if (store_run(s, STORE_SAVEPOINT) != SQLITE_DONE) {
-		kiln_err_set(p->err, "store_error", "cannot store the task: %s", sqlite3_errmsg(s->db));
+		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
 		return;
 	}
 	if (t->idem_key) {
@@ -164,7 +164,7 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 		p->r = -1;
 	}
 	if (store_new_id("t_", p->id) < 0) {
-		kiln_err_set(p->err, "internal", "no randomness");
+		kiln_err_set(p->err, KERR_INTERNAL, "no randomness");
 		goto undo;
 	}
 	st = stmt(s, T_INSERT);
@@ -196,7 +196,7 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	p->r = 0;
 	goto release;
 fail_sql:
-	kiln_err_set(p->err, "store_error", "cannot store the task: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
 undo:
 	store_run(s, STORE_ROLLBACK_TO);
 release:
@@ -213,7 +213,7 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
-			kiln_err_set(p->err, "store_error", "cannot begin: %s", sqlite3_errmsg(s->db));
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
 		}
 		pthread_mutex_unlock(&s->lock);
 		return;
@@ -227,7 +227,7 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 		store_run(s, STORE_ROLLBACK);
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
-			kiln_err_set(p->err, "store_error", "cannot store the task: %s", why);
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
 		}
 	}
 	pthread_mutex_unlock(&s->lock);

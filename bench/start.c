@@ -88,7 +88,7 @@ static int run_code(struct vm *vm, struct kiln_err *err)
 	    vm_recv(vm, &f, proto_now_ms() + 20000, err) < 0)
 		return -1;
 	STEP("exec");
-	return f.type == PROTO_STARTED ? 0 : kiln_err_set(err, "bench", "no STARTED (frame 0x%02x)", f.type);
+	return f.type == PROTO_STARTED ? 0 : kiln_err_set(err, KERR_GUEST_ERROR, "no STARTED (frame 0x%02x)", f.type);
 }
 
 /* SETUP, then run_code: the whole hand-out path of a pool VM. */

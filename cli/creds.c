@@ -76,7 +76,7 @@ int creds_load(struct creds *c, struct kiln_err *err)
 			lineno++;
 			if (r < 0) {
 				fclose(f);
-				return kiln_err_set(err, "config", "%s:%d: expected NAME=VALUE", path, lineno);
+				return kiln_err_set(err, KERR_CONFIG, "%s:%d: expected NAME=VALUE", path, lineno);
 			}
 			for (size_t i = 0; r > 0 && i < sizeof(slots) / sizeof(slots[0]); i++)
 				if (!strcmp(name, slots[i].name))
@@ -84,7 +84,7 @@ int creds_load(struct creds *c, struct kiln_err *err)
 		}
 		fclose(f);
 	} else if (errno != ENOENT) {
-		return kiln_err_set(err, "config", "%s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_CONFIG, "%s: %s", path, strerror(errno));
 	}
 	for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
 		const char *e = getenv(slots[i].name);

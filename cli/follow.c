@@ -158,6 +158,6 @@ int follow_task(const struct cli_conn *c, struct follow_view *v, int cancel_on_i
 	if (!f.at_line_start)
 		fputc('\n', stderr);
 	if (r == 1)
-		return kiln_err_set(err, "interrupted", "interrupted");
+		return kiln_err_set(err, KERR_INTERRUPTED, "interrupted");
 	return r;
 }

@@ -47,7 +47,7 @@ static int api_answer(const struct cli_conn *c, int rc, struct httpc_reply *r, j
 	if (rc == 0 && r->body.len)
 		*reply = json_loadb(r->body.p, r->body.len, 0, NULL);
 	if (rc != 0)
-		status = kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, r->error);
+		status = kiln_err_set(err, KERR_UNREACHABLE, "cannot reach the kiln API at %s: %s", c->api, r->error);
 	httpc_reply_free(r);
 	return status;
 }
@@ -109,14 +109,14 @@ int http_follow_body(const struct cli_conn *c, const char *method, const char *p
 	q.ctx = ctx;
 	ret = httpc_follow(NULL, &q, on_event, ctx, &r);
 	if (ret < 0) {
-		ret = kiln_err_set(err, "unreachable", "event stream %s: %s", url, r.error);
+		ret = kiln_err_set(err, KERR_UNREACHABLE, "event stream %s: %s", url, r.error);
 	} else if (ret == 0 && r.status != 200) {
 		json_t *e = r.body.len ? json_loadb(r.body.p, r.body.len, 0, NULL) : NULL;
 		char msg[600];
 
 		http_describe_error((int)r.status, e, msg, sizeof(msg));
 		json_decref(e);
-		ret = kiln_err_set(err, "http", "%s", msg);
+		ret = kiln_err_set(err, KERR_HTTP, "%s", msg);
 	}
 	httpc_reply_free(&r);
 	free(req);
@@ -165,7 +165,7 @@ int http_get_file(const struct cli_conn *c, const char *path, const char *local,
 		f = stdout;
 	} else {
 		if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", local) >= (int)sizeof(tmp))
-			return kiln_err_set(err, "io_error", "%s: path too long", local);
+			return kiln_err_set(err, KERR_IO_ERROR, "%s: path too long", local);
 		fd = mkstemp(tmp);
 		if (fd < 0 || !(f = fdopen(fd, "w"))) {
 			int e = errno;
@@ -174,7 +174,7 @@ int http_get_file(const struct cli_conn *c, const char *path, const char *local,
 				close(fd);
 				unlink(tmp);
 			}
-			return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
+			return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", local, strerror(e));
 		}
 	}
 	q.sink = to_file;
@@ -185,7 +185,7 @@ int http_get_file(const struct cli_conn *c, const char *path, const char *local,
 			fclose(f);
 			unlink(tmp);
 		}
-		return kiln_err_set(err, "unreachable", "out of memory");
+		return kiln_err_set(err, KERR_UNREACHABLE, "out of memory");
 	}
 	if (to_stdout) {
 		fflush(stdout);
@@ -200,18 +200,18 @@ int http_get_file(const struct cli_conn *c, const char *path, const char *local,
 
 				unlink(tmp);
 				httpc_reply_free(&r);
-				return kiln_err_set(err, "io_error", "%s: %s", local, strerror(e));
+				return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", local, strerror(e));
 			}
 		} else {
 			unlink(tmp);
 			if (bad && rc == 0 && r.status == 200) {
 				httpc_reply_free(&r);
-				return kiln_err_set(err, "io_error", "%s: write failed", local);
+				return kiln_err_set(err, KERR_IO_ERROR, "%s: write failed", local);
 			}
 		}
 	}
 	if (rc != 0 && !(r.status && r.status != 200)) {
-		kiln_err_set(err, "unreachable", "cannot reach the kiln API at %s: %s", c->api, xfer_error(rc, &r));
+		kiln_err_set(err, KERR_UNREACHABLE, "cannot reach the kiln API at %s: %s", c->api, xfer_error(rc, &r));
 		httpc_reply_free(&r);
 		return -1;
 	}
@@ -249,13 +249,13 @@ int http_stream_url(const char *url, unsigned long long from, FILE *out, long ti
 	status = r.status;
 	httpc_reply_free(&r);
 	if (rc == -ENOMEM && !status)
-		return kiln_err_set(err, "io_error", "out of memory");
+		return kiln_err_set(err, KERR_IO_ERROR, "out of memory");
 	if (status == 416)
 		return 0; /* nothing after `from` */
 	if (status != 200 && status != 206)
-		return kiln_err_set(err, "http", "download: HTTP %ld", status);
+		return kiln_err_set(err, KERR_HTTP, "download: HTTP %ld", status);
 	if (rc != 0)
-		return kiln_err_set(err, "unreachable", "download: %s", xfer_error(rc, &r));
+		return kiln_err_set(err, KERR_UNREACHABLE, "download: %s", xfer_error(rc, &r));
 	return 0;
 }
 
@@ -268,15 +268,15 @@ int http_download(const char *url, const char *path, long timeout_s, struct kiln
 	int fd, rc;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.kilntmp.XXXXXX", path) >= (int)sizeof(tmp))
-		return kiln_err_set(err, "io_error", "%s: path too long", path);
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: path too long", path);
 	fd = mkstemp(tmp);
 	if (fd < 0)
-		return kiln_err_set(err, "io_error", "%s: %s", tmp, strerror(errno));
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", tmp, strerror(errno));
 	f = fdopen(fd, "w");
 	if (!f) {
 		close(fd);
 		unlink(tmp);
-		return kiln_err_set(err, "io_error", "out of memory");
+		return kiln_err_set(err, KERR_IO_ERROR, "out of memory");
 	}
 	q = url_req(url, timeout_s, f);
 	rc = httpc_request(NULL, &q, &r);
@@ -284,16 +284,16 @@ int http_download(const char *url, const char *path, long timeout_s, struct kiln
 		fclose(f);
 		unlink(tmp);
 		httpc_reply_free(&r);
-		return kiln_err_set(err, "io_error", "%s: write failed", tmp);
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: write failed", tmp);
 	}
 	fclose(f);
 	if (rc != 0 || r.status != 200) {
 		unlink(tmp);
 		if (rc != 0)
-			kiln_err_set(err, rc == -ENOMEM && !r.status ? "io_error" : "unreachable", "download: %s",
+			kiln_err_set(err, rc == -ENOMEM && !r.status ? KERR_IO_ERROR : KERR_UNREACHABLE, "download: %s",
 				     xfer_error(rc, &r));
 		else
-			kiln_err_set(err, "http", "download: HTTP %ld", r.status);
+			kiln_err_set(err, KERR_HTTP, "download: HTTP %ld", r.status);
 		httpc_reply_free(&r);
 		return -1;
 	}
@@ -303,7 +303,7 @@ int http_download(const char *url, const char *path, long timeout_s, struct kiln
 		int e = errno;
 
 		unlink(tmp);
-		return kiln_err_set(err, "io_error", "%s: %s", path, strerror(e));
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", path, strerror(e));
 	}
 	return 0;
 }

@@ -450,7 +450,7 @@ static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 	if (rc < 0) {
 		fprintf(stderr, "kiln: session exec: %s\n", err.message);
 		json_decref(v.result);
-		return strcmp(err.code, "http") ? EXIT_INFRA : EXIT_REFUSED;
+		return err.errc != KERR_HTTP ? EXIT_INFRA : EXIT_REFUSED;
 	}
 	if (!v.result) {
 		fprintf(stderr, "kiln: session exec: the stream ended without a result\n");

@@ -133,7 +133,7 @@ static void *shell_stream(void *arg)
 	pthread_mutex_lock(&sh->lock);
 	if (rc < 0) {
 		snprintf(sh->error, sizeof(sh->error), "%s", err.message);
-		sh->refused = !strcmp(err.code, "http");
+		sh->refused = err.errc == KERR_HTTP;
 	}
 	sh->ended = 1;
 	pthread_cond_broadcast(&sh->cond);
@@ -173,8 +173,9 @@ static int shell_input(struct shell *sh, const void *data, size_t len, int eof, 
 		json_decref(reply);
 		reply = NULL;
 		st = http_call(sh->conn, "POST", path, body, 30, &reply, &err);
-		if (st != 503 || strcmp(json_string_value(json_object_get(json_object_get(reply, "error"), "code")) ?: "",
-					"input_full"))
+		if (st != 503 ||
+		    kiln_err_lookup(json_string_value(json_object_get(json_object_get(reply, "error"), "code"))) !=
+			    KERR_INPUT_FULL)
 			break;
 		poll(NULL, 0, SHELL_RETRY_MS);
 	}

@@ -369,7 +369,7 @@ int cmd_run(int argc, char **argv)
 	view.task_id = id;
 	fprintf(stderr, "kiln: task %s %s\n", id, json_string_value(json_object_get(reply, "state")) ?: "submitted");
 	if (follow_task(&conn, &view, 1, &err) < 0) {
-		if (!strcmp(err.code, "interrupted")) {
+		if (err.errc == KERR_INTERRUPTED) {
 			fprintf(stderr, "kiln: stopped waiting; the task goes on: kiln task get %s\n", id);
 			rc = 130;
 			goto out;
@@ -550,7 +550,7 @@ int cmd_task(int argc, char **argv)
 
 		if (follow_task(&conn, &view, 0, &err) < 0) {
 			fprintf(stderr, "kiln: task logs: %s\n", err.message);
-			return strcmp(err.code, "http") ? EXIT_INFRA : EXIT_REFUSED;
+			return err.errc != KERR_HTTP ? EXIT_INFRA : EXIT_REFUSED;
 		}
 		/* A final task's stream may have dropped output: the rest from the logs. */
 		snprintf(path, sizeof(path), "/v1/tasks/%s", argv[2]);

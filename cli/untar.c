@@ -50,20 +50,20 @@ int untar_safe(const char *path, const char *dest, struct untar_report *rep, str
 
 	memset(rep, 0, sizeof(*rep));
 	if (!in || !out) {
-		kiln_err_set(err, "cli", "out of memory");
+		kiln_err_set(err, KERR_CLI, "out of memory");
 		goto done;
 	}
 	archive_read_support_format_tar(in);
 	archive_write_disk_set_options(out, flags);
 	if (archive_read_open_filename(in, path, 1 << 16) != ARCHIVE_OK) {
-		kiln_err_set(err, "cli", "%s: %s", path, archive_error_string(in));
+		kiln_err_set(err, KERR_CLI, "%s: %s", path, archive_error_string(in));
 		goto done;
 	}
 	/* libarchive writes relative to the working directory, and its SECURE
 	 * flags refuse absolute names: extract from inside dest (the CLI is
 	 * single-threaded here), then go back. */
 	if ((cwd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 || chdir(dest) < 0) {
-		kiln_err_set(err, "cli", "%s: %s", dest, strerror(errno));
+		kiln_err_set(err, KERR_CLI, "%s: %s", dest, strerror(errno));
 		goto done;
 	}
 	while ((st = archive_read_next_header(in, &e)) == ARCHIVE_OK || st == ARCHIVE_WARN) {
@@ -91,7 +91,7 @@ int untar_safe(const char *path, const char *dest, struct untar_report *rep, str
 				if (archive_write_data_block(out, buf, len, off) != ARCHIVE_OK)
 					break;
 			if (st != ARCHIVE_EOF) {
-				kiln_err_set(err, "cli", "%s: %s", name,
+				kiln_err_set(err, KERR_CLI, "%s: %s", name,
 					     archive_error_string(st == ARCHIVE_OK ? out : in) ?: "read error");
 				goto done;
 			}
@@ -102,14 +102,14 @@ int untar_safe(const char *path, const char *dest, struct untar_report *rep, str
 		archive_write_finish_entry(out);
 	}
 	if (st != ARCHIVE_EOF) {
-		kiln_err_set(err, "cli", "%s: %s", path, archive_error_string(in) ?: "not a tar archive");
+		kiln_err_set(err, KERR_CLI, "%s: %s", path, archive_error_string(in) ?: "not a tar archive");
 		goto done;
 	}
 	r = 0;
 done:
 	if (cwd >= 0) {
 		if (fchdir(cwd) < 0 && r == 0)
-			r = kiln_err_set(err, "cli", "cannot return to the working directory: %s", strerror(errno));
+			r = kiln_err_set(err, KERR_CLI, "cannot return to the working directory: %s", strerror(errno));
 		close(cwd);
 	}
 	if (out) {

@@ -25,7 +25,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	c->pool_size = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
-		return kiln_err_set(err, "config", "%s:%d:%d: %s", path, je.line, je.column, je.text);
+		return kiln_err_set(err, KERR_CONFIG, "%s:%d:%d: %s", path, je.line, je.column, je.text);
 	{
 		const struct conf_field top[] = {
 			{ "listen", CONF_STR, &c->listen }, { "host_id", CONF_STR, &c->host_id },
@@ -94,11 +94,11 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		if (conf_take(s3, "s3", f, path, 0, err) < 0)
 			goto fail;
 		if (!c->s3.endpoint || !c->s3.bucket) {
-			kiln_err_set(err, "config", "%s: s3: endpoint and bucket are required", path);
+			kiln_err_set(err, KERR_CONFIG, "%s: s3: endpoint and bucket are required", path);
 			goto fail;
 		}
 		if (strncmp(c->s3.endpoint, "http://", 7) && strncmp(c->s3.endpoint, "https://", 8)) {
-			kiln_err_set(err, "config", "%s: s3.endpoint: expected an http:// or https:// URL", path);
+			kiln_err_set(err, KERR_CONFIG, "%s: s3.endpoint: expected an http:// or https:// URL", path);
 			goto fail;
 		}
 		c->s3.timeout_s = (long)timeout;
@@ -113,7 +113,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			goto fail;
 	}
 	if (token_file && c->token) {
-		kiln_err_set(err, "config", "%s: token and token_file: give one, not both", path);
+		kiln_err_set(err, KERR_CONFIG, "%s: token and token_file: give one, not both", path);
 		goto fail;
 	}
 	if (token_file) {
@@ -123,7 +123,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		c->token = c->file_token;
 	}
 	if (secret_file && c->s3.secret_key) {
-		kiln_err_set(err, "config", "%s: s3: secret_key and secret_key_file: give one, not both", path);
+		kiln_err_set(err, KERR_CONFIG, "%s: s3: secret_key and secret_key_file: give one, not both", path);
 		goto fail;
 	}
 	if (secret_file) {
@@ -138,14 +138,14 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		struct net_host probe;
 
 		if (!json_is_object(network)) {
-			kiln_err_set(err, "config", "%s: network: expected an object", path);
+			kiln_err_set(err, KERR_CONFIG, "%s: network: expected an object", path);
 			goto fail;
 		}
 		if (net_config_check(network, &probe, err) < 0) {
 			char m[sizeof(err->message)];
 
 			snprintf(m, sizeof(m), "%s", err->message);
-			kiln_err_set(err, "config", "%s: %s", path, m);
+			kiln_err_set(err, KERR_CONFIG, "%s: %s", path, m);
 			goto fail;
 		}
 		c->network = network;

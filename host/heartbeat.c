@@ -111,13 +111,13 @@ struct heartbeat *heartbeat_start(struct hostd *d, const char *api, const char *
 	strcpy(h->last_error, "(none yet)");
 	h->started = pthread_create(&h->thread, NULL, heartbeat_main, h) == 0;
 	if (!h->started) {
-		kiln_err_set(err, "host_error", "cannot start the heartbeat thread");
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the heartbeat thread");
 		heartbeat_stop(h);
 		return NULL;
 	}
 	return h;
 oom:
-	kiln_err_set(err, "host_error", "out of memory");
+	kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	heartbeat_stop(h);
 	return NULL;
 }

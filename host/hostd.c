@@ -161,7 +161,7 @@ int hostd_record_write_locked(struct hostd_task *t, struct kiln_err *err)
 	int ret;
 
 	if (!r)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	ret = spool_write_json(t->dir, "record.json", r, err);
 	json_decref(r);
 	return ret;
@@ -437,7 +437,7 @@ struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *
 	struct hostd *d = calloc(1, sizeof(*d));
 
 	if (!d) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	d->cfg = *cfg;
@@ -459,12 +459,12 @@ struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *
 	d->nuploaders = cfg->upload_workers ? cfg->upload_workers : 2;
 	d->uploaders = calloc(d->nuploaders, sizeof(*d->uploaders));
 	if (!d->uploaders) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto fail;
 	}
 	for (unsigned i = 0; i < d->nuploaders; i++) {
 		if (pthread_create(&d->uploaders[i], NULL, hostd_uploader_main, d) != 0) {
-			kiln_err_set(err, "host_error", "cannot start upload threads");
+			kiln_err_set(err, KERR_HOST_ERROR, "cannot start upload threads");
 			d->nuploaders = i;
 			goto fail;
 		}
@@ -536,29 +536,29 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 	*spec = NULL;
 	j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
 	if (!j) {
-		kiln_err_set(err, "invalid_json", "line %d, column %d: %s", je.line, je.column, je.text);
+		kiln_err_set(err, KERR_INVALID_JSON, "line %d, column %d: %s", je.line, je.column, je.text);
 		return NULL;
 	}
 	if (!json_is_object(j)) {
-		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 		goto fail;
 	}
 	json_object_foreach(j, k, v) {
 		if (!strcmp(k, "id") || !strcmp(k, "customer")) {
 			if (!json_is_string(v)) {
-				kiln_err_set(err, "invalid_request", "%s: expected a string", k);
+				kiln_err_set(err, KERR_INVALID_REQUEST, "%s: expected a string", k);
 				goto fail;
 			}
 			*(!strcmp(k, "id") ? id : customer) = json_string_value(v);
 		} else if (!strcmp(k, "spec")) {
 			*spec = v;
 		} else {
-			kiln_err_set(err, "invalid_request", "%.64s: unknown field", k);
+			kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
 			goto fail;
 		}
 	}
 	if (!*id || !*customer || !*spec) {
-		kiln_err_set(err, "invalid_request", "%s: required", !*id ? "id" : !*customer ? "customer" : "spec");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "%s: required", !*id ? "id" : !*customer ? "customer" : "spec");
 		goto fail;
 	}
 	return j;
@@ -578,14 +578,14 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 	uint64_t free_mib;
 
 	if (!spool_id_ok(id))
-		return kiln_err_set(err, "invalid_request", "id: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "id: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (!spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request", "customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (!json_is_object(spec_obj))
-		return kiln_err_set(err, "invalid_request", "spec: expected an object");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	sj = json_dumps(spec_obj, JSON_COMPACT);
 	if (!sj)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	if (spec_parse(sj, strlen(sj), &spec, err) < 0) {
 		free(sj);
 		return -1;
@@ -593,7 +593,7 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 	if (spec.egress && !(d->ro.net && d->ro.net->enabled)) {
 		spec_free(&spec);
 		free(sj);
-		return kiln_err_set(err, "egress_unavailable",
+		return kiln_err_set(err, KERR_EGRESS_UNAVAILABLE,
 				    "network.egress: this host does not offer network egress (network.egress in its configuration)");
 	}
 	t = hostd_task_new(d, id, customer);
@@ -604,7 +604,7 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 		free(w);
 		if (t)
 			task_free(t);
-		return kiln_err_set(err, "host_error", "cannot allocate the task");
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot allocate the task");
 	}
 	t->spec_json = sj;
 	t->vcpus = spec.vcpus;
@@ -615,19 +615,19 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 
 	pthread_mutex_lock(&d->lock);
 	if (d->stopping) {
-		kiln_err_set(err, "no_capacity", "kiln-host is shutting down");
+		kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
 		goto refuse;
 	}
 	if (!d->have_s3) {
-		kiln_err_set(err, "no_s3", "this host has no S3 configured for outputs");
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured for outputs");
 		goto refuse;
 	}
 	if (find_locked(d, id)) {
-		kiln_err_set(err, "duplicate", "task %s already exists on this host", id);
+		kiln_err_set(err, KERR_DUPLICATE, "task %s already exists on this host", id);
 		goto refuse;
 	}
 	if (d->vcpus_used + t->vcpus > d->cfg.vcpus_total) {
-		kiln_err_set(err, "no_capacity", "not enough vCPUs: %u requested, %u of %u in use", t->vcpus, d->vcpus_used,
+		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", t->vcpus, d->vcpus_used,
 			     d->cfg.vcpus_total);
 		goto refuse;
 	}
@@ -635,7 +635,7 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 		pthread_mutex_lock(&d->cap->lock);
 		free_mib = d->cap->total_mib - d->cap->used_mib;
 		pthread_mutex_unlock(&d->cap->lock);
-		kiln_err_set(err, "no_capacity", "not enough memory: %u MiB requested, %llu MiB free", t->memory_mib,
+		kiln_err_set(err, KERR_NO_CAPACITY, "not enough memory: %u MiB requested, %llu MiB free", t->memory_mib,
 			     (unsigned long long)free_mib);
 		goto refuse;
 	}
@@ -645,7 +645,7 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 	 * older task of the same id (its record expired) is replaced. */
 	spool_rm_tree(t->dir);
 	if (mkdir(t->dir, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", t->dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", t->dir, strerror(errno));
 		goto unreserve;
 	}
 	if (hostd_record_write_locked(t, err) < 0) {
@@ -797,10 +797,10 @@ int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct k
 	pthread_mutex_lock(&d->lock);
 	if (d->stopping) {
 		pthread_mutex_unlock(&d->lock);
-		return kiln_err_set(err, "no_capacity", "kiln-host is shutting down");
+		return kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
 	}
 	if (d->vcpus_used + vcpus > d->cfg.vcpus_total) {
-		kiln_err_set(err, "no_capacity", "not enough vCPUs: %u requested, %u of %u in use", vcpus, d->vcpus_used,
+		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", vcpus, d->vcpus_used,
 			     d->cfg.vcpus_total);
 		pthread_mutex_unlock(&d->lock);
 		return -1;
@@ -809,7 +809,7 @@ int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct k
 		pthread_mutex_lock(&d->cap->lock);
 		free_mib = d->cap->total_mib - d->cap->used_mib;
 		pthread_mutex_unlock(&d->cap->lock);
-		kiln_err_set(err, "no_capacity", "not enough memory: %u MiB requested, %llu MiB free", memory_mib,
+		kiln_err_set(err, KERR_NO_CAPACITY, "not enough memory: %u MiB requested, %llu MiB free", memory_mib,
 			     (unsigned long long)free_mib);
 		pthread_mutex_unlock(&d->lock);
 		return -1;

@@ -62,7 +62,7 @@ static char *read_all(const char *path, size_t *len, struct kiln_err *err)
 	size_t cap = 0, n = 0;
 
 	if (!f) {
-		kiln_err_set(err, "invalid_spec", "cannot open %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_INVALID_SPEC, "cannot open %s: %s", path, strerror(errno));
 		return NULL;
 	}
 	for (;;) {
@@ -80,14 +80,14 @@ static char *read_all(const char *path, size_t *len, struct kiln_err *err)
 		r = fread(buf + n, 1, cap - n, f);
 		n += r;
 		if (n > SPEC_MAX_BYTES) {
-			kiln_err_set(err, "invalid_spec", "spec is larger than %d MiB", SPEC_MAX_BYTES >> 20);
+			kiln_err_set(err, KERR_INVALID_SPEC, "spec is larger than %d MiB", SPEC_MAX_BYTES >> 20);
 			goto fail;
 		}
 		if (r == 0)
 			break;
 	}
 	if (ferror(f) || !buf) {
-		kiln_err_set(err, "invalid_spec", "cannot read %s", path);
+		kiln_err_set(err, KERR_INVALID_SPEC, "cannot read %s", path);
 		goto fail;
 	}
 	if (f != stdin)
@@ -131,7 +131,7 @@ static int image_path(char *out, size_t cap, const char *dir, const char *name, 
 {
 	snprintf(out, cap, "%s/%s", dir, name);
 	if (access(out, R_OK) < 0)
-		return kiln_err_set(err, "image_missing", "%s: %s (build it with `make image`)", out, strerror(errno));
+		return kiln_err_set(err, KERR_IMAGE_MISSING, "%s: %s (build it with `make image`)", out, strerror(errno));
 	return 0;
 }
 
@@ -185,7 +185,7 @@ static int common_finish(struct common *c, struct kiln_err *err)
 	else if (!strcmp(c->accel, "tcg"))
 		c->vm.accel = VM_ACCEL_TCG;
 	else
-		return kiln_err_set(err, "usage", "--accel: expected auto, kvm or tcg, got \"%s\"", c->accel);
+		return kiln_err_set(err, KERR_USAGE, "--accel: expected auto, kvm or tcg, got \"%s\"", c->accel);
 	c->vm.accel = vm_accel_resolve(c->vm.accel, err);
 	if (c->vm.accel == VM_ACCEL_AUTO)
 		return -1;
@@ -264,7 +264,7 @@ static int cmd_run(int argc, char **argv)
 		case 'c': cold = 1; break;
 		case 'b':
 			if (parse_uint(optarg, 1, 3600, &bt) < 0) {
-				kiln_err_set(&err, "usage", "--boot-timeout: expected 1..3600 seconds");
+				kiln_err_set(&err, KERR_USAGE, "--boot-timeout: expected 1..3600 seconds");
 				return print_error(&err, 2);
 			}
 			ro.boot_timeout_s = (int)bt;
@@ -278,7 +278,7 @@ static int cmd_run(int argc, char **argv)
 		return 2;
 	}
 	if (common_finish(&cm, &err) < 0)
-		return print_error(&err, !strcmp(err.code, "usage") ? 2 : 3);
+		return print_error(&err, err.errc == KERR_USAGE ? 2 : 3);
 	ro.vm = cm.vm;
 
 	text = read_all(spec_path, &len, &err);
@@ -364,13 +364,13 @@ static int cmd_snapshot(int argc, char **argv)
 		switch (c) {
 		case 'i':
 			if (strcmp(optarg, "default")) {
-				kiln_err_set(&err, "usage", "--image: only \"default\" exists");
+				kiln_err_set(&err, KERR_USAGE, "--image: only \"default\" exists");
 				return print_error(&err, 2);
 			}
 			break;
 		case 'm':
 			if (parse_uint(optarg, 128, 16384, &mem) < 0) {
-				kiln_err_set(&err, "usage", "--memory: expected 128..16384 MiB");
+				kiln_err_set(&err, KERR_USAGE, "--memory: expected 128..16384 MiB");
 				return print_error(&err, 2);
 			}
 			break;
@@ -379,7 +379,7 @@ static int cmd_snapshot(int argc, char **argv)
 			break;
 		case 'v':
 			if (parse_uint(optarg, 1, 16, &vcpus) < 0) {
-				kiln_err_set(&err, "usage", "--vcpus: expected 1..16");
+				kiln_err_set(&err, KERR_USAGE, "--vcpus: expected 1..16");
 				return print_error(&err, 2);
 			}
 			break;
@@ -564,7 +564,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		if (o->pool_size || o->prestart) {
 			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &vm_ops_real, &clock_system);
 			if (!s.pool) {
-				kiln_err_set(&err, "host_error", "cannot start the pool");
+				kiln_err_set(&err, KERR_HOST_ERROR, "cannot start the pool");
 				goto fail;
 			}
 			s.ro.pool = s.pool;
@@ -651,7 +651,7 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 			      size_t hostcap, struct kiln_err *err)
 {
 	if (hc->listen && parse_listen(hc->listen, host, hostcap, &so->port) < 0)
-		return kiln_err_set(err, "usage", "config: listen: expected ADDRESS:PORT");
+		return kiln_err_set(err, KERR_USAGE, "config: listen: expected ADDRESS:PORT");
 	if (hc->listen)
 		so->listen_host = host;
 	if (hc->host_id)
@@ -759,7 +759,7 @@ static int cmd_serve(int argc, char **argv)
 		case O_SPOOL: so.spool_dir = optarg; break;
 		case O_API:
 			if (strncmp(optarg, "http://", 7) && strncmp(optarg, "https://", 8)) {
-				kiln_err_set(&err, "usage", "--api: expected an http:// or https:// URL");
+				kiln_err_set(&err, KERR_USAGE, "--api: expected an http:// or https:// URL");
 				return print_error(&err, 2);
 			}
 			so.api = optarg;
@@ -767,7 +767,7 @@ static int cmd_serve(int argc, char **argv)
 		case O_ADVERTISE: so.advertise = optarg; break;
 		case O_VCPUS:
 			if (parse_uint(optarg, 1, 4096, &so.vcpus_capacity) < 0) {
-				kiln_err_set(&err, "usage", "--vcpus-capacity: expected 1..4096");
+				kiln_err_set(&err, KERR_USAGE, "--vcpus-capacity: expected 1..4096");
 				return print_error(&err, 2);
 			}
 			break;
@@ -776,40 +776,40 @@ static int cmd_serve(int argc, char **argv)
 
 			so.cpu_overcommit = strtod(optarg, &end);
 			if (*end || !(so.cpu_overcommit >= 1 && so.cpu_overcommit <= 64)) {
-				kiln_err_set(&err, "usage", "--cpu-overcommit: expected 1..64");
+				kiln_err_set(&err, KERR_USAGE, "--cpu-overcommit: expected 1..64");
 				return print_error(&err, 2);
 			}
 			break;
 		}
 		case 'l':
 			if (parse_listen(optarg, host, sizeof(host), &so.port) < 0) {
-				kiln_err_set(&err, "usage", "--listen: expected ADDRESS:PORT");
+				kiln_err_set(&err, KERR_USAGE, "--listen: expected ADDRESS:PORT");
 				return print_error(&err, 2);
 			}
 			so.listen_host = host;
 			break;
 		case 'p':
 			if (parse_uint(optarg, 0, 256, &so.pool_size) < 0) {
-				kiln_err_set(&err, "usage", "--pool: expected 0..256");
+				kiln_err_set(&err, KERR_USAGE, "--pool: expected 0..256");
 				return print_error(&err, 2);
 			}
 			break;
 		case 'P':
 			if (parse_uint(optarg, 0, 256, &so.prestart) < 0) {
-				kiln_err_set(&err, "usage", "--prestart: expected 0..256");
+				kiln_err_set(&err, KERR_USAGE, "--prestart: expected 0..256");
 				return print_error(&err, 2);
 			}
 			break;
 		case 'M':
 			if (parse_uint(optarg, 128, 1u << 30, &v) < 0) {
-				kiln_err_set(&err, "usage", "--memory-capacity: expected MiB >= 128");
+				kiln_err_set(&err, KERR_USAGE, "--memory-capacity: expected MiB >= 128");
 				return print_error(&err, 2);
 			}
 			so.memory_capacity_mib = v;
 			break;
 		case 'm':
 			if (parse_uint(optarg, 128, 16384, &so.snap_memory_mib) < 0) {
-				kiln_err_set(&err, "usage", "--snapshot-memory: expected 128..16384 MiB");
+				kiln_err_set(&err, KERR_USAGE, "--snapshot-memory: expected 128..16384 MiB");
 				return print_error(&err, 2);
 			}
 			break;
@@ -822,13 +822,13 @@ static int cmd_serve(int argc, char **argv)
 		return 2;
 	}
 	if (!spool_id_ok(so.host_id)) {
-		kiln_err_set(&err, "usage", "host id \"%s\": expected 1-64 characters of [A-Za-z0-9_.-]", so.host_id);
+		kiln_err_set(&err, KERR_USAGE, "host id \"%s\": expected 1-64 characters of [A-Za-z0-9_.-]", so.host_id);
 		return print_error(&err, 2);
 	}
 	addr.sin_family = AF_INET;
 	addr.sin_port = htons((uint16_t)so.port);
 	if (inet_pton(AF_INET, so.listen_host, &addr.sin_addr) != 1) {
-		kiln_err_set(&err, "usage", "--listen: \"%s\" is not an IPv4 address", so.listen_host);
+		kiln_err_set(&err, KERR_USAGE, "--listen: \"%s\" is not an IPv4 address", so.listen_host);
 		return print_error(&err, 2);
 	}
 	so.addr = &addr;

@@ -162,7 +162,7 @@ static int nft_run(struct nft_ctx *ctx, const char *cmd, json_t **out, struct ki
 	if (r != 0 && err) {
 		const char *e = nft_ctx_get_error_buffer(ctx);
 
-		kiln_err_set(err, "net_error", "nftables: %.400s", e && *e ? e : "command failed");
+		kiln_err_set(err, KERR_NET_ERROR, "nftables: %.400s", e && *e ? e : "command failed");
 	}
 	if (r == 0 && out) {
 		const char *o = nft_ctx_get_output_buffer(ctx);
@@ -333,7 +333,7 @@ static int add_deny(struct net_host *h, const struct net_range *r, struct kiln_e
 		if (h->deny[i].addr == r->addr && h->deny[i].prefix == r->prefix)
 			return 0;
 	if (h->ndeny >= NET_MAX_RANGES)
-		return kiln_err_set(err, "config", "network.deny: more than %d ranges", NET_MAX_RANGES);
+		return kiln_err_set(err, KERR_CONFIG, "network.deny: more than %d ranges", NET_MAX_RANGES);
 	h->deny[h->ndeny++] = *r;
 	return 0;
 }
@@ -366,23 +366,23 @@ static int parse_config(struct net_host *h, json_t *c, struct kiln_err *err)
 	if (!c)
 		return 0;
 	if (!json_is_object(c))
-		return kiln_err_set(err, "config", "network: expected an object");
+		return kiln_err_set(err, KERR_CONFIG, "network: expected an object");
 	json_object_foreach(c, k, v) {
 		if (!strcmp(k, "egress")) {
 			if (!json_is_boolean(v))
-				return kiln_err_set(err, "config", "network.egress: expected true or false");
+				return kiln_err_set(err, KERR_CONFIG, "network.egress: expected true or false");
 			h->enabled = json_is_true(v);
 		} else if (!strcmp(k, "deny")) {
 			size_t i;
 			json_t *e;
 
 			if (!json_is_array(v))
-				return kiln_err_set(err, "config", "network.deny: expected an array of \"A.B.C.D/P\"");
+				return kiln_err_set(err, KERR_CONFIG, "network.deny: expected an array of \"A.B.C.D/P\"");
 			json_array_foreach(v, i, e) {
 				struct net_range r;
 
 				if (!json_is_string(e) || net_range_parse(json_string_value(e), &r) < 0)
-					return kiln_err_set(err, "config",
+					return kiln_err_set(err, KERR_CONFIG,
 							    "network.deny[%zu]: expected \"A.B.C.D/P\" with the host bits zero", i);
 				if (add_deny(h, &r, err) < 0)
 					return -1;
@@ -390,10 +390,10 @@ static int parse_config(struct net_host *h, json_t *c, struct kiln_err *err)
 		} else if (!strcmp(k, "link_range")) {
 			if (!json_is_string(v) || net_range_parse(json_string_value(v), &h->link) < 0 ||
 			    h->link.prefix > 24 || h->link.prefix < 8)
-				return kiln_err_set(err, "config", "network.link_range: expected \"A.B.C.D/P\" with P 8..24");
+				return kiln_err_set(err, KERR_CONFIG, "network.link_range: expected \"A.B.C.D/P\" with P 8..24");
 		} else if (!strcmp(k, "bandwidth_mbit")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 100000)
-				return kiln_err_set(err, "config", "network.bandwidth_mbit: expected 0..100000 (0: no cap)");
+				return kiln_err_set(err, KERR_CONFIG, "network.bandwidth_mbit: expected 0..100000 (0: no cap)");
 			h->bandwidth_bytes_s = (uint64_t)json_integer_value(v) * 1000000 / 8;
 		} else if (!strcmp(k, "dns_upstream")) {
 			char ip[64];
@@ -402,15 +402,15 @@ static int parse_config(struct net_host *h, json_t *c, struct kiln_err *err)
 
 			if (!s || !(colon = strrchr(s, ':')) || (size_t)(colon - s) >= sizeof(ip) ||
 			    sscanf(colon + 1, "%u", &port) != 1 || !port || port > 65535)
-				return kiln_err_set(err, "config", "network.dns_upstream: expected \"A.B.C.D:PORT\"");
+				return kiln_err_set(err, KERR_CONFIG, "network.dns_upstream: expected \"A.B.C.D:PORT\"");
 			memcpy(ip, s, (size_t)(colon - s));
 			ip[colon - s] = 0;
 			if (inet_pton(AF_INET, ip, &h->dns_upstream.sin_addr) != 1)
-				return kiln_err_set(err, "config", "network.dns_upstream: expected \"A.B.C.D:PORT\"");
+				return kiln_err_set(err, KERR_CONFIG, "network.dns_upstream: expected \"A.B.C.D:PORT\"");
 			h->dns_upstream.sin_family = AF_INET;
 			h->dns_upstream.sin_port = htons((uint16_t)port);
 		} else {
-			return kiln_err_set(err, "config", "network.%s: unknown setting", k);
+			return kiln_err_set(err, KERR_CONFIG, "network.%s: unknown setting", k);
 		}
 	}
 	return 0;
@@ -462,11 +462,11 @@ int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
 	}
 	h->root_nsfd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
 	if (h->root_nsfd < 0) {
-		kiln_err_set(err, "net_error", "/proc/self/ns/net: %s", strerror(errno));
+		kiln_err_set(err, KERR_NET_ERROR, "/proc/self/ns/net: %s", strerror(errno));
 		goto out;
 	}
 	if (write_sysctl("/proc/sys/net/ipv4/ip_forward", "1") < 0) {
-		kiln_err_set(err, "net_error", "cannot enable IPv4 forwarding: %s", strerror(errno));
+		kiln_err_set(err, KERR_NET_ERROR, "cannot enable IPv4 forwarding: %s", strerror(errno));
 		goto out;
 	}
 	/* Sandboxes reach the world through the host's routes, masqueraded;
@@ -490,12 +490,12 @@ int net_host_init(struct net_host *h, json_t *config, struct kiln_err *err)
 		 "  ip saddr %s oifname != \"" NET_HOST_IFPFX "*\" masquerade\n }\n}\n",
 		 range_str(&h->link, a, sizeof(a)));
 	if (t.oom) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
 	ctx = nft_open(0);
 	if (!ctx) {
-		kiln_err_set(err, "net_error", "cannot open nftables");
+		kiln_err_set(err, KERR_NET_ERROR, "cannot open nftables");
 		goto out;
 	}
 	/* A table left by an earlier kiln-host in this namespace is replaced. */
@@ -662,7 +662,7 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 
 static int setup_fail(struct net_sandbox *s, const char *what, int e)
 {
-	return kiln_err_set(&s->err, "net_error", "sandbox network: %s: %s", what, strerror(e < 0 ? -e : e));
+	return kiln_err_set(&s->err, KERR_NET_ERROR, "sandbox network: %s: %s", what, strerror(e < 0 ? -e : e));
 }
 
 /* Runs on the sandbox's thread: everything from here on happens in its new
@@ -708,7 +708,7 @@ static int sandbox_setup(struct net_sandbox *s, int root_sock)
 	 * kernel refuses a name taken by another sandbox or kiln-host). */
 	for (uint32_t tries = 0;; tries++) {
 		if (tries >= nlinks || tries >= 4096) {
-			r = kiln_err_set(&s->err, "no_capacity", "sandbox network: no free link in %s", "the link range");
+			r = kiln_err_set(&s->err, KERR_NO_CAPACITY, "sandbox network: no free link in %s", "the link range");
 			goto out;
 		}
 		pthread_mutex_lock(&s->h->lock);
@@ -746,12 +746,12 @@ static int sandbox_setup(struct net_sandbox *s, int root_sock)
 	s->nft = nft_open(0);
 	s->nft_json = nft_open(1);
 	if (!s->nft || !s->nft_json) {
-		r = kiln_err_set(&s->err, "net_error", "sandbox network: cannot open nftables");
+		r = kiln_err_set(&s->err, KERR_NET_ERROR, "sandbox network: cannot open nftables");
 		goto out;
 	}
 	rules = sandbox_ruleset(s);
 	if (!rules) {
-		r = kiln_err_set(&s->err, "host_error", "out of memory");
+		r = kiln_err_set(&s->err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
 	r = nft_run(s->nft, rules, NULL, &s->err);
@@ -1201,12 +1201,12 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 
 	*out = NULL;
 	if (!h || !h->enabled)
-		return kiln_err_set(err, "egress_disabled", "this host does not offer network egress (network.egress in its configuration)");
+		return kiln_err_set(err, KERR_EGRESS_DISABLED, "this host does not offer network egress (network.egress in its configuration)");
 	if (n > 64)
-		return kiln_err_set(err, "invalid_spec", "network.allow: more than 64 rules");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "network.allow: more than 64 rules");
 	s = calloc(1, sizeof(*s));
 	if (!s)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	s->h = h;
 	s->tap_fd = s->dns_fd = s->up_fd = -1;
 	s->on_blocked = on_blocked;
@@ -1217,14 +1217,14 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 	s->rules = n ? calloc(n, sizeof(*rules)) : NULL;
 	if (s->stop_fd < 0 || (n && !s->rules)) {
 		sandbox_free(s);
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
 	if (n)
 		memcpy(s->rules, rules, n * sizeof(*rules));
 	s->nrules = n;
 	if (pthread_create(&s->thread, NULL, sandbox_main, s) != 0) {
 		sandbox_free(s);
-		return kiln_err_set(err, "host_error", "cannot start the sandbox network thread");
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the sandbox network thread");
 	}
 	s->thread_started = 1;
 	pthread_mutex_lock(&s->lock);
@@ -1236,7 +1236,7 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
 		if (proto_now_ms() > deadline && !s->setup_done) {
 			pthread_mutex_unlock(&s->lock);
-			kiln_err_set(err, "net_error", "sandbox network: set-up took longer than %d ms", NET_SETUP_MS);
+			kiln_err_set(err, KERR_NET_ERROR, "sandbox network: set-up took longer than %d ms", NET_SETUP_MS);
 			net_sandbox_stop(s, NULL);
 			return -1;
 		}

@@ -15,10 +15,10 @@ int outdir_open(const char *path, struct kiln_err *err)
 	int fd;
 
 	if (mkdir(path, 0755) < 0 && errno != EEXIST)
-		return kiln_err_set(err, "host_error", "cannot create output directory %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create output directory %s: %s", path, strerror(errno));
 	fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
-		return kiln_err_set(err, "host_error", "cannot open output directory %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot open output directory %s: %s", path, strerror(errno));
 	return fd;
 }
 
@@ -32,11 +32,11 @@ static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char 
 	int fd;
 
 	if (proto_relpath_ok(rel) < 0)
-		return kiln_err_set(err, "vm_error", "refusing unsafe output path");
+		return kiln_err_set(err, KERR_VM_ERROR, "refusing unsafe output path");
 	snprintf(namebuf, PROTO_MAX_PATH + 1, "%s", rel);
 	fd = dup(dirfd);
 	if (fd < 0)
-		return kiln_err_set(err, "host_error", "dup: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "dup: %s", strerror(errno));
 	for (p = namebuf;; p = slash + 1) {
 		int next;
 
@@ -51,14 +51,14 @@ static int walk(int dirfd, const char *rel, int leaf, char *namebuf, const char 
 			if (created)
 				++*created;
 		} else if (errno != EEXIST) {
-			kiln_err_set(err, "host_error", "cannot create output directory %s: %s", rel, strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "cannot create output directory %s: %s", rel, strerror(errno));
 			close(fd);
 			return -1;
 		}
 		next = openat(fd, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		close(fd);
 		if (next < 0)
-			return kiln_err_set(err, "host_error", "cannot open output directory %s: %s", rel, strerror(errno));
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot open output directory %s: %s", rel, strerror(errno));
 		fd = next;
 		if (!slash)
 			return fd;
@@ -87,7 +87,7 @@ int outdir_create(int dirfd, const char *rel, uint32_t mode, unsigned *created, 
 	fd = openat(dfd, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode & 0755) | 0600);
 	close(dfd);
 	if (fd < 0)
-		return kiln_err_set(err, "host_error", "cannot create output file %s: %s", rel, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create output file %s: %s", rel, strerror(errno));
 	if (created)
 		++*created;
 	return fd;

@@ -55,7 +55,7 @@ static int expect(struct vm *vm, uint8_t want, int64_t deadline, struct kiln_err
 		if (f.type == want)
 			return 0;
 		if (f.type != PROTO_STDOUT && f.type != PROTO_STDERR)
-			return kiln_err_set(err, "vm_error", "pool warm-up: frame 0x%02x instead of 0x%02x", f.type, want);
+			return kiln_err_set(err, KERR_VM_ERROR, "pool warm-up: frame 0x%02x instead of 0x%02x", f.type, want);
 	}
 }
 
@@ -90,7 +90,7 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 
 	e = calloc(1, sizeof(*e));
 	if (!e)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	e->output_cap = 4096;
 	e->uid = e->gid = 1000;
 	snprintf(e->cwd, sizeof(e->cwd), "/work");
@@ -119,7 +119,7 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 		if (f.type == PROTO_OUT_END)
 			break;
 		if (f.type != PROTO_OUT_DIR && f.type != PROTO_OUT_FILE && f.type != PROTO_OUT_DATA)
-			return kiln_err_set(err, "vm_error", "pool warm-up: unexpected frame 0x%02x in COLLECT", f.type);
+			return kiln_err_set(err, KERR_VM_ERROR, "pool warm-up: unexpected frame 0x%02x in COLLECT", f.type);
 	}
 	if (vm_send(vm, PROTO_WARM, NULL, 0, deadline, err) < 0 || expect(vm, PROTO_OK, deadline, err) < 0)
 		return -1;

@@ -29,7 +29,7 @@ static uint64_t be64(const uint8_t *p)
 
 static int bad(struct kiln_err *err, const char *what)
 {
-	return kiln_err_set(err, "snapshot_corrupt", "the paused session's disk layer is not a plain qcow2 overlay: %s",
+	return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's disk layer is not a plain qcow2 overlay: %s",
 			    what);
 }
 
@@ -121,7 +121,7 @@ int qcow2_file_check(const char *path, const char *backing, struct kiln_err *err
 	size_t got = 0;
 
 	if (fd < 0)
-		return kiln_err_set(err, "host_error", "%s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 	while (got < sizeof(buf) && (n = read(fd, buf + got, sizeof(buf) - got)) > 0)
 		got += (size_t)n;
 	close(fd);

@@ -121,7 +121,7 @@ int hostd_recover(struct hostd *d, struct kiln_err *err)
 	snprintf(path, sizeof(path), "%s/tasks", d->spool);
 	dir = opendir(path);
 	if (!dir)
-		return kiln_err_set(err, "host_error", "cannot open %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot open %s: %s", path, strerror(errno));
 	pthread_mutex_lock(&d->lock);
 	while ((e = readdir(dir))) {
 		if (e->d_name[0] == '.')

@@ -75,9 +75,9 @@ static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char
 		struct proto_error e;
 
 		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, "guest_error", "%s: %s", what, e.message);
+			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
 	}
-	return kiln_err_set(&c->err, "vm_error", "%s: unexpected frame type 0x%02x from the guest", what, f.type);
+	return kiln_err_set(&c->err, KERR_VM_ERROR, "%s: unexpected frame type 0x%02x from the guest", what, f.type);
 }
 
 static int wait_hello(struct run_ctx *c)
@@ -87,19 +87,19 @@ static int wait_hello(struct run_ctx *c)
 	int64_t deadline = proto_now_ms() + (int64_t)c->opts->boot_timeout_s * 1000;
 
 	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0) {
-		if (!strcmp(c->err.code, "timeout")) {
+		if (c->err.errc == KERR_TIMEOUT) {
 			char tail[700];
 
 			vm_log_tail(&c->vm, tail, sizeof(tail));
-			kiln_err_set(&c->err, "vm_error", "the guest did not become ready within %d s%s%s",
+			kiln_err_set(&c->err, KERR_VM_ERROR, "the guest did not become ready within %d s%s%s",
 				     c->opts->boot_timeout_s, tail[0] ? ": " : "", tail);
 		}
 		return -1;
 	}
 	if (f.type != PROTO_HELLO || proto_hello_decode(f.payload, f.len, &h) < 0)
-		return kiln_err_set(&c->err, "vm_error", "the guest's first frame was not a valid HELLO");
+		return kiln_err_set(&c->err, KERR_VM_ERROR, "the guest's first frame was not a valid HELLO");
 	if (h.version != PROTO_VERSION)
-		return kiln_err_set(&c->err, "vm_error", "guest speaks protocol version %u, host %u", h.version,
+		return kiln_err_set(&c->err, KERR_VM_ERROR, "guest speaks protocol version %u, host %u", h.version,
 				    PROTO_VERSION);
 	memcpy(c->hello_release, h.release, sizeof(c->hello_release));
 	c->t_ready = proto_now_us();
@@ -122,7 +122,7 @@ static int send_files(struct run_ctx *c, int wait)
 		snprintf(m.path, sizeof(m.path), "%s", sf->path);
 		n = proto_file_encode(buf, PROTO_MAX_PAYLOAD, &m);
 		if (n < 0 || vm_send(&c->vm, PROTO_FILE, buf, (size_t)n, deadline, &c->err) < 0)
-			return n < 0 ? kiln_err_set(&c->err, "host_error", "file header too large") : -1;
+			return n < 0 ? kiln_err_set(&c->err, KERR_HOST_ERROR, "file header too large") : -1;
 		for (size_t off = 0; off < sf->size; off += PROTO_MAX_PAYLOAD) {
 			size_t len = sf->size - off < PROTO_MAX_PAYLOAD ? sf->size - off : PROTO_MAX_PAYLOAD;
 
@@ -186,13 +186,13 @@ static int exec_send(struct run_ctx *c, uint32_t flags)
 	snprintf(mp->cwd, sizeof(mp->cwd), "%s", c->spec->cwd);
 	mp->argc = (uint32_t)c->spec->argc;
 	if (mp->argc > PROTO_MAX_ARGS)
-		return kiln_err_set(&c->err, "invalid_spec", "argv: too many arguments");
+		return kiln_err_set(&c->err, KERR_INVALID_SPEC, "argv: too many arguments");
 	for (size_t i = 0; i < c->spec->argc; i++)
 		mp->argv[i] = c->spec->argv[i];
 	mp->envc = (uint32_t)build_env(c->spec, mp->env, PROTO_MAX_ENV);
 	n = proto_exec_encode(buf, PROTO_MAX_PAYLOAD, mp);
 	if (n < 0)
-		return kiln_err_set(&c->err, "invalid_spec", "argv and env together exceed %d bytes", PROTO_MAX_PAYLOAD);
+		return kiln_err_set(&c->err, KERR_INVALID_SPEC, "argv and env together exceed %d bytes", PROTO_MAX_PAYLOAD);
 	return vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err);
 }
 
@@ -212,10 +212,10 @@ static int exec_wait(struct run_ctx *c)
 		struct proto_error e;
 
 		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, "guest_error", "exec: %s", e.message);
+			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "exec: %s", e.message);
 	}
 	if (f.type != PROTO_STARTED)
-		return kiln_err_set(&c->err, "vm_error", "exec: unexpected frame type 0x%02x", f.type);
+		return kiln_err_set(&c->err, KERR_VM_ERROR, "exec: unexpected frame type 0x%02x", f.type);
 	c->t_started = proto_now_us();
 	if (c->opts->on_event) {
 		struct run_started st = { .exec_id = c->opts->exec_id, .deadline_ms = run_deadline_ms(c) };
@@ -255,7 +255,7 @@ static int forward_input(struct run_ctx *c)
 		ssize_t n;
 
 		if (c->in_len == sizeof(c->in_buf))
-			return kiln_err_set(&c->err, "host_error", "an input frame is too large");
+			return kiln_err_set(&c->err, KERR_HOST_ERROR, "an input frame is too large");
 		n = read(c->vm.input_fd, c->in_buf + c->in_len, sizeof(c->in_buf) - c->in_len);
 
 		if (n < 0 && errno == EINTR)
@@ -274,7 +274,7 @@ static int forward_input(struct run_ctx *c)
 			off += (size_t)n;
 		}
 		if (n < 0)
-			return kiln_err_set(&c->err, "host_error", "malformed input frame");
+			return kiln_err_set(&c->err, KERR_HOST_ERROR, "malformed input frame");
 		memmove(c->in_buf, c->in_buf + off, c->in_len - off);
 		c->in_len -= off;
 	}
@@ -330,12 +330,12 @@ static int run_loop(struct run_ctx *c)
 		struct proto_frame f;
 
 		if (vm_recv(&c->vm, &f, deadline, &c->err) < 0) {
-			if (!strcmp(c->err.code, "input")) {
+			if (c->err.errc == KERR_INPUT) {
 				if (forward_input(c) < 0)
 					return -1;
 				continue;
 			}
-			if (strcmp(c->err.code, "timeout"))
+			if (c->err.errc != KERR_TIMEOUT)
 				return -1;
 			/* No EXIT within the grace: the VM is destroyed without collecting. */
 			if (c->timed_out)
@@ -354,9 +354,9 @@ static int run_loop(struct run_ctx *c)
 			/* kiln-init enforces the cap; a guest that sends more is broken or hostile. */
 			received += f.len;
 			if (received > c->budget)
-				return kiln_err_set(&c->err, "vm_error", "the guest sent more output than its limit");
+				return kiln_err_set(&c->err, KERR_VM_ERROR, "the guest sent more output than its limit");
 			if (textcap_append(f.type == PROTO_STDOUT ? &c->out : &c->errb, f.payload, f.len) < 0)
-				return kiln_err_set(&c->err, "host_error", "out of memory");
+				return kiln_err_set(&c->err, KERR_HOST_ERROR, "out of memory");
 			stream_event(c, f.type == PROTO_STDOUT ? "stdout" : "stderr", f.payload, f.len);
 			if (c->opts->on_event)
 				c->opts->on_event(c->opts->event_ctx, f.type == PROTO_STDOUT ? RUN_EV_STDOUT : RUN_EV_STDERR,
@@ -364,7 +364,7 @@ static int run_loop(struct run_ctx *c)
 			break;
 		case PROTO_EXIT:
 			if (proto_exit_decode(f.payload, f.len, &c->exit) < 0)
-				return kiln_err_set(&c->err, "vm_error", "malformed EXIT from the guest");
+				return kiln_err_set(&c->err, KERR_VM_ERROR, "malformed EXIT from the guest");
 			c->have_exit = 1;
 			if (!c->timed_out)
 				c->t_exit = proto_now_us();
@@ -374,7 +374,7 @@ static int run_loop(struct run_ctx *c)
 				c->opts->on_event(c->opts->event_ctx, RUN_EV_EXITED, NULL, 0);
 			return 0;
 		default:
-			return kiln_err_set(&c->err, "vm_error", "unexpected frame type 0x%02x while the task ran", f.type);
+			return kiln_err_set(&c->err, KERR_VM_ERROR, "unexpected frame type 0x%02x while the task ran", f.type);
 		}
 	}
 }
@@ -418,7 +418,7 @@ static int collect(struct run_ctx *c)
 	int fd = -1, in_file = 0, r = -1;
 
 	if (!md)
-		return kiln_err_set(&c->err, "host_error", "out of memory");
+		return kiln_err_set(&c->err, KERR_HOST_ERROR, "out of memory");
 	proto_put_u64(&w, budget);
 	if (vm_send(&c->vm, PROTO_COLLECT, req, w.len, deadline, &c->err) < 0)
 		goto out;
@@ -429,13 +429,13 @@ static int collect(struct run_ctx *c)
 		if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
 			goto out;
 		if (in_file && f.type != PROTO_OUT_DATA) {
-			kiln_err_set(&c->err, "vm_error", "guest ended %s early", file.path);
+			kiln_err_set(&c->err, KERR_VM_ERROR, "guest ended %s early", file.path);
 			goto out;
 		}
 		switch (f.type) {
 		case PROTO_OUT_DIR:
 			if (proto_path_decode(f.payload, f.len, path) < 0) {
-				kiln_err_set(&c->err, "vm_error", "guest named an invalid output directory");
+				kiln_err_set(&c->err, KERR_VM_ERROR, "guest named an invalid output directory");
 				goto out;
 			}
 			/* Counted before: what the host makes is bounded by the limit
@@ -449,11 +449,11 @@ static int collect(struct run_ctx *c)
 			break;
 		case PROTO_OUT_FILE:
 			if (proto_out_file_decode(f.payload, f.len, &file) < 0) {
-				kiln_err_set(&c->err, "vm_error", "guest named an invalid output file");
+				kiln_err_set(&c->err, KERR_VM_ERROR, "guest named an invalid output file");
 				goto out;
 			}
 			if (file.size > budget) {
-				kiln_err_set(&c->err, "vm_error", "guest sent %s beyond the output budget", file.path);
+				kiln_err_set(&c->err, KERR_VM_ERROR, "guest sent %s beyond the output budget", file.path);
 				goto out;
 			}
 			budget -= file.size;
@@ -476,12 +476,12 @@ static int collect(struct run_ctx *c)
 			break;
 		case PROTO_OUT_DATA:
 			if (!in_file || f.len > left) {
-				kiln_err_set(&c->err, "vm_error", "guest sent output data beyond the announced size");
+				kiln_err_set(&c->err, KERR_VM_ERROR, "guest sent output data beyond the announced size");
 				goto out;
 			}
 			EVP_DigestUpdate(md, f.payload, f.len);
 			if (fd >= 0 && proto_write_all(fd, f.payload, f.len, 0) < 0) {
-				kiln_err_set(&c->err, "host_error", "writing %s: %s", file.path, strerror(errno));
+				kiln_err_set(&c->err, KERR_HOST_ERROR, "writing %s: %s", file.path, strerror(errno));
 				goto out;
 			}
 			left -= f.len;
@@ -490,7 +490,7 @@ static int collect(struct run_ctx *c)
 			struct proto_out_end e;
 
 			if (proto_out_end_decode(f.payload, f.len, &e) < 0) {
-				kiln_err_set(&c->err, "vm_error", "malformed OUT_END");
+				kiln_err_set(&c->err, KERR_VM_ERROR, "malformed OUT_END");
 				goto out;
 			}
 			if ((e.flags & PROTO_OUT_TRUNCATED) || over)
@@ -503,20 +503,20 @@ static int collect(struct run_ctx *c)
 			struct proto_error e;
 
 			if (proto_error_decode(f.payload, f.len, &e) == 0)
-				kiln_err_set(&c->err, "guest_error", "collecting /output: %s", e.message);
+				kiln_err_set(&c->err, KERR_GUEST_ERROR, "collecting /output: %s", e.message);
 			else
-				kiln_err_set(&c->err, "vm_error", "malformed ERROR");
+				kiln_err_set(&c->err, KERR_VM_ERROR, "malformed ERROR");
 			goto out;
 		}
 		default:
-			kiln_err_set(&c->err, "vm_error", "unexpected frame type 0x%02x while collecting", f.type);
+			kiln_err_set(&c->err, KERR_VM_ERROR, "unexpected frame type 0x%02x while collecting", f.type);
 			goto out;
 		}
 		if (in_file && left == 0) {
 			char hex[65];
 
 			if (hex_digest(md, hex) < 0) {
-				kiln_err_set(&c->err, "host_error", "sha256 failed");
+				kiln_err_set(&c->err, KERR_HOST_ERROR, "sha256 failed");
 				goto out;
 			}
 			if (!over && !bad_name) {
@@ -714,7 +714,7 @@ static int acquire_vm(struct run_ctx *c, struct vm_config *cfg)
 	}
 	if (o->cap && !o->prereserved) {
 		if (!capacity_reserve(o->cap, spec->memory_mib))
-			return kiln_err_set(&c->err, "no_capacity", "this host has no free memory for the task right now");
+			return kiln_err_set(&c->err, KERR_NO_CAPACITY, "this host has no free memory for the task right now");
 		c->reserved_mib = spec->memory_mib;
 	}
 	if (snap && snap->memory_mib == spec->memory_mib && snap->vcpus == spec->vcpus) {
@@ -759,7 +759,7 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	cfg.memory_mib = spec->memory_mib;
 
 	if (!c->iobuf) {
-		kiln_err_set(&c->err, "host_error", "out of memory");
+		kiln_err_set(&c->err, KERR_HOST_ERROR, "out of memory");
 		goto done;
 	}
 	if (opts->output_dir && (c->outdir_fd = outdir_open(opts->output_dir, &c->err)) < 0)
@@ -872,7 +872,7 @@ json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, 
 	json_t *outputs = NULL;
 
 	if (!c) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	c->budget = budget;
@@ -895,7 +895,7 @@ int run_session_put(struct vm *vm, const char *path, const void *data, size_t le
 	int r;
 
 	if (!c)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r = send_files(c, 1);
 	if (r < 0)
 		*err = c->err;

@@ -53,17 +53,6 @@ static int authorized(struct serve_http *s, struct MHD_Connection *conn)
 	return CRYPTO_memcmp(got, s->token_hash, sizeof(got)) == 0;
 }
 
-static unsigned status_for(const char *code)
-{
-	if (!strcmp(code, "invalid_request") || !strcmp(code, "invalid_spec") || !strcmp(code, "invalid_json"))
-		return MHD_HTTP_BAD_REQUEST;
-	if (!strcmp(code, "duplicate"))
-		return MHD_HTTP_CONFLICT;
-	if (!strcmp(code, "no_capacity") || !strcmp(code, "no_s3") || !strcmp(code, "egress_unavailable"))
-		return MHD_HTTP_SERVICE_UNAVAILABLE;
-	return MHD_HTTP_INTERNAL_SERVER_ERROR;
-}
-
 /* POST /v1/run: run synchronously and answer with the result (no spool, no
  * S3): for debugging a host and for benchmarks of the VM path alone. */
 static enum MHD_Result handle_run(struct serve_http *s, struct MHD_Connection *conn, const struct httpd_body *req)
@@ -73,13 +62,13 @@ static enum MHD_Result handle_run(struct serve_http *s, struct MHD_Connection *c
 	json_t *result, *e;
 
 	if (spec_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &spec, &err) < 0)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
+		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	result = run_task(&spec, s->ro);
 	spec_free(&spec);
 	/* Refused before anything started: say so with 503, not as a task result. */
 	e = json_object_get(result, "error");
-	if (e && !strcmp(json_string_value(json_object_get(e, "code")) ?: "", "no_capacity")) {
-		enum MHD_Result r = reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "no_capacity",
+	if (e && kiln_err_lookup(json_string_value(json_object_get(e, "code"))) == KERR_NO_CAPACITY) {
+		enum MHD_Result r = reply_error(conn, KERR_NO_CAPACITY,
 				    json_string_value(json_object_get(e, "message")));
 
 		json_decref(result);
@@ -97,10 +86,10 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 
 	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer, &spec, &err);
 	if (!body)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, err.code, err.message);
+		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (hostd_submit(s->hostd, id, customer, spec, &err) < 0) {
 		json_decref(body);
-		return reply_error(conn, status_for(err.code), err.code, err.message);
+		return reply_err(conn, &err);
 	}
 	v = hostd_task_json(s->hostd, id);
 	json_decref(body);
@@ -144,7 +133,7 @@ static enum MHD_Result handle_events(struct serve_http *s, struct MHD_Connection
 	e->t = hostd_task_get(s->hostd, id);
 	if (!e->t) {
 		free(e);
-		return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+		return reply_error(conn, KERR_NOT_FOUND, "no such task on this host");
 	}
 	/* Events carry output chunks of up to 128 KiB, JSON-escaped: room for one. */
 	return reply_sse(conn, 1 << 20, sse_read, e, sse_free);
@@ -158,7 +147,7 @@ static const char *task_id(struct httpd_req *r)
 
 static enum MHD_Result no_task(struct MHD_Connection *conn)
 {
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such task on this host");
+	return reply_error(conn, KERR_NOT_FOUND, "no such task on this host");
 }
 
 /* GET /v1/tasks[?all=1] */
@@ -195,7 +184,7 @@ static enum MHD_Result task_cancel(void *ctx, struct httpd_req *r)
 	if (rc == -ENOENT)
 		return no_task(r->conn);
 	if (rc == -EALREADY)
-		return reply_error(r->conn, MHD_HTTP_CONFLICT, "not_cancellable", "the task's code has already ended");
+		return reply_error(r->conn, KERR_NOT_CANCELLABLE, "the task's code has already ended");
 	j = hostd_task_json(s->hostd, id);
 	return reply_json(r->conn, MHD_HTTP_ACCEPTED, j ? j : json_object());
 }
@@ -239,29 +228,8 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 
 /* ---- sessions ---- */
 
-static unsigned session_status(const char *code)
-{
-	static const struct {
-		const char *code;
-		unsigned status;
-	} map[] = {
-		{ "not_found", 404 }, { "no_snapshot", 404 }, { "busy", 409 }, { "duplicate", 409 },
-		{ "incompatible_snapshot", 409 }, { "invalid_request", 400 }, { "invalid_spec", 400 },
-		{ "invalid_json", 400 }, { "too_large", 413 }, { "snapshot_corrupt", 422 }, { "no_capacity", 503 },
-		{ "no_s3", 503 }, { "egress_unavailable", 503 }, { "s3_unavailable", 503 }, { "no_exec", 409 },
-		{ "input_full", 503 },
-	};
-
-	for (size_t i = 0; i < sizeof(map) / sizeof(*map); i++)
-		if (!strcmp(code, map[i].code))
-			return map[i].status;
-	return !strncmp(code, "s3", 2) ? 502 : 500;
-}
-
-static enum MHD_Result session_error(struct MHD_Connection *conn, const struct kiln_err *err)
-{
-	return reply_error(conn, session_status(err->code), err->code, err->message);
-}
+/* Failures are answered with reply_err: the code's status in lib/err.h's
+ * table is the one docs/api.md gives kiln-host's session endpoints. */
 
 static json_t *body_json(const struct httpd_body *req, struct kiln_err *err)
 {
@@ -269,11 +237,11 @@ static json_t *body_json(const struct httpd_body *req, struct kiln_err *err)
 	json_t *j = json_loadb(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), JSON_REJECT_DUPLICATES, &je);
 
 	if (!j)
-		kiln_err_set(err, "invalid_json", "line %d, column %d: %s", je.line, je.column, je.text);
+		kiln_err_set(err, KERR_INVALID_JSON, "line %d, column %d: %s", je.line, je.column, je.text);
 	else if (!json_is_object(j)) {
 		json_decref(j);
 		j = NULL;
-		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 	}
 	return j;
 }
@@ -520,7 +488,7 @@ static const char *session_id(struct httpd_req *r)
 
 static enum MHD_Result no_session(struct MHD_Connection *conn)
 {
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", "no such session on this host");
+	return reply_error(conn, KERR_NOT_FOUND, "no such session on this host");
 }
 
 /* GET /v1/sessions */
@@ -539,16 +507,16 @@ static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
 	json_t *j, *out = NULL;
 
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (!json_is_string(json_object_get(j, "id")) || !json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "id and customer: expected strings");
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "id and customer: expected strings");
 	}
 	if (session_create(s->sessions, json_string_value(json_object_get(j, "id")),
 			   json_string_value(json_object_get(j, "customer")),
 			   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
 		json_decref(j);
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	}
 	json_decref(j);
 	return reply_json(r->conn, MHD_HTTP_CREATED, out);
@@ -576,7 +544,7 @@ static enum MHD_Result session_del(void *ctx, struct httpd_req *r)
 		return no_session(r->conn);
 	if (session_delete(s->sessions, id, MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer"),
 			   keep && !strcmp(keep, "1"), &err) < 0)
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
 }
 
@@ -598,29 +566,29 @@ static enum MHD_Result session_files(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(conn);
 	if (format && !tar)
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format: only \"tar\" (with dir)");
+		return reply_error(conn, KERR_INVALID_REQUEST, "format: only \"tar\" (with dir)");
 	if (tar && (!dir || path))
-		return reply_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "format=tar goes with dir= only");
+		return reply_error(conn, KERR_INVALID_REQUEST, "format=tar goes with dir= only");
 	if (!strcmp(r->method, "PUT") && tar) {
 		if (session_put_tar(s->sessions, id, dir, data, len, &err) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "dir", dir, "size", (json_int_t)len));
 	}
 	if (!strcmp(r->method, "PUT")) {
 		if (session_put_file(s->sessions, id, path, data, len, &err) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:I}", "path", path, "size", (json_int_t)len));
 	}
 	if (dir && !tar) {
 		out = session_list_dir(s->sessions, id, dir, &err);
-		return out ? reply_json(conn, MHD_HTTP_OK, out) : session_error(conn, &err);
+		return out ? reply_json(conn, MHD_HTTP_OK, out) : reply_err(conn, &err);
 	} else {
 		unsigned char *bytes = NULL;
 		size_t n = 0;
 
 		if ((tar ? session_get_tar(s->sessions, id, dir, &bytes, &n, &err)
 			 : session_get_file(s->sessions, id, path, &bytes, &n, &err)) < 0)
-			return session_error(conn, &err);
+			return reply_err(conn, &err);
 		return reply_bytes(conn, MHD_HTTP_OK, (char *)bytes, n,
 				   tar ? "application/x-tar" : "application/octet-stream");
 	}
@@ -638,12 +606,12 @@ static enum MHD_Result session_exec_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (stream && !strcmp(stream, "1"))
 		return handle_exec_stream(s, r->conn, id, j);
 	out = session_exec(s->sessions, id, j, NULL, NULL, &err);
 	json_decref(j);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/input */
@@ -657,10 +625,10 @@ static enum MHD_Result session_input_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	out = session_input(s->sessions, id, j, &err);
 	json_decref(j);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/pause */
@@ -674,7 +642,7 @@ static enum MHD_Result session_pause_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	out = session_pause(s->sessions, id, &err);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* POST /v1/sessions/{id}/resume {"customer"} */
@@ -688,14 +656,14 @@ static enum MHD_Result session_resume_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	if (!json_is_string(json_object_get(j, "customer"))) {
 		json_decref(j);
-		return reply_error(r->conn, MHD_HTTP_BAD_REQUEST, "invalid_request", "customer: expected a string");
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected a string");
 	}
 	if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
 		json_decref(j);
-		return session_error(r->conn, &err);
+		return reply_err(r->conn, &err);
 	}
 	json_decref(j);
 	return reply_json(r->conn, MHD_HTTP_OK, out);
@@ -712,7 +680,7 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	if (!id)
 		return no_session(r->conn);
 	out = session_outputs(s->sessions, id, &err);
-	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : session_error(r->conn, &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
 /* ---- dispatch ---- */
@@ -752,7 +720,7 @@ static enum MHD_Result reply_no_token(struct MHD_Connection *conn)
 
 static enum MHD_Result reply_too_large(struct MHD_Connection *conn)
 {
-	return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is too large");
+	return reply_error(conn, KERR_TOO_LARGE, "the request body is too large");
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -805,7 +773,7 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 	struct serve_http *s = calloc(1, sizeof(*s));
 
 	if (!s) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	s->host_id = c->host_id;
@@ -824,7 +792,7 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 				MHD_OPTION_PER_IP_CONNECTION_LIMIT,
 				c->max_connections_per_address ? c->max_connections_per_address : 512u, MHD_OPTION_END);
 	if (!s->d) {
-		kiln_err_set(err, "host_error", "cannot listen on %s:%d", c->listen_host, c->port);
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot listen on %s:%d", c->listen_host, c->port);
 		free(s);
 		return NULL;
 	}

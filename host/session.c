@@ -68,7 +68,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	struct sessions *ss = calloc(1, sizeof(*ss));
 
 	if (!ss) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	ss->d = d;
@@ -78,7 +78,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	pthread_cond_init(&ss->launch_cond, NULL);
 	pthread_cond_init(&ss->launched_cond, NULL);
 	if (pthread_create(&ss->launcher, NULL, launcher_main, ss) != 0) {
-		kiln_err_set(err, "host_error", "cannot start the session launcher thread");
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the session launcher thread");
 		free(ss);
 		return NULL;
 	}
@@ -86,7 +86,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	 * children); paused ones are in S3, not here. */
 	fs_rmtree(ss->root);
 	if (fs_mkdir_p(ss->root, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", ss->root, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", ss->root, strerror(errno));
 		sessions_close(ss);
 		return NULL;
 	}
@@ -181,14 +181,14 @@ struct session *session_take(struct sessions *ss, const char *id, struct kiln_er
 		s->refs++;
 	pthread_mutex_unlock(&ss->lock);
 	if (!s) {
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
 	if (pthread_mutex_trylock(&s->op) != 0) {
 		pthread_mutex_lock(&ss->lock);
 		s->refs--;
 		pthread_mutex_unlock(&ss->lock);
-		kiln_err_set(err, "busy", "session %s is busy with another request", id);
+		kiln_err_set(err, KERR_BUSY, "session %s is busy with another request", id);
 		return NULL;
 	}
 	if (s->state == SS_GONE) {
@@ -196,7 +196,7 @@ struct session *session_take(struct sessions *ss, const char *id, struct kiln_er
 		pthread_mutex_lock(&ss->lock);
 		s->refs--;
 		pthread_mutex_unlock(&ss->lock);
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
 	return s;
@@ -239,16 +239,16 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 	int r;
 
 	if (!json_is_object(spec))
-		return kiln_err_set(err, "invalid_request", "spec: expected an object");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	json_object_foreach(spec, k, v)
 		if (strcmp(k, "limits") && strcmp(k, "network"))
-			return kiln_err_set(err, "invalid_spec", "%s: a session spec has only \"limits\" and \"network\"", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "%s: a session spec has only \"limits\" and \"network\"", k);
 	j = json_deep_copy(spec);
 	json_object_set_new(j, "argv", json_pack("[s]", "true"));
 	text = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
 	if (!text)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r = spec_parse(text, strlen(text), out, err);
 	free(text);
 	return r;
@@ -261,14 +261,14 @@ const struct snapshot *session_template(const struct run_opts *ro, const struct 
 	const struct snapshot *snap = spec->egress ? ro->net_snap : ro->snap;
 
 	if (!snap) {
-		kiln_err_set(err, spec->egress && !(ro->net && ro->net->enabled) ? "egress_unavailable" : "invalid_spec",
+		kiln_err_set(err, spec->egress && !(ro->net && ro->net->enabled) ? KERR_EGRESS_UNAVAILABLE : KERR_INVALID_SPEC,
 			     spec->egress && !(ro->net && ro->net->enabled)
 				     ? "network.egress: this host does not offer network egress"
 				     : "sessions need a snapshot: this host runs cold");
 		return NULL;
 	}
 	if (snap->memory_mib != spec->memory_mib || snap->vcpus != spec->vcpus) {
-		kiln_err_set(err, "invalid_spec",
+		kiln_err_set(err, KERR_INVALID_SPEC,
 			     "limits: sessions on this host have %u MiB and %u vCPU (its snapshot's size), not %u MiB and %u",
 			     snap->memory_mib, snap->vcpus, spec->memory_mib, spec->vcpus);
 		return NULL;
@@ -282,7 +282,7 @@ struct session *session_new(struct sessions *ss, const char *id, const char *cus
 	struct session *s = calloc(1, sizeof(*s));
 
 	if (!s) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	snprintf(s->id, sizeof(s->id), "%s", id);
@@ -309,7 +309,7 @@ int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err)
 	for (struct session *o = ss->list; o; o = o->next)
 		if (!strcmp(o->id, s->id)) {
 			pthread_mutex_unlock(&ss->lock);
-			return kiln_err_set(err, "duplicate", "session %s already runs on this host", s->id);
+			return kiln_err_set(err, KERR_DUPLICATE, "session %s already runs on this host", s->id);
 		}
 	s->next = ss->list;
 	ss->list = s;
@@ -354,7 +354,7 @@ int session_boot(struct sessions *ss, struct session *s, const struct task_spec 
 		return -1;
 	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
 		if (mem_ram)
-			kiln_err_set(err, "snapshot_corrupt", "the paused session's state does not load: %s", err->message);
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		return -1;
 	}
 	return vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err);
@@ -367,7 +367,7 @@ static int make_overlay(const char *disk, const char *backing, struct kiln_err *
 			 (char *)disk, NULL };
 
 	if (snapshot_run_cmd(argv) < 0)
-		return kiln_err_set(err, "host_error", "qemu-img create %s failed", disk);
+		return kiln_err_set(err, KERR_HOST_ERROR, "qemu-img create %s failed", disk);
 	return 0;
 }
 
@@ -381,7 +381,7 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
@@ -409,9 +409,9 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 	r = -1;
 	fd = -1;
 	if (mkdir(s->dir, 0700) < 0)
-		kiln_err_set(err, "host_error", "cannot create %s: %s", s->dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 	else if (make_overlay(s->disk, snap->disk, err) == 0 && (fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
-		kiln_err_set(err, "snapshot_corrupt", "%s: %s", snap->state, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
 	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0)
 		r = 0;
 	if (fd >= 0)
@@ -436,7 +436,7 @@ int session_delete(struct sessions *ss, const char *id, const char *customer, in
 	char cust[65] = "";
 	int found = s != NULL;
 
-	if (!s && strcmp(err->code, "not_found"))
+	if (!s && err->errc != KERR_NOT_FOUND)
 		return -1; /* busy */
 	if (s) {
 		snprintf(cust, sizeof(cust), "%s", s->customer);

@@ -39,7 +39,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	int r;
 
 	if (!json_is_object(req))
-		return kiln_err_set(err, "invalid_request", "expected a JSON object");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 	j = json_object();
 	json_object_foreach(req, k, v) {
 		if (!strcmp(k, "timeout_s") || !strcmp(k, "stdin_b64") || !strcmp(k, "tty") || !strcmp(k, "interactive"))
@@ -47,7 +47,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 		if (strcmp(k, "argv") && strcmp(k, "language") && strcmp(k, "code") && strcmp(k, "env") &&
 		    strcmp(k, "cwd") && strcmp(k, "files")) {
 			json_decref(j);
-			return kiln_err_set(err, "invalid_spec", "%s: not a field of a session command", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "%s: not a field of a session command", k);
 		}
 		json_object_set(j, k, v);
 	}
@@ -59,7 +59,7 @@ static int exec_spec(const struct session *s, json_t *req, struct task_spec *ts,
 	text = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
 	if (!text)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r = spec_parse(text, strlen(text), ts, err);
 	free(text);
 	return r;
@@ -83,11 +83,11 @@ static int field_b64(json_t *req, const char *name, size_t max, unsigned char **
 	n = b ? strlen(b) : 0;
 	/* The decoded length: padding ('=') carries no data. */
 	if (!b || n % 4 || n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=') > max)
-		return kiln_err_set(err, "invalid_spec", "%s: expected padded base64 of at most %zu KiB", name,
+		return kiln_err_set(err, KERR_INVALID_SPEC, "%s: expected padded base64 of at most %zu KiB", name,
 				    max >> 10);
 	*data = malloc(n / 4 * 3 + 1);
 	if (!*data)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)b, (int)n) : 0;
 	for (size_t i = 0; i < n; i++)
 		if (b[i] == '=' && i < n - 2)
@@ -95,7 +95,7 @@ static int field_b64(json_t *req, const char *name, size_t max, unsigned char **
 	if (got < 0) {
 		free(*data);
 		*data = NULL;
-		return kiln_err_set(err, "invalid_spec", "%s: not valid base64", name);
+		return kiln_err_set(err, KERR_INVALID_SPEC, "%s: not valid base64", name);
 	}
 	if (n && b[n - 1] == '=')
 		got--;
@@ -115,29 +115,29 @@ static int exec_interactive(json_t *req, unsigned *flags, uint32_t *rows, uint32
 	*flags = 0;
 	*rows = *cols = 0;
 	if (ia && !json_is_boolean(ia))
-		return kiln_err_set(err, "invalid_spec", "interactive: expected true or false");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "interactive: expected true or false");
 	if (json_is_true(ia))
 		*flags = PROTO_EXEC_STDIN;
 	if (!tty || json_is_null(tty))
 		goto done;
 	if (!json_is_object(tty))
-		return kiln_err_set(err, "invalid_spec", "tty: expected an object {\"rows\":N,\"cols\":N}");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "tty: expected an object {\"rows\":N,\"cols\":N}");
 	json_object_foreach(tty, k, v) {
 		json_int_t n = json_integer_value(v);
 
 		if (strcmp(k, "rows") && strcmp(k, "cols"))
-			return kiln_err_set(err, "invalid_spec", "tty.%s: not a field (rows, cols)", k);
+			return kiln_err_set(err, KERR_INVALID_SPEC, "tty.%s: not a field (rows, cols)", k);
 		if (!json_is_integer(v) || n < 1 || n > PROTO_MAX_TTY_DIM)
-			return kiln_err_set(err, "invalid_spec", "tty.%s: expected an integer from 1 to %d", k,
+			return kiln_err_set(err, KERR_INVALID_SPEC, "tty.%s: expected an integer from 1 to %d", k,
 					    PROTO_MAX_TTY_DIM);
 		*(k[0] == 'r' ? rows : cols) = (uint32_t)n;
 	}
 	if (!*rows || !*cols)
-		return kiln_err_set(err, "invalid_spec", "tty: both rows and cols are required");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "tty: both rows and cols are required");
 	*flags = PROTO_EXEC_TTY;
 done:
 	if (*flags && json_object_get(req, "stdin_b64"))
-		return kiln_err_set(err, "invalid_spec", "stdin_b64: not with an interactive command (send input instead)");
+		return kiln_err_set(err, KERR_INVALID_SPEC, "stdin_b64: not with an interactive command (send input instead)");
 	return 0;
 }
 
@@ -150,13 +150,13 @@ static int wrap_stdin(struct task_spec *ts, struct kiln_err *err)
 	char **argv = calloc(ts->argc + 5, sizeof(*argv));
 
 	if (!argv)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	for (size_t i = 0; i < 4; i++)
 		if (!(argv[i] = strdup(pre[i]))) {
 			for (size_t j = 0; j < i; j++)
 				free(argv[j]);
 			free(argv);
-			return kiln_err_set(err, "host_error", "out of memory");
+			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		}
 	memcpy(argv + 4, ts->argv, ts->argc * sizeof(*argv));
 	free(ts->argv);
@@ -204,14 +204,14 @@ static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
 
 	*gone = 0;
 	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", s->id);
+		kiln_err_set(err, KERR_BUSY, "session %s is being paused", s->id);
 		return NULL;
 	}
 	if (exec_interactive(req, &flags, &rows, &cols, err) < 0 || exec_spec(s, req, &ts, err) < 0)
 		return NULL;
 	if (flags) {
 		if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd) || pipe2(pipe_fd, O_CLOEXEC | O_NONBLOCK) < 0) {
-			kiln_err_set(err, "host_error", "interactive command: %s", strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "interactive command: %s", strerror(errno));
 			spec_free(&ts);
 			return NULL;
 		}
@@ -293,20 +293,20 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 	int r = -1, queued = 0, size;
 
 	if (!json_is_object(req)) {
-		kiln_err_set(err, "invalid_request", "expected a JSON object");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "expected a JSON object");
 		return NULL;
 	}
 	json_object_foreach(req, k, v)
 		if (strcmp(k, "exec_id") && strcmp(k, "data_b64") && strcmp(k, "eof") && strcmp(k, "resize")) {
-			kiln_err_set(err, "invalid_request", "%s: not a field of an input request", k);
+			kiln_err_set(err, KERR_INVALID_REQUEST, "%s: not a field of an input request", k);
 			return NULL;
 		}
 	if (!exec_id) {
-		kiln_err_set(err, "invalid_request", "exec_id: expected the string the command's started event gave");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "exec_id: expected the string the command's started event gave");
 		return NULL;
 	}
 	if (eof && !json_is_boolean(eof)) {
-		kiln_err_set(err, "invalid_request", "eof: expected true or false");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "eof: expected true or false");
 		return NULL;
 	}
 	if (resize && (!json_is_object(resize) || json_object_size(resize) != 2 ||
@@ -314,12 +314,12 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		       json_integer_value(json_object_get(resize, "rows")) > PROTO_MAX_TTY_DIM ||
 		       json_integer_value(json_object_get(resize, "cols")) < 1 ||
 		       json_integer_value(json_object_get(resize, "cols")) > PROTO_MAX_TTY_DIM)) {
-		kiln_err_set(err, "invalid_request", "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
+		kiln_err_set(err, KERR_INVALID_REQUEST, "resize: expected {\"rows\":N,\"cols\":N}, each from 1 to %d",
 			     PROTO_MAX_TTY_DIM);
 		return NULL;
 	}
 	if (field_b64(req, "data_b64", SESSION_INPUT_MAX, &data, &len, err) < 0) {
-		strcpy(err->code, "invalid_request");
+		kiln_err_recode(err, KERR_INVALID_REQUEST);
 		return NULL;
 	}
 	if (resize) {
@@ -338,25 +338,25 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 		if (!strcmp(s->id, id))
 			break;
 	if (!s || s->state == SS_GONE) {
-		kiln_err_set(err, "not_found", "no session %s on this host", id);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		goto out;
 	}
 	if (s->input_wr < 0 || strcmp(s->exec_id, exec_id)) {
-		kiln_err_set(err, "no_exec", "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
+		kiln_err_set(err, KERR_NO_EXEC, "no interactive command %.40s runs in session %s (it ended?)", exec_id, id);
 		goto out;
 	}
 	/* All of it or nothing: the pipe's free room, checked under the lock
 	 * that every writer takes (the reader only makes more room). */
 	size = fcntl(s->input_wr, F_GETPIPE_SZ);
 	if (size < 0 || ioctl(s->input_wr, FIONREAD, &queued) < 0) {
-		kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "input pipe: %s", strerror(errno));
 		goto out;
 	}
 	room = (size_t)size > (size_t)queued ? (size_t)size - (size_t)queued : 0;
 	/* A frame that does not fit the pipe's last page takes a page of its
 	 * own: allow a page's slack per frame. */
 	if (need + frames * PIPE_BUF > room) {
-		kiln_err_set(err, "input_full", "the command has not yet taken the %d bytes sent before; retry", queued);
+		kiln_err_set(err, KERR_INPUT_FULL, "the command has not yet taken the %d bytes sent before; retry", queued);
 		goto out;
 	}
 	if (resize && input_frame(s->input_wr, PROTO_RESIZE, rs, sizeof(rs)) < 0)
@@ -371,7 +371,7 @@ json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct k
 	r = 0;
 	goto out;
 write_failed:
-	kiln_err_set(err, "host_error", "input pipe: %s", strerror(errno));
+	kiln_err_set(err, KERR_HOST_ERROR, "input pipe: %s", strerror(errno));
 out:
 	pthread_mutex_unlock(&ss->lock);
 	free(data);
@@ -396,10 +396,10 @@ int session_put_file(struct sessions *ss, const char *id, const char *path, cons
 	int r;
 
 	if (!path || proto_abspath_ok(path) || !strncmp(path, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "path: expected an absolute path without '.', '..' or empty parts, outside /kiln");
 	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a file is at most %u MiB", SESSION_FILE_MAX >> 20);
+		return kiln_err_set(err, KERR_TOO_LARGE, "a file is at most %u MiB", SESSION_FILE_MAX >> 20);
 	s = session_take(ss, id, err);
 	if (!s)
 		return -1;
@@ -425,29 +425,29 @@ static int exec_base64(struct sessions *ss, const char *id, json_t *argv, unsign
 	if (json_integer_value(json_object_get(res, "exit_code")) != 0 || !json_is_integer(json_object_get(res, "exit_code"))) {
 		errs = json_string_value(json_object_get(res, "stderr")) ?: "";
 		if (strstr(errs, "No such file") || strstr(errs, "Not a directory"))
-			kiln_err_set(err, "not_found", "%.300s", errs);
+			kiln_err_set(err, KERR_NOT_FOUND, "%.300s", errs);
 		else
-			kiln_err_set(err, "invalid_request", "%.300s", *errs ? errs : "the guest could not read it");
+			kiln_err_set(err, KERR_INVALID_REQUEST, "%.300s", *errs ? errs : "the guest could not read it");
 		json_decref(res);
 		return -1;
 	}
 	if (json_is_true(json_object_get(res, "stdout_truncated"))) {
 		json_decref(res);
-		return kiln_err_set(err, "too_large", "larger than the session's output limit allows");
+		return kiln_err_set(err, KERR_TOO_LARGE, "larger than the session's output limit allows");
 	}
 	out = json_string_value(json_object_get(res, "stdout")) ?: "";
 	n = strlen(out);
 	*data = malloc(n / 4 * 3 + 4);
 	if (!*data) {
 		json_decref(res);
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
 	got = n ? EVP_DecodeBlock(*data, (const unsigned char *)out, (int)n) : 0;
 	if (got < 0 || n % 4) {
 		free(*data);
 		*data = NULL;
 		json_decref(res);
-		return kiln_err_set(err, "vm_error", "the guest's base64 did not decode");
+		return kiln_err_set(err, KERR_VM_ERROR, "the guest's base64 did not decode");
 	}
 	/* EVP_DecodeBlock counts padding as data. */
 	if (n >= 1 && out[n - 1] == '=')
@@ -463,7 +463,7 @@ int session_get_file(struct sessions *ss, const char *id, const char *path, unsi
 		     struct kiln_err *err)
 {
 	if (!path || proto_abspath_ok(path))
-		return kiln_err_set(err, "invalid_request", "path: expected an absolute path without '.', '..' or empty parts");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "path: expected an absolute path without '.', '..' or empty parts");
 	/* As the task's user: what the session's code could read, nothing more. */
 	return exec_base64(ss, id, json_pack("[s, s, s, s]", "/usr/bin/base64", "-w0", "--", path), data, len, err);
 }
@@ -475,7 +475,7 @@ json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, s
 	json_t *entries;
 
 	if (!dir || proto_abspath_ok(dir)) {
-		kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
+		kiln_err_set(err, KERR_INVALID_REQUEST, "dir: expected an absolute path without '.', '..' or empty parts");
 		return NULL;
 	}
 	/* Type, size and name of each entry, NUL-terminated (a name may hold
@@ -513,7 +513,7 @@ int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsign
 		    struct kiln_err *err)
 {
 	if (!dir || proto_abspath_ok(dir))
-		return kiln_err_set(err, "invalid_request", "dir: expected an absolute path without '.', '..' or empty parts");
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "dir: expected an absolute path without '.', '..' or empty parts");
 	/* As the task's user, paths relative to dir ("./..."); GNU tar keeps
 	 * symlinks as links and reports what it cannot read (exit 2). */
 	return exec_base64(ss, id,
@@ -535,12 +535,12 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 
 	if (!dir || proto_abspath_ok(dir) || !strncmp(dir, SPEC_RESERVED_DIR "/", sizeof(SPEC_RESERVED_DIR)) ||
 	    !strcmp(dir, SPEC_RESERVED_DIR))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "dir: expected an absolute path without '.', '..' or empty parts, outside /kiln");
 	if (len > SESSION_FILE_MAX)
-		return kiln_err_set(err, "too_large", "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
+		return kiln_err_set(err, KERR_TOO_LARGE, "a tar archive is at most %u MiB", SESSION_FILE_MAX >> 20);
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "getrandom: %s", strerror(errno));
 	/* /tmp, not /kiln: the archive may be larger than /kiln's 16 MiB. */
 	snprintf(tmp, sizeof(tmp), "/tmp/.kiln-put-%02x%02x%02x%02x%02x%02x%02x%02x.tar", rnd[0], rnd[1], rnd[2], rnd[3],
 		 rnd[4], rnd[5], rnd[6], rnd[7]);
@@ -551,7 +551,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 			"mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\" --no-same-owner; rc=$?; rm -f -- \"$2\"; exit $rc",
 			"sh", dir, tmp);
 	if (!req)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	/* Written and unpacked in one operation: no other request can take the
 	 * session in between and leave the archive behind in the guest. */
 	s = session_take(ss, id, err);
@@ -560,7 +560,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 		return -1;
 	}
 	if (s->state != SS_RUNNING) {
-		kiln_err_set(err, "busy", "session %s is being paused", id);
+		kiln_err_set(err, KERR_BUSY, "session %s is being paused", id);
 	} else if (run_session_put(&s->vm, tmp, data, len, 0600, err) < 0) {
 		/* A part may have been written (the guest's /tmp filled up):
 		 * remove it, in the same operation. */
@@ -575,7 +575,7 @@ int session_put_tar(struct sessions *ss, const char *id, const char *dir, const 
 		    json_is_integer(json_object_get(res, "exit_code")))
 			r = 0;
 		else
-			kiln_err_set(err, "invalid_request", "the archive did not unpack: %.300s",
+			kiln_err_set(err, KERR_INVALID_REQUEST, "the archive did not unpack: %.300s",
 				     json_string_value(json_object_get(res, "stderr")) ?: "tar failed");
 		json_decref(res);
 	}
@@ -591,7 +591,7 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
 	/* The guest names its files: the key is built whole, never cut short
 	 * (where two long names would meet), and checked as S3 needs it. */
 	if (asprintf(&key, "%s/sessions/%s/outputs/%s", customer, id, rel) < 0) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		return NULL;
 	}
 	if (s3_key_check(key, err) < 0) {
@@ -616,7 +616,7 @@ json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *er
 	fs_rmtree(dir);
 	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
 	if (outs && hostd_s3_take(ss->d, &s3) < 0) {
-		kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 		json_decref(outs);
 		outs = NULL;
 	}

@@ -47,7 +47,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 	int r = -1;
 
 	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	*bytes = 0;
 	if (s3_ensure_bucket(&s3.c, err) < 0)
 		goto out;
@@ -58,7 +58,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
 		session_s3_key(key, sizeof(key), s->customer, s->id, snap_files[i]);
 		if (stat(path, &st) < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", path, strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 			goto out;
 		}
 		if (s3_put_file(&s3.c, key, path, "application/octet-stream", sha, NULL, err) < 0)
@@ -74,7 +74,7 @@ static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes,
 	json_decref(m);
 	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
 	if (!text) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
 	r = s3_put_buffer(&s3.c, key, text, strlen(text), "application/json", err);
@@ -101,14 +101,14 @@ json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
 		int r;
 
 		if (fd < 0) {
-			kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 			session_put(ss, s, 0);
 			return NULL;
 		}
 		r = snapshot_save_fd(&s->vm, fd, SESSION_SAVE_MS, err);
 		if (r == 0 && (fsync(fd) < 0 || close(fd) < 0)) {
 			fd = -1;
-			r = kiln_err_set(err, "host_error", "writing %s: %s", s->state_path, strerror(errno));
+			r = kiln_err_set(err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
 		} else if (fd >= 0 && r < 0) {
 			close(fd);
 		}
@@ -134,7 +134,7 @@ json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
 		char m[sizeof(err->message)];
 
 		snprintf(m, sizeof(m), "%s", err->message);
-		kiln_err_set(err, strncmp(err->code, "s3", 2) ? err->code : "s3_unavailable",
+		kiln_err_set(err, kiln_err_is_s3(err->errc) ? KERR_S3_UNAVAILABLE : err->errc,
 			     "the session is saved on this host but not yet in S3 (pause again to retry): %s", m);
 		session_put(ss, s, 0);
 		return NULL;
@@ -157,11 +157,11 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 	const char *ws = json_string_value(json_object_get(want, "sha256"));
 
 	if (!ws || !json_is_integer(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest does not describe %s", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest does not describe %s", name);
 	if (stat(path, &st) < 0 || (json_int_t)st.st_size != json_integer_value(json_object_get(want, "size")))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: size differs from the manifest (S3 copy damaged)", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: size differs from the manifest (S3 copy damaged)", name);
 	if (fs_sha256_file(path, sha) < 0 || strcmp(sha, ws))
-		return kiln_err_set(err, "snapshot_corrupt", "%s: sha256 differs from the manifest (S3 copy damaged)", name);
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: sha256 differs from the manifest (S3 copy damaged)", name);
 	return 0;
 }
 
@@ -179,10 +179,10 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
-		return kiln_err_set(err, "invalid_request",
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, "no_s3", "this host has no S3 configured");
+		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	s = session_new(ss, id, customer, NULL, &(struct task_spec){ .memory_mib = 0 }, &(struct snapshot){ .mem_fd = -1 },
 			err);
 	if (!s)
@@ -196,26 +196,26 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 		goto out_s3;
 	}
 	if (mkdir(s->dir, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", s->dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 		goto fail;
 	}
 	/* The manifest first: without it there is no paused session. */
 	snprintf(path, sizeof(path), "%s/manifest.json", s->dir);
 	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
 	if (s3_get_file(&s3.c, key, path, err) < 0) {
-		if (!strcmp(err->code, "s3_not_found"))
-			kiln_err_set(err, "no_snapshot", "no paused session %s", id);
+		if (err->errc == KERR_S3_NOT_FOUND)
+			kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
 		goto fail;
 	}
 	m = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!m || json_integer_value(json_object_get(m, "version")) != SESSION_MANIFEST_V ||
 	    strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
 	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec"))) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's manifest is unreadable or not this session's");
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable or not this session's");
 		goto fail;
 	}
 	if (session_parse_spec(json_object_get(m, "spec"), &ts, err) < 0) {
-		kiln_err_set(err, "snapshot_corrupt", "the paused session's spec is invalid");
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's spec is invalid");
 		goto fail;
 	}
 	have_ts = 1;
@@ -223,7 +223,7 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 	if (!snap)
 		goto fail;
 	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {
-		kiln_err_set(err, "incompatible_snapshot",
+		kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
 			     "the session was paused on a host with another image (template %.20s, this host's %s)",
 			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
 		goto fail;
@@ -244,8 +244,8 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
 		session_s3_key(key, sizeof(key), customer, id, snap_files[i]);
 		if (s3_get_file(&s3.c, key, path, err) < 0) {
-			if (!strcmp(err->code, "s3_not_found"))
-				kiln_err_set(err, "snapshot_corrupt", "%s is missing from the paused session in S3", snap_files[i]);
+			if (err->errc == KERR_S3_NOT_FOUND)
+				kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s is missing from the paused session in S3", snap_files[i]);
 			goto fail;
 		}
 		if (check_file(path, json_object_get(files, snap_files[i]), snap_files[i], err) < 0)
@@ -263,13 +263,13 @@ int session_resume(struct sessions *ss, const char *id, const char *customer, js
 				 (char *)snap->disk, s->disk, NULL };
 
 		if (snapshot_run_cmd(argv) < 0) {
-			kiln_err_set(err, "snapshot_corrupt", "the paused session's disk layer is not a usable qcow2 image");
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's disk layer is not a usable qcow2 image");
 			goto fail;
 		}
 	}
 	fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		kiln_err_set(err, "host_error", "%s: %s", s->state_path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 		goto fail;
 	}
 	if (session_boot(ss, s, &ts, fd, 1, err) < 0)

@@ -58,7 +58,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	char line[128];
 
 	if (!md)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
 	key_add_file(md, "kernel", base->kernel, 0);
 	key_add_file(md, "rootfs", base->disk, 0);
@@ -132,9 +132,9 @@ static int expect_ok(struct vm *vm, uint8_t want, int64_t deadline, const char *
 		struct proto_error e;
 
 		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(err, "guest_error", "%s: %s", what, e.message);
+			return kiln_err_set(err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
 	}
-	return kiln_err_set(err, "vm_error", "%s: unexpected frame 0x%02x", what, f.type);
+	return kiln_err_set(err, KERR_VM_ERROR, "%s: unexpected frame 0x%02x", what, f.type);
 }
 
 /* Wait for the MIGRATION event that ends a migration, either way; it may
@@ -159,7 +159,7 @@ static int wait_migration(struct vm *vm, int64_t deadline, struct kiln_err *err)
 		}
 		if (st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"))) {
 			json_decref(data);
-			return kiln_err_set(err, "snapshot_error", "migration %s", st);
+			return kiln_err_set(err, KERR_SNAPSHOT_ERROR, "migration %s", st);
 		}
 		json_decref(data);
 	}
@@ -179,7 +179,7 @@ static int write_manifest(const struct snapshot *s, const char *path, struct kil
 	int r = m && json_object_set_new(m, "net", json_boolean(s->net)) == 0 ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
 
 	json_decref(m);
-	return r ? kiln_err_set(err, "snapshot_error", "cannot write %s", path) : 0;
+	return r ? kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot write %s", path) : 0;
 }
 
 static void mem_identity(const struct stat *st, struct snapshot *s)
@@ -206,18 +206,18 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		return -1;
 	snprintf(root, sizeof(root), "%s/snapshots", cache);
 	if (fs_mkdir_p(root, 0755) < 0)
-		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", root, strerror(errno));
+		return kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot create %s: %s", root, strerror(errno));
 	snprintf(s.dir, sizeof(s.dir), "%s/.build-%s-%d", root, s.key, (int)getpid());
 	fs_rmtree(s.dir);
 	if (mkdir(s.dir, 0755) < 0)
-		return kiln_err_set(err, "snapshot_error", "cannot create %s: %s", s.dir, strerror(errno));
+		return kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot create %s: %s", s.dir, strerror(errno));
 	snap_paths(&s);
 	if (verbose)
 		fprintf(stderr, "[snapshot] %s: booting the template VM (%u MiB, %u vCPU)\n", s.key, memory_mib, vcpus);
 
 	/* The template writes its own overlay; clones stack theirs on top of it. */
 	if (!realpath(base->disk, rootfs)) {
-		kiln_err_set(err, "snapshot_error", "%s: %s", base->disk, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "%s: %s", base->disk, strerror(errno));
 		goto out;
 	}
 	snprintf(backing, sizeof(backing), "%s", rootfs);
@@ -226,7 +226,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 				 s.disk, NULL };
 
 		if (snapshot_run_cmd(argv) < 0) {
-			kiln_err_set(err, "snapshot_error", "qemu-img create %s failed", s.disk);
+			kiln_err_set(err, KERR_SNAPSHOT_ERROR, "qemu-img create %s failed", s.disk);
 			goto out;
 		}
 	}
@@ -249,7 +249,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		struct proto_hello h;
 
 		if (f.type != PROTO_HELLO || proto_hello_decode(f.payload, f.len, &h) < 0) {
-			kiln_err_set(err, "snapshot_error", "template VM: first frame was not a valid HELLO");
+			kiln_err_set(err, KERR_SNAPSHOT_ERROR, "template VM: first frame was not a valid HELLO");
 			goto out;
 		}
 		memcpy(s.release, h.release, sizeof(s.release));
@@ -268,7 +268,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		fprintf(stderr, "[snapshot] saving device state\n");
 	state_fd = open(s.state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (state_fd < 0) {
-		kiln_err_set(err, "snapshot_error", "cannot create %s: %s", s.state, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot create %s: %s", s.state, strerror(errno));
 		goto out;
 	}
 	/* RAM stays in the shared file (x-ignore-shared): the stream holds only
@@ -288,17 +288,17 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	/* The jailed template wrote its RAM file and overlay as its slot uid:
 	 * from now on they are root's, read by every clone. */
 	if (lchown(s.mem, 0, 0) < 0 || lchown(s.disk, 0, 0) < 0 || chmod(s.mem, 0644) < 0) {
-		kiln_err_set(err, "snapshot_error", "chown %s: %s", s.dir, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "chown %s: %s", s.dir, strerror(errno));
 		goto out;
 	}
 	if (fsync(state_fd) < 0 || close(state_fd) < 0) {
 		state_fd = -1;
-		kiln_err_set(err, "snapshot_error", "writing %s: %s", s.state, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "writing %s: %s", s.state, strerror(errno));
 		goto out;
 	}
 	state_fd = -1;
 	if (fs_sha256_file(s.state, s.state_sha256) < 0 || stat(s.mem, &st) < 0) {
-		kiln_err_set(err, "snapshot_error", "cannot read back the snapshot files");
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot read back the snapshot files");
 		goto out;
 	}
 	mem_identity(&st, &s);
@@ -312,7 +312,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	snprintf(final, sizeof(final), "%s/%s", root, s.key);
 	fs_rmtree(final);
 	if (rename(s.dir, final) < 0) {
-		kiln_err_set(err, "snapshot_error", "rename to %s: %s", final, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "rename to %s: %s", final, strerror(errno));
 		goto out;
 	}
 	/* Renaming the directory keeps the files' identity (inode, times). */
@@ -356,12 +356,12 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 	snap_paths(s);
 	snprintf(manifest, sizeof(manifest), "%s/manifest.json", s->dir);
 	if (access(s->dir, F_OK) < 0) {
-		kiln_err_set(err, "snapshot_missing", "no snapshot %s", key);
+		kiln_err_set(err, KERR_SNAPSHOT_MISSING, "no snapshot %s", key);
 		return -ENOENT;
 	}
 	m = json_load_file(manifest, 0, &je);
 	if (!m) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: unreadable manifest: %s", key, je.text);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: unreadable manifest: %s", key, je.text);
 		return -EBADMSG;
 	}
 	state_sha = json_string_value(json_object_get(m, "state_sha256"));
@@ -376,36 +376,36 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 	snprintf(s->state_sha256, sizeof(s->state_sha256), "%s", state_sha ? state_sha : "");
 	json_decref(m);
 	if (!state_sha || !s->memory_mib || !s->vcpus) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: manifest is missing fields", key);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: manifest is missing fields", key);
 		return -EBADMSG;
 	}
 	/* The device state is small: hash it every time. */
 	if (fs_sha256_file(s->state, sha) < 0 || strcmp(sha, s->state_sha256)) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: device state file is damaged (sha256 mismatch)", key);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: device state file is damaged (sha256 mismatch)", key);
 		return -EBADMSG;
 	}
 	/* The RAM file is large: any write to it changes its ctime, which nobody can
 	 * set back, and truncation changes its size. */
 	if (stat(s->mem, &st) < 0) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file: %s", key, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: memory file: %s", key, strerror(errno));
 		return -EBADMSG;
 	}
 	mem_identity(&st, s);
 	if (s->mem_size != (uint64_t)s->memory_mib << 20 || s->mem_size != rec.mem_size) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file is %llu bytes, expected %llu", key,
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: memory file is %llu bytes, expected %llu", key,
 			     (unsigned long long)s->mem_size, (unsigned long long)rec.mem_size);
 		return -EBADMSG;
 	}
 	if (s->mem_ino != rec.mem_ino || s->mem_mtime_ns != rec.mem_mtime_ns || s->mem_ctime_ns != rec.mem_ctime_ns) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file was modified after the snapshot was taken", key);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: memory file was modified after the snapshot was taken", key);
 		return -EBADMSG;
 	}
 	if (access(s->disk, R_OK) < 0) {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: disk overlay: %s", key, strerror(errno));
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay: %s", key, strerror(errno));
 		return -EBADMSG;
 	}
 	if (qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: disk overlay has no valid backing file", key);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay has no valid backing file", key);
 		return -EBADMSG;
 	}
 	return 0;
@@ -428,7 +428,7 @@ int snapshot_open(const char *cache, const char *key, struct snapshot *s, struct
 	if (loaded.mem_size != s->mem_size || loaded.mem_ino != s->mem_ino || loaded.mem_mtime_ns != s->mem_mtime_ns ||
 	    loaded.mem_ctime_ns != s->mem_ctime_ns) {
 		snapshot_close(s);
-		kiln_err_set(err, "snapshot_corrupt", "snapshot %s: memory file changed while it was loaded", key);
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: memory file changed while it was loaded", key);
 		return -EBADMSG;
 	}
 	return 0;
@@ -446,7 +446,7 @@ int snapshot_spawn(const struct snapshot *s, const struct vm_config *base, struc
 	struct vm_config cfg = *base;
 
 	if (s->mem_fd < 0)
-		return kiln_err_set(err, "host_error", "snapshot %s: its memory was not loaded", s->key);
+		return kiln_err_set(err, KERR_HOST_ERROR, "snapshot %s: its memory was not loaded", s->key);
 	cfg.mem_file = s->mem;
 	cfg.mem_fd = s->mem_fd; /* a private copy-on-write mapping: the template never changes */
 	cfg.mem_share = 0;
@@ -499,7 +499,7 @@ int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)
 	int r;
 
 	if (state_fd < 0)
-		return kiln_err_set(err, "snapshot_corrupt", "%s: %s", s->state, strerror(errno));
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", s->state, strerror(errno));
 	r = snapshot_load_fd(vm, state_fd, RESTORE_TIMEOUT_MS, err);
 	close(state_fd);
 	return r;
@@ -598,11 +598,11 @@ int snapshot_rm(const char *cache, const char *key, struct kiln_err *err)
 	char dir[PATH_MAX];
 
 	if (!key[0] || strchr(key, '/') || key[0] == '.')
-		return kiln_err_set(err, "usage", "invalid snapshot key \"%s\"", key);
+		return kiln_err_set(err, KERR_USAGE, "invalid snapshot key \"%s\"", key);
 	snprintf(dir, sizeof(dir), "%s/snapshots/%s", cache, key);
 	if (access(dir, F_OK) < 0)
-		return kiln_err_set(err, "snapshot_missing", "no snapshot %s", key);
+		return kiln_err_set(err, KERR_SNAPSHOT_MISSING, "no snapshot %s", key);
 	if (fs_rmtree(dir) < 0)
-		return kiln_err_set(err, "snapshot_error", "cannot remove %s: %s", dir, strerror(errno));
+		return kiln_err_set(err, KERR_SNAPSHOT_ERROR, "cannot remove %s: %s", dir, strerror(errno));
 	return 0;
 }

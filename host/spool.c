@@ -17,10 +17,10 @@ int spool_init(const char *spool, struct kiln_err *err)
 	char path[4096];
 
 	if (mkdir(spool, 0700) < 0 && errno != EEXIST)
-		return kiln_err_set(err, "host_error", "cannot create spool directory %s: %s", spool, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create spool directory %s: %s", spool, strerror(errno));
 	snprintf(path, sizeof(path), "%s/tasks", spool);
 	if (mkdir(path, 0700) < 0 && errno != EEXIST)
-		return kiln_err_set(err, "host_error", "cannot create %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
 	return 0;
 }
 
@@ -31,22 +31,22 @@ int spool_write_json(const char *dir, const char *name, json_t *j, struct kiln_e
 	int fd = -1, dfd = -1, r = -1;
 
 	if (!s)
-		return kiln_err_set(err, "host_error", "cannot encode %s", name);
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot encode %s", name);
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || proto_write_all(fd, s, strlen(s), 0) < 0 || fsync(fd) < 0) {
-		kiln_err_set(err, "host_error", "cannot write %s: %s", tmp, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot write %s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	if (rename(tmp, path) < 0) {
-		kiln_err_set(err, "host_error", "cannot rename %s: %s", tmp, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot rename %s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	/* The rename is durable only once the directory is. */
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0 || fsync(dfd) < 0) {
-		kiln_err_set(err, "host_error", "cannot sync %s: %s", dir, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot sync %s: %s", dir, strerror(errno));
 		goto out;
 	}
 	r = 0;

@@ -71,10 +71,10 @@ static int upload_one(struct hostd *d, struct hostd_task *t, const struct s3_con
 	int r;
 
 	if (!key)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	if (stat(path, &st) < 0) {
 		free(key);
-		return kiln_err_set(err, "io_error", "spooled file %s is missing: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_IO_ERROR, "spooled file %s is missing: %s", path, strerror(errno));
 	}
 	r = d->ops->put_file(d->ops->ctx, s3, key, path, content_type, sha, &sent, err);
 	pthread_mutex_lock(&d->lock);
@@ -88,7 +88,7 @@ static int upload_one(struct hostd *d, struct hostd_task *t, const struct s3_con
 	}
 	pthread_mutex_unlock(&d->lock);
 	if (r == 0 && want_sha && strcmp(want_sha, sha))
-		r = kiln_err_set(err, "io_error", "spooled %s does not match the sha256 the guest's data had (%s, now %s)",
+		r = kiln_err_set(err, KERR_IO_ERROR, "spooled %s does not match the sha256 the guest's data had (%s, now %s)",
 				 rel_key, want_sha, sha);
 	free(key);
 	return r;
@@ -202,7 +202,7 @@ static int upload_task(struct hostd *d, struct hostd_task *t, const struct s3_co
 	if (b.base < b.end) {
 		b.ok = calloc(b.end - b.base, 1);
 		if (!b.ok)
-			return kiln_err_set(err, "host_error", "out of memory");
+			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		pthread_mutex_init(&b.lock, NULL);
 		/* This thread is one of the uploaders; helpers only when there is more. */
 		for (; nth + 1 < UPLOAD_PARALLEL && nth + 1 < b.end - b.base; nth++)

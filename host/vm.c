@@ -80,7 +80,7 @@ enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 	if (hw && fd >= 0)
 		return VM_ACCEL_KVM;
 	if (want == VM_ACCEL_KVM) {
-		kiln_err_set(err, "kvm_unavailable",
+		kiln_err_set(err, KERR_KVM_UNAVAILABLE,
 			     "--accel kvm: %s", fd < 0 ? "/dev/kvm cannot be opened"
 			     : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software hypervisor that cannot boot the guest");
 		return VM_ACCEL_AUTO;
@@ -103,11 +103,11 @@ int vm_jail_config(struct jail_config *jc, const char *qemu, enum vm_accel accel
 	int found = 0;
 
 	if (qemu[0] != '/')
-		return kiln_err_set(err, "usage", "--qemu: the jail needs an absolute path, got \"%s\"", qemu);
+		return kiln_err_set(err, KERR_USAGE, "--qemu: the jail needs an absolute path, got \"%s\"", qemu);
 	if (jail_config_init(jc, err) < 0)
 		return -1;
 	if (!realpath(qemu, real))
-		return kiln_err_set(err, "host_error", "%s: %s", qemu, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", qemu, strerror(errno));
 	snprintf(bindir, sizeof(bindir), "%s", real);
 	*strrchr(bindir, '/') = '\0';
 	snprintf(path, sizeof(path), "%s/../share/qemu", bindir);
@@ -166,22 +166,22 @@ static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_e
 	char path[600];
 
 	if (mkdir(cfg->run_dir, 0700) < 0 && errno != EEXIST)
-		return kiln_err_set(err, "host_error", "cannot create run directory %s: %s", cfg->run_dir, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create run directory %s: %s", cfg->run_dir, strerror(errno));
 	for (int tries = 0; tries < 100; tries++) {
 		snprintf(vm->dir, sizeof(vm->dir), "%s/vm-%d-%u", cfg->run_dir, (int)getpid(),
 			 __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 		if (mkdir(vm->dir, 0700) == 0)
 			break;
 		if (errno != EEXIST)
-			return kiln_err_set(err, "host_error", "cannot create %s: %s", vm->dir, strerror(errno));
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", vm->dir, strerror(errno));
 		vm->dir[0] = '\0';
 	}
 	if (!vm->dir[0])
-		return kiln_err_set(err, "host_error", "cannot create a VM directory in %s", cfg->run_dir);
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create a VM directory in %s", cfg->run_dir);
 	snprintf(path, sizeof(path), "%s/lock", vm->dir);
 	vm->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (vm->lock_fd < 0 || flock(vm->lock_fd, LOCK_EX | LOCK_NB) < 0)
-		return kiln_err_set(err, "host_error", "cannot lock %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot lock %s: %s", path, strerror(errno));
 	return 0;
 }
 
@@ -373,7 +373,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	snprintf(record, sizeof(record), "%s/jail", vm->dir);
 	snprintf(tmpdir, sizeof(tmpdir), "TMPDIR=%s", work);
 	if (mkdir(root, 0755) < 0)
-		return kiln_err_set(err, "host_error", "cannot create %s: %s", root, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", root, strerror(errno));
 	spec.name = strrchr(vm->dir, '/') + 1;
 	spec.root = root;
 	spec.work = work;
@@ -395,7 +395,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 		int fd = open(cfg->mem_file, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 
 		if (fd < 0)
-			return kiln_err_set(err, "host_error", "cannot create %s: %s", cfg->mem_file, strerror(errno));
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", cfg->mem_file, strerror(errno));
 		close(fd);
 		spec.rw[nrw++] = cfg->mem_file;
 	}
@@ -464,29 +464,29 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	vm->rbuf = malloc(PROTO_MAX_FRAME);
 	vm->qbuf = malloc(QMP_BUF_SIZE);
 	if (!vm->rbuf || !vm->qbuf) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto fail;
 	}
 	/* QEMU's own directory: its logs, console and disk overlay. */
 	snprintf(path, sizeof(path), "%s/vm", vm->dir);
 	if (mkdir(path, 0700) < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	snprintf(path, sizeof(path), "%s/vm/qemu.log", vm->dir);
 	log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (log_fd < 0) {
-		kiln_err_set(err, "host_error", "cannot create %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0 ||
 	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0) {
-		kiln_err_set(err, "host_error", "socketpair: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "socketpair: %s", strerror(errno));
 		goto fail;
 	}
 	store = malloc(sizeof(*store) * VM_MAX_ARGS);
 	if (!store) {
-		kiln_err_set(err, "host_error", "out of memory");
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto fail;
 	}
 	build_argv(cfg, vm, argv, store);
@@ -500,20 +500,20 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 				goto fail;
 			/* The log belongs to the uid that writes it. */
 			if (fchown(log_fd, vm->jail.uid, vm->jail.gid) < 0) {
-				kiln_err_set(err, "host_error", "chown %s/vm/qemu.log: %s", vm->dir, strerror(errno));
+				kiln_err_set(err, KERR_HOST_ERROR, "chown %s/vm/qemu.log: %s", vm->dir, strerror(errno));
 				goto fail;
 			}
 		} else {
 			vm->pid = fork();
 			if (vm->pid < 0) {
-				kiln_err_set(err, "host_error", "fork: %s", strerror(errno));
+				kiln_err_set(err, KERR_HOST_ERROR, "fork: %s", strerror(errno));
 				goto fail;
 			}
 			if (vm->pid == 0)
 				exec_qemu(argv, vm->dir, keep, log_fd, parent);
 			vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
 			if (vm->pidfd < 0) {
-				kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
+				kiln_err_set(err, KERR_HOST_ERROR, "pidfd_open: %s", strerror(errno));
 				goto fail;
 			}
 		}
@@ -541,7 +541,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 		goto fail;
 	if (m.kind != QMP_GREETING) {
 		qmp_msg_free(&m);
-		kiln_err_set(err, "vm_error", "QEMU did not send a QMP greeting");
+		kiln_err_set(err, KERR_VM_ERROR, "QEMU did not send a QMP greeting");
 		goto fail;
 	}
 	qmp_msg_free(&m);
@@ -604,7 +604,7 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 	if (vm->pid > 0 && waitpid(vm->pid, &status, WNOHANG) == vm->pid)
 		vm->pid = -1;
 	vm_log_tail(vm, tail, sizeof(tail));
-	return kiln_err_set(err, "vm_error", "QEMU exited %s (%s %d)%s%s", when,
+	return kiln_err_set(err, KERR_VM_ERROR, "QEMU exited %s (%s %d)%s%s", when,
 			    WIFSIGNALED(status) ? "signal" : "status",
 			    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
 			    tail[0] ? ": " : "", tail);
@@ -623,27 +623,27 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 		}
 		n = proto_frame_parse(vm->rbuf, vm->rlen, f);
 		if (n < 0)
-			return kiln_err_set(err, "vm_error", "guest sent a malformed frame (protocol violation)");
+			return kiln_err_set(err, KERR_VM_ERROR, "guest sent a malformed frame (protocol violation)");
 		if (n > 0) {
 			vm->rskip = (size_t)n;
 			return 0;
 		}
 		n = wait_readable(vm, vm->agent_fd, deadline_ms);
 		if (n == -ETIMEDOUT)
-			return kiln_err_set(err, "timeout", "timed out waiting for the guest");
+			return kiln_err_set(err, KERR_TIMEOUT, "timed out waiting for the guest");
 		if (n == -ECANCELED)
-			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
+			return kiln_err_set(err, KERR_INTERRUPTED, "kiln-host was asked to stop");
 		if (n == -EAGAIN)
-			return kiln_err_set(err, "input", "input for the guest is waiting");
+			return kiln_err_set(err, KERR_INPUT, "input for the guest is waiting");
 		if (n == 0)
 			return vm_gone(vm, err, "while the guest was running");
 		if (n < 0)
-			return kiln_err_set(err, "host_error", "poll: %s", strerror((int)-n));
+			return kiln_err_set(err, KERR_HOST_ERROR, "poll: %s", strerror((int)-n));
 		n = read(vm->agent_fd, vm->rbuf + vm->rlen, PROTO_MAX_FRAME - vm->rlen);
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
 		if (n < 0)
-			return kiln_err_set(err, "vm_error", "agent channel: %s", strerror(errno));
+			return kiln_err_set(err, KERR_VM_ERROR, "agent channel: %s", strerror(errno));
 		if (n == 0)
 			return vm_gone(vm, err, "(agent channel closed)");
 		vm->rlen += (size_t)n;
@@ -656,9 +656,9 @@ int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_
 	int r = proto_send(vm->agent_fd, type, payload, len, deadline_ms);
 
 	if (r == -ETIMEDOUT)
-		return kiln_err_set(err, "timeout", "timed out sending to the guest");
+		return kiln_err_set(err, KERR_TIMEOUT, "timed out sending to the guest");
 	if (r < 0)
-		return kiln_err_set(err, "vm_error", "agent channel: %s", strerror(-r));
+		return kiln_err_set(err, KERR_VM_ERROR, "agent channel: %s", strerror(-r));
 	return 0;
 }
 
@@ -676,22 +676,22 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 			memmove(vm->qbuf, nl + 1, vm->qlen - len - 1);
 			vm->qlen -= len + 1;
 			if (r < 0)
-				return kiln_err_set(err, "vm_error", "malformed QMP message from QEMU");
+				return kiln_err_set(err, KERR_VM_ERROR, "malformed QMP message from QEMU");
 			return 0;
 		}
 		if (vm->qlen >= QMP_MAX_LINE)
-			return kiln_err_set(err, "vm_error", "QMP message longer than %d bytes", QMP_MAX_LINE);
+			return kiln_err_set(err, KERR_VM_ERROR, "QMP message longer than %d bytes", QMP_MAX_LINE);
 		n = wait_readable(vm, vm->qmp_fd, deadline_ms);
 		if (n == -ETIMEDOUT)
-			return kiln_err_set(err, "timeout", "timed out waiting for QMP");
+			return kiln_err_set(err, KERR_TIMEOUT, "timed out waiting for QMP");
 		if (n == -ECANCELED)
-			return kiln_err_set(err, "interrupted", "kiln-host was asked to stop");
+			return kiln_err_set(err, KERR_INTERRUPTED, "kiln-host was asked to stop");
 		if (n == -EAGAIN)
-			return kiln_err_set(err, "input", "input for the guest is waiting");
+			return kiln_err_set(err, KERR_INPUT, "input for the guest is waiting");
 		if (n == 0)
 			return vm_gone(vm, err, "during a QMP exchange");
 		if (n < 0)
-			return kiln_err_set(err, "host_error", "poll: %s", strerror((int)-n));
+			return kiln_err_set(err, KERR_HOST_ERROR, "poll: %s", strerror((int)-n));
 		n = read(vm->qmp_fd, vm->qbuf + vm->qlen, QMP_MAX_LINE - vm->qlen);
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
@@ -713,7 +713,7 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 	if (r == 0)
 		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
 	if (r < 0)
-		return kiln_err_set(err, "vm_error", "QMP send: %s", strerror(-r));
+		return kiln_err_set(err, KERR_VM_ERROR, "QMP send: %s", strerror(-r));
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
 			return -1;
@@ -724,7 +724,7 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 			return 0;
 		}
 		if (m.kind == QMP_ERROR) {
-			kiln_err_set(err, "vm_error", "QMP %s: %s: %s", cmd, m.errclass, m.errdesc);
+			kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s: %s", cmd, m.errclass, m.errdesc);
 			qmp_msg_free(&m);
 			return -1;
 		}
@@ -793,11 +793,11 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 			struct pollfd p = { .fd = vm->qmp_fd, .events = POLLOUT };
 
 			if (proto_now_ms() >= deadline_ms)
-				return kiln_err_set(err, "timeout", "timed out sending getfd");
+				return kiln_err_set(err, KERR_TIMEOUT, "timed out sending getfd");
 			poll(&p, 1, 100);
 			continue;
 		}
-		return kiln_err_set(err, "vm_error", "QMP getfd: %s", w < 0 ? strerror(errno) : "short write");
+		return kiln_err_set(err, KERR_VM_ERROR, "QMP getfd: %s", w < 0 ? strerror(errno) : "short write");
 	}
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
@@ -807,7 +807,7 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 			return 0;
 		}
 		if (m.kind == QMP_ERROR) {
-			kiln_err_set(err, "vm_error", "QMP getfd: %s", m.errdesc);
+			kiln_err_set(err, KERR_VM_ERROR, "QMP getfd: %s", m.errdesc);
 			qmp_msg_free(&m);
 			return -1;
 		}
@@ -823,13 +823,13 @@ int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 	ssize_t n;
 
 	if (getrandom(s.entropy, s.entropy_len, 0) != (ssize_t)s.entropy_len)
-		return kiln_err_set(err, "host_error", "getrandom: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "getrandom: %s", strerror(errno));
 	clock_gettime(CLOCK_REALTIME, &now);
 	s.sec = (uint64_t)now.tv_sec;
 	s.nsec = (uint32_t)now.tv_nsec;
 	n = proto_setup_encode(buf, sizeof(buf), &s);
 	if (n < 0)
-		return kiln_err_set(err, "host_error", "SETUP does not encode");
+		return kiln_err_set(err, KERR_HOST_ERROR, "SETUP does not encode");
 	return vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline_ms, err);
 }
 
@@ -845,9 +845,9 @@ int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 		struct proto_error e;
 
 		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(err, "guest_error", "setup: %s", e.message);
+			return kiln_err_set(err, KERR_GUEST_ERROR, "setup: %s", e.message);
 	}
-	return kiln_err_set(err, "vm_error", "setup: unexpected frame type 0x%02x from the guest", f.type);
+	return kiln_err_set(err, KERR_VM_ERROR, "setup: unexpected frame type 0x%02x from the guest", f.type);
 }
 
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)

@@ -94,13 +94,13 @@ int cg_config_init(struct jail_config *c, struct kiln_err *err)
 		/* Nest under our own cgroup: a kiln-host run by a service manager
 		 * keeps its VMs inside its own limits and accounting. */
 		if (cg_of_pid(0, cg_names[i], own, sizeof(own)) < 0)
-			return kiln_err_set(err, "host_error", "jail: no cgroup v1 \"%s\" controller in /proc/self/cgroup",
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: no cgroup v1 \"%s\" controller in /proc/self/cgroup",
 					    cg_names[i]);
 		if (!strcmp(own, "/"))
 			own[0] = '\0';
 		snprintf(probe, sizeof(probe), "/sys/fs/cgroup/%s%s/cgroup.procs", cg_names[i], own);
 		if (access(probe, W_OK) < 0)
-			return kiln_err_set(err, "host_error", "jail: %s: %s (cgroup v1 \"%s\" hierarchy expected)", probe,
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s (cgroup v1 \"%s\" hierarchy expected)", probe,
 					    strerror(errno), cg_names[i]);
 		snprintf(dirs[i], sizeof(c->cg_memory), "/sys/fs/cgroup/%s%s/kiln", cg_names[i], own);
 	}
@@ -246,12 +246,12 @@ int cg_create(const struct jail_config *c, const struct jail_spec *spec, struct 
 	for (int i = 0; i < CG_N; i++) {
 		for (int tries = 0;; tries++) {
 			if (mkdir(cg_base(c, i), 0755) < 0 && errno != EEXIST)
-				return kiln_err_set(err, "host_error", "jail: mkdir %s: %s", cg_base(c, i), strerror(errno));
+				return kiln_err_set(err, KERR_HOST_ERROR, "jail: mkdir %s: %s", cg_base(c, i), strerror(errno));
 			if (mkdir(j->cg[i], 0755) == 0)
 				break;
 			r = errno;
 			if (tries > 5 || (r != ENOENT && r != EEXIST))
-				return kiln_err_set(err, "host_error", "jail: mkdir %s: %s", j->cg[i], strerror(r));
+				return kiln_err_set(err, KERR_HOST_ERROR, "jail: mkdir %s: %s", j->cg[i], strerror(r));
 			/* ENOENT: a releasing jail removed the empty parent; EEXIST:
 			 * names are unique among live jails, so this one is stale. */
 			if (r == EEXIST)
@@ -263,14 +263,14 @@ int cg_create(const struct jail_config *c, const struct jail_spec *spec, struct 
 	n = cg_values(spec, period, v);
 	for (int i = 0; i < n; i++)
 		if ((r = cg_write(j->cg[v[i].ctrl], v[i].file, v[i].val)) < 0 && !v[i].optional)
-			return kiln_err_set(err, "host_error", "jail: %s/%s: %s", j->cg[v[i].ctrl], v[i].file, strerror(-r));
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s/%s: %s", j->cg[v[i].ctrl], v[i].file, strerror(-r));
 	for (int i = 0; i < CG_N; i++) {
 		char path[700];
 
 		snprintf(path, sizeof(path), "%s/cgroup.procs", j->cg[i]);
 		procs_fd[i] = open(path, O_WRONLY | O_CLOEXEC);
 		if (procs_fd[i] < 0)
-			return kiln_err_set(err, "host_error", "jail: %s: %s", path, strerror(errno));
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", path, strerror(errno));
 	}
 	return 0;
 }

@@ -25,12 +25,12 @@ int jail_config_init(struct jail_config *c, struct kiln_err *err)
 		return -1;
 	c->base = calloc(1, sizeof(*c->base));
 	if (!c->base)
-		return kiln_err_set(err, "host_error", "out of memory");
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	if ((r = seccomp_filter_build(&c->filter, &c->filter_len)) < 0)
-		return kiln_err_set(err, "host_error", "jail: building the seccomp filter: %s", strerror(-r));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: building the seccomp filter: %s", strerror(-r));
 	/* Always there: QEMU and most programs open /dev/null. */
 	if ((r = plan_path(c->base, "/dev/null", OP_BIND_DEV)) < 0)
-		return kiln_err_set(err, "host_error", "jail: /dev/null: %s", strerror(-r));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: /dev/null: %s", strerror(-r));
 	return 0;
 }
 
@@ -116,13 +116,13 @@ int jail_config_add_program(struct jail_config *c, const char *program, struct k
 	FILE *f;
 
 	if ((r = config_elf_interp(program, interp, sizeof(interp))) < 0)
-		return kiln_err_set(err, "host_error", "jail: %s: not an ELF program we can read (%s)", program, strerror(-r));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: not an ELF program we can read (%s)", program, strerror(-r));
 	if ((r = plan_path(c->base, program, OP_BIND_RO)) < 0)
 		return plan_err(err, program, r);
 	if (!interp[0]) /* static: nothing else to load */
 		return 0;
 	if (pipe2(pipefd, O_CLOEXEC) < 0)
-		return kiln_err_set(err, "host_error", "pipe: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
 	posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
@@ -135,7 +135,7 @@ int jail_config_add_program(struct jail_config *c, const char *program, struct k
 	close(pipefd[1]);
 	if (r) {
 		close(pipefd[0]);
-		return kiln_err_set(err, "host_error", "jail: cannot run %s --list: %s", interp, strerror(r));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: cannot run %s --list: %s", interp, strerror(r));
 	}
 	f = fdopen(pipefd[0], "r");
 	r = 0;
@@ -146,7 +146,7 @@ int jail_config_add_program(struct jail_config *c, const char *program, struct k
 			path++;
 		if (strstr(line, "not found")) {
 			line[strcspn(line, "\n")] = '\0';
-			kiln_err_set(err, "host_error", "jail: %s needs a library the loader cannot find: %s", program, line);
+			kiln_err_set(err, KERR_HOST_ERROR, "jail: %s needs a library the loader cannot find: %s", program, line);
 			r = -1;
 			continue;
 		}
@@ -163,7 +163,7 @@ int jail_config_add_program(struct jail_config *c, const char *program, struct k
 
 			*slash = '\0';
 			if (config_dir_list_add(&c->base->ld_path, slash == path ? "/" : path) < 0)
-				r = kiln_err_set(err, "host_error", "out of memory");
+				r = kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		}
 	}
 	if (f)
@@ -172,7 +172,7 @@ int jail_config_add_program(struct jail_config *c, const char *program, struct k
 		close(pipefd[0]);
 	jail_waitpid(pid, &status);
 	if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-		return kiln_err_set(err, "host_error", "jail: %s --list %s failed", interp, program);
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s --list %s failed", interp, program);
 	if (r == 0 && (r = plan_path(c->base, interp, OP_BIND_RO)) < 0)
 		return plan_err(err, interp, r);
 	return r;

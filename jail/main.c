@@ -186,20 +186,20 @@ int main(int argc, char **argv)
 		snprintf(dir, sizeof(dir), "/run/kiln/jail-XXXXXX");
 		mkdir("/run/kiln", 0755);
 		if (!mkdtemp(dir)) {
-			kiln_err_set(&err, "host_error", "mkdtemp %s: %s", dir, strerror(errno));
+			kiln_err_set(&err, KERR_HOST_ERROR, "mkdtemp %s: %s", dir, strerror(errno));
 			goto fail;
 		}
 		made_dir = 1;
 	}
 	if (!made_dir && mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		kiln_err_set(&err, "host_error", "mkdir %s: %s", dir, strerror(errno));
+		kiln_err_set(&err, KERR_HOST_ERROR, "mkdir %s: %s", dir, strerror(errno));
 		goto fail;
 	}
 	snprintf(root, sizeof(root), "%s/root", dir);
 	snprintf(work, sizeof(work), "%s/work", dir);
 	snprintf(record, sizeof(record), "%s/jail", dir);
 	if ((mkdir(root, 0755) < 0 && errno != EEXIST) || (mkdir(work, 0700) < 0 && errno != EEXIST)) {
-		kiln_err_set(&err, "host_error", "%s: %s", dir, strerror(errno));
+		kiln_err_set(&err, KERR_HOST_ERROR, "%s: %s", dir, strerror(errno));
 		goto fail;
 	}
 	/* The cgroup name: unique among live jails (pid of this launcher). */

@@ -16,11 +16,11 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err)
 	off_t pos = 0;
 
 	if (in < 0) {
-		kiln_err_set(err, "host_error", "%s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 		return -1;
 	}
 	if (fstat(in, st) < 0 || !S_ISREG(st->st_mode)) {
-		kiln_err_set(err, "host_error", "%s: not a regular file", path);
+		kiln_err_set(err, KERR_HOST_ERROR, "%s: not a regular file", path);
 		goto fail;
 	}
 	/* MFD_NOEXEC_SEAL (Linux 6.3+) where the kernel has it. */
@@ -28,7 +28,7 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err)
 	if (fd < 0 && errno == EINVAL)
 		fd = memfd_create("kiln-snapshot-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0 || ftruncate(fd, st->st_size) < 0) {
-		kiln_err_set(err, "host_error", "memfd for %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "memfd for %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	/* Every page is allocated here, holes too (zeroed), and so charged to
@@ -37,7 +37,7 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err)
 	 * its own copy-on-write page, and left in the memfd after it. Then only
 	 * the data is copied (guest RAM never touched is a hole in the file). */
 	if (fallocate(fd, 0, 0, st->st_size) < 0) {
-		kiln_err_set(err, "host_error", "memfd for %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "memfd for %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	for (;;) {
@@ -53,7 +53,7 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err)
 			ssize_t n;
 
 			if (lseek(fd, off, SEEK_SET) < 0 || (n = sendfile(fd, in, &src, (size_t)(hole - off))) <= 0) {
-				kiln_err_set(err, "host_error", "loading %s: %s", path, n == 0 ? "short read" : strerror(errno));
+				kiln_err_set(err, KERR_HOST_ERROR, "loading %s: %s", path, n == 0 ? "short read" : strerror(errno));
 				goto fail;
 			}
 			off += n;
@@ -65,7 +65,7 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err)
 	 * EPERM, whoever opens it (also through /proc/PID/fd). Private mappings
 	 * stay writable: each clone's writes are copy-on-write in its own memory. */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
-		kiln_err_set(err, "host_error", "sealing the memfd for %s: %s", path, strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "sealing the memfd for %s: %s", path, strerror(errno));
 		goto fail;
 	}
 	close(in);

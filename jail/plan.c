@@ -244,7 +244,7 @@ int plan_path(struct jail_plan *p, const char *path, enum op_kind kind)
 
 int plan_err(struct kiln_err *err, const char *path, int r)
 {
-	return kiln_err_set(err, "host_error", "jail: %s: %s", path,
+	return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", path,
 			    path[0] != '/' ? "not an absolute path" : strerror(-r));
 }
 
@@ -277,5 +277,5 @@ int plan_build(struct jail_plan *p, const struct jail_plan *base, const struct j
 		goto oom;
 	return 0;
 oom:
-	return kiln_err_set(err, "host_error", "out of memory");
+	return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 }

@@ -22,7 +22,7 @@ int slot_take(const struct jail_config *c, struct jail *j, const char *memcg, st
 	int r;
 
 	if ((r = fs_mkdir_p(c->slot_dir, 0700)) < 0)
-		return kiln_err_set(err, "host_error", "jail: cannot create %s: %s", c->slot_dir, strerror(-r));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: cannot create %s: %s", c->slot_dir, strerror(-r));
 	/* A random start spreads concurrent hosts over the range. */
 	if (getrandom(&start, sizeof(start), 0) != sizeof(start))
 		start = (unsigned)getpid();
@@ -35,7 +35,7 @@ int slot_take(const struct jail_config *c, struct jail *j, const char *memcg, st
 		snprintf(path, sizeof(path), "%s/%u.lock", c->slot_dir, n);
 		fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 		if (fd < 0)
-			return kiln_err_set(err, "host_error", "jail: %s: %s", path, strerror(errno));
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", path, strerror(errno));
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 			close(fd);
 			continue;
@@ -50,7 +50,7 @@ int slot_take(const struct jail_config *c, struct jail *j, const char *memcg, st
 		if (ftruncate(fd, 0) < 0 || pwrite(fd, memcg, strlen(memcg), 0) < 0) {
 			r = errno;
 			close(fd);
-			return kiln_err_set(err, "host_error", "jail: %s: %s", path, strerror(r));
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", path, strerror(r));
 		}
 		j->slot = (int)n;
 		j->slot_fd = fd;
@@ -58,5 +58,5 @@ int slot_take(const struct jail_config *c, struct jail *j, const char *memcg, st
 		j->gid = c->uid_base + n;
 		return 0;
 	}
-	return kiln_err_set(err, "no_capacity", "jail: all %u slots in %s are in use", c->slots, c->slot_dir);
+	return kiln_err_set(err, KERR_NO_CAPACITY, "jail: all %u slots in %s are in use", c->slots, c->slot_dir);
 }

@@ -316,7 +316,7 @@ static __attribute__((noreturn)) void child_main(struct child *a)
 static int chown_path(const char *path, uid_t uid, gid_t gid, struct kiln_err *err)
 {
 	if (fchownat(AT_FDCWD, path, uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-		return kiln_err_set(err, "host_error", "jail: chown %s: %s", path, strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: chown %s: %s", path, strerror(errno));
 	return 0;
 }
 
@@ -339,16 +339,16 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
 	j->slot_fd = -1;
 	*pidfd = -1;
 	if (!spec->name || !spec->name[0] || strchr(spec->name, '/') || spec->name[0] == '.' || !spec->root || !spec->exe)
-		return kiln_err_set(err, "host_error", "jail: name, root and exe are required");
+		return kiln_err_set(err, KERR_HOST_ERROR, "jail: name, root and exe are required");
 	for (int i = 0; i < CG_N; i++)
 		if (cg_path(cg[i], sizeof(cg[i]), cg_base(c, i), spec->name) < 0)
-			return kiln_err_set(err, "host_error", "jail: name too long for a cgroup directory: %.80s...", spec->name);
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: name too long for a cgroup directory: %.80s...", spec->name);
 	j->active = 1;
 	if (slot_take(c, j, cg[CG_MEMORY], err) < 0)
 		goto fail;
 	memcpy(j->cg, cg, sizeof(j->cg));
 	if (spec->record && (r = cg_record_write(j, spec->record)) < 0) {
-		kiln_err_set(err, "host_error", "jail: %s: %s", spec->record, strerror(-r));
+		kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", spec->record, strerror(-r));
 		goto fail;
 	}
 	/* What the program may write belongs to the slot's uid. */
@@ -384,13 +384,13 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
 	a.gid = j->gid;
 
 	if (pipe2(status, O_CLOEXEC) < 0) {
-		kiln_err_set(err, "host_error", "pipe: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
 		goto fail;
 	}
 	a.status_fd = status[1];
 	a.parent_pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
 	if (a.parent_pidfd < 0) {
-		kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "pidfd_open: %s", strerror(errno));
 		goto fail;
 	}
 	fcntl(a.parent_pidfd, F_SETFD, FD_CLOEXEC);
@@ -404,7 +404,7 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
 		child_main(&a);
 	}
 	if (pid < 0) {
-		kiln_err_set(err, "host_error", "jail: clone: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "jail: clone: %s", strerror(errno));
 		goto fail;
 	}
 	close(status[1]);
@@ -415,17 +415,17 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
 	while (n < 0 && errno == EINTR);
 	if (n > 0) {
 		st.what[sizeof(st.what) - 1] = '\0';
-		kiln_err_set(err, "host_error", "jail: %s: %s", st.what, strerror(st.err));
+		kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", st.what, strerror(st.err));
 		goto fail;
 	}
 	*pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	if (*pidfd < 0) {
-		kiln_err_set(err, "host_error", "pidfd_open: %s", strerror(errno));
+		kiln_err_set(err, KERR_HOST_ERROR, "pidfd_open: %s", strerror(errno));
 		goto fail;
 	}
 	goto out;
 oom:
-	kiln_err_set(err, "host_error", "out of memory");
+	kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 fail:
 	if (pid > 0) {
 		kill(pid, SIGKILL);

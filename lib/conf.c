@@ -33,16 +33,16 @@ static int take_number(json_t *v, const struct conf_field *f, const char *file, 
 
 	if (!json_is_number(v) || (integer && !json_is_integer(v))) {
 		if (flags & CONF_INT_ONE_MESSAGE)
-			return kiln_err_set(err, "config", "%s: %s%s%s: expected an integer %g..%g", file, where, dot, k,
+			return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected an integer %g..%g", file, where, dot, k,
 					    f->min, f->max);
-		return kiln_err_set(err, "config", "%s: %s%s%s: expected a number", file, where, dot, k);
+		return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected a number", file, where, dot, k);
 	}
 	x = json_number_value(v);
 	if (x < f->min || x > f->max) {
 		if (flags & CONF_INT_ONE_MESSAGE)
-			return kiln_err_set(err, "config", "%s: %s%s%s: expected an integer %g..%g", file, where, dot, k,
+			return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected an integer %g..%g", file, where, dot, k,
 					    f->min, f->max);
-		return kiln_err_set(err, "config", "%s: %s%s%s: expected %g..%g", file, where, dot, k, f->min, f->max);
+		return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected %g..%g", file, where, dot, k, f->min, f->max);
 	}
 	switch (f->type) {
 	case CONF_U32:
@@ -69,7 +69,7 @@ int conf_take(json_t *obj, const char *where, const struct conf_field *fields, c
 	json_t *v;
 
 	if (!json_is_object(obj))
-		return kiln_err_set(err, "config", "%s: %s: expected an object", file,
+		return kiln_err_set(err, KERR_CONFIG, "%s: %s: expected an object", file,
 				    !*where && (flags & CONF_TOP_NAMED) ? "(top)" : where);
 	json_object_foreach(obj, k, v) {
 		const struct conf_field *f = fields;
@@ -77,12 +77,12 @@ int conf_take(json_t *obj, const char *where, const struct conf_field *fields, c
 		while (f->type != CONF_END && strcmp(f->name, k))
 			f++;
 		if (f->type == CONF_END)
-			return kiln_err_set(err, "config", "%s: %s%s%s: unknown setting", file, where, dot, k);
+			return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: unknown setting", file, where, dot, k);
 		assert(bounds_fit(f));
 		switch (f->type) {
 		case CONF_STR:
 			if (!json_is_string(v) || !json_string_length(v))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected a non-empty string", file, where,
+				return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected a non-empty string", file, where,
 						    dot, k);
 			*(const char **)f->out = json_string_value(v);
 			break;
@@ -95,7 +95,7 @@ int conf_take(json_t *obj, const char *where, const struct conf_field *fields, c
 			break;
 		case CONF_BOOL:
 			if (!json_is_boolean(v))
-				return kiln_err_set(err, "config", "%s: %s%s%s: expected true or false", file, where, dot,
+				return kiln_err_set(err, KERR_CONFIG, "%s: %s%s%s: expected true or false", file, where, dot,
 						    k);
 			*(int *)f->out = json_is_true(v);
 			break;

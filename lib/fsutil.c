@@ -278,7 +278,7 @@ char *fs_read_secret(const char *path, const char *key, const char *file, struct
 	char buf[1024], *nl;
 
 	if (!f) {
-		kiln_err_set(err, "config", "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
+		kiln_err_set(err, KERR_CONFIG, "%s: %s: cannot read %s: %s", file, key, path, strerror(errno));
 		return NULL;
 	}
 	if (!fgets(buf, sizeof(buf), f))
@@ -288,7 +288,7 @@ char *fs_read_secret(const char *path, const char *key, const char *file, struct
 	if (nl)
 		*nl = '\0';
 	if (!buf[0]) {
-		kiln_err_set(err, "config", "%s: %s: %s is empty", file, key, path);
+		kiln_err_set(err, KERR_CONFIG, "%s: %s: %s is empty", file, key, path);
 		return NULL;
 	}
 	return strdup(buf);

@@ -147,7 +147,7 @@ enum MHD_Result httpd_dispatch(const struct httpd_routes *t, void *ctx, struct h
 						comma ? (t->or ? t->or : ", ") : "");
 			a = comma ? comma + 2 : a + n;
 		}
-		return reply_error_h(r->conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", msg, "Allow", allow);
+		return reply_error_h(r->conn, KERR_METHOD_NOT_ALLOWED, msg, "Allow", allow);
 	default:
 		return reply_not_found(r->conn, t->not_found ? t->not_found : "no such endpoint");
 	}

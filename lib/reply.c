@@ -36,21 +36,46 @@ enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t 
 	return reply_json_h(conn, status, j, NULL, NULL);
 }
 
-enum MHD_Result reply_error_h(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg,
-			      const char *hname, const char *hvalue)
+/* The body, whatever decided the status and code. */
+static enum MHD_Result reply_error_wire(struct MHD_Connection *conn, unsigned status, const char *code,
+					const char *msg, const char *hname, const char *hvalue)
 {
 	return reply_json_h(conn, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg), hname,
 			    hvalue);
 }
 
-enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg)
+enum MHD_Result reply_error_h(struct MHD_Connection *conn, enum kiln_errc code, const char *msg, const char *hname,
+			      const char *hvalue)
 {
-	return reply_error_h(conn, status, code, msg, NULL, NULL);
+	return reply_error_wire(conn, kiln_err_status(code), kiln_err_name(code), msg, hname, hvalue);
 }
 
-enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e)
+enum MHD_Result reply_error(struct MHD_Connection *conn, enum kiln_errc code, const char *msg)
 {
-	return reply_error(conn, status, e->code[0] ? e->code : "internal", e->message);
+	return reply_error_h(conn, code, msg, NULL, NULL);
+}
+
+enum MHD_Result reply_error_status(struct MHD_Connection *conn, unsigned status, enum kiln_errc code,
+				   const char *msg)
+{
+	return reply_error_wire(conn, status, kiln_err_name(code), msg, NULL, NULL);
+}
+
+enum MHD_Result reply_err_status_h(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e,
+				   const char *hname, const char *hvalue)
+{
+	return reply_error_wire(conn, status, e->code[0] ? e->code : kiln_err_name(KERR_INTERNAL), e->message, hname,
+				hvalue);
+}
+
+enum MHD_Result reply_err_status(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e)
+{
+	return reply_err_status_h(conn, status, e, NULL, NULL);
+}
+
+enum MHD_Result reply_err(struct MHD_Connection *conn, const struct kiln_err *e)
+{
+	return reply_err_status(conn, kiln_err_status(e->errc != KERR_NONE ? e->errc : KERR_INTERNAL), e);
 }
 
 enum MHD_Result reply_too_many_streams(struct MHD_Connection *conn, unsigned max)
@@ -59,12 +84,12 @@ enum MHD_Result reply_too_many_streams(struct MHD_Connection *conn, unsigned max
 
 	snprintf(msg, sizeof(msg),
 		 "%u streams and long-polls are open, your quota's max_streams: close one or retry later", max);
-	return reply_error_h(conn, MHD_HTTP_TOO_MANY_REQUESTS, "too_many_streams", msg, "Retry-After", "5");
+	return reply_error_h(conn, KERR_TOO_MANY_STREAMS, msg, "Retry-After", "5");
 }
 
 enum MHD_Result reply_not_found(struct MHD_Connection *conn, const char *what)
 {
-	return reply_error(conn, MHD_HTTP_NOT_FOUND, "not_found", what);
+	return reply_error(conn, KERR_NOT_FOUND, what);
 }
 
 enum MHD_Result reply_method_not_allowed(struct MHD_Connection *conn, const char *allowed)
@@ -72,12 +97,12 @@ enum MHD_Result reply_method_not_allowed(struct MHD_Connection *conn, const char
 	char msg[64];
 
 	snprintf(msg, sizeof(msg), "use %s", allowed);
-	return reply_error_h(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", msg, "Allow", allowed);
+	return reply_error_h(conn, KERR_METHOD_NOT_ALLOWED, msg, "Allow", allowed);
 }
 
 enum MHD_Result reply_internal(struct MHD_Connection *conn, const char *what)
 {
-	return reply_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", what);
+	return reply_error(conn, KERR_INTERNAL, what);
 }
 
 enum MHD_Result reply_bytes(struct MHD_Connection *conn, unsigned status, char *body, size_t len,
@@ -103,7 +128,7 @@ enum MHD_Result reply_bytes(struct MHD_Connection *conn, unsigned status, char *
 
 enum MHD_Result reply_unauthorized(struct MHD_Connection *conn, const char *msg)
 {
-	return reply_error_h(conn, MHD_HTTP_UNAUTHORIZED, "unauthorized", msg, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+	return reply_error_h(conn, KERR_UNAUTHORIZED, msg, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
 			     "Bearer");
 }
 

@@ -19,12 +19,23 @@ enum MHD_Result reply_json_h(struct MHD_Connection *conn, unsigned status, json_
 			     const char *hvalue);
 enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j);
 
-/* {"error":{"code","message"}}, optionally with one header (Retry-After, Allow, ...). */
-enum MHD_Result reply_error_h(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg,
-			      const char *hname, const char *hvalue);
-enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status, const char *code, const char *msg);
-/* From a kiln_err ("internal" when it has no code). */
-enum MHD_Result reply_err(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e);
+/* {"error":{"code","message"}} with the status lib/err.h's table gives the
+ * code, optionally with one header (Retry-After, Allow, ...). */
+enum MHD_Result reply_error_h(struct MHD_Connection *conn, enum kiln_errc code, const char *msg, const char *hname,
+			      const char *hvalue);
+enum MHD_Result reply_error(struct MHD_Connection *conn, enum kiln_errc code, const char *msg);
+/* The same with a status of the caller's: for an answer that relays or
+ * translates a host's (the table's status is kiln-host's own). */
+enum MHD_Result reply_error_status(struct MHD_Connection *conn, unsigned status, enum kiln_errc code,
+				   const char *msg);
+/* From a kiln_err: its wire code ("internal" when it has none) and the
+ * table's status for its code. */
+enum MHD_Result reply_err(struct MHD_Connection *conn, const struct kiln_err *e);
+/* From a kiln_err with a status of the caller's (a relayed answer's, or a
+ * call site's that has always answered every code of its callee alike). */
+enum MHD_Result reply_err_status(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e);
+enum MHD_Result reply_err_status_h(struct MHD_Connection *conn, unsigned status, const struct kiln_err *e,
+				   const char *hname, const char *hvalue);
 enum MHD_Result reply_not_found(struct MHD_Connection *conn, const char *what);
 /* 405 with Allow: allowed. */
 enum MHD_Result reply_method_not_allowed(struct MHD_Connection *conn, const char *allowed);

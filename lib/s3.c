@@ -357,21 +357,21 @@ static int region_ok(const char *r)
 static int check_config(const struct s3_config *c, struct kiln_err *err)
 {
 	if (!c || !c->endpoint || !c->region || !c->bucket || !c->access_key || !c->secret_key)
-		return kiln_err_set(err, "s3_error", "S3 configuration incomplete (endpoint, region, bucket, keys)");
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 configuration incomplete (endpoint, region, bucket, keys)");
 	if (strncmp(c->endpoint, "http://", 7) != 0 && strncmp(c->endpoint, "https://", 8) != 0)
-		return kiln_err_set(err, "s3_error", "S3 endpoint %.200s: not an http:// or https:// URL", c->endpoint);
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 endpoint %.200s: not an http:// or https:// URL", c->endpoint);
 	if (strpbrk(c->endpoint, "?#@ \t\r\n"))
-		return kiln_err_set(err, "s3_error", "S3 endpoint %.200s: only scheme://host[:port][/path]",
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 endpoint %.200s: only scheme://host[:port][/path]",
 				    c->endpoint);
 	if (!region_ok(c->region))
-		return kiln_err_set(err, "s3_error", "S3 region \"%.40s\" is not a region name", c->region);
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 region \"%.40s\" is not a region name", c->region);
 	if (c->bucket[0] && !bucket_ok(c->bucket))
-		return kiln_err_set(err, "s3_error",
+		return kiln_err_set(err, KERR_S3_ERROR,
 				    "S3 bucket \"%.80s\": 3-63 characters of a-z, 0-9, '.' and '-'", c->bucket);
 	if (strpbrk(c->access_key, "\r\n") || strpbrk(c->secret_key, "\r\n"))
-		return kiln_err_set(err, "s3_error", "S3 keys must not contain line breaks");
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 keys must not contain line breaks");
 	if (c->part_size && c->part_size < S3_MIN_PART)
-		return kiln_err_set(err, "s3_error", "S3 part size %llu is below the 5 MiB minimum",
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 part size %llu is below the 5 MiB minimum",
 				    (unsigned long long)c->part_size);
 	return 0;
 }
@@ -384,21 +384,21 @@ int s3_key_check(const char *key, struct kiln_err *err)
 	char kb[SHOWN_MAX];
 
 	if (!key || !key[0])
-		return kiln_err_set(err, "s3_error", "S3 object key is empty");
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 object key is empty");
 	n = strnlen(key, S3_MAX_KEY + 1);
 	if (n > S3_MAX_KEY)
-		return kiln_err_set(err, "s3_error", "S3 object key longer than %d bytes", S3_MAX_KEY);
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 object key longer than %d bytes", S3_MAX_KEY);
 	for (i = 0; i <= n; i++) {
 		unsigned char ch = (unsigned char)key[i];
 
 		if (i < n && (ch < 0x20 || ch == 0x7f))
-			return kiln_err_set(err, "s3_error", "S3 object key %s: control character at byte %zu",
+			return kiln_err_set(err, KERR_S3_ERROR, "S3 object key %s: control character at byte %zu",
 					    shown(key, kb), i);
 		if (i == n || ch == '/') {
 			size_t sl = i - seg;
 
 			if (sl == 0 || (sl == 1 && key[seg] == '.') || (sl == 2 && key[seg] == '.' && key[seg + 1] == '.'))
-				return kiln_err_set(err, "s3_error",
+				return kiln_err_set(err, KERR_S3_ERROR,
 						    "S3 object key %s: empty, \".\" or \"..\" path segment",
 						    shown(key, kb));
 			seg = i + 1;
@@ -424,13 +424,13 @@ int s3_key_under(const char *key, const char *prefix, struct kiln_err *err)
 	size_t plen = prefix ? strlen(prefix) : 0, i, n = 0;
 
 	if (plen == 0 || prefix[plen - 1] != '/')
-		return kiln_err_set(err, "s3_key_outside", "no prefix to check the key against");
+		return kiln_err_set(err, KERR_S3_KEY_OUTSIDE, "no prefix to check the key against");
 	if (s3_key_check(key, err) < 0) {
-		snprintf(err->code, sizeof(err->code), "s3_key_outside");
+		kiln_err_recode(err, KERR_S3_KEY_OUTSIDE);
 		return -1;
 	}
 	if (strncmp(key, prefix, plen) || !key[plen])
-		return kiln_err_set(err, "s3_key_outside", "S3 object key %s is not under %.200s", shown(key, kb), prefix);
+		return kiln_err_set(err, KERR_S3_KEY_OUTSIDE, "S3 object key %s is not under %.200s", shown(key, kb), prefix);
 	/* s3_key_check bounded key to S3_MAX_KEY bytes: so is its decoding. */
 	for (i = 0; key[i]; i++) {
 		int hi = key[i] == '%' ? hex_value(key[i + 1]) : -1, lo = hi >= 0 ? hex_value(key[i + 2]) : -1;
@@ -444,7 +444,7 @@ int s3_key_under(const char *key, const char *prefix, struct kiln_err *err)
 	}
 	decoded[n] = '\0';
 	if (memchr(decoded, '\0', n) || s3_key_check(decoded, err) < 0 || strncmp(decoded, prefix, plen))
-		return kiln_err_set(err, "s3_key_outside",
+		return kiln_err_set(err, KERR_S3_KEY_OUTSIDE,
 				    "S3 object key %s: its percent-decoded form leaves %.200s or is not a valid key",
 				    shown(key, kb), prefix);
 	return 0;
@@ -459,9 +459,9 @@ static int check_content_type(const char *ct, struct kiln_err *err)
 		return 0;
 	for (i = 0; ct[i] && i < 128; i++)
 		if ((unsigned char)ct[i] < 0x20 || (unsigned char)ct[i] >= 0x7f)
-			return kiln_err_set(err, "s3_error", "Content-Type: byte %zu is not printable ASCII", i);
+			return kiln_err_set(err, KERR_S3_ERROR, "Content-Type: byte %zu is not printable ASCII", i);
 	if (i == 0 || i >= 128)
-		return kiln_err_set(err, "s3_error", "Content-Type: must be 1-127 bytes");
+		return kiln_err_set(err, KERR_S3_ERROR, "Content-Type: must be 1-127 bytes");
 	return 0;
 }
 
@@ -660,7 +660,7 @@ static int call_open(struct s3_call *call, const struct s3_config *c, struct kil
 	call->c = c;
 	call->h = curl_easy_init();
 	if (!call->h)
-		return kiln_err_set(err, "s3_error", "curl_easy_init failed");
+		return kiln_err_set(err, KERR_S3_ERROR, "curl_easy_init failed");
 	return 0;
 }
 
@@ -813,7 +813,7 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 	int rc = -1;
 
 	if (!url)
-		return kiln_err_set(err, "s3_error", "out of memory building the S3 URL");
+		return kiln_err_set(err, KERR_S3_ERROR, "out of memory building the S3 URL");
 	r->h = call->h;
 	r->out_fd = q->out_fd;
 	for (i = 1;; i++) {
@@ -826,12 +826,12 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 		q->body.shrunk = 0;
 		call->errbuf[0] = '\0';
 		if (q->out_fd >= 0 && (ftruncate(q->out_fd, 0) < 0 || lseek(q->out_fd, 0, SEEK_SET) < 0)) {
-			kiln_err_set(err, "io_error", "truncating the download file: %s", strerror(errno));
+			kiln_err_set(err, KERR_IO_ERROR, "truncating the download file: %s", strerror(errno));
 			break;
 		}
 		if (setup(call, q, r, &hdrs, url) < 0) {
 			curl_slist_free_all(hdrs);
-			kiln_err_set(err, "s3_error", "setting up the curl request failed");
+			kiln_err_set(err, KERR_S3_ERROR, "setting up the curl request failed");
 			break;
 		}
 		e = curl_easy_perform(call->h);
@@ -840,7 +840,7 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 			call->bytes_sent += (uint64_t)up;
 		curl_easy_getinfo(call->h, CURLINFO_RESPONSE_CODE, &r->status);
 		if (q->body.io_errno || r->io_errno) {
-			kiln_err_set(err, "io_error", "%s: %s the local file: %s", what(c, q, desc, sizeof(desc)),
+			kiln_err_set(err, KERR_IO_ERROR, "%s: %s the local file: %s", what(c, q, desc, sizeof(desc)),
 				     q->body.io_errno ? "reading" : "writing",
 				     q->body.shrunk ? "it is shorter than it was (changed during the upload)"
 						    : strerror(q->body.io_errno ? q->body.io_errno : r->io_errno));
@@ -851,18 +851,18 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 			break;
 		}
 		if (e != CURLE_OK && !transient_curl(e)) {
-			kiln_err_set(err, "s3_error", "%s: %s%s%s", what(c, q, desc, sizeof(desc)),
+			kiln_err_set(err, KERR_S3_ERROR, "%s: %s%s%s", what(c, q, desc, sizeof(desc)),
 				     curl_easy_strerror(e), call->errbuf[0] ? ": " : "", call->errbuf);
 			break;
 		}
 		if (i >= attempts) {
 			s3_error_text(r, s3msg, sizeof(s3msg));
 			if (e != CURLE_OK)
-				kiln_err_set(err, "s3_unavailable", "S3 at %.100s unavailable after %d attempts: %s: %s%s%s",
+				kiln_err_set(err, KERR_S3_UNAVAILABLE, "S3 at %.100s unavailable after %d attempts: %s: %s%s%s",
 					     c->endpoint, i, what(c, q, desc, sizeof(desc)), curl_easy_strerror(e),
 					     call->errbuf[0] ? ": " : "", call->errbuf);
 			else
-				kiln_err_set(err, "s3_unavailable", "S3 at %.100s unavailable after %d attempts: %s: HTTP %ld%s%s",
+				kiln_err_set(err, KERR_S3_UNAVAILABLE, "S3 at %.100s unavailable after %d attempts: %s: HTTP %ld%s%s",
 					     c->endpoint, i, what(c, q, desc, sizeof(desc)), r->status,
 					     s3msg[0] ? ": " : "", s3msg);
 			break;
@@ -882,12 +882,12 @@ static int fail_status(const struct s3_config *c, const struct s3_request *q, co
 	s3_error_text(r, s3msg, sizeof(s3msg));
 	what(c, q, desc, sizeof(desc));
 	if (r->status == 403)
-		return kiln_err_set(err, "s3_auth", "S3 refused the credentials: %s (%s, access key %.60s)",
+		return kiln_err_set(err, KERR_S3_AUTH, "S3 refused the credentials: %s (%s, access key %.60s)",
 				    s3msg[0] ? s3msg : "HTTP 403 Forbidden", desc, c->access_key);
 	if (r->status == 404)
-		return kiln_err_set(err, "s3_not_found", "S3: not found: %s (%s)", desc,
+		return kiln_err_set(err, KERR_S3_NOT_FOUND, "S3: not found: %s (%s)", desc,
 				    s3msg[0] ? s3msg : "HTTP 404");
-	return kiln_err_set(err, "s3_error", "S3 %s failed: HTTP %ld%s%s", desc, r->status, s3msg[0] ? ": " : "",
+	return kiln_err_set(err, KERR_S3_ERROR, "S3 %s failed: HTTP %ld%s%s", desc, r->status, s3msg[0] ? ": " : "",
 			    s3msg);
 }
 
@@ -917,7 +917,7 @@ static int simple(const struct s3_config *c, const char *method, const char *key
 	memset(r, 0, sizeof(*r));
 	if (body || strcmp(method, "PUT") == 0 || strcmp(method, "POST") == 0) {
 		if (sha256_hex(body ? body : "", len, sha) < 0)
-			return kiln_err_set(err, "s3_error", "SHA-256 failed");
+			return kiln_err_set(err, KERR_S3_ERROR, "SHA-256 failed");
 		q.has_body = 1;
 		q.body.mem = body ? body : "";
 		q.body.length = len;
@@ -939,12 +939,12 @@ int s3_ensure_bucket(const struct s3_config *c, struct kiln_err *err)
 	if (check_config(c, err) < 0)
 		return -1;
 	if (!c->bucket[0])
-		return kiln_err_set(err, "s3_error", "S3 bucket name is empty");
+		return kiln_err_set(err, KERR_S3_ERROR, "S3 bucket name is empty");
 	/* us-east-1 is the default location; any other must be named. */
 	if (strcmp(c->region, "us-east-1") != 0 &&
 	    asprintf(&body, "<CreateBucketConfiguration><LocationConstraint>%s</LocationConstraint>"
 			    "</CreateBucketConfiguration>", c->region) < 0)
-		return kiln_err_set(err, "s3_error", "out of memory");
+		return kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 	rc = simple(c, "PUT", NULL, NULL, body, body ? strlen(body) : 0, body ? "application/xml" : NULL, &r, err);
 	free(body);
 	if (rc == 0 && !ok_status(r.status)) {
@@ -980,7 +980,7 @@ static int hash_error(const char *key, int rc, struct kiln_err *err)
 {
 	char kb[SHOWN_MAX];
 
-	return kiln_err_set(err, "io_error", "reading %s for its SHA-256: %s", shown(key, kb),
+	return kiln_err_set(err, KERR_IO_ERROR, "reading %s for its SHA-256: %s", shown(key, kb),
 			    rc == -EIO ? "the file is shorter than its size (changed during the upload)"
 				       : strerror(-rc));
 }
@@ -1055,7 +1055,7 @@ static int mpu_create(struct s3_call *call, const char *key, const char *content
 	int rc = -1, idlen;
 
 	if (!query)
-		return kiln_err_set(err, "s3_error", "out of memory");
+		return kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 	q.query = query;
 	q.payload_sha256 = S3_EMPTY_SHA256;
 	if (perform(call, &q, &r, err) < 0)
@@ -1066,7 +1066,7 @@ static int mpu_create(struct s3_call *call, const char *key, const char *content
 	}
 	idlen = r.body ? s3_xml_text(r.body, r.body_len, "UploadId", upload_id, n) : -1;
 	if (idlen <= 0 || (size_t)idlen >= n || strchr(upload_id, '?')) {
-		kiln_err_set(err, "s3_error", "S3 %s: CreateMultipartUpload reply has no usable UploadId",
+		kiln_err_set(err, KERR_S3_ERROR, "S3 %s: CreateMultipartUpload reply has no usable UploadId",
 			     shown(key, kb));
 		goto out;
 	}
@@ -1106,7 +1106,7 @@ static int mpu_complete(struct s3_call *call, const char *key, const char *uploa
 	int rc = -1;
 
 	if (!xml || !query) {
-		kiln_err_set(err, "s3_error", "out of memory");
+		kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 		goto out;
 	}
 	strcpy(xml, "<CompleteMultipartUpload>");
@@ -1117,7 +1117,7 @@ static int mpu_complete(struct s3_call *call, const char *key, const char *uploa
 	}
 	strcat(xml, "</CompleteMultipartUpload>");
 	if (sha256_hex(xml, strlen(xml), sha) < 0) {
-		kiln_err_set(err, "s3_error", "SHA-256 failed");
+		kiln_err_set(err, KERR_S3_ERROR, "SHA-256 failed");
 		goto out;
 	}
 	q.query = query;
@@ -1135,7 +1135,7 @@ static int mpu_complete(struct s3_call *call, const char *key, const char *uploa
 		char msg[320] = "";
 
 		s3_xml_text(r.body, r.body_len, "Message", msg, sizeof(msg));
-		kiln_err_set(err, "s3_error", "S3 %s: CompleteMultipartUpload failed: %s: %s", shown(key, kb), code,
+		kiln_err_set(err, KERR_S3_ERROR, "S3 %s: CompleteMultipartUpload failed: %s: %s", shown(key, kb), code,
 			     msg);
 		goto out;
 	}
@@ -1184,7 +1184,7 @@ static int put_multipart(struct s3_call *call, const char *key, int fd, uint64_t
 	int rc = -1;
 
 	if (!etags)
-		return kiln_err_set(err, "s3_error", "out of memory");
+		return kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 	if (mpu_create(call, key, content_type, upload_id, sizeof(upload_id), err) < 0)
 		goto out;
 	hash_job_start(&job, fd, 0, size < part ? size : part, whole);
@@ -1205,10 +1205,10 @@ static int put_multipart(struct s3_call *call, const char *key, int fd, uint64_t
 		snprintf(num, sizeof(num), "%u", i + 1);
 		query = s3_canonical_query(p, 2);
 		rc = query ? put_region(call, key, query, NULL, fd, (off_t)off, len, sha, &r, err)
-			   : kiln_err_set(err, "s3_error", "out of memory");
+			   : kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 		free(query);
 		if (rc == 0 && (!r.etag[0] || r.etag_too_long))
-			rc = kiln_err_set(err, "s3_error", "S3 %s: part %u: the reply has no usable ETag",
+			rc = kiln_err_set(err, KERR_S3_ERROR, "S3 %s: part %u: the reply has no usable ETag",
 					  shown(key, kb), i + 1);
 		if (rc < 0)
 			goto abort;
@@ -1243,14 +1243,14 @@ int s3_put_file(const struct s3_config *c, const char *key, const char *path, co
 		return -1;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return kiln_err_set(err, "io_error", "opening %s: %s", shown(path, kb), strerror(errno));
+		return kiln_err_set(err, KERR_IO_ERROR, "opening %s: %s", shown(path, kb), strerror(errno));
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		kiln_err_set(err, "io_error", "%s: not a regular file", shown(path, kb));
+		kiln_err_set(err, KERR_IO_ERROR, "%s: not a regular file", shown(path, kb));
 		goto out;
 	}
 	whole = EVP_MD_CTX_new();
 	if (!whole || !EVP_DigestInit_ex(whole, EVP_sha256(), NULL)) {
-		kiln_err_set(err, "s3_error", "out of memory");
+		kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 		goto out;
 	}
 	if (call_open(&call, c, err) < 0)
@@ -1265,7 +1265,7 @@ int s3_put_file(const struct s3_config *c, const char *key, const char *path, co
 			    : put_region(&call, key, NULL, content_type, fd, 0, (uint64_t)st.st_size, sha, &r, err);
 	}
 	if (rc == 0 && sha256_out && digest_final_hex(whole, sha256_out) < 0)
-		rc = kiln_err_set(err, "s3_error", "SHA-256 failed");
+		rc = kiln_err_set(err, KERR_S3_ERROR, "SHA-256 failed");
 out:
 	if (bytes_sent)
 		*bytes_sent += call.bytes_sent;
@@ -1318,10 +1318,10 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 		return -1;
 	/* Same directory, so the rename is atomic. */
 	if (asprintf(&tmp, "%s.s3tmp.XXXXXX", path) < 0)
-		return kiln_err_set(err, "s3_error", "out of memory");
+		return kiln_err_set(err, KERR_S3_ERROR, "out of memory");
 	fd = mkostemp(tmp, O_CLOEXEC);
 	if (fd < 0) {
-		kiln_err_set(err, "io_error", "creating %s: %s", shown(tmp, kb), strerror(errno));
+		kiln_err_set(err, KERR_IO_ERROR, "creating %s: %s", shown(tmp, kb), strerror(errno));
 		goto out;
 	}
 	q.out_fd = fd;
@@ -1331,7 +1331,7 @@ int s3_get_file(const struct s3_config *c, const char *key, const char *path, st
 	if (rc == 0 && !ok_status(r.status))
 		rc = fail_status(c, &q, &r, err);
 	if (rc == 0 && (fchmod(fd, 0644) < 0 || fsync(fd) < 0 || rename(tmp, path) < 0))
-		rc = kiln_err_set(err, "io_error", "writing %s: %s", shown(path, kb), strerror(errno));
+		rc = kiln_err_set(err, KERR_IO_ERROR, "writing %s: %s", shown(path, kb), strerror(errno));
 out:
 	call_close(&call);
 	reply_free(&r);
@@ -1417,11 +1417,11 @@ char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expire
 	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
 		return NULL;
 	if (expires_s < 1 || expires_s > 604800) {
-		kiln_err_set(err, "s3_error", "presigned URL lifetime %u s: must be 1..604800 (7 days)", expires_s);
+		kiln_err_set(err, KERR_S3_ERROR, "presigned URL lifetime %u s: must be 1..604800 (7 days)", expires_s);
 		return NULL;
 	}
 	if (endpoint_host(c, host, sizeof(host), &path, &path_len) < 0 || !gmtime_r(&now, &tm)) {
-		kiln_err_set(err, "s3_error", "S3 endpoint %.200s: no host", c->endpoint);
+		kiln_err_set(err, KERR_S3_ERROR, "S3 endpoint %.200s: no host", c->endpoint);
 		return NULL;
 	}
 	strftime(date, sizeof(date), "%Y%m%d", &tm);
@@ -1460,7 +1460,7 @@ char *s3_presign_get(const struct s3_config *c, const char *key, unsigned expire
 	}
 	goto out;
 nomem:
-	kiln_err_set(err, "s3_error", "out of memory signing the URL");
+	kiln_err_set(err, KERR_S3_ERROR, "out of memory signing the URL");
 out:
 	free(ekey);
 	free(query);

@@ -22,7 +22,7 @@ _Static_assert(SPEC_MAX_ARGS <= PROTO_MAX_ARGS, "argv bound exceeds the protocol
 _Static_assert(SPEC_MAX_ENV <= PROTO_MAX_ENV, "env bound exceeds the protocol's");
 _Static_assert(SPEC_EXEC_RESERVE < PROTO_MAX_PAYLOAD, "exec reserve exceeds a frame");
 
-#define SPEC_ERR "invalid_spec"
+#define SPEC_ERR KERR_INVALID_SPEC
 
 /* Room for the longest JSON path we build: "env." + a name of
  * SPEC_MAX_ENV_KEY bytes, or "files[<size_t>].content_b64". */
@@ -43,7 +43,7 @@ static int fail(struct kiln_err *err, const char *path, const char *fmt, ...)
 
 static int fail_nomem(struct kiln_err *err)
 {
-	return kiln_err_set(err, "host_error", "out of memory while parsing the spec");
+	return kiln_err_set(err, KERR_HOST_ERROR, "out of memory while parsing the spec");
 }
 
 /* Client-provided strings echoed in an error message (unknown keys, bad

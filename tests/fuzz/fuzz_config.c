@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check(ftruncate(fd, 0) == 0 && pwrite(fd, data, size, 0) == (ssize_t)size);
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	if (config_load(path, &c, &err) < 0) {
-		check(!strcmp(err.code, "config") && err.message[0]);
+		check(err.errc == KERR_CONFIG && err.message[0]);
 		return 0;
 	}
 	check(c.pool_size >= -1 && c.pool_size <= 256 && c.prestart >= -1 && c.prestart <= 256);

@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (qcow2_header_check(buf, size, "/var/cache/kiln/snapshots/0123456789abcdef/disk.qcow2", &err) == 0) {
 		if (size < 72 || be32(buf) != 0x514649fbu || be32(buf + 32) != 0 || be32(buf + 60) != 0)
 			abort();
-	} else if (strcmp(err.code, "snapshot_corrupt")) {
+	} else if (err.errc != KERR_SNAPSHOT_CORRUPT) {
 		abort();
 	}
 	free(buf);

@@ -146,7 +146,7 @@ static void fuzz_key_under(const uint8_t *data, size_t size)
 			free(forms[f]);
 		}
 	} else {
-		check(!strcmp(err.code, "s3_key_outside") && err.message[0]);
+		check(err.errc == KERR_S3_KEY_OUTSIDE && err.message[0]);
 	}
 	free(key);
 }

@@ -41,7 +41,7 @@ static void check_network(const struct task_spec *s)
 	for (i = 0; i < s->nnet_rules; i++) {
 		const struct spec_net_rule *r = &s->net_rules[i];
 		char text[SPEC_NET_RULE_TEXT], json[SPEC_NET_RULE_TEXT + 96];
-		struct kiln_err err = { "", "" };
+		struct kiln_err err = { .code = "" };
 		struct task_spec back;
 		size_t hl = strnlen(r->host, sizeof(r->host));
 
@@ -109,13 +109,13 @@ static void check_ok(const struct task_spec *s)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct task_spec s;
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	if (spec_parse((const char *)data, size, &s, &err) == 0) {
 		check_ok(&s);
 		spec_free(&s);
 	} else {
-		check(strcmp(err.code, "invalid_spec") == 0 || strcmp(err.code, "host_error") == 0);
+		check(err.errc == KERR_INVALID_SPEC || err.errc == KERR_HOST_ERROR);
 		check(err.message[0] != '\0' && strchr(err.message, ':') != NULL);
 		/* spec_parse() leaves *out zeroed on failure. */
 		check(s.argv == NULL && s.files == NULL && s.env == NULL && s.cwd == NULL &&

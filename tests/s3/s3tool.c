@@ -71,7 +71,7 @@ static int fail(const struct kiln_err *err)
 
 static int cmd_put(struct s3_config *c, char **argv, int force_multipart)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char sha[65];
 	uint64_t sent = 0;
 	struct stat st;
@@ -106,7 +106,7 @@ int main(int argc, char **argv)
 		.access_key = env_or("S3_ACCESS_KEY", NULL),
 		.secret_key = getenv("S3_SECRET_KEY"),
 	};
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	const char *cmd;
 	int o, n;
 

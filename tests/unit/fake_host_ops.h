@@ -132,7 +132,7 @@ static int fake_call(void *ctx, const char *base, const char *token, const char 
 	if (reply)
 		*reply = NULL;
 	if (st < 0) {
-		kiln_err_set(err, "host_unreachable", "fake: %s cannot be reached", base);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "fake: %s cannot be reached", base);
 		return -1;
 	}
 	if (reply && b[0])
@@ -157,7 +157,7 @@ static int fake_raw(void *ctx, const char *base, const char *token, const char *
 	memset(r, 0, sizeof(*r));
 	r->status = st;
 	if (st < 0) {
-		kiln_err_set(err, "host_unreachable", "fake: %s cannot be reached", base);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "fake: %s cannot be reached", base);
 		return -1;
 	}
 	if (b[0]) {
@@ -172,13 +172,13 @@ static struct hostclient_stream *fake_stream_open(void *ctx, const char *base, c
 						  const char *method, const char *path, json_t *body,
 						  struct kiln_err *err)
 {
-	kiln_err_set(err, "host_unreachable", "fake: no streams");
+	kiln_err_set(err, KERR_HOST_UNREACHABLE, "fake: no streams");
 	return NULL;
 }
 
 static int fake_stream_status(void *ctx, struct hostclient_stream *h, long timeout_ms, struct kiln_err *err)
 {
-	kiln_err_set(err, "host_unreachable", "fake: no streams");
+	kiln_err_set(err, KERR_HOST_UNREACHABLE, "fake: no streams");
 	return -1;
 }
 

@@ -142,9 +142,9 @@ static int fake_restore(void *ctx, const struct snapshot *s, const struct vm_con
 	f->in_restore = 0;
 	if (f->fail_restores) {
 		f->fail_restores--;
-		r = kiln_err_set(err, "vm_error", "fake restore failure");
+		r = kiln_err_set(err, KERR_VM_ERROR, "fake restore failure");
 	} else if (fake_new_vm_locked(f, vm, FVM_RUNNING) < 0) {
-		r = kiln_err_set(err, "vm_error", "too many fake VMs");
+		r = kiln_err_set(err, KERR_VM_ERROR, "too many fake VMs");
 	}
 	pthread_cond_broadcast(&f->cv);
 	pthread_mutex_unlock(&f->mu);
@@ -161,9 +161,9 @@ static int fake_spawn(void *ctx, const struct snapshot *s, const struct vm_confi
 	f->spawns++;
 	if (f->fail_spawns) {
 		f->fail_spawns--;
-		r = kiln_err_set(err, "vm_error", "fake spawn failure");
+		r = kiln_err_set(err, KERR_VM_ERROR, "fake spawn failure");
 	} else if (fake_new_vm_locked(f, vm, FVM_SPAWNED) < 0) {
-		r = kiln_err_set(err, "vm_error", "too many fake VMs");
+		r = kiln_err_set(err, KERR_VM_ERROR, "too many fake VMs");
 	}
 	pthread_cond_broadcast(&f->cv);
 	pthread_mutex_unlock(&f->mu);
@@ -182,7 +182,7 @@ static int fake_step(struct fake_ops *f, struct vm *vm, enum fake_vm_state from,
 	if (vm->pid <= 0 || vm->pid > f->nvms ||
 	    (from != FVM_NONE ? f->state[vm->pid] != from
 			      : f->state[vm->pid] == FVM_DEAD || f->state[vm->pid] == FVM_DESTROYED))
-		r = kiln_err_set(err, "vm_error", "fake VM %d is not usable", (int)vm->pid);
+		r = kiln_err_set(err, KERR_VM_ERROR, "fake VM %d is not usable", (int)vm->pid);
 	else if (to != FVM_NONE)
 		f->state[vm->pid] = to;
 	pthread_cond_broadcast(&f->cv);
@@ -337,12 +337,12 @@ static int fake_put_file(void *ctx, const struct s3_config *s3, const char *key,
 		if (f->put_failures_left)
 			f->put_failures_left--;
 		pthread_mutex_unlock(&f->mu);
-		return kiln_err_set(err, "s3_error", "fake S3 is down");
+		return kiln_err_set(err, KERR_S3_ERROR, "fake S3 is down");
 	}
 	pthread_mutex_unlock(&f->mu);
 	data = fake_read_file(path, &len);
 	if (!data)
-		return kiln_err_set(err, "io_error", "fake S3: cannot read %s", path);
+		return kiln_err_set(err, KERR_IO_ERROR, "fake S3: cannot read %s", path);
 	fake_sha256_hex(data, len, sha256_hex);
 	*bytes_sent += len;
 	pthread_mutex_lock(&f->mu);
@@ -350,7 +350,7 @@ static int fake_put_file(void *ctx, const struct s3_config *s3, const char *key,
 		;
 	if (i == FAKE_MAX_OBJECTS) {
 		free(data);
-		r = kiln_err_set(err, "s3_error", "fake S3 is full");
+		r = kiln_err_set(err, KERR_S3_ERROR, "fake S3 is full");
 	} else {
 		if (i == f->nobj)
 			f->nobj++;

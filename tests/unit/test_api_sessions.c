@@ -36,7 +36,7 @@ static struct api_config cfg;
 
 static void heartbeat(const char *id, unsigned used)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char url[64];
 	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:b}", "vcpus", "total", 8, "used", used, "memory_mib",
 				"total", 8192, "used", 0, "egress", 0);
@@ -48,7 +48,7 @@ static void heartbeat(const char *id, unsigned used)
 
 static void customer(int auto_pause)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota q;
 
 	quota_defaults(&q);
@@ -61,7 +61,7 @@ static void customer(int auto_pause)
  * running there. idle 60 s, lifetime 3600 s. */
 static void session(const char *host, int running, char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store_session_new n = {
 		.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
 		.max_lifetime_s = 3600, .host_id = host,
@@ -102,7 +102,7 @@ static int wait_state(const char *id, enum session_state want)
 
 static int setup(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct sched_config sconf = {
 		.cluster_token = "tok", .host_lost_after_ms = 10000, .host = &fake_ops, .clock = &fake_clock,
 	};
@@ -174,20 +174,20 @@ static void test_reap_destroy_after_pause(void **state)
 
 	assert_false(sessions_reap_destroy_after_pause(&o));
 	o.status = 502;
-	kiln_err_set(&o.err, "host_error", "x");
+	kiln_err_set(&o.err, KERR_HOST_ERROR, "x");
 	assert_true(sessions_reap_destroy_after_pause(&o));
 	o.status = 409;
-	kiln_err_set(&o.err, "busy", "x");
+	kiln_err_set(&o.err, KERR_BUSY, "x");
 	assert_false(sessions_reap_destroy_after_pause(&o));
-	kiln_err_set(&o.err, "not_running", "x");
+	kiln_err_set(&o.err, KERR_NOT_RUNNING, "x");
 	assert_false(sessions_reap_destroy_after_pause(&o));
-	kiln_err_set(&o.err, "exec_running", "x"); /* the host's own 409 codes */
+	kiln_err_relay(&o.err, "exec_running", KERR_HOST_ERROR, "x"); /* the host's own 409 codes */
 	assert_true(sessions_reap_destroy_after_pause(&o));
 	o.status = 503;
-	kiln_err_set(&o.err, "host_unavailable", "x");
+	kiln_err_set(&o.err, KERR_HOST_UNAVAILABLE, "x");
 	assert_false(sessions_reap_destroy_after_pause(&o));
 	o.status = 404;
-	kiln_err_set(&o.err, "not_found", "x");
+	kiln_err_set(&o.err, KERR_NOT_FOUND, "x");
 	assert_false(sessions_reap_destroy_after_pause(&o));
 }
 
@@ -324,7 +324,7 @@ static void test_reaper_settles_leftovers(void **state)
 	char a[40], b[40], c[40], p[96], r[64];
 	enum session_state prev;
 	json_t *snap;
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	customer(0);
 	ready_h1();

@@ -31,7 +31,7 @@ static int setup(void **state)
 
 static struct store *open_with_task(char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = store_open(path, &err);
 	struct quota q;
 

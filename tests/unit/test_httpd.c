@@ -214,13 +214,13 @@ static enum MHD_Result srv_handler(void *cls, struct MHD_Connection *conn, const
 		httpd_body_init(body, CAP, s->drop_max);
 		*con_cls = body;
 		if (httpd_body_declared_too_big(body, conn))
-			return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "declared");
+			return reply_error(conn, KERR_TOO_LARGE, "declared");
 		return MHD_YES;
 	}
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
 	if (body->too_big)
-		return reply_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "at the end");
+		return reply_error(conn, KERR_TOO_LARGE, "at the end");
 	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body };
 	return httpd_dispatch(s->table, s, &r);
 }

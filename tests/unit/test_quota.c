@@ -82,7 +82,7 @@ static void test_limiter(void **state)
 
 static void test_quota_json(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota q, r;
 	json_t *j;
 
@@ -165,7 +165,7 @@ static void test_streams(void **state)
 
 static void test_checks(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota q;
 	struct usage u = { 0 };
 
@@ -211,7 +211,7 @@ static void test_checks(void **state)
 
 static void test_task_request(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct api_task_request r;
 	struct task_spec spec;
 	const char *body = "{\"language\":\"python\",\"code\":\"print(1)\",\"metadata\":{\"run\":7},"
@@ -271,7 +271,7 @@ static void test_task_request(void **state)
 
 static void test_admin_bodies(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char id[65], name[API_NAME_MAX + 1], url[API_URL_MAX + 1];
 	struct quota q, d;
 	json_t *cap;

@@ -123,7 +123,7 @@ static void test_presign_aws_example(void **state)
 		.access_key = "AKIAIOSFODNN7EXAMPLE",
 		.secret_key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
 	};
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char *url = s3_presign_get(&c, "test.txt", 86400, 1369353600, &err);
 
 	if (!url)
@@ -151,7 +151,7 @@ static void test_presign_path_style(void **state)
 		.access_key = "test:tester",
 		.secret_key = "testing",
 	};
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char *url = s3_presign_get(&c, "dir/sp ace+plus~t:c/\xc3\xa9", 300, 1700000000, &err);
 
 	if (!url)
@@ -208,7 +208,7 @@ static void test_presign_host(void **state)
 
 static void expect_presign_error(const struct s3_config *c, const char *key, unsigned expires, const char *needle)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char *url = s3_presign_get(c, key, expires, 1700000000, &err);
 
 	if (url)
@@ -279,7 +279,7 @@ static void test_refusals_before_network(void **state)
 {
 	const struct s3_config c = { .endpoint = "http://127.0.0.1:1", .region = "us-east-1", .bucket = "kilntest",
 				     .access_key = "a", .secret_key = "s", .attempts = 1 };
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char long_bad[900];
 
 	assert_int_equal(s3_put_buffer(&c, "r\xc3\xa9sum\xc3\xa9/\x1b[2J", "x", 1, NULL, &err), -1);

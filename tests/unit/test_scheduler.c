@@ -33,7 +33,7 @@ static struct sched *sc;
 
 static void customer(const char *id, unsigned max_running)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota q;
 
 	quota_defaults(&q);
@@ -48,7 +48,7 @@ static void customer(const char *id, unsigned max_running)
  * pool_mem MiB and one vCPU. */
 static void heartbeat(const char *id, const char *url, unsigned vt, unsigned vu, unsigned ready, unsigned pool_mem)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:{s:i, s:i, s:i}, s:b}", "vcpus", "total", vt, "used",
 				vu, "memory_mib", "total", 4096, "used", 0, "pool", "ready", ready, "memory_mib",
 				pool_mem, "vcpus", 1, "egress", 0);
@@ -59,7 +59,7 @@ static void heartbeat(const char *id, const char *url, unsigned vt, unsigned vu,
 
 static void submit(const char *cust, unsigned memory_mib, char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	if (store_task_insert(st, cust, "{\"argv\":[\"true\"]}", NULL, 1, memory_mib, NULL, "h", id, &err) != 0)
 		fail_msg("insert: %s", err.message);
@@ -106,7 +106,7 @@ static int wait_count(const char *method, const char *url, const char *p, int wa
 
 static int setup(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct sched_config cfg = {
 		.cluster_token = "tok", .host_lost_after_ms = 10000, .host = &fake_ops, .clock = &fake_clock,
 	};

@@ -34,7 +34,7 @@ static int setup(void **state)
 
 static struct store *open_ok(void)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = store_open(path, &err);
 
 	if (!s)
@@ -44,7 +44,7 @@ static struct store *open_ok(void)
 
 static void customer(struct store *s, const char *id, const struct quota *q)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota d;
 
 	quota_defaults(&d);
@@ -67,7 +67,7 @@ static int create(struct store *s, const char *cust, unsigned vcpus, unsigned me
 
 static void create_ok(struct store *s, const char *cust, char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	if (create(s, cust, 1, 256, id, &err) != 0)
 		fail_msg("session create: %s", err.message);
@@ -80,7 +80,7 @@ static const char *jstr(json_t *j, const char *k)
 
 static void test_create_and_quota(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	struct store_session ss;
 	struct quota q;
@@ -146,7 +146,7 @@ static void test_create_and_quota(void **state)
 
 static void test_lifecycle(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	struct store_session ss, held[8];
 	enum session_state prev;
@@ -263,7 +263,7 @@ static void test_lifecycle(void **state)
 
 static void test_list_and_reopen(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	char ids[5][40], *next = NULL, *spec;
 	struct quota q;
@@ -341,7 +341,7 @@ static void test_list_and_reopen(void **state)
 
 static void test_request_parsers(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct api_session_request r;
 	json_t *j;
 	const char *b;

@@ -20,7 +20,7 @@
 
 static void parse_ok_n(const char *json, size_t len, struct task_spec *s)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	if (spec_parse(json, len, s, &err) != 0)
 		fail_msg("spec_parse(%.300s) failed: %s: %s", json, err.code, err.message);
@@ -36,7 +36,7 @@ static void parse_ok(const char *json, struct task_spec *s)
 static void reject_n(const char *json, size_t len, const char *path, const char *needle)
 {
 	static const struct task_spec zero;
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct task_spec s;
 	size_t pl = strlen(path);
 
@@ -1197,7 +1197,7 @@ static void test_reject_network_duplicates(void **state)
 		{ "{\"argv\":[\"x\"],\"network\":{\"egress\":\"allow\",\"allow\":[\"a.org:1\",\"x.org:5\",\"x.org:5\"]}}",
 		  "network.allow[2]", "duplicates network.allow[1]" },
 	};
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct task_spec s;
 	const char *json;
 
@@ -1287,15 +1287,16 @@ static void test_err_set(void **state)
 	struct kiln_err e;
 	char longer[1000];
 
-	assert_int_equal(kiln_err_set(&e, "vm_error", "boot failed: %d", 5), -1);
+	assert_int_equal(kiln_err_set(&e, KERR_VM_ERROR, "boot failed: %d", 5), -1);
 	assert_string_equal(e.code, "vm_error");
+	assert_int_equal(e.errc, KERR_VM_ERROR);
 	assert_string_equal(e.message, "boot failed: 5");
 	memset(longer, 'x', sizeof(longer) - 1);
 	longer[sizeof(longer) - 1] = '\0';
-	kiln_err_set(&e, longer, "%s", longer);
-	assert_int_equal(strlen(e.code), sizeof(e.code) - 1);
+	kiln_err_set(&e, KERR_HOST_ERROR, "%s", longer);
+	assert_string_equal(e.code, "host_error");
 	assert_int_equal(strlen(e.message), sizeof(e.message) - 1);
-	assert_int_equal(kiln_err_set(NULL, "x", "y"), -1);
+	assert_int_equal(kiln_err_set(NULL, KERR_INTERNAL, "y"), -1);
 }
 
 int main(void)

@@ -38,7 +38,7 @@ static int setup(void **state)
 
 static struct store *open_ok(void)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = store_open(path, &err);
 
 	if (!s)
@@ -48,7 +48,7 @@ static struct store *open_ok(void)
 
 static void customer(struct store *s, const char *id, const struct quota *q)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct quota d;
 
 	quota_defaults(&d);
@@ -58,7 +58,7 @@ static void customer(struct store *s, const char *id, const struct quota *q)
 
 static void submit(struct store *s, const char *cust, char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 
 	if (store_task_insert(s, cust, "{\"argv\":[\"true\"]}", NULL, 1, 256, NULL, "h", id, &err) != 0)
 		fail_msg("insert: %s", err.message);
@@ -112,7 +112,7 @@ static int sql_int(const char *q)
 
 static void test_migrations(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	struct quota q;
 
@@ -144,7 +144,7 @@ static void test_migrations(void **state)
 
 static void test_keys(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	char *k1, *k2, *adm, kid1[32], kid2[32], kida[32], cust[65], wal[300], bad[200];
 	const char *secret;
@@ -199,7 +199,7 @@ static void test_keys(void **state)
 
 static void test_idempotency(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	char a[40], b[40], c[40], d[40];
 
@@ -283,7 +283,7 @@ static void test_transitions(void **state)
 
 static void test_fair_and_list(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	struct store_task t[10];
 	char a[5][40], b[40], *cursor = NULL, *next = NULL;
@@ -394,7 +394,7 @@ static void test_usage_and_cancel(void **state)
 
 static void test_hosts_and_changes(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	json_t *cap = json_pack("{s:{s:i}}", "vcpus", "total", 8), *hosts;
 	uint64_t g;
@@ -434,7 +434,7 @@ static void test_hosts_and_changes(void **state)
 
 static void test_durability(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	char ids[20][40], *key, kid[32], cust[65];
 	int admin;
@@ -532,7 +532,7 @@ static void page_ids(json_t *page, char *out, size_t cap)
 static int walk(struct store *s, int sessions, const char *cust, const char *st, unsigned limit, char *out,
 		size_t cap)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char *cursor = NULL, *next = NULL, ids[1024];
 	size_t o = 0;
 	int pages = 0;
@@ -562,7 +562,7 @@ static int walk(struct store *s, int sessions, const char *cust, const char *st,
 /* Limit and cursor edges, the same for both lists (one helper). */
 static void page_edges(struct store *s, int sessions, char ids[][40], int n)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	char all[2048], got[2048], *next = (char *)1;
 	json_t *page;
 
@@ -640,7 +640,7 @@ static void test_task_page(void **state)
 
 static void session_new(struct store *s, const char *cust, char id[40])
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store_session_new n = {
 		.customer = cust, .spec_json = "{\"limits\":{\"vcpus\":1},\"network\":{\"egress\":\"deny\"}}",
 		.vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60, .max_lifetime_s = 3600, .host_id = "h1",
@@ -775,7 +775,7 @@ static void test_task_and_session_cas(void **state)
 
 static void test_session_quota_resume_discard(void **state)
 {
-	struct kiln_err err = { "", "" };
+	struct kiln_err err = { .code = "" };
 	struct store *s = open_ok();
 	struct store_session_new n = { .customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256,
 				       .idle_timeout_s = 60, .max_lifetime_s = 60, .host_id = "h1" };
