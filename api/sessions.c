@@ -16,6 +16,8 @@
 
 #include <curl/curl.h>
 
+#include "buf.h"
+#include "httpd.h"
 #include "presign.h"
 #include "reply.h"
 #include "request.h"
@@ -57,6 +59,19 @@ static enum MHD_Result host_unavailable(struct MHD_Connection *conn, const char 
 }
 
 /* ---- endpoints ---- */
+
+/* One request being routed: every handler's ctx. */
+struct call {
+	struct sessions *ss;
+	const struct sessions_request *r;
+	struct store_session cur;    /* the session the path names (under /v1/sessions/{id}) */
+};
+
+/* An operation on a session other than reading or deleting it. */
+static enum MHD_Result admin_refused(struct MHD_Connection *conn)
+{
+	return reply_error(conn, KERR_FORBIDDEN, "an admin key may only list, read and delete sessions");
+}
 
 static enum MHD_Result reply_session(struct sessions *ss, struct MHD_Connection *conn, unsigned status,
 				     const char *id)
@@ -119,8 +134,12 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
 	return MHD_YES;
 }
 
-static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_request *r)
+/* POST /v1/sessions */
+static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
 	struct kiln_err err = { .code = "" };
 	struct api_session_request sr;
 	struct sched_need need;
@@ -130,6 +149,9 @@ static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_
 	enum MHD_Result ret;
 	int refused, pr;
 
+	if (r->admin)
+		return reply_error(r->conn, KERR_FORBIDDEN,
+				   "an admin key cannot create sessions: use a customer key");
 	if (store_customer_quota(ss->st, r->customer, &q) < 0)
 		return reply_error(r->conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	if (api_session_request_parse(r->body, r->len, q.allow_egress, &sr, &err) < 0)
@@ -207,8 +229,12 @@ static enum MHD_Result handle_create(struct sessions *ss, const struct sessions_
 	}
 }
 
-static enum MHD_Result handle_list(struct sessions *ss, const struct sessions_request *r)
+/* GET /v1/sessions */
+static enum MHD_Result handle_list(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
 	const char *state = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "state");
 	const char *cursor = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "cursor");
 	const char *lim = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
@@ -356,8 +382,7 @@ static ssize_t relay_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		/* Silence: a keep-alive, between events only. */
 		if (relay_at_boundary(sr)) {
-			snprintf(sr->extra, sizeof(sr->extra), ": keepalive\n\n");
-			sr->extra_len = strlen(sr->extra);
+			sr->extra_len = (size_t)reply_sse_keepalive(sr->extra, sizeof(sr->extra));
 			sr->extra_off = 0;
 		}
 	}
@@ -384,7 +409,6 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 {
 	struct kiln_err err = { .code = "" };
 	struct stream_relay *sr;
-	struct MHD_Response *resp;
 	char path[96];
 	enum MHD_Result ret;
 	int st;
@@ -414,20 +438,18 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	if (st != 200) {
 		/* An error (busy, invalid, gone): its JSON body, whole. */
 		struct hostclient_reply hr = { .status = st };
+		struct buf b;
 		char chunk[4096];
 		long n;
 
-		while (st > 0 && hr.len < (1u << 20) &&
-		       (n = ss->host->stream_read(ss->host->ctx, sr->hs, chunk, sizeof(chunk), 30000, &err)) > 0) {
-			char *b = realloc(hr.body, hr.len + (size_t)n + 1);
-
-			if (!b)
+		/* Up to 1 MiB read, and the last chunk whole. */
+		buf_init(&b, (1u << 20) + sizeof(chunk));
+		while (st > 0 && b.len < (1u << 20) &&
+		       (n = ss->host->stream_read(ss->host->ctx, sr->hs, chunk, sizeof(chunk), 30000, &err)) > 0)
+			if (buf_add(&b, chunk, (size_t)n) < 0)
 				break;
-			hr.body = b;
-			memcpy(hr.body + hr.len, chunk, (size_t)n);
-			hr.len += (size_t)n;
-			hr.body[hr.len] = '\0';
-		}
+		hr.body = b.p; /* NULL when nothing came, as relay() wants; freed with hr */
+		hr.len = b.len;
 		relay_free(sr);
 		if (st < 0)
 			return host_unavailable(r->conn, err.message);
@@ -435,21 +457,16 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 		hostclient_reply_free(&hr);
 		return ret;
 	}
-	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 << 10, relay_read, sr, relay_free);
-	if (!resp) {
-		relay_free(sr);
-		return MHD_NO;
-	}
-	MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-	MHD_add_response_header(resp, "Cache-Control", "no-cache");
-	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
-	MHD_destroy_response(resp);
-	return ret;
+	return reply_sse(r->conn, 64 << 10, relay_read, sr, relay_free);
 }
 
-static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_request *r,
-				   const struct store_session *cur)
+/* POST /v1/sessions/{id}/exec */
+static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
 	const char *stream = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "stream");
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
@@ -459,6 +476,8 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 	json_t *body;
 	unsigned timeout_s;
 
+	if (r->admin)
+		return admin_refused(r->conn);
 	if (!need_running(ss, r, cur, url, &ret))
 		return ret;
 	if (store_customer_quota(ss->st, cur->customer, &q) < 0)
@@ -501,15 +520,20 @@ static enum MHD_Result handle_exec(struct sessions *ss, const struct sessions_re
 /* POST /v1/sessions/{id}/input: input for the session's running interactive
  * command, relayed to its host (which answers at once: it queues it). Not
  * an operation of its own: the command it feeds is one already. */
-static enum MHD_Result handle_input(struct sessions *ss, const struct sessions_request *r,
-				    const struct store_session *cur)
+static enum MHD_Result handle_input(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
 	char url[256], path[96], *text;
 	json_t *body;
 
+	if (r->admin)
+		return admin_refused(r->conn);
 	if (api_input_request_parse(r->body, r->len, &body, &err) < 0)
 		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	if (!need_running(ss, r, cur, url, &ret)) {
@@ -529,20 +553,24 @@ static enum MHD_Result handle_input(struct sessions *ss, const struct sessions_r
 	return ret;
 }
 
-static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_request *r,
-				    const struct store_session *cur)
+/* GET and PUT /v1/sessions/{id}/files */
+static enum MHD_Result handle_files(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
 	const char *p = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "path");
 	const char *d = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "dir");
 	const char *fmt = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "format");
-	int put = !strcmp(r->method, "PUT"), tar = fmt && !strcmp(fmt, "tar");
+	int put = !strcmp(req->method, "PUT"), tar = fmt && !strcmp(fmt, "tar");
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
 	char url[256], path[8400], *enc;
 
-	if (!put && strcmp(r->method, "GET"))
-		return reply_method_not_allowed(r->conn, "GET, PUT");
+	if (r->admin)
+		return admin_refused(r->conn);
 	if (fmt && (!tar || !d || p))
 		return reply_error(r->conn, KERR_INVALID_REQUEST,
 				   "format: only \"tar\", with dir (a whole directory as a tar archive)");
@@ -564,7 +592,7 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 	curl_free(enc);
 	sessions_op_enter(ss, cur->id);
 	store_session_touch(ss->st, cur->id);
-	sessions_host_raw(ss, url, r->method, path, put ? (r->body ? r->body : "") : NULL, put ? r->len : 0,
+	sessions_host_raw(ss, url, req->method, path, put ? (r->body ? r->body : "") : NULL, put ? r->len : 0,
 		       put ? "application/octet-stream" : NULL, FILES_TIMEOUT_MS, HOST_REPLY_MAX, &hr, &err);
 	store_session_touch(ss->st, cur->id);
 	sessions_op_leave(ss, cur->id);
@@ -577,15 +605,21 @@ static enum MHD_Result handle_files(struct sessions *ss, const struct sessions_r
 	return ret;
 }
 
-static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions_request *r,
-				      const struct store_session *cur)
+/* POST /v1/sessions/{id}/outputs */
+static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
 	char url[256], path[96];
 	json_t *j;
 
+	if (r->admin)
+		return admin_refused(r->conn);
 	if (!need_running(ss, r, cur, url, &ret))
 		return ret;
 	snprintf(path, sizeof(path), "/v1/sessions/%s/outputs", cur->id);
@@ -614,9 +648,13 @@ static enum MHD_Result handle_outputs(struct sessions *ss, const struct sessions
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }
 
-static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_request *r,
-				     const struct store_session *cur)
+/* POST /v1/sessions/{id}/resume */
+static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 {
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
 	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
 	enum session_state prev;
@@ -626,6 +664,8 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 	enum MHD_Result ret;
 	int refused, pr, br;
 
+	if (r->admin)
+		return admin_refused(r->conn);
 	if (!(cur->state == SESSION_PAUSED || (cur->state == SESSION_ERROR && cur->has_snapshot))) {
 		char msg[160];
 
@@ -708,7 +748,99 @@ static enum MHD_Result handle_resume(struct sessions *ss, const struct sessions_
 	}
 }
 
-static enum MHD_Result route(struct sessions *ss, const struct sessions_request *r);
+/* GET /v1/sessions/{id} */
+static enum MHD_Result handle_get(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+
+	return reply_session(c->ss, req->conn, MHD_HTTP_OK, req->param[0]);
+}
+
+/* DELETE /v1/sessions/{id} */
+static enum MHD_Result handle_delete(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+	struct sessions_outcome o = { 0 };
+	const char *id = req->param[0];
+
+	sessions_op_enter(c->ss, id);
+	sessions_destroy(c->ss, id, "deleted", &o);
+	sessions_op_leave(c->ss, id);
+	return reply_outcome(c->ss, req->conn, id, &o);
+}
+
+/* POST /v1/sessions/{id}/pause */
+static enum MHD_Result handle_pause(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+	struct sessions_outcome o = { 0 };
+	const char *id = req->param[0];
+
+	if (c->r->admin)
+		return admin_refused(req->conn);
+	if (c->cur.state == SESSION_PAUSED)
+		return reply_error(req->conn, KERR_NOT_RUNNING, "the session is paused already");
+	sessions_op_enter(c->ss, id);
+	sessions_pause(c->ss, id, "paused", &o);
+	sessions_op_leave(c->ss, id);
+	return reply_outcome(c->ss, req->conn, id, &o);
+}
+
+/* Any other method on files: an admin key is refused before the method is
+ * (for the POST operations it is the other way round: kept as it was). */
+static enum MHD_Result files_other(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+
+	if (c->r->admin)
+		return admin_refused(req->conn);
+	return reply_method_not_allowed(req->conn, "GET, PUT");
+}
+
+static const struct httpd_route session_routes[] = {
+	{ "GET", "/v1/sessions", handle_list },
+	{ "POST", "/v1/sessions", handle_create },
+	{ "GET", "/v1/sessions/{id}", handle_get },
+	{ "DELETE", "/v1/sessions/{id}", handle_delete },
+	{ "POST", "/v1/sessions/{id}/exec", handle_exec },
+	{ "POST", "/v1/sessions/{id}/input", handle_input },
+	{ "GET", "/v1/sessions/{id}/files", handle_files },
+	{ "PUT", "/v1/sessions/{id}/files", handle_files },
+	{ NULL, "/v1/sessions/{id}/files", files_other },
+	{ "POST", "/v1/sessions/{id}/outputs", handle_outputs },
+	{ "POST", "/v1/sessions/{id}/pause", handle_pause },
+	{ "POST", "/v1/sessions/{id}/resume", handle_resume },
+};
+
+static const struct httpd_routes session_table = {
+	session_routes, sizeof(session_routes) / sizeof(session_routes[0]), "no such endpoint", ", ",
+};
+
+static enum MHD_Result route(struct sessions *ss, const struct sessions_request *r)
+{
+	struct call c = { .ss = ss, .r = r };
+	struct httpd_req req = { .conn = r->conn, .method = r->method };
+	char url[sizeof(req.path_)];
+
+	/* Another customer's session does not exist, whatever the path under
+	 * it and the method: looked up before the table answers 404 or 405. */
+	if (r->path[0] == '/') {
+		size_t n = strcspn(r->path + 1, "/");
+		char id[40];
+
+		if (n == 0 || n >= sizeof(id))
+			return reply_not_found(r->conn, "no such session");
+		memcpy(id, r->path + 1, n);
+		id[n] = '\0';
+		if (store_session_get(ss->st, id, r->admin ? NULL : r->customer, &c.cur) < 0)
+			return reply_not_found(r->conn, "no such session");
+	}
+	/* Too long for the table is no endpoint of it either. */
+	if ((size_t)snprintf(url, sizeof(url), "/v1/sessions%s", r->path) >= sizeof(url))
+		return reply_not_found(r->conn, "no such endpoint");
+	req.url = url;
+	return httpd_dispatch(&session_table, &c, &req);
+}
 
 enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r)
 {
@@ -717,72 +849,3 @@ enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_reque
 	sessions_release(ss);
 	return ret;
 }
-
-static enum MHD_Result route(struct sessions *ss, const struct sessions_request *r)
-{
-	const char *p = r->path, *slash;
-	struct store_session cur;
-	struct sessions_outcome o = { 0 };
-	char id[40];
-	size_t n;
-
-	if (!*p) {
-		if (!strcmp(r->method, "GET"))
-			return handle_list(ss, r);
-		if (strcmp(r->method, "POST"))
-			return reply_method_not_allowed(r->conn, "GET, POST");
-		if (r->admin)
-			return reply_error(r->conn, KERR_FORBIDDEN,
-					   "an admin key cannot create sessions: use a customer key");
-		return handle_create(ss, r);
-	}
-	if (*p != '/')
-		return reply_not_found(r->conn, "no such endpoint");
-	p++;
-	slash = strchr(p, '/');
-	n = slash ? (size_t)(slash - p) : strlen(p);
-	if (n == 0 || n >= sizeof(id))
-		return reply_not_found(r->conn, "no such session");
-	memcpy(id, p, n);
-	id[n] = '\0';
-	/* Another customer's session does not exist, whatever the path. */
-	if (store_session_get(ss->st, id, r->admin ? NULL : r->customer, &cur) < 0)
-		return reply_not_found(r->conn, "no such session");
-	if (!slash) {
-		if (!strcmp(r->method, "GET"))
-			return reply_session(ss, r->conn, MHD_HTTP_OK, id);
-		if (strcmp(r->method, "DELETE"))
-			return reply_method_not_allowed(r->conn, "GET, DELETE");
-		sessions_op_enter(ss, id);
-		sessions_destroy(ss, id, "deleted", &o);
-		sessions_op_leave(ss, id);
-		return reply_outcome(ss, r->conn, id, &o);
-	}
-	if (!strcmp(slash, "/exec") || !strcmp(slash, "/pause") || !strcmp(slash, "/resume") ||
-	    !strcmp(slash, "/outputs") || !strcmp(slash, "/input")) {
-		if (strcmp(r->method, "POST"))
-			return reply_method_not_allowed(r->conn, "POST");
-	} else if (strcmp(slash, "/files")) {
-		return reply_not_found(r->conn, "no such endpoint");
-	}
-	if (r->admin)
-		return reply_error(r->conn, KERR_FORBIDDEN,
-				   "an admin key may only list, read and delete sessions");
-	if (!strcmp(slash, "/exec"))
-		return handle_exec(ss, r, &cur);
-	if (!strcmp(slash, "/input"))
-		return handle_input(ss, r, &cur);
-	if (!strcmp(slash, "/files"))
-		return handle_files(ss, r, &cur);
-	if (!strcmp(slash, "/outputs"))
-		return handle_outputs(ss, r, &cur);
-	if (!strcmp(slash, "/resume"))
-		return handle_resume(ss, r, &cur);
-	if (cur.state == SESSION_PAUSED)
-		return reply_error(r->conn, KERR_NOT_RUNNING, "the session is paused already");
-	sessions_op_enter(ss, id);
-	sessions_pause(ss, id, "paused", &o);
-	sessions_op_leave(ss, id);
-	return reply_outcome(ss, r->conn, id, &o);
-}
-
