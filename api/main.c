@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "api_config.h"
 #include "s3.h"
 #include "scheduler.h"
 #include "server.h"

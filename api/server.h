@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "config.h"
+#include "api_config.h"
 #include "err.h"
 #include "store.h"
 

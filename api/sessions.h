@@ -15,7 +15,7 @@
 
 #include <microhttpd.h>
 
-#include "config.h"
+#include "api_config.h"
 #include "clock.h"
 #include "err.h"
 #include "host_ops.h"

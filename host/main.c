@@ -18,7 +18,7 @@
 #include "err.h"
 #include "run.h"
 #include "spec.h"
-#include "config.h"
+#include "host_config.h"
 #include "serve.h"
 #include "session.h"
 #include "heartbeat.h"
@@ -455,7 +455,7 @@ struct serve_state {
 	int have_snap, have_net_snap;
 	struct net_host net;
 	struct hostd *hostd;
-	struct sessions *sessions;
+	struct session_table *sessions;
 	struct heartbeat *heartbeat;
 };
 

@@ -35,7 +35,7 @@ struct serve_http {
 	const char *host_id;
 	const struct run_opts *ro;
 	struct hostd *hostd;
-	struct sessions *sessions;
+	struct session_table *sessions;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
 

@@ -38,7 +38,7 @@ struct serve_opts {
 };
 
 struct hostd;
-struct sessions;
+struct session_table;
 struct serve_http;
 
 /* What the HTTP layer serves and where. Everything is borrowed and must
@@ -52,7 +52,7 @@ struct serve_http_config {
 	unsigned connection_timeout_s, max_connections, max_connections_per_address; /* 0: 300, 1024, 512 */
 	const struct run_opts *ro;    /* POST /v1/run */
 	struct hostd *hostd;
-	struct sessions *sessions;
+	struct session_table *sessions;
 };
 
 /* Listen and serve on threads of libmicrohttpd's. NULL with err set. */

@@ -26,7 +26,7 @@
 
 static void *launcher_main(void *arg)
 {
-	struct sessions *ss = arg;
+	struct session_table *ss = arg;
 
 	pthread_mutex_lock(&ss->lock);
 	for (;;) {
@@ -49,7 +49,7 @@ static void *launcher_main(void *arg)
 }
 
 /* vm_start on the launcher thread. */
-static int launch_vm(struct sessions *ss, const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
+static int launch_vm(struct session_table *ss, const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
 {
 	struct launch l = { .cfg = cfg, .vm = vm, .err = err };
 
@@ -63,9 +63,9 @@ static int launch_vm(struct sessions *ss, const struct vm_config *cfg, struct vm
 	return l.rc;
 }
 
-struct sessions *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err)
+struct session_table *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err)
 {
-	struct sessions *ss = calloc(1, sizeof(*ss));
+	struct session_table *ss = calloc(1, sizeof(*ss));
 
 	if (!ss) {
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
@@ -93,7 +93,7 @@ struct sessions *sessions_open(struct hostd *d, const char *host_id, const char 
 	return ss;
 }
 
-void session_teardown(struct sessions *ss, struct session *s)
+void session_teardown(struct session_table *ss, struct session *s)
 {
 	vm_destroy(&s->vm);
 	if (s->net) {
@@ -113,7 +113,7 @@ void session_free(struct session *s)
 	free(s);
 }
 
-void sessions_close(struct sessions *ss)
+void sessions_close(struct session_table *ss)
 {
 	if (!ss)
 		return;
@@ -136,7 +136,7 @@ void sessions_close(struct sessions *ss)
 	free(ss);
 }
 
-json_t *session_json(const struct sessions *ss, const struct session *s)
+json_t *session_json(const struct session_table *ss, const struct session *s)
 {
 	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", s->id, "customer", s->customer, "state",
 			 s->state == SS_RUNNING ? "running" : s->state == SS_PAUSING ? "pausing" : "destroyed", "host_id",
@@ -144,7 +144,7 @@ json_t *session_json(const struct sessions *ss, const struct session *s)
 			 (json_int_t)s->last_active_ms, "vcpus", (int)s->vcpus, "memory_mib", (int)s->memory_mib);
 }
 
-json_t *sessions_list(struct sessions *ss)
+json_t *sessions_list(struct session_table *ss)
 {
 	json_t *a = json_array();
 
@@ -155,7 +155,7 @@ json_t *sessions_list(struct sessions *ss)
 	return json_pack("{s:o}", "sessions", a);
 }
 
-json_t *session_get(struct sessions *ss, const char *id)
+json_t *session_get(struct session_table *ss, const char *id)
 {
 	json_t *j = NULL;
 
@@ -169,7 +169,7 @@ json_t *session_get(struct sessions *ss, const char *id)
 
 /* Take the session for one operation: found, referenced, its op lock held.
  * NULL with err "not_found" or "busy". */
-struct session *session_take(struct sessions *ss, const char *id, struct kiln_err *err)
+struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err)
 {
 	struct session *s;
 
@@ -204,7 +204,7 @@ struct session *session_take(struct sessions *ss, const char *id, struct kiln_er
 
 /* End an operation; with gone, the session also leaves the list and is
  * freed by whoever holds the last reference. */
-void session_put(struct sessions *ss, struct session *s, int gone)
+void session_put(struct session_table *ss, struct session *s, int gone)
 {
 	int free_it;
 
@@ -276,7 +276,7 @@ const struct snapshot *session_template(const struct run_opts *ro, const struct 
 	return snap;
 }
 
-struct session *session_new(struct sessions *ss, const char *id, const char *customer, json_t *spec,
+struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err)
 {
 	struct session *s = calloc(1, sizeof(*s));
@@ -303,7 +303,7 @@ struct session *session_new(struct sessions *ss, const char *id, const char *cus
 }
 
 /* Register s, unless a session with its id is here already. */
-int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err)
+int session_insert(struct session_table *ss, struct session *s, struct kiln_err *err)
 {
 	pthread_mutex_lock(&ss->lock);
 	for (struct session *o = ss->list; o; o = o->next)
@@ -320,7 +320,7 @@ int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err)
 /* Start the session's VM: its network (if any), then QEMU on the overlay
  * s->disk (backed by the template's disk), loading state_fd (a template's
  * device state, or a paused session's whole state with mem_ram). */
-int session_boot(struct sessions *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err)
 {
 	const struct run_opts *ro = hostd_run_opts(ss->d);
@@ -371,7 +371,7 @@ static int make_overlay(const char *disk, const char *backing, struct kiln_err *
 	return 0;
 }
 
-int session_create(struct sessions *ss, const char *id, const char *customer, json_t *spec, json_t **out,
+int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec, json_t **out,
 		   struct kiln_err *err)
 {
 	struct task_spec ts;
@@ -428,7 +428,7 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
 }
 
 
-int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,
+int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err)
 {
 	struct session *s = session_take(ss, id, err);

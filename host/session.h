@@ -17,23 +17,23 @@
 #include "hostd.h"
 #include "run.h"
 
-struct sessions;
+struct session_table;
 
 /* Sessions of this host: their files live in <spool_dir>/sessions/<id>/
  * (what an earlier process left there is removed: its VMs died with it).
  * Uses d for capacity, run options and S3. NULL with err set. */
-struct sessions *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err);
+struct session_table *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err);
 /* Destroy every running session (on shutdown; paused ones are in S3). */
-void sessions_close(struct sessions *ss);
+void sessions_close(struct session_table *ss);
 
 /* {"sessions":[session objects]} / one session object, or NULL. */
-json_t *sessions_list(struct sessions *ss);
-json_t *session_get(struct sessions *ss, const char *id);
+json_t *sessions_list(struct session_table *ss);
+json_t *session_get(struct session_table *ss, const char *id);
 
 /* Start a session. spec: {"limits":{...},"network":{...}} as in a task spec
  * (no code). *out: the session object. Errors: invalid_request,
  * invalid_spec, duplicate, no_capacity, egress_unavailable, vm_error. */
-int session_create(struct sessions *ss, const char *id, const char *customer, json_t *spec, json_t **out,
+int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec, json_t **out,
 		   struct kiln_err *err);
 
 /* Run one command: req {"argv":[...]} or {"language","code"}, optional
@@ -44,7 +44,7 @@ int session_create(struct sessions *ss, const char *id, const char *customer, js
  * command's deadline, past which on_event must not wait: run.h). Returns the result (a task result without
  * outputs), or NULL with err (not_found, busy, invalid_spec). A command that
  * broke the VM ends the session (state "error"). */
-json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
+json_t *session_exec(struct session_table *ss, const char *id, json_t *req,
 		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
 		     struct kiln_err *err);
 
@@ -55,44 +55,44 @@ json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
  * NULL with err (invalid_request, not_found, no_exec: not running now,
  * input_full: the command has not read what came before). Does not wait for
  * the command; safe while it runs (it takes no operation lock). */
-json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err);
+json_t *session_input(struct session_table *ss, const char *id, json_t *req, struct kiln_err *err);
 
 /* Hang up the interactive command exec_id of session id if it still runs
  * (its client went away): SIGHUP as when a terminal closes, SIGKILL to its
  * process group 3 s later; the session's other processes stay. */
-void session_interrupt(struct sessions *ss, const char *id, const char *exec_id);
+void session_interrupt(struct session_table *ss, const char *id, const char *exec_id);
 
 /* Files: write data at path (absolute); read the file at path (malloc'd
  * into *data); list a directory ({"entries":[{name,type,size}]}). */
-int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
+int session_put_file(struct session_table *ss, const char *id, const char *path, const void *data, size_t len,
 		     struct kiln_err *err);
-int session_get_file(struct sessions *ss, const char *id, const char *path, unsigned char **data, size_t *len,
+int session_get_file(struct session_table *ss, const char *id, const char *path, unsigned char **data, size_t *len,
 		     struct kiln_err *err);
-json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, struct kiln_err *err);
+json_t *session_list_dir(struct session_table *ss, const char *id, const char *dir, struct kiln_err *err);
 /* Whole directories as tar (POSIX/GNU format, paths relative to dir):
  * pack dir into *data (malloc'd), or unpack data into dir (created), as the
  * task's user. 0, or -1 with err (not_found, invalid_request: tar's
  * message, too_large). */
-int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
+int session_get_tar(struct session_table *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
 		    struct kiln_err *err);
-int session_put_tar(struct sessions *ss, const char *id, const char *dir, const void *data, size_t len,
+int session_put_tar(struct session_table *ss, const char *id, const char *dir, const void *data, size_t len,
 		    struct kiln_err *err);
 
 /* Pause: save the VM to S3 and destroy it. Returns
  * {"id","state":"paused","snapshot":{"bucket","prefix","bytes","pause_ms"}}
  * or NULL with err. If S3 fails, the saved files stay on this host and a
  * later pause retries the upload (the session is "pausing"). */
-json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err);
+json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err);
 
 /* Resume a paused session of customer from S3 on this host. Errors:
  * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
  * incompatible_snapshot (another image), no_capacity, vm_error. */
-int session_resume(struct sessions *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err);
+int session_resume(struct session_table *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err);
 
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],
  * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,
  * is listed with "skipped" (the reason) and "s3_key" null. */
-json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err);
+json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_err *err);
 
 /* The S3 key of a session's output file rel: malloc'd, built whole and
  * checked with s3_key_check; NULL with err set when no valid key can carry
@@ -103,7 +103,7 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
  * its paused snapshot from S3 (customer may be NULL when the session runs
  * here). keep_snapshot: only this copy goes (a stale one, whose session
  * lives on elsewhere or in S3). */
-int session_delete(struct sessions *ss, const char *id, const char *customer, int keep_snapshot,
+int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err);
 
 #endif

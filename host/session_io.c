@@ -174,7 +174,7 @@ static int vm_broken(json_t *result)
 }
 
 /* The interactive command is over: no more input requests reach it. */
-static void input_close(struct sessions *ss, struct session *s, int rd)
+static void input_close(struct session_table *ss, struct session *s, int rd)
 {
 	pthread_mutex_lock(&ss->lock);
 	if (s->input_wr >= 0)
@@ -188,7 +188,7 @@ static void input_close(struct sessions *ss, struct session *s, int rd)
 
 /* One command in a session whose op lock the caller holds (session_take);
  * *gone says whether the VM broke and the session ended (for session_put). */
-static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
+static json_t *exec_held(struct session_table *ss, struct session *s, json_t *req,
 			 void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx, int *gone,
 			 struct kiln_err *err)
 {
@@ -255,7 +255,7 @@ static json_t *exec_held(struct sessions *ss, struct session *s, json_t *req,
 	return result;
 }
 
-json_t *session_exec(struct sessions *ss, const char *id, json_t *req,
+json_t *session_exec(struct session_table *ss, const char *id, json_t *req,
 		     void (*on_event)(void *ctx, int event, const void *data, size_t len), void *ctx,
 		     struct kiln_err *err)
 {
@@ -281,7 +281,7 @@ static int input_frame(int fd, uint8_t type, const void *p, size_t n)
 	return write(fd, frame, PROTO_HDR_SIZE + n) == (ssize_t)(PROTO_HDR_SIZE + n) ? 0 : -1;
 }
 
-json_t *session_input(struct sessions *ss, const char *id, json_t *req, struct kiln_err *err)
+json_t *session_input(struct session_table *ss, const char *id, json_t *req, struct kiln_err *err)
 {
 	json_t *resize = json_object_get(req, "resize"), *eof = json_object_get(req, "eof"), *v;
 	const char *exec_id = json_string_value(json_object_get(req, "exec_id")), *k;
@@ -378,7 +378,7 @@ out:
 	return r < 0 ? NULL : json_pack("{s:s, s:I}", "exec_id", exec_id, "accepted", (json_int_t)len);
 }
 
-void session_interrupt(struct sessions *ss, const char *id, const char *exec_id)
+void session_interrupt(struct session_table *ss, const char *id, const char *exec_id)
 {
 	pthread_mutex_lock(&ss->lock);
 	for (struct session *s = ss->list; s; s = s->next)
@@ -389,7 +389,7 @@ void session_interrupt(struct sessions *ss, const char *id, const char *exec_id)
 	pthread_mutex_unlock(&ss->lock);
 }
 
-int session_put_file(struct sessions *ss, const char *id, const char *path, const void *data, size_t len,
+int session_put_file(struct session_table *ss, const char *id, const char *path, const void *data, size_t len,
 		     struct kiln_err *err)
 {
 	struct session *s;
@@ -410,7 +410,7 @@ int session_put_file(struct sessions *ss, const char *id, const char *path, cons
 
 /* Run argv in the session and return its stdout decoded from base64 (the
  * command pipes through base64, so any bytes survive the text result). */
-static int exec_base64(struct sessions *ss, const char *id, json_t *argv, unsigned char **data, size_t *len,
+static int exec_base64(struct session_table *ss, const char *id, json_t *argv, unsigned char **data, size_t *len,
 		       struct kiln_err *err)
 {
 	json_t *req = json_pack("{s:o}", "argv", argv), *res;
@@ -459,7 +459,7 @@ static int exec_base64(struct sessions *ss, const char *id, json_t *argv, unsign
 	return 0;
 }
 
-int session_get_file(struct sessions *ss, const char *id, const char *path, unsigned char **data, size_t *len,
+int session_get_file(struct session_table *ss, const char *id, const char *path, unsigned char **data, size_t *len,
 		     struct kiln_err *err)
 {
 	if (!path || proto_abspath_ok(path))
@@ -468,7 +468,7 @@ int session_get_file(struct sessions *ss, const char *id, const char *path, unsi
 	return exec_base64(ss, id, json_pack("[s, s, s, s]", "/usr/bin/base64", "-w0", "--", path), data, len, err);
 }
 
-json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, struct kiln_err *err)
+json_t *session_list_dir(struct session_table *ss, const char *id, const char *dir, struct kiln_err *err)
 {
 	unsigned char *raw = NULL;
 	size_t len = 0, i = 0;
@@ -509,7 +509,7 @@ json_t *session_list_dir(struct sessions *ss, const char *id, const char *dir, s
 	return json_pack("{s:o}", "entries", entries);
 }
 
-int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
+int session_get_tar(struct session_table *ss, const char *id, const char *dir, unsigned char **data, size_t *len,
 		    struct kiln_err *err)
 {
 	if (!dir || proto_abspath_ok(dir))
@@ -524,7 +524,7 @@ int session_get_tar(struct sessions *ss, const char *id, const char *dir, unsign
 			   data, len, err);
 }
 
-int session_put_tar(struct sessions *ss, const char *id, const char *dir, const void *data, size_t len,
+int session_put_tar(struct session_table *ss, const char *id, const char *dir, const void *data, size_t len,
 		    struct kiln_err *err)
 {
 	unsigned char rnd[8];
@@ -601,7 +601,7 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
 	return key;
 }
 
-json_t *session_outputs(struct sessions *ss, const char *id, struct kiln_err *err)
+json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_err *err)
 {
 	struct session *s = session_take(ss, id, err);
 	struct hostd_s3 s3 = { 0 };

@@ -38,7 +38,7 @@ void session_s3_key(char *out, size_t cap, const char *customer, const char *id,
 }
 
 /* Upload the saved files, then the manifest that makes them a snapshot. */
-static int pause_upload(struct sessions *ss, struct session *s, uint64_t *bytes, struct kiln_err *err)
+static int pause_upload(struct session_table *ss, struct session *s, uint64_t *bytes, struct kiln_err *err)
 {
 	struct hostd_s3 s3;
 	json_t *m, *files = json_object();
@@ -85,7 +85,7 @@ out:
 	return r;
 }
 
-json_t *session_pause(struct sessions *ss, const char *id, struct kiln_err *err)
+json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
 {
 	struct session *s = session_take(ss, id, err);
 	int64_t t0 = proto_now_ms();
@@ -165,7 +165,7 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 	return 0;
 }
 
-int session_resume(struct sessions *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err)
+int session_resume(struct session_table *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err)
 {
 	const struct run_opts *ro = hostd_run_opts(ss->d);
 	struct hostd_s3 s3;

@@ -53,7 +53,7 @@ struct launch {
 	struct launch *next;
 };
 
-struct sessions {
+struct session_table {
 	struct hostd *d;
 	char host_id[65];
 	char root[PATH_MAX];
@@ -69,16 +69,16 @@ struct sessions {
 
 /* Take the session for one operation: found, referenced, its op lock held.
  * NULL with err "not_found" or "busy". */
-struct session *session_take(struct sessions *ss, const char *id, struct kiln_err *err);
+struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err);
 /* End an operation; with gone, the session also leaves the list and is
  * freed by whoever holds the last reference. */
-void session_put(struct sessions *ss, struct session *s, int gone);
+void session_put(struct session_table *ss, struct session *s, int gone);
 /* Give back what a session holds on this host: its VM, its network, its
  * reservation and its directory (the caller holds s->op). */
-void session_teardown(struct sessions *ss, struct session *s);
+void session_teardown(struct session_table *ss, struct session *s);
 void session_free(struct session *s);
 /* The public session object (see session.h). */
-json_t *session_json(const struct sessions *ss, const struct session *s);
+json_t *session_json(const struct session_table *ss, const struct session *s);
 
 /* Parse a session spec ({"limits","network"}) as a task spec, so the same
  * rules and messages apply. */
@@ -87,14 +87,14 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
 					struct kiln_err *err);
 /* A new session, not yet registered (session_insert); NULL with err. */
-struct session *session_new(struct sessions *ss, const char *id, const char *customer, json_t *spec,
+struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err);
 /* Register s, unless a session with its id is here already. */
-int session_insert(struct sessions *ss, struct session *s, struct kiln_err *err);
+int session_insert(struct session_table *ss, struct session *s, struct kiln_err *err);
 /* Start the session's VM: its network (if any), then QEMU on the overlay
  * s->disk (backed by the template's disk), loading state_fd (a template's
  * device state, or a paused session's whole state with mem_ram). */
-int session_boot(struct sessions *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err);
 
 /* Pause and resume (session_pause.c) ------------------------------------ */

@@ -2,7 +2,7 @@
  * (and its unit tests) may use. jail.h is the public interface.
  *
  *   plan.c     the mount-point layout every jail replays (struct jail_plan)
- *   config.c   jail_config_*: programs and their libraries into the base plan
+ *   jail_config.c jail_config_*: programs and their libraries into the base plan
  *   seccomp.c  the seccomp filter loaded before the exec
  *   cgroup.c   cgroup v1 directories: find, create with limits, kill, remove;
  *              the crash record and jail_reap
@@ -68,7 +68,7 @@ int plan_err(struct kiln_err *err, const char *path, int r);
 int plan_build(struct jail_plan *p, const struct jail_plan *base, const struct jail_spec *spec,
 	       struct kiln_err *err);
 
-/* ---- config.c ------------------------------------------------------------- */
+/* ---- jail_config.c ------------------------------------------------------------- */
 
 /* The ELF interpreter (PT_INTERP) of path into out; "" for a static program.
  * 0, -ENOEXEC (not a 64-bit ELF we can read) or -errno from open. */

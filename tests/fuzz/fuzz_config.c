@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "host_config.h"
 #include "net.h"
 
 #define check(cond)                                                                              \

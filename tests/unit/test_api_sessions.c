@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "fake_host_ops.h"
-#include "config.h"
+#include "api_config.h"
 #include "quota.h"
 #include "scheduler.h"
 #include "sessions_internal.h"

@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "../../api/config.h" /* kiln-api's; "config.h" is kiln-host's */
+#include "api_config.h"
 #include "conf.h"
-#include "config.h"
+#include "host_config.h"
 #include "hostd.h"
 #include "net.h"
 

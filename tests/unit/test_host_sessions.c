@@ -31,7 +31,7 @@ struct fixture {
 	struct run_opts ro;
 	char spool[64];
 	struct hostd *d;
-	struct sessions *ss;
+	struct session_table *ss;
 };
 
 static int setup(void **state)

@@ -1,5 +1,5 @@
-/* config: parse and validate kiln-api's JSON configuration file. */
-#include "config.h"
+/* api_config: parse and validate kiln-api's JSON configuration file. */
+#include "api_config.h"
 
 #include <errno.h>
 #include <stdio.h>

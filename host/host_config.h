@@ -1,8 +1,8 @@
-/* config: the kiln-host configuration file (JSON). Every setting is optional;
+/* host_config: the kiln-host configuration file (JSON). Every setting is optional;
  * command-line flags override it. Unknown keys are errors, so that a typo
  * never silently leaves a default in place. See README "Configuration". */
-#ifndef KILN_CONFIG_H
-#define KILN_CONFIG_H
+#ifndef KILN_HOST_CONFIG_H
+#define KILN_HOST_CONFIG_H
 
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
-/* config: parse and validate kiln-host's JSON configuration file. */
-#include "config.h"
+/* host_config: parse and validate kiln-host's JSON configuration file. */
+#include "host_config.h"
 #include "vm.h"
 #include "net.h"
 

@@ -1,4 +1,4 @@
-/* config: the host-wide jail settings (struct jail_config). Finds this
+/* jail_config: the host-wide jail settings (struct jail_config). Finds this
  * process's cgroups, builds the seccomp filter, and fills the base plan every
  * jail sees: programs with exactly the libraries their loader resolves,
  * and read-only paths. */

@@ -1,4 +1,4 @@
-/* config: kiln-api's JSON configuration file (README, "kiln-api
+/* api_config: kiln-api's JSON configuration file (README, "kiln-api
  * configuration"). Every key but the secrets' is optional; unknown keys are
  * errors; command-line flags override the file. */
 #ifndef KILN_API_CONFIG_H
