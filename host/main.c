@@ -23,6 +23,7 @@
 #include "session.h"
 #include "heartbeat.h"
 #include "hostd.h"
+#include "io.h"
 #include "pool.h"
 #include "net.h"
 #include "spool.h"
@@ -57,48 +58,15 @@ static void usage(FILE *f)
 
 static char *read_all(const char *path, size_t *len, struct kiln_err *err)
 {
-	FILE *f = strcmp(path, "-") ? fopen(path, "re") : stdin;
-	char *buf = NULL;
-	size_t cap = 0, n = 0;
+	char *text = io_read_file(path, SPEC_MAX_BYTES, len);
 
-	if (!f) {
-		kiln_err_set(err, KERR_INVALID_SPEC, "cannot open %s: %s", path, strerror(errno));
-		return NULL;
-	}
-	for (;;) {
-		size_t r;
-
-		if (cap - n < 65536) {
-			char *p;
-
-			cap = cap ? cap * 2 : 1 << 20;
-			p = realloc(buf, cap);
-			if (!p)
-				break;
-			buf = p;
-		}
-		r = fread(buf + n, 1, cap - n, f);
-		n += r;
-		if (n > SPEC_MAX_BYTES) {
+	if (!text) {
+		if (errno == EFBIG)
 			kiln_err_set(err, KERR_INVALID_SPEC, "spec is larger than %d MiB", SPEC_MAX_BYTES >> 20);
-			goto fail;
-		}
-		if (r == 0)
-			break;
+		else
+			kiln_err_set(err, KERR_INVALID_SPEC, "cannot read %s: %s", path, strerror(errno));
 	}
-	if (ferror(f) || !buf) {
-		kiln_err_set(err, KERR_INVALID_SPEC, "cannot read %s", path);
-		goto fail;
-	}
-	if (f != stdin)
-		fclose(f);
-	*len = n;
-	return buf;
-fail:
-	if (f != stdin)
-		fclose(f);
-	free(buf);
-	return NULL;
+	return text;
 }
 
 static int print_error(const struct kiln_err *err, int status)

@@ -19,6 +19,7 @@
 
 #include "buf.h"
 #include "clock.h"
+#include "condwait.h"
 #include "hostd.h"
 #include "httpd.h"
 #include "reply.h"
@@ -455,7 +456,6 @@ static void exec_stream_free(void *cls)
 static enum MHD_Result handle_exec_stream(struct serve_http *s, struct MHD_Connection *conn, const char *id, json_t *req)
 {
 	struct exec_stream *x = calloc(1, sizeof(*x));
-	pthread_condattr_t ca;
 
 	if (!x) {
 		json_decref(req);
@@ -466,10 +466,7 @@ static enum MHD_Result handle_exec_stream(struct serve_http *s, struct MHD_Conne
 	x->req = req;
 	x->raw = json_is_true(json_object_get(req, "interactive")) || json_is_object(json_object_get(req, "tty"));
 	pthread_mutex_init(&x->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&x->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	condwait_init(&x->cond);
 	if (pthread_create(&x->th, NULL, exec_stream_main, x) != 0) {
 		pthread_cond_destroy(&x->cond);
 		pthread_mutex_destroy(&x->lock);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -88,7 +89,7 @@ char *io_read_file(const char *path, size_t max, size_t *len)
 	int fd, saved;
 	ssize_t r;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : STDIN_FILENO;
 	if (fd < 0)
 		return NULL;
 	for (;;) {
@@ -115,7 +116,8 @@ char *io_read_file(const char *path, size_t max, size_t *len)
 		if (got < cap - 1)
 			break; /* end of file */
 	}
-	close(fd);
+	if (fd != STDIN_FILENO)
+		close(fd);
 	p[got] = 0;
 	if (len)
 		*len = got;
@@ -123,7 +125,8 @@ char *io_read_file(const char *path, size_t max, size_t *len)
 fail:
 	saved = errno;
 	free(p);
-	close(fd);
+	if (fd != STDIN_FILENO)
+		close(fd);
 	errno = saved;
 	return NULL;
 }

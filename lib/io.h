@@ -24,7 +24,7 @@ int io_write_all_deadline(int fd, const void *p, size_t n, int64_t deadline_ms);
  * number of bytes read (< n only at end of file) or a negative errno. */
 ssize_t io_read_all(int fd, void *p, size_t n);
 
-/* Read a whole file of at most max bytes into a malloc'd, NUL-terminated
+/* Read a whole file ("-": standard input) of at most max bytes into a malloc'd, NUL-terminated
  * buffer the caller frees; *len (may be NULL) gets its length. Returns NULL
  * with errno set (EFBIG past max). Any thread. */
 char *io_read_file(const char *path, size_t max, size_t *len);
