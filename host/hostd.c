@@ -95,7 +95,7 @@ struct hostd_task *hostd_task_new(struct hostd *d, const char *id, const char *c
 	t->artifacts = json_object();
 	t->refs = 1; /* the table's */
 	evlog_init(&t->ev, &(struct evlog_opts){ .lock = &d->lock, .cond = &d->changed, .stopping = &d->stopping,
-						 .max_bytes = EVENTS_MAX_BYTES, .short_frame = 1,
+						 .max_bytes = EVENTS_MAX_BYTES,
 						 .truncated_data = "{\"message\":\"event stream truncated: the full "
 								   "output is in stdout.log/stderr.log\"}" });
 	return t;

@@ -1,6 +1,6 @@
 /* evlog: a task's server-sent-event log with cursor readers (see evlog.h).
- * Invariant: l->bytes is the sum over kept blocks of strlen + short_frame
- * (the full "\n\n"-ended length), and the pool's bytes include it. */
+ * Invariant: l->bytes is the sum over kept blocks of their strlen, and the
+ * pool's bytes include it. */
 #include "evlog.h"
 
 #include <errno.h>
@@ -20,7 +20,8 @@ void evlog_init(struct evlog *l, const struct evlog_opts *o)
 /* What a kept block counts against the bounds. */
 static size_t block_bytes(const struct evlog *l, const char *block)
 {
-	return strlen(block) + (l->o.short_frame ? 1 : 0);
+	(void)l;
+	return strlen(block);
 }
 
 void evlog_free(struct evlog *l)
@@ -84,8 +85,6 @@ int evlog_append_locked(struct evlog *l, const char *name, json_t *data)
 	}
 	snprintf(block, len + 1, "event: %s\ndata: %s\n\n", name, js);
 	free(js);
-	if (l->o.short_frame)
-		block[len - 1] = '\0';
 	l->ev[l->n++] = block;
 	l->bytes += len;
 	if (l->o.pool)

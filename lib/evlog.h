@@ -37,10 +37,6 @@ struct evlog_opts {
 	void (*reclaim)(void *ctx);
 	void *reclaim_ctx;
 	const char *truncated_data;  /* the JSON of the "truncated" event */
-	/* kiln-host's blocks have always ended in one newline, not two (a
-	 * size one short in its snprintf); its one consumer, kiln-api's
-	 * hostclient, reads lines, so it works. Set to keep those bytes. */
-	int short_frame;
 };
 
 struct evlog {

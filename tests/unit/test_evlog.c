@@ -43,10 +43,10 @@ static void fixture_fini(struct fixture *f)
 	pthread_cond_destroy(&f->cond);
 }
 
-static void log_init(struct evlog *l, struct fixture *f, size_t max, int short_frame)
+static void log_init(struct evlog *l, struct fixture *f, size_t max)
 {
 	evlog_init(l, &(struct evlog_opts){ .lock = &f->lock, .cond = &f->cond, .stopping = &f->stopping,
-					    .max_bytes = max, .truncated_data = "{}", .short_frame = short_frame });
+					    .max_bytes = max, .truncated_data = "{}" });
 }
 
 static int append(struct evlog *l, struct fixture *f, const char *name, const char *json)
@@ -81,7 +81,7 @@ static void test_blocks_and_cursors(void **state)
 	long n;
 
 	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 0);
+	log_init(&l, &f, 1 << 20);
 	assert_int_equal(append(&l, &f, "state", "{\"state\":\"running\"}"), 0);
 	assert_string_equal(read_now(&l, &a, 1000, 0, &n), "event: state\ndata: {\"state\":\"running\"}\n\n");
 	assert_int_equal(append(&l, &f, "stdout", "{\"data\":\"hi\"}"), 0);
@@ -111,7 +111,7 @@ static void test_split_and_whole(void **state)
 	long n;
 
 	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 0);
+	log_init(&l, &f, 1 << 20);
 	append(&l, &f, "a", "[1]");
 	append(&l, &f, "b", "[22]");
 	snprintf(all, sizeof(all), "%s%s", b1, b2);
@@ -128,23 +128,6 @@ static void test_split_and_whole(void **state)
 	read_now(&l, &c, 4, 1, &n); /* larger than the buffer: cut, and passed */
 	assert_int_equal(n, 4);
 	assert_int_equal(c.next, 1);
-	evlog_free(&l);
-	fixture_fini(&f);
-}
-
-/* kiln-host's framing: one newline at the end of each block. */
-static void test_short_frame(void **state)
-{
-	struct fixture f;
-	struct evlog l;
-	struct evlog_cursor c = { 0 };
-	long n;
-
-	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 1);
-	append(&l, &f, "state", "{\"state\":\"accepted\"}");
-	assert_string_equal(read_now(&l, &c, 1000, 1, &n), "event: state\ndata: {\"state\":\"accepted\"}\n");
-	assert_int_equal(l.bytes, strlen("event: state\ndata: {\"state\":\"accepted\"}\n\n"));
 	evlog_free(&l);
 	fixture_fini(&f);
 }
@@ -189,7 +172,7 @@ static void test_wakeups(void **state)
 	pthread_t th;
 
 	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 0);
+	log_init(&l, &f, 1 << 20);
 	r.deadline = clock_mono_ms() + 60000;
 	reader_start(&th, &r);
 	append(&l, &f, "stdout", "[1]");
@@ -199,7 +182,7 @@ static void test_wakeups(void **state)
 		struct reader r3 = { .l = &l, .deadline = clock_mono_ms() + 60000 };
 		struct evlog l2;
 
-		log_init(&l2, &f, 1 << 20, 0);
+		log_init(&l2, &f, 1 << 20);
 		r3.l = &l2;
 		reader_start(&th, &r3);
 		pthread_mutex_lock(&f.lock);
@@ -213,7 +196,7 @@ static void test_wakeups(void **state)
 		struct reader r4 = { .deadline = clock_mono_ms() + 60000 };
 		struct evlog l3;
 
-		log_init(&l3, &f, 1 << 20, 0);
+		log_init(&l3, &f, 1 << 20);
 		r4.l = &l3;
 		reader_start(&th, &r4);
 		pthread_mutex_lock(&f.lock);
@@ -240,7 +223,7 @@ static void test_close_and_deadline(void **state)
 	long n;
 
 	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 0);
+	log_init(&l, &f, 1 << 20);
 	/* Nothing, a deadline 50 ms ahead: 0, and not before it. */
 	t0 = clock_mono_ms();
 	assert_int_equal(evlog_read(&l, &c, buf, sizeof(buf), t0 + 50, 0), 0);
@@ -272,7 +255,7 @@ static void test_drop(void **state)
 	long n;
 
 	fixture_init(&f);
-	log_init(&l, &f, 1 << 20, 0);
+	log_init(&l, &f, 1 << 20);
 	append(&l, &f, "state", "[1]");
 	append(&l, &f, "stdout", "[2]");
 	read_now(&l, &mid, 100, 1, &n); /* mid has read "state" only */
@@ -325,7 +308,7 @@ static void test_bounds(void **state)
 	fixture_init(&f);
 	/* Per log: 100 bytes take two 35-byte events; the third becomes the
 	 * one note, the fourth is dropped; "state" still goes in. */
-	log_init(&l, &f, 100, 0);
+	log_init(&l, &f, 100);
 	assert_int_equal(append(&l, &f, "stdout", "[\"xxxxxxxxx\"]"), 0);
 	assert_int_equal(append(&l, &f, "stdout", "[\"xxxxxxxxx\"]"), 0);
 	assert_int_equal(l.bytes, 2 * one);
@@ -369,7 +352,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_blocks_and_cursors), cmocka_unit_test(test_split_and_whole),
-		cmocka_unit_test(test_short_frame),        cmocka_unit_test(test_wakeups),
+		cmocka_unit_test(test_wakeups),
 		cmocka_unit_test(test_close_and_deadline), cmocka_unit_test(test_drop),
 		cmocka_unit_test(test_bounds),
 	};

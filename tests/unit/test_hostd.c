@@ -735,6 +735,10 @@ static void task_lifecycle(void **state)
 		assert_string_equal(small, ev);
 		free(small);
 	}
+	/* Server-sent-event framing: each event ends with a blank line (the
+	 * blocks ended with one newline until the stream moved to lib/evlog). */
+	assert_null(strstr(ev, "}\nevent:"));
+	assert_int_equal(strncmp(ev + strlen(ev) - 3, "}\n\n", 3), 0);
 	free(ev);
 	/* Its vCPUs and memory are free again. */
 	j = hostd_capacity_json(x->d);
