@@ -73,16 +73,21 @@ static void *ender_main(void *arg)
 {
 	struct ender *e = arg;
 	struct sessions_outcome o = { 0 };
+	int paused = 0;
 
 	if (e->pause) {
 		sessions_pause(e->ss, e->id, e->reason, &o);
-		if (sessions_reap_destroy_after_pause(&o))
+		paused = 1;
+		if (sessions_reap_destroy_after_pause(&o)) {
+			/* The log says what happened: destroyed, not paused. */
+			paused = 0;
 			sessions_destroy(e->ss, e->id, e->reason, &o);
+		}
 	} else {
 		sessions_destroy(e->ss, e->id, e->reason, &o);
 	}
 	fprintf(stderr, "kiln-api: session %s: %s: %s%s%s\n", e->id, e->reason,
-		o.status == 200 ? (e->pause ? "paused" : "destroyed") : "not ended now", o.status == 200 ? "" : ": ",
+		o.status == 200 ? (paused ? "paused" : "destroyed") : "not ended now", o.status == 200 ? "" : ": ",
 		o.status == 200 ? "" : o.err.message);
 	sessions_op_leave_ending(e->ss, e->id);
 	pthread_mutex_lock(&e->ss->lock);

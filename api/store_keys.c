@@ -400,7 +400,7 @@ int store_key_check(struct store *s, const char *key, char customer[65], int *ad
 int store_host_heartbeat(struct store *s, const char *host_id, const char *url, json_t *capacity,
 			 struct kiln_err *err)
 {
-	char *cap = json_dumps(capacity ? capacity : json_object(), JSON_COMPACT);
+	char *cap = capacity ? json_dumps(capacity, JSON_COMPACT) : strdup("{}");
 	sqlite3_stmt *st;
 	int rc = SQLITE_ERROR;
 
