@@ -81,6 +81,20 @@ int store_step(struct store *s, sqlite3_stmt *st)
 	return rc;
 }
 
+int store_stamp_locked(struct store *s, sqlite3_stmt *st, const char *id)
+{
+	int rc, n;
+
+	if (!st)
+		return -1;
+	sqlite3_bind_int64(st, 1, clock_wall_ms());
+	sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+	rc = store_step(s, st);
+	n = sqlite3_changes(s->db);
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? n : -1;
+}
+
 void store_copy_col(sqlite3_stmt *st, int i, char *out, size_t cap)
 {
 	const char *t = store_col_text(st, i);

@@ -82,6 +82,11 @@ int store_run(struct store *s, enum store_core_stmt id);
 /* sqlite3_step, logging an error other than DONE/ROW. Lock held. */
 int store_step(struct store *s, sqlite3_stmt *st);
 
+/* Run st (from stmt(), s->lock held) with ?1 = the wall clock in ms and
+ * ?2 = id: the one-statement "mark this row now" writes (touch, cancel
+ * sent, key revoked). Returns the rows changed, or -1 on a store error. */
+int store_stamp_locked(struct store *s, sqlite3_stmt *st, const char *id);
+
 static inline const char *store_col_text(sqlite3_stmt *st, int i)
 {
 	return (const char *)sqlite3_column_text(st, i);

@@ -342,19 +342,11 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 
 int store_key_revoke(struct store *s, const char *key_id)
 {
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	int n;
 
 	pthread_mutex_lock(&s->lock);
-	st = stmt(s, K_KEY_REVOKE);
-	if (st) {
-		sqlite3_bind_int64(st, 1, clock_wall_ms());
-		sqlite3_bind_text(st, 2, key_id, -1, SQLITE_STATIC);
-		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
-	}
-	if (rc == SQLITE_DONE && n) {
+	n = store_stamp_locked(s, stmt(s, K_KEY_REVOKE), key_id);
+	if (n > 0) {
 		pthread_rwlock_wrlock(&s->keys_lock);
 		for (size_t i = 0; i < s->keys_cap; i++)
 			if (s->keys[i].used && !strcmp(s->keys[i].key_id, key_id))
@@ -362,7 +354,7 @@ int store_key_revoke(struct store *s, const char *key_id)
 		pthread_rwlock_unlock(&s->keys_lock);
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SQLITE_DONE)
+	if (n < 0)
 		return -EIO;
 	return n ? 0 : -ENOENT;
 }

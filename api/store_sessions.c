@@ -308,19 +308,12 @@ out:
 
 int store_session_touch(struct store *s, const char *id)
 {
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR;
+	int n;
 
 	pthread_mutex_lock(&s->lock);
-	st = stmt(s, S_TOUCH);
-	if (st) {
-		sqlite3_bind_int64(st, 1, clock_wall_ms());
-		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
-		rc = store_step(s, st);
-		sqlite3_reset(st);
-	}
+	n = store_stamp_locked(s, stmt(s, S_TOUCH), id);
 	pthread_mutex_unlock(&s->lock);
-	return rc == SQLITE_DONE ? 0 : -1;
+	return n < 0 ? -1 : 0;
 }
 
 /* ---- reading ---- */

@@ -592,19 +592,12 @@ int store_tasks_cancel_pending(struct store *s, struct store_task *out, int max)
 
 int store_task_cancel_sent(struct store *s, const char *id)
 {
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR;
+	int n;
 
 	pthread_mutex_lock(&s->lock);
-	st = stmt(s, T_CANCEL_SENT);
-	if (st) {
-		sqlite3_bind_int64(st, 1, clock_wall_ms());
-		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
-		rc = store_step(s, st);
-		sqlite3_reset(st);
-	}
+	n = store_stamp_locked(s, stmt(s, T_CANCEL_SENT), id);
 	pthread_mutex_unlock(&s->lock);
-	return rc == SQLITE_DONE ? 0 : -1;
+	return n < 0 ? -1 : 0;
 }
 
 enum store_cancel store_task_cancel(struct store *s, const char *id, const char *customer, enum task_state *state)
