@@ -28,19 +28,29 @@
 
 /* ---- requests in flight ---- */
 
+/* id's entry in the in-flight list, made (count 0) if it has none; NULL
+ * when out of memory. ss->lock held. */
+static struct op *op_get_locked(struct sessions *ss, const char *id)
+{
+	struct op *o;
+
+	for (o = ss->inflight; o; o = o->next)
+		if (!strcmp(o->id, id))
+			return o;
+	if ((o = calloc(1, sizeof(*o)))) {
+		snprintf(o->id, sizeof(o->id), "%s", id);
+		o->next = ss->inflight;
+		ss->inflight = o;
+	}
+	return o;
+}
+
 void sessions_op_enter(struct sessions *ss, const char *id)
 {
 	struct op *o;
 
 	pthread_mutex_lock(&ss->lock);
-	for (o = ss->inflight; o; o = o->next)
-		if (!strcmp(o->id, id))
-			break;
-	if (!o && (o = calloc(1, sizeof(*o)))) {
-		snprintf(o->id, sizeof(o->id), "%s", id);
-		o->next = ss->inflight;
-		ss->inflight = o;
-	}
+	o = op_get_locked(ss, id);
 	if (o)
 		o->n++;
 	pthread_mutex_unlock(&ss->lock);
@@ -70,14 +80,7 @@ int sessions_op_enter_ending(struct sessions *ss, const char *id)
 	int r = 0;
 
 	pthread_mutex_lock(&ss->lock);
-	for (o = ss->inflight; o; o = o->next)
-		if (!strcmp(o->id, id))
-			break;
-	if (!o && (o = calloc(1, sizeof(*o)))) {
-		snprintf(o->id, sizeof(o->id), "%s", id);
-		o->next = ss->inflight;
-		ss->inflight = o;
-	}
+	o = op_get_locked(ss, id);
 	if (o && !o->ending) {
 		o->n++;
 		o->ending = 1;

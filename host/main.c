@@ -472,7 +472,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	struct kiln_err err = { .code = "" };
 	struct hostd_config hc;
 	sigset_t set;
-	int sig;
+	int sig, rc = 3;
 	char key[17];
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
@@ -586,9 +586,12 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		reload_s3(&s);
 	}
 	fprintf(stderr, "kiln-host: %s: shutting down\n", strsignal(sig));
+	rc = 0;
+fail:
 	/* Streams and running tasks end first, then the HTTP threads, then the rest. */
 	heartbeat_stop(s.heartbeat);
-	hostd_stop(s.hostd);
+	if (rc == 0)
+		hostd_stop(s.hostd);
 	serve_http_stop(http);
 	sessions_close(s.sessions);
 	hostd_close(s.hostd);
@@ -598,20 +601,9 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	if (s.have_net_snap)
 		snapshot_close(&s.net_snap);
 	net_host_fini(&s.net);
-	return 0;
-fail:
-	heartbeat_stop(s.heartbeat);
-	serve_http_stop(http);
-	sessions_close(s.sessions);
-	hostd_close(s.hostd);
-	pool_stop(s.pool);
-	if (s.have_snap)
-		snapshot_close(&s.snap);
-	if (s.have_net_snap)
-		snapshot_close(&s.net_snap);
-	net_host_fini(&s.net);
-	fprintf(stderr, "kiln-host: %s\n", err.message);
-	return 3;
+	if (rc)
+		fprintf(stderr, "kiln-host: %s\n", err.message);
+	return rc;
 }
 
 /* Settings from the configuration file first; flags parsed afterwards win. */
