@@ -26,6 +26,7 @@
 	KERR(INVALID_JSON, "invalid_json", 400)                                                      \
 	KERR(INVALID_SPEC, "invalid_spec", 400)                                                      \
 	KERR(INVALID_REQUEST, "invalid_request", 400)                                                \
+	KERR(INVALID_RECIPE, "invalid_recipe", 400)                                                  \
 	KERR(OVER_QUOTA, "over_quota", 400)                                                          \
 	KERR(EGRESS_NOT_ALLOWED, "egress_not_allowed", 400)                                          \
 	KERR(UNAUTHORIZED, "unauthorized", 401)                                                      \
@@ -41,8 +42,14 @@
 	KERR(NOT_PAUSED, "not_paused", 409)                                                          \
 	KERR(INCOMPATIBLE_SNAPSHOT, "incompatible_snapshot", 409)                                    \
 	KERR(NO_EXEC, "no_exec", 409)                                                                \
+	KERR(TEMPLATE_NOT_READY, "template_not_ready", 409)                                          \
+	KERR(TEMPLATE_IN_USE, "template_in_use", 409)                                                \
+	KERR(CANCELLED, "cancelled", 409)                                                            \
 	KERR(TOO_LARGE, "too_large", 413)                                                            \
 	KERR(SNAPSHOT_CORRUPT, "snapshot_corrupt", 422)                                              \
+	KERR(INVALID_IMAGE, "invalid_image", 422)                                                    \
+	KERR(BUILD_FAILED, "build_failed", 422)                                                      \
+	KERR(BUILD_TIMEOUT, "build_timeout", 422)                                                    \
 	KERR(RATE_LIMITED, "rate_limited", 429)                                                      \
 	KERR(QUEUE_FULL, "queue_full", 429)                                                          \
 	KERR(QUOTA_EXCEEDED, "quota_exceeded", 429)                                                  \
@@ -61,6 +68,7 @@
 	KERR(EGRESS_UNAVAILABLE, "egress_unavailable", 503)                                          \
 	KERR(S3_UNAVAILABLE, "s3_unavailable", 503)                                                  \
 	KERR(INPUT_FULL, "input_full", 503)                                                          \
+	KERR(NO_TEMPLATE, "no_template", 503)                                                        \
 	KERR(UNAVAILABLE, "unavailable", 503)                                                        \
 	KERR(INTERNAL, "internal", 500)                                                              \
 	/* inside the daemons and tools: task results, logs, exit codes */                           \

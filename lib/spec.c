@@ -7,6 +7,7 @@
 #include "spec.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
@@ -563,7 +564,37 @@ static int parse_cwd(json_t *j, struct task_spec *out, struct kiln_err *err)
 				    "(no empty components or trailing '/', at most %d bytes)", PROTO_MAX_PATH);
 	}
 	out->cwd = memdup_nul(s, n);
+	out->cwd_set = j != NULL;
 	return out->cwd ? 0 : fail_nomem(err);
+}
+
+int spec_template_name_check(const char *name, const char *field, struct kiln_err *err)
+{
+	size_t i, n = strlen(name);
+
+	if (n == 0 || n > SPEC_MAX_TEMPLATE_NAME || !(islower((unsigned char)name[0]) || isdigit((unsigned char)name[0])))
+		return fail(err, field, "must be 1-%d characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
+			    SPEC_MAX_TEMPLATE_NAME);
+	for (i = 1; i < n; i++)
+		if (!islower((unsigned char)name[i]) && !isdigit((unsigned char)name[i]) && !strchr("._-", name[i]))
+			return fail(err, field, "must be 1-%d characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
+				    SPEC_MAX_TEMPLATE_NAME);
+	return 0;
+}
+
+static int parse_template(json_t *j, struct task_spec *out, struct kiln_err *err)
+{
+	const char *s;
+	size_t n;
+
+	if (!j)
+		return 0;
+	if (get_str(j, "template", &s, &n, err))
+		return -1;
+	if (spec_template_name_check(s, "template", err))
+		return -1;
+	out->template_name = memdup_nul(s, n);
+	return out->template_name ? 0 : fail_nomem(err);
 }
 
 static const char *const limit_keys[] = { "vcpus", "memory_mib", "timeout_s", "output_mib", NULL };
@@ -938,7 +969,7 @@ static size_t exec_payload_size(const struct task_spec *s)
 }
 
 static const char *const root_keys[] = {
-	"language", "code", "argv", "files", "env", "cwd", "limits", "network", NULL
+	"language", "code", "argv", "files", "env", "cwd", "limits", "network", "template", NULL
 };
 
 static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
@@ -971,7 +1002,8 @@ static int parse_root(json_t *root, struct task_spec *out, struct kiln_err *err)
 	if (parse_env(json_object_get(root, "env"), out, err) ||
 	    parse_cwd(json_object_get(root, "cwd"), out, err) ||
 	    parse_limits(json_object_get(root, "limits"), out, err) ||
-	    parse_network(json_object_get(root, "network"), out, err))
+	    parse_network(json_object_get(root, "network"), out, err) ||
+	    parse_template(json_object_get(root, "template"), out, err))
 		return -1;
 
 	n = exec_payload_size(out);
@@ -1081,6 +1113,7 @@ void spec_free(struct task_spec *s)
 		free(s->env[i]);
 	free(s->env);
 	free(s->cwd);
+	free(s->template_name);
 	free(s->net_rules);
 	memset(s, 0, sizeof(*s));
 }

@@ -33,6 +33,8 @@
 #define SPEC_DEFAULT_MODE    0644
 #define SPEC_MAX_MODE        0777        /* no setuid/setgid/sticky bits */
 #define SPEC_DEFAULT_CWD     "/work"
+/* "template": 1-63 bytes of [a-z0-9._-], starting with a letter or digit. */
+#define SPEC_MAX_TEMPLATE_NAME 63
 
 #define SPEC_MIN_VCPUS       1
 #define SPEC_MAX_VCPUS       16
@@ -97,6 +99,8 @@ struct task_spec {
 	char **env;                  /* "K=V", nenv entries + NULL; never NULL itself */
 	size_t nenv;
 	char *cwd;                   /* default SPEC_DEFAULT_CWD */
+	int cwd_set;                 /* "cwd" was given (a template's workdir applies otherwise) */
+	char *template_name;         /* "template": a template name, NULL when absent (the default) */
 	uint32_t vcpus, memory_mib, timeout_s, output_mib;
 	int egress;                       /* 0: "none" (no NIC at all), 1: "allow" */
 	struct spec_net_rule *net_rules;  /* nnet_rules entries (NULL with egress 0) */
@@ -121,6 +125,10 @@ struct task_spec {
  * Reentrant; no global state.
  */
 int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_err *err);
+
+/* 0 when name is a valid template name (see SPEC_MAX_TEMPLATE_NAME), else -1
+ * with err set (code "invalid_spec", field `field`). */
+int spec_template_name_check(const char *name, const char *field, struct kiln_err *err);
 
 /* Count '[', '{' and ',' outside strings in p[0..n), stopping once past max
  * (see SPEC_MAX_JSON_NODES): for callers that parse a body that embeds a spec

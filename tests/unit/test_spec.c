@@ -333,7 +333,7 @@ static void test_reject_document(void **state)
 		{ "true", "spec", "must be a JSON object (got a boolean)" },
 		{ "{}", "spec", "one of \"code\" (with \"language\") or \"argv\" is required" },
 		{ "{\"argv\":[\"x\"],\"langauge\":\"python\"}", "spec",
-		  "unknown key \"langauge\" (expected language, code, argv, files, env, cwd, limits, network)" },
+		  "unknown key \"langauge\" (expected language, code, argv, files, env, cwd, limits, network, template)" },
 		{ "{\"argv\":[\"x\"],\"\":1}", "spec", "unknown key \"\"" },
 		{ "{\"argv\":[\"x\"],\"a\\nb\\\"\\u0001\":1}", "spec", "unknown key \"a\\x0ab\\\"\\x01\"" },
 	};
@@ -1299,6 +1299,35 @@ static void test_err_set(void **state)
 	assert_int_equal(kiln_err_set(NULL, KERR_INTERNAL, "y"), -1);
 }
 
+static void test_template(void **state)
+{
+	static const struct reject_case bad[] = {
+		{ "{\"argv\":[\"x\"],\"template\":\"\"}", "template", "1-63 characters" },
+		{ "{\"argv\":[\"x\"],\"template\":\"Data\"}", "template", "a-z, 0-9" },
+		{ "{\"argv\":[\"x\"],\"template\":\"-x\"}", "template", "starting with" },
+		{ "{\"argv\":[\"x\"],\"template\":\"a/b\"}", "template", "a-z, 0-9" },
+		{ "{\"argv\":[\"x\"],\"template\":7}", "template", "must be a string" },
+		{ "{\"argv\":[\"x\"],\"template\":\"a\\u0000\"}", "template", "NUL" },
+		{ "{\"argv\":[\"x\"],\"template\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}", "template",
+		  "1-63" },
+	};
+	struct task_spec s;
+	struct kiln_err err;
+	const char *ok = "{\"argv\":[\"x\"],\"template\":\"python-data.v2_x\",\"cwd\":\"/srv\"}";
+
+	(void)state;
+	REJECT_ALL(bad);
+	assert_int_equal(spec_parse(ok, strlen(ok), &s, &err), 0);
+	assert_string_equal(s.template_name, "python-data.v2_x");
+	assert_int_equal(s.cwd_set, 1);
+	spec_free(&s);
+	assert_int_equal(spec_parse("{\"argv\":[\"x\"]}", 14, &s, &err), 0);
+	assert_null(s.template_name);
+	assert_int_equal(s.cwd_set, 0);
+	assert_string_equal(s.cwd, SPEC_DEFAULT_CWD);
+	spec_free(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1328,6 +1357,7 @@ int main(void)
 		cmocka_unit_test(test_reject_network_duplicates),
 		cmocka_unit_test(test_reject_oversized_document),
 		cmocka_unit_test(test_json_nodes),
+		cmocka_unit_test(test_template),
 		cmocka_unit_test(test_err_set),
 	};
 
