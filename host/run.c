@@ -182,7 +182,8 @@ static int exec_send(struct run_ctx *c, uint32_t flags)
 	mp->flags |= c->exec_flags | c->opts->extra_flags | flags;
 	mp->rows = c->opts->tty_rows;
 	mp->cols = c->opts->tty_cols;
-	mp->uid = mp->gid = 1000; /* the guest's unprivileged `sandbox` user */
+	mp->uid = c->opts->user_set ? c->opts->uid : 1000; /* 1000: the guest's unprivileged `sandbox` user */
+	mp->gid = c->opts->user_set ? c->opts->gid : 1000;
 	snprintf(mp->cwd, sizeof(mp->cwd), "%s", c->spec->cwd);
 	mp->argc = (uint32_t)c->spec->argc;
 	if (mp->argc > PROTO_MAX_ARGS)

@@ -56,6 +56,11 @@ struct run_opts {
 	 * RUN_OUT_MAX_DEPTH). Past either, nothing more is created, the rest of
 	 * the walk is read and dropped, and the result says output_limit. */
 	uint32_t out_max_entries, out_max_depth;
+	/* The user every EXEC runs as: user_set 0 means the guest's unprivileged
+	 * `sandbox` user (1000:1000); a template may name another (an OCI
+	 * image's User, root in a build VM). */
+	int user_set;
+	uint32_t uid, gid;
 };
 
 /* Defaults of run_opts.out_max_*: what an honest kiln-init ever sends
