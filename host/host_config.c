@@ -10,6 +10,7 @@
 
 #include "conf.h"
 #include "fsutil.h"
+#include "spec.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
 
@@ -17,6 +18,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
+	json_t *templates = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
@@ -39,7 +41,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "advertise_url", CONF_STR, &c->advertise_url },
 			{ "heartbeat_ms", CONF_U32, &c->heartbeat_ms, 100, 60000 }, { "network", CONF_OBJ, &network },
 			{ "outputs", CONF_OBJ, &outputs }, { "disk", CONF_OBJ, &disk },
-			{ "debug_console", CONF_BOOL, &c->debug_console },
+			{ "debug_console", CONF_BOOL, &c->debug_console }, { "templates", CONF_OBJ, &templates },
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
@@ -65,6 +67,44 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		};
 		if (conf_take(outputs, "outputs", f, path, 0, err) < 0)
 			goto fail;
+	}
+	if (templates) {
+		json_t *pools = NULL, *ttl = NULL;
+		const struct conf_field f[] = {
+			{ "pools", CONF_OBJ, &pools }, { "disk_budget_mib", CONF_U64, &c->disk_budget_mib, 1, 1ull << 40 },
+			{ "snapshot_ttl_s", CONF_OBJ, &ttl }, { "mirror", CONF_STR, &c->mirror }, { 0 },
+		};
+		const char *k;
+		json_t *v;
+
+		if (conf_take(templates, "templates", f, path, 0, err) < 0)
+			goto fail;
+		if (ttl) {
+			if (!json_is_integer(ttl) || json_integer_value(ttl) < 0 || json_integer_value(ttl) > 365 * 86400) {
+				kiln_err_set(err, KERR_CONFIG, "%s: templates.snapshot_ttl_s: expected 0..%d seconds (0: never)",
+					     path, 365 * 86400);
+				goto fail;
+			}
+			c->snapshot_ttl_s = (unsigned)json_integer_value(ttl);
+			c->snapshot_ttl_set = 1;
+		}
+		if (pools && !json_is_object(pools)) {
+			kiln_err_set(err, KERR_CONFIG, "%s: templates.pools: expected an object {\"NAME\": N}", path);
+			goto fail;
+		}
+		json_object_foreach(pools, k, v) {
+			if (spec_template_name_check(k, "templates.pools", NULL) < 0 || !json_is_integer(v) ||
+			    json_integer_value(v) < 0 || json_integer_value(v) > 256) {
+				kiln_err_set(err, KERR_CONFIG, "%s: templates.pools.%.64s: expected a template name and 0..256",
+					     path, k);
+				goto fail;
+			}
+		}
+		c->template_pools = pools;
+		if (c->mirror && strncmp(c->mirror, "http://", 7) && strncmp(c->mirror, "https://", 8)) {
+			kiln_err_set(err, KERR_CONFIG, "%s: templates.mirror: expected an http:// or https:// URL", path);
+			goto fail;
+		}
 	}
 	if (capacity) {
 		const struct conf_field f[] = {

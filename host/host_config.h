@@ -31,6 +31,12 @@ struct host_config {
 	unsigned max_connections, max_connections_per_address, connection_timeout_s; /* 0: unset */
 	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
 	json_t *network;             /* the "network" section (egress), checked by net_host_init */
+	/* "templates" section (docs/templates.md): */
+	json_t *template_pools;      /* {"NAME": N} warm pool sizes (NULL: none) */
+	uint64_t disk_budget_mib;    /* 0: unset (no budget) */
+	unsigned snapshot_ttl_s;     /* 0: unset */
+	int snapshot_ttl_set;        /* "snapshot_ttl_s" given (0 there: never expire) */
+	const char *mirror;          /* Debian mirror for recipe builds */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

@@ -34,6 +34,7 @@
 #include "proto.h"
 #include "spec.h"
 #include "spool.h"
+#include "template.h"
 #include "textbuf.h"
 
 #define EVENTS_MAX_BYTES (4u << 20) /* per task, kept for late subscribers */
@@ -65,6 +66,10 @@ static struct hostd_task *find_locked(struct hostd *d, const char *id)
 static void task_free(struct hostd_task *t)
 {
 	free(t->spec_json);
+	if (t->tref) {
+		tref_free(t->tref);
+		free(t->tref);
+	}
 	json_decref(t->result);
 	json_decref(t->outputs);
 	json_decref(t->artifacts);
@@ -359,7 +364,39 @@ static void *worker_main(void *arg)
 	} else if (spec_parse(sj, strlen(sj), &spec, &err) < 0) {
 		result = hostd_error_result("invalid_spec", err.code, err.message);
 	} else {
+		struct template_use use = { 0 };
+		int have_use = 0;
+
 		ro = d->ro;
+		if (d->cfg.templates) {
+			/* The task's template: fetched, verified and snapshotted here
+			 * (first use), on this thread, not the HTTP one. */
+			struct hostd_s3 s3;
+			int have_s3 = hostd_s3_take(d, &s3) == 0;
+
+			if (template_acquire(d->cfg.templates, t->tref, spec.egress, have_s3 ? &s3.c : NULL, &use, &err) < 0) {
+				fprintf(stderr, "kiln-host: task %s: template %s: %s\n", t->id, t->tref ? t->tref->name : "default",
+					err.message);
+				result = hostd_error_result("host_error", err.code, err.message);
+				if (have_s3)
+					hostd_s3_free(&s3);
+				spec_free(&spec);
+				goto ran;
+			}
+			if (have_s3)
+				hostd_s3_free(&s3);
+			have_use = 1;
+			ro.vm.disk = use.rootfs;
+			ro.vm.disk_format = "raw";
+			ro.snap = use.snap;
+			ro.net_snap = use.net_snap;
+			ro.pool = use.pool;
+			if (use.user_set) {
+				ro.user_set = 1;
+				ro.uid = use.uid;
+				ro.gid = use.gid;
+			}
+		}
 		ro.output_dir = outdir;
 		ro.stream = NULL;
 		ro.log_excerpt = EXCERPT_BYTES; /* the whole logs are spooled (on_run_event) and go to S3 */
@@ -369,7 +406,12 @@ static void *worker_main(void *arg)
 		ro.event_ctx = w;
 		result = d->ops->run_task(d->ops->ctx, &spec, &ro);
 		spec_free(&spec);
+		if (have_use) {
+			template_release(d->cfg.templates, &use);
+			template_store_gc(d->cfg.templates, 0);
+		}
 	}
+ran:
 	free(sj);
 	if (t->stdout_fd >= 0)
 		fsync(t->stdout_fd);
@@ -526,7 +568,7 @@ void hostd_close(struct hostd *d)
 }
 
 json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
-			    struct kiln_err *err)
+			    json_t **tmpl, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *j, *v;
@@ -534,6 +576,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 
 	*id = *customer = NULL;
 	*spec = NULL;
+	if (tmpl)
+		*tmpl = NULL;
 	j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
 	if (!j) {
 		kiln_err_set(err, KERR_INVALID_JSON, "line %d, column %d: %s", je.line, je.column, je.text);
@@ -552,6 +596,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 			*(!strcmp(k, "id") ? id : customer) = json_string_value(v);
 		} else if (!strcmp(k, "spec")) {
 			*spec = v;
+		} else if (!strcmp(k, "template") && tmpl) {
+			*tmpl = v;
 		} else {
 			kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
 			goto fail;
@@ -566,10 +612,18 @@ fail:
 	json_decref(j);
 	*id = *customer = NULL;
 	*spec = NULL;
+	if (tmpl)
+		*tmpl = NULL;
 	return NULL;
 }
 
 int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, struct kiln_err *err)
+{
+	return hostd_submit_tref(d, id, customer, spec_obj, NULL, err);
+}
+
+int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
+		      struct kiln_err *err)
 {
 	struct task_spec spec;
 	struct hostd_task *t;
@@ -598,7 +652,12 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 	}
 	t = hostd_task_new(d, id, customer);
 	w = malloc(sizeof(*w));
-	if (!t || !w || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (t && tref && (t->tref = malloc(sizeof(*t->tref)))) {
+		*t->tref = *tref;
+		if (tref->env)
+			json_incref(tref->env);
+	}
+	if (!t || !w || (tref && !t->tref) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		spec_free(&spec);
 		free(sj);
 		free(w);
@@ -626,6 +685,8 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 		kiln_err_set(err, KERR_DUPLICATE, "task %s already exists on this host", id);
 		goto refuse;
 	}
+	if (d->cfg.templates && template_check(d->cfg.templates, tref, d->have_s3, err) < 0)
+		goto refuse;
 	if (d->vcpus_used + t->vcpus > d->cfg.vcpus_total) {
 		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", t->vcpus, d->vcpus_used,
 			     d->cfg.vcpus_total);
@@ -825,6 +886,11 @@ void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib)
 	d->vcpus_used -= vcpus;
 	pthread_mutex_unlock(&d->lock);
 	capacity_release(d->cap, memory_mib);
+}
+
+struct template_store *hostd_templates(const struct hostd *d)
+{
+	return d->cfg.templates;
 }
 
 const struct run_opts *hostd_run_opts(const struct hostd *d)

@@ -26,10 +26,15 @@ struct hostd_config {
 	unsigned max_backoff_s;      /* cap of the retry back-off */
 	unsigned retention_s;        /* finished task records are kept this long */
 	const char *accel;           /* for reports: "kvm" or "tcg" */
+	/* The template store (NULL: every task runs on ro as given, the
+	 * default template). Owned by the caller; must outlive the hostd. */
+	struct template_store *templates;
 };
 
 struct hostd;
 struct hostd_task;
+struct template_store;
+struct tref;
 struct vm_ops;
 struct kiln_clock;
 
@@ -51,18 +56,28 @@ void hostd_stop(struct hostd *d);
  * start. */
 void hostd_close(struct hostd *d);
 
-/* Parse a POST /v1/tasks body {"id","customer","spec"}: unknown keys and
- * duplicate keys are refused. Returns the parsed document (the caller
- * decrefs it; *id, *customer and *spec point into it), or NULL with err set
- * ("invalid_json" or "invalid_request", naming the field). Reentrant. */
+/* Parse a POST /v1/tasks body {"id","customer","spec","template"?}: unknown
+ * keys and duplicate keys are refused. Returns the parsed document (the
+ * caller decrefs it; *id, *customer, *spec and *tmpl point into it; *tmpl
+ * is NULL when there is no "template", and is parsed with tref_parse_json),
+ * or NULL with err set ("invalid_json" or "invalid_request", naming the
+ * field). Reentrant. */
 json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
-			    struct kiln_err *err);
+			    json_t **tmpl, struct kiln_err *err);
 
 /* Accept a task: validate (id, customer, spec), reserve vCPUs and memory,
  * write its record durably, start it. Returns 0, or -1 with err->code one of
  * "invalid_request"/"invalid_spec" (400), "duplicate" (409), "no_capacity" and
  * "no_s3" (503), "host_error" (500). Thread-safe. */
 int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec, struct kiln_err *err);
+/* The same for a task on the template tref (NULL: default; copied): a
+ * built-in this host lacks is refused with "no_template" (503), one that
+ * must be fetched without S3 with "no_s3". The template is fetched, verified
+ * and snapshotted on the task's own thread; a failure there ends the task
+ * as error with the template's error (no_template, invalid_image for a
+ * SHA-256 mismatch, s3_*). */
+int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec, const struct tref *tref,
+		      struct kiln_err *err);
 
 /* The task's public JSON (docs/api.md), or NULL when there is no such task. */
 json_t *hostd_task_json(struct hostd *d, const char *id);
@@ -98,6 +113,8 @@ json_t *hostd_capacity_json(struct hostd *d);
  * memory, or refuse with err "no_capacity" naming which; and give it back. */
 int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err);
 void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib);
+/* The template store (NULL: none). */
+struct template_store *hostd_templates(const struct hostd *d);
 /* The run options tasks use (image, snapshots, network, jail). */
 const struct run_opts *hostd_run_opts(const struct hostd *d);
 /* A private copy of the current S3 settings (SIGHUP may replace them):

@@ -6,11 +6,13 @@
 
 #include "buf.h"
 #include "hostd_priv.h"
+#include "template.h"
 
 json_t *hostd_capacity_json(struct hostd *d)
 {
 	unsigned running = 0, uploading = 0, vcpus_used;
 	uint64_t total_mib, used_mib;
+	json_t *j;
 
 	pthread_mutex_lock(&d->lock);
 	for (struct hostd_task *t = d->tasks; t; t = t->next) {
@@ -23,7 +25,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 	total_mib = d->cap->total_mib;
 	used_mib = d->cap->used_mib;
 	pthread_mutex_unlock(&d->cap->lock);
-	return json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
+	j = json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
 			 d->host_id, "accel", d->cfg.accel ? d->cfg.accel : "tcg", "vcpus", "total",
 			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "memory_mib", "total", (json_int_t)total_mib,
 			 "used", (json_int_t)used_mib, "running_tasks", (int)running, "uploading_tasks", (int)uploading,
@@ -31,6 +33,9 @@ json_t *hostd_capacity_json(struct hostd *d)
 			 d->pool ? (int)pool_prestarted(d->pool) : 0, "memory_mib",
 			 d->pool ? (int)pool_memory_mib(d->pool) : 0, "vcpus", d->pool ? (int)pool_vcpus(d->pool) : 0,
 			 "egress", d->ro.net && d->ro.net->enabled);
+	if (j && d->cfg.templates)
+		json_object_set_new(j, "templates", template_store_json(d->cfg.templates));
+	return j;
 }
 
 char *hostd_metrics(struct hostd *d)
@@ -82,6 +87,8 @@ char *hostd_metrics(struct hostd *d)
 		 "# TYPE kiln_host_memory_used_mib gauge\n");
 	buf_printf(&b, "kiln_host_memory_used_mib %llu\n", (unsigned long long)d->cap->used_mib);
 	pthread_mutex_unlock(&d->cap->lock);
+	if (d->cfg.templates)
+		template_store_metrics(d->cfg.templates, &b);
 	if (d->ro.net && d->ro.net->enabled) {
 		struct net_host *n = d->ro.net;
 

@@ -72,6 +72,7 @@ struct hostd_task {
 	int64_t next_upload_ms;      /* monotonic (the hostd's clock) */
 	int64_t upload_started_ms;
 	unsigned refs;               /* table + workers + streams */
+	struct tref *tref;           /* the task's template (NULL: default); until the worker ends */
 	struct hostd_task *next;
 };
 

@@ -27,6 +27,7 @@
 #include "pool.h"
 #include "net.h"
 #include "spool.h"
+#include "template.h"
 #include "snapshot.h"
 #include "vm.h"
 #include "vm_ops.h"
@@ -418,9 +419,8 @@ struct serve_state {
 	const struct serve_opts *o;
 	struct run_opts ro;
 	struct capacity cap;
-	struct pool *pool;
-	struct snapshot snap, net_snap;
-	int have_snap, have_net_snap;
+	struct template_store *templates;
+	struct template_use def;     /* the default template, held for POST /v1/run and legacy callers */
 	struct net_host net;
 	struct hostd *hostd;
 	struct session_table *sessions;
@@ -473,7 +473,6 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	struct hostd_config hc;
 	sigset_t set;
 	int sig, rc = 3;
-	char key[17];
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
 	if (!o->token || !o->token[0]) {
@@ -496,47 +495,28 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	vm_reap_stale(ro->vm.run_dir);
 	if (net_host_init(&s.net, o->network, &err) < 0)
 		goto fail;
-	if (s.net.enabled) {
+	if (s.net.enabled)
 		s.ro.net = &s.net;
-		if (!o->cold) {
-			/* Tasks with egress start from their own template, one with a NIC. */
-			struct vm_config nb = ro->vm;
-			int r;
+	{
+		/* Templates: the default one's snapshots (with a NIC too when
+		 * egress is on) and pool are made now; others on first use. */
+		struct template_store_config tc = {
+			.image_dir = o->image_dir, .cache = o->cache, .base = &ro->vm, .snap_memory_mib = o->snap_memory_mib,
+			.snap_vcpus = o->snap_vcpus, .cold = o->cold, .net = s.net.enabled, .pools = o->template_pools,
+			.default_pool = o->pool_size, .prestart = o->prestart, .disk_budget_mib = o->disk_budget_mib,
+			.snapshot_ttl_s = o->snapshot_ttl_s, .cap = &s.cap, .ops = &vm_ops_real, .clk = &clock_system,
+			.verbose = 1,
+		};
 
-			nb.net = 1;
-			if (snapshot_key(&nb, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
-				goto fail;
-			r = snapshot_open(o->cache, key, &s.net_snap, &err);
-			if (r < 0) {
-				fprintf(stderr, "kiln-host: %s; creating it (the template with a NIC, for egress)\n", err.message);
-				if (snapshot_create(&nb, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.net_snap, &err) < 0)
-					goto fail;
-			}
-			s.have_net_snap = 1;
-			s.ro.net_snap = &s.net_snap;
-		}
-	}
-	if (!o->cold) {
-		int r;
-
-		if (snapshot_key(&ro->vm, o->snap_memory_mib, o->snap_vcpus, key, &err) < 0)
+		s.templates = template_store_open(&tc, &err);
+		if (!s.templates)
 			goto fail;
-		r = snapshot_open(o->cache, key, &s.snap, &err);
-		if (r < 0) {
-			fprintf(stderr, "kiln-host: %s; creating it\n", err.message);
-			if (snapshot_create(&ro->vm, o->cache, o->snap_memory_mib, o->snap_vcpus, 1, &s.snap, &err) < 0)
-				goto fail;
-		}
-		s.have_snap = 1;
-		s.ro.snap = &s.snap;
-		if (o->pool_size || o->prestart) {
-			s.pool = pool_start(&s.snap, &ro->vm, o->pool_size, o->prestart, &s.cap, &vm_ops_real, &clock_system);
-			if (!s.pool) {
-				kiln_err_set(&err, KERR_HOST_ERROR, "cannot start the pool");
-				goto fail;
-			}
-			s.ro.pool = s.pool;
-		}
+		if (template_acquire(s.templates, NULL, s.net.enabled, NULL, &s.def, &err) < 0)
+			goto fail;
+		s.ro.snap = s.def.snap;
+		s.ro.net_snap = s.def.net_snap;
+		s.ro.pool = s.def.pool;
+		template_store_gc(s.templates, 1);
 	}
 	hc = (struct hostd_config){
 		.host_id = o->host_id,
@@ -548,8 +528,9 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.max_backoff_s = o->max_backoff_s,
 		.retention_s = o->retention_s ? o->retention_s : 86400,
 		.accel = vm_accel_name(ro->vm.accel),
+		.templates = s.templates,
 	};
-	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.pool, &vm_ops_real, &clock_system, &err);
+	s.hostd = hostd_open(&hc, &s.ro, &s.cap, s.ro.pool, &vm_ops_real, &clock_system, &err);
 	if (!s.hostd)
 		goto fail;
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
@@ -595,11 +576,10 @@ fail:
 	serve_http_stop(http);
 	sessions_close(s.sessions);
 	hostd_close(s.hostd);
-	pool_stop(s.pool);
-	if (s.have_snap)
-		snapshot_close(&s.snap);
-	if (s.have_net_snap)
-		snapshot_close(&s.net_snap);
+	if (s.templates) {
+		template_release(s.templates, &s.def);
+		template_store_close(s.templates); /* its pools and snapshots */
+	}
 	net_host_fini(&s.net);
 	if (rc)
 		fprintf(stderr, "kiln-host: %s\n", err.message);
@@ -654,6 +634,11 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 	if (hc->s3.endpoint)
 		so->s3 = &hc->s3;
 	so->network = hc->network;
+	so->template_pools = hc->template_pools;
+	so->disk_budget_mib = hc->disk_budget_mib;
+	if (hc->snapshot_ttl_set)
+		so->snapshot_ttl_s = hc->snapshot_ttl_s;
+	so->mirror = hc->mirror;
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
 	so->retention_s = hc->retention_s;
@@ -682,7 +667,7 @@ static int cmd_serve(int argc, char **argv)
 	static struct host_config hc;
 	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
-				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool" };
+				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400 };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	unsigned v;
@@ -795,6 +780,7 @@ static int cmd_serve(int argc, char **argv)
 	so.cache = cm.cache;
 	if (common_finish(&cm, &err) < 0)
 		return print_error(&err, 3);
+	so.image_dir = cm.image_dir;
 	ro.vm = cm.vm;
 	ro.vm.console_file = hc.debug_console > 0;
 	if (hc.disk_set) {

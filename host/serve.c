@@ -26,6 +26,7 @@
 #include "run.h"
 #include "session.h"
 #include "spec.h"
+#include "template.h"
 #include "textbuf.h"
 
 /* A request body (a task spec, a session call) is at most this long. */
@@ -83,12 +84,22 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *body, *spec, *v;
+	json_t *body, *spec, *v, *tmpl;
+	struct tref tref;
+	int rc;
 
-	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer, &spec, &err);
+	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer,
+				   &spec, &tmpl, &err);
 	if (!body)
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
-	if (hostd_submit(s->hostd, id, customer, spec, &err) < 0) {
+	if (tmpl && tref_parse_json(tmpl, &tref, &err) < 0) {
+		json_decref(body);
+		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
+	}
+	rc = hostd_submit_tref(s->hostd, id, customer, spec, tmpl ? &tref : NULL, &err);
+	if (tmpl)
+		tref_free(&tref);
+	if (rc < 0) {
 		json_decref(body);
 		return reply_err(conn, &err);
 	}
@@ -496,12 +507,28 @@ static enum MHD_Result sessions_get_list(void *ctx, struct httpd_req *r)
 	return reply_json(r->conn, MHD_HTTP_OK, sessions_list(s->sessions));
 }
 
-/* POST /v1/sessions {"id","customer","spec"} */
+/* The top-level "template" member of a session request (absent: *has 0). */
+static int body_tref(json_t *j, struct tref *out, int *has, struct kiln_err *err)
+{
+	json_t *v = json_object_get(j, "template");
+
+	*has = 0;
+	if (!v)
+		return 0;
+	if (tref_parse_json(v, out, err) < 0)
+		return -1;
+	*has = 1;
+	return 0;
+}
+
+/* POST /v1/sessions {"id","customer","spec","template"?} */
 static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	json_t *j, *out = NULL;
+	struct tref tref;
+	int has_tref, rc;
 
 	if (!(j = body_json(r->body, &err)))
 		return reply_err(r->conn, &err);
@@ -509,9 +536,17 @@ static enum MHD_Result sessions_post(void *ctx, struct httpd_req *r)
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "id and customer: expected strings");
 	}
-	if (session_create(s->sessions, json_string_value(json_object_get(j, "id")),
-			   json_string_value(json_object_get(j, "customer")),
-			   json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), &out, &err) < 0) {
+	if (body_tref(j, &tref, &has_tref, &err) < 0) {
+		json_decref(j);
+		return reply_err(r->conn, &err);
+	}
+	rc = session_create(s->sessions, json_string_value(json_object_get(j, "id")),
+			    json_string_value(json_object_get(j, "customer")),
+			    json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), has_tref ? &tref : NULL,
+			    &out, &err);
+	if (has_tref)
+		tref_free(&tref);
+	if (rc < 0) {
 		json_decref(j);
 		return reply_err(r->conn, &err);
 	}
@@ -642,13 +677,15 @@ static enum MHD_Result session_pause_post(void *ctx, struct httpd_req *r)
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
-/* POST /v1/sessions/{id}/resume {"customer"} */
+/* POST /v1/sessions/{id}/resume {"customer","template"?} */
 static enum MHD_Result session_resume_post(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
 	json_t *j, *out = NULL;
+	struct tref tref;
+	int has_tref, rc;
 
 	if (!id)
 		return no_session(r->conn);
@@ -658,7 +695,15 @@ static enum MHD_Result session_resume_post(void *ctx, struct httpd_req *r)
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected a string");
 	}
-	if (session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), &out, &err) < 0) {
+	if (body_tref(j, &tref, &has_tref, &err) < 0) {
+		json_decref(j);
+		return reply_err(r->conn, &err);
+	}
+	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), has_tref ? &tref : NULL,
+			    &out, &err);
+	if (has_tref)
+		tref_free(&tref);
+	if (rc < 0) {
 		json_decref(j);
 		return reply_err(r->conn, &err);
 	}

@@ -35,6 +35,12 @@ struct serve_opts {
 	const char *cache;            /* snapshot cache ($KILN_CACHE) */
 	int cold;                     /* no snapshot, no pool: cold boot every task */
 	json_t *network;              /* the config's "network" section (NULL: no egress) */
+	/* Templates (docs/templates.md, "kiln-host's template store"). */
+	const char *image_dir;        /* built-in images */
+	json_t *template_pools;       /* {"NAME": N} (NULL: only the default's --pool) */
+	uint64_t disk_budget_mib;     /* 0: no budget */
+	unsigned snapshot_ttl_s;      /* 0: snapshots never expire */
+	const char *mirror;           /* Debian mirror for recipe builds (NULL: the host's apt sources) */
 };
 
 struct hostd;

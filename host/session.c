@@ -96,6 +96,10 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 void session_teardown(struct session_table *ss, struct session *s)
 {
 	vm_destroy(&s->vm);
+	if (s->has_tu) {
+		template_release(hostd_templates(ss->d), &s->tu);
+		s->has_tu = 0;
+	}
 	if (s->net) {
 		net_sandbox_stop(s->net, NULL);
 		s->net = NULL;
@@ -138,10 +142,14 @@ void sessions_close(struct session_table *ss)
 
 json_t *session_json(const struct session_table *ss, const struct session *s)
 {
-	return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", s->id, "customer", s->customer, "state",
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", s->id, "customer", s->customer, "state",
 			 s->state == SS_RUNNING ? "running" : s->state == SS_PAUSING ? "pausing" : "destroyed", "host_id",
 			 ss->host_id, "created_ms", (json_int_t)s->created_ms, "last_active_ms",
 			 (json_int_t)s->last_active_ms, "vcpus", (int)s->vcpus, "memory_mib", (int)s->memory_mib);
+
+	if (j && s->has_tu)
+		json_object_set_new(j, "template", json_string(s->tu.name));
+	return j;
 }
 
 json_t *sessions_list(struct session_table *ss)
@@ -276,6 +284,39 @@ const struct snapshot *session_template(const struct run_opts *ro, const struct 
 	return snap;
 }
 
+const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
+					     struct kiln_err *err)
+{
+	struct template_store *st = hostd_templates(ss->d);
+	struct run_opts ro = *hostd_run_opts(ss->d);
+	const struct snapshot *snap;
+
+	*has_tu = 0;
+	if (st) {
+		struct hostd_s3 s3;
+		int have_s3 = hostd_s3_take(ss->d, &s3) == 0, r;
+
+		r = template_acquire(st, tref, spec->egress, have_s3 ? &s3.c : NULL, tu, err);
+		if (have_s3)
+			hostd_s3_free(&s3);
+		if (r < 0)
+			return NULL;
+		ro.snap = tu->snap;
+		ro.net_snap = tu->net_snap;
+		*has_tu = 1;
+	} else if (tref && !(tref->builtin && !strcmp(tref->name, "default"))) {
+		kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no template store", tref->name);
+		return NULL;
+	}
+	snap = session_template(&ro, spec, err);
+	if (!snap && *has_tu) {
+		template_release(st, tu);
+		*has_tu = 0;
+	}
+	return snap;
+}
+
 struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err)
 {
@@ -371,13 +412,14 @@ static int make_overlay(const char *disk, const char *backing, struct kiln_err *
 	return 0;
 }
 
-int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec, json_t **out,
-		   struct kiln_err *err)
+int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
+		   const struct tref *tref, json_t **out, struct kiln_err *err)
 {
 	struct task_spec ts;
 	const struct snapshot *snap;
 	struct session *s;
-	int fd, r;
+	struct template_use tu;
+	int fd, r, has_tu = 0;
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
@@ -385,22 +427,30 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
-	snap = session_template(hostd_run_opts(ss->d), &ts, err);
+	snap = session_template_take(ss, tref, &ts, &tu, &has_tu, err);
 	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
+		if (has_tu)
+			template_release(hostd_templates(ss->d), &tu);
 		spec_free(&ts);
 		return -1;
 	}
 	s = session_new(ss, id, customer, spec, &ts, snap, err);
 	if (!s) {
+		if (has_tu)
+			template_release(hostd_templates(ss->d), &tu);
 		hostd_release(ss->d, ts.vcpus, ts.memory_mib);
 		spec_free(&ts);
 		return -1;
 	}
+	s->tu = tu;
+	s->has_tu = has_tu;
 	s->vcpus = ts.vcpus;
 	pthread_mutex_lock(&s->op);
 	s->refs = 1;
 	if (session_insert(ss, s, err) < 0) {
 		hostd_release(ss->d, s->vcpus, s->memory_mib);
+		if (s->has_tu)
+			template_release(hostd_templates(ss->d), &s->tu);
 		pthread_mutex_unlock(&s->op);
 		session_free(s);
 		spec_free(&ts);

@@ -234,6 +234,11 @@ static json_t *exec_held(struct session_table *ss, struct session *s, json_t *re
 	}
 	free(in);
 	opts = *hostd_run_opts(ss->d);
+	if (s->has_tu && s->tu.user_set) {
+		opts.user_set = 1;
+		opts.uid = s->tu.uid;
+		opts.gid = s->tu.gid;
+	}
 	opts.vm.cancel_fd = -1;
 	opts.stream = NULL;
 	opts.on_event = on_event;

@@ -128,6 +128,11 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 		}
 		hostd_release(ss->d, s->vcpus, s->memory_mib);
 		s->vcpus = 0;
+		if (s->has_tu) {
+			/* Paused: the template is no longer in use here. */
+			template_release(hostd_templates(ss->d), &s->tu);
+			s->has_tu = 0;
+		}
 		s->state = SS_PAUSING;
 	}
 	if (pause_upload(ss, s, &bytes, err) < 0) {
@@ -165,9 +170,9 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 	return 0;
 }
 
-int session_resume(struct session_table *ss, const char *id, const char *customer, json_t **out, struct kiln_err *err)
+int session_resume(struct session_table *ss, const char *id, const char *customer, const struct tref *tref, json_t **out,
+		   struct kiln_err *err)
 {
-	const struct run_opts *ro = hostd_run_opts(ss->d);
 	struct hostd_s3 s3;
 	struct task_spec ts = { 0 };
 	const struct snapshot *snap;
@@ -219,7 +224,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		goto fail;
 	}
 	have_ts = 1;
-	snap = session_template(ro, &ts, err);
+	snap = session_template_take(ss, tref, &ts, &s->tu, &s->has_tu, err);
 	if (!snap)
 		goto fail;
 	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {

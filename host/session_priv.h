@@ -19,6 +19,7 @@
 #include "net.h"
 #include "session.h"
 #include "snapshot.h"
+#include "template.h"
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 
@@ -30,6 +31,8 @@ struct session {
 	json_t *spec;            /* {"limits","network"}: kept for the manifest */
 	unsigned vcpus, memory_mib, output_mib;
 	const struct snapshot *snap;
+	struct template_use tu;  /* the session's template while it runs here */
+	int has_tu;
 	char release[65];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
@@ -86,6 +89,12 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 /* The template a session of spec starts from (and is resumed against). */
 const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
 					struct kiln_err *err);
+/* session_template for tref's template (NULL: default) taken from the
+ * host's template store into *tu (*has_tu set; released by
+ * session_teardown or pause). NULL with err. */
+const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
+					     struct kiln_err *err);
 /* A new session, not yet registered (session_insert); NULL with err. */
 struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err);

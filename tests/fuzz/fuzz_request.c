@@ -10,6 +10,7 @@
 
 #include "hostd.h"
 #include "spec.h"
+#include "template.h"
 #include "spool.h"
 
 #define check(cond)                                                                              \
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *spec, *j = hostd_request_parse((const char *)data, size, &id, &customer, &spec, &err);
+	json_t *spec, *tmpl, *j = hostd_request_parse((const char *)data, size, &id, &customer, &spec, &tmpl, &err);
 
 	if (!j) {
 		check(err.code[0] && err.message[0]);
@@ -32,6 +33,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	check(id && customer && spec);
+	if (tmpl) {
+		struct tref t;
+
+		if (tref_parse_json(tmpl, &t, &err) == 0)
+			tref_free(&t);
+		else
+			check(err.message[0]);
+	}
 	if (spool_id_ok(id)) {
 		check(!strchr(id, '/') && strcmp(id, ".") && strcmp(id, "..") && strlen(id) <= 64);
 	}

@@ -142,7 +142,7 @@ static json_t *parse(const char *body, struct kiln_err *err)
 	const char *id, *customer;
 	json_t *spec;
 
-	return hostd_request_parse(body, strlen(body), &id, &customer, &spec, err);
+	return hostd_request_parse(body, strlen(body), &id, &customer, &spec, NULL, err);
 }
 
 static void test_request_parse(void **state)
@@ -152,7 +152,7 @@ static void test_request_parse(void **state)
 	json_t *spec, *j;
 	static const char ok[] = "{\"id\":\"t1\",\"customer\":\"c\",\"spec\":{\"argv\":[\"/bin/true\"]}}";
 
-	j = hostd_request_parse(ok, strlen(ok), &id, &customer, &spec, &err);
+	j = hostd_request_parse(ok, strlen(ok), &id, &customer, &spec, NULL, &err);
 	assert_non_null(j);
 	assert_string_equal(id, "t1");
 	assert_string_equal(customer, "c");

@@ -106,16 +106,16 @@ static void test_create_refused(void **state)
 	json_t *spec = json_pack("{s:{s:i}}", "limits", "vcpus", 1), *bad = json_pack("{s:[s]}", "argv", "true");
 	json_t *out = (json_t *)1;
 
-	assert_int_equal(session_create(x->ss, "../s1", "acme", spec, &out, &err), -1);
+	assert_int_equal(session_create(x->ss, "../s1", "acme", spec, NULL, &out, &err), -1);
 	assert_null(out);
 	assert_string_equal(err.code, "invalid_request");
-	assert_int_equal(session_create(x->ss, "s1", "acme", bad, &out, &err), -1);
+	assert_int_equal(session_create(x->ss, "s1", "acme", bad, NULL, &out, &err), -1);
 	assert_string_equal(err.code, "invalid_spec");
 	assert_non_null(strstr(err.message, "argv"));
-	assert_int_equal(session_create(x->ss, "s1", "acme", json_null(), &out, &err), -1);
+	assert_int_equal(session_create(x->ss, "s1", "acme", json_null(), NULL, &out, &err), -1);
 	assert_string_equal(err.code, "invalid_request");
 	/* This host has no snapshot: it runs cold, so no sessions. */
-	assert_int_equal(session_create(x->ss, "s1", "acme", spec, &out, &err), -1);
+	assert_int_equal(session_create(x->ss, "s1", "acme", spec, NULL, &out, &err), -1);
 	assert_string_equal(err.code, "invalid_spec");
 	assert_non_null(strstr(err.message, "snapshot"));
 	assert_null(session_get(x->ss, "s1"));
@@ -181,9 +181,9 @@ static void test_checked_first(void **state)
 	assert_int_equal(session_put_file(x->ss, "s1", "/work/a", "x", (64u << 20) + 1, &err), -1);
 	assert_string_equal(err.code, "too_large");
 	/* session_pause.c: resume checks the ids, then wants S3. */
-	assert_int_equal(session_resume(x->ss, "s1", "a/b", &out, &err), -1);
+	assert_int_equal(session_resume(x->ss, "s1", "a/b", NULL, &out, &err), -1);
 	assert_string_equal(err.code, "invalid_request");
-	assert_int_equal(session_resume(x->ss, "s1", "acme", &out, &err), -1);
+	assert_int_equal(session_resume(x->ss, "s1", "acme", NULL, &out, &err), -1);
 	assert_string_equal(err.code, "no_s3");
 	assert_null(out);
 	assert_null(session_get(x->ss, "s1"));

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# kiln-host's template store with a real S3 (Swift s3api) and real VMs: a
+# customer template (a copy of the default rootfs with a marker file) is
+# fetched from S3 on first use, verified by its SHA-256, snapshotted, and
+# tasks and sessions run on it (the marker is there, the TREF's uid applies);
+# capacity (the heartbeat's body) and /metrics list it; a TREF whose sha256
+# does not match the object is refused loudly and leaves nothing in the
+# store; a built-in the host lacks is 503 no_template; under a tiny disk
+# budget the least recently used unused template is evicted, never one in
+# use; nothing is left behind.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in swift-proxy-server memcached python3 debugfs resize2fs e2fsck; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+
+S3_DIR=$T_TMP/s3
+TOKEN=tpl-token-$RANDOM$RANDOM
+PORT=$((20000 + RANDOM % 10000))
+URL=http://127.0.0.1:$PORT
+BUCKET=kiln-templates
+CACHE=$T_TMP/cache
+host_pid=
+cleanup() {
+	[ -n "$host_pid" ] && kill "$host_pid" 2> /dev/null && wait "$host_pid" 2> /dev/null
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+
+s3py() {
+	S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY BUCKET=$BUCKET python3 -c '
+import os, sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
+                  aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+b = os.environ["BUCKET"]
+op = sys.argv[1]
+if op == "mkbucket":
+    try:
+        s3.create_bucket(Bucket=b)
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+elif op == "put":
+    s3.upload_file(sys.argv[3], b, sys.argv[2])
+' "$@"
+}
+
+# --- two template images: the default rootfs, shrunk, with a marker each ---
+img_dir=$T_TMP/image
+mkdir -p "$img_dir" "$CACHE"
+for f in vmlinux initramfs.cpio rootfs.ext4; do ln -s "$(readlink -f "$ROOT/build/image/$f")" "$img_dir/$f"; done
+make_template() { # NAME MARKER: $T_TMP/NAME.ext4, its sha256 in $T_TMP/NAME.sha
+	cp --sparse=always "$(readlink -f "$ROOT/build/image/rootfs.ext4")" "$T_TMP/$1.ext4"
+	chmod 0644 "$T_TMP/$1.ext4"
+	e2fsck -fy "$T_TMP/$1.ext4" > /dev/null 2>&1
+	resize2fs -M "$T_TMP/$1.ext4" > /dev/null 2>&1
+	# some room for what the guest writes (snapshot=on: never into the file)
+	local blocks
+	blocks=$(dumpe2fs -h "$T_TMP/$1.ext4" 2> /dev/null | awk -F: '/^Block count/ {print $2 + 8192}')
+	resize2fs "$T_TMP/$1.ext4" "$blocks" > /dev/null 2>&1
+	printf '%s\n' "$2" > "$T_TMP/$1.marker"
+	debugfs -w -R "write $T_TMP/$1.marker /marker" "$T_TMP/$1.ext4" > /dev/null 2>&1
+	sha256sum "$T_TMP/$1.ext4" | cut -d' ' -f1 > "$T_TMP/$1.sha"
+}
+make_template ta "marker-a-$RANDOM"
+make_template tb "marker-b-$RANDOM"
+SHA_A=$(cat "$T_TMP/ta.sha"); SHA_B=$(cat "$T_TMP/tb.sha")
+SIZE_A=$(stat -c %s "$T_TMP/ta.ext4"); SIZE_B=$(stat -c %s "$T_TMP/tb.ext4")
+s3py mkbucket && s3py put "_templates/$SHA_A.ext4" "$T_TMP/ta.ext4" && s3py put "_templates/$SHA_B.ext4" "$T_TMP/tb.ext4" \
+	|| { echo "1..0 # SKIP cannot put the template images into S3"; exit 0; }
+echo "# template images: $SIZE_A bytes each (shrunk copies of the default rootfs)"
+tref() { # NAME SHA SIZE [extra]
+	jq -cn --arg n "$1" --arg s "$2" --argjson z "$3" --argjson x "${4:-{\}}" \
+		'{name: $n, sha256: $s, size: $z, s3_key: ("_templates/" + $s + ".ext4")} + $x'
+}
+TREF_A=$(tref data "$SHA_A" "$SIZE_A" '{"uid":0,"gid":0,"env":["LANG=C.UTF-8"],"workdir":"/work"}')
+TREF_B=$(tref other "$SHA_B" "$SIZE_B")
+
+before_q=$(count_qemu); before_cg=$(count_cgroups); before_m=$(count_mounts)
+
+start_host() { # BUDGET_MIB (0: none)
+	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		--arg cache "$CACHE" --arg img "$img_dir" --argjson budget "$1" \
+		'{listen: ("127.0.0.1:" + $port), host_id: "tpl", token: $token, spool_dir: $spool, run_dir: $run,
+		  cache: $cache, image_dir: $img,
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+		  templates: ({snapshot_ttl_s: 0} + (if $budget > 0 then {disk_budget_mib: $budget} else {} end)),
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+	"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
+	host_pid=$!
+	for _ in $(seq 1800); do
+		curl -s -m 1 "$URL/healthz" > /dev/null && return 0
+		kill -0 "$host_pid" 2> /dev/null || return 1
+		sleep 0.2
+	done
+	return 1
+}
+stop_host() {
+	kill "$host_pid" 2> /dev/null
+	wait "$host_pid" 2> /dev/null
+	host_pid=
+}
+api() { # METHOD PATH [curl args]: body in $T_TMP/last.json, status echoed
+	local m=$1 p=$2; shift 2
+	curl -s --max-time 300 -o "$T_TMP/last.json" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "$URL$p"
+}
+last() { jq -r "$1" "$T_TMP/last.json" 2> /dev/null; }
+submit() { # ID TREF-JSON|null CODE
+	jq -cn --arg id "$1" --argjson t "$2" --arg code "$3" \
+		'{id: $id, customer: "acme", spec: {language: "sh", code: $code}} + (if $t == null then {} else {template: $t} end)' \
+		| api POST /v1/tasks -H 'Content-Type: application/json' --data-binary @-
+}
+task() { curl -s --max-time 10 -H "Authorization: Bearer $TOKEN" "$URL/v1/tasks/$1"; }
+wait_final() { # ID SECONDS: the task's JSON in $T_TMP/ID.json once final
+	local deadline=$((SECONDS + $2)) st
+	while [ $SECONDS -lt $deadline ]; do
+		task "$1" > "$T_TMP/$1.json"
+		st=$(jq -r .state "$T_TMP/$1.json" 2> /dev/null)
+		case $st in succeeded | failed | timed_out | cancelled | error) return 0 ;; esac
+		sleep 0.2
+	done
+	return 1
+}
+cap_tpl() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -c "[.templates[] | select($1)]"; }
+
+if start_host 0; then ok "kiln-host starts with a template store (private cache)"
+else not_ok "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; exit 1; fi
+
+# --- a task on the customer template: fetched, verified, snapshotted, run ---
+t0=$(/usr/bin/python3 -c 'import time; print(time.time())')
+st=$(submit ta "$TREF_A" 'cat /marker; id -u; echo "$LANG"')
+if [ "$st" = 202 ] && wait_final ta 600 && [ "$(jq -r .state "$T_TMP/ta.json")" = succeeded ] \
+   && [ "$(jq -r .result.stdout "$T_TMP/ta.json" | head -n1)" = "$(cat "$T_TMP/ta.marker")" ] \
+   && [ "$(jq -r .result.stdout "$T_TMP/ta.json" | sed -n 2p)" = 0 ]; then
+	ok "a task on a customer template runs on its image (marker file there) as the TREF's uid (0)"
+else not_ok "task on template a" "status $st: $(head -c 800 "$T_TMP/ta.json")" "$(tail -5 "$T_TMP/host.err")"; fi
+t1=$(/usr/bin/python3 -c 'import time; print(time.time())')
+echo "# first task on a new template (fetch $SIZE_A bytes + verify + snapshot + run): $(/usr/bin/python3 -c "print(round($t1-$t0,1))") s"
+check "the image is in the store: rootfs.ext4 mode 0444, meta.json the TREF" \
+	test "$(stat -c %a "$CACHE/templates/$SHA_A/rootfs.ext4" 2> /dev/null)" = 444 -a \
+	"$(jq -r .sha256 "$CACHE/templates/$SHA_A/meta.json" 2> /dev/null)" = "$SHA_A"
+c=$(cap_tpl ".sha256 == \"$SHA_A\"")
+check "capacity.templates lists it (name, sha256, builtin false, snapshot true)" \
+	test "$(jq -r '.[0] | "\(.name) \(.builtin) \(.snapshot) \(.ready)"' <<< "$c")" = "data false true 0"
+c=$(cap_tpl '.name == "default"')
+check "capacity.templates lists the built-in default (sha256 null)" \
+	test "$(jq -r '.[0] | "\(.sha256) \(.builtin) \(.snapshot)"' <<< "$c")" = "null true true"
+
+# A second task: no new fetch, restored from the template's snapshot.
+t0=$(/usr/bin/python3 -c 'import time; print(time.time())')
+st=$(submit ta2 "$TREF_A" 'cat /marker')
+if [ "$st" = 202 ] && wait_final ta2 120 && [ "$(jq -r .result.stdout "$T_TMP/ta2.json")" = "$(cat "$T_TMP/ta.marker")" ]; then
+	ok "a second task on it reuses the local image and snapshot"
+else not_ok "second task" "$(head -c 600 "$T_TMP/ta2.json")"; fi
+t1=$(/usr/bin/python3 -c 'import time; print(time.time())')
+echo "# a task on a template already held: $(/usr/bin/python3 -c "print(round($t1-$t0,1))") s"
+metrics=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics")
+check "/metrics: one fetch, per-template pool gauge" \
+	grep -q "^kiln_host_template_fetches_total 1$" <<< "$metrics"
+check "/metrics: kiln_host_template_pool_ready for the template" \
+	grep -q "^kiln_host_template_pool_ready{template=\"data\",sha256=\"$SHA_A\"} 0$" <<< "$metrics"
+
+# A default task still runs on the default image.
+st=$(submit td null 'test -e /marker && echo has-marker || echo no-marker')
+if [ "$st" = 202 ] && wait_final td 120 && [ "$(jq -r .result.stdout "$T_TMP/td.json")" = no-marker ]; then
+	ok "a task without a template runs on the default image"
+else not_ok "default task" "$(head -c 600 "$T_TMP/td.json")"; fi
+
+# --- refusals ---
+BAD=$(tref bad "$(printf '%064d' 0 | tr 0 f)" "$SIZE_B")
+# The object under the bad sha's key is B's bytes: the hash cannot match.
+s3py put "_templates/$(printf '%064d' 0 | tr 0 f).ext4" "$T_TMP/tb.ext4"
+st=$(submit tbad "$BAD" 'echo must-not-run')
+if [ "$st" = 202 ] && wait_final tbad 300 && [ "$(jq -r .state "$T_TMP/tbad.json")" = error ] \
+   && [ "$(jq -r .result.error.code "$T_TMP/tbad.json")" = invalid_image ] \
+   && jq -r .result.error.message "$T_TMP/tbad.json" | grep -q "sha256 mismatch" \
+   && ! jq -r .result.stdout "$T_TMP/tbad.json" | grep -q must-not-run; then
+	ok "a TREF whose sha256 does not match the image: the task ends error invalid_image, never runs"
+else not_ok "sha256 mismatch refused" "$(head -c 800 "$T_TMP/tbad.json")"; fi
+check "... the refusal is loud in kiln-host's log" grep -q "REFUSED _templates/ffff" "$T_TMP/host.err"
+check "... and leaves no file in the store" test ! -e "$CACHE/templates/$(printf '%064d' 0 | tr 0 f)"
+check "... no temporary file either" test -z "$(find "$CACHE/templates" -name '.fetch-*' 2> /dev/null)"
+st=$(submit tnone '{"name":"python-data","builtin":true}' 'echo x')
+check "a built-in this host lacks: 503 no_template" test "$st" = 503 -a "$(last .error.code)" = no_template
+st=$(submit tjunk '{"name":"x","builtin":true,"colour":1}' 'echo x')
+check "an unknown TREF key: 400 naming it" test "$st" = 400 -a "$(last .error.message)" = "template.colour: unknown field"
+st=$(jq -cn '{id:"tk", customer:"acme", spec:{language:"sh",code:"true"}, extra:1}' \
+	| api POST /v1/tasks -H 'Content-Type: application/json' --data-binary @-)
+check "unknown top-level keys stay errors" test "$st" = 400
+
+# --- a session on the template ---
+body=$(jq -cn --argjson t "$TREF_A" '{id:"s1", customer:"acme", spec:{}, template:$t}')
+st=$(api POST /v1/sessions -H 'Content-Type: application/json' --data-binary "$body")
+check "POST /v1/sessions with a template: 201, running on it" test "$st" = 201 -a "$(last .template)" = data
+st=$(api POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["sh","-c","cat /marker; id -u"]}')
+check "a session command sees the template's image and uid" \
+	test "$st" = 200 -a "$(last .stdout)" = "$(printf '%s\n0\n' "$(cat "$T_TMP/ta.marker")")"
+st=$(api DELETE /v1/sessions/s1)
+check "the session is destroyed" test "$st" = 200 -o "$st" = 204
+stop_host
+
+# --- eviction under a tiny disk budget ---
+if start_host 1; then ok "kiln-host restarts with templates.disk_budget_mib 1"
+else not_ok "restart" "$(tail -5 "$T_TMP/host.err")"; exit 1; fi
+check "at start, the unused template is evicted (LRU, over the budget)" test ! -e "$CACHE/templates/$SHA_A"
+check "... the built-in images are never touched" test -e "$img_dir/rootfs.ext4"
+body=$(jq -cn --argjson t "$TREF_A" '{id:"s2", customer:"acme", spec:{}, template:$t}')
+st=$(api POST /v1/sessions -H 'Content-Type: application/json' --data-binary "$body")
+check "a session on template a fetches it again (201)" test "$st" = 201
+st=$(submit tb "$TREF_B" 'cat /marker')
+if [ "$st" = 202 ] && wait_final tb 600 && [ "$(jq -r .result.stdout "$T_TMP/tb.json")" = "$(cat "$T_TMP/tb.marker")" ]; then
+	ok "a task on template b runs while a's session holds a"
+else not_ok "task on b" "$(head -c 600 "$T_TMP/tb.json")"; fi
+# The pass after b's task (at most TEMPLATE_GC_PERIOD_MS later) evicts b, never a.
+for _ in $(seq 150); do [ -e "$CACHE/templates/$SHA_B" ] || break; sleep 0.2; done
+if [ ! -e "$CACHE/templates/$SHA_B" ]; then
+	:
+else
+	# One more task triggers the next pass.
+	sleep 10; submit tnudge null 'true' > /dev/null; wait_final tnudge 120
+fi
+check "the unused template b is evicted" test ! -e "$CACHE/templates/$SHA_B"
+check "template a, in use by the session, is not" test -e "$CACHE/templates/$SHA_A/rootfs.ext4"
+metrics=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics")
+check "/metrics counts the evictions" grep -qE "^kiln_host_template_evictions_total [1-9]" <<< "$metrics"
+st=$(api DELETE /v1/sessions/s2)
+check "the session ends" test "$st" = 200 -o "$st" = 204
+stop_host
+
+check "no QEMU left" test "$(count_qemu)" = "$before_q"
+check "no cgroup left" test "$(count_cgroups)" = "$before_cg"
+check "no mount left" test "$(count_mounts)" = "$before_m"
+check "no VM directory left" test -z "$(ls -A "$KILN_RUN_DIR/h" 2> /dev/null | grep -v '^slots$')"
+t_done
