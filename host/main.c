@@ -27,6 +27,7 @@
 #include "pool.h"
 #include "net.h"
 #include "spool.h"
+#include "builds.h"
 #include "template.h"
 #include "snapshot.h"
 #include "vm.h"
@@ -424,6 +425,7 @@ struct serve_state {
 	struct net_host net;
 	struct hostd *hostd;
 	struct session_table *sessions;
+	struct builds *builds;
 	struct heartbeat *heartbeat;
 };
 
@@ -536,11 +538,20 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
 	if (!s.sessions)
 		goto fail;
+	{
+		char work[PATH_MAX];
+		struct builds_config bc = { .d = s.hostd, .templates = s.templates, .mirror = o->mirror, .work_dir = work };
+
+		snprintf(work, sizeof(work), "%s/builds", o->spool_dir);
+		s.builds = builds_open(&bc, &err);
+		if (!s.builds)
+			goto fail;
+	}
 	http_cfg = (struct serve_http_config){
 		.host_id = o->host_id, .token = o->token, .listen_host = o->listen_host, .addr = o->addr,
 		.port = o->port, .connection_timeout_s = o->connection_timeout_s, .max_connections = o->max_connections,
 		.max_connections_per_address = o->max_connections_per_address, .ro = &s.ro, .hostd = s.hostd,
-		.sessions = s.sessions,
+		.sessions = s.sessions, .builds = s.builds,
 	};
 	http = serve_http_start(&http_cfg, &err);
 	if (!http)
@@ -574,6 +585,7 @@ fail:
 	if (rc == 0)
 		hostd_stop(s.hostd);
 	serve_http_stop(http);
+	builds_close(s.builds);
 	sessions_close(s.sessions);
 	hostd_close(s.hostd);
 	if (s.templates) {

@@ -18,6 +18,7 @@
 #include <openssl/sha.h>
 
 #include "buf.h"
+#include "builds.h"
 #include "clock.h"
 #include "condwait.h"
 #include "hostd.h"
@@ -38,6 +39,7 @@ struct serve_http {
 	const struct run_opts *ro;
 	struct hostd *hostd;
 	struct session_table *sessions;
+	struct builds *builds;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
 
@@ -725,6 +727,94 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
+/* ---- builds (builds.c) ---- */
+
+static enum MHD_Result no_builds(struct MHD_Connection *conn)
+{
+	return reply_error(conn, KERR_NOT_FOUND, "no such build on this host");
+}
+
+/* POST /v1/builds */
+static enum MHD_Result builds_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	json_t *out;
+
+	if (!s->builds)
+		return reply_error(r->conn, KERR_UNAVAILABLE, "this host does not build templates");
+	if (builds_submit(s->builds, httpd_body_data(r->body), httpd_body_len(r->body), &out, &err) < 0)
+		return reply_err(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_ACCEPTED, out);
+}
+
+/* GET /v1/builds/{id} */
+static enum MHD_Result build_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	json_t *j = s->builds && strlen(r->param[0]) < 80 ? builds_get(s->builds, r->param[0]) : NULL;
+
+	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_builds(r->conn);
+}
+
+/* DELETE /v1/builds/{id}: cancel */
+static enum MHD_Result build_cancel(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	json_t *j;
+
+	if (!s->builds || strlen(r->param[0]) >= 80 || builds_cancel(s->builds, r->param[0]) < 0)
+		return no_builds(r->conn);
+	j = builds_get(s->builds, r->param[0]);
+	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_builds(r->conn);
+}
+
+struct build_sse {
+	struct serve_http *s;
+	struct build *x;
+	struct evlog_cursor cursor;
+};
+
+static ssize_t build_sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct build_sse *e = cls;
+	long n = builds_events_read(e->s->builds, e->x, &e->cursor, buf, max, clock_mono_ms() + 15000);
+
+	if (n < 0)
+		return MHD_CONTENT_READER_END_OF_STREAM;
+	if (n == 0)
+		return reply_sse_keepalive(buf, max);
+	return n;
+}
+
+static void build_sse_free(void *cls)
+{
+	struct build_sse *e = cls;
+
+	builds_unref(e->s->builds, e->x);
+	free(e);
+}
+
+/* GET /v1/builds/{id}/events */
+static enum MHD_Result build_events(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct build_sse *e;
+
+	if (!s->builds || strlen(r->param[0]) >= 80)
+		return no_builds(r->conn);
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return MHD_NO;
+	e->s = s;
+	e->x = builds_ref(s->builds, r->param[0]);
+	if (!e->x) {
+		free(e);
+		return no_builds(r->conn);
+	}
+	return reply_sse(r->conn, 64 << 10, build_sse_read, e, build_sse_free);
+}
+
 /* ---- dispatch ---- */
 
 /* Every endpoint but /healthz (no token, any method). Rows of one path are
@@ -746,6 +836,10 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions/{id}/pause", session_pause_post },
 	{ "POST", "/v1/sessions/{id}/resume", session_resume_post },
 	{ "POST", "/v1/sessions/{id}/outputs", session_outputs_post },
+	{ "POST", "/v1/builds", builds_post },
+	{ "GET", "/v1/builds/{id}", build_get },
+	{ "DELETE", "/v1/builds/{id}", build_cancel },
+	{ "GET", "/v1/builds/{id}/events", build_events },
 	{ "GET", "/v1/capacity", capacity_get },
 	{ "GET", "/metrics", metrics_get },
 	{ "POST", "/v1/run", run_post },
@@ -822,6 +916,7 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 	s->ro = c->ro;
 	s->hostd = c->hostd;
 	s->sessions = c->sessions;
+	s->builds = c->builds;
 	SHA256((const unsigned char *)c->token, strlen(c->token), s->token_hash);
 	/* The idle timeout does not cut kiln-api's long requests: its event
 	 * and exec streams get a keepalive every 10-15 s, its other calls give
