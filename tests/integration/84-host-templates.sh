@@ -204,6 +204,62 @@ check "a session command sees the template's image and uid" \
 	test "$st" = 200 -a "$(last .stdout)" = "$(printf '%s\n0\n' "$(cat "$T_TMP/ta.marker")")"
 st=$(api DELETE /v1/sessions/s1)
 check "the session is destroyed" test "$st" = 200 -o "$st" = 204
+
+# --- builds: the framework's failure reporting (tbuild_* do the work) ---
+wait_build() { # ID SECONDS: the build's JSON in $T_TMP/build-ID.json once not building
+	local deadline=$((SECONDS + $2))
+	while [ $SECONDS -lt $deadline ]; do
+		curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/builds/$1" > "$T_TMP/build-$1.json"
+		[ "$(jq -r .state "$T_TMP/build-$1.json" 2> /dev/null)" != building ] && return 0
+		sleep 0.2
+	done
+	return 1
+}
+vcpus_before=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)
+# A recipe whose step fails: build_failed, whatever tbuild_recipe's stage (a
+# placeholder fails every build as build_failed; the real one names the step).
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b1","customer":"acme","recipe":{"name":"broken","from":"debian","run":["exit 3"]},"timeout_s":600}')
+check "POST /v1/builds (recipe): 202 building" test "$st" = 202 -a "$(last .state)" = building
+if wait_build b1 900 && [ "$(jq -r .state "$T_TMP/build-b1.json")" = failed ] \
+   && [ "$(jq -r .error.code "$T_TMP/build-b1.json")" = build_failed ] \
+   && [ -n "$(jq -r .error.message "$T_TMP/build-b1.json")" ] \
+   && jq -r .log_tail "$T_TMP/build-b1.json" | grep -qF "$(jq -r .error.message "$T_TMP/build-b1.json")"; then
+	ok "a failing recipe build ends failed/build_failed with its message, also in log_tail"
+else not_ok "recipe build failure" "$(head -c 800 "$T_TMP/build-b1.json")"; fi
+curl -s -N -m 20 -H "Authorization: Bearer $TOKEN" "$URL/v1/builds/b1/events" > "$T_TMP/b1.events"
+check "GET /v1/builds/b1/events: log lines, then end {state failed, error}" \
+	test "$(grep -c '^event: log' "$T_TMP/b1.events")" -ge 1 -a \
+	"$(grep -A1 '^event: end' "$T_TMP/b1.events" | sed -n 's/^data: //p' | jq -r '.state + " " + .error.code')" = "failed build_failed"
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b1","customer":"acme","recipe":{"name":"broken","from":"debian"}}')
+check "a known build id: 409 duplicate" test "$st" = 409 -a "$(last .error.code)" = duplicate
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b2","customer":"acme","recipe":{"name":"x","from":"debian","colour":1}}')
+check "an invalid recipe: 400 invalid_recipe" test "$st" = 400 -a "$(last .error.code)" = invalid_recipe
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b2","customer":"acme","recipe":{"name":"x","from":"debian","packages":["jq"]}}')
+check "a recipe with packages on a host without egress: 503 egress_unavailable" \
+	test "$st" = 503 -a "$(last .error.code)" = egress_unavailable
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b3","customer":"acme","name":"img","oci":{"s3_key":"_templates/uploads/nope.tar","size":10}}')
+if [ "$st" = 202 ] && wait_build b3 120 && [ "$(jq -r '.state + " " + .error.code' "$T_TMP/build-b3.json")" = "failed s3_not_found" ]; then
+	ok "an OCI build whose archive is not in S3: failed/s3_not_found"
+else not_ok "oci build, no archive" "status $st: $(head -c 600 "$T_TMP/build-b3.json")"; fi
+printf 'this is not an image archive' > "$T_TMP/junk.tar"
+s3py put _templates/uploads/junk.tar "$T_TMP/junk.tar"
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b4","customer":"acme","name":"img","oci":{"s3_key":"_templates/uploads/junk.tar","size":28}}')
+if [ "$st" = 202 ] && wait_build b4 300 && [ "$(jq -r '.state + " " + .error.code' "$T_TMP/build-b4.json")" = "failed invalid_image" ]; then
+	ok "an OCI build of something that is no image: failed/invalid_image ($(jq -r .error.message "$T_TMP/build-b4.json"))"
+else not_ok "oci build, junk" "status $st: $(head -c 600 "$T_TMP/build-b4.json")"; fi
+st=$(api GET /v1/builds/nope)
+check "an unknown build: 404 (kiln-api re-queues)" test "$st" = 404
+st=$(api DELETE /v1/builds/nope)
+check "cancelling an unknown build: 404" test "$st" = 404
+check "builds gave back their vCPUs" \
+	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before"
+check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool/builds" 2> /dev/null)"
 stop_host
 
 # --- eviction under a tiny disk budget ---
