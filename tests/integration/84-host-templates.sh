@@ -202,8 +202,26 @@ check "POST /v1/sessions with a template: 201, running on it" test "$st" = 201 -
 st=$(api POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["sh","-c","cat /marker; id -u"]}')
 check "a session command sees the template's image and uid" \
 	test "$st" = 200 -a "$(last .stdout)" = "$(printf '%s\n0\n' "$(cat "$T_TMP/ta.marker")")"
+users() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics" | sed -n "s/^kiln_host_template_users{template=\"data\",.*} //p"; }
+check "the running session holds the template (users 1)" test "$(users)" = 1
+api POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["sh","-c","echo kept > /work/k"]}' > /dev/null
+st=$(api POST /v1/sessions/s1/pause)
+check "pause: 200 paused; the template is no longer held (users 0)" test "$st" = 200 -a "$(last .state)" = paused -a "$(users)" = 0
+st=$(api POST /v1/sessions/s1/resume -H 'Content-Type: application/json' \
+	--data-binary "$(jq -cn --argjson t "$TREF_A" '{customer:"acme", template:$t}')")
+check "resume with its template: 200 running on it" test "$st" = 200 -a "$(last .template)" = data
+st=$(api POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary '{"argv":["sh","-c","cat /marker /work/k"]}')
+check "after resume: the template's image and the session's files" \
+	test "$(last .stdout)" = "$(printf '%s\nkept\n' "$(cat "$T_TMP/ta.marker")")"
+st=$(api POST /v1/sessions/s1/pause)
+st=$(api POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "resume on another template (the default): 409 incompatible_snapshot" \
+	test "$st" = 409 -a "$(last .error.code)" = incompatible_snapshot
+st=$(api POST /v1/sessions/s1/resume -H 'Content-Type: application/json' \
+	--data-binary "$(jq -cn --argjson t "$TREF_A" '{customer:"acme", template:$t}')")
+check "... and with the right one it resumes" test "$st" = 200
 st=$(api DELETE /v1/sessions/s1)
-check "the session is destroyed" test "$st" = 200 -o "$st" = 204
+check "the session is destroyed; the template is free (users 0)" test "$st" = 200 -o "$st" = 204 -a "$(users)" = 0
 
 # --- builds: the framework's failure reporting (tbuild_* do the work) ---
 wait_build() { # ID SECONDS: the build's JSON in $T_TMP/build-ID.json once not building
@@ -271,9 +289,14 @@ body=$(jq -cn --argjson t "$TREF_A" '{id:"s2", customer:"acme", spec:{}, templat
 st=$(api POST /v1/sessions -H 'Content-Type: application/json' --data-binary "$body")
 check "a session on template a fetches it again (201)" test "$st" = 201
 st=$(submit tb "$TREF_B" 'cat /marker')
-if [ "$st" = 202 ] && wait_final tb 600 && [ "$(jq -r .result.stdout "$T_TMP/tb.json")" = "$(cat "$T_TMP/tb.marker")" ]; then
-	ok "a task on template b runs while a's session holds a"
-else not_ok "task on b" "$(head -c 600 "$T_TMP/tb.json")"; fi
+st2=$(submit tb2 "$TREF_B" 'cat /marker')
+if [ "$st" = 202 ] && [ "$st2" = 202 ] && wait_final tb 600 && wait_final tb2 600 \
+   && [ "$(jq -r .result.stdout "$T_TMP/tb.json")" = "$(cat "$T_TMP/tb.marker")" ] \
+   && [ "$(jq -r .result.stdout "$T_TMP/tb2.json")" = "$(cat "$T_TMP/tb.marker")" ]; then
+	ok "two tasks at once on template b run while a's session holds a"
+else not_ok "tasks on b" "$(head -c 600 "$T_TMP/tb.json")" "$(head -c 600 "$T_TMP/tb2.json")"; fi
+check "... b was fetched once for both (fetches: a, b)" \
+	grep -q "^kiln_host_template_fetches_total 2$" <<< "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics")"
 # The pass after b's task (at most TEMPLATE_GC_PERIOD_MS later) evicts b, never a.
 for _ in $(seq 150); do [ -e "$CACHE/templates/$SHA_B" ] || break; sleep 0.2; done
 if [ ! -e "$CACHE/templates/$SHA_B" ]; then
