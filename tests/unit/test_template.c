@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "buf.h"
 #include "fsutil.h"
 #include "template.h"
 
@@ -314,6 +317,56 @@ static void test_store_install_evict(void **state)
 	tref_free(&bad);
 }
 
+static void test_snapshot_ttl(void **state)
+{
+	char img[256], cache[256], old[512], fresh[512], held[512], build[512], p[600];
+	struct vm_config base = { .qemu = "/bin/true" };
+	struct template_store_config cfg;
+	struct template_store *ts;
+	struct kiln_err err = { .code = "" };
+	int fd;
+
+	snprintf(img, sizeof(img), "%s/image", root);
+	snprintf(cache, sizeof(cache), "%s/cache", root);
+	snprintf(old, sizeof(old), "%s/snapshots/0123456789abcdef", cache);
+	snprintf(fresh, sizeof(fresh), "%s/snapshots/1123456789abcdef", cache);
+	snprintf(held, sizeof(held), "%s/snapshots/2123456789abcdef", cache);
+	snprintf(build, sizeof(build), "%s/snapshots/.build-0123456789abcdef-1", cache);
+	assert_int_equal(fs_mkdir_p(old, 0755), 0);
+	assert_int_equal(fs_mkdir_p(fresh, 0755), 0);
+	assert_int_equal(fs_mkdir_p(held, 0755), 0);
+	assert_int_equal(fs_mkdir_p(build, 0755), 0);
+	set_last_used(old, 1000);
+	set_last_used(held, 1000);
+	set_last_used(build, 1000);
+	/* Another kiln-host uses "held": its shared lock. */
+	snprintf(p, sizeof(p), "%s/last_used", held);
+	fd = open(p, O_RDWR);
+	assert_true(fd >= 0);
+	assert_int_equal(flock(fd, LOCK_SH), 0);
+	cfg = (struct template_store_config){ .image_dir = img, .cache = cache, .base = &base, .cold = 1,
+					      .snapshot_ttl_s = 60 };
+	ts = template_store_open(&cfg, &err);
+	assert_non_null(ts);
+	template_store_gc(ts, 1);
+	assert_int_equal(access(old, F_OK), -1);   /* unused past the TTL: removed */
+	assert_int_equal(access(fresh, F_OK), 0);  /* first seen now: its clock starts */
+	snprintf(p, sizeof(p), "%s/last_used", fresh);
+	assert_int_equal(access(p, F_OK), 0);
+	assert_int_equal(access(held, F_OK), 0);   /* in use by another process */
+	assert_int_equal(access(build, F_OK), 0);  /* a snapshot being made: not ours to judge */
+	{
+		/* The metrics count it. */
+		struct buf b = BUF_INIT;
+
+		template_store_metrics(ts, &b);
+		assert_non_null(strstr(b.p, "kiln_host_snapshots_expired_total 1\n"));
+		buf_free(&b);
+	}
+	template_store_close(ts);
+	close(fd);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -321,6 +374,7 @@ int main(void)
 		cmocka_unit_test(test_lru_choose),
 		cmocka_unit_test(test_verify),
 		cmocka_unit_test(test_store_install_evict),
+		cmocka_unit_test(test_snapshot_ttl),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
