@@ -84,14 +84,14 @@ TREF_B=$(tref other "$SHA_B" "$SIZE_B")
 
 before_q=$(count_qemu); before_cg=$(count_cgroups); before_m=$(count_mounts)
 
-start_host() { # BUDGET_MIB (0: none)
+start_host() { # BUDGET_MIB (0: none) [POOLS-JSON]
 	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		--arg cache "$CACHE" --arg img "$img_dir" --argjson budget "$1" \
+		--arg cache "$CACHE" --arg img "$img_dir" --argjson budget "$1" --argjson pools "${2:-{\}}" \
 		'{listen: ("127.0.0.1:" + $port), host_id: "tpl", token: $token, spool_dir: $spool, run_dir: $run,
 		  cache: $cache, image_dir: $img,
 		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-		  templates: ({snapshot_ttl_s: 0} + (if $budget > 0 then {disk_budget_mib: $budget} else {} end)),
+		  templates: ({snapshot_ttl_s: 0, pools: $pools} + (if $budget > 0 then {disk_budget_mib: $budget} else {} end)),
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
 	"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
 	host_pid=$!
@@ -130,7 +130,7 @@ wait_final() { # ID SECONDS: the task's JSON in $T_TMP/ID.json once final
 }
 cap_tpl() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -c "[.templates[] | select($1)]"; }
 
-if start_host 0; then ok "kiln-host starts with a template store (private cache)"
+if start_host 0 '{"data":1}'; then ok "kiln-host starts with a template store (private cache; templates.pools {\"data\":1})"
 else not_ok "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; exit 1; fi
 
 # --- a task on the customer template: fetched, verified, snapshotted, run ---
@@ -146,9 +146,13 @@ echo "# first task on a new template (fetch $SIZE_A bytes + verify + snapshot + 
 check "the image is in the store: rootfs.ext4 mode 0444, meta.json the TREF" \
 	test "$(stat -c %a "$CACHE/templates/$SHA_A/rootfs.ext4" 2> /dev/null)" = 444 -a \
 	"$(jq -r .sha256 "$CACHE/templates/$SHA_A/meta.json" 2> /dev/null)" = "$SHA_A"
-c=$(cap_tpl ".sha256 == \"$SHA_A\"")
-check "capacity.templates lists it (name, sha256, builtin false, snapshot true)" \
-	test "$(jq -r '.[0] | "\(.name) \(.builtin) \(.snapshot) \(.ready)"' <<< "$c")" = "data false true 0"
+for _ in $(seq 300); do
+	c=$(cap_tpl ".sha256 == \"$SHA_A\"")
+	[ "$(jq -r '.[0].ready' <<< "$c")" = 1 ] && break
+	sleep 0.2
+done
+check "capacity.templates lists it (name, sha256, builtin false, snapshot true, its pool's 1 ready VM)" \
+	test "$(jq -r '.[0] | "\(.name) \(.builtin) \(.snapshot) \(.ready)"' <<< "$c")" = "data false true 1"
 c=$(cap_tpl '.name == "default"')
 check "capacity.templates lists the built-in default (sha256 null)" \
 	test "$(jq -r '.[0] | "\(.sha256) \(.builtin) \(.snapshot)"' <<< "$c")" = "null true true"
@@ -157,7 +161,7 @@ check "capacity.templates lists the built-in default (sha256 null)" \
 t0=$(/usr/bin/python3 -c 'import time; print(time.time())')
 st=$(submit ta2 "$TREF_A" 'cat /marker')
 if [ "$st" = 202 ] && wait_final ta2 120 && [ "$(jq -r .result.stdout "$T_TMP/ta2.json")" = "$(cat "$T_TMP/ta.marker")" ]; then
-	ok "a second task on it reuses the local image and snapshot"
+	ok "a second task on it reuses the local image (and its pool VM)"
 else not_ok "second task" "$(head -c 600 "$T_TMP/ta2.json")"; fi
 t1=$(/usr/bin/python3 -c 'import time; print(time.time())')
 echo "# a task on a template already held: $(/usr/bin/python3 -c "print(round($t1-$t0,1))") s"
@@ -165,7 +169,7 @@ metrics=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics")
 check "/metrics: one fetch, per-template pool gauge" \
 	grep -q "^kiln_host_template_fetches_total 1$" <<< "$metrics"
 check "/metrics: kiln_host_template_pool_ready for the template" \
-	grep -q "^kiln_host_template_pool_ready{template=\"data\",sha256=\"$SHA_A\"} 0$" <<< "$metrics"
+	grep -qE "^kiln_host_template_pool_ready\{template=\"data\",sha256=\"$SHA_A\"\} [01]$" <<< "$metrics"
 
 # A default task still runs on the default image.
 st=$(submit td null 'test -e /marker && echo has-marker || echo no-marker')
