@@ -173,7 +173,7 @@ struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err
 	return b;
 }
 
-void builds_close(struct builds *b)
+void builds_stop(struct builds *b)
 {
 	if (!b)
 		return;
@@ -183,6 +183,15 @@ void builds_close(struct builds *b)
 		if (x->state == BS_BUILDING && x->cancel_pipe[1] >= 0)
 			(void)!write(x->cancel_pipe[1], "x", 1);
 	pthread_cond_broadcast(&b->changed);
+	pthread_mutex_unlock(&b->lock);
+}
+
+void builds_close(struct builds *b)
+{
+	if (!b)
+		return;
+	builds_stop(b);
+	pthread_mutex_lock(&b->lock);
 	while (b->threads)
 		pthread_cond_wait(&b->changed, &b->lock);
 	while (b->list) {

@@ -32,7 +32,10 @@ struct builds_config {
 
 /* NULL with err set. cfg's pointers must outlive the table. */
 struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err);
-/* Cancel every running build, wait for their threads, free everything. */
+/* Begin shutting down: refuse new builds, cancel running ones, end event
+ * streams. Idempotent; NULL is fine; builds_close follows. */
+void builds_stop(struct builds *b);
+/* builds_stop, wait for the build threads, free everything. */
 void builds_close(struct builds *b);
 
 /* POST /v1/builds body: {"id","customer","recipe":{...}} or

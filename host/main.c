@@ -584,6 +584,7 @@ fail:
 	heartbeat_stop(s.heartbeat);
 	if (rc == 0)
 		hostd_stop(s.hostd);
+	builds_stop(s.builds);
 	serve_http_stop(http);
 	builds_close(s.builds);
 	sessions_close(s.sessions);

@@ -904,8 +904,15 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
 	t->users++; /* pinned: never evicted while we prepare it */
-	if (t->users == 1 && !t->builtin && t->lock_fd < 0 && t->local)
+	if (!t->builtin && t->local && t->lock_fd < 0) {
+		/* Held from now on; then make sure another kiln-host sharing the
+		 * cache did not evict it before (fetch it again if so). */
 		t->lock_fd = lock_shared(t->dir);
+		if (t->lock_fd < 0 || access(t->rootfs, R_OK) < 0) {
+			entry_unload_locked(t);
+			t->local = 0;
+		}
+	}
 	for (;;) {
 		if (t->fetching || t->snapping) {
 			unsigned gen = t->fetch_gen;
