@@ -819,6 +819,26 @@ static int fetch(struct template_store *ts, struct template *t, const struct tre
 	if (fs_mkdir_p(t->dir, 0755) < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", t->dir, strerror(errno));
 	snprintf(tmp, sizeof(tmp), "%s/.fetch-%d-%lx", t->dir, (int)getpid(), (unsigned long)pthread_self());
+	{
+		/* The object's size first: nothing larger (or smaller) than the
+		 * reference says is downloaded at all. */
+		uint64_t osize = 0;
+		int h = s3_head(s3, r->s3_key, &osize, err);
+
+		if (h == 0)
+			kiln_err_set(err, KERR_S3_NOT_FOUND, "template %s: %s is not in S3", r->name, r->s3_key);
+		else if (h > 0 && osize != r->size) {
+			kiln_err_set(err, KERR_INVALID_IMAGE,
+				     "template %s: %s is %llu bytes, the reference says %llu (refused, not fetched)", r->name,
+				     r->s3_key, (unsigned long long)osize, (unsigned long long)r->size);
+			fprintf(stderr, "kiln-host: REFUSED %s: %s\n", r->s3_key, err->message);
+			pthread_mutex_lock(&ts->lock);
+			ts->verify_failures++;
+			pthread_mutex_unlock(&ts->lock);
+		}
+		if (h <= 0 || osize != r->size)
+			goto fail;
+	}
 	if (s3_get_file(s3, r->s3_key, tmp, err) < 0) {
 		unlink(tmp);
 		goto fail;

@@ -191,6 +191,19 @@ else not_ok "sha256 mismatch refused" "$(head -c 800 "$T_TMP/tbad.json")"; fi
 check "... the refusal is loud in kiln-host's log" grep -q "REFUSED _templates/ffff" "$T_TMP/host.err"
 check "... and leaves no file in the store" test ! -e "$CACHE/templates/$(printf '%064d' 0 | tr 0 f)"
 check "... no temporary file either" test -z "$(find "$CACHE/templates" -name '.fetch-*' 2> /dev/null)"
+st=$(submit tsize "$(tref other "$SHA_B" $((SIZE_B + 4096)))" 'echo must-not-run')
+if [ "$st" = 202 ] && wait_final tsize 120 \
+   && [ "$(jq -r '.state + " " + .result.error.code' "$T_TMP/tsize.json")" = "error invalid_image" ] \
+   && jq -r .result.error.message "$T_TMP/tsize.json" | grep -q "not fetched"; then
+	ok "a TREF whose size is not the object's: error invalid_image before any download"
+else not_ok "size mismatch" "$(head -c 600 "$T_TMP/tsize.json")"; fi
+st=$(submit tgone "$(tref gone "$(printf '%064d' 0 | tr 0 e)" 4096)" 'echo must-not-run')
+if [ "$st" = 202 ] && wait_final tgone 120 \
+   && [ "$(jq -r '.state + " " + .result.error.code' "$T_TMP/tgone.json")" = "error s3_not_found" ]; then
+	ok "a TREF whose image is not in S3: error s3_not_found"
+else not_ok "missing image" "$(head -c 600 "$T_TMP/tgone.json")"; fi
+check "... neither left anything in the store" \
+	test ! -e "$CACHE/templates/$(printf '%064d' 0 | tr 0 e)" -a ! -e "$CACHE/templates/$SHA_B"
 st=$(submit tnone '{"name":"python-data","builtin":true}' 'echo x')
 check "a built-in this host lacks: 503 no_template" test "$st" = 503 -a "$(last .error.code)" = no_template
 st=$(submit tjunk '{"name":"x","builtin":true,"colour":1}' 'echo x')
