@@ -497,7 +497,7 @@ static int tb_steps(struct tb *b, struct kiln_err *err)
 		tb_log(b, "[build] apt-get update");
 		if (tb_write_files(b, "sources.list", &f, 1, err) < 0 ||
 		    tb_sh(b, "apt-get update",
-			  "rm -f /etc/apt/sources.list.d/*; exec apt-get -q -o Dpkg::Use-Pty=0 update --error-on=any", err) < 0) {
+			  "rm -f /etc/apt/sources.list.d/*; exec apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Languages=none update --error-on=any", err) < 0) {
 			free(argv);
 			return -1;
 		}
