@@ -61,6 +61,7 @@ struct tb {
 	char line[TB_LINE_MAX + 1];
 	size_t line_len;
 	char last_error[512];     /* apt's last "E: ..." line of the current step */
+	char last_line[512];      /* its last non-empty line */
 	int final_step;           /* the image step: its stdout carries the size */
 	uint64_t image_bytes;     /* from tb_size_tag (0: none seen) */
 	uint64_t too_large;       /* from tb_large_tag */
@@ -96,6 +97,8 @@ static void tb_line(struct tb *b)
 		b->line[--b->line_len] = '\0';
 	if (!strncmp(b->line, "E: ", 3))
 		snprintf(b->last_error, sizeof(b->last_error), "%s", b->line);
+	if (b->line_len)
+		snprintf(b->last_line, sizeof(b->last_line), "%s", b->line);
 	if (b->final_step && !strncmp(b->line, tb_size_tag, sizeof(tb_size_tag) - 1)) {
 		char *end;
 		unsigned long long v;
@@ -190,7 +193,7 @@ static int tb_exec(struct tb *b, const char *step, char **argv, size_t argc, str
 	ro.vm.cancel_fd = b->req->cancel_fd;
 	b->step = step;
 	b->line_len = 0;
-	b->last_error[0] = '\0';
+	b->last_error[0] = b->last_line[0] = '\0';
 	res = run_session_exec(&b->vm, &spec, &ro);
 	if (b->line_len)
 		tb_line(b);
@@ -212,9 +215,15 @@ static int tb_exec(struct tb *b, const char *step, char **argv, size_t argc, str
 		tb_vm_failed(b, &e, err);
 	} else if (reason && !strcmp(reason, "exited")) {
 		json_int_t st = json_integer_value(json_object_get(res, "exit_code"));
+		/* apt's own error, else (for the build's own steps, not the
+		 * recipe's run steps, whose output is the customer's) the last
+		 * line the step printed. */
+		const char *why = b->last_error[0] ? b->last_error : strncmp(step, "run[", 4) ? b->last_line : "";
+		char *text = textbuf_to_utf8(why, strlen(why));
 
 		kiln_err_set(err, KERR_BUILD_FAILED, "%s exited with status %d%s%s", step, (int)st,
-			     b->last_error[0] ? ": " : "", b->last_error);
+			     text && *text ? ": " : "", text ? text : "");
+		free(text);
 	} else if (reason && !strcmp(reason, "signaled")) {
 		kiln_err_set(err, KERR_BUILD_FAILED, "%s was killed by %s", step,
 			     json_string_value(json_object_get(res, "signal")) ?: "a signal");
@@ -593,6 +602,7 @@ static int tb_steps(struct tb *b, struct kiln_err *err)
 static int tb_publish(struct tb *b, const char *out_ext4, struct kiln_err *err)
 {
 	uint64_t n = b->image_bytes;
+	struct stat st;
 	int fd;
 
 	if (!n || n % 4096 || n > b->req->max_bytes)
@@ -600,6 +610,11 @@ static int tb_publish(struct tb *b, const char *out_ext4, struct kiln_err *err)
 				    "the build VM named an image size of %" PRIu64 " bytes (max_bytes %" PRIu64 ")", n,
 				    b->req->max_bytes);
 	fd = open(b->disk2, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
+		close(fd);
+		fd = -1;
+		errno = EINVAL;
+	}
 	if (fd < 0 || ftruncate(fd, (off_t)n) < 0 || fchown(fd, 0, 0) < 0 || fchmod(fd, 0444) < 0 || fsync(fd) < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", b->disk2, strerror(errno));
 		if (fd >= 0)
