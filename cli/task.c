@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "follow.h"
 #include "fsutil.h"
+#include "spec.h"
 
 #define CODE_MAX (1u << 20)       /* the API's limit for code */
 #define FILE_MAX (64u << 20)      /* the API's limit for all files together */
@@ -22,11 +23,14 @@ static void run_usage(FILE *f)
 {
 	fprintf(f, "usage: kiln run FILE.py|FILE.sh [--memory MiB] [--vcpus N] [--timeout S]\n"
 		   "                [--file LOCAL[:GUEST]]... [--env K=V]... [--allow DEST:PORTS]... [--out DIR]\n"
+		   "                [--template NAME]\n"
 		   "  Runs FILE in a fresh microVM through kiln-api, streams its output, downloads the\n"
 		   "  files it wrote under /output into DIR (default ./kiln-out/TASK_ID/) and exits with\n"
 		   "  its exit code (1: failed without one, timed out or cancelled; 3: kiln error).\n"
 		   "  --allow gives the task network egress to DEST:PORTS only (203.0.113.0/24:443,\n"
-		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n");
+		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n"
+		   "  --template runs it in that template's environment (default: default; kiln template\n"
+		   "  list shows them).\n");
 }
 
 static json_t *file_entry(const char *arg)
@@ -248,7 +252,8 @@ int cmd_run(int argc, char **argv)
 		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'c' },
 		{ "timeout", required_argument, 0, 't' }, { "file", required_argument, 0, 'f' },
 		{ "env", required_argument, 0, 'e' }, { "out", required_argument, 0, 'o' },
-		{ "allow", required_argument, 0, 'a' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "allow", required_argument, 0, 'a' }, { "template", required_argument, 0, 'T' },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	json_t *spec = NULL, *files = json_array(), *env = json_object(), *limits = json_object();
 	json_t *allow = json_array();
@@ -257,7 +262,7 @@ int cmd_run(int argc, char **argv)
 	struct kiln_err err = { .code = "" };
 	struct cli_conn conn;
 	struct creds cr;
-	const char *out = NULL, *file, *ext, *lang, *id, *st;
+	const char *out = NULL, *template = NULL, *file, *ext, *lang, *id, *st;
 	char outdir[4096];
 	unsigned char *code = NULL;
 	size_t len;
@@ -265,7 +270,7 @@ int cmd_run(int argc, char **argv)
 	int opt, rc = EXIT_USAGE;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:t:f:e:o:a:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:c:t:f:e:o:a:T:h", opts, NULL)) != -1) {
 		char *end;
 		long n;
 
@@ -310,6 +315,17 @@ int cmd_run(int argc, char **argv)
 			/* Checked by kiln-api (400 naming the rule). */
 			json_array_append_new(allow, json_string(optarg));
 			break;
+		case 'T': {
+			struct kiln_err terr = { .code = "" };
+
+			if (spec_template_name_check(optarg, "template", &terr) < 0) {
+				fprintf(stderr, "kiln: --template %s: not a template name (1-63 of a-z 0-9 . _ - starting "
+					"with a letter or digit)\n", optarg);
+				goto out;
+			}
+			template = optarg;
+			break;
+		}
 		case 'h':
 			run_usage(stdout);
 			rc = 0;
@@ -356,6 +372,8 @@ int cmd_run(int argc, char **argv)
 		json_object_set(spec, "limits", limits);
 	if (json_array_size(allow))
 		json_object_set_new(spec, "network", json_pack("{s:s, s:O}", "egress", "allow", "allow", allow));
+	if (template)
+		json_object_set_new(spec, "template", json_string(template));
 
 	t0 = clock_mono_ms();
 	if ((rc = cli_request(&conn, "submit", "POST", "/v1/tasks", spec, 60, &reply)))
