@@ -87,7 +87,19 @@ static int count_add(int *n, int max, const char *what, char *msg, size_t msg_si
 	return 0;
 }
 
+static int build_args(int argc, char **argv, struct cli_template_args *out, char *msg, size_t msg_size);
+
 int cli_template_build_args(int argc, char **argv, struct cli_template_args *out, char *msg, size_t msg_size)
+{
+	int saved = opterr, r;
+
+	opterr = 0; /* the message is ours (msg) */
+	r = build_args(argc, argv, out, msg, msg_size);
+	opterr = saved;
+	return r;
+}
+
+static int build_args(int argc, char **argv, struct cli_template_args *out, char *msg, size_t msg_size)
 {
 	static const struct option opts[] = {
 		{ "name", required_argument, 0, 'n' },     { "packages", required_argument, 0, 'p' },
@@ -103,7 +115,6 @@ int cli_template_build_args(int argc, char **argv, struct cli_template_args *out
 	memset(out, 0, sizeof(*out));
 	msg[0] = '\0';
 	optind = 1;
-	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":n:p:r:f:P:e:w:o:Wjh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'n':
