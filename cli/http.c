@@ -196,6 +196,10 @@ int http_send_file(const struct cli_conn *c, const char *method, const char *pat
 		httpc_reply_free(&r);
 		return kiln_err_set(err, KERR_INTERRUPTED, "interrupted");
 	}
+	/* The API may refuse before it has read the whole body (413 past the
+	 * customer's cap) and close: its answer, not the broken send, says why. */
+	if (rc < 0 && r.status >= 400 && r.body.len)
+		rc = 0;
 	return api_answer(c, rc, &r, reply, err);
 }
 

@@ -584,7 +584,7 @@ static int template_build(int argc, char **argv)
 	if (a.oci) {
 		struct stat st;
 
-		if (stat(a.oci, &st) == 0)
+		if (stat(a.oci, &st) == 0 && S_ISREG(st.st_mode))
 			fprintf(stderr, "kiln: uploading %s (%.1f MiB)\n", a.oci, (double)st.st_size / (1024 * 1024));
 		snprintf(path, sizeof(path), "/v1/templates?name=%s", a.name);
 		status = http_send_file(&conn, "POST", path, a.oci, "application/x-tar", 0, stop_tick, NULL, &reply,
