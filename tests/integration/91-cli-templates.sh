@@ -6,7 +6,7 @@
 # outside every default deny range). Checked: bad usage (exit 2, before any
 # configuration is read), kiln-host's capacity and the customer's quota with
 # --egress, a task with --allow reaching the peer (and only it), kiln run
-# --template default, kiln session create --template default; then, when
+# --template default and -c CODE, kiln session create --template default; then, when
 # kiln-api serves /v1/templates (issue 15's API side), the 404 of an unknown
 # template, template list/get/rm, a recipe built and used, an OCI upload that
 # is not an image failing with the API's error. SIGTERM: nothing of the stack
@@ -67,6 +67,9 @@ template rm
 template rm a b
 template list extra
 run x.py --template Bad!Name
+run -c print(1) x.py
+run -c print(1) --lang ruby
+run x.py --lang bash
 EOF
 check "bad usage of kiln template / --template exits 2${bad:+:$bad}" [ -z "$bad" ]
 KILN_CREDENTIALS=$T_TMP/none "$KILN" template build --name x --packages 'a,b' > /dev/null 2> "$T_TMP/noconf.err"
@@ -167,6 +170,10 @@ K run "$T_TMP/ver.py" --template default > "$T_TMP/tdef.out" 2> "$T_TMP/tdef.err
 rc=$?
 check "kiln run --template default runs (exit $rc: $(cat "$T_TMP/tdef.out"))" [ "$rc" = 0 -a "$(cat "$T_TMP/tdef.out")" = "on 3" ]
 tid=$(sed -n 's/^kiln: task \(t_[0-9a-f]*\) .*/\1/p' "$T_TMP/tdef.err" | head -n1)
+py=$(K run --template default -c 'print(6 * 7)' 2> "$T_TMP/c.err")
+rc=$?
+sh=$(K run -c 'echo "$((6 * 7))-$0"' --lang bash 2>> "$T_TMP/c.err")
+check "kiln run -c CODE (python; bash with --lang bash): exit $rc, '$py' '$sh'" [ "$rc" = 0 -a "$py" = 42 -a "${sh%%-*}" = 42 ]
 K session create --template 'Not Valid' > /dev/null 2> "$T_TMP/sessbad.err"
 rc=$?
 check "kiln session create --template with a bad name: exit 2 ($(cat "$T_TMP/sessbad.err"))" \
