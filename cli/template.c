@@ -480,6 +480,7 @@ struct build_view {
 	const char *name;
 	char state[32];
 	int ended;
+	int deleted;  /* the stream ended with "deleted": removed while building */
 };
 
 static int on_build_event(void *ctx, const char *name, json_t *data)
@@ -500,6 +501,11 @@ static int on_build_event(void *ctx, const char *name, json_t *data)
 		}
 		return interrupted;
 	}
+	if (!strcmp(name, "truncated")) {
+		fprintf(stderr, "kiln: [%lld bytes of the build log were not kept: the log is capped]\n",
+			(long long)json_integer_value(json_object_get(data, "skipped_bytes")));
+		return interrupted;
+	}
 	if (st && strcmp(st, v->state)) {
 		snprintf(v->state, sizeof(v->state), "%s", st);
 		if (!state_final(st))
@@ -507,6 +513,7 @@ static int on_build_event(void *ctx, const char *name, json_t *data)
 	}
 	if (!strcmp(name, "end")) {
 		v->ended = 1;
+		v->deleted = st && !strcmp(st, "deleted");
 		return 1;
 	}
 	return interrupted;
@@ -529,6 +536,10 @@ static int wait_build(const struct cli_conn *conn, const char *name, json_t **t)
 		fprintf(stderr, "kiln: template events: %s\n", err.message);
 	} else if (r < 0) {
 		fprintf(stderr, "kiln: %s; waiting for the build instead\n", err.message);
+	}
+	if (v.deleted) {
+		fprintf(stderr, "kiln: template %s was deleted before its build ended\n", name);
+		return EXIT_REFUSED;
 	}
 	snprintf(path, sizeof(path), "/v1/templates/%s", name);
 	for (;;) {
@@ -659,20 +670,22 @@ static int template_list(int argc, char **argv, const struct cli_conn *conn)
 static void describe_template(json_t *t)
 {
 	json_t *e = json_object_get(t, "error");
-	const char *log = json_string_value(json_object_get(t, "log"));
+	const char *log = json_string_value(json_object_get(t, "build_log"));
+	const char *kind = json_string_value(json_object_get(t, "kind"));
 	char sz[32], when[64];
 
 	if (!log)
-		log = json_string_value(json_object_get(t, "log_tail"));
+		log = json_string_value(json_object_get(t, "log"));
 	human_size(size_of(t), sz, sizeof(sz));
 	when_of(t, when, sizeof(when));
 	printf("name     %s\n"
+	       "kind     %s\n"
 	       "state    %s\n"
 	       "public   %s\n"
 	       "size     %s\n"
 	       "sha256   %s\n"
 	       "created  %s\n",
-	       json_string_value(json_object_get(t, "name")) ?: "?", state_of(t),
+	       json_string_value(json_object_get(t, "name")) ?: "?", kind ? kind : "-", state_of(t),
 	       json_is_true(json_object_get(t, "public")) ? "yes" : "no", sz,
 	       json_string_value(json_object_get(t, "sha256")) ?: "-", when);
 	if (json_is_object(e))
@@ -681,7 +694,7 @@ static void describe_template(json_t *t)
 	if (log && *log) {
 		size_t n = strlen(log);
 
-		printf("build log (last lines):\n%s%s", log, log[n - 1] == '\n' ? "" : "\n");
+		printf("build log (its end):\n%s%s", log, log[n - 1] == '\n' ? "" : "\n");
 	}
 }
 
@@ -751,7 +764,8 @@ int cmd_template(int argc, char **argv)
 			json_decref(reply);
 			return EXIT_REFUSED;
 		}
-		printf("%s %s\n", argv[2], json_string_value(json_object_get(template_of(reply), "state")) ?: "deleted");
+		printf("%s deleted%s\n", argv[2],
+		       json_is_true(json_object_get(reply, "cancelled")) ? " (its build was cancelled)" : "");
 	}
 	json_decref(reply);
 	return 0;
