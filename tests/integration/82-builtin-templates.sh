@@ -26,7 +26,7 @@ before_locks=$(count_slot_locks)
 
 # default: the everyday tools, and no numpy.
 run_spec tools "$(sh_spec 'ps -e -o comm= | grep -cx init; curl --version | head -n1 | cut -d" " -f1; git --version | cut -d" " -f1,2
-pip --version | cut -d" " -f1; python3 -m venv /tmp/v && /tmp/v/bin/python -c "print(\"venv\")"
+pip --version | cut -d" " -f1; python3 -m venv --without-pip /tmp/v && /tmp/v/bin/python -c "print(\"venv\")"
 for t in mkfs.ext4 resize2fs mount; do command -v $t > /dev/null && echo $t; done')" --cold
 if [ "$(r tools .state)" = succeeded ] && [ "$(r tools .stdout)" = "$(printf '1\ncurl\ngit version\npip\nvenv\nmkfs.ext4\nresize2fs\nmount')" ]; then
 	ok "default: ps, curl, git, pip, venv, mkfs.ext4, resize2fs and mount work"
