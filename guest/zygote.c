@@ -19,16 +19,6 @@
 #include "io.h"
 #include "init.h"
 
-/* Runs the script the way `python3 SCRIPT ARGS` would: a fresh __main__,
- * sys.argv and sys.path[0] as for a script, SystemExit and uncaught
- * exceptions reported by the default machinery (without this wrapper's own
- * frame), non-daemon threads joined and atexit handlers run at exit. Then it
- * leaves with os._exit: tearing down every pre-imported module costs ~150 ms
- * under TCG, and the VM is destroyed anyway. `random` was seeded when the
- * snapshot was taken, in every clone alike: it is reseeded from the kernel,
- * which the host reseeded, before the task's code runs. A pool VM's warm-up
- * ('W') runs that very task path (_kiln_task) in a fork, on a sample the host
- * wrote, so that TCG has translated what the real task will execute. */
 /* The template's own modules: /etc/kiln/preload names them, one per line
  * (docs/templates.md). The file comes with the image, so whoever built the
  * template wrote it: it is read bounded (4 KiB, a regular file only), each
@@ -41,6 +31,16 @@
 #define ZYGOTE_PRELOAD_S "60"
 #define ZYGOTE_PRELOAD   "/etc/kiln/preload"
 
+/* Runs the script the way `python3 SCRIPT ARGS` would: a fresh __main__,
+ * sys.argv and sys.path[0] as for a script, SystemExit and uncaught
+ * exceptions reported by the default machinery (without this wrapper's own
+ * frame), non-daemon threads joined and atexit handlers run at exit. Then it
+ * leaves with os._exit: tearing down every pre-imported module costs ~150 ms
+ * under TCG, and the VM is destroyed anyway. `random` was seeded when the
+ * snapshot was taken, in every clone alike: it is reseeded from the kernel,
+ * which the host reseeded, before the task's code runs. A pool VM's warm-up
+ * ('W') runs that very task path (_kiln_task) in a fork, on a sample the host
+ * wrote, so that TCG has translated what the real task will execute. */
 static const char zygote_src[] =
 	"import os, sys\n"
 	"import builtins, importlib.machinery, random, traceback, types\n"
