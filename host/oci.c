@@ -519,7 +519,7 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 	{
 		char src[PATH_MAX + 32];
 		char *argv[] = { OCI_SKOPEO, "--insecure-policy", "--tmpdir", NULL, "copy", "--quiet",
-				 "--remove-signatures", "--dest-oci-accept-uncompressed-layers", "--format", "oci",
+				 "--remove-signatures", "--format", "oci",
 				 src, layout, NULL };
 		char tmp[PATH_MAX + 8];
 
