@@ -105,10 +105,10 @@ else not_ok "task from the imported image" "$(show boot)"; fi
 CANARY=$T_TMP/canary.txt
 echo canary > "$CANARY"
 mkdir -p "$T_TMP/outside"
-tmp_list() { find "$T_TMP" -maxdepth 1 -mindepth 1 -printf '%f %s %m %U\n' | grep -v -e '^evil[pc]\.' | sort; }
+tmp_list() { find "$T_TMP" -maxdepth 1 -mindepth 1 -printf '%f %s %m %U\n' | grep -v -e '^evil[pch]\.' -e '^evil-hard' | sort; }
 cat > "$T_TMP/evil.py" << 'EOF'
-# evil.py OUT KIND: a docker-archive whose layers try their worst.
-import hashlib, io, json, sys, tarfile
+# evil.py OUT KIND [OUTSIDE CANARY]: a docker-archive whose layers try their worst.
+import hashlib, io, json, os, sys, tarfile
 
 out, kind = sys.argv[1], sys.argv[2]
 
@@ -139,8 +139,10 @@ if kind == "paths":
         ("rel-out", S, {"link": "../../../../../../../../../../" + sys.argv[3].lstrip("/")}),
         ("rel-out/through-rel.txt", F, {"data": b"through a relative symlink\n"}),
         ("hard-etc", H, {"link": "/etc/passwd"}),
-        ("hard-canary", H, {"link": sys.argv[4]}),
-    ], [("../../../../../../../../" + sys.argv[3].lstrip("/") + "/.wh.canary.txt", F, {})]]
+    ], [("../../../../../../../../" + os.path.dirname(sys.argv[4]).lstrip("/") + "/.wh." + os.path.basename(sys.argv[4]), F, {}),
+         ("/.wh.." + "/etc", F, {})]]
+elif kind == "hardlink":
+    layers = [base + [("hard-canary", H, {"link": sys.argv[4]})]]
 else:
     layers = [base + [
         ("dev", D, {}),
@@ -176,18 +178,25 @@ before_tmp=$(tmp_list)
 
 import evilp "$T_TMP/evil-paths.tar" --max-mib 1024
 outside_files=$(find "$T_TMP/outside" -mindepth 1 | wc -l)
-code=$(r evilp .error.code)
 if [ "$outside_files" = 0 ] && [ "$(cat "$CANARY")" = canary ] && [ ! -e "$T_TMP/escape-dotdot.txt" ] \
    && [ ! -e /abs-escape.txt ] && [ ! -e "$T_TMP/evilp.work" ] \
-   && { [ "$code" = invalid_image ] || [ "$(rc evilp)" = 0 ]; }; then
-	ok "../, absolute, through-symlink, hard-link and whiteout escapes change nothing outside (result: ${code:-imported})"
+   && { [ "$(r evilp .error.code)" = invalid_image ] || [ "$(rc evilp)" = 0 ]; }; then
+	ok "../, absolute, through-symlink, hard-link and whiteout escapes change nothing outside (result: $(r evilp '.error.code // "imported"'))"
 else not_ok "escaping entries" "outside: $outside_files" "$(cat "$T_TMP/evilp.json")" "$(tail -5 "$T_TMP/evilp.err")"; fi
 if [ "$(rc evilp)" = 0 ]; then
 	de() { debugfs -R "$1" "$T_TMP/evilp.ext4" 2>/dev/null; }
-	if de "stat /link-out" | grep -q 'Type: symlink' && de "stat /hard-canary" | grep -vq canary; then
-		ok "escaping entries were kept inside the image (symlinks stay symlinks)"
+	inside=${T_TMP#/}/outside
+	if de "stat /link-out" | grep -q 'Type: symlink' && de "stat /rel-out" | grep -q 'Type: symlink' \
+	   && de "cat /$inside/through-link.txt" | grep -q 'through a symlink' && de "cat /$inside/through-rel.txt" | grep -q relative \
+	   && de "cat /$inside/deep-escape.txt" | grep -q deep && de "cat /abs-escape.txt" | grep -q absolute \
+	   && de "cat /escape-dotdot.txt" | grep -q escaped && de "cat /hard-etc" | grep -q root:x; then
+		ok "each escaping entry landed inside the image instead (symlinks kept as symlinks, never followed out)"
 	else not_ok "escaping entries inside" "$(de 'ls -l /')"; fi
 fi
+$PY "$T_TMP/evil.py" "$T_TMP/evil-hard.tar" hardlink "$T_TMP/outside" "$CANARY"
+import evilh "$T_TMP/evil-hard.tar"
+check "a hard link to a host file (outside the layers): invalid_image, canary intact" \
+	test "$(r evilh .error.code)" = invalid_image -a "$(cat "$CANARY")" = canary -a "$(stat -c %h "$CANARY")" = 1
 
 import evilc "$T_TMP/evil-content.tar" --max-mib 1024
 de() { debugfs -R "$1" "$T_TMP/evilc.ext4" 2>/dev/null; }
