@@ -36,6 +36,7 @@
 #include <linux/openat2.h>
 
 #include "clock.h"
+#include "fsutil.h"
 #include "io.h"
 #include "jail.h"
 
@@ -595,7 +596,7 @@ out:
 	if (r->jc_ready)
 		jail_config_free(&r->jc);
 	if (r->work[0]) {
-		int e = oci_tree_remove(r->work);
+		int e = fs_rmtree(r->work);
 
 		if (e < 0)
 			oci_logf(r, "removing %s: %s", r->work, strerror(-e));

@@ -109,8 +109,4 @@ int oci_tree_usage(int dirfd, uint64_t max_bytes, uint64_t *bytes, uint64_t *ino
 int oci_tree_prepare(int root_fd, uint32_t uid, uint32_t gid, uint64_t max_bytes, struct oci_tree_stats *st,
 		     oci_log_fn log, void *ctx, struct kiln_err *err);
 
-/* rm -rf path (a directory), never following a symbolic link in it.
- * 0 (also when path does not exist) or the first -errno. */
-int oci_tree_remove(const char *path);
-
 #endif
