@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -42,6 +43,7 @@
 
 #define OCI_UMOCI            "/usr/bin/umoci"
 #define OCI_SKOPEO           "/usr/bin/skopeo"
+#define OCI_TAR              "/bin/tar"
 #define OCI_MKFS             "/sbin/mkfs.ext4"
 #define OCI_JAIL_MEMORY      (1024ull << 20) /* Go tools streaming layers */
 #define OCI_JAIL_PIDS        512             /* Go runtime threads count as tasks */
@@ -62,6 +64,9 @@ struct oci_run {
 	char work[PATH_MAX - 64];  /* req->work_dir, absolute */
 	char w[PATH_MAX];          /* the jail's writable directory */
 	char jroot[PATH_MAX];      /* the jail's (empty) root mount point */
+	char rundir[PATH_MAX];     /* <run_dir>/vm-oci-<pid>-<n>: lock + jail record ("": none) */
+	char record[PATH_MAX + 8];
+	int lock_fd;
 	struct jail_config jc;
 	int jc_ready;
 };
@@ -126,8 +131,10 @@ static void forward_output(struct oci_run *r, int fd, char *last, size_t cap)
 }
 
 /* Run argv in a jail and wait for it, watching the deadline, cancel_fd and
- * the bytes under w. 0 when it exited 0; -1 with err otherwise. */
-static int jail_run(struct oci_run *r, char *const argv[], const char *what)
+ * the bytes under w. work is the jail's one writable directory (chowned to
+ * its uid), ro a file it may read (NULL: none). 0 when it exited 0; -1 with
+ * err otherwise. */
+static int jail_run(struct oci_run *r, char *const argv[], const char *what, const char *work, const char *ro)
 {
 	static atomic_uint seq;
 	char name[64], home[PATH_MAX + 8], tmp[PATH_MAX + 8], logpath[PATH_MAX + 16], last[512];
@@ -137,7 +144,7 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what)
 	struct jail j = { 0 };
 	uint64_t limit = r->req->max_bytes + 3 * r->archive_size;
 	int pidfd = -1, logfd, wfd = -1, status = 0, rc = -1;
-	int64_t next_watch = 0;
+	int64_t next_watch = 0, t0;
 	int exited = 0;
 	pid_t pid;
 
@@ -152,7 +159,9 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what)
 		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", logpath, strerror(errno));
 	spec.name = name;
 	spec.root = r->jroot;
-	spec.work = r->w;
+	spec.record = r->record[0] ? r->record : NULL;
+	spec.work = work;
+	spec.ro[0] = ro;
 	spec.exe = argv[0];
 	spec.proc = 1;
 	spec.stdout_fd = logfd;
@@ -164,6 +173,7 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what)
 	spec.fsize_bytes = limit;
 	spec.envp = envp;
 	oci_logf(r, "%s", what);
+	t0 = clock_mono_ms();
 	pid = jail_spawn(&r->jc, &spec, argv, &j, &pidfd, r->err);
 	if (pid < 0)
 		goto out;
@@ -210,8 +220,13 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what)
 	forward_output(r, logfd, last, sizeof(last));
 	if (r->err->errc != KERR_NONE)
 		goto out;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+		oci_logf(r, "%s: done in %lld ms", what, (long long)(clock_mono_ms() - t0));
 		rc = 0;
+	} else if (WIFEXITED(status) && strstr(last, "file too large"))
+		/* RLIMIT_FSIZE: one file of the image past the cap. */
+		kiln_err_set(r->err, KERR_TOO_LARGE, "the unpacked image is larger than %llu MiB (%s: %s)",
+			     (unsigned long long)(r->req->max_bytes >> 20), what, last);
 	else if (WIFEXITED(status))
 		kiln_err_set(r->err, KERR_INVALID_IMAGE, "%s failed (exit status %d): %s", what, WEXITSTATUS(status),
 			     last[0] ? last : "no message");
@@ -370,6 +385,7 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 			 "-m", "0", "-N", ninodes, "-d", (char *)tree, (char *)out, ksize, NULL };
 	posix_spawn_file_actions_t fa;
 	int logfd, pidfd = -1, status = 0, rc = -1, e, fd;
+	int64_t t0;
 	pid_t pid;
 
 	snprintf(ksize, sizeof(ksize), "%lluk", (unsigned long long)(size >> 10));
@@ -395,6 +411,7 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 		goto out;
 	}
 	oci_logf(r, "mkfs.ext4: %llu MiB, %llu inodes", (unsigned long long)(size >> 20), (unsigned long long)inodes);
+	t0 = clock_mono_ms();
 	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	for (;;) {
 		struct pollfd pfd[2] = { { .fd = pidfd, .events = POLLIN }, { .fd = r->req->cancel_fd, .events = POLLIN } };
@@ -415,10 +432,12 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 	forward_output(r, logfd, last, sizeof(last));
 	if (r->err->errc != KERR_NONE)
 		goto out;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+		oci_logf(r, "mkfs.ext4: done in %lld ms", (long long)(clock_mono_ms() - t0));
 		rc = 0;
-	else
+	} else {
 		kiln_err_set(r->err, KERR_HOST_ERROR, "mkfs.ext4 failed: %s", last[0] ? last : "no message");
+	}
 out:
 	if (pidfd >= 0)
 		close(pidfd);
@@ -446,10 +465,30 @@ static int setup_work(struct oci_run *r)
 		if (mkdir(path, 0700) < 0 || chmod(path, 01777) < 0)
 			return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 	}
+	/* A crashed kiln-host leaves the jails' cgroups: vm_reap_stale (kiln-host
+	 * reap, serve's start) removes them through this directory, shaped like a
+	 * VM's (a "vm-" name, a lock flocked while we live, the jail record). */
+	if (r->req->run_dir && r->req->run_dir[0]) {
+		static atomic_uint seq;
+		int e;
+
+		snprintf(r->rundir, sizeof(r->rundir), "%s/vm-oci-%d-%u", r->req->run_dir, (int)getpid(),
+			 atomic_fetch_add(&seq, 1));
+		if ((e = fs_mkdir_p(r->rundir, 0700)) < 0) {
+			kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", r->rundir, strerror(-e));
+			r->rundir[0] = '\0';
+			return -1;
+		}
+		snprintf(path, sizeof(path), "%s/lock", r->rundir);
+		r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		if (r->lock_fd < 0 || flock(r->lock_fd, LOCK_EX) < 0)
+			return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+		snprintf(r->record, sizeof(r->record), "%s/jail", r->rundir);
+	}
 	if (jail_config_init(&r->jc, r->err) < 0)
 		return -1;
 	r->jc_ready = 1;
-	if (jail_config_add_program(&r->jc, OCI_SKOPEO, r->err) < 0 ||
+	if (jail_config_add_program(&r->jc, OCI_SKOPEO, r->err) < 0 || jail_config_add_program(&r->jc, OCI_TAR, r->err) < 0 ||
 	    jail_config_add_program(&r->jc, OCI_UMOCI, r->err) < 0)
 		return -1;
 	return 0;
@@ -477,12 +516,14 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 	char archive[PATH_MAX + 16], layout[PATH_MAX + 32], rootfs[PATH_MAX + 16];
 	uint32_t uid = 0, gid = 0;
 	uint64_t size;
-	int afd = -1, root_fd = -1, kind, rc = -1, made_out = 0;
+	int64_t t_start = clock_mono_ms(), t_walk;
+	int afd = -1, root_fd = -1, kind, rc = -1, made_out = 0, e = 0;
 
 	memset(meta, 0, sizeof(*meta));
 	if (!r)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	r->req = req;
+	r->lock_fd = -1;
 	r->log = log;
 	r->ctx = ctx;
 	r->err = err;
@@ -515,8 +556,38 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 	close(afd);
 	afd = -1;
 
-	/* skopeo: the archive (either kind) into an OCI layout tagged "kiln".
-	 * Both source transports read the file only; the jail has no network. */
+	/* An OCI layout tar is unpacked by tar in the jail first: skopeo's own
+	 * oci-archive untar chowns what it makes (to the headers' owners, or
+	 * root for directories the tar does not list), which an unprivileged
+	 * uid cannot do. GNU tar as non-root keeps no owner, strips leading
+	 * '/' and refuses '..' members; the jail bounds the rest. */
+	if (kind == OCI_KIND_OCI) {
+		char dir[PATH_MAX + 8];
+		char *argv[] = { OCI_TAR, "-x", "--no-same-owner", "--no-same-permissions", "-m", "-f", archive, "-C", dir, NULL };
+
+		/* Its own work directory (the jail chowns it: tar sets "."'s mode),
+		 * the archive beside it read-only. */
+		snprintf(dir, sizeof(dir), "%s/in", r->w);
+		if (mkdir(dir, 0700) < 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", dir, strerror(errno));
+			goto out;
+		}
+		if (jail_run(r, argv, "tar -x (OCI layout)", dir, archive) < 0)
+			goto out;
+		/* tar ran as one slot uid, skopeo runs as another. */
+		if ((afd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+		    (e = oci_tree_open_up(afd)) < 0) {
+			kiln_err_set(err, e == -ELOOP || e == -EMLINK ? KERR_INVALID_IMAGE : KERR_HOST_ERROR,
+				     "the unpacked OCI layout: %s", strerror(afd < 0 ? errno : -e));
+			goto out;
+		}
+		close(afd);
+		afd = -1;
+		unlink(archive);
+	}
+	/* skopeo: the image into an OCI layout tagged "kiln", every blob's
+	 * digest verified. Both source transports read files only (oci: a
+	 * directory, docker-archive: the tar in place); the jail has no network. */
 	{
 		char src[PATH_MAX + 32];
 		char *argv[] = { OCI_SKOPEO, "--insecure-policy", "--tmpdir", NULL, "copy", "--quiet",
@@ -526,11 +597,22 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 
 		snprintf(tmp, sizeof(tmp), "%s/tmp", r->w);
 		argv[3] = tmp;
-		snprintf(src, sizeof(src), "%s:%s", kind == OCI_KIND_OCI ? "oci-archive" : "docker-archive", archive);
+		if (kind == OCI_KIND_OCI)
+			snprintf(src, sizeof(src), "oci:%s/in", r->w);
+		else
+			snprintf(src, sizeof(src), "docker-archive:%s", archive);
 		snprintf(layout, sizeof(layout), "oci:%s/layout:kiln", r->w);
-		if (jail_run(r, argv, "skopeo copy") < 0)
+		if (jail_run(r, argv, "skopeo copy", r->w, NULL) < 0)
 			goto out;
-		unlink(archive); /* the layout holds every blob now */
+		/* The layout holds every blob now. */
+		if (kind == OCI_KIND_OCI) {
+			char dir[PATH_MAX + 8];
+
+			snprintf(dir, sizeof(dir), "%s/in", r->w);
+			fs_rmtree(dir);
+		} else {
+			unlink(archive);
+		}
 	}
 	if (oci_check_time(r) < 0 || read_config(r, &cfg) < 0)
 		goto out;
@@ -542,7 +624,7 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 		snprintf(image, sizeof(image), "%s/layout:kiln", r->w);
 		argv[5] = image;
 		snprintf(rootfs, sizeof(rootfs), "%s/rootfs", r->w);
-		if (jail_run(r, argv, "umoci unpack") < 0)
+		if (jail_run(r, argv, "umoci unpack", r->w, NULL) < 0)
 			goto out;
 	}
 	if (oci_check_time(r) < 0)
@@ -553,8 +635,10 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 	}
 	if (resolve_user(r, root_fd, cfg.user, &uid, &gid) < 0)
 		goto out;
+	t_walk = clock_mono_ms();
 	if (oci_tree_prepare(root_fd, uid, gid, req->max_bytes, &ts, oci_log_tree, r, err) < 0)
 		goto out;
+	oci_logf(r, "tree walk: done in %lld ms", (long long)(clock_mono_ms() - t_walk));
 	oci_logf(r, "tree: %llu MiB in %llu entries; %u device nodes/FIFOs/sockets removed, %u set-uid/set-gid "
 		    "files cleared, %u entries had extended attributes",
 		 (unsigned long long)(ts.bytes >> 20), (unsigned long long)ts.inodes, ts.removed_nodes, ts.cleared_suid,
@@ -583,7 +667,8 @@ int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tb
 	snprintf(meta->workdir, sizeof(meta->workdir), "%s", cfg.workdir);
 	meta->uid = uid;
 	meta->gid = gid;
-	oci_logf(r, "image ready: %llu MiB, user %u:%u", (unsigned long long)(size >> 20), uid, gid);
+	oci_logf(r, "image ready: %llu MiB, user %u:%u, %lld ms in all", (unsigned long long)(size >> 20), uid, gid,
+		 (long long)(clock_mono_ms() - t_start));
 	rc = 0;
 out:
 	if (rc < 0 && made_out)
@@ -595,11 +680,15 @@ out:
 	oci_config_free(&cfg);
 	if (r->jc_ready)
 		jail_config_free(&r->jc);
+	if (r->lock_fd >= 0)
+		close(r->lock_fd);
+	if (r->rundir[0])
+		fs_rmtree(r->rundir);
 	if (r->work[0]) {
-		int e = fs_rmtree(r->work);
+		int re = fs_rmtree(r->work);
 
-		if (e < 0)
-			oci_logf(r, "removing %s: %s", r->work, strerror(-e));
+		if (re < 0)
+			oci_logf(r, "removing %s: %s", r->work, strerror(-re));
 	}
 	free(r);
 	return rc;

@@ -109,4 +109,11 @@ int oci_tree_usage(int dirfd, uint64_t max_bytes, uint64_t *bytes, uint64_t *ino
 int oci_tree_prepare(int root_fd, uint32_t uid, uint32_t gid, uint64_t max_bytes, struct oci_tree_stats *st,
 		     oci_log_fn log, void *ctx, struct kiln_err *err);
 
+/* Make the tree at dirfd (written by one jail's uid) readable by any uid:
+ * directories 0755, regular files 0644, anything but those and symbolic
+ * links removed; links never followed. For an OCI layout that tar
+ * unpacked and skopeo (another jail, another uid) reads next. 0 or -errno
+ * (-ELOOP too deep, -EMLINK too many entries). */
+int oci_tree_open_up(int dirfd);
+
 #endif

@@ -352,3 +352,57 @@ out:
 	return r < 0 ? -1 : 0;
 }
 
+
+/* ---- open up: a tree one jail wrote, for the next jail's uid to read -------- */
+
+static int open_up_dir(int dfd, int depth, uint64_t *n)
+{
+	struct dirent *de;
+	DIR *d;
+	int fd, r = 0;
+
+	if (depth > OCI_MAX_DEPTH)
+		return -ELOOP;
+	if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return -errno;
+	if (!(d = fdopendir(fd))) {
+		close(fd);
+		return -errno;
+	}
+	while (r == 0 && (de = readdir(d))) {
+		struct stat st;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (++*n > OCI_MAX_INODES)
+			r = -EMLINK;
+		else if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			r = -errno;
+		else if (S_ISREG(st.st_mode)) {
+			if (fchmodat(dfd, de->d_name, 0644, 0) < 0)
+				r = -errno;
+		} else if (S_ISDIR(st.st_mode)) {
+			int sub = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (sub < 0 || fchmod(sub, 0755) < 0)
+				r = -errno;
+			else
+				r = open_up_dir(sub, depth + 1, n);
+			if (sub >= 0)
+				close(sub);
+		} else if (!S_ISLNK(st.st_mode) && unlinkat(dfd, de->d_name, 0) < 0) {
+			r = -errno;
+		}
+	}
+	closedir(d);
+	return r;
+}
+
+int oci_tree_open_up(int dirfd)
+{
+	uint64_t n = 0;
+
+	if (fchmod(dirfd, 0755) < 0)
+		return -errno;
+	return open_up_dir(dirfd, 0, &n);
+}

@@ -246,6 +246,62 @@ import small "$T_TMP/oci.tar" --max-mib 8
 check "an image past --max-mib: too_large, no file left" \
 	test "$(r small .error.code)" = too_large -a ! -e "$T_TMP/small.ext4" -a ! -e "$T_TMP/small.work"
 
+# ---- bombs, time, cancellation, a crash ---------------------------------------------
+cat > "$T_TMP/big.py" << 'EOF'
+# big.py OUT FILES MIB: a docker-archive, one uncompressed layer of FILES files of MIB MiB of zeros each.
+import hashlib, io, json, os, sys, tarfile
+out, nfiles, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+layer = out + ".layer"
+with open("/dev/zero", "rb") as zero, tarfile.open(layer, "w") as t:
+    for i in range(nfiles):
+        ti = tarfile.TarInfo("big/f%d" % i)
+        ti.size = mib << 20
+        t.addfile(ti, zero)
+h = hashlib.sha256()
+with open(layer, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + h.hexdigest()]}}).encode()
+with tarfile.open(out, "w") as t:
+    t.add(layer, "layer.tar")
+    for name, d in [("config.json", config),
+                    ("manifest.json", json.dumps([{"Config": "config.json", "RepoTags": ["big:1"], "Layers": ["layer.tar"]}]).encode())]:
+        ti = tarfile.TarInfo(name); ti.size = len(d); t.addfile(ti, io.BytesIO(d))
+os.unlink(layer)
+EOF
+$PY "$T_TMP/big.py" "$T_TMP/big.tar" 100 4
+import bigcap "$T_TMP/big.tar" --max-mib 300
+check "100 files of 4 MiB (400 MiB, each under the per-file limit) past --max-mib 300: too_large" \
+	test "$(r bigcap .error.code)" = too_large -a ! -e "$T_TMP/bigcap.ext4" -a ! -e "$T_TMP/bigcap.work"
+import bigtime "$T_TMP/big.tar" --timeout 1
+check "an import past --timeout: build_timeout, nothing left" \
+	test "$(r bigtime .error.code)" = build_timeout -a ! -e "$T_TMP/bigtime.ext4" -a ! -e "$T_TMP/bigtime.work"
+# SIGTERM is kiln-host template import's cancel_fd.
+"$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigcan.ext4" > "$T_TMP/bigcan.json" 2> "$T_TMP/bigcan.err" &
+pid=$!
+wait_for() { local i; for i in $(seq 100); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+wait_for 'skopeo copy' "$T_TMP/bigcan.err"
+kill -TERM $pid
+wait $pid
+check "SIGTERM during skopeo: cancelled, nothing left" \
+	test "$(r bigcan .error.code)" = cancelled -a ! -e "$T_TMP/bigcan.ext4" -a ! -e "$T_TMP/bigcan.ext4.work"
+# A crash (SIGKILL) mid-import: the jail dies with its parent; `kiln-host reap`
+# removes its cgroups through the record in the run directory.
+"$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigkill.ext4" > /dev/null 2> "$T_TMP/bigkill.err" &
+pid=$!
+wait_for 'skopeo copy' "$T_TMP/bigkill.err"
+sleep 0.3
+kill -KILL $pid
+wait $pid 2> /dev/null
+left=$(ls -d "$KILN_RUN_DIR"/vm-oci-* 2> /dev/null | wc -l)
+"$KILN_HOST" reap --run-dir "$KILN_RUN_DIR" > /dev/null 2>&1
+if [ "$left" = 1 ] && [ "$(count_cgroups)" = "$before_cg" ] && [ -z "$(ls -d "$KILN_RUN_DIR"/vm-oci-* 2> /dev/null)" ] \
+   && ! pgrep -f "skopeo.*$T_TMP/bigkill" > /dev/null; then
+	ok "kiln-host killed mid-import: no tool left running; reap removes the jail's cgroups and run entry"
+else not_ok "crash mid-import" "run entries left: $left" "cgroups: $(count_cgroups) (before $before_cg)"; fi
+rm -rf "$T_TMP/bigkill.ext4.work" "$T_TMP/bigkill.ext4"
+
 # ---- resources ------------------------------------------------------------------
 check "no QEMU left" test "$(count_qemu)" = "$before_qemu"
 check "no jail cgroups left" test "$(count_cgroups)" = "$before_cg"
