@@ -145,7 +145,7 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what, con
 	uint64_t limit = r->req->max_bytes + 3 * r->archive_size;
 	int pidfd = -1, logfd, wfd = -1, status = 0, rc = -1;
 	int64_t next_watch = 0, t0;
-	int exited = 0;
+	int exited = 0, stopped = 0; /* stopped: err set while it ran */
 	pid_t pid;
 
 	snprintf(name, sizeof(name), "kiln-oci-%d-%u", (int)getpid(), atomic_fetch_add(&seq, 1));
@@ -153,7 +153,7 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what, con
 	snprintf(tmp, sizeof(tmp), "%s/tmp", r->w);
 	snprintf(env_home, sizeof(env_home), "HOME=%s", home);
 	snprintf(env_tmp, sizeof(env_tmp), "TMPDIR=%s", tmp);
-	snprintf(logpath, sizeof(logpath), "%s/%s.log", r->work, what);
+	snprintf(logpath, sizeof(logpath), "%s/step.log", r->work);
 	logfd = open(logpath, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (logfd < 0)
 		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", logpath, strerror(errno));
@@ -188,21 +188,21 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what, con
 		if (wait < 0)
 			wait = 0;
 		if (poll(pfd, r->req->cancel_fd >= 0 ? 2 : 1, (int)wait) < 0 && errno != EINTR) {
-			kiln_err_set(r->err, KERR_HOST_ERROR, "poll: %s", strerror(errno));
+			stopped = kiln_err_set(r->err, KERR_HOST_ERROR, "poll: %s", strerror(errno));
 			break;
 		}
 		if (pfd[0].revents) {
 			exited = 1;
 			break;
 		}
-		if (oci_check_time(r) < 0)
+		if ((stopped = oci_check_time(r)) < 0)
 			break;
 		if (wfd >= 0 && clock_mono_ms() >= next_watch) {
 			/* The tree under w is what the tools wrote: a layer that
 			 * inflates past the cap stops the import here, not the disk. */
 			oci_tree_usage(wfd, limit, &bytes, &inodes);
 			if (bytes > limit || inodes > OCI_MAX_INODES) {
-				kiln_err_set(r->err, bytes > limit ? KERR_TOO_LARGE : KERR_INVALID_IMAGE,
+				stopped = kiln_err_set(r->err, bytes > limit ? KERR_TOO_LARGE : KERR_INVALID_IMAGE,
 					     bytes > limit ? "the unpacked image is larger than %llu MiB" :
 						     "the image has more than %llu files",
 					     bytes > limit ? (unsigned long long)(r->req->max_bytes >> 20) :
@@ -218,7 +218,7 @@ static int jail_run(struct oci_run *r, char *const argv[], const char *what, con
 		;
 	jail_release(&j);
 	forward_output(r, logfd, last, sizeof(last));
-	if (r->err->errc != KERR_NONE)
+	if (stopped)
 		goto out;
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
 		oci_logf(r, "%s: done in %lld ms", what, (long long)(clock_mono_ms() - t0));
@@ -384,7 +384,7 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 	char *argv[] = { OCI_MKFS, "-q", "-F", "-L", "kiln-root", "-O", "^has_journal", "-E", "root_owner=0:0",
 			 "-m", "0", "-N", ninodes, "-d", (char *)tree, (char *)out, ksize, NULL };
 	posix_spawn_file_actions_t fa;
-	int logfd, pidfd = -1, status = 0, rc = -1, e, fd;
+	int logfd, pidfd = -1, status = 0, rc = -1, e, fd, stopped = 0;
 	int64_t t0;
 	pid_t pid;
 
@@ -422,7 +422,7 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 		if (poll(pfd, r->req->cancel_fd >= 0 ? 2 : 1, (int)(wait < 0 ? 0 : wait > 1000 ? 1000 : wait)) > 0 &&
 		    pfd[0].revents)
 			break;
-		if (oci_check_time(r) < 0) {
+		if ((stopped = oci_check_time(r)) < 0) {
 			kill(pid, SIGKILL);
 			break;
 		}
@@ -430,7 +430,7 @@ static int make_ext4(struct oci_run *r, const char *tree, const char *out, uint6
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	forward_output(r, logfd, last, sizeof(last));
-	if (r->err->errc != KERR_NONE)
+	if (stopped)
 		goto out;
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
 		oci_logf(r, "mkfs.ext4: done in %lld ms", (long long)(clock_mono_ms() - t0));
@@ -449,15 +449,22 @@ static int setup_work(struct oci_run *r)
 {
 	char path[PATH_MAX + 16];
 
-	if (mkdir(r->req->work_dir, 0700) < 0 && errno != EEXIST)
-		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", r->req->work_dir, strerror(errno));
-	if (!realpath(r->req->work_dir, r->work) || strlen(r->work) + 16 > sizeof(r->work))
-		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", r->req->work_dir, strerror(errno ? errno : ENAMETOOLONG));
+	char real[PATH_MAX];
+
+	/* New, never an existing directory: all of it is removed at the end. */
+	if (mkdir(r->req->work_dir, 0700) < 0)
+		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s (the work directory must not exist)",
+				    r->req->work_dir, strerror(errno));
+	if (!realpath(r->req->work_dir, real) || strlen(real) + 16 > sizeof(r->work)) {
+		kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", r->req->work_dir, strerror(errno ? errno : ENAMETOOLONG));
+		rmdir(r->req->work_dir);
+		return -1;
+	}
+	snprintf(r->work, sizeof(r->work), "%s", real);
 	snprintf(r->w, sizeof(r->w), "%s/w", r->work);
 	snprintf(r->jroot, sizeof(r->jroot), "%s/jail-root", r->work);
 	if (mkdir(r->w, 0700) < 0 || mkdir(r->jroot, 0755) < 0)
-		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s (the work directory must be new or empty)", r->work,
-				    strerror(errno));
+		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", r->work, strerror(errno));
 	/* The slot uid is known only once the jail starts: world-writable, in
 	 * a 0700 directory that only root and that uid can enter. */
 	for (int i = 0; i < 2; i++) {
