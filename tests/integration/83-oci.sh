@@ -114,13 +114,14 @@ out, kind = sys.argv[1], sys.argv[2]
 
 def layer(entries):
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
         for name, typ, extra in entries:
             ti = tarfile.TarInfo(name)
             ti.type = typ
             ti.mode = extra.get("mode", 0o644 if typ == tarfile.REGTYPE else 0o755)
             ti.linkname = extra.get("link", "")
             ti.devmajor, ti.devminor = extra.get("dev", (0, 0))
+            ti.pax_headers = extra.get("pax", {})
             data = extra.get("data", b"")
             ti.size = len(data) if typ == tarfile.REGTYPE else 0
             t.addfile(ti, io.BytesIO(data) if typ == tarfile.REGTYPE else None)
@@ -152,6 +153,9 @@ else:
         ("bin/su-evil", F, {"data": b"#!/bin/sh\nid\n", "mode": 0o4755}),
         ("bin/sg-evil", F, {"data": b"#!/bin/sh\nid\n", "mode": 0o2755}),
         ("abs-link", S, {"link": "/etc/shadow"}),
+        ("bin/capped", F, {"data": b"x", "mode": 0o755, "pax": {
+            "SCHILY.xattr.security.capability": "\x01\x00\x00\x02\x00\x20" + "\x00" * 14}}),
+        ("bin/xattrs", F, {"data": b"x", "pax": {"SCHILY.xattr.user.evil": "1", "SCHILY.xattr.trusted.evil": "1"}}),
     ], [(".wh.etc", F, {}), ("kept.txt", F, {"data": b"kept\n"})]]
 
 files, diff_ids, names = {}, [], []
@@ -208,8 +212,9 @@ if [ "$(rc evilc)" = 0 ]; then
 	   && ! de "stat /dev/evil-mem" | grep -q -e 'Type: character' -e 'Type: block' && ! echo "$root_ls" | grep -qw fifo \
 	   && de "stat /bin/su-evil" | grep -q 'Mode:  0755' && de "stat /bin/sg-evil" | grep -q 'Mode:  0755' \
 	   && de "stat /abs-link" | grep -q 'Fast link dest: "/etc/shadow"' \
+	   && [ -z "$(de "ea_list /bin/capped")$(de "ea_list /bin/xattrs")" ] && de "cat /bin/xattrs" | grep -qx x \
 	   && ! de "ls /etc" | grep -q passwd && de "cat /etc/hostname" | grep -qx kiln && de "cat /kept.txt" | grep -qx kept; then
-		ok "no device node or FIFO in the image, set-uid/set-gid cleared, absolute symlink kept as a link, whiteout of /etc honoured (/etc remade)"
+		ok "no device node or FIFO in the image, set-uid/set-gid cleared, no xattr (file capabilities, user.*, trusted.*), absolute symlink kept as a link, whiteout of /etc honoured (/etc remade)"
 	else not_ok "neutralised content" "$root_ls" "$(de 'stat /bin/su-evil' | head -2)" "$(tail -5 "$T_TMP/evilc.err")"; fi
 else not_ok "hostile content imports neutralised" "$(cat "$T_TMP/evilc.json")" "$(tail -5 "$T_TMP/evilc.err")"; fi
 check "nothing next to the work directories changed (canary, outside/, the test's directory)" \

@@ -2,8 +2,8 @@
  * index/manifest/config, the image's users and groups, umoci's rootless
  * owner record) and the walk that makes an unpacked tree fit to boot
  * (host/oci_tree.c: device nodes, set-uid bits, owners, links never
- * followed, kiln-init's directories). No VM; the walk needs root (chown),
- * and skips without it. */
+ * followed, kiln-init's directories; opening up a layout for the next
+ * jail). No VM; the walk needs root (chown), and skips without it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -411,6 +411,38 @@ static void tree_limits(void **state)
 	close(root);
 }
 
+static void tree_open_up(void **state)
+{
+	char p[256], victim[256];
+	struct stat vst;
+	int fd;
+
+	(void)state;
+	snprintf(p, sizeof(p), "%s/in", dir);
+	assert_int_equal(mkdir(p, 0700), 0);
+	snprintf(p, sizeof(p), "%s/in/blobs", dir);
+	assert_int_equal(mkdir(p, 0700), 0);
+	mkfile("in/blobs/b", 0600);
+	mkfile("victim", 0600);
+	snprintf(victim, sizeof(victim), "%s/victim", dir);
+	assert_int_equal(stat(victim, &vst), 0);
+	snprintf(p, sizeof(p), "%s/in/blobs/link", dir);
+	assert_int_equal(symlink(victim, p), 0);
+	snprintf(p, sizeof(p), "%s/in/fifo", dir);
+	assert_int_equal(mkfifo(p, 0600), 0);
+	snprintf(p, sizeof(p), "%s/in", dir);
+	fd = open(p, O_RDONLY | O_DIRECTORY);
+	assert_true(fd >= 0);
+	assert_int_equal(oci_tree_open_up(fd), 0);
+	close(fd);
+	assert_int_equal(lst("in").st_mode & 07777, 0755);
+	assert_int_equal(lst("in/blobs").st_mode & 07777, 0755);
+	assert_int_equal(lst("in/blobs/b").st_mode & 07777, 0644);
+	assert_true(S_ISLNK(lst("in/blobs/link").st_mode));
+	assert_int_equal(lst("in/fifo").st_mode, 0);
+	assert_int_equal(lst("victim").st_mode, vst.st_mode); /* the link was not followed */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -421,6 +453,7 @@ int main(void)
 		cmocka_unit_test(rootless_owner),
 		cmocka_unit_test_setup_teardown(tree_prepare, dir_setup, dir_teardown),
 		cmocka_unit_test_setup_teardown(tree_limits, dir_setup, dir_teardown),
+		cmocka_unit_test_setup_teardown(tree_open_up, dir_setup, dir_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
