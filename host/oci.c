@@ -1,10 +1,11 @@
 /* oci: tbuild_oci, an uploaded image archive (docker-archive or OCI image
  * layout tar) made into a template root file system.
  *
- * The archive is the customer's and so are the tools' inputs: skopeo (the
- * archive into an OCI layout, digests verified, never a registry) and umoci
- * (the layers unpacked in order, whiteouts honoured, every path joined
- * under the root with securejoin) both run in a kiln jail (jail/): their own
+ * The archive is the customer's and so are the tools' inputs: GNU tar (an
+ * OCI layout tar into a directory), skopeo (the image into an OCI layout,
+ * digests verified, local transports only: never a registry) and umoci (the
+ * layers unpacked in order, whiteouts honoured, every path joined under the
+ * root with securejoin) each run in a kiln jail (jail/): their own
  * mount, PID, network (no interface: no network at all), IPC and UTS
  * namespaces, a tmpfs root holding only their programs and libraries, one
  * writable directory (<work_dir>/w, nosuid/nodev/noexec), a slot uid with no
