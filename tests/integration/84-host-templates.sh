@@ -294,6 +294,76 @@ st=$(api DELETE /v1/builds/nope)
 check "cancelling an unknown build: 404" test "$st" = 404
 check "builds gave back their vCPUs" \
 	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before"
+
+# --- builds end to end: ready, in S3, in the store, tasks run on them ---
+s3py_head() { # KEY: its size, or "none"
+	S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY BUCKET=$BUCKET python3 -c '
+import os, sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
+                  aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+try:
+    print(s3.head_object(Bucket=os.environ["BUCKET"], Key=sys.argv[1])["ContentLength"])
+except Exception:
+    print("none")
+' "$1"
+}
+built_ok() { # BUILD-ID NAME: the build is ready, its image in S3 and in the store
+	local j=$T_TMP/build-$1.json sha size
+	[ "$(jq -r '.state + " " + .template.name' "$j")" = "ready $2" ] || return 1
+	sha=$(jq -r .template.sha256 "$j"); size=$(jq -r .template.size "$j")
+	[ "$(jq -r .template.s3_key "$j")" = "_templates/$sha.ext4" ] || return 1
+	[ "$(s3py_head "_templates/$sha.ext4")" = "$size" ] || return 1
+	[ "$(sha256sum < "$CACHE/templates/$sha/rootfs.ext4" | cut -d' ' -f1)" = "$sha" ]
+}
+t0=$(/usr/bin/python3 -c 'import time; print(time.time())')
+st=$(api POST /v1/builds -H 'Content-Type: application/json' --data-binary '{"id":"b5","customer":"acme","timeout_s":900,
+	"recipe":{"name":"rb","from":"debian","files":[{"path":"/etc/rb.txt","content_b64":"aGVsbG8tZmlsZQ==","mode":420}],
+	"run":["echo built-by-recipe > /etc/built"],"env":{"RB":"1"},"workdir":"/work"}}')
+if [ "$st" = 202 ] && wait_build b5 1200 && built_ok b5 rb; then
+	t1=$(/usr/bin/python3 -c 'import time; print(time.time())')
+	ok "a recipe build (a file, a run step) ends ready: its TREF, the image in S3 and in the store with that sha256"
+	echo "# recipe build: $(/usr/bin/python3 -c "print(round($t1-$t0,1))") s, image $(jq -r .template.size "$T_TMP/build-b5.json") bytes"
+	st=$(submit trb "$(jq -c .template "$T_TMP/build-b5.json")" 'cat /etc/built /etc/rb.txt; echo; id -u')
+	if [ "$st" = 202 ] && wait_final trb 300 \
+	   && [ "$(jq -r .result.stdout "$T_TMP/trb.json")" = "$(printf 'built-by-recipe\nhello-file\n1000')" ]; then
+		ok "a task on the built template sees what the recipe made, as uid 1000"
+	else not_ok "task on the recipe template" "$(head -c 600 "$T_TMP/trb.json")"; fi
+else not_ok "recipe build" "status $st: $(head -c 1500 "$T_TMP/build-b5.json")"; fi
+
+if command -v umoci > /dev/null && command -v skopeo > /dev/null && command -v busybox > /dev/null; then
+	L=$T_TMP/layout; B=$T_TMP/bundle
+	(
+		set -e
+		umoci init --layout "$L"
+		umoci new --image "$L:t"
+		umoci unpack --image "$L:t" "$B"
+		R=$B/rootfs
+		mkdir -p "$R/bin" "$R/etc" "$R/home/app"
+		cp "$(command -v busybox)" "$R/bin/busybox"
+		for a in sh cat id pwd env; do ln -s busybox "$R/bin/$a"; done
+		printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345::/home/app:/bin/sh\n' > "$R/etc/passwd"
+		printf 'root:x:0:\napps:x:2345:\n' > "$R/etc/group"
+		echo hello-from-oci > "$R/hello.txt"
+		umoci repack --image "$L:t" "$B"
+		umoci config --image "$L:t" --config.env FOO=bar --config.workingdir /home/app --config.user app
+		tar -C "$L" -cf "$T_TMP/oci.tar" .
+	) > "$T_TMP/oci-build.log" 2>&1
+	s3py put _templates/uploads/b6.tar "$T_TMP/oci.tar"
+	st=$(api POST /v1/builds -H 'Content-Type: application/json' --data-binary \
+		"$(jq -cn --argjson z "$(stat -c %s "$T_TMP/oci.tar")" '{id:"b6", customer:"acme", name:"img", oci:{s3_key:"_templates/uploads/b6.tar", size:$z}}')")
+	if [ "$st" = 202 ] && wait_build b6 600 && built_ok b6 img \
+	   && [ "$(jq -c '.template | [.uid, .gid, .workdir, .env]' "$T_TMP/build-b6.json")" = '[1234,2345,"/home/app",["FOO=bar"]]' ]; then
+		ok "an OCI build ends ready: the image's user, workdir and env in its TREF; in S3 and in the store"
+		st=$(submit toci "$(jq -c .template "$T_TMP/build-b6.json")" 'cat /hello.txt; id -u')
+		if [ "$st" = 202 ] && wait_final toci 300 && [ "$(jq -r .result.stdout "$T_TMP/toci.json")" = "$(printf 'hello-from-oci\n1234')" ]; then
+			ok "a task on the OCI template runs in the image as its user (1234)"
+		else not_ok "task on the OCI template" "$(head -c 600 "$T_TMP/toci.json")"; fi
+	else not_ok "OCI build" "status $st: $(head -c 1500 "$T_TMP/build-b6.json")" "$(tail -3 "$T_TMP/oci-build.log")"; fi
+else
+	skip "an OCI build ends ready" "umoci, skopeo or busybox missing (scripts/deps.sh)"
+fi
 check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool/builds" 2> /dev/null)"
 stop_host
 
