@@ -364,6 +364,27 @@ if command -v umoci > /dev/null && command -v skopeo > /dev/null && command -v b
 else
 	skip "an OCI build ends ready" "umoci, skopeo or busybox missing (scripts/deps.sh)"
 fi
+# Cancel: DELETE while a step runs ends the build at once, its VM gone.
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b7","customer":"acme","recipe":{"name":"slow","from":"debian","run":["echo step-started; sleep 600"]}}')
+for _ in $(seq 600); do
+	curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/builds/b7" | jq -r .log_tail | grep -q step-started && break
+	sleep 0.2
+done
+t0=$(/usr/bin/python3 -c 'import time; print(time.time())')
+st=$(api DELETE /v1/builds/b7)
+if [ "$st" = 200 ] && wait_build b7 60 && [ "$(jq -r '.state + " " + .error.code' "$T_TMP/build-b7.json")" = "failed cancelled" ]; then
+	t1=$(/usr/bin/python3 -c 'import time; print(time.time())')
+	ok "DELETE /v1/builds/ID cancels a running build: failed/cancelled ($(/usr/bin/python3 -c "print(round($t1-$t0,1))") s)"
+else not_ok "cancel" "status $st: $(head -c 800 "$T_TMP/build-b7.json")"; fi
+st=$(api POST /v1/builds -H 'Content-Type: application/json' \
+	--data-binary '{"id":"b8","customer":"acme","timeout_s":15,"recipe":{"name":"slow","from":"debian","run":["sleep 600"]}}')
+if [ "$st" = 202 ] && wait_build b8 120 && [ "$(jq -r '.state + " " + .error.code' "$T_TMP/build-b8.json")" = "failed build_timeout" ]; then
+	ok "a build past its timeout_s: failed/build_timeout"
+else not_ok "build timeout" "status $st: $(head -c 800 "$T_TMP/build-b8.json")"; fi
+check "after the builds: vCPUs back, no QEMU but the pool's" \
+	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before" \
+	-a "$(count_qemu)" -le $((before_q + 2))
 check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool/builds" 2> /dev/null)"
 stop_host
 
