@@ -251,6 +251,9 @@ void tref_builtin(struct tref *t, const char *name)
 
 /* ---- files ---- */
 
+/* Not fs_sha256_file: the size returned is that of exactly the bytes hashed
+ * (no stat racing a writer), links are not followed, and images of hundreds
+ * of MiB are read 1 MiB at a time. */
 int template_file_sha256(const char *path, char hex[65], uint64_t *size)
 {
 	static const char digits[] = "0123456789abcdef";

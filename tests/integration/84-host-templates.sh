@@ -55,6 +55,9 @@ elif op == "put":
 img_dir=$T_TMP/image
 mkdir -p "$img_dir" "$CACHE"
 for f in vmlinux initramfs.cpio rootfs.ext4; do ln -s "$(readlink -f "$ROOT/build/image/$f")" "$img_dir/$f"; done
+# The built-in python-data, when `make image` made it.
+PD=$ROOT/build/image/rootfs-python-data.ext4
+[ -r "$PD" ] && ln -s "$(readlink -f "$PD")" "$img_dir/rootfs-python-data.ext4"
 make_template() { # NAME MARKER: $T_TMP/NAME.ext4, its sha256 in $T_TMP/NAME.sha
 	cp --sparse=always "$(readlink -f "$ROOT/build/image/rootfs.ext4")" "$T_TMP/$1.ext4"
 	chmod 0644 "$T_TMP/$1.ext4"
@@ -204,13 +207,26 @@ if [ "$st" = 202 ] && wait_final tgone 120 \
 else not_ok "missing image" "$(head -c 600 "$T_TMP/tgone.json")"; fi
 check "... neither left anything in the store" \
 	test ! -e "$CACHE/templates/$(printf '%064d' 0 | tr 0 e)" -a ! -e "$CACHE/templates/$SHA_B"
-st=$(submit tnone '{"name":"python-data","builtin":true}' 'echo x')
+st=$(submit tnone '{"name":"gpu","builtin":true}' 'echo x')
 check "a built-in this host lacks: 503 no_template" test "$st" = 503 -a "$(last .error.code)" = no_template
 st=$(submit tjunk '{"name":"x","builtin":true,"colour":1}' 'echo x')
 check "an unknown TREF key: 400 naming it" test "$st" = 400 -a "$(last .error.message)" = "template.colour: unknown field"
 st=$(jq -cn '{id:"tk", customer:"acme", spec:{language:"sh",code:"true"}, extra:1}' \
 	| api POST /v1/tasks -H 'Content-Type: application/json' --data-binary @-)
 check "unknown top-level keys stay errors" test "$st" = 400
+
+# --- another built-in: rootfs-python-data.ext4 is python-data ---
+if [ -r "$PD" ]; then
+	st=$(submit tpd '{"name":"python-data","builtin":true}' 'python3 -c "import numpy; print(numpy.__name__)"')
+	if [ "$st" = 202 ] && wait_final tpd 300 && [ "$(jq -r .result.stdout "$T_TMP/tpd.json")" = numpy ]; then
+		ok "a task on the built-in python-data runs on its image (numpy there)"
+	else not_ok "python-data task" "status $st: $(head -c 600 "$T_TMP/tpd.json")"; fi
+	c=$(cap_tpl '.name == "python-data"')
+	check "capacity.templates lists python-data (builtin, snapshot made on first use)" \
+		test "$(jq -r '.[0] | "\(.sha256) \(.builtin) \(.snapshot)"' <<< "$c")" = "null true true"
+else
+	skip "a task on the built-in python-data" "build/image/rootfs-python-data.ext4 missing (make image)"
+fi
 
 # --- a session on the template ---
 body=$(jq -cn --argjson t "$TREF_A" '{id:"s1", customer:"acme", spec:{}, template:$t}')
