@@ -27,7 +27,7 @@
 #include "run.h"
 #include "session.h"
 #include "spec.h"
-#include "template.h"
+#include "tref.h"
 #include "textbuf.h"
 
 /* A request body (a task spec, a session call) is at most this long. */

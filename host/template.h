@@ -23,46 +23,13 @@
 #include "err.h"
 #include "s3.h"
 #include "snapshot.h"
+#include "tref.h"
 #include "vm.h"
 
 struct pool;
 struct capacity;
 struct vm_ops;
 struct kiln_clock;
-
-/* ---- the template reference (TREF) kiln-api sends ---- */
-
-#define TREF_MAX_JSON   (256u << 10)      /* a TREF document, at most */
-#define TREF_MAX_ENV    128               /* env entries */
-#define TREF_MAX_ENV_LEN 32768            /* bytes of one "K=V" */
-#define TREF_MAX_SIZE   (64ull << 30)     /* an image, at most */
-#define TREF_S3_PREFIX  "_templates/"
-
-struct tref {
-	char name[64];          /* spec_template_name_check */
-	int builtin;
-	char sha256[65];        /* 64 lowercase hex; "" for a built-in */
-	uint64_t size;          /* bytes of the image (customer templates) */
-	char s3_key[128];       /* "_templates/<sha256>.ext4"; "" for a built-in */
-	json_t *env;            /* array of "K=V" strings or NULL (kiln-api merges it into specs) */
-	char workdir[4097];     /* "" when absent */
-	int user_set;           /* uid/gid given */
-	uint32_t uid, gid;
-};
-
-/* Parse a TREF object (see docs/templates.md): unknown keys, nulls, wrong
- * types and out-of-range values are refused with err invalid_request naming
- * the field ("template.sha256: ..."). A built-in has no sha256/s3_key/size;
- * a customer template needs sha256, size and s3_key, and its s3_key must be
- * _templates/<sha256>.ext4. out is zeroed first; tref_free it on success. */
-int tref_parse_json(json_t *j, struct tref *out, struct kiln_err *err);
-/* The same from text (at most TREF_MAX_JSON bytes; duplicate keys refused). */
-int tref_parse(const char *text, size_t len, struct tref *out, struct kiln_err *err);
-/* The TREF as JSON (a new reference; NULL when out of memory). */
-json_t *tref_json(const struct tref *t);
-void tref_free(struct tref *t);
-/* A built-in TREF for name. */
-void tref_builtin(struct tref *t, const char *name);
 
 /* ---- the store ---- */
 
@@ -145,6 +112,9 @@ struct pool *template_store_default_pool(struct template_store *ts);
  * ago. Called after every task and after each fetch; any thread. Returns
  * the templates evicted. */
 #define TEMPLATE_GC_PERIOD_MS 10000
+/* After a template's snapshot failed, its VMs boot cold this long before
+ * the snapshot is tried again. */
+#define TEMPLATE_SNAP_RETRY_MS 600000
 int template_store_gc(struct template_store *ts, int force);
 
 /* ---- building blocks, exported for the unit tests ---- */

@@ -10,7 +10,7 @@
 
 #include "hostd.h"
 #include "spec.h"
-#include "template.h"
+#include "tref.h"
 #include "spool.h"
 
 #define check(cond)                                                                              \

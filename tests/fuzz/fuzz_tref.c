@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "spec.h"
-#include "template.h"
+#include "tref.h"
 
 #define check(cond)                                                             \
 	do {                                                                    \
