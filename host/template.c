@@ -825,6 +825,67 @@ void template_release(struct template_store *ts, struct template_use *u)
 	u->t = NULL;
 }
 
+/* rename(from, to), or, across file systems (a spool and a cache on two),
+ * a copy to a temporary name beside to, renamed over it, and from removed.
+ * 0 or -1 with errno. */
+static int move_file(const char *from, const char *to)
+{
+	char tmp[PATH_MAX + 32], *buf = NULL;
+	int in, out, e;
+	struct stat st;
+	off_t left;
+
+	if (rename(from, to) == 0)
+		return 0;
+	if (errno != EXDEV)
+		return -1;
+	snprintf(tmp, sizeof(tmp), "%s.copy-%d", to, (int)getpid());
+	in = open(from, O_RDONLY | O_CLOEXEC);
+	if (in < 0)
+		return -1;
+	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+	if (out < 0 || fstat(in, &st) < 0)
+		goto fail;
+	/* read/write: copy_file_range refuses (EXDEV) between file systems of
+	 * different types, which is the case here. */
+	buf = malloc(1 << 20);
+	if (!buf)
+		goto fail;
+	for (left = st.st_size; left > 0;) {
+		ssize_t n = read(in, buf, 1 << 20);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || io_write_all(out, buf, (size_t)n) < 0)
+			goto fail;
+		left -= n;
+	}
+	free(buf);
+	buf = NULL;
+	if (fsync(out) < 0 || close(out) < 0) {
+		out = -1;
+		goto fail;
+	}
+	close(in);
+	if (rename(tmp, to) < 0) {
+		e = errno;
+		unlink(tmp);
+		errno = e;
+		return -1;
+	}
+	unlink(from);
+	return 0;
+fail:
+	e = errno ? errno : EIO;
+	free(buf);
+	if (out >= 0)
+		close(out);
+	close(in);
+	unlink(tmp);
+	errno = e;
+	return -1;
+}
+
 int template_install(struct template_store *ts, const char *path, const struct tref *tref, struct kiln_err *err)
 {
 	char dir[PATH_MAX + 80], fin[PATH_MAX + 96];
@@ -838,8 +899,17 @@ int template_install(struct template_store *ts, const char *path, const struct t
 	snprintf(fin, sizeof(fin), "%s/rootfs.ext4", dir);
 	if (fs_mkdir_p(dir, 0755) < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", dir, strerror(errno));
-	if (chmod(path, 0444) < 0 || write_meta(dir, tref, err) < 0 || rename(path, fin) < 0)
-		return kiln_err_set(err, KERR_HOST_ERROR, "cannot install %s: %s", fin, strerror(errno));
+	{
+		struct stat st;
+
+		if (stat(fin, &st) == 0 && (uint64_t)st.st_size == tref->size) {
+			/* The same image is here already (its name is its hash): the
+			 * file in place, perhaps backing running VMs, stays. */
+			unlink(path);
+		} else if (chmod(path, 0444) < 0 || write_meta(dir, tref, err) < 0 || move_file(path, fin) < 0) {
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot install %s: %s", fin, strerror(errno));
+		}
+	}
 	touch_used(dir);
 	pthread_mutex_lock(&ts->lock);
 	t = find_locked(ts, tref);

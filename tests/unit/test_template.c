@@ -237,6 +237,25 @@ static void test_store_install_evict(void **state)
 	big[0] = 'c';
 	make_image(p, big, &c, "c");
 	assert_int_equal(template_install(ts, p, &c, &err), 0);
+	/* The same image again (another build of identical bytes), this time
+	 * from another file system when /dev/shm is one: the file in place
+	 * stays, the new one goes. */
+	{
+		char shm[64], fin[600];
+		struct tref again;
+		struct stat st1, st2;
+
+		snprintf(shm, sizeof(shm), "/dev/shm/kiln-test-template-%d", (int)getpid());
+		big[0] = 'a';
+		make_image(shm, big, &again, "a");
+		snprintf(fin, sizeof(fin), "%s/templates/%s/rootfs.ext4", cache, a.sha256);
+		assert_int_equal(stat(fin, &st1), 0);
+		assert_int_equal(template_install(ts, shm, &again, &err), 0);
+		assert_int_equal(stat(fin, &st2), 0);
+		assert_true(st1.st_ino == st2.st_ino);
+		assert_int_equal(access(shm, F_OK), -1);
+		tref_free(&again);
+	}
 	/* A file that is not what its reference says is refused. */
 	snprintf(p, sizeof(p), "%s/cache/new-bad", root);
 	make_image(p, "bad", &bad, "bad");
@@ -311,6 +330,24 @@ static void test_store_install_evict(void **state)
 	template_release(ts, &use);
 	set_last_used(d1, 1000);
 	assert_int_equal(template_store_gc(ts, 1), 0); /* fits now: nothing */
+	template_store_close(ts);
+	/* A new image from another file system: copied, then renamed. */
+	cfg.disk_budget_mib = 0;
+	ts = template_store_open(&cfg, &err);
+	assert_non_null(ts);
+	{
+		char shm[64], fin[600];
+		struct tref x;
+
+		snprintf(shm, sizeof(shm), "/dev/shm/kiln-test-template-%d", (int)getpid());
+		big[0] = 'x';
+		make_image(shm, big, &x, "x");
+		assert_int_equal(template_install(ts, shm, &x, &err), 0);
+		snprintf(fin, sizeof(fin), "%s/templates/%s/rootfs.ext4", cache, x.sha256);
+		assert_int_equal(template_verify_file(fin, &x, &err), 0);
+		assert_int_equal(access(shm, F_OK), -1);
+		tref_free(&x);
+	}
 	template_store_close(ts);
 	tref_free(&a);
 	tref_free(&b);
