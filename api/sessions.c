@@ -22,6 +22,7 @@
 #include "reply.h"
 #include "request.h"
 #include "s3.h"
+#include "templates.h"
 
 /* ---- host answers ---- */
 
@@ -134,6 +135,30 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
 	return MHD_YES;
 }
 
+/* The scheduler's key of a resolved template (store_task.tkey) in buf, or
+ * NULL for the default. */
+static const char *tkey_of(const struct template_use *u, char buf[72])
+{
+	if (!u->tref)
+		return NULL;
+	if (u->use.builtin)
+		snprintf(buf, 72, "@%s", u->row.name);
+	else
+		snprintf(buf, 72, "%s", u->row.sha256);
+	return buf;
+}
+
+/* A host request body gets the TREF (text; NULL: none) as "template". */
+static void with_tref(json_t *body, const char *tref)
+{
+	json_t *j = tref ? json_loads(tref, 0, NULL) : NULL;
+
+	if (body && j)
+		json_object_set_new(body, "template", j);
+	else
+		json_decref(j);
+}
+
 /* POST /v1/sessions */
 static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 {
@@ -144,8 +169,9 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 	struct api_session_request sr;
 	struct sched_need need;
 	struct sessions_placement p;
+	struct template_use tu;
 	struct quota q;
-	char id[40] = "", host[65], url[256];
+	char id[40] = "", host[65], url[256], tkey[72];
 	enum MHD_Result ret;
 	int refused, pr;
 
@@ -160,14 +186,22 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		api_session_request_free(&sr);
 		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
+	/* Its template, resolved now and kept with it (docs/templates.md). */
+	if (template_resolve(ss->st, r->customer, sr.template_name[0] ? sr.template_name : NULL, &tu, &err) < 0) {
+		api_session_request_free(&sr);
+		return reply_err(r->conn, &err);
+	}
 	ret = admit(ss, r, &q, sr.vcpus, sr.memory_mib, &refused);
 	if (refused) {
+		template_use_free(&tu);
 		api_session_request_free(&sr);
 		return ret;
 	}
-	need = (struct sched_need){ .vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .egress = sr.egress };
+	need = (struct sched_need){ .vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .egress = sr.egress,
+				    .tkey = tkey_of(&tu, tkey) };
 	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
 	if (pr < 0) {
+		template_use_free(&tu);
 		api_session_request_free(&sr);
 		return no_room(r->conn, pr, &need);
 	}
@@ -175,12 +209,13 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		struct store_session_new n = {
 			.customer = r->customer, .spec_json = sr.spec_json, .metadata_json = sr.metadata_json,
 			.vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .idle_timeout_s = sr.idle_timeout_s,
-			.max_lifetime_s = sr.max_lifetime_s, .egress = sr.egress,
+			.max_lifetime_s = sr.max_lifetime_s, .egress = sr.egress, .tuse = tu.tref ? &tu.use : NULL,
 		};
 		int cr = store_session_create(ss->st, &n, id, &err);
 
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
+			template_use_free(&tu);
 			api_session_request_free(&sr);
 			return reply_err_status(r->conn, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
 					 &err);
@@ -191,8 +226,11 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		json_t *spec = json_loads(sr.spec_json, 0, NULL);
 		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
 					 spec ? spec : json_object());
-		char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+		char *text;
 
+		with_tref(body, tu.tref);
+		template_use_free(&tu);
+		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		snprintf(p.host, sizeof(p.host), "%s", host);
 		snprintf(p.url, sizeof(p.url), "%s", url);
@@ -648,15 +686,39 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }
 
-/* POST /v1/sessions/{id}/resume */
+static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need, const char *tref);
+
+/* POST /v1/sessions/{id}/resume: with the template it was created with */
 static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 {
 	struct call *c = ctx;
+	const struct store_session *cur = &c->cur;
+	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
+	char *tref = store_use_tref(c->ss->st, cur->id), tkey[72] = "";
+	enum MHD_Result ret;
+
+	if (tref) {
+		json_t *tj = json_loads(tref, 0, NULL);
+
+		if (json_is_true(json_object_get(tj, "builtin")))
+			snprintf(tkey, sizeof(tkey), "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
+		else
+			snprintf(tkey, sizeof(tkey), "%s", json_string_value(json_object_get(tj, "sha256")) ?: "");
+		json_decref(tj);
+		need.tkey = tkey;
+	}
+	ret = resume(c, req, &need, tref);
+	free(tref);
+	return ret;
+}
+
+static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need_in, const char *tref)
+{
 	struct sessions *ss = c->ss;
 	const struct sessions_request *r = c->r;
 	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
-	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
+	struct sched_need need = *need_in;
 	enum session_state prev;
 	struct sessions_placement p;
 	struct quota q;
@@ -697,9 +759,11 @@ static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 	{
 		json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
 		json_t *body = json_pack("{s:s, s:o}", "customer", cur->customer, "spec", spec ? spec : json_object());
-		char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+		char *text;
 		char path[96];
 
+		with_tref(body, tref);
+		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		free(spec_text);
 		snprintf(path, sizeof(path), "/v1/sessions/%s/resume", cur->id);

@@ -26,7 +26,8 @@ enum store_slots {
 	STORE_SLOTS_KEYS = 8,       /* store_keys.c: customers, keys, hosts */
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
-	STORE_SLOTS_MAX = 72,
+	STORE_SLOTS_TEMPLATES = 72, /* store_templates.c */
+	STORE_SLOTS_MAX = 112,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */
@@ -213,6 +214,12 @@ int store_running_usage_locked(struct store *s, const char *customer, struct usa
  * read. Lock held, inside the caller's transaction. */
 int store_room_locked(struct store *s, const char *customer, unsigned vcpus, unsigned memory_mib, int missing_ok,
 		      struct kiln_err *err);
+
+/* ---- templates (store_templates.c) ---- */
+
+/* Record that task or session id uses the template u (inside the caller's
+ * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
+int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
 
 /* ---- the pieces' own set-up ---- */
 

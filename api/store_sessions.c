@@ -72,7 +72,7 @@ static const char *const sessions_sql[S_COUNT] = {
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 };
 
-_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_MAX, "store_sessions.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
 
 static sqlite3_stmt *stmt(struct store *s, enum sessions_stmt id)
 {
@@ -183,6 +183,8 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto fail_sql;
 	}
 	sqlite3_reset(st);
+	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
+		goto fail_sql;
 	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
 		goto fail_sql;
 	memcpy(id_out, id, strlen(id) + 1);

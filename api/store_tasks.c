@@ -44,7 +44,10 @@ enum {
 /* Whether the task asks for network egress: only hosts that offer it take it. */
 #define SCHED_EGRESS "coalesce((SELECT json_extract(sp.spec, '$.network.egress') = 'allow'" \
 		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
-#define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS
+/* Its template, as the scheduler matches it against hosts' heartbeats. */
+#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin THEN '@' || u.name ELSE u.sha256 END"       \
+		   " FROM template_uses u WHERE u.id = tasks.id), '') AS tkey"
+#define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS ", " SCHED_TKEY
 
 enum tasks_stmt {
 	T_INSERT, T_SPEC_INSERT, T_IDEM_FIND, T_GET, T_SPEC_GET, T_STATE,
@@ -65,7 +68,7 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
 	[T_IN_STATE] = "SELECT " SCHED_COLS " FROM tasks WHERE state = ?1 ORDER BY seq LIMIT ?2",
-	[T_FAIR] = "SELECT " SCHED_BASE ", egress FROM (SELECT " SCHED_COLS ", row_number() OVER"
+	[T_FAIR] = "SELECT " SCHED_BASE ", egress, tkey FROM (SELECT " SCHED_COLS ", row_number() OVER"
 		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
 		   " ORDER BY rn, seq LIMIT ?1",
 	[T_CANCEL_NOW] = "UPDATE tasks SET state = 'cancelled', end_reason = 'cancelled', ended_ms = ?1,"
@@ -192,6 +195,8 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	rc = store_step(s, st);
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE)
+		goto fail_sql;
+	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
@@ -564,6 +569,7 @@ static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text,
 			t->created_ms = sqlite3_column_int64(st, 7);
 			t->cancel_requested = sqlite3_column_int(st, 8);
 			t->egress = sqlite3_column_int(st, 9);
+			store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
 		}
 		sqlite3_reset(st);
 	}
