@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "proto.h"
+#include "spec_json.h"
 
 /* The spec is turned into one PROTO_EXEC message; never accept more than it
  * can carry. */
@@ -1060,33 +1061,76 @@ static void scrub(char *s)
 			*s = '?';
 }
 
-int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_err *err)
+json_t *spec_json_load(const char *json, size_t len, size_t max, const char *what, struct kiln_err *err)
 {
 	json_error_t jerr;
 	json_t *root;
-	int r;
 
-	memset(out, 0, sizeof(*out));
-	if (len > SPEC_MAX_JSON)
-		return fail(err, "spec", "must be at most %u bytes of JSON (got %zu)", SPEC_MAX_JSON, len);
+	if (len > max)
+		return fail(err, what, "must be at most %zu bytes of JSON (got %zu)", max, len), NULL;
 	/* DECODE_ANY: a top-level non-object gets our message, not jansson's.
 	 * REJECT_DUPLICATES: {"cwd":"/a","cwd":"/b"} is ambiguous, not last-wins.
 	 * ALLOW_NUL: see get_str(). */
 	assert(json || len == 0);
 	if (spec_json_nodes(json, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES)
-		return fail(err, "spec", "must have at most %d JSON arrays, objects and ',' separators "
-			    "outside strings", SPEC_MAX_JSON_NODES);
+		return fail(err, what, "must have at most %d JSON arrays, objects and ',' separators "
+			    "outside strings", SPEC_MAX_JSON_NODES), NULL;
 	root = json_loadb(json ? json : "", len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
 			  &jerr);
 	if (!root) {
 		scrub(jerr.text);
-		return fail(err, "spec", "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
-			    jerr.text);
+		return fail(err, what, "invalid JSON at line %d, column %d: %s", jerr.line, jerr.column,
+			    jerr.text), NULL;
 	}
-	if (!json_is_object(root))
-		r = fail(err, "spec", "must be a JSON object (got %s)", json_kind(root));
-	else
-		r = parse_root(root, out, err);
+	if (!json_is_object(root)) {
+		fail(err, what, "must be a JSON object (got %s)", json_kind(root));
+		json_decref(root);
+		return NULL;
+	}
+	return root;
+}
+
+int spec_json_fail(struct kiln_err *err, const char *path, const char *fmt, ...)
+{
+	char msg[sizeof(err->message)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return fail(err, path, "%s", msg);
+}
+
+const char *spec_json_kind(const json_t *j)
+{
+	return json_kind(j);
+}
+
+int spec_json_keys(json_t *obj, const char *path, const char *const *known, struct kiln_err *err)
+{
+	return check_keys(obj, path, known, err);
+}
+
+int spec_json_str(json_t *j, const char *path, const char **s, size_t *n, struct kiln_err *err)
+{
+	return get_str(j, path, s, n, err);
+}
+
+int spec_json_files_env(json_t *files, json_t *env, struct task_spec *out, struct kiln_err *err)
+{
+	return parse_files(files, out, err) || parse_env(env, out, err) ? -1 : 0;
+}
+
+int spec_parse(const char *json, size_t len, struct task_spec *out, struct kiln_err *err)
+{
+	json_t *root;
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	root = spec_json_load(json, len, SPEC_MAX_JSON, "spec", err);
+	if (!root)
+		return -1;
+	r = parse_root(root, out, err);
 	json_decref(root);
 	if (r)
 		spec_free(out);
