@@ -60,6 +60,7 @@ struct templates {
 	struct follower *followers;  /* builds followed by a thread of ours */
 	unsigned nfollowers;
 	int64_t last_gc;
+	int bucket_ok;               /* the S3 bucket was made (or found) once */
 };
 
 static void changed(struct templates *t)
@@ -1203,6 +1204,14 @@ enum MHD_Result templates_upload_finish(struct templates_upload *up, struct MHD_
 	if (!up->n)
 		return reply_error(conn, KERR_INVALID_REQUEST, "the body is empty: send the image archive (docker save)");
 	snprintf(key, sizeof(key), "_templates/uploads/%s.tar", up->id);
+	pthread_mutex_lock(&t->lock);
+	r = t->bucket_ok;
+	pthread_mutex_unlock(&t->lock);
+	if (!r && s3_ensure_bucket(&t->cfg->s3, &err) == 0) {
+		pthread_mutex_lock(&t->lock);
+		t->bucket_ok = 1;
+		pthread_mutex_unlock(&t->lock);
+	}
 	if (s3_put_file(&t->cfg->s3, key, up->path, "application/x-tar", NULL, NULL, &err) < 0) {
 		snprintf(msg, sizeof(msg), "cannot store the archive in S3: %s", err.message);
 		return reply_error_status(conn, MHD_HTTP_SERVICE_UNAVAILABLE, KERR_S3_UNAVAILABLE, msg);
