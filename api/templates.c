@@ -219,7 +219,25 @@ struct follow_ctx {
 	struct templates *t;
 	const char *id;
 	int ended;
+	struct buf pending;          /* log lines not yet in the store */
+	int64_t flushed_ms;
+	uint64_t seen, skip;         /* lines of this stream; lines an earlier stream already gave */
 };
+
+#define LOG_FLUSH_BYTES (16u << 10)
+#define LOG_FLUSH_MS 250
+
+/* Lines are written to the row in batches (each write is a commit, and
+ * apt prints thousands of lines), at most LOG_FLUSH_MS late. */
+static void log_flush(struct follow_ctx *f)
+{
+	if (f->pending.len) {
+		store_template_log(f->t->st, f->id, f->pending.p, f->pending.len);
+		f->pending.len = 0;
+		changed(f->t);
+	}
+	f->flushed_ms = clock_mono_ms();
+}
 
 /* Host build events: "log" {"line"} into the row, "end" stops. */
 static int on_build_event(void *ctx, const char *name, json_t *data)
@@ -229,20 +247,17 @@ static int on_build_event(void *ctx, const char *name, json_t *data)
 	if (!strcmp(name, "log")) {
 		const char *line = json_string_value(json_object_get(data, "line"));
 
-		if (line) {
-			size_t n = strnlen(line, 8192);
-			char *l = malloc(n + 2);
-
-			if (l) {
-				memcpy(l, line, n);
-				l[n] = '\n';
-				l[n + 1] = '\0';
-				store_template_log(f->t->st, f->id, l, n + 1);
-				free(l);
-				changed(f->t);
-			}
+		/* A stream followed again replays from the start: skip what the
+		 * previous one gave. */
+		if (line && f->seen++ >= f->skip) {
+			/* One line is bounded; the row keeps the last 64 KiB anyway. */
+			buf_add(&f->pending, line, strnlen(line, 8192));
+			buf_add(&f->pending, "\n", 1);
 		}
+		if (f->pending.len >= LOG_FLUSH_BYTES || clock_mono_ms() - f->flushed_ms >= LOG_FLUSH_MS)
+			log_flush(f);
 	} else if (!strcmp(name, "end")) {
+		log_flush(f);
 		f->ended = 1;
 		return 1;
 	}
@@ -386,6 +401,7 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 	struct store_template row = *row0;
 	char host[65], url[256] = "", path[128];
 	long backoff = 200;
+	uint64_t lines = 0;
 	struct quota q;
 	int64_t deadline;
 
@@ -420,7 +436,14 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 		}
 		if (t->ops->follow_path) {
 			snprintf(path, sizeof(path), "/v1/builds/%s/events", row.id);
+			buf_init(&f.pending, 0);
+			f.flushed_ms = clock_mono_ms();
+			f.skip = lines;
 			t->ops->follow_path(t->ops->ctx, url, t->token, path, FOLLOW_STALL_S, on_build_event, &f, &err);
+			log_flush(&f);
+			buf_free(&f.pending);
+			if (f.seen > lines)
+				lines = f.seen;
 		}
 		snprintf(path, sizeof(path), "/v1/builds/%s", row.id);
 		st = t->ops->call(t->ops->ctx, url, t->token, "GET", path, NULL, 10000, &b, &err);
