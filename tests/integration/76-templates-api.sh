@@ -166,6 +166,8 @@ check "the task's TREF reaches the host with it, the template's env and workdir 
 	jqe --arg sha "$sha" '.template.sha256 == $sha and .template.s3_key == "_templates/\($sha).ext4" and
 	     .template.name == "data" and .spec.env.FROM_TEMPLATE == "yes" and .spec.env.LANG == "fr_FR" and
 	     .spec.cwd == "/srv"' "$STATE/tasks/$tid.json"
+as "$A" "$API/v1/tasks/$tid" > /dev/null
+check "GET /v1/tasks/{id} names its template" [ "$(out .template)" = data ]
 st=$(asj "$A" -X POST --data "$(task python-data)" "$API/v1/tasks")
 tid2=$(out .id)
 for _ in $(seq 100); do [ -s "$STATE/tasks/$tid2.json" ] && break; sleep 0.1; done
