@@ -336,9 +336,10 @@ static int push_build(struct templates *t, const struct store_template *row, con
 	int st;
 
 	customer_quota(t->st, row->customer, &q);
-	body = json_pack("{s:s, s:s, s:i, s:I}", "id", row->id, "customer", row->customer, "timeout_s",
-			 (int)(q.build_timeout_s ? q.build_timeout_s : 1800), "max_bytes",
-			 (json_int_t)((uint64_t)(q.max_template_mib ? q.max_template_mib : 4096) << 20));
+	body = json_pack("{s:s, s:s, s:i}", "id", row->id, "customer", row->customer, "timeout_s",
+			 (int)(q.build_timeout_s ? q.build_timeout_s : 1800));
+	if (q.max_template_mib) /* 0: no limit */
+		json_object_set_new(body, "max_bytes", json_integer((json_int_t)((uint64_t)q.max_template_mib << 20)));
 	if (!strcmp(row->kind, "recipe")) {
 		char *text = store_template_recipe(t->st, row->id);
 		json_t *r = text ? json_loads(text, 0, NULL) : NULL;
@@ -368,12 +369,17 @@ static int push_build(struct templates *t, const struct store_template *row, con
 
 		snprintf(why, sizeof(why), "host %s answered HTTP %d %s: %s", row->host_id, st, code ? code : "",
 			 msg ? msg : "");
-		if (st >= 500) {
-			/* Full, no S3, no egress: another host may do; not an attempt. */
+		if (st >= 500 && row->attempts < TEMPLATES_MAX_ATTEMPTS) {
+			/* Full, no S3, no egress: another host may do. */
 			sched_host_full(t->sched, row->host_id);
 			fprintf(stderr, "kiln-api: build %s: %s\n", row->id, why);
 			store_template_requeue(t->st, row->id);
 			changed(t);
+		} else if (st >= 500) {
+			char m[400];
+
+			snprintf(m, sizeof(m), "no host could take the build (%u attempts): %s", row->attempts, why);
+			fail_build(t, row->id, "build_failed", m);
 		} else {
 			fail_build(t, row->id, code && kiln_err_lookup(code) ? code : "build_failed", why);
 		}

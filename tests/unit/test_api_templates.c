@@ -445,6 +445,33 @@ static void test_build_requeued_then_gives_up(void **state)
 	assert_int_equal(fake_count("POST", "http://h1", "/v1/builds"), TEMPLATES_MAX_ATTEMPTS);
 }
 
+/* A host that answers 503 (no egress, full) gets the build again later; after
+ * three such answers it fails, saying why. */
+static void test_build_refused_by_hosts(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	char id[40];
+	json_t *j;
+
+	customer("acme", 10);
+	heartbeat("h1", "[]");
+	sched_tick(sc);
+	fake_rule("POST", NULL, "/v1/builds", 503, "{\"error\":{\"code\":\"no_egress\",\"message\":\"no egress here\"}}");
+	assert_int_equal(create("acme", "data", 0, id, &err), 0);
+	for (int i = 0; i < 400 && state_of(id) != TEMPLATE_FAILED; i++) {
+		templates_tick(tp);
+		heartbeat("h1", "[]");
+		clock_advance(1500); /* past the host's back-off */
+		sched_tick(sc);
+		real_nap();
+	}
+	assert_int_equal(state_of(id), TEMPLATE_FAILED);
+	j = store_template_json(st, id, 0);
+	assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "no_egress"));
+	json_decref(j);
+	assert_int_equal(fake_count("POST", "http://h1", "/v1/builds"), TEMPLATES_MAX_ATTEMPTS);
+}
+
 /* No live host: the build stays queued. */
 static void test_build_waits_for_host(void **state)
 {
@@ -470,6 +497,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_build_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_requeued_then_gives_up, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_waits_for_host, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_build_refused_by_hosts, setup, teardown),
 	};
 	char cmd[300];
 	int r;
