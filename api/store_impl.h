@@ -4,7 +4,8 @@
  * The pieces: store.c (the handle, its locks, prepared statements, change
  * notification, the shared page, compare-and-set and quota helpers),
  * store_migrate.c (schema), store_keys.c (customers, keys, hosts),
- * store_tasks.c (tasks, group commit of submissions), store_sessions.c.
+ * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
+ * store_templates.c (templates, what tasks and sessions use, clean-up).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_IMPL_H
