@@ -186,6 +186,10 @@ check "a session of a template: created ($st), its TREF sent to the host" \
 st=$(as "$A" -X DELETE "$API/v1/templates/forgetful")
 check "DELETE while a live session uses it: 409 template_in_use ($st $(out .error.code))" \
 	[ "$st" = 409 -a "$(out .error.code)" = template_in_use ]
+st=$(as "$A" -X POST "$API/v1/sessions/$sid/pause"); st2=$(as "$A" -X POST "$API/v1/sessions/$sid/resume")
+check "paused ($st) and resumed ($st2): the resume carries the same TREF" \
+	jqe --slurpfile c "$STATE/sessions/$sid.json" '.template == $c[0].template and .template.name == "forgetful"' \
+	"$STATE/sessions/$sid-resume.json"
 as "$A" -X DELETE "$API/v1/sessions/$sid" > /dev/null
 
 # ---- delete while a task is queued: the task keeps its template ----

@@ -14,9 +14,10 @@ it built; it answers /v1/builds (POST, GET, GET .../events with log lines
 and a final `end`, DELETE), where the recipe decides the outcome: a `run`
 step "exit N" (N != 0) fails the build, a name starting with "slow" builds
 until cancelled, one starting with "forget" is forgotten (404) the first
-time. Each POST /v1/tasks, /v1/sessions and DELETE /v1/builds/ID body is
-written to STATE_DIR/{tasks,sessions,builds,cancelled}/ID.json; tasks
-succeed at once. STATE_DIR/full present: the heartbeat reports every vCPU
+time. Each POST /v1/tasks, /v1/sessions (/v1/sessions/ID/resume:
+ID-resume.json), /v1/builds and DELETE /v1/builds/ID body is written to
+STATE_DIR/{tasks,sessions,builds,cancelled}/ID.json; a pause answers a fake
+snapshot; tasks succeed at once. STATE_DIR/full present: the heartbeat reports every vCPU
 used (tasks stay queued).
 """
 import hashlib
@@ -110,9 +111,12 @@ class Handler(BaseHTTPRequestHandler):
         if STATE and parts == ["v1", "tasks"]:
             save("tasks", body.get("id"), body)
         if STATE and parts[:2] == ["v1", "sessions"]:
+            if len(parts) == 4 and parts[3] == "pause":
+                return self.reply(200, json.dumps({"id": parts[2], "state": "paused",
+                                                   "snapshot": {"key": "fake/%s" % parts[2]}}))
             sid = body.get("id") or parts[2]
-            save("sessions", sid, body)
-            return self.reply(201, json.dumps({"id": sid, "state": "running"}))
+            save("sessions", sid + ("-" + parts[3] if len(parts) == 4 else ""), body)
+            return self.reply(201 if len(parts) == 2 else 200, json.dumps({"id": sid, "state": "running"}))
         self.reply(202, json.dumps({"id": body.get("id"), "state": "accepted"}))
 
     def do_DELETE(self):
