@@ -24,6 +24,7 @@ int cmd_admin(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_session(int argc, char **argv);
 int cmd_shell(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 
 /* The exit status for a session command's result: the command's exit code,
  * 1 when it failed without one (signal, timeout), 3 when kiln could not run
@@ -83,6 +84,44 @@ int cli_guest_path(const char *arg, char *out, size_t size);
  * that component in the current directory. 0, or -1 when GUEST names no
  * file (ends in "/", ".", "..") and LOCAL does not either. */
 int cli_session_get_target(const char *guest, const char *local, char *out, size_t size);
+
+/* ---- kiln template build: the arguments and the recipe (pure functions) ---- */
+
+#define CLI_TEMPLATE_MAX_ARGS 200 /* --packages and --preload options (each a list) */
+
+/* `kiln template build [RECIPE.json] [--name N] [--packages P,...]... [--run CMD]...
+ * [--file LOCAL:/GUEST]... [--preload M,...]... [--env K=V]... [--workdir DIR]
+ * [--oci IMAGE.tar] [--no-wait] [--json]`. Pointers borrow from argv. */
+struct cli_template_args {
+	const char *name;
+	const char *recipe_file;      /* RECIPE.json */
+	const char *oci;              /* --oci: an image archive */
+	const char *packages[CLI_TEMPLATE_MAX_ARGS]; /* each "a,b c" */
+	int npackages;
+	const char *run[50];          /* RECIPE_MAX_RUN */
+	int nrun;
+	const char *files[100];       /* "LOCAL:/GUEST", RECIPE_MAX_FILES */
+	int nfiles;
+	const char *preload[CLI_TEMPLATE_MAX_ARGS];
+	int npreload;
+	const char *env[128];         /* "K=V", RECIPE_MAX_ENV */
+	int nenv;
+	const char *workdir;
+	int no_wait, json, help;
+};
+
+/* Parse argv[1..argc) of `kiln template build`: one of a recipe file, recipe
+ * flags or --oci; --name needed unless the recipe file names it; a valid
+ * template name. 0, or -1 with why in msg. */
+int cli_template_build_args(int argc, char **argv, struct cli_template_args *out, char *msg, size_t msg_size);
+
+/* The recipe to POST (docs/templates.md "The recipe"): the recipe file
+ * (JSON, duplicate keys refused; --name replaces its name), or one made from
+ * the flags: {"name","from":"debian","packages","files","run","preload","env",
+ * "workdir"}, only the keys given; --packages/--preload split at commas and
+ * blanks; --file reads the local file (base64, its permission bits as the
+ * mode). NULL with why in msg. Caller decrefs. */
+json_t *cli_template_recipe(const struct cli_template_args *a, char *msg, size_t msg_size);
 
 /* Print a JSON value indented on stdout. */
 void cli_print_json(json_t *v);

@@ -137,6 +137,72 @@ int http_send(const struct cli_conn *c, const char *method, const char *path, co
 	return api_answer(c, httpc_request(NULL, &q, &r), &r, reply, err);
 }
 
+/* The body of http_send_file: the file read as curl asks for it. */
+struct file_body {
+	int fd;
+	int failed;  /* errno of a failed read */
+};
+
+static long file_body_read(void *arg, char *p, size_t n)
+{
+	struct file_body *b = arg;
+
+	for (;;) {
+		ssize_t got = read(b->fd, p, n);
+
+		if (got >= 0)
+			return (long)got;
+		if (errno != EINTR) {
+			b->failed = errno;
+			return -1;
+		}
+	}
+}
+
+int http_send_file(const struct cli_conn *c, const char *method, const char *path, const char *file,
+		   const char *content_type, long timeout_s, int (*tick)(void *ctx), void *ctx, json_t **reply,
+		   struct kiln_err *err)
+{
+	char url[8192];
+	struct httpc_req q = api_req(c, method, path, timeout_s, url, sizeof(url));
+	struct file_body b = { .fd = open(file, O_RDONLY | O_CLOEXEC) };
+	struct httpc_reply r;
+	struct stat st;
+	int rc;
+
+	*reply = NULL;
+	if (b.fd < 0)
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", file, strerror(errno));
+	if (fstat(b.fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		int e = errno;
+
+		close(b.fd);
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", file, S_ISREG(st.st_mode) ? strerror(e)
+										: "not a regular file");
+	}
+	q.body_read = file_body_read;
+	q.body_ctx = &b;
+	q.body_len = (size_t)st.st_size;
+	q.content_type = content_type;
+	q.tick = tick;
+	q.ctx = ctx;
+	rc = httpc_request(NULL, &q, &r);
+	close(b.fd);
+	if (rc < 0 && b.failed) {
+		httpc_reply_free(&r);
+		return kiln_err_set(err, KERR_IO_ERROR, "%s: %s", file, strerror(b.failed));
+	}
+	if (rc == 1) {
+		httpc_reply_free(&r);
+		return kiln_err_set(err, KERR_INTERRUPTED, "interrupted");
+	}
+	/* The API may refuse before it has read the whole body (413 past the
+	 * customer's cap) and close: its answer, not the broken send, says why. */
+	if (rc < 0 && r.status >= 400 && r.body.len)
+		rc = 0;
+	return api_answer(c, rc, &r, reply, err);
+}
+
 /* A 200/206 body written to a file as it arrives. */
 static int to_file(void *arg, const char *p, size_t n)
 {

@@ -45,6 +45,16 @@ int http_follow_body(const struct cli_conn *c, const char *method, const char *p
 int http_send(const struct cli_conn *c, const char *method, const char *path, const void *body, size_t len,
 	      const char *content_type, long timeout_s, json_t **reply, struct kiln_err *err);
 
+/* A request whose body is the local file `file`, streamed from disk as it
+ * goes (never held in memory; its size, taken when opened, is sent as
+ * Content-Length). The HTTP status with the reply parsed in *reply when it is
+ * JSON (may be NULL; caller decrefs), or -1 with err set: KERR_IO_ERROR when
+ * the file cannot be opened or read, KERR_UNREACHABLE when no answer came.
+ * tick (may be NULL) as in http_follow: progress displays. */
+int http_send_file(const struct cli_conn *c, const char *method, const char *path, const char *file,
+		   const char *content_type, long timeout_s, int (*tick)(void *ctx), void *ctx, json_t **reply,
+		   struct kiln_err *err);
+
 /* GET api + path (with the key) into the local file `local` ("-": stdout):
  * written to a temporary file beside it and renamed over it only on a 200.
  * Returns the HTTP status (the error reply in *reply when it is JSON), or -1

@@ -1,5 +1,5 @@
 /* kiln: the command-line client of kiln-api (kiln run, kiln task, kiln
- * session, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
+ * session, kiln template, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
  * the cli/ modules; usage and exit statuses in cli.h and the README. */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -10,12 +10,13 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln COMMAND [ARGS]\n"
-		   "  up [--dir DIR] [--port P]            the local stack: S3, kiln-api, one kiln-host\n"
+		   "  up [--dir DIR] [--port P] [--egress] the local stack: S3, kiln-api, one kiln-host\n"
 		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
 		   "  session create|exec|put|get|ls|pause|resume|rm|list|info ...\n"
 		   "                                       long-lived sandboxes (kiln session --help)\n"
 		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
+		   "  template build|list|get|rm ...       environments to run in (kiln template --help)\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
 		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
@@ -47,6 +48,8 @@ int main(int argc, char **argv)
 		rc = cmd_session(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "shell"))
 		rc = cmd_shell(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "template"))
+		rc = cmd_template(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "admin"))
 		rc = cmd_admin(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "up"))

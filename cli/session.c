@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 
 #include "cli.h"
+#include "spec.h"
 #include "untar.h"
 
 #define PUT_MAX (64u << 20)   /* kiln-api's default body limit */
@@ -26,7 +27,7 @@ static void session_usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kiln session create [--memory MiB] [--vcpus N] [--output MiB] [--allow DEST:PORTS]...\n"
-		"                           [--idle S] [--lifetime S] [--json]\n"
+		"                           [--idle S] [--lifetime S] [--template NAME] [--json]\n"
 		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-] [--json]\n"
 		"                            -- COMMAND [ARGS...]\n"
 		"       kiln session exec ID [options] --code FILE.py|FILE.sh\n"
@@ -41,6 +42,7 @@ static void session_usage(FILE *f)
 		"  directory's contents persist, each exec is a new process. It ends after --idle\n"
 		"  seconds without a command (default 600) or --lifetime seconds (default 3600);\n"
 		"  pause saves it to S3 and frees its quota, resume brings it back on any host.\n"
+		"  --template: the environment it runs in (default: default; kiln template list).\n"
 		"  --stdin gives the command a file (\"-\": kiln's own stdin, read to its end first) as\n"
 		"  its stdin, at most 16 MiB; without it the command's stdin is at EOF.\n"
 		"  For an interactive terminal in a session: kiln shell ID (kiln shell --help).\n"
@@ -202,10 +204,12 @@ static void describe(json_t *s)
 {
 	json_t *lim = json_object_get(s, "limits");
 
-	fprintf(stderr, "kiln: session %s %s%s%s (%lld vCPU, %lld MiB; idle limit %lld s, lifetime %lld s)\n",
+	const char *tpl = json_string_value(json_object_get(s, "template"));
+
+	fprintf(stderr, "kiln: session %s %s%s%s%s%s (%lld vCPU, %lld MiB; idle limit %lld s, lifetime %lld s)\n",
 		json_string_value(json_object_get(s, "id")), json_string_value(json_object_get(s, "state")),
 		json_string_value(json_object_get(s, "host")) ? " on " : "",
-		json_string_value(json_object_get(s, "host")) ?: "",
+		json_string_value(json_object_get(s, "host")) ?: "", tpl ? ", template " : "", tpl ? tpl : "",
 		(long long)json_integer_value(json_object_get(lim, "vcpus")),
 		(long long)json_integer_value(json_object_get(lim, "memory_mib")),
 		(long long)json_integer_value(json_object_get(s, "idle_timeout_s")),
@@ -218,13 +222,14 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'c' },
 		{ "output", required_argument, 0, 'o' }, { "idle", required_argument, 0, 'i' },
 		{ "lifetime", required_argument, 0, 'l' }, { "allow", required_argument, 0, 'a' },
-		{ "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
+		{ "template", required_argument, 0, 'T' }, { "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
 	};
 	json_t *body = json_object(), *limits = json_object(), *allow = json_array(), *reply = NULL;
+	struct kiln_err terr = { .code = "" };
 	int opt, json = 0, rc = EXIT_USAGE;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:j", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:T:j", opts, NULL)) != -1) {
 		const char *key = opt == 'm' ? "memory_mib" : opt == 'c' ? "vcpus" : opt == 'o' ? "output_mib"
 				: opt == 'i' ? "idle_timeout_s" : "max_lifetime_s";
 		char *end;
@@ -246,6 +251,14 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 			break;
 		case 'a':
 			json_array_append_new(allow, json_string(optarg));
+			break;
+		case 'T':
+			if (spec_template_name_check(optarg, "template", &terr) < 0) {
+				fprintf(stderr, "kiln: session create: --template %s: not a template name (1-63 of "
+					"a-z 0-9 . _ - starting with a letter or digit)\n", optarg);
+				goto out;
+			}
+			json_object_set_new(body, "template", json_string(optarg));
 			break;
 		case 'j':
 			json = 1;

@@ -14,19 +14,25 @@
 #include "cli.h"
 #include "follow.h"
 #include "fsutil.h"
+#include "spec.h"
 
 #define CODE_MAX (1u << 20)       /* the API's limit for code */
 #define FILE_MAX (64u << 20)      /* the API's limit for all files together */
 
 static void run_usage(FILE *f)
 {
-	fprintf(f, "usage: kiln run FILE.py|FILE.sh [--memory MiB] [--vcpus N] [--timeout S]\n"
+	fprintf(f, "usage: kiln run FILE.py|FILE.sh|-c CODE [--lang python|bash] [--memory MiB] [--vcpus N] [--timeout S]\n"
 		   "                [--file LOCAL[:GUEST]]... [--env K=V]... [--allow DEST:PORTS]... [--out DIR]\n"
+		   "                [--template NAME]\n"
 		   "  Runs FILE in a fresh microVM through kiln-api, streams its output, downloads the\n"
 		   "  files it wrote under /output into DIR (default ./kiln-out/TASK_ID/) and exits with\n"
 		   "  its exit code (1: failed without one, timed out or cancelled; 3: kiln error).\n"
+		   "  -c CODE runs CODE given on the command line instead of a file (Python, or bash\n"
+		   "  with --lang bash).\n"
 		   "  --allow gives the task network egress to DEST:PORTS only (203.0.113.0/24:443,\n"
-		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n");
+		   "  example.org:443, *.example.org:8000-8100; docs/api.md \"Network policy\").\n"
+		   "  --template runs it in that template's environment (default: default; kiln template\n"
+		   "  list shows them).\n");
 }
 
 static json_t *file_entry(const char *arg)
@@ -245,10 +251,12 @@ static int exit_code_of(json_t *task)
 int cmd_run(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'c' },
+		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'V' },
 		{ "timeout", required_argument, 0, 't' }, { "file", required_argument, 0, 'f' },
 		{ "env", required_argument, 0, 'e' }, { "out", required_argument, 0, 'o' },
-		{ "allow", required_argument, 0, 'a' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "allow", required_argument, 0, 'a' }, { "template", required_argument, 0, 'T' },
+		{ "code", required_argument, 0, 'c' }, { "lang", required_argument, 0, 'L' },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	json_t *spec = NULL, *files = json_array(), *env = json_object(), *limits = json_object();
 	json_t *allow = json_array();
@@ -257,7 +265,8 @@ int cmd_run(int argc, char **argv)
 	struct kiln_err err = { .code = "" };
 	struct cli_conn conn;
 	struct creds cr;
-	const char *out = NULL, *file, *ext, *lang, *id, *st;
+	const char *out = NULL, *template = NULL, *inline_code = NULL, *inline_lang = NULL;
+	const char *file, *ext, *lang, *id, *st;
 	char outdir[4096];
 	unsigned char *code = NULL;
 	size_t len;
@@ -265,22 +274,22 @@ int cmd_run(int argc, char **argv)
 	int opt, rc = EXIT_USAGE;
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:t:f:e:o:a:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:t:f:e:o:a:T:c:L:h", opts, NULL)) != -1) {
 		char *end;
 		long n;
 
 		switch (opt) {
 		case 'm':
-		case 'c':
+		case 'V':
 		case 't':
 			errno = 0;
 			n = strtol(optarg, &end, 10);
 			if (errno || *end || end == optarg || n <= 0) {
 				fprintf(stderr, "kiln: --%s: expected a positive integer, got \"%s\"\n",
-					opt == 'm' ? "memory" : opt == 'c' ? "vcpus" : "timeout", optarg);
+					opt == 'm' ? "memory" : opt == 'V' ? "vcpus" : "timeout", optarg);
 				goto out;
 			}
-			json_object_set_new(limits, opt == 'm' ? "memory_mib" : opt == 'c' ? "vcpus" : "timeout_s",
+			json_object_set_new(limits, opt == 'm' ? "memory_mib" : opt == 'V' ? "vcpus" : "timeout_s",
 					    json_integer(n));
 			break;
 		case 'f': {
@@ -310,6 +319,27 @@ int cmd_run(int argc, char **argv)
 			/* Checked by kiln-api (400 naming the rule). */
 			json_array_append_new(allow, json_string(optarg));
 			break;
+		case 'c':
+			inline_code = optarg;
+			break;
+		case 'L':
+			if (strcmp(optarg, "python") && strcmp(optarg, "bash")) {
+				fprintf(stderr, "kiln: --lang %s: expected python or bash\n", optarg);
+				goto out;
+			}
+			inline_lang = optarg;
+			break;
+		case 'T': {
+			struct kiln_err terr = { .code = "" };
+
+			if (spec_template_name_check(optarg, "template", &terr) < 0) {
+				fprintf(stderr, "kiln: --template %s: not a template name (1-63 of a-z 0-9 . _ - starting "
+					"with a letter or digit)\n", optarg);
+				goto out;
+			}
+			template = optarg;
+			break;
+		}
 		case 'h':
 			run_usage(stdout);
 			rc = 0;
@@ -319,13 +349,21 @@ int cmd_run(int argc, char **argv)
 			goto out;
 		}
 	}
-	if (optind != argc - 1) {
+	if (optind != argc - !inline_code) {
+		if (inline_code)
+			fprintf(stderr, "kiln: run: -c CODE or a FILE, not both\n");
 		run_usage(stderr);
 		goto out;
 	}
-	file = argv[optind];
+	if (inline_lang && !inline_code) {
+		fprintf(stderr, "kiln: run: --lang is for -c CODE (a file's extension names its language)\n");
+		goto out;
+	}
+	file = inline_code ? "-c" : argv[optind];
 	ext = strrchr(file, '.');
-	if (ext && !strcmp(ext, ".py")) {
+	if (inline_code) {
+		lang = inline_lang ? inline_lang : "python";
+	} else if (ext && !strcmp(ext, ".py")) {
 		lang = "python";
 	} else if (ext && !strcmp(ext, ".sh")) {
 		lang = "bash";
@@ -336,9 +374,18 @@ int cmd_run(int argc, char **argv)
 	if ((rc = cli_connect(&cr, 0, &conn)))
 		goto out;
 	rc = EXIT_USAGE;
-	code = cli_read_file(file, CODE_MAX, &len, NULL);
-	if (!code)
-		goto out;
+	if (inline_code) {
+		len = strlen(inline_code);
+		code = (unsigned char *)strdup(inline_code);
+		if (!code || len > CODE_MAX) {
+			fprintf(stderr, "kiln: -c: %s\n", code ? "longer than 1 MiB" : "out of memory");
+			goto out;
+		}
+	} else {
+		code = cli_read_file(file, CODE_MAX, &len, NULL);
+		if (!code)
+			goto out;
+	}
 	if (strlen((char *)code) != len) {
 		fprintf(stderr, "kiln: %s: contains a NUL byte\n", file);
 		goto out;
@@ -356,6 +403,8 @@ int cmd_run(int argc, char **argv)
 		json_object_set(spec, "limits", limits);
 	if (json_array_size(allow))
 		json_object_set_new(spec, "network", json_pack("{s:s, s:O}", "egress", "allow", "allow", allow));
+	if (template)
+		json_object_set_new(spec, "template", json_string(template));
 
 	t0 = clock_mono_ms();
 	if ((rc = cli_request(&conn, "submit", "POST", "/v1/tasks", spec, 60, &reply)))

@@ -3,7 +3,9 @@
  * secrets in DIR, a first customer and key, and DIR/credentials written once
  * everything is ready. SIGINT/SIGTERM stop it all; a child that dies stops
  * the rest. kiln up owns its children: kiln-api and kiln-host die with it
- * (PR_SET_PDEATHSIG), the S3 servers are stopped through the script. */
+ * (PR_SET_PDEATHSIG), the S3 servers are stopped through the script.
+ * --egress gives kiln-host a "network" section (egress on) and the customer
+ * the allow_egress quota: kiln run --allow and template builds then work. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -42,6 +44,7 @@ struct up {
 	char admin_key[80], token[80], customer_key[256];
 	char api_url[64], host_url[64];
 	char s3_endpoint[256], s3_region[64], s3_access[128], s3_secret[128];
+	int egress;        /* --egress: kiln-host offers egress, the customer may use it */
 	pid_t api_pid, host_pid;
 	sigset_t sigs;     /* blocked in kiln up, waited for with sigtimedwait */
 	int stop;          /* SIGINT/SIGTERM/SIGHUP arrived */
@@ -51,10 +54,17 @@ struct up {
 
 static void up_usage(FILE *f)
 {
-	fprintf(f, "usage: kiln up [--dir DIR] [--port PORT]\n"
+	fprintf(f, "usage: kiln up [--dir DIR] [--port PORT] [--egress]\n"
 		   "  Runs a local S3 server, kiln-api on 127.0.0.1:PORT (default %d) and one kiln-host,\n"
 		   "  all with their state in DIR (default %s), and writes DIR/credentials once\n"
-		   "  they are ready. Ctrl-C or SIGTERM stops everything.\n",
+		   "  they are ready. Ctrl-C or SIGTERM stops everything.\n"
+		   "  --egress: sandboxes may reach the network, each only where its policy allows\n"
+		   "  (kiln run --allow DEST:PORTS; template builds reach the Debian mirror). kiln-host\n"
+		   "  then installs its nftables table, enables IPv4 forwarding and gives each sandbox\n"
+		   "  with a policy a NIC behind a filter that always blocks private ranges and this\n"
+		   "  machine's own addresses; DNS goes to the resolver of /etc/resolv.conf. The\n"
+		   "  customer of kiln up gets the allow_egress quota. Without it no sandbox has a\n"
+		   "  network (as before).\n",
 		UP_DEFAULT_PORT, UP_DEFAULT_DIR);
 }
 
@@ -324,6 +334,10 @@ static int write_configs(struct up *u)
 			 "size", 1, "prestart", 1, "s3", s3);
 	snprintf(path, sizeof(path), "%s/api.json", u->dir);
 	snprintf(p3, sizeof(p3), "%s/host.json", u->dir);
+	/* The default deny ranges, the link range and the resolv.conf resolver
+	 * of kiln-host's network section are what a single machine wants. */
+	if (host && u->egress)
+		json_object_set_new(host, "network", json_pack("{s:b}", "egress", 1));
 	r = (!api || !host || write_json(api, path) < 0 || write_json(host, p3) < 0) ? -1 : 0;
 	json_decref(s3);
 	json_decref(api);
@@ -485,6 +499,24 @@ static int make_customer(struct up *u)
 		return -1;
 	}
 	json_decref(r);
+	r = NULL;
+	if (u->egress) {
+		/* Also when the customer exists from an earlier run without --egress. */
+		body = json_pack("{s:b}", "allow_egress", 1);
+		st = http_call(&c, "PUT", "/v1/admin/customers/" UP_CUSTOMER "/quotas", body, 30, &r, &err);
+		json_decref(body);
+		if (st != 200) {
+			if (st < 0)
+				say("allowing egress to customer %s: %s", UP_CUSTOMER, err.message);
+			else
+				http_describe_error(st, r, msg, sizeof(msg)),
+					say("allowing egress to customer %s: %s", UP_CUSTOMER, msg);
+			json_decref(r);
+			return -1;
+		}
+		json_decref(r);
+		r = NULL;
+	}
 	st = http_call(&c, "POST", "/v1/admin/customers/" UP_CUSTOMER "/keys", NULL, 30, &r, &err);
 	key = json_string_value(json_object_get(r, "key"));
 	if (st != 201 || !key) {
@@ -594,7 +626,7 @@ int cmd_up(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "dir", required_argument, 0, 'd' }, { "port", required_argument, 0, 'p' },
-		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "egress", no_argument, 0, 'e' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	static struct up u; /* large: PATH_MAX buffers */
 	const char *dir = UP_DEFAULT_DIR;
@@ -605,7 +637,7 @@ int cmd_up(int argc, char **argv)
 	memset(&u, 0, sizeof(u));
 	u.port = UP_DEFAULT_PORT;
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "d:p:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "d:p:eh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'd':
 			dir = optarg;
@@ -616,6 +648,9 @@ int cmd_up(int argc, char **argv)
 				fprintf(stderr, "kiln up: --port: expected 1-65535\n");
 				return EXIT_USAGE;
 			}
+			break;
+		case 'e':
+			u.egress = 1;
 			break;
 		case 'h':
 			up_usage(stdout);
@@ -673,7 +708,8 @@ int cmd_up(int argc, char **argv)
 	u.api_pid = start_daemon(&u, "kiln-api", NULL);
 	if (u.api_pid < 0 || wait_api(&u) < 0)
 		goto down;
-	say("starting kiln-host on 127.0.0.1:%d (log: %s/host.log)", u.host_port, u.dir);
+	say("starting kiln-host on 127.0.0.1:%d%s (log: %s/host.log)", u.host_port,
+	    u.egress ? " with network egress" : "", u.dir);
 	u.host_pid = start_daemon(&u, "kiln-host", "serve");
 	if (u.host_pid < 0 || wait_host(&u) < 0)
 		goto down;
@@ -681,11 +717,13 @@ int cmd_up(int argc, char **argv)
 		goto down;
 	printf("kiln up: ready\n"
 	       "  API          %s\n"
+	       "  egress       %s\n"
 	       "  S3           %s (bucket %s, access key %s)\n"
 	       "  credentials  %s (kiln reads it by default; or: . %s)\n"
 	       "  logs         %s/{api,host}.log, %s/log\n"
 	       "Ctrl-C or SIGTERM stops everything.\n",
-	       u.api_url, u.s3_endpoint, UP_BUCKET, u.s3_access, u.creds, u.creds, u.dir, u.s3_dir);
+	       u.api_url, u.egress ? "on (kiln run --allow DEST:PORTS; template builds)" : "off (kiln up --egress)",
+	       u.s3_endpoint, UP_BUCKET, u.s3_access, u.creds, u.creds, u.dir, u.s3_dir);
 	fflush(stdout);
 	while (!u.stop && !u.died)
 		up_poll(&u, 1000, NULL, NULL);

@@ -27,6 +27,7 @@
 #include "pool.h"
 #include "net.h"
 #include "spool.h"
+#include "tmpl_cmd.h"
 #include "snapshot.h"
 #include "vm.h"
 #include "vm_ops.h"
@@ -43,6 +44,7 @@ static void usage(FILE *f)
 	      "                       [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
+	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
 	      "options:\n"
 	      "  --accel auto|kvm|tcg   hypervisor (auto: KVM only with hardware virtualisation)\n"
 	      "  --image-dir DIR        vmlinux, initramfs.cpio, rootfs.ext4 (default: <binary dir>/image)\n"
@@ -834,6 +836,8 @@ int main(int argc, char **argv)
 		return cmd_snapshot(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "serve"))
 		return cmd_serve(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "template"))
+		return tmpl_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

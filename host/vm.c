@@ -46,6 +46,8 @@
 #define QEMU_FD_NET(cfg) ((cfg)->mem_fd > 0 ? QEMU_FD_MEM + 1 : QEMU_FD_MEM)
 /* Every sandbox's NIC has this address; each lives alone in its own network. */
 #define VM_NET_MAC    "52:54:00:6b:6c:02"
+/* The serial of vm_config.disk2 (/sys/block/vdX/serial in the guest). */
+#define VM_DISK2_SERIAL "kiln-out"
 
 /* Jail limits. Memory: the cgroup holds guest RAM plus QEMU's own use: under
  * TCG mostly the translation buffer (tb-size=64 MiB, filled as the guest runs
@@ -189,6 +191,7 @@ static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_e
 static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **argv, char store[][1024])
 {
 	int n = 0, s = 0;
+	char thr[96] = ""; /* the disks' throttling options */
 
 #define ARG(...) (snprintf(store[s], 1024, __VA_ARGS__), argv[n++] = store[s++])
 	ARG("%s", cfg->qemu);
@@ -254,8 +257,6 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	/* The base image is never written: snapshot=on puts this VM's writes in a
 	 * temporary overlay that QEMU deletes; a template writes its own overlay. */
 	{
-		char thr[96] = "";
-
 		/* QEMU's own throttling: applied to the guest's requests, before
 		 * any cache, so it holds under cache=unsafe where a cgroup v1 blkio
 		 * limit would not see buffered writes. */
@@ -289,6 +290,13 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 			ARG("hubport,id=net0,hubid=0");
 		ARG("-device");
 		ARG("virtio-net-device,netdev=net0,mac=" VM_NET_MAC);
+	}
+	if (cfg->disk2) {
+		/* Last, so that the root disk stays vda and a NIC's place is the same. */
+		ARG("-drive");
+		ARG("id=out,if=none,file=%s,format=raw,cache=unsafe%s", cfg->disk2, thr);
+		ARG("-device");
+		ARG("virtio-blk-device,drive=out,serial=" VM_DISK2_SERIAL);
 	}
 	ARG("-chardev");
 	ARG("socket,id=qmp,fd=%d", QEMU_FD_QMP);
@@ -390,6 +398,11 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 		spec.rw[nrw++] = cfg->disk;
 	else
 		spec.ro[nro++] = cfg->disk;
+	if (cfg->disk2) {
+		spec.rw[nrw++] = cfg->disk2;
+		if (file_size(cfg->disk2) > fsize)
+			fsize = file_size(cfg->disk2);
+	}
 	if (cfg->mem_file && cfg->mem_fd <= 0) {
 		/* A template writes its RAM file: it must exist to be bound. */
 		int fd = open(cfg->mem_file, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -443,7 +456,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, log_fd = -1;
 	struct qmp_msg m;
 	pid_t parent = getpid();
-	char path[600], abs[6][PATH_MAX];
+	char path[600], abs[7][PATH_MAX];
 	struct vm_config abs_cfg = *cfg_in, *cfg = &abs_cfg;
 	FILE *f;
 
@@ -453,6 +466,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	abs_cfg.disk_backing = absolute(cfg_in->disk_backing, abs[3], sizeof(abs[3]));
 	abs_cfg.disk_backing2 = absolute(cfg_in->disk_backing2, abs[5], sizeof(abs[5]));
 	abs_cfg.mem_file = absolute(cfg_in->mem_file, abs[4], sizeof(abs[4]));
+	abs_cfg.disk2 = absolute(cfg_in->disk2, abs[6], sizeof(abs[6]));
 	memset(vm, 0, sizeof(*vm));
 	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;
 	vm->jail.slot_fd = -1;

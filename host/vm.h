@@ -36,6 +36,12 @@ struct vm_config {
 	int disk_writable;         /* 1: write to `disk` itself (a template's own overlay) */
 	const char *disk_backing;  /* the qcow2 `disk`'s backing file (read-only), or NULL */
 	const char *disk_backing2; /* and that file's own backing file (read-only), or NULL */
+	/* A second disk (a template build's output): a raw file the guest
+	 * writes, bound read-write into the jail, throttled like the root disk,
+	 * serial "kiln-out" (the guest finds it by that, not by its name), and
+	 * placed after every other device. NULL: none. Its size counts towards
+	 * QEMU's file size limit, so a qcow2 `disk` may grow as large as it. */
+	const char *disk2;
 	/* The guest's disk I/O, throttled by QEMU's block layer whatever the
 	 * host's page cache absorbs: bytes and requests per second, reads and
 	 * writes together (0: no limit). A guest cannot saturate the host's

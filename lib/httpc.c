@@ -43,7 +43,7 @@ static struct curl_slist *req_headers(const struct httpc_req *q, int *oom)
 			goto oom;
 		l = t;
 	}
-	if (q->body) {
+	if (q->body || q->body_read) {
 		/* No "Expect: 100-continue" round trip before a large body. */
 		if (!(t = curl_slist_append(l, "Expect:")))
 			goto oom;
@@ -108,7 +108,21 @@ struct xfer {
 	CURL *h;
 	int too_large;
 	int stopped;
+	int read_failed;  /* q->body_read refused */
 };
+
+/* curl asks for the next piece of a streamed request body. */
+static size_t on_read(char *p, size_t size, size_t n, void *arg)
+{
+	struct xfer *x = arg;
+	long got = x->q->body_read(x->q->body_ctx, p, size * n);
+
+	if (got < 0 || (size_t)got > size * n) {
+		x->read_failed = 1;
+		return CURL_READFUNC_ABORT;
+	}
+	return (size_t)got;
+}
 
 static size_t on_write(char *p, size_t size, size_t n, void *arg)
 {
@@ -200,6 +214,12 @@ int httpc_request(struct httpc *c, const struct httpc_req *q, struct httpc_reply
 	if (q->body) {
 		e |= curl_easy_setopt(x.h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len);
 		e |= curl_easy_setopt(x.h, CURLOPT_POSTFIELDS, (const char *)q->body);
+	} else if (q->body_read) {
+		/* POST with a read callback (CUSTOMREQUEST names any other method). */
+		e |= curl_easy_setopt(x.h, CURLOPT_POST, 1L);
+		e |= curl_easy_setopt(x.h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len);
+		e |= curl_easy_setopt(x.h, CURLOPT_READFUNCTION, on_read);
+		e |= curl_easy_setopt(x.h, CURLOPT_READDATA, &x);
 	}
 	if (q->tick) {
 		e |= curl_easy_setopt(x.h, CURLOPT_NOPROGRESS, 0L);
@@ -216,6 +236,9 @@ int httpc_request(struct httpc *c, const struct httpc_req *q, struct httpc_reply
 		curl_easy_getinfo(x.h, CURLINFO_RESPONSE_CODE, &r->status);
 	if (x.stopped) {
 		ret = 1;
+	} else if (x.read_failed) {
+		snprintf(r->error, sizeof(r->error), "reading the request body failed");
+		ret = -EIO;
 	} else if (e == CURLE_OK) {
 		ret = 0;
 	} else {

@@ -39,6 +39,14 @@ struct httpc_req {
 	const char *content_type; /* of the body; NULL: no header */
 	const void *body;         /* NULL: no body at all; else body_len bytes (no "Expect: 100-continue") */
 	size_t body_len;
+	/* Instead of body: a body of body_len bytes (sent as Content-Length)
+	 * read piece by piece as the transfer goes, so that a large file is
+	 * streamed, never held in memory. body_read copies at most n bytes into
+	 * p and returns how many (0 only at the end), or < 0 to abort: the
+	 * request then returns -EIO ("reading the request body failed"). A
+	 * request with a body_read has no retry or rewind: one attempt. */
+	long (*body_read)(void *body_ctx, char *p, size_t n);
+	void *body_ctx;
 	const char *range;        /* "100-": a Range request; NULL: none */
 	struct httpc_limits lim;
 	size_t max_reply;         /* cap of the reply body (0: HTTPC_REPLY_MAX); of one event in a follow */
@@ -127,7 +135,7 @@ int httpc_follow(struct httpc *c, const struct httpc_req *q,
  * the caller sets the pace: one thread, no buffering beyond one read. */
 struct httpc_stream;
 
-/* Start q (sink, tick and max_reply unused; the body is copied). 0 with *out
+/* Start q (sink, tick, max_reply and body_read unused; the body is copied). 0 with *out
  * set, -ENOMEM, or -EIO when curl cannot start it. */
 int httpc_stream_open(const struct httpc_req *q, struct httpc_stream **out);
 

@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "creds.h"
+#include "recipe.h"
 #include "untar.h"
 
 #include <archive.h>
@@ -275,6 +276,203 @@ static void test_untar_hostile(void **state)
 	assert_int_equal(system(p), 0);
 }
 
+/* argv for cli_template_build_args from a NULL-terminated list. */
+static int tbuild_args(struct cli_template_args *a, char *msg, ...)
+{
+	static char *argv[40];
+	int argc = 0;
+	va_list ap;
+
+	argv[argc++] = "build";
+	va_start(ap, msg);
+	while (argc < 39 && (argv[argc] = va_arg(ap, char *)))
+		argc++;
+	va_end(ap);
+	argv[argc] = NULL;
+	return cli_template_build_args(argc, argv, a, msg, 300);
+}
+
+static void test_template_build_args(void **state)
+{
+	struct cli_template_args a;
+	char msg[300];
+
+	assert_int_equal(tbuild_args(&a, msg, "--name", "data", "--packages", "python3-numpy,jq", "--packages=curl",
+				     "--run", "echo hi > /etc/hi", "--preload", "numpy", "--no-wait", NULL),
+			 0);
+	assert_string_equal(a.name, "data");
+	assert_int_equal(a.npackages, 2);
+	assert_int_equal(a.nrun, 1);
+	assert_int_equal(a.npreload, 1);
+	assert_int_equal(a.no_wait, 1);
+	assert_null(a.recipe_file);
+	assert_null(a.oci);
+	assert_int_equal(tbuild_args(&a, msg, "recipe.json", "--json", NULL), 0);
+	assert_string_equal(a.recipe_file, "recipe.json");
+	assert_null(a.name);
+	assert_int_equal(a.json, 1);
+	assert_int_equal(tbuild_args(&a, msg, "--oci", "img.tar", "--name", "img", NULL), 0);
+	assert_string_equal(a.oci, "img.tar");
+	assert_int_equal(tbuild_args(&a, msg, "--help", NULL), 0);
+	assert_int_equal(a.help, 1);
+	/* Refusals say why. */
+	assert_int_equal(tbuild_args(&a, msg, NULL), -1);
+	assert_non_null(strstr(msg, "nothing to build"));
+	assert_int_equal(tbuild_args(&a, msg, "--packages", "jq", NULL), -1);
+	assert_non_null(strstr(msg, "--name is needed"));
+	assert_int_equal(tbuild_args(&a, msg, "--oci", "img.tar", NULL), -1);
+	assert_non_null(strstr(msg, "--name is needed"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "Data", "--packages", "jq", NULL), -1);
+	assert_non_null(strstr(msg, "--name Data"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--oci", "i.tar", "--packages", "jq", NULL), -1);
+	assert_non_null(strstr(msg, "--oci"));
+	assert_int_equal(tbuild_args(&a, msg, "r.json", "--run", "true", NULL), -1);
+	assert_non_null(strstr(msg, "not both"));
+	assert_int_equal(tbuild_args(&a, msg, "r.json", "s.json", NULL), -1);
+	assert_non_null(strstr(msg, "one recipe file"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", "local.txt", NULL), -1);
+	assert_non_null(strstr(msg, "LOCAL:/"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", "local.txt:etc/x", NULL), -1);
+	assert_non_null(strstr(msg, "LOCAL:/"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--env", "NOEQUALS", NULL), -1);
+	assert_non_null(strstr(msg, "NAME=VALUE"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--workdir", "rel", NULL), -1);
+	assert_non_null(strstr(msg, "absolute"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--run", "", NULL), -1);
+	assert_non_null(strstr(msg, "empty"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--bogus", NULL), -1);
+	assert_non_null(strstr(msg, "--bogus: unknown option"));
+	assert_int_equal(tbuild_args(&a, msg, "--name", NULL), -1);
+	assert_non_null(strstr(msg, "expects a value"));
+	{
+		/* More --run steps than a recipe may hold. */
+		char *argv[60];
+		int argc = 0;
+
+		argv[argc++] = "build";
+		argv[argc++] = "--name=x";
+		for (int i = 0; i < 51; i++)
+			argv[argc++] = "--run=true";
+		argv[argc] = NULL;
+		assert_int_equal(cli_template_build_args(argc, argv, &a, msg, sizeof(msg)), -1);
+		assert_non_null(strstr(msg, "--run: at most 50"));
+	}
+}
+
+/* The recipe made from flags is what docs/templates.md describes, and
+ * recipe_parse (kiln-api's and kiln-host's parser) accepts it. */
+static void test_template_recipe(void **state)
+{
+	char dir[] = "/tmp/kiln-test-recipe-XXXXXX", local[128], farg[200], rfile[128], msg[300];
+	struct cli_template_args a;
+	struct recipe rc;
+	struct kiln_err err = { .code = "" };
+	json_t *r, *f;
+	char *text;
+	FILE *fp;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(local, sizeof(local), "%s/hello.sh", dir);
+	fp = fopen(local, "w");
+	assert_non_null(fp);
+	fputs("#!/bin/sh\necho hi\n", fp);
+	fclose(fp);
+	assert_int_equal(chmod(local, 0750), 0);
+	snprintf(farg, sizeof(farg), "%s:/usr/local/bin/hello", local);
+	assert_int_equal(tbuild_args(&a, msg, "--name", "data", "--packages", "python3-numpy, jq", "--packages",
+				     "curl", "--run", "echo built > /etc/built", "--run", "hello", "--file", farg,
+				     "--preload", "numpy,pandas", "--env", "LANG=C.UTF-8", "--env", "X=a=b", "--workdir",
+				     "/srv", NULL),
+			 0);
+	r = cli_template_recipe(&a, msg, sizeof(msg));
+	assert_non_null(r);
+	assert_string_equal(json_string_value(json_object_get(r, "name")), "data");
+	assert_string_equal(json_string_value(json_object_get(r, "from")), "debian");
+	assert_int_equal(json_array_size(json_object_get(r, "packages")), 3);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r, "packages"), 1)), "jq");
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r, "packages"), 2)), "curl");
+	assert_string_equal(json_string_value(json_array_get(json_object_get(r, "run"), 0)), "echo built > /etc/built");
+	assert_int_equal(json_array_size(json_object_get(r, "preload")), 2);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(r, "env"), "X")), "a=b");
+	assert_string_equal(json_string_value(json_object_get(r, "workdir")), "/srv");
+	f = json_array_get(json_object_get(r, "files"), 0);
+	assert_string_equal(json_string_value(json_object_get(f, "path")), "/usr/local/bin/hello");
+	assert_string_equal(json_string_value(json_object_get(f, "content_b64")), "IyEvYmluL3NoCmVjaG8gaGkK");
+	assert_int_equal(json_integer_value(json_object_get(f, "mode")), 0750);
+	/* kiln-api's parser takes it as is. */
+	text = json_dumps(r, JSON_COMPACT);
+	assert_int_equal(recipe_parse(text, strlen(text), &rc, &err), 0);
+	assert_int_equal(rc.npackages, 3);
+	assert_int_equal(rc.nfiles, 1);
+	assert_int_equal(rc.files[0].mode, 0750);
+	assert_int_equal(rc.files[0].len, 18);
+	assert_int_equal(rc.nrun, 2);
+	assert_int_equal(rc.npreload, 2);
+	assert_int_equal(rc.nenv, 2);
+	assert_string_equal(rc.workdir, "/srv");
+	recipe_free(&rc);
+	free(text);
+	json_decref(r);
+
+	/* Only the keys given: --packages alone. */
+	assert_int_equal(tbuild_args(&a, msg, "--name", "p", "--packages", "jq", NULL), 0);
+	r = cli_template_recipe(&a, msg, sizeof(msg));
+	assert_non_null(r);
+	assert_int_equal(json_object_size(r), 3);
+	json_decref(r);
+
+	/* A missing local file, a bad package list: refused before any request. */
+	snprintf(farg, sizeof(farg), "%s/nope:/etc/x", dir);
+	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", farg, NULL), 0);
+	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
+	assert_non_null(strstr(msg, "No such file"));
+	{
+		char big[300];
+
+		memset(big, 'a', sizeof(big));
+		big[sizeof(big) - 1] = '\0';
+		assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--packages", big, NULL), 0);
+		assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
+		assert_non_null(strstr(msg, "longer than 100 bytes"));
+	}
+
+	/* A recipe file: sent as written; --name replaces its name; a file
+	 * that is not a JSON object, or has duplicate keys, is refused. */
+	snprintf(rfile, sizeof(rfile), "%s/r.json", dir);
+	fp = fopen(rfile, "w");
+	fputs("{\"name\":\"fromfile\",\"packages\":[\"jq\"],\"run\":[\"true\"]}", fp);
+	fclose(fp);
+	assert_int_equal(tbuild_args(&a, msg, rfile, NULL), 0);
+	r = cli_template_recipe(&a, msg, sizeof(msg));
+	assert_non_null(r);
+	assert_string_equal(json_string_value(json_object_get(r, "name")), "fromfile");
+	assert_int_equal(json_array_size(json_object_get(r, "run")), 1);
+	json_decref(r);
+	assert_int_equal(tbuild_args(&a, msg, rfile, "--name", "renamed", NULL), 0);
+	r = cli_template_recipe(&a, msg, sizeof(msg));
+	assert_string_equal(json_string_value(json_object_get(r, "name")), "renamed");
+	json_decref(r);
+	fp = fopen(rfile, "w");
+	fputs("{\"packages\":[\"jq\"]}", fp);
+	fclose(fp);
+	assert_int_equal(tbuild_args(&a, msg, rfile, NULL), 0);
+	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
+	assert_non_null(strstr(msg, "no \"name\""));
+	fp = fopen(rfile, "w");
+	fputs("{\"name\":\"a\",\"name\":\"b\"}", fp);
+	fclose(fp);
+	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
+	assert_non_null(strstr(msg, "not valid JSON"));
+	fp = fopen(rfile, "w");
+	fputs("[\"jq\"]", fp);
+	fclose(fp);
+	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
+	assert_non_null(strstr(msg, "a recipe is a JSON object"));
+
+	snprintf(msg, sizeof(msg), "rm -rf %s", dir);
+	assert_int_equal(system(msg), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -283,6 +481,8 @@ int main(void)
 		cmocka_unit_test(test_session_exec_args),
 		cmocka_unit_test(test_session_paths),
 		cmocka_unit_test(test_untar_hostile),
+		cmocka_unit_test(test_template_build_args),
+		cmocka_unit_test(test_template_recipe),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
