@@ -142,9 +142,23 @@ static int idem_key_ok(const char *k)
 	return 1;
 }
 
-/* Whether some live host is big enough (by its reported totals); 1 also
- * when no host is live (the task waits for one). */
-static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress)
+/* Whether host capacity cap lists the built-in template name. */
+static int host_has_builtin(json_t *cap, const char *name)
+{
+	json_t *e;
+	size_t i;
+
+	json_array_foreach(json_object_get(cap, "templates"), i, e)
+		if (json_is_true(json_object_get(e, "builtin")) &&
+		    !strcmp(json_string_value(json_object_get(e, "name")) ?: "", name))
+			return 1;
+	return 0;
+}
+
+/* Whether some live host is big enough (by its reported totals) and, for
+ * a built-in template (builtin not NULL), has it; 1 also when no host is
+ * live (the task waits for one). */
+static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress, const char *builtin)
 {
 	json_t *hosts = store_host_list(s->st), *h;
 	int64_t cutoff = clock_wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
@@ -160,7 +174,8 @@ static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib,
 		    json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
 			continue;
 		live++;
-		if (v >= vcpus && m >= memory_mib && (!egress || json_is_true(json_object_get(cap, "egress"))))
+		if (v >= vcpus && m >= memory_mib && (!egress || json_is_true(json_object_get(cap, "egress"))) &&
+		    (!builtin || host_has_builtin(cap, builtin)))
 			fits = 1;
 	}
 	json_decref(hosts);
@@ -260,7 +275,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		snprintf(msg, sizeof(msg), "%u tasks are queued, your quota's max_queued", u.queued);
 		return reply_error_h(conn, KERR_QUEUE_FULL, msg, "Retry-After", ra);
 	}
-	if (!some_host_fits(s, vcpus, memory_mib, egress)) {
+	if (!some_host_fits(s, vcpus, memory_mib, egress, NULL)) {
 		api_task_request_free(&tr);
 		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", vcpus, memory_mib,
 			 egress ? " and offers network egress" : "");
@@ -273,6 +288,12 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	if (r < 0) {
 		api_task_request_free(&tr);
 		return reply_err(conn, &err);
+	}
+	if (r == 1 && tu.use.builtin && !some_host_fits(s, vcpus, memory_mib, egress, tu.row.name)) {
+		snprintf(msg, sizeof(msg), "no registered host that fits the task has the built-in template %s", tu.row.name);
+		template_use_free(&tu);
+		api_task_request_free(&tr);
+		return reply_error(conn, KERR_NO_HOST_FITS, msg);
 	}
 	if (r == 1) {
 		json_t *tj = json_loads(tu.tref, 0, NULL);

@@ -139,6 +139,9 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 	sqlite3_stmt *st;
 	int r = -1, rc;
 
+	/* The default template is public whether or not a host has reported it yet. */
+	if (!strcmp(n->name, "default"))
+		return kiln_err_set(err, KERR_DUPLICATE, "a public template is named \"default\": choose another name");
 	pthread_mutex_lock(&s->lock);
 	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
 		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));

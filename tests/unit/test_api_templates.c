@@ -162,6 +162,8 @@ static void test_names_and_isolation(void **state)
 	assert_int_equal(create("acme", "data", 0, c, &err), -1);
 	assert_string_equal(err.code, "duplicate");
 	assert_int_equal(create("bob", "data", 0, b, &err), 0);
+	assert_int_equal(create("bob", "default", 0, c, &err), -1); /* public before any host says so */
+	assert_string_equal(err.code, "duplicate");
 	assert_int_equal(create("bob", "python-data", 0, c, &err), -1);
 	assert_string_equal(err.code, "duplicate");
 	assert_non_null(strstr(err.message, "public"));
