@@ -809,7 +809,7 @@ static enum MHD_Result handle_templates(struct server *s, struct MHD_Connection 
 	if (!t)
 		return reply_error(conn, KERR_UNAVAILABLE, "templates are not served now");
 	return templates_handle(t, conn, method, url, httpd_body_data(body), httpd_body_len(body), c->customer,
-				c->admin);
+				c->admin, s->lim);
 }
 
 /* One request's state across the access handler's calls: its body, or, for

@@ -43,7 +43,7 @@ enum {
 enum tpl_stmt {
 	P_INSERT, P_NAME_TAKEN, P_COUNT, P_BUILTIN, P_FIND, P_GET, P_TREF, P_RECIPE, P_JSON, P_LIST, P_DAY_MS,
 	P_IN_USE, P_DELETE_ROW, P_GC_INSERT, P_QUEUED, P_BUILDING, P_START, P_REQUEUE, P_LOG, P_FINISH, P_DAY_ADD,
-	P_PROGRESS, P_GC_LIST, P_GC_UPDATE, P_GC_DELETE, P_SHA_REF, P_USE_INSERT, P_ROW_FOR_GC, P_USE_TREF,
+	P_PROGRESS, P_GC_LIST, P_GC_UPDATE, P_GC_DELETE, P_SHA_REF, P_USE_INSERT, P_ROW_FOR_GC, P_USE_TREF, P_PUBLIC_EXISTS,
 	P_COUNT_
 };
 
@@ -94,6 +94,7 @@ static const char *const tpl_sql[P_COUNT_] = {
 		      "  AND s.state != 'destroyed')",
 	[P_USE_INSERT] = "INSERT INTO template_uses(id, template_id, name, sha256, builtin, tref)"
 			 " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+	[P_PUBLIC_EXISTS] = "SELECT 1 FROM templates WHERE customer = '' AND name = ?1",
 	[P_USE_TREF] = "SELECT tref FROM template_uses WHERE id = ?1",
 	[P_ROW_FOR_GC] = "SELECT state, host_id, oci_key, sha256, s3_key FROM templates WHERE id = ?1",
 };
@@ -222,6 +223,18 @@ int store_template_builtin(struct store *s, const char *name)
 	if (store_new_id("b_", id) < 0)
 		return -1;
 	pthread_mutex_lock(&s->lock);
+	/* Every heartbeat lists them: a read, and a write only the first time. */
+	st = stmt(s, P_PUBLIC_EXISTS);
+	if (st) {
+		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+		r = store_step(s, st) == SQLITE_ROW;
+		sqlite3_reset(st);
+		if (r) {
+			pthread_mutex_unlock(&s->lock);
+			return 0;
+		}
+		r = -1;
+	}
 	st = stmt(s, P_BUILTIN);
 	if (st) {
 		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);

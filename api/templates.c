@@ -209,7 +209,7 @@ void templates_heartbeat(struct store *st, json_t *capacity)
 		if (i >= 64)
 			break;
 		if (name && json_is_true(json_object_get(e, "builtin")) && spec_template_name_check(name, "name", NULL) == 0)
-			store_template_builtin(st, name);
+			store_template_builtin(st, name); /* a read when it exists: no write */
 	}
 }
 
@@ -450,6 +450,8 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 			buf_free(&f.pending);
 			if (f.seen > lines)
 				lines = f.seen;
+			if (stopping(t))
+				break;
 		}
 		snprintf(path, sizeof(path), "/v1/builds/%s", row.id);
 		st = t->ops->call(t->ops->ctx, url, t->token, "GET", path, NULL, 10000, &b, &err);
@@ -768,6 +770,7 @@ struct call {
 	size_t len;
 	const char *customer;
 	int admin;
+	struct quota_limiter *lim;
 };
 
 static enum MHD_Result reply_template(struct templates *t, struct MHD_Connection *conn, unsigned status,
@@ -936,6 +939,8 @@ struct tsse {
 	int done;
 	struct buf out;              /* formatted, not yet handed to libmicrohttpd */
 	size_t off;
+	struct quota_limiter *lim;   /* counted there as one of customer's streams (NULL: not) */
+	char customer[65];
 };
 
 /* Format what is new into e->out. 1 something added, 0 nothing, -1 the end
@@ -1056,6 +1061,10 @@ static void tsse_free(void *cls)
 {
 	struct tsse *e = cls;
 
+	/* However the stream ends (its end, the client gone, the daemon
+	 * stopping): the count goes back. */
+	if (e->lim)
+		quota_limiter_stream_close(e->lim, e->customer);
 	buf_free(&e->out);
 	free(e);
 }
@@ -1072,6 +1081,17 @@ static enum MHD_Result handle_events(void *ctx, struct httpd_req *req)
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return MHD_NO;
+	if (c->lim && !c->admin) {
+		struct quota q;
+
+		customer_quota(c->t->st, c->customer, &q);
+		if (!quota_limiter_stream_open(c->lim, c->customer, q.max_streams)) {
+			free(e);
+			return reply_too_many_streams(req->conn, q.max_streams);
+		}
+		e->lim = c->lim;
+		snprintf(e->customer, sizeof(e->customer), "%s", c->customer);
+	}
 	e->t = c->t;
 	snprintf(e->id, sizeof(e->id), "%s", row.id);
 	e->sent = TEMPLATE_STATE_COUNT;
@@ -1090,9 +1110,10 @@ static const struct httpd_route routes[] = {
 static const struct httpd_routes table = { routes, sizeof(routes) / sizeof(routes[0]), "no such endpoint", " or " };
 
 enum MHD_Result templates_handle(struct templates *t, struct MHD_Connection *conn, const char *method,
-				 const char *url, const char *body, size_t len, const char *customer, int admin)
+				 const char *url, const char *body, size_t len, const char *customer, int admin,
+				 struct quota_limiter *lim)
 {
-	struct call c = { .t = t, .body = body, .len = len, .customer = customer, .admin = admin };
+	struct call c = { .t = t, .body = body, .len = len, .customer = customer, .admin = admin, .lim = lim };
 	struct httpd_req r = { .conn = conn, .method = method, .url = url };
 
 	return httpd_dispatch(&table, &c, &r);

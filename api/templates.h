@@ -41,9 +41,13 @@ void templates_stop(struct templates *t);
 void templates_free(struct templates *t);
 
 /* One authenticated request under /v1/templates with its whole body (not
- * an OCI upload: see templates_upload_*). customer "" for an admin key. */
+ * an OCI upload: see templates_upload_*). customer "" for an admin key. An
+ * events stream counts against the customer's max_streams in lim (may be
+ * NULL: not counted). */
+struct quota_limiter;
 enum MHD_Result templates_handle(struct templates *t, struct MHD_Connection *conn, const char *method,
-				 const char *url, const char *body, size_t len, const char *customer, int admin);
+				 const char *url, const char *body, size_t len, const char *customer, int admin,
+				 struct quota_limiter *lim);
 
 /* ---- OCI uploads: POST /v1/templates?name=NAME with a non-JSON body ---- */
 struct templates_upload;

@@ -211,7 +211,18 @@ check "the queued task still goes to the host with the deleted template's TREF" 
 
 # ---- delete while building cancels the build on its host ----
 bid=$(as "$A" "$API/v1/templates/slow1" > /dev/null; out .id)
+admin -X PUT --data '{"max_streams":1}' "$API/v1/admin/customers/acme/quotas" > /dev/null
+curl -s -N -m 30 -H "Authorization: Bearer $A" "$API/v1/templates/slow1/events" > "$T_TMP/slow.events" &
+ev_pid=$!
+for _ in $(seq 50); do grep -q '^event: state' "$T_TMP/slow.events" && break; sleep 0.1; done
+st=$(as "$A" "$API/v1/templates/slow1/events")
+check "a second events stream over max_streams (1): 429 too_many_streams ($st $(out .error.code))" \
+	[ "$st" = 429 -a "$(out .error.code)" = too_many_streams ]
 st=$(as "$A" -X DELETE "$API/v1/templates/slow1")
+wait "$ev_pid"
+check "the stream following a template deleted while building ends with end {state:deleted}" \
+	sh -c "grep '^data: ' '$T_TMP/slow.events' | tail -1 | grep -q '\"state\":\"deleted\"'"
+admin -X PUT --data '{"max_streams":16}' "$API/v1/admin/customers/acme/quotas" > /dev/null
 for _ in $(seq 100); do [ -s "$STATE/cancelled/$bid.json" ] && break; sleep 0.1; done
 check "DELETE while building: 200 and the host's build is cancelled (DELETE /v1/builds/$bid)" \
 	[ "$st" = 200 -a -s "$STATE/cancelled/$bid.json" ]
