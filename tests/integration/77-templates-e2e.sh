@@ -5,7 +5,9 @@
 # its build followed on GET /v1/templates/{name}/events to ready, its image in
 # S3 under _templates/<sha256>.ext4; a task naming it runs in it (sees the
 # file the step wrote, the env, the workdir); deleting the template deletes
-# its image from S3 once no task needs it. Nothing is left running. Skips
+# its image from S3 once no task needs it. An OCI archive made with umoci is
+# uploaded through kiln-api, imported by kiln-host, and a task runs in it as
+# the image's user, in its directory, with its env. Nothing is left running. Skips
 # (saying so) when this kiln-host has no /v1/builds.
 . "$(dirname "$0")/lib.sh"
 require_image
@@ -116,6 +118,57 @@ for _ in $(seq 100); do
 	sleep 0.2
 done
 check "DELETE ($st): with no task left using it, its image is deleted from S3" [ "$st" = 200 -a "$gone" = yes ]
+
+# ---- an OCI archive (umoci-made, busybox inside) uploaded through kiln-api ----
+if command -v umoci > /dev/null && [ -x /bin/busybox ]; then
+	L=$T_TMP/layout; Bd=$T_TMP/bundle
+	(
+		set -e
+		umoci init --layout "$L"
+		umoci new --image "$L:t"
+		umoci unpack --image "$L:t" "$Bd"
+		R=$Bd/rootfs
+		mkdir -p "$R/bin" "$R/etc" "$R/home/app"
+		cp /bin/busybox "$R/bin/busybox"
+		for a in sh cat id pwd env; do ln -s busybox "$R/bin/$a"; done
+		printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345::/home/app:/bin/sh\n' > "$R/etc/passwd"
+		printf 'root:x:0:\napps:x:2345:\n' > "$R/etc/group"
+		echo hello-from-oci > "$R/hello.txt"
+		chown -R 1234:2345 "$R/home/app"
+		umoci repack --image "$L:t" "$Bd"
+		umoci config --image "$L:t" --config.env FOO=bar --config.workingdir /home/app --config.user app
+		tar -C "$L" -cf "$T_TMP/oci.tar" .
+	) > "$T_TMP/oci-build.log" 2>&1
+	t0=$SECONDS
+	st=$(curl -s -o "$T_TMP/oci.json" -w '%{http_code}' -m 120 -H "Authorization: Bearer $KEY" \
+		-H 'Content-Type: application/x-tar' -X POST -T "$T_TMP/oci.tar" "$API/v1/templates?name=busy")
+	check "an OCI archive ($(stat -c %s "$T_TMP/oci.tar") bytes) uploaded to kiln-api: $st" [ "$st" = 202 ]
+	curl -s -N -m 600 -H "Authorization: Bearer $KEY" "$API/v1/templates/busy/events" > /dev/null
+	cust "$API/v1/templates/busy" > "$T_TMP/busy.json"
+	if jqe '.state == "ready"' "$T_TMP/busy.json"; then
+		ok "imported by kiln-host and ready in $((SECONDS - t0)) s: $(jq -c '{env, workdir, uid, gid}' "$T_TMP/busy.json")"
+	else
+		not_ok "the OCI import is ready" "$(jq -c '{state, error}' "$T_TMP/busy.json")" "$(jq -r .build_log "$T_TMP/busy.json" | tail -3)"
+	fi
+	spec=$(jq -cn '{template:"busy", argv:["sh","-c","cat /hello.txt; id -u; pwd; echo $FOO"]}')
+	tid=$(cust -X POST --data "$spec" "$API/v1/tasks" | jq -r .id)
+	for _ in $(seq 60); do
+		cust "$API/v1/tasks/$tid?wait=30" > "$T_TMP/otask.json"
+		jq -e '.state | test("^(succeeded|failed|timed_out|cancelled|error)$")' "$T_TMP/otask.json" > /dev/null && break
+	done
+	check "a task runs in the image as its User, in its WorkingDir, with its Env ($(jq -c '{state, stdout: .result.stdout, stderr: .result.stderr}' "$T_TMP/otask.json"))" \
+		jqe '.state == "succeeded" and .result.stdout == "hello-from-oci\n1234\n/home/app\nbar\n"' "$T_TMP/otask.json"
+	oid=$(jq -r .id "$T_TMP/busy.json")
+	gone=no
+	for _ in $(seq 100); do
+		"$S3TOOL" head "_templates/uploads/$oid.tar" > /dev/null 2>&1
+		[ $? = 3 ] && { gone=yes; break; }
+		sleep 0.2
+	done
+	check "the uploaded archive ($oid) is deleted from S3 once imported" [ "$gone" = yes -a "$oid" != null ]
+else
+	skip "an OCI archive end to end" "umoci or /bin/busybox missing"
+fi
 
 kill "$host_pid" "$api_pid"; wait "$host_pid" "$api_pid" 2> /dev/null; host_pid= api_pid=
 check "no QEMU left ($(count_qemu) now, $before_qemu before)" [ "$(count_qemu)" = "$before_qemu" ]
