@@ -522,6 +522,13 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		quota_defaults(&q);
 	if (api_exec_request_parse(r->body, r->len, q.max_task_timeout_s, &body, &err) < 0)
 		return reply_err(r->conn, &err);
+	{
+		/* The session's template: its env and workdir, as tasks get them. */
+		char *tref = store_use_tref(ss->st, cur->id);
+
+		template_merge_exec(body, tref);
+		free(tref);
+	}
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {
 		ret = exec_stream(ss, r, url, cur->id, cur->customer, q.max_streams, body, timeout_s);

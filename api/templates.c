@@ -198,6 +198,37 @@ out:
 	return out;
 }
 
+void template_merge_exec(json_t *body, const char *tref_json)
+{
+	json_t *tref = tref_json ? json_loads(tref_json, 0, NULL) : NULL, *env, *v;
+	const char *workdir = json_string_value(json_object_get(tref, "workdir"));
+	size_t i;
+
+	if (!json_is_object(body) || !json_is_object(tref)) {
+		json_decref(tref);
+		return;
+	}
+	env = json_object_get(body, "env");
+	json_array_foreach(json_object_get(tref, "env"), i, v) {
+		const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
+		char name[SPEC_MAX_ENV_KEY + 1];
+
+		if (!eq || eq == kv || (size_t)(eq - kv) > SPEC_MAX_ENV_KEY)
+			continue;
+		memcpy(name, kv, (size_t)(eq - kv));
+		name[eq - kv] = '\0';
+		if (!env) {
+			env = json_object();
+			json_object_set_new(body, "env", env);
+		}
+		if (!json_object_get(env, name))
+			json_object_set_new(env, name, json_string(eq + 1));
+	}
+	if (workdir && !json_object_get(body, "cwd"))
+		json_object_set_new(body, "cwd", json_string(workdir));
+	json_decref(tref);
+}
+
 void templates_heartbeat(struct store *st, json_t *capacity)
 {
 	json_t *e;

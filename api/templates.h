@@ -99,4 +99,9 @@ void template_use_free(struct template_use *u);
 char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const char *tref_json,
 			  struct kiln_err *err);
 
+/* A session's exec body (api_exec_request_parse's) with its template's
+ * env (the exec's own entries win) and workdir (as "cwd" unless given)
+ * merged in; tref_json NULL: unchanged. */
+void template_merge_exec(json_t *body, const char *tref_json);
+
 #endif

@@ -183,6 +183,9 @@ st=$(asj "$A" -X POST --data '{"template":"forgetful"}' "$API/v1/sessions")
 sid=$(out .id)
 check "a session of a template: created ($st), its TREF sent to the host" \
 	jqe '.template.name == "forgetful" and (.template.sha256 | length) == 64' "$STATE/sessions/$sid.json"
+asj "$A" -X POST --data '{"argv":["env"],"env":{"X":"1"}}' "$API/v1/sessions/$sid/exec" > /dev/null
+check "a session's exec gets the template's env (its own kept) and workdir" \
+	jqe '.env.FROM_TEMPLATE == "yes" and .env.X == "1" and .cwd == "/srv"' "$STATE/sessions/$sid-exec.json"
 st=$(as "$A" -X DELETE "$API/v1/templates/forgetful")
 check "DELETE while a live session uses it: 409 template_in_use ($st $(out .error.code))" \
 	[ "$st" = 409 -a "$(out .error.code)" = template_in_use ]

@@ -110,6 +110,14 @@ done
 check "a task of the template runs in it: the step's file, the env, the workdir ($(jq -c '{state, stdout: .result.stdout}' "$T_TMP/task.json"))" \
 	jqe '.state == "succeeded" and .result.stdout == "hi-from-template\ng=hey\n/srv\n" and .template == "hello"' "$T_TMP/task.json"
 
+# A session of it: the template's files and env in every exec; it blocks the delete.
+sid=$(cust -X POST --data '{"template":"hello"}' "$API/v1/sessions" | jq -r .id)
+cust -X POST --data '{"argv":["sh","-c","cat /etc/hello; echo $GREETING"]}' "$API/v1/sessions/$sid/exec" > "$T_TMP/sexec.json"
+check "a session of the template: its exec sees the step's file and the env ($(jq -c '{stdout}' "$T_TMP/sexec.json"))" \
+	jqe '.stdout == "hi-from-template\nhey\n"' "$T_TMP/sexec.json"
+st=$(curl -s -o "$T_TMP/del.json" -w '%{http_code}' -m 10 -X DELETE -H "Authorization: Bearer $KEY" "$API/v1/templates/hello")
+check "DELETE while the session lives: 409 template_in_use ($st)" [ "$st" = 409 ]
+curl -s -o /dev/null -m 60 -X DELETE -H "Authorization: Bearer $KEY" "$API/v1/sessions/$sid"
 st=$(curl -s -o /dev/null -w '%{http_code}' -m 10 -X DELETE -H "Authorization: Bearer $KEY" "$API/v1/templates/hello")
 gone=no
 for _ in $(seq 100); do

@@ -293,6 +293,20 @@ static void test_resolve(void **state)
 	assert_non_null(strstr(merged, "\"LANG\":\"C.UTF-8\""));
 	assert_non_null(strstr(merged, "\"cwd\":\"/tmp\""));
 	free(merged);
+	/* A session's exec gets them the same way. */
+	{
+		json_t *b = json_pack("{s:[s], s:{s:s}}", "argv", "env", "env", "LANG", "fr");
+
+		template_merge_exec(b, u.tref);
+		assert_string_equal(json_string_value(json_object_get(json_object_get(b, "env"), "LANG")), "fr");
+		assert_string_equal(json_string_value(json_object_get(b, "cwd")), "/srv");
+		json_decref(b);
+		b = json_pack("{s:[s], s:s}", "argv", "env", "cwd", "/tmp");
+		template_merge_exec(b, u.tref);
+		assert_string_equal(json_string_value(json_object_get(json_object_get(b, "env"), "LANG")), "C.UTF-8");
+		assert_string_equal(json_string_value(json_object_get(b, "cwd")), "/tmp");
+		json_decref(b);
+	}
 	template_use_free(&u);
 	assert_int_equal(template_resolve(st, "acme", "python-data", &u, &err), 1);
 	assert_string_equal(u.tref, "{\"name\":\"python-data\",\"builtin\":true}");
