@@ -1,6 +1,6 @@
 # kiln: one non-recursive Makefile, everything built under build/.
 #   make            binaries: build/kiln, build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
-#   make image      guest kernel and root filesystem (cached in $(KILN_CACHE))
+#   make image      guest kernel and the built-in templates' root filesystems (cached in $(KILN_CACHE))
 #   make check      unit tests and fuzz corpus replay: no root, no VMs, well under a minute
 #   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
@@ -98,9 +98,11 @@ $(B)/image/initramfs.cpio: $(B)/kiln-init
 	cp $< $(B)/image/initramfs/init
 	cd $(B)/image/initramfs && echo init | cpio --quiet -o -H newc -R 0:0 > ../initramfs.cpio
 
+# The built-in templates: rootfs.ext4 is `default`, rootfs-NAME.ext4 the others.
 image: deps
 	@image/build-kernel.sh $(B)/image/vmlinux
-	@image/build-rootfs.sh $(B)/image/rootfs.ext4
+	@image/build-rootfs.sh $(B)/image/rootfs.ext4 default
+	@image/build-rootfs.sh $(B)/image/rootfs-python-data.ext4 python-data
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)

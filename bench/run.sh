@@ -42,3 +42,6 @@ bench/egress.sh
 echo
 # Sessions: pause/resume time by guest memory size, exec round trip.
 bench/session.sh
+echo
+# Built-in templates: print(1) restored from python-data vs default; import pandas cold vs preloaded.
+RUNS=$RUNS bench/templates.sh

@@ -19,6 +19,18 @@
 #include "io.h"
 #include "init.h"
 
+/* The template's own modules: /etc/kiln/preload names them, one per line
+ * (docs/templates.md). The file comes with the image, so whoever built the
+ * template wrote it: it is read bounded (4 KiB, a regular file only), each
+ * line must be a module name (at most 32 of them), and whatever an import
+ * does is contained: its output goes to /dev/null (not into the first task's
+ * stdout), its exceptions are ignored, and all of them together get
+ * ZYGOTE_PRELOAD_S seconds (SIGALRM) before the interpreter reports ready
+ * without the rest. An import that kills the interpreter outright costs a
+ * second start without the preload (zygote_start). */
+#define ZYGOTE_PRELOAD_S "60"
+#define ZYGOTE_PRELOAD   "/etc/kiln/preload"
+
 /* Runs the script the way `python3 SCRIPT ARGS` would: a fresh __main__,
  * sys.argv and sys.path[0] as for a script, SystemExit and uncaught
  * exceptions reported by the default machinery (without this wrapper's own
@@ -36,6 +48,66 @@ static const char zygote_src[] =
 	"import enum, fractions, functools, glob, hashlib, heapq, io, itertools, json, logging, math, numbers\n"
 	"import operator, pathlib, pprint, re, secrets, shutil, statistics, string, struct, subprocess\n"
 	"import tempfile, textwrap, time, typing, urllib.parse, uuid, zlib\n"
+	"def _kiln_preload():\n"
+	"    try:\n"
+	"        fd = os.open('" ZYGOTE_PRELOAD "', os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)\n"
+	"    except OSError:\n"
+	"        return\n"
+	"    try:\n"
+	"        import stat\n"
+	"        if not stat.S_ISREG(os.fstat(fd).st_mode):\n"
+	"            return\n"
+	"        data = os.read(fd, 4097)\n"
+	"    except OSError:\n"
+	"        return\n"
+	"    finally:\n"
+	"        os.close(fd)\n"
+	"    lines = data.split(b'\\n')\n"
+	"    if len(data) > 4096:\n"
+	"        lines.pop()\n"
+	"    names = []\n"
+	"    for line in lines:\n"
+	"        line = line.strip()\n"
+	"        if not line:\n"
+	"            continue\n"
+	"        if len(names) == 32:\n"
+	"            break\n"
+	"        if len(line) <= 255 and re.fullmatch(rb'[A-Za-z_][A-Za-z0-9_.]*', line):\n"
+	"            names.append(line.decode())\n"
+	"    if not names:\n"
+	"        return\n"
+	"    import signal\n"
+	"    class Late(BaseException):\n"
+	"        pass\n"
+	"    def late(signum, frame):\n"
+	"        raise Late()\n"
+	"    sys.stdout.flush(); sys.stderr.flush()\n"
+	"    saved = os.dup(1), os.dup(2)\n"
+	"    null = os.open('/dev/null', os.O_WRONLY)\n"
+	"    os.dup2(null, 1); os.dup2(null, 2); os.close(null)\n"
+	"    signal.signal(signal.SIGALRM, late)\n"
+	"    signal.alarm(" ZYGOTE_PRELOAD_S ")\n"
+	"    try:\n"
+	"        for name in names:\n"
+	"            try:\n"
+	"                __import__(name)\n"
+	"            except Late:\n"
+	"                break\n"
+	"            except BaseException:\n"
+	"                pass\n"
+	"    except Late:\n"
+	"        pass\n"
+	"    finally:\n"
+	"        signal.alarm(0)\n"
+	"        signal.signal(signal.SIGALRM, signal.SIG_DFL)\n"
+	"        try:\n"
+	"            sys.stdout.flush(); sys.stderr.flush()\n"
+	"        except BaseException:\n"
+	"            pass\n"
+	"        os.dup2(saved[0], 1); os.dup2(saved[1], 2); os.close(saved[0]); os.close(saved[1])\n"
+	"if sys.argv[1:] != ['nopreload']:\n"
+	"    _kiln_preload()\n"
+	"del _kiln_preload\n"
 	"def _kiln_exit(status):\n"
 	"    try:\n"
 	"        threading = sys.modules.get('threading')\n"
@@ -136,6 +208,10 @@ static const char *const zygote_env[] = {
 	"LANG=C.UTF-8",
 	"PYTHONUNBUFFERED=1",
 	"PYTHONDONTWRITEBYTECODE=1",
+	/* Set before any preloaded numpy starts OpenBLAS/OpenMP: no thread pool
+	 * in the interpreter that forks (a task's warm-up) or hands off. */
+	"OPENBLAS_NUM_THREADS=1",
+	"OMP_NUM_THREADS=1",
 	NULL,
 };
 
@@ -149,7 +225,8 @@ int zygote_can_run(const struct zygote *z, const struct proto_exec *e)
 		const char *v = e->env[i];
 		int known = 0;
 
-		if (strncmp(v, "PYTHON", 6) && strncmp(v, "LANG=", 5) && strncmp(v, "LC_", 3))
+		if (strncmp(v, "PYTHON", 6) && strncmp(v, "LANG=", 5) && strncmp(v, "LC_", 3) &&
+		    strncmp(v, "OPENBLAS_NUM_THREADS=", 21) && strncmp(v, "OMP_NUM_THREADS=", 16))
 			continue;
 		for (int j = 0; zygote_env[j]; j++)
 			known |= !strcmp(v, zygote_env[j]);
@@ -159,7 +236,7 @@ int zygote_can_run(const struct zygote *z, const struct proto_exec *e)
 	return 1;
 }
 
-static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, int ready)
+static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, int ready, int preload)
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	sigset_t none;
@@ -188,13 +265,14 @@ static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, in
 	 * The interpreter can still drop from root to the task's uid. */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		_exit(127);
-	execve("/usr/bin/python3", (char *const[]){ "python3", "-c", (char *)zygote_src, NULL },
+	execve("/usr/bin/python3",
+	       (char *const[]){ "python3", "-c", (char *)zygote_src, preload ? NULL : "nopreload", NULL },
 	       (char *const *)zygote_env);
 	init_log("zygote: cannot execute /usr/bin/python3: %s", strerror(errno));
 	_exit(127);
 }
 
-int zygote_start(struct zygote *z, int64_t deadline_ms)
+static int zygote_start_one(struct zygote *z, int64_t deadline_ms, int preload)
 {
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, ctl[2] = { -1, -1 }, ready[2] = { -1, -1 };
 	int r = 0;
@@ -214,7 +292,7 @@ int zygote_start(struct zygote *z, int64_t deadline_ms)
 		goto fail;
 	}
 	if (z->pid == 0)
-		zygote_child(out[1], err[1], ctl[0], ready[1]);
+		zygote_child(out[1], err[1], ctl[0], ready[1], preload);
 	close(out[1]);
 	close(err[1]);
 	close(ctl[0]);
@@ -263,6 +341,20 @@ fail:
 			close(ready[i]);
 	}
 	zygote_stop(z);
+	return r;
+}
+
+int zygote_start(struct zygote *z, int64_t deadline_ms)
+{
+	int r = zygote_start_one(z, deadline_ms, 1);
+
+	/* It died while importing: if the template names modules to preload,
+	 * one of them may be what killed it (a crash, os._exit), so start
+	 * again without them rather than lose the pre-started interpreter. */
+	if (r == -EPIPE && access(ZYGOTE_PRELOAD, F_OK) == 0) {
+		init_log("zygote: python3 died while importing; starting it again without %s", ZYGOTE_PRELOAD);
+		r = zygote_start_one(z, deadline_ms, 0);
+	}
 	return r;
 }
 

@@ -26,6 +26,7 @@
 #include "io.h"
 #include "pool.h"
 #include "net.h"
+#include "oci_cmd.h"
 #include "spool.h"
 #include "tmpl_cmd.h"
 #include "snapshot.h"
@@ -45,6 +46,7 @@ static void usage(FILE *f)
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
+	      "       kiln-host template import ARCHIVE --out FILE [--work-dir DIR] [--max-mib N] [--timeout S]\n"
 	      "options:\n"
 	      "  --accel auto|kvm|tcg   hypervisor (auto: KVM only with hardware virtualisation)\n"
 	      "  --image-dir DIR        vmlinux, initramfs.cpio, rootfs.ext4 (default: <binary dir>/image)\n"
@@ -836,6 +838,8 @@ int main(int argc, char **argv)
 		return cmd_snapshot(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "serve"))
 		return cmd_serve(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
+		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))
 		return tmpl_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
