@@ -334,6 +334,19 @@ static json_t *checked_tref(const struct store_template *row, json_t *tref, uint
 	return out;
 }
 
+/* The code a failed build keeps: the host's when it is one of the build
+ * error codes (docs/templates.md), else build_failed. */
+static const char *build_code(const char *code)
+{
+	static const char *const ok[] = { "build_failed", "build_timeout", "invalid_image", "too_large",
+					  "cancelled", "invalid_recipe", "no_template", NULL };
+
+	for (int i = 0; code && ok[i]; i++)
+		if (!strcmp(code, ok[i]))
+			return ok[i];
+	return "build_failed";
+}
+
 /* Settle a build as failed (code, message). */
 static void fail_build(struct templates *t, const char *id, const char *code, const char *msg)
 {
@@ -412,7 +425,7 @@ static int push_build(struct templates *t, const struct store_template *row, con
 			snprintf(m, sizeof(m), "no host could take the build (%u attempts): %s", row->attempts, why);
 			fail_build(t, row->id, "build_failed", m);
 		} else {
-			fail_build(t, row->id, code && kiln_err_lookup(code) ? code : "build_failed", why);
+			fail_build(t, row->id, build_code(code), why);
 		}
 		json_decref(reply);
 		return 0;
@@ -513,7 +526,7 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 			if (state && !strcmp(state, "failed")) {
 				const char *code = json_string_value(json_object_get(e, "code"));
 
-				fail_build(t, row.id, code && kiln_err_lookup(code) ? code : "build_failed",
+				fail_build(t, row.id, build_code(code),
 					   json_string_value(json_object_get(e, "message")) ?: "the build failed");
 				json_decref(b);
 				return;
@@ -750,6 +763,8 @@ struct templates *templates_create(const struct api_config *cfg, struct store *s
 	t->ops = host ? host : &host_ops_hostclient;
 	t->clock = clock;
 	t->last_gc = kclock_mono_ms(clock) - GC_EVERY_MS;
+	/* The default template is public whether or not a host reported it. */
+	store_template_builtin(st, "default");
 	pthread_mutex_init(&t->lock, NULL);
 	condwait_init(&t->cond);
 	return t;
@@ -810,6 +825,16 @@ static enum MHD_Result reply_template(struct templates *t, struct MHD_Connection
 	json_t *j = store_template_json(t->st, id, log);
 
 	return j ? reply_json(conn, status, j) : reply_internal(conn, "the template cannot be read back");
+}
+
+/* 202 with the new template as stored (queued), then the builder is woken:
+ * the answer never shows a later state than the one committed for it. */
+static enum MHD_Result reply_created(struct templates *t, struct MHD_Connection *conn, const char *id)
+{
+	json_t *j = store_template_json(t->st, id, 0);
+
+	wake(t);
+	return j ? reply_json(conn, MHD_HTTP_ACCEPTED, j) : reply_internal(conn, "the template cannot be read back");
 }
 
 /* The quotas that refuse a new template before anything is read or built:
@@ -885,8 +910,7 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 	recipe_free(&r);
 	if (ok < 0)
 		return reply_err(req->conn, &err);
-	wake(t);
-	return reply_template(t, req->conn, MHD_HTTP_ACCEPTED, id, 0);
+	return reply_created(t, req->conn, id);
 }
 
 /* GET /v1/templates */
@@ -1312,8 +1336,7 @@ enum MHD_Result templates_upload_finish(struct templates_upload *up, struct MHD_
 		s3_delete(&t->cfg->s3, key, &e2);
 		return reply_err(conn, &err);
 	}
-	wake(t);
-	return reply_template(t, conn, MHD_HTTP_ACCEPTED, up->id, 0);
+	return reply_created(t, conn, up->id);
 }
 
 void templates_upload_free(struct templates_upload *up)
