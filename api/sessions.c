@@ -104,8 +104,10 @@ static enum MHD_Result no_room(struct MHD_Connection *conn, int r, const struct 
 	if (r == -ENOENT)
 		return reply_error_h(conn, KERR_NO_HOST, "no host is live", "Retry-After",
 				     RETRY_AFTER_S);
-	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", need->vcpus,
-		 need->memory_mib, need->egress ? " and offers network egress" : "");
+	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s%s%s", need->vcpus,
+		 need->memory_mib, need->egress ? " and offers network egress" : "",
+		 need->tkey && need->tkey[0] == '@' ? " and the built-in template " : "",
+		 need->tkey && need->tkey[0] == '@' ? need->tkey + 1 : "");
 	return reply_error(conn, KERR_NO_HOST_FITS, msg);
 }
 
