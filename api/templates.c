@@ -324,8 +324,13 @@ static json_t *checked_tref(const struct store_template *row, json_t *tref, uint
 		snprintf(msg, cap, "the host reported an s3_key other than %s", want);
 		return NULL;
 	}
-	if (size <= 0 || (max_bytes && (uint64_t)size > max_bytes)) {
-		snprintf(msg, cap, "the image's size (%lld bytes) is over max_template_mib", (long long)size);
+	if (size <= 0) {
+		snprintf(msg, cap, "the host reported no valid size");
+		return NULL;
+	}
+	if (max_bytes && (uint64_t)size > max_bytes) {
+		snprintf(msg, cap, "too_large: the image (%lld bytes) is larger than your quota's max_template_mib (%llu MiB)",
+			 (long long)size, (unsigned long long)(max_bytes >> 20));
 		return NULL;
 	}
 	out = json_deep_copy(tref);
@@ -516,6 +521,8 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 					store_template_finish(t->st, row.id, tref, NULL, NULL);
 					changed(t);
 					fprintf(stderr, "kiln-api: template %s (%s) is ready\n", row.name, row.id);
+				} else if (!strncmp(msg, "too_large: ", 11)) {
+					fail_build(t, row.id, "too_large", msg + 11);
 				} else {
 					fail_build(t, row.id, "build_failed", msg);
 				}

@@ -461,6 +461,33 @@ static void test_build_requeued_then_gives_up(void **state)
 	assert_int_equal(fake_count("POST", "http://h1", "/v1/builds"), TEMPLATES_MAX_ATTEMPTS);
 }
 
+/* An image past max_template_mib fails the build with too_large. */
+static void test_build_too_large(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct quota q;
+	char id[40], p[64], body[400];
+	json_t *j;
+
+	customer("acme", 10);
+	assert_int_equal(store_customer_quota(st, "acme", &q), 0);
+	q.max_template_mib = 1;
+	assert_int_equal(store_customer_set_quota(st, "acme", &q, &err), 0);
+	heartbeat("h1", "[]");
+	sched_tick(sc);
+	assert_int_equal(create("acme", "huge", 0, id, &err), 0);
+	snprintf(p, sizeof(p), "/v1/builds/%s", id);
+	snprintf(body, sizeof(body),
+		 "{\"state\":\"ready\",\"template\":{\"sha256\":\"%s\",\"size\":2097152,\"s3_key\":\"_templates/%s.ext4\"}}",
+		 SHA, SHA);
+	fake_rule("GET", NULL, p, 200, body);
+	templates_tick(tp);
+	assert_true(wait_state(id, TEMPLATE_FAILED));
+	j = store_template_json(st, id, 0);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "too_large");
+	json_decref(j);
+}
+
 /* A host that answers 503 (no egress, full) gets the build again later; after
  * three such answers it fails, saying why. */
 static void test_build_refused_by_hosts(void **state)
@@ -514,6 +541,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_build_requeued_then_gives_up, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_waits_for_host, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_refused_by_hosts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_build_too_large, setup, teardown),
 	};
 	char cmd[300];
 	int r;
