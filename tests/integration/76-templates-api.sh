@@ -11,7 +11,10 @@
 # unknown / not ready template refused; the TREF and the merged env/cwd
 # arriving at the host with a task and a session; a session blocks the
 # delete (409 template_in_use); a task queued when its template is deleted
-# still goes out with its TREF; a restart of kiln-api loses nothing.
+# still goes out with its TREF; a long build log is kept capped and its
+# stream says what it skipped; max_streams counts template event streams; a
+# restart of kiln-api loses nothing (queued builds are placed, running ones
+# followed again).
 . "$(dirname "$0")/lib.sh"
 for t in swift-proxy-server memcached jq curl; do
 	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
@@ -266,7 +269,20 @@ done
 check "once built, its upload is deleted from S3" [ "$gone" = yes ]
 check "nothing is left in kiln-api's spool after it" [ -z "$(ls "$T_TMP/spool")" ]
 
-# ---- a restart of kiln-api keeps the rows; a queued build is built after it ----
+# ---- a long build log: the row keeps its last 64 KiB, the stream says what it skipped ----
+asj "$B" -X POST --data '{"name":"spammy","run":["spam 1500"]}' "$API/v1/templates" > /dev/null
+wait_state "$B" spammy ready 30
+check "a 150 KB build log: the template keeps its last 64 KiB ($(out '.build_log | length') bytes), up to the end" \
+	jqe '(.build_log | length) <= 65536 and (.build_log | length) > 60000 and (.build_log | endswith("build done\n"))' "$T_TMP/out"
+curl -s -m 10 -H "Authorization: Bearer $B" "$API/v1/templates/spammy/events" > "$T_TMP/spam.events"
+first=$(grep -m1 '^event: ' "$T_TMP/spam.events")
+check "its events stream starts with truncated {skipped_bytes}, then whole lines to the end ($first, $(grep -c '^event: log' "$T_TMP/spam.events") lines)" \
+	sh -c "[ '$first' = 'event: truncated' ] && grep '^data: {\"line\"' '$T_TMP/spam.events' | head -1 | grep -q '\"line\":\"[0-9]\{6\} s'"
+
+# ---- a restart of kiln-api keeps the rows; a queued build is built after it,
+# one building is followed again (its host answers 409 to the new POST) ----
+asj "$B" -X POST --data '{"name":"slow-r"}' "$API/v1/templates" > /dev/null
+wait_state "$B" slow-r building 10
 touch "$STATE/full"
 sleep 1.5
 asj "$B" -X POST --data '{"name":"after-restart"}' "$API/v1/templates" > /dev/null
@@ -276,6 +292,14 @@ start_api
 if wait_state "$B" after-restart ready 30; then
 	ok "a template queued before a restart of kiln-api is built after it"
 else not_ok "queued build survives a restart" "$(cat "$T_TMP/out")"; fi
+sleep 1
+as "$B" "$API/v1/templates/slow-r" > /dev/null
+check "a build running across the restart is still building, same attempt ($(out .state), attempts $(out .attempts))" \
+	[ "$(out .state)" = building -a "$(out .attempts)" = 1 ]
+rid=$(out .id)
+as "$B" -X DELETE "$API/v1/templates/slow-r" > /dev/null
+for _ in $(seq 100); do [ -s "$STATE/cancelled/$rid.json" ] && break; sleep 0.1; done
+check "and deleting it then cancels it on its host" [ -s "$STATE/cancelled/$rid.json" ]
 as "$B" "$API/v1/templates/img" > /dev/null
 check "the OCI template is still there and ready" [ "$(out .state)" = ready ]
 kill "$api_pid"; wait "$api_pid"; rc=$?; api_pid=

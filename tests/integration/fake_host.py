@@ -12,7 +12,7 @@ With STATE_DIR (76-templates-api.sh): templates (docs/templates.md). Its
 heartbeat lists the built-ins `default` and `python-data` and every template
 it built; it answers /v1/builds (POST, GET, GET .../events with log lines
 and a final `end`, DELETE), where the recipe decides the outcome: a `run`
-step "exit N" (N != 0) fails the build, a name starting with "slow" builds
+step "exit N" (N != 0) fails the build, "spam N" logs N lines of 100 bytes, a name starting with "slow" builds
 until cancelled, one starting with "forget" is forgotten (404) the first
 time. Each POST /v1/tasks, /v1/sessions (/v1/sessions/ID/resume:
 ID-resume.json), /v1/builds and DELETE /v1/builds/ID body is written to
@@ -54,6 +54,8 @@ def start_build(body):
     steps = recipe.get("run") or []
     for i, step in enumerate(steps):
         b["log"].append("run[%d]: %s" % (i, step))
+        if step.startswith("spam "):  # "spam N": N lines of 100 bytes
+            b["log"].extend("%06d %s" % (n, "s" * 93) for n in range(int(step[5:])))
     for p in recipe.get("packages") or []:
         b["log"].append("installing %s" % p)
     failing = [s for s in steps if s.startswith("exit ") and s != "exit 0"]
