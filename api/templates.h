@@ -6,7 +6,10 @@
  * TREF or error (re-queuing a build whose host is lost or forgot it, at most
  * TEMPLATES_MAX_ATTEMPTS times), the clean-up of what deleted templates and
  * ended builds leave in S3 and on hosts, and the resolution of a task's or
- * session's "template" into the TREF sent to hosts. */
+ * session's "template" into the TREF sent to hosts. Implemented in
+ * templates.c (endpoints, uploads, events), template_build.c (the builder,
+ * the clean-up, the module's lifetime), template_use.c (resolution, merges,
+ * heartbeats); templates_internal.h is their private interface. */
 #ifndef KILN_API_TEMPLATES_H
 #define KILN_API_TEMPLATES_H
 
