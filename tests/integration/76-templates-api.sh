@@ -184,8 +184,9 @@ check "a default task has no TREF" jqe 'has("template") | not' "$STATE/tasks/$ti
 # ---- sessions: the TREF on create; a live session blocks the delete ----
 st=$(asj "$A" -X POST --data '{"template":"forgetful"}' "$API/v1/sessions")
 sid=$(out .id)
-check "a session of a template: created ($st), its TREF sent to the host" \
+check "a session of a template: created ($st, template $(out .template)), its TREF sent to the host" \
 	jqe '.template.name == "forgetful" and (.template.sha256 | length) == 64' "$STATE/sessions/$sid.json"
+check "the session's JSON names its template" [ "$(out .template)" = forgetful ]
 asj "$A" -X POST --data '{"argv":["env"],"env":{"X":"1"}}' "$API/v1/sessions/$sid/exec" > /dev/null
 check "a session's exec gets the template's env (its own kept) and workdir" \
 	jqe '.env.FROM_TEMPLATE == "yes" and .env.X == "1" and .cwd == "/srv"' "$STATE/sessions/$sid-exec.json"
