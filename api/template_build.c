@@ -385,6 +385,14 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 		if (st != 200)
 			backoff = backoff * 2 < 10000 ? backoff * 2 : 10000;
 	}
+	/* Deleted while our POST was on its way (the clean-up's DELETE may
+	 * have reached the host first): cancel it once more. */
+	if (!push && url[0] && !tpl_stopping(t) && store_template_get(t->st, row.id, &row) == -ENOENT) {
+		struct kiln_err err = { .code = "" };
+
+		snprintf(path, sizeof(path), "/v1/builds/%s", row0->id);
+		t->ops->call(t->ops->ctx, url, t->token, "DELETE", path, NULL, 5000, NULL, &err);
+	}
 }
 
 static void *follow_main(void *arg)
