@@ -52,7 +52,16 @@ static void real_stream_close(void *ctx, struct hostclient_stream *h)
 	hostclient_stream_close(h);
 }
 
+static int real_follow_path(void *ctx, const char *base, const char *token, const char *path, long stall_s,
+			    int (*on_event)(void *ev_ctx, const char *name, json_t *data), void *ev_ctx,
+			    struct kiln_err *err)
+{
+	(void)ctx;
+	return hostclient_follow_path(base, token, path, stall_s, on_event, ev_ctx, err);
+}
+
 const struct host_ops host_ops_hostclient = {
+	.follow_path = real_follow_path,
 	.call = real_call,
 	.follow = real_follow,
 	.raw = real_raw,

@@ -33,6 +33,11 @@ struct host_ops {
 	long (*stream_read)(void *ctx, struct hostclient_stream *h, char *buf, size_t max, long wait_ms,
 			    struct kiln_err *err);
 	void (*stream_close)(void *ctx, struct hostclient_stream *h);
+	/* hostclient_follow_path (may be NULL in a fake: builds are then
+	 * followed by GET /v1/builds/{id} alone) */
+	int (*follow_path)(void *ctx, const char *base, const char *token, const char *path, long stall_s,
+			   int (*on_event)(void *ev_ctx, const char *name, json_t *data), void *ev_ctx,
+			   struct kiln_err *err);
 	void *ctx;
 };
 

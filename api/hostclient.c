@@ -160,25 +160,33 @@ void hostclient_stream_close(struct hostclient_stream *h)
 
 /* ---- a task's event stream ---- */
 
-int hostclient_follow(const char *base, const char *token, const char *task_id, long stall_s,
-		      int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err)
+int hostclient_follow_path(const char *base, const char *token, const char *path, long stall_s,
+			   int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err)
 {
 	struct httpc_req q;
 	struct httpc_reply r;
-	char path[512], url[1024];
+	char url[1024];
 	int rc;
 
-	snprintf(path, sizeof(path), "/v1/tasks/%s/events", task_id);
 	host_req(&q, url, sizeof(url), base, token, NULL, path, 0);
 	/* The host sends a keep-alive every 15 s: silence beyond stall_s is a dead host. */
 	q.lim.stall_s = stall_s;
 	q.max_reply = EVENT_LINE_MAX;
 	rc = httpc_follow(NULL, &q, on_event, ctx, &r);
 	if (rc < 0)
-		kiln_err_set(err, KERR_HOST_UNREACHABLE, "events of %s: %s", task_id, r.error);
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s: %s", path, r.error);
 	else if (rc == 0 && r.status != 200)
-		rc = kiln_err_set(err, r.status == 404 ? KERR_NOT_FOUND : KERR_HOST_ERROR, "events of %s: HTTP %ld", task_id,
+		rc = kiln_err_set(err, r.status == 404 ? KERR_NOT_FOUND : KERR_HOST_ERROR, "%s: HTTP %ld", path,
 				  r.status);
 	httpc_reply_free(&r);
 	return rc < 0 ? -1 : rc;
+}
+
+int hostclient_follow(const char *base, const char *token, const char *task_id, long stall_s,
+		      int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "/v1/tasks/%s/events", task_id);
+	return hostclient_follow_path(base, token, path, stall_s, on_event, ctx, err);
 }

@@ -21,6 +21,10 @@ int hostclient_call(const char *base, const char *token, const char *method, con
 int hostclient_follow(const char *base, const char *token, const char *task_id, long stall_s,
 		      int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err);
 
+/* The same for any event stream of the host (path: "/v1/builds/ID/events"). */
+int hostclient_follow_path(const char *base, const char *token, const char *path, long stall_s,
+			   int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct kiln_err *err);
+
 /* ---- raw bodies (session files) ---- */
 
 /* A reply kept as bytes. */

@@ -13,6 +13,7 @@
 #include "server.h"
 #include "sessions.h"
 #include "store.h"
+#include "templates.h"
 
 static void usage(FILE *f)
 {
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
 	struct server *srv;
 	struct sched *sched;
 	struct sessions *sessions;
+	struct templates *templates;
 	sigset_t set;
 	int opt, sig;
 
@@ -139,6 +141,20 @@ int main(int argc, char **argv)
 		return 3;
 	}
 	server_set_sessions(srv, sessions);
+	templates = templates_create(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
+	if (!templates || templates_start(templates) < 0) {
+		fprintf(stderr, "kiln-api: %s\n", templates ? "cannot start the template builder" : err.message);
+		templates_free(templates);
+		server_set_sessions(srv, NULL);
+		server_set_hooks(srv, NULL);
+		sessions_stop(sessions);
+		sched_stop(sched);
+		server_stop(srv);
+		store_close(st);
+		api_config_free(&cfg);
+		return 3;
+	}
+	server_set_templates(srv, templates);
 	if (!cfg.cluster_token)
 		fprintf(stderr, "kiln-api: warning: no cluster_token configured: no host can register\n");
 	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
@@ -150,6 +166,10 @@ int main(int argc, char **argv)
 	/* HTTP threads still running see no sessions from here on; the reaper
 	 * stops before the scheduler it asks about hosts. */
 	server_set_sessions(srv, NULL);
+	/* The builder and its followers stop; HTTP threads may still read
+	 * (their streams end): the module is freed after the server. */
+	server_set_templates(srv, NULL);
+	templates_stop(templates);
 	if (sessions_stop(sessions) < 0) {
 		/* A session request (a long exec, a pause) is still talking to its
 		 * host: everything that matters is committed in the store, so exit
@@ -159,6 +179,7 @@ int main(int argc, char **argv)
 	}
 	sched_stop(sched);
 	server_stop(srv);
+	templates_free(templates);
 	store_close(st);
 	api_config_free(&cfg);
 	return 0;

@@ -25,6 +25,10 @@ void quota_defaults(struct quota *q)
 		.allow_egress = 0,
 		.session_auto_pause = 0,
 		.max_streams = 16,
+		.max_templates = 10,
+		.max_template_mib = 4096,
+		.build_minutes_per_day = 120,
+		.build_timeout_s = 1800,
 	};
 }
 
@@ -52,6 +56,10 @@ static const struct qfield qfields[] = {
 	QF(allow_egress, Q_BOOL, 1),
 	QF(session_auto_pause, Q_BOOL, 1),
 	QF(max_streams, Q_UINT, 1000000),
+	QF(max_templates, Q_UINT, 100000),
+	QF(max_template_mib, Q_UINT, 1048576),
+	QF(build_minutes_per_day, Q_UINT, 1440),
+	QF(build_timeout_s, Q_UINT, 86400),
 };
 #define NQFIELDS (sizeof(qfields) / sizeof(qfields[0]))
 
@@ -175,6 +183,19 @@ int quota_check_start(const struct quota *q, const struct usage *u, unsigned vcp
 		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
 				    "max_memory_mib: %llu MiB are in use, %u more would exceed your quota of %llu",
 				    (unsigned long long)u->memory_mib, memory_mib, (unsigned long long)q->max_memory_mib);
+	return 0;
+}
+
+int quota_check_build(const struct quota *q, unsigned templates, double build_s_today, struct kiln_err *err)
+{
+	if (q->max_templates && templates >= q->max_templates)
+		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
+				    "max_templates: you have %u templates, your quota's limit is %u (DELETE one first)",
+				    templates, q->max_templates);
+	if (q->build_minutes_per_day && build_s_today >= (double)q->build_minutes_per_day * 60)
+		return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
+				    "build_minutes_per_day: %.1f minutes of builds today (UTC), your quota's limit is %u",
+				    build_s_today / 60, q->build_minutes_per_day);
 	return 0;
 }
 

@@ -42,6 +42,13 @@ int quota_allows_start(const struct quota *q, const struct usage *u, unsigned vc
 int quota_check_start(const struct quota *q, const struct usage *u, unsigned vcpus, unsigned memory_mib,
 		      struct kiln_err *err);
 
+/* Whether the customer may create one more template, having templates now
+ * and having built for build_s_today seconds of the current UTC day: 0, or
+ * -1 with err "quota_exceeded" naming max_templates or
+ * build_minutes_per_day. (max_template_mib is checked against bytes by the
+ * upload: 413.) */
+int quota_check_build(const struct quota *q, unsigned templates, double build_s_today, struct kiln_err *err);
+
 /* ---- submit rate: token buckets ---- */
 
 /* One bucket: `burst` tokens, refilled at `rate` per second; a submission

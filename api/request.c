@@ -303,7 +303,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 			      struct kiln_err *err)
 {
 	static const char *const keys[] = { "image", "limits", "network", "idle_timeout_s", "max_lifetime_s",
-					    "metadata", NULL };
+					    "metadata", "template", NULL };
 	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
 	struct task_spec ts;
 	char *probe_text = NULL;
@@ -335,6 +335,16 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "default"))) {
 		kiln_err_set(err, KERR_INVALID_REQUEST, "image: only \"default\" exists");
 		goto out;
+	}
+	v = json_object_get(j, "template");
+	if (v) {
+		if (!json_is_string(v)) {
+			kiln_err_set(err, KERR_INVALID_SPEC, "template: must be a string");
+			goto out;
+		}
+		if (spec_template_name_check(json_string_value(v), "template", err) < 0)
+			goto out;
+		snprintf(out->template_name, sizeof(out->template_name), "%s", json_string_value(v));
 	}
 	limits = json_object_get(j, "limits");
 	if (limits && !json_is_object(limits)) {

@@ -72,6 +72,7 @@ struct api_session_request {
 	char *metadata_json;   /* compact, or NULL when absent (malloc'd) */
 	unsigned vcpus, memory_mib, output_mib, idle_timeout_s, max_lifetime_s;
 	int egress;            /* network.egress is "allow" */
+	char template_name[64]; /* "template" ("" when absent: the default) */
 };
 
 /* Parse {"image","limits","network","idle_timeout_s","max_lifetime_s",

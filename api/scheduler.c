@@ -30,6 +30,13 @@
 #define HOST_FULL_BACKOFF_MS 1000
 #define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
 #define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
+#define HOST_TEMPLATES 16           /* templates per host the scheduler keeps from its heartbeat */
+
+/* One template a host holds (capacity.templates): key as store_task.tkey. */
+struct host_template {
+	char key[72];
+	unsigned ready;              /* warm pool VMs of it */
+};
 
 struct host_view {
 	char id[65];
@@ -41,6 +48,8 @@ struct host_view {
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
 	int egress;                  /* offers network egress */
+	struct host_template templates[HOST_TEMPLATES];
+	int ntemplates;
 	/* Placed by us after the host's last heartbeat: not in its report yet. */
 	unsigned inflight_vcpus;
 	uint64_t inflight_mem;
@@ -213,6 +222,16 @@ static int push(struct watch *w)
 		return 0;
 	}
 	body = json_pack("{s:s, s:s, s:o}", "id", w->task, "customer", w->customer, "spec", spec);
+	{
+		/* Its template as resolved at submission (docs/templates.md):
+		 * the task runs even if the template was deleted since. */
+		char *tref_text = store_use_tref(s->st, w->task);
+		json_t *tref = tref_text ? json_loads(tref_text, 0, NULL) : NULL;
+
+		free(tref_text);
+		if (tref)
+			json_object_set_new(body, "template", tref);
+	}
 	st = host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);
 	json_decref(body);
 	if (st == 202 || st == 409) {
@@ -374,6 +393,43 @@ static int watch_start_locked(struct sched *s, const struct store_task *t, const
 
 /* ---- hosts ---- */
 
+/* capacity.templates of a heartbeat into v: built-ins as "@NAME", others
+ * by their SHA-256 (the first HOST_TEMPLATES that have one). */
+static void host_templates(struct host_view *v, json_t *list)
+{
+	json_t *e;
+	size_t i;
+
+	v->ntemplates = 0;
+	json_array_foreach(list, i, e) {
+		const char *name = json_string_value(json_object_get(e, "name"));
+		const char *sha = json_string_value(json_object_get(e, "sha256"));
+		struct host_template *ht;
+		json_int_t ready = json_integer_value(json_object_get(e, "ready"));
+
+		if (v->ntemplates >= HOST_TEMPLATES)
+			break;
+		ht = &v->templates[v->ntemplates];
+		if (json_is_true(json_object_get(e, "builtin")) && name && strlen(name) < sizeof(ht->key) - 1)
+			snprintf(ht->key, sizeof(ht->key), "@%s", name);
+		else if (sha && strlen(sha) == 64)
+			snprintf(ht->key, sizeof(ht->key), "%s", sha);
+		else
+			continue;
+		ht->ready = ready > 0 ? (unsigned)(ready < 1000000 ? ready : 1000000) : 0;
+		v->ntemplates++;
+	}
+}
+
+/* The host's entry for a template key, or NULL. */
+static struct host_template *host_template_find(struct host_view *h, const char *key)
+{
+	for (int i = 0; i < h->ntemplates; i++)
+		if (!strcmp(h->templates[i].key, key))
+			return &h->templates[i];
+	return NULL;
+}
+
 static void refresh_hosts_locked(struct sched *s)
 {
 	json_t *list = store_host_list(s->st), *h;
@@ -404,6 +460,7 @@ static void refresh_hosts_locked(struct sched *s)
 		v->pool_mem = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "memory_mib"));
 		v->pool_vcpus = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "vcpus"));
 		v->egress = json_is_true(json_object_get(cap, "egress"));
+		host_templates(v, json_object_get(cap, "templates"));
 		for (int j = 0; j < nold; j++) {
 			if (strcmp(old[j].id, v->id))
 				continue;
@@ -412,6 +469,8 @@ static void refresh_hosts_locked(struct sched *s)
 			if (old[j].last_hb_ms == v->last_hb_ms) {
 				v->inflight_vcpus = old[j].inflight_vcpus;
 				v->inflight_mem = old[j].inflight_mem;
+				memcpy(v->templates, old[j].templates, sizeof(v->templates));
+				v->ntemplates = old[j].ntemplates;
 			}
 			v->full_until_ms = old[j].full_until_ms;
 			v->was_lost = old[j].lost;
@@ -499,32 +558,42 @@ static int excluded(const char *id, char (*exclude)[65], int nexclude)
 	return 0;
 }
 
-/* The best host for t now, or NULL; hosts named in exclude are skipped. */
+/* The best host for t now, or NULL; hosts named in exclude are skipped.
+ * A task of a template prefers a host with a warm VM of it, then one that
+ * holds it, then any (which fetches it from S3); a built-in template goes
+ * only to hosts that list it. A task of the default template prefers a
+ * warm pool VM of its size. Then the emptiest host. */
 static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, int64_t now,
 					  char (*exclude)[65], int nexclude)
 {
 	struct host_view *best = NULL;
 	long best_score = -1;
+	int dflt = !t->tkey[0];
 
 	for (int i = 0; i < s->nhosts; i++) {
 		struct host_view *h = &s->hosts[i];
+		struct host_template *ht = dflt ? NULL : host_template_find(h, t->tkey);
 		long free_v, score;
 		int64_t free_m;
 
 		if (h->lost || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress) ||
 		    excluded(h->id, exclude, nexclude))
 			continue;
+		if (t->tkey[0] == '@' && !ht)
+			continue;
 		free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
 		free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
 		/* A pool VM of the task's size brings its own memory (pool VMs
 		 * have no NIC: not for a task with egress). */
-		if (!t->egress && h->pool_ready && h->pool_mem == t->memory_mib && h->pool_vcpus == t->vcpus)
+		if (dflt && !t->egress && h->pool_ready && h->pool_mem == t->memory_mib && h->pool_vcpus == t->vcpus)
 			free_m += h->pool_mem;
 		if (free_v < (long)t->vcpus || free_m < (int64_t)t->memory_mib)
 			continue;
-		/* Prefer a warm pool VM for the task's size, then the emptiest host. */
-		score = (!t->egress && h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0) +
-			free_v * 1000 / (long)(h->vcpus_total ? h->vcpus_total : 1);
+		score = free_v * 1000 / (long)(h->vcpus_total ? h->vcpus_total : 1);
+		if (dflt)
+			score += !t->egress && h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0;
+		else if (ht)
+			score += ht->ready ? 3000000 : 2000000;
 		if (score > best_score) {
 			best = h;
 			best_score = score;
@@ -539,8 +608,14 @@ static void reserve_locked(struct host_view *h, const struct store_task *t)
 {
 	h->inflight_vcpus += t->vcpus;
 	h->inflight_mem += t->memory_mib;
-	if (!t->egress && h->pool_ready && h->pool_mem == t->memory_mib)
+	if (!t->tkey[0] && !t->egress && h->pool_ready && h->pool_mem == t->memory_mib)
 		h->pool_ready--;
+	if (t->tkey[0]) {
+		struct host_template *ht = host_template_find(h, t->tkey);
+
+		if (ht && ht->ready)
+			ht->ready--;
+	}
 }
 
 /* Could some live host take a task of the smallest size now? When none
@@ -830,6 +905,9 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 {
 	struct store_task t = { .vcpus = need->vcpus, .memory_mib = need->memory_mib, .egress = need->egress };
 	struct host_view *h;
+
+	if (need->tkey)
+		snprintf(t.tkey, sizeof(t.tkey), "%s", need->tkey);
 	int live = 0, big = 0;
 
 	pthread_mutex_lock(&s->lock);
@@ -848,7 +926,8 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 		if (v->lost || !v->url[0])
 			continue;
 		live++;
-		if (v->vcpus_total >= need->vcpus && v->mem_total >= need->memory_mib && (!need->egress || v->egress))
+		if (v->vcpus_total >= need->vcpus && v->mem_total >= need->memory_mib && (!need->egress || v->egress) &&
+		    !(t.tkey[0] == '@' && !host_template_find(v, t.tkey)))
 			big++;
 	}
 	pthread_mutex_unlock(&s->lock);

@@ -39,6 +39,7 @@
 #include "s3.h"
 #include "sessions.h"
 #include "spec.h"
+#include "templates.h"
 
 #define KEEPALIVE_MS 15000
 #define WAIT_MAX_S 60
@@ -57,6 +58,7 @@ struct server {
 	pthread_mutex_t hooks_lock;
 	struct server_hooks hooks;
 	struct sessions *sessions;   /* under hooks_lock */
+	struct templates *templates; /* under hooks_lock */
 	struct events *ev;           /* the event hub (events.h) */
 };
 
@@ -140,9 +142,23 @@ static int idem_key_ok(const char *k)
 	return 1;
 }
 
-/* Whether some live host is big enough (by its reported totals); 1 also
- * when no host is live (the task waits for one). */
-static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress)
+/* Whether host capacity cap lists the built-in template name. */
+static int host_has_builtin(json_t *cap, const char *name)
+{
+	json_t *e;
+	size_t i;
+
+	json_array_foreach(json_object_get(cap, "templates"), i, e)
+		if (json_is_true(json_object_get(e, "builtin")) &&
+		    !strcmp(json_string_value(json_object_get(e, "name")) ?: "", name))
+			return 1;
+	return 0;
+}
+
+/* Whether some live host is big enough (by its reported totals) and, for
+ * a built-in template (builtin not NULL), has it; 1 also when no host is
+ * live (the task waits for one). */
+static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress, const char *builtin)
 {
 	json_t *hosts = store_host_list(s->st), *h;
 	int64_t cutoff = clock_wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
@@ -158,7 +174,8 @@ static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib,
 		    json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
 			continue;
 		live++;
-		if (v >= vcpus && m >= memory_mib && (!egress || json_is_true(json_object_get(cap, "egress"))))
+		if (v >= vcpus && m >= memory_mib && (!egress || json_is_true(json_object_get(cap, "egress"))) &&
+		    (!builtin || host_has_builtin(cap, builtin)))
 			fits = 1;
 	}
 	json_decref(hosts);
@@ -186,9 +203,10 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	struct usage u;
 	unsigned char h[SHA256_DIGEST_LENGTH];
 	char hash_hex[2 * SHA256_DIGEST_LENGTH + 1], id[40], msg[160];
-	char *md = NULL;
+	char *md = NULL, *merged = NULL, tname[SPEC_MAX_TEMPLATE_NAME + 1];
+	struct template_use tu;
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
-	int egress;
+	int egress, cwd_set;
 	int64_t retry_ms;
 	int r;
 
@@ -230,6 +248,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	egress = spec.egress;
 	timeout_s = spec.timeout_s;
 	output_mib = spec.output_mib;
+	snprintf(tname, sizeof(tname), "%s", spec.template_name ? spec.template_name : "");
+	cwd_set = spec.cwd_set;
 	spec_free(&spec);
 	if (quota_check_task(&q, vcpus, memory_mib, timeout_s, output_mib, &err) < 0)
 		goto bad_request;
@@ -255,26 +275,55 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		snprintf(msg, sizeof(msg), "%u tasks are queued, your quota's max_queued", u.queued);
 		return reply_error_h(conn, KERR_QUEUE_FULL, msg, "Retry-After", ra);
 	}
-	if (!some_host_fits(s, vcpus, memory_mib, egress)) {
+	if (!some_host_fits(s, vcpus, memory_mib, egress, NULL)) {
 		api_task_request_free(&tr);
 		snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", vcpus, memory_mib,
 			 egress ? " and offers network egress" : "");
 		return reply_error(conn, KERR_NO_HOST_FITS, msg);
 	}
+	/* The template is resolved now: a task names one that exists and is
+	 * ready, and keeps it (its TREF is stored with it) even if it is
+	 * deleted before the task runs. Its env and workdir go into the spec. */
+	r = template_resolve(s->st, c->customer, tname[0] ? tname : NULL, &tu, &err);
+	if (r < 0) {
+		api_task_request_free(&tr);
+		return reply_err(conn, &err);
+	}
+	if (r == 1 && tu.use.builtin && !some_host_fits(s, vcpus, memory_mib, egress, tu.row.name)) {
+		snprintf(msg, sizeof(msg), "no registered host that fits the task has the built-in template %s", tu.row.name);
+		template_use_free(&tu);
+		api_task_request_free(&tr);
+		return reply_error(conn, KERR_NO_HOST_FITS, msg);
+	}
+	if (r == 1) {
+		json_t *tj = json_loads(tu.tref, 0, NULL);
+		int merge = json_object_get(tj, "env") || json_object_get(tj, "workdir");
+
+		json_decref(tj);
+		if (merge && !(merged = template_merge_spec(tr.spec_json, tr.spec_len, cwd_set, tu.tref, &err))) {
+			template_use_free(&tu);
+			api_task_request_free(&tr);
+			return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
+		}
+	}
 	if (tr.metadata && !(md = json_dumps(tr.metadata, JSON_COMPACT))) {
+		free(merged);
+		template_use_free(&tu);
 		api_task_request_free(&tr);
 		return reply_internal(conn, "out of memory");
 	}
 	{
 		struct store_submit sub = {
-			.customer = c->customer, .spec_json = tr.spec_json, .metadata_json = md, .vcpus = vcpus,
-			.memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
-			.idem_key = idem, .body_hash = hash_hex,
+			.customer = c->customer, .spec_json = merged ? merged : tr.spec_json, .metadata_json = md,
+			.vcpus = vcpus, .memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
+			.idem_key = idem, .body_hash = hash_hex, .tuse = r == 1 ? &tu.use : NULL,
 		};
 
 		r = store_task_submit(s->st, &sub, id, &err);
 	}
 	free(md);
+	free(merged);
+	template_use_free(&tu);
 	api_task_request_free(&tr);
 	if (r < 0)
 		return reply_err(conn, &err);
@@ -637,6 +686,7 @@ static enum MHD_Result host_heartbeat(void *ctx, struct httpd_req *r)
 		json_decref(cap);
 		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
 	}
+	templates_heartbeat(s->st, cap);
 	json_decref(cap);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
 }
@@ -748,22 +798,59 @@ static enum MHD_Result handle_sessions(struct server *s, struct MHD_Connection *
 	return sessions_handle(ss, &sr);
 }
 
+static enum MHD_Result handle_templates(struct server *s, struct MHD_Connection *conn, const char *method,
+					const char *url, const struct httpd_body *body, const struct caller *c)
+{
+	struct templates *t;
+
+	pthread_mutex_lock(&s->hooks_lock);
+	t = s->templates;
+	pthread_mutex_unlock(&s->hooks_lock);
+	if (!t)
+		return reply_error(conn, KERR_UNAVAILABLE, "templates are not served now");
+	return templates_handle(t, conn, method, url, httpd_body_data(body), httpd_body_len(body), c->customer,
+				c->admin, s->lim);
+}
+
+/* One request's state across the access handler's calls: its body, or, for
+ * an OCI template upload, the spool it is streamed into. */
+struct conn_state {
+	struct httpd_body body;      /* first: completed() frees both */
+	struct templates_upload *up;
+};
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
 	struct server *s = cls;
-	struct httpd_body *body = *con_cls;
+	struct conn_state *cs = *con_cls;
+	struct httpd_body *body = cs ? &cs->body : NULL;
 	struct httpd_req r;
 	struct caller c;
 
-	if (!body) {
-		body = malloc(sizeof(*body));
-		if (!body)
+	if (!cs) {
+		cs = calloc(1, sizeof(*cs));
+		if (!cs)
 			return MHD_NO;
+		body = &cs->body;
 		/* Past the cap a chunked body is dropped, and the connection
 		 * closed once it goes on past twice the cap. */
 		httpd_body_init(body, s->max_body, s->max_body);
-		*con_cls = body;
+		*con_cls = cs;
+		/* An OCI archive is streamed to a spool file under the
+		 * customer's own cap (max_template_mib), not collected. */
+		if (templates_is_upload(conn, method, url)) {
+			struct templates *t;
+
+			if (!authenticate(s, conn, &c))
+				return reply_no_key(conn);
+			pthread_mutex_lock(&s->hooks_lock);
+			t = s->templates;
+			pthread_mutex_unlock(&s->hooks_lock);
+			if (!t)
+				return reply_error(conn, KERR_UNAVAILABLE, "templates are not served now");
+			return templates_upload_begin(t, conn, c.customer, c.admin, &cs->up);
+		}
 		if (httpd_body_declared_too_big(body, conn))
 			return reply_too_large(s, conn);
 		/* Customer routes need a key: check it before reading any body,
@@ -772,6 +859,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, &c))
 			return reply_no_key(conn);
 		return MHD_YES;
+	}
+	if (cs->up) {
+		if (*upload_size)
+			return templates_upload_feed(cs->up, upload, upload_size);
+		return templates_upload_finish(cs->up, conn);
 	}
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
@@ -788,6 +880,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return reply_no_key(conn);
 		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
 			return handle_sessions(s, conn, method, url, body, &c);
+		if (!strcmp(url, "/v1/templates") || !strncmp(url, "/v1/templates/", 14))
+			return handle_templates(s, conn, method, url, body, &c);
 		if (!strncmp(url, "/v1/admin/", 10)) {
 			if (!c.admin)
 				return reply_error(conn, KERR_FORBIDDEN, "admin endpoints need an admin key");
@@ -802,11 +896,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-	struct httpd_body *body = *con_cls;
+	struct conn_state *cs = *con_cls;
 
-	if (body) {
-		httpd_body_free(body);
-		free(body);
+	if (cs) {
+		httpd_body_free(&cs->body);
+		templates_upload_free(cs->up);
+		free(cs);
 	}
 	*con_cls = NULL;
 }
@@ -902,6 +997,13 @@ void server_set_sessions(struct server *s, struct sessions *ss)
 {
 	pthread_mutex_lock(&s->hooks_lock);
 	s->sessions = ss;
+	pthread_mutex_unlock(&s->hooks_lock);
+}
+
+void server_set_templates(struct server *s, struct templates *t)
+{
+	pthread_mutex_lock(&s->hooks_lock);
+	s->templates = t;
 	pthread_mutex_unlock(&s->hooks_lock);
 }
 

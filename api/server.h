@@ -41,6 +41,11 @@ void server_set_hooks(struct server *s, const struct server_hooks *hooks);
 struct sessions;
 void server_set_sessions(struct server *s, struct sessions *ss);
 
+/* Serve /v1/templates with t (templates.h); until it is set (or after it
+ * is set to NULL) those paths answer 503. t must outlive server_stop. */
+struct templates;
+void server_set_templates(struct server *s, struct templates *t);
+
 /* Stop: long-polls and event streams end, then the HTTP threads, then
  * everything is freed. */
 void server_stop(struct server *s);

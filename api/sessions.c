@@ -22,6 +22,7 @@
 #include "reply.h"
 #include "request.h"
 #include "s3.h"
+#include "templates.h"
 
 /* ---- host answers ---- */
 
@@ -103,8 +104,10 @@ static enum MHD_Result no_room(struct MHD_Connection *conn, int r, const struct 
 	if (r == -ENOENT)
 		return reply_error_h(conn, KERR_NO_HOST, "no host is live", "Retry-After",
 				     RETRY_AFTER_S);
-	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s", need->vcpus,
-		 need->memory_mib, need->egress ? " and offers network egress" : "");
+	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s%s%s", need->vcpus,
+		 need->memory_mib, need->egress ? " and offers network egress" : "",
+		 need->tkey && need->tkey[0] == '@' ? " and the built-in template " : "",
+		 need->tkey && need->tkey[0] == '@' ? need->tkey + 1 : "");
 	return reply_error(conn, KERR_NO_HOST_FITS, msg);
 }
 
@@ -134,6 +137,30 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
 	return MHD_YES;
 }
 
+/* The scheduler's key of a resolved template (store_task.tkey) in buf, or
+ * NULL for the default. */
+static const char *tkey_of(const struct template_use *u, char buf[72])
+{
+	if (!u->tref)
+		return NULL;
+	if (u->use.builtin)
+		snprintf(buf, 72, "@%s", u->row.name);
+	else
+		snprintf(buf, 72, "%s", u->row.sha256);
+	return buf;
+}
+
+/* A host request body gets the TREF (text; NULL: none) as "template". */
+static void with_tref(json_t *body, const char *tref)
+{
+	json_t *j = tref ? json_loads(tref, 0, NULL) : NULL;
+
+	if (body && j)
+		json_object_set_new(body, "template", j);
+	else
+		json_decref(j);
+}
+
 /* POST /v1/sessions */
 static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 {
@@ -144,8 +171,9 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 	struct api_session_request sr;
 	struct sched_need need;
 	struct sessions_placement p;
+	struct template_use tu;
 	struct quota q;
-	char id[40] = "", host[65], url[256];
+	char id[40] = "", host[65], url[256], tkey[72];
 	enum MHD_Result ret;
 	int refused, pr;
 
@@ -160,14 +188,22 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		api_session_request_free(&sr);
 		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
+	/* Its template, resolved now and kept with it (docs/templates.md). */
+	if (template_resolve(ss->st, r->customer, sr.template_name[0] ? sr.template_name : NULL, &tu, &err) < 0) {
+		api_session_request_free(&sr);
+		return reply_err(r->conn, &err);
+	}
 	ret = admit(ss, r, &q, sr.vcpus, sr.memory_mib, &refused);
 	if (refused) {
+		template_use_free(&tu);
 		api_session_request_free(&sr);
 		return ret;
 	}
-	need = (struct sched_need){ .vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .egress = sr.egress };
+	need = (struct sched_need){ .vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .egress = sr.egress,
+				    .tkey = tkey_of(&tu, tkey) };
 	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
 	if (pr < 0) {
+		template_use_free(&tu);
 		api_session_request_free(&sr);
 		return no_room(r->conn, pr, &need);
 	}
@@ -175,12 +211,13 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		struct store_session_new n = {
 			.customer = r->customer, .spec_json = sr.spec_json, .metadata_json = sr.metadata_json,
 			.vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .idle_timeout_s = sr.idle_timeout_s,
-			.max_lifetime_s = sr.max_lifetime_s, .egress = sr.egress,
+			.max_lifetime_s = sr.max_lifetime_s, .egress = sr.egress, .tuse = tu.tref ? &tu.use : NULL,
 		};
 		int cr = store_session_create(ss->st, &n, id, &err);
 
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
+			template_use_free(&tu);
 			api_session_request_free(&sr);
 			return reply_err_status(r->conn, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
 					 &err);
@@ -191,8 +228,11 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		json_t *spec = json_loads(sr.spec_json, 0, NULL);
 		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
 					 spec ? spec : json_object());
-		char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+		char *text;
 
+		with_tref(body, tu.tref);
+		template_use_free(&tu);
+		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		snprintf(p.host, sizeof(p.host), "%s", host);
 		snprintf(p.url, sizeof(p.url), "%s", url);
@@ -484,6 +524,13 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		quota_defaults(&q);
 	if (api_exec_request_parse(r->body, r->len, q.max_task_timeout_s, &body, &err) < 0)
 		return reply_err(r->conn, &err);
+	{
+		/* The session's template: its env and workdir, as tasks get them. */
+		char *tref = store_use_tref(ss->st, cur->id);
+
+		template_merge_exec(body, tref);
+		free(tref);
+	}
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {
 		ret = exec_stream(ss, r, url, cur->id, cur->customer, q.max_streams, body, timeout_s);
@@ -648,15 +695,39 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }
 
-/* POST /v1/sessions/{id}/resume */
+static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need, const char *tref);
+
+/* POST /v1/sessions/{id}/resume: with the template it was created with */
 static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 {
 	struct call *c = ctx;
+	const struct store_session *cur = &c->cur;
+	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
+	char *tref = store_use_tref(c->ss->st, cur->id), tkey[72] = "";
+	enum MHD_Result ret;
+
+	if (tref) {
+		json_t *tj = json_loads(tref, 0, NULL);
+
+		if (json_is_true(json_object_get(tj, "builtin")))
+			snprintf(tkey, sizeof(tkey), "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
+		else
+			snprintf(tkey, sizeof(tkey), "%s", json_string_value(json_object_get(tj, "sha256")) ?: "");
+		json_decref(tj);
+		need.tkey = tkey;
+	}
+	ret = resume(c, req, &need, tref);
+	free(tref);
+	return ret;
+}
+
+static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need_in, const char *tref)
+{
 	struct sessions *ss = c->ss;
 	const struct sessions_request *r = c->r;
 	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
-	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
+	struct sched_need need = *need_in;
 	enum session_state prev;
 	struct sessions_placement p;
 	struct quota q;
@@ -697,9 +768,11 @@ static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 	{
 		json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
 		json_t *body = json_pack("{s:s, s:o}", "customer", cur->customer, "spec", spec ? spec : json_object());
-		char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+		char *text;
 		char path[96];
 
+		with_tref(body, tref);
+		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		free(spec_text);
 		snprintf(path, sizeof(path), "/v1/sessions/%s/resume", cur->id);

@@ -9,7 +9,7 @@
  *
  * Implemented in api/store.c (core: open/close, locks, change notification,
  * the shared page, compare-and-set and quota helpers), store_migrate.c,
- * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c;
+ * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
  * store_impl.h is their private interface. */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
@@ -21,6 +21,7 @@
 #include "err.h"
 
 struct store;
+struct store_tuse;
 
 /* Quotas of one customer. 0 in a max_* field means "no limit" only where
  * noted; the defaults come from the API's configuration. */
@@ -38,6 +39,11 @@ struct quota {
 	int allow_egress;            /* 0: tasks asking for network egress get 400 */
 	int session_auto_pause;      /* idle/lifetime limits pause sessions (else destroy them) */
 	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls (429 beyond; 0: no limit) */
+	/* Templates (docs/templates.md, "Quotas"). */
+	unsigned max_templates;      /* templates of the customer at once (429 beyond) */
+	unsigned max_template_mib;   /* an OCI archive and a built image (413 beyond) */
+	unsigned build_minutes_per_day; /* build time per UTC day (429 beyond) */
+	unsigned build_timeout_s;    /* one build */
 };
 
 /* Task states (docs/api.md). */
@@ -72,6 +78,7 @@ struct store_task {
 	int64_t created_ms;
 	int cancel_requested;        /* a cancel waits to be forwarded to its host */
 	int egress;                  /* the spec asks for network egress */
+	char tkey[72];               /* its template: "" default, "@NAME" a built-in, else the image's SHA-256 */
 };
 
 /* Open (creating and migrating) the database at path. NULL with err set. */
@@ -165,7 +172,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 3
+#define STORE_SCHEMA_VERSION 4
 
 /* The database's schema version (after migrations: STORE_SCHEMA_VERSION). */
 int store_schema_version(struct store *s);
@@ -179,6 +186,7 @@ struct store_submit {
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
 	const char *idem_key;        /* may be NULL */
 	const char *body_hash;       /* SHA-256 hex of the request body */
+	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
 };
 int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err);
 
@@ -287,6 +295,7 @@ struct store_session_new {
 	unsigned vcpus, memory_mib, idle_timeout_s, max_lifetime_s;
 	int egress;
 	const char *host_id;         /* where it is being created */
+	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
 };
 
 /* Insert a session in state starting on n->host_id if the customer's running
@@ -339,4 +348,137 @@ int store_session_touch(struct store *s, const char *id);
  * first, at most max; for the reaper. Returns the number filled. */
 int store_sessions_holding(struct store *s, struct store_session *out, int max);
 
+/* ==== Templates (docs/templates.md) ====
+ * A template row is a build too: its id is the build's id on kiln-host.
+ * Customer templates belong to their customer; built-in ones (rows made
+ * from hosts' heartbeats) have customer "" and are public. A name is unique
+ * per customer, and no customer may take a public name. Tasks and sessions
+ * record the template they use (struct store_tuse) so that they still run
+ * after it is deleted; its image in S3 is deleted (store_template_gc_*) once
+ * no template row, unfinished task or live session names its SHA-256. */
+
+enum template_state {
+	TEMPLATE_QUEUED,
+	TEMPLATE_BUILDING,
+	TEMPLATE_READY,
+	TEMPLATE_FAILED,
+	TEMPLATE_STATE_COUNT
+};
+const char *template_state_name(enum template_state s);
+
+#define STORE_TEMPLATE_LOG_MAX (64u << 10) /* the build log keeps its last 64 KiB */
+
+/* A template row as the builder and the resolver need it. */
+struct store_template {
+	char id[40];                 /* "b_" + 32 hex: also the build id */
+	char customer[65];           /* "" for a public built-in */
+	char name[64];
+	char kind[8];                /* "builtin", "recipe", "oci" */
+	enum template_state state;
+	char host_id[65];            /* building there ("" otherwise) */
+	unsigned attempts;           /* builds started */
+	char sha256[65];             /* ready: the image's */
+	uint64_t size;
+	char oci_key[160];           /* oci: the uploaded archive ("" once deleted) */
+	uint64_t oci_size;
+	int64_t created_ms, started_ms;
+};
+
+/* What a task or session records about its template. */
+struct store_tuse {
+	const char *template_id;     /* the row it resolved to */
+	const char *name;
+	const char *sha256;          /* NULL for a built-in */
+	int builtin;
+	const char *tref_json;       /* what is sent to hosts; NULL for a built-in without one */
+};
+
+struct store_template_new {
+	const char *customer;
+	const char *name;
+	const char *kind;            /* "recipe" or "oci" */
+	const char *recipe_json;     /* recipe: the validated recipe */
+	const char *oci_key;         /* oci: the archive in S3 and its size */
+	uint64_t oci_size;
+	unsigned max_templates;      /* the customer's quota (0: no limit) */
+};
+
+/* A new build id ("b_" + 32 hex) for a template about to be created (the
+ * OCI archive is uploaded under it first). 0 or -1. */
+int store_template_new_id(char id[40]);
+
+/* Insert a queued template with id (store_template_new_id), committed.
+ * -1 with err "duplicate" (the customer has one of that name, or a public
+ * one has it), "quota_exceeded" (max_templates), "store_error". */
+int store_template_create(struct store *s, const char *id, const struct store_template_new *n, struct kiln_err *err);
+
+/* A built-in template reported by a host: a public ready row (made once). */
+int store_template_builtin(struct store *s, const char *name);
+
+/* The template lookup of "template":"NAME" for customer: its own NAME,
+ * else the public NAME. 0 and *out, -ENOENT, -EIO. */
+int store_template_find(struct store *s, const char *customer, const char *name, struct store_template *out);
+/* The row with this id (any customer). 0, -ENOENT, -EIO. */
+int store_template_get(struct store *s, const char *id, struct store_template *out);
+
+/* The TREF text of a ready template (caller frees), NULL when it has none. */
+char *store_template_tref(struct store *s, const char *id);
+/* The recipe text of a recipe template (caller frees), or NULL. */
+char *store_template_recipe(struct store *s, const char *id);
+
+/* The public JSON of the row id (with its build log when log). NULL if none. */
+json_t *store_template_json(struct store *s, const char *id, int log);
+/* The customer's templates and the public ones, by name. */
+json_t *store_template_list(struct store *s, const char *customer);
+
+/* The customer's template count and build seconds of the current UTC day. */
+int store_template_usage(struct store *s, const char *customer, unsigned *count, double *build_s_today);
+
+/* Delete the row id: -EBUSY (err "template_in_use") while a live session
+ * (any state but destroyed) uses it. What it leaves (the build on its host,
+ * the uploaded archive, the image) goes to the clean-up list. 0, -ENOENT,
+ * -EBUSY, -EIO. */
+int store_template_delete(struct store *s, const char *id, struct kiln_err *err);
+
+/* Queued templates, oldest first; building ones (for reattachment and
+ * lost hosts). Return how many were filled. */
+int store_templates_queued(struct store *s, struct store_template *out, int max);
+int store_templates_building(struct store *s, struct store_template *out, int max);
+
+/* queued -> building on host_id (attempts + 1, started now): 1 moved, 0 not. */
+int store_template_start(struct store *s, const char *id, const char *host_id);
+/* building -> queued (its host is gone or forgot it): 1, 0. */
+int store_template_requeue(struct store *s, const char *id);
+/* Append build output (kept: the last STORE_TEMPLATE_LOG_MAX bytes). */
+int store_template_log(struct store *s, const char *id, const char *text, size_t len);
+/* building (or queued) -> ready with tref (its sha256, size, s3_key read
+ * from it) or failed with code/message; the build time since started is
+ * added to the customer's day. The uploaded archive is listed for clean-up.
+ * 1 done, 0 the row is gone or settled, -1 error. */
+int store_template_finish(struct store *s, const char *id, json_t *tref, const char *code, const char *message);
+
+/* The state, log bytes ever written and the log kept now (caller frees),
+ * for the events stream. 0, -ENOENT. */
+int store_template_progress(struct store *s, const char *id, enum template_state *state, uint64_t *log_total,
+			    char **log, json_t **error);
+
+/* The TREF a task or session (by id) was stored with (caller frees), NULL
+ * when it uses the default template. */
+char *store_use_tref(struct store *s, const char *id);
+
+/* ---- clean-up of what deleted templates and ended builds leave ---- */
+struct store_template_gc {
+	int64_t seq;
+	char build_id[40];
+	char host_id[65];            /* "" unless a build is to be cancelled there */
+	char oci_key[160];           /* "" or an uploaded archive to delete */
+	char sha256[65], s3_key[160];/* "" or an image to delete once unreferenced */
+};
+int store_template_gc_list(struct store *s, struct store_template_gc *out, int max);
+/* Record what is done: the fields cleared in g ("" ) are done; the row goes
+ * when nothing is left. */
+int store_template_gc_update(struct store *s, const struct store_template_gc *g);
+/* 1 when a template row, an unfinished task or a live session still names
+ * sha256; 0 not; -1 error. */
+int store_template_sha_referenced(struct store *s, const char *sha256);
 #endif

@@ -4,7 +4,8 @@
  * The pieces: store.c (the handle, its locks, prepared statements, change
  * notification, the shared page, compare-and-set and quota helpers),
  * store_migrate.c (schema), store_keys.c (customers, keys, hosts),
- * store_tasks.c (tasks, group commit of submissions), store_sessions.c.
+ * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
+ * store_templates.c (templates, what tasks and sessions use, clean-up).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_IMPL_H
@@ -26,7 +27,8 @@ enum store_slots {
 	STORE_SLOTS_KEYS = 8,       /* store_keys.c: customers, keys, hosts */
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
-	STORE_SLOTS_MAX = 72,
+	STORE_SLOTS_TEMPLATES = 72, /* store_templates.c */
+	STORE_SLOTS_MAX = 112,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */
@@ -213,6 +215,12 @@ int store_running_usage_locked(struct store *s, const char *customer, struct usa
  * read. Lock held, inside the caller's transaction. */
 int store_room_locked(struct store *s, const char *customer, unsigned vcpus, unsigned memory_mib, int missing_ok,
 		      struct kiln_err *err);
+
+/* ---- templates (store_templates.c) ---- */
+
+/* Record that task or session id uses the template u (inside the caller's
+ * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
+int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
 
 /* ---- the pieces' own set-up ---- */
 

@@ -35,6 +35,24 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"  snapshot TEXT, spec TEXT NOT NULL);"
 	"CREATE INDEX sessions_customer ON sessions(customer, seq);"
 	"CREATE INDEX sessions_state ON sessions(state, seq);",
+	/* 4: templates (docs/templates.md), what tasks and sessions use, clean-up */
+	"CREATE TABLE templates (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL,"
+	"  recipe TEXT, oci_key TEXT, oci_size INTEGER, sha256 TEXT, size INTEGER, s3_key TEXT, tref TEXT,"
+	"  host_id TEXT, attempts INTEGER NOT NULL DEFAULT 0, error_code TEXT, error_message TEXT,"
+	"  created_ms INTEGER NOT NULL, started_ms INTEGER, finished_ms INTEGER, build_ms INTEGER,"
+	"  log_total INTEGER NOT NULL DEFAULT 0, log TEXT NOT NULL DEFAULT '');"
+	"CREATE UNIQUE INDEX templates_name ON templates(customer, name);"
+	"CREATE INDEX templates_state ON templates(state, seq);"
+	"CREATE INDEX templates_sha ON templates(sha256);"
+	"CREATE TABLE template_uses (id TEXT PRIMARY KEY, template_id TEXT NOT NULL, name TEXT NOT NULL,"
+	"  sha256 TEXT, builtin INTEGER NOT NULL DEFAULT 0, tref TEXT);"
+	"CREATE INDEX template_uses_tid ON template_uses(template_id);"
+	"CREATE INDEX template_uses_sha ON template_uses(sha256);"
+	"CREATE TABLE template_gc (seq INTEGER PRIMARY KEY AUTOINCREMENT, build_id TEXT NOT NULL,"
+	"  host_id TEXT, oci_key TEXT, sha256 TEXT, s3_key TEXT, created_ms INTEGER NOT NULL);"
+	"CREATE TABLE build_usage (customer TEXT NOT NULL, day INTEGER NOT NULL, ms INTEGER NOT NULL,"
+	"  PRIMARY KEY (customer, day));",
 };
 
 int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)

@@ -30,11 +30,11 @@ enum session_state session_state_parse(const char *str)
 #define SESS_COLS                                                                                          \
 	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
 	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
-	" metadata, snapshot, spec, seq"
+	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id)"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
-	SC_SEQ,
+	SC_SEQ, SC_TEMPLATE,
 };
 
 enum sessions_stmt {
@@ -72,7 +72,7 @@ static const char *const sessions_sql[S_COUNT] = {
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 };
 
-_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_MAX, "store_sessions.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
 
 static sqlite3_stmt *stmt(struct store *s, enum sessions_stmt id)
 {
@@ -130,6 +130,9 @@ static json_t *session_row_json(sqlite3_stmt *st)
 		      "ended_at", store_opt_int(st, SC_ENDED), "expires_at", expires, "end_reason",
 		      store_opt_str(st, SC_END_REASON), "snapshot", snap ? json_loads(snap, 0, NULL) : json_null());
 	json_decref(sp);
+	/* The template it was created with (absent: the default). */
+	if (j && store_col_text(st, SC_TEMPLATE))
+		json_object_set_new(j, "template", json_string(store_col_text(st, SC_TEMPLATE)));
 	return j;
 }
 
@@ -183,6 +186,8 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto fail_sql;
 	}
 	sqlite3_reset(st);
+	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
+		goto fail_sql;
 	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
 		goto fail_sql;
 	memcpy(id_out, id, strlen(id) + 1);

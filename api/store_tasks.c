@@ -38,13 +38,16 @@ enum task_state task_state_parse(const char *str)
 enum {
 	TC_ID, TC_CUSTOMER, TC_STATE, TC_METADATA, TC_VCPUS, TC_MEMORY, TC_TIMEOUT, TC_OUTPUT, TC_HOST,
 	TC_CREATED, TC_SCHEDULED, TC_STARTING, TC_RUNNING, TC_UPLOADING, TC_ENDED, TC_CANCEL_REQ, TC_END_REASON,
-	TC_IDEM, TC_SEQ, TC_HOST_TASK,
+	TC_IDEM, TC_SEQ, TC_HOST_TASK, TC_TEMPLATE,
 };
 #define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
 /* Whether the task asks for network egress: only hosts that offer it take it. */
 #define SCHED_EGRESS "coalesce((SELECT json_extract(sp.spec, '$.network.egress') = 'allow'" \
 		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
-#define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS
+/* Its template, as the scheduler matches it against hosts' heartbeats. */
+#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin THEN '@' || u.name ELSE u.sha256 END"       \
+		   " FROM template_uses u WHERE u.id = tasks.id), '') AS tkey"
+#define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS ", " SCHED_TKEY
 
 enum tasks_stmt {
 	T_INSERT, T_SPEC_INSERT, T_IDEM_FIND, T_GET, T_SPEC_GET, T_STATE,
@@ -59,13 +62,14 @@ static const char *const tasks_sql[T_COUNT] = {
 		     " idem_key, body_hash, created_ms) VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
 	[T_SPEC_INSERT] = "INSERT INTO task_specs(id, spec) VALUES (?1, ?2)",
 	[T_IDEM_FIND] = "SELECT id, body_hash FROM tasks WHERE customer = ?1 AND idem_key = ?2",
-	[T_GET] = "SELECT " TASK_COLS ", host_task FROM tasks WHERE id = ?1",
+	[T_GET] = "SELECT " TASK_COLS ", host_task, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id)"
+		  " FROM tasks WHERE id = ?1",
 	[T_SPEC_GET] = "SELECT spec FROM task_specs WHERE id = ?1",
 	[T_STATE] = "SELECT state, customer FROM tasks WHERE id = ?1",
 	[T_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
 	[T_IN_STATE] = "SELECT " SCHED_COLS " FROM tasks WHERE state = ?1 ORDER BY seq LIMIT ?2",
-	[T_FAIR] = "SELECT " SCHED_BASE ", egress FROM (SELECT " SCHED_COLS ", row_number() OVER"
+	[T_FAIR] = "SELECT " SCHED_BASE ", egress, tkey FROM (SELECT " SCHED_COLS ", row_number() OVER"
 		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
 		   " ORDER BY rn, seq LIMIT ?1",
 	[T_CANCEL_NOW] = "UPDATE tasks SET state = 'cancelled', end_reason = 'cancelled', ended_ms = ?1,"
@@ -192,6 +196,8 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	rc = store_step(s, st);
 	sqlite3_reset(st);
 	if (rc != SQLITE_DONE)
+		goto fail_sql;
+	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
@@ -329,6 +335,9 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 		if (v)
 			json_object_set(j, "error", v);
 		json_decref(h);
+		/* The template it was accepted with (absent: the default). */
+		if (store_col_text(st, TC_TEMPLATE))
+			json_object_set_new(j, "template", json_string(store_col_text(st, TC_TEMPLATE)));
 	}
 	return j;
 }
@@ -564,6 +573,7 @@ static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text,
 			t->created_ms = sqlite3_column_int64(st, 7);
 			t->cancel_requested = sqlite3_column_int(st, 8);
 			t->egress = sqlite3_column_int(st, 9);
+			store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
 		}
 		sqlite3_reset(st);
 	}

@@ -75,6 +75,8 @@ static void session_request(const char *body, size_t len, int allow_egress)
 	check(r.max_lifetime_s >= 1 && r.max_lifetime_s <= API_SESSION_MAX_LIFETIME_S);
 	check(allow_egress || !r.egress);
 	check(!r.metadata_json || strlen(r.metadata_json) <= API_METADATA_MAX);
+	/* A template name, when given, is one the spec accepts. */
+	check(!r.template_name[0] || spec_template_name_check(r.template_name, "template", NULL) == 0);
 	/* What hosts get: only limits and network, and a spec with a command
 	 * added parses to the same limits. */
 	sp = json_loads(r.spec_json, 0, NULL);

@@ -3,8 +3,10 @@
  * with a fake host_ops and a hand-moved clock (fake_host_ops.h): placement
  * fairness across customers, pool preference, the push's retry rules (full:
  * back to the queue and the host left alone for a moment; refused: error;
- * unreachable: pushed again), host loss and return, and placement outside
- * the queue (sched_place, as sessions use it). */
+ * unreachable: pushed again), host loss and return, placement outside
+ * the queue (sched_place, as sessions use it), and templates' preference
+ * (a warm VM of the template, then a host holding it, then any; built-ins
+ * only where listed). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +26,8 @@
 
 #define H1 "http://h1"
 #define H2 "http://h2"
+#define H3 "http://h3"
+#define SHA_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 static char dir[] = "/tmp/kiln-test-sched.XXXXXX";
 static char path[256];
@@ -55,6 +59,32 @@ static void heartbeat(const char *id, const char *url, unsigned vt, unsigned vu,
 
 	assert_int_equal(store_host_heartbeat(st, id, url, cap, &err), 0);
 	json_decref(cap);
+}
+
+/* A heartbeat of an idle 8-vCPU host whose capacity.templates is tjson. */
+static void heartbeat_templates(const char *id, const char *url, unsigned vu, const char *tjson)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:{s:i, s:i, s:i}, s:b, s:o}", "vcpus", "total", 8,
+				"used", vu, "memory_mib", "total", 8192, "used", 0, "pool", "ready", 0, "memory_mib", 256,
+				"vcpus", 1, "egress", 0, "templates", json_loads(tjson, 0, NULL));
+
+	assert_int_equal(store_host_heartbeat(st, id, url, cap, &err), 0);
+	json_decref(cap);
+}
+
+/* A task of template name (sha NULL: a built-in). */
+static void submit_template(const char *cust, const char *name, const char *sha, char id[40])
+{
+	struct kiln_err err = { .code = "" };
+	struct store_tuse u = { .template_id = "b_x", .name = name, .sha256 = sha, .builtin = !sha, .tref_json = "{}" };
+	struct store_submit t = {
+		.customer = cust, .spec_json = "{\"argv\":[\"true\"]}", .vcpus = 1, .memory_mib = 256, .body_hash = "h",
+		.tuse = &u,
+	};
+
+	if (store_task_submit(st, &t, id, &err) != 0)
+		fail_msg("submit: %s", err.message);
 }
 
 static void submit(const char *cust, unsigned memory_mib, char id[40])
@@ -381,6 +411,60 @@ static void test_place_outside_queue(void **state)
 	assert_string_equal(id, "h2");
 }
 
+/* A task of a template goes to a host with a warm VM of it, else one that
+ * holds it, else the emptiest (which fetches it); a built-in one only to
+ * hosts that list it; a default task still prefers the emptiest. */
+static void test_template_preference(void **state)
+{
+	char t1[40], t2[40], t3[40], t4[40], d[40], h[65];
+	char warm[200], held[200];
+
+	customer("a", 20);
+	snprintf(warm, sizeof(warm), "[{\"name\":\"data\",\"sha256\":\"%s\",\"builtin\":false,\"ready\":1}]", SHA_A);
+	snprintf(held, sizeof(held), "[{\"name\":\"data\",\"sha256\":\"%s\",\"builtin\":false,\"ready\":0}]", SHA_A);
+	heartbeat_templates("h1", H1, 0, "[]");   /* emptiest, has nothing */
+	heartbeat_templates("h2", H2, 4, held);   /* holds it */
+	heartbeat_templates("h3", H3, 6, warm);   /* a warm VM of it, fullest */
+	submit_template("a", "data", SHA_A, t1);
+	sched_tick(sc);
+	assert_string_equal(host_of(t1, h), "h3");
+	/* The warm VM is taken: the host that holds it next. */
+	submit_template("a", "data", SHA_A, t2);
+	sched_tick(sc);
+	assert_string_equal(host_of(t2, h), "h2");
+	/* A default task: the emptiest. */
+	submit("a", 256, d);
+	sched_tick(sc);
+	assert_string_equal(host_of(d, h), "h1");
+	/* A built-in nobody lists stays queued; once h2 lists it, it goes there. */
+	submit_template("a", "python-data", NULL, t3);
+	sched_tick(sc);
+	assert_int_equal(state_of(t3), TASK_QUEUED);
+	heartbeat_templates("h2", H2, 4, "[{\"name\":\"python-data\",\"sha256\":null,\"builtin\":true,\"ready\":0}]");
+	sched_tick(sc);
+	assert_string_equal(host_of(t3, h), "h2");
+	/* A template no host holds: anywhere (the emptiest). */
+	submit_template("a", "other", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", t4);
+	sched_tick(sc);
+	assert_string_equal(host_of(t4, h), "h1");
+}
+
+/* sched_place for a session of a built-in: only a host that lists it;
+ * none does: -E2BIG. */
+static void test_place_builtin(void **state)
+{
+	struct sched_need need = { .vcpus = 1, .memory_mib = 256, .tkey = "@python-data" };
+	char host[65], url[256];
+
+	heartbeat_templates("h1", H1, 0, "[]");
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &need, NULL, 0, host, url), -E2BIG);
+	heartbeat_templates("h2", H2, 6, "[{\"name\":\"python-data\",\"sha256\":null,\"builtin\":true,\"ready\":2}]");
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &need, NULL, 0, host, url), 0);
+	assert_string_equal(host, "h2");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -393,6 +477,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_retry_unreachable_pushes_again, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_host_lost_and_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_outside_queue, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_template_preference, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_place_builtin, setup, teardown),
 	};
 	char cmd[300];
 	int r;

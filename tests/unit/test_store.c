@@ -120,9 +120,11 @@ static void test_migrations(void **state)
 	customer(s, "acme", NULL);
 	store_close(s);
 	assert_int_equal(sql_int("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'"), 1);
-	/* Make it a version-1 database (without migration 2's indexes and 3's
-	 * sessions) and open it again: migrations 2 and 3 run, the data stays. */
+	/* Make it a version-1 database (without migration 2's indexes, 3's
+	 * sessions and 4's templates) and open it again: migrations 2 to 4 run,
+	 * the data stays. */
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
+	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
 	    " UPDATE schema_version SET version = 1");
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 0);
 	s = open_ok();
@@ -131,6 +133,7 @@ static void test_migrations(void **state)
 	store_close(s);
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'sessions'"), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'templates'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
 	/* Opening twice more changes nothing. */
 	s = open_ok();
