@@ -45,3 +45,6 @@ bench/session.sh
 echo
 # Built-in templates: print(1) restored from python-data vs default; import pandas cold vs preloaded.
 RUNS=$RUNS bench/templates.sh
+echo
+# Templates through the whole stack: print(1) python-data vs default (restored, pooled), builds, a host fetching one.
+python3 bench/templates_stack.py "${TSTACK_RUNS:-10}"
