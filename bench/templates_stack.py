@@ -88,7 +88,7 @@ def start_host(work, n, api_port, token, s3, extra):
             "cache": "%s/cache%d" % (work, n), "heartbeat_ms": 500, "s3": s3}
     conf.update(extra)
     os.makedirs(conf["cache"], exist_ok=True)
-    if n == 1:  # h1 shares the machine's snapshots (made once); h2 starts empty
+    if n == 1 and not os.path.lexists(conf["cache"] + "/snapshots"):  # h1 shares the machine's snapshots; h2 starts empty
         os.symlink(os.environ.get("KILN_CACHE", "/var/cache/kiln") + "/snapshots", conf["cache"] + "/snapshots")
     path = "%s/host%d.json" % (work, n)
     json.dump(conf, open(path, "w"))
