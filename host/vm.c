@@ -90,6 +90,11 @@ enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 	return VM_ACCEL_TCG;
 }
 
+const char *vm_cpu_model(enum vm_accel a)
+{
+	return a == VM_ACCEL_KVM ? "host" : "qemu64,vendor=GenuineIntel";
+}
+
 const char *vm_accel_name(enum vm_accel a)
 {
 	return a == VM_ACCEL_KVM ? "kvm" : a == VM_ACCEL_TCG ? "tcg" : "auto";
@@ -203,8 +208,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("-accel");
 	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "kvm" : "tcg,tb-size=64");
 	ARG("-cpu");
-	/* qemu64 under TCG: fewer features to emulate; first-touch writes ~2x faster. */
-	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "host" : "qemu64");
+	ARG("%s", vm_cpu_model(cfg->accel));
 	ARG("-m");
 	ARG("%u", cfg->memory_mib);
 	ARG("-smp");

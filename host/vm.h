@@ -100,6 +100,12 @@ struct vm {
  * kvm_amd) is loaded and /dev/kvm opens; never a software hypervisor (PVM). */
 enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err);
 const char *vm_accel_name(enum vm_accel a);
+/* The -cpu model for accel a: the host's CPU under KVM; under TCG qemu64
+ * (fewer features to emulate, first-touch writes ~2x faster) with an Intel
+ * vendor string: as AuthenticAMD family 15, OpenBLAS picks its Opteron
+ * kernels, whose 3DNow! instructions TCG does not have (SIGILL in every
+ * matrix product). Part of the snapshot key. */
+const char *vm_cpu_model(enum vm_accel a);
 
 /* Fill jc for jailing QEMU: jail_config_init, then QEMU itself, its shared
  * libraries, its firmware directory and (under TCG) its accelerator module

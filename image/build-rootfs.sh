@@ -64,7 +64,9 @@ if [ ! -f "$dest/rootfs.ext4" ]; then
     # BLAS dependency (scipy needs pythran): OpenBLAS. Its run-time CPU
     # detection takes QEMU's qemu64 CPU (TCG) for an Opteron and runs kernels
     # TCG does not emulate (SIGILL in every matrix product); the reference
-    # BLAS/LAPACK (libblas3, liblapack3) run anywhere.
+    # BLAS/LAPACK (libblas3, liblapack3) run anywhere. (kiln-host now gives
+    # TCG guests an Intel vendor string, vm_cpu_model, which fixes OpenBLAS
+    # for every template; this image does not depend on it.)
     echo "$tag replacing OpenBLAS with the reference BLAS/LAPACK" >&2
     chroot "$tree" dpkg --purge libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread \
       > "$work/purge.log" 2>&1 || { echo "$tag cannot remove OpenBLAS:" >&2; tail -n 5 "$work/purge.log" >&2; exit 1; }

@@ -170,7 +170,9 @@ assert d.rstrip()[-8:-4] == b"IEND"' "$T_TMP/plot.png"; then
 else not_ok "python-data plot" "$(head -c 800 "$T_TMP/$id.json")"; fi
 
 # --- a recipe: a package, a file and a run step, built in a build VM on h1 ---
-RECIPE=$(jq -cn --arg f "$(printf 'hello-from-file' | base64)" '{name: "tools", from: "debian", packages: ["jq"],
+# numpy over OpenBLAS: its CPU detection must find kernels TCG can run (vm_cpu_model).
+RECIPE=$(jq -cn --arg f "$(printf 'hello-from-file' | base64)" '{name: "tools", from: "debian",
+	packages: ["jq", "python3-numpy", "libopenblas0-pthread"],
 	files: [{path: "/etc/kiln-test", content_b64: $f, mode: 420}],
 	run: ["echo built-by-run > /opt/marker && chmod 644 /opt/marker"], env: {TEMPLATE_VAR: "x1"}}')
 t0=$(date +%s)
@@ -184,13 +186,15 @@ cust "$API/v1/templates/tools" > "$T_TMP/tools-get.json"
 if [[ $code =~ ^20[12]$ ]] && [ "$(jq -r .state "$T_TMP/tools-get.json")" = ready ] \
    && [ "$(jq -r '.sha256 | length' "$T_TMP/tools-get.json")" = 64 ] && grep -q 'Setting up jq' "$T_TMP/tools.ev" \
    && [ "$(cat "$T_TMP/proxy.count" 2> /dev/null || echo 0)" -ge 3 ]; then
-	ok "a recipe (package jq, a file, a run step) builds in a build VM in ${build_s}s; its events stream the log"
+	ok "a recipe (packages jq, numpy, OpenBLAS; a file; a run step) builds in a build VM in ${build_s}s; its events stream the log"
 else not_ok "recipe build" "code=$code $(head -c 800 "$T_TMP/tools-get.json")" "events: $(tail -c 600 "$T_TMP/tools.ev")"; fi
-echo "# recipe build (jq + file + run step): ${build_s}s"
+echo "# recipe build (jq, numpy, OpenBLAS + file + run step): ${build_s}s"
 
 id=$(sh_spec 'jq --version; cat /etc/kiln-test; echo; cat /opt/marker; echo "var=$TEMPLATE_VAR"' '{"template":"tools"}' | submit)
 wait_task "$id"
 out=$(jq -r .result.stdout "$T_TMP/$id.json")
+idb=$(py_spec 'import numpy; a = numpy.ones((64, 64)); print((a @ a).sum(), numpy.linalg.inv(numpy.eye(3) * 2).sum())' '{"template":"tools"}' | submit)
+wait_task "$idb"
 id0=$(sh_spec 'command -v jq || echo no-jq; cat /opt/marker 2>&1 || true; test -e /etc/kiln-test || echo no-file' | submit)
 wait_task "$id0"
 out0=$(jq -r .result.stdout "$T_TMP/$id0.json")
@@ -198,6 +202,9 @@ if grep -q '^jq-' <<< "$out" && grep -q hello-from-file <<< "$out" && grep -q bu
    && grep -q no-jq <<< "$out0" && grep -q no-file <<< "$out0"; then
 	ok "tasks of the recipe's template have its package, file, run step's output and env; default has none of them"
 else not_ok "recipe template contents" "tools: $out" "default: $out0"; fi
+if [ "$(jq -r .result.stdout "$T_TMP/$idb.json")" = "262144.0 1.5" ]; then
+	ok "numpy over OpenBLAS from a recipe does matrix products and inverses in the VM (no SIGILL under TCG)"
+else not_ok "OpenBLAS" "$(jq -c '{state, stdout: .result.stdout, stderr: .result.stderr, end_reason}' "$T_TMP/$idb.json")"; fi
 
 # --- an OCI image, made here from a local directory (no registry) ---
 mkdir -p "$T_TMP/oci-src/bin" "$T_TMP/oci-src/app"
