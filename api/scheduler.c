@@ -61,6 +61,7 @@ struct watch {
 	char task[40], customer[65], host[65], url[256];
 	enum task_state state;       /* as last recorded by this watcher */
 	int push;                    /* push before following */
+	int superseded;              /* the task was placed again elsewhere: a newer watcher has it */
 	struct watch *next;
 };
 
@@ -115,6 +116,19 @@ static enum task_state stored_state(struct sched *s, const char *id)
 
 	json_decref(j);
 	return st;
+}
+
+/* Is the task stored as scheduled on host? (Not when it was requeued and
+ * placed on another host meanwhile: then this watcher must not push it.) */
+static int stored_scheduled_on(struct sched *s, const char *id, const char *host)
+{
+	json_t *j = store_task_json(s->st, id, NULL);
+	const char *h = json_string_value(json_object_get(j, "host"));
+	int r = task_state_parse(json_string_value(json_object_get(j, "state"))) == TASK_SCHEDULED && h &&
+		!strcmp(h, host);
+
+	json_decref(j);
+	return r;
 }
 
 /* Record the host's progress with compare-and-set from what this watcher
@@ -215,8 +229,9 @@ static int push(struct watch *w)
 	free(spec_text);
 	if (!spec)
 		return -1;
-	if (stored_state(s, w->task) != TASK_SCHEDULED) {
-		/* Cancelled (or requeued) before it reached the host: nothing to push. */
+	if (!stored_scheduled_on(s, w->task, w->host)) {
+		/* Cancelled, or requeued (and maybe placed elsewhere), before it
+		 * reached the host: nothing to push. */
 		json_decref(spec);
 		w->state = TASK_QUEUED;
 		return 0;
@@ -292,7 +307,8 @@ static void *watch_main(void *arg)
 	struct sched *s = w->s;
 	unsigned backoff_ms = WATCH_BACKOFF_MIN_MS;
 
-	while (!stopping(s) && !task_state_final(w->state) && w->state != TASK_QUEUED) {
+	while (!stopping(s) && !task_state_final(w->state) && w->state != TASK_QUEUED &&
+	       !__atomic_load_n(&w->superseded, __ATOMIC_ACQUIRE)) {
 		struct follow_ctx f = { .w = w };
 		struct kiln_err err = { .code = "" };
 		json_t *t = NULL;
@@ -364,9 +380,17 @@ static int watch_start_locked(struct sched *s, const struct store_task *t, const
 	pthread_attr_t attr;
 	pthread_t th;
 
-	for (w = s->watches; w; w = w->next)
-		if (!strcmp(w->task, t->id))
+	for (w = s->watches; w; w = w->next) {
+		if (strcmp(w->task, t->id) || __atomic_load_n(&w->superseded, __ATOMIC_ACQUIRE))
+			continue;
+		if (!strcmp(w->host, h->id))
 			return 0;
+		/* Its old watcher still waits on the host it was requeued from
+		 * (lost, or refusing): it stands down, a new one takes the task
+		 * to this host. */
+		__atomic_store_n(&w->superseded, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&s->wake);
+	}
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -1;

@@ -134,11 +134,13 @@ static int wait_count(const char *method, const char *url, const char *p, int wa
 	return 0;
 }
 
+static unsigned lost_after_ms = 10000;
+
 static int setup(void **state)
 {
 	struct kiln_err err = { .code = "" };
 	struct sched_config cfg = {
-		.cluster_token = "tok", .host_lost_after_ms = 10000, .host = &fake_ops, .clock = &fake_clock,
+		.cluster_token = "tok", .host_lost_after_ms = lost_after_ms, .host = &fake_ops, .clock = &fake_clock,
 	};
 
 	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
@@ -161,7 +163,16 @@ static int teardown(void **state)
 {
 	sched_stop(sc);
 	store_close(st);
+	lost_after_ms = 10000;
 	return 0;
+}
+
+/* A host is lost 300 ms after its last heartbeat: heartbeats carry the
+ * store's real time, so a test keeps one host live by sleeping for real. */
+static int setup_quick_loss(void **state)
+{
+	lost_after_ms = 300;
+	return setup(state);
 }
 
 /* One customer's backlog does not starve another: the queue is read
@@ -324,6 +335,32 @@ static void test_retry_unreachable_pushes_again(void **state)
 	assert_int_equal(state_of(t), TASK_SCHEDULED);
 }
 
+/* A task whose push to h1 fails (h1 just died) is requeued when h1 is lost
+ * and placed on h2 while h1's watcher still waits to retry: a watcher for
+ * h2 pushes it there (the old one stands down, and never pushes a task the
+ * store has placed elsewhere). It used to stay "scheduled" on h2 forever. */
+static void test_replaced_while_old_watcher_waits(void **state)
+{
+	char t[40], h[65];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", -1, NULL);
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_count("POST", H1, "/v1/tasks", 1));
+	assert_string_equal(host_of(t, h), "h1");
+	usleep(400 * 1000); /* the wall clock (fake_wall_ms) follows real time */
+	heartbeat("h2", H2, 8, 0, 0, 0);
+	sched_tick(sc); /* h1 lost: t back to the queue */
+	sched_tick(sc); /* t placed on h2 */
+	assert_string_equal(host_of(t, h), "h2");
+	assert_true(wait_count("POST", H2, "/v1/tasks", 1));
+	assert_true(wait_count("GET", H2, "/v1/tasks/", 1)); /* followed there */
+	assert_int_equal(state_of(t), TASK_SCHEDULED);
+	assert_string_equal(host_of(t, h), "h2");
+}
+
 /* A host that stops heartbeating is lost: a task it never started goes
  * back to the queue, a started one ends as error/host_lost. When it
  * heartbeats again it is used again, and what it still runs that the store
@@ -475,6 +512,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_retry_full_backoff_clock, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_refused_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_unreachable_pushes_again, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replaced_while_old_watcher_waits, setup_quick_loss, teardown),
 		cmocka_unit_test_setup_teardown(test_host_lost_and_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_outside_queue, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_template_preference, setup, teardown),
