@@ -418,31 +418,37 @@ static int watch_start_locked(struct sched *s, const struct store_task *t, const
 /* ---- hosts ---- */
 
 /* capacity.templates of a heartbeat into v: built-ins as "@NAME", others
- * by their SHA-256 (the first HOST_TEMPLATES that have one). */
+ * by their SHA-256. Built-ins first and always (a built-in task may only go
+ * to a host that lists it: a long list of customer templates must not push
+ * them out), then the first customer templates that fit HOST_TEMPLATES. */
 static void host_templates(struct host_view *v, json_t *list)
 {
 	json_t *e;
 	size_t i;
 
 	v->ntemplates = 0;
-	json_array_foreach(list, i, e) {
-		const char *name = json_string_value(json_object_get(e, "name"));
-		const char *sha = json_string_value(json_object_get(e, "sha256"));
-		struct host_template *ht;
-		json_int_t ready = json_integer_value(json_object_get(e, "ready"));
+	for (int pass = 0; pass < 2; pass++)
+		json_array_foreach(list, i, e) {
+			const char *name = json_string_value(json_object_get(e, "name"));
+			const char *sha = json_string_value(json_object_get(e, "sha256"));
+			int builtin = json_is_true(json_object_get(e, "builtin"));
+			struct host_template *ht;
+			json_int_t ready = json_integer_value(json_object_get(e, "ready"));
 
-		if (v->ntemplates >= HOST_TEMPLATES)
-			break;
-		ht = &v->templates[v->ntemplates];
-		if (json_is_true(json_object_get(e, "builtin")) && name && strlen(name) < sizeof(ht->key) - 1)
-			snprintf(ht->key, sizeof(ht->key), "@%s", name);
-		else if (sha && strlen(sha) == 64)
-			snprintf(ht->key, sizeof(ht->key), "%s", sha);
-		else
-			continue;
-		ht->ready = ready > 0 ? (unsigned)(ready < 1000000 ? ready : 1000000) : 0;
-		v->ntemplates++;
-	}
+			if (v->ntemplates >= HOST_TEMPLATES)
+				return;
+			if (builtin != (pass == 0))
+				continue;
+			ht = &v->templates[v->ntemplates];
+			if (builtin && name && strlen(name) < sizeof(ht->key) - 1)
+				snprintf(ht->key, sizeof(ht->key), "@%s", name);
+			else if (!builtin && sha && strlen(sha) == 64)
+				snprintf(ht->key, sizeof(ht->key), "%s", sha);
+			else
+				continue;
+			ht->ready = ready > 0 ? (unsigned)(ready < 1000000 ? ready : 1000000) : 0;
+			v->ntemplates++;
+		}
 }
 
 /* The host's entry for a template key, or NULL. */

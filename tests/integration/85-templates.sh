@@ -87,7 +87,7 @@ host_config() { # n listen extra-json
 	jq -n --arg n "$1" --arg listen "$2" --arg api "$API" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" \
 		--arg run "$KILN_RUN_DIR/h$1" --arg cache "$T_TMP/cache-$1" --argjson s3 "$S3" --argjson extra "$3" \
 		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-		  heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 1, prestart: 0}, s3: $s3} + $extra' \
+		  cache: $cache, heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 1, prestart: 0}, s3: $s3} + $extra' \
 		> "$T_TMP/host$1.json"
 }
 host_config 1 "$NET.11:7070" '{"network":{"egress":true,"dns_upstream":"'"$PEER"':53","link_range":"10.233.0.0/16"},"templates":{"mirror":"'"$MIRROR"'"}}'

@@ -500,6 +500,24 @@ static void test_place_builtin(void **state)
 	sched_tick(sc);
 	assert_int_equal(sched_place(sc, &need, NULL, 0, host, url), 0);
 	assert_string_equal(host, "h2");
+
+	/* A host whose list starts with many customer templates: its built-in,
+	 * listed last, still counts (it used to fall past the 16 kept). */
+	{
+		char list[4096];
+		size_t o = 0;
+
+		o += (size_t)snprintf(list + o, sizeof(list) - o, "[");
+		for (int i = 0; i < 20; i++)
+			o += (size_t)snprintf(list + o, sizeof(list) - o,
+					      "{\"name\":\"c%d\",\"sha256\":\"%064x\",\"builtin\":false,\"ready\":0},", i, i + 1);
+		snprintf(list + o, sizeof(list) - o, "{\"name\":\"python-data\",\"sha256\":null,\"builtin\":true,\"ready\":0}]");
+		heartbeat_templates("h2", H2, 8, "[]");
+		heartbeat_templates("h3", H3, 0, list);
+		sched_tick(sc);
+		assert_int_equal(sched_place(sc, &need, NULL, 0, host, url), 0);
+		assert_string_equal(host, "h3");
+	}
 }
 
 int main(void)
