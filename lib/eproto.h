@@ -1,0 +1,149 @@
+/* eproto: the protocol of the guest's process and file daemon (envd), spoken
+ * over the second virtio-serial port, `kiln.envd`. It carries E2B-style work
+ * that kiln-init's one-task-at-a-time agent cannot: many processes at once,
+ * each with its own output stream, stdin and signals, and file operations
+ * beside them. Framing is lib/proto's (8-byte header, payload <= 128 KiB,
+ * little-endian, every length bounded); the types are 0x80 and up so that a
+ * frame sent to the wrong port is refused, never misread. docs/e2b.md has the
+ * message table and the rules. Shared by guest/envd.c and host/envd*.c; no
+ * allocation, no I/O. */
+#ifndef KILN_EPROTO_H
+#define KILN_EPROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto.h"
+
+#define EPROTO_VERSION 1
+/* Unacknowledged OUT bytes per process (and DATA bytes per READ) the guest
+ * may have sent: past it, it stops reading that process's pipe (the process
+ * blocks as on a full pipe) until an ACK gives room. */
+#define EPROTO_WINDOW (1024 * 1024)
+#define EPROTO_MAX_USER 32       /* a user name */
+#define EPROTO_MAX_TAG 256       /* a process tag */
+#define EPROTO_MAX_CHUNK (64 * 1024) /* OUT, DATA and WDATA bytes per frame */
+
+enum eproto_type {
+	/* guest -> host */
+	EP_HELLO = 0x80,   /* u32 version, u32 features: sent on every (re)connection; the host drops all it had pending */
+	EP_STARTED = 0x81, /* u32 req, u32 pid: a START succeeded */
+	EP_OUT = 0x82,     /* u32 pid, u8 stream (enum eproto_stream), then raw bytes (<= EPROTO_MAX_CHUNK) */
+	EP_END = 0x83,     /* u32 pid, u8 how (PROTO_EXITED / PROTO_SIGNALED), u32 status: after its last OUT */
+	EP_ERROR = 0x84,   /* u32 req, i32 code (negative errno), str message (<= PROTO_MAX_MSG): the request failed */
+	EP_DONE = 0x85,    /* u32 req: the request succeeded (or a LIST / LISTDIR / READ ended) */
+	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry */
+	EP_PROC = 0x87,    /* u32 req, struct eproto_proc: one LIST row */
+	EP_DATA = 0x88,    /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK): a READ's content */
+
+	/* host -> guest */
+	EP_START = 0x90,       /* struct eproto_start -> STARTED, then OUT* and END; or ERROR */
+	EP_INPUT = 0x91,       /* u32 pid, then raw bytes: the process's stdin (or typed into its pty). No reply */
+	EP_CLOSE_STDIN = 0x92, /* u32 pid. No reply */
+	EP_SIGNAL = 0x93,      /* u32 pid, u32 signal (1-64): to the process's group. No reply */
+	EP_RESIZE = 0x94,      /* u32 pid, u32 rows, u32 cols (1-4096): its pty. No reply */
+	EP_ACK = 0x95,         /* u32 id (a pid for OUT, a req for DATA), u32 bytes consumed. No reply */
+	EP_LIST = 0x96,        /* u32 req -> PROC* then DONE */
+	EP_STAT = 0x97,        /* u32 req, str user, str path -> ENTRY or ERROR */
+	EP_LISTDIR = 0x98,     /* u32 req, str user, str path, u32 depth (1-16) -> ENTRY* then DONE, or ERROR */
+	EP_MKDIR = 0x99,       /* u32 req, str user, str path -> ENTRY (created, with parents) or ERROR (-EEXIST) */
+	EP_MOVE = 0x9a,        /* u32 req, str user, str src, str dst -> ENTRY (of dst) or ERROR */
+	EP_REMOVE = 0x9b,      /* u32 req, str user, str path -> DONE or ERROR (recursive for a directory) */
+	EP_READ = 0x9c,        /* u32 req, str user, str path -> DATA* then DONE, or ERROR (possibly after DATA) */
+	EP_WRITE = 0x9d,       /* u32 req, str user, str path: begins a file; WDATA* and WEND follow */
+	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
+	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
+	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or nothing if it already ended */
+};
+
+enum eproto_stream { EP_STDOUT = 1, EP_STDERR = 2, EP_PTY = 3 };
+
+/* START flags. */
+#define EP_START_STDIN 0x1u /* stdin is a pipe fed by INPUT (CLOSE_STDIN ends it); else /dev/null */
+#define EP_START_PTY   0x2u /* stdin/stdout/stderr are a new pseudo-terminal of rows x cols; output comes as EP_PTY */
+#define EP_START_FLAGS (EP_START_STDIN | EP_START_PTY)
+
+/* START: argv/env/user/cwd/tag point into strbuf, a copy the decoder owns.
+ * user "" is the default user (`user`, created by envd when the image lacks
+ * it); cwd "" is the user's home; a relative cwd is relative to the home. env
+ * is the whole set of variables the host adds (KEY=VALUE) on top of the
+ * user's login defaults (HOME, USER, LOGNAME, SHELL, PATH). */
+struct eproto_start {
+	uint32_t req;
+	uint32_t flags;
+	uint32_t rows, cols; /* with EP_START_PTY: 1-4096 each; else 0 */
+	const char *user, *cwd, *tag;
+	uint32_t argc, envc; /* argc 1-PROTO_MAX_ARGS, envc 0-PROTO_MAX_ENV */
+	const char *argv[PROTO_MAX_ARGS + 1];
+	const char *env[PROTO_MAX_ENV + 1];
+	char strbuf[PROTO_MAX_PAYLOAD];
+};
+
+/* One LIST row: a process START began that has not ended. */
+struct eproto_proc {
+	uint32_t req;
+	uint32_t pid;
+	uint32_t flags; /* the START flags */
+	const char *tag, *cwd;
+	uint32_t argc, envc;
+	const char *argv[PROTO_MAX_ARGS + 1];
+	const char *env[PROTO_MAX_ENV + 1]; /* the env START carried, not the login defaults */
+	char strbuf[PROTO_MAX_PAYLOAD];
+};
+
+enum eproto_ftype { EP_FILE = 1, EP_DIR = 2, EP_SYMLINK = 3, EP_OTHER = 4 };
+/* A file's metadata, from lstat (a symlink is reported as itself, with its
+ * target). path is absolute; name is its last component. */
+struct eproto_entry {
+	uint32_t req;
+	uint8_t type;   /* enum eproto_ftype */
+	uint32_t mode;  /* st_mode */
+	uint64_t size;
+	uint32_t uid, gid;
+	int64_t mtime_sec;
+	uint32_t mtime_nsec;
+	char owner[EPROTO_MAX_USER + 1], group[EPROTO_MAX_USER + 1]; /* "" when unnamed */
+	char name[256];
+	char path[PROTO_MAX_PATH + 1];
+	char target[PROTO_MAX_PATH + 1]; /* a symlink's target, else "" */
+};
+
+/* A file-system request: STAT, LISTDIR, MKDIR, MOVE (path2 = dst), REMOVE,
+ * READ, WRITE. */
+struct eproto_fsreq {
+	uint32_t req;
+	char user[EPROTO_MAX_USER + 1];
+	char path[PROTO_MAX_PATH + 1];
+	char path2[PROTO_MAX_PATH + 1];
+	uint32_t depth; /* LISTDIR only */
+};
+
+/* Encoders write a payload (no frame header) into buf and return its length,
+ * or -ENOSPC. Decoders check every field (lengths, flags, ranges, no NUL in
+ * strings, the payload consumed exactly) and return 0 or -EPROTO. */
+ssize_t eproto_start_encode(uint8_t *buf, size_t cap, const struct eproto_start *m);
+int eproto_start_decode(const uint8_t *p, size_t len, struct eproto_start *m);
+ssize_t eproto_proc_encode(uint8_t *buf, size_t cap, const struct eproto_proc *m);
+int eproto_proc_decode(const uint8_t *p, size_t len, struct eproto_proc *m);
+ssize_t eproto_entry_encode(uint8_t *buf, size_t cap, const struct eproto_entry *m);
+int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m);
+/* type is the request's: STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ or WRITE. */
+ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m);
+int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eproto_fsreq *m);
+
+/* The small fixed messages. */
+ssize_t eproto_u32s_encode(uint8_t *buf, size_t cap, const uint32_t *v, unsigned n);
+/* Exactly n u32s and nothing else. */
+int eproto_u32s_decode(const uint8_t *p, size_t len, uint32_t *v, unsigned n);
+/* A u32 id followed by raw bytes (OUT also has a u8 stream between them:
+ * use eproto_out_*). */
+int eproto_idraw_decode(const uint8_t *p, size_t len, uint32_t *id, const uint8_t **raw, size_t *n);
+ssize_t eproto_out_encode(uint8_t *buf, size_t cap, uint32_t pid, uint8_t stream, const void *raw, size_t n);
+int eproto_out_decode(const uint8_t *p, size_t len, uint32_t *pid, uint8_t *stream, const uint8_t **raw, size_t *n);
+ssize_t eproto_end_encode(uint8_t *buf, size_t cap, uint32_t pid, uint8_t how, uint32_t status);
+int eproto_end_decode(const uint8_t *p, size_t len, uint32_t *pid, uint8_t *how, uint32_t *status);
+ssize_t eproto_error_encode(uint8_t *buf, size_t cap, uint32_t req, int32_t code, const char *msg);
+int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
+
+#endif
