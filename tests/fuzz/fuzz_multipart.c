@@ -11,15 +11,7 @@
 
 #include "buf.h"
 #include "multipart.h"
-
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 struct log {
 	struct buf b; /* everything the callbacks saw, serialised */
