@@ -18,6 +18,8 @@ pkgs=(
   qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
   # tests and benchmarks
   python3 jq curl hyperfine wrk
+  # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
+  nodejs
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
   # S3 client for the tests to read back what kiln wrote
   swift swift-proxy swift-account swift-container swift-object memcached python3-boto3
@@ -27,6 +29,8 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# Debian packages npm separately; other builds of nodejs bring their own npm.
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
