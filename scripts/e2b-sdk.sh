@@ -24,11 +24,6 @@ have() { # DIR: the e2b version installed there, or nothing
 	jq -r .version "$1/node_modules/e2b/package.json" 2>/dev/null || true
 }
 
-if [ "$(have "$dest")" = "$want" ]; then
-	echo "$dest/node_modules"
-	exit 0
-fi
-
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	echo "e2b-sdk: node or npm missing: running scripts/deps.sh" >&2
 	"$root/scripts/deps.sh" >&2
@@ -43,6 +38,11 @@ const [a, b, c] = process.versions.node.split(".").map(Number);
 process.exit((a === 20 && (b > 18 || (b === 18 && c >= 1))) || a >= 22 ? 0 : 1)'; then
 	echo "e2b-sdk: node $nodev is too old for e2b $want (it needs node >= 20.18.1 <21 or >= 22)" >&2
 	exit 1
+fi
+
+if [ "$(have "$dest")" = "$want" ]; then
+	echo "$dest/node_modules"
+	exit 0
 fi
 
 mkdir -p "$cache"

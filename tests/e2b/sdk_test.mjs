@@ -1,0 +1,536 @@
+// kiln's E2B compatibility test: the unmodified E2B JavaScript SDK (e2b
+// 2.51.0, tests/e2b/package.json) against a kiln stack, configured by the
+// three variables an E2B user sets and nothing else:
+//
+//   E2B_API_URL=http://HOST:PORT/e2b E2B_SANDBOX_URL=http://HOST:PORT E2B_API_KEY=kiln_...
+//
+// Test-only inputs: KILN_E2B_SDK (the node_modules directory printed by
+// scripts/e2b-sdk.sh) and E2B_TEST_OTHER_KEY (another customer's key, for
+// the isolation checks; without it they are skipped, saying so).
+//
+// One sandbox serves every check that does not need its own (a second one is
+// never created: VMs under TCG are slow). Each check prints one line,
+// PASS/FAIL/SKIP NAME, with details on indented lines below a failure; the
+// last line is "sdk_test: N passed, N failed, N skipped". Exit status 1 when
+// any check failed, 2 when the test could not start.
+//
+//   KILN_E2B_SDK=$(scripts/e2b-sdk.sh) node tests/e2b/sdk_test.mjs
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { loadSdk, requireEnv } from './sdk.mjs';
+
+let sdk, version;
+try {
+  requireEnv();
+  ({ sdk, version } = await loadSdk());
+} catch (e) {
+  console.log(`sdk_test: cannot start: ${e.message}`);
+  process.exit(2);
+}
+const {
+  Sandbox, CommandExitError, TimeoutError, AuthenticationError, NotFoundError, FileNotFoundError,
+  SandboxNotFoundError, SandboxError, Volume, Template,
+} = sdk;
+
+const RUN = `sdk-${process.pid}-${Date.now()}`;
+const OTHER_KEY = process.env.E2B_TEST_OTHER_KEY || '';
+const counts = { pass: 0, fail: 0, skip: 0 };
+// What each unsupported call raised, for docs/e2b.md's table.
+const raised = [];
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const sha256 = (buf) => createHash('sha256').update(buf).digest('hex');
+const errName = (e) => (e && e.constructor ? e.constructor.name : typeof e);
+const errText = (e) => `${errName(e)}: ${String(e && e.message).split('\n')[0].slice(0, 200)}`;
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  return Promise.race([
+    promise,
+    new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: no answer after ${ms / 1000} s (a hang)`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+// check NAME FN [timeout ms]: FN returns nothing or a detail string.
+async function check(name, fn, ms = 60000) {
+  const t0 = performance.now();
+  try {
+    const detail = await withTimeout(Promise.resolve().then(fn), ms, name);
+    const took = Math.round(performance.now() - t0);
+    counts.pass++;
+    console.log(`PASS ${name}${detail ? ` (${detail})` : ''} [${took} ms]`);
+    return true;
+  } catch (e) {
+    const took = Math.round(performance.now() - t0);
+    counts.fail++;
+    console.log(`FAIL ${name} [${took} ms]`);
+    for (const l of String((e && e.stack) || e).split('\n').slice(0, 8)) console.log(`    ${l}`);
+    return false;
+  }
+}
+
+function skip(name, why) {
+  counts.skip++;
+  console.log(`SKIP ${name}: ${why}`);
+}
+
+// rejects PROMISE-FN CLASS: the error, asserted to be an instance of CLASS.
+async function rejects(fn, cls) {
+  let err;
+  try {
+    await fn();
+  } catch (e) {
+    err = e;
+  }
+  assert.ok(err, `expected ${cls.name}, but the call succeeded`);
+  assert.ok(err instanceof cls, `expected ${cls.name}, got ${errText(err)}`);
+  return err;
+}
+
+// An error the SDK made (its own classes), not a raw fetch/socket failure.
+function isSdkError(e) {
+  return e instanceof SandboxError || e instanceof AuthenticationError || e instanceof sdk.ServiceBusyError ||
+    e instanceof sdk.VolumeError || e instanceof sdk.BuildError || e instanceof sdk.SecretError;
+}
+async function sdkFailure(fn, name) {
+  let err;
+  try {
+    const v = await fn();
+    err = null;
+    raised.push(`${name}: returned ${JSON.stringify(v)}`);
+  } catch (e) {
+    err = e;
+    raised.push(`${name}: ${errText(e)}`);
+  }
+  assert.ok(err, `${name} succeeded`);
+  assert.ok(isSdkError(err), `${name} raised ${errText(err)}, not one of the SDK's error classes`);
+  return errText(err);
+}
+
+async function waitFor(pred, ms, what) {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (await pred()) return;
+    await sleep(100);
+  }
+  throw new Error(`${what}: not within ${ms} ms`);
+}
+
+async function listAll(opts) {
+  const p = Sandbox.list(opts);
+  const out = [];
+  while (p.hasNext) out.push(...(await p.nextItems()));
+  return out;
+}
+
+console.log(`# e2b SDK ${version} against ${process.env.E2B_API_URL} (envd at ${process.env.E2B_SANDBOX_URL}), run ${RUN}`);
+
+let sbx;
+const t0 = performance.now();
+await check('Sandbox.create() with envs, metadata and a timeout', async () => {
+  sbx = await Sandbox.create({ envs: { SBX_VAR: 'from-create' }, metadata: { kilntest: RUN }, timeoutMs: 900_000 });
+  assert.match(sbx.sandboxId, /\S/);
+  return `${sbx.sandboxId} in ${Math.round(performance.now() - t0)} ms`;
+}, 300_000);
+if (!sbx) {
+  console.log(`sdk_test: ${counts.pass} passed, ${counts.fail} failed, ${counts.skip} skipped (no sandbox: the rest cannot run)`);
+  process.exit(1);
+}
+const id = sbx.sandboxId;
+
+try {
+  // ---- commands ----
+  await check("commands.run('echo hi'): stdout, exit code 0", async () => {
+    const r = await sbx.commands.run('echo hi');
+    assert.equal(r.stdout, 'hi\n');
+    assert.equal(r.stderr, '');
+    assert.equal(r.exitCode, 0);
+  });
+
+  await check('onStdout/onStderr stream output as it is written (before the command ends)', async () => {
+    let tFirst = null, errSeen = '';
+    const chunks = [];
+    const r = await sbx.commands.run('echo first; echo err1 >&2; sleep 1.5; echo second', {
+      onStdout: (d) => {
+        chunks.push(d);
+        if (tFirst === null && chunks.join('').includes('first')) tFirst = performance.now();
+      },
+      onStderr: (d) => { errSeen += d; },
+    });
+    const tEnd = performance.now();
+    assert.equal(r.stdout, 'first\nsecond\n');
+    assert.equal(chunks.join(''), 'first\nsecond\n');
+    assert.equal(errSeen, 'err1\n');
+    assert.ok(tFirst !== null, 'onStdout never saw "first"');
+    const lead = Math.round(tEnd - tFirst);
+    assert.ok(lead >= 1000, `"first" arrived only ${lead} ms before the end (the command sleeps 1.5 s after it)`);
+    return `"first" ${lead} ms before the result, ${chunks.length} chunks`;
+  });
+
+  await check('a non-zero exit raises CommandExitError with exitCode and stderr', async () => {
+    const e = await rejects(() => sbx.commands.run('echo out; echo oops >&2; exit 3'), CommandExitError);
+    assert.equal(e.exitCode, 3);
+    assert.equal(e.stderr, 'oops\n');
+    assert.equal(e.stdout, 'out\n');
+  });
+
+  await check("envs and cwd per command; the sandbox's envVars from create; a command's envs win", async () => {
+    const r = await sbx.commands.run('echo "$FOO:$SBX_VAR"; pwd', { envs: { FOO: 'bar baz' }, cwd: '/tmp' });
+    assert.equal(r.stdout, 'bar baz:from-create\n/tmp\n');
+    const o = await sbx.commands.run('echo "$SBX_VAR"', { envs: { SBX_VAR: 'override' } });
+    assert.equal(o.stdout, 'override\n');
+  });
+
+  await check("default user: whoami is 'user', HOME and cwd /home/user", async () => {
+    const r = await sbx.commands.run('whoami; echo "$HOME"; pwd; id -u');
+    const [who, home, cwd, uid] = r.stdout.trim().split('\n');
+    assert.deepEqual([who, home, cwd], ['user', '/home/user', '/home/user']);
+    assert.notEqual(uid, '0');
+    return `uid ${uid}`;
+  });
+
+  await check("user: 'root' when asked", async () => {
+    const r = await sbx.commands.run('whoami; cd && pwd', { user: 'root' });
+    assert.equal(r.stdout, 'root\n/root\n');
+  });
+
+  await check('a command outliving timeoutMs raises TimeoutError, and it is killed', async () => {
+    const t = performance.now();
+    await rejects(() => sbx.commands.run('sleep 37', { timeoutMs: 1500 }), TimeoutError);
+    const took = Math.round(performance.now() - t);
+    assert.ok(took < 15000, `TimeoutError only after ${took} ms`);
+    await waitFor(async () => {
+      const r = await sbx.commands.run("ps -eo args | grep -cx 'sleep 37' || true");
+      return r.stdout.trim() === '0';
+    }, 5000, 'the timed-out sleep 37 still runs');
+    return `raised after ${took} ms`;
+  });
+
+  await check('a background command: commands.list shows it, sendStdin reaches it, kill ends it', async () => {
+    let out = '';
+    const h = await sbx.commands.run('while read -r l; do echo "got:$l"; done', {
+      background: true, stdin: true, onStdout: (d) => { out += d; },
+    });
+    assert.ok(h.pid > 0);
+    const list = await sbx.commands.list();
+    const mine = list.find((p) => p.pid === h.pid);
+    assert.ok(mine, `pid ${h.pid} not in commands.list(): ${JSON.stringify(list)}`);
+    assert.ok(mine.args.join(' ').includes('while read'), `its args: ${JSON.stringify(mine)}`);
+    await sbx.commands.sendStdin(h.pid, 'ping\n');
+    await waitFor(() => out.includes('got:ping\n'), 10000, 'the echo of the stdin line');
+    assert.equal(await sbx.commands.kill(h.pid), true);
+    const e = await rejects(() => h.wait(), CommandExitError);
+    assert.notEqual(e.exitCode, 0);
+    const after = await sbx.commands.list();
+    assert.ok(!after.some((p) => p.pid === h.pid), `pid ${h.pid} still listed after kill`);
+    assert.equal(await sbx.commands.kill(h.pid), false, 'killing it again: false (not_found)');
+    return `pid ${h.pid}, ended with exitCode ${e.exitCode} (${e.error || ''})`;
+  });
+
+  await check('closeStdin ends the input: cat returns what was sent', async () => {
+    const h = await sbx.commands.run('cat', { background: true, stdin: true });
+    await h.sendStdin('abc\x00\xff-end');
+    await h.closeStdin();
+    const r = await h.wait();
+    assert.equal(r.stdout, 'abc\x00\xff-end');
+  });
+
+  await check('a disconnected command keeps running; commands.connect attaches to its output', async () => {
+    const h = await sbx.commands.run('sleep 2; echo late', { background: true });
+    await h.disconnect();
+    let out = '';
+    const c = await sbx.commands.connect(h.pid, { onStdout: (d) => { out += d; } });
+    const r = await c.wait();
+    assert.equal(r.exitCode, 0);
+    assert.equal(out, 'late\n');
+  });
+
+  await check('commands.connect to an unknown pid raises NotFoundError', async () => {
+    await rejects(() => sbx.commands.connect(999999), NotFoundError);
+  });
+
+  await check('pty.create, sendInput, resize, kill', async () => {
+    let out = '';
+    const dec = new TextDecoder();
+    const t = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }); } });
+    await sbx.pty.sendInput(t.pid, new TextEncoder().encode('echo pty-$((6*7))\n'));
+    await waitFor(() => out.includes('pty-42'), 10000, 'the pty echo');
+    await sbx.pty.resize(t.pid, { cols: 100, rows: 30 });
+    await sbx.pty.sendInput(t.pid, new TextEncoder().encode('stty size\n'));
+    await waitFor(() => out.includes('30 100'), 10000, 'stty size after resize');
+    assert.equal(await sbx.pty.kill(t.pid), true);
+    await t.wait().catch(() => {});
+  });
+
+  // ---- files ----
+  await check('files.write and files.read of text (absolute and home-relative paths)', async () => {
+    const w = await sbx.files.write('/home/user/hello.txt', 'hello kiln\n');
+    assert.equal(w.path, '/home/user/hello.txt');
+    assert.equal(w.name, 'hello.txt');
+    assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello kiln\n');
+    await sbx.files.write('rel/x.txt', 'relative');
+    assert.equal(await sbx.files.read('/home/user/rel/x.txt'), 'relative');
+    const r = await sbx.commands.run('cat /home/user/hello.txt; stat -c %U rel/x.txt');
+    assert.equal(r.stdout, 'hello kiln\nuser\n');
+  });
+
+  await check('files.write and files.read of 5 MiB of random bytes: sha256 equal, in the guest too', async () => {
+    const big = randomBytes(5 << 20);
+    const w = await sbx.files.write('/home/user/big.bin', new Blob([big]));
+    assert.equal(w.path, '/home/user/big.bin');
+    const back = await sbx.files.read('/home/user/big.bin', { format: 'bytes' });
+    assert.equal(back.length, big.length);
+    assert.equal(sha256(back), sha256(big));
+    const r = await sbx.commands.run('sha256sum /home/user/big.bin');
+    assert.equal(r.stdout.split(' ')[0], sha256(big));
+    const s = await sbx.files.read('/home/user/big.bin', { format: 'stream' });
+    const h = createHash('sha256');
+    for await (const c of s) h.update(c);
+    assert.equal(h.digest('hex'), sha256(big), 'read as a stream');
+  }, 180_000);
+
+  await check('files.write with useOctetStream (raw body), binary with CRLF and boundary-like bytes', async () => {
+    const data = Buffer.concat([randomBytes(300_000), Buffer.from('\r\n--boundary\r\n\r\n--\r\n'), randomBytes(300_000)]);
+    await sbx.files.write('/home/user/oct.bin', new Blob([data]), { useOctetStream: true });
+    const back = await sbx.files.read('/home/user/oct.bin', { format: 'bytes' });
+    assert.equal(sha256(back), sha256(data));
+  }, 120_000);
+
+  await check('files.write of two files in one request (two multipart parts)', async () => {
+    const res = await sbx.files.write([
+      { path: '/home/user/multi/a.txt', data: 'A-content' },
+      { path: '/home/user/multi/deeper/b.txt', data: 'B-content' },
+    ]);
+    assert.equal(res.length, 2);
+    assert.deepEqual(res.map((r) => r.path).sort(), ['/home/user/multi/a.txt', '/home/user/multi/deeper/b.txt']);
+    assert.equal(await sbx.files.read('/home/user/multi/a.txt'), 'A-content');
+    assert.equal(await sbx.files.read('/home/user/multi/deeper/b.txt'), 'B-content');
+  });
+
+  await check('files.makeDir (true, then false when it exists) and files.list (depth 1 and 2)', async () => {
+    assert.equal(await sbx.files.makeDir('/home/user/d/sub'), true);
+    assert.equal(await sbx.files.makeDir('/home/user/d/sub'), false);
+    const l = await sbx.files.list('/home/user/d');
+    assert.deepEqual(l.map((e) => `${e.name}:${e.type}:${e.path}`), ['sub:dir:/home/user/d/sub']);
+    const m = await sbx.files.list('/home/user/multi', { depth: 2 });
+    assert.deepEqual(m.map((e) => e.path).sort(),
+      ['/home/user/multi/a.txt', '/home/user/multi/deeper', '/home/user/multi/deeper/b.txt']);
+    const one = await sbx.files.list('/home/user/multi');
+    assert.deepEqual(one.map((e) => e.name).sort(), ['a.txt', 'deeper']);
+  });
+
+  await check('files.rename, files.exists, files.getInfo', async () => {
+    const e = await sbx.files.rename('/home/user/hello.txt', '/home/user/d/renamed.txt');
+    assert.equal(e.path, '/home/user/d/renamed.txt');
+    assert.equal(e.name, 'renamed.txt');
+    assert.equal(await sbx.files.exists('/home/user/hello.txt'), false);
+    assert.equal(await sbx.files.exists('/home/user/d/renamed.txt'), true);
+    const i = await sbx.files.getInfo('/home/user/d/renamed.txt');
+    assert.equal(i.type, 'file');
+    assert.equal(i.size, 11);
+    assert.equal(i.owner, 'user');
+    assert.match(i.permissions, /^-rw/);
+    assert.ok(i.modifiedTime instanceof Date && Math.abs(Date.now() - i.modifiedTime.getTime()) < 3600_000,
+      `modifiedTime ${i.modifiedTime}`);
+    const d = await sbx.files.getInfo('/home/user/d');
+    assert.equal(d.type, 'dir');
+    assert.match(d.permissions, /^d/);
+    return `${i.permissions} ${i.owner}:${i.group} mode ${i.mode.toString(8)}`;
+  });
+
+  await check('files.remove of a file and of a directory tree', async () => {
+    await sbx.files.remove('/home/user/d/renamed.txt');
+    assert.equal(await sbx.files.exists('/home/user/d/renamed.txt'), false);
+    await sbx.files.remove('/home/user/d');
+    assert.equal(await sbx.files.exists('/home/user/d'), false);
+  });
+
+  await check('a missing file: read and getInfo raise FileNotFoundError', async () => {
+    await rejects(() => sbx.files.read('/home/user/no-such-file'), FileNotFoundError);
+    await rejects(() => sbx.files.getInfo('/home/user/no-such-file'), FileNotFoundError);
+  });
+
+  await check("files as root: written with user 'root', unreadable for 'user'", async () => {
+    await sbx.files.write('/root/secret.txt', 'root only', { user: 'root' });
+    const i = await sbx.files.getInfo('/root/secret.txt', { user: 'root' });
+    assert.equal(i.owner, 'root');
+    assert.equal(await sbx.files.read('/root/secret.txt', { user: 'root' }), 'root only');
+    const e = await rejects(() => sbx.files.read('/root/secret.txt'), SandboxError);
+    return `as user: ${errText(e)}`;
+  });
+
+  // ---- the sandbox ----
+  await check('getInfo: running, its metadata; isRunning', async () => {
+    const i = await sbx.getInfo();
+    assert.equal(i.sandboxId, id);
+    assert.equal(i.state, 'running');
+    assert.equal(i.metadata.kilntest, RUN);
+    assert.ok(i.startedAt <= new Date() && i.endAt > new Date(), `startedAt ${i.startedAt} endAt ${i.endAt}`);
+    assert.equal(await sbx.isRunning(), true);
+    return `template ${i.templateId}, envd ${i.envdVersion}, ${i.cpuCount} vCPU ${i.memoryMB} MiB`;
+  });
+
+  await check('setTimeout moves endAt', async () => {
+    await sbx.setTimeout(1_200_000);
+    const i = await sbx.getInfo();
+    const left = (i.endAt.getTime() - Date.now()) / 1000;
+    assert.ok(left > 1100 && left <= 1260, `endAt is ${Math.round(left)} s away, want ~1200`);
+    return `${Math.round(left)} s left`;
+  });
+
+  await check('getMetrics: CPU and memory measured by the host', async () => {
+    const m = await sbx.getMetrics();
+    assert.ok(Array.isArray(m) && m.length >= 1, `metrics: ${JSON.stringify(m)}`);
+    const x = m[m.length - 1];
+    assert.ok(x.cpuCount >= 1 && x.memTotal > 0 && x.memUsed > 0 && x.memUsed <= x.memTotal, JSON.stringify(x));
+    return `cpu ${x.cpuUsedPct}% of ${x.cpuCount}, mem ${x.memUsed}/${x.memTotal}, disk ${x.diskUsed}/${x.diskTotal}`;
+  });
+
+  await check('Sandbox.list sees it (also filtered by its metadata)', async () => {
+    const all = await listAll();
+    const mine = all.find((s) => s.sandboxId === id);
+    assert.ok(mine, `${id} not in ${JSON.stringify(all.map((s) => s.sandboxId))}`);
+    assert.equal(mine.state, 'running');
+    const f = await listAll({ query: { metadata: { kilntest: RUN } } });
+    assert.deepEqual(f.map((s) => s.sandboxId), [id]);
+    const none = await listAll({ query: { metadata: { kilntest: `${RUN}-other` } } });
+    assert.equal(none.length, 0);
+    return `${all.length} listed`;
+  });
+
+  await check('Sandbox.connect to the running sandbox', async () => {
+    const again = await Sandbox.connect(id);
+    assert.equal((await again.commands.run('echo via-connect')).stdout, 'via-connect\n');
+  });
+
+  // ---- another customer, wrong keys and tokens ----
+  if (OTHER_KEY) {
+    await check("another customer's key can neither list, get, connect to nor kill it", async () => {
+      const theirs = await listAll({ apiKey: OTHER_KEY });
+      assert.ok(!theirs.some((s) => s.sandboxId === id), 'listed for the other customer');
+      await rejects(() => Sandbox.getInfo(id, { apiKey: OTHER_KEY }), SandboxNotFoundError);
+      await rejects(() => Sandbox.connect(id, { apiKey: OTHER_KEY }), SandboxNotFoundError);
+      assert.equal(await Sandbox.kill(id, { apiKey: OTHER_KEY }), false);
+      await rejects(() => Sandbox.setTimeout(id, 1000, { apiKey: OTHER_KEY }), SandboxNotFoundError);
+      assert.equal(await Sandbox.pause(id, { apiKey: OTHER_KEY }).catch((e) => errName(e)), 'SandboxNotFoundError');
+      assert.equal((await sbx.getInfo()).state, 'running', 'the sandbox is untouched');
+    });
+  } else {
+    skip("another customer's key can neither list, get, connect to nor kill it", 'E2B_TEST_OTHER_KEY is not set');
+  }
+
+  await check('envd with a wrong access token: AuthenticationError (commands, files)', async () => {
+    const info = await sbx.getInfo();
+    const forged = new Sandbox({ sandboxId: id, envdVersion: info.envdVersion, envdAccessToken: 'f'.repeat(64) });
+    await rejects(() => forged.commands.run('echo no'), AuthenticationError);
+    await rejects(() => forged.files.read('/home/user/big.bin'), AuthenticationError);
+    await rejects(() => forged.files.write('/home/user/forged.txt', 'x'), AuthenticationError);
+    const tokenless = new Sandbox({ sandboxId: id, envdVersion: info.envdVersion });
+    await rejects(() => tokenless.commands.list(), AuthenticationError);
+    assert.equal(await sbx.files.exists('/home/user/forged.txt'), false);
+  });
+
+  await check('a wrong API key: AuthenticationError (create, list, connect)', async () => {
+    const bad = { apiKey: `kiln_${'0'.repeat(8)}_${'0'.repeat(40)}` };
+    await rejects(() => Sandbox.create(bad), AuthenticationError);
+    await rejects(() => Sandbox.list(bad).nextItems(), AuthenticationError);
+    await rejects(() => Sandbox.connect(id, bad), AuthenticationError);
+  });
+
+  await check('an unknown template: create fails with an SDK error', async () =>
+    sdkFailure(() => Sandbox.create('no-such-template-kiln-test'), 'Sandbox.create(unknown template)'));
+
+  // ---- what kiln does not support: a clean SDK error, never a hang ----
+  await check('unsupported: files.watchDir fails cleanly', async () =>
+    sdkFailure(() => sbx.files.watchDir('/home/user', () => {}), 'files.watchDir'), 30000);
+  await check('unsupported: createSnapshot / listSnapshots fail cleanly', async () => {
+    const a = await sdkFailure(() => sbx.createSnapshot(), 'sandbox.createSnapshot');
+    const b = await sdkFailure(() => Sandbox.listSnapshots().nextItems(), 'Sandbox.listSnapshots');
+    return `${a}; ${b}`;
+  }, 30000);
+  await check('unsupported: fork / updateNetwork fail cleanly', async () => {
+    const a = await sdkFailure(() => sbx.fork(), 'sandbox.fork');
+    const b = await sdkFailure(() => sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), 'sandbox.updateNetwork');
+    return `${a}; ${b}`;
+  }, 30000);
+  await check('unsupported: Volume.create / Volume.list fail cleanly', async () => {
+    const a = await sdkFailure(() => Volume.create(`kiln-${RUN}`), 'Volume.create');
+    const b = await sdkFailure(() => Volume.list(), 'Volume.list');
+    return `${a}; ${b}`;
+  }, 30000);
+  await check('unsupported: downloadUrl/uploadUrl give URLs kiln refuses (no sandbox id in them)', async () => {
+    const url = await sbx.downloadUrl('/home/user/big.bin');
+    const res = await fetch(url);
+    await res.arrayBuffer();
+    assert.ok(!res.ok, `GET ${url}: ${res.status}`);
+    raised.push(`downloadUrl: fetching it gives HTTP ${res.status}`);
+    return `HTTP ${res.status}`;
+  }, 30000);
+  await check('Template.exists answers false (kiln templates are not in E2B\'s template API)', async () => {
+    const v = await Template.exists('default').catch((e) => errText(e));
+    raised.push(`Template.exists('default'): ${JSON.stringify(v)}`);
+    assert.notEqual(v, true);
+    return JSON.stringify(v);
+  }, 30000);
+
+  // ---- pause and resume ----
+  let bg;
+  await check('pause: a running background process and a file, then paused (state, isRunning false, calls fail)', async () => {
+    bg = await sbx.commands.run('while read -r l; do echo "echo:$l"; done', { background: true, stdin: true });
+    bg.wait().catch(() => {}); // its stream ends with the pause
+    await sbx.files.write('/home/user/persist.txt', `kept-${RUN}`);
+    assert.equal(await sbx.pause(), true);
+    const i = await sbx.getInfo();
+    assert.equal(i.state, 'paused');
+    const listed = (await listAll()).find((s) => s.sandboxId === id);
+    assert.equal(listed && listed.state, 'paused', 'Sandbox.list shows it paused');
+    assert.equal(await sbx.isRunning(), false);
+    const e1 = await sdkFailure(() => sbx.commands.run('echo no'), 'commands.run on a paused sandbox');
+    const e2 = await sdkFailure(() => sbx.files.read('/home/user/persist.txt'), 'files.read on a paused sandbox');
+    assert.equal(await sbx.pause(), false, 'pausing it again: false (409)');
+    return `${e1}; ${e2}`;
+  }, 300_000);
+
+  await check('Sandbox.connect resumes it: the file and the background process are there', async () => {
+    const t = performance.now();
+    const again = await Sandbox.connect(id, { timeoutMs: 900_000 });
+    const took = Math.round(performance.now() - t);
+    assert.equal((await again.getInfo()).state, 'running');
+    assert.equal(await again.files.read('/home/user/persist.txt'), `kept-${RUN}`);
+    const list = await again.commands.list();
+    assert.ok(list.some((p) => p.pid === bg.pid), `pid ${bg.pid} not listed after resume: ${JSON.stringify(list)}`);
+    let out = '';
+    const c = await again.commands.connect(bg.pid, { onStdout: (d) => { out += d; } });
+    await again.commands.sendStdin(bg.pid, 'after-resume\n');
+    await waitFor(() => out.includes('echo:after-resume\n'), 10000, 'the resumed process answering');
+    await again.commands.kill(bg.pid);
+    await c.wait().catch(() => {});
+    assert.equal((await sbx.commands.run('echo old-object-works')).stdout, 'old-object-works\n');
+    return `resumed in ${took} ms`;
+  }, 300_000);
+
+  // ---- kill ----
+  await check('kill, then every call fails cleanly with an SDK error (no hang)', async () => {
+    assert.equal(await sbx.kill(), true);
+    const errs = [];
+    errs.push(await sdkFailure(() => sbx.commands.run('echo hi'), 'commands.run after kill'));
+    errs.push(await sdkFailure(() => sbx.files.read('/home/user/persist.txt'), 'files.read after kill'));
+    errs.push(await sdkFailure(() => sbx.files.write('/home/user/x', 'x'), 'files.write after kill'));
+    errs.push(await sdkFailure(() => sbx.commands.list(), 'commands.list after kill'));
+    await rejects(() => Sandbox.getInfo(id), SandboxNotFoundError);
+    await rejects(() => Sandbox.connect(id), SandboxNotFoundError);
+    assert.equal(await Sandbox.kill(id), false, 'killing it again: false');
+    assert.ok(!(await listAll()).some((s) => s.sandboxId === id), 'still listed');
+    return errs.join('; ');
+  }, 120_000);
+  sbx = null;
+} finally {
+  if (sbx) await sbx.kill().catch(() => {});
+}
+
+for (const r of raised) console.log(`# raised: ${r}`);
+console.log(`sdk_test: ${counts.pass} passed, ${counts.fail} failed, ${counts.skip} skipped`);
+process.exit(counts.fail ? 1 : 0);
