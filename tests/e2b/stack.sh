@@ -1,0 +1,87 @@
+# tests/e2b/stack.sh (sourced after tests/integration/lib.sh): the stack the
+# E2B tests run against: a local S3 (pause and resume), kiln-api and one
+# kiln-host on loopback ports of their own, and two customers, acme ($KA)
+# and beta ($KB). Sets URL (kiln-api), HOST_URL, TOKEN, ADMIN, BUCKET, S3_*.
+#   e2b_stack_start [API_CONFIG_JQ]   e.g. '. + {max_body_mib: 2}'
+#   e2b_stack_stop                    stops the host and kiln-api (the trap stops S3)
+# Skips the whole script (1..0 # SKIP why) when something it needs is missing.
+
+e2b_require() {
+	local t b
+	for t in swift-proxy-server memcached jq curl node; do
+		command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+	done
+	for b in kiln-api kiln-host; do
+		[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
+	done
+	grep -qa '/e2b/' "$ROOT/build/kiln-api" ||
+		{ echo "1..0 # SKIP kiln-api has no E2B API yet (no /e2b routes in build/kiln-api)"; exit 0; }
+	grep -qa 'process.Process' "$ROOT/build/kiln-host" ||
+		{ echo "1..0 # SKIP kiln-host has no envd endpoints yet (no process.Process in build/kiln-host)"; exit 0; }
+}
+
+S3_DIR=$T_TMP/s3
+TOKEN=e2b-token-$RANDOM$RANDOM$RANDOM
+ADMIN=e2b-admin-$RANDOM$RANDOM$RANDOM
+API_PORT=$((20000 + RANDOM % 10000))
+URL=http://127.0.0.1:$API_PORT
+HOST_URL=http://127.0.0.1:$((API_PORT + 1))
+BUCKET=kiln-e2b
+api_pid=
+h_pid=
+
+e2b_stack_stop() {
+	if [ -n "$h_pid" ]; then kill "$h_pid" 2> /dev/null; wait "$h_pid" 2> /dev/null; h_pid=; fi
+	if [ -n "$api_pid" ]; then kill "$api_pid" 2> /dev/null; wait "$api_pid" 2> /dev/null; api_pid=; fi
+}
+e2b_cleanup() {
+	e2b_stack_stop
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	t_cleanup
+}
+trap e2b_cleanup EXIT
+
+admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST_URL/v1/capacity" | jq -r .vcpus.used; }
+
+e2b_stack_start() {
+	local extra=${1:-.}
+	"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+		echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
+	. "$T_TMP/s3.env"
+	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' |
+		jq "$extra" > "$T_TMP/api.json"
+	"$ROOT/build/kiln-api" --config "$T_TMP/api.json" > "$T_TMP/api.out" 2> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do curl -sf -m 1 "$URL/healthz" > /dev/null && break; sleep 0.1; done
+
+	jq -n --arg listen "${HOST_URL#http://}" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
+		--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		--arg b "$BUCKET" \
+		'{listen: $listen, host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
+		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
+	"$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err" &
+	h_pid=$!
+	# A first start creates the VM snapshot: minutes.
+	for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
+	if [ "$(live_hosts)" = 1 ]; then ok "kiln-api and a kiln-host with a local S3 are up"
+	else not_ok "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/h1.err")"; exit 1; fi
+
+	admin -X POST --data '{"id":"acme"}' "$URL/v1/admin/customers" > /dev/null
+	admin -X POST --data '{"id":"beta"}' "$URL/v1/admin/customers" > /dev/null
+	KA=$(admin -X POST "$URL/v1/admin/customers/acme/keys" | jq -r .key)
+	KB=$(admin -X POST "$URL/v1/admin/customers/beta/keys" | jq -r .key)
+	check "two customers with a key each" [ -n "$KA" -a "$KA" != null -a -n "$KB" -a "$KB" != null ]
+}
+
+# s3_head KEY: s3tool's status for the object (0 there, 3 absent, else an error)
+s3_head() {
+	S3_BUCKET=$BUCKET S3_REGION=us-east-1 S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY \
+		S3_SECRET_KEY=$S3_SECRET_KEY "$ROOT/build/tests/s3tool" head "$1" > /dev/null 2>&1
+	echo $?
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# E2B's own JavaScript SDK (e2b 2.51.0 from npm, unmodified; installed by
+# scripts/e2b-sdk.sh into a cache outside the clone) against the whole stack:
+# kiln-api, a local S3 and one kiln-host on loopback, real VMs, two
+# customers. tests/e2b/sdk_test.mjs runs with only E2B_API_URL,
+# E2B_SANDBOX_URL and E2B_API_KEY set (plus the second customer's key for
+# the isolation checks); each of its checks is one result here. Then: the
+# sandbox it killed is gone from the API, the host and S3, and nothing of the
+# stack is left (processes, mounts, cgroups, VM directories).
+# The plain protocol with curl: 93-e2b-protocol.sh.
+. "$(dirname "$0")/lib.sh"
+require_image
+. "$ROOT/tests/e2b/stack.sh"
+e2b_require
+SDK=$("$ROOT/scripts/e2b-sdk.sh" 2> "$T_TMP/sdk.err") || {
+	echo "1..0 # SKIP the E2B SDK could not be installed: $(tail -n 1 "$T_TMP/sdk.err")"; exit 0; }
+
+before_cg=$(count_cgroups)
+before_mounts=$(count_mounts)
+before_node=$(pgrep -c -f "sdk_test.mjs" || true)
+e2b_stack_start
+
+# ---- the SDK test: each of its checks is a result ----
+# Only the three E2B variables (and the test's own two) reach node.
+n_sdk=0
+while IFS= read -r line; do
+	case $line in
+	PASS\ *) ok "sdk: ${line#PASS }"; n_sdk=$((n_sdk + 1)) ;;
+	FAIL\ *) not_ok "sdk: ${line#FAIL }"; n_sdk=$((n_sdk + 1)) ;;
+	SKIP\ *) rest=${line#SKIP }; skip "sdk: ${rest%%: *}" "${rest#*: }"; n_sdk=$((n_sdk + 1)) ;;
+	*) echo "# $line" ;;
+	esac
+	echo "$line" >> "$T_TMP/sdk.out"
+done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" \
+	E2B_API_URL="$URL/e2b" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$KA" \
+	E2B_TEST_OTHER_KEY="$KB" KILN_E2B_SDK="$SDK" \
+	timeout -k 5 600 node "$ROOT/tests/e2b/sdk_test.mjs" 2>&1; echo "exit $?")
+sdk_rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$T_TMP/sdk.out" | tail -n 1)
+summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
+check "the SDK test ran to its end: ${summary:-no summary} (exit ${sdk_rc:-?}, $n_sdk checks)" \
+	[ -n "$summary" -a "$n_sdk" -ge 30 -a "${sdk_rc:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
+
+# ---- what the killed sandbox leaves: nothing ----
+SBX=$(sed -n 's/^PASS Sandbox.create() .* (\([^ ]*\) in [0-9]* ms).*/\1/p' "$T_TMP/sdk.out" | head -n 1)
+if [ -n "$SBX" ]; then
+	st=$(curl -s -m 30 -o "$T_TMP/sess.json" -w '%{http_code}' -H "Authorization: Bearer $KA" "$URL/v1/sessions/$SBX")
+	check "its session $SBX is destroyed in kiln's own API (HTTP $st, $(jq -r '.state + " " + (.end_reason // "")' "$T_TMP/sess.json" 2> /dev/null))" \
+		[ "$st" = 200 ] && [ "$(jq -r .state "$T_TMP/sess.json")" = destroyed ]
+	if [ -x "$ROOT/build/tests/s3tool" ]; then
+		rc=$(s3_head "acme/sessions/$SBX/manifest.json")
+		check "the snapshot of its pause is deleted from S3 (s3tool head: $rc; 3 = absent)" [ "$rc" = 3 ]
+	else skip "the snapshot of its pause is deleted from S3" "build/tests/s3tool missing: make unit"; fi
+else
+	not_ok "the sandbox id is in the SDK test's output" "$(head -n 3 "$T_TMP/sdk.out")"
+fi
+st=$(curl -s -m 30 -o "$T_TMP/usage.json" -w '%{http_code}' -H "Authorization: Bearer $KA" "$URL/v1/usage")
+check "acme holds nothing: usage running 0, sessions 0, paused 0 ($(jq -c .usage "$T_TMP/usage.json" 2> /dev/null))" \
+	[ "$st" = 200 ] && [ "$(jq -r '.usage.running + .usage.sessions + .usage.paused_sessions' "$T_TMP/usage.json")" = 0 ]
+for _ in $(seq 50); do [ "$(vcpus_used)" = 0 ] && break; sleep 0.2; done
+check "the host holds no vCPU ($(vcpus_used))" [ "$(vcpus_used)" = 0 ]
+check "no node process of the test is left" [ "$(pgrep -c -f "sdk_test.mjs" || true)" = "$before_node" ]
+
+e2b_stack_stop
+check "nothing left: no QEMU ($(count_qemu)), VM directories ($(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)), mounts ($(count_mounts) = $before_mounts), cgroups ($(count_cgroups) = $before_cg)" \
+	[ "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)" = 0 \
+	-a "$(count_mounts)" = "$before_mounts" -a "$(count_cgroups)" = "$before_cg" ]
+t_done
