@@ -48,3 +48,6 @@ RUNS=$RUNS bench/templates.sh
 echo
 # Templates through the whole stack: print(1) python-data vs default (restored, pooled), builds, a host fetching one.
 python3 bench/templates_stack.py "${TSTACK_RUNS:-10}"
+echo
+# E2B's SDK: Sandbox.create() -> first commands.run('echo hi'), SDK vs the native session API.
+RUNS=$RUNS bench/e2b.sh
