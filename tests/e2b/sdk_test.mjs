@@ -299,6 +299,26 @@ try {
     assert.equal(sha256(back), sha256(data));
   }, 120_000);
 
+  await check('files.write with gzip: the right bytes or a clean error, never the compressed ones', async () => {
+    const text = 'gzip me '.repeat(1000);
+    let how;
+    try {
+      await sbx.files.write('/home/user/gz.txt', text, { gzip: true });
+      const back = await sbx.files.read('/home/user/gz.txt');
+      assert.equal(back.length, text.length, `wrote ${text.length} bytes, read back ${back.length}`);
+      assert.equal(back, text);
+      how = 'written and read back';
+    } catch (e) {
+      if (e instanceof assert.AssertionError) throw e;
+      assert.ok(isSdkError(e), `raised ${errText(e)}, not one of the SDK's error classes`);
+      how = `refused: ${errText(e)}`;
+    }
+    raised.push(`files.write(gzip: true): ${how}`);
+    await sbx.files.write('/home/user/gz-plain.txt', text);
+    assert.equal(await sbx.files.read('/home/user/gz-plain.txt', { gzip: true }), text, 'read with gzip: true');
+    return how;
+  });
+
   await check('files.write of two files in one request (two multipart parts)', async () => {
     const res = await sbx.files.write([
       { path: '/home/user/multi/a.txt', data: 'A-content' },
@@ -360,6 +380,14 @@ try {
     assert.equal(await sbx.files.read('/root/secret.txt', { user: 'root' }), 'root only');
     const e = await rejects(() => sbx.files.read('/root/secret.txt'), SandboxError);
     return `as user: ${errText(e)}`;
+  });
+
+  await check('git (through commands.run): init, status', async () => {
+    await sbx.git.init('/home/user/repo', { initialBranch: 'main' });
+    await sbx.files.write('/home/user/repo/a.txt', 'a');
+    const st = JSON.stringify(await sbx.git.status('/home/user/repo'));
+    assert.ok(st.includes('a.txt') && st.includes('main'), st);
+    return st.slice(0, 120);
   });
 
   // ---- the sandbox ----
