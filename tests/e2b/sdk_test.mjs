@@ -30,7 +30,7 @@ try {
 }
 const {
   Sandbox, CommandExitError, TimeoutError, AuthenticationError, NotFoundError, FileNotFoundError,
-  SandboxNotFoundError, SandboxError, Volume, Template,
+  SandboxNotFoundError, SandboxError, Volume, Template, Secret,
 } = sdk;
 
 const RUN = `sdk-${process.pid}-${Date.now()}`;
@@ -497,6 +497,12 @@ try {
     raised.push(`downloadUrl: fetching it gives HTTP ${res.status}`);
     return `HTTP ${res.status}`;
   }, 30000);
+  await check('unsupported: Template.build / Secret.create fail cleanly', async () => {
+    const a = await sdkFailure(() => Template.build(Template().fromImage('debian:bookworm'), `kiln-${process.pid}`),
+      'Template.build');
+    const b = await sdkFailure(() => Secret.create(`kiln-${process.pid}`, 'value'), 'Secret.create');
+    return `${a}; ${b}`;
+  }, 60000);
   await check('Template.exists answers false (kiln templates are not in E2B\'s template API)', async () => {
     const v = await Template.exists('default').catch((e) => errText(e));
     raised.push(`Template.exists('default'): ${JSON.stringify(v)}`);
