@@ -45,7 +45,7 @@ SBX=$(sed -n 's/^PASS Sandbox.create() .* (\([^ ]*\) in [0-9]* ms).*/\1/p' "$T_T
 if [ -n "$SBX" ]; then
 	st=$(curl -s -m 30 -o "$T_TMP/sess.json" -w '%{http_code}' -H "Authorization: Bearer $KA" "$URL/v1/sessions/$SBX")
 	check "its session $SBX is destroyed in kiln's own API (HTTP $st, $(jq -r '.state + " " + (.end_reason // "")' "$T_TMP/sess.json" 2> /dev/null))" \
-		[ "$st" = 200 ] && [ "$(jq -r .state "$T_TMP/sess.json")" = destroyed ]
+		[ "$st" = 200 -a "$(jq -r .state "$T_TMP/sess.json")" = destroyed ]
 	if [ -x "$ROOT/build/tests/s3tool" ]; then
 		rc=$(s3_head "acme/sessions/$SBX/manifest.json")
 		check "the snapshot of its pause is deleted from S3 (s3tool head: $rc; 3 = absent)" [ "$rc" = 3 ]
@@ -55,7 +55,7 @@ else
 fi
 st=$(curl -s -m 30 -o "$T_TMP/usage.json" -w '%{http_code}' -H "Authorization: Bearer $KA" "$URL/v1/usage")
 check "acme holds nothing: usage running 0, sessions 0, paused 0 ($(jq -c .usage "$T_TMP/usage.json" 2> /dev/null))" \
-	[ "$st" = 200 ] && [ "$(jq -r '.usage.running + .usage.sessions + .usage.paused_sessions' "$T_TMP/usage.json")" = 0 ]
+	[ "$st" = 200 -a "$(jq -r '.usage.running + .usage.sessions + .usage.paused_sessions' "$T_TMP/usage.json")" = 0 ]
 for _ in $(seq 50); do [ "$(vcpus_used)" = 0 ] && break; sleep 0.2; done
 check "the host holds no vCPU ($(vcpus_used))" [ "$(vcpus_used)" = 0 ]
 check "no node process of the test is left" [ "$(pgrep -c -f "sdk_test.mjs" || true)" = "$before_node" ]

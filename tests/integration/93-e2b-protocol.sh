@@ -56,6 +56,7 @@ stream() {
 	echo "$st"
 }
 frames() { jq -sr "$1" "$T_TMP/frames" 2> /dev/null; }
+same() { cmp -s "$1" "$2" && echo same; }
 b64() { printf '%s' "$1" | base64 -w0; }
 header() { tr -d '\r' < "$T_TMP/hdr" | sed -n "s/^$1: *//Ip" | tail -n 1; }
 
@@ -101,7 +102,7 @@ check "Start: end{exitCode 5, exited, status 'exit status 5'} before the end of 
 st=$(stream process.Process/Start '{"process":{"cmd":"/bin/sh","args":["-c","echo \"$E2B_T $X\"; pwd; whoami"],"envs":{"X":"why"},"cwd":"/tmp"}}' \
 	-H "Authorization: Basic $(b64 root:)")
 out=$(frames '[.[].msg.event.data.stdout // empty] | join("")' | base64 -d 2> /dev/null)
-check "Start: the sandbox's envVars and the request's envs, cwd, Authorization Basic root: ($(echo $out))" \
+check "Start: the sandbox's envVars and the request's envs, cwd, Authorization Basic root: (${out//$'\n'/ })" \
 	[ "$out" = "$(printf 'ninety-three why\n/tmp\nroot')" ]
 st=$(stream process.Process/Start '{"process":{"cmd":"whoami"}}')
 out=$(frames '[.[].msg.event.data.stdout // empty] | join("")' | base64 -d 2> /dev/null)
@@ -119,8 +120,8 @@ check "Connect-Timeout-Ms 1500: the stream ends with deadline_exceeded after ${m
 sleep 0.5
 st=$(rpc process.Process/List '{}')
 check "List: 200 application/json; the timed-out sleep is gone (killed)" \
-	[ "$st" = 200 -a "$(header content-type)" = application/json ] && \
-	[ "$(last '[.processes[] | select(.config.args == ["39"])] | length')" = 0 ]
+	[ "$st" = 200 -a "$(header content-type)" = application/json \
+	-a "$(last '[.processes[] | select(.config.args == ["39"])] | length')" = 0 ]
 
 # ---- unary errors ----
 st=$(rpc process.Process/SendInput "{\"process\":{\"pid\":999999},\"input\":{\"stdin\":\"$(b64 x)\"}}")
@@ -129,7 +130,7 @@ st=$(rpc process.Process/SendSignal '{"process":{"pid":999999},"signal":"SIGNAL_
 check "SendSignal to an unknown pid: 404 not_found" [ "$st" = 404 -a "$(last .code)" = not_found ]
 st=$(stream process.Process/Connect '{"process":{"pid":999999}}')
 check "Connect to an unknown pid: not_found (HTTP $st)" \
-	[ "$st" = 404 -a "$(last .code)" = not_found ] || [ "$st" = 200 -a "$(frames '.[-1].msg.error.code')" = not_found ]
+	[ "$st:$(last .code)" = 404:not_found -o "$st:$(frames '.[-1].msg.error.code')" = 200:not_found ]
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/no/such/file"}')
 check "Stat of a missing path: 404 not_found" [ "$st" = 404 -a "$(last .code)" = not_found ]
 st=$(rpc filesystem.Filesystem/MakeDir '{"path":"/tmp"}')
@@ -137,8 +138,8 @@ check "MakeDir of an existing directory: 409 already_exists" [ "$st" = 409 -a "$
 st=$(rpc filesystem.Filesystem/Stat '{"path": "/tmp"')
 check "a malformed JSON request: 400 invalid_argument ($st $(last .code))" [ "$st" = 400 -a "$(last .code)" = invalid_argument ]
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/root"}')
-check "Stat as user works; the EntryInfo has E2B's fields" [ "$st" = 200 ] && \
-	[ "$(last '.entry | .type == "FILE_TYPE_DIRECTORY" and .path == "/root" and .owner == "root" and (.permissions | startswith("d")) and (.size | type) == "string"')" = true ]
+check "Stat as user works; the EntryInfo has E2B's fields" \
+	[ "$st" = 200 -a "$(last '.entry | .type == "FILE_TYPE_DIRECTORY" and .path == "/root" and .owner == "root" and (.permissions | startswith("d")) and (.size | type) == "string"')" = true ]
 st=$(rpc filesystem.Filesystem/ListDir '{"path":"/root","depth":1}')
 check "ListDir of /root as user: 403 permission_denied ($st $(last .code))" [ "$st" = 403 -a "$(last .code)" = permission_denied ]
 
@@ -148,7 +149,7 @@ for how in "TOK=$(printf 'f%.0s' $(seq 64))" "TOK=" "SID=nosuchsandbox"; do
 	[ "$st" = 401 ] && [ "$(last .code)" = unauthenticated ] || bad="$bad [$how: $st $(last .code)]"
 done
 check "a wrong token, no token, an unknown sandbox: 401 unauthenticated${bad:+:$bad}" [ -z "$bad" ]
-st=$(SID= rpc filesystem.Filesystem/Stat '{"path":"/tmp"}')
+st=$(SID='' rpc filesystem.Filesystem/Stat '{"path":"/tmp"}')
 check "no E2b-Sandbox-Id: refused ($st)" [ "$st" = 401 -o "$st" = 400 ]
 st=$(TOK=wrong envd "/files?path=/etc/hostname")
 check "GET /files with a wrong token: 401" [ "$st" = 401 ]
@@ -163,7 +164,7 @@ $WIRE multipart "$B" "$T_TMP/two.body" "name=file;filename=/home/user/mp/a.txt:@
 	"name=file;filename=mp/sub/b.bin:@$T_TMP/b.bin"
 st=$(envd "/files" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/two.body")
 check "multipart, two parts, no path (the filenames are the paths): 200 with both ($(last 'map(.path) | join(" ")'))" \
-	[ "$st" = 200 ] && [ "$(last 'map(.path) | sort == ["/home/user/mp/a.txt", "/home/user/mp/sub/b.bin"] and all(.type == "file")')" = true ]
+	[ "$st" = 200 -a "$(last 'map(.path) | sort == ["/home/user/mp/a.txt", "/home/user/mp/sub/b.bin"] and all(.type == "file")')" = true ]
 envd "/files?path=/home/user/mp/a.txt" > /dev/null; cmp -s "$T_TMP/last" "$T_TMP/a.txt"; ra=$?
 envd "/files?path=/home/user/mp/sub/b.bin" > /dev/null; cmp -s "$T_TMP/last" "$T_TMP/b.bin"; rb=$?
 check "... both read back byte for byte" [ "$ra" = 0 -a "$rb" = 0 ]
@@ -174,7 +175,7 @@ check "... owned by user, size as a string ($(last '.entry | "\(.owner) \(.size)
 $WIRE multipart "$B" "$T_TMP/nofn.body" "name=file:@$T_TMP/a.txt"
 st=$(envd "/files?path=/home/user/nofn.txt&username=root" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/nofn.body")
 check "a part without filename, path given (username=root): 200, written there" \
-	[ "$st" = 200 ] && [ "$(last '.[0].path')" = /home/user/nofn.txt ]
+	[ "$st" = 200 -a "$(last '.[0].path')" = /home/user/nofn.txt ]
 rpc filesystem.Filesystem/Stat '{"path":"/home/user/nofn.txt"}' > /dev/null
 check "... owned by root" [ "$(last .entry.owner)" = root ]
 
@@ -183,11 +184,11 @@ $WIRE multipart "$B" "$T_TMP/tricky.body" "name=file;filename=ignored.bin:@$T_TM
 st=$(envd "/files?path=/home/user/tricky.bin" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/tricky.body")
 envd "/files?path=/home/user/tricky.bin" > /dev/null
 check "binary data with CRLF, '--' and boundary-like bytes at buffer edges: 200, read back byte for byte ($st)" \
-	[ "$st" = 200 ] && cmp -s "$T_TMP/last" "$T_TMP/tricky.bin"
+	[ "$st" = 200 -a "$(same "$T_TMP/last" "$T_TMP/tricky.bin")" = same ]
 st=$(envd "/files?path=/home/user/raw.bin" -X POST -H 'Content-Type: application/octet-stream' --data-binary @"$T_TMP/tricky.bin")
 envd "/files?path=/home/user/raw.bin" > /dev/null
 check "application/octet-stream (the raw bytes): 200, read back byte for byte ($st)" \
-	[ "$st" = 200 ] && cmp -s "$T_TMP/last" "$T_TMP/tricky.bin"
+	[ "$st" = 200 -a "$(same "$T_TMP/last" "$T_TMP/tricky.bin")" = same ]
 
 printf -- '--%s\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n\r\nno closing delimiter' "$B" > "$T_TMP/bad.body"
 st=$(envd "/files?path=/home/user/bad.txt" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/bad.body")
@@ -205,7 +206,7 @@ check "... and nothing was written" [ "$(last .code)" = not_found ]
 st1=$(envd "/files?path=/home/user/mp/a.txt")
 st=$(envd "/files?path=/home/user/no-such-file")
 check "GET /files: 200 for a file ($st1), 404 {code: 404, message} for a missing one ($st)" \
-	[ "$st1" = 200 -a "$st" = 404 ] && [ "$(last '.code == 404 and (.message | length > 0)')" = true ]
+	[ "$st1" = 200 -a "$st" = 404 -a "$(last '.code == 404 and (.message | length > 0)')" = true ]
 st=$(envd "/files?path=/home/user/mp")
 check "GET /files of a directory: 400 ($st)" [ "$st" = 400 ]
 
@@ -218,7 +219,7 @@ check "GET /health of a paused sandbox: 502" [ "$(envd /health)" = 502 ]
 st=$(rpc process.Process/List '{}')
 check "a unary call to a paused sandbox: 502 unavailable ($st $(last .code))" [ "$st" = 502 -a "$(last .code)" = unavailable ]
 st=$(stream process.Process/Start '{"process":{"cmd":"true"}}')
-check "Start on a paused sandbox: 502 unavailable ($st)" [ "$st" = 502 ] && [ "$(last .code)" = unavailable ]
+check "Start on a paused sandbox: 502 unavailable ($st)" [ "$st" = 502 -a "$(last .code)" = unavailable ]
 st=$(e2b "$KB" POST "/v2/sandboxes/$SID/connect" -H 'Content-Type: application/json' --data '{"timeout":600}')
 check "another customer cannot connect (resume) it: 404 ($st)" [ "$st" = 404 ]
 st=$(e2b "$KA" POST "/v2/sandboxes/$SID/connect" -H 'Content-Type: application/json' --data '{"timeout":600}')
