@@ -32,26 +32,32 @@ async function native() {
   let res = await fetch(`${API}/v1/sessions`, { method: 'POST', headers: h, body: '{}' });
   const s = await res.json();
   if (res.status !== 201) throw new Error(`POST /v1/sessions: ${res.status} ${JSON.stringify(s)}`);
-  const t1 = performance.now();
-  res = await fetch(`${API}/v1/sessions/${s.id}/exec`, {
-    method: 'POST', headers: h, body: JSON.stringify({ argv: ['/bin/bash', '-l', '-c', 'echo hi'] }),
-  });
-  const r = await res.json();
-  const t2 = performance.now();
-  if (res.status !== 200 || r.stdout !== 'hi\n') throw new Error(`exec: ${res.status} ${JSON.stringify(r)}`);
-  await fetch(`${API}/v1/sessions/${s.id}`, { method: 'DELETE', headers: h }).then((x) => x.arrayBuffer());
-  return [t1 - t0, t2 - t1, t2 - t0];
+  try {
+    const t1 = performance.now();
+    res = await fetch(`${API}/v1/sessions/${s.id}/exec`, {
+      method: 'POST', headers: h, body: JSON.stringify({ argv: ['/bin/bash', '-l', '-c', 'echo hi'] }),
+    });
+    const r = await res.json();
+    const t2 = performance.now();
+    if (res.status !== 200 || r.stdout !== 'hi\n') throw new Error(`exec: ${res.status} ${JSON.stringify(r)}`);
+    return [t1 - t0, t2 - t1, t2 - t0];
+  } finally {
+    await fetch(`${API}/v1/sessions/${s.id}`, { method: 'DELETE', headers: h }).then((x) => x.arrayBuffer()).catch(() => {});
+  }
 }
 
 async function viaSdk() {
   const t0 = performance.now();
   const sbx = await Sandbox.create();
-  const t1 = performance.now();
-  const r = await sbx.commands.run('echo hi');
-  const t2 = performance.now();
-  if (r.stdout !== 'hi\n') throw new Error(`commands.run: ${JSON.stringify(r)}`);
-  await sbx.kill();
-  return [t1 - t0, t2 - t1, t2 - t0];
+  try {
+    const t1 = performance.now();
+    const r = await sbx.commands.run('echo hi');
+    const t2 = performance.now();
+    if (r.stdout !== 'hi\n') throw new Error(`commands.run: ${JSON.stringify(r)}`);
+    return [t1 - t0, t2 - t1, t2 - t0];
+  } finally {
+    await sbx.kill().catch(() => {});
+  }
 }
 
 function pct(xs, p) {
@@ -82,6 +88,9 @@ console.log(`  ${'path'.padEnd(44)} ${'create p50'.padStart(10)} ${'first cmd p5
 const row = (label, xs) => console.log(`  ${label.padEnd(44)} ${f(pct(xs.map((x) => x[0]), 50)).padStart(7)} ms ${f(pct(xs.map((x) => x[1]), 50)).padStart(10)} ms ${f(pct(xs.map((x) => x[2]), 50))} ms ${f(pct(xs.map((x) => x[2]), 95))} ms`);
 row('E2B SDK: Sandbox.create + commands.run', runs.sdk);
 row('native: POST /v1/sessions + POST .../exec', runs.native);
-const ratio = (p) => pct(runs.sdk.map((x) => x[2]), p) / pct(runs.native.map((x) => x[2]), p);
-console.log(`  ratio SDK/native: p50 ${ratio(50).toFixed(2)}x, p95 ${ratio(95).toFixed(2)}x (target <= 1.2x; E2B publishes a 0.44 s median with KVM, this machine runs TCG)`);
+const ratio = (p) => {
+  const r = pct(runs.sdk.map((x) => x[2]), p) / pct(runs.native.map((x) => x[2]), p);
+  return Number.isFinite(r) ? `${r.toFixed(2)}x` : 'n/a';
+};
+console.log(`  ratio SDK/native: p50 ${ratio(50)}, p95 ${ratio(95)} (target <= 1.2x; E2B publishes a 0.44 s median with KVM, this machine runs TCG)`);
 if (failed.sdk || failed.native) console.log(`  failed runs: SDK ${failed.sdk}, native ${failed.native}`);
