@@ -474,10 +474,11 @@ try {
   // ---- what kiln does not support: a clean SDK error, never a hang ----
   await check('unsupported: files.watchDir fails cleanly', async () =>
     sdkFailure(() => sbx.files.watchDir('/home/user', () => {}), 'files.watchDir'), 30000);
-  await check('unsupported: createSnapshot / listSnapshots fail cleanly', async () => {
+  await check('unsupported: createSnapshot / listSnapshots fail cleanly, deleteSnapshot is false', async () => {
     const a = await sdkFailure(() => sbx.createSnapshot(), 'sandbox.createSnapshot');
     const b = await sdkFailure(() => Sandbox.listSnapshots().nextItems(), 'Sandbox.listSnapshots');
-    return `${a}; ${b}`;
+    assert.equal(await Sandbox.deleteSnapshot('no-such-snapshot'), false, 'deleteSnapshot');
+    return `${a}; ${b}; deleteSnapshot: false`;
   }, 30000);
   await check('unsupported: fork / updateNetwork fail cleanly', async () => {
     const a = await sdkFailure(() => sbx.fork(), 'sandbox.fork');
