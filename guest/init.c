@@ -392,9 +392,7 @@ static int init_port_name(const char *port, char *out, size_t cap)
 	return 0;
 }
 
-/* Looks for the port once. Returns an open fd, -ENOENT (not there yet) or
- * another negative errno (give up). */
-static int init_find_port(const char *name)
+int init_find_port(const char *name)
 {
 	char want[128], dev[300];
 	struct dirent *de;

@@ -19,6 +19,11 @@ void init_boot(void);
  * when it does not show up in time. */
 int init_open_port(const char *name);
 
+/* Looks for the port once, without waiting or dying: returns an open fd
+ * (as init_open_port), -ENOENT when it is not there (yet), or another
+ * negative errno. For envd, whose port an older host does not add. */
+int init_find_port(const char *name);
+
 /* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
  * run) in a single write. For errors only: the serial console is slow under
  * TCG. Callable from anywhere, including a forked child before exec. */
