@@ -894,11 +894,15 @@ static void envd_dispatch(struct envd *e, const struct proto_frame *f)
 		e->jobs[slot]->fd = e->jobs[slot]->dirfd = -1;
 		return;
 	case EP_HELLO:
-		/* kiln's own addition: a host that cannot tell whether the port
-		 * saw its connection (a restored VM) asks for the HELLO. */
+		/* From the host: u32 version, u32 req. A restored VM's port
+		 * sees no new connection (the migrated state says the host was
+		 * there already), so the host asks: envd acts as on a new
+		 * connection (HELLO), then DONE{req} marks where the new
+		 * connection's frames begin. */
 		if (eproto_u32s_decode(f->payload, f->len, v, 2) < 0)
 			return envd_malformed(e, f->type);
 		envd_new_connection(e);
+		envd_send_done(e, v[1]);
 		return;
 	case EP_STAT:
 	case EP_LISTDIR:

@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import json
 import time
 
 EP_HELLO, EP_STARTED, EP_OUT, EP_END, EP_ERROR, EP_DONE, EP_ENTRY, EP_PROC, EP_DATA = range(0x80, 0x89)
@@ -105,6 +106,30 @@ def fsreq(ch, t, req, path, user="", path2=None, depth=None):
     ch.send(t, p)
 
 
+def qmp(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    f = s.makefile("rw")
+    json.loads(f.readline())
+
+    def cmd(name, **args):
+        f.write(json.dumps({"execute": name, "arguments": args}) + "\n")
+        f.flush()
+        while True:
+            r = json.loads(f.readline())
+            if "return" in r or "error" in r:
+                return r
+    cmd("qmp_capabilities")
+    return s, cmd
+
+
+def wait_path(*paths):
+    for _ in range(200):
+        if all(os.path.exists(p) for p in paths):
+            return
+        time.sleep(0.05)
+
+
 def main():
     b = sys.argv[1] if len(sys.argv) > 1 else "build"
     img = os.path.join(b, "image")
@@ -123,13 +148,11 @@ def main():
            "-chardev", "socket,id=agent,path=%s,server=on,wait=off" % agent_sock,
            "-device", "virtserialport,chardev=agent,name=kiln.agent",
            "-chardev", "socket,id=envd,path=%s,server=on,wait=off" % envd_sock,
-           "-device", "virtserialport,chardev=envd,name=kiln.envd"]
+           "-device", "virtserialport,chardev=envd,name=kiln.envd",
+           "-qmp", "unix:%s/qmp.sock,server=on,wait=off" % d]
     q = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            if os.path.exists(envd_sock) and os.path.exists(agent_sock):
-                break
-            time.sleep(0.05)
+        wait_path(envd_sock, agent_sock)
         agent = Chan(agent_sock)
         t, _ = agent.recv(120)
         check(t == 0x01, "the agent says HELLO (boot done)")
@@ -207,6 +230,53 @@ def main():
         check(pid in rows, "the process survived the reconnection (LIST)")
         out, how, status = follow(ch, pid)
         check(out[1] == b"still here\n" and status == 0, "and its output and END arrive on the new connection")
+
+        # A snapshot restored into a new QEMU (kiln's pool and sessions):
+        # what does envd see of the new host?
+        pid = start(ch, (1 << 24) + 12, ["sh", "-c", "sleep 8; echo after restore"])
+        qs, qcmd = qmp(os.path.join(d, "qmp.sock"))
+        qcmd("stop")
+        state = os.path.join(d, "state")
+        qcmd("migrate", uri="exec:cat > %s" % state)
+        for _ in range(600):
+            st = qcmd("query-migrate")["return"].get("status")
+            if st in ("completed", "failed"):
+                break
+            time.sleep(0.05)
+        check(st == "completed", "migrated the VM's state to a file")
+        qs.close()
+        q.kill()
+        q.wait()
+        ch.s.close()
+        agent.s.close()
+        for f in (agent_sock, envd_sock, os.path.join(d, "qmp.sock")):
+            os.unlink(f)
+        q = subprocess.Popen(cmd + ["-incoming", "exec:cat %s" % state], stdin=subprocess.DEVNULL)
+        wait_path(envd_sock, agent_sock, os.path.join(d, "qmp.sock"))
+        time.sleep(0.2)
+        agent = Chan(agent_sock)
+        ch = Chan(envd_sock)
+        qs, qcmd = qmp(os.path.join(d, "qmp.sock"))
+        for _ in range(600):
+            if qcmd("query-status")["return"]["status"] != "inmigrate":
+                break
+            time.sleep(0.05)
+        qcmd("cont")
+        try:
+            t, p = ch.recv(3)
+            spontaneous = t == EP_HELLO
+        except TimeoutError:
+            spontaneous = False
+        print("# restored VM: envd %s HELLO by itself" % ("sent" if spontaneous else "did not send"), flush=True)
+        if not spontaneous:
+            ch.send(EP_HELLO, struct.pack("<II", 1, 0xabcdef01))
+            t, p = ch.recv(10)
+            t2, p2 = ch.recv(10)
+            check(t2 == EP_DONE and p2 == struct.pack("<I", 0xabcdef01), "DONE{req} after the HELLO the host asked for")
+        check(t == EP_HELLO, "a restored VM's envd says HELLO (by itself or when the host asks)")
+        out, how, status = follow(ch, pid)
+        check(out[1] == b"after restore\n" and status == 0, "a process started before the snapshot ends in the clone: %r %r %d %d" % (out[1], out[2], how, status))
+        qs.close()
         with open(os.path.join(d, "console.log"), "rb") as f:
             con = f.read()
         check(b"envd" not in con, "no envd complaint on the console: %r" % con[-300:])

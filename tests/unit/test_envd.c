@@ -502,12 +502,29 @@ static void test_malformed(void **state)
 	assert_int_equal(oc.status, 0);
 }
 
+static void expect_done(uint32_t req);
+
+/* The host's HELLO (a restored VM): HELLO, windows open again, then
+ * DONE{req}; an END not yet sent is not lost. */
 static void test_host_hello(void **state)
 {
-	uint32_t v[2] = { EPROTO_VERSION, 0 };
+	const char *argv[] = { "head", "-c", "2000000", "/dev/zero", NULL };
+	uint32_t pid = start_proc(next_req++, 0, "", "", argv, NULL);
+	uint32_t v[2] = { EPROTO_VERSION, next_req++ };
+	uint64_t got = 0;
+	uint8_t type;
+	size_t len;
 
+	/* A full window, unacknowledged: the writer blocks. */
+	while (recv_frame(&type, fr, &len, 500))
+		got += len - 5;
+	assert_int_equal(got, EPROTO_WINDOW);
 	send_u32s(EP_HELLO, v, 2);
 	expect_hello();
+	expect_done(v[1]);
+	/* The window is open again without an ACK: the rest comes, then END. */
+	follow(pid, 1);
+	assert_int_equal(oc.status, 0);
 }
 
 /* ---- files ---- */
