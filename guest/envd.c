@@ -1175,21 +1175,35 @@ void envd_destroy(struct envd *e)
  * in control messages after the devices, a little after the agent's. */
 #define ENVD_PORT_WAIT_MS 10000
 #define ENVD_PORT_RETRY_NS (20 * 1000 * 1000)
+#define ENVD_PORT_SETTLE_MS 500
 #define ENVD_EXIT_NOPORT 3
 #define ENVD_RESTART_S 1
 
 static void __attribute__((noreturn)) envd_main(void)
 {
 	struct timespec ts = { .tv_sec = 0, .tv_nsec = ENVD_PORT_RETRY_NS };
-	int64_t deadline = proto_now_ms() + ENVD_PORT_WAIT_MS;
+	int64_t deadline = proto_now_ms() + ENVD_PORT_WAIT_MS, settled = 0;
 	struct envd *e;
 	int fd, r;
 
 	for (;;) {
+		int64_t now = proto_now_ms();
+
 		fd = init_find_port(ENVD_PORT_NAME);
 		if (fd >= 0)
 			break;
-		if (fd != -ENOENT || proto_now_ms() >= deadline) {
+		/* Every port there is named and none is ours, and it stays so
+		 * for a moment: this VM has no envd port (an older host), so
+		 * stop looking well before the deadline. */
+		if (fd == -ENOENT && init_ports_named()) {
+			if (!settled)
+				settled = now;
+			if (now - settled >= ENVD_PORT_SETTLE_MS)
+				_exit(ENVD_EXIT_NOPORT);
+		} else {
+			settled = 0;
+		}
+		if (fd != -ENOENT || now >= deadline) {
 			if (fd != -ENOENT)
 				init_log("envd: opening port %s: %s", ENVD_PORT_NAME, strerror(-fd));
 			_exit(ENVD_EXIT_NOPORT);

@@ -23,6 +23,8 @@
 /* REMOVE descends at most this deep (each level holds a descriptor). */
 #define ENVD_RM_DEPTH 256
 
+static int envd_mkdir_parents(const char *path);
+
 /* ---- users --------------------------------------------------------------- */
 
 static void envd_user_groups(const struct envd_config *cfg, struct envd_user *u)
@@ -154,7 +156,8 @@ static int envd_make_home(const struct envd_user *u)
 		return 0;
 	if (errno != ENOENT)
 		return -errno;
-	if (mkdir(u->home, 0750) < 0)
+	/* /home itself may be missing from a minimal image. */
+	if (envd_mkdir_parents(u->home) < 0 || mkdir(u->home, 0750) < 0)
 		return -errno;
 	/* Outside root (tests) the home stays the caller's. */
 	if (geteuid() == 0 && lchown(u->home, u->uid, u->gid) < 0)

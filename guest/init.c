@@ -417,6 +417,27 @@ int init_find_port(const char *name)
 	return fd;
 }
 
+int init_ports_named(void)
+{
+	char name[128];
+	struct dirent *de;
+	int ports = 0, named = 0;
+	DIR *d;
+
+	d = opendir(INIT_PORTS);
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		ports++;
+		if (init_port_name(de->d_name, name, sizeof(name)) == 0 && name[0])
+			named++;
+	}
+	closedir(d);
+	return ports > 0 && named == ports;
+}
+
 int init_open_port(const char *name)
 {
 	int64_t deadline = init_deadline();

@@ -24,6 +24,10 @@ int init_open_port(const char *name);
  * negative errno. For envd, whose port an older host does not add. */
 int init_find_port(const char *name);
 
+/* 1 when at least one virtio port exists and every one has its name (the
+ * host has announced them all), else 0. */
+int init_ports_named(void);
+
 /* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
  * run) in a single write. For errors only: the serial console is slow under
  * TCG. Callable from anywhere, including a forked child before exec. */
