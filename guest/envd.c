@@ -694,6 +694,10 @@ static void envd_pump(struct envd *e, struct envd_proc *p, int *fd, uint8_t stre
 	buf[4] = stream;
 	p->unacked += (uint64_t)n;
 	envd_tx_commit(e, EP_OUT, 5 + (size_t)n);
+	/* What was buffered at the linger's end is out: the pipe may never
+	 * poll readable again (its writer is silent), so close it now. */
+	if (p->draining && *drain == 0)
+		envd_close(fd);
 }
 
 static size_t envd_buffered(int fd)
