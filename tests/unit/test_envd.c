@@ -37,6 +37,8 @@ static uint8_t rbuf[4 * PROTO_MAX_FRAME];
 static size_t rlen;
 static uint8_t pl[PROTO_MAX_PAYLOAD];
 static uint32_t next_req = 1u << 24; /* above every pid */
+static pid_t started[64]; /* process groups the test started, killed at teardown */
+static int nstarted;
 
 /* ---- the host side ---- */
 
@@ -179,7 +181,9 @@ static int envd_teardown(void **state)
 
 	close(host);
 	host = -1;
-	/* envd sees EOF, and then a failed write: it ends; make sure. */
+	/* What the test started, background children included (one group each). */
+	while (nstarted > 0)
+		kill(-started[--nstarted], SIGKILL);
 	kill(envd_pid, SIGKILL);
 	waitpid(envd_pid, NULL, 0);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
@@ -224,6 +228,8 @@ static uint32_t start_proc(uint32_t req, uint32_t flags, const char *user, const
 	assert_int_equal(eproto_u32s_decode(fr, len, v, 2), 0);
 	assert_int_equal(v[0], req);
 	assert_true(v[1] > 0);
+	if (nstarted < 64)
+		started[nstarted++] = (pid_t)v[1];
 	return v[1];
 }
 
@@ -399,6 +405,38 @@ static void test_linger(void **state)
 	assert_int_equal(oc.status, 3);
 	assert_int_equal(oc.nout, 6);
 	assert_memory_equal(oc.out, "first\n", 6);
+}
+
+/* Output still in the pipe when the linger ends (the window was full) is
+ * delivered in full, and END does not wait for the silent background child
+ * that holds the pipe. */
+static void test_linger_drain(void **state)
+{
+	const char *argv[] = { "sh", "-c", "head -c 1100000 /dev/zero; sleep 20 & exit 0", NULL };
+	uint32_t pid = start_proc(next_req++, 0, "", "", argv, NULL);
+	int64_t t0 = proto_now_ms();
+	uint64_t got = 0;
+	uint32_t v[2];
+	uint8_t type;
+	size_t len;
+
+	while (recv_frame(&type, fr, &len, 500)) {
+		assert_int_equal(type, EP_OUT);
+		got += len - 5;
+	}
+	assert_int_equal(got, EPROTO_WINDOW);
+	v[0] = pid;
+	v[1] = (uint32_t)got;
+	send_u32s(EP_ACK, v, 2);
+	for (;;) {
+		type = expect_frame(&len);
+		if (type == EP_END)
+			break;
+		assert_int_equal(type, EP_OUT);
+		got += len - 5;
+	}
+	assert_int_equal(got, 1100000);
+	assert_true(proto_now_ms() - t0 < 10000);
 }
 
 static void test_list(void **state)
@@ -845,7 +883,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		T(test_echo_streams_exit), T(test_env_cwd_user), T(test_start_errors), T(test_signal),
-		T(test_stdin_pipe),        T(test_pty),          T(test_linger),       T(test_list),
+		T(test_stdin_pipe),        T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
 		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
 		cmocka_unit_test(test_ensure_user),
