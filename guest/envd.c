@@ -1182,6 +1182,8 @@ void envd_destroy(struct envd *e)
 #define ENVD_PORT_SETTLE_MS 500
 #define ENVD_EXIT_NOPORT 3
 #define ENVD_RESTART_S 1
+#define ENVD_RESTART_MAX_S 32
+#define ENVD_STABLE_MS 60000
 
 static void __attribute__((noreturn)) envd_main(void)
 {
@@ -1229,13 +1231,15 @@ static void __attribute__((noreturn)) envd_main(void)
 
 pid_t envd_spawn(void)
 {
+	int delay = ENVD_RESTART_S;
 	pid_t sup = fork();
 
 	if (sup != 0)
 		return sup < 0 ? -errno : sup;
 	prctl(PR_SET_NAME, "kiln-envd-sup");
 	for (;;) {
-		struct timespec ts = { .tv_sec = ENVD_RESTART_S };
+		struct timespec ts = { .tv_sec = delay };
+		int64_t began = proto_now_ms();
 		int st;
 		pid_t pid = fork();
 
@@ -1255,6 +1259,13 @@ pid_t envd_spawn(void)
 			else
 				init_log("envd: exited with status %d; starting it again", WEXITSTATUS(st));
 		}
+		/* An envd that dies at once again and again must not flood the
+		 * (slow) console: wait longer each time, up to a limit. */
+		if (pid > 0 && proto_now_ms() - began > ENVD_STABLE_MS)
+			delay = ENVD_RESTART_S;
+		ts.tv_sec = delay;
 		nanosleep(&ts, NULL);
+		if (delay < ENVD_RESTART_MAX_S)
+			delay *= 2;
 	}
 }

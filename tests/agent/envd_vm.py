@@ -231,6 +231,19 @@ def main():
         out, how, status = follow(ch, pid)
         check(out[1] == b"still here\n" and status == 0, "and its output and END arrive on the new connection")
 
+        # envd dies: kiln-init's supervisor starts it again, and it says HELLO.
+        pid = start(ch, (1 << 24) + 20, ["sh", "-c", "kill -9 $PPID"], user="root")
+        t0 = time.time()
+        t, p = ch.recv(30)
+        check(t == EP_HELLO, "a killed envd is started again and says HELLO (%.1f s)" % (time.time() - t0))
+        pid = start(ch, (1 << 24) + 21, ["sh", "-c", "grep -c ^user: /etc/passwd"])
+        out, how, status = follow(ch, pid)
+        check(out[1] == b"1\n", "the new envd serves, and did not add user twice: %r" % out[1])
+        with open(os.path.join(d, "console.log"), "rb") as f:
+            con = f.read()
+        check(con.count(b"envd") == 1 and b"envd: killed by signal 9; starting it again" in con,
+              "the console says only that envd was started again: %r" % con[-300:])
+
         # A snapshot restored into a new QEMU (kiln's pool and sessions):
         # what does envd see of the new host?
         pid = start(ch, (1 << 24) + 12, ["sh", "-c", "sleep 8; echo after restore"])
@@ -279,7 +292,7 @@ def main():
         qs.close()
         with open(os.path.join(d, "console.log"), "rb") as f:
             con = f.read()
-        check(b"envd" not in con, "no envd complaint on the console: %r" % con[-300:])
+        check(b"envd" not in con, "nothing from envd on the restored VM's console: %r" % con[-300:])
     finally:
         q.kill()
         q.wait()
