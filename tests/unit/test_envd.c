@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "envd_int.h"
 #include "eproto.h"
 #include "proto.h"
 
@@ -823,6 +824,55 @@ static void test_other_user(void **state)
 	chmod(dir, 0755);
 }
 
+/* ---- paths ---- */
+
+static void test_resolve(void **state)
+{
+	static struct envd_user u;
+	static char out[PROTO_MAX_PATH + 1], in[PROTO_MAX_PATH + 2];
+	unsigned seed = 12345;
+	int i, k;
+
+	strcpy(u.home, "/home/user");
+	assert_int_equal(envd_resolve(&u, "a/../b", out), 0);
+	assert_string_equal(out, "/home/user/b");
+	assert_int_equal(envd_resolve(&u, "/../..", out), 0);
+	assert_string_equal(out, "/");
+	assert_int_equal(envd_resolve(&u, "//x//./y/", out), 0);
+	assert_string_equal(out, "/x/y");
+	assert_int_equal(envd_resolve(&u, "../../../etc", out), 0);
+	assert_string_equal(out, "/etc");
+	assert_int_equal(envd_resolve(&u, ".", out), 0);
+	assert_string_equal(out, "/home/user");
+	assert_int_equal(envd_resolve(&u, "", out), -EINVAL);
+	memset(in, 'a', 256);
+	in[256] = '\0';
+	assert_int_equal(envd_resolve(&u, in, out), -ENAMETOOLONG); /* a component over 255 */
+	for (k = 0; k < PROTO_MAX_PATH; k += 2)
+		in[k] = 'a', in[k + 1] = '/';
+	in[PROTO_MAX_PATH] = '\0';
+	assert_int_equal(envd_resolve(&u, in, out), -ENAMETOOLONG); /* with the home, over 4096 */
+	/* Random paths: the result is always clean, absolute and bounded. */
+	for (i = 0; i < 20000; i++) {
+		static const char alphabet[] = "/./..ab";
+		int n = (int)(rand_r(&seed) % 64);
+
+		for (k = 0; k < n; k++)
+			in[k] = alphabet[rand_r(&seed) % (sizeof(alphabet) - 1)];
+		in[n] = '\0';
+		if (envd_resolve(&u, in, out) < 0)
+			continue;
+		assert_true(out[0] == '/');
+		assert_true(strlen(out) <= PROTO_MAX_PATH);
+		assert_null(strstr(out, "//"));
+		assert_null(strstr(out, "/./"));
+		assert_null(strstr(out, "/../"));
+		assert_true(strlen(out) == 1 || out[strlen(out) - 1] != '/');
+		assert_false(strlen(out) >= 3 && !strcmp(out + strlen(out) - 3, "/.."));
+		assert_false(strlen(out) >= 2 && !strcmp(out + strlen(out) - 2, "/."));
+	}
+}
+
 /* ---- the default user ---- */
 
 static void test_ensure_user(void **state)
@@ -886,7 +936,7 @@ int main(void)
 		T(test_stdin_pipe),        T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
 		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
-		cmocka_unit_test(test_ensure_user),
+		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
