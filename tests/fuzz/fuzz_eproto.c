@@ -9,15 +9,7 @@
 #include <string.h>
 
 #include "eproto.h"
-
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 static struct eproto_start start_msg; /* ~130 KiB each: off the stack */
 static struct eproto_proc proc_msg;
@@ -81,25 +73,6 @@ static void decode_all(const uint8_t *p, size_t len)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	size_t off = 0;
-
-	while (off < size) {
-		struct proto_frame f;
-		ssize_t n = proto_frame_parse(data + off, size - off, &f);
-		uint8_t *copy;
-
-		if (n == 0)
-			break;
-		if (n < 0) {
-			off++;
-			continue;
-		}
-		copy = malloc(f.len ? f.len : 1);
-		check(copy != NULL);
-		memcpy(copy, f.payload, f.len);
-		decode_all(copy, f.len);
-		free(copy);
-		off += (size_t)n;
-	}
+	fuzz_each_frame(data, size, decode_all);
 	return 0;
 }
