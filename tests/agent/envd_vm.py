@@ -264,31 +264,53 @@ def main():
         agent.s.close()
         for f in (agent_sock, envd_sock, os.path.join(d, "qmp.sock")):
             os.unlink(f)
-        q = subprocess.Popen(cmd + ["-incoming", "exec:cat %s" % state], stdin=subprocess.DEVNULL)
-        wait_path(envd_sock, agent_sock, os.path.join(d, "qmp.sock"))
-        time.sleep(0.2)
-        agent = Chan(agent_sock)
-        ch = Chan(envd_sock)
-        qs, qcmd = qmp(os.path.join(d, "qmp.sock"))
-        for _ in range(600):
-            if qcmd("query-status")["return"]["status"] != "inmigrate":
-                break
-            time.sleep(0.05)
-        qcmd("cont")
-        try:
-            t, p = ch.recv(3)
-            spontaneous = t == EP_HELLO
-        except TimeoutError:
-            spontaneous = False
-        print("# restored VM: envd %s HELLO by itself" % ("sent" if spontaneous else "did not send"), flush=True)
-        if not spontaneous:
-            ch.send(EP_HELLO, struct.pack("<II", 1, 0xabcdef01))
-            t, p = ch.recv(10)
-            t2, p2 = ch.recv(10)
-            check(t2 == EP_DONE and p2 == struct.pack("<I", 0xabcdef01), "DONE{req} after the HELLO the host asked for")
-        check(t == EP_HELLO, "a restored VM's envd says HELLO (by itself or when the host asks)")
-        out, how, status = follow(ch, pid)
-        check(out[1] == b"after restore\n" and status == 0, "a process started before the snapshot ends in the clone: %r %r %d %d" % (out[1], out[2], how, status))
+        # Twice from the same state: the host connected while the state
+        # loads (the port sees no change: envd cannot know, the host asks
+        # with its HELLO), then the host connecting only after the VM runs
+        # (kiln-host's lazy connection: the port sees it, envd says HELLO).
+        for lazy in (False, True):
+            q = subprocess.Popen(cmd + ["-incoming", "exec:cat %s" % state], stdin=subprocess.DEVNULL)
+            wait_path(envd_sock, agent_sock, os.path.join(d, "qmp.sock"))
+            time.sleep(0.2)
+            agent = Chan(agent_sock)
+            if not lazy:
+                ch = Chan(envd_sock)
+            qs, qcmd = qmp(os.path.join(d, "qmp.sock"))
+            for _ in range(600):
+                if qcmd("query-status")["return"]["status"] != "inmigrate":
+                    break
+                time.sleep(0.05)
+            qcmd("cont")
+            if lazy:
+                time.sleep(0.5)
+                ch = Chan(envd_sock)
+            try:
+                t, p = ch.recv(3)
+                spontaneous = t == EP_HELLO
+            except TimeoutError:
+                spontaneous = False
+            print("# restored VM, host %s: envd %s HELLO by itself" %
+                  ("connecting after the load" if lazy else "connected during the load",
+                   "sent" if spontaneous else "did not send"), flush=True)
+            if lazy:
+                check(spontaneous, "a restored VM's envd says HELLO when the host connects after the load")
+            else:
+                ch.send(EP_HELLO, struct.pack("<II", 1, 0xabcdef01))
+                t, p = ch.recv(10)
+                t2, p2 = ch.recv(10)
+                check(t == EP_HELLO and t2 == EP_DONE and p2 == struct.pack("<I", 0xabcdef01),
+                      "a restored VM's envd answers the host's HELLO with HELLO, DONE{req}")
+            out, how, status = follow(ch, pid)
+            check(out[1] == b"after restore\n" and status == 0,
+                  "a process started before the snapshot ends in the clone: %r %r %d %d" % (out[1], out[2], how, status))
+            if not lazy:
+                qs.close()
+                q.kill()
+                q.wait()
+                ch.s.close()
+                agent.s.close()
+                for f in (agent_sock, envd_sock, os.path.join(d, "qmp.sock")):
+                    os.unlink(f)
         qs.close()
         with open(os.path.join(d, "console.log"), "rb") as f:
             con = f.read()
