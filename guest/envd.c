@@ -139,7 +139,7 @@ static void envd_hello(struct envd *e)
 /* A new host: what the old one was owed is forgotten (a frame half sent to
  * it would garble the new stream), windows open, requests in progress are
  * abandoned; processes keep running and an END not yet sent is sent again. */
-static void envd_new_connection(struct envd *e)
+static void envd_new_connection(struct envd *e, int keep_rx)
 {
 	int i;
 
@@ -149,7 +149,9 @@ static void envd_new_connection(struct envd *e)
 			envd_proc_free(e, i);
 	e->tx_head = e->tx_tail = 0;
 	e->tx_sent = e->tx_appended;
-	e->rx_start = e->rx_end = 0;
+	/* The host's own HELLO: what follows it is the new connection's. */
+	if (!keep_rx)
+		e->rx_start = e->rx_end = 0;
 	for (i = 0; i < ENVD_MAX_JOBS; i++)
 		if (e->jobs[i])
 			envd_job_free(e, i);
@@ -186,7 +188,7 @@ static void envd_hangup(struct envd *e)
 static void envd_check_connection(struct envd *e)
 {
 	if (!e->connected && envd_host_there(e))
-		envd_new_connection(e);
+		envd_new_connection(e, 0);
 	else if (e->connected && !envd_host_there(e))
 		envd_hangup(e);
 }
@@ -905,7 +907,7 @@ static void envd_dispatch(struct envd *e, const struct proto_frame *f)
 		 * connection's frames begin. */
 		if (eproto_u32s_decode(f->payload, f->len, v, 2) < 0)
 			return envd_malformed(e, f->type);
-		envd_new_connection(e);
+		envd_new_connection(e, 1);
 		envd_send_done(e, v[1]);
 		return;
 	case EP_STAT:
@@ -1044,7 +1046,7 @@ int envd_serve(struct envd *e)
 
 	e->connected = 0;
 	if (envd_host_there(e))
-		envd_new_connection(e);
+		envd_new_connection(e, 0);
 	for (;;) {
 		int64_t now = proto_now_ms();
 		int timeout = -1, busy, np = 0;
