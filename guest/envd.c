@@ -606,8 +606,26 @@ static void envd_flush_in(struct envd_proc *p)
 		return;
 	memmove(p->pending, p->pending + off, p->pending_len - off);
 	p->pending_len -= off;
-	if (!p->pending_len && p->in_eof)
+	if (!p->pending_len && p->in_eof) {
 		envd_close_in(p);
+	} else if (!p->pending_len) {
+		/* Most input is taken at once: hold no buffer while idle. */
+		free(p->pending);
+		p->pending = NULL;
+	}
+}
+
+/* Input held for all processes: bounded as a whole too, so that a thousand
+ * processes that do not read cannot grow envd by a gigabyte. */
+static size_t envd_pending_total(struct envd *e)
+{
+	size_t total = 0;
+	int i;
+
+	for (i = 0; i < ENVD_MAX_PROCS; i++)
+		if (e->procs[i])
+			total += e->procs[i]->pending_len;
+	return total;
 }
 
 static void envd_input(struct envd *e, struct envd_proc *p, const uint8_t *data, size_t n)
@@ -616,12 +634,31 @@ static void envd_input(struct envd *e, struct envd_proc *p, const uint8_t *data,
 
 	if (p->in < 0 || p->in_eof || n == 0)
 		return; /* no stdin, or closed: crossed on the wire */
+	/* Straight into the pipe when nothing waits before it. */
+	while (!p->pending_len && n > 0) {
+		ssize_t w = write(p->in, data, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			break;
+		if (w <= 0) {
+			envd_close_in(p);
+			return;
+		}
+		data += w;
+		n -= (size_t)w;
+	}
+	if (n == 0)
+		return;
 	if (!p->pending) {
 		p->pending = malloc(ENVD_STDIN_MAX);
 		if (!p->pending)
 			return;
 	}
 	room = ENVD_STDIN_MAX - p->pending_len;
+	if (envd_pending_total(e) + room > ENVD_STDIN_TOTAL)
+		room = ENVD_STDIN_TOTAL > envd_pending_total(e) ? ENVD_STDIN_TOTAL - envd_pending_total(e) : 0;
 	if (n > room) {
 		int64_t now = proto_now_ms();
 

@@ -24,6 +24,7 @@
 /* Input a process has not read yet, held per process; past it INPUT bytes
  * are dropped (and logged) rather than block the channel. */
 #define ENVD_STDIN_MAX (1u << 20)
+#define ENVD_STDIN_TOTAL (32u << 20) /* ... and for all processes together */
 /* After the main process exits, its pipes are read this much longer for a
  * background child still holding them, then closed (what was in them at
  * that moment is still delivered). */

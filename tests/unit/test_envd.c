@@ -397,6 +397,34 @@ static void test_stdin_pipe(void **state)
 	assert_memory_equal(oc.out, "got:hello\nrest", oc.nout);
 }
 
+static void send_fs(uint8_t type, uint32_t req, const char *path, const char *path2, uint32_t depth);
+static void expect_entry(uint32_t req);
+
+/* A process that does not read yet: envd holds 1 MiB of its input, drops
+ * the rest, and goes on serving meanwhile. */
+static void test_stdin_bound(void **state)
+{
+	const char *argv[] = { "sh", "-c", "sleep 1; wc -c", NULL };
+	uint32_t pid = start_proc(next_req++, EP_START_STDIN, "", "", argv, NULL);
+	static uint8_t chunk[4 + EPROTO_MAX_CHUNK];
+	uint32_t req = next_req++;
+	unsigned long count;
+	int i;
+
+	memcpy(chunk, &pid, 4);
+	for (i = 0; i < 48; i++) /* 3 MiB */
+		send_frame(EP_INPUT, chunk, sizeof(chunk));
+	send_fs(EP_STAT, req, "/", NULL, 0);
+	expect_entry(req);
+	send_u32s(EP_CLOSE_STDIN, &pid, 1);
+	follow(pid, 1);
+	assert_int_equal(oc.status, 0);
+	oc.out[oc.nout] = '\0';
+	count = strtoul(oc.out, NULL, 10);
+	assert_true(count >= ENVD_STDIN_MAX);
+	assert_true(count <= ENVD_STDIN_MAX + (1u << 20)); /* what the pipe itself holds */
+}
+
 static void test_pty(void **state)
 {
 	const char *argv[] = { "sh", "-c", "tty >/dev/null && echo tty; stty size", NULL };
@@ -955,7 +983,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		T(test_echo_streams_exit), T(test_env_cwd_user), T(test_start_errors), T(test_signal),
-		T(test_stdin_pipe),        T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
+		T(test_stdin_pipe),        T(test_stdin_bound), T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
 		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
 		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
