@@ -165,6 +165,11 @@ def main():
         check(out[1] == b"1001\n1001\n/home/user user /bin/bash\n/home/user\n", "START runs as user 1001 in its home: %r" % out[1])
         check(out[2] == b"err\n" and how == 1 and status == 3, "stderr apart, exit status 3")
 
+        # What the E2B SDK's commands.run sends: a login bash.
+        pid = start(ch, (1 << 24) + 30, ["/bin/bash", "-l", "-c", "whoami; echo $HOME $FOO; pwd"], env=["FOO=bar"])
+        out, how, status = follow(ch, pid)
+        check(out[1] == b"user\n/home/user bar\n/home/user\n" and status == 0, "bash -l -c as E2B runs it: %r %r" % (out[1], out[2]))
+
         pid = start(ch, (1 << 24) + 1, ["bash", "-c", "tty; stty size"], flags=2, rows=30, cols=100)
         out, how, status = follow(ch, pid)
         check(b"/dev/pts/" in out[3] and b"30 100" in out[3] and status == 0, "a terminal of 30x100: %r" % out[3])
