@@ -164,7 +164,7 @@ $WIRE multipart "$B" "$T_TMP/two.body" "name=file;filename=/home/user/mp/a.txt:@
 	"name=file;filename=mp/sub/b.bin:@$T_TMP/b.bin"
 st=$(envd "/files" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/two.body")
 check "multipart, two parts, no path (the filenames are the paths): 200 with both ($(last 'map(.path) | join(" ")'))" \
-	[ "$st" = 200 -a "$(last 'map(.path) | sort == ["/home/user/mp/a.txt", "/home/user/mp/sub/b.bin"] and all(.type == "file")')" = true ]
+	[ "$st" = 200 -a "$(last '(map(.path) | sort) == ["/home/user/mp/a.txt", "/home/user/mp/sub/b.bin"] and all(.[]; .type == "file")')" = true ]
 envd "/files?path=/home/user/mp/a.txt" > /dev/null; cmp -s "$T_TMP/last" "$T_TMP/a.txt"; ra=$?
 envd "/files?path=/home/user/mp/sub/b.bin" > /dev/null; cmp -s "$T_TMP/last" "$T_TMP/b.bin"; rb=$?
 check "... both read back byte for byte" [ "$ra" = 0 -a "$rb" = 0 ]
