@@ -39,7 +39,7 @@ API_OBJS   := $(API_SRCS:%.c=$(B)/%.o)
 CLI_SRCS   := $(filter-out cli/main.c,$(wildcard cli/*.c))
 CLI_OBJS   := $(CLI_SRCS:%.c=$(B)/%.o)
 # kiln-init is static and links only what the guest needs (no jansson/libcrypto).
-GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c lib/io.c
+GUEST_SRCS := $(wildcard guest/*.c) lib/proto.c lib/eproto.c lib/io.c
 GUEST_OBJS := $(GUEST_SRCS:%.c=$(B)/guest-obj/%.o)
 
 UNIT_SRCS  := $(wildcard tests/unit/test_*.c)

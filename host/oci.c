@@ -317,35 +317,33 @@ static int read_config(struct oci_run *r, struct oci_config *cfg)
 	char path[PATH_MAX + 16], digest[72], blob[128];
 	char *text;
 	size_t len = 0;
-	int dfd, missing, rc = -1;
+	int dfd, missing, step, rc = -1;
 
 	snprintf(path, sizeof(path), "%s/layout", r->w);
 	if ((dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
 		return kiln_err_set(r->err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
-	if (!(text = read_under(r, dfd, "index.json", beneath, OCI_MAX_JSON, &len, &missing)))
-		goto missing;
-	rc = oci_index_manifest(text, len, "kiln", digest, r->err);
-	free(text);
-	if (rc < 0)
-		goto out;
-	rc = -1;
-	snprintf(blob, sizeof(blob), "blobs/sha256/%s", digest + 7);
-	if (!(text = read_under(r, dfd, blob, beneath, OCI_MAX_JSON, &len, &missing)))
-		goto missing;
-	rc = oci_manifest_config(text, len, digest, r->err);
-	free(text);
-	if (rc < 0)
-		goto out;
-	rc = -1;
-	snprintf(blob, sizeof(blob), "blobs/sha256/%s", digest + 7);
-	if (!(text = read_under(r, dfd, blob, beneath, OCI_MAX_JSON, &len, &missing)))
-		goto missing;
-	rc = oci_config_parse(text, len, cfg, r->err);
-	free(text);
+	/* index.json names the manifest, the manifest names the config: each
+	 * read from the layout (bounded, beneath it) and parsed in turn. */
+	snprintf(blob, sizeof(blob), "index.json");
+	for (step = 0; step < 3; step++) {
+		if (step)
+			snprintf(blob, sizeof(blob), "blobs/sha256/%s", digest + 7);
+		if (!(text = read_under(r, dfd, blob, beneath, OCI_MAX_JSON, &len, &missing)))
+			goto missing;
+		if (step == 0)
+			rc = oci_index_manifest(text, len, "kiln", digest, r->err);
+		else if (step == 1)
+			rc = oci_manifest_config(text, len, digest, r->err);
+		else
+			rc = oci_config_parse(text, len, cfg, r->err);
+		free(text);
+		if (rc < 0)
+			goto out;
+	}
 	goto out;
 missing:
 	if (missing)
-		kiln_err_set(r->err, KERR_INVALID_IMAGE, "the image layout lacks %s", blob[0] ? blob : "index.json");
+		kiln_err_set(r->err, KERR_INVALID_IMAGE, "the image layout lacks %s", blob);
 out:
 	close(dfd);
 	return rc;

@@ -17,6 +17,23 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+/* A DIR stream over the directory dfd names (its own descriptor: the
+ * caller's dfd stays open). NULL with errno set. */
+static DIR *dir_stream(int dfd)
+{
+	int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
+
+	if (fd < 0)
+		return NULL;
+	if (!(d = fdopendir(fd))) {
+		int e = errno;
+		close(fd);
+		errno = e;
+	}
+	return d;
+}
+
 /* ---- usage: the watch while the jail unpacks ------------------------------- */
 
 struct usage {
@@ -28,16 +45,12 @@ static int usage_dir(int dfd, struct usage *u, int depth)
 {
 	struct dirent *de;
 	DIR *d;
-	int fd, r = 0;
+	int r = 0;
 
 	if (depth > OCI_MAX_DEPTH)
 		return 0; /* the final walk refuses it; the watch only counts */
-	if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+	if (!(d = dir_stream(dfd)))
 		return -errno;
-	if (!(d = fdopendir(fd))) {
-		close(fd);
-		return -errno;
-	}
 	while (r == 0 && (de = readdir(d))) {
 		struct stat st;
 
@@ -214,17 +227,13 @@ static int prep_dir(struct prep *p, int dfd, int depth)
 {
 	struct dirent *de;
 	DIR *d;
-	int fd, r = 0;
+	int r = 0;
 
 	if (depth > OCI_MAX_DEPTH)
 		return kiln_err_set(p->err, KERR_INVALID_IMAGE, "%s: directories nested deeper than %d", p->path,
 				    OCI_MAX_DEPTH);
-	if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+	if (!(d = dir_stream(dfd)))
 		return kiln_err_set(p->err, KERR_HOST_ERROR, "%s: %s", p->path, strerror(errno));
-	if (!(d = fdopendir(fd))) {
-		close(fd);
-		return kiln_err_set(p->err, KERR_HOST_ERROR, "%s: %s", p->path, strerror(errno));
-	}
 	while (r == 0 && (errno = 0, de = readdir(d))) {
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
@@ -359,16 +368,12 @@ static int open_up_dir(int dfd, int depth, uint64_t *n)
 {
 	struct dirent *de;
 	DIR *d;
-	int fd, r = 0;
+	int r = 0;
 
 	if (depth > OCI_MAX_DEPTH)
 		return -ELOOP;
-	if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+	if (!(d = dir_stream(dfd)))
 		return -errno;
-	if (!(d = fdopendir(fd))) {
-		close(fd);
-		return -errno;
-	}
 	while (r == 0 && (de = readdir(d))) {
 		struct stat st;
 

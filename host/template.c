@@ -129,15 +129,22 @@ static uint64_t du_at(int at, const char *name, int depth)
 	return total;
 }
 
-/* Open path/last_used (created) and take a shared lock on it: the mark of
- * "in use" that another process's eviction respects. -1 on failure. */
-static int lock_shared(const char *dir)
+/* Open (creating it) dir/last_used, whose mtime is dir's last use and
+ * whose flock marks it in use. -1 on failure. */
+static int open_last_used(const char *dir, int flags)
 {
 	char p[PATH_MAX + 16];
-	int fd;
 
 	snprintf(p, sizeof(p), "%s/last_used", dir);
-	fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	return open(p, flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+}
+
+/* Open dir/last_used and take a shared lock on it: the mark of "in use"
+ * that another process's eviction respects. -1 on failure. */
+static int lock_shared(const char *dir)
+{
+	int fd = open_last_used(dir, O_RDWR);
+
 	if (fd < 0)
 		return -1;
 	if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
@@ -150,11 +157,8 @@ static int lock_shared(const char *dir)
 /* Mark dir used now (its last_used file's mtime). */
 static void touch_used(const char *dir)
 {
-	char p[PATH_MAX + 16];
-	int fd;
+	int fd = open_last_used(dir, O_WRONLY);
 
-	snprintf(p, sizeof(p), "%s/last_used", dir);
-	fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd >= 0) {
 		futimens(fd, NULL);
 		close(fd);
@@ -180,11 +184,8 @@ static int64_t last_used_ms(const char *dir)
 /* Remove dir if no process holds its last_used lock: 1 removed, 0 in use. */
 static int remove_unlocked(const char *dir)
 {
-	char p[PATH_MAX + 16];
-	int fd, r;
+	int fd = open_last_used(dir, O_RDWR), r;
 
-	snprintf(p, sizeof(p), "%s/last_used", dir);
-	fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
 		close(fd);
 		return 0;

@@ -41,8 +41,8 @@ enum connect_code {
 
 /* "invalid_argument", ... ("ok" for CONNECT_OK). */
 const char *connect_code_name(enum connect_code c);
-/* The HTTP status a unary error answer carries (Connect's table: 400, 404,
- * 409, 403, 429, 412, 409, 400, 501, 500, 503, 500, 401, 499->408...). */
+/* The HTTP status a unary error answer carries (Connect's table:
+ * connectrpc.com/docs/protocol#error-codes). */
 unsigned connect_code_status(enum connect_code c);
 /* A code from a negative errno: -ENOENT not_found, -EEXIST already_exists,
  * -EACCES/-EPERM permission_denied, -EINVAL/-ENOTDIR/-EISDIR/-ENAMETOOLONG

@@ -35,10 +35,11 @@ struct multipart;
 /* A parser for one body. NULL on ENOMEM. */
 struct multipart *multipart_new(const char *boundary, const struct multipart_cb *cb, void *cls);
 /* Feed the next n bytes of the body. 0, -EPROTO for a malformed body (a
- * header line over the bound, no Content-Disposition: form-data, more than
- * MULTIPART_MAX_PARTS parts, bytes after the closing boundary other than
- * whitespace/CRLF), or a callback's error. After an error every later call
- * returns it again. */
+ * header block over the bound, a header line without a colon, no
+ * Content-Disposition: form-data, more than MULTIPART_MAX_PARTS parts), or a
+ * callback's error. Bytes after the closing boundary (the epilogue) are
+ * ignored, as RFC 2046 says. After an error every later call returns it
+ * again. */
 int multipart_feed(struct multipart *m, const uint8_t *p, size_t n);
 /* The body ended: 0 when the closing boundary was seen, else -EPROTO. */
 int multipart_finish(struct multipart *m);

@@ -14,14 +14,7 @@
 #include "quota.h"
 #include "request.h"
 #include "spec.h"
-
-#define check(cond)                                                                              \
-	do {                                                                                     \
-		if (!(cond)) {                                                                   \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			abort();                                                                 \
-		}                                                                                \
-	} while (0)
+#include "fuzz.h"
 
 static void task_request(const char *body, size_t len)
 {

@@ -11,15 +11,7 @@
 #include <strings.h>
 
 #include "dns.h"
-
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 #define FIXED_ID   0x1234
 #define FIXED_NAME "example.com"

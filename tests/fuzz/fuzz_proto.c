@@ -8,17 +8,7 @@
 #include <string.h>
 
 #include "proto.h"
-
-/* An abort() with the failed condition, so a crash report says which
- * property broke. */
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 /* struct proto_exec is ~140 KiB: keep it off the fuzzer's stack. */
 static struct proto_exec exec_msg;
@@ -85,28 +75,6 @@ static void decode_all(const uint8_t *p, size_t len)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	size_t off = 0;
-
-	while (off < size) {
-		struct proto_frame f;
-		ssize_t n = proto_frame_parse(data + off, size - off, &f);
-		uint8_t *copy;
-
-		if (n == 0)
-			break; /* needs more bytes than there are */
-		if (n < 0) {
-			/* Never valid: resynchronise one byte on to reach more frames. */
-			off++;
-			continue;
-		}
-		check((size_t)n == PROTO_HDR_SIZE + f.len && (size_t)n <= size - off);
-		check(f.type != 0 && f.len <= PROTO_MAX_PAYLOAD);
-		copy = malloc(f.len ? f.len : 1);
-		check(copy != NULL);
-		memcpy(copy, f.payload, f.len);
-		decode_all(copy, f.len);
-		free(copy);
-		off += (size_t)n;
-	}
+	fuzz_each_frame(data, size, decode_all);
 	return 0;
 }

@@ -11,15 +11,7 @@
 #include <string.h>
 
 #include "s3.h"
-
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 static const char *const tags[] = { "Code", "Message", "UploadId", "ETag", "Key", "RequestId", "Error", "C" };
 

@@ -8,17 +8,7 @@
 
 #include "proto.h"
 #include "spec.h"
-
-/* An abort() with the failed condition, so a crash report says which
- * property broke. */
-#define check(cond)                                                             \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, \
-				__LINE__, #cond);                               \
-			abort();                                                \
-		}                                                               \
-	} while (0)
+#include "fuzz.h"
 
 static int ldh(char c)
 {

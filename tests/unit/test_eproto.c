@@ -1,0 +1,236 @@
+/* test_eproto: unit tests for lib/eproto.c, the guest envd protocol: every
+ * codec round-trips, and malformed payloads (bad flags, ranges, NULs,
+ * truncation, trailing bytes, hostile entries) are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "eproto.h"
+
+static uint8_t pl[PROTO_MAX_PAYLOAD + 64];
+static struct eproto_start s_in, s_out;
+static struct eproto_proc p_in, p_out;
+
+static void test_start_roundtrip(void **state)
+{
+	ssize_t n;
+
+	memset(&s_in, 0, sizeof(s_in));
+	s_in.req = 7;
+	s_in.flags = EP_START_STDIN;
+	s_in.user = "user";
+	s_in.cwd = "/home/user";
+	s_in.tag = "t1";
+	s_in.argc = 3;
+	s_in.argv[0] = "/bin/bash";
+	s_in.argv[1] = "-c";
+	s_in.argv[2] = "echo hi";
+	s_in.envc = 1;
+	s_in.env[0] = "A=1";
+	n = eproto_start_encode(pl, sizeof(pl), &s_in);
+	assert_true(n > 0);
+	assert_int_equal(eproto_start_decode(pl, (size_t)n, &s_out), 0);
+	assert_int_equal(s_out.req, 7);
+	assert_int_equal(s_out.flags, EP_START_STDIN);
+	assert_string_equal(s_out.user, "user");
+	assert_string_equal(s_out.cwd, "/home/user");
+	assert_string_equal(s_out.tag, "t1");
+	assert_int_equal(s_out.argc, 3);
+	assert_string_equal(s_out.argv[2], "echo hi");
+	assert_null(s_out.argv[3]);
+	assert_int_equal(s_out.envc, 1);
+	assert_string_equal(s_out.env[0], "A=1");
+	/* trailing byte, truncation */
+	assert_int_equal(eproto_start_decode(pl, (size_t)n + 1, &s_out), -EPROTO);
+	assert_int_equal(eproto_start_decode(pl, (size_t)n - 1, &s_out), -EPROTO);
+	assert_int_equal(s_out.argc, 0);
+}
+
+static void start_bad(struct eproto_start *m)
+{
+	ssize_t n = eproto_start_encode(pl, sizeof(pl), m);
+
+	assert_true(n > 0);
+	assert_int_equal(eproto_start_decode(pl, (size_t)n, &s_out), -EPROTO);
+}
+
+static void test_start_invalid(void **state)
+{
+	struct eproto_start m;
+
+	memset(&m, 0, sizeof(m));
+	m.user = "";
+	m.cwd = "";
+	m.tag = "";
+	m.argc = 1;
+	m.argv[0] = "true";
+	assert_true(eproto_start_encode(pl, sizeof(pl), &m) > 0);
+	assert_int_equal(eproto_start_decode(pl, (size_t)eproto_start_encode(pl, sizeof(pl), &m), &s_out), 0);
+
+	m.flags = 0x80; /* unknown flag */
+	start_bad(&m);
+	m.flags = EP_START_PTY; /* a pty without a size */
+	start_bad(&m);
+	m.rows = 24;
+	m.cols = 5000; /* too wide */
+	start_bad(&m);
+	m.flags = 0; /* a size without a pty */
+	m.cols = 80;
+	start_bad(&m);
+	m.rows = m.cols = 0;
+	m.user = "../etc"; /* not a user name */
+	start_bad(&m);
+	m.user = "-root";
+	start_bad(&m);
+	m.user = "";
+	m.env[0] = "=x"; /* empty key */
+	m.envc = 1;
+	start_bad(&m);
+	m.env[0] = "NOEQUALS";
+	start_bad(&m);
+	m.envc = 0;
+	m.argv[0] = ""; /* empty argv[0] */
+	start_bad(&m);
+}
+
+static void test_proc_roundtrip(void **state)
+{
+	ssize_t n;
+
+	memset(&p_in, 0, sizeof(p_in));
+	p_in.req = 3;
+	p_in.pid = 99;
+	p_in.tag = "";
+	p_in.cwd = "/tmp";
+	p_in.argc = 2;
+	p_in.argv[0] = "sleep";
+	p_in.argv[1] = "5";
+	n = eproto_proc_encode(pl, sizeof(pl), &p_in);
+	assert_int_equal(eproto_proc_decode(pl, (size_t)n, &p_out), 0);
+	assert_int_equal(p_out.pid, 99);
+	assert_string_equal(p_out.argv[1], "5");
+	p_in.pid = 0; /* no such pid */
+	n = eproto_proc_encode(pl, sizeof(pl), &p_in);
+	assert_int_equal(eproto_proc_decode(pl, (size_t)n, &p_out), -EPROTO);
+}
+
+static void test_entry(void **state)
+{
+	struct eproto_entry e = { .req = 1, .type = EP_FILE, .mode = 0100644, .size = 12, .uid = 1001, .gid = 1001,
+				  .mtime_sec = 1700000000, .mtime_nsec = 5 };
+	struct eproto_entry o;
+	ssize_t n;
+
+	strcpy(e.owner, "user");
+	strcpy(e.group, "user");
+	strcpy(e.name, "a.txt");
+	strcpy(e.path, "/home/user/a.txt");
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), 0);
+	assert_string_equal(o.path, "/home/user/a.txt");
+	assert_int_equal(o.size, 12);
+	assert_int_equal(o.mtime_sec, 1700000000);
+	/* hostile entries */
+	strcpy(e.name, "a/b");
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+	strcpy(e.name, "a");
+	e.type = 9;
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+	e.type = EP_DIR;
+	e.mtime_nsec = 1000000000u;
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+	e.mtime_nsec = 0;
+	e.size = UINT64_MAX;
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+	e.size = 0;
+	strcpy(e.path, "relative");
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+}
+
+static void test_fsreq(void **state)
+{
+	struct eproto_fsreq r = { .req = 4, .depth = 2 }, o;
+	ssize_t n;
+
+	strcpy(r.user, "root");
+	strcpy(r.path, "/a");
+	strcpy(r.path2, "/b");
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_MOVE, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_MOVE, &o), 0);
+	assert_string_equal(o.path2, "/b");
+	/* the same payload is not a STAT (trailing bytes) */
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_STAT, &o), -EPROTO);
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_LISTDIR, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_LISTDIR, &o), 0);
+	assert_int_equal(o.depth, 2);
+	r.depth = 17;
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_LISTDIR, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_LISTDIR, &o), -EPROTO);
+	r.path[0] = '\0';
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_STAT, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_STAT, &o), -EPROTO);
+	assert_int_equal(eproto_fsreq_encode(pl, sizeof(pl), EP_HELLO, &r), -EINVAL);
+}
+
+static void test_small(void **state)
+{
+	uint32_t v[2] = { 5, 6 }, w[2], pid, st;
+	const uint8_t *raw;
+	uint8_t stream, how;
+	size_t n;
+	int32_t code;
+	char msg[PROTO_MAX_MSG + 1];
+	ssize_t len;
+	static char big[2000];
+
+	len = eproto_u32s_encode(pl, sizeof(pl), v, 2);
+	assert_int_equal(len, 8);
+	assert_int_equal(eproto_u32s_decode(pl, 8, w, 2), 0);
+	assert_int_equal(w[1], 6);
+	assert_int_equal(eproto_u32s_decode(pl, 8, w, 1), -EPROTO);
+
+	len = eproto_out_encode(pl, sizeof(pl), 42, EP_STDERR, "abc", 3);
+	assert_int_equal(eproto_out_decode(pl, (size_t)len, &pid, &stream, &raw, &n), 0);
+	assert_int_equal(pid, 42);
+	assert_int_equal(stream, EP_STDERR);
+	assert_memory_equal(raw, "abc", 3);
+	pl[4] = 7; /* no such stream */
+	assert_int_equal(eproto_out_decode(pl, (size_t)len, &pid, &stream, &raw, &n), -EPROTO);
+	assert_int_equal(eproto_out_encode(pl, sizeof(pl), 1, 1, pl, EPROTO_MAX_CHUNK + 1), -EINVAL);
+
+	len = eproto_end_encode(pl, sizeof(pl), 42, PROTO_SIGNALED, 9);
+	assert_int_equal(eproto_end_decode(pl, (size_t)len, &pid, &how, &st), 0);
+	len = eproto_end_encode(pl, sizeof(pl), 42, PROTO_EXITED, 256);
+	assert_int_equal(eproto_end_decode(pl, (size_t)len, &pid, &how, &st), -EPROTO);
+
+	memset(big, 'x', sizeof(big) - 1);
+	len = eproto_error_encode(pl, sizeof(pl), 3, -ENOENT, big); /* cut to the bound */
+	assert_int_equal(eproto_error_decode(pl, (size_t)len, &pid, &code, msg), 0);
+	assert_int_equal(code, -ENOENT);
+	assert_int_equal(strlen(msg), PROTO_MAX_MSG);
+	len = eproto_error_encode(pl, sizeof(pl), 3, 5, "positive");
+	assert_int_equal(eproto_error_decode(pl, (size_t)len, &pid, &code, msg), -EPROTO);
+
+	assert_int_equal(eproto_idraw_decode(pl, 3, &pid, &raw, &n), -EPROTO);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_start_roundtrip), cmocka_unit_test(test_start_invalid),
+		cmocka_unit_test(test_proc_roundtrip),  cmocka_unit_test(test_entry),
+		cmocka_unit_test(test_fsreq),           cmocka_unit_test(test_small),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
