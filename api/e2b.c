@@ -460,7 +460,7 @@ struct list_filter {
 	json_t *metadata;            /* {k: v} all of which must match; NULL none */
 };
 
-static int collect_state(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+static enum MHD_Result collect_state(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
 	struct list_filter *f = cls;
 	const char *p = value ? value : "";
