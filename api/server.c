@@ -918,8 +918,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
 		 * (the host routes check the cluster token below). */
-		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !e2b_relay_path(url) &&
-		    !authenticate(s, conn, url, &c))
+		/* The relay's token too, before the body (up to max_body_mib) is read. */
+		if (e2b_relay_path(url)) {
+			struct sessions *ss = hold_sessions(s);
+
+			if (!ss)
+				return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now",
+						       NULL, NULL);
+			return e2b_relay_precheck(ss, conn, url);
+		}
+		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, url, &c))
 			return reply_no_key(conn, url);
 		return MHD_YES;
 	}
