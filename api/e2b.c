@@ -108,15 +108,13 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 	tpl = template_of(c, native);
 	limits = json_object_get(native, "limits");
 	md = json_object_get(native, "metadata");
-	j = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:I, s:O, s:s, s:s, s:n}", "sandboxID", c->id,
+	j = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:I, s:o, s:s, s:s, s:n}", "sandboxID", c->id,
 		      "templateID", tpl, "alias", tpl, "clientID", "kiln", "startedAt", rfc3339(c->created_ms), "endAt",
 		      rfc3339(c->started_ms + (int64_t)c->max_lifetime_s * 1000), "cpuCount", (int)c->vcpus, "memoryMB",
 		      (int)c->memory_mib, "diskSizeMB",
 		      (json_int_t)json_integer_value(json_object_get(limits, "output_mib")), "metadata",
-		      json_is_object(md) ? md : json_object(), "state", state, "envdVersion", E2B_ENVD_VERSION,
-		      "domain");
-	if (j && json_is_object(md) == 0)
-		json_object_set_new(j, "metadata", json_object());
+		      json_is_object(md) ? json_incref(md) : json_object(), "state", state, "envdVersion",
+		      E2B_ENVD_VERSION, "domain");
 	if (j && token) {
 		char tok[65];
 
@@ -373,12 +371,13 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 	}
 	ntext = json_dumps(n, JSON_COMPACT);
 	json_decref(n);
+	if (!ntext)
+		kiln_err_set(&err, KERR_INTERNAL, "out of memory");
 	if (!ntext || api_session_request_parse(ntext, strlen(ntext), q.allow_egress, &sr, &err) < 0) {
 		free(ntext);
 		free(env);
 		json_decref(b);
-		return e2b_reply_error(req->conn, ntext ? kiln_err_status(err.errc) : 500,
-				       ntext ? err.message : "out of memory", NULL, NULL);
+		return e2b_reply_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
 	}
 	free(ntext);
 	/* The envVars go to hosts in the session's spec, as its "env". */

@@ -58,10 +58,10 @@ struct echo_stream {
 
 static const char *const echo_pieces[] = {
 	"\x00\x00\x00\x00\x1d{\"event\":{\"start\":{\"pid\":7}}}",
-	"\x00\x00\x00\x00\x28{\"event\":{\"data\":{\"stdout\":\"aGk=\"}}}  ",
+	"\x00\x00\x00\x00\x26{\"event\":{\"data\":{\"stdout\":\"aGk=\"}}}  ",
 	"\x02\x00\x00\x00\x02{}",
 };
-static const size_t echo_piece_len[] = { 5 + 0x1d, 5 + 0x28, 5 + 2 };
+static const size_t echo_piece_len[] = { 5 + 0x1d, 5 + 0x26, 5 + 2 }; /* 0x1d = 29, 0x26 = 38 */
 
 static ssize_t echo_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
