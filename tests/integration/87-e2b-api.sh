@@ -72,6 +72,7 @@ e2b() {
 # native KEY METHOD PATH: kiln's own API
 native() { local key=$1 m=$2 p=$3; shift 3; curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $key" "$@" "$URL$p"; }
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+jqt() { jq -e "$@" > /dev/null; } # a jq condition on a file, quietly
 header() { tr -d '\r' < "$T_TMP/last.h" | sed -n "s/^$1: //Ip" | head -1; }
 expect() { # NAME STATUS GOT [jq condition]
 	local name=$1 want=$2 got=$3 cond=${4:-true}
@@ -191,7 +192,7 @@ while len(b) >= 5:
 print(json.dumps({"out": out.decode(), "err": err.decode(), "code": code, "end": end}))
 EOF
 	check "relay: a Start stream brings the output, the env from envVars and the exit code ($(head -c 300 "$T_TMP/start.txt"))" \
-		jq -e '.out == "hello-bar-87\n" and .err == "err\n" and .code == 3 and .end == {}' "$T_TMP/start.txt"
+		jqt '.out == "hello-bar-87\n" and .err == "err\n" and .code == 3 and .end == {}' "$T_TMP/start.txt"
 	check "... as application/connect+json" grep -qi '^content-type: application/connect+json' "$T_TMP/start.h"
 	head -c $((5 << 20)) /dev/urandom > "$T_TMP/big.bin"
 	st=$(envd "$A" "$TA" POST "/files?path=/tmp/big.bin" -F "file=@$T_TMP/big.bin")
@@ -284,14 +285,14 @@ EOF
 		timeout 600 node "$T_TMP/sdk.mjs" > "$T_TMP/sdk.out" 2> "$T_TMP/sdk.err"
 	echo "# sdk: $(head -c 600 "$T_TMP/sdk.out") $(tail -3 "$T_TMP/sdk.err" | tr '\n' ' ')"
 	check "SDK: create, getInfo (running, metadata), list with a metadata filter" \
-		jq -e '.state == "running" and .meta == "sdk" and .cpus == 1 and .listed == [.id]' "$T_TMP/sdk.out"
+		jqt '.state == "running" and .meta == "sdk" and .cpus == 1 and .listed == [.id]' "$T_TMP/sdk.out"
 	check "SDK: pause (paused), connect (running), kill (true, then false), getInfo after: NotFound" \
-		jq -e '.paused == true and .pausedState == "paused" and .resumedState == "running" and .killed == true
+		jqt '.paused == true and .pausedState == "paused" and .resumedState == "running" and .killed == true
 		       and .killedAgain == false and (.gone | test("NotFound"))' "$T_TMP/sdk.out"
-	check "SDK: a wrong key raises AuthenticationError" jq -e '.badKey == "AuthenticationError"' "$T_TMP/sdk.out"
+	check "SDK: a wrong key raises AuthenticationError" jqt '.badKey == "AuthenticationError"' "$T_TMP/sdk.out"
 	if [ $ENVD = 1 ]; then
 		check "SDK: commands.run and files.write/read through the relay" \
-			jq -e '.stdout == "sdk-42\n" and .exit == 0 and .read == "written by the SDK"' "$T_TMP/sdk.out"
+			jqt '.stdout == "sdk-42\n" and .exit == 0 and .read == "written by the SDK"' "$T_TMP/sdk.out"
 	else
 		skip "SDK: commands.run and files.write/read" "this kiln-host has no envd endpoints yet (branch e2b-host)"
 	fi
