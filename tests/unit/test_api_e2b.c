@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ struct echo_req {
 /* A Connect stream in three pieces: start, data, end-of-stream. */
 struct echo_stream {
 	int step;
+	int slow;                    /* ?slow=1: 300 ms between pieces */
 };
 
 static const char *const echo_pieces[] = {
@@ -70,7 +72,7 @@ static ssize_t echo_read(void *cls, uint64_t pos, char *buf, size_t max)
 	if (s->step >= 3)
 		return MHD_CONTENT_READER_END_OF_STREAM;
 	if (s->step)
-		usleep(20000); /* pieces apart: the relay sends each as it comes */
+		usleep(s->slow ? 300000 : 20000); /* pieces apart: the relay sends each as it comes */
 	assert_true(echo_piece_len[s->step] <= max);
 	memcpy(buf, echo_pieces[s->step], echo_piece_len[s->step]);
 	return (ssize_t)echo_piece_len[s->step++];
@@ -105,6 +107,7 @@ static enum MHD_Result echo_handler(void *cls, struct MHD_Connection *conn, cons
 	if (strstr(url, "/envd/process.Process/Start")) {
 		struct echo_stream *s = calloc(1, sizeof(*s));
 
+		s->slow = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "slow") != NULL;
 		resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, echo_read, s, free);
 		MHD_add_response_header(resp, "Content-Type", "application/connect+json");
 		ret = MHD_queue_response(conn, 200, resp);
@@ -699,6 +702,43 @@ static void test_relay_passes(void **state)
 	assert_true(after.last_active_ms > before.last_active_ms);
 }
 
+struct bg_relay {
+	char id[40], tok[65];
+	struct answer a;
+};
+
+static void *bg_start(void *arg)
+{
+	struct bg_relay *b = arg;
+
+	relay(&b->a, b->id, b->tok, "POST", "/process.Process/Start?slow=1", "application/connect+json",
+	      "\0\0\0\0\2{}", 7);
+	return NULL;
+}
+
+/* An open stream keeps the session busy (the reaper does not idle it out). */
+static void test_relay_stream_busy(void **state)
+{
+	struct bg_relay b;
+	pthread_t th;
+	int busy = 0;
+
+	create(key_a, "{}", b.id, b.tok);
+	assert_int_equal(pthread_create(&th, NULL, bg_start, &b), 0);
+	for (int i = 0; i < 400 && !busy; i++) {
+		busy = sessions_op_busy(ss, b.id);
+		real_nap();
+	}
+	assert_true(busy);
+	pthread_join(th, NULL);
+	assert_int_equal(b.a.status, 200);
+	assert_int_equal(b.a.raw.len, echo_piece_len[0] + echo_piece_len[1] + echo_piece_len[2]);
+	answer_free(&b.a);
+	for (int i = 0; i < 1000 && sessions_op_busy(ss, b.id); i++)
+		real_nap();
+	assert_false(sessions_op_busy(ss, b.id));
+}
+
 static void test_relay_paused_502(void **state)
 {
 	char id[40], tok[65];
@@ -777,6 +817,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_paused_502, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_auto_pause_per_session, setup, teardown),
 		cmocka_unit_test(test_url_decode),
