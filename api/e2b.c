@@ -21,7 +21,6 @@
 #include "sessions_internal.h"
 #include "spec.h"
 
-#define E2B_MAX_ENV 256
 #define E2B_LIST_MAX 100
 
 enum MHD_Result e2b_reply_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
@@ -186,18 +185,6 @@ static json_t *body_object(const struct sessions_request *r, enum MHD_Result *re
 	return j;
 }
 
-/* body's "timeout" (s): def when absent or null; 1..E2B_MAX_TIMEOUT_S. -1 bad. */
-static long timeout_of(json_t *body, long def)
-{
-	json_t *v = json_object_get(body, "timeout");
-
-	if (!v || json_is_null(v))
-		return def;
-	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > E2B_MAX_TIMEOUT_S)
-		return -1;
-	return json_integer_value(v) ? (long)json_integer_value(v) : 1;
-}
-
 /* The session now ends timeout_s from now: its lifetime counts from
  * started_ms (create or latest resume); idle as long, so it never fires
  * first. extend_only: never sooner than it ends now (connect). */
@@ -215,133 +202,6 @@ static int set_timeout(struct sessions *ss, const struct store_session *c, long 
 	return store_session_set_limits(ss->st, c->id, c->customer, (unsigned)life, (unsigned)life);
 }
 
-/* A string map (metadata, envVars): NULL, or a message. */
-static const char *string_map_bad(json_t *m, size_t max)
-{
-	const char *k;
-	json_t *v;
-
-	if (!json_is_object(m))
-		return "must be an object of strings";
-	if (json_object_size(m) > max)
-		return "has too many entries";
-	json_object_foreach(m, k, v)
-		if (!json_is_string(v))
-			return "must be an object of strings";
-	return NULL;
-}
-
-/* E2B's create body as a POST /v1/sessions body (see docs/e2b.md for what
- * each field becomes and which are ignored). NULL with the message. */
-static json_t *native_body(json_t *b, int allow_egress, const char **tpl, long *timeout_s, int *auto_pause,
-			   char *msg, size_t cap)
-{
-	json_t *v, *n = json_object();
-	const char *bad;
-
-	*tpl = "base";
-	v = json_object_get(b, "templateID");
-	if (v && !json_is_null(v)) {
-		if (!json_is_string(v) || !json_string_length(v)) {
-			snprintf(msg, cap, "templateID: must be a template name");
-			goto fail;
-		}
-		*tpl = json_string_value(v);
-		if (strcmp(*tpl, "base") && strcmp(*tpl, "default"))
-			json_object_set(n, "template", v);
-	}
-	*timeout_s = timeout_of(b, E2B_DEFAULT_TIMEOUT_S);
-	if (*timeout_s < 0) {
-		snprintf(msg, cap, "timeout: an integer from 0 to %d (seconds)", E2B_MAX_TIMEOUT_S);
-		goto fail;
-	}
-	json_object_set_new(n, "idle_timeout_s", json_integer(*timeout_s));
-	json_object_set_new(n, "max_lifetime_s", json_integer(*timeout_s));
-	v = json_object_get(b, "autoPause");
-	if (v && !json_is_null(v) && !json_is_boolean(v)) {
-		snprintf(msg, cap, "autoPause: must be a boolean");
-		goto fail;
-	}
-	/* E2B's default at the timeout is to kill the sandbox. */
-	*auto_pause = json_is_true(v);
-	v = json_object_get(b, "metadata");
-	if (v && !json_is_null(v)) {
-		if ((bad = string_map_bad(v, 1024))) {
-			snprintf(msg, cap, "metadata: %s", bad);
-			goto fail;
-		}
-		json_object_set(n, "metadata", v);
-	}
-	/* Internet access: kiln's network egress, which the account must allow;
-	 * absent is kiln's default (none), as hosts without egress take it. */
-	v = json_object_get(b, "allow_internet_access");
-	if (v && !json_is_null(v) && !json_is_boolean(v)) {
-		snprintf(msg, cap, "allow_internet_access: must be a boolean");
-		goto fail;
-	}
-	if (json_is_true(v)) {
-		if (!allow_egress) {
-			snprintf(msg, cap, "allow_internet_access: network egress is not allowed for your account");
-			goto fail;
-		}
-		json_object_set_new(n, "network", json_pack("{s:s}", "egress", "allow"));
-	}
-	v = json_object_get(b, "mcp");
-	if (v && !json_is_null(v)) {
-		snprintf(msg, cap, "mcp: MCP gateways are not supported by kiln");
-		goto fail;
-	}
-	v = json_object_get(b, "volumeMounts");
-	if (v && !json_is_null(v) && (!json_is_array(v) || json_array_size(v))) {
-		snprintf(msg, cap, "volumeMounts: volumes are not supported by kiln");
-		goto fail;
-	}
-	return n;
-fail:
-	json_decref(n);
-	return NULL;
-}
-
-/* envVars checked with a task's env rules (and at most E2B_MAX_ENV): NULL
- * (none) or compact JSON text in *out; -1 with msg. */
-static int env_of(json_t *b, char **out, char *msg, size_t cap)
-{
-	json_t *v = json_object_get(b, "envVars"), *probe;
-	struct kiln_err err = { .code = "" };
-	struct task_spec ts;
-	const char *bad;
-	char *text;
-	int r;
-
-	*out = NULL;
-	if (!v || json_is_null(v) || (json_is_object(v) && !json_object_size(v)))
-		return 0;
-	if ((bad = string_map_bad(v, E2B_MAX_ENV))) {
-		snprintf(msg, cap, "envVars: %s (at most %d)", bad, E2B_MAX_ENV);
-		return -1;
-	}
-	probe = json_pack("{s:[s], s:O}", "argv", "true", "env", v);
-	text = probe ? json_dumps(probe, JSON_COMPACT) : NULL;
-	json_decref(probe);
-	if (!text) {
-		snprintf(msg, cap, "out of memory");
-		return -1;
-	}
-	r = spec_parse(text, strlen(text), &ts, &err);
-	free(text);
-	if (r < 0) {
-		snprintf(msg, cap, "envVars: %s", err.message);
-		return -1;
-	}
-	spec_free(&ts);
-	*out = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
-	if (!*out) {
-		snprintf(msg, cap, "out of memory");
-		return -1;
-	}
-	return 0;
-}
-
 /* POST /e2b/v2/sandboxes, POST /e2b/sandboxes */
 static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 {
@@ -350,54 +210,44 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 	const struct sessions_request *r = c->r;
 	struct kiln_err err = { .code = "" };
 	struct api_session_request sr;
+	struct e2b_create ec;
 	struct quota q;
 	enum MHD_Result ret = MHD_NO;
-	json_t *b, *n, *j;
-	const char *tpl;
-	char msg[600], id[40], *ntext = NULL, *env = NULL, *spec = NULL;
-	long timeout_s;
-	int auto_pause;
+	char msg[600], id[40], *ntext;
+	json_t *j;
 
 	if (store_customer_quota(ss->st, r->customer, &q) < 0)
 		return e2b_reply_error(req->conn, MHD_HTTP_FORBIDDEN, "this key's customer no longer exists", NULL,
 				       NULL);
-	if (!(b = body_object(r, &ret)))
-		return ret;
-	n = native_body(b, q.allow_egress, &tpl, &timeout_s, &auto_pause, msg, sizeof(msg));
-	if (!n || env_of(b, &env, msg, sizeof(msg)) < 0) {
-		json_decref(n);
-		json_decref(b);
+	if (e2b_create_parse(r->body, r->len, q.allow_egress, &ec, msg, sizeof(msg)) < 0)
 		return bad_request(req->conn, msg);
-	}
-	ntext = json_dumps(n, JSON_COMPACT);
-	json_decref(n);
+	ntext = json_dumps(ec.native, JSON_COMPACT);
 	if (!ntext)
 		kiln_err_set(&err, KERR_INTERNAL, "out of memory");
 	if (!ntext || api_session_request_parse(ntext, strlen(ntext), q.allow_egress, &sr, &err) < 0) {
 		free(ntext);
-		free(env);
-		json_decref(b);
+		e2b_create_free(&ec);
 		return e2b_reply_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
 	}
 	free(ntext);
 	/* The envVars go to hosts in the session's spec, as its "env". */
-	if (env) {
+	if (ec.env_json) {
 		json_t *sp = json_loads(sr.spec_json, 0, NULL);
+		char *spec;
 
-		json_object_set_new(sp, "env", json_loads(env, 0, NULL));
+		json_object_set_new(sp, "env", json_loads(ec.env_json, 0, NULL));
 		spec = sp ? json_dumps(sp, JSON_COMPACT) : NULL;
 		json_decref(sp);
 		if (!spec) {
 			api_session_request_free(&sr);
-			free(env);
-			json_decref(b);
+			e2b_create_free(&ec);
 			return e2b_reply_error(req->conn, 500, "out of memory", NULL, NULL);
 		}
 		free(sr.spec_json);
 		sr.spec_json = spec;
 	}
 	{
-		struct sessions_e2b_new e = { .template = tpl, .env_json = env, .auto_pause = auto_pause };
+		struct sessions_e2b_new e = { .template = ec.template, .env_json = ec.env_json, .auto_pause = ec.auto_pause };
 
 		if (sessions_create_run(ss, r, &q, &sr, &e, id, &ret)) {
 			j = created_json(ss, id);
@@ -406,8 +256,7 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 		}
 	}
 	api_session_request_free(&sr);
-	free(env);
-	json_decref(b);
+	e2b_create_free(&ec);
 	return ret;
 }
 
@@ -422,35 +271,6 @@ static enum MHD_Result h_get(void *ctx, struct httpd_req *req)
 		return ret;
 	j = sandbox_json(c->ss, &c->cur, 1);
 	return j ? reply_json(req->conn, MHD_HTTP_OK, j) : not_found(req->conn, c->cur.id);
-}
-
-int e2b_url_decode(const char *s, size_t n, int plus, char *out, size_t cap)
-{
-	size_t o = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		int ch = (unsigned char)s[i];
-
-		if (ch == '%') {
-			unsigned v;
-
-			if (i + 2 >= n || !isxdigit((unsigned char)s[i + 1]) || !isxdigit((unsigned char)s[i + 2]))
-				return -1;
-			if (sscanf(s + i + 1, "%2x", &v) != 1)
-				return -1;
-			ch = (int)v;
-			i += 2;
-		} else if (ch == '+' && plus) {
-			ch = ' ';
-		}
-		if (o + 1 >= cap)
-			return -1;
-		out[o++] = (char)ch;
-	}
-	if (o >= cap)
-		return -1;
-	out[o] = '\0';
-	return 0;
 }
 
 /* The v2 list's filters. */
@@ -481,33 +301,6 @@ static enum MHD_Result collect_state(void *cls, enum MHD_ValueKind kind, const c
 			p++;
 	}
 	return MHD_YES;
-}
-
-/* metadata=k1=v1&k2=v2 (as the SDK sends it: each key and value
- * URI-encoded, the whole form-encoded, the query value encoded once more). */
-static json_t *metadata_filter(const char *q)
-{
-	json_t *m = json_object();
-	const char *p = q;
-
-	while (m && *p) {
-		size_t k = strcspn(p, "&");
-		const char *eq = memchr(p, '=', k);
-		char a[512], b[512], key[512], val[512];
-
-		if (!eq || e2b_url_decode(p, (size_t)(eq - p), 1, a, sizeof(a)) < 0 ||
-		    e2b_url_decode(eq + 1, k - (size_t)(eq + 1 - p), 1, b, sizeof(b)) < 0 ||
-		    e2b_url_decode(a, strlen(a), 0, key, sizeof(key)) < 0 ||
-		    e2b_url_decode(b, strlen(b), 0, val, sizeof(val)) < 0 || !key[0]) {
-			json_decref(m);
-			return NULL;
-		}
-		json_object_set_new(m, key, json_string(val));
-		p += k;
-		if (*p == '&')
-			p++;
-	}
-	return m;
 }
 
 static int filter_match(const struct list_filter *f, const struct store_session *c, json_t *native)
@@ -573,7 +366,7 @@ static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
 		return bad_request(req->conn, "state: running or paused");
 	if (!f.running && !f.paused)
 		f.running = f.paused = 1;
-	if (md && md[0] && !(f.metadata = metadata_filter(md)))
+	if (md && md[0] && !(f.metadata = e2b_metadata_filter(md)))
 		return bad_request(req->conn, "metadata: key=value pairs joined by &");
 	arr = json_array();
 	if (list_page(c->ss, c->r->customer, &f, (unsigned)limit, tok && tok[0] ? tok : NULL, arr, &next, &err) < 0) {
@@ -643,7 +436,7 @@ static enum MHD_Result h_timeout(void *ctx, struct httpd_req *req)
 		return ret;
 	if (!(b = body_object(c->r, &ret)))
 		return ret;
-	t = json_object_get(b, "timeout") ? timeout_of(b, -1) : -1;
+	t = json_object_get(b, "timeout") ? e2b_timeout_of(b, -1) : -1;
 	json_decref(b);
 	if (t < 0)
 		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds) is required");
@@ -687,7 +480,7 @@ static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
 		return ret;
 	if (!(b = body_object(c->r, &ret)))
 		return ret;
-	t = timeout_of(b, 0);
+	t = e2b_timeout_of(b, 0);
 	json_decref(b);
 	if (t < 0)
 		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds)");

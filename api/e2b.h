@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
 #include <microhttpd.h>
 
 #include "sessions.h"
@@ -55,9 +56,35 @@ enum MHD_Result e2b_relay_precheck(struct sessions *ss, struct MHD_Connection *c
  * which this releases (a streamed answer holds ss until it ends). */
 enum MHD_Result e2b_relay_handle(struct sessions *ss, const struct e2b_relay_request *r);
 
-/* Percent-decode s into out (cap bytes, NUL-terminated), '+' as a space
- * when plus; -1 when it does not fit or has a bad escape. For the v2 list's
- * metadata filter (unit-tested). */
+/* ---- e2b_request.c: the control API's input (pure; fuzz_e2breq) ---- */
+
+/* A create body, checked. */
+struct e2b_create {
+	json_t *native;              /* the equivalent POST /v1/sessions body (owned) */
+	char *env_json;              /* envVars, compact JSON, or NULL (owned) */
+	char template[64];           /* templateID as given ("base" when absent) */
+	long timeout_s;              /* 1..E2B_MAX_TIMEOUT_S */
+	int auto_pause;              /* autoPause: pause at the timeout (else destroy) */
+};
+
+/* Parse E2B's create body (len bytes; empty: {}): what each field becomes is
+ * in docs/e2b.md. 0 with *out filled (release with e2b_create_free), or -1
+ * with msg (cap bytes) naming the field; allow_egress: the account may have
+ * network egress (allow_internet_access: true). */
+int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_create *out, char *msg, size_t cap);
+void e2b_create_free(struct e2b_create *c);
+
+/* A body's "timeout" in seconds: def when absent or null, 0 as 1,
+ * 1..E2B_MAX_TIMEOUT_S; -1 when bad. */
+long e2b_timeout_of(json_t *body, long def);
+
+/* Percent-decode n bytes of s into out (cap bytes, NUL-terminated), '+' as a
+ * space when plus; -1 when it does not fit, has a bad escape or decodes a NUL. */
 int e2b_url_decode(const char *s, size_t n, int plus, char *out, size_t cap);
+
+/* The v2 list's metadata filter as the SDK sends it (after the query's own
+ * decoding: "k=v&k2=v2", each key and value form-encoded over
+ * encodeURIComponent): {k: v, ...} (new reference), NULL when malformed. */
+json_t *e2b_metadata_filter(const char *q);
 
 #endif
