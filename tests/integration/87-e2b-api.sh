@@ -144,7 +144,7 @@ expect "another customer's pause: 404" 404 "$st"
 st=$(e2b "$KA" POST /v2/sandboxes --data-binary '{"templateID":"base"}')
 ra=$(header Retry-After)
 expect "past max_running: 429 with Retry-After ($ra)" 429 "$st" '.code == 429'
-check "... Retry-After is a number of seconds" [ -n "$ra" ] && [ "$ra" -ge 1 ] 2> /dev/null
+check "... Retry-After is a number of seconds" [ "${ra:-0}" -ge 1 ]
 
 # ---- timeout ----
 st=$(e2b "$KA" POST "/sandboxes/$A/timeout" --data-binary '{"timeout":600}')
