@@ -518,6 +518,26 @@ static void test_quota_429(void **state)
 	answer_free(&a);
 }
 
+/* The submit rate, as the native API counts it: 429 with Retry-After. */
+static void test_rate_429(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	char id[40], tok[65];
+	struct answer a;
+	struct quota q;
+
+	assert_int_equal(store_customer_quota(st, "beta", &q), 0);
+	q.submit_rate = 0.001;
+	q.submit_burst = 1;
+	assert_int_equal(store_customer_set_quota(st, "beta", &q, &err), 0);
+	create(key_b, "{}", id, tok);
+	api(&a, key_b, "POST", "/e2b/v2/sandboxes", "{}");
+	assert_int_equal(a.status, 429);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 429);
+	assert_true(atoi(a.retry_after) >= 1);
+	answer_free(&a);
+}
+
 static void test_timeout_pause_connect_kill(void **state)
 {
 	char id[40], tok[65], p[128], pp[128];
@@ -814,6 +834,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_get_list_isolation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pagination, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_quota_429, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rate_429, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
