@@ -46,11 +46,14 @@ struct e2b_relay_request {
 	struct quota_limiter *lim;   /* a streamed answer counts in the customer's max_streams */
 };
 
-/* Before any of the body is read: the sandbox named, its token and its
- * state checked as the relay does (an unauthenticated caller makes kiln-api
- * buffer nothing). MHD_YES when the call may go on, else the error is
- * answered. Releases ss (held with sessions_hold). */
-enum MHD_Result e2b_relay_precheck(struct sessions *ss, struct MHD_Connection *conn, const char *path);
+/* Before any of the body is read: whether the call's sandbox, token and
+ * state let it through (as the relay checks them). A refused call's body is
+ * dropped as it arrives, never buffered, and e2b_relay_refuse answers it at
+ * its end (answering before the body would close the connection under a
+ * client still sending it, which then sees no answer). Both release ss
+ * (held with sessions_hold). */
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn);
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path);
 
 /* Relay r to its sandbox's host (e2b_relay.c), held with sessions_hold,
  * which this releases (a streamed answer holds ss until it ends). */

@@ -149,10 +149,17 @@ static int token_ok(const struct store_session *c, const char *tok)
 	return CRYPTO_memcmp(h, c->e2b_token_sha, sizeof(h)) == 0;
 }
 
+/* Why a call is refused. */
+struct refusal {
+	unsigned status;
+	enum connect_code code;
+	char msg[96];
+};
+
 /* The sandbox the call names, if the token is its and it runs on a live
- * host (*cur, its host's url): 1, else 0 with the error answered. */
-static int relay_check(struct sessions *ss, struct MHD_Connection *conn, const char *path,
-		       struct store_session *cur, char url[256], enum MHD_Result *ret)
+ * host (*cur, its host's url): 1, else 0 with *no saying why. */
+static int relay_check(struct sessions *ss, struct MHD_Connection *conn, struct store_session *cur, char url[256],
+		       struct refusal *no)
 {
 	const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "E2b-Sandbox-Id");
 	const char *tok = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Access-Token");
@@ -160,35 +167,49 @@ static int relay_check(struct sessions *ss, struct MHD_Connection *conn, const c
 	/* Unknown, ended, another's or a wrong token: one answer for all. */
 	if (!id || strlen(id) >= sizeof(cur->id) || store_session_get(ss->st, id, NULL, cur) < 0 ||
 	    cur->state == SESSION_DESTROYED || !token_ok(cur, tok)) {
-		*ret = relay_error(conn, path, MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
-				   "missing or wrong X-Access-Token for this E2b-Sandbox-Id");
+		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
+					"missing or wrong X-Access-Token for this E2b-Sandbox-Id" };
 		return 0;
 	}
 	if (cur->state != SESSION_RUNNING) {
-		char msg[96];
-
-		snprintf(msg, sizeof(msg), "sandbox is %s",
+		*no = (struct refusal){ MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE, "" };
+		snprintf(no->msg, sizeof(no->msg), "sandbox is %s",
 			 cur->state == SESSION_PAUSING || cur->state == SESSION_PAUSED || cur->state == SESSION_ERROR
 				 ? "paused"
 				 : session_state_name(cur->state));
-		*ret = relay_error(conn, path, MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE, msg);
 		return 0;
 	}
 	if (sched_host_state(ss->sched, cur->host_id, url) != 1) {
-		*ret = relay_error(conn, path, MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE,
-				   "the sandbox's host cannot be reached");
+		*no = (struct refusal){ MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE, "the sandbox's host cannot be reached" };
 		return 0;
 	}
 	return 1;
 }
 
-enum MHD_Result e2b_relay_precheck(struct sessions *ss, struct MHD_Connection *conn, const char *path)
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn)
 {
 	struct store_session cur;
-	enum MHD_Result ret = MHD_YES;
+	struct refusal no;
+	char url[256];
+	int ok = relay_check(ss, conn, &cur, url, &no);
+
+	sessions_release(ss);
+	return ok;
+}
+
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path)
+{
+	struct store_session cur;
+	struct refusal no;
+	enum MHD_Result ret;
 	char url[256];
 
-	relay_check(ss, conn, path, &cur, url, &ret);
+	/* Its body was dropped: a call that would pass now is not relayed
+	 * without it (the sandbox changed state meanwhile). */
+	if (relay_check(ss, conn, &cur, url, &no))
+		no = (struct refusal){ MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
+				       "the sandbox changed state during the request: retry" };
+	ret = relay_error(conn, path, no.status, no.code, no.msg);
 	sessions_release(ss);
 	return ret;
 }
@@ -201,6 +222,7 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	struct kiln_err err = { .code = "" };
 	struct store_session cur;
 	struct MHD_Response *resp;
+	struct refusal no;
 	struct relay *rl;
 	struct query_b qb;
 	struct buf path;
@@ -210,8 +232,8 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	int st, get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
 	enum MHD_Result ret;
 
-	if (!relay_check(ss, conn, r->url, &cur, url, &ret))
-		return ret;
+	if (!relay_check(ss, conn, &cur, url, &no))
+		return relay_error(conn, r->url, no.status, no.code, no.msg);
 	if (!ss->host->stream_open_raw)
 		return relay_error(conn, r->url, MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				   "this kiln-api cannot relay envd calls");

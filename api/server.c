@@ -879,6 +879,7 @@ static enum MHD_Result handle_templates(struct server *s, struct MHD_Connection 
 struct conn_state {
 	struct httpd_body body;      /* first: completed() frees both */
 	struct templates_upload *up;
+	int relay_refused;           /* an envd call refused before its body: the body is dropped */
 };
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -918,14 +919,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
 		 * (the host routes check the cluster token below). */
-		/* The relay's token too, before the body (up to max_body_mib) is read. */
+		/* The relay's token too, before the body (up to max_body_mib) is
+		 * read: a refused call's body is dropped as it comes (answered
+		 * at its end), at most max_body_mib of it. */
 		if (e2b_relay_path(url)) {
 			struct sessions *ss = hold_sessions(s);
 
-			if (!ss)
-				return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now",
-						       NULL, NULL);
-			return e2b_relay_precheck(ss, conn, url);
+			if (ss && !e2b_relay_allowed(ss, conn)) {
+				cs->relay_refused = 1;
+				body->too_big = 1;
+				body->drop_max = s->max_body;
+			}
+			return MHD_YES;
 		}
 		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, url, &c))
 			return reply_no_key(conn, url);
@@ -938,6 +943,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	}
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
+	if (cs->relay_refused) {
+		struct sessions *ss = hold_sessions(s);
+
+		if (!ss)
+			return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
+					       NULL);
+		return e2b_relay_refuse(ss, conn, url);
+	}
 	if (body->too_big)
 		return reply_too_large(s, conn);
 	memset(&c, 0, sizeof(c));

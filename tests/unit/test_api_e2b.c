@@ -654,6 +654,18 @@ static void test_relay_auth(void **state)
 		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 401);
 		answer_free(&a);
 	}
+	/* A refused upload is answered once its body is in (dropped, not kept):
+	 * the client reads the 401 instead of a connection cut under it. */
+	{
+		size_t big = 5u << 20;
+		char *blob = calloc(1, big);
+
+		relay(&a, id, "wrong", "POST", "/files?path=/tmp/x", "application/octet-stream", blob, big);
+		assert_int_equal(a.status, 401);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 401);
+		answer_free(&a);
+		free(blob);
+	}
 	/* A native session has no token: the same 401. */
 	assert_int_equal(fake_count("POST", NULL, "/v1/sessions/"), 0);
 }
