@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 #include <openssl/crypto.h>
@@ -234,6 +235,15 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 
 	if (!relay_check(ss, conn, &cur, url, &no))
 		return relay_error(conn, r->url, no.status, no.code, no.msg);
+	/* A compressed body (the SDK's gzip writes) would be written as it
+	 * is: refused, so that the caller sends the bytes themselves. */
+	{
+		const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
+
+		if (ce && ce[0] && strcasecmp(ce, "identity"))
+			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
+					   "a compressed request body (Content-Encoding) is not supported: send it as is");
+	}
 	if (!ss->host->stream_open_raw)
 		return relay_error(conn, r->url, MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				   "this kiln-api cannot relay envd calls");

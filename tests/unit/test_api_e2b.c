@@ -713,6 +713,19 @@ static void test_relay_passes(void **state)
 	assert_string_equal(str(a.j, "sha"), hex);
 	answer_free(&a);
 	free(blob);
+	/* A compressed body is refused, not written compressed. */
+	{
+		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip", NULL };
+		char hid[100], htok[120];
+		const char *all[5] = { hid, htok, hs[0], hs[1], NULL };
+
+		snprintf(hid, sizeof(hid), "E2b-Sandbox-Id: %s", id);
+		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
+		call(&a, "POST", "/files?path=/tmp/z", all, "\x1f\x8b\x08", 3);
+		assert_int_equal(a.status, 415);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 415);
+		answer_free(&a);
+	}
 	/* /health's 204 */
 	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
 	assert_int_equal(a.status, 204);
