@@ -244,12 +244,24 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
 					   "a compressed request body (Content-Encoding) is not supported: send it as is");
 	}
+	/* An RPC's method is a name: anything else is no method of envd's (and
+	 * is not put into the host's URL). */
+	if (rpc_path(r->url)) {
+		const char *m = strchr(r->url + 1, '/') + 1;
+		size_t n = strspn(m, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_");
+
+		if (!n || n > 64 || m[n])
+			return relay_error(conn, r->url, MHD_HTTP_NOT_FOUND, CONNECT_UNIMPLEMENTED, "no such method");
+	}
 	if (!ss->host->stream_open_raw)
 		return relay_error(conn, r->url, MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				   "this kiln-api cannot relay envd calls");
 	/* The path on the host, with the query as it came (re-encoded). */
 	buf_init(&path, RELAY_QUERY_MAX + 512);
-	buf_printf(&path, "/v1/sessions/%s/envd%s", cur.id, r->url);
+	if (buf_printf(&path, "/v1/sessions/%s/envd%s", cur.id, r->url) < 0) {
+		buf_free(&path);
+		return relay_error(conn, r->url, MHD_HTTP_INTERNAL_SERVER_ERROR, CONNECT_INTERNAL, "out of memory");
+	}
 	{
 		struct buf q;
 

@@ -726,6 +726,11 @@ static void test_relay_passes(void **state)
 		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 415);
 		answer_free(&a);
 	}
+	/* A method that is no name does not reach the host. */
+	relay(&a, id, tok, "POST", "/process.Process/Li%20st", "application/json", "{}", 2);
+	assert_int_equal(a.status, 404);
+	assert_string_equal(str(a.j, "code"), "unimplemented");
+	answer_free(&a);
 	/* /health's 204 */
 	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
 	assert_int_equal(a.status, 204);
