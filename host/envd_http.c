@@ -13,6 +13,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -798,10 +799,56 @@ static ssize_t pstream_read(void *cls, uint64_t pos, char *buf, size_t max)
 	return (ssize_t)n;
 }
 
+/* A command whose client went away before its deadline still dies at the
+ * deadline: a detached thread waits for it (holding the channel). */
+struct deadline_kill {
+	struct envd *ch;
+	uint32_t pid;
+	int64_t at;
+};
+
+static void *deadline_kill_main(void *arg)
+{
+	struct deadline_kill *k = arg;
+	uint32_t v[2] = { k->pid, SIGKILL };
+	uint8_t buf[8];
+	ssize_t len = eproto_u32s_encode(buf, sizeof(buf), v, 2);
+	struct envd_err e;
+
+	while (now_ms() < k->at && envd_alive(k->ch)) {
+		int64_t left = k->at - now_ms();
+		struct timespec ts = { .tv_sec = left > 1000 ? 1 : 0, .tv_nsec = left > 1000 ? 0 : left * 1000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	if (envd_alive(k->ch))
+		envd_send(k->ch, EP_SIGNAL, buf, (size_t)len, now_ms() + 1000, &e);
+	envd_unref(k->ch);
+	free(k);
+	return NULL;
+}
+
 static void pstream_free(void *cls)
 {
 	struct pstream *p = cls;
 
+	if (p->deadline && !p->finished && p->sub && p->ch) {
+		struct deadline_kill *k = malloc(sizeof(*k));
+		pthread_attr_t a;
+		pthread_t th;
+
+		if (k) {
+			*k = (struct deadline_kill){ .ch = p->ch, .pid = p->pid, .at = p->deadline };
+			envd_ref(p->ch);
+			pthread_attr_init(&a);
+			pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+			if (pthread_create(&th, &a, deadline_kill_main, k) != 0) {
+				envd_unref(p->ch);
+				free(k);
+			}
+			pthread_attr_destroy(&a);
+		}
+	}
 	/* A client that went away does not stop the process (E2B's disconnect). */
 	envd_sub_free(p->sub);
 	if (p->ch)
