@@ -144,10 +144,17 @@ $(B)/bench/baseline.cpio: bench/baseline-init
 	cd $(B)/bench/baseline && printf 'init\nbin\nbin/busybox\n' | cpio --quiet -o -H newc -R 0:0 > ../baseline.cpio
 
 # The guest agent on the host, for tests/agent/agent_host.py (no VM needed).
-AGENT_DRIVE_SRCS := tests/agent/drive.c $(filter-out guest/main.c,$(wildcard guest/*.c)) lib/proto.c lib/io.c
+AGENT_DRIVE_SRCS := tests/agent/drive.c $(filter-out guest/main.c,$(wildcard guest/*.c)) lib/proto.c lib/eproto.c lib/io.c
 $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DKILN_GUEST -Iguest -o $@ $(AGENT_DRIVE_SRCS)
+
+# envd's unit test links the guest's own sources (built for the host), not
+# the host libraries: it serves envd in a child over a socketpair.
+ENVD_TEST_SRCS := guest/envd.c guest/envd_fs.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
+$(B)/tests/unit/test_envd: tests/unit/test_envd.c $(ENVD_TEST_SRCS) $(wildcard guest/*.h lib/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -DKILN_GUEST -Iguest -o $@ tests/unit/test_envd.c $(ENVD_TEST_SRCS) -lcmocka
 
 # S3 driver over lib/s3.c for tests/integration/50-s3.sh and measurements.
 $(B)/tests/s3tool: tests/s3/s3tool.c $(B)/libkiln.a

@@ -392,9 +392,7 @@ static int init_port_name(const char *port, char *out, size_t cap)
 	return 0;
 }
 
-/* Looks for the port once. Returns an open fd, -ENOENT (not there yet) or
- * another negative errno (give up). */
-static int init_find_port(const char *name)
+int init_find_port(const char *name)
 {
 	char want[128], dev[300];
 	struct dirent *de;
@@ -417,6 +415,27 @@ static int init_find_port(const char *name)
 	}
 	closedir(d);
 	return fd;
+}
+
+int init_ports_named(void)
+{
+	char name[128];
+	struct dirent *de;
+	int ports = 0, named = 0;
+	DIR *d;
+
+	d = opendir(INIT_PORTS);
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		ports++;
+		if (init_port_name(de->d_name, name, sizeof(name)) == 0 && name[0])
+			named++;
+	}
+	closedir(d);
+	return ports > 0 && named == ports;
 }
 
 int init_open_port(const char *name)

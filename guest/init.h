@@ -19,6 +19,15 @@ void init_boot(void);
  * when it does not show up in time. */
 int init_open_port(const char *name);
 
+/* Looks for the port once, without waiting or dying: returns an open fd
+ * (as init_open_port), -ENOENT when it is not there (yet), or another
+ * negative errno. For envd, whose port an older host does not add. */
+int init_find_port(const char *name);
+
+/* 1 when at least one virtio port exists and every one has its name (the
+ * host has announced them all), else 0. */
+int init_ports_named(void);
+
 /* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
  * run) in a single write. For errors only: the serial console is slow under
  * TCG. Callable from anywhere, including a forked child before exec. */

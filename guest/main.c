@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "envd.h"
 #include "init.h"
 
 int main(void)
@@ -23,6 +24,12 @@ int main(void)
 		return 1;
 	}
 	init_boot();
+	/* Before anything blocks SIGCHLD (agent_create): envd starts with a
+	 * clean signal mask. It runs beside the agent, in every VM, and is in
+	 * the snapshots made later. */
+	r = envd_spawn();
+	if (r < 0)
+		init_log("envd: %s", strerror(-r));
 	chan = init_open_port(INIT_PORT_NAME);
 	a = agent_create(chan, &cfg);
 	if (!a)

@@ -27,7 +27,10 @@
 
 enum eproto_type {
 	/* guest -> host */
-	EP_HELLO = 0x80,   /* u32 version, u32 features: sent on every (re)connection; the host drops all it had pending */
+	EP_HELLO = 0x80,   /* u32 version, u32 features: sent on every (re)connection; the host drops all it had pending.
+			    * Also host -> guest as u32 version, u32 req: the guest resets as on a new connection and
+			    * answers HELLO then DONE{req} (a restored VM's port may not show the host's new connection;
+			    * docs/protocol.md "The kiln.envd port") */
 	EP_STARTED = 0x81, /* u32 req, u32 pid: a START succeeded */
 	EP_OUT = 0x82,     /* u32 pid, u8 stream (enum eproto_stream), then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_END = 0x83,     /* u32 pid, u8 how (PROTO_EXITED / PROTO_SIGNALED), u32 status: after its last OUT */
@@ -43,7 +46,8 @@ enum eproto_type {
 	EP_CLOSE_STDIN = 0x92, /* u32 pid. No reply */
 	EP_SIGNAL = 0x93,      /* u32 pid, u32 signal (1-64): to the process's group. No reply */
 	EP_RESIZE = 0x94,      /* u32 pid, u32 rows, u32 cols (1-4096): its pty. No reply */
-	EP_ACK = 0x95,         /* u32 id (a pid for OUT, a req for DATA), u32 bytes consumed. No reply */
+	EP_ACK = 0x95,         /* u32 id (a pid for OUT, a req for DATA), u32 bytes consumed. No reply. A READ in
+				* progress with req == id wins: the host keeps its reqs >= 1 << 22, above any pid */
 	EP_LIST = 0x96,        /* u32 req -> PROC* then DONE */
 	EP_STAT = 0x97,        /* u32 req, str user, str path -> ENTRY or ERROR */
 	EP_LISTDIR = 0x98,     /* u32 req, str user, str path, u32 depth (1-16) -> ENTRY* then DONE, or ERROR */

@@ -1,0 +1,157 @@
+/* envd_int: what envd.c (channel, processes) and envd_fs.c (users, file
+ * requests) share. Not for other modules. */
+#ifndef KILN_GUEST_ENVD_INT_H
+#define KILN_GUEST_ENVD_INT_H
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "envd.h"
+#include "eproto.h"
+#include "proto.h"
+
+/* Supplementary groups kept per user (more are ignored). */
+#define ENVD_MAX_GROUPS 64
+/* Send buffer: frames wait here until the channel takes them. Work that
+ * makes a frame (a pipe read, a reply) waits until a whole frame fits. */
+#define ENVD_TX_CAP (4 * PROTO_MAX_FRAME)
+/* LISTDIR's deepest level (eproto: depth 1-16). */
+#define ENVD_MAX_DEPTH 16
+
+struct envd_user {
+	char name[EPROTO_MAX_USER + 1];
+	uid_t uid;
+	gid_t gid;
+	char home[PROTO_MAX_PATH + 1];
+	char shell[256];
+	int ngroups;
+	gid_t groups[ENVD_MAX_GROUPS];
+};
+
+/* One process START began. Its slot is freed once its END has reached the
+ * channel (a reconnection before that sends END again). */
+struct envd_proc {
+	pid_t pid;
+	uint32_t flags;  /* START flags */
+	int out, err;    /* our read ends, -1 at EOF (a pty: out is its master, err -1) */
+	int in;          /* stdin pipe's write end or a dup of the master, or -1 */
+	int in_eof;      /* close `in` once `pending` is written */
+	uint8_t *pending; /* input not written yet, at most ENVD_STDIN_MAX */
+	size_t pending_len;
+	uint64_t unacked; /* OUT bytes sent and not acknowledged */
+	int exited;
+	int wstatus;
+	int64_t exit_ms;
+	int draining;     /* the linger has passed: read only what was buffered */
+	size_t drain_out, drain_err; /* bytes left to read then */
+	int ended;        /* END is in the send buffer */
+	uint64_t end_off; /* ... up to this stream offset */
+	uint8_t *start;   /* the START payload, for LIST */
+	size_t start_len;
+};
+
+enum envd_job_kind { ENVD_JOB_LIST = 1, ENVD_JOB_LISTDIR, ENVD_JOB_READ, ENVD_JOB_WRITE };
+
+/* A request that outlives its frame. */
+struct envd_job {
+	enum envd_job_kind kind;
+	uint32_t req;
+	struct envd_user user;
+	int fd;           /* READ: the file; WRITE: the temporary file (-1 after a failure) */
+	uint64_t unacked; /* READ: DATA bytes not acknowledged */
+	/* WRITE: dirfd of the target's directory, temporary and final names. */
+	int dirfd;
+	char tmpname[300];
+	char name[256];
+	/* LIST: the next process slot to look at. */
+	int next;
+	/* LISTDIR: open directories from the top, and path lengths at each. */
+	int depth_max, depth;
+	DIR *dirs[ENVD_MAX_DEPTH];
+	size_t plen[ENVD_MAX_DEPTH];
+	char path[PROTO_MAX_PATH + 1];
+};
+
+/* Names of uids and gids, looked up once per request. */
+#define ENVD_NAME_CACHE 32
+struct envd_name {
+	int used, group;
+	uint32_t id;
+	char name[EPROTO_MAX_USER + 1];
+};
+
+struct envd {
+	int chan, sigfd;
+	int connected;
+	const struct envd_config *cfg;
+	struct rlimit nofile; /* the limit children get back */
+	size_t rx_start, rx_end;
+	size_t tx_head, tx_tail;  /* unsent bytes are tx[tx_head, tx_tail) */
+	uint64_t tx_appended, tx_sent; /* stream offsets, for a proc's END */
+	struct envd_proc *procs[ENVD_MAX_PROCS];
+	struct envd_job *jobs[ENVD_MAX_JOBS];
+	uint32_t dead_writes[ENVD_MAX_JOBS]; /* reqs of failed WRITEs: their WDATA/WEND are ignored */
+	unsigned dead_next;
+	struct envd_name names[ENVD_NAME_CACHE];
+	unsigned names_next;
+	int64_t input_drop_log_ms;
+	struct envd_user user;      /* START's */
+	char env_defs[6][PROTO_MAX_PATH + 16];
+	char *envp[6 + PROTO_MAX_ENV + 1];
+	struct pollfd pfd[2 + 3 * ENVD_MAX_PROCS];
+	struct envd_proc *pproc[2 + 3 * ENVD_MAX_PROCS];
+	uint8_t pkind[2 + 3 * ENVD_MAX_PROCS];
+	struct eproto_start start;  /* scratch (~150 KiB) */
+	struct eproto_proc proc;    /* scratch for LIST */
+	struct eproto_fsreq fsreq;
+	struct eproto_entry entry;
+	uint8_t rx[PROTO_MAX_FRAME];
+	uint8_t tx[ENVD_TX_CAP];
+};
+
+/* ---- envd.c: sending ---- */
+
+/* Room for one more frame of any size (and the host is connected). */
+int envd_tx_ok(struct envd *e);
+/* Where the next frame's payload goes (PROTO_MAX_PAYLOAD bytes); only
+ * after envd_tx_ok(). */
+uint8_t *envd_tx_payload(struct envd *e);
+/* Appends the frame whose payload was written at envd_tx_payload(). */
+void envd_tx_commit(struct envd *e, uint8_t type, size_t len);
+void envd_send_error(struct envd *e, uint32_t req, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+void envd_send_done(struct envd *e, uint32_t req);
+/* The slot of a live process (not ended) with this pid, or NULL. */
+struct envd_proc *envd_proc_find(struct envd *e, uint32_t pid);
+
+/* ---- envd_fs.c ---- */
+
+/* Finds user `name` ("" = the default user) in cfg->passwd, with its groups
+ * from cfg->group. Returns 0, -ENOENT, or another negative errno. */
+int envd_user_lookup(const struct envd_config *cfg, const char *name, struct envd_user *u);
+/* Switches the file-system identity (fsuid, fsgid, groups) to u, and back
+ * to root. Outside root (tests) only u's own uid is possible. */
+int envd_fs_enter(const struct envd_user *u);
+void envd_fs_leave(void);
+/* An absolute, lexically clean path for `in`: itself when absolute, else
+ * under u's home. Returns 0 or -ENAMETOOLONG / -EINVAL. */
+int envd_resolve(const struct envd_user *u, const char *in, char out[PROTO_MAX_PATH + 1]);
+
+/* STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ, WRITE, WDATA, WEND, CANCEL. The
+ * caller made sure a frame fits (envd_tx_ok). */
+void envd_fs_request(struct envd *e, uint8_t type, const uint8_t *p, size_t len);
+/* Advances LISTDIR and READ jobs as far as the send buffer and windows
+ * allow. Returns 1 if one of them could go on right away. */
+int envd_fs_jobs_run(struct envd *e);
+/* ACK for a READ's DATA; returns 0 if req is no READ. */
+int envd_fs_ack(struct envd *e, uint32_t req, uint32_t bytes);
+/* Ends a job (a WRITE's temporary file is removed) and frees its slot. */
+void envd_job_free(struct envd *e, int slot);
+/* A free job slot, or -1. */
+int envd_job_slot(struct envd *e);
+
+#endif
