@@ -1001,6 +1001,9 @@ void serve_http_stop(struct serve_http *s)
 {
 	if (!s)
 		return;
+	/* envd streams wait on their channels: ending those lets them finish. */
+	if (s->sessions)
+		sessions_envd_stop(s->sessions);
 	MHD_stop_daemon(s->d);
 	free(s);
 }

@@ -116,6 +116,11 @@ struct envd;
  * as activity. NULL with err: not_found, or unavailable (pausing). */
 struct envd *session_envd(struct session_table *ss, const char *id, json_t **env, struct kiln_err *err);
 
+/* Shutting down: close every envd channel (their streams end with
+ * `unavailable`, so that the HTTP threads serving them finish) and open no
+ * new one. Before the HTTP server stops. */
+void sessions_envd_stop(struct session_table *ss);
+
 /* {cpu_count, cpu_used_pct, mem_used, mem_total, disk_used, disk_total}
  * measured now from the VM's cgroups and disk layer (cpu_used_pct: since
  * the last call, or since the VM started). NULL with err (not_found). */

@@ -37,6 +37,26 @@ void session_envd_close(struct session_table *ss, struct session *s, const char 
 	}
 }
 
+void sessions_envd_stop(struct session_table *ss)
+{
+	for (;;) {
+		struct envd *e = NULL;
+
+		pthread_mutex_lock(&ss->lock);
+		ss->envd_stopped = 1;
+		for (struct session *s = ss->list; s && !e; s = s->next)
+			if (s->envd) {
+				e = s->envd;
+				s->envd = NULL;
+			}
+		pthread_mutex_unlock(&ss->lock);
+		if (!e)
+			return;
+		envd_kill(e, "kiln-host is shutting down");
+		envd_unref(e);
+	}
+}
+
 static struct session *find_locked(struct session_table *ss, const char *id)
 {
 	for (struct session *s = ss->list; s; s = s->next)
@@ -59,7 +79,7 @@ struct envd *session_envd(struct session_table *ss, const char *id, json_t **env
 		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
-	if (s->state != SS_RUNNING || !s->envd_ok || s->vm.envd_fd < 0) {
+	if (s->state != SS_RUNNING || !s->envd_ok || s->vm.envd_fd < 0 || ss->envd_stopped) {
 		pthread_mutex_unlock(&ss->lock);
 		kiln_err_set(err, KERR_UNAVAILABLE, "session %s is not running (pausing or starting)", id);
 		return NULL;

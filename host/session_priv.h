@@ -73,6 +73,7 @@ struct session_table {
 	pthread_cond_t launch_cond, launched_cond;
 	struct launch *queue;
 	int stopping;
+	int envd_stopped;        /* sessions_envd_stop: no envd channel opens any more */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
