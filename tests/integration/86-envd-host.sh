@@ -216,6 +216,21 @@ check "Stat of /root as user: allowed (a directory's own entry)" test "$st" = 20
 st=$(rpc filesystem.Filesystem/ListDir '{"path":"/root"}')
 check "ListDir of /root as user: 403 permission_denied" test "$st" = 403 -a "$(last .code)" = permission_denied
 
+# --- the real Connect client (the E2B SDK's) parses what kiln-host sends ---
+SDK_NM=${E2B_SDK_NODE_MODULES:-/var/cache/kiln/e2b-sdk/node_modules}
+if command -v node > /dev/null && [ -f "$SDK_NM/e2b/dist/index.js" ]; then
+	E2B_SDK_NODE_MODULES=$SDK_NM node "$ROOT/tests/integration/envd_connect.cjs" "$U/envd" "$TOKEN" > "$T_TMP/node.out" 2>&1
+	while read -r l; do
+		case $l in
+		"ok "*) ok "${l#ok }" ;;
+		"not ok "*) not_ok "${l#not ok }" ;;
+		*) echo "# $l" ;;
+		esac
+	done < "$T_TMP/node.out"
+else
+	skip "the E2B SDK's Connect client parses kiln-host's answers" "node or the SDK ($SDK_NM) missing"
+fi
+
 # --- the deadline ---
 t0=$(date +%s)
 st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","echo started; sleep 60"]}}' "$T_TMP/dl" -H 'Connect-Timeout-Ms: 2000')
@@ -250,7 +265,28 @@ else not_ok "after resume, List still has the background process" "$(cat "$T_TMP
 st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","echo $SESS_VAR"]}}' "$T_TMP/after")
 check "after resume, the session's env is still the default" test "$(outs "$T_TMP/after" stdout)" = from-session
 
-h DELETE /v1/sessions/s1 > /dev/null
+# --- the channel dies with the VM: DELETE, then kiln-host's SIGTERM ---
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/del" > /dev/null &
+bg+=($!)
+wait_pid "$T_TMP/del" > /dev/null
+st=$(h DELETE /v1/sessions/s1)
+check "DELETE with an open stream: 200" test "$st" = 200
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "...the stream ended with unavailable" test "$(frames "$T_TMP/del" | tail -1 | jq -r '.msg.error.code')" = unavailable
+h POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}' > /dev/null
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/term" > /dev/null &
+bg+=($!)
+wait_pid "$T_TMP/term" > /dev/null
+t0=$(date +%s)
+kill -TERM "${pids[0]}"
+wait "${pids[0]}" 2> /dev/null
+pids=()
+t1=$(date +%s)
+check "SIGTERM with an open envd stream: kiln-host exits at once (not after a keepalive)" test $((t1 - t0)) -lt 20
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "...and the stream ended with unavailable" test "$(frames "$T_TMP/term" | tail -1 | jq -r '.msg.error.code')" = unavailable
 sleep 1
 check "no QEMU left" test "$(count_qemu)" = 0
 check "no run directory entries left" test "$(count_run_entries)" -le 1
