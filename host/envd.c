@@ -577,6 +577,15 @@ void envd_kill(struct envd *e, const char *why)
 		pthread_join(e->th, NULL);
 }
 
+void envd_wait_idle(struct envd *e, int64_t deadline_ms)
+{
+	pthread_mutex_lock(&e->lock);
+	while (e->refs > 1)
+		if (condwait_until(&e->cond, &e->lock, NULL, deadline_ms) == ETIMEDOUT)
+			break;
+	pthread_mutex_unlock(&e->lock);
+}
+
 int envd_alive(struct envd *e)
 {
 	int a;
@@ -602,6 +611,7 @@ void envd_unref(struct envd *e)
 		return;
 	pthread_mutex_lock(&e->lock);
 	last = --e->refs == 0;
+	pthread_cond_broadcast(&e->cond); /* envd_wait_idle */
 	pthread_mutex_unlock(&e->lock);
 	if (!last)
 		return;

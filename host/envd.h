@@ -37,6 +37,9 @@ struct envd *envd_open(int fd, const char *name);
 void envd_kill(struct envd *e, const char *why);
 void envd_ref(struct envd *e);
 void envd_unref(struct envd *e);
+/* Wait until the caller's is the only reference left (every stream over
+ * e has ended), at most until deadline_ms (monotonic). */
+void envd_wait_idle(struct envd *e, int64_t deadline_ms);
 /* 1 until envd_kill. */
 int envd_alive(struct envd *e);
 

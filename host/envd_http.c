@@ -691,7 +691,8 @@ struct pstream {
 	struct envd *ch;
 	struct envd_sub *sub;
 	uint32_t pid;
-	int64_t deadline;     /* Connect-Timeout-Ms: the process group is killed then (0: none) */
+	int64_t deadline;     /* Connect-Timeout-Ms: the stream ends then (0: none) */
+	int kill_at_deadline; /* Start: the process group is killed then too (Connect: only the stream ends) */
 	int64_t keepalive_ms; /* silence after which a keepalive event goes out */
 	struct buf st;        /* envelopes not yet handed to libmicrohttpd */
 	size_t st_off;
@@ -771,7 +772,8 @@ static void pstream_fill(struct pstream *p)
 		ssize_t len = eproto_u32s_encode(buf, sizeof(buf), v, 2);
 		struct envd_err e;
 
-		envd_send(p->ch, EP_SIGNAL, buf, (size_t)len, now_ms() + 1000, &e);
+		if (p->kill_at_deadline)
+			envd_send(p->ch, EP_SIGNAL, buf, (size_t)len, now_ms() + 1000, &e);
 		pstream_end(p, CONNECT_DEADLINE_EXCEEDED, "the command's deadline (Connect-Timeout-Ms) passed");
 		return;
 	}
@@ -832,7 +834,7 @@ static void pstream_free(void *cls)
 {
 	struct pstream *p = cls;
 
-	if (p->deadline && !p->finished && p->sub && p->ch) {
+	if (p->kill_at_deadline && p->deadline && !p->finished && p->sub && p->ch) {
 		struct deadline_kill *k = malloc(sizeof(*k));
 		pthread_attr_t a;
 		pthread_t th;
@@ -1043,6 +1045,7 @@ static enum MHD_Result process_stream(struct session_table *ss, struct httpd_req
 		n = start_encode(req, env, user, buf, &e);
 		if (n < 0 || envd_start(p->ch, buf, (size_t)n, now_ms() + UNARY_DEFAULT_MS, &p->sub, &p->pid, &e) < 0)
 			goto fail;
+		p->kill_at_deadline = 1;
 	} else {
 		/* Connect: subscribe first, then make sure it exists: an END
 		 * before the subscription means it is gone (not_found). */

@@ -53,6 +53,8 @@ void sessions_envd_stop(struct session_table *ss)
 		if (!e)
 			return;
 		envd_kill(e, "kiln-host is shutting down");
+		/* Let the streams write their end before the HTTP server goes. */
+		envd_wait_idle(e, proto_now_ms() + 3000);
 		envd_unref(e);
 	}
 }

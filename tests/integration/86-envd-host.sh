@@ -139,6 +139,9 @@ check "stderr: separate" test "$(outs "$T_TMP/s1" stderr)" = err
 st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exit 3"]}}' "$T_TMP/s2")
 check "a non-zero exit: end{exitCode 3, status \"exit status 3\"}" \
 	test "$(frames "$T_TMP/s2" | grep '"end"' | jq -c '.msg.event.end | [.exitCode, .status]')" = '[3,"exit status 3"]'
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","stty size; tty"]},"pty":{"size":{"rows":24,"cols":81}}}' "$T_TMP/pty" > /dev/null
+check "Start with a pty: output as pty data, the terminal's size" \
+	test "$(outs "$T_TMP/pty" pty | tr -d '\r' | head -1)" = "24 81"
 st=$(stream Start '{"process":{"cmd":"/no/such/program"}}' "$T_TMP/nosuch")
 check "Start of a missing program: 200, end-of-stream error" \
 	test "$st" = 200 -a "$(frames "$T_TMP/nosuch" | tail -1 | jq -r '.flags, (.msg.error.code != null)' | tr '\n' ' ')" = "2 true "
