@@ -130,6 +130,11 @@ $(B)/tests/fuzz/fuzz_apireq: tests/fuzz/fuzz_apireq.c $(B)/fuzz-obj/api/request.
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
+# The E2B control API's input parsers (and kiln's session request parser after them).
+$(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
+
 # Benchmarks: C drivers over the real host code, and the busybox baseline guest.
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)

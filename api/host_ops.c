@@ -46,6 +46,21 @@ static long real_stream_read(void *ctx, struct hostclient_stream *h, char *buf, 
 	return hostclient_stream_read(h, buf, max, wait_ms, err);
 }
 
+static struct hostclient_stream *real_stream_open_raw(void *ctx, const char *base, const char *token,
+						      const char *method, const char *path, const char *const *headers,
+						      const void *body, size_t len, const char *content_type,
+						      struct kiln_err *err)
+{
+	(void)ctx;
+	return hostclient_stream_open_raw(base, token, method, path, headers, body, len, content_type, err);
+}
+
+static const char *real_stream_content_type(void *ctx, struct hostclient_stream *h)
+{
+	(void)ctx;
+	return hostclient_stream_content_type(h);
+}
+
 static void real_stream_close(void *ctx, struct hostclient_stream *h)
 {
 	(void)ctx;
@@ -69,5 +84,7 @@ const struct host_ops host_ops_hostclient = {
 	.stream_status = real_stream_status,
 	.stream_read = real_stream_read,
 	.stream_close = real_stream_close,
+	.stream_open_raw = real_stream_open_raw,
+	.stream_content_type = real_stream_content_type,
 	.ctx = NULL,
 };

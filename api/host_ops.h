@@ -33,6 +33,13 @@ struct host_ops {
 	long (*stream_read)(void *ctx, struct hostclient_stream *h, char *buf, size_t max, long wait_ms,
 			    struct kiln_err *err);
 	void (*stream_close)(void *ctx, struct hostclient_stream *h);
+	/* hostclient_stream_open_raw and _content_type (may be NULL in a fake:
+	 * the envd relay then answers 503) */
+	struct hostclient_stream *(*stream_open_raw)(void *ctx, const char *base, const char *token,
+						     const char *method, const char *path, const char *const *headers,
+						     const void *body, size_t len, const char *content_type,
+						     struct kiln_err *err);
+	const char *(*stream_content_type)(void *ctx, struct hostclient_stream *h);
 	/* hostclient_follow_path (may be NULL in a fake: builds are then
 	 * followed by GET /v1/builds/{id} alone) */
 	int (*follow_path)(void *ctx, const char *base, const char *token, const char *path, long stall_s,

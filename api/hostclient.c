@@ -126,6 +126,37 @@ struct hostclient_stream *hostclient_stream_open(const char *base, const char *t
 	return h;
 }
 
+struct hostclient_stream *hostclient_stream_open_raw(const char *base, const char *token, const char *method,
+						     const char *path, const char *const *headers, const void *body,
+						     size_t len, const char *content_type, struct kiln_err *err)
+{
+	struct hostclient_stream *h = calloc(1, sizeof(*h));
+	struct httpc_req q;
+	int rc;
+
+	if (!h) {
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, "out of memory");
+		return NULL;
+	}
+	host_req(&q, h->url, sizeof(h->url), base, token, method, path, 0);
+	q.headers = headers;
+	q.content_type = content_type;
+	q.body = body;
+	q.body_len = body ? len : 0;
+	rc = httpc_stream_open(&q, &h->s);
+	if (rc < 0) {
+		kiln_err_set(err, KERR_HOST_UNREACHABLE, rc == -ENOMEM ? "out of memory" : "cannot start the request");
+		free(h);
+		return NULL;
+	}
+	return h;
+}
+
+const char *hostclient_stream_content_type(struct hostclient_stream *h)
+{
+	return httpc_stream_content_type(h->s);
+}
+
 int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struct kiln_err *err)
 {
 	int st = httpc_stream_status(h->s, timeout_ms);

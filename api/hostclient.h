@@ -55,6 +55,16 @@ struct hostclient_stream;
 struct hostclient_stream *hostclient_stream_open(const char *base, const char *token, const char *method,
 						 const char *path, json_t *body, struct kiln_err *err);
 
+/* The same with a raw body (len bytes, copied; body NULL: none) of
+ * content_type (NULL: no header) and more header lines (NULL-terminated
+ * "Name: value"; NULL: none): the envd relay (e2b_relay.c). */
+struct hostclient_stream *hostclient_stream_open_raw(const char *base, const char *token, const char *method,
+						     const char *path, const char *const *headers, const void *body,
+						     size_t len, const char *content_type, struct kiln_err *err);
+
+/* The reply's Content-Type once its status is known ("" when none). */
+const char *hostclient_stream_content_type(struct hostclient_stream *h);
+
 /* Wait (at most timeout_ms) until the reply's status is known: the status,
  * or -1 with err set (no answer, or none in time). */
 int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struct kiln_err *err);

@@ -30,6 +30,7 @@
 #include <openssl/sha.h>
 
 #include "clock.h"
+#include "e2b.h"
 #include "events.h"
 #include "httpd.h"
 #include "quota.h"
@@ -88,9 +89,22 @@ static int secret_matches(const char *got, const unsigned char want[SHA256_DIGES
 	return CRYPTO_memcmp(h, want, sizeof(h)) == 0;
 }
 
-static int authenticate(struct server *s, struct MHD_Connection *conn, struct caller *c)
+/* The E2B API (/e2b/...) takes the key in X-API-KEY, as E2B's SDK sends it. */
+static int is_e2b(const char *url)
 {
-	const char *key = bearer(conn);
+	return !strncmp(url, "/e2b/", 5);
+}
+
+static const char *api_key(struct MHD_Connection *conn, const char *url)
+{
+	const char *k = is_e2b(url) ? MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-API-KEY") : NULL;
+
+	return k ? k : bearer(conn);
+}
+
+static int authenticate(struct server *s, struct MHD_Connection *conn, const char *url, struct caller *c)
+{
+	const char *key = api_key(conn, url);
 
 	memset(c, 0, sizeof(*c));
 	if (!key)
@@ -773,10 +787,58 @@ static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *
 	return reply_error(conn, KERR_TOO_LARGE, msg);
 }
 
-static enum MHD_Result reply_no_key(struct MHD_Connection *conn)
+static enum MHD_Result reply_no_key(struct MHD_Connection *conn, const char *url)
 {
+	if (is_e2b(url))
+		return e2b_reply_error(conn, MHD_HTTP_UNAUTHORIZED,
+				       api_key(conn, url) ? "unknown or revoked API key"
+							  : "missing API key (X-API-KEY: kiln_...)",
+				       "WWW-Authenticate", "Bearer");
 	return reply_unauthorized(conn, bearer(conn) ? "unknown or revoked API key"
 						     : "missing API key (Authorization: Bearer kiln_...)");
+}
+
+/* The sessions, held for one request; NULL when they are not served. */
+static struct sessions *hold_sessions(struct server *s)
+{
+	struct sessions *ss;
+
+	pthread_mutex_lock(&s->hooks_lock);
+	ss = s->sessions;
+	if (ss)
+		sessions_hold(ss);
+	pthread_mutex_unlock(&s->hooks_lock);
+	return ss;
+}
+
+/* /e2b/...: E2B's control API (e2b.c). */
+static enum MHD_Result handle_e2b(struct server *s, struct MHD_Connection *conn, const char *method,
+				  const char *url, const struct httpd_body *body, const struct caller *c)
+{
+	struct sessions_request sr = {
+		.conn = conn, .method = method, .path = url + 4, .body = httpd_body_data(body),
+		.len = httpd_body_len(body), .customer = c->customer, .admin = c->admin, .lim = s->lim, .e2b = 1,
+	};
+	struct sessions *ss = hold_sessions(s);
+
+	if (!ss)
+		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+	return e2b_handle(ss, &sr);
+}
+
+/* The envd relay's root paths (e2b_relay.c): the sandbox's token, not a key. */
+static enum MHD_Result handle_relay(struct server *s, struct MHD_Connection *conn, const char *method,
+				    const char *url, const struct httpd_body *body)
+{
+	struct e2b_relay_request rr = {
+		.conn = conn, .method = method, .url = url, .body = httpd_body_data(body), .len = httpd_body_len(body),
+		.lim = s->lim,
+	};
+	struct sessions *ss = hold_sessions(s);
+
+	if (!ss)
+		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+	return e2b_relay_handle(ss, &rr);
 }
 
 static enum MHD_Result handle_sessions(struct server *s, struct MHD_Connection *conn, const char *method,
@@ -817,6 +879,7 @@ static enum MHD_Result handle_templates(struct server *s, struct MHD_Connection 
 struct conn_state {
 	struct httpd_body body;      /* first: completed() frees both */
 	struct templates_upload *up;
+	int relay_refused;           /* an envd call refused before its body: the body is dropped */
 };
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -842,8 +905,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		if (templates_is_upload(conn, method, url)) {
 			struct templates *t;
 
-			if (!authenticate(s, conn, &c))
-				return reply_no_key(conn);
+			if (!authenticate(s, conn, url, &c))
+				return reply_no_key(conn, url);
 			pthread_mutex_lock(&s->hooks_lock);
 			t = s->templates;
 			pthread_mutex_unlock(&s->hooks_lock);
@@ -856,8 +919,21 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
 		 * (the host routes check the cluster token below). */
-		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, &c))
-			return reply_no_key(conn);
+		/* The relay's token too, before the body (up to max_body_mib) is
+		 * read: a refused call's body is dropped as it comes (answered
+		 * at its end), at most max_body_mib of it. */
+		if (e2b_relay_path(url)) {
+			struct sessions *ss = hold_sessions(s);
+
+			if (ss && !e2b_relay_allowed(ss, conn)) {
+				cs->relay_refused = 1;
+				body->too_big = 1;
+				body->drop_max = s->max_body;
+			}
+			return MHD_YES;
+		}
+		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, url, &c))
+			return reply_no_key(conn, url);
 		return MHD_YES;
 	}
 	if (cs->up) {
@@ -867,6 +943,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	}
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
+	if (cs->relay_refused) {
+		struct sessions *ss = hold_sessions(s);
+
+		if (!ss)
+			return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
+					       NULL);
+		return e2b_relay_refuse(ss, conn, url);
+	}
 	if (body->too_big)
 		return reply_too_large(s, conn);
 	memset(&c, 0, sizeof(c));
@@ -875,9 +959,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 
 		if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
 			return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
+	} else if (e2b_relay_path(url)) {
+		return handle_relay(s, conn, method, url, body);
 	} else if (strcmp(url, "/healthz")) {
-		if (!authenticate(s, conn, &c))
-			return reply_no_key(conn);
+		if (!authenticate(s, conn, url, &c))
+			return reply_no_key(conn, url);
+		if (is_e2b(url))
+			return handle_e2b(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
 			return handle_sessions(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/templates") || !strncmp(url, "/v1/templates/", 14))

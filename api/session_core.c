@@ -26,6 +26,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 /* ---- requests in flight ---- */
 
 /* id's entry in the in-flight list, made (count 0) if it has none; NULL
@@ -308,6 +313,18 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 }
 
 
+void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65])
+{
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+
+	HMAC(EVP_sha256(), ss->e2b_key, sizeof(ss->e2b_key), (const unsigned char *)id, strlen(id), mac, &n);
+	for (unsigned i = 0; i < 32; i++)
+		sprintf(hex + 2 * i, "%02x", i < n ? mac[i] : 0);
+	hex[64] = '\0';
+	OPENSSL_cleanse(mac, sizeof(mac));
+}
+
 /* ---- start and stop ---- */
 
 struct sessions *sessions_create(const struct api_config *cfg, struct store *st, struct sched *sched,
@@ -318,6 +335,19 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 	if (!ss || !(ss->token = strdup(cfg->cluster_token ? cfg->cluster_token : ""))) {
 		free(ss);
 		kiln_err_set(err, KERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	/* E2B's envd tokens: the same across restarts when there is a cluster
+	 * token to derive them from, else valid for this process only. */
+	if (cfg->cluster_token && cfg->cluster_token[0]) {
+		unsigned int n = 0;
+
+		HMAC(EVP_sha256(), cfg->cluster_token, (int)strlen(cfg->cluster_token),
+		     (const unsigned char *)"kiln e2b envd token key", 23, ss->e2b_key, &n);
+	} else if (RAND_bytes(ss->e2b_key, sizeof(ss->e2b_key)) != 1) {
+		free(ss->token);
+		free(ss);
+		kiln_err_set(err, KERR_INTERNAL, "no randomness");
 		return NULL;
 	}
 	ss->cfg = cfg;

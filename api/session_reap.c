@@ -3,7 +3,8 @@
  * record, its host's state and the clock alone (sessions_reap_decide, a
  * pure function the unit tests drive): keep it, settle what a killed
  * kiln-api left half-done, mark it host_lost, or end it (idle timeout, max
- * lifetime: paused when the customer's session_auto_pause says so, else
+ * lifetime: paused when the session's auto_pause (E2B's autoPause) or else
+ * the customer's session_auto_pause says so, else
  * destroyed, on a thread of its own). Every RECONCILE_EVERY_MS it also
  * compares each live host's sessions with the store. */
 #include "sessions_internal.h"
@@ -125,7 +126,9 @@ static void end_later(struct sessions *ss, const struct store_session *cur, cons
 	e->ss = ss;
 	snprintf(e->id, sizeof(e->id), "%s", cur->id);
 	snprintf(e->reason, sizeof(e->reason), "%s", reason);
-	e->pause = store_customer_quota(ss->st, cur->customer, &q) == 0 && q.session_auto_pause;
+	/* A session's own choice (E2B's autoPause) before its customer's. */
+	e->pause = cur->auto_pause >= 0 ? cur->auto_pause
+					: store_customer_quota(ss->st, cur->customer, &q) == 0 && q.session_auto_pause;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	if (pthread_create(&th, &attr, ender_main, e) != 0) {

@@ -15,8 +15,11 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 
 #include "buf.h"
+#include "e2b.h"
 #include "httpd.h"
 #include "presign.h"
 #include "reply.h"
@@ -24,14 +27,49 @@
 #include "s3.h"
 #include "templates.h"
 
+/* ---- answers: kiln's error shape, or E2B's for the /e2b endpoints ---- */
+
+/* e with status (0: the table's), and an optional header; E2B's
+ * {"code","message"} when r->e2b (create and resume are shared with e2b.c). */
+static enum MHD_Result answer_err(const struct sessions_request *r, unsigned status, const struct kiln_err *e,
+				  const char *hname, const char *hvalue)
+{
+	if (!status)
+		status = kiln_err_status(e->errc);
+	if (r->e2b)
+		return e2b_reply_error(r->conn, status, e->message, hname, hvalue);
+	return hname ? reply_err_status_h(r->conn, status, e, hname, hvalue) : reply_err_status(r->conn, status, e);
+}
+
+static enum MHD_Result answer(const struct sessions_request *r, unsigned status, enum kiln_errc code,
+			      const char *msg, const char *hname, const char *hvalue)
+{
+	struct kiln_err e = { .code = "" };
+
+	kiln_err_set(&e, code, "%s", msg);
+	return answer_err(r, status, &e, hname, hvalue);
+}
+
 /* ---- host answers ---- */
 
 /* Pass a host's answer on as it is: its status, bytes and content type.
- * An error that is not kiln-host's JSON error gets one. */
-static enum MHD_Result relay(struct MHD_Connection *conn, struct hostclient_reply *r)
+ * An error that is not kiln-host's JSON error gets one. For E2B, a host's
+ * error becomes E2B's shape with the host's message. */
+static enum MHD_Result relay_to(const struct sessions_request *rq, struct MHD_Connection *conn,
+				struct hostclient_reply *r)
 {
 	char *body = r->body;
 
+	if (rq && rq->e2b && r->status >= 400) {
+		char msg[300], m[256];
+
+		sessions_host_error_message(r, m, sizeof(m));
+		if (!m[0])
+			snprintf(m, sizeof(m), "the sandbox's host answered HTTP %d", r->status);
+		snprintf(msg, sizeof(msg), "%s", m);
+		return e2b_reply_error(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status, msg, NULL,
+				       NULL);
+	}
 	if (r->status >= 400) {
 		json_t *j = body ? json_loadb(body, r->len, 0, NULL) : NULL;
 		int ok = json_is_object(json_object_get(j, "error"));
@@ -48,6 +86,11 @@ static enum MHD_Result relay(struct MHD_Connection *conn, struct hostclient_repl
 	r->body = NULL;
 	return reply_bytes(conn, (unsigned)r->status, body, r->len,
 			   r->content_type[0] ? r->content_type : (body ? "application/json" : NULL));
+}
+
+static enum MHD_Result relay(struct MHD_Connection *conn, struct hostclient_reply *r)
+{
+	return relay_to(NULL, conn, r);
 }
 
 static enum MHD_Result host_unavailable(struct MHD_Connection *conn, const char *why)
@@ -92,23 +135,22 @@ static enum MHD_Result reply_outcome(struct sessions *ss, struct MHD_Connection 
 	return reply_err_status(conn, o->status, &o->err);
 }
 
-static enum MHD_Result no_room(struct MHD_Connection *conn, int r, const struct sched_need *need)
+static enum MHD_Result no_room(const struct sessions_request *rq, int r, const struct sched_need *need)
 {
 	char msg[200];
 
 	if (r == -EBUSY) {
 		snprintf(msg, sizeof(msg), "no host has room for %u vCPUs and %u MiB now: retry later", need->vcpus,
 			 need->memory_mib);
-		return reply_error_h(conn, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
+		return answer(rq, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
 	}
 	if (r == -ENOENT)
-		return reply_error_h(conn, KERR_NO_HOST, "no host is live", "Retry-After",
-				     RETRY_AFTER_S);
+		return answer(rq, 0, KERR_NO_HOST, "no host is live", "Retry-After", RETRY_AFTER_S);
 	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s%s%s", need->vcpus,
 		 need->memory_mib, need->egress ? " and offers network egress" : "",
 		 need->tkey && need->tkey[0] == '@' ? " and the built-in template " : "",
 		 need->tkey && need->tkey[0] == '@' ? need->tkey + 1 : "");
-	return reply_error(conn, KERR_NO_HOST_FITS, msg);
+	return answer(rq, 0, KERR_NO_HOST_FITS, msg, NULL, NULL);
 }
 
 /* Submit rate and the running quota, checked before a host is picked (the
@@ -127,12 +169,12 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
 		snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
 		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q->submit_rate,
 			 q->submit_burst, ra);
-		return reply_error_h(r->conn, KERR_RATE_LIMITED, msg, "Retry-After", ra);
+		return answer(r, 0, KERR_RATE_LIMITED, msg, "Retry-After", ra);
 	}
 	if (store_customer_usage(ss->st, r->customer, &u) < 0)
-		return reply_internal(r->conn, "cannot read the usage");
+		return answer(r, 0, KERR_INTERNAL, "cannot read the usage", NULL, NULL);
 	if (quota_check_start(q, &u, vcpus, memory_mib, &err) < 0)
-		return reply_err_status(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
+		return answer_err(r, MHD_HTTP_TOO_MANY_REQUESTS, &err, r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
 	*refused = 0;
 	return MHD_YES;
 }
@@ -169,13 +211,9 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 	const struct sessions_request *r = c->r;
 	struct kiln_err err = { .code = "" };
 	struct api_session_request sr;
-	struct sched_need need;
-	struct sessions_placement p;
-	struct template_use tu;
 	struct quota q;
-	char id[40] = "", host[65], url[256], tkey[72];
+	char id[40];
 	enum MHD_Result ret;
-	int refused, pr;
 
 	if (r->admin)
 		return reply_error(r->conn, KERR_FORBIDDEN,
@@ -184,48 +222,82 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		return reply_error(r->conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	if (api_session_request_parse(r->body, r->len, q.allow_egress, &sr, &err) < 0)
 		return reply_err(r->conn, &err);
-	if (quota_check_task(&q, sr.vcpus, sr.memory_mib, 0, sr.output_mib, &err) < 0) {
-		api_session_request_free(&sr);
-		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (sessions_create_run(ss, r, &q, &sr, NULL, id, &ret))
+		ret = reply_session(ss, r->conn, MHD_HTTP_CREATED, id);
+	api_session_request_free(&sr);
+	return ret;
+}
+
+int sessions_create_run(struct sessions *ss, const struct sessions_request *r, const struct quota *qp,
+			const struct api_session_request *sr, const struct sessions_e2b_new *e2b, char id[40],
+			enum MHD_Result *ret)
+{
+	struct kiln_err err = { .code = "" };
+	struct sched_need need;
+	struct sessions_placement p;
+	struct template_use tu;
+	struct quota q = *qp;
+	char host[65], url[256], tkey[72];
+	int refused, pr;
+
+	id[0] = '\0';
+	if (quota_check_task(&q, sr->vcpus, sr->memory_mib, 0, sr->output_mib, &err) < 0) {
+		*ret = answer_err(r, MHD_HTTP_BAD_REQUEST, &err, NULL, NULL);
+		return 0;
 	}
 	/* Its template, resolved now and kept with it (docs/templates.md). */
-	if (template_resolve(ss->st, r->customer, sr.template_name[0] ? sr.template_name : NULL, &tu, &err) < 0) {
-		api_session_request_free(&sr);
-		return reply_err(r->conn, &err);
+	if (template_resolve(ss->st, r->customer, sr->template_name[0] ? sr->template_name : NULL, &tu, &err) < 0) {
+		*ret = answer_err(r, 0, &err, NULL, NULL);
+		return 0;
 	}
-	ret = admit(ss, r, &q, sr.vcpus, sr.memory_mib, &refused);
+	*ret = admit(ss, r, &q, sr->vcpus, sr->memory_mib, &refused);
 	if (refused) {
 		template_use_free(&tu);
-		api_session_request_free(&sr);
-		return ret;
+		return 0;
 	}
-	need = (struct sched_need){ .vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .egress = sr.egress,
+	need = (struct sched_need){ .vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .egress = sr->egress,
 				    .tkey = tkey_of(&tu, tkey) };
 	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
 	if (pr < 0) {
 		template_use_free(&tu);
-		api_session_request_free(&sr);
-		return no_room(r->conn, pr, &need);
+		*ret = no_room(r, pr, &need);
+		return 0;
 	}
 	{
 		struct store_session_new n = {
-			.customer = r->customer, .spec_json = sr.spec_json, .metadata_json = sr.metadata_json,
-			.vcpus = sr.vcpus, .memory_mib = sr.memory_mib, .idle_timeout_s = sr.idle_timeout_s,
-			.max_lifetime_s = sr.max_lifetime_s, .egress = sr.egress, .tuse = tu.tref ? &tu.use : NULL,
+			.customer = r->customer, .spec_json = sr->spec_json, .metadata_json = sr->metadata_json,
+			.vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .idle_timeout_s = sr->idle_timeout_s,
+			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress, .tuse = tu.tref ? &tu.use : NULL,
 		};
 		int cr = store_session_create(ss->st, &n, id, &err);
 
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
 			template_use_free(&tu);
-			api_session_request_free(&sr);
-			return reply_err_status(r->conn, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
-					 &err);
+			*ret = answer_err(r, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
+					  &err, cr == -EDQUOT && r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
+			return 0;
+		}
+	}
+	if (e2b) {
+		/* Its envd token, known before any host runs it (the relay checks it). */
+		unsigned char sha[32];
+		char tok[65];
+
+		sessions_e2b_token(ss, id, tok);
+		SHA256((const unsigned char *)tok, strlen(tok), sha);
+		OPENSSL_cleanse(tok, sizeof(tok));
+		if (store_session_set_e2b(ss->st, id, sha, e2b->template, e2b->env_json, e2b->auto_pause) != 1) {
+			store_session_discard(ss->st, id);
+			sched_unplace(ss->sched, host, &need);
+			template_use_free(&tu);
+			*ret = answer(r, 0, KERR_INTERNAL, "cannot store the sandbox", NULL, NULL);
+			return 0;
 		}
 	}
 	sessions_op_enter(ss, id);
 	{
-		json_t *spec = json_loads(sr.spec_json, 0, NULL);
+		json_t *spec = json_loads(sr->spec_json, 0, NULL);
 		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
 					 spec ? spec : json_object());
 		char *text;
@@ -242,30 +314,28 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 	if (pr == 1) {
 		store_session_transition(ss->st, id, SESSION_STARTING, SESSION_RUNNING, p.host, "", NULL);
 		sessions_op_leave(ss, id);
-		api_session_request_free(&sr);
 		fprintf(stderr, "kiln-api: session %s of %s running on %s\n", id, r->customer, p.host);
-		return reply_session(ss, r->conn, MHD_HTTP_CREATED, id);
+		return 1;
 	}
 	store_session_discard(ss->st, id);
 	sessions_op_leave(ss, id);
-	api_session_request_free(&sr);
 	if (pr == 0) {
 		char code[64], msg[256];
 
 		fprintf(stderr, "kiln-api: session %s: host %s refused it: HTTP %d %s: %s\n", id, p.host, p.hr.status,
 			sessions_host_error_code(&p.hr, code, sizeof(code)),
 			sessions_host_error_message(&p.hr, msg, sizeof(msg)));
-		ret = relay(r->conn, &p.hr);
+		*ret = relay_to(r, r->conn, &p.hr);
 		hostclient_reply_free(&p.hr);
-		return ret;
+		return 0;
 	}
 	fprintf(stderr, "kiln-api: session %s: no host took it (%s)\n", id, p.last[0] ? p.last : "none with room");
 	{
 		char msg[400];
 
 		snprintf(msg, sizeof(msg), "no host could take the session now%s%s", p.last[0] ? ": " : "", p.last);
-		return reply_error_h(r->conn, KERR_NO_CAPACITY, msg, "Retry-After",
-				     RETRY_AFTER_S);
+		*ret = answer(r, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
+		return 0;
 	}
 }
 
@@ -695,16 +765,28 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }
 
-static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need, const char *tref);
-
 /* POST /v1/sessions/{id}/resume: with the template it was created with */
 static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 {
 	struct call *c = ctx;
-	const struct store_session *cur = &c->cur;
-	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
-	char *tref = store_use_tref(c->ss->st, cur->id), tkey[72] = "";
 	enum MHD_Result ret;
+
+	if (c->r->admin)
+		return admin_refused(c->r->conn);
+	if (sessions_resume_run(c->ss, c->r, &c->cur, &ret))
+		ret = reply_session(c->ss, c->r->conn, MHD_HTTP_OK, c->cur.id);
+	return ret;
+}
+
+static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret);
+
+int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+			enum MHD_Result *ret)
+{
+	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
+	char *tref = store_use_tref(ss->st, cur->id), tkey[72] = "";
+	int done;
 
 	if (tref) {
 		json_t *tj = json_loads(tref, 0, NULL);
@@ -716,52 +798,55 @@ static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 		json_decref(tj);
 		need.tkey = tkey;
 	}
-	ret = resume(c, req, &need, tref);
+	done = resume_with(ss, r, cur, &need, tref, ret);
 	free(tref);
-	return ret;
+	return done;
 }
 
-static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sched_need *need_in, const char *tref)
+static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret)
 {
-	struct sessions *ss = c->ss;
-	const struct sessions_request *r = c->r;
-	const struct store_session *cur = &c->cur;
 	struct kiln_err err = { .code = "" };
 	struct sched_need need = *need_in;
 	enum session_state prev;
 	struct sessions_placement p;
 	struct quota q;
 	char host[65], url[256], *spec_text;
-	enum MHD_Result ret;
 	int refused, pr, br;
 
-	if (r->admin)
-		return admin_refused(r->conn);
 	if (!(cur->state == SESSION_PAUSED || (cur->state == SESSION_ERROR && cur->has_snapshot))) {
 		char msg[160];
 
 		snprintf(msg, sizeof(msg), "the session is %s%s: only a paused session can be resumed",
 			 session_state_name(cur->state),
 			 cur->state == SESSION_ERROR ? " and was never paused (no snapshot)" : "");
-		return reply_error(r->conn, KERR_NOT_PAUSED, msg);
+		*ret = answer(r, 0, KERR_NOT_PAUSED, msg, NULL, NULL);
+		return 0;
 	}
-	if (store_customer_quota(ss->st, cur->customer, &q) < 0)
-		return reply_error(r->conn, KERR_FORBIDDEN, "this key's customer no longer exists");
-	ret = admit(ss, r, &q, cur->vcpus, cur->memory_mib, &refused);
+	if (store_customer_quota(ss->st, cur->customer, &q) < 0) {
+		*ret = answer(r, 0, KERR_FORBIDDEN, "this key's customer no longer exists", NULL, NULL);
+		return 0;
+	}
+	*ret = admit(ss, r, &q, cur->vcpus, cur->memory_mib, &refused);
 	if (refused)
-		return ret;
+		return 0;
 	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
-	if (pr < 0)
-		return no_room(r->conn, pr, &need);
+	if (pr < 0) {
+		*ret = no_room(r, pr, &need);
+		return 0;
+	}
 	/* The host is recorded only once one has it: a failed attempt leaves nothing to undo there. */
 	br = store_session_resume_begin(ss->st, cur->id, cur->customer, "", &prev, &err);
 	if (br != 1) {
 		sched_unplace(ss->sched, host, &need);
 		if (br == -EDQUOT)
-			return reply_err_status(r->conn, MHD_HTTP_TOO_MANY_REQUESTS, &err);
-		if (br == 0)
-			return reply_error(r->conn, KERR_NOT_PAUSED, "the session changed state meanwhile");
-		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);
+			*ret = answer_err(r, MHD_HTTP_TOO_MANY_REQUESTS, &err, r->e2b ? "Retry-After" : NULL,
+					  RETRY_AFTER_S);
+		else if (br == 0)
+			*ret = answer(r, 0, KERR_NOT_PAUSED, "the session changed state meanwhile", NULL, NULL);
+		else
+			*ret = answer_err(r, MHD_HTTP_INTERNAL_SERVER_ERROR, &err, NULL, NULL);
+		return 0;
 	}
 	spec_text = store_session_spec(ss->st, cur->id);
 	sessions_op_enter(ss, cur->id);
@@ -785,7 +870,7 @@ static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sche
 		store_session_transition(ss->st, cur->id, SESSION_RESUMING, SESSION_RUNNING, p.host, "", NULL);
 		sessions_op_leave(ss, cur->id);
 		fprintf(stderr, "kiln-api: session %s resumed on %s\n", cur->id, p.host);
-		return reply_session(ss, r->conn, MHD_HTTP_OK, cur->id);
+		return 1;
 	}
 	if (pr == 0 && (p.hr.status == 404 || p.hr.status == 422)) {
 		/* Its snapshot is missing or damaged: nothing to resume, ever. */
@@ -799,25 +884,25 @@ static enum MHD_Result resume(struct call *c, struct httpd_req *req, struct sche
 		snprintf(why, sizeof(why), "the session's snapshot is %s (%s): the session is error/%s",
 			 p.hr.status == 404 ? "missing" : "damaged", msg, reason);
 		/* kiln-host's 404 no_snapshot is kiln-api's 409 (docs/api.md). */
-		ret = reply_error_status(r->conn, p.hr.status == 404 ? MHD_HTTP_CONFLICT : 422,
-					 p.hr.status == 404 ? KERR_NO_SNAPSHOT : KERR_SNAPSHOT_CORRUPT, why);
+		*ret = answer(r, p.hr.status == 404 ? MHD_HTTP_CONFLICT : 422,
+			      p.hr.status == 404 ? KERR_NO_SNAPSHOT : KERR_SNAPSHOT_CORRUPT, why, NULL, NULL);
 		hostclient_reply_free(&p.hr);
-		return ret;
+		return 0;
 	}
 	/* Refused, or nobody took it: as it was. */
 	store_session_transition(ss->st, cur->id, SESSION_RESUMING, prev, "", NULL, NULL);
 	sessions_op_leave(ss, cur->id);
 	if (pr == 0) {
-		ret = relay(r->conn, &p.hr);
+		*ret = relay_to(r, r->conn, &p.hr);
 		hostclient_reply_free(&p.hr);
-		return ret;
+		return 0;
 	}
 	{
 		char msg[400];
 
 		snprintf(msg, sizeof(msg), "no host could resume the session now%s%s", p.last[0] ? ": " : "", p.last);
-		return reply_error_h(r->conn, KERR_NO_CAPACITY, msg, "Retry-After",
-				     RETRY_AFTER_S);
+		*ret = answer(r, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
+		return 0;
 	}
 }
 

@@ -48,6 +48,7 @@ struct sessions_request {
 	const char *customer;        /* the caller's customer; "" for an admin key */
 	int admin;
 	struct quota_limiter *lim;   /* the submit-rate buckets (create and resume take a token) */
+	int e2b;                     /* an /e2b request (e2b.c): errors in E2B's shape */
 };
 
 /* Count one request about to be handled, under the lock that guards the

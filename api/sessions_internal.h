@@ -11,6 +11,7 @@
 
 #include "clock.h"
 #include "host_ops.h"
+#include "request.h"
 #include "sessions.h"
 
 #define REAP_TICK_MS 500
@@ -51,6 +52,7 @@ struct sessions {
 	unsigned enders;             /* detached threads ending sessions */
 	unsigned users;              /* HTTP requests and event-stream relays using ss */
 	struct op *inflight;         /* sessions with a request in flight here */
+	unsigned char e2b_key[32];   /* E2B envd tokens are HMAC-SHA256(e2b_key, session id) */
 };
 
 /* ---- session_core.c ---- */
@@ -100,6 +102,35 @@ struct sessions_outcome {
  * moves the VM through S3); any thread. */
 void sessions_pause(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
 void sessions_destroy(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
+
+/* A session's E2B envd access token (docs/e2b.md): 64 hex digits, HMAC-SHA256
+ * of its id under ss->e2b_key (derived from the cluster token, else random
+ * per process), so that GET and connect can return it while the store keeps
+ * only its SHA-256. */
+void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65]);
+
+/* ---- sessions.c: create and resume, shared with the E2B API (e2b.c) ---- */
+
+/* What an E2B create adds to a session. */
+struct sessions_e2b_new {
+	const char *template;        /* E2B's templateID as given ("base") */
+	const char *env_json;        /* envVars (compact JSON) or NULL */
+	int auto_pause;              /* -1 the customer's rule, 0, 1 */
+};
+
+/* Create a session of r->customer from a parsed request (its quota q): the
+ * quota checks, rate, placement and retries of POST /v1/sessions. Returns 1
+ * with id filled (running; nothing answered: the caller answers), or 0 with
+ * the error answered (*ret; E2B's shape when r->e2b). e2b (may be NULL)
+ * stores E2B's fields and the token's hash before any host runs it. Blocking. */
+int sessions_create_run(struct sessions *ss, const struct sessions_request *r, const struct quota *q,
+			const struct api_session_request *sr, const struct sessions_e2b_new *e2b, char id[40],
+			enum MHD_Result *ret);
+
+/* Resume cur (paused, or error with a snapshot) on any host with room: 1
+ * resumed (nothing answered), 0 answered (*ret). Blocking. */
+int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+			enum MHD_Result *ret);
 
 /* ---- session_place.c ---- */
 

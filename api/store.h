@@ -172,7 +172,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 4
+#define STORE_SCHEMA_VERSION 5
 
 /* The database's schema version (after migrations: STORE_SCHEMA_VERSION). */
 int store_schema_version(struct store *s);
@@ -286,6 +286,13 @@ struct store_session {
 	int64_t created_ms;
 	int64_t started_ms;          /* created or latest resumed: max_lifetime_s counts from here */
 	int64_t last_active_ms;      /* latest exec/files call (start or end) */
+	/* E2B (docs/e2b.md): a sandbox made through /e2b has its envd access
+	 * token's SHA-256; auto_pause: -1 the customer's session_auto_pause,
+	 * else this session's (E2B's autoPause). */
+	int has_e2b_token;
+	unsigned char e2b_token_sha[32];
+	int auto_pause;
+	char e2b_template[64];       /* the templateID it was created with ("" not through /e2b) */
 };
 
 struct store_session_new {
@@ -343,6 +350,18 @@ char *store_session_spec(struct store *s, const char *id);
 
 /* last_active_ms = now (an exec or files call started or ended). */
 int store_session_touch(struct store *s, const char *id);
+
+/* E2B's fields of a session (docs/e2b.md): the SHA-256 of its envd access
+ * token, the templateID it was created with, its envVars (JSON object text,
+ * may be NULL) and autoPause (-1: the customer's session_auto_pause). 1 set,
+ * 0 no such session, -1 error. */
+int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
+			  const char *env_json, int auto_pause);
+
+/* A session's idle and lifetime limits (E2B's timeout), of customer (NULL:
+ * any). 1 set, 0 no such session, -1 error. */
+int store_session_set_limits(struct store *s, const char *id, const char *customer, unsigned idle_timeout_s,
+			     unsigned max_lifetime_s);
 
 /* Sessions that hold a VM (starting, running, pausing, resuming), oldest
  * first, at most max; for the reaper. Returns the number filled. */

@@ -53,6 +53,12 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"  host_id TEXT, oci_key TEXT, sha256 TEXT, s3_key TEXT, created_ms INTEGER NOT NULL);"
 	"CREATE TABLE build_usage (customer TEXT NOT NULL, day INTEGER NOT NULL, ms INTEGER NOT NULL,"
 	"  PRIMARY KEY (customer, day));",
+	/* 5: E2B's fields of a session (docs/e2b.md): its envd token's SHA-256, the
+	 * templateID it was made with, its envVars, autoPause (NULL: the customer's) */
+	"ALTER TABLE sessions ADD COLUMN e2b_token BLOB;"
+	"ALTER TABLE sessions ADD COLUMN e2b_template TEXT;"
+	"ALTER TABLE sessions ADD COLUMN env TEXT;"
+	"ALTER TABLE sessions ADD COLUMN auto_pause INTEGER;",
 };
 
 int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)

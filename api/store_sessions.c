@@ -30,15 +30,16 @@ enum session_state session_state_parse(const char *str)
 #define SESS_COLS                                                                                          \
 	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
 	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
-	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id)"
+	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id),"   \
+	" e2b_token, e2b_template, auto_pause"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
-	SC_SEQ, SC_TEMPLATE,
+	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE,
 };
 
 enum sessions_stmt {
-	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST,
+	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_E2B, S_LIMITS,
 	S_COUNT
 };
 
@@ -70,6 +71,9 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
 		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 ELSE state = ?2 END)"
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
+	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4 WHERE id = ?5",
+	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
+		     " AND (?4 IS NULL OR customer = ?4)",
 };
 
 _Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
@@ -97,6 +101,13 @@ static void session_row(sqlite3_stmt *st, struct store_session *out)
 	out->created_ms = sqlite3_column_int64(st, SC_CREATED);
 	out->started_ms = sqlite3_column_int64(st, SC_STARTED);
 	out->last_active_ms = sqlite3_column_int64(st, SC_ACTIVE);
+	if (sqlite3_column_bytes(st, SC_E2B_TOKEN) == (int)sizeof(out->e2b_token_sha)) {
+		memcpy(out->e2b_token_sha, sqlite3_column_blob(st, SC_E2B_TOKEN), sizeof(out->e2b_token_sha));
+		out->has_e2b_token = 1;
+	}
+	store_copy_col(st, SC_E2B_TEMPLATE, out->e2b_template, sizeof(out->e2b_template));
+	out->auto_pause = sqlite3_column_type(st, SC_AUTO_PAUSE) == SQLITE_NULL ? -1
+										 : sqlite3_column_int(st, SC_AUTO_PAUSE) != 0;
 }
 
 /* The public JSON of the session row st is on. */
@@ -319,6 +330,59 @@ int store_session_touch(struct store *s, const char *id)
 	n = store_stamp_locked(s, stmt(s, S_TOUCH), id);
 	pthread_mutex_unlock(&s->lock);
 	return n < 0 ? -1 : 0;
+}
+
+/* Run st (bound) under the lock held: 1 changed a row, 0 none, -1 error. */
+static int update_locked(struct store *s, sqlite3_stmt *st)
+{
+	int rc = store_step(s, st), n = sqlite3_changes(s->db);
+
+	sqlite3_reset(st);
+	return rc == SQLITE_DONE ? n > 0 : -1;
+}
+
+int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
+			  const char *env_json, int auto_pause)
+{
+	sqlite3_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_E2B);
+	if (st) {
+		sqlite3_bind_blob(st, 1, token_sha, 32, SQLITE_STATIC);
+		sqlite3_bind_text(st, 2, template ? template : "", -1, SQLITE_STATIC);
+		store_bind_opt_text(st, 3, env_json);
+		if (auto_pause < 0)
+			sqlite3_bind_null(st, 4);
+		else
+			sqlite3_bind_int(st, 4, auto_pause ? 1 : 0);
+		sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC);
+		r = update_locked(s, st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_set_limits(struct store *s, const char *id, const char *customer, unsigned idle_timeout_s,
+			     unsigned max_lifetime_s)
+{
+	sqlite3_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_LIMITS);
+	if (st) {
+		sqlite3_bind_int64(st, 1, idle_timeout_s);
+		sqlite3_bind_int64(st, 2, max_lifetime_s);
+		sqlite3_bind_text(st, 3, id, -1, SQLITE_STATIC);
+		store_bind_opt_text(st, 4, customer);
+		r = update_locked(s, st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (r > 0)
+		store_changed(s, id, "session", NULL);
+	return r;
 }
 
 /* ---- reading ---- */

@@ -540,14 +540,18 @@ static int shell_safe(const char *s)
 
 static int write_credentials(struct up *u)
 {
+	/* E2B's SDK reads these three (docs/e2b.md): `set -a; . DIR/credentials`. */
+	char e2b_api[sizeof(u->api_url) + 8];
 	const char *lines[][2] = {
 		{ "KILN_API", u->api_url }, { "KILN_KEY", u->customer_key }, { "KILN_ADMIN_KEY", u->admin_key },
+		{ "E2B_API_URL", e2b_api }, { "E2B_SANDBOX_URL", u->api_url }, { "E2B_API_KEY", u->customer_key },
 		{ "S3_ENDPOINT", u->s3_endpoint }, { "S3_REGION", u->s3_region }, { "S3_BUCKET", UP_BUCKET },
 		{ "S3_ACCESS_KEY", u->s3_access }, { "S3_SECRET_KEY", u->s3_secret },
 	};
 	char tmp[PATH_MAX + 16];
 	FILE *f;
 
+	snprintf(e2b_api, sizeof(e2b_api), "%s/e2b", u->api_url);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", u->creds);
 	unlink(tmp);
 	f = fopen(tmp, "wex");

@@ -43,6 +43,11 @@ static struct curl_slist *req_headers(const struct httpc_req *q, int *oom)
 			goto oom;
 		l = t;
 	}
+	for (const char *const *h = q->headers; h && *h; h++) {
+		if (!(t = curl_slist_append(l, *h)))
+			goto oom;
+		l = t;
+	}
 	if (q->body || q->body_read) {
 		/* No "Expect: 100-continue" round trip before a large body. */
 		if (!(t = curl_slist_append(l, "Expect:")))
@@ -545,6 +550,13 @@ long httpc_stream_read(struct httpc_stream *s, char *buf, size_t max, long wait_
 			return 0;
 		stream_step(s, (long)(deadline - clock_mono_ms()));
 	}
+}
+
+const char *httpc_stream_content_type(struct httpc_stream *s)
+{
+	char *ct = NULL;
+
+	return curl_easy_getinfo(s->h, CURLINFO_CONTENT_TYPE, &ct) == CURLE_OK && ct ? ct : "";
 }
 
 const char *httpc_stream_error(const struct httpc_stream *s)

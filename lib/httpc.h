@@ -48,6 +48,7 @@ struct httpc_req {
 	long (*body_read)(void *body_ctx, char *p, size_t n);
 	void *body_ctx;
 	const char *range;        /* "100-": a Range request; NULL: none */
+	const char *const *headers; /* more "Name: value" lines, NULL-terminated; NULL: none */
 	struct httpc_limits lim;
 	size_t max_reply;         /* cap of the reply body (0: HTTPC_REPLY_MAX); of one event in a follow */
 	/* With a sink, a 200/206 body goes to sink as it arrives (nonzero
@@ -147,6 +148,9 @@ int httpc_stream_status(struct httpc_stream *s, long timeout_ms);
 /* Up to max bytes of the body: > 0 bytes copied; 0 when nothing came within
  * wait_ms; -ENODATA the body has ended; -EIO the transfer failed. */
 long httpc_stream_read(struct httpc_stream *s, char *buf, size_t max, long wait_ms);
+
+/* The reply's Content-Type once its status is known ("" when none). */
+const char *httpc_stream_content_type(struct httpc_stream *s);
 
 /* curl's words for why the transfer ended without (all of) an answer. */
 const char *httpc_stream_error(const struct httpc_stream *s);

@@ -45,8 +45,8 @@ else
 	exit 1
 fi
 names=$(sed -n 's/^\([A-Z0-9_]*\)=.*/\1/p' "$UP/credentials" | sort | tr '\n' ' ')
-check "credentials: the eight variables, mode 0600 ($names)" \
-	[ "$names" = "KILN_ADMIN_KEY KILN_API KILN_KEY S3_ACCESS_KEY S3_BUCKET S3_ENDPOINT S3_REGION S3_SECRET_KEY " \
+check "credentials: the eleven variables, mode 0600 ($names)" \
+	[ "$names" = "E2B_API_KEY E2B_API_URL E2B_SANDBOX_URL KILN_ADMIN_KEY KILN_API KILN_KEY S3_ACCESS_KEY S3_BUCKET S3_ENDPOINT S3_REGION S3_SECRET_KEY " \
 	-a "$(stat -c %a "$UP/credentials")" = 600 ]
 running_procs=$(stack_procs)
 

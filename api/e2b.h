@@ -1,0 +1,93 @@
+/* e2b: kiln-api's E2B-compatible API (docs/e2b.md). The control API under
+ * /e2b (e2b.c: sandboxes are kiln sessions, authenticated with a kiln key in
+ * X-API-KEY, errors in E2B's {"code","message"} shape) and the envd relay at
+ * the root paths /process.Process/..., /filesystem.Filesystem/..., /files and
+ * /health (e2b_relay.c: the sandbox named by E2b-Sandbox-Id, its envd access
+ * token in X-Access-Token, the call and its streamed answer relayed to the
+ * session's kiln-host). Both run on libmicrohttpd's connection threads. */
+#ifndef KILN_API_E2B_H
+#define KILN_API_E2B_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "sessions.h"
+
+/* The envdVersion kiln's sandboxes report: what the SDK 2.51.0 gates its
+ * calls on (>= 0.4.0: no default user sent; >= 0.5.2: stdin can be closed;
+ * >= 0.5.7: octet-stream uploads for streamed data). */
+#define E2B_ENVD_VERSION "0.5.7"
+#define E2B_DEFAULT_TIMEOUT_S 300
+#define E2B_MAX_TIMEOUT_S 86400
+
+/* E2B's error answer {"code":status,"message":msg}, with an optional header
+ * (hname NULL: none). */
+enum MHD_Result e2b_reply_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
+				const char *hvalue);
+
+/* Answer a request under /e2b (r->path: what follows "/e2b"; r->e2b set)
+ * held with sessions_hold, which this releases. Blocking (a create or a
+ * resume waits for its host). */
+enum MHD_Result e2b_handle(struct sessions *ss, const struct sessions_request *r);
+
+/* Whether url is one of the envd relay's root paths. */
+int e2b_relay_path(const char *url);
+
+/* One envd call: the whole request body (max_body_mib at most) and the
+ * connection's headers. */
+struct e2b_relay_request {
+	struct MHD_Connection *conn;
+	const char *method;
+	const char *url;             /* "/process.Process/Start", "/files", ... */
+	const char *body;            /* may be NULL */
+	size_t len;
+	struct quota_limiter *lim;   /* a streamed answer counts in the customer's max_streams */
+};
+
+/* Before any of the body is read: whether the call's sandbox, token and
+ * state let it through (as the relay checks them). A refused call's body is
+ * dropped as it arrives, never buffered, and e2b_relay_refuse answers it at
+ * its end (answering before the body would close the connection under a
+ * client still sending it, which then sees no answer). Both release ss
+ * (held with sessions_hold). */
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn);
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path);
+
+/* Relay r to its sandbox's host (e2b_relay.c), held with sessions_hold,
+ * which this releases (a streamed answer holds ss until it ends). */
+enum MHD_Result e2b_relay_handle(struct sessions *ss, const struct e2b_relay_request *r);
+
+/* ---- e2b_request.c: the control API's input (pure; fuzz_e2breq) ---- */
+
+/* A create body, checked. */
+struct e2b_create {
+	json_t *native;              /* the equivalent POST /v1/sessions body (owned) */
+	char *env_json;              /* envVars, compact JSON, or NULL (owned) */
+	char template[64];           /* templateID as given ("base" when absent) */
+	long timeout_s;              /* 1..E2B_MAX_TIMEOUT_S */
+	int auto_pause;              /* autoPause: pause at the timeout (else destroy) */
+};
+
+/* Parse E2B's create body (len bytes; empty: {}): what each field becomes is
+ * in docs/e2b.md. 0 with *out filled (release with e2b_create_free), or -1
+ * with msg (cap bytes) naming the field; allow_egress: the account may have
+ * network egress (allow_internet_access: true). */
+int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_create *out, char *msg, size_t cap);
+void e2b_create_free(struct e2b_create *c);
+
+/* A body's "timeout" in seconds: def when absent or null, 0 as 1,
+ * 1..E2B_MAX_TIMEOUT_S; -1 when bad. */
+long e2b_timeout_of(json_t *body, long def);
+
+/* Percent-decode n bytes of s into out (cap bytes, NUL-terminated), '+' as a
+ * space when plus; -1 when it does not fit, has a bad escape or decodes a NUL. */
+int e2b_url_decode(const char *s, size_t n, int plus, char *out, size_t cap);
+
+/* The v2 list's metadata filter as the SDK sends it (after the query's own
+ * decoding: "k=v&k2=v2", each key and value form-encoded over
+ * encodeURIComponent): {k: v, ...} (new reference), NULL when malformed. */
+json_t *e2b_metadata_filter(const char *q);
+
+#endif

@@ -1,0 +1,891 @@
+/* test_api_e2b: kiln-api's E2B-compatible API (api/e2b.c, api/e2b_relay.c)
+ * over real HTTP on loopback without VMs: kiln-api's server on a real store
+ * and scheduler, hosts answered by fake_host_ops.h's rules (create, pause,
+ * resume, destroy, metrics), and, for the envd relay, a small HTTP server
+ * standing in for the session's kiln-host that answers with what it got
+ * (method, path, query, headers, body) or with a Connect stream sent in
+ * pieces. Checks E2B's field names and statuses, the stored token hash,
+ * env and autoPause, the list filters, another customer's 404s, the quota's
+ * 429 with Retry-After, the relay's single 401, 502 for a paused sandbox,
+ * what reaches the host, and the reaper's per-session autoPause. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+#include <openssl/sha.h>
+
+#include "fake_host_ops.h"
+#include "api_config.h"
+#include "e2b.h"
+#include "httpc.h"
+#include "quota.h"
+#include "scheduler.h"
+#include "server.h"
+#include "sessions_internal.h"
+#include "store.h"
+
+static char dir[] = "/tmp/kiln-test-api-e2b.XXXXXX";
+static char path[256], listen_addr[64], base[64], host_url[64];
+static int seq;
+static struct store *st;
+static struct sched *sc;
+static struct sessions *ss;
+static struct server *srv;
+static struct api_config cfg;
+static struct host_ops ops;
+static struct MHD_Daemon *echo;
+static char key_a[128], key_b[128];
+
+/* ---- the stand-in kiln-host of the relay ---- */
+
+struct echo_req {
+	struct buf body;
+};
+
+/* A Connect stream in three pieces: start, data, end-of-stream. */
+struct echo_stream {
+	int step;
+	int slow;                    /* ?slow=1: 300 ms between pieces */
+};
+
+static const char *const echo_pieces[] = {
+	"\x00\x00\x00\x00\x1d{\"event\":{\"start\":{\"pid\":7}}}",
+	"\x00\x00\x00\x00\x26{\"event\":{\"data\":{\"stdout\":\"aGk=\"}}}  ",
+	"\x02\x00\x00\x00\x02{}",
+};
+static const size_t echo_piece_len[] = { 5 + 0x1d, 5 + 0x26, 5 + 2 }; /* 0x1d = 29, 0x26 = 38 */
+
+static ssize_t echo_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct echo_stream *s = cls;
+
+	if (s->step >= 3)
+		return MHD_CONTENT_READER_END_OF_STREAM;
+	if (s->step)
+		usleep(s->slow ? 300000 : 20000); /* pieces apart: the relay sends each as it comes */
+	assert_true(echo_piece_len[s->step] <= max);
+	memcpy(buf, echo_pieces[s->step], echo_piece_len[s->step]);
+	return (ssize_t)echo_piece_len[s->step++];
+}
+
+static enum MHD_Result hdr(json_t *j, struct MHD_Connection *c, const char *name)
+{
+	const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
+
+	json_object_set_new(j, name, v ? json_string(v) : json_null());
+	return MHD_YES;
+}
+
+static enum MHD_Result echo_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+				    const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+	struct echo_req *r = *con_cls;
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+
+	if (!r) {
+		r = calloc(1, sizeof(*r));
+		buf_init(&r->body, 64u << 20);
+		*con_cls = r;
+		return MHD_YES;
+	}
+	if (*upload_size) {
+		buf_add(&r->body, upload, *upload_size);
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	if (strstr(url, "/envd/process.Process/Start")) {
+		struct echo_stream *s = calloc(1, sizeof(*s));
+
+		s->slow = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "slow") != NULL;
+		resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, echo_read, s, free);
+		MHD_add_response_header(resp, "Content-Type", "application/connect+json");
+		ret = MHD_queue_response(conn, 200, resp);
+	} else {
+		json_t *j = json_pack("{s:s, s:s, s:I}", "method", method, "url", url, "len", (json_int_t)r->body.len);
+		const char *p = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "path");
+		const char *u = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "username");
+		unsigned char h[SHA256_DIGEST_LENGTH];
+		char hex[65], *text;
+
+		SHA256((const unsigned char *)(r->body.p ? r->body.p : ""), r->body.len, h);
+		for (int i = 0; i < 32; i++)
+			sprintf(hex + 2 * i, "%02x", h[i]);
+		json_object_set_new(j, "sha", json_string(hex));
+		json_object_set_new(j, "path", p ? json_string(p) : json_null());
+		json_object_set_new(j, "username", u ? json_string(u) : json_null());
+		hdr(j, conn, "Authorization");
+		hdr(j, conn, "E2b-Authorization");
+		hdr(j, conn, "Content-Type");
+		hdr(j, conn, "Connect-Protocol-Version");
+		hdr(j, conn, "Connect-Timeout-Ms");
+		hdr(j, conn, "X-Access-Token");
+		text = json_dumps(j, JSON_COMPACT);
+		json_decref(j);
+		resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+		MHD_add_response_header(resp, "Content-Type", "application/json");
+		ret = MHD_queue_response(conn, strstr(url, "/health") ? 204 : 200, resp);
+	}
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+static void echo_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
+{
+	struct echo_req *r = *con_cls;
+
+	if (r) {
+		buf_free(&r->body);
+		free(r);
+	}
+	*con_cls = NULL;
+}
+
+/* ---- setup ---- */
+
+static void heartbeat(const char *id, const char *url)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:b}", "vcpus", "total", 8, "used", 0, "memory_mib",
+				"total", 8192, "used", 0, "egress", 0);
+
+	assert_int_equal(store_host_heartbeat(st, id, url, cap, &err), 0);
+	json_decref(cap);
+}
+
+static void customer(const char *id, unsigned max_running, int auto_pause, char *key)
+{
+	struct kiln_err err = { .code = "" };
+	char key_id[32], *k = NULL;
+	struct quota q;
+
+	quota_defaults(&q);
+	q.max_running = max_running;
+	q.session_auto_pause = auto_pause;
+	q.submit_rate = 1000;
+	q.submit_burst = 1000;
+	assert_int_equal(store_customer_create(st, id, id, &q, &err), 0);
+	assert_int_equal(store_key_create(st, id, 0, &k, key_id, &err), 0);
+	snprintf(key, 128, "%s", k);
+	free(k);
+}
+
+static int setup(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct sched_config sconf = {
+		.cluster_token = "tok", .host_lost_after_ms = 10000, .host = &fake_ops, .clock = &fake_clock,
+	};
+	int eport = 0;
+
+	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
+	st = store_open(path, &err);
+	if (!st)
+		fail_msg("store_open: %s", err.message);
+	fake_reset();
+	clock_reset();
+	fake_rule("GET", NULL, "/v1/sessions", 200, "{\"sessions\":[]}");
+	fake_rule("POST", NULL, "/v1/sessions", 201, "{}");
+	fake_rule("DELETE", NULL, "/v1/sessions/", 200, "{}");
+	/* The relay's stream calls go to the stand-in host over real HTTP. */
+	ops = fake_ops;
+	ops.stream_open_raw = host_ops_hostclient.stream_open_raw;
+	ops.stream_content_type = host_ops_hostclient.stream_content_type;
+	ops.stream_status = host_ops_hostclient.stream_status;
+	ops.stream_read = host_ops_hostclient.stream_read;
+	ops.stream_close = host_ops_hostclient.stream_close;
+	for (int i = 0; i < 20 && !echo; i++) {
+		eport = 30000 + (int)((getpid() * 7 + seq * 131 + i * 17) % 20000);
+		echo = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)eport,
+					NULL, NULL, echo_handler, NULL, MHD_OPTION_NOTIFY_COMPLETED, echo_done, NULL,
+					MHD_OPTION_END);
+	}
+	assert_non_null(echo);
+	snprintf(host_url, sizeof(host_url), "http://127.0.0.1:%d", eport);
+	api_config_defaults(&cfg);
+	cfg.cluster_token = "tok";
+	cfg.max_body_mib = 16;
+	for (int i = 0; i < 20 && !srv; i++) {
+		int port = 30000 + (int)((getpid() * 13 + seq * 71 + i * 29 + 7) % 20000);
+
+		snprintf(listen_addr, sizeof(listen_addr), "127.0.0.1:%d", port);
+		snprintf(base, sizeof(base), "http://%s", listen_addr);
+		cfg.listen = listen_addr;
+		srv = server_start(&cfg, st, NULL, &err);
+	}
+	assert_non_null(srv);
+	sc = sched_create(st, &sconf, &err);
+	assert_non_null(sc);
+	ss = sessions_create(&cfg, st, sc, &ops, &fake_clock, &err);
+	assert_non_null(ss);
+	server_set_sessions(srv, ss);
+	heartbeat("h1", host_url);
+	sched_tick(sc);
+	assert_int_equal(sched_host_state(sc, "h1", NULL), 1);
+	customer("acme", 1, 0, key_a);
+	customer("beta", 4, 0, key_b);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	server_set_sessions(srv, NULL);
+	server_stop(srv);
+	srv = NULL;
+	assert_int_equal(sessions_stop(ss), 0);
+	sched_stop(sc);
+	store_close(st);
+	MHD_stop_daemon(echo);
+	echo = NULL;
+	return 0;
+}
+
+/* ---- requests ---- */
+
+struct answer {
+	long status;
+	json_t *j;                   /* the body as JSON (NULL if not) */
+	char retry_after[32];
+	char next_token[160];
+	char content_type[128];
+	struct buf raw;
+};
+
+static size_t on_header(char *p, size_t size, size_t n, void *arg)
+{
+	struct answer *a = arg;
+	size_t len = size * n;
+	char line[256];
+
+	snprintf(line, sizeof(line), "%.*s", (int)(len < 255 ? len : 255), p);
+	line[strcspn(line, "\r\n")] = '\0';
+	if (!strncasecmp(line, "Retry-After: ", 13))
+		snprintf(a->retry_after, sizeof(a->retry_after), "%s", line + 13);
+	if (!strncasecmp(line, "x-next-token: ", 14))
+		snprintf(a->next_token, sizeof(a->next_token), "%s", line + 14);
+	if (!strncasecmp(line, "Content-Type: ", 14))
+		snprintf(a->content_type, sizeof(a->content_type), "%s", line + 14);
+	return len;
+}
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg)
+{
+	struct answer *a = arg;
+
+	return buf_add(&a->raw, p, size * n) < 0 ? 0 : size * n;
+}
+
+/* One request with curl: extra header lines (NULL-terminated), a body. */
+static void call(struct answer *a, const char *method, const char *url_path, const char *const *headers,
+		 const void *body, size_t len)
+{
+	CURL *h = curl_easy_init();
+	struct curl_slist *l = NULL;
+	char url[512];
+
+	memset(a, 0, sizeof(*a));
+	buf_init(&a->raw, 64u << 20);
+	snprintf(url, sizeof(url), "%s%s", base, url_path);
+	for (const char *const *x = headers; x && *x; x++)
+		l = curl_slist_append(l, *x);
+	l = curl_slist_append(l, "Expect:");
+	curl_easy_setopt(h, CURLOPT_URL, url);
+	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, a);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, a);
+	curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+	if (body) {
+		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+	}
+	assert_int_equal(curl_easy_perform(h), CURLE_OK);
+	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &a->status);
+	a->j = a->raw.len ? json_loadb(a->raw.p, a->raw.len, 0, NULL) : NULL;
+	curl_slist_free_all(l);
+	curl_easy_cleanup(h);
+}
+
+static void answer_free(struct answer *a)
+{
+	json_decref(a->j);
+	buf_free(&a->raw);
+}
+
+/* The control API with key. */
+static void api(struct answer *a, const char *key, const char *method, const char *p, const char *body)
+{
+	char k[200];
+	const char *hs[] = { k, "Content-Type: application/json", NULL };
+
+	snprintf(k, sizeof(k), "X-API-KEY: %s", key);
+	call(a, method, p, hs, body, body ? strlen(body) : 0);
+}
+
+static const char *str(json_t *j, const char *k)
+{
+	return json_string_value(json_object_get(j, k)) ?: "";
+}
+
+/* Create a sandbox of key's customer: its id and token. */
+static void create(const char *key, const char *body, char id[40], char tok[65])
+{
+	struct answer a;
+
+	api(&a, key, "POST", "/e2b/v2/sandboxes", body);
+	if (a.status != 201)
+		fail_msg("create: %ld %.*s", a.status, (int)a.raw.len, a.raw.p ? a.raw.p : "");
+	snprintf(id, 40, "%s", str(a.j, "sandboxID"));
+	snprintf(tok, 65, "%s", str(a.j, "envdAccessToken"));
+	answer_free(&a);
+}
+
+/* ---- the control API ---- */
+
+static void test_create_fields(void **state)
+{
+	struct store_session c;
+	struct answer a;
+	unsigned char h[32];
+	char *spec;
+	json_t *sj;
+
+	api(&a, key_a, "POST", "/e2b/v2/sandboxes",
+	    "{\"templateID\":\"base\",\"timeout\":120,\"autoPause\":true,\"envVars\":{\"FOO\":\"bar\"},"
+	    "\"metadata\":{\"app\":\"t\"},\"secure\":true,\"allow_internet_access\":false,\"autoPauseMemory\":true}");
+	assert_int_equal(a.status, 201);
+	assert_string_equal(str(a.j, "templateID"), "base");
+	assert_string_equal(str(a.j, "envdVersion"), E2B_ENVD_VERSION);
+	assert_int_equal(strlen(str(a.j, "envdAccessToken")), 64);
+	assert_true(json_is_null(json_object_get(a.j, "domain")));
+	assert_int_equal(store_session_get(st, str(a.j, "sandboxID"), "acme", &c), 0);
+	assert_int_equal(c.state, SESSION_RUNNING);
+	/* Only the token's SHA-256 is stored; the limits are the timeout. */
+	SHA256((const unsigned char *)str(a.j, "envdAccessToken"), 64, h);
+	assert_true(c.has_e2b_token);
+	assert_memory_equal(h, c.e2b_token_sha, 32);
+	assert_int_equal(c.auto_pause, 1);
+	assert_string_equal(c.e2b_template, "base");
+	assert_int_equal(c.max_lifetime_s, 120);
+	assert_int_equal(c.idle_timeout_s, 120);
+	/* The env goes to hosts in the spec. */
+	spec = store_session_spec(st, c.id);
+	sj = json_loads(spec, 0, NULL);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(sj, "env"), "FOO")), "bar");
+	json_decref(sj);
+	free(spec);
+	answer_free(&a);
+}
+
+static void test_create_refused(void **state)
+{
+	static const char *const bad[] = {
+		"{\"envVars\":{\"A\":1}}", "{\"envVars\":{\"1A\":\"x\"}}", "{\"timeout\":-1}",
+		"{\"timeout\":999999}", "{\"autoPause\":\"yes\"}", "{\"mcp\":{\"x\":{}}}", "{\"metadata\":[1]}",
+		"{\"templateID\":5}", "[1]", "{",
+	};
+	struct answer a;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		api(&a, key_a, "POST", "/e2b/v2/sandboxes", bad[i]);
+		if (a.status != 400 || json_integer_value(json_object_get(a.j, "code")) != 400 ||
+		    !str(a.j, "message")[0])
+			fail_msg("%s: %ld %.*s", bad[i], a.status, (int)a.raw.len, a.raw.p ? a.raw.p : "");
+		answer_free(&a);
+	}
+	/* Internet access the account does not allow. */
+	api(&a, key_a, "POST", "/e2b/v2/sandboxes", "{\"allow_internet_access\":true}");
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
+	/* A template that does not exist: not a 2xx, E2B's shape. */
+	api(&a, key_a, "POST", "/e2b/v2/sandboxes", "{\"templateID\":\"nosuch\"}");
+	assert_true(a.status >= 400 && a.status < 500);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), a.status);
+	answer_free(&a);
+	assert_int_equal(fake_count("POST", NULL, "/v1/sessions"), 0);
+}
+
+static void test_keys(void **state)
+{
+	const char *hs[] = { "Authorization: Bearer nope", NULL };
+	struct answer a;
+
+	api(&a, "kiln_x_y", "GET", "/e2b/v2/sandboxes", NULL);
+	assert_int_equal(a.status, 401);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 401);
+	answer_free(&a);
+	call(&a, "GET", "/e2b/v2/sandboxes", hs, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* kiln's own API is unchanged: Bearer, not X-API-KEY. */
+	api(&a, key_a, "GET", "/v1/sessions", NULL);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+}
+
+static void test_get_list_isolation(void **state)
+{
+	char id[40], tok[65], idb[40], tokb[65], p[128];
+	struct answer a;
+
+	create(key_a, "{\"metadata\":{\"app\":\"x y\",\"n\":\"1\"}}", id, tok);
+	create(key_b, "{}", idb, tokb);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
+	api(&a, key_a, "GET", p, NULL);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(str(a.j, "state"), "running");
+	assert_string_equal(str(a.j, "envdAccessToken"), tok);
+	assert_string_equal(str(json_object_get(a.j, "metadata"), "app"), "x y");
+	assert_int_equal(json_integer_value(json_object_get(a.j, "cpuCount")), 1);
+	answer_free(&a);
+	/* Another customer: 404, whatever the call. */
+	api(&a, key_b, "GET", p, NULL);
+	assert_int_equal(a.status, 404);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 404);
+	answer_free(&a);
+	api(&a, key_b, "DELETE", p, NULL);
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes", NULL);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(str(json_array_get(a.j, 0), "sandboxID"), id);
+	assert_null(json_object_get(json_array_get(a.j, 0), "envdAccessToken"));
+	answer_free(&a);
+	/* The SDK's metadata filter: encodeURIComponent, form-encoded, then the query. */
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?metadata=app%3Dx%252520y%26n%3D1&state=running%2Cpaused", NULL);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_array_size(a.j), 1);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?metadata=app%3Dz", NULL);
+	assert_int_equal(json_array_size(a.j), 0);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?state=paused", NULL);
+	assert_int_equal(json_array_size(a.j), 0);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?state=sleeping", NULL);
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/sandboxes", NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(str(json_array_get(a.j, 0), "sandboxID"), idb);
+	answer_free(&a);
+}
+
+static void test_pagination(void **state)
+{
+	char id[40], tok[65];
+	struct answer a;
+	char p[300];
+	int seen = 0;
+
+	for (int i = 0; i < 3; i++)
+		create(key_b, "{}", id, tok);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?limit=2", NULL);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_true(a.next_token[0]);
+	seen += (int)json_array_size(a.j);
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes?limit=2&nextToken=%s", a.next_token);
+	answer_free(&a);
+	api(&a, key_b, "GET", p, NULL);
+	seen += (int)json_array_size(a.j);
+	assert_int_equal(seen, 3);
+	answer_free(&a);
+}
+
+static void test_quota_429(void **state)
+{
+	char id[40], tok[65];
+	struct answer a;
+
+	create(key_a, "{}", id, tok);
+	api(&a, key_a, "POST", "/e2b/v2/sandboxes", "{}");
+	assert_int_equal(a.status, 429);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 429);
+	assert_true(atoi(a.retry_after) >= 1);
+	answer_free(&a);
+}
+
+/* The submit rate, as the native API counts it: 429 with Retry-After. */
+static void test_rate_429(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	char id[40], tok[65];
+	struct answer a;
+	struct quota q;
+
+	assert_int_equal(store_customer_quota(st, "beta", &q), 0);
+	q.submit_rate = 0.001;
+	q.submit_burst = 1;
+	assert_int_equal(store_customer_set_quota(st, "beta", &q, &err), 0);
+	create(key_b, "{}", id, tok);
+	api(&a, key_b, "POST", "/e2b/v2/sandboxes", "{}");
+	assert_int_equal(a.status, 429);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 429);
+	assert_true(atoi(a.retry_after) >= 1);
+	answer_free(&a);
+}
+
+static void test_timeout_pause_connect_kill(void **state)
+{
+	char id[40], tok[65], p[128], pp[128];
+	struct store_session c;
+	struct answer a;
+
+	create(key_a, "{\"timeout\":60}", id, tok);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/timeout", id);
+	api(&a, key_a, "POST", p, "{\"timeout\":900}");
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	assert_int_equal(store_session_get(st, id, NULL, &c), 0);
+	assert_true(c.max_lifetime_s >= 900 && c.max_lifetime_s <= 902);
+	assert_int_equal(c.idle_timeout_s, c.max_lifetime_s);
+	api(&a, key_a, "POST", p, "{}");
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
+	/* pause */
+	snprintf(pp, sizeof(pp), "/v1/sessions/%s/pause", id);
+	fake_rule("POST", NULL, pp, 200, "{\"snapshot\":{\"key\":\"k\",\"bytes\":1}}");
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/pause", id);
+	api(&a, key_a, "POST", p, NULL);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	api(&a, key_a, "POST", p, NULL);
+	assert_int_equal(a.status, 409);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
+	api(&a, key_a, "GET", p, NULL);
+	assert_string_equal(str(a.j, "state"), "paused");
+	answer_free(&a);
+	/* connect resumes it, 201, its timeout from now */
+	snprintf(pp, sizeof(pp), "/v1/sessions/%s/resume", id);
+	fake_rule("POST", NULL, pp, 200, "{}");
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes/%s/connect", id);
+	api(&a, key_a, "POST", p, "{\"timeout\":30}");
+	assert_int_equal(a.status, 201);
+	assert_string_equal(str(a.j, "envdAccessToken"), tok);
+	answer_free(&a);
+	assert_int_equal(store_session_get(st, id, NULL, &c), 0);
+	assert_int_equal(c.state, SESSION_RUNNING);
+	assert_int_equal(c.max_lifetime_s, 30);
+	/* running: 200; a shorter timeout does not shorten it */
+	api(&a, key_a, "POST", p, "{\"timeout\":5}");
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	assert_int_equal(store_session_get(st, id, NULL, &c), 0);
+	assert_int_equal(c.max_lifetime_s, 30);
+	/* metrics from the host */
+	snprintf(pp, sizeof(pp), "/v1/sessions/%s/metrics", id);
+	fake_rule("GET", NULL, pp, 200,
+		  "{\"cpu_count\":1,\"cpu_used_pct\":12.5,\"mem_used\":100,\"mem_total\":200,\"disk_used\":3,\"disk_total\":9}");
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/metrics", id);
+	api(&a, key_a, "GET", p, NULL);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(a.j, 0), "memTotal")), 200);
+	assert_true(json_number_value(json_object_get(json_array_get(a.j, 0), "cpuUsedPct")) == 12.5);
+	answer_free(&a);
+	/* kill */
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
+	api(&a, key_a, "DELETE", p, NULL);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	api(&a, key_a, "GET", p, NULL);
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+	api(&a, key_a, "DELETE", p, NULL);
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+}
+
+/* ---- the relay ---- */
+
+static void relay(struct answer *a, const char *id, const char *tok, const char *method, const char *p,
+		  const char *ctype, const void *body, size_t len)
+{
+	char hid[100], htok[120], hct[120];
+	const char *hs[8];
+	int n = 0;
+
+	if (id) {
+		snprintf(hid, sizeof(hid), "E2b-Sandbox-Id: %s", id);
+		hs[n++] = hid;
+	}
+	if (tok) {
+		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
+		hs[n++] = htok;
+	}
+	if (ctype) {
+		snprintf(hct, sizeof(hct), "Content-Type: %s", ctype);
+		hs[n++] = hct;
+	}
+	hs[n++] = "Connect-Protocol-Version: 1";
+	hs[n++] = "Authorization: Basic cm9vdDo=";
+	hs[n] = NULL;
+	call(a, method, p, hs, body, len);
+}
+
+static void test_relay_auth(void **state)
+{
+	char id[40], tok[65], idb[40], tokb[65];
+	struct answer a;
+	const char *why[][2] = { { id, NULL }, { id, "x" }, { id, tokb }, { "s_nosuch", tok }, { NULL, tok } };
+
+	create(key_a, "{}", id, tok);
+	create(key_b, "{}", idb, tokb);
+	for (size_t i = 0; i < sizeof(why) / sizeof(why[0]); i++) {
+		relay(&a, why[i][0], why[i][1], "POST", "/process.Process/List", "application/json", "{}", 2);
+		assert_int_equal(a.status, 401);
+		assert_string_equal(str(a.j, "code"), "unauthenticated");
+		answer_free(&a);
+		relay(&a, why[i][0], why[i][1], "GET", "/files?path=/x", NULL, NULL, 0);
+		assert_int_equal(a.status, 401);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 401);
+		answer_free(&a);
+	}
+	/* A refused upload is answered once its body is in (dropped, not kept):
+	 * the client reads the 401 instead of a connection cut under it. */
+	{
+		size_t big = 5u << 20;
+		char *blob = calloc(1, big);
+
+		relay(&a, id, "wrong", "POST", "/files?path=/tmp/x", "application/octet-stream", blob, big);
+		assert_int_equal(a.status, 401);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 401);
+		answer_free(&a);
+		free(blob);
+	}
+	/* A native session has no token: the same 401. */
+	assert_int_equal(fake_count("POST", NULL, "/v1/sessions/"), 0);
+}
+
+static void test_relay_passes(void **state)
+{
+	char id[40], tok[65], want[200];
+	struct store_session before, after;
+	struct answer a;
+	size_t big = 5u << 20;
+	char *blob = malloc(big);
+	unsigned char h[32];
+	char hex[65];
+
+	create(key_a, "{}", id, tok);
+	assert_int_equal(store_session_get(st, id, NULL, &before), 0);
+	usleep(5000);
+	/* A unary call: path, query, headers, body reach the host's envd path. */
+	relay(&a, id, tok, "POST", "/filesystem.Filesystem/Stat?x=a%20b", "application/json", "{\"path\":\"/\"}", 12);
+	assert_int_equal(a.status, 200);
+	snprintf(want, sizeof(want), "/v1/sessions/%s/envd/filesystem.Filesystem/Stat", id);
+	assert_string_equal(str(a.j, "url"), want);
+	assert_string_equal(str(a.j, "Authorization"), "Bearer tok");
+	assert_string_equal(str(a.j, "E2b-Authorization"), "Basic cm9vdDo=");
+	assert_string_equal(str(a.j, "Content-Type"), "application/json");
+	assert_string_equal(str(a.j, "Connect-Protocol-Version"), "1");
+	assert_true(json_is_null(json_object_get(a.j, "X-Access-Token"))); /* not passed on */
+	assert_int_equal(json_integer_value(json_object_get(a.j, "len")), 12);
+	answer_free(&a);
+	/* The query arrives decoded as sent. */
+	relay(&a, id, tok, "GET", "/files?path=/home/user/a%20b.txt&username=root", NULL, NULL, 0);
+	assert_string_equal(str(a.j, "path"), "/home/user/a b.txt");
+	assert_string_equal(str(a.j, "username"), "root");
+	assert_string_equal(str(a.j, "method"), "GET");
+	answer_free(&a);
+	/* A 5 MiB upload passes whole. */
+	for (size_t i = 0; i < big; i++)
+		blob[i] = (char)(i * 131 + (i >> 9));
+	SHA256((unsigned char *)blob, big, h);
+	for (int i = 0; i < 32; i++)
+		sprintf(hex + 2 * i, "%02x", h[i]);
+	relay(&a, id, tok, "POST", "/files?path=/tmp/b", "application/octet-stream", blob, big);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_integer_value(json_object_get(a.j, "len")), (json_int_t)big);
+	assert_string_equal(str(a.j, "sha"), hex);
+	answer_free(&a);
+	free(blob);
+	/* A compressed body is refused, not written compressed. */
+	{
+		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip", NULL };
+		char hid[100], htok[120];
+		const char *all[5] = { hid, htok, hs[0], hs[1], NULL };
+
+		snprintf(hid, sizeof(hid), "E2b-Sandbox-Id: %s", id);
+		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
+		call(&a, "POST", "/files?path=/tmp/z", all, "\x1f\x8b\x08", 3);
+		assert_int_equal(a.status, 415);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 415);
+		answer_free(&a);
+	}
+	/* A method that is no name does not reach the host. */
+	relay(&a, id, tok, "POST", "/process.Process/Li%20st", "application/json", "{}", 2);
+	assert_int_equal(a.status, 404);
+	assert_string_equal(str(a.j, "code"), "unimplemented");
+	answer_free(&a);
+	/* /health's 204 */
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	/* A stream: every piece, in order, with its content type. */
+	relay(&a, id, tok, "POST", "/process.Process/Start", "application/connect+json", "\0\0\0\0\2{}", 7);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(a.content_type, "application/connect+json");
+	assert_int_equal(a.raw.len, echo_piece_len[0] + echo_piece_len[1] + echo_piece_len[2]);
+	assert_memory_equal(a.raw.p, echo_pieces[0], echo_piece_len[0]);
+	assert_memory_equal(a.raw.p + a.raw.len - echo_piece_len[2], echo_pieces[2], echo_piece_len[2]);
+	answer_free(&a);
+	/* Activity, and nothing left in flight once the server has freed the
+	 * last answer (just after the client has it all). */
+	for (int i = 0; i < 1000 && sessions_op_busy(ss, id); i++)
+		real_nap();
+	assert_false(sessions_op_busy(ss, id));
+	assert_int_equal(store_session_get(st, id, NULL, &after), 0);
+	assert_true(after.last_active_ms > before.last_active_ms);
+}
+
+struct bg_relay {
+	char id[40], tok[65];
+	struct answer a;
+};
+
+static void *bg_start(void *arg)
+{
+	struct bg_relay *b = arg;
+
+	relay(&b->a, b->id, b->tok, "POST", "/process.Process/Start?slow=1", "application/connect+json",
+	      "\0\0\0\0\2{}", 7);
+	return NULL;
+}
+
+/* An open stream keeps the session busy (the reaper does not idle it out). */
+static void test_relay_stream_busy(void **state)
+{
+	struct bg_relay b;
+	pthread_t th;
+	int busy = 0;
+
+	create(key_a, "{}", b.id, b.tok);
+	assert_int_equal(pthread_create(&th, NULL, bg_start, &b), 0);
+	for (int i = 0; i < 400 && !busy; i++) {
+		busy = sessions_op_busy(ss, b.id);
+		real_nap();
+	}
+	assert_true(busy);
+	pthread_join(th, NULL);
+	assert_int_equal(b.a.status, 200);
+	assert_int_equal(b.a.raw.len, echo_piece_len[0] + echo_piece_len[1] + echo_piece_len[2]);
+	answer_free(&b.a);
+	for (int i = 0; i < 1000 && sessions_op_busy(ss, b.id); i++)
+		real_nap();
+	assert_false(sessions_op_busy(ss, b.id));
+}
+
+static void test_relay_paused_502(void **state)
+{
+	char id[40], tok[65];
+	struct answer a;
+
+	create(key_a, "{}", id, tok);
+	assert_int_equal(store_session_transition(st, id, SESSION_RUNNING, SESSION_PAUSED, "", "paused", NULL), 1);
+	relay(&a, id, tok, "POST", "/process.Process/List", "application/json", "{}", 2);
+	assert_int_equal(a.status, 502);
+	assert_string_equal(str(a.j, "code"), "unavailable");
+	answer_free(&a);
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 502);
+	answer_free(&a);
+}
+
+/* ---- the reaper: the session's autoPause before the customer's ---- */
+
+static void test_reaper_auto_pause_per_session(void **state)
+{
+	char p1[40], t1[65], p2[40], t2[65], pp[128];
+
+	/* beta's quota says destroy; p1 asked for autoPause. */
+	create(key_b, "{\"timeout\":10,\"autoPause\":true}", p1, t1);
+	create(key_b, "{\"timeout\":10}", p2, t2);
+	snprintf(pp, sizeof(pp), "/v1/sessions/%s/pause", p1);
+	fake_rule("POST", NULL, pp, 200, "{\"snapshot\":{\"key\":\"k\",\"bytes\":1}}");
+	clock_advance(11000);
+	sessions_reap_once(ss, 0);
+	for (int i = 0; i < 1000; i++) {
+		struct store_session a, b;
+
+		store_session_get(st, p1, NULL, &a);
+		store_session_get(st, p2, NULL, &b);
+		if (a.state == SESSION_PAUSED && b.state == SESSION_DESTROYED)
+			return;
+		real_nap();
+	}
+	fail_msg("p1 not paused or p2 not destroyed");
+}
+
+static void test_url_decode(void **state)
+{
+	char out[16];
+
+	assert_int_equal(e2b_url_decode("a%20b+c", 7, 1, out, sizeof(out)), 0);
+	assert_string_equal(out, "a b c");
+	assert_int_equal(e2b_url_decode("a+c", 3, 0, out, sizeof(out)), 0);
+	assert_string_equal(out, "a+c");
+	assert_int_equal(e2b_url_decode("%2", 2, 0, out, sizeof(out)), -1);
+	assert_int_equal(e2b_url_decode("%zz", 3, 0, out, sizeof(out)), -1);
+	assert_int_equal(e2b_url_decode("0123456789abcdef", 16, 0, out, sizeof(out)), -1);
+}
+
+static void test_token_derivation(void **state)
+{
+	char a[65], b[65], c[65];
+
+	sessions_e2b_token(ss, "s_1", a);
+	sessions_e2b_token(ss, "s_1", b);
+	sessions_e2b_token(ss, "s_2", c);
+	assert_string_equal(a, b);
+	assert_string_not_equal(a, c);
+	assert_int_equal(strspn(a, "0123456789abcdef"), 64);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_create_fields, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_create_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_get_list_isolation, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pagination, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_quota_429, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rate_429, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_paused_502, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reaper_auto_pause_per_session, setup, teardown),
+		cmocka_unit_test(test_url_decode),
+		cmocka_unit_test_setup_teardown(test_token_derivation, setup, teardown),
+	};
+	int r;
+
+	if (!mkdtemp(dir))
+		return 1;
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	r = cmocka_run_group_tests(tests, NULL, NULL);
+	{
+		char cmd[300];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		if (system(cmd) != 0)
+			r = r ? r : 1;
+	}
+	return r;
+}
