@@ -654,8 +654,15 @@ int envd_send(struct envd *e, uint8_t type, const void *p, size_t len, int64_t d
 
 	pthread_mutex_lock(&e->lock);
 	if (wait_ready(e, deadline_ms, err) == 0) {
-		r = queue_frame(e, type, p, len);
-		if (r < 0)
+		/* Input for a guest that does not read waits here, not in memory. */
+		while (e->state == ENVD_READY && e->out.len >= ENVD_OUT_SOFT)
+			if (condwait_until(&e->cond, &e->lock, NULL, deadline_ms) == ETIMEDOUT)
+				break;
+		if (e->state != ENVD_READY)
+			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
+		else if (e->out.len >= ENVD_OUT_SOFT)
+			set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
+		else if ((r = queue_frame(e, type, p, len)) < 0)
 			set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 	}
 	pthread_mutex_unlock(&e->lock);
