@@ -111,6 +111,10 @@ check "POST /v1/sessions with env: 201" test "$st" = 201
 st=$(h POST /v1/sessions -H 'Content-Type: application/json' \
 	--data-binary '{"id":"s2","customer":"acme","spec":{"env":{"1BAD":"x"}}}')
 check "a session env with an invalid name: 400 invalid_spec" test "$st" = 400 -a "$(last .error.code)" = invalid_spec
+big_env=$(jq -cn '[range(257) | {key: "V\(.)", value: "x"}] | from_entries')
+st=$(h POST /v1/sessions -H 'Content-Type: application/json' \
+	--data-binary "{\"id\":\"s2\",\"customer\":\"acme\",\"spec\":{\"env\":$big_env}}")
+check "a session env of 257 variables: 400 invalid_spec" test "$st" = 400 -a "$(last .error.code)" = invalid_spec
 
 st=$(h GET /v1/sessions/s1/envd/health)
 if [ "$st" != 204 ]; then
@@ -145,6 +149,21 @@ check "Start with a pty: output as pty data, the terminal's size" \
 st=$(stream Start '{"process":{"cmd":"/no/such/program"}}' "$T_TMP/nosuch")
 check "Start of a missing program: 200, end-of-stream error" \
 	test "$st" = 200 -a "$(frames "$T_TMP/nosuch" | tail -1 | jq -r '.flags, (.msg.error.code != null)' | tr '\n' ' ')" = "2 true "
+
+# --- a slow reader holds back only its own process (per-process windows) ---
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec cat /dev/zero"]}}' "$T_TMP/flood" --limit-rate 64k > /dev/null &
+flood_curl=$!
+fpid=$(wait_pid "$T_TMP/flood")
+sleep 2
+t0=$(date +%s%N)
+stream Start '{"process":{"cmd":"/bin/echo","args":["quick"]}}' "$T_TMP/quick" > /dev/null
+t1=$(date +%s%N)
+check "beside a process whose reader is slow, another command streams at once" \
+	test "$(outs "$T_TMP/quick" stdout)" = quick -a $(((t1 - t0) / 1000000)) -lt 5000
+kill "$flood_curl" 2> /dev/null
+wait "$flood_curl" 2> /dev/null
+rpc process.Process/SendSignal "{\"process\":{\"pid\":${fpid:-0}},\"signal\":\"SIGNAL_SIGKILL\"}" > /dev/null
+check "...and the flooding process is still there to be killed after its reader left (200)" test "$(cat "$T_TMP/last")" = '{}'
 
 # --- a background process: List, SendInput, Connect, SendSignal ---
 stream Start '{"process":{"cmd":"/bin/bash","args":["-c","read line; echo got:$line; exec sleep 300"]},"stdin":true,"tag":"bg1"}' \
