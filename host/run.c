@@ -755,7 +755,7 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 	c->outdir_fd = -1;
 	c->out.keep = c->errb.keep = opts->log_excerpt;
 	c->iobuf = malloc(PROTO_MAX_PAYLOAD);
-	c->vm.pid = c->vm.pidfd = c->vm.agent_fd = c->vm.qmp_fd = c->vm.lock_fd = -1;
+	c->vm.pid = c->vm.pidfd = c->vm.agent_fd = c->vm.qmp_fd = c->vm.envd_fd = c->vm.lock_fd = -1;
 	cfg.vcpus = spec->vcpus;
 	cfg.memory_mib = spec->memory_mib;
 

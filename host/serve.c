@@ -21,6 +21,7 @@
 #include "builds.h"
 #include "clock.h"
 #include "condwait.h"
+#include "envd_http.h"
 #include "hostd.h"
 #include "httpd.h"
 #include "reply.h"
@@ -727,6 +728,40 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
+/* ---- E2B envd (envd_http.c) ---- */
+
+/* POST /v1/sessions/{id}/envd/{service}/{method} */
+static enum MHD_Result envd_rpc_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return envd_http_rpc(s->sessions, r);
+}
+
+/* GET /v1/sessions/{id}/envd/files (POST is streamed: handler) */
+static enum MHD_Result envd_files_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return envd_http_files_get(s->sessions, r);
+}
+
+/* GET /v1/sessions/{id}/envd/health */
+static enum MHD_Result envd_health_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return envd_http_health(s->sessions, r);
+}
+
+/* GET /v1/sessions/{id}/metrics */
+static enum MHD_Result session_metrics_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	return envd_http_metrics(s->sessions, r);
+}
+
 /* ---- builds (builds.c) ---- */
 
 static enum MHD_Result no_builds(struct MHD_Connection *conn)
@@ -836,6 +871,11 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions/{id}/pause", session_pause_post },
 	{ "POST", "/v1/sessions/{id}/resume", session_resume_post },
 	{ "POST", "/v1/sessions/{id}/outputs", session_outputs_post },
+	{ "GET", "/v1/sessions/{id}/metrics", session_metrics_get },
+	{ "GET", "/v1/sessions/{id}/envd/health", envd_health_get },
+	{ "GET", "/v1/sessions/{id}/envd/files", envd_files_get },
+	{ "POST", "/v1/sessions/{id}/envd/files", envd_files_get }, /* never reached: streamed in handler() */
+	{ "POST", "/v1/sessions/{id}/envd/{service}/{method}", envd_rpc_post },
 	{ "POST", "/v1/builds", builds_post },
 	{ "GET", "/v1/builds/{id}", build_get },
 	{ "DELETE", "/v1/builds/{id}", build_cancel },
@@ -859,27 +899,47 @@ static enum MHD_Result reply_too_large(struct MHD_Connection *conn)
 	return reply_error(conn, KERR_TOO_LARGE, "the request body is too large");
 }
 
+/* One request's state across the access handler's calls: its body, or an
+ * envd upload streamed to the guest. */
+struct serve_conn {
+	struct httpd_body body;
+	struct envd_upload *up;
+};
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
 	struct serve_http *s = cls;
-	struct httpd_body *body = *con_cls;
+	struct serve_conn *c = *con_cls;
+	struct httpd_body *body;
 	struct httpd_req r;
 
-	if (!body) {
-		body = malloc(sizeof(*body));
-		if (!body)
+	if (!c) {
+		c = calloc(1, sizeof(*c));
+		if (!c)
 			return MHD_NO;
+		body = &c->body;
 		/* Past the cap a body is dropped as it arrives, however long. */
 		httpd_body_init(body, BODY_MAX, 0);
-		*con_cls = body;
+		*con_cls = c;
 		/* Refuse before reading any body: a caller without the token,
 		 * and a declared body over the cap (then the connection closes). */
 		if (strcmp(url, "/healthz") && !authorized(s, conn))
 			return reply_no_token(conn);
+		/* An envd upload goes to the guest as it arrives, whatever its size. */
+		if (envd_upload_match(method, url)) {
+			c->up = envd_upload_new(s->sessions, conn, url);
+			return c->up ? MHD_YES : MHD_NO;
+		}
 		if (httpd_body_declared_too_big(body, conn))
 			return reply_too_large(conn);
 		return MHD_YES;
+	}
+	body = &c->body;
+	if (c->up) {
+		if (*upload_size)
+			return envd_upload_feed(c->up, upload, upload_size);
+		return envd_upload_finish(c->up, conn);
 	}
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
@@ -895,11 +955,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-	struct httpd_body *body = *con_cls;
+	struct serve_conn *c = *con_cls;
 
-	if (body) {
-		httpd_body_free(body);
-		free(body);
+	if (c) {
+		httpd_body_free(&c->body);
+		envd_upload_free(c->up);
+		free(c);
 	}
 	*con_cls = NULL;
 }
@@ -940,6 +1001,9 @@ void serve_http_stop(struct serve_http *s)
 {
 	if (!s)
 		return;
+	/* envd streams wait on their channels: ending those lets them finish. */
+	if (s->sessions)
+		sessions_envd_stop(s->sessions);
 	MHD_stop_daemon(s->d);
 	free(s);
 }

@@ -23,6 +23,7 @@
 
 #define SESSION_LOAD_MS    300000
 #define SESSION_SETUP_MS   10000
+#define SESSION_MAX_ENV    256
 
 static void *launcher_main(void *arg)
 {
@@ -95,6 +96,7 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 
 void session_teardown(struct session_table *ss, struct session *s)
 {
+	session_envd_close(ss, s, "the sandbox was destroyed");
 	vm_destroy(&s->vm);
 	if (s->has_tu) {
 		template_release(hostd_templates(ss->d), &s->tu);
@@ -249,8 +251,13 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 	if (!json_is_object(spec))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	json_object_foreach(spec, k, v)
-		if (strcmp(k, "limits") && strcmp(k, "network"))
-			return kiln_err_set(err, KERR_INVALID_SPEC, "%s: a session spec has only \"limits\" and \"network\"", k);
+		if (strcmp(k, "limits") && strcmp(k, "network") && strcmp(k, "env"))
+			return kiln_err_set(err, KERR_INVALID_SPEC,
+					    "%s: a session spec has only \"limits\", \"network\" and \"env\"", k);
+	/* env: the default of every envd process; a task's rules, and fewer. */
+	if (json_object_size(json_object_get(spec, "env")) > SESSION_MAX_ENV)
+		return kiln_err_set(err, KERR_INVALID_SPEC, "env: must have at most %d entries (got %zu)", SESSION_MAX_ENV,
+				    json_object_size(json_object_get(spec, "env")));
 	j = json_deep_copy(spec);
 	json_object_set_new(j, "argv", json_pack("[s]", "true"));
 	text = json_dumps(j, JSON_COMPACT);
@@ -328,7 +335,7 @@ struct session *session_new(struct session_table *ss, const char *id, const char
 	}
 	snprintf(s->id, sizeof(s->id), "%s", id);
 	snprintf(s->customer, sizeof(s->customer), "%s", customer);
-	s->vm.pid = s->vm.pidfd = s->vm.agent_fd = s->vm.qmp_fd = s->vm.lock_fd = -1;
+	s->vm.pid = s->vm.pidfd = s->vm.agent_fd = s->vm.qmp_fd = s->vm.envd_fd = s->vm.lock_fd = -1;
 	s->spec = json_deep_copy(spec);
 	s->memory_mib = ts->memory_mib;
 	s->output_mib = ts->output_mib;
@@ -398,7 +405,10 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		return -1;
 	}
-	return vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err);
+	if (vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err) < 0)
+		return -1;
+	session_envd_enable(ss, s);
+	return 0;
 }
 
 /* The overlay that holds everything the session writes to its disk. */

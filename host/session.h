@@ -107,6 +107,25 @@ json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_er
  * it (never a shortened key, which two names could share). */
 char *session_output_key(const char *customer, const char *id, const char *rel, struct kiln_err *err);
 
+struct envd;
+
+/* The session's envd channel (host/envd.h), opened on first use and
+ * referenced for the caller (envd_unref), and its default env (*env: a new
+ * reference to an object of strings, {} when it has none). Takes no
+ * operation lock: envd requests run beside commands and each other; counts
+ * as activity. NULL with err: not_found, or unavailable (pausing). */
+struct envd *session_envd(struct session_table *ss, const char *id, json_t **env, struct kiln_err *err);
+
+/* Shutting down: close every envd channel (their streams end with
+ * `unavailable`, so that the HTTP threads serving them finish) and open no
+ * new one. Before the HTTP server stops. */
+void sessions_envd_stop(struct session_table *ss);
+
+/* {cpu_count, cpu_used_pct, mem_used, mem_total, disk_used, disk_total}
+ * measured now from the VM's cgroups and disk layer (cpu_used_pct: since
+ * the last call, or since the VM started). NULL with err (not_found). */
+json_t *session_metrics(struct session_table *ss, const char *id, struct kiln_err *err);
+
 /* Destroy the session (if it runs here) and, unless keep_snapshot, delete
  * its paused snapshot from S3 (customer may be NULL when the session runs
  * here). keep_snapshot: only this copy goes (a stale one, whose session

@@ -105,6 +105,9 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 			session_put(ss, s, 0);
 			return NULL;
 		}
+		/* envd's streams end now (unavailable); its processes are saved
+		 * with the VM and a resumed session's new channel lists them. */
+		session_envd_close(ss, s, "the sandbox is being paused");
 		r = snapshot_save_fd(&s->vm, fd, SESSION_SAVE_MS, err);
 		if (r == 0 && (fsync(fd) < 0 || close(fd) < 0)) {
 			fd = -1;

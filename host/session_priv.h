@@ -42,6 +42,13 @@ struct session {
 	 * write end of its input pipe (-1: none). */
 	char exec_id[33];
 	int input_wr;
+	/* The VM's envd channel (session_envd.c; under ss->lock): opened on
+	 * first use while envd_ok (the VM runs and is not being saved). */
+	struct envd *envd;
+	int envd_ok;
+	/* The last CPU sample for GET .../metrics (under ss->lock). */
+	uint64_t cpu_prev_ns;
+	int64_t cpu_prev_us;
 	struct session *next;
 };
 
@@ -66,6 +73,7 @@ struct session_table {
 	pthread_cond_t launch_cond, launched_cond;
 	struct launch *queue;
 	int stopping;
+	int envd_stopped;        /* sessions_envd_stop: no envd channel opens any more */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -105,6 +113,14 @@ int session_insert(struct session_table *ss, struct session *s, struct kiln_err 
  * device state, or a paused session's whole state with mem_ram). */
 int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err);
+
+/* The envd channel (session_envd.c) ---------------------------------- */
+
+/* The VM runs: envd may be used from now on (session_boot's end). */
+void session_envd_enable(struct session_table *ss, struct session *s);
+/* The VM is going (pause, teardown): the channel closes, its streams end
+ * with `unavailable`, and no new one opens. */
+void session_envd_close(struct session_table *ss, struct session *s, const char *why);
 
 /* Pause and resume (session_pause.c) ------------------------------------ */
 

@@ -64,7 +64,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 3%s\n", memory_mib, vcpus,
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 4%s\n", memory_mib, vcpus,
 		 vm_accel_name(base->accel), vm_cpu_model(base->accel), base->net ? " net 1" : "");
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);
@@ -196,7 +196,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	struct vm_config cfg = *base;
 	struct snapshot s = { .memory_mib = memory_mib, .vcpus = vcpus, .mem_fd = -1, .net = base->net ? 1 : 0 };
 	char root[PATH_MAX], final[PATH_MAX], rootfs[PATH_MAX], backing[PATH_MAX + 16], cmd[256];
-	struct vm vm = { .pid = -1, .pidfd = -1, .agent_fd = -1, .qmp_fd = -1, .lock_fd = -1 };
+	struct vm vm = { .pid = -1, .pidfd = -1, .agent_fd = -1, .qmp_fd = -1, .envd_fd = -1, .lock_fd = -1 };
 	struct proto_frame f;
 	struct stat st;
 	int64_t t0 = proto_now_ms();

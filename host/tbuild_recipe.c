@@ -641,7 +641,7 @@ int tbuild_recipe(const struct tbuild_recipe_req *req, const char *out_ext4, str
 	b->ctx = ctx;
 	b->t0 = proto_now_ms();
 	b->deadline_ms = b->t0 + (int64_t)req->timeout_s * 1000;
-	b->vm.pid = b->vm.pidfd = b->vm.agent_fd = b->vm.qmp_fd = b->vm.lock_fd = -1;
+	b->vm.pid = b->vm.pidfd = b->vm.agent_fd = b->vm.qmp_fd = b->vm.envd_fd = b->vm.lock_fd = -1;
 	b->vm.jail.slot_fd = -1;
 	b->step = "prepare";
 	if (!req->recipe || !req->base_rootfs || !req->ro || !req->max_bytes || req->max_bytes % 4096 || !req->timeout_s ||

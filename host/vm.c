@@ -36,12 +36,14 @@
 #define VM_MAX_ARGS 96
 #define QMP_BUF_SIZE (QMP_MAX_LINE + 1)
 
-/* QEMU's descriptors: the agent and QMP socketpair ends, then the snapshot
- * memfd, always at these numbers (the jail and exec_qemu move them there). */
+/* QEMU's descriptors: the agent, QMP and envd socketpair ends, then the
+ * snapshot memfd, always at these numbers (the jail and exec_qemu move them
+ * there). */
 #define QEMU_FD_AGENT 3
 #define QEMU_FD_QMP   4
-#define QEMU_FD_MEM   5
-#define QEMU_NKEEP    4 /* agent, QMP, memfd, tap: passed compacted from fd 3 on */
+#define QEMU_FD_ENVD  5
+#define QEMU_FD_MEM   6
+#define QEMU_NKEEP    5 /* agent, QMP, envd, memfd, tap: passed compacted from fd 3 on */
 /* A NIC's tap fd follows the memfd when there is one. */
 #define QEMU_FD_NET(cfg) ((cfg)->mem_fd > 0 ? QEMU_FD_MEM + 1 : QEMU_FD_MEM)
 /* Every sandbox's NIC has this address; each lives alone in its own network. */
@@ -274,11 +276,17 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("-device");
 	ARG("virtio-blk-device,drive=root");
 	ARG("-device");
-	ARG("virtio-serial-device,max_ports=2");
+	/* Port 0 is the (unused) console's; 1 the agent's, 2 envd's. The
+	 * device layout is part of every snapshot (snapshot_key's format). */
+	ARG("virtio-serial-device,max_ports=3");
 	ARG("-chardev");
 	ARG("socket,id=agent,fd=%d", QEMU_FD_AGENT);
 	ARG("-device");
 	ARG("virtserialport,chardev=agent,name=kiln.agent");
+	ARG("-chardev");
+	ARG("socket,id=envd,fd=%d", QEMU_FD_ENVD);
+	ARG("-device");
+	ARG("virtserialport,chardev=envd,name=kiln.envd");
 	ARG("-object");
 	ARG("rng-random,id=rng,filename=/dev/urandom");
 	ARG("-device");
@@ -457,7 +465,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 {
 	char *argv[VM_MAX_ARGS + 1];
 	char (*store)[1024] = NULL;
-	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, log_fd = -1;
+	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, envd[2] = { -1, -1 }, log_fd = -1;
 	struct qmp_msg m;
 	pid_t parent = getpid();
 	char path[600], abs[7][PATH_MAX];
@@ -472,7 +480,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	abs_cfg.mem_file = absolute(cfg_in->mem_file, abs[4], sizeof(abs[4]));
 	abs_cfg.disk2 = absolute(cfg_in->disk2, abs[6], sizeof(abs[6]));
 	memset(vm, 0, sizeof(*vm));
-	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->lock_fd = -1;
+	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->envd_fd = vm->lock_fd = -1;
 	vm->jail.slot_fd = -1;
 	vm->pid = -1;
 	vm->cancel_fd = cfg->cancel_fd > 0 ? cfg->cancel_fd : -1;
@@ -498,7 +506,8 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 		goto fail;
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, agent) < 0 ||
-	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0) {
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, envd) < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "socketpair: %s", strerror(errno));
 		goto fail;
 	}
@@ -510,7 +519,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	build_argv(cfg, vm, argv, store);
 	vm->t_spawn_us = proto_now_us();
 	{
-		const int keep[QEMU_NKEEP] = { agent[1], qmp[1], cfg->mem_fd > 0 ? cfg->mem_fd : -1,
+		const int keep[QEMU_NKEEP] = { agent[1], qmp[1], envd[1], cfg->mem_fd > 0 ? cfg->mem_fd : -1,
 					       cfg->net && cfg->net_fd > 0 ? cfg->net_fd : -1 };
 
 		if (cfg->jail) {
@@ -542,9 +551,11 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	log_fd = -1;
 	close(agent[1]);
 	close(qmp[1]);
-	agent[1] = qmp[1] = -1;
+	close(envd[1]);
+	agent[1] = qmp[1] = envd[1] = -1;
 	vm->agent_fd = agent[0];
 	vm->qmp_fd = qmp[0];
+	vm->envd_fd = envd[0];
 	fcntl(vm->agent_fd, F_SETFL, O_NONBLOCK);
 	fcntl(vm->qmp_fd, F_SETFL, O_NONBLOCK);
 	/* Record who runs in this directory, for vm_reap_stale after a crash. */
@@ -578,6 +589,10 @@ fail:
 		close(agent[0]);
 	if (qmp[0] >= 0 && vm->qmp_fd < 0)
 		close(qmp[0]);
+	if (envd[1] >= 0)
+		close(envd[1]);
+	if (envd[0] >= 0 && vm->envd_fd < 0)
+		close(envd[0]);
 	return -1;
 }
 
@@ -917,7 +932,10 @@ void vm_destroy(struct vm *vm)
 		close(vm->agent_fd);
 	if (vm->qmp_fd >= 0)
 		close(vm->qmp_fd);
-	vm->pidfd = vm->agent_fd = vm->qmp_fd = -1;
+	/* fd 0 is never a socketpair end: a zeroed vm owns no envd fd. */
+	if (vm->envd_fd > 0)
+		close(vm->envd_fd);
+	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->envd_fd = -1;
 	if (vm->dir[0]) {
 		char *slash = strrchr(vm->dir, '/');
 

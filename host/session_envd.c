@@ -1,0 +1,237 @@
+/* session_envd: what a session gives the E2B-style envd endpoints
+ * (envd_http.c): its envd channel (host/envd.h), opened on first use and
+ * closed with the VM, its default env, and its metrics. None of it takes
+ * the session's operation lock: envd requests run beside commands, files
+ * and each other. */
+#include "session_priv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "envd.h"
+
+void session_envd_enable(struct session_table *ss, struct session *s)
+{
+	pthread_mutex_lock(&ss->lock);
+	s->envd_ok = 1;
+	pthread_mutex_unlock(&ss->lock);
+}
+
+void session_envd_close(struct session_table *ss, struct session *s, const char *why)
+{
+	struct envd *e;
+
+	pthread_mutex_lock(&ss->lock);
+	e = s->envd;
+	s->envd = NULL;
+	s->envd_ok = 0;
+	pthread_mutex_unlock(&ss->lock);
+	if (e) {
+		envd_kill(e, why);
+		envd_unref(e);
+	}
+}
+
+void sessions_envd_stop(struct session_table *ss)
+{
+	for (;;) {
+		struct envd *e = NULL;
+
+		pthread_mutex_lock(&ss->lock);
+		ss->envd_stopped = 1;
+		for (struct session *s = ss->list; s && !e; s = s->next)
+			if (s->envd) {
+				e = s->envd;
+				s->envd = NULL;
+			}
+		pthread_mutex_unlock(&ss->lock);
+		if (!e)
+			return;
+		envd_kill(e, "kiln-host is shutting down");
+		/* Let the streams write their end before the HTTP server goes. */
+		envd_wait_idle(e, proto_now_ms() + 3000);
+		envd_unref(e);
+	}
+}
+
+static struct session *find_locked(struct session_table *ss, const char *id)
+{
+	for (struct session *s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id) && s->state != SS_GONE)
+			return s;
+	return NULL;
+}
+
+struct envd *session_envd(struct session_table *ss, const char *id, json_t **env, struct kiln_err *err)
+{
+	struct session *s;
+	struct envd *e = NULL;
+	json_t *j;
+
+	*env = NULL;
+	pthread_mutex_lock(&ss->lock);
+	s = find_locked(ss, id);
+	if (!s) {
+		pthread_mutex_unlock(&ss->lock);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
+		return NULL;
+	}
+	if (s->state != SS_RUNNING || !s->envd_ok || s->vm.envd_fd < 0 || ss->envd_stopped) {
+		pthread_mutex_unlock(&ss->lock);
+		kiln_err_set(err, KERR_UNAVAILABLE, "session %s is not running (pausing or starting)", id);
+		return NULL;
+	}
+	if (s->envd && !envd_alive(s->envd)) {
+		/* Its channel broke (the guest's envd misbehaved): a new one. */
+		envd_unref(s->envd);
+		s->envd = NULL;
+	}
+	if (!s->envd) {
+		char name[100];
+
+		snprintf(name, sizeof(name), "session %s envd", s->id);
+		s->envd = envd_open(s->vm.envd_fd, name);
+	}
+	if (s->envd) {
+		e = s->envd;
+		envd_ref(e);
+	}
+	j = json_object_get(s->spec, "env");
+	*env = json_is_object(j) ? json_deep_copy(j) : json_object();
+	s->last_active_ms = clock_wall_ms();
+	pthread_mutex_unlock(&ss->lock);
+	if (!e) {
+		json_decref(*env);
+		*env = NULL;
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot open the session's envd channel (out of memory)");
+	}
+	return e;
+}
+
+/* ---- metrics -------------------------------------------------------------- */
+
+static int read_u64(const char *path, uint64_t *v)
+{
+	char buf[64];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	*v = strtoull(buf, NULL, 10);
+	return 0;
+}
+
+/* QEMU's CPU time (all its threads: the vCPUs and the emulation), ns. */
+static uint64_t qemu_cpu_ns(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut = 0, st = 0;
+	long tick = sysconf(_SC_CLK_TCK);
+	int fd, i;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strrchr(buf, ')'); /* the command name may hold spaces */
+	for (i = 2; p && i < 14; i++)
+		p = strchr(p + 1, ' ');
+	if (!p || sscanf(p + 1, "%llu %llu", &ut, &st) != 2 || tick <= 0)
+		return 0;
+	return (ut + st) * (1000000000ull / (uint64_t)tick);
+}
+
+/* The virtual size in a qcow2 header (big-endian u64 at 24), or 0. */
+static uint64_t qcow2_virtual_size(const char *path)
+{
+	uint8_t h[32];
+	uint64_t v = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	if (pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) && !memcmp(h, "QFI\xfb", 4))
+		for (int i = 24; i < 32; i++)
+			v = v << 8 | h[i];
+	close(fd);
+	return v;
+}
+
+json_t *session_metrics(struct session_table *ss, const char *id, struct kiln_err *err)
+{
+	struct session *s;
+	char mem_path[700], disk[PATH_MAX + 16];
+	uint64_t mem_used = 0, mem_total, cpu_ns, prev_ns, disk_total, disk_used = 0;
+	int64_t now_us = proto_now_us(), prev_us;
+	unsigned vcpus;
+	pid_t pid;
+	double pct = 0;
+	struct stat st;
+
+	pthread_mutex_lock(&ss->lock);
+	s = find_locked(ss, id);
+	if (!s || s->state != SS_RUNNING || s->vm.pid <= 0) {
+		pthread_mutex_unlock(&ss->lock);
+		kiln_err_set(err, KERR_NOT_FOUND, "no running session %s on this host", id);
+		return NULL;
+	}
+	pid = s->vm.pid;
+	vcpus = s->vcpus ? s->vcpus : 1;
+	mem_total = (uint64_t)s->memory_mib << 20;
+	mem_path[0] = '\0';
+	if (s->vm.jail.cg[0][0])
+		snprintf(mem_path, sizeof(mem_path), "%s/memory.usage_in_bytes", s->vm.jail.cg[0]);
+	snprintf(disk, sizeof(disk), "%s", s->disk);
+	cpu_ns = qemu_cpu_ns(pid);
+	prev_ns = s->cpu_prev_us ? s->cpu_prev_ns : 0;
+	prev_us = s->cpu_prev_us ? s->cpu_prev_us : s->vm.t_spawn_us;
+	s->cpu_prev_ns = cpu_ns;
+	s->cpu_prev_us = now_us;
+	pthread_mutex_unlock(&ss->lock);
+
+	if (now_us > prev_us && cpu_ns >= prev_ns)
+		pct = (double)(cpu_ns - prev_ns) / 1000.0 / (double)(now_us - prev_us) / vcpus * 100.0;
+	if (pct > 100)
+		pct = 100;
+	/* The VM's memory cgroup holds guest RAM and QEMU's own: what the
+	 * guest has is at most its RAM. Unjailed: QEMU's resident set. */
+	if (mem_path[0] && read_u64(mem_path, &mem_used) < 0)
+		mem_used = 0;
+	if (!mem_used) {
+		char path[64], line[256];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+		f = fopen(path, "re");
+		while (f && fgets(line, sizeof(line), f))
+			if (!strncmp(line, "VmRSS:", 6))
+				mem_used = strtoull(line + 6, NULL, 10) << 10;
+		if (f)
+			fclose(f);
+	}
+	if (mem_used > mem_total)
+		mem_used = mem_total;
+	disk_total = qcow2_virtual_size(disk);
+	if (stat(disk, &st) == 0)
+		disk_used = (uint64_t)st.st_blocks * 512;
+	return json_pack("{s:i, s:f, s:I, s:I, s:I, s:I}", "cpu_count", (int)vcpus, "cpu_used_pct", pct, "mem_used",
+			 (json_int_t)mem_used, "mem_total", (json_int_t)mem_total, "disk_used", (json_int_t)disk_used,
+			 "disk_total", (json_int_t)disk_total);
+}

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# kiln-host's E2B-compatible envd (docs/e2b.md, "kiln-host: /v1/sessions/{id}/envd/..."),
+# driven with curl against kiln-host's own endpoints in a real session VM:
+# Connect streams checked envelope by envelope, exit codes, a background
+# process with List/SendInput/Connect/SendSignal, uploads (multipart and raw)
+# and downloads by sha256, the file-system RPCs and their error codes, the
+# Connect-Timeout-Ms deadline, metrics, pause+resume with a process still
+# listed and the session's env kept, and nothing left behind.
+# KILN_TEST_IMAGE_DIR: an image directory whose initramfs has the guest's envd
+# (until it is on main).
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in swift-proxy-server memcached; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+PY=/usr/bin/python3
+
+S3_DIR=$T_TMP/s3
+TOKEN=envd-token-$RANDOM$RANDOM
+PA=$((20000 + RANDOM % 10000))
+BUCKET=kiln-envd
+pids=()
+bg=()
+cleanup() {
+	for p in "${bg[@]}"; do kill "$p" 2> /dev/null; done
+	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
+	for p in "${pids[@]}" "${bg[@]}"; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+before_cg=$(count_cgroups)
+
+jq -n --arg port "$PA" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/a" \
+	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+	--arg img "${KILN_TEST_IMAGE_DIR:-$ROOT/build/image}" \
+	'{listen: ("127.0.0.1:" + $port), host_id: "a", token: $token, spool_dir: $spool, run_dir: $run, image_dir: $img,
+	  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/a.json"
+"$KILN_HOST" serve --config "$T_TMP/a.json" >> "$T_TMP/a.out" 2>> "$T_TMP/a.err" &
+pids+=($!)
+up=0
+for _ in $(seq 1800); do
+	curl -s -m 1 "http://127.0.0.1:$PA/healthz" > /dev/null && { up=1; break; }
+	sleep 0.2
+done
+if [ $up = 1 ]; then ok "kiln-host starts"; else not_ok "kiln-host starts" "$(tail -3 "$T_TMP/a.err")"; exit 1; fi
+
+U=http://127.0.0.1:$PA/v1/sessions/s1
+# h METHOD PATH [curl args]: body in $T_TMP/last, status echoed
+h() {
+	local m=$1 p=$2; shift 2
+	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PA$p"
+}
+last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+# rpc SERVICE/METHOD JSON [curl args]: a unary Connect call
+rpc() {
+	local m=$1 j=$2; shift 2
+	h POST "/v1/sessions/s1/envd/$m" -H 'Content-Type: application/json' -H 'Connect-Protocol-Version: 1' --data-binary "$j" "$@"
+}
+# envelope JSON > file: one Connect envelope (flag 0, big-endian length)
+envelope() { $PY -c 'import sys,struct; m=sys.argv[1].encode(); sys.stdout.buffer.write(b"\0"+struct.pack(">I",len(m))+m)' "$1"; }
+# stream METHOD JSON OUT [curl args]: a server-stream call, the raw body in OUT
+stream() {
+	local m=$1 j=$2 out=$3; shift 3
+	envelope "$j" > "$out.req"
+	curl -sN -m 300 -o "$out" -w '%{http_code}' -H "Authorization: Bearer $TOKEN" \
+		-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' "$@" \
+		--data-binary @"$out.req" "$U/envd/process.Process/$m"
+}
+# frames FILE: the envelopes, checked byte by byte, one JSON line each:
+# {"flags":F,"msg":...}; exit 1 when the body is not exactly whole envelopes.
+frames() {
+	$PY - "$1" << 'EOF'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+i = 0
+while i < len(b):
+    if len(b) - i < 5:
+        sys.exit("truncated envelope header at %d" % i)
+    flags = b[i]
+    n = struct.unpack(">I", b[i + 1:i + 5])[0]
+    if flags not in (0, 2) or len(b) - i - 5 < n:
+        sys.exit("bad envelope at %d: flags %d length %d" % (i, flags, n))
+    print(json.dumps({"flags": flags, "msg": json.loads(b[i + 5:i + 5 + n])}))
+    i += 5 + n
+EOF
+}
+# outs FILE STREAM: the decoded bytes of that output stream
+outs() { frames "$1" | $PY -c '
+import base64, json, sys
+for l in sys.stdin:
+    d = json.loads(l)["msg"].get("event", {}).get("data", {})
+    if sys.argv[1] in d: sys.stdout.buffer.write(base64.b64decode(d[sys.argv[1]]))' "$2"; }
+b64() { printf '%s' "$1" | base64 -w0; }
+# wait_for FILE PATTERN: until FILE's stdout holds PATTERN (30 s)
+wait_out() {
+	for _ in $(seq 150); do outs "$1" stdout 2> /dev/null | grep -q "$2" && return 0; sleep 0.2; done
+	return 1
+}
+first_pid() { frames "$1" 2> /dev/null | head -1 | jq -r '.msg.event.start.pid // empty'; }
+wait_pid() { for _ in $(seq 150); do p=$(first_pid "$1"); [ -n "$p" ] && { echo "$p"; return 0; }; sleep 0.2; done; return 1; }
+listed() { rpc process.Process/List '{}' > /dev/null; jq -e --argjson p "$1" '.processes | map(.pid) | index($p) != null' "$T_TMP/last" > /dev/null; }
+
+st=$(h POST /v1/sessions -H 'Content-Type: application/json' \
+	--data-binary '{"id":"s1","customer":"acme","spec":{"env":{"SESS_VAR":"from-session","OVER":"session"}}}')
+check "POST /v1/sessions with env: 201" test "$st" = 201
+st=$(h POST /v1/sessions -H 'Content-Type: application/json' \
+	--data-binary '{"id":"s2","customer":"acme","spec":{"env":{"1BAD":"x"}}}')
+check "a session env with an invalid name: 400 invalid_spec" test "$st" = 400 -a "$(last .error.code)" = invalid_spec
+big_env=$(jq -cn '[range(257) | {key: "V\(.)", value: "x"}] | from_entries')
+st=$(h POST /v1/sessions -H 'Content-Type: application/json' \
+	--data-binary "{\"id\":\"s2\",\"customer\":\"acme\",\"spec\":{\"env\":$big_env}}")
+check "a session env of 257 variables: 400 invalid_spec" test "$st" = 400 -a "$(last .error.code)" = invalid_spec
+
+st=$(h GET /v1/sessions/s1/envd/health)
+if [ "$st" != 204 ]; then
+	echo "# health: $st $(head -c 300 "$T_TMP/last")"
+	echo "# SKIP the rest: the guest image has no envd (set KILN_TEST_IMAGE_DIR to one that has)"
+	h DELETE /v1/sessions/s1 > /dev/null
+	t_done; exit $?
+fi
+ok "GET .../envd/health: 204"
+
+# --- Start: a whole stream, envelope by envelope ---
+st=$(stream Start '{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi; echo err >&2; echo \"$SESS_VAR $OVER\"; id -un; pwd"],"envs":{"OVER":"request"}}}' \
+	"$T_TMP/s1" -H 'Keepalive-Ping-Interval: 50')
+check "Start: 200" test "$st" = 200
+if frames "$T_TMP/s1" > "$T_TMP/s1.frames"; then ok "Start: the body is whole envelopes"
+else not_ok "Start: the body is whole envelopes" "$(od -c "$T_TMP/s1" | head -5)"; fi
+check "Start: the first message is start{pid}" test "$(head -1 "$T_TMP/s1.frames" | jq -r '.flags, (.msg.event.start.pid > 0)' | tr '\n' ' ')" = "0 true "
+check "Start: the last envelope is the end-of-stream message {}" \
+	test "$(tail -1 "$T_TMP/s1.frames" | jq -c '[.flags, .msg]')" = '[2,{}]'
+end=$(grep '"end"' "$T_TMP/s1.frames" | jq -c '.msg.event.end')
+check "Start: end{exited, status \"exit status 0\"} (exitCode 0 left out)" test "$end" = '{"exited":true,"status":"exit status 0"}'
+out=$(outs "$T_TMP/s1" stdout)
+check "stdout: the command's lines" test "$out" = "$(printf 'hi\nfrom-session request\nuser\n/home/user')"
+check "stderr: separate" test "$(outs "$T_TMP/s1" stderr)" = err
+
+st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exit 3"]}}' "$T_TMP/s2")
+check "a non-zero exit: end{exitCode 3, status \"exit status 3\"}" \
+	test "$(frames "$T_TMP/s2" | grep '"end"' | jq -c '.msg.event.end | [.exitCode, .status]')" = '[3,"exit status 3"]'
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","stty size; tty"]},"pty":{"size":{"rows":24,"cols":81}}}' "$T_TMP/pty" > /dev/null
+check "Start with a pty: output as pty data, the terminal's size" \
+	test "$(outs "$T_TMP/pty" pty | tr -d '\r' | head -1)" = "24 81"
+st=$(stream Start '{"process":{"cmd":"/no/such/program"}}' "$T_TMP/nosuch")
+check "Start of a missing program: 200, end-of-stream error" \
+	test "$st" = 200 -a "$(frames "$T_TMP/nosuch" | tail -1 | jq -r '.flags, (.msg.error.code != null)' | tr '\n' ' ')" = "2 true "
+
+# --- a slow reader holds back only its own process (per-process windows) ---
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec cat /dev/zero"]}}' "$T_TMP/flood" --limit-rate 64k > /dev/null &
+flood_curl=$!
+fpid=$(wait_pid "$T_TMP/flood")
+sleep 2
+t0=$(date +%s%N)
+stream Start '{"process":{"cmd":"/bin/echo","args":["quick"]}}' "$T_TMP/quick" > /dev/null
+t1=$(date +%s%N)
+check "beside a process whose reader is slow, another command streams at once" \
+	test "$(outs "$T_TMP/quick" stdout)" = quick -a $(((t1 - t0) / 1000000)) -lt 5000
+kill "$flood_curl" 2> /dev/null
+wait "$flood_curl" 2> /dev/null
+rpc process.Process/SendSignal "{\"process\":{\"pid\":${fpid:-0}},\"signal\":\"SIGNAL_SIGKILL\"}" > /dev/null
+check "...and the flooding process is still there to be killed after its reader left (200)" test "$(cat "$T_TMP/last")" = '{}'
+
+# --- a background process: List, SendInput, Connect, SendSignal ---
+stream Start '{"process":{"cmd":"/bin/bash","args":["-c","read line; echo got:$line; exec sleep 300"]},"stdin":true,"tag":"bg1"}' \
+	"$T_TMP/bg" > /dev/null &
+bg+=($!)
+pid=$(wait_pid "$T_TMP/bg")
+check "background Start: start{pid} arrives while it runs" test -n "$pid"
+pid=${pid:-0}
+rpc process.Process/List '{}' > /dev/null
+check "List: the process, with its config and tag" \
+	test "$(jq -c --argjson p "$pid" '.processes[] | select(.pid == $p) | [.config.cmd, .config.args[0], .tag]' "$T_TMP/last")" = '["/bin/bash","-c","bg1"]'
+check "List: its env has the session's variables" \
+	test "$(jq -r --argjson p "$pid" '.processes[] | select(.pid == $p) | .config.envs.SESS_VAR' "$T_TMP/last")" = from-session
+st=$(rpc process.Process/SendInput "{\"process\":{\"pid\":$pid},\"input\":{\"stdin\":\"$(b64 $'hello\n')\"}}")
+check "SendInput: 200 {}" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
+check "the process got the input (its output streams to the Start stream)" wait_out "$T_TMP/bg" got:hello
+stream Connect "{\"process\":{\"pid\":$pid}}" "$T_TMP/conn" > /dev/null &
+bg+=($!)
+cpid=$(wait_pid "$T_TMP/conn")
+check "Connect to the running pid: start{pid}" test "$cpid" = "$pid"
+st=$(rpc process.Process/SendSignal "{\"process\":{\"pid\":$pid},\"signal\":\"SIGNAL_SIGKILL\"}")
+check "SendSignal SIGKILL: 200" test "$st" = 200
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "the Start stream ends: end{status \"signal: killed\"}, then {}" \
+	test "$(frames "$T_TMP/bg" | tail -2 | jq -c '.msg.event.end.status // .msg' | tr '\n' ' ')" = '"signal: killed" {} '
+check "the Connect stream ends the same way" \
+	test "$(frames "$T_TMP/conn" | tail -2 | jq -c '.msg.event.end.status // .msg' | tr '\n' ' ')" = '"signal: killed" {} '
+if listed "$pid"; then not_ok "List: the killed process is gone"; else ok "List: the killed process is gone"; fi
+st=$(rpc process.Process/SendSignal "{\"process\":{\"pid\":$pid},\"signal\":\"SIGNAL_SIGTERM\"}")
+check "SendSignal to a gone pid: 404 not_found" test "$st" = 404 -a "$(last .code)" = not_found
+st=$(stream Connect '{"process":{"pid":999999}}' "$T_TMP/c404")
+check "Connect to an unknown pid: end-of-stream not_found" \
+	test "$(frames "$T_TMP/c404" | tail -1 | jq -r '.msg.error.code')" = not_found
+
+# --- files ---
+head -c $((5 << 20)) /dev/urandom > "$T_TMP/big.bin"
+want=$(sha256sum < "$T_TMP/big.bin" | cut -d' ' -f1)
+st=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/up/big.bin" -F "file=@$T_TMP/big.bin;filename=big.bin")
+check "multipart upload of 5 MiB: 200 [{name, type:file, path}]" \
+	test "$st" = 200 -a "$(jq -c . "$T_TMP/last")" = '[{"name":"big.bin","type":"file","path":"/home/user/up/big.bin"}]'
+curl -s -m 120 -o "$T_TMP/big.back" -w '%{http_code}' -H "Authorization: Bearer $TOKEN" \
+	"$U/envd/files?path=/home/user/up/big.bin" > "$T_TMP/dl.st"
+check "download: the same bytes (sha256)" test "$(cat "$T_TMP/dl.st")" = 200 -a "$(sha256sum < "$T_TMP/big.back" | cut -d' ' -f1)" = "$want"
+st=$(h POST "/v1/sessions/s1/envd/files?path=raw.txt&username=root" -H 'Content-Type: application/octet-stream' --data-binary 'raw bytes')
+check "application/octet-stream upload as root, relative to its home" test "$st" = 200 -a "$(last '.[0].path')" = /root/raw.txt
+st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/up/big.bin"}')
+check "Stat: entry (size as a string, type, owner, permissions)" \
+	test "$st" = 200 -a "$(jq -c '.entry | [.name, .type, .size, .owner, .permissions]' "$T_TMP/last")" = '["big.bin","FILE_TYPE_FILE","5242880","user","-rw-r--r--"]'
+check "Stat: modifiedTime is RFC 3339" \
+	test "$(jq -r '.entry.modifiedTime | test("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}(\\.[0-9]+)?Z$")' "$T_TMP/last")" = true
+st=$(rpc filesystem.Filesystem/ListDir '{"path":"/home/user/up"}')
+check "ListDir: the file" test "$st" = 200 -a "$(jq -c '[.entries[].name]' "$T_TMP/last")" = '["big.bin"]'
+st=$(rpc filesystem.Filesystem/MakeDir '{"path":"/home/user/d1/d2"}')
+check "MakeDir (with parents): entry of a directory" test "$st" = 200 -a "$(last .entry.type)" = FILE_TYPE_DIRECTORY
+st=$(rpc filesystem.Filesystem/MakeDir '{"path":"/home/user/d1/d2"}')
+check "MakeDir of an existing directory: 409 already_exists" test "$st" = 409 -a "$(last .code)" = already_exists
+st=$(rpc filesystem.Filesystem/Move '{"source":"/home/user/up/big.bin","destination":"/home/user/d1/moved.bin"}')
+check "Move: entry of the destination" test "$st" = 200 -a "$(last .entry.path)" = /home/user/d1/moved.bin
+st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/up/big.bin"}')
+check "Stat of the moved-away path: 404 not_found" test "$st" = 404 -a "$(last .code)" = not_found
+st=$(rpc filesystem.Filesystem/ListDir '{"path":"/home/user/d1","depth":2}')
+check "ListDir depth 2: both levels" test "$(jq -c '[.entries[].name] | sort' "$T_TMP/last")" = '["d2","moved.bin"]'
+st=$(rpc filesystem.Filesystem/Remove '{"path":"/home/user/d1"}')
+check "Remove (recursive): 200 {}" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
+st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/d1"}')
+check "Stat after Remove: 404" test "$st" = 404
+st=$(h GET "/v1/sessions/s1/envd/files?path=/home/user/nothing")
+check "download of a missing file: 404 {code:404, message}" test "$st" = 404 -a "$(last .code)" = 404
+st=$(rpc filesystem.Filesystem/Stat '{"path":"/root"}')
+check "Stat of /root as user: allowed (a directory's own entry)" test "$st" = 200
+st=$(rpc filesystem.Filesystem/ListDir '{"path":"/root"}')
+check "ListDir of /root as user: 403 permission_denied" test "$st" = 403 -a "$(last .code)" = permission_denied
+
+# --- the real Connect client (the E2B SDK's) parses what kiln-host sends ---
+SDK_NM=${E2B_SDK_NODE_MODULES:-/var/cache/kiln/e2b-sdk/node_modules}
+if command -v node > /dev/null && [ -f "$SDK_NM/e2b/dist/index.js" ]; then
+	E2B_SDK_NODE_MODULES=$SDK_NM node "$ROOT/tests/integration/envd_connect.cjs" "$U/envd" "$TOKEN" > "$T_TMP/node.out" 2>&1
+	while read -r l; do
+		case $l in
+		"ok "*) ok "${l#ok }" ;;
+		"not ok "*) not_ok "${l#not ok }" ;;
+		*) echo "# $l" ;;
+		esac
+	done < "$T_TMP/node.out"
+else
+	skip "the E2B SDK's Connect client parses kiln-host's answers" "node or the SDK ($SDK_NM) missing"
+fi
+
+# --- the deadline ---
+t0=$(date +%s)
+st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","echo started; sleep 60"]}}' "$T_TMP/dl" -H 'Connect-Timeout-Ms: 2000')
+t1=$(date +%s)
+check "Connect-Timeout-Ms: the stream ends with deadline_exceeded" \
+	test "$(frames "$T_TMP/dl" | tail -1 | jq -r '.flags, .msg.error.code' | tr '\n' ' ')" = "2 deadline_exceeded "
+check "...after about 2 s, not 60" test $((t1 - t0)) -lt 20
+dpid=$(first_pid "$T_TMP/dl")
+sleep 1
+if listed "${dpid:-0}"; then not_ok "...and its process group was killed"; else ok "...and its process group was killed"; fi
+
+# --- metrics ---
+st=$(h GET /v1/sessions/s1/metrics)
+check "metrics: cpu_count, mem and disk figures" \
+	test "$st" = 200 -a "$(jq -r '(.cpu_count >= 1) and (.mem_total > 0) and (.mem_used > 0) and (.disk_total > 0) and (.cpu_used_pct >= 0)' "$T_TMP/last")" = true
+
+# --- pause and resume: processes and the session's env survive ---
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]},"tag":"keeper"}' "$T_TMP/keep" > /dev/null &
+bg+=($!)
+kpid=$(wait_pid "$T_TMP/keep")
+st=$(h POST /v1/sessions/s1/pause)
+check "pause: 200" test "$st" = 200
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "the open stream ended with unavailable" test "$(frames "$T_TMP/keep" | tail -1 | jq -r '.msg.error.code')" = unavailable
+st=$(rpc process.Process/List '{}')
+check "envd of a paused session: 404/503, not a hang" test "$st" = 404 -o "$st" = 503
+st=$(h POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "resume: 200" test "$st" = 200
+if listed "${kpid:-0}"; then ok "after resume, List still has the background process"
+else not_ok "after resume, List still has the background process" "$(cat "$T_TMP/last")"; fi
+st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","echo $SESS_VAR"]}}' "$T_TMP/after")
+check "after resume, the session's env is still the default" test "$(outs "$T_TMP/after" stdout)" = from-session
+
+# --- the channel dies with the VM: DELETE, then kiln-host's SIGTERM ---
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/del" > /dev/null &
+bg+=($!)
+wait_pid "$T_TMP/del" > /dev/null
+st=$(h DELETE /v1/sessions/s1)
+check "DELETE with an open stream: 200" test "$st" = 200
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "...the stream ended with unavailable" test "$(frames "$T_TMP/del" | tail -1 | jq -r '.msg.error.code')" = unavailable
+h POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}' > /dev/null
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/term" > /dev/null &
+bg+=($!)
+wait_pid "$T_TMP/term" > /dev/null
+t0=$(date +%s)
+kill -TERM "${pids[0]}"
+wait "${pids[0]}" 2> /dev/null
+pids=()
+t1=$(date +%s)
+check "SIGTERM with an open envd stream: kiln-host exits at once (not after a keepalive)" test $((t1 - t0)) -lt 20
+wait "${bg[@]}" 2> /dev/null
+bg=()
+check "...and the stream ended with unavailable" test "$(frames "$T_TMP/term" | tail -1 | jq -r '.msg.error.code')" = unavailable
+sleep 1
+check "no QEMU left" test "$(count_qemu)" = 0
+check "no run directory entries left" test "$(count_run_entries)" -le 1
+check "no cgroups left" test "$(count_cgroups)" = "$before_cg"
+t_done
