@@ -57,8 +57,7 @@ struct agent {
 struct agent *agent_create(int chan, const struct agent_config *cfg)
 {
 	struct agent *a;
-	sigset_t mask;
-	int flags, err;
+	int err;
 
 	a = calloc(1, sizeof(*a));
 	if (!a)
@@ -73,29 +72,11 @@ struct agent *agent_create(int chan, const struct agent_config *cfg)
 	sigemptyset(&a->sigio);
 	sigaddset(&a->sigio, SIGIO);
 
-	/* SIGCHLD: reap through a signalfd in the event loop. SIGIO: a
-	 * virtio-serial port raises it when the host (re)connects, the only
-	 * wake-up for a port that polls as hung up. */
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGCHLD);
-	sigaddset(&mask, SIGIO);
-	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-		goto fail;
-	/* A write to a closed socketpair (tests) must be an error, not death. */
-	signal(SIGPIPE, SIG_IGN);
-	a->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	a->sigfd = init_channel_signals(chan);
 	if (a->sigfd < 0)
 		goto fail;
-	flags = fcntl(chan, F_GETFL);
-	if (flags < 0 || fcntl(chan, F_SETOWN, getpid()) < 0 ||
-	    fcntl(chan, F_SETFL, flags | O_NONBLOCK | O_ASYNC) < 0)
-		goto fail_sigfd;
 	return a;
 
-fail_sigfd:
-	err = errno;
-	close(a->sigfd);
-	errno = err;
 fail:
 	err = errno;
 	free(a);

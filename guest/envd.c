@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "execpath.h"
 
 #define ENVD_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 /* Descriptors envd may hold: 3 per process, 16 per LISTDIR, and spare. */
@@ -225,53 +226,10 @@ static void __attribute__((noreturn)) envd_child_fail(const struct envd_child *c
 
 static void __attribute__((noreturn)) envd_child_exec(const struct envd_child *c)
 {
-	char buf[PATH_MAX], what[PATH_MAX + 32];
-	const char *file = c->argv[0], *p, *end;
-	size_t flen = strlen(file);
-	int err = ENOENT, eacces = 0;
+	char failed[PATH_MAX], what[PATH_MAX + 32];
+	int err = exec_in_path(c->argv[0], c->argv, c->envp, c->path, failed, sizeof(failed));
 
-	if (strchr(file, '/')) {
-		execve(file, c->argv, c->envp);
-		snprintf(what, sizeof(what), "cannot execute %s", file);
-		envd_child_fail(c, errno, what);
-	}
-	for (p = c->path;; p = end + 1) {
-		size_t dlen;
-
-		end = strchrnul(p, ':');
-		dlen = (size_t)(end - p);
-		if (dlen + 1 + flen + 1 <= sizeof(buf)) {
-			if (dlen == 0) {
-				buf[0] = '.';
-				dlen = 1;
-			} else {
-				memcpy(buf, p, dlen);
-			}
-			buf[dlen] = '/';
-			memcpy(buf + dlen + 1, file, flen + 1);
-			execve(buf, c->argv, c->envp);
-			switch (errno) {
-			case EACCES:
-				eacces = 1;
-				break;
-			case ENOENT:
-			case ENOTDIR:
-			case ENAMETOOLONG:
-			case ESTALE:
-			case ENODEV:
-			case ETIMEDOUT:
-				break;
-			default:
-				snprintf(what, sizeof(what), "cannot execute %s", buf);
-				envd_child_fail(c, errno, what);
-			}
-		}
-		if (!*end)
-			break;
-	}
-	if (eacces)
-		err = EACCES;
-	snprintf(what, sizeof(what), "cannot execute %s", file);
+	snprintf(what, sizeof(what), "cannot execute %s", failed);
 	envd_child_fail(c, err, what);
 }
 
@@ -1011,8 +969,7 @@ struct envd *envd_create(int chan, const struct envd_config *cfg)
 {
 	struct envd *e;
 	struct rlimit more;
-	sigset_t mask;
-	int flags, err;
+	int err;
 
 	e = calloc(1, sizeof(*e));
 	if (!e)
@@ -1034,18 +991,8 @@ struct envd *envd_create(int chan, const struct envd_config *cfg)
 	/* Orphans of the processes started here are reaped here. */
 	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
 		goto fail;
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGCHLD);
-	sigaddset(&mask, SIGIO);
-	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-		goto fail;
-	signal(SIGPIPE, SIG_IGN);
-	e->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	e->sigfd = init_channel_signals(chan);
 	if (e->sigfd < 0)
-		goto fail;
-	flags = fcntl(chan, F_GETFL);
-	if (flags < 0 || fcntl(chan, F_SETOWN, getpid()) < 0 ||
-	    fcntl(chan, F_SETFL, flags | O_NONBLOCK | O_ASYNC) < 0)
 		goto fail;
 	fcntl(chan, F_SETFD, FD_CLOEXEC);
 	return e;

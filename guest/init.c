@@ -10,6 +10,7 @@
 #include <net/if.h>
 #include <net/route.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <termios.h>
@@ -452,4 +454,29 @@ int init_open_port(const char *name)
 		if (init_retry(deadline) < 0)
 			init_die("no virtio port named %s after %d ms", name, INIT_WAIT_MS);
 	}
+}
+
+int init_channel_signals(int chan)
+{
+	sigset_t mask;
+	int flags, fd, err;
+
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGCHLD);
+	sigaddset(&mask, SIGIO);
+	if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+		return -1;
+	signal(SIGPIPE, SIG_IGN);
+	fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	flags = fcntl(chan, F_GETFL);
+	if (flags < 0 || fcntl(chan, F_SETOWN, getpid()) < 0 ||
+	    fcntl(chan, F_SETFL, flags | O_NONBLOCK | O_ASYNC) < 0) {
+		err = errno;
+		close(fd);
+		errno = err;
+		return -1;
+	}
+	return fd;
 }

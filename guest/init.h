@@ -28,6 +28,14 @@ int init_find_port(const char *name);
  * host has announced them all), else 0. */
 int init_ports_named(void);
 
+/* Make chan (a virtio-serial port, or a socketpair end in tests) a
+ * non-blocking channel that raises SIGIO for this process, block SIGCHLD and
+ * SIGIO, ignore SIGPIPE (a write to a closed socketpair must be an error,
+ * not death), and return a signalfd for SIGCHLD and SIGIO; -1 with errno set
+ * on failure (nothing left open). SIGIO is how a port that polls as hung up
+ * says the host (re)connected; SIGCHLD is reaped in the event loop. */
+int init_channel_signals(int chan);
+
 /* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
  * run) in a single write. For errors only: the serial console is slow under
  * TCG. Callable from anywhere, including a forked child before exec. */

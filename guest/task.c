@@ -3,6 +3,7 @@
  * the cap and at the end; feed STDIN frames to an interactive task (a pipe
  * or a pseudo-terminal); report EXIT with rusage and the OOM verdict. */
 #include "task.h"
+#include "execpath.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -209,58 +210,14 @@ static void __attribute__((noreturn)) task_child_fail(const char *what, const ch
 	_exit(127);
 }
 
-/* execvpe() with an explicit PATH: the task's, not PID 1's. */
+/* execvpe() with the task's PATH; never returns. */
 static void __attribute__((noreturn)) task_child_exec(const char *file, char *const argv[],
 						      char *const envp[], const char *path)
 {
-	char buf[PATH_MAX];
-	size_t flen = strlen(file);
-	const char *p, *end;
-	int err = ENOENT, eacces = 0;
+	char failed[PATH_MAX];
+	int err = exec_in_path(file, argv, envp, path, failed, sizeof(failed));
 
-	if (strchr(file, '/')) {
-		execve(file, argv, envp);
-		task_child_fail("cannot execute", file, errno);
-	}
-	for (p = path;; p = end + 1) {
-		size_t dlen;
-
-		end = strchrnul(p, ':');
-		dlen = (size_t)(end - p);
-		if (dlen + 1 + flen + 1 <= sizeof(buf)) {
-			/* An empty entry is the current directory, as in execvp. */
-			if (dlen == 0) {
-				buf[0] = '.';
-				dlen = 1;
-			} else {
-				memcpy(buf, p, dlen);
-			}
-			buf[dlen] = '/';
-			memcpy(buf + dlen + 1, file, flen + 1);
-			execve(buf, argv, envp);
-			switch (errno) {
-			case EACCES:
-				eacces = 1;
-				break;
-			case ENOENT:
-			case ENOTDIR:
-			case ENAMETOOLONG:
-			case ESTALE:
-			case ENODEV:
-			case ETIMEDOUT:
-				break;
-			default:
-				/* Found but cannot run (ENOEXEC, E2BIG, ...): stop
-				 * here, as execvp does. */
-				task_child_fail("cannot execute", buf, errno);
-			}
-		}
-		if (!*end)
-			break;
-	}
-	if (eacces)
-		err = EACCES;
-	task_child_fail("cannot execute", file, err);
+	task_child_fail("cannot execute", failed, err);
 }
 
 /* The child's standard streams: stdin (-1: /dev/null), stdout and stderr;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "envd.h"
+#include "fsutil.h"
 
 void session_envd_enable(struct session_table *ss, struct session *s)
 {
@@ -132,30 +133,16 @@ static int read_u64(const char *path, uint64_t *v)
 	return 0;
 }
 
-/* QEMU's CPU time (all its threads: the vCPUs and the emulation), ns. */
+/* QEMU's CPU time (all its threads: the vCPUs and the emulation), ns:
+ * utime + stime, fields 14 and 15 of its stat. */
 static uint64_t qemu_cpu_ns(pid_t pid)
 {
-	char path[64], buf[1024], *p;
-	unsigned long long ut = 0, st = 0;
+	unsigned long long t[2];
 	long tick = sysconf(_SC_CLK_TCK);
-	int fd, i;
-	ssize_t n;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (fs_proc_stat(pid, 14, 2, t) < 0 || tick <= 0)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	p = strrchr(buf, ')'); /* the command name may hold spaces */
-	for (i = 2; p && i < 14; i++)
-		p = strchr(p + 1, ' ');
-	if (!p || sscanf(p + 1, "%llu %llu", &ut, &st) != 2 || tick <= 0)
-		return 0;
-	return (ut + st) * (1000000000ull / (uint64_t)tick);
+	return (t[0] + t[1]) * (1000000000ull / (uint64_t)tick);
 }
 
 /* The virtual size in a qcow2 header (big-endian u64 at 24), or 0. */

@@ -144,29 +144,9 @@ int vm_jail_config(struct jail_config *jc, const char *qemu, enum vm_accel accel
 /* Start time of a process in clock ticks since boot (field 22 of stat), or 0. */
 static unsigned long long proc_start_time(pid_t pid)
 {
-	char path[64], buf[1024], *p;
-	unsigned long long start = 0;
-	int fd, i;
-	ssize_t n;
+	unsigned long long start;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	/* The command name may contain spaces and ')': fields start after the last ')'. */
-	p = strrchr(buf, ')');
-	if (!p)
-		return 0;
-	for (i = 2; p && i < 22; i++)
-		p = strchr(p + 1, ' ');
-	if (p)
-		start = strtoull(p + 1, NULL, 10);
-	return start;
+	return fs_proc_stat(pid, 22, 1, &start) == 0 ? start : 0;
 }
 
 static int make_vm_dir(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)

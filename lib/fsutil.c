@@ -318,3 +318,36 @@ out:
 	EVP_MD_CTX_free(md);
 	return r;
 }
+
+int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v)
+{
+	char path[64], buf[1024], *p, *end;
+	int fd, i;
+	ssize_t len;
+
+	if (first < 3 || n < 1)
+		return -1;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	len = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (len <= 0)
+		return -1;
+	buf[len] = '\0';
+	/* Fields start after the last ')': the command name is field 2. */
+	p = strrchr(buf, ')');
+	for (i = 2; p && i < first; i++)
+		p = strchr(p + 1, ' ');
+	for (i = 0; p && i < n; i++) {
+		errno = 0;
+		v[i] = strtoull(p + 1, &end, 10);
+		if (errno || end == p + 1)
+			return -1;
+		p = *end == ' ' ? end : NULL;
+		if (!p && i + 1 < n)
+			return -1;
+	}
+	return p || i == n ? 0 : -1;
+}

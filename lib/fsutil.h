@@ -27,4 +27,9 @@ int fs_sha256_file(const char *path, char out[65]);
  * naming the configuration file and key) when it cannot be read or is empty. */
 char *fs_read_secret(const char *path, const char *key, const char *file, struct kiln_err *err);
 
+/* n numeric fields of /proc/PID/stat from field `first` on (numbered as in
+ * proc(5), first >= 3: after the command name, which may hold spaces and
+ * ')'), into v. 0, or -1 when the process is gone or the line is short. */
+int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v);
+
 #endif

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "fsutil.h"
 #include "buf.h"
 #include "clock.h"
 #include "io.h"
@@ -219,10 +220,28 @@ static void io_files(void **state)
 	free(p);
 }
 
+/* fs_proc_stat: fields of this process's stat; a non-numeric field (3, the
+ * state letter) and a process that does not exist are errors. */
+static void proc_stat_fields(void **state)
+{
+	unsigned long long v[2], start;
+
+	assert_int_equal(fs_proc_stat(getpid(), 22, 1, &start), 0);
+	assert_true(start > 0);
+	assert_int_equal(fs_proc_stat(getpid(), 4, 1, v), 0);
+	assert_int_equal(v[0], (unsigned long long)getppid());
+	assert_int_equal(fs_proc_stat(getpid(), 14, 2, v), 0);
+	assert_int_equal(fs_proc_stat(getpid(), 3, 1, v), -1);
+	assert_int_equal(fs_proc_stat(getpid(), 2, 1, v), -1);
+	assert_int_equal(fs_proc_stat(getpid(), 60, 1, v), -1);
+	assert_int_equal(fs_proc_stat(0x3fffffff, 22, 1, v), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(buf_grows_terminated), cmocka_unit_test(buf_printf_fits),
+		cmocka_unit_test(proc_stat_fields),
 		cmocka_unit_test(buf_max_refuses),      cmocka_unit_test(buf_consume_steal),
 		cmocka_unit_test(clock_values),         cmocka_unit_test(io_pipe_roundtrip),
 		cmocka_unit_test(io_deadline),          cmocka_unit_test(io_files),
