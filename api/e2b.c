@@ -405,23 +405,33 @@ static enum MHD_Result h_list(void *ctx, struct httpd_req *req)
 	return reply_json(req->conn, MHD_HTTP_OK, arr);
 }
 
-/* DELETE /e2b/sandboxes/{id} */
-static enum MHD_Result h_kill(void *ctx, struct httpd_req *req)
+/* Run a session operation (destroy, pause) under the session's operation
+ * lock: 204, or the sandbox's 404, or the operation's error. */
+static enum MHD_Result run_op(struct e2b_call *c, struct httpd_req *req,
+			      void (*op)(struct sessions *, const char *, const char *, struct sessions_outcome *),
+			      const char *reason)
 {
-	struct e2b_call *c = ctx;
 	struct sessions_outcome o = { 0 };
-	enum MHD_Result ret;
 
-	if (!find(c, req, &ret))
-		return ret;
 	sessions_op_enter(c->ss, c->cur.id);
-	sessions_destroy(c->ss, c->cur.id, "deleted", &o);
+	op(c->ss, c->cur.id, reason, &o);
 	sessions_op_leave(c->ss, c->cur.id);
 	if (o.status == 404)
 		return not_found(req->conn, c->cur.id);
 	if (o.status != 200)
 		return reply_outcome_error(req->conn, &o);
 	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+}
+
+/* DELETE /e2b/sandboxes/{id} */
+static enum MHD_Result h_kill(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+
+	if (!find(c, req, &ret))
+		return ret;
+	return run_op(c, req, sessions_destroy, "deleted");
 }
 
 /* POST /e2b/sandboxes/{id}/timeout {timeout} */
@@ -449,21 +459,13 @@ static enum MHD_Result h_timeout(void *ctx, struct httpd_req *req)
 static enum MHD_Result h_pause(void *ctx, struct httpd_req *req)
 {
 	struct e2b_call *c = ctx;
-	struct sessions_outcome o = { 0 };
 	enum MHD_Result ret;
 
 	if (!find(c, req, &ret))
 		return ret;
 	if (!strcmp(e2b_state(&c->cur), "paused"))
 		return e2b_reply_error(req->conn, MHD_HTTP_CONFLICT, "the sandbox is paused already", NULL, NULL);
-	sessions_op_enter(c->ss, c->cur.id);
-	sessions_pause(c->ss, c->cur.id, "paused", &o);
-	sessions_op_leave(c->ss, c->cur.id);
-	if (o.status == 404)
-		return not_found(req->conn, c->cur.id);
-	if (o.status != 200)
-		return reply_outcome_error(req->conn, &o);
-	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+	return run_op(c, req, sessions_pause, "paused");
 }
 
 /* POST /e2b/v2/sandboxes/{id}/connect {timeout}: resumes a paused one */
