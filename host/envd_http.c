@@ -1105,6 +1105,17 @@ enum MHD_Result envd_http_rpc(struct session_table *ss, struct httpd_req *r)
 
 	if (!strcmp(svc, "process.Process") && (!strcmp(method, "Start") || !strcmp(method, "Connect")))
 		return process_stream(ss, r, method);
+	/* Any other streaming call (WatchDir, StreamInput): Connect's clients
+	 * read a streaming call's error from its end-of-stream message, not
+	 * from an HTTP status, so the answer is a stream that ends at once. */
+	{
+		const char *ct = header(r->conn, "Content-Type");
+
+		if (ct && !strncasecmp(ct, "application/connect+json", 24)) {
+			eset(&e, CONNECT_UNIMPLEMENTED, "%.60s/%.40s is not supported by kiln", svc, method);
+			return stream_error(r->conn, &e);
+		}
+	}
 	if (strcmp(svc, "process.Process") && strcmp(svc, "filesystem.Filesystem")) {
 		eset(&e, CONNECT_UNIMPLEMENTED, "no service %.60s", svc);
 		return unary_error(r->conn, &e);

@@ -472,8 +472,10 @@ try {
     sdkFailure(() => Sandbox.create('no-such-template-kiln-test'), 'Sandbox.create(unknown template)'));
 
   // ---- what kiln does not support: a clean SDK error, never a hang ----
-  await check('unsupported: files.watchDir fails cleanly', async () =>
-    sdkFailure(() => sbx.files.watchDir('/home/user', () => {}), 'files.watchDir'), 30000);
+  await check('unsupported: files.watchDir fails cleanly, saying it is not supported', async () => {
+    const t = await sdkFailure(() => sbx.files.watchDir('/home/user', () => {}), 'files.watchDir');
+    assert.match(t, /unimplemented.*not supported/, t);
+  }, 30000);
   await check('unsupported: createSnapshot / listSnapshots fail cleanly, deleteSnapshot is false', async () => {
     const a = await sdkFailure(() => sbx.createSnapshot(), 'sandbox.createSnapshot');
     const b = await sdkFailure(() => Sandbox.listSnapshots().nextItems(), 'Sandbox.listSnapshots');
