@@ -134,8 +134,14 @@ if [ "$(echo "$links" | wc -l)" = 1 ] && [[ $links == "1: lo:"* ]]; then ok "its
 else not_ok "network namespace" "$links"; fi
 
 # From inside the jail, as QEMU's uid (jail-probe enters its namespaces).
+# The snapshot RAM is the memfd among QEMU's descriptors (its number follows
+# the sockets host/vm.c passes first).
+memfd_fd=5
+for f in /proc/"$Q"/fd/*; do
+	case $(readlink "$f" 2>/dev/null) in /memfd:*) memfd_fd=${f##*/}; break ;; esac
+done
 read -r -a libc_line <<< "$(grep '/libc.so.6 ' "$T_TMP/mounts")"
-"$PROBE" "$Q" --memfd /proc/1/fd/5 --write /usr/bin/qemu-system-x86_64 --write "${libc_line[0]}" \
+"$PROBE" "$Q" --memfd "/proc/1/fd/$memfd_fd" --write /usr/bin/qemu-system-x86_64 --write "${libc_line[0]}" \
 	--write "$(readlink -f "$ROOT/build/image/vmlinux")" --write "$(readlink -f "$ROOT/build/image/rootfs.ext4")" \
 	--write "$SNAP/disk.qcow2" --open "$SNAP/mem" --open /etc/passwd --open /root --open "$VMDIR/lock" \
 	--open "$VMDIR/qemu.pid" --write "$VMDIR/vm/qemu.log" > "$T_TMP/probe.out" 2>&1
@@ -146,7 +152,7 @@ if [ "$(pv uid)" = "${quid[0]}" ] && [ -n "$seals" ] && [ $((seals & 0xf)) = 15 
    && [[ $memfd == *" open=ok "* && $memfd == *" write=EPERM "* && $memfd == *" truncate=EPERM "* ]] \
    && [[ $memfd == *" punch=EPERM "* && $memfd == *" mmap_shared=EPERM "* && $memfd == *" mmap_private=ok "* ]] \
    && [[ $memfd == *" unseal=EPERM" ]]; then
-	ok "as uid ${quid[0]} inside the jail, the snapshot RAM QEMU maps (its fd 5, a memfd sealed $seals) cannot be written, truncated, hole-punched, mapped shared-writable or unsealed; a private (copy-on-write) mapping works"
+	ok "as uid ${quid[0]} inside the jail, the snapshot RAM QEMU maps (its fd $memfd_fd, a memfd sealed $seals) cannot be written, truncated, hole-punched, mapped shared-writable or unsealed; a private (copy-on-write) mapping works"
 else not_ok "template memfd from inside the jail" "$(cat "$T_TMP/probe.out")"; fi
 wr_bad=$(awk '$1 == "write" && $2 !~ /qemu.log$/ && $3 != "EACCES" && $3 != "EROFS"' "$T_TMP/probe.out")
 if [ -z "$wr_bad" ] && grep -q "^write $VMDIR/vm/qemu.log ok$" "$T_TMP/probe.out" \
