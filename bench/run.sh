@@ -51,3 +51,6 @@ python3 bench/templates_stack.py "${TSTACK_RUNS:-10}"
 echo
 # E2B's SDK: Sandbox.create() -> first commands.run('echo hi'), SDK vs the native session API.
 RUNS=$RUNS bench/e2b.sh
+echo
+# Density: idle sessions per host in steps (memory, CPU, create time, exec latency), KSM off/on.
+bench/density.sh
