@@ -238,16 +238,36 @@ def row(m, create_s):
         "-" if create_s is None else "%.1f" % create_s, m["p50"], m["p99"]), flush=True)
 
 
-def mergeable_ram(pid):
-    """(size, has 'mg') of the guest RAM mapping: the largest mapping of QEMU."""
-    best, cur = (0, False), None
+def tcg_buffer_kib(pid):
+    """Resident KiB of TCG's translation buffer (the executable anonymous mapping of tb-size)."""
+    cur, tot = {}, 0
     try:
         for l in open("/proc/%d/smaps" % pid):
-            if l.startswith("Size:"):
-                cur = int(l.split()[1])
-            elif l.startswith("VmFlags:"):
-                if cur and cur > best[0]:
-                    best = (cur, " mg" in l + " ")
+            f = l.split()
+            if "-" in f[0] and len(f) >= 2:
+                cur = {"perm": f[1], "file": len(f) >= 6}
+            elif f[0] == "Rss:":
+                cur["rss"] = int(f[1])
+            elif f[0] == "VmFlags:":
+                if "x" in cur.get("perm", "") and "w" in cur.get("perm", "") and not cur.get("file"):
+                    tot += cur.get("rss", 0)
+    except OSError:
+        pass
+    return tot
+
+
+def ram_mapping(pid):
+    """The guest RAM mapping (QEMU's largest): (size KiB, Rss KiB, Anonymous KiB, madvised MERGEABLE)."""
+    best, cur = (0, 0, 0, False), {}
+    try:
+        for l in open("/proc/%d/smaps" % pid):
+            f = l.split()
+            if f[0] in ("Size:", "Rss:", "Anonymous:"):
+                cur[f[0]] = int(f[1])
+            elif f[0] == "VmFlags:":
+                if cur.get("Size:", 0) > best[0]:
+                    best = (cur["Size:"], cur.get("Rss:", 0), cur.get("Anonymous:", 0), "mg" in f[1:])
+                cur = {}
     except OSError:
         pass
     return best
@@ -306,9 +326,13 @@ def main():
         row(last, cs)
     if not sessions:
         return
-    pid = qemu_pids()[0]
-    size, mg = mergeable_ram(pid)
-    print("  guest RAM mapping of a session's QEMU: %d MiB, madvised MERGEABLE: %s" % (size >> 10, "yes" if mg else "no"))
+    rams = [ram_mapping(p) for p in qemu_pids()]
+    print("  guest RAM mapping per QEMU: %d MiB, resident %.1f MiB, of which private copies (anonymous, what KSM can "
+          "merge) %.1f MiB; madvised MERGEABLE: %d of %d" % (
+              rams[0][0] >> 10, sum(r[1] for r in rams) / len(rams) / 1024, sum(r[2] for r in rams) / len(rams) / 1024,
+              sum(1 for r in rams if r[3]), len(rams)))
+    tb = [tcg_buffer_kib(p) for p in qemu_pids()]
+    print("  TCG translation buffer resident per QEMU: %.1f MiB (tb-size=64)" % (sum(tb) / len(tb) / 1024))
     if ksm_ok:
         kp = ksmd_pid()
         ksm_set("pages_to_scan", os.environ.get("DENSITY_KSM_PAGES", "4000"))

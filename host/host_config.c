@@ -18,13 +18,13 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
-	json_t *templates = NULL, *memory = NULL;
+	json_t *templates = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
-	c->pool_size = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = c->ksm = -1;
+	c->pool_size = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
 		return kiln_err_set(err, KERR_CONFIG, "%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -44,19 +44,9 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "debug_console", CONF_BOOL, &c->debug_console }, { "templates", CONF_OBJ, &templates },
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
-			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
-			{ "memory", CONF_OBJ, &memory }, { 0 },
+			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, 0, err) < 0)
-			goto fail;
-	}
-	if (memory) {
-		const struct conf_field f[] = {
-			{ "ksm", CONF_BOOL, &c->ksm },
-			{ "ksm_pages_to_scan", CONF_U32, &c->ksm_pages_to_scan, 1, 1000000 },
-			{ "ksm_sleep_ms", CONF_U32, &c->ksm_sleep_ms, 1, 60000 }, { 0 },
-		};
-		if (conf_take(memory, "memory", f, path, 0, err) < 0)
 			goto fail;
 	}
 	if (disk) {
@@ -204,35 +194,6 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 fail:
 	config_free(c);
 	return -1;
-}
-
-/* Write VALUE to DIR/NAME (a sysfs file). */
-static int sys_write(const char *dir, const char *name, unsigned value, struct kiln_err *err)
-{
-	char path[4096];
-	FILE *f;
-	int bad;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "we");
-	if (!f)
-		return kiln_err_set(err, KERR_HOST_ERROR, "memory.ksm: cannot open %s: %s", path, strerror(errno));
-	bad = fprintf(f, "%u\n", value) < 0;
-	bad |= fclose(f) != 0;
-	if (bad)
-		return kiln_err_set(err, KERR_HOST_ERROR, "memory.ksm: cannot write %s: %s", path, strerror(errno));
-	return 0;
-}
-
-int config_ksm_apply(const struct host_config *c, const char *dir, struct kiln_err *err)
-{
-	if (c->ksm <= 0)
-		return 0;
-	if (sys_write(dir, "pages_to_scan", c->ksm_pages_to_scan ? c->ksm_pages_to_scan : KSM_PAGES_TO_SCAN, err) < 0 ||
-	    sys_write(dir, "sleep_millisecs", c->ksm_sleep_ms ? c->ksm_sleep_ms : KSM_SLEEP_MS, err) < 0 ||
-	    sys_write(dir, "run", 1, err) < 0)
-		return -1;
-	return 0;
 }
 
 void config_free(struct host_config *c)

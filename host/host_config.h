@@ -37,10 +37,6 @@ struct host_config {
 	unsigned snapshot_ttl_s;     /* 0: unset */
 	int snapshot_ttl_set;        /* "snapshot_ttl_s" given (0 there: never expire) */
 	const char *mirror;          /* Debian mirror for recipe builds */
-	/* "memory" section: KSM over the VMs' guest RAM (QEMU madvises it
-	 * MERGEABLE); host-wide, set at start and left as it is at exit. */
-	int ksm;                     /* -1: unset (kiln-host leaves /sys/kernel/mm/ksm alone) */
-	unsigned ksm_pages_to_scan, ksm_sleep_ms; /* 0: unset (KSM_PAGES_TO_SCAN, KSM_SLEEP_MS) */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };
@@ -49,12 +45,5 @@ struct host_config {
  * (code "config", the message naming the key and the file). */
 int config_load(const char *path, struct host_config *c, struct kiln_err *err);
 void config_free(struct host_config *c);
-
-/* ksmd's pace when memory.ksm is on: pages per wake-up, and the sleep between. */
-#define KSM_PAGES_TO_SCAN 1000
-#define KSM_SLEEP_MS 50
-/* memory.ksm true: write ksmd's pace and run=1 under dir (/sys/kernel/mm/ksm).
- * Otherwise nothing. Returns 0 or -1 with err set. */
-int config_ksm_apply(const struct host_config *c, const char *dir, struct kiln_err *err);
 
 #endif

@@ -705,8 +705,7 @@ static int cmd_serve(int argc, char **argv)
 			path = argv[i] + 9;
 		if (!path)
 			continue;
-		if (config_load(path, &hc, &err) < 0 || serve_apply_config(&hc, &so, &cm, host, sizeof(host), &err) < 0 ||
-		    config_ksm_apply(&hc, "/sys/kernel/mm/ksm", &err) < 0)
+		if (config_load(path, &hc, &err) < 0 || serve_apply_config(&hc, &so, &cm, host, sizeof(host), &err) < 0)
 			return print_error(&err, 2);
 		so.config_path = path;
 		ro.out_max_entries = hc.out_max_entries;

@@ -59,57 +59,6 @@ static void test_full(void **state)
 	config_free(&c);
 }
 
-static unsigned read_uint(const char *name)
-{
-	char path[256];
-	unsigned v = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	f = fopen(path, "r");
-	assert_non_null(f);
-	assert_int_equal(fscanf(f, "%u", &v), 1);
-	fclose(f);
-	return v;
-}
-
-/* memory.ksm: off or unset touches nothing; on writes ksmd's pace, then run. */
-static void test_ksm(void **state)
-{
-	struct host_config c;
-	struct kiln_err err = { .code = "" };
-
-	(void)state;
-	write_file("run", "0\n");
-	write_file("pages_to_scan", "100\n");
-	write_file("sleep_millisecs", "20\n");
-	assert_int_equal(config_load(write_file("k0.json", "{}"), &c, &err), 0);
-	assert_int_equal(c.ksm, -1);
-	assert_int_equal(config_ksm_apply(&c, dir, &err), 0);
-	assert_int_equal(read_uint("run"), 0);
-	config_free(&c);
-	assert_int_equal(config_load(write_file("k1.json", "{\"memory\":{\"ksm\":false}}"), &c, &err), 0);
-	assert_int_equal(config_ksm_apply(&c, dir, &err), 0);
-	assert_int_equal(read_uint("run"), 0);
-	config_free(&c);
-	assert_int_equal(config_load(write_file("k2.json", "{\"memory\":{\"ksm\":true}}"), &c, &err), 0);
-	assert_int_equal(config_ksm_apply(&c, dir, &err), 0);
-	assert_int_equal(read_uint("run"), 1);
-	assert_int_equal(read_uint("pages_to_scan"), KSM_PAGES_TO_SCAN);
-	assert_int_equal(read_uint("sleep_millisecs"), KSM_SLEEP_MS);
-	config_free(&c);
-	assert_int_equal(config_load(write_file("k3.json", "{\"memory\":{\"ksm\":true,\"ksm_pages_to_scan\":5000,"
-							  "\"ksm_sleep_ms\":10}}"), &c, &err), 0);
-	assert_int_equal(config_ksm_apply(&c, dir, &err), 0);
-	assert_int_equal(read_uint("pages_to_scan"), 5000);
-	assert_int_equal(read_uint("sleep_millisecs"), 10);
-	config_free(&c);
-	assert_int_equal(config_load(write_file("k4.json", "{\"memory\":{\"ksm\":true}}"), &c, &err), 0);
-	assert_int_equal(config_ksm_apply(&c, "/nonexistent-ksm", &err), -1);
-	assert_non_null(strstr(err.message, "memory.ksm"));
-	config_free(&c);
-}
-
 static void refused(const char *text, const char *needle)
 {
 	struct host_config c;
@@ -127,9 +76,6 @@ static void test_refusals(void **state)
 	refused("{\"pool\":{\"sise\":1}}", "pool.sise: unknown setting");
 	refused("{\"pool\":{\"size\":1000}}", "pool.size: expected 0..256");
 	refused("{\"capacity\":{\"vcpus\":1.5}}", "capacity.vcpus: expected a number");
-	refused("{\"memory\":{\"ksm\":1}}", "memory.ksm");
-	refused("{\"memory\":{\"ksm_sleep_ms\":0}}", "memory.ksm_sleep_ms");
-	refused("{\"memory\":{\"kms\":true}}", "memory.kms");
 	refused("{\"s3\":{\"endpoint\":\"ftp://x\",\"bucket\":\"b\"}}", "s3.endpoint");
 	refused("{\"s3\":{\"bucket\":\"b\"}}", "endpoint and bucket are required");
 	refused("{\"token\":\"a\",\"token_file\":\"/x\"}", "not both");
@@ -403,7 +349,6 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_refusals),
-		cmocka_unit_test(test_ksm),
 		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_request_parse),
 		cmocka_unit_test(test_conf_values),
