@@ -186,7 +186,10 @@ def create(n_from, n_to):
                     return
                 i = todo.pop(0)
             sid = "d%d" % i
-            st, body = req("POST", "/v1/sessions", {"id": sid, "customer": "bench", "spec": {}})
+            try:
+                st, body = req("POST", "/v1/sessions", {"id": sid, "customer": "bench", "spec": {}})
+            except OSError as e:
+                st, body = 0, str(e).encode()
             with lock:
                 if st == 201:
                     sessions.append(sid)

@@ -981,8 +981,11 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 	SHA256((const unsigned char *)c->token, strlen(c->token), s->token_hash);
 	/* The idle timeout does not cut kiln-api's long requests: its event
 	 * and exec streams get a keepalive every 10-15 s, its other calls give
-	 * up after at most 60 s. */
-	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+	 * up after at most 60 s. poll(), not select(): each session holds
+	 * several descriptors, and past ~200 sessions a new connection's fd is
+	 * over FD_SETSIZE (1024), which select() refuses (connection reset). */
+	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+					MHD_USE_ERROR_LOG,
 				(uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 				MHD_OPTION_SOCK_ADDR, c->addr,
 				MHD_OPTION_CONNECTION_TIMEOUT, c->connection_timeout_s ? c->connection_timeout_s : 300u,
