@@ -61,6 +61,7 @@ struct task {
 	int64_t hangup_deadline_ms; /* after HANGUP: SIGKILL to the task's group then (0: none) */
 	int batch;                  /* output is batched (not a terminal, not interactive, running) */
 	int64_t batch_deadline_ms;  /* pipes left to fill until then, unpolled (0: polled) */
+	int flowing;                /* the last round read a full frame: read at once, no delay */
 	int exited;
 	int killed; /* we sent SIGKILL while the main process was alive */
 	int wstatus;
@@ -300,11 +301,10 @@ static void __attribute__((noreturn)) task_child(const struct proto_exec *e, cha
 
 /* Reads what one pipe (or terminal) holds and forwards it, up to the output
  * cap: as few frames as possible, each up to TASK_CHUNK bytes, read until
- * EAGAIN (at most TASK_DRAIN_MAX bytes a call). */
-static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uint64_t *count)
+ * EAGAIN (at most TASK_DRAIN_MAX bytes a call). *total: the bytes read. */
+static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uint64_t *count, size_t *total)
 {
 	uint8_t *buf = agent_payload(a);
-	size_t total = 0;
 
 	for (;;) {
 		uint64_t room = t->e->output_cap - t->sent;
@@ -348,22 +348,26 @@ static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uin
 			*fd = -1;
 			return 0;
 		}
-		total += len;
-		if (len < TASK_CHUNK || total >= TASK_DRAIN_MAX)
+		*total += len;
+		if (len < TASK_CHUNK || *total >= TASK_DRAIN_MAX)
 			return 0;
 	}
 }
 
-/* The batch delay is over (or the task ended): both pipes drained. */
+/* The batch delay is over (or output is flowing): both pipes drained. A
+ * writer that filled a whole frame is fast: its next output is read at once
+ * (it fills the pipe while we send), until a round reads less. */
 static int task_flush_out(struct agent *a, struct task *t)
 {
+	size_t out = 0, err = 0;
 	int r;
 
 	t->batch_deadline_ms = 0;
-	if (t->out >= 0 && (r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes)) < 0)
+	if (t->out >= 0 && (r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes, &out)) < 0)
 		return r;
-	if (t->err >= 0 && (r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes)) < 0)
+	if (t->err >= 0 && (r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes, &err)) < 0)
 		return r;
+	t->flowing = out >= TASK_CHUNK || err >= TASK_CHUNK;
 	return 0;
 }
 
@@ -602,18 +606,20 @@ static int task_loop(struct agent *a, struct task *t)
 						       ((t->e->flags & PROTO_EXEC_KEEP) ? TASK_KEEP_DRAIN_MS : TASK_DRAIN_MS);
 			}
 		}
-		if (t->batch && (p[2].revents || p[3].revents)) {
+		if (t->batch && t->flowing && (p[2].revents || p[3].revents)) {
+			r = task_flush_out(a, t);
+			if (r < 0)
+				return r;
+		} else if (t->batch && (p[2].revents || p[3].revents)) {
 			/* Let the pipes fill; the output is read in one go later. */
 			if (!t->batch_deadline_ms)
 				t->batch_deadline_ms = proto_now_ms() + TASK_BATCH_MS;
-		} else if (p[2].revents) {
-			r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes);
-			if (r < 0)
+		} else {
+			size_t n = 0;
+
+			if (p[2].revents && (r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes, &n)) < 0)
 				return r;
-		}
-		if (!t->batch && p[3].revents) {
-			r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes);
-			if (r < 0)
+			if (p[3].revents && (r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes, &n)) < 0)
 				return r;
 		}
 		if (p[4].revents)
