@@ -106,7 +106,7 @@ want=$(lines $N | $PY -c 'import hashlib, sys; b = sys.stdin.buffer.read(); prin
 got=
 if [ "$st" = 202 ] && wait_done many 300; then got=$(s3py sha acme/many/stdout.log 2> "$T_TMP/s3py.err"); fi
 if [ "$(jq -r .state "$T_TMP/many.json")" = succeeded ] && [ -n "$got" ] && [ "$got" = "$want" ] \
-   && [ "$(jq -r .result.stdout_truncated "$T_TMP/many.json")" != true ]; then
+   && [ "$(jq -r .result.end_reason "$T_TMP/many.json")" = exited ]; then
 	ok "200,000 unbuffered lines arrive complete and in order (stdout.log in S3: $got)"
 else not_ok "200,000 lines" "submit $st want=$want got=$got" "$(head -c 600 "$T_TMP/many.json")" "$(tail -3 "$T_TMP/s3py.err" 2> /dev/null)"; fi
 
