@@ -50,6 +50,11 @@ def run(s, stream=False):
     return wall, res
 
 LOOP = "import sys\nfor i in range(%d): sys.stdout.write('%%040d\\n' %% i)\n"
+# The loop timed inside the guest, its stdout the task's (TIMED) or a pipe
+# into cat (CAT); the time goes to stderr.
+TIMED = ("import sys, time\ns = time.perf_counter()\nfor i in range(%d): sys.stdout.write('%%040d\\n' %% i)\n"
+         "print(time.perf_counter() - s, file=sys.stderr)\n")
+CAT = "PYTHONUNBUFFERED=1 python3 -c \"$(cat <<'PY'\n" + TIMED + "PY\n)\" | cat > /dev/null\n"
 IN_GUEST = """import os, sys, threading, time
 r, w = os.pipe()
 got = [0]
@@ -92,13 +97,17 @@ def live_latency():
 
 print("task output (%s, %d runs, medians; one VM at a time)" % (image, runs))
 run(spec("python", "print(1)"))  # the snapshot exists, the cache is warm
-figs = {k: [] for k in ("base", "lines", "guest", "big", "guest_big", "bulk", "bulk_guest", "live")}
+figs = {k: [] for k in ("timed", "cat", "base", "lines", "guest", "big", "guest_big", "bulk", "bulk_guest", "live")}
 for _ in range(runs):
     figs["base"].append(run(spec("python", "print(1)"))[0])
     w, res = run(spec("python", LOOP % lines))
     figs["lines"].append(w)
     w, res = run(spec("python", IN_GUEST % lines))
     figs["guest"].append(float(res["stdout"].split()[0]))
+    w, res = run(spec("python", TIMED % lines))
+    figs["timed"].append(float(res["stderr"].split()[-1]))
+    w, res = run(spec("sh", CAT % lines))
+    figs["cat"].append(float(res["stderr"].split()[-1]))
     if lines_big:
         figs["big"].append(run(spec("python", LOOP % lines_big))[0])
         w, res = run(spec("python", IN_GUEST % lines_big))
@@ -115,6 +124,8 @@ def report(name, n, key, gkey):
     print("  %-36s task %7.2f s (run %6.2f s - print(1) run %5.2f s)  in-guest pipe %6.2f s  ratio %5.1fx"
           % (name, t, med(figs[key]), base, g, t / g))
 report("%d unbuffered python lines" % lines, lines, "lines", "guest")
+print("  %-36s loop timed in the task %6.2f s  into a pipe to cat in the guest %6.2f s  ratio %5.1fx"
+      % ("%d unbuffered python lines" % lines, med(figs["timed"]), med(figs["cat"]), med(figs["timed"]) / med(figs["cat"])))
 if lines_big:
     report("%d unbuffered python lines" % lines_big, lines_big, "big", "guest_big")
 t = med(figs["bulk"]) - base
