@@ -37,6 +37,9 @@ echo
 # The whole stack: print(1) through kiln-api, the scheduler, a host's pool and S3.
 python3 bench/stack.py "${STACK_TASKS:-80}" "${STACK_CONCURRENCY:-8}"
 echo
+# Task output: unbuffered lines and 100 MiB of stdout through a task vs a pipe inside the guest.
+bench/output.sh
+echo
 # Network egress: extra start-up time, and throughput to an allowed destination.
 bench/egress.sh
 echo

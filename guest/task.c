@@ -25,6 +25,16 @@
 #include "zygote.h"
 
 #define TASK_CHUNK    (64 * 1024) /* most bytes per STDOUT/STDERR frame */
+/* Output batching (a batch task: neither a terminal nor interactive). Each
+ * frame is a write on the virtio port, a VM exit that costs far more under
+ * TCG than the task's own write(): once a pipe becomes readable it is left
+ * to fill for TASK_BATCH_MS (not polled), then drained in TASK_CHUNK frames.
+ * The pipes are enlarged to TASK_PIPE_SIZE so that a fast writer rarely
+ * blocks within the delay. At most TASK_DRAIN_MAX bytes of one pipe per
+ * round, so that the channel (KILL) is still served under a flood. */
+#define TASK_BATCH_MS 3
+#define TASK_PIPE_SIZE (1024 * 1024)
+#define TASK_DRAIN_MAX (1024 * 1024)
 /* Once the task's processes are killed the pipes reach EOF within
  * milliseconds; only a process outside the task's uid still holding them
  * (a set-uid helper) could keep them open, and EXIT must not wait on it. */
@@ -49,6 +59,9 @@ struct task {
 	uint64_t sent; /* stdout + stderr bytes forwarded to the host */
 	int64_t start_us, end_us, drain_deadline_ms;
 	int64_t hangup_deadline_ms; /* after HANGUP: SIGKILL to the task's group then (0: none) */
+	int batch;                  /* output is batched (not a terminal, not interactive, running) */
+	int64_t batch_deadline_ms;  /* pipes left to fill until then, unpolled (0: polled) */
+	int flowing;                /* the last round read a full frame: read at once, no delay */
 	int exited;
 	int killed; /* we sent SIGKILL while the main process was alive */
 	int wstatus;
@@ -286,42 +299,75 @@ static void __attribute__((noreturn)) task_child(const struct proto_exec *e, cha
 
 /* ---- the parent ---------------------------------------------------------- */
 
-/* Reads what one pipe holds and forwards it, up to the output cap. */
-static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uint64_t *count)
+/* Reads what one pipe (or terminal) holds and forwards it, up to the output
+ * cap: as few frames as possible, each up to TASK_CHUNK bytes, read until
+ * EAGAIN (at most TASK_DRAIN_MAX bytes a call). *total: the bytes read. */
+static int task_pump(struct agent *a, struct task *t, int *fd, uint8_t type, uint64_t *count, size_t *total)
 {
 	uint8_t *buf = agent_payload(a);
-	uint64_t room = t->e->output_cap - t->sent;
-	ssize_t n;
-	size_t fwd;
+
+	for (;;) {
+		uint64_t room = t->e->output_cap - t->sent;
+		size_t len = 0, fwd;
+		int eof = 0, r;
+
+		while (len < TASK_CHUNK) {
+			ssize_t n = read(*fd, buf + len, TASK_CHUNK - len);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && errno == EAGAIN)
+				break;
+			/* A terminal's master reads EIO once no process holds the other side. */
+			if (n < 0 && !((t->e->flags & PROTO_EXEC_TTY) && errno == EIO))
+				init_log("task: reading output: %s", strerror(errno));
+			if (n <= 0) {
+				eof = 1;
+				break;
+			}
+			len += (size_t)n;
+		}
+		*count += (uint64_t)len;
+		fwd = (uint64_t)len < room ? len : (size_t)room;
+		if (fwd > 0) {
+			t->sent += fwd;
+			r = agent_send(a, type, buf, fwd);
+			if (r < 0)
+				return r;
+		}
+		/* Keep reading past the cap (and drop it) so that the task never
+		 * blocks on a full pipe before it is dead. */
+		if (t->exit.stdout_bytes + t->exit.stderr_bytes > t->e->output_cap &&
+		    !(t->exit.flags & PROTO_EXIT_OUTPUT_LIMIT)) {
+			t->exit.flags |= PROTO_EXIT_OUTPUT_LIMIT;
+			if (!t->exited)
+				task_kill(t);
+		}
+		if (eof) {
+			close(*fd);
+			*fd = -1;
+			return 0;
+		}
+		*total += len;
+		if (len < TASK_CHUNK || *total >= TASK_DRAIN_MAX)
+			return 0;
+	}
+}
+
+/* The batch delay is over (or output is flowing): both pipes drained. A
+ * writer that filled a whole frame is fast: its next output is read at once
+ * (it fills the pipe while we send), until a round reads less. */
+static int task_flush_out(struct agent *a, struct task *t)
+{
+	size_t out = 0, err = 0;
 	int r;
 
-	n = read(*fd, buf, TASK_CHUNK);
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return 0;
-	/* A terminal's master reads EIO once no process holds the other side. */
-	if (n < 0 && !((t->e->flags & PROTO_EXEC_TTY) && errno == EIO))
-		init_log("task: reading output: %s", strerror(errno));
-	if (n <= 0) {
-		close(*fd);
-		*fd = -1;
-		return 0;
-	}
-	*count += (uint64_t)n;
-	fwd = (uint64_t)n < room ? (size_t)n : (size_t)room;
-	if (fwd > 0) {
-		t->sent += fwd;
-		r = agent_send(a, type, buf, fwd);
-		if (r < 0)
-			return r;
-	}
-	/* Keep reading past the cap (and drop it) so that the task never
-	 * blocks on a full pipe before it is dead. */
-	if (t->exit.stdout_bytes + t->exit.stderr_bytes > t->e->output_cap &&
-	    !(t->exit.flags & PROTO_EXIT_OUTPUT_LIMIT)) {
-		t->exit.flags |= PROTO_EXIT_OUTPUT_LIMIT;
-		if (!t->exited)
-			task_kill(t);
-	}
+	t->batch_deadline_ms = 0;
+	if (t->out >= 0 && (r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes, &out)) < 0)
+		return r;
+	if (t->err >= 0 && (r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes, &err)) < 0)
+		return r;
+	t->flowing = out >= TASK_CHUNK || err >= TASK_CHUNK;
 	return 0;
 }
 
@@ -490,8 +536,8 @@ static int task_loop(struct agent *a, struct task *t)
 		struct pollfd p[5] = {
 			{ .fd = agent_sigfd(a), .events = POLLIN },
 			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
-			{ .fd = t->out, .events = POLLIN },
-			{ .fd = t->err, .events = POLLIN },
+			{ .fd = t->batch_deadline_ms ? -1 : t->out, .events = POLLIN },
+			{ .fd = t->batch_deadline_ms ? -1 : t->err, .events = POLLIN },
 			{ .fd = t->pending_len ? t->in : -1, .events = POLLOUT },
 		};
 		int timeout = -1;
@@ -521,6 +567,18 @@ static int task_loop(struct agent *a, struct task *t)
 			}
 			timeout = (int)left;
 		}
+		if (t->batch_deadline_ms) {
+			int64_t left = t->batch_deadline_ms - proto_now_ms();
+
+			if (left <= 0) {
+				r = task_flush_out(a, t);
+				if (r < 0)
+					return r;
+				continue;
+			}
+			if (timeout < 0 || left < timeout)
+				timeout = (int)left;
+		}
 		if (poll(p, 5, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
@@ -533,6 +591,9 @@ static int task_loop(struct agent *a, struct task *t)
 			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0) {
 				t->end_us = proto_now_us();
 				t->exited = 1;
+				/* What is left is read as it comes, EXIT right after it. */
+				t->batch = 0;
+				t->batch_deadline_ms = 0;
 				/* Input after the end goes nowhere. */
 				task_close_in(t);
 				/* Daemons and stray children of the task die with it,
@@ -545,14 +606,20 @@ static int task_loop(struct agent *a, struct task *t)
 						       ((t->e->flags & PROTO_EXEC_KEEP) ? TASK_KEEP_DRAIN_MS : TASK_DRAIN_MS);
 			}
 		}
-		if (p[2].revents) {
-			r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes);
+		if (t->batch && t->flowing && (p[2].revents || p[3].revents)) {
+			r = task_flush_out(a, t);
 			if (r < 0)
 				return r;
-		}
-		if (p[3].revents) {
-			r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes);
-			if (r < 0)
+		} else if (t->batch && (p[2].revents || p[3].revents)) {
+			/* Let the pipes fill; the output is read in one go later. */
+			if (!t->batch_deadline_ms)
+				t->batch_deadline_ms = proto_now_ms() + TASK_BATCH_MS;
+		} else {
+			size_t n = 0;
+
+			if (p[2].revents && (r = task_pump(a, t, &t->out, PROTO_STDOUT, &t->exit.stdout_bytes, &n)) < 0)
+				return r;
+			if (p[3].revents && (r = task_pump(a, t, &t->err, PROTO_STDERR, &t->exit.stderr_bytes, &n)) < 0)
 				return r;
 		}
 		if (p[4].revents)
@@ -628,7 +695,19 @@ static const char *task_env(const struct proto_exec *e, char **envp)
 /* From STARTED to EXIT: the task `t` has been forked. */
 static int task_follow(struct agent *a, struct task *t)
 {
-	int r = agent_send(a, PROTO_STARTED, NULL, 0);
+	int r;
+
+	/* A terminal or an interactive command is forwarded as it writes. */
+	t->batch = !(t->e->flags & (PROTO_EXEC_TTY | PROTO_EXEC_STDIN));
+	if (t->batch) {
+		/* Room for TASK_BATCH_MS of a fast writer (best effort: the
+		 * default 64 KiB only costs throughput). */
+		if (t->out >= 0)
+			(void)fcntl(t->out, F_SETPIPE_SZ, TASK_PIPE_SIZE);
+		if (t->err >= 0)
+			(void)fcntl(t->err, F_SETPIPE_SZ, TASK_PIPE_SIZE);
+	}
+	r = agent_send(a, PROTO_STARTED, NULL, 0);
 
 	if (r == 0)
 		r = task_loop(a, t);
