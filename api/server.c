@@ -1051,7 +1051,10 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 		goto fail;
 	}
 	store_set_listener(st, events_store_listener, s->ev);
-	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG,
+	/* poll(), not select(): with max_connections past ~1000 a connection's
+	 * fd can pass FD_SETSIZE (1024), which select() refuses. */
+	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+					MHD_USE_ERROR_LOG,
 				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
 				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
 				MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
