@@ -193,7 +193,9 @@ for _ in $(seq 600); do
 	sleep 0.25
 done
 check "kiln up starts again over the same directory (customer default exists already)" [ -f "$UP/credentials" ]
-host_pid=$(pgrep -f -- "kiln-host serve --config $UP/host.json")
+# kiln up's own child only: a process kiln-host has just forked (to start a
+# VM) carries the same command line until it execs, and pgrep would list it.
+host_pid=$(pgrep -P "$up_pid" -f -- "kiln-host serve --config $UP/host.json")
 kill -KILL "$host_pid"
 wait "$up_pid"
 rc=$?
