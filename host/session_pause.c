@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -240,24 +241,53 @@ static void delete_chunks(const struct s3_config *c, const struct pchunk_list *l
 	}
 }
 
+struct key_list {
+	char **k;
+	size_t n, cap;
+};
+
+static int collect_key(void *ctx, const char *key)
+{
+	struct key_list *l = ctx;
+
+	if (l->n == l->cap) {
+		size_t nc = l->cap ? 2 * l->cap : 64;
+		char **p = realloc(l->k, nc * sizeof(*p));
+
+		if (!p)
+			return -1;
+		l->k = p;
+		l->cap = nc;
+	}
+	if (!(l->k[l->n] = strdup(key)))
+		return -1;
+	l->n++;
+	return 0;
+}
+
 void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id)
 {
-	static const char *const v1[] = { "state", "disk.qcow2", "manifest.json" };
 	struct kiln_err e = { .code = "" };
-	struct pmanifest *pm = get_manifest(c, dir, customer, id, &e);
-	char key[512];
+	struct key_list l = { 0 };
+	char prefix[512], mkey[512];
 
-	if (pm) {
-		delete_chunks(c, &pm->state);
-		delete_chunks(c, &pm->disk);
-		pmanifest_free(pm);
-		free(pm);
+	(void)dir;
+	/* Everything under the session's prefix: the manifest's chunks, the
+	 * older layout's files, and chunks a pause cut short left unnamed.
+	 * The manifest goes first: from then on there is no paused session,
+	 * never one that names missing chunks. */
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
+	session_s3_key(mkey, sizeof(mkey), customer, id, "manifest.json");
+	if (s3_list(c, prefix, collect_key, &l, &e) < 0)
+		fprintf(stderr, "kiln-host: session %s: listing %s: %s\n", id, prefix, e.message);
+	if (s3_delete(c, mkey, &e) < 0)
+		fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, mkey, e.message);
+	for (size_t i = 0; i < l.n; i++) {
+		if (strcmp(l.k[i], mkey) && s3_delete(c, l.k[i], &e) < 0)
+			fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, l.k[i], e.message);
+		free(l.k[i]);
 	}
-	for (size_t i = 0; i < sizeof(v1) / sizeof(*v1); i++) {
-		session_s3_key(key, sizeof(key), customer, id, v1[i]);
-		if (s3_delete(c, key, &e) < 0)
-			fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, key, e.message);
-	}
+	free(l.k);
 }
 
 /* Stop the VM into the filter (running) or take the local copy (a retry),
@@ -274,7 +304,11 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	pthread_t th;
 	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0;
 
-	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), (unsigned)random());
+	unsigned rnd = 0;
+
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
+	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
 	if (s3_ensure_bucket(c, err) < 0)
 		return -1;
