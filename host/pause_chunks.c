@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -220,7 +221,6 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 struct getter {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	const char *tmpdir;
 	int out_fd;
 	pthread_mutex_t lock;
 	size_t next;
@@ -228,23 +228,23 @@ struct getter {
 	struct kiln_err err;
 };
 
-static int get_one(struct getter *g, const struct pchunk *p, size_t idx, struct kiln_err *e)
+static int get_one(struct getter *g, const struct pchunk *p, struct kiln_err *e)
 {
-	char path[PATH_MAX], sha[65];
+	char sha[65];
 	struct stat st;
 	void *z = NULL, *raw = NULL;
-	int fd = -1, r = -1;
+	int fd = memfd_create("kiln-chunk", MFD_CLOEXEC), r = -1;
 	size_t n;
 
-	snprintf(path, sizeof(path), "%s/chunk.%zu", g->tmpdir, idx);
-	if (s3_get_file(g->c, p->key, path, e) < 0) {
+	if (fd < 0)
+		return kiln_err_set(e, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+	if (s3_get_fd(g->c, p->key, fd, e) < 0) {
 		if (e->errc == KERR_S3_NOT_FOUND)
 			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s is missing from the paused session in S3", p->key);
-		return -1;
+		goto out;
 	}
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || fstat(fd, &st) < 0) {
-		kiln_err_set(e, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+	if (fstat(fd, &st) < 0) {
+		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: %s", p->key, strerror(errno));
 		goto out;
 	}
 	if ((uint64_t)st.st_size != p->zsize) {
@@ -258,7 +258,7 @@ static int get_one(struct getter *g, const struct pchunk *p, size_t idx, struct 
 		goto out;
 	}
 	if (pread(fd, z, p->zsize, 0) != (ssize_t)p->zsize) {
-		kiln_err_set(e, KERR_HOST_ERROR, "%s: short read", path);
+		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: short read", p->key);
 		goto out;
 	}
 	/* The hash first: nothing from S3 reaches the decompressor unchecked. */
@@ -278,9 +278,7 @@ static int get_one(struct getter *g, const struct pchunk *p, size_t idx, struct 
 	}
 	r = 0;
 out:
-	if (fd >= 0)
-		close(fd);
-	unlink(path);
+	close(fd);
 	free(z);
 	free(raw);
 	return r;
@@ -301,7 +299,7 @@ static void *get_worker(void *arg)
 		}
 		i = g->next++;
 		pthread_mutex_unlock(&g->lock);
-		if (get_one(g, &g->l->c[i], i, &e) < 0) {
+		if (get_one(g, &g->l->c[i], &e) < 0) {
 			pthread_mutex_lock(&g->lock);
 			if (!g->failed)
 				g->err = e;
@@ -311,10 +309,10 @@ static void *get_worker(void *arg)
 	}
 }
 
-int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, const char *tmpdir, int out_fd, int workers,
+int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
 		   struct kiln_err *err)
 {
-	struct getter g = { .c = c, .l = l, .tmpdir = tmpdir, .out_fd = out_fd };
+	struct getter g = { .c = c, .l = l, .out_fd = out_fd };
 	pthread_t th[PCHUNK_WORKERS_MAX];
 	int n = 0;
 

@@ -30,9 +30,9 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 
 /* Download every chunk of l with `workers` threads into out_fd at its
  * offset, each checked against its size and SHA-256 before it is
- * decompressed (a mismatch: snapshot_corrupt naming the chunk). tmpdir holds
- * the compressed objects meanwhile. 0, or -1 with err set. */
-int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, const char *tmpdir, int out_fd, int workers,
+ * decompressed (a mismatch: snapshot_corrupt naming the chunk); a chunk is
+ * held in memory meanwhile. 0, or -1 with err set. */
+int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
 		   struct kiln_err *err);
 
 #endif

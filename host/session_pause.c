@@ -184,44 +184,55 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 	return r;
 }
 
-/* A manifest file (at most 4 MiB) into a malloc'd buffer; its length or -1. */
-static ssize_t read_small(const char *path, char **out)
+/* A manifest (at most 4 MiB) from S3 into a malloc'd buffer, through a
+ * memfd (no temporary file, no fsync); its length, or -1 with err set. */
+static ssize_t get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = memfd_create("kiln-manifest", MFD_CLOEXEC);
 	struct stat st;
 	ssize_t n = -1;
 
 	*out = NULL;
 	if (fd < 0)
-		return -1;
-	if (fstat(fd, &st) == 0 && st.st_size <= (4 << 20) && (*out = malloc((size_t)st.st_size + 1)))
-		n = io_read_all(fd, *out, (size_t)st.st_size);
-	close(fd);
+		return kiln_err_set(err, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+	if (s3_get_fd(c, key, fd, err) < 0)
+		goto out;
+	if (fstat(fd, &st) < 0 || st.st_size > (4 << 20)) {
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is larger than 4 MiB");
+		goto out;
+	}
+	*out = malloc((size_t)st.st_size + 1);
+	if (!*out) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	n = pread(fd, *out, (size_t)st.st_size, 0);
 	if (n != st.st_size) {
+		kiln_err_set(err, KERR_HOST_ERROR, "reading the manifest: short read");
 		free(*out);
 		*out = NULL;
-		return -1;
+		n = -1;
 	}
+out:
+	close(fd);
 	return n;
 }
 
 /* The manifest in S3 now (NULL: none, or unreadable), to delete what it
  * names once a newer one replaces it. */
-static struct pmanifest *get_manifest(const struct s3_config *c, const char *dir, const char *customer, const char *id,
+static struct pmanifest *get_manifest(const struct s3_config *c, const char *customer, const char *id,
 				      struct kiln_err *err)
 {
 	struct pmanifest *pm = calloc(1, sizeof(*pm));
-	char key[512], path[PATH_MAX + 32], *text = NULL;
+	char key[512], *text = NULL;
 	ssize_t len = -1;
 	int r = -1;
 
-	snprintf(path, sizeof(path), "%s/manifest.old.json", dir);
 	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
-	if (pm && s3_get_file(c, key, path, err) == 0)
-		len = read_small(path, &text);
+	if (pm)
+		len = get_small(c, key, &text, err);
 	if (len >= 0)
 		r = pmanifest_parse(text, (size_t)len, customer, id, pm, err);
-	unlink(path);
 	free(text);
 	if (r < 0 && pm) {
 		pmanifest_free(pm);
@@ -231,14 +242,53 @@ static struct pmanifest *get_manifest(const struct s3_config *c, const char *dir
 	return pm;
 }
 
-static void delete_chunks(const struct s3_config *c, const struct pchunk_list *l)
-{
-	for (size_t i = 0; i < l->n; i++) {
-		struct kiln_err e = { .code = "" };
+/* Deleting the previous pause's chunks happens after the new manifest is
+ * in and need not delay the answer: a detached thread with its own copy of
+ * the S3 settings and of the keys. A failure leaves objects that the
+ * session's DELETE removes (it lists the whole prefix). */
+struct deleter {
+	struct hostd_s3 s3;
+	struct pmanifest *old;
+};
 
-		if (s3_delete(c, l->c[i].key, &e) < 0)
-			fprintf(stderr, "kiln-host: deleting %s: %s\n", l->c[i].key, e.message);
+static void *delete_thread(void *arg)
+{
+	struct deleter *d = arg;
+	const struct pchunk_list *ls[2] = { &d->old->state, &d->old->disk };
+
+	for (int j = 0; j < 2; j++)
+		for (size_t i = 0; i < ls[j]->n; i++) {
+			struct kiln_err e = { .code = "" };
+
+			if (s3_delete(&d->s3.c, ls[j]->c[i].key, &e) < 0)
+				fprintf(stderr, "kiln-host: deleting %s: %s\n", ls[j]->c[i].key, e.message);
+		}
+	hostd_s3_free(&d->s3);
+	pmanifest_free(d->old);
+	free(d->old);
+	free(d);
+	return NULL;
+}
+
+/* Hand old (owned from now on) to a deleter thread; without one, delete here. */
+static void delete_old(struct session_table *ss, struct pmanifest *old)
+{
+	struct deleter *d = calloc(1, sizeof(*d));
+	pthread_attr_t a;
+	pthread_t th;
+
+	if (!d || hostd_s3_take(ss->d, &d->s3) < 0) {
+		free(d);
+		pmanifest_free(old);
+		free(old);
+		return;
 	}
+	d->old = old;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &a, delete_thread, d) != 0)
+		delete_thread(d);
+	pthread_attr_destroy(&a);
 }
 
 struct key_list {
@@ -315,7 +365,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	/* The base's hash (cached after the first pause of this snapshot). */
 	if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
 		return -1;
-	old = get_manifest(c, s->dir, s->customer, s->id, &(struct kiln_err){ .code = "" });
+	old = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
 	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
 	if (!ps.up) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
@@ -396,8 +446,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
 	if (r == 0 && old) {
 		/* The new manifest is in: the previous generation can go. */
-		delete_chunks(c, &old->state);
-		delete_chunks(c, &old->disk);
+		delete_old(ss, old);
+		old = NULL;
 	}
 out:
 	if (started) {
@@ -499,7 +549,6 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 struct disk_fetch {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	char tmpdir[PATH_MAX];
 	int fd, rc;
 	struct kiln_err err;
 };
@@ -508,7 +557,7 @@ static void *disk_fetch_thread(void *arg)
 {
 	struct disk_fetch *df = arg;
 
-	df->rc = pchunk_get_all(df->c, df->l, df->tmpdir, df->fd, PAUSE_WORKERS / 2, &df->err);
+	df->rc = pchunk_get_all(df->c, df->l, df->fd, PAUSE_WORKERS / 2, &df->err);
 	return NULL;
 }
 
@@ -521,7 +570,6 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 	pthread_t th;
 	int fd, r;
 
-	snprintf(df.tmpdir, sizeof(df.tmpdir), "%s", s->dir);
 	df.fd = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (df.fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
@@ -535,7 +583,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		close(df.fd);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start a download thread");
 	}
-	r = pchunk_get_all(c, &pm->state, s->dir, fd, PAUSE_WORKERS, err);
+	r = pchunk_get_all(c, &pm->state, fd, PAUSE_WORKERS, err);
 	pthread_join(th, NULL);
 	if (close(df.fd) < 0 && df.rc == 0)
 		df.rc = kiln_err_set(&df.err, KERR_HOST_ERROR, "writing %s: %s", s->disk, strerror(errno));
@@ -586,19 +634,14 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		goto fail;
 	}
 	/* The manifest first: without it there is no paused session. */
-	snprintf(path, sizeof(path), "%s/manifest.json", s->dir);
 	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
-	if (s3_get_file(&s3.c, key, path, err) < 0) {
-		if (err->errc == KERR_S3_NOT_FOUND)
-			kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
-		goto fail;
-	}
 	{
 		char *text = NULL;
-		ssize_t len = read_small(path, &text);
+		ssize_t len = get_small(&s3.c, key, &text, err);
 
 		if (len < 0) {
-			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable");
+			if (err->errc == KERR_S3_NOT_FOUND)
+				kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
 			goto fail;
 		}
 		r = pmanifest_parse(text, (size_t)len, customer, id, &pm, err);
@@ -674,8 +717,12 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	{
 		char *argv[] = { "/usr/bin/qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
 				 (char *)snap->disk, s->disk, NULL };
+		char cur[PATH_MAX];
 
-		if (snapshot_run_cmd(argv) < 0) {
+		/* Already this host's path (the same snapshot cache): nothing to do. */
+		if (snapshot_qcow2_backing(s->disk, cur, sizeof(cur)) == 0 && !strcmp(cur, snap->disk))
+			;
+		else if (snapshot_run_cmd(argv) < 0) {
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's disk layer is not a usable qcow2 image");
 			goto fail;
 		}

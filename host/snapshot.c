@@ -75,7 +75,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 }
 
 /* The backing file named in a qcow2 header (version 2 or 3), or "" for none. */
-static int qcow2_backing(const char *path, char *out, size_t cap)
+int snapshot_qcow2_backing(const char *path, char *out, size_t cap)
 {
 	unsigned char h[20];
 	uint64_t off = 0;
@@ -404,7 +404,7 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay: %s", key, strerror(errno));
 		return -EBADMSG;
 	}
-	if (qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
+	if (snapshot_qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay has no valid backing file", key);
 		return -EBADMSG;
 	}

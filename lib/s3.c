@@ -1417,6 +1417,26 @@ out:
 	return rc;
 }
 
+int s3_get_fd(const struct s3_config *c, const char *key, int fd, struct kiln_err *err)
+{
+	struct s3_call call = { 0 };
+	struct s3_request q = { .method = "GET", .key = key, .body = { .fd = -1 }, .out_fd = fd };
+	struct s3_reply r = { 0 };
+	int rc = -1;
+
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
+		return -1;
+	if (call_open(&call, c, err) < 0)
+		goto out;
+	rc = perform(&call, &q, &r, err);
+	if (rc == 0 && !ok_status(r.status))
+		rc = fail_status(c, &q, &r, err);
+out:
+	call_close(&call);
+	reply_free(&r);
+	return rc;
+}
+
 int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err)
 {
 	struct s3_reply r;

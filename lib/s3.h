@@ -91,6 +91,10 @@ int s3_list(const struct s3_config *c, const char *prefix, int (*fn)(void *ctx, 
 int s3_list_parse(const char *xml, size_t len, int (*fn)(void *ctx, const char *key), void *ctx, char *token,
 		  size_t token_size);
 
+/* Download key into fd (at its current offset; a memfd, say): no temporary
+ * file, no fsync. On failure fd may hold part of the object. */
+int s3_get_fd(const struct s3_config *c, const char *key, int fd, struct kiln_err *err);
+
 /* Delete key (a missing key is not an error). */
 int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err);
 
