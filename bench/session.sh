@@ -54,6 +54,7 @@ for mem in $SIZES; do
 	for _ in $(seq "$RUNS"); do
 		t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/pause"; ms "$t" >> "$TMP/p"
 		jq -r '.snapshot.bytes // 0' "$TMP/pause" >> "$TMP/b"
+		jq -r '"\(.snapshot.pages_changed // "-") of \(.snapshot.pages_total // "-") pages"' "$TMP/pause" > "$TMP/pages"
 		t=$(date +%s%N); h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/r"
 		h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/re"
 		jq -e '.state == "running"' "$TMP/resume" > /dev/null || { echo "  resume failed: $(cat "$TMP/resume")"; break; }
@@ -62,6 +63,7 @@ for mem in $SIZES; do
 	mb=$(med < "$TMP/b" | awk '{ printf("%.1f", $1 / 1e6) }')
 	printf '  %-8s %10s %10s %14s %12s %14s %14s\n' "$mem MiB" "$p" "$r" "$re" "$mb" \
 		"$(awk -v p="$p" -v m="$mem" 'BEGIN { printf("%.2f", p / 1000 * 1024 / m) }')" "~4 (resume ~1 s)"
+	echo "    last pause: $(cat "$TMP/pages") sent (a diff against the base snapshot; '- of -': the whole RAM)"
 	if [ "$mem" = 256 ]; then
 		: > "$TMP/x"
 		for _ in $(seq 20); do
