@@ -57,3 +57,9 @@ RUNS=$RUNS bench/e2b.sh
 echo
 # Density: idle sessions per host in steps (memory, CPU, create time, exec latency), KSM off/on.
 bench/density.sh
+echo
+# The floor under it: plain QEMU clones of the same snapshot (memory, CPU running and stopped),
+# warmed pool VMs, and the TCG translation buffer's size against a busy workload.
+cdir=$(mktemp -d /tmp/kiln-bench-clones.XXXXXX)
+KILN_RUN_DIR=$cdir build/bench/clones build/image
+rmdir "$cdir" 2> /dev/null || true
