@@ -23,28 +23,9 @@
 #include "snapshot.h"
 #include "vm.h"
 
+#include "bench.h"
+
 #define MAX_CLONES 4096
-
-static long status_kib(pid_t pid, const char *file, const char *field)
-{
-	char path[64], line[256];
-	size_t fl = strlen(field);
-	long v = -1;
-	FILE *f;
-
-	if (file[0] == '/')
-		snprintf(path, sizeof(path), "%s", file);
-	else
-		snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, field, fl) && line[fl] == ':')
-			v = strtol(line + fl + 1, NULL, 10);
-	fclose(f);
-	return v;
-}
 
 /* utime + stime of a process, in clock ticks (fields 14 and 15 of stat,
  * counted after the command name's closing parenthesis). */
@@ -143,7 +124,6 @@ static const char *busy_code =
 
 int main(int argc, char **argv)
 {
-	static char kernel[4096], initrd[4096], disk[4096];
 	static struct vm vms[MAX_CLONES];
 	static struct jail_config jc;
 	struct vm_config base = { 0 };
@@ -162,18 +142,7 @@ int main(int argc, char **argv)
 	}
 	if (runs < 1)
 		runs = 1;
-	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
-	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", argv[1]);
-	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", argv[1]);
-	base.qemu = "/usr/bin/qemu-system-x86_64";
-	base.kernel = kernel;
-	base.initrd = initrd;
-	base.disk = disk;
-	base.disk_format = "raw";
-	base.run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
-	base.accel = VM_ACCEL_TCG;
-	base.vcpus = 1;
-	base.memory_mib = 256;
+	bench_base(&base, argv[1]);
 	if (vm_jail_config(&jc, base.qemu, base.accel, &err) < 0) {
 		fprintf(stderr, "clones: %s\n", err.message);
 		return 1;

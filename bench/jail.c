@@ -15,6 +15,8 @@
 #include "snapshot.h"
 #include "vm.h"
 
+#include "bench.h"
+
 static int cmp_i64(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -56,7 +58,6 @@ static long kib(pid_t pid, const char *file, const char *field)
 
 int main(int argc, char **argv)
 {
-	static char kernel[4096], initrd[4096], disk[4096];
 	static struct jail_config jc;
 	struct vm_config base = { 0 }, cfg[2];
 	struct kiln_err err = { .code = "" };
@@ -73,18 +74,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < 5; k++)
 		for (int j = 0; j < 2; j++)
 			t[k][j] = calloc((size_t)runs, sizeof(int64_t));
-	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
-	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", argv[1]);
-	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", argv[1]);
-	base.qemu = "/usr/bin/qemu-system-x86_64";
-	base.kernel = kernel;
-	base.initrd = initrd;
-	base.disk = disk;
-	base.disk_format = "raw";
-	base.run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
-	base.accel = VM_ACCEL_TCG;
-	base.vcpus = 1;
-	base.memory_mib = 256;
+	bench_base(&base, argv[1]);
 	{
 		int64_t t0 = proto_now_us();
 
