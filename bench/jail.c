@@ -38,24 +38,6 @@ static void report(const char *what, int64_t *plain, int np, int64_t *jailed, in
 	       (b - a) / 1e3, np, nj);
 }
 
-static long kib(pid_t pid, const char *file, const char *field)
-{
-	char path[64], line[256];
-	size_t fl = strlen(field);
-	long v = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, field, fl) && line[fl] == ':')
-			v = strtol(line + fl + 1, NULL, 10);
-	fclose(f);
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	static struct jail_config jc;
@@ -167,8 +149,8 @@ int main(int argc, char **argv)
 
 			if (snapshot_restore(&snap, &cfg[j], &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0 &&
 			    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, &err) == 0) {
-				rss[m] = kib(vm.pid, "status", "VmRSS");
-				pss[m++] = kib(vm.pid, "smaps_rollup", "Pss");
+				rss[m] = status_kib(vm.pid, "status", "VmRSS");
+				pss[m++] = status_kib(vm.pid, "smaps_rollup", "Pss");
 			}
 			vm_destroy(&vm);
 		}
