@@ -133,7 +133,9 @@ static void *ps_thread(void *arg)
 	return NULL;
 }
 
-/* Queue a local file (the disk layer; or the state on a retry) as chunks. */
+/* Queue a local file (the disk layer; or the state on a retry) as chunks.
+ * 0; -1 with err set (the file); -2 when an upload failed (the reason comes
+ * from pchunk_up_finish). */
 static int queue_file(struct pchunk_up *up, int stream, const char *path, struct kiln_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -153,7 +155,7 @@ static int queue_file(struct pchunk_up *up, int stream, const char *path, struct
 		}
 		if (pchunk_up_add(up, stream, b, (size_t)n) < 0) {
 			close(fd);
-			return -1; /* the reason comes from pchunk_up_finish */
+			return -2;
 		}
 	}
 }
@@ -406,15 +408,22 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		}
 		pthread_join(th, NULL);
 		started = 0;
-		if (r == 0 && ps.rc < 0) {
-			*err = ps.err;
-			fail_vm = 1;
-			r = -1;
-		}
 		*fst = ps.st;
-		if (close(ps.local_fd) < 0 && r == 0)
-			r = kiln_err_set(err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
+		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
+			ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
 		ps.local_fd = -1;
+		if (r == 0 && ps.rc < 0) {
+			/* QEMU saved the VM but the stream could not be kept (a
+			 * format the filter does not know, a full disk): the VM is
+			 * whole and stopped, so it goes on instead of being lost. */
+			*err = ps.err;
+			r = -1;
+			if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL,
+				   &(struct kiln_err){ .code = "" }) == 0) {
+				session_envd_enable(ss, s);
+				goto out;
+			}
+		}
 		if (r < 0) {
 			fail_vm = 1;
 			goto out;
@@ -435,10 +444,12 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			s->has_tu = 0;
 		}
 		s->state = SS_PAUSING;
-	} else if (queue_file(ps.up, 0, s->state_path, err) < 0 && ps.up) {
-		/* a retry: the filtered stream from the local copy */
+	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
+		goto out; /* a retry without the local copy of the stream */
 	}
-	queue_file(ps.up, 1, s->disk, err);
+	/* -2: an upload failed; pchunk_up_finish says which. */
+	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
+		goto out;
 	r = pchunk_up_finish(ps.up, &state, &disk, bytes, err);
 	ps.up = NULL;
 	if (r < 0)
