@@ -66,6 +66,10 @@ static struct hostd_task *find_locked(struct hostd *d, const char *id)
 static void task_free(struct hostd_task *t)
 {
 	free(t->spec_json);
+	if (t->dest) {
+		dest_wipe(t->dest);
+		free(t->dest);
+	}
 	if (t->tref) {
 		tref_free(t->tref);
 		free(t->tref);
@@ -148,8 +152,24 @@ static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_st
 		evlog_close_locked(&t->ev);
 }
 
-/* The durable record: small, rewritten at each milestone. */
+/* The durable record: small, rewritten at each milestone. A task with its
+ * customer's own destination keeps it there, secret included (the file is
+ * 0600, in a 0700 directory: spool_write_json), so that its upload goes
+ * there after a restart too. */
+static json_t *record_core_locked(struct hostd_task *t);
+
 static json_t *record_json_locked(struct hostd_task *t)
+{
+	json_t *r = record_core_locked(t);
+
+	if (r && t->dest && json_object_set_new(r, "destination", dest_to_json(t->dest, 1)) < 0) {
+		json_decref(r);
+		return NULL;
+	}
+	return r;
+}
+
+static json_t *record_core_locked(struct hostd_task *t)
 {
 	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:O*, s:O, s:O, s:s*}", "version", 1, "id", t->id,
 			 "customer", t->customer, "state", hostd_state_names[t->state], "final_state",
@@ -178,7 +198,7 @@ char *hostd_s3_key(const struct hostd_task *t, const char *rel)
 {
 	char *k = NULL;
 
-	if (asprintf(&k, "%s/%s/%s", t->customer, t->id, rel) < 0)
+	if (asprintf(&k, "%s%s/%s/%s", t->dest ? t->dest->prefix : "", t->customer, t->id, rel) < 0)
 		return NULL;
 	return k;
 }
@@ -598,6 +618,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 			*spec = v;
 		} else if (!strcmp(k, "template") && tmpl) {
 			*tmpl = v;
+		} else if (!strcmp(k, "destination")) {
+			/* the caller's (dest_from_json) */
 		} else {
 			kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
 			goto fail;
@@ -624,6 +646,12 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 
 int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
 		      struct kiln_err *err)
+{
+	return hostd_submit_dest(d, id, customer, spec_obj, tref, NULL, err);
+}
+
+int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
+		      const struct dest *dest, struct kiln_err *err)
 {
 	struct task_spec spec;
 	struct hostd_task *t;
@@ -657,7 +685,9 @@ int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, jso
 		if (tref->env)
 			json_incref(tref->env);
 	}
-	if (!t || !w || (tref && !t->tref) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (t && dest && (t->dest = malloc(sizeof(*t->dest))))
+		*t->dest = *dest;
+	if (!t || !w || (tref && !t->tref) || (dest && !t->dest) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		spec_free(&spec);
 		free(sj);
 		free(w);
