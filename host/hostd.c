@@ -803,15 +803,18 @@ json_t *hostd_task_json(struct hostd *d, const char *id)
 			      hostd_state_names[t->state], "created_ms", (json_int_t)t->created_ms, "result",
 			      res ? res : json_null(), "outputs", t->outputs, "artifacts", t->artifacts, "last_error",
 			      t->last_error[0] ? t->last_error : NULL, "upload_attempts", (int)t->upload_attempts, "s3",
-			      "bucket", d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings", "start_ms",
+			      "bucket", t->dest ? t->dest->bucket : d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings", "start_ms",
 			      ms_between(t->created_ms, t->running_ms), "run_ms", ms_between(t->running_ms, t->ended_ms),
 			      "upload_ms", ms_between(t->ended_ms, t->finished_ms), "total_ms",
 			      ms_between(t->created_ms, t->finished_ms));
 		if (j) {
-			char prefix[140];
+			char prefix[DEST_PREFIX_MAX + 140];
 
-			snprintf(prefix, sizeof(prefix), "%s/%s/", t->customer, t->id);
+			snprintf(prefix, sizeof(prefix), "%s%s/%s/", t->dest ? t->dest->prefix : "", t->customer, t->id);
 			json_object_set_new(json_object_get(j, "s3"), "prefix", json_string(prefix));
+			/* The customer's own destination: where, never its credentials. */
+			if (t->dest)
+				json_object_set_new(json_object_get(j, "s3"), "endpoint", json_string(t->dest->endpoint));
 		}
 	}
 	pthread_mutex_unlock(&d->lock);
