@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "condwait.h"
 #include "excerpt.h"
 #include "hostd_priv.h"
@@ -162,7 +164,10 @@ static json_t *record_json_locked(struct hostd_task *t)
 {
 	json_t *r = record_core_locked(t);
 
-	if (r && t->dest && json_object_set_new(r, "destination", dest_to_json(t->dest, 1)) < 0) {
+	/* Once final, the secret is not needed any more: the record keeps only
+	 * where the objects went. */
+	if (r && t->dest &&
+	    json_object_set_new(r, "destination", dest_to_json(t->dest, !state_final(t->state))) < 0) {
 		json_decref(r);
 		return NULL;
 	}
@@ -485,6 +490,10 @@ void hostd_task_finished_locked(struct hostd *d, struct hostd_task *t)
 		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id, err.message);
 		return;
 	}
+	/* Uploaded: the customer's secret goes from memory too (the record
+	 * just written holds it no more). */
+	if (t->dest)
+		OPENSSL_cleanse(t->dest->secret_key, sizeof(t->dest->secret_key));
 	for (size_t i = 0; i < sizeof(spooled) / sizeof(*spooled); i++) {
 		snprintf(path, sizeof(path), "%s/%s", t->dir, spooled[i]);
 		spool_rm_tree(path);

@@ -40,7 +40,8 @@ static void recover_one(struct hostd *d, const char *id)
 	/* A destination that does not parse cannot be uploaded to, and the
 	 * host's own bucket is no substitute: aside with the rest. */
 	if (r && json_object_get(r, "destination") &&
-	    dest_from_json(json_object_get(r, "destination"), DEST_SECRET_REQUIRED, NULL, &dest, &err) == 0)
+	    dest_from_json(json_object_get(r, "destination"), state_final(s) ? DEST_SECRET_NONE : DEST_SECRET_REQUIRED,
+			   NULL, &dest, &err) == 0)
 		have_dest = 1;
 	else if (r && json_object_get(r, "destination"))
 		customer = NULL;

@@ -390,11 +390,12 @@ int hostd_set_dest(struct hostd *d, const char *id, const struct dest *dest, str
 	else if (!dest_same_place(t->dest, dest))
 		r = kiln_err_set(err, KERR_INVALID_REQUEST,
 				 "a task's destination can get new credentials, not another endpoint, bucket or prefix");
-	if (r == 0) {
+	/* A final task's upload is done: its credentials are not kept. */
+	if (r == 0 && !state_final(t->state)) {
 		struct dest old = *t->dest;
 
 		*t->dest = *dest;
-		if (!state_final(t->state) && hostd_record_write_locked(t, err) < 0) {
+		if (hostd_record_write_locked(t, err) < 0) {
 			*t->dest = old;
 			r = -1;
 		}
