@@ -72,15 +72,15 @@ json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task
 	return task;
 }
 
-void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *customer,
-			     const char *id, time_t now)
+void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *base,
+			     const char *customer, const char *id, time_t now)
 {
-	char prefix[256], what[96];
+	char prefix[600], what[96];
 	json_t *v;
 	size_t i;
 
-	if (strlen(id) + strlen(customer) + 20 <= sizeof(prefix))
-		snprintf(prefix, sizeof(prefix), "%s/sessions/%s/outputs/", customer, id);
+	if (strlen(base) + strlen(id) + strlen(customer) + 20 <= sizeof(prefix))
+		snprintf(prefix, sizeof(prefix), "%s%s/sessions/%s/outputs/", base, customer, id);
 	else
 		prefix[0] = '\0';
 	snprintf(what, sizeof(what), "session %.80s", id);

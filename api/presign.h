@@ -31,8 +31,9 @@ json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task
 json_t *presign_task_unavailable(json_t *task, const char *why);
 
 /* A session's outputs answer ({"outputs":[...]}): each entry through
- * presign_entry with the prefix "CUSTOMER/sessions/ID/outputs/". */
-void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *customer,
-			     const char *id, time_t now);
+ * presign_entry with the prefix BASE "CUSTOMER/sessions/ID/outputs/" (base
+ * as for presign_task). */
+void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *base,
+			     const char *customer, const char *id, time_t now);
 
 #endif

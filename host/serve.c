@@ -758,11 +758,31 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
+	struct dest dest;
+	int have_dest = 0;
 	json_t *out;
 
 	if (!id)
 		return no_session(r->conn);
-	out = session_outputs(s->sessions, id, &err);
+	/* An optional {"destination":{...}}: the customer's own bucket. */
+	if (httpd_body_len(r->body)) {
+		json_error_t je;
+		json_t *j = json_loadb(httpd_body_data(r->body), httpd_body_len(r->body), JSON_REJECT_DUPLICATES, &je);
+
+		if (!j || json_object_size(j) != 1 || !json_object_get(j, "destination")) {
+			json_decref(j);
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "expected no body or {\"destination\":{...}}");
+		}
+		if (dest_from_json(json_object_get(j, "destination"), DEST_SECRET_REQUIRED, NULL, &dest, &err) < 0) {
+			json_decref(j);
+			return reply_err(r->conn, &err);
+		}
+		json_decref(j);
+		have_dest = 1;
+	}
+	out = session_outputs_to(s->sessions, id, have_dest ? &dest : NULL, &err);
+	if (have_dest)
+		dest_wipe(&dest);
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 

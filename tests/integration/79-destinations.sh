@@ -250,6 +250,20 @@ check "into the customer's bucket" [ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T2/" |
 check "its output's URL serves it" \
 	[ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/$T2.json")")" = "after the fix" ]
 
+# ---- a session's outputs go there too; its snapshot stays in kiln's bucket ----
+SID=$(cust -X POST --data '{}' "$API/v1/sessions" | jq -r '.id // empty')
+cust -X POST --data '{"argv":["sh","-c","echo session-out > /output/s.txt"]}' "$API/v1/sessions/$SID/exec" > /dev/null
+cust -X POST "$API/v1/sessions/$SID/outputs" > "$T_TMP/souts.json"
+check "a session's outputs go to the customer's bucket under PREFIX/CUSTOMER/sessions/ID/outputs/ ($(head -c 300 "$T_TMP/souts.json"))" \
+	jqe ".destination == \"$DID\" and (.outputs[0].s3_key == \"${CPREFIX}acme/sessions/$SID/outputs/s.txt\")" "$T_TMP/souts.json"
+check "and its URL serves the file" [ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/souts.json")")" = session-out ]
+check "listed with the customer's credentials, not in kiln's bucket" \
+	[ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "sessions/$SID/outputs/s.txt" | wc -l)" = 1 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "sessions/$SID/outputs")" ]
+st=$(cust -X POST "$API/v1/sessions/$SID/pause" | jq -r .state)
+check "its pause snapshot stays in kiln's bucket ($st)" \
+	[ "$st" = paused -a -n "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "sessions/$SID/")" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "sessions/$SID/" | grep -v /outputs/)" ]
+cust -X DELETE "$API/v1/sessions/$SID" > /dev/null
+
 # ---- deleted: kiln's bucket again ----
 r=$(custst DELETE /v1/destination)
 check "DELETE /v1/destination: 200, then GET 404" \

@@ -143,7 +143,7 @@ static void test_presign_session_outputs(void **state)
 	json_t *outs = json_object_get(r, "outputs");
 
 	(void)state;
-	presign_session_outputs(&cfg, 3600, r, "acme", "s_1", 1700000000);
+	presign_session_outputs(&cfg, 3600, r, "", "acme", "s_1", 1700000000);
 	expect_signed(json_array_get(outs, 0), "/kiln/acme/sessions/s_1/outputs/a.txt?");
 	expect_refused(json_array_get(outs, 1)); /* its own RAM: not an output */
 	expect_refused(json_array_get(outs, 2));
