@@ -239,8 +239,13 @@ rec=$T_TMP/spool/tasks/$T2/record.json
 check "its spool record keeps the destination, mode 0600 ($(stat -c %a "$rec" 2> /dev/null))" \
 	[ "$(stat -c %a "$rec" 2> /dev/null)" = 600 -a "$(jq -r .destination.bucket "$rec" 2> /dev/null)" = "$CBUCKET" ]
 check "the host's task JSON never shows the destination's secret" [ "$(grep -c rotated-wrong "$T_TMP/h2.json")" = 0 ]
-r=$(custst PUT /v1/destination "$(dest)")
-check "the destination fixed (same id)" [ "$(tail -1 <<< "$r")" = 200 -a "$(head -n -1 <<< "$r" | jq -r .id)" = "$DID" ]
+# Fixed with the CLI (the secret from stdin, never on the command line).
+kcli() { (cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 60 "$BIN/kiln" "$@"); }
+echo "$C_SK" | kcli destination set --endpoint "$S3_ENDPOINT" --bucket "$CBUCKET" --prefix "$CPREFIX" \
+	--access-key "$C_AK" --secret-key-file - > "$T_TMP/cli-set.out" 2> "$T_TMP/cli-set.err"
+rc=$?
+check "kiln destination set fixes it (exit $rc, same id, no secret printed)" \
+	[ "$rc" = 0 -a "$(jq -r .id "$T_TMP/cli-set.out" 2> /dev/null)" = "$DID" -a "$(grep -c "$C_SK" "$T_TMP/cli-set.out")" = 0 ]
 final "$T2" 60
 check "the spooled upload then succeeds" jqe '.state == "succeeded"' "$T_TMP/$T2.json"
 check "once uploaded, its spool record keeps where the objects went, not the secret" \
@@ -249,6 +254,12 @@ check "once uploaded, its spool record keeps where the objects went, not the sec
 check "into the customer's bucket" [ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T2/" | wc -l)" = 4 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T2")" ]
 check "its output's URL serves it" \
 	[ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/$T2.json")")" = "after the fix" ]
+
+kcli destination show > "$T_TMP/cli-show.out"; rc1=$?
+kcli destination test > "$T_TMP/cli-test.out"; rc2=$?
+check "kiln destination show and test (exit $rc1, $rc2; no secret)" \
+	[ "$rc1" = 0 -a "$rc2" = 0 -a "$(jq -r .bucket "$T_TMP/cli-show.out")" = "$CBUCKET" \
+	  -a "$(jq -r .test.ok "$T_TMP/cli-test.out")" = true -a "$(cat "$T_TMP"/cli-*.out | grep -c "$C_SK")" = 0 ]
 
 # ---- a session's outputs go there too; its snapshot stays in kiln's bucket ----
 SID=$(cust -X POST --data '{}' "$API/v1/sessions" | jq -r '.id // empty')
