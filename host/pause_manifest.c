@@ -106,3 +106,41 @@ json_t *pchunk_list_json(const struct pchunk_list *l)
 		}
 	return json_pack("{s:o, s:I}", "chunks", a, "size", (json_int_t)l->total);
 }
+
+void pbase_prefix(char *out, size_t cap, const char *sha)
+{
+	snprintf(out, cap, PBASE_DIR "%s/", sha);
+}
+
+int pbase_parse(const char *text, size_t len, const char *sha, uint64_t size, struct pchunk_list *out,
+		struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *m = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+	char prefix[128];
+	int r = -1;
+
+	memset(out, 0, sizeof(*out));
+	pbase_prefix(prefix, sizeof(prefix), sha);
+	if (!json_is_object(m) || json_integer_value(json_object_get(m, "version")) != PBASE_V ||
+	    strcmp(json_string_value(json_object_get(m, "sha256")) ?: "", sha) ||
+	    json_integer_value(json_object_get(m, "size")) != (json_int_t)size) {
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the base RAM %.16s in S3: its manifest is unreadable or not this base's",
+			     sha);
+		goto out;
+	}
+	if (chunks_parse(json_object_get(m, "mem"), prefix, out, err) < 0)
+		goto out;
+	if (out->total != size) {
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the base RAM %.16s in S3: its chunks do not add up to its size", sha);
+		goto out;
+	}
+	r = 0;
+out:
+	json_decref(m);
+	if (r < 0) {
+		free(out->c);
+		memset(out, 0, sizeof(*out));
+	}
+	return r;
+}

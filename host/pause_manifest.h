@@ -49,6 +49,22 @@ int pmanifest_parse(const char *text, size_t len, const char *customer, const ch
 		    struct kiln_err *err);
 void pmanifest_free(struct pmanifest *m);
 
+/* A base RAM in S3 (shared by every session paused against it, on any
+ * host): its chunks under PBASE_DIR "<sha256>/", then a manifest
+ * PBASE_DIR "<sha256>/manifest.json" (written last) with
+ * {"version": PBASE_V, "sha256", "size", "mem": {"chunks": [...]}}.
+ * Never deleted by kiln (see README Operations). */
+#define PBASE_DIR            ".bases/"
+#define PBASE_V              1
+
+/* The base's key prefix, PBASE_DIR "<sha>/" (sha: 64 hex digits). */
+void pbase_prefix(char *out, size_t cap, const char *sha);
+
+/* Parse a base's manifest: it must name this sha and size, and chunks
+ * under its prefix adding up to size. 0, or -1 with err (snapshot_corrupt). */
+int pbase_parse(const char *text, size_t len, const char *sha, uint64_t size, struct pchunk_list *out,
+		struct kiln_err *err);
+
 /* The JSON array of a chunk list (for writing a manifest); NULL if out of memory. */
 json_t *pchunk_list_json(const struct pchunk_list *l);
 

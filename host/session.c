@@ -109,11 +109,13 @@ void session_teardown(struct session_table *ss, struct session *s)
 	if (s->vcpus)
 		hostd_release(ss->d, s->vcpus, s->memory_mib);
 	s->vcpus = 0;
+	session_base_release(s);
 	fs_rmtree(s->dir);
 }
 
 void session_free(struct session *s)
 {
+	session_base_release(s);
 	json_decref(s->spec);
 	pthread_mutex_destroy(&s->op);
 	free(s);
@@ -346,6 +348,7 @@ struct session *session_new(struct session_table *ss, const char *id, const char
 	snprintf(s->state_path, sizeof(s->state_path), "%s/state", s->dir);
 	s->created_ms = s->last_active_ms = clock_wall_ms();
 	s->input_wr = -1;
+	s->base_fd = -1;
 	pthread_mutex_init(&s->op, NULL);
 	return s;
 }
@@ -394,7 +397,8 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 		cfg.mem_fd = 0;
 		cfg.mem_file = NULL;
 	} else {
-		cfg.mem_fd = s->snap->mem_fd;
+		/* The snapshot's RAM, or the base fetched for a resumed session. */
+		cfg.mem_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
 		cfg.mem_file = s->snap->mem;
 		cfg.mem_share = 0;
 	}

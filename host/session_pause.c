@@ -1,5 +1,5 @@
 /* session_pause: pause a session to S3 and resume it on any host with the
- * same image and the same base RAM (see session.h, docs/architecture.md
+ * same image (see session.h, docs/architecture.md
  * "Sessions").
  *
  * Pause (manifest version 2): QEMU migrates the stopped VM into a pipe; a
@@ -14,10 +14,15 @@
  * touches what the previous manifest names; the previous generation is
  * deleted once the new manifest is in.
  *
+ * The base itself goes to S3 once (PBASE_DIR "<sha256>/", chunks then
+ * its own manifest) before the first manifest that names it, so that any
+ * host can resume the session.
+ *
  * Resume: the manifest, then every chunk in parallel, each checked before
- * use; the base must be this host's snapshot RAM (same SHA-256) or resume
- * is refused; QEMU starts on the base mapped copy-on-write and loads the
- * filtered stream over it. Manifest version 1 (whole files) still resumes.
+ * use; the base is this host's snapshot RAM when its SHA-256 matches, else
+ * its copy from S3 (every chunk checked, then the whole), shared by the
+ * sessions on it here; QEMU starts on the base mapped copy-on-write and
+ * loads the filtered stream over it. Manifest version 1 (whole files) still resumes.
  * Clock and entropy are set anew afterwards, as after any restore. */
 #include "session_priv.h"
 #include "qcow2.h"
@@ -32,6 +37,8 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "fsutil.h"
 #include "io.h"
@@ -244,6 +251,223 @@ static struct pmanifest *get_manifest(const struct s3_config *c, const char *cus
 	return pm;
 }
 
+/* ---- the base RAM in S3 ------------------------------------------------- */
+
+/* Bases fetched from S3 that sessions on this host map now, shared: one
+ * sealed memfd per base, closed with the last session on it. */
+struct fetched_base {
+	char sha[65];
+	int fd, refs;
+	struct fetched_base *next;
+};
+static pthread_mutex_t bases_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fetched_base *bases;
+
+void session_base_release(struct session *s)
+{
+	struct fetched_base **p, *b;
+
+	if (s->base_fd < 0)
+		return;
+	pthread_mutex_lock(&bases_lock);
+	for (p = &bases; (b = *p); p = &b->next)
+		if (b->fd == s->base_fd) {
+			if (--b->refs == 0) {
+				*p = b->next;
+				close(b->fd);
+				free(b);
+			}
+			break;
+		}
+	pthread_mutex_unlock(&bases_lock);
+	s->base_fd = -1;
+}
+
+/* The fetched base with this sha in use here: its fd (one more reference), or -1. */
+static int base_find(const char *sha)
+{
+	int fd = -1;
+
+	pthread_mutex_lock(&bases_lock);
+	for (struct fetched_base *b = bases; b; b = b->next)
+		if (!strcmp(b->sha, sha)) {
+			b->refs++;
+			fd = b->fd;
+			break;
+		}
+	pthread_mutex_unlock(&bases_lock);
+	return fd;
+}
+
+/* Add fd (a base just fetched) to the table; if another thread added the
+ * same base meanwhile, fd is closed and that one is used. The fd to use. */
+static int base_add(const char *sha, int fd)
+{
+	int have = base_find(sha);
+	struct fetched_base *b;
+
+	if (have >= 0) {
+		close(fd);
+		return have;
+	}
+	if (!(b = calloc(1, sizeof(*b)))) {
+		close(fd);
+		return -1;
+	}
+	snprintf(b->sha, sizeof(b->sha), "%s", sha);
+	b->fd = fd;
+	b->refs = 1;
+	pthread_mutex_lock(&bases_lock);
+	b->next = bases;
+	bases = b;
+	pthread_mutex_unlock(&bases_lock);
+	return fd;
+}
+
+/* Make sure the session's base RAM (fd, size, sha) is in S3 under
+ * PBASE_DIR "<sha>/" before a manifest names it: a HEAD of the base's
+ * manifest (one round trip per pause: unlike a local marker it stays true
+ * when someone empties the bucket); when missing, its chunks (zstd) then its
+ * manifest. *uploaded: compressed bytes sent. */
+static int base_ensure(struct session *s, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+		       uint64_t *uploaded, struct kiln_err *err)
+{
+	char prefix[128], key[192], *text;
+	struct pchunk_list l = { 0 }, none = { 0 };
+	struct pchunk_up *up;
+	uint64_t zbytes = 0;
+	json_t *m;
+	int r;
+
+	pbase_prefix(prefix, sizeof(prefix), sha);
+	snprintf(key, sizeof(key), "%smanifest.json", prefix);
+	r = s3_head(c, key, NULL, err);
+	if (r < 0)
+		return -1;
+	if (r == 0) {
+		if (!(up = pchunk_up_start(c, prefix, PAUSE_WORKERS)))
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
+		for (uint64_t off = 0; off < size;) {
+			size_t n = size - off < PCHUNK_RAW_MAX ? (size_t)(size - off) : PCHUNK_RAW_MAX;
+			uint8_t *b = malloc(n);
+
+			if (!b || pread(fd, b, n, (off_t)off) != (ssize_t)n) {
+				free(b);
+				pchunk_up_finish(up, &l, &none, &zbytes, &(struct kiln_err){ .code = "" });
+				free(l.c);
+				free(none.c);
+				return kiln_err_set(err, KERR_HOST_ERROR, "reading the base RAM: %s", strerror(errno));
+			}
+			if (pchunk_up_add(up, 0, b, n) < 0)
+				break; /* the reason comes from pchunk_up_finish */
+			off += n;
+		}
+		if (pchunk_up_finish(up, &l, &none, &zbytes, err) < 0)
+			return -1;
+		free(none.c);
+		m = json_pack("{s:i, s:s, s:I, s:s, s:o}", "version", PBASE_V, "sha256", sha, "size", (json_int_t)size,
+			      "template", s->snap->key, "mem", pchunk_list_json(&l));
+		free(l.c);
+		text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+		json_decref(m);
+		if (!text)
+			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
+		free(text);
+		if (r < 0)
+			return -1;
+		*uploaded += zbytes;
+	}
+	return 0;
+}
+
+/* A paused session's base RAM from S3 (manifest, then every chunk checked
+ * by its SHA-256, then the whole by the base's), in a sealed memfd shared
+ * with the other sessions on it here. The fd (the caller holds one
+ * reference, see session_base_release), or -1 with err. */
+static int base_fetch(const struct s3_config *c, const char *sha, uint64_t size, struct kiln_err *err)
+{
+	char prefix[128], key[192], *text = NULL, got[65];
+	struct pchunk_list l = { 0 };
+	unsigned char d[32];
+	unsigned int dl;
+	EVP_MD_CTX *md = NULL;
+	uint8_t *buf = NULL;
+	ssize_t len;
+	int fd;
+
+	if ((fd = base_find(sha)) >= 0)
+		return fd;
+	pbase_prefix(prefix, sizeof(prefix), sha);
+	snprintf(key, sizeof(key), "%smanifest.json", prefix);
+	len = get_small(c, key, &text, err);
+	if (len < 0) {
+		if (err->errc == KERR_S3_NOT_FOUND)
+			kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+				     "the session was paused as a diff against base RAM %.16s, which is neither this host's "
+				     "snapshot RAM nor in S3 (%s is missing): it resumes only on a host with that base",
+				     sha, key);
+		return -1;
+	}
+	if (pbase_parse(text, (size_t)len, sha, size, &l, err) < 0) {
+		free(text);
+		return -1;
+	}
+	free(text);
+	fd = memfd_create("kiln-base", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	/* Every page allocated here (as jail_sealed_memfd does for a snapshot):
+	 * a hole would be filled on a clone's first touch, charged to it. */
+	if (fd < 0 || ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "memfd for the base RAM: %s", strerror(errno));
+		goto fail;
+	}
+	if (pchunk_get_all(c, &l, fd, PAUSE_WORKERS, err) < 0)
+		goto fail;
+	/* Each chunk matched its manifest; the whole must match its name. */
+	md = EVP_MD_CTX_new();
+	buf = malloc(1 << 20);
+	if (!md || !buf) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto fail;
+	}
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	for (uint64_t off = 0; off < size;) {
+		ssize_t n = pread(fd, buf, 1 << 20, (off_t)off);
+
+		if (n <= 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "reading the base RAM back");
+			goto fail;
+		}
+		EVP_DigestUpdate(md, buf, (size_t)n);
+		off += (uint64_t)n;
+	}
+	EVP_DigestFinal_ex(md, d, &dl);
+	for (int i = 0; i < 32; i++)
+		snprintf(got + 2 * i, 3, "%02x", d[i]);
+	if (strcmp(got, sha)) {
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the base RAM %.16s from S3 has SHA-256 %.16s (S3 copy damaged)", sha,
+			     got);
+		goto fail;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "sealing the base RAM: %s", strerror(errno));
+		goto fail;
+	}
+	EVP_MD_CTX_free(md);
+	free(buf);
+	free(l.c);
+	if ((fd = base_add(sha, fd)) < 0)
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	return fd;
+fail:
+	EVP_MD_CTX_free(md);
+	free(buf);
+	free(l.c);
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
 /* Deleting the previous pause's chunks happens after the new manifest is
  * in and need not delay the answer: a detached thread with its own copy of
  * the S3 settings and of the keys. A failure leaves objects that the
@@ -346,7 +570,7 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
  * upload the chunks, then the manifest. On success *bytes holds the
  * compressed bytes sent. */
 static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
-		    struct migfilter_stats *fst, struct kiln_err *err)
+		    uint64_t *base_bytes, struct migfilter_stats *fst, struct kiln_err *err)
 {
 	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
@@ -354,7 +578,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	char prefix[512], gen[48], base_sha[65];
 	void *map = MAP_FAILED;
 	pthread_t th;
-	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0;
+	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0, base_fd;
 
 	unsigned rnd = 0;
 
@@ -364,8 +588,16 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
 	if (s3_ensure_bucket(c, err) < 0)
 		return -1;
-	/* The base's hash (cached after the first pause of this snapshot). */
-	if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
+	/* The base: the snapshot's RAM (its hash cached after the first pause
+	 * of this snapshot), or the base this session was resumed on. */
+	if (s->base_fd >= 0)
+		snprintf(base_sha, sizeof(base_sha), "%s", s->base_sha);
+	else if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
+		return -1;
+	base_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
+	/* In S3 before any manifest names it (while the VM still runs: a
+	 * failure here leaves it running). */
+	if (base_ensure(s, c, base_fd, s->snap->mem_size, base_sha, base_bytes, err) < 0)
 		return -1;
 	old = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
 	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
@@ -375,7 +607,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	}
 	ps.up_ok = 1;
 	if (s->state == SS_RUNNING) {
-		map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED, s->snap->mem_fd, 0);
+		map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED, base_fd, 0);
 		if (map == MAP_FAILED) {
 			kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
 			goto out;
@@ -494,7 +726,7 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 	struct session *s = session_take(ss, id, err);
 	int64_t t0 = proto_now_ms();
 	struct migfilter_stats fst = { 0 };
-	uint64_t bytes = 0, disk_size = 0;
+	uint64_t bytes = 0, base_bytes = 0, disk_size = 0;
 	struct hostd_s3 s3;
 	struct stat st;
 	char prefix[512];
@@ -508,7 +740,7 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 		session_put(ss, s, 0);
 		return NULL;
 	}
-	r = pause_v2(ss, s, &s3.c, &bytes, &fst, err);
+	r = pause_v2(ss, s, &s3.c, &bytes, &base_bytes, &fst, err);
 	if (r == -2) {
 		fprintf(stderr, "kiln-host: session %s: pause failed (%s); the session ends\n", id, err->message);
 		hostd_s3_free(&s3);
@@ -531,10 +763,10 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 	if (stat(s->disk, &st) == 0)
 		disk_size = (uint64_t)st.st_size;
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", s->customer, s->id);
-	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I, s:I}}", "id", s->id, "state", "paused", "snapshot",
-			"bucket", s3.c.bucket, "prefix", prefix, "bytes", (json_int_t)bytes, "pause_ms",
+	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}}", "id", s->id, "state", "paused",
+			"snapshot", "bucket", s3.c.bucket, "prefix", prefix, "bytes", (json_int_t)bytes, "pause_ms",
 			(json_int_t)(proto_now_ms() - t0), "pages_changed", (json_int_t)fst.pages_kept, "pages_total",
-			(json_int_t)fst.pages, "disk_bytes", (json_int_t)disk_size);
+			(json_int_t)fst.pages, "disk_bytes", (json_int_t)disk_size, "base_bytes", (json_int_t)base_bytes);
 	hostd_s3_free(&s3);
 	session_teardown(ss, s);
 	session_put(ss, s, 1);
@@ -681,12 +913,17 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		if (snapshot_mem_sha256(snap, base_sha, err) < 0)
 			goto fail;
-		if (strcmp(base_sha, pm.base_sha256) || pm.base_size != snap->mem_size) {
+		if (pm.base_size != snap->mem_size) {
 			kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
-				     "the session was paused as a diff against base RAM %.16s, and this host's snapshot %s has "
-				     "RAM %.16s: it resumes only on a host with that base",
-				     pm.base_sha256, snap->key, base_sha);
+				     "the session was paused with %llu bytes of RAM, and this host's snapshot %s has %llu",
+				     (unsigned long long)pm.base_size, snap->key, (unsigned long long)snap->mem_size);
 			goto fail;
+		}
+		/* Another host's snapshot RAM: its copy in S3 becomes this VM's base. */
+		if (strcmp(base_sha, pm.base_sha256)) {
+			if ((s->base_fd = base_fetch(&s3.c, pm.base_sha256, pm.base_size, err)) < 0)
+				goto fail;
+			snprintf(s->base_sha, sizeof(s->base_sha), "%s", pm.base_sha256);
 		}
 	}
 	if (hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0)

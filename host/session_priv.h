@@ -34,6 +34,11 @@ struct session {
 	struct template_use tu;  /* the session's template while it runs here */
 	int has_tu;
 	char release[65];
+	/* The RAM the VM maps copy-on-write when it is not the snapshot's: a
+	 * base fetched from S3 on resume (a sealed memfd shared by the
+	 * sessions on that base, see session_base_release); -1: snap->mem_fd. */
+	int base_fd;
+	char base_sha[65];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
@@ -62,6 +67,10 @@ struct launch {
 	int done, rc;
 	struct launch *next;
 };
+
+/* Let go of the session's fetched base RAM (s->base_fd), if any: the last
+ * session on it closes it. */
+void session_base_release(struct session *s);
 
 struct session_table {
 	struct hostd *d;

@@ -2,8 +2,10 @@
 # Session pause as a diff (manifest v2): a session with a ~200 MiB working
 # set held by a background process that also listens on a TCP socket, and
 # files on its disk, pauses on one kiln-host into a real S3 (Swift s3api) and
-# resumes on another with all of it intact; a flipped byte in any chunk
-# object (RAM or disk) fails the resume clearly and the session stays paused;
+# resumes on another whose snapshot was built on its own (other RAM bytes),
+# from the base RAM the first pause put in S3, with all of it intact; a
+# flipped byte in any chunk object (RAM, disk or base) fails the resume
+# clearly and the session stays paused;
 # a pause cut by SIGKILL of kiln-host leaves a paused session that resumes
 # (the manifest, written last, names only whole chunks); DELETE removes the
 # chunks; nothing is left behind.
@@ -31,12 +33,13 @@ trap cleanup EXIT
 . "$T_TMP/s3.env"
 before_cg=$(count_cgroups)
 
-start_host() { # NAME PORT
+start_host() { # NAME PORT [CACHE]: B builds its own snapshot (RAM not byte-identical to A's)
 	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg cache "${3:-}" \
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
 		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}
+		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
 	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
 	hostpid[$1]=$!
 	for _ in $(seq 1800); do
@@ -69,9 +72,15 @@ def exists(k):
         return False
 if op == "exists":
     print("yes" if exists(key) else "no")
-elif op == "flip":  # flip one bit in chunk N of a stream (state or disk); twice puts it back
+elif op == "base":  # the base RAM the manifest names
+    print(manifest()["base"]["sha256"])
+elif op == "flip":  # flip one bit in chunk N of a stream (state, disk or base); twice puts it back
     stream, n = sys.argv[3].split(":")
-    chunks = manifest()[stream]["chunks"]
+    if stream == "base":
+        sha = manifest()["base"]["sha256"]
+        chunks = json.loads(s3.get_object(Bucket=b, Key=".bases/%s/manifest.json" % sha)["Body"].read())["mem"]["chunks"]
+    else:
+        chunks = manifest()[stream]["chunks"]
     k = chunks[int(n) % len(chunks)]["key"]
     d = bytearray(s3.get_object(Bucket=b, Key=k)["Body"].read())
     d[len(d) // 3] ^= 0x10
@@ -91,7 +100,8 @@ elif op == "count":  # objects under a prefix
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
 M=acme/sessions/s1/manifest.json
 
-if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
+CACHE_B=$T_TMP/cache-b
+if start_host a "$PA" && start_host b "$PB" "$CACHE_B"; then ok "two kiln-hosts share one S3"
 else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
 
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
@@ -118,9 +128,12 @@ pj=$(jq -c .snapshot "$T_TMP/last")
 check "pause: 200 paused as a diff ($pj)" test "$st" = 200 -a "$(last .state)" = paused \
 	-a "$(last .snapshot.pages_changed)" -lt "$(last .snapshot.pages_total)" -a "$(last .snapshot.pages_changed)" -gt 50000
 check "the manifest (v2) names only chunks that exist" test "$(s3py whole $M)" = yes
+BASE=$(s3py base $M)
+check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes)" \
+	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes -a "$(last .snapshot.base_bytes)" -gt 0
 
 # --- a flipped bit in any chunk: refused, the session stays paused ---
-for which in state:0 state:-1 disk:0; do
+for which in state:0 state:-1 disk:0 base:0 base:-1; do
 	k=$(s3py flip $M "$which")
 	st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 	check "a flipped bit in $which ($k) fails the resume: 422 snapshot_corrupt ($(last .error.message))" \
@@ -133,6 +146,9 @@ done
 # --- resume on B: everything intact ---
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 check "resume on B: 200 running ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
+sha_b=$(cut -c1-64 "$CACHE_B"/snapshots/*/mem.sha256 2> /dev/null | head -1)
+check "...B's own snapshot RAM (${sha_b:0:12}) is not the base (${BASE:0:12}): B used the base from S3" \
+	test "${#sha_b}" = 64 -a "$sha_b" != "$BASE"
 a1=$(ask "$PB")
 check "after resume: the same process answers on its socket with its 200 MiB intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
 h "$PB" GET "/v1/sessions/s1/files?path=/work/data.bin" > /dev/null
@@ -157,7 +173,7 @@ else
 	ex "$PA" '{"argv":["cat","/work/mark"]}' > /dev/null
 	check "...as of the cut pause (its manifest was in): the mark file is there" test "$(last .stdout)" = after
 fi
-start_host b "$PB" || not_ok "B restarts" "$(tail -3 "$T_TMP/b.err")"
+start_host b "$PB" "$CACHE_B" || not_ok "B restarts" "$(tail -3 "$T_TMP/b.err")"
 
 # --- a second pause deletes the first one's chunks; DELETE deletes all ---
 keys1=$(s3py keys $M)
@@ -167,6 +183,8 @@ check "a newer pause removed the older pause's chunks ($first)" test "$(s3py exi
 st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
 check "DELETE of the paused session removes its manifest and every chunk" \
 	test "$st" = 200 -a "$(s3py count acme/sessions/s1/)" = 0
+check "...and leaves the shared base RAM in S3 (kiln never deletes a base)" \
+	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes
 
 check "nothing left: no QEMU, VM directories, session files or cgroups" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
