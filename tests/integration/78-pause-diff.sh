@@ -154,33 +154,42 @@ check "after resume: the same process answers on its socket with its 200 MiB int
 h "$PB" GET "/v1/sessions/s1/files?path=/work/data.bin" > /dev/null
 check "after resume: the file on disk is intact (8 MB)" cmp -s "$T_TMP/last" "$T_TMP/data.bin"
 
+# --- a pause on B diffs against the base B fetched; A resumes it on its own snapshot ---
+st=$(h "$PB" POST /v1/sessions/s1/pause)
+check "pause on B: 200, against the same base, nothing more to upload ($(jq -c .snapshot "$T_TMP/last"))" \
+	test "$st" = 200 -a "$(s3py base $M)" = "$BASE" -a "$(last .snapshot.base_bytes)" = 0
+st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "resume on A: 200 running ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = a
+a1=$(ask "$PA")
+check "...with its process and memory intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
+
 # --- a pause cut by SIGKILL of kiln-host ---
 old_keys=$(s3py keys $M)
-ex "$PB" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
-curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PB/v1/sessions/s1/pause" &
+ex "$PA" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
+curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PA/v1/sessions/s1/pause" &
 cpid=$!
 sleep 0.4
-kill -9 "${hostpid[b]}"; wait "${hostpid[b]}" 2> /dev/null; wait "$cpid" 2> /dev/null
+kill -9 "${hostpid[a]}"; wait "${hostpid[a]}" 2> /dev/null; wait "$cpid" 2> /dev/null
 check "after SIGKILL mid-pause the manifest in S3 is whole (the old one or the new one)" test "$(s3py whole $M)" = yes
-st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
-check "...and the session resumes on A ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running
-a2=$(ask "$PA")
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "...and the session resumes on B ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running
+a2=$(ask "$PB")
 check "...with its process and memory intact ($a2)" test "$a2" = "$h0 $h0 $pid0"
 if [ "$(s3py keys $M)" = "$old_keys" ]; then
-	ex "$PA" '{"argv":["sh","-c","cat /work/mark 2>/dev/null || echo none"]}' > /dev/null
+	ex "$PB" '{"argv":["sh","-c","cat /work/mark 2>/dev/null || echo none"]}' > /dev/null
 	check "...as of the previous pause (the cut one left no manifest): no mark file" test "$(last .stdout)" = none
 else
-	ex "$PA" '{"argv":["cat","/work/mark"]}' > /dev/null
+	ex "$PB" '{"argv":["cat","/work/mark"]}' > /dev/null
 	check "...as of the cut pause (its manifest was in): the mark file is there" test "$(last .stdout)" = after
 fi
-start_host b "$PB" "$CACHE_B" || not_ok "B restarts" "$(tail -3 "$T_TMP/b.err")"
+start_host a "$PA" || not_ok "A restarts" "$(tail -3 "$T_TMP/a.err")"
 
 # --- a second pause deletes the first one's chunks; DELETE deletes all ---
 keys1=$(s3py keys $M)
-h "$PA" POST /v1/sessions/s1/pause > /dev/null
+h "$PB" POST /v1/sessions/s1/pause > /dev/null
 first=${keys1%% *}
 check "a newer pause removed the older pause's chunks ($first)" test "$(s3py exists "$first")" = no -a "$(s3py whole $M)" = yes
-st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
+st=$(h "$PB" DELETE "/v1/sessions/s1?customer=acme")
 check "DELETE of the paused session removes its manifest and every chunk" \
 	test "$st" = 200 -a "$(s3py count acme/sessions/s1/)" = 0
 check "...and leaves the shared base RAM in S3 (kiln never deletes a base)" \
