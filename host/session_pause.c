@@ -345,6 +345,8 @@ static int base_ensure(struct session *s, const struct s3_config *c, int fd, uin
 	if (r < 0)
 		return -1;
 	if (r == 0) {
+		int64_t t0 = proto_now_ms();
+
 		if (!(up = pchunk_up_start(c, prefix, PAUSE_WORKERS)))
 			return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
 		for (uint64_t off = 0; off < size;) {
@@ -377,6 +379,8 @@ static int base_ensure(struct session *s, const struct s3_config *c, int fd, uin
 		if (r < 0)
 			return -1;
 		*uploaded += zbytes;
+		fprintf(stderr, "kiln-host: base RAM %.16s: %llu bytes compressed into S3 in %lld ms\n", sha,
+			(unsigned long long)zbytes, (long long)(proto_now_ms() - t0));
 	}
 	return 0;
 }
@@ -395,6 +399,8 @@ static int base_fetch(const struct s3_config *c, const char *sha, uint64_t size,
 	uint8_t *buf = NULL;
 	ssize_t len;
 	int fd;
+
+	int64_t t0 = proto_now_ms();
 
 	if ((fd = base_find(sha)) >= 0)
 		return fd;
@@ -458,6 +464,9 @@ static int base_fetch(const struct s3_config *c, const char *sha, uint64_t size,
 	free(l.c);
 	if ((fd = base_add(sha, fd)) < 0)
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	else
+		fprintf(stderr, "kiln-host: base RAM %.16s: fetched from S3 and checked in %lld ms\n", sha,
+			(long long)(proto_now_ms() - t0));
 	return fd;
 fail:
 	EVP_MD_CTX_free(md);

@@ -129,7 +129,7 @@ check "pause: 200 paused as a diff ($pj)" test "$st" = 200 -a "$(last .state)" =
 	-a "$(last .snapshot.pages_changed)" -lt "$(last .snapshot.pages_total)" -a "$(last .snapshot.pages_changed)" -gt 50000
 check "the manifest (v2) names only chunks that exist" test "$(s3py whole $M)" = yes
 BASE=$(s3py base $M)
-check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes)" \
+check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes; $(grep -o 'compressed into S3 in [0-9]* ms' "$T_TMP/a.err" | tail -1))" \
 	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes -a "$(last .snapshot.base_bytes)" -gt 0
 
 # --- a flipped bit in any chunk: refused, the session stays paused ---
@@ -144,8 +144,10 @@ for which in state:0 state:-1 disk:0 base:0 base:-1; do
 done
 
 # --- resume on B: everything intact ---
+t0=$(date +%s%N)
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
-check "resume on B: 200 running ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
+t1=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "resume on B: 200 running ($st $(last .error.message); $t1 ms, base $(grep -o 'fetched from S3 and checked in [0-9]* ms' "$T_TMP/b.err" | tail -1))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
 sha_b=$(cut -c1-64 "$CACHE_B"/snapshots/*/mem.sha256 2> /dev/null | head -1)
 check "...B's own snapshot RAM (${sha_b:0:12}) is not the base (${BASE:0:12}): B used the base from S3" \
 	test "${#sha_b}" = 64 -a "$sha_b" != "$BASE"
@@ -158,8 +160,10 @@ check "after resume: the file on disk is intact (8 MB)" cmp -s "$T_TMP/last" "$T
 st=$(h "$PB" POST /v1/sessions/s1/pause)
 check "pause on B: 200, against the same base, nothing more to upload ($(jq -c .snapshot "$T_TMP/last"))" \
 	test "$st" = 200 -a "$(s3py base $M)" = "$BASE" -a "$(last .snapshot.base_bytes)" = 0
+t0=$(date +%s%N)
 st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
-check "resume on A: 200 running ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = a
+t1=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "resume on A: 200 running ($st $(last .error.message); $t1 ms, its own snapshot RAM)" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = a
 a1=$(ask "$PA")
 check "...with its process and memory intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
 
