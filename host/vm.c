@@ -868,6 +868,23 @@ int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 	return vm_setup_send(vm, deadline_ms, err) < 0 ? -1 : vm_setup_recv(vm, deadline_ms, err);
 }
 
+int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid, struct kiln_err *err)
+{
+	struct proto_frame f;
+
+	if (vm_send(vm, PROTO_PROCS_QUERY, NULL, 0, deadline_ms, err) < 0 || vm_recv(vm, &f, deadline_ms, err) < 0)
+		return -1;
+	if (f.type == PROTO_PROCS && proto_procs_decode(f.payload, f.len, count, pid) == 0)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(err, KERR_GUEST_ERROR, "procs: %s", e.message);
+	}
+	return kiln_err_set(err, KERR_VM_ERROR, "procs: unexpected frame type 0x%02x from the guest", f.type);
+}
+
 int vm_set_nice(const struct vm *vm, int nice)
 {
 	char path[64];
