@@ -19,10 +19,12 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "buf.h"
 #include "fake_vm_ops.h"
 #include "fsutil.h"
 #include "hostd.h"
 #include "session.h"
+#include "session_priv.h"
 
 struct fixture {
 	struct fake_ops f;
@@ -189,6 +191,43 @@ static void test_checked_first(void **state)
 	assert_null(session_get(x->ss, "s1"));
 }
 
+/* The idle stop's decision (host/session_idle.c): ask the guest only for a
+ * booted, running session that is not stopped yet, has no interactive
+ * command or envd request in flight, had no request for the delay, and was
+ * not found busy a moment ago; never with the delay 0. Then the idler and
+ * metrics start and stop with an empty table. */
+static void test_idle_due(void **state)
+{
+	struct fixture *x = *state;
+	struct session_idle_view v = { .running = 1, .last_active_ms = 10000, .idle_check_ms = 0 };
+	struct session_idle_view w;
+	struct kiln_err err = { .code = "" };
+	struct buf b = BUF_INIT;
+
+	assert_int_equal(session_idle_due(&v, 11500, 1500), 1);
+	assert_int_equal(session_idle_due(&v, 11499, 1500), 0); /* not idle long enough */
+	assert_int_equal(session_idle_due(&v, 99999, 0), 0);    /* idle stop off */
+	w = v, w.running = 0;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0); /* pausing, starting, gone */
+	w = v, w.stopped = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.interactive = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.envd_busy = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.idle_check_ms = 20001;                          /* busy a moment ago */
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	assert_int_equal(session_idle_due(&w, 20001, 1500), 1);
+
+	assert_int_equal(sessions_set_idle_stop(x->ss, 100, &err), 0);
+	usleep(150 * 1000); /* a pass or two over an empty table */
+	sessions_metrics(x->ss, &b);
+	assert_non_null(strstr(b.p, "kiln_host_sessions{vcpus=\"stopped\"} 0\n"));
+	assert_non_null(strstr(b.p, "kiln_host_session_idle_stops_total 0\n"));
+	buf_free(&b);
+	/* teardown's sessions_close stops the idler */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -196,6 +235,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_create_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_not_found, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checked_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_due, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
