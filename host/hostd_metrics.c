@@ -12,6 +12,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 {
 	unsigned running = 0, uploading = 0, vcpus_used;
 	uint64_t total_mib, used_mib;
+	struct pool_stats ps = { 0 };
 	json_t *j;
 
 	pthread_mutex_lock(&d->lock);
@@ -25,6 +26,8 @@ json_t *hostd_capacity_json(struct hostd *d)
 	total_mib = d->cap->total_mib;
 	used_mib = d->cap->used_mib;
 	pthread_mutex_unlock(&d->cap->lock);
+	if (d->pool)
+		pool_stats(d->pool, &ps);
 	j = json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
 			 d->host_id, "accel", d->cfg.accel ? d->cfg.accel : "tcg", "vcpus", "total",
 			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "memory_mib", "total", (json_int_t)total_mib,
@@ -33,6 +36,15 @@ json_t *hostd_capacity_json(struct hostd *d)
 			 d->pool ? (int)pool_prestarted(d->pool) : 0, "memory_mib",
 			 d->pool ? (int)pool_memory_mib(d->pool) : 0, "vcpus", d->pool ? (int)pool_vcpus(d->pool) : 0,
 			 "egress", d->ro.net && d->ro.net->enabled);
+	if (j && d->pool) {
+		json_t *po = json_object_get(j, "pool");
+
+		json_object_set_new(po, "target", json_integer(ps.target));
+		json_object_set_new(po, "min", json_integer(ps.min));
+		json_object_set_new(po, "max", json_integer(ps.max));
+		json_object_set_new(po, "misses", json_integer((json_int_t)ps.misses));
+		json_object_set_new(po, "refill_ms", json_integer(ps.refill_ms));
+	}
 	if (j && d->cfg.templates)
 		json_object_set_new(j, "templates", template_store_json(d->cfg.templates));
 	return j;
@@ -82,6 +94,20 @@ char *hostd_metrics(struct hostd *d)
 	pthread_mutex_unlock(&d->lock);
 	buf_adds(&b, "# HELP kiln_host_pool_ready Warm pool VMs ready.\n# TYPE kiln_host_pool_ready gauge\n");
 	buf_printf(&b, "kiln_host_pool_ready %u\n", d->pool ? pool_ready(d->pool) : 0);
+	if (d->pool) {
+		struct pool_stats ps;
+
+		pool_stats(d->pool, &ps);
+		buf_adds(&b, "# HELP kiln_host_pool_target Warm pool VMs the default template's pool aims for now "
+			     "(between its size and max, by recent demand).\n# TYPE kiln_host_pool_target gauge\n");
+		buf_printf(&b, "kiln_host_pool_target %u\n", ps.target);
+		buf_adds(&b, "# HELP kiln_host_pool_takes_total Tasks that asked the pool for a VM.\n"
+			     "# TYPE kiln_host_pool_takes_total counter\n");
+		buf_printf(&b, "kiln_host_pool_takes_total %llu\n", (unsigned long long)ps.takes);
+		buf_adds(&b, "# HELP kiln_host_pool_misses_total Tasks that found no warm VM ready (restored instead).\n"
+			     "# TYPE kiln_host_pool_misses_total counter\n");
+		buf_printf(&b, "kiln_host_pool_misses_total %llu\n", (unsigned long long)ps.misses);
+	}
 	pthread_mutex_lock(&d->cap->lock);
 	buf_adds(&b, "# HELP kiln_host_memory_used_mib Guest memory reserved (tasks and pool).\n"
 		 "# TYPE kiln_host_memory_used_mib gauge\n");
