@@ -30,7 +30,7 @@
 #include "proto.h"
 
 #define IDLE_TICK_MAX_MS  500   /* how often the idler looks, at most */
-#define IDLE_PROBE_MS     2000  /* PROCS_QUERY's deadline */
+#define IDLE_PROBE_MS     10000 /* PROCS_QUERY's deadline */
 #define IDLE_QMP_MS       10000 /* stop / cont */
 #define IDLE_WAKE_SETUP_MS 10000
 #define IDLE_BUSY_RECHECK_MS 2000 /* a guest that runs something: ask again after */
@@ -122,7 +122,10 @@ static void idle_try_stop(struct session_table *ss, struct session *s)
 		if (count == 0 && err.errc != KERR_GUEST_ERROR)
 			fprintf(stderr, "kiln-host: session %s: idle check: %s\n", s->id, err.message);
 		pthread_mutex_lock(&ss->lock);
-		s->idle_check_ms = clock_wall_ms() + (count ? IDLE_BUSY_RECHECK_MS : 60000);
+		/* No answer in time: one may still come, and a later query
+		 * could read it as its own: never ask this VM again. */
+		s->idle_check_ms = count ? clock_wall_ms() + IDLE_BUSY_RECHECK_MS
+			: err.errc == KERR_TIMEOUT ? INT64_MAX : clock_wall_ms() + 60000;
 		pthread_mutex_unlock(&ss->lock);
 		goto out;
 	}

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@
 #include "hostd.h"
 #include "session.h"
 #include "session_priv.h"
+#include "proto.h"
+#include "vm.h"
 
 struct fixture {
 	struct fake_ops f;
@@ -228,6 +231,56 @@ static void test_idle_due(void **state)
 	/* teardown's sessions_close stops the idler */
 }
 
+/* vm_procs over a socketpair standing in for the agent channel: the query
+ * goes out, PROCS comes back decoded; a guest that does not know the query
+ * answers ERROR (guest_error: the idler leaves such a VM running); and a
+ * PROCS that comes after its vm_procs gave up is dropped by vm_recv instead
+ * of being taken as the next request's reply. */
+static void test_vm_procs(void **state)
+{
+	struct vm vm = { .pid = -1, .pidfd = -1, .cancel_fd = -1, .qmp_fd = -1, .envd_fd = -1, .lock_fd = -1 };
+	struct kiln_err err = { .code = "" };
+	struct proto_frame f;
+	uint8_t hdr[PROTO_HDR_SIZE], p[64], got[64];
+	uint32_t count = 0, pid = 0;
+	int sv[2];
+	ssize_t n;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	vm.agent_fd = sv[0];
+	vm.rbuf = malloc(PROTO_MAX_FRAME);
+	assert_non_null(vm.rbuf);
+
+	n = proto_procs_encode(p, sizeof(p), 2, 9);
+	assert_int_equal(proto_send(sv[1], PROTO_PROCS, p, (size_t)n, 0), 0);
+	assert_int_equal(vm_procs(&vm, proto_now_ms() + 2000, &count, &pid, &err), 0);
+	assert_int_equal(count, 2);
+	assert_int_equal(pid, 9);
+	assert_int_equal(read(sv[1], got, sizeof(got)), PROTO_HDR_SIZE); /* the query: a header, no payload */
+	proto_frame_header(hdr, PROTO_PROCS_QUERY, 0);
+	assert_memory_equal(got, hdr, PROTO_HDR_SIZE);
+
+	n = proto_error_encode(p, sizeof(p), &(struct proto_error){ .code = -EINVAL, .message = "unknown request type 0x4b" });
+	assert_int_equal(proto_send(sv[1], PROTO_ERROR, p, (size_t)n, 0), 0);
+	assert_int_equal(vm_procs(&vm, proto_now_ms() + 2000, &count, &pid, &err), -1);
+	assert_string_equal(err.code, "guest_error");
+
+	/* A late PROCS, then the reply the next reader waits for. */
+	n = proto_procs_encode(p, sizeof(p), 0, 0);
+	assert_int_equal(proto_send(sv[1], PROTO_PROCS, p, (size_t)n, 0), 0);
+	got[0] = PROTO_SETUP;
+	assert_int_equal(proto_send(sv[1], PROTO_OK, got, 1, 0), 0);
+	assert_int_equal(vm_recv(&vm, &f, proto_now_ms() + 2000, &err), 0);
+	assert_int_equal(f.type, PROTO_OK);
+	assert_int_equal(f.len, 1);
+	assert_int_equal(f.payload[0], PROTO_SETUP);
+
+	free(vm.rbuf);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -236,6 +289,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_not_found, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checked_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_idle_due, setup, teardown),
+		cmocka_unit_test(test_vm_procs),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
