@@ -37,6 +37,8 @@ struct host_config {
 	unsigned snapshot_ttl_s;     /* 0: unset */
 	int snapshot_ttl_set;        /* "snapshot_ttl_s" given (0 there: never expire) */
 	const char *mirror;          /* Debian mirror for recipe builds */
+	unsigned session_idle_stop_ms; /* "sessions": {"idle_stop_ms"} (0 there: never stop) */
+	int session_idle_stop_set;
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

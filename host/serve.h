@@ -42,6 +42,7 @@ struct serve_opts {
 	uint64_t disk_budget_mib;     /* 0: no budget */
 	unsigned snapshot_ttl_s;      /* 0: snapshots never expire */
 	const char *mirror;           /* Debian mirror for recipe builds (NULL: the host's apt sources) */
+	unsigned session_idle_stop_ms; /* stop an idle session's vCPUs after (0: never) */
 };
 
 struct hostd;

@@ -626,7 +626,8 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 			    tail[0] ? ": " : "", tail);
 }
 
-int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
+/* One frame from the agent channel, whatever its type. */
+static int recv_frame(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
 {
 	for (;;) {
 		ssize_t n;
@@ -663,6 +664,19 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 		if (n == 0)
 			return vm_gone(vm, err, "(agent channel closed)");
 		vm->rlen += (size_t)n;
+	}
+}
+
+int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
+{
+	/* A PROCS that comes late (its vm_procs timed out and gave up) is
+	 * nobody's answer: dropped, so the next request's reader is not
+	 * thrown off by it. */
+	for (;;) {
+		if (recv_frame(vm, f, deadline_ms, err) < 0)
+			return -1;
+		if (f->type != PROTO_PROCS)
+			return 0;
 	}
 }
 
@@ -869,6 +883,23 @@ int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 {
 	return vm_setup_send(vm, deadline_ms, err) < 0 ? -1 : vm_setup_recv(vm, deadline_ms, err);
+}
+
+int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid, struct kiln_err *err)
+{
+	struct proto_frame f;
+
+	if (vm_send(vm, PROTO_PROCS_QUERY, NULL, 0, deadline_ms, err) < 0 || recv_frame(vm, &f, deadline_ms, err) < 0)
+		return -1;
+	if (f.type == PROTO_PROCS && proto_procs_decode(f.payload, f.len, count, pid) == 0)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(err, KERR_GUEST_ERROR, "procs: %s", e.message);
+	}
+	return kiln_err_set(err, KERR_VM_ERROR, "procs: unexpected frame type 0x%02x from the guest", f.type);
 }
 
 int vm_set_nice(const struct vm *vm, int nice)
