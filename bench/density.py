@@ -16,7 +16,11 @@ failure; KSM's settings are put back.
 
 Environment: DENSITY_STEPS ("10 25 50 100"), DENSITY_EXECS (20),
 DENSITY_IDLE_S (5), DENSITY_CONC (2), DENSITY_BUDGET_S (600: no new step
-starts after that), DENSITY_KSM (1), DENSITY_MIN_FREE_MIB (3072: no step that
+starts after that), DENSITY_IDLE_STOP_MS (kiln-host's sessions.idle_stop_ms;
+unset: its default, 0: idle sessions keep running), DENSITY_FIRST_EXEC (1:
+each session runs `true` once right after its create, so that the exec
+latency measured is an idle session's, not a new clone's first command,
+which translates the exec path afresh: ~90 ms here), DENSITY_KSM (1), DENSITY_MIN_FREE_MIB (3072: no step that
 would leave less MemAvailable, counting ~60 MiB per new session)."""
 import http.client
 import json
@@ -37,6 +41,8 @@ IDLE_S = float(os.environ.get("DENSITY_IDLE_S", "5"))
 CONC = int(os.environ.get("DENSITY_CONC", "2"))
 BUDGET_S = float(os.environ.get("DENSITY_BUDGET_S", "600"))
 KSM = os.environ.get("DENSITY_KSM", "1") == "1"
+IDLE_STOP_MS = os.environ.get("DENSITY_IDLE_STOP_MS")
+FIRST_EXEC = os.environ.get("DENSITY_FIRST_EXEC", "1") == "1"
 MIN_FREE_MIB = int(os.environ.get("DENSITY_MIN_FREE_MIB", "3072"))
 KSM_DIR = "/sys/kernel/mm/ksm"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -188,6 +194,10 @@ def create(n_from, n_to):
             sid = "d%d" % i
             try:
                 st, body = req("POST", "/v1/sessions", {"id": sid, "customer": "bench", "spec": {}})
+                if st == 201 and FIRST_EXEC:
+                    est, ebody = req("POST", "/v1/sessions/%s/exec" % sid, {"argv": ["true"]})
+                    if est != 200:
+                        st, body = est, ebody
             except OSError as e:
                 st, body = 0, str(e).encode()
             with lock:
@@ -284,6 +294,8 @@ def main():
            "spool_dir": os.path.join(work, "spool"), "run_dir": run_dir,
            "capacity": {"vcpus": 4096, "cpu_overcommit": 1, "memory_mib": 1 << 30},
            "pool": {"size": 0, "prestart": 0}}
+    if IDLE_STOP_MS is not None:
+        cfg["sessions"] = {"idle_stop_ms": int(IDLE_STOP_MS)}
     with open(os.path.join(work, "host.json"), "w") as f:
         json.dump(cfg, f)
     log = open(os.path.join(work, "host.log"), "w")
@@ -301,8 +313,10 @@ def main():
         time.sleep(0.2)
 
     print("density: idle sessions of template default (256 MiB, 1 vCPU) on one kiln-host; %d cores, %d MiB RAM, "
-          "TCG; %s s idle window, %d execs of `true` per step, %d creates at a time" % (
-              os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20, IDLE_S, EXECS, CONC))
+          "TCG; %s s idle window, %d execs of `true` per step, %d creates at a time; idle stop %s; %s" % (
+              os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20, IDLE_S, EXECS, CONC,
+              "kiln-host's default" if IDLE_STOP_MS is None else ("off" if IDLE_STOP_MS == "0" else IDLE_STOP_MS + " ms"),
+              "one exec per session at create" if FIRST_EXEC else "no exec at create"))
     ksm_ok = KSM and os.access(os.path.join(KSM_DIR, "run"), os.W_OK)
     if ksm_ok:
         for k in ("run", "pages_to_scan", "sleep_millisecs"):
