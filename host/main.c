@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "fsutil.h"
 #include "clock.h"
 #include "err.h"
 #include "run.h"
@@ -497,6 +498,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* Should the host itself run short of memory, sandboxes go first. */
+	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 	if (o->s3 || o->api)
 		s3_global_init();
 
