@@ -47,7 +47,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check test unit bench demo fuzz clean
+.PHONY: all deps image check test unit bench bench-bins demo fuzz clean
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -138,9 +138,13 @@ $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_requ
 # Benchmarks: C drivers over the real host code, and the busybox baseline guest.
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
-$(B)/bench/%: bench/%.c $(B)/libkiln-host.a $(B)/libkiln.a
+$(B)/bench/%: bench/%.c bench/bench.h $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+
+# Built by make check and make test too, so that a change to what they use
+# cannot break make bench unnoticed.
+bench-bins: $(BENCH_BINS)
 
 $(B)/bench/baseline.cpio: bench/baseline-init
 	@mkdir -p $(B)/bench/baseline/bin
@@ -185,13 +189,13 @@ unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/ja
 fuzz: $(FUZZ_BINS)
 
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).
-check: all unit fuzz
+check: all unit fuzz bench-bins
 	@tests/run.sh check
 
 # tests/run.sh all runs check's programs first, then the integration scripts,
 # with one count at the end.
 test: deps
-	@$(MAKE) --no-print-directory all image unit fuzz
+	@$(MAKE) --no-print-directory all image unit fuzz bench-bins
 	@tests/run.sh
 
 bench: deps

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "conf.h"
+#include "destination.h"
 #include "fsutil.h"
 #include "quota.h"
 
@@ -52,7 +55,7 @@ static int secret(const char *value, const char *file_path, const char *name, co
 int api_config_load(const char *path, struct api_config *c, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *s3 = NULL, *quotas = NULL;
+	json_t *s3 = NULL, *quotas = NULL, *dests = NULL;
 	const char *admin_key = NULL, *admin_key_file = NULL, *token = NULL, *token_file = NULL;
 	const char *sk = NULL, *sk_file = NULL;
 	struct kiln_err qerr;
@@ -71,7 +74,8 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "quotas", CONF_OBJ, &quotas }, { "max_body_mib", CONF_U32, &c->max_body_mib, 1, 128 },
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
-			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
+			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
+			{ "destinations", CONF_OBJ, &dests }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
@@ -97,6 +101,22 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 		if (secret(sk, sk_file, "s3.secret_key", path, &c->s3.secret_key, &c->file_secret, err) < 0)
 			goto fail;
 	}
+	if (dests) {
+		const struct conf_field f[] = { { "key_file", CONF_STR, &c->dest_key_file }, { 0 } };
+		struct kiln_err kerr = { .code = "" };
+
+		if (conf_take(dests, "destinations", f, path, API_CONF_FLAGS, err) < 0)
+			goto fail;
+		if (!c->dest_key_file) {
+			kiln_err_set(err, KERR_CONFIG, "%s: destinations: key_file is required", path);
+			goto fail;
+		}
+		if (destination_key_load(c->dest_key_file, c->dest_key, &kerr) < 0) {
+			kiln_err_set(err, KERR_CONFIG, "%s: %s", path, kerr.message);
+			goto fail;
+		}
+		c->have_dest_key = 1;
+	}
 	if (quotas && quota_from_json(quotas, "quotas", &c->quotas, &qerr) < 0) {
 		kiln_err_set(err, KERR_CONFIG, "%s: %s", path, qerr.message);
 		goto fail;
@@ -116,6 +136,8 @@ fail:
 
 void api_config_free(struct api_config *c)
 {
+	OPENSSL_cleanse(c->dest_key, sizeof(c->dest_key));
+	c->have_dest_key = 0;
 	json_decref(c->root);
 	free(c->file_admin_key);
 	free(c->file_token);

@@ -25,6 +25,12 @@ struct api_config {
 	unsigned max_connections;    /* open HTTP connections in all, default 2048 */
 	unsigned max_connections_per_address; /* from one client IP address, default 64 */
 	unsigned connection_timeout_s; /* an idle connection is closed after, default 300 */
+	/* destinations.key_file: the key that seals customers' own S3
+	 * destinations' secrets (api/destination.h); without it customers
+	 * cannot set one, and tasks of those that have one fail. */
+	const char *dest_key_file;
+	unsigned char dest_key[32];
+	int have_dest_key;
 	json_t *root;                /* owns the strings above */
 	char *file_admin_key, *file_token, *file_secret;
 };

@@ -34,6 +34,11 @@ static void on_cancel(void *ctx, const char *task_id)
 	sched_wake_full(ctx);
 }
 
+static void on_destination_changed(void *ctx, const char *customer)
+{
+	sched_destination_changed(ctx, customer);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -117,6 +122,7 @@ int main(int argc, char **argv)
 			.cluster_token = cfg.cluster_token,
 			.host_lost_after_ms = cfg.host_lost_after_s * 1000,
 			.relay = server_relay_event,
+			.dest_key = cfg.have_dest_key ? cfg.dest_key : NULL,
 			.relay_ctx = srv,
 			.host = &host_ops_hostclient,
 			.clock = &clock_system,
@@ -131,7 +137,7 @@ int main(int argc, char **argv)
 			return 3;
 		}
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
-							     .ctx = sched });
+							     .destination_changed = on_destination_changed, .ctx = sched });
 	}
 	sessions = sessions_start(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
 	if (!sessions) {

@@ -31,18 +31,37 @@ void presign_entry(const struct s3_config *c, unsigned expires_s, json_t *o, con
 	free(url);
 }
 
-json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task, time_t now)
+json_t *presign_task_unavailable(json_t *task, const char *why)
+{
+	const char *k;
+	json_t *v;
+	size_t i;
+
+	json_array_foreach(json_object_get(task, "outputs"), i, v)
+		if (json_is_object(v) && json_string_value(json_object_get(v, "s3_key"))) {
+			json_object_set_new(v, "url", json_null());
+			json_object_set_new(v, "url_error", json_string(why));
+		}
+	json_object_foreach(json_object_get(task, "artifacts"), k, v)
+		if (json_is_object(v) && json_string_value(json_object_get(v, "s3_key"))) {
+			json_object_set_new(v, "url", json_null());
+			json_object_set_new(v, "url_error", json_string(why));
+		}
+	return task;
+}
+
+json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task, const char *base, time_t now)
 {
 	const char *id = json_string_value(json_object_get(task, "id"));
 	const char *customer = json_string_value(json_object_get(task, "customer"));
-	char prefix[256], what[96];
+	char prefix[600], what[96];
 	const char *k;
 	json_t *v;
 	size_t i;
 
 	/* No id or customer: an empty prefix, which nothing lies under. */
-	if (id && customer && strlen(id) + strlen(customer) + 3 <= sizeof(prefix))
-		snprintf(prefix, sizeof(prefix), "%s/%s/", customer, id);
+	if (id && customer && strlen(base) + strlen(id) + strlen(customer) + 3 <= sizeof(prefix))
+		snprintf(prefix, sizeof(prefix), "%s%s/%s/", base, customer, id);
 	else
 		prefix[0] = '\0';
 	snprintf(what, sizeof(what), "task %.80s", id ? id : "?");
@@ -53,15 +72,15 @@ json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task
 	return task;
 }
 
-void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *customer,
-			     const char *id, time_t now)
+void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *base,
+			     const char *customer, const char *id, time_t now)
 {
-	char prefix[256], what[96];
+	char prefix[600], what[96];
 	json_t *v;
 	size_t i;
 
-	if (strlen(id) + strlen(customer) + 20 <= sizeof(prefix))
-		snprintf(prefix, sizeof(prefix), "%s/sessions/%s/outputs/", customer, id);
+	if (strlen(base) + strlen(id) + strlen(customer) + 20 <= sizeof(prefix))
+		snprintf(prefix, sizeof(prefix), "%s%s/sessions/%s/outputs/", base, customer, id);
 	else
 		prefix[0] = '\0';
 	snprintf(what, sizeof(what), "session %.80s", id);

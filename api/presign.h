@@ -22,12 +22,18 @@ void presign_entry(const struct s3_config *c, unsigned expires_s, json_t *o, con
 
 /* A task's JSON as kiln-api answers it ({"id","customer","outputs":[...],
  * "artifacts":{...}}): every entry of outputs and artifacts through
- * presign_entry with the prefix "CUSTOMER/ID/". Returns task. */
-json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task, time_t now);
+ * presign_entry with the prefix "BASE" "CUSTOMER/ID/" (base: "" for kiln's
+ * own bucket, a customer's destination prefix for its own). Returns task. */
+json_t *presign_task(const struct s3_config *c, unsigned expires_s, json_t *task, const char *base, time_t now);
+
+/* Every entry of the task's outputs and artifacts that has an s3_key gets
+ * "url": null and "url_error": why (no URL can be signed). Returns task. */
+json_t *presign_task_unavailable(json_t *task, const char *why);
 
 /* A session's outputs answer ({"outputs":[...]}): each entry through
- * presign_entry with the prefix "CUSTOMER/sessions/ID/outputs/". */
-void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *customer,
-			     const char *id, time_t now);
+ * presign_entry with the prefix BASE "CUSTOMER/sessions/ID/outputs/" (base
+ * as for presign_task). */
+void presign_session_outputs(const struct s3_config *c, unsigned expires_s, json_t *reply, const char *base,
+			     const char *customer, const char *id, time_t now);
 
 #endif

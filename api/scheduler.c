@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "destination.h"
 #include "excerpt.h"
 #include "host_ops.h"
 
@@ -238,6 +239,31 @@ static int push(struct watch *w)
 	}
 	body = json_pack("{s:s, s:s, s:o}", "id", w->task, "customer", w->customer, "spec", spec);
 	{
+		/* The customer's own S3 destination, if it has one: its outputs,
+		 * logs and manifest go there. One it has but that cannot be opened
+		 * fails the task: never kiln's bucket instead. */
+		struct dest d;
+		char dest_id[40];
+		int r = destination_load(s->st, s->cfg.dest_key, w->customer, &d, dest_id, &err);
+
+		if (r < 0) {
+			json_t *e = json_pack("{s:s, s:{s:s, s:s}}", "state", "error", "error", "code", err.code,
+					      "message", err.message);
+
+			fprintf(stderr, "kiln-api: task %s: %s\n", w->task, err.message);
+			json_decref(body);
+			store_task_finish(s->st, w->task, TASK_ERROR, err.code, e);
+			json_decref(e);
+			w->state = TASK_ERROR;
+			return 0;
+		}
+		store_task_set_dest(s->st, w->task, r == 1 ? dest_id : NULL);
+		if (r == 1) {
+			json_object_set_new(body, "destination", dest_to_json(&d, 1));
+			dest_wipe(&d);
+		}
+	}
+	{
 		/* Its template as resolved at submission (docs/templates.md):
 		 * the task runs even if the template was deleted since. */
 		char *tref_text = store_use_tref(s->st, w->task);
@@ -248,7 +274,7 @@ static int push(struct watch *w)
 			json_object_set_new(body, "template", tref);
 	}
 	st = host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);
-	json_decref(body);
+	json_decref(body); /* it held the destination's secret: not logged, freed here */
 	if (st == 202 || st == 409) {
 		json_decref(reply);
 		return 1;
@@ -1018,6 +1044,35 @@ int sched_live_hosts(struct sched *s, char (*ids)[65], char (*urls)[256], int ma
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
+}
+
+void sched_destination_changed(struct sched *s, const char *customer)
+{
+	struct kiln_err err = { .code = "" };
+	struct dest d;
+	char dest_id[40];
+	json_t *tasks, *t;
+	size_t i;
+
+	if (destination_load(s->st, s->cfg.dest_key, customer, &d, dest_id, &err) != 1)
+		return;
+	tasks = store_dest_tasks(s->st, customer, dest_id);
+	json_array_foreach(tasks, i, t) {
+		const char *id = json_string_value(json_object_get(t, "id"));
+		const char *url = json_string_value(json_object_get(t, "url"));
+		json_t *body = json_pack("{s:o}", "destination", dest_to_json(&d, 1));
+		char path[128];
+		int st;
+
+		snprintf(path, sizeof(path), "/v1/tasks/%s/destination", id);
+		st = host_call(s, url, "PUT", path, body, 5000, NULL, &err);
+		json_decref(body);
+		if (st != 200 && st != 404)
+			fprintf(stderr, "kiln-api: task %s: cannot hand its host the destination's new credentials: %s\n",
+				id, st > 0 ? "refused" : err.message);
+	}
+	json_decref(tasks);
+	dest_wipe(&d);
 }
 
 void sched_stop(struct sched *s)

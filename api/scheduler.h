@@ -29,6 +29,10 @@ struct sched_config {
 	 * those too. Both must outlive the scheduler. */
 	const struct host_ops *host;
 	const struct kiln_clock *clock;
+	/* The key that opens customers' destination secrets (32 bytes; NULL:
+	 * none configured, so tasks of customers with a destination fail with
+	 * destination_unavailable rather than go to kiln's bucket). */
+	const unsigned char *dest_key;
 };
 
 /* Start the scheduler thread (and reattach to tasks a previous kiln-api
@@ -46,6 +50,13 @@ void sched_wake_full(struct sched *s);
  * host. Returns 0 when forwarded, -1 when its host cannot be reached (the
  * task ends when the host is lost or answers later). */
 int sched_cancel(struct sched *s, const char *task_id);
+
+/* The customer's destination got new credentials for the same place: send
+ * them to the hosts of its tasks that are placed and not final (PUT
+ * /v1/tasks/{id}/destination), so that an upload refused for credentials is
+ * retried with the new ones. Best effort (a host that cannot be reached is
+ * logged); blocks for those calls. Thread-safe. */
+void sched_destination_changed(struct sched *s, const char *customer);
 
 /* Stop the thread (sched_start) and the watchers, then free. */
 void sched_stop(struct sched *s);

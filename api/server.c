@@ -30,6 +30,7 @@
 #include <openssl/sha.h>
 
 #include "clock.h"
+#include "destination.h"
 #include "e2b.h"
 #include "events.h"
 #include "httpd.h"
@@ -136,10 +137,93 @@ void server_relay_event(void *server, const char *task_id, const char *event, js
 /* ---- presigned URLs ---- */
 
 /* outputs[] and artifacts{} of a task get a presigned GET "url" each, for
- * keys under the task's own prefix only (presign.h). */
+ * keys under the task's own prefix only (presign.h). A task whose outputs
+ * went to its customer's own destination is signed with that destination's
+ * credentials, while it is still the one the outputs went to. */
 static json_t *with_urls(struct server *s, json_t *task)
 {
-	return presign_task(&s->cfg->s3, s->cfg->presign_expiry_s, task, time(NULL));
+	const char *dest_id = json_string_value(json_object_get(task, "destination"));
+	const char *customer = json_string_value(json_object_get(task, "customer"));
+	struct kiln_err err = { .code = "" };
+	struct s3_config c;
+	struct dest d;
+	char id[40];
+	int r;
+
+	if (!dest_id || !customer)
+		return presign_task(&s->cfg->s3, s->cfg->presign_expiry_s, task, "", time(NULL));
+	r = destination_load(s->st, s->cfg->have_dest_key ? s->cfg->dest_key : NULL, customer, &d, id, &err);
+	if (r == 1 && !strcmp(id, dest_id)) {
+		dest_s3_config(&d, &c);
+		presign_task(&c, s->cfg->presign_expiry_s, task, d.prefix, time(NULL));
+		dest_wipe(&d);
+		return task;
+	}
+	if (r == 1)
+		dest_wipe(&d);
+	return presign_task_unavailable(task, r < 0 ? err.message
+						    : "the destination this task's outputs went to was changed or deleted: "
+						      "no URL can be signed for it");
+}
+
+/* ---- the customer's own S3 destination (destination.h) ---- */
+
+static void dest_changed_hook(void *ctx, const char *customer)
+{
+	struct server *s = ctx;
+
+	pthread_mutex_lock(&s->hooks_lock);
+	if (s->hooks.destination_changed)
+		s->hooks.destination_changed(s->hooks.ctx, customer);
+	pthread_mutex_unlock(&s->hooks_lock);
+}
+
+static enum MHD_Result dest_route(struct server *s, struct httpd_req *r, const char *customer, int test)
+{
+	struct destination_hooks h = { dest_changed_hook, s };
+
+	return destination_handle(s->st, s->cfg->have_dest_key ? s->cfg->dest_key : NULL, &h, r->conn, r->method,
+				  customer, test, httpd_body_data(r->body), httpd_body_len(r->body));
+}
+
+static enum MHD_Result rt_dest(void *ctx, struct httpd_req *r)
+{
+	const struct caller *c = r->app;
+
+	if (c->admin)
+		return reply_error(r->conn, KERR_FORBIDDEN,
+				   "an admin key has no destination: use /v1/admin/customers/{id}/destination");
+	return dest_route(ctx, r, c->customer, 0);
+}
+
+static enum MHD_Result rt_dest_test(void *ctx, struct httpd_req *r)
+{
+	const struct caller *c = r->app;
+
+	if (c->admin)
+		return reply_error(r->conn, KERR_FORBIDDEN,
+				   "an admin key has no destination: use /v1/admin/customers/{id}/destination/test");
+	return dest_route(ctx, r, c->customer, 1);
+}
+
+static enum MHD_Result admin_dest(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct quota q;
+
+	if (strlen(r->param[0]) >= 65 || store_customer_quota(s->st, r->param[0], &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	return dest_route(s, r, r->param[0], 0);
+}
+
+static enum MHD_Result admin_dest_test(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct quota q;
+
+	if (strlen(r->param[0]) >= 65 || store_customer_quota(s->st, r->param[0], &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	return dest_route(s, r, r->param[0], 1);
 }
 
 /* ---- tasks ---- */
@@ -766,6 +850,14 @@ static const struct httpd_route api_routes[] = {
 	{ "GET", "/v1/tasks/{id}/events", rt_task_events },
 	{ "POST", "/v1/tasks/{id}/cancel", rt_task_cancel },
 	{ "GET", "/v1/usage", rt_usage },
+	{ "GET", "/v1/destination", rt_dest },
+	{ "PUT", "/v1/destination", rt_dest },
+	{ "DELETE", "/v1/destination", rt_dest },
+	{ "POST", "/v1/destination/test", rt_dest_test },
+	{ "GET", "/v1/admin/customers/{id}/destination", admin_dest },
+	{ "PUT", "/v1/admin/customers/{id}/destination", admin_dest },
+	{ "DELETE", "/v1/admin/customers/{id}/destination", admin_dest },
+	{ "POST", "/v1/admin/customers/{id}/destination/test", admin_dest_test },
 	{ "POST", "/v1/admin/customers", admin_customer_create },
 	{ "GET", "/v1/admin/customers/{id}", admin_customer_get },
 	{ "PUT", "/v1/admin/customers/{id}/quotas", admin_customer_quotas },

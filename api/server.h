@@ -24,6 +24,9 @@ struct server_hooks {
 	 * with cancel_requested; store_tasks_cancel_pending lists it until
 	 * store_task_cancel_sent): forward it to its host. */
 	void (*cancel_requested)(void *ctx, const char *task_id);
+	/* The customer's S3 destination got new credentials for the same place:
+	 * hand them to the hosts of its tasks not yet final. May be NULL. */
+	void (*destination_changed)(void *ctx, const char *customer);
 	void *ctx;
 };
 

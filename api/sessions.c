@@ -21,6 +21,7 @@
 #include "buf.h"
 #include "e2b.h"
 #include "httpd.h"
+#include "destination.h"
 #include "presign.h"
 #include "reply.h"
 #include "request.h"
@@ -736,7 +737,9 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
-	char url[256], path[96];
+	char url[256], path[96], dest_id[40], *body = NULL;
+	struct dest dest = { .endpoint = "" };
+	int dr;
 	json_t *j;
 
 	if (r->admin)
@@ -744,14 +747,38 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	if (!need_running(ss, r, cur, url, &ret))
 		return ret;
 	snprintf(path, sizeof(path), "/v1/sessions/%s/outputs", cur->id);
+	/* The customer's own S3 destination, if it has one (never kiln's
+	 * bucket instead of one that cannot be opened). */
+	dr = destination_load(ss->st, ss->cfg->have_dest_key ? ss->cfg->dest_key : NULL, cur->customer, &dest, dest_id,
+			      &err);
+	if (dr < 0)
+		return reply_err(r->conn, &err);
+	if (dr == 1) {
+		json_t *b = json_pack("{s:o}", "destination", dest_to_json(&dest, 1));
+
+		body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+		json_decref(b);
+		if (!body) {
+			dest_wipe(&dest);
+			return reply_internal(r->conn, "out of memory");
+		}
+	}
 	sessions_op_enter(ss, cur->id);
 	store_session_touch(ss->st, cur->id);
-	sessions_host_raw(ss, url, "POST", path, NULL, 0, NULL, SNAPSHOT_TIMEOUT_MS, 16u << 20, &hr, &err);
+	sessions_host_raw(ss, url, "POST", path, body, body ? strlen(body) : 0, body ? "application/json" : NULL,
+			  SNAPSHOT_TIMEOUT_MS, 16u << 20, &hr, &err);
+	if (body) {
+		OPENSSL_cleanse(body, strlen(body));
+		free(body);
+	}
 	store_session_touch(ss->st, cur->id);
 	sessions_op_leave(ss, cur->id);
-	if (hr.status < 0)
+	if (hr.status < 0) {
+		dest_wipe(&dest);
 		return host_unavailable(r->conn, err.message);
+	}
 	if (hr.status != 200) {
+		dest_wipe(&dest);
 		ret = relay_or_lost(ss, r, url, cur->id, &hr);
 		hostclient_reply_free(&hr);
 		return ret;
@@ -759,12 +786,25 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	j = json_loadb(hr.body ? hr.body : "", hr.len, 0, NULL);
 	hostclient_reply_free(&hr);
 	if (!json_is_object(j)) {
+		dest_wipe(&dest);
 		json_decref(j);
 		return reply_error_status(r->conn, MHD_HTTP_BAD_GATEWAY, KERR_HOST_ERROR, "the host's answer is not JSON");
 	}
 	/* Every output gets a presigned GET url, as a task's do, for keys
-	 * under the session's own outputs/ only. */
-	presign_session_outputs(&ss->cfg->s3, ss->cfg->presign_expiry_s, j, cur->customer, cur->id, time(NULL));
+	 * under the session's own outputs/ only (in the customer's own bucket,
+	 * signed with its credentials, when it has a destination). */
+	if (dr == 1) {
+		struct s3_config dc;
+
+		dest_s3_config(&dest, &dc);
+		presign_session_outputs(&dc, ss->cfg->presign_expiry_s, j, dest.prefix, cur->customer, cur->id,
+					time(NULL));
+		json_object_set_new(j, "destination", json_string(dest_id));
+		dest_wipe(&dest);
+	} else {
+		presign_session_outputs(&ss->cfg->s3, ss->cfg->presign_expiry_s, j, "", cur->customer, cur->id,
+					time(NULL));
+	}
 	json_object_set_new(j, "id", json_string(cur->id));
 	return reply_json(r->conn, MHD_HTTP_OK, j);
 }

@@ -18,6 +18,7 @@
 
 #include <jansson.h>
 
+#include "dest.h"
 #include "err.h"
 
 struct store;
@@ -172,7 +173,38 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 5
+#define STORE_SCHEMA_VERSION 6
+
+/* ---- customers' S3 destinations (store_destinations.c) ---- */
+
+#define STORE_DEST_SEALED_MAX 512
+
+/* A customer's destination as stored: its secret only sealed. */
+struct store_dest {
+	char id[40];                 /* "dst_..."; kept while the place stays the same */
+	struct dest d;               /* secret_key "" */
+	unsigned char sealed[STORE_DEST_SEALED_MAX];
+	size_t sealed_len;
+	int64_t created_ms, updated_ms;
+};
+
+/* The customer's destination: 1 found, 0 none, -1 store error. */
+int store_dest_get(struct store *s, const char *customer, struct store_dest *out);
+/* Set the customer's destination (d's secret_key is not stored; sealed is).
+ * Its id stays when d names the same place as before (dest_same_place: a
+ * change of credentials), else a new one. id_out gets it; *same_place
+ * (may be NULL) says which. 0, or -1 with err ("store_error", "not_found"
+ * when there is no such customer). */
+int store_dest_put(struct store *s, const char *customer, const struct dest *d, const unsigned char *sealed,
+		   size_t sealed_len, char id_out[40], int *same_place, struct kiln_err *err);
+/* 1 deleted, 0 there was none, -1 store error. */
+int store_dest_delete(struct store *s, const char *customer);
+/* Record that task's outputs go to destination dest_id (NULL: the
+ * operator's bucket). 0 or -1. */
+int store_task_set_dest(struct store *s, const char *task, const char *dest_id);
+/* The customer's tasks that are on a host and not final and whose outputs
+ * go to dest_id: [{"id","url"}] (the host's URL). NULL on error. */
+json_t *store_dest_tasks(struct store *s, const char *customer, const char *dest_id);
 
 /* The database's schema version (after migrations: STORE_SCHEMA_VERSION). */
 int store_schema_version(struct store *s);

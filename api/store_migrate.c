@@ -59,6 +59,13 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"ALTER TABLE sessions ADD COLUMN e2b_template TEXT;"
 	"ALTER TABLE sessions ADD COLUMN env TEXT;"
 	"ALTER TABLE sessions ADD COLUMN auto_pause INTEGER;",
+	/* 6: customers' own S3 destinations (docs/api.md, "Destination"): the
+	 * secret key sealed (api/destination.h); a task records the destination
+	 * id its outputs went to when it was pushed to its host */
+	"CREATE TABLE destinations (customer TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE, endpoint TEXT NOT NULL,"
+	"  region TEXT NOT NULL, bucket TEXT NOT NULL, prefix TEXT NOT NULL, access_key TEXT NOT NULL,"
+	"  secret_sealed BLOB NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);"
+	"ALTER TABLE tasks ADD COLUMN destination TEXT;",
 };
 
 int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)

@@ -38,7 +38,7 @@ enum task_state task_state_parse(const char *str)
 enum {
 	TC_ID, TC_CUSTOMER, TC_STATE, TC_METADATA, TC_VCPUS, TC_MEMORY, TC_TIMEOUT, TC_OUTPUT, TC_HOST,
 	TC_CREATED, TC_SCHEDULED, TC_STARTING, TC_RUNNING, TC_UPLOADING, TC_ENDED, TC_CANCEL_REQ, TC_END_REASON,
-	TC_IDEM, TC_SEQ, TC_HOST_TASK, TC_TEMPLATE,
+	TC_IDEM, TC_SEQ, TC_HOST_TASK, TC_TEMPLATE, TC_DEST,
 };
 #define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
 /* Whether the task asks for network egress: only hosts that offer it take it. */
@@ -62,8 +62,8 @@ static const char *const tasks_sql[T_COUNT] = {
 		     " idem_key, body_hash, created_ms) VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
 	[T_SPEC_INSERT] = "INSERT INTO task_specs(id, spec) VALUES (?1, ?2)",
 	[T_IDEM_FIND] = "SELECT id, body_hash FROM tasks WHERE customer = ?1 AND idem_key = ?2",
-	[T_GET] = "SELECT " TASK_COLS ", host_task, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id)"
-		  " FROM tasks WHERE id = ?1",
+	[T_GET] = "SELECT " TASK_COLS ", host_task, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id),"
+		  " destination FROM tasks WHERE id = ?1",
 	[T_SPEC_GET] = "SELECT spec FROM task_specs WHERE id = ?1",
 	[T_STATE] = "SELECT state, customer FROM tasks WHERE id = ?1",
 	[T_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
@@ -338,6 +338,9 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 		/* The template it was accepted with (absent: the default). */
 		if (store_col_text(st, TC_TEMPLATE))
 			json_object_set_new(j, "template", json_string(store_col_text(st, TC_TEMPLATE)));
+		/* The customer's destination its outputs went to (absent: kiln's bucket). */
+		if (store_col_text(st, TC_DEST))
+			json_object_set_new(j, "destination", json_string(store_col_text(st, TC_DEST)));
 	}
 	return j;
 }

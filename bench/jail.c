@@ -15,6 +15,8 @@
 #include "snapshot.h"
 #include "vm.h"
 
+#include "bench.h"
+
 static int cmp_i64(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -36,27 +38,8 @@ static void report(const char *what, int64_t *plain, int np, int64_t *jailed, in
 	       (b - a) / 1e3, np, nj);
 }
 
-static long kib(pid_t pid, const char *file, const char *field)
-{
-	char path[64], line[256];
-	size_t fl = strlen(field);
-	long v = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, field, fl) && line[fl] == ':')
-			v = strtol(line + fl + 1, NULL, 10);
-	fclose(f);
-	return v;
-}
-
 int main(int argc, char **argv)
 {
-	static char kernel[4096], initrd[4096], disk[4096];
 	static struct jail_config jc;
 	struct vm_config base = { 0 }, cfg[2];
 	struct kiln_err err = { .code = "" };
@@ -73,18 +56,7 @@ int main(int argc, char **argv)
 	for (int k = 0; k < 5; k++)
 		for (int j = 0; j < 2; j++)
 			t[k][j] = calloc((size_t)runs, sizeof(int64_t));
-	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
-	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", argv[1]);
-	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", argv[1]);
-	base.qemu = "/usr/bin/qemu-system-x86_64";
-	base.kernel = kernel;
-	base.initrd = initrd;
-	base.disk = disk;
-	base.disk_format = "raw";
-	base.run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
-	base.accel = VM_ACCEL_TCG;
-	base.vcpus = 1;
-	base.memory_mib = 256;
+	bench_base(&base, argv[1]);
 	{
 		int64_t t0 = proto_now_us();
 
@@ -177,8 +149,8 @@ int main(int argc, char **argv)
 
 			if (snapshot_restore(&snap, &cfg[j], &vm, &err) == 0 && vm_setup(&vm, proto_now_ms() + 20000, &err) == 0 &&
 			    vm_qmp(&vm, "{\"execute\":\"stop\"}", proto_now_ms() + 10000, NULL, &err) == 0) {
-				rss[m] = kib(vm.pid, "status", "VmRSS");
-				pss[m++] = kib(vm.pid, "smaps_rollup", "Pss");
+				rss[m] = status_kib(vm.pid, "status", "VmRSS");
+				pss[m++] = status_kib(vm.pid, "smaps_rollup", "Pss");
 			}
 			vm_destroy(&vm);
 		}

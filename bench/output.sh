@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Task output at pipe speed: figures, not pass/fail (medians over RUNS runs,
 # one VM at a time, each kind of run interleaved with the others).
-#   - N unbuffered Python lines ('%040d\n', PYTHONUNBUFFERED=1, as tasks get
+#   - N unbuffered Python print() lines ('%040d', PYTHONUNBUFFERED=1, as tasks get
 #     it) through `kiln-host run` (a restored VM, the pre-started interpreter):
 #     the run's wall time minus a print(1) run's, i.e. what the output costs
 #     on top of starting and ending a task; versus the same loop inside the
@@ -49,10 +49,10 @@ def run(s, stream=False):
         sys.exit("task failed: %s %s" % (last[:400], p.stderr.decode()[-400:]))
     return wall, res
 
-LOOP = "import sys\nfor i in range(%d): sys.stdout.write('%%040d\\n' %% i)\n"
+LOOP = "import sys\nfor i in range(%d): print('%%040d' %% i)\n"
 # The loop timed inside the guest, its stdout the task's (TIMED) or a pipe
 # into cat (CAT); the time goes to stderr.
-TIMED = ("import sys, time\ns = time.perf_counter()\nfor i in range(%d): sys.stdout.write('%%040d\\n' %% i)\n"
+TIMED = ("import sys, time\ns = time.perf_counter()\nfor i in range(%d): print('%%040d' %% i)\n"
          "print(time.perf_counter() - s, file=sys.stderr)\n")
 CAT = "PYTHONUNBUFFERED=1 python3 -c \"$(cat <<'PY'\n" + TIMED + "PY\n)\" | cat > /dev/null\n"
 IN_GUEST = """import os, sys, threading, time
@@ -67,7 +67,7 @@ t = threading.Thread(target=reader); t.start()
 import io
 out = io.TextIOWrapper(io.FileIO(w, "w"), write_through=True)  # sys.stdout under PYTHONUNBUFFERED
 s = time.perf_counter()
-for i in range(%d): out.write('%%040d\\n' %% i)
+for i in range(%d): print('%%040d' %% i, file=out)
 out.close(); t.join()
 print(time.perf_counter() - s, got[0])
 """

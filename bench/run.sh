@@ -37,8 +37,8 @@ echo
 # The whole stack: print(1) through kiln-api, the scheduler, a host's pool and S3.
 python3 bench/stack.py "${STACK_TASKS:-80}" "${STACK_CONCURRENCY:-8}"
 echo
-# Task output: unbuffered lines and 100 MiB of stdout through a task vs a pipe inside the guest.
-bench/output.sh
+# Task output: 200,000 and 1,000,000 unbuffered print() lines and 100 MiB of stdout through a task vs a pipe inside the guest.
+LINES_BIG=${LINES_BIG:-1000000} RUNS=${OUTPUT_RUNS:-3} bench/output.sh
 echo
 # Network egress: extra start-up time, and throughput to an allowed destination.
 bench/egress.sh
@@ -57,3 +57,9 @@ RUNS=$RUNS bench/e2b.sh
 echo
 # Density: idle sessions per host in steps (memory, CPU, create time, exec latency), KSM off/on.
 bench/density.sh
+echo
+# The floor under it: plain QEMU clones of the same snapshot (memory, CPU running and stopped),
+# warmed pool VMs, and the TCG translation buffer's size against a busy workload.
+cdir=$(mktemp -d /tmp/kiln-bench-clones.XXXXXX)
+KILN_RUN_DIR=$cdir build/bench/clones build/image
+rmdir "$cdir" 2> /dev/null || true

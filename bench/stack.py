@@ -6,8 +6,12 @@ temporary directory, then measures print(1) from POST /v1/tasks on kiln-api
 to the task being final with its outputs in S3 (API -> scheduler -> host pool
 -> S3 -> result), read back with a long-poll GET ?wait=:
   - one client at a time (pool VM ready): p50/p95/p99;
+  - one client submitting back to back (B tasks, default 40): p50/p95/p99,
+    where the VMs came from (pool or restore), and the pool's target and
+    misses afterwards (kiln-host's GET /v1/capacity, an adaptive pool);
   - C concurrent clients (default 8): p50/p95/p99 and tasks/s.
-Usage: bench/stack.py [TASKS] [CONCURRENCY]
+Usage: bench/stack.py [TASKS] [CONCURRENCY] [BACK_TO_BACK]
+KILN_ROOT: another checkout's build to measure (a before/after in one session).
 """
 import http.client
 import json
@@ -20,9 +24,10 @@ import threading
 import time
 import urllib.parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.environ.get("KILN_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 80
 CONC = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+B2B = int(sys.argv[3]) if len(sys.argv) > 3 else 40
 
 
 def pct(v, p):
@@ -100,6 +105,26 @@ def main():
               % (pct(single, 50), pct(single, 95), pct(single, 99), where))
         print("    where the time goes (the task's timings, medians): " +
               ", ".join("%s %.0f" % (k, pct(v, 50)) for k, v in sorted(parts.items())))
+        b2b, where = [], {}
+        time.sleep(1.0)
+        for _ in range(B2B):
+            ms, t = one(api, code)
+            b2b.append(ms)
+            s = (t.get("result") or {}).get("timings", {}).get("start", "?")
+            where[s] = where.get(s, 0) + 1
+        pool = {}
+        try:
+            with open(work + "/host.json") as f:
+                hc = json.load(f)
+            hh, hp = hc["listen"].rsplit(":", 1)
+            c = http.client.HTTPConnection(hh, int(hp), timeout=10)
+            c.request("GET", "/v1/capacity", headers={"Authorization": "Bearer " + hc["token"]})
+            pool = json.loads(c.getresponse().read()).get("pool", {})
+        except (OSError, ValueError, KeyError):
+            pass
+        print("  print(1), one client back to back, %d tasks: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s; pool "
+              "target %s, max %s, misses %s, refill %s ms)" % (len(b2b), pct(b2b, 50), pct(b2b, 95), pct(b2b, 99), where,
+              pool.get("target", "?"), pool.get("max", "?"), pool.get("misses", "?"), pool.get("refill_ms", "?")))
         lat, lock, todo = [], threading.Lock(), list(range(TASKS))
 
         def client():

@@ -23,7 +23,10 @@
 #include "run.h"
 #include "snapshot.h"
 #include "spec.h"
+#include "vm_ops.h"
 #include "vm.h"
+
+#include "bench.h"
 
 static int cmp_i64(const void *a, const void *b)
 {
@@ -99,27 +102,6 @@ static int start_code(struct vm *vm, struct kiln_err *err)
 	return run_code(vm, err);
 }
 
-static long status_kib(pid_t pid, const char *file, const char *field)
-{
-	char path[64], line[256];
-	size_t fl = strlen(field);
-	long v = -1;
-	FILE *f;
-
-	if (file[0] == '/')
-		snprintf(path, sizeof(path), "%s", file);
-	else
-		snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, field, fl) && line[fl] == ':')
-			v = strtol(line + fl + 1, NULL, 10);
-	fclose(f);
-	return v;
-}
-
 static int open_or_create(const struct vm_config *base, const char *cache, unsigned mib, struct snapshot *s)
 {
 	struct kiln_err err = { .code = "" };
@@ -136,7 +118,6 @@ static int open_or_create(const struct vm_config *base, const char *cache, unsig
 
 int main(int argc, char **argv)
 {
-	static char kernel[4096], initrd[4096], disk[4096];
 	struct vm_config base = { 0 };
 	struct snapshot snap;
 	struct capacity cap = { .lock = PTHREAD_MUTEX_INITIALIZER, .total_mib = 1 << 20 };
@@ -163,18 +144,7 @@ int main(int argc, char **argv)
 		e2e[m] = calloc((size_t)runs, sizeof(int64_t));
 		first[m] = calloc((size_t)runs, sizeof(int64_t));
 	}
-	snprintf(kernel, sizeof(kernel), "%s/vmlinux", argv[1]);
-	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", argv[1]);
-	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", argv[1]);
-	base.qemu = "/usr/bin/qemu-system-x86_64";
-	base.kernel = kernel;
-	base.initrd = initrd;
-	base.disk = disk;
-	base.disk_format = "raw";
-	base.run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
-	base.accel = VM_ACCEL_TCG;
-	base.vcpus = 1;
-	base.memory_mib = 256;
+	bench_base(&base, argv[1]);
 	{
 		/* Jailed, as kiln-host runs every QEMU (bench/jail compares both). */
 		static struct jail_config jc;
@@ -188,7 +158,7 @@ int main(int argc, char **argv)
 	}
 	if (open_or_create(&base, cache, 256, &snap) < 0)
 		return 1;
-	p = pool_start(&snap, &base, 1, 0, &cap);
+	p = pool_start(&snap, &base, 1, 0, &cap, &vm_ops_real, NULL);
 
 	for (int i = 0; i < runs; i++) {
 		struct kiln_err err = { .code = "" };

@@ -17,6 +17,7 @@ static void usage(FILE *f)
 		   "                                       long-lived sandboxes (kiln session --help)\n"
 		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
 		   "  template build|list|get|rm ...       environments to run in (kiln template --help)\n"
+		   "  destination set|show|test|delete     outputs to your own S3 bucket (kiln destination --help)\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
 		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
@@ -50,6 +51,8 @@ int main(int argc, char **argv)
 		rc = cmd_shell(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "template"))
 		rc = cmd_template(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "destination"))
+		rc = cmd_destination(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "admin"))
 		rc = cmd_admin(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "up"))

@@ -313,6 +313,32 @@ static int write_json(json_t *doc, const char *path)
 	return 0;
 }
 
+/* DIR/destinations.key: the key that seals customers' own S3 destinations'
+ * secrets in kiln-api's store (README, "Customer destinations"). Made once
+ * (32 random bytes, hex, mode 0600) and kept: a new one would make every
+ * stored destination undecryptable. */
+static int ensure_dest_key(const char *path)
+{
+	char hex[80], tmp[PATH_MAX + 8];
+	int fd;
+
+	if (access(path, F_OK) == 0)
+		return 0;
+	if (random_hex(hex, 32) < 0)
+		return -1;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	strcat(hex, "\n");
+	if (fd < 0 || write(fd, hex, strlen(hex)) != (ssize_t)strlen(hex) || fsync(fd) < 0 || close(fd) < 0 ||
+	    rename(tmp, path) < 0) {
+		say("%s: %s", path, strerror(errno));
+		if (fd >= 0)
+			unlink(tmp);
+		return -1;
+	}
+	return 0;
+}
+
 static int write_configs(struct up *u)
 {
 	char path[PATH_MAX + 32], p2[PATH_MAX + 32], p3[PATH_MAX + 32];
@@ -326,6 +352,9 @@ static int write_configs(struct up *u)
 	snprintf(path, sizeof(path), "%s/api.db", u->dir);
 	api = json_pack("{s:s, s:s, s:s, s:s, s:O}", "listen", listen, "db", path, "admin_key", u->admin_key,
 			"cluster_token", u->token, "s3", s3);
+	snprintf(p3, sizeof(p3), "%s/destinations.key", u->dir);
+	if (api && ensure_dest_key(p3) == 0)
+		json_object_set_new(api, "destinations", json_pack("{s:s}", "key_file", p3));
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->host_port);
 	snprintf(path, sizeof(path), "%s/spool", u->dir);
 	snprintf(p2, sizeof(p2), "%s/run", u->dir);

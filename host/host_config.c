@@ -24,7 +24,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	int attempts = 0;
 
 	memset(c, 0, sizeof(*c));
-	c->pool_size = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
+	c->pool_size = c->pool_max = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
 		return kiln_err_set(err, KERR_CONFIG, "%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -93,9 +93,18 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			goto fail;
 		}
 		json_object_foreach(pools, k, v) {
-			if (spec_template_name_check(k, "templates.pools", NULL) < 0 || !json_is_integer(v) ||
-			    json_integer_value(v) < 0 || json_integer_value(v) > 256) {
-				kiln_err_set(err, KERR_CONFIG, "%s: templates.pools.%.64s: expected a template name and 0..256",
+			/* N, or {"size": N, "max": M}: nothing else in the object. */
+			json_t *n = json_is_object(v) ? json_object_get(v, "size") : v;
+			json_t *m = json_is_object(v) ? json_object_get(v, "max") : NULL;
+			size_t keys = json_is_object(v) ? json_object_size(v) : 1;
+
+			if (spec_template_name_check(k, "templates.pools", NULL) < 0 || !json_is_integer(n) ||
+			    json_integer_value(n) < 0 || json_integer_value(n) > 256 ||
+			    (m && (!json_is_integer(m) || json_integer_value(m) < 0 || json_integer_value(m) > 256)) ||
+			    keys != 1u + (m != NULL)) {
+				kiln_err_set(err, KERR_CONFIG,
+					     "%s: templates.pools.%.64s: expected a template name and 0..256, or "
+					     "{\"size\": 0..256, \"max\": 0..256}",
 					     path, k);
 				goto fail;
 			}
@@ -118,7 +127,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	}
 	if (pool) {
 		const struct conf_field f[] = {
-			{ "size", CONF_INT, &c->pool_size, 0, 256 }, { "prestart", CONF_INT, &c->prestart, 0, 256 },
+			{ "size", CONF_INT, &c->pool_size, 0, 256 }, { "max", CONF_INT, &c->pool_max, 0, 256 },
+			{ "prestart", CONF_INT, &c->prestart, 0, 256 },
 			{ "memory_mib", CONF_INT, &c->snapshot_memory_mib, 128, 16384 },
 			{ "vcpus", CONF_INT, &c->snapshot_vcpus, 1, 16 }, { 0 },
 		};

@@ -22,7 +22,7 @@ struct host_config {
 	double cpu_overcommit;       /* 0: unset */
 	double memory_overcommit;    /* 0: unset */
 	uint64_t memory_mib;         /* 0: unset */
-	int pool_size, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
+	int pool_size, pool_max, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
 	uint32_t out_max_entries, out_max_depth; /* "outputs" section; 0: unset */

@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "condwait.h"
 #include "excerpt.h"
 #include "hostd_priv.h"
@@ -66,6 +68,10 @@ static struct hostd_task *find_locked(struct hostd *d, const char *id)
 static void task_free(struct hostd_task *t)
 {
 	free(t->spec_json);
+	if (t->dest) {
+		dest_wipe(t->dest);
+		free(t->dest);
+	}
 	if (t->tref) {
 		tref_free(t->tref);
 		free(t->tref);
@@ -148,8 +154,27 @@ static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_st
 		evlog_close_locked(&t->ev);
 }
 
-/* The durable record: small, rewritten at each milestone. */
+/* The durable record: small, rewritten at each milestone. A task with its
+ * customer's own destination keeps it there, secret included (the file is
+ * 0600, in a 0700 directory: spool_write_json), so that its upload goes
+ * there after a restart too. */
+static json_t *record_core_locked(struct hostd_task *t);
+
 static json_t *record_json_locked(struct hostd_task *t)
+{
+	json_t *r = record_core_locked(t);
+
+	/* Once final, the secret is not needed any more: the record keeps only
+	 * where the objects went. */
+	if (r && t->dest &&
+	    json_object_set_new(r, "destination", dest_to_json(t->dest, !state_final(t->state))) < 0) {
+		json_decref(r);
+		return NULL;
+	}
+	return r;
+}
+
+static json_t *record_core_locked(struct hostd_task *t)
 {
 	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:O*, s:O, s:O, s:s*}", "version", 1, "id", t->id,
 			 "customer", t->customer, "state", hostd_state_names[t->state], "final_state",
@@ -178,7 +203,7 @@ char *hostd_s3_key(const struct hostd_task *t, const char *rel)
 {
 	char *k = NULL;
 
-	if (asprintf(&k, "%s/%s/%s", t->customer, t->id, rel) < 0)
+	if (asprintf(&k, "%s%s/%s/%s", t->dest ? t->dest->prefix : "", t->customer, t->id, rel) < 0)
 		return NULL;
 	return k;
 }
@@ -465,6 +490,10 @@ void hostd_task_finished_locked(struct hostd *d, struct hostd_task *t)
 		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id, err.message);
 		return;
 	}
+	/* Uploaded: the customer's secret goes from memory too (the record
+	 * just written holds it no more). */
+	if (t->dest)
+		OPENSSL_cleanse(t->dest->secret_key, sizeof(t->dest->secret_key));
 	for (size_t i = 0; i < sizeof(spooled) / sizeof(*spooled); i++) {
 		snprintf(path, sizeof(path), "%s/%s", t->dir, spooled[i]);
 		spool_rm_tree(path);
@@ -598,6 +627,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 			*spec = v;
 		} else if (!strcmp(k, "template") && tmpl) {
 			*tmpl = v;
+		} else if (!strcmp(k, "destination")) {
+			/* the caller's (dest_from_json) */
 		} else {
 			kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
 			goto fail;
@@ -624,6 +655,12 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
 
 int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
 		      struct kiln_err *err)
+{
+	return hostd_submit_dest(d, id, customer, spec_obj, tref, NULL, err);
+}
+
+int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
+		      const struct dest *dest, struct kiln_err *err)
 {
 	struct task_spec spec;
 	struct hostd_task *t;
@@ -657,7 +694,9 @@ int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, jso
 		if (tref->env)
 			json_incref(tref->env);
 	}
-	if (!t || !w || (tref && !t->tref) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (t && dest && (t->dest = malloc(sizeof(*t->dest))))
+		*t->dest = *dest;
+	if (!t || !w || (tref && !t->tref) || (dest && !t->dest) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		spec_free(&spec);
 		free(sj);
 		free(w);
@@ -773,15 +812,18 @@ json_t *hostd_task_json(struct hostd *d, const char *id)
 			      hostd_state_names[t->state], "created_ms", (json_int_t)t->created_ms, "result",
 			      res ? res : json_null(), "outputs", t->outputs, "artifacts", t->artifacts, "last_error",
 			      t->last_error[0] ? t->last_error : NULL, "upload_attempts", (int)t->upload_attempts, "s3",
-			      "bucket", d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings", "start_ms",
+			      "bucket", t->dest ? t->dest->bucket : d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings", "start_ms",
 			      ms_between(t->created_ms, t->running_ms), "run_ms", ms_between(t->running_ms, t->ended_ms),
 			      "upload_ms", ms_between(t->ended_ms, t->finished_ms), "total_ms",
 			      ms_between(t->created_ms, t->finished_ms));
 		if (j) {
-			char prefix[140];
+			char prefix[DEST_PREFIX_MAX + 140];
 
-			snprintf(prefix, sizeof(prefix), "%s/%s/", t->customer, t->id);
+			snprintf(prefix, sizeof(prefix), "%s%s/%s/", t->dest ? t->dest->prefix : "", t->customer, t->id);
 			json_object_set_new(json_object_get(j, "s3"), "prefix", json_string(prefix));
+			/* The customer's own destination: where, never its credentials. */
+			if (t->dest)
+				json_object_set_new(json_object_get(j, "s3"), "endpoint", json_string(t->dest->endpoint));
 		}
 	}
 	pthread_mutex_unlock(&d->lock);

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "evlog.h"
+#include "dest.h"
 #include "err.h"
 #include "pool.h"
 #include "run.h"
@@ -56,7 +57,9 @@ void hostd_stop(struct hostd *d);
  * start. */
 void hostd_close(struct hostd *d);
 
-/* Parse a POST /v1/tasks body {"id","customer","spec","template"?}: unknown
+/* Parse a POST /v1/tasks body {"id","customer","spec","template"?,
+ * "destination"?} ("destination" is left in the document for the caller's
+ * dest_from_json): unknown
  * keys and duplicate keys are refused. Returns the parsed document (the
  * caller decrefs it; *id, *customer, *spec and *tmpl point into it; *tmpl
  * is NULL when there is no "template", and is parsed with tref_parse_json),
@@ -78,6 +81,20 @@ int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *
  * SHA-256 mismatch, s3_*). */
 int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec, const struct tref *tref,
 		      struct kiln_err *err);
+/* The same with the customer's own S3 destination (NULL: the host's S3):
+ * the task's outputs, logs and manifest go there, under its prefix
+ * (PREFIX + CUSTOMER/ID/...); copied, kept in the task's spool record
+ * (mode 0600: the secret is at rest there until the task is uploaded). */
+int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, json_t *spec, const struct tref *tref,
+		      const struct dest *dest, struct kiln_err *err);
+
+/* Replace the credentials of task id's destination (PUT
+ * /v1/tasks/{id}/destination): dest must name the same place as the one
+ * the task has (dest_same_place); its record is rewritten and a waiting
+ * upload retried now. 0; -1 with err: "not_found" (no such task),
+ * "invalid_request" (the task has no destination, or another place),
+ * "host_error". Thread-safe. */
+int hostd_set_dest(struct hostd *d, const char *id, const struct dest *dest, struct kiln_err *err);
 
 /* The task's public JSON (docs/api.md), or NULL when there is no such task. */
 json_t *hostd_task_json(struct hostd *d, const char *id);

@@ -36,6 +36,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 {
 	unsigned running = 0, uploading = 0, vcpus_used;
 	uint64_t total_mib, used_mib;
+	struct pool_stats ps = { 0 };
 	json_t *j, *mem;
 
 	pthread_mutex_lock(&d->lock);
@@ -49,6 +50,8 @@ json_t *hostd_capacity_json(struct hostd *d)
 	total_mib = d->cap->total_mib;
 	used_mib = d->cap->used_mib;
 	pthread_mutex_unlock(&d->cap->lock);
+	if (d->pool)
+		pool_stats(d->pool, &ps);
 	j = json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
 			 d->host_id, "accel", d->cfg.accel ? d->cfg.accel : "tcg", "vcpus", "total",
 			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "memory_mib", "total", (json_int_t)total_mib,
@@ -62,6 +65,15 @@ json_t *hostd_capacity_json(struct hostd *d)
 	if (j && (mem = json_object_get(j, "memory_mib")) && d->cap->budget_mib) {
 		json_object_set_new(mem, "budget", json_integer((json_int_t)d->cap->budget_mib));
 		json_object_set_new(mem, "usage", json_integer((json_int_t)(memcg_value(d->cap, "memory.usage_in_bytes", NULL) >> 20)));
+	}
+	if (j && d->pool) {
+		json_t *po = json_object_get(j, "pool");
+
+		json_object_set_new(po, "target", json_integer(ps.target));
+		json_object_set_new(po, "min", json_integer(ps.min));
+		json_object_set_new(po, "max", json_integer(ps.max));
+		json_object_set_new(po, "misses", json_integer((json_int_t)ps.misses));
+		json_object_set_new(po, "refill_ms", json_integer(ps.refill_ms));
 	}
 	if (j && d->cfg.templates)
 		json_object_set_new(j, "templates", template_store_json(d->cfg.templates));
@@ -112,6 +124,20 @@ char *hostd_metrics(struct hostd *d)
 	pthread_mutex_unlock(&d->lock);
 	buf_adds(&b, "# HELP kiln_host_pool_ready Warm pool VMs ready.\n# TYPE kiln_host_pool_ready gauge\n");
 	buf_printf(&b, "kiln_host_pool_ready %u\n", d->pool ? pool_ready(d->pool) : 0);
+	if (d->pool) {
+		struct pool_stats ps;
+
+		pool_stats(d->pool, &ps);
+		buf_adds(&b, "# HELP kiln_host_pool_target Warm pool VMs the default template's pool aims for now "
+			     "(between its size and max, by recent demand).\n# TYPE kiln_host_pool_target gauge\n");
+		buf_printf(&b, "kiln_host_pool_target %u\n", ps.target);
+		buf_adds(&b, "# HELP kiln_host_pool_takes_total Tasks that asked the pool for a VM.\n"
+			     "# TYPE kiln_host_pool_takes_total counter\n");
+		buf_printf(&b, "kiln_host_pool_takes_total %llu\n", (unsigned long long)ps.takes);
+		buf_adds(&b, "# HELP kiln_host_pool_misses_total Tasks that found no warm VM ready (restored instead).\n"
+			     "# TYPE kiln_host_pool_misses_total counter\n");
+		buf_printf(&b, "kiln_host_pool_misses_total %llu\n", (unsigned long long)ps.misses);
+	}
 	pthread_mutex_lock(&d->cap->lock);
 	buf_adds(&b, "# HELP kiln_host_memory_used_mib Guest memory reserved (tasks and pool).\n"
 		 "# TYPE kiln_host_memory_used_mib gauge\n");

@@ -73,6 +73,7 @@ struct hostd_task {
 	int64_t upload_started_ms;
 	unsigned refs;               /* table + workers + streams */
 	struct tref *tref;           /* the task's template (NULL: default); until the worker ends */
+	struct dest *dest;           /* the customer's own S3 destination (NULL: the host's S3) */
 	struct hostd_task *next;
 };
 
@@ -126,7 +127,8 @@ int hostd_record_write_locked(struct hostd_task *t, struct kiln_err *err);
 /* A result for a task whose code did not run to its end (reason: the
  * end_reason; "cancelled" makes the state cancelled, else error). */
 json_t *hostd_error_result(const char *reason, const char *code, const char *msg);
-/* CUSTOMER/ID/rel, t's S3 key for rel (caller frees), or NULL. */
+/* [PREFIX]CUSTOMER/ID/rel, t's S3 key for rel (PREFIX: its destination's),
+ * caller frees; or NULL. */
 char *hostd_s3_key(const struct hostd_task *t, const char *rel);
 /* Everything is in S3: the final state goes to disk, then the spooled files. */
 void hostd_task_finished_locked(struct hostd *d, struct hostd_task *t);

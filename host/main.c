@@ -45,7 +45,7 @@ static void usage(FILE *f)
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--config FILE] [--token T] [--host-id ID] [--spool-dir DIR]\n"
 	      "                       [--api URL] [--advertise URL]\n"
-	      "                       [--listen ADDR:PORT] [--pool N] [--prestart N] [--memory-capacity MiB]\n"
+	      "                       [--listen ADDR:PORT] [--pool N] [--pool-max N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
@@ -514,7 +514,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		struct template_store_config tc = {
 			.image_dir = o->image_dir, .cache = o->cache, .base = &ro->vm, .snap_memory_mib = o->snap_memory_mib,
 			.snap_vcpus = o->snap_vcpus, .cold = o->cold, .net = s.net.enabled, .pools = o->template_pools,
-			.default_pool = o->pool_size, .prestart = o->prestart, .disk_budget_mib = o->disk_budget_mib,
+			.default_pool = o->pool_size,
+			.default_pool_max = o->pool_max >= 0 ? (unsigned)o->pool_max : o->pool_size * 4, .prestart = o->prestart, .disk_budget_mib = o->disk_budget_mib,
 			.snapshot_ttl_s = o->snapshot_ttl_s, .cap = &s.cap, .ops = &vm_ops_real, .clk = &clock_system,
 			.verbose = 1,
 		};
@@ -648,6 +649,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->memory_overcommit = hc->memory_overcommit;
 	if (hc->pool_size >= 0)
 		so->pool_size = (unsigned)hc->pool_size;
+	if (hc->pool_max >= 0)
+		so->pool_max = hc->pool_max;
 	if (hc->prestart >= 0)
 		so->prestart = (unsigned)hc->prestart;
 	if (hc->snapshot_memory_mib >= 0)
@@ -676,14 +679,14 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 static int cmd_serve(int argc, char **argv)
 {
 	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o',
-	       O_API = 'A', O_ADVERTISE = 'a', O_MEM_OVERCOMMIT = 'O' };
+	       O_API = 'A', O_ADVERTISE = 'a', O_POOL_MAX = 'X', O_MEM_OVERCOMMIT = 'O' };
 	static const struct option opts[] = {
 		{ "config", required_argument, 0, O_CONFIG }, { "token", required_argument, 0, O_TOKEN },
 		{ "api", required_argument, 0, O_API }, { "advertise", required_argument, 0, O_ADVERTISE },
 		{ "host-id", required_argument, 0, O_HOST_ID }, { "spool-dir", required_argument, 0, O_SPOOL },
 		{ "vcpus-capacity", required_argument, 0, O_VCPUS }, { "cpu-overcommit", required_argument, 0, O_OVERCOMMIT },
 		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
-		{ "prestart", required_argument, 0, 'P' },
+		{ "prestart", required_argument, 0, 'P' }, { "pool-max", required_argument, 0, O_POOL_MAX },
 		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
 		{ "memory-overcommit", required_argument, 0, O_MEM_OVERCOMMIT },
 		{ "cold", no_argument, 0, 'c' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
@@ -693,7 +696,8 @@ static int cmd_serve(int argc, char **argv)
 	static struct host_config hc;
 	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
-				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400 };
+				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
+				 .pool_max = -1 };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	unsigned v;
@@ -764,6 +768,13 @@ static int cmd_serve(int argc, char **argv)
 				kiln_err_set(&err, KERR_USAGE, "--pool: expected 0..256");
 				return print_error(&err, 2);
 			}
+			break;
+		case O_POOL_MAX:
+			if (parse_uint(optarg, 0, 256, &v) < 0) {
+				kiln_err_set(&err, KERR_USAGE, "--pool-max: expected 0..256");
+				return print_error(&err, 2);
+			}
+			so.pool_max = (int)v;
 			break;
 		case 'P':
 			if (parse_uint(optarg, 0, 256, &so.prestart) < 0) {

@@ -21,10 +21,27 @@
 
 #define POOL_MAX 256
 
+/* The adaptive target (pool_set_max): recent takes per second, over a short
+ * window (grows fast) and a long one (shrinks only after a quiet spell),
+ * times how long a refill takes, twice over: enough ready VMs that takes
+ * arriving at that rate find one while refills catch up. */
+#define POOL_RATE_SHORT_MS 5000
+#define POOL_RATE_LONG_MS  30000
+#define POOL_TAKES         64     /* take times kept (a power of two) */
+#define POOL_REFILL_MIN_MS 250    /* a refill is never assumed faster (TCG: ~250 ms of CPU) */
+#define POOL_SHRINK_MS     1000   /* how often a full pool re-checks its target */
+
 struct pool {
 	struct snapshot snap;
 	struct vm_config base;
-	unsigned size;
+	unsigned size;     /* the minimum: ready VMs kept whatever the demand */
+	unsigned max;      /* the adaptive ceiling (== size: a fixed pool) */
+	int64_t takes[POOL_TAKES]; /* times of the last takes (p->clk), a ring */
+	unsigned ntakes;   /* takes so far (ring index) */
+	int64_t refill_ms; /* moving average of restore + warm-up, 0 before the first */
+	int behind;        /* a take found no ready VM: refill at full priority until the target is met */
+	int niced;         /* the refill thread's nice is REFILL_NICE (0 while behind) */
+	uint64_t misses;   /* takes that found no ready VM */
 	struct capacity *cap;
 	const struct vm_ops *ops;
 	const struct kiln_clock *clk;
@@ -126,9 +143,12 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 	return 0;
 }
 
-static int warm_and_pause(struct pool *p, struct vm *vm, struct kiln_err *err)
+/* Behind a stream of takes (light), a refill skips the warm-up: a restored
+ * VM is ready in a third of the time, and the task that takes it still
+ * skips the restore; its first run translates the task path itself. */
+static int warm_and_pause(struct pool *p, struct vm *vm, int light, struct kiln_err *err)
 {
-	if (p->ops->warm_up(p->ops->ctx, vm, err) < 0)
+	if (!light && p->ops->warm_up(p->ops->ctx, vm, err) < 0)
 		return -1;
 	return p->ops->pause(p->ops->ctx, vm, err);
 }
@@ -201,18 +221,77 @@ static void wait_kick(struct pool *p, int64_t ms)
 		;
 }
 
+/* With p->mu held: takes per second over the last window_ms. */
+static double take_rate(struct pool *p, int64_t now, int64_t window_ms)
+{
+	unsigned n = 0, have = p->ntakes < POOL_TAKES ? p->ntakes : POOL_TAKES;
+
+	for (unsigned i = 0; i < have; i++)
+		if (now - p->takes[(p->ntakes - 1 - i) % POOL_TAKES] <= window_ms)
+			n++;
+	return n * 1000.0 / (double)window_ms;
+}
+
+/* With p->mu held: how many ready VMs to keep now. */
+static unsigned target_locked(struct pool *p)
+{
+	int64_t now = kclock_mono_ms(p->clk);
+	double rate, want, refill_s;
+	unsigned t;
+
+	if (p->max <= p->size)
+		return p->size;
+	rate = take_rate(p, now, POOL_RATE_SHORT_MS);
+	if (take_rate(p, now, POOL_RATE_LONG_MS) > rate)
+		rate = take_rate(p, now, POOL_RATE_LONG_MS);
+	refill_s = (double)(p->refill_ms > POOL_REFILL_MIN_MS ? p->refill_ms : POOL_REFILL_MIN_MS) / 1000.0;
+	want = 2.0 * rate * refill_s;
+	t = want >= (double)p->max ? p->max : (unsigned)want + (want > (unsigned)want);
+	return t < p->size ? p->size : t;
+}
+
+/* The refill thread's priority: low, unless it is behind a stream of takes
+ * (only where this process may raise it again: p->renice). */
+static void refill_priority(struct pool *p, int behind)
+{
+	id_t self = (id_t)syscall(SYS_gettid);
+
+	if (!p->renice || behind == !p->niced)
+		return;
+	if (setpriority(PRIO_PROCESS, self, behind ? 0 : REFILL_NICE) == 0)
+		p->niced = !behind;
+}
+
 static void *refill(void *arg)
 {
 	struct pool *p = arg;
 
 	refill_lower_priority(p);
+	p->niced = p->renice;
 	pthread_mutex_lock(&p->mu);
 	while (!p->stop) {
 		struct kiln_err err = { .code = "" };
 		struct vm *vm;
+		unsigned target = target_locked(p);
+		int64_t t0;
+		int light;
 
-		if (p->nready >= p->size && p->nspawned >= p->spawn_target) {
-			pthread_cond_wait(&p->cv, &p->mu);
+		if (p->nready >= target)
+			p->behind = 0;
+		if (p->nready > target) {
+			/* Demand fell: give one VM's memory back, then look again. */
+			vm = p->ready[--p->nready];
+			pthread_mutex_unlock(&p->mu);
+			discard(p, vm);
+			capacity_release(p->cap, p->snap.memory_mib);
+			pthread_mutex_lock(&p->mu);
+			continue;
+		}
+		if (p->nready >= target && p->nspawned >= p->spawn_target) {
+			if (p->max > p->size)
+				wait_kick(p, POOL_SHRINK_MS); /* the target moves with time */
+			else
+				pthread_cond_wait(&p->cv, &p->mu);
 			continue;
 		}
 		if (p->failures) {
@@ -224,7 +303,7 @@ static void *refill(void *arg)
 			if (p->stop)
 				break;
 		}
-		if (p->nready >= p->size) {
+		if (p->nready >= target) {
 			/* Ready tier full: top up the pre-started tier (no guest memory yet). */
 			pthread_mutex_unlock(&p->mu);
 			vm = calloc(1, sizeof(*vm));
@@ -248,6 +327,8 @@ static void *refill(void *arg)
 		}
 		/* A pre-started QEMU makes this refill faster too. */
 		vm = p->nspawned ? p->spawned[--p->nspawned] : NULL;
+		light = p->behind;
+		refill_priority(p, light);
 		pthread_mutex_unlock(&p->mu);
 		if (!capacity_reserve(p->cap, p->snap.memory_mib)) {
 			if (vm) {
@@ -260,14 +341,15 @@ static void *refill(void *arg)
 			wait_kick(p, 1000);
 			continue;
 		}
+		t0 = kclock_mono_ms(p->clk);
 		if (vm) {
-			if (p->ops->load(p->ops->ctx, &p->snap, vm, &err) < 0 || warm_and_pause(p, vm, &err) < 0) {
+			if (p->ops->load(p->ops->ctx, &p->snap, vm, &err) < 0 || warm_and_pause(p, vm, light, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
 				vm = discard(p, vm);
 			}
 		} else if ((vm = calloc(1, sizeof(*vm))) &&
 			   (p->ops->restore(p->ops->ctx, &p->snap, &p->base, vm, &err) < 0 ||
-			    warm_and_pause(p, vm, &err) < 0)) {
+			    warm_and_pause(p, vm, light, &err) < 0)) {
 			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
 			vm = discard(p, vm);
 		}
@@ -278,6 +360,12 @@ static void *refill(void *arg)
 			continue;
 		}
 		p->failures = 0;
+		{
+			int64_t ms = kclock_mono_ms(p->clk) - t0;
+
+			if (!light) /* the target is sized by full refills */
+				p->refill_ms = p->refill_ms ? (p->refill_ms * 7 + ms * 3) / 10 : ms;
+		}
 		if (p->stop) {
 			discard(p, vm);
 			capacity_release(p->cap, p->snap.memory_mib);
@@ -299,7 +387,7 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 		return NULL;
 	p->snap = *s;
 	p->base = *base;
-	p->size = size > POOL_MAX ? POOL_MAX : size;
+	p->size = p->max = size > POOL_MAX ? POOL_MAX : size;
 	p->spawn_target = prestart > POOL_MAX ? POOL_MAX : prestart;
 	p->cap = cap;
 	p->ops = ops;
@@ -348,7 +436,18 @@ static unsigned count(struct pool *p, const unsigned *n)
 
 int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
-	int r = pop(p, p->ready, &p->nready, vm);
+	int r;
+
+	/* Every take counts towards the rate, a miss too (it is demand the
+	 * pool did not meet, and puts the refill at full priority). */
+	pthread_mutex_lock(&p->mu);
+	p->takes[p->ntakes++ % POOL_TAKES] = kclock_mono_ms(p->clk);
+	if (!p->nready) {
+		p->misses++;
+		p->behind = 1;
+	}
+	pthread_mutex_unlock(&p->mu);
+	r = pop(p, p->ready, &p->nready, vm);
 
 	if (r < 0)
 		return r;
@@ -388,6 +487,28 @@ unsigned pool_vcpus(const struct pool *p)
 unsigned pool_ready(struct pool *p)
 {
 	return count(p, &p->nready);
+}
+
+void pool_set_max(struct pool *p, unsigned max)
+{
+	pthread_mutex_lock(&p->mu);
+	p->max = max < p->size ? p->size : max > POOL_MAX ? POOL_MAX : max;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
+void pool_stats(struct pool *p, struct pool_stats *st)
+{
+	pthread_mutex_lock(&p->mu);
+	st->ready = p->nready;
+	st->prestarted = p->nspawned;
+	st->min = p->size;
+	st->max = p->max;
+	st->target = target_locked(p);
+	st->misses = p->misses;
+	st->takes = p->ntakes;
+	st->refill_ms = p->refill_ms;
+	pthread_mutex_unlock(&p->mu);
 }
 
 void pool_stop(struct pool *p)

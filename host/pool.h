@@ -60,6 +60,23 @@ unsigned pool_vcpus(const struct pool *p);
 const char *pool_release(const struct pool *p); /* guest kernel release */
 unsigned pool_ready(struct pool *p);
 
+/* Let the pool grow past its size (the minimum) up to max ready VMs as
+ * demand asks: the target is twice the takes expected while one refill
+ * runs (recent takes per second, over 5 s and over 30 s, whichever is
+ * higher, times the refill's moving average, at least 250 ms), so it shrinks
+ * back 30 s after takes stop. A take that finds the pool empty runs the
+ * refills at full priority until the target is met again (they otherwise
+ * run at nice 19). Every VM still reserves its memory in the capacity: the
+ * pool never grows past it. max <= size: a fixed pool (the default). */
+void pool_set_max(struct pool *p, unsigned max);
+
+struct pool_stats {
+	unsigned ready, prestarted, min, max, target;
+	uint64_t misses, takes; /* takes that found no ready VM; all takes */
+	int64_t refill_ms;      /* moving average of a refill (restore + warm-up) */
+};
+void pool_stats(struct pool *p, struct pool_stats *st);
+
 /* Walk a running VM through everything a task does (SETUP, FILE, EXEC of
  * /bin/true, COLLECT, WARM), running no task code. In a snapshot template it
  * leaves the guest's caches (dentries, page cache, the interpreter's lazy

@@ -29,12 +29,22 @@ static void recover_one(struct hostd *d, const char *id)
 	enum task_state s, fs;
 	struct kiln_err err = { .code = "" };
 	const char *customer, *le;
+	struct dest dest;
+	int have_dest = 0;
 
 	snprintf(path, sizeof(path), "%s/tasks/%s/record.json", d->spool, id);
 	r = json_load_file(path, 0, &je);
 	customer = json_string_value(json_object_get(r, "customer"));
 	s = hostd_state_parse(json_string_value(json_object_get(r, "state")));
 	fs = hostd_state_parse(json_string_value(json_object_get(r, "final_state")));
+	/* A destination that does not parse cannot be uploaded to, and the
+	 * host's own bucket is no substitute: aside with the rest. */
+	if (r && json_object_get(r, "destination") &&
+	    dest_from_json(json_object_get(r, "destination"), state_final(s) ? DEST_SECRET_NONE : DEST_SECRET_REQUIRED,
+			   NULL, &dest, &err) == 0)
+		have_dest = 1;
+	else if (r && json_object_get(r, "destination"))
+		customer = NULL;
 	if (!r || !spool_id_ok(id) || !spool_id_ok(customer) || s == TS_COUNT) {
 		/* Without a readable record there is nothing to report or upload to:
 		 * keep the directory aside for the operator rather than delete data. */
@@ -49,7 +59,13 @@ static void recover_one(struct hostd *d, const char *id)
 		return;
 	}
 	t = hostd_task_new(d, id, customer);
-	if (!t) {
+	if (t && have_dest && (t->dest = malloc(sizeof(*t->dest))))
+		*t->dest = dest;
+	if (have_dest)
+		dest_wipe(&dest);
+	if (!t || (have_dest && !t->dest)) {
+		if (t)
+			hostd_task_put_locked(t);
 		json_decref(r);
 		return;
 	}

@@ -87,19 +87,27 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *body, *spec, *v, *tmpl;
+	json_t *body, *spec, *v, *tmpl, *dj;
 	struct tref tref;
+	struct dest dest = { .endpoint = "" };
 	int rc;
 
 	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer,
 				   &spec, &tmpl, &err);
 	if (!body)
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
-	if (tmpl && tref_parse_json(tmpl, &tref, &err) < 0) {
+	dj = json_object_get(body, "destination");
+	if (dj && dest_from_json(dj, DEST_SECRET_REQUIRED, NULL, &dest, &err) < 0) {
 		json_decref(body);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
-	rc = hostd_submit_tref(s->hostd, id, customer, spec, tmpl ? &tref : NULL, &err);
+	if (tmpl && tref_parse_json(tmpl, &tref, &err) < 0) {
+		json_decref(body);
+		dest_wipe(&dest);
+		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
+	}
+	rc = hostd_submit_dest(s->hostd, id, customer, spec, tmpl ? &tref : NULL, dj ? &dest : NULL, &err);
+	dest_wipe(&dest);
 	if (tmpl)
 		tref_free(&tref);
 	if (rc < 0) {
@@ -202,6 +210,36 @@ static enum MHD_Result task_cancel(void *ctx, struct httpd_req *r)
 		return reply_error(r->conn, KERR_NOT_CANCELLABLE, "the task's code has already ended");
 	j = hostd_task_json(s->hostd, id);
 	return reply_json(r->conn, MHD_HTTP_ACCEPTED, j ? j : json_object());
+}
+
+/* PUT /v1/tasks/{id}/destination {"destination":{...}}: new credentials
+ * for the same place (kiln-api, after the customer set them). */
+static enum MHD_Result task_dest_put(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	const char *id = task_id(r);
+	struct kiln_err err = { .code = "" };
+	struct dest dest;
+	json_error_t je;
+	json_t *j;
+	int rc;
+
+	if (!id)
+		return no_task(r->conn);
+	j = json_loadb(httpd_body_data(r->body) ? httpd_body_data(r->body) : "", httpd_body_len(r->body),
+		       JSON_REJECT_DUPLICATES, &je);
+	if (!j || json_object_size(j) != 1 || !json_object_get(j, "destination")) {
+		json_decref(j);
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "expected {\"destination\":{...}}");
+	}
+	rc = dest_from_json(json_object_get(j, "destination"), DEST_SECRET_REQUIRED, NULL, &dest, &err);
+	json_decref(j);
+	if (rc == 0)
+		rc = hostd_set_dest(s->hostd, id, &dest, &err);
+	dest_wipe(&dest);
+	if (rc < 0)
+		return reply_err(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:b}", "ok", 1));
 }
 
 /* GET /v1/tasks/{id}/events */
@@ -720,11 +758,31 @@ static enum MHD_Result session_outputs_post(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
+	struct dest dest;
+	int have_dest = 0;
 	json_t *out;
 
 	if (!id)
 		return no_session(r->conn);
-	out = session_outputs(s->sessions, id, &err);
+	/* An optional {"destination":{...}}: the customer's own bucket. */
+	if (httpd_body_len(r->body)) {
+		json_error_t je;
+		json_t *j = json_loadb(httpd_body_data(r->body), httpd_body_len(r->body), JSON_REJECT_DUPLICATES, &je);
+
+		if (!j || json_object_size(j) != 1 || !json_object_get(j, "destination")) {
+			json_decref(j);
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "expected no body or {\"destination\":{...}}");
+		}
+		if (dest_from_json(json_object_get(j, "destination"), DEST_SECRET_REQUIRED, NULL, &dest, &err) < 0) {
+			json_decref(j);
+			return reply_err(r->conn, &err);
+		}
+		json_decref(j);
+		have_dest = 1;
+	}
+	out = session_outputs_to(s->sessions, id, have_dest ? &dest : NULL, &err);
+	if (have_dest)
+		dest_wipe(&dest);
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
@@ -860,6 +918,7 @@ static const struct httpd_route host_routes[] = {
 	{ "GET", "/v1/tasks/{id}", task_get },
 	{ "DELETE", "/v1/tasks/{id}", task_cancel },
 	{ "GET", "/v1/tasks/{id}/events", task_events },
+	{ "PUT", "/v1/tasks/{id}/destination", task_dest_put },
 	{ "GET", "/v1/sessions", sessions_get_list },
 	{ "POST", "/v1/sessions", sessions_post },
 	{ "GET", "/v1/sessions/{id}", session_get_one },

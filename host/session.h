@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "dest.h"
 #include "err.h"
 #include "hostd.h"
 #include "run.h"
@@ -101,6 +102,9 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
  * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,
  * is listed with "skipped" (the reason) and "s3_key" null. */
 json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_err *err);
+/* The same to the customer's own destination (NULL: the host's S3), under
+ * its PREFIX + CUSTOMER/sessions/ID/outputs/, with its credentials. */
+json_t *session_outputs_to(struct session_table *ss, const char *id, const struct dest *dest, struct kiln_err *err);
 
 /* The S3 key of a session's output file rel: malloc'd, built whole and
  * checked with s3_key_check; NULL with err set when no valid key can carry

@@ -612,6 +612,11 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
 
 json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_err *err)
 {
+	return session_outputs_to(ss, id, NULL, err);
+}
+
+json_t *session_outputs_to(struct session_table *ss, const char *id, const struct dest *dest, struct kiln_err *err)
+{
 	struct session *s = session_take(ss, id, err);
 	struct hostd_s3 s3 = { 0 };
 	char dir[PATH_MAX + 16];
@@ -624,7 +629,10 @@ json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_er
 	snprintf(dir, sizeof(dir), "%s/outputs", s->dir);
 	fs_rmtree(dir);
 	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
-	if (outs && hostd_s3_take(ss->d, &s3) < 0) {
+	if (outs && dest) {
+		/* The customer's own bucket: no copy of the host's settings. */
+		dest_s3_config(dest, &s3.c);
+	} else if (outs && hostd_s3_take(ss->d, &s3) < 0) {
 		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 		json_decref(outs);
 		outs = NULL;
@@ -639,6 +647,19 @@ json_t *session_outputs(struct session_table *ss, const char *id, struct kiln_er
 			json_object_set_new(o, "skipped", json_string(rel ? err->message : "no path"));
 			json_object_set_new(o, "s3_key", json_null());
 			continue;
+		}
+		if (dest && dest->prefix[0]) {
+			char *k2 = NULL;
+
+			if (asprintf(&k2, "%s%s", dest->prefix, key) < 0 || s3_key_check(k2, err) < 0) {
+				json_object_set_new(o, "skipped", json_string(k2 ? err->message : "out of memory"));
+				json_object_set_new(o, "s3_key", json_null());
+				free(k2);
+				free(key);
+				continue;
+			}
+			free(key);
+			key = k2;
 		}
 		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, rel) >= sizeof(path)) {
 			json_object_set_new(o, "skipped", json_string("the path is too long for this host"));

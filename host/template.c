@@ -240,7 +240,7 @@ struct template {
 	int64_t snap_retry_ms;     /* a snapshot failed: no new attempt before (monotonic) */
 	int snap_lock, net_snap_lock; /* shared flocks on the snapshots' last_used (-1) */
 	struct pool *pool;
-	unsigned pool_size, prestart;
+	unsigned pool_size, pool_max, prestart;
 	unsigned users;
 	int lock_fd;               /* shared flock on dir/last_used while used (-1) */
 	struct template *next;
@@ -259,14 +259,30 @@ struct template_store {
 	int64_t next_gc_ms;
 };
 
-static unsigned pool_size_for(const struct template_store *ts, const char *name)
+/* A template's pool: templates.pools {"NAME": N} or {"NAME": {"size": N,
+ * "max": M}} (M defaults to 4 x N), else the default template's --pool and
+ * --pool-max, else none. */
+static unsigned pool_size_for(const struct template_store *ts, const char *name, unsigned *max)
 {
-	json_t *v = ts->pools ? json_object_get(ts->pools, name) : NULL;
+	json_t *v = ts->pools ? json_object_get(ts->pools, name) : NULL, *m = NULL;
+	unsigned n;
 
-	if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 256)
-		return (unsigned)json_integer_value(v);
-	if (!strcmp(name, "default"))
+	if (json_is_object(v)) {
+		m = json_object_get(v, "max");
+		v = json_object_get(v, "size");
+	}
+	if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 256) {
+		n = (unsigned)json_integer_value(v);
+		*max = json_is_integer(m) && json_integer_value(m) >= 0 && json_integer_value(m) <= 256
+			       ? (unsigned)json_integer_value(m)
+			       : n * 4;
+		return n;
+	}
+	if (!strcmp(name, "default")) {
+		*max = ts->cfg.default_pool_max;
 		return ts->cfg.default_pool;
+	}
+	*max = 0;
 	return 0;
 }
 
@@ -285,7 +301,7 @@ static struct template *entry_new(struct template_store *ts, const char *name, i
 	}
 	t->snap.mem_fd = t->net_snap.mem_fd = -1;
 	t->snap_lock = t->net_snap_lock = t->lock_fd = -1;
-	t->pool_size = pool_size_for(ts, name);
+	t->pool_size = pool_size_for(ts, name, &t->pool_max);
 	t->prestart = !strcmp(name, "default") && builtin ? ts->cfg.prestart : 0;
 	t->vmc = ts->base;
 	t->vmc.disk = t->rootfs;
@@ -441,6 +457,8 @@ static int prepare_locked(struct template_store *ts, struct template *t, int wan
 		t->pool = pool_start(&t->snap, &t->vmc, t->pool_size, t->prestart, ts->cfg.cap, ts->cfg.ops, ts->cfg.clk);
 		if (!t->pool)
 			fprintf(stderr, "kiln-host: template %s: cannot start its pool\n", t->name);
+		else
+			pool_set_max(t->pool, t->pool_max);
 	}
 	return (need && !ok) || (need_net && !ok_net) ? -1 : 0;
 }

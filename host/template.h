@@ -42,6 +42,7 @@ struct template_store_config {
 	int net;                        /* egress is on: NIC snapshots are made for egress users */
 	json_t *pools;                  /* {"NAME": N}: warm pool sizes (NULL: none); not kept */
 	unsigned default_pool, prestart; /* the default template's pool (--pool, --prestart) */
+	unsigned default_pool_max;      /* ... and how far it may grow with demand (--pool-max) */
 	uint64_t disk_budget_mib;       /* 0: no budget */
 	unsigned snapshot_ttl_s;        /* 0: snapshots never expire */
 	struct capacity *cap;           /* pools reserve their VMs' memory here */

@@ -248,6 +248,7 @@ void *hostd_uploader_main(void *arg)
 		struct hostd_task *pick = NULL;
 		int64_t now = kclock_mono_ms(d->clk), next = now + JANITOR_PERIOD_MS;
 		struct s3_copy s3;
+		struct dest dest = { .endpoint = "" };
 		struct kiln_err err = { .code = "" };
 		int r, need_bucket;
 
@@ -271,14 +272,25 @@ void *hostd_uploader_main(void *arg)
 		}
 		pick->upload_busy = 1;
 		pick->refs++;
-		s3_copy_take(d, &s3);
-		need_bucket = !d->bucket_ok;
+		if (pick->dest) {
+			/* The customer's own bucket: its credentials (copied: a PUT
+			 * of new ones may replace them meanwhile); never created
+			 * here, it is the customer's. */
+			dest = *pick->dest;
+			dest_s3_config(&dest, &s3.c);
+			memset(s3.s, 0, sizeof(s3.s));
+			need_bucket = 0;
+		} else {
+			s3_copy_take(d, &s3);
+			need_bucket = !d->bucket_ok;
+		}
 		pthread_mutex_unlock(&d->lock);
 
 		r = need_bucket ? d->ops->ensure_bucket(d->ops->ctx, &s3.c, &err) : 0;
 		if (r == 0)
 			r = upload_task(d, pick, &s3.c, &err);
 		s3_copy_free(&s3);
+		dest_wipe(&dest);
 
 		pthread_mutex_lock(&d->lock);
 		if (need_bucket && r == 0)
@@ -362,6 +374,41 @@ void hostd_set_s3(struct hostd *d, const struct s3_config *s3)
 	pthread_mutex_unlock(&d->lock);
 }
 
+
+int hostd_set_dest(struct hostd *d, const char *id, const struct dest *dest, struct kiln_err *err)
+{
+	struct hostd_task *t;
+	int r = 0;
+
+	pthread_mutex_lock(&d->lock);
+	for (t = d->tasks; t && strcmp(t->id, id); t = t->next)
+		;
+	if (!t)
+		r = kiln_err_set(err, KERR_NOT_FOUND, "no such task");
+	else if (!t->dest)
+		r = kiln_err_set(err, KERR_INVALID_REQUEST, "the task has no destination of its own");
+	else if (!dest_same_place(t->dest, dest))
+		r = kiln_err_set(err, KERR_INVALID_REQUEST,
+				 "a task's destination can get new credentials, not another endpoint, bucket or prefix");
+	/* A final task's upload is done: its credentials are not kept. */
+	if (r == 0 && !state_final(t->state)) {
+		struct dest old = *t->dest;
+
+		*t->dest = *dest;
+		if (hostd_record_write_locked(t, err) < 0) {
+			*t->dest = old;
+			r = -1;
+		}
+		dest_wipe(&old);
+		/* Retry now: the new credentials may be what the upload waited for. */
+		if (r == 0 && t->in_upload) {
+			t->next_upload_ms = kclock_mono_ms(d->clk);
+			pthread_cond_broadcast(&d->upload_wake);
+		}
+	}
+	pthread_mutex_unlock(&d->lock);
+	return r;
+}
 
 int hostd_s3_take(struct hostd *d, struct hostd_s3 *out)
 {

@@ -192,7 +192,10 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("microvm,acpi=off,rtc=on,x-option-roms=off,isa-serial=on%s",
 	    cfg->mem_file || cfg->mem_fd > 0 || cfg->mem_ram ? ",memory-backend=mem" : "");
 	ARG("-accel");
-	ARG("%s", cfg->accel == VM_ACCEL_KVM ? "kvm" : "tcg,tb-size=64");
+	if (cfg->accel == VM_ACCEL_KVM)
+		ARG("kvm");
+	else
+		ARG("tcg,tb-size=%u", cfg->tb_mib ? cfg->tb_mib : VM_TB_MIB);
 	ARG("-cpu");
 	ARG("%s", vm_cpu_model(cfg->accel));
 	ARG("-m");

@@ -67,7 +67,13 @@ struct vm_config {
 	 * slot uid): from vm_jail_config. NULL runs QEMU unconfined, as root:
 	 * only for debugging (kiln-host --no-jail). */
 	const struct jail_config *jail;
+	/* TCG's translation buffer in MiB (0: VM_TB_MIB). Pages of it are
+	 * touched (and held, privately) only as the guest runs new code; a
+	 * smaller buffer caps what an idle VM holds but retranslates sooner. */
+	unsigned tb_mib;
 };
+
+#define VM_TB_MIB 64
 
 struct vm {
 	pid_t pid;

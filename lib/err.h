@@ -50,6 +50,7 @@
 	KERR(INVALID_IMAGE, "invalid_image", 422)                                                    \
 	KERR(BUILD_FAILED, "build_failed", 422)                                                      \
 	KERR(BUILD_TIMEOUT, "build_timeout", 422)                                                    \
+	KERR(DESTINATION_REFUSED, "destination_refused", 422)                                        \
 	KERR(RATE_LIMITED, "rate_limited", 429)                                                      \
 	KERR(QUEUE_FULL, "queue_full", 429)                                                          \
 	KERR(QUOTA_EXCEEDED, "quota_exceeded", 429)                                                  \
@@ -70,6 +71,8 @@
 	KERR(INPUT_FULL, "input_full", 503)                                                          \
 	KERR(NO_TEMPLATE, "no_template", 503)                                                        \
 	KERR(UNAVAILABLE, "unavailable", 503)                                                        \
+	KERR(DESTINATIONS_DISABLED, "destinations_disabled", 503)                                    \
+	KERR(DESTINATION_UNAVAILABLE, "destination_unavailable", 503)                                \
 	KERR(INTERNAL, "internal", 500)                                                              \
 	/* inside the daemons and tools: task results, logs, exit codes */                           \
 	KERR(STORE_ERROR, "store_error", 500)                                                        \

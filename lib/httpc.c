@@ -3,6 +3,7 @@
 #include "httpc.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +11,51 @@
 
 #include "clock.h"
 
+/* One connection cache and DNS cache for the whole process: every handle
+ * (one-shot requests, streams, S3 calls) takes a kept-alive connection to
+ * the same server when one is idle, instead of a new TCP connection per
+ * request. libcurl calls these under its own rules; one mutex per kind of
+ * shared data. */
+static CURLSH *share;
+static pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
+static pthread_once_t share_once = PTHREAD_ONCE_INIT;
+
+static void share_lock(CURL *h, curl_lock_data data, curl_lock_access access, void *ctx)
+{
+	(void)h;
+	(void)access;
+	(void)ctx;
+	pthread_mutex_lock(&share_locks[data]);
+}
+
+static void share_unlock(CURL *h, curl_lock_data data, void *ctx)
+{
+	(void)h;
+	(void)ctx;
+	pthread_mutex_unlock(&share_locks[data]);
+}
+
+static void share_init(void)
+{
+	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&share_locks[i], NULL);
+	share = curl_share_init();
+	if (share && (curl_share_setopt(share, CURLSHOPT_LOCKFUNC, share_lock) != CURLSHE_OK ||
+		      curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, share_unlock) != CURLSHE_OK ||
+		      curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK ||
+		      curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK)) {
+		curl_share_cleanup(share);
+		share = NULL; /* each handle keeps its own cache, as before */
+	}
+}
+
 CURLcode httpc_set_limits(CURL *h, const struct httpc_limits *l)
 {
 	CURLcode e = curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+
+	pthread_once(&share_once, share_init);
+	if (share)
+		e |= curl_easy_setopt(h, CURLOPT_SHARE, share);
 
 	if (l->timeout_ms > 0)
 		e |= curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, l->timeout_ms);

@@ -3,7 +3,9 @@
  * a sink as it arrives; JSON in and out; a server-sent event stream followed
  * with a callback per event; and a reply read piece by piece (curl's multi
  * interface) for relaying. Used by kiln-api's host client, kiln-host's
- * heartbeat and the CLI; lib/s3.c shares httpc_set_limits. httpc reports
+ * heartbeat and the CLI; lib/s3.c shares httpc_set_limits, which also puts
+ * every handle on the process's one connection and DNS cache (kept-alive
+ * connections are reused across requests and threads). httpc reports
  * failures as negative errno plus curl's words; the wording the user sees
  * (and the error code) stays with each caller. */
 #ifndef KILN_HTTPC_H

@@ -22,6 +22,10 @@
 #           S3_ACCESS_KEY=test:tester
 #           S3_SECRET_KEY=testing
 #         (use as: eval "$(scripts/s3-local.sh env DIR)")
+#         A second account with its own buckets and keys, for tests of a
+#         customer's own destination (not printed): access key cust:alice,
+#         secret key alicesecret (Swift account AUTH_cust; it cannot see
+#         test:tester's buckets, nor test:tester its).
 # stop    Stops exactly the processes start started (pid files, each checked
 #         to still be that process), SIGTERM then SIGKILL after 10 s, and
 #         waits until they are gone. Not running: nothing to do, exit 0.
@@ -223,7 +227,7 @@ use = egg:swift#healthcheck'
 		'[pipeline:main]' \
 		'pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_formats s3api tempauth copy slo dlo proxy-logging proxy-server' \
 		'[app:proxy-server]' 'use = egg:swift#proxy' 'account_autocreate = true' \
-		'[filter:tempauth]' 'use = egg:swift#tempauth' 'user_test_tester = testing .admin' \
+		'[filter:tempauth]' 'use = egg:swift#tempauth' 'user_test_tester = testing .admin' 'user_cust_alice = alicesecret .admin' \
 		'[filter:s3api]' 'use = egg:swift#s3api' 'location = us-east-1' \
 		'[filter:cache]' 'use = egg:swift#memcache' "memcache_servers = 127.0.0.1:$((P + 4))" \
 		'[filter:catch_errors]' 'use = egg:swift#catch_errors' \

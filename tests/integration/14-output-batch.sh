@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A task's output batched by kiln-init (docs/protocol.md, "Output"), through
-# kiln-host serve and a real S3: 200,000 unbuffered Python lines arrive
-# complete and in order (count and sha256, in the task's stdout.log in S3);
+# kiln-host serve and a real S3: 1,000,000 unbuffered Python lines arrive
+# complete and in order (count and sha256, in the task's stdout.log in S3,
+# and on `kiln-host run --stream`'s stdout events);
 # interleaved stdout/stderr writes keep each stream's order; the output cap
 # still truncates exactly (the first output_mib bytes); a line printed before
-# a sleep is on GET /v1/tasks/ID/events while the task still sleeps (the
+# a sleep is on GET /v1/tasks/ID/events within 100 ms of being printed
+# (the guest's clock is set by the host), while the task still sleeps (the
 # batch delay flushes it, not the task's exit). Terminals stay immediate:
 # 67-session, 75-sessions and 90-cli cover them.
 . "$(dirname "$0")/lib.sh"
@@ -97,18 +99,37 @@ p = sys.argv[2] if len(sys.argv) > 2 else ""
 sys.stdout.write("".join(p + "%040d\n" % i for i in range(int(sys.argv[1]))))' "$@"; }
 spec_env='{"env":{"PYTHONUNBUFFERED":"1"},"limits":{"timeout_s":300,"output_mib":64}}'
 
-# --- 200,000 lines, one write each ---
-N=200000
+# --- 1,000,000 lines, one write each ---
+N=1000000
 code='import sys
-for i in range(200000): sys.stdout.write("%040d\n" % i)'
+for i in range(1000000): sys.stdout.write("%040d\n" % i)'
 st=$(submit many "$(py_spec "$code" "$spec_env")")
 want=$(lines $N | $PY -c 'import hashlib, sys; b = sys.stdin.buffer.read(); print(len(b), b.count(b"\n"), hashlib.sha256(b).hexdigest())')
 got=
-if [ "$st" = 202 ] && wait_done many 300; then got=$(s3py sha acme/many/stdout.log 2> "$T_TMP/s3py.err"); fi
+if [ "$st" = 202 ] && wait_done many 600; then got=$(s3py sha acme/many/stdout.log 2> "$T_TMP/s3py.err"); fi
 if [ "$(jq -r .state "$T_TMP/many.json")" = succeeded ] && [ -n "$got" ] && [ "$got" = "$want" ] \
    && [ "$(jq -r .result.end_reason "$T_TMP/many.json")" = exited ]; then
-	ok "200,000 unbuffered lines arrive complete and in order (stdout.log in S3: $got)"
-else not_ok "200,000 lines" "submit $st want=$want got=$got" "$(head -c 600 "$T_TMP/many.json")" "$(tail -3 "$T_TMP/s3py.err" 2> /dev/null)"; fi
+	ok "1,000,000 unbuffered lines arrive complete and in order (stdout.log in S3: $got)"
+else not_ok "1,000,000 lines in S3" "submit $st want=$want got=$got" "$(head -c 600 "$T_TMP/many.json")" "$(tail -3 "$T_TMP/s3py.err" 2> /dev/null)"; fi
+
+# The same on stdout: `kiln-host run --stream` prints each output chunk as a
+# JSON line as it comes; their concatenation is the task's stdout.
+py_spec "$code" "$spec_env" > "$T_TMP/many-spec.json"
+"$KILN_HOST" run --spec "$T_TMP/many-spec.json" --stream 2> "$T_TMP/many-run.err" | $PY -c '
+import hashlib, json, sys
+h, n, nl, last = hashlib.sha256(), 0, 0, {}
+for raw in sys.stdin:
+    ev = json.loads(raw)
+    if ev.get("stream") == "stdout":
+        b = ev["data"].encode()
+        h.update(b); n += len(b); nl += b.count(b"\n")
+    elif ev.get("stream") == "result":
+        last = ev
+print(n, nl, h.hexdigest(), last.get("state"))' > "$T_TMP/many-run.out" 2>> "$T_TMP/many-run.err"
+got=$(cat "$T_TMP/many-run.out")
+if [ "$got" = "$want succeeded" ]; then
+	ok "1,000,000 unbuffered lines arrive complete and in order on kiln-host run --stream's stdout"
+else not_ok "1,000,000 lines on stdout" "want=$want succeeded got=$got" "$(tail -3 "$T_TMP/many-run.err")"; fi
 
 # --- interleaved stdout/stderr: each stream keeps its order ---
 code='import sys
@@ -139,18 +160,20 @@ if [ "$(jq -r .result.end_reason "$T_TMP/capped.json")" = output_limit ] && [ "$
 	ok "the output cap truncates exactly: stdout.log is the first 1 MiB of what the task wrote ($got)"
 else not_ok "output cap" "want=$want got=$got" "$(head -c 800 "$T_TMP/capped.json")"; fi
 
-# --- a line printed before a sleep is on the event stream while the task sleeps ---
-# Arrival times on the host: 'one' then 'two' printed 2 s apart, then 5 s of
-# sleep. Batched until the exit (or a size), both would come together at
-# the end; flushed after the batch delay, 'two' comes ~2 s after 'one' and
-# long before the final state.
+# --- a line printed before a sleep is on the event stream at once ---
+# Arrival times on the host: after 1 s (the stream is open by then), 'one'
+# carrying the guest's time.time() (the host sets the guest's clock), then
+# 'two' 2 s later, then 5 s of sleep. 'one' must be on the stream within
+# 100 ms of being printed; batched until the exit (or a size), both would
+# come together at the end.
 code='import time
-print("one"); time.sleep(2); print("two"); time.sleep(5)'
+time.sleep(1); print("one", repr(time.time())); time.sleep(2); print("two"); time.sleep(5)'
 st=$(submit live "$(py_spec "$code" '{"limits":{"timeout_s":120}}')")
 $PY - "$URL/v1/tasks/live/events" "$TOKEN" > "$T_TMP/live.times" 2> "$T_TMP/live.err" <<'EOF'
 import json, sys, time, urllib.request
 req = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]})
 t = {}
+lat = None
 ev = None
 with urllib.request.urlopen(req, timeout=120) as r:
     for raw in r:
@@ -161,21 +184,27 @@ with urllib.request.urlopen(req, timeout=120) as r:
         elif line.startswith("data: "):
             d = json.loads(line[6:])
             if ev == "stdout":
-                for w in ("one", "two"):
-                    if w + "\n" in d.get("data", "") and w not in t:
+                for l in d.get("data", "").splitlines():
+                    w = l.split()[0] if l.split() else ""
+                    if w in ("one", "two") and w not in t:
                         t[w] = now
+                        if w == "one":
+                            lat = time.time() - float(l.split()[1])
             if ev == "state" and d.get("state") in ("succeeded", "failed", "error", "timed_out", "cancelled"):
                 t["end"] = now
                 break
-print(json.dumps({k: round(v - t.get("one", v), 3) for k, v in t.items()}))
+out = {k: round(v - t.get("one", v), 3) for k, v in t.items()}
+out["latency"] = round(lat, 4) if lat is not None else None
+print(json.dumps(out))
 EOF
 times=$(cat "$T_TMP/live.times")
 gap=$(jq -r '.two // empty' <<< "$times" 2> /dev/null)
+lat=$(jq -r '.latency // empty' <<< "$times" 2> /dev/null)
 tail_s=$(jq -r 'if .two and .end then .end - .two else empty end' <<< "$times" 2> /dev/null)
-if [ "$st" = 202 ] && [ -n "$gap" ] && [ -n "$tail_s" ] \
-   && $PY -c "import sys; sys.exit(not (1.0 < $gap < 3.0 and $tail_s > 4.0))"; then
-	ok "a printed line reaches the event stream while the task sleeps ('two' $gap s after 'one', $tail_s s before the end)"
-else not_ok "live output" "submit $st times=$times" "$(tail -3 "$T_TMP/live.err")"; fi
+if [ "$st" = 202 ] && [ -n "$gap" ] && [ -n "$tail_s" ] && [ -n "$lat" ] \
+   && $PY -c "import sys; sys.exit(not ($lat < 0.1 and 1.0 < $gap < 3.0 and $tail_s > 4.0))"; then
+	ok "a printed line is on the event stream $(awk -v l="$lat" 'BEGIN { printf "%.0f", l * 1000 }') ms after the print, while the task sleeps ('two' $gap s after 'one', $tail_s s before the end)"
+else not_ok "live output" "submit $st times=$times (the latency must be under 0.1 s)" "$(tail -3 "$T_TMP/live.err")"; fi
 
 kill "$host_pid" 2> /dev/null
 wait "$host_pid" 2> /dev/null

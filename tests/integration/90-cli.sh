@@ -49,6 +49,10 @@ check "credentials: the eleven variables, mode 0600 ($names)" \
 	[ "$names" = "E2B_API_KEY E2B_API_URL E2B_SANDBOX_URL KILN_ADMIN_KEY KILN_API KILN_KEY S3_ACCESS_KEY S3_BUCKET S3_ENDPOINT S3_REGION S3_SECRET_KEY " \
 	-a "$(stat -c %a "$UP/credentials")" = 600 ]
 running_procs=$(stack_procs)
+dkey=$(cat "$UP/destinations.key" 2> /dev/null)
+check "kiln up makes DIR/destinations.key (64 hex digits, mode 0600) and names it in api.json" \
+	[ -n "$(grep -x '[0-9a-f]\{64\}' <<< "$dkey")" -a "$(stat -c %a "$UP/destinations.key")" = 600 \
+	  -a "$(jq -r .destinations.key_file "$UP/api.json")" = "$UP/destinations.key" ]
 
 cd "$T_TMP" || exit 1
 
@@ -193,6 +197,7 @@ for _ in $(seq 600); do
 	sleep 0.25
 done
 check "kiln up starts again over the same directory (customer default exists already)" [ -f "$UP/credentials" ]
+check "and keeps its destinations.key (stored destinations still open)" [ "$(cat "$UP/destinations.key")" = "$dkey" ]
 # kiln up's own child only: a process kiln-host has just forked (to start a
 # VM) carries the same command line until it execs, and pgrep would list it.
 host_pid=$(pgrep -P "$up_pid" -f -- "kiln-host serve --config $UP/host.json")

@@ -83,6 +83,7 @@ enum fake_vm_state { FVM_NONE, FVM_SPAWNED, FVM_RUNNING, FVM_PAUSED, FVM_DEAD, F
 
 struct fake_object {
 	char key[512];
+	char bucket[64];       /* the s3_config's bucket it was put with */
 	char *data;
 	size_t len;
 	unsigned seq; /* order of arrival */
@@ -333,6 +334,11 @@ static int fake_put_file(void *ctx, const struct s3_config *s3, const char *key,
 
 	pthread_mutex_lock(&f->mu);
 	f->puts++;
+	/* A bucket whose owner refuses these credentials. */
+	if (s3->secret_key && !strcmp(s3->secret_key, "refused")) {
+		pthread_mutex_unlock(&f->mu);
+		return kiln_err_set(err, KERR_S3_AUTH, "S3 refused the credentials (fake)");
+	}
 	if (f->s3_down || f->put_failures_left) {
 		if (f->put_failures_left)
 			f->put_failures_left--;
@@ -357,6 +363,7 @@ static int fake_put_file(void *ctx, const struct s3_config *s3, const char *key,
 		else
 			free(f->obj[i].data);
 		snprintf(f->obj[i].key, sizeof(f->obj[i].key), "%s", key);
+		snprintf(f->obj[i].bucket, sizeof(f->obj[i].bucket), "%s", s3->bucket ? s3->bucket : "");
 		f->obj[i].data = data;
 		f->obj[i].len = len;
 		f->obj[i].seq = f->puts;

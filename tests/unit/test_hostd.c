@@ -790,6 +790,79 @@ static int attempts_are(void *arg)
 	return task_int(w->x, w->id, "upload_attempts", NULL) == w->n;
 }
 
+/* A customer's own destination: the objects go to its bucket under its
+ * prefix; refused credentials keep the task uploading (s3_auth), the
+ * destination (secret included) in its 0600 record; new credentials for
+ * the same place are taken and retried at once, another place refused;
+ * once final, the record keeps no secret. */
+static void destination_upload(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct attempts_want a1 = { x, "td", 1 };
+	struct state_want done = { x, "td", "succeeded" };
+	static const char body[] = "{\"endpoint\":\"http://127.0.0.1:9\",\"bucket\":\"cust-out\",\"prefix\":\"p/q/\","
+				   "\"access_key\":\"AK\",\"secret_key\":\"refused\"}";
+	struct dest d, other;
+	struct stat sb;
+	char path[512], *le, *dump;
+	json_t *spec = json_loads("{\"argv\":[\"true\"]}", 0, NULL), *r, *j;
+	const struct fake_object *o;
+
+	open_hostd(x, 1);
+	set_run(x, good_run);
+	assert_int_equal(dest_parse(body, strlen(body), DEST_SECRET_REQUIRED, &d, &err), 0);
+	assert_int_equal(hostd_submit_dest(x->d, "td", "cust", spec, NULL, &d, &err), 0);
+	json_decref(spec);
+	assert_true(wait_for(attempts_are, &a1, WAIT_MS));
+	assert_state(x, "td", "uploading");
+	le = task_str(x, "td", "last_error", NULL, NULL);
+	assert_non_null(le);
+	assert_int_equal(strncmp(le, "s3_auth: ", 9), 0);
+	free(le);
+	r = read_record(x, "td");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(r, "destination"), "secret_key")), "refused");
+	json_decref(r);
+	path_of(path, sizeof(path), x, "td", "record.json");
+	assert_int_equal(stat(path, &sb), 0);
+	assert_int_equal(sb.st_mode & 0777, 0600);
+	/* Another place: refused; the same place with a good secret: taken. */
+	other = d;
+	snprintf(other.bucket, sizeof(other.bucket), "elsewhere");
+	assert_int_equal(hostd_set_dest(x->d, "td", &other, &err), -1);
+	assert_string_equal(err.code, "invalid_request");
+	assert_int_equal(hostd_set_dest(x->d, "nosuch", &d, &err), -1);
+	assert_string_equal(err.code, "not_found");
+	snprintf(d.secret_key, sizeof(d.secret_key), "good");
+	assert_int_equal(hostd_set_dest(x->d, "td", &d, &err), 0);
+	assert_true(wait_for(has_state, &done, WAIT_MS));
+	o = fake_object(&x->f, "p/q/cust/td/outputs/out.txt");
+	assert_non_null(o);
+	assert_string_equal(o->bucket, "cust-out");
+	assert_string_equal(o->data, "42");
+	assert_non_null(fake_object(&x->f, "p/q/cust/td/manifest.json"));
+	assert_null(object(x, "td", "stdout.log")); /* nothing under the host's own prefix */
+	r = read_record(x, "td");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(r, "destination"), "bucket")), "cust-out");
+	assert_null(json_object_get(json_object_get(r, "destination"), "secret_key"));
+	json_decref(r);
+	j = hostd_task_json(x->d, "td");
+	dump = json_dumps(j, JSON_COMPACT);
+	assert_null(strstr(dump, "good"));
+	assert_null(strstr(dump, "refused"));
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "s3"), "bucket")), "cust-out");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "s3"), "prefix")), "p/q/cust/td/");
+	free(dump);
+	json_decref(j);
+	/* A restart recovers the final task with its place, no secret needed. */
+	hostd_close(x->d);
+	open_hostd(x, 1);
+	j = hostd_task_json(x->d, "td");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "s3"), "bucket")), "cust-out");
+	json_decref(j);
+	dest_wipe(&d);
+}
+
 /* Move the clock on in steps of 100 ms (a real millisecond apart) until
  * pred holds; returns how far it moved. */
 static int64_t advance_until(struct fixture *x, int (*pred)(void *), void *arg)
@@ -996,6 +1069,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(recover_final, setup, teardown),
 		cmocka_unit_test_setup_teardown(recover_damaged, setup, teardown),
 		cmocka_unit_test_setup_teardown(task_lifecycle, setup, teardown),
+		cmocka_unit_test_setup_teardown(destination_upload, setup, teardown),
 		cmocka_unit_test_setup_teardown(record_milestones_while_running, setup, teardown),
 		cmocka_unit_test_setup_teardown(upload_backs_off_on_the_clock, setup, teardown),
 		cmocka_unit_test_setup_teardown(retention_on_the_clock, setup, teardown),

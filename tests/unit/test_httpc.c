@@ -1,6 +1,7 @@
 /* test_httpc: unit tests for lib/httpc.c, the HTTP client, against a tiny
  * HTTP server on 127.0.0.1 (a thread with a raw socket, port 0) that plays
- * back a scripted reply in pieces: status and body, the reply cap, a
+ * back a scripted reply in pieces: status and body, one connection shared
+ * by one-shot requests (keep-alive), the reply cap, a
  * timeout, JSON both ways, server-sent events cut anywhere (split reads,
  * multi-line data, comments, CRLF), the error body of a non-200 answer, a
  * reply read piece by piece, and the SSE parser on its own. */
@@ -266,6 +267,66 @@ static void test_handle_reused(void **state)
 		httpc_reply_free(&r);
 	}
 	httpc_free(c);
+}
+
+/* A server that accepts one connection only and answers two requests on
+ * it (HTTP/1.1 keep-alive). */
+static void *keepalive_main(void *arg)
+{
+	struct server *s = arg;
+	int fd = accept(s->lfd, NULL, NULL);
+	static const char reply[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+	if (fd < 0)
+		return NULL;
+	for (int i = 0; i < 2; i++) {
+		s->req_len = 0;
+		s->req[0] = '\0';
+		while (!strstr(s->req, "\r\n\r\n") && s->req_len < sizeof(s->req) - 1) {
+			ssize_t n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
+
+			if (n <= 0)
+				goto out;
+			s->req_len += (size_t)n;
+			s->req[s->req_len] = '\0';
+		}
+		if (send(fd, reply, sizeof(reply) - 1, MSG_NOSIGNAL) < 0)
+			break;
+		s->body_len++; /* requests answered */
+	}
+out:
+	close(fd);
+	return NULL;
+}
+
+/* Two one-shot requests (no struct httpc: a handle each) to the same server
+ * go over one kept-alive connection: the process shares one connection
+ * cache. The server accepts a single connection, so a second connection
+ * would never be answered and the second request would time out. */
+static void test_connection_shared(void **state)
+{
+	struct server s = { 0 };
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+
+	s.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(s.lfd >= 0);
+	assert_int_equal(bind(s.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(s.lfd, 4), 0);
+	assert_int_equal(getsockname(s.lfd, (struct sockaddr *)&a, &len), 0);
+	snprintf(s.url, sizeof(s.url), "http://127.0.0.1:%d/k", ntohs(a.sin_port));
+	assert_int_equal(pthread_create(&s.thread, NULL, keepalive_main, &s), 0);
+	for (int i = 0; i < 2; i++) {
+		struct httpc_req q = { .url = s.url, .lim = { .timeout_ms = 3000 } };
+		struct httpc_reply r;
+
+		assert_int_equal(httpc_request(NULL, &q, &r), 0);
+		assert_int_equal(r.status, 200);
+		assert_string_equal(r.body.p, "ok");
+		httpc_reply_free(&r);
+	}
+	server_join(&s);
+	assert_int_equal(s.body_len, 2);
 }
 
 static void test_size_cap(void **state)
@@ -632,6 +693,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_status_and_body),
 		cmocka_unit_test(test_handle_reused),
+		cmocka_unit_test(test_connection_shared),
 		cmocka_unit_test(test_body_read_streams),
 		cmocka_unit_test(test_body_read_fails),
 		cmocka_unit_test(test_size_cap),

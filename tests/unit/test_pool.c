@@ -2,7 +2,8 @@
  * hand-moved clock (fake_vm_ops.h): filling to the target, take preferring
  * a ready VM, refilling after a take, a VM that died in the pool, the
  * pre-started tier, the capacity limit, back-off after failures on the
- * pool's clock, and shutdown destroying every VM it made (fake VMs created
+ * pool's clock, the adaptive target (growing with takes, shrinking when they
+ * stop, misses counted), and shutdown destroying every VM it made (fake VMs created
  * = destroyed). No QEMU, no root. */
 #include <errno.h>
 #include <pthread.h>
@@ -461,6 +462,90 @@ static void condwait_follows_the_clock(void **state)
 	}
 }
 
+static int target_is(void *arg)
+{
+	struct want *w = arg;
+	struct pool_stats st;
+
+	pool_stats(w->x->p, &st);
+	return st.target == w->n && st.ready == w->n;
+}
+
+/* Takes at 10 a second for 6 s: the adaptive pool grows to its max (2 x
+ * 10/s x 250 ms = 5, capped at 4) and refills to it; 30 s of the pool's clock
+ * without takes bring it back to its size, its VMs destroyed and their
+ * memory given back. A take that found no ready VM counts as a miss. */
+static void adapts_to_demand(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct pool_stats st;
+	struct want w = { x, 4 };
+	struct vm vm;
+
+	start(x, 1, 0);
+	pool_set_max(x->p, 4);
+	wait_ready(x, 1);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.target, 1);
+	assert_int_equal(st.min, 1);
+	assert_int_equal(st.max, 4);
+	for (int i = 0; i < 60; i++) {
+		int r = pool_take(x->p, &vm, &err);
+
+		assert_true(r == 0 || r == -EAGAIN);
+		if (r == 0)
+			give_back(x, &vm);
+		fake_clock_advance(&x->clk, 100);
+	}
+	pool_stats(x->p, &st);
+	assert_int_equal(st.takes, 60);
+	assert_int_equal(st.target, 4);
+	if (!wait_for(target_is, &w, WAIT_MS))
+		fail_msg("pool did not grow to 4 ready VMs");
+	assert_int_equal(used_mib(x), 4 * MEM_MIB);
+	/* Quiet: after the long window the target is the size again. */
+	w.n = 1;
+	advance_until(x, target_is, &w);
+	assert_int_equal(used_mib(x), MEM_MIB);
+	assert_int_equal(fake_count(&x->f, &x->f.destroyed), fake_count(&x->f, &x->f.created) - 1);
+	stop_and_count(x);
+}
+
+/* Without pool_set_max the pool keeps its size whatever the demand, and a
+ * take from an empty pool is counted as a miss. */
+static void fixed_pool_keeps_its_size(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct pool_stats st;
+	struct vm vm;
+
+	start(x, 1, 0);
+	wait_ready(x, 1);
+	for (int i = 0; i < 20; i++) {
+		if (pool_take(x->p, &vm, &err) == 0)
+			give_back(x, &vm);
+		fake_clock_advance(&x->clk, 100);
+	}
+	wait_ready(x, 1);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.target, 1);
+	assert_int_equal(st.max, 1);
+	assert_int_equal(st.takes, 20);
+	assert_int_equal(used_mib(x), MEM_MIB);
+	stop_and_count(x);
+	/* A pool that can hold nothing: every take is a miss. */
+	x->cap.total_mib = MEM_MIB - 1;
+	start(x, 1, 0);
+	assert_int_equal(pool_take(x->p, &vm, &err), -EAGAIN);
+	assert_int_equal(pool_take(x->p, &vm, &err), -EAGAIN);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.misses, 2);
+	assert_int_equal(st.ready, 0);
+	stop_and_count(x);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -474,6 +559,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(failed_spawn_is_retried, setup, teardown),
 		cmocka_unit_test_setup_teardown(stop_during_refill_destroys_everything, setup, teardown),
 		cmocka_unit_test_setup_teardown(condwait_follows_the_clock, setup, teardown),
+		cmocka_unit_test_setup_teardown(adapts_to_demand, setup, teardown),
+		cmocka_unit_test_setup_teardown(fixed_pool_keeps_its_size, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

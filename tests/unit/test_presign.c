@@ -96,7 +96,7 @@ static void test_presign_task(void **state)
 	json_t *t = fake_task(), *outs;
 
 	(void)state;
-	assert_ptr_equal(presign_task(&cfg, 3600, t, 1700000000), t);
+	assert_ptr_equal(presign_task(&cfg, 3600, t, "", 1700000000), t);
 	outs = json_object_get(t, "outputs");
 	expect_signed(json_array_get(outs, 0), "/kiln/acme/t_1/outputs/ok.txt?");
 	expect_refused(json_array_get(outs, 1));
@@ -107,7 +107,7 @@ static void test_presign_task(void **state)
 	expect_signed(json_object_get(json_object_get(t, "artifacts"), "stdout.log"), "/kiln/acme/t_1/stdout.log?");
 	expect_refused(json_object_get(json_object_get(t, "artifacts"), "stderr.log"));
 	/* Signed again (every GET): the answer is the same, no stale reason. */
-	presign_task(&cfg, 3600, t, 1700000100);
+	presign_task(&cfg, 3600, t, "", 1700000100);
 	expect_signed(json_array_get(outs, 0), "/kiln/acme/t_1/outputs/ok.txt?");
 	expect_refused(json_array_get(outs, 1));
 	json_decref(t);
@@ -118,7 +118,7 @@ static void test_presign_task_without_owner(void **state)
 	json_t *t = json_pack("{s:s, s:[{s:s}]}", "id", "t_1", "outputs", "s3_key", "acme/t_1/outputs/ok.txt");
 
 	(void)state;
-	presign_task(&cfg, 3600, t, 1700000000);
+	presign_task(&cfg, 3600, t, "", 1700000000);
 	expect_refused(json_array_get(json_object_get(t, "outputs"), 0));
 	json_decref(t);
 }
@@ -129,7 +129,7 @@ static void test_presign_no_s3(void **state)
 	json_t *t = fake_task();
 
 	(void)state;
-	presign_task(&none, 3600, t, 1700000000);
+	presign_task(&none, 3600, t, "", 1700000000);
 	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(t, "outputs"), 0), "url")));
 	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(t, "outputs"), 1), "url")));
 	json_decref(t);
@@ -143,7 +143,7 @@ static void test_presign_session_outputs(void **state)
 	json_t *outs = json_object_get(r, "outputs");
 
 	(void)state;
-	presign_session_outputs(&cfg, 3600, r, "acme", "s_1", 1700000000);
+	presign_session_outputs(&cfg, 3600, r, "", "acme", "s_1", 1700000000);
 	expect_signed(json_array_get(outs, 0), "/kiln/acme/sessions/s_1/outputs/a.txt?");
 	expect_refused(json_array_get(outs, 1)); /* its own RAM: not an output */
 	expect_refused(json_array_get(outs, 2));

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "destination.h"
 #include "fake_host_ops.h"
 #include "quota.h"
 #include "scheduler.h"
@@ -135,12 +136,16 @@ static int wait_count(const char *method, const char *url, const char *p, int wa
 }
 
 static unsigned lost_after_ms = 10000;
+static const unsigned char dest_key[DESTINATION_KEY_LEN] = { 7, 7, 7, 7, 7, 7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8,
+							     9, 9, 9, 9, 9, 9, 9, 9, 4, 3, 2, 1, 0, 0, 0, 1 };
+static const unsigned char *sched_dest_key; /* what setup gives the scheduler */
 
 static int setup(void **state)
 {
 	struct kiln_err err = { .code = "" };
 	struct sched_config cfg = {
 		.cluster_token = "tok", .host_lost_after_ms = lost_after_ms, .host = &fake_ops, .clock = &fake_clock,
+		.dest_key = sched_dest_key,
 	};
 
 	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
@@ -164,7 +169,29 @@ static int teardown(void **state)
 	sched_stop(sc);
 	store_close(st);
 	lost_after_ms = 10000;
+	sched_dest_key = NULL;
 	return 0;
+}
+
+static int setup_dest_key(void **state)
+{
+	sched_dest_key = dest_key;
+	return setup(state);
+}
+
+/* Give customer cust an S3 destination sealed under dest_key; its id in id. */
+static void set_dest(const char *cust, char id[40])
+{
+	static const char body[] = "{\"endpoint\":\"http://127.0.0.1:9\",\"bucket\":\"cust-out\",\"prefix\":\"p/\","
+				   "\"access_key\":\"AK\",\"secret_key\":\"SK\"}";
+	struct kiln_err err = { .code = "" };
+	unsigned char sealed[DESTINATION_SEALED_MAX];
+	size_t n = 0;
+	struct dest d;
+
+	assert_int_equal(dest_parse(body, strlen(body), DEST_SECRET_REQUIRED, &d, &err), 0);
+	assert_int_equal(destination_seal(dest_key, cust, d.secret_key, sealed, &n, &err), 0);
+	assert_int_equal(store_dest_put(st, cust, &d, sealed, n, id, NULL, &err), 0);
 }
 
 /* A host is lost 300 ms after its last heartbeat: heartbeats carry the
@@ -520,6 +547,57 @@ static void test_place_builtin(void **state)
 	}
 }
 
+/* A customer with its own destination: the task goes to its host with it,
+ * records which destination it went to, and new credentials for the same
+ * place are handed to that host (PUT /v1/tasks/{id}/destination). */
+static void test_destination_pushed(void **state)
+{
+	char t[40], did[40];
+	json_t *j;
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	set_dest("a", did);
+	fake_rule("PUT", NULL, "/v1/tasks/", 200, "{\"ok\":true}");
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_count("POST", H1, "/v1/tasks", 1));
+	assert_true(wait_count("GET", H1, "/v1/tasks/", 1));
+	j = store_task_json(st, t, NULL);
+	assert_string_equal(json_string_value(json_object_get(j, "destination")) ?: "", did);
+	json_decref(j);
+	sched_destination_changed(sc, "a");
+	{
+		char p[80];
+
+		snprintf(p, sizeof(p), "/v1/tasks/%s/destination", t);
+		assert_int_equal(fake_count("PUT", H1, p), 1);
+	}
+	/* Another customer's change reaches nobody. */
+	sched_destination_changed(sc, "b");
+	assert_int_equal(fake_count("PUT", NULL, "/v1/tasks/"), 1);
+}
+
+/* A destination whose secret cannot be opened (no key here) fails the
+ * task with destination_unavailable; it never goes to a host (which would
+ * upload to kiln's own bucket). */
+static void test_destination_unavailable(void **state)
+{
+	char t[40], did[40];
+	json_t *j;
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	set_dest("a", did);
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_state(t, TASK_ERROR));
+	j = store_task_json(st, t, NULL);
+	assert_string_equal(json_string_value(json_object_get(j, "end_reason")) ?: "", "destination_unavailable");
+	json_decref(j);
+	assert_int_equal(fake_count("POST", H1, "/v1/tasks"), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -535,6 +613,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_place_outside_queue, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_template_preference, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_builtin, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_destination_pushed, setup_dest_key, teardown),
+		cmocka_unit_test_setup_teardown(test_destination_unavailable, setup, teardown),
 	};
 	char cmd[300];
 	int r;

@@ -125,6 +125,7 @@ static void test_migrations(void **state)
 	 * the data stays. */
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
+	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination;"
 	    " UPDATE schema_version SET version = 1");
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 0);
 	s = open_ok();
@@ -134,6 +135,8 @@ static void test_migrations(void **state)
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'sessions'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'templates'"), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'destinations'"), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"), 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
 	/* Opening twice more changes nothing. */
 	s = open_ok();

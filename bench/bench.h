@@ -1,0 +1,59 @@
+/* bench.h: what the C benchmarks share (header-only: each C benchmark is one
+ * program): the VM configuration of an image directory, and reading
+ * /proc fields. */
+#ifndef KILN_BENCH_H
+#define KILN_BENCH_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "vm.h"
+
+/* The image's files and the base VM of every benchmark: TCG, 1 vCPU,
+ * 256 MiB, the raw root disk, VMs under KILN_RUN_DIR (default /run/kiln).
+ * The paths live in static storage: one image per program. */
+static inline void bench_base(struct vm_config *base, const char *image_dir)
+{
+	static char kernel[4096], initrd[4096], disk[4096];
+
+	snprintf(kernel, sizeof(kernel), "%s/vmlinux", image_dir);
+	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", image_dir);
+	snprintf(disk, sizeof(disk), "%s/rootfs.ext4", image_dir);
+	memset(base, 0, sizeof(*base));
+	base->qemu = "/usr/bin/qemu-system-x86_64";
+	base->kernel = kernel;
+	base->initrd = initrd;
+	base->disk = disk;
+	base->disk_format = "raw";
+	base->run_dir = getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
+	base->accel = VM_ACCEL_TCG;
+	base->vcpus = 1;
+	base->memory_mib = 256;
+}
+
+/* A "Field: N kB" line of /proc/PID/FILE (or of FILE when it is a path):
+ * N, or -1. */
+static inline long status_kib(pid_t pid, const char *file, const char *field)
+{
+	char path[64], line[256];
+	size_t fl = strlen(field);
+	long v = -1;
+	FILE *f;
+
+	if (file[0] == '/')
+		snprintf(path, sizeof(path), "%s", file);
+	else
+		snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, fl) && line[fl] == ':')
+			v = strtol(line + fl + 1, NULL, 10);
+	fclose(f);
+	return v;
+}
+
+#endif

@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# Customers' own S3 destinations through the whole stack (kiln-api + one
+# kiln-host + the local S3 with a second Swift account, cust:alice, whose
+# buckets test:tester cannot see): bad destinations are refused with clear
+# errors; the secret is never answered and never stored in plaintext; a
+# task's tiny and large (multipart) outputs, logs and manifest land in the
+# customer's bucket under its prefix and not in kiln's, presigned URLs
+# (signed with the customer's credentials) serve the right bytes, `kiln task
+# logs` reads them; a destination with wrong credentials fails the upload
+# with s3_auth, spooled (record 0600) and retried until the destination is
+# fixed; deleted: outputs go to kiln's bucket again; kiln-api restarted with
+# another key: the customer's task fails with destination_unavailable, never
+# kiln's bucket. Nothing is left running.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in swift-proxy-server memcached curl jq sqlite3; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+PY=/usr/bin/python3
+$PY -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+BIN=${KILN_IT_BIN:-$ROOT/build}
+KILN_HOST=$BIN/kiln-host
+KILN_API=$BIN/kiln-api
+[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
+
+S3_DIR=$T_TMP/s3
+TOKEN=it-token-$RANDOM$RANDOM
+ADMIN=it-admin-$RANDOM$RANDOM$RANDOM
+API_PORT=$((20000 + RANDOM % 20000))
+HOST_PORT=$((API_PORT + 1))
+API=http://127.0.0.1:$API_PORT
+HOST=http://127.0.0.1:$HOST_PORT
+BUCKET=kiln-ops
+CBUCKET=acme-out
+CPREFIX=runs/kiln/
+C_AK=cust:alice
+C_SK=alicesecret
+host_pid=
+api_pid=
+
+cleanup() {
+	for p in $host_pid $api_pid; do kill "$p" 2> /dev/null; done
+	for p in $host_pid $api_pid; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
+	t_cleanup
+}
+trap cleanup EXIT
+
+before_qemu=$(count_qemu)
+"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY
+
+# s3py AK SK CODE...: python with an S3 client `s3` for those credentials.
+s3py() {
+	local ak=$1 sk=$2; shift 2
+	AK=$ak SK=$sk $PY -c "
+import os, sys, boto3, botocore
+s3 = boto3.client('s3', endpoint_url=os.environ['S3_ENDPOINT'], region_name='us-east-1',
+                  aws_access_key_id=os.environ['AK'], aws_secret_access_key=os.environ['SK'],
+                  config=botocore.config.Config(s3={'addressing_style': 'path'}))
+$*" 2>&1
+}
+# keys AK SK BUCKET SUBSTRING: the keys of BUCKET containing SUBSTRING, one a line
+keys() {
+	s3py "$1" "$2" "
+try:
+    pages = s3.get_paginator('list_objects_v2').paginate(Bucket='$3')
+    for p in pages:
+        for o in p.get('Contents', []):
+            if '$4' in o['Key']: print(o['Key'])
+except botocore.exceptions.ClientError as e:
+    print('ERROR', e.response['Error']['Code'])"
+}
+
+s3py "$C_AK" "$C_SK" "s3.create_bucket(Bucket='$CBUCKET')" > "$T_TMP/mkbucket.out"
+s3py "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "s3.create_bucket(Bucket='$BUCKET')" >> "$T_TMP/mkbucket.out"
+ops_view=$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$CBUCKET" "")
+check "the customer's bucket exists in its own account: kiln's credentials cannot list it ($ops_view)" \
+	[ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "" | grep -c ERROR)" = 0 -a -n "$ops_view" ]
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/dest.key"
+echo >> "$T_TMP/dest.key"
+chmod 600 "$T_TMP/dest.key"
+write_api_config() { # KEYFILE
+	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg kf "$1" \
+		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
+		  destinations: {key_file: $kf}}' > "$T_TMP/api.json"
+}
+write_api_config "$T_TMP/dest.key"
+jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
+	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
+	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+	'{listen: $listen, host_id: "dest-host", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
+	  heartbeat_ms: 500, upload: {max_backoff_s: 2}, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 1, prestart: 1},
+	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+
+start_api() {
+	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
+}
+start_api
+"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
+host_pid=$!
+admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+# custst METHOD PATH [BODY]: the status on the first line, then the body
+custst() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -X "$1" \
+	${3:+--data-binary "$3"} -w '\n%{http_code}' "$API$2"; }
+live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
+for _ in $(seq 600); do
+	[ "$(live_hosts)" = 1 ] && break
+	kill -0 "$host_pid" 2> /dev/null || break
+	sleep 0.2
+done
+if [ "$(live_hosts)" = 1 ]; then
+	ok "kiln-api (with destinations.key_file) and kiln-host start; the host registers"
+else
+	not_ok "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/host.err")"
+	t_done; exit 1
+fi
+admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
+KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
+
+jqe() { jq -e "$@" > /dev/null; }
+# dest JSON: a destination body, fields overridden by the jq object given
+dest() {
+	jq -cn --arg ep "$S3_ENDPOINT" --arg b "$CBUCKET" --arg p "$CPREFIX" --arg ak "$C_AK" --arg sk "$C_SK" \
+		--argjson o "${1:-{\}}" '{endpoint: $ep, region: "us-east-1", bucket: $b, prefix: $p, access_key: $ak, secret_key: $sk} + $o'
+}
+submit() { py_spec "$1" "${2:-{\}}" | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id; }
+final() {
+	local deadline=$((SECONDS + $2)) w
+	while :; do
+		w=$(( deadline - SECONDS )); [ "$w" -gt 30 ] && w=30; [ "$w" -lt 1 ] && w=1
+		cust "$API/v1/tasks/$1?wait=$w" > "$T_TMP/$1.json"
+		jq -e '.state | test("^(succeeded|failed|timed_out|cancelled|error)$")' "$T_TMP/$1.json" > /dev/null 2>&1 && return 0
+		[ $SECONDS -ge "$deadline" ] && return 1
+		sleep 0.2
+	done
+}
+sha_of_url() { curl -s -m 120 "$1" | $PY -c 'import hashlib,sys; d=sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'; }
+
+# ---- validation ----
+r=$(custst GET /v1/destination)
+check "no destination yet: GET answers 404" [ "$(tail -1 <<< "$r")" = 404 ]
+bad() { # NAME OVERRIDE FIELD
+	local r
+	r=$(custst PUT /v1/destination "$(dest "$2")")
+	check "PUT refuses $1: 400 invalid_request naming $3" \
+		[ "$(tail -1 <<< "$r")" = 400 -a "$(head -n -1 <<< "$r" | jq -r '.error.code + " " + .error.message' | cut -d' ' -f1-2)" = "invalid_request $3:" ]
+}
+bad "an ftp:// endpoint" '{"endpoint":"ftp://127.0.0.1:1"}' endpoint
+bad "an endpoint with a path" "{\"endpoint\":\"$S3_ENDPOINT/x\"}" endpoint
+bad "a bucket with capitals" '{"bucket":"Acme"}' bucket
+bad "a prefix without a trailing slash" '{"prefix":"runs"}' prefix
+bad "a prefix with a .. segment" '{"prefix":"a/../"}' prefix
+bad "a region with spaces" '{"region":"us east"}' region
+bad "no secret key" '{"secret_key":""}' secret_key
+bad "an unknown field" '{"acl":"public"}' acl
+r=$(custst PUT /v1/destination "$(dest '{"secret_key":"wrong-secret"}')")
+msg=$(head -n -1 <<< "$r" | jq -r '.error.code + " " + .error.message')
+check "PUT with wrong credentials is verified by a test write: 422 destination_refused naming s3_auth ($msg)" \
+	[ "$(tail -1 <<< "$r")" = 422 -a "${msg%% *}" = destination_refused -a -n "$(grep s3_auth <<< "$msg")" ]
+r=$(curl -s -m 30 -H "Authorization: Bearer $ADMIN" -X PUT --data-binary "$(dest)" -w '\n%{http_code}' "$API/v1/destination")
+check "an admin key has no destination of its own: 403" [ "$(tail -1 <<< "$r")" = 403 ]
+
+# ---- set it; the secret is never answered nor stored in plaintext ----
+r=$(custst PUT /v1/destination "$(dest)")
+echo "$r" > "$T_TMP/put.out"
+sel=$(head -n -1 <<< "$r" | jq -r 'select(.bucket == "'$CBUCKET'" and .prefix == "'$CPREFIX'" and (.id | startswith("dst_")) and .secret_key_set == true and .access_key == "cust******") | .id')
+check "PUT the customer's destination: 200 with its id, the access key masked, secret_key_set ($(head -c 300 <<< "$r"))" \
+	[ "$(tail -1 <<< "$r")" = 200 -a -n "$sel" ]
+DID=$(head -n -1 <<< "$r" | jq -r .id)
+custst GET /v1/destination > "$T_TMP/get.out"
+admin "$API/v1/admin/customers/acme/destination" > "$T_TMP/aget.out"
+check "GET (customer and admin) shows it without the secret" \
+	[ "$(head -n -1 "$T_TMP/get.out" | jq -r .id)" = "$DID" -a "$(jq -r .id "$T_TMP/aget.out")" = "$DID" ]
+check "no answer holds the secret key or the whole access key id" \
+	[ "$(cat "$T_TMP/put.out" "$T_TMP/get.out" "$T_TMP/aget.out" | grep -c -e "$C_SK" -e "$C_AK")" = 0 ]
+r=$(custst POST /v1/destination/test)
+check "POST /v1/destination/test: a test write succeeds" [ "$(head -n -1 <<< "$r" | jq -r .test.ok)" = true ]
+
+# ---- a task with a tiny and a large (multipart) output ----
+T1=$(submit 'import os, sys
+open("/output/tiny.txt", "w").write("tiny\n")
+with open("/output/big.bin", "wb") as f:
+    for i in range(20):
+        f.write(bytes([i]) * (1 << 20))
+print("to the customer")
+sys.stderr.write("err line\n")')
+final "$T1" 120
+check "a task of the customer succeeds" jqe '.state == "succeeded"' "$T_TMP/$T1.json"
+check "its result names the destination it went to ($DID)" jqe ".destination == \"$DID\"" "$T_TMP/$T1.json"
+check "every artifact and output has an s3_key under PREFIX/CUSTOMER/ID/ and a URL" \
+	jqe "[(.artifacts[], .outputs[]) | select((.s3_key | startswith(\"${CPREFIX}acme/$T1/\")) and (.url | type == \"string\"))] | length == 5" "$T_TMP/$T1.json"
+keys "$C_AK" "$C_SK" "$CBUCKET" "$T1/" | sort > "$T_TMP/ckeys"
+check "the customer's bucket holds its 5 objects, listed with the customer's credentials ($(tr '\n' ' ' < "$T_TMP/ckeys"))" \
+	[ "$(cat "$T_TMP/ckeys")" = "$(printf '%s\n' "${CPREFIX}acme/$T1/manifest.json" "${CPREFIX}acme/$T1/outputs/big.bin" \
+		"${CPREFIX}acme/$T1/outputs/tiny.txt" "${CPREFIX}acme/$T1/stderr.log" "${CPREFIX}acme/$T1/stdout.log")" ]
+check "kiln's bucket holds nothing of it" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T1")" ]
+etag=$(s3py "$C_AK" "$C_SK" "print(s3.head_object(Bucket='$CBUCKET', Key='${CPREFIX}acme/$T1/outputs/big.bin')['ETag'])")
+check "the 20 MiB output went up as a multipart upload (ETag $etag)" [ -n "$(grep -- '-[0-9]*"$' <<< "$etag")" ]
+want=$($PY -c 'import hashlib; d=b"".join(bytes([i])*(1<<20) for i in range(20)); print(len(d), hashlib.sha256(d).hexdigest())')
+got=$(sha_of_url "$(jq -r '.outputs[] | select(.path == "big.bin") | .url' "$T_TMP/$T1.json")")
+check "the large output's presigned URL serves its bytes ($got)" [ "$got" = "$want" ]
+check "the tiny output's presigned URL serves its bytes" \
+	[ "$(curl -s -m 30 "$(jq -r '.outputs[] | select(.path == "tiny.txt") | .url' "$T_TMP/$T1.json")")" = tiny ]
+check "stdout.log's presigned URL serves the log" \
+	[ "$(curl -s -m 30 "$(jq -r '.artifacts["stdout.log"].url' "$T_TMP/$T1.json")")" = "to the customer" ]
+check "the presigned URLs are signed with the customer's access key" \
+	[ -n "$(jq -r '.artifacts["stdout.log"].url' "$T_TMP/$T1.json" | grep 'X-Amz-Credential=cust%3Aalice')" ]
+check "the manifest's URL serves the manifest" \
+	[ "$(curl -s -m 30 "$(jq -r '.artifacts["manifest.json"].url' "$T_TMP/$T1.json")" | jq -r .task)" = "$T1" ]
+(cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 60 "$BIN/kiln" task logs "$T1" > logs.out 2> logs.err)
+check "kiln task logs prints the task's output from the customer's bucket" [ "$(cat "$T_TMP/logs.out")" = "to the customer" ]
+sqlite3 "$T_TMP/api.db" 'PRAGMA wal_checkpoint(TRUNCATE)' > /dev/null 2>&1
+check "the SQLite store holds no plaintext secret key" \
+	[ "$(cat "$T_TMP"/api.db* | grep -c -a "$C_SK")" = 0 -a "$(sqlite3 "$T_TMP/api.db" 'SELECT count(*) FROM destinations')" = 1 ]
+
+# ---- wrong credentials: the upload fails with s3_auth, spooled, retried ----
+r=$(custst PUT /v1/destination "$(dest '{"secret_key":"rotated-wrong","verify":false}')")
+check "PUT with verify:false keeps a wrong secret for the same place (same id)" \
+	[ "$(tail -1 <<< "$r")" = 200 -a "$(head -n -1 <<< "$r" | jq -r .id)" = "$DID" ]
+T2=$(submit 'open("/output/o.txt", "w").write("after the fix\n"); print("retried")')
+for _ in $(seq 300); do
+	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T2" > "$T_TMP/h2.json"
+	jqe '.upload_attempts >= 2' "$T_TMP/h2.json" 2> /dev/null && break
+	sleep 0.2
+done
+check "the host's upload fails with s3_auth and is retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h2.json"))" \
+	jqe '.state == "uploading" and .upload_attempts >= 2 and (.last_error | startswith("s3_auth"))' "$T_TMP/h2.json"
+check "kiln-api shows the task uploading, not lost" jqe '.state == "uploading"' <(cust "$API/v1/tasks/$T2")
+rec=$T_TMP/spool/tasks/$T2/record.json
+check "its spool record keeps the destination, mode 0600 ($(stat -c %a "$rec" 2> /dev/null))" \
+	[ "$(stat -c %a "$rec" 2> /dev/null)" = 600 -a "$(jq -r .destination.bucket "$rec" 2> /dev/null)" = "$CBUCKET" ]
+check "the host's task JSON never shows the destination's secret" [ "$(grep -c rotated-wrong "$T_TMP/h2.json")" = 0 ]
+# Fixed with the CLI (the secret from stdin, never on the command line).
+kcli() { (cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 60 "$BIN/kiln" "$@"); }
+echo "$C_SK" | kcli destination set --endpoint "$S3_ENDPOINT" --bucket "$CBUCKET" --prefix "$CPREFIX" \
+	--access-key "$C_AK" --secret-key-file - > "$T_TMP/cli-set.out" 2> "$T_TMP/cli-set.err"
+rc=$?
+check "kiln destination set fixes it (exit $rc, same id, no secret printed)" \
+	[ "$rc" = 0 -a "$(jq -r .id "$T_TMP/cli-set.out" 2> /dev/null)" = "$DID" -a "$(grep -c "$C_SK" "$T_TMP/cli-set.out")" = 0 ]
+final "$T2" 60
+check "the spooled upload then succeeds" jqe '.state == "succeeded"' "$T_TMP/$T2.json"
+check "once uploaded, its spool record keeps where the objects went, not the secret" \
+	[ "$(jq -r '.destination.bucket + " " + (.destination.secret_key // "none")' "$rec" 2> /dev/null)" = "$CBUCKET none" \
+	  -a "$(grep -c -e "$C_SK" -e rotated-wrong "$rec")" = 0 ]
+check "into the customer's bucket" [ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T2/" | wc -l)" = 4 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T2")" ]
+check "its output's URL serves it" \
+	[ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/$T2.json")")" = "after the fix" ]
+
+kcli destination show > "$T_TMP/cli-show.out"; rc1=$?
+kcli destination test > "$T_TMP/cli-test.out"; rc2=$?
+check "kiln destination show and test (exit $rc1, $rc2; no secret)" \
+	[ "$rc1" = 0 -a "$rc2" = 0 -a "$(jq -r .bucket "$T_TMP/cli-show.out")" = "$CBUCKET" \
+	  -a "$(jq -r .test.ok "$T_TMP/cli-test.out")" = true -a "$(cat "$T_TMP"/cli-*.out | grep -c "$C_SK")" = 0 ]
+
+# ---- a session's outputs go there too; its snapshot stays in kiln's bucket ----
+SID=$(cust -X POST --data '{}' "$API/v1/sessions" | jq -r '.id // empty')
+cust -X POST --data '{"argv":["sh","-c","echo session-out > /output/s.txt"]}' "$API/v1/sessions/$SID/exec" > /dev/null
+cust -X POST "$API/v1/sessions/$SID/outputs" > "$T_TMP/souts.json"
+check "a session's outputs go to the customer's bucket under PREFIX/CUSTOMER/sessions/ID/outputs/ ($(head -c 300 "$T_TMP/souts.json"))" \
+	jqe ".destination == \"$DID\" and (.outputs[0].s3_key == \"${CPREFIX}acme/sessions/$SID/outputs/s.txt\")" "$T_TMP/souts.json"
+check "and its URL serves the file" [ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/souts.json")")" = session-out ]
+check "listed with the customer's credentials, not in kiln's bucket" \
+	[ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "sessions/$SID/outputs/s.txt" | wc -l)" = 1 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "sessions/$SID/outputs")" ]
+st=$(cust -X POST "$API/v1/sessions/$SID/pause" | jq -r .state)
+check "its pause snapshot stays in kiln's bucket ($st)" \
+	[ "$st" = paused -a -n "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "sessions/$SID/")" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "sessions/$SID/" | grep -v /outputs/)" ]
+cust -X DELETE "$API/v1/sessions/$SID" > /dev/null
+
+# ---- deleted: kiln's bucket again ----
+r=$(custst DELETE /v1/destination)
+check "DELETE /v1/destination: 200, then GET 404" \
+	[ "$(tail -1 <<< "$r")" = 200 -a "$(custst GET /v1/destination | tail -1)" = 404 ]
+T3=$(submit 'print("ops")')
+final "$T3" 60
+check "a task after it goes to kiln's bucket" \
+	jqe '.state == "succeeded" and (has("destination") | not) and (.artifacts["stdout.log"].s3_key | startswith("acme/"))' "$T_TMP/$T3.json"
+check "which holds it" [ "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T3/" | wc -l)" = 3 ]
+cust "$API/v1/tasks/$T1" > "$T_TMP/T1b.json"
+check "an earlier task's URLs are withheld, with a reason, once its destination is gone" \
+	jqe '.artifacts["stdout.log"].url == null and (.artifacts["stdout.log"].url_error | test("changed or deleted"))' "$T_TMP/T1b.json"
+
+# ---- another key: the customer's task fails, never kiln's bucket ----
+r=$(custst PUT /v1/destination "$(dest)")
+kill "$api_pid"; wait "$api_pid" 2> /dev/null
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/other.key"
+write_api_config "$T_TMP/other.key"
+start_api
+for _ in $(seq 100); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
+T4=$(submit 'print("nowhere")')
+final "$T4" 60
+check "kiln-api with another key: the task fails with destination_unavailable" \
+	jqe '.state == "error" and .error.code == "destination_unavailable"' "$T_TMP/$T4.json"
+check "and nothing of it is in kiln's bucket" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T4")" ]
+r=$(custst GET /v1/destination)
+check "GET still shows the destination (its secret not needed)" [ "$(tail -1 <<< "$r")" = 200 ]
+
+# ---- nothing left ----
+kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
+check "no QEMU left (qemu $(count_qemu)/$before_qemu)" [ "$(count_qemu)" = "$before_qemu" ]
+t_done
