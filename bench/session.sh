@@ -5,9 +5,15 @@
 # about 1 s to resume); and the round trip of `true` run in a live session.
 # One kiln-host per size (its snapshot has that size); RUNS rounds of
 # pause + resume each, after a command that touched 64 MiB of the session's RAM.
+# Per round: pause time, the bytes the pause sent to S3 (what the host
+# reports: compressed chunks and manifest for manifest v2, the whole state
+# and disk files for v1), resume time and resume to the first exec answered.
+# The first pause of a snapshot also hashes its RAM (cached after): rounds
+# after the first count. KILN_HOST=path compares another build (e.g. main's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
+KILN_HOST=${KILN_HOST:-build/kiln-host}
 SIZES=${SESSION_SIZES:-128 256 512}
 TMP=$(mktemp -d /tmp/kiln-bench-session.XXXXXX)
 export KILN_RUN_DIR=${KILN_RUN_DIR:-$TMP/run}
@@ -27,14 +33,14 @@ ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 med() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
 
 echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory ($RUNS rounds each; local S3 on loopback)"
-printf '  %-8s %10s %10s %12s %12s %14s %14s\n' memory "pause ms" "resume ms" "state MB" "disk MB" "pause s/GiB" "E2B s/GiB"
+printf '  %-8s %10s %10s %14s %12s %14s %14s\n' memory "pause ms" "resume ms" "resume+exec ms" "MB to S3" "pause s/GiB" "E2B s/GiB"
 for mem in $SIZES; do
 	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$TMP/spool" --arg run "$KILN_RUN_DIR" --argjson mem "$mem" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
 		'{listen: ("127.0.0.1:" + $port), host_id: "bench", token: $token, spool_dir: $spool, run_dir: $run,
 		  pool: {size: 0, prestart: 0, memory_mib: $mem},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}' > "$TMP/host.json"
-	build/kiln-host serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
+	"$KILN_HOST" serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
 	host_pid=$!
 	for _ in $(seq 1800); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
 	U=http://127.0.0.1:$PORT/v1/sessions
@@ -42,22 +48,22 @@ for mem in $SIZES; do
 	jq -e '.state == "running"' "$TMP/create" > /dev/null || { echo "  $mem MiB: create failed: $(cat "$TMP/create")"; kill "$host_pid"; wait "$host_pid" || true; host_pid=; continue; }
 	# A process holding 64 MiB of written memory across the pauses.
 	h -X POST "$U/b$mem/exec" --data '{"argv":["sh","-c","python3 -c \"import time; b = bytearray(64 << 20); b[::4096] = b\\\"x\\\" * (len(b) // 4096); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
-	: > "$TMP/p"; : > "$TMP/r"
+	: > "$TMP/p"; : > "$TMP/r"; : > "$TMP/re"; : > "$TMP/b"
+	# One warm-up round (the first pause of a snapshot hashes its RAM once).
+	h -X POST "$U/b$mem/pause" > /dev/null; h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > /dev/null
 	for _ in $(seq "$RUNS"); do
 		t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/pause"; ms "$t" >> "$TMP/p"
+		jq -r '.snapshot.bytes // 0' "$TMP/pause" >> "$TMP/b"
+		jq -r '"\(.snapshot.pages_changed // "-") of \(.snapshot.pages_total // "-") pages"' "$TMP/pause" > "$TMP/pages"
 		t=$(date +%s%N); h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/r"
+		h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/re"
 		jq -e '.state == "running"' "$TMP/resume" > /dev/null || { echo "  resume failed: $(cat "$TMP/resume")"; break; }
 	done
-	sizes=$(S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY python3 -c '
-import os, boto3
-from botocore.config import Config
-s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
-    aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
-    config=Config(s3={"addressing_style": "path"}))
-print(" ".join("%.1f" % (s3.head_object(Bucket="kiln-bench", Key="bench/sessions/b'"$mem"'/" + k)["ContentLength"] / 1e6) for k in ("state", "disk.qcow2")))' 2> /dev/null || echo "? ?")
-	p=$(med < "$TMP/p"); r=$(med < "$TMP/r")
-	printf '  %-8s %10s %10s %12s %12s %14s %14s\n' "$mem MiB" "$p" "$r" ${sizes} \
+	p=$(med < "$TMP/p"); r=$(med < "$TMP/r"); re=$(med < "$TMP/re")
+	mb=$(med < "$TMP/b" | awk '{ printf("%.1f", $1 / 1e6) }')
+	printf '  %-8s %10s %10s %14s %12s %14s %14s\n' "$mem MiB" "$p" "$r" "$re" "$mb" \
 		"$(awk -v p="$p" -v m="$mem" 'BEGIN { printf("%.2f", p / 1000 * 1024 / m) }')" "~4 (resume ~1 s)"
+	echo "    last pause: $(cat "$TMP/pages") sent (a diff against the base snapshot; '- of -': the whole RAM)"
 	if [ "$mem" = 256 ]; then
 		: > "$TMP/x"
 		for _ in $(seq 20); do
@@ -102,6 +108,6 @@ PY
 	h -X DELETE "$U/b$mem?customer=bench" > /dev/null
 	kill "$host_pid"; wait "$host_pid" 2> /dev/null || true; host_pid=
 done
-echo "  (pause s/GiB is per GiB of guest memory; the state holds only pages the guest wrote, zero pages are flagged)"
+echo "  (medians over $RUNS rounds after a warm-up; MB to S3: bytes one pause sent; pause s/GiB is per GiB of guest memory)"
 [ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"
 [ -z "${kt:-}" ] || echo "sessions: a key typed into a terminal (tty exec of cat) to its echo on the event stream, through kiln-host: median $kt ms over 25"

@@ -509,16 +509,7 @@ int session_delete(struct session_table *ss, const char *id, const char *custome
 		return found ? 0 : -1;
 	/* Its paused snapshot goes too: a destroyed session leaves nothing. */
 	if (cust[0] && spool_id_ok(id) && hostd_s3_take(ss->d, &s3) == 0) {
-		static const char *const all[] = { "manifest.json", "state", "disk.qcow2" };
-		char key[512];
-
-		for (size_t i = 0; i < sizeof(all) / sizeof(*all); i++) {
-			struct kiln_err e2;
-
-			session_s3_key(key, sizeof(key), cust, id, all[i]);
-			if (s3_delete(&s3.c, key, &e2) < 0)
-				fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, key, e2.message);
-		}
+		session_pause_delete_s3(&s3.c, ss->root, cust, id);
 		hostd_s3_free(&s3);
 	}
 	if (!found && !cust[0])

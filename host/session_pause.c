@@ -1,32 +1,49 @@
 /* session_pause: pause a session to S3 and resume it on any host with the
- * same image (see session.h).
+ * same image and the same base RAM (see session.h, docs/architecture.md
+ * "Sessions").
  *
- * Pause: QEMU migrates the stopped VM into a file (its RAM is private, so
- * the stream holds all of it; x-ignore-shared only leaves out RAM shared
- * with a file), which also flushes and releases the overlay. Both go to S3,
- * then a manifest naming their sizes and SHA-256 (written last: a snapshot
- * without one does not exist). Resume: the manifest, then the files, each
- * checked against it; the overlay is re-pointed at this host's copy of the
- * same template (the template key is part of the manifest and must match),
- * and a QEMU with plain RAM loads the stream. Clock and entropy are set anew
- * afterwards, as after any restore. */
+ * Pause (manifest version 2): QEMU migrates the stopped VM into a pipe; a
+ * thread filters the stream (migfilter) so that it keeps only the RAM pages
+ * that differ from the template snapshot's RAM (the session's base: its
+ * RAM is that file mapped copy-on-write), cuts it into chunks that a few
+ * threads compress (zstd), hash and upload while the migration still runs,
+ * and keeps a local copy for a retry. The disk layer follows as chunks too,
+ * then a manifest naming the base by its SHA-256 and every chunk with its
+ * SHA-256 (written last: a snapshot without one does not exist). Chunks go
+ * under a fresh generation prefix per pause, so an interrupted pause never
+ * touches what the previous manifest names; the previous generation is
+ * deleted once the new manifest is in.
+ *
+ * Resume: the manifest, then every chunk in parallel, each checked before
+ * use; the base must be this host's snapshot RAM (same SHA-256) or resume
+ * is refused; QEMU starts on the base mapped copy-on-write and loads the
+ * filtered stream over it. Manifest version 1 (whole files) still resumes.
+ * Clock and entropy are set anew afterwards, as after any restore. */
 #include "session_priv.h"
 #include "qcow2.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "io.h"
+#include "migfilter.h"
+#include "pause_chunks.h"
+#include "pause_manifest.h"
 #include "proto.h"
 #include "spool.h"
 
 #define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
 #define SESSION_MANIFEST_V 1
+#define PAUSE_WORKERS      4  /* parallel chunk uploads and downloads */
 
 /* ---- pause and resume --------------------------------------------------- */
 
@@ -37,91 +54,381 @@ void session_s3_key(char *out, size_t cap, const char *customer, const char *id,
 	snprintf(out, cap, "%s/sessions/%s/%s", customer, id, name);
 }
 
-/* Upload the saved files, then the manifest that makes them a snapshot. */
-static int pause_upload(struct session_table *ss, struct session *s, uint64_t *bytes, struct kiln_err *err)
+/* ---- pause: the filtered stream and the disk layer as chunks ------------- */
+
+/* The filter thread's end of the pipe from QEMU, and the chunker after it. */
+struct pause_stream {
+	int rfd;                 /* the pipe QEMU writes the stream into */
+	int local_fd;            /* the filtered stream's local copy (for a retry) */
+	struct pchunk_up *up;    /* NULL or failed: local copy only */
+	int up_ok;
+	struct migfilter_base base;
+	uint8_t *cur;
+	size_t len;
+	int rc;
+	struct kiln_err err;
+	struct migfilter_stats st;
+};
+
+static ssize_t ps_read(void *ctx, void *buf, size_t len)
 {
-	struct hostd_s3 s3;
-	json_t *m, *files = json_object();
-	char key[512], path[PATH_MAX + 32];
-	char *text;
-	int r = -1;
+	struct pause_stream *p = ctx;
+	ssize_t n;
 
-	if (hostd_s3_take(ss->d, &s3) < 0)
-		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
-	*bytes = 0;
-	if (s3_ensure_bucket(&s3.c, err) < 0)
-		goto out;
-	for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
-		char sha[65];
-		struct stat st;
+	while ((n = read(p->rfd, buf, len)) < 0 && errno == EINTR)
+		;
+	return n;
+}
 
-		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
-		session_s3_key(key, sizeof(key), s->customer, s->id, snap_files[i]);
-		if (stat(path, &st) < 0) {
-			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
-			goto out;
-		}
-		if (s3_put_file(&s3.c, key, path, "application/octet-stream", sha, NULL, err) < 0)
-			goto out;
-		json_object_set_new(files, snap_files[i], json_pack("{s:I, s:s}", "size", (json_int_t)st.st_size, "sha256", sha));
-		*bytes += (uint64_t)st.st_size;
+/* Hand the current chunk to the uploader (and the local copy). */
+static int ps_flush(struct pause_stream *p)
+{
+	if (!p->len)
+		return 0;
+	if (io_write_all(p->local_fd, p->cur, p->len) < 0)
+		return -1;
+	if (p->up_ok && pchunk_up_add(p->up, 0, p->cur, p->len) < 0)
+		p->up_ok = 0; /* the failure is reported by pchunk_up_finish */
+	else if (!p->up_ok)
+		free(p->cur);
+	p->cur = NULL;
+	p->len = 0;
+	return 0;
+}
+
+static int ps_write(void *ctx, const void *buf, size_t len)
+{
+	struct pause_stream *p = ctx;
+	const uint8_t *b = buf;
+
+	while (len) {
+		size_t n;
+
+		if (!p->cur && !(p->cur = malloc(PCHUNK_RAW_MAX)))
+			return -1;
+		n = PCHUNK_RAW_MAX - p->len < len ? PCHUNK_RAW_MAX - p->len : len;
+		memcpy(p->cur + p->len, b, n);
+		p->len += n;
+		b += n;
+		len -= n;
+		if (p->len == PCHUNK_RAW_MAX && ps_flush(p) < 0)
+			return -1;
 	}
-	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:O, s:I, s:s}", "version", SESSION_MANIFEST_V, "id",
-		      s->id, "customer", s->customer, "template", s->snap->key, "net", s->snap->net, "memory_mib",
-		      (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec, "guest_kernel", s->release, "files",
-		      files, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id);
+	return 0;
+}
+
+static void *ps_thread(void *arg)
+{
+	struct pause_stream *p = arg;
+	char sink[65536];
+
+	p->rc = migfilter_run(ps_read, p, ps_write, p, &p->base, &p->st, &p->err);
+	if (p->rc == 0 && ps_flush(p) < 0)
+		p->rc = kiln_err_set(&p->err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
+	free(p->cur);
+	p->cur = NULL;
+	/* Whatever happened, QEMU must be able to finish writing. */
+	while (ps_read(p, sink, sizeof(sink)) > 0)
+		;
+	return NULL;
+}
+
+/* Queue a local file (the disk layer; or the state on a retry) as chunks.
+ * 0; -1 with err set (the file); -2 when an upload failed (the reason comes
+ * from pchunk_up_finish). */
+static int queue_file(struct pchunk_up *up, int stream, const char *path, struct kiln_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+	for (;;) {
+		uint8_t *b = malloc(PCHUNK_RAW_MAX);
+		ssize_t n = b ? io_read_all(fd, b, PCHUNK_RAW_MAX) : -1;
+
+		if (n <= 0) {
+			free(b);
+			close(fd);
+			if (n < 0)
+				return kiln_err_set(err, KERR_HOST_ERROR, "reading %s: %s", path, strerror(errno));
+			return 0;
+		}
+		if (pchunk_up_add(up, stream, b, (size_t)n) < 0) {
+			close(fd);
+			return -2;
+		}
+	}
+}
+
+/* Write the version 2 manifest naming the chunks (the last PUT of a pause). */
+static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
+			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
+			   const struct migfilter_stats *fst, struct kiln_err *err)
+{
+	json_t *m;
+	char key[512], *text;
+	int r;
+
+	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, s:{s:I, s:I}}",
+		      "version", PMANIFEST_V2, "id", s->id, "customer", s->customer, "template", s->snap->key, "net",
+		      s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
+		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
+		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size", (json_int_t)s->snap->mem_size,
+		      "state", pchunk_list_json(state), "disk", pchunk_list_json(disk), "pages", "seen",
+		      (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
 	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
 	json_decref(m);
+	if (!text)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
-	if (!text) {
-		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-		goto out;
-	}
-	r = s3_put_buffer(&s3.c, key, text, strlen(text), "application/json", err);
+	r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
 	free(text);
-out:
-	json_decref(files);
-	hostd_s3_free(&s3);
 	return r;
 }
 
-json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
+/* A manifest (at most 4 MiB) from S3 into a malloc'd buffer, through a
+ * memfd (no temporary file, no fsync); its length, or -1 with err set. */
+static ssize_t get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err)
 {
-	struct session *s = session_take(ss, id, err);
-	int64_t t0 = proto_now_ms();
-	uint64_t bytes = 0;
+	int fd = memfd_create("kiln-manifest", MFD_CLOEXEC);
+	struct stat st;
+	ssize_t n = -1;
+
+	*out = NULL;
+	if (fd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+	if (s3_get_fd(c, key, fd, err) < 0)
+		goto out;
+	if (fstat(fd, &st) < 0 || st.st_size > (4 << 20)) {
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is larger than 4 MiB");
+		goto out;
+	}
+	*out = malloc((size_t)st.st_size + 1);
+	if (!*out) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	n = pread(fd, *out, (size_t)st.st_size, 0);
+	if (n != st.st_size) {
+		kiln_err_set(err, KERR_HOST_ERROR, "reading the manifest: short read");
+		free(*out);
+		*out = NULL;
+		n = -1;
+	}
+out:
+	close(fd);
+	return n;
+}
+
+/* The manifest in S3 now (NULL: none, or unreadable), to delete what it
+ * names once a newer one replaces it. */
+static struct pmanifest *get_manifest(const struct s3_config *c, const char *customer, const char *id,
+				      struct kiln_err *err)
+{
+	struct pmanifest *pm = calloc(1, sizeof(*pm));
+	char key[512], *text = NULL;
+	ssize_t len = -1;
+	int r = -1;
+
+	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
+	if (pm)
+		len = get_small(c, key, &text, err);
+	if (len >= 0)
+		r = pmanifest_parse(text, (size_t)len, customer, id, pm, err);
+	free(text);
+	if (r < 0 && pm) {
+		pmanifest_free(pm);
+		free(pm);
+		pm = NULL;
+	}
+	return pm;
+}
+
+/* Deleting the previous pause's chunks happens after the new manifest is
+ * in and need not delay the answer: a detached thread with its own copy of
+ * the S3 settings and of the keys. A failure leaves objects that the
+ * session's DELETE removes (it lists the whole prefix). */
+struct deleter {
 	struct hostd_s3 s3;
-	char prefix[512];
-	json_t *out;
+	struct pmanifest *old;
+};
 
-	if (!s)
-		return NULL;
-	if (s->state == SS_RUNNING) {
-		int fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		int r;
+static void *delete_thread(void *arg)
+{
+	struct deleter *d = arg;
+	const struct pchunk_list *ls[2] = { &d->old->state, &d->old->disk };
 
-		if (fd < 0) {
-			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
-			session_put(ss, s, 0);
-			return NULL;
+	for (int j = 0; j < 2; j++)
+		for (size_t i = 0; i < ls[j]->n; i++) {
+			struct kiln_err e = { .code = "" };
+
+			if (s3_delete(&d->s3.c, ls[j]->c[i].key, &e) < 0)
+				fprintf(stderr, "kiln-host: deleting %s: %s\n", ls[j]->c[i].key, e.message);
 		}
+	hostd_s3_free(&d->s3);
+	pmanifest_free(d->old);
+	free(d->old);
+	free(d);
+	return NULL;
+}
+
+/* Hand old (owned from now on) to a deleter thread; without one, delete here. */
+static void delete_old(struct session_table *ss, struct pmanifest *old)
+{
+	struct deleter *d = calloc(1, sizeof(*d));
+	pthread_attr_t a;
+	pthread_t th;
+
+	if (!d || hostd_s3_take(ss->d, &d->s3) < 0) {
+		free(d);
+		pmanifest_free(old);
+		free(old);
+		return;
+	}
+	d->old = old;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &a, delete_thread, d) != 0)
+		delete_thread(d);
+	pthread_attr_destroy(&a);
+}
+
+struct key_list {
+	char **k;
+	size_t n, cap;
+};
+
+static int collect_key(void *ctx, const char *key)
+{
+	struct key_list *l = ctx;
+
+	if (l->n == l->cap) {
+		size_t nc = l->cap ? 2 * l->cap : 64;
+		char **p = realloc(l->k, nc * sizeof(*p));
+
+		if (!p)
+			return -1;
+		l->k = p;
+		l->cap = nc;
+	}
+	if (!(l->k[l->n] = strdup(key)))
+		return -1;
+	l->n++;
+	return 0;
+}
+
+void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id)
+{
+	struct kiln_err e = { .code = "" };
+	struct key_list l = { 0 };
+	char prefix[512], mkey[512];
+
+	(void)dir;
+	/* Everything under the session's prefix: the manifest's chunks, the
+	 * older layout's files, and chunks a pause cut short left unnamed.
+	 * The manifest goes first: from then on there is no paused session,
+	 * never one that names missing chunks. */
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
+	session_s3_key(mkey, sizeof(mkey), customer, id, "manifest.json");
+	if (s3_list(c, prefix, collect_key, &l, &e) < 0)
+		fprintf(stderr, "kiln-host: session %s: listing %s: %s\n", id, prefix, e.message);
+	if (s3_delete(c, mkey, &e) < 0)
+		fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, mkey, e.message);
+	for (size_t i = 0; i < l.n; i++) {
+		if (strcmp(l.k[i], mkey) && s3_delete(c, l.k[i], &e) < 0)
+			fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, l.k[i], e.message);
+		free(l.k[i]);
+	}
+	free(l.k);
+}
+
+/* Stop the VM into the filter (running) or take the local copy (a retry),
+ * upload the chunks, then the manifest. On success *bytes holds the
+ * compressed bytes sent. */
+static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
+		    struct migfilter_stats *fst, struct kiln_err *err)
+{
+	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
+	struct pchunk_list state = { 0 }, disk = { 0 };
+	struct pmanifest *old = NULL;
+	char prefix[512], gen[48], base_sha[65];
+	void *map = MAP_FAILED;
+	pthread_t th;
+	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0;
+
+	unsigned rnd = 0;
+
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
+	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
+	if (s3_ensure_bucket(c, err) < 0)
+		return -1;
+	/* The base's hash (cached after the first pause of this snapshot). */
+	if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
+		return -1;
+	old = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
+	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
+	if (!ps.up) {
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
+		goto out;
+	}
+	ps.up_ok = 1;
+	if (s->state == SS_RUNNING) {
+		map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED, s->snap->mem_fd, 0);
+		if (map == MAP_FAILED) {
+			kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
+			goto out;
+		}
+		ps.base = (struct migfilter_base){ .block = "mem", .data = map, .size = s->snap->mem_size };
+		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (ps.local_fd < 0 || pipe2(pfd, O_CLOEXEC) < 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
+			goto out;
+		}
+		/* A large pipe: QEMU writes in bursts while the filter compares. */
+		fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+		ps.rfd = pfd[0];
+		if (pthread_create(&th, NULL, ps_thread, &ps) != 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "cannot start the stream filter");
+			goto out;
+		}
+		started = 1;
 		/* envd's streams end now (unavailable); its processes are saved
 		 * with the VM and a resumed session's new channel lists them. */
 		session_envd_close(ss, s, "the sandbox is being paused");
-		r = snapshot_save_fd(&s->vm, fd, SESSION_SAVE_MS, err);
-		if (r == 0 && (fsync(fd) < 0 || close(fd) < 0)) {
-			fd = -1;
-			r = kiln_err_set(err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
-		} else if (fd >= 0 && r < 0) {
-			close(fd);
+		r = snapshot_save_fd(&s->vm, pfd[1], SESSION_SAVE_MS, err);
+		close(pfd[1]);
+		pfd[1] = -1;
+		if (r < 0) {
+			/* QEMU may have stopped the guest: it cannot be trusted to go
+			 * on. Its end of the pipe closes with it. */
+			fail_vm = 1;
+			vm_destroy(&s->vm);
+		}
+		pthread_join(th, NULL);
+		started = 0;
+		*fst = ps.st;
+		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
+			ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
+		ps.local_fd = -1;
+		if (r == 0 && ps.rc < 0) {
+			/* QEMU saved the VM but the stream could not be kept (a
+			 * format the filter does not know, a full disk): the VM is
+			 * whole and stopped, so it goes on instead of being lost. */
+			*err = ps.err;
+			r = -1;
+			if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL,
+				   &(struct kiln_err){ .code = "" }) == 0) {
+				session_envd_enable(ss, s);
+				goto out;
+			}
 		}
 		if (r < 0) {
-			/* QEMU may have stopped the guest: it cannot be trusted to go on. */
-			fprintf(stderr, "kiln-host: session %s: pause failed (%s); the session ends\n", id, err->message);
-			session_teardown(ss, s);
-			session_put(ss, s, 1);
-			return NULL;
+			fail_vm = 1;
+			goto out;
 		}
+		r = -1;
 		/* Saved: the VM and its network go now; the files stay until S3
 		 * has them. */
 		vm_destroy(&s->vm);
@@ -137,20 +444,97 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 			s->has_tu = 0;
 		}
 		s->state = SS_PAUSING;
+	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
+		goto out; /* a retry without the local copy of the stream */
 	}
-	if (pause_upload(ss, s, &bytes, err) < 0) {
+	/* -2: an upload failed; pchunk_up_finish says which. */
+	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
+		goto out;
+	r = pchunk_up_finish(ps.up, &state, &disk, bytes, err);
+	ps.up = NULL;
+	if (r < 0)
+		goto out;
+	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
+	if (r == 0 && old) {
+		/* The new manifest is in: the previous generation can go. */
+		delete_old(ss, old);
+		old = NULL;
+	}
+out:
+	if (started) {
+		if (pfd[1] >= 0)
+			close(pfd[1]);
+		pfd[1] = -1;
+		pthread_join(th, NULL);
+	}
+	if (ps.up) {
+		struct kiln_err e2;
+
+		pchunk_up_finish(ps.up, &state, &disk, bytes, &e2);
+	}
+	if (pfd[0] >= 0)
+		close(pfd[0]);
+	if (pfd[1] >= 0)
+		close(pfd[1]);
+	if (ps.local_fd >= 0)
+		close(ps.local_fd);
+	if (map != MAP_FAILED)
+		munmap(map, s->snap->mem_size);
+	free(state.c);
+	free(disk.c);
+	if (old) {
+		pmanifest_free(old);
+		free(old);
+	}
+	return fail_vm ? -2 : r;
+}
+
+json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
+{
+	struct session *s = session_take(ss, id, err);
+	int64_t t0 = proto_now_ms();
+	struct migfilter_stats fst = { 0 };
+	uint64_t bytes = 0, disk_size = 0;
+	struct hostd_s3 s3;
+	struct stat st;
+	char prefix[512];
+	json_t *out;
+	int r;
+
+	if (!s)
+		return NULL;
+	if (hostd_s3_take(ss->d, &s3) < 0) {
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
+		session_put(ss, s, 0);
+		return NULL;
+	}
+	r = pause_v2(ss, s, &s3.c, &bytes, &fst, err);
+	if (r == -2) {
+		fprintf(stderr, "kiln-host: session %s: pause failed (%s); the session ends\n", id, err->message);
+		hostd_s3_free(&s3);
+		session_teardown(ss, s);
+		session_put(ss, s, 1);
+		return NULL;
+	}
+	if (r < 0) {
 		char m[sizeof(err->message)];
 
 		snprintf(m, sizeof(m), "%s", err->message);
 		kiln_err_set(err, kiln_err_is_s3(err->errc) ? KERR_S3_UNAVAILABLE : err->errc,
-			     "the session is saved on this host but not yet in S3 (pause again to retry): %s", m);
+			     s->state == SS_PAUSING ? "the session is saved on this host but not yet in S3 (pause again to retry): %s"
+						    : "the session could not be paused and still runs: %s",
+			     m);
+		hostd_s3_free(&s3);
 		session_put(ss, s, 0);
 		return NULL;
 	}
+	if (stat(s->disk, &st) == 0)
+		disk_size = (uint64_t)st.st_size;
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", s->customer, s->id);
-	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I}}", "id", s->id, "state", "paused", "snapshot", "bucket",
-			hostd_s3_take(ss->d, &s3) == 0 ? s3.c.bucket : "", "prefix", prefix, "bytes", (json_int_t)bytes,
-			"pause_ms", (json_int_t)(proto_now_ms() - t0));
+	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I, s:I}}", "id", s->id, "state", "paused", "snapshot",
+			"bucket", s3.c.bucket, "prefix", prefix, "bytes", (json_int_t)bytes, "pause_ms",
+			(json_int_t)(proto_now_ms() - t0), "pages_changed", (json_int_t)fst.pages_kept, "pages_total",
+			(json_int_t)fst.pages, "disk_bytes", (json_int_t)disk_size);
 	hostd_s3_free(&s3);
 	session_teardown(ss, s);
 	session_put(ss, s, 1);
@@ -173,6 +557,59 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 	return 0;
 }
 
+struct disk_fetch {
+	const struct s3_config *c;
+	const struct pchunk_list *l;
+	int fd, rc;
+	struct kiln_err err;
+};
+
+static void *disk_fetch_thread(void *arg)
+{
+	struct disk_fetch *df = arg;
+
+	df->rc = pchunk_get_all(df->c, df->l, df->fd, PAUSE_WORKERS / 2, &df->err);
+	return NULL;
+}
+
+/* Version 2: every chunk of the stream (into a memfd, *state_fd) and of the
+ * disk layer (into s->disk), in parallel, each checked before use. */
+static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm, int *state_fd,
+		    struct kiln_err *err)
+{
+	struct disk_fetch df = { .c = c, .l = &pm->disk, .fd = -1, .rc = -1 };
+	pthread_t th;
+	int fd, r;
+
+	df.fd = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (df.fd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
+	fd = memfd_create("kiln-session-state", MFD_CLOEXEC);
+	if (fd < 0) {
+		close(df.fd);
+		return kiln_err_set(err, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+	}
+	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
+		close(fd);
+		close(df.fd);
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start a download thread");
+	}
+	r = pchunk_get_all(c, &pm->state, fd, PAUSE_WORKERS, err);
+	pthread_join(th, NULL);
+	if (close(df.fd) < 0 && df.rc == 0)
+		df.rc = kiln_err_set(&df.err, KERR_HOST_ERROR, "writing %s: %s", s->disk, strerror(errno));
+	if (r == 0 && df.rc < 0) {
+		*err = df.err;
+		r = -1;
+	}
+	if (r < 0) {
+		close(fd);
+		return -1;
+	}
+	*state_fd = fd;
+	return 0;
+}
+
 int session_resume(struct session_table *ss, const char *id, const char *customer, const struct tref *tref, json_t **out,
 		   struct kiln_err *err)
 {
@@ -181,7 +618,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	const struct snapshot *snap;
 	struct session *s = NULL;
 	json_t *m = NULL, *files;
-	json_error_t je;
+	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
 	int fd = -1, r = -1, have_ts = 0, reserved = 0;
 
@@ -208,19 +645,22 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		goto fail;
 	}
 	/* The manifest first: without it there is no paused session. */
-	snprintf(path, sizeof(path), "%s/manifest.json", s->dir);
 	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
-	if (s3_get_file(&s3.c, key, path, err) < 0) {
-		if (err->errc == KERR_S3_NOT_FOUND)
-			kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
-		goto fail;
-	}
-	m = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-	if (!m || json_integer_value(json_object_get(m, "version")) != SESSION_MANIFEST_V ||
-	    strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
-	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec"))) {
-		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable or not this session's");
-		goto fail;
+	{
+		char *text = NULL;
+		ssize_t len = get_small(&s3.c, key, &text, err);
+
+		if (len < 0) {
+			if (err->errc == KERR_S3_NOT_FOUND)
+				kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
+			goto fail;
+		}
+		r = pmanifest_parse(text, (size_t)len, customer, id, &pm, err);
+		free(text);
+		if (r < 0)
+			goto fail;
+		r = -1;
+		m = json_incref(pm.root);
 	}
 	if (session_parse_spec(json_object_get(m, "spec"), &ts, err) < 0) {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's spec is invalid");
@@ -236,6 +676,19 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
 		goto fail;
 	}
+	if (pm.version == PMANIFEST_V2) {
+		char base_sha[65];
+
+		if (snapshot_mem_sha256(snap, base_sha, err) < 0)
+			goto fail;
+		if (strcmp(base_sha, pm.base_sha256) || pm.base_size != snap->mem_size) {
+			kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+				     "the session was paused as a diff against base RAM %.16s, and this host's snapshot %s has "
+				     "RAM %.16s: it resumes only on a host with that base",
+				     pm.base_sha256, snap->key, base_sha);
+			goto fail;
+		}
+	}
 	if (hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0)
 		goto fail;
 	reserved = 1;
@@ -247,17 +700,23 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->memory_mib = ts.memory_mib;
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
-	files = json_object_get(m, "files");
-	for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
-		snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
-		session_s3_key(key, sizeof(key), customer, id, snap_files[i]);
-		if (s3_get_file(&s3.c, key, path, err) < 0) {
-			if (err->errc == KERR_S3_NOT_FOUND)
-				kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s is missing from the paused session in S3", snap_files[i]);
+	if (pm.version == PMANIFEST_V2) {
+		if (fetch_v2(&s3.c, s, &pm, &fd, err) < 0)
 			goto fail;
+	} else {
+		files = json_object_get(m, "files");
+		for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
+			snprintf(path, sizeof(path), "%s/%s", s->dir, snap_files[i]);
+			session_s3_key(key, sizeof(key), customer, id, snap_files[i]);
+			if (s3_get_file(&s3.c, key, path, err) < 0) {
+				if (err->errc == KERR_S3_NOT_FOUND)
+					kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s is missing from the paused session in S3",
+						     snap_files[i]);
+				goto fail;
+			}
+			if (check_file(path, json_object_get(files, snap_files[i]), snap_files[i], err) < 0)
+				goto fail;
 		}
-		if (check_file(path, json_object_get(files, snap_files[i]), snap_files[i], err) < 0)
-			goto fail;
 	}
 	/* Point the overlay at this host's copy of the template (same key: the
 	 * same bytes); -u: only the header changes. qemu-img runs as root and
@@ -269,19 +728,28 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	{
 		char *argv[] = { "/usr/bin/qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
 				 (char *)snap->disk, s->disk, NULL };
+		char cur[PATH_MAX];
 
-		if (snapshot_run_cmd(argv) < 0) {
+		/* Already this host's path (the same snapshot cache): nothing to do. */
+		if (snapshot_qcow2_backing(s->disk, cur, sizeof(cur)) == 0 && !strcmp(cur, snap->disk))
+			;
+		else if (snapshot_run_cmd(argv) < 0) {
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's disk layer is not a usable qcow2 image");
 			goto fail;
 		}
 	}
-	fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
+	if (pm.version != PMANIFEST_V2)
+		fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 		goto fail;
 	}
-	if (session_boot(ss, s, &ts, fd, 1, err) < 0)
+	/* Version 2: the base mapped copy-on-write, the changed pages over it. */
+	if (session_boot(ss, s, &ts, fd, pm.version != PMANIFEST_V2, err) < 0) {
+		if (pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		goto fail;
+	}
 	close(fd);
 	fd = -1;
 	unlink(s->state_path); /* the RAM is in the VM now */
@@ -300,6 +768,7 @@ out:
 	if (have_ts)
 		spec_free(&ts);
 	json_decref(m);
+	pmanifest_free(&pm);
 out_s3:
 	hostd_s3_free(&s3);
 	return r;

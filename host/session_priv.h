@@ -126,5 +126,9 @@ void session_envd_close(struct session_table *ss, struct session *s, const char 
 
 /* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
 void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
+/* Delete a paused session's objects in S3: the chunks its manifest names,
+ * the manifest, and version 1's fixed names (session_pause.c). dir: a
+ * directory for the manifest meanwhile. Missing objects are fine. */
+void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
 
 #endif

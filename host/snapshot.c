@@ -75,7 +75,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 }
 
 /* The backing file named in a qcow2 header (version 2 or 3), or "" for none. */
-static int qcow2_backing(const char *path, char *out, size_t cap)
+int snapshot_qcow2_backing(const char *path, char *out, size_t cap)
 {
 	unsigned char h[20];
 	uint64_t off = 0;
@@ -404,7 +404,7 @@ static int snapshot_check(const char *cache, const char *key, struct snapshot *s
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay: %s", key, strerror(errno));
 		return -EBADMSG;
 	}
-	if (qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
+	if (snapshot_qcow2_backing(s->disk, s->backing, sizeof(s->backing)) < 0 || s->backing[0] != '/') {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: disk overlay has no valid backing file", key);
 		return -EBADMSG;
 	}
@@ -491,6 +491,72 @@ int snapshot_save_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_er
 	    vm_qmp(vm, "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"fd:snap\"}}", deadline, NULL, err) < 0)
 		return -1;
 	return wait_migration(vm, deadline, err);
+}
+
+int snapshot_mem_sha256(const struct snapshot *s, char out[65], struct kiln_err *err)
+{
+	char path[PATH_MAX], tmp[PATH_MAX + 16], line[256], want[192];
+	unsigned char d[32];
+	unsigned int dl;
+	EVP_MD_CTX *md;
+	uint8_t *buf;
+	FILE *f;
+	int ok = 0;
+
+	snprintf(path, sizeof(path), "%s/mem.sha256", s->dir);
+	snprintf(want, sizeof(want), "%llu %llu %llu %llu", (unsigned long long)s->mem_size,
+		 (unsigned long long)s->mem_ino, (unsigned long long)s->mem_mtime_ns, (unsigned long long)s->mem_ctime_ns);
+	f = fopen(path, "re");
+	if (f) {
+		if (fgets(line, sizeof(line), f) && strlen(line) > 65 && line[64] == ' ') {
+			line[strcspn(line, "\n")] = '\0';
+			if (!strcmp(line + 65, want)) {
+				memcpy(out, line, 64);
+				out[64] = '\0';
+				ok = 1;
+			}
+		}
+		fclose(f);
+	}
+	if (ok)
+		return 0;
+	if (s->mem_fd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "snapshot %s: its memory was not loaded", s->key);
+	md = EVP_MD_CTX_new();
+	buf = malloc(1 << 20);
+	if (!md || !buf) {
+		EVP_MD_CTX_free(md);
+		free(buf);
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	}
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	for (uint64_t off = 0; off < s->mem_size;) {
+		ssize_t n = pread(s->mem_fd, buf, 1 << 20, (off_t)off);
+
+		if (n <= 0) {
+			EVP_MD_CTX_free(md);
+			free(buf);
+			return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "snapshot %s: reading its memory failed", s->key);
+		}
+		EVP_DigestUpdate(md, buf, (size_t)n);
+		off += (uint64_t)n;
+	}
+	EVP_DigestFinal_ex(md, d, &dl);
+	EVP_MD_CTX_free(md);
+	free(buf);
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+	/* Cache it (write then rename: never half a line). */
+	snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)gettid());
+	f = fopen(tmp, "we");
+	if (f) {
+		fprintf(f, "%s %s\n", out, want);
+		if (fclose(f) == 0)
+			rename(tmp, path);
+		else
+			unlink(tmp);
+	}
+	return 0;
 }
 
 int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)

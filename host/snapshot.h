@@ -72,6 +72,16 @@ int snapshot_load(const struct snapshot *s, struct vm *vm, struct kiln_err *err)
 int snapshot_save_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err);
 int snapshot_load_fd(struct vm *vm, int state_fd, int timeout_ms, struct kiln_err *err);
 
+/* The SHA-256 of the snapshot's RAM (what a paused session's RAM diff is
+ * against), hex in out. Computed once from the loaded memfd and cached in
+ * <dir>/mem.sha256 with the file's identity (inode, mtime, ctime), so a
+ * changed file is hashed again. 0, or -1 with err. Any thread. */
+int snapshot_mem_sha256(const struct snapshot *s, char out[65], struct kiln_err *err);
+
+/* The backing file name in the header of the qcow2 image at path ("" for
+ * none) into out (cap bytes). 0 or a negative errno. */
+int snapshot_qcow2_backing(const char *path, char *out, size_t cap);
+
 /* Run a helper program (qemu-img) to completion: 0 when it exits 0. */
 int snapshot_run_cmd(char *const argv[]);
 

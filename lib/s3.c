@@ -1306,6 +1306,80 @@ int s3_head(const struct s3_config *c, const char *key, uint64_t *size, struct k
 	return rc;
 }
 
+int s3_list_parse(const char *xml, size_t len, int (*fn)(void *ctx, const char *key), void *ctx, char *token,
+		  size_t token_size)
+{
+	char key[1025], trunc[16];
+	const char *p = xml, *end = xml + len;
+
+	if (len > S3_XML_MAX || !memmem(xml, len, "<ListBucketResult", 17))
+		return -1;
+	for (;;) {
+		const char *k = memmem(p, (size_t)(end - p), "<Key>", 5), *ke;
+		int n;
+
+		if (!k)
+			break;
+		ke = memmem(k, (size_t)(end - k), "</Key>", 6);
+		if (!ke)
+			return -1;
+		n = s3_xml_text(k, (size_t)(ke + 6 - k), "Key", key, sizeof(key));
+		if (n <= 0 || (size_t)n >= sizeof(key))
+			return -1;
+		if (fn(ctx, key) != 0)
+			return -1;
+		p = ke + 6;
+	}
+	token[0] = '\0';
+	if (s3_xml_text(xml, len, "IsTruncated", trunc, sizeof(trunc)) < 0 || strcmp(trunc, "true"))
+		return 0;
+	{
+		int n = s3_xml_text(xml, len, "NextContinuationToken", token, token_size);
+
+		if (n <= 0 || (size_t)n >= token_size)
+			return -1;
+	}
+	return 1;
+}
+
+int s3_list(const struct s3_config *c, const char *prefix, int (*fn)(void *ctx, const char *key), void *ctx,
+	    struct kiln_err *err)
+{
+	char token[1024] = "";
+	int more = 1, rc = 0;
+
+	if (check_config(c, err) < 0)
+		return -1;
+	while (more && rc == 0) {
+		struct s3_param p[] = { { "list-type", "2" }, { "max-keys", "100" }, { "prefix", prefix },
+					{ "continuation-token", token } };
+		struct s3_call call;
+		struct s3_request q = { .method = "GET", .key = NULL, .out_fd = -1, .body = { .fd = -1 } };
+		struct s3_reply r = { 0 };
+		char *query = s3_canonical_query(p, token[0] ? 4 : 3);
+
+		if (!query)
+			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		q.query = query;
+		if (call_open(&call, c, err) < 0) {
+			free(query);
+			return -1;
+		}
+		rc = perform(&call, &q, &r, err);
+		if (rc == 0 && !ok_status(r.status))
+			rc = fail_status(c, &q, &r, err);
+		if (rc == 0) {
+			more = r.body ? s3_list_parse(r.body, r.body_len, fn, ctx, token, sizeof(token)) : -1;
+			if (more < 0)
+				rc = kiln_err_set(err, KERR_S3_ERROR, "S3: listing %s: unreadable or stopped reply", prefix);
+		}
+		call_close(&call);
+		reply_free(&r);
+		free(query);
+	}
+	return rc;
+}
+
 int s3_get_file(const struct s3_config *c, const char *key, const char *path, struct kiln_err *err)
 {
 	struct s3_call call = { 0 };
@@ -1340,6 +1414,26 @@ out:
 	if (rc < 0 && fd >= 0)
 		unlink(tmp);
 	free(tmp);
+	return rc;
+}
+
+int s3_get_fd(const struct s3_config *c, const char *key, int fd, struct kiln_err *err)
+{
+	struct s3_call call = { 0 };
+	struct s3_request q = { .method = "GET", .key = key, .body = { .fd = -1 }, .out_fd = fd };
+	struct s3_reply r = { 0 };
+	int rc = -1;
+
+	if (check_config(c, err) < 0 || s3_key_check(key, err) < 0)
+		return -1;
+	if (call_open(&call, c, err) < 0)
+		goto out;
+	rc = perform(&call, &q, &r, err);
+	if (rc == 0 && !ok_status(r.status))
+		rc = fail_status(c, &q, &r, err);
+out:
+	call_close(&call);
+	reply_free(&r);
 	return rc;
 }
 

@@ -77,6 +77,24 @@ int s3_head(const struct s3_config *c, const char *key, uint64_t *size, struct k
  * removed on failure; path is untouched unless the whole object arrived. */
 int s3_get_file(const struct s3_config *c, const char *key, const char *path, struct kiln_err *err);
 
+/* Call fn(ctx, key) for every key under prefix (ListObjectsV2, page after
+ * page; fn returning non-zero stops the walk with that value). 0, or -1 with
+ * err set. */
+int s3_list(const struct s3_config *c, const char *prefix, int (*fn)(void *ctx, const char *key), void *ctx,
+	    struct kiln_err *err);
+
+/* One ListObjectsV2 page: fn(ctx, key) for each <Key> (decoded as by
+ * s3_xml_text; keys longer than 1024 bytes are refused); when
+ * <IsTruncated>true, the NextContinuationToken goes to token (token_size
+ * bytes). Returns 1 (more pages), 0 (the last), or -1 (malformed, or fn
+ * returned non-zero). Pure, thread-safe. */
+int s3_list_parse(const char *xml, size_t len, int (*fn)(void *ctx, const char *key), void *ctx, char *token,
+		  size_t token_size);
+
+/* Download key into fd (at its current offset; a memfd, say): no temporary
+ * file, no fsync. On failure fd may hold part of the object. */
+int s3_get_fd(const struct s3_config *c, const char *key, int fd, struct kiln_err *err);
+
 /* Delete key (a missing key is not an error). */
 int s3_delete(const struct s3_config *c, const char *key, struct kiln_err *err);
 

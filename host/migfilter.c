@@ -1,0 +1,462 @@
+/* migfilter: keep only the RAM pages of a QEMU migration stream that differ
+ * from a base image (see migfilter.h). The stream layout is QEMU 7.2's
+ * (migration/savevm.c, migration/ram.c): a header, a configuration
+ * section, the iterable "ram" section (START with the block list, PARTs and
+ * an END of page records, each closed by EOS), then the devices' FULL
+ * sections and EOF, which pass through untouched. */
+#include "migfilter.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MF_MAGIC        0x5145564du
+#define MF_VERSION      3u
+#define MF_PAGE         4096u
+#define MF_MAX_BLOCKS   32
+#define MF_BUF          65536
+
+#define SEC_EOF         0x00
+#define SEC_START       0x01
+#define SEC_PART        0x02
+#define SEC_END         0x03
+#define SEC_FULL        0x04
+#define SEC_SUBSECTION  0x05
+#define SEC_CONFIG      0x07
+#define SEC_FOOTER      0x7e
+
+#define RAM_ZERO        0x02u
+#define RAM_MEM_SIZE    0x04u
+#define RAM_PAGE        0x08u
+#define RAM_EOS         0x10u
+#define RAM_CONTINUE    0x20u
+
+struct mf_block {
+	char name[256];
+	uint64_t len;
+	int is_base;
+};
+
+struct mf {
+	migfilter_read_fn rd;
+	void *rctx;
+	migfilter_write_fn wr;
+	void *wctx;
+	const struct migfilter_base *base;
+	struct migfilter_stats *st;
+	struct kiln_err *err;
+	uint8_t buf[MF_BUF];
+	size_t pos, end;
+	int eof;
+	int ignore_shared;
+	uint32_t ram_id;
+	int ram_started, ram_ended;
+	struct mf_block blocks[MF_MAX_BLOCKS];
+	int nblocks;
+	int last_in, last_out; /* block index of the last page record read / written, -1: none */
+	uint8_t page[MF_PAGE];
+};
+
+static const uint8_t zero_page[MF_PAGE];
+
+static int bad(struct mf *f, const char *what)
+{
+	return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: %s (at byte %llu)", what,
+			    (unsigned long long)f->st->in_bytes);
+}
+
+/* Make at least one byte available; 0, or -1 at the end (f->eof) or on error. */
+static int fill(struct mf *f)
+{
+	ssize_t n;
+
+	if (f->pos < f->end)
+		return 0;
+	if (f->eof)
+		return -1;
+	n = f->rd(f->rctx, f->buf, sizeof(f->buf));
+	if (n < 0) {
+		bad(f, "read error");
+		f->eof = 2;
+		return -1;
+	}
+	if (n == 0) {
+		f->eof = 1;
+		return -1;
+	}
+	f->pos = 0;
+	f->end = (size_t)n;
+	return 0;
+}
+
+static int get(struct mf *f, void *out, size_t len)
+{
+	uint8_t *o = out;
+
+	while (len) {
+		size_t n;
+
+		if (fill(f) < 0)
+			return f->eof == 2 ? -1 : bad(f, "truncated");
+		n = f->end - f->pos < len ? f->end - f->pos : len;
+		memcpy(o, f->buf + f->pos, n);
+		f->pos += n;
+		f->st->in_bytes += n;
+		o += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static int put(struct mf *f, const void *p, size_t len)
+{
+	if (len && f->wr(f->wctx, p, len) < 0)
+		return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: write failed");
+	f->st->out_bytes += len;
+	return 0;
+}
+
+/* Read n bytes and write them through. */
+static int pass(struct mf *f, void *out, size_t len)
+{
+	return get(f, out, len) < 0 || put(f, out, len) < 0 ? -1 : 0;
+}
+
+static int u8(struct mf *f, uint8_t *v, int through)
+{
+	return through ? pass(f, v, 1) : get(f, v, 1);
+}
+
+static int be32(struct mf *f, uint32_t *v, int through)
+{
+	uint8_t b[4];
+
+	if ((through ? pass(f, b, 4) : get(f, b, 4)) < 0)
+		return -1;
+	*v = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+	return 0;
+}
+
+static int be64(struct mf *f, uint64_t *v, int through)
+{
+	uint32_t hi, lo;
+
+	if (be32(f, &hi, through) < 0 || be32(f, &lo, through) < 0)
+		return -1;
+	*v = (uint64_t)hi << 32 | lo;
+	return 0;
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+	for (int i = 7; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+/* A length-prefixed string (u8 length, 1..255 bytes), NUL-terminated in out[256]. */
+static int str8(struct mf *f, char out[256], int through)
+{
+	uint8_t n;
+
+	if (u8(f, &n, through) < 0)
+		return -1;
+	if (n == 0)
+		return bad(f, "empty name");
+	if ((through ? pass(f, out, n) : get(f, out, n)) < 0)
+		return -1;
+	out[n] = '\0';
+	if (strlen(out) != n)
+		return bad(f, "NUL in a name");
+	return 0;
+}
+
+static int peek(struct mf *f, uint8_t *v)
+{
+	if (fill(f) < 0)
+		return -1;
+	*v = f->buf[f->pos];
+	return 0;
+}
+
+/* The configuration section: the machine name, then its subsections. */
+static int config(struct mf *f)
+{
+	uint32_t len, ver, v;
+	char name[256];
+	uint8_t t;
+
+	if (be32(f, &len, 1) < 0)
+		return -1;
+	if (len == 0 || len > 255)
+		return bad(f, "configuration: bad machine name length");
+	if (pass(f, name, len) < 0)
+		return -1;
+	while (peek(f, &t) == 0 && t == SEC_SUBSECTION) {
+		if (u8(f, &t, 1) < 0 || str8(f, name, 1) < 0 || be32(f, &ver, 1) < 0)
+			return -1;
+		if (!strcmp(name, "configuration/target-page-bits")) {
+			if (be32(f, &v, 1) < 0)
+				return -1;
+			if (v != 12)
+				return bad(f, "configuration: target page size is not 4 KiB");
+		} else if (!strcmp(name, "configuration/capabilities")) {
+			if (be32(f, &v, 1) < 0)
+				return -1;
+			if (v > 64)
+				return bad(f, "configuration: too many capabilities");
+			for (uint32_t i = 0; i < v; i++) {
+				if (str8(f, name, 1) < 0)
+					return -1;
+				if (!strcmp(name, "x-ignore-shared"))
+					f->ignore_shared = 1;
+			}
+		} else if (!strcmp(name, "configuration/uuid")) {
+			uint8_t uuid[16];
+
+			if (pass(f, uuid, sizeof(uuid)) < 0)
+				return -1;
+		} else {
+			return bad(f, "configuration: unknown subsection");
+		}
+	}
+	return f->eof == 2 ? -1 : 0;
+}
+
+/* The block list of the ram START section (after its MEM_SIZE word). */
+static int ram_blocks(struct mf *f, uint64_t total)
+{
+	while (total) {
+		struct mf_block *b;
+		uint64_t addr;
+
+		if (f->nblocks == MF_MAX_BLOCKS)
+			return bad(f, "too many RAM blocks");
+		b = &f->blocks[f->nblocks];
+		if (str8(f, b->name, 1) < 0 || be64(f, &b->len, 1) < 0)
+			return -1;
+		if (b->len == 0 || b->len > total || b->len % MF_PAGE)
+			return bad(f, "RAM block length");
+		for (int i = 0; i < f->nblocks; i++)
+			if (!strcmp(f->blocks[i].name, b->name))
+				return bad(f, "RAM block named twice");
+		if (f->ignore_shared && be64(f, &addr, 1) < 0)
+			return -1;
+		b->is_base = f->base && f->base->data && !strcmp(b->name, f->base->block) && b->len == f->base->size;
+		total -= b->len;
+		f->nblocks++;
+	}
+	return 0;
+}
+
+/* One page record (its header word already read): kept or left out. */
+static int ram_page(struct mf *f, uint64_t word)
+{
+	uint64_t addr = word & ~(uint64_t)(MF_PAGE - 1);
+	unsigned flags = (unsigned)(word & (MF_PAGE - 1));
+	uint8_t hdr[8 + 1 + 255], fill_byte = 0;
+	size_t hl = 8;
+	int bi = f->last_in, keep = 1;
+	struct mf_block *b;
+
+	if (flags & ~(RAM_ZERO | RAM_PAGE | RAM_CONTINUE) || !(flags & RAM_ZERO) == !(flags & RAM_PAGE))
+		return bad(f, "unsupported RAM page flags");
+	if (!(flags & RAM_CONTINUE)) {
+		char name[256];
+
+		if (str8(f, name, 0) < 0)
+			return -1;
+		for (bi = 0; bi < f->nblocks && strcmp(f->blocks[bi].name, name); bi++)
+			;
+		if (bi == f->nblocks)
+			return bad(f, "page of an unknown RAM block");
+	} else if (bi < 0) {
+		return bad(f, "continued page without a block");
+	}
+	b = &f->blocks[bi];
+	f->last_in = bi;
+	if (addr >= b->len)
+		return bad(f, "page outside its RAM block");
+	if (flags & RAM_ZERO) {
+		if (get(f, &fill_byte, 1) < 0)
+			return -1;
+		if (b->is_base && fill_byte == 0)
+			keep = memcmp(f->base->data + addr, zero_page, MF_PAGE) != 0;
+	} else {
+		if (get(f, f->page, MF_PAGE) < 0)
+			return -1;
+		if (b->is_base)
+			keep = memcmp(f->base->data + addr, f->page, MF_PAGE) != 0;
+	}
+	f->st->pages++;
+	if (!keep)
+		return 0;
+	f->st->pages_kept++;
+	flags &= ~RAM_CONTINUE;
+	if (f->last_out == bi) {
+		flags |= RAM_CONTINUE;
+	} else {
+		size_t n = strlen(b->name);
+
+		hdr[hl++] = (uint8_t)n;
+		memcpy(hdr + hl, b->name, n);
+		hl += n;
+	}
+	put_be64(hdr, addr | flags);
+	f->last_out = bi;
+	if (put(f, hdr, hl) < 0)
+		return -1;
+	if (flags & RAM_ZERO)
+		return put(f, &fill_byte, 1);
+	return put(f, f->page, MF_PAGE);
+}
+
+/* The data of one ram section, up to and including its EOS. */
+static int ram_section(struct mf *f, int start)
+{
+	uint8_t w[8];
+
+	for (;;) {
+		uint64_t word;
+		unsigned flags;
+
+		if (get(f, w, 8) < 0)
+			return -1;
+		word = 0;
+		for (int i = 0; i < 8; i++)
+			word = word << 8 | w[i];
+		flags = (unsigned)(word & (MF_PAGE - 1));
+		if (flags == RAM_EOS && !(word >> 12))
+			return put(f, w, 8);
+		if (flags == RAM_MEM_SIZE) {
+			if (!start || f->nblocks)
+				return bad(f, "RAM block list out of place");
+			if (put(f, w, 8) < 0 || ram_blocks(f, word & ~(uint64_t)(MF_PAGE - 1)) < 0)
+				return -1;
+			continue;
+		}
+		if (start && !f->nblocks)
+			return bad(f, "RAM pages before the block list");
+		if (ram_page(f, word) < 0)
+			return -1;
+	}
+}
+
+static int footer(struct mf *f, uint32_t id)
+{
+	uint8_t t;
+	uint32_t fid;
+
+	if (peek(f, &t) < 0)
+		return f->eof == 2 ? -1 : bad(f, "truncated after a section");
+	if (t != SEC_FOOTER)
+		return 0;
+	if (u8(f, &t, 1) < 0 || be32(f, &fid, 1) < 0)
+		return -1;
+	return fid == id ? 0 : bad(f, "section footer does not match its section");
+}
+
+/* Everything from here on (device state, EOF, the VM description) as is. */
+static int copy_rest(struct mf *f)
+{
+	for (;;) {
+		size_t n;
+
+		if (fill(f) < 0)
+			return f->eof == 2 ? -1 : 0;
+		n = f->end - f->pos;
+		if (put(f, f->buf + f->pos, n) < 0)
+			return -1;
+		f->st->in_bytes += n;
+		f->pos = f->end;
+	}
+}
+
+int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
+		  struct migfilter_stats *st, struct kiln_err *err)
+{
+	struct mf *f;
+	uint32_t v;
+	uint8_t t;
+	int r = -1, configured = 0;
+
+	memset(st, 0, sizeof(*st));
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	*f = (struct mf){ .rd = rd, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .st = st, .err = err,
+			  .last_in = -1, .last_out = -1 };
+	if (be32(f, &v, 1) < 0)
+		goto out;
+	if (v != MF_MAGIC) {
+		bad(f, "not a QEMU migration stream");
+		goto out;
+	}
+	if (be32(f, &v, 1) < 0)
+		goto out;
+	if (v != MF_VERSION) {
+		bad(f, "unsupported stream version");
+		goto out;
+	}
+	for (;;) {
+		uint32_t id, inst, ver;
+		char name[256];
+
+		if (u8(f, &t, 1) < 0)
+			goto out;
+		switch (t) {
+		case SEC_CONFIG:
+			if (configured++ || f->ram_started) {
+				bad(f, "configuration out of place");
+				goto out;
+			}
+			if (config(f) < 0)
+				goto out;
+			break;
+		case SEC_START:
+		case SEC_FULL:
+			if (be32(f, &id, 1) < 0 || str8(f, name, 1) < 0 || be32(f, &inst, 1) < 0 || be32(f, &ver, 1) < 0)
+				goto out;
+			if (t == SEC_FULL) {
+				if (f->ram_started && !f->ram_ended) {
+					bad(f, "device state before the end of RAM");
+					goto out;
+				}
+				r = copy_rest(f);
+				goto out;
+			}
+			if (strcmp(name, "ram") || f->ram_started) {
+				bad(f, "unsupported iterable section");
+				goto out;
+			}
+			f->ram_started = 1;
+			f->ram_id = id;
+			if (ram_section(f, 1) < 0 || footer(f, id) < 0)
+				goto out;
+			break;
+		case SEC_PART:
+		case SEC_END:
+			if (be32(f, &id, 1) < 0)
+				goto out;
+			if (!f->ram_started || f->ram_ended || id != f->ram_id) {
+				bad(f, "section part out of place");
+				goto out;
+			}
+			if (ram_section(f, 0) < 0 || footer(f, id) < 0)
+				goto out;
+			f->ram_ended = t == SEC_END;
+			break;
+		case SEC_EOF:
+			if (f->ram_started && !f->ram_ended) {
+				bad(f, "end of stream before the end of RAM");
+				goto out;
+			}
+			r = copy_rest(f);
+			goto out;
+		default:
+			bad(f, "unknown section type");
+			goto out;
+		}
+	}
+out:
+	free(f);
+	return r;
+}

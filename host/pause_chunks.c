@@ -1,0 +1,338 @@
+/* pause_chunks: parallel compressed chunk upload and download (see
+ * pause_chunks.h). One mutex guards the queue and the results; the workers
+ * compress, hash and send outside it. */
+#include "pause_chunks.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#include <zstd.h>
+
+#define PCHUNK_WORKERS_MAX 16
+#define PCHUNK_ZLEVEL      1
+
+struct job {
+	int stream;
+	size_t index;
+	void *buf;
+	size_t len;
+	struct job *next;
+};
+
+struct pchunk_up {
+	const struct s3_config *c;
+	char prefix[400];
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct job *head, *tail;
+	int queued, workers, stopping, failed;
+	struct kiln_err err;
+	struct pchunk_list out[2];
+	size_t cap[2];
+	uint64_t bytes;
+	pthread_t th[PCHUNK_WORKERS_MAX];
+};
+
+static void sha_hex(const void *p, size_t n, char out[65])
+{
+	unsigned char d[32];
+	unsigned int dl;
+
+	EVP_Digest(p, n, d, &dl, EVP_sha256(), NULL);
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+static void *up_worker(void *arg)
+{
+	struct pchunk_up *u = arg;
+
+	pthread_mutex_lock(&u->lock);
+	for (;;) {
+		struct job *j;
+		struct kiln_err e = { .code = "" };
+		struct pchunk pc = { 0 };
+		size_t cap;
+		void *z;
+		int r = -1;
+
+		while (!u->head && !u->stopping)
+			pthread_cond_wait(&u->cond, &u->lock);
+		if (!u->head)
+			break;
+		j = u->head;
+		u->head = j->next;
+		if (!u->head)
+			u->tail = NULL;
+		pthread_mutex_unlock(&u->lock);
+
+		snprintf(pc.key, sizeof(pc.key), "%s%c%zu", u->prefix, j->stream ? 'd' : 's', j->index);
+		pc.size = j->len;
+		cap = ZSTD_compressBound(j->len);
+		z = malloc(cap);
+		if (!z) {
+			kiln_err_set(&e, KERR_HOST_ERROR, "out of memory");
+		} else {
+			size_t zn = ZSTD_compress(z, cap, j->buf, j->len, PCHUNK_ZLEVEL);
+
+			if (ZSTD_isError(zn)) {
+				kiln_err_set(&e, KERR_HOST_ERROR, "zstd: %s", ZSTD_getErrorName(zn));
+			} else {
+				pc.zsize = zn;
+				sha_hex(z, zn, pc.sha256);
+				r = s3_put_buffer(u->c, pc.key, z, zn, "application/zstd", &e);
+			}
+		}
+		free(z);
+		free(j->buf);
+
+		pthread_mutex_lock(&u->lock);
+		u->queued--;
+		if (r < 0) {
+			if (!u->failed)
+				u->err = e;
+			u->failed = 1;
+		} else {
+			u->out[j->stream].c[j->index] = pc;
+			u->bytes += pc.zsize;
+		}
+		free(j);
+		pthread_cond_broadcast(&u->cond);
+	}
+	pthread_mutex_unlock(&u->lock);
+	return NULL;
+}
+
+struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix, int workers)
+{
+	struct pchunk_up *u = calloc(1, sizeof(*u));
+
+	if (!u)
+		return NULL;
+	if (workers < 1)
+		workers = 1;
+	if (workers > PCHUNK_WORKERS_MAX)
+		workers = PCHUNK_WORKERS_MAX;
+	u->c = c;
+	snprintf(u->prefix, sizeof(u->prefix), "%s", prefix);
+	pthread_mutex_init(&u->lock, NULL);
+	pthread_cond_init(&u->cond, NULL);
+	for (; u->workers < workers; u->workers++)
+		if (pthread_create(&u->th[u->workers], NULL, up_worker, u) != 0)
+			break;
+	if (!u->workers) {
+		free(u);
+		return NULL;
+	}
+	return u;
+}
+
+int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	int r = -1;
+
+	pthread_mutex_lock(&u->lock);
+	while (!u->failed && u->queued >= 2 * u->workers)
+		pthread_cond_wait(&u->cond, &u->lock);
+	if (!j || u->failed || u->out[stream].n >= PCHUNK_MAX) {
+		if (!u->failed) {
+			kiln_err_set(&u->err, KERR_HOST_ERROR, j ? "too many chunks" : "out of memory");
+			u->failed = 1;
+		}
+		goto out;
+	}
+	if (u->out[stream].n == u->cap[stream]) {
+		size_t nc = u->cap[stream] ? 2 * u->cap[stream] : 64;
+		struct pchunk *p = realloc(u->out[stream].c, nc * sizeof(*p));
+
+		if (!p) {
+			kiln_err_set(&u->err, KERR_HOST_ERROR, "out of memory");
+			u->failed = 1;
+			goto out;
+		}
+		u->out[stream].c = p;
+		u->cap[stream] = nc;
+	}
+	*j = (struct job){ .stream = stream, .index = u->out[stream].n, .buf = buf, .len = len };
+	u->out[stream].c[j->index] = (struct pchunk){ .offset = u->out[stream].total };
+	u->out[stream].n++;
+	u->out[stream].total += len;
+	if (u->tail)
+		u->tail->next = j;
+	else
+		u->head = j;
+	u->tail = j;
+	u->queued++;
+	j = NULL;
+	buf = NULL;
+	r = 0;
+	pthread_cond_broadcast(&u->cond);
+out:
+	pthread_mutex_unlock(&u->lock);
+	free(j);
+	free(buf);
+	return r;
+}
+
+int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchunk_list *disk, uint64_t *bytes,
+		     struct kiln_err *err)
+{
+	int r;
+
+	pthread_mutex_lock(&u->lock);
+	u->stopping = 1;
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->lock);
+	for (int i = 0; i < u->workers; i++)
+		pthread_join(u->th[i], NULL);
+	r = u->failed ? -1 : 0;
+	if (r < 0) {
+		*err = u->err;
+		free(u->out[0].c);
+		free(u->out[1].c);
+	} else {
+		*state = u->out[0];
+		*disk = u->out[1];
+		for (int s = 0; s < 2; s++) {
+			struct pchunk_list *l = s ? disk : state;
+
+			for (size_t i = 0; i < l->n; i++)
+				l->c[i].offset = i ? l->c[i - 1].offset + l->c[i - 1].size : 0;
+		}
+		*bytes += u->bytes;
+	}
+	pthread_mutex_destroy(&u->lock);
+	pthread_cond_destroy(&u->cond);
+	free(u);
+	return r;
+}
+
+/* ---- download ------------------------------------------------------------ */
+
+struct getter {
+	const struct s3_config *c;
+	const struct pchunk_list *l;
+	int out_fd;
+	pthread_mutex_t lock;
+	size_t next;
+	int failed;
+	struct kiln_err err;
+};
+
+static int get_one(struct getter *g, const struct pchunk *p, struct kiln_err *e)
+{
+	char sha[65];
+	struct stat st;
+	void *z = NULL, *raw = NULL;
+	int fd = memfd_create("kiln-chunk", MFD_CLOEXEC), r = -1;
+	size_t n;
+
+	if (fd < 0)
+		return kiln_err_set(e, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+	if (s3_get_fd(g->c, p->key, fd, e) < 0) {
+		if (e->errc == KERR_S3_NOT_FOUND)
+			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s is missing from the paused session in S3", p->key);
+		goto out;
+	}
+	if (fstat(fd, &st) < 0) {
+		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: %s", p->key, strerror(errno));
+		goto out;
+	}
+	if ((uint64_t)st.st_size != p->zsize) {
+		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: size differs from the manifest (S3 copy damaged)", p->key);
+		goto out;
+	}
+	z = malloc(p->zsize);
+	raw = malloc(p->size);
+	if (!z || !raw) {
+		kiln_err_set(e, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	if (pread(fd, z, p->zsize, 0) != (ssize_t)p->zsize) {
+		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: short read", p->key);
+		goto out;
+	}
+	/* The hash first: nothing from S3 reaches the decompressor unchecked. */
+	sha_hex(z, p->zsize, sha);
+	if (strcmp(sha, p->sha256)) {
+		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: sha256 differs from the manifest (S3 copy damaged)", p->key);
+		goto out;
+	}
+	if (ZSTD_getFrameContentSize(z, p->zsize) != p->size ||
+	    ZSTD_isError(n = ZSTD_decompress(raw, p->size, z, p->zsize)) || n != p->size) {
+		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s does not decompress to its size", p->key);
+		goto out;
+	}
+	if (pwrite(g->out_fd, raw, p->size, (off_t)p->offset) != (ssize_t)p->size) {
+		kiln_err_set(e, KERR_HOST_ERROR, "writing chunk %s: %s", p->key, strerror(errno));
+		goto out;
+	}
+	r = 0;
+out:
+	close(fd);
+	free(z);
+	free(raw);
+	return r;
+}
+
+static void *get_worker(void *arg)
+{
+	struct getter *g = arg;
+
+	for (;;) {
+		struct kiln_err e = { .code = "" };
+		size_t i;
+
+		pthread_mutex_lock(&g->lock);
+		if (g->failed || g->next >= g->l->n) {
+			pthread_mutex_unlock(&g->lock);
+			return NULL;
+		}
+		i = g->next++;
+		pthread_mutex_unlock(&g->lock);
+		if (get_one(g, &g->l->c[i], &e) < 0) {
+			pthread_mutex_lock(&g->lock);
+			if (!g->failed)
+				g->err = e;
+			g->failed = 1;
+			pthread_mutex_unlock(&g->lock);
+		}
+	}
+}
+
+int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
+		   struct kiln_err *err)
+{
+	struct getter g = { .c = c, .l = l, .out_fd = out_fd };
+	pthread_t th[PCHUNK_WORKERS_MAX];
+	int n = 0;
+
+	if (workers > PCHUNK_WORKERS_MAX)
+		workers = PCHUNK_WORKERS_MAX;
+	pthread_mutex_init(&g.lock, NULL);
+	if (ftruncate(out_fd, (off_t)l->total) < 0) {
+		pthread_mutex_destroy(&g.lock);
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot size the stream: %s", strerror(errno));
+	}
+	for (; n < workers - 1; n++)
+		if (pthread_create(&th[n], NULL, get_worker, &g) != 0)
+			break;
+	get_worker(&g);
+	for (int i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&g.lock);
+	if (g.failed) {
+		*err = g.err;
+		return -1;
+	}
+	return 0;
+}

@@ -1,0 +1,38 @@
+/* pause_chunks: a paused session's streams as zstd-compressed chunk objects
+ * in S3, each with its SHA-256, uploaded and downloaded by a few threads in
+ * parallel (see pause_manifest.h for the list that names them). */
+#ifndef KILN_PAUSE_CHUNKS_H
+#define KILN_PAUSE_CHUNKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "pause_manifest.h"
+#include "s3.h"
+
+struct pchunk_up;
+
+/* Start an uploader of chunks named "<prefix><stream letter><index>" with
+ * `workers` threads. c must outlive it. NULL if out of resources. */
+struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix, int workers);
+
+/* Queue buf (len <= PCHUNK_RAW_MAX bytes, malloc'd; the uploader frees it)
+ * as the next chunk of stream 0 (state) or 1 (disk). Blocks while too many
+ * chunks wait (bounded memory). 0, or -1 once an upload failed. */
+int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len);
+
+/* Wait for every queued chunk, stop the threads, fill the two lists (owned
+ * by the caller: free(list.c)), add the compressed bytes sent to *bytes.
+ * 0, or -1 with err set to the first failure. Frees u either way. */
+int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchunk_list *disk, uint64_t *bytes,
+		     struct kiln_err *err);
+
+/* Download every chunk of l with `workers` threads into out_fd at its
+ * offset, each checked against its size and SHA-256 before it is
+ * decompressed (a mismatch: snapshot_corrupt naming the chunk); a chunk is
+ * held in memory meanwhile. 0, or -1 with err set. */
+int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
+		   struct kiln_err *err);
+
+#endif

@@ -1,0 +1,108 @@
+/* pause_manifest: parse and check a paused session's manifest (see
+ * pause_manifest.h). Everything in it came from S3: bounded here. */
+#include "pause_manifest.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int hex64(const char *s)
+{
+	if (!s || strlen(s) != 64)
+		return 0;
+	for (int i = 0; i < 64; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return 1;
+}
+
+static int chunks_parse(json_t *o, const char *prefix, struct pchunk_list *l, struct kiln_err *err)
+{
+	json_t *arr = json_object_get(o, "chunks"), *c;
+	size_t i, plen = strlen(prefix);
+
+	if (!json_is_array(arr) || json_array_size(arr) > PCHUNK_MAX)
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has no valid chunk list");
+	l->n = json_array_size(arr);
+	l->c = calloc(l->n ? l->n : 1, sizeof(*l->c));
+	if (!l->c)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	json_array_foreach(arr, i, c) {
+		struct pchunk *p = &l->c[i];
+		const char *key = json_string_value(json_object_get(c, "key"));
+		const char *sha = json_string_value(json_object_get(c, "sha256"));
+		json_t *size = json_object_get(c, "size"), *zsize = json_object_get(c, "zsize");
+
+		if (!key || strncmp(key, prefix, plen) || strlen(key) >= sizeof(p->key) || strlen(key) == plen ||
+		    strstr(key + plen, "..") || !hex64(sha) || !json_is_integer(size) || !json_is_integer(zsize) ||
+		    json_integer_value(size) <= 0 || json_integer_value(size) > PCHUNK_RAW_MAX ||
+		    json_integer_value(zsize) <= 0 || json_integer_value(zsize) > PCHUNK_RAW_MAX + (1 << 20))
+			return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest: chunk %zu is invalid", i);
+		snprintf(p->key, sizeof(p->key), "%s", key);
+		memcpy(p->sha256, sha, 65);
+		p->size = (uint64_t)json_integer_value(size);
+		p->zsize = (uint64_t)json_integer_value(zsize);
+		p->offset = l->total;
+		l->total += p->size;
+	}
+	return 0;
+}
+
+int pmanifest_parse(const char *text, size_t len, const char *customer, const char *id, struct pmanifest *out,
+		    struct kiln_err *err)
+{
+	json_error_t je;
+	json_t *m, *base;
+	char prefix[512];
+	json_int_t v;
+
+	memset(out, 0, sizeof(*out));
+	m = out->root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+	if (!json_is_object(m) || strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
+	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec")))
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable or not this session's");
+	v = json_integer_value(json_object_get(m, "version"));
+	if (v == PMANIFEST_V1) {
+		out->version = PMANIFEST_V1;
+		return 0;
+	}
+	if (v != PMANIFEST_V2)
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT,
+				    "the paused session's manifest has version %lld; this host reads versions 1 and 2", (long long)v);
+	out->version = PMANIFEST_V2;
+	base = json_object_get(m, "base");
+	if (!hex64(json_string_value(json_object_get(base, "sha256"))) ||
+	    !json_is_integer(json_object_get(base, "size")) || json_integer_value(json_object_get(base, "size")) <= 0)
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest does not name its base");
+	memcpy(out->base_sha256, json_string_value(json_object_get(base, "sha256")), 65);
+	out->base_size = (uint64_t)json_integer_value(json_object_get(base, "size"));
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
+	if (chunks_parse(json_object_get(m, "state"), prefix, &out->state, err) < 0 ||
+	    chunks_parse(json_object_get(m, "disk"), prefix, &out->disk, err) < 0)
+		return -1;
+	if (!out->state.n || !out->disk.n)
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has an empty chunk list");
+	return 0;
+}
+
+void pmanifest_free(struct pmanifest *m)
+{
+	json_decref(m->root);
+	free(m->state.c);
+	free(m->disk.c);
+	memset(m, 0, sizeof(*m));
+}
+
+json_t *pchunk_list_json(const struct pchunk_list *l)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < l->n; i++)
+		if (json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:s}", "key", l->c[i].key, "size",
+						       (json_int_t)l->c[i].size, "zsize", (json_int_t)l->c[i].zsize,
+						       "sha256", l->c[i].sha256)) < 0) {
+			json_decref(a);
+			return NULL;
+		}
+	return json_pack("{s:o, s:I}", "chunks", a, "size", (json_int_t)l->total);
+}

@@ -1,0 +1,55 @@
+/* pause_manifest: the manifest of a paused session (version 2: the
+ * migration stream filtered against a base snapshot's RAM, and the disk
+ * layer, each as zstd-compressed chunks with a SHA-256 per chunk). The
+ * manifest comes back from S3: pmanifest_parse bounds and checks every
+ * field before resume uses any of it. */
+#ifndef KILN_PAUSE_MANIFEST_H
+#define KILN_PAUSE_MANIFEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+
+#define PMANIFEST_V1         1        /* whole state + disk.qcow2 objects (still resumed) */
+#define PMANIFEST_V2         2
+#define PCHUNK_RAW_MAX       (8u << 20) /* a chunk's uncompressed size */
+#define PCHUNK_MAX           4096       /* chunks per stream (32 GiB) */
+
+struct pchunk {
+	char key[512];      /* full object key */
+	uint64_t size;      /* uncompressed bytes */
+	uint64_t zsize;     /* bytes in S3 (zstd frame) */
+	uint64_t offset;    /* where its bytes go in the stream (sum of the sizes before) */
+	char sha256[65];    /* of the object's bytes, lower-case hex */
+};
+
+struct pchunk_list {
+	struct pchunk *c;
+	size_t n;
+	uint64_t total;     /* sum of sizes */
+};
+
+struct pmanifest {
+	int version;
+	json_t *root;       /* owned: the whole document (spec, template, ...) */
+	char base_sha256[65];
+	uint64_t base_size;
+	struct pchunk_list state, disk;
+};
+
+/* Parse and check a manifest for the session customer/id: version 1 (only
+ * its identity is checked here; the caller knows the v1 layout) or 2 (base
+ * hash, chunk lists: keys under "<customer>/sessions/<id>/", sizes within
+ * bounds, hex hashes). 0, or -1 with err set (snapshot_corrupt). Free with
+ * pmanifest_free (also after a failure). Pure; any thread. */
+int pmanifest_parse(const char *text, size_t len, const char *customer, const char *id, struct pmanifest *out,
+		    struct kiln_err *err);
+void pmanifest_free(struct pmanifest *m);
+
+/* The JSON array of a chunk list (for writing a manifest); NULL if out of memory. */
+json_t *pchunk_list_json(const struct pchunk_list *l);
+
+#endif

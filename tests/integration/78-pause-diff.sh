@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Session pause as a diff (manifest v2): a session with a ~200 MiB working
+# set held by a background process that also listens on a TCP socket, and
+# files on its disk, pauses on one kiln-host into a real S3 (Swift s3api) and
+# resumes on another with all of it intact; a flipped byte in any chunk
+# object (RAM or disk) fails the resume clearly and the session stays paused;
+# a pause cut by SIGKILL of kiln-host leaves a paused session that resumes
+# (the manifest, written last, names only whole chunks); DELETE removes the
+# chunks; nothing is left behind.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in swift-proxy-server memcached python3; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+
+S3_DIR=$T_TMP/s3
+TOKEN=pd-token-$RANDOM$RANDOM
+PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
+BUCKET=kiln-pausediff
+declare -A hostpid
+cleanup() {
+	for p in "${hostpid[@]}"; do kill "$p" 2> /dev/null; done
+	for p in "${hostpid[@]}"; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+before_cg=$(count_cgroups)
+
+start_host() { # NAME PORT
+	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
+	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
+	hostpid[$1]=$!
+	for _ in $(seq 1800); do
+		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
+		sleep 0.2
+	done
+	return 1
+}
+h() { # PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
+	local port=$1 m=$2 p=$3; shift 3
+	curl -s -m 600 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$port$p"
+}
+last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+ex() { h "$1" POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary "$2"; }
+s3py() { # OP MANIFEST-KEY [ARG]
+	S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY BUCKET=$BUCKET /usr/bin/python3 -c '
+import json, os, sys, boto3
+from botocore.config import Config
+s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT"], region_name="us-east-1",
+                  aws_access_key_id=os.environ["S3_ACCESS_KEY"], aws_secret_access_key=os.environ["S3_SECRET_KEY"],
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+b = os.environ["BUCKET"]
+op, key = sys.argv[1], sys.argv[2]
+def manifest():
+    return json.loads(s3.get_object(Bucket=b, Key=key)["Body"].read())
+def exists(k):
+    try:
+        s3.head_object(Bucket=b, Key=k); return True
+    except Exception:
+        return False
+if op == "exists":
+    print("yes" if exists(key) else "no")
+elif op == "flip":  # flip one bit in chunk N of a stream (state or disk); twice puts it back
+    stream, n = sys.argv[3].split(":")
+    chunks = manifest()[stream]["chunks"]
+    k = chunks[int(n) % len(chunks)]["key"]
+    d = bytearray(s3.get_object(Bucket=b, Key=k)["Body"].read())
+    d[len(d) // 3] ^= 0x10
+    s3.put_object(Bucket=b, Key=k, Body=bytes(d))
+    print(k)
+elif op == "whole":  # the manifest parses and names only chunks that exist
+    m = manifest()
+    ks = [c["key"] for s in ("state", "disk") for c in m[s]["chunks"]]
+    print("yes" if m["version"] == 2 and ks and all(exists(k) for k in ks) else "no")
+elif op == "keys":
+    m = manifest()
+    print(" ".join(c["key"] for s in ("state", "disk") for c in m[s]["chunks"]))
+elif op == "count":  # objects under a prefix
+    print(sum(1 for _ in s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=key) for _ in _.get("Contents", [])))
+' "$@"
+}
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
+M=acme/sessions/s1/manifest.json
+
+if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
+else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
+
+st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
+if [ "$st" = 201 ] && [ "$(last .state)" = running ]; then ok "a 512 MiB session runs on A"; else not_ok "a 512 MiB session runs on A ($st)" "$(cat "$T_TMP/last")"; exit 1; fi
+
+# A process holding ~200 MiB of written memory (a random MiB repeated, each
+# page made distinct) that serves its hashes on a TCP socket.
+WS=$'import hashlib, os, socket\nb = bytearray(os.urandom(1 << 20)) * 200\nfor i in range(0, len(b), 4096):\n    b[i] = (i >> 12) % 251\nh0 = hashlib.sha256(b).hexdigest()\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(("127.0.0.1", 7000))\ns.listen()\nopen("/work/ws.ready", "w").write(h0)\nwhile True:\n    c, _ = s.accept()\n    c.sendall(("%s %s %d" % (h0, hashlib.sha256(b).hexdigest(), os.getpid())).encode())\n    c.close()\n'
+printf '%s' "$WS" | h "$PA" PUT "/v1/sessions/s1/files?path=/work/ws.py" --data-binary @- > /dev/null
+ex "$PA" '{"argv":["sh","-c","python3 /work/ws.py > /dev/null 2>&1 & while [ ! -s /work/ws.ready ]; do sleep 0.2; done; cat /work/ws.ready"],"timeout_s":300}' > /dev/null
+h0=$(last .stdout)
+ASK='{"language":"python","code":"import socket\ns = socket.create_connection((\"127.0.0.1\", 7000))\nprint(s.recv(200).decode())","timeout_s":120}'
+ask() { ex "$1" "$ASK" > /dev/null; last .stdout; }
+a0=$(ask "$PA")
+pid0=${a0##* }
+check "the working set is held and served on a socket (${h0:0:12}, pid $pid0)" test "${#h0}" = 64 -a "$a0" = "$h0 $h0 $pid0"
+head -c 8000000 /dev/urandom > "$T_TMP/data.bin"
+h "$PA" PUT "/v1/sessions/s1/files?path=/work/data.bin" --data-binary @"$T_TMP/data.bin" > /dev/null
+ex "$PA" '{"argv":["sh","-c","sync; echo ok"]}' > /dev/null
+
+# --- pause on A: a diff ---
+st=$(h "$PA" POST /v1/sessions/s1/pause)
+pj=$(jq -c .snapshot "$T_TMP/last")
+check "pause: 200 paused as a diff ($pj)" test "$st" = 200 -a "$(last .state)" = paused \
+	-a "$(last .snapshot.pages_changed)" -lt "$(last .snapshot.pages_total)" -a "$(last .snapshot.pages_changed)" -gt 50000
+check "the manifest (v2) names only chunks that exist" test "$(s3py whole $M)" = yes
+
+# --- a flipped bit in any chunk: refused, the session stays paused ---
+for which in state:0 state:-1 disk:0; do
+	k=$(s3py flip $M "$which")
+	st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+	check "a flipped bit in $which ($k) fails the resume: 422 snapshot_corrupt ($(last .error.message))" \
+		test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt
+	check "...and B holds nothing, the session is still paused in S3" \
+		test "$(vcpus_used "$PB")" = 0 -a "$(h "$PB" GET /v1/sessions/s1)" = 404 -a "$(s3py whole $M)" = yes
+	s3py flip $M "$which" > /dev/null # back as it was
+done
+
+# --- resume on B: everything intact ---
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "resume on B: 200 running ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
+a1=$(ask "$PB")
+check "after resume: the same process answers on its socket with its 200 MiB intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
+h "$PB" GET "/v1/sessions/s1/files?path=/work/data.bin" > /dev/null
+check "after resume: the file on disk is intact (8 MB)" cmp -s "$T_TMP/last" "$T_TMP/data.bin"
+
+# --- a pause cut by SIGKILL of kiln-host ---
+old_keys=$(s3py keys $M)
+ex "$PB" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
+curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PB/v1/sessions/s1/pause" &
+cpid=$!
+sleep 0.4
+kill -9 "${hostpid[b]}"; wait "${hostpid[b]}" 2> /dev/null; wait "$cpid" 2> /dev/null
+check "after SIGKILL mid-pause the manifest in S3 is whole (the old one or the new one)" test "$(s3py whole $M)" = yes
+st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+check "...and the session resumes on A ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running
+a2=$(ask "$PA")
+check "...with its process and memory intact ($a2)" test "$a2" = "$h0 $h0 $pid0"
+if [ "$(s3py keys $M)" = "$old_keys" ]; then
+	ex "$PA" '{"argv":["sh","-c","cat /work/mark 2>/dev/null || echo none"]}' > /dev/null
+	check "...as of the previous pause (the cut one left no manifest): no mark file" test "$(last .stdout)" = none
+else
+	ex "$PA" '{"argv":["cat","/work/mark"]}' > /dev/null
+	check "...as of the cut pause (its manifest was in): the mark file is there" test "$(last .stdout)" = after
+fi
+start_host b "$PB" || not_ok "B restarts" "$(tail -3 "$T_TMP/b.err")"
+
+# --- a second pause deletes the first one's chunks; DELETE deletes all ---
+keys1=$(s3py keys $M)
+h "$PA" POST /v1/sessions/s1/pause > /dev/null
+first=${keys1%% *}
+check "a newer pause removed the older pause's chunks ($first)" test "$(s3py exists "$first")" = no -a "$(s3py whole $M)" = yes
+st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
+check "DELETE of the paused session removes its manifest and every chunk" \
+	test "$st" = 200 -a "$(s3py count acme/sessions/s1/)" = 0
+
+check "nothing left: no QEMU, VM directories, session files or cgroups" \
+	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
+	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
+	-a "$(count_cgroups)" = "$before_cg"
+t_done

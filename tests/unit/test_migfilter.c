@@ -1,0 +1,275 @@
+/* test_migfilter: unit tests for host/migfilter.c: which RAM page records a
+ * filtered QEMU migration stream keeps (only pages that differ from the
+ * base; zero pages only over non-zero base pages; other blocks whole), that
+ * a kept page after a dropped one carries its block name again, that device
+ * state passes through unchanged, and that malformed streams fail. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "migfilter.h"
+
+#define PG 4096
+
+struct bytes {
+	uint8_t *p;
+	size_t n, off;
+};
+
+static void add(struct bytes *b, const void *p, size_t n)
+{
+	b->p = realloc(b->p, b->n + n);
+	assert_non_null(b->p);
+	memcpy(b->p + b->n, p, n);
+	b->n += n;
+}
+
+static void u8(struct bytes *b, uint8_t v) { add(b, &v, 1); }
+
+static void be32(struct bytes *b, uint32_t v)
+{
+	uint8_t x[4] = { v >> 24, v >> 16, v >> 8, v };
+
+	add(b, x, 4);
+}
+
+static void be64(struct bytes *b, uint64_t v)
+{
+	be32(b, (uint32_t)(v >> 32));
+	be32(b, (uint32_t)v);
+}
+
+static void str8(struct bytes *b, const char *s)
+{
+	u8(b, (uint8_t)strlen(s));
+	add(b, s, strlen(s));
+}
+
+static uint8_t base[4 * PG];
+
+/* Page i of the base: non-zero for even i, zero for odd i. */
+static void base_init(void)
+{
+	for (int i = 0; i < 4; i++)
+		memset(base + i * PG, i % 2 ? 0 : 'a' + i, PG);
+}
+
+static void header(struct bytes *b)
+{
+	be32(b, 0x5145564d);
+	be32(b, 3);
+	u8(b, 0x07);
+	be32(b, 7);
+	add(b, "microvm", 7);
+	u8(b, 0x05);
+	str8(b, "configuration/capabilities");
+	be32(b, 1);
+	be32(b, 1);
+	str8(b, "x-ignore-shared");
+	/* ram START: blocks mem (4 pages) and rom (1 page) */
+	u8(b, 0x01);
+	be32(b, 2);
+	str8(b, "ram");
+	be32(b, 0);
+	be32(b, 4);
+	be64(b, (5 * PG) | 0x04);
+	str8(b, "mem");
+	be64(b, 4 * PG);
+	be64(b, 0);
+	str8(b, "rom");
+	be64(b, PG);
+	be64(b, 0xfffff000u);
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+}
+
+static void page(struct bytes *b, uint64_t addr, const char *blk, int cont, const uint8_t *data)
+{
+	be64(b, addr | 0x08 | (cont ? 0x20 : 0));
+	if (!cont)
+		str8(b, blk);
+	add(b, data, PG);
+}
+
+static void zero(struct bytes *b, uint64_t addr, const char *blk, int cont)
+{
+	be64(b, addr | 0x02 | (cont ? 0x20 : 0));
+	if (!cont)
+		str8(b, blk);
+	u8(b, 0);
+}
+
+static const uint8_t device_tail[] = { 0x04, 0, 0, 0, 3, 5, 't', 'i', 'm', 'e', 'r', 0, 0, 0, 0, 0, 0, 0, 2,
+				       1, 2, 3, 4, 0x7e, 0, 0, 0, 3, 0x00 };
+
+static void trailer(struct bytes *b)
+{
+	add(b, device_tail, sizeof(device_tail));
+}
+
+static ssize_t rd(void *ctx, void *buf, size_t len)
+{
+	struct bytes *b = ctx;
+	size_t n = b->n - b->off < len ? b->n - b->off : len;
+
+	if (n > 1000)
+		n = 1000; /* reads end anywhere */
+	memcpy(buf, b->p + b->off, n);
+	b->off += n;
+	return (ssize_t)n;
+}
+
+static int wr(void *ctx, const void *buf, size_t len)
+{
+	add(ctx, buf, len);
+	return 0;
+}
+
+static int run(struct bytes *in, struct bytes *out, const struct migfilter_base *mb, struct migfilter_stats *st)
+{
+	struct kiln_err err = { .code = "" };
+
+	in->off = 0;
+	return migfilter_run(rd, in, wr, out, mb, st, &err);
+}
+
+static void test_keeps_only_changes(void **state)
+{
+	struct migfilter_base mb = { .block = "mem", .data = base, .size = sizeof(base) };
+	struct bytes in = { 0 }, out = { 0 }, again = { 0 }, want = { 0 };
+	struct migfilter_stats st;
+	uint8_t changed[PG];
+
+	(void)state;
+	base_init();
+	memset(changed, 'z', PG);
+	header(&in);
+	u8(&in, 0x02); /* PART */
+	be32(&in, 2);
+	page(&in, 0, "mem", 0, base);             /* same as base: dropped */
+	zero(&in, PG, "mem", 1);                  /* zero over zero: dropped */
+	page(&in, 2 * PG, "mem", 1, changed);     /* differs: kept, now named */
+	zero(&in, 3 * PG, "mem", 1);              /* wait: base page 3 is zero too: dropped */
+	page(&in, 0, "rom", 0, base);             /* another block: kept */
+	be64(&in, 0x10);
+	u8(&in, 0x7e);
+	be32(&in, 2);
+	u8(&in, 0x03); /* END */
+	be32(&in, 2);
+	zero(&in, 0, "mem", 0);                   /* zero over non-zero: kept */
+	be64(&in, 0x10);
+	u8(&in, 0x7e);
+	be32(&in, 2);
+	trailer(&in);
+
+	assert_int_equal(run(&in, &out, &mb, &st), 0);
+	assert_int_equal(st.pages, 6);
+	assert_int_equal(st.pages_kept, 3);
+
+	header(&want);
+	u8(&want, 0x02);
+	be32(&want, 2);
+	page(&want, 2 * PG, "mem", 0, changed);
+	page(&want, 0, "rom", 0, base);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	u8(&want, 0x03);
+	be32(&want, 2);
+	zero(&want, 0, "mem", 0);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	trailer(&want);
+	assert_int_equal(out.n, want.n);
+	assert_memory_equal(out.p, want.p, want.n);
+
+	/* Without a base everything passes through unchanged. */
+	assert_int_equal(run(&in, &again, NULL, &st), 0);
+	assert_int_equal(again.n, in.n);
+	assert_memory_equal(again.p, in.p, in.n);
+	assert_int_equal(st.pages_kept, st.pages);
+	free(in.p);
+	free(out.p);
+	free(again.p);
+	free(want.p);
+}
+
+static void test_base_of_other_size_keeps_all(void **state)
+{
+	struct migfilter_base mb = { .block = "mem", .data = base, .size = 2 * PG };
+	struct bytes in = { 0 }, out = { 0 };
+	struct migfilter_stats st;
+
+	(void)state;
+	base_init();
+	header(&in);
+	u8(&in, 0x03);
+	be32(&in, 2);
+	page(&in, 0, "mem", 0, base);
+	be64(&in, 0x10);
+	trailer(&in);
+	assert_int_equal(run(&in, &out, &mb, &st), 0);
+	assert_int_equal(st.pages_kept, 1);
+	assert_int_equal(out.n, in.n);
+	free(in.p);
+	free(out.p);
+}
+
+static void test_malformed(void **state)
+{
+	struct migfilter_base mb = { .block = "mem", .data = base, .size = sizeof(base) };
+	struct migfilter_stats st;
+	struct bytes in = { 0 }, out = { 0 };
+
+	(void)state;
+	base_init();
+	header(&in);
+	u8(&in, 0x03);
+	be32(&in, 2);
+	be64(&in, 4 * PG | 0x08); /* past the end of mem */
+	str8(&in, "mem");
+	add(&in, base, PG);
+	be64(&in, 0x10);
+	trailer(&in);
+	assert_int_equal(run(&in, &out, &mb, &st), -1);
+	free(in.p);
+	in = (struct bytes){ 0 };
+	header(&in);
+	u8(&in, 0x03);
+	be32(&in, 2);
+	be64(&in, 0x40 | 0x08); /* xbzrle: not understood */
+	str8(&in, "mem");
+	assert_int_equal(run(&in, &out, &mb, &st), -1);
+	free(in.p);
+	in = (struct bytes){ 0 };
+	header(&in);
+	in.n -= 20; /* truncated in the block list */
+	assert_int_equal(run(&in, &out, &mb, &st), -1);
+	free(in.p);
+	in = (struct bytes){ 0 };
+	header(&in);
+	u8(&in, 0x03);
+	be32(&in, 2);
+	zero(&in, 0, "nope", 0); /* unknown block */
+	assert_int_equal(run(&in, &out, &mb, &st), -1);
+	free(in.p);
+	free(out.p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_keeps_only_changes),
+		cmocka_unit_test(test_base_of_other_size_keeps_all),
+		cmocka_unit_test(test_malformed),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
