@@ -20,6 +20,7 @@ struct host_config {
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */
 	double cpu_overcommit;       /* 0: unset */
+	double memory_overcommit;    /* 0: unset */
 	uint64_t memory_mib;         /* 0: unset */
 	int pool_size, pool_max, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
 	int cold;                    /* -1: unset */

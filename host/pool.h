@@ -21,8 +21,10 @@ struct kiln_clock;
  * capacity. */
 struct capacity {
 	pthread_mutex_t lock;
-	uint64_t total_mib;
-	uint64_t used_mib; /* running VMs + pool VMs */
+	uint64_t total_mib;  /* nominal guest memory admitted: budget_mib x memory overcommit */
+	uint64_t used_mib;   /* running VMs + pool VMs */
+	uint64_t budget_mib; /* real memory all VMs may use together (0: not set, as in tests) */
+	const char *memcg;   /* the memory cgroup holding every VM's (limit budget_mib), NULL: none */
 };
 
 /* Reserve mib of guest memory if it fits (returns 1) or not at all (0). */

@@ -67,6 +67,10 @@
  * QEMU, so the margin is generous. */
 #define VM_JAIL_PIDS(vcpus) (128 + (vcpus))
 #define VM_JAIL_NOFILE 256
+/* QEMU's /proc/PID/oom_score_adj: should the host itself run short of memory
+ * (the VMs' common cgroup budget normally OOM-kills inside itself first), a
+ * sandbox is the kernel's victim, not kiln-host, kiln-api or S3. */
+#define VM_OOM_SCORE_ADJ 800
 /* The largest file QEMU writes: the disk overlay (at most the disk's size
  * plus qcow2 metadata) or a template's RAM file. */
 #define VM_JAIL_FSIZE_SLACK (256ull << 20)
@@ -420,6 +424,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	spec.memory_bytes = ((uint64_t)cfg->memory_mib + VM_JAIL_MEM_OVERHEAD_MIB(cfg->memory_mib)) << 20;
 	spec.cpus = cfg->vcpus;
 	spec.pids = VM_JAIL_PIDS(cfg->vcpus);
+	spec.oom_score_adj = VM_OOM_SCORE_ADJ;
 	spec.nofile = VM_JAIL_NOFILE;
 	if (back > fsize)
 		fsize = back;
@@ -619,6 +624,14 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 
 	if (vm->pid > 0 && waitpid(vm->pid, &status, WNOHANG) == vm->pid)
 		vm->pid = -1;
+	/* Killed by the kernel's OOM killer in its cgroup: the VMs' common
+	 * memory budget ran out (or QEMU outgrew its own limit). Not the
+	 * guest's own OOM, which kills a process inside and leaves the VM up. */
+	if (vm->jail.active && jail_oom_kills(&vm->jail) > 0)
+		return kiln_err_set(err, KERR_HOST_MEMORY,
+				    "the host ran out of memory for its sandboxes: the kernel stopped this "
+				    "sandbox's VM to protect the host and the other sandboxes (retry later, or "
+				    "use less memory)");
 	vm_log_tail(vm, tail, sizeof(tail));
 	return kiln_err_set(err, KERR_VM_ERROR, "QEMU exited %s (%s %d)%s%s", when,
 			    WIFSIGNALED(status) ? "signal" : "status",
