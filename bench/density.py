@@ -14,7 +14,7 @@ same figures at the last step once ksmd has scanned everything twice, and
 what ksmd cost. Everything started is destroyed at the end, on Ctrl-C and on
 failure; KSM's settings are put back.
 
-Environment: DENSITY_STEPS ("10 25 50 100"), DENSITY_EXECS (20),
+Environment: DENSITY_STEPS ("10 100 250 500 1000 2000": up to where memory runs out, see DENSITY_MIN_FREE_MIB), DENSITY_EXECS (20),
 DENSITY_IDLE_S (5), DENSITY_CONC (2), DENSITY_BUDGET_S (600: no new step
 starts after that), DENSITY_IDLE_STOP_MS (kiln-host's sessions.idle_stop_ms;
 unset: its default, 0: idle sessions keep running), DENSITY_FIRST_EXEC (1:
@@ -35,7 +35,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = [int(x) for x in os.environ.get("DENSITY_STEPS", "10 25 50 100").split()]
+STEPS = [int(x) for x in os.environ.get("DENSITY_STEPS", "10 100 250 500 1000 2000").split()]
 EXECS = int(os.environ.get("DENSITY_EXECS", "20"))
 IDLE_S = float(os.environ.get("DENSITY_IDLE_S", "5"))
 CONC = int(os.environ.get("DENSITY_CONC", "2"))
@@ -327,6 +327,7 @@ def main():
     print("  %-10s %5s %9s %9s %9s %9s %8s %8s %8s %8s" % (
         "", "", "/sandbox", "/sandbox", "/sandbox", "% 1 core", "% core", "s", "ms", "ms"))
     last = None
+    avail0 = mem_available_mib()
     for n in STEPS:
         have = len(sessions)
         if n <= have:
@@ -334,9 +335,17 @@ def main():
         if time.monotonic() - t0 > BUDGET_S:
             print("  (stopped before %d: the %d s budget is spent)" % (n, BUDGET_S))
             break
-        if mem_available_mib() - (n - have) * 60 < MIN_FREE_MIB:
-            print("  (stopped before %d: MemAvailable %d MiB)" % (n, mem_available_mib()))
-            break
+        # What a session has cost so far (60 MiB before the first step),
+        # with a fifth more for margin: a step that would not fit is cut to
+        # what does, and is the last.
+        per = max(30.0, 1.2 * (avail0 - mem_available_mib()) / have) if have else 60.0
+        fit = have + int((mem_available_mib() - MIN_FREE_MIB) / per)
+        if fit < n:
+            if fit <= have + max(1, have // 10):
+                print("  (stopped before %d: MemAvailable %d MiB, ~%.0f MiB a session)" % (n, mem_available_mib(), per))
+                break
+            print("  (step %d cut to %d: MemAvailable %d MiB, ~%.0f MiB a session)" % (n, fit, mem_available_mib(), per))
+            n = fit
         cs = create(have, n)
         time.sleep(2)  # the last ones settle (their first exec's aftermath)
         last = measure("ksm off", ())
