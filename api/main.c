@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsutil.h"
 #include "api_config.h"
 #include "s3.h"
 #include "scheduler.h"
@@ -99,6 +100,8 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* Should the host run short of memory, sandboxes go first. */
+	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 
 	st = store_open(cfg.db, &err);
 	if (!st) {

@@ -620,13 +620,17 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 	free(text);
 	store_session_touch(ss->st, cur->id);
 	if (hr.status == 200) {
-		/* A command that broke the VM ended the session on the host. */
+		/* A command that broke the VM, or a VM the host's memory budget
+		 * had killed (host_memory), ended the session on the host. */
 		json_t *res = json_loadb(hr.body ? hr.body : "", hr.len, 0, NULL);
+		const char *why = json_string_value(json_object_get(res, "end_reason")) ?: "";
 
+		if (strcmp(why, "host_memory"))
+			why = "vm_error";
 		if (!strcmp(json_string_value(json_object_get(res, "state")) ?: "", "error") &&
-		    !strcmp(json_string_value(json_object_get(res, "end_reason")) ?: "", "vm_error") &&
-		    store_session_transition(ss->st, cur->id, SESSION_RUNNING, SESSION_ERROR, NULL, "vm_error", NULL) == 1)
-			fprintf(stderr, "kiln-api: session %s: its VM failed during an exec: error/vm_error\n", cur->id);
+		    !strcmp(json_string_value(json_object_get(res, "end_reason")) ?: "", why) &&
+		    store_session_transition(ss->st, cur->id, SESSION_RUNNING, SESSION_ERROR, NULL, why, NULL) == 1)
+			fprintf(stderr, "kiln-api: session %s: its VM failed during an exec: error/%s\n", cur->id, why);
 		json_decref(res);
 	}
 	sessions_op_leave(ss, cur->id);

@@ -14,9 +14,13 @@ same figures at the last step once ksmd has scanned everything twice, and
 what ksmd cost. Everything started is destroyed at the end, on Ctrl-C and on
 failure; KSM's settings are put back.
 
-Environment: DENSITY_STEPS ("10 25 50 100"), DENSITY_EXECS (20),
+Environment: DENSITY_STEPS ("10 100 250 500 1000 2000": up to where memory runs out, see DENSITY_MIN_FREE_MIB), DENSITY_EXECS (20),
 DENSITY_IDLE_S (5), DENSITY_CONC (2), DENSITY_BUDGET_S (600: no new step
-starts after that), DENSITY_KSM (1), DENSITY_MIN_FREE_MIB (3072: no step that
+starts after that), DENSITY_IDLE_STOP_MS (kiln-host's sessions.idle_stop_ms;
+unset: its default, 0: idle sessions keep running), DENSITY_FIRST_EXEC (1:
+each session runs `true` once right after its create, so that the exec
+latency measured is an idle session's, not a new clone's first command,
+which translates the exec path afresh: ~90 ms here), DENSITY_KSM (1), DENSITY_MIN_FREE_MIB (3072: no step that
 would leave less MemAvailable, counting ~60 MiB per new session)."""
 import http.client
 import json
@@ -31,12 +35,14 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = [int(x) for x in os.environ.get("DENSITY_STEPS", "10 25 50 100").split()]
+STEPS = [int(x) for x in os.environ.get("DENSITY_STEPS", "10 100 250 500 1000 2000").split()]
 EXECS = int(os.environ.get("DENSITY_EXECS", "20"))
 IDLE_S = float(os.environ.get("DENSITY_IDLE_S", "5"))
 CONC = int(os.environ.get("DENSITY_CONC", "2"))
 BUDGET_S = float(os.environ.get("DENSITY_BUDGET_S", "600"))
 KSM = os.environ.get("DENSITY_KSM", "1") == "1"
+IDLE_STOP_MS = os.environ.get("DENSITY_IDLE_STOP_MS")
+FIRST_EXEC = os.environ.get("DENSITY_FIRST_EXEC", "1") == "1"
 MIN_FREE_MIB = int(os.environ.get("DENSITY_MIN_FREE_MIB", "3072"))
 KSM_DIR = "/sys/kernel/mm/ksm"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -188,6 +194,10 @@ def create(n_from, n_to):
             sid = "d%d" % i
             try:
                 st, body = req("POST", "/v1/sessions", {"id": sid, "customer": "bench", "spec": {}})
+                if st == 201 and FIRST_EXEC:
+                    est, ebody = req("POST", "/v1/sessions/%s/exec" % sid, {"argv": ["true"]})
+                    if est != 200:
+                        st, body = est, ebody
             except OSError as e:
                 st, body = 0, str(e).encode()
             with lock:
@@ -284,6 +294,8 @@ def main():
            "spool_dir": os.path.join(work, "spool"), "run_dir": run_dir,
            "capacity": {"vcpus": 4096, "cpu_overcommit": 1, "memory_mib": 1 << 30},
            "pool": {"size": 0, "prestart": 0}}
+    if IDLE_STOP_MS is not None:
+        cfg["sessions"] = {"idle_stop_ms": int(IDLE_STOP_MS)}
     with open(os.path.join(work, "host.json"), "w") as f:
         json.dump(cfg, f)
     log = open(os.path.join(work, "host.log"), "w")
@@ -301,8 +313,10 @@ def main():
         time.sleep(0.2)
 
     print("density: idle sessions of template default (256 MiB, 1 vCPU) on one kiln-host; %d cores, %d MiB RAM, "
-          "TCG; %s s idle window, %d execs of `true` per step, %d creates at a time" % (
-              os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20, IDLE_S, EXECS, CONC))
+          "TCG; %s s idle window, %d execs of `true` per step, %d creates at a time; idle stop %s; %s" % (
+              os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20, IDLE_S, EXECS, CONC,
+              "kiln-host's default" if IDLE_STOP_MS is None else ("off" if IDLE_STOP_MS == "0" else IDLE_STOP_MS + " ms"),
+              "one exec per session at create" if FIRST_EXEC else "no exec at create"))
     ksm_ok = KSM and os.access(os.path.join(KSM_DIR, "run"), os.W_OK)
     if ksm_ok:
         for k in ("run", "pages_to_scan", "sleep_millisecs"):
@@ -313,6 +327,7 @@ def main():
     print("  %-10s %5s %9s %9s %9s %9s %8s %8s %8s %8s" % (
         "", "", "/sandbox", "/sandbox", "/sandbox", "% 1 core", "% core", "s", "ms", "ms"))
     last = None
+    avail0 = mem_available_mib()
     for n in STEPS:
         have = len(sessions)
         if n <= have:
@@ -320,9 +335,17 @@ def main():
         if time.monotonic() - t0 > BUDGET_S:
             print("  (stopped before %d: the %d s budget is spent)" % (n, BUDGET_S))
             break
-        if mem_available_mib() - (n - have) * 60 < MIN_FREE_MIB:
-            print("  (stopped before %d: MemAvailable %d MiB)" % (n, mem_available_mib()))
-            break
+        # What a session has cost so far (60 MiB before the first step),
+        # with a fifth more for margin: a step that would not fit is cut to
+        # what does, and is the last.
+        per = max(30.0, 1.2 * (avail0 - mem_available_mib()) / have) if have else 60.0
+        fit = have + int((mem_available_mib() - MIN_FREE_MIB) / per)
+        if fit < n:
+            if fit <= have + max(1, have // 10):
+                print("  (stopped before %d: MemAvailable %d MiB, ~%.0f MiB a session)" % (n, mem_available_mib(), per))
+                break
+            print("  (step %d cut to %d: MemAvailable %d MiB, ~%.0f MiB a session)" % (n, fit, mem_available_mib(), per))
+            n = fit
         cs = create(have, n)
         time.sleep(2)  # the last ones settle (their first exec's aftermath)
         last = measure("ksm off", ())

@@ -67,6 +67,27 @@ def one(api, code):
     return (time.monotonic() - t0) * 1000, t
 
 
+def split(t, ms, parts):
+    """The task's own timings (queued, start, run, upload, total: kiln-api's
+    clock), the VM's (vm.*: kiln-host's), and answer: what the client saw
+    beyond kiln-api's total (HTTP, the long-poll's wake-up)."""
+    for k, v in (t.get("timings") or {}).items():
+        if isinstance(v, (int, float)):
+            parts.setdefault(k, []).append(v)
+    for k, v in ((t.get("result") or {}).get("timings") or {}).items():
+        if isinstance(v, (int, float)):
+            parts.setdefault("vm." + k, []).append(v)
+    tot = (t.get("timings") or {}).get("total_ms")
+    if isinstance(tot, (int, float)):
+        parts.setdefault("answer_ms", []).append(ms - tot)
+
+
+def split_text(parts):
+    order = ["queued_ms", "start_ms", "run_ms", "upload_ms", "answer_ms", "total_ms"]
+    keys = [k for k in order if k in parts] + sorted(k for k in parts if k not in order)
+    return ", ".join("%s %.0f" % (k, pct(parts[k], 50)) for k in keys)
+
+
 def main():
     work = tempfile.mkdtemp(prefix="kiln-bench-stack.")
     up = subprocess.Popen([ROOT + "/build/kiln", "up", "--dir", work, "--port", str(30000 + os.getpid() % 10000)],
@@ -95,23 +116,18 @@ def main():
             single.append(ms)
             s = (t.get("result") or {}).get("timings", {}).get("start", "?")
             where[s] = where.get(s, 0) + 1
-            for k, v in (t.get("timings") or {}).items():
-                if isinstance(v, (int, float)):
-                    parts.setdefault(k, []).append(v)
-            for k, v in ((t.get("result") or {}).get("timings") or {}).items():
-                if isinstance(v, (int, float)):
-                    parts.setdefault("vm." + k, []).append(v)
+            split(t, ms, parts)
         print("  print(1), one client, POST -> succeeded with outputs in S3: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s)"
               % (pct(single, 50), pct(single, 95), pct(single, 99), where))
-        print("    where the time goes (the task's timings, medians): " +
-              ", ".join("%s %.0f" % (k, pct(v, 50)) for k, v in sorted(parts.items())))
-        b2b, where = [], {}
+        print("    where the time goes (medians, ms): " + split_text(parts))
+        b2b, where, bparts = [], {}, {}
         time.sleep(1.0)
         for _ in range(B2B):
             ms, t = one(api, code)
             b2b.append(ms)
             s = (t.get("result") or {}).get("timings", {}).get("start", "?")
             where[s] = where.get(s, 0) + 1
+            split(t, ms, bparts)
         pool = {}
         try:
             with open(work + "/host.json") as f:
@@ -125,6 +141,7 @@ def main():
         print("  print(1), one client back to back, %d tasks: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s; pool "
               "target %s, max %s, misses %s, refill %s ms)" % (len(b2b), pct(b2b, 50), pct(b2b, 95), pct(b2b, 99), where,
               pool.get("target", "?"), pool.get("max", "?"), pool.get("misses", "?"), pool.get("refill_ms", "?")))
+        print("    where the time goes (medians, ms): " + split_text(bparts))
         lat, lock, todo = [], threading.Lock(), list(range(TASKS))
 
         def client():

@@ -358,9 +358,14 @@ static int write_configs(struct up *u)
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->host_port);
 	snprintf(path, sizeof(path), "%s/spool", u->dir);
 	snprintf(p2, sizeof(p2), "%s/run", u->dir);
-	host = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:O}", "listen", listen, "host_id",
+	/* One machine of mostly idle sessions: an idle 256 MiB sandbox really
+	 * uses ~17-23 MiB, so 4x nominal admits 4x the sandboxes and leaves
+	 * room for about a fifth of them to touch all their memory at once; past
+	 * that, the budget's cgroup stops sandboxes, never the daemons
+	 * (README, "Configuration": choosing the memory overcommit). */
+	host = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:{s:f}, s:O}", "listen", listen, "host_id",
 			 UP_HOST_ID, "token", u->token, "api", u->api_url, "spool_dir", path, "run_dir", p2, "pool",
-			 "size", 1, "prestart", 1, "s3", s3);
+			 "size", 1, "prestart", 1, "capacity", "memory_overcommit", 4.0, "s3", s3);
 	snprintf(path, sizeof(path), "%s/api.json", u->dir);
 	snprintf(p3, sizeof(p3), "%s/host.json", u->dir);
 	/* The default deny ranges, the link range and the resolv.conf resolver

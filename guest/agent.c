@@ -4,6 +4,7 @@
  * for the virtio-serial port. */
 #include "agent.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -693,6 +694,80 @@ static int agent_warm(struct agent *a, const struct proto_frame *fr)
 	return agent_send_ok(a, PROTO_WARM);
 }
 
+/* One process of /proc/<pid>/stat: its state, parent and flags. The
+ * command name is in parentheses and may hold anything, ')' included: the
+ * fields that follow start after the last ')'. 0, or -1 when it is gone or
+ * does not parse. */
+static int proc_stat(const char *pid, char *state, long *ppid, unsigned long *flags)
+{
+	char path[64], buf[512], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	/* state ppid pgrp session tty_nr tpgid flags */
+	if (!p || sscanf(p + 1, " %c %ld %*d %*d %*d %*d %lu", state, ppid, flags) != 3)
+		return -1;
+	return 0;
+}
+
+#define PF_KTHREAD_FLAG 0x00200000ul
+
+/* PROCS_QUERY: may the host stop this VM's vCPUs? Only when nothing runs
+ * that someone expects to keep running: count every process but kernel
+ * threads, zombies (they run no code), PID 1, envd's supervisor and envd
+ * itself (its children, the supervisor's), and the pre-started
+ * interpreter. Everything else (a command's background child, a server
+ * started through envd, a daemon that re-parented itself to PID 1) is
+ * counted, whoever it runs as. The host asks only while no request of its
+ * own is in flight, so kiln-init's short-lived helpers do not exist. */
+static int agent_procs(struct agent *a, const struct proto_frame *fr)
+{
+	uint8_t buf[16];
+	uint32_t count = 0, first = 0;
+	struct dirent *de;
+	ssize_t n;
+	DIR *d;
+
+	if (fr->len)
+		return agent_send_error(a, -EPROTO, "malformed PROCS_QUERY request");
+	d = opendir("/proc");
+	if (!d)
+		return agent_send_error(a, -errno, "PROCS_QUERY: /proc: %s", strerror(errno));
+	while ((de = readdir(d))) {
+		char *end, state;
+		long pid = strtol(de->d_name, &end, 10), ppid;
+		unsigned long flags;
+
+		if (de->d_name[0] < '1' || de->d_name[0] > '9' || *end || pid <= 1)
+			continue;
+		if (proc_stat(de->d_name, &state, &ppid, &flags) < 0)
+			continue; /* gone meanwhile */
+		if ((flags & PF_KTHREAD_FLAG) || pid == 2 || ppid == 2 || state == 'Z' || state == 'X')
+			continue;
+		if (a->cfg.envd_sup > 0 && (pid == a->cfg.envd_sup || ppid == a->cfg.envd_sup))
+			continue;
+		if (a->zygote.pid > 0 && pid == a->zygote.pid)
+			continue;
+		if (!count++)
+			first = (uint32_t)pid;
+	}
+	closedir(d);
+	n = proto_procs_encode(buf, sizeof(buf), count, first);
+	if (n < 0)
+		return agent_send_error(a, (int)n, "PROCS_QUERY: encoding failed");
+	return agent_send(a, PROTO_PROCS, buf, (size_t)n);
+}
+
 static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 {
 	int r;
@@ -723,6 +798,8 @@ static int agent_dispatch(struct agent *a, const struct proto_frame *f)
 		return agent_prepare(a, f);
 	case PROTO_WARM:
 		return agent_warm(a, f);
+	case PROTO_PROCS_QUERY:
+		return agent_procs(a, f);
 	default:
 		return agent_send_error(a, -EINVAL, "unknown request type 0x%02x", f->type);
 	}

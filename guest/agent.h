@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "proto.h"
 
@@ -16,6 +17,7 @@ struct agent;
 struct agent_config {
 	const char *output_dir; /* COLLECT walks this ("/output") */
 	uint32_t file_uid, file_gid; /* owner of FILE files and the dirs made for them (1000) */
+	pid_t envd_sup;              /* envd's supervisor (envd_spawn); it and its children are ours */
 };
 
 /* Takes over `chan` (a connected stream: the virtio-serial port, or one end

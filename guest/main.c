@@ -10,7 +10,7 @@
 
 int main(void)
 {
-	const struct agent_config cfg = {
+	struct agent_config cfg = {
 		.output_dir = "/output",
 		.file_uid = 1000,
 		.file_gid = 1000,
@@ -30,6 +30,7 @@ int main(void)
 	r = envd_spawn();
 	if (r < 0)
 		init_log("envd: %s", strerror(-r));
+	cfg.envd_sup = r > 0 ? r : 0;
 	chan = init_open_port(INIT_PORT_NAME);
 	a = agent_create(chan, &cfg);
 	if (!a)

@@ -596,6 +596,16 @@ int envd_alive(struct envd *e)
 	return a;
 }
 
+int envd_refs(struct envd *e)
+{
+	int n;
+
+	pthread_mutex_lock(&e->lock);
+	n = e->refs;
+	pthread_mutex_unlock(&e->lock);
+	return n;
+}
+
 void envd_ref(struct envd *e)
 {
 	pthread_mutex_lock(&e->lock);

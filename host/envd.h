@@ -42,6 +42,9 @@ void envd_unref(struct envd *e);
 void envd_wait_idle(struct envd *e, int64_t deadline_ms);
 /* 1 until envd_kill. */
 int envd_alive(struct envd *e);
+/* References held now: the owner's plus one per request or stream in
+ * flight (a session is idle only with just its own). */
+int envd_refs(struct envd *e);
 
 /* An error a request ended with: a Connect code and a message. */
 struct envd_err {

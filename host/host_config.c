@@ -18,7 +18,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
-	json_t *templates = NULL;
+	json_t *templates = NULL, *sessions = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
@@ -44,10 +44,19 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "debug_console", CONF_BOOL, &c->debug_console }, { "templates", CONF_OBJ, &templates },
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
-			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 }, { 0 },
+			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
+			{ "sessions", CONF_OBJ, &sessions }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, 0, err) < 0)
 			goto fail;
+	}
+	if (sessions) {
+		const struct conf_field f[] = {
+			{ "idle_stop_ms", CONF_U32, &c->session_idle_stop_ms, 0, 3600000 }, { 0 },
+		};
+		if (conf_take(sessions, "sessions", f, path, 0, err) < 0)
+			goto fail;
+		c->session_idle_stop_set = json_object_get(sessions, "idle_stop_ms") != NULL;
 	}
 	if (disk) {
 		const struct conf_field f[] = {
@@ -119,7 +128,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		const struct conf_field f[] = {
 			{ "vcpus", CONF_U32, &c->vcpus, 1, 4096 },
 			{ "memory_mib", CONF_U64, &c->memory_mib, 128, 1 << 30 },
-			{ "cpu_overcommit", CONF_DOUBLE, &c->cpu_overcommit, 1, 64 }, { 0 },
+			{ "cpu_overcommit", CONF_DOUBLE, &c->cpu_overcommit, 1, 64 },
+			{ "memory_overcommit", CONF_DOUBLE, &c->memory_overcommit, 1, 32 }, { 0 },
 		};
 		if (conf_take(capacity, "capacity", f, path, 0, err) < 0)
 			goto fail;

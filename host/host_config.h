@@ -20,6 +20,7 @@ struct host_config {
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */
 	double cpu_overcommit;       /* 0: unset */
+	double memory_overcommit;    /* 0: unset */
 	uint64_t memory_mib;         /* 0: unset */
 	int pool_size, pool_max, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
 	int cold;                    /* -1: unset */
@@ -37,6 +38,8 @@ struct host_config {
 	unsigned snapshot_ttl_s;     /* 0: unset */
 	int snapshot_ttl_set;        /* "snapshot_ttl_s" given (0 there: never expire) */
 	const char *mirror;          /* Debian mirror for recipe builds */
+	unsigned session_idle_stop_ms; /* "sessions": {"idle_stop_ms"} (0 there: never stop) */
+	int session_idle_stop_set;
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

@@ -3,17 +3,41 @@
  * (Prometheus text). Read-only views under the hostd's locks. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "buf.h"
 #include "hostd_priv.h"
 #include "template.h"
+
+/* One counter of the VMs' common memory cgroup (bytes, or a count), 0 when
+ * there is none or it cannot be read. */
+static uint64_t memcg_value(const struct capacity *cap, const char *file, const char *key)
+{
+	char path[700], buf[512];
+	const char *p = buf;
+	size_t n;
+	FILE *f;
+
+	if (!cap->memcg)
+		return 0;
+	snprintf(path, sizeof(path), "%s/%s", cap->memcg, file);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	if (key && !(p = strstr(buf, key)))
+		return 0;
+	return strtoull(p + (key ? strlen(key) : 0), NULL, 10);
+}
 
 json_t *hostd_capacity_json(struct hostd *d)
 {
 	unsigned running = 0, uploading = 0, vcpus_used;
 	uint64_t total_mib, used_mib;
 	struct pool_stats ps = { 0 };
-	json_t *j;
+	json_t *j, *mem;
 
 	pthread_mutex_lock(&d->lock);
 	for (struct hostd_task *t = d->tasks; t; t = t->next) {
@@ -36,6 +60,12 @@ json_t *hostd_capacity_json(struct hostd *d)
 			 d->pool ? (int)pool_prestarted(d->pool) : 0, "memory_mib",
 			 d->pool ? (int)pool_memory_mib(d->pool) : 0, "vcpus", d->pool ? (int)pool_vcpus(d->pool) : 0,
 			 "egress", d->ro.net && d->ro.net->enabled);
+	/* The nominal total above is what placement counts against (budget x
+	 * overcommit); the budget and what the VMs really use sit beside it. */
+	if (j && (mem = json_object_get(j, "memory_mib")) && d->cap->budget_mib) {
+		json_object_set_new(mem, "budget", json_integer((json_int_t)d->cap->budget_mib));
+		json_object_set_new(mem, "usage", json_integer((json_int_t)(memcg_value(d->cap, "memory.usage_in_bytes", NULL) >> 20)));
+	}
 	if (j && d->pool) {
 		json_t *po = json_object_get(j, "pool");
 
@@ -112,7 +142,25 @@ char *hostd_metrics(struct hostd *d)
 	buf_adds(&b, "# HELP kiln_host_memory_used_mib Guest memory reserved (tasks and pool).\n"
 		 "# TYPE kiln_host_memory_used_mib gauge\n");
 	buf_printf(&b, "kiln_host_memory_used_mib %llu\n", (unsigned long long)d->cap->used_mib);
+	buf_adds(&b, "# HELP kiln_host_memory_admitted_mib Nominal guest memory this host admits (budget x overcommit).\n"
+		 "# TYPE kiln_host_memory_admitted_mib gauge\n");
+	buf_printf(&b, "kiln_host_memory_admitted_mib %llu\n", (unsigned long long)d->cap->total_mib);
 	pthread_mutex_unlock(&d->cap->lock);
+	if (d->cap->budget_mib) {
+		buf_adds(&b, "# HELP kiln_host_memory_budget_mib Real memory all VMs may use together (their cgroup's limit).\n"
+			 "# TYPE kiln_host_memory_budget_mib gauge\n");
+		buf_printf(&b, "kiln_host_memory_budget_mib %llu\n", (unsigned long long)d->cap->budget_mib);
+	}
+	if (d->cap->memcg) {
+		buf_adds(&b, "# HELP kiln_host_memory_usage_bytes Memory the VMs' cgroups really use (QEMU and guest RAM, cache).\n"
+			 "# TYPE kiln_host_memory_usage_bytes gauge\n");
+		buf_printf(&b, "kiln_host_memory_usage_bytes %llu\n",
+			   (unsigned long long)memcg_value(d->cap, "memory.usage_in_bytes", NULL));
+		buf_adds(&b, "# HELP kiln_host_memory_budget_hits_total Times the VMs together reached the budget (memory.failcnt).\n"
+			 "# TYPE kiln_host_memory_budget_hits_total counter\n");
+		buf_printf(&b, "kiln_host_memory_budget_hits_total %llu\n",
+			   (unsigned long long)memcg_value(d->cap, "memory.failcnt", NULL));
+	}
 	if (d->cfg.templates)
 		template_store_metrics(d->cfg.templates, &b);
 	if (d->ro.net && d->ro.net->enabled) {

@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "fsutil.h"
 #include "clock.h"
 #include "err.h"
 #include "run.h"
@@ -487,7 +488,9 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	}
 	pthread_mutex_init(&s.cap.lock, NULL);
 	s.ro.cap = &s.cap;
-	s.cap.total_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
+	s.cap.budget_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
+	s.cap.total_mib = (uint64_t)((double)s.cap.budget_mib * (o->memory_overcommit > 0 ? o->memory_overcommit : 1.0));
+	s.cap.memcg = ro->vm.jail ? ro->vm.jail->cg_memory : NULL;
 	/* Signals are taken synchronously below; every thread inherits the mask. */
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -495,6 +498,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* Should the host itself run short of memory, sandboxes go first. */
+	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 	if (o->s3 || o->api)
 		s3_global_init();
 
@@ -541,7 +546,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	if (!s.hostd)
 		goto fail;
 	s.sessions = sessions_open(s.hostd, o->host_id, o->spool_dir, &err);
-	if (!s.sessions)
+	if (!s.sessions || sessions_set_idle_stop(s.sessions, o->session_idle_stop_ms, &err) < 0)
 		goto fail;
 	{
 		char work[PATH_MAX];
@@ -571,9 +576,10 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			goto fail;
 	}
 	fprintf(stderr,
-		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB, spool %s, S3 %s, egress %s)\n",
+		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB (budget %llu MiB x %g), spool %s, S3 %s, egress %s)\n",
 		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
-		(unsigned long long)s.cap.total_mib, o->spool_dir, o->s3 ? o->s3->endpoint : "none",
+		(unsigned long long)s.cap.total_mib, (unsigned long long)s.cap.budget_mib,
+		o->memory_overcommit > 0 ? o->memory_overcommit : 1.0, o->spool_dir, o->s3 ? o->s3->endpoint : "none",
 		s.net.enabled ? "on" : "off");
 	for (;;) {
 		if (sigwait(&set, &sig) != 0)
@@ -639,6 +645,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->cpu_overcommit = hc->cpu_overcommit;
 	if (hc->memory_mib)
 		so->memory_capacity_mib = hc->memory_mib;
+	if (hc->memory_overcommit > 0)
+		so->memory_overcommit = hc->memory_overcommit;
 	if (hc->pool_size >= 0)
 		so->pool_size = (unsigned)hc->pool_size;
 	if (hc->pool_max >= 0)
@@ -658,6 +666,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 	so->disk_budget_mib = hc->disk_budget_mib;
 	if (hc->snapshot_ttl_set)
 		so->snapshot_ttl_s = hc->snapshot_ttl_s;
+	if (hc->session_idle_stop_set)
+		so->session_idle_stop_ms = hc->session_idle_stop_ms;
 	so->mirror = hc->mirror;
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
@@ -671,7 +681,7 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 static int cmd_serve(int argc, char **argv)
 {
 	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o',
-	       O_API = 'A', O_ADVERTISE = 'a', O_POOL_MAX = 'X' };
+	       O_API = 'A', O_ADVERTISE = 'a', O_POOL_MAX = 'X', O_MEM_OVERCOMMIT = 'O' };
 	static const struct option opts[] = {
 		{ "config", required_argument, 0, O_CONFIG }, { "token", required_argument, 0, O_TOKEN },
 		{ "api", required_argument, 0, O_API }, { "advertise", required_argument, 0, O_ADVERTISE },
@@ -680,6 +690,7 @@ static int cmd_serve(int argc, char **argv)
 		{ "listen", required_argument, 0, 'l' }, { "pool", required_argument, 0, 'p' },
 		{ "prestart", required_argument, 0, 'P' }, { "pool-max", required_argument, 0, O_POOL_MAX },
 		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
+		{ "memory-overcommit", required_argument, 0, O_MEM_OVERCOMMIT },
 		{ "cold", no_argument, 0, 'c' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
 	};
 	static struct common cm;
@@ -688,7 +699,7 @@ static int cmd_serve(int argc, char **argv)
 	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
 				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
-				 .pool_max = -1 };
+				 .pool_max = -1, .session_idle_stop_ms = 1500 };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	unsigned v;
@@ -773,6 +784,16 @@ static int cmd_serve(int argc, char **argv)
 				return print_error(&err, 2);
 			}
 			break;
+		case O_MEM_OVERCOMMIT: {
+			char *end;
+
+			so.memory_overcommit = strtod(optarg, &end);
+			if (*end || !(so.memory_overcommit >= 1 && so.memory_overcommit <= 32)) {
+				kiln_err_set(&err, KERR_USAGE, "--memory-overcommit: expected 1..32");
+				return print_error(&err, 2);
+			}
+			break;
+		}
 		case 'M':
 			if (parse_uint(optarg, 128, 1u << 30, &v) < 0) {
 				kiln_err_set(&err, KERR_USAGE, "--memory-capacity: expected MiB >= 128");
@@ -809,6 +830,13 @@ static int cmd_serve(int argc, char **argv)
 	if (common_finish(&cm, &err) < 0)
 		return print_error(&err, 3);
 	so.image_dir = cm.image_dir;
+	/* The memory budget is real memory: every VM's cgroup sits under one
+	 * parent limited to it, so a stampede of sandboxes touching their
+	 * memory is OOM-killed there, never kiln-host or its neighbours. */
+	if (!so.memory_capacity_mib)
+		so.memory_capacity_mib = mem_total_mib() * 8 / 10;
+	if (cm.vm.jail)
+		cm.jail.memory_budget_bytes = so.memory_capacity_mib << 20;
 	ro.vm = cm.vm;
 	ro.vm.console_file = hc.debug_console > 0;
 	if (hc.disk_set) {

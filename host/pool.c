@@ -39,8 +39,6 @@ struct pool {
 	int64_t takes[POOL_TAKES]; /* times of the last takes (p->clk), a ring */
 	unsigned ntakes;   /* takes so far (ring index) */
 	int64_t refill_ms; /* moving average of restore + warm-up, 0 before the first */
-	int behind;        /* a take found no ready VM: refill at full priority until the target is met */
-	int niced;         /* the refill thread's nice is REFILL_NICE (0 while behind) */
 	uint64_t misses;   /* takes that found no ready VM */
 	struct capacity *cap;
 	const struct vm_ops *ops;
@@ -143,12 +141,9 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 	return 0;
 }
 
-/* Behind a stream of takes (light), a refill skips the warm-up: a restored
- * VM is ready in a third of the time, and the task that takes it still
- * skips the restore; its first run translates the task path itself. */
-static int warm_and_pause(struct pool *p, struct vm *vm, int light, struct kiln_err *err)
+static int warm_and_pause(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
-	if (!light && p->ops->warm_up(p->ops->ctx, vm, err) < 0)
+	if (p->ops->warm_up(p->ops->ctx, vm, err) < 0)
 		return -1;
 	return p->ops->pause(p->ops->ctx, vm, err);
 }
@@ -250,34 +245,18 @@ static unsigned target_locked(struct pool *p)
 	return t < p->size ? p->size : t;
 }
 
-/* The refill thread's priority: low, unless it is behind a stream of takes
- * (only where this process may raise it again: p->renice). */
-static void refill_priority(struct pool *p, int behind)
-{
-	id_t self = (id_t)syscall(SYS_gettid);
-
-	if (!p->renice || behind == !p->niced)
-		return;
-	if (setpriority(PRIO_PROCESS, self, behind ? 0 : REFILL_NICE) == 0)
-		p->niced = !behind;
-}
-
 static void *refill(void *arg)
 {
 	struct pool *p = arg;
 
 	refill_lower_priority(p);
-	p->niced = p->renice;
 	pthread_mutex_lock(&p->mu);
 	while (!p->stop) {
 		struct kiln_err err = { .code = "" };
 		struct vm *vm;
 		unsigned target = target_locked(p);
 		int64_t t0;
-		int light;
 
-		if (p->nready >= target)
-			p->behind = 0;
 		if (p->nready > target) {
 			/* Demand fell: give one VM's memory back, then look again. */
 			vm = p->ready[--p->nready];
@@ -327,8 +306,6 @@ static void *refill(void *arg)
 		}
 		/* A pre-started QEMU makes this refill faster too. */
 		vm = p->nspawned ? p->spawned[--p->nspawned] : NULL;
-		light = p->behind;
-		refill_priority(p, light);
 		pthread_mutex_unlock(&p->mu);
 		if (!capacity_reserve(p->cap, p->snap.memory_mib)) {
 			if (vm) {
@@ -343,13 +320,13 @@ static void *refill(void *arg)
 		}
 		t0 = kclock_mono_ms(p->clk);
 		if (vm) {
-			if (p->ops->load(p->ops->ctx, &p->snap, vm, &err) < 0 || warm_and_pause(p, vm, light, &err) < 0) {
+			if (p->ops->load(p->ops->ctx, &p->snap, vm, &err) < 0 || warm_and_pause(p, vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
 				vm = discard(p, vm);
 			}
 		} else if ((vm = calloc(1, sizeof(*vm))) &&
 			   (p->ops->restore(p->ops->ctx, &p->snap, &p->base, vm, &err) < 0 ||
-			    warm_and_pause(p, vm, light, &err) < 0)) {
+			    warm_and_pause(p, vm, &err) < 0)) {
 			fprintf(stderr, "kiln-host: pool refill failed: %s\n", err.message);
 			vm = discard(p, vm);
 		}
@@ -363,8 +340,7 @@ static void *refill(void *arg)
 		{
 			int64_t ms = kclock_mono_ms(p->clk) - t0;
 
-			if (!light) /* the target is sized by full refills */
-				p->refill_ms = p->refill_ms ? (p->refill_ms * 7 + ms * 3) / 10 : ms;
+			p->refill_ms = p->refill_ms ? (p->refill_ms * 7 + ms * 3) / 10 : ms;
 		}
 		if (p->stop) {
 			discard(p, vm);
@@ -438,14 +414,12 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
 	int r;
 
-	/* Every take counts towards the rate, a miss too (it is demand the
-	 * pool did not meet, and puts the refill at full priority). */
+	/* Every take counts towards the rate, a miss too (demand the pool did
+	 * not meet). */
 	pthread_mutex_lock(&p->mu);
 	p->takes[p->ntakes++ % POOL_TAKES] = kclock_mono_ms(p->clk);
-	if (!p->nready) {
+	if (!p->nready)
 		p->misses++;
-		p->behind = 1;
-	}
 	pthread_mutex_unlock(&p->mu);
 	r = pop(p, p->ready, &p->nready, vm);
 

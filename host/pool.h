@@ -21,8 +21,10 @@ struct kiln_clock;
  * capacity. */
 struct capacity {
 	pthread_mutex_t lock;
-	uint64_t total_mib;
-	uint64_t used_mib; /* running VMs + pool VMs */
+	uint64_t total_mib;  /* nominal guest memory admitted: budget_mib x memory overcommit */
+	uint64_t used_mib;   /* running VMs + pool VMs */
+	uint64_t budget_mib; /* real memory all VMs may use together (0: not set, as in tests) */
+	const char *memcg;   /* the memory cgroup holding every VM's (limit budget_mib), NULL: none */
 };
 
 /* Reserve mib of guest memory if it fits (returns 1) or not at all (0). */
@@ -62,10 +64,11 @@ unsigned pool_ready(struct pool *p);
  * demand asks: the target is twice the takes expected while one refill
  * runs (recent takes per second, over 5 s and over 30 s, whichever is
  * higher, times the refill's moving average, at least 250 ms), so it shrinks
- * back 30 s after takes stop. A take that finds the pool empty runs the
- * refills at full priority until the target is met again (they otherwise
- * run at nice 19). Every VM still reserves its memory in the capacity: the
- * pool never grows past it. max <= size: a fixed pool (the default). */
+ * back 30 s after takes stop. Refills keep their low priority and their
+ * warm-up (measured: boosting them, or handing out VMs not warmed up to
+ * keep up, made back-to-back tasks slower, not faster; docs/performance.md).
+ * Every VM still reserves its memory in the capacity: the pool never grows
+ * past it. max <= size: a fixed pool (the default). */
 void pool_set_max(struct pool *p, unsigned max);
 
 struct pool_stats {

@@ -612,7 +612,9 @@ static json_t *build_result(struct run_ctx *c, int failed)
 
 	if (failed) {
 		state = "error";
-		reason = "vm_error";
+		/* The host's memory budget ran out and this sandbox's VM was the
+		 * kernel's victim: the customer is told so, not "vm_error". */
+		reason = !strcmp(c->err.code, "host_memory") ? "host_memory" : "vm_error";
 	} else if (c->timed_out) {
 		state = "timed_out";
 		reason = "timeout";

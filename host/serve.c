@@ -273,9 +273,19 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
 	char *m = hostd_metrics(s->hostd);
+	struct buf b = BUF_INIT;
 
 	if (!m)
 		return MHD_NO;
+	buf_adds(&b, m);
+	free(m);
+	if (s->sessions)
+		sessions_metrics(s->sessions, &b);
+	if (!b.len) {
+		buf_free(&b);
+		return MHD_NO;
+	}
+	m = buf_steal(&b, NULL);
 	return reply_bytes(r->conn, MHD_HTTP_OK, m, strlen(m), "text/plain; version=0.0.4");
 }
 

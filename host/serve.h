@@ -25,6 +25,7 @@ struct serve_opts {
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */
 	unsigned vcpus_capacity;      /* 0: the host's CPUs */
 	double cpu_overcommit;        /* vCPUs handed out per host CPU (default 4) */
+	double memory_overcommit;     /* nominal guest MiB admitted per MiB of memory budget (default 1) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	unsigned upload_workers, max_backoff_s, retention_s;
 	const char *api;              /* kiln-api base URL to register with (NULL: standalone) */
@@ -42,6 +43,7 @@ struct serve_opts {
 	uint64_t disk_budget_mib;     /* 0: no budget */
 	unsigned snapshot_ttl_s;      /* 0: snapshots never expire */
 	const char *mirror;           /* Debian mirror for recipe builds (NULL: the host's apt sources) */
+	unsigned session_idle_stop_ms; /* stop an idle session's vCPUs after (0: never) */
 };
 
 struct hostd;

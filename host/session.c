@@ -118,6 +118,7 @@ void session_free(struct session *s)
 	session_base_release(s);
 	json_decref(s->spec);
 	pthread_mutex_destroy(&s->op);
+	pthread_mutex_destroy(&s->wake);
 	free(s);
 }
 
@@ -125,6 +126,7 @@ void sessions_close(struct session_table *ss)
 {
 	if (!ss)
 		return;
+	session_idler_stop(ss);
 	pthread_mutex_lock(&ss->lock);
 	while (ss->list) {
 		struct session *s = ss->list;
@@ -153,6 +155,9 @@ json_t *session_json(const struct session_table *ss, const struct session *s)
 
 	if (j && s->has_tu)
 		json_object_set_new(j, "template", json_string(s->tu.name));
+	/* Its vCPUs are stopped while it is idle (session_idle.c). */
+	if (j && s->state == SS_RUNNING)
+		json_object_set_new(j, "idle_stopped", json_boolean(s->stopped));
 	return j;
 }
 
@@ -179,9 +184,9 @@ json_t *session_get(struct session_table *ss, const char *id)
 	return j;
 }
 
-/* Take the session for one operation: found, referenced, its op lock held.
- * NULL with err "not_found" or "busy". */
-struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err)
+/* session_take, and with wake, continue the VM if the idler stopped it
+ * (session_idle.c): every operation but destroying needs a running guest. */
+static struct session *take(struct session_table *ss, const char *id, int wake, struct kiln_err *err)
 {
 	struct session *s;
 
@@ -196,22 +201,38 @@ struct session *session_take(struct session_table *ss, const char *id, struct ki
 		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
+	/* The idle stop decision holds wake (and op) for a moment: wait for
+	 * it rather than answer "busy", then find the VM as it left it. */
+	pthread_mutex_lock(&s->wake);
 	if (pthread_mutex_trylock(&s->op) != 0) {
-		pthread_mutex_lock(&ss->lock);
-		s->refs--;
-		pthread_mutex_unlock(&ss->lock);
+		pthread_mutex_unlock(&s->wake);
+		session_unref(ss, s);
 		kiln_err_set(err, KERR_BUSY, "session %s is busy with another request", id);
 		return NULL;
 	}
 	if (s->state == SS_GONE) {
 		pthread_mutex_unlock(&s->op);
-		pthread_mutex_lock(&ss->lock);
-		s->refs--;
-		pthread_mutex_unlock(&ss->lock);
+		pthread_mutex_unlock(&s->wake);
+		session_unref(ss, s);
 		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
 	}
+	/* A VM that does not continue is broken: the operation finds out and
+	 * reports it as for any VM that stopped answering. */
+	if (wake && s->stopped) {
+		struct kiln_err e2 = { .errc = KERR_NONE };
+
+		session_wake_held(ss, s, &e2);
+	}
+	pthread_mutex_unlock(&s->wake);
 	return s;
+}
+
+/* Take the session for one operation: found, referenced, its op lock held,
+ * its VM running. NULL with err "not_found" or "busy". */
+struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err)
+{
+	return take(ss, id, 1, err);
 }
 
 /* End an operation; with gone, the session also leaves the list and is
@@ -350,6 +371,7 @@ struct session *session_new(struct session_table *ss, const char *id, const char
 	s->input_wr = -1;
 	s->base_fd = -1;
 	pthread_mutex_init(&s->op, NULL);
+	pthread_mutex_init(&s->wake, NULL);
 	return s;
 }
 
@@ -495,7 +517,8 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err)
 {
-	struct session *s = session_take(ss, id, err);
+	/* A stopped VM is destroyed as it is: no need to continue it. */
+	struct session *s = take(ss, id, 0, err);
 	struct hostd_s3 s3;
 	char cust[65] = "";
 	int found = s != NULL;

@@ -24,6 +24,13 @@ struct session_table;
  * (what an earlier process left there is removed: its VMs died with it).
  * Uses d for capacity, run options and S3. NULL with err set. */
 struct session_table *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err);
+/* Stop idle sessions' vCPUs after idle_stop_ms without a request (0: never;
+ * see session_idle.c). Once, before requests come. 0 or -1 with err. */
+int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, struct kiln_err *err);
+/* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
+ * appended to b. */
+struct buf;
+void sessions_metrics(struct session_table *ss, struct buf *b);
 /* Destroy every running session (on shutdown; paused ones are in S3). */
 void sessions_close(struct session_table *ss);
 

@@ -77,6 +77,34 @@ struct envd *session_envd(struct session_table *ss, const char *id, json_t **env
 	*env = NULL;
 	pthread_mutex_lock(&ss->lock);
 	s = find_locked(ss, id);
+	if (s && s->stopped) {
+		/* The idler stopped its VM: continue it before the request
+		 * reaches envd (session_idle.c). Under wake, as every waker;
+		 * with op too, for SETUP on the agent channel. Only a destroy
+		 * holds op on a stopped VM: then there is nothing to wake. */
+		int r = 0;
+
+		s->refs++;
+		pthread_mutex_unlock(&ss->lock);
+		pthread_mutex_lock(&s->wake);
+		if (s->stopped) {
+			if (pthread_mutex_trylock(&s->op) == 0) {
+				r = session_wake_held(ss, s, err);
+				pthread_mutex_unlock(&s->op);
+			} else {
+				r = kiln_err_set(err, KERR_UNAVAILABLE, "session %s is being destroyed", id);
+			}
+		}
+		pthread_mutex_unlock(&s->wake);
+		session_unref(ss, s);
+		if (r < 0) {
+			if (err->errc != KERR_UNAVAILABLE)
+				kiln_err_set(err, KERR_UNAVAILABLE, "session %s: its VM does not continue", id);
+			return NULL;
+		}
+		pthread_mutex_lock(&ss->lock);
+		s = find_locked(ss, id);
+	}
 	if (!s) {
 		pthread_mutex_unlock(&ss->lock);
 		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);

@@ -166,11 +166,14 @@ static int wrap_stdin(struct task_spec *ts, struct kiln_err *err)
 	return 0;
 }
 
-/* The VM stopped answering: the session is over. */
+/* The VM stopped answering, or the host's memory budget ran out and the
+ * kernel killed it (end_reason host_memory): the session is over. */
 static int vm_broken(json_t *result)
 {
+	const char *reason = json_string_value(json_object_get(result, "end_reason")) ?: "";
+
 	return !strcmp(json_string_value(json_object_get(result, "state")) ?: "", "error") &&
-	       !strcmp(json_string_value(json_object_get(result, "end_reason")) ?: "", "vm_error");
+	       (!strcmp(reason, "vm_error") || !strcmp(reason, "host_memory"));
 }
 
 /* The interactive command is over: no more input requests reach it. */
@@ -253,7 +256,8 @@ static json_t *exec_held(struct session_table *ss, struct session *s, json_t *re
 	input_close(ss, s, pipe_fd[0]);
 	broken = vm_broken(result);
 	if (broken) {
-		fprintf(stderr, "kiln-host: session %s: its VM failed; the session ends\n", s->id);
+		fprintf(stderr, "kiln-host: session %s: its VM failed (%s); the session ends\n", s->id,
+			json_string_value(json_object_get(result, "end_reason")));
 		session_teardown(ss, s);
 	}
 	*gone = broken;

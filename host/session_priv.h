@@ -5,7 +5,9 @@
  * session.h.
  *
  * Locking: ss->lock guards the list, every session's refs, exec_id and
- * input_wr; s->op is held for the whole of one operation (session_take). */
+ * input_wr; s->op is held for the whole of one operation (session_take).
+ * s->wake (session_idle.c) orders the idle stop against everything that
+ * wakes the VM: taken before s->op, never while holding it or ss->lock. */
 #ifndef KILN_SESSION_PRIV_H
 #define KILN_SESSION_PRIV_H
 
@@ -51,6 +53,12 @@ struct session {
 	 * first use while envd_ok (the VM runs and is not being saved). */
 	struct envd *envd;
 	int envd_ok;
+	/* Idle stop (session_idle.c): stopped (written under wake and
+	 * ss->lock: the vCPUs are stopped, the guest clock lags), when the
+	 * idler may look at it next (under ss->lock), and the wake lock. */
+	pthread_mutex_t wake;
+	int stopped;
+	int64_t idle_check_ms;
 	/* The last CPU sample for GET .../metrics (under ss->lock). */
 	uint64_t cpu_prev_ns;
 	int64_t cpu_prev_us;
@@ -83,6 +91,13 @@ struct session_table {
 	struct launch *queue;
 	int stopping;
 	int envd_stopped;        /* sessions_envd_stop: no envd channel opens any more */
+	/* Idle stop (session_idle.c): the delay (0: off), the thread, its
+	 * wake-up, and counters (under lock). */
+	unsigned idle_stop_ms;
+	int idler_on, idler_quit;
+	pthread_t idler;
+	pthread_cond_t idle_cond;
+	uint64_t stops_total, wakes_total, wake_failures;
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -122,6 +137,30 @@ int session_insert(struct session_table *ss, struct session *s, struct kiln_err 
  * device state, or a paused session's whole state with mem_ram). */
 int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err);
+
+/* Idle stop (session_idle.c) ------------------------------------------ */
+
+/* Drop a reference taken under ss->lock without an operation (the session
+ * is freed when it was the last one and the session is gone). */
+void session_unref(struct session_table *ss, struct session *s);
+/* The caller holds s->wake and s->op: if the idler stopped the VM, continue
+ * it and set the guest's clock (it fell behind while stopped) before the
+ * caller's request reaches it. 0, or -1 with err (the VM is broken). */
+int session_wake_held(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* Stop the idler thread (sessions_close, before the VMs go). */
+void session_idler_stop(struct session_table *ss);
+
+/* What the idler knows of a session when it decides whether to ask the
+ * guest (a pure function of it: unit-tested). */
+struct session_idle_view {
+	int running;        /* SS_RUNNING and booted (envd_ok) */
+	int stopped;        /* already stopped */
+	int interactive;    /* an interactive command is attached */
+	int envd_busy;      /* envd requests or streams are in flight */
+	int64_t last_active_ms, idle_check_ms;
+};
+/* 1 when the idler should ask the guest for its processes now. */
+int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned idle_stop_ms);
 
 /* The envd channel (session_envd.c) ---------------------------------- */
 

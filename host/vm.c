@@ -67,6 +67,10 @@
  * QEMU, so the margin is generous. */
 #define VM_JAIL_PIDS(vcpus) (128 + (vcpus))
 #define VM_JAIL_NOFILE 256
+/* QEMU's /proc/PID/oom_score_adj: should the host itself run short of memory
+ * (the VMs' common cgroup budget normally OOM-kills inside itself first), a
+ * sandbox is the kernel's victim, not kiln-host, kiln-api or S3. */
+#define VM_OOM_SCORE_ADJ 800
 /* The largest file QEMU writes: the disk overlay (at most the disk's size
  * plus qcow2 metadata) or a template's RAM file. */
 #define VM_JAIL_FSIZE_SLACK (256ull << 20)
@@ -420,6 +424,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	spec.memory_bytes = ((uint64_t)cfg->memory_mib + VM_JAIL_MEM_OVERHEAD_MIB(cfg->memory_mib)) << 20;
 	spec.cpus = cfg->vcpus;
 	spec.pids = VM_JAIL_PIDS(cfg->vcpus);
+	spec.oom_score_adj = VM_OOM_SCORE_ADJ;
 	spec.nofile = VM_JAIL_NOFILE;
 	if (back > fsize)
 		fsize = back;
@@ -619,6 +624,14 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 
 	if (vm->pid > 0 && waitpid(vm->pid, &status, WNOHANG) == vm->pid)
 		vm->pid = -1;
+	/* Killed by the kernel's OOM killer in its cgroup: the VMs' common
+	 * memory budget ran out (or QEMU outgrew its own limit). Not the
+	 * guest's own OOM, which kills a process inside and leaves the VM up. */
+	if (vm->jail.active && jail_oom_kills(&vm->jail) > 0)
+		return kiln_err_set(err, KERR_HOST_MEMORY,
+				    "the host ran out of memory for its sandboxes: the kernel stopped this "
+				    "sandbox's VM to protect the host and the other sandboxes (retry later, or "
+				    "use less memory)");
 	vm_log_tail(vm, tail, sizeof(tail));
 	return kiln_err_set(err, KERR_VM_ERROR, "QEMU exited %s (%s %d)%s%s", when,
 			    WIFSIGNALED(status) ? "signal" : "status",
@@ -626,7 +639,8 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 			    tail[0] ? ": " : "", tail);
 }
 
-int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
+/* One frame from the agent channel, whatever its type. */
+static int recv_frame(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
 {
 	for (;;) {
 		ssize_t n;
@@ -663,6 +677,19 @@ int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct ki
 		if (n == 0)
 			return vm_gone(vm, err, "(agent channel closed)");
 		vm->rlen += (size_t)n;
+	}
+}
+
+int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
+{
+	/* A PROCS that comes late (its vm_procs timed out and gave up) is
+	 * nobody's answer: dropped, so the next request's reader is not
+	 * thrown off by it. */
+	for (;;) {
+		if (recv_frame(vm, f, deadline_ms, err) < 0)
+			return -1;
+		if (f->type != PROTO_PROCS)
+			return 0;
 	}
 }
 
@@ -869,6 +896,23 @@ int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 {
 	return vm_setup_send(vm, deadline_ms, err) < 0 ? -1 : vm_setup_recv(vm, deadline_ms, err);
+}
+
+int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid, struct kiln_err *err)
+{
+	struct proto_frame f;
+
+	if (vm_send(vm, PROTO_PROCS_QUERY, NULL, 0, deadline_ms, err) < 0 || recv_frame(vm, &f, deadline_ms, err) < 0)
+		return -1;
+	if (f.type == PROTO_PROCS && proto_procs_decode(f.payload, f.len, count, pid) == 0)
+		return 0;
+	if (f.type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f.payload, f.len, &e) == 0)
+			return kiln_err_set(err, KERR_GUEST_ERROR, "procs: %s", e.message);
+	}
+	return kiln_err_set(err, KERR_VM_ERROR, "procs: unexpected frame type 0x%02x from the guest", f.type);
 }
 
 int vm_set_nice(const struct vm *vm, int nice)

@@ -159,6 +159,13 @@ int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
 /* The two halves of vm_setup, for a host that sends more before it reads. */
 int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
 int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
+/* Ask kiln-init how many processes run that are not its own (PROCS_QUERY:
+ * a command's background child, a server started through envd...): *count
+ * and the pid of one of them in *pid. Only while no request of the host's
+ * runs on the agent channel. Returns 0 or -1 with err set; after a timeout
+ * the answer may still come: vm_recv drops it, and the caller must not
+ * trust a later vm_procs on this VM (it could read that stale answer). */
+int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid, struct kiln_err *err);
 
 /* Set the nice value of every thread of QEMU (a pool refills at 19, so that
  * running tasks keep the CPU; a VM handed out goes back to 0). Returns 0, or

@@ -258,6 +258,15 @@ int cg_create(const struct jail_config *c, const struct jail_spec *spec, struct 
 				cg_remove(j->cg[i], cg_names[i]);
 		}
 	}
+	/* The budget of all jails together, on their common parent: written each
+	 * time, as the parent is removed with its last jail. EBUSY (usage is
+	 * above a lowered budget already) leaves the old limit: not an error. */
+	if (c->memory_budget_bytes) {
+		snprintf(buf, sizeof(buf), "%llu", (unsigned long long)c->memory_budget_bytes);
+		if ((r = cg_write(cg_base(c, CG_MEMORY), "memory.limit_in_bytes", buf)) < 0 && r != -EBUSY)
+			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s/memory.limit_in_bytes: %s",
+					    cg_base(c, CG_MEMORY), strerror(-r));
+	}
 	if (spec->cpus && cg_read(j->cg[CG_CPU], "cpu.cfs_period_us", buf, sizeof(buf)) > 0)
 		period = strtoll(buf, NULL, 10);
 	n = cg_values(spec, period, v);
@@ -273,6 +282,20 @@ int cg_create(const struct jail_config *c, const struct jail_spec *spec, struct 
 			return kiln_err_set(err, KERR_HOST_ERROR, "jail: %s: %s", path, strerror(errno));
 	}
 	return 0;
+}
+
+int jail_oom_kills(const struct jail *j)
+{
+	char buf[256];
+	const char *p;
+
+	if (!j->cg[CG_MEMORY][0])
+		return -ENOENT;
+	if (cg_read(j->cg[CG_MEMORY], "memory.oom_control", buf, sizeof(buf)) < 0)
+		return -errno;
+	/* "oom_kill_disable 0\nunder_oom 0\noom_kill N\n" (Linux >= 4.13). */
+	p = strstr(buf, "oom_kill ");
+	return p ? atoi(p + 9) : -ENOTSUP;
 }
 
 int cg_record_write(const struct jail *j, const char *path)

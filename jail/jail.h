@@ -28,6 +28,10 @@ struct jail_config {
 	/* Cgroup v1 directories that jails are created in, one per controller:
 	 * <mount>/<this process's own cgroup>/kiln (jail_config_init finds them). */
 	char cg_memory[512], cg_cpu[512], cg_pids[512];
+	/* memory.limit_in_bytes of cg_memory itself, the parent of every jail's
+	 * memory cgroup (0: none): when the jails together reach it, the kernel
+	 * OOM-kills inside that subtree, never the owner or other processes. */
+	uint64_t memory_budget_bytes;
 	struct jail_plan *base;    /* what every jail sees (programs, libraries, firmware) */
 	struct sock_filter *filter;/* seccomp filter loaded before the exec (see seccomp.c) */
 	unsigned filter_len;
@@ -51,6 +55,7 @@ struct jail_spec {
 	int nkeep;
 	int stdout_fd, stderr_fd;  /* -1: /dev/null; stdin is always /dev/null */
 	uint64_t memory_bytes;     /* memory.limit_in_bytes (and memsw when present) */
+	int oom_score_adj;         /* written to /proc/self/oom_score_adj first (0: left as is) */
 	unsigned cpus;             /* cpu.cfs_quota_us = cpus * cpu.cfs_period_us */
 	unsigned pids;             /* pids.max and RLIMIT_NPROC (the uid is the slot's own) */
 	unsigned nofile;           /* RLIMIT_NOFILE */
@@ -100,6 +105,12 @@ int jail_sealed_memfd(const char *path, struct stat *st, struct kiln_err *err);
  * Thread-safe for distinct j. */
 pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char *const argv[], struct jail *j,
 		 int *pidfd, struct kiln_err *err);
+
+/* How many of the jail's processes the kernel's OOM killer ended (the
+ * memory cgroup's memory.oom_control "oom_kill"), whether its own limit or
+ * the config's memory budget ran out: 0 or more, or -errno. Call before
+ * jail_release. */
+int jail_oom_kills(const struct jail *j);
 
 /* After the jail's init was reaped: remove its cgroups (killing anything
  * still in them) and free its slot. Safe on a zeroed jail; idempotent. */

@@ -267,6 +267,18 @@ static __attribute__((noreturn)) void child_main(struct child *a)
 	struct pollfd pp;
 	int fd;
 
+	/* The OOM killer's choice, before anything else: raised, it makes the
+	 * jailed program the victim rather than its owner (raising needs no
+	 * privilege). /proc is still the host's here. */
+	if (a->spec->oom_score_adj) {
+		char adj[16];
+		int n = snprintf(adj, sizeof(adj), "%d", a->spec->oom_score_adj);
+
+		fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, adj, (size_t)n) != n)
+			child_fail(a, "oom_score_adj", NULL);
+		close(fd);
+	}
 	/* Join the cgroups first: everything below is charged to the jail. Then
 	 * a cgroup namespace rooted there: /proc/self/cgroup shows "/", not the
 	 * host's layout. */

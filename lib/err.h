@@ -79,6 +79,7 @@
 	KERR(IO_ERROR, "io_error", 500)                                                              \
 	KERR(NET_ERROR, "net_error", 500)                                                            \
 	KERR(GUEST_ERROR, "guest_error", 500)                                                        \
+	KERR(HOST_MEMORY, "host_memory", 503)                                                        \
 	KERR(SNAPSHOT_ERROR, "snapshot_error", 500)                                                  \
 	KERR(SNAPSHOT_MISSING, "snapshot_missing", 500)                                              \
 	KERR(IMAGE_MISSING, "image_missing", 500)                                                    \

@@ -351,3 +351,16 @@ int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v)
 	}
 	return p || i == n ? 0 : -1;
 }
+
+int fs_oom_score_adj(int adj)
+{
+	char v[16];
+	int n = snprintf(v, sizeof(v), "%d", adj), fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, v, (size_t)n) != n)
+		r = -errno;
+	close(fd);
+	return r;
+}

@@ -494,6 +494,27 @@ int proto_resize_decode(const uint8_t *p, size_t len, uint32_t *rows, uint32_t *
 	return proto_reader_end(&r);
 }
 
+ssize_t proto_procs_encode(uint8_t *buf, size_t cap, uint32_t count, uint32_t pid)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, count);
+	proto_put_u32(&w, pid);
+	return FINISH(w);
+}
+
+int proto_procs_decode(const uint8_t *p, size_t len, uint32_t *count, uint32_t *pid)
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*count = proto_get_u32(&r);
+	*pid = proto_get_u32(&r);
+	/* A pid names one of the processes counted: none without a count. */
+	if (!r.err && (*count == 0) != (*pid == 0))
+		r.err = -EPROTO;
+	return proto_reader_end(&r);
+}
+
 int proto_path_decode(const uint8_t *p, size_t len, char *out)
 {
 	struct proto_reader r;

@@ -34,6 +34,7 @@ enum proto_type {
 	PROTO_OUT_FILE = 0x09, /* u32 mode, u64 size, str relative path; then `size` bytes of OUT_DATA */
 	PROTO_OUT_DATA = 0x0a, /* raw bytes */
 	PROTO_OUT_END = 0x0b,  /* struct proto_out_end */
+	PROTO_PROCS = 0x0c,    /* u32 count, u32 pid: answer to PROCS_QUERY */
 
 	/* host -> guest */
 	PROTO_SETUP = 0x40,     /* u64 sec, u32 nsec, bytes entropy: set the clock, reseed */
@@ -47,6 +48,7 @@ enum proto_type {
 	PROTO_STDIN = 0x48,     /* raw bytes for the running task's stdin; empty: end of input */
 	PROTO_RESIZE = 0x49,    /* u32 rows, u32 cols: the running task's terminal size */
 	PROTO_HANGUP = 0x4a,    /* empty: the interactive task's client is gone (SIGHUP, then SIGKILL to its group) */
+	PROTO_PROCS_QUERY = 0x4b, /* empty: how many processes run that are not kiln-init's own? (idle stop) */
 };
 
 /* Feature bits in HELLO. */
@@ -204,6 +206,11 @@ int proto_error_decode(const uint8_t *p, size_t len, struct proto_error *m);
 /* RESIZE: both dimensions 1..PROTO_MAX_TTY_DIM. */
 ssize_t proto_resize_encode(uint8_t *buf, size_t cap, uint32_t rows, uint32_t cols);
 int proto_resize_decode(const uint8_t *p, size_t len, uint32_t *rows, uint32_t *cols);
+/* PROCS: count of the guest's processes other than kiln-init and its
+ * helpers (kernel threads and zombies not counted), and the pid of one of
+ * them (0 when count is 0). */
+ssize_t proto_procs_encode(uint8_t *buf, size_t cap, uint32_t count, uint32_t pid);
+int proto_procs_decode(const uint8_t *p, size_t len, uint32_t *count, uint32_t *pid);
 /* OUT_DIR: one relative path, into out (PROTO_MAX_PATH + 1 bytes). */
 int proto_path_decode(const uint8_t *p, size_t len, char *out);
 

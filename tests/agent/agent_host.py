@@ -7,7 +7,7 @@ import os, socket, struct, subprocess, sys, time, stat, errno, signal, pwd
 
 T = dict(HELLO=1, OK=2, ERROR=3, STARTED=4, STDOUT=5, STDERR=6, EXIT=7, OUT_DIR=8, OUT_FILE=9,
          OUT_DATA=10, OUT_END=11, SETUP=0x40, FILE=0x41, FILE_DATA=0x42, EXEC=0x43, KILL=0x44, COLLECT=0x45,
-         STDIN=0x48, RESIZE=0x49, HANGUP=0x4a)
+         STDIN=0x48, RESIZE=0x49, HANGUP=0x4a, PROCS=0x0c, PROCS_QUERY=0x4b)
 N = {v: k for k, v in T.items()}
 ROOT = os.path.join(sys.argv[2], 'root')
 DRIVE = sys.argv[1]
@@ -341,6 +341,17 @@ check(r['how'] == 2 and r['status'] == 1, 'HANGUP on a pipe: stdin closed, SIGHU
 check(uid_procs() == 1, 'and the daemon is still there (%d)' % uid_procs())
 h.send(T['HANGUP'])
 check(h.none_pending() is None, 'HANGUP while idle: ignored')
+# PROCS_QUERY (kiln-host's idle stop): two u32, count and one pid (0 with
+# none). Here the agent is not PID 1, so it sees this machine's processes,
+# the session's daemon among them: never 0.
+h.send(T['PROCS_QUERY'])
+t, p = h.frame()
+cnt, pid = struct.unpack('<II', p) if t == 'PROCS' and len(p) == 8 else (0, 0)
+check(t == 'PROCS' and cnt >= 1 and pid > 1 and os.path.exists('/proc/%d' % pid),
+      'PROCS_QUERY: PROCS with a count (%d) and a live pid (%d)' % (cnt, pid))
+h.send(T['PROCS_QUERY'], b'x')
+t, p = h.frame()
+check(t == 'ERROR' and error(p)[0] == -errno.EPROTO, 'PROCS_QUERY with a payload: ERROR -EPROTO (%s)' % t)
 r = run(h, ['true'])
 time.sleep(0.2)
 check(uid_procs() == 0, 'a command without KEEP ends the daemon too')

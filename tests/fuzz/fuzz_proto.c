@@ -29,7 +29,7 @@ static void decode_all(const uint8_t *p, size_t len)
 	struct proto_out_end oe;
 	struct proto_error er;
 	char path[PROTO_MAX_PATH + 1];
-	uint32_t i, rows, cols;
+	uint32_t i, rows, cols, count, pid;
 
 	if (proto_hello_decode(p, len, &hello) == 0)
 		same(proto_hello_encode(enc, sizeof(enc), &hello), p, len);
@@ -68,6 +68,10 @@ static void decode_all(const uint8_t *p, size_t len)
 	if (proto_resize_decode(p, len, &rows, &cols) == 0) {
 		check(rows >= 1 && rows <= PROTO_MAX_TTY_DIM && cols >= 1 && cols <= PROTO_MAX_TTY_DIM);
 		same(proto_resize_encode(enc, sizeof(enc), rows, cols), p, len);
+	}
+	if (proto_procs_decode(p, len, &count, &pid) == 0) {
+		check((count == 0) == (pid == 0));
+		same(proto_procs_encode(enc, sizeof(enc), count, pid), p, len);
 	}
 	if (proto_path_decode(p, len, path) == 0)
 		check(proto_relpath_ok(path) == 0 && strlen(path) + 4 == len);

@@ -125,6 +125,31 @@ if [ "$st" != 204 ]; then
 fi
 ok "GET .../envd/health: 204"
 
+# --- A session stopped while idle (sessions.idle_stop_ms, default 1.5 s):
+# envd requests, a process, pause and resume all continue it first.
+stopped() { # ID: until GET says idle_stopped (20 s)
+	for _ in $(seq 100); do h GET "/v1/sessions/$1" > /dev/null; [ "$(last .idle_stopped)" = true ] && return 0; sleep 0.2; done
+	return 1
+}
+st=$(h POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}')
+check "an idle session is stopped (s3)" stopped s3
+st=$(h POST /v1/sessions/s3/envd/filesystem.Filesystem/Stat -H 'Content-Type: application/json' \
+	-H 'Connect-Protocol-Version: 1' --data-binary '{"path":"/tmp"}')
+check "envd Stat on a stopped session: 200, a directory" test "$st" = 200 -a "$(last .entry.type)" = FILE_TYPE_DIRECTORY
+stopped s3 > /dev/null
+envelope '{"process":{"cmd":"/bin/sh","args":["-c","date +%s"]}}' > "$T_TMP/s3.req"
+st=$(curl -sN -m 60 -o "$T_TMP/s3.out" -w '%{http_code}' -H "Authorization: Bearer $TOKEN" \
+	-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' \
+	--data-binary @"$T_TMP/s3.req" "http://127.0.0.1:$PA/v1/sessions/s3/envd/process.Process/Start")
+g=$(outs "$T_TMP/s3.out" stdout | tr -d '\n'); now=$(date +%s)
+check "envd Start on a stopped session runs, with the host's clock ($g vs $now)" \
+	test "$st" = 200 -a -n "$g" -a "$((now - ${g:-0}))" -le 2 -a "$((${g:-0} - now))" -le 2
+stopped s3 > /dev/null
+check "pause of a stopped session: 200" test "$(h POST /v1/sessions/s3/pause)" = 200
+check "resume: 200" test "$(h POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')" = 200
+check "the resumed session is stopped again once idle" stopped s3
+check "DELETE of a stopped session: 200" test "$(h DELETE /v1/sessions/s3)" = 200
+
 # --- Start: a whole stream, envelope by envelope ---
 st=$(stream Start '{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi; echo err >&2; echo \"$SESS_VAR $OVER\"; id -un; pwd"],"envs":{"OVER":"request"}}}' \
 	"$T_TMP/s1" -H 'Keepalive-Ping-Interval: 50')

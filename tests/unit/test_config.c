@@ -43,7 +43,7 @@ static void test_full(void **state)
 	snprintf(secret, sizeof(secret), "%s", write_file("secret", "s3cr3t\n"));
 	snprintf(text, sizeof(text),
 		 "{\"listen\":\"127.0.0.1:7070\",\"host_id\":\"h1\",\"token\":\"tok\",\"capacity\":{\"vcpus\":2,"
-		 "\"cpu_overcommit\":2.5},\"pool\":{\"size\":3},\"s3\":{\"endpoint\":\"http://127.0.0.1:1\","
+		 "\"cpu_overcommit\":2.5,\"memory_overcommit\":3},\"pool\":{\"size\":3},\"s3\":{\"endpoint\":\"http://127.0.0.1:1\","
 		 "\"bucket\":\"b\",\"access_key\":\"a:b\",\"secret_key_file\":\"%s\"},\"retention_s\":3600}",
 		 secret);
 	assert_int_equal(config_load(write_file("full.json", text), &c, &err), 0);
@@ -51,6 +51,7 @@ static void test_full(void **state)
 	assert_string_equal(c.token, "tok");
 	assert_int_equal(c.vcpus, 2);
 	assert_true(c.cpu_overcommit == 2.5);
+	assert_true(c.memory_overcommit == 3);
 	assert_int_equal(c.pool_size, 3);
 	assert_int_equal(c.prestart, -1); /* unset: the flag default applies */
 	assert_string_equal(c.s3.secret_key, "s3cr3t");
@@ -76,6 +77,7 @@ static void test_refusals(void **state)
 	refused("{\"pool\":{\"sise\":1}}", "pool.sise: unknown setting");
 	refused("{\"pool\":{\"size\":1000}}", "pool.size: expected 0..256");
 	refused("{\"capacity\":{\"vcpus\":1.5}}", "capacity.vcpus: expected a number");
+	refused("{\"capacity\":{\"memory_overcommit\":0.5}}", "capacity.memory_overcommit");
 	refused("{\"s3\":{\"endpoint\":\"ftp://x\",\"bucket\":\"b\"}}", "s3.endpoint");
 	refused("{\"s3\":{\"bucket\":\"b\"}}", "endpoint and bucket are required");
 	refused("{\"token\":\"a\",\"token_file\":\"/x\"}", "not both");

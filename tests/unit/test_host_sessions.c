@@ -13,16 +13,21 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "buf.h"
 #include "fake_vm_ops.h"
 #include "fsutil.h"
 #include "hostd.h"
 #include "session.h"
+#include "session_priv.h"
+#include "proto.h"
+#include "vm.h"
 
 struct fixture {
 	struct fake_ops f;
@@ -189,6 +194,93 @@ static void test_checked_first(void **state)
 	assert_null(session_get(x->ss, "s1"));
 }
 
+/* The idle stop's decision (host/session_idle.c): ask the guest only for a
+ * booted, running session that is not stopped yet, has no interactive
+ * command or envd request in flight, had no request for the delay, and was
+ * not found busy a moment ago; never with the delay 0. Then the idler and
+ * metrics start and stop with an empty table. */
+static void test_idle_due(void **state)
+{
+	struct fixture *x = *state;
+	struct session_idle_view v = { .running = 1, .last_active_ms = 10000, .idle_check_ms = 0 };
+	struct session_idle_view w;
+	struct kiln_err err = { .code = "" };
+	struct buf b = BUF_INIT;
+
+	assert_int_equal(session_idle_due(&v, 11500, 1500), 1);
+	assert_int_equal(session_idle_due(&v, 11499, 1500), 0); /* not idle long enough */
+	assert_int_equal(session_idle_due(&v, 99999, 0), 0);    /* idle stop off */
+	w = v, w.running = 0;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0); /* pausing, starting, gone */
+	w = v, w.stopped = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.interactive = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.envd_busy = 1;
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	w = v, w.idle_check_ms = 20001;                          /* busy a moment ago */
+	assert_int_equal(session_idle_due(&w, 20000, 1500), 0);
+	assert_int_equal(session_idle_due(&w, 20001, 1500), 1);
+
+	assert_int_equal(sessions_set_idle_stop(x->ss, 100, &err), 0);
+	usleep(150 * 1000); /* a pass or two over an empty table */
+	sessions_metrics(x->ss, &b);
+	assert_non_null(strstr(b.p, "kiln_host_sessions{vcpus=\"stopped\"} 0\n"));
+	assert_non_null(strstr(b.p, "kiln_host_session_idle_stops_total 0\n"));
+	buf_free(&b);
+	/* teardown's sessions_close stops the idler */
+}
+
+/* vm_procs over a socketpair standing in for the agent channel: the query
+ * goes out, PROCS comes back decoded; a guest that does not know the query
+ * answers ERROR (guest_error: the idler leaves such a VM running); and a
+ * PROCS that comes after its vm_procs gave up is dropped by vm_recv instead
+ * of being taken as the next request's reply. */
+static void test_vm_procs(void **state)
+{
+	struct vm vm = { .pid = -1, .pidfd = -1, .cancel_fd = -1, .qmp_fd = -1, .envd_fd = -1, .lock_fd = -1 };
+	struct kiln_err err = { .code = "" };
+	struct proto_frame f;
+	uint8_t hdr[PROTO_HDR_SIZE], p[64], got[64];
+	uint32_t count = 0, pid = 0;
+	int sv[2];
+	ssize_t n;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	vm.agent_fd = sv[0];
+	vm.rbuf = malloc(PROTO_MAX_FRAME);
+	assert_non_null(vm.rbuf);
+
+	n = proto_procs_encode(p, sizeof(p), 2, 9);
+	assert_int_equal(proto_send(sv[1], PROTO_PROCS, p, (size_t)n, 0), 0);
+	assert_int_equal(vm_procs(&vm, proto_now_ms() + 2000, &count, &pid, &err), 0);
+	assert_int_equal(count, 2);
+	assert_int_equal(pid, 9);
+	assert_int_equal(read(sv[1], got, sizeof(got)), PROTO_HDR_SIZE); /* the query: a header, no payload */
+	proto_frame_header(hdr, PROTO_PROCS_QUERY, 0);
+	assert_memory_equal(got, hdr, PROTO_HDR_SIZE);
+
+	n = proto_error_encode(p, sizeof(p), &(struct proto_error){ .code = -EINVAL, .message = "unknown request type 0x4b" });
+	assert_int_equal(proto_send(sv[1], PROTO_ERROR, p, (size_t)n, 0), 0);
+	assert_int_equal(vm_procs(&vm, proto_now_ms() + 2000, &count, &pid, &err), -1);
+	assert_string_equal(err.code, "guest_error");
+
+	/* A late PROCS, then the reply the next reader waits for. */
+	n = proto_procs_encode(p, sizeof(p), 0, 0);
+	assert_int_equal(proto_send(sv[1], PROTO_PROCS, p, (size_t)n, 0), 0);
+	got[0] = PROTO_SETUP;
+	assert_int_equal(proto_send(sv[1], PROTO_OK, got, 1, 0), 0);
+	assert_int_equal(vm_recv(&vm, &f, proto_now_ms() + 2000, &err), 0);
+	assert_int_equal(f.type, PROTO_OK);
+	assert_int_equal(f.len, 1);
+	assert_int_equal(f.payload[0], PROTO_SETUP);
+
+	free(vm.rbuf);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -196,6 +288,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_create_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_not_found, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checked_first, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_idle_due, setup, teardown),
+		cmocka_unit_test(test_vm_procs),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -604,6 +604,26 @@ static void test_exec_tty_round_trip(void **state)
 	n = proto_resize_encode(buf, sizeof(buf), 24, PROTO_MAX_TTY_DIM + 1);
 	assert_int_equal(proto_resize_decode(buf, 8, &rows, &cols), -EPROTO);
 	assert_int_equal(proto_resize_encode(buf, 4, 24, 80), -ENOSPC);
+
+	{
+		uint32_t count, pid;
+
+		n = proto_procs_encode(buf, sizeof(buf), 3, 117);
+		assert_int_equal(n, 8);
+		assert_int_equal(proto_procs_decode(buf, 8, &count, &pid), 0);
+		assert_int_equal(count, 3);
+		assert_int_equal(pid, 117);
+		assert_int_equal(proto_procs_decode(buf, 7, &count, &pid), -EPROTO);
+		n = proto_procs_encode(buf, sizeof(buf), 0, 0);
+		assert_int_equal(proto_procs_decode(buf, 8, &count, &pid), 0);
+		assert_int_equal(count, 0);
+		/* A pid without a count, or a count without a pid, is no answer. */
+		n = proto_procs_encode(buf, sizeof(buf), 0, 5);
+		assert_int_equal(proto_procs_decode(buf, 8, &count, &pid), -EPROTO);
+		n = proto_procs_encode(buf, sizeof(buf), 2, 0);
+		assert_int_equal(proto_procs_decode(buf, 8, &count, &pid), -EPROTO);
+		assert_int_equal(proto_procs_encode(buf, 4, 1, 1), -ENOSPC);
+	}
 }
 
 static void test_decode_exec_invalid(void **state)
