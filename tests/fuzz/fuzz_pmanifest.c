@@ -1,26 +1,36 @@
 /* fuzz_pmanifest: a paused session's manifest (from S3) through
- * pmanifest_parse: no crash or leak, and what it accepts keeps its promises
- * (keys under the session's prefix, bounded sizes, offsets that add up). */
+ * pmanifest_parse, and a base RAM's manifest through pbase_parse: no crash
+ * or leak, and what they accept keeps its promises (keys under the
+ * session's or the base's prefix, bounded sizes, offsets that add up). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fuzz.h"
 #include "pause_manifest.h"
 
-static void check_list(const struct pchunk_list *l)
+#define BASE_SHA "67d33f0202d1a21a5b7dfc8cca1059f161721d2615c6bba33545299241985097"
+#define BASE_SIZE (16u << 20)
+
+static void check_list_under(const struct pchunk_list *l, const char *prefix)
 {
 	uint64_t off = 0;
 
 	check(l->n > 0 && l->n <= PCHUNK_MAX);
 	for (size_t i = 0; i < l->n; i++) {
-		check(!strncmp(l->c[i].key, "acme/sessions/s1/", 17) && strlen(l->c[i].key) > 17);
+		check(!strncmp(l->c[i].key, prefix, strlen(prefix)) && strlen(l->c[i].key) > strlen(prefix));
 		check(l->c[i].size > 0 && l->c[i].size <= PCHUNK_RAW_MAX);
 		check(l->c[i].offset == off);
 		check(strlen(l->c[i].sha256) == 64);
 		off += l->c[i].size;
 	}
 	check(off == l->total);
+}
+
+static void check_list(const struct pchunk_list *l)
+{
+	check_list_under(l, "acme/sessions/s1/");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -39,5 +49,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(err.errc == KERR_SNAPSHOT_CORRUPT || err.errc == KERR_HOST_ERROR);
 	}
 	pmanifest_free(&m);
+
+	struct pchunk_list bl;
+
+	err = (struct kiln_err){ .code = "" };
+	if (pbase_parse((const char *)data, size, BASE_SHA, BASE_SIZE, &bl, &err) == 0) {
+		check_list_under(&bl, PBASE_DIR BASE_SHA "/");
+		check(bl.total == BASE_SIZE);
+		free(bl.c);
+	} else {
+		check(err.errc == KERR_SNAPSHOT_CORRUPT || err.errc == KERR_HOST_ERROR);
+		check(bl.c == NULL);
+	}
 	return 0;
 }
