@@ -68,44 +68,36 @@ static struct session *find_locked(struct session_table *ss, const char *id)
 	return NULL;
 }
 
-struct envd *session_envd(struct session_table *ss, const char *id, json_t **env, struct kiln_err *err)
+/* session_envd with s->wake held (and a reference on s). */
+static struct envd *envd_take(struct session_table *ss, struct session *s, const char *id, json_t **env,
+			      struct kiln_err *err)
 {
-	struct session *s;
 	struct envd *e = NULL;
 	json_t *j;
 
-	*env = NULL;
 	pthread_mutex_lock(&ss->lock);
-	s = find_locked(ss, id);
-	if (s && s->stopped) {
+	if (s->stopped && s->state != SS_GONE) {
 		/* The idler stopped its VM: continue it before the request
-		 * reaches envd (session_idle.c). Under wake, as every waker;
-		 * with op too, for SETUP on the agent channel. Only a destroy
-		 * holds op on a stopped VM: then there is nothing to wake. */
+		 * reaches envd (session_idle.c); with op too, for SETUP on the
+		 * agent channel. Only a destroy holds op on a stopped VM: then
+		 * there is nothing to wake. */
 		int r = 0;
 
-		s->refs++;
 		pthread_mutex_unlock(&ss->lock);
-		pthread_mutex_lock(&s->wake);
-		if (s->stopped) {
-			if (pthread_mutex_trylock(&s->op) == 0) {
-				r = session_wake_held(ss, s, err);
-				pthread_mutex_unlock(&s->op);
-			} else {
-				r = kiln_err_set(err, KERR_UNAVAILABLE, "session %s is being destroyed", id);
-			}
+		if (pthread_mutex_trylock(&s->op) == 0) {
+			r = session_wake_held(ss, s, err);
+			pthread_mutex_unlock(&s->op);
+		} else {
+			r = kiln_err_set(err, KERR_UNAVAILABLE, "session %s is being destroyed", id);
 		}
-		pthread_mutex_unlock(&s->wake);
-		session_unref(ss, s);
 		if (r < 0) {
 			if (err->errc != KERR_UNAVAILABLE)
 				kiln_err_set(err, KERR_UNAVAILABLE, "session %s: its VM does not continue", id);
 			return NULL;
 		}
 		pthread_mutex_lock(&ss->lock);
-		s = find_locked(ss, id);
 	}
-	if (!s) {
+	if (s->state == SS_GONE) {
 		pthread_mutex_unlock(&ss->lock);
 		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
 		return NULL;
@@ -139,6 +131,35 @@ struct envd *session_envd(struct session_table *ss, const char *id, json_t **env
 		*env = NULL;
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot open the session's envd channel (out of memory)");
 	}
+	return e;
+}
+
+/* Every envd request takes s->wake, stopped VM or not: the idler's whole
+ * stop decision (re-check, PROCS_QUERY, QMP stop) runs under it, so a
+ * request either waits for the decision and then finds the VM stopped (and
+ * continues it), or holds its channel reference (envd busy) before the
+ * idler looks. Without it a request could reach the guest between the
+ * idler's re-check and its QMP stop, and wait for an answer from a stopped
+ * VM until its client gave up. */
+struct envd *session_envd(struct session_table *ss, const char *id, json_t **env, struct kiln_err *err)
+{
+	struct session *s;
+	struct envd *e;
+
+	*env = NULL;
+	pthread_mutex_lock(&ss->lock);
+	s = find_locked(ss, id);
+	if (!s) {
+		pthread_mutex_unlock(&ss->lock);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
+		return NULL;
+	}
+	s->refs++;
+	pthread_mutex_unlock(&ss->lock);
+	pthread_mutex_lock(&s->wake);
+	e = envd_take(ss, s, id, env, err);
+	pthread_mutex_unlock(&s->wake);
+	session_unref(ss, s);
 	return e;
 }
 

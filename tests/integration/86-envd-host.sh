@@ -148,6 +148,36 @@ stopped s3 > /dev/null
 check "pause of a stopped session: 200" test "$(h POST /v1/sessions/s3/pause)" = 200
 check "resume: 200" test "$(h POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')" = 200
 check "the resumed session is stopped again once idle" stopped s3
+
+# --- Requests racing the idler: a second kiln-host stopping idle sessions
+# after 100 ms; 100 envd Stat calls 50-190 ms apart, so that many arrive
+# while it decides to stop the VM. Each must be answered (a request that
+# reached the guest just before its QMP stop would wait for a stopped VM).
+PB=$((PA + 1))
+jq --arg port "$PB" --arg run "$KILN_RUN_DIR/b" --arg spool "$T_TMP/spool-b" \
+	'.listen = ("127.0.0.1:" + $port) | .host_id = "b" | .run_dir = $run | .spool_dir = $spool | .sessions = {idle_stop_ms: 100}' \
+	"$T_TMP/a.json" > "$T_TMP/b.json"
+"$KILN_HOST" serve --config "$T_TMP/b.json" >> "$T_TMP/b.out" 2>> "$T_TMP/b.err" &
+hb=$!
+pids+=($hb)
+for _ in $(seq 600); do curl -s -m 1 "http://127.0.0.1:$PB/healthz" > /dev/null && break; sleep 0.2; done
+hb_() { local m=$1 p=$2; shift 2; curl -s -m 3 -o "$T_TMP/lastb" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PB$p"; }
+st=$(hb_ POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"r1","customer":"acme","spec":{}}')
+bad=0
+for _ in $(seq 100); do
+	st=$(hb_ POST /v1/sessions/r1/envd/filesystem.Filesystem/Stat -H 'Content-Type: application/json' \
+		-H 'Connect-Protocol-Version: 1' --data-binary '{"path":"/tmp"}')
+	[ "$st" = 200 ] || bad=$((bad + 1))
+	sleep "0.$((5 + RANDOM % 15))"
+done
+stops=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PB/metrics" | awk '/^kiln_host_session_idle_stops_total/ { print $2 }')
+check "100 envd calls racing the idler (idle_stop_ms 100): all answered within 3 s ($bad not; the VM was stopped ${stops:-0} times meanwhile)" \
+	test "$bad" = 0 -a "${stops:-0}" -ge 10
+hb_ DELETE /v1/sessions/r1 > /dev/null
+kill "$hb" 2> /dev/null
+wait "$hb" 2> /dev/null
+check "the second kiln-host left nothing in its run directory" test -z "$(ls -A "$KILN_RUN_DIR/b" 2> /dev/null)"
+rmdir "$KILN_RUN_DIR/b" 2> /dev/null
 check "DELETE of a stopped session: 200" test "$(h DELETE /v1/sessions/s3)" = 200
 
 # --- Start: a whole stream, envelope by envelope ---
