@@ -20,7 +20,7 @@ $PY -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing:
 
 S3_DIR=$T_TMP/s3
 TOKEN=it-token-$RANDOM$RANDOM
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
 BUCKET=kiln-outbatch
 host_pid=

@@ -239,7 +239,7 @@ if [ -n "$tq" ] && [ -z "$bad" ] && [ "$st" = 0 ] && [ "$(stat -c %u:%g "$T_TMP/
 	ok "the snapshot template's QEMU is jailed; its RAM file and overlay are root's again afterwards"
 else not_ok "template jailed" "q=$tq$bad status=$st" "$(tail -3 "$T_TMP/tmpl.err")"; fi
 
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 TOKEN=jail-test-$RANDOM
 "$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 1 --prestart 1 \
 	> "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &

@@ -11,7 +11,7 @@ KILN_JAIL=$ROOT/$B/kiln-jail
 [ -x "$PROBE" ] || { echo "1..0 # SKIP $PROBE missing: make unit"; exit 0; }
 
 TOKEN=io-token-$RANDOM$RANDOM
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 hpid=
 cleanup() {
 	[ -n "$hpid" ] && kill "$hpid" 2> /dev/null && wait "$hpid" 2> /dev/null

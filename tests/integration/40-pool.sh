@@ -5,7 +5,7 @@
 . "$(dirname "$0")/lib.sh"
 require_image
 
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
 TOKEN=pool-test-$RANDOM
 AUTH=(-H "Authorization: Bearer $TOKEN")

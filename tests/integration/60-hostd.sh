@@ -14,7 +14,7 @@ python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 miss
 S3_DIR=$T_TMP/s3
 SPOOL=$T_TMP/spool
 TOKEN=it-token-$RANDOM$RANDOM
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
 BUCKET=kiln-it
 host_pid=

@@ -20,7 +20,7 @@ done
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 STALL=$ROOT/tests/integration/stall_client.py
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 HP=$((PORT + 1))
 URL=http://127.0.0.1:$PORT
 ADMIN=it-admin-$RANDOM$RANDOM$RANDOM$RANDOM

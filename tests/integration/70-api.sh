@@ -13,7 +13,7 @@ done
 KILN_API=${KILN_API:-$ROOT/build/kiln-api}
 [ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
 
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
 ADMIN=it-admin-$RANDOM$RANDOM$RANDOM$RANDOM
 TOKEN=it-cluster-$RANDOM$RANDOM

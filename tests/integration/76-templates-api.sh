@@ -25,7 +25,7 @@ S3TOOL=$ROOT/build/tests/s3tool
 [ -x "$S3TOOL" ] || { echo "1..0 # SKIP $S3TOOL missing: run make unit"; exit 0; }
 PY=/usr/bin/python3
 S3_DIR=$T_TMP/s3
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 HPORT=$((PORT + 1))
 API=http://127.0.0.1:$PORT
 ADMIN=it-admin-$RANDOM$RANDOM$RANDOM
@@ -66,7 +66,7 @@ for attempt in 1 2 3 4 5; do
 	kill "$api_pid" 2> /dev/null; wait "$api_pid" 2> /dev/null
 	grep -q 'Address already in use' "$T_TMP/api.err" || attempt=5
 	[ "$attempt" = 5 ] && { not_ok "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"; t_done; exit 1; }
-	PORT=$((20000 + RANDOM % 20000)); HPORT=$((PORT + 1)); API=http://127.0.0.1:$PORT
+	PORT=$((20000 + RANDOM % 12000)); HPORT=$((PORT + 1)); API=http://127.0.0.1:$PORT
 	: > "$T_TMP/api.err"
 done
 $PY "$ROOT/tests/integration/fake_host.py" "$HPORT" "$API" "$TOKEN" "$T_TMP/count" "$STATE" 2> "$T_TMP/fake.err" &

@@ -15,7 +15,7 @@ done
 
 KILN=$ROOT/build/kiln
 UP=$T_TMP/up
-PORT=$((20000 + RANDOM % 20000))
+PORT=$((20000 + RANDOM % 12000))
 export KILN_CREDENTIALS=$UP/credentials
 unset KILN_API KILN_KEY KILN_ADMIN_KEY
 up_pid=
