@@ -135,6 +135,11 @@ $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_requ
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
+# kiln mcp's message handling (the CLI's pure protocol module).
+$(B)/tests/fuzz/fuzz_mcp: tests/fuzz/fuzz_mcp.c $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Icli -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+
 # Benchmarks: C drivers over the real host code, and the busybox baseline guest.
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
