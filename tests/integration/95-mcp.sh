@@ -8,7 +8,8 @@
 # file out, downloaded through its url), a failing program, a sandbox round
 # trip (create, write, read, list, exec, pause, resume, destroy), a failing
 # command, bad arguments, a wrong key and malformed protocol lines; each of
-# its checks is one result here. Then: nothing of acme's is left running and
+# its checks is one result here (KILN_MCP_BIN runs another kiln binary, e.g. a
+# wrapper that runs it under valgrind). Then: nothing of acme's is left running and
 # nothing of the stack is left (processes, mounts, cgroups, VM directories).
 . "$(dirname "$0")/lib.sh"
 require_image
@@ -31,7 +32,7 @@ while IFS= read -r line; do
 	*) echo "# $line" ;;
 	esac
 	echo "$line" >> "$T_TMP/mcp.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_MCP_SDK="$SDK" KILN_BIN="$ROOT/build/kiln" \
+done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_MCP_SDK="$SDK" KILN_BIN="${KILN_MCP_BIN:-$ROOT/build/kiln}" \
 	KILN_API="$URL" KILN_KEY="$KA" timeout -k 5 900 node "$ROOT/tests/mcp/client.mjs" 2>&1; echo "exit $?")
 rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$T_TMP/mcp.out" | tail -n 1)
 summary=$(grep '^mcp_test: ' "$T_TMP/mcp.out" | tail -n 1)
