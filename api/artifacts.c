@@ -211,6 +211,7 @@ enum MHD_Result artifacts_reply(struct MHD_Connection *conn, json_t *task, const
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
 	MHD_add_response_header(r, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");
+	MHD_add_response_header(r, "X-Content-Type-Options", "nosniff"); /* a host's bytes: never HTML */
 	snprintf(etag, sizeof(etag), "\"%s\"", sha);
 	MHD_add_response_header(r, MHD_HTTP_HEADER_ETAG, etag);
 	if (range == 0)
