@@ -94,7 +94,7 @@ elif op == "cat":
 elif op == "etag":
     print(s3.head_object(Bucket=os.environ["BUCKET"], Key=key)["ETag"])
 elif op == "log":
-    # log PREFIX NAME: a task's log, from its own object or, when it was
+    # log PREFIX NAME: the log of a task, from its own object or, when it was
     # small, from inside manifest.json (version 2, "inline": base64)
     import base64, json
     m = json.loads(s3.get_object(Bucket=os.environ["BUCKET"], Key=key + "/manifest.json")["Body"].read())
