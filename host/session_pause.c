@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -814,12 +815,12 @@ static void *disk_fetch_thread(void *arg)
 }
 
 /* Version 2's state stream, fed to QEMU as it arrives (pchunk_stream_all
- * into a pipe) rather than downloaded whole first: QEMU starts and loads
+ * into a socket) rather than downloaded whole first: QEMU starts and loads
  * the first chunks while the rest are fetched, checked and decompressed. */
 struct state_feed {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	int fd, rc; /* the pipe's write end (closed by the thread when done) */
+	int fd, rc; /* the socket's sending end (closed by the thread when done) */
 	struct kiln_err err;
 	pthread_t th;
 	int started;
@@ -850,7 +851,7 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 }
 
 /* Version 2: the disk layer (into s->disk, whole, checked: QEMU opens it
- * at start) and the state stream (*state_fd: a pipe that f feeds, chunk by
+ * at start) and the state stream (*state_fd: a socket that f feeds, chunk by
  * chunk, each checked before it is written), fetched in parallel. On
  * success the caller hands *state_fd to QEMU, closes it, then
  * state_feed_join(f). */
@@ -864,11 +865,20 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 	df.fd = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (df.fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
-	if (pipe2(p, O_CLOEXEC) < 0) {
+	/* A socket pair, not a pipe: QEMU (7.2) waits for its incoming stream
+	 * to be readable, and a pipe whose writer closed while QEMU waited is
+	 * only POLLHUP, never readable: QEMU would spin on it forever instead of
+	 * failing. A socket whose peer closed reads as end of stream at once. */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0) {
 		close(df.fd);
-		return kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "socketpair: %s", strerror(errno));
 	}
-	(void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20); /* fewer wake-ups; the default 64 KiB works too */
+	{
+		int sz = 1 << 20; /* fewer wake-ups; the default works too */
+
+		(void)setsockopt(p[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
+	}
 	*f = (struct state_feed){ .c = c, .l = &pm->state, .fd = p[1], .rc = -1 };
 	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
 		close(p[0]);
@@ -888,7 +898,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 	if (!f->started || df.rc < 0) {
 		struct kiln_err ferr = { .code = "" };
 
-		close(p[0]); /* a feed blocked on the pipe ends (EPIPE) */
+		close(p[0]); /* a feed blocked on the socket ends (EPIPE) */
 		if (state_feed_join(f, &ferr) < 0 && ferr.errc == KERR_SNAPSHOT_CORRUPT)
 			*err = ferr;
 		else if (df.rc < 0)
@@ -1064,7 +1074,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		close(fd);
 		fd = -1;
-		session_teardown(ss, s); /* QEMU's copy of the pipe goes: the feed ends */
+		session_teardown(ss, s); /* QEMU's copy of the socket goes: the feed ends */
 		/* A chunk that failed its check cut the stream: that is why. */
 		if (state_feed_join(&feed, &ferr) < 0 && ferr.errc == KERR_SNAPSHOT_CORRUPT)
 			*err = ferr;
