@@ -68,6 +68,18 @@ s = r.structuredContent ?? {};
 check('run_code: a failing program is an error result with its exit code 3 and stderr',
   r.isError === true && s.exit_code === 3 && s.stderr === 'oops\n', show(r));
 
+r = await client.callTool({ name: 'run_code', arguments: { language: 'python',
+  code: 'for i in range(20000): print(f"line {i:05d}")' } }, undefined, LONG);
+s = r.structuredContent ?? {};
+check('run_code: 220 KB of stdout shows its head and tail, says how much there was, and links the whole log',
+  !r.isError && s.output_truncated === true && s.stdout.startsWith('line 00000\n') &&
+  s.stdout.endsWith('line 19999\n') && /220000 bytes in all/.test(s.stdout) && s.logs?.stdout, show(r));
+if (s.logs?.stdout) {
+  const log = await (await fetch(s.logs.stdout)).text();
+  check('run_code: the whole stdout log downloads through its url', log.length === 220000 && log.endsWith('line 19999\n'),
+    `${log.length} bytes`);
+}
+
 // ---- a sandbox round trip ----
 t0 = Date.now();
 r = await client.callTool({ name: 'create_sandbox', arguments: { idle_timeout: 600 } }, undefined, LONG);
