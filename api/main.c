@@ -19,7 +19,9 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
-		   "  Serves the kiln API; see README \"kiln-api configuration\".\n");
+		   "       kiln-api migrate [--config FILE] [--db FILE]\n"
+		   "  Serves the kiln API; see README \"kiln-api configuration\". migrate brings the\n"
+		   "  store's schema (SQLite or PostgreSQL) to this version and exits.\n");
 }
 
 static void on_submitted(void *ctx)
@@ -54,8 +56,14 @@ int main(int argc, char **argv)
 	struct sessions *sessions;
 	struct templates *templates;
 	sigset_t set;
-	int opt, sig;
+	int opt, sig, migrate = 0;
 
+	if (argc > 1 && !strcmp(argv[1], "migrate")) {
+		migrate = 1;
+		argv[1] = argv[0];
+		argc--;
+		argv++;
+	}
 	while ((opt = getopt_long(argc, argv, "c:l:d:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
@@ -91,6 +99,17 @@ int main(int argc, char **argv)
 		cfg.listen = listen;
 	if (db)
 		cfg.db = db;
+	if (migrate) {
+		int r = store_migrate_only(cfg.postgres ? cfg.postgres : cfg.db, cfg.postgres != NULL, &err);
+
+		if (r < 0)
+			fprintf(stderr, "kiln-api: migrate: %s\n", err.message);
+		else
+			fprintf(stderr, "kiln-api: migrate: %s is at schema version %d\n",
+				cfg.postgres ? "postgresql" : cfg.db, STORE_SCHEMA_VERSION);
+		api_config_free(&cfg);
+		return r < 0 ? 3 : 0;
+	}
 	if (!cfg.admin_key)
 		fprintf(stderr, "kiln-api: warning: no admin_key configured: nobody can create customers or keys\n");
 
@@ -103,7 +122,7 @@ int main(int argc, char **argv)
 	/* Should the host run short of memory, sandboxes go first. */
 	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 
-	st = store_open(cfg.db, &err);
+	st = cfg.postgres ? store_open_pg(cfg.postgres, &err) : store_open(cfg.db, &err);
 	if (!st) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
 		api_config_free(&cfg);
@@ -166,7 +185,8 @@ int main(int argc, char **argv)
 	server_set_templates(srv, templates);
 	if (!cfg.cluster_token)
 		fprintf(stderr, "kiln-api: warning: no cluster_token configured: no host can register\n");
-	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
+	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen,
+		cfg.postgres ? "postgresql" : cfg.db,
 		cfg.s3.endpoint ? cfg.s3.endpoint : "none: outputs get no url");
 	while (sigwait(&set, &sig) != 0)
 		;

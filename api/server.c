@@ -798,8 +798,15 @@ static const char *task_id(struct httpd_req *r)
 	return strlen(r->param[0]) < 40 ? r->param[0] : NULL;
 }
 
+/* 503 when the store's database does not answer (PostgreSQL down or out
+ * of reach): a load balancer then sends requests to another replica. */
 static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 {
+	struct server *s = ctx;
+
+	if (store_ping(s->st) < 0)
+		return reply_json(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+				  json_pack("{s:s, s:s}", "status", "unavailable", "reason", "the database is unreachable"));
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
 }
 
@@ -1046,6 +1053,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (body->too_big)
 		return reply_too_large(s, conn);
 	memset(&c, 0, sizeof(c));
+	/* The database is out of reach (PostgreSQL): 503 at once rather than
+	 * a store error from deep inside; store_down reconnects by itself. */
+	if (strcmp(url, "/healthz") && store_down(s->st))
+		return reply_error(conn, KERR_UNAVAILABLE, "the database is unreachable; retry");
 	if (!strncmp(url, "/v1/hosts/", 10)) {
 		const char *tok = bearer(conn);
 

@@ -1,5 +1,5 @@
-/* store: kiln-api's durable state in SQLite (WAL, synchronous=FULL, schema
- * migrations): customers and their quotas, API keys (only SHA-256 hashes),
+/* store: kiln-api's durable state in SQLite (WAL, synchronous=FULL) or
+ * PostgreSQL (api/sdb.h; schema migrations for both): customers and their quotas, API keys (only SHA-256 hashes),
  * tasks with their whole lifecycle, registered hosts. Every write that a
  * client is told about has been committed (fsync'd) first.
  *
@@ -82,9 +82,23 @@ struct store_task {
 	char tkey[72];               /* its template: "" default, "@NAME" a built-in, else the image's SHA-256 */
 };
 
-/* Open (creating and migrating) the database at path. NULL with err set. */
+/* Open (creating and migrating) the SQLite database at path, or, when path
+ * is a postgresql:// (postgres://) URI, PostgreSQL. NULL with err set. */
 struct store *store_open(const char *path, struct kiln_err *err);
+/* Open PostgreSQL (conninfo: a URI or key=value pairs), migrating its
+ * schema (replicas take turns). NULL with err set. */
+struct store *store_open_pg(const char *conninfo, struct kiln_err *err);
 void store_close(struct store *s);
+/* `kiln-api migrate`: bring target's schema (SQLite path, or PostgreSQL
+ * conninfo when pg or a postgresql:// URI) to this version. 0 or -1. */
+int store_migrate_only(const char *target, int pg, struct kiln_err *err);
+/* Whether the database answers now (PostgreSQL: a round trip, reconnecting
+ * if the connection was lost): 0 yes, -1 no. SQLite: always 0. */
+int store_ping(struct store *s);
+/* Whether the store found its database unreachable and still does (tries
+ * to reconnect, at most once a second): 1 down, 0 up. */
+int store_down(struct store *s);
+int store_is_pg(const struct store *s);
 
 /* ---- customers, quotas, keys ---- */
 

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include <openssl/sha.h>
-#include <sqlite3.h>
+#include "sdb.h"
 
 #include "store.h"
 
@@ -49,9 +49,9 @@ struct key_entry {
 struct pending_submit;
 
 struct store {
-	sqlite3 *db;
+	struct sdb *db;
 	pthread_mutex_t lock;        /* every use of db and st */
-	sqlite3_stmt *st[STORE_SLOTS_MAX];
+	struct sdb_stmt *st[STORE_SLOTS_MAX];
 
 	pthread_rwlock_t keys_lock;
 	struct key_entry *keys;      /* open addressing by hash, at most half full */
@@ -75,35 +75,35 @@ struct store {
 
 /* Slot `slot`'s statement, prepared from sql the first time, reset and with
  * its bindings cleared; NULL (logged) when sql does not prepare. Lock held. */
-sqlite3_stmt *store_stmt(struct store *s, int slot, const char *sql);
+struct sdb_stmt *store_stmt(struct store *s, int slot, const char *sql);
 
 /* Run one of the core's row-less statements (BEGIN, COMMIT, ...):
- * SQLITE_DONE or the error code. Lock held. */
+ * SDB_DONE or the error code. Lock held. */
 int store_run(struct store *s, enum store_core_stmt id);
 
-/* sqlite3_step, logging an error other than DONE/ROW. Lock held. */
-int store_step(struct store *s, sqlite3_stmt *st);
+/* sdb_step, logging an error other than DONE/ROW. Lock held. */
+int store_step(struct store *s, struct sdb_stmt *st);
 
 /* Run st (from stmt(), s->lock held) with ?1 = the wall clock in ms and
  * ?2 = id: the one-statement "mark this row now" writes (touch, cancel
  * sent, key revoked). Returns the rows changed, or -1 on a store error. */
-int store_stamp_locked(struct store *s, sqlite3_stmt *st, const char *id);
+int store_stamp_locked(struct store *s, struct sdb_stmt *st, const char *id);
 
-static inline const char *store_col_text(sqlite3_stmt *st, int i)
+static inline const char *store_col_text(struct sdb_stmt *st, int i)
 {
-	return (const char *)sqlite3_column_text(st, i);
+	return sdb_col_text(st, i);
 }
 
 /* Column i into out (cap bytes, truncated, "" for NULL). */
-void store_copy_col(sqlite3_stmt *st, int i, char *out, size_t cap);
+void store_copy_col(struct sdb_stmt *st, int i, char *out, size_t cap);
 
 /* Bind v at i, NULL when v is NULL (store_bind_opt_text) or 0 (_uint). */
-void store_bind_opt_text(sqlite3_stmt *st, int i, const char *v);
-void store_bind_opt_uint(sqlite3_stmt *st, int i, unsigned v);
+void store_bind_opt_text(struct sdb_stmt *st, int i, const char *v);
+void store_bind_opt_uint(struct sdb_stmt *st, int i, unsigned v);
 
 /* Column i as JSON: its integer / string, or null. New references. */
-json_t *store_opt_int(sqlite3_stmt *st, int i);
-json_t *store_opt_str(sqlite3_stmt *st, int i);
+json_t *store_opt_int(struct sdb_stmt *st, int i);
+json_t *store_opt_str(struct sdb_stmt *st, int i);
 
 /* The index of str in names (n of them), n when it is none of them (or
  * NULL): task_state_parse and session_state_parse. */
@@ -145,7 +145,7 @@ void store_task_changed(struct store *s, const char *task_id, enum task_state st
  * Takes the lock. Returns fn's result, or -ENOENT when there is no such row
  * (of this customer), -EIO when the statement does not prepare. */
 int store_row_by_id(struct store *s, int slot, const char *sql, const char *id, const char *customer, int cust_col,
-		    int (*fn)(sqlite3_stmt *st, void *arg), void *arg);
+		    int (*fn)(struct sdb_stmt *st, void *arg), void *arg);
 
 /* A text column (0) of the row of slot/sql (?1 = id), copied (caller frees),
  * or NULL. For the spec getters. Takes the lock. */
@@ -162,7 +162,7 @@ struct store_page {
 	const char *state;           /* as given by the client; NULL: none */
 	int (*state_valid)(const char *state); /* non-zero if state is acceptable */
 	int seq_col;                 /* the row's seq column: the cursor */
-	json_t *(*row_json)(sqlite3_stmt *st); /* one element of the page */
+	json_t *(*row_json)(struct sdb_stmt *st); /* one element of the page */
 	const char *what;            /* "tasks", "sessions": for the error message */
 };
 
@@ -196,7 +196,7 @@ struct store_cas {
 
 /* Run the compare-and-set statement st (from store_stmt). 1 moved, 0 not
  * (the row is in another state, or gone), -1 error. Lock held. */
-int store_cas_locked(struct store *s, sqlite3_stmt *st, const struct store_cas *c);
+int store_cas_locked(struct store *s, struct sdb_stmt *st, const struct store_cas *c);
 
 /* ---- quotas (store.c, store_keys.c) ---- */
 
@@ -224,14 +224,16 @@ int store_tuse_insert_locked(struct store *s, const char *id, const struct store
 
 /* ---- the pieces' own set-up ---- */
 
-/* Bring the schema to STORE_SCHEMA_VERSION (store_migrate.c). */
-int store_migrate(sqlite3 *db, struct kiln_err *err);
+/* Bring the schema to STORE_SCHEMA_VERSION (store_migrate.c); with
+ * migrate 0 only check that it is there (an older one is an error naming
+ * `kiln-api migrate`). */
+int store_migrate(struct sdb *db, int migrate, struct kiln_err *err);
 
 /* The schema version of db, -1 if unreadable (store_migrate.c). */
-int store_read_version(sqlite3 *db);
+int store_read_version(struct sdb *db);
 
-/* sqlite3_exec with the error in err ("store_error"): 0 or -1 (store_migrate.c). */
-int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err);
+/* sdb_exec with the error in err ("store_error"): 0 or -1 (store_migrate.c). */
+int store_exec(struct sdb *db, const char *sql, struct kiln_err *err);
 
 /* Fill the key table from the keys rows, at open (store_keys.c). */
 int store_keys_load(struct store *s, struct kiln_err *err);

@@ -42,10 +42,10 @@ enum {
 };
 #define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
 /* Whether the task asks for network egress: only hosts that offer it take it. */
-#define SCHED_EGRESS "coalesce((SELECT json_extract(sp.spec, '$.network.egress') = 'allow'" \
-		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
+#define SCHED_EGRESS "coalesce((SELECT CASE WHEN json_extract(sp.spec, '$.network.egress') = 'allow'"     \
+		     " THEN 1 ELSE 0 END FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
 /* Its template, as the scheduler matches it against hosts' heartbeats. */
-#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin THEN '@' || u.name ELSE u.sha256 END"       \
+#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin <> 0 THEN '@' || u.name ELSE u.sha256 END"       \
 		   " FROM template_uses u WHERE u.id = tasks.id), '') AS tkey"
 #define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS ", " SCHED_TKEY
 
@@ -70,7 +70,7 @@ static const char *const tasks_sql[T_COUNT] = {
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
 	[T_IN_STATE] = "SELECT " SCHED_COLS " FROM tasks WHERE state = ?1 ORDER BY seq LIMIT ?2",
 	[T_FAIR] = "SELECT " SCHED_BASE ", egress, tkey FROM (SELECT " SCHED_COLS ", row_number() OVER"
-		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
+		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued') AS q"
 		   " ORDER BY rn, seq LIMIT ?1",
 	[T_CANCEL_NOW] = "UPDATE tasks SET state = 'cancelled', end_reason = 'cancelled', ended_ms = ?1,"
 			 " cancel_requested = 1 WHERE id = ?2 AND state IN ('queued', 'scheduled')",
@@ -92,7 +92,7 @@ static const char *const tasks_sql[T_COUNT] = {
 _Static_assert(STORE_SLOTS_TASKS + T_COUNT + TASK_STATE_COUNT <= STORE_SLOTS_SESSIONS,
 	       "store_tasks.c's statements overflow their slots");
 
-static sqlite3_stmt *stmt(struct store *s, enum tasks_stmt id)
+static struct sdb_stmt *stmt(struct store *s, enum tasks_stmt id)
 {
 	return store_stmt(s, STORE_SLOTS_TASKS + id, tasks_sql[id]);
 }
@@ -114,14 +114,14 @@ struct pending_submit {
 static int idem_find_locked(struct store *s, const char *customer, const char *idem_key, const char *body_hash,
 			    char id_out[40], struct kiln_err *err)
 {
-	sqlite3_stmt *st = stmt(s, T_IDEM_FIND);
+	struct sdb_stmt *st = stmt(s, T_IDEM_FIND);
 	int r = 0;
 
 	if (!st)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot look the idempotency key up");
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, idem_key, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW) {
+	sdb_bind_text(st, 1, customer);
+	sdb_bind_text(st, 2, idem_key);
+	if (sdb_step(st) == SDB_ROW) {
 		const char *h = store_col_text(st, 1);
 
 		store_copy_col(st, 0, id_out, 40);
@@ -131,7 +131,7 @@ static int idem_find_locked(struct store *s, const char *customer, const char *i
 			r = kiln_err_set(err, KERR_IDEMPOTENCY_CONFLICT,
 					 "Idempotency-Key was used for task %s with a different request body", id_out);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	return r;
 }
 
@@ -152,13 +152,13 @@ int store_task_idem_find(struct store *s, const char *customer, const char *idem
 static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t now)
 {
 	const struct store_submit *t = p->t;
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int rc;
 
 	p->r = -1;
 	p->at = now;
-	if (store_run(s, STORE_SAVEPOINT) != SQLITE_DONE) {
-		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
+	if (store_run(s, STORE_SAVEPOINT) != SDB_DONE) {
+		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
 		return;
 	}
 	if (t->idem_key) {
@@ -174,35 +174,35 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	st = stmt(s, T_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, t->customer, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, p->id);
+	sdb_bind_text(st, 2, t->customer);
 	store_bind_opt_text(st, 3, t->metadata_json);
-	sqlite3_bind_int64(st, 4, t->vcpus);
-	sqlite3_bind_int64(st, 5, t->memory_mib);
+	sdb_bind_int64(st, 4, t->vcpus);
+	sdb_bind_int64(st, 5, t->memory_mib);
 	store_bind_opt_uint(st, 6, t->timeout_s);
 	store_bind_opt_uint(st, 7, t->output_mib);
 	store_bind_opt_text(st, 8, t->idem_key);
 	store_bind_opt_text(st, 9, t->body_hash);
-	sqlite3_bind_int64(st, 10, now);
+	sdb_bind_int64(st, 10, now);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto fail_sql;
 	st = stmt(s, T_SPEC_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, t->spec_json, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, p->id);
+	sdb_bind_text(st, 2, t->spec_json);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto fail_sql;
 	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
 fail_sql:
-	kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
 undo:
 	store_run(s, STORE_ROLLBACK_TO);
 release:
@@ -216,20 +216,20 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 	struct pending_submit *p;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
+	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 		}
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
 	for (p = batch; p; p = p->next)
 		submit_one_locked(s, p, now);
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE) {
+	if (store_run(s, STORE_COMMIT) != SDB_DONE) {
 		char why[256];
 
-		snprintf(why, sizeof(why), "%s", sqlite3_errmsg(s->db));
+		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
 		store_run(s, STORE_ROLLBACK);
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
@@ -294,19 +294,19 @@ int store_task_insert(struct store *s, const char *customer, const char *spec_js
 /* ---- reading ---- */
 
 /* b - a when both are known, else null. */
-static json_t *span(sqlite3_stmt *st, int a, int b)
+static json_t *span(struct sdb_stmt *st, int a, int b)
 {
-	if (sqlite3_column_type(st, a) == SQLITE_NULL || sqlite3_column_type(st, b) == SQLITE_NULL)
+	if (sdb_col_null(st, a) || sdb_col_null(st, b))
 		return json_null();
-	return json_integer(sqlite3_column_int64(st, b) - sqlite3_column_int64(st, a));
+	return json_integer(sdb_col_int64(st, b) - sdb_col_int64(st, a));
 }
 
 /* The public JSON of the row st is on; with full, the host's result,
  * outputs and artifacts too (the row has TC_HOST_TASK). */
-static json_t *row_json(sqlite3_stmt *st, int full)
+static json_t *row_json(struct sdb_stmt *st, int full)
 {
 	const char *md = store_col_text(st, TC_METADATA);
-	int run_end = sqlite3_column_type(st, TC_UPLOADING) != SQLITE_NULL ? TC_UPLOADING : TC_ENDED;
+	int run_end = !sdb_col_null(st, TC_UPLOADING) ? TC_UPLOADING : TC_ENDED;
 	json_t *j, *timings;
 
 	timings = json_pack("{s:o, s:o, s:o, s:o, s:o}", "queued_ms", span(st, TC_CREATED, TC_SCHEDULED), "start_ms",
@@ -314,12 +314,12 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 			    span(st, TC_UPLOADING, TC_ENDED), "total_ms", span(st, TC_CREATED, TC_ENDED));
 	j = json_pack("{s:s, s:s, s:s, s:I, s:o, s:{s:I, s:I, s:o, s:o}, s:o, s:o, s:b, s:o, s:o}", "id",
 		      store_col_text(st, TC_ID), "customer", store_col_text(st, TC_CUSTOMER), "state",
-		      store_col_text(st, TC_STATE), "created_at", (json_int_t)sqlite3_column_int64(st, TC_CREATED),
+		      store_col_text(st, TC_STATE), "created_at", (json_int_t)sdb_col_int64(st, TC_CREATED),
 		      "metadata", md ? json_loads(md, 0, NULL) : json_null(), "limits", "vcpus",
-		      (json_int_t)sqlite3_column_int64(st, TC_VCPUS), "memory_mib",
-		      (json_int_t)sqlite3_column_int64(st, TC_MEMORY), "timeout_s", store_opt_int(st, TC_TIMEOUT),
+		      (json_int_t)sdb_col_int64(st, TC_VCPUS), "memory_mib",
+		      (json_int_t)sdb_col_int64(st, TC_MEMORY), "timeout_s", store_opt_int(st, TC_TIMEOUT),
 		      "output_mib", store_opt_int(st, TC_OUTPUT), "host", store_opt_str(st, TC_HOST), "end_reason",
-		      store_opt_str(st, TC_END_REASON), "cancel_requested", sqlite3_column_int(st, TC_CANCEL_REQ),
+		      store_opt_str(st, TC_END_REASON), "cancel_requested", sdb_col_int(st, TC_CANCEL_REQ),
 		      "idempotency_key", store_opt_str(st, TC_IDEM), "timings", timings);
 	if (j && full) {
 		const char *ht = store_col_text(st, TC_HOST_TASK);
@@ -345,7 +345,7 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 	return j;
 }
 
-static int full_json(sqlite3_stmt *st, void *arg)
+static int full_json(struct sdb_stmt *st, void *arg)
 {
 	*(json_t **)arg = row_json(st, 1);
 	return 0;
@@ -359,7 +359,7 @@ json_t *store_task_json(struct store *s, const char *id, const char *customer)
 	return j;
 }
 
-static int state_of(sqlite3_stmt *st, void *arg)
+static int state_of(struct sdb_stmt *st, void *arg)
 {
 	*(enum task_state *)arg = task_state_parse(store_col_text(st, 0));
 	return 0;
@@ -372,7 +372,7 @@ int store_task_state(struct store *s, const char *id, enum task_state *state)
 		       : 0;
 }
 
-static json_t *list_row_json(sqlite3_stmt *st)
+static json_t *list_row_json(struct sdb_stmt *st)
 {
 	return row_json(st, 0);
 }
@@ -431,7 +431,7 @@ static int transition_locked(struct store *s, const char *id, enum task_state fr
 		.id = id, .from = task_state_name(from), .to = task_state_name(to), .host = host_id, .now = now,
 	};
 	const char *col = state_column(to);
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char sql[512];
 
 	/* Back to the queue (a host lost before the task started): the
@@ -468,25 +468,25 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 int store_task_schedule(struct store *s, const char *id, const char *host_id)
 {
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char customer[65] = "";
 	unsigned vcpus = 0, mem = 0;
 	int r = -EIO, found = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE)
+	if (store_run(s, STORE_BEGIN) != SDB_DONE)
 		goto out;
 	st = stmt(s, T_GET);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
+	sdb_bind_text(st, 1, id);
+	if (sdb_step(st) == SDB_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
 		found = 1;
 		store_copy_col(st, TC_CUSTOMER, customer, sizeof(customer));
-		vcpus = (unsigned)sqlite3_column_int64(st, TC_VCPUS);
-		mem = (unsigned)sqlite3_column_int64(st, TC_MEMORY);
+		vcpus = (unsigned)sdb_col_int64(st, TC_VCPUS);
+		mem = (unsigned)sdb_col_int64(st, TC_MEMORY);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	if (!found) {
 		r = 0;
 		goto rollback;
@@ -499,7 +499,7 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	r = -EIO;
 	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1)
 		goto rollback;
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto rollback;
 	r = 1;
 	goto out;
@@ -517,8 +517,8 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 {
 	char *ht = host_task ? json_dumps(host_task, JSON_COMPACT) : NULL;
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR, n = 0;
 
 	if (!task_state_final(state)) {
 		free(ht);
@@ -527,18 +527,18 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, T_FINISH);
 	if (st) {
-		sqlite3_bind_text(st, 1, task_state_name(state), -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, task_state_name(state));
 		store_bind_opt_text(st, 2, end_reason);
 		store_bind_opt_text(st, 3, ht);
-		sqlite3_bind_int64(st, 4, now);
-		sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 4, now);
+		sdb_bind_text(st, 5, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+		n = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(ht);
-	if (rc != SQLITE_DONE)
+	if (rc != SDB_DONE)
 		return -1;
 	if (n)
 		store_task_changed(s, id, state, now);
@@ -551,7 +551,7 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
  * the lock. */
 static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text, struct store_task *out, int max)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n = 0;
 
 	if (max <= 0)
@@ -560,25 +560,25 @@ static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text,
 	st = stmt(s, id);
 	if (st) {
 		if (arg_text)
-			sqlite3_bind_text(st, 1, arg_text, -1, SQLITE_STATIC);
-		sqlite3_bind_int(st, arg_text ? 2 : 1, max);
-		while (n < max && store_step(s, st) == SQLITE_ROW) {
+			sdb_bind_text(st, 1, arg_text);
+		sdb_bind_int64(st, arg_text ? 2 : 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW) {
 			struct store_task *t = &out[n++];
 
 			memset(t, 0, sizeof(*t));
 			store_copy_col(st, 0, t->id, sizeof(t->id));
 			store_copy_col(st, 1, t->customer, sizeof(t->customer));
 			t->state = task_state_parse(store_col_text(st, 2));
-			t->vcpus = (unsigned)sqlite3_column_int64(st, 3);
-			t->memory_mib = (unsigned)sqlite3_column_int64(st, 4);
+			t->vcpus = (unsigned)sdb_col_int64(st, 3);
+			t->memory_mib = (unsigned)sdb_col_int64(st, 4);
 			store_copy_col(st, 5, t->host_id, sizeof(t->host_id));
-			t->seq = sqlite3_column_int64(st, 6);
-			t->created_ms = sqlite3_column_int64(st, 7);
-			t->cancel_requested = sqlite3_column_int(st, 8);
-			t->egress = sqlite3_column_int(st, 9);
+			t->seq = sdb_col_int64(st, 6);
+			t->created_ms = sdb_col_int64(st, 7);
+			t->cancel_requested = sdb_col_int(st, 8);
+			t->egress = sdb_col_int(st, 9);
 			store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
@@ -618,25 +618,25 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 	enum store_cancel r = STORE_CANCEL_FAILED;
 	enum task_state cur = TASK_STATE_COUNT;
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n, rc;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, T_STATE);
 	if (!st)
 		goto out;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW) {
+	sdb_bind_text(st, 1, id);
+	rc = sdb_step(st);
+	if (rc == SDB_ROW) {
 		const char *c = store_col_text(st, 1);
 
 		cur = task_state_parse(store_col_text(st, 0));
 		if (customer && strcmp(customer, c ? c : ""))
-			rc = SQLITE_DONE; /* another customer's: as if it did not exist */
+			rc = SDB_DONE; /* another customer's: as if it did not exist */
 	}
-	sqlite3_reset(st);
-	if (rc != SQLITE_ROW) {
-		r = rc == SQLITE_DONE ? STORE_CANCEL_NOT_FOUND : STORE_CANCEL_FAILED;
+	sdb_reset(st);
+	if (rc != SDB_ROW) {
+		r = rc == SDB_DONE ? STORE_CANCEL_NOT_FOUND : STORE_CANCEL_FAILED;
 		cur = TASK_STATE_COUNT;
 		goto out;
 	}
@@ -644,12 +644,12 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 		st = stmt(s, T_CANCEL_NOW);
 		if (!st)
 			goto out;
-		sqlite3_bind_int64(st, 1, now);
-		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 1, now);
+		sdb_bind_text(st, 2, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		n = sdb_changes(s->db);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto out;
 		/* Only this thread writes under the lock, so the state read
 		 * above still holds; n == 1 always. */
@@ -660,11 +660,11 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 		st = stmt(s, T_CANCEL_REQ);
 		if (!st)
 			goto out;
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		n = sdb_changes(s->db);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto out;
 		r = STORE_CANCEL_REQUESTED;
 		if (!n)
