@@ -82,7 +82,7 @@ static const char *const tpl_sql[P_COUNT_] = {
 		     " build_ms = CASE WHEN started_ms IS NULL THEN NULL ELSE ?9 - started_ms END,"
 		     " host_id = NULL, oci_key = NULL WHERE id = ?1 AND state IN ('queued', 'building')",
 	[P_DAY_ADD] = "INSERT INTO build_usage(customer, day, ms) VALUES (?1, ?2, ?3)"
-		      " ON CONFLICT(customer, day) DO UPDATE SET ms = ms + excluded.ms",
+		      " ON CONFLICT(customer, day) DO UPDATE SET ms = build_usage.ms + excluded.ms",
 	[P_PROGRESS] = "SELECT state, log_total, log, error_code, error_message FROM templates WHERE id = ?1",
 	[P_GC_LIST] = "SELECT seq, build_id, host_id, oci_key, sha256, s3_key FROM template_gc ORDER BY seq LIMIT ?1",
 	[P_GC_UPDATE] = "UPDATE template_gc SET host_id = ?2, oci_key = ?3, sha256 = ?4, s3_key = ?5 WHERE seq = ?1",
