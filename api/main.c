@@ -36,6 +36,18 @@ static void on_cancel(void *ctx, const char *task_id)
 	sched_wake_full(ctx);
 }
 
+/* Another replica's change (PostgreSQL): a task queued or cancelled there is
+ * this scheduler's business too. */
+static void on_remote_change(void *ctx, const char *id, const char *event, json_t *data)
+{
+	const char *state = json_string_value(json_object_get(data, "state"));
+
+	if (!strcmp(event, "state") && state && !strcmp(state, "queued"))
+		sched_wake(ctx);
+	else if (!strcmp(event, "cancel") || !strcmp(event, "resync"))
+		sched_wake_full(ctx);
+}
+
 static void on_destination_changed(void *ctx, const char *customer)
 {
 	sched_destination_changed(ctx, customer);
@@ -157,11 +169,13 @@ int main(int argc, char **argv)
 		}
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
 							     .destination_changed = on_destination_changed, .ctx = sched });
+		store_set_remote_hook(st, on_remote_change, sched);
 	}
 	sessions = sessions_start(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
 	if (!sessions) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
 		server_set_hooks(srv, NULL);
+		store_set_remote_hook(st, NULL, NULL);
 		sched_stop(sched);
 		server_stop(srv);
 		store_close(st);
@@ -176,6 +190,7 @@ int main(int argc, char **argv)
 		server_set_sessions(srv, NULL);
 		server_set_hooks(srv, NULL);
 		sessions_stop(sessions);
+		store_set_remote_hook(st, NULL, NULL);
 		sched_stop(sched);
 		server_stop(srv);
 		store_close(st);
@@ -206,6 +221,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kiln-api: session requests still in flight: exiting without waiting for them\n");
 		return 0;
 	}
+	store_set_remote_hook(st, NULL, NULL);
 	sched_stop(sched);
 	server_stop(srv);
 	templates_free(templates);

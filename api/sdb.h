@@ -90,6 +90,16 @@ int sdb_ping(struct sdb *db);
  * the connection lost and not yet re-established). */
 int sdb_down(struct sdb *db);
 
+/* LISTEN on channel over a connection of its own, in a thread of its own
+ * (PostgreSQL only; NULL for SQLite or on failure): fn gets each
+ * notification's payload, and NULL after every reconnection (what was
+ * sent meanwhile is lost: the caller re-reads). Reconnects once a second
+ * while the server is away. */
+typedef void sdb_notify_fn(void *arg, const char *payload);
+struct sdb_listener;
+struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_fn *fn, void *arg);
+void sdb_listen_stop(struct sdb_listener *l);
+
 /* The dialect rewrite sdb_pg applies to sql (parameters to $N, the table
  * of SQLite-isms), into a new string (caller frees); *names (caller frees,
  * may be NULL) gets the named parameters' names, NUL-separated, in $N

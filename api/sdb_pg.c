@@ -11,9 +11,13 @@
  * once the commit is durable on the server. */
 #include "sdb_impl.h"
 
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <libpq-fe.h>
 
@@ -21,6 +25,7 @@
 
 struct sdb_pg {
 	PGconn *conn;
+	char *conninfo;              /* for the listener's own connection */
 	unsigned epoch;              /* bumped on every new connection */
 	unsigned next_name;
 	int changes;
@@ -214,11 +219,13 @@ struct sdb_pg *pg_open(const char *conninfo, struct kiln_err *err)
 		kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
 		return NULL;
 	}
+	pg->conninfo = strdup(conninfo);
 	pg->conn = connect_to(conninfo);
 	if (!pg->conn || PQstatus(pg->conn) != CONNECTION_OK) {
 		kiln_err_set(err, KERR_STORE_ERROR, "postgresql: %s",
 			     pg->conn ? PQerrorMessage(pg->conn) : "out of memory");
 		PQfinish(pg->conn);
+		free(pg->conninfo);
 		free(pg);
 		return NULL;
 	}
@@ -232,6 +239,7 @@ void pg_close(struct sdb_pg *pg)
 	if (!pg)
 		return;
 	PQfinish(pg->conn);
+	free(pg->conninfo);
 	free(pg);
 }
 
@@ -563,4 +571,130 @@ const void *pg_col_blob(struct sdb_pg_stmt *st, int i, int *n)
 	}
 	*n = (int)st->blob_len;
 	return st->blob;
+}
+
+/* ---- LISTEN ---- */
+
+struct sdb_listener {
+	char *conninfo;
+	char channel[64];
+	sdb_notify_fn *fn;
+	void *arg;
+	pthread_t thread;
+	PGconn *first;               /* connected by sdb_listen itself, or NULL */
+	int stop;                    /* atomic */
+	int stop_pipe[2];
+};
+
+/* Connect and LISTEN: the connection, or NULL. */
+static PGconn *listen_connect(struct sdb_listener *l)
+{
+	PGconn *c = connect_to(l->conninfo);
+	char sql[96];
+	PGresult *r;
+
+	if (!c || PQstatus(c) != CONNECTION_OK) {
+		PQfinish(c);
+		return NULL;
+	}
+	PQsetNoticeProcessor(c, quiet, NULL);
+	snprintf(sql, sizeof(sql), "LISTEN %s", l->channel);
+	r = PQexec(c, sql);
+	if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+		PQclear(r);
+		PQfinish(c);
+		return NULL;
+	}
+	PQclear(r);
+	return c;
+}
+
+static void *listen_main(void *arg)
+{
+	struct sdb_listener *l = arg;
+	PGconn *c = l->first;
+	int was_up = 1;
+
+	while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
+		struct pollfd pfd[2] = { { .fd = l->stop_pipe[0], .events = POLLIN } };
+		PGnotify *n;
+
+		if (!c) {
+			c = listen_connect(l);
+			if (!c) {
+				if (was_up)
+					fprintf(stderr, "kiln-api: store: cannot LISTEN on postgresql; retrying\n");
+				was_up = 0;
+				poll(pfd, 1, 1000);
+				continue;
+			}
+			/* Whatever was sent while nobody listened is lost: say so. */
+			l->fn(l->arg, NULL);
+			was_up = 1;
+		}
+		pfd[1].fd = PQsocket(c);
+		pfd[1].events = POLLIN;
+		if (poll(pfd, 2, 1000) < 0)
+			continue;
+		if (pfd[0].revents)
+			break;
+		if (!PQconsumeInput(c) || PQstatus(c) != CONNECTION_OK) {
+			PQfinish(c);
+			c = NULL;
+			continue;
+		}
+		while ((n = PQnotifies(c))) {
+			l->fn(l->arg, n->extra);
+			PQfreemem(n);
+		}
+	}
+	PQfinish(c);
+	return NULL;
+}
+
+struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_fn *fn, void *arg)
+{
+	struct sdb_listener *l;
+
+	if (db->kind != SDB_PG)
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->conninfo = strdup(db->pg->conninfo);
+	snprintf(l->channel, sizeof(l->channel), "%s", channel);
+	l->fn = fn;
+	l->arg = arg;
+	if (!l->conninfo || pipe2(l->stop_pipe, O_CLOEXEC) < 0) {
+		free(l->conninfo);
+		free(l);
+		return NULL;
+	}
+	/* LISTEN before returning: the caller reads after this, and
+	 * whatever is committed from then on is announced. */
+	l->first = listen_connect(l);
+	if (pthread_create(&l->thread, NULL, listen_main, l) != 0) {
+		PQfinish(l->first);
+		close(l->stop_pipe[0]);
+		close(l->stop_pipe[1]);
+		free(l->conninfo);
+		free(l);
+		return NULL;
+	}
+	return l;
+}
+
+void sdb_listen_stop(struct sdb_listener *l)
+{
+	if (!l)
+		return;
+	__atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
+	if (write(l->stop_pipe[1], "x", 1) < 0) {
+		/* the thread sees stop within a second anyway */
+	}
+	pthread_join(l->thread, NULL);
+	close(l->stop_pipe[0]);
+	close(l->stop_pipe[1]);
+	free(l->conninfo);
+	free(l);
 }

@@ -39,6 +39,11 @@ static const char *const core_sql[STORE_CORE_COUNT] = {
 			    " AND state IN ('scheduled', 'starting', 'running')"
 			    " UNION ALL SELECT vcpus, memory_mib FROM sessions WHERE customer = ?1"
 			    " AND state IN ('starting', 'running', 'pausing', 'resuming')) AS u",
+	[STORE_NOTIFY] = "SELECT pg_notify('kiln_changes', ?1)",
+	/* PostgreSQL: one transaction at a time checks and takes a customer's
+	 * running quota, whichever replica runs it (SQLite's BEGIN IMMEDIATE
+	 * serialises every writer already). */
+	[STORE_CUSTOMER_LOCK] = "SELECT pg_advisory_xact_lock(hashtext(?1))",
 };
 
 _Static_assert(STORE_SLOTS_CORE + STORE_CORE_COUNT <= STORE_SLOTS_KEYS, "store.c's statements overflow their slots");
@@ -175,10 +180,101 @@ int store_new_id(const char *prefix, char out[40])
 
 /* ---- change notification ---- */
 
+/* Tell the other replicas (PostgreSQL): {"r": our nonce, "i": id, "e":
+ * event, "d": data}, without d when it would not fit a notification. */
+static void publish(struct store *s, const char *id, const char *event, json_t *data)
+{
+	json_t *j = json_pack("{s:s, s:s, s:s}", "r", s->nonce, "i", id ? id : "", "e", event);
+	char *payload;
+	struct sdb_stmt *st;
+
+	if (!j)
+		return;
+	if (data)
+		json_object_set(j, "d", data);
+	payload = json_dumps(j, JSON_COMPACT);
+	if (payload && strlen(payload) > 7900) {
+		free(payload);
+		json_object_del(j, "d");
+		payload = json_dumps(j, JSON_COMPACT);
+	}
+	json_decref(j);
+	if (!payload)
+		return;
+	pthread_mutex_lock(&s->lock);
+	st = store_stmt(s, STORE_SLOTS_CORE + STORE_NOTIFY, core_sql[STORE_NOTIFY]);
+	if (st) {
+		sdb_bind_text(st, 1, payload);
+		store_step(s, st);
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	free(payload);
+}
+
+/* Wake this process's waiters and hand data (not consumed) to the
+ * listener and, when it came from another replica, the remote hook. */
+static void wake_local(struct store *s, const char *id, const char *event, json_t *data, int remote)
+{
+	store_listener_fn *fn, *rfn;
+	void *arg, *rarg;
+
+	pthread_mutex_lock(&s->ch_lock);
+	s->gen++;
+	fn = s->listener;
+	arg = s->listener_arg;
+	rfn = remote ? s->remote : NULL;
+	rarg = s->remote_arg;
+	pthread_cond_broadcast(&s->ch_cond);
+	pthread_mutex_unlock(&s->ch_lock);
+	if (fn && data)
+		fn(arg, id, event, data);
+	if (rfn)
+		rfn(rarg, id, event, data);
+}
+
+/* A notification from the listener's thread (payload NULL: it has just
+ * (re)connected and may have missed some: re-read everything). */
+static void on_notify(void *arg, const char *payload)
+{
+	struct store *s = arg;
+	json_t *j, *d;
+	const char *r, *id, *event;
+
+	if (!payload) {
+		store_keys_reload(s);
+		wake_local(s, NULL, "resync", NULL, 1);
+		return;
+	}
+	j = json_loads(payload, 0, NULL);
+	r = json_string_value(json_object_get(j, "r"));
+	id = json_string_value(json_object_get(j, "i"));
+	event = json_string_value(json_object_get(j, "e"));
+	d = json_object_get(j, "d");
+	if (r && id && event && strcmp(r, s->nonce)) {
+		if (!strcmp(event, "key"))
+			store_keys_reload(s);
+		else
+			wake_local(s, id, event, d, 1);
+	}
+	json_decref(j);
+}
+
+void store_set_remote_hook(struct store *s, store_listener_fn *fn, void *arg)
+{
+	pthread_mutex_lock(&s->ch_lock);
+	s->remote = fn;
+	s->remote_arg = arg;
+	pthread_mutex_unlock(&s->ch_lock);
+}
+
 void store_changed(struct store *s, const char *id, const char *event, json_t *data)
 {
 	store_listener_fn *fn;
 	void *arg;
+
+	if (s->listen)
+		publish(s, id, event, data);
 
 	pthread_mutex_lock(&s->ch_lock);
 	s->gen++;
@@ -407,12 +503,30 @@ int store_running_usage_locked(struct store *s, const char *customer, struct usa
 	return r;
 }
 
+int store_lock_customer_locked(struct store *s, const char *customer)
+{
+	struct sdb_stmt *st;
+	int rc;
+
+	if (sdb_kind(s->db) != SDB_PG)
+		return 0;
+	st = store_stmt(s, STORE_SLOTS_CORE + STORE_CUSTOMER_LOCK, core_sql[STORE_CUSTOMER_LOCK]);
+	if (!st)
+		return -1;
+	sdb_bind_text(st, 1, customer);
+	rc = store_step(s, st);
+	sdb_reset(st);
+	return rc == SDB_ROW || rc == SDB_DONE ? 0 : -1;
+}
+
 int store_room_locked(struct store *s, const char *customer, unsigned vcpus, unsigned memory_mib, int missing_ok,
 		      struct kiln_err *err)
 {
 	struct quota q;
 	struct usage u = { 0 };
 
+	if (store_lock_customer_locked(s, customer) < 0)
+		return -EIO;
 	if (store_customer_quota_locked(s, customer, &q) < 0) {
 		if (!missing_ok)
 			return -ENOENT;
@@ -424,6 +538,22 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 }
 
 /* ---- open, close ---- */
+
+/* PostgreSQL: the listener that brings other replicas' changes. */
+static int store_listen_start(struct store *s, struct kiln_err *err)
+{
+	unsigned char rnd[8];
+
+	if (sdb_kind(s->db) != SDB_PG)
+		return 0;
+	if (store_random(rnd, sizeof(rnd)) < 0)
+		return kiln_err_set(err, KERR_STORE_ERROR, "no randomness");
+	store_hex(rnd, sizeof(rnd), s->nonce);
+	s->listen = sdb_listen(s->db, "kiln_changes", on_notify, s);
+	if (!s->listen)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot start the postgresql listener");
+	return 0;
+}
 
 /* A store on db (taken over, closed on failure): migrated with
  * migrate, else only checked to be at this kiln-api's schema version. */
@@ -446,7 +576,8 @@ static struct store *store_open_db(struct sdb *db, const char *what, int migrate
 	pthread_mutex_init(&s->gc_lock, NULL);
 	pthread_cond_init(&s->gc_cond, NULL);
 	condwait_init(&s->ch_cond);
-	if (store_migrate(s->db, migrate, err) < 0 || store_keys_load(s, err) < 0) {
+	if (store_migrate(s->db, migrate, err) < 0 || store_keys_load(s, err) < 0 ||
+	    store_listen_start(s, err) < 0) {
 		if (err && strncmp(err->message, what, strlen(what))) {
 			char m[sizeof(err->message)];
 
@@ -525,6 +656,7 @@ void store_close(struct store *s)
 {
 	if (!s)
 		return;
+	sdb_listen_stop(s->listen);
 	for (int i = 0; i < STORE_SLOTS_MAX; i++)
 		sdb_finalize(s->st[i]);
 	sdb_close(s->db);

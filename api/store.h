@@ -285,6 +285,12 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id);
  * borrowed. */
 typedef void store_listener_fn(void *arg, const char *task_id, const char *event, json_t *data);
 void store_set_listener(struct store *s, store_listener_fn *fn, void *arg);
+/* Replicas on PostgreSQL: fn is called (from the store's listener thread)
+ * for every change another kiln-api committed: task_id, event ("state",
+ * "cancel", "session", ...; "resync" with task_id NULL after the listener
+ * reconnected: anything may have changed) and data (may be NULL). Those
+ * changes also wake store_wait_change and reach the listener above. */
+void store_set_remote_hook(struct store *s, store_listener_fn *fn, void *arg);
 uint64_t store_changes(struct store *s);
 /* Wait until store_changes() differs from seen or deadline_ms (CLOCK_MONOTONIC
  * milliseconds) passes or store_wake_all(). 1 changed, 0 not. */

@@ -24,7 +24,7 @@
  * slots and the SQL for them (store_stmt prepares a slot on first use). */
 enum store_slots {
 	STORE_SLOTS_CORE = 0,       /* store.c: transactions, usage */
-	STORE_SLOTS_KEYS = 8,       /* store_keys.c: customers, keys, hosts */
+	STORE_SLOTS_KEYS = 10,      /* store_keys.c: customers, keys, hosts */
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
 	STORE_SLOTS_TEMPLATES = 72, /* store_templates.c */
@@ -35,6 +35,7 @@ enum store_slots {
 enum store_core_stmt {
 	STORE_BEGIN, STORE_COMMIT, STORE_ROLLBACK, STORE_SAVEPOINT, STORE_RELEASE, STORE_ROLLBACK_TO,
 	STORE_USAGE_RUN,
+	STORE_NOTIFY, STORE_CUSTOMER_LOCK,
 	STORE_CORE_COUNT
 };
 
@@ -63,6 +64,12 @@ struct store {
 	int woken;
 	store_listener_fn *listener;
 	void *listener_arg;
+	/* Replicas (PostgreSQL): changes committed by other kiln-apis arrive
+	 * by NOTIFY on a connection of the listener's own. */
+	struct sdb_listener *listen;
+	char nonce[17];              /* this process's, to skip its own notifications */
+	store_listener_fn *remote;
+	void *remote_arg;
 
 	/* Group commit of submissions (store_tasks.c). */
 	pthread_mutex_t gc_lock;
@@ -208,6 +215,12 @@ int store_customer_quota_locked(struct store *s, const char *customer, struct qu
  * 0 or -EIO. Lock held. */
 int store_running_usage_locked(struct store *s, const char *customer, struct usage *u);
 
+/* Inside a transaction: wait for and hold until its end the customer's
+ * lock (PostgreSQL: an advisory transaction lock; SQLite: nothing, its
+ * writers are serialised). So quota checks and the writes they allow are
+ * one step across replicas. 0 or -1. Lock held. */
+int store_lock_customer_locked(struct store *s, const char *customer);
+
 /* Whether the customer's running quota (tasks and sessions together) leaves
  * room for one more of vcpus and memory_mib: 0 yes; -EDQUOT no (err, which
  * may be NULL, says which limit); -ENOENT the quotas cannot be read (only
@@ -234,6 +247,10 @@ int store_read_version(struct sdb *db);
 
 /* sdb_exec with the error in err ("store_error"): 0 or -1 (store_migrate.c). */
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err);
+
+/* Build the key table afresh from the rows and swap it in: another
+ * replica created or revoked a key. 0 or -1. Takes the locks. */
+int store_keys_reload(struct store *s);
 
 /* Fill the key table from the keys rows, at open (store_keys.c). */
 int store_keys_load(struct store *s, struct kiln_err *err);

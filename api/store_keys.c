@@ -337,6 +337,7 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 	}
 	*key_out = key;
 	snprintf(key_id_out, 32, "%s", id);
+	store_changed(s, id, "key", NULL); /* other replicas reload their tables */
 	return 0;
 }
 
@@ -356,7 +357,46 @@ int store_key_revoke(struct store *s, const char *key_id)
 	pthread_mutex_unlock(&s->lock);
 	if (n < 0)
 		return -EIO;
+	if (n)
+		store_changed(s, key_id, "key", NULL); /* other replicas reload their tables */
 	return n ? 0 : -ENOENT;
+}
+
+int store_keys_reload(struct store *s)
+{
+	struct store fresh = { 0 }; /* only its key table is used */
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, K_KEY_GET);
+	while (st && (rc = sdb_step(st)) == SDB_ROW) {
+		struct key_entry e = { .admin = sdb_col_int(st, 2), .revoked = !sdb_col_null(st, 4) };
+
+		if (sdb_col_bytes(st, 3) != SHA256_DIGEST_LENGTH)
+			continue;
+		memcpy(e.hash, sdb_col_blob(st, 3), SHA256_DIGEST_LENGTH);
+		store_copy_col(st, 0, e.key_id, sizeof(e.key_id));
+		store_copy_col(st, 1, e.customer, sizeof(e.customer));
+		if (key_table_add(&fresh, &e) < 0) {
+			rc = SDB_ERROR;
+			break;
+		}
+	}
+	if (st)
+		sdb_reset(st);
+	pthread_mutex_unlock(&s->lock);
+	if (rc != SDB_DONE) {
+		free(fresh.keys);
+		return -1;
+	}
+	pthread_rwlock_wrlock(&s->keys_lock);
+	free(s->keys);
+	s->keys = fresh.keys;
+	s->keys_cap = fresh.keys_cap;
+	s->keys_n = fresh.keys_n;
+	pthread_rwlock_unlock(&s->keys_lock);
+	return 0;
 }
 
 int store_key_check(struct store *s, const char *key, char customer[65], int *admin)

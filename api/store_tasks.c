@@ -186,6 +186,17 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	sdb_bind_int64(st, 10, now);
 	rc = store_step(s, st);
 	sdb_reset(st);
+	if (rc == SDB_CONSTRAINT && t->idem_key) {
+		/* Another replica committed the same key since we looked
+		 * (the unique index waited for it): answer with its task. */
+		store_run(s, STORE_ROLLBACK_TO);
+		p->r = idem_find_locked(s, t->customer, t->idem_key, t->body_hash, p->id, p->err);
+		if (p->r != 0)
+			goto release;
+		p->r = -1;
+		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: idempotency key conflict");
+		goto release;
+	}
 	if (rc != SDB_DONE)
 		goto fail_sql;
 	st = stmt(s, T_SPEC_INSERT);

@@ -148,6 +148,8 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 		goto out;
 	}
+	if (store_lock_customer_locked(s, n->customer) < 0) /* max_templates across replicas */
+		goto fail_sql;
 	st = stmt(s, P_NAME_TAKEN);
 	if (!st)
 		goto fail_sql;

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include <libpq-fe.h>
 #include <sqlite3.h>
 
+#include "clock.h"
 #include "quota.h"
 #include "store.h"
 #include "store_impl.h"
@@ -932,6 +934,116 @@ static void test_session_quota_resume_discard(void **state)
 	store_close(s);
 }
 
+/* Two stores on one PostgreSQL database, as two kiln-api replicas: a key
+ * made on A works on B, one revoked on A stops working on B, both within a
+ * second; a change committed on A wakes B's waiters and reaches B's remote
+ * hook; an idempotency key used on A gives A's task on B; two replicas
+ * racing the same key get one task. */
+struct remote_seen {
+	pthread_mutex_t lock;
+	char id[40], event[16];
+	int n;
+};
+
+static void on_remote(void *arg, const char *id, const char *event, json_t *data)
+{
+	struct remote_seen *r = arg;
+
+	pthread_mutex_lock(&r->lock);
+	if (id && !strcmp(event, "state")) {
+		snprintf(r->id, sizeof(r->id), "%s", id);
+		snprintf(r->event, sizeof(r->event), "%s", event);
+		r->n++;
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+static int key_works_within(struct store *s, const char *key, int want, int ms)
+{
+	char cust[65];
+	int admin;
+
+	for (int i = 0; i < ms / 10; i++) {
+		if (store_key_check(s, key, cust, &admin) == want)
+			return 1;
+		usleep(10000);
+	}
+	return 0;
+}
+
+struct racer {
+	struct store *s;
+	const char *key;
+	char id[40];
+	int r;
+};
+
+static void *race_insert(void *arg)
+{
+	struct racer *x = arg;
+	struct kiln_err err = { .code = "" };
+
+	x->r = store_task_insert(x->s, "acme", "{}", NULL, 1, 256, x->key, "hr", x->id, &err);
+	return NULL;
+}
+
+static void test_replicas(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *a, *b;
+	struct remote_seen seen = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	char *key, kid[32], id[40], id2[40];
+	uint64_t g;
+	int64_t deadline;
+
+	if (!pg)
+		skip(); /* one process's SQLite has no replicas */
+	a = open_ok();
+	b = open_ok();
+	store_set_remote_hook(b, on_remote, &seen);
+	customer(a, "acme", NULL);
+	assert_int_equal(store_key_create(a, "acme", 0, &key, kid, &err), 0);
+	assert_true(key_works_within(b, key, 1, 1000));
+	assert_int_equal(store_key_revoke(a, kid), 0);
+	assert_true(key_works_within(b, key, 0, 1000));
+	free(key);
+	/* A submission on A wakes B's waiters and reaches its hook. */
+	g = store_changes(b);
+	submit(a, "acme", id);
+	deadline = clock_mono_ms() + 2000;
+	assert_int_equal(store_wait_change(b, g, deadline), 1);
+	for (int i = 0; i < 200; i++) {
+		pthread_mutex_lock(&seen.lock);
+		int n = seen.n;
+		pthread_mutex_unlock(&seen.lock);
+		if (n)
+			break;
+		usleep(10000);
+	}
+	assert_string_equal(seen.id, id);
+	/* Idempotency across replicas: A's task, from B. */
+	assert_int_equal(store_task_insert(a, "acme", "{}", NULL, 1, 256, "k1", "h1", id, &err), 0);
+	assert_int_equal(store_task_insert(b, "acme", "{}", NULL, 1, 256, "k1", "h1", id2, &err), 1);
+	assert_string_equal(id, id2);
+	/* The same key on both at once: one task, both told its id. */
+	for (int round = 0; round < 5; round++) {
+		char k[16];
+		struct racer x = { .s = a, .key = k }, y = { .s = b, .key = k };
+		pthread_t tx, ty;
+
+		snprintf(k, sizeof(k), "race%d", round);
+		assert_int_equal(pthread_create(&tx, NULL, race_insert, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, race_insert, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		assert_true(x.r >= 0 && y.r >= 0);
+		assert_string_equal(x.id, y.id);
+	}
+	store_set_remote_hook(b, NULL, NULL);
+	store_close(b);
+	store_close(a);
+}
+
 /* The PostgreSQL round: each test in a database of its own on a server of
  * the group's (skipped when none can be started). */
 static int setup_pg(void **state)
@@ -985,6 +1097,7 @@ int main(void)
 		BOTH(test_cas_helper),
 		BOTH(test_task_and_session_cas),
 		BOTH(test_session_quota_resume_discard),
+		BOTH(test_replicas),
 	};
 	int r;
 	char cmd[300];
