@@ -140,6 +140,12 @@ int main(int argc, char **argv)
 		api_config_free(&cfg);
 		return 3;
 	}
+	if (store_leader_start(st) < 0) {
+		fprintf(stderr, "kiln-api: cannot start the leader election\n");
+		store_close(st);
+		api_config_free(&cfg);
+		return 3;
+	}
 	srv = server_start(&cfg, st, NULL, &err);
 	if (!srv) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);

@@ -841,7 +841,20 @@ static void *sched_main(void *arg)
 		int full = s->want_full || now - s->last_full >= TICK_MS || now < s->last_full;
 
 		s->want_full = 0;
-		tick_locked(s, full);
+		if (!store_is_leader(s->st)) {
+			/* A follower (replicas on PostgreSQL): only the hosts are
+			 * read, for sessions placed through this replica. Once
+			 * leader, it reattaches to what is placed and judges hosts
+			 * from then on, as a restarted kiln-api does. */
+			if (full) {
+				s->last_full = now;
+				refresh_hosts_locked(s);
+			}
+			s->reattached = 0;
+			s->started_ms = now;
+		} else {
+			tick_locked(s, full);
+		}
 		if (s->woken) {
 			s->woken = 0;
 			continue;

@@ -100,6 +100,16 @@ struct sdb_listener;
 struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_fn *fn, void *arg);
 void sdb_listen_stop(struct sdb_listener *l);
 
+/* Leader election (PostgreSQL only; NULL for SQLite or on failure): a
+ * thread with a connection of its own tries pg_try_advisory_lock(key)
+ * every half second; the session holds it until it ends (the process dies,
+ * the connection breaks, sdb_leader_stop). sdb_leader_is says whether this
+ * process holds it now. */
+struct sdb_leader;
+struct sdb_leader *sdb_leader_start(struct sdb *db, long long key);
+int sdb_leader_is(struct sdb_leader *l);
+void sdb_leader_stop(struct sdb_leader *l);
+
 /* The dialect rewrite sdb_pg applies to sql (parameters to $N, the table
  * of SQLite-isms), into a new string (caller frees); *names (caller frees,
  * may be NULL) gets the named parameters' names, NUL-separated, in $N

@@ -698,3 +698,115 @@ void sdb_listen_stop(struct sdb_listener *l)
 	free(l->conninfo);
 	free(l);
 }
+
+/* ---- the leader's lock ---- */
+
+struct sdb_leader {
+	char *conninfo;
+	long long key;
+	pthread_t thread;
+	int leader;                  /* atomic */
+	int stop;                    /* atomic */
+	int stop_pipe[2];
+};
+
+/* 1 the lock is held (taken now or before), 0 not, -1 the connection failed. */
+static int try_lock(PGconn *c, long long key)
+{
+	char sql[80];
+	PGresult *r;
+	int v = -1;
+
+	snprintf(sql, sizeof(sql), "SELECT pg_try_advisory_lock(%lld)", key);
+	r = PQexec(c, sql);
+	if (r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		v = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	return v;
+}
+
+static void *leader_main(void *arg)
+{
+	struct sdb_leader *l = arg;
+	PGconn *c = NULL;
+	int held = 0;
+
+	while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
+		struct pollfd pfd = { .fd = l->stop_pipe[0], .events = POLLIN };
+		int v;
+
+		if (!c) {
+			c = connect_to(l->conninfo);
+			if (PQstatus(c) != CONNECTION_OK) {
+				PQfinish(c);
+				c = NULL;
+			} else {
+				PQsetNoticeProcessor(c, quiet, NULL);
+			}
+		}
+		/* Held already: the query re-takes it (a count we never
+		 * release) and says the session still stands. */
+		v = c ? try_lock(c, l->key) : -1;
+		if (v < 0) {
+			PQfinish(c);
+			c = NULL;
+			v = 0;
+		}
+		if (v != held) {
+			fprintf(stderr, "kiln-api: %s the scheduler's leader\n", v ? "now" : "no longer");
+			held = v;
+			__atomic_store_n(&l->leader, v, __ATOMIC_RELEASE);
+		}
+		if (poll(&pfd, 1, 500) > 0)
+			break;
+	}
+	__atomic_store_n(&l->leader, 0, __ATOMIC_RELEASE);
+	PQfinish(c); /* the server releases the lock with the session */
+	return NULL;
+}
+
+struct sdb_leader *sdb_leader_start(struct sdb *db, long long key)
+{
+	struct sdb_leader *l;
+
+	if (db->kind != SDB_PG)
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->conninfo = strdup(db->pg->conninfo);
+	l->key = key;
+	if (!l->conninfo || pipe2(l->stop_pipe, O_CLOEXEC) < 0) {
+		free(l->conninfo);
+		free(l);
+		return NULL;
+	}
+	if (pthread_create(&l->thread, NULL, leader_main, l) != 0) {
+		close(l->stop_pipe[0]);
+		close(l->stop_pipe[1]);
+		free(l->conninfo);
+		free(l);
+		return NULL;
+	}
+	return l;
+}
+
+int sdb_leader_is(struct sdb_leader *l)
+{
+	return __atomic_load_n(&l->leader, __ATOMIC_ACQUIRE);
+}
+
+void sdb_leader_stop(struct sdb_leader *l)
+{
+	if (!l)
+		return;
+	__atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
+	if (write(l->stop_pipe[1], "x", 1) < 0) {
+		/* the thread sees stop within half a second anyway */
+	}
+	pthread_join(l->thread, NULL);
+	close(l->stop_pipe[0]);
+	close(l->stop_pipe[1]);
+	free(l->conninfo);
+	free(l);
+}

@@ -807,7 +807,9 @@ static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 	if (store_ping(s->st) < 0)
 		return reply_json(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE,
 				  json_pack("{s:s, s:s}", "status", "unavailable", "reason", "the database is unreachable"));
-	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+	/* leader: this replica runs the scheduler now (always, on SQLite). */
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:b}", "status", "ok", "leader", store_is_leader(s->st)));
 }
 
 static enum MHD_Result rt_list(void *ctx, struct httpd_req *r)

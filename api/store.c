@@ -555,6 +555,24 @@ static int store_listen_start(struct store *s, struct kiln_err *err)
 	return 0;
 }
 
+/* The scheduler's advisory lock key: "kilnsched" folded to 63 bits. */
+#define LEADER_KEY 0x6b696c6e73636864LL
+
+int store_leader_start(struct store *s)
+{
+	if (sdb_kind(s->db) != SDB_PG || s->leader)
+		return 0;
+	s->leader = sdb_leader_start(s->db, LEADER_KEY);
+	return s->leader ? 0 : -1;
+}
+
+int store_is_leader(struct store *s)
+{
+	if (sdb_kind(s->db) != SDB_PG)
+		return 1;
+	return s->leader && sdb_leader_is(s->leader);
+}
+
 /* A store on db (taken over, closed on failure): migrated with
  * migrate, else only checked to be at this kiln-api's schema version. */
 static struct store *store_open_db(struct sdb *db, const char *what, int migrate, struct kiln_err *err)
@@ -656,6 +674,7 @@ void store_close(struct store *s)
 {
 	if (!s)
 		return;
+	sdb_leader_stop(s->leader);
 	sdb_listen_stop(s->listen);
 	for (int i = 0; i < STORE_SLOTS_MAX; i++)
 		sdb_finalize(s->st[i]);

@@ -99,6 +99,12 @@ int store_ping(struct store *s);
  * to reconnect, at most once a second): 1 down, 0 up. */
 int store_down(struct store *s);
 int store_is_pg(const struct store *s);
+/* Replicas on PostgreSQL: take part in the election of the one scheduler
+ * (an advisory lock on a connection of its own, tried twice a second).
+ * SQLite: nothing to do. 0, or -1 when the thread cannot start. */
+int store_leader_start(struct store *s);
+/* Whether this process is the scheduler's leader now (SQLite: always). */
+int store_is_leader(struct store *s);
 
 /* ---- customers, quotas, keys ---- */
 

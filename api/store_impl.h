@@ -67,6 +67,7 @@ struct store {
 	/* Replicas (PostgreSQL): changes committed by other kiln-apis arrive
 	 * by NOTIFY on a connection of the listener's own. */
 	struct sdb_listener *listen;
+	struct sdb_leader *leader;   /* NULL: SQLite, always the leader */
 	char nonce[17];              /* this process's, to skip its own notifications */
 	store_listener_fn *remote;
 	void *remote_arg;
