@@ -302,6 +302,6 @@ check "no kiln-api process left" [ -z "$(pgrep -f "kiln-api --config $T_TMP/api.
 if [ "$STORE" = postgres ]; then
 	d=$T_PG_DIR
 	pg_stop
-	check "PostgreSQL stopped, its directory gone" [ "$(pgrep -c -f "postgres -D $d/" || true)" = 0 ] && [ ! -e "$d" ]
+	check "PostgreSQL stopped, its directory gone" [ "$(pgrep -c -f "postgres -D $d/" || true)" = 0 -a ! -e "$d" ]
 fi
 t_done
