@@ -93,6 +93,17 @@ on() { # r key method path [curl args]: the status; the body in $T_TMP/last.json
 }
 last() { jq -r "$1" "$T_TMP/last.json" 2> /dev/null; }
 final_re='^(succeeded|failed|error|cancelled|timed_out)$'
+# wait_final R ID DEADLINE: long-poll the task on replica R until it is final
+# or SECONDS reaches DEADLINE (one stuck task must not cost minutes each).
+wait_final() {
+	local r=$1 id=$2 dl=$3 w
+	while :; do
+		w=$((dl - SECONDS)); [ "$w" -gt 60 ] && w=60
+		[ "$w" -ge 1 ] || { on "$r" "$KEY" GET "/v1/tasks/$id" > /dev/null; return; }
+		on "$r" "$KEY" GET "/v1/tasks/$id?wait=$w" > /dev/null
+		[[ $(last .state) =~ $final_re ]] && return
+	done
+}
 
 ok_all=1
 for r in 0 1 2; do start_api "$r" || ok_all=0; done
@@ -162,11 +173,9 @@ wait "$bpid"
 accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
 S=$NL # a surviving replica to read from
 final=0 succeeded=0 hist="" sample=""
+dl=$((SECONDS + 300))
 for id in "${accepted[@]}"; do
-	for _ in 1 2 3 4; do
-		on "$S" "$KEY" GET "/v1/tasks/$id?wait=60" > /dev/null; st=$(last .state)
-		[[ $st =~ $final_re ]] && break
-	done
+	wait_final "$S" "$id" "$dl"; st=$(last .state)
 	[[ $st =~ $final_re ]] && final=$((final + 1))
 	if [ "$st" = succeeded ]; then succeeded=$((succeeded + 1))
 	else hist="$hist $st/$(last .end_reason)/$(last .host)"; [ -n "$sample" ] || sample=$(head -c 700 "$T_TMP/last.json"); fi
@@ -204,17 +213,18 @@ n503=$(grep -l '^503$' "$pgb"/*.code | wc -l)
 check "PostgreSQL down: healthz 503 and some submissions 503 ($codes)" [ "$hz" = 503 -a "$n503" -ge 1 ]
 up=0; for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$(url "$S")/healthz")" = 200 ] && { up=1; break; }; sleep 0.1; done
 check "PostgreSQL back: healthz 200 by itself" [ "$up" = 1 ]
-lostn=0 acc=0 pgs=""
+lostn=0 acc=0 pgs="" dl=$((SECONDS + 300))
 for f in "$pgb"/*.code; do
 	[ "$(cat "$f")" = 202 ] || continue
 	acc=$((acc + 1))
 	id=$(jq -r .id "${f%.code}.json")
-	for _ in 1 2 3; do on "$S" "$KEY" GET "/v1/tasks/$id?wait=60" > /dev/null; [[ $(last .state) =~ $final_re ]] && break; done
-	[ "$(last .state)" = succeeded ] || { lostn=$((lostn + 1)); [ -n "$pgs" ] || pgs=$(head -c 600 "$T_TMP/last.json"); }
+	wait_final "$S" "$id" "$dl"
+	[ "$(last .state)" = succeeded ] || { lostn=$((lostn + 1)); pgs="$pgs $(last .state)/$(last .host)"; }
 done
 if [ "$acc" -ge 1 ] && [ "$lostn" = 0 ]; then
 	ok "every submission acknowledged around the restart ($acc) exists and succeeds"
-else not_ok "acknowledged around the restart" "$acc acknowledged, $lostn not succeeded" "$pgs"; fi
+else not_ok "acknowledged around the restart" "$acc acknowledged, $lostn not succeeded:$pgs" \
+	"$(grep -hv serving "$T_TMP"/api*.err | tail -12)"; fi
 
 # ---- shutdown leaves nothing ----
 for p in "${host_pids[@]}" "${api_pids[@]}"; do kill "$p"; done
