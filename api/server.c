@@ -305,8 +305,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	struct template_use tu;
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
 	int egress, cwd_set;
-	int64_t retry_ms;
-	int r;
+	int64_t retry_ms = 0;
+	int r, shared;
 
 	if (c->admin)
 		return reply_error(conn, KERR_FORBIDDEN, "an admin key cannot submit tasks: use a customer key");
@@ -351,7 +351,10 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	spec_free(&spec);
 	if (quota_check_task(&q, vcpus, memory_mib, timeout_s, output_mib, &err) < 0)
 		goto bad_request;
-	if (!quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms(), &retry_ms)) {
+	/* Replicas on PostgreSQL: the rate and the queue are checked in the
+	 * submission's transaction against rows they all share (below). */
+	shared = store_is_pg(s->st);
+	if (!shared && !quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms(), &retry_ms)) {
 		char ra[24];
 
 		api_task_request_free(&tr);
@@ -361,11 +364,11 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		return reply_error_h(conn, KERR_RATE_LIMITED, msg, "Retry-After", ra);
 	}
 	/* Counting the queue costs a scan of it: only when a limit needs it. */
-	if (q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
+	if (!shared && q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
 		api_task_request_free(&tr);
 		return reply_internal(conn, "cannot read the usage");
 	}
-	if (q.max_queued && u.queued >= q.max_queued) {
+	if (!shared && q.max_queued && u.queued >= q.max_queued) {
 		char ra[24];
 
 		api_task_request_free(&tr);
@@ -415,6 +418,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 			.customer = c->customer, .spec_json = merged ? merged : tr.spec_json, .metadata_json = md,
 			.vcpus = vcpus, .memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
 			.idem_key = idem, .body_hash = hash_hex, .tuse = r == 1 ? &tu.use : NULL,
+			.shared = shared, .submit_rate = q.submit_rate, .submit_burst = q.submit_burst,
+			.max_queued = q.max_queued, .retry_ms = &retry_ms,
 		};
 
 		r = store_task_submit(s->st, &sub, id, &err);
@@ -423,6 +428,16 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	free(merged);
 	template_use_free(&tu);
 	api_task_request_free(&tr);
+	if (r < 0 && (!strcmp(err.code, "rate_limited") || !strcmp(err.code, "queue_full"))) {
+		char ra[24];
+
+		if (!strcmp(err.code, "rate_limited"))
+			snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
+		else
+			snprintf(ra, sizeof(ra), "%d", QUEUE_FULL_RETRY_S);
+		return reply_error_h(conn, !strcmp(err.code, "rate_limited") ? KERR_RATE_LIMITED : KERR_QUEUE_FULL,
+				     err.message, "Retry-After", ra);
+	}
 	if (r < 0)
 		return reply_err(conn, &err);
 	if (r == 1) /* the same retry raced us past the lookup above */

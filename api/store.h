@@ -193,7 +193,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -239,6 +239,16 @@ struct store_submit {
 	const char *idem_key;        /* may be NULL */
 	const char *body_hash;       /* SHA-256 hex of the request body */
 	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
+	/* Replicas (PostgreSQL): the customer's submit rate and queue depth
+	 * are checked in the submission's own transaction, under the
+	 * customer's lock, against rows every replica shares (the bucket in
+	 * submit_buckets). shared 0: the caller checked them itself. Refused:
+	 * -1 with err "rate_limited" (*retry_ms: when to retry) or
+	 * "queue_full". */
+	int shared;
+	double submit_rate;
+	unsigned submit_burst, max_queued;
+	int64_t *retry_ms;
 };
 int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err);
 

@@ -68,6 +68,10 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"  region TEXT NOT NULL, bucket TEXT NOT NULL, prefix TEXT NOT NULL, access_key TEXT NOT NULL,"
 	"  secret_sealed BLOB NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);"
 	"ALTER TABLE tasks ADD COLUMN destination TEXT;",
+	/* 7: replicas on PostgreSQL share each customer's submit-rate token
+	 * bucket (api/quota.c's, in wall-clock ms) */
+	"CREATE TABLE submit_buckets (customer TEXT PRIMARY KEY, tokens DOUBLE PRECISION NOT NULL,"
+	"  last_ms INTEGER NOT NULL);",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "quota.h"
 
 static const char *const state_names[TASK_STATE_COUNT] = {
 	"queued", "scheduled", "starting", "running", "uploading",
@@ -54,6 +55,7 @@ enum tasks_stmt {
 	T_FINISH, T_IN_STATE, T_FAIR,
 	T_CANCEL_NOW, T_CANCEL_REQ, T_CANCEL_PENDING, T_CANCEL_SENT,
 	T_LIST_ALL, T_LIST_ALL_STATE, T_LIST_CUST, T_LIST_CUST_STATE,
+	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT,
 	T_COUNT
 };
 
@@ -85,6 +87,11 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_LIST_CUST] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 	[T_LIST_CUST_STATE] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND state = ?2 AND seq < ?3"
 			      " ORDER BY seq DESC LIMIT ?4",
+	/* Shared quotas (store_submit.shared). */
+	[T_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
+	[T_BUCKET_GET] = "SELECT tokens, last_ms FROM submit_buckets WHERE customer = ?1",
+	[T_BUCKET_PUT] = "INSERT INTO submit_buckets(customer, tokens, last_ms) VALUES (?1, ?2, ?3)"
+			 " ON CONFLICT(customer) DO UPDATE SET tokens = excluded.tokens, last_ms = excluded.last_ms",
 };
 
 /* After the statements: one transition statement per target state. */
@@ -146,6 +153,104 @@ int store_task_idem_find(struct store *s, const char *customer, const char *idem
 	return r;
 }
 
+/* The shared submit rate and queue depth of t's customer (the batch holds
+ * its lock): 0 admitted (a token taken), -1 with p->err. Lock held. */
+static int shared_quota_locked(struct store *s, struct pending_submit *p, int64_t now)
+{
+	const struct store_submit *t = p->t;
+	struct sdb_stmt *st;
+	int64_t retry = 0;
+	int rc;
+
+	if (t->submit_rate > 0) {
+		struct quota_bucket b = { 0 };
+		char tok[40];
+
+		st = stmt(s, T_BUCKET_GET);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot read the submit rate");
+		sdb_bind_text(st, 1, t->customer);
+		rc = sdb_step(st);
+		if (rc == SDB_ROW) {
+			const char *v = sdb_col_text(st, 0);
+
+			b.tokens = v ? strtod(v, NULL) : 0;
+			b.last_ms = sdb_col_int64(st, 1);
+			b.started = 1;
+		}
+		sdb_reset(st);
+		if (rc != SDB_ROW && rc != SDB_DONE)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot read the submit rate");
+		if (!quota_bucket_take(&b, t->submit_rate, t->submit_burst, now, &retry)) {
+			if (t->retry_ms)
+				*t->retry_ms = retry;
+			return kiln_err_set(p->err, KERR_RATE_LIMITED,
+					    "more than %g submissions per second (burst %u): retry in %lld s", t->submit_rate,
+					    t->submit_burst, (long long)(retry > 1000 ? (retry + 999) / 1000 : 1));
+		}
+		st = stmt(s, T_BUCKET_PUT);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot record the submit rate");
+		snprintf(tok, sizeof(tok), "%.17g", b.tokens);
+		sdb_bind_text(st, 1, t->customer);
+		sdb_bind_text(st, 2, tok);
+		sdb_bind_int64(st, 3, b.last_ms);
+		rc = store_step(s, st);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot record the submit rate");
+	}
+	if (t->max_queued) {
+		int64_t n = -1;
+
+		st = stmt(s, T_QUEUED);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot count the queue");
+		sdb_bind_text(st, 1, t->customer);
+		if (sdb_step(st) == SDB_ROW)
+			n = sdb_col_int64(st, 0);
+		sdb_reset(st);
+		if (n < 0)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot count the queue");
+		if (n >= t->max_queued)
+			return kiln_err_set(p->err, KERR_QUEUE_FULL, "%lld tasks are queued, your quota's max_queued",
+					    (long long)n);
+	}
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Take the customer locks of the batch's shared-quota submissions, in one
+ * order (by name) on every replica: two batches cannot deadlock. Lock
+ * held, inside the batch's transaction. 0 or -1. */
+static int lock_batch_customers(struct store *s, struct pending_submit *batch)
+{
+	const char **names;
+	size_t n = 0, k = 0;
+	int r = 0;
+
+	for (struct pending_submit *p = batch; p; p = p->next)
+		n += p->t->shared;
+	if (!n)
+		return 0;
+	names = calloc(n, sizeof(*names));
+	if (!names)
+		return -1;
+	for (struct pending_submit *p = batch; p; p = p->next)
+		if (p->t->shared)
+			names[k++] = p->t->customer;
+	qsort(names, n, sizeof(*names), cmp_str);
+	for (size_t i = 0; i < n && r == 0; i++)
+		if (i == 0 || strcmp(names[i], names[i - 1]))
+			r = store_lock_customer_locked(s, names[i]);
+	free(names);
+	return r;
+}
+
 /* One submission inside the open transaction, in a savepoint: p->r is 0
  * (inserted, p->id set), 1 (its idempotency key names an earlier task with
  * the same body: p->id is that task), or -1 with p->err. Lock held. */
@@ -167,6 +272,8 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 			goto release;
 		p->r = -1;
 	}
+	if (t->shared && shared_quota_locked(s, p, now) < 0)
+		goto undo;
 	if (store_new_id("t_", p->id) < 0) {
 		kiln_err_set(p->err, KERR_INTERNAL, "no randomness");
 		goto undo;
@@ -231,6 +338,18 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
 			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
+		}
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	if (lock_batch_customers(s, batch) < 0) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
+		store_run(s, STORE_ROLLBACK);
+		for (p = batch; p; p = p->next) {
+			p->r = -1;
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
 		}
 		pthread_mutex_unlock(&s->lock);
 		return;

@@ -206,7 +206,7 @@ static void test_migrations(void **state)
 	 * the data stays. */
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
-	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination;"
+	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
 	    " UPDATE schema_version SET version = 1");
 	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
@@ -1038,6 +1038,32 @@ static void test_replicas(void **state)
 		pthread_join(ty, NULL);
 		assert_true(x.r >= 0 && y.r >= 0);
 		assert_string_equal(x.id, y.id);
+	}
+	/* Shared quotas: a submit rate of 0.001/s with a burst of 2 is 2 in
+	 * all, whichever replica takes them; then max_queued 3 across both. */
+	{
+		struct store *rep[2] = { a, b };
+		struct store_submit t = { .customer = "beta", .spec_json = "{}", .vcpus = 1, .memory_mib = 256,
+					  .body_hash = "h", .shared = 1, .submit_rate = 0.001, .submit_burst = 2 };
+		int64_t retry = 0;
+		char x[40];
+
+		t.retry_ms = &retry;
+		customer(a, "beta", NULL);
+		for (int i = 0; i < 2; i++)
+			assert_int_equal(store_task_submit(rep[i], &t, x, &err), 0);
+		assert_int_equal(store_task_submit(a, &t, x, &err), -1);
+		assert_string_equal(err.code, "rate_limited");
+		assert_true(retry > 0);
+		assert_int_equal(store_task_submit(b, &t, x, &err), -1);
+		assert_string_equal(err.code, "rate_limited");
+		t.submit_rate = 0;
+		t.max_queued = 3;
+		assert_int_equal(store_task_submit(b, &t, x, &err), 0); /* 3 queued */
+		assert_int_equal(store_task_submit(a, &t, x, &err), -1);
+		assert_string_equal(err.code, "queue_full");
+		assert_int_equal(store_task_submit(b, &t, x, &err), -1);
+		assert_string_equal(err.code, "queue_full");
 	}
 	store_set_remote_hook(b, NULL, NULL);
 	store_close(b);
