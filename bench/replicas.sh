@@ -99,7 +99,12 @@ echo "PostgreSQL x3 submissions: $(submit 3 "$key")"
 echo "GET /v1/tasks/{id} (wrk -t2 -c32, one replica): SQLite $get_sqlite req/s, PostgreSQL $get_pg req/s"
 
 # ---- leader failover ----
-leader() { for r in 0 1 2; do curl -s -m 1 "$(url "$r")/healthz" 2> /dev/null | jq -e .leader > /dev/null 2>&1 && { echo "$r"; return; }; done; }
+leader() { # the replica whose healthz says leader, or nothing
+	for r in 0 1 2; do
+		if curl -s -m 1 "$(url "$r")/healthz" 2> /dev/null | jq -e .leader > /dev/null 2>&1; then echo "$r"; return 0; fi
+	done
+	return 0
+}
 times=()
 for i in 1 2 3 4 5; do
 	for _ in $(seq 50); do L=$(leader); [ -n "$L" ] && break; sleep 0.1; done
