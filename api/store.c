@@ -252,10 +252,21 @@ static void on_notify(void *arg, const char *payload)
 	event = json_string_value(json_object_get(j, "e"));
 	d = json_object_get(j, "d");
 	if (r && id && event && strcmp(r, s->nonce)) {
-		if (!strcmp(event, "key"))
+		if (!strcmp(event, "key")) {
 			store_keys_reload(s);
-		else
+		} else if (!strcmp(event, "queued")) {
+			/* A batch of submissions: each a "state" change to queued. */
+			json_t *ids = json_object_get(j, "ids"), *v;
+			json_t *st = json_pack("{s:s, s:O}", "state", "queued", "at", json_object_get(j, "at"));
+			size_t k;
+
+			json_array_foreach(ids, k, v)
+				if (json_is_string(v))
+					wake_local(s, json_string_value(v), "state", st, 1);
+			json_decref(st);
+		} else {
 			wake_local(s, id, event, d, 1);
+		}
 	}
 	json_decref(j);
 }
@@ -266,6 +277,42 @@ void store_set_remote_hook(struct store *s, store_listener_fn *fn, void *arg)
 	s->remote = fn;
 	s->remote_arg = arg;
 	pthread_mutex_unlock(&s->ch_lock);
+}
+
+int store_notify_queued_locked(struct store *s, const char *const *ids, int n, int64_t at)
+{
+	struct sdb_stmt *st;
+
+	if (!s->listen)
+		return 0;
+	for (int i = 0; i < n; i += 100) { /* 100 ids: about 4 KB, under NOTIFY's 8000 bytes */
+		json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:[]}", "r", s->nonce, "i", "", "e", "queued", "at",
+				      (json_int_t)at, "ids");
+		json_t *a = json_object_get(j, "ids");
+		char *payload;
+		int rc = SDB_ERROR;
+
+		for (int k = i; k < n && k < i + 100; k++)
+			json_array_append_new(a, json_string(ids[k]));
+		payload = json_dumps(j, JSON_COMPACT);
+		json_decref(j);
+		st = payload ? store_stmt(s, STORE_SLOTS_CORE + STORE_NOTIFY, core_sql[STORE_NOTIFY]) : NULL;
+		if (st) {
+			sdb_bind_text(st, 1, payload);
+			rc = store_step(s, st);
+			sdb_reset(st);
+		}
+		free(payload);
+		if (rc != SDB_ROW && rc != SDB_DONE)
+			return -1;
+	}
+	return 0;
+}
+
+void store_changed_here(struct store *s, const char *id, const char *event, json_t *data)
+{
+	wake_local(s, id, event, data, 0);
+	json_decref(data);
 }
 
 void store_changed(struct store *s, const char *id, const char *event, json_t *data)

@@ -143,6 +143,15 @@ int store_new_id(const char *prefix, char out[40]);
  * NULL: no listener call) to the listener. After the commit, outside s->lock. */
 void store_changed(struct store *s, const char *id, const char *event, json_t *data);
 
+/* store_changed for this process only (what another replica learns some
+ * other way: store_notify_queued_locked). data consumed. */
+void store_changed_here(struct store *s, const char *id, const char *event, json_t *data);
+
+/* Replicas: announce n submissions queued at `at` inside the transaction
+ * that inserts them (one NOTIFY per 100; delivered at its commit). 0 or -1.
+ * Lock held. Nothing for SQLite. */
+int store_notify_queued_locked(struct store *s, const char *const *ids, int n, int64_t at);
+
 /* store_changed with event "state" and {"state":NAME,"at":at}. */
 void store_task_changed(struct store *s, const char *task_id, enum task_state st, int64_t at);
 

@@ -356,6 +356,33 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 	}
 	for (p = batch; p; p = p->next)
 		submit_one_locked(s, p, now);
+	if (s->listen) {
+		/* Replicas hear of the batch with its commit: one notification,
+		 * not one round trip per task after it. */
+		const char *ids[256];
+		int n = 0, bad = 0;
+
+		for (p = batch; p; p = p->next) {
+			if (p->r != 0)
+				continue;
+			ids[n++] = p->id;
+			if (n == 256) {
+				bad |= store_notify_queued_locked(s, ids, n, now) < 0;
+				n = 0;
+			}
+		}
+		if (n)
+			bad |= store_notify_queued_locked(s, ids, n, now) < 0;
+		if (bad) {
+			store_run(s, STORE_ROLLBACK);
+			for (p = batch; p; p = p->next) {
+				p->r = -1;
+				kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
+			}
+			pthread_mutex_unlock(&s->lock);
+			return;
+		}
+	}
 	if (store_run(s, STORE_COMMIT) != SDB_DONE) {
 		char why[256];
 
@@ -404,8 +431,9 @@ int store_task_submit(struct store *s, const struct store_submit *t, char id_out
 	pthread_mutex_unlock(&s->gc_lock);
 	if (me.r >= 0)
 		memcpy(id_out, me.id, strlen(me.id) + 1);
-	if (me.r == 0)
-		store_task_changed(s, id_out, TASK_QUEUED, me.at);
+	if (me.r == 0) /* the other replicas heard of it with the batch's commit */
+		store_changed_here(s, id_out, "state",
+				   json_pack("{s:s, s:I}", "state", task_state_name(TASK_QUEUED), "at", (json_int_t)me.at));
 	return me.r;
 }
 
