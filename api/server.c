@@ -847,6 +847,12 @@ static const char *task_id(struct httpd_req *r)
 	return strlen(r->param[0]) < 40 ? r->param[0] : NULL;
 }
 
+/* The routes that need no key: health and metrics. */
+static int keyless(const char *url)
+{
+	return !strcmp(url, "/healthz") || !strcmp(url, "/metrics");
+}
+
 /* 503 when the store's database does not answer (PostgreSQL down or out
  * of reach): a load balancer then sends requests to another replica. */
 static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
@@ -859,6 +865,34 @@ static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 	/* leader: this replica runs the scheduler now (always, on SQLite). */
 	return reply_json(r->conn, MHD_HTTP_OK,
 			  json_pack("{s:s, s:b}", "status", "ok", "leader", store_is_leader(s->st)));
+}
+
+/* GET /metrics (no key, like /healthz): this replica's view, Prometheus
+ * text. Each replica answers for itself: scrape them all; exactly one says
+ * kiln_api_leader 1. */
+static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+	char *text = NULL;
+	int n;
+
+	n = asprintf(&text,
+		     "# HELP kiln_api_leader 1 when this kiln-api runs the scheduler (one replica at a time)\n"
+		     "# TYPE kiln_api_leader gauge\nkiln_api_leader %d\n"
+		     "# HELP kiln_api_store_up 1 when the store's database answers\n"
+		     "# TYPE kiln_api_store_up gauge\nkiln_api_store_up %d\n"
+		     "# HELP kiln_api_store_info the store's backend\n"
+		     "# TYPE kiln_api_store_info gauge\nkiln_api_store_info{backend=\"%s\"} 1\n",
+		     store_is_leader(s->st), store_ping(s->st) == 0, store_is_pg(s->st) ? "postgresql" : "sqlite");
+	if (n < 0)
+		return reply_internal(r->conn, "out of memory");
+	resp = MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
+	MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
+	return ret;
 }
 
 static enum MHD_Result rt_list(void *ctx, struct httpd_req *r)
@@ -943,6 +977,7 @@ static enum MHD_Result rt_usage(void *ctx, struct httpd_req *r)
  * key and /v1/hosts/ routes for the cluster token before the table. */
 static const struct httpd_route api_routes[] = {
 	{ "GET", "/healthz", rt_healthz },
+	{ "GET", "/metrics", rt_metrics },
 	{ "GET", "/v1/tasks", rt_list },
 	{ "POST", "/v1/tasks", rt_submit },
 	{ "GET", "/v1/tasks/{id}", rt_task_get },
@@ -1124,7 +1159,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			}
 			return MHD_YES;
 		}
-		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10)) {
+		if (!keyless(url) && strncmp(url, "/v1/hosts/", 10)) {
 			char id[80], name[ARTIFACT_NAME_MAX];
 			int link = artifact_link(s, conn, url, id, sizeof(id), name);
 
@@ -1155,7 +1190,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	memset(&c, 0, sizeof(c));
 	/* The database is out of reach (PostgreSQL): 503 at once rather than
 	 * a store error from deep inside; store_down reconnects by itself. */
-	if (strcmp(url, "/healthz") && store_down(s->st))
+	if (!keyless(url) && store_down(s->st))
 		return reply_error(conn, KERR_UNAVAILABLE, "the database is unreachable; retry");
 	if (!strncmp(url, "/v1/hosts/", 10)) {
 		const char *tok = bearer(conn);
@@ -1164,7 +1199,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
 	} else if (e2b_relay_path(url)) {
 		return handle_relay(s, conn, method, url, body);
-	} else if (strcmp(url, "/healthz")) {
+	} else if (!keyless(url)) {
 		char id[80], name[ARTIFACT_NAME_MAX];
 		int link = artifact_link(s, conn, url, id, sizeof(id), name);
 

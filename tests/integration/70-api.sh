@@ -85,7 +85,13 @@ if ! start_api; then
 	exit 0
 fi
 
-st=$(req - GET /healthz); expect "healthz without a key ($STORE)" 200 "$st" '.status == "ok"'
+st=$(req - GET /healthz); expect "healthz without a key ($STORE)" 200 "$st" '.status == "ok" and .leader == true'
+backend=$([ "$STORE" = postgres ] && echo postgresql || echo sqlite)
+st=$(req - GET /metrics)
+m=0
+[ "$st" = 200 ] && grep -qx 'kiln_api_leader 1' "$T_TMP/last.json" && grep -qx 'kiln_api_store_up 1' "$T_TMP/last.json" &&
+	grep -qx "kiln_api_store_info{backend=\"$backend\"} 1" "$T_TMP/last.json" && m=1
+check "metrics without a key: this kiln-api leads, its store ($backend) is up" [ "$m" = 1 ]
 if "$KILN_API" migrate --config "$T_TMP/api.json" 2> "$T_TMP/migrate.err" &&
 	grep -q "schema version" "$T_TMP/migrate.err"; then
 	ok "kiln-api migrate on the live database: nothing to do, exit 0"

@@ -112,6 +112,8 @@ else not_ok "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; exit 1; fi
 for _ in $(seq 50); do [ "$(leaders | wc -l)" = 1 ] && break; sleep 0.1; done
 L=$(leaders)
 check "exactly one replica leads the scheduler (replica $L)" [ "$(echo "$L" | wc -w)" = 1 ]
+nl=0; for r in 0 1 2; do curl -s -m 2 "$(url "$r")/metrics" | grep -qx 'kiln_api_leader 1' && nl=$((nl + 1)); done
+check "/metrics of each replica: exactly one says kiln_api_leader 1" [ "$nl" = 1 ]
 
 for n in 1 2; do start_host "$n"; done
 live_hosts() { on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[(.hosts // .)[] | select(.state == "live")] | length'; }
