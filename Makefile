@@ -15,7 +15,7 @@ CC       ?= gcc
 WERROR   ?= 1
 SANITIZE ?=
 CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
-            -D_GNU_SOURCE -Ilib -Ijail -MMD -MP -ffile-prefix-map=$(CURDIR)=.
+            -D_GNU_SOURCE -Ilib -Ijail -I/usr/include/postgresql -MMD -MP -ffile-prefix-map=$(CURDIR)=.
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
@@ -24,7 +24,7 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lpthread
-API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpthread -lm
+API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
