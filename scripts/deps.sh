@@ -21,6 +21,8 @@ pkgs=(
   qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
   # tests and benchmarks
   python3 jq curl hyperfine wrk
+  # the Python SDK's test installs it with pip into a venv, offline
+  python3-venv python3-pip python3-setuptools
   # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
   nodejs
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
