@@ -24,7 +24,7 @@ while IFS= read -r line; do
 	*) echo "# $line" ;;
 	esac
 	echo "$line" >> "$T_TMP/sdk.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" T_TMP="$T_TMP" PYTHONPATH="$ROOT/sdk/python" \
+done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" T_TMP="$T_TMP" PYTHONPATH="$ROOT/sdk/python" PYTHONDONTWRITEBYTECODE=1 \
 	KILN_API="$URL" KILN_KEY="$KA" KILN_TEST_ADMIN="$ADMIN" KILN_TEST_OTHER_KEY="$KB" \
 	timeout -k 5 900 "$PY" "$ROOT/tests/sdk/test_python_sdk.py" 2> "$T_TMP/sdk.err"; echo "exit $?")
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
@@ -32,9 +32,11 @@ check "the SDK's unittest ran to its end: ${summary:-no summary} ($n checks)" \
 	[ "$summary" = "sdk_test: $n run, 0 failed" -a "$n" -ge 13 ]
 [ -n "$summary" ] || echo "# $(tail -n 5 "$T_TMP/sdk.err")"
 
-# pip install ./sdk/python, offline, into a venv that sees Debian's setuptools.
+# pip install ./sdk/python, offline, into a venv that sees Debian's setuptools
+# (from a copy: a build writes kiln.egg-info next to the sources).
+cp -r "$ROOT/sdk/python" "$T_TMP/sdk-src"
 if $PY -m venv --system-site-packages "$T_TMP/venv" > "$T_TMP/venv.log" 2>&1 &&
-	"$T_TMP/venv/bin/python" -m pip install -q --no-index --no-build-isolation "$ROOT/sdk/python" >> "$T_TMP/venv.log" 2>&1; then
+	"$T_TMP/venv/bin/python" -m pip install -q --no-index --no-build-isolation "$T_TMP/sdk-src" >> "$T_TMP/venv.log" 2>&1; then
 	got=$(cd / && env -i PATH=/usr/bin:/bin HOME="$T_TMP" "$T_TMP/venv/bin/python" -c \
 		'import kiln, os; print(kiln.__version__, os.path.dirname(kiln.__file__).startswith(os.environ.get("VIRTUAL_ENV", "") or "'"$T_TMP"'/venv"))')
 	check "pip install ./sdk/python works offline; kiln imports from the venv ($got)" [ "$got" = "0.1.0 True" ]
@@ -46,7 +48,7 @@ else
 fi
 
 # The example runs as written.
-out=$(env -i PATH=/usr/bin:/bin HOME="$T_TMP" PYTHONPATH="$ROOT/sdk/python" KILN_API="$URL" KILN_KEY="$KA" \
+out=$(env -i PATH=/usr/bin:/bin HOME="$T_TMP" PYTHONPATH="$ROOT/sdk/python" PYTHONDONTWRITEBYTECODE=1 KILN_API="$URL" KILN_KEY="$KA" \
 	timeout 300 "$PY" "$ROOT/examples/python_sdk.py" 2>&1)
 check "examples/python_sdk.py runs ($(tail -n 1 <<< "$out"))" [ "$(tail -n 1 <<< "$out")" = "done" ]
 
@@ -60,6 +62,8 @@ check "acme holds nothing afterwards: usage running 0, sessions 0, paused 0 ($(j
 for _ in $(seq 50); do [ "$(vcpus_used)" = 0 ] && break; sleep 0.2; done
 check "the host holds no vCPU ($(vcpus_used))" [ "$(vcpus_used)" = 0 ]
 check "no Python process of the test is left" [ "$(pgrep -c -f test_python_sdk.py || true)" = 0 ]
+check "the checkout is as it was: no build or bytecode files under sdk/python ($(git -C "$ROOT" status --porcelain --ignored -- sdk/python | head -c 200))" \
+	[ -z "$(git -C "$ROOT" status --porcelain --ignored -- sdk/python 2> /dev/null)" ]
 
 e2b_stack_stop
 check "nothing left: no QEMU ($(count_qemu)), VM directories ($(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)), mounts ($(count_mounts) = $before_mounts), cgroups ($(count_cgroups) = $before_cg)" \
