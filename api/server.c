@@ -42,6 +42,7 @@
 #include "sessions.h"
 #include "spec.h"
 #include "templates.h"
+#include "ui.h"
 
 #define KEEPALIVE_MS 15000
 #define WAIT_MAX_S 60
@@ -62,6 +63,8 @@ struct server {
 	struct sessions *sessions;   /* under hooks_lock */
 	struct templates *templates; /* under hooks_lock */
 	struct events *ev;           /* the event hub (events.h) */
+	const char *ui_dir;          /* the web console's files (ui.h); NULL: none */
+	char ui_dir_buf[4200];
 };
 
 struct caller {
@@ -1008,6 +1011,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		}
 		if (httpd_body_declared_too_big(body, conn))
 			return reply_too_large(s, conn);
+		/* The web console's static files need no key (ui.c). */
+		if (ui_is_path(url))
+			return MHD_YES;
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
 		 * (the host routes check the cluster token below). */
@@ -1045,6 +1051,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	}
 	if (body->too_big)
 		return reply_too_large(s, conn);
+	if (ui_is_path(url))
+		return ui_serve(s->ui_dir, conn, method, url);
 	memset(&c, 0, sizeof(c));
 	if (!strncmp(url, "/v1/hosts/", 10)) {
 		const char *tok = bearer(conn);
@@ -1135,6 +1143,11 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	}
 	if (hooks)
 		s->hooks = *hooks;
+	/* "ui_dir": "" turns the console off. */
+	if (cfg->ui_dir)
+		s->ui_dir = *cfg->ui_dir ? cfg->ui_dir : NULL;
+	else
+		s->ui_dir = ui_default_dir(s->ui_dir_buf, sizeof(s->ui_dir_buf));
 	pthread_mutex_init(&s->hooks_lock, NULL);
 	s->ev = events_new(st);
 	s->lim = quota_limiter_new();

@@ -20,6 +20,8 @@ pkgs=(
   python3 jq curl hyperfine wrk
   # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
   nodejs
+  # the web console's tests (tests/integration/96-console.sh drive /ui in it)
+  chromium
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
   # S3 client for the tests to read back what kiln wrote
   swift swift-proxy swift-account swift-container swift-object memcached python3-boto3
