@@ -35,11 +35,11 @@ function el(tag, attrs, ...kids) {
 		else
 			throw new Error('el: attribute not allowed: ' + k);
 	}
-	append(e, kids);
+	append(e, ...kids);
 	return e;
 }
 
-function append(e, kids) {
+function append(e, ...kids) {
 	for (const k of kids.flat()) {
 		if (k === undefined || k === null || k === false)
 			continue;
