@@ -696,6 +696,43 @@ static enum MHD_Result admin_customer_get(void *ctx, struct httpd_req *r)
 	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : reply_internal(r->conn, "cannot read the customer");
 }
 
+/* GET /v1/admin/customers?limit=&cursor=: customers by id, with their quotas */
+static enum MHD_Result admin_customer_list(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const char *lim = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
+	const char *cur = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "cursor");
+	long limit = 100;
+	char *end;
+	json_t *list, *last;
+
+	if (lim) {
+		limit = strtol(lim, &end, 10);
+		if (!*lim || *end || limit < 1 || limit > 1000)
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "limit: must be an integer from 1 to 1000");
+	}
+	if (cur && strlen(cur) > 64)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "cursor: not one this server gave");
+	list = store_customer_list(s->st, cur, (unsigned)limit);
+	last = json_array_size(list) == (size_t)limit ? json_array_get(list, json_array_size(list) - 1) : NULL;
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:o, s:O}", "customers", list, "next_cursor",
+				    last ? json_object_get(last, "id") : json_null()));
+}
+
+/* GET /v1/admin/customers/{id}/keys: its keys' ids and dates, never a secret */
+static enum MHD_Result admin_customer_keys(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct quota q;
+	char id[65];
+
+	if (admin_customer(s, r, id, &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:o}", "customer", id, "keys", store_key_list(s->st, id)));
+}
+
 /* PUT /v1/admin/customers/{id}/quotas */
 static enum MHD_Result admin_customer_quotas(void *ctx, struct httpd_req *r)
 {
@@ -862,7 +899,9 @@ static const struct httpd_route api_routes[] = {
 	{ "DELETE", "/v1/admin/customers/{id}/destination", admin_dest },
 	{ "POST", "/v1/admin/customers/{id}/destination/test", admin_dest_test },
 	{ "POST", "/v1/admin/customers", admin_customer_create },
+	{ "GET", "/v1/admin/customers", admin_customer_list },
 	{ "GET", "/v1/admin/customers/{id}", admin_customer_get },
+	{ "GET", "/v1/admin/customers/{id}/keys", admin_customer_keys },
 	{ "PUT", "/v1/admin/customers/{id}/quotas", admin_customer_quotas },
 	{ "POST", "/v1/admin/customers/{id}/keys", admin_customer_key },
 	{ "DELETE", "/v1/admin/keys/{id}", admin_key_revoke },

@@ -572,8 +572,36 @@ const adminViews = {
 		const keyOut = el('div', { id: 'cust-key' });
 		const revokeId = el('input', { id: 'revoke-id', placeholder: 'key id' });
 		const revokeOut = el('p', { id: 'revoke-result' });
+		const list = el('tbody', { id: 'cust-rows' });
+		const keys = el('tbody', { id: 'key-rows' });
+		const loadList = async () => {
+			const j = await api('GET', '/v1/admin/customers?limit=1000');
+			clear(list);
+			for (const c of j.customers) {
+				const q = c.quotas || {};
+				list.append(el('tr', { class: 'clickable', 'data-customer': c.id, on: { click: () => { id.value = c.id; guarded(box, show1); } } },
+					el('td', {}, c.id), el('td', {}, c.name || ''), el('td', {}, fmtTime(c.created_at)),
+					el('td', {}, `running ${q.max_running ?? ''}, vCPUs ${q.max_vcpus ?? ''}, memory ${q.max_memory_mib ?? ''} MiB, queued ${q.max_queued ?? ''}, rate ${q.submit_rate ?? ''}/s`)));
+			}
+		};
+		const loadKeys = async (cid) => {
+			const j = await api('GET', '/v1/admin/customers/' + encodeURIComponent(cid) + '/keys');
+			clear(keys);
+			for (const k of j.keys) {
+				const b = el('button', { type: 'button', 'data-revoke': k.key_id }, 'Revoke');
+				b.disabled = !!k.revoked_at;
+				b.addEventListener('click', () => guarded(box, async () => {
+					const r = await api('DELETE', '/v1/admin/keys/' + encodeURIComponent(k.key_id));
+					revokeOut.textContent = 'key ' + r.key_id + (r.revoked ? ' revoked' : ' not revoked');
+					await loadKeys(cid);
+				}));
+				keys.append(el('tr', { 'data-key': k.key_id }, el('td', {}, k.key_id), el('td', {}, fmtTime(k.created_at)),
+					el('td', { 'data-revoked': k.revoked_at ? 'yes' : 'no' }, k.revoked_at ? 'revoked ' + fmtTime(k.revoked_at) : 'active'), el('td', {}, b)));
+			}
+		};
 		const show1 = async () => {
 			const c = await api('GET', '/v1/admin/customers/' + encodeURIComponent(id.value));
+			await loadKeys(c.id);
 			const rows = (o) => Object.entries(o || {}).map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, typeof v === 'object' ? JSON.stringify(v) : String(v))));
 			clear(info).append(el('h3', {}, 'Customer ', c.id), el('p', {}, c.name || ''),
 				el('table', {}, el('tbody', {}, el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(c.created_at))))),
@@ -588,11 +616,13 @@ const adminViews = {
 		lookup.querySelector('#cust-create').addEventListener('click', () => guarded(box, async () => {
 			await api('POST', '/v1/admin/customers', { id: id.value });
 			await show1();
+			await loadList();
 		}));
 		lookup.querySelector('#key-create').addEventListener('click', () => guarded(box, async () => {
 			const k = await api('POST', '/v1/admin/customers/' + encodeURIComponent(id.value) + '/keys');
 			clear(keyOut).append(el('p', {}, 'New key for ', k.customer, ' (id ', el('span', { id: 'new-key-id' }, k.key_id),
 				'), shown this once: ', el('span', { class: 'secret', id: 'new-key' }, k.key)));
+			await loadKeys(k.customer);
 		}));
 		const revoke = el('form', { class: 'row', id: 'revoke-form' }, el('label', {}, 'Revoke key', revokeId),
 			el('button', { type: 'submit', id: 'revoke' }, 'Revoke'));
@@ -601,9 +631,16 @@ const adminViews = {
 			guarded(box, async () => {
 				const r = await api('DELETE', '/v1/admin/keys/' + encodeURIComponent(revokeId.value));
 				revokeOut.textContent = 'key ' + r.key_id + (r.revoked ? ' revoked' : ' not revoked');
+				if (info.firstChild)
+					await show1();
 			});
 		});
-		append(root, el('h2', {}, 'Customers'), lookup, box, keyOut, info, el('h2', {}, 'Keys'), revoke, revokeOut);
+		append(root, el('h2', {}, 'Customers'),
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'name', 'created', 'quotas'].map((h) => el('th', {}, h)))), list),
+			lookup, box, keyOut, info,
+			el('h3', {}, 'Keys'), el('table', {}, el('thead', {}, el('tr', {}, ['key id', 'created', 'state', ''].map((h) => el('th', {}, h)))), keys),
+			revoke, revokeOut);
+		await loadList();
 	},
 
 	async tasks(root) {

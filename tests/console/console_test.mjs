@@ -184,7 +184,8 @@ try {
 			for (const e of evil)
 				assert(out.includes(e), 'stdout lacks ' + e + ': ' + out);
 			assert((await text(page, '#task-stderr')).includes(evil[1]), 'stderr');
-			assert((await text(page, '#task-metadata')).includes(evil[1]), 'metadata');
+			const md = await text(page, '#task-metadata');
+			assert(md.includes(evil[0]) && md.includes('<img src=x onerror='), 'metadata: ' + md);
 			const n = await page.evaluate(() => document.querySelectorAll('main img, main script, main iframe, main svg:not(.chart)').length);
 			assert(n === 0, n + ' elements made from the output');
 			assert(await page.evaluate(() => window.__xss) === undefined, 'window.__xss is set');
@@ -198,7 +199,7 @@ try {
 		await check('usage against quotas shows with a chart', async () => {
 			await page.click('#nav button[data-view="usage"]');
 			await page.waitForSelector('#usage-cards [data-card="running"]', { timeout: 10000 });
-			await page.waitForSelector('#usage-chart svg polyline', { timeout: 10000 });
+			await page.waitForSelector('#usage-chart svg polyline', { state: 'attached', timeout: 10000 });
 			return (await text(page, '#usage-cards [data-card="running"]')).trim();
 		});
 		await check('templates list', async () => {
@@ -226,7 +227,7 @@ try {
 			await page.waitForSelector('#cluster-cards [data-card="live hosts"]', { timeout: 10000 });
 			const c = await text(page, '#cluster-cards [data-card="live hosts"]');
 			assert(/1/.test(c), c);
-			await page.waitForSelector('#cluster-chart svg polyline', { timeout: 10000 });
+			await page.waitForSelector('#cluster-chart svg polyline', { state: 'attached', timeout: 10000 });
 		});
 		let newKey, newKeyId;
 		await check('a customer with its quotas; a new key for it works', async () => {
@@ -242,10 +243,15 @@ try {
 			assert(r.status === 200, 'new key: HTTP ' + r.status);
 			return 'key id ' + newKeyId;
 		});
+		await check('the customer list and its keys, the new one active', async () => {
+			await page.waitForSelector('#cust-rows tr[data-customer="acme"]', { state: 'attached', timeout: 10000 });
+			await page.waitForSelector(`#key-rows tr[data-key="${newKeyId}"] [data-revoked="no"]`, { state: 'attached', timeout: 10000 });
+			return (await page.locator('#key-rows tr').count()) + ' keys of acme';
+		});
 		await check('revoke that key from the page: it fails at once', async () => {
-			await page.fill('#revoke-id', newKeyId);
-			await page.click('#revoke');
+			await page.click(`#key-rows button[data-revoke="${newKeyId}"]`);
 			await page.waitForFunction(() => document.getElementById('revoke-result').textContent.includes('revoked'), null, { timeout: 10000 });
+			await page.waitForSelector(`#key-rows tr[data-key="${newKeyId}"] [data-revoked="yes"]`, { state: 'attached', timeout: 10000 });
 			const r = await fetch(URL0 + '/v1/usage', { headers: { Authorization: 'Bearer ' + newKey } });
 			assert(r.status === 401, 'revoked key: HTTP ' + r.status);
 			return 'HTTP 401';
