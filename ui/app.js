@@ -366,11 +366,11 @@ const customerViews = {
 			return b;
 		};
 		const cmd = el('input', { id: 'exec-code', placeholder: "print('hi')" });
-		const lang = el('select', {}, ['python', 'bash'].map((l) => el('option', { value: l }, l)));
+		const lang = el('select', { id: 'exec-language' }, ['python', 'bash'].map((l) => el('option', { value: l }, l)));
 		const out = el('pre', { id: 'exec-out' });
 		const err = el('pre', { id: 'exec-err', class: 'stderr' });
 		const execForm = el('form', { class: 'row' }, el('label', {}, 'Language', lang), el('label', {}, 'Code', cmd),
-			el('button', { type: 'submit' }, 'Exec'));
+			el('button', { type: 'submit', id: 'exec-go' }, 'Exec'));
 		execForm.addEventListener('submit', (ev) => {
 			ev.preventDefault();
 			guarded(box, async () => {
@@ -384,7 +384,7 @@ const customerViews = {
 		});
 		const dir = el('input', { id: 'files-dir', value: '/work' });
 		const files = el('tbody', { id: 'file-rows' });
-		const filesForm = el('form', { class: 'row' }, el('label', {}, 'Directory', dir), el('button', { type: 'submit' }, 'List'));
+		const filesForm = el('form', { class: 'row' }, el('label', {}, 'Directory', dir), el('button', { type: 'submit', id: 'files-go' }, 'List'));
 		const listFiles = async () => {
 			const j = await api('GET', p + '/files?dir=' + encodeURIComponent(dir.value));
 			clear(files);

@@ -208,6 +208,43 @@ try {
 			await page.waitForTimeout(500);
 			return (await page.locator('#template-rows tr').count()) + ' templates';
 		});
+		// a session: create, exec, files, pause, resume, destroy
+		const sessState = async (want, ms) => {
+			await page.waitForFunction((w) => {
+				const s = document.querySelector('#session-state [data-state]');
+				return s && s.dataset.state === w;
+			}, want, { timeout: ms });
+		};
+		await check('a session from the page: created and running', async () => {
+			await page.click('#nav button[data-view="sessions"]');
+			await page.click('#session-create');
+			await page.waitForSelector('#session-id', { timeout: 120000 });
+			await sessState('running', 30000);
+			return await text(page, '#session-id');
+		});
+		await check('exec in it: HTML-looking output shows as text', async () => {
+			await page.fill('#exec-code', 'open("/work/a <b>.txt", "w").write("x")\nprint("<b>bold</b><img src=x onerror=window.__xss=5>")');
+			await page.click('#exec-go');
+			await page.waitForFunction(() => document.getElementById('exec-out').textContent.includes('<b>bold</b>'), null, { timeout: 60000 });
+			assert(await page.evaluate(() => document.querySelectorAll('main b, main img').length) === 0, 'elements made');
+			assert(await page.evaluate(() => window.__xss) === undefined, 'window.__xss set');
+		});
+		await check('its files: a name with markup listed as text', async () => {
+			await page.fill('#files-dir', '/work');
+			await page.click('#files-go');
+			await page.waitForFunction(() => document.getElementById('file-rows').textContent.includes('a <b>.txt'), null, { timeout: 30000 });
+		});
+		await check('pause, resume and destroy from the page', async () => {
+			await page.click('button[data-action="pause"]');
+			await sessState('paused', 120000);
+			await page.click('button[data-action="resume"]');
+			await sessState('running', 120000);
+			await page.click('button[data-action="destroy"]');
+			await sessState('destroyed', 60000);
+		});
+		await check('the session pages: no dialog, page error or CSP violation', async () => {
+			assert(!w.dialogs.length && !w.errors.length && !w.csp.length, JSON.stringify(w));
+		});
 		await ctx.close();
 	}
 

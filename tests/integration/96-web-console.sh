@@ -8,7 +8,8 @@
 # of the directory, 405, ETag revalidation); then tests/console/console_test.mjs
 # (sign in, a wrong key, submit a task from the page and watch its output
 # stream in, download an output, HTML-looking output and metadata shown as
-# text with nothing run, an operator's hosts, cluster figures, a new key
+# text with nothing run, a session (exec, files, pause, resume, destroy),
+# an operator's hosts, cluster figures, customers and keys, a new key
 # revoked from the page). Each of its checks is one result here.
 . "$(dirname "$0")/lib.sh"
 require_image
@@ -82,7 +83,7 @@ while IFS= read -r line; do
 done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_URL="$URL" KILN_KEY="$KA" KILN_ADMIN_KEY="$ADMIN" \
 	KILN_CONSOLE_DEPS="$DEPS" timeout -k 5 600 node "$ROOT/tests/console/console_test.mjs" 2>&1; echo "exit $?")
 summary=$(grep '^console_test: ' "$T_TMP/console.out" | tail -n 1)
-check "the browser test ran to its end: ${summary:-no summary} ($n checks)" [ -n "$summary" -a "$n" -ge 18 ]
+check "the browser test ran to its end: ${summary:-no summary} ($n checks)" [ -n "$summary" -a "$n" -ge 25 ]
 for _ in $(seq 50); do [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ] && break; sleep 0.2; done
 check "no chromium process is left" [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ]
 
