@@ -130,6 +130,11 @@ $(B)/tests/fuzz/fuzz_apireq: tests/fuzz/fuzz_apireq.c $(B)/fuzz-obj/api/request.
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
+# kiln-api's parsers of a request for an inline artifact (path, Range, signature).
+$(B)/tests/fuzz/fuzz_artifacts: tests/fuzz/fuzz_artifacts.c $(B)/fuzz-obj/api/artifacts.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/artifacts.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+
 # The E2B control API's input parsers (and kiln's session request parser after them).
 $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)

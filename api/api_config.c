@@ -75,10 +75,18 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
-			{ "destinations", CONF_OBJ, &dests }, { "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
+			{ "destinations", CONF_OBJ, &dests }, { "public_url", CONF_STR, &c->public_url },
+			{ "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
+		if (c->public_url && ((strncmp(c->public_url, "http://", 7) && strncmp(c->public_url, "https://", 8)) ||
+				      c->public_url[strlen(c->public_url) - 1] == '/')) {
+			kiln_err_set(err, KERR_CONFIG,
+				     "%s: public_url: expected an http:// or https:// URL without a trailing / (got \"%s\")",
+				     path, c->public_url);
+			goto fail;
+		}
 	}
 	if (s3) {
 		const struct conf_field f[] = {

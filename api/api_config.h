@@ -19,6 +19,7 @@ struct api_config {
 	const char *cluster_token;   /* hosts present it (heartbeats); may be NULL */
 	struct s3_config s3;         /* s3.endpoint NULL: outputs get no url */
 	unsigned presign_expiry_s;   /* default 3600 */
+	const char *public_url;      /* clients reach kiln-api here (links it signs); NULL: from Host */
 	unsigned host_lost_after_s;  /* default 30 */
 	struct quota quotas;         /* defaults for new customers */
 	unsigned max_body_mib;       /* POST body limit, default 64 */
@@ -30,7 +31,7 @@ struct api_config {
 	 * cannot set one, and tasks of those that have one fail. */
 	const char *dest_key_file;
 	/* ui_dir: the web console's files (api/ui.h); NULL: looked up beside
-	 * the binary; "": no console. */
+	 * the binary. */
 	const char *ui_dir;
 	unsigned char dest_key[32];
 	int have_dest_key;

@@ -32,6 +32,7 @@
 #include "clock.h"
 #include "destination.h"
 #include "e2b.h"
+#include "artifacts.h"
 #include "events.h"
 #include "httpd.h"
 #include "quota.h"
@@ -63,6 +64,8 @@ struct server {
 	struct sessions *sessions;   /* under hooks_lock */
 	struct templates *templates; /* under hooks_lock */
 	struct events *ev;           /* the event hub (events.h) */
+	unsigned char art_key[32];   /* signs inline artifacts' URLs (artifacts.h) */
+	int have_art_key;
 	const char *ui_dir;          /* the web console's files (ui.h); NULL: none */
 	char ui_dir_buf[4200];
 };
@@ -143,7 +146,38 @@ void server_relay_event(void *server, const char *task_id, const char *event, js
  * keys under the task's own prefix only (presign.h). A task whose outputs
  * went to its customer's own destination is signed with that destination's
  * credentials, while it is still the one the outputs went to. */
-static json_t *with_urls(struct server *s, json_t *task)
+static json_t *with_s3_urls(struct server *s, json_t *task);
+
+/* Where the client reached kiln-api: public_url, else http:// and the
+ * request's Host (when it is a plain host[:port]); "" when neither. */
+static void base_url(struct server *s, struct MHD_Connection *conn, char *out, size_t size)
+{
+	const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+
+	out[0] = '\0';
+	if (s->cfg->public_url) {
+		snprintf(out, size, "%s", s->cfg->public_url);
+		return;
+	}
+	if (!h || !*h || strlen(h) > 255 || strspn(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") !=
+						       strlen(h))
+		return;
+	snprintf(out, size, "http://%s", h);
+}
+
+/* Every output and artifact of the task gets its url: S3's presigned ones,
+ * and kiln-api's own signed ones for logs carried inline (artifacts.h). */
+static json_t *with_urls(struct server *s, struct MHD_Connection *conn, json_t *task)
+{
+	char base[300];
+
+	base_url(s, conn, base, sizeof(base));
+	with_s3_urls(s, task);
+	return artifacts_sign(task, base[0] ? base : NULL, s->have_art_key ? s->art_key : NULL,
+			      s->cfg->presign_expiry_s, time(NULL));
+}
+
+static json_t *with_s3_urls(struct server *s, json_t *task)
 {
 	const char *dest_id = json_string_value(json_object_get(task, "destination"));
 	const char *customer = json_string_value(json_object_get(task, "customer"));
@@ -290,7 +324,7 @@ static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn,
 
 	if (!j)
 		return reply_internal(conn, "the task was stored but cannot be read back");
-	return reply_json(conn, status, with_urls(s, j));
+	return reply_json(conn, status, with_urls(s, conn, j));
 }
 
 static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *conn, const struct httpd_body *req,
@@ -514,7 +548,7 @@ static enum MHD_Result wait_task(struct server *s, struct MHD_Connection *conn, 
 		st = task_state_parse(json_string_value(json_object_get(j, "state")));
 		stopping = events_stopping(s->ev);
 		if (task_state_final(st) || clock_mono_ms() >= deadline || stopping)
-			return reply_json(conn, MHD_HTTP_OK, with_urls(s, j));
+			return reply_json(conn, MHD_HTTP_OK, with_urls(s, conn, j));
 		json_decref(j);
 		store_wait_change(s->st, seen, deadline);
 	}
@@ -874,6 +908,47 @@ static enum MHD_Result rt_task_cancel(void *ctx, struct httpd_req *r)
 	return id ? handle_cancel(ctx, r->conn, id, r->app) : reply_not_found(r->conn, "no such task");
 }
 
+/* GET /v1/tasks/{id}/artifacts/{name}: a log carried inline (artifacts.h),
+ * for a caller with a key (its own tasks; the admin's: any). */
+static enum MHD_Result rt_task_artifact(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const struct caller *c = r->app;
+	json_t *j = store_task_json(s->st, r->param[0], c->admin ? NULL : c->customer);
+	enum MHD_Result ret;
+
+	if (!j)
+		return reply_not_found(r->conn, "no such task");
+	ret = artifacts_reply(r->conn, j, r->param[1]);
+	json_decref(j);
+	return ret;
+}
+
+/* A signed link to an inline artifact (?expires=&sig=, artifacts.h): 1 and
+ * the task's id and the artifact's name when url is one and its signature
+ * holds, 0 when url is no such link (no sig: a key is needed as usual), -1
+ * when it is one whose signature is wrong or expired. */
+static int artifact_link(struct server *s, struct MHD_Connection *conn, const char *url, char *id, size_t id_size,
+			 char name[ARTIFACT_NAME_MAX])
+{
+	const char *sig = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "sig");
+
+	if (!sig || !artifacts_path(url, id, id_size, name))
+		return 0;
+	if (!s->have_art_key ||
+	    !artifacts_sig_ok(s->art_key, id, name, MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "expires"),
+			      sig, time(NULL)))
+		return -1;
+	return 1;
+}
+
+static enum MHD_Result reply_bad_link(struct MHD_Connection *conn)
+{
+	return reply_error(conn, KERR_FORBIDDEN,
+			   "this artifact link has expired or its signature is wrong: get a fresh url from "
+			   "GET /v1/tasks/{id}");
+}
+
 static enum MHD_Result rt_usage(void *ctx, struct httpd_req *r)
 {
 	return handle_usage(ctx, r->conn, r->app);
@@ -889,6 +964,7 @@ static const struct httpd_route api_routes[] = {
 	{ "GET", "/v1/tasks/{id}", rt_task_get },
 	{ "GET", "/v1/tasks/{id}/events", rt_task_events },
 	{ "POST", "/v1/tasks/{id}/cancel", rt_task_cancel },
+	{ "GET", "/v1/tasks/{id}/artifacts/{name}", rt_task_artifact },
 	{ "GET", "/v1/usage", rt_usage },
 	{ "GET", "/v1/destination", rt_dest },
 	{ "PUT", "/v1/destination", rt_dest },
@@ -1069,8 +1145,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			}
 			return MHD_YES;
 		}
-		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10) && !authenticate(s, conn, url, &c))
-			return reply_no_key(conn, url);
+		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10)) {
+			char id[80], name[ARTIFACT_NAME_MAX];
+			int link = artifact_link(s, conn, url, id, sizeof(id), name);
+
+			if (link < 0)
+				return reply_bad_link(conn);
+			if (!link && !authenticate(s, conn, url, &c))
+				return reply_no_key(conn, url);
+		}
 		return MHD_YES;
 	}
 	if (cs->up) {
@@ -1101,6 +1184,24 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	} else if (e2b_relay_path(url)) {
 		return handle_relay(s, conn, method, url, body);
 	} else if (strcmp(url, "/healthz")) {
+		char id[80], name[ARTIFACT_NAME_MAX];
+		int link = artifact_link(s, conn, url, id, sizeof(id), name);
+
+		if (link < 0)
+			return reply_bad_link(conn);
+		if (link > 0 && strcmp(method, "GET"))
+			return reply_error_h(conn, KERR_METHOD_NOT_ALLOWED, "use GET", "Allow", "GET");
+		if (link > 0) {
+			/* The signature names the task: any customer's. */
+			json_t *j = store_task_json(s->st, id, NULL);
+			enum MHD_Result ret;
+
+			if (!j)
+				return reply_not_found(conn, "no such task");
+			ret = artifacts_reply(conn, j, name);
+			json_decref(j);
+			return ret;
+		}
 		if (!authenticate(s, conn, url, &c))
 			return reply_no_key(conn, url);
 		if (is_e2b(url))
@@ -1180,11 +1281,14 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 		SHA256((const unsigned char *)cfg->cluster_token, strlen(cfg->cluster_token), s->token_hash);
 		s->have_token = 1;
 	}
+	if (cfg->s3.secret_key) {
+		artifacts_key(cfg->s3.secret_key, s->art_key);
+		s->have_art_key = 1;
+	}
 	if (hooks)
 		s->hooks = *hooks;
-	/* "ui_dir": "" turns the console off. */
 	if (cfg->ui_dir)
-		s->ui_dir = *cfg->ui_dir ? cfg->ui_dir : NULL;
+		s->ui_dir = cfg->ui_dir;
 	else
 		s->ui_dir = ui_default_dir(s->ui_dir_buf, sizeof(s->ui_dir_buf));
 	pthread_mutex_init(&s->hooks_lock, NULL);

@@ -64,6 +64,16 @@ for mem in $SIZES; do
 	printf '  %-8s %10s %10s %14s %12s %14s %14s\n' "$mem MiB" "$p" "$r" "$re" "$mb" \
 		"$(awk -v p="$p" -v m="$mem" 'BEGIN { printf("%.2f", p / 1000 * 1024 / m) }')" "~4 (resume ~1 s)"
 	echo "    last pause: $(cat "$TMP/pages") sent (a diff against the base snapshot; '- of -': the whole RAM)"
+	# Where a resume's time goes (kiln-host logs each; "QEMU load" includes
+	# the state streaming in, which an older build fetched whole first).
+	grep -o 'resumed in .*' "$TMP/host.err" | tail -n "$RUNS" | /usr/bin/python3 -c '
+import re, statistics, sys
+rows = [dict((k.strip(), int(v)) for v, k in [(m.group(2), m.group(1))
+        for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l)]) for l in sys.stdin]
+if rows:
+    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load"]
+    print("    resume split (medians, ms): " + ", ".join("%s %d" % (k.replace("resumed in", "total"),
+          statistics.median(r.get(k, 0) for r in rows)) for k in keys))' || true
 	if [ "$mem" = 256 ]; then
 		: > "$TMP/x"
 		for _ in $(seq 20); do

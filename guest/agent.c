@@ -701,18 +701,10 @@ static int agent_warm(struct agent *a, const struct proto_frame *fr)
 static int proc_stat(const char *pid, char *state, long *ppid, unsigned long *flags)
 {
 	char path[64], buf[512], *p;
-	ssize_t n;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (io_read_small(path, buf, sizeof(buf)) < 0)
 		return -1;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = '\0';
 	p = strrchr(buf, ')');
 	/* state ppid pgrp session tty_nr tpgid flags */
 	if (!p || sscanf(p + 1, " %c %ld %*d %*d %*d %*d %lu", state, ppid, flags) != 3)

@@ -4,6 +4,7 @@
  * or a pseudo-terminal); report EXIT with rusage and the OOM verdict. */
 #include "task.h"
 #include "execpath.h"
+#include "io.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -129,18 +130,11 @@ static int task_pid_has_uid(const char *pid, uid_t uid)
 	char path[64], buf[4096];
 	unsigned long ids[3];
 	const char *p;
-	ssize_t n;
-	int fd, i;
+	int i;
 
 	snprintf(path, sizeof(path), "/proc/%s/status", pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (io_read_small(path, buf, sizeof(buf)) < 0)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	p = strstr(buf, "\nUid:");
 	if (!p || sscanf(p + 5, "%lu %lu %lu", &ids[0], &ids[1], &ids[2]) != 3)
 		return 0;

@@ -10,6 +10,7 @@
 
 #include "conf.h"
 #include "fsutil.h"
+#include "hostd.h"
 #include "spec.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
@@ -167,10 +168,12 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	if (upload) {
 		const struct conf_field f[] = {
 			{ "workers", CONF_U32, &c->upload_workers, 1, 64 },
-			{ "max_backoff_s", CONF_U32, &c->max_backoff_s, 1, 3600 }, { 0 },
+			{ "max_backoff_s", CONF_U32, &c->max_backoff_s, 1, 3600 },
+			{ "inline_max", CONF_U32, &c->upload_inline_max, 0, HOSTD_INLINE_MAX_LIMIT }, { 0 },
 		};
 		if (conf_take(upload, "upload", f, path, 0, err) < 0)
 			goto fail;
+		c->upload_inline_set = json_object_get(upload, "inline_max") != NULL;
 	}
 	if (token_file && c->token) {
 		kiln_err_set(err, KERR_CONFIG, "%s: token and token_file: give one, not both", path);

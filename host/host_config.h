@@ -25,6 +25,8 @@ struct host_config {
 	int pool_size, pool_max, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
+	unsigned upload_inline_max; /* "upload": {"inline_max"} */
+	int upload_inline_set;
 	uint32_t out_max_entries, out_max_depth; /* "outputs" section; 0: unset */
 	int debug_console;           /* keep each VM's whole console in vm/console.log */
 	int disk_set;                /* a "disk" section: its values replace the defaults */

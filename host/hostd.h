@@ -18,6 +18,9 @@
 #include "run.h"
 #include "s3.h"
 
+#define HOSTD_INLINE_MAX_DEFAULT 4096 /* kiln-api's result holds up to 4 KiB of each log whole */
+#define HOSTD_INLINE_MAX_LIMIT 65536
+
 struct hostd_config {
 	const char *host_id;
 	const char *spool_dir;
@@ -25,6 +28,10 @@ struct hostd_config {
 	const struct s3_config *s3;  /* NULL: no S3 (POST /v1/tasks is refused) */
 	unsigned upload_workers;     /* threads uploading to S3 */
 	unsigned max_backoff_s;      /* cap of the retry back-off */
+	/* stdout.log / stderr.log of at most this many bytes are not uploaded
+	 * as objects of their own: manifest.json carries them ("inline",
+	 * base64), and the task's artifacts say so (0: every log is an object). */
+	unsigned inline_log_max;
 	unsigned retention_s;        /* finished task records are kept this long */
 	const char *accel;           /* for reports: "kvm" or "tcg" */
 	/* The template store (NULL: every task runs on ro as given, the

@@ -538,6 +538,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.s3 = o->s3,
 		.upload_workers = o->upload_workers,
 		.max_backoff_s = o->max_backoff_s,
+		.inline_log_max = o->upload_inline_max,
 		.retention_s = o->retention_s ? o->retention_s : 86400,
 		.accel = vm_accel_name(ro->vm.accel),
 		.templates = s.templates,
@@ -671,6 +672,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 	so->mirror = hc->mirror;
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
+	if (hc->upload_inline_set)
+		so->upload_inline_max = hc->upload_inline_max;
 	so->retention_s = hc->retention_s;
 	so->max_connections = hc->max_connections;
 	so->max_connections_per_address = hc->max_connections_per_address;
@@ -699,7 +702,8 @@ static int cmd_serve(int argc, char **argv)
 	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
 				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
-				 .pool_max = -1, .session_idle_stop_ms = 1500 };
+				 .pool_max = -1, .session_idle_stop_ms = 1500,
+				 .upload_inline_max = HOSTD_INLINE_MAX_DEFAULT };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	unsigned v;

@@ -16,6 +16,8 @@
 #include <openssl/evp.h>
 #include <zstd.h>
 
+#include "io.h"
+
 #define PCHUNK_WORKERS_MAX 16
 #define PCHUNK_ZLEVEL      1
 
@@ -222,13 +224,41 @@ struct getter {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
 	int out_fd;
+	int stream;           /* out_fd is a pipe: chunks written in order */
 	pthread_mutex_t lock;
-	size_t next;
+	pthread_cond_t turn;  /* stream: `written` moved, or a failure */
+	size_t next, written; /* chunks handed out; stream: chunks written */
 	int failed;
 	struct kiln_err err;
 };
 
-static int get_one(struct getter *g, const struct pchunk *p, struct kiln_err *e)
+/* Stream mode: wait for chunk i's turn (every chunk before it written),
+ * write it whole, pass the turn on. Chunks are handed out in order, so the
+ * lowest unwritten one is always being fetched, never waiting: no deadlock.
+ * 0, or -1 (e set) on a failed write or when another chunk failed. */
+static int stream_write(struct getter *g, size_t i, const void *raw, size_t n, const char *key, struct kiln_err *e)
+{
+	int r;
+
+	pthread_mutex_lock(&g->lock);
+	while (g->written != i && !g->failed)
+		pthread_cond_wait(&g->turn, &g->lock);
+	if (g->failed) {
+		pthread_mutex_unlock(&g->lock);
+		return kiln_err_set(e, KERR_HOST_ERROR, "another chunk failed");
+	}
+	pthread_mutex_unlock(&g->lock);
+	/* Only this thread writes now: the reader (QEMU) may take its time. */
+	r = io_write_all(g->out_fd, raw, n);
+	pthread_mutex_lock(&g->lock);
+	if (r == 0)
+		g->written++;
+	pthread_cond_broadcast(&g->turn);
+	pthread_mutex_unlock(&g->lock);
+	return r < 0 ? kiln_err_set(e, KERR_HOST_ERROR, "feeding chunk %s to QEMU: %s", key, strerror(-r)) : 0;
+}
+
+static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct kiln_err *e)
 {
 	char sha[65];
 	struct stat st;
@@ -272,7 +302,10 @@ static int get_one(struct getter *g, const struct pchunk *p, struct kiln_err *e)
 		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s does not decompress to its size", p->key);
 		goto out;
 	}
-	if (pwrite(g->out_fd, raw, p->size, (off_t)p->offset) != (ssize_t)p->size) {
+	if (g->stream) {
+		if (stream_write(g, i, raw, p->size, p->key, e) < 0)
+			goto out;
+	} else if (pwrite(g->out_fd, raw, p->size, (off_t)p->offset) != (ssize_t)p->size) {
 		kiln_err_set(e, KERR_HOST_ERROR, "writing chunk %s: %s", p->key, strerror(errno));
 		goto out;
 	}
@@ -299,28 +332,31 @@ static void *get_worker(void *arg)
 		}
 		i = g->next++;
 		pthread_mutex_unlock(&g->lock);
-		if (get_one(g, &g->l->c[i], &e) < 0) {
+		if (get_one(g, i, &g->l->c[i], &e) < 0) {
 			pthread_mutex_lock(&g->lock);
 			if (!g->failed)
 				g->err = e;
 			g->failed = 1;
+			pthread_cond_broadcast(&g->turn);
 			pthread_mutex_unlock(&g->lock);
 		}
 	}
 }
 
-int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
+static int get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int stream, int workers,
 		   struct kiln_err *err)
 {
-	struct getter g = { .c = c, .l = l, .out_fd = out_fd };
+	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = stream };
 	pthread_t th[PCHUNK_WORKERS_MAX];
 	int n = 0;
 
 	if (workers > PCHUNK_WORKERS_MAX)
 		workers = PCHUNK_WORKERS_MAX;
 	pthread_mutex_init(&g.lock, NULL);
-	if (ftruncate(out_fd, (off_t)l->total) < 0) {
+	pthread_cond_init(&g.turn, NULL);
+	if (!stream && ftruncate(out_fd, (off_t)l->total) < 0) {
 		pthread_mutex_destroy(&g.lock);
+		pthread_cond_destroy(&g.turn);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot size the stream: %s", strerror(errno));
 	}
 	for (; n < workers - 1; n++)
@@ -330,9 +366,22 @@ int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 	for (int i = 0; i < n; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&g.lock);
+	pthread_cond_destroy(&g.turn);
 	if (g.failed) {
 		*err = g.err;
 		return -1;
 	}
 	return 0;
+}
+
+int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
+		   struct kiln_err *err)
+{
+	return get_all(c, l, out_fd, 0, workers, err);
+}
+
+int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
+		      struct kiln_err *err)
+{
+	return get_all(c, l, out_fd, 1, workers, err);
 }

@@ -28,6 +28,7 @@ struct serve_opts {
 	double memory_overcommit;     /* nominal guest MiB admitted per MiB of memory budget (default 1) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	unsigned upload_workers, max_backoff_s, retention_s;
+	unsigned upload_inline_max;   /* logs up to this many bytes go inside manifest.json (0: never) */
 	const char *api;              /* kiln-api base URL to register with (NULL: standalone) */
 	const char *advertise;        /* URL kiln-api reaches this host at (default http://listen) */
 	unsigned heartbeat_ms;        /* 0: 1000 */

@@ -15,6 +15,7 @@
 
 #include "envd.h"
 #include "fsutil.h"
+#include "io.h"
 
 void session_envd_enable(struct session_table *ss, struct session *s)
 {
@@ -168,16 +169,9 @@ struct envd *session_envd(struct session_table *ss, const char *id, json_t **env
 static int read_u64(const char *path, uint64_t *v)
 {
 	char buf[64];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t n;
 
-	if (fd < 0)
+	if (io_read_small(path, buf, sizeof(buf)) < 0)
 		return -1;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = '\0';
 	*v = strtoull(buf, NULL, 10);
 	return 0;
 }

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -813,42 +814,109 @@ static void *disk_fetch_thread(void *arg)
 	return NULL;
 }
 
-/* Version 2: every chunk of the stream (into a memfd, *state_fd) and of the
- * disk layer (into s->disk), in parallel, each checked before use. */
+/* Version 2's state stream, fed to QEMU as it arrives (pchunk_stream_all
+ * into a socket) rather than downloaded whole first: QEMU starts and loads
+ * the first chunks while the rest are fetched, checked and decompressed. */
+struct state_feed {
+	const struct s3_config *c;
+	const struct pchunk_list *l;
+	int fd, rc; /* the socket's sending end (closed by the thread when done) */
+	struct kiln_err err;
+	pthread_t th;
+	int started;
+};
+
+static void *state_feed_thread(void *arg)
+{
+	struct state_feed *f = arg;
+
+	f->rc = pchunk_stream_all(f->c, f->l, f->fd, PAUSE_WORKERS, &f->err);
+	close(f->fd); /* end of stream: QEMU sees it whole, or cut short */
+	return NULL;
+}
+
+/* Wait for the feed (its reader must be gone or reading: close the read
+ * end first on a failure). 0, or -1 with err its failure. */
+static int state_feed_join(struct state_feed *f, struct kiln_err *err)
+{
+	if (!f->started)
+		return 0;
+	pthread_join(f->th, NULL);
+	f->started = 0;
+	if (f->rc < 0) {
+		*err = f->err;
+		return -1;
+	}
+	return 0;
+}
+
+/* Version 2: the disk layer (into s->disk, whole, checked: QEMU opens it
+ * at start) and the state stream (*state_fd: a socket that f feeds, chunk by
+ * chunk, each checked before it is written), fetched in parallel. On
+ * success the caller hands *state_fd to QEMU, closes it, then
+ * state_feed_join(f). */
 static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm, int *state_fd,
-		    struct kiln_err *err)
+		    struct state_feed *f, struct kiln_err *err)
 {
 	struct disk_fetch df = { .c = c, .l = &pm->disk, .fd = -1, .rc = -1 };
 	pthread_t th;
-	int fd, r;
+	int p[2];
 
 	df.fd = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (df.fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
-	fd = memfd_create("kiln-session-state", MFD_CLOEXEC);
-	if (fd < 0) {
+	/* A socket pair, not a pipe: QEMU (7.2) waits for its incoming stream
+	 * to be readable, and a pipe whose writer closed while QEMU waited is
+	 * only POLLHUP, never readable: QEMU would spin on it forever instead of
+	 * failing. A socket whose peer closed reads as end of stream at once. */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0) {
 		close(df.fd);
-		return kiln_err_set(err, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+		return kiln_err_set(err, KERR_HOST_ERROR, "socketpair: %s", strerror(errno));
 	}
+	{
+		int sz = 1 << 20; /* fewer wake-ups; the default works too */
+
+		(void)setsockopt(p[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
+	}
+	*f = (struct state_feed){ .c = c, .l = &pm->state, .fd = p[1], .rc = -1 };
 	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
-		close(fd);
+		close(p[0]);
+		close(p[1]);
 		close(df.fd);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start a download thread");
 	}
-	r = pchunk_get_all(c, &pm->state, fd, PAUSE_WORKERS, err);
+	if (pthread_create(&f->th, NULL, state_feed_thread, f) != 0) {
+		close(p[1]);
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start a download thread");
+	} else {
+		f->started = 1;
+	}
 	pthread_join(th, NULL);
 	if (close(df.fd) < 0 && df.rc == 0)
 		df.rc = kiln_err_set(&df.err, KERR_HOST_ERROR, "writing %s: %s", s->disk, strerror(errno));
-	if (r == 0 && df.rc < 0) {
-		*err = df.err;
-		r = -1;
-	}
-	if (r < 0) {
-		close(fd);
+	if (!f->started || df.rc < 0) {
+		struct kiln_err ferr = { .code = "" };
+
+		close(p[0]); /* a feed blocked on the socket ends (EPIPE) */
+		if (state_feed_join(f, &ferr) < 0 && ferr.errc == KERR_SNAPSHOT_CORRUPT)
+			*err = ferr;
+		else if (df.rc < 0)
+			*err = df.err;
 		return -1;
 	}
-	*state_fd = fd;
+	*state_fd = p[0];
 	return 0;
+}
+
+/* Bytes of l's chunks in S3 (compressed). */
+static uint64_t zbytes(const struct pchunk_list *l)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < l->n; i++)
+		n += l->c[i].zsize;
+	return n;
 }
 
 int session_resume(struct session_table *ss, const char *id, const char *customer, const struct tref *tref, json_t **out,
@@ -862,6 +930,11 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
 	int fd = -1, r = -1, have_ts = 0, reserved = 0;
+	/* Where a resume's time goes (logged): the manifest, the base when it
+	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
+	 * loading the state while it streams in. */
+	int64_t t0 = proto_now_ms(), t_manifest = 0, t_base = 0, t_fetch = 0, t_disk = 0;
+	struct state_feed feed = { .started = 0 };
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
@@ -903,6 +976,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		r = -1;
 		m = json_incref(pm.root);
 	}
+	t_manifest = proto_now_ms();
 	if (session_parse_spec(json_object_get(m, "spec"), &ts, err) < 0) {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's spec is invalid");
 		goto fail;
@@ -935,6 +1009,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			snprintf(s->base_sha, sizeof(s->base_sha), "%s", pm.base_sha256);
 		}
 	}
+	t_base = proto_now_ms();
 	if (hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0)
 		goto fail;
 	reserved = 1;
@@ -947,7 +1022,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
 	if (pm.version == PMANIFEST_V2) {
-		if (fetch_v2(&s3.c, s, &pm, &fd, err) < 0)
+		if (fetch_v2(&s3.c, s, &pm, &fd, &feed, err) < 0)
 			goto fail;
 	} else {
 		files = json_object_get(m, "files");
@@ -964,6 +1039,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 				goto fail;
 		}
 	}
+	t_fetch = proto_now_ms();
 	/* Point the overlay at this host's copy of the template (same key: the
 	 * same bytes); -u: only the header changes. qemu-img runs as root and
 	 * the header came from S3 (written by a jailed QEMU): it must be a plain
@@ -984,21 +1060,45 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			goto fail;
 		}
 	}
+	t_disk = proto_now_ms();
 	if (pm.version != PMANIFEST_V2)
 		fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 		goto fail;
 	}
-	/* Version 2: the base mapped copy-on-write, the changed pages over it. */
+	/* Version 2: the base mapped copy-on-write, the changed pages over it,
+	 * streamed in as they arrive. */
 	if (session_boot(ss, s, &ts, fd, pm.version != PMANIFEST_V2, err) < 0) {
-		if (pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+		struct kiln_err ferr = { .code = "" };
+
+		close(fd);
+		fd = -1;
+		session_teardown(ss, s); /* QEMU's copy of the socket goes: the feed ends */
+		/* A chunk that failed its check cut the stream: that is why. */
+		if (state_feed_join(&feed, &ferr) < 0 && ferr.errc == KERR_SNAPSHOT_CORRUPT)
+			*err = ferr;
+		else if (pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		goto fail;
 	}
 	close(fd);
 	fd = -1;
+	/* QEMU loaded a whole stream; the feed must agree that it was all checked. */
+	if (state_feed_join(&feed, err) < 0)
+		goto fail;
 	unlink(s->state_path); /* the RAM is in the VM now */
+	{
+		int64_t now = proto_now_ms();
+
+		fprintf(stderr,
+			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
+			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile)\n",
+			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
+			(long long)(t_fetch - t_base), (unsigned long long)zbytes(&pm.state),
+			(unsigned long long)zbytes(&pm.disk), (long long)(t_disk - t_fetch),
+			(long long)(now - t_disk));
+	}
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
 	r = 0;
@@ -1009,6 +1109,7 @@ fail:
 	if (!reserved)
 		s->vcpus = 0; /* nothing to give back */
 	session_teardown(ss, s);
+	state_feed_join(&feed, &(struct kiln_err){ .code = "" }); /* uses pm: before it is freed */
 	session_put(ss, s, 1);
 out:
 	if (have_ts)

@@ -15,6 +15,9 @@
 #include <unistd.h>
 
 #include "condwait.h"
+#include "connect.h"
+#include "fsutil.h"
+#include "io.h"
 #include "hostd_priv.h"
 #include "proto.h"
 #include "spool.h"
@@ -52,7 +55,8 @@ static json_t *manifest_json_locked(struct hostd *d, struct hostd_task *t)
 	json_object_del(res, "stdout");
 	json_object_del(res, "stderr");
 	json_object_del(res, "outputs");
-	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:o, s:O, s:O, s:{s:I, s:I, s:I}}", "version", 1, "task", t->id,
+	/* Version 2: an artifact may carry its bytes ("inline", base64). */
+	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:o, s:O, s:O, s:{s:I, s:I, s:I}}", "version", 2, "task", t->id,
 			 "customer", t->customer, "host_id", d->host_id, "state", hostd_state_names[t->final_state], "result",
 			 res, "outputs", t->outputs, "artifacts", t->artifacts, "timestamps_ms", "created",
 			 (json_int_t)t->created_ms, "running", (json_int_t)t->running_ms,
@@ -94,6 +98,46 @@ static int upload_one(struct hostd *d, struct hostd_task *t, const struct s3_con
 	return r;
 }
 
+/* A log of at most cfg.inline_log_max bytes goes inside manifest.json
+ * instead of an object of its own (one PUT for a small task, not three):
+ * its artifact entry gets {"inline": base64, "size", "sha256"}, no s3_key.
+ * 1 when it did (nothing to upload), 0 when the log is too big (upload it),
+ * -1 with err. */
+static int inline_log(struct hostd *d, struct hostd_task *t, const char *name, const char *path,
+		      struct kiln_err *err)
+{
+	struct buf b = { 0 };
+	char sha[65];
+	size_t len = 0;
+	char *data;
+	struct stat st;
+	json_t *a;
+
+	if (!d->cfg.inline_log_max || stat(path, &st) < 0 || (uint64_t)st.st_size > d->cfg.inline_log_max)
+		return 0;
+	data = io_read_file(path, d->cfg.inline_log_max, &len);
+	if (!data)
+		return errno == EFBIG ? 0 : kiln_err_set(err, KERR_IO_ERROR, "spooled %s: %s", name, strerror(errno));
+	if (fs_sha256_file(path, sha) < 0) {
+		free(data);
+		return kiln_err_set(err, KERR_IO_ERROR, "spooled %s: cannot hash it", name);
+	}
+	if (connect_b64_append(&b, data, len) < 0) {
+		free(data);
+		buf_free(&b);
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	}
+	free(data);
+	a = json_pack("{s:n, s:I, s:s, s:s}", "s3_key", "size", (json_int_t)len, "sha256", sha, "inline", b.p ? b.p : "");
+	buf_free(&b);
+	if (!a)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	pthread_mutex_lock(&d->lock);
+	json_object_set_new(t->artifacts, name, a);
+	pthread_mutex_unlock(&d->lock);
+	return 1;
+}
+
 /* Upload step `step` of t: an output (step < nout; one whose name is no
  * valid key is skipped), stdout.log (nout), stderr.log (nout + 1), the
  * manifest (nout + 2). Thread-safe for distinct steps. */
@@ -119,6 +163,7 @@ static int upload_step(struct hostd *d, struct hostd_task *t, const struct s3_co
 	}
 	if (step == nout || step == nout + 1) {
 		const char *name = step == nout ? "stdout.log" : "stderr.log";
+		int r;
 
 		snprintf(path, sizeof(path), "%s/%s", t->dir, name);
 		/* A task that never started has no logs: an empty one says so. */
@@ -128,6 +173,9 @@ static int upload_step(struct hostd *d, struct hostd_task *t, const struct s3_co
 			if (fd >= 0)
 				close(fd);
 		}
+		r = inline_log(d, t, name, path, err);
+		if (r != 0)
+			return r < 0 ? -1 : 0;
 		return upload_one(d, t, s3, name, path, "text/plain; charset=utf-8", NULL, name, err);
 	}
 	{

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io.h"
+
 /* ---- tree removal ----
  *
  * A tree a VM or a guest wrote can be deeper than PATH_MAX and than the fds
@@ -322,20 +324,13 @@ out:
 int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v)
 {
 	char path[64], buf[1024], *p, *end;
-	int fd, i;
-	ssize_t len;
+	int i;
 
 	if (first < 3 || n < 1)
 		return -1;
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (io_read_small(path, buf, sizeof(buf)) < 0)
 		return -1;
-	len = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (len <= 0)
-		return -1;
-	buf[len] = '\0';
 	/* Fields start after the last ')': the command name is field 2. */
 	p = strrchr(buf, ')');
 	for (i = 2; p && i < first; i++)

@@ -82,6 +82,26 @@ ssize_t io_read_all(int fd, void *p, size_t n)
 	return (ssize_t)got;
 }
 
+ssize_t io_read_small(const char *path, char *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0 || cap < 2) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	do
+		n = read(fd, buf, cap - 1);
+	while (n < 0 && errno == EINTR);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	return n;
+}
+
 char *io_read_file(const char *path, size_t max, size_t *len)
 {
 	size_t cap = 4096, got = 0;

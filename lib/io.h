@@ -24,6 +24,11 @@ int io_write_all_deadline(int fd, const void *p, size_t n, int64_t deadline_ms);
  * number of bytes read (< n only at end of file) or a negative errno. */
 ssize_t io_read_all(int fd, void *p, size_t n);
 
+/* Read a small file (/proc, /sys) with one read() into buf[cap] and
+ * NUL-terminate it. Returns the length (> 0), or -1: no such file, empty, or
+ * unreadable. No allocation: safe in the guest and in hot paths. */
+ssize_t io_read_small(const char *path, char *buf, size_t cap);
+
 /* Read a whole file ("-": standard input) of at most max bytes into a malloc'd, NUL-terminated
  * buffer the caller frees; *len (may be NULL) gets its length. Returns NULL
  * with errno set (EFBIG past max). Any thread. */

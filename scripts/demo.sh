@@ -51,7 +51,8 @@ rc=0
 id=$("$KILN" task list --limit 1 --json | jq -r '.tasks[0].id')
 echo "== task $id: where its files are in S3 (bucket kiln), from kiln task get"
 "$KILN" task get "$id" | jq -r '(.outputs[] | "   s3://kiln/\(.s3_key)  (\(.size) bytes, sha256 \(.sha256[:16])...)"),
-	((.artifacts // {}) | to_entries[] | "   s3://kiln/\(.value.s3_key)  (\(.value.size) bytes)")'
+	((.artifacts // {}) | to_entries[] | if .value.s3_key then "   s3://kiln/\(.value.s3_key)  (\(.value.size) bytes)"
+		else "   \(.key)  (\(.value.size) bytes, small: inside manifest.json)" end)'
 echo "   (presigned GET URLs for each: kiln task get $id | jq '.outputs[].url')"
 echo "== the downloaded copy, $out/outputs/report/squares.csv:"
 sed 's/^/   /' "$out/outputs/report/squares.csv"

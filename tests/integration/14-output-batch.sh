@@ -70,7 +70,7 @@ wait_done() {
 		task "$1" > "$T_TMP/$1.json"
 		st=$(jq -r .state "$T_TMP/$1.json" 2> /dev/null)
 		if [[ $st =~ ^(succeeded|failed|error|timed_out|cancelled)$ ]] \
-		   && [ "$(jq -r '[.artifacts["stdout.log"].s3_key, .artifacts["stderr.log"].s3_key] | map(select(.)) | length' "$T_TMP/$1.json" 2> /dev/null)" = 2 ]; then
+		   && [ "$(jq -r '[.artifacts["stdout.log"], .artifacts["stderr.log"]] | map(select(.s3_key or .inline)) | length' "$T_TMP/$1.json" 2> /dev/null)" = 2 ]; then
 			return 0
 		fi
 		sleep 0.2

@@ -196,12 +196,16 @@ sys.stderr.write("err line\n")')
 final "$T1" 120
 check "a task of the customer succeeds" jqe '.state == "succeeded"' "$T_TMP/$T1.json"
 check "its result names the destination it went to ($DID)" jqe ".destination == \"$DID\"" "$T_TMP/$T1.json"
-check "every artifact and output has an s3_key under PREFIX/CUSTOMER/ID/ and a URL" \
-	jqe "[(.artifacts[], .outputs[]) | select((.s3_key | startswith(\"${CPREFIX}acme/$T1/\")) and (.url | type == \"string\"))] | length == 5" "$T_TMP/$T1.json"
+check "every output and the manifest has an s3_key under PREFIX/CUSTOMER/ID/ and a URL" \
+	jqe "[(.artifacts[], .outputs[]) | select((.s3_key // \"\" | startswith(\"${CPREFIX}acme/$T1/\")) and (.url | type == \"string\"))] | length == 3" "$T_TMP/$T1.json"
+check "the small logs travel inside the manifest: inline, no s3_key, a kiln-api URL" \
+	jqe "[.artifacts[\"stdout.log\"], .artifacts[\"stderr.log\"]] | map(select(.inline == true and .s3_key == null and (.url | startswith(\"$API/v1/tasks/$T1/artifacts/\")))) | length == 2" "$T_TMP/$T1.json"
 keys "$C_AK" "$C_SK" "$CBUCKET" "$T1/" | sort > "$T_TMP/ckeys"
-check "the customer's bucket holds its 5 objects, listed with the customer's credentials ($(tr '\n' ' ' < "$T_TMP/ckeys"))" \
+check "the customer's bucket holds its 3 objects, listed with the customer's credentials ($(tr '\n' ' ' < "$T_TMP/ckeys"))" \
 	[ "$(cat "$T_TMP/ckeys")" = "$(printf '%s\n' "${CPREFIX}acme/$T1/manifest.json" "${CPREFIX}acme/$T1/outputs/big.bin" \
-		"${CPREFIX}acme/$T1/outputs/tiny.txt" "${CPREFIX}acme/$T1/stderr.log" "${CPREFIX}acme/$T1/stdout.log")" ]
+		"${CPREFIX}acme/$T1/outputs/tiny.txt")" ]
+check "the manifest in the customer's bucket carries both logs (base64)" \
+	[ "$(s3py "$C_AK" "$C_SK" "import json, base64; m = json.loads(s3.get_object(Bucket='$CBUCKET', Key='${CPREFIX}acme/$T1/manifest.json')['Body'].read()); print(m['version'], base64.b64decode(m['artifacts']['stdout.log']['inline']).decode().strip(), base64.b64decode(m['artifacts']['stderr.log']['inline']).decode().strip())")" = "2 to the customer err line" ]
 check "kiln's bucket holds nothing of it" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T1")" ]
 etag=$(s3py "$C_AK" "$C_SK" "print(s3.head_object(Bucket='$CBUCKET', Key='${CPREFIX}acme/$T1/outputs/big.bin')['ETag'])")
 check "the 20 MiB output went up as a multipart upload (ETag $etag)" [ -n "$(grep -- '-[0-9]*"$' <<< "$etag")" ]
@@ -210,14 +214,28 @@ got=$(sha_of_url "$(jq -r '.outputs[] | select(.path == "big.bin") | .url' "$T_T
 check "the large output's presigned URL serves its bytes ($got)" [ "$got" = "$want" ]
 check "the tiny output's presigned URL serves its bytes" \
 	[ "$(curl -s -m 30 "$(jq -r '.outputs[] | select(.path == "tiny.txt") | .url' "$T_TMP/$T1.json")")" = tiny ]
-check "stdout.log's presigned URL serves the log" \
+check "stdout.log's URL serves the log, without an API key" \
 	[ "$(curl -s -m 30 "$(jq -r '.artifacts["stdout.log"].url' "$T_TMP/$T1.json")")" = "to the customer" ]
+lurl=$(jq -r '.artifacts["stdout.log"].url' "$T_TMP/$T1.json")
+check "a Range of it answers 206 with those bytes (kiln run resumes logs this way)" \
+	[ "$(curl -s -m 30 -r 3-5 -w ' %{http_code}' "$lurl")" = "the 206" ]
+check "a range past its end answers 416" [ "$(curl -s -m 30 -o /dev/null -r 100- -w '%{http_code}' "$lurl")" = 416 ]
+bad=${lurl%?}; [ "${lurl: -1}" = 0 ] && bad=${bad}1 || bad=${bad}0
+check "a link with a changed signature answers 403, saying why" \
+	[ "$(curl -s -m 30 "$bad" | jq -r .error.code 2> /dev/null)" = forbidden ]
+check "so does one pointed at another log of the same task" \
+	[ "$(curl -s -m 30 -o /dev/null -w '%{http_code}' "${lurl/stdout.log/stderr.log}")" = 403 ]
+check "the unsigned path needs the customer's key, and then serves the log" \
+	[ "$(curl -s -m 30 -o /dev/null -w '%{http_code}' "$API/v1/tasks/$T1/artifacts/stdout.log")" = 401 \
+	  -a "$(cust "$API/v1/tasks/$T1/artifacts/stderr.log")" = "err line" ]
+check "an artifact in S3 is not served there (404)" \
+	[ "$(cust -o /dev/null -w '%{http_code}' "$API/v1/tasks/$T1/artifacts/manifest.json")" = 404 ]
 check "the presigned URLs are signed with the customer's access key" \
-	[ -n "$(jq -r '.artifacts["stdout.log"].url' "$T_TMP/$T1.json" | grep 'X-Amz-Credential=cust%3Aalice')" ]
+	[ -n "$(jq -r '.artifacts["manifest.json"].url' "$T_TMP/$T1.json" | grep 'X-Amz-Credential=cust%3Aalice')" ]
 check "the manifest's URL serves the manifest" \
 	[ "$(curl -s -m 30 "$(jq -r '.artifacts["manifest.json"].url' "$T_TMP/$T1.json")" | jq -r .task)" = "$T1" ]
 (cd "$T_TMP" && KILN_CREDENTIALS=$T_TMP/none KILN_API=$API KILN_KEY=$KEY timeout 60 "$BIN/kiln" task logs "$T1" > logs.out 2> logs.err)
-check "kiln task logs prints the task's output from the customer's bucket" [ "$(cat "$T_TMP/logs.out")" = "to the customer" ]
+check "kiln task logs prints the task's output (through its URL)" [ "$(cat "$T_TMP/logs.out")" = "to the customer" ]
 sqlite3 "$T_TMP/api.db" 'PRAGMA wal_checkpoint(TRUNCATE)' > /dev/null 2>&1
 check "the SQLite store holds no plaintext secret key" \
 	[ "$(cat "$T_TMP"/api.db* | grep -c -a "$C_SK")" = 0 -a "$(sqlite3 "$T_TMP/api.db" 'SELECT count(*) FROM destinations')" = 1 ]
@@ -251,7 +269,7 @@ check "the spooled upload then succeeds" jqe '.state == "succeeded"' "$T_TMP/$T2
 check "once uploaded, its spool record keeps where the objects went, not the secret" \
 	[ "$(jq -r '.destination.bucket + " " + (.destination.secret_key // "none")' "$rec" 2> /dev/null)" = "$CBUCKET none" \
 	  -a "$(grep -c -e "$C_SK" -e rotated-wrong "$rec")" = 0 ]
-check "into the customer's bucket" [ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T2/" | wc -l)" = 4 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T2")" ]
+check "into the customer's bucket (its output and the manifest, which carries its small logs)" [ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T2/" | wc -l)" = 2 -a -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T2")" ]
 check "its output's URL serves it" \
 	[ "$(curl -s -m 30 "$(jq -r '.outputs[0].url' "$T_TMP/$T2.json")")" = "after the fix" ]
 
@@ -282,11 +300,11 @@ check "DELETE /v1/destination: 200, then GET 404" \
 T3=$(submit 'print("ops")')
 final "$T3" 60
 check "a task after it goes to kiln's bucket" \
-	jqe '.state == "succeeded" and (has("destination") | not) and (.artifacts["stdout.log"].s3_key | startswith("acme/"))' "$T_TMP/$T3.json"
-check "which holds it" [ "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T3/" | wc -l)" = 3 ]
+	jqe '.state == "succeeded" and (has("destination") | not) and (.artifacts["manifest.json"].s3_key | startswith("acme/"))' "$T_TMP/$T3.json"
+check "which holds it: one object, the manifest, for a task this small" [ "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T3/" | wc -l)" = 1 ]
 cust "$API/v1/tasks/$T1" > "$T_TMP/T1b.json"
 check "an earlier task's URLs are withheld, with a reason, once its destination is gone" \
-	jqe '.artifacts["stdout.log"].url == null and (.artifacts["stdout.log"].url_error | test("changed or deleted"))' "$T_TMP/T1b.json"
+	jqe '.artifacts["manifest.json"].url == null and (.artifacts["manifest.json"].url_error | test("changed or deleted"))' "$T_TMP/T1b.json"
 
 # ---- another key: the customer's task fails, never kiln's bucket ----
 r=$(custst PUT /v1/destination "$(dest)")

@@ -42,6 +42,7 @@ struct fixture {
 	struct s3_config s3;
 	char spool[64];
 	struct hostd *d;
+	unsigned inline_max; /* hostd_config.inline_log_max (0: every log an object) */
 	/* For the scripted runs. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -97,6 +98,7 @@ static void open_hostd(struct fixture *x, int with_s3)
 		.vcpus_total = 4,
 		.s3 = with_s3 ? &x->s3 : NULL,
 		.upload_workers = 1,
+		.inline_log_max = x->inline_max,
 		.retention_s = RETENTION_S,
 		.accel = "tcg",
 	};
@@ -431,6 +433,52 @@ static void recover_uploading(void **state)
 	assert_int_equal(objects_of(x, "t-up"), 4); /* the skipped one is not uploaded */
 	assert_task_str(x, "t-up", "artifacts", "manifest.json", "s3_key", "cust/t-up/manifest.json");
 	assert_task_str(x, "t-up", "artifacts", "stdout.log", "s3_key", "cust/t-up/stdout.log");
+}
+
+/* Logs of at most inline_log_max bytes go inside manifest.json (version 2:
+ * base64, size, sha256, no s3_key): a small task is one PUT; a bigger log
+ * is an object as before. */
+static void inline_small_logs(void **state)
+{
+	struct fixture *x = *state;
+	char big[5001], sha[65];
+	const struct fake_object *m;
+	json_t *mj, *a;
+
+	memset(big, 'e', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	x->inline_max = 4096;
+	write_record(x, "t-small", record("t-small", "uploading", "succeeded", 0, result_json("succeeded", NULL)));
+	put_file(x, "t-small", "stdout.log", "all of it\n");
+	put_file(x, "t-small", "stderr.log", "");
+	write_record(x, "t-mixed", record("t-mixed", "uploading", "succeeded", 0, result_json("succeeded", NULL)));
+	put_file(x, "t-mixed", "stdout.log", "x");
+	put_file(x, "t-mixed", "stderr.log", big);
+	open_hostd(x, 1);
+	wait_state(x, "t-small", "succeeded");
+	wait_state(x, "t-mixed", "succeeded");
+	assert_int_equal(objects_of(x, "t-small"), 1); /* the manifest alone */
+	assert_null(object(x, "t-small", "stdout.log"));
+	assert_int_equal(objects_of(x, "t-mixed"), 2); /* stderr.log, manifest */
+	assert_string_equal(object(x, "t-mixed", "stderr.log")->data, big);
+	m = object(x, "t-small", "manifest.json");
+	assert_non_null(m);
+	mj = json_loads(m->data, 0, NULL);
+	assert_non_null(mj);
+	assert_int_equal(json_integer_value(json_object_get(mj, "version")), 2);
+	a = json_object_get(json_object_get(mj, "artifacts"), "stdout.log");
+	assert_string_equal(json_string_value(json_object_get(a, "inline")), "YWxsIG9mIGl0Cg==");
+	assert_int_equal(json_integer_value(json_object_get(a, "size")), 10);
+	assert_true(json_is_null(json_object_get(a, "s3_key")));
+	fake_sha256_hex("all of it\n", 10, sha);
+	assert_string_equal(json_string_value(json_object_get(a, "sha256")), sha);
+	a = json_object_get(json_object_get(mj, "artifacts"), "stderr.log");
+	assert_string_equal(json_string_value(json_object_get(a, "inline")), "");
+	json_decref(mj);
+	/* The task's answer carries the same for kiln-api. */
+	assert_task_str(x, "t-small", "artifacts", "stdout.log", "inline", "YWxsIG9mIGl0Cg==");
+	assert_task_str(x, "t-mixed", "artifacts", "stdout.log", "inline", "eA==");
+	assert_task_str(x, "t-mixed", "artifacts", "stderr.log", "s3_key", "cust/t-mixed/stderr.log");
 }
 
 /* A final task stays as it was until its retention is up: no upload, no
@@ -1067,6 +1115,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(recover_unfinished, setup, teardown),
 		cmocka_unit_test_setup_teardown(recover_uploading, setup, teardown),
 		cmocka_unit_test_setup_teardown(recover_final, setup, teardown),
+		cmocka_unit_test_setup_teardown(inline_small_logs, setup, teardown),
 		cmocka_unit_test_setup_teardown(recover_damaged, setup, teardown),
 		cmocka_unit_test_setup_teardown(task_lifecycle, setup, teardown),
 		cmocka_unit_test_setup_teardown(destination_upload, setup, teardown),

@@ -210,7 +210,17 @@ static void io_files(void **state)
 	errno = 0;
 	assert_null(io_read_file(path, sizeof(data) - 1, &len));
 	assert_int_equal(errno, EFBIG);
-	unlink(path);
+	{
+		char small[8];
+
+		/* io_read_small: one read, cut to cap - 1, NUL-terminated. */
+		assert_int_equal(io_read_small(path, small, sizeof(small)), 7);
+		assert_string_equal(small, "zzzzzzz");
+		assert_int_equal(io_read_small(path, small, 1), -1);
+		assert_int_equal(io_read_small("/dev/null", small, sizeof(small)), -1);
+		unlink(path);
+		assert_int_equal(io_read_small(path, small, sizeof(small)), -1);
+	}
 	assert_null(io_read_file(path, 100, NULL));
 	assert_int_equal(errno, ENOENT);
 	p = io_read_file("/dev/null", 0, &len); /* empty is fine at max 0 */
