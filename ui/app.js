@@ -365,7 +365,7 @@ const customerViews = {
 			b.addEventListener('click', () => guarded(box, async () => { await fn(); await refresh(); }));
 			return b;
 		};
-		const cmd = el('input', { id: 'exec-code', placeholder: "print('hi')" });
+		const cmd = el('textarea', { id: 'exec-code', rows: 4, placeholder: "print('hi')" });
 		const lang = el('select', { id: 'exec-language' }, ['python', 'bash'].map((l) => el('option', { value: l }, l)));
 		const out = el('pre', { id: 'exec-out' });
 		const err = el('pre', { id: 'exec-err', class: 'stderr' });

@@ -225,7 +225,8 @@ try {
 		await check('exec in it: HTML-looking output shows as text', async () => {
 			await page.fill('#exec-code', 'open("/work/a <b>.txt", "w").write("x")\nprint("<b>bold</b><img src=x onerror=window.__xss=5>")');
 			await page.click('#exec-go');
-			await page.waitForFunction(() => document.getElementById('exec-out').textContent.includes('<b>bold</b>'), null, { timeout: 60000 });
+			await page.waitForFunction(() => document.getElementById('exec-out').textContent.includes('<b>bold</b>'), null, { timeout: 60000 })
+				.catch(async (e) => { throw new Error(e.message + ' stderr: ' + await text(page, '#exec-err') + ' status: ' + await text(page, '#app-view [role=alert]')); });
 			assert(await page.evaluate(() => document.querySelectorAll('main b, main img').length) === 0, 'elements made');
 			assert(await page.evaluate(() => window.__xss) === undefined, 'window.__xss set');
 		});
