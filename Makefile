@@ -15,7 +15,7 @@ CC       ?= gcc
 WERROR   ?= 1
 SANITIZE ?=
 CFLAGS   := -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-format-truncation \
-            -D_GNU_SOURCE -Ilib -Ijail -MMD -MP -ffile-prefix-map=$(CURDIR)=.
+            -D_GNU_SOURCE -Ilib -Ijail -I/usr/include/postgresql -MMD -MP -ffile-prefix-map=$(CURDIR)=.
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
@@ -24,7 +24,7 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lpthread
-API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpthread -lm
+API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
@@ -144,6 +144,11 @@ $(B)/tests/fuzz/fuzz_uiname: tests/fuzz/fuzz_uiname.c $(B)/fuzz-obj/api/ui.o $(B
 $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
+
+# kiln mcp's message handling (the CLI's pure protocol module).
+$(B)/tests/fuzz/fuzz_mcp: tests/fuzz/fuzz_mcp.c $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -Icli -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
 
 # Benchmarks: C drivers over the real host code, and the busybox baseline guest.
 BENCH_SRCS := $(wildcard bench/*.c)

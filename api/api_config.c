@@ -55,7 +55,8 @@ static int secret(const char *value, const char *file_path, const char *name, co
 int api_config_load(const char *path, struct api_config *c, struct kiln_err *err)
 {
 	json_error_t je;
-	json_t *s3 = NULL, *quotas = NULL, *dests = NULL;
+	json_t *s3 = NULL, *quotas = NULL, *dests = NULL, *store = NULL;
+	const char *pg = NULL, *pg_file = NULL;
 	const char *admin_key = NULL, *admin_key_file = NULL, *token = NULL, *token_file = NULL;
 	const char *sk = NULL, *sk_file = NULL;
 	struct kiln_err qerr;
@@ -76,7 +77,7 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
 			{ "destinations", CONF_OBJ, &dests }, { "public_url", CONF_STR, &c->public_url },
-			{ "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
+			{ "store", CONF_OBJ, &store }, { "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
@@ -125,6 +126,20 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 		}
 		c->have_dest_key = 1;
 	}
+	if (store) {
+		const struct conf_field f[] = {
+			{ "postgres", CONF_STR, &pg }, { "postgres_file", CONF_STR, &pg_file }, { 0 },
+		};
+
+		if (conf_take(store, "store", f, path, API_CONF_FLAGS, err) < 0)
+			goto fail;
+		if (!pg && !pg_file) {
+			kiln_err_set(err, KERR_CONFIG, "%s: store: postgres or postgres_file is required", path);
+			goto fail;
+		}
+		if (secret(pg, pg_file, "store.postgres", path, &c->postgres, &c->file_postgres, err) < 0)
+			goto fail;
+	}
 	if (quotas && quota_from_json(quotas, "quotas", &c->quotas, &qerr) < 0) {
 		kiln_err_set(err, KERR_CONFIG, "%s: %s", path, qerr.message);
 		goto fail;
@@ -150,6 +165,8 @@ void api_config_free(struct api_config *c)
 	free(c->file_admin_key);
 	free(c->file_token);
 	free(c->file_secret);
+	free(c->file_postgres);
 	c->root = NULL;
-	c->file_admin_key = c->file_token = c->file_secret = NULL;
+	c->file_admin_key = c->file_token = c->file_secret = c->file_postgres = NULL;
+	c->postgres = NULL;
 }

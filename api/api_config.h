@@ -15,6 +15,11 @@
 struct api_config {
 	const char *listen;          /* "ADDR:PORT", default 127.0.0.1:8080 */
 	const char *db;              /* SQLite file, default /var/lib/kiln/api.db */
+	/* store.postgres (or the file store.postgres_file names, which keeps
+	 * a password out of the configuration): a libpq conninfo, a
+	 * postgresql:// URI or key=value pairs. Set: the store is PostgreSQL
+	 * and db is not used. */
+	const char *postgres;
 	const char *admin_key;       /* accepted as an admin key; may be NULL */
 	const char *cluster_token;   /* hosts present it (heartbeats); may be NULL */
 	struct s3_config s3;         /* s3.endpoint NULL: outputs get no url */
@@ -36,7 +41,7 @@ struct api_config {
 	unsigned char dest_key[32];
 	int have_dest_key;
 	json_t *root;                /* owns the strings above */
-	char *file_admin_key, *file_token, *file_secret;
+	char *file_admin_key, *file_token, *file_secret, *file_postgres;
 };
 
 /* Built-in defaults only (no file): for tests and flags-only runs. */

@@ -19,7 +19,9 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
-		   "  Serves the kiln API; see README \"kiln-api configuration\".\n");
+		   "       kiln-api migrate [--config FILE] [--db FILE]\n"
+		   "  Serves the kiln API; see README \"kiln-api configuration\". migrate brings the\n"
+		   "  store's schema (SQLite or PostgreSQL) to this version and exits.\n");
 }
 
 static void on_submitted(void *ctx)
@@ -32,6 +34,18 @@ static void on_submitted(void *ctx)
 static void on_cancel(void *ctx, const char *task_id)
 {
 	sched_wake_full(ctx);
+}
+
+/* Another replica's change (PostgreSQL): a task queued or cancelled there is
+ * this scheduler's business too. */
+static void on_remote_change(void *ctx, const char *id, const char *event, json_t *data)
+{
+	const char *state = json_string_value(json_object_get(data, "state"));
+
+	if (!strcmp(event, "state") && state && !strcmp(state, "queued"))
+		sched_wake(ctx);
+	else if (!strcmp(event, "cancel") || !strcmp(event, "resync"))
+		sched_wake_full(ctx);
 }
 
 static void on_destination_changed(void *ctx, const char *customer)
@@ -54,8 +68,14 @@ int main(int argc, char **argv)
 	struct sessions *sessions;
 	struct templates *templates;
 	sigset_t set;
-	int opt, sig;
+	int opt, sig, migrate = 0;
 
+	if (argc > 1 && !strcmp(argv[1], "migrate")) {
+		migrate = 1;
+		argv[1] = argv[0];
+		argc--;
+		argv++;
+	}
 	while ((opt = getopt_long(argc, argv, "c:l:d:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
@@ -91,6 +111,17 @@ int main(int argc, char **argv)
 		cfg.listen = listen;
 	if (db)
 		cfg.db = db;
+	if (migrate) {
+		int r = store_migrate_only(cfg.postgres ? cfg.postgres : cfg.db, cfg.postgres != NULL, &err);
+
+		if (r < 0)
+			fprintf(stderr, "kiln-api: migrate: %s\n", err.message);
+		else
+			fprintf(stderr, "kiln-api: migrate: %s is at schema version %d\n",
+				cfg.postgres ? "postgresql" : cfg.db, STORE_SCHEMA_VERSION);
+		api_config_free(&cfg);
+		return r < 0 ? 3 : 0;
+	}
 	if (!cfg.admin_key)
 		fprintf(stderr, "kiln-api: warning: no admin_key configured: nobody can create customers or keys\n");
 
@@ -103,9 +134,15 @@ int main(int argc, char **argv)
 	/* Should the host run short of memory, sandboxes go first. */
 	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 
-	st = store_open(cfg.db, &err);
+	st = cfg.postgres ? store_open_pg(cfg.postgres, &err) : store_open(cfg.db, &err);
 	if (!st) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
+		api_config_free(&cfg);
+		return 3;
+	}
+	if (store_leader_start(st) < 0) {
+		fprintf(stderr, "kiln-api: cannot start the leader election\n");
+		store_close(st);
 		api_config_free(&cfg);
 		return 3;
 	}
@@ -138,11 +175,13 @@ int main(int argc, char **argv)
 		}
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
 							     .destination_changed = on_destination_changed, .ctx = sched });
+		store_set_remote_hook(st, on_remote_change, sched);
 	}
 	sessions = sessions_start(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
 	if (!sessions) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
 		server_set_hooks(srv, NULL);
+		store_set_remote_hook(st, NULL, NULL);
 		sched_stop(sched);
 		server_stop(srv);
 		store_close(st);
@@ -157,6 +196,7 @@ int main(int argc, char **argv)
 		server_set_sessions(srv, NULL);
 		server_set_hooks(srv, NULL);
 		sessions_stop(sessions);
+		store_set_remote_hook(st, NULL, NULL);
 		sched_stop(sched);
 		server_stop(srv);
 		store_close(st);
@@ -166,7 +206,8 @@ int main(int argc, char **argv)
 	server_set_templates(srv, templates);
 	if (!cfg.cluster_token)
 		fprintf(stderr, "kiln-api: warning: no cluster_token configured: no host can register\n");
-	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen, cfg.db,
+	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen,
+		cfg.postgres ? "postgresql" : cfg.db,
 		cfg.s3.endpoint ? cfg.s3.endpoint : "none: outputs get no url");
 	while (sigwait(&set, &sig) != 0)
 		;
@@ -186,6 +227,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kiln-api: session requests still in flight: exiting without waiting for them\n");
 		return 0;
 	}
+	store_set_remote_hook(st, NULL, NULL);
 	sched_stop(sched);
 	server_stop(srv);
 	templates_free(templates);

@@ -31,6 +31,7 @@
 #define HOST_FULL_BACKOFF_MS 1000
 #define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
 #define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
+#define REATTACH_MS 5000          /* PostgreSQL: the leader reattaches this often */
 #define HOST_TEMPLATES 16           /* templates per host the scheduler keeps from its heartbeat */
 
 /* One template a host holds (capacity.templates): key as store_task.tkey. */
@@ -84,6 +85,7 @@ struct sched {
 	const struct kiln_clock *clock;
 	int threaded;                /* sched_start ran sched_main on s->thread */
 	int reattached;
+	int64_t last_reattach;       /* wall ms of the last forced reattach (PostgreSQL) */
 	int64_t last_full;
 };
 
@@ -841,7 +843,29 @@ static void *sched_main(void *arg)
 		int full = s->want_full || now - s->last_full >= TICK_MS || now < s->last_full;
 
 		s->want_full = 0;
-		tick_locked(s, full);
+		/* PostgreSQL: watchers end on a store error (a task's state
+		 * cannot be read or written while the database is away), so
+		 * the leader reattaches every REATTACH_MS: placed tasks without
+		 * a watcher get one again (one that has one keeps it). */
+		if (store_is_pg(s->st) && now - s->last_reattach >= REATTACH_MS) {
+			s->last_reattach = now;
+			s->reattached = 0;
+		}
+		if (!store_is_leader(s->st) || store_down(s->st)) {
+			/* A follower (replicas on PostgreSQL), or the database is
+			 * out of reach: only the hosts are read, for sessions
+			 * placed through this replica. Once leader (or back), it
+			 * reattaches to what is placed and judges hosts from then
+			 * on, as a restarted kiln-api does. */
+			if (full) {
+				s->last_full = now;
+				refresh_hosts_locked(s);
+			}
+			s->reattached = 0;
+			s->started_ms = now;
+		} else {
+			tick_locked(s, full);
+		}
 		if (s->woken) {
 			s->woken = 0;
 			continue;

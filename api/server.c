@@ -342,8 +342,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	struct template_use tu;
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
 	int egress, cwd_set;
-	int64_t retry_ms;
-	int r;
+	int64_t retry_ms = 0;
+	int r, shared;
 
 	if (c->admin)
 		return reply_error(conn, KERR_FORBIDDEN, "an admin key cannot submit tasks: use a customer key");
@@ -388,7 +388,10 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	spec_free(&spec);
 	if (quota_check_task(&q, vcpus, memory_mib, timeout_s, output_mib, &err) < 0)
 		goto bad_request;
-	if (!quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms(), &retry_ms)) {
+	/* Replicas on PostgreSQL: the rate and the queue are checked in the
+	 * submission's transaction against rows they all share (below). */
+	shared = store_is_pg(s->st);
+	if (!shared && !quota_limiter_take(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms(), &retry_ms)) {
 		char ra[24];
 
 		api_task_request_free(&tr);
@@ -398,11 +401,11 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		return reply_error_h(conn, KERR_RATE_LIMITED, msg, "Retry-After", ra);
 	}
 	/* Counting the queue costs a scan of it: only when a limit needs it. */
-	if (q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
+	if (!shared && q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
 		api_task_request_free(&tr);
 		return reply_internal(conn, "cannot read the usage");
 	}
-	if (q.max_queued && u.queued >= q.max_queued) {
+	if (!shared && q.max_queued && u.queued >= q.max_queued) {
 		char ra[24];
 
 		api_task_request_free(&tr);
@@ -452,6 +455,8 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 			.customer = c->customer, .spec_json = merged ? merged : tr.spec_json, .metadata_json = md,
 			.vcpus = vcpus, .memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
 			.idem_key = idem, .body_hash = hash_hex, .tuse = r == 1 ? &tu.use : NULL,
+			.shared = shared, .submit_rate = q.submit_rate, .submit_burst = q.submit_burst,
+			.max_queued = q.max_queued, .retry_ms = &retry_ms,
 		};
 
 		r = store_task_submit(s->st, &sub, id, &err);
@@ -460,6 +465,16 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	free(merged);
 	template_use_free(&tu);
 	api_task_request_free(&tr);
+	if (r < 0 && (!strcmp(err.code, "rate_limited") || !strcmp(err.code, "queue_full"))) {
+		char ra[24];
+
+		if (!strcmp(err.code, "rate_limited"))
+			snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
+		else
+			snprintf(ra, sizeof(ra), "%d", QUEUE_FULL_RETRY_S);
+		return reply_error_h(conn, !strcmp(err.code, "rate_limited") ? KERR_RATE_LIMITED : KERR_QUEUE_FULL,
+				     err.message, "Retry-After", ra);
+	}
 	if (r < 0)
 		return reply_err(conn, &err);
 	if (r == 1) /* the same retry raced us past the lookup above */
@@ -872,9 +887,52 @@ static const char *task_id(struct httpd_req *r)
 	return strlen(r->param[0]) < 40 ? r->param[0] : NULL;
 }
 
+/* The routes that need no key: health and metrics. */
+static int keyless(const char *url)
+{
+	return !strcmp(url, "/healthz") || !strcmp(url, "/metrics");
+}
+
+/* 503 when the store's database does not answer (PostgreSQL down or out
+ * of reach): a load balancer then sends requests to another replica. */
 static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 {
-	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+	struct server *s = ctx;
+
+	if (store_ping(s->st) < 0)
+		return reply_json(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+				  json_pack("{s:s, s:s}", "status", "unavailable", "reason", "the database is unreachable"));
+	/* leader: this replica runs the scheduler now (always, on SQLite). */
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:b}", "status", "ok", "leader", store_is_leader(s->st)));
+}
+
+/* GET /metrics (no key, like /healthz): this replica's view, Prometheus
+ * text. Each replica answers for itself: scrape them all; exactly one says
+ * kiln_api_leader 1. */
+static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+	char *text = NULL;
+	int n;
+
+	n = asprintf(&text,
+		     "# HELP kiln_api_leader 1 when this kiln-api runs the scheduler (one replica at a time)\n"
+		     "# TYPE kiln_api_leader gauge\nkiln_api_leader %d\n"
+		     "# HELP kiln_api_store_up 1 when the store's database answers\n"
+		     "# TYPE kiln_api_store_up gauge\nkiln_api_store_up %d\n"
+		     "# HELP kiln_api_store_info the store's backend\n"
+		     "# TYPE kiln_api_store_info gauge\nkiln_api_store_info{backend=\"%s\"} 1\n",
+		     store_is_leader(s->st), store_ping(s->st) == 0, store_is_pg(s->st) ? "postgresql" : "sqlite");
+	if (n < 0)
+		return reply_internal(r->conn, "out of memory");
+	resp = MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
+	MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
+	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
+	return ret;
 }
 
 static enum MHD_Result rt_list(void *ctx, struct httpd_req *r)
@@ -959,6 +1017,7 @@ static enum MHD_Result rt_usage(void *ctx, struct httpd_req *r)
  * key and /v1/hosts/ routes for the cluster token before the table. */
 static const struct httpd_route api_routes[] = {
 	{ "GET", "/healthz", rt_healthz },
+	{ "GET", "/metrics", rt_metrics },
 	{ "GET", "/v1/tasks", rt_list },
 	{ "POST", "/v1/tasks", rt_submit },
 	{ "GET", "/v1/tasks/{id}", rt_task_get },
@@ -1145,7 +1204,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			}
 			return MHD_YES;
 		}
-		if (strcmp(url, "/healthz") && strncmp(url, "/v1/hosts/", 10)) {
+		if (!keyless(url) && strncmp(url, "/v1/hosts/", 10)) {
 			char id[80], name[ARTIFACT_NAME_MAX];
 			int link = artifact_link(s, conn, url, id, sizeof(id), name);
 
@@ -1176,6 +1235,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (ui_is_path(url))
 		return ui_serve(s->ui_dir, conn, method, url);
 	memset(&c, 0, sizeof(c));
+	/* The database is out of reach (PostgreSQL): 503 at once rather than
+	 * a store error from deep inside; store_down reconnects by itself. */
+	if (!keyless(url) && store_down(s->st))
+		return reply_error(conn, KERR_UNAVAILABLE, "the database is unreachable; retry");
 	if (!strncmp(url, "/v1/hosts/", 10)) {
 		const char *tok = bearer(conn);
 
@@ -1183,7 +1246,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
 	} else if (e2b_relay_path(url)) {
 		return handle_relay(s, conn, method, url, body);
-	} else if (strcmp(url, "/healthz")) {
+	} else if (!keyless(url)) {
 		char id[80], name[ARTIFACT_NAME_MAX];
 		int link = artifact_link(s, conn, url, id, sizeof(id), name);
 

@@ -1,5 +1,5 @@
-/* store: kiln-api's durable state in SQLite (WAL, synchronous=FULL, schema
- * migrations): customers and their quotas, API keys (only SHA-256 hashes),
+/* store: kiln-api's durable state in SQLite (WAL, synchronous=FULL) or
+ * PostgreSQL (api/sdb.h; schema migrations for both): customers and their quotas, API keys (only SHA-256 hashes),
  * tasks with their whole lifecycle, registered hosts. Every write that a
  * client is told about has been committed (fsync'd) first.
  *
@@ -82,9 +82,29 @@ struct store_task {
 	char tkey[72];               /* its template: "" default, "@NAME" a built-in, else the image's SHA-256 */
 };
 
-/* Open (creating and migrating) the database at path. NULL with err set. */
+/* Open (creating and migrating) the SQLite database at path, or, when path
+ * is a postgresql:// (postgres://) URI, PostgreSQL. NULL with err set. */
 struct store *store_open(const char *path, struct kiln_err *err);
+/* Open PostgreSQL (conninfo: a URI or key=value pairs), migrating its
+ * schema (replicas take turns). NULL with err set. */
+struct store *store_open_pg(const char *conninfo, struct kiln_err *err);
 void store_close(struct store *s);
+/* `kiln-api migrate`: bring target's schema (SQLite path, or PostgreSQL
+ * conninfo when pg or a postgresql:// URI) to this version. 0 or -1. */
+int store_migrate_only(const char *target, int pg, struct kiln_err *err);
+/* Whether the database answers now (PostgreSQL: a round trip, reconnecting
+ * if the connection was lost): 0 yes, -1 no. SQLite: always 0. */
+int store_ping(struct store *s);
+/* Whether the store found its database unreachable and still does (tries
+ * to reconnect, at most once a second): 1 down, 0 up. */
+int store_down(struct store *s);
+int store_is_pg(const struct store *s);
+/* Replicas on PostgreSQL: take part in the election of the one scheduler
+ * (an advisory lock on a connection of its own, tried twice a second).
+ * SQLite: nothing to do. 0, or -1 when the thread cannot start. */
+int store_leader_start(struct store *s);
+/* Whether this process is the scheduler's leader now (SQLite: always). */
+int store_is_leader(struct store *s);
 
 /* ---- customers, quotas, keys ---- */
 
@@ -173,7 +193,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 6
+#define STORE_SCHEMA_VERSION 7
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -219,6 +239,16 @@ struct store_submit {
 	const char *idem_key;        /* may be NULL */
 	const char *body_hash;       /* SHA-256 hex of the request body */
 	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
+	/* Replicas (PostgreSQL): the customer's submit rate and queue depth
+	 * are checked in the submission's own transaction, under the
+	 * customer's lock, against rows every replica shares (the bucket in
+	 * submit_buckets). shared 0: the caller checked them itself. Refused:
+	 * -1 with err "rate_limited" (*retry_ms: when to retry) or
+	 * "queue_full". */
+	int shared;
+	double submit_rate;
+	unsigned submit_burst, max_queued;
+	int64_t *retry_ms;
 };
 int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err);
 
@@ -271,6 +301,12 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id);
  * borrowed. */
 typedef void store_listener_fn(void *arg, const char *task_id, const char *event, json_t *data);
 void store_set_listener(struct store *s, store_listener_fn *fn, void *arg);
+/* Replicas on PostgreSQL: fn is called (from the store's listener thread)
+ * for every change another kiln-api committed: task_id, event ("state",
+ * "cancel", "session", ...; "resync" with task_id NULL after the listener
+ * reconnected: anything may have changed) and data (may be NULL). Those
+ * changes also wake store_wait_change and reach the listener above. */
+void store_set_remote_hook(struct store *s, store_listener_fn *fn, void *arg);
 uint64_t store_changes(struct store *s);
 /* Wait until store_changes() differs from seen or deadline_ms (CLOCK_MONOTONIC
  * milliseconds) passes or store_wake_all(). 1 changed, 0 not. */

@@ -11,20 +11,18 @@
 
 int store_dest_get(struct store *s, const char *customer, struct store_dest *out)
 {
-	sqlite3_stmt *st = NULL;
+	struct sdb_stmt *st = NULL;
 	int found = -1;
 
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&s->lock);
-	if (sqlite3_prepare_v2(s->db,
-			       "SELECT id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms,"
-			       " updated_ms FROM destinations WHERE customer = ?1",
-			       -1, &st, NULL) != SQLITE_OK)
+	if (sdb_prepare(s->db, "SELECT id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms,"
+			       " updated_ms FROM destinations WHERE customer = ?1", &st) != 0)
 		goto out;
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	switch (sqlite3_step(st)) {
-	case SQLITE_ROW: {
-		int n = sqlite3_column_bytes(st, 6);
+	sdb_bind_text(st, 1, customer);
+	switch (sdb_step(st)) {
+	case SDB_ROW: {
+		int n = sdb_col_bytes(st, 6);
 
 		snprintf(out->id, sizeof(out->id), "%s", store_col_text(st, 0) ?: "");
 		snprintf(out->d.endpoint, sizeof(out->d.endpoint), "%s", store_col_text(st, 1) ?: "");
@@ -33,20 +31,20 @@ int store_dest_get(struct store *s, const char *customer, struct store_dest *out
 		snprintf(out->d.prefix, sizeof(out->d.prefix), "%s", store_col_text(st, 4) ?: "");
 		snprintf(out->d.access_key, sizeof(out->d.access_key), "%s", store_col_text(st, 5) ?: "");
 		if (n > 0 && (size_t)n <= sizeof(out->sealed)) {
-			memcpy(out->sealed, sqlite3_column_blob(st, 6), (size_t)n);
+			memcpy(out->sealed, sdb_col_blob(st, 6), (size_t)n);
 			out->sealed_len = (size_t)n;
 		}
-		out->created_ms = sqlite3_column_int64(st, 7);
-		out->updated_ms = sqlite3_column_int64(st, 8);
+		out->created_ms = sdb_col_int64(st, 7);
+		out->updated_ms = sdb_col_int64(st, 8);
 		found = 1;
 		break;
 	}
-	case SQLITE_DONE:
+	case SDB_DONE:
 		found = 0;
 		break;
 	}
 out:
-	sqlite3_finalize(st);
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
 	return found;
 }
@@ -57,7 +55,7 @@ int store_dest_put(struct store *s, const char *customer, const struct dest *d, 
 	struct store_dest old;
 	struct quota q;
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st = NULL;
+	struct sdb_stmt *st = NULL;
 	int have, same, rc;
 
 	if (sealed_len > STORE_DEST_SEALED_MAX)
@@ -73,87 +71,85 @@ int store_dest_put(struct store *s, const char *customer, const struct dest *d, 
 	else if (store_new_id("dst_", id_out) < 0)
 		return kiln_err_set(err, KERR_INTERNAL, "no randomness");
 	pthread_mutex_lock(&s->lock);
-	rc = sqlite3_prepare_v2(s->db,
+	rc = sdb_prepare(s->db,
 				"INSERT INTO destinations(customer, id, endpoint, region, bucket, prefix, access_key,"
 				" secret_sealed, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)"
 				" ON CONFLICT(customer) DO UPDATE SET id = ?2, endpoint = ?3, region = ?4, bucket = ?5,"
 				" prefix = ?6, access_key = ?7, secret_sealed = ?8, updated_ms = ?9",
-				-1, &st, NULL);
-	if (rc == SQLITE_OK) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, id_out, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, d->endpoint, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 4, d->region, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 5, d->bucket, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 6, d->prefix, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 7, d->access_key, -1, SQLITE_STATIC);
-		sqlite3_bind_blob(st, 8, sealed, (int)sealed_len, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 9, now);
+				&st);
+	if (rc == 0) {
+		sdb_bind_text(st, 1, customer);
+		sdb_bind_text(st, 2, id_out);
+		sdb_bind_text(st, 3, d->endpoint);
+		sdb_bind_text(st, 4, d->region);
+		sdb_bind_text(st, 5, d->bucket);
+		sdb_bind_text(st, 6, d->prefix);
+		sdb_bind_text(st, 7, d->access_key);
+		sdb_bind_blob(st, 8, sealed, sealed_len);
+		sdb_bind_int64(st, 9, now);
 		rc = store_step(s, st);
 	}
-	if (rc != SQLITE_DONE)
-		kiln_err_set(err, KERR_STORE_ERROR, "%s", sqlite3_errmsg(s->db));
-	sqlite3_finalize(st);
+	if (rc != SDB_DONE)
+		kiln_err_set(err, KERR_STORE_ERROR, "%s", sdb_errmsg(s->db));
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
 	if (same_place)
 		*same_place = same;
-	return rc == SQLITE_DONE ? 0 : -1;
+	return rc == SDB_DONE ? 0 : -1;
 }
 
 int store_dest_delete(struct store *s, const char *customer)
 {
-	sqlite3_stmt *st = NULL;
+	struct sdb_stmt *st = NULL;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
-	if (sqlite3_prepare_v2(s->db, "DELETE FROM destinations WHERE customer = ?1", -1, &st, NULL) == SQLITE_OK) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		if (store_step(s, st) == SQLITE_DONE)
-			r = sqlite3_changes(s->db) > 0;
+	if (sdb_prepare(s->db, "DELETE FROM destinations WHERE customer = ?1", &st) == 0) {
+		sdb_bind_text(st, 1, customer);
+		if (store_step(s, st) == SDB_DONE)
+			r = sdb_changes(s->db) > 0;
 	}
-	sqlite3_finalize(st);
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 
 int store_task_set_dest(struct store *s, const char *task, const char *dest_id)
 {
-	sqlite3_stmt *st = NULL;
+	struct sdb_stmt *st = NULL;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
-	if (sqlite3_prepare_v2(s->db, "UPDATE tasks SET destination = ?1 WHERE id = ?2", -1, &st, NULL) == SQLITE_OK) {
+	if (sdb_prepare(s->db, "UPDATE tasks SET destination = ?1 WHERE id = ?2", &st) == 0) {
 		store_bind_opt_text(st, 1, dest_id);
-		sqlite3_bind_text(st, 2, task, -1, SQLITE_STATIC);
-		if (store_step(s, st) == SQLITE_DONE)
+		sdb_bind_text(st, 2, task);
+		if (store_step(s, st) == SDB_DONE)
 			r = 0;
 	}
-	sqlite3_finalize(st);
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 
 json_t *store_dest_tasks(struct store *s, const char *customer, const char *dest_id)
 {
-	sqlite3_stmt *st = NULL;
+	struct sdb_stmt *st = NULL;
 	json_t *a = json_array();
-	int rc = SQLITE_ERROR;
+	int rc = SDB_ERROR;
 
 	pthread_mutex_lock(&s->lock);
-	if (a && sqlite3_prepare_v2(s->db,
-				    "SELECT t.id, h.url FROM tasks t JOIN hosts h ON h.id = t.host_id"
+	if (a && sdb_prepare(s->db, "SELECT t.id, h.url FROM tasks t JOIN hosts h ON h.id = t.host_id"
 				    " WHERE t.customer = ?1 AND t.destination = ?2"
-				    " AND t.state IN ('scheduled', 'starting', 'running', 'uploading')",
-				    -1, &st, NULL) == SQLITE_OK) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, dest_id, -1, SQLITE_STATIC);
-		while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+				    " AND t.state IN ('scheduled', 'starting', 'running', 'uploading')", &st) == 0) {
+		sdb_bind_text(st, 1, customer);
+		sdb_bind_text(st, 2, dest_id);
+		while ((rc = sdb_step(st)) == SDB_ROW)
 			json_array_append_new(a, json_pack("{s:s, s:s}", "id", store_col_text(st, 0) ?: "", "url",
 							   store_col_text(st, 1) ?: ""));
 	}
-	sqlite3_finalize(st);
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SQLITE_DONE) {
+	if (rc != SDB_DONE) {
 		json_decref(a);
 		return NULL;
 	}

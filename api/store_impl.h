@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include <openssl/sha.h>
-#include <sqlite3.h>
+#include "sdb.h"
 
 #include "store.h"
 
@@ -24,7 +24,7 @@
  * slots and the SQL for them (store_stmt prepares a slot on first use). */
 enum store_slots {
 	STORE_SLOTS_CORE = 0,       /* store.c: transactions, usage */
-	STORE_SLOTS_KEYS = 8,       /* store_keys.c: customers, keys, hosts */
+	STORE_SLOTS_KEYS = 10,      /* store_keys.c: customers, keys, hosts */
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
 	STORE_SLOTS_TEMPLATES = 72, /* store_templates.c */
@@ -35,6 +35,7 @@ enum store_slots {
 enum store_core_stmt {
 	STORE_BEGIN, STORE_COMMIT, STORE_ROLLBACK, STORE_SAVEPOINT, STORE_RELEASE, STORE_ROLLBACK_TO,
 	STORE_USAGE_RUN,
+	STORE_NOTIFY, STORE_CUSTOMER_LOCK,
 	STORE_CORE_COUNT
 };
 
@@ -49,9 +50,9 @@ struct key_entry {
 struct pending_submit;
 
 struct store {
-	sqlite3 *db;
+	struct sdb *db;
 	pthread_mutex_t lock;        /* every use of db and st */
-	sqlite3_stmt *st[STORE_SLOTS_MAX];
+	struct sdb_stmt *st[STORE_SLOTS_MAX];
 
 	pthread_rwlock_t keys_lock;
 	struct key_entry *keys;      /* open addressing by hash, at most half full */
@@ -63,6 +64,13 @@ struct store {
 	int woken;
 	store_listener_fn *listener;
 	void *listener_arg;
+	/* Replicas (PostgreSQL): changes committed by other kiln-apis arrive
+	 * by NOTIFY on a connection of the listener's own. */
+	struct sdb_listener *listen;
+	struct sdb_leader *leader;   /* NULL: SQLite, always the leader */
+	char nonce[17];              /* this process's, to skip its own notifications */
+	store_listener_fn *remote;
+	void *remote_arg;
 
 	/* Group commit of submissions (store_tasks.c). */
 	pthread_mutex_t gc_lock;
@@ -75,35 +83,35 @@ struct store {
 
 /* Slot `slot`'s statement, prepared from sql the first time, reset and with
  * its bindings cleared; NULL (logged) when sql does not prepare. Lock held. */
-sqlite3_stmt *store_stmt(struct store *s, int slot, const char *sql);
+struct sdb_stmt *store_stmt(struct store *s, int slot, const char *sql);
 
 /* Run one of the core's row-less statements (BEGIN, COMMIT, ...):
- * SQLITE_DONE or the error code. Lock held. */
+ * SDB_DONE or the error code. Lock held. */
 int store_run(struct store *s, enum store_core_stmt id);
 
-/* sqlite3_step, logging an error other than DONE/ROW. Lock held. */
-int store_step(struct store *s, sqlite3_stmt *st);
+/* sdb_step, logging an error other than DONE/ROW. Lock held. */
+int store_step(struct store *s, struct sdb_stmt *st);
 
 /* Run st (from stmt(), s->lock held) with ?1 = the wall clock in ms and
  * ?2 = id: the one-statement "mark this row now" writes (touch, cancel
  * sent, key revoked). Returns the rows changed, or -1 on a store error. */
-int store_stamp_locked(struct store *s, sqlite3_stmt *st, const char *id);
+int store_stamp_locked(struct store *s, struct sdb_stmt *st, const char *id);
 
-static inline const char *store_col_text(sqlite3_stmt *st, int i)
+static inline const char *store_col_text(struct sdb_stmt *st, int i)
 {
-	return (const char *)sqlite3_column_text(st, i);
+	return sdb_col_text(st, i);
 }
 
 /* Column i into out (cap bytes, truncated, "" for NULL). */
-void store_copy_col(sqlite3_stmt *st, int i, char *out, size_t cap);
+void store_copy_col(struct sdb_stmt *st, int i, char *out, size_t cap);
 
 /* Bind v at i, NULL when v is NULL (store_bind_opt_text) or 0 (_uint). */
-void store_bind_opt_text(sqlite3_stmt *st, int i, const char *v);
-void store_bind_opt_uint(sqlite3_stmt *st, int i, unsigned v);
+void store_bind_opt_text(struct sdb_stmt *st, int i, const char *v);
+void store_bind_opt_uint(struct sdb_stmt *st, int i, unsigned v);
 
 /* Column i as JSON: its integer / string, or null. New references. */
-json_t *store_opt_int(sqlite3_stmt *st, int i);
-json_t *store_opt_str(sqlite3_stmt *st, int i);
+json_t *store_opt_int(struct sdb_stmt *st, int i);
+json_t *store_opt_str(struct sdb_stmt *st, int i);
 
 /* The index of str in names (n of them), n when it is none of them (or
  * NULL): task_state_parse and session_state_parse. */
@@ -135,6 +143,15 @@ int store_new_id(const char *prefix, char out[40]);
  * NULL: no listener call) to the listener. After the commit, outside s->lock. */
 void store_changed(struct store *s, const char *id, const char *event, json_t *data);
 
+/* store_changed for this process only (what another replica learns some
+ * other way: store_notify_queued_locked). data consumed. */
+void store_changed_here(struct store *s, const char *id, const char *event, json_t *data);
+
+/* Replicas: announce n submissions queued at `at` inside the transaction
+ * that inserts them (one NOTIFY per 100; delivered at its commit). 0 or -1.
+ * Lock held. Nothing for SQLite. */
+int store_notify_queued_locked(struct store *s, const char *const *ids, int n, int64_t at);
+
 /* store_changed with event "state" and {"state":NAME,"at":at}. */
 void store_task_changed(struct store *s, const char *task_id, enum task_state st, int64_t at);
 
@@ -145,7 +162,7 @@ void store_task_changed(struct store *s, const char *task_id, enum task_state st
  * Takes the lock. Returns fn's result, or -ENOENT when there is no such row
  * (of this customer), -EIO when the statement does not prepare. */
 int store_row_by_id(struct store *s, int slot, const char *sql, const char *id, const char *customer, int cust_col,
-		    int (*fn)(sqlite3_stmt *st, void *arg), void *arg);
+		    int (*fn)(struct sdb_stmt *st, void *arg), void *arg);
 
 /* A text column (0) of the row of slot/sql (?1 = id), copied (caller frees),
  * or NULL. For the spec getters. Takes the lock. */
@@ -162,7 +179,7 @@ struct store_page {
 	const char *state;           /* as given by the client; NULL: none */
 	int (*state_valid)(const char *state); /* non-zero if state is acceptable */
 	int seq_col;                 /* the row's seq column: the cursor */
-	json_t *(*row_json)(sqlite3_stmt *st); /* one element of the page */
+	json_t *(*row_json)(struct sdb_stmt *st); /* one element of the page */
 	const char *what;            /* "tasks", "sessions": for the error message */
 };
 
@@ -196,7 +213,7 @@ struct store_cas {
 
 /* Run the compare-and-set statement st (from store_stmt). 1 moved, 0 not
  * (the row is in another state, or gone), -1 error. Lock held. */
-int store_cas_locked(struct store *s, sqlite3_stmt *st, const struct store_cas *c);
+int store_cas_locked(struct store *s, struct sdb_stmt *st, const struct store_cas *c);
 
 /* ---- quotas (store.c, store_keys.c) ---- */
 
@@ -207,6 +224,12 @@ int store_customer_quota_locked(struct store *s, const char *customer, struct qu
 /* Tasks placed and sessions holding a VM: running, vcpus, memory_mib of u.
  * 0 or -EIO. Lock held. */
 int store_running_usage_locked(struct store *s, const char *customer, struct usage *u);
+
+/* Inside a transaction: wait for and hold until its end the customer's
+ * lock (PostgreSQL: an advisory transaction lock; SQLite: nothing, its
+ * writers are serialised). So quota checks and the writes they allow are
+ * one step across replicas. 0 or -1. Lock held. */
+int store_lock_customer_locked(struct store *s, const char *customer);
 
 /* Whether the customer's running quota (tasks and sessions together) leaves
  * room for one more of vcpus and memory_mib: 0 yes; -EDQUOT no (err, which
@@ -224,14 +247,20 @@ int store_tuse_insert_locked(struct store *s, const char *id, const struct store
 
 /* ---- the pieces' own set-up ---- */
 
-/* Bring the schema to STORE_SCHEMA_VERSION (store_migrate.c). */
-int store_migrate(sqlite3 *db, struct kiln_err *err);
+/* Bring the schema to STORE_SCHEMA_VERSION (store_migrate.c); with
+ * migrate 0 only check that it is there (an older one is an error naming
+ * `kiln-api migrate`). */
+int store_migrate(struct sdb *db, int migrate, struct kiln_err *err);
 
 /* The schema version of db, -1 if unreadable (store_migrate.c). */
-int store_read_version(sqlite3 *db);
+int store_read_version(struct sdb *db);
 
-/* sqlite3_exec with the error in err ("store_error"): 0 or -1 (store_migrate.c). */
-int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err);
+/* sdb_exec with the error in err ("store_error"): 0 or -1 (store_migrate.c). */
+int store_exec(struct sdb *db, const char *sql, struct kiln_err *err);
+
+/* Build the key table afresh from the rows and swap it in: another
+ * replica created or revoked a key. 0 or -1. Takes the locks. */
+int store_keys_reload(struct store *s);
 
 /* Fill the key table from the keys rows, at open (store_keys.c). */
 int store_keys_load(struct store *s, struct kiln_err *err);

@@ -44,15 +44,15 @@ static const char *const keys_sql[K_COUNT] = {
 	[K_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost FROM hosts ORDER BY id",
 	[K_HOST_LOST] = "UPDATE hosts SET lost = ?1 WHERE id = ?2",
 	[K_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
-	[K_USAGE_SESS] = "SELECT coalesce(sum(state IN ('starting', 'running', 'pausing', 'resuming')), 0),"
-			 " coalesce(sum(state = 'paused'), 0) FROM sessions WHERE customer = ?1",
+	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming') THEN 1 ELSE 0 END), 0),"
+			 " coalesce(sum(CASE WHEN state = 'paused' THEN 1 ELSE 0 END), 0) FROM sessions WHERE customer = ?1",
 	[K_CUST_LIST] = "SELECT id, name, created_ms, quotas FROM customers WHERE id > ?1 ORDER BY id LIMIT ?2",
 	[K_KEY_LIST] = "SELECT id, created_ms, revoked_ms FROM keys WHERE customer = ?1 ORDER BY created_ms, id",
 };
 
 _Static_assert(STORE_SLOTS_KEYS + K_COUNT <= STORE_SLOTS_TASKS, "store_keys.c's statements overflow their slots");
 
-static sqlite3_stmt *stmt(struct store *s, enum keys_stmt id)
+static struct sdb_stmt *stmt(struct store *s, enum keys_stmt id)
 {
 	return store_stmt(s, STORE_SLOTS_KEYS + id, keys_sql[id]);
 }
@@ -64,8 +64,8 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 {
 	json_t *qj = quota_to_json(q);
 	char *qs = json_dumps(qj, JSON_COMPACT);
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
 
 	json_decref(qj);
 	if (!qs)
@@ -73,31 +73,31 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_CUST_INSERT);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, qs, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 4, clock_wall_ms());
-		rc = sqlite3_step(st);
-		sqlite3_reset(st);
+		sdb_bind_text(st, 1, id);
+		sdb_bind_text(st, 2, name);
+		sdb_bind_text(st, 3, qs);
+		sdb_bind_int64(st, 4, clock_wall_ms());
+		rc = sdb_step(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(qs);
-	if (rc == SQLITE_CONSTRAINT)
+	if (rc == SDB_CONSTRAINT)
 		return kiln_err_set(err, KERR_DUPLICATE, "a customer with the id \"%s\" exists", id);
-	if (rc != SQLITE_DONE)
+	if (rc != SDB_DONE)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot create the customer");
 	return 0;
 }
 
 int store_customer_quota_locked(struct store *s, const char *id, struct quota *q)
 {
-	sqlite3_stmt *st = stmt(s, K_CUST_QUOTA);
+	struct sdb_stmt *st = stmt(s, K_CUST_QUOTA);
 	int r = -ENOENT;
 
 	if (!st)
 		return -EIO;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW) {
+	sdb_bind_text(st, 1, id);
+	if (sdb_step(st) == SDB_ROW) {
 		const char *t = store_col_text(st, 0);
 		json_t *j = json_loads(t ? t : "", 0, NULL);
 
@@ -107,7 +107,7 @@ int store_customer_quota_locked(struct store *s, const char *id, struct quota *q
 		r = j && quota_from_json(j, "", q, NULL) == 0 ? 0 : -EIO;
 		json_decref(j);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	return r;
 }
 
@@ -125,8 +125,8 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 {
 	json_t *qj = quota_to_json(q);
 	char *qs = json_dumps(qj, JSON_COMPACT);
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR, n = 0;
 
 	json_decref(qj);
 	if (!qs)
@@ -134,15 +134,15 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_CUST_SET_QUOTA);
 	if (st) {
-		sqlite3_bind_text(st, 1, qs, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, qs);
+		sdb_bind_text(st, 2, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+		n = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(qs);
-	if (rc != SQLITE_DONE)
+	if (rc != SDB_DONE)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot update the quotas");
 	if (!n) {
 		kiln_err_set(err, KERR_NOT_FOUND, "no customer \"%s\"", id);
@@ -151,12 +151,12 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 	return 0;
 }
 
-static int customer_row_json(sqlite3_stmt *st, void *arg)
+static int customer_row_json(struct sdb_stmt *st, void *arg)
 {
 	const char *q = store_col_text(st, 3);
 
 	*(json_t **)arg = json_pack("{s:s, s:s, s:I, s:o?}", "id", store_col_text(st, 0), "name",
-				    store_col_text(st, 1), "created_at", (json_int_t)sqlite3_column_int64(st, 2),
+				    store_col_text(st, 1), "created_at", (json_int_t)sdb_col_int64(st, 2),
 				    "quotas", json_loads(q ? q : "", 0, NULL));
 	return 0;
 }
@@ -172,20 +172,20 @@ json_t *store_customer_json(struct store *s, const char *id)
 json_t *store_customer_list(struct store *s, const char *after, unsigned limit)
 {
 	json_t *arr = json_array(), *j;
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_CUST_LIST);
 	if (st) {
-		sqlite3_bind_text(st, 1, after ? after : "", -1, SQLITE_STATIC);
-		sqlite3_bind_int(st, 2, (int)limit);
-		while (store_step(s, st) == SQLITE_ROW) {
+		sdb_bind_text(st, 1, after ? after : "");
+		sdb_bind_int64(st, 2, (int64_t)limit);
+		while (store_step(s, st) == SDB_ROW) {
 			j = NULL;
 			customer_row_json(st, &j);
 			if (j)
 				json_array_append_new(arr, j);
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return arr;
@@ -194,22 +194,21 @@ json_t *store_customer_list(struct store *s, const char *after, unsigned limit)
 json_t *store_key_list(struct store *s, const char *customer)
 {
 	json_t *arr = json_array();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_KEY_LIST);
 	if (st) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		while (store_step(s, st) == SQLITE_ROW) {
+		sdb_bind_text(st, 1, customer);
+		while (store_step(s, st) == SDB_ROW) {
 			json_t *k = json_pack("{s:s, s:I}", "key_id", store_col_text(st, 0), "created_at",
-					      (json_int_t)sqlite3_column_int64(st, 1));
+					      (json_int_t)sdb_col_int64(st, 1));
 
-			json_object_set_new(k, "revoked_at", sqlite3_column_type(st, 2) == SQLITE_NULL
-								     ? json_null()
-								     : json_integer(sqlite3_column_int64(st, 2)));
+			json_object_set_new(k, "revoked_at",
+					    sdb_col_null(st, 2) ? json_null() : json_integer(sdb_col_int64(st, 2)));
 			json_array_append_new(arr, k);
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return arr;
@@ -217,7 +216,7 @@ json_t *store_key_list(struct store *s, const char *customer)
 
 int store_customer_usage(struct store *s, const char *customer, struct usage *u)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -EIO;
 
 	memset(u, 0, sizeof(*u));
@@ -225,24 +224,24 @@ int store_customer_usage(struct store *s, const char *customer, struct usage *u)
 	r = store_running_usage_locked(s, customer, u);
 	st = r == 0 ? stmt(s, K_USAGE_QUEUED) : NULL;
 	if (st) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, customer);
 		r = -EIO;
-		if (store_step(s, st) == SQLITE_ROW) {
-			u->queued = (unsigned)sqlite3_column_int64(st, 0);
+		if (store_step(s, st) == SDB_ROW) {
+			u->queued = (unsigned)sdb_col_int64(st, 0);
 			r = 0;
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	st = r == 0 ? stmt(s, K_USAGE_SESS) : NULL;
 	if (st) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, customer);
 		r = -EIO;
-		if (store_step(s, st) == SQLITE_ROW) {
-			u->sessions = (unsigned)sqlite3_column_int64(st, 0);
-			u->paused_sessions = (unsigned)sqlite3_column_int64(st, 1);
+		if (store_step(s, st) == SDB_ROW) {
+			u->sessions = (unsigned)sdb_col_int64(st, 0);
+			u->paused_sessions = (unsigned)sdb_col_int64(st, 1);
 			r = 0;
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -314,26 +313,26 @@ static int key_table_add(struct store *s, const struct key_entry *e)
 
 int store_keys_load(struct store *s, struct kiln_err *err)
 {
-	sqlite3_stmt *st = stmt(s, K_KEY_GET);
+	struct sdb_stmt *st = stmt(s, K_KEY_GET);
 	int rc;
 
 	if (!st)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read keys");
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		struct key_entry e = { .admin = sqlite3_column_int(st, 2), .revoked = sqlite3_column_type(st, 4) != SQLITE_NULL };
+	while ((rc = sdb_step(st)) == SDB_ROW) {
+		struct key_entry e = { .admin = sdb_col_int(st, 2), .revoked = !sdb_col_null(st, 4) };
 
-		if (sqlite3_column_bytes(st, 3) != SHA256_DIGEST_LENGTH)
+		if (sdb_col_bytes(st, 3) != SHA256_DIGEST_LENGTH)
 			continue;
-		memcpy(e.hash, sqlite3_column_blob(st, 3), SHA256_DIGEST_LENGTH);
+		memcpy(e.hash, sdb_col_blob(st, 3), SHA256_DIGEST_LENGTH);
 		store_copy_col(st, 0, e.key_id, sizeof(e.key_id));
 		store_copy_col(st, 1, e.customer, sizeof(e.customer));
 		if (key_table_add(s, &e) < 0) {
-			sqlite3_reset(st);
+			sdb_reset(st);
 			return kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
 		}
 	}
-	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "reading keys: %s", sqlite3_errmsg(s->db));
+	sdb_reset(st);
+	return rc == SDB_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "reading keys: %s", sdb_errmsg(s->db));
 }
 
 int store_key_create(struct store *s, const char *customer, int admin, char **key_out, char key_id_out[32],
@@ -342,8 +341,8 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 	unsigned char idb[8], secret[KEY_SECRET_BYTES];
 	char id[17], sec[64], *key;
 	struct key_entry e = { .admin = admin ? 1 : 0 };
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
 
 	*key_out = NULL;
 	if (store_random(idb, sizeof(idb)) < 0 || store_random(secret, sizeof(secret)) < 0)
@@ -361,31 +360,32 @@ int store_key_create(struct store *s, const char *customer, int admin, char **ke
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_KEY_INSERT);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		if (customer)
-			sqlite3_bind_text(st, 2, customer, -1, SQLITE_STATIC);
-		sqlite3_bind_int(st, 3, e.admin);
-		sqlite3_bind_blob(st, 4, e.hash, sizeof(e.hash), SQLITE_STATIC);
-		sqlite3_bind_int64(st, 5, clock_wall_ms());
-		rc = sqlite3_step(st);
-		sqlite3_reset(st);
+			sdb_bind_text(st, 2, customer);
+		sdb_bind_int64(st, 3, e.admin);
+		sdb_bind_blob(st, 4, e.hash, sizeof(e.hash));
+		sdb_bind_int64(st, 5, clock_wall_ms());
+		rc = sdb_step(st);
+		sdb_reset(st);
 	}
-	if (rc == SQLITE_DONE) {
+	if (rc == SDB_DONE) {
 		pthread_rwlock_wrlock(&s->keys_lock);
 		if (key_table_add(s, &e) < 0)
-			rc = SQLITE_NOMEM;
+			rc = SDB_ERROR;
 		pthread_rwlock_unlock(&s->keys_lock);
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SQLITE_DONE) {
+	if (rc != SDB_DONE) {
 		OPENSSL_cleanse(key, strlen(key));
 		free(key);
-		if (rc == SQLITE_CONSTRAINT)
+		if (rc == SDB_CONSTRAINT)
 			return kiln_err_set(err, KERR_NOT_FOUND, "no customer \"%s\"", customer ? customer : "");
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot store the key");
 	}
 	*key_out = key;
 	snprintf(key_id_out, 32, "%s", id);
+	store_changed(s, id, "key", NULL); /* other replicas reload their tables */
 	return 0;
 }
 
@@ -405,7 +405,46 @@ int store_key_revoke(struct store *s, const char *key_id)
 	pthread_mutex_unlock(&s->lock);
 	if (n < 0)
 		return -EIO;
+	if (n)
+		store_changed(s, key_id, "key", NULL); /* other replicas reload their tables */
 	return n ? 0 : -ENOENT;
+}
+
+int store_keys_reload(struct store *s)
+{
+	struct store fresh = { 0 }; /* only its key table is used */
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, K_KEY_GET);
+	while (st && (rc = sdb_step(st)) == SDB_ROW) {
+		struct key_entry e = { .admin = sdb_col_int(st, 2), .revoked = !sdb_col_null(st, 4) };
+
+		if (sdb_col_bytes(st, 3) != SHA256_DIGEST_LENGTH)
+			continue;
+		memcpy(e.hash, sdb_col_blob(st, 3), SHA256_DIGEST_LENGTH);
+		store_copy_col(st, 0, e.key_id, sizeof(e.key_id));
+		store_copy_col(st, 1, e.customer, sizeof(e.customer));
+		if (key_table_add(&fresh, &e) < 0) {
+			rc = SDB_ERROR;
+			break;
+		}
+	}
+	if (st)
+		sdb_reset(st);
+	pthread_mutex_unlock(&s->lock);
+	if (rc != SDB_DONE) {
+		free(fresh.keys);
+		return -1;
+	}
+	pthread_rwlock_wrlock(&s->keys_lock);
+	free(s->keys);
+	s->keys = fresh.keys;
+	s->keys_cap = fresh.keys_cap;
+	s->keys_n = fresh.keys_n;
+	pthread_rwlock_unlock(&s->keys_lock);
+	return 0;
 }
 
 int store_key_check(struct store *s, const char *key, char customer[65], int *admin)
@@ -442,46 +481,46 @@ int store_host_heartbeat(struct store *s, const char *host_id, const char *url, 
 			 struct kiln_err *err)
 {
 	char *cap = capacity ? json_dumps(capacity, JSON_COMPACT) : strdup("{}");
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
 
 	if (!cap)
 		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_HOST_HB);
 	if (st) {
-		sqlite3_bind_text(st, 1, host_id, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, url, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, cap, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 4, clock_wall_ms());
+		sdb_bind_text(st, 1, host_id);
+		sdb_bind_text(st, 2, url);
+		sdb_bind_text(st, 3, cap);
+		sdb_bind_int64(st, 4, clock_wall_ms());
 		rc = store_step(s, st);
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(cap);
-	return rc == SQLITE_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "cannot record the heartbeat");
+	return rc == SDB_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "cannot record the heartbeat");
 }
 
 json_t *store_host_list(struct store *s)
 {
 	json_t *arr = json_array();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_HOST_LIST);
 	if (st) {
-		while (store_step(s, st) == SQLITE_ROW) {
+		while (store_step(s, st) == SDB_ROW) {
 			const char *cap = store_col_text(st, 2);
 			json_t *c = cap ? json_loads(cap, 0, NULL) : NULL;
 
 			json_array_append_new(arr, json_pack("{s:s, s:s, s:o, s:I, s:I, s:s}", "id",
 							     store_col_text(st, 0), "url", store_col_text(st, 1),
 							     "capacity", c ? c : json_object(), "last_heartbeat_ms",
-							     (json_int_t)sqlite3_column_int64(st, 3), "registered_ms",
-							     (json_int_t)sqlite3_column_int64(st, 4), "state",
-							     sqlite3_column_int(st, 5) ? "lost" : "live"));
+							     (json_int_t)sdb_col_int64(st, 3), "registered_ms",
+							     (json_int_t)sdb_col_int64(st, 4), "state",
+							     sdb_col_int(st, 5) ? "lost" : "live"));
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return arr;
@@ -489,20 +528,20 @@ json_t *store_host_list(struct store *s)
 
 int store_host_set_lost(struct store *s, const char *host_id, int lost)
 {
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR, n = 0;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_HOST_LOST);
 	if (st) {
-		sqlite3_bind_int(st, 1, lost ? 1 : 0);
-		sqlite3_bind_text(st, 2, host_id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 1, lost ? 1 : 0);
+		sdb_bind_text(st, 2, host_id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+		n = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SQLITE_DONE)
+	if (rc != SDB_DONE)
 		return -EIO;
 	return n ? 0 : -ENOENT;
 }

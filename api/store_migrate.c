@@ -1,6 +1,8 @@
 /* store_migrate: the store's schema as an ordered list of migrations, each
- * applied once, in its own transaction, on open; a database newer than this
- * kiln-api knows is refused. Only store_open (store.c) runs them. */
+ * applied once, in its own transaction, on open (or by `kiln-api migrate`);
+ * a database newer than this kiln-api knows is refused. The same SQL serves
+ * SQLite and PostgreSQL (sdb_pg.c turns INTEGER into BIGINT, BLOB into
+ * BYTEA, AUTOINCREMENT into BIGSERIAL). Only store.c runs them. */
 #include "store_impl.h"
 
 #include <stdio.h>
@@ -66,34 +68,35 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"  region TEXT NOT NULL, bucket TEXT NOT NULL, prefix TEXT NOT NULL, access_key TEXT NOT NULL,"
 	"  secret_sealed BLOB NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);"
 	"ALTER TABLE tasks ADD COLUMN destination TEXT;",
+	/* 7: replicas on PostgreSQL share each customer's submit-rate token
+	 * bucket (api/quota.c's, in wall-clock ms) */
+	"CREATE TABLE submit_buckets (customer TEXT PRIMARY KEY, tokens DOUBLE PRECISION NOT NULL,"
+	"  last_ms INTEGER NOT NULL);",
 };
 
-int store_exec(sqlite3 *db, const char *sql, struct kiln_err *err)
+int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)
 {
-	char *msg = NULL;
-
-	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-		kiln_err_set(err, KERR_STORE_ERROR, "%s", msg ? msg : sqlite3_errmsg(db));
-		sqlite3_free(msg);
-		return -1;
-	}
-	return 0;
+	return sdb_exec(db, sql, err);
 }
 
-int store_read_version(sqlite3 *db)
+int store_read_version(struct sdb *db)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int v = -1;
 
-	if (sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &st, NULL) != SQLITE_OK)
+	if (sdb_prepare(db, "SELECT version FROM schema_version", &st) < 0)
 		return -1;
-	if (sqlite3_step(st) == SQLITE_ROW)
-		v = sqlite3_column_int(st, 0);
-	sqlite3_finalize(st);
+	if (sdb_step(st) == SDB_ROW)
+		v = sdb_col_int(st, 0);
+	sdb_finalize(st);
 	return v;
 }
 
-int store_migrate(sqlite3 *db, struct kiln_err *err)
+/* PostgreSQL: replicas starting together take turns (a session advisory
+ * lock, its key an arbitrary constant: "kiln" in ASCII). */
+#define MIGRATE_LOCK "2019189102"
+
+static int migrate_locked(struct sdb *db, int migrate, struct kiln_err *err)
 {
 	int v;
 
@@ -108,6 +111,10 @@ int store_migrate(sqlite3 *db, struct kiln_err *err)
 	if (v > STORE_SCHEMA_VERSION)
 		return kiln_err_set(err, KERR_STORE_ERROR,
 				    "the database has schema version %d, newer than this kiln-api knows (%d)", v,
+				    STORE_SCHEMA_VERSION);
+	if (v < STORE_SCHEMA_VERSION && !migrate)
+		return kiln_err_set(err, KERR_STORE_ERROR,
+				    "the database has schema version %d, this kiln-api wants %d: run kiln-api migrate", v,
 				    STORE_SCHEMA_VERSION);
 	for (; v < STORE_SCHEMA_VERSION; v++) {
 		char bump[64];
@@ -126,6 +133,19 @@ int store_migrate(sqlite3 *db, struct kiln_err *err)
 			return -1;
 	}
 	return 0;
+}
+
+int store_migrate(struct sdb *db, int migrate, struct kiln_err *err)
+{
+	int r;
+
+	if (sdb_kind(db) != SDB_PG)
+		return migrate_locked(db, migrate, err);
+	if (store_exec(db, "SELECT pg_advisory_lock(" MIGRATE_LOCK ")", err) < 0)
+		return -1;
+	r = migrate_locked(db, migrate, err);
+	store_exec(db, "SELECT pg_advisory_unlock(" MIGRATE_LOCK ")", NULL);
+	return r;
 }
 
 int store_schema_version(struct store *s)

@@ -63,13 +63,14 @@ static const char *const sessions_sql[S_COUNT] = {
 		    " ended_ms = CASE WHEN :to IN ('destroyed', 'error') THEN :now"
 		    "  WHEN :to IN ('running', 'resuming') THEN NULL ELSE ended_ms END"
 		    " WHERE id = :id AND state = :from",
-	[S_TOUCH] = "UPDATE sessions SET last_active_ms = max(last_active_ms, ?1) WHERE id = ?2",
+	[S_TOUCH] = "UPDATE sessions SET last_active_ms = CASE WHEN last_active_ms > ?1 THEN last_active_ms ELSE ?1 END"
+		   " WHERE id = ?2",
 	[S_SPEC] = "SELECT spec FROM sessions WHERE id = ?1",
 	[S_HOLDING] = "SELECT " SESS_COLS " FROM sessions WHERE state IN " SESS_HOLDING " ORDER BY seq LIMIT ?1",
 	/* A page (store_page_run): ?1 customer (NULL: all), ?2 state (NULL:
 	 * all but destroyed; 'all'), ?3 before seq, ?4 limit. */
 	[S_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
-		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 ELSE state = ?2 END)"
+		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 = 1 ELSE state = ?2 END)"
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4 WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
@@ -78,40 +79,40 @@ static const char *const sessions_sql[S_COUNT] = {
 
 _Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
 
-static sqlite3_stmt *stmt(struct store *s, enum sessions_stmt id)
+static struct sdb_stmt *stmt(struct store *s, enum sessions_stmt id)
 {
 	return store_stmt(s, STORE_SLOTS_SESSIONS + id, sessions_sql[id]);
 }
 
 /* ---- rows ---- */
 
-static void session_row(sqlite3_stmt *st, struct store_session *out)
+static void session_row(struct sdb_stmt *st, struct store_session *out)
 {
 	memset(out, 0, sizeof(*out));
 	store_copy_col(st, SC_ID, out->id, sizeof(out->id));
 	store_copy_col(st, SC_CUSTOMER, out->customer, sizeof(out->customer));
 	store_copy_col(st, SC_HOST, out->host_id, sizeof(out->host_id));
 	out->state = session_state_parse(store_col_text(st, SC_STATE));
-	out->vcpus = (unsigned)sqlite3_column_int64(st, SC_VCPUS);
-	out->memory_mib = (unsigned)sqlite3_column_int64(st, SC_MEMORY);
-	out->idle_timeout_s = (unsigned)sqlite3_column_int64(st, SC_IDLE);
-	out->max_lifetime_s = (unsigned)sqlite3_column_int64(st, SC_LIFETIME);
-	out->egress = sqlite3_column_int(st, SC_EGRESS);
-	out->has_snapshot = sqlite3_column_int(st, SC_HAS_SNAP);
-	out->created_ms = sqlite3_column_int64(st, SC_CREATED);
-	out->started_ms = sqlite3_column_int64(st, SC_STARTED);
-	out->last_active_ms = sqlite3_column_int64(st, SC_ACTIVE);
-	if (sqlite3_column_bytes(st, SC_E2B_TOKEN) == (int)sizeof(out->e2b_token_sha)) {
-		memcpy(out->e2b_token_sha, sqlite3_column_blob(st, SC_E2B_TOKEN), sizeof(out->e2b_token_sha));
+	out->vcpus = (unsigned)sdb_col_int64(st, SC_VCPUS);
+	out->memory_mib = (unsigned)sdb_col_int64(st, SC_MEMORY);
+	out->idle_timeout_s = (unsigned)sdb_col_int64(st, SC_IDLE);
+	out->max_lifetime_s = (unsigned)sdb_col_int64(st, SC_LIFETIME);
+	out->egress = sdb_col_int(st, SC_EGRESS);
+	out->has_snapshot = sdb_col_int(st, SC_HAS_SNAP);
+	out->created_ms = sdb_col_int64(st, SC_CREATED);
+	out->started_ms = sdb_col_int64(st, SC_STARTED);
+	out->last_active_ms = sdb_col_int64(st, SC_ACTIVE);
+	if (sdb_col_bytes(st, SC_E2B_TOKEN) == (int)sizeof(out->e2b_token_sha)) {
+		memcpy(out->e2b_token_sha, sdb_col_blob(st, SC_E2B_TOKEN), sizeof(out->e2b_token_sha));
 		out->has_e2b_token = 1;
 	}
 	store_copy_col(st, SC_E2B_TEMPLATE, out->e2b_template, sizeof(out->e2b_template));
-	out->auto_pause = sqlite3_column_type(st, SC_AUTO_PAUSE) == SQLITE_NULL ? -1
-										 : sqlite3_column_int(st, SC_AUTO_PAUSE) != 0;
+	out->auto_pause = sdb_col_null(st, SC_AUTO_PAUSE) ? -1
+										 : sdb_col_int(st, SC_AUTO_PAUSE) != 0;
 }
 
 /* The public JSON of the session row st is on. */
-static json_t *session_row_json(sqlite3_stmt *st)
+static json_t *session_row_json(struct sdb_stmt *st)
 {
 	const char *md = store_col_text(st, SC_METADATA), *snap = store_col_text(st, SC_SNAPSHOT);
 	const char *spec = store_col_text(st, SC_SPEC);
@@ -123,8 +124,8 @@ static json_t *session_row_json(sqlite3_stmt *st)
 	net = json_object_get(sp, "network");
 	if (session_state_holds(state)) {
 		/* The earlier of the idle deadline and the end of its lifetime. */
-		int64_t idle = sqlite3_column_int64(st, SC_ACTIVE) + sqlite3_column_int64(st, SC_IDLE) * 1000;
-		int64_t life = sqlite3_column_int64(st, SC_STARTED) + sqlite3_column_int64(st, SC_LIFETIME) * 1000;
+		int64_t idle = sdb_col_int64(st, SC_ACTIVE) + sdb_col_int64(st, SC_IDLE) * 1000;
+		int64_t life = sdb_col_int64(st, SC_STARTED) + sdb_col_int64(st, SC_LIFETIME) * 1000;
 
 		expires = json_integer(idle < life ? idle : life);
 	}
@@ -132,12 +133,12 @@ static json_t *session_row_json(sqlite3_stmt *st)
 		      "id", store_col_text(st, SC_ID), "customer", store_col_text(st, SC_CUSTOMER), "state",
 		      session_state_name(state), "host", store_opt_str(st, SC_HOST), "image", "default", "limits",
 		      limits ? limits : json_null(), "network", net ? net : json_null(), "idle_timeout_s",
-		      (json_int_t)sqlite3_column_int64(st, SC_IDLE), "max_lifetime_s",
-		      (json_int_t)sqlite3_column_int64(st, SC_LIFETIME), "metadata",
+		      (json_int_t)sdb_col_int64(st, SC_IDLE), "max_lifetime_s",
+		      (json_int_t)sdb_col_int64(st, SC_LIFETIME), "metadata",
 		      md ? json_loads(md, 0, NULL) : json_null(), "created_at",
-		      (json_int_t)sqlite3_column_int64(st, SC_CREATED), "started_at",
-		      (json_int_t)sqlite3_column_int64(st, SC_STARTED), "last_active_at",
-		      (json_int_t)sqlite3_column_int64(st, SC_ACTIVE), "paused_at", store_opt_int(st, SC_PAUSED),
+		      (json_int_t)sdb_col_int64(st, SC_CREATED), "started_at",
+		      (json_int_t)sdb_col_int64(st, SC_STARTED), "last_active_at",
+		      (json_int_t)sdb_col_int64(st, SC_ACTIVE), "paused_at", store_opt_int(st, SC_PAUSED),
 		      "ended_at", store_opt_int(st, SC_ENDED), "expires_at", expires, "end_reason",
 		      store_opt_str(st, SC_END_REASON), "snapshot", snap ? json_loads(snap, 0, NULL) : json_null());
 	json_decref(sp);
@@ -152,13 +153,13 @@ static json_t *session_row_json(sqlite3_stmt *st)
 int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err)
 {
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char id[40];
 	int r = -1, room;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
+	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 		goto out;
 	}
 	room = store_room_locked(s, n->customer, n->vcpus, n->memory_mib, 0, err);
@@ -181,31 +182,31 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	st = stmt(s, S_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, n->customer, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
+	sdb_bind_text(st, 2, n->customer);
 	store_bind_opt_text(st, 3, n->host_id);
-	sqlite3_bind_int64(st, 4, n->vcpus);
-	sqlite3_bind_int64(st, 5, n->memory_mib);
-	sqlite3_bind_int64(st, 6, n->idle_timeout_s);
-	sqlite3_bind_int64(st, 7, n->max_lifetime_s);
-	sqlite3_bind_int(st, 8, n->egress ? 1 : 0);
-	sqlite3_bind_int64(st, 9, now);
+	sdb_bind_int64(st, 4, n->vcpus);
+	sdb_bind_int64(st, 5, n->memory_mib);
+	sdb_bind_int64(st, 6, n->idle_timeout_s);
+	sdb_bind_int64(st, 7, n->max_lifetime_s);
+	sdb_bind_int64(st, 8, n->egress ? 1 : 0);
+	sdb_bind_int64(st, 9, now);
 	store_bind_opt_text(st, 10, n->metadata_json);
-	sqlite3_bind_text(st, 11, n->spec_json, -1, SQLITE_STATIC);
-	if (store_step(s, st) != SQLITE_DONE) {
-		sqlite3_reset(st);
+	sdb_bind_text(st, 11, n->spec_json);
+	if (store_step(s, st) != SDB_DONE) {
+		sdb_reset(st);
 		goto fail_sql;
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto fail_sql;
 	memcpy(id_out, id, strlen(id) + 1);
 	r = 0;
 	goto out;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the session: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the session: %s", sdb_errmsg(s->db));
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:
@@ -215,19 +216,19 @@ out:
 
 int store_session_discard(struct store *s, const char *id)
 {
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR, n = 0;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, S_DISCARD);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+		n = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
-	return rc == SQLITE_DONE && n > 0;
+	return rc == SDB_DONE && n > 0;
 }
 
 /* ---- changes of state ---- */
@@ -240,7 +241,7 @@ static int transition_locked(struct store *s, const char *id, enum session_state
 		.id = id, .from = session_state_name(from), .to = session_state_name(to), .host = host_id,
 		.reason = reason, .snapshot = snapshot, .now = now,
 	};
-	sqlite3_stmt *st = stmt(s, S_TRANS);
+	struct sdb_stmt *st = stmt(s, S_TRANS);
 
 	return st ? store_cas_locked(s, st, &c) : -1;
 }
@@ -270,24 +271,24 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 			       enum session_state *prev, struct kiln_err *err)
 {
 	struct store_session cur;
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1, found = 0, room;
 
 	*prev = SESSION_STATE_COUNT;
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
+	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 		goto out;
 	}
 	st = stmt(s, S_GET);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW) {
+	sdb_bind_text(st, 1, id);
+	if (sdb_step(st) == SDB_ROW) {
 		session_row(st, &cur);
 		found = !customer || !strcmp(customer, cur.customer);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	if (!found) {
 		r = 0;
 		goto rollback;
@@ -307,12 +308,12 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 	/* end_reason stays until it runs again: a failed resume goes back with it. */
 	if (transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, NULL, NULL, clock_wall_ms()) != 1)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto fail_sql;
 	r = 1;
 	goto out;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot resume the session: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(err, KERR_STORE_ERROR, "cannot resume the session: %s", sdb_errmsg(s->db));
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:
@@ -333,31 +334,31 @@ int store_session_touch(struct store *s, const char *id)
 }
 
 /* Run st (bound) under the lock held: 1 changed a row, 0 none, -1 error. */
-static int update_locked(struct store *s, sqlite3_stmt *st)
+static int update_locked(struct store *s, struct sdb_stmt *st)
 {
-	int rc = store_step(s, st), n = sqlite3_changes(s->db);
+	int rc = store_step(s, st), n = sdb_changes(s->db);
 
-	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? n > 0 : -1;
+	sdb_reset(st);
+	return rc == SDB_DONE ? n > 0 : -1;
 }
 
 int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
 			  const char *env_json, int auto_pause)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, S_E2B);
 	if (st) {
-		sqlite3_bind_blob(st, 1, token_sha, 32, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, template ? template : "", -1, SQLITE_STATIC);
+		sdb_bind_blob(st, 1, token_sha, 32);
+		sdb_bind_text(st, 2, template ? template : "");
 		store_bind_opt_text(st, 3, env_json);
 		if (auto_pause < 0)
-			sqlite3_bind_null(st, 4);
+			sdb_bind_null(st, 4);
 		else
-			sqlite3_bind_int(st, 4, auto_pause ? 1 : 0);
-		sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC);
+			sdb_bind_int64(st, 4, auto_pause ? 1 : 0);
+		sdb_bind_text(st, 5, id);
 		r = update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -367,15 +368,15 @@ int store_session_set_e2b(struct store *s, const char *id, const unsigned char t
 int store_session_set_limits(struct store *s, const char *id, const char *customer, unsigned idle_timeout_s,
 			     unsigned max_lifetime_s)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, S_LIMITS);
 	if (st) {
-		sqlite3_bind_int64(st, 1, idle_timeout_s);
-		sqlite3_bind_int64(st, 2, max_lifetime_s);
-		sqlite3_bind_text(st, 3, id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 1, idle_timeout_s);
+		sdb_bind_int64(st, 2, max_lifetime_s);
+		sdb_bind_text(st, 3, id);
 		store_bind_opt_text(st, 4, customer);
 		r = update_locked(s, st);
 	}
@@ -387,7 +388,7 @@ int store_session_set_limits(struct store *s, const char *id, const char *custom
 
 /* ---- reading ---- */
 
-static int row_out(sqlite3_stmt *st, void *arg)
+static int row_out(struct sdb_stmt *st, void *arg)
 {
 	session_row(st, arg);
 	return 0;
@@ -401,7 +402,7 @@ int store_session_get(struct store *s, const char *id, const char *customer, str
 		       : 0;
 }
 
-static int json_out(sqlite3_stmt *st, void *arg)
+static int json_out(struct sdb_stmt *st, void *arg)
 {
 	*(json_t **)arg = session_row_json(st);
 	return 0;
@@ -440,7 +441,7 @@ char *store_session_spec(struct store *s, const char *id)
 
 int store_sessions_holding(struct store *s, struct store_session *out, int max)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n = 0;
 
 	if (max <= 0)
@@ -448,10 +449,10 @@ int store_sessions_holding(struct store *s, struct store_session *out, int max)
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, S_HOLDING);
 	if (st) {
-		sqlite3_bind_int(st, 1, max);
-		while (n < max && store_step(s, st) == SQLITE_ROW)
+		sdb_bind_int64(st, 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW)
 			session_row(st, &out[n++]);
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "quota.h"
 
 static const char *const state_names[TASK_STATE_COUNT] = {
 	"queued", "scheduled", "starting", "running", "uploading",
@@ -42,10 +43,10 @@ enum {
 };
 #define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
 /* Whether the task asks for network egress: only hosts that offer it take it. */
-#define SCHED_EGRESS "coalesce((SELECT json_extract(sp.spec, '$.network.egress') = 'allow'" \
-		     " FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
+#define SCHED_EGRESS "coalesce((SELECT CASE WHEN json_extract(sp.spec, '$.network.egress') = 'allow'"     \
+		     " THEN 1 ELSE 0 END FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
 /* Its template, as the scheduler matches it against hosts' heartbeats. */
-#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin THEN '@' || u.name ELSE u.sha256 END"       \
+#define SCHED_TKEY "coalesce((SELECT CASE WHEN u.builtin <> 0 THEN '@' || u.name ELSE u.sha256 END"       \
 		   " FROM template_uses u WHERE u.id = tasks.id), '') AS tkey"
 #define SCHED_COLS SCHED_BASE ", " SCHED_EGRESS ", " SCHED_TKEY
 
@@ -54,6 +55,7 @@ enum tasks_stmt {
 	T_FINISH, T_IN_STATE, T_FAIR,
 	T_CANCEL_NOW, T_CANCEL_REQ, T_CANCEL_PENDING, T_CANCEL_SENT,
 	T_LIST_ALL, T_LIST_ALL_STATE, T_LIST_CUST, T_LIST_CUST_STATE,
+	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT,
 	T_COUNT
 };
 
@@ -70,7 +72,7 @@ static const char *const tasks_sql[T_COUNT] = {
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
 	[T_IN_STATE] = "SELECT " SCHED_COLS " FROM tasks WHERE state = ?1 ORDER BY seq LIMIT ?2",
 	[T_FAIR] = "SELECT " SCHED_BASE ", egress, tkey FROM (SELECT " SCHED_COLS ", row_number() OVER"
-		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued')"
+		   " (PARTITION BY customer ORDER BY seq) AS rn FROM tasks WHERE state = 'queued') AS q"
 		   " ORDER BY rn, seq LIMIT ?1",
 	[T_CANCEL_NOW] = "UPDATE tasks SET state = 'cancelled', end_reason = 'cancelled', ended_ms = ?1,"
 			 " cancel_requested = 1 WHERE id = ?2 AND state IN ('queued', 'scheduled')",
@@ -85,6 +87,11 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_LIST_CUST] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 	[T_LIST_CUST_STATE] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND state = ?2 AND seq < ?3"
 			      " ORDER BY seq DESC LIMIT ?4",
+	/* Shared quotas (store_submit.shared). */
+	[T_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
+	[T_BUCKET_GET] = "SELECT tokens, last_ms FROM submit_buckets WHERE customer = ?1",
+	[T_BUCKET_PUT] = "INSERT INTO submit_buckets(customer, tokens, last_ms) VALUES (?1, ?2, ?3)"
+			 " ON CONFLICT(customer) DO UPDATE SET tokens = excluded.tokens, last_ms = excluded.last_ms",
 };
 
 /* After the statements: one transition statement per target state. */
@@ -92,7 +99,7 @@ static const char *const tasks_sql[T_COUNT] = {
 _Static_assert(STORE_SLOTS_TASKS + T_COUNT + TASK_STATE_COUNT <= STORE_SLOTS_SESSIONS,
 	       "store_tasks.c's statements overflow their slots");
 
-static sqlite3_stmt *stmt(struct store *s, enum tasks_stmt id)
+static struct sdb_stmt *stmt(struct store *s, enum tasks_stmt id)
 {
 	return store_stmt(s, STORE_SLOTS_TASKS + id, tasks_sql[id]);
 }
@@ -114,14 +121,14 @@ struct pending_submit {
 static int idem_find_locked(struct store *s, const char *customer, const char *idem_key, const char *body_hash,
 			    char id_out[40], struct kiln_err *err)
 {
-	sqlite3_stmt *st = stmt(s, T_IDEM_FIND);
+	struct sdb_stmt *st = stmt(s, T_IDEM_FIND);
 	int r = 0;
 
 	if (!st)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot look the idempotency key up");
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, idem_key, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW) {
+	sdb_bind_text(st, 1, customer);
+	sdb_bind_text(st, 2, idem_key);
+	if (sdb_step(st) == SDB_ROW) {
 		const char *h = store_col_text(st, 1);
 
 		store_copy_col(st, 0, id_out, 40);
@@ -131,7 +138,7 @@ static int idem_find_locked(struct store *s, const char *customer, const char *i
 			r = kiln_err_set(err, KERR_IDEMPOTENCY_CONFLICT,
 					 "Idempotency-Key was used for task %s with a different request body", id_out);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	return r;
 }
 
@@ -146,19 +153,117 @@ int store_task_idem_find(struct store *s, const char *customer, const char *idem
 	return r;
 }
 
+/* The shared submit rate and queue depth of t's customer (the batch holds
+ * its lock): 0 admitted (a token taken), -1 with p->err. Lock held. */
+static int shared_quota_locked(struct store *s, struct pending_submit *p, int64_t now)
+{
+	const struct store_submit *t = p->t;
+	struct sdb_stmt *st;
+	int64_t retry = 0;
+	int rc;
+
+	if (t->submit_rate > 0) {
+		struct quota_bucket b = { 0 };
+		char tok[40];
+
+		st = stmt(s, T_BUCKET_GET);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot read the submit rate");
+		sdb_bind_text(st, 1, t->customer);
+		rc = sdb_step(st);
+		if (rc == SDB_ROW) {
+			const char *v = sdb_col_text(st, 0);
+
+			b.tokens = v ? strtod(v, NULL) : 0;
+			b.last_ms = sdb_col_int64(st, 1);
+			b.started = 1;
+		}
+		sdb_reset(st);
+		if (rc != SDB_ROW && rc != SDB_DONE)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot read the submit rate");
+		if (!quota_bucket_take(&b, t->submit_rate, t->submit_burst, now, &retry)) {
+			if (t->retry_ms)
+				*t->retry_ms = retry;
+			return kiln_err_set(p->err, KERR_RATE_LIMITED,
+					    "more than %g submissions per second (burst %u): retry in %lld s", t->submit_rate,
+					    t->submit_burst, (long long)(retry > 1000 ? (retry + 999) / 1000 : 1));
+		}
+		st = stmt(s, T_BUCKET_PUT);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot record the submit rate");
+		snprintf(tok, sizeof(tok), "%.17g", b.tokens);
+		sdb_bind_text(st, 1, t->customer);
+		sdb_bind_text(st, 2, tok);
+		sdb_bind_int64(st, 3, b.last_ms);
+		rc = store_step(s, st);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot record the submit rate");
+	}
+	if (t->max_queued) {
+		int64_t n = -1;
+
+		st = stmt(s, T_QUEUED);
+		if (!st)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot count the queue");
+		sdb_bind_text(st, 1, t->customer);
+		if (sdb_step(st) == SDB_ROW)
+			n = sdb_col_int64(st, 0);
+		sdb_reset(st);
+		if (n < 0)
+			return kiln_err_set(p->err, KERR_STORE_ERROR, "cannot count the queue");
+		if (n >= t->max_queued)
+			return kiln_err_set(p->err, KERR_QUEUE_FULL, "%lld tasks are queued, your quota's max_queued",
+					    (long long)n);
+	}
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Take the customer locks of the batch's shared-quota submissions, in one
+ * order (by name) on every replica: two batches cannot deadlock. Lock
+ * held, inside the batch's transaction. 0 or -1. */
+static int lock_batch_customers(struct store *s, struct pending_submit *batch)
+{
+	const char **names;
+	size_t n = 0, k = 0;
+	int r = 0;
+
+	for (struct pending_submit *p = batch; p; p = p->next)
+		n += p->t->shared;
+	if (!n)
+		return 0;
+	names = calloc(n, sizeof(*names));
+	if (!names)
+		return -1;
+	for (struct pending_submit *p = batch; p; p = p->next)
+		if (p->t->shared)
+			names[k++] = p->t->customer;
+	qsort(names, n, sizeof(*names), cmp_str);
+	for (size_t i = 0; i < n && r == 0; i++)
+		if (i == 0 || strcmp(names[i], names[i - 1]))
+			r = store_lock_customer_locked(s, names[i]);
+	free(names);
+	return r;
+}
+
 /* One submission inside the open transaction, in a savepoint: p->r is 0
  * (inserted, p->id set), 1 (its idempotency key names an earlier task with
  * the same body: p->id is that task), or -1 with p->err. Lock held. */
 static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t now)
 {
 	const struct store_submit *t = p->t;
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int rc;
 
 	p->r = -1;
 	p->at = now;
-	if (store_run(s, STORE_SAVEPOINT) != SQLITE_DONE) {
-		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
+	if (store_run(s, STORE_SAVEPOINT) != SDB_DONE) {
+		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
 		return;
 	}
 	if (t->idem_key) {
@@ -167,6 +272,8 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 			goto release;
 		p->r = -1;
 	}
+	if (t->shared && shared_quota_locked(s, p, now) < 0)
+		goto undo;
 	if (store_new_id("t_", p->id) < 0) {
 		kiln_err_set(p->err, KERR_INTERNAL, "no randomness");
 		goto undo;
@@ -174,35 +281,46 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	st = stmt(s, T_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, t->customer, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, p->id);
+	sdb_bind_text(st, 2, t->customer);
 	store_bind_opt_text(st, 3, t->metadata_json);
-	sqlite3_bind_int64(st, 4, t->vcpus);
-	sqlite3_bind_int64(st, 5, t->memory_mib);
+	sdb_bind_int64(st, 4, t->vcpus);
+	sdb_bind_int64(st, 5, t->memory_mib);
 	store_bind_opt_uint(st, 6, t->timeout_s);
 	store_bind_opt_uint(st, 7, t->output_mib);
 	store_bind_opt_text(st, 8, t->idem_key);
 	store_bind_opt_text(st, 9, t->body_hash);
-	sqlite3_bind_int64(st, 10, now);
+	sdb_bind_int64(st, 10, now);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc == SDB_CONSTRAINT && t->idem_key) {
+		/* Another replica committed the same key since we looked
+		 * (the unique index waited for it): answer with its task. */
+		store_run(s, STORE_ROLLBACK_TO);
+		p->r = idem_find_locked(s, t->customer, t->idem_key, t->body_hash, p->id, p->err);
+		if (p->r != 0)
+			goto release;
+		p->r = -1;
+		kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: idempotency key conflict");
+		goto release;
+	}
+	if (rc != SDB_DONE)
 		goto fail_sql;
 	st = stmt(s, T_SPEC_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, p->id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, t->spec_json, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, p->id);
+	sdb_bind_text(st, 2, t->spec_json);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto fail_sql;
 	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
 fail_sql:
-	kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
 undo:
 	store_run(s, STORE_ROLLBACK_TO);
 release:
@@ -216,20 +334,59 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 	struct pending_submit *p;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
+	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
+		}
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	if (lock_batch_customers(s, batch) < 0) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
+		store_run(s, STORE_ROLLBACK);
+		for (p = batch; p; p = p->next) {
+			p->r = -1;
+			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
 		}
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
 	for (p = batch; p; p = p->next)
 		submit_one_locked(s, p, now);
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE) {
+	if (s->listen) {
+		/* Replicas hear of the batch with its commit: one notification,
+		 * not one round trip per task after it. */
+		const char *ids[256];
+		int n = 0, bad = 0;
+
+		for (p = batch; p; p = p->next) {
+			if (p->r != 0)
+				continue;
+			ids[n++] = p->id;
+			if (n == 256) {
+				bad |= store_notify_queued_locked(s, ids, n, now) < 0;
+				n = 0;
+			}
+		}
+		if (n)
+			bad |= store_notify_queued_locked(s, ids, n, now) < 0;
+		if (bad) {
+			store_run(s, STORE_ROLLBACK);
+			for (p = batch; p; p = p->next) {
+				p->r = -1;
+				kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
+			}
+			pthread_mutex_unlock(&s->lock);
+			return;
+		}
+	}
+	if (store_run(s, STORE_COMMIT) != SDB_DONE) {
 		char why[256];
 
-		snprintf(why, sizeof(why), "%s", sqlite3_errmsg(s->db));
+		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
 		store_run(s, STORE_ROLLBACK);
 		for (p = batch; p; p = p->next) {
 			p->r = -1;
@@ -274,8 +431,9 @@ int store_task_submit(struct store *s, const struct store_submit *t, char id_out
 	pthread_mutex_unlock(&s->gc_lock);
 	if (me.r >= 0)
 		memcpy(id_out, me.id, strlen(me.id) + 1);
-	if (me.r == 0)
-		store_task_changed(s, id_out, TASK_QUEUED, me.at);
+	if (me.r == 0) /* the other replicas heard of it with the batch's commit */
+		store_changed_here(s, id_out, "state",
+				   json_pack("{s:s, s:I}", "state", task_state_name(TASK_QUEUED), "at", (json_int_t)me.at));
 	return me.r;
 }
 
@@ -294,19 +452,19 @@ int store_task_insert(struct store *s, const char *customer, const char *spec_js
 /* ---- reading ---- */
 
 /* b - a when both are known, else null. */
-static json_t *span(sqlite3_stmt *st, int a, int b)
+static json_t *span(struct sdb_stmt *st, int a, int b)
 {
-	if (sqlite3_column_type(st, a) == SQLITE_NULL || sqlite3_column_type(st, b) == SQLITE_NULL)
+	if (sdb_col_null(st, a) || sdb_col_null(st, b))
 		return json_null();
-	return json_integer(sqlite3_column_int64(st, b) - sqlite3_column_int64(st, a));
+	return json_integer(sdb_col_int64(st, b) - sdb_col_int64(st, a));
 }
 
 /* The public JSON of the row st is on; with full, the host's result,
  * outputs and artifacts too (the row has TC_HOST_TASK). */
-static json_t *row_json(sqlite3_stmt *st, int full)
+static json_t *row_json(struct sdb_stmt *st, int full)
 {
 	const char *md = store_col_text(st, TC_METADATA);
-	int run_end = sqlite3_column_type(st, TC_UPLOADING) != SQLITE_NULL ? TC_UPLOADING : TC_ENDED;
+	int run_end = !sdb_col_null(st, TC_UPLOADING) ? TC_UPLOADING : TC_ENDED;
 	json_t *j, *timings;
 
 	timings = json_pack("{s:o, s:o, s:o, s:o, s:o}", "queued_ms", span(st, TC_CREATED, TC_SCHEDULED), "start_ms",
@@ -314,12 +472,12 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 			    span(st, TC_UPLOADING, TC_ENDED), "total_ms", span(st, TC_CREATED, TC_ENDED));
 	j = json_pack("{s:s, s:s, s:s, s:I, s:o, s:{s:I, s:I, s:o, s:o}, s:o, s:o, s:b, s:o, s:o}", "id",
 		      store_col_text(st, TC_ID), "customer", store_col_text(st, TC_CUSTOMER), "state",
-		      store_col_text(st, TC_STATE), "created_at", (json_int_t)sqlite3_column_int64(st, TC_CREATED),
+		      store_col_text(st, TC_STATE), "created_at", (json_int_t)sdb_col_int64(st, TC_CREATED),
 		      "metadata", md ? json_loads(md, 0, NULL) : json_null(), "limits", "vcpus",
-		      (json_int_t)sqlite3_column_int64(st, TC_VCPUS), "memory_mib",
-		      (json_int_t)sqlite3_column_int64(st, TC_MEMORY), "timeout_s", store_opt_int(st, TC_TIMEOUT),
+		      (json_int_t)sdb_col_int64(st, TC_VCPUS), "memory_mib",
+		      (json_int_t)sdb_col_int64(st, TC_MEMORY), "timeout_s", store_opt_int(st, TC_TIMEOUT),
 		      "output_mib", store_opt_int(st, TC_OUTPUT), "host", store_opt_str(st, TC_HOST), "end_reason",
-		      store_opt_str(st, TC_END_REASON), "cancel_requested", sqlite3_column_int(st, TC_CANCEL_REQ),
+		      store_opt_str(st, TC_END_REASON), "cancel_requested", sdb_col_int(st, TC_CANCEL_REQ),
 		      "idempotency_key", store_opt_str(st, TC_IDEM), "timings", timings);
 	if (j && full) {
 		const char *ht = store_col_text(st, TC_HOST_TASK);
@@ -345,7 +503,7 @@ static json_t *row_json(sqlite3_stmt *st, int full)
 	return j;
 }
 
-static int full_json(sqlite3_stmt *st, void *arg)
+static int full_json(struct sdb_stmt *st, void *arg)
 {
 	*(json_t **)arg = row_json(st, 1);
 	return 0;
@@ -359,7 +517,7 @@ json_t *store_task_json(struct store *s, const char *id, const char *customer)
 	return j;
 }
 
-static int state_of(sqlite3_stmt *st, void *arg)
+static int state_of(struct sdb_stmt *st, void *arg)
 {
 	*(enum task_state *)arg = task_state_parse(store_col_text(st, 0));
 	return 0;
@@ -372,7 +530,7 @@ int store_task_state(struct store *s, const char *id, enum task_state *state)
 		       : 0;
 }
 
-static json_t *list_row_json(sqlite3_stmt *st)
+static json_t *list_row_json(struct sdb_stmt *st)
 {
 	return row_json(st, 0);
 }
@@ -431,7 +589,7 @@ static int transition_locked(struct store *s, const char *id, enum task_state fr
 		.id = id, .from = task_state_name(from), .to = task_state_name(to), .host = host_id, .now = now,
 	};
 	const char *col = state_column(to);
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char sql[512];
 
 	/* Back to the queue (a host lost before the task started): the
@@ -468,25 +626,25 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 int store_task_schedule(struct store *s, const char *id, const char *host_id)
 {
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char customer[65] = "";
 	unsigned vcpus = 0, mem = 0;
 	int r = -EIO, found = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE)
+	if (store_run(s, STORE_BEGIN) != SDB_DONE)
 		goto out;
 	st = stmt(s, T_GET);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	if (sqlite3_step(st) == SQLITE_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
+	sdb_bind_text(st, 1, id);
+	if (sdb_step(st) == SDB_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
 		found = 1;
 		store_copy_col(st, TC_CUSTOMER, customer, sizeof(customer));
-		vcpus = (unsigned)sqlite3_column_int64(st, TC_VCPUS);
-		mem = (unsigned)sqlite3_column_int64(st, TC_MEMORY);
+		vcpus = (unsigned)sdb_col_int64(st, TC_VCPUS);
+		mem = (unsigned)sdb_col_int64(st, TC_MEMORY);
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 	if (!found) {
 		r = 0;
 		goto rollback;
@@ -499,7 +657,7 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	r = -EIO;
 	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1)
 		goto rollback;
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto rollback;
 	r = 1;
 	goto out;
@@ -517,8 +675,8 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 {
 	char *ht = host_task ? json_dumps(host_task, JSON_COMPACT) : NULL;
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
-	int rc = SQLITE_ERROR, n = 0;
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR, n = 0;
 
 	if (!task_state_final(state)) {
 		free(ht);
@@ -527,18 +685,18 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, T_FINISH);
 	if (st) {
-		sqlite3_bind_text(st, 1, task_state_name(state), -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, task_state_name(state));
 		store_bind_opt_text(st, 2, end_reason);
 		store_bind_opt_text(st, 3, ht);
-		sqlite3_bind_int64(st, 4, now);
-		sqlite3_bind_text(st, 5, id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 4, now);
+		sdb_bind_text(st, 5, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+		n = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(ht);
-	if (rc != SQLITE_DONE)
+	if (rc != SDB_DONE)
 		return -1;
 	if (n)
 		store_task_changed(s, id, state, now);
@@ -551,7 +709,7 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
  * the lock. */
 static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text, struct store_task *out, int max)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n = 0;
 
 	if (max <= 0)
@@ -560,25 +718,25 @@ static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text,
 	st = stmt(s, id);
 	if (st) {
 		if (arg_text)
-			sqlite3_bind_text(st, 1, arg_text, -1, SQLITE_STATIC);
-		sqlite3_bind_int(st, arg_text ? 2 : 1, max);
-		while (n < max && store_step(s, st) == SQLITE_ROW) {
+			sdb_bind_text(st, 1, arg_text);
+		sdb_bind_int64(st, arg_text ? 2 : 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW) {
 			struct store_task *t = &out[n++];
 
 			memset(t, 0, sizeof(*t));
 			store_copy_col(st, 0, t->id, sizeof(t->id));
 			store_copy_col(st, 1, t->customer, sizeof(t->customer));
 			t->state = task_state_parse(store_col_text(st, 2));
-			t->vcpus = (unsigned)sqlite3_column_int64(st, 3);
-			t->memory_mib = (unsigned)sqlite3_column_int64(st, 4);
+			t->vcpus = (unsigned)sdb_col_int64(st, 3);
+			t->memory_mib = (unsigned)sdb_col_int64(st, 4);
 			store_copy_col(st, 5, t->host_id, sizeof(t->host_id));
-			t->seq = sqlite3_column_int64(st, 6);
-			t->created_ms = sqlite3_column_int64(st, 7);
-			t->cancel_requested = sqlite3_column_int(st, 8);
-			t->egress = sqlite3_column_int(st, 9);
+			t->seq = sdb_col_int64(st, 6);
+			t->created_ms = sdb_col_int64(st, 7);
+			t->cancel_requested = sdb_col_int(st, 8);
+			t->egress = sdb_col_int(st, 9);
 			store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
@@ -618,25 +776,25 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 	enum store_cancel r = STORE_CANCEL_FAILED;
 	enum task_state cur = TASK_STATE_COUNT;
 	int64_t now = clock_wall_ms();
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n, rc;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, T_STATE);
 	if (!st)
 		goto out;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW) {
+	sdb_bind_text(st, 1, id);
+	rc = sdb_step(st);
+	if (rc == SDB_ROW) {
 		const char *c = store_col_text(st, 1);
 
 		cur = task_state_parse(store_col_text(st, 0));
 		if (customer && strcmp(customer, c ? c : ""))
-			rc = SQLITE_DONE; /* another customer's: as if it did not exist */
+			rc = SDB_DONE; /* another customer's: as if it did not exist */
 	}
-	sqlite3_reset(st);
-	if (rc != SQLITE_ROW) {
-		r = rc == SQLITE_DONE ? STORE_CANCEL_NOT_FOUND : STORE_CANCEL_FAILED;
+	sdb_reset(st);
+	if (rc != SDB_ROW) {
+		r = rc == SDB_DONE ? STORE_CANCEL_NOT_FOUND : STORE_CANCEL_FAILED;
 		cur = TASK_STATE_COUNT;
 		goto out;
 	}
@@ -644,12 +802,12 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 		st = stmt(s, T_CANCEL_NOW);
 		if (!st)
 			goto out;
-		sqlite3_bind_int64(st, 1, now);
-		sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
+		sdb_bind_int64(st, 1, now);
+		sdb_bind_text(st, 2, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		n = sdb_changes(s->db);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto out;
 		/* Only this thread writes under the lock, so the state read
 		 * above still holds; n == 1 always. */
@@ -660,11 +818,11 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 		st = stmt(s, T_CANCEL_REQ);
 		if (!st)
 			goto out;
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		rc = store_step(s, st);
-		n = sqlite3_changes(s->db);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		n = sdb_changes(s->db);
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto out;
 		r = STORE_CANCEL_REQUESTED;
 		if (!n)

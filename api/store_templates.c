@@ -52,8 +52,8 @@ static const char *const tpl_sql[P_COUNT_] = {
 		     " VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8)",
 	[P_NAME_TAKEN] = "SELECT customer FROM templates WHERE name = ?2 AND (customer = ?1 OR customer = '')",
 	[P_COUNT] = "SELECT count(*) FROM templates WHERE customer = ?1",
-	[P_BUILTIN] = "INSERT OR IGNORE INTO templates(id, customer, name, kind, state, created_ms, finished_ms)"
-		      " VALUES (?1, '', ?2, 'builtin', 'ready', ?3, ?3)",
+	[P_BUILTIN] = "INSERT INTO templates(id, customer, name, kind, state, created_ms, finished_ms)"
+		      " VALUES (?1, '', ?2, 'builtin', 'ready', ?3, ?3) ON CONFLICT DO NOTHING",
 	/* Its own first, then the public one. */
 	[P_FIND] = "SELECT " TPL_COLS " FROM templates WHERE name = ?2 AND (customer = ?1 OR customer = '')"
 		   " ORDER BY customer = '' LIMIT 1",
@@ -82,7 +82,7 @@ static const char *const tpl_sql[P_COUNT_] = {
 		     " build_ms = CASE WHEN started_ms IS NULL THEN NULL ELSE ?9 - started_ms END,"
 		     " host_id = NULL, oci_key = NULL WHERE id = ?1 AND state IN ('queued', 'building')",
 	[P_DAY_ADD] = "INSERT INTO build_usage(customer, day, ms) VALUES (?1, ?2, ?3)"
-		      " ON CONFLICT(customer, day) DO UPDATE SET ms = ms + excluded.ms",
+		      " ON CONFLICT(customer, day) DO UPDATE SET ms = build_usage.ms + excluded.ms",
 	[P_PROGRESS] = "SELECT state, log_total, log, error_code, error_message FROM templates WHERE id = ?1",
 	[P_GC_LIST] = "SELECT seq, build_id, host_id, oci_key, sha256, s3_key FROM template_gc ORDER BY seq LIMIT ?1",
 	[P_GC_UPDATE] = "UPDATE template_gc SET host_id = ?2, oci_key = ?3, sha256 = ?4, s3_key = ?5 WHERE seq = ?1",
@@ -101,7 +101,7 @@ static const char *const tpl_sql[P_COUNT_] = {
 
 _Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX, "store_templates.c's statements overflow their slots");
 
-static sqlite3_stmt *stmt(struct store *s, enum tpl_stmt id)
+static struct sdb_stmt *stmt(struct store *s, enum tpl_stmt id)
 {
 	return store_stmt(s, STORE_SLOTS_TEMPLATES + id, tpl_sql[id]);
 }
@@ -117,7 +117,7 @@ int store_template_new_id(char id[40])
 	return store_new_id("b_", id);
 }
 
-static void fill_row(sqlite3_stmt *st, struct store_template *t)
+static void fill_row(struct sdb_stmt *st, struct store_template *t)
 {
 	memset(t, 0, sizeof(*t));
 	store_copy_col(st, 0, t->id, sizeof(t->id));
@@ -126,58 +126,60 @@ static void fill_row(sqlite3_stmt *st, struct store_template *t)
 	store_copy_col(st, 3, t->kind, sizeof(t->kind));
 	t->state = state_parse(store_col_text(st, 4));
 	store_copy_col(st, 5, t->host_id, sizeof(t->host_id));
-	t->attempts = (unsigned)sqlite3_column_int(st, 6);
+	t->attempts = (unsigned)sdb_col_int(st, 6);
 	store_copy_col(st, 7, t->sha256, sizeof(t->sha256));
-	t->size = (uint64_t)sqlite3_column_int64(st, 8);
+	t->size = (uint64_t)sdb_col_int64(st, 8);
 	store_copy_col(st, 9, t->oci_key, sizeof(t->oci_key));
-	t->oci_size = (uint64_t)sqlite3_column_int64(st, 10);
-	t->created_ms = sqlite3_column_int64(st, 11);
-	t->started_ms = sqlite3_column_int64(st, 12);
+	t->oci_size = (uint64_t)sdb_col_int64(st, 10);
+	t->created_ms = sdb_col_int64(st, 11);
+	t->started_ms = sdb_col_int64(st, 12);
 }
 
 int store_template_create(struct store *s, const char *id, const struct store_template_new *n, struct kiln_err *err)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1, rc;
 
 	/* The default template is public whether or not a host has reported it yet. */
 	if (!strcmp(n->name, "default"))
 		return kiln_err_set(err, KERR_DUPLICATE, "a public template is named \"default\": choose another name");
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sqlite3_errmsg(s->db));
+	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 		goto out;
 	}
+	if (store_lock_customer_locked(s, n->customer) < 0) /* max_templates across replicas */
+		goto fail_sql;
 	st = stmt(s, P_NAME_TAKEN);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, n->customer, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, n->name, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, n->customer);
+	sdb_bind_text(st, 2, n->name);
 	rc = store_step(s, st);
-	if (rc == SQLITE_ROW) {
+	if (rc == SDB_ROW) {
 		int pub = !(store_col_text(st, 0) ?: "")[0];
 
-		sqlite3_reset(st);
+		sdb_reset(st);
 		kiln_err_set(err, KERR_DUPLICATE,
 			     pub ? "a public template is named \"%s\": choose another name"
 				 : "you have a template named \"%s\" already (DELETE it first)",
 			     n->name);
 		goto rollback;
 	}
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto fail_sql;
 	if (n->max_templates) {
 		st = stmt(s, P_COUNT);
 		if (!st)
 			goto fail_sql;
-		sqlite3_bind_text(st, 1, n->customer, -1, SQLITE_STATIC);
-		if (store_step(s, st) != SQLITE_ROW) {
-			sqlite3_reset(st);
+		sdb_bind_text(st, 1, n->customer);
+		if (store_step(s, st) != SDB_ROW) {
+			sdb_reset(st);
 			goto fail_sql;
 		}
-		rc = sqlite3_column_int(st, 0);
-		sqlite3_reset(st);
+		rc = sdb_col_int(st, 0);
+		sdb_reset(st);
 		if ((unsigned)rc >= n->max_templates) {
 			kiln_err_set(err, KERR_QUOTA_EXCEEDED,
 				     "max_templates: you have %d templates, your quota's limit is %u (DELETE one first)", rc,
@@ -188,25 +190,25 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 	st = stmt(s, P_INSERT);
 	if (!st)
 		goto fail_sql;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, n->customer, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 3, n->name, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 4, n->kind, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
+	sdb_bind_text(st, 2, n->customer);
+	sdb_bind_text(st, 3, n->name);
+	sdb_bind_text(st, 4, n->kind);
 	store_bind_opt_text(st, 5, n->recipe_json);
 	store_bind_opt_text(st, 6, n->oci_key);
 	if (n->oci_key)
-		sqlite3_bind_int64(st, 7, (sqlite3_int64)n->oci_size);
-	sqlite3_bind_int64(st, 8, clock_wall_ms());
+		sdb_bind_int64(st, 7, (int64_t)n->oci_size);
+	sdb_bind_int64(st, 8, clock_wall_ms());
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto fail_sql;
 	r = 0;
 	goto out;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the template: %s", sqlite3_errmsg(s->db));
+	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the template: %s", sdb_errmsg(s->db));
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:
@@ -217,7 +219,7 @@ out:
 int store_template_builtin(struct store *s, const char *name)
 {
 	char id[40];
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	if (store_new_id("b_", id) < 0)
@@ -226,9 +228,9 @@ int store_template_builtin(struct store *s, const char *name)
 	/* Every heartbeat lists them: a read, and a write only the first time. */
 	st = stmt(s, P_PUBLIC_EXISTS);
 	if (st) {
-		sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-		r = store_step(s, st) == SQLITE_ROW;
-		sqlite3_reset(st);
+		sdb_bind_text(st, 1, name);
+		r = store_step(s, st) == SDB_ROW;
+		sdb_reset(st);
 		if (r) {
 			pthread_mutex_unlock(&s->lock);
 			return 0;
@@ -237,11 +239,11 @@ int store_template_builtin(struct store *s, const char *name)
 	}
 	st = stmt(s, P_BUILTIN);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 3, clock_wall_ms());
-		r = store_step(s, st) == SQLITE_DONE ? 0 : -1;
-		sqlite3_reset(st);
+		sdb_bind_text(st, 1, id);
+		sdb_bind_text(st, 2, name);
+		sdb_bind_int64(st, 3, clock_wall_ms());
+		r = store_step(s, st) == SDB_DONE ? 0 : -1;
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -250,23 +252,23 @@ int store_template_builtin(struct store *s, const char *name)
 /* One row of statement id with ?1 = a and ?2 = b (when not NULL). */
 static int one_row(struct store *s, enum tpl_stmt id, const char *a, const char *b, struct store_template *out)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -EIO, rc;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, id);
 	if (st) {
-		sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, a);
 		if (b)
-			sqlite3_bind_text(st, 2, b, -1, SQLITE_STATIC);
+			sdb_bind_text(st, 2, b);
 		rc = store_step(s, st);
-		if (rc == SQLITE_ROW) {
+		if (rc == SDB_ROW) {
 			fill_row(st, out);
 			r = 0;
-		} else if (rc == SQLITE_DONE) {
+		} else if (rc == SDB_DONE) {
 			r = -ENOENT;
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -292,13 +294,13 @@ char *store_template_recipe(struct store *s, const char *id)
 	return store_text_by_id(s, STORE_SLOTS_TEMPLATES + P_RECIPE, tpl_sql[P_RECIPE], id);
 }
 
-static json_t *ms_json(sqlite3_stmt *st, int i)
+static json_t *ms_json(struct sdb_stmt *st, int i)
 {
-	return sqlite3_column_type(st, i) == SQLITE_NULL ? json_null() : json_integer(sqlite3_column_int64(st, i));
+	return sdb_col_null(st, i) ? json_null() : json_integer(sdb_col_int64(st, i));
 }
 
 /* One row of JSON_COLS as docs/api.md shows a template. */
-static json_t *row_json(sqlite3_stmt *st, int log)
+static json_t *row_json(struct sdb_stmt *st, int log)
 {
 	const char *customer = store_col_text(st, JC_CUSTOMER) ?: "";
 	const char *tref_text = store_col_text(st, JC_TREF);
@@ -307,7 +309,7 @@ static json_t *row_json(sqlite3_stmt *st, int log)
 			      store_col_text(st, JC_ID) ?: "", "name", store_col_text(st, JC_NAME) ?: "", "kind",
 			      store_col_text(st, JC_KIND) ?: "", "state", store_col_text(st, JC_STATE) ?: "", "public",
 			      !customer[0], "sha256", store_opt_str(st, JC_SHA), "size", store_opt_int(st, JC_SIZE),
-			      "attempts", sqlite3_column_int(st, JC_ATTEMPTS), "created_at", ms_json(st, JC_CREATED),
+			      "attempts", sdb_col_int(st, JC_ATTEMPTS), "created_at", ms_json(st, JC_CREATED),
 			      "started_at", ms_json(st, JC_STARTED), "finished_at", ms_json(st, JC_FINISHED));
 
 	if (!j) {
@@ -315,9 +317,9 @@ static json_t *row_json(sqlite3_stmt *st, int log)
 		return NULL;
 	}
 	json_object_set_new(j, "build_seconds",
-			    sqlite3_column_type(st, JC_BUILD_MS) == SQLITE_NULL
+			    sdb_col_null(st, JC_BUILD_MS)
 				    ? json_null()
-				    : json_real((double)sqlite3_column_int64(st, JC_BUILD_MS) / 1000.0));
+				    : json_real((double)sdb_col_int64(st, JC_BUILD_MS) / 1000.0));
 	if (store_col_text(st, JC_ERR_CODE))
 		json_object_set_new(j, "error", json_pack("{s:s, s:s}", "code", store_col_text(st, JC_ERR_CODE), "message",
 							  store_col_text(st, JC_ERR_MSG) ?: ""));
@@ -340,16 +342,16 @@ static json_t *row_json(sqlite3_stmt *st, int log)
 
 json_t *store_template_json(struct store *s, const char *id, int log)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	json_t *j = NULL;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_JSON);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-		if (store_step(s, st) == SQLITE_ROW)
+		sdb_bind_text(st, 1, id);
+		if (store_step(s, st) == SDB_ROW)
 			j = row_json(st, log);
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return j;
@@ -357,7 +359,7 @@ json_t *store_template_json(struct store *s, const char *id, int log)
 
 json_t *store_template_list(struct store *s, const char *customer)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	json_t *arr = json_array();
 
 	if (!arr)
@@ -365,10 +367,10 @@ json_t *store_template_list(struct store *s, const char *customer)
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_LIST);
 	if (st) {
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		while (store_step(s, st) == SQLITE_ROW)
+		sdb_bind_text(st, 1, customer);
+		while (store_step(s, st) == SDB_ROW)
 			json_array_append_new(arr, row_json(st, 0));
-		sqlite3_reset(st);
+		sdb_reset(st);
 	} else {
 		json_decref(arr);
 		arr = NULL;
@@ -379,7 +381,7 @@ json_t *store_template_list(struct store *s, const char *customer)
 
 int store_template_usage(struct store *s, const char *customer, unsigned *count, double *build_s_today)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int64_t now = clock_wall_ms();
 	int r = -EIO;
 
@@ -387,21 +389,21 @@ int store_template_usage(struct store *s, const char *customer, unsigned *count,
 	st = stmt(s, P_COUNT);
 	if (!st)
 		goto out;
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	if (store_step(s, st) == SQLITE_ROW)
-		*count = (unsigned)sqlite3_column_int(st, 0);
-	sqlite3_reset(st);
+	sdb_bind_text(st, 1, customer);
+	if (store_step(s, st) == SDB_ROW)
+		*count = (unsigned)sdb_col_int(st, 0);
+	sdb_reset(st);
 	st = stmt(s, P_DAY_MS);
 	if (!st)
 		goto out;
-	sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-	sqlite3_bind_int64(st, 2, day_of(now));
-	sqlite3_bind_int64(st, 3, now);
-	if (store_step(s, st) == SQLITE_ROW) {
-		*build_s_today = (double)sqlite3_column_int64(st, 0) / 1000.0;
+	sdb_bind_text(st, 1, customer);
+	sdb_bind_int64(st, 2, day_of(now));
+	sdb_bind_int64(st, 3, now);
+	if (store_step(s, st) == SDB_ROW) {
+		*build_s_today = (double)sdb_col_int64(st, 0) / 1000.0;
 		r = 0;
 	}
-	sqlite3_reset(st);
+	sdb_reset(st);
 out:
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -409,19 +411,19 @@ out:
 
 int store_template_delete(struct store *s, const char *id, struct kiln_err *err)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char state[16] = "", host[65] = "", oci[160] = "", sha[65] = "", key[160] = "";
 	int r = -EIO, rc;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE)
+	if (store_run(s, STORE_BEGIN) != SDB_DONE)
 		goto out;
 	st = stmt(s, P_IN_USE);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	rc = store_step(s, st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
-	sqlite3_reset(st);
+	sdb_bind_text(st, 1, id);
+	rc = store_step(s, st) == SDB_ROW ? sdb_col_int(st, 0) : -1;
+	sdb_reset(st);
 	if (rc < 0)
 		goto rollback;
 	if (rc) {
@@ -434,18 +436,18 @@ int store_template_delete(struct store *s, const char *id, struct kiln_err *err)
 	st = stmt(s, P_ROW_FOR_GC);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
 	rc = store_step(s, st);
-	if (rc == SQLITE_ROW) {
+	if (rc == SDB_ROW) {
 		store_copy_col(st, 0, state, sizeof(state));
 		store_copy_col(st, 1, host, sizeof(host));
 		store_copy_col(st, 2, oci, sizeof(oci));
 		store_copy_col(st, 3, sha, sizeof(sha));
 		store_copy_col(st, 4, key, sizeof(key));
 	}
-	sqlite3_reset(st);
-	if (rc != SQLITE_ROW) {
-		r = rc == SQLITE_DONE ? -ENOENT : -EIO;
+	sdb_reset(st);
+	if (rc != SDB_ROW) {
+		r = rc == SDB_DONE ? -ENOENT : -EIO;
 		goto rollback;
 	}
 	if (strcmp(state, "building"))
@@ -454,30 +456,30 @@ int store_template_delete(struct store *s, const char *id, struct kiln_err *err)
 		st = stmt(s, P_GC_INSERT);
 		if (!st)
 			goto rollback;
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		store_bind_opt_text(st, 2, host[0] ? host : NULL);
 		store_bind_opt_text(st, 3, oci[0] ? oci : NULL);
 		store_bind_opt_text(st, 4, sha[0] ? sha : NULL);
 		store_bind_opt_text(st, 5, key[0] ? key : NULL);
-		sqlite3_bind_int64(st, 6, clock_wall_ms());
+		sdb_bind_int64(st, 6, clock_wall_ms());
 		rc = store_step(s, st);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto rollback;
 	}
 	st = stmt(s, P_DELETE_ROW);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE || store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE || store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto rollback;
 	r = 0;
 	goto out;
 rollback:
 	if (r == -EIO)
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot delete the template: %s", sqlite3_errmsg(s->db));
+		kiln_err_set(err, KERR_STORE_ERROR, "cannot delete the template: %s", sdb_errmsg(s->db));
 	store_run(s, STORE_ROLLBACK);
 out:
 	pthread_mutex_unlock(&s->lock);
@@ -486,16 +488,16 @@ out:
 
 static int rows(struct store *s, enum tpl_stmt id, struct store_template *out, int max)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n = 0;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, id);
 	if (st) {
-		sqlite3_bind_int(st, 1, max);
-		while (n < max && store_step(s, st) == SQLITE_ROW)
+		sdb_bind_int64(st, 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW)
 			fill_row(st, &out[n++]);
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
@@ -514,20 +516,20 @@ int store_templates_building(struct store *s, struct store_template *out, int ma
 /* Run an UPDATE with ?1 = id and optional ?2 text / ?3 integer: rows changed or -1. */
 static int update(struct store *s, enum tpl_stmt id, const char *row, const char *t2, int64_t i3, int with_i3)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, id);
 	if (st) {
-		sqlite3_bind_text(st, 1, row, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, row);
 		if (t2)
-			sqlite3_bind_text(st, 2, t2, -1, SQLITE_STATIC);
+			sdb_bind_text(st, 2, t2);
 		if (with_i3)
-			sqlite3_bind_int64(st, 3, i3);
-		if (store_step(s, st) == SQLITE_DONE)
-			r = sqlite3_changes(s->db);
-		sqlite3_reset(st);
+			sdb_bind_int64(st, 3, i3);
+		if (store_step(s, st) == SDB_DONE)
+			r = sdb_changes(s->db);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -545,18 +547,18 @@ int store_template_requeue(struct store *s, const char *id)
 
 int store_template_log(struct store *s, const char *id, const char *text, size_t len)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_LOG);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 2, text, (int)len, SQLITE_STATIC);
-		sqlite3_bind_int(st, 3, STORE_TEMPLATE_LOG_MAX);
-		sqlite3_bind_int64(st, 4, (sqlite3_int64)len);
-		r = store_step(s, st) == SQLITE_DONE ? 0 : -1;
-		sqlite3_reset(st);
+		sdb_bind_text(st, 1, id);
+		sdb_bind_textn(st, 2, text, len);
+		sdb_bind_int64(st, 3, STORE_TEMPLATE_LOG_MAX);
+		sdb_bind_int64(st, 4, (int64_t)len);
+		r = store_step(s, st) == SDB_DONE ? 0 : -1;
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -568,75 +570,75 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	char *tref_text = tref ? json_dumps(tref, JSON_COMPACT) : NULL;
 	char customer[65] = "", oci[160] = "";
 	int64_t started = 0;
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1, rc;
 
 	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SQLITE_DONE)
+	if (store_run(s, STORE_BEGIN) != SDB_DONE)
 		goto out;
 	st = stmt(s, P_GET);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
 	rc = store_step(s, st);
-	if (rc == SQLITE_ROW) {
+	if (rc == SDB_ROW) {
 		struct store_template t;
 
 		fill_row(st, &t);
 		snprintf(customer, sizeof(customer), "%s", t.customer);
 		snprintf(oci, sizeof(oci), "%s", t.oci_key);
 		started = t.started_ms;
-		rc = t.state == TEMPLATE_QUEUED || t.state == TEMPLATE_BUILDING ? SQLITE_ROW : SQLITE_DONE;
+		rc = t.state == TEMPLATE_QUEUED || t.state == TEMPLATE_BUILDING ? SDB_ROW : SDB_DONE;
 	}
-	sqlite3_reset(st);
-	if (rc != SQLITE_ROW) {
-		r = rc == SQLITE_DONE ? 0 : -1;
+	sdb_reset(st);
+	if (rc != SDB_ROW) {
+		r = rc == SDB_DONE ? 0 : -1;
 		goto rollback;
 	}
 	st = stmt(s, P_FINISH);
 	if (!st)
 		goto rollback;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, code ? "failed" : "ready", -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
+	sdb_bind_text(st, 2, code ? "failed" : "ready");
 	store_bind_opt_text(st, 3, code ? NULL : tref_text);
 	if (!code) {
 		store_bind_opt_text(st, 4, json_string_value(json_object_get(tref, "sha256")));
 		if (json_is_integer(json_object_get(tref, "size")))
-			sqlite3_bind_int64(st, 5, json_integer_value(json_object_get(tref, "size")));
+			sdb_bind_int64(st, 5, json_integer_value(json_object_get(tref, "size")));
 		store_bind_opt_text(st, 6, json_string_value(json_object_get(tref, "s3_key")));
 	}
 	store_bind_opt_text(st, 7, code);
 	store_bind_opt_text(st, 8, code ? (message ? message : "") : NULL);
-	sqlite3_bind_int64(st, 9, now);
+	sdb_bind_int64(st, 9, now);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	if (rc != SQLITE_DONE)
+	sdb_reset(st);
+	if (rc != SDB_DONE)
 		goto rollback;
 	if (started && customer[0]) {
 		st = stmt(s, P_DAY_ADD);
 		if (!st)
 			goto rollback;
-		sqlite3_bind_text(st, 1, customer, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 2, day_of(now));
-		sqlite3_bind_int64(st, 3, now > started ? now - started : 0);
+		sdb_bind_text(st, 1, customer);
+		sdb_bind_int64(st, 2, day_of(now));
+		sdb_bind_int64(st, 3, now > started ? now - started : 0);
 		rc = store_step(s, st);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto rollback;
 	}
 	if (oci[0]) {
 		st = stmt(s, P_GC_INSERT);
 		if (!st)
 			goto rollback;
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-		sqlite3_bind_text(st, 3, oci, -1, SQLITE_STATIC);
-		sqlite3_bind_int64(st, 6, now);
+		sdb_bind_text(st, 1, id);
+		sdb_bind_text(st, 3, oci);
+		sdb_bind_int64(st, 6, now);
 		rc = store_step(s, st);
-		sqlite3_reset(st);
-		if (rc != SQLITE_DONE)
+		sdb_reset(st);
+		if (rc != SDB_DONE)
 			goto rollback;
 	}
-	if (store_run(s, STORE_COMMIT) != SQLITE_DONE)
+	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto rollback;
 	r = 1;
 	goto out;
@@ -651,7 +653,7 @@ out:
 int store_template_progress(struct store *s, const char *id, enum template_state *state, uint64_t *log_total,
 			    char **log, json_t **error)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -EIO, rc;
 
 	*log = NULL;
@@ -659,20 +661,20 @@ int store_template_progress(struct store *s, const char *id, enum template_state
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_PROGRESS);
 	if (st) {
-		sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+		sdb_bind_text(st, 1, id);
 		rc = store_step(s, st);
-		if (rc == SQLITE_ROW) {
+		if (rc == SDB_ROW) {
 			*state = state_parse(store_col_text(st, 0));
-			*log_total = (uint64_t)sqlite3_column_int64(st, 1);
+			*log_total = (uint64_t)sdb_col_int64(st, 1);
 			*log = strdup(store_col_text(st, 2) ?: "");
 			if (store_col_text(st, 3))
 				*error = json_pack("{s:s, s:s}", "code", store_col_text(st, 3), "message",
 						   store_col_text(st, 4) ?: "");
 			r = *log ? 0 : -ENOMEM;
-		} else if (rc == SQLITE_DONE) {
+		} else if (rc == SDB_DONE) {
 			r = -ENOENT;
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -680,25 +682,25 @@ int store_template_progress(struct store *s, const char *id, enum template_state
 
 int store_template_gc_list(struct store *s, struct store_template_gc *out, int max)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int n = 0;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_GC_LIST);
 	if (st) {
-		sqlite3_bind_int(st, 1, max);
-		while (n < max && store_step(s, st) == SQLITE_ROW) {
+		sdb_bind_int64(st, 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW) {
 			struct store_template_gc *g = &out[n++];
 
 			memset(g, 0, sizeof(*g));
-			g->seq = sqlite3_column_int64(st, 0);
+			g->seq = sdb_col_int64(st, 0);
 			store_copy_col(st, 1, g->build_id, sizeof(g->build_id));
 			store_copy_col(st, 2, g->host_id, sizeof(g->host_id));
 			store_copy_col(st, 3, g->oci_key, sizeof(g->oci_key));
 			store_copy_col(st, 4, g->sha256, sizeof(g->sha256));
 			store_copy_col(st, 5, g->s3_key, sizeof(g->s3_key));
 		}
-		sqlite3_reset(st);
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
@@ -707,21 +709,21 @@ int store_template_gc_list(struct store *s, struct store_template_gc *out, int m
 int store_template_gc_update(struct store *s, const struct store_template_gc *g)
 {
 	int done = !g->host_id[0] && !g->oci_key[0] && !g->sha256[0];
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, done ? P_GC_DELETE : P_GC_UPDATE);
 	if (st) {
-		sqlite3_bind_int64(st, 1, g->seq);
+		sdb_bind_int64(st, 1, g->seq);
 		if (!done) {
 			store_bind_opt_text(st, 2, g->host_id[0] ? g->host_id : NULL);
 			store_bind_opt_text(st, 3, g->oci_key[0] ? g->oci_key : NULL);
 			store_bind_opt_text(st, 4, g->sha256[0] ? g->sha256 : NULL);
 			store_bind_opt_text(st, 5, g->s3_key[0] ? g->s3_key : NULL);
 		}
-		r = store_step(s, st) == SQLITE_DONE ? 0 : -1;
-		sqlite3_reset(st);
+		r = store_step(s, st) == SDB_DONE ? 0 : -1;
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -729,16 +731,16 @@ int store_template_gc_update(struct store *s, const struct store_template_gc *g)
 
 int store_template_sha_referenced(struct store *s, const char *sha256)
 {
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, P_SHA_REF);
 	if (st) {
-		sqlite3_bind_text(st, 1, sha256, -1, SQLITE_STATIC);
-		if (store_step(s, st) == SQLITE_ROW)
-			r = sqlite3_column_int(st, 0) ? 1 : 0;
-		sqlite3_reset(st);
+		sdb_bind_text(st, 1, sha256);
+		if (store_step(s, st) == SDB_ROW)
+			r = sdb_col_int(st, 0) ? 1 : 0;
+		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -746,20 +748,20 @@ int store_template_sha_referenced(struct store *s, const char *sha256)
 
 int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u)
 {
-	sqlite3_stmt *st = stmt(s, P_USE_INSERT);
+	struct sdb_stmt *st = stmt(s, P_USE_INSERT);
 	int rc;
 
 	if (!st)
 		return -1;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 2, u->template_id, -1, SQLITE_STATIC);
-	sqlite3_bind_text(st, 3, u->name, -1, SQLITE_STATIC);
+	sdb_bind_text(st, 1, id);
+	sdb_bind_text(st, 2, u->template_id);
+	sdb_bind_text(st, 3, u->name);
 	store_bind_opt_text(st, 4, u->sha256);
-	sqlite3_bind_int(st, 5, u->builtin ? 1 : 0);
+	sdb_bind_int64(st, 5, u->builtin ? 1 : 0);
 	store_bind_opt_text(st, 6, u->tref_json);
 	rc = store_step(s, st);
-	sqlite3_reset(st);
-	return rc == SQLITE_DONE ? 0 : -1;
+	sdb_reset(st);
+	return rc == SDB_DONE ? 0 : -1;
 }
 
 char *store_use_tref(struct store *s, const char *id)

@@ -26,6 +26,7 @@ int cmd_session(int argc, char **argv);
 int cmd_shell(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_destination(int argc, char **argv);
+int cmd_mcp(int argc, char **argv);
 
 /* The exit status for a session command's result: the command's exit code,
  * 1 when it failed without one (signal, timeout), 3 when kiln could not run

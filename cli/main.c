@@ -18,6 +18,7 @@ static void usage(FILE *f)
 		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
 		   "  template build|list|get|rm ...       environments to run in (kiln template --help)\n"
 		   "  destination set|show|test|delete     outputs to your own S3 bucket (kiln destination --help)\n"
+		   "  mcp                                  an MCP server on stdin/stdout for AI agents (docs/mcp.md)\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
 		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
@@ -53,6 +54,8 @@ int main(int argc, char **argv)
 		rc = cmd_template(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "destination"))
 		rc = cmd_destination(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "mcp"))
+		rc = cmd_mcp(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "admin"))
 		rc = cmd_admin(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "up"))

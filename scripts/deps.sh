@@ -8,6 +8,9 @@ pkgs=(
   build-essential pkg-config clang lld libclang-rt-14-dev
   libjansson-dev libcurl4-openssl-dev libssl-dev libseccomp-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libzstd-dev
+  # kiln-api's PostgreSQL store (libpq) and the server its tests and
+  # benchmarks start (scripts/pg-local.sh)
+  libpq-dev postgresql
   # guest image: kernel and rootfs
   linux-source-6.1 bc bison flex libelf-dev cpio xz-utils debootstrap e2fsprogs
   busybox-static libcmocka-dev

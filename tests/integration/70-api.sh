@@ -5,7 +5,11 @@
 # cancel, long-poll and event stream woken by a cancel, usage, pagination,
 # and SIGKILL during a burst of 200 submissions: every 202 survives the
 # restart, no id is given twice, nothing is left running.
+# KILN_TEST_STORE=postgres (70-api-pg.sh) runs all of it on a PostgreSQL of
+# its own (lib.sh pg_start), and then takes the database away under the
+# running kiln-api: 503s (healthz too) while it is down, recovery by itself.
 . "$(dirname "$0")/lib.sh"
+STORE=${KILN_TEST_STORE:-sqlite}
 
 for t in curl jq xargs; do
 	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
@@ -19,10 +23,20 @@ ADMIN=it-admin-$RANDOM$RANDOM$RANDOM$RANDOM
 TOKEN=it-cluster-$RANDOM$RANDOM
 api_pid=
 
+store='{}'
+if [ "$STORE" = postgres ]; then
+	[ -x /usr/lib/postgresql/15/bin/postgres ] || ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 ||
+		{ echo "1..0 # SKIP no PostgreSQL server: run scripts/deps.sh"; exit 0; }
+	pg_start || { echo "1..0 # SKIP PostgreSQL did not start"; exit 0; }
+	# The conninfo from a file (the way a password is kept out of the configuration).
+	echo "$T_PG_URL" > "$T_TMP/pg.conninfo"
+	store=$(jq -cn --arg f "$T_TMP/pg.conninfo" '{store: {postgres_file: $f}}')
+fi
 jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+	--argjson store "$store" \
 	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, max_body_mib: 1,
 	  s3: {endpoint: "http://127.0.0.1:9", region: "us-east-1", bucket: "kiln", access_key: "ak", secret_key: "sk"},
-	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}' > "$T_TMP/api.json"
+	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}} + $store' > "$T_TMP/api.json"
 
 start_api() {
 	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
@@ -71,7 +85,23 @@ if ! start_api; then
 	exit 0
 fi
 
-st=$(req - GET /healthz); expect "healthz without a key" 200 "$st" '.status == "ok"'
+st=$(req - GET /healthz); expect "healthz without a key ($STORE)" 200 "$st" '.status == "ok" and .leader == true'
+backend=$([ "$STORE" = postgres ] && echo postgresql || echo sqlite)
+st=$(req - GET /metrics)
+m=0
+[ "$st" = 200 ] && grep -qx 'kiln_api_leader 1' "$T_TMP/last.json" && grep -qx 'kiln_api_store_up 1' "$T_TMP/last.json" &&
+	grep -qx "kiln_api_store_info{backend=\"$backend\"} 1" "$T_TMP/last.json" && m=1
+check "metrics without a key: this kiln-api leads, its store ($backend) is up" [ "$m" = 1 ]
+if "$KILN_API" migrate --config "$T_TMP/api.json" 2> "$T_TMP/migrate.err" &&
+	grep -q "schema version" "$T_TMP/migrate.err"; then
+	ok "kiln-api migrate on the live database: nothing to do, exit 0"
+else
+	not_ok "kiln-api migrate" "$(cat "$T_TMP/migrate.err")"
+fi
+if [ "$STORE" = sqlite ]; then
+	check "kiln-api migrate --db creates the schema of a new SQLite file" \
+		"$KILN_API" migrate --db "$T_TMP/fresh.db" 2> /dev/null
+fi
 
 # ---- authentication ----
 st=$(req - GET /v1/tasks)
@@ -253,6 +283,31 @@ n=$((n1 + ${n2:-0}))
 check "the store holds no more burst tasks than were sent ($n)" [ "$n" -ge "$accepted" ] && [ "$n" -le 200 ]
 st=$(req "$KA" GET "/v1/tasks/$TW"); expect "earlier tasks survive too" 200 "$st" '.state == "cancelled"'
 
+if [ "$STORE" = postgres ]; then
+	# ---- the database goes away under the running kiln-api ----
+	"$ROOT/scripts/pg-local.sh" stop "$T_PG_DIR"
+	st=$(req - GET /healthz); expect "PostgreSQL down: healthz 503" 503 "$st" '.status == "unavailable"'
+	st=$(req "$KX" GET "/v1/tasks/$(head -1 "$T_TMP/ids")")
+	expect "PostgreSQL down: a read answers 503 unavailable" 503 "$st" '.error.code == "unavailable"'
+	st=$(submit "$KA" "$PY"); expect "PostgreSQL down: a submission answers 503, not 202" 503 "$st"
+	"$ROOT/scripts/pg-local.sh" start "$T_PG_DIR" > /dev/null
+	up=
+	for _ in $(seq 50); do
+		[ "$(req - GET /healthz)" = 200 ] && { up=1; break; }
+		sleep 0.1
+	done
+	check "PostgreSQL back: healthz 200 again by itself" [ -n "$up" ]
+	st=$(req "$KX" GET "/v1/tasks/$(head -1 "$T_TMP/ids")"); expect "PostgreSQL back: reads work" 200 "$st" '.state == "queued"'
+	st=$(submit "$KA" "$PY"); expect "PostgreSQL back: submissions work" 202 "$st"
+	id=$(last .id)
+	st=$(req "$KA" GET "/v1/tasks/$id"); expect "PostgreSQL back: the new task is there" 200 "$st" '.state == "queued"'
+fi
+
 stop_api
 check "no kiln-api process left" [ -z "$(pgrep -f "kiln-api --config $T_TMP/api.json")" ]
+if [ "$STORE" = postgres ]; then
+	d=$T_PG_DIR
+	pg_stop
+	check "PostgreSQL stopped, its directory gone" [ "$(pgrep -c -f "postgres -D $d/" || true)" = 0 -a ! -e "$d" ]
+fi
 t_done

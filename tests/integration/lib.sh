@@ -12,9 +12,28 @@ T_TMP=$(mktemp -d /tmp/kiln-it.XXXXXX)
 trap 't_cleanup' EXIT
 
 t_cleanup() {
+	pg_stop
 	rm -rf "$T_TMP"
 	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
 }
+
+# pg_start: a PostgreSQL of this test's own (scripts/pg-local.sh: initdb in a
+# temporary directory, a Unix socket only), its URI in T_PG_URL. t_cleanup
+# stops it and removes its directory; a TERM/INT/HUP exits through it too.
+T_PG_DIR=
+T_PG_URL=
+pg_start() {
+	T_PG_DIR=$(mktemp -d /tmp/kiln-it-pg.XXXXXX)
+	trap 'exit 143' TERM INT HUP
+	T_PG_URL=$("$ROOT/scripts/pg-local.sh" start "$T_PG_DIR")
+}
+pg_stop() {
+	[ -n "$T_PG_DIR" ] || return 0
+	"$ROOT/scripts/pg-local.sh" stop "$T_PG_DIR" || true
+	rm -rf "$T_PG_DIR"
+	T_PG_DIR=
+}
+count_postgres() { [ -z "$T_PG_DIR" ] && echo 0 || pgrep -c -f "postgres -D $T_PG_DIR/" || true; }
 
 ok() { T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
 not_ok() {

@@ -14,33 +14,79 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
+#include <libpq-fe.h>
 #include <sqlite3.h>
 
+#include "clock.h"
 #include "quota.h"
 #include "store.h"
 #include "store_impl.h"
 
 static char dir[] = "/tmp/kiln-test-store.XXXXXX";
-static char path[256];
+static char path[512];
 static int seq;
+/* The second round: every test again on PostgreSQL (scripts/pg-local.sh in
+ * dir/pg), each in a database of its own; path is then its URI. */
+static int pg, pg_up;
+static char pg_dir[300];
+
+/* Run one statement on PostgreSQL's maintenance database: 0 or -1. */
+static int pg_admin(const char *stmt)
+{
+	char uri[512];
+	PGconn *c;
+	PGresult *r;
+	int ok;
+
+	snprintf(uri, sizeof(uri), "postgresql:///postgres?host=%s&user=kiln", pg_dir);
+	c = PQconnectdb(uri);
+	r = PQexec(c, stmt);
+	ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+	if (!ok)
+		fprintf(stderr, "%s: %s", stmt, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+	return ok ? 0 : -1;
+}
+
+/* A fresh database for the next test, in the round pg says. */
+static int fresh(void)
+{
+	char q[100];
+
+	if (!pg) {
+		snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
+		return 0;
+	}
+	snprintf(q, sizeof(q), "CREATE DATABASE t%d", ++seq);
+	if (pg_admin(q) < 0)
+		return -1;
+	snprintf(path, sizeof(path), "postgresql:///t%d?host=%s&user=kiln", seq, pg_dir);
+	return 0;
+}
 
 static int setup(void **state)
 {
-	snprintf(path, sizeof(path), "%s/api-%d.db", dir, ++seq);
-	return 0;
+	pg = 0;
+	return fresh();
 }
 
 static struct store *open_ok(void)
 {
 	struct kiln_err err = { .code = "" };
-	struct store *s = store_open(path, &err);
+	struct store *s;
 
+	if (pg && !pg_up)
+		skip();
+	s = store_open(path, &err);
 	if (!s)
 		fail_msg("store_open(%s): %s", path, err.message);
 	return s;
@@ -89,6 +135,17 @@ static void sql(const char *stmt)
 	sqlite3 *db;
 	char *msg = NULL;
 
+	if (pg) {
+		PGconn *c = PQconnectdb(path);
+		PGresult *r = PQexec(c, stmt);
+
+		if (PQresultStatus(r) != PGRES_COMMAND_OK)
+			fail_msg("%s: %s", stmt, PQerrorMessage(c));
+		PQclear(r);
+		PQfinish(c);
+		return;
+	}
+
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
 	if (sqlite3_exec(db, stmt, NULL, NULL, &msg) != SQLITE_OK)
 		fail_msg("%s: %s", stmt, msg);
@@ -101,6 +158,18 @@ static int sql_int(const char *q)
 	sqlite3_stmt *st;
 	int v = -1;
 
+	if (pg) {
+		PGconn *c = PQconnectdb(path);
+		PGresult *r = PQexec(c, q);
+
+		if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0)
+			v = atoi(PQgetvalue(r, 0, 0));
+		else if (PQresultStatus(r) != PGRES_TUPLES_OK)
+			fprintf(stderr, "%s: %s", q, PQerrorMessage(c));
+		PQclear(r);
+		PQfinish(c);
+		return v;
+	}
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
 	assert_int_equal(sqlite3_prepare_v2(db, q, -1, &st, NULL), SQLITE_OK);
 	if (sqlite3_step(st) == SQLITE_ROW)
@@ -108,6 +177,17 @@ static int sql_int(const char *q)
 	sqlite3_finalize(st);
 	sqlite3_close(db);
 	return v;
+}
+
+/* Whether the table or index exists. */
+static int has_rel(const char *name)
+{
+	char q[200];
+
+	snprintf(q, sizeof(q),
+		 pg ? "SELECT count(*) FROM pg_class WHERE relname = '%s'" : "SELECT count(*) FROM sqlite_master WHERE name = '%s'",
+		 name);
+	return sql_int(q);
 }
 
 static void test_migrations(void **state)
@@ -119,24 +199,28 @@ static void test_migrations(void **state)
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
 	customer(s, "acme", NULL);
 	store_close(s);
-	assert_int_equal(sql_int("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'"), 1);
+	if (!pg)
+		assert_int_equal(sql_int("SELECT count(*) FROM pragma_journal_mode WHERE journal_mode = 'wal'"), 1);
 	/* Make it a version-1 database (without migration 2's indexes, 3's
 	 * sessions and 4's templates) and open it again: migrations 2 to 4 run,
 	 * the data stays. */
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
-	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination;"
+	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
 	    " UPDATE schema_version SET version = 1");
-	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 0);
+	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
 	assert_int_equal(store_customer_quota(s, "acme", &q), 0);
 	store_close(s);
-	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_state'"), 1);
-	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'sessions'"), 1);
-	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'templates'"), 1);
-	assert_int_equal(sql_int("SELECT count(*) FROM sqlite_master WHERE name = 'destinations'"), 1);
-	assert_int_equal(sql_int("SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"), 1);
+	assert_int_equal(has_rel("tasks_state"), 1);
+	assert_int_equal(has_rel("sessions"), 1);
+	assert_int_equal(has_rel("templates"), 1);
+	assert_int_equal(has_rel("destinations"), 1);
+	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks'"
+				    " AND column_name = 'destination'"
+				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
+			 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
 	/* Opening twice more changes nothing. */
 	s = open_ok();
@@ -229,8 +313,16 @@ static void test_keys(void **state)
 	store_close(s);
 	/* Only hashes on disk: the secret is in neither the database nor its WAL. */
 	snprintf(wal, sizeof(wal), "%s-wal", path);
-	assert_false(file_contains(path, secret));
-	assert_false(file_contains(wal, secret));
+	if (!pg) {
+		assert_false(file_contains(path, secret));
+		assert_false(file_contains(wal, secret));
+	} else {
+		char q[200];
+
+		snprintf(q, sizeof(q), "SELECT count(*) FROM keys WHERE position('%s' in encode(hash, 'escape')) > 0",
+			 secret);
+		assert_int_equal(sql_int(q), 0);
+	}
 	assert_int_equal(sql_int("SELECT count(*) FROM keys WHERE length(hash) = 32"), 3);
 	/* After a reopen the cache is rebuilt from the rows. */
 	s = open_ok();
@@ -727,18 +819,18 @@ static void test_cas_helper(void **state)
 {
 	struct store *s = open_ok();
 	struct store_cas c = { .from = "queued", .to = "failed", .reason = "why", .now = 5 };
-	sqlite3_stmt *st;
+	struct sdb_stmt *st;
 	char a[40];
 
 	customer(s, "acme", NULL);
 	submit(s, "acme", a);
 	c.id = a;
 	pthread_mutex_lock(&s->lock);
-	assert_int_equal(sqlite3_prepare_v2(s->db,
-					    "UPDATE tasks SET state = :to, end_reason = :reason, ended_ms = :now"
-					    " WHERE id = :id AND state = :from",
-					    -1, &st, NULL),
-			 SQLITE_OK);
+	assert_int_equal(sdb_prepare(s->db,
+				     "UPDATE tasks SET state = :to, end_reason = :reason, ended_ms = :now"
+				     " WHERE id = :id AND state = :from",
+				     &st),
+			 0);
 	/* From a state the row is not in: refused, nothing written. */
 	c.from = "running";
 	assert_int_equal(store_cas_locked(s, st, &c), 0);
@@ -754,7 +846,7 @@ static void test_cas_helper(void **state)
 	c.from = "failed";
 	c.to = NULL;
 	assert_int_equal(store_cas_locked(s, st, &c), -1);
-	sqlite3_finalize(st);
+	sdb_finalize(st);
 	pthread_mutex_unlock(&s->lock);
 	store_close(s);
 	assert_int_equal(sql_int("SELECT count(*) FROM tasks WHERE state = 'failed' AND end_reason = 'why'"
@@ -881,24 +973,196 @@ static void test_session_quota_resume_discard(void **state)
 	store_close(s);
 }
 
+/* Two stores on one PostgreSQL database, as two kiln-api replicas: a key
+ * made on A works on B, one revoked on A stops working on B, both within a
+ * second; a change committed on A wakes B's waiters and reaches B's remote
+ * hook; an idempotency key used on A gives A's task on B; two replicas
+ * racing the same key get one task. */
+struct remote_seen {
+	pthread_mutex_t lock;
+	char id[40], event[16];
+	int n;
+};
+
+static void on_remote(void *arg, const char *id, const char *event, json_t *data)
+{
+	struct remote_seen *r = arg;
+
+	pthread_mutex_lock(&r->lock);
+	if (id && !strcmp(event, "state")) {
+		snprintf(r->id, sizeof(r->id), "%s", id);
+		snprintf(r->event, sizeof(r->event), "%s", event);
+		r->n++;
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+static int key_works_within(struct store *s, const char *key, int want, int ms)
+{
+	char cust[65];
+	int admin;
+
+	for (int i = 0; i < ms / 10; i++) {
+		if (store_key_check(s, key, cust, &admin) == want)
+			return 1;
+		usleep(10000);
+	}
+	return 0;
+}
+
+struct racer {
+	struct store *s;
+	const char *key;
+	char id[40];
+	int r;
+};
+
+static void *race_insert(void *arg)
+{
+	struct racer *x = arg;
+	struct kiln_err err = { .code = "" };
+
+	x->r = store_task_insert(x->s, "acme", "{}", NULL, 1, 256, x->key, "hr", x->id, &err);
+	return NULL;
+}
+
+static void test_replicas(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *a, *b;
+	struct remote_seen seen = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	char *key, kid[32], id[40], id2[40];
+	uint64_t g;
+	int64_t deadline;
+
+	if (!pg)
+		skip(); /* one process's SQLite has no replicas */
+	a = open_ok();
+	b = open_ok();
+	store_set_remote_hook(b, on_remote, &seen);
+	customer(a, "acme", NULL);
+	assert_int_equal(store_key_create(a, "acme", 0, &key, kid, &err), 0);
+	assert_true(key_works_within(b, key, 1, 1000));
+	assert_int_equal(store_key_revoke(a, kid), 0);
+	assert_true(key_works_within(b, key, 0, 1000));
+	free(key);
+	/* A submission on A wakes B's waiters and reaches its hook. */
+	g = store_changes(b);
+	submit(a, "acme", id);
+	deadline = clock_mono_ms() + 2000;
+	assert_int_equal(store_wait_change(b, g, deadline), 1);
+	for (int i = 0; i < 200; i++) {
+		pthread_mutex_lock(&seen.lock);
+		int n = seen.n;
+		pthread_mutex_unlock(&seen.lock);
+		if (n)
+			break;
+		usleep(10000);
+	}
+	assert_string_equal(seen.id, id);
+	/* Idempotency across replicas: A's task, from B. */
+	assert_int_equal(store_task_insert(a, "acme", "{}", NULL, 1, 256, "k1", "h1", id, &err), 0);
+	assert_int_equal(store_task_insert(b, "acme", "{}", NULL, 1, 256, "k1", "h1", id2, &err), 1);
+	assert_string_equal(id, id2);
+	/* The same key on both at once: one task, both told its id. */
+	for (int round = 0; round < 5; round++) {
+		char k[16];
+		struct racer x = { .s = a, .key = k }, y = { .s = b, .key = k };
+		pthread_t tx, ty;
+
+		snprintf(k, sizeof(k), "race%d", round);
+		assert_int_equal(pthread_create(&tx, NULL, race_insert, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, race_insert, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		assert_true(x.r >= 0 && y.r >= 0);
+		assert_string_equal(x.id, y.id);
+	}
+	/* Shared quotas: a submit rate of 0.001/s with a burst of 2 is 2 in
+	 * all, whichever replica takes them; then max_queued 3 across both. */
+	{
+		struct store *rep[2] = { a, b };
+		struct store_submit t = { .customer = "beta", .spec_json = "{}", .vcpus = 1, .memory_mib = 256,
+					  .body_hash = "h", .shared = 1, .submit_rate = 0.001, .submit_burst = 2 };
+		int64_t retry = 0;
+		char x[40];
+
+		t.retry_ms = &retry;
+		customer(a, "beta", NULL);
+		for (int i = 0; i < 2; i++)
+			assert_int_equal(store_task_submit(rep[i], &t, x, &err), 0);
+		assert_int_equal(store_task_submit(a, &t, x, &err), -1);
+		assert_string_equal(err.code, "rate_limited");
+		assert_true(retry > 0);
+		assert_int_equal(store_task_submit(b, &t, x, &err), -1);
+		assert_string_equal(err.code, "rate_limited");
+		t.submit_rate = 0;
+		t.max_queued = 3;
+		assert_int_equal(store_task_submit(b, &t, x, &err), 0); /* 3 queued */
+		assert_int_equal(store_task_submit(a, &t, x, &err), -1);
+		assert_string_equal(err.code, "queue_full");
+		assert_int_equal(store_task_submit(b, &t, x, &err), -1);
+		assert_string_equal(err.code, "queue_full");
+	}
+	store_set_remote_hook(b, NULL, NULL);
+	store_close(b);
+	store_close(a);
+}
+
+/* The PostgreSQL round: each test in a database of its own on a server of
+ * the group's (skipped when none can be started). */
+static int setup_pg(void **state)
+{
+	pg = 1;
+	if (!pg_up) /* the test itself skips */
+		return 0;
+	return fresh();
+}
+
+static int group_setup(void **state)
+{
+	char cmd[400];
+
+	snprintf(pg_dir, sizeof(pg_dir), "%s/pg", dir);
+	chmod(dir, 0711); /* the server runs as the postgres user when we are root */
+	snprintf(cmd, sizeof(cmd), "scripts/pg-local.sh start '%s' > /dev/null", pg_dir);
+	pg_up = access("scripts/pg-local.sh", X_OK) == 0 && system(cmd) == 0;
+	if (!pg_up)
+		printf("# postgresql: scripts/pg-local.sh could not start a server: its tests are skipped\n");
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	char cmd[400];
+
+	snprintf(cmd, sizeof(cmd), "scripts/pg-local.sh stop '%s'", pg_dir);
+	if (pg_up && system(cmd) != 0)
+		fprintf(stderr, "cannot stop the PostgreSQL in %s\n", pg_dir);
+	return 0;
+}
+
+#define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup(test_migrations, setup),
-		cmocka_unit_test_setup(test_keys, setup),
-		cmocka_unit_test_setup(test_idempotency, setup),
-		cmocka_unit_test_setup(test_transitions, setup),
-		cmocka_unit_test_setup(test_fair_and_list, setup),
-		cmocka_unit_test_setup(test_usage_and_cancel, setup),
-		cmocka_unit_test_setup(test_hosts_and_changes, setup),
-		cmocka_unit_test_setup(test_durability, setup),
+		BOTH(test_migrations),
+		BOTH(test_keys),
+		BOTH(test_idempotency),
+		BOTH(test_transitions),
+		BOTH(test_fair_and_list),
+		BOTH(test_usage_and_cancel),
+		BOTH(test_hosts_and_changes),
+		BOTH(test_durability),
 		cmocka_unit_test(test_cursor_parse),
 		cmocka_unit_test(test_names_and_ids),
-		cmocka_unit_test_setup(test_task_page, setup),
-		cmocka_unit_test_setup(test_session_page, setup),
-		cmocka_unit_test_setup(test_cas_helper, setup),
-		cmocka_unit_test_setup(test_task_and_session_cas, setup),
-		cmocka_unit_test_setup(test_session_quota_resume_discard, setup),
+		BOTH(test_task_page),
+		BOTH(test_session_page),
+		BOTH(test_cas_helper),
+		BOTH(test_task_and_session_cas),
+		BOTH(test_session_quota_resume_discard),
+		BOTH(test_replicas),
 	};
 	int r;
 	char cmd[300];
@@ -907,7 +1171,7 @@ int main(void)
 		perror("mkdtemp");
 		return 1;
 	}
-	r = cmocka_run_group_tests(tests, NULL, NULL);
+	r = cmocka_run_group_tests(tests, group_setup, group_teardown);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "cannot remove %s\n", dir);

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# Three kiln-api replicas on one PostgreSQL (a server of the test's own,
+# scripts/pg-local.sh), two kiln-hosts in network namespaces heartbeating
+# to one of them (as they would to a load balancer's address), a local S3.
+# One replica is the scheduler's leader (healthz says which); a key made on
+# one works on the others and a revoked one stops everywhere within a
+# second; an idempotent retry on another replica gets the same task; an
+# event stream on replica B follows a task submitted on A; a burst of
+# submissions spread over the replicas while the leader is SIGKILLed: a
+# follower takes over, every 202'd task reaches a final state and none
+# reached two hosts; PostgreSQL restarted under submissions: 503s while it
+# is down, nothing acknowledged lost, recovery by itself.
+. "$(dirname "$0")/lib.sh"
+require_image
+for t in ip nsenter swift-proxy-server; do
+	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
+done
+[ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }
+ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 || { echo "1..0 # SKIP no PostgreSQL server: run scripts/deps.sh"; exit 0; }
+
+N=$((RANDOM % 200 + 20))
+NET=10.232.$N
+BR=kbr$N
+NS_PREFIX=kiln-it-r$N
+TOKEN=cluster-token-$RANDOM$RANDOM$RANDOM
+ADMIN=admin-key-$RANDOM$RANDOM$RANDOM
+BASE=$((20000 + RANDOM % 11000))
+S3_DIR=$T_TMP/s3
+host_pids=()
+api_pids=()
+
+cleanup() {
+	for p in "${host_pids[@]}" "${api_pids[@]}"; do kill "$p" 2> /dev/null; done
+	for p in "${host_pids[@]}" "${api_pids[@]}"; do wait "$p" 2> /dev/null; done
+	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+	for n in 1 2; do ip netns del "$NS_PREFIX-$n" 2> /dev/null; done
+	ip link del "$BR" 2> /dev/null
+	t_cleanup
+}
+trap cleanup EXIT
+
+before_ns=$(ip netns list | wc -l)
+before_cg=$(count_cgroups)
+ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
+	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
+for n in 1 2; do
+	ns=$NS_PREFIX-$n
+	ip netns add "$ns"
+	ip link add "kr$N-$n" type veth peer name eth0 netns "$ns"
+	ip link set "kr$N-$n" master "$BR" up
+	ip -n "$ns" addr add "$NET.$((10 + n))/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	ip -n "$ns" link set lo up
+done
+pg_start || { echo "1..0 # SKIP PostgreSQL did not start"; exit 0; }
+KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+. "$T_TMP/s3.env"
+
+url() { echo "http://$NET.1:$((BASE + $1))"; } # replica 0, 1, 2
+start_api() { # r
+	local r=$1
+	jq -n --arg listen "$NET.1:$((BASE + r))" --arg pg "$T_PG_URL" --arg admin "$ADMIN" --arg token "$TOKEN" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		'{listen: $listen, store: {postgres: $pg}, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
+		  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000, max_running: 100, max_vcpus: 100, max_memory_mib: 100000},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-replicas", access_key: $ak, secret_key: $sk}}' > "$T_TMP/api$r.json"
+	"$ROOT/build/kiln-api" --config "$T_TMP/api$r.json" >> "$T_TMP/api$r.out" 2>> "$T_TMP/api$r.err" &
+	api_pids[$r]=$!
+	for _ in $(seq 100); do curl -s -m 1 "$(url "$r")/healthz" > /dev/null && return 0; sleep 0.1; done
+	return 1
+}
+leaders() { # the replicas that say they lead, e.g. "1"
+	for r in "${!api_pids[@]}"; do
+		curl -s -m 2 "$(url "$r")/healthz" | jq -e .leader > /dev/null 2>&1 && echo "$r"
+	done
+}
+start_host() { # n: heartbeats go to replica 2 (never killed here)
+	local n=$1 ns=$NS_PREFIX-$1
+	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg api "$(url 2)" --arg token "$TOKEN" \
+		--arg spool "$T_TMP/spool-$n" --arg run "$KILN_RUN_DIR/h$n" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
+		  heartbeat_ms: 500, capacity: {vcpus: 1, cpu_overcommit: 3}, pool: {size: 1, prestart: 1},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-replicas", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host$n.json"
+	nsenter --net="/run/netns/$ns" "$KILN_HOST" serve --config "$T_TMP/host$n.json" >> "$T_TMP/host$n.out" 2>> "$T_TMP/host$n.err" &
+	host_pids[$n]=$!
+}
+on() { # r key method path [curl args]: the status; the body in $T_TMP/last.json
+	local r=$1 k=$2 m=$3 p=$4; shift 4
+	curl -s -m 70 -o "$T_TMP/last.json" -w '%{http_code}' -H "Authorization: Bearer $k" -H 'Content-Type: application/json' \
+		-X "$m" "$@" "$(url "$r")$p"
+}
+last() { jq -r "$1" "$T_TMP/last.json" 2> /dev/null; }
+final_re='^(succeeded|failed|error|cancelled|timed_out)$'
+# wait_final R ID DEADLINE: long-poll the task on replica R until it is final
+# or SECONDS reaches DEADLINE (one stuck task must not cost minutes each).
+wait_final() {
+	local r=$1 id=$2 dl=$3 w
+	while :; do
+		w=$((dl - SECONDS)); [ "$w" -gt 60 ] && w=60
+		[ "$w" -ge 1 ] || { on "$r" "$KEY" GET "/v1/tasks/$id" > /dev/null; return; }
+		on "$r" "$KEY" GET "/v1/tasks/$id?wait=$w" > /dev/null
+		[[ $(last .state) =~ $final_re ]] && return
+	done
+}
+
+ok_all=1
+for r in 0 1 2; do start_api "$r" || ok_all=0; done
+if [ "$ok_all" = 1 ]; then ok "three kiln-api replicas start on one PostgreSQL"
+else not_ok "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; exit 1; fi
+for _ in $(seq 50); do [ "$(leaders | wc -l)" = 1 ] && break; sleep 0.1; done
+L=$(leaders)
+check "exactly one replica leads the scheduler (replica $L)" [ "$(echo "$L" | wc -w)" = 1 ]
+nl=0; for r in 0 1 2; do curl -s -m 2 "$(url "$r")/metrics" | grep -qx 'kiln_api_leader 1' && nl=$((nl + 1)); done
+check "/metrics of each replica: exactly one says kiln_api_leader 1" [ "$nl" = 1 ]
+
+for n in 1 2; do start_host "$n"; done
+live_hosts() { on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[(.hosts // .)[] | select(.state == "live")] | length'; }
+for _ in $(seq 1200); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
+lh=$(live_hosts); on 1 "$ADMIN" GET /v1/admin/hosts > /dev/null; lh1=$(last '(.hosts // .) | length')
+check "two kiln-hosts heartbeat to one replica; every replica lists them live" [ "$lh" = 2 -a "$lh1" = 2 ]
+for _ in $(seq 1200); do
+	on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null
+	[ "$(last '[(.hosts // .)[] | select(.capacity.pool.ready >= 1)] | length')" = 2 ] && break
+	sleep 0.2
+done
+
+# ---- keys across replicas ----
+on 0 "$ADMIN" POST /v1/admin/customers --data '{"id":"acme","name":"Acme"}' > /dev/null
+on 0 "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; KEY=$(last .key)
+on 0 "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; K2=$(last .key); K2_ID=$(last .key_id)
+works=0
+for _ in $(seq 10); do [ "$(on 1 "$KEY" GET /v1/usage)" = 200 ] && [ "$(on 2 "$KEY" GET /v1/usage)" = 200 ] && { works=1; break; }; sleep 0.1; done
+check "a key made on replica 0 works on replicas 1 and 2 within a second" [ "$works" = 1 ]
+check "the second key works on replica 2" [ "$(on 2 "$K2" GET /v1/usage)" = 200 ]
+on 1 "$ADMIN" DELETE "/v1/admin/keys/$K2_ID" > /dev/null
+t0=$(date +%s%N); gone=0
+for _ in $(seq 20); do
+	[ "$(on 0 "$K2" GET /v1/usage)" = 401 ] && [ "$(on 2 "$K2" GET /v1/usage)" = 401 ] && { gone=1; break; }
+	sleep 0.05
+done
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "a key revoked on replica 1 is refused on replicas 0 and 2 within a second (${ms} ms)" [ "$gone" = 1 -a "$ms" -lt 1000 ]
+
+# ---- idempotency across replicas ----
+spec=$(sh_spec 'echo idem')
+st=$(on 0 "$KEY" POST /v1/tasks -H 'Idempotency-Key: same-1' --data-binary "$spec"); id0=$(last .id)
+st1=$(on 1 "$KEY" POST /v1/tasks -H 'Idempotency-Key: same-1' --data-binary "$spec"); id1=$(last .id)
+check "an idempotent retry on another replica gets the same task ($st/$st1)" [ "$st" = 202 -a -n "$id0" -a "$id0" = "$id1" ]
+
+# ---- an event stream on replica 1 follows a task submitted on replica 0 ----
+on 0 "$KEY" POST /v1/tasks --data-binary "$(sh_spec 'sleep 2; echo streamed')" > /dev/null; sid=$(last .id)
+curl -s -N -m 90 -H "Authorization: Bearer $KEY" "$(url 1)/v1/tasks/$sid/events" > "$T_TMP/ev.txt" 2> /dev/null
+if grep -q '"state":"running"' "$T_TMP/ev.txt" && grep -q '"state":"succeeded"' "$T_TMP/ev.txt"; then
+	ok "an event stream on replica 1 sees a task submitted on replica 0 run and succeed"
+else not_ok "cross-replica event stream" "$(head -c 800 "$T_TMP/ev.txt")"; fi
+
+# ---- a burst spread over the replicas; the leader SIGKILLed mid-burst ----
+burst=$T_TMP/burst; mkdir -p "$burst"
+export KEY burst BASE NET
+seq 60 | xargs -P 6 -I{} sh -c 'r=$(({} % 3)); curl -s --max-time 30 -o "$burst/{}.json" -w "%{http_code}" -X POST \
+	-H "Authorization: Bearer $KEY" --data-binary "{\"language\":\"sh\",\"code\":\"echo b{}\"}" \
+	"http://$NET.1:$((BASE + r))/v1/tasks" > "$burst/{}.code" 2> /dev/null' &
+bpid=$!
+for _ in $(seq 200); do [ "$(grep -l '^202$' "$burst"/*.code 2> /dev/null | wc -l)" -ge 15 ] && break; sleep 0.05; done
+L=$(leaders | head -1)
+kill -9 "${api_pids[$L]}"; wait "${api_pids[$L]}" 2> /dev/null; unset "api_pids[$L]"
+t0=$(date +%s%N); NL=
+for _ in $(seq 100); do NL=$(leaders | head -1); [ -n "$NL" ] && break; sleep 0.1; done
+fo=$((($(date +%s%N) - t0) / 1000000))
+check "replica $L (the leader) SIGKILLed: replica $NL leads within 5 s (${fo} ms)" [ -n "$NL" -a "$fo" -lt 5000 ]
+wait "$bpid"
+# Replica L's share of the burst after its death got no 202 (connection refused): that is fine.
+accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
+S=$NL # a surviving replica to read from
+final=0 succeeded=0 hist="" sample=""
+dl=$((SECONDS + 300))
+for id in "${accepted[@]}"; do
+	wait_final "$S" "$id" "$dl"; st=$(last .state)
+	[[ $st =~ $final_re ]] && final=$((final + 1))
+	if [ "$st" = succeeded ]; then succeeded=$((succeeded + 1))
+	else hist="$hist $st/$(last .end_reason)/$(last .host)"; [ -n "$sample" ] || sample=$(head -c 700 "$T_TMP/last.json"); fi
+done
+if [ "${#accepted[@]}" -ge 15 ] && [ "$final" = "${#accepted[@]}" ] && [ "$succeeded" = "${#accepted[@]}" ]; then
+	ok "all ${#accepted[@]} tasks 202'd during the burst succeed under the new leader"
+else not_ok "burst over a leader's death" "accepted=${#accepted[@]} final=$final succeeded=$succeeded" \
+	"$(echo $hist | tr ' ' '\n' | sort | uniq -c | tr '\n' ' ')" "$sample" "$(grep -v '^kiln-api: serving' "$T_TMP/api$NL.err" | tail -8)"; fi
+twice=0
+for id in "${accepted[@]}" "$sid" "$id0"; do
+	c=$(cat "$T_TMP"/spool-*/tasks/"$id"/record.json 2> /dev/null | wc -l)
+	[ "$c" -le 1 ] || twice=$((twice + 1))
+done
+check "no task reached more than one host's spool" [ "$twice" = 0 ]
+
+# ---- PostgreSQL restarted under submissions ----
+pgb=$T_TMP/pgb; mkdir -p "$pgb"
+others=("${!api_pids[@]}")
+export pgb
+(for i in $(seq 40); do
+	r=${others[$((i % ${#others[@]}))]}
+	curl -s --max-time 20 -o "$pgb/$i.json" -w "%{http_code}" -X POST -H "Authorization: Bearer $KEY" \
+		--data-binary "{\"language\":\"sh\",\"code\":\"echo p$i\"}" "http://$NET.1:$((BASE + r))/v1/tasks" > "$pgb/$i.code" 2> /dev/null
+	sleep 0.1
+done) &
+lpid=$!
+sleep 1
+"$ROOT/scripts/pg-local.sh" stop "$T_PG_DIR"
+hz=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "$(url "$S")/healthz")
+sleep 1
+"$ROOT/scripts/pg-local.sh" start "$T_PG_DIR" > /dev/null
+wait "$lpid"
+codes=$(for f in "$pgb"/*.code; do cat "$f"; echo; done | sort | uniq -c | tr '\n' ' ')
+n503=$(grep -l '^503$' "$pgb"/*.code | wc -l)
+check "PostgreSQL down: healthz 503 and some submissions 503 ($codes)" [ "$hz" = 503 -a "$n503" -ge 1 ]
+up=0; for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$(url "$S")/healthz")" = 200 ] && { up=1; break; }; sleep 0.1; done
+check "PostgreSQL back: healthz 200 by itself" [ "$up" = 1 ]
+lostn=0 acc=0 pgs="" dl=$((SECONDS + 300))
+for f in "$pgb"/*.code; do
+	[ "$(cat "$f")" = 202 ] || continue
+	acc=$((acc + 1))
+	id=$(jq -r .id "${f%.code}.json")
+	wait_final "$S" "$id" "$dl"
+	[ "$(last .state)" = succeeded ] || { lostn=$((lostn + 1)); pgs="$pgs $(last .state)/$(last .host)"; }
+done
+if [ "$acc" -ge 1 ] && [ "$lostn" = 0 ]; then
+	ok "every submission acknowledged around the restart ($acc) exists and succeeds"
+else not_ok "acknowledged around the restart" "$acc acknowledged, $lostn not succeeded:$pgs" \
+	"$(grep -hv serving "$T_TMP"/api*.err | tail -12)"; fi
+
+# ---- shutdown leaves nothing ----
+for p in "${host_pids[@]}" "${api_pids[@]}"; do kill "$p"; done
+for p in "${host_pids[@]}" "${api_pids[@]}"; do wait "$p" 2> /dev/null; done
+host_pids=(); api_pids=()
+"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
+for n in 1 2; do ip netns del "$NS_PREFIX-$n"; done
+ip link del "$BR"
+for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
+d=$T_PG_DIR
+pg_stop
+if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && [ "$(count_cgroups)" = "$before_cg" ] \
+   && [ "$(count_run_entries)" = 0 ] && [ -z "$(pgrep -f "postgres -D $d/")" ] && [ ! -e "$d" ]; then
+	ok "afterwards: no QEMU, VM directory, namespace, cgroup or PostgreSQL left"
+else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+t_done

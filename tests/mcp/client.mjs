@@ -1,0 +1,194 @@
+// kiln mcp driven by the official MCP TypeScript SDK client
+// (@modelcontextprotocol/sdk, pinned in package-lock.json, installed by
+// scripts/mcp-sdk.sh; KILN_MCP_SDK is its node_modules). Spawns
+// KILN_BIN mcp with KILN_API/KILN_KEY (a real stack: tests/integration/95-mcp.sh)
+// and prints one line per check: "PASS what" or "FAIL what: why", then
+// "mcp_test: N passed, M failed".
+import { spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+
+const sdk = `${process.env.KILN_MCP_SDK}/@modelcontextprotocol/sdk/dist/esm`;
+const { Client } = await import(`${sdk}/client/index.js`);
+const { StdioClientTransport } = await import(`${sdk}/client/stdio.js`);
+
+const BIN = process.env.KILN_BIN, API = process.env.KILN_API, KEY = process.env.KILN_KEY;
+let passed = 0, failed = 0;
+function check(what, cond, why) {
+  if (cond) { passed++; console.log(`PASS ${what}`); }
+  else { failed++; console.log(`FAIL ${what}: ${why}`); }
+}
+const text = (r) => (r?.content ?? []).map((c) => c.text).join('\n');
+const show = (r) => JSON.stringify(r).slice(0, 400);
+const LONG = { timeout: 600000 };
+
+async function connect(key) {
+  const transport = new StdioClientTransport({
+    command: BIN, args: ['mcp'], stderr: 'inherit',
+    env: { PATH: process.env.PATH, KILN_API: API, KILN_KEY: key, KILN_CREDENTIALS: '/nonexistent' },
+  });
+  const client = new Client({ name: 'kiln-mcp-test', version: '1.0.0' });
+  await client.connect(transport);
+  return client;
+}
+
+const client = await connect(KEY);
+check('initialize: the server is kiln and offers tools',
+  client.getServerVersion()?.name === 'kiln' && client.getServerCapabilities()?.tools,
+  JSON.stringify(client.getServerVersion()));
+await client.ping();
+check('ping', true);
+
+const { tools } = await client.listTools();
+const names = tools.map((t) => t.name).sort();
+const want = ['create_sandbox', 'destroy_sandbox', 'exec', 'list_files', 'pause_sandbox', 'read_file',
+  'resume_sandbox', 'run_code', 'write_file'];
+check(`tools/list: ${names.join(' ')}`, JSON.stringify(names) === JSON.stringify(want), names.join(' '));
+check('every tool has a description and an object input schema',
+  tools.every((t) => t.description?.length > 20 && t.inputSchema?.type === 'object'), show(tools));
+
+// ---- run_code ----
+let t0 = Date.now();
+let r = await client.callTool({ name: 'run_code', arguments: {
+  language: 'python', timeout: 60,
+  code: 'import sys\nprint(open("data.txt").read().strip() * 2)\nprint("to stderr", file=sys.stderr)\n' +
+        'open("/output/result.txt", "w").write("forty-two\\n")\n',
+  files: [{ path: 'data.txt', content: '21\n' }] } }, undefined, LONG);
+let s = r.structuredContent ?? {};
+check(`run_code: python ran, stdout "2121", stderr, exit 0 (${Date.now() - t0} ms)`,
+  !r.isError && s.exit_code === 0 && s.stdout === '2121\n' && s.stderr === 'to stderr\n', show(r));
+const out = (s.output_files ?? []).find((f) => f.path === 'result.txt');
+check('run_code: /output/result.txt comes back with a download link', out && out.url, show(s.output_files));
+if (out?.url) {
+  const body = await (await fetch(out.url)).text();
+  check('run_code: the output file downloads through its url', body === 'forty-two\n', JSON.stringify(body));
+}
+r = await client.callTool({ name: 'run_code', arguments: { language: 'bash', code: 'echo oops >&2; exit 3' } },
+  undefined, LONG);
+s = r.structuredContent ?? {};
+check('run_code: a failing program is an error result with its exit code 3 and stderr',
+  r.isError === true && s.exit_code === 3 && s.stderr === 'oops\n', show(r));
+
+r = await client.callTool({ name: 'run_code', arguments: { language: 'python',
+  code: 'for i in range(20000): print(f"line {i:05d}")' } }, undefined, LONG);
+s = r.structuredContent ?? {};
+check('run_code: 220 KB of stdout shows its head and tail, says how much there was, and links the whole log',
+  !r.isError && s.output_truncated === true && s.stdout.startsWith('line 00000\n') &&
+  s.stdout.endsWith('line 19999\n') && /220000 bytes in all/.test(s.stdout) && s.logs?.stdout, show(r));
+if (s.logs?.stdout) {
+  const log = await (await fetch(s.logs.stdout)).text();
+  check('run_code: the whole stdout log downloads through its url', log.length === 220000 && log.endsWith('line 19999\n'),
+    `${log.length} bytes`);
+}
+
+// ---- a sandbox round trip ----
+t0 = Date.now();
+r = await client.callTool({ name: 'create_sandbox', arguments: { idle_timeout: 600 } }, undefined, LONG);
+const id = r.structuredContent?.sandbox_id;
+check(`create_sandbox: ${id} running (${Date.now() - t0} ms)`,
+  !r.isError && /^s_/.test(id ?? '') && r.structuredContent.state === 'running', show(r));
+console.log(`SANDBOX ${id}`);
+r = await client.callTool({ name: 'write_file', arguments: { sandbox_id: id, path: 'notes/hello.txt', content: 'héllo\n' } });
+check('write_file: notes/hello.txt', !r.isError && /wrote 7 bytes to \/work\/notes\/hello.txt/.test(text(r)), show(r));
+r = await client.callTool({ name: 'write_file', arguments: { sandbox_id: id, path: '/work/bin.dat', content: 'AP8BAg==', encoding: 'base64' } });
+check('write_file: binary content as base64', !r.isError && /wrote 4 bytes/.test(text(r)), show(r));
+r = await client.callTool({ name: 'read_file', arguments: { sandbox_id: id, path: '/work/notes/hello.txt' } });
+check('read_file: the text as written', !r.isError && text(r) === 'héllo\n', show(r));
+r = await client.callTool({ name: 'read_file', arguments: { sandbox_id: id, path: 'bin.dat' } });
+check('read_file: binary bytes come back base64', !r.isError && r.content?.[1]?.text === 'AP8BAg==', show(r));
+r = await client.callTool({ name: 'list_files', arguments: { sandbox_id: id } });
+const ents = r.structuredContent?.entries ?? [];
+check('list_files: /work has the notes directory and bin.dat (4 bytes)',
+  !r.isError && ents.some((e) => e.name === 'notes' && e.type === 'dir') &&
+  ents.some((e) => e.name === 'bin.dat' && e.size === 4), show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'cat notes/hello.txt; echo "$GREETING"; pwd; cat',
+  env: { GREETING: 'hi there' }, stdin: 'from stdin' } }, undefined, LONG);
+s = r.structuredContent ?? {};
+check('exec: reads the file, env and stdin, in /work, exit 0',
+  !r.isError && s.exit_code === 0 && s.stdout === 'héllo\nhi there\n/work\nfrom stdin', show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'echo before; ls /nonexistent; exit 7' } }, undefined, LONG);
+s = r.structuredContent ?? {};
+check('exec: a failing command is an error result with exit code 7, stdout and stderr',
+  r.isError === true && s.exit_code === 7 && s.stdout === 'before\n' && /nonexistent/.test(s.stderr), show(r));
+await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'echo kept > /tmp/state' } }, undefined, LONG);
+t0 = Date.now();
+r = await client.callTool({ name: 'pause_sandbox', arguments: { sandbox_id: id } }, undefined, LONG);
+check(`pause_sandbox: paused (${Date.now() - t0} ms)`, !r.isError && r.structuredContent?.state === 'paused', show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'true' } }, undefined, LONG);
+check('exec on a paused sandbox: an error result naming the state', r.isError === true && /not_running|paused|409/.test(text(r)), show(r));
+t0 = Date.now();
+r = await client.callTool({ name: 'resume_sandbox', arguments: { sandbox_id: id } }, undefined, LONG);
+check(`resume_sandbox: running (${Date.now() - t0} ms)`, !r.isError && r.structuredContent?.state === 'running', show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'cat /tmp/state notes/hello.txt' } }, undefined, LONG);
+check('after the resume the files are there (/tmp too)', !r.isError && r.structuredContent?.stdout === 'kept\nhéllo\n', show(r));
+r = await client.callTool({ name: 'destroy_sandbox', arguments: { sandbox_id: id } }, undefined, LONG);
+check('destroy_sandbox: destroyed', !r.isError && r.structuredContent?.state === 'destroyed', show(r));
+r = await client.callTool({ name: 'read_file', arguments: { sandbox_id: id, path: 'notes/hello.txt' } });
+check('read_file on a destroyed sandbox: an error result', r.isError === true && /HTTP 4\d\d/.test(text(r)), show(r));
+
+// ---- bad arguments ----
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id } });
+check('exec without command: an error result saying so', r.isError === true && /"command" is required/.test(text(r)), show(r));
+r = await client.callTool({ name: 'run_code', arguments: { language: 'cobol', code: 'x' } });
+check('run_code in cobol: an error result naming the languages', r.isError === true && /python, bash or sh/.test(text(r)), show(r));
+r = await client.callTool({ name: 'read_file', arguments: { sandbox_id: '../../v1/usage', path: 'x' } });
+check('a sandbox_id that is not one: an error result', r.isError === true && /not a sandbox id/.test(text(r)), show(r));
+r = await client.callTool({ name: 'run_code', arguments: { language: 'python', code: 'pass', timeout: 'soon' } });
+check('a timeout that is not a number: an error result', r.isError === true && /"timeout" must be an integer/.test(text(r)), show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: 's_doesnotexist', command: 'true' } });
+check('exec in a sandbox that does not exist: an error result with the API\'s 404', r.isError === true && /HTTP 404/.test(text(r)), show(r));
+try {
+  r = await client.callTool({ name: 'no_such_tool', arguments: {} });
+  check('an unknown tool is a JSON-RPC error -32602', false, show(r));
+} catch (e) {
+  check('an unknown tool is a JSON-RPC error -32602', e.code === -32602, `${e.code} ${e.message}`);
+}
+await client.ping();
+check('the server still answers after all that', true);
+await client.close();
+
+// ---- a wrong key ----
+const bad = await connect('wrong-key-' + Date.now());
+r = await bad.callTool({ name: 'run_code', arguments: { language: 'python', code: 'print(1)' } });
+check('a wrong key: run_code is an error result with HTTP 401 and a hint', r.isError === true && /HTTP 401/.test(text(r)) && /KILN_KEY/.test(text(r)), show(r));
+r = await bad.callTool({ name: 'create_sandbox', arguments: {} });
+check('a wrong key: create_sandbox is an error result with HTTP 401', r.isError === true && /HTTP 401/.test(text(r)), show(r));
+await bad.close();
+
+// ---- the raw protocol: malformed lines ----
+const proc = spawn(BIN, ['mcp'], { env: { PATH: process.env.PATH, KILN_API: API, KILN_KEY: KEY }, stdio: ['pipe', 'pipe', 'inherit'] });
+const lines = createInterface({ input: proc.stdout });
+const answers = [];
+let wake = null;
+lines.on('line', (l) => { answers.push(l); if (wake) wake(); });
+async function send(l) {
+  const n = answers.length;
+  proc.stdin.write(l + '\n');
+  const deadline = Date.now() + 10000;
+  while (answers.length === n && Date.now() < deadline) await new Promise((res) => { wake = res; setTimeout(res, 200); });
+  return answers.length > n ? JSON.parse(answers[answers.length - 1]) : null;
+}
+let a = await send('{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}');
+check('initialize with an unknown version: answered with the latest, 2025-06-18', a?.result?.protocolVersion === '2025-06-18', JSON.stringify(a));
+a = await send('{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}');
+check('initialize with 2025-03-26: answered with 2025-03-26', a?.result?.protocolVersion === '2025-03-26', JSON.stringify(a));
+a = await send('{"jsonrpc": "2.0", "id": 2, "method": "tools/li');
+check('a cut-off line: parse error -32700 with id null', a?.error?.code === -32700 && a.id === null, JSON.stringify(a));
+a = await send('{"jsonrpc":"2.0","id":"x","method":"resources/list"}');
+check('an unknown method: -32601 with the request\'s id', a?.error?.code === -32601 && a.id === 'x', JSON.stringify(a));
+a = await send('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"arguments":{}}}');
+check('tools/call without a name: -32602', a?.error?.code === -32602 && a.id === 3, JSON.stringify(a));
+a = await send('{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"exec","arguments":[1]}}');
+check('tools/call with arguments that are no object: -32602', a?.error?.code === -32602, JSON.stringify(a));
+a = await send('{"jsonrpc":"2.0","id":5,"method":"initialize","params":{}}');
+check('initialize without protocolVersion: -32602', a?.error?.code === -32602, JSON.stringify(a));
+proc.stdin.write('{"jsonrpc":"2.0","method":"notifications/whatever"}\n\n   \n');
+a = await send('{"jsonrpc":"2.0","id":6,"method":"ping"}');
+check('notifications and blank lines get no answer; ping answers {} next', a?.id === 6 && JSON.stringify(a.result) === '{}', JSON.stringify(a));
+a = await send('\u0000\u00ff{]');
+check('binary junk: a parse error, and the server lives on', a?.error?.code === -32700 && proc.exitCode === null, JSON.stringify(a));
+proc.stdin.end();
+const code = await new Promise((res) => (proc.exitCode !== null ? res(proc.exitCode) : proc.on('exit', res)));
+check('at the end of stdin the server exits 0', code === 0, `exit ${code}`);
+
+console.log(`mcp_test: ${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
