@@ -1,5 +1,5 @@
 /* ui: the web console's static files, served by kiln-api under /ui (README
- * "Web console", docs/architecture.md "The web console"). */
+ * "The web console", docs/architecture.md, "Threat model"). */
 #ifndef KILN_API_UI_H
 #define KILN_API_UI_H
 

@@ -1,6 +1,6 @@
 // kiln web console: plain JavaScript, no build step, no third-party code.
 //
-// Rules (docs/architecture.md, "The web console"):
+// Rules (docs/architecture.md, "Threat model"):
 // - every piece of data from the API (task output, file names, metadata,
 //   ids, error messages) reaches the DOM as text: el() below only ever makes
 //   text nodes from strings, and nothing here uses innerHTML, outerHTML,
