@@ -21,9 +21,11 @@ pkgs=(
   qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
   # tests and benchmarks
   python3 jq curl hyperfine wrk
+  # the Python SDK's test installs it with pip into a venv, offline
+  python3-venv python3-pip python3-setuptools
   # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
   nodejs
-  # the web console's tests (tests/integration/96-console.sh drive /ui in it)
+  # the web console's tests (tests/integration/96-web-console.sh drive /ui in it)
   chromium
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
   # S3 client for the tests to read back what kiln wrote

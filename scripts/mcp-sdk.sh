@@ -14,19 +14,9 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 src=$root/tests/mcp
-cache=${KILN_CACHE:-/var/cache/kiln}/mcp-sdk
 want=$(jq -r '.packages["node_modules/@modelcontextprotocol/sdk"].version' "$src/package-lock.json")
-key=$(cat "$src/package.json" "$src/package-lock.json" | sha256sum | cut -c1-16)
-dest=$cache/$key
 
-have() { # DIR: the SDK version installed there, or nothing
-	jq -r .version "$1/node_modules/@modelcontextprotocol/sdk/package.json" 2>/dev/null || true
-}
-
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-	echo "mcp-sdk: node or npm missing: running scripts/deps.sh" >&2
-	"$root/scripts/deps.sh" >&2
-fi
+command -v node >/dev/null || "$root/scripts/deps.sh" >&2
 
 # The SDK's engines field: node >= 18.
 nodev=$(node -p 'process.versions.node')
@@ -35,35 +25,4 @@ if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0
 	exit 1
 fi
 
-if [ "$(have "$dest")" = "$want" ]; then
-	echo "$dest/node_modules"
-	exit 0
-fi
-
-mkdir -p "$cache"
-# One installer at a time; the second one finds the first one's result.
-exec 9>"$cache/.lock"
-flock 9
-if [ "$(have "$dest")" = "$want" ]; then
-	echo "$dest/node_modules"
-	exit 0
-fi
-
-work=$(mktemp -d "$cache/.install-$key.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-cp "$src/package.json" "$src/package-lock.json" "$work/"
-echo "mcp-sdk: npm ci (@modelcontextprotocol/sdk $want) into $dest" >&2
-# --ignore-scripts: nothing of the SDK's dependency tree runs at install time.
-if ! (cd "$work" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >&2); then
-	echo "mcp-sdk: npm ci failed (is the npm registry reachable?)" >&2
-	exit 1
-fi
-got=$(have "$work")
-if [ "$got" != "$want" ]; then
-	echo "mcp-sdk: npm installed @modelcontextprotocol/sdk '${got:-nothing}', not $want" >&2
-	exit 1
-fi
-rm -rf "$dest"
-mv "$work" "$dest"
-trap - EXIT
-echo "$dest/node_modules"
+exec "$root/scripts/npm-pinned.sh" mcp-sdk "$src" @modelcontextprotocol/sdk

@@ -1,0 +1,20 @@
+"""kiln: run untrusted code in fresh microVMs, from Python.
+
+    import kiln
+    client = kiln.Client()                    # KILN_API, KILN_KEY
+    r = client.run("print(6 * 7)")
+    print(r.stdout)                           # "42\\n"
+
+Standard library only. See sdk/python/README.md.
+"""
+from .client import Client, Event, ExecResult, Output, Result, Session, Task
+from .errors import (AuthError, ConflictError, ConnectionError, ForbiddenError, KilnError, NotFoundError,
+                     QuotaError, ServerError, TaskFailed, UnavailableError, ValidationError)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Task", "Result", "Output", "Event", "Session", "ExecResult",
+    "KilnError", "AuthError", "ForbiddenError", "NotFoundError", "ValidationError", "ConflictError",
+    "QuotaError", "UnavailableError", "ServerError", "TaskFailed", "ConnectionError",
+]

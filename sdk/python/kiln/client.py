@@ -1,0 +1,424 @@
+"""The kiln client: tasks (run, submit, wait, stream, cancel) and sessions."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import errors
+from ._http import Transport, download
+
+__all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult"]
+
+FINAL = ("succeeded", "failed", "timed_out", "cancelled", "error")
+Files = Union[Mapping[str, Union[bytes, str]], Sequence[Mapping[str, Any]], None]
+
+
+def _files_spec(files: Files) -> Optional[List[Dict[str, Any]]]:
+    """{"/work/a.csv": b"..."} or [{"path", "content" | "content_b64", "mode"}] as the spec wants."""
+    if files is None:
+        return None
+    out = []
+    items = files.items() if isinstance(files, Mapping) else None
+    if items is not None:
+        for path, content in items:
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            out.append({"path": path, "content_b64": base64.b64encode(data).decode()})
+        return out
+    for f in files:  # type: ignore[union-attr]
+        e = {"path": f["path"]}
+        if "content_b64" in f:
+            e["content_b64"] = f["content_b64"]
+        else:
+            c = f.get("content", b"")
+            e["content_b64"] = base64.b64encode(c.encode() if isinstance(c, str) else bytes(c)).decode()
+        if "mode" in f:
+            e["mode"] = f["mode"]
+        out.append(e)
+    return out
+
+
+@dataclass
+class Output:
+    """A file the code wrote under /output: ``path`` (relative), ``size``,
+    ``sha256``, ``s3_key``, and ``url`` (a presigned GET: no key needed)."""
+    path: str
+    size: int
+    sha256: str
+    s3_key: Optional[str]
+    url: Optional[str]
+    skipped: Optional[str] = None
+
+    def read(self) -> bytes:
+        """Download the file and check its SHA-256."""
+        if not self.url:
+            raise errors.KilnError("output %s has no URL (%s)" % (self.path, self.skipped or "kiln-api has no S3"))
+        data = download(self.url)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise errors.KilnError("output %s: the download does not match its sha256" % self.path)
+        return data
+
+    def save(self, path: str) -> str:
+        """Download into path (its directory is created); returns path."""
+        data = self.read()
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        tmp = path + ".part"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return path
+
+
+class Result:
+    """A finished task: ``state``, ``stdout``, ``stderr``, ``exit_code``,
+    ``signal``, ``end_reason``, ``outputs`` (:class:`Output`), ``timings``,
+    ``task`` (kiln-api's whole JSON). ``stdout``/``stderr`` are the whole
+    streams: when kiln-api holds only an excerpt (over 8 KiB), the log is
+    downloaded through its URL the first time it is read."""
+
+    def __init__(self, task: Dict[str, Any]):
+        self.task = task
+        self.id: str = task.get("id", "")
+        self.state: str = task.get("state", "")
+        r = task.get("result") or {}
+        self._r = r
+        self.exit_code: Optional[int] = r.get("exit_code")
+        self.signal: Optional[str] = r.get("signal")
+        self.end_reason: Optional[str] = r.get("end_reason") or task.get("end_reason")
+        self.error: Optional[Dict[str, Any]] = r.get("error") or task.get("error")
+        self.timings: Dict[str, Any] = task.get("timings") or {}
+        self.outputs: List[Output] = [
+            Output(o.get("path", ""), o.get("size", 0), o.get("sha256", ""), o.get("s3_key"), o.get("url"),
+                   o.get("skipped")) for o in task.get("outputs") or []]
+        self._logs: Dict[str, str] = {}
+
+    def _log(self, name: str) -> str:
+        if name in self._logs:
+            return self._logs[name]
+        text = self._r.get(name) or ""
+        if self._r.get(name + "_tail") is not None:  # an excerpt: the whole log is an artifact
+            art = (self.task.get("artifacts") or {}).get(name + ".log") or {}
+            if art.get("url"):
+                text = download(art["url"]).decode("utf-8", "replace")
+        self._logs[name] = text
+        return text
+
+    @property
+    def stdout(self) -> str:
+        return self._log("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self._log("stderr")
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+    def output(self, path: str) -> Output:
+        """The output at path (relative to /output)."""
+        for o in self.outputs:
+            if o.path == path:
+                return o
+        raise errors.NotFoundError("task %s has no output %r" % (self.id, path), status=404, code="not_found")
+
+    def __repr__(self) -> str:
+        return "<kiln.Result %s %s exit_code=%r>" % (self.id, self.state, self.exit_code)
+
+
+@dataclass
+class Event:
+    """One event of a task's stream: ``type`` ``"stdout"``, ``"stderr"``
+    (``data`` the text, ``offset`` where it starts in the log) or, with
+    ``states=True``, ``"state"`` (``data`` the state name)."""
+    type: str
+    data: str
+    offset: Optional[int] = None
+    raw: Any = field(default=None, repr=False)
+
+
+class Task:
+    """A submitted task. ``id``; ``wait()``, ``stream()``, ``cancel()``,
+    ``refresh()``."""
+
+    def __init__(self, client: "Client", task: Dict[str, Any]):
+        self._c = client
+        self.id: str = task["id"]
+        self.task = task
+
+    @property
+    def state(self) -> str:
+        return self.task.get("state", "")
+
+    def refresh(self) -> Dict[str, Any]:
+        """Read the task again; returns kiln-api's JSON."""
+        _, _, self.task = self._c._t.request("GET", "/v1/tasks/" + _q(self.id))
+        return self.task
+
+    def wait(self, timeout: Optional[float] = None) -> Result:
+        """Block until the task is final (long-polls, no busy loop); raise
+        :class:`TimeoutError` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Final as last read, but read before its result was in: read it again.
+        if self.task.get("state") in FINAL and "result" not in self.task:
+            self.refresh()
+        while self.task.get("state") not in FINAL:
+            left = 60.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("task %s still %s after %ss" % (self.id, self.state, timeout))
+            w = max(1, min(60, int(left)))
+            _, _, self.task = self._c._t.request("GET", "/v1/tasks/%s?wait=%d" % (_q(self.id), w),
+                                                 timeout=w + 30)
+        return Result(self.task)
+
+    def stream(self, states: bool = False) -> Iterator[Event]:
+        """Live stdout/stderr (and state changes with ``states=True``) as the
+        task runs, until it is final."""
+        for name, data in self._c._t.events("/v1/tasks/%s/events" % _q(self.id), timeout=None):
+            if name in ("stdout", "stderr") and isinstance(data, dict):
+                yield Event(name, data.get("data", ""), data.get("offset"), data)
+            elif name == "state" and isinstance(data, dict) and states:
+                yield Event("state", data.get("state", ""), None, data)
+
+    def cancel(self) -> Dict[str, Any]:
+        """Cancel it (queued: at once; running: when its host confirms)."""
+        _, _, self.task = self._c._t.request("POST", "/v1/tasks/%s/cancel" % _q(self.id))
+        return self.task
+
+    def __repr__(self) -> str:
+        return "<kiln.Task %s %s>" % (self.id, self.state)
+
+
+@dataclass
+class ExecResult:
+    """What a command run in a session did."""
+    state: str
+    exit_code: Optional[int]
+    signal: Optional[str]
+    end_reason: Optional[str]
+    stdout: str
+    stderr: str
+    raw: Dict[str, Any] = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Session:
+    """A sandbox that stays up between commands. Use as a context manager
+    (destroyed on exit) or call :meth:`destroy`."""
+
+    def __init__(self, client: "Client", session: Dict[str, Any], *, keep: bool = False):
+        self._c = client
+        self.id: str = session["id"]
+        self.session = session
+        self.keep = keep
+
+    @property
+    def state(self) -> str:
+        return self.session.get("state", "")
+
+    def _path(self, rest: str = "") -> str:
+        return "/v1/sessions/" + _q(self.id) + rest
+
+    def refresh(self) -> Dict[str, Any]:
+        _, _, self.session = self._c._t.request("GET", self._path())
+        return self.session
+
+    def exec(self, cmd: Union[str, Sequence[str], None] = None, *, code: Optional[str] = None,
+             language: str = "python", env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             timeout: Optional[int] = None, stdin: Union[bytes, str, None] = None, check: bool = False) -> ExecResult:
+        """Run a command to its end: ``exec(["ls", "-l"])``, ``exec("ls -l | wc")``
+        (a shell line) or ``exec(code="print(1)")``; returns its
+        :class:`ExecResult`. ``check=True`` raises :class:`kiln.KilnError`
+        on a non-zero exit. Not retried (a command may have side effects)."""
+        body: Dict[str, Any] = {}
+        if code is not None:
+            body.update(language=language, code=code)
+        elif isinstance(cmd, str):
+            body["argv"] = ["sh", "-c", cmd]
+        elif cmd:
+            body["argv"] = list(cmd)
+        else:
+            raise errors.ValidationError("exec: give a command (argv or a shell line) or code")
+        if env:
+            body["env"] = dict(env)
+        if cwd:
+            body["cwd"] = cwd
+        if timeout:
+            body["timeout_s"] = int(timeout)
+        if stdin is not None:
+            body["stdin_b64"] = base64.b64encode(stdin.encode() if isinstance(stdin, str) else stdin).decode()
+        _, _, r = self._c._t.request("POST", self._path("/exec"), json_body=body,
+                                     timeout=(timeout or 30) + 60, retry=False)
+        res = ExecResult(r.get("state", ""), r.get("exit_code"), r.get("signal"), r.get("end_reason"),
+                         r.get("stdout", ""), r.get("stderr", ""), r)
+        if check and res.exit_code != 0:
+            raise errors.KilnError("command exited %r (%s): %s" % (res.exit_code, res.end_reason, res.stderr[-500:]),
+                                   code="exec_failed")
+        return res
+
+    def write(self, path: str, data: Union[bytes, str]) -> Dict[str, Any]:
+        """Write a file (absolute path; parents created)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        _, _, r = self._c._t.request("PUT", self._path("/files?path=" + _q(path)), data=raw,
+                                     headers={"Content-Type": "application/octet-stream"})
+        return r
+
+    def read(self, path: str) -> bytes:
+        """Read a file's bytes."""
+        _, _, r = self._c._t.request("GET", self._path("/files?path=" + _q(path)), raw=True)
+        return r
+
+    def list(self, dir: str = "/work") -> List[Dict[str, Any]]:  # noqa: A002 - the API's name
+        """Entries of a directory: [{"name", "type", "size"}]."""
+        _, _, r = self._c._t.request("GET", self._path("/files?dir=" + _q(dir)))
+        return r.get("entries", [])
+
+    def pause(self) -> Dict[str, Any]:
+        """Save memory and disk to S3 and free the VM."""
+        _, _, self.session = self._c._t.request("POST", self._path("/pause"), timeout=300)
+        return self.session
+
+    def resume(self) -> Dict[str, Any]:
+        """Restore a paused session, processes and files as they were."""
+        _, _, self.session = self._c._t.request("POST", self._path("/resume"), timeout=300)
+        return self.session
+
+    def outputs(self) -> List[Output]:
+        """Upload every file under /output to S3; returns them (downloadable)."""
+        _, _, r = self._c._t.request("POST", self._path("/outputs"), timeout=300)
+        return [Output(o.get("path", ""), o.get("size", 0), o.get("sha256", ""), o.get("s3_key"), o.get("url"),
+                       o.get("skipped")) for o in r.get("outputs", [])]
+
+    def destroy(self) -> Dict[str, Any]:
+        """Destroy the VM and the session's snapshot (again is fine)."""
+        _, _, self.session = self._c._t.request("DELETE", self._path(), timeout=120)
+        return self.session
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.keep:
+            try:
+                self.destroy()
+            except errors.NotFoundError:
+                pass
+
+    def __repr__(self) -> str:
+        return "<kiln.Session %s %s>" % (self.id, self.state)
+
+
+def _q(s: str) -> str:
+    return urllib.parse.quote(s, safe="/" if s.startswith("/") else "")
+
+
+class Client:
+    """A kiln-api client.
+
+    ``Client("http://127.0.0.1:8080", "kiln_…")``, or with no arguments from
+    ``KILN_API`` and ``KILN_KEY``. ``max_retries`` bounds retries of
+    requests refused with 429 or 503 (waiting ``Retry-After``, else an
+    exponential back-off)."""
+
+    def __init__(self, api_url: Optional[str] = None, key: Optional[str] = None, *, timeout: float = 70.0,
+                 max_retries: int = 4):
+        api_url = api_url or os.environ.get("KILN_API")
+        key = key or os.environ.get("KILN_KEY")
+        if not api_url:
+            raise errors.ValidationError("api_url: give it, or set KILN_API")
+        if not key:
+            raise errors.AuthError("no API key: give key=, or set KILN_KEY", status=401, code="unauthorized")
+        self._t = Transport(api_url, key, timeout=timeout, max_retries=max_retries)
+
+    @property
+    def api_url(self) -> str:
+        return self._t.base_url
+
+    def close(self) -> None:
+        self._t.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- tasks --
+    def submit(self, code: Optional[str] = None, *, language: str = "python", argv: Optional[Sequence[str]] = None,
+               files: Files = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+               template: Optional[str] = None, limits: Optional[Mapping[str, int]] = None,
+               network: Optional[Mapping[str, Any]] = None, metadata: Any = None,
+               idempotency_key: Optional[str] = None) -> Task:
+        """Submit a task; returns its :class:`Task` at once (queued). One
+        idempotency key (given, or a fresh UUID) covers every retry of this
+        call, so a retried submission never runs twice."""
+        spec: Dict[str, Any] = {}
+        if argv is not None:
+            spec["argv"] = list(argv)
+        else:
+            if code is None:
+                raise errors.ValidationError("code: give code (or argv)")
+            spec.update(language=language, code=code)
+        for k, v in (("files", _files_spec(files)), ("env", dict(env) if env else None), ("cwd", cwd),
+                     ("template", template), ("limits", dict(limits) if limits else None),
+                     ("network", dict(network) if network else None), ("metadata", metadata)):
+            if v is not None:
+                spec[k] = v
+        key = idempotency_key or "py-" + uuid.uuid4().hex
+        _, _, t = self._t.request("POST", "/v1/tasks", json_body=spec, headers={"Idempotency-Key": key})
+        return Task(self, t)
+
+    def run(self, code: Optional[str] = None, *, timeout: Optional[float] = None, check: bool = True,
+            **kw: Any) -> Result:
+        """Submit and wait: the :class:`Result`. Raises :class:`TaskFailed`
+        (carrying the result) when the task did not succeed, unless
+        ``check=False``. Same arguments as :meth:`submit`."""
+        res = self.submit(code, **kw).wait(timeout)
+        if check and not res.ok:
+            raise errors.TaskFailed(res)
+        return res
+
+    def task(self, task_id: str) -> Task:
+        """A task by id."""
+        _, _, t = self._t.request("GET", "/v1/tasks/" + _q(task_id))
+        return Task(self, t)
+
+    def tasks(self, state: Optional[str] = None, limit: int = 20) -> List[Dict[str, Any]]:
+        """The newest tasks (one page)."""
+        q = "?limit=%d" % limit + ("&state=" + _q(state) if state else "")
+        _, _, r = self._t.request("GET", "/v1/tasks" + q)
+        return r.get("tasks", [])
+
+    def usage(self) -> Dict[str, Any]:
+        """Quotas and what is in use now."""
+        _, _, r = self._t.request("GET", "/v1/usage")
+        return r
+
+    # -- sessions --
+    def session(self, *, template: Optional[str] = None, limits: Optional[Mapping[str, int]] = None,
+                network: Optional[Mapping[str, Any]] = None, idle_timeout_s: Optional[int] = None,
+                max_lifetime_s: Optional[int] = None, metadata: Any = None, keep: bool = False) -> Session:
+        """Create a session (a running sandbox); use ``with`` to destroy it
+        at the end (``keep=True``: leave it)."""
+        body: Dict[str, Any] = {}
+        for k, v in (("template", template), ("limits", dict(limits) if limits else None),
+                     ("network", dict(network) if network else None), ("idle_timeout_s", idle_timeout_s),
+                     ("max_lifetime_s", max_lifetime_s), ("metadata", metadata)):
+            if v is not None:
+                body[k] = v
+        _, _, s = self._t.request("POST", "/v1/sessions", json_body=body, timeout=300)
+        return Session(self, s, keep=keep)
+
+    def get_session(self, session_id: str) -> Session:
+        """An existing session by id (not destroyed on ``with`` exit)."""
+        _, _, s = self._t.request("GET", "/v1/sessions/" + _q(session_id))
+        return Session(self, s, keep=True)
