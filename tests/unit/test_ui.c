@@ -157,7 +157,8 @@ static int teardown(void **state)
 	char cmd[512];
 
 	MHD_stop_daemon(d);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s/../kiln-test-ui-secret.js'", dir, dir);
+	/* the file beside dir first: "dir/.." does not resolve once dir is gone */
+	snprintf(cmd, sizeof(cmd), "rm -f '%s/../kiln-test-ui-secret.js' && rm -rf '%s'", dir, dir);
 	return system(cmd) ? -1 : 0;
 }
 
