@@ -135,6 +135,11 @@ $(B)/tests/fuzz/fuzz_artifacts: tests/fuzz/fuzz_artifacts.c $(B)/fuzz-obj/api/ar
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/artifacts.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
 
+# The web console's path check (api/ui.c).
+$(B)/tests/fuzz/fuzz_uiname: tests/fuzz/fuzz_uiname.c $(B)/fuzz-obj/api/ui.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ui.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+
 # The E2B control API's input parsers (and kiln's session request parser after them).
 $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)

@@ -77,7 +77,7 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
 			{ "destinations", CONF_OBJ, &dests }, { "public_url", CONF_STR, &c->public_url },
-			{ "store", CONF_OBJ, &store }, { 0 },
+			{ "store", CONF_OBJ, &store }, { "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;

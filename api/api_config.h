@@ -35,6 +35,9 @@ struct api_config {
 	 * destinations' secrets (api/destination.h); without it customers
 	 * cannot set one, and tasks of those that have one fail. */
 	const char *dest_key_file;
+	/* ui_dir: the web console's files (api/ui.h); NULL: looked up beside
+	 * the binary. */
+	const char *ui_dir;
 	unsigned char dest_key[32];
 	int have_dest_key;
 	json_t *root;                /* owns the strings above */

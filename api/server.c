@@ -43,6 +43,7 @@
 #include "sessions.h"
 #include "spec.h"
 #include "templates.h"
+#include "ui.h"
 
 #define KEEPALIVE_MS 15000
 #define WAIT_MAX_S 60
@@ -65,6 +66,8 @@ struct server {
 	struct events *ev;           /* the event hub (events.h) */
 	unsigned char art_key[32];   /* signs inline artifacts' URLs (artifacts.h) */
 	int have_art_key;
+	const char *ui_dir;          /* the web console's files (ui.h); NULL: none */
+	char ui_dir_buf[4200];
 };
 
 struct caller {
@@ -742,6 +745,43 @@ static enum MHD_Result admin_customer_get(void *ctx, struct httpd_req *r)
 	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : reply_internal(r->conn, "cannot read the customer");
 }
 
+/* GET /v1/admin/customers?limit=&cursor=: customers by id, with their quotas */
+static enum MHD_Result admin_customer_list(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const char *lim = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "limit");
+	const char *cur = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "cursor");
+	long limit = 100;
+	char *end;
+	json_t *list, *last;
+
+	if (lim) {
+		limit = strtol(lim, &end, 10);
+		if (!*lim || *end || limit < 1 || limit > 1000)
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "limit: must be an integer from 1 to 1000");
+	}
+	if (cur && strlen(cur) > 64)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "cursor: not one this server gave");
+	list = store_customer_list(s->st, cur, (unsigned)limit);
+	last = json_array_size(list) == (size_t)limit ? json_array_get(list, json_array_size(list) - 1) : NULL;
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:o, s:O}", "customers", list, "next_cursor",
+				    last ? json_object_get(last, "id") : json_null()));
+}
+
+/* GET /v1/admin/customers/{id}/keys: its keys' ids and dates, never a secret */
+static enum MHD_Result admin_customer_keys(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	struct quota q;
+	char id[65];
+
+	if (admin_customer(s, r, id, &q) < 0)
+		return reply_not_found(r->conn, "no such customer");
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:o}", "customer", id, "keys", store_key_list(s->st, id)));
+}
+
 /* PUT /v1/admin/customers/{id}/quotas */
 static enum MHD_Result admin_customer_quotas(void *ctx, struct httpd_req *r)
 {
@@ -994,7 +1034,9 @@ static const struct httpd_route api_routes[] = {
 	{ "DELETE", "/v1/admin/customers/{id}/destination", admin_dest },
 	{ "POST", "/v1/admin/customers/{id}/destination/test", admin_dest_test },
 	{ "POST", "/v1/admin/customers", admin_customer_create },
+	{ "GET", "/v1/admin/customers", admin_customer_list },
 	{ "GET", "/v1/admin/customers/{id}", admin_customer_get },
+	{ "GET", "/v1/admin/customers/{id}/keys", admin_customer_keys },
 	{ "PUT", "/v1/admin/customers/{id}/quotas", admin_customer_quotas },
 	{ "POST", "/v1/admin/customers/{id}/keys", admin_customer_key },
 	{ "DELETE", "/v1/admin/keys/{id}", admin_key_revoke },
@@ -1143,6 +1185,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		}
 		if (httpd_body_declared_too_big(body, conn))
 			return reply_too_large(s, conn);
+		/* The web console's static files need no key (ui.c). */
+		if (ui_is_path(url))
+			return MHD_YES;
 		/* Customer routes need a key: check it before reading any body,
 		 * so an unauthenticated upload costs neither memory nor time
 		 * (the host routes check the cluster token below). */
@@ -1187,6 +1232,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	}
 	if (body->too_big)
 		return reply_too_large(s, conn);
+	if (ui_is_path(url))
+		return ui_serve(s->ui_dir, conn, method, url);
 	memset(&c, 0, sizeof(c));
 	/* The database is out of reach (PostgreSQL): 503 at once rather than
 	 * a store error from deep inside; store_down reconnects by itself. */
@@ -1303,6 +1350,10 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	}
 	if (hooks)
 		s->hooks = *hooks;
+	if (cfg->ui_dir)
+		s->ui_dir = cfg->ui_dir;
+	else
+		s->ui_dir = ui_default_dir(s->ui_dir_buf, sizeof(s->ui_dir_buf));
 	pthread_mutex_init(&s->hooks_lock, NULL);
 	s->ev = events_new(st);
 	s->lim = quota_limiter_new();

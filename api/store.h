@@ -315,6 +315,12 @@ void store_wake_all(struct store *s);
 
 /* A customer's row {"id","name","created_at","quotas"} or NULL. */
 json_t *store_customer_json(struct store *s, const char *id);
+/* Customers' rows (as store_customer_json) with an id after `after` ("" or
+ * NULL: from the first), by id, at most limit: a JSON array. */
+json_t *store_customer_list(struct store *s, const char *after, unsigned limit);
+/* The customer's keys [{"key_id","created_at","revoked_at"|null}] by
+ * creation (never their hashes): a JSON array, empty when none. */
+json_t *store_key_list(struct store *s, const char *customer);
 
 /* ==== Sessions (docs/api.md, "Sessions") ====
  * A session is a long-lived sandbox on one host. Its row holds what it was

@@ -26,6 +26,7 @@ enum keys_stmt {
 	K_KEY_INSERT, K_KEY_REVOKE, K_KEY_GET,
 	K_HOST_HB, K_HOST_LIST, K_HOST_LOST,
 	K_USAGE_QUEUED, K_USAGE_SESS,
+	K_CUST_LIST, K_KEY_LIST,
 	K_COUNT
 };
 
@@ -45,6 +46,8 @@ static const char *const keys_sql[K_COUNT] = {
 	[K_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
 	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming') THEN 1 ELSE 0 END), 0),"
 			 " coalesce(sum(CASE WHEN state = 'paused' THEN 1 ELSE 0 END), 0) FROM sessions WHERE customer = ?1",
+	[K_CUST_LIST] = "SELECT id, name, created_ms, quotas FROM customers WHERE id > ?1 ORDER BY id LIMIT ?2",
+	[K_KEY_LIST] = "SELECT id, created_ms, revoked_ms FROM keys WHERE customer = ?1 ORDER BY created_ms, id",
 };
 
 _Static_assert(STORE_SLOTS_KEYS + K_COUNT <= STORE_SLOTS_TASKS, "store_keys.c's statements overflow their slots");
@@ -164,6 +167,51 @@ json_t *store_customer_json(struct store *s, const char *id)
 
 	store_row_by_id(s, STORE_SLOTS_KEYS + K_CUST_GET, keys_sql[K_CUST_GET], id, NULL, 0, customer_row_json, &j);
 	return j;
+}
+
+json_t *store_customer_list(struct store *s, const char *after, unsigned limit)
+{
+	json_t *arr = json_array(), *j;
+	struct sdb_stmt *st;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, K_CUST_LIST);
+	if (st) {
+		sdb_bind_text(st, 1, after ? after : "");
+		sdb_bind_int64(st, 2, (int64_t)limit);
+		while (store_step(s, st) == SDB_ROW) {
+			j = NULL;
+			customer_row_json(st, &j);
+			if (j)
+				json_array_append_new(arr, j);
+		}
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return arr;
+}
+
+json_t *store_key_list(struct store *s, const char *customer)
+{
+	json_t *arr = json_array();
+	struct sdb_stmt *st;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, K_KEY_LIST);
+	if (st) {
+		sdb_bind_text(st, 1, customer);
+		while (store_step(s, st) == SDB_ROW) {
+			json_t *k = json_pack("{s:s, s:I}", "key_id", store_col_text(st, 0), "created_at",
+					      (json_int_t)sdb_col_int64(st, 1));
+
+			json_object_set_new(k, "revoked_at",
+					    sdb_col_null(st, 2) ? json_null() : json_integer(sdb_col_int64(st, 2)));
+			json_array_append_new(arr, k);
+		}
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return arr;
 }
 
 int store_customer_usage(struct store *s, const char *customer, struct usage *u)

@@ -25,6 +25,8 @@ pkgs=(
   python3-venv python3-pip python3-setuptools
   # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
   nodejs
+  # the web console's tests (tests/integration/96-web-console.sh drive /ui in it)
+  chromium
   # the local S3 server (scripts/s3-local.sh: Swift + s3api) and an independent
   # S3 client for the tests to read back what kiln wrote
   swift swift-proxy swift-account swift-container swift-object memcached python3-boto3

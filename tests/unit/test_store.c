@@ -271,6 +271,45 @@ static void test_keys(void **state)
 	assert_int_equal(store_key_revoke(s, kid1), 0);
 	assert_int_equal(store_key_revoke(s, "nope"), -ENOENT);
 	assert_int_equal(store_key_check(s, k1, cust, &admin), 0);
+	/* The admin's lists (GET /v1/admin/customers, .../keys): customers by
+	 * id from a cursor; a customer's keys, revoked ones marked, no secret. */
+	customer(s, "beta", NULL);
+	json_t *l = store_customer_list(s, NULL, 10);
+	char *dump;
+	size_t i;
+	json_t *k;
+	int n_revoked = 0;
+
+	assert_int_equal(json_array_size(l), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(l, 0), "id")), "acme");
+	assert_non_null(json_object_get(json_array_get(l, 0), "quotas"));
+	json_decref(l);
+	l = store_customer_list(s, "acme", 10);
+	assert_int_equal(json_array_size(l), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(l, 0), "id")), "beta");
+	json_decref(l);
+	l = store_customer_list(s, NULL, 1);
+	assert_int_equal(json_array_size(l), 1);
+	json_decref(l);
+	l = store_key_list(s, "acme");
+	assert_int_equal(json_array_size(l), 2);
+	json_array_foreach(l, i, k) {
+		assert_null(json_object_get(k, "hash"));
+		if (!strcmp(json_string_value(json_object_get(k, "key_id")), kid1)) {
+			assert_true(json_is_integer(json_object_get(k, "revoked_at")));
+			n_revoked++;
+		} else {
+			assert_true(json_is_null(json_object_get(k, "revoked_at")));
+		}
+	}
+	assert_int_equal(n_revoked, 1);
+	dump = json_dumps(l, 0);
+	assert_null(strstr(dump, secret));
+	free(dump);
+	json_decref(l);
+	l = store_key_list(s, "beta");
+	assert_int_equal(json_array_size(l), 0);
+	json_decref(l);
 	store_close(s);
 	/* Only hashes on disk: the secret is in neither the database nor its WAL. */
 	snprintf(wal, sizeof(wal), "%s-wal", path);

@@ -1,0 +1,721 @@
+// kiln web console: plain JavaScript, no build step, no third-party code.
+//
+// Rules (docs/architecture.md, "Threat model"):
+// - every piece of data from the API (task output, file names, metadata,
+//   ids, error messages) reaches the DOM as text: el() below only ever makes
+//   text nodes from strings, and nothing here uses innerHTML, outerHTML,
+//   insertAdjacentHTML, document.write or eval;
+// - links are made only from http(s) URLs (safeUrl);
+// - the API key lives in sessionStorage (this tab only) and travels only in
+//   the Authorization header of same-origin requests, never in a URL.
+'use strict';
+
+const KEY = 'kiln.key';
+const STATES = ['queued', 'scheduled', 'starting', 'running', 'uploading', 'succeeded', 'failed', 'timed_out',
+	'cancelled', 'error'];
+const FINAL = new Set(['succeeded', 'failed', 'timed_out', 'cancelled', 'error']);
+const $ = (id) => document.getElementById(id);
+
+// ---- DOM helpers: text only ----
+
+function el(tag, attrs, ...kids) {
+	const e = document.createElement(tag);
+	for (const [k, v] of Object.entries(attrs || {})) {
+		if (v === undefined || v === null || v === false)
+			continue;
+		if (k === 'class')
+			e.className = v;
+		else if (k === 'on')
+			for (const [ev, fn] of Object.entries(v))
+				e.addEventListener(ev, fn);
+		else if (k === 'href')
+			e.href = safeUrl(v);
+		else if (/^(id|type|name|value|placeholder|title|for|min|max|step|rows|download|rel|target|role|disabled|selected|required)$/.test(k) || k.startsWith('data-'))
+			e.setAttribute(k, v === true ? '' : String(v));
+		else
+			throw new Error('el: attribute not allowed: ' + k);
+	}
+	append(e, ...kids);
+	return e;
+}
+
+function append(e, ...kids) {
+	for (const k of kids.flat()) {
+		if (k === undefined || k === null || k === false)
+			continue;
+		e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+	}
+	return e;
+}
+
+function clear(e) {
+	while (e.firstChild)
+		e.removeChild(e.firstChild);
+	return e;
+}
+
+function safeUrl(u) {
+	try {
+		const p = new URL(String(u), location.href);
+		if (p.protocol === 'http:' || p.protocol === 'https:')
+			return p.href;
+	} catch (e) { /* not a URL */ }
+	return 'about:blank';
+}
+
+function fmtTime(ms) {
+	return ms ? new Date(ms).toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z') : '';
+}
+
+function fmtMs(ms) {
+	if (ms === null || ms === undefined)
+		return '';
+	return ms < 1000 ? ms + ' ms' : (ms / 1000).toFixed(2) + ' s';
+}
+
+function stateBadge(s) {
+	return el('span', { class: 'state state-' + String(s).replace(/[^a-z_]/g, ''), 'data-state': s }, s);
+}
+
+function status(msg) {
+	$('status').textContent = msg || '';
+}
+
+// ---- the API ----
+
+class ApiError extends Error {
+	constructor(status, code, message) {
+		super(message);
+		this.status = status;
+		this.code = code;
+	}
+}
+
+function key() {
+	return sessionStorage.getItem(KEY) || '';
+}
+
+async function api(method, path, body, opts) {
+	const headers = { Authorization: 'Bearer ' + key() };
+	let payload;
+	if (body !== undefined && !(body instanceof Blob) && typeof body !== 'string') {
+		headers['Content-Type'] = 'application/json';
+		payload = JSON.stringify(body);
+	} else {
+		payload = body;
+	}
+	const r = await fetch(path, { method, headers, body: payload, cache: 'no-store', signal: opts && opts.signal });
+	if (opts && opts.raw && r.ok)
+		return r;
+	const text = await r.text();
+	let j = null;
+	try {
+		j = text ? JSON.parse(text) : null;
+	} catch (e) { /* not JSON */ }
+	if (!r.ok) {
+		const err = (j && j.error) || {};
+		throw new ApiError(r.status, err.code || 'http_' + r.status, err.message || r.statusText || 'request failed');
+	}
+	return j;
+}
+
+// Reads a text/event-stream with fetch (EventSource cannot send the
+// Authorization header). onEvent(name, data) per event; resolves at the end.
+async function eventStream(path, onEvent, signal) {
+	const r = await api('GET', path, undefined, { raw: true, signal });
+	const reader = r.body.getReader();
+	const dec = new TextDecoder();
+	let buf = '';
+	for (;;) {
+		const { value, done } = await reader.read();
+		if (done)
+			break;
+		buf += dec.decode(value, { stream: true });
+		let i;
+		while ((i = buf.search(/\r?\n\r?\n/)) >= 0) {
+			const block = buf.slice(0, i);
+			buf = buf.slice(i).replace(/^\r?\n\r?\n/, '');
+			let name = 'message';
+			const data = [];
+			for (const line of block.split(/\r?\n/)) {
+				if (line.startsWith(':'))
+					continue;
+				const c = line.indexOf(':');
+				const f = c < 0 ? line : line.slice(0, c);
+				const v = c < 0 ? '' : line.slice(c + 1).replace(/^ /, '');
+				if (f === 'event')
+					name = v;
+				else if (f === 'data')
+					data.push(v);
+			}
+			if (!data.length)
+				continue;
+			let d = data.join('\n');
+			try {
+				d = JSON.parse(d);
+			} catch (e) { /* left as text */ }
+			onEvent(name, d);
+		}
+	}
+}
+
+// ---- views ----
+
+const ui = { role: null, customer: null, view: null, timers: [], aborts: [] };
+
+function stopView() {
+	for (const t of ui.timers)
+		clearInterval(t);
+	for (const a of ui.aborts)
+		a.abort();
+	ui.timers = [];
+	ui.aborts = [];
+}
+
+function every(ms, fn) {
+	fn();
+	ui.timers.push(setInterval(fn, ms));
+}
+
+function abortable() {
+	const a = new AbortController();
+	ui.aborts.push(a);
+	return a.signal;
+}
+
+function show(name) {
+	stopView();
+	ui.view = name;
+	for (const b of $('nav').querySelectorAll('button'))
+		b.classList.toggle('active', b.dataset.view === name);
+	const root = clear($('app-view'));
+	status('');
+	const views = ui.role === 'admin' ? adminViews : customerViews;
+	views[name](root).catch(showError);
+}
+
+function showError(e) {
+	if (e && e.name === 'AbortError')
+		return;
+	if (e instanceof ApiError && e.status === 401) {
+		signOut('Your key was refused: ' + e.message);
+		return;
+	}
+	status(e instanceof ApiError ? e.code + ': ' + e.message : String(e && e.message || e));
+}
+
+function errorBox() {
+	return el('p', { class: 'error', role: 'alert' });
+}
+
+async function guarded(box, fn) {
+	box.textContent = '';
+	try {
+		await fn();
+	} catch (e) {
+		if (e instanceof ApiError && e.status === 401)
+			return showError(e);
+		box.textContent = e instanceof ApiError ? e.code + ': ' + e.message : String(e.message || e);
+	}
+}
+
+// ---- customer: tasks ----
+
+const customerViews = {
+	async tasks(root) {
+		const filter = el('select', { id: 'task-filter' }, el('option', { value: '' }, 'all states'),
+			STATES.map((s) => el('option', { value: s }, s)));
+		const body = el('tbody', { id: 'task-rows' });
+		append(root, el('h2', {}, 'Tasks'),
+			el('form', { class: 'row' }, el('label', {}, 'State', filter)),
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'state', 'created', 'template', 'metadata'].map((h) => el('th', {}, h)))), body));
+		const load = async () => {
+			const q = filter.value ? '&state=' + encodeURIComponent(filter.value) : '';
+			const j = await api('GET', '/v1/tasks?limit=50' + q);
+			clear(body);
+			for (const t of j.tasks)
+				body.append(el('tr', { class: 'clickable', 'data-task': t.id, on: { click: () => openTask(t.id) } },
+					el('td', {}, t.id), el('td', {}, stateBadge(t.state)), el('td', {}, fmtTime(t.created_at)),
+					el('td', {}, t.template || ''), el('td', {}, t.metadata ? JSON.stringify(t.metadata) : '')));
+			if (!j.tasks.length)
+				body.append(el('tr', {}, el('td', {}, 'no tasks')));
+		};
+		filter.addEventListener('change', () => load().catch(showError));
+		every(2000, () => load().catch(showError));
+	},
+
+	async task(root) {
+		const id = ui.taskId;
+		const head = el('div', { id: 'task-head' });
+		const stdout = el('pre', { id: 'task-stdout' });
+		const stderr = el('pre', { id: 'task-stderr', class: 'stderr' });
+		const outs = el('div', { id: 'task-outputs' });
+		const cancel = el('button', { type: 'button', id: 'task-cancel' }, 'Cancel');
+		const box = errorBox();
+		cancel.addEventListener('click', () => guarded(box, async () => {
+			await api('POST', '/v1/tasks/' + encodeURIComponent(id) + '/cancel');
+		}));
+		append(root, el('h2', {}, 'Task ', el('span', { id: 'task-id' }, id)), head, cancel, box,
+			el('h3', {}, 'stdout'), stdout, el('h3', {}, 'stderr'), stderr, el('h3', {}, 'Outputs'), outs);
+		const render = (t) => {
+			const tm = t.timings || {};
+			clear(head).append(el('table', {}, el('tbody', {},
+				el('tr', {}, el('th', {}, 'state'), el('td', { id: 'task-state' }, stateBadge(t.state))),
+				el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(t.created_at))),
+				el('tr', {}, el('th', {}, 'host'), el('td', {}, t.host || '')),
+				el('tr', {}, el('th', {}, 'end reason'), el('td', {}, t.end_reason || '')),
+				el('tr', {}, el('th', {}, 'exit code'), el('td', { id: 'task-exit' }, t.result && t.result.exit_code !== undefined ? String(t.result.exit_code) : '')),
+				el('tr', {}, el('th', {}, 'timings'), el('td', { id: 'task-timings' },
+					['queued_ms', 'start_ms', 'run_ms', 'upload_ms', 'total_ms'].map((k) => k.replace('_ms', '') + ' ' + fmtMs(tm[k]) + '  ').join(''))),
+				el('tr', {}, el('th', {}, 'limits'), el('td', {}, JSON.stringify(t.limits || {}))),
+				el('tr', {}, el('th', {}, 'metadata'), el('td', { id: 'task-metadata' }, t.metadata ? JSON.stringify(t.metadata) : '')))));
+			cancel.hidden = FINAL.has(t.state);
+			clear(outs);
+			const links = [];
+			for (const o of t.outputs || [])
+				links.push(el('li', {}, o.url ? el('a', { href: o.url, download: o.path.split('/').pop(), rel: 'noopener noreferrer', 'data-output': o.path }, o.path) : o.path,
+					' (' + o.size + ' bytes)', o.url_error ? ' ' + o.url_error : ''));
+			for (const [n, a] of Object.entries(t.artifacts || {}))
+				if (a && a.url)
+					links.push(el('li', {}, el('a', { href: a.url, download: n, rel: 'noopener noreferrer', 'data-artifact': n }, n)));
+			outs.append(links.length ? el('ul', {}, links) : el('p', { class: 'note' }, FINAL.has(t.state) ? 'no outputs' : 'outputs appear when the task ends'));
+		};
+		const t = await api('GET', '/v1/tasks/' + encodeURIComponent(id));
+		render(t);
+		if (FINAL.has(t.state) && t.result) {
+			// the stream of a finished task may be gone: show the result's excerpt
+			stdout.textContent = (t.result.stdout || '') + (t.result.stdout_tail ? '\n…\n' + t.result.stdout_tail : '');
+			stderr.textContent = (t.result.stderr || '') + (t.result.stderr_tail ? '\n…\n' + t.result.stderr_tail : '');
+			return;
+		}
+		const signal = abortable();
+		let got = false;
+		await eventStream('/v1/tasks/' + encodeURIComponent(id) + '/events', (name, d) => {
+			if (name === 'stdout' || name === 'stderr') {
+				got = true;
+				(name === 'stdout' ? stdout : stderr).append(document.createTextNode(d.data || ''));
+			} else if (name === 'state') {
+				const s = $('task-state');
+				if (s)
+					clear(s).append(stateBadge(d.state));
+			}
+		}, signal);
+		const fin = await api('GET', '/v1/tasks/' + encodeURIComponent(id), undefined, { signal });
+		render(fin);
+		if (!got && fin.result) {
+			stdout.textContent = fin.result.stdout || '';
+			stderr.textContent = fin.result.stderr || '';
+		}
+	},
+
+	async submit(root) {
+		const lang = el('select', { id: 'submit-language' }, ['python', 'bash', 'sh'].map((l) => el('option', { value: l }, l)));
+		const code = el('textarea', { id: 'submit-code', rows: 10, placeholder: "print('hello')" });
+		const timeout = el('input', { id: 'submit-timeout', type: 'number', min: 1, max: 86400, value: 30 });
+		const template = el('input', { id: 'submit-template', placeholder: 'default' });
+		const box = errorBox();
+		const form = el('form', { id: 'submit-form' },
+			el('div', { class: 'row' }, el('label', {}, 'Language', lang), el('label', {}, 'Timeout (s)', timeout),
+				el('label', {}, 'Template', template)),
+			el('label', {}, 'Code', code), el('p', {}, el('button', { type: 'submit', id: 'submit-go' }, 'Run')), box);
+		form.addEventListener('submit', (ev) => {
+			ev.preventDefault();
+			guarded(box, async () => {
+				const spec = { language: lang.value, code: code.value, limits: { timeout_s: Number(timeout.value) || 30 } };
+				if (template.value)
+					spec.template = template.value;
+				const t = await api('POST', '/v1/tasks', spec);
+				openTask(t.id);
+			});
+		});
+		append(root, el('h2', {}, 'Submit a task'), form);
+	},
+
+	async sessions(root) {
+		const body = el('tbody', { id: 'session-rows' });
+		const box = errorBox();
+		const create = el('button', { type: 'button', id: 'session-create' }, 'New session');
+		create.addEventListener('click', () => guarded(box, async () => {
+			const s = await api('POST', '/v1/sessions', {});
+			openSession(s.id);
+		}));
+		append(root, el('h2', {}, 'Sessions'), create, box,
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'state', 'created', 'last active', 'end reason'].map((h) => el('th', {}, h)))), body));
+		every(3000, async () => {
+			try {
+				const j = await api('GET', '/v1/sessions?state=all&limit=50');
+				clear(body);
+				for (const s of j.sessions)
+					body.append(el('tr', { class: 'clickable', 'data-session': s.id, on: { click: () => openSession(s.id) } },
+						el('td', {}, s.id), el('td', {}, stateBadge(s.state)), el('td', {}, fmtTime(s.created_at)),
+						el('td', {}, fmtTime(s.last_active_at)), el('td', {}, s.end_reason || '')));
+			} catch (e) {
+				showError(e);
+			}
+		});
+	},
+
+	async session(root) {
+		const id = ui.sessionId;
+		const p = '/v1/sessions/' + encodeURIComponent(id);
+		const head = el('div', {});
+		const box = errorBox();
+		const btn = (label, fn) => {
+			const b = el('button', { type: 'button', 'data-action': label.toLowerCase() }, label);
+			b.addEventListener('click', () => guarded(box, async () => { await fn(); await refresh(); }));
+			return b;
+		};
+		const cmd = el('textarea', { id: 'exec-code', rows: 4, placeholder: "print('hi')" });
+		const lang = el('select', { id: 'exec-language' }, ['python', 'bash'].map((l) => el('option', { value: l }, l)));
+		const out = el('pre', { id: 'exec-out' });
+		const err = el('pre', { id: 'exec-err', class: 'stderr' });
+		const execForm = el('form', { class: 'row' }, el('label', {}, 'Language', lang), el('label', {}, 'Code', cmd),
+			el('button', { type: 'submit', id: 'exec-go' }, 'Exec'));
+		execForm.addEventListener('submit', (ev) => {
+			ev.preventDefault();
+			guarded(box, async () => {
+				clear(out);
+				clear(err);
+				const r = await api('POST', p + '/exec', { language: lang.value, code: cmd.value });
+				out.textContent = r.stdout || '';
+				err.textContent = (r.stderr || '') + (r.exit_code ? '\nexit code ' + r.exit_code : '');
+				await refresh();
+			});
+		});
+		const dir = el('input', { id: 'files-dir', value: '/work' });
+		const files = el('tbody', { id: 'file-rows' });
+		const filesForm = el('form', { class: 'row' }, el('label', {}, 'Directory', dir), el('button', { type: 'submit', id: 'files-go' }, 'List'));
+		const listFiles = async () => {
+			const j = await api('GET', p + '/files?dir=' + encodeURIComponent(dir.value));
+			clear(files);
+			for (const f of j.entries)
+				files.append(el('tr', {}, el('td', {}, f.name), el('td', {}, f.type), el('td', {}, String(f.size))));
+		};
+		filesForm.addEventListener('submit', (ev) => { ev.preventDefault(); guarded(box, listFiles); });
+		append(root, el('h2', {}, 'Session ', el('span', { id: 'session-id' }, id)), head,
+			el('p', {}, btn('Pause', () => api('POST', p + '/pause')), ' ', btn('Resume', () => api('POST', p + '/resume')), ' ',
+				btn('Destroy', () => api('DELETE', p))), box,
+			el('h3', {}, 'Exec'), execForm, out, err, el('h3', {}, 'Files'), filesForm,
+			el('table', {}, el('thead', {}, el('tr', {}, ['name', 'type', 'size'].map((h) => el('th', {}, h)))), files));
+		const refresh = async () => {
+			const s = await api('GET', p);
+			clear(head).append(el('table', {}, el('tbody', {},
+				el('tr', {}, el('th', {}, 'state'), el('td', { id: 'session-state' }, stateBadge(s.state))),
+				el('tr', {}, el('th', {}, 'host'), el('td', {}, s.host || '')),
+				el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(s.created_at))),
+				el('tr', {}, el('th', {}, 'expires'), el('td', {}, fmtTime(s.expires_at))),
+				el('tr', {}, el('th', {}, 'end reason'), el('td', {}, s.end_reason || '')),
+				el('tr', {}, el('th', {}, 'limits'), el('td', {}, JSON.stringify(s.limits || {}))),
+				el('tr', {}, el('th', {}, 'metadata'), el('td', {}, s.metadata ? JSON.stringify(s.metadata) : '')))));
+		};
+		every(5000, () => refresh().catch(showError));
+	},
+
+	async usage(root) {
+		const cards = el('div', { class: 'grid', id: 'usage-cards' });
+		const chart = el('div', { id: 'usage-chart' });
+		append(root, el('h2', {}, 'Usage against quotas'), cards,
+			el('h3', {}, 'Over time (sampled every 5 s while this page is open)'), chart);
+		const samples = ui.usageSamples || (ui.usageSamples = []);
+		every(5000, async () => {
+			try {
+				const u = await api('GET', '/v1/usage');
+				const q = u.quotas || {};
+				const g = u.usage || {};
+				samples.push({ t: Date.now(), a: g.running || 0, b: g.queued || 0 });
+				if (samples.length > 360)
+					samples.shift();
+				clear(cards).append(
+					card('running', g.running, q.max_running), card('vCPUs', g.vcpus, q.max_vcpus),
+					card('memory MiB', g.memory_mib, q.max_memory_mib), card('queued', g.queued, q.max_queued),
+					card('sessions', g.sessions), card('paused sessions', g.paused_sessions),
+					card('submit tokens', u.submit ? Math.floor(u.submit.tokens) : '', u.submit ? u.submit.burst : undefined));
+				clear(chart).append(lineChart(samples, ['running', 'queued'], q.max_running));
+			} catch (e) {
+				showError(e);
+			}
+		});
+	},
+
+	async templates(root) {
+		const body = el('tbody', { id: 'template-rows' });
+		append(root, el('h2', {}, 'Templates'),
+			el('table', {}, el('thead', {}, el('tr', {}, ['name', 'state', 'public', 'created', 'size'].map((h) => el('th', {}, h)))), body));
+		const j = await api('GET', '/v1/templates');
+		for (const t of j.templates)
+			body.append(el('tr', {}, el('td', {}, t.name), el('td', {}, stateBadge(t.state || '')), el('td', {}, t.public ? 'yes' : ''),
+				el('td', {}, fmtTime(t.created_at)), el('td', {}, t.size_bytes !== undefined ? String(t.size_bytes) : '')));
+	},
+};
+
+function card(label, value, limit) {
+	return el('div', { class: 'card', 'data-card': label }, el('div', { class: 'note' }, label),
+		el('div', { class: 'big' }, String(value === undefined ? '' : value), limit !== undefined ? ' / ' + limit : ''));
+}
+
+// A small line chart in SVG: samples [{t, a, b}], two series.
+function lineChart(samples, names, limit) {
+	const NS = 'http://www.w3.org/2000/svg';
+	const W = 600, H = 160, P = 28;
+	const svg = document.createElementNS(NS, 'svg');
+	svg.setAttribute('class', 'chart');
+	svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
+	svg.setAttribute('width', W);
+	svg.setAttribute('height', H);
+	const max = Math.max(1, limit || 0, ...samples.map((s) => Math.max(s.a, s.b)));
+	const t0 = samples.length ? samples[0].t : 0;
+	const t1 = samples.length ? samples[samples.length - 1].t : 1;
+	const x = (t) => P + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (W - 2 * P);
+	const y = (v) => H - P - (v / max) * (H - 2 * P);
+	const line = (x1, y1, x2, y2) => {
+		const l = document.createElementNS(NS, 'line');
+		for (const [k, v] of Object.entries({ x1, y1, x2, y2 }))
+			l.setAttribute(k, v);
+		l.setAttribute('class', 'axis');
+		return l;
+	};
+	const text = (tx, ty, s) => {
+		const e = document.createElementNS(NS, 'text');
+		e.setAttribute('x', tx);
+		e.setAttribute('y', ty);
+		e.textContent = s;
+		return e;
+	};
+	svg.append(line(P, H - P, W - P, H - P), line(P, P, P, H - P), text(2, y(max) + 4, String(max)), text(2, H - P, '0'));
+	['a', 'b'].forEach((k, i) => {
+		const pl = document.createElementNS(NS, 'polyline');
+		pl.setAttribute('class', 'series' + i);
+		pl.setAttribute('points', samples.map((s) => x(s.t).toFixed(1) + ',' + y(s[k]).toFixed(1)).join(' '));
+		svg.append(pl);
+	});
+	return el('div', {}, svg, el('p', {}, el('span', { class: 'legend0' }, '— ' + names[0]), '  ', el('span', { class: 'legend1' }, '— ' + names[1])));
+}
+
+function openTask(id) {
+	ui.taskId = id;
+	show('task');
+}
+
+function openSession(id) {
+	ui.sessionId = id;
+	show('session');
+}
+
+// ---- operators ----
+
+const adminViews = {
+	async hosts(root) {
+		const body = el('tbody', { id: 'host-rows' });
+		append(root, el('h2', {}, 'Hosts'),
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'state', 'url', 'vCPUs used/total', 'memory MiB used/total', 'pool ready/target', 'running tasks', 'last heartbeat'].map((h) => el('th', {}, h)))), body));
+		every(3000, async () => {
+			try {
+				const j = await api('GET', '/v1/admin/hosts');
+				clear(body);
+				for (const h of j.hosts) {
+					const c = h.capacity || {};
+					const v = c.vcpus || {}, m = c.memory_mib || {}, p = c.pool || {};
+					body.append(el('tr', { 'data-host': h.id }, el('td', {}, h.id), el('td', {}, stateBadge(h.state)), el('td', {}, h.url),
+						el('td', {}, `${v.used ?? ''}/${v.total ?? ''}`), el('td', {}, `${m.used ?? ''}/${m.total ?? ''}`),
+						el('td', {}, `${p.ready ?? ''}/${p.target ?? ''}`), el('td', {}, String(c.running_tasks ?? '')),
+						el('td', {}, fmtTime(h.last_heartbeat_ms))));
+				}
+			} catch (e) {
+				showError(e);
+			}
+		});
+	},
+
+	async cluster(root) {
+		const cards = el('div', { class: 'grid', id: 'cluster-cards' });
+		const chart = el('div', { id: 'cluster-chart' });
+		append(root, el('h2', {}, 'Cluster'),
+			el('p', { class: 'note' }, 'Summed over live hosts from their heartbeats: the figures each kiln-host exports at /metrics (kiln_host_vcpus_used, kiln_host_memory_used_mib, kiln_host_pool_ready, kiln_host_tasks).'),
+			cards, el('h3', {}, 'vCPUs used and running tasks (sampled every 5 s while this page is open)'), chart);
+		const samples = ui.clusterSamples || (ui.clusterSamples = []);
+		every(5000, async () => {
+			try {
+				const j = await api('GET', '/v1/admin/hosts');
+				const sum = { live: 0, lost: 0, vt: 0, vu: 0, mt: 0, mu: 0, pr: 0, rt: 0, up: 0 };
+				for (const h of j.hosts) {
+					if (h.state !== 'live') {
+						sum.lost++;
+						continue;
+					}
+					const c = h.capacity || {};
+					sum.live++;
+					sum.vt += (c.vcpus || {}).total || 0;
+					sum.vu += (c.vcpus || {}).used || 0;
+					sum.mt += (c.memory_mib || {}).total || 0;
+					sum.mu += (c.memory_mib || {}).used || 0;
+					sum.pr += (c.pool || {}).ready || 0;
+					sum.rt += c.running_tasks || 0;
+					sum.up += c.uploading_tasks || 0;
+				}
+				samples.push({ t: Date.now(), a: sum.vu, b: sum.rt });
+				if (samples.length > 360)
+					samples.shift();
+				clear(cards).append(card('live hosts', sum.live), card('lost hosts', sum.lost), card('vCPUs used', sum.vu, sum.vt),
+					card('memory MiB used', sum.mu, sum.mt), card('warm VMs ready', sum.pr), card('running tasks', sum.rt),
+					card('uploading tasks', sum.up));
+				clear(chart).append(lineChart(samples, ['vCPUs used', 'running tasks'], sum.vt));
+			} catch (e) {
+				showError(e);
+			}
+		});
+	},
+
+	async customers(root) {
+		const id = el('input', { id: 'cust-id', placeholder: 'customer id', required: true });
+		const box = errorBox();
+		const info = el('div', { id: 'cust-info' });
+		const keyOut = el('div', { id: 'cust-key' });
+		const revokeId = el('input', { id: 'revoke-id', placeholder: 'key id' });
+		const revokeOut = el('p', { id: 'revoke-result' });
+		const list = el('tbody', { id: 'cust-rows' });
+		const keys = el('tbody', { id: 'key-rows' });
+		const loadList = async () => {
+			const j = await api('GET', '/v1/admin/customers?limit=1000');
+			clear(list);
+			for (const c of j.customers) {
+				const q = c.quotas || {};
+				list.append(el('tr', { class: 'clickable', 'data-customer': c.id, on: { click: () => { id.value = c.id; guarded(box, show1); } } },
+					el('td', {}, c.id), el('td', {}, c.name || ''), el('td', {}, fmtTime(c.created_at)),
+					el('td', {}, `running ${q.max_running ?? ''}, vCPUs ${q.max_vcpus ?? ''}, memory ${q.max_memory_mib ?? ''} MiB, queued ${q.max_queued ?? ''}, rate ${q.submit_rate ?? ''}/s`)));
+			}
+		};
+		const loadKeys = async (cid) => {
+			const j = await api('GET', '/v1/admin/customers/' + encodeURIComponent(cid) + '/keys');
+			clear(keys);
+			for (const k of j.keys) {
+				const b = el('button', { type: 'button', 'data-revoke': k.key_id }, 'Revoke');
+				b.disabled = !!k.revoked_at;
+				b.addEventListener('click', () => guarded(box, async () => {
+					const r = await api('DELETE', '/v1/admin/keys/' + encodeURIComponent(k.key_id));
+					revokeOut.textContent = 'key ' + r.key_id + (r.revoked ? ' revoked' : ' not revoked');
+					await loadKeys(cid);
+				}));
+				keys.append(el('tr', { 'data-key': k.key_id }, el('td', {}, k.key_id), el('td', {}, fmtTime(k.created_at)),
+					el('td', { 'data-revoked': k.revoked_at ? 'yes' : 'no' }, k.revoked_at ? 'revoked ' + fmtTime(k.revoked_at) : 'active'), el('td', {}, b)));
+			}
+		};
+		const show1 = async () => {
+			const c = await api('GET', '/v1/admin/customers/' + encodeURIComponent(id.value));
+			await loadKeys(c.id);
+			const rows = (o) => Object.entries(o || {}).map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, typeof v === 'object' ? JSON.stringify(v) : String(v))));
+			clear(info).append(el('h3', {}, 'Customer ', c.id), el('p', {}, c.name || ''),
+				el('table', {}, el('tbody', {}, el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(c.created_at))))),
+				el('h3', {}, 'Usage'), el('table', { id: 'cust-usage' }, el('tbody', {}, rows(c.usage && c.usage.usage ? c.usage.usage : c.usage))),
+				el('h3', {}, 'Quotas'), el('table', { id: 'cust-quotas' }, el('tbody', {}, rows(c.quotas))));
+		};
+		const lookup = el('form', { class: 'row', id: 'cust-form' }, el('label', {}, 'Customer', id),
+			el('button', { type: 'submit', id: 'cust-show' }, 'Show'),
+			el('button', { type: 'button', id: 'cust-create' }, 'Create'),
+			el('button', { type: 'button', id: 'key-create' }, 'New key'));
+		lookup.addEventListener('submit', (ev) => { ev.preventDefault(); guarded(box, show1); });
+		lookup.querySelector('#cust-create').addEventListener('click', () => guarded(box, async () => {
+			await api('POST', '/v1/admin/customers', { id: id.value });
+			await show1();
+			await loadList();
+		}));
+		lookup.querySelector('#key-create').addEventListener('click', () => guarded(box, async () => {
+			const k = await api('POST', '/v1/admin/customers/' + encodeURIComponent(id.value) + '/keys');
+			clear(keyOut).append(el('p', {}, 'New key for ', k.customer, ' (id ', el('span', { id: 'new-key-id' }, k.key_id),
+				'), shown this once: ', el('span', { class: 'secret', id: 'new-key' }, k.key)));
+			await loadKeys(k.customer);
+		}));
+		const revoke = el('form', { class: 'row', id: 'revoke-form' }, el('label', {}, 'Revoke key', revokeId),
+			el('button', { type: 'submit', id: 'revoke' }, 'Revoke'));
+		revoke.addEventListener('submit', (ev) => {
+			ev.preventDefault();
+			guarded(box, async () => {
+				const r = await api('DELETE', '/v1/admin/keys/' + encodeURIComponent(revokeId.value));
+				revokeOut.textContent = 'key ' + r.key_id + (r.revoked ? ' revoked' : ' not revoked');
+				if (info.firstChild)
+					await show1();
+			});
+		});
+		append(root, el('h2', {}, 'Customers'),
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'name', 'created', 'quotas'].map((h) => el('th', {}, h)))), list),
+			lookup, box, keyOut, info,
+			el('h3', {}, 'Keys'), el('table', {}, el('thead', {}, el('tr', {}, ['key id', 'created', 'state', ''].map((h) => el('th', {}, h)))), keys),
+			revoke, revokeOut);
+		await loadList();
+	},
+
+	async tasks(root) {
+		return customerViews.tasks(root);
+	},
+
+	async task(root) {
+		return customerViews.task(root);
+	},
+};
+
+// ---- sign in ----
+
+function setNav(names) {
+	const nav = clear($('nav'));
+	for (const n of names)
+		nav.append(el('button', { type: 'button', 'data-view': n, on: { click: () => show(n) } }, n[0].toUpperCase() + n.slice(1)));
+	nav.hidden = false;
+}
+
+async function enter() {
+	// A customer key reads /v1/usage; an admin key is refused there (403)
+	// and reads /v1/admin/hosts instead.
+	try {
+		const u = await api('GET', '/v1/usage');
+		ui.role = 'customer';
+		ui.customer = u.customer;
+	} catch (e) {
+		if (!(e instanceof ApiError) || e.status !== 403)
+			throw e;
+		await api('GET', '/v1/admin/hosts');
+		ui.role = 'admin';
+	}
+	$('signin-view').hidden = true;
+	$('app-view').hidden = false;
+	$('signout').hidden = false;
+	$('who').textContent = ui.role === 'admin' ? 'operator (admin key)' : 'customer ' + ui.customer;
+	setNav(ui.role === 'admin' ? ['hosts', 'cluster', 'customers', 'tasks'] : ['tasks', 'submit', 'sessions', 'usage', 'templates']);
+	show(ui.role === 'admin' ? 'hosts' : 'tasks');
+}
+
+function signOut(msg) {
+	stopView();
+	sessionStorage.removeItem(KEY);
+	ui.role = null;
+	ui.usageSamples = ui.clusterSamples = null;
+	$('signin-view').hidden = false;
+	$('app-view').hidden = true;
+	clear($('app-view'));
+	$('nav').hidden = true;
+	$('signout').hidden = true;
+	$('who').textContent = '';
+	$('signin-error').textContent = msg || '';
+	status('');
+}
+
+async function signIn(k) {
+	sessionStorage.setItem(KEY, k);
+	try {
+		await enter();
+	} catch (e) {
+		const why = e instanceof ApiError && e.status === 401 ? 'Sign-in failed: unknown or revoked API key.'
+			: 'Sign-in failed: ' + (e instanceof ApiError ? e.code + ': ' + e.message : String(e.message || e));
+		signOut(why);
+	}
+}
+
+document.addEventListener('DOMContentLoaded', () => {
+	$('signin-form').addEventListener('submit', (ev) => {
+		ev.preventDefault();
+		const k = $('key').value.trim();
+		$('key').value = '';
+		signIn(k);
+	});
+	$('signout').addEventListener('click', () => signOut(''));
+	if (key())
+		signIn(key());
+});
