@@ -84,8 +84,11 @@ static struct store *open_ok(void)
 	struct kiln_err err = { .code = "" };
 	struct store *s;
 
-	if (pg && !pg_up)
+	if (pg && !pg_up) {
+		print_message("skipped: the PostgreSQL pass needs initdb and postgres (scripts/deps.sh: postgresql), "
+			      "which did not start (see above)\n");
 		skip();
+	}
 	s = store_open(path, &err);
 	if (!s)
 		fail_msg("store_open(%s): %s", path, err.message);
@@ -1035,8 +1038,7 @@ static void test_replicas(void **state)
 	uint64_t g;
 	int64_t deadline;
 
-	if (!pg)
-		skip(); /* one process's SQLite has no replicas */
+	assert_true(pg); /* registered for the PostgreSQL pass only */
 	a = open_ok();
 	b = open_ok();
 	store_set_remote_hook(b, on_remote, &seen);
@@ -1162,7 +1164,8 @@ int main(void)
 		BOTH(test_cas_helper),
 		BOTH(test_task_and_session_cas),
 		BOTH(test_session_quota_resume_discard),
-		BOTH(test_replicas),
+		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
+		cmocka_unit_test_setup(test_replicas, setup_pg),
 	};
 	int r;
 	char cmd[300];
