@@ -132,8 +132,7 @@ static void relay_free(void *cls)
 		quota_limiter_stream_close(rl->lim, rl->customer);
 	if (rl->hs)
 		rl->ss->host->stream_close(rl->ss->host->ctx, rl->hs);
-	store_session_touch(rl->ss->st, rl->id);
-	sessions_op_leave(rl->ss, rl->id);
+	sessions_op_leave_touch(rl->ss, rl->id);
 	sessions_release(rl->ss);
 	free(rl);
 }
@@ -313,8 +312,7 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	snprintf(rl->id, sizeof(rl->id), "%s", cur.id);
 	rl->quiet_since = kclock_mono_ms(ss->clock);
 	sessions_hold(ss); /* the answer outlives the request's handler */
-	sessions_op_enter(ss, cur.id);
-	store_session_touch(ss->st, cur.id);
+	sessions_op_enter_touch(ss, cur.id);
 	rl->hs = ss->host->stream_open_raw(ss->host->ctx, url, ss->token, r->method, path.p, hdrs,
 					   get ? NULL : (r->body ? r->body : ""), get ? 0 : r->len, ctype, &err);
 	buf_free(&path);

@@ -29,6 +29,12 @@ enum {
 
 enum sdb_kind { SDB_SQLITE, SDB_PG };
 
+/* The database's own wall clock in ms since the epoch, as an SQL
+ * expression: SQLite's (this machine's) as written, PostgreSQL's server
+ * clock (clock_timestamp()) once sdb_pg rewrites it, so that times several
+ * replicas compare (session leases) come from one clock. */
+#define SDB_NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+
 struct sdb;
 struct sdb_stmt;
 

@@ -56,6 +56,7 @@ struct sdb_pg_stmt {
 /* SQLite-isms of the store's SQL and their PostgreSQL, in this order. */
 static const char *const rewrites[][2] = {
 	{ "BEGIN IMMEDIATE", "BEGIN" },
+	{ SDB_NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::bigint" }, /* before INTEGER */
 	{ "INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY" },
 	{ "INTEGER", "BIGINT" }, /* SQLite's are 64-bit; only the schema names the type */
 	{ "BLOB", "BYTEA" },

@@ -1,7 +1,8 @@
 /* session_core: struct sessions (start, stop, the requests held), the
- * sessions with a request in flight in this process, and the two actions
- * both the endpoints (sessions.c) and the reaper (session_reap.c) take:
- * pausing and destroying a session (see sessions.h, sessions_internal.h).
+ * sessions with a request in flight and their leases in the store, and the
+ * two actions both the endpoints (sessions.c) and the reaper
+ * (session_reap.c) take: pausing and destroying a session (see sessions.h,
+ * sessions_internal.h).
  *
  * State lives in the store; every change is a compare-and-set, so that an
  * HTTP request and the reaper racing on one session cannot both win: the
@@ -10,12 +11,17 @@
  * (starting, running, pausing, resuming) counts against the customer's
  * running quota, checked in the same transaction that takes the state.
  *
- * In memory only: which sessions have a request in flight in this process
- * (ss->inflight). The reaper leaves those alone: an exec that runs is
- * activity, and a transient state with a request behind it is not a
- * leftover. After a restart nothing is in flight, so a transient state in
- * the store is what a killed kiln-api left, and the reaper settles it by
- * asking the host. */
+ * Requests in flight: counted per session in this process (ss->inflight)
+ * and, so that every replica sees them, held as a lease in the store: a
+ * row (session, this process's owner id, count, expiry on the database's
+ * clock) written when the count changes (with the request's touch, in one
+ * transaction: no extra commit on the exec path) and renewed every
+ * LEASE_RENEW_MS by a thread of its own while held. Every replica's reaper
+ * leaves a leased session alone: an exec that runs is activity, and a
+ * transient state with a request behind it is not a leftover. A killed
+ * kiln-api's leases lapse LEASE_TTL_MS after their last renewal; a
+ * restarted one has a new owner id. Then a transient state in the store is
+ * what it left, and a reaper settles it by asking the host. */
 #include "sessions_internal.h"
 #include "condwait.h"
 
@@ -25,13 +31,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-/* ---- requests in flight ---- */
+/* ---- requests in flight: counted here, leased in the store ---- */
 
 /* id's entry in the in-flight list, made (count 0) if it has none; NULL
  * when out of memory. ss->lock held. */
@@ -50,59 +57,105 @@ static struct op *op_get_locked(struct sessions *ss, const char *id)
 	return o;
 }
 
-void sessions_op_enter(struct sessions *ss, const char *id)
+/* Write this process's lease on id as its count n now says (0: drop it),
+ * and the touch with it. A failed write (PostgreSQL away) is left to the
+ * renewer, which then rewrites every lease of this process. ss->lease_lock
+ * held: this process's lease writes reach the store in the order of the
+ * counts they carry. */
+static void lease_write(struct sessions *ss, const char *id, unsigned n, int touch)
 {
-	struct op *o;
+	int r = n ? store_session_lease_set(ss->st, id, ss->owner, n, ss->lease_ttl_ms, touch)
+		  : store_session_lease_drop(ss->st, id, ss->owner, touch);
 
-	pthread_mutex_lock(&ss->lock);
-	o = op_get_locked(ss, id);
-	if (o)
-		o->n++;
-	pthread_mutex_unlock(&ss->lock);
+	if (r < 0) {
+		pthread_mutex_lock(&ss->lock);
+		ss->lease_resync = 1;
+		pthread_mutex_unlock(&ss->lock);
+	}
 }
 
-void sessions_op_leave(struct sessions *ss, const char *id)
+/* One more request on id (ending: the reaper's end of it, refused with 0
+ * when one is under way): 1 entered. */
+static int op_enter(struct sessions *ss, const char *id, int touch, int ending)
 {
+	struct op *o;
+	unsigned n = 0;
+	int r = 1;
+
+	pthread_mutex_lock(&ss->lease_lock);
+	pthread_mutex_lock(&ss->lock);
+	o = op_get_locked(ss, id);
+	if (o && ending && o->ending)
+		r = 0;
+	else if (o) {
+		n = ++o->n;
+		o->ending |= ending;
+	}
+	pthread_mutex_unlock(&ss->lock);
+	if (n)
+		lease_write(ss, id, n, touch);
+	else if (r && touch)
+		store_session_touch(ss->st, id); /* out of memory: no lease, the touch still */
+	pthread_mutex_unlock(&ss->lease_lock);
+	return r;
+}
+
+static void op_leave(struct sessions *ss, const char *id, int touch, int ending)
+{
+	unsigned n = 0;
+	int found = 0;
+
+	pthread_mutex_lock(&ss->lease_lock);
 	pthread_mutex_lock(&ss->lock);
 	for (struct op **p = &ss->inflight; *p; p = &(*p)->next)
 		if (!strcmp((*p)->id, id)) {
 			struct op *o = *p;
 
-			if (--o->n == 0) {
+			found = 1;
+			if (ending)
+				o->ending = 0;
+			if ((n = --o->n) == 0) {
 				*p = o->next;
 				free(o);
 			}
 			break;
 		}
 	pthread_mutex_unlock(&ss->lock);
+	if (found)
+		lease_write(ss, id, n, touch);
+	else if (touch)
+		store_session_touch(ss->st, id);
+	pthread_mutex_unlock(&ss->lease_lock);
 }
 
-/* ops_enter for the reaper's end of a session: 0 (and nothing entered) when
- * one is already under way. */
+void sessions_op_enter(struct sessions *ss, const char *id)
+{
+	op_enter(ss, id, 0, 0);
+}
+
+void sessions_op_leave(struct sessions *ss, const char *id)
+{
+	op_leave(ss, id, 0, 0);
+}
+
+void sessions_op_enter_touch(struct sessions *ss, const char *id)
+{
+	op_enter(ss, id, 1, 0);
+}
+
+void sessions_op_leave_touch(struct sessions *ss, const char *id)
+{
+	op_leave(ss, id, 1, 0);
+}
+
 int sessions_op_enter_ending(struct sessions *ss, const char *id)
 {
-	struct op *o;
-	int r = 0;
-
-	pthread_mutex_lock(&ss->lock);
-	o = op_get_locked(ss, id);
-	if (o && !o->ending) {
-		o->n++;
-		o->ending = 1;
-		r = 1;
-	}
-	pthread_mutex_unlock(&ss->lock);
-	return r;
+	return op_enter(ss, id, 0, 1);
 }
 
 void sessions_op_leave_ending(struct sessions *ss, const char *id)
 {
-	pthread_mutex_lock(&ss->lock);
-	for (struct op *o = ss->inflight; o; o = o->next)
-		if (!strcmp(o->id, id))
-			o->ending = 0;
-	pthread_mutex_unlock(&ss->lock);
-	sessions_op_leave(ss, id);
+	op_leave(ss, id, 0, 1);
 }
 
 int sessions_op_busy(struct sessions *ss, const char *id)
@@ -114,6 +167,99 @@ int sessions_op_busy(struct sessions *ss, const char *id)
 		busy = !strcmp(o->id, id);
 	pthread_mutex_unlock(&ss->lock);
 	return busy;
+}
+
+int sessions_op_create(struct sessions *ss, struct store_session_new *n, char id[40], struct kiln_err *err)
+{
+	struct op *o;
+	int r;
+
+	pthread_mutex_lock(&ss->lease_lock);
+	n->lease_owner = ss->owner;
+	n->lease_ttl_ms = ss->lease_ttl_ms;
+	r = store_session_create(ss->st, n, id, err);
+	if (r == 0) {
+		pthread_mutex_lock(&ss->lock);
+		o = op_get_locked(ss, id);
+		if (o)
+			o->n++;
+		else
+			ss->lease_resync = 1; /* the row stays: the renewer removes it */
+		pthread_mutex_unlock(&ss->lock);
+	}
+	pthread_mutex_unlock(&ss->lease_lock);
+	return r;
+}
+
+void sessions_leases_renew(struct sessions *ss)
+{
+	const char **ids = NULL;
+	unsigned *counts = NULL;
+	int k = 0, resync, r;
+
+	pthread_mutex_lock(&ss->lease_lock);
+	pthread_mutex_lock(&ss->lock);
+	for (struct op *o = ss->inflight; o; o = o->next)
+		k++;
+	resync = ss->lease_resync;
+	pthread_mutex_unlock(&ss->lock);
+	if (!k && !resync)
+		goto out; /* nothing held: no write at all (an idle SQLite stays idle) */
+	/* Every row of this process renewed: as many as it holds, unless a
+	 * write failed or another replica's clean-up took one that lapsed
+	 * (PostgreSQL away longer than the lease): then all are rewritten. */
+	if (!resync && store_session_leases_renew(ss->st, ss->owner, ss->lease_ttl_ms) == k)
+		goto out;
+	ids = calloc((size_t)k + 1, sizeof(*ids));
+	counts = calloc((size_t)k + 1, sizeof(*counts));
+	if (ids && counts) {
+		int i = 0;
+
+		/* The list cannot change meanwhile: every change takes lease_lock. */
+		pthread_mutex_lock(&ss->lock);
+		for (struct op *o = ss->inflight; o && i < k; o = o->next, i++) {
+			ids[i] = o->id;
+			counts[i] = o->n;
+		}
+		pthread_mutex_unlock(&ss->lock);
+		r = store_session_leases_replace(ss->st, ss->owner, ids, counts, i, ss->lease_ttl_ms);
+	} else {
+		r = -1;
+	}
+	pthread_mutex_lock(&ss->lock);
+	ss->lease_resync = r < 0;
+	pthread_mutex_unlock(&ss->lock);
+out:
+	pthread_mutex_unlock(&ss->lease_lock);
+	free(ids);
+	free(counts);
+}
+
+/* The renewer thread (sessions_start): this process's leases renewed every
+ * LEASE_RENEW_MS, on a thread of its own because the reaper's host calls
+ * can take longer than a lease lives; now and then a killed replica's
+ * lapsed rows removed. */
+static void *renewer_main(void *arg)
+{
+	struct sessions *ss = arg;
+	int64_t last_gc = 0;
+
+	pthread_mutex_lock(&ss->lock);
+	while (!ss->stopping) {
+		int64_t deadline = kclock_mono_ms(ss->clock) + LEASE_RENEW_MS;
+
+		pthread_mutex_unlock(&ss->lock);
+		sessions_leases_renew(ss);
+		if (kclock_mono_ms(ss->clock) - last_gc >= LEASE_GC_EVERY_MS) {
+			last_gc = kclock_mono_ms(ss->clock);
+			store_session_leases_gc(ss->st, LEASE_GC_AFTER_MS);
+		}
+		pthread_mutex_lock(&ss->lock);
+		while (!ss->stopping && condwait_until(&ss->cond, &ss->lock, ss->clock, deadline) != ETIMEDOUT)
+			;
+	}
+	pthread_mutex_unlock(&ss->lock);
+	return NULL;
 }
 
 void sessions_hold(struct sessions *ss)
@@ -327,6 +473,25 @@ void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65])
 
 /* ---- start and stop ---- */
 
+/* This process's lease owner id: its host's name, its pid and 32 random
+ * bits, unique to the process (a restarted kiln-api has a new one, and
+ * never renews what its killed predecessor held) and telling an operator
+ * reading session_leases where a lease comes from. */
+static void lease_owner_id(char *out, size_t cap)
+{
+	char host[48] = "";
+	unsigned char r[4] = { 0 };
+
+	gethostname(host, sizeof(host) - 1);
+	if (RAND_bytes(r, sizeof(r)) != 1) {
+		int64_t t = clock_mono_ms();
+
+		memcpy(r, &t, sizeof(r));
+	}
+	snprintf(out, cap, "%s/%ld/%02x%02x%02x%02x", host[0] ? host : "kiln-api", (long)getpid(), r[0], r[1], r[2],
+		 r[3]);
+}
+
 struct sessions *sessions_create(const struct api_config *cfg, struct store *st, struct sched *sched,
 				 const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
 {
@@ -350,12 +515,15 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 		kiln_err_set(err, KERR_INTERNAL, "no randomness");
 		return NULL;
 	}
+	lease_owner_id(ss->owner, sizeof(ss->owner));
+	ss->lease_ttl_ms = LEASE_TTL_MS;
 	ss->cfg = cfg;
 	ss->st = st;
 	ss->sched = sched;
 	ss->host = host ? host : &host_ops_hostclient;
 	ss->clock = clock;
 	pthread_mutex_init(&ss->lock, NULL);
+	pthread_mutex_init(&ss->lease_lock, NULL);
 	condwait_init(&ss->cond);
 	return ss;
 }
@@ -369,6 +537,7 @@ struct sessions *sessions_start(const struct api_config *cfg, struct store *st, 
 		return NULL;
 	if (pthread_create(&ss->reaper, NULL, sessions_reaper_main, ss) != 0) {
 		pthread_mutex_destroy(&ss->lock);
+		pthread_mutex_destroy(&ss->lease_lock);
 		pthread_cond_destroy(&ss->cond);
 		free(ss->token);
 		free(ss);
@@ -376,6 +545,12 @@ struct sessions *sessions_start(const struct api_config *cfg, struct store *st, 
 		return NULL;
 	}
 	ss->reaping = 1;
+	if (pthread_create(&ss->renewer, NULL, renewer_main, ss) != 0) {
+		sessions_stop(ss);
+		kiln_err_set(err, KERR_INTERNAL, "cannot start the session lease renewer");
+		return NULL;
+	}
+	ss->renewing = 1;
 	return ss;
 }
 
@@ -391,6 +566,8 @@ int sessions_stop(struct sessions *ss)
 	pthread_mutex_unlock(&ss->lock);
 	if (ss->reaping)
 		pthread_join(ss->reaper, NULL);
+	if (ss->renewing)
+		pthread_join(ss->renewer, NULL);
 	/* Ends in progress finish their host call, or the process exit cuts them. */
 	deadline = clock_mono_ms() + 2000;
 	pthread_mutex_lock(&ss->lock);
@@ -407,14 +584,20 @@ int sessions_stop(struct sessions *ss)
 	}
 	if (ss->enders || ss->users) {
 		pthread_mutex_unlock(&ss->lock);
+		/* The process exits with them: what they lease goes now rather
+		 * than when it lapses. */
+		store_session_leases_replace(ss->st, ss->owner, NULL, NULL, 0, 0);
 		return -1; /* an ender or a request (a long exec) still holds ss */
 	}
 	pthread_mutex_unlock(&ss->lock);
+	if (ss->inflight || ss->lease_resync)
+		store_session_leases_replace(ss->st, ss->owner, NULL, NULL, 0, 0);
 	for (struct op *o = ss->inflight, *nx; o; o = nx) {
 		nx = o->next;
 		free(o);
 	}
 	pthread_mutex_destroy(&ss->lock);
+	pthread_mutex_destroy(&ss->lease_lock);
 	pthread_cond_destroy(&ss->cond);
 	free(ss->token);
 	free(ss);

@@ -1,6 +1,7 @@
 /* session_reap: the session reaper (see sessions.h). Every REAP_TICK_MS
  * it reads the sessions that hold a VM and decides, for each, from its
- * record, its host's state and the clock alone (sessions_reap_decide, a
+ * record (with whether any replica holds a lease on it: a request in
+ * flight), its host's state and the clock alone (sessions_reap_decide, a
  * pure function the unit tests drive): keep it, settle what a killed
  * kiln-api left half-done, mark it host_lost, or end it (idle timeout, max
  * lifetime: paused when the session's auto_pause (E2B's autoPause) or else
@@ -162,8 +163,9 @@ static void settle_leftover(struct sessions *ss, const struct store_session *cur
 	if (st == 200) {
 		/* It runs there: a create or resume that completed, or a pause that did not. */
 		store_session_transition(ss->st, cur->id, cur->state, SESSION_RUNNING, NULL, "", NULL);
-		fprintf(stderr, "kiln-api: session %s was %s when kiln-api stopped; it runs on %s\n", cur->id,
-			session_state_name(cur->state), cur->host_id);
+		fprintf(stderr,
+			"kiln-api: session %s was %s with no request behind it (its kiln-api stopped); it runs on %s\n",
+			cur->id, session_state_name(cur->state), cur->host_id);
 		return;
 	}
 	switch (cur->state) {
@@ -179,7 +181,9 @@ static void settle_leftover(struct sessions *ss, const struct store_session *cur
 	default:
 		return;
 	}
-	fprintf(stderr, "kiln-api: session %s was %s when kiln-api stopped; its host has no such session now\n",
+	fprintf(stderr,
+		"kiln-api: session %s was %s with no request behind it (its kiln-api stopped); its host has no such "
+		"session now\n",
 		cur->id, session_state_name(cur->state));
 }
 
@@ -209,7 +213,9 @@ static void reconcile_host(struct sessions *ss, const char *host, const char *ur
 		if (!id || strlen(id) >= sizeof(cur.id) || sessions_op_busy(ss, id))
 			continue;
 		known = store_session_get(ss->st, id, NULL, &cur) == 0;
-		if (!sessions_reap_stale(known, &cur, host, &keep))
+		/* A request in flight on any replica (a create the store has not
+		 * recorded as running yet, a resume landing there) is no stale copy. */
+		if ((known && cur.leased) || !sessions_reap_stale(known, &cur, host, &keep))
 			continue;
 		if (keep)
 			snprintf(path, sizeof(path), "/v1/sessions/%s?keep_snapshot=1", id);
@@ -229,7 +235,8 @@ static void reconcile_host(struct sessions *ss, const char *host, const char *ur
 			found |= !strcmp(json_string_value(json_object_get(s, "id")) ?: "", held[k].id);
 		/* Still the same run on this host (not paused and resumed meanwhile)? */
 		if (!found && !sessions_op_busy(ss, held[k].id) && store_session_get(ss->st, held[k].id, NULL, &now) == 0 &&
-		    now.state == SESSION_RUNNING && !strcmp(now.host_id, host) && now.started_ms == held[k].started_ms)
+		    !now.leased && now.state == SESSION_RUNNING && !strcmp(now.host_id, host) &&
+		    now.started_ms == held[k].started_ms)
 			sessions_vm_lost(ss, held[k].id, SESSION_RUNNING);
 	}
 	json_decref(reply);
@@ -248,7 +255,9 @@ void sessions_reap_once(struct sessions *ss, int reconcile)
 		struct store_session *c = &held[i];
 		int hs = c->host_id[0] ? sched_host_state(ss->sched, c->host_id, NULL) : -1;
 
-		switch (sessions_reap_decide(c, hs, sessions_op_busy(ss, c->id), now)) {
+		/* Busy: a request in flight on any replica (its lease), or here
+		 * (a lease write that failed is retried by the renewer). */
+		switch (sessions_reap_decide(c, hs, c->leased || sessions_op_busy(ss, c->id), now)) {
 		case REAP_KEEP:
 			break;
 		case REAP_SETTLE:

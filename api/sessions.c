@@ -270,7 +270,9 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 			.vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .idle_timeout_s = sr->idle_timeout_s,
 			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress, .tuse = tu.tref ? &tu.use : NULL,
 		};
-		int cr = store_session_create(ss->st, &n, id, &err);
+		/* With this process's lease (a request in flight) from the start:
+		 * no replica's reaper takes it in starting for a leftover. */
+		int cr = sessions_op_create(ss, &n, id, &err);
 
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
@@ -290,13 +292,13 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		OPENSSL_cleanse(tok, sizeof(tok));
 		if (store_session_set_e2b(ss->st, id, sha, e2b->template, e2b->env_json, e2b->auto_pause) != 1) {
 			store_session_discard(ss->st, id);
+			sessions_op_leave(ss, id);
 			sched_unplace(ss->sched, host, &need);
 			template_use_free(&tu);
 			*ret = answer(r, 0, KERR_INTERNAL, "cannot store the sandbox", NULL, NULL);
 			return 0;
 		}
 	}
-	sessions_op_enter(ss, id);
 	{
 		json_t *spec = json_loads(sr->spec_json, 0, NULL);
 		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
@@ -508,8 +510,7 @@ static void relay_free(void *cls)
 		quota_limiter_stream_close(sr->lim, sr->customer);
 	if (sr->hs)
 		sr->ss->host->stream_close(sr->ss->host->ctx, sr->hs);
-	store_session_touch(sr->ss->st, sr->id);
-	sessions_op_leave(sr->ss, sr->id);
+	sessions_op_leave_touch(sr->ss, sr->id);
 	sessions_release(sr->ss);
 	free(sr);
 }
@@ -542,8 +543,7 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	snprintf(sr->id, sizeof(sr->id), "%s", id);
 	sr->deadline_ms = kclock_mono_ms(ss->clock) + (int64_t)timeout_s * 1000 + EXEC_MARGIN_MS;
 	snprintf(path, sizeof(path), "/v1/sessions/%s/exec?stream=1", id);
-	sessions_op_enter(ss, id);
-	store_session_touch(ss->st, id);
+	sessions_op_enter_touch(ss, id);
 	sr->hs = ss->host->stream_open(ss->host->ctx, url, ss->token, "POST", path, body, &err);
 	st = sr->hs ? ss->host->stream_status(ss->host->ctx, sr->hs, 30000, &err) : -1;
 	if (st != 200) {
@@ -613,12 +613,10 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 	if (!text)
 		return reply_internal(r->conn, "out of memory");
 	snprintf(path, sizeof(path), "/v1/sessions/%s/exec", cur->id);
-	sessions_op_enter(ss, cur->id);
-	store_session_touch(ss->st, cur->id);
+	sessions_op_enter_touch(ss, cur->id);
 	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json",
 		       (long)timeout_s * 1000 + EXEC_MARGIN_MS, HOST_REPLY_MAX, &hr, &err);
 	free(text);
-	store_session_touch(ss->st, cur->id);
 	if (hr.status == 200) {
 		/* A command that broke the VM, or a VM the host's memory budget
 		 * had killed (host_memory), ended the session on the host. */
@@ -633,7 +631,7 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 			fprintf(stderr, "kiln-api: session %s: its VM failed during an exec: error/%s\n", cur->id, why);
 		json_decref(res);
 	}
-	sessions_op_leave(ss, cur->id);
+	sessions_op_leave_touch(ss, cur->id);
 	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
 	return ret;
@@ -712,12 +710,10 @@ static enum MHD_Result handle_files(void *ctx, struct httpd_req *req)
 	snprintf(path, sizeof(path), "/v1/sessions/%s/files?%s=%s%s", cur->id, p ? "path" : "dir", enc,
 		 tar ? "&format=tar" : "");
 	curl_free(enc);
-	sessions_op_enter(ss, cur->id);
-	store_session_touch(ss->st, cur->id);
+	sessions_op_enter_touch(ss, cur->id);
 	sessions_host_raw(ss, url, req->method, path, put ? (r->body ? r->body : "") : NULL, put ? r->len : 0,
 		       put ? "application/octet-stream" : NULL, FILES_TIMEOUT_MS, HOST_REPLY_MAX, &hr, &err);
-	store_session_touch(ss->st, cur->id);
-	sessions_op_leave(ss, cur->id);
+	sessions_op_leave_touch(ss, cur->id);
 	if (put && hr.status >= 200 && hr.status < 300)
 		ret = reply_json(r->conn, MHD_HTTP_OK,
 				 json_pack("{s:s, s:I}", p ? "path" : "dir", p ? p : d, "size", (json_int_t)r->len));
@@ -763,16 +759,14 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 			return reply_internal(r->conn, "out of memory");
 		}
 	}
-	sessions_op_enter(ss, cur->id);
-	store_session_touch(ss->st, cur->id);
+	sessions_op_enter_touch(ss, cur->id);
 	sessions_host_raw(ss, url, "POST", path, body, body ? strlen(body) : 0, body ? "application/json" : NULL,
 			  SNAPSHOT_TIMEOUT_MS, 16u << 20, &hr, &err);
 	if (body) {
 		OPENSSL_cleanse(body, strlen(body));
 		free(body);
 	}
-	store_session_touch(ss->st, cur->id);
-	sessions_op_leave(ss, cur->id);
+	sessions_op_leave_touch(ss, cur->id);
 	if (hr.status < 0) {
 		dest_wipe(&dest);
 		return host_unavailable(r->conn, err.message);
@@ -879,9 +873,13 @@ static int resume_with(struct sessions *ss, const struct sessions_request *r, co
 		*ret = no_room(r, pr, &need);
 		return 0;
 	}
-	/* The host is recorded only once one has it: a failed attempt leaves nothing to undo there. */
+	/* The host is recorded only once one has it: a failed attempt leaves
+	 * nothing to undo there. The lease comes first: no replica's reaper
+	 * may see it resuming with no request behind it. */
+	sessions_op_enter(ss, cur->id);
 	br = store_session_resume_begin(ss->st, cur->id, cur->customer, "", &prev, &err);
 	if (br != 1) {
+		sessions_op_leave(ss, cur->id);
 		sched_unplace(ss->sched, host, &need);
 		if (br == -EDQUOT)
 			*ret = answer_err(r, MHD_HTTP_TOO_MANY_REQUESTS, &err, r->e2b ? "Retry-After" : NULL,
@@ -893,7 +891,6 @@ static int resume_with(struct sessions *ss, const struct sessions_request *r, co
 		return 0;
 	}
 	spec_text = store_session_spec(ss->st, cur->id);
-	sessions_op_enter(ss, cur->id);
 	{
 		json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
 		json_t *body = json_pack("{s:s, s:o}", "customer", cur->customer, "spec", spec ? spec : json_object());

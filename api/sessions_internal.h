@@ -28,8 +28,17 @@
 #define RETRY_AFTER_S "5"
 #define MAX_HOLDING 4096
 #define MAX_ENDERS 16               /* reaper threads pausing/destroying at once */
+/* Leases (session_core.c): renewed this often while held; one lapses this
+ * long after its last write, so a killed replica's leftovers are settled
+ * that long after it died (its renewals, on a thread of their own, would
+ * have to stall several periods in a row for a live one's to lapse). */
+#define LEASE_RENEW_MS 1000
+#define LEASE_TTL_MS 5000
+#define LEASE_GC_EVERY_MS 60000     /* lapsed rows (a killed replica's) removed this often */
+#define LEASE_GC_AFTER_MS 60000     /* once lapsed this long */
 
-/* A session with requests (or a reaper action) in flight in this process. */
+/* A session with requests (or a reaper action) in flight in this process
+ * (and, while n > 0, its lease in the store). */
 struct op {
 	char id[40];
 	unsigned n;                  /* requests (and reaper actions) in flight */
@@ -52,6 +61,14 @@ struct sessions {
 	unsigned enders;             /* detached threads ending sessions */
 	unsigned users;              /* HTTP requests and event-stream relays using ss */
 	struct op *inflight;         /* sessions with a request in flight here */
+	/* Leases: every change of an op's count is written to the store under
+	 * lease_lock (taken before lock, never the other way round). */
+	pthread_mutex_t lease_lock;
+	char owner[96];              /* this process's lease owner id (host/pid/random) */
+	int64_t lease_ttl_ms;        /* LEASE_TTL_MS; unit tests shorten it */
+	int lease_resync;            /* a lease write failed: the renewer rewrites them all (lock) */
+	pthread_t renewer;
+	int renewing;                /* the renewer thread runs (sessions_start) */
 	unsigned char e2b_key[32];   /* E2B envd tokens are HMAC-SHA256(e2b_key, session id) */
 };
 
@@ -62,14 +79,32 @@ struct sessions {
 struct sessions *sessions_create(const struct api_config *cfg, struct store *st, struct sched *sched,
 				 const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err);
 
-/* Requests in flight (any thread): enter/leave count one for session id;
- * the _ending pair marks the reaper's end of it (enter returns 0, and
- * enters nothing, when one is under way); busy: anything in flight. */
+/* Requests in flight (any thread): enter/leave count one for session id
+ * and write this process's lease on it to the store (every replica's
+ * reaper leaves a leased session alone); the _touch pair also marks the
+ * session active (last_active_ms) in the same write; the _ending pair
+ * marks the reaper's end of it (enter returns 0, and enters nothing, when
+ * one is under way); busy: anything in flight in this process (the store's
+ * store_session.leased says it for every replica). Blocking (a store
+ * write). */
 void sessions_op_enter(struct sessions *ss, const char *id);
 void sessions_op_leave(struct sessions *ss, const char *id);
+void sessions_op_enter_touch(struct sessions *ss, const char *id);
+void sessions_op_leave_touch(struct sessions *ss, const char *id);
 int sessions_op_enter_ending(struct sessions *ss, const char *id);
 void sessions_op_leave_ending(struct sessions *ss, const char *id);
 int sessions_op_busy(struct sessions *ss, const char *id);
+
+/* store_session_create with this process's lease on the new session taken
+ * in the same transaction and one request entered (the caller leaves it
+ * with sessions_op_leave): no replica's reaper can take the new session
+ * in starting for a leftover. n's lease fields are set here. Blocking. */
+int sessions_op_create(struct sessions *ss, struct store_session_new *n, char id[40], struct kiln_err *err);
+
+/* One pass of the lease renewer (its thread runs it every LEASE_RENEW_MS;
+ * unit tests call it by hand): this process's leases renewed, or all
+ * rewritten when a write failed or one went missing. */
+void sessions_leases_renew(struct sessions *ss);
 
 /* The end of a sessions_hold. */
 void sessions_release(struct sessions *ss);
@@ -157,7 +192,7 @@ int sessions_place_run(struct sessions *ss, const struct sched_need *need, const
 /* What the reaper does with one session that holds a VM. */
 enum sessions_reap_action {
 	REAP_KEEP,                   /* nothing now */
-	REAP_SETTLE,                 /* a transient state no request is behind (a killed kiln-api's): ask its host */
+	REAP_SETTLE,                 /* a transient state no request (lease) is behind (a killed kiln-api's): ask its host */
 	REAP_HOST_LOST,              /* running on a lost host: error/host_lost */
 	REAP_MAX_LIFETIME,           /* past its lifetime: end it (pause or destroy) */
 	REAP_IDLE_TIMEOUT,           /* idle too long: end it */
@@ -165,7 +200,8 @@ enum sessions_reap_action {
 
 /* The reaper's decision for c (a session holding a VM), from its record,
  * its host's state (sched_host_state: 1 live, 0 lost, -1 unknown or no
- * host), whether a request is in flight for it here, and the wall clock.
+ * host), whether a request is in flight for it (busy: a lease of any
+ * replica, or one here), and the wall clock.
  * Pure. */
 enum sessions_reap_action sessions_reap_decide(const struct store_session *c, int host_state, int busy,
 					       int64_t now_ms);

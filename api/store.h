@@ -193,7 +193,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 7
+#define STORE_SCHEMA_VERSION 8
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -367,6 +367,7 @@ struct store_session {
 	unsigned char e2b_token_sha[32];
 	int auto_pause;
 	char e2b_template[64];       /* the templateID it was created with ("" not through /e2b) */
+	int leased;                  /* a replica holds a live lease on it: a request in flight */
 };
 
 struct store_session_new {
@@ -377,6 +378,8 @@ struct store_session_new {
 	int egress;
 	const char *host_id;         /* where it is being created */
 	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
+	const char *lease_owner;     /* non-NULL: its lease (count 1) taken in the same transaction */
+	int64_t lease_ttl_ms;
 };
 
 /* Insert a session in state starting on n->host_id if the customer's running
@@ -440,6 +443,30 @@ int store_session_set_limits(struct store *s, const char *id, const char *custom
 /* Sessions that hold a VM (starting, running, pausing, resuming), oldest
  * first, at most max; for the reaper. Returns the number filled. */
 int store_sessions_holding(struct store *s, struct store_session *out, int max);
+
+/* ---- Session leases: requests in flight, across replicas ----
+ * A replica (owner: an id unique to one kiln-api process) with requests in
+ * flight on a session holds a row (session, owner, count, expires_ms); a
+ * session is leased (store_session.leased) while any owner's row has not
+ * expired. Expiry is on the database's clock (SDB_NOW_MS): on PostgreSQL
+ * the server's, so replicas' clocks need not agree. touch: the session's
+ * last_active_ms = now too, in the same transaction. 0 or -1 (store error).
+ * Any thread. */
+
+/* owner's row for session id: count n, expiring ttl_ms from now. */
+int store_session_lease_set(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms,
+			    int touch);
+/* owner's row for session id removed. */
+int store_session_lease_drop(struct store *s, const char *id, const char *owner, int touch);
+/* Every row of owner expires ttl_ms from now: the number of rows, or -1. */
+int store_session_leases_renew(struct store *s, const char *owner, int64_t ttl_ms);
+/* owner's rows replaced by n rows (ids[i], counts[i]) in one transaction
+ * (n 0: removed). */
+int store_session_leases_replace(struct store *s, const char *owner, const char *const *ids,
+				 const unsigned *counts, int n, int64_t ttl_ms);
+/* Rows that expired more than older_ms ago (a killed replica's) removed:
+ * their number, or -1. */
+int store_session_leases_gc(struct store *s, int64_t older_ms);
 
 /* ==== Templates (docs/templates.md) ====
  * A template row is a build too: its id is the build's id on kiln-host.

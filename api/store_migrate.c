@@ -72,6 +72,11 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	 * bucket (api/quota.c's, in wall-clock ms) */
 	"CREATE TABLE submit_buckets (customer TEXT PRIMARY KEY, tokens DOUBLE PRECISION NOT NULL,"
 	"  last_ms INTEGER NOT NULL);",
+	/* 8: session leases (store.h): which replica has requests in flight on
+	 * a session, until when (the database's clock, ms) */
+	"CREATE TABLE session_leases (session_id TEXT NOT NULL, owner TEXT NOT NULL, n INTEGER NOT NULL,"
+	"  expires_ms INTEGER NOT NULL, PRIMARY KEY (session_id, owner));"
+	"CREATE INDEX session_leases_owner ON session_leases(owner);",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -1,7 +1,9 @@
 /* store_sessions: the store's sessions (long-lived sandboxes): create and
  * resume under the running quota, compare-and-set changes of state, their
- * public JSON and list, and the reaper's query. Pages, single-row reads and
- * compare-and-set are the core's helpers, shared with tasks (store.c). */
+ * public JSON and list, the reaper's query, and the leases replicas hold on
+ * sessions they have requests in flight on (store.h). Pages, single-row
+ * reads and compare-and-set are the core's helpers, shared with tasks
+ * (store.c). */
 #include "store_impl.h"
 
 #include <errno.h>
@@ -31,15 +33,17 @@ enum session_state session_state_parse(const char *str)
 	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
 	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
 	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id),"   \
-	" e2b_token, e2b_template, auto_pause"
+	" e2b_token, e2b_template, auto_pause,"                                                            \
+	" EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = sessions.id AND l.expires_ms > " SDB_NOW_MS ")"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
-	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE,
+	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_LEASED,
 };
 
 enum sessions_stmt {
 	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_E2B, S_LIMITS,
+	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC,
 	S_COUNT
 };
 
@@ -75,6 +79,14 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4 WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
 		     " AND (?4 IS NULL OR customer = ?4)",
+	/* Leases: ?1 session, ?2 owner, ?3 count, ?4 time to live (ms). */
+	[S_LEASE_SET] = "INSERT INTO session_leases(session_id, owner, n, expires_ms)"
+			" VALUES (?1, ?2, ?3, " SDB_NOW_MS " + ?4)"
+			" ON CONFLICT(session_id, owner) DO UPDATE SET n = excluded.n, expires_ms = excluded.expires_ms",
+	[S_LEASE_DROP] = "DELETE FROM session_leases WHERE session_id = ?1 AND owner = ?2",
+	[S_LEASE_RENEW] = "UPDATE session_leases SET expires_ms = " SDB_NOW_MS " + ?2 WHERE owner = ?1",
+	[S_LEASE_DROP_OWNER] = "DELETE FROM session_leases WHERE owner = ?1",
+	[S_LEASE_GC] = "DELETE FROM session_leases WHERE expires_ms < " SDB_NOW_MS " - ?1",
 };
 
 _Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
@@ -109,6 +121,7 @@ static void session_row(struct sdb_stmt *st, struct store_session *out)
 	store_copy_col(st, SC_E2B_TEMPLATE, out->e2b_template, sizeof(out->e2b_template));
 	out->auto_pause = sdb_col_null(st, SC_AUTO_PAUSE) ? -1
 										 : sdb_col_int(st, SC_AUTO_PAUSE) != 0;
+	out->leased = sdb_col_int(st, SC_LEASED) != 0;
 }
 
 /* The public JSON of the session row st is on. */
@@ -146,6 +159,42 @@ static json_t *session_row_json(struct sdb_stmt *st)
 	if (j && store_col_text(st, SC_TEMPLATE))
 		json_object_set_new(j, "template", json_string(store_col_text(st, SC_TEMPLATE)));
 	return j;
+}
+
+/* ---- leases (the statements; the public functions are at the end) ---- */
+
+/* Lock held: run st (bound); SDB_DONE -> 0, else -1. */
+static int run_locked(struct store *s, struct sdb_stmt *st)
+{
+	int rc = st ? store_step(s, st) : SDB_ERROR;
+
+	if (st)
+		sdb_reset(st);
+	return rc == SDB_DONE ? 0 : -1;
+}
+
+static int lease_set_locked(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms)
+{
+	struct sdb_stmt *st = stmt(s, S_LEASE_SET);
+
+	if (st) {
+		sdb_bind_text(st, 1, id);
+		sdb_bind_text(st, 2, owner);
+		sdb_bind_int64(st, 3, n);
+		sdb_bind_int64(st, 4, ttl_ms);
+	}
+	return run_locked(s, st);
+}
+
+static int lease_drop_locked(struct store *s, const char *id, const char *owner)
+{
+	struct sdb_stmt *st = stmt(s, S_LEASE_DROP);
+
+	if (st) {
+		sdb_bind_text(st, 1, id);
+		sdb_bind_text(st, 2, owner);
+	}
+	return run_locked(s, st);
 }
 
 /* ---- create, discard ---- */
@@ -199,6 +248,8 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	}
 	sdb_reset(st);
 	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
+		goto fail_sql;
+	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;
 	if (store_run(s, STORE_COMMIT) != SDB_DONE)
 		goto fail_sql;
@@ -456,4 +507,105 @@ int store_sessions_holding(struct store *s, struct store_session *out, int max)
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
+}
+
+/* ---- leases ---- */
+
+/* One lease write (set when n > 0, else drop), with the touch in the same
+ * transaction when asked: on the exec path the touch was a write already,
+ * so the lease costs no commit of its own there. */
+static int lease_write(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms, int touch)
+{
+	int r;
+
+	pthread_mutex_lock(&s->lock);
+	if (touch && store_run(s, STORE_BEGIN) != SDB_DONE) {
+		pthread_mutex_unlock(&s->lock);
+		return -1;
+	}
+	r = n ? lease_set_locked(s, id, owner, n, ttl_ms) : lease_drop_locked(s, id, owner);
+	if (touch) {
+		if (r == 0 && store_stamp_locked(s, stmt(s, S_TOUCH), id) < 0)
+			r = -1;
+		if (r == 0 && store_run(s, STORE_COMMIT) != SDB_DONE)
+			r = -1;
+		if (r < 0)
+			store_run(s, STORE_ROLLBACK);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_lease_set(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms,
+			    int touch)
+{
+	return n ? lease_write(s, id, owner, n, ttl_ms, touch) : -1;
+}
+
+int store_session_lease_drop(struct store *s, const char *id, const char *owner, int touch)
+{
+	return lease_write(s, id, owner, 0, 0, touch);
+}
+
+int store_session_leases_renew(struct store *s, const char *owner, int64_t ttl_ms)
+{
+	struct sdb_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_LEASE_RENEW);
+	if (st) {
+		sdb_bind_text(st, 1, owner);
+		sdb_bind_int64(st, 2, ttl_ms);
+		if (store_step(s, st) == SDB_DONE)
+			r = sdb_changes(s->db);
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_leases_replace(struct store *s, const char *owner, const char *const *ids,
+				 const unsigned *counts, int n, int64_t ttl_ms)
+{
+	struct sdb_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	if (store_run(s, STORE_BEGIN) != SDB_DONE)
+		goto out;
+	st = stmt(s, S_LEASE_DROP_OWNER);
+	if (st)
+		sdb_bind_text(st, 1, owner);
+	if (run_locked(s, st) < 0)
+		goto rollback;
+	for (int i = 0; i < n; i++)
+		if (lease_set_locked(s, ids[i], owner, counts[i], ttl_ms) < 0)
+			goto rollback;
+	if (store_run(s, STORE_COMMIT) == SDB_DONE) {
+		r = 0;
+		goto out;
+	}
+rollback:
+	store_run(s, STORE_ROLLBACK);
+out:
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int store_session_leases_gc(struct store *s, int64_t older_ms)
+{
+	struct sdb_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_LEASE_GC);
+	if (st) {
+		sdb_bind_int64(st, 1, older_ms);
+		if (store_step(s, st) == SDB_DONE)
+			r = sdb_changes(s->db);
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
 }

@@ -4,8 +4,10 @@
  * decisions as a pure function (idle timeout, max lifetime, busy sessions,
  * leftovers, lost hosts), the reaper acting on them (destroy, auto-pause,
  * pause failing, paused sessions left alone, leftovers settled, host lost),
- * and the one placement retry loop create and resume share (which host
- * errors go on to the next host, which end it, the attempt limit).
+ * two replicas on one store (one's lease keeps a session from the other's
+ * reaper, a lapsed one does not; renewal), and the one placement retry
+ * loop create and resume share (which host errors go on to the next host,
+ * which end it, the attempt limit).
  * (tests/unit/test_sessions.c tests kiln-host's sessions.) */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -356,6 +358,73 @@ static void test_reaper_settles_leftovers(void **state)
 	sessions_op_leave(ss, a);
 }
 
+/* Two replicas on one store (ss and rb, each with its lease owner): a
+ * request in flight on one keeps the session from the other's reaper (an
+ * exec past the idle limit; a pause under way in pausing); a killed
+ * replica's lapsed lease does not, and its leftover is settled; renewal
+ * keeps a lease alive and rewrites one that went missing. */
+static void test_reaper_other_replica(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct sessions *rb = sessions_create(&cfg, st, sc, &fake_ops, &fake_clock, &err);
+	struct store_session cur;
+	char id[40], p[96];
+
+	assert_non_null(rb);
+	assert_string_not_equal(rb->owner, ss->owner);
+	customer(0);
+	ready_h1();
+	session("h1", 1, id);
+	/* An exec on ss, past the idle limit: rb's reaper keeps it. */
+	sessions_op_enter_touch(ss, id);
+	assert_int_equal(sessions_op_busy(rb, id), 0);
+	clock_advance(600000);
+	sessions_reap_once(rb, 0);
+	real_nap();
+	assert_int_equal(state_of(id), SESSION_RUNNING);
+	/* A pause under way on ss: rb does not take pausing for a leftover. */
+	assert_int_equal(store_session_transition(st, id, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL), 1);
+	snprintf(p, sizeof(p), "/v1/sessions/%s", id);
+	fake_rule("GET", "http://h1", p, 404, NULL);
+	sessions_reap_once(rb, 0);
+	assert_int_equal(state_of(id), SESSION_PAUSING);
+	assert_int_equal(fake_count("GET", "http://h1", p), 0);
+	/* The lease lapses unrenewed (ss "killed": its ttl shortened to 1 ms
+	 * and its last write made with it): rb settles the leftover. Renewed
+	 * first, it lives. */
+	ss->lease_ttl_ms = 1;
+	sessions_leases_renew(ss);
+	real_nap();
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(cur.leased, 0);
+	ss->lease_ttl_ms = LEASE_TTL_MS;
+	sessions_leases_renew(ss);
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(cur.leased, 1);
+	/* A row gone behind its back (another replica's clean-up after an
+	 * outage): the next renewal writes it again. */
+	assert_int_equal(store_session_leases_gc(st, -3600000), 1);
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(cur.leased, 0);
+	sessions_leases_renew(ss);
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(cur.leased, 1);
+	sessions_reap_once(rb, 0);
+	assert_int_equal(state_of(id), SESSION_PAUSING);
+	ss->lease_ttl_ms = 1;
+	sessions_leases_renew(ss);
+	real_nap();
+	sessions_reap_once(rb, 0);
+	assert_int_equal(state_of(id), SESSION_PAUSED);
+	assert_int_equal(fake_count("GET", "http://h1", p), 1);
+	/* Its request ends: nothing of ss's is left in the store. */
+	ss->lease_ttl_ms = LEASE_TTL_MS;
+	sessions_op_leave_touch(ss, id);
+	assert_int_equal(sessions_op_busy(ss, id), 0);
+	assert_int_equal(store_session_leases_gc(st, -3600000), 0);
+	assert_int_equal(sessions_stop(rb), 0);
+}
+
 /* ---- placement with retries (create and resume) ---- */
 
 static void hosts(int n)
@@ -464,6 +533,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reaper_pause_fails_destroys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_host_lost, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_settles_leftovers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reaper_other_replica, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_retries_next_host, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_refused_outright, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_limit, setup, teardown),

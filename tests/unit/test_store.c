@@ -6,7 +6,8 @@
  * The pieces' shared helpers (store_impl.h): the page helper behind both the
  * task and the session lists (cursor and limit edges), the compare-and-set
  * helper behind both transitions, ids, the running-quota check; and the
- * session half: create under the quota, transitions, resume, discard. */
+ * session half: create under the quota, transitions, resume, discard, and
+ * the leases replicas hold on sessions (two handles on one database). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -210,7 +211,7 @@ static void test_migrations(void **state)
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
 	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
-	    " UPDATE schema_version SET version = 1");
+	    " DROP TABLE session_leases; UPDATE schema_version SET version = 1");
 	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
@@ -220,6 +221,7 @@ static void test_migrations(void **state)
 	assert_int_equal(has_rel("sessions"), 1);
 	assert_int_equal(has_rel("templates"), 1);
 	assert_int_equal(has_rel("destinations"), 1);
+	assert_int_equal(has_rel("session_leases"), 1);
 	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks'"
 				    " AND column_name = 'destination'"
 				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
@@ -1111,6 +1113,94 @@ static void test_replicas(void **state)
 	store_close(a);
 }
 
+static int leased(struct store *s, const char *id)
+{
+	struct store_session c;
+
+	assert_int_equal(store_session_get(s, id, NULL, &c), 0);
+	return c.leased;
+}
+
+/* Leases: any owner's live row makes a session leased for every handle on
+ * the database (a and b: two replicas); a lapsed one does not; renew, the
+ * all-at-once rewrite, the touch in the same write, the clean-up of a
+ * killed owner's rows, and expiry on the database's own clock. */
+static void test_session_leases(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *a = open_ok(), *b = open_ok();
+	struct store_session_new n = { .customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256,
+				       .idle_timeout_s = 60, .max_lifetime_s = 60, .host_id = "h1",
+				       .lease_owner = "A", .lease_ttl_ms = 60000 };
+	struct store_session held[4], c;
+	const char *ids[2];
+	unsigned counts[2] = { 1, 3 };
+	char x[40], y[40], q[200];
+	int64_t t0;
+
+	customer(a, "acme", NULL);
+	/* Created with A's lease in the same transaction: B sees it at once. */
+	assert_int_equal(store_session_create(a, &n, x, &err), 0);
+	assert_int_equal(leased(b, x), 1);
+	session_new(a, "acme", y);
+	assert_int_equal(leased(b, y), 0);
+	assert_int_equal(store_sessions_holding(b, held, 4), 2);
+	assert_true(!strcmp(held[0].id, x) ? held[0].leased && !held[1].leased : held[1].leased && !held[0].leased);
+	/* B's own request on x as well: x stays leased until both are gone. */
+	assert_int_equal(store_session_lease_set(b, x, "B", 1, 60000, 0), 0);
+	assert_int_equal(store_session_lease_drop(a, x, "A", 0), 0);
+	assert_int_equal(leased(a, x), 1);
+	assert_int_equal(store_session_lease_drop(b, x, "B", 0), 0);
+	assert_int_equal(leased(a, x), 0);
+	assert_int_equal(store_session_lease_drop(b, x, "B", 0), 0); /* gone already: fine */
+	/* The count is written as given (set again: an update, not a second row). */
+	assert_int_equal(store_session_lease_set(a, x, "A", 1, 60000, 0), 0);
+	assert_int_equal(store_session_lease_set(a, x, "A", 2, 60000, 0), 0);
+	snprintf(q, sizeof(q), "SELECT n FROM session_leases WHERE session_id = '%s' AND owner = 'A'", x);
+	assert_int_equal(sql_int(q), 2);
+	assert_int_equal(store_session_lease_set(a, x, "A", 0, 60000, 0), -1); /* a count of 0 is a drop */
+	/* Expiry on the database's clock: ttl ms from its now (the server runs
+	 * on this machine: within seconds of ours). */
+	snprintf(q, sizeof(q), "SELECT (expires_ms - %lld) / 1000 FROM session_leases WHERE owner = 'A'",
+		 (long long)clock_wall_ms());
+	assert_true(sql_int(q) >= 55 && sql_int(q) <= 65);
+	/* A lapsed lease (a killed replica's, never renewed) keeps nothing. */
+	assert_int_equal(store_session_lease_set(b, y, "K", 1, -1, 0), 0);
+	assert_int_equal(leased(a, y), 0);
+	/* Renew: every row of the owner, counted; lapsed ones live again. */
+	assert_int_equal(store_session_lease_set(b, y, "B", 1, -1, 0), 0);
+	assert_int_equal(store_session_leases_renew(b, "B", 60000), 1);
+	assert_int_equal(leased(a, y), 1);
+	assert_int_equal(store_session_leases_renew(b, "nobody", 60000), 0);
+	/* Clean-up: rows lapsed more than a minute ago go (K's, set so), live
+	 * and recently lapsed ones stay. */
+	assert_int_equal(store_session_lease_set(b, x, "K", 1, -120000, 0), 0);
+	assert_int_equal(store_session_leases_gc(a, 60000), 1);
+	assert_int_equal(sql_int("SELECT count(*) FROM session_leases WHERE owner = 'K'"), 1);
+	/* Replace: the owner's rows are exactly the list (then none). */
+	ids[0] = x;
+	ids[1] = y;
+	assert_int_equal(store_session_leases_replace(a, "A", ids, counts, 2, 60000), 0);
+	assert_int_equal(sql_int("SELECT count(*) FROM session_leases WHERE owner = 'A'"), 2);
+	assert_int_equal(sql_int("SELECT sum(n) FROM session_leases WHERE owner = 'A'"), 4);
+	assert_int_equal(store_session_leases_replace(a, "A", NULL, NULL, 0, 60000), 0);
+	assert_int_equal(sql_int("SELECT count(*) FROM session_leases WHERE owner = 'A'"), 0);
+	assert_int_equal(sql_int("SELECT count(*) FROM session_leases WHERE owner = 'B'"), 1);
+	/* The touch rides in the lease's write. */
+	snprintf(q, sizeof(q), "UPDATE sessions SET last_active_ms = 1 WHERE id = '%s'", x);
+	sql(q);
+	t0 = clock_wall_ms();
+	assert_int_equal(store_session_lease_set(a, x, "A", 1, 60000, 1), 0);
+	assert_int_equal(store_session_get(b, x, NULL, &c), 0);
+	assert_true(c.last_active_ms >= t0 && c.leased);
+	sql(q);
+	assert_int_equal(store_session_lease_drop(a, x, "A", 1), 0);
+	assert_int_equal(store_session_get(b, x, NULL, &c), 0);
+	assert_true(c.last_active_ms >= t0 && !c.leased);
+	store_close(b);
+	store_close(a);
+}
+
 /* The PostgreSQL round: each test in a database of its own on a server of
  * the group's (skipped when none can be started). */
 static int setup_pg(void **state)
@@ -1164,6 +1254,7 @@ int main(void)
 		BOTH(test_cas_helper),
 		BOTH(test_task_and_session_cas),
 		BOTH(test_session_quota_resume_discard),
+		BOTH(test_session_leases),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
 	};
