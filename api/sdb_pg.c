@@ -337,25 +337,37 @@ int pg_exec(struct sdb_pg *pg, const char *sql)
 
 /* PQprepare st on the connection: 0, or -1 (pg->err). A parameter whose
  * type the server cannot infer (one only ever tested with IS NULL first)
- * is text: the store's optional parameters are. */
+ * is text: the store's optional parameters are. Inside a transaction (a
+ * statement's first use there, or its first after a reconnection) each
+ * attempt has a savepoint of its own: a refused attempt would otherwise
+ * abort the caller's transaction. */
 static int server_prepare(struct sdb_pg_stmt *st)
 {
 	struct sdb_pg *pg = st->pg;
+	int in_tx = PQtransactionStatus(pg->conn) == PQTRANS_INTRANS;
 
 	for (int tries = 0; tries <= st->nparams; tries++) {
-		PGresult *r = PQprepare(pg->conn, st->name, st->sql, st->nparams, st->types);
-		const char *msg;
-		int ok = r && PQresultStatus(r) == PGRES_COMMAND_OK, k = 0;
+		PGresult *r;
+		char msg[256];
+		const char *p;
+		int ok, k = 0;
 
-		if (ok) {
-			PQclear(r);
-			return 0;
+		if (in_tx)
+			PQclear(PQexec(pg->conn, "SAVEPOINT sdb_prepare"));
+		r = PQprepare(pg->conn, st->name, st->sql, st->nparams, st->types);
+		ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+		if (!ok) {
+			set_err(pg, "", PQerrorMessage(pg->conn));
+			snprintf(msg, sizeof(msg), "%s", r ? PQresultErrorMessage(r) : "");
 		}
-		set_err(pg, "", PQerrorMessage(pg->conn));
-		msg = r ? PQresultErrorMessage(r) : "";
 		PQclear(r);
-		if (!strstr(msg, "could not determine data type of parameter $") ||
-		    sscanf(strstr(msg, "parameter $") + 11, "%d", &k) != 1 || k < 1 || k > st->nparams ||
+		if (in_tx)
+			PQclear(PQexec(pg->conn, ok ? "RELEASE SAVEPOINT sdb_prepare"
+						    : "ROLLBACK TO SAVEPOINT sdb_prepare; RELEASE SAVEPOINT sdb_prepare"));
+		if (ok)
+			return 0;
+		p = strstr(msg, "could not determine data type of parameter $");
+		if (!p || sscanf(strstr(p, "parameter $") + 11, "%d", &k) != 1 || k < 1 || k > st->nparams ||
 		    st->types[k - 1])
 			return -1;
 		st->types[k - 1] = 25; /* TEXTOID */

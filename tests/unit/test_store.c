@@ -1197,6 +1197,22 @@ static void test_session_leases(void **state)
 	assert_int_equal(store_session_lease_drop(a, x, "A", 1), 0);
 	assert_int_equal(store_session_get(b, x, NULL, &c), 0);
 	assert_true(c.last_active_ms >= t0 && !c.leased);
+	/* Paused on a, resumed on a fresh handle c: its first compare-and-set
+	 * is prepared inside resume's transaction (on PostgreSQL a refused
+	 * attempt there aborted the transaction: every first resume on a
+	 * replica failed). */
+	{
+		struct store *h = open_ok();
+		enum session_state prev;
+
+		assert_int_equal(store_session_transition(a, y, SESSION_STARTING, SESSION_RUNNING, "h1", "", NULL), 1);
+		assert_int_equal(store_session_transition(a, y, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL), 1);
+		assert_int_equal(store_session_transition(a, y, SESSION_PAUSING, SESSION_PAUSED, "", "paused", NULL), 1);
+		assert_int_equal(store_session_resume_begin(h, y, "acme", "", &prev, &err), 1);
+		assert_int_equal(prev, SESSION_PAUSED);
+		assert_int_equal(store_session_transition(h, y, SESSION_RESUMING, SESSION_RUNNING, "h2", "", NULL), 1);
+		store_close(h);
+	}
 	store_close(b);
 	store_close(a);
 }
