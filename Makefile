@@ -156,6 +156,10 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+# bench/api_*.c drive kiln-api's modules (the store) instead.
+$(B)/bench/api_%: bench/api_%.c $(B)/libkiln-api.a $(B)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Iapi -o $@ $(filter %.c %.a,$^) $(API_LIBS)
 
 # Built by make check and make test too, so that a change to what they use
 # cannot break make bench unnoticed.

@@ -5,8 +5,8 @@
  *
  * The SQL is SQLite's dialect where both engines agree; sdb_pg.c turns the
  * parameters into $N and rewrites the few SQLite-isms the store uses (a
- * short table there: BEGIN IMMEDIATE, INTEGER/BLOB/AUTOINCREMENT in the
- * schema, json_extract, a negative substr). Booleans from PostgreSQL read
+ * short table there: BEGIN IMMEDIATE, INTEGER/BLOB/AUTOINCREMENT/WITHOUT
+ * ROWID in the schema, json_extract, a negative substr, SDB_NOW_MS). Booleans from PostgreSQL read
  * as 1/0, bytea as blobs.
  *
  * Thread-safety: none; the store serialises every use of a connection and

@@ -60,6 +60,7 @@ static const char *const rewrites[][2] = {
 	{ "INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY" },
 	{ "INTEGER", "BIGINT" }, /* SQLite's are 64-bit; only the schema names the type */
 	{ "BLOB", "BYTEA" },
+	{ ") WITHOUT ROWID", ")" }, /* SQLite's clustered table: PostgreSQL's are heaps */
 	{ "json_extract(sp.spec, '$.network.egress')", "(sp.spec::json #>> '{network,egress}')" },
 	{ "substr(log || ?2, -?3)", "right(log || ?2, ?3::int)" }, /* the last ?3 characters */
 };
