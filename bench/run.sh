@@ -46,6 +46,12 @@ echo
 # Sessions: pause/resume time by guest memory size, exec round trip.
 bench/session.sh
 echo
+# A session exec through kiln-api (SQLite), and the store's writes per exec (its lease), SQLite and PostgreSQL.
+bench/session_exec.sh
+pgdir=$(mktemp -d /tmp/kiln-bench-pg.XXXXXX)
+build/bench/api_session_store "$(scripts/pg-local.sh start "$pgdir")"
+scripts/pg-local.sh stop "$pgdir" > /dev/null; rm -rf "$pgdir"
+echo
 # Built-in templates: print(1) restored from python-data vs default; import pandas cold vs preloaded.
 RUNS=$RUNS bench/templates.sh
 echo
