@@ -41,7 +41,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
+# This test's own namespaces (other worktrees' tests make and remove theirs meanwhile).
+own_ns() { ip netns list | grep -c "^$NS_PREFIX-" || true; }
 before_cg=$(count_cgroups)
 ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
 	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
@@ -196,13 +197,15 @@ sort -u "$ids" -o "$T_TMP/burst-ids.u"
 check "all $NB submissions acknowledged in ${t_submitted} s, as $NB distinct tasks ($codes)" \
 	[ "$(wc -l < "$ids")" = "$NB" -a "$(wc -l < "$T_TMP/burst-ids.u")" = "$NB" ]
 S=$NL # a surviving replica to read from
-# list_tasks FILE: every task of the customer as "id state host burst end_reason" lines.
+# list_tasks FILE: every task of the customer as "id state host burst end_reason
+# queued_ms start_ms run_ms upload_ms total_ms" lines.
 list_tasks() {
 	local cur="" n
 	: > "$1"
 	for n in $(seq 100); do
 		[ "$(on "$S" "$KEY" GET "/v1/tasks?limit=100${cur:+&cursor=$cur}")" = 200 ] || return 1
-		jq -r '.tasks[] | [.id, .state, (.host // "-"), (.metadata.burst // "-"), (.end_reason // "-")] | @tsv' \
+		jq -r '.tasks[] | [.id, .state, (.host // "-"), (.metadata.burst // "-"), (.end_reason // "-"),
+			(.timings // {} | .queued_ms, .start_ms, .run_ms, .upload_ms, .total_ms | . // -1)] | @tsv' \
 			"$T_TMP/last.json" >> "$1"
 		cur=$(last '.next_cursor // empty'); [ -n "$cur" ] || return 0
 	done
@@ -226,6 +229,14 @@ if [ "$nmade" = "$NB" ] && [ "$ndist" = "$NB" ] && [ "$nmatch" = "$NB" ] && [ "$
 else not_ok "burst over a leader's death" "tasks=$nmade distinct=$ndist acknowledged-ids-found=$nmatch succeeded=$nsucc final=$nfinal after ${t_final} s" \
 	"$(awk -F'\t' '$2 != "succeeded" { print $2 "/" $5 "/" $3 }' "$T_TMP/burst.tsv" | sort | uniq -c | tr '\n' ' ')" \
 	"$(grep -v '^kiln-api: serving' "$T_TMP/api$NL.err" | tail -8)" "$(tail -4 "$T_TMP"/host*.err)"; fi
+# Figures (not checked): where a burst task's time went, medians in ms, and
+# how the hosts' warm pools kept up.
+med() { cut -f"$1" "$T_TMP/burst.tsv" | sort -n | awk '{ a[NR] = $1 } END { print (NR ? a[int((NR + 1) / 2)] : "-") }'; }
+pools=$(for n in 1 2; do curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://$NET.$((10 + n)):7070/metrics" |
+	awk -v h="h$n" '/^kiln_host_pool_(takes|misses)_total/ { v[$1] = $2 } /^kiln_host_task_start_seconds_(sum|count)/ { v[$1] = $2 }
+		END { printf "%s: %d pool takes, %d misses, start %.0f ms avg; ", h, v["kiln_host_pool_takes_total"],
+		v["kiln_host_pool_misses_total"], 1000 * v["kiln_host_task_start_seconds_sum"] / (v["kiln_host_task_start_seconds_count"] + 1e-9) }'; done)
+echo "# burst of $NB: submitted in ${t_submitted} s, all final in ${t_final} s; medians queued $(med 6) ms, start $(med 7) ms, run $(med 8) ms, upload $(med 9) ms, total $(med 10) ms; $pools"
 # Exactly once: each task's record is in one host's spool, the host it ran on.
 spooled=$T_TMP/spooled.txt
 for n in 1 2; do
@@ -308,8 +319,8 @@ ip link del "$BR"
 for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
 d=$T_PG_DIR
 pg_stop
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && [ "$(count_cgroups)" = "$before_cg" ] \
+if [ "$(count_qemu)" = 0 ] && [ "$(own_ns)" = 0 ] && ! ip link show "$BR" > /dev/null 2>&1 && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_run_entries)" = 0 ] && [ -z "$(pgrep -f "postgres -D $d/")" ] && [ ! -e "$d" ]; then
 	ok "afterwards: no QEMU, VM directory, namespace, cgroup or PostgreSQL left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) ns=$(own_ns) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done
