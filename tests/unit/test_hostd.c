@@ -788,6 +788,23 @@ static void task_lifecycle(void **state)
 	}
 	assert_null(strstr(ev, "event: stdout"));
 	assert_non_null(strstr(ev, "event: truncated"));
+	/* The final state's event carries the task as GET answers it; the
+	 * others do not. */
+	{
+		const char *fin = strstr(ev, "data: {\"state\":\"succeeded\"");
+		const char *end = fin ? strchr(fin, '\n') : NULL;
+		json_t *e, *task;
+
+		assert_non_null(end);
+		e = json_loadb(fin + 6, (size_t)(end - fin - 6), 0, NULL);
+		task = json_object_get(e, "task");
+		assert_non_null(task);
+		assert_string_equal(json_string_value(json_object_get(task, "id")), "t1");
+		assert_string_equal(json_string_value(json_object_get(task, "state")), "succeeded");
+		assert_non_null(json_object_get(task, "artifacts"));
+		json_decref(e);
+		assert_int_equal(strstr(ev, "\"task\":") - fin, strstr(fin, "\"task\":") - fin);
+	}
 	/* Read through a buffer smaller than any event (libmicrohttpd offers as
 	 * little as 32 KiB, less than a stdout chunk's JSON): the same bytes,
 	 * each event split over reads, none cut. */
