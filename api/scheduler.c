@@ -174,6 +174,7 @@ static int finish(struct watch *w, json_t *host_task)
 struct follow_ctx {
 	struct watch *w;
 	int final_seen;
+	json_t *task; /* the final event's task JSON, when the host sent it */
 };
 
 static int on_host_event(void *ctx, const char *name, json_t *data)
@@ -189,8 +190,17 @@ static int on_host_event(void *ctx, const char *name, json_t *data)
 		    task_state_final(w->state))
 			return 1;
 		else if (task_state_final(st)) {
+			json_t *t = json_object_get(data, "task");
+
 			f->final_seen = 1;
-			return 1; /* the task JSON is fetched next */
+			/* The task JSON rides on the final event (kiln-host since
+			 * manifest v2); else it is fetched next. */
+			if (json_is_object(t) && !strcmp(json_string_value(json_object_get(t, "id")) ?: "", w->task) &&
+			    task_state_final(task_state_parse(json_string_value(json_object_get(t, "state"))))) {
+				json_decref(f->task);
+				f->task = json_incref(t);
+			}
+			return 1;
 		}
 	}
 	return 0;
@@ -357,7 +367,10 @@ static void *watch_main(void *arg)
 			w->push = 0;
 		}
 		s->ops->follow(s->ops->ctx, w->url, s->token, w->task, 30, on_host_event, &f, &err);
-		{
+		if (f.task) {
+			t = f.task;
+			st = 200;
+		} else {
 			char path[80];
 
 			snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);

@@ -244,6 +244,14 @@ int sdb_exec(struct sdb *db, const char *sql, struct kiln_err *err)
 	return 0;
 }
 
+int sdb_durable(struct sdb *db, int on)
+{
+	if (db->kind == SDB_PG)
+		return pg_exec(db->pg, on ? "SET synchronous_commit TO on" : "SET synchronous_commit TO off");
+	return sqlite3_exec(db->lite, on ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL", NULL, NULL,
+			    NULL) == SQLITE_OK ? 0 : -1;
+}
+
 int sdb_ping(struct sdb *db)
 {
 	return db->kind == SDB_PG ? pg_ping(db->pg) : 0;

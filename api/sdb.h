@@ -88,6 +88,15 @@ const char *sdb_errmsg(struct sdb *db);
  * with err ("store_error"; err may be NULL). */
 int sdb_exec(struct sdb *db, const char *sql, struct kiln_err *err);
 
+/* Whether the next commits wait for the disk (on: the default) or not (0:
+ * SQLite's synchronous=NORMAL, which in WAL mode leaves the commit in the
+ * log file until a later durable commit or checkpoint syncs it;
+ * PostgreSQL's synchronous_commit=off). Either way a crash loses at most
+ * the last relaxed commits, never one made durable after them, and never
+ * corrupts the database. For changes that are only progress (a task seen
+ * running) and that a restart would find again: 0, or -1 (left as it
+ * was). */
+int sdb_durable(struct sdb *db, int on);
 /* Whether the database answers now: 0 yes, -1 no. For PostgreSQL a lost
  * connection is re-established here (at most once a second); SQLite always
  * answers. */

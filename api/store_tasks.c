@@ -611,12 +611,22 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 			  const char *host_id)
 {
 	int64_t now = clock_wall_ms();
-	int r;
+	int r, relaxed;
 
 	if (from >= TASK_STATE_COUNT || to >= TASK_STATE_COUNT || from == to)
 		return -1;
+	/* Starting, running and uploading are progress, not promises: the
+	 * commit does not wait for the disk (a restart that lost it follows
+	 * the task on its host again, as it does anyway). The placement before
+	 * them (store_task_schedule) and the end after them stay durable, and
+	 * a durable commit makes every earlier one durable too. */
+	relaxed = to == TASK_STARTING || to == TASK_RUNNING || to == TASK_UPLOADING;
 	pthread_mutex_lock(&s->lock);
+	if (relaxed)
+		relaxed = sdb_durable(s->db, 0) == 0;
 	r = transition_locked(s, id, from, to, host_id, now);
+	if (relaxed && sdb_durable(s->db, 1) < 0)
+		fprintf(stderr, "kiln-api: the store's commits may not be durable now: %s\n", sdb_errmsg(s->db));
 	pthread_mutex_unlock(&s->lock);
 	if (r > 0)
 		store_task_changed(s, id, to, now);

@@ -4,7 +4,8 @@
 Starts `kiln up` (local S3, kiln-api, one kiln-host with a warm pool) in a
 temporary directory, then measures print(1) from POST /v1/tasks on kiln-api
 to the task being final with its outputs in S3 (API -> scheduler -> host pool
--> S3 -> result), read back with a long-poll GET ?wait=:
+-> S3 -> result), read back with a long-poll GET ?wait=, over one keep-alive
+connection per client:
   - one client at a time (pool VM ready): p50/p95/p99;
   - one client submitting back to back (B tasks, default 40): p50/p95/p99,
     where the VMs came from (pool or restore), and the pool's target and
@@ -36,18 +37,34 @@ def pct(v, p):
 
 
 class Api:
+    """A keep-alive client: one connection per thread, reopened if the
+    server closed it."""
+
     def __init__(self, url, key):
         u = urllib.parse.urlparse(url)
         self.host, self.port, self.key = u.hostname, u.port, key
+        self.local = threading.local()
 
     def call(self, method, path, body=None, timeout=90):
-        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         h = {"Authorization": "Bearer " + self.key, "Content-Type": "application/json"}
-        c.request(method, path, json.dumps(body) if body is not None else None, h)
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, json.loads(data) if data else None
+        for attempt in (0, 1):
+            c = getattr(self.local, "conn", None)
+            if c is None:
+                c = self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            try:
+                c.request(method, path, json.dumps(body) if body is not None else None, h)
+                r = c.getresponse()
+                data = r.read()
+            except (http.client.HTTPException, OSError):
+                c.close()
+                self.local.conn = None
+                if attempt:
+                    raise
+                continue
+            if r.getheader("Connection", "").lower() == "close":
+                c.close()
+                self.local.conn = None
+            return r.status, json.loads(data) if data else None
 
 
 FINAL = ("succeeded", "failed", "timed_out", "cancelled", "error")

@@ -145,11 +145,28 @@ void hostd_event_add_locked(struct hostd *d, struct hostd_task *t, const char *n
 	event_add_locked(d, t, name, data);
 }
 
+static json_t *task_json_locked(struct hostd *d, struct hostd_task *t);
+
+/* A final state's event carries the task's JSON (what GET /v1/tasks/{id}
+ * answers), up to FINAL_TASK_MAX bytes of it, so that kiln-api need not ask
+ * for it after the event: one round trip less at the end of every task. */
+#define FINAL_TASK_MAX (256u << 10)
+
 static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_state s)
 {
+	json_t *ev = json_pack("{s:s, s:I}", "state", hostd_state_names[s], "at", (json_int_t)kclock_wall_ms(d->clk));
+
 	t->state = s;
-	event_add_locked(d, t, "state",
-			 json_pack("{s:s, s:I}", "state", hostd_state_names[s], "at", (json_int_t)kclock_wall_ms(d->clk)));
+	if (ev && state_final(s)) {
+		json_t *j = task_json_locked(d, t);
+		char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+
+		if (text && strlen(text) <= FINAL_TASK_MAX)
+			json_object_set(ev, "task", j);
+		free(text);
+		json_decref(j);
+	}
+	event_add_locked(d, t, "state", ev);
 	if (state_final(s))
 		evlog_close_locked(&t->ev);
 }
@@ -192,7 +209,7 @@ int hostd_record_write_locked(struct hostd_task *t, struct kiln_err *err)
 
 	if (!r)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	ret = spool_write_json(t->dir, "record.json", r, err);
+	ret = spool_write_json(t->dir, "record.json", r, SPOOL_DURABLE, err);
 	json_decref(r);
 	return ret;
 }
@@ -313,10 +330,14 @@ static enum task_state result_state(json_t *result)
 }
 
 /* The code has ended (or never started): record the result, hand the task to
- * the uploaders. */
-static void finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final)
+ * the uploaders. Returns the record in its uploading state (a copy), which
+ * the caller writes with record_persist: the uploaders start meanwhile, but
+ * the task becomes final only once that record is on disk (a crash after
+ * that finds it uploading with its result, never final in S3 and lost
+ * here). */
+static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final)
 {
-	struct kiln_err err = { .code = "" };
+	json_t *rec;
 
 	json_decref(t->result);
 	t->result = result;
@@ -330,12 +351,49 @@ static void finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *res
 		t->reserved = 0;
 	}
 	set_state_locked(d, t, TS_UPLOADING);
-	if (hostd_record_write_locked(t, &err) < 0)
-		fprintf(stderr, "kiln-host: task %s: %s\n", t->id, err.message);
+	rec = record_json_locked(t);
+	if (rec) {
+		json_t *copy = json_deep_copy(rec); /* the uploaders change t's artifacts meanwhile */
+
+		json_decref(rec);
+		rec = copy;
+	}
+	t->record_pending = 1;
 	t->in_upload = 1;
 	t->next_upload_ms = kclock_mono_ms(d->clk);
 	t->upload_started_ms = t->next_upload_ms;
 	pthread_cond_broadcast(&d->upload_wake);
+	return rec;
+}
+
+/* Write finish_run_locked's record (rec: taken) durably, then let the upload
+ * end. Without d->lock. */
+static void record_persist(struct hostd *d, struct hostd_task *t, json_t *rec)
+{
+	struct kiln_err err = { .code = "" };
+
+	if (!rec)
+		fprintf(stderr, "kiln-host: task %s: out of memory for its record\n", t->id);
+	else if (spool_write_json(t->dir, "record.json", rec, SPOOL_DURABLE, &err) < 0)
+		fprintf(stderr, "kiln-host: task %s: %s\n", t->id, err.message);
+	json_decref(rec);
+	pthread_mutex_lock(&d->lock);
+	t->record_pending = 0;
+	pthread_cond_broadcast(&d->changed);
+	pthread_mutex_unlock(&d->lock);
+}
+
+/* finish_run_locked and its record at once (the rare paths where the code
+ * never ran): the record is written under d->lock. */
+static void finish_run_now_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *rec = finish_run_locked(d, t, result, final);
+
+	if (!rec || spool_write_json(t->dir, "record.json", rec, SPOOL_DURABLE, &err) < 0)
+		fprintf(stderr, "kiln-host: task %s: %s\n", t->id, rec ? err.message : "out of memory for its record");
+	json_decref(rec);
+	t->record_pending = 0;
 }
 
 json_t *hostd_error_result(const char *reason, const char *code, const char *msg)
@@ -369,11 +427,12 @@ static void *worker_main(void *arg)
 
 	pthread_mutex_lock(&d->lock);
 	if (t->cancel_requested || d->stopping) {
-		finish_run_locked(d, t,
-				  t->cancel_requested ? hostd_error_result("cancelled", "cancelled", "cancelled before it started")
-						      : hostd_error_result("host_shutdown", "host_shutdown",
-								     "kiln-host stopped before the task started"),
-				  t->cancel_requested ? TS_CANCELLED : TS_ERROR);
+		finish_run_now_locked(d, t,
+				      t->cancel_requested
+					      ? hostd_error_result("cancelled", "cancelled", "cancelled before it started")
+					      : hostd_error_result("host_shutdown", "host_shutdown",
+								   "kiln-host stopped before the task started"),
+				      t->cancel_requested ? TS_CANCELLED : TS_ERROR);
 		goto out_locked;
 	}
 	set_state_locked(d, t, TS_STARTING);
@@ -438,11 +497,6 @@ static void *worker_main(void *arg)
 	}
 ran:
 	free(sj);
-	if (t->stdout_fd >= 0)
-		fsync(t->stdout_fd);
-	if (t->stderr_fd >= 0)
-		fsync(t->stderr_fd);
-
 	pthread_mutex_lock(&d->lock);
 	final = result_state(result);
 	if (t->cancel_requested) {
@@ -457,7 +511,19 @@ ran:
 		json_object_set_new(result, "error", json_pack("{s:s, s:s}", "code", "host_shutdown", "message",
 							       "kiln-host stopped while the task ran"));
 	}
-	finish_run_locked(d, t, result, final);
+	{
+		json_t *rec = finish_run_locked(d, t, result, final);
+
+		/* The uploaders start now; the logs and the record go to disk
+		 * meanwhile (the fds stay this worker's until out_locked). */
+		pthread_mutex_unlock(&d->lock);
+		if (t->stdout_fd >= 0)
+			fsync(t->stdout_fd);
+		if (t->stderr_fd >= 0)
+			fsync(t->stderr_fd);
+		record_persist(d, t, rec);
+		pthread_mutex_lock(&d->lock);
+	}
 out_locked:
 	if (t->stdout_fd >= 0)
 		close(t->stdout_fd);
@@ -474,26 +540,36 @@ out_locked:
 /* ---- the end of a task ---- */
 
 /* Everything is in S3: the final state goes to disk, then the spooled files go. */
-void hostd_task_finished_locked(struct hostd *d, struct hostd_task *t)
+json_t *hostd_task_finished_locked(struct hostd *d, struct hostd_task *t)
 {
-	struct kiln_err err = { .code = "" };
-	char path[8400];
-	static const char *const spooled[] = { "outputs", "stdout.log", "stderr.log", "manifest.json" };
-
 	t->finished_ms = kclock_wall_ms(d->clk);
 	t->last_error[0] = '\0';
 	t->in_upload = 0;
 	d->finished_total[t->final_state]++;
 	events_drop_output_locked(t);
 	set_state_locked(d, t, t->final_state);
-	if (hostd_record_write_locked(t, &err) < 0) {
-		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id, err.message);
+	return record_json_locked(t);
+}
+
+void hostd_task_persist_final(struct hostd *d, struct hostd_task *t, json_t *record)
+{
+	struct kiln_err err = { .code = "" };
+	char path[8400];
+	static const char *const spooled[] = { "outputs", "stdout.log", "stderr.log", "manifest.json" };
+
+	if (!record || spool_write_json(t->dir, "record.json", record, SPOOL_DURABLE, &err) < 0) {
+		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id,
+			record ? err.message : "out of memory");
+		json_decref(record);
 		return;
 	}
+	json_decref(record);
 	/* Uploaded: the customer's secret goes from memory too (the record
 	 * just written holds it no more). */
+	pthread_mutex_lock(&d->lock);
 	if (t->dest)
 		OPENSSL_cleanse(t->dest->secret_key, sizeof(t->dest->secret_key));
+	pthread_mutex_unlock(&d->lock);
 	for (size_t i = 0; i < sizeof(spooled) / sizeof(*spooled); i++) {
 		snprintf(path, sizeof(path), "%s/%s", t->dir, spooled[i]);
 		spool_rm_tree(path);
@@ -771,8 +847,9 @@ int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, jso
 		if (rc != 0) {
 			/* Accepted and durable: it ends as an error rather than vanishing. */
 			free(w);
-			finish_run_locked(d, t, hostd_error_result("host_error", "host_error", "cannot start a worker thread"),
-					  TS_ERROR);
+			finish_run_now_locked(d, t,
+					      hostd_error_result("host_error", "host_error", "cannot start a worker thread"),
+					      TS_ERROR);
 		} else {
 			d->workers++;
 		}
@@ -795,37 +872,44 @@ static json_t *ms_between(int64_t a, int64_t b)
 	return a && b && b >= a ? json_integer(b - a) : json_null();
 }
 
+static json_t *task_json_locked(struct hostd *d, struct hostd_task *t)
+{
+	json_t *j, *res = NULL;
+
+	if (t->result) {
+		res = json_deep_copy(t->result);
+		json_object_del(res, "outputs");
+	}
+	j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:o, s:O, s:O, s:s*, s:i, s:{s:s, s:s}, s:{s:o, s:o, s:o, s:o}}",
+		      "id", t->id, "customer", t->customer, "host_id", d->host_id, "state",
+		      hostd_state_names[t->state], "created_ms", (json_int_t)t->created_ms, "result",
+		      res ? res : json_null(), "outputs", t->outputs, "artifacts", t->artifacts, "last_error",
+		      t->last_error[0] ? t->last_error : NULL, "upload_attempts", (int)t->upload_attempts, "s3",
+		      "bucket", t->dest ? t->dest->bucket : d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings",
+		      "start_ms", ms_between(t->created_ms, t->running_ms), "run_ms",
+		      ms_between(t->running_ms, t->ended_ms), "upload_ms", ms_between(t->ended_ms, t->finished_ms),
+		      "total_ms", ms_between(t->created_ms, t->finished_ms));
+	if (j) {
+		char prefix[DEST_PREFIX_MAX + 140];
+
+		snprintf(prefix, sizeof(prefix), "%s%s/%s/", t->dest ? t->dest->prefix : "", t->customer, t->id);
+		json_object_set_new(json_object_get(j, "s3"), "prefix", json_string(prefix));
+		/* The customer's own destination: where, never its credentials. */
+		if (t->dest)
+			json_object_set_new(json_object_get(j, "s3"), "endpoint", json_string(t->dest->endpoint));
+	}
+	return j;
+}
+
 json_t *hostd_task_json(struct hostd *d, const char *id)
 {
 	struct hostd_task *t;
-	json_t *j = NULL, *res = NULL;
+	json_t *j = NULL;
 
 	pthread_mutex_lock(&d->lock);
 	t = find_locked(d, id);
-	if (t) {
-		if (t->result) {
-			res = json_deep_copy(t->result);
-			json_object_del(res, "outputs");
-		}
-		j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:o, s:O, s:O, s:s*, s:i, s:{s:s, s:s}, s:{s:o, s:o, s:o, s:o}}",
-			      "id", t->id, "customer", t->customer, "host_id", d->host_id, "state",
-			      hostd_state_names[t->state], "created_ms", (json_int_t)t->created_ms, "result",
-			      res ? res : json_null(), "outputs", t->outputs, "artifacts", t->artifacts, "last_error",
-			      t->last_error[0] ? t->last_error : NULL, "upload_attempts", (int)t->upload_attempts, "s3",
-			      "bucket", t->dest ? t->dest->bucket : d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings", "start_ms",
-			      ms_between(t->created_ms, t->running_ms), "run_ms", ms_between(t->running_ms, t->ended_ms),
-			      "upload_ms", ms_between(t->ended_ms, t->finished_ms), "total_ms",
-			      ms_between(t->created_ms, t->finished_ms));
-		if (j) {
-			char prefix[DEST_PREFIX_MAX + 140];
-
-			snprintf(prefix, sizeof(prefix), "%s%s/%s/", t->dest ? t->dest->prefix : "", t->customer, t->id);
-			json_object_set_new(json_object_get(j, "s3"), "prefix", json_string(prefix));
-			/* The customer's own destination: where, never its credentials. */
-			if (t->dest)
-				json_object_set_new(json_object_get(j, "s3"), "endpoint", json_string(t->dest->endpoint));
-		}
-	}
+	if (t)
+		j = task_json_locked(d, t);
 	pthread_mutex_unlock(&d->lock);
 	return j;
 }

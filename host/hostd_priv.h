@@ -67,6 +67,7 @@ struct hostd_task {
 	/* Upload progress (in memory: a restart uploads again from the start;
 	 * PUTs are idempotent). */
 	int upload_busy, in_upload;
+	int record_pending;          /* the uploading record is on its way to disk: not final before */
 	size_t upload_done;
 	unsigned upload_attempts;
 	int64_t next_upload_ms;      /* monotonic (the hostd's clock) */
@@ -130,8 +131,16 @@ json_t *hostd_error_result(const char *reason, const char *code, const char *msg
 /* [PREFIX]CUSTOMER/ID/rel, t's S3 key for rel (PREFIX: its destination's),
  * caller frees; or NULL. */
 char *hostd_s3_key(const struct hostd_task *t, const char *rel);
-/* Everything is in S3: the final state goes to disk, then the spooled files. */
-void hostd_task_finished_locked(struct hostd *d, struct hostd_task *t);
+/* Everything is in S3: the task is final now (its state event, with the
+ * task's JSON, goes out at once). Returns the final record, which the
+ * caller hands to hostd_task_persist_final once it has let go of d->lock:
+ * the disk is not waited for under the lock, nor before kiln-api hears. A
+ * crash before that write finds the task uploading, and its upload (the
+ * same objects again) runs once more. */
+json_t *hostd_task_finished_locked(struct hostd *d, struct hostd_task *t);
+/* Write the final record durably (record: taken), then remove the spooled
+ * files. Called without d->lock, holding a reference on t. */
+void hostd_task_persist_final(struct hostd *d, struct hostd_task *t, json_t *record);
 
 /* ---- upload.c ---- */
 

@@ -24,7 +24,7 @@ int spool_init(const char *spool, struct kiln_err *err)
 	return 0;
 }
 
-int spool_write_json(const char *dir, const char *name, json_t *j, struct kiln_err *err)
+int spool_write_json(const char *dir, const char *name, json_t *j, int flags, struct kiln_err *err)
 {
 	char tmp[4096], path[4096];
 	char *s = json_dumps(j, JSON_COMPACT);
@@ -35,12 +35,17 @@ int spool_write_json(const char *dir, const char *name, json_t *j, struct kiln_e
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || proto_write_all(fd, s, strlen(s), 0) < 0 || fsync(fd) < 0) {
+	if (fd < 0 || proto_write_all(fd, s, strlen(s), 0) < 0 ||
+	    ((flags & SPOOL_DURABLE) && fsync(fd) < 0)) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot write %s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	if (rename(tmp, path) < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot rename %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	if (!(flags & SPOOL_DURABLE)) {
+		r = 0;
 		goto out;
 	}
 	/* The rename is durable only once the directory is. */

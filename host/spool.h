@@ -12,10 +12,14 @@
 /* Make SPOOL and SPOOL/tasks. Returns 0 or -1 with err set. */
 int spool_init(const char *spool, struct kiln_err *err);
 
-/* Write j to dir/name atomically and durably: a temporary file, fsync, rename,
- * fsync of the directory. After a crash the file holds either the old or the
- * new document, never a mix. Returns 0 or -1 with err set. */
-int spool_write_json(const char *dir, const char *name, json_t *j, struct kiln_err *err);
+/* Write j to dir/name atomically: a temporary file, then a rename. Durable
+ * (SPOOL_DURABLE): the file is fsync'd before the rename and the directory
+ * after it, so after a crash the file holds either the old or the new
+ * document, never a mix. Without it (0: a file made again from the record
+ * whenever it is needed, such as the manifest) nothing waits for the disk.
+ * Returns 0 or -1 with err set. */
+#define SPOOL_DURABLE 1
+int spool_write_json(const char *dir, const char *name, json_t *j, int flags, struct kiln_err *err);
 
 /* Remove path and everything under it, never following symlinks. Returns 0 or
  * a negative errno (a missing path is not an error). */

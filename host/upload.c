@@ -185,7 +185,9 @@ static int upload_step(struct hostd *d, struct hostd_task *t, const struct s3_co
 		pthread_mutex_lock(&d->lock);
 		m = manifest_json_locked(d, t);
 		pthread_mutex_unlock(&d->lock);
-		r = spool_write_json(t->dir, "manifest.json", m, err);
+		/* Made again from the record whenever it is uploaded: not waited
+		 * onto the disk. */
+		r = spool_write_json(t->dir, "manifest.json", m, 0, err);
 		json_decref(m);
 		snprintf(path, sizeof(path), "%s/manifest.json", t->dir);
 		return r < 0 ? -1 : upload_one(d, t, s3, "manifest.json", path, "application/json", NULL, "manifest.json", err);
@@ -345,7 +347,17 @@ void *hostd_uploader_main(void *arg)
 			d->bucket_ok = 1;
 		pick->upload_busy = 0;
 		if (r == 0) {
-			hostd_task_finished_locked(d, pick);
+			json_t *record;
+
+			/* Not final before the record of its result is on disk
+			 * (its worker writes it while this uploads). */
+			while (pick->record_pending)
+				pthread_cond_wait(&d->changed, &d->lock);
+			record = hostd_task_finished_locked(d, pick);
+
+			pthread_mutex_unlock(&d->lock);
+			hostd_task_persist_final(d, pick, record);
+			pthread_mutex_lock(&d->lock);
 		} else {
 			pick->upload_attempts++;
 			d->upload_failures++;
@@ -431,6 +443,10 @@ int hostd_set_dest(struct hostd *d, const char *id, const struct dest *dest, str
 	pthread_mutex_lock(&d->lock);
 	for (t = d->tasks; t && strcmp(t->id, id); t = t->next)
 		;
+	/* One writer of the record at a time, the newest last: its worker may
+	 * be writing the uploading one now (without the lock). */
+	while (t && t->record_pending)
+		pthread_cond_wait(&d->changed, &d->lock);
 	if (!t)
 		r = kiln_err_set(err, KERR_NOT_FOUND, "no such task");
 	else if (!t->dest)

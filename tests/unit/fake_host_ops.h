@@ -39,6 +39,7 @@ struct fake_host {
 	int nrules;
 	struct fake_call calls[FAKE_MAX_CALLS];
 	int ncalls;
+	int final_event;             /* fake_follow: a final state event carrying the task */
 };
 
 static struct fake_host fake = { .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -47,6 +48,7 @@ static void fake_reset(void)
 {
 	pthread_mutex_lock(&fake.lock);
 	fake.nrules = fake.ncalls = 0;
+	fake.final_event = 0;
 	pthread_mutex_unlock(&fake.lock);
 }
 
@@ -144,7 +146,21 @@ static int fake_follow(void *ctx, const char *base, const char *token, const cha
 		       int (*on_event)(void *ev_ctx, const char *name, json_t *data), void *ev_ctx,
 		       struct kiln_err *err)
 {
-	return 0; /* the stream ends at once: the watcher GETs the task next */
+	json_t *data;
+	int final;
+
+	pthread_mutex_lock(&fake.lock);
+	final = fake.final_event;
+	pthread_mutex_unlock(&fake.lock);
+	if (!final)
+		return 0; /* the stream ends at once: the watcher GETs the task next */
+	/* As kiln-host does: the final state's event carries the task. */
+	data = json_pack("{s:s, s:I, s:{s:s, s:s, s:{s:s, s:s, s:i}}}", "state", "succeeded", "at", (json_int_t)1, "task",
+			 "id", task_id, "state", "succeeded", "result", "state", "succeeded", "end_reason", "exited",
+			 "exit_code", 0);
+	on_event(ev_ctx, "state", data);
+	json_decref(data);
+	return 0;
 }
 
 static int fake_raw(void *ctx, const char *base, const char *token, const char *method, const char *path,

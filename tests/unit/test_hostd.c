@@ -182,7 +182,7 @@ static void write_record(struct fixture *x, const char *id, json_t *r)
 	path_of(dir, sizeof(dir), x, id, NULL);
 	if (access(dir, F_OK) < 0)
 		make_task_dir(x, id);
-	assert_int_equal(spool_write_json(dir, "record.json", r, &err), 0);
+	assert_int_equal(spool_write_json(dir, "record.json", r, SPOOL_DURABLE, &err), 0);
 	json_decref(r);
 }
 
@@ -207,7 +207,21 @@ static int has_state(void *arg)
 	struct state_want *w = arg;
 	json_t *j = hostd_task_json(w->x->d, w->id);
 	int r = j && !strcmp(json_string_value(json_object_get(j, "state")), w->state);
+	static const char *const finals[] = { "succeeded", "failed", "timed_out", "cancelled", "error" };
 
+	/* A final state is announced first and written to disk just after
+	 * (hostd_task_persist_final): the tests read the record and the spool,
+	 * so a final state counts once its record says so and the spooled
+	 * logs are gone. */
+	for (size_t i = 0; r && i < sizeof(finals) / sizeof(*finals); i++)
+		if (!strcmp(w->state, finals[i])) {
+			json_t *rec = read_record(w->x, w->id);
+
+			r = rec && !strcmp(json_string_value(json_object_get(rec, "state")) ?: "", w->state) &&
+			    !exists(w->x, w->id, "outputs") && !exists(w->x, w->id, "stdout.log") &&
+			    !exists(w->x, w->id, "stderr.log") && !exists(w->x, w->id, "manifest.json");
+			json_decref(rec);
+		}
 	json_decref(j);
 	return r;
 }
@@ -774,6 +788,23 @@ static void task_lifecycle(void **state)
 	}
 	assert_null(strstr(ev, "event: stdout"));
 	assert_non_null(strstr(ev, "event: truncated"));
+	/* The final state's event carries the task as GET answers it; the
+	 * others do not. */
+	{
+		const char *fin = strstr(ev, "data: {\"state\":\"succeeded\"");
+		const char *end = fin ? strchr(fin, '\n') : NULL;
+		json_t *e, *task;
+
+		assert_non_null(end);
+		e = json_loadb(fin + 6, (size_t)(end - fin - 6), 0, NULL);
+		task = json_object_get(e, "task");
+		assert_non_null(task);
+		assert_string_equal(json_string_value(json_object_get(task, "id")), "t1");
+		assert_string_equal(json_string_value(json_object_get(task, "state")), "succeeded");
+		assert_non_null(json_object_get(task, "artifacts"));
+		json_decref(e);
+		assert_int_equal(strstr(ev, "\"task\":") - fin, strstr(fin, "\"task\":") - fin);
+	}
 	/* Read through a buffer smaller than any event (libmicrohttpd offers as
 	 * little as 32 KiB, less than a stdout chunk's JSON): the same bytes,
 	 * each event split over reads, none cut. */

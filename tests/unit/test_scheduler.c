@@ -344,6 +344,24 @@ static void test_retry_refused_fails(void **state)
 	assert_int_equal(state_of(t2), TASK_SCHEDULED);
 }
 
+/* The host's final state event carries the task: it is stored from there,
+ * without a GET of the task after the stream. */
+static void test_final_event_carries_task(void **state)
+{
+	char t[40];
+
+	customer("a", 20);
+	heartbeat("h1", H1, 8, 0, 0, 0);
+	fake_rule("POST", H1, "/v1/tasks", 202, "{}");
+	pthread_mutex_lock(&fake.lock);
+	fake.final_event = 1;
+	pthread_mutex_unlock(&fake.lock);
+	submit("a", 256, t);
+	sched_tick(sc);
+	assert_true(wait_state(t, TASK_SUCCEEDED));
+	assert_int_equal(fake_count("GET", H1, "/v1/tasks/"), 0);
+}
+
 /* A host that cannot be reached: the task stays scheduled there and the
  * push is tried again (with a growing wait) until it answers. */
 static void test_retry_unreachable_pushes_again(void **state)
@@ -605,6 +623,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_quota_cap_skips_customer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_preference, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_full_host, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_final_event_carries_task, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_full_backoff_clock, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_refused_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retry_unreachable_pushes_again, setup, teardown),
