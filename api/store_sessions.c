@@ -511,15 +511,33 @@ int store_sessions_holding(struct store *s, struct store_session *out, int max)
 
 /* ---- leases ---- */
 
+/* Leases are not promises: a crash makes them meaningless (a restarted
+ * kiln-api is a new owner; the old one's lapse), so their commits do not
+ * wait for the disk (sdb_durable), nor does the touch that rides with them
+ * (a crash that lost it brings an idle deadline forward by one request at
+ * most). Lock held; returns whether to make commits durable again. */
+static int relax_locked(struct store *s)
+{
+	return sdb_durable(s->db, 0) == 0;
+}
+
+static void unrelax_locked(struct store *s, int relaxed)
+{
+	if (relaxed && sdb_durable(s->db, 1) < 0)
+		fprintf(stderr, "kiln-api: the store's commits may not be durable now: %s\n", sdb_errmsg(s->db));
+}
+
 /* One lease write (set when n > 0, else drop), with the touch in the same
  * transaction when asked: on the exec path the touch was a write already,
  * so the lease costs no commit of its own there. */
 static int lease_write(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms, int touch)
 {
-	int r;
+	int r, relaxed;
 
 	pthread_mutex_lock(&s->lock);
+	relaxed = relax_locked(s);
 	if (touch && store_run(s, STORE_BEGIN) != SDB_DONE) {
+		unrelax_locked(s, relaxed);
 		pthread_mutex_unlock(&s->lock);
 		return -1;
 	}
@@ -532,6 +550,7 @@ static int lease_write(struct store *s, const char *id, const char *owner, unsig
 		if (r < 0)
 			store_run(s, STORE_ROLLBACK);
 	}
+	unrelax_locked(s, relaxed);
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
@@ -550,9 +569,10 @@ int store_session_lease_drop(struct store *s, const char *id, const char *owner,
 int store_session_leases_renew(struct store *s, const char *owner, int64_t ttl_ms)
 {
 	struct sdb_stmt *st;
-	int r = -1;
+	int r = -1, relaxed;
 
 	pthread_mutex_lock(&s->lock);
+	relaxed = relax_locked(s);
 	st = stmt(s, S_LEASE_RENEW);
 	if (st) {
 		sdb_bind_text(st, 1, owner);
@@ -561,6 +581,7 @@ int store_session_leases_renew(struct store *s, const char *owner, int64_t ttl_m
 			r = sdb_changes(s->db);
 		sdb_reset(st);
 	}
+	unrelax_locked(s, relaxed);
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
@@ -569,9 +590,10 @@ int store_session_leases_replace(struct store *s, const char *owner, const char 
 				 const unsigned *counts, int n, int64_t ttl_ms)
 {
 	struct sdb_stmt *st;
-	int r = -1;
+	int r = -1, relaxed;
 
 	pthread_mutex_lock(&s->lock);
+	relaxed = relax_locked(s);
 	if (store_run(s, STORE_BEGIN) != SDB_DONE)
 		goto out;
 	st = stmt(s, S_LEASE_DROP_OWNER);
@@ -589,6 +611,7 @@ int store_session_leases_replace(struct store *s, const char *owner, const char 
 rollback:
 	store_run(s, STORE_ROLLBACK);
 out:
+	unrelax_locked(s, relaxed);
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
