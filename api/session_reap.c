@@ -251,6 +251,16 @@ void sessions_reap_once(struct sessions *ss, int reconcile)
 	if (!held)
 		return;
 	n = store_sessions_holding(ss->st, held, MAX_HOLDING);
+	/* The store unreachable (PostgreSQL away): leases may lapse meanwhile,
+	 * their holders unable to renew them. Once it is back they get
+	 * LEASE_TTL_MS to do so before any session is judged (a pause in
+	 * flight would otherwise be settled as a leftover). */
+	if (store_down(ss->st))
+		ss->store_down_ms = kclock_mono_ms(ss->clock);
+	if (ss->store_down_ms && kclock_mono_ms(ss->clock) - ss->store_down_ms < LEASE_TTL_MS) {
+		free(held);
+		return;
+	}
 	for (int i = 0; i < n; i++) {
 		struct store_session *c = &held[i];
 		int hs = c->host_id[0] ? sched_host_state(ss->sched, c->host_id, NULL) : -1;

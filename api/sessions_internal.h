@@ -69,6 +69,7 @@ struct sessions {
 	int lease_resync;            /* a lease write failed: the renewer rewrites them all (lock) */
 	pthread_t renewer;
 	int renewing;                /* the renewer thread runs (sessions_start) */
+	int64_t store_down_ms;       /* the reaper last found the store unreachable (monotonic; 0 never) */
 	unsigned char e2b_key[32];   /* E2B envd tokens are HMAC-SHA256(e2b_key, session id) */
 };
 

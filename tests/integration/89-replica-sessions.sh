@@ -11,6 +11,8 @@
 # an exec or a pause: its lease lapses (about 5 s) and another replica's
 # reaper settles the session (idle: destroyed; pausing: paused or running
 # as its host says), not before; the killed replica restarts and serves.
+# PostgreSQL stopped for longer than a lease lives under an exec: once it
+# is back the exec's replica renews its lease before any reaper judges.
 # No lease is left in the store, nothing on the host. On main (requests in
 # flight known to their own replica only) the long exec's session is
 # destroyed under it and the pause settled under it.
@@ -202,8 +204,25 @@ fi
 st=$(on 0 "$KEY" GET "/v1/sessions/$S1"); s=$(last .state)
 check "A serves again; the session is paused or running ($s)" [ "$st" = 200 -a \( "$s" = paused -o "$s" = running \) ]
 
+# ---- PostgreSQL away longer than a lease lives, an exec in flight on A ----
+# Its lease lapses meanwhile (A cannot renew it); once the database is back
+# the reapers give A time to renew before judging the idle session.
+on 0 "$KEY" POST /v1/sessions -H 'Content-Type: application/json' --data '{"idle_timeout_s":2}' > /dev/null
+S4=$(last .id)
+ex 0 "$S4" '{"argv":["sh","-c","sleep 16; echo survived"],"timeout_s":60}' > "$T_TMP/long.status" &
+long=$!
+for _ in $(seq 50); do [ "$(leases)" -ge 1 ] && break; sleep 0.1; done
+"$ROOT/scripts/pg-local.sh" stop "$T_PG_DIR" > /dev/null 2>&1
+sleep 7
+"$ROOT/scripts/pg-local.sh" start "$T_PG_DIR" > /dev/null 2>&1
+wait "$long"
+st=$(cat "$T_TMP/long.status")
+s=$(state_on 1 "$S4")
+check "PostgreSQL stopped 7 s under A's exec: the exec completes and the idle session was not ended ($s)" \
+	[ "$st" = 200 -a "$(last .stdout)" = survived -a "$s" = running ]
+
 # ---- nothing left ----
-for s in "$S1" "$S2" "$S3"; do on 2 "$KEY" DELETE "/v1/sessions/$s" > /dev/null; done
+for s in "$S1" "$S2" "$S3" "$S4"; do on 2 "$KEY" DELETE "/v1/sessions/$s" > /dev/null; done
 check "every session destroyed" [ "$(state_on 0 "$S1")" = destroyed -a "$(state_on 1 "$S3")" = destroyed ]
 nl=$("$PSQL" "$T_PG_URL" -Atc "SELECT count(*) FROM session_leases")
 check "no live lease left (rows: $nl, the killed A's lapsed ones until the clean-up)" [ "$(leases)" = 0 ]
