@@ -202,8 +202,20 @@ static PGconn *connect_to(const char *conninfo)
 {
 	/* Later entries override earlier ones: the operator's conninfo
 	 * (expanded from dbname) wins over these defaults. */
-	const char *const keys[] = { "connect_timeout", "application_name", "dbname", NULL };
-	const char *const vals[] = { "3", "kiln-api", conninfo, NULL };
+	/* Over TCP, a peer that went silent (a partition, a dead machine) is
+	 * noticed in seconds, not in the kernel's minutes: here, after 2.5 s
+	 * of a query unacknowledged (tcp_user_timeout) or 4 s of silence
+	 * (keepalives); at the server (options: its GUCs for this session),
+	 * after 8 s. So a partitioned leader's next try fails and it steps
+	 * down (within ~3 s) well before the server ends its session and
+	 * releases its lock to another replica (~8 s): never two leaders. On
+	 * a Unix socket these do nothing. */
+	const char *const keys[] = { "connect_timeout", "application_name", "keepalives", "keepalives_idle",
+				     "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options",
+				     "dbname", NULL };
+	const char *const vals[] = { "3", "kiln-api", "1", "2", "1", "2", "2500",
+				     "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3",
+				     conninfo, NULL };
 
 	return PQconnectdbParams(keys, vals, 1);
 }
