@@ -43,6 +43,34 @@ not_ok() {
 skip() { T_N=$((T_N + 1)); echo "ok $T_N - $1 # SKIP $2"; }
 # check NAME CONDITION-COMMAND...: ok when the command succeeds.
 check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name" "failed: $*"; fi; }
+# client_results [-e ERRFILE] PREFIX OUT CMD...: runs a client test that
+# prints a line a check, "PASS what", "FAIL what: why" or "SKIP what: why",
+# and makes each a result "PREFIX: what" (the why a diagnostic or the skip's
+# reason); its other lines become comments. Every line goes to OUT as well,
+# and a last one "exit N". Sets C_N (the checks seen) and C_RC (CMD's exit
+# status). CMD's stderr is read with its stdout, or goes to ERRFILE.
+client_results() {
+	local err= line rest name why
+	if [ "$1" = -e ]; then err=$2; shift 2; fi
+	local prefix=$1 out=$2; shift 2
+	C_N=0; C_RC=
+	while IFS= read -r line; do
+		echo "$line" >> "$out"
+		case $line in
+		PASS\ *) ok "$prefix: ${line#PASS }" ;;
+		FAIL\ *|SKIP\ *)
+			rest=${line#* } name=$rest why=
+			case $rest in *': '*) name=${rest%%: *} why=${rest#*: } ;; esac
+			case $line in
+			FAIL*) not_ok "$prefix: $name" ${why:+"$why"} ;;
+			*) skip "$prefix: $name" "${why:-no reason given}" ;;
+			esac ;;
+		exit\ *) C_RC=${line#exit }; echo "# $line"; continue ;;
+		*) echo "# $line"; continue ;;
+		esac
+		C_N=$((C_N + 1))
+	done < <(if [ -n "$err" ]; then "$@" 2> "$err"; else "$@" 2>&1; fi; echo "exit $?")
+}
 t_done() { echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
 
 # require_image: skip the whole script (loudly) when the guest image is missing.
