@@ -13,6 +13,8 @@ trap 't_cleanup' EXIT
 
 t_cleanup() {
 	pg_stop
+	s3_local_stop
+	net_down
 	rm -rf "$T_TMP"
 	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
 }
@@ -34,6 +36,78 @@ pg_stop() {
 	T_PG_DIR=
 }
 count_postgres() { [ -z "$T_PG_DIR" ] && echo 0 || pgrep -c -f "postgres -D $T_PG_DIR/" || true; }
+
+# ---- a stack on a private network (65-egress, 80-cluster, 85-templates) ----
+# net_bridge NAME ADDR: a bridge in the root namespace with ADDR/24, up; a
+# machine where that cannot be skips the whole script. net_ns NS VETH ADDR
+# [GATEWAY]: network namespace NS on it, its eth0 ADDR/24 (VETH the root
+# end), lo up, with GATEWAY its default route. net_down removes them (the
+# namespaces first); t_cleanup calls it, a test that checks the removal too.
+T_BRIDGE=
+T_NETNS=()
+net_bridge() {
+	ip link add "$1" type bridge && ip addr add "$2/24" dev "$1" && ip link set "$1" up || {
+		echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
+	T_BRIDGE=$1
+}
+net_ns() {
+	ip netns add "$1"
+	T_NETNS+=("$1")
+	ip link add "$2" type veth peer name eth0 netns "$1"
+	ip link set "$2" master "$T_BRIDGE" up
+	ip -n "$1" addr add "$3/24" dev eth0
+	ip -n "$1" link set eth0 up
+	ip -n "$1" link set lo up
+	[ -z "${4:-}" ] || ip -n "$1" route add default via "$4"
+}
+net_down() {
+	local n
+	for n in "${T_NETNS[@]}"; do ip netns del "$n" 2> /dev/null; done
+	T_NETNS=()
+	[ -z "$T_BRIDGE" ] || ip link del "$T_BRIDGE" 2> /dev/null
+	T_BRIDGE=
+}
+# s3_local_start [BIND]: a local S3 (scripts/s3-local.sh) in $T_TMP/s3, its
+# endpoint on BIND (default 127.0.0.1), S3_ENDPOINT, S3_ACCESS_KEY and
+# S3_SECRET_KEY set; when it does not start the whole script skips.
+# t_cleanup stops it.
+T_S3_DIR=
+s3_local_start() {
+	T_S3_DIR=$T_TMP/s3
+	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+		echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+	. "$T_TMP/s3.env"
+}
+s3_local_stop() {
+	[ -n "$T_S3_DIR" ] || return 0
+	"$ROOT/scripts/s3-local.sh" stop "$T_S3_DIR" 2> /dev/null
+	T_S3_DIR=
+}
+# api_start CONFIG URL: kiln-api with CONFIG (its output appended to
+# $T_TMP/api.out and api.err), its pid in api_pid; 0 once URL/healthz
+# answers, 1 when it has not in 10 s.
+api_start() {
+	"$ROOT/build/kiln-api" --config "$1" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do curl -s -m 1 "$2/healthz" > /dev/null && return 0; sleep 0.1; done
+	return 1
+}
+# Requests to kiln-api at $API: admin with $ADMIN, cust with $KEY (curl args).
+admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
+# wait_live N [SECONDS]: until N hosts are live (default 240 s); 0, or 1.
+wait_live() {
+	local i
+	for i in $(seq $((${2:-240} * 5))); do [ "$(live_hosts)" = "$1" ] && return 0; sleep 0.2; done
+	return 1
+}
+# new_customer ID [JSON]: creates customer ID (JSON: more of its fields) and
+# prints a key of it.
+new_customer() {
+	jq -cn --arg id "$1" --argjson more "${2:-{\}}" '{id: $id} + $more' | admin -X POST --data-binary @- "$API/v1/admin/customers" > /dev/null
+	admin -X POST "$API/v1/admin/customers/$1/keys" | jq -r .key
+}
 
 ok() { T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
 not_ok() {
