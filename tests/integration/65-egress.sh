@@ -29,7 +29,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 # ns ROLE ADDR [EXTRA_ADDR...]: a namespace on the bridge, with more /32s on its interface.
@@ -285,5 +284,5 @@ check "no QEMU, VM directories or cgroups left" \
 cleanup_ok=1
 trap - EXIT
 cleanup
-check "namespaces and bridge removed" test "$(ip netns list | wc -l)" = "$before_ns" -a -z "$(ip link show "$BR" 2> /dev/null)"
+check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -30,7 +30,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ours_ns() { ip netns list | grep -c "^$PFX-" || true; }
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 net_ns "$PFX-host" "kf${N}h" "$NET.10" "$NET.1"
@@ -131,5 +130,5 @@ check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 trap - EXIT
 cleanup
-check "namespaces and bridge removed" test "$(ours_ns)" = 0 -a -z "$(ip link show "$BR" 2> /dev/null)"
+check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

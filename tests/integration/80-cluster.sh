@@ -31,7 +31,6 @@ cleanup() {
 trap cleanup EXIT
 
 # --- network: a bridge in the root namespace, one namespace per host ---
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 for n in 1 2 3; do net_ns "$NS_PREFIX-$n" "kv$N-$n" "$NET.$((10 + n))"; done
@@ -262,8 +261,8 @@ net_down
 # wait for its next start, or for `kiln-host reap`.
 "$KILN_HOST" reap --run-dir "$KILN_RUN_DIR/h$vn" > "$T_TMP/reap.out" 2>&1
 for n in 1 2 3; do rmdir "$KILN_RUN_DIR/h$n"; done
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && ! ip link show "$BR" > /dev/null 2>&1 \
+if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] \
    && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_run_entries)" = 0 ]; then
 	ok "afterwards (the killed host reaped: $(cat "$T_TMP/reap.out")): no QEMU, VM directory, namespace, bridge or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done

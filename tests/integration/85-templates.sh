@@ -48,7 +48,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 for n in 1 2; do net_ns "$NS-$n" "kt$N-$n" "$NET.$((10 + n))"; done
@@ -280,8 +279,8 @@ kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
 kill "$proxy_pid"; wait "$proxy_pid" 2> /dev/null; proxy_pid=
 net_down
 for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && [ "$(count_cgroups)" = "$before_cg" ] \
+if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_run_entries)" = 0 ]; then
 	ok "afterwards: no QEMU, VM directory, namespace or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done

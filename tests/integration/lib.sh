@@ -43,6 +43,8 @@ count_postgres() { [ -z "$T_PG_DIR" ] && echo 0 || pgrep -c -f "postgres -D $T_P
 # [GATEWAY]: network namespace NS on it, its eth0 ADDR/24 (VETH the root
 # end), lo up, with GATEWAY its default route. net_down removes them (the
 # namespaces first); t_cleanup calls it, a test that checks the removal too.
+# net_left: how many of them are still there (this test's own: other tests
+# may add and remove namespaces meanwhile).
 T_BRIDGE=
 T_NETNS=()
 net_bridge() {
@@ -62,10 +64,14 @@ net_ns() {
 }
 net_down() {
 	local n
-	for n in "${T_NETNS[@]}"; do ip netns del "$n" 2> /dev/null; done
-	T_NETNS=()
-	[ -z "$T_BRIDGE" ] || ip link del "$T_BRIDGE" 2> /dev/null
-	T_BRIDGE=
+	for n in "${T_NETNS[@]}"; do [ ! -e "/run/netns/$n" ] || ip netns del "$n"; done
+	[ -z "$T_BRIDGE" ] || ! ip link show "$T_BRIDGE" > /dev/null 2>&1 || ip link del "$T_BRIDGE"
+}
+net_left() {
+	local n c=0
+	for n in "${T_NETNS[@]}"; do [ ! -e "/run/netns/$n" ] || c=$((c + 1)); done
+	[ -z "$T_BRIDGE" ] || ! ip link show "$T_BRIDGE" > /dev/null 2>&1 || c=$((c + 1))
+	echo "$c"
 }
 # s3_local_start [BIND]: a local S3 (scripts/s3-local.sh) in $T_TMP/s3, its
 # endpoint on BIND (default 127.0.0.1), S3_ENDPOINT, S3_ACCESS_KEY and
