@@ -364,8 +364,11 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	}
 	if (api_task_request_parse(httpd_body_data(req), httpd_body_len(req), &tr, &err) < 0)
 		return reply_err(conn, &err);
-	if (store_customer_quota(s->st, c->customer, &q) < 0) {
+	r = store_customer_quota(s->st, c->customer, &q);
+	if (r < 0) {
 		api_task_request_free(&tr);
+		if (r != -ENOENT) /* the database went away after the check at the door */
+			return reply_error(conn, KERR_UNAVAILABLE, "the store is unavailable: retry");
 		return reply_error(conn, KERR_FORBIDDEN, "this key's customer no longer exists");
 	}
 	if (tr.egress && strcmp(tr.egress, "none") && !q.allow_egress) {

@@ -112,7 +112,8 @@ int store_is_leader(struct store *s);
  * id exists. */
 int store_customer_create(struct store *s, const char *id, const char *name, const struct quota *q,
 			  struct kiln_err *err);
-/* 0 and *q filled, -ENOENT when no such customer. */
+/* 0 and *q filled, -ENOENT when no such customer, -EIO when the store
+ * failed (PostgreSQL unreachable). */
 int store_customer_quota(struct store *s, const char *id, struct quota *q);
 int store_customer_set_quota(struct store *s, const char *id, const struct quota *q, struct kiln_err *err);
 

@@ -92,12 +92,17 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 int store_customer_quota_locked(struct store *s, const char *id, struct quota *q)
 {
 	struct sdb_stmt *st = stmt(s, K_CUST_QUOTA);
-	int r = -ENOENT;
+	int r = -ENOENT, rc;
 
 	if (!st)
 		return -EIO;
 	sdb_bind_text(st, 1, id);
-	if (sdb_step(st) == SDB_ROW) {
+	/* No row is -ENOENT only when the query ran: a database that went away
+	 * meanwhile is -EIO (a 503, not "no such customer"). */
+	rc = sdb_step(st);
+	if (rc != SDB_ROW && rc != SDB_DONE)
+		r = -EIO;
+	if (rc == SDB_ROW) {
 		const char *t = store_col_text(st, 0);
 		json_t *j = json_loads(t ? t : "", 0, NULL);
 

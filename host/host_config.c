@@ -4,6 +4,7 @@
 #include "net.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
-	json_t *templates = NULL, *sessions = NULL;
+	json_t *templates = NULL, *sessions = NULL, *api = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
@@ -38,7 +39,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "qemu", CONF_STR, &c->qemu }, { "spool_dir", CONF_STR, &c->spool_dir },
 			{ "cold", CONF_BOOL, &c->cold }, { "capacity", CONF_OBJ, &capacity },
 			{ "pool", CONF_OBJ, &pool }, { "s3", CONF_OBJ, &s3 }, { "upload", CONF_OBJ, &upload },
-			{ "retention_s", CONF_U32, &c->retention_s, 60, 365 * 86400 }, { "api", CONF_STR, &c->api },
+			{ "retention_s", CONF_U32, &c->retention_s, 60, 365 * 86400 }, { "api", CONF_OBJ, &api },
 			{ "advertise_url", CONF_STR, &c->advertise_url },
 			{ "heartbeat_ms", CONF_U32, &c->heartbeat_ms, 100, 60000 }, { "network", CONF_OBJ, &network },
 			{ "outputs", CONF_OBJ, &outputs }, { "disk", CONF_OBJ, &disk },
@@ -49,6 +50,13 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "sessions", CONF_OBJ, &sessions }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, 0, err) < 0)
+			goto fail;
+	}
+	if (api) {
+		char what[PATH_MAX + 8];
+
+		snprintf(what, sizeof(what), "%s: api", path);
+		if (apilist_add_json(&c->api, api, what, err) < 0)
 			goto fail;
 	}
 	if (sessions) {
@@ -222,6 +230,7 @@ fail:
 void config_free(struct host_config *c)
 {
 	json_decref(c->root);
+	apilist_free(&c->api);
 	free(c->file_token);
 	free(c->file_secret);
 	memset(c, 0, sizeof(*c));

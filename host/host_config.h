@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "apilist.h"
 #include "err.h"
 #include "s3.h"
 
@@ -15,7 +16,8 @@ struct host_config {
 	const char *listen;          /* "ADDR:PORT" */
 	const char *host_id;
 	const char *token;           /* cluster token (or read from token_file) */
-	const char *api, *advertise_url; /* kiln-api to register with, and how it reaches us */
+	struct apilist api;          /* "api": kiln-api URL(s) to heartbeat to (n 0: unset) */
+	const char *advertise_url;   /* how kiln-api reaches us */
 	unsigned heartbeat_ms;
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */

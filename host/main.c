@@ -44,7 +44,7 @@ static void usage(FILE *f)
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [--force] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--config FILE] [--token T] [--host-id ID] [--spool-dir DIR]\n"
-	      "                       [--api URL] [--advertise URL]\n"
+	      "                       [--api URL[,URL...]] [--advertise URL]\n"
 	      "                       [--listen ADDR:PORT] [--pool N] [--pool-max N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
@@ -500,7 +500,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	signal(SIGPIPE, SIG_IGN);
 	/* Should the host itself run short of memory, sandboxes go first. */
 	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
-	if (o->s3 || o->api)
+	if (o->s3 || (o->api && o->api->n))
 		s3_global_init();
 
 	vm_reap_stale(ro->vm.run_dir);
@@ -567,7 +567,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	http = serve_http_start(&http_cfg, &err);
 	if (!http)
 		goto fail;
-	if (o->api) {
+	if (o->api && o->api->n) {
 		char adv[128];
 
 		snprintf(adv, sizeof(adv), "http://%s:%d", o->listen_host, o->port);
@@ -625,8 +625,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->token = hc->token;
 	if (hc->spool_dir)
 		so->spool_dir = hc->spool_dir;
-	if (hc->api)
-		so->api = hc->api;
+	if (hc->api.n)
+		so->api = &hc->api;
 	if (hc->advertise_url)
 		so->advertise = hc->advertise_url;
 	so->heartbeat_ms = hc->heartbeat_ms;
@@ -699,6 +699,7 @@ static int cmd_serve(int argc, char **argv)
 	static struct common cm;
 	static struct sockaddr_in addr;
 	static struct host_config hc;
+	static struct apilist flag_api;
 	static char host[64], host_id[65];
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
 				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
@@ -738,12 +739,10 @@ static int cmd_serve(int argc, char **argv)
 		case O_TOKEN: so.token = optarg; break;
 		case O_HOST_ID: so.host_id = optarg; break;
 		case O_SPOOL: so.spool_dir = optarg; break;
-		case O_API:
-			if (strncmp(optarg, "http://", 7) && strncmp(optarg, "https://", 8)) {
-				kiln_err_set(&err, KERR_USAGE, "--api: expected an http:// or https:// URL");
+		case O_API: /* the flag's URLs replace the config's; a second --api adds to the first */
+			if (apilist_add(&flag_api, optarg, "--api", &err) < 0)
 				return print_error(&err, 2);
-			}
-			so.api = optarg;
+			so.api = &flag_api;
 			break;
 		case O_ADVERTISE: so.advertise = optarg; break;
 		case O_VCPUS:

@@ -6,6 +6,8 @@
 
 #include <netinet/in.h>
 
+#include "apilist.h"
+
 #include "err.h"
 #include "run.h"
 #include "s3.h"
@@ -29,7 +31,7 @@ struct serve_opts {
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	unsigned upload_workers, max_backoff_s, retention_s;
 	unsigned upload_inline_max;   /* logs up to this many bytes go inside manifest.json (0: never) */
-	const char *api;              /* kiln-api base URL to register with (NULL: standalone) */
+	const struct apilist *api;    /* kiln-api URLs to heartbeat to (NULL or none: standalone) */
 	const char *advertise;        /* URL kiln-api reaches this host at (default http://listen) */
 	unsigned heartbeat_ms;        /* 0: 1000 */
 	unsigned max_connections;     /* open HTTP connections in all (0: 1024) */

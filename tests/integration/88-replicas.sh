@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Three kiln-api replicas on one PostgreSQL (a server of the test's own,
-# scripts/pg-local.sh), two kiln-hosts in network namespaces heartbeating
-# to one of them (as they would to a load balancer's address), a local S3.
+# scripts/pg-local.sh), two kiln-hosts in network namespaces given every
+# replica's URL (they heartbeat to the first that answers), a local S3.
 # One replica is the scheduler's leader (healthz says which); a key made on
 # one works on the others and a revoked one stops everywhere within a
 # second; an idempotent retry on another replica gets the same task; an
-# event stream on replica B follows a task submitted on A; a burst of
+# event stream on replica B follows a task submitted on A; a burst of 500
 # submissions spread over the replicas while the leader is SIGKILLed: a
-# follower takes over, every 202'd task reaches a final state and none
-# reached two hosts; PostgreSQL restarted under submissions: 503s while it
-# is down, nothing acknowledged lost, recovery by itself.
+# follower takes over, every 202'd task reaches a final state, ran on
+# exactly one host and is recorded there; the replica the hosts heartbeat
+# to SIGKILLed: they move to the next URL of their list, stay live and run
+# a task submitted afterwards; PostgreSQL restarted under submissions: 503s
+# while it is down, nothing acknowledged lost, recovery by itself.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in ip nsenter swift-proxy-server; do
@@ -39,7 +41,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
+# This test's own namespaces (other worktrees' tests make and remove theirs meanwhile).
+own_ns() { ip netns list | grep -c "^$NS_PREFIX-" || true; }
 before_cg=$(count_cgroups)
 ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
 	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
@@ -75,9 +78,10 @@ leaders() { # the replicas that say they lead, e.g. "1"
 		curl -s -m 2 "$(url "$r")/healthz" | jq -e .leader > /dev/null 2>&1 && echo "$r"
 	done
 }
-start_host() { # n: heartbeats go to replica 2 (never killed here)
+start_host() { # n: every replica's URL, replica 0 first (kiln-host uses the first that answers)
 	local n=$1 ns=$NS_PREFIX-$1
-	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg api "$(url 2)" --arg token "$TOKEN" \
+	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg token "$TOKEN" \
+		--argjson api "$(jq -cn --arg a "$(url 0)" --arg b "$(url 1)" --arg c "$(url 2)" '[$a, $b, $c]')" \
 		--arg spool "$T_TMP/spool-$n" --arg run "$KILN_RUN_DIR/h$n" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
 		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
@@ -119,7 +123,7 @@ for n in 1 2; do start_host "$n"; done
 live_hosts() { on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[(.hosts // .)[] | select(.state == "live")] | length'; }
 for _ in $(seq 1200); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
 lh=$(live_hosts); on 1 "$ADMIN" GET /v1/admin/hosts > /dev/null; lh1=$(last '(.hosts // .) | length')
-check "two kiln-hosts heartbeat to one replica; every replica lists them live" [ "$lh" = 2 -a "$lh1" = 2 ]
+check "two kiln-hosts given all three replicas' URLs heartbeat; every replica lists them live" [ "$lh" = 2 -a "$lh1" = 2 ]
 for _ in $(seq 1200); do
 	on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null
 	[ "$(last '[(.hosts // .)[] | select(.capacity.pool.ready >= 1)] | length')" = 2 ] && break
@@ -156,42 +160,119 @@ if grep -q '"state":"running"' "$T_TMP/ev.txt" && grep -q '"state":"succeeded"' 
 	ok "an event stream on replica 1 sees a task submitted on replica 0 run and succeed"
 else not_ok "cross-replica event stream" "$(head -c 800 "$T_TMP/ev.txt")"; fi
 
-# ---- a burst spread over the replicas; the leader SIGKILLed mid-burst ----
+# ---- a burst of 500 spread over the replicas; the leader SIGKILLed mid-burst ----
+# The cheapest task (sh `true`), 8 clients at a time, each submission to
+# replica i % 3; one that gets no answer (its replica died under it) is sent
+# again to the next replica with the same Idempotency-Key, as a client
+# behind a load balancer would: it must get the same task if the dead
+# replica had committed it, so that the burst makes exactly NB tasks.
+NB=500
 burst=$T_TMP/burst; mkdir -p "$burst"
 export KEY burst BASE NET
-seq 60 | xargs -P 6 -I{} sh -c 'r=$(({} % 3)); curl -s --max-time 30 -o "$burst/{}.json" -w "%{http_code}" -X POST \
-	-H "Authorization: Bearer $KEY" --data-binary "{\"language\":\"sh\",\"code\":\"echo b{}\"}" \
-	"http://$NET.1:$((BASE + r))/v1/tasks" > "$burst/{}.code" 2> /dev/null' &
+t_burst=$SECONDS
+seq "$NB" | xargs -P 8 -I{} sh -c 'for try in 0 1 2; do r=$((({} + try) % 3))
+	c=$(curl -s --max-time 30 -o "$burst/{}.json" -w "%{http_code}" -X POST -H "Authorization: Bearer $KEY" \
+		-H "Idempotency-Key: burst-{}" --data-binary "{\"language\":\"sh\",\"code\":\"true\",\"metadata\":{\"burst\":\"{}\"}}" \
+		"http://$NET.1:$((BASE + r))/v1/tasks" 2> /dev/null)
+	case $c in 000 | 5*) ;; *) break ;; esac
+done; echo "$c" > "$burst/{}.code"' &
 bpid=$!
-for _ in $(seq 200); do [ "$(grep -l '^202$' "$burst"/*.code 2> /dev/null | wc -l)" -ge 15 ] && break; sleep 0.05; done
-L=$(leaders | head -1)
+acked() { cat "$burst"/*.code 2> /dev/null | grep -c '^20[02]$'; }
+for _ in $(seq 600); do [ "$(acked)" -ge $((NB * 3 / 10)) ] && break; sleep 0.05; done
+L=$(leaders | head -1); acked_before=$(acked)
 kill -9 "${api_pids[$L]}"; wait "${api_pids[$L]}" 2> /dev/null; unset "api_pids[$L]"
 t0=$(date +%s%N); NL=
 for _ in $(seq 100); do NL=$(leaders | head -1); [ -n "$NL" ] && break; sleep 0.1; done
 fo=$((($(date +%s%N) - t0) / 1000000))
-check "replica $L (the leader) SIGKILLed: replica $NL leads within 5 s (${fo} ms)" [ -n "$NL" -a "$fo" -lt 5000 ]
+check "replica $L (the leader) SIGKILLed after $acked_before of $NB submissions: replica $NL leads within 5 s (${fo} ms)" \
+	[ -n "$NL" -a "$fo" -lt 5000 ]
 wait "$bpid"
-# Replica L's share of the burst after its death got no 202 (connection refused): that is fine.
-accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
+t_submitted=$((SECONDS - t_burst))
+codes=$(cat "$burst"/*.code | sort | uniq -c | tr '\n' ' ')
+ids=$T_TMP/burst-ids; : > "$ids"
+for f in "$burst"/*.code; do
+	case $(cat "$f") in 200 | 202) jq -r .id "${f%.code}.json" >> "$ids" ;; esac
+done
+sort -u "$ids" -o "$T_TMP/burst-ids.u"
+check "all $NB submissions acknowledged in ${t_submitted} s, as $NB distinct tasks ($codes)" \
+	[ "$(wc -l < "$ids")" = "$NB" -a "$(wc -l < "$T_TMP/burst-ids.u")" = "$NB" ]
 S=$NL # a surviving replica to read from
-final=0 succeeded=0 hist="" sample=""
-dl=$((SECONDS + 300))
-for id in "${accepted[@]}"; do
-	wait_final "$S" "$id" "$dl"; st=$(last .state)
-	[[ $st =~ $final_re ]] && final=$((final + 1))
-	if [ "$st" = succeeded ]; then succeeded=$((succeeded + 1))
-	else hist="$hist $st/$(last .end_reason)/$(last .host)"; [ -n "$sample" ] || sample=$(head -c 700 "$T_TMP/last.json"); fi
+# list_tasks FILE: every task of the customer as "id state host burst end_reason
+# queued_ms start_ms run_ms upload_ms total_ms" lines.
+list_tasks() {
+	local cur="" n
+	: > "$1"
+	for n in $(seq 100); do
+		[ "$(on "$S" "$KEY" GET "/v1/tasks?limit=100${cur:+&cursor=$cur}")" = 200 ] || return 1
+		jq -r '.tasks[] | [.id, .state, (.host // "-"), (.metadata.burst // "-"), (.end_reason // "-"),
+			(.timings // {} | .queued_ms, .start_ms, .run_ms, .upload_ms, .total_ms | . // -1)] | @tsv' \
+			"$T_TMP/last.json" >> "$1"
+		cur=$(last '.next_cursor // empty'); [ -n "$cur" ] || return 0
+	done
+}
+tl=$T_TMP/tasks.tsv; dl=$((SECONDS + 600)); nfinal=0
+while :; do
+	list_tasks "$tl"
+	nfinal=$(awk -F'\t' '$4 != "-" && $2 ~ /^(succeeded|failed|error|cancelled|timed_out)$/' "$tl" | wc -l)
+	[ "$nfinal" -ge "$NB" ] || [ "$SECONDS" -ge "$dl" ] && break
+	sleep 1
 done
-if [ "${#accepted[@]}" -ge 15 ] && [ "$final" = "${#accepted[@]}" ] && [ "$succeeded" = "${#accepted[@]}" ]; then
-	ok "all ${#accepted[@]} tasks 202'd during the burst succeed under the new leader"
-else not_ok "burst over a leader's death" "accepted=${#accepted[@]} final=$final succeeded=$succeeded" \
-	"$(echo $hist | tr ' ' '\n' | sort | uniq -c | tr '\n' ' ')" "$sample" "$(grep -v '^kiln-api: serving' "$T_TMP/api$NL.err" | tail -8)"; fi
-twice=0
-for id in "${accepted[@]}" "$sid" "$id0"; do
-	c=$(cat "$T_TMP"/spool-*/tasks/"$id"/record.json 2> /dev/null | wc -l)
-	[ "$c" -le 1 ] || twice=$((twice + 1))
-done
-check "no task reached more than one host's spool" [ "$twice" = 0 ]
+t_final=$((SECONDS - t_burst))
+awk -F'\t' '$4 != "-"' "$tl" > "$T_TMP/burst.tsv"
+nmade=$(wc -l < "$T_TMP/burst.tsv")
+nsucc=$(awk -F'\t' '$2 == "succeeded"' "$T_TMP/burst.tsv" | wc -l)
+ndist=$(cut -f4 "$T_TMP/burst.tsv" | sort -u | wc -l)
+perhost=$(awk -F'\t' '{ print $3 }' "$T_TMP/burst.tsv" | sort | uniq -c | tr '\n' ' ')
+nmatch=$(cut -f1 "$T_TMP/burst.tsv" | sort | comm -12 - "$T_TMP/burst-ids.u" | wc -l)
+if [ "$nmade" = "$NB" ] && [ "$ndist" = "$NB" ] && [ "$nmatch" = "$NB" ] && [ "$nsucc" = "$NB" ]; then
+	ok "the burst made exactly $NB tasks, all succeeded under the new leader, all final ${t_final} s after its start (per host: $perhost)"
+else not_ok "burst over a leader's death" "tasks=$nmade distinct=$ndist acknowledged-ids-found=$nmatch succeeded=$nsucc final=$nfinal after ${t_final} s" \
+	"$(awk -F'\t' '$2 != "succeeded" { print $2 "/" $5 "/" $3 }' "$T_TMP/burst.tsv" | sort | uniq -c | tr '\n' ' ')" \
+	"$(grep -v '^kiln-api: serving' "$T_TMP/api$NL.err" | tail -8)" "$(tail -4 "$T_TMP"/host*.err)"; fi
+# Figures (not checked): where a burst task's time went, medians in ms, and
+# how the hosts' warm pools kept up.
+med() { cut -f"$1" "$T_TMP/burst.tsv" | sort -n | awk '{ a[NR] = $1 } END { print (NR ? a[int((NR + 1) / 2)] : "-") }'; }
+pools=$(for n in 1 2; do curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://$NET.$((10 + n)):7070/metrics" |
+	awk -v h="h$n" '/^kiln_host_pool_(takes|misses)_total/ { v[$1] = $2 } /^kiln_host_task_start_seconds_(sum|count)/ { v[$1] = $2 }
+		END { printf "%s: %d pool takes, %d misses, start %.0f ms avg; ", h, v["kiln_host_pool_takes_total"],
+		v["kiln_host_pool_misses_total"], 1000 * v["kiln_host_task_start_seconds_sum"] / (v["kiln_host_task_start_seconds_count"] + 1e-9) }'; done)
+echo "# burst of $NB: submitted in ${t_submitted} s, all final in ${t_final} s; medians queued $(med 6) ms, start $(med 7) ms, run $(med 8) ms, upload $(med 9) ms, total $(med 10) ms; $pools"
+# Exactly once: each task's record is in one host's spool, the host it ran on.
+spooled=$T_TMP/spooled.txt
+for n in 1 2; do
+	ls "$T_TMP/spool-$n/tasks" 2> /dev/null | sed "s/\$/ h$n/"
+done | sort > "$spooled"
+awk -F'\t' '{ print $1 " " $3 }' "$T_TMP/burst.tsv" | sort > "$T_TMP/ran.txt"
+twice=$(cut -d' ' -f1 "$spooled" | uniq -d | wc -l)
+nonce=$(comm -23 "$T_TMP/ran.txt" "$spooled" | wc -l)
+check "no task reached two hosts' spools; each of the $NB is in exactly the spool of the host it ran on" \
+	[ "$twice" = 0 -a "$nonce" = 0 ]
+
+# ---- the replica the hosts heartbeat to SIGKILLed: they move to another ----
+cur_replica() { # n: the replica host n last registered with (from its log)
+	local u; u=$(grep -o 'registered with http://[^ ]*' "$T_TMP/host$1.err" | tail -1 | sed 's/.*://')
+	[ -n "$u" ] && echo $((u - BASE))
+}
+C=$(cur_replica 1)
+if [ -n "$C" ] && [ -n "${api_pids[$C]:-}" ]; then
+	kill -9 "${api_pids[$C]}"; wait "${api_pids[$C]}" 2> /dev/null; unset "api_pids[$C]"
+	tk=$SECONDS
+	S=$(printf '%s\n' "${!api_pids[@]}" | head -1)
+	for _ in $(seq 100); do [ -n "$(leaders)" ] && break; sleep 0.1; done
+	on "$S" "$KEY" POST /v1/tasks --data-binary "$(sh_spec 'echo after')" > /dev/null; aid=$(last .id)
+	wait_final "$S" "$aid" $((SECONDS + 120)); ast=$(last .state); ahost=$(last .host)
+	# Past host_lost_after_s (5 s) since the kill: a host still heartbeating
+	# to the dead replica would be lost by now.
+	while [ $((SECONDS - tk)) -lt 7 ]; do sleep 0.5; done
+	on "$S" "$ADMIN" GET /v1/admin/hosts > /dev/null
+	lv=$(last '[(.hosts // .)[] | select(.state == "live")] | length')
+	moved=0; for n in 1 2; do c=$(cur_replica "$n"); [ -n "$c" ] && [ "$c" != "$C" ] && moved=$((moved + 1)); done
+	check "replica $C (the hosts' heartbeat target) SIGKILLed: both hosts register with another ($moved/2) and are live 7 s later ($lv/2) on replica $S" \
+		[ "$moved" = 2 -a "$lv" = 2 ]
+	check "a task submitted after that succeeds on one of them ($ast on $ahost)" [ "$ast" = succeeded -a -n "$ahost" ]
+else
+	not_ok "the hosts' replica" "host 1 registered with no live replica: $(grep -h 'kiln-host: ' "$T_TMP/host1.err" | tail -3)"
+fi
 
 # ---- PostgreSQL restarted under submissions ----
 pgb=$T_TMP/pgb; mkdir -p "$pgb"
@@ -212,7 +293,11 @@ sleep 1
 wait "$lpid"
 codes=$(for f in "$pgb"/*.code; do cat "$f"; echo; done | sort | uniq -c | tr '\n' ' ')
 n503=$(grep -l '^503$' "$pgb"/*.code | wc -l)
-check "PostgreSQL down: healthz 503 and some submissions 503 ($codes)" [ "$hz" = 503 -a "$n503" -ge 1 ]
+# Nothing but 202 and 503: a valid key must not be refused (403) because the
+# database went away between the door's check and the customer's quota.
+nother=$(for f in "$pgb"/*.code; do cat "$f"; echo; done | grep -cv '^\(202\|503\)$')
+check "PostgreSQL down: healthz 503, some submissions 503, none anything but 202/503 ($codes)" \
+	[ "$hz" = 503 -a "$n503" -ge 1 -a "$nother" = 0 ]
 up=0; for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$(url "$S")/healthz")" = 200 ] && { up=1; break; }; sleep 0.1; done
 check "PostgreSQL back: healthz 200 by itself" [ "$up" = 1 ]
 lostn=0 acc=0 pgs="" dl=$((SECONDS + 300))
@@ -238,8 +323,8 @@ ip link del "$BR"
 for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
 d=$T_PG_DIR
 pg_stop
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && [ "$(count_cgroups)" = "$before_cg" ] \
+if [ "$(count_qemu)" = 0 ] && [ "$(own_ns)" = 0 ] && ! ip link show "$BR" > /dev/null 2>&1 && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_run_entries)" = 0 ] && [ -z "$(pgrep -f "postgres -D $d/")" ] && [ ! -e "$d" ]; then
 	ok "afterwards: no QEMU, VM directory, namespace, cgroup or PostgreSQL left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) ns=$(own_ns) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done

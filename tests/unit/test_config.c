@@ -93,6 +93,29 @@ static void test_refusals(void **state)
 	refused("{\"network\":{\"dns_upstream\":\"1.2.3.4\"}}", "network.dns_upstream");
 	refused("{\"network\":{\"dns_upstream\":\"1.2.3.4:0\"}}", "network.dns_upstream");
 	refused("{\"network\":[]}", "network: expected an object");
+	refused("{\"api\":[]}", "api: expected a URL or a non-empty array");
+	refused("{\"api\":\"ftp://x\"}", "api: expected http://");
+	refused("{\"api\":[\"http://a\",\"http://b,\"]}", "api: an empty URL");
+}
+
+/* "api": one URL as before, or a list (an array, or commas in a string). */
+static void test_api_urls(void **state)
+{
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+
+	assert_int_equal(config_load(write_file("api1.json", "{\"api\":\"http://lb:8080/\"}"), &c, &err), 0);
+	assert_int_equal(c.api.n, 1);
+	assert_string_equal(c.api.url[0], "http://lb:8080");
+	config_free(&c);
+	assert_int_equal(config_load(write_file("api3.json", "{\"api\":[\"http://a:1\",\"http://b:2,http://c:3\"]}"),
+				     &c, &err), 0);
+	assert_int_equal(c.api.n, 3);
+	assert_string_equal(c.api.url[2], "http://c:3");
+	config_free(&c);
+	assert_int_equal(config_load(write_file("api0.json", "{}"), &c, &err), 0);
+	assert_int_equal(c.api.n, 0);
+	config_free(&c);
 }
 
 /* The network section: values land, defaults fill the rest, the built-in
@@ -351,6 +374,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_api_urls),
 		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_request_parse),
 		cmocka_unit_test(test_conf_values),
