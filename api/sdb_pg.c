@@ -599,6 +599,44 @@ const void *pg_col_blob(struct sdb_pg_stmt *st, int i, int *n)
 	return st->blob;
 }
 
+/* ---- a background thread with a stop pipe ---- */
+
+/* The thread loops while !bg_stopping(b), polling b->stop_pipe[0] with its
+ * own descriptors: bg_stop makes that readable and waits for the thread. */
+struct bg {
+	pthread_t thread;
+	int stop;                    /* atomic */
+	int stop_pipe[2];
+};
+
+static int bg_start(struct bg *b, void *(*fn)(void *), void *arg)
+{
+	if (pipe2(b->stop_pipe, O_CLOEXEC) < 0)
+		return -1;
+	if (pthread_create(&b->thread, NULL, fn, arg) != 0) {
+		close(b->stop_pipe[0]);
+		close(b->stop_pipe[1]);
+		return -1;
+	}
+	return 0;
+}
+
+static int bg_stopping(struct bg *b)
+{
+	return __atomic_load_n(&b->stop, __ATOMIC_ACQUIRE);
+}
+
+static void bg_stop(struct bg *b)
+{
+	__atomic_store_n(&b->stop, 1, __ATOMIC_RELEASE);
+	if (write(b->stop_pipe[1], "x", 1) < 0) {
+		/* the thread sees stop at its poll's timeout anyway */
+	}
+	pthread_join(b->thread, NULL);
+	close(b->stop_pipe[0]);
+	close(b->stop_pipe[1]);
+}
+
 /* ---- LISTEN ---- */
 
 struct sdb_listener {
@@ -606,10 +644,8 @@ struct sdb_listener {
 	char channel[64];
 	sdb_notify_fn *fn;
 	void *arg;
-	pthread_t thread;
 	PGconn *first;               /* connected by sdb_listen itself, or NULL */
-	int stop;                    /* atomic */
-	int stop_pipe[2];
+	struct bg bg;
 };
 
 /* Connect and LISTEN: the connection, or NULL. */
@@ -641,8 +677,8 @@ static void *listen_main(void *arg)
 	PGconn *c = l->first;
 	int was_up = 1;
 
-	while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
-		struct pollfd pfd[2] = { { .fd = l->stop_pipe[0], .events = POLLIN } };
+	while (!bg_stopping(&l->bg)) {
+		struct pollfd pfd[2] = { { .fd = l->bg.stop_pipe[0], .events = POLLIN } };
 		PGnotify *n;
 
 		if (!c) {
@@ -691,18 +727,11 @@ struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_
 	snprintf(l->channel, sizeof(l->channel), "%s", channel);
 	l->fn = fn;
 	l->arg = arg;
-	if (!l->conninfo || pipe2(l->stop_pipe, O_CLOEXEC) < 0) {
-		free(l->conninfo);
-		free(l);
-		return NULL;
-	}
 	/* LISTEN before returning: the caller reads after this, and
 	 * whatever is committed from then on is announced. */
-	l->first = listen_connect(l);
-	if (pthread_create(&l->thread, NULL, listen_main, l) != 0) {
+	l->first = l->conninfo ? listen_connect(l) : NULL;
+	if (!l->conninfo || bg_start(&l->bg, listen_main, l) < 0) {
 		PQfinish(l->first);
-		close(l->stop_pipe[0]);
-		close(l->stop_pipe[1]);
 		free(l->conninfo);
 		free(l);
 		return NULL;
@@ -714,13 +743,7 @@ void sdb_listen_stop(struct sdb_listener *l)
 {
 	if (!l)
 		return;
-	__atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
-	if (write(l->stop_pipe[1], "x", 1) < 0) {
-		/* the thread sees stop within a second anyway */
-	}
-	pthread_join(l->thread, NULL);
-	close(l->stop_pipe[0]);
-	close(l->stop_pipe[1]);
+	bg_stop(&l->bg);
 	free(l->conninfo);
 	free(l);
 }
@@ -730,10 +753,8 @@ void sdb_listen_stop(struct sdb_listener *l)
 struct sdb_leader {
 	char *conninfo;
 	long long key;
-	pthread_t thread;
 	int leader;                  /* atomic */
-	int stop;                    /* atomic */
-	int stop_pipe[2];
+	struct bg bg;
 };
 
 /* 1 the lock is held (taken now or before), 0 not, -1 the connection failed. */
@@ -757,8 +778,8 @@ static void *leader_main(void *arg)
 	PGconn *c = NULL;
 	int held = 0;
 
-	while (!__atomic_load_n(&l->stop, __ATOMIC_ACQUIRE)) {
-		struct pollfd pfd = { .fd = l->stop_pipe[0], .events = POLLIN };
+	while (!bg_stopping(&l->bg)) {
+		struct pollfd pfd = { .fd = l->bg.stop_pipe[0], .events = POLLIN };
 		int v;
 
 		if (!c) {
@@ -802,14 +823,7 @@ struct sdb_leader *sdb_leader_start(struct sdb *db, long long key)
 		return NULL;
 	l->conninfo = strdup(db->pg->conninfo);
 	l->key = key;
-	if (!l->conninfo || pipe2(l->stop_pipe, O_CLOEXEC) < 0) {
-		free(l->conninfo);
-		free(l);
-		return NULL;
-	}
-	if (pthread_create(&l->thread, NULL, leader_main, l) != 0) {
-		close(l->stop_pipe[0]);
-		close(l->stop_pipe[1]);
+	if (!l->conninfo || bg_start(&l->bg, leader_main, l) < 0) {
 		free(l->conninfo);
 		free(l);
 		return NULL;
@@ -826,13 +840,7 @@ void sdb_leader_stop(struct sdb_leader *l)
 {
 	if (!l)
 		return;
-	__atomic_store_n(&l->stop, 1, __ATOMIC_RELEASE);
-	if (write(l->stop_pipe[1], "x", 1) < 0) {
-		/* the thread sees stop within half a second anyway */
-	}
-	pthread_join(l->thread, NULL);
-	close(l->stop_pipe[0]);
-	close(l->stop_pipe[1]);
+	bg_stop(&l->bg);
 	free(l->conninfo);
 	free(l);
 }

@@ -1033,6 +1033,10 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 		id[n] = '\0';
 		if (store_session_get(ss->st, id, r->admin ? NULL : r->customer, &c.cur) < 0)
 			return reply_not_found(r->conn, "no such session");
+		/* A destroyed session is gone for good: only its record (GET)
+		 * and DELETE (again is fine) answer, nothing under it. */
+		if (c.cur.state == SESSION_DESTROYED && r->path[1 + n] == '/')
+			return reply_not_found(r->conn, "the session is destroyed");
 	}
 	/* Too long for the table is no endpoint of it either. */
 	if ((size_t)snprintf(url, sizeof(url), "/v1/sessions%s", r->path) >= sizeof(url))

@@ -145,7 +145,7 @@ static void *shell_stream(void *arg)
 }
 
 /* One input request: bytes typed (may be none), end of input, a new size.
- * 0 sent; 1 the command is gone (409); -1 failed, with why printed. */
+ * 0 sent; 1 the command is gone (409; 404: the session too); -1 failed, with why printed. */
 static int shell_input(struct shell *sh, const void *data, size_t len, int eof, const struct winsize *ws)
 {
 	struct kiln_err err = { .code = "" };
@@ -184,7 +184,7 @@ static int shell_input(struct shell *sh, const void *data, size_t len, int eof, 
 		json_decref(reply);
 		return 0;
 	}
-	if (st == 409) {
+	if (st == 409 || st == 404) {
 		json_decref(reply);
 		return 1;
 	}

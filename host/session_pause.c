@@ -929,7 +929,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	json_t *m = NULL, *files;
 	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
-	int fd = -1, r = -1, have_ts = 0, reserved = 0;
+	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0;
 	/* Where a resume's time goes (logged): the manifest, the base when it
 	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
 	 * loading the state while it streams in. */
@@ -1070,16 +1070,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	/* Version 2: the base mapped copy-on-write, the changed pages over it,
 	 * streamed in as they arrive. */
 	if (session_boot(ss, s, &ts, fd, pm.version != PMANIFEST_V2, err) < 0) {
-		struct kiln_err ferr = { .code = "" };
-
-		close(fd);
-		fd = -1;
-		session_teardown(ss, s); /* QEMU's copy of the socket goes: the feed ends */
-		/* A chunk that failed its check cut the stream: that is why. */
-		if (state_feed_join(&feed, &ferr) < 0 && ferr.errc == KERR_SNAPSHOT_CORRUPT)
-			*err = ferr;
-		else if (pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
-			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
+		boot_failed = 1;
 		goto fail;
 	}
 	close(fd);
@@ -1108,8 +1099,18 @@ fail:
 		close(fd);
 	if (!reserved)
 		s->vcpus = 0; /* nothing to give back */
+	/* Teardown first: QEMU's copy of the state socket goes, so the feed
+	 * ends (it uses pm: joined before pm is freed). */
 	session_teardown(ss, s);
-	state_feed_join(&feed, &(struct kiln_err){ .code = "" }); /* uses pm: before it is freed */
+	{
+		struct kiln_err ferr = { .code = "" };
+
+		/* A chunk that failed its check cut the stream: that is why. */
+		if (state_feed_join(&feed, &ferr) < 0 && boot_failed && ferr.errc == KERR_SNAPSHOT_CORRUPT)
+			*err = ferr;
+		else if (boot_failed && pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
+	}
 	session_put(ss, s, 1);
 out:
 	if (have_ts)

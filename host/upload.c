@@ -118,7 +118,7 @@ static int inline_log(struct hostd *d, struct hostd_task *t, const char *name, c
 	data = io_read_file(path, d->cfg.inline_log_max, &len);
 	if (!data)
 		return errno == EFBIG ? 0 : kiln_err_set(err, KERR_IO_ERROR, "spooled %s: %s", name, strerror(errno));
-	if (fs_sha256_file(path, sha) < 0) {
+	if (fs_sha256_buf(data, len, sha) < 0) {
 		free(data);
 		return kiln_err_set(err, KERR_IO_ERROR, "spooled %s: cannot hash it", name);
 	}

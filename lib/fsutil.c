@@ -296,6 +296,23 @@ char *fs_read_secret(const char *path, const char *key, const char *file, struct
 	return strdup(buf);
 }
 
+static void sha256_hex(const unsigned char d[32], char out[65])
+{
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+int fs_sha256_buf(const void *p, size_t len, char out[65])
+{
+	unsigned char d[32];
+	unsigned int dl = 0;
+
+	if (!EVP_Digest(p, len, d, &dl, EVP_sha256(), NULL) || dl != 32)
+		return -1;
+	sha256_hex(d, out);
+	return 0;
+}
+
 int fs_sha256_file(const char *path, char out[65])
 {
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -310,8 +327,7 @@ int fs_sha256_file(const char *path, char out[65])
 	while ((n = read(fd, buf, sizeof(buf))) > 0)
 		EVP_DigestUpdate(md, buf, (size_t)n);
 	if (n == 0 && EVP_DigestFinal_ex(md, d, &dl) && dl == 32) {
-		for (int i = 0; i < 32; i++)
-			snprintf(out + 2 * i, 3, "%02x", d[i]);
+		sha256_hex(d, out);
 		r = 0;
 	}
 out:

@@ -21,6 +21,8 @@ int fs_mkdir_p(const char *path, mode_t mode);
 
 /* SHA-256 of the file at path as 64 hex digits + NUL. 0 or -1. */
 int fs_sha256_file(const char *path, char out[65]);
+/* The same of len bytes in memory. 0 or -1. */
+int fs_sha256_buf(const void *p, size_t len, char out[65]);
 
 /* A secret kept in a file (a token, an S3 secret, an admin key): its first
  * line without the newline, malloc'd. NULL with err set (code "config",

@@ -18,7 +18,6 @@ PFX=kiln-eg-$N
 NET=198.51.100       # TEST-NET-2: outside every default deny range
 TOKEN=egress-token-$RANDOM$RANDOM$RANDOM
 HOST_URL=http://$NET.10:7070
-S3_DIR=$T_TMP/s3
 PEER=$ROOT/tests/integration/egress_peer.py
 host_pid=
 peer_pids=()
@@ -26,28 +25,17 @@ peer_pids=()
 cleanup() {
 	for p in $host_pid "${peer_pids[@]}"; do kill "$p" 2> /dev/null; done
 	for p in $host_pid "${peer_pids[@]}"; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	for r in host allowed denied private metadata sandbox; do ip netns del "$PFX-$r" 2> /dev/null; done
-	ip link del "$BR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
-ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
-	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
+net_bridge "$BR" "$NET.1"
 # ns ROLE ADDR [EXTRA_ADDR...]: a namespace on the bridge, with more /32s on its interface.
 ns() {
 	local role=$1 addr=$2 n=$PFX-$1; shift 2
-	ip netns add "$n"
-	ip link add "ke$N${role:0:3}" type veth peer name eth0 netns "$n"
-	ip link set "ke$N${role:0:3}" master "$BR" up
-	ip -n "$n" addr add "$addr/24" dev eth0
+	net_ns "$n" "ke$N${role:0:3}" "$addr" "$NET.1"
 	for a in "$@"; do ip -n "$n" addr add "$a/32" dev eth0; done
-	ip -n "$n" link set eth0 up
-	ip -n "$n" link set lo up
-	ip -n "$n" route add default via "$NET.1"
 }
 peer() { # ROLE KIND ADDR PORT NAME...
 	local role=$1; shift
@@ -78,9 +66,7 @@ python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 a.wild.test=203.0.11
 	denied.test=203.0.113.23 2>> "$T_TMP/peers.err" &
 peer_pids+=($!)
 
-KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start "$NET.1"
 
 # start_host BANDWIDTH_MBIT: kiln-host in the host namespace, egress on.
 start_host() {
@@ -298,5 +284,5 @@ check "no QEMU, VM directories or cgroups left" \
 cleanup_ok=1
 trap - EXIT
 cleanup
-check "namespaces and bridge removed" test "$(ip netns list | wc -l)" = "$before_ns" -a -z "$(ip link show "$BR" 2> /dev/null)"
+check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -19,7 +19,6 @@ PFX=kiln-fl-$N
 NET=198.51.100       # TEST-NET-2: outside every default deny range
 TOKEN=flood-token-$RANDOM$RANDOM$RANDOM
 HOST_URL=http://$NET.10:7070
-S3_DIR=$T_TMP/s3
 PEER=$ROOT/tests/integration/egress_peer.py
 host_pid=
 peer_pids=()
@@ -27,30 +26,17 @@ peer_pids=()
 cleanup() {
 	for p in $host_pid "${peer_pids[@]}"; do kill "$p" 2> /dev/null; done
 	for p in $host_pid "${peer_pids[@]}"; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	ip netns del "$PFX-host" 2> /dev/null
-	ip link del "$BR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
 
-ours_ns() { ip netns list | grep -c "^$PFX-" || true; }
 before_cg=$(count_cgroups)
-ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
-	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
-ip netns add "$PFX-host"
-ip link add "kf${N}h" type veth peer name eth0 netns "$PFX-host"
-ip link set "kf${N}h" master "$BR" up
-ip -n "$PFX-host" addr add "$NET.10/24" dev eth0
-ip -n "$PFX-host" link set eth0 up
-ip -n "$PFX-host" link set lo up
-ip -n "$PFX-host" route add default via "$NET.1"
+net_bridge "$BR" "$NET.1"
+net_ns "$PFX-host" "kf${N}h" "$NET.10" "$NET.1"
 python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 2>> "$T_TMP/peers.err" &
 peer_pids+=($!)
 
-KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start "$NET.1"
 
 jq -n --arg listen "$NET.10:7070" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/fl" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg dns "$NET.1:5353" \
@@ -144,5 +130,5 @@ check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 trap - EXIT
 cleanup
-check "namespaces and bridge removed" test "$(ours_ns)" = 0 -a -z "$(ip link show "$BR" 2> /dev/null)"
+check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -187,7 +187,8 @@ req "$ADMIN" POST /v1/admin/customers/slow/keys > /dev/null; KS=$(last .key)
 a=$(submit "$KS" "$PY"); b=$(submit "$KS" "$PY"); st=$(submit "$KS" "$PY")
 expect "submit rate: 2 accepted then 429 rate_limited" 429 "$st" '.error.code == "rate_limited"'
 ra=$(header Retry-After)
-check "429 rate_limited carries Retry-After (whole seconds, >= 1)" [ "$a$b" = 202202 ] && [[ $ra =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ]
+check "429 rate_limited carries Retry-After (whole seconds, >= 1): $a $b, Retry-After '$ra'" \
+	eval '[ "$a$b" = 202202 ] && [[ $ra =~ ^[0-9]+$ ]] && [ "$ra" -ge 1 ]'
 
 # Queue depth: 2 queued, then 429 queue_full.
 req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"full","quotas":{"max_queued":2}}' > /dev/null
@@ -216,10 +217,12 @@ for _ in $(seq 50); do grep -q '"queued"' "$T_TMP/events.txt" 2> /dev/null && br
 st=$(req "$KA" POST "/v1/tasks/$TW/cancel")
 wait "$poll"; prc=$?
 wait "$sse"; src=$?
-check "a long-poll returns when another request cancels the task" [ "$prc" = 0 ] && [ "$(jq -r .state "$T_TMP/poll.json")" = cancelled ]
-check "the event stream shows queued then cancelled and ends" [ "$src" = 0 ] && \
-	[ "$(sed -n 's/^data: //p' "$T_TMP/events.txt" | jq -r .state | paste -sd,)" = queued,cancelled ]
-st=$(req "$KA" GET "/v1/tasks/$TW/events"); check "events of a final task: replayed, then the stream ends" [ "$st" = 200 ] && grep -q cancelled "$T_TMP/last.json"
+check "a long-poll returns when another request cancels the task" \
+	eval '[ "$prc" = 0 ] && [ "$(jq -r .state "$T_TMP/poll.json")" = cancelled ]'
+check "the event stream shows queued then cancelled and ends" \
+	eval '[ "$src" = 0 ] && [ "$(sed -n "s/^data: //p" "$T_TMP/events.txt" | jq -r .state | paste -sd,)" = queued,cancelled ]'
+st=$(req "$KA" GET "/v1/tasks/$TW/events"); check "events of a final task: replayed, then the stream ends" \
+	eval '[ "$st" = 200 ] && grep -q cancelled "$T_TMP/last.json"'
 
 # ---- usage, list ----
 st=$(req "$KA" GET /v1/usage)
@@ -268,7 +271,7 @@ kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
 wait "$burst"
 accepted=$(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null | wc -l)
 for f in $(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null); do jq -r .id "${f%.code}.json"; done | sort > "$T_TMP/ids"
-check "the burst got some 202s before the SIGKILL ($accepted) and some not" [ "$accepted" -ge 40 ] && [ "$accepted" -lt 200 ]
+check "the burst got some 202s before the SIGKILL ($accepted) and some not" [ "$accepted" -ge 40 -a "$accepted" -lt 200 ]
 check "no two 202s share an id" [ "$(sort -u "$T_TMP/ids" | wc -l)" = "$(wc -l < "$T_TMP/ids")" ]
 if start_api; then ok "kiln-api restarts over the same database"; else not_ok "kiln-api restarts" "$(tail -3 "$T_TMP/api.err")"; fi
 missing=0
@@ -280,7 +283,7 @@ check "every task that got a 202 exists after the restart, queued ($accepted che
 st=$(req "$KX" GET '/v1/tasks?limit=100'); n1=$(last '.tasks | length'); c=$(last .next_cursor)
 n2=$(req "$KX" GET "/v1/tasks?limit=100&cursor=$c" > /dev/null; last '.tasks | length')
 n=$((n1 + ${n2:-0}))
-check "the store holds no more burst tasks than were sent ($n)" [ "$n" -ge "$accepted" ] && [ "$n" -le 200 ]
+check "the store holds no more burst tasks than were sent ($n)" [ "$n" -ge "$accepted" -a "$n" -le 200 ]
 st=$(req "$KA" GET "/v1/tasks/$TW"); expect "earlier tasks survive too" 200 "$st" '.state == "cancelled"'
 
 if [ "$STORE" = postgres ]; then

@@ -208,7 +208,12 @@ if [ -x "$ROOT/build/tests/s3tool" ]; then
 	after=$(s3_head "acme/sessions/$S1/manifest.json")
 	check "its snapshot is deleted from S3 (head before: $before, after: $after; 3 = absent)" [ "$before" = 0 -a "$after" = 3 ]
 else skip "its snapshot is deleted from S3" "build/tests/s3tool missing: make unit"; fi
-st=$(req "$KA" POST "/v1/sessions/$S1/resume"); expect "a destroyed session cannot be resumed (409)" 409 "$st"
+st=$(req "$KA" POST "/v1/sessions/$S1/resume"); expect "a destroyed session cannot be resumed: 404 not_found" 404 "$st" '.error.code == "not_found"'
+for op in "GET files?path=/etc/hostname" "PUT files?path=/tmp/x" "POST exec" "POST pause" "POST outputs"; do
+	st=$(req "$KA" "${op%% *}" "/v1/sessions/$S1/${op#* }" --data-binary '{"argv":["true"]}')
+	expect "$op of a destroyed session: 404 not_found" 404 "$st" '.error.code == "not_found"'
+done
+st=$(req "$KA" GET "/v1/sessions/$S1"); expect "... while GET still shows it destroyed" 200 "$st" '.state == "destroyed"'
 st=$(req "$KA" POST /v1/sessions --data-binary '{}'); S2=$(last .id)
 st=$(req "$KA" DELETE "/v1/sessions/$S2")
 expect "DELETE of a running session: destroyed" 200 "$st" '.state == "destroyed"'

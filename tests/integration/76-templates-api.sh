@@ -159,7 +159,7 @@ else not_ok "a forgotten build is re-queued" "$(cat "$T_TMP/out")" "$(grep forge
 asj "$A" -X POST --data '{"name":"slow1"}' "$API/v1/templates" > /dev/null
 st=$(asj "$A" -X POST --data '{"name":"fifth"}' "$API/v1/templates")
 check "a fifth template: 429 quota_exceeded naming max_templates ($st: $(out .error.message))" \
-	[ "$st" = 429 -a "$(out .error.code)" = quota_exceeded ] && [[ "$(out .error.message)" == *max_templates* ]]
+	eval '[ "$st" = 429 -a "$(out .error.code)" = quota_exceeded ] && [[ "$(out .error.message)" == *max_templates* ]]'
 
 # ---- tasks: unknown, not ready, ready ----
 task() { jq -cn --arg t "$1" --argjson x "${2:-{\}}" '{argv:["env"], template:$t} + $x'; }

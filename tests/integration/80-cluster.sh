@@ -20,49 +20,26 @@ TOKEN=cluster-token-$RANDOM$RANDOM$RANDOM
 ADMIN=admin-key-$RANDOM$RANDOM$RANDOM
 API_PORT=$((20000 + RANDOM % 12000))
 API=http://$NET.1:$API_PORT
-S3_DIR=$T_TMP/s3
 host_pids=()
 api_pid=
 
 cleanup() {
 	for p in "${host_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
 	for p in "${host_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	for n in 1 2 3; do ip netns del "$NS_PREFIX-$n" 2> /dev/null; done
-	ip link del "$BR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
 
 # --- network: a bridge in the root namespace, one namespace per host ---
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
-ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
-	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
-for n in 1 2 3; do
-	ns=$NS_PREFIX-$n
-	ip netns add "$ns"
-	ip link add "kv$N-$n" type veth peer name eth0 netns "$ns"
-	ip link set "kv$N-$n" master "$BR" up
-	ip -n "$ns" addr add "$NET.$((10 + n))/24" dev eth0
-	ip -n "$ns" link set eth0 up
-	ip -n "$ns" link set lo up
-done
-
-KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+net_bridge "$BR" "$NET.1"
+for n in 1 2 3; do net_ns "$NS_PREFIX-$n" "kv$N-$n" "$NET.$((10 + n))"; done
+s3_local_start "$NET.1"
 
 jq -n --arg listen "$NET.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
 	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-cluster", access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
-start_api() {
-	"$ROOT/build/kiln-api" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && return 0; sleep 0.1; done
-	return 1
-}
 start_host() { # n
 	local n=$1 ns=$NS_PREFIX-$1
 	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg api "$API" --arg token "$TOKEN" \
@@ -75,14 +52,10 @@ start_host() { # n
 	nsenter --net="/run/netns/$ns" "$KILN_HOST" serve --config "$T_TMP/host$n.json" >> "$T_TMP/host$n.out" 2>> "$T_TMP/host$n.err" &
 	host_pids[$n]=$!
 }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
-live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
 
-if start_api; then ok "kiln-api starts"; else not_ok "kiln-api starts" "$(tail -5 "$T_TMP/api.err")"; exit 1; fi
+if api_start "$T_TMP/api.json" "$API"; then ok "kiln-api starts"; else not_ok "kiln-api starts" "$(tail -5 "$T_TMP/api.err")"; exit 1; fi
 for n in 1 2 3; do start_host "$n"; done
-for _ in $(seq 1200); do [ "$(live_hosts)" = 3 ] && break; sleep 0.2; done
-if [ "$(live_hosts)" = 3 ]; then ok "three kiln-hosts in their own network namespaces register and heartbeat"
+if wait_live 3; then ok "three kiln-hosts in their own network namespaces register and heartbeat"
 else not_ok "hosts register" "live=$(live_hosts)" "$(tail -3 "$T_TMP/host1.err")"; fi
 # Their pools fill (snapshot loaded, one warm VM each).
 for _ in $(seq 1200); do
@@ -90,8 +63,7 @@ for _ in $(seq 1200); do
 	sleep 0.2
 done
 
-admin -X POST --data '{"id":"acme","name":"Acme"}' "$API/v1/admin/customers" > /dev/null
-KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
+KEY=$(new_customer acme '{"name":"Acme"}')
 check "an admin creates a customer and its key" test -n "$KEY" -a "$KEY" != null
 # None of these hosts offers egress: a task that asks for it has nowhere to go.
 admin -X PUT --data '{"allow_egress":true}' "$API/v1/admin/customers/acme/quotas" > /dev/null
@@ -127,8 +99,7 @@ if [ "$good" = 6 ] && [ "$distinct" -ge 2 ]; then
 else not_ok "spread tasks" "good=$good hosts=$hosts n=$nhosts"; fi
 
 # --- the concurrency quota: tasks beyond it wait in the queue, then run ---
-admin -X POST --data '{"id":"solo","name":"Solo","quotas":{"max_running":1}}' "$API/v1/admin/customers" > /dev/null
-SOLO=$(admin -X POST "$API/v1/admin/customers/solo/keys" | jq -r .key)
+SOLO=$(new_customer solo '{"name":"Solo","quotas":{"max_running":1}}')
 solo=()
 for i in 1 2 3; do
 	solo+=("$(sh_spec "echo solo $i; sleep 2" | curl -s -m 30 -H "Authorization: Bearer $SOLO" -X POST --data-binary @- "$API/v1/tasks" | jq -r .id)")
@@ -181,8 +152,7 @@ check "the killed host is reported lost" [ "$state" = lost ]
 
 # --- the killed host comes back over its old spool ---
 start_host "$vn"
-for _ in $(seq 600); do [ "$(live_hosts)" = 3 ] && break; sleep 0.2; done
-check "the killed host restarts and is live again" [ "$(live_hosts)" = 3 ]
+check "the killed host restarts and is live again" wait_live 3 120
 
 # --- live output relayed through kiln-api's event stream ---
 # The stream opens while the task sleeps its first second; the line it then
@@ -256,7 +226,7 @@ done
 sleep 1
 kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
 wait "${bpids[@]}" 2> /dev/null   # not a bare wait: the hosts are background jobs too
-start_api || echo "# kiln-api did not restart: $(tail -3 "$T_TMP/api.err")"
+api_start "$T_TMP/api.json" "$API" || echo "# kiln-api did not restart: $(tail -3 "$T_TMP/api.err")"
 accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
 final=0 succeeded=0
 for id in "${accepted[@]}"; do
@@ -286,14 +256,13 @@ for p in "${host_pids[@]}"; do kill "$p"; done
 for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
 host_pids=()
 kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
-for n in 1 2 3; do ip netns del "$NS_PREFIX-$n"; done
-ip link del "$BR"
+net_down
 # The SIGKILLed host's QEMUs died with it; its VM directories and cgroups
 # wait for its next start, or for `kiln-host reap`.
 "$KILN_HOST" reap --run-dir "$KILN_RUN_DIR/h$vn" > "$T_TMP/reap.out" 2>&1
 for n in 1 2 3; do rmdir "$KILN_RUN_DIR/h$n"; done
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && ! ip link show "$BR" > /dev/null 2>&1 \
+if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] \
    && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_run_entries)" = 0 ]; then
 	ok "afterwards (the killed host reaped: $(cat "$T_TMP/reap.out")): no QEMU, VM directory, namespace, bridge or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done

@@ -36,7 +36,6 @@ TOKEN=cluster-token-$RANDOM$RANDOM$RANDOM
 ADMIN=admin-key-$RANDOM$RANDOM$RANDOM
 API_PORT=$((20000 + RANDOM % 12000))
 API=http://$NET.1:$API_PORT
-S3_DIR=$T_TMP/s3
 BUCKET=kiln-templates-it
 host_pids=()
 api_pid=
@@ -45,43 +44,25 @@ cleanup() {
 	for p in "${host_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
 	for p in "${host_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
 	[ -n "$proxy_pid" ] && kill "$proxy_pid" 2> /dev/null
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	ip netns del "$NS-1" 2> /dev/null
-	ip netns del "$NS-2" 2> /dev/null
-	ip link del "kp$N" 2> /dev/null
-	ip link del "$BR" 2> /dev/null
-	t_cleanup
+	t_cleanup # the namespaces (kp$N goes with $NS-1), the bridge, S3
 }
 trap cleanup EXIT
 
-before_ns=$(ip netns list | wc -l)
 before_cg=$(count_cgroups)
-ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up || {
-	echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
-for n in 1 2; do
-	ip netns add "$NS-$n"
-	ip link add "kt$N-$n" type veth peer name eth0 netns "$NS-$n"
-	ip link set "kt$N-$n" master "$BR" up
-	ip -n "$NS-$n" addr add "$NET.$((10 + n))/24" dev eth0
-	ip -n "$NS-$n" link set eth0 up
-	ip -n "$NS-$n" link set lo up
-done
+net_bridge "$BR" "$NET.1"
+for n in 1 2; do net_ns "$NS-$n" "kt$N-$n" "$NET.$((10 + n))"; done
 ip link add "kp$N" type veth peer name eth1 netns "$NS-1"
 ip addr add "$PEER/30" dev "kp$N" && ip link set "kp$N" up
 ip -n "$NS-1" addr add "$PSELF/30" dev eth1 && ip -n "$NS-1" link set eth1 up
 /usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" 3142 "$UPSTREAM" "$T_TMP/proxy.count" 2> "$T_TMP/proxy.err" &
 proxy_pid=$!
 
-KILN_S3_BIND=$NET.1 "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start "$NET.1"
 S3='{"endpoint":"'$S3_ENDPOINT'","region":"us-east-1","bucket":"'$BUCKET'","access_key":"'$S3_ACCESS_KEY'","secret_key":"'$S3_SECRET_KEY'"}'
 
 jq -n --arg listen "$NET.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" --argjson s3 "$S3" \
 	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3, s3: $s3}' > "$T_TMP/api.json"
-"$ROOT/build/kiln-api" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
+api_start "$T_TMP/api.json" "$API"
 
 host_config() { # n listen extra-json
 	jq -n --arg n "$1" --arg listen "$2" --arg api "$API" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" \
@@ -99,10 +80,7 @@ start_host() { # n
 	nsenter --net="/run/netns/$NS-$1" "$KILN_HOST" serve --config "$T_TMP/host$1.json" >> "$T_TMP/host$1.out" 2>> "$T_TMP/host$1.err" &
 	host_pids[$1]=$!
 }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
 other() { curl -s -m 70 -H "Authorization: Bearer $KEY2" -H 'Content-Type: application/json' "$@"; }
-live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
 host_json() { admin "$API/v1/admin/hosts" | jq -c --arg h "$1" '(.hosts // .)[] | select(.id == $h)'; }
 final() { [[ $1 =~ ^(succeeded|failed|error|cancelled|timed_out)$ ]]; }
 wait_task() { # id [client] -> the task JSON in $T_TMP/ID.json
@@ -127,13 +105,10 @@ wait_template() { # name seconds
 
 start_host 1
 start_host 2
-for _ in $(seq 1200); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
-check "two kiln-hosts register (h1 with egress, h2 in its own namespace)" [ "$(live_hosts)" = 2 ]
+check "two kiln-hosts register (h1 with egress, h2 in its own namespace)" wait_live 2
 
-admin -X POST --data '{"id":"acme","name":"Acme","quotas":{"max_templates":3}}' "$API/v1/admin/customers" > /dev/null
-KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
-admin -X POST --data '{"id":"globex","name":"Globex"}' "$API/v1/admin/customers" > /dev/null
-KEY2=$(admin -X POST "$API/v1/admin/customers/globex/keys" | jq -r .key)
+KEY=$(new_customer acme '{"name":"Acme","quotas":{"max_templates":3}}')
+KEY2=$(new_customer globex '{"name":"Globex"}')
 
 # --- built-ins ---
 for _ in $(seq 100); do
@@ -263,7 +238,7 @@ check "a public template's name cannot be taken by a customer (409 duplicate)" [
 # image from S3 and verified it (its fetch counter says so).
 tools_sha=$(jq -r .sha256 "$T_TMP/tools-get.json")
 kill "${host_pids[1]}"; wait "${host_pids[1]}" 2> /dev/null; unset "host_pids[1]"
-for _ in $(seq 100); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
+wait_live 1 20
 id=$(sh_spec 'cat /opt/marker; jq -n 1+1' '{"template":"tools"}' | submit)
 wait_task "$id"
 h2_has=$(host_json h2 | jq --arg s "$tools_sha" '[.capacity.templates[]? | select(.sha256 == $s)] | length')
@@ -302,10 +277,10 @@ for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
 host_pids=()
 kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
 kill "$proxy_pid"; wait "$proxy_pid" 2> /dev/null; proxy_pid=
-ip netns del "$NS-1"; ip netns del "$NS-2"; ip link del "$BR"
+net_down
 for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
-if [ "$(count_qemu)" = 0 ] && [ "$(ip netns list | wc -l)" = "$before_ns" ] && [ "$(count_cgroups)" = "$before_cg" ] \
+if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_run_entries)" = 0 ]; then
 	ok "afterwards: no QEMU, VM directory, namespace or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns=$(ip netns list | wc -l)/$before_ns cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
 t_done

@@ -86,7 +86,7 @@ printf 'import sys\nprint("bad", file=sys.stderr)\nsys.exit(7)\n' > "$T_TMP/fail
 "$KILN" run "$T_TMP/fail.py" > /dev/null 2> "$T_TMP/fail.err"
 rc=$?
 check "a script that exits 7 makes kiln run exit 7 (its stderr streamed: $(grep -c '^bad$' "$T_TMP/fail.err"))" \
-	[ "$rc" = 7 ] && grep -qx bad "$T_TMP/fail.err"
+	eval '[ "$rc" = 7 ] && grep -qx bad "$T_TMP/fail.err"'
 
 # --- --file and --env (a shell script) ---
 echo "payload-$RANDOM" > "$T_TMP/data.txt"
@@ -101,7 +101,7 @@ check "--env and --file (relative and absolute guest paths) reach the task" \
 "$KILN" run "$T_TMP/fail.py" --allow 203.0.113.0/24:443 > /dev/null 2> "$T_TMP/allow.err"
 rc=$?
 check "kiln run --allow is refused, saying why, when the quota does not allow egress (exit $rc)" \
-	[ "$rc" != 0 ] && grep -q "egress" "$T_TMP/allow.err"
+	eval '[ "$rc" != 0 ] && grep -q "egress" "$T_TMP/allow.err"'
 
 # --- kiln task list / get / logs ---
 "$KILN" task list --limit 10 > "$T_TMP/list.out" 2>&1
@@ -132,7 +132,7 @@ check "kiln task cancel of a running task ($(cat "$T_TMP/cancel.out")); kiln run
 "$KILN" task cancel "$sid" > /dev/null 2> "$T_TMP/cancel2.err"
 rc=$?
 check "cancelling it again: exit 1 and the API's message ($(cat "$T_TMP/cancel2.err"))" \
-	[ "$rc" = 1 ] && grep -q "409 not_cancellable" "$T_TMP/cancel2.err"
+	eval '[ "$rc" = 1 ] && grep -q "409 not_cancellable" "$T_TMP/cancel2.err"'
 
 # --- admin: a customer, a key, a run with it, revoke ---
 "$KILN" admin customer create "acme$RANDOM" --name Acme > "$T_TMP/cust.json" 2>&1
@@ -151,10 +151,10 @@ key_id=$(echo "$key" | cut -d_ -f2)
 KILN_KEY=$key "$KILN" run "$T_TMP/cust.py" > /dev/null 2> "$T_TMP/revoked.err"
 rc=$?
 check "after kiln admin key revoke the key gets a clear 401 ($(cat "$T_TMP/revoked.err")), exit $rc" \
-	[ "$rc" = 1 ] && grep -q "HTTP 401 unauthorized" "$T_TMP/revoked.err"
+	eval '[ "$rc" = 1 ] && grep -q "HTTP 401 unauthorized" "$T_TMP/revoked.err"'
 KILN_ADMIN_KEY=not-the-admin-key-at-all "$KILN" admin hosts > /dev/null 2> "$T_TMP/badadmin.err"
 rc=$?
-check "a wrong admin key: exit 1, 401" [ "$rc" = 1 ] && grep -q 401 "$T_TMP/badadmin.err"
+check "a wrong admin key: exit 1, 401" eval '[ "$rc" = 1 ] && grep -q 401 "$T_TMP/badadmin.err"'
 "$KILN" admin hosts > "$T_TMP/hosts.out" 2>&1
 check "kiln admin hosts shows the live host" grep -q "^local *live" "$T_TMP/hosts.out"
 
@@ -170,10 +170,10 @@ done
 check "bad usage exits 2${bad:+:$bad}" [ -z "$bad" ]
 KILN_CREDENTIALS=$T_TMP/none KILN_API= "$KILN" task list > /dev/null 2> "$T_TMP/noconf.err"
 rc=$?
-check "no configuration: exit 2 with a hint ($(cat "$T_TMP/noconf.err"))" [ "$rc" = 2 ] && grep -q "kiln up" "$T_TMP/noconf.err"
+check "no configuration: exit 2 with a hint ($(cat "$T_TMP/noconf.err"))" eval '[ "$rc" = 2 ] && grep -q "kiln up" "$T_TMP/noconf.err"'
 KILN_API=http://127.0.0.1:1 KILN_KEY=x "$KILN" task list > /dev/null 2> "$T_TMP/unreach.err"
 rc=$?
-check "an unreachable API: exit 3 ($(cat "$T_TMP/unreach.err"))" [ "$rc" = 3 ] && grep -q "cannot reach" "$T_TMP/unreach.err"
+check "an unreachable API: exit 3 ($(cat "$T_TMP/unreach.err"))" eval '[ "$rc" = 3 ] && grep -q "cannot reach" "$T_TMP/unreach.err"'
 
 # --- SIGTERM: everything stops ---
 kill -TERM "$up_pid"
@@ -206,7 +206,7 @@ wait "$up_pid"
 rc=$?
 up_pid=
 check "kiln-host SIGKILLed: kiln up exits $rc and says so ($(grep -m1 'unexpectedly' "$T_TMP/up2.err"))" \
-	[ "$rc" = 1 ] && grep -q "kiln-host was killed by signal 9" "$T_TMP/up2.err"
+	eval '[ "$rc" = 1 ] && grep -q "kiln-host was killed by signal 9" "$T_TMP/up2.err"'
 # The killed host's QEMUs die with it (PR_SET_PDEATHSIG), asynchronously.
 for _ in $(seq 100); do [ "$(stack_procs)" = 0 ] && break; sleep 0.1; done
 check "then no credentials and no process of the stack ($(stack_procs))" [ ! -e "$UP/credentials" -a "$(stack_procs)" = 0 ]

@@ -22,23 +22,13 @@ e2b_stack_start
 
 # ---- the SDK test: each of its checks is a result ----
 # Only the three E2B variables (and the test's own two) reach node.
-n_sdk=0
-while IFS= read -r line; do
-	case $line in
-	PASS\ *) ok "sdk: ${line#PASS }"; n_sdk=$((n_sdk + 1)) ;;
-	FAIL\ *) not_ok "sdk: ${line#FAIL }"; n_sdk=$((n_sdk + 1)) ;;
-	SKIP\ *) rest=${line#SKIP }; skip "sdk: ${rest%%: *}" "${rest#*: }"; n_sdk=$((n_sdk + 1)) ;;
-	*) echo "# $line" ;;
-	esac
-	echo "$line" >> "$T_TMP/sdk.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" \
+client_results sdk "$T_TMP/sdk.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" \
 	E2B_API_URL="$URL/e2b" E2B_SANDBOX_URL="$URL" E2B_API_KEY="$KA" \
 	E2B_TEST_OTHER_KEY="$KB" KILN_E2B_SDK="$SDK" \
-	timeout -k 5 600 node "$ROOT/tests/e2b/sdk_test.mjs" 2>&1; echo "exit $?")
-sdk_rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$T_TMP/sdk.out" | tail -n 1)
+	timeout -k 5 600 node "$ROOT/tests/e2b/sdk_test.mjs"
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
-check "the SDK test ran to its end: ${summary:-no summary} (exit ${sdk_rc:-?}, $n_sdk checks)" \
-	[ -n "$summary" -a "$n_sdk" -ge 30 -a "${sdk_rc:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
+check "the SDK test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks)" \
+	[ -n "$summary" -a "$C_N" -ge 30 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
 
 # ---- what the killed sandbox leaves: nothing ----
 SBX=$(sed -n 's/^PASS Sandbox.create() .* (\([^ ]*\) in [0-9]* ms).*/\1/p' "$T_TMP/sdk.out" | head -n 1)

@@ -15,21 +15,13 @@ before_cg=$(count_cgroups)
 before_mounts=$(count_mounts)
 e2b_stack_start
 
-n=0
-while IFS= read -r line; do
-	case $line in
-	PASS\ *) ok "sdk: ${line#PASS }"; n=$((n + 1)) ;;
-	FAIL\ *) rest=${line#FAIL }; not_ok "sdk: ${rest%%: *}" "${rest#*: }"; n=$((n + 1)) ;;
-	SKIP\ *) rest=${line#SKIP }; skip "sdk: ${rest%%: *}" "${rest#*: }"; n=$((n + 1)) ;;
-	*) echo "# $line" ;;
-	esac
-	echo "$line" >> "$T_TMP/sdk.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" T_TMP="$T_TMP" PYTHONPATH="$ROOT/sdk/python" PYTHONDONTWRITEBYTECODE=1 \
+client_results -e "$T_TMP/sdk.err" sdk "$T_TMP/sdk.out" \
+	env -i PATH=/usr/bin:/bin HOME="$T_TMP" T_TMP="$T_TMP" PYTHONPATH="$ROOT/sdk/python" PYTHONDONTWRITEBYTECODE=1 \
 	KILN_API="$URL" KILN_KEY="$KA" KILN_TEST_ADMIN="$ADMIN" KILN_TEST_OTHER_KEY="$KB" \
-	timeout -k 5 900 "$PY" "$ROOT/tests/sdk/test_python_sdk.py" 2> "$T_TMP/sdk.err"; echo "exit $?")
+	timeout -k 5 900 "$PY" "$ROOT/tests/sdk/test_python_sdk.py"
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
-check "the SDK's unittest ran to its end: ${summary:-no summary} ($n checks)" \
-	[ "$summary" = "sdk_test: $n run, 0 failed" -a "$n" -ge 13 ]
+check "the SDK's unittest ran to its end: ${summary:-no summary} ($C_N checks)" \
+	[ "$summary" = "sdk_test: $C_N run, 0 failed" -a "$C_N" -ge 13 ]
 [ -n "$summary" ] || echo "# $(tail -n 5 "$T_TMP/sdk.err")"
 
 # pip install ./sdk/python, offline, into a venv that sees Debian's setuptools

@@ -24,20 +24,12 @@ before_mounts=$(count_mounts)
 before_mcp=$(pgrep -c -x -f "$ROOT/build/kiln mcp" || true)
 e2b_stack_start
 
-n=0
-while IFS= read -r line; do
-	case $line in
-	PASS\ *) ok "mcp: ${line#PASS }"; n=$((n + 1)) ;;
-	FAIL\ *) not_ok "mcp: ${line#FAIL }"; n=$((n + 1)) ;;
-	*) echo "# $line" ;;
-	esac
-	echo "$line" >> "$T_TMP/mcp.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_MCP_SDK="$SDK" KILN_BIN="${KILN_MCP_BIN:-$ROOT/build/kiln}" \
-	KILN_API="$URL" KILN_KEY="$KA" timeout -k 5 900 node "$ROOT/tests/mcp/client.mjs" 2>&1; echo "exit $?")
-rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$T_TMP/mcp.out" | tail -n 1)
+client_results mcp "$T_TMP/mcp.out" \
+	env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_MCP_SDK="$SDK" KILN_BIN="${KILN_MCP_BIN:-$ROOT/build/kiln}" \
+	KILN_API="$URL" KILN_KEY="$KA" timeout -k 5 900 node "$ROOT/tests/mcp/client.mjs"
 summary=$(grep '^mcp_test: ' "$T_TMP/mcp.out" | tail -n 1)
-check "the MCP client test ran to its end: ${summary:-no summary} (exit ${rc:-?}, $n checks)" \
-	[ -n "$summary" -a "$n" -ge 40 -a "${rc:-1}" = "$(grep -q '^FAIL ' "$T_TMP/mcp.out" && echo 1 || echo 0)" ]
+check "the MCP client test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks)" \
+	[ -n "$summary" -a "$C_N" -ge 40 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/mcp.out" && echo 1 || echo 0)" ]
 
 SBX=$(sed -n 's/^SANDBOX \(s_[^ ]*\)$/\1/p' "$T_TMP/mcp.out" | head -n 1)
 if [ -n "$SBX" ]; then

@@ -72,18 +72,11 @@ st=$(hdr /v1/usage)
 check "the API still wants a key: GET /v1/usage without one is 401 (HTTP $st)" [ "$st" = 401 ]
 
 # ---- the browser ----
-n=0
-while IFS= read -r line; do
-	case $line in
-	PASS\ *) ok "browser: ${line#PASS }"; n=$((n + 1)) ;;
-	FAIL\ *) not_ok "browser: ${line#FAIL }"; n=$((n + 1)) ;;
-	*) echo "# $line" ;;
-	esac
-	echo "$line" >> "$T_TMP/console.out"
-done < <(env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_URL="$URL" KILN_KEY="$KA" KILN_ADMIN_KEY="$ADMIN" \
-	KILN_CONSOLE_DEPS="$DEPS" timeout -k 5 600 node "$ROOT/tests/console/console_test.mjs" 2>&1; echo "exit $?")
+client_results browser "$T_TMP/console.out" \
+	env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_URL="$URL" KILN_KEY="$KA" KILN_ADMIN_KEY="$ADMIN" \
+	KILN_CONSOLE_DEPS="$DEPS" timeout -k 5 600 node "$ROOT/tests/console/console_test.mjs"
 summary=$(grep '^console_test: ' "$T_TMP/console.out" | tail -n 1)
-check "the browser test ran to its end: ${summary:-no summary} ($n checks)" [ -n "$summary" -a "$n" -ge 25 ]
+check "the browser test ran to its end: ${summary:-no summary} ($C_N checks)" [ -n "$summary" -a "$C_N" -ge 25 ]
 for _ in $(seq 50); do [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ] && break; sleep 0.2; done
 check "no chromium process is left" [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ]
 

@@ -13,6 +13,8 @@ trap 't_cleanup' EXIT
 
 t_cleanup() {
 	pg_stop
+	s3_local_stop
+	net_down
 	rm -rf "$T_TMP"
 	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
 }
@@ -35,6 +37,84 @@ pg_stop() {
 }
 count_postgres() { [ -z "$T_PG_DIR" ] && echo 0 || pgrep -c -f "postgres -D $T_PG_DIR/" || true; }
 
+# ---- a stack on a private network (65-egress, 80-cluster, 85-templates) ----
+# net_bridge NAME ADDR: a bridge in the root namespace with ADDR/24, up; a
+# machine where that cannot be skips the whole script. net_ns NS VETH ADDR
+# [GATEWAY]: network namespace NS on it, its eth0 ADDR/24 (VETH the root
+# end), lo up, with GATEWAY its default route. net_down removes them (the
+# namespaces first); t_cleanup calls it, a test that checks the removal too.
+# net_left: how many of them are still there (this test's own: other tests
+# may add and remove namespaces meanwhile).
+T_BRIDGE=
+T_NETNS=()
+net_bridge() {
+	ip link add "$1" type bridge && ip addr add "$2/24" dev "$1" && ip link set "$1" up || {
+		echo "1..0 # SKIP cannot create a bridge (needs root and CAP_NET_ADMIN)"; exit 0; }
+	T_BRIDGE=$1
+}
+net_ns() {
+	ip netns add "$1"
+	T_NETNS+=("$1")
+	ip link add "$2" type veth peer name eth0 netns "$1"
+	ip link set "$2" master "$T_BRIDGE" up
+	ip -n "$1" addr add "$3/24" dev eth0
+	ip -n "$1" link set eth0 up
+	ip -n "$1" link set lo up
+	[ -z "${4:-}" ] || ip -n "$1" route add default via "$4"
+}
+net_down() {
+	local n
+	for n in "${T_NETNS[@]}"; do [ ! -e "/run/netns/$n" ] || ip netns del "$n"; done
+	[ -z "$T_BRIDGE" ] || ! ip link show "$T_BRIDGE" > /dev/null 2>&1 || ip link del "$T_BRIDGE"
+}
+net_left() {
+	local n c=0
+	for n in "${T_NETNS[@]}"; do [ ! -e "/run/netns/$n" ] || c=$((c + 1)); done
+	[ -z "$T_BRIDGE" ] || ! ip link show "$T_BRIDGE" > /dev/null 2>&1 || c=$((c + 1))
+	echo "$c"
+}
+# s3_local_start [BIND]: a local S3 (scripts/s3-local.sh) in $T_TMP/s3, its
+# endpoint on BIND (default 127.0.0.1), S3_ENDPOINT, S3_ACCESS_KEY and
+# S3_SECRET_KEY set; when it does not start the whole script skips.
+# t_cleanup stops it.
+T_S3_DIR=
+s3_local_start() {
+	T_S3_DIR=$T_TMP/s3
+	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
+		echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+	. "$T_TMP/s3.env"
+}
+s3_local_stop() {
+	[ -n "$T_S3_DIR" ] || return 0
+	"$ROOT/scripts/s3-local.sh" stop "$T_S3_DIR" 2> /dev/null
+	T_S3_DIR=
+}
+# api_start CONFIG URL: kiln-api with CONFIG (its output appended to
+# $T_TMP/api.out and api.err), its pid in api_pid; 0 once URL/healthz
+# answers, 1 when it has not in 10 s.
+api_start() {
+	"$ROOT/build/kiln-api" --config "$1" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
+	api_pid=$!
+	for _ in $(seq 100); do curl -s -m 1 "$2/healthz" > /dev/null && return 0; sleep 0.1; done
+	return 1
+}
+# Requests to kiln-api at $API: admin with $ADMIN, cust with $KEY (curl args).
+admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
+# wait_live N [SECONDS]: until N hosts are live (default 240 s); 0, or 1.
+wait_live() {
+	local i
+	for i in $(seq $((${2:-240} * 5))); do [ "$(live_hosts)" = "$1" ] && return 0; sleep 0.2; done
+	return 1
+}
+# new_customer ID [JSON]: creates customer ID (JSON: more of its fields) and
+# prints a key of it.
+new_customer() {
+	jq -cn --arg id "$1" --argjson more "${2:-{\}}" '{id: $id} + $more' | admin -X POST --data-binary @- "$API/v1/admin/customers" > /dev/null
+	admin -X POST "$API/v1/admin/customers/$1/keys" | jq -r .key
+}
+
 ok() { T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
 not_ok() {
 	T_N=$((T_N + 1)); T_FAILED=$((T_FAILED + 1)); echo "not ok $T_N - $1"
@@ -43,6 +123,34 @@ not_ok() {
 skip() { T_N=$((T_N + 1)); echo "ok $T_N - $1 # SKIP $2"; }
 # check NAME CONDITION-COMMAND...: ok when the command succeeds.
 check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name" "failed: $*"; fi; }
+# client_results [-e ERRFILE] PREFIX OUT CMD...: runs a client test that
+# prints a line a check, "PASS what", "FAIL what: why" or "SKIP what: why",
+# and makes each a result "PREFIX: what" (the why a diagnostic or the skip's
+# reason); its other lines become comments. Every line goes to OUT as well,
+# and a last one "exit N". Sets C_N (the checks seen) and C_RC (CMD's exit
+# status). CMD's stderr is read with its stdout, or goes to ERRFILE.
+client_results() {
+	local err= line rest name why
+	if [ "$1" = -e ]; then err=$2; shift 2; fi
+	local prefix=$1 out=$2; shift 2
+	C_N=0; C_RC=
+	while IFS= read -r line; do
+		echo "$line" >> "$out"
+		case $line in
+		PASS\ *) ok "$prefix: ${line#PASS }" ;;
+		FAIL\ *|SKIP\ *)
+			rest=${line#* } name=$rest why=
+			case $rest in *': '*) name=${rest%%: *} why=${rest#*: } ;; esac
+			case $line in
+			FAIL*) not_ok "$prefix: $name" ${why:+"$why"} ;;
+			*) skip "$prefix: $name" "${why:-no reason given}" ;;
+			esac ;;
+		exit\ *) C_RC=${line#exit }; echo "# $line"; continue ;;
+		*) echo "# $line"; continue ;;
+		esac
+		C_N=$((C_N + 1))
+	done < <(if [ -n "$err" ]; then "$@" 2> "$err"; else "$@" 2>&1; fi; echo "exit $?")
+}
 t_done() { echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
 
 # require_image: skip the whole script (loudly) when the guest image is missing.
