@@ -589,7 +589,10 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	void *map = MAP_FAILED;
 	pthread_t th;
 	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0, base_fd;
-
+	/* Where a pause's time goes (logged): the bucket, the base and the
+	 * previous manifest checked; QEMU's stream through the filter (chunks
+	 * upload meanwhile); the VM torn down; the last uploads; the manifest. */
+	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0;
 	unsigned rnd = 0;
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
@@ -610,6 +613,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	if (base_ensure(s, c, base_fd, s->snap->mem_size, base_sha, base_bytes, err) < 0)
 		return -1;
 	old = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
+	t_prep = proto_now_ms();
 	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
 	if (!ps.up) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
@@ -650,6 +654,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		}
 		pthread_join(th, NULL);
 		started = 0;
+		t_saved = proto_now_ms();
 		*fst = ps.st;
 		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
 			ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
@@ -686,6 +691,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			s->has_tu = 0;
 		}
 		s->state = SS_PAUSING;
+		t_down = proto_now_ms();
 	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
 		goto out; /* a retry without the local copy of the stream */
 	}
@@ -696,7 +702,15 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	ps.up = NULL;
 	if (r < 0)
 		goto out;
+	t_up = proto_now_ms();
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
+	if (r == 0 && t_saved)
+		fprintf(stderr,
+			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
+			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), VM teardown %lld, "
+			"uploads finish %lld, manifest %lld\n",
+			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
+			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
 	if (r == 0 && old) {
 		/* The new manifest is in: the previous generation can go. */
 		delete_old(ss, old);
@@ -1084,11 +1098,11 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		fprintf(stderr,
 			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
-			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile)\n",
+			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s)\n",
 			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
 			(long long)(t_fetch - t_base), (unsigned long long)zbytes(&pm.state),
 			(unsigned long long)zbytes(&pm.disk), (long long)(t_disk - t_fetch),
-			(long long)(now - t_disk));
+			(long long)(now - t_disk), s->prestarted ? "QEMU started ahead" : "QEMU started now");
 	}
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
