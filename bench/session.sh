@@ -86,7 +86,7 @@ import re, statistics, sys
 rows = [dict((m.group(1).strip(), int(m.group(2))) for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l))
         for l in sys.stdin]
 if rows:
-    keys = ["paused in", "prepare", "save", "VM teardown", "uploads finish", "manifest"]
+    keys = ["paused in", "prepare", "save", "then", "uploads and VM teardown finish", "manifest"]
     print("    pause split (medians, ms): " + ", ".join("%s %d" % (k.replace("paused in", "total"),
           statistics.median(r.get(k, 0) for r in rows)) for k in keys))' || true
 	if [ "$mem" = 256 ]; then

@@ -252,6 +252,55 @@ static struct pmanifest *get_manifest(const struct s3_config *c, const char *cus
 	return pm;
 }
 
+/* The previous generation's manifest, fetched on a thread of its own while
+ * the pause checks the bucket and the base and saves the VM: one round trip
+ * off the pause's path. */
+struct old_fetch {
+	const struct s3_config *c;
+	const char *customer, *id;
+	struct pmanifest *pm;
+	pthread_t th;
+	int started;
+};
+
+static void *old_fetch_thread(void *arg)
+{
+	struct old_fetch *o = arg;
+
+	o->pm = get_manifest(o->c, o->customer, o->id, &(struct kiln_err){ .code = "" });
+	return NULL;
+}
+
+/* The manifest (NULL: none, unreadable, or already taken), the caller's
+ * once the fetch is done. */
+static struct pmanifest *old_fetch_join(struct old_fetch *o)
+{
+	struct pmanifest *pm;
+
+	if (o->started) {
+		pthread_join(o->th, NULL);
+		o->started = 0;
+	}
+	pm = o->pm;
+	o->pm = NULL;
+	return pm;
+}
+
+/* A saved VM and its network, destroyed (pause_v2, on a thread while the
+ * uploads finish; nothing else touches s->vm or s->net meanwhile: the pause
+ * holds s->op and the session is SS_PAUSING). */
+static void *vm_down_thread(void *arg)
+{
+	struct session *s = arg;
+
+	vm_destroy(&s->vm);
+	if (s->net) {
+		net_sandbox_stop(s->net, NULL);
+		s->net = NULL;
+	}
+	return NULL;
+}
+
 /* ---- the base RAM in S3 ------------------------------------------------- */
 
 /* Bases fetched from S3 that sessions on this host map now, shared: one
@@ -594,25 +643,30 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	 * upload meanwhile); the VM torn down; the last uploads; the manifest. */
 	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0;
 	unsigned rnd = 0;
+	struct old_fetch of = { .c = c, .customer = s->customer, .id = s->id };
+	pthread_t down_tid;
+	int down = 0, down_th = 0; /* the VM saved and going; on vm_down_thread */
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
 	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
+	of.started = pthread_create(&of.th, NULL, old_fetch_thread, &of) == 0;
+	if (!of.started)
+		of.pm = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
 	if (s3_ensure_bucket(c, err) < 0)
-		return -1;
+		goto out;
 	/* The base: the snapshot's RAM (its hash cached after the first pause
 	 * of this snapshot), or the base this session was resumed on. */
 	if (s->base_fd >= 0)
 		snprintf(base_sha, sizeof(base_sha), "%s", s->base_sha);
 	else if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
-		return -1;
+		goto out;
 	base_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
 	/* In S3 before any manifest names it (while the VM still runs: a
 	 * failure here leaves it running). */
 	if (base_ensure(s, c, base_fd, s->snap->mem_size, base_sha, base_bytes, err) < 0)
-		return -1;
-	old = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
+		goto out;
 	t_prep = proto_now_ms();
 	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
 	if (!ps.up) {
@@ -676,20 +730,13 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			goto out;
 		}
 		r = -1;
-		/* Saved: the VM and its network go now; the files stay until S3
-		 * has them. */
-		vm_destroy(&s->vm);
-		if (s->net) {
-			net_sandbox_stop(s->net, NULL);
-			s->net = NULL;
-		}
-		hostd_release(ss->d, s->vcpus, s->memory_mib);
-		s->vcpus = 0;
-		if (s->has_tu) {
-			/* Paused: the template is no longer in use here. */
-			template_release(hostd_templates(ss->d), &s->tu);
-			s->has_tu = 0;
-		}
+		/* Saved: the VM and its network go now, on a thread of their own
+		 * while the uploads finish (joined below, before its capacity is
+		 * given back); the files stay until S3 has them. */
+		down = 1;
+		down_th = pthread_create(&down_tid, NULL, vm_down_thread, s) == 0;
+		if (!down_th)
+			vm_down_thread(s);
 		s->state = SS_PAUSING;
 		t_down = proto_now_ms();
 	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
@@ -702,13 +749,19 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	ps.up = NULL;
 	if (r < 0)
 		goto out;
+	if (down_th) {
+		pthread_join(down_tid, NULL);
+		down_th = 0;
+	}
 	t_up = proto_now_ms();
+	/* Read before the new manifest replaces it. */
+	old = old_fetch_join(&of);
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
 	if (r == 0 && t_saved)
 		fprintf(stderr,
 			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
-			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), VM teardown %lld, "
-			"uploads finish %lld, manifest %lld\n",
+			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), then %lld, "
+			"uploads and VM teardown finish %lld, manifest %lld\n",
 			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
 			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
 	if (r == 0 && old) {
@@ -722,6 +775,17 @@ out:
 			close(pfd[1]);
 		pfd[1] = -1;
 		pthread_join(th, NULL);
+	}
+	if (down_th)
+		pthread_join(down_tid, NULL);
+	if (down) {
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+		s->vcpus = 0;
+		if (s->has_tu) {
+			/* Paused: the template is no longer in use here. */
+			template_release(hostd_templates(ss->d), &s->tu);
+			s->has_tu = 0;
+		}
 	}
 	if (ps.up) {
 		struct kiln_err e2;
@@ -738,6 +802,8 @@ out:
 		munmap(map, s->snap->mem_size);
 	free(state.c);
 	free(disk.c);
+	if (!old)
+		old = old_fetch_join(&of);
 	if (old) {
 		pmanifest_free(old);
 		free(old);
