@@ -77,7 +77,7 @@ lines = sys.stdin.readlines()
 rows = [dict((k.strip(), int(v)) for v, k in [(m.group(2), m.group(1))
         for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l)]) for l in lines]
 if rows:
-    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load"]
+    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load", "QEMU", "load", "setup"]
     print("    resume split (medians, ms): " + ", ".join("%s %d" % (k.replace("resumed in", "total"),
           statistics.median(r.get(k, 0) for r in rows)) for k in keys))
     print("    QEMU started ahead for %d of %d resumes" % (sum("started ahead" in l for l in lines), len(lines)))' || true

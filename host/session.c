@@ -445,6 +445,7 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 		cfg.mem_share = 0;
 	}
 	s->prestarted = 0;
+	s->boot_ms[0] = proto_now_ms();
 	{
 		char pdisk[PATH_MAX + 16], pdir[PATH_MAX];
 		int have_disk = access(s->disk, F_OK) == 0;
@@ -467,13 +468,20 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 	}
 	if (can_pre)
 		session_prestart_want(ss, &cfg);
+	s->boot_ms[0] = proto_now_ms() - s->boot_ms[0];
+	if (s->booted)
+		s->booted(s->booted_ctx, s);
+	s->boot_ms[1] = proto_now_ms();
 	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
 		if (mem_ram)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		return -1;
 	}
+	s->boot_ms[2] = proto_now_ms();
+	s->boot_ms[1] = s->boot_ms[2] - s->boot_ms[1];
 	if (vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err) < 0)
 		return -1;
+	s->boot_ms[2] = proto_now_ms() - s->boot_ms[2];
 	session_envd_enable(ss, s);
 	return 0;
 }

@@ -64,6 +64,11 @@ struct session {
 	uint64_t cpu_prev_ns;
 	int64_t cpu_prev_us;
 	int prestarted;          /* its QEMU was started ahead (session_prestart.c) */
+	int64_t boot_ms[3];      /* session_boot's last: QEMU started or taken, state loaded, SETUP */
+	/* Called by session_boot once QEMU is there, before its state loads
+	 * (a resume's page loader; NULL: none). */
+	void (*booted)(void *ctx, struct session *s);
+	void *booted_ctx;
 	struct session *next;
 };
 
