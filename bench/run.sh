@@ -64,6 +64,9 @@ echo
 # Density: idle sessions per host in steps (memory, CPU, create time, exec latency), KSM off/on.
 bench/density.sh
 echo
+# What a page fault costs here: QEMU's own load of a resumed session's pages against kiln-host's loader.
+build/bench/pagefault
+echo
 # The floor under it: plain QEMU clones of the same snapshot (memory, CPU running and stopped),
 # warmed pool VMs, and the TCG translation buffer's size against a busy workload.
 cdir=$(mktemp -d /tmp/kiln-bench-clones.XXXXXX)

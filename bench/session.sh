@@ -10,11 +10,15 @@
 # and disk files for v1), resume time and resume to the first exec answered.
 # The first pause of a snapshot also hashes its RAM (cached after): rounds
 # after the first count. KILN_HOST=path compares another build (e.g. main's).
+# SESSION_PRESTART=1 (the default) keeps a session QEMU started ahead
+# (sessions.prestart); 0 turns it off; empty leaves the key out (builds
+# from before it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 KILN_HOST=${KILN_HOST:-build/kiln-host}
 SIZES=${SESSION_SIZES:-128 256 512}
+PRESTART=${SESSION_PRESTART-1}
 TMP=$(mktemp -d /tmp/kiln-bench-session.XXXXXX)
 export KILN_RUN_DIR=${KILN_RUN_DIR:-$TMP/run}
 PORT=$((30000 + RANDOM % 10000))
@@ -32,14 +36,15 @@ h() { curl -s -m 600 -H "Authorization: Bearer $TOKEN" "$@"; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 med() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
 
-echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory ($RUNS rounds each; local S3 on loopback)"
+echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory ($RUNS rounds each; local S3 on loopback; session QEMU started ahead: ${PRESTART:-not configured})"
 printf '  %-8s %10s %10s %14s %12s %14s %14s\n' memory "pause ms" "resume ms" "resume+exec ms" "MB to S3" "pause s/GiB" "E2B s/GiB"
 for mem in $SIZES; do
 	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$TMP/spool" --arg run "$KILN_RUN_DIR" --argjson mem "$mem" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg pre "$PRESTART" \
 		'{listen: ("127.0.0.1:" + $port), host_id: "bench", token: $token, spool_dir: $spool, run_dir: $run,
 		  pool: {size: 0, prestart: 0, memory_mib: $mem},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}' > "$TMP/host.json"
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}
+		 + if $pre == "" then {} else {sessions: {prestart: ($pre | tonumber)}} end' > "$TMP/host.json"
 	"$KILN_HOST" serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
 	host_pid=$!
 	for _ in $(seq 1800); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
@@ -68,11 +73,21 @@ for mem in $SIZES; do
 	# the state streaming in, which an older build fetched whole first).
 	grep -o 'resumed in .*' "$TMP/host.err" | tail -n "$RUNS" | /usr/bin/python3 -c '
 import re, statistics, sys
+lines = sys.stdin.readlines()
 rows = [dict((k.strip(), int(v)) for v, k in [(m.group(2), m.group(1))
-        for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l)]) for l in sys.stdin]
+        for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l)]) for l in lines]
 if rows:
-    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load"]
+    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load", "QEMU", "load", "setup"]
     print("    resume split (medians, ms): " + ", ".join("%s %d" % (k.replace("resumed in", "total"),
+          statistics.median(r.get(k, 0) for r in rows)) for k in keys))
+    print("    QEMU started ahead for %d of %d resumes" % (sum("started ahead" in l for l in lines), len(lines)))' || true
+	grep -o 'paused in .*' "$TMP/host.err" | tail -n "$RUNS" | /usr/bin/python3 -c '
+import re, statistics, sys
+rows = [dict((m.group(1).strip(), int(m.group(2))) for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l))
+        for l in sys.stdin]
+if rows:
+    keys = ["paused in", "prepare", "save", "then", "uploads and VM teardown finish", "manifest"]
+    print("    pause split (medians, ms): " + ", ".join("%s %d" % (k.replace("paused in", "total"),
           statistics.median(r.get(k, 0) for r in rows)) for k in keys))' || true
 	if [ "$mem" = 256 ]; then
 		: > "$TMP/x"
@@ -116,6 +131,20 @@ PY
 )
 	fi
 	h -X DELETE "$U/b$mem?customer=bench" > /dev/null
+	# Creating a session (a second apart: a QEMU started ahead has time to
+	# be ready), and what a QEMU waiting ahead holds (PSS).
+	: > "$TMP/c"
+	for i in $(seq "$RUNS"); do
+		sleep 1
+		t=$(date +%s%N); h -X POST "$U" --data "{\"id\":\"c$mem-$i\",\"customer\":\"bench\",\"spec\":{\"limits\":{\"memory_mib\":$mem}}}" > /dev/null; ms "$t" >> "$TMP/c"
+		h -X DELETE "$U/c$mem-$i?customer=bench" > /dev/null
+	done
+	sleep 1
+	pss=nan
+	for p in $(pgrep -f "qemu-system-x86_64.*/.prestart-" || true); do
+		grep -q "$TMP" "/proc/$p/cmdline" 2> /dev/null && pss=$(awk '/^Pss:/ { printf("%.1f", $2 / 1024) }' "/proc/$p/smaps_rollup")
+	done
+	echo "    create: median $(med < "$TMP/c") ms over $RUNS, 1 s apart; a QEMU waiting ahead: PSS $pss MiB"
 	kill "$host_pid"; wait "$host_pid" 2> /dev/null || true; host_pid=
 done
 echo "  (medians over $RUNS rounds after a warm-up; MB to S3: bytes one pause sent; pause s/GiB is per GiB of guest memory)"

@@ -44,6 +44,7 @@ struct host_config {
 	const char *mirror;          /* Debian mirror for recipe builds */
 	unsigned session_idle_stop_ms; /* "sessions": {"idle_stop_ms"} (0 there: never stop) */
 	int session_idle_stop_set;
+	int session_prestart;          /* "sessions": {"prestart"}: 0 or 1; -1: unset */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

@@ -33,7 +33,7 @@
 struct mf_block {
 	char name[256];
 	uint64_t len;
-	int is_base;
+	int is_base, is_sink;
 };
 
 struct mf {
@@ -240,7 +240,9 @@ static int ram_blocks(struct mf *f, uint64_t total)
 				return bad(f, "RAM block named twice");
 		if (f->ignore_shared && be64(f, &addr, 1) < 0)
 			return -1;
-		b->is_base = f->base && f->base->data && !strcmp(b->name, f->base->block) && b->len == f->base->size;
+		b->is_base = f->base && f->base->data && !f->base->page && !strcmp(b->name, f->base->block) &&
+			     b->len == f->base->size;
+		b->is_sink = f->base && f->base->page && !strcmp(b->name, f->base->block) && b->len == f->base->size;
 		total -= b->len;
 		f->nblocks++;
 	}
@@ -287,6 +289,13 @@ static int ram_page(struct mf *f, uint64_t word)
 			keep = memcmp(f->base->data + addr, f->page, MF_PAGE) != 0;
 	}
 	f->st->pages++;
+	if (b->is_sink) {
+		if (flags & RAM_ZERO)
+			memset(f->page, fill_byte, MF_PAGE);
+		if (f->base->page(f->base->ctx, addr, f->page) < 0)
+			return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: loading a page failed");
+		return 0;
+	}
 	if (!keep)
 		return 0;
 	f->st->pages_kept++;
@@ -324,8 +333,11 @@ static int ram_section(struct mf *f, int start)
 		for (int i = 0; i < 8; i++)
 			word = word << 8 | w[i];
 		flags = (unsigned)(word & (MF_PAGE - 1));
-		if (flags == RAM_EOS && !(word >> 12))
+		if (flags == RAM_EOS && !(word >> 12)) {
+			if (f->base && f->base->flush && f->base->flush(f->base->ctx) < 0)
+				return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: loading pages failed");
 			return put(f, w, 8);
+		}
 		if (flags == RAM_MEM_SIZE) {
 			if (!start || f->nblocks)
 				return bad(f, "RAM block list out of place");

@@ -26,6 +26,15 @@ struct migfilter_base {
 	const char *block;      /* the RAM block the base describes ("mem") */
 	const uint8_t *data;    /* its bytes (a read-only mapping) */
 	uint64_t size;          /* must equal the block's length, or nothing is left out */
+	/* Instead of comparing with data: every page record of the block goes
+	 * to page (addr < size, a multiple of 4096; the page's 4096 bytes, a
+	 * zero record's filled in) and is left out of the stream; flush is
+	 * called at the end of each part of the RAM section, before anything
+	 * after it is written (a loader that batches must have written its
+	 * pages by then). Either returns 0, or -1 to stop the filter. */
+	int (*page)(void *ctx, uint64_t addr, const uint8_t *data);
+	int (*flush)(void *ctx);
+	void *ctx;
 };
 
 struct migfilter_stats {

@@ -94,7 +94,7 @@ static void *up_worker(void *arg)
 			}
 		}
 		free(z);
-		free(j->buf);
+		pchunk_buf_free(j->buf);
 
 		pthread_mutex_lock(&u->lock);
 		u->queued--;
@@ -135,6 +135,27 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 		return NULL;
 	}
 	return u;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it, harmlessly */
+#endif
+
+void *pchunk_buf_alloc(void)
+{
+	void *p = mmap(NULL, PCHUNK_RAW_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	(void)madvise(p, PCHUNK_RAW_MAX, MADV_HUGEPAGE);
+	(void)madvise(p, PCHUNK_RAW_MAX, MADV_POPULATE_WRITE);
+	return p;
+}
+
+void pchunk_buf_free(void *buf)
+{
+	if (buf)
+		munmap(buf, PCHUNK_RAW_MAX);
 }
 
 int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len)
@@ -181,7 +202,7 @@ int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len)
 out:
 	pthread_mutex_unlock(&u->lock);
 	free(j);
-	free(buf);
+	pchunk_buf_free(buf);
 	return r;
 }
 
@@ -282,7 +303,7 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ki
 		goto out;
 	}
 	z = malloc(p->zsize);
-	raw = malloc(p->size);
+	raw = p->size <= PCHUNK_RAW_MAX ? pchunk_buf_alloc() : NULL;
 	if (!z || !raw) {
 		kiln_err_set(e, KERR_HOST_ERROR, "out of memory");
 		goto out;
@@ -313,7 +334,7 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ki
 out:
 	close(fd);
 	free(z);
-	free(raw);
+	pchunk_buf_free(raw);
 	return r;
 }
 

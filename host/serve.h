@@ -47,6 +47,7 @@ struct serve_opts {
 	unsigned snapshot_ttl_s;      /* 0: snapshots never expire */
 	const char *mirror;           /* Debian mirror for recipe builds (NULL: the host's apt sources) */
 	unsigned session_idle_stop_ms; /* stop an idle session's vCPUs after (0: never) */
+	int session_prestart;          /* keep a session QEMU started ahead (1) or not (0); -1: as prestart > 0 */
 };
 
 struct hostd;

@@ -83,6 +83,11 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 		free(ss);
 		return NULL;
 	}
+	ss->pre.enabled = 1;
+	if (session_prestart_open(ss, err) < 0) {
+		sessions_close(ss);
+		return NULL;
+	}
 	/* Sessions of an earlier process died with it (their VMs were its
 	 * children); paused ones are in S3, not here. */
 	fs_rmtree(ss->root);
@@ -143,6 +148,7 @@ void sessions_close(struct session_table *ss)
 	pthread_cond_broadcast(&ss->launch_cond);
 	pthread_mutex_unlock(&ss->lock);
 	pthread_join(ss->launcher, NULL);
+	session_prestart_close(ss);
 	free(ss);
 }
 
@@ -393,11 +399,25 @@ int session_insert(struct session_table *ss, struct session *s, struct kiln_err 
 /* Start the session's VM: its network (if any), then QEMU on the overlay
  * s->disk (backed by the template's disk), loading state_fd (a template's
  * device state, or a paused session's whole state with mem_ram). */
+/* The overlay that holds everything the session writes to its disk. */
+static int make_overlay(const char *disk, const char *backing, struct kiln_err *err)
+{
+	char *argv[] = { "/usr/bin/qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", (char *)backing,
+			 (char *)disk, NULL };
+
+	if (snapshot_run_cmd(argv) < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "qemu-img create %s failed", disk);
+	return 0;
+}
+
 int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err)
 {
 	const struct run_opts *ro = hostd_run_opts(ss->d);
 	struct vm_config cfg = ro->vm;
+	/* Not on a base fetched from S3: a VM started ahead would keep that
+	 * RAM alive after its last session. */
+	int can_pre = s->base_fd < 0;
 
 	if (ts->egress) {
 		if (net_sandbox_start(ro->net, ts->net_rules, ts->nnet_rules, NULL, NULL, &s->net, err) < 0)
@@ -424,27 +444,45 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 		cfg.mem_file = s->snap->mem;
 		cfg.mem_share = 0;
 	}
-	if (launch_vm(ss, &cfg, &s->vm, err) < 0)
-		return -1;
+	s->prestarted = 0;
+	s->boot_ms[0] = proto_now_ms();
+	{
+		char pdisk[PATH_MAX + 16], pdir[PATH_MAX];
+		int have_disk = access(s->disk, F_OK) == 0;
+
+		if (can_pre && session_prestart_take(ss, &cfg, &s->vm, pdisk, sizeof(pdisk), pdir, sizeof(pdir)) == 0) {
+			/* Its overlay becomes the session's: as it is for a new
+			 * session, with the fetched disk layer copied in for a
+			 * resumed one. */
+			s->prestarted = 1;
+			if (have_disk && session_prestart_disk(s->disk, pdisk, err) < 0)
+				return -1;
+			if (rename(pdisk, s->disk) < 0)
+				return kiln_err_set(err, KERR_HOST_ERROR, "cannot move %s: %s", pdisk, strerror(errno));
+			fs_rmtree(pdir);
+		} else if (!have_disk && make_overlay(s->disk, s->snap->disk, err) < 0) {
+			return -1;
+		} else if (launch_vm(ss, &cfg, &s->vm, err) < 0) {
+			return -1;
+		}
+	}
+	if (can_pre)
+		session_prestart_want(ss, &cfg);
+	s->boot_ms[0] = proto_now_ms() - s->boot_ms[0];
+	if (s->booted)
+		s->booted(s->booted_ctx, s);
+	s->boot_ms[1] = proto_now_ms();
 	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
 		if (mem_ram)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 		return -1;
 	}
+	s->boot_ms[2] = proto_now_ms();
+	s->boot_ms[1] = s->boot_ms[2] - s->boot_ms[1];
 	if (vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err) < 0)
 		return -1;
+	s->boot_ms[2] = proto_now_ms() - s->boot_ms[2];
 	session_envd_enable(ss, s);
-	return 0;
-}
-
-/* The overlay that holds everything the session writes to its disk. */
-static int make_overlay(const char *disk, const char *backing, struct kiln_err *err)
-{
-	char *argv[] = { "/usr/bin/qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", (char *)backing,
-			 (char *)disk, NULL };
-
-	if (snapshot_run_cmd(argv) < 0)
-		return kiln_err_set(err, KERR_HOST_ERROR, "qemu-img create %s failed", disk);
 	return 0;
 }
 
@@ -496,7 +534,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 	fd = -1;
 	if (mkdir(s->dir, 0700) < 0)
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
-	else if (make_overlay(s->disk, snap->disk, err) == 0 && (fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
+	else if ((fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
 	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0)
 		r = 0;

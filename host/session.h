@@ -27,6 +27,9 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 /* Stop idle sessions' vCPUs after idle_stop_ms without a request (0: never;
  * see session_idle.c). Once, before requests come. 0 or -1 with err. */
 int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, struct kiln_err *err);
+/* Keep one session QEMU started ahead for the next create or resume
+ * (session_prestart.c; on unless turned off here). */
+void sessions_set_prestart(struct session_table *ss, int on);
 /* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
  * appended to b. */
 struct buf;

@@ -226,4 +226,5 @@ void sessions_metrics(struct session_table *ss, struct buf *b)
 	buf_printf(b, "kiln_host_session_wakes_total{result=\"ok\"} %llu\nkiln_host_session_wakes_total{result=\"failed\"} %llu\n",
 		   (unsigned long long)ss->wakes_total, (unsigned long long)ss->wake_failures);
 	pthread_mutex_unlock(&ss->lock);
+	session_prestart_metrics(ss, b);
 }

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <jansson.h>
 
@@ -62,6 +63,12 @@ struct session {
 	/* The last CPU sample for GET .../metrics (under ss->lock). */
 	uint64_t cpu_prev_ns;
 	int64_t cpu_prev_us;
+	int prestarted;          /* its QEMU was started ahead (session_prestart.c) */
+	int64_t boot_ms[3];      /* session_boot's last: QEMU started or taken, state loaded, SETUP */
+	/* Called by session_boot once QEMU is there, before its state loads
+	 * (a resume's page loader; NULL: none). */
+	void (*booted)(void *ctx, struct session *s);
+	void *booted_ctx;
 	struct session *next;
 };
 
@@ -79,6 +86,37 @@ struct launch {
 /* Let go of the session's fetched base RAM (s->base_fd), if any: the last
  * session on it closes it. */
 void session_base_release(struct session *s);
+
+/* The session QEMU started ahead (session_prestart.c): what it was started
+ * for, and a request for the next one. */
+struct prestart_id {
+	dev_t mem_dev;
+	ino_t mem_ino;
+	unsigned memory_mib, vcpus;
+	char backing[600], backing2[600];
+};
+
+struct prestart_req {
+	struct prestart_id id;
+	struct vm_config cfg;  /* the host's run options; disk, RAM and backing from the request */
+	int mem_fd;            /* owned: a dup of the snapshot's RAM fd */
+	char mem_file[600];
+};
+
+struct session_prestart {
+	int enabled;           /* sessions.prestart (under ss->lock) */
+	int th_on, renice;
+	pthread_t th;
+	pthread_cond_t cond;   /* with ss->lock: a request, or stopping */
+	int want;              /* req holds a request */
+	struct prestart_req req;
+	int ready;             /* vm waits in -incoming defer on disk */
+	struct vm vm;
+	struct prestart_id id;
+	char dir[PATH_MAX], disk[PATH_MAX + 16];
+	unsigned seq;
+	uint64_t started_total, taken_total, missed_total;
+};
 
 struct session_table {
 	struct hostd *d;
@@ -98,6 +136,7 @@ struct session_table {
 	pthread_t idler;
 	pthread_cond_t idle_cond;
 	uint64_t stops_total, wakes_total, wake_failures;
+	struct session_prestart pre;
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -133,10 +172,33 @@ struct session *session_new(struct session_table *ss, const char *id, const char
 /* Register s, unless a session with its id is here already. */
 int session_insert(struct session_table *ss, struct session *s, struct kiln_err *err);
 /* Start the session's VM: its network (if any), then QEMU on the overlay
- * s->disk (backed by the template's disk), loading state_fd (a template's
- * device state, or a paused session's whole state with mem_ram). */
+ * s->disk (backed by the template's disk; made here when it does not exist,
+ * as for a new session), loading state_fd (a template's device state, or a
+ * paused session's whole state with mem_ram). A QEMU started ahead for the
+ * same configuration is taken when one waits (s->prestarted). */
 int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err);
+
+/* The QEMU started ahead (session_prestart.c) ---------------------------- */
+
+/* Start / stop the prestart thread (sessions_open / sessions_close, after
+ * every session's VM is gone: its QEMUs die with the thread). */
+int session_prestart_open(struct session_table *ss, struct kiln_err *err);
+void session_prestart_close(struct session_table *ss);
+/* The VM started ahead for cfg, if one waits: moved into *vm (its priority
+ * raised), with the path of the overlay it has open (*disk) and that
+ * overlay's directory (*dir, for the caller to remove once the overlay is
+ * moved). 0, or -1: none, start one as usual. */
+int session_prestart_take(struct session_table *ss, const struct vm_config *cfg, struct vm *vm, char *disk,
+			  size_t disk_cap, char *dir, size_t dir_cap);
+/* A session booted with cfg: have a VM for the next one started ahead (in
+ * the background; nothing for a configuration it cannot serve). */
+void session_prestart_want(struct session_table *ss, const struct vm_config *cfg);
+/* Prometheus lines about it (sessions_metrics). */
+void session_prestart_metrics(struct session_table *ss, struct buf *b);
+/* Copy the file fetched (a paused session's disk layer) into disk, the
+ * overlay a prestarted QEMU holds open, in place. 0, or -1 with err. */
+int session_prestart_disk(const char *fetched, const char *disk, struct kiln_err *err);
 
 /* Idle stop (session_idle.c) ------------------------------------------ */
 

@@ -31,7 +31,7 @@ start_host() { # NAME PORT
 	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}, sessions: {prestart: 1},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
 	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
 	pids+=($!)
@@ -73,6 +73,8 @@ elif op in ("flip", "flipchunk"):  # damage one byte in the middle of the object
     s3.put_object(Bucket=b, Key=key, Body=bytes(d))
 ' "$@"
 }
+# metric PORT NAME: a value from the host's /metrics
+metric() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
 
 if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
@@ -225,6 +227,16 @@ wait "$slow"
 st=$(ex "$PA" "$ASK")
 check "after the refused pause the session goes on as before" test "$(last .stdout)" = "$kv"
 
+# --- a QEMU started ahead: after its first session, host B keeps one
+# waiting (sessions.prestart), and s1's resume below takes it: the disk
+# layer fetched from S3 is copied into the overlay that QEMU holds open ---
+st=$(h "$PB" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"warm","customer":"acme","spec":{}}')
+h "$PB" DELETE /v1/sessions/warm > /dev/null
+for _ in $(seq 150); do [ "$(metric "$PB" kiln_host_session_prestarted)" = 1 ] && break; sleep 0.2; done
+check "host B starts a session QEMU ahead after its first session ($st; /metrics: $(metric "$PB" kiln_host_session_prestarted) waiting)" \
+	test "$st" = 201 -a "$(metric "$PB" kiln_host_session_prestarted)" = 1
+taken_b=$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')
+
 # --- pause on A, resume on B ---
 st=$(h "$PA" POST /v1/sessions/s1/pause)
 pause_json=$(cat "$T_TMP/last"); [ "$st" = 200 ] || echo "# pause: $pause_json"
@@ -236,12 +248,19 @@ st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --d
 check "another customer cannot resume it (404)" test "$st" = 404
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 check "resume on host B: 200 running" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
+check "... into the QEMU started ahead (taken $taken_b -> $(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}'))" \
+	test "$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')" = $((taken_b + 1))
 st=$(ex "$PB" "$ASK")
 check "after resume: the background process and the value in its memory are there ($(last .stdout))" test "$(last .stdout)" = "$kv"
 st=$(ex "$PB" '{"argv":["cat","/work/note.txt"]}')
 check "after resume: files written before are there" test "$(last .stdout)" = before
 h "$PB" GET "/v1/sessions/s1/files?path=/work/sub/blob.bin" > /dev/null
 check "after resume: the binary file is intact" cmp -s "$T_TMP/last" "$T_TMP/blob"
+head -c 3000000 /dev/urandom > "$T_TMP/after"
+h "$PB" PUT "/v1/sessions/s1/files?path=/work/after.bin" --data-binary @"$T_TMP/after" > /dev/null
+st=$(ex "$PB" '{"argv":["sh","-c","sync && sha256sum < /work/after.bin"]}')
+check "after resume: the disk takes new writes (3 MB put, synced, its sha256 read back in the guest)" \
+	test "$st" = 200 -a "$(last .stdout | cut -d' ' -f1)" = "$(sha256sum < "$T_TMP/after" | cut -d' ' -f1)"
 st=$(ex "$PB" '{"argv":["sh","-c","date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d \" \\n\""]}')
 gt=$(last .stdout | head -1); now=$(date +%s)
 check "after resume: the guest clock is the host's (±2 s)" test $((gt - now)) -le 2 -a $((now - gt)) -le 2

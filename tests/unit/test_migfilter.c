@@ -263,12 +263,111 @@ static void test_malformed(void **state)
 	free(out.p);
 }
 
+/* A loader's side of the filter: what it was handed, in order. */
+struct sunk {
+	uint64_t addr[8];
+	uint8_t first[8];
+	int n, flushes, pages_at_flush[4], fail_at;
+};
+
+static int sink_page(void *ctx, uint64_t addr, const uint8_t *data)
+{
+	struct sunk *k = ctx;
+
+	if (k->n == k->fail_at)
+		return -1;
+	for (int i = 1; i < PG; i++)
+		if (data[i] != data[0])
+			return -1; /* these tests' pages are all one byte */
+	k->addr[k->n] = addr;
+	k->first[k->n++] = data[0];
+	return 0;
+}
+
+static int sink_flush(void *ctx)
+{
+	struct sunk *k = ctx;
+
+	if (k->flushes < 4)
+		k->pages_at_flush[k->flushes] = k->n;
+	k->flushes++;
+	return 0;
+}
+
+static void test_sink_takes_the_block(void **state)
+{
+	struct sunk k = { .fail_at = -1 };
+	struct migfilter_base mb = { .block = "mem", .size = sizeof(base), .page = sink_page, .flush = sink_flush,
+				     .ctx = &k };
+	struct bytes in = { 0 }, out = { 0 }, want = { 0 };
+	struct migfilter_stats st;
+	uint8_t changed[PG], rom[PG];
+
+	(void)state;
+	memset(changed, 'z', PG);
+	memset(rom, 'r', PG);
+	header(&in);
+	u8(&in, 0x02); /* PART */
+	be32(&in, 2);
+	page(&in, 2 * PG, "mem", 0, changed);
+	zero(&in, PG, "mem", 1);              /* a zero record: handed over as a zero page */
+	page(&in, 0, "rom", 0, rom);          /* another block: stays in the stream, named */
+	page(&in, 3 * PG, "mem", 0, changed);
+	be64(&in, 0x10);
+	u8(&in, 0x7e);
+	be32(&in, 2);
+	u8(&in, 0x03); /* END */
+	be32(&in, 2);
+	be64(&in, 0x10);
+	u8(&in, 0x7e);
+	be32(&in, 2);
+	trailer(&in);
+
+	assert_int_equal(run(&in, &out, &mb, &st), 0);
+	assert_int_equal(k.n, 3);
+	assert_true(k.addr[0] == 2 * PG && k.first[0] == 'z');
+	assert_true(k.addr[1] == PG && k.first[1] == 0);
+	assert_true(k.addr[2] == 3 * PG && k.first[2] == 'z');
+	/* Flushed at the end of each part of the section (the START with the
+	 * block list, the PART, the END), before anything after it. */
+	assert_int_equal(k.flushes, 3);
+	assert_int_equal(k.pages_at_flush[0], 0);
+	assert_int_equal(k.pages_at_flush[1], 3);
+
+	header(&want);
+	u8(&want, 0x02);
+	be32(&want, 2);
+	page(&want, 0, "rom", 0, rom);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	u8(&want, 0x03);
+	be32(&want, 2);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	trailer(&want);
+	assert_int_equal(out.n, want.n);
+	assert_memory_equal(out.p, want.p, want.n);
+
+	/* A loader that fails stops the filter. */
+	k = (struct sunk){ .fail_at = 1 };
+	free(out.p);
+	out = (struct bytes){ 0 };
+	assert_int_equal(run(&in, &out, &mb, &st), -1);
+	assert_int_equal(k.n, 1);
+	free(in.p);
+	free(out.p);
+	free(want.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_keeps_only_changes),
 		cmocka_unit_test(test_base_of_other_size_keeps_all),
 		cmocka_unit_test(test_malformed),
+		cmocka_unit_test(test_sink_takes_the_block),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
