@@ -396,9 +396,6 @@ int session_insert(struct session_table *ss, struct session *s, struct kiln_err 
 	return 0;
 }
 
-/* Start the session's VM: its network (if any), then QEMU on the overlay
- * s->disk (backed by the template's disk), loading state_fd (a template's
- * device state, or a paused session's whole state with mem_ram). */
 /* The overlay that holds everything the session writes to its disk. */
 static int make_overlay(const char *disk, const char *backing, struct kiln_err *err)
 {
@@ -410,6 +407,9 @@ static int make_overlay(const char *disk, const char *backing, struct kiln_err *
 	return 0;
 }
 
+/* Start the session's VM: its network (if any), then QEMU on the overlay
+ * s->disk (backed by the template's disk), loading state_fd (a template's
+ * device state, or a paused session's whole state with mem_ram). */
 int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
 		 struct kiln_err *err)
 {
@@ -455,10 +455,12 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 			 * session, with the fetched disk layer copied in for a
 			 * resumed one. */
 			s->prestarted = 1;
-			if (have_disk && session_prestart_disk(s->disk, pdisk, err) < 0)
+			if ((have_disk && session_prestart_disk(s->disk, pdisk, err) < 0) ||
+			    (rename(pdisk, s->disk) < 0 &&
+			     kiln_err_set(err, KERR_HOST_ERROR, "cannot move %s: %s", pdisk, strerror(errno)) < 0)) {
+				fs_rmtree(pdir); /* the VM goes with the session's teardown */
 				return -1;
-			if (rename(pdisk, s->disk) < 0)
-				return kiln_err_set(err, KERR_HOST_ERROR, "cannot move %s: %s", pdisk, strerror(errno));
+			}
 			fs_rmtree(pdir);
 		} else if (!have_disk && make_overlay(s->disk, s->snap->disk, err) < 0) {
 			return -1;
