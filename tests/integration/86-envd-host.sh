@@ -294,7 +294,9 @@ st=$(rpc filesystem.Filesystem/ListDir '{"path":"/root"}')
 check "ListDir of /root as user: 403 permission_denied" test "$st" = 403 -a "$(last .code)" = permission_denied
 
 # --- the real Connect client (the E2B SDK's) parses what kiln-host sends ---
-SDK_NM=${E2B_SDK_NODE_MODULES:-/var/cache/kiln/e2b-sdk/node_modules}
+# scripts/e2b-sdk.sh installs the pinned SDK into its cache when missing and
+# prints its node_modules.
+SDK_NM=${E2B_SDK_NODE_MODULES:-$("$ROOT/scripts/e2b-sdk.sh" 2> "$T_TMP/sdk.err" || true)}
 if command -v node > /dev/null && [ -f "$SDK_NM/e2b/dist/index.js" ]; then
 	E2B_SDK_NODE_MODULES=$SDK_NM node "$ROOT/tests/integration/envd_connect.cjs" "$U/envd" "$TOKEN" > "$T_TMP/node.out" 2>&1
 	while read -r l; do
@@ -305,7 +307,7 @@ if command -v node > /dev/null && [ -f "$SDK_NM/e2b/dist/index.js" ]; then
 		esac
 	done < "$T_TMP/node.out"
 else
-	skip "the E2B SDK's Connect client parses kiln-host's answers" "node or the SDK ($SDK_NM) missing"
+	skip "the E2B SDK's Connect client parses kiln-host's answers" "node or the SDK missing: $(tail -n 1 "$T_TMP/sdk.err")"
 fi
 
 # --- the deadline ---

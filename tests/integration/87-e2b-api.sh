@@ -252,8 +252,10 @@ native "$KA" GET "/v1/sessions/$D" > /dev/null
 check "... the session is destroyed, end_reason max_lifetime ($(last .end_reason))" [ "$(last .state)" = destroyed -a "$(last .end_reason)" = max_lifetime ]
 
 # ---- the E2B SDK itself (JavaScript, e2b 2.51.0), with the three variables ----
-SDK=/var/cache/kiln/e2b-sdk
-if command -v node > /dev/null && [ -d "$SDK/node_modules/e2b" ]; then
+# scripts/e2b-sdk.sh installs the pinned SDK into its cache when missing and
+# prints its node_modules.
+SDK=$("$ROOT/scripts/e2b-sdk.sh" 2> "$T_TMP/sdk.err" || true)
+if command -v node > /dev/null && [ -n "$SDK" ] && [ -d "$SDK/e2b" ]; then
 	cat > "$T_TMP/sdk.mjs" << 'EOF'
 import { Sandbox } from 'e2b'
 const out = {}
@@ -280,7 +282,7 @@ try { await Sandbox.getInfo(sbx.sandboxId); out.gone = false } catch (e) { out.g
 try { await Sandbox.list({ apiKey: 'kiln_wrong_key' }).nextItems(); out.badKey = false } catch (e) { out.badKey = e.constructor.name }
 console.log(JSON.stringify(out))
 EOF
-	ln -sfn "$SDK/node_modules" "$T_TMP/node_modules"
+	ln -sfn "$SDK" "$T_TMP/node_modules"
 	E2B_API_URL=$URL/e2b E2B_SANDBOX_URL=$URL E2B_API_KEY=$KA ENVD=$ENVD \
 		timeout 600 node "$T_TMP/sdk.mjs" > "$T_TMP/sdk.out" 2> "$T_TMP/sdk.err"
 	echo "# sdk: $(head -c 600 "$T_TMP/sdk.out") $(tail -3 "$T_TMP/sdk.err" | tr '\n' ' ')"
@@ -297,7 +299,7 @@ EOF
 		skip "SDK: commands.run and files.write/read" "this kiln-host has no envd endpoints yet (branch e2b-host)"
 	fi
 else
-	skip "the E2B SDK against kiln" "node or $SDK missing"
+	skip "the E2B SDK against kiln" "node or the SDK missing: $(tail -n 1 "$T_TMP/sdk.err")"
 fi
 
 kill "$h_pid" 2> /dev/null; wait "$h_pid" 2> /dev/null; h_pid=
