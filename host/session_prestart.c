@@ -119,8 +119,9 @@ static void spawn(struct session_table *ss, struct session_prestart *p, const st
 		return;
 	}
 	pthread_mutex_lock(&ss->lock);
-	/* A newer request, or the table closing, makes this one stale. */
-	if (ss->stopping || p->want) {
+	/* A newer request, prestart turned off, or the table closing makes
+	 * this one stale. */
+	if (ss->stopping || p->want || !p->enabled) {
 		pthread_mutex_unlock(&ss->lock);
 		vm_destroy(&vm);
 		fs_rmtree(dir);
