@@ -12,19 +12,23 @@
 # after the first count. KILN_HOST=path compares another build (e.g. main's).
 # SESSION_PRESTART=1 (the default) keeps a session QEMU started ahead
 # (sessions.prestart); 0 turns it off; empty leaves the key out (builds
-# from before it).
+# from before it). SESSION_SAVE_PAGES=0 has a pause save through QEMU's
+# walk of every page, 1 reads the changed pages itself (the default: empty
+# leaves the key out). SESSION_LOG=file keeps kiln-host's log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 KILN_HOST=${KILN_HOST:-build/kiln-host}
 SIZES=${SESSION_SIZES:-128 256 512}
 PRESTART=${SESSION_PRESTART-1}
+SAVE_PAGES=${SESSION_SAVE_PAGES-}
 TMP=$(mktemp -d /tmp/kiln-bench-session.XXXXXX)
 export KILN_RUN_DIR=${KILN_RUN_DIR:-$TMP/run}
 PORT=$((30000 + RANDOM % 10000))
 TOKEN=bench-$RANDOM$RANDOM
 host_pid=
 cleanup() {
+	[ -z "${SESSION_LOG:-}" ] || [ -z "$host_pid" ] || cat "$TMP/host.err" >> "$SESSION_LOG"
 	[ -z "$host_pid" ] || { kill "$host_pid" 2> /dev/null || true; wait "$host_pid" 2> /dev/null || true; }
 	scripts/s3-local.sh stop "$TMP/s3" > /dev/null 2>&1 || true
 	rm -rf "$TMP"
@@ -40,14 +44,19 @@ echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory (
 printf '  %-8s %10s %10s %14s %12s %14s %14s\n' memory "pause ms" "resume ms" "resume+exec ms" "MB to S3" "pause s/GiB" "E2B s/GiB"
 for mem in $SIZES; do
 	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$TMP/spool" --arg run "$KILN_RUN_DIR" --argjson mem "$mem" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg pre "$PRESTART" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg pre "$PRESTART" --arg sp "$SAVE_PAGES" \
 		'{listen: ("127.0.0.1:" + $port), host_id: "bench", token: $token, spool_dir: $spool, run_dir: $run,
 		  pool: {size: 0, prestart: 0, memory_mib: $mem},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}
-		 + if $pre == "" then {} else {sessions: {prestart: ($pre | tonumber)}} end' > "$TMP/host.json"
+		 + {sessions: ((if $pre == "" then {} else {prestart: ($pre | tonumber)} end)
+			       + (if $sp == "" then {} else {save_pages: ($sp | tonumber)} end))}' > "$TMP/host.json"
 	"$KILN_HOST" serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
 	host_pid=$!
-	for _ in $(seq 1800); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
+	for _ in $(seq 1800); do
+		curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break
+		kill -0 "$host_pid" 2> /dev/null || { echo "kiln-host exited: $(tail -n 3 "$TMP/host.err")" >&2; host_pid=; exit 1; }
+		sleep 0.2
+	done
 	U=http://127.0.0.1:$PORT/v1/sessions
 	h -X POST "$U" --data "{\"id\":\"b$mem\",\"customer\":\"bench\",\"spec\":{\"limits\":{\"memory_mib\":$mem}}}" > "$TMP/create"
 	jq -e '.state == "running"' "$TMP/create" > /dev/null || { echo "  $mem MiB: create failed: $(cat "$TMP/create")"; kill "$host_pid"; wait "$host_pid" || true; host_pid=; continue; }
@@ -146,6 +155,7 @@ PY
 	done
 	echo "    create: median $(med < "$TMP/c") ms over $RUNS, 1 s apart; a QEMU waiting ahead: PSS $pss MiB"
 	kill "$host_pid"; wait "$host_pid" 2> /dev/null || true; host_pid=
+	[ -z "${SESSION_LOG:-}" ] || cat "$TMP/host.err" >> "$SESSION_LOG"
 done
 echo "  (medians over $RUNS rounds after a warm-up; MB to S3: bytes one pause sent; pause s/GiB is per GiB of guest memory)"
 [ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"

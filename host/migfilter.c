@@ -34,6 +34,7 @@ struct mf_block {
 	char name[256];
 	uint64_t len;
 	int is_base, is_sink;
+	int is_comp; /* the block a composed stream's pages() gives (the template's own are dropped) */
 };
 
 struct mf {
@@ -42,6 +43,8 @@ struct mf {
 	migfilter_write_fn wr;
 	void *wctx;
 	const struct migfilter_base *base;
+	const struct migfilter_compose *comp;
+	int comp_bi; /* its index in blocks, -1: not listed */
 	struct migfilter_stats *st;
 	struct kiln_err *err;
 	uint8_t buf[MF_BUF];
@@ -243,6 +246,9 @@ static int ram_blocks(struct mf *f, uint64_t total)
 		b->is_base = f->base && f->base->data && !f->base->page && !strcmp(b->name, f->base->block) &&
 			     b->len == f->base->size;
 		b->is_sink = f->base && f->base->page && !strcmp(b->name, f->base->block) && b->len == f->base->size;
+		b->is_comp = f->comp && !strcmp(b->name, f->comp->block) && b->len == f->comp->size;
+		if (b->is_comp)
+			f->comp_bi = f->nblocks;
 		total -= b->len;
 		f->nblocks++;
 	}
@@ -288,6 +294,8 @@ static int ram_page(struct mf *f, uint64_t word)
 		if (b->is_base)
 			keep = memcmp(f->base->data + addr, f->page, MF_PAGE) != 0;
 	}
+	if (b->is_comp)
+		return 0;
 	f->st->pages++;
 	if (b->is_sink) {
 		if (flags & RAM_ZERO)
@@ -318,8 +326,43 @@ static int ram_page(struct mf *f, uint64_t word)
 	return put(f, f->page, MF_PAGE);
 }
 
-/* The data of one ram section, up to and including its EOS. */
-static int ram_section(struct mf *f, int start)
+/* A page record of the composed block (migfilter_page_out). */
+static int comp_page(struct mf *f, uint64_t addr, const uint8_t *data)
+{
+	uint8_t hdr[8 + 1 + 255];
+	size_t hl = 8;
+	unsigned flags = RAM_PAGE;
+	int zero = memcmp(data, zero_page, MF_PAGE) == 0;
+
+	if (addr % MF_PAGE || addr >= f->comp->size)
+		return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: composed page outside its block");
+	if (zero)
+		flags = RAM_ZERO;
+	if (f->last_out == f->comp_bi) {
+		flags |= RAM_CONTINUE;
+	} else {
+		size_t n = strlen(f->comp->block);
+
+		hdr[hl++] = (uint8_t)n;
+		memcpy(hdr + hl, f->comp->block, n);
+		hl += n;
+	}
+	put_be64(hdr, addr | flags);
+	f->last_out = f->comp_bi;
+	f->st->pages_kept++;
+	if (put(f, hdr, hl) < 0)
+		return -1;
+	return zero ? put(f, zero_page, 1) : put(f, data, MF_PAGE);
+}
+
+int migfilter_page_out(struct migfilter_out *o, uint64_t addr, const uint8_t *data)
+{
+	return comp_page((struct mf *)o, addr, data);
+}
+
+/* The data of one ram section, up to and including its EOS; a composed
+ * stream's pages go in before the EOS of the END section. */
+static int ram_section(struct mf *f, int start, int end)
 {
 	uint8_t w[8];
 
@@ -334,6 +377,10 @@ static int ram_section(struct mf *f, int start)
 			word = word << 8 | w[i];
 		flags = (unsigned)(word & (MF_PAGE - 1));
 		if (flags == RAM_EOS && !(word >> 12)) {
+			if (f->comp && end && f->comp_bi < 0)
+				return bad(f, "the template has no RAM block to compose");
+			if (f->comp && end && f->comp->pages && f->comp->pages(f->comp->ctx, (struct migfilter_out *)f) < 0)
+				return -1;
 			if (f->base && f->base->flush && f->base->flush(f->base->ctx) < 0)
 				return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: loading pages failed");
 			return put(f, w, 8);
@@ -382,93 +429,147 @@ static int copy_rest(struct mf *f)
 	}
 }
 
-int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
-		  struct migfilter_stats *st, struct kiln_err *err)
+/* The devices' part of a composed stream: the device-state stream after its
+ * header (its FULL sections and EOF) in place of the template's, then a
+ * VM description (QEMU reads and discards it, and says so when missing). */
+static int comp_devices(struct mf *f)
 {
-	struct mf *f;
+	static const char desc[] = "{\"page_size\":4096,\"devices\":[]}";
+	uint8_t d[5] = { 0x06, 0, 0, 0, (uint8_t)(sizeof(desc) - 1) };
+	uint32_t v;
+
+	if (f->ram_started && !f->ram_ended)
+		return bad(f, "device state before the end of RAM");
+	if (f->comp_bi < 0)
+		return bad(f, "the template has no RAM block to compose");
+	if (!f->comp->dev_rd)
+		return 0; /* a check of the template only */
+	f->rd = f->comp->dev_rd;
+	f->rctx = f->comp->dev_ctx;
+	f->pos = f->end = 0;
+	f->eof = 0;
+	if (be32(f, &v, 0) < 0)
+		return -1;
+	if (v != MF_MAGIC)
+		return bad(f, "device state: not a QEMU migration stream");
+	if (be32(f, &v, 0) < 0)
+		return -1;
+	if (v != MF_VERSION)
+		return bad(f, "device state: unsupported stream version");
+	/* Its own last byte must be EOF: a short stream would load as a
+	 * broken VM on resume, long after the pause said it worked. */
+	for (uint8_t last = 0xff;;) {
+		size_t n;
+
+		if (fill(f) < 0) {
+			if (f->eof == 2)
+				return -1;
+			if (last != 0x00)
+				return bad(f, "device state: does not end with EOF");
+			break;
+		}
+		n = f->end - f->pos;
+		last = f->buf[f->end - 1];
+		if (put(f, f->buf + f->pos, n) < 0)
+			return -1;
+		f->st->in_bytes += n;
+		f->pos = f->end;
+	}
+	return put(f, d, sizeof(d)) < 0 || put(f, desc, sizeof(desc) - 1) < 0 ? -1 : 0;
+}
+
+static int run(struct mf *f)
+{
 	uint32_t v;
 	uint8_t t;
-	int r = -1, configured = 0;
+	int configured = 0;
+
+	if (be32(f, &v, 1) < 0)
+		return -1;
+	if (v != MF_MAGIC)
+		return bad(f, "not a QEMU migration stream");
+	if (be32(f, &v, 1) < 0)
+		return -1;
+	if (v != MF_VERSION)
+		return bad(f, "unsupported stream version");
+	for (;;) {
+		uint32_t id, inst, ver;
+		char name[256];
+
+		if (u8(f, &t, 0) < 0)
+			return -1;
+		if (f->comp && (t == SEC_FULL || t == SEC_EOF))
+			return comp_devices(f);
+		if (put(f, &t, 1) < 0)
+			return -1;
+		switch (t) {
+		case SEC_CONFIG:
+			if (configured++ || f->ram_started)
+				return bad(f, "configuration out of place");
+			if (config(f) < 0)
+				return -1;
+			break;
+		case SEC_START:
+		case SEC_FULL:
+			if (be32(f, &id, 1) < 0 || str8(f, name, 1) < 0 || be32(f, &inst, 1) < 0 || be32(f, &ver, 1) < 0)
+				return -1;
+			if (t == SEC_FULL) {
+				if (f->ram_started && !f->ram_ended)
+					return bad(f, "device state before the end of RAM");
+				return copy_rest(f);
+			}
+			if (strcmp(name, "ram") || f->ram_started)
+				return bad(f, "unsupported iterable section");
+			f->ram_started = 1;
+			f->ram_id = id;
+			if (ram_section(f, 1, 0) < 0 || footer(f, id) < 0)
+				return -1;
+			break;
+		case SEC_PART:
+		case SEC_END:
+			if (be32(f, &id, 1) < 0)
+				return -1;
+			if (!f->ram_started || f->ram_ended || id != f->ram_id)
+				return bad(f, "section part out of place");
+			if (ram_section(f, 0, t == SEC_END) < 0 || footer(f, id) < 0)
+				return -1;
+			f->ram_ended = t == SEC_END;
+			break;
+		case SEC_EOF:
+			if (f->ram_started && !f->ram_ended)
+				return bad(f, "end of stream before the end of RAM");
+			return copy_rest(f);
+		default:
+			return bad(f, "unknown section type");
+		}
+	}
+}
+
+static int start(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
+		 const struct migfilter_compose *comp, struct migfilter_stats *st, struct kiln_err *err)
+{
+	struct mf *f;
+	int r;
 
 	memset(st, 0, sizeof(*st));
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	*f = (struct mf){ .rd = rd, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .st = st, .err = err,
-			  .last_in = -1, .last_out = -1 };
-	if (be32(f, &v, 1) < 0)
-		goto out;
-	if (v != MF_MAGIC) {
-		bad(f, "not a QEMU migration stream");
-		goto out;
-	}
-	if (be32(f, &v, 1) < 0)
-		goto out;
-	if (v != MF_VERSION) {
-		bad(f, "unsupported stream version");
-		goto out;
-	}
-	for (;;) {
-		uint32_t id, inst, ver;
-		char name[256];
-
-		if (u8(f, &t, 1) < 0)
-			goto out;
-		switch (t) {
-		case SEC_CONFIG:
-			if (configured++ || f->ram_started) {
-				bad(f, "configuration out of place");
-				goto out;
-			}
-			if (config(f) < 0)
-				goto out;
-			break;
-		case SEC_START:
-		case SEC_FULL:
-			if (be32(f, &id, 1) < 0 || str8(f, name, 1) < 0 || be32(f, &inst, 1) < 0 || be32(f, &ver, 1) < 0)
-				goto out;
-			if (t == SEC_FULL) {
-				if (f->ram_started && !f->ram_ended) {
-					bad(f, "device state before the end of RAM");
-					goto out;
-				}
-				r = copy_rest(f);
-				goto out;
-			}
-			if (strcmp(name, "ram") || f->ram_started) {
-				bad(f, "unsupported iterable section");
-				goto out;
-			}
-			f->ram_started = 1;
-			f->ram_id = id;
-			if (ram_section(f, 1) < 0 || footer(f, id) < 0)
-				goto out;
-			break;
-		case SEC_PART:
-		case SEC_END:
-			if (be32(f, &id, 1) < 0)
-				goto out;
-			if (!f->ram_started || f->ram_ended || id != f->ram_id) {
-				bad(f, "section part out of place");
-				goto out;
-			}
-			if (ram_section(f, 0) < 0 || footer(f, id) < 0)
-				goto out;
-			f->ram_ended = t == SEC_END;
-			break;
-		case SEC_EOF:
-			if (f->ram_started && !f->ram_ended) {
-				bad(f, "end of stream before the end of RAM");
-				goto out;
-			}
-			r = copy_rest(f);
-			goto out;
-		default:
-			bad(f, "unknown section type");
-			goto out;
-		}
-	}
-out:
+	*f = (struct mf){ .rd = rd, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp, .comp_bi = -1,
+			  .st = st, .err = err, .last_in = -1, .last_out = -1 };
+	r = run(f);
 	free(f);
 	return r;
+}
+
+int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
+		  struct migfilter_stats *st, struct kiln_err *err)
+{
+	return start(rd, rctx, wr, wctx, base, NULL, st, err);
+}
+
+int migfilter_compose_run(migfilter_read_fn tpl_rd, void *tpl_ctx, const struct migfilter_compose *c,
+			  migfilter_write_fn wr, void *wctx, struct migfilter_stats *st, struct kiln_err *err)
+{
+	return start(tpl_rd, tpl_ctx, wr, wctx, NULL, c, st, err);
 }

@@ -42,6 +42,37 @@ struct migfilter_stats {
 	uint64_t pages, pages_kept; /* RAM page records seen / written */
 };
 
+/* Composing a stream instead of filtering one: a paused session whose
+ * changed pages kiln-host reads out of QEMU itself (pause_fast.c). The
+ * template stream (one QEMU saved from the same machine: the session's
+ * snapshot) gives the header, the configuration, the RAM block list and the
+ * pages of the other RAM blocks (firmware, read-only to the guest); pages()
+ * adds the pages of `block` with migfilter_page_out, at the end of the RAM
+ * section; dev gives the devices' state, a stream as QEMU's
+ * xen-save-devices-state writes it (header, FULL sections, EOF); a short
+ * VM description ends it. The result loads as a saved session does. With
+ * pages and dev_rd NULL, only the template is checked (it has the block, a
+ * RAM section and its end). */
+struct migfilter_out;
+struct migfilter_compose {
+	const char *block;
+	uint64_t size;
+	int (*pages)(void *ctx, struct migfilter_out *o);
+	void *ctx;
+	migfilter_read_fn dev_rd;
+	void *dev_ctx;
+};
+
+/* Write one page of the composed block (addr < size, page-aligned; an all-zero
+ * page goes as a zero record). Only from inside pages(). 0, or -1 (err set,
+ * the run stops). */
+int migfilter_page_out(struct migfilter_out *o, uint64_t addr, const uint8_t *data);
+
+/* Compose: read the template with tpl_rd, write the stream with wr. st
+ * counts the template's pages and the pages written. 0, or -1 with err. */
+int migfilter_compose_run(migfilter_read_fn tpl_rd, void *tpl_ctx, const struct migfilter_compose *c,
+			  migfilter_write_fn wr, void *wctx, struct migfilter_stats *st, struct kiln_err *err);
+
 /* Run the filter to the end of the stream. Returns 0, or -1 with err set
  * (KERR_SNAPSHOT_ERROR: a stream it does not understand, or a read/write
  * failure). base may be NULL (keep everything: a parse-only pass). Any

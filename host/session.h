@@ -30,6 +30,10 @@ int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, stru
 /* Keep one session QEMU started ahead for the next create or resume
  * (session_prestart.c; on unless turned off here). */
 void sessions_set_prestart(struct session_table *ss, int on);
+/* Pause by reading the VM's changed pages out of QEMU (vmmem.c; on unless
+ * turned off here, or where process_vm_readv is refused) instead of QEMU
+ * saving every page. */
+void sessions_set_save_pages(struct session_table *ss, int on);
 /* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
  * appended to b. */
 struct buf;

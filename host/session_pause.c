@@ -52,6 +52,7 @@
 #include "pause_manifest.h"
 #include "proto.h"
 #include "spool.h"
+#include "vmmem.h"
 
 #define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
 #define SESSION_MANIFEST_V 1
@@ -395,11 +396,16 @@ static int base_ensure(struct session *s, const struct s3_config *c, int fd, uin
 
 	pbase_prefix(prefix, sizeof(prefix), sha);
 	snprintf(key, sizeof(key), "%smanifest.json", prefix);
+	/* Its manifest there also says the bucket is: otherwise it is made
+	 * first (one round trip per pause, not two). */
 	r = s3_head(c, key, NULL, err);
 	if (r < 0)
 		return -1;
 	if (r == 0) {
 		int64_t t0 = proto_now_ms();
+
+		if (s3_ensure_bucket(c, err) < 0)
+			return -1;
 
 		if (!(up = pchunk_up_start(c, prefix, PAUSE_WORKERS)))
 			return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
@@ -650,6 +656,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	struct old_fetch of = { .c = c, .customer = s->customer, .id = s->id };
 	pthread_t down_tid;
 	int down = 0, down_th = 0; /* the VM saved and going; on vm_down_thread */
+	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
+	int fast = 0;
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -658,8 +666,6 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	of.started = pthread_create(&of.th, NULL, old_fetch_thread, &of) == 0;
 	if (!of.started)
 		of.pm = get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
-	if (s3_ensure_bucket(c, err) < 0)
-		goto out;
 	/* The base: the snapshot's RAM (its hash cached after the first pause
 	 * of this snapshot), or the base this session was resumed on. */
 	if (s->base_fd >= 0)
@@ -679,41 +685,82 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	}
 	ps.up_ok = 1;
 	if (s->state == SS_RUNNING) {
-		/* Populated in the kernel: the filter compares every page the
-		 * stream carries, and a user-mode fault per 64 KiB costs more. */
-		map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED | MAP_POPULATE, base_fd, 0);
-		if (map == MAP_FAILED) {
-			kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
-			goto out;
-		}
-		ps.base = (struct migfilter_base){ .block = "mem", .data = map, .size = s->snap->mem_size };
 		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		if (ps.local_fd < 0 || pipe2(pfd, O_CLOEXEC) < 0) {
+		if (ps.local_fd < 0) {
 			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
 			goto out;
 		}
-		/* A large pipe: QEMU writes in bursts while the filter compares. */
-		fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
-		ps.rfd = pfd[0];
-		if (pthread_create(&th, NULL, ps_thread, &ps) != 0) {
-			kiln_err_set(err, KERR_HOST_ERROR, "cannot start the stream filter");
-			goto out;
+		/* The changed pages read out of QEMU (vmmem.c), not QEMU's walk
+		 * of every page. Not on a base fetched from S3: the firmware
+		 * pages the stream takes from this host's template would be
+		 * this host's, not those of the template the session began on. */
+		sv = (struct vmmem_save){ .vm = &s->vm, .tpl_path = s->snap->state, .base_fd = base_fd,
+					  .size = s->snap->mem_size, .pm_fd = -1, .tpl_fd = -1 };
+		if (ss->save_pages && s->base_fd < 0) {
+			struct kiln_err fe;
+
+			fast = vmmem_save_open(&sv, &fe) == 0;
+			if (!fast)
+				fprintf(stderr, "kiln-host: session %s: saved through QEMU: %s\n", s->id, fe.message);
 		}
-		started = 1;
 		/* envd's streams end now (unavailable); its processes are saved
 		 * with the VM and a resumed session's new channel lists them. */
 		session_envd_close(ss, s, "the sandbox is being paused");
-		r = snapshot_save_fd(&s->vm, pfd[1], SESSION_SAVE_MS, err);
-		close(pfd[1]);
-		pfd[1] = -1;
-		if (r < 0) {
-			/* QEMU may have stopped the guest: it cannot be trusted to go
-			 * on. Its end of the pipe closes with it. */
-			fail_vm = 1;
-			vm_destroy(&s->vm);
+		if (fast) {
+			int qemu_failed = 0;
+
+			r = vmmem_save_fast(&sv, proto_now_ms() + SESSION_SAVE_MS, ps_write, &ps, &ps.st, &qemu_failed,
+					    &ps.err);
+			vmmem_save_close(&sv);
+			if (r < 0 && qemu_failed) {
+				/* Nothing written yet: QEMU saves it whole instead
+				 * (a stopped VM migrates as a running one does). */
+				fprintf(stderr, "kiln-host: session %s: QEMU did not save its devices (%s): saving it whole\n",
+					s->id, ps.err.message);
+				fast = 0;
+			} else {
+				ps.rc = r;
+				if (r == 0 && ps_flush(&ps) < 0)
+					ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing the session's state: %s",
+							     strerror(errno));
+				pchunk_buf_free(ps.cur);
+				ps.cur = NULL;
+				r = 0;
+			}
 		}
-		pthread_join(th, NULL);
-		started = 0;
+		if (!fast) {
+			/* Populated in the kernel: the filter compares every page the
+			 * stream carries, and a user-mode fault per 64 KiB costs more. */
+			map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED | MAP_POPULATE, base_fd, 0);
+			if (map == MAP_FAILED) {
+				kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
+				goto out;
+			}
+			ps.base = (struct migfilter_base){ .block = "mem", .data = map, .size = s->snap->mem_size };
+			if (pipe2(pfd, O_CLOEXEC) < 0) {
+				kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
+				goto out;
+			}
+			/* A large pipe: QEMU writes in bursts while the filter compares. */
+			fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+			ps.rfd = pfd[0];
+			if (pthread_create(&th, NULL, ps_thread, &ps) != 0) {
+				kiln_err_set(err, KERR_HOST_ERROR, "cannot start the stream filter");
+				goto out;
+			}
+			started = 1;
+			r = snapshot_save_fd(&s->vm, pfd[1], SESSION_SAVE_MS, err);
+			close(pfd[1]);
+			pfd[1] = -1;
+			if (r < 0) {
+				/* QEMU may have stopped the guest: it cannot be trusted to go
+				 * on. Its end of the pipe closes with it. */
+				fail_vm = 1;
+				vm_destroy(&s->vm);
+			}
+			pthread_join(th, NULL);
+			started = 0;
+		}
 		t_saved = proto_now_ms();
 		*fst = ps.st;
 		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
@@ -763,6 +810,11 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	/* Read before the new manifest replaces it. */
 	old = old_fetch_join(&of);
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
+	if (r == 0 && t_saved && fast)
+		fprintf(stderr,
+			"kiln-host: session %s saved from its pages: QEMU stopped and saved its devices in %lld ms; "
+			"%llu private pages read and composed with them in %lld ms\n",
+			s->id, (long long)sv.ms_devices, (unsigned long long)sv.private_pages, (long long)sv.ms_pages);
 	if (r == 0 && t_saved)
 		fprintf(stderr,
 			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
@@ -815,6 +867,11 @@ out:
 		free(old);
 	}
 	return fail_vm ? -2 : r;
+}
+
+void sessions_set_save_pages(struct session_table *ss, int on)
+{
+	ss->save_pages = on;
 }
 
 json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
@@ -968,39 +1025,6 @@ static int loader_page(void *ctx, uint64_t addr, const uint8_t *data)
 	return pl->n == LOADER_PAGES ? loader_flush(pl) : 0;
 }
 
-/* Whether this host lets kiln-host write into another process's memory
- * (Yama's ptrace_scope 3 or an LSM may not): probed once, on a child of
- * its own. When not, pages go through QEMU's own load, as before. */
-static pthread_once_t loader_once = PTHREAD_ONCE_INIT;
-static int loader_ok;
-
-static void loader_probe(void)
-{
-	static volatile char mark = 'k';
-	char got = 0;
-	struct iovec l = { .iov_base = &got, .iov_len = 1 }, r = { .iov_base = (void *)&mark, .iov_len = 1 };
-	pid_t c = fork();
-
-	if (c < 0)
-		return;
-	if (c == 0) {
-		pause();
-		_exit(0);
-	}
-	loader_ok = process_vm_readv(c, &l, 1, &r, 1, 0) == 1 && got == 'k';
-	if (!loader_ok)
-		fprintf(stderr, "kiln-host: process_vm_readv/writev are not allowed here (%s): a resumed session's pages "
-				"load through QEMU, slower\n", strerror(errno));
-	kill(c, SIGKILL);
-	waitpid(c, NULL, 0);
-}
-
-static int loader_usable(void)
-{
-	pthread_once(&loader_once, loader_probe);
-	return loader_ok;
-}
-
 /* The VM is there (pid, RAM at ram), or will never be (pid 0). */
 static void loader_target(struct page_loader *pl, pid_t pid, uintptr_t ram)
 {
@@ -1012,31 +1036,6 @@ static void loader_target(struct page_loader *pl, pid_t pid, uintptr_t ram)
 	}
 	pthread_cond_broadcast(&pl->cv);
 	pthread_mutex_unlock(&pl->mu);
-}
-
-/* Where QEMU (pid) maps the RAM file fd (whole, from offset 0, size bytes):
- * the address, or 0. */
-static uintptr_t find_ram(pid_t pid, int fd, uint64_t size)
-{
-	char path[64], line[512];
-	struct stat st;
-	uintptr_t found = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-	if (fstat(fd, &st) < 0 || !(f = fopen(path, "re")))
-		return 0;
-	while (!found && fgets(line, sizeof(line), f)) {
-		unsigned long long a, b, off, ino;
-		unsigned maj, mnr;
-
-		if (sscanf(line, "%llx-%llx %*s %llx %x:%x %llu", &a, &b, &off, &maj, &mnr, &ino) == 6 && off == 0 &&
-		    ino == (unsigned long long)st.st_ino && maj == major(st.st_dev) && mnr == minor(st.st_dev) &&
-		    b - a == size)
-			found = (uintptr_t)a;
-	}
-	fclose(f);
-	return found;
 }
 
 /* Version 2's state stream, fed to QEMU as it arrives rather than
@@ -1135,7 +1134,7 @@ static void feed_booted(void *ctx, struct session *s)
 {
 	struct state_feed *f = ctx;
 	int fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
-	uintptr_t ram = find_ram(s->vm.pid, fd, s->snap->mem_size);
+	uintptr_t ram = vmmem_find_ram(s->vm.pid, fd, s->snap->mem_size);
 
 	if (!ram)
 		fprintf(stderr, "kiln-host: session %s: the VM's RAM is not in QEMU %d's address space\n", s->id,
@@ -1190,7 +1189,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 				  .frc = -1 };
 	pthread_mutex_init(&f->pl.mu, NULL);
 	pthread_cond_init(&f->pl.cv, NULL);
-	f->pl.size = loader_usable() ? pm->base_size : 0; /* 0: no loader */
+	f->pl.size = vmmem_usable() ? pm->base_size : 0; /* 0: no loader */
 	f->pl.buf = buf;
 	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
 		close(p[0]);

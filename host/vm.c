@@ -804,9 +804,9 @@ int vm_qmp_wait_event(struct vm *vm, const char *event, int64_t deadline_ms, jso
 	}
 }
 
-int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err)
+int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
 {
-	char cmd[256];
+	char line[512];
 	union {
 		struct cmsghdr h;
 		char buf[CMSG_SPACE(sizeof(int))];
@@ -816,9 +816,13 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 			      .msg_controllen = sizeof(ctl.buf) };
 	struct cmsghdr *c;
 	struct qmp_msg m;
-	int n = snprintf(cmd, sizeof(cmd), "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}\n", name);
+	int n = snprintf(line, sizeof(line), "%s\n", cmd);
 
-	iov.iov_base = cmd;
+	if (ret)
+		*ret = NULL;
+	if (n < 0 || (size_t)n >= sizeof(line))
+		return kiln_err_set(err, KERR_HOST_ERROR, "QMP command too long");
+	iov.iov_base = line;
 	iov.iov_len = (size_t)n;
 	memset(ctl.buf, 0, sizeof(ctl.buf));
 	c = CMSG_FIRSTHDR(&msg);
@@ -836,26 +840,36 @@ int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, s
 			struct pollfd p = { .fd = vm->qmp_fd, .events = POLLOUT };
 
 			if (proto_now_ms() >= deadline_ms)
-				return kiln_err_set(err, KERR_TIMEOUT, "timed out sending getfd");
+				return kiln_err_set(err, KERR_TIMEOUT, "timed out sending %s", cmd);
 			poll(&p, 1, 100);
 			continue;
 		}
-		return kiln_err_set(err, KERR_VM_ERROR, "QMP getfd: %s", w < 0 ? strerror(errno) : "short write");
+		return kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, w < 0 ? strerror(errno) : "short write");
 	}
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
 			return -1;
 		if (m.kind == QMP_RETURN) {
+			if (ret)
+				*ret = json_incref(m.ret);
 			qmp_msg_free(&m);
 			return 0;
 		}
 		if (m.kind == QMP_ERROR) {
-			kiln_err_set(err, KERR_VM_ERROR, "QMP getfd: %s", m.errdesc);
+			kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, m.errdesc);
 			qmp_msg_free(&m);
 			return -1;
 		}
 		qmp_msg_free(&m);
 	}
+}
+
+int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "{\"execute\":\"getfd\",\"arguments\":{\"fdname\":\"%s\"}}", name);
+	return vm_qmp_fd(vm, cmd, fd, deadline_ms, NULL, err);
 }
 
 int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)

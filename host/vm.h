@@ -150,6 +150,9 @@ void vm_qmp_migration_reset(struct vm *vm);
 
 /* Hand QEMU a file descriptor under a name (QMP getfd with SCM_RIGHTS). */
 int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err);
+/* Send one QMP command with a file descriptor attached (SCM_RIGHTS: getfd,
+ * add-fd), as vm_qmp does otherwise. */
+int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, struct json_t **ret, struct kiln_err *err);
 
 /* SETUP round trip: give the guest the host's wall-clock time and 64 bytes
  * of fresh entropy, and wait for its OK. Done after every boot and restore,

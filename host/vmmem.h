@@ -1,0 +1,60 @@
+/* vmmem: a session VM's RAM read and written from kiln-host, in QEMU's
+ * address space (process_vm_readv/writev, /proc/<pid>/pagemap), where
+ * QEMU's own save and load would take a user-mode page fault per page
+ * (12-15 us each on the virtualised hosts measured). The resume's page
+ * loader writes the changed pages in; a pause reads them out
+ * (vmmem_save_fast): QEMU writes only its devices' state and the stream is
+ * composed around it (migfilter_compose_run). */
+#ifndef KILN_VMMEM_H
+#define KILN_VMMEM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "migfilter.h"
+#include "vm.h"
+
+/* Whether this host lets kiln-host read and write another process's memory
+ * (Yama's ptrace_scope 3 or an LSM may not): probed once, on a child of its
+ * own, and said once on stderr when not. Any thread. */
+int vmmem_usable(void);
+
+/* Where QEMU (pid) maps the RAM file fd (whole, from offset 0, size bytes):
+ * the address, or 0. */
+uintptr_t vmmem_find_ram(pid_t pid, int fd, uint64_t size);
+
+/* A running session VM's pause without QEMU's walk of its RAM: */
+struct vmmem_save {
+	struct vm *vm;
+	const char *tpl_path;  /* the session's snapshot's state stream (the template) */
+	int base_fd;           /* the RAM file QEMU maps copy-on-write */
+	uint64_t size;
+	/* filled by vmmem_save_open */
+	uintptr_t ram;
+	int pm_fd, tpl_fd;
+	/* filled by vmmem_save_fast */
+	uint64_t private_pages; /* pages QEMU holds a private copy of (read and sent) */
+	int64_t ms_devices, ms_pages; /* QEMU's device state; the pages read and composed */
+};
+
+/* Check everything the fast save needs while the VM still runs: access to
+ * its memory, the RAM mapping in QEMU, the template stream (it lists the
+ * block with this size). 0, or -1 with err (then save it the usual way). */
+int vmmem_save_open(struct vmmem_save *sv, struct kiln_err *err);
+
+/* Stop the VM, have QEMU write its devices' state (xen-save-devices-state
+ * into a memfd; its disks flushed and released, as after a migration), and
+ * write the composed stream to wr: the pages QEMU holds a private copy of
+ * (every page the VM wrote), everything else from the template and the
+ * device state. Returns 0;
+ * -1 with *qemu_failed set when QEMU did not save its devices (the VM may be
+ * stopped: save it the usual way, or give it up); -1 with *qemu_failed 0
+ * when the stream could not be written (the VM is saved and stopped, whole:
+ * it can go on). */
+int vmmem_save_fast(struct vmmem_save *sv, int64_t deadline_ms, migfilter_write_fn wr, void *wctx,
+		    struct migfilter_stats *st, int *qemu_failed, struct kiln_err *err);
+
+void vmmem_save_close(struct vmmem_save *sv);
+
+#endif
