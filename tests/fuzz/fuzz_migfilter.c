@@ -2,7 +2,9 @@
  * after its hash check) through migfilter_run, read in uneven pieces: it
  * must never read outside its buffers, and what it accepts must filter to a
  * stream that itself filters to the same bytes (filtering is idempotent)
- * and passes a keep-everything pass unchanged. */
+ * and passes a keep-everything pass unchanged. The same bytes as the
+ * template and as the device state of a composed stream (a pause that reads
+ * pages itself): errors only as errors. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,6 +87,14 @@ static int sink_flush(void *ctx)
 	return 0;
 }
 
+static int emit(void *ctx, struct migfilter_out *o)
+{
+	static uint8_t page[2][4096];
+
+	page[0][0] = 1;
+	return migfilter_page_out(o, 0, page[0]) < 0 || migfilter_page_out(o, 4096, page[1]) < 0 ? -1 : 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static uint8_t base[BASE_SIZE];
@@ -109,6 +119,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 		run(data, size, &sb, &o4);
 		free(o4.p);
+	}
+	{
+		struct src t = { .p = data, .n = size, .step = 3 }, d = { .p = data, .n = size, .step = 5 };
+		struct migfilter_compose c = { .block = "mem", .size = BASE_SIZE, .pages = emit, .dev_rd = rd,
+					       .dev_ctx = &d };
+		struct migfilter_stats st;
+		struct kiln_err err = { .code = "" };
+		struct dst o5 = { 0 };
+		int r = migfilter_compose_run(rd, &t, &c, wr, &o5, &st, &err);
+
+		check(r == 0 || err.errc == KERR_SNAPSHOT_ERROR);
+		check(r != 0 || st.pages_kept >= 2);
+		free(o5.p);
 	}
 	free(o1.p);
 	free(o2.p);

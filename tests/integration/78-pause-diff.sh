@@ -128,6 +128,8 @@ pj=$(jq -c .snapshot "$T_TMP/last")
 check "pause: 200 paused as a diff ($pj)" test "$st" = 200 -a "$(last .state)" = paused \
 	-a "$(last .snapshot.pages_changed)" -lt "$(last .snapshot.pages_total)" -a "$(last .snapshot.pages_changed)" -gt 50000
 check "the manifest (v2) names only chunks that exist" test "$(s3py whole $M)" = yes
+check "...A read the changed pages out of QEMU itself ($(grep -o 'saved from its pages.*' "$T_TMP/a.err" | tail -1))" \
+	grep -q "session s1 saved from its pages" "$T_TMP/a.err"
 BASE=$(s3py base $M)
 check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes; $(grep -o 'compressed into S3 in [0-9]* ms' "$T_TMP/a.err" | tail -1))" \
 	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes -a "$(last .snapshot.base_bytes)" -gt 0
@@ -160,6 +162,8 @@ check "after resume: the file on disk is intact (8 MB)" cmp -s "$T_TMP/last" "$T
 st=$(h "$PB" POST /v1/sessions/s1/pause)
 check "pause on B: 200, against the same base, nothing more to upload ($(jq -c .snapshot "$T_TMP/last"))" \
 	test "$st" = 200 -a "$(s3py base $M)" = "$BASE" -a "$(last .snapshot.base_bytes)" = 0
+check "...saved through QEMU's own stream: a base fetched from S3 is not B's template (the firmware pages would be B's)" \
+	test "$(grep -c "session s1 saved from its pages" "$T_TMP/b.err")" = 0
 t0=$(date +%s%N)
 st=$(h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 t1=$(( ($(date +%s%N) - t0) / 1000000 ))

@@ -2,7 +2,10 @@
  * filtered QEMU migration stream keeps (only pages that differ from the
  * base; zero pages only over non-zero base pages; other blocks whole), that
  * a kept page after a dropped one carries its block name again, that device
- * state passes through unchanged, and that malformed streams fail. */
+ * state passes through unchanged, and that malformed streams fail; a
+ * composed stream (migfilter_compose_run): the template's header, block
+ * list and other blocks' pages, the given pages, the device stream in place
+ * of the template's, a VM description; and that it loads back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -361,6 +364,155 @@ static void test_sink_takes_the_block(void **state)
 	free(want.p);
 }
 
+/* Composing: pages given by a callback, device state from a stream of its own. */
+struct emit {
+	int n, bad_addr;
+};
+
+static int emit_pages(void *ctx, struct migfilter_out *o)
+{
+	struct emit *e = ctx;
+	uint8_t z[PG], y[PG], zero_pg[PG];
+
+	memset(z, 'z', PG);
+	memset(y, 'y', PG);
+	memset(zero_pg, 0, PG);
+	if (e->bad_addr)
+		return migfilter_page_out(o, 4 * PG, z);
+	e->n = 3;
+	if (migfilter_page_out(o, 2 * PG, z) < 0 || migfilter_page_out(o, PG, zero_pg) < 0 ||
+	    migfilter_page_out(o, 3 * PG, y) < 0)
+		return -1;
+	return 0;
+}
+
+static void template_stream(struct bytes *b, const uint8_t *rom, int with_mem_page)
+{
+	uint8_t m[PG];
+
+	memset(m, 'm', PG);
+	header(b);
+	u8(b, 0x02); /* PART */
+	be32(b, 2);
+	page(b, 0, "rom", 0, rom);
+	if (with_mem_page)
+		page(b, 0, "mem", 0, m); /* the template's own page of the block: left out */
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+	u8(b, 0x03); /* END */
+	be32(b, 2);
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+	trailer(b); /* the template's devices: replaced */
+}
+
+static const uint8_t dev_state[] = { 0x04, 0, 0, 0, 9, 4, 'v', 'b', 'l', 'k', 0, 0, 0, 0, 0, 0, 0, 1,
+				     7, 7, 0x7e, 0, 0, 0, 9, 0x00 };
+
+static void device_stream(struct bytes *b)
+{
+	be32(b, 0x5145564d);
+	be32(b, 3);
+	add(b, dev_state, sizeof(dev_state));
+}
+
+static int compose(struct bytes *tpl, struct bytes *dev, struct migfilter_compose *c, struct bytes *out,
+		   struct migfilter_stats *st)
+{
+	struct kiln_err err = { .code = "" };
+
+	tpl->off = 0;
+	if (dev) {
+		dev->off = 0;
+		c->dev_rd = rd;
+		c->dev_ctx = dev;
+	}
+	return migfilter_compose_run(rd, tpl, c, wr, out, st, &err);
+}
+
+static void test_compose(void **state)
+{
+	struct emit e = { 0 };
+	struct migfilter_compose c = { .block = "mem", .size = sizeof(base), .pages = emit_pages, .ctx = &e };
+	struct bytes tpl = { 0 }, dev = { 0 }, out = { 0 }, want = { 0 }, sunk_out = { 0 };
+	struct migfilter_stats st;
+	uint8_t rom[PG], z[PG], y[PG];
+	static const char desc[] = "{\"page_size\":4096,\"devices\":[]}";
+	struct sunk k = { .fail_at = -1 };
+	struct migfilter_base mb = { .block = "mem", .size = sizeof(base), .page = sink_page, .flush = sink_flush,
+				     .ctx = &k };
+
+	(void)state;
+	memset(rom, 'r', PG);
+	memset(z, 'z', PG);
+	memset(y, 'y', PG);
+	template_stream(&tpl, rom, 1);
+	device_stream(&dev);
+	assert_int_equal(compose(&tpl, &dev, &c, &out, &st), 0);
+	assert_int_equal(st.pages_kept, 4); /* rom, and the three given */
+
+	header(&want);
+	u8(&want, 0x02);
+	be32(&want, 2);
+	page(&want, 0, "rom", 0, rom);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	u8(&want, 0x03);
+	be32(&want, 2);
+	page(&want, 2 * PG, "mem", 0, z);
+	zero(&want, PG, "mem", 1);
+	page(&want, 3 * PG, "mem", 1, y);
+	be64(&want, 0x10);
+	u8(&want, 0x7e);
+	be32(&want, 2);
+	add(&want, dev_state, sizeof(dev_state));
+	u8(&want, 0x06);
+	be32(&want, sizeof(desc) - 1);
+	add(&want, desc, sizeof(desc) - 1);
+	assert_int_equal(out.n, want.n);
+	assert_memory_equal(out.p, want.p, want.n);
+
+	/* It loads: the filter hands the three pages to a loader. */
+	assert_int_equal(run(&out, &sunk_out, &mb, &st), 0);
+	assert_int_equal(k.n, 3);
+	assert_true(k.addr[0] == 2 * PG && k.first[0] == 'z');
+	assert_true(k.addr[1] == PG && k.first[1] == 0);
+	assert_true(k.addr[2] == 3 * PG && k.first[2] == 'y');
+
+	/* Only the template checked: no pages, no devices, nothing fails. */
+	free(out.p);
+	out = (struct bytes){ 0 };
+	{
+		struct migfilter_compose chk = { .block = "mem", .size = sizeof(base) };
+
+		assert_int_equal(compose(&tpl, NULL, &chk, &out, &st), 0);
+		/* A template whose block has another size (or name) is refused. */
+		chk.size = 2 * PG;
+		assert_int_equal(compose(&tpl, NULL, &chk, &out, &st), -1);
+		chk.size = sizeof(base);
+		chk.block = "pc.ram";
+		assert_int_equal(compose(&tpl, NULL, &chk, &out, &st), -1);
+	}
+	/* A page outside the block stops it. */
+	e.bad_addr = 1;
+	assert_int_equal(compose(&tpl, &dev, &c, &out, &st), -1);
+	e.bad_addr = 0;
+	/* A device stream cut short (no EOF at its end), or not one at all. */
+	dev.n--;
+	assert_int_equal(compose(&tpl, &dev, &c, &out, &st), -1);
+	dev.n++;
+	dev.p[0] ^= 1;
+	assert_int_equal(compose(&tpl, &dev, &c, &out, &st), -1);
+	free(tpl.p);
+	free(dev.p);
+	free(out.p);
+	free(want.p);
+	free(sunk_out.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -368,6 +520,7 @@ int main(void)
 		cmocka_unit_test(test_base_of_other_size_keeps_all),
 		cmocka_unit_test(test_malformed),
 		cmocka_unit_test(test_sink_takes_the_block),
+		cmocka_unit_test(test_compose),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
