@@ -45,6 +45,7 @@ struct mf {
 	const struct migfilter_base *base;
 	const struct migfilter_compose *comp;
 	int comp_bi; /* its index in blocks, -1: not listed */
+	int last_byte; /* the last byte copy_rest copied, -1: none */
 	struct migfilter_stats *st;
 	struct kiln_err *err;
 	uint8_t buf[MF_BUF];
@@ -425,6 +426,7 @@ static int copy_rest(struct mf *f)
 		if (put(f, f->buf + f->pos, n) < 0)
 			return -1;
 		f->st->in_bytes += n;
+		f->last_byte = f->buf[f->end - 1];
 		f->pos = f->end;
 	}
 }
@@ -458,23 +460,11 @@ static int comp_devices(struct mf *f)
 		return bad(f, "device state: unsupported stream version");
 	/* Its own last byte must be EOF: a short stream would load as a
 	 * broken VM on resume, long after the pause said it worked. */
-	for (uint8_t last = 0xff;;) {
-		size_t n;
-
-		if (fill(f) < 0) {
-			if (f->eof == 2)
-				return -1;
-			if (last != 0x00)
-				return bad(f, "device state: does not end with EOF");
-			break;
-		}
-		n = f->end - f->pos;
-		last = f->buf[f->end - 1];
-		if (put(f, f->buf + f->pos, n) < 0)
-			return -1;
-		f->st->in_bytes += n;
-		f->pos = f->end;
-	}
+	f->last_byte = -1;
+	if (copy_rest(f) < 0)
+		return -1;
+	if (f->last_byte != 0x00)
+		return bad(f, "device state: does not end with EOF");
 	return put(f, d, sizeof(d)) < 0 || put(f, desc, sizeof(desc) - 1) < 0 ? -1 : 0;
 }
 
