@@ -734,19 +734,19 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED | MAP_POPULATE, base_fd, 0);
 			if (map == MAP_FAILED) {
 				kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
-				goto out;
+				goto keep_running;
 			}
 			ps.base = (struct migfilter_base){ .block = "mem", .data = map, .size = s->snap->mem_size };
 			if (pipe2(pfd, O_CLOEXEC) < 0) {
 				kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
-				goto out;
+				goto keep_running;
 			}
 			/* A large pipe: QEMU writes in bursts while the filter compares. */
 			fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
 			ps.rfd = pfd[0];
 			if (pthread_create(&th, NULL, ps_thread, &ps) != 0) {
 				kiln_err_set(err, KERR_HOST_ERROR, "cannot start the stream filter");
-				goto out;
+				goto keep_running;
 			}
 			started = 1;
 			r = snapshot_save_fd(&s->vm, pfd[1], SESSION_SAVE_MS, err);
@@ -827,6 +827,14 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		delete_old(ss, old);
 		old = NULL;
 	}
+	goto out;
+keep_running:
+	/* Nothing saved, the VM whole (stopped if the save that reads pages
+	 * stopped it before QEMU refused its part): it goes on. */
+	if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, &(struct kiln_err){ .code = "" }) == 0)
+		session_envd_enable(ss, s);
+	else
+		fail_vm = 1;
 out:
 	if (started) {
 		if (pfd[1] >= 0)
