@@ -240,6 +240,10 @@ static int save_devices(struct vm *vm, int64_t deadline_ms, struct kiln_err *err
 	if (vm_qmp_fd(vm, "{\"execute\":\"add-fd\",\"arguments\":{\"opaque\":\"kiln-devices\"}}", wfd, deadline_ms,
 		      &ret, err) < 0)
 		goto out;
+	if (!json_is_integer(json_object_get(ret, "fdset-id"))) {
+		kiln_err_set(err, KERR_VM_ERROR, "QMP add-fd: no fdset-id in its answer");
+		goto out;
+	}
 	set = (int)json_integer_value(json_object_get(ret, "fdset-id"));
 	snprintf(cmd, sizeof(cmd),
 		 "{\"execute\":\"xen-save-devices-state\",\"arguments\":{\"filename\":\"/dev/fdset/%d\",\"live\":true}}",
