@@ -40,7 +40,16 @@
  * snapshot was taken, in every clone alike: it is reseeded from the kernel,
  * which the host reseeded, before the task's code runs. A pool VM's warm-up
  * ('W') runs that very task path (_kiln_task) in a fork, on a sample the host
- * wrote, so that TCG has translated what the real task will execute. */
+ * wrote, so that TCG has translated what the real task will execute. The
+ * fork left every private page of the interpreter write-protected (copy on
+ * write, though the child is gone): the task would take a page fault on its
+ * first write to each, ~17 ms of print(1) under TCG. _kiln_unshare makes them
+ * writable again with MADV_POPULATE_WRITE over the runs of present,
+ * anonymous, exclusively mapped pages (/proc/self/pagemap bits 63, 61, 56;
+ * not the shared zero page, which would become a new page): no data is
+ * written and no page added, so the guest RAM QEMU shares with the snapshot
+ * stays shared. Best effort: a
+ * kernel without it (ENOSYS, EINVAL) only leaves the faults. */
 static const char zygote_src[] =
 	"import os, sys\n"
 	"import builtins, importlib.machinery, random, traceback, types\n"
@@ -48,6 +57,12 @@ static const char zygote_src[] =
 	"import enum, fractions, functools, glob, hashlib, heapq, io, itertools, json, logging, math, numbers\n"
 	"import operator, pathlib, pprint, re, secrets, shutil, statistics, string, struct, subprocess\n"
 	"import tempfile, textwrap, time, typing, urllib.parse, uuid, zlib\n"
+	"try:\n"
+	"    import ctypes\n"
+	"    _kiln_madvise = ctypes.CDLL(None, use_errno=True).madvise\n"
+	"    _kiln_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)\n"
+	"except (ImportError, OSError, AttributeError):\n"
+	"    _kiln_madvise = lambda addr, length, advice: 0\n"
 	"def _kiln_preload():\n"
 	"    try:\n"
 	"        fd = os.open('" ZYGOTE_PRELOAD "', os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)\n"
@@ -183,6 +198,30 @@ static const char zygote_src[] =
 	"        finally:\n"
 	"            os._exit(0)\n"
 	"    os.waitpid(pid, 0)\n"
+	"    _kiln_unshare()\n"
+	"def _kiln_unshare():\n"
+	"    pm = os.open('/proc/self/pagemap', os.O_RDONLY | os.O_CLOEXEC)\n"
+	"    try:\n"
+	"        with open('/proc/self/maps', 'rb') as f:\n"
+	"            maps = f.read().split(b'\\n')\n"
+	"        for line in maps:\n"
+	"            p = line.split()\n"
+	"            if len(p) < 2 or p[1] != b'rw-p':\n"
+	"                continue\n"
+	"            s, e = (int(x, 16) for x in p[0].split(b'-'))\n"
+	"            ents = os.pread(pm, (e - s) // 4096 * 8, s // 4096 * 8)\n"
+	"            run = None\n"
+	"            for i in range(7, len(ents) + 8, 8):\n"
+	"                if i < len(ents) and ents[i] & 0xa1 == 0x81:\n"
+	"                    if run is None:\n"
+	"                        run = i // 8\n"
+	"                elif run is not None:\n"
+	"                    _kiln_madvise(s + run * 4096, (i // 8 - run) * 4096, 23)\n"
+	"                    run = None\n"
+	"    except Exception:\n"
+	"        pass\n"
+	"    finally:\n"
+	"        os.close(pm)\n"
 	"os.write(4, b'R')\n"
 	"while True:\n"
 	"    cmd = os.read(3, 1)\n"
