@@ -335,7 +335,19 @@ static enum task_state result_state(json_t *result)
  * the task becomes final only once that record is on disk (a crash after
  * that finds it uploading with its result, never final in S3 and lost
  * here). */
-static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final)
+static void release_reservation_locked(struct hostd *d, struct hostd_task *t)
+{
+	if (t->reserved) {
+		d->vcpus_used -= t->vcpus;
+		capacity_release(d->cap, t->memory_mib);
+		t->reserved = 0;
+	}
+}
+
+/* keep_reservation: the task's VM is still being reaped; its worker releases
+ * the vCPUs and memory after that (release_reservation_locked). */
+static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final,
+				 int keep_reservation)
 {
 	json_t *rec;
 
@@ -345,11 +357,8 @@ static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *
 	t->outputs = outputs_with_keys(t, json_object_get(result, "outputs"));
 	t->final_state = final;
 	t->ended_ms = kclock_wall_ms(d->clk);
-	if (t->reserved) {
-		d->vcpus_used -= t->vcpus;
-		capacity_release(d->cap, t->memory_mib);
-		t->reserved = 0;
-	}
+	if (!keep_reservation)
+		release_reservation_locked(d, t);
 	set_state_locked(d, t, TS_UPLOADING);
 	rec = record_json_locked(t);
 	if (rec) {
@@ -388,7 +397,7 @@ static void record_persist(struct hostd *d, struct hostd_task *t, json_t *rec)
 static void finish_run_now_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final)
 {
 	struct kiln_err err = { .code = "" };
-	json_t *rec = finish_run_locked(d, t, result, final);
+	json_t *rec = finish_run_locked(d, t, result, final, 0);
 
 	if (!rec || spool_write_json(t->dir, "record.json", rec, SPOOL_DURABLE, &err) < 0)
 		fprintf(stderr, "kiln-host: task %s: %s\n", t->id, rec ? err.message : "out of memory for its record");
@@ -423,6 +432,7 @@ static void *worker_main(void *arg)
 	char outdir[4200];
 	json_t *result;
 	enum task_state final;
+	struct vm vm = { .pid = -1 }; /* the task's VM, when run_task leaves it to be reaped here */
 	char *sj;
 
 	pthread_mutex_lock(&d->lock);
@@ -488,6 +498,7 @@ static void *worker_main(void *arg)
 		ro.prereserved = 1;
 		ro.on_event = on_run_event;
 		ro.event_ctx = w;
+		ro.keep_vm = &vm;
 		result = d->ops->run_task(d->ops->ctx, &spec, &ro);
 		spec_free(&spec);
 		if (have_use) {
@@ -512,17 +523,23 @@ ran:
 							       "kiln-host stopped while the task ran"));
 	}
 	{
-		json_t *rec = finish_run_locked(d, t, result, final);
+		int held = vm.pid > 0;
+		json_t *rec = finish_run_locked(d, t, result, final, held);
 
-		/* The uploaders start now; the logs and the record go to disk
-		 * meanwhile (the fds stay this worker's until out_locked). */
+		/* The uploaders start now; meanwhile the VM (killed, not yet
+		 * reaped) is destroyed and the logs and the record go to disk (the
+		 * fds stay this worker's until out_locked). The record comes last:
+		 * the task is not final before it, so a final task's VM is gone. */
 		pthread_mutex_unlock(&d->lock);
+		if (held)
+			d->ops->destroy(d->ops->ctx, &vm);
 		if (t->stdout_fd >= 0)
 			fsync(t->stdout_fd);
 		if (t->stderr_fd >= 0)
 			fsync(t->stderr_fd);
 		record_persist(d, t, rec);
 		pthread_mutex_lock(&d->lock);
+		release_reservation_locked(d, t);
 	}
 out_locked:
 	if (t->stdout_fd >= 0)

@@ -777,7 +777,15 @@ json_t *run_task(const struct task_spec *spec, const struct run_opts *opts)
 		goto done;
 	failed = 0;
 done:
-	vm_destroy(&c->vm);
+	if (opts->keep_vm && opts->prereserved && !c->net && !c->reserved_mib && c->vm.pid > 0) {
+		/* Killed now, so that it stops taking CPU; reaped by the caller
+		 * while the outputs go up. */
+		kill(c->vm.pid, SIGKILL);
+		*opts->keep_vm = c->vm;
+		memset(&c->vm, 0, sizeof(c->vm));
+	} else {
+		vm_destroy(&c->vm);
+	}
 	if (c->net) {
 		/* After QEMU is gone: nothing uses the tap any more. */
 		net_sandbox_stop(c->net, &c->net_st);

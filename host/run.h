@@ -33,6 +33,12 @@ struct run_opts {
 	size_t log_excerpt;
 	int prereserved;           /* the caller already reserved the task's memory in cap (and
 				    * releases it): a pool VM's own reservation is dropped */
+	/* NULL, or where run_task may leave the task's VM, already sent SIGKILL,
+	 * instead of reaping it itself: the caller then destroys it (vm_destroy)
+	 * while the outputs go up, and holds the task's reservation until then.
+	 * Only with prereserved, without egress and when QEMU was started;
+	 * otherwise the VM is destroyed inside and *keep_vm left as it was. */
+	struct vm *keep_vm;
 	/* NULL, or called on the running thread as the task progresses: RUN_EV_RUNNING
 	 * (struct run_started) when the code has started, RUN_EV_STDOUT/STDERR with
 	 * the raw bytes as they arrive (already bounded by the output limit),
