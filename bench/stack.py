@@ -142,13 +142,14 @@ def main():
             print("  %s, one client, POST -> succeeded, all in S3: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s)"
                   % (label, pct(single, 50), pct(single, 95), pct(single, 99), where))
             print("    where the time goes (medians, ms): " + split_text(parts))
-        b2b, where, bparts = [], {}, {}
+        b2b, where, bparts, by_start = [], {}, {}, {}
         time.sleep(1.0)
         for _ in range(B2B):
             ms, t = one(api, code)
             b2b.append(ms)
             s = (t.get("result") or {}).get("timings", {}).get("start", "?")
             where[s] = where.get(s, 0) + 1
+            by_start.setdefault(s, []).append(ms)
             split(t, ms, bparts)
         pool = {}
         try:
@@ -164,6 +165,10 @@ def main():
               "target %s, max %s, misses %s, refill %s ms)" % (len(b2b), pct(b2b, 50), pct(b2b, 95), pct(b2b, 99), where,
               pool.get("target", "?"), pool.get("max", "?"), pool.get("misses", "?"), pool.get("refill_ms", "?")))
         print("    where the time goes (medians, ms): " + split_text(bparts))
+        # Pool hits and misses are two populations: when about half the tasks
+        # miss, the overall p50 flips between them from one run to the next.
+        print("    by where the VM came from: " + ", ".join(
+            "%s %d tasks p50 %.0f ms" % (k, len(v), pct(v, 50)) for k, v in sorted(by_start.items())))
         lat, lock, todo = [], threading.Lock(), list(range(TASKS))
 
         def client():
