@@ -254,7 +254,9 @@ submit big200 "$(py_spec "$big_py" '{"limits":{"output_mib":300,"timeout_s":600}
 if wait_state big200 'uploading|succeeded' 600; then
 	s3_stop
 	s3_down_at=$(task big200 | jq -r .state)
-	for _ in $(seq 300); do [ "$(task big200 | jq -r '.last_error // ""')" != "" ] && break; sleep 0.1; done
+	# A part in flight may only fail by the stall limit (s3.timeout_s, 20 s)
+	# and an abort after it: give a loaded machine up to 90 s.
+	for _ in $(seq 900); do [ "$(task big200 | jq -r '.last_error // ""')" != "" ] && break; sleep 0.1; done
 	task big200 > "$T_TMP/big-down.json"
 	s3_start
 	if wait_state big200 succeeded 300; then
