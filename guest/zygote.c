@@ -43,13 +43,14 @@
  * wrote, so that TCG has translated what the real task will execute. The
  * fork left every private page of the interpreter write-protected (copy on
  * write, though the child is gone): the task would take a page fault on its
- * first write to each, ~17 ms of print(1) under TCG. _kiln_unshare makes them
+ * first write to each, ~10 ms of print(1) under TCG. _kiln_unshare makes them
  * writable again with MADV_POPULATE_WRITE over the runs of present,
  * anonymous, exclusively mapped pages (/proc/self/pagemap bits 63, 61, 56;
  * not the shared zero page, which would become a new page): no data is
  * written and no page added, so the guest RAM QEMU shares with the snapshot
- * stays shared. Best effort: a
- * kernel without it (ENOSYS, EINVAL) only leaves the faults. */
+ * stays shared. The page map is read 8192 entries (32 MiB of addresses) at a
+ * time: a preloaded module may reserve a huge mapping. Best effort: a kernel
+ * without it (ENOSYS, EINVAL) only leaves the faults. */
 static const char zygote_src[] =
 	"import os, sys\n"
 	"import builtins, importlib.machinery, random, traceback, types\n"
@@ -210,9 +211,10 @@ static const char zygote_src[] =
 	"            if len(p) < 2 or p[1] != b'rw-p':\n"
 	"                continue\n"
 	"            s, e = (int(x, 16) for x in p[0].split(b'-'))\n"
-	"            ents = os.pread(pm, (e - s) // 4096 * 8, s // 4096 * 8)\n"
-	"            for m in re.finditer(b'1+', ents[7::8].translate(_kiln_pages)):\n"
-	"                _kiln_madvise(s + m.start() * 4096, (m.end() - m.start()) * 4096, 23)\n"
+	"            for a in range(s, e, 8192 * 4096):\n"
+	"                ents = os.pread(pm, (min(e, a + 8192 * 4096) - a) // 4096 * 8, a // 4096 * 8)\n"
+	"                for m in re.finditer(b'1+', ents[7::8].translate(_kiln_pages)):\n"
+	"                    _kiln_madvise(a + m.start() * 4096, (m.end() - m.start()) * 4096, 23)\n"
 	"    except Exception:\n"
 	"        pass\n"
 	"    finally:\n"

@@ -329,12 +329,7 @@ static enum task_state result_state(json_t *result)
 	return state_final(s) ? s : TS_ERROR;
 }
 
-/* The code has ended (or never started): record the result, hand the task to
- * the uploaders. Returns the record in its uploading state (a copy), which
- * the caller writes with record_persist: the uploaders start meanwhile, but
- * the task becomes final only once that record is on disk (a crash after
- * that finds it uploading with its result, never final in S3 and lost
- * here). */
+/* The task's vCPUs and memory go back to the host (once). */
 static void release_reservation_locked(struct hostd *d, struct hostd_task *t)
 {
 	if (t->reserved) {
@@ -344,8 +339,13 @@ static void release_reservation_locked(struct hostd *d, struct hostd_task *t)
 	}
 }
 
-/* keep_reservation: the task's VM is still being reaped; its worker releases
- * the vCPUs and memory after that (release_reservation_locked). */
+/* The code has ended (or never started): record the result, hand the task to
+ * the uploaders. Returns the record in its uploading state (a copy), which
+ * the caller writes with record_persist: the uploaders start meanwhile, but
+ * the task becomes final only once that record is on disk (a crash after
+ * that finds it uploading with its result, never final in S3 and lost
+ * here). keep_reservation: the task's VM is still being reaped; its worker
+ * releases the vCPUs and memory after that. */
 static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *result, enum task_state final,
 				 int keep_reservation)
 {
