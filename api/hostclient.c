@@ -13,6 +13,7 @@
 #define REPLY_MAX (64u << 20)    /* a task JSON carries stdout/stderr */
 #define EVENT_LINE_MAX (4u << 20)
 #define CONNECT_MAX_MS 2000L
+#define FOLLOW_DRAIN_MS 200L
 
 /* A request to base + path with the cluster token; timeout_ms 0: none. */
 static void host_req(struct httpc_req *q, char *url, size_t size, const char *base, const char *token,
@@ -203,6 +204,10 @@ int hostclient_follow_path(const char *base, const char *token, const char *path
 	/* The host sends a keep-alive every 15 s: silence beyond stall_s is a dead host. */
 	q.lim.stall_s = stall_s;
 	q.max_reply = EVENT_LINE_MAX;
+	/* A final event is the stream's last: kiln-host ends the stream right
+	 * after it, and reading that end keeps the connection for the next
+	 * task's push instead of a new TCP connection per task. */
+	q.drain_ms = FOLLOW_DRAIN_MS;
 	rc = httpc_follow(NULL, &q, on_event, ctx, &r);
 	if (rc < 0)
 		kiln_err_set(err, KERR_HOST_UNREACHABLE, "%s: %s", path, r.error);

@@ -409,6 +409,8 @@ struct follow {
 	void *ctx;
 	json_t *parsed;            /* the data follow_complete found whole */
 	int failed;                /* the stream broke the parser's bounds */
+	int stopped;               /* on_event stopped: the rest is drained, unread */
+	int64_t drain_until_ms;    /* ... until the stream ends or this time */
 };
 
 /* kiln's events carry one JSON value each, on one data line, and
@@ -439,10 +441,18 @@ static int follow_event(void *arg, const char *name, const char *data, size_t le
 static int follow_sink(void *arg, const char *p, size_t n)
 {
 	struct follow *f = arg;
-	int rc = httpc_sse_feed(&f->sse, p, n);
+	int rc;
 
+	if (f->stopped)
+		return 0; /* draining to the stream's end */
+	rc = httpc_sse_feed(&f->sse, p, n);
 	if (rc < 0)
 		f->failed = rc; /* an absurd line: drop the stream */
+	if (rc > 0 && f->q->drain_ms > 0) {
+		f->stopped = 1;
+		f->drain_until_ms = clock_mono_ms() + f->q->drain_ms;
+		return 0;
+	}
 	return rc;
 }
 
@@ -450,7 +460,9 @@ static int follow_tick(void *arg)
 {
 	struct follow *f = arg;
 
-	return f->q->tick(f->q->ctx);
+	if (f->stopped && clock_mono_ms() >= f->drain_until_ms)
+		return 1;
+	return f->q->tick ? f->q->tick(f->q->ctx) : 0;
 }
 
 int httpc_follow(struct httpc *c, const struct httpc_req *q,
@@ -462,9 +474,11 @@ int httpc_follow(struct httpc *c, const struct httpc_req *q,
 
 	httpc_sse_init(&f.sse, q->max_reply ? q->max_reply : HTTPC_REPLY_MAX, follow_event, follow_complete, &f);
 	fq.sink = follow_sink;
-	fq.tick = q->tick ? follow_tick : NULL;
+	fq.tick = q->tick || q->drain_ms > 0 ? follow_tick : NULL;
 	fq.ctx = &f;
 	ret = httpc_request(c, &fq, r);
+	if (f.stopped)
+		ret = 1; /* stopped by on_event: the rest (its end, or a failure) was only drained */
 	if (f.failed) {
 		/* As if the write had failed: the stream is dropped, not stopped. */
 		snprintf(r->error, sizeof(r->error), "%s", curl_easy_strerror(CURLE_WRITE_ERROR));

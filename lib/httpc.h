@@ -61,6 +61,13 @@ struct httpc_req {
 	 * displays); nonzero stops it. NULL: none. */
 	int (*tick)(void *ctx);
 	void *ctx;                /* for sink and tick */
+	/* httpc_follow only: once on_event has stopped, read on (events
+	 * ignored) for up to drain_ms while the server ends its stream, so that
+	 * the connection is kept alive for the next request instead of closed
+	 * with the transfer. 0: stop at once. The wait is checked by curl's
+	 * progress calls, so a server that does not end its stream holds the
+	 * call up to about a second whatever drain_ms is. */
+	long drain_ms;
 };
 
 /* What came back. httpc_request initialises it; release with
@@ -128,7 +135,8 @@ void httpc_sse_free(struct httpc_sse *s);
  * event goes out as soon as its data lines parse as JSON: kiln-host's task
  * streams end events with one "\n", not a blank line.
  * Returns as httpc_request: 0 when the stream ended (r->status; a non-200
- * answer's body in r->body), 1 when on_event or q->tick stopped it, < 0 when
+ * answer's body in r->body), 1 when on_event or q->tick stopped it (also
+ * when the stream ended within q->drain_ms after on_event stopped), < 0 when
  * it failed or stalled (r->error). */
 int httpc_follow(struct httpc *c, const struct httpc_req *q,
 		 int (*on_event)(void *ctx, const char *name, json_t *data), void *ctx, struct httpc_reply *r);

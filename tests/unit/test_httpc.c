@@ -4,7 +4,9 @@
  * by one-shot requests (keep-alive), the reply cap, a
  * timeout, JSON both ways, server-sent events cut anywhere (split reads,
  * multi-line data, comments, CRLF), the error body of a non-200 answer, a
- * reply read piece by piece, and the SSE parser on its own. */
+ * stopped follow reading its stream's end to keep the connection (bounded
+ * when the end never comes), a reply read piece by piece, and the SSE
+ * parser on its own. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "httpc.h"
@@ -644,6 +647,133 @@ static void test_follow_host_framing(void **state)
 	httpc_reply_free(&r);
 }
 
+/* ---- a stopped follow drains the stream's end (drain_ms) ------------------ */
+
+/* A server that accepts one connection only: it answers the first request
+ * with a chunked event stream (two events, the second after the one the
+ * client stops on, then, gap_ms later, the last chunk unless hang), and a
+ * second request on the same connection with "ok". */
+static void *drain_main(void *arg)
+{
+	struct server *s = arg;
+	int fd = accept(s->lfd, NULL, NULL), one = 1;
+	static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+				   "Transfer-Encoding: chunked\r\n\r\n";
+	static const char events[] = "event: final\ndata: {\"state\":\"succeeded\"}\n"
+				     "event: after\ndata: {}\n";
+	static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+	char chunk[256];
+
+	if (fd < 0)
+		return NULL;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	for (int i = 0; i < 2; i++) {
+		s->req_len = 0;
+		s->req[0] = '\0';
+		while (!strstr(s->req, "\r\n\r\n") && s->req_len < sizeof(s->req) - 1) {
+			ssize_t n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
+
+			if (n <= 0)
+				goto out;
+			s->req_len += (size_t)n;
+			s->req[s->req_len] = '\0';
+		}
+		if (i == 1) {
+			if (send(fd, ok, sizeof(ok) - 1, MSG_NOSIGNAL) > 0)
+				s->body_len++; /* second request answered */
+			break;
+		}
+		snprintf(chunk, sizeof(chunk), "%s%zx\r\n%s\r\n", head, sizeof(events) - 1, events);
+		if (send(fd, chunk, strlen(chunk), MSG_NOSIGNAL) < 0)
+			break;
+		if (s->hang) {
+			struct pollfd p = { .fd = fd, .events = POLLIN };
+			char c;
+
+			/* Never ends the stream: until the client leaves (bounded). */
+			if (poll(&p, 1, 10000) > 0)
+				(void)read(fd, &c, 1);
+			break;
+		}
+		usleep((useconds_t)s->gap_ms * 1000);
+		if (send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL) < 0)
+			break;
+	}
+out:
+	close(fd);
+	return NULL;
+}
+
+static void drain_server_start(struct server *s)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+
+	s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(s->lfd >= 0);
+	assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(s->lfd, 4), 0);
+	assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&a, &len), 0);
+	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d/e", ntohs(a.sin_port));
+	assert_int_equal(pthread_create(&s->thread, NULL, drain_main, s), 0);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* on_event stops at the first event; the stream ends 50 ms later. With
+ * drain_ms the follow reads that end (the event after the stop is not
+ * delivered) and returns 1, and the next request goes over the same
+ * connection: the server accepts only one, so a new connection would never
+ * be answered. */
+static void test_follow_drain_keeps_connection(void **state)
+{
+	struct server s = { .gap_ms = 50 };
+	struct httpc_req q = { .lim = { .stall_s = 5 }, .drain_ms = 2000 };
+	struct httpc_req q2 = { .lim = { .timeout_ms = 3000 } };
+	struct httpc_reply r;
+	struct seen v = { .stop_after = 1 };
+
+	drain_server_start(&s);
+	q.url = q2.url = s.url;
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
+	assert_int_equal(v.n, 1);
+	assert_string_equal(v.names[0], "final");
+	httpc_reply_free(&r);
+	assert_int_equal(httpc_request(NULL, &q2, &r), 0);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(r.body.p, "ok");
+	httpc_reply_free(&r);
+	server_join(&s);
+	assert_int_equal(s.body_len, 1);
+}
+
+/* A stream that does not end after the stop: the drain gives up (within
+ * about a second, curl's progress calls, not the 5 s stall) and the call
+ * still returns 1, the event after the stop undelivered. */
+static void test_follow_drain_bounded(void **state)
+{
+	struct server s = { .hang = 1 };
+	struct httpc_req q = { .lim = { .stall_s = 5 }, .drain_ms = 100 };
+	struct httpc_reply r;
+	struct seen v = { .stop_after = 1 };
+	int64_t t0;
+
+	drain_server_start(&s);
+	q.url = s.url;
+	t0 = now_ms();
+	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
+	assert_true(now_ms() - t0 < 2500);
+	assert_int_equal(v.n, 1);
+	httpc_reply_free(&r);
+	server_join(&s);
+}
+
 /* ---- a reply read piece by piece ---------------------------------------------- */
 
 static void test_stream(void **state)
@@ -709,6 +839,8 @@ int main(void)
 		cmocka_unit_test(test_sse_parser),
 		cmocka_unit_test(test_sse_parser_complete),
 		cmocka_unit_test(test_follow_host_framing),
+		cmocka_unit_test(test_follow_drain_keeps_connection),
+		cmocka_unit_test(test_follow_drain_bounded),
 		cmocka_unit_test(test_stream),
 		cmocka_unit_test(test_stream_no_answer),
 	};
