@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kiln CLI over the one-command local stack: `kiln up` (local S3,
 # kiln-api, one kiln-host) in the background, then kiln run (live output,
-# outputs downloaded, exit codes, --file/--env), kiln task list/get/logs/
+# outputs downloaded, exit codes, --file/--env, kiln-api's connection to
+# the host kept from one task to the next), kiln task list/get/logs/
 # cancel, kiln admin (customer, key, revoke), bad usage; finally SIGTERM to
 # kiln up: exit 0, credentials gone, no process or cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
@@ -77,9 +78,17 @@ check "it says where the outputs are in S3" grep -q "s3://kiln/default/.*/output
 ok_id=$(sed -n 's/^kiln: task \(t_[0-9a-f]*\) .*/\1/p' "$T_TMP/ok.err" | head -n1)
 
 # default output directory: ./kiln-out/TASK_ID/
+# (and kiln-api's connection to kiln-host outlives a task: the next task's
+# push goes over it, not over a new TCP connection)
+host_port=$(jq -r .listen "$UP/host.json" | sed 's/.*://')
+host_conns() { ss -Htn state established "( dport = :$host_port )" | awk '{print $3}' | sort; }
+conns1=$(host_conns)
 "$KILN" run "$T_TMP/ok.py" > /dev/null 2> "$T_TMP/ok2.err"
 id2=$(sed -n 's/^kiln: task \(t_[0-9a-f]*\) .*/\1/p' "$T_TMP/ok2.err" | head -n1)
 check "without --out the outputs land in ./kiln-out/TASK_ID/" [ -n "$id2" -a -f "$T_TMP/kiln-out/$id2/sub/b.csv" ]
+conns2=$(host_conns)
+check "kiln-api's connection to kiln-host is kept across tasks (after one: $(echo $conns1); after the next: $(echo $conns2))" \
+	[ -n "$conns1" -a -n "$(comm -12 <(echo "$conns1") <(echo "$conns2"))" ]
 
 # --- a failing script: its exit code ---
 printf 'import sys\nprint("bad", file=sys.stderr)\nsys.exit(7)\n' > "$T_TMP/fail.py"
