@@ -64,7 +64,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 		const struct conf_field f[] = {
 			{ "idle_stop_ms", CONF_U32, &c->session_idle_stop_ms, 0, 3600000 },
 			{ "prestart", CONF_INT, &c->session_prestart, 0, 1 },
-			{ "save_pages", CONF_INT, &c->session_save_pages, 0, 1 }, { 0 },
+			{ "save_pages", CONF_INT, &c->session_save_pages, 0, 2 }, { 0 },
 		};
 		if (conf_take(sessions, "sessions", f, path, 0, err) < 0)
 			goto fail;

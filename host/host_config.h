@@ -45,7 +45,7 @@ struct host_config {
 	unsigned session_idle_stop_ms; /* "sessions": {"idle_stop_ms"} (0 there: never stop) */
 	int session_idle_stop_set;
 	int session_prestart;          /* "sessions": {"prestart"}: 0 or 1; -1: unset */
-	int session_save_pages;        /* "sessions": {"save_pages"}: 0 or 1; -1: unset (on) */
+	int session_save_pages;        /* "sessions": {"save_pages"}: 0, 1 or 2 (checked); -1: unset (on) */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

@@ -551,7 +551,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		goto fail;
 	/* Unset: as the host starts QEMUs ahead for restores (prestart). */
 	sessions_set_prestart(s.sessions, o->session_prestart >= 0 ? o->session_prestart : o->prestart > 0);
-	sessions_set_save_pages(s.sessions, o->session_save_pages != 0);
+	sessions_set_save_pages(s.sessions, o->session_save_pages < 0 ? 1 : o->session_save_pages);
 	{
 		char work[PATH_MAX];
 		struct builds_config bc = { .d = s.hostd, .templates = s.templates, .mirror = o->mirror, .work_dir = work };

@@ -32,8 +32,10 @@ int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, stru
 void sessions_set_prestart(struct session_table *ss, int on);
 /* Pause by reading the VM's changed pages out of QEMU (vmmem.c; on unless
  * turned off here, or where process_vm_readv is refused) instead of QEMU
- * saving every page. */
-void sessions_set_save_pages(struct session_table *ss, int on);
+ * saving every page. mode 0: off; 1: on; 2: on, and each such pause is
+ * then checked page by page against QEMU's own save of the same stopped VM
+ * (vmmem_verify: a diagnostic, a full save more per pause). */
+void sessions_set_save_pages(struct session_table *ss, int mode);
 /* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
  * appended to b. */
 struct buf;

@@ -638,6 +638,32 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
 /* Stop the VM into the filter (running) or take the local copy (a retry),
  * upload the chunks, then the manifest. On success *bytes holds the
  * compressed bytes sent. */
+/* sessions.save_pages 2: the stream just composed checked page by page
+ * against QEMU's own save of the same stopped VM (vmmem_verify). A
+ * mismatch, or a check that cannot run, fails the pause (ps->rc): the VM,
+ * whole and stopped, then goes on as after any stream failure. */
+static void verify_pause(struct session *s, int base_fd, struct pause_stream *ps)
+{
+	char dir[PATH_MAX], *slash;
+	struct vmmem_cmp cr;
+	int64_t t0 = proto_now_ms();
+
+	snprintf(dir, sizeof(dir), "%s", s->state_path);
+	slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	if (vmmem_verify(&s->vm, s->state_path, base_fd, s->snap->mem_size, slash ? dir : ".", SESSION_SAVE_MS, &cr,
+			 &ps->err) < 0) {
+		fprintf(stderr, "kiln-host: session %s: pause check failed: %s\n", s->id, ps->err.message);
+		ps->rc = -1;
+		return;
+	}
+	fprintf(stderr,
+		"kiln-host: session %s: pause checked: all %llu pages match QEMU's own save (%llu carried by the "
+		"stream, the rest the base's) in %lld ms\n",
+		s->id, (unsigned long long)cr.pages, (unsigned long long)cr.in_stream, (long long)(proto_now_ms() - t0));
+}
+
 static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
 		    uint64_t *base_bytes, struct migfilter_stats *fst, struct kiln_err *err)
 {
@@ -695,7 +721,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		 * pages the stream takes from this host's template would be
 		 * this host's, not those of the template the session began on. */
 		sv = (struct vmmem_save){ .vm = &s->vm, .tpl_path = s->snap->state, .base_fd = base_fd,
-					  .size = s->snap->mem_size, .pm_fd = -1, .tpl_fd = -1 };
+					  .size = s->snap->mem_size, .disks_stay = ss->save_pages == 2, .pm_fd = -1,
+					  .tpl_fd = -1 };
 		if (ss->save_pages && s->base_fd < 0) {
 			struct kiln_err fe;
 
@@ -766,6 +793,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
 			ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
 		ps.local_fd = -1;
+		if (fast && r == 0 && ps.rc == 0 && ss->save_pages == 2)
+			verify_pause(s, base_fd, &ps);
 		if (r == 0 && ps.rc < 0) {
 			/* QEMU saved the VM but the stream could not be kept (a
 			 * format the filter does not know, a full disk): the VM is
@@ -877,9 +906,9 @@ out:
 	return fail_vm ? -2 : r;
 }
 
-void sessions_set_save_pages(struct session_table *ss, int on)
+void sessions_set_save_pages(struct session_table *ss, int mode)
 {
-	ss->save_pages = on;
+	ss->save_pages = mode;
 }
 
 json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)

@@ -137,7 +137,7 @@ struct session_table {
 	pthread_cond_t idle_cond;
 	uint64_t stops_total, wakes_total, wake_failures;
 	struct session_prestart pre;
-	int save_pages;          /* sessions_set_save_pages */
+	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */

@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "proto.h"
+#include "snapshot.h"
 
 #define VMMEM_PAGE     4096u
 #define VMMEM_BATCH    256   /* pages per process_vm_readv */
@@ -221,9 +222,10 @@ out:
 }
 
 /* QEMU's devices into a memfd: add-fd hands it a write-only descriptor,
- * xen-save-devices-state opens it as /dev/fdset/N. The fd is returned
+ * xen-save-devices-state opens it as /dev/fdset/N (live: of a stopped VM,
+ * its disks flushed and released, as after a migration). The fd is returned
  * rewound, or -1 with err. */
-static int save_devices(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+static int save_devices(struct vm *vm, int live, int64_t deadline_ms, struct kiln_err *err)
 {
 	char path[64], cmd[256];
 	json_t *ret = NULL;
@@ -246,8 +248,8 @@ static int save_devices(struct vm *vm, int64_t deadline_ms, struct kiln_err *err
 	}
 	set = (int)json_integer_value(json_object_get(ret, "fdset-id"));
 	snprintf(cmd, sizeof(cmd),
-		 "{\"execute\":\"xen-save-devices-state\",\"arguments\":{\"filename\":\"/dev/fdset/%d\",\"live\":true}}",
-		 set);
+		 "{\"execute\":\"xen-save-devices-state\",\"arguments\":{\"filename\":\"/dev/fdset/%d\",\"live\":%s}}",
+		 set, live ? "true" : "false");
 	r = vm_qmp(vm, cmd, deadline_ms, NULL, err);
 	snprintf(cmd, sizeof(cmd), "{\"execute\":\"remove-fd\",\"arguments\":{\"fdset-id\":%d}}", set);
 	if (vm_qmp(vm, cmd, deadline_ms, NULL, r < 0 ? &(struct kiln_err){ .code = "" } : err) < 0)
@@ -286,7 +288,7 @@ int vmmem_save_fast(struct vmmem_save *sv, int64_t deadline_ms, migfilter_write_
 	}
 	/* Stopped first: nothing writes the RAM while it is read. */
 	if (vm_qmp(sv->vm, "{\"execute\":\"stop\"}", deadline_ms, NULL, err) < 0 ||
-	    (dev = save_devices(sv->vm, deadline_ms, err)) < 0) {
+	    (dev = save_devices(sv->vm, !sv->disks_stay, deadline_ms, err)) < 0) {
 		*qemu_failed = 1;
 		goto out;
 	}
@@ -304,5 +306,120 @@ out:
 	if (w->buf)
 		munmap(w->buf, (size_t)VMMEM_BATCH * VMMEM_PAGE);
 	free(w);
+	return r;
+}
+
+/* ---- checking a fast save against QEMU's own ---- */
+
+struct cmp_pass {
+	uint8_t *copy;     /* QEMU's pages (size bytes, anonymous, untouched where zero) */
+	uint8_t *seen;     /* a byte per page: carried by the pass's stream */
+	uint64_t npages;
+	int composed;      /* 0: QEMU's pass (copy in), 1: the composed one (compare) */
+	struct vmmem_cmp *res;
+};
+
+static int cmp_page(void *ctx, uint64_t addr, const uint8_t *data)
+{
+	struct cmp_pass *p = ctx;
+	uint8_t *mine = p->copy + addr;
+	uint64_t i = addr / VMMEM_PAGE;
+
+	if (i >= p->npages)
+		return -1; /* migfilter checks addr < size: never here */
+	p->seen[i] = 1;
+	if (!p->composed) {
+		/* A zero page is left untouched: reading it costs no memory. */
+		if (memcmp(mine, data, VMMEM_PAGE))
+			memcpy(mine, data, VMMEM_PAGE);
+		return 0;
+	}
+	p->res->in_stream++;
+	if (memcmp(mine, data, VMMEM_PAGE) && !p->res->differ++)
+		p->res->first_diff = addr;
+	return 0;
+}
+
+static int cmp_flush(void *ctx)
+{
+	return 0;
+}
+
+int vmmem_compare(migfilter_read_fn qemu_rd, void *qemu_ctx, migfilter_read_fn cmp_rd, void *cmp_ctx,
+		  const char *block, const uint8_t *base, uint64_t size, struct vmmem_cmp *res, struct kiln_err *err)
+{
+	struct cmp_pass p = { .npages = size / VMMEM_PAGE, .res = res };
+	struct migfilter_base mb = { .block = block, .size = size, .page = cmp_page, .flush = cmp_flush, .ctx = &p };
+	struct migfilter_stats st;
+	int r = -1;
+
+	memset(res, 0, sizeof(*res));
+	if (!size || size % VMMEM_PAGE)
+		return kiln_err_set(err, KERR_HOST_ERROR, "a RAM block of %llu bytes cannot be compared",
+				    (unsigned long long)size);
+	p.copy = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	p.seen = calloc(p.npages, 1);
+	if (p.copy == MAP_FAILED || !p.seen) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	if (migfilter_run(qemu_rd, qemu_ctx, discard, NULL, &mb, &st, err) < 0)
+		goto out;
+	for (uint64_t i = 0; i < p.npages; i++)
+		if (!p.seen[i]) {
+			kiln_err_set(err, KERR_SNAPSHOT_ERROR,
+				     "QEMU's own save lacks page 0x%llx of %s: the fast save cannot be checked",
+				     (unsigned long long)(i * VMMEM_PAGE), block);
+			goto out;
+		}
+	memset(p.seen, 0, p.npages);
+	p.composed = 1;
+	if (migfilter_run(cmp_rd, cmp_ctx, discard, NULL, &mb, &st, err) < 0)
+		goto out;
+	for (uint64_t i = 0; i < p.npages; i++)
+		if (!p.seen[i] && memcmp(base + i * VMMEM_PAGE, p.copy + i * VMMEM_PAGE, VMMEM_PAGE) &&
+		    !res->differ++)
+			res->first_diff = i * VMMEM_PAGE;
+	res->pages = p.npages;
+	r = 0;
+out:
+	if (p.copy != MAP_FAILED)
+		munmap(p.copy, size);
+	free(p.seen);
+	return r;
+}
+
+int vmmem_verify(struct vm *vm, const char *state_path, int base_fd, uint64_t size, const char *dir,
+		 int timeout_ms, struct vmmem_cmp *res, struct kiln_err *err)
+{
+	int qfd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600), cfd = -1, r = -1;
+	void *base = MAP_FAILED;
+
+	if (qfd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", dir, strerror(errno));
+	if (snapshot_save_fd(vm, qfd, timeout_ms, err) < 0)
+		goto out;
+	cfd = open(state_path, O_RDONLY | O_CLOEXEC);
+	base = mmap(NULL, size, PROT_READ, MAP_SHARED, base_fd, 0);
+	if (cfd < 0 || base == MAP_FAILED || lseek(qfd, 0, SEEK_SET) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "opening the streams to compare: %s", strerror(errno));
+		goto out;
+	}
+	if (vmmem_compare(fd_read, &qfd, fd_read, &cfd, "mem", base, size, res, err) < 0)
+		goto out;
+	if (res->differ) {
+		kiln_err_set(err, KERR_SNAPSHOT_ERROR,
+			     "the fast save differs from QEMU's own in %llu of %llu pages (the first at 0x%llx)",
+			     (unsigned long long)res->differ, (unsigned long long)res->pages,
+			     (unsigned long long)res->first_diff);
+		goto out;
+	}
+	r = 0;
+out:
+	if (base != MAP_FAILED)
+		munmap(base, size);
+	if (cfd >= 0)
+		close(cfd);
+	close(qfd);
 	return r;
 }

@@ -30,6 +30,10 @@ struct vmmem_save {
 	const char *tpl_path;  /* the session's snapshot's state stream (the template) */
 	int base_fd;           /* the RAM file QEMU maps copy-on-write */
 	uint64_t size;
+	/* 1: QEMU keeps its disks active after saving its devices, for QEMU's
+	 * own save of the same VM that follows (vmmem_verify: QEMU 7.2 aborts
+	 * on releasing them twice); that save releases them. */
+	int disks_stay;
 	/* filled by vmmem_save_open */
 	uintptr_t ram;
 	int pm_fd, tpl_fd;
@@ -56,5 +60,30 @@ int vmmem_save_fast(struct vmmem_save *sv, int64_t deadline_ms, migfilter_write_
 		    struct migfilter_stats *st, int *qemu_failed, struct kiln_err *err);
 
 void vmmem_save_close(struct vmmem_save *sv);
+
+/* ---- checking a fast save against QEMU's own (sessions.save_pages 2) ----
+ * One RAM block, page by page: every page of QEMU's full stream (qemu_rd:
+ * it must carry each page of the block) against the composed stream's page
+ * (cmp_rd), or the base's where the composed stream leaves it out. Holds a
+ * copy of QEMU's non-zero pages meanwhile (up to size bytes, anonymous). */
+struct vmmem_cmp {
+	uint64_t pages;      /* pages of the block compared */
+	uint64_t in_stream;  /* of those, carried by the composed stream */
+	uint64_t differ;     /* pages whose bytes differ */
+	uint64_t first_diff; /* the first one's offset (when differ) */
+};
+
+/* 0 with res filled (res->differ may be nonzero: the caller decides), or -1
+ * with err when a stream does not parse or QEMU's lacks a page. */
+int vmmem_compare(migfilter_read_fn qemu_rd, void *qemu_ctx, migfilter_read_fn cmp_rd, void *cmp_ctx,
+		  const char *block, const uint8_t *base, uint64_t size, struct vmmem_cmp *res, struct kiln_err *err);
+
+/* Have QEMU save the stopped VM whole into an unnamed file in dir (its
+ * disks already released by the fast save), and compare it with the
+ * composed stream in state_path and the base (base_fd, size bytes). 0 when
+ * every page matches (res filled); -1 with err (KERR_SNAPSHOT_ERROR naming
+ * how many pages differ and the first, or why the check could not run). */
+int vmmem_verify(struct vm *vm, const char *state_path, int base_fd, uint64_t size, const char *dir,
+		 int timeout_ms, struct vmmem_cmp *res, struct kiln_err *err);
 
 #endif

@@ -3,6 +3,7 @@
 # set held by a background process that also listens on a TCP socket, and
 # files on its disk, pauses on one kiln-host into a real S3 (Swift s3api) and
 # resumes on another whose snapshot was built on its own (other RAM bytes),
+# A's fast pause checked page by page against QEMU's own save of the VM,
 # from the base RAM the first pause put in S3, with all of it intact; a
 # flipped byte in any chunk object (RAM, disk or base) fails the resume
 # clearly and the session stays paused;
@@ -37,7 +38,8 @@ start_host() { # NAME PORT [CACHE]: B builds its own snapshot (RAM not byte-iden
 	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg cache "${3:-}" \
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512}, sessions: {prestart: 1},
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512},
+		  sessions: ({prestart: 1} + (if $n == "a" then {save_pages: 2} else {} end)),
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}
 		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
 	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
@@ -130,6 +132,10 @@ check "pause: 200 paused as a diff ($pj)" test "$st" = 200 -a "$(last .state)" =
 check "the manifest (v2) names only chunks that exist" test "$(s3py whole $M)" = yes
 check "...A read the changed pages out of QEMU itself ($(grep -o 'saved from its pages.*' "$T_TMP/a.err" | tail -1))" \
 	grep -q "session s1 saved from its pages" "$T_TMP/a.err"
+# A runs with sessions.save_pages 2: each fast pause is checked against
+# QEMU's own save of the same stopped VM, every page of its RAM.
+check "...and every page of its RAM matches QEMU's own save of the same VM ($(grep -o 'pause checked: .*' "$T_TMP/a.err" | tail -1))" \
+	grep -q "session s1: pause checked: all 1310[0-9]* pages match QEMU's own save" "$T_TMP/a.err"
 BASE=$(s3py base $M)
 check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes; $(grep -o 'compressed into S3 in [0-9]* ms' "$T_TMP/a.err" | tail -1))" \
 	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes -a "$(last .snapshot.base_bytes)" -gt 0

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "migfilter.h"
+#include "vmmem.h"
 
 #define PG 4096
 
@@ -513,6 +514,102 @@ static void test_compose(void **state)
 	free(sunk_out.p);
 }
 
+/* ---- a fast save checked against QEMU's own (vmmem_compare) ---- */
+
+/* A stream carrying the block's pages given (NULL: left out; all-zero: a
+ * zero record), one rom page, and the device trailer. */
+static void block_stream(struct bytes *b, const uint8_t *const pages[4])
+{
+	int first = 1;
+
+	header(b);
+	u8(b, 0x02); /* PART */
+	be32(b, 2);
+	for (int i = 0; i < 4; i++) {
+		uint8_t zp[PG];
+
+		if (!pages[i])
+			continue;
+		memset(zp, 0, PG);
+		if (memcmp(pages[i], zp, PG))
+			page(b, (uint64_t)i * PG, "mem", !first, pages[i]);
+		else
+			zero(b, (uint64_t)i * PG, "mem", !first);
+		first = 0;
+	}
+	page(b, 0, "rom", 0, base);
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+	u8(b, 0x03); /* END */
+	be32(b, 2);
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+	trailer(b);
+}
+
+static int compare(struct bytes *q, struct bytes *c, struct vmmem_cmp *res, struct kiln_err *err)
+{
+	q->off = c->off = 0;
+	return vmmem_compare(rd, q, rd, c, "mem", base, sizeof(base), res, err);
+}
+
+static void test_compare_with_qemu(void **state)
+{
+	uint8_t z[PG], y[PG], zp[PG];
+	/* The VM: page 0 as the base, page 1 (zero in the base) written, page 2
+	 * written, page 3 zero as in the base. */
+	const uint8_t *vm[4] = { base, z, y, base + 3 * PG };
+	const uint8_t *fast[4] = { NULL, z, y, NULL };     /* the changed pages only */
+	const uint8_t *missed[4] = { NULL, z, NULL, NULL }; /* page 2 left out: the base's is wrong */
+	const uint8_t *wrong[4] = { NULL, z, zp, NULL };    /* page 2 carried, but zero */
+	const uint8_t *short_q[4] = { base, z, y, NULL };   /* QEMU's lacks page 3 */
+	struct bytes q = { 0 }, c1 = { 0 }, c2 = { 0 }, c3 = { 0 }, q2 = { 0 }, qq;
+	struct vmmem_cmp res;
+	struct kiln_err err = { .code = "" };
+
+	(void)state;
+	base_init();
+	memset(z, 'z', PG);
+	memset(y, 'y', PG);
+	memset(zp, 0, PG);
+	block_stream(&q, vm);
+	block_stream(&c1, fast);
+	block_stream(&c2, missed);
+	block_stream(&c3, wrong);
+	block_stream(&q2, short_q);
+
+	assert_int_equal(compare(&q, &c1, &res, &err), 0);
+	assert_int_equal(res.pages, 4);
+	assert_int_equal(res.in_stream, 2);
+	assert_int_equal(res.differ, 0);
+	/* QEMU's whole stream against itself (a second cursor over the same
+	 * bytes): every page carried, all equal. */
+	qq = q;
+	assert_int_equal(compare(&q, &qq, &res, &err), 0);
+	assert_int_equal(res.in_stream, 4);
+	assert_int_equal(res.differ, 0);
+
+	assert_int_equal(compare(&q, &c2, &res, &err), 0);
+	assert_int_equal(res.differ, 1);
+	assert_int_equal(res.first_diff, 2 * PG);
+	assert_int_equal(compare(&q, &c3, &res, &err), 0);
+	assert_int_equal(res.differ, 1);
+	assert_int_equal(res.first_diff, 2 * PG);
+
+	assert_int_equal(compare(&q2, &c1, &res, &err), -1);
+	assert_non_null(strstr(err.message, "lacks page 0x3000"));
+	/* A composed stream cut inside its RAM section is an error, not a match. */
+	c1.n /= 2;
+	assert_int_equal(compare(&q, &c1, &res, &err), -1);
+	free(q.p);
+	free(c1.p);
+	free(c2.p);
+	free(c3.p);
+	free(q2.p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -521,6 +618,7 @@ int main(void)
 		cmocka_unit_test(test_malformed),
 		cmocka_unit_test(test_sink_takes_the_block),
 		cmocka_unit_test(test_compose),
+		cmocka_unit_test(test_compare_with_qemu),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
