@@ -199,12 +199,17 @@ $(B)/tests/uring-probe: tests/integration/uring_probe.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -static -o $@ $<
 
+# Runs kiln-host where process_vm_readv/writev are refused, for tests/integration/78-pause-diff.sh.
+$(B)/tests/no-vm-readv: tests/integration/no_vm_readv.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< -lseccomp
+
 # Boots a guest that floods its serial console, for tests/integration/27-console.sh.
 $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 
-unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe
+unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
 
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).

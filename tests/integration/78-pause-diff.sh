@@ -7,6 +7,8 @@
 # from the base RAM the first pause put in S3, with all of it intact; a
 # flipped byte in any chunk object (RAM, disk or base) fails the resume
 # clearly and the session stays paused;
+# a host where process_vm_readv is refused (a seccomp filter) resumes and
+# pauses it through QEMU's own load and save;
 # a pause cut by SIGKILL of kiln-host leaves a paused session that resumes
 # (the manifest, written last, names only whole chunks); DELETE removes the
 # chunks; nothing is left behind.
@@ -19,7 +21,7 @@ python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 miss
 
 S3_DIR=$T_TMP/s3
 TOKEN=pd-token-$RANDOM$RANDOM
-PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
+PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1)); PC=$((PA + 2))
 BUCKET=kiln-pausediff
 declare -A hostpid
 cleanup() {
@@ -34,7 +36,7 @@ trap cleanup EXIT
 . "$T_TMP/s3.env"
 before_cg=$(count_cgroups)
 
-start_host() { # NAME PORT [CACHE]: B builds its own snapshot (RAM not byte-identical to A's)
+start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not byte-identical to A's)
 	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg cache "${3:-}" \
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
@@ -42,7 +44,7 @@ start_host() { # NAME PORT [CACHE]: B builds its own snapshot (RAM not byte-iden
 		  sessions: ({prestart: 1} + (if $n == "a" then {save_pages: 2} else {} end)),
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}
 		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
-	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
+	${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
 	hostpid[$1]=$!
 	for _ in $(seq 1800); do
 		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
@@ -198,6 +200,28 @@ else
 fi
 start_host a "$PA" || not_ok "A restarts" "$(tail -3 "$T_TMP/a.err")"
 
+# --- where process_vm_readv is refused: host C (A's snapshot, a seccomp
+# filter refusing process_vm_readv/writev) loads and saves through QEMU ---
+h "$PB" POST /v1/sessions/s1/pause > /dev/null
+if [ -x "$ROOT/build/tests/no-vm-readv" ] && start_host c "$PC" "" "$ROOT/build/tests/no-vm-readv"; then
+	st=$(h "$PC" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+	check "resume on C, where process_vm_readv is refused: 200 running ($st $(last .error.message); $(grep -o 'process_vm_readv/writev are not allowed here' "$T_TMP/c.err" | head -1))" \
+		test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = c -a \
+		"$(grep -c 'process_vm_readv/writev are not allowed here' "$T_TMP/c.err")" -ge 1
+	a3=$(ask "$PC")
+	check "...QEMU loaded the pages itself: the process and its memory are intact ($a3)" test "$a3" = "$h0 $h0 $pid0"
+	st=$(h "$PC" POST /v1/sessions/s1/pause)
+	check "pause on C: 200, saved through QEMU's own stream ($(grep -o 'session s1: saved through QEMU.*' "$T_TMP/c.err" | tail -1))" \
+		test "$st" = 200 -a "$(last .state)" = paused -a "$(grep -c 'session s1 saved from its pages' "$T_TMP/c.err")" = 0 \
+		-a "$(grep -c 'session s1: saved through QEMU: process_vm_readv is not allowed here' "$T_TMP/c.err")" -ge 1
+	kill "${hostpid[c]}"; wait "${hostpid[c]}" 2> /dev/null; unset 'hostpid[c]'
+else
+	not_ok "host C under build/tests/no-vm-readv starts" "$(tail -3 "$T_TMP/c.err" 2> /dev/null)"
+fi
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+a3=$(ask "$PB")
+check "...and B resumes what C saved, intact ($st, $a3)" test "$st" = 200 -a "$a3" = "$h0 $h0 $pid0"
+
 # --- a second pause deletes the first one's chunks; DELETE deletes all ---
 keys1=$(s3py keys $M)
 h "$PB" POST /v1/sessions/s1/pause > /dev/null
@@ -211,6 +235,6 @@ check "...and leaves the shared base RAM in S3 (kiln never deletes a base)" \
 
 check "nothing left: no QEMU, VM directories, session files or cgroups" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
-	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
+	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" "$T_TMP/spool-c/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
 	-a "$(count_cgroups)" = "$before_cg"
 t_done
