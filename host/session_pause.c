@@ -717,13 +717,16 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			goto out;
 		}
 		/* The changed pages read out of QEMU (vmmem.c), not QEMU's walk
-		 * of every page. Not on a base fetched from S3: the firmware
-		 * pages the stream takes from this host's template would be
-		 * this host's, not those of the template the session began on. */
-		sv = (struct vmmem_save){ .vm = &s->vm, .tpl_path = s->snap->state, .base_fd = base_fd,
+		 * of every page. On a base fetched from S3 the template is the
+		 * stream the session was resumed from (its firmware pages are
+		 * those of the template the session began on, not this host's):
+		 * without it, QEMU saves. */
+		sv = (struct vmmem_save){ .vm = &s->vm,
+					  .tpl_path = s->base_fd >= 0 ? s->resumed_tpl : s->snap->state,
+					  .base_fd = base_fd,
 					  .size = s->snap->mem_size, .disks_stay = ss->save_pages == 2, .pm_fd = -1,
 					  .tpl_fd = -1 };
-		if (ss->save_pages && s->base_fd < 0) {
+		if (ss->save_pages && (s->base_fd < 0 || s->resumed_tpl[0])) {
 			struct kiln_err fe;
 
 			fast = vmmem_save_open(&sv, &fe) == 0;
@@ -1093,6 +1096,9 @@ struct state_feed {
 	int fstarted;
 	struct page_loader pl;
 	struct migfilter_stats st;
+	/* A copy of what QEMU is fed (-1: none): the resumed template of a
+	 * session on a fetched base. A failure to write it only drops it. */
+	int tee_fd, tee_failed;
 };
 
 static void *state_feed_thread(void *arg)
@@ -1116,7 +1122,13 @@ static ssize_t feed_read(void *ctx, void *buf, size_t len)
 
 static int feed_write(void *ctx, const void *buf, size_t len)
 {
-	return io_write_all(*(int *)ctx, buf, len) < 0 ? -1 : 0;
+	struct state_feed *f = ctx;
+
+	if (io_write_all(f->fd, buf, len) < 0)
+		return -1;
+	if (f->tee_fd >= 0 && !f->tee_failed && io_write_all(f->tee_fd, buf, len) < 0)
+		f->tee_failed = 1;
+	return 0;
 }
 
 static void *state_filter_thread(void *arg)
@@ -1126,7 +1138,7 @@ static void *state_filter_thread(void *arg)
 				     .ctx = &f->pl };
 
 	/* Without the loader the stream passes through whole. */
-	f->frc = migfilter_run(feed_read, &f->pipe_r, feed_write, &f->fd, f->pl.size ? &mb : NULL, &f->st, &f->ferr);
+	f->frc = migfilter_run(feed_read, &f->pipe_r, feed_write, f, f->pl.size ? &mb : NULL, &f->st, &f->ferr);
 	close(f->fd);     /* end of stream: QEMU sees it whole, or cut short */
 	close(f->pipe_r); /* the chunks' side stops at once if this stopped early */
 	return NULL;
@@ -1163,7 +1175,28 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 	}
 	free(f->pl.buf);
 	f->pl.buf = NULL;
+	if (f->tee_fd >= 0) {
+		if (close(f->tee_fd) < 0)
+			f->tee_failed = 1;
+		f->tee_fd = -1;
+		if (r < 0 || f->tee_failed)
+			f->tee_failed = 1; /* the caller drops the file (state_feed_keep_tpl) */
+	}
 	return r;
+}
+
+/* After a resume that loaded: the resumed template is kept only if it was
+ * written whole; else the session's pauses go through QEMU. */
+static void state_feed_keep_tpl(struct state_feed *f, struct session *s)
+{
+	if (!s->resumed_tpl[0])
+		return;
+	if (f->tee_failed) {
+		fprintf(stderr, "kiln-host: session %s: its resumed template could not be kept (its pauses go through "
+				"QEMU)\n", s->id);
+		unlink(s->resumed_tpl);
+		s->resumed_tpl[0] = '\0';
+	}
 }
 
 /* session_boot's hook once the VM's QEMU is there: the loader's target. */
@@ -1223,10 +1256,21 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
 	}
 	*f = (struct state_feed){ .c = c, .l = &pm->state, .pipe_w = q[1], .rc = -1, .pipe_r = q[0], .fd = p[1],
-				  .frc = -1 };
+				  .frc = -1, .tee_fd = -1 };
 	pthread_mutex_init(&f->pl.mu, NULL);
 	pthread_cond_init(&f->pl.cv, NULL);
 	f->pl.size = vmmem_usable() ? pm->base_size : 0; /* 0: no loader */
+	/* On a fetched base, with the loader (the RAM block's pages leave the
+	 * stream): what QEMU is fed is kept as the next fast pause's template. */
+	if (s->base_fd >= 0 && f->pl.size) {
+		snprintf(s->resumed_tpl, sizeof(s->resumed_tpl), "%s/resumed-template", s->dir);
+		f->tee_fd = open(s->resumed_tpl, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (f->tee_fd < 0) {
+			fprintf(stderr, "kiln-host: session %s: %s: %s (its pauses go through QEMU)\n", s->id,
+				s->resumed_tpl, strerror(errno));
+			s->resumed_tpl[0] = '\0';
+		}
+	}
 	f->pl.buf = buf;
 	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
 		close(p[0]);
@@ -1292,7 +1336,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
 	 * loading the state while it streams in. */
 	int64_t t0 = proto_now_ms(), t_manifest = 0, t_base = 0, t_fetch = 0, t_disk = 0;
-	struct state_feed feed = { .started = 0 };
+	struct state_feed feed = { .started = 0, .tee_fd = -1 };
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
@@ -1444,6 +1488,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	/* QEMU loaded a whole stream; the feed must agree that it was all checked. */
 	if (state_feed_join(&feed, err) < 0)
 		goto fail;
+	state_feed_keep_tpl(&feed, s);
 	unlink(s->state_path); /* the RAM is in the VM now */
 	{
 		int64_t now = proto_now_ms();

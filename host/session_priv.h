@@ -42,6 +42,12 @@ struct session {
 	 * sessions on that base, see session_base_release); -1: snap->mem_fd. */
 	int base_fd;
 	char base_sha[65];
+	/* On a fetched base: the stream this session was resumed from without
+	 * its RAM block's pages (header, configuration, block list, firmware
+	 * pages, devices), kept by the resume as a fast pause's template: the
+	 * firmware pages are then the ones the session began with, not this
+	 * host's template's. "": none (the pause goes through QEMU). */
+	char resumed_tpl[PATH_MAX + 16];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
