@@ -121,7 +121,9 @@ static void *server_main(void *arg)
 	return NULL;
 }
 
-static void server_start(struct server *s)
+/* Listen on 127.0.0.1 (port 0), the URL ending in path, and serve with fn
+ * on a thread. */
+static void server_start_with(struct server *s, void *(*fn)(void *), const char *path)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(a);
@@ -132,8 +134,13 @@ static void server_start(struct server *s)
 	assert_int_equal(listen(s->lfd, 4), 0);
 	assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&a, &len), 0);
 	s->port = ntohs(a.sin_port);
-	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d/x", s->port);
-	assert_int_equal(pthread_create(&s->thread, NULL, server_main, s), 0);
+	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d%s", s->port, path);
+	assert_int_equal(pthread_create(&s->thread, NULL, fn, s), 0);
+}
+
+static void server_start(struct server *s)
+{
+	server_start_with(s, server_main, "/x");
 }
 
 static void server_join(struct server *s)
@@ -272,6 +279,22 @@ static void test_handle_reused(void **state)
 	httpc_free(c);
 }
 
+/* One request's head (no body) into s->req: 0, or -1 when the client left. */
+static int read_head(struct server *s, int fd)
+{
+	s->req_len = 0;
+	s->req[0] = '\0';
+	while (!strstr(s->req, "\r\n\r\n") && s->req_len < sizeof(s->req) - 1) {
+		ssize_t n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
+
+		if (n <= 0)
+			return -1;
+		s->req_len += (size_t)n;
+		s->req[s->req_len] = '\0';
+	}
+	return 0;
+}
+
 /* A server that accepts one connection only and answers two requests on
  * it (HTTP/1.1 keep-alive). */
 static void *keepalive_main(void *arg)
@@ -283,16 +306,8 @@ static void *keepalive_main(void *arg)
 	if (fd < 0)
 		return NULL;
 	for (int i = 0; i < 2; i++) {
-		s->req_len = 0;
-		s->req[0] = '\0';
-		while (!strstr(s->req, "\r\n\r\n") && s->req_len < sizeof(s->req) - 1) {
-			ssize_t n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
-
-			if (n <= 0)
-				goto out;
-			s->req_len += (size_t)n;
-			s->req[s->req_len] = '\0';
-		}
+		if (read_head(s, fd) < 0)
+			goto out;
 		if (send(fd, reply, sizeof(reply) - 1, MSG_NOSIGNAL) < 0)
 			break;
 		s->body_len++; /* requests answered */
@@ -309,16 +324,8 @@ out:
 static void test_connection_shared(void **state)
 {
 	struct server s = { 0 };
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
 
-	s.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	assert_true(s.lfd >= 0);
-	assert_int_equal(bind(s.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(listen(s.lfd, 4), 0);
-	assert_int_equal(getsockname(s.lfd, (struct sockaddr *)&a, &len), 0);
-	snprintf(s.url, sizeof(s.url), "http://127.0.0.1:%d/k", ntohs(a.sin_port));
-	assert_int_equal(pthread_create(&s.thread, NULL, keepalive_main, &s), 0);
+	server_start_with(&s, keepalive_main, "/k");
 	for (int i = 0; i < 2; i++) {
 		struct httpc_req q = { .url = s.url, .lim = { .timeout_ms = 3000 } };
 		struct httpc_reply r;
@@ -668,16 +675,8 @@ static void *drain_main(void *arg)
 		return NULL;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	for (int i = 0; i < 2; i++) {
-		s->req_len = 0;
-		s->req[0] = '\0';
-		while (!strstr(s->req, "\r\n\r\n") && s->req_len < sizeof(s->req) - 1) {
-			ssize_t n = read(fd, s->req + s->req_len, sizeof(s->req) - 1 - s->req_len);
-
-			if (n <= 0)
-				goto out;
-			s->req_len += (size_t)n;
-			s->req[s->req_len] = '\0';
-		}
+		if (read_head(s, fd) < 0)
+			goto out;
 		if (i == 1) {
 			if (send(fd, ok, sizeof(ok) - 1, MSG_NOSIGNAL) > 0)
 				s->body_len++; /* second request answered */
@@ -704,20 +703,6 @@ out:
 	return NULL;
 }
 
-static void drain_server_start(struct server *s)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-
-	s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	assert_true(s->lfd >= 0);
-	assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(listen(s->lfd, 4), 0);
-	assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&a, &len), 0);
-	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d/e", ntohs(a.sin_port));
-	assert_int_equal(pthread_create(&s->thread, NULL, drain_main, s), 0);
-}
-
 static int64_t now_ms(void)
 {
 	struct timespec ts;
@@ -739,7 +724,7 @@ static void test_follow_drain_keeps_connection(void **state)
 	struct httpc_reply r;
 	struct seen v = { .stop_after = 1 };
 
-	drain_server_start(&s);
+	server_start_with(&s, drain_main, "/e");
 	q.url = q2.url = s.url;
 	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);
 	assert_int_equal(v.n, 1);
@@ -764,7 +749,7 @@ static void test_follow_drain_bounded(void **state)
 	struct seen v = { .stop_after = 1 };
 	int64_t t0;
 
-	drain_server_start(&s);
+	server_start_with(&s, drain_main, "/e");
 	q.url = s.url;
 	t0 = now_ms();
 	assert_int_equal(httpc_follow(NULL, &q, on_json, &v, &r), 1);

@@ -387,6 +387,19 @@ static int emit_pages(void *ctx, struct migfilter_out *o)
 	return 0;
 }
 
+/* The end of a RAM PART (EOS, footer), then an empty END section. */
+static void ram_end(struct bytes *b)
+{
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+	u8(b, 0x03); /* END */
+	be32(b, 2);
+	be64(b, 0x10);
+	u8(b, 0x7e);
+	be32(b, 2);
+}
+
 static void template_stream(struct bytes *b, const uint8_t *rom, int with_mem_page)
 {
 	uint8_t m[PG];
@@ -398,14 +411,7 @@ static void template_stream(struct bytes *b, const uint8_t *rom, int with_mem_pa
 	page(b, 0, "rom", 0, rom);
 	if (with_mem_page)
 		page(b, 0, "mem", 0, m); /* the template's own page of the block: left out */
-	be64(b, 0x10);
-	u8(b, 0x7e);
-	be32(b, 2);
-	u8(b, 0x03); /* END */
-	be32(b, 2);
-	be64(b, 0x10);
-	u8(b, 0x7e);
-	be32(b, 2);
+	ram_end(b);
 	trailer(b); /* the template's devices: replaced */
 }
 
@@ -538,14 +544,7 @@ static void block_stream(struct bytes *b, const uint8_t *const pages[4])
 		first = 0;
 	}
 	page(b, 0, "rom", 0, base);
-	be64(b, 0x10);
-	u8(b, 0x7e);
-	be32(b, 2);
-	u8(b, 0x03); /* END */
-	be32(b, 2);
-	be64(b, 0x10);
-	u8(b, 0x7e);
-	be32(b, 2);
+	ram_end(b);
 	trailer(b);
 }
 
