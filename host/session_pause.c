@@ -635,9 +635,6 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
 	free(l.k);
 }
 
-/* Stop the VM into the filter (running) or take the local copy (a retry),
- * upload the chunks, then the manifest. On success *bytes holds the
- * compressed bytes sent. */
 /* sessions.save_pages 2: the stream just composed checked page by page
  * against QEMU's own save of the same stopped VM (vmmem_verify). A
  * mismatch, or a check that cannot run, fails the pause (ps->rc): the VM,
@@ -664,6 +661,9 @@ static void verify_pause(struct session *s, int base_fd, struct pause_stream *ps
 		s->id, (unsigned long long)cr.pages, (unsigned long long)cr.in_stream, (long long)(proto_now_ms() - t0));
 }
 
+/* Stop the VM into the filter (running) or take the local copy (a retry),
+ * upload the chunks, then the manifest. On success *bytes holds the
+ * compressed bytes sent. */
 static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
 		    uint64_t *base_bytes, struct migfilter_stats *fst, struct kiln_err *err)
 {
@@ -1179,7 +1179,7 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 		if (close(f->tee_fd) < 0)
 			f->tee_failed = 1;
 		f->tee_fd = -1;
-		if (r < 0 || f->tee_failed)
+		if (r < 0)
 			f->tee_failed = 1; /* the caller drops the file (state_feed_keep_tpl) */
 	}
 	return r;
