@@ -641,16 +641,11 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
  * whole and stopped, then goes on as after any stream failure. */
 static void verify_pause(struct session *s, int base_fd, struct pause_stream *ps)
 {
-	char dir[PATH_MAX], *slash;
 	struct vmmem_cmp cr;
 	int64_t t0 = proto_now_ms();
 
-	snprintf(dir, sizeof(dir), "%s", s->state_path);
-	slash = strrchr(dir, '/');
-	if (slash)
-		*slash = '\0';
-	if (vmmem_verify(&s->vm, s->state_path, base_fd, s->snap->mem_size, slash ? dir : ".", SESSION_SAVE_MS, &cr,
-			 &ps->err) < 0) {
+	if (vmmem_verify(&s->vm, s->state_path, base_fd, s->snap->mem_size, s->dir, SESSION_SAVE_MS, &cr, &ps->err) <
+	    0) {
 		fprintf(stderr, "kiln-host: session %s: pause check failed: %s\n", s->id, ps->err.message);
 		ps->rc = -1;
 		return;

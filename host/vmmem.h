@@ -78,8 +78,9 @@ struct vmmem_cmp {
 int vmmem_compare(migfilter_read_fn qemu_rd, void *qemu_ctx, migfilter_read_fn cmp_rd, void *cmp_ctx,
 		  const char *block, const uint8_t *base, uint64_t size, struct vmmem_cmp *res, struct kiln_err *err);
 
-/* Have QEMU save the stopped VM whole into an unnamed file in dir (its
- * disks already released by the fast save), and compare it with the
+/* Have QEMU save the stopped VM whole into an unnamed file in dir (up to
+ * its RAM size on disk, gone when the call returns; the fast save must have
+ * left its disks active: disks_stay), and compare it with the
  * composed stream in state_path and the base (base_fd, size bytes). 0 when
  * every page matches (res filled); -1 with err (KERR_SNAPSHOT_ERROR naming
  * how many pages differ and the first, or why the check could not run). */
