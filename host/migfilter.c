@@ -14,6 +14,9 @@
 #define MF_PAGE         4096u
 #define MF_MAX_BLOCKS   32
 #define MF_BUF          65536
+/* The most of a stream's end kept to find its VM description in: QEMU's
+ * for kiln's VMs is ~15 KiB. */
+#define MF_TAIL         (1u << 20)
 
 #define SEC_EOF         0x00
 #define SEC_START       0x01
@@ -46,6 +49,8 @@ struct mf {
 	const struct migfilter_compose *comp;
 	int comp_bi; /* its index in blocks, -1: not listed */
 	int last_byte; /* the last byte copy_rest copied, -1: none */
+	uint8_t *tail; /* filter mode: the stream's last bytes (tail_len, up to 2 * MF_TAIL) */
+	size_t tail_len;
 	struct migfilter_stats *st;
 	struct kiln_err *err;
 	uint8_t buf[MF_BUF];
@@ -414,17 +419,60 @@ static int footer(struct mf *f, uint32_t id)
 	return fid == id ? 0 : bad(f, "section footer does not match its section");
 }
 
+/* Keep at least the last MF_TAIL bytes copied (f->tail holds up to twice
+ * that, so the move to its start happens once per MF_TAIL bytes at most). */
+static void keep_tail(struct mf *f, const uint8_t *p, size_t n)
+{
+	if (n >= MF_TAIL) {
+		memcpy(f->tail, p + n - MF_TAIL, MF_TAIL);
+		f->tail_len = MF_TAIL;
+		return;
+	}
+	if (f->tail_len + n > 2 * MF_TAIL) {
+		size_t keep = MF_TAIL - n;
+
+		memmove(f->tail, f->tail + f->tail_len - keep, keep);
+		f->tail_len = keep;
+	}
+	memcpy(f->tail + f->tail_len, p, n);
+	f->tail_len += n;
+}
+
+/* Does the stream end as QEMU ends one: EOF (0x00), the VM description
+ * (0x06), its length (be32) and exactly that much JSON? The device
+ * sections before it are copied without being understood, so this is what
+ * tells a whole stream from one cut anywhere after the RAM. */
+static int tail_whole(const uint8_t *t, size_t n)
+{
+	if (n < 8 || t[n - 1] != '}')
+		return 0;
+	for (size_t p = n - 8 + 1; p-- > 0;) {
+		uint32_t len = (uint32_t)t[p + 2] << 24 | (uint32_t)t[p + 3] << 16 | (uint32_t)t[p + 4] << 8 | t[p + 5];
+
+		if (t[p] == 0x00 && t[p + 1] == 0x06 && len == n - p - 6 && t[p + 6] == '{')
+			return 1;
+	}
+	return 0;
+}
+
 /* Everything from here on (device state, EOF, the VM description) as is. */
 static int copy_rest(struct mf *f)
 {
 	for (;;) {
 		size_t n;
 
-		if (fill(f) < 0)
-			return f->eof == 2 ? -1 : 0;
+		if (fill(f) < 0) {
+			if (f->eof == 2)
+				return -1;
+			if (f->tail && !tail_whole(f->tail, f->tail_len))
+				return bad(f, "does not end with EOF and a whole VM description (cut short?)");
+			return 0;
+		}
 		n = f->end - f->pos;
 		if (put(f, f->buf + f->pos, n) < 0)
 			return -1;
+		if (f->tail)
+			keep_tail(f, f->buf + f->pos, n);
 		f->st->in_bytes += n;
 		f->last_byte = f->buf[f->end - 1];
 		f->pos = f->end;
@@ -528,6 +576,8 @@ static int run(struct mf *f)
 		case SEC_EOF:
 			if (f->ram_started && !f->ram_ended)
 				return bad(f, "end of stream before the end of RAM");
+			if (f->tail)
+				keep_tail(f, &t, 1);
 			return copy_rest(f);
 		default:
 			return bad(f, "unknown section type");
@@ -547,7 +597,14 @@ static int start(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	*f = (struct mf){ .rd = rd, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp, .comp_bi = -1,
 			  .st = st, .err = err, .last_in = -1, .last_out = -1 };
+	/* Filter mode copies QEMU's device sections without parsing them: the
+	 * end is checked instead (copy_rest). */
+	if (!comp && !(f->tail = malloc(2 * MF_TAIL))) {
+		free(f);
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	}
 	r = run(f);
+	free(f->tail);
 	free(f);
 	return r;
 }

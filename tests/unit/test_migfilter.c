@@ -112,9 +112,15 @@ static void zero(struct bytes *b, uint64_t addr, const char *blk, int cont)
 static const uint8_t device_tail[] = { 0x04, 0, 0, 0, 3, 5, 't', 'i', 'm', 'e', 'r', 0, 0, 0, 0, 0, 0, 0, 2,
 				       1, 2, 3, 4, 0x7e, 0, 0, 0, 3, 0x00 };
 
+/* The devices, EOF, then the VM description QEMU ends a stream with. */
+static const char vm_desc[] = "{\"page_size\": 4096, \"devices\": [{\"name\": \"timer\"}]}";
+
 static void trailer(struct bytes *b)
 {
 	add(b, device_tail, sizeof(device_tail));
+	u8(b, 0x06);
+	be32(b, sizeof(vm_desc) - 1);
+	add(b, vm_desc, sizeof(vm_desc) - 1);
 }
 
 static ssize_t rd(void *ctx, void *buf, size_t len)
@@ -199,6 +205,27 @@ static void test_keeps_only_changes(void **state)
 	assert_int_equal(again.n, in.n);
 	assert_memory_equal(again.p, in.p, in.n);
 	assert_int_equal(st.pages_kept, st.pages);
+
+	/* The device sections are copied unparsed: a stream cut anywhere in
+	 * them, after EOF or inside the VM description is refused by its end,
+	 * and so is one with bytes after that end. */
+	{
+		size_t whole = in.n, tail = sizeof(device_tail) + 5 + sizeof(vm_desc) - 1;
+
+		for (size_t cut = 1; cut <= tail; cut++) {
+			in.n = whole - cut;
+			out.n = 0;
+			if (run(&in, &out, &mb, &st) != -1)
+				fail_msg("a stream cut %zu bytes short of its end was accepted", cut);
+		}
+		in.n = whole;
+		u8(&in, 0x00);
+		out.n = 0;
+		assert_int_equal(run(&in, &out, &mb, &st), -1);
+		in.n = whole;
+		out.n = 0;
+		assert_int_equal(run(&in, &out, &mb, &st), 0);
+	}
 	free(in.p);
 	free(out.p);
 	free(again.p);
