@@ -10,6 +10,10 @@ connection per client:
   - one client submitting back to back (B tasks, default 40): p50/p95/p99,
     where the VMs came from (pool or restore), and the pool's target and
     misses afterwards (kiln-host's GET /v1/capacity, an adaptive pool);
+  - a steady stream: one client starting a task every KILN_BENCH_STREAM_MS
+    (default 350; 0 skips it), as many tasks as back to back, after 10 s for
+    the pool to refill: pool hits over all of it and over its second half
+    (do refills keep up?), p50;
   - C concurrent clients (default 8): p50/p95/p99 and tasks/s.
 Usage: bench/stack.py [TASKS] [CONCURRENCY] [BACK_TO_BACK]
 KILN_ROOT: another checkout's build to measure (a before/after in one session).
@@ -29,6 +33,7 @@ ROOT = os.environ.get("KILN_ROOT") or os.path.dirname(os.path.dirname(os.path.ab
 TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 80
 CONC = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 B2B = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+STREAM_MS = int(os.environ.get("KILN_BENCH_STREAM_MS", "350"))
 
 
 def pct(v, p):
@@ -105,6 +110,19 @@ def split_text(parts):
     return ", ".join("%s %.0f" % (k, pct(parts[k], 50)) for k in keys)
 
 
+def host_pool(work):
+    """kiln-host's pool figures (GET /v1/capacity), {} if it cannot say."""
+    try:
+        with open(work + "/host.json") as f:
+            hc = json.load(f)
+        hh, hp = hc["listen"].rsplit(":", 1)
+        c = http.client.HTTPConnection(hh, int(hp), timeout=10)
+        c.request("GET", "/v1/capacity", headers={"Authorization": "Bearer " + hc["token"]})
+        return json.loads(c.getresponse().read()).get("pool", {})
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def main():
     work = tempfile.mkdtemp(prefix="kiln-bench-stack.")
     up = subprocess.Popen([ROOT + "/build/kiln", "up", "--dir", work, "--port", str(30000 + os.getpid() % 10000)],
@@ -151,16 +169,7 @@ def main():
             where[s] = where.get(s, 0) + 1
             by_start.setdefault(s, []).append(ms)
             split(t, ms, bparts)
-        pool = {}
-        try:
-            with open(work + "/host.json") as f:
-                hc = json.load(f)
-            hh, hp = hc["listen"].rsplit(":", 1)
-            c = http.client.HTTPConnection(hh, int(hp), timeout=10)
-            c.request("GET", "/v1/capacity", headers={"Authorization": "Bearer " + hc["token"]})
-            pool = json.loads(c.getresponse().read()).get("pool", {})
-        except (OSError, ValueError, KeyError):
-            pass
+        pool = host_pool(work)
         print("  print(1), one client back to back, %d tasks: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s; pool "
               "target %s, max %s, misses %s, refill %s ms)" % (len(b2b), pct(b2b, 50), pct(b2b, 95), pct(b2b, 99), where,
               pool.get("target", "?"), pool.get("max", "?"), pool.get("misses", "?"), pool.get("refill_ms", "?")))
@@ -169,6 +178,24 @@ def main():
         # miss, the overall p50 flips between them from one run to the next.
         print("    by where the VM came from: " + ", ".join(
             "%s %d tasks p50 %.0f ms" % (k, len(v), pct(v, 50)) for k, v in sorted(by_start.items())))
+        if STREAM_MS > 0:
+            time.sleep(10.0)
+            st, starts = [], []
+            t_next = time.monotonic()
+            for _ in range(B2B):
+                delay = t_next - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                t_next = max(t_next + STREAM_MS / 1000.0, time.monotonic())
+                ms, t = one(api, code)
+                st.append(ms)
+                starts.append((t.get("result") or {}).get("timings", {}).get("start", "?"))
+            pool = host_pool(work)
+            half = starts[len(starts) // 2:]
+            print("  print(1), a steady stream of one task every %d ms, %d tasks: p50 %.0f ms  p95 %.0f ms; pool hits %d "
+                  "(second half: %d of %d); pool target %s, refill %s ms, %s refill threads" %
+                  (STREAM_MS, len(st), pct(st, 50), pct(st, 95), starts.count("pool"), half.count("pool"), len(half),
+                   pool.get("target", "?"), pool.get("refill_ms", "?"), pool.get("refills", "?")))
         lat, lock, todo = [], threading.Lock(), list(range(TASKS))
 
         def client():

@@ -27,6 +27,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 
 	memset(c, 0, sizeof(*c));
 	c->pool_size = c->pool_max = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
+	c->pool_refills = -1;
 	c->session_prestart = c->session_save_pages = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
@@ -149,7 +150,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	if (pool) {
 		const struct conf_field f[] = {
 			{ "size", CONF_INT, &c->pool_size, 0, 256 }, { "max", CONF_INT, &c->pool_max, 0, 256 },
-			{ "prestart", CONF_INT, &c->prestart, 0, 256 },
+			{ "prestart", CONF_INT, &c->prestart, 0, 256 }, { "refills", CONF_INT, &c->pool_refills, 1, 4 },
 			{ "memory_mib", CONF_INT, &c->snapshot_memory_mib, 128, 16384 },
 			{ "vcpus", CONF_INT, &c->snapshot_vcpus, 1, 16 }, { 0 },
 		};

@@ -25,6 +25,7 @@ struct host_config {
 	double memory_overcommit;    /* 0: unset */
 	uint64_t memory_mib;         /* 0: unset */
 	int pool_size, pool_max, prestart, snapshot_memory_mib, snapshot_vcpus; /* -1: unset */
+	int pool_refills;                                                     /* -1: unset */
 	int cold;                    /* -1: unset */
 	unsigned upload_workers, max_backoff_s, retention_s; /* 0: unset */
 	unsigned upload_inline_max; /* "upload": {"inline_max"} */

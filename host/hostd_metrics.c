@@ -74,6 +74,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 		json_object_set_new(po, "max", json_integer(ps.max));
 		json_object_set_new(po, "misses", json_integer((json_int_t)ps.misses));
 		json_object_set_new(po, "refill_ms", json_integer(ps.refill_ms));
+		json_object_set_new(po, "refills", json_integer(ps.refills));
 	}
 	if (j && d->cfg.templates)
 		json_object_set_new(j, "templates", template_store_json(d->cfg.templates));

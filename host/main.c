@@ -515,7 +515,10 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			.image_dir = o->image_dir, .cache = o->cache, .base = &ro->vm, .snap_memory_mib = o->snap_memory_mib,
 			.snap_vcpus = o->snap_vcpus, .cold = o->cold, .net = s.net.enabled, .pools = o->template_pools,
 			.default_pool = o->pool_size,
-			.default_pool_max = o->pool_max >= 0 ? (unsigned)o->pool_max : o->pool_size * 4, .prestart = o->prestart, .disk_budget_mib = o->disk_budget_mib,
+			.default_pool_max = o->pool_max >= 0 ? (unsigned)o->pool_max : o->pool_size * 4, .prestart = o->prestart,
+			/* A refill is CPU under TCG: by default half the cores may refill. */
+			.pool_refills = o->pool_refills ? o->pool_refills : ncpu >= 4 ? (unsigned)(ncpu / 2 < 4 ? ncpu / 2 : 4) : 1,
+			.disk_budget_mib = o->disk_budget_mib,
 			.snapshot_ttl_s = o->snapshot_ttl_s, .cap = &s.cap, .ops = &vm_ops_real, .clk = &clock_system,
 			.verbose = 1,
 		};
@@ -655,6 +658,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->pool_size = (unsigned)hc->pool_size;
 	if (hc->pool_max >= 0)
 		so->pool_max = hc->pool_max;
+	if (hc->pool_refills >= 0)
+		so->pool_refills = (unsigned)hc->pool_refills;
 	if (hc->prestart >= 0)
 		so->prestart = (unsigned)hc->prestart;
 	if (hc->snapshot_memory_mib >= 0)

@@ -20,6 +20,7 @@
 #include "vm_ops.h"
 
 #define POOL_MAX 256
+#define POOL_REFILLERS_MAX 4
 
 /* The adaptive target (pool_set_max): recent takes per second, over a short
  * window (grows fast) and a long one (shrinks only after a quiet spell),
@@ -53,7 +54,10 @@ struct pool {
 	struct vm *spawned[POOL_MAX];
 	unsigned nspawned, spawn_target;
 	int stop;
-	pthread_t thread;
+	pthread_t threads[POOL_REFILLERS_MAX]; /* refill threads: [0] from pool_start, more from pool_set_refills */
+	unsigned nthreads;
+	unsigned inflight; /* refills (restore + warm-up) under way */
+	unsigned spawning; /* pre-starts under way */
 	unsigned failures; /* consecutive refill failures: back off */
 	unsigned kicks;    /* takes so far: they end a back-off early */
 	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 */
@@ -141,8 +145,29 @@ int pool_warm_up(struct vm *vm, struct kiln_err *err)
 	return 0;
 }
 
+/* The refill threads and the QEMUs they start (they inherit its nice value,
+ * and their jails get the matching CPU weight: background()) run at
+ * REFILL_NICE: a restore and warm-up is ~250 ms of CPU under TCG, and on a
+ * small host it would otherwise take a core from the task that has just
+ * taken a pool VM, and from its upload. Only if this process may raise a nice
+ * value again (CAP_SYS_NICE): a VM handed out goes back to 0. */
+#define REFILL_NICE 19
+
+/* A VM the pool made: in the background until it is handed out. Its
+ * threads inherited REFILL_NICE from the refill thread; this also lowers its
+ * jail's CPU weight, without which the nice value counts for nothing against
+ * a task's VM in a cgroup of its own (vm_set_nice). */
+static void background(struct pool *p, struct vm *vm)
+{
+	int r;
+
+	if (p->renice && (r = p->ops->set_nice(p->ops->ctx, vm, REFILL_NICE)) < 0)
+		fprintf(stderr, "kiln-host: pool: cannot lower the priority of a VM: %s\n", strerror(-r));
+}
+
 static int warm_and_pause(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
+	background(p, vm);
 	if (p->ops->warm_up(p->ops->ctx, vm, err) < 0)
 		return -1;
 	return p->ops->pause(p->ops->ctx, vm, err);
@@ -176,13 +201,6 @@ static struct vm *discard(struct pool *p, struct vm *vm)
 	}
 	return NULL;
 }
-
-/* The refill thread and the QEMUs it starts (they inherit its nice value)
- * run at REFILL_NICE: a restore and warm-up is ~250 ms of CPU under TCG, and
- * on a small host it would otherwise take a core from the task that has just
- * taken a pool VM, and from its upload. Only if this process may raise a nice
- * value again (CAP_SYS_NICE): a VM handed out goes back to 0. */
-#define REFILL_NICE 19
 
 static void refill_lower_priority(struct pool *p)
 {
@@ -266,7 +284,11 @@ static void *refill(void *arg)
 			pthread_mutex_lock(&p->mu);
 			continue;
 		}
-		if (p->nready >= target && p->nspawned >= p->spawn_target) {
+		/* Ready VMs plus the refills under way (other threads'). A
+		 * pre-start waits for them: QEMU's start-up beside a refill is
+		 * more CPU taken from the task that caused both. */
+		if (p->nready + p->inflight >= target &&
+		    (p->nspawned + p->spawning >= p->spawn_target || p->inflight)) {
 			if (p->max > p->size)
 				wait_kick(p, POOL_SHRINK_MS); /* the target moves with time */
 			else
@@ -282,15 +304,19 @@ static void *refill(void *arg)
 			if (p->stop)
 				break;
 		}
-		if (p->nready >= target) {
+		if (p->nready + p->inflight >= target) {
 			/* Ready tier full: top up the pre-started tier (no guest memory yet). */
+			p->spawning++;
 			pthread_mutex_unlock(&p->mu);
 			vm = calloc(1, sizeof(*vm));
 			if (vm && p->ops->spawn(p->ops->ctx, &p->snap, &p->base, vm, &err) < 0) {
 				fprintf(stderr, "kiln-host: pool pre-start failed: %s\n", err.message);
 				vm = discard(p, vm);
 			}
+			if (vm)
+				background(p, vm);
 			pthread_mutex_lock(&p->mu);
+			p->spawning--;
 			if (!vm) {
 				p->failures++;
 				continue;
@@ -306,15 +332,14 @@ static void *refill(void *arg)
 		}
 		/* A pre-started QEMU makes this refill faster too. */
 		vm = p->nspawned ? p->spawned[--p->nspawned] : NULL;
+		p->inflight++;
 		pthread_mutex_unlock(&p->mu);
 		if (!capacity_reserve(p->cap, p->snap.memory_mib)) {
-			if (vm) {
-				pthread_mutex_lock(&p->mu);
-				p->spawned[p->nspawned++] = vm;
-				pthread_mutex_unlock(&p->mu);
-			}
-			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
 			pthread_mutex_lock(&p->mu);
+			p->inflight--;
+			if (vm)
+				p->spawned[p->nspawned++] = vm;
+			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
 			wait_kick(p, 1000);
 			continue;
 		}
@@ -331,6 +356,7 @@ static void *refill(void *arg)
 			vm = discard(p, vm);
 		}
 		pthread_mutex_lock(&p->mu);
+		p->inflight--;
 		if (!vm) {
 			capacity_release(p->cap, p->snap.memory_mib);
 			p->failures++;
@@ -372,12 +398,13 @@ struct pool *pool_start(const struct snapshot *s, const struct vm_config *base, 
 	condwait_init(&p->cv);
 	/* QEMU processes get PR_SET_PDEATHSIG from the thread that forks them:
 	 * this thread lives as long as the pool, and pool_stop destroys its VMs. */
-	if (pthread_create(&p->thread, NULL, refill, p) != 0) {
+	if (pthread_create(&p->threads[0], NULL, refill, p) != 0) {
 		pthread_mutex_destroy(&p->mu);
 		pthread_cond_destroy(&p->cv);
 		free(p);
 		return NULL;
 	}
+	p->nthreads = 1;
 	return p;
 }
 
@@ -471,6 +498,19 @@ void pool_set_max(struct pool *p, unsigned max)
 	pthread_mutex_unlock(&p->mu);
 }
 
+void pool_set_refills(struct pool *p, unsigned n)
+{
+	pthread_mutex_lock(&p->mu);
+	if (n > POOL_REFILLERS_MAX)
+		n = POOL_REFILLERS_MAX;
+	/* Threads are only added: each lives until pool_stop (the QEMUs it
+	 * starts die with it, PR_SET_PDEATHSIG). */
+	while (p->nthreads < n && !p->stop && pthread_create(&p->threads[p->nthreads], NULL, refill, p) == 0)
+		p->nthreads++;
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+}
+
 void pool_stats(struct pool *p, struct pool_stats *st)
 {
 	pthread_mutex_lock(&p->mu);
@@ -482,6 +522,7 @@ void pool_stats(struct pool *p, struct pool_stats *st)
 	st->misses = p->misses;
 	st->takes = p->ntakes;
 	st->refill_ms = p->refill_ms;
+	st->refills = p->nthreads;
 	pthread_mutex_unlock(&p->mu);
 }
 
@@ -493,7 +534,8 @@ void pool_stop(struct pool *p)
 	p->stop = 1;
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
-	pthread_join(p->thread, NULL);
+	for (unsigned i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
 	for (unsigned i = 0; i < p->nready; i++) {
 		discard(p, p->ready[i]);
 		capacity_release(p->cap, p->snap.memory_mib);

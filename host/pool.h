@@ -64,15 +64,24 @@ unsigned pool_ready(struct pool *p);
  * demand asks: the target is twice the takes expected while one refill
  * runs (recent takes per second, over 5 s and over 30 s, whichever is
  * higher, times the refill's moving average, at least 250 ms), so it shrinks
- * back 30 s after takes stop. Refills keep their low priority and their
+ * back 30 s after takes stop. Refills keep their low priority (nice 19 and
+ * their jail's CPU weight, through vm_ops set_nice) and their
  * warm-up (measured: boosting them, or handing out VMs not warmed up to
  * keep up, made back-to-back tasks slower, not faster; docs/performance.md).
  * Every VM still reserves its memory in the capacity: the pool never grows
  * past it. max <= size: a fixed pool (the default). */
 void pool_set_max(struct pool *p, unsigned max);
 
+/* Refill with up to n threads at once (1-4; 1, the default, after
+ * pool_start): while the pool is below its target, each restores and warms
+ * up a VM of its own, at the same low priority. More than one only pays
+ * where cores are left over while tasks run: every refill is CPU under TCG.
+ * Threads are added, never removed (n below the current count: no change). */
+void pool_set_refills(struct pool *p, unsigned n);
+
 struct pool_stats {
 	unsigned ready, prestarted, min, max, target;
+	unsigned refills;       /* refill threads */
 	uint64_t misses, takes; /* takes that found no ready VM; all takes */
 	int64_t refill_ms;      /* moving average of a refill (restore + warm-up) */
 };

@@ -22,6 +22,7 @@ struct serve_opts {
 	const char *spool_dir;
 	unsigned pool_size;           /* warm VMs kept ready (0: none) */
 	int pool_max;                 /* the pool may grow to this with demand (-1: 4 x pool_size) */
+	unsigned pool_refills;        /* refills under way at once, per pool (0: half the CPUs, 1 to 4) */
 	unsigned prestart;            /* QEMUs started ahead for restores (0: none) */
 	unsigned snap_memory_mib, snap_vcpus; /* the snapshot (and pool) size */
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */

@@ -457,8 +457,10 @@ static int prepare_locked(struct template_store *ts, struct template *t, int wan
 		t->pool = pool_start(&t->snap, &t->vmc, t->pool_size, t->prestart, ts->cfg.cap, ts->cfg.ops, ts->cfg.clk);
 		if (!t->pool)
 			fprintf(stderr, "kiln-host: template %s: cannot start its pool\n", t->name);
-		else
+		else {
 			pool_set_max(t->pool, t->pool_max);
+			pool_set_refills(t->pool, ts->cfg.pool_refills);
+		}
 	}
 	return (need && !ok) || (need_net && !ok_net) ? -1 : 0;
 }

@@ -43,6 +43,7 @@ struct template_store_config {
 	json_t *pools;                  /* {"NAME": N}: warm pool sizes (NULL: none); not kept */
 	unsigned default_pool, prestart; /* the default template's pool (--pool, --prestart) */
 	unsigned default_pool_max;      /* ... and how far it may grow with demand (--pool-max) */
+	unsigned pool_refills;          /* every pool's refills under way at once (pool.refills; 0: 1) */
 	uint64_t disk_budget_mib;       /* 0: no budget */
 	unsigned snapshot_ttl_s;        /* 0: snapshots never expire */
 	struct capacity *cap;           /* pools reserve their VMs' memory here */

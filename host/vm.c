@@ -953,6 +953,12 @@ int vm_set_nice(const struct vm *vm, int nice)
 			r = -errno;
 	}
 	closedir(d);
+	if (vm->jail.active) {
+		int w = jail_set_cpu_shares(&vm->jail, nice > 0 ? 15 : 1024);
+
+		if (w < 0 && w != -ENOENT && !r)
+			r = w;
+	}
 	return r;
 }
 

@@ -171,8 +171,11 @@ int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err);
 int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid, struct kiln_err *err);
 
 /* Set the nice value of every thread of QEMU (a pool refills at 19, so that
- * running tasks keep the CPU; a VM handed out goes back to 0). Returns 0, or
- * -errno of the first thread that could not be changed. */
+ * running tasks keep the CPU; a VM handed out goes back to 0) and, when
+ * jailed, its cgroup's CPU weight to match: each jail is a cgroup of its own,
+ * and among cgroups only the weight counts (nice 0: the default 1024; any
+ * other: nice 19's CFS weight, 15, scaled the same way). Returns 0, or
+ * -errno of the first thread (or the weight) that could not be changed. */
 int vm_set_nice(const struct vm *vm, int nice);
 
 /* Kill QEMU (SIGKILL), reap it, close every fd and remove the VM directory.

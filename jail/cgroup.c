@@ -298,6 +298,16 @@ int jail_oom_kills(const struct jail *j)
 	return p ? atoi(p + 9) : -ENOTSUP;
 }
 
+int jail_set_cpu_shares(const struct jail *j, unsigned shares)
+{
+	char buf[24];
+
+	if (!j->cg[CG_CPU][0])
+		return -ENOENT;
+	snprintf(buf, sizeof(buf), "%u", shares < 2 ? 2 : shares > 262144 ? 262144 : shares);
+	return cg_write(j->cg[CG_CPU], "cpu.shares", buf);
+}
+
 int cg_record_write(const struct jail *j, const char *path)
 {
 	FILE *f = fopen(path, "we");

@@ -112,6 +112,13 @@ pid_t jail_spawn(const struct jail_config *c, const struct jail_spec *spec, char
  * jail_release. */
 int jail_oom_kills(const struct jail *j);
 
+/* The jail's CPU weight against other jails (cgroup v1 cpu.shares, 2 to
+ * 262144; the kernel's default is 1024). Every jail is a cgroup of its own,
+ * so the nice value of its processes only orders them among themselves:
+ * this is what makes one jail yield to another under contention. 0, or
+ * -errno (-ENOENT: no cpu cgroup). */
+int jail_set_cpu_shares(const struct jail *j, unsigned shares);
+
 /* After the jail's init was reaped: remove its cgroups (killing anything
  * still in them) and free its slot. Safe on a zeroed jail; idempotent. */
 void jail_release(struct jail *j);

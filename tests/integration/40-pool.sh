@@ -67,10 +67,11 @@ else not_ok "the warm-up's fork left the heap copy-on-write ($faults faults)" "$
 
 # Priorities: the pool refills at nice 19 (its QEMUs inherit that), a VM
 # handed out to a task goes back to 0, every one of its threads.
-qemu_nices() { # one line per QEMU of this test: the distinct nice values of its threads
+qemu_nices() { # one line per QEMU of this test: the distinct nice values of its threads, then its cgroup's cpu.shares
 	for p in $(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"); do
 		awk '{print $19}' /proc/"$p"/task/*/stat 2>/dev/null | sort -u | tr '\n' ' '
-		echo
+		cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/"$p"/cgroup 2>/dev/null)
+		cat "/sys/fs/cgroup/cpu$cg/cpu.shares" 2>/dev/null || echo none
 	done
 }
 wait_ready 2 || true
@@ -79,8 +80,11 @@ slow_pid=$!
 sleep 2
 nices=$(qemu_nices | sort | uniq -c | awk '{$1=$1; print}' | tr '\n' ';')
 wait "$slow_pid"
-if [ "$(r slow .timings.start)" = pool ] && [[ "$nices" =~ ^"1 0;"([0-9]+" 19;")?$ ]]; then
-	ok "the task's QEMU runs at nice 0 (all threads), pool and pre-started QEMUs at 19 ($nices)"
+# Each QEMU is in a cgroup of its own (the jail), where only the cgroup's
+# weight counts against another VM: pool VMs get nice 19's (15), the task's
+# the default 1024.
+if [ "$(r slow .timings.start)" = pool ] && [[ "$nices" =~ ^"1 0 1024;"([0-9]+" 19 15;")?$ ]]; then
+	ok "the task's QEMU runs at nice 0 (all threads) and CPU weight 1024, pool and pre-started QEMUs at 19 and 15 ($nices)"
 else not_ok "priorities" "nices: $nices" "$(head -c 300 "$T_TMP/slow.json")"; fi
 
 # Concurrent tasks: more than the pool holds; all succeed, each in its own VM.

@@ -105,7 +105,8 @@ struct fake_ops {
 	unsigned fail_spawns;
 	/* A gate the next restore waits at (tests of pool_stop during a refill). */
 	int restore_gate_closed;
-	int in_restore;
+	int in_restore;     /* restores under way now */
+	int max_in_restore; /* the most at once so far */
 	/* Runs. */
 	fake_run_fn run;
 	unsigned runs;
@@ -136,11 +137,12 @@ static int fake_restore(void *ctx, const struct snapshot *s, const struct vm_con
 
 	pthread_mutex_lock(&f->mu);
 	f->restores++;
-	f->in_restore = 1;
+	if (++f->in_restore > f->max_in_restore)
+		f->max_in_restore = f->in_restore;
 	pthread_cond_broadcast(&f->cv);
 	while (f->restore_gate_closed)
 		pthread_cond_wait(&f->cv, &f->mu);
-	f->in_restore = 0;
+	f->in_restore--;
 	if (f->fail_restores) {
 		f->fail_restores--;
 		r = kiln_err_set(err, KERR_VM_ERROR, "fake restore failure");

@@ -512,6 +512,81 @@ static void adapts_to_demand(void **state)
 	stop_and_count(x);
 }
 
+static int restores_under_way(void *arg)
+{
+	struct want *w = arg;
+	int v;
+
+	pthread_mutex_lock(&w->x->f.mu);
+	v = w->x->f.in_restore;
+	pthread_mutex_unlock(&w->x->f.mu);
+	return v == (int)w->n;
+}
+
+/* pool_set_refills(n): up to n refills at once while the pool is below its
+ * target, never more, and never more than the target asks for; a pool
+ * stopped with all of them blocked destroys what each brings back. */
+static void refills_run_side_by_side(void **state)
+{
+	struct fixture *x = *state;
+	struct want w = { x, 3 };
+	struct pool_stats st;
+	struct timespec ts = { 0, 20000000 };
+
+	/* Every restore waits at the gate: the pool (size 4) asks for 4 VMs,
+	 * 3 threads may restore at once. */
+	pthread_mutex_lock(&x->f.mu);
+	x->f.restore_gate_closed = 1;
+	pthread_mutex_unlock(&x->f.mu);
+	start(x, 4, 0);
+	pool_set_refills(x->p, 3);
+	if (!wait_for(restores_under_way, &w, WAIT_MS))
+		fail_msg("%d restores under way, not 3", x->f.in_restore);
+	nanosleep(&ts, NULL);
+	pthread_mutex_lock(&x->f.mu);
+	assert_int_equal(x->f.in_restore, 3);
+	assert_int_equal(x->f.max_in_restore, 3);
+	x->f.restore_gate_closed = 0;
+	pthread_cond_broadcast(&x->f.cv);
+	pthread_mutex_unlock(&x->f.mu);
+	wait_ready(x, 4);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.refills, 3);
+	assert_int_equal(x->f.max_in_restore, 3);
+	assert_int_equal(fake_count(&x->f, &x->f.restores), 4);
+	/* More than the maximum is the maximum; fewer than there are: no change. */
+	pool_set_refills(x->p, 99);
+	pool_set_refills(x->p, 1);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.refills, 4);
+	stop_and_count(x);
+}
+
+/* With one refill thread (the default) and a target of 1, two refill
+ * threads still restore one VM at a time: the target, not the threads,
+ * decides how many are under way. */
+static void refills_follow_the_target(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct vm vm;
+	struct pool_stats st;
+
+	start(x, 1, 0);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.refills, 1);
+	pool_set_refills(x->p, 2);
+	wait_ready(x, 1);
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(pool_take(x->p, &vm, &err), 0);
+		give_back(x, &vm);
+		wait_ready(x, 1);
+	}
+	assert_int_equal(x->f.max_in_restore, 1);
+	assert_int_equal(fake_count(&x->f, &x->f.restores), 6);
+	stop_and_count(x);
+}
+
 /* Without pool_set_max the pool keeps its size whatever the demand, and a
  * take from an empty pool is counted as a miss. */
 static void fixed_pool_keeps_its_size(void **state)
@@ -561,6 +636,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(condwait_follows_the_clock, setup, teardown),
 		cmocka_unit_test_setup_teardown(adapts_to_demand, setup, teardown),
 		cmocka_unit_test_setup_teardown(fixed_pool_keeps_its_size, setup, teardown),
+		cmocka_unit_test_setup_teardown(refills_run_side_by_side, setup, teardown),
+		cmocka_unit_test_setup_teardown(refills_follow_the_target, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
