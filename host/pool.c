@@ -337,6 +337,7 @@ static void *refill(void *arg)
 		if (!capacity_reserve(p->cap, p->snap.memory_mib)) {
 			pthread_mutex_lock(&p->mu);
 			p->inflight--;
+			pthread_cond_broadcast(&p->cv); /* a pre-start may wait for it */
 			if (vm)
 				p->spawned[p->nspawned++] = vm;
 			/* No room now: wait until a task ends (pool_take / capacity release signal us). */
@@ -357,6 +358,7 @@ static void *refill(void *arg)
 		}
 		pthread_mutex_lock(&p->mu);
 		p->inflight--;
+		pthread_cond_broadcast(&p->cv); /* a pre-start may wait for it */
 		if (!vm) {
 			capacity_release(p->cap, p->snap.memory_mib);
 			p->failures++;
