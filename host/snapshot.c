@@ -64,7 +64,7 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 4%s\n", memory_mib, vcpus,
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 5%s\n", memory_mib, vcpus,
 		 vm_accel_name(base->accel), vm_cpu_model(base->accel), base->net ? " net 1" : "");
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);

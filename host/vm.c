@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,80 @@ const char *vm_cpu_model(enum vm_accel a)
 	return a == VM_ACCEL_KVM ? "host" : "qemu64,vendor=GenuineIntel";
 }
 
+/* The host's TSC rate in kHz, or 0 when it is unknown or not constant.
+ * Under TCG the guest's TSC is the host's (QEMU answers rdtsc with the
+ * host's counter), but the guest kernel, with no HPET or ACPI PM timer on a
+ * microvm, can only calibrate it against the emulated PIT: on a loaded host
+ * that fails ("Unable to calibrate against PIT"), the kernel marks the TSC
+ * unstable and runs on refined-jiffies, so every clone of that snapshot had
+ * a 10 ms clock and 10 ms timers (time.sleep(0.001) slept 10 ms; 2 of 6
+ * snapshots built on the 2-core development machine). The rate, handed over
+ * as tsc_early_khz=, takes that guess away. Measured once: the counter
+ * against CLOCK_MONOTONIC_RAW over 50 ms, each end the closest of five
+ * (clock, rdtsc, clock) readings. Only for an invariant TSC (CPUID
+ * 0x80000007 EDX bit 8), whose rate does not follow the CPU's frequency. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <x86intrin.h>
+
+static void tsc_sample(int64_t *ns, uint64_t *tsc)
+{
+	int64_t best = INT64_MAX;
+
+	for (int i = 0; i < 5; i++) {
+		struct timespec a, b;
+		int64_t an, bn;
+		uint64_t t;
+
+		clock_gettime(CLOCK_MONOTONIC_RAW, &a);
+		t = __rdtsc();
+		clock_gettime(CLOCK_MONOTONIC_RAW, &b);
+		an = (int64_t)a.tv_sec * 1000000000 + a.tv_nsec;
+		bn = (int64_t)b.tv_sec * 1000000000 + b.tv_nsec;
+
+		if (bn - an < best) {
+			best = bn - an;
+			*ns = an + (bn - an) / 2;
+			*tsc = t;
+		}
+	}
+}
+
+static unsigned tsc_khz_value;
+
+static void tsc_measure(void)
+{
+	unsigned eax, ebx, ecx, edx;
+	int64_t n0, n1;
+	uint64_t t0, t1;
+	double khz;
+
+	if (!__get_cpuid(0x80000007, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 8)))
+		return;
+	tsc_sample(&n0, &t0);
+	nanosleep(&(struct timespec){ .tv_nsec = 50 * 1000000 }, NULL);
+	tsc_sample(&n1, &t1);
+	if (n1 <= n0 || t1 <= t0)
+		return;
+	khz = (double)(t1 - t0) * 1e6 / (double)(n1 - n0);
+	if (khz >= 100e3 && khz <= 10e6) /* 100 MHz to 10 GHz: anything else is a bad reading */
+		tsc_khz_value = (unsigned)(khz + 0.5);
+}
+
+unsigned vm_host_tsc_khz(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, tsc_measure);
+	return tsc_khz_value;
+}
+#else
+unsigned vm_host_tsc_khz(void)
+{
+	return 0;
+}
+#endif
+
 const char *vm_accel_name(enum vm_accel a)
 {
 	return a == VM_ACCEL_KVM ? "kvm" : a == VM_ACCEL_TCG ? "tcg" : "auto";
@@ -183,6 +258,7 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 {
 	int n = 0, s = 0;
 	char thr[96] = ""; /* the disks' throttling options */
+	char tsc[32] = "";  /* the TSC's rate for the guest kernel (TCG) */
 
 #define ARG(...) (snprintf(store[s], 1024, __VA_ARGS__), argv[n++] = store[s++])
 	ARG("%s", cfg->qemu);
@@ -226,8 +302,10 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 	ARG("-initrd");
 	ARG("%s", cfg->initrd);
 	ARG("-append");
+	if (cfg->accel != VM_ACCEL_KVM && vm_host_tsc_khz())
+		snprintf(tsc, sizeof(tsc), " tsc_early_khz=%u", vm_host_tsc_khz());
 	ARG("console=ttyS0 quiet loglevel=3 acpi=off reboot=t panic=-1 nolapic_timer pty.legacy_count=0 "
-	    "random.trust_cpu=off");
+	    "random.trust_cpu=off%s", tsc);
 	/* The guest's serial console goes into a ring inside QEMU: a hostile
 	 * guest kernel writing ttyS0 at full speed overwrites its own oldest
 	 * bytes, never fills the host's run directory, and never waits for a

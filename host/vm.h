@@ -114,6 +114,8 @@ const char *vm_accel_name(enum vm_accel a);
  * kernels, whose 3DNow! instructions TCG does not have (SIGILL in every
  * matrix product). Part of the snapshot key. */
 const char *vm_cpu_model(enum vm_accel a);
+/* The host's invariant TSC rate in kHz (measured once, ~50 ms), or 0. */
+unsigned vm_host_tsc_khz(void);
 
 /* Fill jc for jailing QEMU: jail_config_init, then QEMU itself, its shared
  * libraries, its firmware directory and (under TCG) its accelerator module
