@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -63,7 +64,8 @@ struct task {
 	int batch;                  /* output is batched (not a terminal, not interactive, running) */
 	int64_t batch_deadline_ms;  /* pipes left to fill until then, unpolled (0: polled) */
 	int flowing;                /* the last round read a full frame: read at once, no delay */
-	int exited;
+	int done;   /* the pre-started interpreter's word that it is done (zygote_hand_off), or -1 */
+	int exited; /* the main process exited (reaped, or said so on `done`) */
 	int killed; /* we sent SIGKILL while the main process was alive */
 	int wstatus;
 	struct rusage ru;
@@ -168,20 +170,31 @@ static void task_kill_uid_scan(uid_t uid)
  * reaches all of them and nothing else (kill(-1) spares PID 1 and the
  * caller). One pass is enough even against a fork bomb: fork() fails for a
  * parent with SIGKILL pending. Synchronous: a killer still running after
- * EXIT would kill the next task. */
+ * EXIT would kill the next task. The child is a vfork: it shares PID 1's
+ * memory (no page tables copied, none torn down, and PID 1's pages are not
+ * left copy-on-write: ~1 ms under TCG) and makes raw system calls only. Its
+ * setresuid makes that shared memory non-dumpable, before the new uid takes
+ * effect, so no process of the task's uid can ptrace or read it meanwhile. */
+static pid_t __attribute__((noinline)) kill_uid_child(uid_t uid)
+{
+	pid_t pid = vfork();
+
+	if (pid == 0) {
+		if (syscall(SYS_setresuid, uid, uid, uid) < 0)
+			_exit(1);
+		syscall(SYS_kill, -1, SIGKILL);
+		_exit(0);
+	}
+	return pid;
+}
+
 static void task_kill_uid(uid_t uid)
 {
 	int attempt, st, err = 0;
 	pid_t pid;
 
 	for (attempt = 0; attempt < 3; attempt++) {
-		pid = fork();
-		if (pid == 0) {
-			if (setuid(uid) < 0)
-				_exit(1);
-			kill(-1, SIGKILL);
-			_exit(0);
-		}
+		pid = kill_uid_child(uid);
 		if (pid > 0) {
 			while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 				;
@@ -509,8 +522,66 @@ static int task_channel(struct agent *a, struct task *t)
 	return r;
 }
 
+static void task_close_done(struct task *t)
+{
+	if (t->done >= 0)
+		close(t->done);
+	t->done = -1;
+}
+
+/* The interpreter's last words (struct proto_zdone): 1 when they say the
+ * task is over, with its status and usage now in t (`done` stays open: the
+ * interpreter waits for it to close, task_ended). Anything else (EOF: it
+ * died without a word; a line the task's own code wrote that does not
+ * parse) closes `done` for good, and the task ends when it is reaped. */
+static int task_read_done(struct task *t)
+{
+	char buf[PROTO_ZDONE_MAX + 1];
+	struct proto_zdone d;
+	ssize_t n = read(t->done, buf, sizeof(buf));
+
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 0;
+	if (n <= 0 || proto_zdone_decode(buf, (size_t)n, &d) < 0) {
+		task_close_done(t);
+		return 0;
+	}
+	t->wstatus = (int)(d.status << 8); /* as wait() gives an exit(status) */
+	memset(&t->ru, 0, sizeof(t->ru));
+	t->ru.ru_utime.tv_sec = (time_t)(d.user_us / 1000000);
+	t->ru.ru_utime.tv_usec = (suseconds_t)(d.user_us % 1000000);
+	t->ru.ru_stime.tv_sec = (time_t)(d.sys_us / 1000000);
+	t->ru.ru_stime.tv_usec = (suseconds_t)(d.sys_us % 1000000);
+	t->ru.ru_maxrss = (long)d.maxrss_kib;
+	return 1;
+}
+
+/* The main process is over: reaped, or (the interpreter) said so. */
+static void task_ended(struct task *t)
+{
+	t->end_us = proto_now_us();
+	t->exited = 1;
+	/* What is left is read as it comes, EXIT right after it. */
+	t->batch = 0;
+	t->batch_deadline_ms = 0;
+	/* Input after the end goes nowhere. */
+	task_close_in(t);
+	/* Daemons and stray children of the task die with it, unless it is a
+	 * session's command (they stay). An interpreter that said it is done
+	 * waits to exit: this SIGKILL ends it. */
+	if (!(t->e->flags & PROTO_EXEC_KEEP))
+		task_kill_uid(t->e->uid);
+	/* An interpreter that said it is done waits for this (or the SIGKILL
+	 * above) before it exits: only now may it take the vCPU. */
+	task_close_done(t);
+	/* A session's background job that kept the pipes open would hold every
+	 * command up: a short grace. */
+	t->drain_deadline_ms = proto_now_ms() + ((t->e->flags & PROTO_EXEC_KEEP) ? TASK_KEEP_DRAIN_MS : TASK_DRAIN_MS);
+}
+
 static void task_close_pipes(struct task *t)
 {
+	task_close_done(t);
 	task_close_in(t);
 	free(t->pending);
 	t->pending = NULL;
@@ -527,12 +598,13 @@ static int task_loop(struct agent *a, struct task *t)
 	int r;
 
 	for (;;) {
-		struct pollfd p[5] = {
+		struct pollfd p[6] = {
 			{ .fd = agent_sigfd(a), .events = POLLIN },
 			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
 			{ .fd = t->batch_deadline_ms ? -1 : t->out, .events = POLLIN },
 			{ .fd = t->batch_deadline_ms ? -1 : t->err, .events = POLLIN },
 			{ .fd = t->pending_len ? t->in : -1, .events = POLLOUT },
+			{ .fd = t->exited ? -1 : t->done, .events = POLLIN },
 		};
 		int timeout = -1;
 
@@ -573,7 +645,7 @@ static int task_loop(struct agent *a, struct task *t)
 			if (timeout < 0 || left < timeout)
 				timeout = (int)left;
 		}
-		if (poll(p, 5, timeout) < 0) {
+		if (poll(p, 6, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			return -errno;
@@ -582,24 +654,11 @@ static int task_loop(struct agent *a, struct task *t)
 			r = agent_signals(a);
 			if (r < 0)
 				return r;
-			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0) {
-				t->end_us = proto_now_us();
-				t->exited = 1;
-				/* What is left is read as it comes, EXIT right after it. */
-				t->batch = 0;
-				t->batch_deadline_ms = 0;
-				/* Input after the end goes nowhere. */
-				task_close_in(t);
-				/* Daemons and stray children of the task die with it,
-				 * unless it is a session's command (they stay). */
-				if (!(t->e->flags & PROTO_EXEC_KEEP))
-					task_kill_uid(t->e->uid);
-				/* A session's background job that kept the pipes
-				 * open would hold every command up: a short grace. */
-				t->drain_deadline_ms = proto_now_ms() +
-						       ((t->e->flags & PROTO_EXEC_KEEP) ? TASK_KEEP_DRAIN_MS : TASK_DRAIN_MS);
-			}
+			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0)
+				task_ended(t);
 		}
+		if (p[5].revents && !t->exited && task_read_done(t) > 0)
+			task_ended(t);
 		if (t->batch && t->flowing && (p[2].revents || p[3].revents)) {
 			r = task_flush_out(a, t);
 			if (r < 0)
@@ -765,7 +824,7 @@ int task_run(struct agent *a, const struct proto_exec *e)
 {
 	char *envp[PROTO_MAX_ENV + 2];
 	const char *path = NULL;
-	struct task t = { .e = e, .out = -1, .err = -1, .in = -1 };
+	struct task t = { .e = e, .out = -1, .err = -1, .in = -1, .done = -1 };
 	struct task_stdio io = { .in = -1, .tty = -1 };
 	int out[2], err[2], in[2] = { -1, -1 };
 	int r;
@@ -786,7 +845,7 @@ int task_run(struct agent *a, const struct proto_exec *e)
 	t.oom_before = *agent_oom_baseline(a);
 	if ((e->flags & PROTO_EXEC_ZYGOTE) && zygote_can_run(agent_zygote(a), e)) {
 		t.start_us = proto_now_us();
-		if (zygote_hand_off(agent_zygote(a), e, envp, &t.pid, &t.out, &t.err) == 0)
+		if (zygote_hand_off(agent_zygote(a), e, envp, &t.pid, &t.out, &t.err, &t.done) == 0)
 			goto started;
 		/* The interpreter is gone: run the command line instead. */
 	}

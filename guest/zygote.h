@@ -26,11 +26,12 @@ int zygote_start(struct zygote *z, int64_t deadline_ms);
 int zygote_can_run(const struct zygote *z, const struct proto_exec *e);
 
 /* Hand e (uid, gid, cwd, argv, envp) to the interpreter. On success the
- * interpreter is the task: its pid and the read ends of its stdout/stderr
- * go to the caller, and z is emptied. Returns 0 or a negative errno (z is
- * then stopped and emptied). */
+ * interpreter is the task: its pid, the read ends of its stdout/stderr and
+ * `done` (non-blocking), where it writes a struct proto_zdone line once the
+ * task is over, right before it exits, go to the caller, and z is emptied.
+ * Returns 0 or a negative errno (z is then stopped and emptied). */
 int zygote_hand_off(struct zygote *z, const struct proto_exec *e, char *const envp[], pid_t *pid, int *out,
-		    int *err);
+		    int *err, int *done);
 
 /* Have the interpreter run a sample script in a throw-away fork, as the
  * task user, with its output discarded: TCG then has the task path

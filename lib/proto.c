@@ -7,6 +7,7 @@
 #include "io.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -513,6 +514,53 @@ int proto_procs_decode(const uint8_t *p, size_t len, uint32_t *count, uint32_t *
 	if (!r.err && (*count == 0) != (*pid == 0))
 		r.err = -EPROTO;
 	return proto_reader_end(&r);
+}
+
+ssize_t proto_zdone_encode(char *buf, size_t cap, const struct proto_zdone *d)
+{
+	int n = snprintf(buf, cap, "X %u %llu %llu %llu\n", (unsigned)d->status, (unsigned long long)d->user_us,
+			 (unsigned long long)d->sys_us, (unsigned long long)d->maxrss_kib);
+
+	if (n < 0 || (size_t)n >= cap || n > PROTO_ZDONE_MAX)
+		return -E2BIG;
+	return n;
+}
+
+/* One decimal field of at most 15 digits, no leading zero, then `end`. */
+static int zdone_field(const char **p, const char *lim, char end, uint64_t *v)
+{
+	const char *s = *p;
+	int digits = 0;
+
+	*v = 0;
+	while (s < lim && *s >= '0' && *s <= '9') {
+		if (++digits > 15 || (digits == 2 && *v == 0))
+			return -EPROTO;
+		*v = *v * 10 + (uint64_t)(*s - '0');
+		s++;
+	}
+	if (!digits || s >= lim || *s != end)
+		return -EPROTO;
+	*p = s + 1;
+	return 0;
+}
+
+int proto_zdone_decode(const char *p, size_t len, struct proto_zdone *d)
+{
+	const char *lim = p + len;
+	uint64_t status;
+
+	memset(d, 0, sizeof(*d));
+	if (len < 2 || len > PROTO_ZDONE_MAX || p[0] != 'X' || p[1] != ' ')
+		return -EPROTO;
+	p += 2;
+	if (zdone_field(&p, lim, ' ', &status) < 0 || status > 255 || zdone_field(&p, lim, ' ', &d->user_us) < 0 ||
+	    zdone_field(&p, lim, ' ', &d->sys_us) < 0 || zdone_field(&p, lim, '\n', &d->maxrss_kib) < 0 || p != lim) {
+		memset(d, 0, sizeof(*d));
+		return -EPROTO;
+	}
+	d->status = (uint32_t)status;
+	return 0;
 }
 
 int proto_path_decode(const uint8_t *p, size_t len, char *out)

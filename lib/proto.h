@@ -211,6 +211,21 @@ int proto_resize_decode(const uint8_t *p, size_t len, uint32_t *rows, uint32_t *
  * them (0 when count is 0). */
 ssize_t proto_procs_encode(uint8_t *buf, size_t cap, uint32_t count, uint32_t pid);
 int proto_procs_decode(const uint8_t *p, size_t len, uint32_t *count, uint32_t *pid);
+
+/* Inside the guest, not on the wire: the pre-started interpreter's word that
+ * the task is done, written to PID 1 right before it exits (guest/zygote.c),
+ * so that EXIT need not wait for the kernel to tear the process down. One
+ * line, "X <status> <user_us> <sys_us> <maxrss_kib>\n", decimal without
+ * leading zeros, at most PROTO_ZDONE_MAX bytes. The task's own code can
+ * write to that pipe: a line that does not parse is refused, and what a
+ * valid one says is what the task could have made its exit say anyway. */
+#define PROTO_ZDONE_MAX 64
+struct proto_zdone {
+	uint32_t status; /* 0-255 */
+	uint64_t user_us, sys_us, maxrss_kib; /* each below 10^15 */
+};
+ssize_t proto_zdone_encode(char *buf, size_t cap, const struct proto_zdone *d);
+int proto_zdone_decode(const char *p, size_t len, struct proto_zdone *d);
 /* OUT_DIR: one relative path, into out (PROTO_MAX_PATH + 1 bytes). */
 int proto_path_decode(const uint8_t *p, size_t len, char *out);
 

@@ -28,6 +28,7 @@ static void decode_all(const uint8_t *p, size_t len)
 	struct proto_out_file of;
 	struct proto_out_end oe;
 	struct proto_error er;
+	struct proto_zdone zd;
 	char path[PROTO_MAX_PATH + 1];
 	uint32_t i, rows, cols, count, pid;
 
@@ -72,6 +73,11 @@ static void decode_all(const uint8_t *p, size_t len)
 	if (proto_procs_decode(p, len, &count, &pid) == 0) {
 		check((count == 0) == (pid == 0));
 		same(proto_procs_encode(enc, sizeof(enc), count, pid), p, len);
+	}
+	if (proto_zdone_decode((const char *)p, len, &zd) == 0) {
+		check(zd.status <= 255 && zd.user_us < 1000000000000000ull && zd.sys_us < 1000000000000000ull &&
+		      zd.maxrss_kib < 1000000000000000ull);
+		same(proto_zdone_encode((char *)enc, sizeof(enc), &zd), p, len);
 	}
 	if (proto_path_decode(p, len, path) == 0)
 		check(proto_relpath_ok(path) == 0 && strlen(path) + 4 == len);

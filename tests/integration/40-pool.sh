@@ -65,6 +65,65 @@ if [ "$(r p4 .timings.start)" = pool ] && [ -n "$faults" ] && [ "$faults" -lt 20
 	ok "a pool task writes over its interpreter's heap without a fault per page ($faults faults in gc.collect())"
 else not_ok "the warm-up's fork left the heap copy-on-write ($faults faults)" "$(head -c 600 "$T_TMP/p4.json")"; fi
 
+# The guest's clock: under TCG the kernel calibrates its TSC against the
+# emulated PIT, which fails on a loaded host and leaves the snapshot (and
+# every clone of it) on refined-jiffies, a 10 ms clock. kiln-host hands the
+# host's TSC rate over (tsc_early_khz=), so it is the TSC whatever the load.
+wait_ready 2 || true
+py_spec 'print(open("/sys/devices/system/clocksource/clocksource0/current_clocksource").read().strip(),
+      "tsc_early_khz=" in open("/proc/cmdline").read())' | post cs
+case "$(r cs .stdout)" in
+"tsc True" | kvm-clock*) ok "the guest keeps a precise clock: $(r cs .stdout)" ;;
+*) not_ok "the guest's clock source" "$(head -c 600 "$T_TMP/cs.json")" ;;
+esac
+
+# The interpreter says it is done before the kernel tears it down
+# (guest/zygote.c): its word must carry the exit status, the usage and every
+# byte of output, and only the task's own interpreter may give it.
+wait_ready 2 || true
+py_spec 'import sys
+sys.stdout.write("x" * 200000)
+sys.stderr.write("e" * 1000)
+sys.exit(3)' | post d1
+if [ "$(r d1 .timings.start)|$(r d1 .exit_code)|$(r d1 .end_reason)|$(r d1 .stdout_bytes)|$(r d1 .stderr_bytes)" = "pool|3|exited|200000|1000" ] \
+   && [ "$(r d1 .usage.max_rss_kib)" -gt 10000 ] && [ "$(r d1 .usage.user_ms)" -gt 0 ]; then
+	ok "a pre-started interpreter's end carries its exit status, its usage and all its output"
+else not_ok "the interpreter's word of its end" "$(head -c 600 "$T_TMP/d1.json")"; fi
+# A forked child that runs to the script's end goes through the same exit
+# path: it must not end the task for its parent.
+wait_ready 2 || true
+py_spec 'import os, time
+if os.fork() == 0:
+    print("child", flush=True)
+else:
+    os.wait()
+    time.sleep(0.3)
+    print("parent")' | post d2
+if [ "$(r d2 .timings.start)|$(r d2 .exit_code)|$(r d2 .stdout)" = "pool|0|child
+parent" ]; then
+	ok "a forked child reaching the script's end does not end the task before its parent"
+else not_ok "a forked child ended the task" "$(head -c 600 "$T_TMP/d2.json")"; fi
+# The task's code can write to that pipe: a line that does not parse changes
+# nothing (the task ends when it exits); a valid one only ends the task, as
+# exiting with that status would, and whatever it started dies with it.
+wait_ready 2 || true
+py_spec 'import os
+os.write(4, b"X 9 1 1")
+print("after junk")
+raise SystemExit(5)' | post d3
+if [ "$(r d3 .timings.start)|$(r d3 .exit_code)|$(r d3 .stdout)" = "pool|5|after junk" ]; then
+	ok "junk on the interpreter's status pipe is ignored: the task's real exit counts"
+else not_ok "junk on the status pipe" "$(head -c 600 "$T_TMP/d3.json")"; fi
+wait_ready 2 || true
+py_spec 'import os, subprocess, time
+subprocess.Popen(["sleep", "30"])
+os.write(4, b"X 7 1 1 1\n")
+time.sleep(5)
+print("still running")' | post d4
+if [ "$(r d4 .timings.start)|$(r d4 .exit_code)|$(r d4 .stdout)" = "pool|7|" ] && [ "$(r d4 .timings.run_ms)" -lt 4000 ]; then
+	ok "a forged last word only ends the task with that status (run_ms $(r d4 .timings.run_ms))"
+else not_ok "a forged last word" "$(head -c 600 "$T_TMP/d4.json")"; fi
+
 # Priorities: the pool refills at nice 19 (its QEMUs inherit that), a VM
 # handed out to a task goes back to 0, every one of its threads.
 qemu_nices() { # one line per QEMU of this test: the distinct nice values of its threads, then its cgroup's cpu.shares

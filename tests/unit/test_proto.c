@@ -984,6 +984,64 @@ static void test_send_socketpair(void **state)
 	close(sv[0]);
 }
 
+/* The interpreter's last words inside the guest (guest/zygote.c): one exact
+ * line; anything the task's code might write instead is refused. */
+static void test_zdone(void **state)
+{
+	static const char *const bad[] = {
+		"",
+		"X",
+		"X 0 1 2 3",           /* no newline */
+		"X 0 1 2 3\n\n",       /* more after it */
+		"X 0 1 2 3\nX 0 1 2 3\n", /* two lines: junk before the real one */
+		"X 256 1 2 3\n",        /* not an exit status */
+		"X 00 1 2 3\n",         /* leading zero */
+		"X 0 01 2 3\n",
+		"X -1 1 2 3\n",
+		"X +1 1 2 3\n",
+		"X 0 1 2\n",            /* a field missing */
+		"X 0 1 2 3 4\n",        /* one too many */
+		"X  0 1 2 3\n",
+		"X 0 1 2 3 \n",
+		"Y 0 1 2 3\n",
+		"x 0 1 2 3\n",
+		"X 0 1000000000000000 2 3\n", /* 16 digits */
+		"X 0 1 2 3\r\n",
+		"X 0 1\0002 3\n",
+	};
+	struct proto_zdone d = { 9, 9, 9, 9 }, back;
+	char buf[PROTO_ZDONE_MAX + 8], big[PROTO_ZDONE_MAX + 2];
+	ssize_t n;
+
+	(void)state;
+	assert_int_equal(proto_zdone_decode("X 7 1173000 573000 20332\n", 25, &d), 0);
+	assert_int_equal(d.status, 7);
+	assert_true(d.user_us == 1173000 && d.sys_us == 573000 && d.maxrss_kib == 20332);
+	assert_int_equal(proto_zdone_decode("X 0 0 0 0\n", 10, &d), 0);
+	assert_int_equal(proto_zdone_decode("X 255 999999999999999 999999999999999 999999999999999\n", 54, &d), 0);
+	assert_int_equal(d.status, 255);
+	assert_true(d.user_us == 999999999999999ull && d.maxrss_kib == 999999999999999ull);
+	n = proto_zdone_encode(buf, sizeof(buf), &d);
+	assert_int_equal(n, 54);
+	assert_int_equal(proto_zdone_decode(buf, (size_t)n, &back), 0);
+	assert_memory_equal(&back, &d, sizeof(d));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		size_t len = strlen(bad[i]);
+
+		if (i == sizeof(bad) / sizeof(bad[0]) - 1)
+			len = 14; /* the one with a NUL inside */
+		d.status = 9;
+		assert_int_equal(proto_zdone_decode(bad[i], len, &d), -EPROTO);
+		assert_int_equal(d.status, 0); /* nothing half-filled */
+	}
+	/* Longer than a line can be, even if it would parse. */
+	memset(big, '1', sizeof(big));
+	memcpy(big, "X 0 ", 4);
+	big[sizeof(big) - 1] = '\n';
+	assert_int_equal(proto_zdone_decode(big, sizeof(big), &d), -EPROTO);
+	assert_int_equal(proto_zdone_encode(buf, 8, &back), -E2BIG);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1007,6 +1065,7 @@ int main(void)
 		cmocka_unit_test(test_decode_bad_fields),
 		cmocka_unit_test(test_paths),
 		cmocka_unit_test(test_send_socketpair),
+		cmocka_unit_test(test_zdone),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
