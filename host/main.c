@@ -466,6 +466,14 @@ static void reload_s3(struct serve_state *s)
 	config_free(&c);
 }
 
+/* Refill threads by default: half the CPUs, 1 to 4 (docs: pool.refills). */
+static unsigned refills_for(long ncpu)
+{
+	long n = ncpu / 2;
+
+	return (unsigned)(n < 1 ? 1 : n > 4 ? 4 : n);
+}
+
 /* kiln-host serve: reap what a crashed predecessor left, prepare the default
  * snapshot (and the one with a NIC for egress) and the warm pool, open hostd
  * (which recovers the spool) and the sessions, serve HTTP, register with
@@ -517,7 +525,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			.default_pool = o->pool_size,
 			.default_pool_max = o->pool_max >= 0 ? (unsigned)o->pool_max : o->pool_size * 4, .prestart = o->prestart,
 			/* A refill is CPU under TCG: by default half the cores may refill. */
-			.pool_refills = o->pool_refills ? o->pool_refills : ncpu >= 4 ? (unsigned)(ncpu / 2 < 4 ? ncpu / 2 : 4) : 1,
+			.pool_refills = o->pool_refills ? o->pool_refills : refills_for(ncpu),
 			.disk_budget_mib = o->disk_budget_mib,
 			.snapshot_ttl_s = o->snapshot_ttl_s, .cap = &s.cap, .ops = &vm_ops_real, .clk = &clock_system,
 			.verbose = 1,

@@ -60,7 +60,8 @@ struct pool {
 	unsigned spawning; /* pre-starts under way */
 	unsigned failures; /* consecutive refill failures: back off */
 	unsigned kicks;    /* takes so far: they end a back-off early */
-	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 */
+	int renice;        /* refills run at REFILL_NICE; hand-outs go back to 0 (__atomic: set by
+			    * any refill thread, read by takes) */
 };
 
 /* Wait for a frame of type want (skipping STDOUT/STDERR of the warm-up). */
@@ -161,7 +162,7 @@ static void background(struct pool *p, struct vm *vm)
 {
 	int r;
 
-	if (p->renice && (r = p->ops->set_nice(p->ops->ctx, vm, REFILL_NICE)) < 0)
+	if (__atomic_load_n(&p->renice, __ATOMIC_RELAXED) && (r = p->ops->set_nice(p->ops->ctx, vm, REFILL_NICE)) < 0)
 		fprintf(stderr, "kiln-host: pool: cannot lower the priority of a VM: %s\n", strerror(-r));
 }
 
@@ -211,7 +212,7 @@ static void refill_lower_priority(struct pool *p)
 	if (setpriority(PRIO_PROCESS, self, 0) < 0)
 		return; /* stays at 1: not worth a VM that cannot be raised again */
 	if (setpriority(PRIO_PROCESS, self, REFILL_NICE) == 0)
-		p->renice = 1;
+		__atomic_store_n(&p->renice, 1, __ATOMIC_RELAXED);
 }
 
 /* A VM leaves the pool for a task: it gets the CPU share of any task. */
@@ -219,7 +220,7 @@ static void hand_out_priority(struct pool *p, struct vm *vm)
 {
 	int r;
 
-	if (p->renice && (r = p->ops->set_nice(p->ops->ctx, vm, 0)) < 0)
+	if (__atomic_load_n(&p->renice, __ATOMIC_RELAXED) && (r = p->ops->set_nice(p->ops->ctx, vm, 0)) < 0)
 		fprintf(stderr, "kiln-host: pool: cannot restore the priority of a VM handed out: %s\n", strerror(-r));
 }
 

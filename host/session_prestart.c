@@ -118,6 +118,10 @@ static void spawn(struct session_table *ss, struct session_prestart *p, const st
 		fs_rmtree(dir);
 		return;
 	}
+	/* Its threads inherited PRESTART_NICE; its jail's CPU weight is what
+	 * counts against other VMs' (vm_set_nice): lowered too while it waits. */
+	if (__atomic_load_n(&p->renice, __ATOMIC_RELAXED) && vm_set_nice(&vm, PRESTART_NICE) < 0)
+		fprintf(stderr, "kiln-host: session prestart: cannot lower a waiting VM's priority\n");
 	pthread_mutex_lock(&ss->lock);
 	/* A newer request, prestart turned off, or the table closing makes
 	 * this one stale. */
@@ -146,7 +150,7 @@ static void *prestart_main(void *arg)
 	 * raised when taken (only if this process may raise them again). */
 	if (setpriority(PRIO_PROCESS, self, 1) == 0 && setpriority(PRIO_PROCESS, self, 0) == 0 &&
 	    setpriority(PRIO_PROCESS, self, PRESTART_NICE) == 0)
-		p->renice = 1;
+		__atomic_store_n(&p->renice, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&ss->lock);
 	for (;;) {
 		struct prestart_req rq;
@@ -226,7 +230,7 @@ int session_prestart_take(struct session_table *ss, const struct vm_config *cfg,
 		p->missed_total++;
 	}
 	pthread_mutex_unlock(&ss->lock);
-	if (r == 0 && p->renice && vm_set_nice(vm, 0) < 0)
+	if (r == 0 && __atomic_load_n(&p->renice, __ATOMIC_RELAXED) && vm_set_nice(vm, 0) < 0)
 		fprintf(stderr, "kiln-host: session prestart: cannot raise a taken VM's priority\n");
 	return r;
 }
