@@ -494,6 +494,9 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		fprintf(stderr, "kiln-host: serve needs a cluster token (--token, or token/token_file in the config)\n");
 		return 2;
 	}
+	/* The host's TSC rate (50 ms, once per process) is measured here, not
+	 * on whichever VM start comes first: that may be a task's restore. */
+	(void)vm_host_tsc_khz();
 	pthread_mutex_init(&s.cap.lock, NULL);
 	s.ro.cap = &s.cap;
 	s.cap.budget_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
