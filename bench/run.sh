@@ -67,6 +67,9 @@ echo
 # What a page fault costs here: QEMU's own load of a resumed session's pages against kiln-host's loader.
 build/bench/pagefault
 echo
+# What a lazy resume would pay per page touched: userfaultfd faults served in-process and over a postcopy-shaped hop.
+PAGES=1400 build/bench/uffd
+echo
 # The floor under it: plain QEMU clones of the same snapshot (memory, CPU running and stopped),
 # warmed pool VMs, and the TCG translation buffer's size against a busy workload.
 cdir=$(mktemp -d /tmp/kiln-bench-clones.XXXXXX)

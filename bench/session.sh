@@ -86,7 +86,7 @@ lines = sys.stdin.readlines()
 rows = [dict((k.strip(), int(v)) for v, k in [(m.group(2), m.group(1))
         for m in re.finditer(r"([a-zA-Z ]+?) (\d+)(?: ms|\b)", l)]) for l in lines]
 if rows:
-    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load", "QEMU", "load", "setup"]
+    keys = ["resumed in", "manifest", "base", "disk layer", "disk rebase", "QEMU load", "QEMU", "load", "setup", "state chunks all in at"]
     print("    resume split (medians, ms): " + ", ".join("%s %d" % (k.replace("resumed in", "total"),
           statistics.median(r.get(k, 0) for r in rows)) for k in keys))
     print("    QEMU started ahead for %d of %d resumes" % (sum("started ahead" in l for l in lines), len(lines)))' || true
@@ -104,6 +104,26 @@ if rows:
 			t=$(date +%s%N); h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/x"
 		done
 		xt=$(med < "$TMP/x")
+		# A lazy resume would serve each page the guest touches on first
+		# touch (QEMU 7.2: as a postcopy destination, its RAM anonymous, so
+		# every page touched faults, the base's too): how many pages does
+		# the VM touch from a resume's answer to its first exec answered,
+		# and during a later exec? The RAM mapping's Referenced after
+		# clear_refs (root only).
+		if [ "$(id -u)" = 0 ]; then
+			ref() { awk -v want="$((mem * 1024))" '/^[0-9a-f]+-[0-9a-f]+ / { m = 0 } /^Size:/ { m = ($2 == want) } m && /^Referenced:/ { print $2 / 4; exit }' "/proc/$1/smaps"; }
+			# The session's QEMU: this run's with the most resident memory (a
+			# QEMU waiting ahead has none of the session's pages).
+			qp() { for p in $(pgrep -f "qemu-system-x86_64.*$TMP" || true); do echo "$(awk '/^Rss:/ { print $2 }' "/proc/$p/smaps_rollup" 2> /dev/null || echo 0) $p"; done | sort -n | tail -n 1 | cut -d' ' -f2; }
+			h -X POST "$U/b$mem/pause" > /dev/null; h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > /dev/null
+			q=$(qp)
+			if [ -n "$q" ]; then
+				echo 1 > "/proc/$q/clear_refs"; h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null
+				touched1=$(ref "$q")
+				echo 1 > "/proc/$q/clear_refs"; h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null
+				touched2=$(ref "$q")
+			fi
+		fi
 		# Typing into a terminal: an input request to the echo on the stream (kiln shell's keystroke latency).
 		kt=$(PORT=$PORT TOKEN=$TOKEN SID=b$mem python3 - <<'PY' 2> "$TMP/keys.err" || echo "nan"
 import http.client, json, os, statistics, time
@@ -159,4 +179,5 @@ PY
 done
 echo "  (medians over $RUNS rounds after a warm-up; MB to S3: bytes one pause sent; pause s/GiB is per GiB of guest memory)"
 [ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"
+[ -z "${touched1:-}" ] || echo "sessions: guest pages touched (a lazy resume would fault each in): from a resume's answer to its first exec of true answered $touched1, during a later exec $touched2 (bench/uffd prints what one costs)"
 [ -z "${kt:-}" ] || echo "sessions: a key typed into a terminal (tty exec of cat) to its echo on the event stream, through kiln-host: median $kt ms over 25"

@@ -363,14 +363,15 @@ static int write_configs(struct up *u)
 	 * room for about a fifth of them to touch all their memory at once; past
 	 * that, the budget's cgroup stops sandboxes, never the daemons
 	 * (README, "Configuration": choosing the memory overcommit). A pool
-	 * of at least 4 warm VMs: a client submitting back to back still runs
-	 * half its tasks on a warm VM while refills (~0.5 s of TCG each under
-	 * that load) trail behind; with 1 it was 14 of 30, with 3 it was 15
-	 * until tasks got faster, then 14 (docs/performance.md, "kiln up's
-	 * pool"). Each warm VM costs ~40-55 MiB of real memory. */
+	 * of at least 6 warm VMs: a client submitting back to back still runs
+	 * half its tasks on a warm VM while refills (~0.35-0.5 s of TCG each
+	 * under that load) trail behind; with 1 it was 14 of 30, with 3 it was
+	 * 15 until tasks got faster, then 14, with 4 14-15, with 6 16
+	 * (docs/performance.md, "kiln up's pool"). Each warm VM costs ~40-55
+	 * MiB of real memory. */
 	host = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:{s:f}, s:O}", "listen", listen, "host_id",
 			 UP_HOST_ID, "token", u->token, "api", u->api_url, "spool_dir", path, "run_dir", p2, "pool",
-			 "size", 4, "prestart", 1, "capacity", "memory_overcommit", 4.0, "s3", s3);
+			 "size", 6, "prestart", 1, "capacity", "memory_overcommit", 4.0, "s3", s3);
 	snprintf(path, sizeof(path), "%s/api.json", u->dir);
 	snprintf(p3, sizeof(p3), "%s/host.json", u->dir);
 	/* The default deny ranges, the link range and the resolv.conf resolver

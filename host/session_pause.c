@@ -1094,6 +1094,7 @@ struct state_feed {
 	/* A copy of what QEMU is fed (-1: none): the resumed template of a
 	 * session on a fetched base. A failure to write it only drops it. */
 	int tee_fd, tee_failed;
+	int64_t chunks_done_ms; /* when the last chunk was fetched, checked and streamed */
 };
 
 static void *state_feed_thread(void *arg)
@@ -1101,6 +1102,7 @@ static void *state_feed_thread(void *arg)
 	struct state_feed *f = arg;
 
 	f->rc = pchunk_stream_all(f->c, f->l, f->pipe_w, PAUSE_WORKERS, &f->err);
+	f->chunks_done_ms = proto_now_ms();
 	close(f->pipe_w); /* end of stream: the filter sees it whole, or cut short */
 	return NULL;
 }
@@ -1490,12 +1492,13 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		fprintf(stderr,
 			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
-			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s: QEMU %lld, load %lld, setup %lld)\n",
+			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld\n",
 			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
 			(long long)(t_fetch - t_base), (unsigned long long)zbytes(&pm.state),
 			(unsigned long long)zbytes(&pm.disk), (long long)(t_disk - t_fetch),
 			(long long)(now - t_disk), s->prestarted ? "QEMU started ahead" : "QEMU started now",
-			(long long)s->boot_ms[0], (long long)s->boot_ms[1], (long long)s->boot_ms[2]);
+			(long long)s->boot_ms[0], (long long)s->boot_ms[1], (long long)s->boot_ms[2],
+			(long long)(feed.chunks_done_ms ? feed.chunks_done_ms - t0 : 0));
 	}
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
