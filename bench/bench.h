@@ -7,7 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "vm.h"
 
@@ -54,6 +59,59 @@ static inline long status_kib(pid_t pid, const char *file, const char *field)
 			v = strtol(line + fl + 1, NULL, 10);
 	fclose(f);
 	return v;
+}
+
+static inline double bench_now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* qsort's comparison of doubles (for medians). */
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Write n pages (each a copy of page) into p, a private mapping inherited
+ * by a child, from this process with process_vm_writev, as kiln-host's page
+ * loader writes a resumed session's pages into QEMU: the i-th page at
+ * p + where(i). The milliseconds it took, or -1. */
+static inline double bench_writev_pages(char *p, size_t n, size_t (*where)(size_t), const char *page)
+{
+	struct iovec l[1024], r[1024];
+	double t0;
+	pid_t c = fork();
+
+	if (c < 0)
+		return -1;
+	if (c == 0) {
+		pause();
+		_exit(0);
+	}
+	t0 = bench_now_ms();
+	for (size_t done = 0; done < n;) {
+		int k = 0;
+
+		for (; k < 1024 && done < n; k++, done++) {
+			l[k] = (struct iovec){ .iov_base = (void *)page, .iov_len = 4096 };
+			r[k] = (struct iovec){ .iov_base = p + where(done), .iov_len = 4096 };
+		}
+		if (process_vm_writev(c, l, (unsigned long)k, r, (unsigned long)k, 0) != (ssize_t)k * 4096) {
+			perror("process_vm_writev");
+			kill(c, SIGKILL);
+			waitpid(c, NULL, 0);
+			return -1;
+		}
+	}
+	t0 = bench_now_ms() - t0;
+	kill(c, SIGKILL);
+	waitpid(c, NULL, 0);
+	return t0;
 }
 
 #endif

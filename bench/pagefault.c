@@ -17,24 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define SIZE  (256u << 20)
 #define PAGES 17900u
 #define PG    4096u
-
-static double now_ms(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 /* The i-th page written: spread over the RAM, as a working set is. */
 static size_t where(size_t i)
@@ -45,45 +32,23 @@ static size_t where(size_t i)
 static double by_faults(char *p)
 {
 	static char page[PG];
-	double t = now_ms();
+	double t = bench_now_ms();
 
 	memset(page, 7, sizeof(page));
 	for (size_t i = 0; i < PAGES; i++)
 		memcpy(p + where(i), page, PG);
-	return now_ms() - t;
+	return bench_now_ms() - t;
 }
 
 static double by_writev(int fd)
 {
 	static char page[PG];
-	struct iovec l[1024], r[1024];
 	char *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-	pid_t c;
 	double t;
 
 	if (p == MAP_FAILED)
 		return -1;
-	c = fork();
-	if (c == 0) {
-		pause();
-		_exit(0);
-	}
-	t = now_ms();
-	for (size_t done = 0; done < PAGES;) {
-		int k = 0;
-
-		for (; k < 1024 && done < PAGES; k++, done++) {
-			l[k] = (struct iovec){ .iov_base = page, .iov_len = PG };
-			r[k] = (struct iovec){ .iov_base = p + where(done), .iov_len = PG };
-		}
-		if (process_vm_writev(c, l, (unsigned long)k, r, (unsigned long)k, 0) != (ssize_t)k * PG) {
-			perror("process_vm_writev");
-			break;
-		}
-	}
-	t = now_ms() - t;
-	kill(c, SIGKILL);
-	waitpid(c, NULL, 0);
+	t = bench_writev_pages(p, PAGES, where, page);
 	munmap(p, SIZE);
 	return t;
 }
@@ -112,9 +77,9 @@ int main(void)
 		munmap(p, SIZE);
 		c[i] = by_writev(fd);
 	}
-	qsort(a, (size_t)rounds, sizeof(double), cmp);
-	qsort(b, (size_t)rounds, sizeof(double), cmp);
-	qsort(c, (size_t)rounds, sizeof(double), cmp);
+	qsort(a, (size_t)rounds, sizeof(double), bench_cmp_double);
+	qsort(b, (size_t)rounds, sizeof(double), bench_cmp_double);
+	qsort(c, (size_t)rounds, sizeof(double), bench_cmp_double);
 	printf("page faults: %u pages written (medians of %d): copy-on-write memfd mapping %.1f ms (%.1f us a page), "
 	       "anonymous %.1f ms, process_vm_writev into another process %.1f ms (%.1f us a page; %.1fx)\n",
 	       PAGES, rounds, a[rounds / 2], a[rounds / 2] * 1000 / PAGES, b[rounds / 2], c[rounds / 2],

@@ -36,25 +36,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 #define SIZE (256u << 20)
 #define PG   4096u
 
 static unsigned pages = 3000;
-
-static double now_ms(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 /* The i-th page touched: spread over the RAM, as a guest's first touches are. */
 static size_t where(size_t i)
@@ -183,10 +170,10 @@ static double lazy(int remote)
 	}
 	if (pthread_create(&th, NULL, fault_thread, &f) != 0)
 		goto out;
-	t = now_ms();
+	t = bench_now_ms();
 	for (size_t i = 0; i < pages; i++)
 		sum += f.base[where(i)];
-	t = now_ms() - t;
+	t = bench_now_ms() - t;
 	__atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
 	pthread_join(th, NULL);
 	(void)sum;
@@ -209,35 +196,13 @@ out:
 static double eager(void)
 {
 	static char page[PG];
-	struct iovec l[1024], r[1024];
 	char *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	pid_t c;
 	double t;
 
 	if (p == MAP_FAILED)
 		return -1;
-	c = fork();
-	if (c == 0) {
-		pause();
-		_exit(0);
-	}
 	memset(page, 7, sizeof(page));
-	t = now_ms();
-	for (size_t done = 0; done < pages;) {
-		int k = 0;
-
-		for (; k < 1024 && done < pages; k++, done++) {
-			l[k] = (struct iovec){ .iov_base = page, .iov_len = PG };
-			r[k] = (struct iovec){ .iov_base = p + where(done), .iov_len = PG };
-		}
-		if (process_vm_writev(c, l, (unsigned long)k, r, (unsigned long)k, 0) != (ssize_t)k * PG) {
-			perror("process_vm_writev");
-			break;
-		}
-	}
-	t = now_ms() - t;
-	kill(c, SIGKILL);
-	waitpid(c, NULL, 0);
+	t = bench_writev_pages(p, pages, where, page);
 	munmap(p, SIZE);
 	return t;
 }
@@ -260,9 +225,9 @@ int main(void)
 		if (in[i] < 0 || out[i] < 0 || ea[i] < 0)
 			return 1;
 	}
-	qsort(in, (size_t)rounds, sizeof(double), cmp);
-	qsort(out, (size_t)rounds, sizeof(double), cmp);
-	qsort(ea, (size_t)rounds, sizeof(double), cmp);
+	qsort(in, (size_t)rounds, sizeof(double), bench_cmp_double);
+	qsort(out, (size_t)rounds, sizeof(double), bench_cmp_double);
+	qsort(ea, (size_t)rounds, sizeof(double), bench_cmp_double);
 	printf("lazy pages: %u pages touched one at a time (medians of %d): served by the fault thread itself %.1f ms "
 	       "(%.1f us a page); served by another process over sockets, as a postcopy source would %.1f ms (%.1f us "
 	       "a page); written ahead with process_vm_writev %.1f ms (%.1f us a page)\n",
