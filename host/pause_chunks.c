@@ -16,7 +16,6 @@
 #include <openssl/evp.h>
 #include <zstd.h>
 
-#include "io.h"
 
 #define PCHUNK_WORKERS_MAX 16
 #define PCHUNK_ZLEVEL      1
@@ -244,8 +243,10 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 struct getter {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	int out_fd;
-	int stream;           /* out_fd is a pipe: chunks written in order */
+	int out_fd;           /* not stream: the file the chunks are written into */
+	int stream;           /* chunks handed to sink in order */
+	pchunk_sink_fn sink;
+	void *sink_ctx;
 	pthread_mutex_t lock;
 	pthread_cond_t turn;  /* stream: `written` moved, or a failure */
 	size_t next, written; /* chunks handed out; stream: chunks written */
@@ -269,14 +270,15 @@ static int stream_write(struct getter *g, size_t i, const void *raw, size_t n, c
 		return kiln_err_set(e, KERR_HOST_ERROR, "another chunk failed");
 	}
 	pthread_mutex_unlock(&g->lock);
-	/* Only this thread writes now: the reader (QEMU) may take its time. */
-	r = io_write_all(g->out_fd, raw, n);
+	/* Only this thread hands over now: the reader (QEMU) may take its time. */
+	r = g->sink(g->sink_ctx, raw, n);
 	pthread_mutex_lock(&g->lock);
 	if (r == 0)
 		g->written++;
 	pthread_cond_broadcast(&g->turn);
 	pthread_mutex_unlock(&g->lock);
-	return r < 0 ? kiln_err_set(e, KERR_HOST_ERROR, "feeding chunk %s to QEMU: %s", key, strerror(-r)) : 0;
+	return r < 0 ? kiln_err_set(e, KERR_HOST_ERROR, "feeding chunk %s to QEMU: the stream's reader stopped", key)
+		     : 0;
 }
 
 static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct kiln_err *e)
@@ -364,10 +366,10 @@ static void *get_worker(void *arg)
 	}
 }
 
-static int get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int stream, int workers,
-		   struct kiln_err *err)
+static int get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, pchunk_sink_fn sink,
+		   void *sink_ctx, int workers, struct kiln_err *err)
 {
-	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = stream };
+	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = sink != NULL, .sink = sink, .sink_ctx = sink_ctx };
 	pthread_t th[PCHUNK_WORKERS_MAX];
 	int n = 0;
 
@@ -375,7 +377,7 @@ static int get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 		workers = PCHUNK_WORKERS_MAX;
 	pthread_mutex_init(&g.lock, NULL);
 	pthread_cond_init(&g.turn, NULL);
-	if (!stream && ftruncate(out_fd, (off_t)l->total) < 0) {
+	if (!sink && ftruncate(out_fd, (off_t)l->total) < 0) {
 		pthread_mutex_destroy(&g.lock);
 		pthread_cond_destroy(&g.turn);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot size the stream: %s", strerror(errno));
@@ -398,11 +400,11 @@ static int get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
 		   struct kiln_err *err)
 {
-	return get_all(c, l, out_fd, 0, workers, err);
+	return get_all(c, l, out_fd, NULL, NULL, workers, err);
 }
 
-int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		      struct kiln_err *err)
+int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
+		      int workers, struct kiln_err *err)
 {
-	return get_all(c, l, out_fd, 1, workers, err);
+	return get_all(c, l, -1, sink, ctx, workers, err);
 }

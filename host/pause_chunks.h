@@ -43,14 +43,19 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
 		   struct kiln_err *err);
 
-/* The same, into a pipe (or any fd written in order): chunks are fetched
- * and checked `workers` at a time, and each is written whole once every
- * chunk before it is, so that the reader (QEMU loading a resumed session)
- * starts on the first chunk while the rest arrive. At most `workers`
- * decompressed chunks in memory. A chunk that fails to check is never
- * written; nothing after it is either. Does not close out_fd. 0, or -1 with
- * err set (the first failure). */
-int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		      struct kiln_err *err);
+/* The stream's consumer: takes len bytes of the stream (the next in
+ * order) and returns once it is done with buf (0), or -1 when it stopped
+ * taking (the stream ends there, e.g. its reader failed). */
+typedef int (*pchunk_sink_fn)(void *ctx, const void *buf, size_t len);
+
+/* The same, handed in order to sink (QEMU's state stream, through the
+ * filter that loads its pages): chunks are fetched and checked `workers`
+ * at a time, and each is handed over whole, straight from its buffer, once
+ * every chunk before it is, so that the reader starts on the first chunk
+ * while the rest arrive. At most `workers` decompressed chunks in memory. A
+ * chunk that fails to check is never handed over; nothing after it is
+ * either. 0, or -1 with err set (the first failure). */
+int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
+		      int workers, struct kiln_err *err);
 
 #endif
