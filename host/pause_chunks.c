@@ -16,7 +16,6 @@
 #include <openssl/evp.h>
 #include <zstd.h>
 
-
 #define PCHUNK_WORKERS_MAX 16
 #define PCHUNK_ZLEVEL      1
 
