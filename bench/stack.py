@@ -10,6 +10,8 @@ connection per client:
   - one client submitting back to back (B tasks, default 40): p50/p95/p99,
     where the VMs came from (pool or restore), and the pool's target and
     misses afterwards (kiln-host's GET /v1/capacity, an adaptive pool);
+    then the same burst again KILN_BENCH_BURST_GAP_S later (default 10: does
+    the pool, grown by the first burst's misses, meet the second?);
   - a steady stream: one client starting a task every KILN_BENCH_STREAM_MS
     (default 350; 0 skips it), as many tasks as back to back, after 10 s for
     the pool to refill: pool hits over all of it and over its second half
@@ -34,6 +36,7 @@ TASKS = int(sys.argv[1]) if len(sys.argv) > 1 else 80
 CONC = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 B2B = int(sys.argv[3]) if len(sys.argv) > 3 else 40
 STREAM_MS = int(os.environ.get("KILN_BENCH_STREAM_MS", "350"))
+BURST_GAP_S = float(os.environ.get("KILN_BENCH_BURST_GAP_S", "10"))
 
 
 def pct(v, p):
@@ -178,6 +181,18 @@ def main():
         # miss, the overall p50 flips between them from one run to the next.
         print("    by where the VM came from: " + ", ".join(
             "%s %d tasks p50 %.0f ms" % (k, len(v), pct(v, 50)) for k, v in sorted(by_start.items())))
+        # The same burst again once refills had time to follow the pool's
+        # target, which the first burst's misses raised.
+        time.sleep(BURST_GAP_S)
+        b2, where2 = [], {}
+        for _ in range(B2B):
+            ms, t = one(api, code)
+            b2.append(ms)
+            s = (t.get("result") or {}).get("timings", {}).get("start", "?")
+            where2[s] = where2.get(s, 0) + 1
+        pool = host_pool(work)
+        print("  the same again %.0f s later: p50 %.0f ms  p95 %.0f ms (VM from %s; pool target %s, misses in all %s)" %
+              (BURST_GAP_S, pct(b2, 50), pct(b2, 95), where2, pool.get("target", "?"), pool.get("misses", "?")))
         if STREAM_MS > 0:
             time.sleep(10.0)
             st, starts = [], []

@@ -25,7 +25,11 @@
 /* The adaptive target (pool_set_max): recent takes per second, over a short
  * window (grows fast) and a long one (shrinks only after a quiet spell),
  * times how long a refill takes, twice over: enough ready VMs that takes
- * arriving at that rate find one while refills catch up. */
+ * arriving at that rate find one while refills catch up. And one more
+ * ready VM for every miss, kept until takes stop for the long window: a
+ * client that submits back to back slows down once the pool is empty
+ * (each of its tasks then restores), so its rate understates what it
+ * asks for; its misses do not. */
 #define POOL_RATE_SHORT_MS 5000
 #define POOL_RATE_LONG_MS  30000
 #define POOL_TAKES         64     /* take times kept (a power of two) */
@@ -41,6 +45,7 @@ struct pool {
 	unsigned ntakes;   /* takes so far (ring index) */
 	int64_t refill_ms; /* moving average of restore + warm-up, 0 before the first */
 	uint64_t misses;   /* takes that found no ready VM */
+	unsigned boost;    /* ready VMs the misses add to the target (up to max - size) */
 	struct capacity *cap;
 	const struct vm_ops *ops;
 	const struct kiln_clock *clk;
@@ -246,6 +251,12 @@ static double take_rate(struct pool *p, int64_t now, int64_t window_ms)
 	return n * 1000.0 / (double)window_ms;
 }
 
+/* With p->mu held: whether the last take is within the long window. */
+static int takes_recent(struct pool *p, int64_t now)
+{
+	return p->ntakes && now - p->takes[(p->ntakes - 1) % POOL_TAKES] <= POOL_RATE_LONG_MS;
+}
+
 /* With p->mu held: how many ready VMs to keep now. */
 static unsigned target_locked(struct pool *p)
 {
@@ -260,6 +271,8 @@ static unsigned target_locked(struct pool *p)
 		rate = take_rate(p, now, POOL_RATE_LONG_MS);
 	refill_s = (double)(p->refill_ms > POOL_REFILL_MIN_MS ? p->refill_ms : POOL_REFILL_MIN_MS) / 1000.0;
 	want = 2.0 * rate * refill_s;
+	if (p->boost && takes_recent(p, now) && (double)(p->size + p->boost) > want)
+		want = (double)(p->size + p->boost);
 	t = want >= (double)p->max ? p->max : (unsigned)want + (want > (unsigned)want);
 	return t < p->size ? p->size : t;
 }
@@ -447,9 +460,18 @@ int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 	/* Every take counts towards the rate, a miss too (demand the pool did
 	 * not meet). */
 	pthread_mutex_lock(&p->mu);
-	p->takes[p->ntakes++ % POOL_TAKES] = kclock_mono_ms(p->clk);
-	if (!p->nready)
+	{
+		int64_t now = kclock_mono_ms(p->clk);
+
+		if (!takes_recent(p, now))
+			p->boost = 0; /* a quiet spell ended what the last misses asked for */
+		p->takes[p->ntakes++ % POOL_TAKES] = now;
+	}
+	if (!p->nready) {
 		p->misses++;
+		if (p->max > p->size && p->boost < p->max - p->size)
+			p->boost++;
+	}
 	pthread_mutex_unlock(&p->mu);
 	r = pop(p, p->ready, &p->nready, vm);
 

@@ -512,6 +512,63 @@ static void adapts_to_demand(void **state)
 	stop_and_count(x);
 }
 
+/* A take that finds the pool empty adds one ready VM to the target (up to
+ * the maximum) for as long as takes go on: a client submitting back to back
+ * slows down once it misses (its tasks then restore), so its rate alone
+ * understates what it asks for. 30 s of the pool's clock without a take
+ * end it, and the next take starts from the rate alone. */
+static void misses_grow_the_target(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct pool_stats st;
+	struct want w = { x, 4 };
+	struct vm vm;
+
+	start(x, 1, 0);
+	pool_set_max(x->p, 8);
+	wait_ready(x, 1);
+	/* Refills block in their restore: every take after the first misses. */
+	pthread_mutex_lock(&x->f.mu);
+	x->f.restore_gate_closed = 1;
+	pthread_mutex_unlock(&x->f.mu);
+	assert_int_equal(pool_take(x->p, &vm, &err), 0);
+	give_back(x, &vm);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(pool_take(x->p, &vm, &err), -EAGAIN);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.misses, 3);
+	/* The rate alone asks for 4 takes / 5 s x 250 ms x 2 = 0.4 (the size,
+	 * 1); the three misses add three. */
+	assert_int_equal(st.target, 4);
+	pthread_mutex_lock(&x->f.mu);
+	x->f.restore_gate_closed = 0;
+	pthread_cond_broadcast(&x->f.cv);
+	pthread_mutex_unlock(&x->f.mu);
+	if (!wait_for(target_is, &w, WAIT_MS))
+		fail_msg("pool did not grow to 4 ready VMs");
+	assert_int_equal(used_mib(x), 4 * MEM_MIB);
+	/* 20 s on, a take that finds a VM keeps the target where it is. */
+	fake_clock_advance(&x->clk, 20000);
+	assert_int_equal(pool_take(x->p, &vm, &err), 0);
+	give_back(x, &vm);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.target, 4);
+	if (!wait_for(target_is, &w, WAIT_MS))
+		fail_msg("pool did not refill to 4 ready VMs");
+	/* Quiet for the long window: back to its size, the VMs given back. */
+	w.n = 1;
+	advance_until(x, target_is, &w);
+	assert_int_equal(used_mib(x), MEM_MIB);
+	/* The next take starts from the rate alone. */
+	assert_int_equal(pool_take(x->p, &vm, &err), 0);
+	give_back(x, &vm);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.target, 1);
+	wait_ready(x, 1);
+	stop_and_count(x);
+}
+
 static int restores_under_way(void *arg)
 {
 	struct want *w = arg;
@@ -638,6 +695,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(fixed_pool_keeps_its_size, setup, teardown),
 		cmocka_unit_test_setup_teardown(refills_run_side_by_side, setup, teardown),
 		cmocka_unit_test_setup_teardown(refills_follow_the_target, setup, teardown),
+		cmocka_unit_test_setup_teardown(misses_grow_the_target, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
