@@ -4,10 +4,10 @@
 #ifndef KILN_BENCH_H
 #define KILN_BENCH_H
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -84,7 +84,7 @@ static inline int bench_cmp_double(const void *a, const void *b)
 static inline double bench_writev_pages(char *p, size_t n, size_t (*where)(size_t), const char *page)
 {
 	struct iovec l[1024], r[1024];
-	double t0;
+	double t0, ms;
 	pid_t c = fork();
 
 	if (c < 0)
@@ -108,10 +108,10 @@ static inline double bench_writev_pages(char *p, size_t n, size_t (*where)(size_
 			return -1;
 		}
 	}
-	t0 = bench_now_ms() - t0;
+	ms = bench_now_ms() - t0;
 	kill(c, SIGKILL);
 	waitpid(c, NULL, 0);
-	return t0;
+	return ms;
 }
 
 #endif

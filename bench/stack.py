@@ -113,6 +113,20 @@ def split_text(parts):
     return ", ".join("%s %.0f" % (k, pct(parts[k], 50)) for k in keys)
 
 
+def burst(api, code):
+    """B2B tasks back to back: their times, where their VMs came from (counts),
+    their split, and their times by where the VM came from."""
+    lat, where, parts, by_start = [], {}, {}, {}
+    for _ in range(B2B):
+        ms, t = one(api, code)
+        lat.append(ms)
+        s = (t.get("result") or {}).get("timings", {}).get("start", "?")
+        where[s] = where.get(s, 0) + 1
+        by_start.setdefault(s, []).append(ms)
+        split(t, ms, parts)
+    return lat, where, parts, by_start
+
+
 def host_pool(work):
     """kiln-host's pool figures (GET /v1/capacity), {} if it cannot say."""
     try:
@@ -163,15 +177,8 @@ def main():
             print("  %s, one client, POST -> succeeded, all in S3: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s)"
                   % (label, pct(single, 50), pct(single, 95), pct(single, 99), where))
             print("    where the time goes (medians, ms): " + split_text(parts))
-        b2b, where, bparts, by_start = [], {}, {}, {}
         time.sleep(1.0)
-        for _ in range(B2B):
-            ms, t = one(api, code)
-            b2b.append(ms)
-            s = (t.get("result") or {}).get("timings", {}).get("start", "?")
-            where[s] = where.get(s, 0) + 1
-            by_start.setdefault(s, []).append(ms)
-            split(t, ms, bparts)
+        b2b, where, bparts, by_start = burst(api, code)
         pool = host_pool(work)
         print("  print(1), one client back to back, %d tasks: p50 %.0f ms  p95 %.0f ms  p99 %.0f ms (VM from %s; pool "
               "target %s, max %s, misses %s, refill %s ms)" % (len(b2b), pct(b2b, 50), pct(b2b, 95), pct(b2b, 99), where,
@@ -184,12 +191,7 @@ def main():
         # The same burst again once refills had time to follow the pool's
         # target, which the first burst's misses raised.
         time.sleep(BURST_GAP_S)
-        b2, where2 = [], {}
-        for _ in range(B2B):
-            ms, t = one(api, code)
-            b2.append(ms)
-            s = (t.get("result") or {}).get("timings", {}).get("start", "?")
-            where2[s] = where2.get(s, 0) + 1
+        b2, where2, _, _ = burst(api, code)
         pool = host_pool(work)
         print("  the same again %.0f s later: p50 %.0f ms  p95 %.0f ms (VM from %s; pool target %s, misses in all %s)" %
               (BURST_GAP_S, pct(b2, 50), pct(b2, 95), where2, pool.get("target", "?"), pool.get("misses", "?")))

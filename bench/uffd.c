@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "io.h"
 
 #define SIZE (256u << 20)
 #define PG   4096u
@@ -47,34 +48,6 @@ static unsigned pages = 3000;
 static size_t where(size_t i)
 {
 	return i * PG * 7 % SIZE;
-}
-
-static int read_all(int fd, void *buf, size_t len)
-{
-	for (size_t got = 0; got < len;) {
-		ssize_t n = read(fd, (char *)buf + got, len - got);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		got += (size_t)n;
-	}
-	return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t len)
-{
-	for (size_t put = 0; put < len;) {
-		ssize_t n = write(fd, (const char *)buf + put, len - put);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		put += (size_t)n;
-	}
-	return 0;
 }
 
 struct faults {
@@ -104,7 +77,7 @@ static void *fault_thread(void *arg)
 			continue;
 		off = (m.arg.pagefault.address & ~(uint64_t)(PG - 1)) - (uint64_t)(uintptr_t)f->base;
 		if (f->pg >= 0) {
-			if (write_all(f->req, &off, sizeof(off)) < 0 || read_all(f->pg, page, PG) < 0)
+			if (io_write_all(f->req, &off, sizeof(off)) < 0 || io_read_all(f->pg, page, PG) != PG)
 				return NULL;
 		} else {
 			memset(page, (int)(off >> 12) & 0xff, PG);
@@ -122,9 +95,9 @@ static void source(int req, int pg)
 	static char page[PG];
 	uint64_t off;
 
-	while (read_all(req, &off, sizeof(off)) == 0) {
+	while (io_read_all(req, &off, sizeof(off)) == sizeof(off)) {
 		memset(page, (int)(off >> 12) & 0xff, PG);
-		if (write_all(pg, page, PG) < 0)
+		if (io_write_all(pg, page, PG) < 0)
 			break;
 	}
 	_exit(0);

@@ -455,18 +455,15 @@ static unsigned count(struct pool *p, const unsigned *n)
 
 int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
+	int64_t now = kclock_mono_ms(p->clk);
 	int r;
 
 	/* Every take counts towards the rate, a miss too (demand the pool did
 	 * not meet). */
 	pthread_mutex_lock(&p->mu);
-	{
-		int64_t now = kclock_mono_ms(p->clk);
-
-		if (!takes_recent(p, now))
-			p->boost = 0; /* a quiet spell ended what the last misses asked for */
-		p->takes[p->ntakes++ % POOL_TAKES] = now;
-	}
+	if (!takes_recent(p, now))
+		p->boost = 0; /* a quiet spell ended what the last misses asked for */
+	p->takes[p->ntakes++ % POOL_TAKES] = now;
 	if (!p->nready) {
 		p->misses++;
 		if (p->max > p->size && p->boost < p->max - p->size)

@@ -142,6 +142,16 @@ static void stop_and_count(struct fixture *x)
 		assert_int_equal(x->f.state[i], FVM_DESTROYED);
 }
 
+/* Close (1) or open (0) the fake restore's gate: a closed one blocks every
+ * refill in its restore until it opens. */
+static void restore_gate(struct fixture *x, int closed)
+{
+	pthread_mutex_lock(&x->f.mu);
+	x->f.restore_gate_closed = closed;
+	pthread_cond_broadcast(&x->f.cv);
+	pthread_mutex_unlock(&x->f.mu);
+}
+
 /* What run.c does with a VM it took: use it, destroy it, release its memory. */
 static void give_back(struct fixture *x, struct vm *vm)
 {
@@ -357,9 +367,7 @@ static void stop_during_refill_destroys_everything(void **state)
 	wait_ready(x, 3);
 	/* The refill after this take blocks in its restore: pool_stop must wait
 	 * for it and destroy the VM it brings back, as well as the ready ones. */
-	pthread_mutex_lock(&x->f.mu);
-	x->f.restore_gate_closed = 1;
-	pthread_mutex_unlock(&x->f.mu);
+	restore_gate(x, 1);
 	assert_int_equal(pool_take(x->p, &vm, &err), 0);
 	give_back(x, &vm);
 	assert_true(wait_for(in_restore, x, WAIT_MS));
@@ -367,10 +375,7 @@ static void stop_during_refill_destroys_everything(void **state)
 	x->p = NULL;
 	assert_int_equal(pthread_create(&th, NULL, stop_thread, &s), 0);
 	nanosleep(&ts, NULL);
-	pthread_mutex_lock(&x->f.mu);
-	x->f.restore_gate_closed = 0;
-	pthread_cond_broadcast(&x->f.cv);
-	pthread_mutex_unlock(&x->f.mu);
+	restore_gate(x, 0);
 	pthread_join(th, NULL);
 	assert_int_equal(x->f.created, 4);
 	assert_int_equal(x->f.destroyed, x->f.created);
@@ -529,9 +534,7 @@ static void misses_grow_the_target(void **state)
 	pool_set_max(x->p, 8);
 	wait_ready(x, 1);
 	/* Refills block in their restore: every take after the first misses. */
-	pthread_mutex_lock(&x->f.mu);
-	x->f.restore_gate_closed = 1;
-	pthread_mutex_unlock(&x->f.mu);
+	restore_gate(x, 1);
 	assert_int_equal(pool_take(x->p, &vm, &err), 0);
 	give_back(x, &vm);
 	for (int i = 0; i < 3; i++)
@@ -541,10 +544,7 @@ static void misses_grow_the_target(void **state)
 	/* The rate alone asks for 4 takes / 5 s x 250 ms x 2 = 0.4 (the size,
 	 * 1); the three misses add three. */
 	assert_int_equal(st.target, 4);
-	pthread_mutex_lock(&x->f.mu);
-	x->f.restore_gate_closed = 0;
-	pthread_cond_broadcast(&x->f.cv);
-	pthread_mutex_unlock(&x->f.mu);
+	restore_gate(x, 0);
 	if (!wait_for(target_is, &w, WAIT_MS))
 		fail_msg("pool did not grow to 4 ready VMs");
 	assert_int_equal(used_mib(x), 4 * MEM_MIB);
@@ -592,9 +592,7 @@ static void refills_run_side_by_side(void **state)
 
 	/* Every restore waits at the gate: the pool (size 4) asks for 4 VMs,
 	 * 3 threads may restore at once. */
-	pthread_mutex_lock(&x->f.mu);
-	x->f.restore_gate_closed = 1;
-	pthread_mutex_unlock(&x->f.mu);
+	restore_gate(x, 1);
 	start(x, 4, 0);
 	pool_set_refills(x->p, 3);
 	if (!wait_for(restores_under_way, &w, WAIT_MS))
