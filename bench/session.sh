@@ -38,6 +38,12 @@ scripts/s3-local.sh start "$TMP/s3" > "$TMP/s3.env" 2> /dev/null
 . "$TMP/s3.env"
 h() { curl -s -m 600 -H "Authorization: Bearer $TOKEN" "$@"; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+# All CPUs' busy and total time so far (clock ticks), from /proc/stat.
+cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# Every process's CPU time so far (ticks), as "pid name ticks" lines.
+procs() { awk '{ i = index($0, "("); j = length($0) - index(reverse($0), ")") + 1; n = substr($0, i + 1, j - i - 1); gsub(/ /, "_", n)
+	split(substr($0, j + 2), f, " "); print $1, n, f[12] + f[13] }
+	function reverse(s,  r, k) { r = ""; for (k = length(s); k > 0; k--) r = r substr(s, k, 1); return r }' /proc/[0-9]*/stat 2> /dev/null || true; }
 med() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
 
 echo "sessions: pause (VM -> S3) and resume (S3 -> running VM) by guest memory ($RUNS rounds each; local S3 on loopback; session QEMU started ahead: ${PRESTART:-not configured})"
@@ -62,14 +68,18 @@ for mem in $SIZES; do
 	jq -e '.state == "running"' "$TMP/create" > /dev/null || { echo "  $mem MiB: create failed: $(cat "$TMP/create")"; kill "$host_pid"; wait "$host_pid" || true; host_pid=; continue; }
 	# A process holding 64 MiB of written memory across the pauses.
 	h -X POST "$U/b$mem/exec" --data '{"argv":["sh","-c","python3 -c \"import time; b = bytearray(64 << 20); b[::4096] = b\\\"x\\\" * (len(b) // 4096); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
-	: > "$TMP/p"; : > "$TMP/r"; : > "$TMP/re"; : > "$TMP/b"
+	: > "$TMP/p"; : > "$TMP/r"; : > "$TMP/re"; : > "$TMP/b"; : > "$TMP/busy"; : > "$TMP/who"
 	# One warm-up round (the first pause of a snapshot hashes its RAM once).
 	h -X POST "$U/b$mem/pause" > /dev/null; h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > /dev/null
 	for _ in $(seq "$RUNS"); do
 		t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/pause"; ms "$t" >> "$TMP/p"
 		jq -r '.snapshot.bytes // 0' "$TMP/pause" >> "$TMP/b"
 		jq -r '"\(.snapshot.pages_changed // "-") of \(.snapshot.pages_total // "-") pages"' "$TMP/pause" > "$TMP/pages"
-		t=$(date +%s%N); h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/r"
+		procs > "$TMP/procs0"; c0=$(cpu); t=$(date +%s%N); h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/r"
+		echo "$c0 $(cpu)" | awk '{ if ($4 > $2) printf("%.0f\n", 100 * ($3 - $1) / ($4 - $2)) }' >> "$TMP/busy"
+		# Who used it: CPU time by process name (QEMU, kiln-host, the S3 server, ...).
+		procs | awk -v tck="$(getconf CLK_TCK)" 'NR == FNR { b[$1] = $3; next } { d = $3 - ($1 in b ? b[$1] : 0); if (d > 0) u[$2] += d }
+			END { for (n in u) printf("%s=%d ", n, u[n] * 1000 / tck); print "" }' "$TMP/procs0" - >> "$TMP/who"
 		h -X POST "$U/b$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/re"
 		jq -e '.state == "running"' "$TMP/resume" > /dev/null || { echo "  resume failed: $(cat "$TMP/resume")"; break; }
 	done
@@ -77,6 +87,13 @@ for mem in $SIZES; do
 	mb=$(med < "$TMP/b" | awk '{ printf("%.1f", $1 / 1e6) }')
 	printf '  %-8s %10s %10s %14s %12s %14s %14s\n' "$mem MiB" "$p" "$r" "$re" "$mb" \
 		"$(awk -v p="$p" -v m="$mem" 'BEGIN { printf("%.2f", p / 1000 * 1024 / m) }')" "~4 (resume ~1 s)"
+	echo "    the machine's CPUs during a resume: $(med < "$TMP/busy")% busy (median; all of them, $(nproc) here, everything running)"
+	echo "    CPU time used during a resume, by process (medians, ms; 10 ms ticks): $(/usr/bin/python3 -c '
+import collections, statistics, sys
+rows = [dict(kv.split("=") for kv in l.split()) for l in sys.stdin if l.strip()]
+names = collections.Counter(n for r in rows for n in r)
+print(", ".join("%s %d" % (n, statistics.median(int(r.get(n, 0)) for r in rows))
+      for n in sorted(names, key=lambda n: -statistics.mean(int(r.get(n, 0)) for r in rows))[:6]))' < "$TMP/who")"
 	echo "    last pause: $(cat "$TMP/pages") sent (a diff against the base snapshot; '- of -': the whole RAM)"
 	# Where a resume's time goes (kiln-host logs each; "QEMU load" includes
 	# the state streaming in, which an older build fetched whole first).

@@ -42,6 +42,7 @@ struct mf_block {
 
 struct mf {
 	migfilter_read_fn rd;
+	migfilter_view_fn view; /* instead of rd: the stream's bytes where they are */
 	void *rctx;
 	migfilter_write_fn wr;
 	void *wctx;
@@ -54,6 +55,7 @@ struct mf {
 	struct migfilter_stats *st;
 	struct kiln_err *err;
 	uint8_t buf[MF_BUF];
+	const uint8_t *cur; /* the bytes being parsed: buf, or the reader's view */
 	size_t pos, end;
 	int eof;
 	int ignore_shared;
@@ -73,6 +75,15 @@ static int bad(struct mf *f, const char *what)
 			    (unsigned long long)f->st->in_bytes);
 }
 
+/* View mode: the pages handed to the sink may point into the current view
+ * or into f->page; the sink writes them out before either changes. */
+static int flush_view(struct mf *f)
+{
+	if (!f->view || !f->base || !f->base->flush || f->base->flush(f->base->ctx) == 0)
+		return 0;
+	return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: loading pages failed");
+}
+
 /* Make at least one byte available; 0, or -1 at the end (f->eof) or on error. */
 static int fill(struct mf *f)
 {
@@ -82,7 +93,16 @@ static int fill(struct mf *f)
 		return 0;
 	if (f->eof)
 		return -1;
-	n = f->rd(f->rctx, f->buf, sizeof(f->buf));
+	if (f->view && flush_view(f) < 0) {
+		f->eof = 2;
+		return -1;
+	}
+	if (f->view) {
+		n = f->view(f->rctx, &f->cur);
+	} else {
+		n = f->rd(f->rctx, f->buf, sizeof(f->buf));
+		f->cur = f->buf;
+	}
 	if (n < 0) {
 		bad(f, "read error");
 		f->eof = 2;
@@ -107,7 +127,7 @@ static int get(struct mf *f, void *out, size_t len)
 		if (fill(f) < 0)
 			return f->eof == 2 ? -1 : bad(f, "truncated");
 		n = f->end - f->pos < len ? f->end - f->pos : len;
-		memcpy(o, f->buf + f->pos, n);
+		memcpy(o, f->cur + f->pos, n);
 		f->pos += n;
 		f->st->in_bytes += n;
 		o += n;
@@ -182,7 +202,7 @@ static int peek(struct mf *f, uint8_t *v)
 {
 	if (fill(f) < 0)
 		return -1;
-	*v = f->buf[f->pos];
+	*v = f->cur[f->pos];
 	return 0;
 }
 
@@ -267,6 +287,7 @@ static int ram_page(struct mf *f, uint64_t word)
 	uint64_t addr = word & ~(uint64_t)(MF_PAGE - 1);
 	unsigned flags = (unsigned)(word & (MF_PAGE - 1));
 	uint8_t hdr[8 + 1 + 255], fill_byte = 0;
+	const uint8_t *data;
 	size_t hl = 8;
 	int bi = f->last_in, keep = 1;
 	struct mf_block *b;
@@ -292,21 +313,30 @@ static int ram_page(struct mf *f, uint64_t word)
 	if (flags & RAM_ZERO) {
 		if (get(f, &fill_byte, 1) < 0)
 			return -1;
-		if (b->is_base && fill_byte == 0)
-			keep = memcmp(f->base->data + addr, zero_page, MF_PAGE) != 0;
+		data = zero_page;
+		if (fill_byte) {
+			if (flush_view(f) < 0)
+				return -1;
+			memset(f->page, fill_byte, MF_PAGE);
+			data = f->page;
+		}
+	} else if (f->view && f->end - f->pos >= MF_PAGE) {
+		/* Whole in the view: no copy. */
+		data = f->cur + f->pos;
+		f->pos += MF_PAGE;
+		f->st->in_bytes += MF_PAGE;
 	} else {
-		if (get(f, f->page, MF_PAGE) < 0)
+		if (flush_view(f) < 0 || get(f, f->page, MF_PAGE) < 0)
 			return -1;
-		if (b->is_base)
-			keep = memcmp(f->base->data + addr, f->page, MF_PAGE) != 0;
+		data = f->page;
 	}
+	if (b->is_base)
+		keep = memcmp(f->base->data + addr, data, MF_PAGE) != 0;
 	if (b->is_comp)
 		return 0;
 	f->st->pages++;
 	if (b->is_sink) {
-		if (flags & RAM_ZERO)
-			memset(f->page, fill_byte, MF_PAGE);
-		if (f->base->page(f->base->ctx, addr, f->page) < 0)
+		if (f->base->page(f->base->ctx, addr, data) < 0)
 			return kiln_err_set(f->err, KERR_SNAPSHOT_ERROR, "migration stream: loading a page failed");
 		return 0;
 	}
@@ -329,7 +359,7 @@ static int ram_page(struct mf *f, uint64_t word)
 		return -1;
 	if (flags & RAM_ZERO)
 		return put(f, &fill_byte, 1);
-	return put(f, f->page, MF_PAGE);
+	return put(f, data, MF_PAGE);
 }
 
 /* A page record of the composed block (migfilter_page_out). */
@@ -469,12 +499,12 @@ static int copy_rest(struct mf *f)
 			return 0;
 		}
 		n = f->end - f->pos;
-		if (put(f, f->buf + f->pos, n) < 0)
+		if (put(f, f->cur + f->pos, n) < 0)
 			return -1;
 		if (f->tail)
-			keep_tail(f, f->buf + f->pos, n);
+			keep_tail(f, f->cur + f->pos, n);
 		f->st->in_bytes += n;
-		f->last_byte = f->buf[f->end - 1];
+		f->last_byte = f->cur[f->end - 1];
 		f->pos = f->end;
 	}
 }
@@ -585,8 +615,9 @@ static int run(struct mf *f)
 	}
 }
 
-static int start(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
-		 const struct migfilter_compose *comp, struct migfilter_stats *st, struct kiln_err *err)
+static int start(migfilter_read_fn rd, migfilter_view_fn view, void *rctx, migfilter_write_fn wr, void *wctx,
+		 const struct migfilter_base *base, const struct migfilter_compose *comp, struct migfilter_stats *st,
+		 struct kiln_err *err)
 {
 	struct mf *f;
 	int r;
@@ -595,7 +626,7 @@ static int start(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	*f = (struct mf){ .rd = rd, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp, .comp_bi = -1,
+	*f = (struct mf){ .rd = rd, .view = view, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp, .comp_bi = -1,
 			  .st = st, .err = err, .last_in = -1, .last_out = -1 };
 	/* Filter mode copies QEMU's device sections without parsing them: the
 	 * end is checked instead (copy_rest). */
@@ -612,11 +643,17 @@ static int start(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *
 int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
 		  struct migfilter_stats *st, struct kiln_err *err)
 {
-	return start(rd, rctx, wr, wctx, base, NULL, st, err);
+	return start(rd, NULL, rctx, wr, wctx, base, NULL, st, err);
+}
+
+int migfilter_run_view(migfilter_view_fn view, void *vctx, migfilter_write_fn wr, void *wctx,
+		       const struct migfilter_base *base, struct migfilter_stats *st, struct kiln_err *err)
+{
+	return start(NULL, view, vctx, wr, wctx, base, NULL, st, err);
 }
 
 int migfilter_compose_run(migfilter_read_fn tpl_rd, void *tpl_ctx, const struct migfilter_compose *c,
 			  migfilter_write_fn wr, void *wctx, struct migfilter_stats *st, struct kiln_err *err)
 {
-	return start(tpl_rd, tpl_ctx, wr, wctx, NULL, c, st, err);
+	return start(tpl_rd, NULL, tpl_ctx, wr, wctx, NULL, c, st, err);
 }

@@ -19,6 +19,9 @@
 /* Where the stream comes from: read exactly-or-less, like read(2):
  * returns bytes read, 0 at end, -1 on error. */
 typedef ssize_t (*migfilter_read_fn)(void *ctx, void *buf, size_t len);
+/* Or the stream where it already is: *p set to the next bytes (valid until
+ * the next call), returns their length, 0 at end, -1 on error. */
+typedef ssize_t (*migfilter_view_fn)(void *ctx, const uint8_t **p);
 /* Where the filtered stream goes: 0, or -1 to stop the filter. */
 typedef int (*migfilter_write_fn)(void *ctx, const void *buf, size_t len);
 
@@ -31,7 +34,9 @@ struct migfilter_base {
 	 * zero record's filled in) and is left out of the stream; flush is
 	 * called at the end of each part of the RAM section, before anything
 	 * after it is written (a loader that batches must have written its
-	 * pages by then). Either returns 0, or -1 to stop the filter. */
+	 * pages by then). Either returns 0, or -1 to stop the filter. The
+	 * page's bytes are valid during the call (migfilter_run_view: until
+	 * the next flush). */
 	int (*page)(void *ctx, uint64_t addr, const uint8_t *data);
 	int (*flush)(void *ctx);
 	void *ctx;
@@ -80,5 +85,13 @@ int migfilter_compose_run(migfilter_read_fn tpl_rd, void *tpl_ctx, const struct 
  * thread; no global state. */
 int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
 		  struct migfilter_stats *st, struct kiln_err *err);
+
+/* The same, reading through views: no copy of the stream into the filter.
+ * A page handed to base->page stays valid until base->flush is next
+ * called (the filter calls it before it takes the next view, and before
+ * it reuses a buffer of its own), so a loader can write the pages out of
+ * the view in batches without copying them. */
+int migfilter_run_view(migfilter_view_fn view, void *vctx, migfilter_write_fn wr, void *wctx,
+		       const struct migfilter_base *base, struct migfilter_stats *st, struct kiln_err *err);
 
 #endif

@@ -162,7 +162,8 @@ int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len)
 	int r = -1;
 
 	pthread_mutex_lock(&u->lock);
-	while (!u->failed && u->queued >= 2 * u->workers)
+	/* One chunk waiting per worker busy, and two more: 16 MiB each. */
+	while (!u->failed && u->queued >= u->workers + 2)
 		pthread_cond_wait(&u->cond, &u->lock);
 	if (!j || u->failed || u->out[stream].n >= PCHUNK_MAX) {
 		if (!u->failed) {

@@ -1000,8 +1000,10 @@ static void *disk_fetch_thread(void *arg)
  * QEMU then loads a stream without them: the configuration, the RAM
  * section's block list and the device state. The filter hands the pages
  * over in stream order, after the chunk they came in passed its SHA-256
- * check; the loader batches them and waits for the VM to be there. */
-#define LOADER_PAGES 256
+ * check; the loader batches them, where they are in the chunk (the filter
+ * flushes the batch before it lets the chunk go), and waits for the VM to
+ * be there. */
+#define LOADER_PAGES 1024 /* IOV_MAX */
 
 struct page_loader {
 	pthread_mutex_t mu;
@@ -1010,7 +1012,6 @@ struct page_loader {
 	pid_t pid;
 	uintptr_t ram;        /* the RAM block's address in QEMU */
 	uint64_t size;
-	uint8_t *buf;         /* LOADER_PAGES pages */
 	struct iovec liov[LOADER_PAGES], riov[LOADER_PAGES];
 	int n, nr;
 	uint64_t pages;
@@ -1043,14 +1044,12 @@ static int loader_flush(void *ctx)
 	return 0;
 }
 
+/* data stays valid until the next flush (migfilter_run_view). */
 static int loader_page(void *ctx, uint64_t addr, const uint8_t *data)
 {
 	struct page_loader *pl = ctx;
-	uint8_t *p = pl->buf + (size_t)pl->n * 4096;
 
-	memcpy(p, data, 4096);
-	pl->liov[pl->n] = (struct iovec){ .iov_base = p, .iov_len = 4096 };
-	pl->n++;
+	pl->liov[pl->n++] = (struct iovec){ .iov_base = (void *)data, .iov_len = 4096 };
 	/* Neighbouring pages: one remote range (an offset into the block
 	 * until loader_flush knows where the block is). */
 	if (pl->nr && (uintptr_t)pl->riov[pl->nr - 1].iov_base + pl->riov[pl->nr - 1].iov_len == addr)
@@ -1074,14 +1073,15 @@ static void loader_target(struct page_loader *pl, pid_t pid, uintptr_t ram)
 }
 
 /* Where the chunks' side hands the stream to the filter: the chunk being
- * handed over, read from its own buffer (a pipe between them cost a copy
- * in and a copy out per byte and, on this 2-core VM, a thread wake-up per
- * pipe's worth: the filter waited on it for ~70-85 ms of a ~120 ms load). */
+ * handed over, parsed where it is (a pipe between them cost a copy in and
+ * a copy out per byte and, on this 2-core VM, a thread wake-up per pipe's
+ * worth: the filter waited on it for ~70-85 ms of a ~120 ms load). */
 struct feed_slot {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	const uint8_t *p; /* the chunk being handed over (NULL: none) */
-	size_t len, pos;
+	size_t len, pos;  /* pos: len once the filter is done with it */
+	int viewed;       /* the filter holds a view of it */
 	int end;         /* the chunks' side is done: the stream is whole, or cut short */
 	int reader_gone; /* the filter stopped: the chunks' side stops too */
 };
@@ -1111,8 +1111,8 @@ struct state_feed {
 	int64_t chunks_done_ms; /* when the last chunk was fetched, checked and streamed */
 };
 
-/* The chunks' side: hand buf over and wait until the filter has read it
- * all, or has stopped (-1). */
+/* The chunks' side: hand buf over and wait until the filter is done with
+ * it, or has stopped (-1). */
 static int slot_sink(void *ctx, const void *buf, size_t len)
 {
 	struct feed_slot *sl = ctx;
@@ -1122,6 +1122,7 @@ static int slot_sink(void *ctx, const void *buf, size_t len)
 	sl->p = buf;
 	sl->len = len;
 	sl->pos = 0;
+	sl->viewed = 0;
 	pthread_cond_broadcast(&sl->cv);
 	while (sl->pos < sl->len && !sl->reader_gone)
 		pthread_cond_wait(&sl->cv, &sl->mu);
@@ -1153,22 +1154,25 @@ static void *state_feed_thread(void *arg)
 	return NULL;
 }
 
-/* The filter's read: up to len bytes of the chunk being handed over; 0 at
- * the end of the stream. */
-static ssize_t feed_read(void *ctx, void *buf, size_t len)
+/* The filter's view: the chunk it held goes back (the filter has written
+ * out every page it handed over from it), and it gets the next one, whole;
+ * 0 at the end of the stream. */
+static ssize_t feed_view(void *ctx, const uint8_t **p)
 {
 	struct feed_slot *sl = ctx;
 	size_t n = 0;
 
 	pthread_mutex_lock(&sl->mu);
+	if (sl->p && sl->viewed) {
+		sl->pos = sl->len;
+		pthread_cond_broadcast(&sl->cv);
+	}
 	while (!(sl->p && sl->pos < sl->len) && !sl->end)
 		pthread_cond_wait(&sl->cv, &sl->mu);
 	if (sl->p && sl->pos < sl->len) {
-		n = sl->len - sl->pos < len ? sl->len - sl->pos : len;
-		memcpy(buf, sl->p + sl->pos, n);
-		sl->pos += n;
-		if (sl->pos == sl->len)
-			pthread_cond_broadcast(&sl->cv);
+		*p = sl->p + sl->pos;
+		n = sl->len - sl->pos;
+		sl->viewed = 1;
 	}
 	pthread_mutex_unlock(&sl->mu);
 	return (ssize_t)n;
@@ -1192,7 +1196,7 @@ static void *state_filter_thread(void *arg)
 				     .ctx = &f->pl };
 
 	/* Without the loader the stream passes through whole. */
-	f->frc = migfilter_run(feed_read, &f->slot, feed_write, f, f->pl.size ? &mb : NULL, &f->st, &f->ferr);
+	f->frc = migfilter_run_view(feed_view, &f->slot, feed_write, f, f->pl.size ? &mb : NULL, &f->st, &f->ferr);
 	close(f->fd);            /* end of stream: QEMU sees it whole, or cut short */
 	slot_close(&f->slot, 1); /* the chunks' side stops at once if this stopped early */
 	return NULL;
@@ -1227,8 +1231,6 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 			r = -1;
 		}
 	}
-	free(f->pl.buf);
-	f->pl.buf = NULL;
 	if (f->tee_fd >= 0) {
 		if (close(f->tee_fd) < 0)
 			f->tee_failed = 1;
@@ -1277,22 +1279,16 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 	struct disk_fetch df = { .c = c, .l = &pm->disk, .fd = -1, .rc = -1 };
 	pthread_t th;
 	int p[2];
-	uint8_t *buf = malloc((size_t)LOADER_PAGES * 4096);
 
-	if (!buf)
-		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	df.fd = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (df.fd < 0) {
-		free(buf);
+	if (df.fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
-	}
 	/* A socket pair, not a pipe: QEMU (7.2) waits for its incoming stream
 	 * to be readable, and a pipe whose writer closed while QEMU waited is
 	 * only POLLHUP, never readable: QEMU would spin on it forever instead of
 	 * failing. A socket whose peer closed reads as end of stream at once. */
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0) {
 		close(df.fd);
-		free(buf);
 		return kiln_err_set(err, KERR_HOST_ERROR, "socketpair: %s", strerror(errno));
 	}
 	{
@@ -1318,13 +1314,10 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 			s->resumed_tpl[0] = '\0';
 		}
 	}
-	f->pl.buf = buf;
 	if (pthread_create(&th, NULL, disk_fetch_thread, &df) != 0) {
 		close(p[0]);
 		close(p[1]);
 		close(df.fd);
-		free(buf);
-		f->pl.buf = NULL;
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start a download thread");
 	}
 	if (pthread_create(&f->fth, NULL, state_filter_thread, f) != 0) {
