@@ -3,6 +3,8 @@
 # set held by a background process that also listens on a TCP socket, and
 # files on its disk, pauses on one kiln-host into a real S3 (Swift s3api) and
 # resumes on another whose snapshot was built on its own (other RAM bytes),
+# each host in a network namespace of its own on a private bridge (the S3
+# server on the bridge's address in the root namespace),
 # B pausing it in turn (reading its pages itself, the stream it was resumed
 # from as the template), each fast pause checked page by page against
 # QEMU's own save of the VM,
@@ -16,47 +18,52 @@
 # chunks; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached python3; do
+for t in ip nsenter swift-proxy-server memcached python3; do
 	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
 done
 python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
 
-S3_DIR=$T_TMP/s3
+N=$((RANDOM % 200 + 20))
+NET=10.232.$N
 TOKEN=pd-token-$RANDOM$RANDOM
 PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1)); PC=$((PA + 2))
 BUCKET=kiln-pausediff
-declare -A hostpid
+declare -A hostpid addr
 cleanup() {
 	for p in "${hostpid[@]}"; do kill "$p" 2> /dev/null; done
 	for p in "${hostpid[@]}"; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
 before_cg=$(count_cgroups)
+# A bridge in the root namespace, one namespace per host (a .11, b .12, c .13).
+net_bridge "kpd$N" "$NET.1"
+for n in a:11 b:12 c:13; do net_ns "kiln-pd-$N-${n%:*}" "kpd$N${n%:*}" "$NET.${n#*:}"; done
+addr[$PA]=$NET.11; addr[$PB]=$NET.12; addr[$PC]=$NET.13
+s3_local_start "$NET.1"
 
 start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not byte-identical to A's)
-	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
+	jq -n --arg n "$1" --arg listen "${addr[$2]}:$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg cache "${3:-}" \
-		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
+		'{listen: $listen, host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
 		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512},
 		  sessions: ({prestart: 1} + (if $n == "c" then {} else {save_pages: 2} end)),
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}
 		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
-	${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
+	# nsenter --net: only the network namespace (ip netns exec would also
+	# remount /sys, hiding the cgroups the jail needs); it execs the host.
+	nsenter --net="/run/netns/kiln-pd-$N-$1" ${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" \
+		>> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
 	hostpid[$1]=$!
 	for _ in $(seq 1800); do
-		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
+		curl -s -m 1 "http://${addr[$2]}:$2/healthz" > /dev/null && return 0
 		sleep 0.2
 	done
 	return 1
 }
 h() { # PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 	local port=$1 m=$2 p=$3; shift 3
-	curl -s -m 600 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$port$p"
+	curl -s -m 600 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://${addr[$port]}:$port$p"
 }
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 ex() { h "$1" POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary "$2"; }
@@ -103,11 +110,11 @@ elif op == "count":  # objects under a prefix
     print(sum(1 for _ in s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=key) for _ in _.get("Contents", [])))
 ' "$@"
 }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://${addr[$1]}:$1/v1/capacity" | jq -r .vcpus.used; }
 M=acme/sessions/s1/manifest.json
 
 CACHE_B=$T_TMP/cache-b
-if start_host a "$PA" && start_host b "$PB" "$CACHE_B"; then ok "two kiln-hosts share one S3"
+if start_host a "$PA" && start_host b "$PB" "$CACHE_B"; then ok "two kiln-hosts, each in its own network namespace, share one S3"
 else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
 
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
@@ -186,7 +193,7 @@ check "...with its process and memory intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
 # --- a pause cut by SIGKILL of kiln-host ---
 old_keys=$(s3py keys $M)
 ex "$PA" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
-curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PA/v1/sessions/s1/pause" &
+curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://${addr[$PA]}:$PA/v1/sessions/s1/pause" &
 cpid=$!
 sleep 0.4
 kill -9 "${hostpid[a]}"; wait "${hostpid[a]}" 2> /dev/null; wait "$cpid" 2> /dev/null
@@ -237,8 +244,12 @@ check "DELETE of the paused session removes its manifest and every chunk" \
 check "...and leaves the shared base RAM in S3 (kiln never deletes a base)" \
 	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes
 
-check "nothing left: no QEMU, VM directories, session files or cgroups" \
+for p in "${hostpid[@]}"; do kill "$p" 2> /dev/null; done
+for p in "${hostpid[@]}"; do wait "$p" 2> /dev/null; done
+hostpid=()
+net_down
+check "nothing left: no QEMU, VM directories, session files, cgroups, namespaces or bridge" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" "$T_TMP/spool-c/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
-	-a "$(count_cgroups)" = "$before_cg"
+	-a "$(count_cgroups)" = "$before_cg" -a "$(net_left)" = 0
 t_done
