@@ -1109,6 +1109,7 @@ struct state_feed {
 	 * session on a fetched base. A failure to write it only drops it. */
 	int tee_fd, tee_failed;
 	int64_t chunks_done_ms; /* when the last chunk was fetched, checked and streamed */
+	int locks;              /* the loader's and the slot's mutexes and conditions are set up */
 };
 
 /* The chunks' side: hand buf over and wait until the filter is done with
@@ -1231,6 +1232,13 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 			r = -1;
 		}
 	}
+	if (f->locks) { /* both threads joined */
+		pthread_mutex_destroy(&f->pl.mu);
+		pthread_cond_destroy(&f->pl.cv);
+		pthread_mutex_destroy(&f->slot.mu);
+		pthread_cond_destroy(&f->slot.cv);
+		f->locks = 0;
+	}
 	if (f->tee_fd >= 0) {
 		if (close(f->tee_fd) < 0)
 			f->tee_failed = 1;
@@ -1298,6 +1306,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
 	}
 	*f = (struct state_feed){ .c = c, .l = &pm->state, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1 };
+	f->locks = 1;
 	pthread_mutex_init(&f->pl.mu, NULL);
 	pthread_cond_init(&f->pl.cv, NULL);
 	pthread_mutex_init(&f->slot.mu, NULL);
