@@ -7,7 +7,9 @@
 # pause + resume each, after a command that touched 64 MiB of the session's RAM.
 # Per round: pause time, the bytes the pause sent to S3 (what the host
 # reports: compressed chunks and manifest for manifest v2, the whole state
-# and disk files for v1), resume time and resume to the first exec answered.
+# and disk files for v1), resume time and resume to the first exec answered;
+# how busy the machine's CPUs were during the resume (/proc/stat) and the
+# CPU time each process (QEMU, kiln-host, the S3 server) used in it.
 # The first pause of a snapshot also hashes its RAM (cached after): rounds
 # after the first count. KILN_HOST=path compares another build (e.g. main's).
 # SESSION_PRESTART=1 (the default) keeps a session QEMU started ahead
