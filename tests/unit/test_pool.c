@@ -476,6 +476,14 @@ static int target_is(void *arg)
 	return st.target == w->n && st.ready == w->n;
 }
 
+/* A pool of size 1 that may grow to max, its one VM ready. */
+static void start_adaptive(struct fixture *x, unsigned max)
+{
+	start(x, 1, 0);
+	pool_set_max(x->p, max);
+	wait_ready(x, 1);
+}
+
 /* Takes at 10 a second for 6 s: the adaptive pool grows to its max (2 x
  * 10/s x 250 ms = 5, capped at 4) and refills to it; 30 s of the pool's clock
  * without takes bring it back to its size, its VMs destroyed and their
@@ -488,9 +496,7 @@ static void adapts_to_demand(void **state)
 	struct want w = { x, 4 };
 	struct vm vm;
 
-	start(x, 1, 0);
-	pool_set_max(x->p, 4);
-	wait_ready(x, 1);
+	start_adaptive(x, 4);
 	pool_stats(x->p, &st);
 	assert_int_equal(st.target, 1);
 	assert_int_equal(st.min, 1);
@@ -530,9 +536,7 @@ static void misses_grow_the_target(void **state)
 	struct want w = { x, 4 };
 	struct vm vm;
 
-	start(x, 1, 0);
-	pool_set_max(x->p, 8);
-	wait_ready(x, 1);
+	start_adaptive(x, 8);
 	/* Refills block in their restore: every take after the first misses. */
 	restore_gate(x, 1);
 	assert_int_equal(pool_take(x->p, &vm, &err), 0);
