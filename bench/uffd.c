@@ -338,16 +338,16 @@ static double held(void)
 	started = 1;
 	if (io_write_all(sv[0], "g", 1) < 0 || io_read_all(sv[0], &t, sizeof(t)) != sizeof(t))
 		t = -1;
-	if (t >= 0 && f.bad) {
-		fprintf(stderr, "held: a fault was not MINOR, or a page could not be placed\n");
-		t = -1;
-	}
-	if (t < 0)
-		fprintf(stderr, "held: a page read wrong in the VM process, or its private write leaked\n");
 out:
 	if (started) {
 		__atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
-		pthread_join(th, NULL);
+		pthread_join(th, NULL); /* f.bad is read after it */
+		if (f.bad)
+			fprintf(stderr, "held: a fault was not MINOR, or a page could not be placed\n");
+		else if (t < 0)
+			fprintf(stderr, "held: a page read wrong in the VM process, or its private write leaked\n");
+		if (f.bad)
+			t = -1;
 	}
 	if (vm > 0) {
 		kill(vm, SIGKILL);
