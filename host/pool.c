@@ -26,7 +26,8 @@
  * window (grows fast) and a long one (shrinks only after a quiet spell),
  * times how long a refill takes, twice over: enough ready VMs that takes
  * arriving at that rate find one while refills catch up. And one more
- * ready VM for every miss, kept until takes stop for the long window: a
+ * ready VM for every miss that follows another take within the long
+ * window, kept until takes stop for that long: a
  * client that submits back to back slows down once the pool is empty
  * (each of its tasks then restores), so its rate understates what it
  * asks for; its misses do not. */
@@ -456,17 +457,21 @@ static unsigned count(struct pool *p, const unsigned *n)
 int pool_take(struct pool *p, struct vm *vm, struct kiln_err *err)
 {
 	int64_t now = kclock_mono_ms(p->clk);
-	int r;
+	int r, recent;
 
 	/* Every take counts towards the rate, a miss too (demand the pool did
 	 * not meet). */
 	pthread_mutex_lock(&p->mu);
-	if (!takes_recent(p, now))
+	recent = takes_recent(p, now);
+	if (!recent)
 		p->boost = 0; /* a quiet spell ended what the last misses asked for */
 	p->takes[p->ntakes++ % POOL_TAKES] = now;
 	if (!p->nready) {
 		p->misses++;
-		if (p->max > p->size && p->boost < p->max - p->size)
+		/* Only a miss in a run of takes asks for more: the first take
+		 * after a quiet spell (or of a pool still starting) says nothing
+		 * about a client outrunning the refills. */
+		if (recent && p->max > p->size && p->boost < p->max - p->size)
 			p->boost++;
 	}
 	pthread_mutex_unlock(&p->mu);

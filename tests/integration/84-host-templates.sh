@@ -171,7 +171,7 @@ echo "# a task on a template already held: $(/usr/bin/python3 -c "print(round($t
 metrics=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/metrics")
 check "/metrics: one fetch, per-template pool gauge" \
 	grep -q "^kiln_host_template_fetches_total 1$" <<< "$metrics"
-check "/metrics: kiln_host_template_pool_ready for the template" \
+check "/metrics: kiln_host_template_pool_ready for the template ($(grep '^kiln_host_template_pool_ready{template="data"' <<< "$metrics"))" \
 	grep -qE "^kiln_host_template_pool_ready\{template=\"data\",sha256=\"$SHA_A\"\} [01]$" <<< "$metrics"
 
 # A default task still runs on the default image.

@@ -523,8 +523,8 @@ static void adapts_to_demand(void **state)
 	stop_and_count(x);
 }
 
-/* A take that finds the pool empty adds one ready VM to the target (up to
- * the maximum) for as long as takes go on: a client submitting back to back
+/* A take that finds the pool empty, in a run of takes, adds one ready VM
+ * to the target (up to the maximum) for as long as takes go on: a client submitting back to back
  * slows down once it misses (its tasks then restore), so its rate alone
  * understates what it asks for. 30 s of the pool's clock without a take
  * end it, and the next take starts from the rate alone. */
@@ -570,6 +570,33 @@ static void misses_grow_the_target(void **state)
 	pool_stats(x->p, &st);
 	assert_int_equal(st.target, 1);
 	wait_ready(x, 1);
+	stop_and_count(x);
+}
+
+/* The first take of a pool still starting (or after a quiet spell) that
+ * misses does not grow the target: one task on a template whose pool has
+ * just started is no client outrunning the refills. A second miss soon
+ * after is. */
+static void first_miss_does_not_grow_the_target(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	struct pool_stats st;
+	struct vm vm;
+
+	restore_gate(x, 1); /* the pool's first VM is not ready yet */
+	start(x, 1, 0);
+	pool_set_max(x->p, 8);
+	assert_int_equal(pool_take(x->p, &vm, &err), -EAGAIN);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.misses, 1);
+	assert_int_equal(st.target, 1);
+	assert_int_equal(pool_take(x->p, &vm, &err), -EAGAIN);
+	pool_stats(x->p, &st);
+	assert_int_equal(st.misses, 2);
+	assert_int_equal(st.target, 2);
+	restore_gate(x, 0);
+	wait_ready(x, 2);
 	stop_and_count(x);
 }
 
@@ -698,6 +725,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(refills_run_side_by_side, setup, teardown),
 		cmocka_unit_test_setup_teardown(refills_follow_the_target, setup, teardown),
 		cmocka_unit_test_setup_teardown(misses_grow_the_target, setup, teardown),
+		cmocka_unit_test_setup_teardown(first_miss_does_not_grow_the_target, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
