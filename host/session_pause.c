@@ -48,6 +48,7 @@
 #include "fsutil.h"
 #include "io.h"
 #include "migfilter.h"
+#include "pageload.h"
 #include "pause_chunks.h"
 #include "pause_manifest.h"
 #include "proto.h"
@@ -992,85 +993,13 @@ static void *disk_fetch_thread(void *arg)
 	return NULL;
 }
 
-/* The changed pages, written straight into the VM's RAM in QEMU's address
- * space (process_vm_writev) instead of through QEMU's own load: QEMU takes
- * a user-mode page fault for each page it copies into its copy-on-write
- * RAM, ~15 us apiece on the virtualised hosts measured (17,900 pages: 270
- * ms), where process_vm_writev faults them in the kernel (~1.6 us a page).
- * QEMU then loads a stream without them: the configuration, the RAM
- * section's block list and the device state. The filter hands the pages
- * over in stream order, after the chunk they came in passed its SHA-256
- * check; the loader batches them, where they are in the chunk (the filter
- * flushes the batch before it lets the chunk go), and waits for the VM to
- * be there. */
-#define LOADER_PAGES 1024 /* IOV_MAX */
-
-struct page_loader {
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int state;            /* 0: no VM yet; 1: pid and ram set; -1: given up */
-	pid_t pid;
-	uintptr_t ram;        /* the RAM block's address in QEMU */
-	uint64_t size;
-	struct iovec liov[LOADER_PAGES], riov[LOADER_PAGES];
-	int n, nr;
-	uint64_t pages;
-};
-
-static int loader_flush(void *ctx)
-{
-	struct page_loader *pl = ctx;
-	ssize_t want = (ssize_t)pl->n * 4096, got;
-
-	if (!pl->n)
-		return 0;
-	pthread_mutex_lock(&pl->mu);
-	while (pl->state == 0)
-		pthread_cond_wait(&pl->cv, &pl->mu);
-	pthread_mutex_unlock(&pl->mu);
-	if (pl->state < 0)
-		return -1;
-	/* The ranges were queued as offsets into the block: now addresses. */
-	for (int i = 0; i < pl->nr; i++)
-		pl->riov[i].iov_base = (void *)(pl->ram + (uintptr_t)pl->riov[i].iov_base);
-	got = process_vm_writev(pl->pid, pl->liov, (unsigned long)pl->n, pl->riov, (unsigned long)pl->nr, 0);
-	if (got != want) {
-		fprintf(stderr, "kiln-host: loading pages into QEMU %d: %s\n", (int)pl->pid,
-			got < 0 ? strerror(errno) : "short write");
-		return -1;
-	}
-	pl->pages += (uint64_t)pl->n;
-	pl->n = pl->nr = 0;
-	return 0;
-}
-
-/* data stays valid until the next flush (migfilter_run_view). */
-static int loader_page(void *ctx, uint64_t addr, const uint8_t *data)
-{
-	struct page_loader *pl = ctx;
-
-	pl->liov[pl->n++] = (struct iovec){ .iov_base = (void *)data, .iov_len = 4096 };
-	/* Neighbouring pages: one remote range (an offset into the block
-	 * until loader_flush knows where the block is). */
-	if (pl->nr && (uintptr_t)pl->riov[pl->nr - 1].iov_base + pl->riov[pl->nr - 1].iov_len == addr)
-		pl->riov[pl->nr - 1].iov_len += 4096;
-	else
-		pl->riov[pl->nr++] = (struct iovec){ .iov_base = (void *)(uintptr_t)addr, .iov_len = 4096 };
-	return pl->n == LOADER_PAGES ? loader_flush(pl) : 0;
-}
-
-/* The VM is there (pid, RAM at ram), or will never be (pid 0). */
-static void loader_target(struct page_loader *pl, pid_t pid, uintptr_t ram)
-{
-	pthread_mutex_lock(&pl->mu);
-	if (pl->state == 0) {
-		pl->pid = pid;
-		pl->ram = ram;
-		pl->state = pid > 0 ? 1 : -1;
-	}
-	pthread_cond_broadcast(&pl->cv);
-	pthread_mutex_unlock(&pl->mu);
-}
+/* The changed pages are written straight into the VM's RAM in QEMU's
+ * address space (pageload.c) instead of through QEMU's own load; QEMU then
+ * loads a stream without them: the configuration, the RAM section's block
+ * list and the device state. The filter hands the pages over in stream
+ * order, after the chunk they came in passed its SHA-256 check; the loader
+ * batches them where they are in the chunk (the filter flushes before it
+ * lets the chunk go) and waits for the VM to be there. */
 
 /* Where the chunks' side hands the stream to the filter: the chunk being
  * handed over, parsed where it is (a pipe between them cost a copy in and
@@ -1103,13 +1032,14 @@ struct state_feed {
 	struct kiln_err ferr;
 	pthread_t fth;
 	int fstarted;
-	struct page_loader pl;
+	struct pageload *pl; /* NULL: no loader (the stream goes to QEMU whole) */
+	uint64_t pl_size;    /* the RAM block's */
 	struct migfilter_stats st;
 	/* A copy of what QEMU is fed (-1: none): the resumed template of a
 	 * session on a fetched base. A failure to write it only drops it. */
 	int tee_fd, tee_failed;
 	int64_t chunks_done_ms; /* when the last chunk was fetched, checked and streamed */
-	int locks;              /* the loader's and the slot's mutexes and conditions are set up */
+	int locks;              /* the slot's mutex and condition are set up */
 };
 
 /* The chunks' side: hand buf over and wait until the filter is done with
@@ -1193,11 +1123,11 @@ static int feed_write(void *ctx, const void *buf, size_t len)
 static void *state_filter_thread(void *arg)
 {
 	struct state_feed *f = arg;
-	struct migfilter_base mb = { .block = "mem", .size = f->pl.size, .page = loader_page, .flush = loader_flush,
-				     .ctx = &f->pl };
+	struct migfilter_base mb = { .block = "mem", .size = f->pl_size, .page = pageload_page, .flush = pageload_flush,
+				     .ctx = f->pl };
 
 	/* Without the loader the stream passes through whole. */
-	f->frc = migfilter_run_view(feed_view, &f->slot, feed_write, f, f->pl.size ? &mb : NULL, &f->st, &f->ferr);
+	f->frc = migfilter_run_view(feed_view, &f->slot, feed_write, f, f->pl ? &mb : NULL, &f->st, &f->ferr);
 	close(f->fd);            /* end of stream: QEMU sees it whole, or cut short */
 	slot_close(&f->slot, 1); /* the chunks' side stops at once if this stopped early */
 	return NULL;
@@ -1206,8 +1136,8 @@ static void *state_filter_thread(void *arg)
 /* The VM will not come: a loader waiting for it gives up. */
 static void state_feed_cancel(struct state_feed *f)
 {
-	if (f->fstarted)
-		loader_target(&f->pl, 0, 0);
+	if (f->pl)
+		pageload_target(f->pl, 0, 0);
 }
 
 /* Wait for the feed (its reader must be gone or reading: close the read
@@ -1232,9 +1162,11 @@ static int state_feed_join(struct state_feed *f, struct kiln_err *err)
 			r = -1;
 		}
 	}
-	if (f->locks) { /* both threads joined */
-		pthread_mutex_destroy(&f->pl.mu);
-		pthread_cond_destroy(&f->pl.cv);
+	if (f->pl) { /* both threads joined */
+		pageload_free(f->pl);
+		f->pl = NULL;
+	}
+	if (f->locks) {
 		pthread_mutex_destroy(&f->slot.mu);
 		pthread_cond_destroy(&f->slot.cv);
 		f->locks = 0;
@@ -1273,7 +1205,7 @@ static void feed_booted(void *ctx, struct session *s)
 	if (!ram)
 		fprintf(stderr, "kiln-host: session %s: the VM's RAM is not in QEMU %d's address space\n", s->id,
 			(int)s->vm.pid);
-	loader_target(&f->pl, ram ? s->vm.pid : 0, ram);
+	pageload_target(f->pl, ram ? s->vm.pid : 0, ram);
 }
 
 /* Version 2: the disk layer (into s->disk, whole, checked: QEMU opens it
@@ -1307,14 +1239,21 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 	}
 	*f = (struct state_feed){ .c = c, .l = &pm->state, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1 };
 	f->locks = 1;
-	pthread_mutex_init(&f->pl.mu, NULL);
-	pthread_cond_init(&f->pl.cv, NULL);
 	pthread_mutex_init(&f->slot.mu, NULL);
 	pthread_cond_init(&f->slot.cv, NULL);
-	f->pl.size = vmmem_usable() ? pm->base_size : 0; /* 0: no loader */
+	f->pl_size = pm->base_size;
+	if (vmmem_usable() && !(f->pl = pageload_new(pm->base_size, err))) {
+		close(p[0]);
+		close(p[1]);
+		close(df.fd);
+		f->locks = 0;
+		pthread_mutex_destroy(&f->slot.mu);
+		pthread_cond_destroy(&f->slot.cv);
+		return -1;
+	}
 	/* On a fetched base, with the loader (the RAM block's pages leave the
 	 * stream): what QEMU is fed is kept as the next fast pause's template. */
-	if (s->base_fd >= 0 && f->pl.size) {
+	if (s->base_fd >= 0 && f->pl) {
 		snprintf(s->resumed_tpl, sizeof(s->resumed_tpl), "%s/resumed-template", s->dir);
 		f->tee_fd = open(s->resumed_tpl, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		if (f->tee_fd < 0) {
@@ -1516,7 +1455,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	}
 	/* Version 2: the base mapped copy-on-write, the changed pages over it,
 	 * written in as they arrive once QEMU is there. */
-	if (pm.version == PMANIFEST_V2 && feed.pl.size) {
+	if (pm.version == PMANIFEST_V2 && feed.pl) {
 		s->booted = feed_booted;
 		s->booted_ctx = &feed;
 	}
