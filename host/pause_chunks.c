@@ -139,15 +139,35 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it, harmlessly */
 #endif
 
-void *pchunk_buf_alloc(void)
+/* Fault in buf's bytes [from, to) in the kernel, in whole huge pages. */
+static void buf_populate(void *buf, size_t from, size_t to)
+{
+	const size_t huge = 2u << 20;
+
+	from = from / huge * huge;
+	to = (to + huge - 1) / huge * huge;
+	if (to > PCHUNK_RAW_MAX)
+		to = PCHUNK_RAW_MAX;
+	if (to > from)
+		(void)madvise((char *)buf + from, to - from, MADV_POPULATE_WRITE);
+}
+
+/* A buffer with its first `need` bytes faulted in (the kernel zeroes each
+ * page it gives: a small chunk need not pay for 16 MiB of them). */
+static void *buf_alloc(size_t need)
 {
 	void *p = mmap(NULL, PCHUNK_RAW_MAX, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
 		return NULL;
 	(void)madvise(p, PCHUNK_RAW_MAX, MADV_HUGEPAGE);
-	(void)madvise(p, PCHUNK_RAW_MAX, MADV_POPULATE_WRITE);
+	buf_populate(p, 0, need);
 	return p;
+}
+
+void *pchunk_buf_alloc(void)
+{
+	return buf_alloc(PCHUNK_RAW_MAX);
 }
 
 void pchunk_buf_free(void *buf)
@@ -281,7 +301,14 @@ static int stream_write(struct getter *g, size_t i, const void *raw, size_t n, c
 		     : 0;
 }
 
-static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct kiln_err *e)
+/* A worker's decompression buffer, kept from one chunk to its next: a
+ * fresh one is 16 MiB of pages the kernel zeroes first. */
+struct rawbuf {
+	void *p;
+	size_t ready; /* bytes faulted in */
+};
+
+static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct rawbuf *rb, struct kiln_err *e)
 {
 	char sha[65];
 	struct stat st;
@@ -305,7 +332,15 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ki
 		goto out;
 	}
 	z = malloc(p->zsize);
-	raw = p->size <= PCHUNK_RAW_MAX ? pchunk_buf_alloc() : NULL;
+	if (p->size <= PCHUNK_RAW_MAX) {
+		if (!rb->p && (rb->p = buf_alloc(p->size)))
+			rb->ready = p->size;
+		else if (rb->p && rb->ready < p->size) {
+			buf_populate(rb->p, rb->ready, p->size);
+			rb->ready = p->size;
+		}
+		raw = rb->p;
+	}
 	if (!z || !raw) {
 		kiln_err_set(e, KERR_HOST_ERROR, "out of memory");
 		goto out;
@@ -336,13 +371,13 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ki
 out:
 	close(fd);
 	free(z);
-	pchunk_buf_free(raw);
 	return r;
 }
 
 static void *get_worker(void *arg)
 {
 	struct getter *g = arg;
+	struct rawbuf rb = { 0 };
 
 	for (;;) {
 		struct kiln_err e = { .code = "" };
@@ -351,11 +386,12 @@ static void *get_worker(void *arg)
 		pthread_mutex_lock(&g->lock);
 		if (g->failed || g->next >= g->l->n) {
 			pthread_mutex_unlock(&g->lock);
+			pchunk_buf_free(rb.p);
 			return NULL;
 		}
 		i = g->next++;
 		pthread_mutex_unlock(&g->lock);
-		if (get_one(g, i, &g->l->c[i], &e) < 0) {
+		if (get_one(g, i, &g->l->c[i], &rb, &e) < 0) {
 			pthread_mutex_lock(&g->lock);
 			if (!g->failed)
 				g->err = e;
