@@ -9,7 +9,9 @@
 # reports: compressed chunks and manifest for manifest v2, the whole state
 # and disk files for v1), resume time and resume to the first exec answered;
 # how busy the machine's CPUs were during the resume (/proc/stat) and the
-# CPU time each process (QEMU, kiln-host, the S3 server) used in it.
+# CPU time each process (QEMU, kiln-host, the S3 server) used in it. At
+# 256 MiB also the same for a session that changed almost nothing (the
+# floor a lazy resume could reach if its page faults cost nothing).
 # The first pause of a snapshot also hashes its RAM (cached after): rounds
 # after the first count. KILN_HOST=path compares another build (e.g. main's).
 # SESSION_PRESTART=1 (the default) keeps a session QEMU started ahead
@@ -179,6 +181,25 @@ PY
 )
 	fi
 	h -X DELETE "$U/b$mem?customer=bench" > /dev/null
+	if [ "$mem" = 256 ]; then
+		# The floor of any lazy resume: a session that changed almost
+		# nothing since its snapshot (no 64 MiB process), paused and resumed
+		# as above. Its resume has ~700 pages to load, so resume to first
+		# exec is the manifest, QEMU's device load, SETUP and the first exec
+		# with no page feed in the way: what a lazy resume could reach if its
+		# faults (one per page the VM touches first, bench/uffd) cost nothing.
+		h -X POST "$U" --data "{\"id\":\"f$mem\",\"customer\":\"bench\",\"spec\":{\"limits\":{\"memory_mib\":$mem}}}" > /dev/null
+		h -X POST "$U/f$mem/pause" > /dev/null; h -X POST "$U/f$mem/resume" --data '{"customer":"bench"}' > /dev/null
+		: > "$TMP/fr"; : > "$TMP/fre"
+		for _ in $(seq "$RUNS"); do
+			h -X POST "$U/f$mem/pause" > "$TMP/pause"
+			t=$(date +%s%N); h -X POST "$U/f$mem/resume" --data '{"customer":"bench"}' > "$TMP/resume"; ms "$t" >> "$TMP/fr"
+			h -X POST "$U/f$mem/exec" --data '{"argv":["true"]}' > /dev/null; ms "$t" >> "$TMP/fre"
+			jq -e '.state == "running"' "$TMP/resume" > /dev/null || { echo "  resume failed: $(cat "$TMP/resume")"; break; }
+		done
+		floor="resume $(med < "$TMP/fr") ms, resume to first exec answered $(med < "$TMP/fre") ms ($(jq -r '.snapshot.pages_changed // "?"' "$TMP/pause") pages changed; medians over $RUNS)"
+		h -X DELETE "$U/f$mem?customer=bench" > /dev/null
+	fi
 	# Creating a session (a second apart: a QEMU started ahead has time to
 	# be ready), and what a QEMU waiting ahead holds (PSS).
 	: > "$TMP/c"
@@ -199,4 +220,5 @@ done
 echo "  (medians over $RUNS rounds after a warm-up; MB to S3: bytes one pause sent; pause s/GiB is per GiB of guest memory)"
 [ -z "${xt:-}" ] || echo "sessions: exec round trip of true in a running 256 MiB session (HTTP to kiln-host, EXEC, exit): median $xt ms over 20"
 [ -z "${touched1:-}" ] || echo "sessions: guest pages touched (a lazy resume would fault each in): from a resume's answer to its first exec of true answered $touched1, during a later exec $touched2 (bench/uffd prints what one costs)"
+[ -z "${floor:-}" ] || echo "sessions: a 256 MiB session with almost nothing to load (the floor a lazy resume could reach with free faults): $floor"
 [ -z "${kt:-}" ] || echo "sessions: a key typed into a terminal (tty exec of cat) to its echo on the event stream, through kiln-host: median $kt ms over 25"
