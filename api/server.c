@@ -327,6 +327,16 @@ static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn,
 	return reply_json(conn, status, with_urls(s, conn, j));
 }
 
+/* A store error while the database is out of reach (PostgreSQL went away
+ * after the check at the door) is the door's 503, not a 500: the client
+ * retries, safely with its Idempotency-Key. */
+static enum MHD_Result reply_store_err(struct server *s, struct MHD_Connection *conn, const struct kiln_err *e)
+{
+	if (e->errc == KERR_STORE_ERROR && store_down(s->st))
+		return reply_error(conn, KERR_UNAVAILABLE, "the database is unreachable; retry");
+	return reply_err(conn, e);
+}
+
 static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *conn, const struct httpd_body *req,
 				     const struct caller *c)
 {
@@ -360,7 +370,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		if (r == 1)
 			return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
 		if (r < 0)
-			return reply_err(conn, &err);
+			return reply_store_err(s, conn, &err);
 	}
 	if (api_task_request_parse(httpd_body_data(req), httpd_body_len(req), &tr, &err) < 0)
 		return reply_err(conn, &err);
@@ -428,7 +438,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	r = template_resolve(s->st, c->customer, tname[0] ? tname : NULL, &tu, &err);
 	if (r < 0) {
 		api_task_request_free(&tr);
-		return reply_err(conn, &err);
+		return reply_store_err(s, conn, &err);
 	}
 	if (r == 1 && tu.use.builtin && !some_host_fits(s, vcpus, memory_mib, egress, tu.row.name)) {
 		snprintf(msg, sizeof(msg), "no registered host that fits the task has the built-in template %s", tu.row.name);
@@ -479,7 +489,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 				     err.message, "Retry-After", ra);
 	}
 	if (r < 0)
-		return reply_err(conn, &err);
+		return reply_store_err(s, conn, &err);
 	if (r == 1) /* the same retry raced us past the lookup above */
 		return reply_task(s, conn, MHD_HTTP_OK, id, c->customer);
 	pthread_mutex_lock(&s->hooks_lock);
