@@ -198,24 +198,12 @@ int pageload_flush(void *ctx)
 	return r;
 }
 
-uint64_t pageload_pages(struct pageload *pl)
+void pageload_stats(struct pageload *pl, uint64_t *pages, uint64_t *helped)
 {
-	uint64_t n;
-
 	pthread_mutex_lock(&pl->mu);
-	n = pl->pages;
+	*pages = pl->pages;
+	*helped = pl->helped;
 	pthread_mutex_unlock(&pl->mu);
-	return n;
-}
-
-uint64_t pageload_helped(struct pageload *pl)
-{
-	uint64_t n;
-
-	pthread_mutex_lock(&pl->mu);
-	n = pl->helped;
-	pthread_mutex_unlock(&pl->mu);
-	return n;
 }
 
 void pageload_free(struct pageload *pl)

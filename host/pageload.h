@@ -41,9 +41,9 @@ int pageload_page(void *ctx, uint64_t addr, const uint8_t *data);
  * for pageload_page. */
 int pageload_flush(void *ctx);
 
-/* Pages written, and batches of them the helper wrote (diagnostics, tests). */
-uint64_t pageload_pages(struct pageload *pl);
-uint64_t pageload_helped(struct pageload *pl);
+/* Pages written so far, and the batches of them the helper wrote
+ * (diagnostics, tests). */
+void pageload_stats(struct pageload *pl, uint64_t *pages, uint64_t *helped);
 
 /* Stop the helper and free the loader (NULL: nothing). Pages handed over
  * but not flushed may or may not have been written. */
