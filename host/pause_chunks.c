@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,6 +16,8 @@
 
 #include <openssl/evp.h>
 #include <zstd.h>
+
+#include "io.h"
 
 #define PCHUNK_WORKERS_MAX 16
 #define PCHUNK_ZLEVEL      1
@@ -38,6 +41,7 @@ struct pchunk_up {
 	struct pchunk_list out[2];
 	size_t cap[2];
 	uint64_t bytes;
+	char cache[PATH_MAX]; /* where each chunk is kept too ("": nowhere) */
 	pthread_t th[PCHUNK_WORKERS_MAX];
 };
 
@@ -49,6 +53,52 @@ static void sha_hex(const void *p, size_t n, char out[65])
 	EVP_Digest(p, n, d, &dl, EVP_sha256(), NULL);
 	for (int i = 0; i < 32; i++)
 		snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+/* Keep a chunk sent to S3 as dir/<sha> too (pause_cache.h): written under
+ * a temporary name, then renamed, so a file by that name is whole. Best
+ * effort: a failure only leaves it out. */
+static void cache_write(const char *dir, const char *sha, const void *z, size_t n)
+{
+	char path[PATH_MAX], tmp[PATH_MAX + 16];
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, sha) >= (int)sizeof(path))
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return;
+	if (io_write_all(fd, z, n) < 0 || close(fd) < 0 || rename(tmp, path) < 0)
+		unlink(tmp);
+}
+
+/* Read dir/<sha> into z (n bytes) if it is there, whole and still hashes
+ * to sha: 0; else -1 (a damaged file is removed; the caller fetches). */
+static int cache_read(const char *dir, const struct pchunk *p, void *z, char sha[65])
+{
+	char path[PATH_MAX];
+	struct stat st;
+	int fd;
+	ssize_t got;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, p->sha256) >= (int)sizeof(path))
+		return -1;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -1;
+	got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == p->zsize
+		      ? io_read_all(fd, z, p->zsize)
+		      : -1;
+	close(fd);
+	if (got == (ssize_t)p->zsize) {
+		sha_hex(z, p->zsize, sha);
+		if (!strcmp(sha, p->sha256))
+			return 0;
+	}
+	fprintf(stderr, "kiln-host: %s: not the chunk the manifest names; fetching it from S3\n", path);
+	unlink(path);
+	return -1;
 }
 
 static void *up_worker(void *arg)
@@ -89,6 +139,8 @@ static void *up_worker(void *arg)
 				pc.zsize = zn;
 				sha_hex(z, zn, pc.sha256);
 				r = s3_put_buffer(u->c, pc.key, z, zn, "application/zstd", &e);
+				if (r == 0 && u->cache[0])
+					cache_write(u->cache, pc.sha256, z, zn);
 			}
 		}
 		free(z);
@@ -133,6 +185,11 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 		return NULL;
 	}
 	return u;
+}
+
+void pchunk_up_cache(struct pchunk_up *u, const char *dir)
+{
+	snprintf(u->cache, sizeof(u->cache), "%s", dir ? dir : "");
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -267,6 +324,8 @@ struct getter {
 	int stream;           /* chunks handed to sink in order */
 	pchunk_sink_fn sink;
 	void *sink_ctx;
+	const char *cache;    /* read chunks from here first (NULL: S3 only) */
+	size_t hits;          /* chunks read from the cache (under lock) */
 	pthread_mutex_t lock;
 	pthread_cond_t turn;  /* stream: `written` moved, or a failure */
 	size_t next, written; /* chunks handed out; stream: chunks written */
@@ -313,25 +372,50 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ra
 	char sha[65];
 	struct stat st;
 	void *z = NULL, *raw = NULL;
-	int fd = memfd_create("kiln-chunk", MFD_CLOEXEC), r = -1;
+	int fd = -1, r = -1;
 	size_t n;
 
-	if (fd < 0)
-		return kiln_err_set(e, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
-	if (s3_get_fd(g->c, p->key, fd, e) < 0) {
-		if (e->errc == KERR_S3_NOT_FOUND)
-			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s is missing from the paused session in S3", p->key);
+	z = malloc(p->zsize ? p->zsize : 1);
+	if (!z) {
+		kiln_err_set(e, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
-	if (fstat(fd, &st) < 0) {
-		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: %s", p->key, strerror(errno));
-		goto out;
+	if (g->cache && cache_read(g->cache, p, z, sha) == 0) {
+		pthread_mutex_lock(&g->lock);
+		g->hits++;
+		pthread_mutex_unlock(&g->lock);
+	} else {
+		if ((fd = memfd_create("kiln-chunk", MFD_CLOEXEC)) < 0) {
+			kiln_err_set(e, KERR_HOST_ERROR, "memfd: %s", strerror(errno));
+			goto out;
+		}
+		if (s3_get_fd(g->c, p->key, fd, e) < 0) {
+			if (e->errc == KERR_S3_NOT_FOUND)
+				kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s is missing from the paused session in S3",
+					     p->key);
+			goto out;
+		}
+		if (fstat(fd, &st) < 0) {
+			kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: %s", p->key, strerror(errno));
+			goto out;
+		}
+		if ((uint64_t)st.st_size != p->zsize) {
+			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: size differs from the manifest (S3 copy damaged)",
+				     p->key);
+			goto out;
+		}
+		if (pread(fd, z, p->zsize, 0) != (ssize_t)p->zsize) {
+			kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: short read", p->key);
+			goto out;
+		}
+		/* The hash first: nothing from S3 reaches the decompressor unchecked. */
+		sha_hex(z, p->zsize, sha);
+		if (strcmp(sha, p->sha256)) {
+			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: sha256 differs from the manifest (S3 copy damaged)",
+				     p->key);
+			goto out;
+		}
 	}
-	if ((uint64_t)st.st_size != p->zsize) {
-		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: size differs from the manifest (S3 copy damaged)", p->key);
-		goto out;
-	}
-	z = malloc(p->zsize);
 	if (p->size <= PCHUNK_RAW_MAX) {
 		if (!rb->p && (rb->p = buf_alloc(p->size)))
 			rb->ready = p->size;
@@ -341,18 +425,8 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ra
 		}
 		raw = rb->p;
 	}
-	if (!z || !raw) {
+	if (!raw) {
 		kiln_err_set(e, KERR_HOST_ERROR, "out of memory");
-		goto out;
-	}
-	if (pread(fd, z, p->zsize, 0) != (ssize_t)p->zsize) {
-		kiln_err_set(e, KERR_HOST_ERROR, "chunk %s: short read", p->key);
-		goto out;
-	}
-	/* The hash first: nothing from S3 reaches the decompressor unchecked. */
-	sha_hex(z, p->zsize, sha);
-	if (strcmp(sha, p->sha256)) {
-		kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: sha256 differs from the manifest (S3 copy damaged)", p->key);
 		goto out;
 	}
 	if (ZSTD_getFrameContentSize(z, p->zsize) != p->size ||
@@ -369,7 +443,8 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ra
 	}
 	r = 0;
 out:
-	close(fd);
+	if (fd >= 0)
+		close(fd);
 	free(z);
 	return r;
 }
@@ -403,9 +478,10 @@ static void *get_worker(void *arg)
 }
 
 static int get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, pchunk_sink_fn sink,
-		   void *sink_ctx, int workers, struct kiln_err *err)
+		   void *sink_ctx, int workers, const char *cache, size_t *hits, struct kiln_err *err)
 {
-	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = sink != NULL, .sink = sink, .sink_ctx = sink_ctx };
+	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = sink != NULL, .sink = sink, .sink_ctx = sink_ctx,
+			    .cache = cache && cache[0] ? cache : NULL };
 	pthread_t th[PCHUNK_WORKERS_MAX];
 	int n = 0;
 
@@ -426,6 +502,8 @@ static int get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&g.lock);
 	pthread_cond_destroy(&g.turn);
+	if (hits)
+		*hits = g.hits;
 	if (g.failed) {
 		*err = g.err;
 		return -1;
@@ -434,13 +512,13 @@ static int get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 }
 
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		   struct kiln_err *err)
+		   const char *cache, size_t *hits, struct kiln_err *err)
 {
-	return get_all(c, l, out_fd, NULL, NULL, workers, err);
+	return get_all(c, l, out_fd, NULL, NULL, workers, cache, hits, err);
 }
 
 int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
-		      int workers, struct kiln_err *err)
+		      int workers, const char *cache, size_t *hits, struct kiln_err *err)
 {
-	return get_all(c, l, -1, sink, ctx, workers, err);
+	return get_all(c, l, -1, sink, ctx, workers, cache, hits, err);
 }

@@ -25,6 +25,11 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 void *pchunk_buf_alloc(void);
 void pchunk_buf_free(void *buf);
 
+/* Keep each chunk, once in S3, in dir too, as dir/<its sha256> (the
+ * session's pause cache, pause_cache.h; NULL or "": nowhere). Call before
+ * the first pchunk_up_add. */
+void pchunk_up_cache(struct pchunk_up *u, const char *dir);
+
 /* Queue buf (len <= PCHUNK_RAW_MAX bytes, from pchunk_buf_alloc; the uploader frees it)
  * as the next chunk of stream 0 (state) or 1 (disk). Blocks while too many
  * chunks wait (bounded memory). 0, or -1 once an upload failed. */
@@ -39,9 +44,11 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 /* Download every chunk of l with `workers` threads into out_fd at its
  * offset, each checked against its size and SHA-256 before it is
  * decompressed (a mismatch: snapshot_corrupt naming the chunk); a chunk is
- * held in memory meanwhile. 0, or -1 with err set. */
+ * held in memory meanwhile. With cache (a directory; NULL or "": none), a
+ * chunk is read from cache/<its sha256> instead when that file is there
+ * and checks; *hits (may be NULL) counts those. 0, or -1 with err set. */
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		   struct kiln_err *err);
+		   const char *cache, size_t *hits, struct kiln_err *err);
 
 /* The stream's consumer: takes len bytes of the stream (the next in
  * order) and returns once it is done with buf (0), or -1 when it stopped
@@ -54,8 +61,9 @@ typedef int (*pchunk_sink_fn)(void *ctx, const void *buf, size_t len);
  * every chunk before it is, so that the reader starts on the first chunk
  * while the rest arrive. At most `workers` decompressed chunks in memory. A
  * chunk that fails to check is never handed over; nothing after it is
- * either. 0, or -1 with err set (the first failure). */
+ * either. cache and hits as for pchunk_get_all. 0, or -1 with err set (the
+ * first failure). */
 int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
-		      int workers, struct kiln_err *err);
+		      int workers, const char *cache, size_t *hits, struct kiln_err *err);
 
 #endif

@@ -575,6 +575,8 @@ int session_delete(struct session_table *ss, const char *id, const char *custome
 	if (keep_snapshot)
 		return found ? 0 : -1;
 	/* Its paused snapshot goes too: a destroyed session leaves nothing. */
+	if (cust[0])
+		pcache_drop(&ss->pcache, cust, id);
 	if (cust[0] && spool_id_ok(id) && hostd_s3_take(ss->d, &s3) == 0) {
 		session_pause_delete_s3(&s3.c, ss->root, cust, id);
 		hostd_s3_free(&s3);

@@ -36,6 +36,12 @@ void sessions_set_prestart(struct session_table *ss, int on);
  * then checked page by page against QEMU's own save of the same stopped VM
  * (vmmem_verify: a diagnostic, a full save more per pause). */
 void sessions_set_save_pages(struct session_table *ss, int mode);
+/* Keep each pause's chunks under spool_dir too (pause_cache.h), so that a
+ * resume on this host reads them locally: at most budget_mib MiB (0: off),
+ * none older than max_age_s. Before any session is created; 0, or -1 with
+ * errno (the cache is off). */
+int sessions_set_pause_cache(struct session_table *ss, const char *spool_dir, unsigned budget_mib,
+			     unsigned max_age_s);
 /* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
  * appended to b. */
 struct buf;

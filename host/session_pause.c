@@ -488,7 +488,7 @@ static int base_fetch(const struct s3_config *c, const char *sha, uint64_t size,
 		kiln_err_set(err, KERR_HOST_ERROR, "memfd for the base RAM: %s", strerror(errno));
 		goto fail;
 	}
-	if (pchunk_get_all(c, &l, fd, PAUSE_WORKERS, err) < 0)
+	if (pchunk_get_all(c, &l, fd, PAUSE_WORKERS, NULL, NULL, err) < 0)
 		goto fail;
 	/* Each chunk matched its manifest; the whole must match its name. */
 	md = EVP_MD_CTX_new();
@@ -680,6 +680,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	int down = 0, down_th = 0; /* the VM saved and going; on vm_down_thread */
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
 	int fast = 0;
+	char cache_dir[PATH_MAX] = "";
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -706,6 +707,10 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		goto out;
 	}
 	ps.up_ok = 1;
+	/* This pause's chunks are kept here too (an older pause's go), for a
+	 * resume on this host. */
+	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, cache_dir, sizeof(cache_dir)) == 0)
+		pchunk_up_cache(ps.up, cache_dir);
 	if (s->state == SS_RUNNING) {
 		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		if (ps.local_fd < 0) {
@@ -855,6 +860,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		delete_old(ss, old);
 		old = NULL;
 	}
+	if (r == 0)
+		pcache_prune(&ss->pcache, s->customer, s->id);
 	goto out;
 keep_running:
 	/* Nothing saved, the VM whole (stopped if the save that reads pages
@@ -902,12 +909,22 @@ out:
 		pmanifest_free(old);
 		free(old);
 	}
+	/* No new manifest: what this pause kept names nothing (the older
+	 * pause's files went when it started; its resume fetches from S3). */
+	if (r < 0 && cache_dir[0])
+		pcache_drop(&ss->pcache, s->customer, s->id);
 	return fail_vm ? -2 : r;
 }
 
 void sessions_set_save_pages(struct session_table *ss, int mode)
 {
 	ss->save_pages = mode;
+}
+
+int sessions_set_pause_cache(struct session_table *ss, const char *spool_dir, unsigned budget_mib,
+			     unsigned max_age_s)
+{
+	return pcache_init(&ss->pcache, spool_dir, budget_mib, max_age_s);
 }
 
 json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
@@ -981,6 +998,8 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 struct disk_fetch {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
+	const char *cache;
+	size_t hits;
 	int fd, rc;
 	struct kiln_err err;
 };
@@ -989,7 +1008,7 @@ static void *disk_fetch_thread(void *arg)
 {
 	struct disk_fetch *df = arg;
 
-	df->rc = pchunk_get_all(df->c, df->l, df->fd, PAUSE_WORKERS / 2, &df->err);
+	df->rc = pchunk_get_all(df->c, df->l, df->fd, PAUSE_WORKERS / 2, df->cache, &df->hits, &df->err);
 	return NULL;
 }
 
@@ -1023,6 +1042,8 @@ struct feed_slot {
 struct state_feed {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
+	const char *cache; /* this host's pause cache for the session, or NULL */
+	size_t hits;       /* chunks read from it */
 	struct feed_slot slot;
 	int rc; /* the chunks' side */
 	struct kiln_err err;
@@ -1079,7 +1100,7 @@ static void *state_feed_thread(void *arg)
 {
 	struct state_feed *f = arg;
 
-	f->rc = pchunk_stream_all(f->c, f->l, slot_sink, &f->slot, PAUSE_WORKERS, &f->err);
+	f->rc = pchunk_stream_all(f->c, f->l, slot_sink, &f->slot, PAUSE_WORKERS, f->cache, &f->hits, &f->err);
 	f->chunks_done_ms = proto_now_ms();
 	slot_close(&f->slot, 0); /* end of stream: the filter sees it whole, or cut short */
 	return NULL;
@@ -1213,10 +1234,10 @@ static void feed_booted(void *ctx, struct session *s)
  * chunk, each checked before it is written), fetched in parallel. On
  * success the caller hands *state_fd to QEMU, closes it, then
  * state_feed_join(f). */
-static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm, int *state_fd,
-		    struct state_feed *f, struct kiln_err *err)
+static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm, const char *cache,
+		    size_t *disk_hits, int *state_fd, struct state_feed *f, struct kiln_err *err)
 {
-	struct disk_fetch df = { .c = c, .l = &pm->disk, .fd = -1, .rc = -1 };
+	struct disk_fetch df = { .c = c, .l = &pm->disk, .cache = cache, .fd = -1, .rc = -1 };
 	pthread_t th;
 	int p[2];
 
@@ -1237,7 +1258,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		(void)setsockopt(p[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
 		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
 	}
-	*f = (struct state_feed){ .c = c, .l = &pm->state, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1 };
+	*f = (struct state_feed){ .c = c, .l = &pm->state, .cache = cache, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1 };
 	f->locks = 1;
 	pthread_mutex_init(&f->slot.mu, NULL);
 	pthread_cond_init(&f->slot.cv, NULL);
@@ -1278,6 +1299,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		f->started = 1;
 	}
 	pthread_join(th, NULL);
+	*disk_hits = df.hits;
 	if (close(df.fd) < 0 && df.rc == 0)
 		df.rc = kiln_err_set(&df.err, KERR_HOST_ERROR, "writing %s: %s", s->disk, strerror(errno));
 	if (!f->started || df.rc < 0) {
@@ -1321,6 +1343,8 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * loading the state while it streams in. */
 	int64_t t0 = proto_now_ms(), t_manifest = 0, t_base = 0, t_fetch = 0, t_disk = 0;
 	struct state_feed feed = { .started = 0, .tee_fd = -1 };
+	char cache_dir[PATH_MAX];
+	size_t disk_hits = 0;
 
 	*out = NULL;
 	if (!spool_id_ok(id) || !spool_id_ok(customer))
@@ -1408,7 +1432,9 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
 	if (pm.version == PMANIFEST_V2) {
-		if (fetch_v2(&s3.c, s, &pm, &fd, &feed, err) < 0)
+		/* Its chunks from this host's pause cache where they are there. */
+		pcache_dir(&ss->pcache, customer, id, 0, cache_dir, sizeof(cache_dir));
+		if (fetch_v2(&s3.c, s, &pm, cache_dir[0] ? cache_dir : NULL, &disk_hits, &fd, &feed, err) < 0)
 			goto fail;
 	} else {
 		files = json_object_get(m, "files");
@@ -1479,14 +1505,18 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		fprintf(stderr,
 			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
-			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld\n",
+			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld; %zu of %zu chunks from this host's pause cache\n",
 			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
 			(long long)(t_fetch - t_base), (unsigned long long)zbytes(&pm.state),
 			(unsigned long long)zbytes(&pm.disk), (long long)(t_disk - t_fetch),
 			(long long)(now - t_disk), s->prestarted ? "QEMU started ahead" : "QEMU started now",
 			(long long)s->boot_ms[0], (long long)s->boot_ms[1], (long long)s->boot_ms[2],
-			(long long)(feed.chunks_done_ms ? feed.chunks_done_ms - t0 : 0));
+			(long long)(feed.chunks_done_ms ? feed.chunks_done_ms - t0 : 0), feed.hits + disk_hits,
+			pm.state.n + pm.disk.n);
 	}
+	/* Its memory is in the VM now: the kept chunks go (its next pause
+	 * keeps its own). */
+	pcache_drop(&ss->pcache, customer, id);
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
 	r = 0;

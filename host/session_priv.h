@@ -20,6 +20,7 @@
 
 #include "clock.h"
 #include "net.h"
+#include "pause_cache.h"
 #include "session.h"
 #include "snapshot.h"
 #include "template.h"
@@ -144,6 +145,7 @@ struct session_table {
 	uint64_t stops_total, wakes_total, wake_failures;
 	struct session_prestart pre;
 	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
+	struct pause_cache pcache; /* sessions_set_pause_cache (root "": off) */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */

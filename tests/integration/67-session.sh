@@ -2,7 +2,9 @@
 # kiln-host sessions: a VM that runs many commands, takes and gives files,
 # pauses into a real S3 (Swift s3api) and resumes on another kiln-host with
 # its files, processes and memory as they were; a damaged snapshot is caught
-# on resume; busy sessions refuse a pause; nothing is left behind.
+# on resume; the host that paused a session resumes it from its own copies
+# of the chunks (a damaged copy fetched from S3 instead); busy sessions
+# refuse a pause; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached python3; do
@@ -64,6 +66,12 @@ if op == "exists":
         s3.head_object(Bucket=b, Key=key); print("yes")
     except Exception:
         print("no")
+elif op == "manifest":  # the SHA-256 of every chunk a manifest names
+    import json
+    m = json.loads(s3.get_object(Bucket=b, Key=key)["Body"].read())
+    for part in ("state", "disk"):
+        for c in m[part]["chunks"]:
+            print(c["sha256"])
 elif op in ("flip", "flipchunk"):  # damage one byte in the middle of the object
     if op == "flipchunk":  # key: a manifest; the object: its first state chunk
         import json
@@ -284,6 +292,41 @@ check "a damaged paused snapshot is refused on resume (422 snapshot_corrupt: $(l
 	test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt
 check "and the failed resume holds nothing on A" test "$(vcpus_used "$PA")" = 0 -a "$(h "$PA" GET /v1/sessions/s1)" = 404
 
+# --- the pause cache: a host resumes what it paused from its own disk ---
+# B paused s1 just above and kept the chunks as they went to S3, named by
+# their SHA-256; the copy of chunk 0 in S3 is damaged now.
+cache_b=$T_TMP/spool-b/pause-cache/acme/s1
+want=$(s3py manifest acme/sessions/s1/manifest.json | sort -u | tr '\n' ' ')
+have=$(ls "$cache_b" 2> /dev/null | sort | tr '\n' ' ')
+check "B's pause cache holds exactly the chunks its pause put in S3, by SHA-256 ($(echo "$have" | wc -w) files)" \
+	test -n "$want" -a "$have" = "$want"
+check "... files 0600 in a directory 0700" test "$(stat -c %a "$cache_b")" = 700 -a \
+	"$(find "$cache_b" -type f ! -perm 600 | wc -l)" = 0
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+# hits: "N of M chunks from this host's pause cache", kiln-host's last resume line.
+hits() { grep -o '[0-9]* of [0-9]* chunks from this host.s pause cache' "$T_TMP/$1.err" | tail -1; }
+hit=$(hits b)
+check "resume on B, which paused it: 200 from its own copies though S3's chunk 0 is damaged ($hit)" \
+	test "$st" = 200 -a "$(echo "$hit" | awk '$1 > 0 && $1 == $3 { print "all" }')" = all
+st=$(ex "$PB" "$ASK")
+check "... with its process and memory intact ($(last .stdout))" test "$(last .stdout)" = "$kv"
+check "... and B's copies are gone once it runs" test ! -e "$cache_b"
+st=$(h "$PB" POST /v1/sessions/s1/pause)
+f=$(ls "$cache_b" | head -1)
+printf '\x00\x01' | dd of="$cache_b/$f" bs=1 seek=20 conv=notrunc 2> /dev/null
+st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
+hit=$(hits b)
+check "a damaged copy on B is fetched from S3 instead: 200 ($hit; $(grep -c 'not the chunk the manifest names' "$T_TMP/b.err") said so)" \
+	test "$st" = 200 -a "$(grep -c 'not the chunk the manifest names' "$T_TMP/b.err")" = 1 \
+	-a "$(echo "$hit" | awk '$1 == $3 - 1 { print "one less" }')" = "one less"
+st=$(ex "$PB" "$ASK")
+check "... intact ($(last .stdout))" test "$(last .stdout)" = "$kv"
+# Paused on A for the rest: A's copies, then A deletes it.
+h "$PB" POST /v1/sessions/s1/pause > /dev/null
+h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+h "$PA" POST /v1/sessions/s1/pause > /dev/null
+check "A kept the chunks of its own pause" test "$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)" -gt 0
+
 # --- a stale copy goes without its snapshot (keep_snapshot=1) ---
 h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}' > /dev/null
 h "$PA" POST /v1/sessions/s3/pause > /dev/null
@@ -295,10 +338,23 @@ h "$PA" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
 
 # --- delete ---
 st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
-check "DELETE removes the paused snapshot from S3" test "$st" = 200 -a "$(s3py exists acme/sessions/s1/manifest.json)" = no
+check "DELETE removes the paused snapshot from S3, and A's copies" test "$st" = 200 \
+	-a "$(s3py exists acme/sessions/s1/manifest.json)" = no -a ! -e "$T_TMP/spool-a/pause-cache/acme/s1"
 h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{}}' > /dev/null
 st=$(h "$PA" DELETE /v1/sessions/s2)
 check "DELETE of a running session: destroyed, capacity back" test "$st" = 200 -a "$(vcpus_used "$PA")" = 0
+
+# B still holds the copies of its own last pause of s1, which A resumed
+# and deleted since: another host's resume or delete cannot reach them.
+# They go once older than sessions.pause_cache_max_age_s: aged here, and B
+# restarted (its start prunes).
+stale=$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)
+find "$T_TMP/spool-b/pause-cache" -type f -exec touch -d '2 hours ago' {} +
+kill "${pids[1]}"; wait "${pids[1]}" 2> /dev/null
+pids=("${pids[0]}")
+start_host b "$PB"
+check "copies another host's resume left behind ($stale on B) go once past the age limit (B restarted)" \
+	test "$stale" -gt 0 -a "$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)" = 0
 
 for p in "${pids[@]}"; do kill "$p"; done
 for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
@@ -306,5 +362,6 @@ pids=()
 check "nothing left: no QEMU, VM directories, session files or cgroups" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
+	-a "$(find "$T_TMP/spool-a/pause-cache" "$T_TMP/spool-b/pause-cache" -type f 2> /dev/null | wc -l)" = 0 \
 	-a "$(count_cgroups)" = "$before_cg"
 t_done
