@@ -633,9 +633,10 @@ static int excluded(const char *id, char (*exclude)[65], int nexclude)
  * A task of a template prefers a host with a warm VM of it, then one that
  * holds it, then any (which fetches it from S3); a built-in template goes
  * only to hosts that list it. A task of the default template prefers a
- * warm pool VM of its size. Then the emptiest host. */
-static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, int64_t now,
-					  char (*exclude)[65], int nexclude)
+ * warm pool VM of its size. Then the emptiest host. A host named by
+ * prefer (sessions: the one that paused it) comes before all of those. */
+static struct host_view *pick_host_locked(struct sched *s, const struct store_task *t, const char *prefer,
+					  int64_t now, char (*exclude)[65], int nexclude)
 {
 	struct host_view *best = NULL;
 	long best_score = -1;
@@ -665,6 +666,8 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 			score += !t->egress && h->pool_ready > h->inflight_vcpus && h->pool_mem == t->memory_mib ? 1000000 : 0;
 		else if (ht)
 			score += ht->ready ? 3000000 : 2000000;
+		if (prefer && prefer[0] && !strcmp(h->id, prefer))
+			score += 4000000;
 		if (score > best_score) {
 			best = h;
 			best_score = score;
@@ -737,7 +740,7 @@ static void place(struct sched *s)
 		if (skip)
 			continue;
 		pthread_mutex_lock(&s->lock);
-		h = pick_host_locked(s, &q[i], now, NULL, 0);
+		h = pick_host_locked(s, &q[i], NULL, now, NULL, 0);
 		if (!h) {
 			/* No host fits it now; smaller tasks of other customers may fit. */
 			pthread_mutex_unlock(&s->lock);
@@ -1004,7 +1007,7 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 	int live = 0, big = 0;
 
 	pthread_mutex_lock(&s->lock);
-	h = pick_host_locked(s, &t, kclock_mono_ms(s->clock), exclude, nexclude);
+	h = pick_host_locked(s, &t, need->prefer, kclock_mono_ms(s->clock), exclude, nexclude);
 	if (h) {
 		reserve_locked(h, &t);
 		snprintf(host_id, 65, "%s", h->id);

@@ -78,13 +78,17 @@ struct sched_need {
 	unsigned vcpus, memory_mib;
 	int egress;                    /* only hosts that offer network egress */
 	const char *tkey;              /* its template as store_task.tkey (NULL or "": default) */
+	const char *prefer;            /* a host id to take when it has room (NULL or "": none): a
+					* session's resume goes back to the host that paused it,
+					* which reads the chunks from its own pause cache */
 };
 
 /* Pick a live host with room for need (as queued tasks are placed: from its
  * last report minus what was placed since, a warm pool VM of its size
  * preferred, else the emptiest), skipping the nexclude ids in exclude, and
  * count need as placed there until its next heartbeat reports it (a
- * template's host preferred as for tasks; a built-in only where listed). Returns 0
+ * template's host preferred as for tasks; a built-in only where listed;
+ * need->prefer before any other when it has room and qualifies). Returns 0
  * with host_id and url filled; -ENOENT when no host is live; -E2BIG when no
  * live host is big enough (by its totals) or offers egress when asked;
  * -EBUSY when some are, but none has room now. Thread-safe. */

@@ -375,6 +375,10 @@ void sessions_pause(struct sessions *ss, const char *id, const char *reason, str
 	if (r.status == 200) {
 		j = json_loadb(r.body ? r.body : "", r.len, 0, NULL);
 		snap = json_object_get(j, "snapshot");
+		/* Which host paused it: a resume goes back there when it has room
+		 * (that host reads the chunks from its own pause cache). */
+		if (json_is_object(snap))
+			json_object_set_new(snap, "host_id", json_string(cur.host_id));
 		store_session_transition(ss->st, id, SESSION_PAUSING, SESSION_PAUSED, "", reason,
 					 json_is_object(snap) ? snap : NULL);
 		json_decref(j);

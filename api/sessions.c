@@ -823,8 +823,16 @@ int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, c
 			enum MHD_Result *ret)
 {
 	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
-	char *tref = store_use_tref(ss->st, cur->id), tkey[72] = "";
+	char *tref = store_use_tref(ss->st, cur->id), tkey[72] = "", prefer[65] = "";
+	json_t *sj = store_session_json(ss->st, cur->id, NULL);
 	int done;
+
+	/* Back to the host that paused it, when it has room: its pause cache
+	 * holds the chunks (no GETs). */
+	snprintf(prefer, sizeof(prefer), "%s",
+		 json_string_value(json_object_get(json_object_get(sj, "snapshot"), "host_id")) ?: "");
+	json_decref(sj);
+	need.prefer = prefer;
 
 	if (tref) {
 		json_t *tj = json_loads(tref, 0, NULL);

@@ -221,8 +221,8 @@ req "$KA" POST "/v1/tasks/$T1/cancel" > /dev/null
 
 # ---- pause, resume on the other host ----
 st=$(req "$KA" POST "/v1/sessions/$S1/pause")
-expect "pause: 200 paused, no host, the snapshot under CUSTOMER/sessions/ID/" 200 "$st" \
-	".state == \"paused\" and .host == null and .snapshot.prefix == \"acme/sessions/$S1/\" and .end_reason == \"paused\" and .snapshot.bytes > 1000 and .snapshot.pages_changed < .snapshot.pages_total"
+expect "pause: 200 paused, no host, the snapshot under CUSTOMER/sessions/ID/, naming the host that paused it" 200 "$st" \
+	".state == \"paused\" and .host == null and .snapshot.prefix == \"acme/sessions/$S1/\" and .end_reason == \"paused\" and .snapshot.bytes > 1000 and .snapshot.pages_changed < .snapshot.pages_total and .snapshot.host_id == \"$S1_HOST\""
 check "its host no longer has it (404)" [ "$(on_host "$N1" GET "/v1/sessions/$S1")" = 404 ]
 st=$(req "$KA" GET /v1/usage)
 expect "usage: the paused session holds no quota (running 1, paused_sessions 1)" 200 "$st" \

@@ -280,6 +280,14 @@ static void test_reaper_auto_pause(void **state)
 	assert_true(wait_state(id, SESSION_PAUSED));
 	assert_string_equal(reason_of(id, r), "max_lifetime");
 	assert_int_equal(fake_count("POST", "http://h1", p), 1);
+	{
+		/* The snapshot says which host paused it (a resume goes back there). */
+		json_t *sj = store_session_json(st, id, NULL);
+
+		assert_string_equal(json_string_value(json_object_get(json_object_get(sj, "snapshot"), "host_id")) ?: "",
+				    "h1");
+		json_decref(sj);
+	}
 	calls = fake_count("DELETE", NULL, "/");
 	clock_advance(100LL * 24 * 3600 * 1000);
 	sessions_reap_once(ss, 0);

@@ -493,6 +493,36 @@ static void test_place_outside_queue(void **state)
 	assert_string_equal(id, "h2");
 }
 
+/* need->prefer (a session's resume: the host that paused it) comes first
+ * when it has room, even over an emptier host; when it is full, lost, or
+ * unknown, the usual rules pick. */
+static void test_place_prefer(void **state)
+{
+	struct sched_need n = { .vcpus = 2, .memory_mib = 256 };
+	char id[65], url[256];
+
+	heartbeat("h1", H1, 4, 0, 0, 0);
+	heartbeat("h2", H2, 4, 2, 0, 0);
+	sched_tick(sc);
+	n.prefer = "h2";
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h2");
+	assert_string_equal(url, H2);
+	/* h2 is full now (2 used, 2 placed): h1. */
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h1");
+	n.prefer = "nohost";
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h1");
+	n.prefer = "";
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY);
+	sched_unplace(sc, "h2", &n);
+	sched_unplace(sc, "h1", &n);
+	/* No preference: the emptiest (h1). */
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h1");
+}
+
 /* A task of a template goes to a host with a warm VM of it, else one that
  * holds it, else the emptiest (which fetches it); a built-in one only to
  * hosts that list it; a default task still prefers the emptiest. */
@@ -629,6 +659,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_retry_unreachable_pushes_again, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replaced_while_old_watcher_waits, setup_quick_loss, teardown),
 		cmocka_unit_test_setup_teardown(test_host_lost_and_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_place_prefer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_outside_queue, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_template_preference, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_builtin, setup, teardown),
