@@ -59,27 +59,35 @@ static int write_batch(struct pageload *pl, struct pl_batch *b)
 	return 0;
 }
 
+/* Write b with the lock dropped meanwhile (held on entry and on return),
+ * and count it. */
+static int write_counted(struct pageload *pl, struct pl_batch *b, int by_helper)
+{
+	int r;
+
+	pthread_mutex_unlock(&pl->mu);
+	r = write_batch(pl, b);
+	pthread_mutex_lock(&pl->mu);
+	if (r < 0) {
+		pl->failed = 1;
+	} else {
+		pl->pages += (uint64_t)b->n;
+		pl->helped += (uint64_t)by_helper;
+	}
+	return r;
+}
+
 static void *helper(void *arg)
 {
 	struct pageload *pl = arg;
 
 	pthread_mutex_lock(&pl->mu);
 	for (;;) {
-		struct pl_batch *b;
-		int r;
-
 		while (!pl->handed && !pl->stop)
 			pthread_cond_wait(&pl->cv, &pl->mu);
 		if (!pl->handed)
 			break;
-		b = pl->handed;
-		pthread_mutex_unlock(&pl->mu);
-		r = write_batch(pl, b);
-		pthread_mutex_lock(&pl->mu);
-		if (r < 0)
-			pl->failed = 1;
-		else
-			pl->pages += (uint64_t)b->n, pl->helped++;
+		write_counted(pl, pl->handed, 1);
 		pl->handed = NULL;
 		pthread_cond_broadcast(&pl->cv);
 	}
@@ -152,13 +160,7 @@ static int submit(struct pageload *pl, int may_hand)
 		pthread_mutex_unlock(&pl->mu);
 		return 0;
 	}
-	pthread_mutex_unlock(&pl->mu);
-	r = write_batch(pl, b);
-	pthread_mutex_lock(&pl->mu);
-	if (r < 0)
-		pl->failed = 1;
-	else
-		pl->pages += (uint64_t)b->n;
+	r = write_counted(pl, b, 0);
 	pthread_mutex_unlock(&pl->mu);
 	b->n = b->nr = 0;
 	return r;
