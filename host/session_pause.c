@@ -1267,10 +1267,7 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		close(p[0]);
 		close(p[1]);
 		close(df.fd);
-		f->locks = 0;
-		pthread_mutex_destroy(&f->slot.mu);
-		pthread_cond_destroy(&f->slot.cv);
-		return -1;
+		return -1; /* the caller's state_feed_join releases the slot's locks */
 	}
 	/* On a fetched base, with the loader (the RAM block's pages leave the
 	 * stream): what QEMU is fed is kept as the next fast pause's template. */
