@@ -10,8 +10,25 @@
 # beyond loopback. all is check, then the integration scripts.
 # name-filter is a substring of the program name (test_spec, fuzz_proto,
 # boot.sh). The last line printed is "N passed, N failed" (", N skipped" when
-# any were skipped); the exit status is 1 when anything failed, 2 on bad usage.
-# Knobs: B=build dir, KILN_TEST_TIMEOUT=seconds per unit/integration program.
+# any were skipped), after a list of every skip with its reason; the exit
+# status is 1 when anything failed, 2 on bad usage.
+#
+# What counts: every "ok"/"not ok" line is one result; "ok ... # SKIP why" (the
+# TAP directive) is a skip; "not ok" is always a failure, whatever it says. A
+# script that skips itself whole ("1..0 # SKIP why", exit 0) counts as one
+# skip. A program that dies early, prints no plan, prints fewer or more results
+# than its plan, fewer than the minimum it states ("# at least N results"), or
+# exits non-zero although every result passed gets one more failure.
+#
+# Strict mode (KILN_TEST_STRICT=1, set by .ci/run): make test installs every
+# dependency first, so a skip is a failure unless "SUITE: REASON" matches a
+# pattern of tests/skips-allowed, each of whose lines says why that skip is
+# legitimate on a CI machine.
+#
+# Knobs: B=build dir, KILN_TEST_TIMEOUT=seconds per unit/integration program,
+# KILN_TEST_STRICT=1, KILN_TEST_SKIPS_ALLOWED=allow-list file,
+# KILN_TEST_INTEGRATION_DIR=where the NN-*.sh scripts are (the runner's own
+# test, 00-runner.sh, points it at scripts it makes up).
 set -u
 
 usage() {
@@ -39,6 +56,33 @@ failed=0
 skipped=0
 matched=0
 failures=()
+skips=()
+
+idir=${KILN_TEST_INTEGRATION_DIR:-tests/integration}
+strict=${KILN_TEST_STRICT:-0}
+allow_file=${KILN_TEST_SKIPS_ALLOWED:-tests/skips-allowed}
+allow_re=()
+allow_why=()
+# The allow-list: "ERE ## why" a line (the ERE matched against "SUITE:
+# REASON"); blank lines and lines starting with # are comments. A line
+# without its why is refused: every allowed skip says why it is legitimate.
+load_allow_list() {
+	local line n=0 re why
+	[ -f "$allow_file" ] || return 0
+	while IFS= read -r line || [ -n "$line" ]; do
+		n=$((n + 1))
+		[[ $line =~ ^[[:space:]]*(#|$) ]] && continue
+		re=${line%% ## *}
+		why=${line#* ## }
+		if [ "$re" = "$line" ] || [ -z "${why// /}" ] || [ -z "${re// /}" ]; then
+			echo "$allow_file:$n: want 'PATTERN ## why this skip is legitimate on CI'" >&2
+			exit 2
+		fi
+		allow_re+=("$re")
+		allow_why+=("$why")
+	done <"$allow_file"
+}
+[ "$strict" = 1 ] && load_allow_list
 
 # UBSan only reports and carries on unless told otherwise; a report is a failure.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
@@ -58,8 +102,24 @@ fail() { # suite text summary
 	echo "[$1] $2"
 }
 
-skip() { # suite text
+# A skip: counted and listed with its reason; in strict mode a failure
+# unless the allow-list admits it.
+skip() { # suite text reason
+	local i
+	if [ "$strict" = 1 ]; then
+		for i in "${!allow_re[@]}"; do
+			if [[ "$1: $3" =~ ${allow_re[$i]} ]]; then
+				skipped=$((skipped + 1))
+				skips+=("$1: $3 (allowed: ${allow_why[$i]})")
+				echo "[$1] $2"
+				return
+			fi
+		done
+		fail "$1" "$2" "skipped, and strict mode allows no such skip: $3"
+		return
+	fi
 	skipped=$((skipped + 1))
+	skips+=("$1: $3")
 	echo "[$1] $2"
 }
 
@@ -78,32 +138,41 @@ describe_rc() { # exit status -> words
 
 # Run a program that prints TAP and account for every result line as it
 # arrives. A program that dies early, prints no plan, prints fewer or more
-# results than its plan, or exits non-zero although every result passed,
-# gets one extra failure saying so.
+# results than its plan (or fewer than its stated minimum), or exits non-zero
+# although every result passed, gets one extra failure saying so. A plan of
+# 1..0 with a SKIP directive and no results is the whole program skipped.
 run_tap() { # suite timeout-seconds command...
 	local suite=$1 limit=$2
 	shift 2
-	local line neg desc plan=-1 n=0 nfail=0 rc
+	local line neg desc plan=-1 plan_skip= n=0 nfail=0 rc min=0
 	local re_result='^(not )?ok($|[[:space:]])[[:space:]]*([0-9]*)[[:space:]]*-?[[:space:]]*(.*)$'
-	local re_skip='#[[:space:]]*[Ss][Kk][Ii][Pp]([^[:alnum:]]|$)'
+	# The SKIP directive: "#", then a word starting with "skip" (TAP allows
+	# SKIP, skipped, Skipping), then the reason. Greedy: the last such "#".
+	local re_skip='^(.*[^\\])?#[[:space:]]*[Ss][Kk][Ii][Pp][^[:space:]]*([[:space:]]+(.*))?$'
+	local re_plan='^1\.\.([0-9]+)([[:space:]]*#[[:space:]]*[Ss][Kk][Ii][Pp][^[:space:]]*([[:space:]]+(.*))?)?[[:space:]]*$'
 
 	rm -f "$tmp/rc"
 	while IFS= read -r line; do
-		if [[ $line =~ ^1\.\.([0-9]+) ]]; then
+		if [[ $line =~ $re_plan ]]; then
 			plan=${BASH_REMATCH[1]}
+			[ -z "${BASH_REMATCH[2]}" ] || plan_skip=${BASH_REMATCH[4]:-no reason given}
 			echo "[$suite] $line"
 		elif [[ $line =~ $re_result ]]; then
 			n=$((n + 1))
 			neg=${BASH_REMATCH[1]}
 			desc=${BASH_REMATCH[4]}
-			if [[ $line =~ $re_skip ]]; then
-				skip "$suite" "$line"
-			elif [ -z "$neg" ]; then
-				pass "$suite" "$line"
-			else
+			if [ -n "$neg" ]; then
 				nfail=$((nfail + 1))
 				fail "$suite" "$line" "${desc:-result $n}"
+			elif [[ $line =~ $re_skip ]]; then
+				desc=${desc%%#*}
+				skip "$suite" "$line" "${desc%"${desc##*[![:space:]]}"}: ${BASH_REMATCH[3]:-no reason given}"
+			else
+				pass "$suite" "$line"
 			fi
+		elif [[ $line =~ ^#[[:space:]]*at[[:space:]]+least[[:space:]]+([0-9]+)[[:space:]]+results ]]; then
+			min=${BASH_REMATCH[1]}
+			echo "[$suite] $line"
 		elif [[ $line == '#'* ]]; then
 			echo "[$suite] $line"
 		else
@@ -115,40 +184,55 @@ run_tap() { # suite timeout-seconds command...
 	)
 	rc=$(cat "$tmp/rc" 2>/dev/null || echo 255)
 
-	if [ "$plan" -lt 0 ]; then
+	if [ "$plan" -eq 0 ] && [ "$n" -eq 0 ] && [ "$rc" -eq 0 ]; then
+		if [ -n "$plan_skip" ]; then
+			skip "$suite" "skipped whole: $plan_skip" "$plan_skip"
+		else
+			fail_extra "$suite" "planned no results (1..0) and said no SKIP reason"
+		fi
+	elif [ "$plan" -lt 0 ]; then
 		fail_extra "$suite" "$(describe_rc "$rc") without printing a plan (1..N), after $n results"
 	elif [ "$n" -lt "$plan" ]; then
 		fail_extra "$suite" "$(describe_rc "$rc") after $n of $plan planned results"
 	elif [ "$n" -gt "$plan" ]; then
 		fail_extra "$suite" "printed $n results but planned $plan"
+	elif [ "$n" -lt "$min" ]; then
+		fail_extra "$suite" "printed $n results, fewer than the $min it said it would at least"
 	elif [ "$rc" -ne 0 ] && [ "$nfail" -eq 0 ]; then
 		fail_extra "$suite" "$(describe_rc "$rc") although every result passed"
 	fi
 }
 
-# ---- unit tests --------------------------------------------------------------
+# ---- unit tests and fuzzers ------------------------------------------------------
 
-run_unit() {
-	local src name bin
+# Run every built program of one kind, then fail each source of that kind
+# whose program was not built (so a broken build rule cannot drop a test).
+run_built() { # kind(unit|fuzz) make-target runner-function
+	local kind=$1 target=$2 runner=$3 src name bin prefix
 	local -A seen=()
 
-	for bin in "$B"/tests/unit/test_*; do
+	prefix=$([ "$kind" = unit ] && echo test_ || echo fuzz_)
+	for bin in "$B/tests/$kind/$prefix"*; do
 		[ -f "$bin" ] && [ -x "$bin" ] || continue
 		name=${bin##*/}
 		seen[$name]=1
 		selected "$name" || continue
 		matched=$((matched + 1))
-		CMOCKA_MESSAGE_OUTPUT=TAP run_tap "unit/$name" "${KILN_TEST_TIMEOUT:-300}" "$bin"
+		"$runner" "$bin"
 	done
-	for src in tests/unit/test_*.c; do
+	for src in "tests/$kind/$prefix"*.c; do
 		[ -f "$src" ] || continue
 		name=${src##*/}
 		name=${name%.c}
 		[ -z "${seen[$name]:-}" ] || continue
 		selected "$name" || continue
 		matched=$((matched + 1))
-		fail_extra "unit/$name" "not built: $B/tests/unit/$name is missing (run make unit)"
+		fail_extra "$kind/$name" "not built: $B/tests/$kind/$name is missing (run make $target)"
 	done
+}
+
+run_unit_test() { # binary
+	CMOCKA_MESSAGE_OUTPUT=TAP run_tap "unit/${1##*/}" "${KILN_TEST_TIMEOUT:-300}" "$1"
 }
 
 # ---- fuzz corpus replay -------------------------------------------------------
@@ -194,54 +278,35 @@ replay_fuzzer() { # binary
 	fi
 }
 
-run_fuzz() {
-	local src name bin
-	local -A seen=()
-
-	for bin in "$B"/tests/fuzz/fuzz_*; do
-		[ -f "$bin" ] && [ -x "$bin" ] || continue
-		name=${bin##*/}
-		seen[$name]=1
-		selected "$name" || continue
-		matched=$((matched + 1))
-		replay_fuzzer "$bin"
-	done
-	for src in tests/fuzz/fuzz_*.c; do
-		[ -f "$src" ] || continue
-		name=${src##*/}
-		name=${name%.c}
-		[ -z "${seen[$name]:-}" ] || continue
-		selected "$name" || continue
-		matched=$((matched + 1))
-		fail_extra "fuzz/$name" "not built: $B/tests/fuzz/$name is missing (run make fuzz)"
-	done
-}
-
 # ---- integration tests ----------------------------------------------------------
 
 run_integration() {
 	local script name
 
-	for script in tests/integration/*.sh; do
-		[ -f "$script" ] && [ -x "$script" ] || continue
+	for script in "$idir"/[0-9]*.sh; do
+		[ -f "$script" ] || continue
 		name=${script##*/}
 		selected "$name" || continue
 		matched=$((matched + 1))
+		if [ ! -x "$script" ]; then
+			fail_extra "integration/$name" "not executable: $script (chmod +x, or it never runs)"
+			continue
+		fi
 		run_tap "integration/$name" "${KILN_TEST_TIMEOUT:-900}" "$script"
 	done
 }
 
 case $what in
-unit) run_unit ;;
-fuzz) run_fuzz ;;
+unit) run_built unit unit run_unit_test ;;
+fuzz) run_built fuzz fuzz replay_fuzzer ;;
 integration) run_integration ;;
 check)
-	run_unit
-	run_fuzz
+	run_built unit unit run_unit_test
+	run_built fuzz fuzz replay_fuzzer
 	;;
 all)
-	run_unit
-	run_fuzz
+	run_built unit unit run_unit_test
+	run_built fuzz fuzz replay_fuzzer
 	run_integration
 	;;
 esac
@@ -257,6 +322,12 @@ if [ "$failed" -gt 0 ]; then
 		echo "#   $f"
 	done
 	status=1
+fi
+if [ "${#skips[@]}" -gt 0 ]; then
+	echo "# SKIPPED ($([ "$strict" = 1 ] && echo "strict: each allowed by $allow_file" || echo "KILN_TEST_STRICT=1 would fail those not in $allow_file")):"
+	for f in "${skips[@]}"; do
+		echo "#   $f"
+	done
 fi
 if [ "$skipped" -gt 0 ]; then
 	echo "$passed passed, $failed failed, $skipped skipped"

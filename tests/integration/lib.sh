@@ -151,7 +151,18 @@ client_results() {
 		C_N=$((C_N + 1))
 	done < <(if [ -n "$err" ]; then "$@" 2> "$err"; else "$@" 2>&1; fi; echo "exit $?")
 }
-t_done() { echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
+# Plans. t_plan N, first thing in a script whose number of results is fixed:
+# prints the plan up front, so a result a changed branch drops is caught by
+# the runner. t_min N, where the number varies: the runner fails the script
+# when it prints fewer. t_done prints the plan at the end unless t_plan did.
+T_PLANNED=
+t_plan() { echo "1..$1"; T_PLANNED=$1; }
+t_min() { echo "# at least $1 results"; }
+t_done() { [ -n "$T_PLANNED" ] || echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
+# t_bail REASON [DIAGNOSTIC...]: kiln itself failed where the rest cannot
+# run (a daemon did not start, answered wrong): one failure, then stop. Never
+# a skip: a skip is for what the machine lacks, not for what kiln got wrong.
+t_bail() { not_ok "$@"; t_done; exit 1; }
 
 # require_image: skip the whole script (loudly) when the guest image is missing.
 require_image() {
