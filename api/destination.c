@@ -248,12 +248,11 @@ static enum MHD_Result handle_put(struct store *st, const unsigned char *key, co
 	    (err.errc != KERR_S3_UNAVAILABLE || !verify || json_is_true(verify))) {
 		struct kiln_err e2 = { .code = "" };
 
+		if (err.errc != KERR_DESTINATION_FORBIDDEN)
+			kiln_err_set(&e2, KERR_DESTINATION_REFUSED, "a test write to %s/%s/%s was refused: %s: %s",
+				     d.endpoint, d.bucket, d.prefix, err.code, err.message);
 		dest_wipe(&d);
-		if (err.errc == KERR_DESTINATION_FORBIDDEN)
-			return reply_err(conn, &err);
-		kiln_err_set(&e2, KERR_DESTINATION_REFUSED, "a test write to %s/%s/%s was refused: %s: %s", d.endpoint,
-			     d.bucket, d.prefix, err.code, err.message);
-		return reply_err(conn, &e2);
+		return reply_err(conn, err.errc == KERR_DESTINATION_FORBIDDEN ? &err : &e2);
 	}
 	if ((!verify || json_is_true(verify)) && destination_probe(&d, allow, &err) < 0) {
 		struct kiln_err e2 = { .code = "" };

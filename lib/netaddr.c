@@ -397,11 +397,14 @@ int netaddr_check_endpoint(const char *endpoint, const struct netaddr_allow *al,
 			continue;
 		c = netaddr_check(&a, out->port, al, own);
 		if (c != NETADDR_PUBLIC) {
+			netaddr_str(&a, buf, sizeof(buf));
+			kiln_err_set(err, KERR_DESTINATION_FORBIDDEN,
+				     "endpoint %.100s: %.100s%s%s (%s): a destination may not reach such an address unless "
+				     "the operator lists it in destinations.allow_addresses",
+				     endpoint, out->host, strcmp(out->host, buf) ? " resolves to " : "",
+				     strcmp(out->host, buf) ? buf : "", netaddr_class_name(c));
 			freeaddrinfo(res);
-			return kiln_err_set(err, KERR_DESTINATION_FORBIDDEN,
-					    "endpoint %.100s: %s resolves to %s (%s): a destination may not reach such an "
-					    "address unless the operator lists it in destinations.allow_addresses",
-					    endpoint, out->host, netaddr_str(&a, buf, sizeof(buf)), netaddr_class_name(c));
+			return -1;
 		}
 		for (size_t i = 0; i < out->n; i++)
 			dup |= same(&out->a[i], &a);
