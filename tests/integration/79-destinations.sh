@@ -224,16 +224,18 @@ else
 fi
 forbidden "kiln-host's own port on loopback (the allow-list names the S3's port only)" "http://127.0.0.1:$HOST_PORT" "127.0.0.1 (loopback)"
 forbidden "kiln-api itself" "http://127.0.0.1:$API_PORT" "127.0.0.1 (loopback)"
-forbidden "169.254.169.254 (cloud metadata)" "http://169.254.169.254" "169.254.169.254 (link-local)"
-forbidden "a private range (10/8)" "http://10.20.30.40:9000" "10.20.30.40 (private)"
-forbidden "a private range (192.168/16)" "https://192.168.1.1" "192.168.1.1 (private)"
-forbidden "a private IPv6 range (fc00::/7)" "http://[fd00::1]:9000" "fd00::1 (private)"
-forbidden "CGNAT (100.64/10)" "http://100.64.0.1" "100.64.0.1 (CGNAT)"
 forbidden "0.0.0.0" "http://0.0.0.0:$LPORT" "0.0.0.0 (unspecified)"
-forbidden "an IPv4-mapped IPv6 loopback" "http://[::ffff:127.0.0.1]:$LPORT" "(loopback)"
+forbidden "127.0.0.1 as an IPv4-mapped IPv6 address" "http://[::ffff:7f00:1]:$LPORT" "(loopback)"
+# Addresses off this machine are asked with verify:false: a kiln-api that
+# lost the rule stores them (and fails here) without sending them anything.
+forbidden "169.254.169.254 (cloud metadata)" "http://169.254.169.254" "169.254.169.254 (link-local)" '"verify":false'
+forbidden "a private range (10/8)" "http://10.20.30.40:9000" "10.20.30.40 (private)" '"verify":false'
+forbidden "a private range (192.168/16)" "https://192.168.1.1" "192.168.1.1 (private)" '"verify":false'
+forbidden "a private IPv6 range (fc00::/7)" "http://[fd00::1]:9000" "fd00::1 (private)" '"verify":false'
+forbidden "CGNAT (100.64/10)" "http://100.64.0.1" "100.64.0.1 (CGNAT)" '"verify":false'
 own=$(ip -4 -o addr show scope global 2> /dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
 if [ -n "$own" ]; then
-	forbidden "this machine's own address ($own)" "http://$own:$LPORT" "$own ("
+	forbidden "this machine's own address ($own)" "http://$own:$LPORT" "$own (" '"verify":false'
 else
 	skip "PUT refuses this machine's own address" "this machine has no global IPv4 address"
 fi
@@ -428,9 +430,10 @@ for _ in $(seq 300); do
 	jqe '.upload_attempts >= 2' "$T_TMP/h5.json" 2> /dev/null && break
 	sleep 0.2
 done
-check "a host without it in its own list refuses the upload at the connection: destination_forbidden, spooled and retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h5.json" 2> /dev/null))" \
-	jqe '.state == "uploading" and .upload_attempts >= 2 and (.last_error | startswith("destination_forbidden"))' "$T_TMP/h5.json"
-check "and nothing of that task reached the customer's bucket" [ -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T5")" ]
+# (jq 1.6's -e passes on empty input: the answer is compared as text.)
+check "a host whose own list lacks it refuses the upload itself (its check before each connection): destination_forbidden, spooled and retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h5.json" 2> /dev/null))" \
+	[ "$(jq -r '"\(.state) \(.upload_attempts >= 2) \(.last_error | startswith("destination_forbidden"))"' "$T_TMP/h5.json" 2> /dev/null)" = "uploading true true" ]
+check "and nothing of that task ($T5) reached the customer's bucket" [ -n "$T5" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T5")" ]
 
 # ---- nothing left ----
 kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
