@@ -205,7 +205,7 @@ int destination_check(const struct dest *d, const struct netaddr_allow *allow, s
 
 	if (r < 0)
 		return kiln_err_set(err, KERR_INTERNAL, "cannot list this machine's addresses: %s", strerror(-r));
-	return netaddr_check_endpoint(d->endpoint, allow, &own, &res, err);
+	return netaddr_check_endpoint(d->endpoint, allow, &own, DESTINATION_PROBE_TIMEOUT_S * 1000L, &res, err);
 }
 
 static enum MHD_Result handle_put(struct store *st, const unsigned char *key, const struct netaddr_allow *allow,

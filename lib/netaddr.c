@@ -7,8 +7,12 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 const char *netaddr_class_name(enum netaddr_class c)
 {
@@ -374,16 +378,115 @@ int netaddr_endpoint_split(const char *e, char *host, size_t host_size, unsigned
 	return 0;
 }
 
-int netaddr_check_endpoint(const char *endpoint, const struct netaddr_allow *al, const struct netaddr_own *own,
-			   struct netaddr_resolved *out, struct kiln_err *err)
+/* One name lookup run by glibc's getaddrinfo_a, so that the caller can stop
+ * waiting: the waiter and the completion notification each hold a
+ * reference; the last one frees it. */
+struct lookup {
+	pthread_mutex_t lock;
+	int refs;
+	struct gaicb cb;
+	struct addrinfo hints;
+	char name[256];
+};
+
+static void lookup_put(struct lookup *l)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
+	int left;
+
+	pthread_mutex_lock(&l->lock);
+	left = --l->refs;
+	pthread_mutex_unlock(&l->lock);
+	if (left)
+		return;
+	if (l->cb.ar_result)
+		freeaddrinfo(l->cb.ar_result);
+	pthread_mutex_destroy(&l->lock);
+	free(l);
+}
+
+static void lookup_done(union sigval v)
+{
+	lookup_put(v.sival_ptr);
+}
+
+/* getaddrinfo(host) for TCP, waiting at most timeout_ms: 0 with *res (the
+ * caller frees it), an EAI_* code, or 1 when the time ran out (the lookup
+ * is left to finish on its own and frees itself). */
+static int resolve_within(const char *host, long timeout_ms, struct addrinfo **res)
+{
+	struct lookup *l = calloc(1, sizeof(*l));
+	struct sigevent sev = { .sigev_notify = SIGEV_THREAD, .sigev_notify_function = lookup_done };
+	struct gaicb *list[1];
+	struct timespec end, now, left;
+	int r;
+
+	*res = NULL;
+	if (!l)
+		return EAI_MEMORY;
+	pthread_mutex_init(&l->lock, NULL);
+	l->refs = 2;
+	snprintf(l->name, sizeof(l->name), "%s", host);
+	l->hints.ai_family = AF_UNSPEC;
+	l->hints.ai_socktype = SOCK_STREAM;
+	l->cb.ar_name = l->name;
+	l->cb.ar_request = &l->hints;
+	list[0] = &l->cb;
+	sev.sigev_value.sival_ptr = l;
+	r = getaddrinfo_a(GAI_NOWAIT, list, 1, &sev);
+	if (r != 0) {
+		pthread_mutex_destroy(&l->lock);
+		free(l);
+		return r;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += timeout_ms / 1000;
+	end.tv_nsec += (timeout_ms % 1000) * 1000000L;
+	if (end.tv_nsec >= 1000000000L) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000L;
+	}
+	while ((r = gai_error(&l->cb)) == EAI_INPROGRESS) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		left.tv_sec = end.tv_sec - now.tv_sec;
+		left.tv_nsec = end.tv_nsec - now.tv_nsec;
+		if (left.tv_nsec < 0) {
+			left.tv_sec--;
+			left.tv_nsec += 1000000000L;
+		}
+		if (left.tv_sec < 0)
+			break;
+		gai_suspend((const struct gaicb *const *)list, 1, &left);
+	}
+	if (r == EAI_INPROGRESS) {
+		/* Cancelled before it ran: no notification will come. */
+		if (gai_cancel(&l->cb) == EAI_CANCELED)
+			lookup_put(l);
+		lookup_put(l);
+		return 1;
+	}
+	pthread_mutex_lock(&l->lock);
+	if (r == 0) {
+		*res = l->cb.ar_result;
+		l->cb.ar_result = NULL;
+	}
+	pthread_mutex_unlock(&l->lock);
+	lookup_put(l);
+	return r;
+}
+
+int netaddr_check_endpoint(const char *endpoint, const struct netaddr_allow *al, const struct netaddr_own *own,
+			   long timeout_ms, struct netaddr_resolved *out, struct kiln_err *err)
+{
+	struct addrinfo *res = NULL;
 	int r;
 
 	memset(out, 0, sizeof(*out));
 	if (netaddr_endpoint_split(endpoint, out->host, sizeof(out->host), &out->port) < 0)
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "endpoint: not http(s)://HOST[:PORT]");
-	r = getaddrinfo(out->host, NULL, &hints, &res);
+	r = resolve_within(out->host, timeout_ms > 0 ? timeout_ms : 1, &res);
+	if (r == 1)
+		return kiln_err_set(err, KERR_S3_UNAVAILABLE, "the endpoint's host %.100s did not resolve within %ld ms",
+				    out->host, timeout_ms);
 	if (r != 0)
 		return kiln_err_set(err, KERR_S3_UNAVAILABLE, "the endpoint's host %.100s does not resolve: %s", out->host,
 				    r == EAI_SYSTEM ? strerror(errno) : gai_strerror(r));

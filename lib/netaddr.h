@@ -110,7 +110,8 @@ struct netaddr_resolved {
 	struct netaddr a[NETADDR_RESOLVED_MAX]; /* the first ones, all checked */
 };
 
-/* Resolve endpoint's host (getaddrinfo, TCP) and check every address it
+/* Resolve endpoint's host (getaddrinfo, TCP, waiting at most timeout_ms:
+ * a slow name server cannot hold the caller longer) and check every address it
  * resolves to with netaddr_check against al and own: one refused address
  * refuses the endpoint (a name whose answers mix a public and a private
  * address is refused, whichever one a client would pick). 0 with out
@@ -121,7 +122,7 @@ struct netaddr_resolved {
  * netaddr_check_connect, whatever a later DNS answer says. Blocks on DNS;
  * any thread. */
 int netaddr_check_endpoint(const char *endpoint, const struct netaddr_allow *al, const struct netaddr_own *own,
-			   struct netaddr_resolved *out, struct kiln_err *err);
+			   long timeout_ms, struct netaddr_resolved *out, struct kiln_err *err);
 
 /* The same rule for the address a socket is about to connect to (its port
  * included): NETADDR_PUBLIC when it may. */

@@ -877,7 +877,10 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 				break;
 			}
 
-			if (netaddr_check_endpoint(c->endpoint, c->allow, &call->own, &res, &ce) < 0) {
+			/* Name lookup within the connect timeout setup() gives curl. */
+			long dns_ms = (c->timeout_s > 0 && c->timeout_s < 10 ? c->timeout_s : 10) * 1000;
+
+			if (netaddr_check_endpoint(c->endpoint, c->allow, &call->own, dns_ms, &res, &ce) < 0) {
 				if (ce.errc == KERR_S3_UNAVAILABLE && i < attempts) {
 					backoff(i);
 					continue;

@@ -249,7 +249,7 @@ static void expect_endpoint(const char *endpoint, const struct netaddr_allow *al
 	struct netaddr_own own;
 
 	assert_int_equal(netaddr_own_load(&own), 0);
-	if (netaddr_check_endpoint(endpoint, al, &own, &res, &err) != want)
+	if (netaddr_check_endpoint(endpoint, al, &own, 5000, &res, &err) != want)
 		fail_msg("%s: expected %d (%s: %s)", endpoint, want, err.code, err.message);
 	if (want < 0) {
 		assert_string_equal(err.code, "destination_forbidden");
@@ -287,6 +287,24 @@ static void test_check_endpoint(void **state)
 	expect_endpoint("http://10.1.2.3:8080", &al, -1, "(private)");
 }
 
+/* A lookup that has not answered in time is given up (s3_unavailable,
+ * transient), and one that fails says so; either way nothing leaks
+ * (the sanitizer build) and the abandoned lookup frees itself. */
+static void test_check_endpoint_unresolved(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct netaddr_resolved res;
+
+	(void)state;
+	assert_int_equal(netaddr_check_endpoint("http://nonexistent.invalid", NULL, NULL, 1, &res, &err), -1);
+	assert_string_equal(err.code, "s3_unavailable");
+	assert_non_null(strstr(err.message, "nonexistent.invalid"));
+	assert_int_equal(netaddr_check_endpoint("http://nonexistent.invalid", NULL, NULL, 5000, &res, &err), -1);
+	assert_string_equal(err.code, "s3_unavailable");
+	assert_int_equal(netaddr_check_endpoint("ftp://x", NULL, NULL, 5000, &res, &err), -1);
+	assert_string_equal(err.code, "invalid_request");
+}
+
 static void test_check_connect(void **state)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(9000) };
@@ -314,7 +332,7 @@ int main(void)
 		cmocka_unit_test(test_classify_v4),   cmocka_unit_test(test_classify_v6),
 		cmocka_unit_test(test_own),           cmocka_unit_test(test_allow),
 		cmocka_unit_test(test_endpoint_split), cmocka_unit_test(test_check_endpoint),
-		cmocka_unit_test(test_check_connect),
+		cmocka_unit_test(test_check_endpoint_unresolved), cmocka_unit_test(test_check_connect),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
