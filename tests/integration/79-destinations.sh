@@ -152,7 +152,9 @@ fi
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 
-jqe() { jq -e "$@" > /dev/null; }
+# jqe FILTER [FILE]: the filter's last output is true. jq 1.6's -e exits 0
+# on empty input (an empty answer would pass): some output is required.
+jqe() { local o; o=$(jq -e "$@" 2> /dev/null) && [ -n "$o" ]; }
 # dest JSON: a destination body, fields overridden by the jq object given
 dest() {
 	jq -cn --arg ep "$S3_ENDPOINT" --arg b "$CBUCKET" --arg p "$CPREFIX" --arg ak "$C_AK" --arg sk "$C_SK" \
@@ -427,10 +429,9 @@ for _ in $(seq 600); do [ "$(live_hosts)" = 1 ] && break; kill -0 "$host_pid" 2>
 T5=$(submit 'open("/output/o.txt", "w").write("never\n"); print("never")')
 for _ in $(seq 300); do
 	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T5" > "$T_TMP/h5.json"
-	jqe '.upload_attempts >= 2' "$T_TMP/h5.json" 2> /dev/null && break
+	jqe '.upload_attempts >= 2' "$T_TMP/h5.json" && break
 	sleep 0.2
 done
-# (jq 1.6's -e passes on empty input: the answer is compared as text.)
 check "a host whose own list lacks it refuses the upload itself (its check before each connection): destination_forbidden, spooled and retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h5.json" 2> /dev/null))" \
 	[ "$(jq -r '"\(.state) \(.upload_attempts >= 2) \(.last_error | startswith("destination_forbidden"))"' "$T_TMP/h5.json" 2> /dev/null)" = "uploading true true" ]
 check "and nothing of that task ($T5) reached the customer's bucket" [ -n "$T5" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T5")" ]
