@@ -869,6 +869,8 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 			 * the connection itself to the same rule). */
 			struct netaddr_resolved res;
 			struct kiln_err ce = { .code = "" };
+			/* The name lookup within the connect timeout setup() gives curl. */
+			long dns_ms = (c->timeout_s > 0 && c->timeout_s < 10 ? c->timeout_s : 10) * 1000;
 			int lr = netaddr_own_load(&call->own);
 
 			call->refused[0] = '\0';
@@ -876,10 +878,6 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 				kiln_err_set(err, KERR_S3_ERROR, "cannot list this machine's addresses: %s", strerror(-lr));
 				break;
 			}
-
-			/* Name lookup within the connect timeout setup() gives curl. */
-			long dns_ms = (c->timeout_s > 0 && c->timeout_s < 10 ? c->timeout_s : 10) * 1000;
-
 			if (netaddr_check_endpoint(c->endpoint, c->allow, &call->own, dns_ms, &res, &ce) < 0) {
 				if (ce.errc == KERR_S3_UNAVAILABLE && i < attempts) {
 					backoff(i);
