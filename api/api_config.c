@@ -111,11 +111,17 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			goto fail;
 	}
 	if (dests) {
-		const struct conf_field f[] = { { "key_file", CONF_STR, &c->dest_key_file }, { 0 } };
+		json_t *allow = NULL;
+		const struct conf_field f[] = { { "key_file", CONF_STR, &c->dest_key_file },
+						{ "allow_addresses", CONF_OBJ, &allow }, { 0 } };
 		struct kiln_err kerr = { .code = "" };
 
 		if (conf_take(dests, "destinations", f, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
+		if (netaddr_allow_from_json(&c->dest_allow, allow, "destinations.allow_addresses", &kerr) < 0) {
+			kiln_err_set(err, KERR_CONFIG, "%s: %s", path, kerr.message);
+			goto fail;
+		}
 		if (!c->dest_key_file) {
 			kiln_err_set(err, KERR_CONFIG, "%s: destinations: key_file is required", path);
 			goto fail;

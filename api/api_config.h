@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "err.h"
+#include "netaddr.h"
 #include "s3.h"
 #include "store.h"
 
@@ -35,6 +36,10 @@ struct api_config {
 	 * destinations' secrets (api/destination.h); without it customers
 	 * cannot set one, and tasks of those that have one fail. */
 	const char *dest_key_file;
+	/* destinations.allow_addresses: the operator's exceptions to the
+	 * addresses a destination may not resolve to (lib/netaddr.h: an
+	 * on-premises MinIO on a private network); empty by default. */
+	struct netaddr_allow dest_allow;
 	/* ui_dir: the web console's files (api/ui.h); NULL: looked up beside
 	 * the binary. */
 	const char *ui_dir;

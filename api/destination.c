@@ -141,15 +141,16 @@ int destination_load(struct store *st, const unsigned char *key, const char *cus
 	return 1;
 }
 
-int destination_probe(const struct dest *d, struct kiln_err *err)
+int destination_probe(const struct dest *d, const struct netaddr_allow *allow, struct kiln_err *err)
 {
 	struct s3_config c;
 	char key[DEST_PREFIX_MAX + 64], body[64];
 	unsigned char rnd[8];
 
-	dest_s3_config(d, &c);
+	dest_s3_config(d, allow, &c);
+	/* One try of a few seconds per request: the customer waits on it. */
 	c.attempts = 1;
-	c.timeout_s = 15;
+	c.timeout_s = DESTINATION_PROBE_TIMEOUT_S;
 	RAND_bytes(rnd, sizeof(rnd));
 	snprintf(key, sizeof(key), "%skiln-destination-test-%02x%02x%02x%02x%02x%02x%02x%02x", d->prefix, rnd[0], rnd[1],
 		 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
@@ -196,8 +197,20 @@ static enum MHD_Result reply_dest(struct store *st, struct MHD_Connection *conn,
 	return reply_json(conn, status, j);
 }
 
-static enum MHD_Result handle_put(struct store *st, const unsigned char *key, const struct destination_hooks *hooks,
-				  struct MHD_Connection *conn, const char *customer, const char *body, size_t len)
+int destination_check(const struct dest *d, const struct netaddr_allow *allow, struct kiln_err *err)
+{
+	struct netaddr_own own;
+	struct netaddr_resolved res;
+	int r = netaddr_own_load(&own);
+
+	if (r < 0)
+		return kiln_err_set(err, KERR_INTERNAL, "cannot list this machine's addresses: %s", strerror(-r));
+	return netaddr_check_endpoint(d->endpoint, allow, &own, DESTINATION_PROBE_TIMEOUT_S * 1000L, &res, err);
+}
+
+static enum MHD_Result handle_put(struct store *st, const unsigned char *key, const struct netaddr_allow *allow,
+				  const struct destination_hooks *hooks, struct MHD_Connection *conn,
+				  const char *customer, const char *body, size_t len)
 {
 	static const char *const extra[] = { "verify", NULL };
 	struct kiln_err err = { .code = "" };
@@ -227,7 +240,21 @@ static enum MHD_Result handle_put(struct store *st, const unsigned char *key, co
 	json_decref(j);
 	if (r < 0)
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
-	if ((!verify || json_is_true(verify)) && destination_probe(&d, &err) < 0) {
+	/* Where the endpoint leads, before anything is sent there, with or
+	 * without the test write. A name that does not resolve now is taken
+	 * only without the test (its DNS may come later): every connection
+	 * to it is checked again, here and on the hosts. */
+	if (destination_check(&d, allow, &err) < 0 &&
+	    (err.errc != KERR_S3_UNAVAILABLE || !verify || json_is_true(verify))) {
+		struct kiln_err e2 = { .code = "" };
+
+		if (err.errc != KERR_DESTINATION_FORBIDDEN)
+			kiln_err_set(&e2, KERR_DESTINATION_REFUSED, "a test write to %s/%s/%s was refused: %s: %s",
+				     d.endpoint, d.bucket, d.prefix, err.code, err.message);
+		dest_wipe(&d);
+		return reply_err(conn, err.errc == KERR_DESTINATION_FORBIDDEN ? &err : &e2);
+	}
+	if ((!verify || json_is_true(verify)) && destination_probe(&d, allow, &err) < 0) {
 		struct kiln_err e2 = { .code = "" };
 
 		kiln_err_set(&e2, KERR_DESTINATION_REFUSED, "a test write to %s/%s/%s was refused: %s: %s", d.endpoint,
@@ -248,8 +275,8 @@ static enum MHD_Result handle_put(struct store *st, const unsigned char *key, co
 	return reply_dest(st, conn, MHD_HTTP_OK, customer, NULL, NULL);
 }
 
-static enum MHD_Result handle_test(struct store *st, const unsigned char *key, struct MHD_Connection *conn,
-				   const char *customer)
+static enum MHD_Result handle_test(struct store *st, const unsigned char *key, const struct netaddr_allow *allow,
+				   struct MHD_Connection *conn, const char *customer)
 {
 	struct kiln_err err = { .code = "" };
 	struct dest d;
@@ -264,7 +291,7 @@ static enum MHD_Result handle_test(struct store *st, const unsigned char *key, s
 		return reply_err(conn, &err);
 	if (r == 0)
 		return reply_not_found(conn, "no destination is set");
-	r = destination_probe(&d, &err);
+	r = destination_probe(&d, allow, &err);
 	dest_wipe(&d);
 	if (r < 0)
 		return reply_dest(st, conn, MHD_HTTP_OK, customer, "test",
@@ -273,19 +300,19 @@ static enum MHD_Result handle_test(struct store *st, const unsigned char *key, s
 	return reply_dest(st, conn, MHD_HTTP_OK, customer, "test", json_pack("{s:b}", "ok", 1));
 }
 
-enum MHD_Result destination_handle(struct store *st, const unsigned char *key, const struct destination_hooks *hooks,
-				   struct MHD_Connection *conn, const char *method, const char *customer, int test,
-				   const char *body, size_t len)
+enum MHD_Result destination_handle(struct store *st, const unsigned char *key, const struct netaddr_allow *allow,
+				   const struct destination_hooks *hooks, struct MHD_Connection *conn, const char *method,
+				   const char *customer, int test, const char *body, size_t len)
 {
 	if (test) {
 		if (strcmp(method, "POST"))
 			return reply_method_not_allowed(conn, "POST");
-		return handle_test(st, key, conn, customer);
+		return handle_test(st, key, allow, conn, customer);
 	}
 	if (!strcmp(method, "GET"))
 		return reply_dest(st, conn, MHD_HTTP_OK, customer, NULL, NULL);
 	if (!strcmp(method, "PUT"))
-		return handle_put(st, key, hooks, conn, customer, body, len);
+		return handle_put(st, key, allow, hooks, conn, customer, body, len);
 	if (!strcmp(method, "DELETE")) {
 		int r = store_dest_delete(st, customer);
 

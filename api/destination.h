@@ -46,9 +46,20 @@ struct store;
 int destination_load(struct store *st, const unsigned char *key, const char *customer, struct dest *d,
 		     char id[40], struct kiln_err *err);
 
-/* A small test write (and delete) with d's credentials: 0, or -1 with err
- * (s3_auth, s3_unavailable, s3_not_found, s3_error from s3.h). */
-int destination_probe(const struct dest *d, struct kiln_err *err);
+#define DESTINATION_PROBE_TIMEOUT_S 5 /* per request of the test write */
+
+/* Whether d's endpoint resolves only to addresses a destination may reach
+ * (lib/netaddr.h; allow: the operator's destinations.allow_addresses, may
+ * be NULL). Nothing is sent. 0, or -1 with err ("destination_forbidden"
+ * naming the address and why; "s3_unavailable": the name does not resolve).
+ * Blocks on DNS. */
+int destination_check(const struct dest *d, const struct netaddr_allow *allow, struct kiln_err *err);
+
+/* A small test write (and delete) with d's credentials, each request
+ * bounded to DESTINATION_PROBE_TIMEOUT_S and only to allowed addresses
+ * (dest_s3_config): 0, or -1 with err (destination_forbidden, s3_auth,
+ * s3_unavailable, s3_not_found, s3_error from s3.h). */
+int destination_probe(const struct dest *d, const struct netaddr_allow *allow, struct kiln_err *err);
 
 /* Called after a destination changed (set with new credentials, or
  * deleted), so that tasks already on hosts get the new credentials. */
@@ -59,9 +70,12 @@ struct destination_hooks {
 
 /* /v1/destination (the caller's customer) and /v1/admin/customers/{id}/
  * destination (admin: customer given): GET, PUT, DELETE, and POST .../test.
- * key NULL: PUT and test answer 503 destinations_disabled. */
-enum MHD_Result destination_handle(struct store *st, const unsigned char *key, const struct destination_hooks *hooks,
-				   struct MHD_Connection *conn, const char *method, const char *customer, int test,
-				   const char *body, size_t len);
+ * key NULL: PUT and test answer 503 destinations_disabled. allow: the
+ * operator's destinations.allow_addresses (may be NULL). A PUT whose
+ * endpoint resolves to a refused address answers 400
+ * destination_forbidden, whether or not it asked for the test write. */
+enum MHD_Result destination_handle(struct store *st, const unsigned char *key, const struct netaddr_allow *allow,
+				   const struct destination_hooks *hooks, struct MHD_Connection *conn, const char *method,
+				   const char *customer, int test, const char *body, size_t len);
 
 #endif

@@ -191,7 +191,7 @@ static json_t *with_s3_urls(struct server *s, json_t *task)
 		return presign_task(&s->cfg->s3, s->cfg->presign_expiry_s, task, "", time(NULL));
 	r = destination_load(s->st, s->cfg->have_dest_key ? s->cfg->dest_key : NULL, customer, &d, id, &err);
 	if (r == 1 && !strcmp(id, dest_id)) {
-		dest_s3_config(&d, &c);
+		dest_s3_config(&d, NULL, &c); /* signed here, nothing sent */
 		presign_task(&c, s->cfg->presign_expiry_s, task, d.prefix, time(NULL));
 		dest_wipe(&d);
 		return task;
@@ -219,8 +219,9 @@ static enum MHD_Result dest_route(struct server *s, struct httpd_req *r, const c
 {
 	struct destination_hooks h = { dest_changed_hook, s };
 
-	return destination_handle(s->st, s->cfg->have_dest_key ? s->cfg->dest_key : NULL, &h, r->conn, r->method,
-				  customer, test, httpd_body_data(r->body), httpd_body_len(r->body));
+	return destination_handle(s->st, s->cfg->have_dest_key ? s->cfg->dest_key : NULL, &s->cfg->dest_allow, &h,
+				  r->conn, r->method, customer, test, httpd_body_data(r->body),
+				  httpd_body_len(r->body));
 }
 
 static enum MHD_Result rt_dest(void *ctx, struct httpd_req *r)

@@ -790,7 +790,7 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	if (dr == 1) {
 		struct s3_config dc;
 
-		dest_s3_config(&dest, &dc);
+		dest_s3_config(&dest, NULL, &dc); /* signed here, nothing sent */
 		presign_session_outputs(&dc, ss->cfg->presign_expiry_s, j, dest.prefix, cur->customer, cur->id,
 					time(NULL));
 		json_object_set_new(j, "destination", json_string(dest_id));

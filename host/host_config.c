@@ -20,7 +20,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
-	json_t *templates = NULL, *sessions = NULL, *api = NULL;
+	json_t *templates = NULL, *sessions = NULL, *api = NULL, *dests = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
@@ -50,10 +50,22 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "max_connections", CONF_U32, &c->max_connections, 16, 65536 },
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
-			{ "sessions", CONF_OBJ, &sessions }, { 0 },
+			{ "sessions", CONF_OBJ, &sessions }, { "destinations", CONF_OBJ, &dests }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, 0, err) < 0)
 			goto fail;
+	}
+	if (dests) {
+		json_t *allow = NULL;
+		const struct conf_field f[] = { { "allow_addresses", CONF_OBJ, &allow }, { 0 } };
+		struct kiln_err aerr = { .code = "" };
+
+		if (conf_take(dests, "destinations", f, path, 0, err) < 0)
+			goto fail;
+		if (netaddr_allow_from_json(&c->dest_allow, allow, "destinations.allow_addresses", &aerr) < 0) {
+			kiln_err_set(err, KERR_CONFIG, "%s: %s", path, aerr.message);
+			goto fail;
+		}
 	}
 	if (api) {
 		char what[PATH_MAX + 8];

@@ -10,6 +10,7 @@
 
 #include "apilist.h"
 #include "err.h"
+#include "netaddr.h"
 #include "s3.h"
 
 struct host_config {
@@ -36,6 +37,10 @@ struct host_config {
 	uint64_t disk_bps_mib, disk_iops; /* per VM; 0: no limit */
 	unsigned max_connections, max_connections_per_address, connection_timeout_s; /* 0: unset */
 	struct s3_config s3;         /* s3.endpoint NULL: no S3 section */
+	/* "destinations": {"allow_addresses": [...]}: the operator's
+	 * exceptions to the addresses a customer's destination may not reach
+	 * (lib/netaddr.h), the same list as kiln-api's; empty by default. */
+	struct netaddr_allow dest_allow;
 	json_t *network;             /* the "network" section (egress), checked by net_host_init */
 	/* "templates" section (docs/templates.md): */
 	json_t *template_pools;      /* {"NAME": N} warm pool sizes (NULL: none) */

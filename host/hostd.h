@@ -26,6 +26,11 @@ struct hostd_config {
 	const char *spool_dir;
 	unsigned vcpus_total;        /* vCPUs that may be handed out (overcommit applied) */
 	const struct s3_config *s3;  /* NULL: no S3 (POST /v1/tasks is refused) */
+	/* The operator's exceptions for customers' destinations
+	 * (destinations.allow_addresses; NULL: none). Every connection to a
+	 * destination is checked against lib/netaddr.h's rule and these, at
+	 * the address it goes to. Owned by the caller; must outlive the hostd. */
+	const struct netaddr_allow *dest_allow;
 	unsigned upload_workers;     /* threads uploading to S3 */
 	unsigned max_backoff_s;      /* cap of the retry back-off */
 	/* stdout.log / stderr.log of at most this many bytes are not uploaded
@@ -148,6 +153,9 @@ struct hostd_s3 {
 	char *s[5];
 };
 int hostd_s3_take(struct hostd *d, struct hostd_s3 *out);
+/* The operator's exceptions for customers' destinations (hostd_config's
+ * dest_allow; NULL: none). Fixed for the hostd's life. */
+const struct netaddr_allow *hostd_dest_allow(const struct hostd *d);
 void hostd_s3_free(struct hostd_s3 *s);
 char *hostd_metrics(struct hostd *d);
 

@@ -550,6 +550,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
 					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : 4.0)),
 		.s3 = o->s3,
+		.dest_allow = o->dest_allow,
 		.upload_workers = o->upload_workers,
 		.max_backoff_s = o->max_backoff_s,
 		.inline_log_max = o->upload_inline_max,
@@ -685,6 +686,7 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->cold = hc->cold;
 	if (hc->s3.endpoint)
 		so->s3 = &hc->s3;
+	so->dest_allow = &hc->dest_allow;
 	so->network = hc->network;
 	so->template_pools = hc->template_pools;
 	so->disk_budget_mib = hc->disk_budget_mib;

@@ -30,6 +30,7 @@ struct serve_opts {
 	double cpu_overcommit;        /* vCPUs handed out per host CPU (default 4) */
 	double memory_overcommit;     /* nominal guest MiB admitted per MiB of memory budget (default 1) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
+	const struct netaddr_allow *dest_allow; /* destinations.allow_addresses (NULL: none) */
 	unsigned upload_workers, max_backoff_s, retention_s;
 	unsigned upload_inline_max;   /* logs up to this many bytes go inside manifest.json (0: never) */
 	const struct apilist *api;    /* kiln-api URLs to heartbeat to (NULL or none: standalone) */

@@ -631,7 +631,7 @@ json_t *session_outputs_to(struct session_table *ss, const char *id, const struc
 	outs = run_session_collect(&s->vm, dir, (uint64_t)s->output_mib << 20, hostd_run_opts(ss->d), &truncated, err);
 	if (outs && dest) {
 		/* The customer's own bucket: no copy of the host's settings. */
-		dest_s3_config(dest, &s3.c);
+		dest_s3_config(dest, hostd_dest_allow(ss->d), &s3.c);
 	} else if (outs && hostd_s3_take(ss->d, &s3) < 0) {
 		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 		json_decref(outs);

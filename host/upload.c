@@ -327,7 +327,7 @@ void *hostd_uploader_main(void *arg)
 			 * of new ones may replace them meanwhile); never created
 			 * here, it is the customer's. */
 			dest = *pick->dest;
-			dest_s3_config(&dest, &s3.c);
+			dest_s3_config(&dest, d->cfg.dest_allow, &s3.c);
 			memset(s3.s, 0, sizeof(s3.s));
 			need_bucket = 0;
 		} else {
@@ -472,6 +472,11 @@ int hostd_set_dest(struct hostd *d, const char *id, const struct dest *dest, str
 	}
 	pthread_mutex_unlock(&d->lock);
 	return r;
+}
+
+const struct netaddr_allow *hostd_dest_allow(const struct hostd *d)
+{
+	return d->cfg.dest_allow;
 }
 
 int hostd_s3_take(struct hostd *d, struct hostd_s3 *out)

@@ -262,9 +262,11 @@ int dest_same_place(const struct dest *a, const struct dest *b)
 	       !strcmp(a->prefix, b->prefix);
 }
 
-void dest_s3_config(const struct dest *d, struct s3_config *c)
+void dest_s3_config(const struct dest *d, const struct netaddr_allow *allow, struct s3_config *c)
 {
 	memset(c, 0, sizeof(*c));
+	c->guarded = 1;
+	c->allow = allow;
 	c->endpoint = d->endpoint;
 	c->region = d->region;
 	c->bucket = d->bucket;

@@ -55,8 +55,11 @@ json_t *dest_to_json(const struct dest *d, int with_secret);
 /* Whether a and b name the same place (endpoint, region, bucket, prefix). */
 int dest_same_place(const struct dest *a, const struct dest *b);
 
-/* An s3_config pointing into d (d must outlive it). */
-void dest_s3_config(const struct dest *d, struct s3_config *c);
+/* An s3_config pointing into d (d must outlive it), guarded (s3.h): its
+ * requests reach only addresses lib/netaddr.h allows, with the operator's
+ * exceptions allow (may be NULL; must outlive c). Every connection to a
+ * customer's destination is made through one of these. */
+void dest_s3_config(const struct dest *d, const struct netaddr_allow *allow, struct s3_config *c);
 
 /* The access key id for display: its first 4 characters, then '*'s
  * (out: at least DEST_ACCESS_MAX + 1 bytes). */

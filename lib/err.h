@@ -29,6 +29,7 @@
 	KERR(INVALID_RECIPE, "invalid_recipe", 400)                                                  \
 	KERR(OVER_QUOTA, "over_quota", 400)                                                          \
 	KERR(EGRESS_NOT_ALLOWED, "egress_not_allowed", 400)                                          \
+	KERR(DESTINATION_FORBIDDEN, "destination_forbidden", 400)                                    \
 	KERR(UNAUTHORIZED, "unauthorized", 401)                                                      \
 	KERR(FORBIDDEN, "forbidden", 403)                                                            \
 	KERR(NOT_FOUND, "not_found", 404)                                                            \

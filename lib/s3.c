@@ -652,7 +652,36 @@ struct s3_call {
 	CURL *h;
 	char errbuf[CURL_ERROR_SIZE];
 	uint64_t bytes_sent; /* request body bytes put on the wire, retries included */
+	/* guarded configs: this machine's addresses, read before each attempt,
+	 * and the first address a socket was refused for (curl's callback) */
+	struct netaddr_own own;
+	char refused[200];
 };
+
+/* CURLOPT_OPENSOCKETFUNCTION of a guarded call: the address checked here
+ * is the one connected to, whatever name lookup produced it (a second DNS
+ * answer, curl's cache). Refused: no socket, and a note for perform(). */
+static curl_socket_t guarded_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *sa)
+{
+	struct s3_call *call = arg;
+	enum netaddr_class cl = netaddr_check_connect(&sa->addr, call->c->allow, &call->own);
+
+	if (purpose != CURLSOCKTYPE_IPCXN || cl != NETADDR_PUBLIC) {
+		struct netaddr a;
+		char buf[64];
+
+		if (!call->refused[0]) {
+			if (netaddr_from_sockaddr(&sa->addr, &a) < 0)
+				snprintf(call->refused, sizeof(call->refused), "a connection of address family %d",
+					 sa->family);
+			else
+				snprintf(call->refused, sizeof(call->refused), "a connection to %s (%s)",
+					 netaddr_str(&a, buf, sizeof(buf)), netaddr_class_name(cl));
+		}
+		return CURL_SOCKET_BAD;
+	}
+	return socket(sa->family, sa->socktype | SOCK_CLOEXEC, sa->protocol);
+}
 
 static int call_open(struct s3_call *call, const struct s3_config *c, struct kiln_err *err)
 {
@@ -718,6 +747,11 @@ static int setup(struct s3_call *call, struct s3_request *q, struct s3_reply *r,
 		lim.timeout_ms = timeout * 1000;
 	}
 	e |= httpc_set_limits(h, &lim);
+	if (c->guarded) {
+		e |= curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, guarded_socket);
+		e |= curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, call);
+		e |= curl_easy_setopt(h, CURLOPT_PROXY, ""); /* not the environment's */
+	}
 	e |= curl_easy_setopt(h, CURLOPT_ERRORBUFFER, call->errbuf);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write_cb);
 	e |= curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
@@ -829,6 +863,31 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 			kiln_err_set(err, KERR_IO_ERROR, "truncating the download file: %s", strerror(errno));
 			break;
 		}
+		if (c->guarded) {
+			/* Checked afresh at each attempt: the clear answer when the
+			 * name now resolves somewhere refused (guarded_socket holds
+			 * the connection itself to the same rule). */
+			struct netaddr_resolved res;
+			struct kiln_err ce = { .code = "" };
+			/* The name lookup within the connect timeout setup() gives curl. */
+			long dns_ms = (c->timeout_s > 0 && c->timeout_s < 10 ? c->timeout_s : 10) * 1000;
+			int lr = netaddr_own_load(&call->own);
+
+			call->refused[0] = '\0';
+			if (lr < 0) {
+				kiln_err_set(err, KERR_S3_ERROR, "cannot list this machine's addresses: %s", strerror(-lr));
+				break;
+			}
+			if (netaddr_check_endpoint(c->endpoint, c->allow, &call->own, dns_ms, &res, &ce) < 0) {
+				if (ce.errc == KERR_S3_UNAVAILABLE && i < attempts) {
+					backoff(i);
+					continue;
+				}
+				if (err)
+					*err = ce;
+				break;
+			}
+		}
 		if (setup(call, q, r, &hdrs, url) < 0) {
 			curl_slist_free_all(hdrs);
 			kiln_err_set(err, KERR_S3_ERROR, "setting up the curl request failed");
@@ -839,6 +898,13 @@ static int perform(struct s3_call *call, struct s3_request *q, struct s3_reply *
 		if (curl_easy_getinfo(call->h, CURLINFO_SIZE_UPLOAD_T, &up) == CURLE_OK && up > 0)
 			call->bytes_sent += (uint64_t)up;
 		curl_easy_getinfo(call->h, CURLINFO_RESPONSE_CODE, &r->status);
+		if (call->refused[0]) {
+			kiln_err_set(err, KERR_DESTINATION_FORBIDDEN,
+				     "%s: refused %s: a destination may not reach such an address unless the operator "
+				     "lists it in destinations.allow_addresses",
+				     what(c, q, desc, sizeof(desc)), call->refused);
+			break;
+		}
 		if (q->body.io_errno || r->io_errno) {
 			kiln_err_set(err, KERR_IO_ERROR, "%s: %s the local file: %s", what(c, q, desc, sizeof(desc)),
 				     q->body.io_errno ? "reading" : "writing",

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "err.h"
+#include "netaddr.h"
 
 #define S3_MULTIPART_THRESHOLD (16u << 20) /* files above this go up as multipart */
 #define S3_PART_SIZE (16u << 20)
@@ -30,6 +31,14 @@ struct s3_config {
 				 * connection errors) with backoff; 0: 3 */
 	uint64_t multipart_threshold; /* 0: S3_MULTIPART_THRESHOLD */
 	uint64_t part_size;     /* 0: S3_PART_SIZE (>= 5 MiB) */
+	/* A customer's destination (dest_s3_config sets it): before each
+	 * attempt the endpoint's host is resolved and every address checked
+	 * (lib/netaddr.h), and every socket is checked again, at the address
+	 * it is about to connect to, so that a later DNS answer cannot send
+	 * the request elsewhere; no proxy. A refusal is "destination_forbidden"
+	 * and is not retried. allow: the operator's exceptions (may be NULL). */
+	int guarded;
+	const struct netaddr_allow *allow;
 };
 
 /* Error codes set in kiln_err.code by the calls below:
@@ -38,7 +47,10 @@ struct s3_config {
  *   "s3_not_found"   no such key or bucket (404)
  *   "s3_error"       any other failure (the message names the HTTP status and
  *                    the S3 error code and message from the XML body)
- *   "io_error"       reading or writing the local file failed              */
+ *   "io_error"       reading or writing the local file failed
+ *   "destination_forbidden" (guarded configs) the endpoint resolves to, or a
+ *                    connection would go to, an address destinations may
+ *                    not reach                                             */
 
 /* Object keys, for every call: 1-1024 bytes, no control characters, no
  * empty, "." or ".." segments between slashes (refused with "s3_error":

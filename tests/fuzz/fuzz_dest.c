@@ -4,8 +4,10 @@
  * to the rules the uploads and presigning rely on (an http(s) endpoint
  * without path or query, a valid bucket name, a prefix that is "" or ends
  * in '/' with no "." or ".." segment, credentials of printable ASCII), that
- * it round-trips through dest_to_json, and that a refusal leaves nothing of
- * the secret behind and carries a message. */
+ * it round-trips through dest_to_json, that lib/netaddr.c's endpoint split
+ * (the host and port a destination's addresses are checked for) takes
+ * every endpoint accepted here, and that a refusal leaves nothing of the
+ * secret behind and carries a message. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "dest.h"
 #include "fuzz.h"
+#include "netaddr.h"
 
 static int printable(const char *s)
 {
@@ -47,6 +50,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	      strncmp(d.prefix, "./", 2) && strncmp(d.prefix, "../", 3));
 	check(d.region[0] && printable(d.region));
 	check(d.access_key[0] && printable(d.access_key) && d.secret_key[0] && printable(d.secret_key));
+	/* The address check sees the same host and port a client would. */
+	{
+		char host[DEST_ENDPOINT_MAX + 1];
+		unsigned port = 0;
+
+		check(netaddr_endpoint_split(d.endpoint, host, sizeof(host), &port) == 0);
+		check(host[0] && port >= 1 && port <= 65535 && strstr(d.endpoint, host));
+	}
 	/* A key under the prefix passes the S3 client's own key check. */
 	{
 		char key[DEST_PREFIX_MAX + 32];

@@ -10,7 +10,15 @@
 # with s3_auth, spooled (record 0600) and retried until the destination is
 # fixed; deleted: outputs go to kiln's bucket again; kiln-api restarted with
 # another key: the customer's task fails with destination_unavailable, never
-# kiln's bucket. Nothing is left running.
+# kiln's bucket. Where a destination may lead (issue 37): endpoints that are
+# or resolve to loopback (127.0.0.1, localhost, [::1], 127.1, a name of
+# /etc/hosts), link-local 169.254.169.254, private, CGNAT, unspecified or
+# this machine's own addresses are refused with 400 destination_forbidden
+# before any connection (a listener on loopback sees none); the local S3 is
+# admitted only because the operator lists its address and port in
+# destinations.allow_addresses (kiln-api and kiln-host); a kiln-host whose
+# list lacks it refuses the upload itself, at the connection. Nothing is
+# left running.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached curl jq sqlite3; do
@@ -37,10 +45,12 @@ C_AK=cust:alice
 C_SK=alicesecret
 host_pid=
 api_pid=
+listen_pid=
+S3_HOSTPORT=
 
 cleanup() {
-	for p in $host_pid $api_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid; do wait "$p" 2> /dev/null; done
+	for p in $host_pid $api_pid $listen_pid; do kill "$p" 2> /dev/null; done
+	for p in $host_pid $api_pid $listen_pid; do wait "$p" 2> /dev/null; done
 	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
 	t_cleanup
 }
@@ -51,6 +61,8 @@ before_qemu=$(count_qemu)
 	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
 . "$T_TMP/s3.env"
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY
+S3_HOSTPORT=${S3_ENDPOINT#http://}
+S3_HOSTPORT=${S3_HOSTPORT%/}
 
 # s3py AK SK CODE...: python with an S3 client `s3` for those credentials.
 s3py() {
@@ -77,26 +89,37 @@ except botocore.exceptions.ClientError as e:
 s3py "$C_AK" "$C_SK" "s3.create_bucket(Bucket='$CBUCKET')" > "$T_TMP/mkbucket.out"
 s3py "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "s3.create_bucket(Bucket='$BUCKET')" >> "$T_TMP/mkbucket.out"
 ops_view=$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$CBUCKET" "")
+# Swift keeps buckets per account: to kiln's account the customer's bucket
+# does not exist (NoSuchBucket), which is its answer to a listing it may
+# not make; any other answer (a bad signature, a 5xx) is not that.
 check "the customer's bucket exists in its own account: kiln's credentials cannot list it ($ops_view)" \
-	[ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "" | grep -c ERROR)" = 0 -a -n "$ops_view" ]
+	[ "$(keys "$C_AK" "$C_SK" "$CBUCKET" "" | grep -c ERROR)" = 0 -a "$ops_view" = "ERROR NoSuchBucket" ]
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/dest.key"
 echo >> "$T_TMP/dest.key"
 chmod 600 "$T_TMP/dest.key"
-write_api_config() { # KEYFILE
+# The local S3 listens on loopback: destinations may reach it only because
+# the operator lists its address and port (an on-premises MinIO's case).
+write_api_config() { # KEYFILE [ALLOW_JSON_ARRAY]
 	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg kf "$1" \
+		--argjson allow "${2:-[\"$S3_HOSTPORT\"]}" \
 		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
-		  destinations: {key_file: $kf}}' > "$T_TMP/api.json"
+		  destinations: {key_file: $kf, allow_addresses: $allow}}' > "$T_TMP/api.json"
 }
 write_api_config "$T_TMP/dest.key"
-jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
-	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, host_id: "dest-host", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-	  heartbeat_ms: 500, upload: {max_backoff_s: 2}, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 1, prestart: 1},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+write_host_config() { # [ALLOW_JSON_ARRAY]
+	jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
+		--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
+		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
+		--argjson allow "${1:-[\"$S3_HOSTPORT\"]}" \
+		'{listen: $listen, host_id: "dest-host", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
+		  heartbeat_ms: 500, upload: {max_backoff_s: 2}, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 1, prestart: 1},
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
+		  destinations: {allow_addresses: $allow}}' > "$T_TMP/host.json"
+}
+write_host_config
 
 start_api() {
 	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
@@ -104,8 +127,11 @@ start_api() {
 	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
 }
 start_api
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
+start_host() {
+	"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
+	host_pid=$!
+}
+start_host
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
 # custst METHOD PATH [BODY]: the status on the first line, then the body
@@ -126,7 +152,9 @@ fi
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 
-jqe() { jq -e "$@" > /dev/null; }
+# jqe FILTER [FILE]: the filter's last output is true. jq 1.6's -e exits 0
+# on empty input (an empty answer would pass): some output is required.
+jqe() { local o; o=$(jq -e "$@" 2> /dev/null) && [ -n "$o" ]; }
 # dest JSON: a destination body, fields overridden by the jq object given
 dest() {
 	jq -cn --arg ep "$S3_ENDPOINT" --arg b "$CBUCKET" --arg p "$CPREFIX" --arg ak "$C_AK" --arg sk "$C_SK" \
@@ -162,6 +190,66 @@ bad "a prefix with a .. segment" '{"prefix":"a/../"}' prefix
 bad "a region with spaces" '{"region":"us east"}' region
 bad "no secret key" '{"secret_key":""}' secret_key
 bad "an unknown field" '{"acl":"public"}' acl
+
+# ---- where a destination may lead: refused before any connection ----
+# A listener on loopback that counts the connections it accepts.
+$PY -c '
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+n = 0
+while True:
+    c, _ = s.accept(); n += 1; c.close()
+    open(sys.argv[2], "w").write(str(n))' "$T_TMP/listen.port" "$T_TMP/listen.count" &
+listen_pid=$!
+for _ in $(seq 100); do [ -s "$T_TMP/listen.port" ] && break; sleep 0.05; done
+LPORT=$(cat "$T_TMP/listen.port")
+forbidden() { # NAME ENDPOINT SAYS [EXTRA_FIELDS]
+	local r code msg
+	r=$(custst PUT /v1/destination "$(dest "{\"endpoint\":\"$2\"${4:+,$4}}")")
+	code=$(head -n -1 <<< "$r" | jq -r .error.code 2> /dev/null)
+	msg=$(head -n -1 <<< "$r" | jq -r .error.message 2> /dev/null)
+	check "PUT refuses $1: 400 destination_forbidden saying \"$3\" ($msg)" \
+		[ "$(tail -1 <<< "$r")" = 400 -a "$code" = destination_forbidden -a -n "$(grep -F -- "$3" <<< "$msg")" ]
+}
+forbidden "127.0.0.1 (a listener there)" "http://127.0.0.1:$LPORT" "127.0.0.1 (loopback)"
+forbidden "127.0.0.1 without the test write (verify:false)" "http://127.0.0.1:$LPORT" "127.0.0.1 (loopback)" '"verify":false'
+forbidden "localhost" "http://localhost:$LPORT" "(loopback)"
+forbidden "[::1]" "http://[::1]:$LPORT" "::1 (loopback)"
+forbidden "127.1, a name the resolver turns into 127.0.0.1" "http://127.1:$LPORT" "127.0.0.1 (loopback)"
+forbidden "2130706433, 127.0.0.1 as one number" "http://2130706433:$LPORT" "127.0.0.1 (loopback)"
+hname=$(awk '$1 ~ /^127\./ { for (i = 2; i <= NF; i++) if ($i != "localhost" && $i ~ /^[A-Za-z0-9.-]+$/) { print $i; exit } }' /etc/hosts)
+if [ -n "$hname" ]; then
+	forbidden "$hname, a name that resolves to loopback (/etc/hosts)" "http://$hname:$LPORT" "(loopback)"
+else
+	skip "PUT refuses a name of /etc/hosts that resolves to loopback" "no name other than localhost resolves to loopback in /etc/hosts"
+fi
+forbidden "kiln-host's own port on loopback (the allow-list names the S3's port only)" "http://127.0.0.1:$HOST_PORT" "127.0.0.1 (loopback)"
+forbidden "kiln-api itself" "http://127.0.0.1:$API_PORT" "127.0.0.1 (loopback)"
+forbidden "0.0.0.0" "http://0.0.0.0:$LPORT" "0.0.0.0 (unspecified)"
+forbidden "127.0.0.1 as an IPv4-mapped IPv6 address" "http://[::ffff:7f00:1]:$LPORT" "(loopback)"
+# Addresses off this machine are asked with verify:false: a kiln-api that
+# lost the rule stores them (and fails here) without sending them anything.
+forbidden "169.254.169.254 (cloud metadata)" "http://169.254.169.254" "169.254.169.254 (link-local)" '"verify":false'
+forbidden "a private range (10/8)" "http://10.20.30.40:9000" "10.20.30.40 (private)" '"verify":false'
+forbidden "a private range (192.168/16)" "https://192.168.1.1" "192.168.1.1 (private)" '"verify":false'
+forbidden "a private IPv6 range (fc00::/7)" "http://[fd00::1]:9000" "fd00::1 (private)" '"verify":false'
+forbidden "CGNAT (100.64/10)" "http://100.64.0.1" "100.64.0.1 (CGNAT)" '"verify":false'
+own=$(ip -4 -o addr show scope global 2> /dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
+if [ -n "$own" ]; then
+	forbidden "this machine's own address ($own)" "http://$own:$LPORT" "$own (" '"verify":false'
+else
+	skip "PUT refuses this machine's own address" "this machine has no global IPv4 address"
+fi
+check "no refused endpoint was connected to (the listener accepted $(cat "$T_TMP/listen.count" 2> /dev/null || echo 0))" \
+	[ ! -s "$T_TMP/listen.count" ]
+curl -s -m 2 "http://127.0.0.1:$LPORT/" > /dev/null 2>&1
+for _ in $(seq 50); do [ -s "$T_TMP/listen.count" ] && break; sleep 0.05; done
+check "the listener does count connections (one made here: $(cat "$T_TMP/listen.count" 2> /dev/null))" \
+	[ "$(cat "$T_TMP/listen.count" 2> /dev/null)" = 1 ]
+kill "$listen_pid"; wait "$listen_pid" 2> /dev/null; listen_pid=
+check "GET still answers 404: nothing refused was stored" [ "$(custst GET /v1/destination | tail -1)" = 404 ]
+
 r=$(custst PUT /v1/destination "$(dest '{"secret_key":"wrong-secret"}')")
 msg=$(head -n -1 <<< "$r" | jq -r '.error.code + " " + .error.message')
 check "PUT with wrong credentials is verified by a test write: 422 destination_refused naming s3_auth ($msg)" \
@@ -173,7 +261,7 @@ check "an admin key has no destination of its own: 403" [ "$(tail -1 <<< "$r")" 
 r=$(custst PUT /v1/destination "$(dest)")
 echo "$r" > "$T_TMP/put.out"
 sel=$(head -n -1 <<< "$r" | jq -r 'select(.bucket == "'$CBUCKET'" and .prefix == "'$CPREFIX'" and (.id | startswith("dst_")) and .secret_key_set == true and .access_key == "cust******") | .id')
-check "PUT the customer's destination: 200 with its id, the access key masked, secret_key_set ($(head -c 300 <<< "$r"))" \
+check "PUT the customer's destination at the local S3 on loopback, admitted by destinations.allow_addresses ($S3_HOSTPORT): 200 with its id, the access key masked, secret_key_set ($(head -c 300 <<< "$r"))" \
 	[ "$(tail -1 <<< "$r")" = 200 -a -n "$sel" ]
 DID=$(head -n -1 <<< "$r" | jq -r .id)
 custst GET /v1/destination > "$T_TMP/get.out"
@@ -320,6 +408,33 @@ check "kiln-api with another key: the task fails with destination_unavailable" \
 check "and nothing of it is in kiln's bucket" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T4")" ]
 r=$(custst GET /v1/destination)
 check "GET still shows the destination (its secret not needed)" [ "$(tail -1 <<< "$r")" = 200 ]
+
+# ---- the allow-list is what admits the local S3, on kiln-api and on the host ----
+kill "$api_pid"; wait "$api_pid" 2> /dev/null
+write_api_config "$T_TMP/dest.key" '[]'
+start_api
+forbidden "the local S3 once kiln-api's destinations.allow_addresses no longer lists it" "$S3_ENDPOINT" "(loopback)"
+r=$(custst POST /v1/destination/test)
+check "POST /v1/destination/test of the stored one: ok false, destination_forbidden ($(head -n -1 <<< "$r" | jq -c .test 2> /dev/null))" \
+	[ "$(head -n -1 <<< "$r" | jq -r '"\(.test.ok) \(.test.error.code)"' 2> /dev/null)" = "false destination_forbidden" ]
+# A host checks each connection itself: kiln-api (listing the S3 again)
+# hands it the stored destination; this host's own list lacks it.
+kill "$api_pid"; wait "$api_pid" 2> /dev/null
+write_api_config "$T_TMP/dest.key"
+start_api
+kill "$host_pid"; wait "$host_pid" 2> /dev/null
+write_host_config '[]'
+start_host
+for _ in $(seq 600); do [ "$(live_hosts)" = 1 ] && break; kill -0 "$host_pid" 2> /dev/null || break; sleep 0.2; done
+T5=$(submit 'open("/output/o.txt", "w").write("never\n"); print("never")')
+for _ in $(seq 300); do
+	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T5" > "$T_TMP/h5.json"
+	jqe '.upload_attempts >= 2' "$T_TMP/h5.json" && break
+	sleep 0.2
+done
+check "a host whose own list lacks it refuses the upload itself (its check before each connection): destination_forbidden, spooled and retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h5.json" 2> /dev/null))" \
+	[ "$(jq -r '"\(.state) \(.upload_attempts >= 2) \(.last_error | startswith("destination_forbidden"))"' "$T_TMP/h5.json" 2> /dev/null)" = "uploading true true" ]
+check "and nothing of that task ($T5) reached the customer's bucket" [ -n "$T5" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T5")" ]
 
 # ---- nothing left ----
 kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=

@@ -96,6 +96,30 @@ static void test_refusals(void **state)
 	refused("{\"api\":[]}", "api: expected a URL or a non-empty array");
 	refused("{\"api\":\"ftp://x\"}", "api: expected http://");
 	refused("{\"api\":[\"http://a\",\"http://b,\"]}", "api: an empty URL");
+	refused("{\"destinations\":{\"allow\":[]}}", "destinations.allow: unknown setting");
+	refused("{\"destinations\":{\"allow_addresses\":\"10.0.0.0/8\"}}", "destinations.allow_addresses: expected an array");
+	refused("{\"destinations\":{\"allow_addresses\":[\"10.0.0.0/8\",\"minio\"]}}",
+		"destinations.allow_addresses[1]: \"minio\": expected an IPv4 or IPv6 address");
+}
+
+/* The operator's exceptions for customers' destinations (lib/netaddr.h). */
+static void test_dest_allow(void **state)
+{
+	struct host_config c;
+	struct kiln_err err = { .code = "" };
+	struct netaddr a = { .family = AF_INET, .a = { 10, 0, 5, 20 } };
+
+	assert_int_equal(config_load(write_file("d.json", "{}"), &c, &err), 0);
+	assert_int_equal(c.dest_allow.n, 0);
+	config_free(&c);
+	assert_int_equal(config_load(write_file("d.json", "{\"destinations\":{\"allow_addresses\":"
+							  "[\"10.0.5.20:9000\",\"[fd00::/8]:443\"]}}"),
+				     &c, &err),
+			 0);
+	assert_int_equal(c.dest_allow.n, 2);
+	assert_true(netaddr_allowed(&c.dest_allow, &a, 9000));
+	assert_false(netaddr_allowed(&c.dest_allow, &a, 9001));
+	config_free(&c);
 }
 
 /* "api": one URL as before, or a list (an array, or commas in a string). */
@@ -354,6 +378,22 @@ static void test_api_config(void **state)
 	api_refused("{\"db\":\"\"}", "db: expected a non-empty string");
 	api_refused("{\"s3\":{\"bucket\":\"b\",\"x\":1}}", "s3.x: unknown setting");
 	api_refused("{\"s3\":3}", "s3: expected an object");
+	api_refused("{\"destinations\":{\"key_file\":\"/x\",\"allow_addresses\":[\"localhost:9000\"]}}",
+		    "destinations.allow_addresses[0]: \"localhost:9000\": expected an IPv4 or IPv6 address");
+	api_refused("{\"destinations\":{\"key_file\":\"/x\",\"allow_addresses\":[\"127.0.0.1:0\"]}}",
+		    "destinations.allow_addresses[0]: \"127.0.0.1:0\": the port: 1-65535");
+	{
+		char text[600];
+
+		write_file("dest.key", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n");
+		snprintf(text, sizeof(text),
+			 "{\"destinations\":{\"key_file\":\"%s/dest.key\",\"allow_addresses\":[\"127.0.0.1:8780\"]}}",
+			 dir);
+		assert_int_equal(api_config_load(write_file("api.json", text), &c, &err), 0);
+		assert_int_equal(c.dest_allow.n, 1);
+		assert_int_equal(c.dest_allow.r[0].port, 8780);
+		api_config_free(&c);
+	}
 }
 
 static int setup(void **state)
@@ -374,6 +414,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_dest_allow),
 		cmocka_unit_test(test_api_urls),
 		cmocka_unit_test(test_network),
 		cmocka_unit_test(test_request_parse),

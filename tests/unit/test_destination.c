@@ -51,7 +51,7 @@ static void test_dest_valid(void **state)
 	assert_int_equal(dest_parse(OK_BODY(""), strlen(OK_BODY("")), DEST_SECRET_REQUIRED, &d, &err), 0);
 	assert_string_equal(d.region, "us-east-1");
 	assert_string_equal(d.prefix, "runs/");
-	dest_s3_config(&d, &c);
+	dest_s3_config(&d, NULL, &c);
 	assert_string_equal(c.bucket, "acme-out");
 	assert_string_equal(c.secret_key, "s3cr3t/Key+x");
 	j = dest_to_json(&d, 0);
