@@ -5,7 +5,8 @@
 # errors; the secret is never answered and never stored in plaintext; a
 # task's tiny and large (multipart) outputs, logs and manifest land in the
 # customer's bucket under its prefix and not in kiln's, presigned URLs
-# (signed with the customer's credentials) serve the right bytes, `kiln task
+# (signed with the customer's credentials) serve the right bytes, kiln-api's
+# own log links never take a request's Host, `kiln task
 # logs` reads them; a destination with wrong credentials fails the upload
 # with s3_auth, spooled (record 0600) and retried until the destination is
 # fixed; deleted: outputs go to kiln's bucket again; kiln-api restarted with
