@@ -205,12 +205,14 @@ EOF
 	cts=("Application/connect+json" "APPLICATION/CONNECT+JSON" "application/Connect+Json" "application/CONNECT+json"
 	     "Application/Connect+JSON; charset=utf-8" "aPPLICATION/cONNECT+jSON" "application/connect+JSON"
 	     "APPLICATION/connect+json" "Application/connect+Json ; charset=UTF-8" "application/cOnNeCt+JsOn")
+	odd=()
 	for i in $(seq 0 19); do
 		curl -s -m 60 -o "$T_TMP/odd$i.out" -w '%{http_code}' -X POST -H "E2b-Sandbox-Id: $A" -H "X-Access-Token: $TA" \
 			-H "Content-Type: ${cts[i % 10]}" -H 'Connect-Protocol-Version: 1' \
 			--data-binary @"$T_TMP/hold.bin" "$URL/process.Process/Start" > "$T_TMP/odd$i.st" &
+		odd+=($!)
 	done
-	wait
+	wait "${odd[@]}" # these curls only (kiln-api and kiln-host are children too)
 	served=0 refused=0 other=""
 	for i in $(seq 0 19); do
 		st=$(cat "$T_TMP/odd$i.st")
