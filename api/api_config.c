@@ -82,9 +82,11 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
 		if (c->public_url && ((strncmp(c->public_url, "http://", 7) && strncmp(c->public_url, "https://", 8)) ||
-				      c->public_url[strlen(c->public_url) - 1] == '/')) {
+				      c->public_url[strlen(c->public_url) - 1] == '/' || strlen(c->public_url) > 255 ||
+				      strpbrk(c->public_url, " \t\r\n\"<>\\^`{|}?#"))) {
 			kiln_err_set(err, KERR_CONFIG,
-				     "%s: public_url: expected an http:// or https:// URL without a trailing / (got \"%s\")",
+				     "%s: public_url: expected an http:// or https:// URL of at most 255 characters, "
+				     "without a query, fragment or trailing / (got \"%.300s\")",
 				     path, c->public_url);
 			goto fail;
 		}

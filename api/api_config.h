@@ -25,7 +25,7 @@ struct api_config {
 	const char *cluster_token;   /* hosts present it (heartbeats); may be NULL */
 	struct s3_config s3;         /* s3.endpoint NULL: outputs get no url */
 	unsigned presign_expiry_s;   /* default 3600 */
-	const char *public_url;      /* clients reach kiln-api here (links it signs); NULL: from Host */
+	const char *public_url;      /* clients reach kiln-api here (links it signs); NULL: http://<listen> */
 	unsigned host_lost_after_s;  /* default 30 */
 	struct quota quotas;         /* defaults for new customers */
 	unsigned max_body_mib;       /* POST body limit, default 64 */

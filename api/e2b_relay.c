@@ -8,7 +8,10 @@
  * comes back as the host sends it: a Start stream may last minutes, read
  * from the host only as fast as the client takes it (64 KiB at a time).
  * Each call is session activity, and an open one keeps the session busy
- * (the reaper does not idle it out). */
+ * (the reaper does not idle it out). An RPC is checked before it goes:
+ * one of envd's methods, with Connect's JSON Content-Type for its kind
+ * (lib/connect_call.h, the table kiln-host serves by); a streaming method
+ * counts in the customer's max_streams. */
 #include "e2b.h"
 
 #include <stdio.h>
@@ -22,6 +25,7 @@
 
 #include "buf.h"
 #include "connect.h"
+#include "connect_call.h"
 #include "reply.h"
 #include "sessions_internal.h"
 
@@ -218,7 +222,8 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 {
 	struct MHD_Connection *conn = r->conn;
 	const char *ctype = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-	int streaming = ctype && !strncmp(ctype, "application/connect+", 20);
+	enum connect_kind kind = CONNECT_KIND_NONE;
+	int streaming;
 	struct kiln_err err = { .code = "" };
 	struct store_session cur;
 	struct MHD_Response *resp;
@@ -243,15 +248,26 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
 					   "a compressed request body (Content-Encoding) is not supported: send it as is");
 	}
-	/* An RPC's method is a name: anything else is no method of envd's (and
-	 * is not put into the host's URL). */
+	/* An RPC is one of envd's methods (lib/connect_call.c's table, which
+	 * kiln-host serves by too), and whether it streams is the method's
+	 * kind, never the Content-Type's spelling: a stream holds a thread, a
+	 * host connection and a guest process however its header is written,
+	 * and is counted below. A Content-Type that is not Connect's JSON for
+	 * that kind is refused here, before the host. Anything else is no
+	 * method of envd's (and is not put into the host's URL). */
 	if (rpc_path(r->url)) {
-		const char *m = strchr(r->url + 1, '/') + 1;
-		size_t n = strspn(m, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_");
+		char why[200];
 
-		if (!n || n > 64 || m[n])
+		kind = connect_call_kind_path(r->url);
+		if (kind == CONNECT_KIND_NONE)
 			return relay_error(conn, r->url, MHD_HTTP_NOT_FOUND, CONNECT_UNIMPLEMENTED, "no such method");
+		if (strcmp(r->method, "POST"))
+			return relay_error(conn, r->url, MHD_HTTP_METHOD_NOT_ALLOWED, CONNECT_UNIMPLEMENTED,
+					   "a Connect call is a POST");
+		if (connect_call_check_media(kind, ctype, why, sizeof(why)) < 0)
+			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED, why);
 	}
+	streaming = connect_kind_streams(kind);
 	if (!ss->host->stream_open_raw)
 		return relay_error(conn, r->url, MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				   "this kiln-api cannot relay envd calls");

@@ -68,6 +68,7 @@ struct server {
 	int have_art_key;
 	const char *ui_dir;          /* the web console's files (ui.h); NULL: none */
 	char ui_dir_buf[4200];
+	char base_url[300];          /* the links kiln-api signs start here (base_url_set) */
 };
 
 struct caller {
@@ -148,32 +149,33 @@ void server_relay_event(void *server, const char *task_id, const char *event, js
  * credentials, while it is still the one the outputs went to. */
 static json_t *with_s3_urls(struct server *s, json_t *task);
 
-/* Where the client reached kiln-api: public_url, else http:// and the
- * request's Host (when it is a plain host[:port]); "" when neither. */
-static void base_url(struct server *s, struct MHD_Connection *conn, char *out, size_t size)
+/* Where clients reach kiln-api, for the links it signs itself: public_url,
+ * else http:// and the address it listens on (the port it was given, or the
+ * one it got for port 0), 127.0.0.1 for the wildcard 0.0.0.0. From the
+ * configuration only, never from a request: a Host header is the client's to
+ * write, and a link built from it would send the next reader (and the link's
+ * signature) wherever that client said. Set once at start. */
+static void base_url_set(struct server *s, const struct sockaddr_in *sa)
 {
-	const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+	unsigned port = info && info->port ? info->port : ntohs(sa->sin_port);
+	char addr[INET_ADDRSTRLEN] = "127.0.0.1";
 
-	out[0] = '\0';
 	if (s->cfg->public_url) {
-		snprintf(out, size, "%s", s->cfg->public_url);
+		snprintf(s->base_url, sizeof(s->base_url), "%s", s->cfg->public_url);
 		return;
 	}
-	if (!h || !*h || strlen(h) > 255 || strspn(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") !=
-						       strlen(h))
-		return;
-	snprintf(out, size, "http://%s", h);
+	if (sa->sin_addr.s_addr != htonl(INADDR_ANY))
+		inet_ntop(AF_INET, &sa->sin_addr, addr, sizeof(addr));
+	snprintf(s->base_url, sizeof(s->base_url), "http://%s:%u", addr, port);
 }
 
 /* Every output and artifact of the task gets its url: S3's presigned ones,
  * and kiln-api's own signed ones for logs carried inline (artifacts.h). */
-static json_t *with_urls(struct server *s, struct MHD_Connection *conn, json_t *task)
+static json_t *with_urls(struct server *s, json_t *task)
 {
-	char base[300];
-
-	base_url(s, conn, base, sizeof(base));
 	with_s3_urls(s, task);
-	return artifacts_sign(task, base[0] ? base : NULL, s->have_art_key ? s->art_key : NULL,
+	return artifacts_sign(task, s->base_url, s->have_art_key ? s->art_key : NULL,
 			      s->cfg->presign_expiry_s, time(NULL));
 }
 
@@ -325,7 +327,7 @@ static enum MHD_Result reply_task(struct server *s, struct MHD_Connection *conn,
 
 	if (!j)
 		return reply_internal(conn, "the task was stored but cannot be read back");
-	return reply_json(conn, status, with_urls(s, conn, j));
+	return reply_json(conn, status, with_urls(s, j));
 }
 
 /* A store error while the database is out of reach (PostgreSQL went away
@@ -577,7 +579,7 @@ static enum MHD_Result wait_task(struct server *s, struct MHD_Connection *conn, 
 		st = task_state_parse(json_string_value(json_object_get(j, "state")));
 		stopping = events_stopping(s->ev);
 		if (task_state_final(st) || clock_mono_ms() >= deadline || stopping)
-			return reply_json(conn, MHD_HTTP_OK, with_urls(s, conn, j));
+			return reply_json(conn, MHD_HTTP_OK, with_urls(s, j));
 		json_decref(j);
 		store_wait_change(s->st, seen, deadline);
 	}
@@ -1390,6 +1392,7 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 		store_set_listener(st, NULL, NULL);
 		goto fail;
 	}
+	base_url_set(s, &sa);
 	return s;
 fail:
 	quota_limiter_free(s->lim);

@@ -5,7 +5,8 @@
 # errors; the secret is never answered and never stored in plaintext; a
 # task's tiny and large (multipart) outputs, logs and manifest land in the
 # customer's bucket under its prefix and not in kiln's, presigned URLs
-# (signed with the customer's credentials) serve the right bytes, `kiln task
+# (signed with the customer's credentials) serve the right bytes, kiln-api's
+# own log links never take a request's Host, `kiln task
 # logs` reads them; a destination with wrong credentials fails the upload
 # with s3_auth, spooled (record 0600) and retried until the destination is
 # fixed; deleted: outputs go to kiln's bucket again; kiln-api restarted with
@@ -288,6 +289,12 @@ check "every output and the manifest has an s3_key under PREFIX/CUSTOMER/ID/ and
 	jqe "[(.artifacts[], .outputs[]) | select((.s3_key // \"\" | startswith(\"${CPREFIX}acme/$T1/\")) and (.url | type == \"string\"))] | length == 3" "$T_TMP/$T1.json"
 check "the small logs travel inside the manifest: inline, no s3_key, a kiln-api URL" \
 	jqe "[.artifacts[\"stdout.log\"], .artifacts[\"stderr.log\"]] | map(select(.inline == true and .s3_key == null and (.url | startswith(\"$API/v1/tasks/$T1/artifacts/\")))) | length == 2" "$T_TMP/$T1.json"
+# The links kiln-api signs come from its configuration, never from the
+# request's Host (the client's to write): no public_url here, so its listen address.
+cust -H 'Host: evil.example' "$API/v1/tasks/$T1" > "$T_TMP/evil.json"
+check "GET with Host: evil.example: the logs' links still start with $API, none names evil.example ($(jq -r '.artifacts["stdout.log"].url // "no url"' "$T_TMP/evil.json" | cut -d'?' -f1))" \
+	[ "$(jq "[.artifacts[\"stdout.log\"], .artifacts[\"stderr.log\"]] | map(select(.url | startswith(\"$API/v1/tasks/$T1/artifacts/\"))) | length == 2" "$T_TMP/evil.json")" = true \
+	  -a "$(grep -c evil.example "$T_TMP/evil.json")" = 0 ]
 keys "$C_AK" "$C_SK" "$CBUCKET" "$T1/" | sort > "$T_TMP/ckeys"
 check "the customer's bucket holds its 3 objects, listed with the customer's credentials ($(tr '\n' ' ' < "$T_TMP/ckeys"))" \
 	[ "$(cat "$T_TMP/ckeys")" = "$(printf '%s\n' "${CPREFIX}acme/$T1/manifest.json" "${CPREFIX}acme/$T1/outputs/big.bin" \

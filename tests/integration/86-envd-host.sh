@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kiln-host's E2B-compatible envd (docs/e2b.md, "kiln-host: /v1/sessions/{id}/envd/..."),
 # driven with curl against kiln-host's own endpoints in a real session VM:
-# Connect streams checked envelope by envelope, exit codes, a background
+# Connect streams checked envelope by envelope, exit codes, the Content-Type
+# by the method's kind (any case the same; the other kind's 415), a background
 # process with List/SendInput/Connect/SendSignal, uploads (multipart and raw)
 # and downloads by sha256, the file-system RPCs and their error codes, the
 # Connect-Timeout-Ms deadline, metrics, pause+resume with a process still
@@ -204,6 +205,19 @@ check "Start with a pty: output as pty data, the terminal's size" \
 st=$(stream Start '{"process":{"cmd":"/no/such/program"}}' "$T_TMP/nosuch")
 check "Start of a missing program: 200, end-of-stream error" \
 	test "$st" = 200 -a "$(frames "$T_TMP/nosuch" | tail -1 | jq -r '.flags, (.msg.error.code != null)' | tr '\n' ' ')" = "2 true "
+
+# The Content-Type, by the method's kind (lib/connect_call.c, as kiln-api's
+# relay decides): any case is the same type; the other kind's is refused.
+envelope '{"process":{"cmd":"/bin/echo","args":["odd"]}}' > "$T_TMP/odd.req"
+st=$(h POST /v1/sessions/s1/envd/process.Process/Start -H 'Content-Type: Application/Connect+JSON; charset=utf-8' \
+	--data-binary @"$T_TMP/odd.req")
+check "Start as Application/Connect+JSON; charset=utf-8: the stream all the same ($st, '$(outs "$T_TMP/last" stdout | tr -d '\n')')" \
+	test "$st" = 200 -a "$(outs "$T_TMP/last" stdout)" = odd
+st=$(h POST /v1/sessions/s1/envd/process.Process/Start -H 'Content-Type: application/json' --data-binary @"$T_TMP/odd.req")
+check "Start as application/json (the unary type): 415 unimplemented ($st $(jq -r .code "$T_TMP/last" 2> /dev/null))" \
+	test "$st" = 415 -a "$(jq -r .code "$T_TMP/last" 2> /dev/null)" = unimplemented
+st=$(h POST /v1/sessions/s1/envd/filesystem.Filesystem/Stat -H 'Content-Type: application/connect+json' --data-binary '{"path":"/tmp"}')
+check "Stat as application/connect+json (the streaming type): 415 ($st)" test "$st" = 415
 
 # --- a slow reader holds back only its own process (per-process windows) ---
 stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec cat /dev/zero"]}}' "$T_TMP/flood" --limit-rate 64k > /dev/null &

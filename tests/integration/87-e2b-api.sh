@@ -7,7 +7,10 @@
 # resumes, kill, autoPause at the timeout) and the envd relay at the root
 # paths (no token, a wrong one, another sandbox's, an unknown sandbox: the
 # same 401; a paused sandbox: 502), then, when the host serves envd, one
-# relayed Start stream and a 5 MiB file round trip. Nothing left behind.
+# relayed Start stream, 20 Start streams at once with odd-case Content-Types
+# against max_streams 3 (at most 3 served, the rest 429), the 415 for a
+# Content-Type that is not Connect's JSON for the method's kind, and a 5 MiB
+# file round trip. Nothing left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached jq curl; do
@@ -194,6 +197,48 @@ EOF
 	check "relay: a Start stream brings the output, the env from envVars and the exit code ($(head -c 300 "$T_TMP/start.txt"))" \
 		jqt '.out == "hello-bar-87\n" and .err == "err\n" and .code == 3 and .end == {}' "$T_TMP/start.txt"
 	check "... as application/connect+json" grep -qi '^content-type: application/connect+json' "$T_TMP/start.h"
+	# max_streams counts every Start, however its Content-Type is spelled
+	# (a case-sensitive prefix once let odd-case ones through uncounted): 20
+	# at once with odd-case types against max_streams 3, each running 8 s.
+	admin -X PUT --data '{"max_streams":3}' "$URL/v1/admin/customers/acme/quotas" > /dev/null
+	$PY -c 'import json,struct,sys; m=json.dumps({"process":{"cmd":"/bin/sh","args":["-c","sleep 8; echo held"]}}).encode(); sys.stdout.buffer.write(b"\0"+struct.pack(">I",len(m))+m)' > "$T_TMP/hold.bin"
+	cts=("Application/connect+json" "APPLICATION/CONNECT+JSON" "application/Connect+Json" "application/CONNECT+json"
+	     "Application/Connect+JSON; charset=utf-8" "aPPLICATION/cONNECT+jSON" "application/connect+JSON"
+	     "APPLICATION/connect+json" "Application/connect+Json ; charset=UTF-8" "application/cOnNeCt+JsOn")
+	odd=()
+	for i in $(seq 0 19); do
+		curl -s -m 60 -o "$T_TMP/odd$i.out" -w '%{http_code}' -X POST -H "E2b-Sandbox-Id: $A" -H "X-Access-Token: $TA" \
+			-H "Content-Type: ${cts[i % 10]}" -H 'Connect-Protocol-Version: 1' \
+			--data-binary @"$T_TMP/hold.bin" "$URL/process.Process/Start" > "$T_TMP/odd$i.st" &
+		odd+=($!)
+	done
+	wait "${odd[@]}" # these curls only (kiln-api and kiln-host are children too)
+	served=0 refused=0 other=""
+	for i in $(seq 0 19); do
+		st=$(cat "$T_TMP/odd$i.st")
+		if [ "$st" = 200 ]; then served=$((served + 1))
+		elif [ "$st" = 429 ] && [ "$(jq -r .code "$T_TMP/odd$i.out" 2> /dev/null)" = resource_exhausted ]; then refused=$((refused + 1))
+		else other="$other $st"; fi
+	done
+	check "20 odd-case Start streams at once, max_streams 3: $served served (1-3), $refused refused 429 resource_exhausted${other:+, others:$other}" \
+		[ "$served" -ge 1 -a "$served" -le 3 -a $((served + refused)) = 20 ]
+	whole=0
+	for i in $(seq 0 19); do
+		[ "$(cat "$T_TMP/odd$i.st")" = 200 ] && grep -q 'aGVsZAo=' "$T_TMP/odd$i.out" && whole=$((whole + 1))
+	done
+	check "... each served one ran to its end (its output 'held': $whole of $served)" [ "$whole" = "$served" ]
+	admin -X PUT --data '{"max_streams":16}' "$URL/v1/admin/customers/acme/quotas" > /dev/null
+	# A Content-Type that is not Connect's JSON for the method's kind: 415,
+	# before the host (nothing runs).
+	st=$(envd "$A" "$TA" POST /process.Process/Start -H 'Content-Type: application/json' --data-binary @"$T_TMP/hold.bin")
+	expect "Start as application/json (the unary type): 415 unimplemented, saying which type it takes" 415 "$st" \
+		'.code == "unimplemented" and (.message | test("application/connect\\+json"))'
+	st=$(envd "$A" "$TA" POST /process.Process/List -H 'Content-Type: application/connect+json' --data-binary '{}')
+	expect "List as application/connect+json (the streaming type): 415" 415 "$st" '.code == "unimplemented"'
+	st=$(envd "$A" "$TA" POST /process.Process/List -H 'Content-Type: text/plain' --data-binary '{}')
+	expect "List as text/plain: 415" 415 "$st" '.code == "unimplemented" and (.message | test("application/json"))'
+	st=$(rpc "$A" "$TA" List)
+	expect "... and List as application/json still answers" 200 "$st" '.processes | type == "array"'
 	head -c $((5 << 20)) /dev/urandom > "$T_TMP/big.bin"
 	st=$(envd "$A" "$TA" POST "/files?path=/tmp/big.bin" -F "file=@$T_TMP/big.bin")
 	expect "relay: a 5 MiB multipart upload" 200 "$st" '.[0].path == "/tmp/big.bin"'
@@ -205,7 +250,11 @@ else
 	skip "relay: Start stream, files round trip, metrics" "this kiln-host has no envd endpoints yet (branch e2b-host)"
 fi
 st=$(rpc "$A" "$TA" List)
-check "relay: with the right token the call reaches the host (HTTP $st)" [ "$st" != 401 -a "$st" != 502 -a "$st" != 000 ]
+if [ $ENVD = 1 ]; then
+	expect "relay: with the right token List reaches the host's envd: 200 {processes: [...]}" 200 "$st" '.processes | type == "array"'
+else
+	expect "relay: with the right token List reaches the host (no envd endpoints there: its 404)" 404 "$st"
+fi
 native "$KA" GET "/v1/sessions/$A" > /dev/null
 check "relayed calls are activity: last_active_at moved past the start" [ "$(last .last_active_at)" -gt "$(last .started_at)" ]
 

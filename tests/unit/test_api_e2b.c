@@ -78,6 +78,8 @@ static ssize_t echo_read(void *cls, uint64_t pos, char *buf, size_t max)
 	return (ssize_t)echo_piece_len[s->step++];
 }
 
+static int echo_calls; /* calls that reached the stand-in host */
+
 static enum MHD_Result hdr(json_t *j, struct MHD_Connection *c, const char *name)
 {
 	const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, name);
@@ -104,6 +106,7 @@ static enum MHD_Result echo_handler(void *cls, struct MHD_Connection *conn, cons
 		*upload_size = 0;
 		return MHD_YES;
 	}
+	__atomic_add_fetch(&echo_calls, 1, __ATOMIC_SEQ_CST);
 	if (strstr(url, "/envd/process.Process/Start")) {
 		struct echo_stream *s = calloc(1, sizeof(*s));
 
@@ -626,8 +629,8 @@ static void relay(struct answer *a, const char *id, const char *tok, const char 
 		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
 		hs[n++] = htok;
 	}
-	if (ctype) {
-		snprintf(hct, sizeof(hct), "Content-Type: %s", ctype);
+	if (ctype) { /* "": none at all (curl's "Name:" removes its own) */
+		snprintf(hct, sizeof(hct), "Content-Type:%s%s", *ctype ? " " : "", ctype);
 		hs[n++] = hct;
 	}
 	hs[n++] = "Connect-Protocol-Version: 1";
@@ -789,6 +792,90 @@ static void test_relay_stream_busy(void **state)
 	assert_false(sessions_op_busy(ss, b.id));
 }
 
+/* Whether a call streams is its method's kind, never its Content-Type's
+ * spelling: an odd-case Start is still a stream, counted against
+ * max_streams; a Content-Type that is not Connect's JSON for the method's
+ * kind is refused (415) before the host. */
+static void test_relay_stream_kind(void **state)
+{
+	static const char *const refused[][3] = {
+		{ "/process.Process/Start", "application/json", "is for unary calls" },
+		{ "/process.Process/Start", "application/connect+proto", "JSON codec only" },
+		{ "/process.Process/Start", "text/plain", "is not Connect's" },
+		{ "/process.Process/Start", "", "no Content-Type" },
+		{ "/process.Process/List", "application/connect+json", "is for streaming calls" },
+		{ "/process.Process/List", "Application/Connect+JSON", "is for streaming calls" },
+		{ "/filesystem.Filesystem/Stat", "application/json, text/plain", "not a media type" },
+		{ "/filesystem.Filesystem/WatchDir", "application/json", "is for unary calls" },
+	};
+	struct kiln_err err = { .code = "" };
+	struct bg_relay b;
+	struct answer a;
+	struct quota q;
+	pthread_t th;
+	int busy = 0, calls;
+
+	assert_int_equal(store_customer_quota(st, "acme", &q), 0);
+	q.max_streams = 1;
+	assert_int_equal(store_customer_set_quota(st, "acme", &q, &err), 0);
+	create(key_a, "{}", b.id, b.tok);
+	calls = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		relay(&a, b.id, b.tok, "POST", refused[i][0], refused[i][1], "\0\0\0\0\2{}", 7);
+		if (a.status != 415 || !a.j || strcmp(str(a.j, "code"), "unimplemented") ||
+		    !strstr(str(a.j, "message"), refused[i][2]))
+			fail_msg("%s with %s: %ld %s, want 415 unimplemented \"...%s...\"", refused[i][0],
+				 *refused[i][1] ? refused[i][1] : "no Content-Type", a.status,
+				 a.raw.p ? a.raw.p : "", refused[i][2]);
+		answer_free(&a);
+	}
+	relay(&a, b.id, b.tok, "GET", "/process.Process/List", "application/json", NULL, 0);
+	assert_int_equal(a.status, 405);
+	answer_free(&a);
+	relay(&a, b.id, b.tok, "POST", "/process.Process/Nope", "application/json", "{}", 2);
+	assert_int_equal(a.status, 404);
+	assert_string_equal(str(a.j, "code"), "unimplemented");
+	answer_free(&a);
+	assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls); /* none reached the host */
+
+	/* One stream open (max_streams 1): an odd-case Start is a second. */
+	assert_int_equal(pthread_create(&th, NULL, bg_start, &b), 0);
+	for (int i = 0; i < 400 && !busy; i++) {
+		busy = sessions_op_busy(ss, b.id);
+		real_nap();
+	}
+	assert_true(busy);
+	{
+		struct answer unary;
+		long odd;
+
+		relay(&a, b.id, b.tok, "POST", "/process.Process/Start", "Application/Connect+JSON", "\0\0\0\0\2{}",
+		      7);
+		odd = a.status;
+		/* A unary call is no stream: it passes while the stream is open. */
+		relay(&unary, b.id, b.tok, "POST", "/process.Process/List", "Application/JSON; charset=UTF-8", "{}", 2);
+		pthread_join(th, NULL); /* before any assert: a failure must not leave it running */
+		if (odd != 429)
+			fail_msg("an odd-case Start while max_streams (1) is taken: %ld %s, want 429", odd,
+				 a.raw.p ? a.raw.p : "");
+		assert_string_equal(str(a.j, "code"), "resource_exhausted");
+		assert_int_equal(unary.status, 200);
+		assert_string_equal(str(unary.j, "Content-Type"), "Application/JSON; charset=UTF-8");
+		answer_free(&a);
+		answer_free(&unary);
+	}
+	assert_int_equal(b.a.status, 200);
+	answer_free(&b.a);
+	/* Once it is closed, the odd-case one is served (and counted). */
+	for (int i = 0; i < 1000 && sessions_op_busy(ss, b.id); i++)
+		real_nap();
+	relay(&a, b.id, b.tok, "POST", "/process.Process/Start", "APPLICATION/connect+json ; charset=utf-8",
+	      "\0\0\0\0\2{}", 7);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(a.raw.len, echo_piece_len[0] + echo_piece_len[1] + echo_piece_len[2]);
+	answer_free(&a);
+}
+
 static void test_relay_paused_502(void **state)
 {
 	char id[40], tok[65];
@@ -869,6 +956,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_stream_kind, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_paused_502, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_auto_pause_per_session, setup, teardown),
 		cmocka_unit_test(test_url_decode),

@@ -394,6 +394,28 @@ static void test_api_config(void **state)
 		assert_int_equal(c.dest_allow.r[0].port, 8780);
 		api_config_free(&c);
 	}
+	/* public_url starts the links kiln-api signs: a base to append a path to */
+	assert_int_equal(api_config_load(write_file("api.json", "{\"public_url\":\"https://kiln.example.com:8443/k\"}"),
+					 &c, &err),
+			 0);
+	assert_string_equal(c.public_url, "https://kiln.example.com:8443/k");
+	api_config_free(&c);
+#define PUBLIC_URL_WANT "public_url: expected an http:// or https:// URL of at most 255 characters, without a query, fragment or trailing / "
+	api_refused("{\"public_url\":\"https://k.example/?x=1\"}", PUBLIC_URL_WANT "(got \"https://k.example/?x=1\")");
+	api_refused("{\"public_url\":\"https://k.example#f\"}", PUBLIC_URL_WANT "(got \"https://k.example#f\")");
+	api_refused("{\"public_url\":\"https://k.example/\"}", PUBLIC_URL_WANT "(got \"https://k.example/\")");
+	api_refused("{\"public_url\":\"k.example\"}", PUBLIC_URL_WANT "(got \"k.example\")");
+	{ /* 256 characters: one too many */
+		char text[400], want[400], url[257];
+
+		memset(url, 'a', 256);
+		memcpy(url, "https://", 8);
+		url[256] = '\0';
+		snprintf(text, sizeof(text), "{\"public_url\":\"%s\"}", url);
+		snprintf(want, sizeof(want), PUBLIC_URL_WANT "(got \"%s\")", url);
+		api_refused(text, want);
+	}
+#undef PUBLIC_URL_WANT
 }
 
 static int setup(void **state)
