@@ -146,6 +146,7 @@ struct session_table {
 	struct session_prestart pre;
 	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
 	struct pause_cache pcache; /* sessions_set_pause_cache (root "": off) */
+	int pcache_hooked;         /* its sweep is on hostd's janitor timer */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -242,6 +243,10 @@ void session_envd_enable(struct session_table *ss, struct session *s);
 void session_envd_close(struct session_table *ss, struct session *s, const char *why);
 
 /* Pause and resume (session_pause.c) ------------------------------------ */
+
+/* Take the pause cache's sweep off the janitor's timer, waiting for one in
+ * flight (session_pcache.c). Before the table goes. */
+void session_pcache_close(struct session_table *ss);
 
 /* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
 void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
