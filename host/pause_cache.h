@@ -2,7 +2,8 @@
  * disk as they went to S3, so that resuming it here reads them locally
  * instead of fetching them (each still checked against the manifest's
  * SHA-256, which comes from S3: a missing or damaged file is fetched from
- * S3 instead). Layout: <spool>/pause-cache/<customer>/<session>/<sha256>,
+ * S3 instead). Layout: <spool>/pause-cache/<customer>/<session>/<name>
+ * (name: an HMAC of the chunk's SHA-256 under the pause's key, pcache_put),
  * files 0600 in directories 0700. A session's files go when it resumes
  * here, when it is deleted here (kiln-api sends a destroy to the host that
  * paused it, and a clean-up there when it resumes elsewhere), when its

@@ -721,10 +721,12 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	 * resume on this host, sealed with a key of this pause's own that only
 	 * its manifest will hold. */
 	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0) {
-		if (pcache_key_new(seal.key) == 0)
+		if (pcache_key_new(seal.key) == 0) {
 			pchunk_up_cache(ps.up, &seal);
-		else
-			pcache_drop(&ss->pcache, s->customer, s->id), seal.dir[0] = '\0';
+		} else {
+			pcache_drop(&ss->pcache, s->customer, s->id); /* no key: nothing kept */
+			seal.dir[0] = '\0';
+		}
 	}
 	if (s->state == SS_RUNNING) {
 		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
