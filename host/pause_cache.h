@@ -9,7 +9,8 @@
  * paused it, and a clean-up there when it resumes elsewhere), when its
  * next pause starts, when they are older than the configured age or over
  * the byte budget (least recently written sessions first), and when a
- * periodic sweep finds the session's manifest gone from S3.
+ * periodic sweep finds the session's manifest gone from S3 or written by
+ * another host.
  *
  * Each file is sealed (AES-256-GCM) with a random key made for that pause
  * and written only into its manifest in S3: without the manifest the files

@@ -39,8 +39,8 @@ void sessions_set_save_pages(struct session_table *ss, int mode);
 /* Keep each pause's chunks under spool_dir too (pause_cache.h), so that a
  * resume on this host reads them locally: at most budget_mib MiB (0: off),
  * none older than max_age_s; every sweep_s seconds (on the janitor's timer)
- * the copies of sessions whose pause is gone from S3 go, and age and budget
- * are enforced again. Before any session is created; 0, or -1 with errno
+ * the copies of sessions whose manifest in S3 is gone or another host's go,
+ * and age and budget are enforced again. Before any session is created; 0, or -1 with errno
  * (the cache is off). */
 int sessions_set_pause_cache(struct session_table *ss, const char *spool_dir, unsigned budget_mib,
 			     unsigned max_age_s, unsigned sweep_s);

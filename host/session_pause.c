@@ -268,6 +268,29 @@ static struct pmanifest *get_manifest(const struct s3_config *c, const char *cus
 	return pm;
 }
 
+int session_pause_manifest_host(const struct s3_config *c, const char *customer, const char *id, char host[65])
+{
+	struct kiln_err e = { .code = "" };
+	char key[512], *text = NULL;
+	json_t *m;
+	ssize_t len;
+
+	host[0] = '\0';
+	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
+	len = get_small(c, key, &text, &e);
+	if (len < 0)
+		return e.errc == KERR_S3_NOT_FOUND ? 0 : -1;
+	m = json_loadb(text, (size_t)len, 0, NULL);
+	free(text);
+	if (!json_is_object(m)) {
+		json_decref(m);
+		return -1; /* unreadable: not proof of anything */
+	}
+	snprintf(host, 65, "%s", json_string_value(json_object_get(m, "host_id")) ?: "");
+	json_decref(m);
+	return 1;
+}
+
 /* The previous generation's manifest, fetched on a thread of its own while
  * the pause checks the bucket and the base and saves the VM: one round trip
  * off the pause's path. */

@@ -1,8 +1,9 @@
 /* session_pcache: the session table's side of the pause cache
  * (pause_cache.h): setting it up, the sweep on the janitor's timer that
- * removes the copies of sessions whose pause no longer exists in S3 (one
- * destroyed through another host, or while this one was away), and the
- * clean-up kiln-api sends when a session resumes on another host. */
+ * removes the copies of sessions whose pause no longer is the one in S3
+ * (destroyed through another host or while this one was away, or paused
+ * again elsewhere), and the clean-up kiln-api sends when a session resumes
+ * on another host. */
 #include "session_priv.h"
 
 #include <errno.h>
@@ -30,20 +31,24 @@ static int held_here(struct session_table *ss, const char *id)
 	return found;
 }
 
-/* pcache_sweep's question. Gone only on S3's word that the manifest is not
- * there (a 404): an S3 that cannot be reached keeps the files (age and
- * budget still bound them). A pause writes its manifest last, so a session
- * in its first pause has none yet: it is held here then, and kept. */
+/* pcache_sweep's question, on S3's word only: gone when there is no
+ * manifest (destroyed), or when another host wrote the one there (the
+ * session resumed elsewhere and paused again: this host's copies are of an
+ * older pause, whose key went with its manifest). An S3 that cannot be
+ * reached, or a manifest that names no host (from before host_id), keeps
+ * the files (age and budget still bound them). A session held here is
+ * kept: a pause writes its manifest last, so one in its first pause has
+ * none yet, and one pausing here again still has another host's. */
 static int sweep_gone(void *ctx, const char *customer, const char *id)
 {
 	struct sweep *w = ctx;
-	struct kiln_err e = { .code = "" };
-	char key[512];
+	char host[65];
+	int r;
 
 	if (held_here(w->ss, id))
 		return 0;
-	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
-	return s3_head(w->c, key, NULL, &e) == 0;
+	r = session_pause_manifest_host(w->c, customer, id, host);
+	return r == 0 || (r == 1 && host[0] && strcmp(host, w->ss->host_id));
 }
 
 /* The janitor hook (hostd_set_janitor_hook): on an upload thread, no lock. */
@@ -61,7 +66,7 @@ static void sweep_run(void *ctx)
 	w.c = &s3.c;
 	n = pcache_sweep(&ss->pcache, sweep_gone, &w);
 	if (n > 0)
-		fprintf(stderr, "kiln-host: pause cache: removed the copies of %d session%s whose pause is gone from S3\n",
+		fprintf(stderr, "kiln-host: pause cache: removed the copies of %d session%s whose pause is no longer the one in S3\n",
 			n, n == 1 ? "" : "s");
 	hostd_s3_free(&s3);
 }

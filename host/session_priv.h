@@ -250,6 +250,10 @@ void session_pcache_close(struct session_table *ss);
 
 /* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
 void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
+/* Which host wrote the session's manifest in S3 (its "host_id") into host
+ * ("" when it names none): 1; 0 when S3 says there is no manifest; -1 when
+ * it cannot be read (S3 unreachable, or not JSON). Blocking. */
+int session_pause_manifest_host(const struct s3_config *c, const char *customer, const char *id, char host[65]);
 /* Delete a paused session's objects in S3: the chunks its manifest names,
  * the manifest, and version 1's fixed names (session_pause.c). dir: a
  * directory for the manifest meanwhile. Missing objects are fine. */

@@ -5,10 +5,11 @@
 # on resume; the host that paused a session resumes it from its own copies
 # of the chunks (a damaged copy fetched from S3 instead), sealed with a key
 # only the manifest in S3 holds; copies a resume elsewhere left go on the
-# clean-up kiln-api sends, or once past the age limit; a session paused on
-# A and destroyed through B leaves nothing on A's disk within a minute (A's
-# sweep finds the manifest gone); busy sessions refuse a pause; nothing is
-# left behind.
+# clean-up kiln-api sends, once past the age limit, or on the sweep once
+# another host's pause replaced theirs in S3; a session paused on A and
+# destroyed through B leaves nothing on A's disk within a minute (A's sweep
+# finds the manifest gone); busy sessions refuse a pause; nothing is left
+# behind.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached python3; do
@@ -333,16 +334,12 @@ check "a damaged copy on B is fetched from S3 instead: 200 ($hit; $(grep -c 'doe
 	-a "$(echo "$hit" | awk '$1 == $3 - 1 { print "one less" }')" = "one less"
 st=$(ex "$PB" "$ASK")
 check "... intact ($(last .stdout))" test "$(last .stdout)" = "$kv"
-# Paused on A for the rest: B's copies stay when A resumes it (no kiln-api
-# here to send B the clean-up), A's are its own pause's.
+# Paused on B, resumed on A: B's copies stay (no kiln-api here to send B
+# the clean-up; the manifest in S3 is still B's pause, so B's sweep keeps
+# them). They go once older than sessions.pause_cache_max_age_s: aged here,
+# and B restarted (its start prunes).
 h "$PB" POST /v1/sessions/s1/pause > /dev/null
 h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
-h "$PA" POST /v1/sessions/s1/pause > /dev/null
-check "A kept the chunks of its own pause" test "$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)" -gt 0
-
-# Copies a resume elsewhere left behind go once older than
-# sessions.pause_cache_max_age_s: aged here, and B restarted (its start
-# prunes).
 stale=$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)
 find "$T_TMP/spool-b/pause-cache" -type f -exec touch -d '2 hours ago' {} +
 kill "${pids[1]}"; wait "${pids[1]}" 2> /dev/null
@@ -350,8 +347,11 @@ pids=("${pids[0]}")
 start_host b "$PB"
 check "copies a resume elsewhere left behind ($stale on B) go once past the age limit (B restarted)" \
 	test "$stale" -gt 0 -a "$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)" = 0
+# Paused on A for the rest.
+h "$PA" POST /v1/sessions/s1/pause > /dev/null
+check "A kept the chunks of its own pause" test "$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)" -gt 0
 
-# --- kiln-api's clean-up after a resume elsewhere; a stale copy goes without its snapshot ---
+# --- kiln-api's clean-up after a resume elsewhere ---
 h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}' > /dev/null
 h "$PA" POST /v1/sessions/s3/pause > /dev/null
 h "$PB" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
@@ -362,10 +362,12 @@ check "DELETE /v1/sessions/s3/pause-cache on A, where it paused before resuming 
 	-a "$(h "$PB" GET /v1/sessions/s3)" = 200
 st=$(h "$PA" DELETE "/v1/sessions/s3/pause-cache")
 check "... without ?customer=: 400" test "$st" = 400
-st=$(h "$PB" DELETE "/v1/sessions/s3?keep_snapshot=1")
-check "DELETE ?keep_snapshot=1 destroys the copy here and keeps the paused snapshot" \
-	test "$st" = 200 -a "$(h "$PB" GET /v1/sessions/s3)" = 404 -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
-h "$PB" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
+# s3 paused on B, then resumed and paused on A: B's copies are of a pause
+# the manifest in S3 no longer names (A's now).
+h "$PB" POST /v1/sessions/s3/pause > /dev/null
+h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+h "$PA" POST /v1/sessions/s3/pause > /dev/null
+nb3=$(ls "$T_TMP/spool-b/pause-cache/acme/s3" 2> /dev/null | wc -l)
 
 # --- delete through the other host: the pausing host's copies go within a minute ---
 na=$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)
@@ -373,10 +375,20 @@ st=$(h "$PB" DELETE "/v1/sessions/s1?customer=acme")
 check "DELETE through B of the session A paused removes the paused snapshot from S3" test "$st" = 200 \
 	-a "$(s3py exists acme/sessions/s1/manifest.json)" = no
 t0=$(date +%s)
-while [ -e "$T_TMP/spool-a/pause-cache/acme/s1" ] && [ $(($(date +%s) - t0)) -lt 75 ]; do sleep 1; done
+while { [ -e "$T_TMP/spool-a/pause-cache/acme/s1" ] || [ -e "$T_TMP/spool-b/pause-cache/acme/s3" ]; } &&
+	[ $(($(date +%s) - t0)) -lt 75 ]; do sleep 1; done
 gone_s=$(($(date +%s) - t0))
 check "... and A's $na copies go within a minute, A's sweep finding the manifest gone ($gone_s s: $(grep -o 'pause cache: removed the copies of [0-9]* session.*' "$T_TMP/a.err" | tail -1))" \
 	test "$na" -gt 0 -a ! -e "$T_TMP/spool-a/pause-cache/acme/s1" -a "$gone_s" -le 61
+check "B's $nb3 copies of s3, whose manifest is A's pause now, go on B's sweep within that minute too" \
+	test "$nb3" -gt 0 -a ! -e "$T_TMP/spool-b/pause-cache/acme/s3" -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
+
+# --- a stale copy goes without its snapshot (keep_snapshot=1) ---
+h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+st=$(h "$PA" DELETE "/v1/sessions/s3?keep_snapshot=1")
+check "DELETE ?keep_snapshot=1 destroys the copy here and keeps the paused snapshot" \
+	test "$st" = 200 -a "$(h "$PA" GET /v1/sessions/s3)" = 404 -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
+h "$PA" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
 h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{}}' > /dev/null
 st=$(h "$PA" DELETE /v1/sessions/s2)
 check "DELETE of a running session: destroyed, capacity back" test "$st" = 200 -a "$(vcpus_used "$PA")" = 0
