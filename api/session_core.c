@@ -413,6 +413,37 @@ static int any_live_host(struct sessions *ss, char url[256])
 	return 1;
 }
 
+/* Where a destroy of a session that is not running goes (url): the host
+ * that paused it when that one is live, since its pause cache holds copies
+ * of the session's memory and its DELETE removes them along with the
+ * snapshot in S3; else any live host, which deletes the snapshot in S3 (the
+ * pausing host's sweep then finds the manifest gone and removes its
+ * copies). 0 when no host is live. */
+static int snapshot_host(struct sessions *ss, const char *id, char url[256])
+{
+	json_t *sj = store_session_json(ss->st, id, NULL);
+	const char *h = json_string_value(json_object_get(json_object_get(sj, "snapshot"), "host_id"));
+	int live = h && h[0] && sched_host_state(ss->sched, h, url) == 1;
+
+	json_decref(sj);
+	return live || any_live_host(ss, url);
+}
+
+void sessions_pcache_cleanup(struct sessions *ss, const char *host_id, const char *id, const char *customer)
+{
+	struct kiln_err err = { .code = "" };
+	char url[256], path[200];
+	int st;
+
+	if (!host_id || !host_id[0] || sched_host_state(ss->sched, host_id, url) != 1)
+		return; /* away: its sweep and the cache's age limit see to it */
+	snprintf(path, sizeof(path), "/v1/sessions/%s/pause-cache?customer=%s", id, customer);
+	st = sessions_host_call(ss, url, "DELETE", path, NULL, SHORT_TIMEOUT_MS, NULL, &err);
+	if (st != 200)
+		fprintf(stderr, "kiln-api: session %s: removing the pause-cache copies on %s: %s\n", id, host_id,
+			st < 0 ? err.message : "unexpected status");
+}
+
 /* Destroy a session in any state but a transient one: its VM (if it has
  * one) is destroyed on its host, the row becomes destroyed with `reason`.
  * A host that cannot be reached is reconciled later (reaper). */
@@ -438,10 +469,10 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 		case SESSION_ERROR:
 			/* kiln-host's DELETE destroys the VM if it runs there and deletes
 			 * the snapshot in S3 (found by ?customer= when it does not run
-			 * there): a destroyed session leaves nothing. Any live host can
-			 * do the latter for a paused one. */
+			 * there): a destroyed session leaves nothing. A paused one's
+			 * goes to the host that paused it (snapshot_host). */
 			if (cur.state == SESSION_RUNNING ? sched_host_state(ss->sched, cur.host_id, url) == 1
-							 : cur.has_snapshot && any_live_host(ss, url)) {
+							 : cur.has_snapshot && snapshot_host(ss, id, url)) {
 				snprintf(path, sizeof(path), "/v1/sessions/%s?customer=%s", id, cur.customer);
 				st = sessions_host_call(ss, url, "DELETE", path, NULL, 60000, NULL, &err);
 				if (st != 200 && st != 404)

@@ -919,6 +919,10 @@ static int resume_with(struct sessions *ss, const struct sessions_request *r, co
 		store_session_transition(ss->st, cur->id, SESSION_RESUMING, SESSION_RUNNING, p.host, "", NULL);
 		sessions_op_leave(ss, cur->id);
 		fprintf(stderr, "kiln-api: session %s resumed on %s\n", cur->id, p.host);
+		/* Not where it paused: that host's cached copies of its memory
+		 * are of no more use, and must not stay. */
+		if (need.prefer && need.prefer[0] && strcmp(need.prefer, p.host))
+			sessions_pcache_cleanup(ss, need.prefer, cur->id, cur->customer);
 		return 1;
 	}
 	if (pr == 0 && (p.hr.status == 404 || p.hr.status == 422)) {

@@ -138,6 +138,10 @@ struct sessions_outcome {
  * moves the VM through S3); any thread. */
 void sessions_pause(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
 void sessions_destroy(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
+/* A session paused on host_id resumed on another host: ask host_id (when
+ * live) to remove its pause-cache copies of the session's memory. Best
+ * effort, logged; blocking (one short host call). */
+void sessions_pcache_cleanup(struct sessions *ss, const char *host_id, const char *id, const char *customer);
 
 /* A session's E2B envd access token (docs/e2b.md): 64 hex digits, HMAC-SHA256
  * of its id under ss->e2b_key (derived from the cluster token, else random

@@ -29,7 +29,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	c->pool_size = c->pool_max = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
 	c->pool_refills = -1;
 	c->session_prestart = c->session_save_pages = -1;
-	c->session_pause_cache_mib = c->session_pause_cache_age_s = -1;
+	c->session_pause_cache_mib = c->session_pause_cache_age_s = c->session_pause_cache_sweep_s = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
 		return kiln_err_set(err, KERR_CONFIG, "%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -80,7 +80,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "prestart", CONF_INT, &c->session_prestart, 0, 1 },
 			{ "save_pages", CONF_INT, &c->session_save_pages, 0, 2 },
 			{ "pause_cache_mib", CONF_INT, &c->session_pause_cache_mib, 0, 1 << 20 },
-			{ "pause_cache_max_age_s", CONF_INT, &c->session_pause_cache_age_s, 60, 30 * 86400 }, { 0 },
+			{ "pause_cache_max_age_s", CONF_INT, &c->session_pause_cache_age_s, 60, 30 * 86400 },
+			{ "pause_cache_sweep_s", CONF_INT, &c->session_pause_cache_sweep_s, 1, 3600 }, { 0 },
 		};
 		if (conf_take(sessions, "sessions", f, path, 0, err) < 0)
 			goto fail;

@@ -54,6 +54,7 @@ struct host_config {
 	int session_save_pages;        /* "sessions": {"save_pages"}: 0, 1 or 2 (checked); -1: unset (on) */
 	int session_pause_cache_mib;   /* "sessions": {"pause_cache_mib"} (0: off); -1: unset */
 	int session_pause_cache_age_s; /* "sessions": {"pause_cache_max_age_s"}; -1: unset */
+	int session_pause_cache_sweep_s; /* "sessions": {"pause_cache_sweep_s"}; -1: unset */
 	json_t *root;                /* owns every string above */
 	char *file_token, *file_secret; /* read from *_file settings */
 };

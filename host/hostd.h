@@ -163,4 +163,11 @@ char *hostd_metrics(struct hostd *d);
  * at once with the new ones. The strings are copied. */
 void hostd_set_s3(struct hostd *d, const struct s3_config *s3);
 
+/* Run fn(ctx) on the janitor's timer: every period_ms (the first a period
+ * from now), on an upload thread, without the table's lock (fn may block on
+ * disk or S3; one call at a time). The sessions' pause-cache sweep. fn NULL
+ * removes it: returns once a call in flight has ended, so ctx may go then.
+ * Any thread but fn's own. */
+void hostd_set_janitor_hook(struct hostd *d, void (*fn)(void *ctx), void *ctx, unsigned period_ms);
+
 #endif

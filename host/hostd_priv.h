@@ -107,6 +107,12 @@ struct hostd {
 	pthread_t *uploaders;
 	unsigned nuploaders;
 	int64_t next_janitor_ms;
+	/* hostd_set_janitor_hook: called without the lock; hook_busy while it runs. */
+	void (*hook_fn)(void *ctx);
+	void *hook_ctx;
+	unsigned hook_period_ms;
+	int64_t next_hook_ms;
+	int hook_busy;
 	/* Metrics. */
 	uint64_t accepted_total, finished_total[TS_COUNT];
 	uint64_t upload_bytes, upload_failures, upload_files;

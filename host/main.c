@@ -567,8 +567,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	/* Unset: as the host starts QEMUs ahead for restores (prestart). */
 	sessions_set_prestart(s.sessions, o->session_prestart >= 0 ? o->session_prestart : o->prestart > 0);
 	sessions_set_save_pages(s.sessions, o->session_save_pages < 0 ? 1 : o->session_save_pages);
-	if (sessions_set_pause_cache(s.sessions, o->spool_dir, o->session_pause_cache_mib, o->session_pause_cache_age_s) <
-	    0)
+	if (sessions_set_pause_cache(s.sessions, o->spool_dir, o->session_pause_cache_mib, o->session_pause_cache_age_s,
+				     o->session_pause_cache_sweep_s) < 0)
 		fprintf(stderr, "kiln-host: %s/pause-cache: %s (resumes fetch every chunk from S3)\n", o->spool_dir,
 			strerror(errno));
 	{
@@ -702,6 +702,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->session_pause_cache_mib = (unsigned)hc->session_pause_cache_mib;
 	if (hc->session_pause_cache_age_s >= 0)
 		so->session_pause_cache_age_s = (unsigned)hc->session_pause_cache_age_s;
+	if (hc->session_pause_cache_sweep_s >= 0)
+		so->session_pause_cache_sweep_s = (unsigned)hc->session_pause_cache_sweep_s;
 	so->mirror = hc->mirror;
 	so->upload_workers = hc->upload_workers;
 	so->max_backoff_s = hc->max_backoff_s;
@@ -738,6 +740,7 @@ static int cmd_serve(int argc, char **argv)
 				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
 				 .pool_max = -1, .session_idle_stop_ms = 1500, .session_prestart = -1, .session_save_pages = -1,
 				 .session_pause_cache_mib = 1024, .session_pause_cache_age_s = 3600,
+				 .session_pause_cache_sweep_s = 60,
 				 .upload_inline_max = HOSTD_INLINE_MAX_DEFAULT };
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };

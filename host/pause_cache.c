@@ -1,6 +1,6 @@
-/* pause_cache: a session's latest pause chunks kept on this host (see
- * pause_cache.h). Every function is best effort: a cache that cannot be
- * written or read only sends the resume to S3. */
+/* pause_cache: a session's latest pause chunks kept on this host, sealed
+ * with the pause's key (see pause_cache.h). Every function is best effort:
+ * a cache that cannot be written or read only sends the resume to S3. */
 #include "pause_cache.h"
 
 #include <dirent.h>
@@ -10,11 +10,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include "fsutil.h"
+#include "io.h"
 #include "spool.h"
+
+/* A sealed file: magic, a random nonce, the ciphertext, GCM's tag. */
+#define SEAL_MAGIC     "KPC1"
+#define SEAL_MAGIC_LEN 4
+#define SEAL_NONCE_LEN 12
+#define SEAL_TAG_LEN   16
+#define SEAL_OVERHEAD  (SEAL_MAGIC_LEN + SEAL_NONCE_LEN + SEAL_TAG_LEN)
 
 static int64_t wall_ms(void)
 {
@@ -176,4 +190,173 @@ void pcache_prune(const struct pause_cache *pc, const char *keep_customer, const
 		total -= v[i].bytes;
 	}
 	free(v);
+}
+
+int pcache_sweep(const struct pause_cache *pc, pcache_gone_fn gone, void *ctx)
+{
+	DIR *cd;
+	struct dirent *c;
+	int removed = 0;
+
+	if (!pc->root[0] || !(cd = opendir(pc->root)))
+		return 0;
+	while ((c = readdir(cd))) {
+		char cpath[PATH_MAX], spath[PATH_MAX];
+		DIR *sd;
+		struct dirent *e;
+
+		if (c->d_name[0] == '.' || !spool_id_ok(c->d_name) ||
+		    snprintf(cpath, sizeof(cpath), "%s/%s", pc->root, c->d_name) >= (int)sizeof(cpath) ||
+		    !(sd = opendir(cpath)))
+			continue;
+		while ((e = readdir(sd))) {
+			if (e->d_name[0] == '.' || !spool_id_ok(e->d_name) ||
+			    snprintf(spath, sizeof(spath), "%s/%s", cpath, e->d_name) >= (int)sizeof(spath))
+				continue;
+			if (gone(ctx, c->d_name, e->d_name) == 1 && fs_rmtree(spath) == 0)
+				removed++;
+		}
+		closedir(sd);
+	}
+	closedir(cd);
+	/* Emptied customer directories go with the age and budget pass. */
+	pcache_prune(pc, NULL, NULL);
+	return removed;
+}
+
+int pcache_key_new(unsigned char key[PCACHE_KEY_LEN])
+{
+	return RAND_bytes(key, PCACHE_KEY_LEN) == 1 ? 0 : -1;
+}
+
+int pcache_key_parse(const char *hex, unsigned char key[PCACHE_KEY_LEN])
+{
+	if (!hex || strlen(hex) != 2 * PCACHE_KEY_LEN)
+		return -1;
+	for (size_t i = 0; i < PCACHE_KEY_LEN; i++) {
+		unsigned v = 0;
+
+		for (int k = 0; k < 2; k++) {
+			char ch = hex[2 * i + (size_t)k];
+
+			v <<= 4;
+			if (ch >= '0' && ch <= '9')
+				v |= (unsigned)(ch - '0');
+			else if (ch >= 'a' && ch <= 'f')
+				v |= (unsigned)(ch - 'a' + 10);
+			else
+				return -1;
+		}
+		key[i] = (unsigned char)v;
+	}
+	return 0;
+}
+
+void pcache_key_hex(const unsigned char key[PCACHE_KEY_LEN], char out[2 * PCACHE_KEY_LEN + 1])
+{
+	for (size_t i = 0; i < PCACHE_KEY_LEN; i++)
+		snprintf(out + 2 * i, 3, "%02x", key[i]);
+}
+
+/* The file's path: dir/hex(HMAC-SHA256(key, sha)). Named by the manifest's
+ * hash as such, a file would let anyone who can list the directory confirm
+ * a guess of a chunk's bytes; keyed, the name means nothing without the
+ * manifest. -1 if it does not fit. */
+static int seal_path(const struct pcache_seal *seal, const char *sha, char *out, size_t cap)
+{
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int n = 0;
+	char hex[2 * 32 + 1];
+
+	if (!HMAC(EVP_sha256(), seal->key, PCACHE_KEY_LEN, (const unsigned char *)sha, strlen(sha), mac, &n) ||
+	    n < 32)
+		return -1;
+	for (unsigned i = 0; i < 32; i++)
+		snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+	return snprintf(out, cap, "%s/%s", seal->dir, hex) < (int)cap ? 0 : -1;
+}
+
+int pcache_put(const struct pcache_seal *seal, const char *sha, const void *z, size_t n)
+{
+	char path[PATH_MAX], tmp[PATH_MAX + 16];
+	unsigned char *out = NULL;
+	EVP_CIPHER_CTX *cx = NULL;
+	int fd = -1, len = 0, r = -1;
+
+	if (!seal->dir[0] || n > INT32_MAX - SEAL_OVERHEAD || seal_path(seal, sha, path, sizeof(path)) < 0)
+		return -1;
+	if (!(out = malloc(n + SEAL_OVERHEAD)) || !(cx = EVP_CIPHER_CTX_new()))
+		goto out;
+	memcpy(out, SEAL_MAGIC, SEAL_MAGIC_LEN);
+	/* A random nonce per file: a key seals at most a pause's few thousand
+	 * chunks, far below where random 96-bit nonces could repeat. */
+	if (RAND_bytes(out + SEAL_MAGIC_LEN, SEAL_NONCE_LEN) != 1 ||
+	    EVP_EncryptInit_ex(cx, EVP_aes_256_gcm(), NULL, NULL, NULL) != 1 ||
+	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_SET_IVLEN, SEAL_NONCE_LEN, NULL) != 1 ||
+	    EVP_EncryptInit_ex(cx, NULL, NULL, seal->key, out + SEAL_MAGIC_LEN) != 1 ||
+	    /* The hash as associated data: a sealed chunk opens only as itself. */
+	    EVP_EncryptUpdate(cx, NULL, &len, (const unsigned char *)sha, (int)strlen(sha)) != 1 ||
+	    EVP_EncryptUpdate(cx, out + SEAL_MAGIC_LEN + SEAL_NONCE_LEN, &len, z, (int)n) != 1 ||
+	    EVP_EncryptFinal_ex(cx, out + SEAL_MAGIC_LEN + SEAL_NONCE_LEN + len, &len) != 1 ||
+	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_GET_TAG, SEAL_TAG_LEN, out + SEAL_MAGIC_LEN + SEAL_NONCE_LEN + n) != 1)
+		goto out;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		goto out;
+	r = io_write_all(fd, out, n + SEAL_OVERHEAD);
+	if (close(fd) < 0 || r < 0 || rename(tmp, path) < 0) {
+		r = -1;
+		unlink(tmp);
+	}
+	fd = -1;
+out:
+	if (fd >= 0) {
+		close(fd);
+		unlink(tmp);
+	}
+	EVP_CIPHER_CTX_free(cx);
+	free(out);
+	return r;
+}
+
+int pcache_get(const struct pcache_seal *seal, const char *sha, void *z, size_t n)
+{
+	char path[PATH_MAX];
+	unsigned char head[SEAL_MAGIC_LEN + SEAL_NONCE_LEN], tag[SEAL_TAG_LEN], *ct = NULL;
+	EVP_CIPHER_CTX *cx = NULL;
+	struct stat st;
+	int fd, len = 0, r = -1;
+
+	if (!seal->dir[0] || n > INT32_MAX - SEAL_OVERHEAD || seal_path(seal, sha, path, sizeof(path)) < 0)
+		return -1;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -1; /* not kept (or gone): nothing to remove */
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != n + SEAL_OVERHEAD ||
+	    io_read_all(fd, head, sizeof(head)) != (ssize_t)sizeof(head) || memcmp(head, SEAL_MAGIC, SEAL_MAGIC_LEN) ||
+	    !(ct = malloc(n ? n : 1)) || io_read_all(fd, ct, n) != (ssize_t)n ||
+	    io_read_all(fd, tag, sizeof(tag)) != (ssize_t)sizeof(tag) || !(cx = EVP_CIPHER_CTX_new()))
+		goto out;
+	if (EVP_DecryptInit_ex(cx, EVP_aes_256_gcm(), NULL, NULL, NULL) != 1 ||
+	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_SET_IVLEN, SEAL_NONCE_LEN, NULL) != 1 ||
+	    EVP_DecryptInit_ex(cx, NULL, NULL, seal->key, head + SEAL_MAGIC_LEN) != 1 ||
+	    EVP_DecryptUpdate(cx, NULL, &len, (const unsigned char *)sha, (int)strlen(sha)) != 1 ||
+	    EVP_DecryptUpdate(cx, z, &len, ct, (int)n) != 1 ||
+	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_LEN, tag) != 1 ||
+	    EVP_DecryptFinal_ex(cx, (unsigned char *)z + len, &len) != 1)
+		goto out;
+	r = 0;
+out:
+	close(fd);
+	EVP_CIPHER_CTX_free(cx);
+	free(ct);
+	if (r < 0) {
+		/* Whatever z holds now is not to be used. */
+		OPENSSL_cleanse(z, n);
+		fprintf(stderr, "kiln-host: %s: does not open as the chunk the manifest names; fetching it from S3\n",
+			path);
+		unlink(path);
+	}
+	return r;
 }

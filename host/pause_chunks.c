@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <zstd.h>
 
@@ -41,7 +42,7 @@ struct pchunk_up {
 	struct pchunk_list out[2];
 	size_t cap[2];
 	uint64_t bytes;
-	char cache[PATH_MAX]; /* where each chunk is kept too ("": nowhere) */
+	struct pcache_seal cache; /* where each chunk is kept too, sealed (dir "": nowhere) */
 	pthread_t th[PCHUNK_WORKERS_MAX];
 };
 
@@ -55,50 +56,14 @@ static void sha_hex(const void *p, size_t n, char out[65])
 		snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-/* Keep a chunk sent to S3 as dir/<sha> too (pause_cache.h): written under
- * a temporary name, then renamed, so a file by that name is whole. Best
- * effort: a failure only leaves it out. */
-static void cache_write(const char *dir, const char *sha, const void *z, size_t n)
+/* Read the chunk p from this host's pause cache into z and check it as a
+ * chunk from S3 is checked (its hash): 0, or -1 (the caller fetches). */
+static int cache_read(const struct pcache_seal *cache, const struct pchunk *p, void *z, char sha[65])
 {
-	char path[PATH_MAX], tmp[PATH_MAX + 16];
-	int fd;
-
-	if (snprintf(path, sizeof(path), "%s/%s", dir, sha) >= (int)sizeof(path))
-		return;
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return;
-	if (io_write_all(fd, z, n) < 0 || close(fd) < 0 || rename(tmp, path) < 0)
-		unlink(tmp);
-}
-
-/* Read dir/<sha> into z (n bytes) if it is there, whole and still hashes
- * to sha: 0; else -1 (a damaged file is removed; the caller fetches). */
-static int cache_read(const char *dir, const struct pchunk *p, void *z, char sha[65])
-{
-	char path[PATH_MAX];
-	struct stat st;
-	int fd;
-	ssize_t got;
-
-	if (snprintf(path, sizeof(path), "%s/%s", dir, p->sha256) >= (int)sizeof(path))
+	if (pcache_get(cache, p->sha256, z, p->zsize) < 0)
 		return -1;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
-		return -1;
-	got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == p->zsize
-		      ? io_read_all(fd, z, p->zsize)
-		      : -1;
-	close(fd);
-	if (got == (ssize_t)p->zsize) {
-		sha_hex(z, p->zsize, sha);
-		if (!strcmp(sha, p->sha256))
-			return 0;
-	}
-	fprintf(stderr, "kiln-host: %s: not the chunk the manifest names; fetching it from S3\n", path);
-	unlink(path);
-	return -1;
+	sha_hex(z, p->zsize, sha);
+	return strcmp(sha, p->sha256) ? -1 : 0;
 }
 
 static void *up_worker(void *arg)
@@ -139,8 +104,8 @@ static void *up_worker(void *arg)
 				pc.zsize = zn;
 				sha_hex(z, zn, pc.sha256);
 				r = s3_put_buffer(u->c, pc.key, z, zn, "application/zstd", &e);
-				if (r == 0 && u->cache[0])
-					cache_write(u->cache, pc.sha256, z, zn);
+				if (r == 0 && u->cache.dir[0])
+					(void)pcache_put(&u->cache, pc.sha256, z, zn);
 			}
 		}
 		free(z);
@@ -187,9 +152,12 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 	return u;
 }
 
-void pchunk_up_cache(struct pchunk_up *u, const char *dir)
+void pchunk_up_cache(struct pchunk_up *u, const struct pcache_seal *cache)
 {
-	snprintf(u->cache, sizeof(u->cache), "%s", dir ? dir : "");
+	if (cache)
+		u->cache = *cache;
+	else
+		u->cache.dir[0] = '\0';
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -311,6 +279,7 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 	}
 	pthread_mutex_destroy(&u->lock);
 	pthread_cond_destroy(&u->cond);
+	OPENSSL_cleanse(&u->cache, sizeof(u->cache)); /* the key lives on only in the manifest */
 	free(u);
 	return r;
 }
@@ -324,7 +293,7 @@ struct getter {
 	int stream;           /* chunks handed to sink in order */
 	pchunk_sink_fn sink;
 	void *sink_ctx;
-	const char *cache;    /* read chunks from here first (NULL: S3 only) */
+	const struct pcache_seal *cache; /* read chunks from here first (NULL: S3 only) */
 	size_t hits;          /* chunks read from the cache (under lock) */
 	pthread_mutex_t lock;
 	pthread_cond_t turn;  /* stream: `written` moved, or a failure */
@@ -478,10 +447,10 @@ static void *get_worker(void *arg)
 }
 
 static int get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, pchunk_sink_fn sink,
-		   void *sink_ctx, int workers, const char *cache, size_t *hits, struct kiln_err *err)
+		   void *sink_ctx, int workers, const struct pcache_seal *cache, size_t *hits, struct kiln_err *err)
 {
 	struct getter g = { .c = c, .l = l, .out_fd = out_fd, .stream = sink != NULL, .sink = sink, .sink_ctx = sink_ctx,
-			    .cache = cache && cache[0] ? cache : NULL };
+			    .cache = cache && cache->dir[0] ? cache : NULL };
 	pthread_t th[PCHUNK_WORKERS_MAX];
 	int n = 0;
 
@@ -512,13 +481,13 @@ static int get_all(const struct s3_config *c, const struct pchunk_list *l, int o
 }
 
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		   const char *cache, size_t *hits, struct kiln_err *err)
+		   const struct pcache_seal *cache, size_t *hits, struct kiln_err *err)
 {
 	return get_all(c, l, out_fd, NULL, NULL, workers, cache, hits, err);
 }
 
 int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
-		      int workers, const char *cache, size_t *hits, struct kiln_err *err)
+		      int workers, const struct pcache_seal *cache, size_t *hits, struct kiln_err *err)
 {
 	return get_all(c, l, -1, sink, ctx, workers, cache, hits, err);
 }

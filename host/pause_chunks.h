@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "pause_cache.h"
 #include "pause_manifest.h"
 #include "s3.h"
 
@@ -25,10 +26,11 @@ struct pchunk_up *pchunk_up_start(const struct s3_config *c, const char *prefix,
 void *pchunk_buf_alloc(void);
 void pchunk_buf_free(void *buf);
 
-/* Keep each chunk, once in S3, in dir too, as dir/<its sha256> (the
- * session's pause cache, pause_cache.h; NULL or "": nowhere). Call before
- * the first pchunk_up_add. */
-void pchunk_up_cache(struct pchunk_up *u, const char *dir);
+/* Keep each chunk, once in S3, in cache->dir too, sealed with cache->key
+ * (the session's pause cache, pcache_put; NULL or dir "": nowhere). The
+ * uploader keeps a copy of the key until pchunk_up_finish wipes it. Call
+ * before the first pchunk_up_add. */
+void pchunk_up_cache(struct pchunk_up *u, const struct pcache_seal *cache);
 
 /* Queue buf (len <= PCHUNK_RAW_MAX bytes, from pchunk_buf_alloc; the uploader frees it)
  * as the next chunk of stream 0 (state) or 1 (disk). Blocks while too many
@@ -44,11 +46,12 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 /* Download every chunk of l with `workers` threads into out_fd at its
  * offset, each checked against its size and SHA-256 before it is
  * decompressed (a mismatch: snapshot_corrupt naming the chunk); a chunk is
- * held in memory meanwhile. With cache (a directory; NULL or "": none), a
- * chunk is read from cache/<its sha256> instead when that file is there
- * and checks; *hits (may be NULL) counts those. 0, or -1 with err set. */
+ * held in memory meanwhile. With cache (NULL or dir "": none), a chunk is
+ * read from this host's pause cache instead when it is there, opens with
+ * cache->key and checks (pcache_get); *hits (may be NULL) counts those. 0,
+ * or -1 with err set. */
 int pchunk_get_all(const struct s3_config *c, const struct pchunk_list *l, int out_fd, int workers,
-		   const char *cache, size_t *hits, struct kiln_err *err);
+		   const struct pcache_seal *cache, size_t *hits, struct kiln_err *err);
 
 /* The stream's consumer: takes len bytes of the stream (the next in
  * order) and returns once it is done with buf (0), or -1 when it stopped
@@ -64,6 +67,6 @@ typedef int (*pchunk_sink_fn)(void *ctx, const void *buf, size_t len);
  * either. cache and hits as for pchunk_get_all. 0, or -1 with err set (the
  * first failure). */
 int pchunk_stream_all(const struct s3_config *c, const struct pchunk_list *l, pchunk_sink_fn sink, void *ctx,
-		      int workers, const char *cache, size_t *hits, struct kiln_err *err);
+		      int workers, const struct pcache_seal *cache, size_t *hits, struct kiln_err *err);
 
 #endif

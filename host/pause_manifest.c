@@ -82,6 +82,8 @@ int pmanifest_parse(const char *text, size_t len, const char *customer, const ch
 		return -1;
 	if (!out->state.n || !out->disk.n)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has an empty chunk list");
+	/* Only for the pause cache: without it a resume fetches from S3. */
+	out->has_cache_key = pcache_key_parse(json_string_value(json_object_get(m, "cache_key")), out->cache_key) == 0;
 	return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "err.h"
+#include "pause_cache.h"
 
 #define PMANIFEST_V1         1        /* whole state + disk.qcow2 objects (still resumed) */
 #define PMANIFEST_V2         2
@@ -42,6 +43,11 @@ struct pmanifest {
 	char base_sha256[65];
 	uint64_t base_size;
 	struct pchunk_list state, disk;
+	/* "cache_key": the key the pausing host sealed its pause-cache copies
+	 * with (pause_cache.h); only here, in S3. Absent or malformed: the
+	 * cache is not read. */
+	unsigned char cache_key[PCACHE_KEY_LEN];
+	int has_cache_key;
 };
 
 /* Parse and check a manifest for the session customer/id: version 1 (only

@@ -631,6 +631,23 @@ static enum MHD_Result session_del(void *ctx, struct httpd_req *r)
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "id", id, "state", "destroyed"));
 }
 
+/* DELETE /v1/sessions/{id}/pause-cache?customer=C: this host's pause-cache
+ * copies of a session that resumed on another host (kiln-api's clean-up);
+ * nothing else of it. */
+static enum MHD_Result session_pcache_del(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	int n;
+
+	n = sessions_pcache_drop(s->sessions, id,
+				 MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer"), &err);
+	if (n < 0)
+		return reply_err(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:b}", "id", id, "dropped", n));
+}
+
 /* GET and PUT /v1/sessions/{id}/files?path=P | ?dir=D[&format=tar] */
 static enum MHD_Result session_files(void *ctx, struct httpd_req *r)
 {
@@ -933,6 +950,7 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions", sessions_post },
 	{ "GET", "/v1/sessions/{id}", session_get_one },
 	{ "DELETE", "/v1/sessions/{id}", session_del },
+	{ "DELETE", "/v1/sessions/{id}/pause-cache", session_pcache_del },
 	{ "GET", "/v1/sessions/{id}/files", session_files },
 	{ "PUT", "/v1/sessions/{id}/files", session_files },
 	{ "POST", "/v1/sessions/{id}/exec", session_exec_post },

@@ -131,6 +131,7 @@ void sessions_close(struct session_table *ss)
 {
 	if (!ss)
 		return;
+	session_pcache_close(ss);
 	session_idler_stop(ss);
 	pthread_mutex_lock(&ss->lock);
 	while (ss->list) {

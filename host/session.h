@@ -38,10 +38,16 @@ void sessions_set_prestart(struct session_table *ss, int on);
 void sessions_set_save_pages(struct session_table *ss, int mode);
 /* Keep each pause's chunks under spool_dir too (pause_cache.h), so that a
  * resume on this host reads them locally: at most budget_mib MiB (0: off),
- * none older than max_age_s. Before any session is created; 0, or -1 with
- * errno (the cache is off). */
+ * none older than max_age_s; every sweep_s seconds (on the janitor's timer)
+ * the copies of sessions whose manifest in S3 is gone or another host's go,
+ * and age and budget are enforced again. Before any session is created; 0, or -1 with errno
+ * (the cache is off). */
 int sessions_set_pause_cache(struct session_table *ss, const char *spool_dir, unsigned budget_mib,
-			     unsigned max_age_s);
+			     unsigned max_age_s, unsigned sweep_s);
+/* Remove this host's pause-cache copies of customer's session id (it
+ * resumed on another host). 1 if there were some, 0 if not, -1 with err
+ * (invalid_request) for ids that name no session. */
+int sessions_pcache_drop(struct session_table *ss, const char *id, const char *customer, struct kiln_err *err);
 /* Prometheus lines about sessions (kiln_host_sessions{...}, idle stops):
  * appended to b. */
 struct buf;

@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "fsutil.h"
@@ -177,7 +178,7 @@ static int queue_file(struct pchunk_up *up, int stream, const char *path, struct
 /* Write the version 2 manifest naming the chunks (the last PUT of a pause). */
 static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
 			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
-			   const struct migfilter_stats *fst, struct kiln_err *err)
+			   const struct migfilter_stats *fst, const struct pcache_seal *seal, struct kiln_err *err)
 {
 	json_t *m;
 	char key[512], *text;
@@ -190,6 +191,15 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size", (json_int_t)s->snap->mem_size,
 		      "state", pchunk_list_json(state), "disk", pchunk_list_json(disk), "pages", "seen",
 		      (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+	if (m && seal) {
+		/* The pause cache's key: only here, in S3, never on this host's
+		 * disk (pause_cache.h). */
+		char hex[2 * PCACHE_KEY_LEN + 1];
+
+		pcache_key_hex(seal->key, hex);
+		json_object_set_new(m, "cache_key", json_string(hex));
+		OPENSSL_cleanse(hex, sizeof(hex));
+	}
 	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
 	json_decref(m);
 	if (!text)
@@ -256,6 +266,29 @@ static struct pmanifest *get_manifest(const struct s3_config *c, const char *cus
 		pm = NULL;
 	}
 	return pm;
+}
+
+int session_pause_manifest_host(const struct s3_config *c, const char *customer, const char *id, char host[65])
+{
+	struct kiln_err e = { .code = "" };
+	char key[512], *text = NULL;
+	json_t *m;
+	ssize_t len;
+
+	host[0] = '\0';
+	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
+	len = get_small(c, key, &text, &e);
+	if (len < 0)
+		return e.errc == KERR_S3_NOT_FOUND ? 0 : -1;
+	m = json_loadb(text, (size_t)len, 0, NULL);
+	free(text);
+	if (!json_is_object(m)) {
+		json_decref(m);
+		return -1; /* unreadable: not proof of anything */
+	}
+	snprintf(host, 65, "%s", json_string_value(json_object_get(m, "host_id")) ?: "");
+	json_decref(m);
+	return 1;
 }
 
 /* The previous generation's manifest, fetched on a thread of its own while
@@ -680,7 +713,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	int down = 0, down_th = 0; /* the VM saved and going; on vm_down_thread */
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
 	int fast = 0;
-	char cache_dir[PATH_MAX] = "";
+	struct pcache_seal seal = { .dir = "" };
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -708,9 +741,16 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	}
 	ps.up_ok = 1;
 	/* This pause's chunks are kept here too (an older pause's go), for a
-	 * resume on this host. */
-	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, cache_dir, sizeof(cache_dir)) == 0)
-		pchunk_up_cache(ps.up, cache_dir);
+	 * resume on this host, sealed with a key of this pause's own that only
+	 * its manifest will hold. */
+	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0) {
+		if (pcache_key_new(seal.key) == 0) {
+			pchunk_up_cache(ps.up, &seal);
+		} else {
+			pcache_drop(&ss->pcache, s->customer, s->id); /* no key: nothing kept */
+			seal.dir[0] = '\0';
+		}
+	}
 	if (s->state == SS_RUNNING) {
 		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		if (ps.local_fd < 0) {
@@ -842,7 +882,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	t_up = proto_now_ms();
 	/* Read before the new manifest replaces it. */
 	old = old_fetch_join(&of);
-	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, err);
+	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, seal.dir[0] ? &seal : NULL, err);
 	if (r == 0 && t_saved && fast)
 		fprintf(stderr,
 			"kiln-host: session %s saved from its pages: QEMU stopped and saved its devices in %lld ms; "
@@ -911,20 +951,15 @@ out:
 	}
 	/* No new manifest: what this pause kept names nothing (the older
 	 * pause's files went when it started; its resume fetches from S3). */
-	if (r < 0 && cache_dir[0])
+	if (r < 0 && seal.dir[0])
 		pcache_drop(&ss->pcache, s->customer, s->id);
+	OPENSSL_cleanse(&seal, sizeof(seal));
 	return fail_vm ? -2 : r;
 }
 
 void sessions_set_save_pages(struct session_table *ss, int mode)
 {
 	ss->save_pages = mode;
-}
-
-int sessions_set_pause_cache(struct session_table *ss, const char *spool_dir, unsigned budget_mib,
-			     unsigned max_age_s)
-{
-	return pcache_init(&ss->pcache, spool_dir, budget_mib, max_age_s);
 }
 
 json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
@@ -998,7 +1033,7 @@ static int check_file(const char *path, json_t *want, const char *name, struct k
 struct disk_fetch {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	const char *cache;
+	const struct pcache_seal *cache;
 	size_t hits;
 	int fd, rc;
 	struct kiln_err err;
@@ -1042,7 +1077,7 @@ struct feed_slot {
 struct state_feed {
 	const struct s3_config *c;
 	const struct pchunk_list *l;
-	const char *cache; /* this host's pause cache for the session, or NULL */
+	const struct pcache_seal *cache; /* this host's pause cache for the session, or NULL */
 	size_t hits;       /* chunks read from it */
 	struct feed_slot slot;
 	int rc; /* the chunks' side */
@@ -1234,7 +1269,8 @@ static void feed_booted(void *ctx, struct session *s)
  * chunk, each checked before it is written), fetched in parallel. On
  * success the caller hands *state_fd to QEMU, closes it, then
  * state_feed_join(f). */
-static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm, const char *cache,
+static int fetch_v2(const struct s3_config *c, struct session *s, const struct pmanifest *pm,
+		    const struct pcache_seal *cache,
 		    size_t *disk_hits, int *state_fd, struct state_feed *f, struct kiln_err *err)
 {
 	struct disk_fetch df = { .c = c, .l = &pm->disk, .cache = cache, .fd = -1, .rc = -1 };
@@ -1340,7 +1376,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * loading the state while it streams in. */
 	int64_t t0 = proto_now_ms(), t_manifest = 0, t_base = 0, t_fetch = 0, t_disk = 0;
 	struct state_feed feed = { .started = 0, .tee_fd = -1 };
-	char cache_dir[PATH_MAX];
+	struct pcache_seal seal = { .dir = "" };
 	size_t disk_hits = 0;
 
 	*out = NULL;
@@ -1429,9 +1465,11 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
 	if (pm.version == PMANIFEST_V2) {
-		/* Its chunks from this host's pause cache where they are there. */
-		pcache_dir(&ss->pcache, customer, id, 0, cache_dir, sizeof(cache_dir));
-		if (fetch_v2(&s3.c, s, &pm, cache_dir[0] ? cache_dir : NULL, &disk_hits, &fd, &feed, err) < 0)
+		/* Its chunks from this host's pause cache where they are there,
+		 * opened with the key its manifest holds. */
+		if (pm.has_cache_key && pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0)
+			memcpy(seal.key, pm.cache_key, sizeof(seal.key));
+		if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0)
 			goto fail;
 	} else {
 		files = json_object_get(m, "files");
@@ -1538,6 +1576,7 @@ fail:
 	}
 	session_put(ss, s, 1);
 out:
+	OPENSSL_cleanse(&seal, sizeof(seal));
 	if (have_ts)
 		spec_free(&ts);
 	json_decref(m);

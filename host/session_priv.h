@@ -146,6 +146,7 @@ struct session_table {
 	struct session_prestart pre;
 	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
 	struct pause_cache pcache; /* sessions_set_pause_cache (root "": off) */
+	int pcache_hooked;         /* its sweep is on hostd's janitor timer */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -243,8 +244,16 @@ void session_envd_close(struct session_table *ss, struct session *s, const char 
 
 /* Pause and resume (session_pause.c) ------------------------------------ */
 
+/* Take the pause cache's sweep off the janitor's timer, waiting for one in
+ * flight (session_pcache.c). Before the table goes. */
+void session_pcache_close(struct session_table *ss);
+
 /* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
 void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
+/* Which host wrote the session's manifest in S3 (its "host_id") into host
+ * ("" when it names none): 1; 0 when S3 says there is no manifest; -1 when
+ * it cannot be read (S3 unreachable, or not JSON). Blocking. */
+int session_pause_manifest_host(const struct s3_config *c, const char *customer, const char *id, char host[65]);
 /* Delete a paused session's objects in S3: the chunks its manifest names,
  * the manifest, and version 1's fixed names (session_pause.c). dir: a
  * directory for the manifest meanwhile. Missing objects are fine. */

@@ -306,6 +306,21 @@ void *hostd_uploader_main(void *arg)
 			d->next_janitor_ms = now + JANITOR_PERIOD_MS;
 			hostd_janitor_locked(d);
 		}
+		if (d->hook_fn && !d->hook_busy && now >= d->next_hook_ms) {
+			void (*fn)(void *) = d->hook_fn;
+			void *ctx = d->hook_ctx;
+
+			/* Without the lock: the hook reads the disk and asks S3,
+			 * and tasks must not wait for that. */
+			d->next_hook_ms = now + d->hook_period_ms;
+			d->hook_busy = 1;
+			pthread_mutex_unlock(&d->lock);
+			fn(ctx);
+			pthread_mutex_lock(&d->lock);
+			d->hook_busy = 0;
+			pthread_cond_broadcast(&d->changed);
+			continue;
+		}
 		for (struct hostd_task *t = d->tasks; t; t = t->next) {
 			if (!t->in_upload || t->upload_busy)
 				continue;
@@ -420,6 +435,18 @@ void hostd_s3_set_locked(struct hostd *d, const struct s3_config *s3)
 	d->s3.secret_key = d->s3_strings[4];
 	d->bucket_ok = 0;
 	d->s3_generation++;
+}
+
+void hostd_set_janitor_hook(struct hostd *d, void (*fn)(void *ctx), void *ctx, unsigned period_ms)
+{
+	pthread_mutex_lock(&d->lock);
+	while (d->hook_busy)
+		pthread_cond_wait(&d->changed, &d->lock);
+	d->hook_fn = fn;
+	d->hook_ctx = ctx;
+	d->hook_period_ms = period_ms ? period_ms : JANITOR_PERIOD_MS;
+	d->next_hook_ms = kclock_mono_ms(d->clk) + d->hook_period_ms;
+	pthread_mutex_unlock(&d->lock);
 }
 
 void hostd_set_s3(struct hostd *d, const struct s3_config *s3)

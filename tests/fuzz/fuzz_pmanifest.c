@@ -44,6 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			check(strlen(m.base_sha256) == 64 && m.base_size > 0);
 			check_list(&m.state);
 			check_list(&m.disk);
+		} else {
+			check(!m.has_cache_key); /* version 1 has no pause cache */
 		}
 	} else {
 		check(err.errc == KERR_SNAPSHOT_CORRUPT || err.errc == KERR_HOST_ERROR);

@@ -3,8 +3,13 @@
 # pauses into a real S3 (Swift s3api) and resumes on another kiln-host with
 # its files, processes and memory as they were; a damaged snapshot is caught
 # on resume; the host that paused a session resumes it from its own copies
-# of the chunks (a damaged copy fetched from S3 instead); busy sessions
-# refuse a pause; nothing is left behind.
+# of the chunks (a damaged copy fetched from S3 instead), sealed with a key
+# only the manifest in S3 holds; copies a resume elsewhere left go on the
+# clean-up kiln-api sends, once past the age limit, or on the sweep once
+# another host's pause replaced theirs in S3; a session paused on A and
+# destroyed through B leaves nothing on A's disk within a minute (A's sweep
+# finds the manifest gone); busy sessions refuse a pause; nothing is left
+# behind.
 . "$(dirname "$0")/lib.sh"
 require_image
 for t in swift-proxy-server memcached python3; do
@@ -72,6 +77,9 @@ elif op == "manifest":  # the SHA-256 of every chunk a manifest names
     for part in ("state", "disk"):
         for c in m[part]["chunks"]:
             print(c["sha256"])
+elif op == "cache_key":  # the key of the pause cache, which only the manifest holds
+    import json
+    print(json.loads(s3.get_object(Bucket=b, Key=key)["Body"].read()).get("cache_key", ""))
 elif op in ("flip", "flipchunk"):  # damage one byte in the middle of the object
     if op == "flipchunk":  # key: a manifest; the object: its first state chunk
         import json
@@ -293,13 +301,19 @@ check "a damaged paused snapshot is refused on resume (422 snapshot_corrupt: $(l
 check "and the failed resume holds nothing on A" test "$(vcpus_used "$PA")" = 0 -a "$(h "$PA" GET /v1/sessions/s1)" = 404
 
 # --- the pause cache: a host resumes what it paused from its own disk ---
-# B paused s1 just above and kept the chunks as they went to S3, named by
-# their SHA-256; the copy of chunk 0 in S3 is damaged now.
+# B paused s1 just above and kept the chunks as they went to S3, sealed
+# with the pause's key (in the manifest only) under keyed names; the copy
+# of chunk 0 in S3 is damaged now.
 cache_b=$T_TMP/spool-b/pause-cache/acme/s1
 want=$(s3py manifest acme/sessions/s1/manifest.json | sort -u | tr '\n' ' ')
 have=$(ls "$cache_b" 2> /dev/null | sort | tr '\n' ' ')
-check "B's pause cache holds exactly the chunks its pause put in S3, by SHA-256 ($(echo "$have" | wc -w) files)" \
-	test -n "$want" -a "$have" = "$want"
+same=$(comm -12 <(tr ' ' '\n' <<< "$want") <(tr ' ' '\n' <<< "$have") | grep -c .)
+check "B's pause cache holds one file per chunk its pause put in S3 ($(echo "$have" | wc -w) of $(echo "$want" | wc -w)), none named by its SHA-256 ($same are)" \
+	test -n "$want" -a "$(echo "$have" | wc -w)" = "$(echo "$want" | wc -w)" -a "$same" = 0
+magics=$(for f in "$cache_b"/*; do head -c 4 "$f" | tr -c 'A-Za-z0-9' '?'; echo; done | sort | uniq -c | awk '{ print $2 "x" $1 }' | tr '\n' ' ')
+check "... each sealed (KPC1, not a zstd frame: $magics), the key only in the manifest in S3" \
+	test "$magics" = "KPC1x$(echo "$want" | wc -w) " -a "$(s3py cache_key acme/sessions/s1/manifest.json | wc -c)" = 65 \
+	-a "$(grep -rlF "$(s3py cache_key acme/sessions/s1/manifest.json)" "$T_TMP/spool-b" 2> /dev/null | wc -l)" = 0
 check "... files 0600 in a directory 0700" test "$(stat -c %a "$cache_b")" = 700 -a \
 	"$(find "$cache_b" -type f ! -perm 600 | wc -l)" = 0
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
@@ -316,45 +330,69 @@ f=$(ls "$cache_b" | head -1)
 printf '\x00\x01' | dd of="$cache_b/$f" bs=1 seek=20 conv=notrunc 2> /dev/null
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 hit=$(hits b)
-check "a damaged copy on B is fetched from S3 instead: 200 ($hit; $(grep -c 'not the chunk the manifest names' "$T_TMP/b.err") said so)" \
-	test "$st" = 200 -a "$(grep -c 'not the chunk the manifest names' "$T_TMP/b.err")" = 1 \
+check "a damaged copy on B is fetched from S3 instead: 200 ($hit; $(grep -c 'does not open as the chunk the manifest names' "$T_TMP/b.err") said so)" \
+	test "$st" = 200 -a "$(grep -c 'does not open as the chunk the manifest names' "$T_TMP/b.err")" = 1 \
 	-a "$(echo "$hit" | awk '$1 == $3 - 1 { print "one less" }')" = "one less"
 st=$(ex "$PB" "$ASK")
 check "... intact ($(last .stdout))" test "$(last .stdout)" = "$kv"
-# Paused on A for the rest: A's copies, then A deletes it.
+# Paused on B, resumed on A: B's copies stay (no kiln-api here to send B
+# the clean-up; the manifest in S3 is still B's pause, so B's sweep keeps
+# them). They go once older than sessions.pause_cache_max_age_s: aged here,
+# and B restarted (its start prunes).
 h "$PB" POST /v1/sessions/s1/pause > /dev/null
 h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
-h "$PA" POST /v1/sessions/s1/pause > /dev/null
-check "A kept the chunks of its own pause" test "$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)" -gt 0
-
-# --- a stale copy goes without its snapshot (keep_snapshot=1) ---
-h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}' > /dev/null
-h "$PA" POST /v1/sessions/s3/pause > /dev/null
-h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
-st=$(h "$PA" DELETE "/v1/sessions/s3?keep_snapshot=1")
-check "DELETE ?keep_snapshot=1 destroys the copy here and keeps the paused snapshot" \
-	test "$st" = 200 -a "$(h "$PA" GET /v1/sessions/s3)" = 404 -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
-h "$PA" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
-
-# --- delete ---
-st=$(h "$PA" DELETE "/v1/sessions/s1?customer=acme")
-check "DELETE removes the paused snapshot from S3, and A's copies" test "$st" = 200 \
-	-a "$(s3py exists acme/sessions/s1/manifest.json)" = no -a ! -e "$T_TMP/spool-a/pause-cache/acme/s1"
-h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{}}' > /dev/null
-st=$(h "$PA" DELETE /v1/sessions/s2)
-check "DELETE of a running session: destroyed, capacity back" test "$st" = 200 -a "$(vcpus_used "$PA")" = 0
-
-# B still holds the copies of its own last pause of s1, which A resumed
-# and deleted since: another host's resume or delete cannot reach them.
-# They go once older than sessions.pause_cache_max_age_s: aged here, and B
-# restarted (its start prunes).
 stale=$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)
 find "$T_TMP/spool-b/pause-cache" -type f -exec touch -d '2 hours ago' {} +
 kill "${pids[1]}"; wait "${pids[1]}" 2> /dev/null
 pids=("${pids[0]}")
 start_host b "$PB"
-check "copies another host's resume left behind ($stale on B) go once past the age limit (B restarted)" \
+check "copies a resume elsewhere left behind ($stale on B) go once past the age limit (B restarted)" \
 	test "$stale" -gt 0 -a "$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)" = 0
+# Paused on A for the rest.
+h "$PA" POST /v1/sessions/s1/pause > /dev/null
+check "A kept the chunks of its own pause" test "$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)" -gt 0
+
+# --- kiln-api's clean-up after a resume elsewhere ---
+h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s3","customer":"acme","spec":{}}' > /dev/null
+h "$PA" POST /v1/sessions/s3/pause > /dev/null
+h "$PB" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+n3=$(ls "$T_TMP/spool-a/pause-cache/acme/s3" 2> /dev/null | wc -l)
+st=$(h "$PA" DELETE "/v1/sessions/s3/pause-cache?customer=acme")
+check "DELETE /v1/sessions/s3/pause-cache on A, where it paused before resuming on B: A's $n3 copies go ($st $(last .dropped))" \
+	test "$n3" -gt 0 -a "$st" = 200 -a "$(last .dropped)" = true -a ! -e "$T_TMP/spool-a/pause-cache/acme/s3" \
+	-a "$(h "$PB" GET /v1/sessions/s3)" = 200
+st=$(h "$PA" DELETE "/v1/sessions/s3/pause-cache")
+check "... without ?customer=: 400" test "$st" = 400
+# s3 paused on B, then resumed and paused on A: B's copies are of a pause
+# the manifest in S3 no longer names (A's now).
+h "$PB" POST /v1/sessions/s3/pause > /dev/null
+h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+h "$PA" POST /v1/sessions/s3/pause > /dev/null
+nb3=$(ls "$T_TMP/spool-b/pause-cache/acme/s3" 2> /dev/null | wc -l)
+
+# --- delete through the other host: the pausing host's copies go within a minute ---
+na=$(ls "$T_TMP/spool-a/pause-cache/acme/s1" 2> /dev/null | wc -l)
+st=$(h "$PB" DELETE "/v1/sessions/s1?customer=acme")
+check "DELETE through B of the session A paused removes the paused snapshot from S3" test "$st" = 200 \
+	-a "$(s3py exists acme/sessions/s1/manifest.json)" = no
+t0=$(date +%s)
+while { [ -e "$T_TMP/spool-a/pause-cache/acme/s1" ] || [ -e "$T_TMP/spool-b/pause-cache/acme/s3" ]; } &&
+	[ $(($(date +%s) - t0)) -lt 75 ]; do sleep 1; done
+gone_s=$(($(date +%s) - t0))
+check "... and A's $na copies go within a minute, A's sweep finding the manifest gone ($gone_s s: $(grep -o 'pause cache: removed the copies of [0-9]* session.*' "$T_TMP/a.err" | tail -1))" \
+	test "$na" -gt 0 -a ! -e "$T_TMP/spool-a/pause-cache/acme/s1" -a "$gone_s" -le 61
+check "B's $nb3 copies of s3, whose manifest is A's pause now, go on B's sweep within that minute too" \
+	test "$nb3" -gt 0 -a ! -e "$T_TMP/spool-b/pause-cache/acme/s3" -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
+
+# --- a stale copy goes without its snapshot (keep_snapshot=1) ---
+h "$PA" POST /v1/sessions/s3/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
+st=$(h "$PA" DELETE "/v1/sessions/s3?keep_snapshot=1")
+check "DELETE ?keep_snapshot=1 destroys the copy here and keeps the paused snapshot" \
+	test "$st" = 200 -a "$(h "$PA" GET /v1/sessions/s3)" = 404 -a "$(s3py exists acme/sessions/s3/manifest.json)" = yes
+h "$PA" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
+h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{}}' > /dev/null
+st=$(h "$PA" DELETE /v1/sessions/s2)
+check "DELETE of a running session: destroyed, capacity back" test "$st" = 200 -a "$(vcpus_used "$PA")" = 0
 
 for p in "${pids[@]}"; do kill "$p"; done
 for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done

@@ -8,7 +8,8 @@
 # once it heartbeats again its stale copies are destroyed there), a
 # session only a host knows (destroyed there), a host restarted (SIGKILL and
 # start over the same spool: error/vm_lost), a VM killed (error/vm_error),
-# idle and lifetime limits (destroy, or auto-pause per quota), an exec
+# idle and lifetime limits (destroy, or auto-pause per quota; a paused
+# session's DELETE reaching the host that holds its pause cache), an exec
 # longer than the idle limit, kiln-api restarts (SIGTERM during an exec,
 # SIGKILL), the CLI, delete, nothing left behind. The happy path with
 # processes kept across pause/resume and outputs: 75-sessions.sh.
@@ -345,7 +346,15 @@ expect "with session_auto_pause: paused instead, end_reason idle_timeout" 200 "$
 	'.state == "paused" and .end_reason == "idle_timeout" and .snapshot != null'
 st=$(req "$KA" POST "/v1/sessions/$SP/resume"); sexec "$KA" "$SP" '{"argv":["cat","/work/k"]}' > /dev/null
 check "... and resumes with its files" [ "$(last .stdout)" = v ]
-req "$KA" DELETE "/v1/sessions/$SP" > /dev/null
+# Paused again: the pausing host keeps its chunks in its pause cache; a
+# DELETE through kiln-api goes to that host, and they go with the snapshot.
+req "$KA" POST "/v1/sessions/$SP/pause" > /dev/null
+HP=$(last .snapshot.host_id)
+pc=$T_TMP/spool-${HP#h}/pause-cache/acme/$SP
+npc=$(ls "$pc" 2> /dev/null | wc -l)
+st=$(req "$KA" DELETE "/v1/sessions/$SP")
+check "DELETE of a session paused on $HP: its $npc pause-cache copies there go at once (the destroy goes to that host)" \
+	[ "$st" = 200 -a "$npc" -gt 0 -a ! -e "$pc" ]
 req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"session_auto_pause":false}' > /dev/null
 
 # ---- kiln-api restarts: sessions survive and keep working ----

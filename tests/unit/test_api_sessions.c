@@ -7,7 +7,9 @@
  * two replicas on one store (one's lease keeps a session from the other's
  * reaper, a lapsed one does not; renewal), and the one placement retry
  * loop create and resume share (which host errors go on to the next host,
- * which end it, the attempt limit).
+ * which end it, the attempt limit); a paused session's destroy goes to the
+ * host that paused it, and a resume on another host asks that one to drop
+ * its pause-cache copies.
  * (tests/unit/test_sessions.c tests kiln-host's sessions.) */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -529,6 +531,78 @@ static void test_place_resume(void **state)
 	assert_int_equal(fake_count("POST", NULL, "/v1/sessions/s_2/resume"), 1);
 }
 
+/* Pause id on host (http://host answers 200). */
+static void pause_on(const char *host, const char *id)
+{
+	struct sessions_outcome o = { .status = 0 };
+	char url[32], p[96];
+
+	snprintf(url, sizeof(url), "http://%s", host);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/pause", id);
+	fake_rule("POST", url, p, 200, "{\"snapshot\":{\"key\":\"k\",\"bytes\":1}}");
+	sessions_pause(ss, id, "paused", &o);
+	assert_int_equal(o.status, 200);
+	assert_int_equal(state_of(id), SESSION_PAUSED);
+}
+
+/* A paused session's destroy goes to the host that paused it (its pause
+ * cache holds copies of the session's memory), whichever host comes first
+ * otherwise. */
+static void test_destroy_goes_to_pauser(void **state)
+{
+	struct sessions_outcome o = { .status = 0 };
+	char id[40], del[128], host[8], url[32];
+
+	customer(0);
+	hosts(2);
+	for (int i = 1; i <= 2; i++) {
+		snprintf(host, sizeof(host), "h%d", i);
+		snprintf(url, sizeof(url), "http://h%d", i);
+		session(host, 1, id);
+		pause_on(host, id);
+		sessions_destroy(ss, id, "deleted", &o);
+		assert_int_equal(o.status, 200);
+		assert_int_equal(state_of(id), SESSION_DESTROYED);
+		snprintf(del, sizeof(del), "/v1/sessions/%s?customer=acme", id);
+		assert_int_equal(fake_count("DELETE", url, del), 1);
+		assert_int_equal(fake_count("DELETE", NULL, del), 1);
+	}
+}
+
+/* Resumed where it paused: nothing to clean. Resumed on another host (the
+ * pausing one full): the pausing host is asked to drop its copies. */
+static void test_resume_elsewhere_cleans(void **state)
+{
+	struct quota_limiter *lim = quota_limiter_new();
+	struct sessions_request r = { .method = "POST", .customer = "acme", .lim = lim };
+	struct store_session cur;
+	enum MHD_Result ret;
+	char id[40], res[96], pc[128];
+
+	assert_non_null(lim);
+	customer(0);
+	hosts(2);
+	session("h1", 1, id);
+	snprintf(res, sizeof(res), "/v1/sessions/%s/resume", id);
+	snprintf(pc, sizeof(pc), "/v1/sessions/%s/pause-cache", id);
+	fake_rule("POST", NULL, res, 200, "{}");
+	pause_on("h1", id);
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(sessions_resume_run(ss, &r, &cur, &ret), 1);
+	assert_string_equal(fake_nth_url("POST", res, 0), "http://h1");
+	assert_int_equal(fake_count("DELETE", NULL, pc), 0);
+
+	pause_on("h1", id);
+	sched_host_full(sc, "h1");
+	assert_int_equal(store_session_get(st, id, NULL, &cur), 0);
+	assert_int_equal(sessions_resume_run(ss, &r, &cur, &ret), 1);
+	assert_string_equal(fake_nth_url("POST", res, 1), "http://h2");
+	snprintf(pc, sizeof(pc), "/v1/sessions/%s/pause-cache?customer=acme", id);
+	assert_int_equal(fake_count("DELETE", "http://h1", pc), 1);
+	assert_int_equal(fake_count("DELETE", "http://h2", "/"), 0);
+	quota_limiter_free(lim);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -546,6 +620,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_place_refused_outright, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_limit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_resume, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_destroy_goes_to_pauser, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_resume_elsewhere_cleans, setup, teardown),
 	};
 	char cmd[300];
 	int r;
