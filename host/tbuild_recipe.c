@@ -1,9 +1,13 @@
 /* tbuild_recipe: a recipe template built in a build VM (docs/templates.md).
  * The customer's `run` steps and every package's maintainer scripts are
  * hostile code: they run only inside a jailed VM like any task's, as root of
- * that VM, reaching only the Debian mirror. The image the guest writes is
- * hostile data: the host never mounts or parses it, it only truncates it to
- * the size the guest names (bounded by max_bytes) and hands it on.
+ * that VM. The package steps reach only the Debian mirror; then the VM's
+ * network is cut (net_sandbox_cut) and the files, `run` steps and image step
+ * reach nothing: the mirror's addresses may be a CDN's, shared with any
+ * site on it (a recipe carries no network policy of its own). The image the
+ * guest writes is hostile data: the host never mounts or parses it, it only
+ * truncates it to the size the guest names (bounded by max_bytes) and hands
+ * it on.
  *
  * The VM boots from a qcow2 overlay over the base image (read-only backing)
  * whose virtual size is max_bytes; the guest grows its mounted ext4 online
@@ -527,6 +531,14 @@ static int tb_steps(struct tb *b, struct kiln_err *err)
 		if (rc < 0)
 			return -1;
 		tb_log(b, "[build] packages installed in %.1f s", (double)(proto_now_ms() - t) / 1000.0);
+		/* The mirror's addresses are shared (a CDN's): left up, the
+		 * network would let a run step reach any site on that CDN with
+		 * a Host header of its own. So nothing after the packages has
+		 * a network; a failure to take it down ends the build. */
+		b->step = "network off";
+		if (net_sandbox_cut(b->net, err) < 0)
+			return -1;
+		tb_log(b, "[build] network: none from here on (files, run steps, image)");
 	}
 	if (r->nfiles) {
 		struct tb_file *fs = calloc(r->nfiles, sizeof(*fs));
