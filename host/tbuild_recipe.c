@@ -187,9 +187,15 @@ static int tb_exec(struct tb *b, const char *step, char **argv, size_t argc, str
 	if (proto_now_ms() >= b->deadline_ms)
 		return kiln_err_set(err, KERR_BUILD_TIMEOUT, "the build ran past its %u s timeout (before %s)",
 				    b->req->timeout_s, step);
-	/* The recipe's env applies to its steps too; the build's own after it. */
-	for (size_t i = 0; i < r->nenv; i++)
-		env[spec.nenv++] = r->env[i];
+	/* The recipe's env applies to its run steps, the build's own after it;
+	 * never to the build's own steps. Before the network goes, those are
+	 * apt's, and env is code there: APT_CONFIG names a file of hooks
+	 * (APT::Update::Pre-Invoke), BASH_ENV and PERL5OPT run commands in any
+	 * bash or perl a package's scripts start, so the customer's code would
+	 * run while the mirror is reachable. */
+	if (!strncmp(step, "run[", 4))
+		for (size_t i = 0; i < r->nenv; i++)
+			env[spec.nenv++] = r->env[i];
 	env[spec.nenv++] = "DEBIAN_FRONTEND=noninteractive";
 	env[spec.nenv++] = "HOME=/root";
 	env[spec.nenv] = NULL;

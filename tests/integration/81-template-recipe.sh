@@ -154,6 +154,17 @@ if [ "$(cat "$T_TMP/nopkg.rc")" = 1 ] && [ "$(m nopkg .error.code)" = build_fail
 	ok "an unknown package fails the build with apt's message (in the error and the log)"
 else not_ok "unknown package" "$(why nopkg)"; fi
 
+# The recipe's env is not the package steps' env: there it could run the
+# customer's code while the mirror is reachable (APT_CONFIG names apt's
+# config, hooks included; BASH_ENV, PERL5OPT). An APT_CONFIG apt cannot
+# parse shows it: apt would fail at once.
+build envapt '{"name":"x","packages":["jq"],"env":{"APT_CONFIG":"/etc/debian_version"},
+	"run":["test \"$APT_CONFIG\" = /etc/debian_version"]}' --timeout 600 --max-mib 2048 --config "$T_TMP/host.json"
+if [ "$(cat "$T_TMP/envapt.rc")" = 0 ] && grep -q '^\[build\] run\[0\] done' "$T_TMP/envapt.log"; then
+	ok "the recipe's env reaches its run steps but not apt's (APT_CONFIG of the recipe ignored by apt-get)"
+else not_ok "recipe env in the package steps" "$(why envapt)"; fi
+rm -f "$T_TMP/envapt.ext4"
+
 build badrun '{"name":"x","run":["true","echo about to fail; exit 3","touch /never"]}' --timeout 600 --max-mib 2048
 if [ "$(cat "$T_TMP/badrun.rc")" = 1 ] && [ "$(m badrun .error.code)" = build_failed ] &&
    [ "$(m badrun .error.message)" = "run[1] exited with status 3" ] && grep -q '^about to fail$' "$T_TMP/badrun.log" &&
