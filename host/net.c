@@ -325,6 +325,49 @@ out:
 	return r;
 }
 
+/* Delete the link `name` of the calling thread's namespace (a veth: its
+ * peer in the other namespace goes with it). Returns 0, -ENODEV when there is
+ * none, or another -errno. */
+static int link_delete(const char *name)
+{
+	char buf[512];
+	struct mnl_socket *nl;
+	struct nlmsghdr *nlh;
+	struct ifinfomsg *ifm;
+	unsigned seq = 1, portid;
+	ssize_t n;
+	int r;
+
+	nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
+	if (!nl)
+		return -errno;
+	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
+		r = -errno;
+		goto out;
+	}
+	portid = mnl_socket_get_portid(nl);
+	nlh = mnl_nlmsg_put_header(buf);
+	nlh->nlmsg_type = RTM_DELLINK;
+	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+	nlh->nlmsg_seq = seq;
+	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
+	ifm->ifi_family = AF_UNSPEC;
+	mnl_attr_put_strz(nlh, IFLA_IFNAME, name);
+	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
+		r = -errno;
+		goto out;
+	}
+	n = mnl_socket_recvfrom(nl, buf, sizeof(buf));
+	if (n < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = mnl_cb_run(buf, (size_t)n, seq, portid, NULL, NULL) < 0 ? -errno : 0;
+out:
+	mnl_socket_close(nl);
+	return r;
+}
+
 /* ---- host-wide set-up --------------------------------------------------- */
 
 static int add_deny(struct net_host *h, const struct net_range *r, struct kiln_err *err)
@@ -555,12 +598,14 @@ struct net_sandbox {
 	void *ctx;
 	pthread_t thread;
 	int thread_started;
-	int tap_fd, stop_fd;
+	int tap_fd, stop_fd, cut_fd;
 	unsigned link_idx;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int setup_done, setup_rc;
 	struct kiln_err err;
+	int cut_done, cut_rc;     /* net_sandbox_cut's answer (lock held) */
+	struct kiln_err cut_err;
 	struct net_stats st;      /* dns counters live here; nft ones filled from the kernel */
 	struct nft_ctx *nft, *nft_json;
 	int dns_fd, up_fd;
@@ -1119,6 +1164,48 @@ static void dns_expire(struct net_sandbox *s)
 		}
 }
 
+/* The rules of a sandbox taken off the network: every frame the guest sends
+ * is dropped as it enters tap0 (netdev ingress: before ARP, routing,
+ * conntrack or table kiln's accepts, established flows included), and
+ * nothing is forwarded or delivered to the namespace itself. A drop in any
+ * base chain is final, so these tables win over table kiln, which stays for
+ * its counters. */
+static const char sandbox_cut_rules[] =
+	"table netdev kiln_cut {\n"
+	" chain guest { type filter hook ingress device \"" NET_TAP "\" priority -500; policy drop; }\n"
+	"}\n"
+	"table inet kiln_cut {\n"
+	" chain forward { type filter hook forward priority -500; policy drop; }\n"
+	" chain input { type filter hook input priority -500; policy drop; }\n"
+	"}\n";
+
+/* Runs on the sandbox's thread (in its namespace): net_sandbox_cut's work.
+ * First the drop-all rules (one transaction), then the uplink veth goes, so
+ * the namespace has no path to the host or anything beyond it even without
+ * the rules, then the resolver's socket closes. All of it lives in kiln-host's
+ * namespace: neither the guest (which has only its virtio-net frontend) nor
+ * QEMU (an unprivileged uid in an empty namespace of its own, holding only
+ * the tap's fd) can change any of it. Returns 0 or -1 with s->cut_err. */
+static int sandbox_cut(struct net_sandbox *s)
+{
+	int r;
+
+	if (nft_run(s->nft, sandbox_cut_rules, NULL, &s->cut_err) < 0)
+		return -1;
+	r = link_delete(NET_UPLINK);
+	if (r < 0 && r != -ENODEV)
+		return kiln_err_set(&s->cut_err, KERR_NET_ERROR, "sandbox network: removing %s: %s", NET_UPLINK,
+				    strerror(-r));
+	if (s->dns_fd >= 0) {
+		close(s->dns_fd);
+		s->dns_fd = -1;
+	}
+	/* Queries in flight get no answer: the guest could not receive it. */
+	for (size_t i = 0; i < NET_DNS_PENDING; i++)
+		s->pending[i].used = 0;
+	return 0;
+}
+
 static void *sandbox_main(void *arg)
 {
 	struct net_sandbox *s = arg;
@@ -1149,18 +1236,33 @@ static void *sandbox_main(void *arg)
 		return NULL;
 	next_poll = proto_now_ms() + NET_POLL_MS;
 	for (;;) {
-		struct pollfd pf[3] = {
+		struct pollfd pf[4] = {
 			{ .fd = s->stop_fd, .events = POLLIN },
 			{ .fd = s->dns_fd, .events = POLLIN },
 			{ .fd = s->up_fd, .events = POLLIN },
+			{ .fd = s->cut_fd, .events = POLLIN },
 		};
 		int64_t now = proto_now_ms();
 		int wait = next_poll > now ? (int)(next_poll - now) : 0;
 
-		if (poll(pf, 3, wait) < 0 && errno != EINTR)
+		if (poll(pf, 4, wait) < 0 && errno != EINTR)
 			break;
 		if (pf[0].revents)
 			break;
+		if (pf[3].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(s->cut_fd, &v, sizeof(v)) == sizeof(v)) {
+				int r = sandbox_cut(s);
+
+				pthread_mutex_lock(&s->lock);
+				s->cut_done = 1;
+				s->cut_rc = r;
+				pthread_cond_broadcast(&s->cond);
+				pthread_mutex_unlock(&s->lock);
+			}
+			continue;
+		}
 		if (pf[1].revents & POLLIN)
 			dns_from_guest(s);
 		if (pf[2].revents & POLLIN)
@@ -1187,6 +1289,8 @@ static void sandbox_free(struct net_sandbox *s)
 		close(s->tap_fd);
 	if (s->stop_fd >= 0)
 		close(s->stop_fd);
+	if (s->cut_fd >= 0)
+		close(s->cut_fd);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s->rules);
@@ -1214,8 +1318,9 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
+	s->cut_fd = eventfd(0, EFD_CLOEXEC);
 	s->rules = n ? calloc(n, sizeof(*rules)) : NULL;
-	if (s->stop_fd < 0 || (n && !s->rules)) {
+	if (s->stop_fd < 0 || s->cut_fd < 0 || (n && !s->rules)) {
 		sandbox_free(s);
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
@@ -1258,6 +1363,39 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 int net_sandbox_tap_fd(const struct net_sandbox *s)
 {
 	return s ? s->tap_fd : -1;
+}
+
+int net_sandbox_cut(struct net_sandbox *s, struct kiln_err *err)
+{
+	uint64_t one = 1;
+	int64_t deadline = proto_now_ms() + NET_SETUP_MS;
+	int rc;
+
+	if (!s)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	s->cut_done = 0;
+	pthread_mutex_unlock(&s->lock);
+	if (write(s->cut_fd, &one, sizeof(one)) != sizeof(one))
+		return kiln_err_set(err, KERR_NET_ERROR, "sandbox network: cannot reach its thread: %s", strerror(errno));
+	pthread_mutex_lock(&s->lock);
+	while (!s->cut_done) {
+		struct timespec ts;
+
+		if (proto_now_ms() > deadline) {
+			pthread_mutex_unlock(&s->lock);
+			return kiln_err_set(err, KERR_NET_ERROR, "sandbox network: taking it down took longer than %d ms",
+					    NET_SETUP_MS);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+	}
+	rc = s->cut_rc;
+	if (rc < 0)
+		*err = s->cut_err;
+	pthread_mutex_unlock(&s->lock);
+	return rc;
 }
 
 void net_sandbox_stop(struct net_sandbox *s, struct net_stats *st)

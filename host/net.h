@@ -84,6 +84,16 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 		      void *ctx, struct net_sandbox **out, struct kiln_err *err);
 int net_sandbox_tap_fd(const struct net_sandbox *s);
 
+/* Take the sandbox off the network for good, the VM still running (a build
+ * VM once its packages are in): every frame from the guest is dropped as it
+ * enters the tap, the uplink to the host goes, the resolver stops listening.
+ * Done in kiln-host's namespace, where neither the guest nor QEMU can undo
+ * it. Waits for the sandbox's thread to have done it (up to 10 s). Returns 0
+ * (also on NULL), or -1 with err: the network may still be up, so the caller
+ * must stop the VM. Call from the thread that started the sandbox, before
+ * net_sandbox_stop. */
+int net_sandbox_cut(struct net_sandbox *s, struct kiln_err *err);
+
 /* Stop the sandbox's thread, read its final counters into *st (may be NULL),
  * and free it; the namespace, tap, veth and rules go with it (the kernel
  * removes a namespace shortly after its last user). Call after QEMU exited.

@@ -39,8 +39,9 @@ struct tbuild_recipe_req {
 };
 
 /* Boot a build VM from base_rootfs (a throw-away writable layer), reach only
- * the mirror, install the packages, write the files, run the steps as root,
- * write /etc/kiln/preload, clean apt's caches, and have the guest write a
+ * the mirror, install the packages, take the VM off the network (nothing
+ * after the packages reaches anything), write the files, run the steps as
+ * root, write /etc/kiln/preload, clean apt's caches, and have the guest write a
  * fresh ext4 of its root into a second disk, which becomes out_ext4 (mode
  * 0444, at most max_bytes). 0, or -1 with err: build_failed (the message says
  * which step and how it ended), build_timeout, too_large, cancelled,

@@ -1,9 +1,13 @@
 /* tbuild_recipe: a recipe template built in a build VM (docs/templates.md).
  * The customer's `run` steps and every package's maintainer scripts are
  * hostile code: they run only inside a jailed VM like any task's, as root of
- * that VM, reaching only the Debian mirror. The image the guest writes is
- * hostile data: the host never mounts or parses it, it only truncates it to
- * the size the guest names (bounded by max_bytes) and hands it on.
+ * that VM. The package steps reach only the Debian mirror; then the VM's
+ * network is cut (net_sandbox_cut) and the files, `run` steps and image step
+ * reach nothing: the mirror's addresses may be a CDN's, shared with any
+ * site on it (a recipe carries no network policy of its own). The image the
+ * guest writes is hostile data: the host never mounts or parses it, it only
+ * truncates it to the size the guest names (bounded by max_bytes) and hands
+ * it on.
  *
  * The VM boots from a qcow2 overlay over the base image (read-only backing)
  * whose virtual size is max_bytes; the guest grows its mounted ext4 online
@@ -183,9 +187,15 @@ static int tb_exec(struct tb *b, const char *step, char **argv, size_t argc, str
 	if (proto_now_ms() >= b->deadline_ms)
 		return kiln_err_set(err, KERR_BUILD_TIMEOUT, "the build ran past its %u s timeout (before %s)",
 				    b->req->timeout_s, step);
-	/* The recipe's env applies to its steps too; the build's own after it. */
-	for (size_t i = 0; i < r->nenv; i++)
-		env[spec.nenv++] = r->env[i];
+	/* The recipe's env applies to its run steps, the build's own after it;
+	 * never to the build's own steps. Before the network goes, those are
+	 * apt's, and env is code there: APT_CONFIG names a file of hooks
+	 * (APT::Update::Pre-Invoke), BASH_ENV and PERL5OPT run commands in any
+	 * bash or perl a package's scripts start, so the customer's code would
+	 * run while the mirror is reachable. */
+	if (!strncmp(step, "run[", 4))
+		for (size_t i = 0; i < r->nenv; i++)
+			env[spec.nenv++] = r->env[i];
 	env[spec.nenv++] = "DEBIAN_FRONTEND=noninteractive";
 	env[spec.nenv++] = "HOME=/root";
 	env[spec.nenv] = NULL;
@@ -527,6 +537,14 @@ static int tb_steps(struct tb *b, struct kiln_err *err)
 		if (rc < 0)
 			return -1;
 		tb_log(b, "[build] packages installed in %.1f s", (double)(proto_now_ms() - t) / 1000.0);
+		/* The mirror's addresses are shared (a CDN's): left up, the
+		 * network would let a run step reach any site on that CDN with
+		 * a Host header of its own. So nothing after the packages has
+		 * a network; a failure to take it down ends the build. */
+		b->step = "network off";
+		if (net_sandbox_cut(b->net, err) < 0)
+			return -1;
+		tb_log(b, "[build] network: none from here on (files, run steps, image)");
 	}
 	if (r->nfiles) {
 		struct tb_file *fs = calloc(r->nfiles, sizeof(*fs));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Recipe templates built in a build VM (kiln-host template build): a real
 # package from the real Debian mirror, a file, a run step; a task booted from
-# the image sees all three. Failures: an unknown package (apt's message), a
+# the image sees all three. The run steps have no network: not the mirror's
+# port the packages came from, not DNS. Failures: an unknown package (apt's message), a
 # failing run step (named), a step past the timeout, a cancel, an image past
 # max_bytes, packages without egress. Every build leaves nothing behind.
 #
@@ -74,10 +75,18 @@ m() { jq -r "$2" "$T_TMP/$1.json" 2> /dev/null; }
 why() { echo "rc=$(cat "$T_TMP/$1.rc") out=$(head -c 600 "$T_TMP/$1.json")"; echo "log: $(tail -c 1200 "$T_TMP/$1.log" | tr '\n' '|')"; }
 
 # --- the good build ---
-GOOD=$(jq -cn '{name:"jqtool", packages:["jq"],
+# Its last run step (net_probe.py, one of its files) tries the mirror's own
+# address and port, the build VM's DNS server and a name, 3 s each, and
+# leaves what happened in /opt/net-probe: the packages came from the mirror,
+# the run steps after them must reach nothing (issue 37).
+PROBE_B64=$(base64 -w0 "$ROOT/tests/integration/net_probe.py")
+GOOD=$(jq -cn --arg probe "$PROBE_B64" --arg run_probe "python3 /usr/local/lib/kiln-net-probe.py $PEER $PORT deb.debian.org > /opt/net-probe" \
+	'{name:"jqtool", packages:["jq"],
 	files:[{path:"/etc/kiln-test/hello.txt", content_b64:"aGVsbG8gZnJvbSBhIHJlY2lwZQo=", mode:420},
-	       {path:"/usr/local/bin/greet", content_b64:"IyEvYmluL3NoCmVjaG8gaGkK", mode:493}],
-	run:["jq --version > /opt/run-made && echo \"HOME=$HOME FOO=$FOO\" >> /opt/run-made", "test \"$(id -u)\" = 0"],
+	       {path:"/usr/local/bin/greet", content_b64:"IyEvYmluL3NoCmVjaG8gaGkK", mode:493},
+	       {path:"/usr/local/lib/kiln-net-probe.py", content_b64:$probe, mode:420}],
+	run:["jq --version > /opt/run-made && echo \"HOME=$HOME FOO=$FOO\" >> /opt/run-made", "test \"$(id -u)\" = 0",
+	     $run_probe],
 	preload:["json","csv"], env:{FOO:"bar", LANG:"C.UTF-8"}, workdir:"/srv"}')
 build good "$GOOD" --timeout 900 --max-mib 2048 --config "$T_TMP/host.json"
 echo "# good build: $(cat "$T_TMP/good.secs") s (boot, apt-get update + install jq from the mirror, image)"
@@ -94,6 +103,21 @@ check "apt's own output is in the build log, with the build's progress" \
 check "the log names each step and the image's size" \
 	sh -c "grep -q '^\[build\] apt-get update' '$T_TMP/good.log' && grep -q '^\[build\] run\[1\]' '$T_TMP/good.log' && grep -q '^\[build\] done in .*: image [0-9]* MiB' '$T_TMP/good.log'"
 check "apt went through the mirror proxy (the build VM reached it)" test "$(cat "$T_TMP/proxy.count" 2> /dev/null || echo 0)" -ge 3
+# What the run step could reach, read from the image (debugfs: the test's
+# own look at it; kiln-host never parses a guest-made image).
+debugfs -R "cat /opt/net-probe" "$T_TMP/good.ext4" > "$T_TMP/probe.out" 2> /dev/null
+probe() { sed -n "s/^$1 //p" "$T_TMP/probe.out"; }
+pm=$(probe mirror)
+if [ -n "$pm" ] && [ "$pm" != connected ] && [ "$pm" != refused ]; then
+	ok "a run step cannot reach the mirror's address and port, which the package step before it used ($pm)"
+else not_ok "run step to the mirror's port" "probe: $(tr '\n' '|' < "$T_TMP/probe.out") $(why good)"; fi
+pd=$(probe dns) pr=$(probe resolve)
+if [ -n "$pd" ] && [ "$pd" != answered ] && [ -n "$pr" ] && [ "$pr" != resolved ]; then
+	ok "a run step gets no answer from the build VM's DNS server and resolves no name (dns $pd, resolve $pr)"
+else not_ok "run step DNS" "probe: $(tr '\n' '|' < "$T_TMP/probe.out")"; fi
+check "the log says the network goes after the packages, before the files and run steps" \
+	sh -c "grep -A1 '^\[build\] packages installed' '$T_TMP/good.log' | grep -q '^\[build\] network: none from here on' &&
+	       grep -n '^\[build\] \(network: none\|files:\)' '$T_TMP/good.log' | head -1 | grep -q 'network: none'"
 
 # --- a task booted from the image ---
 mkdir -p "$T_TMP/img"
@@ -129,6 +153,17 @@ if [ "$(cat "$T_TMP/nopkg.rc")" = 1 ] && [ "$(m nopkg .error.code)" = build_fail
    grep -q '^E: Unable to locate package kiln-no-such-package' "$T_TMP/nopkg.log"; then
 	ok "an unknown package fails the build with apt's message (in the error and the log)"
 else not_ok "unknown package" "$(why nopkg)"; fi
+
+# The recipe's env is not the package steps' env: there it could run the
+# customer's code while the mirror is reachable (APT_CONFIG names apt's
+# config, hooks included; BASH_ENV, PERL5OPT). An APT_CONFIG apt cannot
+# parse shows it: apt would fail at once.
+build envapt '{"name":"x","packages":["jq"],"env":{"APT_CONFIG":"/etc/debian_version"},
+	"run":["test \"$APT_CONFIG\" = /etc/debian_version"]}' --timeout 600 --max-mib 2048 --config "$T_TMP/host.json"
+if [ "$(cat "$T_TMP/envapt.rc")" = 0 ] && grep -q '^\[build\] run\[0\] done' "$T_TMP/envapt.log"; then
+	ok "the recipe's env reaches its run steps but not apt's (APT_CONFIG of the recipe ignored by apt-get)"
+else not_ok "recipe env in the package steps" "$(why envapt)"; fi
+rm -f "$T_TMP/envapt.ext4"
 
 build badrun '{"name":"x","run":["true","echo about to fail; exit 3","touch /never"]}' --timeout 600 --max-mib 2048
 if [ "$(cat "$T_TMP/badrun.rc")" = 1 ] && [ "$(m badrun .error.code)" = build_failed ] &&
