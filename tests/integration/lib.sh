@@ -75,13 +75,15 @@ net_left() {
 }
 # s3_local_start [BIND]: a local S3 (scripts/s3-local.sh) in $T_TMP/s3, its
 # endpoint on BIND (default 127.0.0.1), S3_ENDPOINT, S3_ACCESS_KEY and
-# S3_SECRET_KEY set; when it does not start the whole script skips.
-# t_cleanup stops it.
+# S3_SECRET_KEY set. When it does not start the script bails (t_bail): the
+# tools it needs are checked first (t_require_tools swift-proxy-server
+# memcached), and `make test` installs them, so a server that does not come
+# up is a failure, not a skip. t_cleanup stops it.
 T_S3_DIR=
 s3_local_start() {
 	T_S3_DIR=$T_TMP/s3
-	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-		echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" ||
+		t_bail "the local S3 (scripts/s3-local.sh) starts" "$(tail -3 "$T_TMP/s3.log")"
 	. "$T_TMP/s3.env"
 }
 s3_local_stop() {
@@ -152,6 +154,38 @@ client_results() {
 	done < <(if [ -n "$err" ]; then "$@" 2> "$err"; else "$@" 2>&1; fi; echo "exit $?")
 }
 t_done() { echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
+
+# ---- skip or bail ----
+# A dependency the machine lacks skips the whole script, loudly (the runner
+# makes such a skip a failure in strict CI unless it is allow-listed); kiln
+# itself failing (kiln-api, kiln-host or envd does not start or answers
+# wrong) is a failure and ends the script: t_bail.
+# t_skip_all REASON: "1..0 # SKIP REASON", exit 0 (before any result only).
+t_skip_all() { echo "1..0 # SKIP $*"; exit 0; }
+# t_require_tools COMMAND...: skips the whole script when a command is missing.
+t_require_tools() {
+	local t
+	for t; do command -v "$t" > /dev/null || t_skip_all "$t missing: run scripts/deps.sh"; done
+}
+# t_require_python MODULE...: the same for python3 modules (boto3 ...).
+t_require_python() {
+	local m
+	t_require_tools python3
+	for m; do python3 -c "import $m" 2> /dev/null || t_skip_all "python3 module $m missing: run scripts/deps.sh"; done
+}
+# t_require_built FILE...: the same for build outputs, named relative to
+# build/ (kiln-api, kiln-host, kiln, tests/s3tool ...).
+t_require_built() {
+	local b
+	for b; do [ -x "$ROOT/build/$b" ] || t_skip_all "build/$b missing: run make all unit"; done
+}
+# t_bail NAME [DIAGNOSTIC...]: kiln failed in a way the rest of the script
+# cannot go on from: a "not ok" result, the plan, exit 1.
+t_bail() {
+	not_ok "$@"
+	echo "1..$T_N"
+	exit 1
+}
 
 # require_image: skip the whole script (loudly) when the guest image is missing.
 require_image() {
