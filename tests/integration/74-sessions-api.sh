@@ -14,12 +14,8 @@
 # processes kept across pause/resume and outputs: 75-sessions.sh.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq curl
+t_require_built kiln-api kiln-host
 KILN_API=$ROOT/build/kiln-api
 
 S3_DIR=$T_TMP/s3
@@ -34,13 +30,10 @@ cleanup() {
 	[ -n "$api_pid" ] && kill "$api_pid" 2> /dev/null
 	for p in "${h_pids[@]}"; do kill -CONT "$p" 2> /dev/null; kill "$p" 2> /dev/null; done
 	for p in "${h_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
 jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
@@ -111,13 +104,13 @@ wait_state() {
 # wait_log TEXT SECONDS: until kiln-api's stderr has TEXT
 wait_log() { for _ in $(seq $(($2 * 5))); do grep -qF -- "$1" "$T_TMP/api.err" && return 0; sleep 0.2; done; return 1; }
 
-if ! start_api; then echo "1..0 # SKIP kiln-api did not start: $(tail -3 "$T_TMP/api.err")"; exit 0; fi
+start_api || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
 start_host 1
 start_host 2
 # A first start creates the VM snapshot: minutes.
 wait_live 2 600
 if [ "$(live_hosts)" = 2 ]; then ok "two kiln-hosts register with kiln-api"
-else not_ok "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; exit 1; fi
+else t_bail "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; fi
 
 req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"acme","quotas":{"max_running":2}}' > /dev/null
 req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"beta"}' > /dev/null

@@ -6,16 +6,12 @@
 # the running quota's 429 with Retry-After, setTimeout, pause, connect that
 # resumes, kill, autoPause at the timeout) and the envd relay at the root
 # paths (no token, a wrong one, another sandbox's, an unknown sandbox: the
-# same 401; a paused sandbox: 502), then, when the host serves envd, one
-# relayed Start stream and a 5 MiB file round trip. Nothing left behind.
+# same 401; a paused sandbox: 502), one relayed Start stream and a 5 MiB
+# file round trip. Nothing left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq curl
+t_require_built kiln-api kiln-host
 PY=/usr/bin/python3
 
 S3_DIR=$T_TMP/s3
@@ -29,13 +25,10 @@ h_pid=
 cleanup() {
 	for p in $h_pid $api_pid; do kill "$p" 2> /dev/null; done
 	for p in $h_pid $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
 jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
@@ -43,10 +36,7 @@ jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$
 	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3, max_body_mib: 16,
 	  quotas: {submit_rate: 1000, submit_burst: 1000},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
-"$ROOT/build/kiln-api" --config "$T_TMP/api.json" > "$T_TMP/api.out" 2> "$T_TMP/api.err" &
-api_pid=$!
-for _ in $(seq 100); do curl -sf -m 1 "$URL/healthz" > /dev/null && break; sleep 0.1; done
-curl -sf -m 1 "$URL/healthz" > /dev/null || { echo "1..0 # SKIP kiln-api did not start: $(tail -3 "$T_TMP/api.err")"; exit 0; }
+api_start "$T_TMP/api.json" "$URL" || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
 
 jq -n --arg port "$((API_PORT + 1))" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
 	--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
@@ -61,7 +51,7 @@ admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: appl
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
 if [ "$(live_hosts)" = 1 ]; then ok "kiln-host registers with kiln-api"
-else not_ok "the host registers" "$(tail -3 "$T_TMP/h1.err")"; exit 1; fi
+else t_bail "the host registers" "$(tail -3 "$T_TMP/h1.err")"; fi
 
 # e2b KEY METHOD PATH [curl args]: the control API; body in $T_TMP/last, headers in last.h, status echoed
 e2b() {
@@ -100,9 +90,7 @@ expect "a wrong key: 401 in E2B's shape" 401 "$st" '.code == 401 and (.message |
 st=$(curl -s -m 10 -o "$T_TMP/last" -w '%{http_code}' "$URL/e2b/v2/sandboxes")
 expect "no key: 401" 401 "$st" '.code == 401'
 
-# The host's envd endpoints and its session "env" come with branch e2b-host.
-ENVD=0; grep -qa '/envd' "$ROOT/build/kiln-host" && ENVD=1
-ENVVARS='"envVars":{"FOO":"bar-87"},'; [ $ENVD = 1 ] || ENVVARS=
+ENVVARS='"envVars":{"FOO":"bar-87"},'
 
 # ---- create, get ----
 st=$(e2b "$KA" POST /v2/sandboxes --data-binary \
@@ -167,16 +155,15 @@ B=$(last .sandboxID); TB=$(last .envdAccessToken)
 st=$(rpc "$A" "$TB" List); expect "relay with another sandbox's token: 401" 401 "$st" '.code == "unauthenticated"'
 check "the two sandboxes have different tokens" [ -n "$TB" -a "$TB" != "$TA" ]
 
-# ---- through the relay to envd (needs the host's /v1/sessions/{id}/envd/ endpoints) ----
-if [ $ENVD = 1 ]; then
-	st=$(envd "$A" "$TA" GET /health)
-	check "relay: /health answers 204" [ "$st" = 204 ]
-	# A Start stream: Connect envelopes in (one message) and out.
-	$PY -c 'import json,struct,sys; m=json.dumps({"process":{"cmd":"/bin/sh","args":["-c","echo hello-$FOO; echo err >&2; exit 3"]}}).encode(); sys.stdout.buffer.write(b"\0"+struct.pack(">I",len(m))+m)' > "$T_TMP/start.bin"
-	curl -s -m 120 -o "$T_TMP/start.out" -D "$T_TMP/start.h" -X POST -H "E2b-Sandbox-Id: $A" -H "X-Access-Token: $TA" \
-		-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' -H 'Keepalive-Ping-Interval: 50' \
-		--data-binary @"$T_TMP/start.bin" "$URL/process.Process/Start"
-	$PY - "$T_TMP/start.out" > "$T_TMP/start.txt" << 'EOF'
+# ---- through the relay to envd ----
+st=$(envd "$A" "$TA" GET /health)
+check "relay: /health answers 204" [ "$st" = 204 ]
+# A Start stream: Connect envelopes in (one message) and out.
+$PY -c 'import json,struct,sys; m=json.dumps({"process":{"cmd":"/bin/sh","args":["-c","echo hello-$FOO; echo err >&2; exit 3"]}}).encode(); sys.stdout.buffer.write(b"\0"+struct.pack(">I",len(m))+m)' > "$T_TMP/start.bin"
+curl -s -m 120 -o "$T_TMP/start.out" -D "$T_TMP/start.h" -X POST -H "E2b-Sandbox-Id: $A" -H "X-Access-Token: $TA" \
+	-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' -H 'Keepalive-Ping-Interval: 50' \
+	--data-binary @"$T_TMP/start.bin" "$URL/process.Process/Start"
+$PY - "$T_TMP/start.out" > "$T_TMP/start.txt" << 'EOF'
 import base64, json, struct, sys
 b = open(sys.argv[1], "rb").read()
 out, err, code, end = b"", b"", None, None
@@ -191,19 +178,16 @@ while len(b) >= 5:
     if "end" in ev: code = ev["end"].get("exitCode", 0)
 print(json.dumps({"out": out.decode(), "err": err.decode(), "code": code, "end": end}))
 EOF
-	check "relay: a Start stream brings the output, the env from envVars and the exit code ($(head -c 300 "$T_TMP/start.txt"))" \
-		jqt '.out == "hello-bar-87\n" and .err == "err\n" and .code == 3 and .end == {}' "$T_TMP/start.txt"
-	check "... as application/connect+json" grep -qi '^content-type: application/connect+json' "$T_TMP/start.h"
-	head -c $((5 << 20)) /dev/urandom > "$T_TMP/big.bin"
-	st=$(envd "$A" "$TA" POST "/files?path=/tmp/big.bin" -F "file=@$T_TMP/big.bin")
-	expect "relay: a 5 MiB multipart upload" 200 "$st" '.[0].path == "/tmp/big.bin"'
-	st=$(envd "$A" "$TA" GET "/files?path=/tmp/big.bin")
-	check "relay: the download is the same bytes" cmp -s "$T_TMP/big.bin" "$T_TMP/last"
-	st=$(e2b "$KA" GET "/sandboxes/$A/metrics")
-	expect "metrics: one sample from the host" 200 "$st" '.[0].cpuCount == 1 and .[0].memTotal > 0'
-else
-	skip "relay: Start stream, files round trip, metrics" "this kiln-host has no envd endpoints yet (branch e2b-host)"
-fi
+check "relay: a Start stream brings the output, the env from envVars and the exit code ($(head -c 300 "$T_TMP/start.txt"))" \
+	jqt '.out == "hello-bar-87\n" and .err == "err\n" and .code == 3 and .end == {}' "$T_TMP/start.txt"
+check "... as application/connect+json" grep -qi '^content-type: application/connect+json' "$T_TMP/start.h"
+head -c $((5 << 20)) /dev/urandom > "$T_TMP/big.bin"
+st=$(envd "$A" "$TA" POST "/files?path=/tmp/big.bin" -F "file=@$T_TMP/big.bin")
+expect "relay: a 5 MiB multipart upload" 200 "$st" '.[0].path == "/tmp/big.bin"'
+st=$(envd "$A" "$TA" GET "/files?path=/tmp/big.bin")
+check "relay: the download is the same bytes" cmp -s "$T_TMP/big.bin" "$T_TMP/last"
+st=$(e2b "$KA" GET "/sandboxes/$A/metrics")
+expect "metrics: one sample from the host" 200 "$st" '.[0].cpuCount == 1 and .[0].memTotal > 0'
 st=$(rpc "$A" "$TA" List)
 check "relay: with the right token the call reaches the host (HTTP $st)" [ "$st" != 401 -a "$st" != 502 -a "$st" != 000 ]
 native "$KA" GET "/v1/sessions/$A" > /dev/null
@@ -224,10 +208,8 @@ native "$KA" GET "/v1/sessions/$A" > /dev/null
 check "... its timeout counts from the resume ($(last .max_lifetime_s) s)" [ "$(last .max_lifetime_s)" = 300 ]
 st=$(e2b "$KA" POST "/v2/sandboxes/$A/connect" --data-binary '{}')
 expect "connect to a running one: 200" 200 "$st" ".sandboxID == \"$A\""
-if [ $ENVD = 1 ]; then
-	st=$(envd "$A" "$TA" GET "/files?path=/tmp/big.bin")
-	check "after the resume, the file is still there" cmp -s "$T_TMP/big.bin" "$T_TMP/last"
-fi
+st=$(envd "$A" "$TA" GET "/files?path=/tmp/big.bin")
+check "after the resume, the file is still there" cmp -s "$T_TMP/big.bin" "$T_TMP/last"
 
 # ---- kill ----
 st=$(e2b "$KA" DELETE "/sandboxes/$A"); check "kill: 204" [ "$st" = 204 ]
@@ -266,12 +248,10 @@ out.state = info.state; out.meta = info.metadata.via; out.cpus = info.cpuCount
 const page = await Sandbox.list({ query: { metadata: { via: 'sdk' } } }).nextItems()
 out.listed = page.map((s) => s.sandboxId)
 await sbx.setTimeout(300000)
-if (process.env.ENVD === '1') {
-	const r = await sbx.commands.run('echo sdk-$((6*7))')
-	out.stdout = r.stdout; out.exit = r.exitCode
-	await sbx.files.write('/tmp/sdk.txt', 'written by the SDK')
-	out.read = await sbx.files.read('/tmp/sdk.txt')
-}
+const r = await sbx.commands.run('echo sdk-$((6*7))')
+out.stdout = r.stdout; out.exit = r.exitCode
+await sbx.files.write('/tmp/sdk.txt', 'written by the SDK')
+out.read = await sbx.files.read('/tmp/sdk.txt')
 out.paused = await sbx.pause()
 out.pausedState = (await Sandbox.getInfo(sbx.sandboxId)).state
 const again = await Sandbox.connect(sbx.sandboxId)
@@ -283,7 +263,7 @@ try { await Sandbox.list({ apiKey: 'kiln_wrong_key' }).nextItems(); out.badKey =
 console.log(JSON.stringify(out))
 EOF
 	ln -sfn "$SDK" "$T_TMP/node_modules"
-	E2B_API_URL=$URL/e2b E2B_SANDBOX_URL=$URL E2B_API_KEY=$KA ENVD=$ENVD \
+	E2B_API_URL=$URL/e2b E2B_SANDBOX_URL=$URL E2B_API_KEY=$KA \
 		timeout 600 node "$T_TMP/sdk.mjs" > "$T_TMP/sdk.out" 2> "$T_TMP/sdk.err"
 	echo "# sdk: $(head -c 600 "$T_TMP/sdk.out") $(tail -3 "$T_TMP/sdk.err" | tr '\n' ' ')"
 	check "SDK: create, getInfo (running, metadata), list with a metadata filter" \
@@ -292,12 +272,8 @@ EOF
 		jqt '.paused == true and .pausedState == "paused" and .resumedState == "running" and .killed == true
 		       and .killedAgain == false and (.gone | test("NotFound"))' "$T_TMP/sdk.out"
 	check "SDK: a wrong key raises AuthenticationError" jqt '.badKey == "AuthenticationError"' "$T_TMP/sdk.out"
-	if [ $ENVD = 1 ]; then
-		check "SDK: commands.run and files.write/read through the relay" \
-			jqt '.stdout == "sdk-42\n" and .exit == 0 and .read == "written by the SDK"' "$T_TMP/sdk.out"
-	else
-		skip "SDK: commands.run and files.write/read" "this kiln-host has no envd endpoints yet (branch e2b-host)"
-	fi
+	check "SDK: commands.run and files.write/read through the relay" \
+		jqt '.stdout == "sdk-42\n" and .exit == 0 and .read == "written by the SDK"' "$T_TMP/sdk.out"
 else
 	skip "the E2B SDK against kiln" "node or the SDK missing: $(tail -n 1 "$T_TMP/sdk.err")"
 fi
