@@ -14,6 +14,7 @@ STORE=${KILN_TEST_STORE:-sqlite}
 t_require_tools curl jq xargs
 KILN_API=${KILN_API:-$ROOT/build/kiln-api}
 [ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
+KILN_API_BIN=$KILN_API
 
 PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
@@ -30,30 +31,13 @@ if [ "$STORE" = postgres ]; then
 	echo "$T_PG_URL" > "$T_TMP/pg.conninfo"
 	store=$(jq -cn --arg f "$T_TMP/pg.conninfo" '{store: {postgres_file: $f}}')
 fi
-jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--argjson store "$store" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, max_body_mib: 1,
-	  s3: {endpoint: "http://127.0.0.1:9", region: "us-east-1", bucket: "kiln", access_key: "ak", secret_key: "sk"},
-	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}} + $store' > "$T_TMP/api.json"
+# No S3: tasks stay queued (api_config points it where nothing answers).
+BUCKET=kiln
+api_config "$T_TMP/api.json" "127.0.0.1:$PORT" \
+	". + {max_body_mib: 1, quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}} + $store"
 
-start_api() {
-	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do
-		curl -sf --max-time 1 "$URL/healthz" > /dev/null && return 0
-		kill -0 "$api_pid" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-stop_api() {
-	[ -n "$api_pid" ] || return 0
-	kill "$api_pid" 2> /dev/null
-	wait "$api_pid" 2> /dev/null
-	api_pid=
-}
-cleanup() { stop_api; t_cleanup; }
-trap cleanup EXIT
+start_api() { api_start "$T_TMP/api.json" "$URL"; }
+stop_api() { t_stop "$api_pid"; api_pid=; }
 
 # req KEY METHOD PATH [curl args...]: body in $T_TMP/last.json, headers in
 # $T_TMP/last.h, the status echoed. KEY "-" sends no Authorization.
@@ -264,7 +248,7 @@ for _ in $(seq 200); do
 	[ "$(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null | wc -l)" -ge 40 ] && break
 	sleep 0.05
 done
-kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+t_stop "$api_pid" KILL; api_pid=
 wait "$burst"
 accepted=$(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null | wc -l)
 for f in $(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null); do jq -r .id "${f%.code}.json"; done | sort > "$T_TMP/ids"

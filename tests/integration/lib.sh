@@ -11,12 +11,46 @@ export KILN_RUN_DIR=${KILN_RUN_DIR:-$(mktemp -d /tmp/kiln-it-run.XXXXXX)}
 T_TMP=$(mktemp -d /tmp/kiln-it.XXXXXX)
 trap 't_cleanup' EXIT
 
+# t_cleanup: on every exit, ends what the test started (the processes of
+# t_bg, PostgreSQL, the local S3, namespaces and bridge) and removes its
+# directories. A script needs no cleanup of its own; one that does more
+# (a namespace made by hand) does it and calls t_cleanup.
 t_cleanup() {
+	t_reap
 	pg_stop
 	s3_local_stop
 	net_down
 	rm -rf "$T_TMP"
 	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
+}
+
+# ---- processes a test starts: one registry, ended by t_cleanup ----
+# t_bg CMD...: runs CMD in the background (the caller's redirections apply),
+# its pid in T_BG_PID and in the registry. t_stop PID [SIGNAL]: sends SIGNAL
+# (default TERM; after a SIGCONT: a test may have stopped it), waits for it
+# and forgets it. t_reap: t_stop of every one still registered. Only this
+# shell's own children are signalled: a pid that ended and was reused by
+# another process is left alone.
+T_PIDS=()
+T_BG_PID=
+t_bg() { "$@" & T_BG_PID=$!; T_PIDS+=("$T_BG_PID"); }
+t_child() { [ -n "$1" ] && [ "$(sed 's/^.*) //' "/proc/$1/stat" 2> /dev/null | cut -d' ' -f2)" = "$$" ]; }
+t_stop() {
+	local p=$1 sig=${2:-TERM} i
+	[ -n "$p" ] || return 0
+	if t_child "$p"; then
+		kill -CONT "$p" 2> /dev/null
+		kill "-$sig" "$p" 2> /dev/null
+		wait "$p" 2> /dev/null
+	fi
+	for i in "${!T_PIDS[@]}"; do [ "${T_PIDS[$i]}" != "$p" ] || unset "T_PIDS[$i]"; done
+	return 0
+}
+t_reap() {
+	local p
+	for p in "${T_PIDS[@]}"; do ! t_child "$p" || { kill -CONT "$p"; kill "$p"; } 2> /dev/null; done
+	for p in "${T_PIDS[@]}"; do ! t_child "$p" || wait "$p" 2> /dev/null; done
+	T_PIDS=()
 }
 
 # pg_start: a PostgreSQL of this test's own (scripts/pg-local.sh: initdb in a
@@ -99,14 +133,45 @@ s3_local_stop() {
 s3_local_proxy_pid() { [ -n "$T_S3_DIR" ] && cat "$T_S3_DIR/run/proxy.pid" 2> /dev/null; }
 s3_local_freeze() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -STOP "$p"; }
 s3_local_thaw() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -CONT "$p" 2> /dev/null; return 0; }
-# api_start CONFIG URL: kiln-api with CONFIG (its output appended to
-# $T_TMP/api.out and api.err), its pid in api_pid; 0 once URL/healthz
-# answers, 1 when it has not in 10 s.
+# ---- kiln-api and kiln-host ----
+# api_config FILE LISTEN [JQ]: kiln-api's configuration into FILE: listen
+# on LISTEN, its SQLite database beside FILE (FILE's name, .db), admin_key
+# $ADMIN, cluster_token $TOKEN, and the local S3 (S3_* of s3_local_start,
+# bucket $BUCKET, default kiln-it; when no S3 was started an address where
+# nothing answers). JQ (a jq filter, default .) adds to it or changes it.
+api_config() {
+	local file=$1 listen=$2 extra=${3:-.}
+	jq -n --arg listen "$listen" --arg db "${file%.json}.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+		--arg ep "${S3_ENDPOINT:-http://127.0.0.1:9}" --arg ak "${S3_ACCESS_KEY:-ak}" --arg sk "${S3_SECRET_KEY:-sk}" \
+		--arg b "${BUCKET:-kiln-it}" \
+		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token,
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' | jq "$extra" > "$file"
+}
+# api_start CONFIG URL [NAME]: kiln-api (KILN_API_BIN, default
+# build/kiln-api) with CONFIG (t_bg; its output
+# appended to $T_TMP/NAME.out and NAME.err, default api), its pid in
+# api_pid; 0 once URL/healthz answers, 1 when it has not in 10 s or it died.
 api_start() {
-	"$ROOT/build/kiln-api" --config "$1" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -s -m 1 "$2/healthz" > /dev/null && return 0; sleep 0.1; done
+	t_bg "${KILN_API_BIN:-$ROOT/build/kiln-api}" --config "$1" >> "$T_TMP/${3:-api}.out" 2>> "$T_TMP/${3:-api}.err"
+	api_pid=$T_BG_PID
+	for _ in $(seq 100); do
+		curl -s -m 1 "$2/healthz" > /dev/null && return 0
+		kill -0 "$api_pid" 2> /dev/null || return 1
+		sleep 0.1
+	done
 	return 1
+}
+# api_up CONFIG URL [NAME]: api_start, or the script bails (kiln-api is ours).
+api_up() { api_start "$@" || t_bail "kiln-api starts (${3:-api})" "$(tail -3 "$T_TMP/${3:-api}.err")"; }
+# host_start CONFIG NAME [NETNS]: kiln-host serve with CONFIG (t_bg; output
+# appended to $T_TMP/NAME.out and NAME.err), in network namespace NETNS when
+# given (nsenter --net only: ip netns exec would remount /sys, hiding the
+# cgroups the jail needs); its pid in host_pid.
+host_start() {
+	local ns=()
+	[ -z "${3:-}" ] || ns=(nsenter --net="/run/netns/$3")
+	t_bg "${ns[@]}" "$KILN_HOST" serve --config "$1" >> "$T_TMP/$2.out" 2>> "$T_TMP/$2.err"
+	host_pid=$T_BG_PID
 }
 # Requests to kiln-api at $API: admin with $ADMIN, cust with $KEY (curl args).
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
