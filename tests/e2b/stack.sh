@@ -3,7 +3,7 @@
 # kiln-host on loopback ports of their own, and two customers, acme ($KA)
 # and beta ($KB). Sets URL (kiln-api), HOST_URL, TOKEN, ADMIN, BUCKET, S3_*.
 #   e2b_stack_start [API_CONFIG_JQ]   e.g. '. + {max_body_mib: 2}'
-#   e2b_stack_stop                    stops the host and kiln-api (the trap stops S3)
+#   e2b_stack_stop                    stops the host and kiln-api (t_cleanup stops S3)
 # e2b_require skips the whole script (1..0 # SKIP why) when a tool or a
 # build output is missing; kiln-api or kiln-host not starting is a failure
 # that ends the script (t_bail).
@@ -22,29 +22,16 @@ BUCKET=kiln-e2b
 api_pid=
 h_pid=
 
-e2b_stack_stop() {
-	if [ -n "$h_pid" ]; then kill "$h_pid" 2> /dev/null; wait "$h_pid" 2> /dev/null; h_pid=; fi
-	if [ -n "$api_pid" ]; then kill "$api_pid" 2> /dev/null; wait "$api_pid" 2> /dev/null; api_pid=; fi
-}
-e2b_cleanup() {
-	e2b_stack_stop
-	t_cleanup
-}
-trap e2b_cleanup EXIT
+e2b_stack_stop() { t_stop "$h_pid"; h_pid=; t_stop "$api_pid"; api_pid=; }
 
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null; }
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST_URL/v1/capacity" | jq -r .vcpus.used; }
 
 e2b_stack_start() {
 	local extra=${1:-.}
 	s3_local_start
-	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' |
-		jq "$extra" > "$T_TMP/api.json"
-	api_start "$T_TMP/api.json" "$URL" || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
+	api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" ". + {host_lost_after_s: 5} | $extra"
+	api_up "$T_TMP/api.json" "$URL"
 
 	jq -n --arg listen "${HOST_URL#http://}" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
 		--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
@@ -52,8 +39,8 @@ e2b_stack_start() {
 		'{listen: $listen, host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
-	"$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err" &
-	h_pid=$!
+	host_start "$T_TMP/h1.json" h1
+	h_pid=$host_pid
 	# A first start creates the VM snapshot: minutes.
 	for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
 	if [ "$(live_hosts)" = 1 ]; then ok "kiln-api and a kiln-host with a local S3 are up"

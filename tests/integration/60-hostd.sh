@@ -17,19 +17,12 @@ URL=http://127.0.0.1:$PORT
 BUCKET=kiln-it
 host_pid=
 
-s3_start() { "$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log"; }
-s3_stop() { "$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"; }
-stop_host() {
-	[ -n "$host_pid" ] || return 0
-	kill "$host_pid" 2> /dev/null
-	wait "$host_pid" 2> /dev/null
-	host_pid=
-}
-cleanup() { stop_host; s3_stop; t_cleanup; }
-trap cleanup EXIT
+# The local S3 (lib.sh; $S3_DIR is its directory), stopped and started again below.
+s3_start() { s3_local_start; }
+s3_stop() { s3_local_stop; }
+stop_host() { t_stop "$host_pid"; host_pid=; }
 
-s3_start || t_bail "the local S3 (scripts/s3-local.sh) starts" "$(tail -3 "$T_TMP/s3.log")"
-. "$T_TMP/s3.env"
+s3_start
 
 # write_config SECRET: the daemon's configuration file.
 write_config() {
@@ -42,8 +35,8 @@ write_config() {
 		  upload: {workers: 2, max_backoff_s: 2}}' > "$T_TMP/host.json"
 }
 start_host() {
-	"$KILN_HOST" serve --config "$T_TMP/host.json" "$@" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-	host_pid=$!
+	t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" "$@" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+	host_pid=$T_BG_PID
 	for _ in $(seq 1200); do
 		[ "$(curl -s --max-time 2 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .pool.ready 2> /dev/null)" = 2 ] && return 0
 		kill -0 "$host_pid" 2> /dev/null || return 1
@@ -188,8 +181,8 @@ else not_ok "odd file name" "$(head -c 800 "$T_TMP/odd.json")"; fi
 
 # --- events stream and cancel ---
 submit slow "$(sh_spec 'echo first; sleep 1; echo second; sleep 600' '{"limits":{"timeout_s":900}}')" > /dev/null
-curl -s -N --max-time 120 -H "Authorization: Bearer $TOKEN" "$URL/v1/tasks/slow/events" > "$T_TMP/events.txt" &
-ev_pid=$!
+t_bg curl -s -N --max-time 120 -H "Authorization: Bearer $TOKEN" "$URL/v1/tasks/slow/events" > "$T_TMP/events.txt"
+ev_pid=$T_BG_PID
 for _ in $(seq 600); do grep -q 'second' "$T_TMP/events.txt" 2> /dev/null && break; sleep 0.1; done
 if grep -q '^event: state' "$T_TMP/events.txt" && grep -q '"state":"running"' "$T_TMP/events.txt" \
    && grep -q '^data: {"data":"first\\n","offset":0,"bytes":6}' "$T_TMP/events.txt" && grep -q 'second' "$T_TMP/events.txt"; then

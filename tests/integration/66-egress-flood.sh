@@ -21,18 +21,12 @@ PEER=$ROOT/tests/integration/egress_peer.py
 host_pid=
 peer_pids=()
 
-cleanup() {
-	for p in $host_pid "${peer_pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in $host_pid "${peer_pids[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 net_ns "$PFX-host" "kf${N}h" "$NET.10" "$NET.1"
-python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 2>> "$T_TMP/peers.err" &
-peer_pids+=($!)
+t_bg python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 2>> "$T_TMP/peers.err"
+peer_pids+=("$T_BG_PID")
 
 s3_local_start "$NET.1"
 
@@ -46,8 +40,8 @@ hc() { # PATH [curl args]: a request to kiln-host from the root namespace
 	local p=$1; shift
 	curl -s -m 120 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@" "$HOST_URL/${p#/}"
 }
-nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
+t_bg nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
 up=0
 for _ in $(seq 1800); do
 	hc healthz > /dev/null 2>&1 && { up=1; break; }
@@ -131,6 +125,6 @@ kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 trap - EXIT
-cleanup
+t_cleanup
 check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -15,12 +15,6 @@ TOKEN=sess-token-$RANDOM$RANDOM
 PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
 BUCKET=kiln-sessions
 pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 s3_local_start
 before_cg=$(count_cgroups)
 
@@ -30,8 +24,8 @@ start_host() { # NAME PORT
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
 		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}, sessions: {prestart: 1},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
-	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
-	pids+=($!)
+	t_bg "$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err"
+	pids+=("$T_BG_PID")
 	for _ in $(seq 1800); do
 		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
 		sleep 0.2
@@ -148,9 +142,9 @@ check "format other than tar: 400" test "$st" = 400
 # --- interactive commands: a terminal, typed input, resize, end of input ---
 # stream_start FILE JSON: exec ?stream=1 in the background (its curl: $spid), waits for its exec id ($xid)
 stream_start() {
-	curl -s -m 120 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary "$2" \
-		"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$1" &
-	spid=$!
+	t_bg curl -s -m 120 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary "$2" \
+		"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$1"
+	spid=$T_BG_PID
 	for _ in $(seq 300); do
 		grep -q '^event: started' "$1" 2> /dev/null && break
 		sleep 0.1
@@ -222,8 +216,8 @@ curl -s -m 60 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary '{"argv
 	"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$T_TMP/stream"
 check "?stream=1: stdout events, then the result" \
 	test "$(grep -c '^event: stdout' "$T_TMP/stream")" -ge 1 -a "$(grep -A1 '^event: result' "$T_TMP/stream" | sed -n 's/^data: //p' | jq -r .stdout)" = "$(printf 'one\ntwo')"
-ex "$PA" '{"argv":["sleep","4"]}' > /dev/null &
-slow=$!
+t_bg ex "$PA" '{"argv":["sleep","4"]}' > /dev/null
+slow=$T_BG_PID
 sleep 1.5
 st=$(h "$PA" POST /v1/sessions/s1/pause)
 check "pause while a command runs is refused (409 busy), nothing lost" test "$st" = 409 -a "$(last .error.code)" = busy

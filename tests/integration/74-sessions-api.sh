@@ -26,32 +26,12 @@ TOKEN=it-cluster-$RANDOM$RANDOM
 BUCKET=kiln-sessions
 api_pid=''
 h_pids=()
-cleanup() {
-	[ -n "$api_pid" ] && kill "$api_pid" 2> /dev/null
-	for p in "${h_pids[@]}"; do kill -CONT "$p" 2> /dev/null; kill "$p" 2> /dev/null; done
-	for p in "${h_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
-	  quotas: {submit_rate: 1000, submit_burst: 1000},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
+api_config "$T_TMP/api.json" "127.0.0.1:$PORT" '. + {host_lost_after_s: 3, quotas: {submit_rate: 1000, submit_burst: 1000}}'
 
-start_api() {
-	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do
-		curl -sf --max-time 1 "$URL/healthz" > /dev/null && return 0
-		kill -0 "$api_pid" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
+start_api() { api_start "$T_TMP/api.json" "$URL"; }
 stop_api() { [ -n "$api_pid" ] && kill "${1:--TERM}" "$api_pid" 2> /dev/null && wait "$api_pid" 2> /dev/null; api_pid=; }
 start_host() { # N: host hN on PORT+N, its own spool and run directory (kept across restarts)
 	local port=$((PORT + $1))
@@ -61,13 +41,12 @@ start_host() { # N: host hN on PORT+N, its own spool and run directory (kept acr
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
-	"$ROOT/build/kiln-host" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err" &
-	h_pids[$1]=$!
+	t_bg "$ROOT/build/kiln-host" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
+	h_pids[$1]=$T_BG_PID
 }
 # wait_host N: until host N answers on its port
 wait_host() { for _ in $(seq 600); do curl -sf -m 1 "http://127.0.0.1:$((PORT + $1))/healthz" > /dev/null && return 0; sleep 0.1; done; return 1; }
 stop_host() { kill "${2:--TERM}" "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 # wait_live N SECONDS: until N hosts are live
@@ -344,8 +323,8 @@ req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"session_auto_p
 # ---- kiln-api restarts: sessions survive and keep working ----
 st=$(create "$KA" '{"idle_timeout_s":300}'); SR=$(last .id)
 sh_exec "$KA" "$SR" 'printf v > /work/k' > /dev/null
-sexec "$KA" "$SR" '{"argv":["sleep","8"]}' > /dev/null &
-slow=$!
+t_bg sexec "$KA" "$SR" '{"argv":["sleep","8"]}' > /dev/null
+slow=$T_BG_PID
 sleep 0.5
 t0=$(date +%s%N)
 stop_api

@@ -21,20 +21,11 @@ URL=http://127.0.0.1:$API_PORT
 BUCKET=kiln-sessions
 api_pid=
 h_pids=()
-cleanup() {
-	for p in "${h_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
-	for p in "${h_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
-api_start "$T_TMP/api.json" "$URL" || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 3}'
+api_up "$T_TMP/api.json" "$URL"
 
 start_host() { # N: host hN on API_PORT+N
 	local port=$((API_PORT + $1))
@@ -44,11 +35,10 @@ start_host() { # N: host hN on API_PORT+N
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
-	"$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err" &
-	h_pids[$1]=$!
+	t_bg "$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
+	h_pids[$1]=$T_BG_PID
 }
 stop_host() { kill "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 # req KEY METHOD PATH [curl args]: body in $T_TMP/last, status echoed

@@ -30,34 +30,20 @@ HOST=http://127.0.0.1:$HOST_PORT
 BUCKET=kiln-tpl-e2e
 host_pid=
 api_pid=
-cleanup() {
-	for p in $host_pid $api_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 before_qemu=$(count_qemu)
 before_cg=$(count_cgroups)
 s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY S3_BUCKET=$BUCKET
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 10,
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 10}'
 jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
 	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" --arg cache "$T_TMP/cache" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
 	'{listen: $listen, host_id: "tpl-e2e", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
 	  cache: $cache, heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
-"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-up=
-for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && { up=1; break; }; sleep 0.1; done
-[ -n "$up" ] || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+KILN_API_BIN=$KILN_API api_up "$T_TMP/api.json" "$API"
+t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
 live=
 for _ in $(seq 600); do
 	[ "$(admin "$API/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null)" = 1 ] && { live=1; break; }
@@ -73,7 +59,6 @@ ok "kiln-api and a kiln-host with /v1/builds start; the host registers"
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 jqe() { jq -e "$@" > /dev/null 2>&1; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
 
 recipe='{"name":"hello","run":["echo hi-from-template > /etc/hello"],"env":{"GREETING":"hey"},"workdir":"/srv"}'
 t0=$SECONDS

@@ -20,13 +20,6 @@ PA=$((20000 + RANDOM % 10000))
 BUCKET=kiln-envd
 pids=()
 bg=()
-cleanup() {
-	for p in "${bg[@]}"; do kill "$p" 2> /dev/null; done
-	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in "${pids[@]}" "${bg[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 s3_local_start
 before_cg=$(count_cgroups)
 
@@ -36,8 +29,8 @@ jq -n --arg port "$PA" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run
 	'{listen: ("127.0.0.1:" + $port), host_id: "a", token: $token, spool_dir: $spool, run_dir: $run, image_dir: $img,
 	  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/a.json"
-"$KILN_HOST" serve --config "$T_TMP/a.json" >> "$T_TMP/a.out" 2>> "$T_TMP/a.err" &
-pids+=($!)
+t_bg "$KILN_HOST" serve --config "$T_TMP/a.json" >> "$T_TMP/a.out" 2>> "$T_TMP/a.err"
+pids+=("$T_BG_PID")
 up=0
 for _ in $(seq 1800); do
 	curl -s -m 1 "http://127.0.0.1:$PA/healthz" > /dev/null && { up=1; break; }
@@ -155,8 +148,8 @@ PB=$((PA + 1))
 jq --arg port "$PB" --arg run "$KILN_RUN_DIR/b" --arg spool "$T_TMP/spool-b" \
 	'.listen = ("127.0.0.1:" + $port) | .host_id = "b" | .run_dir = $run | .spool_dir = $spool | .sessions = {idle_stop_ms: 100}' \
 	"$T_TMP/a.json" > "$T_TMP/b.json"
-"$KILN_HOST" serve --config "$T_TMP/b.json" >> "$T_TMP/b.out" 2>> "$T_TMP/b.err" &
-hb=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/b.json" >> "$T_TMP/b.out" 2>> "$T_TMP/b.err"
+hb=$T_BG_PID
 pids+=($hb)
 for _ in $(seq 600); do curl -s -m 1 "http://127.0.0.1:$PB/healthz" > /dev/null && break; sleep 0.2; done
 hb_() { local m=$1 p=$2; shift 2; curl -s -m 3 -o "$T_TMP/lastb" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PB$p"; }
@@ -204,8 +197,8 @@ check "Start of a missing program: 200, end-of-stream error" \
 	test "$st" = 200 -a "$(frames "$T_TMP/nosuch" | tail -1 | jq -r '.flags, (.msg.error.code != null)' | tr '\n' ' ')" = "2 true "
 
 # --- a slow reader holds back only its own process (per-process windows) ---
-stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec cat /dev/zero"]}}' "$T_TMP/flood" --limit-rate 64k > /dev/null &
-flood_curl=$!
+t_bg stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec cat /dev/zero"]}}' "$T_TMP/flood" --limit-rate 64k > /dev/null
+flood_curl=$T_BG_PID
 fpid=$(wait_pid "$T_TMP/flood")
 sleep 2
 t0=$(date +%s%N)
@@ -219,9 +212,9 @@ rpc process.Process/SendSignal "{\"process\":{\"pid\":${fpid:-0}},\"signal\":\"S
 check "...and the flooding process is still there to be killed after its reader left (200)" test "$(cat "$T_TMP/last")" = '{}'
 
 # --- a background process: List, SendInput, Connect, SendSignal ---
-stream Start '{"process":{"cmd":"/bin/bash","args":["-c","read line; echo got:$line; exec sleep 300"]},"stdin":true,"tag":"bg1"}' \
-	"$T_TMP/bg" > /dev/null &
-bg+=($!)
+t_bg stream Start '{"process":{"cmd":"/bin/bash","args":["-c","read line; echo got:$line; exec sleep 300"]},"stdin":true,"tag":"bg1"}' \
+	"$T_TMP/bg" > /dev/null
+bg+=("$T_BG_PID")
 pid=$(wait_pid "$T_TMP/bg")
 check "background Start: start{pid} arrives while it runs" test -n "$pid"
 pid=${pid:-0}
@@ -233,8 +226,8 @@ check "List: its env has the session's variables" \
 st=$(rpc process.Process/SendInput "{\"process\":{\"pid\":$pid},\"input\":{\"stdin\":\"$(b64 $'hello\n')\"}}")
 check "SendInput: 200 {}" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
 check "the process got the input (its output streams to the Start stream)" wait_out "$T_TMP/bg" got:hello
-stream Connect "{\"process\":{\"pid\":$pid}}" "$T_TMP/conn" > /dev/null &
-bg+=($!)
+t_bg stream Connect "{\"process\":{\"pid\":$pid}}" "$T_TMP/conn" > /dev/null
+bg+=("$T_BG_PID")
 cpid=$(wait_pid "$T_TMP/conn")
 check "Connect to the running pid: start{pid}" test "$cpid" = "$pid"
 st=$(rpc process.Process/SendSignal "{\"process\":{\"pid\":$pid},\"signal\":\"SIGNAL_SIGKILL\"}")
@@ -325,8 +318,8 @@ check "metrics: cpu_count, mem and disk figures" \
 	test "$st" = 200 -a "$(jq -r '(.cpu_count >= 1) and (.mem_total > 0) and (.mem_used > 0) and (.disk_total > 0) and (.cpu_used_pct >= 0)' "$T_TMP/last")" = true
 
 # --- pause and resume: processes and the session's env survive ---
-stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]},"tag":"keeper"}' "$T_TMP/keep" > /dev/null &
-bg+=($!)
+t_bg stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]},"tag":"keeper"}' "$T_TMP/keep" > /dev/null
+bg+=("$T_BG_PID")
 kpid=$(wait_pid "$T_TMP/keep")
 st=$(h POST /v1/sessions/s1/pause)
 check "pause: 200" test "$st" = 200
@@ -343,8 +336,8 @@ st=$(stream Start '{"process":{"cmd":"/bin/sh","args":["-c","echo $SESS_VAR"]}}'
 check "after resume, the session's env is still the default" test "$(outs "$T_TMP/after" stdout)" = from-session
 
 # --- the channel dies with the VM: DELETE, then kiln-host's SIGTERM ---
-stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/del" > /dev/null &
-bg+=($!)
+t_bg stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/del" > /dev/null
+bg+=("$T_BG_PID")
 wait_pid "$T_TMP/del" > /dev/null
 st=$(h DELETE /v1/sessions/s1)
 check "DELETE with an open stream: 200" test "$st" = 200
@@ -352,8 +345,8 @@ wait "${bg[@]}" 2> /dev/null
 bg=()
 check "...the stream ended with unavailable" test "$(frames "$T_TMP/del" | tail -1 | jq -r '.msg.error.code')" = unavailable
 h POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}' > /dev/null
-stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/term" > /dev/null &
-bg+=($!)
+t_bg stream Start '{"process":{"cmd":"/bin/sh","args":["-c","exec sleep 600"]}}' "$T_TMP/term" > /dev/null
+bg+=("$T_BG_PID")
 wait_pid "$T_TMP/term" > /dev/null
 t0=$(date +%s)
 kill -TERM "${pids[0]}"

@@ -22,21 +22,12 @@ URL=http://127.0.0.1:$API_PORT
 BUCKET=kiln-e2b
 api_pid=
 h_pid=
-cleanup() {
-	for p in $h_pid $api_pid; do kill "$p" 2> /dev/null; done
-	for p in $h_pid $api_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3, max_body_mib: 16,
-	  quotas: {submit_rate: 1000, submit_burst: 1000},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
-api_start "$T_TMP/api.json" "$URL" || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
+	'. + {host_lost_after_s: 3, max_body_mib: 16, quotas: {submit_rate: 1000, submit_burst: 1000}}'
+api_up "$T_TMP/api.json" "$URL"
 
 jq -n --arg port "$((API_PORT + 1))" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
 	--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
@@ -44,10 +35,9 @@ jq -n --arg port "$((API_PORT + 1))" --arg token "$TOKEN" --arg api "$URL" --arg
 	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
-"$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err" &
-h_pid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err"
+h_pid=$T_BG_PID
 
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
 if [ "$(live_hosts)" = 1 ]; then ok "kiln-host registers with kiln-api"

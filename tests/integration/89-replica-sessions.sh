@@ -20,7 +20,7 @@
 require_image
 t_require_tools swift-proxy-server jq curl
 t_require_built kiln-api kiln-host
-ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 || { echo "1..0 # SKIP no PostgreSQL server: run scripts/deps.sh"; exit 0; }
+ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 || t_skip_all "no PostgreSQL server: run scripts/deps.sh"
 PSQL=$(ls /usr/lib/postgresql/*/bin/psql 2> /dev/null | sort -V | tail -1)
 [ -x "$PSQL" ] || PSQL=$(command -v psql) || { echo "1..0 # SKIP no psql: run scripts/deps.sh"; exit 0; }
 
@@ -32,8 +32,7 @@ BUCKET=kiln-replica-sessions
 api_pids=()
 host_pid=
 cleanup() {
-	for p in $host_pid "${api_pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in $host_pid "${api_pids[@]}"; do wait "$p" 2> /dev/null; done
+	t_reap
 	rm -rf "$KILN_RUN_DIR/h1"
 	t_cleanup
 }
@@ -45,14 +44,11 @@ s3_local_start
 url() { echo "http://127.0.0.1:$((BASE + $1))"; } # replicas 0 (A), 1 (B), 2 (C)
 start_api() { # r
 	local r=$1
-	jq -n --arg listen "127.0.0.1:$((BASE + r))" --arg pg "$T_PG_URL" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: $listen, store: {postgres: $pg}, admin_key: $admin, cluster_token: $token, host_lost_after_s: 10,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api$r.json"
-	"$ROOT/build/kiln-api" --config "$T_TMP/api$r.json" >> "$T_TMP/api$r.out" 2>> "$T_TMP/api$r.err" &
-	api_pids[$r]=$!
-	for _ in $(seq 100); do curl -s -m 1 "$(url "$r")/healthz" > /dev/null && return 0; sleep 0.1; done
-	return 1
+	api_config "$T_TMP/api$r.json" "127.0.0.1:$((BASE + r))" "del(.db) + {store: {postgres: \"$T_PG_URL\"}, host_lost_after_s: 10}"
+	api_start "$T_TMP/api$r.json" "$(url "$r")" "api$r"
+	local rc=$?
+	api_pids[$r]=$api_pid
+	return $rc
 }
 # on R KEY METHOD PATH [curl args]: the status; the body in $T_TMP/last
 on() {
@@ -92,8 +88,7 @@ jq -n --arg port "$((BASE + 3))" --arg token "$TOKEN" --arg api "$(url 2)" --arg
 	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
-"$KILN_HOST" serve --config "$T_TMP/h1.json" >> "$T_TMP/h1.out" 2>> "$T_TMP/h1.err" &
-host_pid=$!
+host_start "$T_TMP/h1.json" h1
 live() { on "$1" "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live 2)" = 1 ] && break; sleep 0.2; done
 lv=1; for r in 0 1 2; do [ "$(live "$r")" = 1 ] || lv=0; done
@@ -154,8 +149,8 @@ check "resume on B: running" [ "$st" = 200 -a "$(last .state)" = running ]
 # ---- A SIGKILLed during an exec: its lease lapses, then B or C ends it ----
 on 2 "$KEY" POST /v1/sessions -H 'Content-Type: application/json' --data '{"idle_timeout_s":2}' > /dev/null
 S3=$(last .id)
-ex 0 "$S3" '{"argv":["sleep","60"],"timeout_s":120}' > /dev/null &
-long=$!
+t_bg ex 0 "$S3" '{"argv":["sleep","60"],"timeout_s":120}' > /dev/null
+long=$T_BG_PID
 for _ in $(seq 50); do [ "$(leases)" -ge 1 ] && break; sleep 0.1; done
 sleep 1
 kill -9 "${api_pids[0]}"; wait "${api_pids[0]}" 2> /dev/null; wait "$long" 2> /dev/null
@@ -176,8 +171,8 @@ check "A restarted (a new lease owner): exec on A" [ "$st" = 200 -a "$(last .std
 ex 1 "$S1" '{"argv":["sh","-c","python3 -c \"import os, time; b = os.urandom(64 << 20); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
 before=$(settled_logs)
 s3_local_freeze
-on 0 "$KEY" POST "/v1/sessions/$S1/pause" > /dev/null &
-pz=$!
+t_bg on 0 "$KEY" POST "/v1/sessions/$S1/pause" > /dev/null
+pz=$T_BG_PID
 caught=0
 for _ in $(seq 200); do [ "$(state_on 1 "$S1")" = pausing ] && { caught=1; break; }; sleep 0.05; done
 if [ "$caught" = 1 ]; then

@@ -28,8 +28,7 @@ up_pid=
 peer_pid=
 
 cleanup() {
-	if [ -n "$up_pid" ]; then kill -TERM "$up_pid" 2> /dev/null; wait "$up_pid" 2> /dev/null; fi
-	if [ -n "$peer_pid" ]; then kill "$peer_pid" 2> /dev/null; wait "$peer_pid" 2> /dev/null; fi
+	t_reap
 	ip netns del "$NS" 2> /dev/null
 	ip netns del "$PEER_NS" 2> /dev/null
 	t_cleanup
@@ -95,9 +94,9 @@ ip -n "$NS" addr add "$NET.1/24" dev "kup$N"
 ip -n "$NS" link set "kup$N" up
 ip -n "$PEER_NS" addr add "$NET.20/24" dev eth0
 ip -n "$PEER_NS" link set eth0 up
-nsenter --net="/run/netns/$PEER_NS" /usr/bin/python3 "$ROOT/tests/integration/egress_peer.py" http "$NET.20" 8080 \
-	peer-says-hi 2> "$T_TMP/peer.err" &
-peer_pid=$!
+t_bg nsenter --net="/run/netns/$PEER_NS" /usr/bin/python3 "$ROOT/tests/integration/egress_peer.py" http "$NET.20" 8080 \
+	peer-says-hi 2> "$T_TMP/peer.err"
+peer_pid=$T_BG_PID
 inns() { nsenter --net="/run/netns/$NS" "$@"; }
 K() { inns "$KILN" "$@"; }
 has() { grep -q -- "$1" "$2"; }
@@ -108,8 +107,8 @@ host_table_gone() { inns nft list tables > "$T_TMP/nft.tables" 2>&1 && ! grep -q
 stack_procs() { pgrep -f -- "$UP/" | grep -vx "$$" | wc -l; }
 before_procs=$(stack_procs)
 # nsenter execs kiln: $! is kiln up itself (SIGTERM below reaches it).
-nsenter --net="/run/netns/$NS" "$KILN" up --egress --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err" &
-up_pid=$!
+t_bg nsenter --net="/run/netns/$NS" "$KILN" up --egress --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
+up_pid=$T_BG_PID
 for _ in $(seq 2400); do
 	[ -f "$UP/credentials" ] && break
 	kill -0 "$up_pid" 2> /dev/null || break
@@ -118,8 +117,7 @@ done
 if [ -f "$UP/credentials" ]; then
 	ok "kiln up --egress gets ready in its namespace"
 else
-	not_ok "kiln up --egress gets ready" "$(tail -5 "$T_TMP/up.err")" "$(tail -5 "$UP/host.log" 2> /dev/null)"
-	exit 1
+	t_bail "kiln up --egress gets ready" "$(tail -5 "$T_TMP/up.err")" "$(tail -5 "$UP/host.log" 2> /dev/null)"
 fi
 running_procs=$(stack_procs)
 check "its banner says egress is on" grep -q "egress *on" "$T_TMP/up.out"
