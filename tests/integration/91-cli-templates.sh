@@ -176,7 +176,8 @@ check "kiln session create --template with a bad name: exit 2 ($(cat "$T_TMP/ses
 # --- the templates API ---
 K template list > "$T_TMP/tlist.out" 2> "$T_TMP/tlist.err"
 list_rc=$?
-check "kiln template list shows the built-in templates (exit $list_rc $(head -c 150 "$T_TMP/tlist.err"))" \
+list_err=$(head -c 150 "$T_TMP/tlist.err")
+check "kiln template list shows the built-in templates (exit $list_rc${list_err:+: $list_err})" \
 	grep -q "^default  *ready  *yes" "$T_TMP/tlist.out"
 sid=$(K session create --template default 2> "$T_TMP/sess.err")
 rc=$?

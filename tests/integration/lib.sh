@@ -162,7 +162,7 @@ api_start() {
 	return 1
 }
 # api_up CONFIG URL [NAME]: api_start, or the script bails (kiln-api is ours).
-api_up() { api_start "$@" || t_bail "kiln-api starts (${3:-api})" "$(tail -3 "$T_TMP/${3:-api}.err")"; }
+api_up() { api_start "$@" || t_bail "kiln-api${3:+ $3} starts" "$(tail -3 "$T_TMP/${3:-api}.err")"; }
 # host_start CONFIG NAME [NETNS]: kiln-host serve with CONFIG (t_bg; output
 # appended to $T_TMP/NAME.out and NAME.err), in network namespace NETNS when
 # given (nsenter --net only: ip netns exec would remount /sys, hiding the
@@ -302,9 +302,18 @@ kiln_cgroup_parent() { # CONTROLLER
 	[ "$own" = / ] && own=
 	echo "/sys/fs/cgroup/$1$own/kiln"
 }
+# Where this shell has a cgroup of its own in some of the hierarchies (a
+# machine that runs each session in one, with other worktrees' tests beside
+# it), a hierarchy where it is at the root is shared with them: their VMs
+# come and go there. Only the private ones are counted then; where all are
+# at the root (CI), all three.
 count_cgroups() {
-	local n=0 c
+	local n=0 c cs=() private=()
 	for c in memory cpu pids; do
+		[ "$(kiln_cgroup_parent "$c")" = "/sys/fs/cgroup/$c/kiln" ] || private+=("$c")
+	done
+	if [ ${#private[@]} -gt 0 ]; then cs=("${private[@]}"); else cs=(memory cpu pids); fi
+	for c in "${cs[@]}"; do
 		n=$((n + $(find "$(kiln_cgroup_parent "$c")" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)))
 	done
 	echo "$n"
