@@ -39,7 +39,8 @@ const badConsole = (w) => w.consoleErrors.filter((m) => !/^Failed to load resour
 function assertClean(w) {
 	assert(!w.dialogs.length && !w.errors.length && !w.csp.length && !badConsole(w).length,
 		JSON.stringify({ ...w, consoleErrors: badConsole(w) }));
-	return 'console errors: ' + w.consoleErrors.length + ', all HTTP answers it handles';
+	const n = w.consoleErrors.length;
+	return n ? n + ' console error(s), each an HTTP error answer it handles' : 'no console error';
 }
 
 const browser = await chromium.launch({ executablePath: '/usr/bin/chromium', headless: true,
