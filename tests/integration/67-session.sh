@@ -234,14 +234,16 @@ for _ in $(seq 150); do [ "$(metric "$PB" kiln_host_session_prestarted)" = 1 ] &
 check "host B starts a session QEMU ahead after its first session ($st; /metrics: $(metric "$PB" kiln_host_session_prestarted) waiting)" \
 	test "$st" = 201 -a "$(metric "$PB" kiln_host_session_prestarted)" = 1
 taken_b=$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')
-pre_prio() { # host B's QEMU started ahead: the nice values of its threads, then its jail's CPU weight
-	local p cg
-	p=$(pgrep -f "qemu-system-x86_64.*$T_TMP/spool-b/sessions/\.prestart-" | head -1)
-	[ -n "$p" ] || { echo none; return; }
+# The QEMU waiting ahead, by its pid: once taken, host B starts the next one
+# ahead, and which of the two a search by name finds first is chance.
+pre_pid=$(pgrep -f "qemu-system-x86_64.*$T_TMP/spool-b/sessions/\.prestart-" | head -1)
+pre_prio() { # PID: the nice values of its threads, then its jail's CPU weight
+	local p=$1 cg
+	[ -n "$p" ] && [ -d "/proc/$p" ] || { echo none; return; }
 	cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/"$p"/cgroup 2>/dev/null)
 	echo "$(awk '{print $19}' /proc/"$p"/task/*/stat 2>/dev/null | sort -u | tr '\n' ' ')$(cat "/sys/fs/cgroup/cpu$cg/cpu.shares" 2>/dev/null)"
 }
-prio=$(pre_prio)
+prio=$(pre_prio "$pre_pid")
 check "the QEMU waiting ahead runs at nice 19 and CPU weight 15 ($prio)" test "$prio" = "19 15"
 
 # --- pause on A, resume on B ---
@@ -257,8 +259,8 @@ st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --d
 check "resume on host B: 200 running" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
 check "... into the QEMU started ahead (taken $taken_b -> $(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}'))" \
 	test "$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')" = $((taken_b + 1))
-prio=$(pre_prio)
-check "... which runs at nice 0 and CPU weight 1024 once taken ($prio)" test "$prio" = "0 1024"
+prio=$(pre_prio "$pre_pid")
+check "... which runs at nice 0 and CPU weight 1024 once taken (pid ${pre_pid:-none}: $prio)" test "$prio" = "0 1024"
 st=$(ex "$PB" "$ASK")
 check "after resume: the background process and the value in its memory are there ($(last .stdout))" test "$(last .stdout)" = "$kv"
 st=$(ex "$PB" '{"argv":["cat","/work/note.txt"]}')
