@@ -3,24 +3,16 @@
 # kiln-host on loopback ports of their own, and two customers, acme ($KA)
 # and beta ($KB). Sets URL (kiln-api), HOST_URL, TOKEN, ADMIN, BUCKET, S3_*.
 #   e2b_stack_start [API_CONFIG_JQ]   e.g. '. + {max_body_mib: 2}'
-#   e2b_stack_stop                    stops the host and kiln-api (the trap stops S3)
-# Skips the whole script (1..0 # SKIP why) when something it needs is missing.
+#   e2b_stack_stop                    stops the host and kiln-api (t_cleanup stops S3)
+# e2b_require skips the whole script (1..0 # SKIP why) when a tool or a
+# build output is missing; kiln-api or kiln-host not starting is a failure
+# that ends the script (t_bail).
 
 e2b_require() {
-	local t b
-	for t in swift-proxy-server memcached jq curl node; do
-		command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-	done
-	for b in kiln-api kiln-host; do
-		[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-	done
-	grep -qa '/e2b/' "$ROOT/build/kiln-api" ||
-		{ echo "1..0 # SKIP kiln-api has no E2B API yet (no /e2b routes in build/kiln-api)"; exit 0; }
-	grep -qa 'process.Process' "$ROOT/build/kiln-host" ||
-		{ echo "1..0 # SKIP kiln-host has no envd endpoints yet (no process.Process in build/kiln-host)"; exit 0; }
+	t_require_tools swift-proxy-server memcached jq curl node
+	t_require_built kiln-api kiln-host tests/s3tool
 }
 
-S3_DIR=$T_TMP/s3
 TOKEN=e2b-token-$RANDOM$RANDOM$RANDOM
 ADMIN=e2b-admin-$RANDOM$RANDOM$RANDOM
 API_PORT=$((20000 + RANDOM % 10000))
@@ -30,34 +22,16 @@ BUCKET=kiln-e2b
 api_pid=
 h_pid=
 
-e2b_stack_stop() {
-	if [ -n "$h_pid" ]; then kill "$h_pid" 2> /dev/null; wait "$h_pid" 2> /dev/null; h_pid=; fi
-	if [ -n "$api_pid" ]; then kill "$api_pid" 2> /dev/null; wait "$api_pid" 2> /dev/null; api_pid=; fi
-}
-e2b_cleanup() {
-	e2b_stack_stop
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	t_cleanup
-}
-trap e2b_cleanup EXIT
+e2b_stack_stop() { t_stop "$h_pid"; h_pid=; t_stop "$api_pid"; api_pid=; }
 
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null; }
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST_URL/v1/capacity" | jq -r .vcpus.used; }
 
 e2b_stack_start() {
 	local extra=${1:-.}
-	"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-		echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-	. "$T_TMP/s3.env"
-	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' |
-		jq "$extra" > "$T_TMP/api.json"
-	"$ROOT/build/kiln-api" --config "$T_TMP/api.json" > "$T_TMP/api.out" 2> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -sf -m 1 "$URL/healthz" > /dev/null && break; sleep 0.1; done
+	s3_local_start
+	api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" ". + {host_lost_after_s: 5} | $extra"
+	api_up "$T_TMP/api.json" "$URL"
 
 	jq -n --arg listen "${HOST_URL#http://}" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
 		--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
@@ -65,12 +39,12 @@ e2b_stack_start() {
 		'{listen: $listen, host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
-	"$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err" &
-	h_pid=$!
+	host_start "$T_TMP/h1.json" h1
+	h_pid=$host_pid
 	# A first start creates the VM snapshot: minutes.
 	for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
 	if [ "$(live_hosts)" = 1 ]; then ok "kiln-api and a kiln-host with a local S3 are up"
-	else not_ok "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/h1.err")"; exit 1; fi
+	else t_bail "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/h1.err")"; fi
 
 	admin -X POST --data '{"id":"acme"}' "$URL/v1/admin/customers" > /dev/null
 	admin -X POST --data '{"id":"beta"}' "$URL/v1/admin/customers" > /dev/null

@@ -12,11 +12,9 @@
 . "$(dirname "$0")/lib.sh"
 require_image
 
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq curl
 PY=/usr/bin/python3
-$PY -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+t_require_python boto3
 
 S3_DIR=$T_TMP/s3
 TOKEN=it-token-$RANDOM$RANDOM
@@ -25,17 +23,9 @@ URL=http://127.0.0.1:$PORT
 BUCKET=kiln-outbatch
 host_pid=
 
-cleanup() {
-	[ -n "$host_pid" ] && { kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; }
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
-	t_cleanup
-}
-trap cleanup EXIT
 
 before_qemu=$(count_qemu)
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 
 jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
@@ -43,8 +33,8 @@ jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg r
 	  capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 1, prestart: 1},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk, attempts: 2, timeout_s: 30},
 	  upload: {workers: 2, max_backoff_s: 2}}' > "$T_TMP/host.json"
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
 started=0
 for _ in $(seq 1200); do
 	[ "$(curl -s --max-time 2 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .pool.ready 2> /dev/null)" = 1 ] && { started=1; break; }
@@ -52,7 +42,7 @@ for _ in $(seq 1200); do
 	sleep 0.1
 done
 if [ $started = 1 ]; then ok "kiln-host serve starts with a pool VM"
-else not_ok "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; t_done; exit 1; fi
+else t_bail "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; fi
 
 api() {
 	local m=$1 p=$2; shift 2

@@ -13,11 +13,6 @@ KILN_JAIL=$ROOT/$B/kiln-jail
 TOKEN=io-token-$RANDOM$RANDOM
 PORT=$((20000 + RANDOM % 12000))
 hpid=
-cleanup() {
-	[ -n "$hpid" ] && kill "$hpid" 2> /dev/null && wait "$hpid" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
 before_q=$(count_qemu)
 before_cg=$(count_cgroups)
 
@@ -34,8 +29,8 @@ jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg r
 	'{listen: ("127.0.0.1:" + $port), host_id: "io", token: $token, spool_dir: $spool, run_dir: $run,
 	  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  disk: {bps_mib: 4, iops: 1000}}' > "$T_TMP/host.json"
-"$KILN_HOST" serve --config "$T_TMP/host.json" > "$T_TMP/host.out" 2> "$T_TMP/host.err" &
-hpid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" > "$T_TMP/host.out" 2> "$T_TMP/host.err"
+hpid=$T_BG_PID
 for _ in $(seq 1800); do
 	curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break
 	sleep 0.2
@@ -47,7 +42,7 @@ h() { # METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 st=$(h POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}')
 if [ "$st" = 201 ]; then ok "a session starts on a host with disk.bps_mib 4"
-else not_ok "a session starts" "HTTP $st $(head -c 300 "$T_TMP/last") $(tail -3 "$T_TMP/host.err")"; exit 1; fi
+else t_bail "a session starts" "HTTP $st $(head -c 300 "$T_TMP/last") $(tail -3 "$T_TMP/host.err")"; fi
 cmd=$(pgrep -af "qemu-system-x86_64.*$KILN_RUN_DIR" | head -1)
 check "QEMU's drive carries the limit (throttling.bps-total=4194304, iops-total=1000)" \
 	grep -q 'throttling.bps-total=4194304,throttling.iops-total=1000' <<< "$cmd"

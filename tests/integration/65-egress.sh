@@ -8,9 +8,7 @@
 # it reached with what its policy and the operator's deny ranges allow.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in ip nsenter nft swift-proxy-server; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools ip nsenter nft swift-proxy-server
 
 N=$((RANDOM % 200 + 20))
 BR=kebr$N
@@ -22,12 +20,6 @@ PEER=$ROOT/tests/integration/egress_peer.py
 host_pid=
 peer_pids=()
 
-cleanup() {
-	for p in $host_pid "${peer_pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in $host_pid "${peer_pids[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
@@ -39,8 +31,8 @@ ns() {
 }
 peer() { # ROLE KIND ADDR PORT NAME...
 	local role=$1; shift
-	nsenter --net="/run/netns/$PFX-$role" python3 "$PEER" "$@" 2>> "$T_TMP/peers.err" &
-	peer_pids+=($!)
+	t_bg nsenter --net="/run/netns/$PFX-$role" python3 "$PEER" "$@" 2>> "$T_TMP/peers.err"
+	peer_pids+=("$T_BG_PID")
 }
 ns host "$NET.10"
 ns allowed "$NET.20" 203.0.113.21 203.0.113.22
@@ -62,9 +54,9 @@ peer private http 10.77.0.5 8080 private
 peer metadata http 169.254.169.254 80 metadata
 peer sandbox http 10.201.255.254 8080 sandbox
 peer host http "$NET.10" 8080 host
-python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 a.wild.test=203.0.113.22 wild.test=203.0.113.22 \
-	denied.test=203.0.113.23 2>> "$T_TMP/peers.err" &
-peer_pids+=($!)
+t_bg python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 a.wild.test=203.0.113.22 wild.test=203.0.113.22 \
+	denied.test=203.0.113.23 2>> "$T_TMP/peers.err"
+peer_pids+=("$T_BG_PID")
 
 s3_local_start "$NET.1"
 
@@ -78,8 +70,8 @@ start_host() {
 		  network: {egress: true, dns_upstream: $dns, link_range: "10.201.0.0/16", bandwidth_mbit: $bw},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-egress", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
 	# nsenter --net: only the network namespace (ip netns exec would remount /sys and hide the cgroups).
-	nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-	host_pid=$!
+	t_bg nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+	host_pid=$T_BG_PID
 	for _ in $(seq 1800); do
 		hc healthz > /dev/null 2>&1 && return 0
 		kill -0 "$host_pid" 2> /dev/null || return 1
@@ -107,7 +99,7 @@ host_netns() { for t in /proc/"$host_pid"/task/*; do readlink "$t/ns/net"; done 
 host_links() { ip -n "$PFX-host" -o link show | grep -c ': kv' || true; }
 
 if start_host 0; then ok "kiln-host starts with egress on in its own namespace (template with a NIC made)"
-else not_ok "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; exit 1; fi
+else t_bail "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; fi
 check "its capacity says it offers egress" test "$(hc v1/capacity | jq -r .egress)" = true
 host_table() { nsenter --net="/run/netns/$PFX-host" nft list table inet kiln_host > /dev/null 2>&1; }
 check "its nftables table is installed in its namespace" host_table
@@ -172,8 +164,8 @@ POLICY='{"network":{"egress":"allow","allow":["198.51.100.20/30:8080","198.51.10
   "*.wild.test:8080","10.77.0.5:8080","169.254.169.254:80","198.51.100.10:8080","10.201.255.254:8080"]},
   "limits":{"timeout_s":120}}'
 ns0=$(host_netns)
-run_task probe "$(py_spec "$PROBE" "$POLICY")" &
-probe_job=$!
+t_bg run_task probe "$(py_spec "$PROBE" "$POLICY")"
+probe_job=$T_BG_PID
 # While it runs: one more namespace in kiln-host, a veth to it, its ruleset.
 saw_ns=0 saw_link=0 saw_table=0
 for _ in $(seq 300); do
@@ -277,12 +269,13 @@ else not_ok "kiln-host restarts with a bandwidth cap" "$(tail -5 "$T_TMP/host.er
 
 # --- nothing left ---
 stop_host
-check "kiln-host removes its table when it stops" \
-	test -z "$(nsenter --net="/run/netns/$PFX-host" nft list tables 2> /dev/null)"
+# nft must answer in the namespace (a probe that fails is not "no table").
+tables=$(nsenter --net="/run/netns/$PFX-host" nft list tables 2>&1); nft_rc=$?
+check "kiln-host removes its table when it stops (nft: exit $nft_rc, '$tables')" test "$nft_rc" = 0 -a -z "$tables"
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/eg" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 cleanup_ok=1
 trap - EXIT
-cleanup
+t_cleanup
 check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -9,9 +9,7 @@
 # namespace, the resolver is a peer on a private bridge.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in ip nsenter nft swift-proxy-server; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools ip nsenter nft swift-proxy-server
 
 N=$((RANDOM % 200 + 20))
 BR=kfbr$N
@@ -23,18 +21,12 @@ PEER=$ROOT/tests/integration/egress_peer.py
 host_pid=
 peer_pids=()
 
-cleanup() {
-	for p in $host_pid "${peer_pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in $host_pid "${peer_pids[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 net_ns "$PFX-host" "kf${N}h" "$NET.10" "$NET.1"
-python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 2>> "$T_TMP/peers.err" &
-peer_pids+=($!)
+t_bg python3 "$PEER" dns "$NET.1" 5353 allowed.test=203.0.113.21 2>> "$T_TMP/peers.err"
+peer_pids+=("$T_BG_PID")
 
 s3_local_start "$NET.1"
 
@@ -48,8 +40,8 @@ hc() { # PATH [curl args]: a request to kiln-host from the root namespace
 	local p=$1; shift
 	curl -s -m 120 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@" "$HOST_URL/${p#/}"
 }
-nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
+t_bg nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
 up=0
 for _ in $(seq 1800); do
 	hc healthz > /dev/null 2>&1 && { up=1; break; }
@@ -57,7 +49,7 @@ for _ in $(seq 1800); do
 	sleep 0.2
 done
 if [ $up = 1 ]; then ok "kiln-host starts with egress on in its own namespace"
-else not_ok "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; exit 1; fi
+else t_bail "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; fi
 
 submit() { jq -cn --arg id "$1" --argjson spec "$2" '{id:$id, customer:"fl", spec:$spec}' | hc v1/tasks -X POST --data-binary @- > "$T_TMP/$1.post"; }
 wait_task() {
@@ -118,17 +110,21 @@ echo "# victims: network set-up ${setups[*]} ms; DNS answers max $dmax ms, mean 
 if [ "$(r flood .state)" = succeeded ] && [ "$(r flood .result.stdout | awk '{print $1}')" -ge 20000 ] && [ "$flood_state" = running ]; then
 	ok "the flooding task sent $(r flood .result.stdout | awk '{print $1}') datagrams from distinct source ports, still running after the victims"
 else not_ok "the flood ran through the victims" "still $flood_state; $(head -c 800 "$T_TMP/flood.json")"; fi
-if [ $vok = 1 ] && [ "$setup_max" -lt 1000 ]; then
-	ok "other sandboxes' network set-up during the flood: ${setups[*]} ms (each < 1000)"
-else not_ok "victim network set-up under 1 s" "setup_ms: ${setups[*]}; $(head -c 600 "$T_TMP/victim1.json")"; fi
-if [ $vok = 1 ] && [ "$dmax" -lt 1000 ]; then
-	ok "their DNS answers during the flood: max $dmax ms (< 1000)"
-else not_ok "victim DNS answers under 1 s" "max=$dmax; $(r victim1 .result.stdout) $(r victim2 .result.stdout) $(r victim3 .result.stdout)"; fi
+# Bounds for a loaded 2-core machine under TCG, not figures to meet (those
+# are bench/'s): what they catch is a flood that starves the others, which
+# shows as a set-up of many seconds, or a DNS answer lost (99999) or retried
+# after the resolver's 5 s timeout.
+if [ $vok = 1 ] && [ "$setup_max" -lt 10000 ]; then
+	ok "other sandboxes' network set-up during the flood: ${setups[*]} ms (each < 10000)"
+else not_ok "victim network set-up under 10 s" "setup_ms: ${setups[*]}; $(head -c 600 "$T_TMP/victim1.json")"; fi
+if [ $vok = 1 ] && [ "$dmax" -lt 4000 ]; then
+	ok "their DNS answers during the flood: max $dmax ms (< 4000: none lost or retried)"
+else not_ok "victim DNS answers under 4 s" "max=$dmax; $(r victim1 .result.stdout) $(r victim2 .result.stdout) $(r victim3 .result.stdout)"; fi
 
 kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 trap - EXIT
-cleanup
+t_cleanup
 check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -12,26 +12,15 @@
 # behind.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached python3; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+t_require_tools swift-proxy-server memcached python3
+t_require_python boto3
 
 S3_DIR=$T_TMP/s3
 TOKEN=sess-token-$RANDOM$RANDOM
 PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
 BUCKET=kiln-sessions
 pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
 start_host() { # NAME PORT
@@ -40,8 +29,8 @@ start_host() { # NAME PORT
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
 		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}, sessions: {prestart: 1},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
-	"$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
-	pids+=($!)
+	t_bg "$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err"
+	pids+=("$T_BG_PID")
 	for _ in $(seq 1800); do
 		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
 		sleep 0.2
@@ -94,14 +83,15 @@ metric() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/m
 vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
 
 if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
-else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
+else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
 
 # --- create, commands, state across commands ---
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{}}')
 check "POST /v1/sessions: 201 running" test "$st" = 201 -a "$(last .state)" = running
 check "the session holds a vCPU in the host's capacity" test "$(vcpus_used "$PA")" = 1
 st=$(ex "$PA" '{"language":"python","code":"open(\"/work/note.txt\",\"w\").write(\"before\")\nprint(\"hi\")"}')
-check "a python command runs and writes a file" test "$st" = 200 -a "$(last .stdout)" = hi -a "$(last .exit_code)" = 0 || { cat "$T_TMP/last"; tail -5 "$T_TMP/a.err"; }
+if [ "$st" = 200 ] && [ "$(last .stdout)" = hi ] && [ "$(last .exit_code)" = 0 ]; then ok "a python command runs and writes a file"
+else not_ok "a python command runs and writes a file" "status $st: $(head -c 500 "$T_TMP/last")" "$(tail -5 "$T_TMP/a.err")"; fi
 st=$(ex "$PA" '{"argv":["cat","/work/note.txt"]}')
 check "a later command sees the earlier one's file" test "$(last .stdout)" = before
 st=$(ex "$PA" '{"argv":["sh","-c","exit 3"]}')
@@ -160,9 +150,9 @@ check "format other than tar: 400" test "$st" = 400
 # --- interactive commands: a terminal, typed input, resize, end of input ---
 # stream_start FILE JSON: exec ?stream=1 in the background (its curl: $spid), waits for its exec id ($xid)
 stream_start() {
-	curl -s -m 120 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary "$2" \
-		"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$1" &
-	spid=$!
+	t_bg curl -s -m 120 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary "$2" \
+		"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$1"
+	spid=$T_BG_PID
 	for _ in $(seq 300); do
 		grep -q '^event: started' "$1" 2> /dev/null && break
 		sleep 0.1
@@ -234,8 +224,8 @@ curl -s -m 60 -N -X POST -H "Authorization: Bearer $TOKEN" --data-binary '{"argv
 	"http://127.0.0.1:$PA/v1/sessions/s1/exec?stream=1" > "$T_TMP/stream"
 check "?stream=1: stdout events, then the result" \
 	test "$(grep -c '^event: stdout' "$T_TMP/stream")" -ge 1 -a "$(grep -A1 '^event: result' "$T_TMP/stream" | sed -n 's/^data: //p' | jq -r .stdout)" = "$(printf 'one\ntwo')"
-ex "$PA" '{"argv":["sleep","4"]}' > /dev/null &
-slow=$!
+t_bg ex "$PA" '{"argv":["sleep","4"]}' > /dev/null
+slow=$T_BG_PID
 sleep 1.5
 st=$(h "$PA" POST /v1/sessions/s1/pause)
 check "pause while a command runs is refused (409 busy), nothing lost" test "$st" = 409 -a "$(last .error.code)" = busy
@@ -252,14 +242,16 @@ for _ in $(seq 150); do [ "$(metric "$PB" kiln_host_session_prestarted)" = 1 ] &
 check "host B starts a session QEMU ahead after its first session ($st; /metrics: $(metric "$PB" kiln_host_session_prestarted) waiting)" \
 	test "$st" = 201 -a "$(metric "$PB" kiln_host_session_prestarted)" = 1
 taken_b=$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')
-pre_prio() { # host B's QEMU started ahead: the nice values of its threads, then its jail's CPU weight
-	local p cg
-	p=$(pgrep -f "qemu-system-x86_64.*$T_TMP/spool-b/sessions/\.prestart-" | head -1)
-	[ -n "$p" ] || { echo none; return; }
+# The QEMU waiting ahead, by its pid: once taken, host B starts the next one
+# ahead, and which of the two a search by name finds first is chance.
+pre_pid=$(pgrep -f "qemu-system-x86_64.*$T_TMP/spool-b/sessions/\.prestart-" | head -1)
+pre_prio() { # PID: the nice values of its threads, then its jail's CPU weight
+	local p=$1 cg
+	[ -n "$p" ] && [ -d "/proc/$p" ] || { echo none; return; }
 	cg=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' /proc/"$p"/cgroup 2>/dev/null)
 	echo "$(awk '{print $19}' /proc/"$p"/task/*/stat 2>/dev/null | sort -u | tr '\n' ' ')$(cat "/sys/fs/cgroup/cpu$cg/cpu.shares" 2>/dev/null)"
 }
-prio=$(pre_prio)
+prio=$(pre_prio "$pre_pid")
 check "the QEMU waiting ahead runs at nice 19 and CPU weight 15 ($prio)" test "$prio" = "19 15"
 
 # --- pause on A, resume on B ---
@@ -275,8 +267,8 @@ st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --d
 check "resume on host B: 200 running" test "$st" = 200 -a "$(last .state)" = running -a "$(last .host_id)" = b
 check "... into the QEMU started ahead (taken $taken_b -> $(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}'))" \
 	test "$(metric "$PB" 'kiln_host_session_prestart_total{result="taken"}')" = $((taken_b + 1))
-prio=$(pre_prio)
-check "... which runs at nice 0 and CPU weight 1024 once taken ($prio)" test "$prio" = "0 1024"
+prio=$(pre_prio "$pre_pid")
+check "... which runs at nice 0 and CPU weight 1024 once taken (pid ${pre_pid:-none}: $prio)" test "$prio" = "0 1024"
 st=$(ex "$PB" "$ASK")
 check "after resume: the background process and the value in its memory are there ($(last .stdout))" test "$(last .stdout)" = "$kv"
 st=$(ex "$PB" '{"argv":["cat","/work/note.txt"]}')

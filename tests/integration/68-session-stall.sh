@@ -11,12 +11,8 @@
 # for them (url null, url_error), only for the task's own keys.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in jq curl python3; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
+t_require_tools jq curl python3
+t_require_built kiln-api kiln-host
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 STALL=$ROOT/tests/integration/stall_client.py
@@ -30,14 +26,6 @@ BOUND_S=60 # beyond the timeout: TCG VMs on a shared machine are slow
 api_pid=''
 h_pid=''
 c_pids=()
-cleanup() {
-	for p in "${c_pids[@]}"; do kill "$p" 2> /dev/null; done
-	[ -n "$api_pid" ] && kill "$api_pid" 2> /dev/null
-	[ -n "$h_pid" ] && kill "$h_pid" 2> /dev/null
-	for p in "${c_pids[@]}" $api_pid $h_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 before_cg=$(count_cgroups)
 before_locks=$(count_slot_locks)
 
@@ -48,11 +36,11 @@ jq -n --arg port "$HP" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP
 	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}}' \
 	> "$T_TMP/h.json"
-"$KILN_HOST" serve --config "$T_TMP/h.json" >> "$T_TMP/h.out" 2>> "$T_TMP/h.err" &
-h_pid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" >> "$T_TMP/h.out" 2>> "$T_TMP/h.err"
+h_pid=$T_BG_PID
 for _ in $(seq 3000); do curl -sf -m 1 "http://127.0.0.1:$HP/healthz" > /dev/null && break; sleep 0.2; done
 if curl -sf -m 1 "http://127.0.0.1:$HP/healthz" > /dev/null; then ok "kiln-host serves"
-else not_ok "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"; exit 1; fi
+else t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"; fi
 
 # hreq METHOD PATH [curl args]: the host's own API; body in $T_TMP/last, status echoed
 hreq() {
@@ -62,8 +50,8 @@ hreq() {
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 # stall NAME PORT PATH KEY: the stalled client in the background; its output in $T_TMP/NAME.sse once $T_TMP/NAME.go exists
 stall() {
-	"$PY" "$STALL" "$2" "$3" "$4" "{\"argv\":[\"yes\"],\"timeout_s\":$TIMEOUT_S}" "$T_TMP/$1.go" "$T_TMP/$1.sse" &
-	c_pids+=($!)
+	t_bg "$PY" "$STALL" "$2" "$3" "$4" "{\"argv\":[\"yes\"],\"timeout_s\":$TIMEOUT_S}" "$T_TMP/$1.go" "$T_TMP/$1.sse"
+	c_pids+=("$T_BG_PID")
 }
 # until_free T0 CMD...: run CMD every second until it prints 200; prints the seconds since T0 (or "never")
 until_free() {
@@ -118,13 +106,9 @@ check "host: a truncated event says output events were dropped ($(echo "$tr" | j
 check "host: no QEMU left for the session" test "$(count_qemu)" = 0
 
 # ---- through kiln-api ----
-jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
-	  quotas: {submit_rate: 1000, submit_burst: 1000},
-	  s3: {endpoint: "http://127.0.0.1:9", bucket: "kiln", access_key: "AK", secret_key: "SK"}}' > "$T_TMP/api.json"
-"$ROOT/build/kiln-api" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+api_config "$T_TMP/api.json" "127.0.0.1:$PORT" '. + {host_lost_after_s: 3, quotas: {submit_rate: 1000, submit_burst: 1000},
+	  s3: {endpoint: "http://127.0.0.1:9", bucket: "kiln", access_key: "AK", secret_key: "SK"}}'
+api_up "$T_TMP/api.json" "$URL"
 for _ in $(seq 300); do
 	[ "$(admin "$URL/v1/admin/hosts" | jq '[.hosts[]? | select(.state == "live")] | length' 2> /dev/null)" = 1 ] && break
 	sleep 0.2
@@ -168,8 +152,8 @@ h_pid=''
 
 # ---- item 8: a lying host gets no URL signed for another customer's keys ----
 # (kiln-api's S3 settings are only used for signing here: no S3 server.)
-"$PY" "$ROOT/tests/integration/lying_host.py" "$URL" "$TOKEN" $((PORT + 2)) h-fake victim 2>> "$T_TMP/fake.err" &
-c_pids+=($!)
+t_bg "$PY" "$ROOT/tests/integration/lying_host.py" "$URL" "$TOKEN" $((PORT + 2)) h-fake victim 2>> "$T_TMP/fake.err"
+c_pids+=("$T_BG_PID")
 for _ in $(seq 100); do
 	[ "$(admin "$URL/v1/admin/hosts" | jq -r '[.hosts[]? | select(.state == "live") | .id] | join(",")' 2> /dev/null)" = h-fake ] && break
 	sleep 0.2

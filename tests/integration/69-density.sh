@@ -9,25 +9,18 @@
 # figures (memory and CPU per sandbox, exec latency by N): bench/density.sh.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools jq curl
 N=${DENSITY_N:-50}
 TOKEN=density-$RANDOM$RANDOM
 PORT=$((20000 + RANDOM % 10000))
 host_pid=
-cleanup() {
-	[ -z "$host_pid" ] || { kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; }
-	t_cleanup
-}
-trap cleanup EXIT
 before_cg=$(count_cgroups)
 
 jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
 	'{listen: ("127.0.0.1:" + $port), host_id: "density", token: $token, spool_dir: $spool, run_dir: $run,
 	  capacity: {vcpus: 1024, cpu_overcommit: 1, memory_mib: 1048576}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
-"$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err" &
-host_pid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err"
+host_pid=$T_BG_PID
 for _ in $(seq 3000); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)
 	local m=$1 p=$2; shift 2
@@ -44,8 +37,8 @@ create() { # I
 }
 t=$(date +%s)
 for i in $(seq 1 2 "$N"); do
-	create "$i" &
-	c=$!
+	t_bg create "$i"
+	c=$T_BG_PID
 	[ $((i + 1)) -le "$N" ] && create $((i + 1))
 	wait "$c"
 done
@@ -74,10 +67,13 @@ check "GET shows a stopped session as idle_stopped" test "$(jq -r .idle_stopped 
 # 20 ticks; over 5 s, one stray burst of 2 ticks once made 2.2%).
 qemu_pids() { pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"; }
 ticks() { local s=0 p; for p in $(qemu_pids); do s=$((s + $(awk '{ sub(/.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2> /dev/null || echo 0))); done; echo "$s"; }
-a=$(ticks); sleep 10; b=$(ticks)
+# Measured over the same $N QEMUs at both ends (no QEMU found sums to 0 %).
+q0=$(qemu_pids | sort | paste -sd' '); a=$(ticks); sleep 10; b=$(ticks); q1=$(qemu_pids | sort | paste -sd' ')
+nq=$(echo "$q0" | wc -w)
 hz=$(getconf CLK_TCK)
 pct=$(awk -v d=$((b - a)) -v hz="$hz" 'BEGIN { printf("%.2f", d / hz / 10 * 100) }')
-check "$N stopped sessions use no measurable CPU: $pct% of one core in all (bound 2%)" awk -v p="$pct" 'BEGIN { exit !(p < 2) }'
+check "$N stopped sessions use no measurable CPU: $pct% of one core in all, $nq QEMUs measured (bound 2%)" \
+	eval '[ "$nq" = "$N" ] && [ "$q0" = "$q1" ] && awk -v p="$pct" "BEGIN { exit !(p < 2) }"'
 
 # Each answers, in its own VM, continued first: its id back from a file
 # written by an exec, and its clock (stopped with the vCPUs) set right again.

@@ -11,11 +11,10 @@
 . "$(dirname "$0")/lib.sh"
 STORE=${KILN_TEST_STORE:-sqlite}
 
-for t in curl jq xargs; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools curl jq xargs
 KILN_API=${KILN_API:-$ROOT/build/kiln-api}
-[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
+[ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
+KILN_API_BIN=$KILN_API
 
 PORT=$((20000 + RANDOM % 12000))
 URL=http://127.0.0.1:$PORT
@@ -26,36 +25,19 @@ api_pid=
 store='{}'
 if [ "$STORE" = postgres ]; then
 	[ -x /usr/lib/postgresql/15/bin/postgres ] || ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 ||
-		{ echo "1..0 # SKIP no PostgreSQL server: run scripts/deps.sh"; exit 0; }
-	pg_start || { echo "1..0 # SKIP PostgreSQL did not start"; exit 0; }
+		t_skip_all "no PostgreSQL server: run scripts/deps.sh"
+	pg_start || t_bail "PostgreSQL (scripts/pg-local.sh) starts"
 	# The conninfo from a file (the way a password is kept out of the configuration).
 	echo "$T_PG_URL" > "$T_TMP/pg.conninfo"
 	store=$(jq -cn --arg f "$T_TMP/pg.conninfo" '{store: {postgres_file: $f}}')
 fi
-jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--argjson store "$store" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, max_body_mib: 1,
-	  s3: {endpoint: "http://127.0.0.1:9", region: "us-east-1", bucket: "kiln", access_key: "ak", secret_key: "sk"},
-	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}} + $store' > "$T_TMP/api.json"
+# No S3: tasks stay queued (api_config points it where nothing answers).
+BUCKET=kiln
+api_config "$T_TMP/api.json" "127.0.0.1:$PORT" \
+	". + {max_body_mib: 1, quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}} + $store"
 
-start_api() {
-	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do
-		curl -sf --max-time 1 "$URL/healthz" > /dev/null && return 0
-		kill -0 "$api_pid" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-stop_api() {
-	[ -n "$api_pid" ] || return 0
-	kill "$api_pid" 2> /dev/null
-	wait "$api_pid" 2> /dev/null
-	api_pid=
-}
-cleanup() { stop_api; t_cleanup; }
-trap cleanup EXIT
+start_api() { api_start "$T_TMP/api.json" "$URL"; }
+stop_api() { t_stop "$api_pid"; api_pid=; }
 
 # req KEY METHOD PATH [curl args...]: body in $T_TMP/last.json, headers in
 # $T_TMP/last.h, the status echoed. KEY "-" sends no Authorization.
@@ -80,10 +62,7 @@ expect() {
 	fi
 }
 
-if ! start_api; then
-	echo "1..0 # SKIP kiln-api did not start: $(tail -3 "$T_TMP/api.err")"
-	exit 0
-fi
+start_api || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
 
 st=$(req - GET /healthz); expect "healthz without a key ($STORE)" 200 "$st" '.status == "ok" and .leader == true'
 backend=$([ "$STORE" = postgres ] && echo postgresql || echo sqlite)
@@ -168,7 +147,9 @@ expect "a body over max_body_mib: 413" 413 "$st" '.error.code == "too_large"'
 st=$(head -c $((3 << 19)) /dev/zero | tr '\0' ' ' | req "$KA" POST /v1/tasks -H 'Transfer-Encoding: chunked' --data-binary @-)
 expect "a chunked body over max_body_mib: 413 at its end" 413 "$st" '.error.code == "too_large"'
 st=$(head -c $((8 << 20)) /dev/zero | tr '\0' ' ' | req "$KA" POST /v1/tasks -H 'Transfer-Encoding: chunked' --data-binary @-)
-check "a chunked body past twice the limit: the connection is closed (no 2xx)" [ "${st:0:1}" != 2 ]
+# libmicrohttpd takes no reply while a body arrives: the connection closes
+# with no final status (curl's 000, or 100 when only the interim 100 Continue came).
+check "a chunked body past twice the limit: the connection is closed, no final reply ($st)" [ "$st" = 000 -o "$st" = 100 ]
 st=$(req - GET /healthz); check "kiln-api still answers after that" [ "$st" = 200 ]
 
 # Idempotency.
@@ -267,7 +248,7 @@ for _ in $(seq 200); do
 	[ "$(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null | wc -l)" -ge 40 ] && break
 	sleep 0.05
 done
-kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+t_stop "$api_pid" KILL; api_pid=
 wait "$burst"
 accepted=$(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null | wc -l)
 for f in $(grep -l '^202$' "$T_TMP"/burst/*.code 2> /dev/null); do jq -r .id "${f%.code}.json"; done | sort > "$T_TMP/ids"

@@ -7,15 +7,14 @@
 # (429 over the limit, released when the streams close).
 . "$(dirname "$0")/lib.sh"
 
-for t in curl jq; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools curl jq
 KILN_API=${KILN_API:-$ROOT/build/kiln-api}
-[ -x "$KILN_API" ] && [ -x "$KILN_HOST" ] || { echo "1..0 # SKIP kiln-api or kiln-host missing: run make"; exit 0; }
+[ -x "$KILN_API" ] && [ -x "$KILN_HOST" ] || t_skip_all "kiln-api or kiln-host missing: run make"
+KILN_API_BIN=$KILN_API
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 PROBE=$ROOT/tests/integration/limits_probe.py
-ip -4 addr show lo | grep -q '127.0.0.1/8' || { echo "1..0 # SKIP lo has no 127.0.0.0/8 (needed for a second client address)"; exit 0; }
+ip -4 addr show lo | grep -q '127.0.0.1/8' || t_skip_all "lo has no 127.0.0.0/8 (needed for a second client address)"
 
 APORT=$((20000 + RANDOM % 10000))
 HPORT=$((30000 + RANDOM % 10000))
@@ -26,18 +25,10 @@ STREAMS=3
 api_pid=
 host_pid=
 
-cleanup() {
-	for p in $api_pid $host_pid; do kill "$p" 2> /dev/null; wait "$p" 2> /dev/null; done
-	jobs -p | xargs -r kill 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
-
-jq -n --arg listen "127.0.0.1:$APORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--argjson per "$PER_ADDR" --argjson streams "$STREAMS" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token,
-	  max_connections: 64, max_connections_per_address: $per,
-	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}' > "$T_TMP/api.json"
+# kiln-api without S3 (tasks stay queued: no host takes them).
+api_config "$T_TMP/api.json" "127.0.0.1:$APORT" \
+	"del(.s3) + {max_connections: 64, max_connections_per_address: $PER_ADDR,
+	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}"
 jq -n --arg listen "127.0.0.1:$HPORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
 	--argjson per "$PER_ADDR" \
 	'{listen: $listen, host_id: "it-limits", token: $token, spool_dir: $spool, run_dir: $run, cold: true,
@@ -52,12 +43,9 @@ wait_up() { # URL PID
 	done
 	return 1
 }
-"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
-wait_up "http://127.0.0.1:$APORT" "$api_pid" || { not_ok "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"; t_done; exit; }
-wait_up "http://127.0.0.1:$HPORT" "$host_pid" || { not_ok "kiln-host starts" "$(tail -3 "$T_TMP/host.err")"; t_done; exit; }
+api_up "$T_TMP/api.json" "http://127.0.0.1:$APORT"
+host_start "$T_TMP/host.json" host
+wait_up "http://127.0.0.1:$HPORT" "$host_pid" || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/host.err")"
 ok "kiln-api and kiln-host start with connection limits in their configs"
 
 # body NAME PORT PID AUTH STATUS [MIB]: a POST declaring MIB MiB (default 60)
@@ -114,8 +102,8 @@ TID=$(jq -r .id "$T_TMP/last.json")
 [ "$st" = 202 ] || echo "# submit: $st $(head -c 300 "$T_TMP/last.json")"
 spids=()
 for i in $(seq "$STREAMS"); do
-	curl -s -N --max-time 60 -H "Authorization: Bearer $KH" "$AURL/v1/tasks/$TID/events" > "$T_TMP/ev$i" &
-	spids+=($!)
+	t_bg curl -s -N --max-time 60 -H "Authorization: Bearer $KH" "$AURL/v1/tasks/$TID/events" > "$T_TMP/ev$i"
+	spids+=("$T_BG_PID")
 done
 sleep 1.5
 st=$(areq "$KH" GET "/v1/tasks/$TID/events" --max-time 3)
@@ -129,7 +117,7 @@ st=$(areq "$KH" GET "/v1/tasks/$TID?wait=5")
 check "hog: a wait= long-poll counts too (429)" [ "$st" = 429 ]
 st=$(areq "$KO" GET /v1/usage)
 check "another customer still gets GET /v1/usage" [ "$st" = 200 ]
-kill "${spids[@]}" 2> /dev/null; wait "${spids[@]}" 2> /dev/null
+for p in "${spids[@]}"; do t_stop "$p"; done
 # kiln-api sees a client gone when it next writes: a keep-alive within 15 s.
 for _ in $(seq 40); do
 	st=$(areq "$KH" GET "/v1/tasks/$TID?wait=1")

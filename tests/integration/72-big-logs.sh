@@ -9,17 +9,15 @@
 # (fake) host keeps failing the GET of a final task. Nothing is left running.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached curl jq; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached curl jq
 # KILN_IT_BIN: another build's kiln-api/kiln-host (to show this test fails on older code).
 BIN=${KILN_IT_BIN:-$ROOT/build}
 KILN_HOST=$BIN/kiln-host
 KILN_API=$BIN/kiln-api
-[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
+[ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
+KILN_API_BIN=$KILN_API
 PY=/usr/bin/python3
 
-S3_DIR=$T_TMP/s3
 TOKEN=it-token-$RANDOM$RANDOM
 ADMIN=it-admin-$RANDOM$RANDOM$RANDOM
 API_PORT=$((20000 + RANDOM % 12000))
@@ -31,25 +29,12 @@ host_pid=
 api_pid=
 fake_pid=
 
-cleanup() {
-	for p in $host_pid $api_pid $fake_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid $fake_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
-	t_cleanup
-}
-trap cleanup EXIT
-
 before_qemu=$(count_qemu)
 before_locks=$(count_slot_locks)
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
-	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}' > "$T_TMP/api.json"
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
+	'. + {host_lost_after_s: 5, quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}'
 jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
 	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
@@ -57,13 +42,9 @@ jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" 
 	  heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 2, prestart: 1},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
 
-"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
+api_up "$T_TMP/api.json" "$API"
+t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
 for _ in $(seq 1200); do
 	[ "$(admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live" and .capacity.pool.ready >= 2)] | length' 2> /dev/null)" = 1 ] && break
 	kill -0 "$host_pid" 2> /dev/null || break
@@ -72,8 +53,7 @@ done
 if [ "$(admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null)" = 1 ]; then
 	ok "kiln-api and kiln-host start; the host registers, its pool fills"
 else
-	not_ok "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/host.err")"
-	t_done; exit 1
+	t_bail "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/host.err")"
 fi
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
@@ -171,8 +151,8 @@ check "kiln task logs of the finished task prints all of its stdout (got $got)" 
 # GET of the task with 500 (as a reply over hostclient's 64 MiB cap did).
 kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
 FAKE_PORT=$((HOST_PORT + 1))
-$PY "$ROOT/tests/integration/fake_host.py" "$FAKE_PORT" "$API" "$TOKEN" "$T_TMP/gets" 2> "$T_TMP/fake.err" &
-fake_pid=$!
+t_bg $PY "$ROOT/tests/integration/fake_host.py" "$FAKE_PORT" "$API" "$TOKEN" "$T_TMP/gets" 2> "$T_TMP/fake.err"
+fake_pid=$T_BG_PID
 for _ in $(seq 100); do
 	[ "$(admin "$API/v1/admin/hosts" | jq -r '[(.hosts // .)[] | select(.state == "live") | .id] | join(",")' 2> /dev/null)" = fake ] && break
 	sleep 0.2

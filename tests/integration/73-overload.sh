@@ -8,26 +8,19 @@
 # everything releases QEMUs, cgroups, mounts and capacity.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools jq curl
 N=6
 TOKEN=overload-$RANDOM$RANDOM
 PORT=$((20000 + RANDOM % 10000))
 host_pid=
-cleanup() {
-	[ -z "$host_pid" ] || { kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; }
-	t_cleanup
-}
-trap cleanup EXIT
 before_cg=$(count_cgroups)
 memcg=$(kiln_cgroup_parent memory)
 
 jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
 	'{listen: ("127.0.0.1:" + $port), host_id: "overload", token: $token, spool_dir: $spool, run_dir: $run,
 	  capacity: {vcpus: 64, cpu_overcommit: 1, memory_mib: 768, memory_overcommit: 2}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
-"$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err" &
-host_pid=$!
+t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err"
+host_pid=$T_BG_PID
 for _ in $(seq 3000); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)
 	local m=$1 p=$2; shift 2

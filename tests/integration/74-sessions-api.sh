@@ -15,12 +15,8 @@
 # processes kept across pause/resume and outputs: 75-sessions.sh.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq curl
+t_require_built kiln-api kiln-host
 KILN_API=$ROOT/build/kiln-api
 
 S3_DIR=$T_TMP/s3
@@ -31,35 +27,12 @@ TOKEN=it-cluster-$RANDOM$RANDOM
 BUCKET=kiln-sessions
 api_pid=''
 h_pids=()
-cleanup() {
-	[ -n "$api_pid" ] && kill "$api_pid" 2> /dev/null
-	for p in "${h_pids[@]}"; do kill -CONT "$p" 2> /dev/null; kill "$p" 2> /dev/null; done
-	for p in "${h_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
-	  quotas: {submit_rate: 1000, submit_burst: 1000},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
+api_config "$T_TMP/api.json" "127.0.0.1:$PORT" '. + {host_lost_after_s: 3, quotas: {submit_rate: 1000, submit_burst: 1000}}'
 
-start_api() {
-	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do
-		curl -sf --max-time 1 "$URL/healthz" > /dev/null && return 0
-		kill -0 "$api_pid" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
+start_api() { api_start "$T_TMP/api.json" "$URL"; }
 stop_api() { [ -n "$api_pid" ] && kill "${1:--TERM}" "$api_pid" 2> /dev/null && wait "$api_pid" 2> /dev/null; api_pid=; }
 start_host() { # N: host hN on PORT+N, its own spool and run directory (kept across restarts)
 	local port=$((PORT + $1))
@@ -69,13 +42,12 @@ start_host() { # N: host hN on PORT+N, its own spool and run directory (kept acr
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
-	"$ROOT/build/kiln-host" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err" &
-	h_pids[$1]=$!
+	t_bg "$ROOT/build/kiln-host" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
+	h_pids[$1]=$T_BG_PID
 }
 # wait_host N: until host N answers on its port
 wait_host() { for _ in $(seq 600); do curl -sf -m 1 "http://127.0.0.1:$((PORT + $1))/healthz" > /dev/null && return 0; sleep 0.1; done; return 1; }
 stop_host() { kill "${2:--TERM}" "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 # wait_live N SECONDS: until N hosts are live
@@ -112,13 +84,13 @@ wait_state() {
 # wait_log TEXT SECONDS: until kiln-api's stderr has TEXT
 wait_log() { for _ in $(seq $(($2 * 5))); do grep -qF -- "$1" "$T_TMP/api.err" && return 0; sleep 0.2; done; return 1; }
 
-if ! start_api; then echo "1..0 # SKIP kiln-api did not start: $(tail -3 "$T_TMP/api.err")"; exit 0; fi
+start_api || t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
 start_host 1
 start_host 2
 # A first start creates the VM snapshot: minutes.
 wait_live 2 600
 if [ "$(live_hosts)" = 2 ]; then ok "two kiln-hosts register with kiln-api"
-else not_ok "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; exit 1; fi
+else t_bail "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; fi
 
 req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"acme","quotas":{"max_running":2}}' > /dev/null
 req "$ADMIN" POST /v1/admin/customers --data-binary '{"id":"beta"}' > /dev/null
@@ -360,8 +332,8 @@ req "$ADMIN" PUT /v1/admin/customers/acme/quotas --data-binary '{"session_auto_p
 # ---- kiln-api restarts: sessions survive and keep working ----
 st=$(create "$KA" '{"idle_timeout_s":300}'); SR=$(last .id)
 sh_exec "$KA" "$SR" 'printf v > /work/k' > /dev/null
-sexec "$KA" "$SR" '{"argv":["sleep","8"]}' > /dev/null &
-slow=$!
+t_bg sexec "$KA" "$SR" '{"argv":["sleep","8"]}' > /dev/null
+slow=$T_BG_PID
 sleep 0.5
 t0=$(date +%s%N)
 stop_api

@@ -10,13 +10,8 @@
 # CLI; nothing left behind. kiln-api's logic without VMs: 74-sessions-api.sh.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
-grep -qa '/v1/sessions' "$ROOT/build/kiln-host" || { echo "1..0 # SKIP kiln-host has no sessions yet"; exit 0; }
+t_require_tools swift-proxy-server memcached jq curl
+t_require_built kiln kiln-api kiln-host tests/s3tool
 
 S3_DIR=$T_TMP/s3
 TOKEN=sess-token-$RANDOM$RANDOM$RANDOM
@@ -26,25 +21,11 @@ URL=http://127.0.0.1:$API_PORT
 BUCKET=kiln-sessions
 api_pid=
 h_pids=()
-cleanup() {
-	for p in "${h_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
-	for p in "${h_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 server did not start: $(tail -3 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3,
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
-"$ROOT/build/kiln-api" --config "$T_TMP/api.json" > "$T_TMP/api.out" 2> "$T_TMP/api.err" &
-api_pid=$!
-for _ in $(seq 100); do curl -sf -m 1 "$URL/healthz" > /dev/null && break; sleep 0.1; done
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 3}'
+api_up "$T_TMP/api.json" "$URL"
 
 start_host() { # N: host hN on API_PORT+N
 	local port=$((API_PORT + $1))
@@ -54,11 +35,10 @@ start_host() { # N: host hN on API_PORT+N
 		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
 		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
-	"$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err" &
-	h_pids[$1]=$!
+	t_bg "$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
+	h_pids[$1]=$T_BG_PID
 }
 stop_host() { kill "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 # req KEY METHOD PATH [curl args]: body in $T_TMP/last, status echoed
@@ -87,7 +67,7 @@ start_host 2
 # A first start creates the VM snapshot: minutes.
 for _ in $(seq 3000); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
 if [ "$(live_hosts)" = 2 ]; then ok "two kiln-hosts register with kiln-api"
-else not_ok "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; exit 1; fi
+else t_bail "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; fi
 
 admin -X POST --data '{"id":"acme","quotas":{"max_running":1}}' "$URL/v1/admin/customers" > /dev/null
 admin -X POST --data '{"id":"beta"}' "$URL/v1/admin/customers" > /dev/null
@@ -201,13 +181,11 @@ unset KILN_API KILN_KEY
 
 # ---- delete ----
 req "$KA" POST "/v1/sessions/$S1/pause" > /dev/null
-before=-; [ -x "$ROOT/build/tests/s3tool" ] && before=$(s3_head "acme/sessions/$S1/manifest.json")
+before=$(s3_head "acme/sessions/$S1/manifest.json")
 st=$(req "$KA" DELETE "/v1/sessions/$S1")
 expect "DELETE of the paused session: destroyed" 200 "$st" '.state == "destroyed" and .end_reason == "deleted"'
-if [ -x "$ROOT/build/tests/s3tool" ]; then
-	after=$(s3_head "acme/sessions/$S1/manifest.json")
-	check "its snapshot is deleted from S3 (head before: $before, after: $after; 3 = absent)" [ "$before" = 0 -a "$after" = 3 ]
-else skip "its snapshot is deleted from S3" "build/tests/s3tool missing: make unit"; fi
+after=$(s3_head "acme/sessions/$S1/manifest.json")
+check "its snapshot is deleted from S3 (head before: $before, after: $after; 3 = absent)" [ "$before" = 0 -a "$after" = 3 ]
 st=$(req "$KA" POST "/v1/sessions/$S1/resume"); expect "a destroyed session cannot be resumed: 404 not_found" 404 "$st" '.error.code == "not_found"'
 for op in "GET files?path=/etc/hostname" "PUT files?path=/tmp/x" "POST exec" "POST pause" "POST outputs"; do
 	st=$(req "$KA" "${op%% *}" "/v1/sessions/$S1/${op#* }" --data-binary '{"argv":["true"]}')

@@ -16,15 +16,13 @@
 # restart of kiln-api loses nothing (queued builds are placed, running ones
 # followed again).
 . "$(dirname "$0")/lib.sh"
-for t in swift-proxy-server memcached jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq curl
 KILN_API=${KILN_IT_BIN:-$ROOT/build}/kiln-api
 S3TOOL=$ROOT/build/tests/s3tool
-[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
-[ -x "$S3TOOL" ] || { echo "1..0 # SKIP $S3TOOL missing: run make unit"; exit 0; }
+[ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
+[ -x "$S3TOOL" ] || t_skip_all "$S3TOOL missing: run make unit"
+KILN_API_BIN=$KILN_API
 PY=/usr/bin/python3
-S3_DIR=$T_TMP/s3
 PORT=$((20000 + RANDOM % 12000))
 HPORT=$((PORT + 1))
 API=http://127.0.0.1:$PORT
@@ -33,44 +31,22 @@ TOKEN=it-token-$RANDOM$RANDOM
 BUCKET=kiln-templates
 STATE=$T_TMP/host
 api_pid=
-fake_pid=
-cleanup() {
-	for p in $api_pid $fake_pid; do kill "$p" 2> /dev/null; done
-	for p in $api_pid $fake_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
-	t_cleanup
-}
-trap cleanup EXIT
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY S3_BUCKET=$BUCKET
 mkdir -p "$STATE" "$T_TMP/spool"
-api_config() {
-	jq -n --arg listen "127.0.0.1:$PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
-		  quotas: {submit_rate: 1000, submit_burst: 1000, max_templates: 4}}' > "$T_TMP/api.json"
-}
-start_api() {
-	TMPDIR=$T_TMP/spool "$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && return 0; sleep 0.1; done
-	return 1
-}
+start_api() { TMPDIR=$T_TMP/spool api_start "$T_TMP/api.json" "$API"; }
 # A random port may be taken: another one, a few times, before giving up.
 for attempt in 1 2 3 4 5; do
-	api_config
+	api_config "$T_TMP/api.json" "127.0.0.1:$PORT" \
+		'. + {host_lost_after_s: 5, quotas: {submit_rate: 1000, submit_burst: 1000, max_templates: 4}}'
 	start_api && break
-	kill "$api_pid" 2> /dev/null; wait "$api_pid" 2> /dev/null
+	t_stop "$api_pid"
 	grep -q 'Address already in use' "$T_TMP/api.err" || attempt=5
-	[ "$attempt" = 5 ] && { not_ok "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"; t_done; exit 1; }
+	[ "$attempt" = 5 ] && t_bail "kiln-api starts" "$(tail -3 "$T_TMP/api.err")"
 	PORT=$((20000 + RANDOM % 12000)); HPORT=$((PORT + 1)); API=http://127.0.0.1:$PORT
 	: > "$T_TMP/api.err"
 done
-$PY "$ROOT/tests/integration/fake_host.py" "$HPORT" "$API" "$TOKEN" "$T_TMP/count" "$STATE" 2> "$T_TMP/fake.err" &
-fake_pid=$!
+t_bg $PY "$ROOT/tests/integration/fake_host.py" "$HPORT" "$API" "$TOKEN" "$T_TMP/count" "$STATE" 2> "$T_TMP/fake.err"
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
 # as KEY ARGS...: a customer's request; the body in $T_TMP/out, the status printed
 as() { local k=$1; shift; curl -s -m 60 -o "$T_TMP/out" -w '%{http_code}' -H "Authorization: Bearer $k" "$@"; }

@@ -7,19 +7,18 @@
 # file the step wrote, the env, the workdir); deleting the template deletes
 # its image from S3 once no task needs it. An OCI archive made with umoci is
 # uploaded through kiln-api, imported by kiln-host, and a task runs in it as
-# the image's user, in its directory, with its env. Nothing is left running. Skips
-# (saying so) when this kiln-host has no /v1/builds.
+# the image's user, in its directory, with its env. Nothing is left running.
+# kiln-api or kiln-host not starting, or a kiln-host without /v1/builds, is
+# a failure that ends the script.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached curl jq; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached curl jq
 BIN=${KILN_IT_BIN:-$ROOT/build}
 KILN_HOST=$BIN/kiln-host
 KILN_API=$BIN/kiln-api
 S3TOOL=$ROOT/build/tests/s3tool
 for b in "$KILN_API" "$KILN_HOST" "$S3TOOL"; do
-	[ -x "$b" ] || { echo "1..0 # SKIP $b missing: run make and make unit"; exit 0; }
+	[ -x "$b" ] || t_skip_all "$b missing: run make and make unit"
 done
 S3_DIR=$T_TMP/s3
 TOKEN=it-token-$RANDOM$RANDOM
@@ -31,50 +30,35 @@ HOST=http://127.0.0.1:$HOST_PORT
 BUCKET=kiln-tpl-e2e
 host_pid=
 api_pid=
-cleanup() {
-	for p in $host_pid $api_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
-	t_cleanup
-}
-trap cleanup EXIT
 before_qemu=$(count_qemu)
 before_cg=$(count_cgroups)
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY S3_BUCKET=$BUCKET
-jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 10,
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api.json"
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 10}'
 jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
 	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" --arg cache "$T_TMP/cache" \
 	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
 	'{listen: $listen, host_id: "tpl-e2e", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
 	  cache: $cache, heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
-"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-api_pid=$!
-for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
-"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-host_pid=$!
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
+KILN_API_BIN=$KILN_API api_up "$T_TMP/api.json" "$API"
+t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
+host_pid=$T_BG_PID
+live=
 for _ in $(seq 600); do
-	[ "$(admin "$API/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null)" = 1 ] && break
+	[ "$(admin "$API/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null)" = 1 ] && { live=1; break; }
 	kill -0 "$host_pid" 2> /dev/null || break
 	sleep 0.2
 done
-st=$(curl -s -o /dev/null -w '%{http_code}' -m 5 -H "Authorization: Bearer $TOKEN" "$HOST/v1/builds/none")
-[ "$st" = 404 ] && curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST/v1/builds/none" | grep -q 'no such endpoint' && st="404 no such endpoint"
-if [ "$st" != 404 ]; then
-	echo "1..0 # SKIP this kiln-host has no /v1/builds (GET /v1/builds/x: $st)"; exit 0
-fi
+[ -n "$live" ] || t_bail "the kiln-host starts and registers with kiln-api" "$(tail -5 "$T_TMP/host.err")"
+# /v1/builds/<unknown id>: a plain 404 (not_found), not the router's "no such endpoint".
+st=$(curl -s -o "$T_TMP/builds.json" -w '%{http_code}' -m 5 -H "Authorization: Bearer $TOKEN" "$HOST/v1/builds/none")
+[ "$st" = 404 ] && ! grep -q 'no such endpoint' "$T_TMP/builds.json" ||
+	t_bail "kiln-host serves /v1/builds (GET /v1/builds/none: $st, want a plain 404)" "$(head -c 300 "$T_TMP/builds.json")"
 ok "kiln-api and a kiln-host with /v1/builds start; the host registers"
 admin -X POST --data '{"id":"acme"}' "$API/v1/admin/customers" > /dev/null
 KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 jqe() { jq -e "$@" > /dev/null 2>&1; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
 
 recipe='{"name":"hello","run":["echo hi-from-template > /etc/hello"],"env":{"GREETING":"hey"},"workdir":"/srv"}'
 t0=$SECONDS

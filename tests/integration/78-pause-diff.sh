@@ -18,10 +18,8 @@
 # chunks; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in ip nsenter swift-proxy-server memcached python3; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-python3 -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+t_require_tools ip nsenter swift-proxy-server memcached python3
+t_require_python boto3
 
 N=$((RANDOM % 200 + 20))
 NET=10.232.$N
@@ -29,12 +27,6 @@ TOKEN=pd-token-$RANDOM$RANDOM
 PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1)); PC=$((PA + 2))
 BUCKET=kiln-pausediff
 declare -A hostpid addr
-cleanup() {
-	for p in "${hostpid[@]}"; do kill "$p" 2> /dev/null; done
-	for p in "${hostpid[@]}"; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
 before_cg=$(count_cgroups)
 # A bridge in the root namespace, one namespace per host (a .11, b .12, c .13).
 net_bridge "kpd$N" "$NET.1"
@@ -52,9 +44,9 @@ start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not
 		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
 	# nsenter --net: only the network namespace (ip netns exec would also
 	# remount /sys, hiding the cgroups the jail needs); it execs the host.
-	nsenter --net="/run/netns/kiln-pd-$N-$1" ${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" \
-		>> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err" &
-	hostpid[$1]=$!
+	t_bg nsenter --net="/run/netns/kiln-pd-$N-$1" ${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" \
+		>> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err"
+	hostpid[$1]=$T_BG_PID
 	for _ in $(seq 1800); do
 		curl -s -m 1 "http://${addr[$2]}:$2/healthz" > /dev/null && return 0
 		sleep 0.2
@@ -115,10 +107,10 @@ M=acme/sessions/s1/manifest.json
 
 CACHE_B=$T_TMP/cache-b
 if start_host a "$PA" && start_host b "$PB" "$CACHE_B"; then ok "two kiln-hosts, each in its own network namespace, share one S3"
-else not_ok "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; exit 1; fi
+else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
 
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
-if [ "$st" = 201 ] && [ "$(last .state)" = running ]; then ok "a 512 MiB session runs on A"; else not_ok "a 512 MiB session runs on A ($st)" "$(cat "$T_TMP/last")"; exit 1; fi
+if [ "$st" = 201 ] && [ "$(last .state)" = running ]; then ok "a 512 MiB session runs on A"; else t_bail "a 512 MiB session runs on A ($st)" "$(cat "$T_TMP/last")"; fi
 
 # A process holding ~200 MiB of written memory (a random MiB repeated, each
 # page made distinct) that serves its hashes on a TCP socket.
@@ -193,8 +185,8 @@ check "...with its process and memory intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
 # --- a pause cut by SIGKILL of kiln-host ---
 old_keys=$(s3py keys $M)
 ex "$PA" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
-curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://${addr[$PA]}:$PA/v1/sessions/s1/pause" &
-cpid=$!
+t_bg curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://${addr[$PA]}:$PA/v1/sessions/s1/pause"
+cpid=$T_BG_PID
 sleep 0.4
 kill -9 "${hostpid[a]}"; wait "${hostpid[a]}" 2> /dev/null; wait "$cpid" 2> /dev/null
 check "after SIGKILL mid-pause the manifest in S3 is whole (the old one or the new one)" test "$(s3py whole $M)" = yes

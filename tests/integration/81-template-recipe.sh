@@ -12,9 +12,7 @@
 # (mirror_proxy.py) passes apt's requests on to this machine's real mirror.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in ip nsenter nft curl jq; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools ip nsenter nft curl jq
 
 # The machine's Debian mirror, as image/build-rootfs.sh finds it.
 UPSTREAM=$(grep -hsoE '^URIs: *http[^ ]*debian/?$' /etc/apt/sources.list.d/*.sources | head -n1 | awk '{print $2}')
@@ -35,9 +33,7 @@ proxy_pid=
 build_pid=
 
 cleanup() {
-	[ -n "$build_pid" ] && kill "$build_pid" 2> /dev/null
-	[ -n "$proxy_pid" ] && kill "$proxy_pid" 2> /dev/null
-	wait 2> /dev/null
+	t_reap
 	ip netns del "$NS" 2> /dev/null
 	ip link del "$LINK" 2> /dev/null
 	t_cleanup
@@ -48,9 +44,9 @@ ip netns add "$NS" 2> /dev/null && ip link add "$LINK" type veth peer name eth0 
 	echo "1..0 # SKIP cannot create a network namespace and a veth pair (needs root and CAP_NET_ADMIN)"; exit 0; }
 ip addr add "$PEER/30" dev "$LINK" && ip link set "$LINK" up
 ip -n "$NS" addr add "$SELF/30" dev eth0 && ip -n "$NS" link set eth0 up && ip -n "$NS" link set lo up
-/usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" "$PORT" "$UPSTREAM" "$T_TMP/proxy.count" \
-	2> "$T_TMP/proxy.err" &
-proxy_pid=$!
+t_bg /usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" "$PORT" "$UPSTREAM" "$T_TMP/proxy.count" \
+	2> "$T_TMP/proxy.err"
+proxy_pid=$T_BG_PID
 for _ in $(seq 100); do curl -s -o /dev/null -m 2 "$MIRROR/dists/bookworm/InRelease" && break; sleep 0.1; done
 jq -n --arg dns "$PEER:53" '{network: {egress: true, dns_upstream: $dns, link_range: "10.203.0.0/16"}}' > "$T_TMP/host.json"
 
@@ -192,9 +188,9 @@ else not_ok "egress disabled" "$(why noegress)"; fi
 
 # Cancel: SIGTERM while a step runs.
 printf '%s' '{"name":"x","run":["sleep 600"]}' > "$T_TMP/cancel.recipe"
-nsenter --net="/run/netns/$NS" "$KILN_HOST" template build "$T_TMP/cancel.recipe" --out "$T_TMP/cancel.ext4" \
-	--timeout 600 --max-mib 2048 > "$T_TMP/cancel.json" 2> "$T_TMP/cancel.log" &
-build_pid=$!
+t_bg nsenter --net="/run/netns/$NS" "$KILN_HOST" template build "$T_TMP/cancel.recipe" --out "$T_TMP/cancel.ext4" \
+	--timeout 600 --max-mib 2048 > "$T_TMP/cancel.json" 2> "$T_TMP/cancel.log"
+build_pid=$T_BG_PID
 for _ in $(seq 600); do grep -q '^\[build\] run\[0\]' "$T_TMP/cancel.log" 2> /dev/null && break; sleep 0.1; done
 t0=$(date +%s)
 kill -TERM "$build_pid"
@@ -213,7 +209,9 @@ check "no cgroup left" test "$(count_cgroups)" = "$before_cg"
 check "no mount left" test "$(count_mounts)" = "$before_mounts"
 check "no run directory entry left" test "$(count_run_entries)" = "$before_run"
 check "no sandbox link left in the build's namespace" test "$(ip -n "$NS" -o link | wc -l)" = "$before_links"
-check "no nftables table left in the build's namespace" test -z "$(nsenter --net="/run/netns/$NS" nft list tables 2> /dev/null)"
+# nft must answer in the namespace (a probe that fails is not "no table").
+tables=$(nsenter --net="/run/netns/$NS" nft list tables 2>&1); nft_rc=$?
+check "no nftables table left in the build's namespace (nft: exit $nft_rc, '$tables')" test "$nft_rc" = 0 -a -z "$tables"
 # (Slot locks die with their holder: no QEMU and no kiln-host left means none
 # held; the machine-wide count would also see other worktrees' VMs.)
 check "no kiln-host process left" test -z "$(pgrep -f "template build $T_TMP" || true)"

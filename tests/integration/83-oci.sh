@@ -283,8 +283,8 @@ import bigtime "$T_TMP/big.tar" --timeout 1
 check "an import past --timeout: build_timeout, nothing left" \
 	test "$(r bigtime .error.code)" = build_timeout -a ! -e "$T_TMP/bigtime.ext4" -a ! -e "$T_TMP/bigtime.work"
 # SIGTERM is kiln-host template import's cancel_fd.
-"$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigcan.ext4" > "$T_TMP/bigcan.json" 2> "$T_TMP/bigcan.err" &
-pid=$!
+t_bg "$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigcan.ext4" > "$T_TMP/bigcan.json" 2> "$T_TMP/bigcan.err"
+pid=$T_BG_PID
 wait_for() { local i; for i in $(seq 100); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 wait_for 'skopeo copy' "$T_TMP/bigcan.err"
 kill -TERM $pid
@@ -293,8 +293,8 @@ check "SIGTERM during skopeo: cancelled, nothing left" \
 	test "$(r bigcan .error.code)" = cancelled -a ! -e "$T_TMP/bigcan.ext4" -a ! -e "$T_TMP/bigcan.ext4.work"
 # A crash (SIGKILL) mid-import: the jail dies with its parent; `kiln-host reap`
 # removes its cgroups through the record in the run directory.
-"$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigkill.ext4" > /dev/null 2> "$T_TMP/bigkill.err" &
-pid=$!
+t_bg "$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigkill.ext4" > /dev/null 2> "$T_TMP/bigkill.err"
+pid=$T_BG_PID
 wait_for 'skopeo copy' "$T_TMP/bigkill.err"
 sleep 0.3
 kill -KILL $pid

@@ -11,9 +11,7 @@
 # requests for one small package (jq) to the machine's own Debian mirror.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in ip nsenter swift-proxy-server umoci busybox; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools ip nsenter swift-proxy-server umoci busybox
 [ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }
 [ -e "$ROOT/build/image/rootfs-python-data.ext4" ] || { echo "1..0 # SKIP the python-data image is missing: run make image"; exit 0; }
 
@@ -40,13 +38,6 @@ BUCKET=kiln-templates-it
 host_pids=()
 api_pid=
 
-cleanup() {
-	for p in "${host_pids[@]}" $api_pid; do kill "$p" 2> /dev/null; done
-	for p in "${host_pids[@]}" $api_pid; do wait "$p" 2> /dev/null; done
-	[ -n "$proxy_pid" ] && kill "$proxy_pid" 2> /dev/null
-	t_cleanup # the namespaces (kp$N goes with $NS-1), the bridge, S3
-}
-trap cleanup EXIT
 
 before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
@@ -54,15 +45,14 @@ for n in 1 2; do net_ns "$NS-$n" "kt$N-$n" "$NET.$((10 + n))"; done
 ip link add "kp$N" type veth peer name eth1 netns "$NS-1"
 ip addr add "$PEER/30" dev "kp$N" && ip link set "kp$N" up
 ip -n "$NS-1" addr add "$PSELF/30" dev eth1 && ip -n "$NS-1" link set eth1 up
-/usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" 3142 "$UPSTREAM" "$T_TMP/proxy.count" 2> "$T_TMP/proxy.err" &
-proxy_pid=$!
+t_bg /usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" 3142 "$UPSTREAM" "$T_TMP/proxy.count" 2> "$T_TMP/proxy.err"
+proxy_pid=$T_BG_PID
 
 s3_local_start "$NET.1"
 S3='{"endpoint":"'$S3_ENDPOINT'","region":"us-east-1","bucket":"'$BUCKET'","access_key":"'$S3_ACCESS_KEY'","secret_key":"'$S3_SECRET_KEY'"}'
 
-jq -n --arg listen "$NET.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" --argjson s3 "$S3" \
-	'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 3, s3: $s3}' > "$T_TMP/api.json"
-api_start "$T_TMP/api.json" "$API"
+api_config "$T_TMP/api.json" "$NET.1:$API_PORT" '. + {host_lost_after_s: 3}'
+api_up "$T_TMP/api.json" "$API"
 
 host_config() { # n listen extra-json
 	jq -n --arg n "$1" --arg listen "$2" --arg api "$API" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" \
@@ -76,9 +66,8 @@ host_config 2 "$NET.12:7070" '{}'
 # Each host keeps its templates in a cache of its own: h2 must not see what h1 fetched or built.
 for n in 1 2; do mkdir -p "$T_TMP/cache-$n"; ln -s "${KILN_CACHE:-/var/cache/kiln}/snapshots" "$T_TMP/cache-$n/snapshots" 2> /dev/null || true; done
 start_host() { # n
-	# nsenter --net: only the network namespace (ip netns exec would remount /sys and hide the cgroups).
-	nsenter --net="/run/netns/$NS-$1" "$KILN_HOST" serve --config "$T_TMP/host$1.json" >> "$T_TMP/host$1.out" 2>> "$T_TMP/host$1.err" &
-	host_pids[$1]=$!
+	host_start "$T_TMP/host$1.json" "host$1" "$NS-$1"
+	host_pids[$1]=$host_pid
 }
 other() { curl -s -m 70 -H "Authorization: Bearer $KEY2" -H 'Content-Type: application/json' "$@"; }
 host_json() { admin "$API/v1/admin/hosts" | jq -c --arg h "$1" '(.hosts // .)[] | select(.id == $h)'; }
@@ -152,8 +141,8 @@ RECIPE=$(jq -cn --arg f "$(printf 'hello-from-file' | base64)" '{name: "tools", 
 	run: ["echo built-by-run > /opt/marker && chmod 644 /opt/marker"], env: {TEMPLATE_VAR: "x1"}}')
 t0=$(date +%s)
 code=$(cust -o "$T_TMP/tools.json" -w '%{http_code}' -X POST --data "$RECIPE" "$API/v1/templates")
-curl -s -N -m 900 -H "Authorization: Bearer $KEY" "$API/v1/templates/tools/events" > "$T_TMP/tools.ev" &
-ev_pid=$!
+t_bg curl -s -N -m 900 -H "Authorization: Bearer $KEY" "$API/v1/templates/tools/events" > "$T_TMP/tools.ev"
+ev_pid=$T_BG_PID
 wait_template tools 900
 build_s=$(( $(date +%s) - t0 ))
 wait "$ev_pid" 2> /dev/null

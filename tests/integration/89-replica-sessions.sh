@@ -18,13 +18,9 @@
 # destroyed under it and the pause settled under it.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server jq curl; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
-ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 || { echo "1..0 # SKIP no PostgreSQL server: run scripts/deps.sh"; exit 0; }
+t_require_tools swift-proxy-server jq curl
+t_require_built kiln-api kiln-host
+ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1 || t_skip_all "no PostgreSQL server: run scripts/deps.sh"
 PSQL=$(ls /usr/lib/postgresql/*/bin/psql 2> /dev/null | sort -V | tail -1)
 [ -x "$PSQL" ] || PSQL=$(command -v psql) || { echo "1..0 # SKIP no psql: run scripts/deps.sh"; exit 0; }
 
@@ -36,30 +32,23 @@ BUCKET=kiln-replica-sessions
 api_pids=()
 host_pid=
 cleanup() {
-	for p in $host_pid "${api_pids[@]}"; do kill "$p" 2> /dev/null; done
-	for p in $host_pid "${api_pids[@]}"; do wait "$p" 2> /dev/null; done
+	t_reap
 	rm -rf "$KILN_RUN_DIR/h1"
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 	t_cleanup
 }
 trap cleanup EXIT
 before_cg=$(count_cgroups)
-pg_start || { echo "1..0 # SKIP PostgreSQL did not start"; exit 0; }
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+pg_start || t_bail "PostgreSQL (scripts/pg-local.sh) starts"
+s3_local_start
 
 url() { echo "http://127.0.0.1:$((BASE + $1))"; } # replicas 0 (A), 1 (B), 2 (C)
 start_api() { # r
 	local r=$1
-	jq -n --arg listen "127.0.0.1:$((BASE + r))" --arg pg "$T_PG_URL" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: $listen, store: {postgres: $pg}, admin_key: $admin, cluster_token: $token, host_lost_after_s: 10,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/api$r.json"
-	"$ROOT/build/kiln-api" --config "$T_TMP/api$r.json" >> "$T_TMP/api$r.out" 2>> "$T_TMP/api$r.err" &
-	api_pids[$r]=$!
-	for _ in $(seq 100); do curl -s -m 1 "$(url "$r")/healthz" > /dev/null && return 0; sleep 0.1; done
-	return 1
+	api_config "$T_TMP/api$r.json" "127.0.0.1:$((BASE + r))" "del(.db) + {store: {postgres: \"$T_PG_URL\"}, host_lost_after_s: 10}"
+	api_start "$T_TMP/api$r.json" "$(url "$r")" "api$r"
+	local rc=$?
+	api_pids[$r]=$api_pid
+	return $rc
 }
 # on R KEY METHOD PATH [curl args]: the status; the body in $T_TMP/last
 on() {
@@ -90,7 +79,7 @@ settled_logs() { cat "$T_TMP"/api*.err | grep -c 'no request behind it' || true;
 ok_all=1
 for r in 0 1 2; do start_api "$r" || ok_all=0; done
 if [ "$ok_all" = 1 ]; then ok "three kiln-api replicas start on one PostgreSQL"
-else not_ok "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; exit 1; fi
+else t_bail "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; fi
 check "the store has the session_leases table (migration 8)" [ "$(leases)" = 0 ]
 
 jq -n --arg port "$((BASE + 3))" --arg token "$TOKEN" --arg api "$(url 2)" --arg spool "$T_TMP/spool" \
@@ -99,13 +88,12 @@ jq -n --arg port "$((BASE + 3))" --arg token "$TOKEN" --arg api "$(url 2)" --arg
 	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
 	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
-"$KILN_HOST" serve --config "$T_TMP/h1.json" >> "$T_TMP/h1.out" 2>> "$T_TMP/h1.err" &
-host_pid=$!
+host_start "$T_TMP/h1.json" h1
 live() { on "$1" "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live 2)" = 1 ] && break; sleep 0.2; done
 lv=1; for r in 0 1 2; do [ "$(live "$r")" = 1 ] || lv=0; done
 if [ "$lv" = 1 ]; then ok "the kiln-host heartbeats to C; every replica sees it live"
-else not_ok "host live" "$(tail -3 "$T_TMP/h1.err")"; exit 1; fi
+else t_bail "host live" "$(tail -3 "$T_TMP/h1.err")"; fi
 
 on 0 "$ADMIN" POST /v1/admin/customers -H 'Content-Type: application/json' --data '{"id":"acme"}' > /dev/null
 on 1 "$ADMIN" POST /v1/admin/customers/acme/keys > /dev/null; KEY=$(last .key)
@@ -161,8 +149,8 @@ check "resume on B: running" [ "$st" = 200 -a "$(last .state)" = running ]
 # ---- A SIGKILLed during an exec: its lease lapses, then B or C ends it ----
 on 2 "$KEY" POST /v1/sessions -H 'Content-Type: application/json' --data '{"idle_timeout_s":2}' > /dev/null
 S3=$(last .id)
-ex 0 "$S3" '{"argv":["sleep","60"],"timeout_s":120}' > /dev/null &
-long=$!
+t_bg ex 0 "$S3" '{"argv":["sleep","60"],"timeout_s":120}' > /dev/null
+long=$T_BG_PID
 for _ in $(seq 50); do [ "$(leases)" -ge 1 ] && break; sleep 0.1; done
 sleep 1
 kill -9 "${api_pids[0]}"; wait "${api_pids[0]}" 2> /dev/null; wait "$long" 2> /dev/null
@@ -177,11 +165,14 @@ st=$(ex 0 "$S1" '{"argv":["cat","/work/b.txt"]}')
 check "A restarted (a new lease owner): exec on A" [ "$st" = 200 -a "$(last .stdout)" = from-b ]
 
 # ---- A SIGKILLed during a pause: settled by another replica once its lease lapsed ----
-# A 64 MiB process makes the pause last long enough to be caught in pausing.
+# S3 frozen (its proxy SIGSTOPped) holds the pause in pausing: the host
+# cannot finish the snapshot's upload until the thaw, so the window is not a
+# race. A 64 MiB process gives the pause something to upload.
 ex 1 "$S1" '{"argv":["sh","-c","python3 -c \"import os, time; b = os.urandom(64 << 20); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
 before=$(settled_logs)
-on 0 "$KEY" POST "/v1/sessions/$S1/pause" > /dev/null &
-pz=$!
+s3_local_freeze
+t_bg on 0 "$KEY" POST "/v1/sessions/$S1/pause" > /dev/null
+pz=$T_BG_PID
 caught=0
 for _ in $(seq 200); do [ "$(state_on 1 "$S1")" = pausing ] && { caught=1; break; }; sleep 0.05; done
 if [ "$caught" = 1 ]; then
@@ -190,6 +181,7 @@ if [ "$caught" = 1 ]; then
 	sleep 1.5
 	check "A killed during a pause: 1.5 s later no replica has settled it yet (its lease lives)" \
 		[ "$(state_on 1 "$S1")" = pausing -a "$(settled_logs)" = "$before" ]
+	s3_local_thaw
 	wait_state 2 "$S1" '^(paused|running)$' 40
 	s=$(state_on 2 "$S1")
 	n=$(settled_logs)
@@ -197,9 +189,10 @@ if [ "$caught" = 1 ]; then
 		[ \( "$s" = paused -o "$s" = running \) -a "$n" -gt "$before" ]
 	start_api 0 || not_ok "A restarts" "$(tail -3 "$T_TMP/api0.err")"
 else
+	s3_local_thaw
 	wait "$pz" 2> /dev/null
-	skip "A killed during a pause" "the pause ended before it was seen in pausing (state $(state_on 1 "$S1"))"
-	skip "settled after A's lease lapsed" "no pause caught in pausing"
+	not_ok "A killed during a pause" "the pause was never seen in pausing, though S3 was frozen (state $(state_on 1 "$S1"))"
+	not_ok "settled after A's lease lapsed" "no pause caught in pausing"
 fi
 st=$(on 0 "$KEY" GET "/v1/sessions/$S1"); s=$(last .state)
 check "A serves again; the session is paused or running ($s)" [ "$st" = 200 -a \( "$s" = paused -o "$s" = running \) ]

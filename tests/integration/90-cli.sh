@@ -7,12 +7,8 @@
 # kiln up: exit 0, credentials gone, no process or cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
 require_image
-for t in swift-proxy-server memcached jq; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
-for b in kiln kiln-api kiln-host; do
-	[ -x "$ROOT/build/$b" ] || { echo "1..0 # SKIP build/$b missing: run make"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached jq
+t_require_built kiln kiln-api kiln-host
 
 KILN=$ROOT/build/kiln
 UP=$T_TMP/up
@@ -21,18 +17,13 @@ export KILN_CREDENTIALS=$UP/credentials
 unset KILN_API KILN_KEY KILN_ADMIN_KEY
 up_pid=
 
-cleanup() {
-	if [ -n "$up_pid" ]; then kill -TERM "$up_pid" 2> /dev/null; wait "$up_pid" 2> /dev/null; fi
-	t_cleanup
-}
-trap cleanup EXIT
 
 stack_procs() { pgrep -f -- "$UP/" | grep -vx "$$" | wc -l; }
 before_cg=$(count_cgroups)
 before_procs=$(stack_procs)
 
-"$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err" &
-up_pid=$!
+t_bg "$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
+up_pid=$T_BG_PID
 # A first run creates the VM snapshot (minutes); later ones take seconds.
 for _ in $(seq 1200); do
 	[ -f "$UP/credentials" ] && break
@@ -42,8 +33,7 @@ done
 if [ -f "$UP/credentials" ]; then
 	ok "kiln up writes $UP/credentials once the stack is ready"
 else
-	not_ok "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
-	exit 1
+	t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
 fi
 names=$(sed -n 's/^\([A-Z0-9_]*\)=.*/\1/p' "$UP/credentials" | sort | tr '\n' ' ')
 check "credentials: the eleven variables, mode 0600 ($names)" \
@@ -124,8 +114,8 @@ check "kiln task logs replays its stdout" [ "$(cat "$T_TMP/logs.out")" = "$(prin
 
 # --- cancel a long sleep ---
 printf 'import time\nprint("sleeping", flush=True)\ntime.sleep(120)\n' > "$T_TMP/sleep.py"
-"$KILN" run "$T_TMP/sleep.py" > "$T_TMP/sleep.out" 2> "$T_TMP/sleep.err" &
-run_pid=$!
+t_bg "$KILN" run "$T_TMP/sleep.py" > "$T_TMP/sleep.out" 2> "$T_TMP/sleep.err"
+run_pid=$T_BG_PID
 sid=
 for _ in $(seq 200); do
 	sid=$(sed -n 's/^kiln: task \(t_[0-9a-f]*\) .*/\1/p' "$T_TMP/sleep.err" | head -n1)
@@ -198,8 +188,8 @@ else not_ok "processes left" "before=$before_procs up=$running_procs after=$afte
 check "no cgroup left ($(count_cgroups) = $before_cg)" [ "$(count_cgroups)" = "$before_cg" ]
 
 # --- a child that dies: kiln up stops the rest and fails (second start over the same DIR) ---
-"$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up2.out" 2> "$T_TMP/up2.err" &
-up_pid=$!
+t_bg "$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up2.out" 2> "$T_TMP/up2.err"
+up_pid=$T_BG_PID
 for _ in $(seq 600); do
 	[ -f "$UP/credentials" ] && break
 	kill -0 "$up_pid" 2> /dev/null || break

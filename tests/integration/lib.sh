@@ -11,12 +11,46 @@ export KILN_RUN_DIR=${KILN_RUN_DIR:-$(mktemp -d /tmp/kiln-it-run.XXXXXX)}
 T_TMP=$(mktemp -d /tmp/kiln-it.XXXXXX)
 trap 't_cleanup' EXIT
 
+# t_cleanup: on every exit, ends what the test started (the processes of
+# t_bg, PostgreSQL, the local S3, namespaces and bridge) and removes its
+# directories. A script needs no cleanup of its own; one that does more
+# (a namespace made by hand) does it and calls t_cleanup.
 t_cleanup() {
+	t_reap
 	pg_stop
 	s3_local_stop
 	net_down
 	rm -rf "$T_TMP"
 	rmdir "$KILN_RUN_DIR" 2>/dev/null || true
+}
+
+# ---- processes a test starts: one registry, ended by t_cleanup ----
+# t_bg CMD...: runs CMD in the background (the caller's redirections apply),
+# its pid in T_BG_PID and in the registry. t_stop PID [SIGNAL]: sends SIGNAL
+# (default TERM; after a SIGCONT: a test may have stopped it), waits for it
+# and forgets it. t_reap: t_stop of every one still registered. Only this
+# shell's own children are signalled: a pid that ended and was reused by
+# another process is left alone.
+T_PIDS=()
+T_BG_PID=
+t_bg() { "$@" & T_BG_PID=$!; T_PIDS+=("$T_BG_PID"); }
+t_child() { [ -n "$1" ] && [ "$(sed 's/^.*) //' "/proc/$1/stat" 2> /dev/null | cut -d' ' -f2)" = "$$" ]; }
+t_stop() {
+	local p=$1 sig=${2:-TERM} i
+	[ -n "$p" ] || return 0
+	if t_child "$p"; then
+		kill -CONT "$p" 2> /dev/null
+		kill "-$sig" "$p" 2> /dev/null
+		wait "$p" 2> /dev/null
+	fi
+	for i in "${!T_PIDS[@]}"; do [ "${T_PIDS[$i]}" != "$p" ] || unset "T_PIDS[$i]"; done
+	return 0
+}
+t_reap() {
+	local p
+	for p in "${T_PIDS[@]}"; do ! t_child "$p" || { kill -CONT "$p"; kill "$p"; } 2> /dev/null; done
+	for p in "${T_PIDS[@]}"; do ! t_child "$p" || wait "$p" 2> /dev/null; done
+	T_PIDS=()
 }
 
 # pg_start: a PostgreSQL of this test's own (scripts/pg-local.sh: initdb in a
@@ -75,28 +109,69 @@ net_left() {
 }
 # s3_local_start [BIND]: a local S3 (scripts/s3-local.sh) in $T_TMP/s3, its
 # endpoint on BIND (default 127.0.0.1), S3_ENDPOINT, S3_ACCESS_KEY and
-# S3_SECRET_KEY set; when it does not start the whole script skips.
-# t_cleanup stops it.
+# S3_SECRET_KEY set. When it does not start the script bails (t_bail): the
+# tools it needs are checked first (t_require_tools swift-proxy-server
+# memcached), and `make test` installs them, so a server that does not come
+# up is a failure, not a skip. t_cleanup stops it.
 T_S3_DIR=
 s3_local_start() {
 	T_S3_DIR=$T_TMP/s3
-	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-		echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
+	KILN_S3_BIND=${1:-127.0.0.1} "$ROOT/scripts/s3-local.sh" start "$T_S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" ||
+		t_bail "the local S3 (scripts/s3-local.sh) starts" "$(tail -3 "$T_TMP/s3.log")"
 	. "$T_TMP/s3.env"
 }
 s3_local_stop() {
 	[ -n "$T_S3_DIR" ] || return 0
+	s3_local_thaw
 	"$ROOT/scripts/s3-local.sh" stop "$T_S3_DIR" 2> /dev/null
 	T_S3_DIR=
 }
-# api_start CONFIG URL: kiln-api with CONFIG (its output appended to
-# $T_TMP/api.out and api.err), its pid in api_pid; 0 once URL/healthz
-# answers, 1 when it has not in 10 s.
+# s3_local_freeze / s3_local_thaw: SIGSTOP / SIGCONT the local S3's proxy
+# (one process, workers = 0): requests to S3 hang until the thaw, which holds
+# whatever waits on them (a pause's upload) in its state for as long as a
+# test needs. 0, or 1 when there is no proxy of this test's S3.
+s3_local_proxy_pid() { [ -n "$T_S3_DIR" ] && cat "$T_S3_DIR/run/proxy.pid" 2> /dev/null; }
+s3_local_freeze() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -STOP "$p"; }
+s3_local_thaw() { local p; p=$(s3_local_proxy_pid) && [ -n "$p" ] && kill -CONT "$p" 2> /dev/null; return 0; }
+# ---- kiln-api and kiln-host ----
+# api_config FILE LISTEN [JQ]: kiln-api's configuration into FILE: listen
+# on LISTEN, its SQLite database beside FILE (FILE's name, .db), admin_key
+# $ADMIN, cluster_token $TOKEN, and the local S3 (S3_* of s3_local_start,
+# bucket $BUCKET, default kiln-it; when no S3 was started an address where
+# nothing answers). JQ (a jq filter, default .) adds to it or changes it.
+api_config() {
+	local file=$1 listen=$2 extra=${3:-.}
+	jq -n --arg listen "$listen" --arg db "${file%.json}.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
+		--arg ep "${S3_ENDPOINT:-http://127.0.0.1:9}" --arg ak "${S3_ACCESS_KEY:-ak}" --arg sk "${S3_SECRET_KEY:-sk}" \
+		--arg b "${BUCKET:-kiln-it}" \
+		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token,
+		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' | jq "$extra" > "$file"
+}
+# api_start CONFIG URL [NAME]: kiln-api (KILN_API_BIN, default
+# build/kiln-api) with CONFIG (t_bg; its output
+# appended to $T_TMP/NAME.out and NAME.err, default api), its pid in
+# api_pid; 0 once URL/healthz answers, 1 when it has not in 10 s or it died.
 api_start() {
-	"$ROOT/build/kiln-api" --config "$1" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -s -m 1 "$2/healthz" > /dev/null && return 0; sleep 0.1; done
+	t_bg "${KILN_API_BIN:-$ROOT/build/kiln-api}" --config "$1" >> "$T_TMP/${3:-api}.out" 2>> "$T_TMP/${3:-api}.err"
+	api_pid=$T_BG_PID
+	for _ in $(seq 100); do
+		curl -s -m 1 "$2/healthz" > /dev/null && return 0
+		kill -0 "$api_pid" 2> /dev/null || return 1
+		sleep 0.1
+	done
 	return 1
+}
+# api_up CONFIG URL [NAME]: api_start, or the script bails (kiln-api is ours).
+api_up() { api_start "$@" || t_bail "kiln-api${3:+ $3} starts" "$(tail -3 "$T_TMP/${3:-api}.err")"; }
+# host_start CONFIG NAME [NETNS]: kiln-host serve with CONFIG (t_bg; output
+# appended to $T_TMP/NAME.out and NAME.err), in network namespace NETNS when
+# given (nsenter --net only: ip netns exec would remount /sys, hiding the
+# cgroups the jail needs); its pid in host_pid.
+host_start() {
+	local ns=()
+	[ -z "${3:-}" ] || ns=(nsenter --net="/run/netns/$3")
+	t_bg "${ns[@]}" "$KILN_HOST" serve --config "$1" >> "$T_TMP/$2.out" 2>> "$T_TMP/$2.err"
+	host_pid=$T_BG_PID
 }
 # Requests to kiln-api at $API: admin with $ADMIN, cust with $KEY (curl args).
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
@@ -164,6 +239,38 @@ t_done() { [ -n "$T_PLANNED" ] || echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
 # a skip: a skip is for what the machine lacks, not for what kiln got wrong.
 t_bail() { not_ok "$@"; t_done; exit 1; }
 
+# ---- skip or bail ----
+# A dependency the machine lacks skips the whole script, loudly (the runner
+# makes such a skip a failure in strict CI unless it is allow-listed); kiln
+# itself failing (kiln-api, kiln-host or envd does not start or answers
+# wrong) is a failure and ends the script: t_bail.
+# t_skip_all REASON: "1..0 # SKIP REASON", exit 0 (before any result only).
+t_skip_all() { echo "1..0 # SKIP $*"; exit 0; }
+# t_require_tools COMMAND...: skips the whole script when a command is missing.
+t_require_tools() {
+	local t
+	for t; do command -v "$t" > /dev/null || t_skip_all "$t missing: run scripts/deps.sh"; done
+}
+# t_require_python MODULE...: the same for python3 modules (boto3 ...).
+t_require_python() {
+	local m
+	t_require_tools python3
+	for m; do python3 -c "import $m" 2> /dev/null || t_skip_all "python3 module $m missing: run scripts/deps.sh"; done
+}
+# t_require_built FILE...: the same for build outputs, named relative to
+# build/ (kiln-api, kiln-host, kiln, tests/s3tool ...).
+t_require_built() {
+	local b
+	for b; do [ -x "$ROOT/build/$b" ] || t_skip_all "build/$b missing: run make all unit"; done
+}
+# t_bail NAME [DIAGNOSTIC...]: kiln failed in a way the rest of the script
+# cannot go on from: a "not ok" result, the plan, exit 1.
+t_bail() {
+	not_ok "$@"
+	echo "1..$T_N"
+	exit 1
+}
+
 # require_image: skip the whole script (loudly) when the guest image is missing.
 require_image() {
 	local d=$ROOT/build/image
@@ -206,9 +313,18 @@ kiln_cgroup_parent() { # CONTROLLER
 	[ "$own" = / ] && own=
 	echo "/sys/fs/cgroup/$1$own/kiln"
 }
+# Where this shell has a cgroup of its own in some of the hierarchies (a
+# machine that runs each session in one, with other worktrees' tests beside
+# it), a hierarchy where it is at the root is shared with them: their VMs
+# come and go there. Only the private ones are counted then; where all are
+# at the root (CI), all three.
 count_cgroups() {
-	local n=0 c
+	local n=0 c cs=() private=()
 	for c in memory cpu pids; do
+		[ "$(kiln_cgroup_parent "$c")" = "/sys/fs/cgroup/$c/kiln" ] || private+=("$c")
+	done
+	if [ ${#private[@]} -gt 0 ]; then cs=("${private[@]}"); else cs=(memory cpu pids); fi
+	for c in "${cs[@]}"; do
 		n=$((n + $(find "$(kiln_cgroup_parent "$c")" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)))
 	done
 	echo "$n"
