@@ -3,6 +3,7 @@
 # KILN_IT_MODE=cold (default) boots every VM; =restore clones a snapshot
 # (11-run-restore.sh runs this whole file that way).
 . "$(dirname "$0")/lib.sh"
+t_plan 16
 require_image
 MODE=${KILN_IT_MODE:-cold}
 if [ "$MODE" = restore ]; then

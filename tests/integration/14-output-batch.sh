@@ -10,6 +10,7 @@
 # batch delay flushes it, not the task's exit). Terminals stay immediate:
 # 67-session, 75-sessions and 90-cli cover them.
 . "$(dirname "$0")/lib.sh"
+t_plan 7
 require_image
 
 t_require_tools swift-proxy-server memcached jq curl

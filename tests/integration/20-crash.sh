@@ -2,6 +2,7 @@
 # SIGKILL of `kiln-host run` mid-task: QEMU dies with it, and the next start
 # reaps what was left (run directory, overlay); counts before and after match.
 . "$(dirname "$0")/lib.sh"
+t_plan 6
 require_image
 
 count_tmp() { find /var/tmp /tmp -maxdepth 1 -name 'vl.*' 2>/dev/null | wc -l; }

@@ -7,6 +7,7 @@
 # lock, directory), also after a SIGKILL of kiln-host. Then kiln-jail, the
 # standalone launcher, with its limits enforced.
 . "$(dirname "$0")/lib.sh"
+t_plan 24
 require_image
 if [ "$(id -u)" != 0 ]; then echo "1..0 # SKIP the jail needs root"; exit 0; fi
 for c in memory cpu pids; do

@@ -5,6 +5,7 @@
 # ring holds at most its size (QEMU's RSS is reported: the guest's boot
 # touches its RAM, so it is no measure of the console).
 . "$(dirname "$0")/lib.sh"
+t_plan 5
 require_image
 DRIVER=$ROOT/$B/tests/console-flood
 [ -x "$DRIVER" ] || { echo "1..0 # SKIP $DRIVER missing: make unit"; exit 0; }

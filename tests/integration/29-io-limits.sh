@@ -5,6 +5,7 @@
 # settings): 24 MiB written with O_DIRECT under a 4 MiB/s limit take at
 # least 4 s, and QEMU's command line carries the limit.
 . "$(dirname "$0")/lib.sh"
+t_plan 7
 require_image
 PROBE=$ROOT/$B/tests/uring-probe
 KILN_JAIL=$ROOT/$B/kiln-jail

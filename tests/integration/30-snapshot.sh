@@ -3,6 +3,7 @@
 # independent (randomness, memory, disk), the clock is current, a changed
 # input selects another snapshot, a damaged snapshot is detected and rebuilt.
 . "$(dirname "$0")/lib.sh"
+t_plan 13
 require_image
 
 export KILN_CACHE=$T_TMP/cache   # a private snapshot cache: these tests damage it

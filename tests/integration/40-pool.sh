@@ -3,6 +3,7 @@
 # VMs, a pool VM serves one task only, pool VMs are destroyed on shutdown and
 # reaped after a SIGKILL.
 . "$(dirname "$0")/lib.sh"
+t_plan 19
 require_image
 
 PORT=$((20000 + RANDOM % 12000))

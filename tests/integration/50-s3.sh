@@ -5,6 +5,7 @@
 # fetched with plain curl, S3 down, and s3-local.sh's own contract (idempotent
 # start, two instances side by side, nothing left running after stop).
 . "$(dirname "$0")/lib.sh"
+t_plan 24
 
 S3TOOL=$ROOT/build/tests/s3tool
 S3LOCAL=$ROOT/scripts/s3-local.sh

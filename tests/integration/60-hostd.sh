@@ -4,6 +4,7 @@
 # streams, cancel, duplicates, capacity, S3 failures that heal, a 200 MiB
 # multipart output, and recovery after SIGKILL. Nothing is left behind.
 . "$(dirname "$0")/lib.sh"
+t_plan 26
 require_image
 
 t_require_tools swift-proxy-server memcached python3

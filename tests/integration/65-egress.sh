@@ -7,6 +7,7 @@
 # A task probes every one of them from inside its VM; the checks compare what
 # it reached with what its policy and the operator's deny ranges allow.
 . "$(dirname "$0")/lib.sh"
+t_plan 31
 require_image
 t_require_tools ip nsenter nft swift-proxy-server
 

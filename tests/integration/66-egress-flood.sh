@@ -8,6 +8,7 @@
 # machine: the blocked destination is dropped in the flooding sandbox's own
 # namespace, the resolver is a peer on a private bridge.
 . "$(dirname "$0")/lib.sh"
+t_plan 6
 require_image
 t_require_tools ip nsenter nft swift-proxy-server
 

@@ -10,6 +10,7 @@
 # output and log keys under another customer's prefix: kiln-api signs no URL
 # for them (url null, url_error), only for the task's own keys.
 . "$(dirname "$0")/lib.sh"
+t_plan 23
 require_image
 t_require_tools jq curl python3
 t_require_built kiln-api kiln-host

@@ -8,6 +8,7 @@
 # host-wide: other worktrees' VMs take them too). The
 # figures (memory and CPU per sandbox, exec latency by N): bench/density.sh.
 . "$(dirname "$0")/lib.sh"
+t_plan 16
 require_image
 t_require_tools jq curl
 N=${DENSITY_N:-50}

@@ -9,6 +9,7 @@
 # its own (lib.sh pg_start), and then takes the database away under the
 # running kiln-api: 503s (healthz too) while it is down, recovery by itself.
 . "$(dirname "$0")/lib.sh"
+t_plan $([ "${KILN_TEST_STORE:-sqlite}" = postgres ] && echo 80 || echo 73)
 STORE=${KILN_TEST_STORE:-sqlite}
 
 t_require_tools curl jq xargs

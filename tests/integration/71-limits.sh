@@ -6,6 +6,7 @@
 # address is still served; kiln-api counts long-lived requests per customer
 # (429 over the limit, released when the streams close).
 . "$(dirname "$0")/lib.sh"
+t_plan 16
 
 t_require_tools curl jq
 KILN_API=${KILN_API:-$ROOT/build/kiln-api}

@@ -8,6 +8,7 @@
 # (past kiln-api's 1 MiB event list); kiln-api's watcher backs off when a
 # (fake) host keeps failing the GET of a final task. Nothing is left running.
 . "$(dirname "$0")/lib.sh"
+t_plan 17
 require_image
 t_require_tools swift-proxy-server memcached curl jq
 # KILN_IT_BIN: another build's kiln-api/kiln-host (to show this test fails on older code).

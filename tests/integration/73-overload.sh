@@ -7,6 +7,7 @@
 # why), the others' execs succeed, kiln-host keeps answering, and deleting
 # everything releases QEMUs, cgroups, mounts and capacity.
 . "$(dirname "$0")/lib.sh"
+t_plan 14
 require_image
 t_require_tools jq curl
 N=6

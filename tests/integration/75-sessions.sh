@@ -9,6 +9,7 @@
 # the idle limit ends a session; DELETE destroys it and its snapshot; the
 # CLI; nothing left behind. kiln-api's logic without VMs: 74-sessions-api.sh.
 . "$(dirname "$0")/lib.sh"
+t_plan 47
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln kiln-api kiln-host tests/s3tool

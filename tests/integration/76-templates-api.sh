@@ -16,6 +16,7 @@
 # restart of kiln-api loses nothing (queued builds are placed, running ones
 # followed again).
 . "$(dirname "$0")/lib.sh"
+t_plan 50
 t_require_tools swift-proxy-server memcached jq curl
 KILN_API=${KILN_IT_BIN:-$ROOT/build}/kiln-api
 S3TOOL=$ROOT/build/tests/s3tool

@@ -11,6 +11,7 @@
 # kiln-api or kiln-host not starting, or a kiln-host without /v1/builds, is
 # a failure that ends the script.
 . "$(dirname "$0")/lib.sh"
+t_plan 16
 require_image
 t_require_tools swift-proxy-server memcached curl jq
 BIN=${KILN_IT_BIN:-$ROOT/build}

@@ -17,6 +17,7 @@
 # (the manifest, written last, names only whole chunks); DELETE removes the
 # chunks; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
+t_plan 39
 require_image
 t_require_tools ip nsenter swift-proxy-server memcached python3
 t_require_python boto3

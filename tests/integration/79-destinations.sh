@@ -21,6 +21,7 @@
 # list lacks it refuses the upload itself, at the connection. Nothing is
 # left running.
 . "$(dirname "$0")/lib.sh"
+t_plan 61
 require_image
 for t in swift-proxy-server memcached curl jq sqlite3; do
 	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }

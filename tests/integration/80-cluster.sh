@@ -6,6 +6,7 @@
 # mid-run: its running tasks end as error/host_lost, the others carry on,
 # and nothing is run twice. Traffic stays on the bridge and loopback.
 . "$(dirname "$0")/lib.sh"
+t_plan 14
 require_image
 t_require_tools ip nsenter swift-proxy-server
 [ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }

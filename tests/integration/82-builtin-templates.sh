@@ -7,6 +7,7 @@
 # untrusted: junk lines, too many names and noisy or failing modules change
 # nothing about the task. Nothing outlives the tasks.
 . "$(dirname "$0")/lib.sh"
+t_plan 10
 require_image
 PD=$ROOT/build/image/rootfs-python-data.ext4
 if [ ! -r "$PD" ]; then

@@ -7,6 +7,7 @@
 # bits, a whiteout of /etc: refused or neutralised, and nothing outside the
 # work directory changes. Not-images are invalid_image. Resources counted.
 . "$(dirname "$0")/lib.sh"
+t_plan 26
 require_image
 for tool in umoci skopeo busybox debugfs; do
 	if ! command -v "$tool" > /dev/null; then

@@ -9,6 +9,7 @@
 # budget the least recently used unused template is evicted, never one in
 # use; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
+t_plan 63
 require_image
 t_require_tools swift-proxy-server memcached python3 debugfs resize2fs e2fsck
 t_require_python boto3

@@ -10,6 +10,7 @@
 # template. Traffic: loopback, the bridge and the veth, plus the proxy's
 # requests for one small package (jq) to the machine's own Debian mirror.
 . "$(dirname "$0")/lib.sh"
+t_plan 15
 require_image
 t_require_tools ip nsenter swift-proxy-server umoci busybox
 [ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }

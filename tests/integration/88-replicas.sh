@@ -13,6 +13,7 @@
 # a task submitted afterwards; PostgreSQL restarted under submissions: 503s
 # while it is down, nothing acknowledged lost, recovery by itself.
 . "$(dirname "$0")/lib.sh"
+t_plan 19
 require_image
 t_require_tools ip nsenter swift-proxy-server
 [ -x "$ROOT/build/kiln-api" ] || { echo "1..0 # SKIP build/kiln-api missing: run make"; exit 0; }

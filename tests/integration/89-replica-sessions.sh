@@ -17,6 +17,7 @@
 # flight known to their own replica only) the long exec's session is
 # destroyed under it and the pause settled under it.
 . "$(dirname "$0")/lib.sh"
+t_plan 27
 require_image
 t_require_tools swift-proxy-server jq curl
 t_require_built kiln-api kiln-host

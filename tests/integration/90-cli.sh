@@ -6,6 +6,7 @@
 # cancel, kiln admin (customer, key, revoke), bad usage; finally SIGTERM to
 # kiln up: exit 0, credentials gone, no process or cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
+t_plan 36
 require_image
 t_require_tools swift-proxy-server memcached jq
 t_require_built kiln kiln-api kiln-host

@@ -11,6 +11,7 @@
 # an OCI upload that is not an image failing with the API's error. SIGTERM:
 # nothing of the stack is left.
 . "$(dirname "$0")/lib.sh"
+t_plan 33
 require_image
 t_require_tools swift-proxy-server memcached jq ip nsenter nft curl
 t_require_built kiln kiln-api kiln-host

@@ -9,6 +9,7 @@
 # stack is left (processes, mounts, cgroups, VM directories).
 # The plain protocol with curl: 93-e2b-protocol.sh.
 . "$(dirname "$0")/lib.sh"
+t_plan 52
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require

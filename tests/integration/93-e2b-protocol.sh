@@ -12,6 +12,7 @@
 # directory (400); pause, connect, kill; nothing left behind.
 # The SDK itself: 92-e2b-sdk.sh.
 . "$(dirname "$0")/lib.sh"
+t_plan 67
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require

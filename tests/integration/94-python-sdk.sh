@@ -6,6 +6,7 @@
 # is one result here. Then the SDK is installed with pip into a fresh venv,
 # offline, and imported from there; and nothing of the stack is left.
 . "$(dirname "$0")/lib.sh"
+t_plan 24
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require

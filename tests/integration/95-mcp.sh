@@ -12,6 +12,7 @@
 # wrapper that runs it under valgrind). Then: nothing of acme's is left running and
 # nothing of the stack is left (processes, mounts, cgroups, VM directories).
 . "$(dirname "$0")/lib.sh"
+t_plan 51
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require

@@ -12,6 +12,7 @@
 # an operator's hosts, cluster figures, customers and keys, a new key
 # revoked from the page). Each of its checks is one result here.
 . "$(dirname "$0")/lib.sh"
+t_plan 55
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require

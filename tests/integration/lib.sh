@@ -190,12 +190,12 @@ new_customer() {
 	admin -X POST "$API/v1/admin/customers/$1/keys" | jq -r .key
 }
 
-ok() { T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
+ok() { t_plan_show; T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
 not_ok() {
-	T_N=$((T_N + 1)); T_FAILED=$((T_FAILED + 1)); echo "not ok $T_N - $1"
+	t_plan_show; T_N=$((T_N + 1)); T_FAILED=$((T_FAILED + 1)); echo "not ok $T_N - $1"
 	shift; for l in "$@"; do printf '#   %s\n' "$l"; done
 }
-skip() { T_N=$((T_N + 1)); echo "ok $T_N - $1 # SKIP $2"; }
+skip() { t_plan_show; T_N=$((T_N + 1)); echo "ok $T_N - $1 # SKIP $2"; }
 # check NAME CONDITION-COMMAND...: ok when the command succeeds.
 check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name" "failed: $*"; fi; }
 # client_results [-e ERRFILE] PREFIX OUT CMD...: runs a client test that
@@ -226,14 +226,26 @@ client_results() {
 		C_N=$((C_N + 1))
 	done < <(if [ -n "$err" ]; then "$@" 2> "$err"; else "$@" 2>&1; fi; echo "exit $?")
 }
-# Plans. t_plan N, first thing in a script whose number of results is fixed:
-# prints the plan up front, so a result a changed branch drops is caught by
-# the runner. t_min N, where the number varies: the runner fails the script
-# when it prints fewer. t_done prints the plan at the end unless t_plan did.
+# Plans. t_plan N, at the top of a script whose number of results is fixed:
+# the plan "1..N" is printed before the first result (not at once, so that a
+# whole-script skip for a missing dependency can still say "1..0 # SKIP"),
+# and the runner fails a script that prints more or fewer, so a result a
+# changed branch drops is caught. t_min N, where the number varies (a client
+# that prints its own plan at the end): the runner fails the script when it
+# prints fewer. t_done prints the plan at the end unless t_plan gave it.
 T_PLANNED=
-t_plan() { echo "1..$1"; T_PLANNED=$1; }
+T_PLAN_SHOWN=
+t_plan() { T_PLANNED=$1; }
+t_plan_show() {
+	[ -n "$T_PLANNED" ] && [ -z "$T_PLAN_SHOWN" ] || return 0
+	echo "1..$T_PLANNED"
+	T_PLAN_SHOWN=1
+}
 t_min() { echo "# at least $1 results"; }
-t_done() { [ -n "$T_PLANNED" ] || echo "1..$T_N"; [ "$T_FAILED" -eq 0 ]; }
+t_done() {
+	if [ -n "$T_PLANNED" ]; then t_plan_show; else echo "1..$T_N"; fi
+	[ "$T_FAILED" -eq 0 ]
+}
 # t_bail REASON [DIAGNOSTIC...]: kiln itself failed where the rest cannot
 # run (a daemon did not start, answered wrong): one failure, then stop. Never
 # a skip: a skip is for what the machine lacks, not for what kiln got wrong.
@@ -262,13 +274,6 @@ t_require_python() {
 t_require_built() {
 	local b
 	for b; do [ -x "$ROOT/build/$b" ] || t_skip_all "build/$b missing: run make all unit"; done
-}
-# t_bail NAME [DIAGNOSTIC...]: kiln failed in a way the rest of the script
-# cannot go on from: a "not ok" result, the plan, exit 1.
-t_bail() {
-	not_ok "$@"
-	echo "1..$T_N"
-	exit 1
 }
 
 # require_image: skip the whole script (loudly) when the guest image is missing.
