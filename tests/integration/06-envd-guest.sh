@@ -5,7 +5,7 @@
 # files, HELLO on reconnection and after a migration to a file and back.
 . "$(dirname "$0")/lib.sh"
 require_image
-command -v qemu-system-x86_64 > /dev/null || { echo "1..0 # SKIP qemu-system-x86_64 missing"; exit 0; }
+t_require_tools qemu-system-x86_64
 # Not exec: the EXIT trap removes $T_TMP and the run directory afterwards.
 t_min 26 # the agent harness prints its own plan at the end
 /usr/bin/python3 "$ROOT/tests/agent/envd_vm.py" "$ROOT/build"

@@ -7,7 +7,8 @@ t_plan 16
 require_image
 MODE=${KILN_IT_MODE:-cold}
 if [ "$MODE" = restore ]; then
-	"$KILN_HOST" snapshot create > /dev/null 2> "$T_TMP/snapshot.err" || { echo "1..0 # SKIP snapshot create failed: $(tail -1 "$T_TMP/snapshot.err")"; exit 1; }
+	"$KILN_HOST" snapshot create > /dev/null 2> "$T_TMP/snapshot.err" ||
+		t_bail "kiln-host snapshot create (the restore mode's snapshot)" "$(tail -3 "$T_TMP/snapshot.err")"
 	RUN_MODE_ARGS=()
 else
 	RUN_MODE_ARGS=(--cold)

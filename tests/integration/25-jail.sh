@@ -29,7 +29,7 @@ trap '[ -n "$host_pid" ] && kill -9 "$host_pid" 2>/dev/null; t_cleanup' EXIT
 key=$("$KILN_HOST" snapshot create 2> "$T_TMP/snap.err")
 SNAP=$CACHE/snapshots/$key
 if [ -z "$key" ] || [ ! -f "$SNAP/mem" ]; then
-	echo "1..0 # SKIP snapshot create failed: $(tail -1 "$T_TMP/snap.err")"; exit 1
+	t_bail "kiln-host snapshot create" "$(tail -3 "$T_TMP/snap.err")"
 fi
 mem_sha=$(sha256sum "$SNAP/mem" | cut -d' ' -f1)
 before_qemu=$(count_qemu); before_entries=$(count_run_entries); before_cg=$(count_cgroups)

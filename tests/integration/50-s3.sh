@@ -10,11 +10,9 @@ t_plan 24
 S3TOOL=$ROOT/build/tests/s3tool
 S3LOCAL=$ROOT/scripts/s3-local.sh
 PY=/usr/bin/python3 # Debian's, with Debian's python3-boto3 (scripts/deps.sh)
-[ -x "$S3TOOL" ] || { echo "1..0 # SKIP $S3TOOL missing: run make unit"; exit 0; }
-for cmd in swift-proxy-server memcached curl; do
-	command -v "$cmd" >/dev/null || { echo "1..0 # SKIP $cmd missing: run scripts/deps.sh"; exit 0; }
-done
-$PY -c 'import boto3' 2>/dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
+t_require_built tests/s3tool
+t_require_tools swift-proxy-server memcached curl
+t_require_python boto3
 
 S3DIR=$T_TMP/s3
 S3DIR2=$T_TMP/s3-second

@@ -23,17 +23,14 @@
 . "$(dirname "$0")/lib.sh"
 t_plan 61
 require_image
-for t in swift-proxy-server memcached curl jq sqlite3; do
-	command -v "$t" > /dev/null || { echo "1..0 # SKIP $t missing: run scripts/deps.sh"; exit 0; }
-done
+t_require_tools swift-proxy-server memcached curl jq sqlite3
+t_require_python boto3
 PY=/usr/bin/python3
-$PY -c 'import boto3' 2> /dev/null || { echo "1..0 # SKIP python3-boto3 missing: run scripts/deps.sh"; exit 0; }
 BIN=${KILN_IT_BIN:-$ROOT/build}
 KILN_HOST=$BIN/kiln-host
 KILN_API=$BIN/kiln-api
-[ -x "$KILN_API" ] || { echo "1..0 # SKIP $KILN_API missing: run make"; exit 0; }
+[ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
 
-S3_DIR=$T_TMP/s3
 TOKEN=it-token-$RANDOM$RANDOM
 ADMIN=it-admin-$RANDOM$RANDOM$RANDOM
 API_PORT=$((20000 + RANDOM % 12000))
@@ -53,15 +50,12 @@ S3_HOSTPORT=
 cleanup() {
 	for p in $host_pid $api_pid $listen_pid; do kill "$p" 2> /dev/null; done
 	for p in $host_pid $api_pid $listen_pid; do wait "$p" 2> /dev/null; done
-	"$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2>> "$T_TMP/s3.log"
 	t_cleanup
 }
 trap cleanup EXIT
 
 before_qemu=$(count_qemu)
-"$ROOT/scripts/s3-local.sh" start "$S3_DIR" > "$T_TMP/s3.env" 2> "$T_TMP/s3.log" || {
-	echo "1..0 # SKIP the local S3 did not start: $(tail -2 "$T_TMP/s3.log")"; exit 0; }
-. "$T_TMP/s3.env"
+s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY
 S3_HOSTPORT=${S3_ENDPOINT#http://}
 S3_HOSTPORT=${S3_HOSTPORT%/}

@@ -263,11 +263,12 @@ t_require_tools() {
 	local t
 	for t; do command -v "$t" > /dev/null || t_skip_all "$t missing: run scripts/deps.sh"; done
 }
-# t_require_python MODULE...: the same for python3 modules (boto3 ...).
+# t_require_python MODULE...: the same for modules of Debian's /usr/bin/python3
+# (boto3 ...), the one the tests use (python3 on PATH may be another).
 t_require_python() {
 	local m
-	t_require_tools python3
-	for m; do python3 -c "import $m" 2> /dev/null || t_skip_all "python3 module $m missing: run scripts/deps.sh"; done
+	t_require_tools /usr/bin/python3
+	for m; do /usr/bin/python3 -c "import $m" 2> /dev/null || t_skip_all "python3 module $m missing: run scripts/deps.sh"; done
 }
 # t_require_built FILE...: the same for build outputs, named relative to
 # build/ (kiln-api, kiln-host, kiln, tests/s3tool ...).
