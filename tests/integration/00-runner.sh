@@ -3,7 +3,7 @@
 # directory of their own, run through the real runner, and its counts, its
 # list of skips and its exit status checked. Needs nothing but bash.
 . "$(dirname "$0")/lib.sh"
-t_plan 16
+t_plan 19
 
 D=$T_TMP/scripts
 ALLOW=$T_TMP/allow
@@ -97,4 +97,14 @@ script 13-both.sh 'echo "1..1"; echo "ok 1 - a"'
 printf '#!/usr/bin/env bash\necho "1..0 # SKIP second"\n' > "$D/14-second.sh"; chmod +x "$D/14-second.sh"
 runner
 expect "every script runs, and the skip list comes before the last line" "1 passed, 0 failed, 1 skipped" 0 "# SKIPPED"
+
+# lib.sh's jq: with -e, nothing printed is a failure (jq 1.6 says 0).
+printf '' | jq -e '.ok' > /dev/null; rc1=$?
+printf '' | jq -er '.ok' > /dev/null; rc2=$?
+check "lib.sh's jq -e (and -er) over an empty answer fails ($rc1, $rc2)" [ "$rc1" != 0 -a "$rc2" != 0 ]
+v=$(echo '{"ok":true}' | jq -er .ok); rc1=$?
+echo '{"ok":false}' | jq -e .ok > /dev/null; rc2=$?
+check "... and still passes a true answer through (status $rc1, '$v') and fails a false one ($rc2)" [ "$rc1" = 0 -a "$v" = true -a "$rc2" = 1 ]
+v=$(echo '{"a":1}' | jq -c --arg e x '{b: $e}')
+check "... without -e it is jq itself ($v)" [ "$v" = '{"b":"x"}' ]
 t_done

@@ -190,6 +190,28 @@ new_customer() {
 	admin -X POST "$API/v1/admin/customers/$1/keys" | jq -r .key
 }
 
+# jq 1.6's -e exits 0 when it saw no value at all (empty input, an empty
+# answer), so `jq -e COND` over an empty answer passed as if COND held.
+# With -e (alone or in a cluster such as -er), this wrapper also fails
+# (status 4, as jq 1.7 does) when jq printed nothing.
+jq() {
+	local a e=
+	for a; do
+		case $a in
+		--exit-status) e=1 ;;
+		--*) ;;
+		-*e*) e=1 ;;
+		esac
+	done
+	[ -n "$e" ] || { command jq "$@"; return; }
+	local out rc
+	out=$(command jq "$@")
+	rc=$?
+	[ "$rc" -ne 0 ] || [ -n "$out" ] || rc=4
+	[ -z "$out" ] || printf '%s\n' "$out"
+	return "$rc"
+}
+
 ok() { t_plan_show; T_N=$((T_N + 1)); echo "ok $T_N - $1"; }
 not_ok() {
 	t_plan_show; T_N=$((T_N + 1)); T_FAILED=$((T_FAILED + 1)); echo "not ok $T_N - $1"
