@@ -11,7 +11,7 @@
 # finds the manifest gone); busy sessions refuse a pause; nothing is left
 # behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 66
+t_plan 71
 require_image
 t_require_tools swift-proxy-server memcached python3
 t_require_python boto3
