@@ -14,7 +14,7 @@
 # SIGKILL), the CLI, delete, nothing left behind. The happy path with
 # processes kept across pause/resume and outputs: 75-sessions.sh.
 . "$(dirname "$0")/lib.sh"
-t_plan 114
+t_plan 115
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host

@@ -21,7 +21,7 @@
 # list lacks it refuses the upload itself, at the connection. Nothing is
 # left running.
 . "$(dirname "$0")/lib.sh"
-t_plan 61
+t_plan 86
 require_image
 t_require_tools swift-proxy-server memcached curl jq sqlite3
 t_require_python boto3

@@ -11,7 +11,7 @@
 # namespace by a veth pair; on the root side a small reverse proxy
 # (mirror_proxy.py) passes apt's requests on to this machine's real mirror.
 . "$(dirname "$0")/lib.sh"
-t_plan 21
+t_plan 25
 require_image
 t_require_tools ip nsenter nft curl jq
 
