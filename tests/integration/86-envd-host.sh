@@ -11,7 +11,7 @@
 # kiln-host not starting, or envd not answering its health check, is a
 # failure that ends the script.
 . "$(dirname "$0")/lib.sh"
-t_plan 78
+t_plan 81
 require_image
 t_require_tools swift-proxy-server memcached
 PY=/usr/bin/python3

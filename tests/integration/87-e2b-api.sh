@@ -12,7 +12,7 @@
 # Connect's JSON for the method's kind, and a 5 MiB
 # file round trip. Nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 62
+t_plan 68
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
