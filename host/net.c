@@ -270,17 +270,13 @@ static int write_sysctl(const char *path, const char *value)
 	return r;
 }
 
-/* Create a veth pair: `inner` in the calling thread's namespace, `outer` in
- * the namespace of outer_nsfd. Returns 0, -EEXIST when a name is taken, or
- * another -errno. */
-static int veth_create(const char *inner, const char *outer, int outer_nsfd)
+/* Send one rtnetlink request (nlh, built in buf) from the calling thread's
+ * namespace and read its acknowledgement into buf. Returns 0 or -errno (the
+ * kernel's error for the request, e.g. -EEXIST, -ENODEV). */
+static int rtnl_request(char *buf, size_t size, struct nlmsghdr *nlh)
 {
-	char buf[1024];
 	struct mnl_socket *nl;
-	struct nlmsghdr *nlh;
-	struct ifinfomsg *ifm;
-	struct nlattr *info, *data, *peer;
-	unsigned seq = 1, portid;
+	unsigned portid;
 	ssize_t n;
 	int r;
 
@@ -292,10 +288,35 @@ static int veth_create(const char *inner, const char *outer, int outer_nsfd)
 		goto out;
 	}
 	portid = mnl_socket_get_portid(nl);
+	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
+		r = -errno;
+		goto out;
+	}
+	n = mnl_socket_recvfrom(nl, buf, size);
+	if (n < 0) {
+		r = -errno;
+		goto out;
+	}
+	r = mnl_cb_run(buf, (size_t)n, nlh->nlmsg_seq, portid, NULL, NULL) < 0 ? -errno : 0;
+out:
+	mnl_socket_close(nl);
+	return r;
+}
+
+/* Create a veth pair: `inner` in the calling thread's namespace, `outer` in
+ * the namespace of outer_nsfd. Returns 0, -EEXIST when a name is taken, or
+ * another -errno. */
+static int veth_create(const char *inner, const char *outer, int outer_nsfd)
+{
+	char buf[1024];
+	struct nlmsghdr *nlh;
+	struct ifinfomsg *ifm;
+	struct nlattr *info, *data, *peer;
+
 	nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = RTM_NEWLINK;
 	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
-	nlh->nlmsg_seq = seq;
+	nlh->nlmsg_seq = 1;
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, inner);
@@ -310,19 +331,7 @@ static int veth_create(const char *inner, const char *outer, int outer_nsfd)
 	mnl_attr_nest_end(nlh, peer);
 	mnl_attr_nest_end(nlh, data);
 	mnl_attr_nest_end(nlh, info);
-	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
-		r = -errno;
-		goto out;
-	}
-	n = mnl_socket_recvfrom(nl, buf, sizeof(buf));
-	if (n < 0) {
-		r = -errno;
-		goto out;
-	}
-	r = mnl_cb_run(buf, (size_t)n, seq, portid, NULL, NULL) < 0 ? -errno : 0;
-out:
-	mnl_socket_close(nl);
-	return r;
+	return rtnl_request(buf, sizeof(buf), nlh);
 }
 
 /* Delete the link `name` of the calling thread's namespace (a veth: its
@@ -331,41 +340,17 @@ out:
 static int link_delete(const char *name)
 {
 	char buf[512];
-	struct mnl_socket *nl;
 	struct nlmsghdr *nlh;
 	struct ifinfomsg *ifm;
-	unsigned seq = 1, portid;
-	ssize_t n;
-	int r;
 
-	nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
-	if (!nl)
-		return -errno;
-	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
-		r = -errno;
-		goto out;
-	}
-	portid = mnl_socket_get_portid(nl);
 	nlh = mnl_nlmsg_put_header(buf);
 	nlh->nlmsg_type = RTM_DELLINK;
 	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
-	nlh->nlmsg_seq = seq;
+	nlh->nlmsg_seq = 1;
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, name);
-	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
-		r = -errno;
-		goto out;
-	}
-	n = mnl_socket_recvfrom(nl, buf, sizeof(buf));
-	if (n < 0) {
-		r = -errno;
-		goto out;
-	}
-	r = mnl_cb_run(buf, (size_t)n, seq, portid, NULL, NULL) < 0 ? -errno : 0;
-out:
-	mnl_socket_close(nl);
-	return r;
+	return rtnl_request(buf, sizeof(buf), nlh);
 }
 
 /* ---- host-wide set-up --------------------------------------------------- */
