@@ -323,7 +323,7 @@ out:
 int pcache_get(const struct pcache_seal *seal, const char *sha, void *z, size_t n)
 {
 	char path[PATH_MAX];
-	unsigned char head[SEAL_MAGIC_LEN + SEAL_NONCE_LEN], tag[SEAL_TAG_LEN], *ct = NULL;
+	unsigned char head[SEAL_MAGIC_LEN + SEAL_NONCE_LEN], tag[SEAL_TAG_LEN];
 	EVP_CIPHER_CTX *cx = NULL;
 	struct stat st;
 	int fd, len = 0, r = -1;
@@ -335,14 +335,16 @@ int pcache_get(const struct pcache_seal *seal, const char *sha, void *z, size_t 
 		return -1; /* not kept (or gone): nothing to remove */
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != n + SEAL_OVERHEAD ||
 	    io_read_all(fd, head, sizeof(head)) != (ssize_t)sizeof(head) || memcmp(head, SEAL_MAGIC, SEAL_MAGIC_LEN) ||
-	    !(ct = malloc(n ? n : 1)) || io_read_all(fd, ct, n) != (ssize_t)n ||
+	    /* The ciphertext is read into z and opened in place (GCM allows it):
+	     * no second chunk-sized buffer on the resume's path. */
+	    io_read_all(fd, z, n) != (ssize_t)n ||
 	    io_read_all(fd, tag, sizeof(tag)) != (ssize_t)sizeof(tag) || !(cx = EVP_CIPHER_CTX_new()))
 		goto out;
 	if (EVP_DecryptInit_ex(cx, EVP_aes_256_gcm(), NULL, NULL, NULL) != 1 ||
 	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_SET_IVLEN, SEAL_NONCE_LEN, NULL) != 1 ||
 	    EVP_DecryptInit_ex(cx, NULL, NULL, seal->key, head + SEAL_MAGIC_LEN) != 1 ||
 	    EVP_DecryptUpdate(cx, NULL, &len, (const unsigned char *)sha, (int)strlen(sha)) != 1 ||
-	    EVP_DecryptUpdate(cx, z, &len, ct, (int)n) != 1 ||
+	    EVP_DecryptUpdate(cx, z, &len, z, (int)n) != 1 ||
 	    EVP_CIPHER_CTX_ctrl(cx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_LEN, tag) != 1 ||
 	    EVP_DecryptFinal_ex(cx, (unsigned char *)z + len, &len) != 1)
 		goto out;
@@ -350,7 +352,6 @@ int pcache_get(const struct pcache_seal *seal, const char *sha, void *z, size_t 
 out:
 	close(fd);
 	EVP_CIPHER_CTX_free(cx);
-	free(ct);
 	if (r < 0) {
 		/* Whatever z holds now is not to be used. */
 		OPENSSL_cleanse(z, n);
