@@ -623,6 +623,8 @@ int proto_write_all(int fd, const void *buf, size_t n, int64_t deadline_ms)
 	return io_write_all_deadline(fd, buf, n, deadline_ms);
 }
 
+#define PROTO_SMALL_FRAME 4096
+
 int proto_send(int fd, uint8_t type, const void *payload, size_t len, int64_t deadline_ms)
 {
 	uint8_t hdr[PROTO_HDR_SIZE];
@@ -630,9 +632,19 @@ int proto_send(int fd, uint8_t type, const void *payload, size_t len, int64_t de
 
 	if (len > PROTO_MAX_PAYLOAD)
 		return -EMSGSIZE;
+	if (len <= PROTO_SMALL_FRAME - PROTO_HDR_SIZE) {
+		/* One write for a small frame: a per-file header on the way out of
+		 * /output is two syscalls and two wake-ups of the reader otherwise. */
+		uint8_t frame[PROTO_SMALL_FRAME];
+
+		proto_frame_header(frame, type, (uint32_t)len);
+		if (len)
+			memcpy(frame + PROTO_HDR_SIZE, payload, len);
+		return proto_write_all(fd, frame, PROTO_HDR_SIZE + len, deadline_ms);
+	}
 	proto_frame_header(hdr, type, (uint32_t)len);
 	r = proto_write_all(fd, hdr, sizeof(hdr), deadline_ms);
-	if (r == 0 && len)
+	if (r == 0)
 		r = proto_write_all(fd, payload, len, deadline_ms);
 	return r;
 }
