@@ -28,12 +28,9 @@ host_pid=
 before_qemu=$(count_qemu)
 s3_local_start
 
-jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "it-outbatch", token: $token, spool_dir: $spool, run_dir: $run,
-	  capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 1, prestart: 1},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk, attempts: 2, timeout_s: 30},
-	  upload: {workers: 2, max_backoff_s: 2}}' > "$T_TMP/host.json"
+host_config "$T_TMP/host.json" "127.0.0.1:$PORT" it-outbatch \
+	'.capacity.cpu_overcommit = 4 | .pool = {size: 1, prestart: 1} | .s3 += {attempts: 2, timeout_s: 30}
+	 | .upload = {workers: 2, max_backoff_s: 2}'
 t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
 host_pid=$T_BG_PID
 started=0

@@ -24,7 +24,6 @@ CACHE=${KILN_CACHE:-/var/cache/kiln}
 SLOTS=${KILN_SLOT_DIR:-/run/kiln/slots}
 UID_BASE=64000
 host_pid=
-trap '[ -n "$host_pid" ] && kill -9 "$host_pid" 2>/dev/null; t_cleanup' EXIT
 
 key=$("$KILN_HOST" snapshot create 2> "$T_TMP/snap.err")
 SNAP=$CACHE/snapshots/$key
@@ -41,9 +40,9 @@ LONG=$(sh_spec 'echo started; sleep 600' '{"limits":{"timeout_s":600}}')
 start_long() {
 	local name=$1; shift
 	printf '%s' "$LONG" > "$T_TMP/$name.spec"
-	"$KILN_HOST" run --spec "$T_TMP/$name.spec" --stream "$@" > "$T_TMP/$name.out" 2>&1 &
-	host_pid=$!
-	for _ in $(seq 300); do grep -q '"data":"started' "$T_TMP/$name.out" 2>/dev/null && break; sleep 0.1; done
+	t_bg "$KILN_HOST" run --spec "$T_TMP/$name.spec" --stream "$@" > "$T_TMP/$name.out" 2>&1
+	host_pid=$T_BG_PID
+	t_until 30 grep -q '"data":"started' "$T_TMP/$name.out"
 	Q=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR" | head -n1)
 	VMDIR=$(find "$KILN_RUN_DIR" -mindepth 1 -maxdepth 1 -name 'vm-*' | head -n1)
 	MEMCG=/sys/fs/cgroup/memory$(cg_of "$Q" memory); CPUCG=/sys/fs/cgroup/cpu$(cg_of "$Q" cpu)
@@ -172,7 +171,7 @@ held() { awk '$2 == "FLOCK" { split($6, a, ":"); print a[3] }' /proc/locks | gre
 if [ -n "$slot_ino" ] && held "$slot_ino"; then ok "slot $slot's lock ($SLOTS/$slot.lock) is held while the VM lives"
 else not_ok "slot lock held" "slot=$slot inode=$slot_ino"; fi
 
-kill -TERM "$host_pid"; wait "$host_pid"; st=$?; host_pid=
+kill -TERM "$host_pid"; wait "$host_pid"; st=$?; t_stop "$host_pid"; host_pid=
 gone=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] || gone=$((gone + 1)); done
 if [ "$st" = 3 ] && [ "$gone" = 3 ] && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_qemu)" = "$before_qemu" ] \
@@ -200,8 +199,9 @@ if [ -n "$Q" ] && [ -z "$bad" ] && grep -q '"data":"started' "$T_TMP/cold.out" \
 else not_ok "cold boot jailed" "Q=$Q$bad" "$(tail -c 300 "$T_TMP/cold.out")"; fi
 
 # ---- SIGKILL of kiln-host: its QEMU dies with it, reap removes the rest --------------
-kill -9 "$host_pid"; wait "$host_pid" 2>/dev/null; host_pid=
-for _ in $(seq 100); do alive "$Q" || break; sleep 0.1; done
+t_stop "$host_pid" KILL; host_pid=
+dead() { ! alive "$1"; }
+t_until 10 dead "$Q"
 left=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] && left=$((left + 1)); done
 if ! alive "$Q" && [ "$left" = 3 ] && [ -d "$VMDIR" ]; then
@@ -217,8 +217,8 @@ else not_ok "reap after SIGKILL" "gone=$gone cgroups=$(count_cgroups)/$before_cg
 	"qemu=$(count_qemu) mounts=$(count_mounts) locks=$(count_slot_locks)/$before_locks"; fi
 
 start_long crash2
-kill -9 "$host_pid"; wait "$host_pid" 2>/dev/null; host_pid=
-for _ in $(seq 100); do alive "$Q" || break; sleep 0.1; done
+t_stop "$host_pid" KILL; host_pid=
+t_until 10 dead "$Q"
 run_spec next "$(py_spec 'print(1)')"
 gone=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] || gone=$((gone + 1)); done
@@ -229,12 +229,13 @@ if [ "$(r next .state)" = succeeded ] && [ "$gone" = 3 ] && [ "$(count_cgroups)"
 else not_ok "next run reaps" "gone=$gone cgroups=$(count_cgroups)/$before_cg entries=$(count_run_entries)" "$(show next)"; fi
 
 # ---- a snapshot template and a pool's QEMUs are jailed too --------------------------
-KILN_CACHE=$T_TMP/cache "$KILN_HOST" snapshot create > "$T_TMP/tmpl.out" 2> "$T_TMP/tmpl.err" &
-tmpl_pid=$!
+t_bg env KILN_CACHE="$T_TMP/cache" "$KILN_HOST" snapshot create > "$T_TMP/tmpl.out" 2> "$T_TMP/tmpl.err"
+tmpl_pid=$T_BG_PID
 tq=
-for _ in $(seq 300); do tq=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR" | head -n1); [ -n "$tq" ] && break; sleep 0.1; done
+template_qemu() { tq=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR" | head -n1); [ -n "$tq" ]; }
+t_until 30 template_qemu
 bad=$(jailed "$tq")
-wait "$tmpl_pid"; st=$?
+wait "$tmpl_pid"; st=$?; t_stop "$tmpl_pid"
 tkey=$(cat "$T_TMP/tmpl.out")
 if [ -n "$tq" ] && [ -z "$bad" ] && [ "$st" = 0 ] && [ "$(stat -c %u:%g "$T_TMP/cache/snapshots/$tkey/mem" "$T_TMP/cache/snapshots/$tkey/disk.qcow2" | sort -u)" = 0:0 ]; then
 	ok "the snapshot template's QEMU is jailed; its RAM file and overlay are root's again afterwards"
@@ -242,18 +243,18 @@ else not_ok "template jailed" "q=$tq$bad status=$st" "$(tail -3 "$T_TMP/tmpl.err
 
 PORT=$((20000 + RANDOM % 12000))
 TOKEN=jail-test-$RANDOM
-"$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 1 --prestart 1 \
-	> "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &
-host_pid=$!
-for _ in $(seq 1200); do
-	h=$(curl -s --max-time 2 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PORT/v1/capacity")
-	[ "$(echo "$h" | jq -r .pool.ready 2>/dev/null)" = 1 ] && [ "$(echo "$h" | jq -r .pool.prestarted 2>/dev/null)" = 1 ] && break
-	kill -0 "$host_pid" 2>/dev/null || break
-	sleep 0.1
-done
+t_bg "$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 1 --prestart 1 \
+	> "$T_TMP/serve.out" 2> "$T_TMP/serve.err"
+host_pid=$T_BG_PID
+pool_ready() { # both pool VMs are up, or kiln-host has ended (nothing to wait for)
+	kill -0 "$host_pid" 2> /dev/null || return 0
+	curl -s --max-time 2 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PORT/v1/capacity" |
+		jq -e '.pool.ready == 1 and .pool.prestarted == 1' > /dev/null 2>&1
+}
+t_until 120 pool_ready
 qs=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"); nq=0; bad=""
 for q in $qs; do nq=$((nq + 1)); b=$(jailed "$q"); [ -n "$b" ] && bad+=" $q:$b"; done
-kill -TERM "$host_pid"; wait "$host_pid"; host_pid=
+t_stop "$host_pid"; host_pid=
 if [ "$nq" = 2 ] && [ -z "$bad" ] && [ "$(count_qemu)" = "$before_qemu" ] && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_slot_locks)" = "$before_locks" ]; then
 	ok "serve: the pool VM and the pre-started QEMU are jailed, each in its own slot; shutdown leaves no QEMU, cgroup or slot lock"

@@ -11,7 +11,6 @@ DRIVER=$ROOT/$B/tests/console-flood
 [ -x "$DRIVER" ] || { echo "1..0 # SKIP $DRIVER missing: make unit"; exit 0; }
 BB=/bin/busybox
 file -L "$BB" 2> /dev/null | grep -q 'statically linked' || { echo "1..0 # SKIP a static /bin/busybox is missing (busybox-static)"; exit 0; }
-trap t_cleanup EXIT
 before_q=$(count_qemu)
 before_cg=$(count_cgroups)
 CAP=65536

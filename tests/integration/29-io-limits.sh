@@ -26,16 +26,9 @@ check "inside kiln-jail io_uring_setup, io_uring_enter and io_uring_register are
 	test "$(echo "$inside" | grep -c ' ENOSYS$')" = 3
 
 # ---- disk throttling ----
-jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "io", token: $token, spool_dir: $spool, run_dir: $run,
-	  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-	  disk: {bps_mib: 4, iops: 1000}}' > "$T_TMP/host.json"
-t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" > "$T_TMP/host.out" 2> "$T_TMP/host.err"
-hpid=$T_BG_PID
-for _ in $(seq 1800); do
-	curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break
-	sleep 0.2
-done
+host_config "$T_TMP/host.json" "127.0.0.1:$PORT" io '.disk = {bps_mib: 4, iops: 1000}'
+host_up "$T_TMP/host.json" host "http://127.0.0.1:$PORT"
+hpid=$host_pid
 h() { # METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 	local m=$1 p=$2; shift 2
 	curl -s -m 120 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PORT$p"

@@ -12,21 +12,15 @@ TOKEN=pool-test-$RANDOM
 AUTH=(-H "Authorization: Bearer $TOKEN")
 serve_pid=
 start_serve() {
-	"$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 2 "$@" > "$T_TMP/serve.out" 2> "$T_TMP/serve.err" &
-	serve_pid=$!
+	t_bg "$KILN_HOST" serve --token "$TOKEN" --spool-dir "$T_TMP/spool" --listen 127.0.0.1:$PORT --pool 2 "$@" \
+		> "$T_TMP/serve.out" 2> "$T_TMP/serve.err"
+	serve_pid=$T_BG_PID
 }
 # wait_ready N: until health says N pool VMs are ready (bounded: snapshot creation may take a while)
-wait_ready() {
-	for _ in $(seq 1200); do
-		[ "$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .pool.ready 2>/dev/null)" = "$1" ] && return 0
-		kill -0 "$serve_pid" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
+pool_is() { [ "$(curl -s --max-time 2 "${AUTH[@]}" "$URL/v1/capacity" | jq -r .pool.ready 2>/dev/null)" = "$1" ]; }
+wait_ready() { t_until 120 pool_is "$1"; }
 post() { curl -s --max-time 120 "${AUTH[@]}" -X POST --data-binary @- "$URL/v1/run" > "$T_TMP/$1.json"; }
-stop_serve() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=; }
-trap 'stop_serve; t_cleanup' EXIT
+stop_serve() { t_stop "$serve_pid"; serve_pid=; }
 
 start_serve
 if wait_ready 2; then ok "serve starts with 2 warm pool VMs"; else not_ok "pool fills" "$(tail -5 "$T_TMP/serve.err")"; fi
@@ -193,8 +187,9 @@ check "SIGTERM also destroys pre-started QEMUs" [ "$(count_qemu)" = 0 -a "$(coun
 
 start_serve
 wait_ready 2 || true
-kill -9 "$serve_pid"; wait "$serve_pid" 2>/dev/null; serve_pid=
-for _ in $(seq 100); do [ "$(count_qemu)" = 0 ] && break; sleep 0.1; done
+t_stop "$serve_pid" KILL; serve_pid=
+no_qemu() { [ "$(count_qemu)" = 0 ]; }
+t_until 10 no_qemu
 left=$(count_run_entries)
 "$KILN_HOST" reap --run-dir "$KILN_RUN_DIR" > /dev/null
 if [ "$(count_qemu)" = 0 ] && [ "$left" -gt 0 ] && [ "$(count_run_entries)" = 0 ]; then

@@ -16,13 +16,7 @@ t_require_python boto3
 
 S3DIR=$T_TMP/s3
 S3DIR2=$T_TMP/s3-second
-cleanup() {
-	"$S3LOCAL" stop "$S3DIR2" >/dev/null 2>&1
-	"$S3LOCAL" stop "$S3DIR" >/dev/null 2>&1
-	t_cleanup
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+t_on_exit '"$S3LOCAL" stop "$S3DIR2" > /dev/null 2>&1; "$S3LOCAL" stop "$S3DIR" > /dev/null 2>&1'
 
 # Processes of one instance: every one has its directory on its command line.
 count_procs() { pgrep -f -- "$1/" | wc -l; }

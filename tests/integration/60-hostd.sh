@@ -27,13 +27,9 @@ s3_start
 
 # write_config SECRET: the daemon's configuration file.
 write_config() {
-	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$SPOOL" --arg run "$KILN_RUN_DIR" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$1" --arg b "$BUCKET" \
-		'{listen: ("127.0.0.1:" + $port), host_id: "it-host", token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2, cpu_overcommit: 4},
-		  pool: {size: 2, prestart: 1},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk, attempts: 1, timeout_s: 20},
-		  upload: {workers: 2, max_backoff_s: 2}}' > "$T_TMP/host.json"
+	host_config "$T_TMP/host.json" "127.0.0.1:$PORT" it-host \
+		".spool_dir = \"$SPOOL\" | .capacity.cpu_overcommit = 4 | .pool = {size: 2, prestart: 1}
+		 | .s3 += {secret_key: \"$1\", attempts: 1, timeout_s: 20} | .upload = {workers: 2, max_backoff_s: 2}"
 }
 start_host() {
 	t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" "$@" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"

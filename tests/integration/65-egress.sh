@@ -63,22 +63,11 @@ s3_local_start "$NET.1"
 
 # start_host BANDWIDTH_MBIT: kiln-host in the host namespace, egress on.
 start_host() {
-	jq -n --arg listen "$NET.10:7070" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/eg" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --argjson bw "$1" \
-		--arg dns "$NET.1:5353" \
-		'{listen: $listen, host_id: "eg", token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2}, pool: {size: 0, prestart: 0},
-		  network: {egress: true, dns_upstream: $dns, link_range: "10.201.0.0/16", bandwidth_mbit: $bw},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-egress", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
-	# nsenter --net: only the network namespace (ip netns exec would remount /sys and hide the cgroups).
-	t_bg nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
-	host_pid=$T_BG_PID
-	for _ in $(seq 1800); do
-		hc healthz > /dev/null 2>&1 && return 0
-		kill -0 "$host_pid" 2> /dev/null || return 1
-		sleep 0.2
-	done
-	return 1
+	BUCKET=kiln-egress host_config "$T_TMP/host.json" "$NET.10:7070" eg \
+		".run_dir += \"/eg\" | .capacity = {vcpus: 2}
+		 | .network = {egress: true, dns_upstream: \"$NET.1:5353\", link_range: \"10.201.0.0/16\", bandwidth_mbit: $1}"
+	host_start "$T_TMP/host.json" host "$PFX-host"
+	t_serving "$HOST_URL/healthz" "$host_pid"
 }
 stop_host() { kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=; }
 hc() { # PATH [curl args]: a request to kiln-host from the root namespace
@@ -275,8 +264,6 @@ tables=$(nsenter --net="/run/netns/$PFX-host" nft list tables 2>&1); nft_rc=$?
 check "kiln-host removes its table when it stops (nft: exit $nft_rc, '$tables')" test "$nft_rc" = 0 -a -z "$tables"
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/eg" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
-cleanup_ok=1
-trap - EXIT
-t_cleanup
+net_down
 check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

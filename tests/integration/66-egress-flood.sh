@@ -31,25 +31,15 @@ peer_pids+=("$T_BG_PID")
 
 s3_local_start "$NET.1"
 
-jq -n --arg listen "$NET.10:7070" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/fl" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg dns "$NET.1:5353" \
-	'{listen: $listen, host_id: "fl", token: $token, spool_dir: $spool, run_dir: $run,
-	  capacity: {vcpus: 2}, pool: {size: 0, prestart: 0},
-	  network: {egress: true, dns_upstream: $dns, link_range: "10.202.0.0/16"},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-flood", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+BUCKET=kiln-flood host_config "$T_TMP/host.json" "$NET.10:7070" fl \
+	".run_dir += \"/fl\" | .capacity = {vcpus: 2} | .network = {egress: true, dns_upstream: \"$NET.1:5353\", link_range: \"10.202.0.0/16\"}"
 hc() { # PATH [curl args]: a request to kiln-host from the root namespace
 	local p=$1; shift
 	curl -s -m 120 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@" "$HOST_URL/${p#/}"
 }
 t_bg nsenter --net="/run/netns/$PFX-host" "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
 host_pid=$T_BG_PID
-up=0
-for _ in $(seq 1800); do
-	hc healthz > /dev/null 2>&1 && { up=1; break; }
-	kill -0 "$host_pid" 2> /dev/null || break
-	sleep 0.2
-done
-if [ $up = 1 ]; then ok "kiln-host starts with egress on in its own namespace"
+if t_serving "$HOST_URL/healthz" "$host_pid"; then ok "kiln-host starts with egress on in its own namespace"
 else t_bail "kiln-host starts" "$(tail -5 "$T_TMP/host.err")"; fi
 
 submit() { jq -cn --arg id "$1" --argjson spec "$2" '{id:$id, customer:"fl", spec:$spec}' | hc v1/tasks -X POST --data-binary @- > "$T_TMP/$1.post"; }
@@ -125,7 +115,6 @@ else not_ok "victim DNS answers under 4 s" "max=$dmax; $(r victim1 .result.stdou
 kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
-trap - EXIT
-t_cleanup
+net_down
 check "namespaces and bridge removed ($(net_left) left)" test "$(net_left)" = 0
 t_done

@@ -25,18 +25,10 @@ s3_local_start
 before_cg=$(count_cgroups)
 
 start_host() { # NAME PORT
-	jq -n --arg n "$1" --arg port "$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}, sessions: {prestart: 1},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/$1.json"
-	t_bg "$KILN_HOST" serve --config "$T_TMP/$1.json" >> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err"
-	pids+=("$T_BG_PID")
-	for _ in $(seq 1800); do
-		curl -s -m 1 "http://127.0.0.1:$2/healthz" > /dev/null && return 0
-		sleep 0.2
-	done
-	return 1
+	host_config "$T_TMP/$1.json" "127.0.0.1:$2" "$1" ".run_dir += \"/$1\" | .sessions = {prestart: 1}"
+	host_start "$T_TMP/$1.json" "$1"
+	pids+=("$host_pid")
+	t_serving "http://127.0.0.1:$2/healthz" "$host_pid"
 }
 # h PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 h() {

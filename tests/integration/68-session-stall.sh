@@ -39,8 +39,7 @@ jq -n --arg port "$HP" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP
 	> "$T_TMP/h.json"
 t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" >> "$T_TMP/h.out" 2>> "$T_TMP/h.err"
 h_pid=$T_BG_PID
-for _ in $(seq 3000); do curl -sf -m 1 "http://127.0.0.1:$HP/healthz" > /dev/null && break; sleep 0.2; done
-if curl -sf -m 1 "http://127.0.0.1:$HP/healthz" > /dev/null; then ok "kiln-host serves"
+if t_serving "http://127.0.0.1:$HP/healthz" "$h_pid" 600; then ok "kiln-host serves"
 else t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"; fi
 
 # hreq METHOD PATH [curl args]: the host's own API; body in $T_TMP/last, status echoed

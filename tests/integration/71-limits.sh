@@ -30,23 +30,12 @@ host_pid=
 api_config "$T_TMP/api.json" "127.0.0.1:$APORT" \
 	"del(.s3) + {max_connections: 64, max_connections_per_address: $PER_ADDR,
 	  quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}"
-jq -n --arg listen "127.0.0.1:$HPORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-	--argjson per "$PER_ADDR" \
-	'{listen: $listen, host_id: "it-limits", token: $token, spool_dir: $spool, run_dir: $run, cold: true,
-	  pool: {size: 0, prestart: 0}, max_connections: 64, max_connections_per_address: $per,
-	  connection_timeout_s: 30}' > "$T_TMP/host.json"
+host_config "$T_TMP/host.json" "127.0.0.1:$HPORT" it-limits \
+	"del(.capacity) | .cold = true | .max_connections = 64 | .max_connections_per_address = $PER_ADDR | .connection_timeout_s = 30"
 
-wait_up() { # URL PID
-	for _ in $(seq 200); do
-		curl -sf --max-time 1 "$1/healthz" > /dev/null && return 0
-		kill -0 "$2" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
 api_up "$T_TMP/api.json" "http://127.0.0.1:$APORT"
 host_start "$T_TMP/host.json" host
-wait_up "http://127.0.0.1:$HPORT" "$host_pid" || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/host.err")"
+t_serving "http://127.0.0.1:$HPORT/healthz" "$host_pid" 20 || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/host.err")"
 ok "kiln-api and kiln-host start with connection limits in their configs"
 
 # body NAME PORT PID AUTH STATUS [MIB]: a POST declaring MIB MiB (default 60)

@@ -36,12 +36,8 @@ s3_local_start
 
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
 	'. + {host_lost_after_s: 5, quotas: {submit_rate: 1000, submit_burst: 1000, max_queued: 1000}}'
-jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
-	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, host_id: "big-logs", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-	  heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 2, prestart: 1},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+host_config "$T_TMP/host.json" "127.0.0.1:$HOST_PORT" big-logs \
+	".api = \"$API\" | .heartbeat_ms = 500 | .pool = {size: 2, prestart: 1}"
 
 api_up "$T_TMP/api.json" "$API"
 t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
@@ -98,8 +94,8 @@ check "the result marks the excerpt: stdout_truncated, stdout_bytes = 12 MiB, he
 	jqe '.result.stdout_truncated == true and .result.stdout_bytes == 12582912 and
 	       (.result.stdout | length) <= 4096 and (.result.stdout_tail | length) <= 4096 and
 	       (.result.stdout | length) > 0 and (.result.stdout_tail | length) > 0' "$T_TMP/$T1.json"
-check "kiln-host's record.json is small ($(wc -c < "$T_TMP/spool/tasks/$T1/record.json" 2> /dev/null) bytes)" \
-	[ "$(wc -c < "$T_TMP/spool/tasks/$T1/record.json" 2> /dev/null || echo 1000000000)" -lt 65536 ]
+check "kiln-host's record.json is small ($(wc -c < "$T_TMP/spool-big-logs/tasks/$T1/record.json" 2> /dev/null) bytes)" \
+	[ "$(wc -c < "$T_TMP/spool-big-logs/tasks/$T1/record.json" 2> /dev/null || echo 1000000000)" -lt 65536 ]
 st=$(cust "$API/v1/tasks/$T1/events" -m 10 | grep -c '^event: ')
 check "the event stream of the finished task still replays and ends ($st events)" [ "$st" -ge 1 ]
 

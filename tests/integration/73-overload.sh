@@ -22,7 +22,7 @@ jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg r
 	  capacity: {vcpus: 64, cpu_overcommit: 1, memory_mib: 768, memory_overcommit: 2}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
 t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err"
 host_pid=$T_BG_PID
-for _ in $(seq 3000); do curl -s -m 1 "http://127.0.0.1:$PORT/healthz" > /dev/null && break; sleep 0.2; done
+t_serving "http://127.0.0.1:$PORT/healthz" "$host_pid" 600 || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)
 	local m=$1 p=$2; shift 2
 	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" \

@@ -37,17 +37,12 @@ start_api() { api_start "$T_TMP/api.json" "$URL"; }
 stop_api() { [ -n "$api_pid" ] && kill "${1:--TERM}" "$api_pid" 2> /dev/null && wait "$api_pid" 2> /dev/null; api_pid=; }
 start_host() { # N: host hN on PORT+N, its own spool and run directory (kept across restarts)
 	local port=$((PORT + $1))
-	jq -n --arg n "h$1" --arg port "$port" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool-$1" \
-		--arg run "$KILN_RUN_DIR/h$1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-		--arg b "$BUCKET" \
-		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
-		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
-	t_bg "$ROOT/build/kiln-host" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
-	h_pids[$1]=$T_BG_PID
+	host_config "$T_TMP/h$1.json" "127.0.0.1:$port" "h$1" ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h$1\""
+	host_start "$T_TMP/h$1.json" "h$1"
+	h_pids[$1]=$host_pid
 }
 # wait_host N: until host N answers on its port
-wait_host() { for _ in $(seq 600); do curl -sf -m 1 "http://127.0.0.1:$((PORT + $1))/healthz" > /dev/null && return 0; sleep 0.1; done; return 1; }
+wait_host() { t_serving "http://127.0.0.1:$((PORT + $1))/healthz" "${h_pids[$1]}" 60; }
 stop_host() { kill "${2:--TERM}" "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
@@ -323,7 +318,7 @@ check "... and resumes with its files" [ "$(last .stdout)" = v ]
 # DELETE through kiln-api goes to that host, and they go with the snapshot.
 req "$KA" POST "/v1/sessions/$SP/pause" > /dev/null
 HP=$(last .snapshot.host_id)
-pc=$T_TMP/spool-${HP#h}/pause-cache/acme/$SP
+pc=$T_TMP/spool-$HP/pause-cache/acme/$SP
 npc=$(ls "$pc" 2> /dev/null | wc -l)
 st=$(req "$KA" DELETE "/v1/sessions/$SP")
 check "DELETE of a session paused on $HP: its $npc pause-cache copies there go at once (the destroy goes to that host)" \

@@ -30,12 +30,7 @@ api_up "$T_TMP/api.json" "$URL"
 
 start_host() { # N: host hN on API_PORT+N
 	local port=$((API_PORT + $1))
-	jq -n --arg n "h$1" --arg port "$port" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool-$1" \
-		--arg run "$KILN_RUN_DIR/h$1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-		--arg b "$BUCKET" \
-		'{listen: ("127.0.0.1:" + $port), host_id: $n, token: $token, api: $api, heartbeat_ms: 500,
-		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h$1.json"
+	host_config "$T_TMP/h$1.json" "127.0.0.1:$port" "h$1" ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h$1\""
 	t_bg "$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
 	h_pids[$1]=$T_BG_PID
 }

@@ -36,12 +36,7 @@ before_cg=$(count_cgroups)
 s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY S3_BUCKET=$BUCKET
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 10}'
-jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
-	--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" --arg cache "$T_TMP/cache" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	'{listen: $listen, host_id: "tpl-e2e", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-	  cache: $cache, heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
+host_config "$T_TMP/host.json" "127.0.0.1:$HOST_PORT" tpl-e2e ".api = \"$API\" | .cache = \"$T_TMP/cache\" | .heartbeat_ms = 500"
 KILN_API_BIN=$KILN_API api_up "$T_TMP/api.json" "$API"
 t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
 host_pid=$T_BG_PID

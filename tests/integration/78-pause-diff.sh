@@ -48,11 +48,7 @@ start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not
 	t_bg nsenter --net="/run/netns/kiln-pd-$N-$1" ${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" \
 		>> "$T_TMP/$1.out" 2>> "$T_TMP/$1.err"
 	hostpid[$1]=$T_BG_PID
-	for _ in $(seq 1800); do
-		curl -s -m 1 "http://${addr[$2]}:$2/healthz" > /dev/null && return 0
-		sleep 0.2
-	done
-	return 1
+	t_serving "http://${addr[$2]}:$2/healthz" "$T_BG_PID"
 }
 h() { # PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 	local port=$1 m=$2 p=$3; shift 3

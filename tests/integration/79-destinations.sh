@@ -29,6 +29,7 @@ PY=/usr/bin/python3
 BIN=${KILN_IT_BIN:-$ROOT/build}
 KILN_HOST=$BIN/kiln-host
 KILN_API=$BIN/kiln-api
+KILN_API_BIN=$KILN_API
 [ -x "$KILN_API" ] || t_skip_all "$KILN_API missing: run make"
 
 TOKEN=it-token-$RANDOM$RANDOM
@@ -42,19 +43,8 @@ CBUCKET=acme-out
 CPREFIX=runs/kiln/
 C_AK=cust:alice
 C_SK=alicesecret
-host_pid=
-api_pid=
-listen_pid=
 S3_HOSTPORT=
 
-cleanup() {
-	for p in $host_pid $api_pid $listen_pid; do kill "$p" 2> /dev/null; done
-	for p in $host_pid $api_pid $listen_pid; do wait "$p" 2> /dev/null; done
-	t_cleanup
-}
-trap cleanup EXIT
-
-before_qemu=$(count_qemu)
 s3_local_start
 export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY
 S3_HOSTPORT=${S3_ENDPOINT#http://}
@@ -97,49 +87,32 @@ chmod 600 "$T_TMP/dest.key"
 # The local S3 listens on loopback: destinations may reach it only because
 # the operator lists its address and port (an on-premises MinIO's case).
 write_api_config() { # KEYFILE [ALLOW_JSON_ARRAY]
-	jq -n --arg listen "127.0.0.1:$API_PORT" --arg db "$T_TMP/api.db" --arg admin "$ADMIN" --arg token "$TOKEN" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg kf "$1" \
-		--argjson allow "${2:-[\"$S3_HOSTPORT\"]}" \
-		'{listen: $listen, db: $db, admin_key: $admin, cluster_token: $token, host_lost_after_s: 5,
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
-		  destinations: {key_file: $kf, allow_addresses: $allow}}' > "$T_TMP/api.json"
+	api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
+		".host_lost_after_s = 5 | .destinations = {key_file: \"$1\", allow_addresses: ${2:-[\"$S3_HOSTPORT\"]}}"
 }
 write_api_config "$T_TMP/dest.key"
 write_host_config() { # [ALLOW_JSON_ARRAY]
-	jq -n --arg listen "127.0.0.1:$HOST_PORT" --arg api "$API" --arg token "$TOKEN" \
-		--arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		--argjson allow "${1:-[\"$S3_HOSTPORT\"]}" \
-		'{listen: $listen, host_id: "dest-host", api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-		  heartbeat_ms: 500, upload: {max_backoff_s: 2}, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 1, prestart: 1},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk},
-		  destinations: {allow_addresses: $allow}}' > "$T_TMP/host.json"
+	host_config "$T_TMP/host.json" "127.0.0.1:$HOST_PORT" dest-host \
+		".api = \"$API\" | .heartbeat_ms = 500 | .upload = {max_backoff_s: 2} | .pool = {size: 1, prestart: 1}
+		 | .destinations = {allow_addresses: ${1:-[\"$S3_HOSTPORT\"]}}"
 }
 write_host_config
 
-start_api() {
-	"$KILN_API" --config "$T_TMP/api.json" >> "$T_TMP/api.out" 2>> "$T_TMP/api.err" &
-	api_pid=$!
-	for _ in $(seq 100); do curl -s -m 1 "$API/healthz" > /dev/null && break; sleep 0.1; done
-}
+# start_api / stop_api, start_host / stop_host: the daemons of this test
+# (lib.sh's api_up and host_start; t_cleanup ends whichever still runs).
+start_api() { api_up "$T_TMP/api.json" "$API"; }
+stop_api() { t_stop "$api_pid"; api_pid=; }
 start_api
-start_host() {
-	"$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err" &
-	host_pid=$!
-}
+start_host() { host_start "$T_TMP/host.json" host; }
+stop_host() { t_stop "$host_pid"; host_pid=; }
 start_host
-admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
-cust() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' "$@"; }
 # custst METHOD PATH [BODY]: the status on the first line, then the body
 custst() { curl -s -m 70 -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -X "$1" \
 	${3:+--data-binary "$3"} -w '\n%{http_code}' "$API$2"; }
-live_hosts() { admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null; }
-for _ in $(seq 600); do
-	[ "$(live_hosts)" = 1 ] && break
-	kill -0 "$host_pid" 2> /dev/null || break
-	sleep 0.2
-done
-if [ "$(live_hosts)" = 1 ]; then
+# wait_host: until the host is live (120 s: a first start builds its snapshot)
+one_live() { [ "$(live_hosts)" = 1 ]; }
+wait_host() { t_until 120 one_live; }
+if wait_host; then
 	ok "kiln-api (with destinations.key_file) and kiln-host start; the host registers"
 else
 	not_ok "the stack starts" "$(tail -3 "$T_TMP/api.err")" "$(tail -3 "$T_TMP/host.err")"
@@ -189,16 +162,16 @@ bad "an unknown field" '{"acl":"public"}' acl
 
 # ---- where a destination may lead: refused before any connection ----
 # A listener on loopback that counts the connections it accepts.
-$PY -c '
+t_bg $PY -c '
 import socket, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
 open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
 n = 0
 while True:
     c, _ = s.accept(); n += 1; c.close()
-    open(sys.argv[2], "w").write(str(n))' "$T_TMP/listen.port" "$T_TMP/listen.count" &
-listen_pid=$!
-for _ in $(seq 100); do [ -s "$T_TMP/listen.port" ] && break; sleep 0.05; done
+    open(sys.argv[2], "w").write(str(n))' "$T_TMP/listen.port" "$T_TMP/listen.count"
+listen_pid=$T_BG_PID
+t_until 5 test -s "$T_TMP/listen.port"
 LPORT=$(cat "$T_TMP/listen.port")
 forbidden() { # NAME ENDPOINT SAYS [EXTRA_FIELDS]
 	local r code msg
@@ -243,7 +216,7 @@ curl -s -m 2 "http://127.0.0.1:$LPORT/" > /dev/null 2>&1
 for _ in $(seq 50); do [ -s "$T_TMP/listen.count" ] && break; sleep 0.05; done
 check "the listener does count connections (one made here: $(cat "$T_TMP/listen.count" 2> /dev/null))" \
 	[ "$(cat "$T_TMP/listen.count" 2> /dev/null)" = 1 ]
-kill "$listen_pid"; wait "$listen_pid" 2> /dev/null; listen_pid=
+t_stop "$listen_pid"; listen_pid=
 check "GET still answers 404: nothing refused was stored" [ "$(custst GET /v1/destination | tail -1)" = 404 ]
 
 r=$(custst PUT /v1/destination "$(dest '{"secret_key":"wrong-secret"}')")
@@ -343,7 +316,7 @@ done
 check "the host's upload fails with s3_auth and is retried ($(jq -r '"\(.upload_attempts) attempts: \(.last_error)"' "$T_TMP/h2.json"))" \
 	jqe '.state == "uploading" and .upload_attempts >= 2 and (.last_error | startswith("s3_auth"))' "$T_TMP/h2.json"
 check "kiln-api shows the task uploading, not lost" jqe '.state == "uploading"' <(cust "$API/v1/tasks/$T2")
-rec=$T_TMP/spool/tasks/$T2/record.json
+rec=$T_TMP/spool-dest-host/tasks/$T2/record.json
 check "its spool record keeps the destination, mode 0600 ($(stat -c %a "$rec" 2> /dev/null))" \
 	[ "$(stat -c %a "$rec" 2> /dev/null)" = 600 -a "$(jq -r .destination.bucket "$rec" 2> /dev/null)" = "$CBUCKET" ]
 check "the host's task JSON never shows the destination's secret" [ "$(grep -c rotated-wrong "$T_TMP/h2.json")" = 0 ]
@@ -398,11 +371,11 @@ check "an earlier task's URLs are withheld, with a reason, once its destination 
 
 # ---- another key: the customer's task fails, never kiln's bucket ----
 r=$(custst PUT /v1/destination "$(dest)")
-kill "$api_pid"; wait "$api_pid" 2> /dev/null
+stop_api
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/other.key"
 write_api_config "$T_TMP/other.key"
 start_api
-for _ in $(seq 100); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
+wait_host
 T4=$(submit 'print("nowhere")')
 final "$T4" 60
 check "kiln-api with another key: the task fails with destination_unavailable" \
@@ -412,7 +385,7 @@ r=$(custst GET /v1/destination)
 check "GET still shows the destination (its secret not needed)" [ "$(tail -1 <<< "$r")" = 200 ]
 
 # ---- the allow-list is what admits the local S3, on kiln-api and on the host ----
-kill "$api_pid"; wait "$api_pid" 2> /dev/null
+stop_api
 write_api_config "$T_TMP/dest.key" '[]'
 start_api
 forbidden "the local S3 once kiln-api's destinations.allow_addresses no longer lists it" "$S3_ENDPOINT" "(loopback)"
@@ -421,13 +394,13 @@ check "POST /v1/destination/test of the stored one: ok false, destination_forbid
 	[ "$(head -n -1 <<< "$r" | jq -r '"\(.test.ok) \(.test.error.code)"' 2> /dev/null)" = "false destination_forbidden" ]
 # A host checks each connection itself: kiln-api (listing the S3 again)
 # hands it the stored destination; this host's own list lacks it.
-kill "$api_pid"; wait "$api_pid" 2> /dev/null
+stop_api
 write_api_config "$T_TMP/dest.key"
 start_api
-kill "$host_pid"; wait "$host_pid" 2> /dev/null
+stop_host
 write_host_config '[]'
 start_host
-for _ in $(seq 600); do [ "$(live_hosts)" = 1 ] && break; kill -0 "$host_pid" 2> /dev/null || break; sleep 0.2; done
+wait_host
 T5=$(submit 'open("/output/o.txt", "w").write("never\n"); print("never")')
 for _ in $(seq 300); do
 	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T5" > "$T_TMP/h5.json"
@@ -439,8 +412,5 @@ check "a host whose own list lacks it refuses the upload itself (its check befor
 check "and nothing of that task ($T5) reached the customer's bucket" [ -n "$T5" -a -z "$(keys "$C_AK" "$C_SK" "$CBUCKET" "$T5")" ]
 
 # ---- nothing left ----
-kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
-kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
-for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
-check "no QEMU left (qemu $(count_qemu)/$before_qemu)" [ "$(count_qemu)" = "$before_qemu" ]
+t_nothing_left "nothing left: no QEMU, VM directories, cgroups, mounts or slot locks"
 t_done

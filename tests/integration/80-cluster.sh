@@ -33,12 +33,9 @@ BUCKET=kiln-cluster
 api_config "$T_TMP/api.json" "$NET.1:$API_PORT" '. + {host_lost_after_s: 3}'
 start_host() { # n
 	local n=$1 ns=$NS_PREFIX-$1
-	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg api "$API" --arg token "$TOKEN" \
-		--arg spool "$T_TMP/spool-$n" --arg run "$KILN_RUN_DIR/h$n" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-		  heartbeat_ms: 500, capacity: {vcpus: 1, cpu_overcommit: 3}, pool: {size: 1, prestart: 1},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-cluster", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host$n.json"
+	host_config "$T_TMP/host$n.json" "$NET.$((10 + n)):7070" "h$n" \
+		".api = \"$API\" | .run_dir += \"/h$n\" | .heartbeat_ms = 500 | .capacity = {vcpus: 1, cpu_overcommit: 3}
+		 | .pool = {size: 1, prestart: 1}"
 	host_start "$T_TMP/host$n.json" "host$n" "$ns"
 	host_pids[$n]=$host_pid
 }

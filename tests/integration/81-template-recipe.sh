@@ -33,13 +33,7 @@ MIRROR=http://$PEER:$PORT/debian
 proxy_pid=
 build_pid=
 
-cleanup() {
-	t_reap
-	ip netns del "$NS" 2> /dev/null
-	ip link del "$LINK" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
+t_on_exit 'ip netns del "$NS" 2> /dev/null; ip link del "$LINK" 2> /dev/null'
 
 ip netns add "$NS" 2> /dev/null && ip link add "$LINK" type veth peer name eth0 netns "$NS" || {
 	echo "1..0 # SKIP cannot create a network namespace and a veth pair (needs root and CAP_NET_ADMIN)"; exit 0; }

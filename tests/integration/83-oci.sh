@@ -286,20 +286,17 @@ check "an import past --timeout: build_timeout, nothing left" \
 # SIGTERM is kiln-host template import's cancel_fd.
 t_bg "$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigcan.ext4" > "$T_TMP/bigcan.json" 2> "$T_TMP/bigcan.err"
 pid=$T_BG_PID
-wait_for() { local i; for i in $(seq 100); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
-wait_for 'skopeo copy' "$T_TMP/bigcan.err"
-kill -TERM $pid
-wait $pid
+t_until 5 grep -q 'skopeo copy' "$T_TMP/bigcan.err"
+t_stop "$pid"
 check "SIGTERM during skopeo: cancelled, nothing left" \
 	test "$(r bigcan .error.code)" = cancelled -a ! -e "$T_TMP/bigcan.ext4" -a ! -e "$T_TMP/bigcan.ext4.work"
 # A crash (SIGKILL) mid-import: the jail dies with its parent; `kiln-host reap`
 # removes its cgroups through the record in the run directory.
 t_bg "$KILN_HOST" template import "$T_TMP/big.tar" --out "$T_TMP/bigkill.ext4" > /dev/null 2> "$T_TMP/bigkill.err"
 pid=$T_BG_PID
-wait_for 'skopeo copy' "$T_TMP/bigkill.err"
+t_until 5 grep -q 'skopeo copy' "$T_TMP/bigkill.err"
 sleep 0.3
-kill -KILL $pid
-wait $pid 2> /dev/null
+t_stop "$pid" KILL
 left=$(ls -d "$KILN_RUN_DIR"/vm-oci-* 2> /dev/null | wc -l)
 "$KILN_HOST" reap --run-dir "$KILN_RUN_DIR" > /dev/null 2>&1
 if [ "$left" = 1 ] && [ "$(count_cgroups)" = "$before_cg" ] && [ -z "$(ls -d "$KILN_RUN_DIR"/vm-oci-* 2> /dev/null)" ] \

@@ -79,22 +79,11 @@ TREF_B=$(tref other "$SHA_B" "$SIZE_B")
 before_q=$(count_qemu); before_cg=$(count_cgroups); before_m=$(count_mounts)
 
 start_host() { # BUDGET_MIB (0: none) [POOLS-JSON]
-	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-		--arg cache "$CACHE" --arg img "$img_dir" --argjson budget "$1" --argjson pools "${2:-{\}}" \
-		'{listen: ("127.0.0.1:" + $port), host_id: "tpl", token: $token, spool_dir: $spool, run_dir: $run,
-		  cache: $cache, image_dir: $img,
-		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-		  templates: ({snapshot_ttl_s: 0, pools: $pools} + (if $budget > 0 then {disk_budget_mib: $budget} else {} end)),
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/host.json"
-	t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
-	host_pid=$T_BG_PID
-	for _ in $(seq 1800); do
-		curl -s -m 1 "$URL/healthz" > /dev/null && return 0
-		kill -0 "$host_pid" 2> /dev/null || return 1
-		sleep 0.2
-	done
-	return 1
+	host_config "$T_TMP/host.json" "127.0.0.1:$PORT" tpl \
+		".run_dir += \"/h\" | .cache = \"$CACHE\" | .image_dir = \"$img_dir\"
+		 | .templates = ({snapshot_ttl_s: 0, pools: ${2:-{\}}} + (if $1 > 0 then {disk_budget_mib: $1} else {} end))"
+	host_start "$T_TMP/host.json" host
+	t_serving "$URL/healthz" "$host_pid"
 }
 stop_host() {
 	kill "$host_pid" 2> /dev/null
@@ -394,7 +383,7 @@ else not_ok "build timeout" "status $st: $(head -c 800 "$T_TMP/build-b8.json")";
 check "after the builds: vCPUs back, no QEMU but the pool's" \
 	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before" \
 	-a "$(count_qemu)" -le $((before_q + 2))
-check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool/builds" 2> /dev/null)"
+check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool-tpl/builds" 2> /dev/null)"
 stop_host
 
 # --- eviction under a tiny disk budget ---

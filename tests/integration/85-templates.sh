@@ -50,20 +50,16 @@ t_bg /usr/bin/python3 "$ROOT/tests/integration/mirror_proxy.py" "$PEER" 3142 "$U
 proxy_pid=$T_BG_PID
 
 s3_local_start "$NET.1"
-S3='{"endpoint":"'$S3_ENDPOINT'","region":"us-east-1","bucket":"'$BUCKET'","access_key":"'$S3_ACCESS_KEY'","secret_key":"'$S3_SECRET_KEY'"}'
 
 api_config "$T_TMP/api.json" "$NET.1:$API_PORT" '. + {host_lost_after_s: 3}'
 api_up "$T_TMP/api.json" "$API"
 
-host_config() { # n listen extra-json
-	jq -n --arg n "$1" --arg listen "$2" --arg api "$API" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" \
-		--arg run "$KILN_RUN_DIR/h$1" --arg cache "$T_TMP/cache-$1" --argjson s3 "$S3" --argjson extra "$3" \
-		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-		  cache: $cache, heartbeat_ms: 500, capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 1, prestart: 0}, s3: $s3} + $extra' \
-		> "$T_TMP/host$1.json"
+write_host_config() { # n listen extra-json
+	host_config "$T_TMP/host$1.json" "$2" "h$1" ".api = \"$API\" | .run_dir += \"/h$1\" | .cache = \"$T_TMP/cache-$1\"
+		| .heartbeat_ms = 500 | .capacity.cpu_overcommit = 4 | .pool = {size: 1, prestart: 0} | . + $3"
 }
-host_config 1 "$NET.11:7070" '{"network":{"egress":true,"dns_upstream":"'"$PEER"':53","link_range":"10.233.0.0/16"},"templates":{"mirror":"'"$MIRROR"'"}}'
-host_config 2 "$NET.12:7070" '{}'
+write_host_config 1 "$NET.11:7070" '{"network":{"egress":true,"dns_upstream":"'"$PEER"':53","link_range":"10.233.0.0/16"},"templates":{"mirror":"'"$MIRROR"'"}}'
+write_host_config 2 "$NET.12:7070" '{}'
 # Each host keeps its templates in a cache of its own: h2 must not see what h1 fetched or built.
 for n in 1 2; do mkdir -p "$T_TMP/cache-$n"; ln -s "${KILN_CACHE:-/var/cache/kiln}/snapshots" "$T_TMP/cache-$n/snapshots" 2> /dev/null || true; done
 start_host() { # n

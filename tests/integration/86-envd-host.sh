@@ -25,20 +25,11 @@ bg=()
 s3_local_start
 before_cg=$(count_cgroups)
 
-jq -n --arg port "$PA" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/a" \
-	--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" \
-	--arg img "${KILN_TEST_IMAGE_DIR:-$ROOT/build/image}" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "a", token: $token, spool_dir: $spool, run_dir: $run, image_dir: $img,
-	  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/a.json"
-t_bg "$KILN_HOST" serve --config "$T_TMP/a.json" >> "$T_TMP/a.out" 2>> "$T_TMP/a.err"
-pids+=("$T_BG_PID")
-up=0
-for _ in $(seq 1800); do
-	curl -s -m 1 "http://127.0.0.1:$PA/healthz" > /dev/null && { up=1; break; }
-	sleep 0.2
-done
-if [ $up = 1 ]; then ok "kiln-host starts"; else t_bail "kiln-host starts" "$(tail -3 "$T_TMP/a.err")"; fi
+host_config "$T_TMP/a.json" "127.0.0.1:$PA" a \
+	".run_dir += \"/a\" | .image_dir = \"${KILN_TEST_IMAGE_DIR:-$ROOT/build/image}\""
+host_start "$T_TMP/a.json" a
+pids+=("$host_pid")
+if t_serving "http://127.0.0.1:$PA/healthz" "$host_pid"; then ok "kiln-host starts"; else t_bail "kiln-host starts" "$(tail -3 "$T_TMP/a.err")"; fi
 
 U=http://127.0.0.1:$PA/v1/sessions/s1
 # h METHOD PATH [curl args]: body in $T_TMP/last, status echoed
@@ -153,7 +144,7 @@ jq --arg port "$PB" --arg run "$KILN_RUN_DIR/b" --arg spool "$T_TMP/spool-b" \
 t_bg "$KILN_HOST" serve --config "$T_TMP/b.json" >> "$T_TMP/b.out" 2>> "$T_TMP/b.err"
 hb=$T_BG_PID
 pids+=($hb)
-for _ in $(seq 600); do curl -s -m 1 "http://127.0.0.1:$PB/healthz" > /dev/null && break; sleep 0.2; done
+t_serving "http://127.0.0.1:$PB/healthz" "$hb" 120 || t_bail "kiln-host b starts" "$(tail -3 "$T_TMP/b.err")"
 hb_() { local m=$1 p=$2; shift 2; curl -s -m 3 -o "$T_TMP/lastb" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PB$p"; }
 st=$(hb_ POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"r1","customer":"acme","spec":{}}')
 bad=0

@@ -33,12 +33,7 @@ api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
 	'. + {host_lost_after_s: 3, max_body_mib: 16, quotas: {submit_rate: 1000, submit_burst: 1000}}'
 api_up "$T_TMP/api.json" "$URL"
 
-jq -n --arg port "$((API_PORT + 1))" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" \
-	--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-	--arg b "$BUCKET" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
-	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
+host_config "$T_TMP/h1.json" "127.0.0.1:$((API_PORT + 1))" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h1\""
 t_bg "$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err"
 h_pid=$T_BG_PID
 

@@ -30,7 +30,6 @@ BUCKET=kiln-replicas
 host_pids=()
 api_pids=()
 
-before_cg=$(count_cgroups)
 net_bridge "$BR" "$NET.1"
 for n in 1 2; do net_ns "$NS_PREFIX-$n" "kr$N-$n" "$NET.$((10 + n))"; done
 pg_start || t_bail "PostgreSQL (scripts/pg-local.sh) starts"
@@ -54,13 +53,9 @@ leaders() { # the replicas that say they lead, e.g. "1"
 }
 start_host() { # n: every replica's URL, replica 0 first (kiln-host uses the first that answers)
 	local n=$1 ns=$NS_PREFIX-$1
-	jq -n --arg n "$n" --arg listen "$NET.$((10 + n)):7070" --arg token "$TOKEN" \
-		--argjson api "$(jq -cn --arg a "$(url 0)" --arg b "$(url 1)" --arg c "$(url 2)" '[$a, $b, $c]')" \
-		--arg spool "$T_TMP/spool-$n" --arg run "$KILN_RUN_DIR/h$n" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-		'{listen: $listen, host_id: ("h" + $n), api: $api, token: $token, spool_dir: $spool, run_dir: $run,
-		  heartbeat_ms: 500, capacity: {vcpus: 1, cpu_overcommit: 3}, pool: {size: 1, prestart: 1},
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-replicas", access_key: $ak, secret_key: $sk}}' > "$T_TMP/host$n.json"
+	host_config "$T_TMP/host$n.json" "$NET.$((10 + n)):7070" "h$n" \
+		".api = [\"$(url 0)\", \"$(url 1)\", \"$(url 2)\"] | .run_dir += \"/h$n\" | .heartbeat_ms = 500
+		 | .capacity = {vcpus: 1, cpu_overcommit: 3} | .pool = {size: 1, prestart: 1}"
 	host_start "$T_TMP/host$n.json" "host$n" "$ns"
 	host_pids[$n]=$host_pid
 }
@@ -87,7 +82,8 @@ ok_all=1
 for r in 0 1 2; do start_api "$r" || ok_all=0; done
 if [ "$ok_all" = 1 ]; then ok "three kiln-api replicas start on one PostgreSQL"
 else t_bail "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; fi
-for _ in $(seq 50); do [ "$(leaders | wc -l)" = 1 ] && break; sleep 0.1; done
+one_leader() { [ "$(leaders | wc -l)" = 1 ]; }
+t_until 5 one_leader
 L=$(leaders)
 check "exactly one replica leads the scheduler (replica $L)" [ "$(echo "$L" | wc -w)" = 1 ]
 nl=0; for r in 0 1 2; do curl -s -m 2 "$(url "$r")/metrics" | grep -qx 'kiln_api_leader 1' && nl=$((nl + 1)); done
@@ -95,14 +91,15 @@ check "/metrics of each replica: exactly one says kiln_api_leader 1" [ "$nl" = 1
 
 for n in 1 2; do start_host "$n"; done
 live_hosts() { on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[(.hosts // .)[] | select(.state == "live")] | length'; }
-for _ in $(seq 1200); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
+two_live() { [ "$(live_hosts)" = 2 ]; }
+t_until 240 two_live
 lh=$(live_hosts); on 1 "$ADMIN" GET /v1/admin/hosts > /dev/null; lh1=$(last '(.hosts // .) | length')
 check "two kiln-hosts given all three replicas' URLs heartbeat; every replica lists them live" [ "$lh" = 2 -a "$lh1" = 2 ]
-for _ in $(seq 1200); do
+pools_ready() {
 	on 0 "$ADMIN" GET /v1/admin/hosts > /dev/null
-	[ "$(last '[(.hosts // .)[] | select(.capacity.pool.ready >= 1)] | length')" = 2 ] && break
-	sleep 0.2
-done
+	[ "$(last '[(.hosts // .)[] | select(.capacity.pool.ready >= 1)] | length')" = 2 ]
+}
+t_until 240 pools_ready
 
 # ---- keys across replicas ----
 on 0 "$ADMIN" POST /v1/admin/customers --data '{"id":"acme","name":"Acme"}' > /dev/null
@@ -149,23 +146,26 @@ NB=500
 burst=$T_TMP/burst; mkdir -p "$burst"
 export KEY burst BASE NET
 t_burst=$SECONDS
-seq "$NB" | xargs -P 8 -I{} sh -c 'for try in 0 1 2; do r=$((({} + try) % 3))
+burst_submit() { seq "$NB" | xargs -P 8 -I{} sh -c 'for try in 0 1 2; do r=$((({} + try) % 3))
 	c=$(curl -s --max-time 30 -o "$burst/{}.json" -w "%{http_code}" -X POST -H "Authorization: Bearer $KEY" \
 		-H "Idempotency-Key: burst-{}" --data-binary "{\"language\":\"sh\",\"code\":\"true\",\"metadata\":{\"burst\":\"{}\"}}" \
 		"http://$NET.1:$((BASE + r))/v1/tasks" 2> /dev/null)
 	case $c in 000 | 5*) ;; *) break ;; esac
-done; echo "$c" > "$burst/{}.code"' &
-bpid=$!
+done; echo "$c" > "$burst/{}.code"'; }
+t_bg burst_submit
+bpid=$T_BG_PID
 acked() { cat "$burst"/*.code 2> /dev/null | grep -c '^20[02]$'; }
-for _ in $(seq 600); do [ "$(acked)" -ge $((NB * 3 / 10)) ] && break; sleep 0.05; done
+acked_30pc() { [ "$(acked)" -ge $((NB * 3 / 10)) ]; }
+t_until 30 acked_30pc
 L=$(leaders | head -1); acked_before=$(acked)
-kill -9 "${api_pids[$L]}"; wait "${api_pids[$L]}" 2> /dev/null; unset "api_pids[$L]"
+t_stop "${api_pids[$L]}" KILL; unset "api_pids[$L]"
 t0=$(date +%s%N); NL=
-for _ in $(seq 100); do NL=$(leaders | head -1); [ -n "$NL" ] && break; sleep 0.1; done
+new_leader() { NL=$(leaders | head -1); [ -n "$NL" ]; }
+t_until 10 new_leader
 fo=$((($(date +%s%N) - t0) / 1000000))
 check "replica $L (the leader) SIGKILLed after $acked_before of $NB submissions: replica $NL leads within 5 s (${fo} ms)" \
 	[ -n "$NL" -a "$fo" -lt 5000 ]
-wait "$bpid"
+wait "$bpid"; t_stop "$bpid"
 t_submitted=$((SECONDS - t_burst))
 codes=$(cat "$burst"/*.code | sort | uniq -c | tr '\n' ' ')
 ids=$T_TMP/burst-ids; : > "$ids"
@@ -219,7 +219,7 @@ echo "# burst of $NB: submitted in ${t_submitted} s, all final in ${t_final} s; 
 # Exactly once: each task's record is in one host's spool, the host it ran on.
 spooled=$T_TMP/spooled.txt
 for n in 1 2; do
-	ls "$T_TMP/spool-$n/tasks" 2> /dev/null | sed "s/\$/ h$n/"
+	ls "$T_TMP/spool-h$n/tasks" 2> /dev/null | sed "s/\$/ h$n/"
 done | sort > "$spooled"
 awk -F'\t' '{ print $1 " " $3 }' "$T_TMP/burst.tsv" | sort > "$T_TMP/ran.txt"
 twice=$(cut -d' ' -f1 "$spooled" | uniq -d | wc -l)
@@ -234,10 +234,10 @@ cur_replica() { # n: the replica host n last registered with (from its log)
 }
 C=$(cur_replica 1)
 if [ -n "$C" ] && [ -n "${api_pids[$C]:-}" ]; then
-	kill -9 "${api_pids[$C]}"; wait "${api_pids[$C]}" 2> /dev/null; unset "api_pids[$C]"
+	t_stop "${api_pids[$C]}" KILL; unset "api_pids[$C]"
 	tk=$SECONDS
 	S=$(printf '%s\n' "${!api_pids[@]}" | head -1)
-	for _ in $(seq 100); do [ -n "$(leaders)" ] && break; sleep 0.1; done
+	t_until 10 new_leader
 	on "$S" "$KEY" POST /v1/tasks --data-binary "$(sh_spec 'echo after')" > /dev/null; aid=$(last .id)
 	wait_final "$S" "$aid" $((SECONDS + 120)); ast=$(last .state); ahost=$(last .host)
 	# Past host_lost_after_s (5 s) since the kill: a host still heartbeating
@@ -257,19 +257,20 @@ fi
 pgb=$T_TMP/pgb; mkdir -p "$pgb"
 others=("${!api_pids[@]}")
 export pgb
-(for i in $(seq 40); do
+pg_burst() { for i in $(seq 40); do
 	r=${others[$((i % ${#others[@]}))]}
 	curl -s --max-time 20 -o "$pgb/$i.json" -w "%{http_code}" -X POST -H "Authorization: Bearer $KEY" \
 		--data-binary "{\"language\":\"sh\",\"code\":\"echo p$i\"}" "http://$NET.1:$((BASE + r))/v1/tasks" > "$pgb/$i.code" 2> /dev/null
 	sleep 0.1
-done) &
-lpid=$!
+done; }
+t_bg pg_burst
+lpid=$T_BG_PID
 sleep 1
 "$ROOT/scripts/pg-local.sh" stop "$T_PG_DIR"
 hz=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "$(url "$S")/healthz")
 sleep 1
 "$ROOT/scripts/pg-local.sh" start "$T_PG_DIR" > /dev/null
-wait "$lpid"
+wait "$lpid"; t_stop "$lpid"
 codes=$(for f in "$pgb"/*.code; do cat "$f"; echo; done | sort | uniq -c | tr '\n' ' ')
 n503=$(grep -l '^503$' "$pgb"/*.code | wc -l)
 # Nothing but 202 and 503: a valid key must not be refused (403) because the
@@ -277,8 +278,8 @@ n503=$(grep -l '^503$' "$pgb"/*.code | wc -l)
 nother=$(for f in "$pgb"/*.code; do cat "$f"; echo; done | grep -cv '^\(202\|503\)$')
 check "PostgreSQL down: healthz 503, some submissions 503, none anything but 202/503 ($codes)" \
 	[ "$hz" = 503 -a "$n503" -ge 1 -a "$nother" = 0 ]
-up=0; for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$(url "$S")/healthz")" = 200 ] && { up=1; break; }; sleep 0.1; done
-check "PostgreSQL back: healthz 200 by itself" [ "$up" = 1 ]
+healthy() { [ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "$(url "$S")/healthz")" = 200 ]; }
+check "PostgreSQL back: healthz 200 by itself" t_until 5 healthy
 lostn=0 acc=0 pgs="" dl=$((SECONDS + 300))
 for f in "$pgb"/*.code; do
 	[ "$(cat "$f")" = 202 ] || continue
@@ -293,16 +294,10 @@ else not_ok "acknowledged around the restart" "$acc acknowledged, $lostn not suc
 	"$(grep -hv serving "$T_TMP"/api*.err | tail -12)"; fi
 
 # ---- shutdown leaves nothing ----
-for p in "${host_pids[@]}" "${api_pids[@]}"; do kill "$p"; done
-for p in "${host_pids[@]}" "${api_pids[@]}"; do wait "$p" 2> /dev/null; done
+t_reap
 host_pids=(); api_pids=()
-s3_local_stop
-net_down
-for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
 d=$T_PG_DIR
 pg_stop
-if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \
-   && [ "$(count_run_entries)" = 0 ] && [ -z "$(pgrep -f "postgres -D $d/")" ] && [ ! -e "$d" ]; then
-	ok "afterwards: no QEMU, VM directory, namespace, cgroup or PostgreSQL left"
-else not_ok "leftovers" "qemu=$(count_qemu) ns+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+pg_gone() { [ -z "$(pgrep -f "postgres -D $d/")" ] && [ ! -e "$d" ]; }
+t_nothing_left "afterwards: no QEMU, VM directory, namespace, cgroup or PostgreSQL left" pg_gone
 t_done

@@ -32,12 +32,7 @@ BASE=$((20000 + RANDOM % 11000))
 BUCKET=kiln-replica-sessions
 api_pids=()
 host_pid=
-cleanup() {
-	t_reap
-	rm -rf "$KILN_RUN_DIR/h1"
-	t_cleanup
-}
-trap cleanup EXIT
+t_on_exit 'rm -rf "$KILN_RUN_DIR/h1"'
 before_cg=$(count_cgroups)
 pg_start || t_bail "PostgreSQL (scripts/pg-local.sh) starts"
 s3_local_start
@@ -83,12 +78,7 @@ if [ "$ok_all" = 1 ]; then ok "three kiln-api replicas start on one PostgreSQL"
 else t_bail "replicas start" "$(tail -3 "$T_TMP"/api*.err)"; fi
 check "the store has the session_leases table (migration 8)" [ "$(leases)" = 0 ]
 
-jq -n --arg port "$((BASE + 3))" --arg token "$TOKEN" --arg api "$(url 2)" --arg spool "$T_TMP/spool" \
-	--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
-	--arg b "$BUCKET" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
-	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
-	  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
+host_config "$T_TMP/h1.json" "127.0.0.1:$((BASE + 3))" h1 ".api = \"$(url 2)\" | .heartbeat_ms = 500 | .run_dir += \"/h1\""
 host_start "$T_TMP/h1.json" h1
 live() { on "$1" "$ADMIN" GET /v1/admin/hosts > /dev/null; last '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live 2)" = 1 ] && break; sleep 0.2; done

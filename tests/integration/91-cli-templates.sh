@@ -28,13 +28,7 @@ unset KILN_API KILN_KEY KILN_ADMIN_KEY
 up_pid=
 peer_pid=
 
-cleanup() {
-	t_reap
-	ip netns del "$NS" 2> /dev/null
-	ip netns del "$PEER_NS" 2> /dev/null
-	t_cleanup
-}
-trap cleanup EXIT
+t_on_exit 'ip netns del "$NS" 2> /dev/null; ip netns del "$PEER_NS" 2> /dev/null'
 
 # --- bad usage: exit 2, without any configuration ---
 bad=""

@@ -10,13 +10,21 @@ T_FAILED=0
 export KILN_RUN_DIR=${KILN_RUN_DIR:-$(mktemp -d /tmp/kiln-it-run.XXXXXX)}
 T_TMP=$(mktemp -d /tmp/kiln-it.XXXXXX)
 trap 't_cleanup' EXIT
+trap 'exit 143' TERM INT HUP
 
-# t_cleanup: on every exit, ends what the test started (the processes of
-# t_bg, PostgreSQL, the local S3, namespaces and bridge) and removes its
-# directories. A script needs no cleanup of its own; one that does more
-# (a namespace made by hand) does it and calls t_cleanup.
+# t_cleanup: on every exit (a TERM, INT or HUP exits through it too), ends
+# what the test started (the processes of t_bg, PostgreSQL, the local S3,
+# namespaces and bridge) and removes its directories. A script needs no
+# cleanup of its own: what lib.sh does not know of, it names with
+# t_on_exit COMMAND (a shell command, run in order after the processes are
+# ended: a directory a host kept, a namespace made by hand).
+T_ON_EXIT=()
+t_on_exit() { T_ON_EXIT+=("$1"); }
 t_cleanup() {
+	local c
 	t_reap
+	for c in "${T_ON_EXIT[@]}"; do eval "$c"; done
+	T_ON_EXIT=()
 	pg_stop
 	s3_local_stop
 	net_down
@@ -53,14 +61,36 @@ t_reap() {
 	T_PIDS=()
 }
 
+# t_until SECONDS CMD...: runs CMD every 0.1 s until it succeeds (0) or
+# SECONDS have passed (1; CMD is tried once more at the end). For a wait on
+# something asynchronous; the check that follows says what was awaited.
+t_until() {
+	local end=$((SECONDS + $1))
+	shift
+	until "$@"; do
+		[ "$SECONDS" -lt "$end" ] || { "$@"; return; }
+		sleep 0.1
+	done
+}
+# t_serving URL [PID] [SECONDS]: until URL answers HTTP (any status), 0; 1
+# when PID (if given) has ended first or SECONDS (default 360: kiln-host's
+# first start builds a snapshot under TCG) have passed.
+t_serving() {
+	local url=$1 pid=${2:-} end=$((SECONDS + ${3:-360}))
+	until curl -s -m 1 -o /dev/null "$url"; do
+		[ -z "$pid" ] || kill -0 "$pid" 2> /dev/null || return 1
+		[ "$SECONDS" -lt "$end" ] || return 1
+		sleep 0.2
+	done
+}
+
 # pg_start: a PostgreSQL of this test's own (scripts/pg-local.sh: initdb in a
 # temporary directory, a Unix socket only), its URI in T_PG_URL. t_cleanup
-# stops it and removes its directory; a TERM/INT/HUP exits through it too.
+# stops it and removes its directory.
 T_PG_DIR=
 T_PG_URL=
 pg_start() {
 	T_PG_DIR=$(mktemp -d /tmp/kiln-it-pg.XXXXXX)
-	trap 'exit 143' TERM INT HUP
 	T_PG_URL=$("$ROOT/scripts/pg-local.sh" start "$T_PG_DIR")
 }
 pg_stop() {
@@ -154,12 +184,7 @@ api_config() {
 api_start() {
 	t_bg "${KILN_API_BIN:-$ROOT/build/kiln-api}" --config "$1" >> "$T_TMP/${3:-api}.out" 2>> "$T_TMP/${3:-api}.err"
 	api_pid=$T_BG_PID
-	for _ in $(seq 100); do
-		curl -s -m 1 "$2/healthz" > /dev/null && return 0
-		kill -0 "$api_pid" 2> /dev/null || return 1
-		sleep 0.1
-	done
-	return 1
+	t_serving "$2/healthz" "$api_pid" 10
 }
 # api_up CONFIG URL [NAME]: api_start, or the script bails (kiln-api is ours).
 api_up() { api_start "$@" || t_bail "kiln-api${3:+ $3} starts" "$(tail -3 "$T_TMP/${3:-api}.err")"; }
@@ -172,6 +197,28 @@ host_start() {
 	[ -z "${3:-}" ] || ns=(nsenter --net="/run/netns/$3")
 	t_bg "${ns[@]}" "$KILN_HOST" serve --config "$1" >> "$T_TMP/$2.out" 2>> "$T_TMP/$2.err"
 	host_pid=$T_BG_PID
+}
+# host_up CONFIG NAME URL [NETNS]: host_start, then until URL/healthz
+# answers; the script bails when kiln-host ends or does not answer in time.
+host_up() {
+	host_start "$1" "$2" "${4:-}"
+	t_serving "$3/healthz" "$host_pid" || t_bail "kiln-host $2 starts" "$(tail -3 "$T_TMP/$2.err")"
+}
+# host_config FILE LISTEN ID [JQ]: kiln-host's configuration into FILE:
+# listen on LISTEN, host_id ID, token $TOKEN, its spool in $T_TMP/spool-ID
+# and VMs in $KILN_RUN_DIR (the counts below see them), two vCPUs at
+# overcommit 2, no warm pool, and the local S3 when one was started (bucket
+# $BUCKET, default kiln-it). JQ (a jq filter, default .) adds or changes.
+host_config() {
+	local file=$1 listen=$2 id=$3 extra=${4:-.}
+	jq -n --arg listen "$listen" --arg id "$id" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$id" \
+		--arg run "$KILN_RUN_DIR" --arg ep "${S3_ENDPOINT:-}" --arg ak "${S3_ACCESS_KEY:-}" \
+		--arg sk "${S3_SECRET_KEY:-}" --arg b "${BUCKET:-kiln-it}" \
+		'{listen: $listen, host_id: $id, token: $token, spool_dir: $spool, run_dir: $run,
+		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}}
+		 + (if $ep == "" then {} else
+		    {s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}} end)' |
+		jq "$extra" > "$file"
 }
 # Requests to kiln-api at $API: admin with $ADMIN, cust with $KEY (curl args).
 admin() { curl -s -m 30 -H "Authorization: Bearer $ADMIN" -H 'Content-Type: application/json' "$@"; }
@@ -364,3 +411,44 @@ count_slot_locks() {
 	if [ -z "$inodes" ]; then echo 0; return; fi
 	awk '$2 == "FLOCK" { split($6, a, ":"); print a[3] }' /proc/locks | grep -cxF -f <(echo "$inodes") || true
 }
+
+# ---- nothing left ----
+# t_left: what this test's VMs hold now, one line: QEMU processes of its run
+# directory, what is under that directory (files anywhere, directories
+# below its first level: a first-level directory may be a host's run_dir),
+# cgroups, mounts, held slot locks, and its namespaces and bridge.
+# t_mark: remembers those counts as the ones to come back to (lib.sh marks
+# when it is sourced; a script marks again when its setup holds some on
+# purpose). t_nothing_left NAME: ends what the test started (t_reap, then
+# net_down), waits up to 10 s for exits to settle, and is one result NAME:
+# ok when every count is back to its mark (slot locks: at most) and CMD,
+# when given (t_nothing_left NAME CMD...: what else the test must find
+# gone), succeeds; else the counts before and now.
+t_left() {
+	echo "qemu=$(count_qemu) run=$(find "$KILN_RUN_DIR" -mindepth 1 \( -mindepth 2 -o ! -type d \) 2> /dev/null | wc -l)" \
+		"cgroups=$(count_cgroups) mounts=$(count_mounts) locks=$(count_slot_locks) net=$(net_left)"
+}
+T_MARK=
+t_mark() { T_MARK=$(t_left); }
+t_nothing_left() {
+	t_reap
+	net_down
+	local name=$1
+	shift
+	if t_until 10 _t_at_mark && { [ $# = 0 ] || "$@"; }; then ok "$name"
+	else not_ok "$name" "before: $T_MARK" "now:    $(t_left)" ${1:+"and: $*"}; fi
+}
+# Slot locks are the machine's (/run/kiln/slots), shared with whatever else
+# runs VMs here: fewer than at the mark is fine.
+_t_at_mark() {
+	local now was i
+	read -ra now <<< "$(t_left)"
+	read -ra was <<< "$T_MARK"
+	for i in "${!now[@]}"; do
+		case ${now[$i]} in
+		locks=*) [ "${now[$i]#locks=}" -le "${was[$i]#locks=}" ] || return 1 ;;
+		*) [ "${now[$i]}" = "${was[$i]}" ] || return 1 ;;
+		esac
+	done
+}
+t_mark
