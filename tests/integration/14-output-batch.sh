@@ -31,8 +31,7 @@ s3_local_start
 host_config "$T_TMP/host.json" "127.0.0.1:$PORT" it-outbatch \
 	'.capacity.cpu_overcommit = 4 | .pool = {size: 1, prestart: 1} | .s3 += {attempts: 2, timeout_s: 30}
 	 | .upload = {workers: 2, max_backoff_s: 2}'
-t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
-host_pid=$T_BG_PID
+host_start "$T_TMP/host.json" host
 started=0
 for _ in $(seq 1200); do
 	[ "$(curl -s --max-time 2 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .pool.ready 2> /dev/null)" = 1 ] && { started=1; break; }

@@ -271,7 +271,7 @@ submit victim "$(sh_spec 'echo started; sleep 600' '{"limits":{"timeout_s":900}}
 wait_state victim running 60
 # Its output reaches the spool's stdout.log as it is printed.
 for _ in $(seq 300); do [ "$(cat "$SPOOL/tasks/victim/stdout.log" 2> /dev/null)" = started ] && break; sleep 0.1; done
-kill -9 "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+t_stop "$host_pid" KILL; host_pid=
 for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
 check "SIGKILL of kiln-host takes its QEMUs with it" [ "$(count_qemu)" = "$before_qemu" ]
 s3_start

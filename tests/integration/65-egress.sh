@@ -69,7 +69,7 @@ start_host() {
 	host_start "$T_TMP/host.json" host "$PFX-host"
 	t_serving "$HOST_URL/healthz" "$host_pid"
 }
-stop_host() { kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=; }
+stop_host() { t_stop "$host_pid"; host_pid=; }
 hc() { # PATH [curl args]: a request to kiln-host from the root namespace
 	local p=$1; shift
 	curl -s -m 120 -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' "$@" "$HOST_URL/${p#/}"
@@ -240,7 +240,7 @@ jq -cn --argjson spec "$(py_spec 'import time; time.sleep(60)' "$BW")" '{id:"kil
 	| hc v1/tasks -X POST --data-binary @- > /dev/null
 for _ in $(seq 300); do [ "$(hc v1/tasks/killed | jq -r .state)" = running ] && break; sleep 0.1; done
 links_before=$(host_links)
-kill -9 "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+t_stop "$host_pid" KILL; host_pid=
 for _ in $(seq 50); do [ "$(host_links)" = 0 ] && break; sleep 0.1; done
 check "SIGKILL of kiln-host mid-task: the sandbox's veth ($links_before before) and namespace go with it" \
 	test "$links_before" = 1 -a "$(host_links)" = 0

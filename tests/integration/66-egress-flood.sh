@@ -112,7 +112,7 @@ if [ $vok = 1 ] && [ "$dmax" -lt 4000 ]; then
 	ok "their DNS answers during the flood: max $dmax ms (< 4000: none lost or retried)"
 else not_ok "victim DNS answers under 4 s" "max=$dmax; $(r victim1 .result.stdout) $(r victim2 .result.stdout) $(r victim3 .result.stdout)"; fi
 
-kill "$host_pid" 2> /dev/null; wait "$host_pid" 2> /dev/null; host_pid=
+t_stop "$host_pid"; host_pid=
 check "no QEMU, VM directories or cgroups left" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR/fl" -mindepth 1 | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg"
 net_down

@@ -205,7 +205,7 @@ check "tty without cols: 400 naming it ($(last .error.message))" test "$st" = 40
 
 # A client that goes away: its interactive command is killed, the session is free again.
 stream_start "$T_TMP/gone" '{"argv":["sh","-c","read x"],"tty":{"rows":24,"cols":80},"timeout_s":300}'
-kill "$spid"; wait "$spid" 2> /dev/null
+t_stop "$spid"
 t0=$(date +%s)
 for _ in $(seq 120); do st=$(ex "$PA" '{"argv":["true"]}'); [ "$st" = 200 ] && break; sleep 0.5; done
 check "the stream's reader went away: the command is hung up, the next exec runs ($st after $(( $(date +%s) - t0 )) s)" test "$st" = 200
@@ -328,7 +328,7 @@ h "$PB" POST /v1/sessions/s1/pause > /dev/null
 h "$PA" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}' > /dev/null
 stale=$(find "$T_TMP/spool-b/pause-cache" -type f | wc -l)
 find "$T_TMP/spool-b/pause-cache" -type f -exec touch -d '2 hours ago' {} +
-kill "${pids[1]}"; wait "${pids[1]}" 2> /dev/null
+t_stop "${pids[1]}"
 pids=("${pids[0]}")
 start_host b "$PB"
 check "copies a resume elsewhere left behind ($stale on B) go once past the age limit (B restarted)" \

@@ -37,8 +37,8 @@ jq -n --arg port "$HP" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP
 	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
 	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}}' \
 	> "$T_TMP/h.json"
-t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" >> "$T_TMP/h.out" 2>> "$T_TMP/h.err"
-h_pid=$T_BG_PID
+host_start "$T_TMP/h.json" h
+h_pid=$host_pid
 if t_serving "http://127.0.0.1:$HP/healthz" "$h_pid" 600; then ok "kiln-host serves"
 else t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"; fi
 

@@ -40,8 +40,7 @@ host_config "$T_TMP/host.json" "127.0.0.1:$HOST_PORT" big-logs \
 	".api = \"$API\" | .heartbeat_ms = 500 | .pool = {size: 2, prestart: 1}"
 
 api_up "$T_TMP/api.json" "$API"
-t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
-host_pid=$T_BG_PID
+host_start "$T_TMP/host.json" host
 for _ in $(seq 1200); do
 	[ "$(admin "$API/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live" and .capacity.pool.ready >= 2)] | length' 2> /dev/null)" = 1 ] && break
 	kill -0 "$host_pid" 2> /dev/null || break
@@ -146,7 +145,7 @@ check "kiln task logs of the finished task prints all of its stdout (got $got)" 
 # ---- kiln-api's watcher backs off when a host's GET keeps failing ----
 # A fake host says the task is final on its event stream, then answers every
 # GET of the task with 500 (as a reply over hostclient's 64 MiB cap did).
-kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+t_stop "$host_pid"; host_pid=
 FAKE_PORT=$((HOST_PORT + 1))
 t_bg $PY "$ROOT/tests/integration/fake_host.py" "$FAKE_PORT" "$API" "$TOKEN" "$T_TMP/gets" 2> "$T_TMP/fake.err"
 fake_pid=$T_BG_PID
@@ -161,10 +160,10 @@ sleep 8
 g1=$(cat "$T_TMP/gets" 2> /dev/null || echo 0)
 check "a host whose GET keeps failing: kiln-api retries it $((g1 - g0)) times in 8 s (backing off: at most 10)" \
 	[ "$g0" -ge 1 -a "$((g1 - g0))" -le 10 ]
-kill "$fake_pid"; wait "$fake_pid" 2> /dev/null; fake_pid=
+t_stop "$fake_pid"; fake_pid=
 
 # ---- nothing left ----
-kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+t_stop "$api_pid"; api_pid=
 for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
 check "no QEMU or slot lock left (qemu $(count_qemu)/$before_qemu, locks $(count_slot_locks)/$before_locks)" \
 	[ "$(count_qemu)" = "$before_qemu" -a "$(count_slot_locks)" -le "$before_locks" ]

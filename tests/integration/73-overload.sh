@@ -20,8 +20,7 @@ memcg=$(kiln_cgroup_parent memory)
 jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
 	'{listen: ("127.0.0.1:" + $port), host_id: "overload", token: $token, spool_dir: $spool, run_dir: $run,
 	  capacity: {vcpus: 64, cpu_overcommit: 1, memory_mib: 768, memory_overcommit: 2}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
-t_bg "$KILN_HOST" serve --config "$T_TMP/h.json" > "$T_TMP/h.out" 2> "$T_TMP/h.err"
-host_pid=$T_BG_PID
+host_start "$T_TMP/h.json" h
 t_serving "http://127.0.0.1:$PORT/healthz" "$host_pid" 600 || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)
 	local m=$1 p=$2; shift 2
@@ -108,7 +107,7 @@ st=$(h POST /v1/sessions --data-binary '{"id":"o-after","customer":"acme","spec"
 check "capacity is whole again: a new session starts and answers" \
 	test "$st" = 201 -a "$(h POST /v1/sessions/o-after/exec --data-binary '{"argv":["echo","hi"]}')" = 200
 h DELETE /v1/sessions/o-after > /dev/null
-kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
+t_stop "$host_pid"; host_pid=
 check "kiln-host stopped cleanly; nothing left in its run directory" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)" = 0
 t_done

@@ -31,10 +31,10 @@ api_up "$T_TMP/api.json" "$URL"
 start_host() { # N: host hN on API_PORT+N
 	local port=$((API_PORT + $1))
 	host_config "$T_TMP/h$1.json" "127.0.0.1:$port" "h$1" ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h$1\""
-	t_bg "$KILN_HOST" serve --config "$T_TMP/h$1.json" >> "$T_TMP/h$1.out" 2>> "$T_TMP/h$1.err"
-	h_pids[$1]=$T_BG_PID
+	host_start "$T_TMP/h$1.json" "h$1"
+	h_pids[$1]=$host_pid
 }
-stop_host() { kill "${h_pids[$1]}" 2> /dev/null; wait "${h_pids[$1]}" 2> /dev/null; h_pids[$1]=; }
+stop_host() { t_stop "${h_pids[$1]}"; h_pids[$1]=; }
 host_state() { admin "$URL/v1/admin/hosts" | jq -r --arg h "$1" '.hosts[] | select(.id == $h) | .state'; }
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 # req KEY METHOD PATH [curl args]: body in $T_TMP/last, status echoed

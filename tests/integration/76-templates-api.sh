@@ -275,7 +275,7 @@ wait_state "$B" slow-r building 10
 touch "$STATE/full"
 sleep 1.5
 asj "$B" -X POST --data '{"name":"after-restart"}' "$API/v1/templates" > /dev/null
-kill "$api_pid"; wait "$api_pid" 2> /dev/null
+t_stop "$api_pid"
 rm -f "$STATE/full"
 start_api
 if wait_state "$B" after-restart ready 30; then

@@ -38,8 +38,7 @@ export S3_ENDPOINT S3_REGION S3_ACCESS_KEY S3_SECRET_KEY S3_BUCKET=$BUCKET
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {host_lost_after_s: 10}'
 host_config "$T_TMP/host.json" "127.0.0.1:$HOST_PORT" tpl-e2e ".api = \"$API\" | .cache = \"$T_TMP/cache\" | .heartbeat_ms = 500"
 KILN_API_BIN=$KILN_API api_up "$T_TMP/api.json" "$API"
-t_bg "$KILN_HOST" serve --config "$T_TMP/host.json" >> "$T_TMP/host.out" 2>> "$T_TMP/host.err"
-host_pid=$T_BG_PID
+host_start "$T_TMP/host.json" host
 live=
 for _ in $(seq 600); do
 	[ "$(admin "$API/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null)" = 1 ] && { live=1; break; }

@@ -185,7 +185,7 @@ ex "$PA" '{"argv":["sh","-c","echo after > /work/mark; sync"]}' > /dev/null
 t_bg curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" "http://${addr[$PA]}:$PA/v1/sessions/s1/pause"
 cpid=$T_BG_PID
 sleep 0.4
-kill -9 "${hostpid[a]}"; wait "${hostpid[a]}" 2> /dev/null; wait "$cpid" 2> /dev/null
+t_stop "${hostpid[a]}" KILL; wait "$cpid" 2> /dev/null
 check "after SIGKILL mid-pause the manifest in S3 is whole (the old one or the new one)" test "$(s3py whole $M)" = yes
 st=$(h "$PB" POST /v1/sessions/s1/resume -H 'Content-Type: application/json' --data-binary '{"customer":"acme"}')
 check "...and the session resumes on B ($st $(last .error.message))" test "$st" = 200 -a "$(last .state)" = running
@@ -214,7 +214,7 @@ if [ -x "$ROOT/build/tests/no-vm-readv" ] && start_host c "$PC" "" "$ROOT/build/
 	check "pause on C: 200, saved through QEMU's own stream ($(grep -o 'session s1: saved through QEMU.*' "$T_TMP/c.err" | tail -1))" \
 		test "$st" = 200 -a "$(last .state)" = paused -a "$(grep -c 'session s1 saved from its pages' "$T_TMP/c.err")" = 0 \
 		-a "$(grep -c 'session s1: saved through QEMU: process_vm_readv is not allowed here' "$T_TMP/c.err")" -ge 1
-	kill "${hostpid[c]}"; wait "${hostpid[c]}" 2> /dev/null; unset 'hostpid[c]'
+	t_stop "${hostpid[c]}"; unset 'hostpid[c]'
 else
 	not_ok "host C under build/tests/no-vm-readv starts" "$(tail -3 "$T_TMP/c.err" 2> /dev/null)"
 fi

@@ -121,7 +121,7 @@ for _ in $(seq 600); do
 done
 victim_host=$(for id in "${long[@]}"; do cust "$API/v1/tasks/$id" | jq -r 'select(.state == "running") | .host'; done | head -n1)
 vn=${victim_host#h}
-kill -9 "${host_pids[$vn]}"; wait "${host_pids[$vn]}" 2> /dev/null; unset "host_pids[$vn]"
+t_stop "${host_pids[$vn]}" KILL; unset "host_pids[$vn]"
 for id in "${long[@]}"; do cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/l-$id.json"; done
 for id in "${long[@]}"; do jq -e '.state | test("succeeded|failed|error|cancelled|timed_out")' "$T_TMP/l-$id.json" > /dev/null \
 	|| cust "$API/v1/tasks/$id?wait=60" > "$T_TMP/l-$id.json"; done
@@ -212,7 +212,7 @@ for c in 1 2 3 4; do
 	bpids+=($!)
 done
 sleep 1
-kill -9 "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+t_stop "$api_pid" KILL; api_pid=
 wait "${bpids[@]}" 2> /dev/null   # not a bare wait: the hosts are background jobs too
 api_start "$T_TMP/api.json" "$API" || echo "# kiln-api did not restart: $(tail -3 "$T_TMP/api.err")"
 accepted=(); for f in "$burst"/*.code; do [ "$(cat "$f")" = 202 ] && accepted+=("$(jq -r .id "${f%.code}.json")"); done
@@ -247,7 +247,7 @@ check "no task reached more than one host's spool (of $((${#ids[@]} + ${#long[@]
 for p in "${host_pids[@]}"; do kill "$p"; done
 for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
 host_pids=()
-kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
+t_stop "$api_pid"; api_pid=
 net_down
 # The SIGKILLed host's QEMUs died with it; its VM directories and cgroups
 # wait for its next start, or for `kiln-host reap`.

@@ -223,7 +223,7 @@ check "a public template's name cannot be taken by a customer (409 duplicate)" [
 # first ran a task of it (now, or earlier when h1 was busy), it fetched the
 # image from S3 and verified it (its fetch counter says so).
 tools_sha=$(jq -r .sha256 "$T_TMP/tools-get.json")
-kill "${host_pids[1]}"; wait "${host_pids[1]}" 2> /dev/null; unset "host_pids[1]"
+t_stop "${host_pids[1]}"; unset "host_pids[1]"
 wait_live 1 20
 id=$(sh_spec 'cat /opt/marker; jq -n 1+1' '{"template":"tools"}' | submit)
 wait_task "$id"
@@ -261,8 +261,8 @@ else not_ok "delete while running" "del=$del after=$after $(head -c 500 "$T_TMP/
 for p in "${host_pids[@]}"; do kill "$p"; done
 for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
 host_pids=()
-kill "$api_pid"; wait "$api_pid" 2> /dev/null; api_pid=
-kill "$proxy_pid"; wait "$proxy_pid" 2> /dev/null; proxy_pid=
+t_stop "$api_pid"; api_pid=
+t_stop "$proxy_pid"; proxy_pid=
 net_down
 for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
 if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \

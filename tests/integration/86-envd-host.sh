@@ -141,8 +141,8 @@ PB=$((PA + 1))
 jq --arg port "$PB" --arg run "$KILN_RUN_DIR/b" --arg spool "$T_TMP/spool-b" \
 	'.listen = ("127.0.0.1:" + $port) | .host_id = "b" | .run_dir = $run | .spool_dir = $spool | .sessions = {idle_stop_ms: 100}' \
 	"$T_TMP/a.json" > "$T_TMP/b.json"
-t_bg "$KILN_HOST" serve --config "$T_TMP/b.json" >> "$T_TMP/b.out" 2>> "$T_TMP/b.err"
-hb=$T_BG_PID
+host_start "$T_TMP/b.json" b
+hb=$host_pid
 pids+=($hb)
 t_serving "http://127.0.0.1:$PB/healthz" "$hb" 120 || t_bail "kiln-host b starts" "$(tail -3 "$T_TMP/b.err")"
 hb_() { local m=$1 p=$2; shift 2; curl -s -m 3 -o "$T_TMP/lastb" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$PB$p"; }

@@ -34,8 +34,8 @@ api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
 api_up "$T_TMP/api.json" "$URL"
 
 host_config "$T_TMP/h1.json" "127.0.0.1:$((API_PORT + 1))" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h1\""
-t_bg "$KILN_HOST" serve --config "$T_TMP/h1.json" > "$T_TMP/h1.out" 2> "$T_TMP/h1.err"
-h_pid=$T_BG_PID
+host_start "$T_TMP/h1.json" h1
+h_pid=$host_pid
 
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length'; }
 for _ in $(seq 3000); do [ "$(live_hosts)" = 1 ] && break; sleep 0.2; done
@@ -309,7 +309,7 @@ else
 	skip "the E2B SDK against kiln" "node or the SDK missing: $(tail -n 1 "$T_TMP/sdk.err")"
 fi
 
-kill "$h_pid" 2> /dev/null; wait "$h_pid" 2> /dev/null; h_pid=
+t_stop "$h_pid"; h_pid=
 check "nothing left: no QEMU, VM directories or cgroups" \
 	[ "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg" ]
 t_done

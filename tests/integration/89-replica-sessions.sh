@@ -144,7 +144,7 @@ t_bg ex 0 "$S3" '{"argv":["sleep","60"],"timeout_s":120}' > /dev/null
 long=$T_BG_PID
 for _ in $(seq 50); do [ "$(leases)" -ge 1 ] && break; sleep 0.1; done
 sleep 1
-kill -9 "${api_pids[0]}"; wait "${api_pids[0]}" 2> /dev/null; wait "$long" 2> /dev/null
+t_stop "${api_pids[0]}" KILL; wait "$long" 2> /dev/null
 t0=$SECONDS
 sleep 1.5
 check "A killed during an exec: 1.5 s later its lease still keeps the idle session running" [ "$(state_on 1 "$S3")" = running ]
@@ -167,7 +167,7 @@ pz=$T_BG_PID
 caught=0
 for _ in $(seq 200); do [ "$(state_on 1 "$S1")" = pausing ] && { caught=1; break; }; sleep 0.05; done
 if [ "$caught" = 1 ]; then
-	kill -9 "${api_pids[0]}"; wait "${api_pids[0]}" 2> /dev/null; wait "$pz" 2> /dev/null
+	t_stop "${api_pids[0]}" KILL; wait "$pz" 2> /dev/null
 	t0=$SECONDS
 	sleep 1.5
 	check "A killed during a pause: 1.5 s later no replica has settled it yet (its lease lives)" \
@@ -210,8 +210,8 @@ for s in "$S1" "$S2" "$S3" "$S4"; do on 2 "$KEY" DELETE "/v1/sessions/$s" > /dev
 check "every session destroyed" [ "$(state_on 0 "$S1")" = destroyed -a "$(state_on 1 "$S3")" = destroyed ]
 nl=$("$PSQL" "$T_PG_URL" -Atc "SELECT count(*) FROM session_leases")
 check "no live lease left (rows: $nl, the killed A's lapsed ones until the clean-up)" [ "$(leases)" = 0 ]
-kill "$host_pid"; wait "$host_pid" 2> /dev/null; host_pid=
-for r in 0 1 2; do kill "${api_pids[$r]}" 2> /dev/null; wait "${api_pids[$r]}" 2> /dev/null; done
+t_stop "$host_pid"; host_pid=
+for r in 0 1 2; do t_stop "${api_pids[$r]}"; done
 api_pids=()
 "$ROOT/scripts/s3-local.sh" stop "$S3_DIR" 2> /dev/null
 d=$T_PG_DIR
