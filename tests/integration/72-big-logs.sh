@@ -56,34 +56,20 @@ KEY=$(admin -X POST "$API/v1/admin/customers/acme/keys" | jq -r .key)
 
 jqe() { jq -e "$@" > /dev/null; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$host_pid/status"; }
-submit() { py_spec "$1" "${2:-{\}}" | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id; }
-# final ID SECONDS: waits (long-polls) until the task is final; its JSON in $T_TMP/ID.json.
-final() {
-	local deadline=$((SECONDS + $2)) w
-	while :; do
-		w=$(( deadline - SECONDS )); [ "$w" -gt 30 ] && w=30; [ "$w" -lt 1 ] && w=1
-		cust "$API/v1/tasks/$1?wait=$w" > "$T_TMP/$1.json"
-		jq -e '.state | test("^(succeeded|failed|timed_out|cancelled|error)$")' "$T_TMP/$1.json" > /dev/null 2>&1 && return 0
-		[ $SECONDS -ge "$deadline" ] && return 1
-		sleep 0.2
-	done
-}
-# sha_of_url URL: "SIZE SHA256" of what the URL serves
-sha_of_url() { curl -s -m 120 "$1" | $PY -c 'import hashlib,sys; d=sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'; }
 
 # ---- 12 MiB of \x01 ----
 want=$($PY -c 'import hashlib; d=b"\x01"*(12<<20); print(len(d), hashlib.sha256(d).hexdigest())')
 t0=$SECONDS
-T1=$(submit 'import sys; sys.stdout.buffer.write(b"\x01" * (12 << 20))')
-if final "$T1" 30 && [ "$(jq -r .state "$T_TMP/$T1.json")" = succeeded ]; then
+T1=$(api_task 'import sys; sys.stdout.buffer.write(b"\x01" * (12 << 20))')
+if api_final "$T1" 30 && [ "$(jq -r .state "$T_TMP/$T1.json")" = succeeded ]; then
 	ok "12 MiB of \\x01 on stdout: succeeded through kiln-api in $((SECONDS - t0)) s (limit 30 s)"
 else
 	not_ok "12 MiB of \\x01 reaches succeeded within 30 s" "state $(jq -r .state "$T_TMP/$T1.json" 2> /dev/null) after $((SECONDS - t0)) s" \
 		"kiln-host RSS $(rss_kib) KiB" "$(grep -c . "$T_TMP/api.err") lines of kiln-api stderr: $(tail -1 "$T_TMP/api.err")"
 fi
-final "$T1" 60 > /dev/null
+api_final "$T1" 60 > /dev/null
 url=$(jq -r '.artifacts["stdout.log"].url // empty' "$T_TMP/$T1.json")
-got=$([ -n "$url" ] && sha_of_url "$url")
+got=$([ -n "$url" ] && api_sha_of_url "$url")
 check "its whole stdout.log is in S3 through the presigned URL (want $want; got ${got:-nothing})" [ -n "$got" -a "$got" = "$want" ]
 api_size=$(wc -c < "$T_TMP/$T1.json")
 host_size=$(curl -s -m 30 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T1" | wc -c)
@@ -102,11 +88,11 @@ check "the event stream of the finished task still replays and ends ($st events)
 rss0=$(rss_kib)
 ids=()
 for i in $(seq 20); do
-	ids+=("$(submit "import sys; sys.stdout.buffer.write(b'x' * (32 << 20)); sys.stderr.write('task $i')")")
+	ids+=("$(api_task "import sys; sys.stdout.buffer.write(b'x' * (32 << 20)); sys.stderr.write('task $i')")")
 done
 done_ok=0 slow=""
 for id in "${ids[@]}"; do
-	if final "$id" 900 && [ "$(jq -r .state "$T_TMP/$id.json")" = succeeded ]; then
+	if api_final "$id" 900 && [ "$(jq -r .state "$T_TMP/$id.json")" = succeeded ]; then
 		done_ok=$((done_ok + 1))
 	else slow="$slow $id:$(jq -r .state "$T_TMP/$id.json" 2> /dev/null)"; fi
 done
@@ -121,7 +107,7 @@ host_size=$(curl -s -m 60 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$las
 check "GET of a 32 MiB task is small: kiln-api $api_size bytes, kiln-host $host_size bytes" \
 	[ "$api_size" -lt 65536 -a "$host_size" -lt 65536 ]
 url=$(jq -r '.artifacts["stdout.log"].url // empty' "$T_TMP/$last.json")
-got=$([ -n "$url" ] && sha_of_url "$url")
+got=$([ -n "$url" ] && api_sha_of_url "$url")
 want=$($PY -c 'import hashlib; d=b"x"*(32<<20); print(len(d), hashlib.sha256(d).hexdigest())')
 check "its 32 MiB stdout.log is whole in S3" [ -n "$got" -a "$got" = "$want" ]
 check "its short stderr is whole in the result, not marked truncated" \
@@ -153,7 +139,7 @@ for _ in $(seq 100); do
 	[ "$(admin "$API/v1/admin/hosts" | jq -r '[(.hosts // .)[] | select(.state == "live") | .id] | join(",")' 2> /dev/null)" = fake ] && break
 	sleep 0.2
 done
-TF=$(submit 'print(1)')
+TF=$(api_task 'print(1)')
 for _ in $(seq 100); do [ -s "$T_TMP/gets" ] && break; sleep 0.1; done
 g0=$(cat "$T_TMP/gets" 2> /dev/null || echo 0)
 sleep 8

@@ -129,18 +129,6 @@ dest() {
 	jq -cn --arg ep "$S3_ENDPOINT" --arg b "$CBUCKET" --arg p "$CPREFIX" --arg ak "$C_AK" --arg sk "$C_SK" \
 		--argjson o "${1:-{\}}" '{endpoint: $ep, region: "us-east-1", bucket: $b, prefix: $p, access_key: $ak, secret_key: $sk} + $o'
 }
-submit() { py_spec "$1" "${2:-{\}}" | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id; }
-final() {
-	local deadline=$((SECONDS + $2)) w
-	while :; do
-		w=$(( deadline - SECONDS )); [ "$w" -gt 30 ] && w=30; [ "$w" -lt 1 ] && w=1
-		cust "$API/v1/tasks/$1?wait=$w" > "$T_TMP/$1.json"
-		jq -e '.state | test("^(succeeded|failed|timed_out|cancelled|error)$")' "$T_TMP/$1.json" > /dev/null 2>&1 && return 0
-		[ $SECONDS -ge "$deadline" ] && return 1
-		sleep 0.2
-	done
-}
-sha_of_url() { curl -s -m 120 "$1" | $PY -c 'import hashlib,sys; d=sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'; }
 
 # ---- validation ----
 r=$(custst GET /v1/destination)
@@ -243,14 +231,14 @@ r=$(custst POST /v1/destination/test)
 check "POST /v1/destination/test: a test write succeeds" [ "$(head -n -1 <<< "$r" | jq -r .test.ok)" = true ]
 
 # ---- a task with a tiny and a large (multipart) output ----
-T1=$(submit 'import os, sys
+T1=$(api_task 'import os, sys
 open("/output/tiny.txt", "w").write("tiny\n")
 with open("/output/big.bin", "wb") as f:
     for i in range(20):
         f.write(bytes([i]) * (1 << 20))
 print("to the customer")
 sys.stderr.write("err line\n")')
-final "$T1" 120
+api_final "$T1" 120
 check "a task of the customer succeeds" jqe '.state == "succeeded"' "$T_TMP/$T1.json"
 check "its result names the destination it went to ($DID)" jqe ".destination == \"$DID\"" "$T_TMP/$T1.json"
 check "every output and the manifest has an s3_key under PREFIX/CUSTOMER/ID/ and a URL" \
@@ -273,7 +261,7 @@ check "kiln's bucket holds nothing of it" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SEC
 etag=$(s3py "$C_AK" "$C_SK" "print(s3.head_object(Bucket='$CBUCKET', Key='${CPREFIX}acme/$T1/outputs/big.bin')['ETag'])")
 check "the 20 MiB output went up as a multipart upload (ETag $etag)" [ -n "$(grep -- '-[0-9]*"$' <<< "$etag")" ]
 want=$($PY -c 'import hashlib; d=b"".join(bytes([i])*(1<<20) for i in range(20)); print(len(d), hashlib.sha256(d).hexdigest())')
-got=$(sha_of_url "$(jq -r '.outputs[] | select(.path == "big.bin") | .url' "$T_TMP/$T1.json")")
+got=$(api_sha_of_url "$(jq -r '.outputs[] | select(.path == "big.bin") | .url' "$T_TMP/$T1.json")")
 check "the large output's presigned URL serves its bytes ($got)" [ "$got" = "$want" ]
 check "the tiny output's presigned URL serves its bytes" \
 	[ "$(curl -s -m 30 "$(jq -r '.outputs[] | select(.path == "tiny.txt") | .url' "$T_TMP/$T1.json")")" = tiny ]
@@ -307,7 +295,7 @@ check "the SQLite store holds no plaintext secret key" \
 r=$(custst PUT /v1/destination "$(dest '{"secret_key":"rotated-wrong","verify":false}')")
 check "PUT with verify:false keeps a wrong secret for the same place (same id)" \
 	[ "$(tail -1 <<< "$r")" = 200 -a "$(head -n -1 <<< "$r" | jq -r .id)" = "$DID" ]
-T2=$(submit 'open("/output/o.txt", "w").write("after the fix\n"); print("retried")')
+T2=$(api_task 'open("/output/o.txt", "w").write("after the fix\n"); print("retried")')
 for _ in $(seq 300); do
 	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T2" > "$T_TMP/h2.json"
 	jqe '.upload_attempts >= 2' "$T_TMP/h2.json" 2> /dev/null && break
@@ -327,7 +315,7 @@ echo "$C_SK" | kcli destination set --endpoint "$S3_ENDPOINT" --bucket "$CBUCKET
 rc=$?
 check "kiln destination set fixes it (exit $rc, same id, no secret printed)" \
 	[ "$rc" = 0 -a "$(jq -r .id "$T_TMP/cli-set.out" 2> /dev/null)" = "$DID" -a "$(grep -c "$C_SK" "$T_TMP/cli-set.out")" = 0 ]
-final "$T2" 60
+api_final "$T2" 60
 check "the spooled upload then succeeds" jqe '.state == "succeeded"' "$T_TMP/$T2.json"
 check "once uploaded, its spool record keeps where the objects went, not the secret" \
 	[ "$(jq -r '.destination.bucket + " " + (.destination.secret_key // "none")' "$rec" 2> /dev/null)" = "$CBUCKET none" \
@@ -360,8 +348,8 @@ cust -X DELETE "$API/v1/sessions/$SID" > /dev/null
 r=$(custst DELETE /v1/destination)
 check "DELETE /v1/destination: 200, then GET 404" \
 	[ "$(tail -1 <<< "$r")" = 200 -a "$(custst GET /v1/destination | tail -1)" = 404 ]
-T3=$(submit 'print("ops")')
-final "$T3" 60
+T3=$(api_task 'print("ops")')
+api_final "$T3" 60
 check "a task after it goes to kiln's bucket" \
 	jqe '.state == "succeeded" and (has("destination") | not) and (.artifacts["manifest.json"].s3_key | startswith("acme/"))' "$T_TMP/$T3.json"
 check "which holds it: one object, the manifest, for a task this small" [ "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T3/" | wc -l)" = 1 ]
@@ -376,8 +364,8 @@ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/other.key"
 write_api_config "$T_TMP/other.key"
 start_api
 wait_host
-T4=$(submit 'print("nowhere")')
-final "$T4" 60
+T4=$(api_task 'print("nowhere")')
+api_final "$T4" 60
 check "kiln-api with another key: the task fails with destination_unavailable" \
 	jqe '.state == "error" and .error.code == "destination_unavailable"' "$T_TMP/$T4.json"
 check "and nothing of it is in kiln's bucket" [ -z "$(keys "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$BUCKET" "$T4")" ]
@@ -401,7 +389,7 @@ stop_host
 write_host_config '[]'
 start_host
 wait_host
-T5=$(submit 'open("/output/o.txt", "w").write("never\n"); print("never")')
+T5=$(api_task 'open("/output/o.txt", "w").write("never\n"); print("never")')
 for _ in $(seq 300); do
 	curl -s -m 10 -H "Authorization: Bearer $TOKEN" "$HOST/v1/tasks/$T5" > "$T_TMP/h5.json"
 	jqe '.upload_attempts >= 2' "$T_TMP/h5.json" && break

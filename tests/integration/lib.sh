@@ -230,6 +230,22 @@ wait_live() {
 	for i in $(seq $((${2:-240} * 5))); do [ "$(live_hosts)" = "$1" ] && return 0; sleep 0.2; done
 	return 1
 }
+# api_task CODE [JSON]: submits a python task (JSON: more of its spec) as
+# $KEY and prints its id. api_final ID SECONDS: long-polls until the task
+# is final, its JSON in $T_TMP/ID.json; 1 when SECONDS pass first.
+api_task() { py_spec "$1" "${2:-{\}}" | cust -X POST --data-binary @- "$API/v1/tasks" | jq -r .id; }
+api_final() {
+	local deadline=$((SECONDS + $2)) w
+	while :; do
+		w=$((deadline - SECONDS)); [ "$w" -gt 30 ] && w=30; [ "$w" -lt 1 ] && w=1
+		cust "$API/v1/tasks/$1?wait=$w" > "$T_TMP/$1.json"
+		jq -e '.state | test("^(succeeded|failed|timed_out|cancelled|error)$")' "$T_TMP/$1.json" > /dev/null 2>&1 && return 0
+		[ "$SECONDS" -lt "$deadline" ] || return 1
+		sleep 0.2
+	done
+}
+# api_sha_of_url URL: "SIZE SHA256" of what URL serves (an artifact link)
+api_sha_of_url() { curl -s -m 120 "$1" | /usr/bin/python3 -c 'import hashlib,sys; d=sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'; }
 # new_customer ID [JSON]: creates customer ID (JSON: more of its fields) and
 # prints a key of it.
 new_customer() {
