@@ -14,7 +14,7 @@ else
 	RUN_MODE_ARGS=(--cold)
 fi
 
-before_qemu=$(count_qemu)
+t_mark
 
 # hello world
 run_spec hello "$(py_spec 'print("hello, kiln")')"
@@ -141,8 +141,7 @@ if [ "$(jq -rs 'map(select(.stream=="stdout")) | map(.data) | join("")' "$T_TMP/
 else not_ok "--stream" "$(show stream)"; fi
 
 # nothing left behind by any of the runs above
-if [ "$(count_qemu)" = "$before_qemu" ] && [ "$(count_run_entries)" = 0 ]; then
-	ok "no QEMU process or run-directory entry outlives its task"
-else not_ok "no leftovers" "qemu=$(count_qemu) (before $before_qemu) entries=$(find "$KILN_RUN_DIR" -mindepth 1)"; fi
+no_entries() { [ "$(count_run_entries)" = 0 ]; }
+t_nothing_left "no QEMU process, run-directory entry, cgroup, mount or slot lock outlives its task" no_entries
 
 t_done

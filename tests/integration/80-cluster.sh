@@ -24,7 +24,7 @@ api_pid=
 
 
 # --- network: a bridge in the root namespace, one namespace per host ---
-before_cg=$(count_cgroups)
+t_mark
 net_bridge "$BR" "$NET.1"
 for n in 1 2 3; do net_ns "$NS_PREFIX-$n" "kv$N-$n" "$NET.$((10 + n))"; done
 s3_local_start "$NET.1"
@@ -244,17 +244,13 @@ check "no task reached more than one host's spool (of $((${#ids[@]} + ${#long[@]
 	[ "$twice" = 0 -a "$none" = 0 ]
 
 # --- shutdown leaves nothing ---
-for p in "${host_pids[@]}"; do kill "$p"; done
-for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
-host_pids=()
-t_stop "$api_pid"; api_pid=
+t_reap
+host_pids=() api_pid=
 net_down
 # The SIGKILLed host's QEMUs died with it; its VM directories and cgroups
 # wait for its next start, or for `kiln-host reap`.
 "$KILN_HOST" reap --run-dir "$KILN_RUN_DIR/h$vn" > "$T_TMP/reap.out" 2>&1
-for n in 1 2 3; do rmdir "$KILN_RUN_DIR/h$n"; done
-if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] \
-   && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_run_entries)" = 0 ]; then
-	ok "afterwards (the killed host reaped: $(cat "$T_TMP/reap.out")): no QEMU, VM directory, namespace, bridge or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+hosts_dirs_empty() { rmdir "$KILN_RUN_DIR"/h1 "$KILN_RUN_DIR"/h2 "$KILN_RUN_DIR"/h3; }
+t_nothing_left "afterwards (the killed host reaped: $(cat "$T_TMP/reap.out")): no QEMU, VM directory, namespace, bridge or cgroup left" \
+	hosts_dirs_empty
 t_done

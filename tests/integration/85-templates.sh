@@ -40,7 +40,7 @@ host_pids=()
 api_pid=
 
 
-before_cg=$(count_cgroups)
+t_mark
 net_bridge "$BR" "$NET.1"
 for n in 1 2; do net_ns "$NS-$n" "kt$N-$n" "$NET.$((10 + n))"; done
 ip link add "kp$N" type veth peer name eth1 netns "$NS-1"
@@ -258,15 +258,5 @@ if [[ $del =~ ^20[04]$ ]] && [ "$(jq -r .state "$T_TMP/$id.json")" = succeeded ]
 else not_ok "delete while running" "del=$del after=$after $(head -c 500 "$T_TMP/$id.json")"; fi
 
 # --- shutdown leaves nothing ---
-for p in "${host_pids[@]}"; do kill "$p"; done
-for p in "${host_pids[@]}"; do wait "$p" 2> /dev/null; done
-host_pids=()
-t_stop "$api_pid"; api_pid=
-t_stop "$proxy_pid"; proxy_pid=
-net_down
-for n in 1 2; do rmdir "$KILN_RUN_DIR/h$n" 2> /dev/null; done
-if [ "$(count_qemu)" = 0 ] && [ "$(net_left)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \
-   && [ "$(count_run_entries)" = 0 ]; then
-	ok "afterwards: no QEMU, VM directory, namespace or cgroup left"
-else not_ok "leftovers" "qemu=$(count_qemu) namespaces+bridge=$(net_left) cgroups=$(count_cgroups)/$before_cg run=$(count_run_entries)"; fi
+t_nothing_left "afterwards: no QEMU, VM directory, namespace or cgroup left"
 t_done

@@ -27,7 +27,7 @@ BUCKET=kiln-e2b
 api_pid=
 h_pid=
 s3_local_start
-before_cg=$(count_cgroups)
+t_mark
 
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
 	'. + {host_lost_after_s: 3, max_body_mib: 16, quotas: {submit_rate: 1000, submit_burst: 1000}}'
@@ -310,6 +310,5 @@ else
 fi
 
 t_stop "$h_pid"; h_pid=
-check "nothing left: no QEMU, VM directories or cgroups" \
-	[ "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)" = 0 -a "$(count_cgroups)" = "$before_cg" ]
+t_nothing_left "nothing left: no QEMU, VM directories, cgroups, mounts or slot locks"
 t_done
