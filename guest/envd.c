@@ -320,19 +320,12 @@ static void envd_close(int *fd)
 	*fd = -1;
 }
 
-static void envd_close_in(struct envd_proc *p)
-{
-	envd_close(&p->in);
-	free(p->pending);
-	p->pending = NULL;
-	p->pending_len = 0;
-}
 
 static void envd_proc_free(struct envd *e, int slot)
 {
 	struct envd_proc *p = e->procs[slot];
 
-	envd_close_in(p);
+	inq_close(&p->inq);
 	envd_close(&p->out);
 	envd_close(&p->err);
 	free(p->start);
@@ -448,7 +441,8 @@ static void envd_start(struct envd *e, const uint8_t *raw, size_t len)
 	}
 	memcpy(p->start, raw, len);
 	p->start_len = len;
-	p->out = p->err = p->in = -1;
+	p->out = p->err = -1;
+	inq_init(&p->inq, -1, ENVD_STDIN_MAX);
 	p->flags = s->flags;
 
 	c.u = u;
@@ -468,7 +462,7 @@ static void envd_start(struct envd *e, const uint8_t *raw, size_t len)
 			master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
 		if (master < 0 || ioctl(master, TIOCSPTLCK, &unlock) < 0 || ioctl(master, TIOCSWINSZ, &ws) < 0 ||
 		    (c.tty = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 ||
-		    (p->in = fcntl(master, F_DUPFD_CLOEXEC, 3)) < 0)
+		    (p->inq.fd = fcntl(master, F_DUPFD_CLOEXEC, 3)) < 0)
 			goto fail_errno;
 	} else {
 		if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0)
@@ -503,7 +497,7 @@ static void envd_start(struct envd *e, const uint8_t *raw, size_t len)
 		envd_close(&outp[0]);
 		envd_close(&errp[0]);
 		envd_close(&inp[1]);
-		envd_close(&p->in);
+		inq_close(&p->inq);
 		envd_close(&master);
 		free(p->start);
 		free(p);
@@ -516,7 +510,7 @@ static void envd_start(struct envd *e, const uint8_t *raw, size_t len)
 	} else {
 		p->out = outp[0];
 		p->err = errp[0];
-		p->in = inp[1];
+		p->inq.fd = inp[1];
 	}
 	e->procs[slot] = p;
 	v[0] = s->req;
@@ -536,41 +530,10 @@ fail_errno:
 	envd_close(&errp[1]);
 	envd_close(&inp[0]);
 	envd_close(&inp[1]);
-	envd_close(&p->in);
+	inq_close(&p->inq);
 	free(p->start);
 	free(p);
 	envd_send_error(e, s->req, r, "START: %s", strerror(-r));
-}
-
-/* Writes what input is pending, as far as the process takes it now. */
-static void envd_flush_in(struct envd_proc *p)
-{
-	size_t off = 0;
-
-	while (p->in >= 0 && off < p->pending_len) {
-		ssize_t n = write(p->in, p->pending + off, p->pending_len - off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			break;
-		if (n <= 0) {
-			envd_close_in(p); /* EPIPE, EIO: nobody reads any more */
-			return;
-		}
-		off += (size_t)n;
-	}
-	if (p->in < 0)
-		return;
-	memmove(p->pending, p->pending + off, p->pending_len - off);
-	p->pending_len -= off;
-	if (!p->pending_len && p->in_eof) {
-		envd_close_in(p);
-	} else if (!p->pending_len) {
-		/* Most input is taken at once: hold no buffer while idle. */
-		free(p->pending);
-		p->pending = NULL;
-	}
 }
 
 /* Input held for all processes: bounded as a whole too, so that a thousand
@@ -582,73 +545,37 @@ static size_t envd_pending_total(struct envd *e)
 
 	for (i = 0; i < ENVD_MAX_PROCS; i++)
 		if (e->procs[i])
-			total += e->procs[i]->pending_len;
+			total += e->procs[i]->inq.len;
 	return total;
 }
 
 static void envd_input(struct envd *e, struct envd_proc *p, const uint8_t *data, size_t n)
 {
-	size_t room;
+	size_t total = envd_pending_total(e);
+	size_t room = ENVD_STDIN_TOTAL > total ? ENVD_STDIN_TOTAL - total : 0;
+	size_t dropped = inq_put(&p->inq, data, n, room);
 
-	if (p->in < 0 || p->in_eof || n == 0)
-		return; /* no stdin, or closed: crossed on the wire */
-	/* Straight into the pipe when nothing waits before it. */
-	while (!p->pending_len && n > 0) {
-		ssize_t w = write(p->in, data, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN)
-			break;
-		if (w <= 0) {
-			envd_close_in(p);
-			return;
-		}
-		data += w;
-		n -= (size_t)w;
-	}
-	if (n == 0)
-		return;
-	if (!p->pending) {
-		p->pending = malloc(ENVD_STDIN_MAX);
-		if (!p->pending)
-			return;
-	}
-	room = ENVD_STDIN_MAX - p->pending_len;
-	if (envd_pending_total(e) + room > ENVD_STDIN_TOTAL)
-		room = ENVD_STDIN_TOTAL > envd_pending_total(e) ? ENVD_STDIN_TOTAL - envd_pending_total(e) : 0;
-	if (n > room) {
+	if (dropped) {
 		int64_t now = proto_now_ms();
 
 		if (now - e->input_drop_log_ms > 1000) {
-			init_log("envd: pid %d does not read its input: %zu bytes dropped", (int)p->pid, n - room);
+			init_log("envd: pid %d does not read its input: %zu bytes dropped", (int)p->pid, dropped);
 			e->input_drop_log_ms = now;
 		}
-		n = room;
 	}
-	memcpy(p->pending + p->pending_len, data, n);
-	p->pending_len += n;
-	envd_flush_in(p);
 }
 
 static void envd_close_stdin(struct envd_proc *p)
 {
 	static const uint8_t veof = 0x04;
 
-	if (p->in < 0 || p->in_eof)
-		return;
 	if (p->flags & EP_START_PTY) {
 		/* A terminal has no end of input but its EOF character, what a
 		 * user would type; the master stays (it carries the output). */
-		if (!p->pending)
-			p->pending = malloc(ENVD_STDIN_MAX);
-		if (p->pending && p->pending_len < ENVD_STDIN_MAX)
-			p->pending[p->pending_len++] = veof;
-		envd_flush_in(p);
+		inq_put(&p->inq, &veof, 1, inq_room(&p->inq));
 		return;
 	}
-	p->in_eof = 1;
-	envd_flush_in(p);
+	inq_end(&p->inq);
 }
 
 /* Reads one pipe into an OUT frame, within the window. */
@@ -769,7 +696,7 @@ static void envd_reap(struct envd *e)
 				p->exit_ms = proto_now_ms();
 				/* Input after the end goes nowhere; a pty's
 				 * master (out) stays for its last output. */
-				envd_close_in(p);
+				inq_close(&p->inq);
 				break;
 			}
 		}
@@ -1084,8 +1011,8 @@ int envd_serve(struct envd *e)
 				pproc[np] = p;
 				pkind[np++] = 3;
 			}
-			if (p->in >= 0 && p->pending_len) {
-				pfd[np] = (struct pollfd){ .fd = p->in, .events = POLLOUT };
+			if (p->inq.fd >= 0 && p->inq.len) {
+				pfd[np] = (struct pollfd){ .fd = p->inq.fd, .events = POLLOUT };
 				pproc[np] = p;
 				pkind[np++] = 4;
 			}
@@ -1123,7 +1050,7 @@ int envd_serve(struct envd *e)
 				envd_pump(e, pproc[i], &pproc[i]->err, EP_STDERR, &pproc[i]->drain_err);
 				break;
 			case 4:
-				envd_flush_in(pproc[i]);
+				inq_flush(&pproc[i]->inq);
 				break;
 			}
 		}

@@ -12,6 +12,7 @@
 
 #include "envd.h"
 #include "eproto.h"
+#include "inq.h"
 #include "proto.h"
 
 /* Supplementary groups kept per user (more are ignored). */
@@ -38,10 +39,7 @@ struct envd_proc {
 	pid_t pid;
 	uint32_t flags;  /* START flags */
 	int out, err;    /* our read ends, -1 at EOF (a pty: out is its master, err -1) */
-	int in;          /* stdin pipe's write end or a dup of the master, or -1 */
-	int in_eof;      /* close `in` once `pending` is written */
-	uint8_t *pending; /* input not written yet, at most ENVD_STDIN_MAX */
-	size_t pending_len;
+	struct inq inq;  /* stdin: a pipe's write end or a dup of the master (fd -1: none), at most ENVD_STDIN_MAX waiting */
 	uint64_t unacked; /* OUT bytes sent and not acknowledged */
 	int exited;
 	int wstatus;

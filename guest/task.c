@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "init.h"
+#include "inq.h"
 #include "zygote.h"
 
 #define TASK_CHUNK    (64 * 1024) /* most bytes per STDOUT/STDERR frame */
@@ -54,10 +55,7 @@ struct task {
 	const struct proto_exec *e;
 	pid_t pid;
 	int out, err; /* our read ends, -1 once at EOF (a terminal: out is its master, err -1) */
-	int in;       /* our write end of the task's stdin (pipe or terminal master), or -1 */
-	int in_eof;   /* close `in` once `pending` is written (a pipe's end of input) */
-	uint8_t *pending; /* input not yet written, at most TASK_STDIN_MAX */
-	size_t pending_len;
+	struct inq inq; /* the task's stdin (our end of a pipe or the terminal's master), at most TASK_STDIN_MAX waiting */
 	uint64_t sent; /* stdout + stderr bytes forwarded to the host */
 	int64_t start_us, end_us, drain_deadline_ms;
 	int64_t hangup_deadline_ms; /* after HANGUP: SIGKILL to the task's group then (0: none) */
@@ -378,73 +376,22 @@ static int task_flush_out(struct agent *a, struct task *t)
 	return 0;
 }
 
-static void task_close_in(struct task *t)
-{
-	if (t->in >= 0)
-		close(t->in);
-	t->in = -1;
-	t->pending_len = 0;
-}
-
-/* Writes what input is pending, as far as the task takes it now. */
-static void task_flush_in(struct task *t)
-{
-	size_t off = 0;
-
-	while (t->in >= 0 && off < t->pending_len) {
-		ssize_t n = write(t->in, t->pending + off, t->pending_len - off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			break;
-		if (n <= 0) {
-			/* EPIPE, EIO: nobody reads any more; the rest is moot. */
-			task_close_in(t);
-			return;
-		}
-		off += (size_t)n;
-	}
-	if (t->in < 0)
-		return;
-	memmove(t->pending, t->pending + off, t->pending_len - off);
-	t->pending_len -= off;
-	if (!t->pending_len && t->in_eof)
-		task_close_in(t);
-}
-
 /* STDIN: bytes for the task, or (empty) the end of its input. A terminal has
  * no end of input but its EOF character, which is what a user would type. */
 static void task_stdin(struct task *t, const uint8_t *p, size_t n)
 {
 	static const uint8_t veof = 0x04;
-	size_t room;
 
-	if (t->in < 0 || t->in_eof)
-		return; /* not interactive, or its input is closed: crossed on the wire */
+	if (n == 0 && !(t->e->flags & PROTO_EXEC_TTY)) {
+		inq_end(&t->inq);
+		return;
+	}
 	if (n == 0) {
-		if (t->e->flags & PROTO_EXEC_TTY) {
-			p = &veof;
-			n = 1;
-		} else {
-			t->in_eof = 1;
-		}
+		p = &veof;
+		n = 1;
 	}
-	if (!t->pending && n) {
-		t->pending = malloc(TASK_STDIN_MAX);
-		if (!t->pending) {
-			t->exit.flags |= PROTO_EXIT_STDIN_LOST;
-			return;
-		}
-	}
-	room = TASK_STDIN_MAX - t->pending_len;
-	if (n > room) {
+	if (inq_put(&t->inq, p, n, inq_room(&t->inq)))
 		t->exit.flags |= PROTO_EXIT_STDIN_LOST;
-		n = room;
-	}
-	memcpy(t->pending + t->pending_len, p, n);
-	t->pending_len += n;
-	task_flush_in(t);
 }
 
 static void task_resize(struct task *t, uint32_t rows, uint32_t cols)
@@ -475,7 +422,7 @@ static void task_hangup(struct task *t)
 		close(t->out);
 		t->out = -1;
 	}
-	task_close_in(t);
+	inq_close(&t->inq);
 	t->hangup_deadline_ms = proto_now_ms() + TASK_HANGUP_MS;
 }
 
@@ -565,7 +512,7 @@ static void task_ended(struct task *t)
 	t->batch = 0;
 	t->batch_deadline_ms = 0;
 	/* Input after the end goes nowhere. */
-	task_close_in(t);
+	inq_close(&t->inq);
 	/* Daemons and stray children of the task die with it, unless it is a
 	 * session's command (they stay). An interpreter that said it is done
 	 * waits to exit: this SIGKILL ends it. */
@@ -582,9 +529,7 @@ static void task_ended(struct task *t)
 static void task_close_pipes(struct task *t)
 {
 	task_close_done(t);
-	task_close_in(t);
-	free(t->pending);
-	t->pending = NULL;
+	inq_close(&t->inq);
 	if (t->out >= 0)
 		close(t->out);
 	if (t->err >= 0)
@@ -603,7 +548,7 @@ static int task_loop(struct agent *a, struct task *t)
 			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
 			{ .fd = t->batch_deadline_ms ? -1 : t->out, .events = POLLIN },
 			{ .fd = t->batch_deadline_ms ? -1 : t->err, .events = POLLIN },
-			{ .fd = t->pending_len ? t->in : -1, .events = POLLOUT },
+			{ .fd = t->inq.len ? t->inq.fd : -1, .events = POLLOUT },
 			{ .fd = t->exited ? -1 : t->done, .events = POLLIN },
 		};
 		int timeout = -1;
@@ -676,7 +621,7 @@ static int task_loop(struct agent *a, struct task *t)
 				return r;
 		}
 		if (p[4].revents)
-			task_flush_in(t);
+			inq_flush(&t->inq);
 		if (p[1].revents) {
 			r = task_channel(a, t);
 			if (r < 0)
@@ -794,7 +739,7 @@ static int task_run_tty(struct agent *a, const struct proto_exec *e, struct task
 		return agent_send_error(a, -errno, "EXEC: cannot open a terminal: %s", strerror(errno));
 	if (ioctl(master, TIOCSPTLCK, &unlock) < 0 || ioctl(master, TIOCSWINSZ, &ws) < 0 ||
 	    (io.tty = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 ||
-	    (t->in = fcntl(master, F_DUPFD_CLOEXEC, 3)) < 0) {
+	    (t->inq.fd = fcntl(master, F_DUPFD_CLOEXEC, 3)) < 0) {
 		r = -errno;
 		goto fail;
 	}
@@ -813,9 +758,7 @@ static int task_run_tty(struct agent *a, const struct proto_exec *e, struct task
 fail:
 	if (io.tty >= 0)
 		close(io.tty);
-	if (t->in >= 0)
-		close(t->in);
-	t->in = -1;
+	inq_close(&t->inq);
 	close(master);
 	return agent_send_error(a, r, "EXEC: terminal: %s", strerror(-r));
 }
@@ -824,7 +767,7 @@ int task_run(struct agent *a, const struct proto_exec *e)
 {
 	char *envp[PROTO_MAX_ENV + 2];
 	const char *path = NULL;
-	struct task t = { .e = e, .out = -1, .err = -1, .in = -1, .done = -1 };
+	struct task t = { .e = e, .out = -1, .err = -1, .inq = { .fd = -1, .cap = TASK_STDIN_MAX }, .done = -1 };
 	struct task_stdio io = { .in = -1, .tty = -1 };
 	int out[2], err[2], in[2] = { -1, -1 };
 	int r;
@@ -884,7 +827,7 @@ int task_run(struct agent *a, const struct proto_exec *e)
 		close(in[0]);
 	t.out = out[0];
 	t.err = err[0];
-	t.in = in[1];
+	t.inq.fd = in[1];
 
 started:
 	return task_follow(a, &t);

@@ -162,6 +162,7 @@ req = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + 
 t = {}
 lat = None
 ev = None
+part = ""  # stdout since the last newline: an event may end inside a line
 with urllib.request.urlopen(req, timeout=120) as r:
     for raw in r:
         line = raw.decode().rstrip("\n")
@@ -171,7 +172,9 @@ with urllib.request.urlopen(req, timeout=120) as r:
         elif line.startswith("data: "):
             d = json.loads(line[6:])
             if ev == "stdout":
-                for l in d.get("data", "").splitlines():
+                part += d.get("data", "")
+                *whole, part = part.split("\n")
+                for l in whole:
                     w = l.split()[0] if l.split() else ""
                     if w in ("one", "two") and w not in t:
                         t[w] = now
