@@ -235,15 +235,9 @@ static void __attribute__((noreturn)) envd_child_exec(const struct envd_child *c
 
 static void __attribute__((noreturn)) envd_child(struct envd_child *c)
 {
-	struct sigaction dfl = { .sa_handler = SIG_DFL };
-	sigset_t none;
-	int sig, fd;
+	int fd;
 
-	/* envd blocks SIGCHLD and SIGIO and ignores SIGPIPE; both survive exec. */
-	for (sig = 1; sig < NSIG; sig++)
-		sigaction(sig, &dfl, NULL);
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	init_child_signals();
 	if (setsid() < 0)
 		envd_child_fail(c, errno, "setsid");
 	if (c->tty >= 0) {

@@ -480,3 +480,17 @@ int init_channel_signals(int chan)
 	}
 	return fd;
 }
+
+void init_child_signals(void)
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	sigset_t none;
+	int sig;
+
+	/* sigaction() fails harmlessly for SIGKILL, SIGSTOP and glibc's
+	 * internal signals. */
+	for (sig = 1; sig < NSIG; sig++)
+		sigaction(sig, &dfl, NULL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+}

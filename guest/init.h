@@ -39,6 +39,11 @@ int init_channel_signals(int chan);
 /* Writes "kiln-init: <message>\n" to fd 2 (the console once init_boot() has
  * run) in a single write. For errors only: the serial console is slow under
  * TCG. Callable from anywhere, including a forked child before exec. */
+/* In a child about to exec a task or a process: every signal back to its
+ * default and none blocked. kiln-init blocks SIGCHLD and SIGIO and ignores
+ * SIGPIPE, and the mask and ignored signals survive exec. */
+void init_child_signals(void);
+
 void init_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Logs the message, waits for the console to drain and reboots; with

@@ -247,17 +247,9 @@ struct task_stdio {
 static void __attribute__((noreturn)) task_child(const struct proto_exec *e, char *const envp[],
 						 const char *path, const struct task_stdio *io)
 {
-	struct sigaction dfl = { .sa_handler = SIG_DFL };
-	sigset_t none;
-	int sig, fd;
+	int fd;
 
-	/* PID 1 blocks SIGCHLD and SIGIO and ignores SIGPIPE; the mask and
-	 * ignored signals survive exec. sigaction() fails harmlessly for
-	 * SIGKILL, SIGSTOP and glibc's internal signals. */
-	for (sig = 1; sig < NSIG; sig++)
-		sigaction(sig, &dfl, NULL);
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	init_child_signals();
 	setsid();
 	if (io->tty >= 0) {
 		/* A new session's first terminal becomes its controlling one;
