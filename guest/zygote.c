@@ -328,14 +328,9 @@ int zygote_can_run(const struct zygote *z, const struct proto_exec *e)
 
 static void __attribute__((noreturn)) zygote_child(int out, int err, int ctl, int ready, int preload)
 {
-	struct sigaction dfl = { .sa_handler = SIG_DFL };
-	sigset_t none;
 	int fd;
 
-	for (int sig = 1; sig < NSIG; sig++)
-		sigaction(sig, &dfl, NULL);
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	init_child_signals();
 	setsid();
 	fd = open("/dev/null", O_RDONLY);
 	/* Move the fds into place: 0 null, 1 out, 2 err, 3 ctl, 4 ready. Use
