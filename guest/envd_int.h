@@ -123,8 +123,31 @@ void envd_tx_commit(struct envd *e, uint8_t type, size_t len);
 void envd_send_error(struct envd *e, uint32_t req, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void envd_send_done(struct envd *e, uint32_t req);
+/* A frame of n u32s. */
+void envd_send_u32s(struct envd *e, uint8_t type, const uint32_t *v, unsigned n);
+
+/* ---- envd_proc.c: processes ---- */
+
 /* The slot of a live process (not ended) with this pid, or NULL. */
 struct envd_proc *envd_proc_find(struct envd *e, uint32_t pid);
+/* START: forks the child as its user; STARTED or an error. */
+void envd_start(struct envd *e, const uint8_t *raw, size_t len);
+/* STDIN bytes for p (queued within ENVD_STDIN_MAX and ENVD_STDIN_TOTAL),
+ * and its end (a terminal gets its EOF character). */
+void envd_input(struct envd *e, struct envd_proc *p, const uint8_t *data, size_t n);
+void envd_close_stdin(struct envd_proc *p);
+/* Reads one of p's pipes (*fd, out or err) into an OUT frame, within its
+ * window; *drain counts down what is left to read once draining. */
+void envd_pump(struct envd *e, struct envd_proc *p, int *fd, uint8_t stream, size_t *drain);
+/* After exit: starts the drain once the linger is over, and sends END once
+ * the pipes are closed. Returns the ms until p needs a look again, or -1. */
+int envd_proc_tick(struct envd *e, struct envd_proc *p, int64_t now);
+/* Collects exited children (SIGCHLD). */
+void envd_reap(struct envd *e);
+/* Frees process slot `slot` and closes what it holds. */
+void envd_proc_free(struct envd *e, int slot);
+/* Sends as much of LIST job j as the send buffer takes. */
+void envd_list_step(struct envd *e, struct envd_job *j);
 
 /* ---- envd_fs.c ---- */
 
