@@ -78,6 +78,56 @@ int store_run(struct store *s, enum store_core_stmt id)
 	return rc;
 }
 
+void store_tx_lock(struct store_tx *tx, struct store *s)
+{
+	pthread_mutex_lock(&s->lock);
+	tx->s = s;
+	tx->locked = 1;
+	tx->open = 0;
+}
+
+int store_tx_begin(struct store_tx *tx)
+{
+	if (store_run(tx->s, STORE_BEGIN) != SDB_DONE)
+		return -1;
+	tx->open = 1;
+	return 0;
+}
+
+int store_tx_start(struct store_tx *tx, struct store *s)
+{
+	store_tx_lock(tx, s);
+	return store_tx_begin(tx);
+}
+
+int store_tx_commit(struct store_tx *tx)
+{
+	if (store_run(tx->s, STORE_COMMIT) != SDB_DONE)
+		return -1;
+	tx->open = 0;
+	return 0;
+}
+
+void store_tx_rollback(struct store_tx *tx)
+{
+	if (tx->open)
+		store_run(tx->s, STORE_ROLLBACK);
+	tx->open = 0;
+}
+
+void store_tx_unlock(struct store_tx *tx)
+{
+	store_tx_rollback(tx);
+	if (tx->locked)
+		pthread_mutex_unlock(&tx->s->lock);
+	tx->locked = 0;
+}
+
+void store_tx_end(struct store_tx *tx)
+{
+	store_tx_unlock(tx);
+}
+
 int store_step(struct store *s, struct sdb_stmt *st)
 {
 	int rc = sdb_step(st);

@@ -329,29 +329,31 @@ release:
 
 /* Commit a batch (oldest first) in one transaction: every p->r and p->err
  * is set. A failed commit fails the whole batch. Takes s->lock. */
+/* Fail every submission of the batch: "WHAT: <the store's error>", the
+ * error read before the open transaction is rolled back. */
+static void fail_batch(struct store_tx *tx, struct pending_submit *batch, const char *what)
+{
+	char why[256];
+
+	snprintf(why, sizeof(why), "%s", sdb_errmsg(tx->s->db));
+	store_tx_rollback(tx);
+	for (struct pending_submit *p = batch; p; p = p->next) {
+		p->r = -1;
+		kiln_err_set(p->err, KERR_STORE_ERROR, "%s: %s", what, why);
+	}
+}
+
 static void commit_batch(struct store *s, struct pending_submit *batch, int64_t now)
 {
 	struct pending_submit *p;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
-		}
-		pthread_mutex_unlock(&s->lock);
+	if (store_tx_start(&tx, s) < 0) {
+		fail_batch(&tx, batch, "cannot begin");
 		return;
 	}
 	if (lock_batch_customers(s, batch) < 0) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
-		store_run(s, STORE_ROLLBACK);
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
-		}
-		pthread_mutex_unlock(&s->lock);
+		fail_batch(&tx, batch, "cannot store the task");
 		return;
 	}
 	for (p = batch; p; p = p->next)
@@ -374,26 +376,12 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 		if (n)
 			bad |= store_notify_queued_locked(s, ids, n, now) < 0;
 		if (bad) {
-			store_run(s, STORE_ROLLBACK);
-			for (p = batch; p; p = p->next) {
-				p->r = -1;
-				kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
-			}
-			pthread_mutex_unlock(&s->lock);
+			fail_batch(&tx, batch, "cannot store the task");
 			return;
 		}
 	}
-	if (store_run(s, STORE_COMMIT) != SDB_DONE) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
-		store_run(s, STORE_ROLLBACK);
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
-		}
-	}
-	pthread_mutex_unlock(&s->lock);
+	if (store_tx_commit(&tx) < 0)
+		fail_batch(&tx, batch, "cannot store the task");
 }
 
 int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err)
@@ -639,14 +627,14 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	struct sdb_stmt *st;
 	char customer[65] = "";
 	unsigned vcpus = 0, mem = 0;
-	int r = -EIO, found = 0;
+	int r, found = 0;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE)
-		goto out;
+	if (store_tx_start(&tx, s) < 0)
+		return -EIO;
 	st = stmt(s, T_GET);
 	if (!st)
-		goto rollback;
+		return -EIO;
 	sdb_bind_text(st, 1, id);
 	if (sdb_step(st) == SDB_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
 		found = 1;
@@ -655,29 +643,16 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 		mem = (unsigned)sdb_col_int64(st, TC_MEMORY);
 	}
 	sdb_reset(st);
-	if (!found) {
-		r = 0;
-		goto rollback;
-	}
+	if (!found)
+		return 0;
 	r = store_room_locked(s, customer, vcpus, mem, 1, NULL);
-	if (r < 0) {
-		r = r == -EDQUOT ? -EDQUOT : -EIO;
-		goto rollback;
-	}
-	r = -EIO;
-	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1)
-		goto rollback;
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
-		goto rollback;
-	r = 1;
-	goto out;
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
-	if (r == 1)
-		store_task_changed(s, id, TASK_SCHEDULED, now);
-	return r;
+	if (r < 0)
+		return r == -EDQUOT ? -EDQUOT : -EIO;
+	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1 || store_tx_commit(&tx) < 0)
+		return -EIO;
+	store_tx_unlock(&tx);
+	store_task_changed(s, id, TASK_SCHEDULED, now);
+	return 1;
 }
 
 int store_task_finish(struct store *s, const char *id, enum task_state state, const char *end_reason,
