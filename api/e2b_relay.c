@@ -55,7 +55,7 @@ static enum MHD_Result relay_error(struct MHD_Connection *conn, const char *url,
 
 		return j ? reply_json(conn, status, j) : reply_internal(conn, "out of memory");
 	}
-	return e2b_reply_error(conn, status, msg, NULL, NULL);
+	return reply_e2b_error(conn, status, msg, NULL, NULL);
 }
 
 /* ---- the request to the host ---- */

@@ -1083,7 +1083,7 @@ static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *
 static enum MHD_Result reply_no_key(struct MHD_Connection *conn, const char *url)
 {
 	if (is_e2b(url))
-		return e2b_reply_error(conn, MHD_HTTP_UNAUTHORIZED,
+		return reply_e2b_error(conn, MHD_HTTP_UNAUTHORIZED,
 				       api_key(conn, url) ? "unknown or revoked API key"
 							  : "missing API key (X-API-KEY: kiln_...)",
 				       "WWW-Authenticate", "Bearer");
@@ -1115,7 +1115,7 @@ static enum MHD_Result handle_e2b(struct server *s, struct MHD_Connection *conn,
 	struct sessions *ss = hold_sessions(s);
 
 	if (!ss)
-		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+		return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
 	return e2b_handle(ss, &sr);
 }
 
@@ -1130,7 +1130,7 @@ static enum MHD_Result handle_relay(struct server *s, struct MHD_Connection *con
 	struct sessions *ss = hold_sessions(s);
 
 	if (!ss)
-		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+		return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
 	return e2b_relay_handle(ss, &rr);
 }
 
@@ -1250,7 +1250,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		struct sessions *ss = hold_sessions(s);
 
 		if (!ss)
-			return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
+			return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
 					       NULL);
 		return e2b_relay_refuse(ss, conn, url);
 	}
