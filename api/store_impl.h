@@ -284,6 +284,14 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
  * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
 int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
 
+/* ---- destinations (store_destinations.c) ---- */
+
+/* The destination columns id, endpoint, region, bucket, prefix, access_key,
+ * secret_sealed, created_ms, updated_ms, from column c on, into out (zeroed
+ * by the caller). */
+#define STORE_DEST_COLS "id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms, updated_ms"
+void store_dest_row(struct sdb_stmt *st, int c, struct store_dest *out);
+
 /* ---- the pieces' own set-up ---- */
 
 /* Bring the schema to STORE_SCHEMA_VERSION (store_migrate.c); with

@@ -55,7 +55,7 @@ enum tasks_stmt {
 	T_FINISH, T_IN_STATE, T_FAIR,
 	T_CANCEL_NOW, T_CANCEL_REQ, T_CANCEL_PENDING, T_CANCEL_SENT,
 	T_LIST_ALL, T_LIST_ALL_STATE, T_LIST_CUST, T_LIST_CUST_STATE,
-	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT,
+	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT, T_PUSH_GET,
 	T_COUNT
 };
 
@@ -67,6 +67,12 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_GET] = "SELECT " TASK_COLS ", host_task, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id),"
 		  " destination FROM tasks WHERE id = ?1",
 	[T_SPEC_GET] = "SELECT spec FROM task_specs WHERE id = ?1",
+	/* push: the task, its spec, template and destination in one statement. */
+	[T_PUSH_GET] = "SELECT t.state, t.host_id, sp.spec, u.tref, d.id, d.endpoint, d.region,"
+		       " d.bucket, d.prefix, d.access_key, d.secret_sealed, d.created_ms, d.updated_ms"
+		       " FROM tasks t LEFT JOIN task_specs sp ON sp.id = t.id"
+		       " LEFT JOIN template_uses u ON u.id = t.id"
+		       " LEFT JOIN destinations d ON d.customer = t.customer WHERE t.id = ?1",
 	[T_STATE] = "SELECT state, customer FROM tasks WHERE id = ?1",
 	[T_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
@@ -546,6 +552,49 @@ json_t *store_task_list(struct store *s, const char *customer, const char *state
 char *store_task_spec(struct store *s, const char *id)
 {
 	return store_text_by_id(s, STORE_SLOTS_TASKS + T_SPEC_GET, tasks_sql[T_SPEC_GET], id);
+}
+
+int store_task_push_get(struct store *s, const char *id, const char *host_id, struct store_task_push *p)
+{
+	struct sdb_stmt *st;
+	int rc, r = 0;
+
+	memset(p, 0, sizeof(*p));
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, T_PUSH_GET);
+	if (!st) {
+		pthread_mutex_unlock(&s->lock);
+		return -1;
+	}
+	sdb_bind_text(st, 1, id);
+	rc = store_step(s, st);
+	if (rc == SDB_ROW) {
+		const char *host = store_col_text(st, 1);
+
+		p->scheduled_on = task_state_parse(store_col_text(st, 0)) == TASK_SCHEDULED && host &&
+				  !strcmp(host, host_id);
+		if (store_col_text(st, 2) && !(p->spec = strdup(store_col_text(st, 2))))
+			r = -1;
+		if (store_col_text(st, 3) && !(p->tref = strdup(store_col_text(st, 3))))
+			r = -1;
+		p->has_dest = store_col_text(st, 4) != NULL;
+		if (p->has_dest)
+			store_dest_row(st, 4, &p->dest);
+	} else if (rc != SDB_DONE) {
+		r = -1;
+	}
+	sdb_reset(st);
+	pthread_mutex_unlock(&s->lock);
+	if (r < 0)
+		store_task_push_free(p);
+	return r;
+}
+
+void store_task_push_free(struct store_task_push *p)
+{
+	free(p->spec);
+	free(p->tref);
+	memset(p, 0, sizeof(*p));
 }
 
 /* ---- changes of state ---- */
