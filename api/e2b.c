@@ -18,7 +18,7 @@
 #include "httpd.h"
 #include "reply.h"
 #include "request.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 #include "spec.h"
 
 #define E2B_LIST_MAX 100

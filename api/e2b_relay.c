@@ -24,10 +24,10 @@
 #include <openssl/sha.h>
 
 #include "buf.h"
-#include "connect.h"
+#include "connectrpc.h"
 #include "connect_call.h"
 #include "reply.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #define RELAY_BLOCK (64u << 10)
 #define RELAY_STATUS_MS FILES_TIMEOUT_MS /* an upload is written to the guest before the host answers */

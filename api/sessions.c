@@ -4,7 +4,7 @@
  * proxied to its host. What they share with the reaper (requests in flight,
  * pause, destroy) is in session_core.c, the rules of state changes there
  * too. */
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -3,7 +3,7 @@
  * notification, and the helpers the other pieces share (one row by id, a
  * page of a list, a compare-and-set of a state, the running quota). The
  * rest: store_migrate.c (schema), store_keys.c (customers, keys, hosts),
- * store_tasks.c, store_sessions.c; store_impl.h is what they share.
+ * store_tasks.c, store_sessions.c; store_int.h is what they share.
  *
  * One connection (api/sdb.h: SQLite or PostgreSQL), one mutex (s->lock)
  * around every use of it; statements are prepared once and reset after each
@@ -13,7 +13,7 @@
  *
  * Change notification: s->gen counts committed state changes (s->ch_lock,
  * s->ch_cond); long-polls and event streams wait on it. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * Implemented in api/store.c (core: open/close, locks, change notification,
  * the shared page, compare-and-set and quota helpers), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
- * store_impl.h is their private interface. */
+ * store_int.h is their private interface. */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
 

@@ -1,7 +1,7 @@
 /* store_destinations: customers' own S3 destinations (one per customer, its
  * secret key only sealed: api/destination.h) and which destination a task's
  * outputs went to. Plain statements prepared per call: these are rare. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <stdio.h>
 

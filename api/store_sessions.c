@@ -4,7 +4,7 @@
  * sessions they have requests in flight on (store.h). Pages, single-row
  * reads and compare-and-set are the core's helpers, shared with tasks
  * (store.c). */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
  * the next transaction, each inside a savepoint of its own (one failing
  * insert does not take the others with it). Whoever finds no commit under
  * way leads the next batch; the others sleep until theirs is done. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * the build minutes of each customer's day, and the clean-up list of builds
  * to cancel, uploads to delete and images to delete once nothing names
  * them. Every write is committed before it returns. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * the cache after a reopen), idempotency, compare-and-set transitions and
  * the quota-checked schedule, fair queue order, list pagination, usage,
  * cancel, hosts, change notification, and that a close/reopen keeps all.
- * The pieces' shared helpers (store_impl.h): the page helper behind both the
+ * The pieces' shared helpers (store_int.h): the page helper behind both the
  * task and the session lists (cursor and limit edges), the compare-and-set
  * helper behind both transitions, ids, the running-quota check; and the
  * session half: create under the quota, transitions, resume, discard, and
@@ -29,7 +29,7 @@
 #include "clock.h"
 #include "quota.h"
 #include "store.h"
-#include "store_impl.h"
+#include "store_int.h"
 
 static char dir[] = "/tmp/kiln-test-store.XXXXXX";
 static char path[512];
@@ -612,7 +612,7 @@ static void test_durability(void **state)
 	free(key);
 }
 
-/* ---- the shared helpers (store_impl.h) ---- */
+/* ---- the shared helpers (store_int.h) ---- */
 
 static void test_cursor_parse(void **state)
 {

@@ -1,4 +1,4 @@
-/* store_impl.h: what the pieces of kiln-api's store share, private to
+/* store_int.h: what the pieces of kiln-api's store share, private to
  * api/store*.c (and the store's unit test). store.h is the public interface.
  *
  * The pieces: store.c (the handle, its locks, prepared statements, change
@@ -8,8 +8,8 @@
  * store_templates.c (templates, what tasks and sessions use, clean-up).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
-#ifndef KILN_STORE_IMPL_H
-#define KILN_STORE_IMPL_H
+#ifndef KILN_STORE_INT_H
+#define KILN_STORE_INT_H
 
 #include <pthread.h>
 #include <stdint.h>
