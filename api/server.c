@@ -927,10 +927,18 @@ static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 /* GET /metrics (no key, like /healthz): this replica's view, Prometheus
  * text. Each replica answers for itself: scrape them all; exactly one says
  * kiln_api_leader 1. */
-static const struct metric m_leader = { .name = "kiln_api_leader",
-					.help = "1 when this kiln-api runs the scheduler (one replica at a time)", .type = METRIC_GAUGE };
-static const struct metric m_store_up = { .name = "kiln_api_store_up", .help = "1 when the store's database answers", .type = METRIC_GAUGE };
-static const struct metric m_store_info = { .name = "kiln_api_store_info", .help = "the store's backend", .type = METRIC_GAUGE, .labels = { "backend" } };
+static const struct metric m_leader = {
+	.name = "kiln_api_leader", .type = METRIC_GAUGE,
+	.help = "1 when this kiln-api runs the scheduler (one replica at a time)",
+};
+static const struct metric m_store_up = {
+	.name = "kiln_api_store_up", .type = METRIC_GAUGE,
+	.help = "1 when the store's database answers",
+};
+static const struct metric m_store_info = {
+	.name = "kiln_api_store_info", .type = METRIC_GAUGE, .labels = { "backend" },
+	.help = "the store's backend",
+};
 
 static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 {

@@ -89,38 +89,96 @@ enum {
 	M_MEM_HITS, M_EG_SANDBOXES, M_EG_CONNS, M_EG_BYTES, M_EG_DNS, M_COUNT
 };
 static const struct metric host_metrics[M_COUNT] = {
-	[M_TASKS] = { .name = "kiln_host_tasks", .help = "Tasks known to this host, by state.", .type = METRIC_GAUGE, .labels = { "state" } },
-	[M_ACCEPTED] = { .name = "kiln_host_tasks_accepted_total", .help = "Tasks accepted.", .type = METRIC_COUNTER },
-	[M_FINISHED] = { .name = "kiln_host_tasks_finished_total", .help = "Tasks that reached a final state.", .type = METRIC_COUNTER, .labels = { "state" } },
-	[M_START] = { .name = "kiln_host_task_start_seconds", .help = "From acceptance to the task's code running.", .type = METRIC_HISTOGRAM, .bounds = hostd_start_buckets, .nbounds = HOSTD_START_BUCKETS },
-	[M_VMS] = { .name = "kiln_host_vms_running", .help = "VMs running tasks.", .type = METRIC_GAUGE },
-	[M_UP_BYTES] = { .name = "kiln_host_upload_bytes_total", .help = "Bytes sent to S3, retries included.", .type = METRIC_COUNTER },
-	[M_UP_FILES] = { .name = "kiln_host_upload_files_total", .help = "Files S3 confirmed.", .type = METRIC_COUNTER },
-	[M_UP_FAIL] = { .name = "kiln_host_upload_failures_total", .help = "Failed upload attempts (each is retried).", .type = METRIC_COUNTER },
-	[M_VCPUS] = { .name = "kiln_host_vcpus_used", .help = "vCPUs reserved by tasks.", .type = METRIC_GAUGE },
-	[M_POOL_READY] = { .name = "kiln_host_pool_ready", .help = "Warm pool VMs ready.", .type = METRIC_GAUGE },
-	[M_POOL_TARGET] = { .name = "kiln_host_pool_target",
-			    .help = "Warm pool VMs the default template's pool aims for now (between its size and max, by recent "
-			    "demand).",
-			    .type = METRIC_GAUGE },
-	[M_POOL_TAKES] = { .name = "kiln_host_pool_takes_total", .help = "Tasks that asked the pool for a VM.", .type = METRIC_COUNTER },
-	[M_POOL_MISSES] = { .name = "kiln_host_pool_misses_total", .help = "Tasks that found no warm VM ready (restored instead).",
-			    .type = METRIC_COUNTER },
-	[M_MEM_USED] = { .name = "kiln_host_memory_used_mib", .help = "Guest memory reserved (tasks and pool).", .type = METRIC_GAUGE },
-	[M_MEM_ADMITTED] = { .name = "kiln_host_memory_admitted_mib",
-			     .help = "Nominal guest memory this host admits (budget x overcommit).", .type = METRIC_GAUGE },
-	[M_MEM_BUDGET] = { .name = "kiln_host_memory_budget_mib", .help = "Real memory all VMs may use together (their cgroup's limit).",
-			   .type = METRIC_GAUGE },
-	[M_MEM_USAGE] = { .name = "kiln_host_memory_usage_bytes",
-			  .help = "Memory the VMs' cgroups really use (QEMU and guest RAM, cache).", .type = METRIC_GAUGE },
-	[M_MEM_HITS] = { .name = "kiln_host_memory_budget_hits_total",
-			 .help = "Times the VMs together reached the budget (memory.failcnt).", .type = METRIC_COUNTER },
-	[M_EG_SANDBOXES] = { .name = "kiln_host_egress_sandboxes", .help = "Sandboxes with a network now.", .type = METRIC_GAUGE },
-	[M_EG_CONNS] = { .name = "kiln_host_egress_connections_total", .help = "Connections from sandboxes, by verdict.", .type = METRIC_COUNTER, .labels = { "verdict" } },
-	[M_EG_BYTES] = { .name = "kiln_host_egress_bytes_total", .help = "IP bytes through sandboxes' NICs that were let through.",
-			 .type = METRIC_COUNTER, .labels = { "direction" } },
-	[M_EG_DNS] = { .name = "kiln_host_egress_dns_queries_total", .help = "Queries to sandboxes' resolvers, by answer.",
-		       .type = METRIC_COUNTER, .labels = { "answer" } },
+	[M_TASKS] = {
+		.name = "kiln_host_tasks", .type = METRIC_GAUGE, .labels = { "state" },
+		.help = "Tasks known to this host, by state.",
+	},
+	[M_ACCEPTED] = {
+		.name = "kiln_host_tasks_accepted_total", .type = METRIC_COUNTER,
+		.help = "Tasks accepted.",
+	},
+	[M_FINISHED] = {
+		.name = "kiln_host_tasks_finished_total", .type = METRIC_COUNTER, .labels = { "state" },
+		.help = "Tasks that reached a final state.",
+	},
+	[M_START] = {
+		.name = "kiln_host_task_start_seconds", .type = METRIC_HISTOGRAM,
+		.bounds = hostd_start_buckets, .nbounds = HOSTD_START_BUCKETS,
+		.help = "From acceptance to the task's code running.",
+	},
+	[M_VMS] = {
+		.name = "kiln_host_vms_running", .type = METRIC_GAUGE,
+		.help = "VMs running tasks.",
+	},
+	[M_UP_BYTES] = {
+		.name = "kiln_host_upload_bytes_total", .type = METRIC_COUNTER,
+		.help = "Bytes sent to S3, retries included.",
+	},
+	[M_UP_FILES] = {
+		.name = "kiln_host_upload_files_total", .type = METRIC_COUNTER,
+		.help = "Files S3 confirmed.",
+	},
+	[M_UP_FAIL] = {
+		.name = "kiln_host_upload_failures_total", .type = METRIC_COUNTER,
+		.help = "Failed upload attempts (each is retried).",
+	},
+	[M_VCPUS] = {
+		.name = "kiln_host_vcpus_used", .type = METRIC_GAUGE,
+		.help = "vCPUs reserved by tasks.",
+	},
+	[M_POOL_READY] = {
+		.name = "kiln_host_pool_ready", .type = METRIC_GAUGE,
+		.help = "Warm pool VMs ready.",
+	},
+	[M_POOL_TARGET] = {
+		.name = "kiln_host_pool_target", .type = METRIC_GAUGE,
+		.help = "Warm pool VMs the default template's pool aims for now (between its size and max, by recent "
+			"demand).",
+	},
+	[M_POOL_TAKES] = {
+		.name = "kiln_host_pool_takes_total", .type = METRIC_COUNTER,
+		.help = "Tasks that asked the pool for a VM.",
+	},
+	[M_POOL_MISSES] = {
+		.name = "kiln_host_pool_misses_total", .type = METRIC_COUNTER,
+		.help = "Tasks that found no warm VM ready (restored instead).",
+	},
+	[M_MEM_USED] = {
+		.name = "kiln_host_memory_used_mib", .type = METRIC_GAUGE,
+		.help = "Guest memory reserved (tasks and pool).",
+	},
+	[M_MEM_ADMITTED] = {
+		.name = "kiln_host_memory_admitted_mib", .type = METRIC_GAUGE,
+		.help = "Nominal guest memory this host admits (budget x overcommit).",
+	},
+	[M_MEM_BUDGET] = {
+		.name = "kiln_host_memory_budget_mib", .type = METRIC_GAUGE,
+		.help = "Real memory all VMs may use together (their cgroup's limit).",
+	},
+	[M_MEM_USAGE] = {
+		.name = "kiln_host_memory_usage_bytes", .type = METRIC_GAUGE,
+		.help = "Memory the VMs' cgroups really use (QEMU and guest RAM, cache).",
+	},
+	[M_MEM_HITS] = {
+		.name = "kiln_host_memory_budget_hits_total", .type = METRIC_COUNTER,
+		.help = "Times the VMs together reached the budget (memory.failcnt).",
+	},
+	[M_EG_SANDBOXES] = {
+		.name = "kiln_host_egress_sandboxes", .type = METRIC_GAUGE,
+		.help = "Sandboxes with a network now.",
+	},
+	[M_EG_CONNS] = {
+		.name = "kiln_host_egress_connections_total", .type = METRIC_COUNTER, .labels = { "verdict" },
+		.help = "Connections from sandboxes, by verdict.",
+	},
+	[M_EG_BYTES] = {
+		.name = "kiln_host_egress_bytes_total", .type = METRIC_COUNTER, .labels = { "direction" },
+		.help = "IP bytes through sandboxes' NICs that were let through.",
+	},
+	[M_EG_DNS] = {
+		.name = "kiln_host_egress_dns_queries_total", .type = METRIC_COUNTER, .labels = { "answer" },
+		.help = "Queries to sandboxes' resolvers, by answer.",
+	},
 };
 
 char *hostd_metrics(struct hostd *d)

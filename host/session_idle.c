@@ -206,13 +206,17 @@ void session_idler_stop(struct session_table *ss)
 }
 
 static const struct metric m_sessions = {
-	.name = "kiln_host_sessions", .help = "Sessions on this host with a VM, by whether its vCPUs run or are stopped while idle.",
-	.type = METRIC_GAUGE, .labels = { "vcpus" }
+	.name = "kiln_host_sessions", .type = METRIC_GAUGE, .labels = { "vcpus" },
+	.help = "Sessions on this host with a VM, by whether its vCPUs run or are stopped while idle.",
 };
-static const struct metric m_idle_stops = { .name = "kiln_host_session_idle_stops_total",
-					    .help = "Idle sessions whose vCPUs were stopped.", .type = METRIC_COUNTER };
-static const struct metric m_wakes = { .name = "kiln_host_session_wakes_total",
-				       .help = "Stopped sessions continued for a request, by result.", .type = METRIC_COUNTER, .labels = { "result" } };
+static const struct metric m_idle_stops = {
+	.name = "kiln_host_session_idle_stops_total", .type = METRIC_COUNTER,
+	.help = "Idle sessions whose vCPUs were stopped.",
+};
+static const struct metric m_wakes = {
+	.name = "kiln_host_session_wakes_total", .type = METRIC_COUNTER, .labels = { "result" },
+	.help = "Stopped sessions continued for a request, by result.",
+};
 
 void sessions_metrics(struct session_table *ss, struct buf *b)
 {

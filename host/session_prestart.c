@@ -319,10 +319,14 @@ out:
 	return r;
 }
 
-static const struct metric m_prestarted = { .name = "kiln_host_session_prestarted",
-					    .help = "Session QEMUs started ahead, waiting for a create or resume.", .type = METRIC_GAUGE };
-static const struct metric m_prestart_total = { .name = "kiln_host_session_prestart_total",
-						.help = "Session boots by whether they found a prestarted QEMU.", .type = METRIC_COUNTER, .labels = { "result" } };
+static const struct metric m_prestarted = {
+	.name = "kiln_host_session_prestarted", .type = METRIC_GAUGE,
+	.help = "Session QEMUs started ahead, waiting for a create or resume.",
+};
+static const struct metric m_prestart_total = {
+	.name = "kiln_host_session_prestart_total", .type = METRIC_COUNTER, .labels = { "result" },
+	.help = "Session boots by whether they found a prestarted QEMU.",
+};
 
 void session_prestart_metrics(struct session_table *ss, struct buf *b)
 {

@@ -975,22 +975,43 @@ struct pool *template_store_default_pool(struct template_store *ts)
 }
 
 /* kiln_host_template_* and kiln_host_snapshots_expired_total, declared once. */
-enum { TM_POOL_READY, TM_USERS, TM_FETCHES, TM_FETCH_BYTES, TM_FETCH_FAIL, TM_VERIFY_FAIL, TM_EVICTIONS, TM_SNAP_EXPIRED, TM_COUNT };
+enum {
+	TM_POOL_READY, TM_USERS, TM_FETCHES, TM_FETCH_BYTES, TM_FETCH_FAIL, TM_VERIFY_FAIL, TM_EVICTIONS,
+	TM_SNAP_EXPIRED, TM_COUNT
+};
 static const struct metric template_metrics[TM_COUNT] = {
-	[TM_POOL_READY] = { .name = "kiln_host_template_pool_ready", .help = "Warm pool VMs ready, by template.", .type = METRIC_GAUGE, .labels = { "template", "sha256" } },
-	[TM_USERS] = { .name = "kiln_host_template_users", .help = "Tasks, sessions and builds using a template now.", .type = METRIC_GAUGE, .labels = { "template", "sha256" } },
-	[TM_FETCHES] = { .name = "kiln_host_template_fetches_total", .help = "Template images fetched from S3 and verified.",
-			 .type = METRIC_COUNTER },
-	[TM_FETCH_BYTES] = { .name = "kiln_host_template_fetch_bytes_total", .help = "Bytes of template images fetched.",
-			     .type = METRIC_COUNTER },
-	[TM_FETCH_FAIL] = { .name = "kiln_host_template_fetch_failures_total",
-			    .help = "Template fetches that failed (S3 or verification).", .type = METRIC_COUNTER },
-	[TM_VERIFY_FAIL] = { .name = "kiln_host_template_verify_failures_total",
-			     .help = "Fetched images refused: SHA-256 or size mismatch.", .type = METRIC_COUNTER },
-	[TM_EVICTIONS] = { .name = "kiln_host_template_evictions_total", .help = "Templates evicted for the disk budget.",
-			   .type = METRIC_COUNTER },
-	[TM_SNAP_EXPIRED] = { .name = "kiln_host_snapshots_expired_total", .help = "Snapshots removed after their TTL unused.",
-			      .type = METRIC_COUNTER },
+	[TM_POOL_READY] = {
+		.name = "kiln_host_template_pool_ready", .type = METRIC_GAUGE, .labels = { "template", "sha256" },
+		.help = "Warm pool VMs ready, by template.",
+	},
+	[TM_USERS] = {
+		.name = "kiln_host_template_users", .type = METRIC_GAUGE, .labels = { "template", "sha256" },
+		.help = "Tasks, sessions and builds using a template now.",
+	},
+	[TM_FETCHES] = {
+		.name = "kiln_host_template_fetches_total", .type = METRIC_COUNTER,
+		.help = "Template images fetched from S3 and verified.",
+	},
+	[TM_FETCH_BYTES] = {
+		.name = "kiln_host_template_fetch_bytes_total", .type = METRIC_COUNTER,
+		.help = "Bytes of template images fetched.",
+	},
+	[TM_FETCH_FAIL] = {
+		.name = "kiln_host_template_fetch_failures_total", .type = METRIC_COUNTER,
+		.help = "Template fetches that failed (S3 or verification).",
+	},
+	[TM_VERIFY_FAIL] = {
+		.name = "kiln_host_template_verify_failures_total", .type = METRIC_COUNTER,
+		.help = "Fetched images refused: SHA-256 or size mismatch.",
+	},
+	[TM_EVICTIONS] = {
+		.name = "kiln_host_template_evictions_total", .type = METRIC_COUNTER,
+		.help = "Templates evicted for the disk budget.",
+	},
+	[TM_SNAP_EXPIRED] = {
+		.name = "kiln_host_snapshots_expired_total", .type = METRIC_COUNTER,
+		.help = "Snapshots removed after their TTL unused.",
+	},
 };
 
 void template_store_metrics(struct template_store *ts, struct buf *b)

@@ -891,7 +891,8 @@ static void destination_upload(void **state)
 	open_hostd(x, 1);
 	set_run(x, good_run);
 	assert_int_equal(dest_parse(body, strlen(body), DEST_SECRET_REQUIRED, &d, &err), 0);
-	assert_int_equal(hostd_submit(x->d, &(struct hostd_submission){ .id = "td", .customer = "cust", .spec = spec, .dest = &d },
+	assert_int_equal(hostd_submit(x->d,
+				      &(struct hostd_submission){ .id = "td", .customer = "cust", .spec = spec, .dest = &d },
 				      &err),
 			 0);
 	json_decref(spec);

@@ -14,7 +14,10 @@
 
 static void test_plain(void **state)
 {
-	static const struct metric m = { .name = "kiln_x_total", .help = "Things done.", .type = METRIC_COUNTER };
+	static const struct metric m = {
+		.name = "kiln_x_total", .type = METRIC_COUNTER,
+		.help = "Things done.",
+	};
 	struct buf b = BUF_INIT;
 
 	(void)state;
@@ -25,8 +28,14 @@ static void test_plain(void **state)
 
 static void test_labels(void **state)
 {
-	static const struct metric one = { .name = "kiln_tasks", .help = "Tasks, by state.", .type = METRIC_GAUGE, .labels = { "state" } };
-	static const struct metric two = { .name = "kiln_pool", .help = "Pools.", .type = METRIC_GAUGE, .labels = { "template", "sha256" } };
+	static const struct metric one = {
+		.name = "kiln_tasks", .type = METRIC_GAUGE, .labels = { "state" },
+		.help = "Tasks, by state.",
+	};
+	static const struct metric two = {
+		.name = "kiln_pool", .type = METRIC_GAUGE, .labels = { "template", "sha256" },
+		.help = "Pools.",
+	};
 	static const char *const names[] = { "queued", "running" };
 	struct buf b = BUF_INIT;
 
@@ -47,7 +56,10 @@ static void test_labels(void **state)
  * cannot end the quoted value or the line early. */
 static void test_escaping(void **state)
 {
-	static const struct metric m = { .name = "kiln_e", .help = "a \\ back\nslash \"quoted\"", .type = METRIC_GAUGE, .labels = { "name" } };
+	static const struct metric m = {
+		.name = "kiln_e", .type = METRIC_GAUGE, .labels = { "name" },
+		.help = "a \\ back\nslash \"quoted\"",
+	};
 	struct buf b = BUF_INIT;
 
 	(void)state;
@@ -69,7 +81,10 @@ static void test_escaping(void **state)
 static void test_histogram(void **state)
 {
 	static const double bounds[] = { 0.005, 0.5, 1, 10 };
-	static const struct metric m = { .name = "kiln_start_seconds", .help = "Start.", .type = METRIC_HISTOGRAM, .bounds = bounds, .nbounds = 4 };
+	static const struct metric m = {
+		.name = "kiln_start_seconds", .type = METRIC_HISTOGRAM, .bounds = bounds, .nbounds = 4,
+		.help = "Start.",
+	};
 	struct buf b = BUF_INIT;
 
 	(void)state;
@@ -88,7 +103,10 @@ static void test_histogram(void **state)
 /* Past a capped buffer's limit the writer reports it. */
 static void test_capped(void **state)
 {
-	static const struct metric m = { .name = "kiln_long_metric_name_total", .help = "Long help text here.", .type = METRIC_COUNTER };
+	static const struct metric m = {
+		.name = "kiln_long_metric_name_total", .type = METRIC_COUNTER,
+		.help = "Long help text here.",
+	};
 	struct buf b;
 
 	(void)state;
