@@ -13,7 +13,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "connect.h"
+#include "connectrpc.h"
 #include "reply.h"
 
 #define KEY_LABEL "kiln artifact url v1"

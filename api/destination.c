@@ -128,13 +128,19 @@ int destination_load(struct store *st, const unsigned char *key, const char *cus
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the destination");
 	if (r == 0)
 		return 0;
+	return destination_unseal(key, customer, &sd, d, id, err);
+}
+
+int destination_unseal(const unsigned char *key, const char *customer, const struct store_dest *sd, struct dest *d,
+		       char id[40], struct kiln_err *err)
+{
 	if (!key)
 		return kiln_err_set(err, KERR_DESTINATION_UNAVAILABLE,
 				    "the customer has an S3 destination but kiln-api has no destinations.key_file to "
 				    "decrypt its secret key");
-	*d = sd.d;
-	snprintf(id, 40, "%s", sd.id);
-	if (destination_open(key, customer, sd.sealed, sd.sealed_len, d->secret_key, err) < 0) {
+	*d = sd->d;
+	snprintf(id, 40, "%s", sd->id);
+	if (destination_open(key, customer, sd->sealed, sd->sealed_len, d->secret_key, err) < 0) {
 		dest_wipe(d);
 		return -1;
 	}

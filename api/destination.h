@@ -39,6 +39,14 @@ int destination_open(const unsigned char key[DESTINATION_KEY_LEN], const char *c
 
 struct store;
 
+struct store_dest;
+
+/* A destination as stored (store_dest_get, store_task_push_get) with its
+ * secret opened: 1 (d filled, id its id), or -1 with err as
+ * destination_load's. */
+int destination_unseal(const unsigned char *key, const char *customer, const struct store_dest *sd, struct dest *d,
+		       char id[40], struct kiln_err *err);
+
 /* The customer's destination with its secret opened, for a task's upload
  * or a presigned URL: 1 found (d filled, id its id), 0 none, -1 with err
  * ("destination_unavailable": no key configured, or the secret does not

@@ -18,35 +18,28 @@
 #include "httpd.h"
 #include "reply.h"
 #include "request.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 #include "spec.h"
 
 #define E2B_LIST_MAX 100
-
-enum MHD_Result e2b_reply_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
-				const char *hvalue)
-{
-	return reply_json_h(conn, status, json_pack("{s:i, s:s}", "code", (int)status, "message", msg ? msg : ""),
-			    hname, hvalue);
-}
 
 static enum MHD_Result not_found(struct MHD_Connection *conn, const char *id)
 {
 	char msg[128];
 
 	snprintf(msg, sizeof(msg), "sandbox %.40s not found", id);
-	return e2b_reply_error(conn, MHD_HTTP_NOT_FOUND, msg, NULL, NULL);
+	return reply_e2b_error(conn, MHD_HTTP_NOT_FOUND, msg, NULL, NULL);
 }
 
 static enum MHD_Result bad_request(struct MHD_Connection *conn, const char *msg)
 {
-	return e2b_reply_error(conn, MHD_HTTP_BAD_REQUEST, msg, NULL, NULL);
+	return reply_e2b_error(conn, MHD_HTTP_BAD_REQUEST, msg, NULL, NULL);
 }
 
 /* An outcome of sessions_pause / sessions_destroy as E2B's error. */
 static enum MHD_Result reply_outcome_error(struct MHD_Connection *conn, const struct sessions_outcome *o)
 {
-	return e2b_reply_error(conn, o->status, o->err.message, o->status == 503 ? "Retry-After" : NULL,
+	return reply_e2b_error(conn, o->status, o->err.message, o->status == 503 ? "Retry-After" : NULL,
 			       RETRY_AFTER_S);
 }
 
@@ -217,7 +210,7 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 	json_t *j;
 
 	if (store_customer_quota(ss->st, r->customer, &q) < 0)
-		return e2b_reply_error(req->conn, MHD_HTTP_FORBIDDEN, "this key's customer no longer exists", NULL,
+		return reply_e2b_error(req->conn, MHD_HTTP_FORBIDDEN, "this key's customer no longer exists", NULL,
 				       NULL);
 	if (e2b_create_parse(r->body, r->len, q.allow_egress, &ec, msg, sizeof(msg)) < 0)
 		return bad_request(req->conn, msg);
@@ -227,7 +220,7 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 	if (!ntext || api_session_request_parse(ntext, strlen(ntext), q.allow_egress, &sr, &err) < 0) {
 		free(ntext);
 		e2b_create_free(&ec);
-		return e2b_reply_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
+		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
 	}
 	free(ntext);
 	/* The envVars go to hosts in the session's spec, as its "env". */
@@ -241,7 +234,7 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 		if (!spec) {
 			api_session_request_free(&sr);
 			e2b_create_free(&ec);
-			return e2b_reply_error(req->conn, 500, "out of memory", NULL, NULL);
+			return reply_e2b_error(req->conn, 500, "out of memory", NULL, NULL);
 		}
 		free(sr.spec_json);
 		sr.spec_json = spec;
@@ -252,7 +245,7 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 		if (sessions_create_run(ss, r, &q, &sr, &e, id, &ret)) {
 			j = created_json(ss, id);
 			ret = j ? reply_json(req->conn, MHD_HTTP_CREATED, j)
-				: e2b_reply_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
+				: reply_e2b_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
 		}
 	}
 	api_session_request_free(&sr);
@@ -372,7 +365,7 @@ static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
 	if (list_page(c->ss, c->r->customer, &f, (unsigned)limit, tok && tok[0] ? tok : NULL, arr, &next, &err) < 0) {
 		json_decref(arr);
 		json_decref(f.metadata);
-		return e2b_reply_error(req->conn, err.errc == KERR_INVALID_REQUEST ? 400 : 500, err.message, NULL, NULL);
+		return reply_e2b_error(req->conn, err.errc == KERR_INVALID_REQUEST ? 400 : 500, err.message, NULL, NULL);
 	}
 	json_decref(f.metadata);
 	ret = reply_json_h(req->conn, MHD_HTTP_OK, arr, next ? "x-next-token" : NULL, next);
@@ -393,7 +386,7 @@ static enum MHD_Result h_list(void *ctx, struct httpd_req *req)
 		if (list_page(c->ss, c->r->customer, &f, E2B_LIST_MAX, cursor, arr, &next, &err) < 0) {
 			free(cursor);
 			json_decref(arr);
-			return e2b_reply_error(req->conn, 500, err.message, NULL, NULL);
+			return reply_e2b_error(req->conn, 500, err.message, NULL, NULL);
 		}
 		free(cursor);
 		cursor = next;
@@ -451,7 +444,7 @@ static enum MHD_Result h_timeout(void *ctx, struct httpd_req *req)
 	if (t < 0)
 		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds) is required");
 	if (set_timeout(c->ss, &c->cur, t, 0) < 0)
-		return e2b_reply_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+		return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
 	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
 }
 
@@ -464,7 +457,7 @@ static enum MHD_Result h_pause(void *ctx, struct httpd_req *req)
 	if (!find(c, req, &ret))
 		return ret;
 	if (!strcmp(e2b_state(&c->cur), "paused"))
-		return e2b_reply_error(req->conn, MHD_HTTP_CONFLICT, "the sandbox is paused already", NULL, NULL);
+		return reply_e2b_error(req->conn, MHD_HTTP_CONFLICT, "the sandbox is paused already", NULL, NULL);
 	return run_op(c, req, sessions_pause, "paused");
 }
 
@@ -489,7 +482,7 @@ static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
 	switch (c->cur.state) {
 	case SESSION_RUNNING:
 		if (t > 0 && set_timeout(ss, &c->cur, t, 1) < 0)
-			return e2b_reply_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+			return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
 		break;
 	case SESSION_PAUSED:
 	case SESSION_ERROR:
@@ -497,7 +490,7 @@ static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
 		if (!t)
 			t = E2B_DEFAULT_TIMEOUT_S;
 		if (store_session_set_limits(ss->st, c->cur.id, c->cur.customer, (unsigned)t, (unsigned)t) < 0)
-			return e2b_reply_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+			return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
 		if (!sessions_resume_run(ss, c->r, &c->cur, &ret))
 			return ret;
 		status = MHD_HTTP_CREATED;
@@ -506,12 +499,12 @@ static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
 		char msg[128];
 
 		snprintf(msg, sizeof(msg), "the sandbox is %s: retry in a moment", session_state_name(c->cur.state));
-		return e2b_reply_error(req->conn, MHD_HTTP_CONFLICT, msg, NULL, NULL);
+		return reply_e2b_error(req->conn, MHD_HTTP_CONFLICT, msg, NULL, NULL);
 	}
 	}
 	j = created_json(ss, c->cur.id);
 	return j ? reply_json(req->conn, status, j)
-		 : e2b_reply_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
+		 : reply_e2b_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
 }
 
 /* GET /e2b/sandboxes/{id}/metrics: measured by its host now */
@@ -531,7 +524,7 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 	if (c->cur.state != SESSION_RUNNING)
 		return reply_json(req->conn, MHD_HTTP_OK, json_array());
 	if (sched_host_state(ss->sched, c->cur.host_id, url) != 1)
-		return e2b_reply_error(req->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the sandbox's host cannot be reached",
+		return reply_e2b_error(req->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the sandbox's host cannot be reached",
 				       "Retry-After", RETRY_AFTER_S);
 	snprintf(path, sizeof(path), "/v1/sessions/%s/metrics", c->cur.id);
 	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, &m, &err);
@@ -541,7 +534,7 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 		json_decref(m);
 		snprintf(msg, sizeof(msg), "the sandbox's host could not measure it: %s",
 			 st < 0 ? err.message : "it did not answer with metrics");
-		return e2b_reply_error(req->conn, MHD_HTTP_BAD_GATEWAY, msg, NULL, NULL);
+		return reply_e2b_error(req->conn, MHD_HTTP_BAD_GATEWAY, msg, NULL, NULL);
 	}
 	now = kclock_wall_ms(ss->clock);
 #define NUM(k) json_integer_value(json_object_get(m, k))
@@ -580,10 +573,10 @@ enum MHD_Result e2b_handle(struct sessions *ss, const struct sessions_request *r
 	enum MHD_Result ret;
 
 	if (r->admin)
-		ret = e2b_reply_error(r->conn, MHD_HTTP_FORBIDDEN,
+		ret = reply_e2b_error(r->conn, MHD_HTTP_FORBIDDEN,
 				      "an admin key cannot use the E2B API: use a customer key", NULL, NULL);
 	else if ((size_t)snprintf(url, sizeof(url), "/e2b%s", r->path) >= sizeof(url))
-		ret = e2b_reply_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
+		ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
 	else {
 		const struct httpd_route *row;
 		char allow[64];
@@ -594,10 +587,10 @@ enum MHD_Result e2b_handle(struct sessions *ss, const struct sessions_request *r
 			ret = row->handler(&c, &req);
 			break;
 		case HTTPD_NOT_ALLOWED:
-			ret = e2b_reply_error(r->conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed", "Allow", allow);
+			ret = reply_e2b_error(r->conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed", "Allow", allow);
 			break;
 		default:
-			ret = e2b_reply_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
+			ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
 		}
 	}
 	sessions_release(ss);

@@ -22,11 +22,6 @@
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
 
-/* E2B's error answer {"code":status,"message":msg}, with an optional header
- * (hname NULL: none). */
-enum MHD_Result e2b_reply_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
-				const char *hvalue);
-
 /* Answer a request under /e2b (r->path: what follows "/e2b"; r->e2b set)
  * held with sessions_hold, which this releases. Blocking (a create or a
  * resume waits for its host). */

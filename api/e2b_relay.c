@@ -24,10 +24,10 @@
 #include <openssl/sha.h>
 
 #include "buf.h"
-#include "connect.h"
+#include "connectrpc.h"
 #include "connect_call.h"
 #include "reply.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #define RELAY_BLOCK (64u << 10)
 #define RELAY_STATUS_MS FILES_TIMEOUT_MS /* an upload is written to the guest before the host answers */
@@ -55,7 +55,7 @@ static enum MHD_Result relay_error(struct MHD_Connection *conn, const char *url,
 
 		return j ? reply_json(conn, status, j) : reply_internal(conn, "out of memory");
 	}
-	return e2b_reply_error(conn, status, msg, NULL, NULL);
+	return reply_e2b_error(conn, status, msg, NULL, NULL);
 }
 
 /* ---- the request to the host ---- */

@@ -121,19 +121,6 @@ static enum task_state stored_state(struct sched *s, const char *id)
 	return st;
 }
 
-/* Is the task stored as scheduled on host? (Not when it was requeued and
- * placed on another host meanwhile: then this watcher must not push it.) */
-static int stored_scheduled_on(struct sched *s, const char *id, const char *host)
-{
-	json_t *j = store_task_json(s->st, id, NULL);
-	const char *h = json_string_value(json_object_get(j, "host"));
-	int r = task_state_parse(json_string_value(json_object_get(j, "state"))) == TASK_SCHEDULED && h &&
-		!strcmp(h, host);
-
-	json_decref(j);
-	return r;
-}
-
 /* Record the host's progress with compare-and-set from what this watcher
  * last recorded. Returns 1 recorded, 0 when the store moved on without us
  * (the task was cancelled through the API meanwhile: the host is told). */
@@ -234,18 +221,24 @@ static int host_is_lost(struct sched *s, const char *host)
 static int push(struct watch *w)
 {
 	struct sched *s = w->s;
-	char *spec_text = store_task_spec(s->st, w->task);
-	json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL, *body, *reply = NULL;
+	struct store_task_push tp;
+	json_t *spec, *body, *reply = NULL;
 	struct kiln_err err = { .code = "" };
 	int st;
 
-	free(spec_text);
-	if (!spec)
+	/* One read: the task's state and host, spec, template and destination. */
+	if (store_task_push_get(s->st, w->task, w->host, &tp) < 0)
 		return -1;
-	if (!stored_scheduled_on(s, w->task, w->host)) {
+	spec = tp.spec ? json_loads(tp.spec, 0, NULL) : NULL;
+	if (!spec) {
+		store_task_push_free(&tp);
+		return -1;
+	}
+	if (!tp.scheduled_on) {
 		/* Cancelled, or requeued (and maybe placed elsewhere), before it
 		 * reached the host: nothing to push. */
 		json_decref(spec);
+		store_task_push_free(&tp);
 		w->state = TASK_QUEUED;
 		return 0;
 	}
@@ -256,7 +249,7 @@ static int push(struct watch *w)
 		 * fails the task: never kiln's bucket instead. */
 		struct dest d;
 		char dest_id[40];
-		int r = destination_load(s->st, s->cfg.dest_key, w->customer, &d, dest_id, &err);
+		int r = tp.has_dest ? destination_unseal(s->cfg.dest_key, w->customer, &tp.dest, &d, dest_id, &err) : 0;
 
 		if (r < 0) {
 			json_t *e = json_pack("{s:s, s:{s:s, s:s}}", "state", "error", "error", "code", err.code,
@@ -264,6 +257,7 @@ static int push(struct watch *w)
 
 			fprintf(stderr, "kiln-api: task %s: %s\n", w->task, err.message);
 			json_decref(body);
+			store_task_push_free(&tp);
 			store_task_finish(s->st, w->task, TASK_ERROR, err.code, e);
 			json_decref(e);
 			w->state = TASK_ERROR;
@@ -278,13 +272,12 @@ static int push(struct watch *w)
 	{
 		/* Its template as resolved at submission (docs/templates.md):
 		 * the task runs even if the template was deleted since. */
-		char *tref_text = store_use_tref(s->st, w->task);
-		json_t *tref = tref_text ? json_loads(tref_text, 0, NULL) : NULL;
+		json_t *tref = tp.tref ? json_loads(tp.tref, 0, NULL) : NULL;
 
-		free(tref_text);
 		if (tref)
 			json_object_set_new(body, "template", tref);
 	}
+	store_task_push_free(&tp);
 	st = host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);
 	json_decref(body); /* it held the destination's secret: not logged, freed here */
 	if (st == 202 || st == 409) {

@@ -1,6 +1,6 @@
 /* sdb: the SQL layer's dispatch and its SQLite backend (see sdb.h); the
  * PostgreSQL backend is sdb_pg.c. SQLite's own API maps one to one. */
-#include "sdb_impl.h"
+#include "sdb_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * inside a transaction the error goes back to the store, which rolls back.
  * synchronous_commit is PostgreSQL's default (on): a COMMIT has returned
  * once the commit is durable on the server. */
-#include "sdb_impl.h"
+#include "sdb_int.h"
 
 #include <poll.h>
 #include <pthread.h>

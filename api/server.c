@@ -35,6 +35,7 @@
 #include "artifacts.h"
 #include "events.h"
 #include "httpd.h"
+#include "metrics.h"
 #include "quota.h"
 #include "presign.h"
 #include "reply.h"
@@ -926,25 +927,40 @@ static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 /* GET /metrics (no key, like /healthz): this replica's view, Prometheus
  * text. Each replica answers for itself: scrape them all; exactly one says
  * kiln_api_leader 1. */
+static const struct metric m_leader = {
+	.name = "kiln_api_leader", .type = METRIC_GAUGE,
+	.help = "1 when this kiln-api runs the scheduler (one replica at a time)",
+};
+static const struct metric m_store_up = {
+	.name = "kiln_api_store_up", .type = METRIC_GAUGE,
+	.help = "1 when the store's database answers",
+};
+static const struct metric m_store_info = {
+	.name = "kiln_api_store_info", .type = METRIC_GAUGE, .labels = { "backend" },
+	.help = "the store's backend",
+};
+
 static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 {
 	struct server *s = ctx;
 	struct MHD_Response *resp;
+	struct buf b = BUF_INIT;
 	enum MHD_Result ret;
-	char *text = NULL;
-	int n;
+	const char *backend = store_is_pg(s->st) ? "postgresql" : "sqlite";
+	size_t n;
+	char *text;
+	int e;
 
-	n = asprintf(&text,
-		     "# HELP kiln_api_leader 1 when this kiln-api runs the scheduler (one replica at a time)\n"
-		     "# TYPE kiln_api_leader gauge\nkiln_api_leader %d\n"
-		     "# HELP kiln_api_store_up 1 when the store's database answers\n"
-		     "# TYPE kiln_api_store_up gauge\nkiln_api_store_up %d\n"
-		     "# HELP kiln_api_store_info the store's backend\n"
-		     "# TYPE kiln_api_store_info gauge\nkiln_api_store_info{backend=\"%s\"} 1\n",
-		     store_is_leader(s->st), store_ping(s->st) == 0, store_is_pg(s->st) ? "postgresql" : "sqlite");
-	if (n < 0)
+	e = metric_write(&b, &m_leader, store_is_leader(s->st) != 0);
+	if (!e)
+		e = metric_write(&b, &m_store_up, store_ping(s->st) == 0);
+	if (!e)
+		e = metric_write_by(&b, &m_store_info, &backend, (uint64_t[]){ 1 }, 1);
+	if (e || !(text = buf_steal(&b, &n))) {
+		buf_free(&b);
 		return reply_internal(r->conn, "out of memory");
-	resp = MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
+	}
+	resp = MHD_create_response_from_buffer(n, text, MHD_RESPMEM_MUST_FREE);
 	MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4");
 	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
 	MHD_destroy_response(resp);
@@ -1075,7 +1091,7 @@ static enum MHD_Result reply_too_large(struct server *s, struct MHD_Connection *
 static enum MHD_Result reply_no_key(struct MHD_Connection *conn, const char *url)
 {
 	if (is_e2b(url))
-		return e2b_reply_error(conn, MHD_HTTP_UNAUTHORIZED,
+		return reply_e2b_error(conn, MHD_HTTP_UNAUTHORIZED,
 				       api_key(conn, url) ? "unknown or revoked API key"
 							  : "missing API key (X-API-KEY: kiln_...)",
 				       "WWW-Authenticate", "Bearer");
@@ -1107,7 +1123,7 @@ static enum MHD_Result handle_e2b(struct server *s, struct MHD_Connection *conn,
 	struct sessions *ss = hold_sessions(s);
 
 	if (!ss)
-		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+		return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
 	return e2b_handle(ss, &sr);
 }
 
@@ -1122,7 +1138,7 @@ static enum MHD_Result handle_relay(struct server *s, struct MHD_Connection *con
 	struct sessions *ss = hold_sessions(s);
 
 	if (!ss)
-		return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
+		return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL, NULL);
 	return e2b_relay_handle(ss, &rr);
 }
 
@@ -1242,7 +1258,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		struct sessions *ss = hold_sessions(s);
 
 		if (!ss)
-			return e2b_reply_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
+			return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
 					       NULL);
 		return e2b_relay_refuse(ss, conn, url);
 	}

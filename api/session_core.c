@@ -2,7 +2,7 @@
  * sessions with a request in flight and their leases in the store, and the
  * two actions both the endpoints (sessions.c) and the reaper
  * (session_reap.c) take: pausing and destroying a session (see sessions.h,
- * sessions_internal.h).
+ * sessions_int.h).
  *
  * State lives in the store; every change is a compare-and-set, so that an
  * HTTP request and the reaper racing on one session cannot both win: the
@@ -22,7 +22,7 @@
  * kiln-api's leases lapse LEASE_TTL_MS after their last renewal; a
  * restarted one has a new owner id. Then a transient state in the store is
  * what it left, and a reaper settles it by asking the host. */
-#include "sessions_internal.h"
+#include "sessions_int.h"
 #include "condwait.h"
 
 #include <errno.h>

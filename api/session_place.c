@@ -1,9 +1,9 @@
 /* session_place: putting a session's VM on a host, for create and resume
- * alike (see sessions_internal.h). The first host is picked by the caller
+ * alike (see sessions_int.h). The first host is picked by the caller
  * (its answer when none fits is the caller's); from there one loop tries
  * hosts by the scheduler's rules until one takes it, one refuses it
  * outright, or MAX_ATTEMPTS hosts have been tried. */
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -8,7 +8,7 @@
  * the customer's session_auto_pause says so, else
  * destroyed, on a thread of its own). Every RECONCILE_EVERY_MS it also
  * compares each live host's sessions with the store. */
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #include <pthread.h>
 #include <stdio.h>

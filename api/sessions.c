@@ -4,7 +4,7 @@
  * proxied to its host. What they share with the reaper (requests in flight,
  * pause, destroy) is in session_core.c, the rules of state changes there
  * too. */
-#include "sessions_internal.h"
+#include "sessions_int.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,7 +19,6 @@
 #include <openssl/sha.h>
 
 #include "buf.h"
-#include "e2b.h"
 #include "httpd.h"
 #include "destination.h"
 #include "presign.h"
@@ -38,7 +37,7 @@ static enum MHD_Result answer_err(const struct sessions_request *r, unsigned sta
 	if (!status)
 		status = kiln_err_status(e->errc);
 	if (r->e2b)
-		return e2b_reply_error(r->conn, status, e->message, hname, hvalue);
+		return reply_e2b_error(r->conn, status, e->message, hname, hvalue);
 	return hname ? reply_err_status_h(r->conn, status, e, hname, hvalue) : reply_err_status(r->conn, status, e);
 }
 
@@ -68,7 +67,7 @@ static enum MHD_Result relay_to(const struct sessions_request *rq, struct MHD_Co
 		if (!m[0])
 			snprintf(m, sizeof(m), "the sandbox's host answered HTTP %d", r->status);
 		snprintf(msg, sizeof(msg), "%s", m);
-		return e2b_reply_error(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status, msg, NULL,
+		return reply_e2b_error(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status, msg, NULL,
 				       NULL);
 	}
 	if (r->status >= 400) {

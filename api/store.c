@@ -3,7 +3,7 @@
  * notification, and the helpers the other pieces share (one row by id, a
  * page of a list, a compare-and-set of a state, the running quota). The
  * rest: store_migrate.c (schema), store_keys.c (customers, keys, hosts),
- * store_tasks.c, store_sessions.c; store_impl.h is what they share.
+ * store_tasks.c, store_sessions.c; store_int.h is what they share.
  *
  * One connection (api/sdb.h: SQLite or PostgreSQL), one mutex (s->lock)
  * around every use of it; statements are prepared once and reset after each
@@ -13,7 +13,7 @@
  *
  * Change notification: s->gen counts committed state changes (s->ch_lock,
  * s->ch_cond); long-polls and event streams wait on it. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -76,6 +76,56 @@ int store_run(struct store *s, enum store_core_stmt id)
 	rc = sdb_step(st);
 	sdb_reset(st);
 	return rc;
+}
+
+void store_tx_lock(struct store_tx *tx, struct store *s)
+{
+	pthread_mutex_lock(&s->lock);
+	tx->s = s;
+	tx->locked = 1;
+	tx->open = 0;
+}
+
+int store_tx_begin(struct store_tx *tx)
+{
+	if (store_run(tx->s, STORE_BEGIN) != SDB_DONE)
+		return -1;
+	tx->open = 1;
+	return 0;
+}
+
+int store_tx_start(struct store_tx *tx, struct store *s)
+{
+	store_tx_lock(tx, s);
+	return store_tx_begin(tx);
+}
+
+int store_tx_commit(struct store_tx *tx)
+{
+	if (store_run(tx->s, STORE_COMMIT) != SDB_DONE)
+		return -1;
+	tx->open = 0;
+	return 0;
+}
+
+void store_tx_rollback(struct store_tx *tx)
+{
+	if (tx->open)
+		store_run(tx->s, STORE_ROLLBACK);
+	tx->open = 0;
+}
+
+void store_tx_unlock(struct store_tx *tx)
+{
+	store_tx_rollback(tx);
+	if (tx->locked)
+		pthread_mutex_unlock(&tx->s->lock);
+	tx->locked = 0;
+}
+
+void store_tx_end(struct store_tx *tx)
+{
+	store_tx_unlock(tx);
 }
 
 int store_step(struct store *s, struct sdb_stmt *st)

@@ -10,7 +10,7 @@
  * Implemented in api/store.c (core: open/close, locks, change notification,
  * the shared page, compare-and-set and quota helpers), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
- * store_impl.h is their private interface. */
+ * store_int.h is their private interface. */
 #ifndef KILN_STORE_H
 #define KILN_STORE_H
 
@@ -220,6 +220,21 @@ int store_dest_put(struct store *s, const char *customer, const struct dest *d, 
 		   size_t sealed_len, char id_out[40], int *same_place, struct kiln_err *err);
 /* 1 deleted, 0 there was none, -1 store error. */
 int store_dest_delete(struct store *s, const char *customer);
+
+/* What the scheduler hands a task's host, from one statement: the task row
+ * with its spec, its template reference and its customer's destination. */
+struct store_task_push {
+	int scheduled_on;            /* the task is scheduled on the host asked about */
+	char *spec;                  /* its spec JSON (NULL: no such task) */
+	char *tref;                  /* its template as resolved at submission (NULL: none) */
+	int has_dest;                /* dest holds the customer's destination */
+	struct store_dest dest;
+};
+
+/* Fill p for task id and host_id: 0, or -1 on a store error. Free with
+ * store_task_push_free. Takes the lock. */
+int store_task_push_get(struct store *s, const char *id, const char *host_id, struct store_task_push *p);
+void store_task_push_free(struct store_task_push *p);
 /* Record that task's outputs go to destination dest_id (NULL: the
  * operator's bucket). 0 or -1. */
 int store_task_set_dest(struct store *s, const char *task, const char *dest_id);

@@ -1,13 +1,31 @@
 /* store_destinations: customers' own S3 destinations (one per customer, its
  * secret key only sealed: api/destination.h) and which destination a task's
  * outputs went to. Plain statements prepared per call: these are rare. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <stdio.h>
 
 #include <openssl/crypto.h>
 
 #include "clock.h"
+
+void store_dest_row(struct sdb_stmt *st, int c, struct store_dest *out)
+{
+	int n = sdb_col_bytes(st, c + 6);
+
+	snprintf(out->id, sizeof(out->id), "%s", store_col_text(st, c) ?: "");
+	snprintf(out->d.endpoint, sizeof(out->d.endpoint), "%s", store_col_text(st, c + 1) ?: "");
+	snprintf(out->d.region, sizeof(out->d.region), "%s", store_col_text(st, c + 2) ?: "");
+	snprintf(out->d.bucket, sizeof(out->d.bucket), "%s", store_col_text(st, c + 3) ?: "");
+	snprintf(out->d.prefix, sizeof(out->d.prefix), "%s", store_col_text(st, c + 4) ?: "");
+	snprintf(out->d.access_key, sizeof(out->d.access_key), "%s", store_col_text(st, c + 5) ?: "");
+	if (n > 0 && (size_t)n <= sizeof(out->sealed)) {
+		memcpy(out->sealed, sdb_col_blob(st, c + 6), (size_t)n);
+		out->sealed_len = (size_t)n;
+	}
+	out->created_ms = sdb_col_int64(st, c + 7);
+	out->updated_ms = sdb_col_int64(st, c + 8);
+}
 
 int store_dest_get(struct store *s, const char *customer, struct store_dest *out)
 {
@@ -16,29 +34,14 @@ int store_dest_get(struct store *s, const char *customer, struct store_dest *out
 
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&s->lock);
-	if (sdb_prepare(s->db, "SELECT id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms,"
-			       " updated_ms FROM destinations WHERE customer = ?1", &st) != 0)
+	if (sdb_prepare(s->db, "SELECT " STORE_DEST_COLS " FROM destinations WHERE customer = ?1", &st) != 0)
 		goto out;
 	sdb_bind_text(st, 1, customer);
 	switch (sdb_step(st)) {
-	case SDB_ROW: {
-		int n = sdb_col_bytes(st, 6);
-
-		snprintf(out->id, sizeof(out->id), "%s", store_col_text(st, 0) ?: "");
-		snprintf(out->d.endpoint, sizeof(out->d.endpoint), "%s", store_col_text(st, 1) ?: "");
-		snprintf(out->d.region, sizeof(out->d.region), "%s", store_col_text(st, 2) ?: "");
-		snprintf(out->d.bucket, sizeof(out->d.bucket), "%s", store_col_text(st, 3) ?: "");
-		snprintf(out->d.prefix, sizeof(out->d.prefix), "%s", store_col_text(st, 4) ?: "");
-		snprintf(out->d.access_key, sizeof(out->d.access_key), "%s", store_col_text(st, 5) ?: "");
-		if (n > 0 && (size_t)n <= sizeof(out->sealed)) {
-			memcpy(out->sealed, sdb_col_blob(st, 6), (size_t)n);
-			out->sealed_len = (size_t)n;
-		}
-		out->created_ms = sdb_col_int64(st, 7);
-		out->updated_ms = sdb_col_int64(st, 8);
+	case SDB_ROW:
+		store_dest_row(st, 0, out);
 		found = 1;
 		break;
-	}
 	case SDB_DONE:
 		found = 0;
 		break;

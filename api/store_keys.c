@@ -6,7 +6,7 @@
  * without touching SQLite; create and revoke update table and database
  * together. This process is the database's only writer, so the table cannot
  * go stale. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>

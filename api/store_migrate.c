@@ -3,7 +3,7 @@
  * a database newer than this kiln-api knows is refused. The same SQL serves
  * SQLite and PostgreSQL (sdb_pg.c turns INTEGER into BIGINT, BLOB into
  * BYTEA, AUTOINCREMENT into BIGSERIAL). Only store.c runs them. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <stdio.h>
 

@@ -4,7 +4,7 @@
  * sessions they have requests in flight on (store.h). Pages, single-row
  * reads and compare-and-set are the core's helpers, shared with tasks
  * (store.c). */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -204,30 +204,20 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	int64_t now = clock_wall_ms();
 	struct sdb_stmt *st;
 	char id[40];
-	int r = -1, room;
+	int room;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
-		goto out;
-	}
+	if (store_tx_start(&tx, s) < 0)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 	room = store_room_locked(s, n->customer, n->vcpus, n->memory_mib, 0, err);
-	if (room == -ENOENT) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot read the quotas of %s", n->customer);
-		goto rollback;
-	}
-	if (room == -EIO) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot read the usage of %s", n->customer);
-		goto rollback;
-	}
-	if (room == -EDQUOT) {
-		r = -EDQUOT;
-		goto rollback;
-	}
-	if (store_new_id("s_", id) < 0) {
-		kiln_err_set(err, KERR_INTERNAL, "no randomness");
-		goto rollback;
-	}
+	if (room == -ENOENT)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the quotas of %s", n->customer);
+	if (room == -EIO)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the usage of %s", n->customer);
+	if (room == -EDQUOT)
+		return -EDQUOT;
+	if (store_new_id("s_", id) < 0)
+		return kiln_err_set(err, KERR_INTERNAL, "no randomness");
 	st = stmt(s, S_INSERT);
 	if (!st)
 		goto fail_sql;
@@ -251,18 +241,12 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto fail_sql;
 	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
+	if (store_tx_commit(&tx) < 0)
 		goto fail_sql;
 	memcpy(id_out, id, strlen(id) + 1);
-	r = 0;
-	goto out;
+	return 0;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the session: %s", sdb_errmsg(s->db));
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
-	return r;
+	return kiln_err_set(err, KERR_STORE_ERROR, "cannot store the session: %s", sdb_errmsg(s->db));
 }
 
 int store_session_discard(struct store *s, const char *id)
@@ -323,14 +307,12 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 {
 	struct store_session cur;
 	struct sdb_stmt *st;
-	int r = -1, found = 0, room;
+	int found = 0, room;
+	STORE_TX(tx);
 
 	*prev = SESSION_STATE_COUNT;
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
-		goto out;
-	}
+	if (store_tx_start(&tx, s) < 0)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 	st = stmt(s, S_GET);
 	if (!st)
 		goto fail_sql;
@@ -340,38 +322,26 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 		found = !customer || !strcmp(customer, cur.customer);
 	}
 	sdb_reset(st);
-	if (!found) {
-		r = 0;
-		goto rollback;
-	}
+	if (!found)
+		return 0;
 	*prev = cur.state;
-	if (!(cur.state == SESSION_PAUSED || (cur.state == SESSION_ERROR && cur.has_snapshot))) {
-		r = 0;
-		goto rollback;
-	}
+	if (!(cur.state == SESSION_PAUSED || (cur.state == SESSION_ERROR && cur.has_snapshot)))
+		return 0;
 	room = store_room_locked(s, cur.customer, cur.vcpus, cur.memory_mib, 1, err);
-	if (room == -EDQUOT) {
-		r = -EDQUOT;
-		goto rollback;
-	}
+	if (room == -EDQUOT)
+		return -EDQUOT;
 	if (room < 0)
 		goto fail_sql;
 	/* end_reason stays until it runs again: a failed resume goes back with it. */
 	if (transition_locked(s, id, cur.state, SESSION_RESUMING, host_id, NULL, NULL, clock_wall_ms()) != 1)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
+	if (store_tx_commit(&tx) < 0)
 		goto fail_sql;
-	r = 1;
-	goto out;
+	store_tx_unlock(&tx);
+	store_changed(s, id, "session", NULL);
+	return 1;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot resume the session: %s", sdb_errmsg(s->db));
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
-	if (r == 1)
-		store_changed(s, id, "session", NULL);
-	return r;
+	return kiln_err_set(err, KERR_STORE_ERROR, "cannot resume the session: %s", sdb_errmsg(s->db));
 }
 
 int store_session_touch(struct store *s, const char *id)
@@ -532,26 +502,20 @@ static void unrelax_locked(struct store *s, int relaxed)
  * so the lease costs no commit of its own there. */
 static int lease_write(struct store *s, const char *id, const char *owner, unsigned n, int64_t ttl_ms, int touch)
 {
-	int r, relaxed;
+	int r = -1, relaxed;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
+	store_tx_lock(&tx, s);
 	relaxed = relax_locked(s);
-	if (touch && store_run(s, STORE_BEGIN) != SDB_DONE) {
-		unrelax_locked(s, relaxed);
-		pthread_mutex_unlock(&s->lock);
-		return -1;
-	}
-	r = n ? lease_set_locked(s, id, owner, n, ttl_ms) : lease_drop_locked(s, id, owner);
-	if (touch) {
-		if (r == 0 && store_stamp_locked(s, stmt(s, S_TOUCH), id) < 0)
+	if (!touch || store_tx_begin(&tx) == 0) {
+		r = n ? lease_set_locked(s, id, owner, n, ttl_ms) : lease_drop_locked(s, id, owner);
+		if (touch && r == 0 && store_stamp_locked(s, stmt(s, S_TOUCH), id) < 0)
 			r = -1;
-		if (r == 0 && store_run(s, STORE_COMMIT) != SDB_DONE)
+		if (touch && r == 0 && store_tx_commit(&tx) < 0)
 			r = -1;
-		if (r < 0)
-			store_run(s, STORE_ROLLBACK);
+		store_tx_rollback(&tx);
 	}
 	unrelax_locked(s, relaxed);
-	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 
@@ -591,28 +555,22 @@ int store_session_leases_replace(struct store *s, const char *owner, const char 
 {
 	struct sdb_stmt *st;
 	int r = -1, relaxed;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
+	store_tx_lock(&tx, s);
 	relaxed = relax_locked(s);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE)
-		goto out;
-	st = stmt(s, S_LEASE_DROP_OWNER);
-	if (st)
-		sdb_bind_text(st, 1, owner);
-	if (run_locked(s, st) < 0)
-		goto rollback;
-	for (int i = 0; i < n; i++)
-		if (lease_set_locked(s, ids[i], owner, counts[i], ttl_ms) < 0)
-			goto rollback;
-	if (store_run(s, STORE_COMMIT) == SDB_DONE) {
-		r = 0;
-		goto out;
+	if (store_tx_begin(&tx) == 0) {
+		st = stmt(s, S_LEASE_DROP_OWNER);
+		if (st)
+			sdb_bind_text(st, 1, owner);
+		r = run_locked(s, st);
+		for (int i = 0; r == 0 && i < n; i++)
+			r = lease_set_locked(s, ids[i], owner, counts[i], ttl_ms) < 0 ? -1 : 0;
+		if (r == 0 && store_tx_commit(&tx) < 0)
+			r = -1;
+		store_tx_rollback(&tx);
 	}
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
 	unrelax_locked(s, relaxed);
-	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 

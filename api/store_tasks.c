@@ -7,7 +7,7 @@
  * the next transaction, each inside a savepoint of its own (one failing
  * insert does not take the others with it). Whoever finds no commit under
  * way leads the next batch; the others sleep until theirs is done. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -55,7 +55,7 @@ enum tasks_stmt {
 	T_FINISH, T_IN_STATE, T_FAIR,
 	T_CANCEL_NOW, T_CANCEL_REQ, T_CANCEL_PENDING, T_CANCEL_SENT,
 	T_LIST_ALL, T_LIST_ALL_STATE, T_LIST_CUST, T_LIST_CUST_STATE,
-	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT,
+	T_QUEUED, T_BUCKET_GET, T_BUCKET_PUT, T_PUSH_GET,
 	T_COUNT
 };
 
@@ -67,6 +67,12 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_GET] = "SELECT " TASK_COLS ", host_task, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id),"
 		  " destination FROM tasks WHERE id = ?1",
 	[T_SPEC_GET] = "SELECT spec FROM task_specs WHERE id = ?1",
+	/* push: the task, its spec, template and destination in one statement. */
+	[T_PUSH_GET] = "SELECT t.state, t.host_id, sp.spec, u.tref, d.id, d.endpoint, d.region,"
+		       " d.bucket, d.prefix, d.access_key, d.secret_sealed, d.created_ms, d.updated_ms"
+		       " FROM tasks t LEFT JOIN task_specs sp ON sp.id = t.id"
+		       " LEFT JOIN template_uses u ON u.id = t.id"
+		       " LEFT JOIN destinations d ON d.customer = t.customer WHERE t.id = ?1",
 	[T_STATE] = "SELECT state, customer FROM tasks WHERE id = ?1",
 	[T_FINISH] = "UPDATE tasks SET state = ?1, end_reason = ?2, host_task = ?3, ended_ms = ?4"
 		     " WHERE id = ?5 AND state IN ('queued', 'scheduled', 'starting', 'running', 'uploading')",
@@ -329,29 +335,31 @@ release:
 
 /* Commit a batch (oldest first) in one transaction: every p->r and p->err
  * is set. A failed commit fails the whole batch. Takes s->lock. */
+/* Fail every submission of the batch: "WHAT: <the store's error>", the
+ * error read before the open transaction is rolled back. */
+static void fail_batch(struct store_tx *tx, struct pending_submit *batch, const char *what)
+{
+	char why[256];
+
+	snprintf(why, sizeof(why), "%s", sdb_errmsg(tx->s->db));
+	store_tx_rollback(tx);
+	for (struct pending_submit *p = batch; p; p = p->next) {
+		p->r = -1;
+		kiln_err_set(p->err, KERR_STORE_ERROR, "%s: %s", what, why);
+	}
+}
+
 static void commit_batch(struct store *s, struct pending_submit *batch, int64_t now)
 {
 	struct pending_submit *p;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
-		}
-		pthread_mutex_unlock(&s->lock);
+	if (store_tx_start(&tx, s) < 0) {
+		fail_batch(&tx, batch, "cannot begin");
 		return;
 	}
 	if (lock_batch_customers(s, batch) < 0) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
-		store_run(s, STORE_ROLLBACK);
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
-		}
-		pthread_mutex_unlock(&s->lock);
+		fail_batch(&tx, batch, "cannot store the task");
 		return;
 	}
 	for (p = batch; p; p = p->next)
@@ -374,26 +382,12 @@ static void commit_batch(struct store *s, struct pending_submit *batch, int64_t 
 		if (n)
 			bad |= store_notify_queued_locked(s, ids, n, now) < 0;
 		if (bad) {
-			store_run(s, STORE_ROLLBACK);
-			for (p = batch; p; p = p->next) {
-				p->r = -1;
-				kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", sdb_errmsg(s->db));
-			}
-			pthread_mutex_unlock(&s->lock);
+			fail_batch(&tx, batch, "cannot store the task");
 			return;
 		}
 	}
-	if (store_run(s, STORE_COMMIT) != SDB_DONE) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", sdb_errmsg(s->db));
-		store_run(s, STORE_ROLLBACK);
-		for (p = batch; p; p = p->next) {
-			p->r = -1;
-			kiln_err_set(p->err, KERR_STORE_ERROR, "cannot store the task: %s", why);
-		}
-	}
-	pthread_mutex_unlock(&s->lock);
+	if (store_tx_commit(&tx) < 0)
+		fail_batch(&tx, batch, "cannot store the task");
 }
 
 int store_task_submit(struct store *s, const struct store_submit *t, char id_out[40], struct kiln_err *err)
@@ -560,6 +554,49 @@ char *store_task_spec(struct store *s, const char *id)
 	return store_text_by_id(s, STORE_SLOTS_TASKS + T_SPEC_GET, tasks_sql[T_SPEC_GET], id);
 }
 
+int store_task_push_get(struct store *s, const char *id, const char *host_id, struct store_task_push *p)
+{
+	struct sdb_stmt *st;
+	int rc, r = 0;
+
+	memset(p, 0, sizeof(*p));
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, T_PUSH_GET);
+	if (!st) {
+		pthread_mutex_unlock(&s->lock);
+		return -1;
+	}
+	sdb_bind_text(st, 1, id);
+	rc = store_step(s, st);
+	if (rc == SDB_ROW) {
+		const char *host = store_col_text(st, 1);
+
+		p->scheduled_on = task_state_parse(store_col_text(st, 0)) == TASK_SCHEDULED && host &&
+				  !strcmp(host, host_id);
+		if (store_col_text(st, 2) && !(p->spec = strdup(store_col_text(st, 2))))
+			r = -1;
+		if (store_col_text(st, 3) && !(p->tref = strdup(store_col_text(st, 3))))
+			r = -1;
+		p->has_dest = store_col_text(st, 4) != NULL;
+		if (p->has_dest)
+			store_dest_row(st, 4, &p->dest);
+	} else if (rc != SDB_DONE) {
+		r = -1;
+	}
+	sdb_reset(st);
+	pthread_mutex_unlock(&s->lock);
+	if (r < 0)
+		store_task_push_free(p);
+	return r;
+}
+
+void store_task_push_free(struct store_task_push *p)
+{
+	free(p->spec);
+	free(p->tref);
+	memset(p, 0, sizeof(*p));
+}
+
 /* ---- changes of state ---- */
 
 /* The timestamp column a target state sets. */
@@ -639,14 +676,14 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	struct sdb_stmt *st;
 	char customer[65] = "";
 	unsigned vcpus = 0, mem = 0;
-	int r = -EIO, found = 0;
+	int r, found = 0;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE)
-		goto out;
+	if (store_tx_start(&tx, s) < 0)
+		return -EIO;
 	st = stmt(s, T_GET);
 	if (!st)
-		goto rollback;
+		return -EIO;
 	sdb_bind_text(st, 1, id);
 	if (sdb_step(st) == SDB_ROW && task_state_parse(store_col_text(st, TC_STATE)) == TASK_QUEUED) {
 		found = 1;
@@ -655,29 +692,16 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 		mem = (unsigned)sdb_col_int64(st, TC_MEMORY);
 	}
 	sdb_reset(st);
-	if (!found) {
-		r = 0;
-		goto rollback;
-	}
+	if (!found)
+		return 0;
 	r = store_room_locked(s, customer, vcpus, mem, 1, NULL);
-	if (r < 0) {
-		r = r == -EDQUOT ? -EDQUOT : -EIO;
-		goto rollback;
-	}
-	r = -EIO;
-	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1)
-		goto rollback;
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
-		goto rollback;
-	r = 1;
-	goto out;
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
-	if (r == 1)
-		store_task_changed(s, id, TASK_SCHEDULED, now);
-	return r;
+	if (r < 0)
+		return r == -EDQUOT ? -EDQUOT : -EIO;
+	if (transition_locked(s, id, TASK_QUEUED, TASK_SCHEDULED, host_id, now) != 1 || store_tx_commit(&tx) < 0)
+		return -EIO;
+	store_tx_unlock(&tx);
+	store_task_changed(s, id, TASK_SCHEDULED, now);
+	return 1;
 }
 
 int store_task_finish(struct store *s, const char *id, enum task_state state, const char *end_reason,

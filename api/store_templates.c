@@ -4,7 +4,7 @@
  * the build minutes of each customer's day, and the clean-up list of builds
  * to cancel, uploads to delete and images to delete once nothing names
  * them. Every write is committed before it returns. */
-#include "store_impl.h"
+#include "store_int.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -138,16 +138,14 @@ static void fill_row(struct sdb_stmt *st, struct store_template *t)
 int store_template_create(struct store *s, const char *id, const struct store_template_new *n, struct kiln_err *err)
 {
 	struct sdb_stmt *st;
-	int r = -1, rc;
+	int rc;
+	STORE_TX(tx);
 
 	/* The default template is public whether or not a host has reported it yet. */
 	if (!strcmp(n->name, "default"))
 		return kiln_err_set(err, KERR_DUPLICATE, "a public template is named \"default\": choose another name");
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE) {
-		kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
-		goto out;
-	}
+	if (store_tx_start(&tx, s) < 0)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot begin: %s", sdb_errmsg(s->db));
 	if (store_lock_customer_locked(s, n->customer) < 0) /* max_templates across replicas */
 		goto fail_sql;
 	st = stmt(s, P_NAME_TAKEN);
@@ -160,11 +158,10 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 		int pub = !(store_col_text(st, 0) ?: "")[0];
 
 		sdb_reset(st);
-		kiln_err_set(err, KERR_DUPLICATE,
-			     pub ? "a public template is named \"%s\": choose another name"
-				 : "you have a template named \"%s\" already (DELETE it first)",
-			     n->name);
-		goto rollback;
+		return kiln_err_set(err, KERR_DUPLICATE,
+				    pub ? "a public template is named \"%s\": choose another name"
+					: "you have a template named \"%s\" already (DELETE it first)",
+				    n->name);
 	}
 	sdb_reset(st);
 	if (rc != SDB_DONE)
@@ -180,12 +177,11 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 		}
 		rc = sdb_col_int(st, 0);
 		sdb_reset(st);
-		if ((unsigned)rc >= n->max_templates) {
-			kiln_err_set(err, KERR_QUOTA_EXCEEDED,
-				     "max_templates: you have %d templates, your quota's limit is %u (DELETE one first)", rc,
-				     n->max_templates);
-			goto rollback;
-		}
+		if ((unsigned)rc >= n->max_templates)
+			return kiln_err_set(err, KERR_QUOTA_EXCEEDED,
+					    "max_templates: you have %d templates, your quota's limit is %u (DELETE one "
+					    "first)",
+					    rc, n->max_templates);
 	}
 	st = stmt(s, P_INSERT);
 	if (!st)
@@ -203,17 +199,11 @@ int store_template_create(struct store *s, const char *id, const struct store_te
 	sdb_reset(st);
 	if (rc != SDB_DONE)
 		goto fail_sql;
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
+	if (store_tx_commit(&tx) < 0)
 		goto fail_sql;
-	r = 0;
-	goto out;
+	return 0;
 fail_sql:
-	kiln_err_set(err, KERR_STORE_ERROR, "cannot store the template: %s", sdb_errmsg(s->db));
-rollback:
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
-	return r;
+	return kiln_err_set(err, KERR_STORE_ERROR, "cannot store the template: %s", sdb_errmsg(s->db));
 }
 
 int store_template_builtin(struct store *s, const char *name)
@@ -414,10 +404,10 @@ int store_template_delete(struct store *s, const char *id, struct kiln_err *err)
 	struct sdb_stmt *st;
 	char state[16] = "", host[65] = "", oci[160] = "", sha[65] = "", key[160] = "";
 	int r = -EIO, rc;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE)
-		goto out;
+	if (store_tx_start(&tx, s) < 0)
+		return -EIO;
 	st = stmt(s, P_IN_USE);
 	if (!st)
 		goto rollback;
@@ -473,16 +463,12 @@ int store_template_delete(struct store *s, const char *id, struct kiln_err *err)
 	sdb_bind_text(st, 1, id);
 	rc = store_step(s, st);
 	sdb_reset(st);
-	if (rc != SDB_DONE || store_run(s, STORE_COMMIT) != SDB_DONE)
+	if (rc != SDB_DONE || store_tx_commit(&tx) < 0)
 		goto rollback;
-	r = 0;
-	goto out;
+	return 0;
 rollback:
 	if (r == -EIO)
 		kiln_err_set(err, KERR_STORE_ERROR, "cannot delete the template: %s", sdb_errmsg(s->db));
-	store_run(s, STORE_ROLLBACK);
-out:
-	pthread_mutex_unlock(&s->lock);
 	return r;
 }
 
@@ -572,13 +558,13 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	int64_t started = 0;
 	struct sdb_stmt *st;
 	int r = -1, rc;
+	STORE_TX(tx);
 
-	pthread_mutex_lock(&s->lock);
-	if (store_run(s, STORE_BEGIN) != SDB_DONE)
+	if (store_tx_start(&tx, s) < 0)
 		goto out;
 	st = stmt(s, P_GET);
 	if (!st)
-		goto rollback;
+		goto out;
 	sdb_bind_text(st, 1, id);
 	rc = store_step(s, st);
 	if (rc == SDB_ROW) {
@@ -593,11 +579,11 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	sdb_reset(st);
 	if (rc != SDB_ROW) {
 		r = rc == SDB_DONE ? 0 : -1;
-		goto rollback;
+		goto out;
 	}
 	st = stmt(s, P_FINISH);
 	if (!st)
-		goto rollback;
+		goto out;
 	sdb_bind_text(st, 1, id);
 	sdb_bind_text(st, 2, code ? "failed" : "ready");
 	store_bind_opt_text(st, 3, code ? NULL : tref_text);
@@ -613,39 +599,36 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	rc = store_step(s, st);
 	sdb_reset(st);
 	if (rc != SDB_DONE)
-		goto rollback;
+		goto out;
 	if (started && customer[0]) {
 		st = stmt(s, P_DAY_ADD);
 		if (!st)
-			goto rollback;
+			goto out;
 		sdb_bind_text(st, 1, customer);
 		sdb_bind_int64(st, 2, day_of(now));
 		sdb_bind_int64(st, 3, now > started ? now - started : 0);
 		rc = store_step(s, st);
 		sdb_reset(st);
 		if (rc != SDB_DONE)
-			goto rollback;
+			goto out;
 	}
 	if (oci[0]) {
 		st = stmt(s, P_GC_INSERT);
 		if (!st)
-			goto rollback;
+			goto out;
 		sdb_bind_text(st, 1, id);
 		sdb_bind_text(st, 3, oci);
 		sdb_bind_int64(st, 6, now);
 		rc = store_step(s, st);
 		sdb_reset(st);
 		if (rc != SDB_DONE)
-			goto rollback;
+			goto out;
 	}
-	if (store_run(s, STORE_COMMIT) != SDB_DONE)
-		goto rollback;
+	if (store_tx_commit(&tx) < 0)
+		goto out;
 	r = 1;
-	goto out;
-rollback:
-	store_run(s, STORE_ROLLBACK);
 out:
-	pthread_mutex_unlock(&s->lock);
+	store_tx_unlock(&tx);
 	free(tref_text);
 	return r;
 }

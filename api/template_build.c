@@ -7,7 +7,7 @@
  * TEMPLATES_MAX_ATTEMPTS times). The clean-up list (builds to cancel,
  * uploads and unreferenced images to delete from S3) is worked through
  * every GC_EVERY_MS. Also the module's lifetime and shared helpers. */
-#include "templates_internal.h"
+#include "templates_int.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -28,7 +28,7 @@
 #define FOLLOW_STALL_S 40
 #define TIMEOUT_GRACE_MS 60000    /* past timeout_s + this, kiln-api gives up on the host */
 
-/* ---- shared helpers (templates_internal.h) ---- */
+/* ---- shared helpers (templates_int.h) ---- */
 
 void tpl_changed(struct templates *t)
 {

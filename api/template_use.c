@@ -3,7 +3,7 @@
  * template's env and workdir merged into a task's spec or a session's exec,
  * and the public built-in rows made from hosts' heartbeats. No thread, no
  * state: the store only. */
-#include "templates_internal.h"
+#include "templates_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * row (its log is kept with a count of every byte ever written, so a reader
  * knows what it missed) and waits on t->cond, broadcast on every change.
  * The builder is template_build.c, resolution template_use.c. */
-#include "templates_internal.h"
+#include "templates_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -9,7 +9,7 @@
  * session's "template" into the TREF sent to hosts. Implemented in
  * templates.c (endpoints, uploads, events), template_build.c (the builder,
  * the clean-up, the module's lifetime), template_use.c (resolution, merges,
- * heartbeats); templates_internal.h is their private interface. */
+ * heartbeats); templates_int.h is their private interface. */
 #ifndef KILN_API_TEMPLATES_H
 #define KILN_API_TEMPLATES_H
 

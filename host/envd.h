@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "connect.h"
+#include "connectrpc.h"
 #include "eproto.h"
 
 /* How long a request waits for the guest's HELLO before it is unavailable. */

@@ -25,7 +25,7 @@
 #include <jansson.h>
 
 #include "buf.h"
-#include "connect.h"
+#include "connectrpc.h"
 #include "connect_call.h"
 #include "envd.h"
 #include "eproto.h"

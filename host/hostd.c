@@ -67,7 +67,10 @@ static struct hostd_task *find_locked(struct hostd *d, const char *id)
 
 static void task_free(struct hostd_task *t)
 {
-	free(t->spec_json);
+	if (t->spec) {
+		spec_free(t->spec);
+		free(t->spec);
+	}
 	if (t->dest) {
 		dest_wipe(t->dest);
 		free(t->dest);
@@ -426,14 +429,13 @@ static void *worker_main(void *arg)
 	struct worker_arg *w = arg;
 	struct hostd *d = w->d;
 	struct hostd_task *t = w->t;
-	struct task_spec spec;
+	struct task_spec *spec;
 	struct kiln_err err = { .code = "" };
 	struct run_opts ro;
 	char outdir[4200];
 	json_t *result;
 	enum task_state final;
 	struct vm vm = { .pid = -1 }; /* the task's VM, when run_task leaves it to be reaped here */
-	char *sj;
 
 	pthread_mutex_lock(&d->lock);
 	if (t->cancel_requested || d->stopping) {
@@ -446,8 +448,8 @@ static void *worker_main(void *arg)
 		goto out_locked;
 	}
 	set_state_locked(d, t, TS_STARTING);
-	sj = t->spec_json;
-	t->spec_json = NULL;
+	spec = t->spec; /* parsed by hostd_submit: this thread owns it now */
+	t->spec = NULL;
 	pthread_mutex_unlock(&d->lock);
 
 	t->stdout_fd = open_log(t, "stdout.log");
@@ -455,8 +457,6 @@ static void *worker_main(void *arg)
 	snprintf(outdir, sizeof(outdir), "%s/outputs", t->dir);
 	if (t->stdout_fd < 0 || t->stderr_fd < 0) {
 		result = hostd_error_result("host_error", "host_error", "cannot create the task's logs in the spool");
-	} else if (spec_parse(sj, strlen(sj), &spec, &err) < 0) {
-		result = hostd_error_result("invalid_spec", err.code, err.message);
 	} else {
 		struct template_use use = { 0 };
 		int have_use = 0;
@@ -468,13 +468,12 @@ static void *worker_main(void *arg)
 			struct hostd_s3 s3;
 			int have_s3 = hostd_s3_take(d, &s3) == 0;
 
-			if (template_acquire(d->cfg.templates, t->tref, spec.egress, have_s3 ? &s3.c : NULL, &use, &err) < 0) {
+			if (template_acquire(d->cfg.templates, t->tref, spec->egress, have_s3 ? &s3.c : NULL, &use, &err) < 0) {
 				fprintf(stderr, "kiln-host: task %s: template %s: %s\n", t->id, t->tref ? t->tref->name : "default",
 					err.message);
 				result = hostd_error_result("host_error", err.code, err.message);
 				if (have_s3)
 					hostd_s3_free(&s3);
-				spec_free(&spec);
 				goto ran;
 			}
 			if (have_s3)
@@ -499,15 +498,15 @@ static void *worker_main(void *arg)
 		ro.on_event = on_run_event;
 		ro.event_ctx = w;
 		ro.keep_vm = &vm;
-		result = d->ops->run_task(d->ops->ctx, &spec, &ro);
-		spec_free(&spec);
+		result = d->ops->run_task(d->ops->ctx, spec, &ro);
 		if (have_use) {
 			template_release(d->cfg.templates, &use);
 			template_store_gc(d->cfg.templates, 0);
 		}
 	}
 ran:
-	free(sj);
+	spec_free(spec);
+	free(spec);
 	pthread_mutex_lock(&d->lock);
 	final = result_state(result);
 	if (t->cancel_requested) {
@@ -741,42 +740,40 @@ fail:
 	return NULL;
 }
 
-int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, struct kiln_err *err)
+int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kiln_err *err)
 {
-	return hostd_submit_tref(d, id, customer, spec_obj, NULL, err);
-}
-
-int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
-		      struct kiln_err *err)
-{
-	return hostd_submit_dest(d, id, customer, spec_obj, tref, NULL, err);
-}
-
-int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, json_t *spec_obj, const struct tref *tref,
-		      const struct dest *dest, struct kiln_err *err)
-{
-	struct task_spec spec;
+	const char *id = sub->id, *customer = sub->customer;
+	const struct tref *tref = sub->tref;
+	const struct dest *dest = sub->dest;
+	struct task_spec *spec;
 	struct hostd_task *t;
 	struct worker_arg *w;
 	char *sj;
+	int r;
 	uint64_t free_mib;
 
-	if (!spool_id_ok(id))
+	if (!id || !spool_id_ok(id))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "id: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
-	if (!spool_id_ok(customer))
+	if (!customer || !spool_id_ok(customer))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
-	if (!json_is_object(spec_obj))
+	if (!json_is_object(sub->spec))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
-	sj = json_dumps(spec_obj, JSON_COMPACT);
-	if (!sj)
-		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	if (spec_parse(sj, strlen(sj), &spec, err) < 0) {
+	/* The one parse of the spec on this host: the worker gets the struct. */
+	sj = json_dumps(sub->spec, JSON_COMPACT);
+	spec = sj ? calloc(1, sizeof(*spec)) : NULL;
+	if (!spec) {
 		free(sj);
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	}
+	r = spec_parse(sj, strlen(sj), spec, err);
+	free(sj);
+	if (r < 0) {
+		free(spec);
 		return -1;
 	}
-	if (spec.egress && !(d->ro.net && d->ro.net->enabled)) {
-		spec_free(&spec);
-		free(sj);
+	if (spec->egress && !(d->ro.net && d->ro.net->enabled)) {
+		spec_free(spec);
+		free(spec);
 		return kiln_err_set(err, KERR_EGRESS_UNAVAILABLE,
 				    "network.egress: this host does not offer network egress (network.egress in its configuration)");
 	}
@@ -790,17 +787,16 @@ int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, jso
 	if (t && dest && (t->dest = malloc(sizeof(*t->dest))))
 		*t->dest = *dest;
 	if (!t || !w || (tref && !t->tref) || (dest && !t->dest) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-		spec_free(&spec);
-		free(sj);
+		spec_free(spec);
+		free(spec);
 		free(w);
 		if (t)
 			task_free(t);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot allocate the task");
 	}
-	t->spec_json = sj;
-	t->vcpus = spec.vcpus;
-	t->memory_mib = spec.memory_mib;
-	spec_free(&spec);
+	t->spec = spec;
+	t->vcpus = spec->vcpus;
+	t->memory_mib = spec->memory_mib;
 	t->created_ms = kclock_wall_ms(d->clk);
 	t->final_state = TS_ERROR;
 

@@ -80,25 +80,30 @@ void hostd_close(struct hostd *d);
 json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
 			    json_t **tmpl, struct kiln_err *err);
 
+/* A task to accept (POST /v1/tasks). Nothing in it is kept: what the task
+ * needs is copied. */
+struct hostd_submission {
+	const char *id, *customer;
+	json_t *spec;                /* the spec object: parsed here, once; the worker gets the struct */
+	/* The task's template (NULL: default): a built-in this host lacks is
+	 * refused with "no_template" (503), one that must be fetched without S3
+	 * with "no_s3". The template is fetched, verified and snapshotted on the
+	 * task's own thread; a failure there ends the task as error with the
+	 * template's error (no_template, invalid_image for a SHA-256 mismatch,
+	 * s3_*). */
+	const struct tref *tref;
+	/* The customer's own S3 destination (NULL: the host's S3): the task's
+	 * outputs, logs and manifest go there, under its prefix
+	 * (PREFIX + CUSTOMER/ID/...); kept in the task's spool record (mode
+	 * 0600: the secret is at rest there until the task is uploaded). */
+	const struct dest *dest;
+};
+
 /* Accept a task: validate (id, customer, spec), reserve vCPUs and memory,
  * write its record durably, start it. Returns 0, or -1 with err->code one of
  * "invalid_request"/"invalid_spec" (400), "duplicate" (409), "no_capacity" and
- * "no_s3" (503), "host_error" (500). Thread-safe. */
-int hostd_submit(struct hostd *d, const char *id, const char *customer, json_t *spec, struct kiln_err *err);
-/* The same for a task on the template tref (NULL: default; copied): a
- * built-in this host lacks is refused with "no_template" (503), one that
- * must be fetched without S3 with "no_s3". The template is fetched, verified
- * and snapshotted on the task's own thread; a failure there ends the task
- * as error with the template's error (no_template, invalid_image for a
- * SHA-256 mismatch, s3_*). */
-int hostd_submit_tref(struct hostd *d, const char *id, const char *customer, json_t *spec, const struct tref *tref,
-		      struct kiln_err *err);
-/* The same with the customer's own S3 destination (NULL: the host's S3):
- * the task's outputs, logs and manifest go there, under its prefix
- * (PREFIX + CUSTOMER/ID/...); copied, kept in the task's spool record
- * (mode 0600: the secret is at rest there until the task is uploaded). */
-int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, json_t *spec, const struct tref *tref,
-		      const struct dest *dest, struct kiln_err *err);
+ * "no_s3" (503), "no_template" (503), "host_error" (500). Thread-safe. */
+int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kiln_err *err);
 
 /* Replace the credentials of task id's destination (PUT
  * /v1/tasks/{id}/destination): dest must name the same place as the one

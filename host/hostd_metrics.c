@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "metrics.h"
 #include "hostd_priv.h"
 #include "template.h"
 
@@ -81,110 +82,157 @@ json_t *hostd_capacity_json(struct hostd *d)
 	return j;
 }
 
+/* kiln_host_*: every metric hostd_metrics writes, declared once. */
+enum {
+	M_TASKS, M_ACCEPTED, M_FINISHED, M_START, M_VMS, M_UP_BYTES, M_UP_FILES, M_UP_FAIL, M_VCPUS, M_POOL_READY,
+	M_POOL_TARGET, M_POOL_TAKES, M_POOL_MISSES, M_MEM_USED, M_MEM_ADMITTED, M_MEM_BUDGET, M_MEM_USAGE,
+	M_MEM_HITS, M_EG_SANDBOXES, M_EG_CONNS, M_EG_BYTES, M_EG_DNS, M_COUNT
+};
+static const struct metric host_metrics[M_COUNT] = {
+	[M_TASKS] = {
+		.name = "kiln_host_tasks", .type = METRIC_GAUGE, .labels = { "state" },
+		.help = "Tasks known to this host, by state.",
+	},
+	[M_ACCEPTED] = {
+		.name = "kiln_host_tasks_accepted_total", .type = METRIC_COUNTER,
+		.help = "Tasks accepted.",
+	},
+	[M_FINISHED] = {
+		.name = "kiln_host_tasks_finished_total", .type = METRIC_COUNTER, .labels = { "state" },
+		.help = "Tasks that reached a final state.",
+	},
+	[M_START] = {
+		.name = "kiln_host_task_start_seconds", .type = METRIC_HISTOGRAM,
+		.bounds = hostd_start_buckets, .nbounds = HOSTD_START_BUCKETS,
+		.help = "From acceptance to the task's code running.",
+	},
+	[M_VMS] = {
+		.name = "kiln_host_vms_running", .type = METRIC_GAUGE,
+		.help = "VMs running tasks.",
+	},
+	[M_UP_BYTES] = {
+		.name = "kiln_host_upload_bytes_total", .type = METRIC_COUNTER,
+		.help = "Bytes sent to S3, retries included.",
+	},
+	[M_UP_FILES] = {
+		.name = "kiln_host_upload_files_total", .type = METRIC_COUNTER,
+		.help = "Files S3 confirmed.",
+	},
+	[M_UP_FAIL] = {
+		.name = "kiln_host_upload_failures_total", .type = METRIC_COUNTER,
+		.help = "Failed upload attempts (each is retried).",
+	},
+	[M_VCPUS] = {
+		.name = "kiln_host_vcpus_used", .type = METRIC_GAUGE,
+		.help = "vCPUs reserved by tasks.",
+	},
+	[M_POOL_READY] = {
+		.name = "kiln_host_pool_ready", .type = METRIC_GAUGE,
+		.help = "Warm pool VMs ready.",
+	},
+	[M_POOL_TARGET] = {
+		.name = "kiln_host_pool_target", .type = METRIC_GAUGE,
+		.help = "Warm pool VMs the default template's pool aims for now (between its size and max, by recent "
+			"demand).",
+	},
+	[M_POOL_TAKES] = {
+		.name = "kiln_host_pool_takes_total", .type = METRIC_COUNTER,
+		.help = "Tasks that asked the pool for a VM.",
+	},
+	[M_POOL_MISSES] = {
+		.name = "kiln_host_pool_misses_total", .type = METRIC_COUNTER,
+		.help = "Tasks that found no warm VM ready (restored instead).",
+	},
+	[M_MEM_USED] = {
+		.name = "kiln_host_memory_used_mib", .type = METRIC_GAUGE,
+		.help = "Guest memory reserved (tasks and pool).",
+	},
+	[M_MEM_ADMITTED] = {
+		.name = "kiln_host_memory_admitted_mib", .type = METRIC_GAUGE,
+		.help = "Nominal guest memory this host admits (budget x overcommit).",
+	},
+	[M_MEM_BUDGET] = {
+		.name = "kiln_host_memory_budget_mib", .type = METRIC_GAUGE,
+		.help = "Real memory all VMs may use together (their cgroup's limit).",
+	},
+	[M_MEM_USAGE] = {
+		.name = "kiln_host_memory_usage_bytes", .type = METRIC_GAUGE,
+		.help = "Memory the VMs' cgroups really use (QEMU and guest RAM, cache).",
+	},
+	[M_MEM_HITS] = {
+		.name = "kiln_host_memory_budget_hits_total", .type = METRIC_COUNTER,
+		.help = "Times the VMs together reached the budget (memory.failcnt).",
+	},
+	[M_EG_SANDBOXES] = {
+		.name = "kiln_host_egress_sandboxes", .type = METRIC_GAUGE,
+		.help = "Sandboxes with a network now.",
+	},
+	[M_EG_CONNS] = {
+		.name = "kiln_host_egress_connections_total", .type = METRIC_COUNTER, .labels = { "verdict" },
+		.help = "Connections from sandboxes, by verdict.",
+	},
+	[M_EG_BYTES] = {
+		.name = "kiln_host_egress_bytes_total", .type = METRIC_COUNTER, .labels = { "direction" },
+		.help = "IP bytes through sandboxes' NICs that were let through.",
+	},
+	[M_EG_DNS] = {
+		.name = "kiln_host_egress_dns_queries_total", .type = METRIC_COUNTER, .labels = { "answer" },
+		.help = "Queries to sandboxes' resolvers, by answer.",
+	},
+};
+
 char *hostd_metrics(struct hostd *d)
 {
-	unsigned by_state[TS_COUNT] = { 0 };
+	uint64_t by_state[TS_COUNT] = { 0 };
 	struct buf b = BUF_INIT;
-	uint64_t cum = 0;
 
 	pthread_mutex_lock(&d->lock);
 	for (struct hostd_task *t = d->tasks; t; t = t->next)
 		by_state[t->state]++;
-	buf_adds(&b, "# HELP kiln_host_tasks Tasks known to this host, by state.\n# TYPE kiln_host_tasks gauge\n");
-	for (int i = 0; i < TS_COUNT; i++)
-		buf_printf(&b, "kiln_host_tasks{state=\"%s\"} %u\n", hostd_state_names[i], by_state[i]);
-	buf_adds(&b, "# HELP kiln_host_tasks_accepted_total Tasks accepted.\n# TYPE kiln_host_tasks_accepted_total counter\n");
-	buf_printf(&b, "kiln_host_tasks_accepted_total %llu\n", (unsigned long long)d->accepted_total);
-	buf_adds(&b, "# HELP kiln_host_tasks_finished_total Tasks that reached a final state.\n"
-		 "# TYPE kiln_host_tasks_finished_total counter\n");
-	for (int i = TS_SUCCEEDED; i < TS_COUNT; i++)
-		buf_printf(&b, "kiln_host_tasks_finished_total{state=\"%s\"} %llu\n", hostd_state_names[i],
-			   (unsigned long long)d->finished_total[i]);
-	buf_adds(&b, "# HELP kiln_host_task_start_seconds From acceptance to the task's code running.\n"
-		 "# TYPE kiln_host_task_start_seconds histogram\n");
-	for (int i = 0; i < HOSTD_START_BUCKETS; i++) {
-		cum += d->start_hist[i];
-		buf_printf(&b, "kiln_host_task_start_seconds_bucket{le=\"%g\"} %llu\n", hostd_start_buckets[i],
-			   (unsigned long long)cum);
-	}
-	buf_printf(&b, "kiln_host_task_start_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)d->start_count);
-	buf_printf(&b, "kiln_host_task_start_seconds_sum %.6f\nkiln_host_task_start_seconds_count %llu\n", d->start_sum,
-		   (unsigned long long)d->start_count);
-	buf_adds(&b, "# HELP kiln_host_vms_running VMs running tasks.\n# TYPE kiln_host_vms_running gauge\n");
-	buf_printf(&b, "kiln_host_vms_running %u\n", by_state[TS_STARTING] + by_state[TS_RUNNING]);
-	buf_adds(&b, "# HELP kiln_host_upload_bytes_total Bytes sent to S3, retries included.\n"
-		 "# TYPE kiln_host_upload_bytes_total counter\n");
-	buf_printf(&b, "kiln_host_upload_bytes_total %llu\n", (unsigned long long)d->upload_bytes);
-	buf_adds(&b, "# HELP kiln_host_upload_files_total Files S3 confirmed.\n# TYPE kiln_host_upload_files_total counter\n");
-	buf_printf(&b, "kiln_host_upload_files_total %llu\n", (unsigned long long)d->upload_files);
-	buf_adds(&b, "# HELP kiln_host_upload_failures_total Failed upload attempts (each is retried).\n"
-		 "# TYPE kiln_host_upload_failures_total counter\n");
-	buf_printf(&b, "kiln_host_upload_failures_total %llu\n", (unsigned long long)d->upload_failures);
-	buf_adds(&b, "# HELP kiln_host_vcpus_used vCPUs reserved by tasks.\n# TYPE kiln_host_vcpus_used gauge\n");
-	buf_printf(&b, "kiln_host_vcpus_used %u\n", d->vcpus_used);
+	metric_write_by(&b, &host_metrics[M_TASKS], hostd_state_names, by_state, TS_COUNT);
+	metric_write(&b, &host_metrics[M_ACCEPTED], d->accepted_total);
+	metric_write_by(&b, &host_metrics[M_FINISHED], &hostd_state_names[TS_SUCCEEDED], &d->finished_total[TS_SUCCEEDED],
+			TS_COUNT - TS_SUCCEEDED);
+	metric_write_histogram(&b, &host_metrics[M_START], d->start_hist, d->start_count, d->start_sum);
+	metric_write(&b, &host_metrics[M_VMS], by_state[TS_STARTING] + by_state[TS_RUNNING]);
+	metric_write(&b, &host_metrics[M_UP_BYTES], d->upload_bytes);
+	metric_write(&b, &host_metrics[M_UP_FILES], d->upload_files);
+	metric_write(&b, &host_metrics[M_UP_FAIL], d->upload_failures);
+	metric_write(&b, &host_metrics[M_VCPUS], d->vcpus_used);
 	pthread_mutex_unlock(&d->lock);
-	buf_adds(&b, "# HELP kiln_host_pool_ready Warm pool VMs ready.\n# TYPE kiln_host_pool_ready gauge\n");
-	buf_printf(&b, "kiln_host_pool_ready %u\n", d->pool ? pool_ready(d->pool) : 0);
+	metric_write(&b, &host_metrics[M_POOL_READY], d->pool ? pool_ready(d->pool) : 0);
 	if (d->pool) {
 		struct pool_stats ps;
 
 		pool_stats(d->pool, &ps);
-		buf_adds(&b, "# HELP kiln_host_pool_target Warm pool VMs the default template's pool aims for now "
-			     "(between its size and max, by recent demand).\n# TYPE kiln_host_pool_target gauge\n");
-		buf_printf(&b, "kiln_host_pool_target %u\n", ps.target);
-		buf_adds(&b, "# HELP kiln_host_pool_takes_total Tasks that asked the pool for a VM.\n"
-			     "# TYPE kiln_host_pool_takes_total counter\n");
-		buf_printf(&b, "kiln_host_pool_takes_total %llu\n", (unsigned long long)ps.takes);
-		buf_adds(&b, "# HELP kiln_host_pool_misses_total Tasks that found no warm VM ready (restored instead).\n"
-			     "# TYPE kiln_host_pool_misses_total counter\n");
-		buf_printf(&b, "kiln_host_pool_misses_total %llu\n", (unsigned long long)ps.misses);
+		metric_write(&b, &host_metrics[M_POOL_TARGET], ps.target);
+		metric_write(&b, &host_metrics[M_POOL_TAKES], ps.takes);
+		metric_write(&b, &host_metrics[M_POOL_MISSES], ps.misses);
 	}
 	pthread_mutex_lock(&d->cap->lock);
-	buf_adds(&b, "# HELP kiln_host_memory_used_mib Guest memory reserved (tasks and pool).\n"
-		 "# TYPE kiln_host_memory_used_mib gauge\n");
-	buf_printf(&b, "kiln_host_memory_used_mib %llu\n", (unsigned long long)d->cap->used_mib);
-	buf_adds(&b, "# HELP kiln_host_memory_admitted_mib Nominal guest memory this host admits (budget x overcommit).\n"
-		 "# TYPE kiln_host_memory_admitted_mib gauge\n");
-	buf_printf(&b, "kiln_host_memory_admitted_mib %llu\n", (unsigned long long)d->cap->total_mib);
+	metric_write(&b, &host_metrics[M_MEM_USED], d->cap->used_mib);
+	metric_write(&b, &host_metrics[M_MEM_ADMITTED], d->cap->total_mib);
 	pthread_mutex_unlock(&d->cap->lock);
-	if (d->cap->budget_mib) {
-		buf_adds(&b, "# HELP kiln_host_memory_budget_mib Real memory all VMs may use together (their cgroup's limit).\n"
-			 "# TYPE kiln_host_memory_budget_mib gauge\n");
-		buf_printf(&b, "kiln_host_memory_budget_mib %llu\n", (unsigned long long)d->cap->budget_mib);
-	}
+	if (d->cap->budget_mib)
+		metric_write(&b, &host_metrics[M_MEM_BUDGET], d->cap->budget_mib);
 	if (d->cap->memcg) {
-		buf_adds(&b, "# HELP kiln_host_memory_usage_bytes Memory the VMs' cgroups really use (QEMU and guest RAM, cache).\n"
-			 "# TYPE kiln_host_memory_usage_bytes gauge\n");
-		buf_printf(&b, "kiln_host_memory_usage_bytes %llu\n",
-			   (unsigned long long)memcg_value(d->cap, "memory.usage_in_bytes", NULL));
-		buf_adds(&b, "# HELP kiln_host_memory_budget_hits_total Times the VMs together reached the budget (memory.failcnt).\n"
-			 "# TYPE kiln_host_memory_budget_hits_total counter\n");
-		buf_printf(&b, "kiln_host_memory_budget_hits_total %llu\n",
-			   (unsigned long long)memcg_value(d->cap, "memory.failcnt", NULL));
+		metric_write(&b, &host_metrics[M_MEM_USAGE], memcg_value(d->cap, "memory.usage_in_bytes", NULL));
+		metric_write(&b, &host_metrics[M_MEM_HITS], memcg_value(d->cap, "memory.failcnt", NULL));
 	}
 	if (d->cfg.templates)
 		template_store_metrics(d->cfg.templates, &b);
 	if (d->ro.net && d->ro.net->enabled) {
 		struct net_host *n = d->ro.net;
+		static const char *const verdicts[] = { "allowed", "blocked" }, *const directions[] = { "out", "in" },
+					 *const answers[] = { "refused", "served" };
 
 		/* Finished sandboxes' totals (a running task's counters join at its end). */
 		pthread_mutex_lock(&n->lock);
-		buf_adds(&b, "# HELP kiln_host_egress_sandboxes Sandboxes with a network now.\n"
-			 "# TYPE kiln_host_egress_sandboxes gauge\n");
-		buf_printf(&b, "kiln_host_egress_sandboxes %llu\n", (unsigned long long)n->active);
-		buf_adds(&b, "# HELP kiln_host_egress_connections_total Connections from sandboxes, by verdict.\n"
-			 "# TYPE kiln_host_egress_connections_total counter\n");
-		buf_printf(&b, "kiln_host_egress_connections_total{verdict=\"allowed\"} %llu\n", (unsigned long long)n->allowed);
-		buf_printf(&b, "kiln_host_egress_connections_total{verdict=\"blocked\"} %llu\n", (unsigned long long)n->blocked);
-		buf_adds(&b, "# HELP kiln_host_egress_bytes_total IP bytes through sandboxes' NICs that were let through.\n"
-			 "# TYPE kiln_host_egress_bytes_total counter\n");
-		buf_printf(&b, "kiln_host_egress_bytes_total{direction=\"out\"} %llu\n", (unsigned long long)n->bytes_out);
-		buf_printf(&b, "kiln_host_egress_bytes_total{direction=\"in\"} %llu\n", (unsigned long long)n->bytes_in);
-		buf_adds(&b, "# HELP kiln_host_egress_dns_queries_total Queries to sandboxes' resolvers, by answer.\n"
-			 "# TYPE kiln_host_egress_dns_queries_total counter\n");
-		buf_printf(&b, "kiln_host_egress_dns_queries_total{answer=\"refused\"} %llu\n", (unsigned long long)n->dns_refused);
-		buf_printf(&b, "kiln_host_egress_dns_queries_total{answer=\"served\"} %llu\n",
-			   (unsigned long long)(n->dns_queries - n->dns_refused));
+		metric_write(&b, &host_metrics[M_EG_SANDBOXES], n->active);
+		metric_write_by(&b, &host_metrics[M_EG_CONNS], verdicts, (uint64_t[]){ n->allowed, n->blocked }, 2);
+		metric_write_by(&b, &host_metrics[M_EG_BYTES], directions, (uint64_t[]){ n->bytes_out, n->bytes_in }, 2);
+		metric_write_by(&b, &host_metrics[M_EG_DNS], answers,
+				(uint64_t[]){ n->dns_refused, n->dns_queries - n->dns_refused }, 2);
 		pthread_mutex_unlock(&n->lock);
 	}
 	/* Empty on allocation failure: the caller answers 500. */
@@ -194,4 +242,3 @@ char *hostd_metrics(struct hostd *d)
 	}
 	return buf_steal(&b, NULL);
 }
-

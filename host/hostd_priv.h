@@ -48,7 +48,7 @@ enum task_state hostd_state_parse(const char *s);
 struct hostd_task {
 	char id[65], customer[65];
 	char dir[4096];              /* SPOOL/tasks/ID */
-	char *spec_json;             /* until the worker has parsed it */
+	struct task_spec *spec;      /* parsed once, on arrival; until the worker takes it */
 	unsigned vcpus, memory_mib;
 	int reserved;                /* holds vcpus/memory in the capacity */
 	enum task_state state;

@@ -106,7 +106,10 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 		dest_wipe(&dest);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
-	rc = hostd_submit_dest(s->hostd, id, customer, spec, tmpl ? &tref : NULL, dj ? &dest : NULL, &err);
+	rc = hostd_submit(s->hostd,
+			  &(struct hostd_submission){ .id = id, .customer = customer, .spec = spec,
+						      .tref = tmpl ? &tref : NULL, .dest = dj ? &dest : NULL },
+			  &err);
 	dest_wipe(&dest);
 	if (tmpl)
 		tref_free(&tref);

@@ -27,6 +27,7 @@
 #include "buf.h"
 #include "condwait.h"
 #include "envd.h"
+#include "metrics.h"
 #include "proto.h"
 
 #define IDLE_TICK_MAX_MS  500   /* how often the idler looks, at most */
@@ -204,9 +205,23 @@ void session_idler_stop(struct session_table *ss)
 	ss->idler_on = 0;
 }
 
+static const struct metric m_sessions = {
+	.name = "kiln_host_sessions", .type = METRIC_GAUGE, .labels = { "vcpus" },
+	.help = "Sessions on this host with a VM, by whether its vCPUs run or are stopped while idle.",
+};
+static const struct metric m_idle_stops = {
+	.name = "kiln_host_session_idle_stops_total", .type = METRIC_COUNTER,
+	.help = "Idle sessions whose vCPUs were stopped.",
+};
+static const struct metric m_wakes = {
+	.name = "kiln_host_session_wakes_total", .type = METRIC_COUNTER, .labels = { "result" },
+	.help = "Stopped sessions continued for a request, by result.",
+};
+
 void sessions_metrics(struct session_table *ss, struct buf *b)
 {
-	unsigned running = 0, stopped = 0;
+	static const char *const vcpus[] = { "running", "stopped" }, *const results[] = { "ok", "failed" };
+	uint64_t running = 0, stopped = 0;
 
 	pthread_mutex_lock(&ss->lock);
 	for (struct session *s = ss->list; s; s = s->next)
@@ -214,17 +229,9 @@ void sessions_metrics(struct session_table *ss, struct buf *b)
 			running += !s->stopped;
 			stopped += s->stopped;
 		}
-	buf_adds(b, "# HELP kiln_host_sessions Sessions on this host with a VM, by whether its vCPUs run or are "
-		    "stopped while idle.\n# TYPE kiln_host_sessions gauge\n");
-	buf_printf(b, "kiln_host_sessions{vcpus=\"running\"} %u\nkiln_host_sessions{vcpus=\"stopped\"} %u\n", running,
-		   stopped);
-	buf_adds(b, "# HELP kiln_host_session_idle_stops_total Idle sessions whose vCPUs were stopped.\n"
-		    "# TYPE kiln_host_session_idle_stops_total counter\n");
-	buf_printf(b, "kiln_host_session_idle_stops_total %llu\n", (unsigned long long)ss->stops_total);
-	buf_adds(b, "# HELP kiln_host_session_wakes_total Stopped sessions continued for a request, by result.\n"
-		    "# TYPE kiln_host_session_wakes_total counter\n");
-	buf_printf(b, "kiln_host_session_wakes_total{result=\"ok\"} %llu\nkiln_host_session_wakes_total{result=\"failed\"} %llu\n",
-		   (unsigned long long)ss->wakes_total, (unsigned long long)ss->wake_failures);
+	metric_write_by(b, &m_sessions, vcpus, (uint64_t[]){ running, stopped }, 2);
+	metric_write(b, &m_idle_stops, ss->stops_total);
+	metric_write_by(b, &m_wakes, results, (uint64_t[]){ ss->wakes_total, ss->wake_failures }, 2);
 	pthread_mutex_unlock(&ss->lock);
 	session_prestart_metrics(ss, b);
 }

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "metrics.h"
 #include "proto.h"
 
 #define PRESTART_NICE 19
@@ -318,18 +319,22 @@ out:
 	return r;
 }
 
+static const struct metric m_prestarted = {
+	.name = "kiln_host_session_prestarted", .type = METRIC_GAUGE,
+	.help = "Session QEMUs started ahead, waiting for a create or resume.",
+};
+static const struct metric m_prestart_total = {
+	.name = "kiln_host_session_prestart_total", .type = METRIC_COUNTER, .labels = { "result" },
+	.help = "Session boots by whether they found a prestarted QEMU.",
+};
+
 void session_prestart_metrics(struct session_table *ss, struct buf *b)
 {
+	static const char *const results[] = { "taken", "missed" };
 	struct session_prestart *p = &ss->pre;
 
 	pthread_mutex_lock(&ss->lock);
-	buf_adds(b, "# HELP kiln_host_session_prestarted Session QEMUs started ahead, waiting for a create or "
-		    "resume.\n# TYPE kiln_host_session_prestarted gauge\n");
-	buf_printf(b, "kiln_host_session_prestarted %d\n", p->ready);
-	buf_adds(b, "# HELP kiln_host_session_prestart_total Session boots by whether they found a prestarted "
-		    "QEMU.\n# TYPE kiln_host_session_prestart_total counter\n");
-	buf_printf(b, "kiln_host_session_prestart_total{result=\"taken\"} %llu\n"
-		      "kiln_host_session_prestart_total{result=\"missed\"} %llu\n",
-		   (unsigned long long)p->taken_total, (unsigned long long)p->missed_total);
+	metric_write(b, &m_prestarted, (uint64_t)p->ready);
+	metric_write_by(b, &m_prestart_total, results, (uint64_t[]){ p->taken_total, p->missed_total }, 2);
 	pthread_mutex_unlock(&ss->lock);
 }

@@ -29,6 +29,7 @@
 #include "clock.h"
 #include "fsutil.h"
 #include "io.h"
+#include "metrics.h"
 #include "pool.h"
 #include "proto.h"
 #include "spec.h"
@@ -973,39 +974,66 @@ struct pool *template_store_default_pool(struct template_store *ts)
 	return p;
 }
 
+/* kiln_host_template_* and kiln_host_snapshots_expired_total, declared once. */
+enum {
+	TM_POOL_READY, TM_USERS, TM_FETCHES, TM_FETCH_BYTES, TM_FETCH_FAIL, TM_VERIFY_FAIL, TM_EVICTIONS,
+	TM_SNAP_EXPIRED, TM_COUNT
+};
+static const struct metric template_metrics[TM_COUNT] = {
+	[TM_POOL_READY] = {
+		.name = "kiln_host_template_pool_ready", .type = METRIC_GAUGE, .labels = { "template", "sha256" },
+		.help = "Warm pool VMs ready, by template.",
+	},
+	[TM_USERS] = {
+		.name = "kiln_host_template_users", .type = METRIC_GAUGE, .labels = { "template", "sha256" },
+		.help = "Tasks, sessions and builds using a template now.",
+	},
+	[TM_FETCHES] = {
+		.name = "kiln_host_template_fetches_total", .type = METRIC_COUNTER,
+		.help = "Template images fetched from S3 and verified.",
+	},
+	[TM_FETCH_BYTES] = {
+		.name = "kiln_host_template_fetch_bytes_total", .type = METRIC_COUNTER,
+		.help = "Bytes of template images fetched.",
+	},
+	[TM_FETCH_FAIL] = {
+		.name = "kiln_host_template_fetch_failures_total", .type = METRIC_COUNTER,
+		.help = "Template fetches that failed (S3 or verification).",
+	},
+	[TM_VERIFY_FAIL] = {
+		.name = "kiln_host_template_verify_failures_total", .type = METRIC_COUNTER,
+		.help = "Fetched images refused: SHA-256 or size mismatch.",
+	},
+	[TM_EVICTIONS] = {
+		.name = "kiln_host_template_evictions_total", .type = METRIC_COUNTER,
+		.help = "Templates evicted for the disk budget.",
+	},
+	[TM_SNAP_EXPIRED] = {
+		.name = "kiln_host_snapshots_expired_total", .type = METRIC_COUNTER,
+		.help = "Snapshots removed after their TTL unused.",
+	},
+};
+
 void template_store_metrics(struct template_store *ts, struct buf *b)
 {
 	pthread_mutex_lock(&ts->lock);
-	buf_adds(b, "# HELP kiln_host_template_pool_ready Warm pool VMs ready, by template.\n"
-		 "# TYPE kiln_host_template_pool_ready gauge\n");
+	metric_head(b, &template_metrics[TM_POOL_READY]);
 	for (struct template *t = ts->list; t; t = t->next)
 		if (t->local)
-			buf_printf(b, "kiln_host_template_pool_ready{template=\"%s\",sha256=\"%s\"} %u\n", t->name,
-				   t->builtin ? "" : t->sha256, t->pool ? pool_ready(t->pool) : 0);
-	buf_adds(b, "# HELP kiln_host_template_users Tasks, sessions and builds using a template now.\n"
-		 "# TYPE kiln_host_template_users gauge\n");
+			metric_sample(b, &template_metrics[TM_POOL_READY],
+				      (const char *[]){ t->name, t->builtin ? "" : t->sha256 },
+				      t->pool ? pool_ready(t->pool) : 0);
+	metric_head(b, &template_metrics[TM_USERS]);
 	for (struct template *t = ts->list; t; t = t->next)
 		if (t->local)
-			buf_printf(b, "kiln_host_template_users{template=\"%s\",sha256=\"%s\"} %u\n", t->name,
-				   t->builtin ? "" : t->sha256, t->users);
-	buf_adds(b, "# HELP kiln_host_template_fetches_total Template images fetched from S3 and verified.\n"
-		 "# TYPE kiln_host_template_fetches_total counter\n");
-	buf_printf(b, "kiln_host_template_fetches_total %llu\n", (unsigned long long)ts->fetches);
-	buf_adds(b, "# HELP kiln_host_template_fetch_bytes_total Bytes of template images fetched.\n"
-		 "# TYPE kiln_host_template_fetch_bytes_total counter\n");
-	buf_printf(b, "kiln_host_template_fetch_bytes_total %llu\n", (unsigned long long)ts->fetch_bytes);
-	buf_adds(b, "# HELP kiln_host_template_fetch_failures_total Template fetches that failed (S3 or verification).\n"
-		 "# TYPE kiln_host_template_fetch_failures_total counter\n");
-	buf_printf(b, "kiln_host_template_fetch_failures_total %llu\n", (unsigned long long)ts->fetch_failures);
-	buf_adds(b, "# HELP kiln_host_template_verify_failures_total Fetched images refused: SHA-256 or size mismatch.\n"
-		 "# TYPE kiln_host_template_verify_failures_total counter\n");
-	buf_printf(b, "kiln_host_template_verify_failures_total %llu\n", (unsigned long long)ts->verify_failures);
-	buf_adds(b, "# HELP kiln_host_template_evictions_total Templates evicted for the disk budget.\n"
-		 "# TYPE kiln_host_template_evictions_total counter\n");
-	buf_printf(b, "kiln_host_template_evictions_total %llu\n", (unsigned long long)ts->evictions);
-	buf_adds(b, "# HELP kiln_host_snapshots_expired_total Snapshots removed after their TTL unused.\n"
-		 "# TYPE kiln_host_snapshots_expired_total counter\n");
-	buf_printf(b, "kiln_host_snapshots_expired_total %llu\n", (unsigned long long)ts->snapshots_expired);
+			metric_sample(b, &template_metrics[TM_USERS], (const char *[]){ t->name, t->builtin ? "" : t->sha256 },
+				      t->users);
+	metric_write(b, &template_metrics[TM_FETCHES], ts->fetches);
+	metric_write(b, &template_metrics[TM_FETCH_BYTES], ts->fetch_bytes);
+	metric_write(b, &template_metrics[TM_FETCH_FAIL], ts->fetch_failures);
+	metric_write(b, &template_metrics[TM_VERIFY_FAIL], ts->verify_failures);
+	metric_write(b, &template_metrics[TM_EVICTIONS], ts->evictions);
+	metric_write(b, &template_metrics[TM_SNAP_EXPIRED], ts->snapshots_expired);
 	pthread_mutex_unlock(&ts->lock);
 }
 

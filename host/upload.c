@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "condwait.h"
-#include "connect.h"
+#include "connectrpc.h"
 #include "fsutil.h"
 #include "io.h"
 #include "hostd_priv.h"

@@ -31,6 +31,13 @@ enum MHD_Result reply_json_h(struct MHD_Connection *conn, unsigned status, json_
 	return ret;
 }
 
+enum MHD_Result reply_e2b_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
+				const char *hvalue)
+{
+	return reply_json_h(conn, status, json_pack("{s:i, s:s}", "code", (int)status, "message", msg ? msg : ""),
+			    hname, hvalue);
+}
+
 enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j)
 {
 	return reply_json_h(conn, status, j, NULL, NULL);

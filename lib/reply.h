@@ -19,6 +19,12 @@ enum MHD_Result reply_json_h(struct MHD_Connection *conn, unsigned status, json_
 			     const char *hvalue);
 enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j);
 
+/* E2B's error answer {"code":status,"message":msg} (docs/e2b.md), with an
+ * optional header (hname NULL: none): kiln-api's /e2b control API, its envd
+ * relay, and the session endpoints they share with /v1/sessions. */
+enum MHD_Result reply_e2b_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *hname,
+				const char *hvalue);
+
 /* {"error":{"code","message"}} with the status lib/err.h's table gives the
  * code, optionally with one header (Retry-After, Allow, ...). */
 enum MHD_Result reply_error_h(struct MHD_Connection *conn, enum kiln_errc code, const char *msg, const char *hname,

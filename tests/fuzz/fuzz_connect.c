@@ -1,4 +1,4 @@
-/* fuzz_connect: libFuzzer target for lib/connect.c's parsers of client
+/* fuzz_connect: libFuzzer target for lib/connectrpc.c's parsers of client
  * bytes: the streaming envelope (walked message by message from exact-size
  * copies; a parsed envelope must re-encode to the same bytes), base64 (a
  * decoded string must re-encode to its canonical form and decode again to the
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connect.h"
+#include "connectrpc.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

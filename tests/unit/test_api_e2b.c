@@ -31,7 +31,7 @@
 #include "quota.h"
 #include "scheduler.h"
 #include "server.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 #include "store.h"
 
 static char dir[] = "/tmp/kiln-test-api-e2b.XXXXXX";

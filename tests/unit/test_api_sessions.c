@@ -27,7 +27,7 @@
 #include "api_config.h"
 #include "quota.h"
 #include "scheduler.h"
-#include "sessions_internal.h"
+#include "sessions_int.h"
 #include "store.h"
 
 static char dir[] = "/tmp/kiln-test-api-sessions.XXXXXX";

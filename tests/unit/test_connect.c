@@ -1,4 +1,4 @@
-/* test_connect: unit tests for lib/connect.c: envelopes (parse in pieces,
+/* test_connect: unit tests for lib/connectrpc.c: envelopes (parse in pieces,
  * bounds, flags), end-of-stream and error messages, code <-> HTTP status,
  * Connect-Timeout-Ms, and base64 both ways. */
 #include <setjmp.h>
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "connect.h"
+#include "connectrpc.h"
 
 static void test_envelope(void **state)
 {

@@ -634,7 +634,7 @@ static int submit(struct fixture *x, const char *id, const char *spec, struct ki
 	int r;
 
 	assert_non_null(j);
-	r = hostd_submit(x->d, id, "cust", j, err);
+	r = hostd_submit(x->d, &(struct hostd_submission){ .id = id, .customer = "cust", .spec = j }, err);
 	json_decref(j);
 	return r;
 }
@@ -891,7 +891,10 @@ static void destination_upload(void **state)
 	open_hostd(x, 1);
 	set_run(x, good_run);
 	assert_int_equal(dest_parse(body, strlen(body), DEST_SECRET_REQUIRED, &d, &err), 0);
-	assert_int_equal(hostd_submit_dest(x->d, "td", "cust", spec, NULL, &d, &err), 0);
+	assert_int_equal(hostd_submit(x->d,
+				      &(struct hostd_submission){ .id = "td", .customer = "cust", .spec = spec, .dest = &d },
+				      &err),
+			 0);
 	json_decref(spec);
 	assert_true(wait_for(attempts_are, &a1, WAIT_MS));
 	assert_state(x, "td", "uploading");

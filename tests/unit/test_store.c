@@ -3,11 +3,13 @@
  * the cache after a reopen), idempotency, compare-and-set transitions and
  * the quota-checked schedule, fair queue order, list pagination, usage,
  * cancel, hosts, change notification, and that a close/reopen keeps all.
- * The pieces' shared helpers (store_impl.h): the page helper behind both the
+ * The pieces' shared helpers (store_int.h): the page helper behind both the
  * task and the session lists (cursor and limit edges), the compare-and-set
  * helper behind both transitions, ids, the running-quota check; and the
  * session half: create under the quota, transitions, resume, discard, and
- * the leases replicas hold on sessions (two handles on one database). */
+ * the leases replicas hold on sessions (two handles on one database); push's
+ * one read of a task (store_task_push_get) and STORE_TX's release of the
+ * lock and an open transaction on an early return. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,7 +31,7 @@
 #include "clock.h"
 #include "quota.h"
 #include "store.h"
-#include "store_impl.h"
+#include "store_int.h"
 
 static char dir[] = "/tmp/kiln-test-store.XXXXXX";
 static char path[512];
@@ -612,7 +614,7 @@ static void test_durability(void **state)
 	free(key);
 }
 
-/* ---- the shared helpers (store_impl.h) ---- */
+/* ---- the shared helpers (store_int.h) ---- */
 
 static void test_cursor_parse(void **state)
 {
@@ -1250,6 +1252,81 @@ static int group_teardown(void **state)
 	return 0;
 }
 
+/* push's one read (store_task_push_get): the task's state on a host, its
+ * spec, no template, then its customer's destination once it has one; a
+ * task that is not there reads as no spec. */
+static void test_push_get(void **state)
+{
+	struct store *s = open_ok();
+	struct kiln_err err = { .code = "" };
+	struct store_task_push tp;
+	struct dest d = { .endpoint = "http://127.0.0.1:9", .region = "us-east-1", .bucket = "cust-out",
+			  .prefix = "p/", .access_key = "AK" };
+	static const unsigned char sealed[5] = { 1, 0, 2, 0, 3 };
+	char a[40], did[40];
+
+	customer(s, "acme", NULL);
+	submit(s, "acme", a);
+	assert_int_equal(store_task_push_get(s, a, "h1", &tp), 0);
+	assert_string_equal(tp.spec, "{\"argv\":[\"true\"]}");
+	assert_false(tp.scheduled_on); /* queued */
+	assert_null(tp.tref);
+	assert_false(tp.has_dest);
+	store_task_push_free(&tp);
+	assert_int_equal(store_task_schedule(s, a, "h1"), 1);
+	assert_int_equal(store_dest_put(s, "acme", &d, sealed, sizeof(sealed), did, NULL, &err), 0);
+	assert_int_equal(store_task_push_get(s, a, "h1", &tp), 0);
+	assert_true(tp.scheduled_on);
+	assert_true(tp.has_dest);
+	assert_string_equal(tp.dest.id, did);
+	assert_string_equal(tp.dest.d.bucket, "cust-out");
+	assert_string_equal(tp.dest.d.prefix, "p/");
+	assert_int_equal(tp.dest.sealed_len, sizeof(sealed));
+	assert_memory_equal(tp.dest.sealed, sealed, sizeof(sealed));
+	store_task_push_free(&tp);
+	assert_int_equal(store_task_push_get(s, a, "h2", &tp), 0);
+	assert_false(tp.scheduled_on); /* another host's */
+	store_task_push_free(&tp);
+	assert_int_equal(store_task_push_get(s, "t_none", "h1", &tp), 0);
+	assert_null(tp.spec);
+	store_close(s);
+}
+
+/* A write in a STORE_TX, then leaving the scope: early (rolled back) or
+ * after the commit. */
+static int tx_write_and_leave(struct store *s, const char *id, int commit)
+{
+	char sql[128];
+	STORE_TX(tx);
+
+	if (store_tx_start(&tx, s) < 0)
+		return -1;
+	snprintf(sql, sizeof(sql), "INSERT INTO task_specs(id, spec) VALUES ('%s', '{}')", id);
+	if (store_exec(s->db, sql, NULL) < 0)
+		return -1;
+	if (!commit)
+		return 1; /* the early return the helper is for */
+	return store_tx_commit(&tx);
+}
+
+/* STORE_TX: whatever return leaves the scope, an open transaction is rolled
+ * back and the store's lock released. */
+static void test_tx_cleanup(void **state)
+{
+	struct store *s = open_ok();
+
+	assert_int_equal(tx_write_and_leave(s, "tx-early", 0), 1);
+	assert_int_equal(pthread_mutex_trylock(&s->lock), 0);
+	pthread_mutex_unlock(&s->lock);
+	assert_int_equal(sql_int("SELECT count(*) FROM task_specs WHERE id = 'tx-early'"), 0);
+	/* No transaction was left open: the next one begins and commits. */
+	assert_int_equal(tx_write_and_leave(s, "tx-kept", 1), 0);
+	assert_int_equal(pthread_mutex_trylock(&s->lock), 0);
+	pthread_mutex_unlock(&s->lock);
+	assert_int_equal(sql_int("SELECT count(*) FROM task_specs WHERE id = 'tx-kept'"), 1);
+	store_close(s);
+}
+
 #define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
 
 int main(void)
@@ -1271,6 +1348,8 @@ int main(void)
 		BOTH(test_task_and_session_cas),
 		BOTH(test_session_quota_resume_discard),
 		BOTH(test_session_leases),
+		BOTH(test_push_get),
+		BOTH(test_tx_cleanup),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
 	};

@@ -1,10 +1,10 @@
-/* templates_internal.h: what the pieces of kiln-api's templates module share,
+/* templates_int.h: what the pieces of kiln-api's templates module share,
  * private to api/templates.c (endpoints, OCI uploads, events streams),
  * api/template_build.c (the builder, the clean-up) and api/template_use.c
  * (resolution for tasks and sessions, heartbeats); templates.h is the
  * public interface. */
-#ifndef KILN_API_TEMPLATES_INTERNAL_H
-#define KILN_API_TEMPLATES_INTERNAL_H
+#ifndef KILN_API_TEMPLATES_INT_H
+#define KILN_API_TEMPLATES_INT_H
 
 #include <pthread.h>
 #include <stdint.h>

@@ -1,10 +1,10 @@
-/* connect: the parts of the Connect RPC protocol (connectrpc.com) that
+/* connectrpc: the parts of the Connect RPC protocol (connectrpc.com) that
  * kiln's E2B-compatible envd speaks, JSON codec only: the 5-byte envelope of
  * streaming requests and answers (1 flag byte, 4-byte big-endian length),
  * the end-of-stream message, error codes with their HTTP statuses, and the
  * Connect-Timeout-Ms header. No I/O; the envelope parser is fuzzed. */
-#ifndef KILN_CONNECT_H
-#define KILN_CONNECT_H
+#ifndef KILN_CONNECTRPC_H
+#define KILN_CONNECTRPC_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* store_impl.h: what the pieces of kiln-api's store share, private to
+/* store_int.h: what the pieces of kiln-api's store share, private to
  * api/store*.c (and the store's unit test). store.h is the public interface.
  *
  * The pieces: store.c (the handle, its locks, prepared statements, change
@@ -8,8 +8,8 @@
  * store_templates.c (templates, what tasks and sessions use, clean-up).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
-#ifndef KILN_STORE_IMPL_H
-#define KILN_STORE_IMPL_H
+#ifndef KILN_STORE_INT_H
+#define KILN_STORE_INT_H
 
 #include <pthread.h>
 #include <stdint.h>
@@ -88,6 +88,45 @@ struct sdb_stmt *store_stmt(struct store *s, int slot, const char *sql);
 /* Run one of the core's row-less statements (BEGIN, COMMIT, ...):
  * SDB_DONE or the error code. Lock held. */
 int store_run(struct store *s, enum store_core_stmt id);
+
+/* ---- transactions (store.c) ----
+ *
+ * A write transaction and s->lock, released when the variable goes out of
+ * scope: declare it with STORE_TX(tx), then store_tx_start (lock and BEGIN)
+ * or store_tx_lock and store_tx_begin apart. Whatever path leaves the scope,
+ * an open transaction is rolled back and the lock released, in that order;
+ * store_tx_unlock does the same early (to notify after the commit, outside
+ * the lock). A failed commit leaves the transaction open, so the caller can
+ * read the error (sdb_errmsg) before the rollback. */
+struct store_tx {
+	struct store *s;             /* NULL until locked */
+	int locked;                  /* s->lock held */
+	int open;                    /* BEGIN ran, neither COMMIT nor ROLLBACK since */
+};
+
+void store_tx_end(struct store_tx *tx);
+
+#define STORE_TX(name) struct store_tx name __attribute__((cleanup(store_tx_end))) = { 0 }
+
+/* Take s->lock (no transaction yet). */
+void store_tx_lock(struct store_tx *tx, struct store *s);
+
+/* BEGIN, the lock held: 0, or -1 (the lock stays held). */
+int store_tx_begin(struct store_tx *tx);
+
+/* store_tx_lock then store_tx_begin: 0 or -1 (locked either way). */
+int store_tx_start(struct store_tx *tx, struct store *s);
+
+/* COMMIT: 0, or -1 with the transaction still open (rolled back by
+ * store_tx_rollback, store_tx_unlock or the end of scope). */
+int store_tx_commit(struct store_tx *tx);
+
+/* ROLLBACK if open; the lock stays held. */
+void store_tx_rollback(struct store_tx *tx);
+
+/* Roll back what is open and release the lock; the end of scope then does
+ * nothing. */
+void store_tx_unlock(struct store_tx *tx);
 
 /* sdb_step, logging an error other than DONE/ROW. Lock held. */
 int store_step(struct store *s, struct sdb_stmt *st);
@@ -244,6 +283,14 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 /* Record that task or session id uses the template u (inside the caller's
  * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
 int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
+
+/* ---- destinations (store_destinations.c) ---- */
+
+/* The destination columns id, endpoint, region, bucket, prefix, access_key,
+ * secret_sealed, created_ms, updated_ms, from column c on, into out (zeroed
+ * by the caller). */
+#define STORE_DEST_COLS "id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms, updated_ms"
+void store_dest_row(struct sdb_stmt *st, int c, struct store_dest *out);
 
 /* ---- the pieces' own set-up ---- */
 

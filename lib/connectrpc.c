@@ -1,8 +1,8 @@
-/* connect: Connect protocol pieces for kiln's envd (lib/connect.h): the
+/* connectrpc: Connect protocol pieces for kiln's envd (lib/connectrpc.h): the
  * streaming envelope, end-of-stream and error messages, code <-> HTTP status,
  * the timeout header, and protobuf JSON's base64. The envelope parser reads
  * bytes from clients and is fuzzed (fuzz_connect). */
-#include "connect.h"
+#include "connectrpc.h"
 
 #include <errno.h>
 #include <stdlib.h>

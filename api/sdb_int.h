@@ -1,7 +1,7 @@
-/* sdb_impl.h: what sdb.c (the dispatch and SQLite) and sdb_pg.c
+/* sdb_int.h: what sdb.c (the dispatch and SQLite) and sdb_pg.c
  * (PostgreSQL) share; private to them. */
-#ifndef KILN_SDB_IMPL_H
-#define KILN_SDB_IMPL_H
+#ifndef KILN_SDB_INT_H
+#define KILN_SDB_INT_H
 
 #include <sqlite3.h>
 
