@@ -29,8 +29,16 @@ CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
+# kiln-host's rooms (host/ROOM/), listed top first: the order they link in.
+# Each is a static library with one public header; which room may include
+# which is host/LAYERS, checked by scripts/layers.py. host/main.c is kiln-host.
+HOST_ROOMS := cmd serve tbuild session task template run envd net vm
+HOST_ROOM_LIBS := $(foreach r,$(HOST_ROOMS),$(B)/host/$(r)/libkiln-host-$(r).a)
+# Tests, fuzzers and benchmarks include the rooms' headers by bare name.
+HOST_INC   := -Ihost $(addprefix -Ihost/,$(HOST_ROOMS))
 # The jail module is part of the host library (vm.c calls it); jail/main.c is kiln-jail.
-HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c)) $(filter-out jail/main.c,$(wildcard jail/*.c))
+JAIL_SRCS  := $(filter-out jail/main.c,$(wildcard jail/*.c))
+HOST_SRCS  := $(foreach r,$(HOST_ROOMS),$(wildcard host/$(r)/*.c)) $(JAIL_SRCS)
 HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
 # kiln-api: its module (store, quotas, HTTP layer, scheduler) is a library; api/main.c is the binary.
 API_SRCS   := $(filter-out api/main.c,$(wildcard api/*.c))
@@ -65,6 +73,23 @@ $(B)/libkiln.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# A room's objects include other rooms' doors as "ROOM/ROOM.h".
+$(B)/host/%.o: CFLAGS += -Ihost
+
+# One archive per room (build/host/ROOM/libkiln-host-ROOM.a), which kiln-host
+# links top room first; libkiln-host.a holds them all (and the jail module)
+# for the tests, fuzzers and benchmarks.
+define host_room
+$(B)/host/$(1)/libkiln-host-$(1).a: $$(patsubst %.c,$(B)/%.o,$$(wildcard host/$(1)/*.c))
+	@rm -f $$@
+	ar rcs $$@ $$^
+endef
+$(foreach r,$(HOST_ROOMS),$(eval $(call host_room,$(r))))
+
+$(B)/libkiln-jail.a: $(JAIL_SRCS:%.c=$(B)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(B)/libkiln-host.a: $(HOST_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -83,7 +108,7 @@ $(B)/kiln: $(B)/cli/main.o $(B)/libkiln-cli.a $(B)/libkiln.a
 $(B)/kiln-api: $(B)/api/main.o $(B)/libkiln-api.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(API_LIBS)
 
-$(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
+$(B)/kiln-host: $(B)/host/main.o $(HOST_ROOM_LIBS) $(B)/libkiln-jail.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
 
 $(B)/kiln-jail: $(B)/jail/main.o $(B)/libkiln-host.a $(B)/libkiln.a
@@ -106,12 +131,12 @@ image: deps
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources,
 # compiled once into an archive (fuzzer-no-link: coverage without a second
 # main) that every fuzzer links, instead of once per fuzzer.
-FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -Iapi -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail $(HOST_INC) -Iapi -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJS   := $(patsubst %.c,$(B)/fuzz-obj/%.o,$(LIB_SRCS) $(HOST_SRCS))
 $(B)/fuzz-obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -155,7 +180,7 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 # bench/api_*.c drive kiln-api's modules (the store) instead.
 $(B)/bench/api_%: bench/api_%.c $(B)/libkiln-api.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
@@ -207,7 +232,7 @@ $(B)/tests/no-vm-readv: tests/integration/no_vm_readv.c
 # Boots a guest that floods its serial console, for tests/integration/27-console.sh.
 $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
