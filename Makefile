@@ -1,7 +1,7 @@
 # kiln: one non-recursive Makefile, everything built under build/.
 #   make            binaries: build/kiln, build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
 #   make image      guest kernel and the built-in templates' root filesystems (cached in $(KILN_CACHE))
-#   make check      unit tests and fuzz corpus replay: no root, no VMs, well under a minute
+#   make check      the layering and map checks, unit tests and fuzz corpus replay: no root, no VMs, well under a minute
 #   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
 #   make demo       an example task, end to end
@@ -55,7 +55,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check test unit bench bench-bins demo fuzz clean
+.PHONY: all deps image check layers test unit bench bench-bins demo fuzz clean
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -237,13 +237,17 @@ $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
 
+# The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py).
+layers:
+	@scripts/layers.py
+
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).
-check: all unit fuzz bench-bins
+check: layers all unit fuzz bench-bins
 	@tests/run.sh check
 
 # tests/run.sh all runs check's programs first, then the integration scripts,
 # with one count at the end.
-test: deps
+test: deps layers
 	@$(MAKE) --no-print-directory all image unit fuzz bench-bins
 	@tests/run.sh
 

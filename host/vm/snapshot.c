@@ -21,7 +21,6 @@
 
 #include "fsutil.h"
 #include "jail.h"
-#include "run/run.h"
 #include "proto.h"
 
 #define SNAP_BOOT_TIMEOUT_MS    120000
