@@ -1,8 +1,9 @@
 /* hostd: tasks on one host, from acceptance to outputs confirmed by S3.
- * This file holds the task table, the events and the task's lifecycle
- * (submit, worker, cancel, the final transition); upload.c the upload
- * threads, recover.c the recovery from the spool, hostd_metrics.c capacity
- * and metrics (hostd_int.h is what they share).
+ * This file holds the task table and the task's lifecycle (submit,
+ * worker, cancel); hostd_task.c a task's record, events and final
+ * transition; upload.c the upload threads, recover.c the recovery from the
+ * spool, hostd_metrics.c capacity and metrics (hostd_int.h is what they
+ * share).
  *
  * Threads: one worker per running task (it owns the VM through the vm_ops'
  * run_task), a few upload threads, and the HTTP threads that call in. One
@@ -39,20 +40,6 @@
 #include "template/template.h"
 #include "run/run.h"
 
-#define EVENTS_MAX_BYTES (4u << 20) /* per task, kept for late subscribers */
-
-const char *const hostd_state_names[TS_COUNT] = {
-	"accepted", "starting", "running", "uploading", "succeeded", "failed", "timed_out", "cancelled", "error",
-};
-
-enum task_state hostd_state_parse(const char *s)
-{
-	for (int i = 0; s && i < TS_COUNT; i++)
-		if (!strcmp(s, hostd_state_names[i]))
-			return (enum task_state)i;
-	return TS_COUNT;
-}
-
 const double hostd_start_buckets[HOSTD_START_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 };
 
 /* ---- task table (d->lock held) ---- */
@@ -63,166 +50,6 @@ static struct hostd_task *find_locked(struct hostd *d, const char *id)
 		if (!strcmp(t->id, id))
 			return t;
 	return NULL;
-}
-
-static void task_free(struct hostd_task *t)
-{
-	free(t->spec_json);
-	if (t->dest) {
-		dest_wipe(t->dest);
-		free(t->dest);
-	}
-	if (t->tref) {
-		tref_free(t->tref);
-		free(t->tref);
-	}
-	json_decref(t->result);
-	json_decref(t->outputs);
-	json_decref(t->artifacts);
-	evlog_free(&t->ev);
-	if (t->cancel_pipe[0] >= 0)
-		close(t->cancel_pipe[0]);
-	if (t->cancel_pipe[1] >= 0)
-		close(t->cancel_pipe[1]);
-	if (t->stdout_fd >= 0)
-		close(t->stdout_fd);
-	if (t->stderr_fd >= 0)
-		close(t->stderr_fd);
-	free(t);
-}
-
-struct hostd_task *hostd_task_new(struct hostd *d, const char *id, const char *customer)
-{
-	struct hostd_task *t = calloc(1, sizeof(*t));
-
-	if (!t)
-		return NULL;
-	snprintf(t->id, sizeof(t->id), "%s", id);
-	snprintf(t->customer, sizeof(t->customer), "%s", customer);
-	snprintf(t->dir, sizeof(t->dir), "%s/tasks/%s", d->spool, id);
-	t->cancel_pipe[0] = t->cancel_pipe[1] = -1;
-	t->stdout_fd = t->stderr_fd = -1;
-	t->outputs = json_array();
-	t->artifacts = json_object();
-	t->refs = 1; /* the table's */
-	evlog_init(&t->ev, &(struct evlog_opts){ .lock = &d->lock, .cond = &d->changed, .stopping = &d->stopping,
-						 .max_bytes = EVENTS_MAX_BYTES,
-						 .truncated_data = "{\"message\":\"event stream truncated: the full "
-								   "output is in stdout.log/stderr.log\"}" });
-	return t;
-}
-
-void hostd_task_put_locked(struct hostd_task *t)
-{
-	if (--t->refs == 0)
-		task_free(t);
-}
-
-/* Append one server-sent event: "event: NAME\ndata: JSON\n\n". */
-static void event_add_locked(struct hostd *d, struct hostd_task *t, const char *name, json_t *data)
-{
-	(void)d; /* t->ev broadcasts d->changed */
-	evlog_append_locked(&t->ev, name, data);
-	json_decref(data);
-}
-
-/* A final task's output events go (they are in stdout.log/stderr.log in S3):
- * kept for retention_s, they would hold up to EVENTS_MAX_BYTES per task. The
- * last one dropped becomes a `truncated` note, so that a reader that had not
- * read them all yet learns where the output is; entries are NULLed, not
- * removed, so that readers' cursors stay valid. */
-static void events_drop_output_locked(struct hostd_task *t)
-{
-	static const char *const output[] = { "stdout", "stderr", NULL };
-	static const char note[] = "event: truncated\ndata: {\"message\":\"output events are not kept once the task "
-				   "is final: the whole output is in stdout.log/stderr.log\"}\n\n";
-
-	evlog_drop_locked(&t->ev, output, note);
-}
-
-void hostd_event_add_locked(struct hostd *d, struct hostd_task *t, const char *name, json_t *data)
-{
-	event_add_locked(d, t, name, data);
-}
-
-static json_t *task_json_locked(struct hostd *d, struct hostd_task *t);
-
-/* A final state's event carries the task's JSON (what GET /v1/tasks/{id}
- * answers), up to FINAL_TASK_MAX bytes of it, so that kiln-api need not ask
- * for it after the event: one round trip less at the end of every task. */
-#define FINAL_TASK_MAX (256u << 10)
-
-static void set_state_locked(struct hostd *d, struct hostd_task *t, enum task_state s)
-{
-	json_t *ev = json_pack("{s:s, s:I}", "state", hostd_state_names[s], "at", (json_int_t)kclock_wall_ms(d->clk));
-
-	t->state = s;
-	if (ev && state_final(s)) {
-		json_t *j = task_json_locked(d, t);
-		char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-
-		if (text && strlen(text) <= FINAL_TASK_MAX)
-			json_object_set(ev, "task", j);
-		free(text);
-		json_decref(j);
-	}
-	event_add_locked(d, t, "state", ev);
-	if (state_final(s))
-		evlog_close_locked(&t->ev);
-}
-
-/* The durable record: small, rewritten at each milestone. A task with its
- * customer's own destination keeps it there, secret included (the file is
- * 0600, in a 0700 directory: spool_write_json), so that its upload goes
- * there after a restart too. */
-static json_t *record_core_locked(struct hostd_task *t);
-
-static json_t *record_json_locked(struct hostd_task *t)
-{
-	json_t *r = record_core_locked(t);
-
-	/* Once final, the secret is not needed any more: the record keeps only
-	 * where the objects went. */
-	if (r && t->dest &&
-	    json_object_set_new(r, "destination", dest_to_json(t->dest, !state_final(t->state))) < 0) {
-		json_decref(r);
-		return NULL;
-	}
-	return r;
-}
-
-static json_t *record_core_locked(struct hostd_task *t)
-{
-	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:O*, s:O, s:O, s:s*}", "version", 1, "id", t->id,
-			 "customer", t->customer, "state", hostd_state_names[t->state], "final_state",
-			 hostd_state_names[t->final_state], "created_ms", (json_int_t)t->created_ms, "running_ms",
-			 (json_int_t)t->running_ms, "ended_ms", (json_int_t)t->ended_ms, "finished_ms",
-			 (json_int_t)t->finished_ms, "result", t->result, "outputs", t->outputs, "artifacts", t->artifacts,
-			 "last_error",
-			 t->last_error[0] ? t->last_error : NULL);
-}
-
-int hostd_record_write_locked(struct hostd_task *t, struct kiln_err *err)
-{
-	json_t *r = record_json_locked(t);
-	int ret;
-
-	if (!r)
-		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	ret = spool_write_json(t->dir, "record.json", r, SPOOL_DURABLE, err);
-	json_decref(r);
-	return ret;
-}
-
-/* ---- S3 keys ---- */
-
-char *hostd_s3_key(const struct hostd_task *t, const char *rel)
-{
-	char *k = NULL;
-
-	if (asprintf(&k, "%s%s/%s/%s", t->dest ? t->dest->prefix : "", t->customer, t->id, rel) < 0)
-		return NULL;
-	return k;
 }
 
 /* Outputs with their S3 keys, from run_task's list. */
@@ -285,7 +112,7 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 			d->start_count++;
 			d->start_sum += s;
 		}
-		set_state_locked(d, t, TS_RUNNING);
+		hostd_set_state_locked(d, t, TS_RUNNING);
 		pthread_mutex_unlock(&d->lock);
 		break;
 	case RUN_EV_STDOUT:
@@ -299,7 +126,7 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 		pthread_mutex_lock(&d->lock);
 		/* offset/bytes: where the chunk's raw bytes are in the log (a reader
 		 * that lost events resumes from the log with a Range request). */
-		event_add_locked(d, t, ev == RUN_EV_STDOUT ? "stdout" : "stderr",
+		hostd_event_add_locked(d, t, ev == RUN_EV_STDOUT ? "stdout" : "stderr",
 				 json_pack("{s:s, s:I, s:I}", "data", s ? s : "", "offset", (json_int_t)*off, "bytes",
 					   (json_int_t)len));
 		*off += len;
@@ -311,7 +138,7 @@ static void on_run_event(void *ctx, int ev, const void *data, size_t len)
 		const struct run_blocked *b = data;
 
 		pthread_mutex_lock(&d->lock);
-		event_add_locked(d, t, "egress_blocked",
+		hostd_event_add_locked(d, t, "egress_blocked",
 				 json_pack("{s:s, s:i, s:s}", "destination", b->destination, "port", (int)b->port,
 					   "protocol", b->protocol));
 		pthread_mutex_unlock(&d->lock);
@@ -359,8 +186,8 @@ static json_t *finish_run_locked(struct hostd *d, struct hostd_task *t, json_t *
 	t->ended_ms = kclock_wall_ms(d->clk);
 	if (!keep_reservation)
 		release_reservation_locked(d, t);
-	set_state_locked(d, t, TS_UPLOADING);
-	rec = record_json_locked(t);
+	hostd_set_state_locked(d, t, TS_UPLOADING);
+	rec = hostd_record_json_locked(t);
 	if (rec) {
 		json_t *copy = json_deep_copy(rec); /* the uploaders change t's artifacts meanwhile */
 
@@ -405,14 +232,6 @@ static void finish_run_now_locked(struct hostd *d, struct hostd_task *t, json_t 
 	t->record_pending = 0;
 }
 
-json_t *hostd_error_result(const char *reason, const char *code, const char *msg)
-{
-	return json_pack("{s:s, s:n, s:n, s:s, s:s, s:s, s:b, s:b, s:i, s:i, s:[], s:{s:s, s:s}}", "state",
-			 !strcmp(reason, "cancelled") ? "cancelled" : "error", "exit_code", "signal", "end_reason",
-			 reason, "stdout", "", "stderr", "", "stdout_truncated", 0, "stderr_truncated", 0, "stdout_bytes",
-			 0, "stderr_bytes", 0, "outputs", "error", "code", code, "message", msg);
-}
-
 static int open_log(const struct hostd_task *t, const char *name)
 {
 	char path[4200];
@@ -445,7 +264,7 @@ static void *worker_main(void *arg)
 				      t->cancel_requested ? TS_CANCELLED : TS_ERROR);
 		goto out_locked;
 	}
-	set_state_locked(d, t, TS_STARTING);
+	hostd_set_state_locked(d, t, TS_STARTING);
 	sj = t->spec_json;
 	t->spec_json = NULL;
 	pthread_mutex_unlock(&d->lock);
@@ -552,45 +371,6 @@ out_locked:
 	pthread_mutex_unlock(&d->lock);
 	free(w);
 	return NULL;
-}
-
-/* ---- the end of a task ---- */
-
-/* Everything is in S3: the final state goes to disk, then the spooled files go. */
-json_t *hostd_task_finished_locked(struct hostd *d, struct hostd_task *t)
-{
-	t->finished_ms = kclock_wall_ms(d->clk);
-	t->last_error[0] = '\0';
-	t->in_upload = 0;
-	d->finished_total[t->final_state]++;
-	events_drop_output_locked(t);
-	set_state_locked(d, t, t->final_state);
-	return record_json_locked(t);
-}
-
-void hostd_task_persist_final(struct hostd *d, struct hostd_task *t, json_t *record)
-{
-	struct kiln_err err = { .code = "" };
-	char path[8400];
-	static const char *const spooled[] = { "outputs", "stdout.log", "stderr.log", "manifest.json" };
-
-	if (!record || spool_write_json(t->dir, "record.json", record, SPOOL_DURABLE, &err) < 0) {
-		fprintf(stderr, "kiln-host: task %s: %s (its spooled files are kept)\n", t->id,
-			record ? err.message : "out of memory");
-		json_decref(record);
-		return;
-	}
-	json_decref(record);
-	/* Uploaded: the customer's secret goes from memory too (the record
-	 * just written holds it no more). */
-	pthread_mutex_lock(&d->lock);
-	if (t->dest)
-		OPENSSL_cleanse(t->dest->secret_key, sizeof(t->dest->secret_key));
-	pthread_mutex_unlock(&d->lock);
-	for (size_t i = 0; i < sizeof(spooled) / sizeof(*spooled); i++) {
-		snprintf(path, sizeof(path), "%s/%s", t->dir, spooled[i]);
-		spool_rm_tree(path);
-	}
 }
 
 /* ---- public API ---- */
@@ -794,7 +574,7 @@ int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, jso
 		free(sj);
 		free(w);
 		if (t)
-			task_free(t);
+			hostd_task_free(t);
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot allocate the task");
 	}
 	t->spec_json = sj;
@@ -845,7 +625,7 @@ int hostd_submit_dest(struct hostd *d, const char *id, const char *customer, jso
 		spool_rm_tree(t->dir);
 		goto unreserve;
 	}
-	set_state_locked(d, t, TS_ACCEPTED);
+	hostd_set_state_locked(d, t, TS_ACCEPTED);
 	t->next = d->tasks;
 	d->tasks = t;
 	d->ntasks++;
@@ -880,42 +660,8 @@ unreserve:
 refuse:
 	pthread_mutex_unlock(&d->lock);
 	free(w);
-	task_free(t);
+	hostd_task_free(t);
 	return -1;
-}
-
-static json_t *ms_between(int64_t a, int64_t b)
-{
-	return a && b && b >= a ? json_integer(b - a) : json_null();
-}
-
-static json_t *task_json_locked(struct hostd *d, struct hostd_task *t)
-{
-	json_t *j, *res = NULL;
-
-	if (t->result) {
-		res = json_deep_copy(t->result);
-		json_object_del(res, "outputs");
-	}
-	j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:o, s:O, s:O, s:s*, s:i, s:{s:s, s:s}, s:{s:o, s:o, s:o, s:o}}",
-		      "id", t->id, "customer", t->customer, "host_id", d->host_id, "state",
-		      hostd_state_names[t->state], "created_ms", (json_int_t)t->created_ms, "result",
-		      res ? res : json_null(), "outputs", t->outputs, "artifacts", t->artifacts, "last_error",
-		      t->last_error[0] ? t->last_error : NULL, "upload_attempts", (int)t->upload_attempts, "s3",
-		      "bucket", t->dest ? t->dest->bucket : d->have_s3 ? d->s3.bucket : "", "prefix", "", "timings",
-		      "start_ms", ms_between(t->created_ms, t->running_ms), "run_ms",
-		      ms_between(t->running_ms, t->ended_ms), "upload_ms", ms_between(t->ended_ms, t->finished_ms),
-		      "total_ms", ms_between(t->created_ms, t->finished_ms));
-	if (j) {
-		char prefix[DEST_PREFIX_MAX + 140];
-
-		snprintf(prefix, sizeof(prefix), "%s%s/%s/", t->dest ? t->dest->prefix : "", t->customer, t->id);
-		json_object_set_new(json_object_get(j, "s3"), "prefix", json_string(prefix));
-		/* The customer's own destination: where, never its credentials. */
-		if (t->dest)
-			json_object_set_new(json_object_get(j, "s3"), "endpoint", json_string(t->dest->endpoint));
-	}
-	return j;
 }
 
 json_t *hostd_task_json(struct hostd *d, const char *id)
@@ -926,7 +672,7 @@ json_t *hostd_task_json(struct hostd *d, const char *id)
 	pthread_mutex_lock(&d->lock);
 	t = find_locked(d, id);
 	if (t)
-		j = task_json_locked(d, t);
+		j = hostd_task_json_locked(d, t);
 	pthread_mutex_unlock(&d->lock);
 	return j;
 }
@@ -957,7 +703,7 @@ int hostd_cancel(struct hostd *d, const char *id)
 		r = -EALREADY;
 	else if (!t->cancel_requested) {
 		t->cancel_requested = 1;
-		event_add_locked(d, t, "cancel", json_pack("{s:I}", "at", (json_int_t)kclock_wall_ms(d->clk)));
+		hostd_event_add_locked(d, t, "cancel", json_pack("{s:I}", "at", (json_int_t)kclock_wall_ms(d->clk)));
 		if (t->cancel_pipe[1] >= 0)
 			(void)!write(t->cancel_pipe[1], "x", 1);
 	}

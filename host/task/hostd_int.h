@@ -120,13 +120,22 @@ struct hostd {
 	double start_sum;
 };
 
-/* ---- hostd.c ---- */
+/* ---- hostd_task.c (calls none of hostd.c, upload.c, recover.c) ---- */
 
 /* A task record for the table (one reference, the table's; not linked in
  * yet), or NULL when out of memory. */
 struct hostd_task *hostd_task_new(struct hostd *d, const char *id, const char *customer);
+/* Free a task record at once, whatever its references (one never linked). */
+void hostd_task_free(struct hostd_task *t);
 /* Drop a reference; the last one frees the task. */
 void hostd_task_put_locked(struct hostd_task *t);
+/* t is in state s now: its state event goes out (a final one with the
+ * task's JSON, and the event log closes). */
+void hostd_set_state_locked(struct hostd *d, struct hostd_task *t, enum task_state s);
+/* The task as GET /v1/tasks/{id} shows it (new reference, or NULL). */
+json_t *hostd_task_json_locked(struct hostd *d, struct hostd_task *t);
+/* t's durable record (new reference, or NULL when out of memory). */
+json_t *hostd_record_json_locked(struct hostd_task *t);
 /* Append one server-sent event (takes data's reference) and wake streams. */
 void hostd_event_add_locked(struct hostd *d, struct hostd_task *t, const char *name, json_t *data);
 /* Write t's record.json durably. 0 or -1 with err set. */
