@@ -259,4 +259,22 @@ int session_pause_manifest_host(const struct s3_config *c, const char *customer,
  * directory for the manifest meanwhile. Missing objects are fine. */
 void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
 
+/* ---- pause and resume (session_pause.c, session_resume.c, session_s3.c) ---- */
+
+#define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
+#define SESSION_MANIFEST_V 1
+#define PAUSE_WORKERS      4  /* parallel chunk uploads and downloads */
+
+struct pmanifest;
+struct pchunk_list;
+
+ssize_t session_get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err);
+struct pmanifest *session_get_manifest(const struct s3_config *c, const char *customer, const char *id,
+				      struct kiln_err *err);
+int session_base_ensure(struct session *s, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+		       uint64_t *uploaded, struct kiln_err *err);
+int session_base_fetch(const struct s3_config *c, const char *sha, uint64_t size, struct kiln_err *err);
+void session_delete_old(struct session_table *ss, struct pmanifest *old);
+uint64_t session_zbytes(const struct pchunk_list *l);
+
 #endif
