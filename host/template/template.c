@@ -8,8 +8,14 @@
  * template's rootfs.ext4 exists only once verified (it is renamed there
  * after its SHA-256 matched); a snapshot or template this process uses holds
  * a shared flock on its last_used file, so that another kiln-host sharing
- * the cache never removes it (removal takes the exclusive lock first). */
-#include "template.h"
+ * the cache never removes it (removal takes the exclusive lock first).
+ *
+ * This file is the store and its entries (open, check, acquire, release,
+ * install, JSON, metrics); template_disk.c the on-disk pieces (hashes,
+ * disk usage, last_used locks, the LRU choice); template_gc.c eviction and
+ * snapshot expiry. */
+#include "template_int.h"
+
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,231 +39,7 @@
 #include "proto.h"
 #include "spec.h"
 
-/* ---- files ---- */
-
-/* Not fs_sha256_file: the size returned is that of exactly the bytes hashed
- * (no stat racing a writer), links are not followed, and images of hundreds
- * of MiB are read 1 MiB at a time. */
-int template_file_sha256(const char *path, char hex[65], uint64_t *size)
-{
-	static const char digits[] = "0123456789abcdef";
-	unsigned char d[32], *buf;
-	unsigned int dl = 0;
-	EVP_MD_CTX *md;
-	uint64_t total = 0;
-	ssize_t n;
-	int fd, r = 0;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
-		return -errno;
-	md = EVP_MD_CTX_new();
-	buf = malloc(1 << 20);
-	if (!md || !buf) {
-		r = -ENOMEM;
-		goto out;
-	}
-	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-	while ((n = read(fd, buf, 1 << 20)) != 0) {
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			r = -errno;
-			goto out;
-		}
-		EVP_DigestUpdate(md, buf, (size_t)n);
-		total += (uint64_t)n;
-	}
-	EVP_DigestFinal_ex(md, d, &dl);
-	for (unsigned i = 0; i < 32; i++) {
-		hex[2 * i] = digits[d[i] >> 4];
-		hex[2 * i + 1] = digits[d[i] & 15];
-	}
-	hex[64] = '\0';
-	if (size)
-		*size = total;
-out:
-	free(buf);
-	EVP_MD_CTX_free(md);
-	close(fd);
-	return r;
-}
-
-int template_verify_file(const char *path, const struct tref *tref, struct kiln_err *err)
-{
-	char hex[65];
-	uint64_t size = 0;
-	int r = template_file_sha256(path, hex, &size);
-
-	if (r < 0)
-		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(-r));
-	if (size != tref->size)
-		return kiln_err_set(err, KERR_INVALID_IMAGE,
-				    "template %s: the image is %llu bytes, the reference says %llu (refused, not used)",
-				    tref->name, (unsigned long long)size, (unsigned long long)tref->size);
-	if (strcmp(hex, tref->sha256))
-		return kiln_err_set(err, KERR_INVALID_IMAGE,
-				    "template %s: sha256 mismatch: the image hashes to %s, the reference says %s (refused, not used)",
-				    tref->name, hex, tref->sha256);
-	return 0;
-}
-
-/* Bytes a directory tree occupies (allocated blocks), not following links. */
-static uint64_t du_at(int at, const char *name, int depth)
-{
-	struct stat st;
-	uint64_t total = 0;
-	DIR *d;
-	struct dirent *e;
-	int fd;
-
-	if (fstatat(at, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return 0;
-	total = (uint64_t)st.st_blocks * 512;
-	if (!S_ISDIR(st.st_mode) || depth > 4)
-		return total;
-	fd = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 || !(d = fdopendir(fd))) {
-		if (fd >= 0)
-			close(fd);
-		return total;
-	}
-	while ((e = readdir(d)))
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			total += du_at(dirfd(d), e->d_name, depth + 1);
-	closedir(d);
-	return total;
-}
-
-/* Open (creating it) dir/last_used, whose mtime is dir's last use and
- * whose flock marks it in use. -1 on failure. */
-static int open_last_used(const char *dir, int flags)
-{
-	char p[PATH_MAX + 16];
-
-	snprintf(p, sizeof(p), "%s/last_used", dir);
-	return open(p, flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-}
-
-/* Open dir/last_used and take a shared lock on it: the mark of "in use"
- * that another process's eviction respects. -1 on failure. */
-static int lock_shared(const char *dir)
-{
-	int fd = open_last_used(dir, O_RDWR);
-
-	if (fd < 0)
-		return -1;
-	if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* Mark dir used now (its last_used file's mtime). */
-static void touch_used(const char *dir)
-{
-	int fd = open_last_used(dir, O_WRONLY);
-
-	if (fd >= 0) {
-		futimens(fd, NULL);
-		close(fd);
-	}
-}
-
-/* dir's last use (ms since the epoch); a directory without a last_used
- * file gets one now (its clock starts at first sight: an older kiln-host
- * that does not touch would otherwise lose a snapshot it uses). */
-static int64_t last_used_ms(const char *dir)
-{
-	char p[PATH_MAX + 16];
-	struct stat st;
-
-	snprintf(p, sizeof(p), "%s/last_used", dir);
-	if (stat(p, &st) < 0) {
-		touch_used(dir);
-		return clock_wall_ms();
-	}
-	return (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
-}
-
-/* Remove dir if no process holds its last_used lock: 1 removed, 0 in use. */
-static int remove_unlocked(const char *dir)
-{
-	int fd = open_last_used(dir, O_RDWR), r;
-
-	if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		close(fd);
-		return 0;
-	}
-	r = fs_rmtree(dir);
-	if (fd >= 0)
-		close(fd);
-	return r == 0;
-}
-
-size_t template_lru_choose(const struct template_lru *e, size_t n, uint64_t total, uint64_t budget, size_t *idx)
-{
-	size_t count = 0;
-	char *taken = calloc(n ? n : 1, 1);
-
-	if (!taken)
-		return 0;
-	while (total > budget) {
-		size_t best = n;
-
-		for (size_t i = 0; i < n; i++)
-			if (!taken[i] && !e[i].in_use && e[i].evictable &&
-			    (best == n || e[i].last_used_ms < e[best].last_used_ms))
-				best = i;
-		if (best == n)
-			break;
-		taken[best] = 1;
-		idx[count++] = best;
-		total = e[best].bytes >= total ? 0 : total - e[best].bytes;
-	}
-	free(taken);
-	return count;
-}
-
 /* ---- the store ---- */
-
-struct template {
-	char name[64];
-	int builtin;
-	char sha256[65];
-	char dir[PATH_MAX];        /* customer: <cache>/templates/<sha256> */
-	char rootfs[PATH_MAX];
-	struct tref tref;          /* the customer template's meta.json (env decref'd with it) */
-	struct vm_config vmc;      /* base with this rootfs (pools keep pointers into it) */
-	int local;                 /* the image is on disk, verified */
-	int fetching, snapping;    /* slow work under way, the lock released */
-	unsigned fetch_gen;        /* fetches finished */
-	int fetch_rc;
-	struct kiln_err fetch_err;
-	struct snapshot snap, net_snap;
-	int have_snap, have_net_snap;
-	int64_t snap_retry_ms;     /* a snapshot failed: no new attempt before (monotonic) */
-	int snap_lock, net_snap_lock; /* shared flocks on the snapshots' last_used (-1) */
-	struct pool *pool;
-	unsigned pool_size, pool_max, prestart;
-	unsigned users;
-	int lock_fd;               /* shared flock on dir/last_used while used (-1) */
-	struct template *next;
-};
-
-struct template_store {
-	struct template_store_config cfg;
-	struct vm_config base;
-	char image_dir[PATH_MAX], tdir[PATH_MAX], sdir[PATH_MAX];
-	json_t *pools;
-	pthread_mutex_t lock;
-	pthread_cond_t changed;
-	struct template *list;
-	struct template *def;
-	uint64_t fetches, fetch_failures, fetch_bytes, verify_failures, evictions, snapshots_expired;
-	int64_t next_gc_ms;
-};
 
 /* A template's pool: templates.pools {"NAME": N} or {"NAME": {"size": N,
  * "max": M}} (M defaults to 4 x N), else the default template's --pool and
@@ -311,7 +93,7 @@ static struct template *entry_new(struct template_store *ts, const char *name, i
 	return t;
 }
 
-static void entry_unload_locked(struct template *t)
+void template_entry_unload_locked(struct template *t)
 {
 	if (t->pool) {
 		pool_stop(t->pool);
@@ -332,13 +114,13 @@ static void entry_unload_locked(struct template *t)
 	t->lock_fd = -1;
 }
 
-static void entry_free(struct template *t)
+void template_entry_free(struct template *t)
 {
 	tref_free(&t->tref);
 	free(t);
 }
 
-static struct template *find_locked(struct template_store *ts, const struct tref *r)
+struct template *template_find_locked(struct template_store *ts, const struct tref *r)
 {
 	for (struct template *t = ts->list; t; t = t->next) {
 		if (r->builtin ? t->builtin && !strcmp(t->name, r->name) : !t->builtin && !strcmp(t->sha256, r->sha256))
@@ -371,7 +153,7 @@ static void scan_customer(struct template_store *ts)
 		if (stat(rootfs, &st) < 0 || !(text = io_read_file(meta, TREF_MAX_JSON, &len)))
 			continue;
 		if (tref_parse(text, len, &r, &err) == 0 && !r.builtin && !strcmp(r.sha256, e->d_name) &&
-		    (uint64_t)st.st_size == r.size && !find_locked(ts, &r) && (t = entry_new(ts, r.name, 0, r.sha256))) {
+		    (uint64_t)st.st_size == r.size && !template_find_locked(ts, &r) && (t = entry_new(ts, r.name, 0, r.sha256))) {
 			t->tref = r;
 			t->local = 1;
 		} else {
@@ -402,8 +184,8 @@ static int snapshot_get(struct template_store *ts, struct vm_config *vmc, int ne
 			return -1;
 	}
 	snprintf(dir, sizeof(dir), "%s/%s", ts->sdir, out->key);
-	touch_used(dir);
-	*lock = lock_shared(dir);
+	template_touch_used(dir);
+	*lock = template_lock_shared(dir);
 	return 0;
 }
 
@@ -560,8 +342,8 @@ void template_store_close(struct template_store *ts)
 		struct template *t = ts->list;
 
 		ts->list = t->next;
-		entry_unload_locked(t);
-		entry_free(t);
+		template_entry_unload_locked(t);
+		template_entry_free(t);
 	}
 	json_decref(ts->pools);
 	pthread_mutex_destroy(&ts->lock);
@@ -577,7 +359,7 @@ int template_check(struct template_store *ts, const struct tref *tref, int have_
 	if (!tref)
 		return 0;
 	pthread_mutex_lock(&ts->lock);
-	t = find_locked(ts, tref);
+	t = template_find_locked(ts, tref);
 	local = t && t->local;
 	pthread_mutex_unlock(&ts->lock);
 	if (tref->builtin && !t)
@@ -666,7 +448,7 @@ static int fetch(struct template_store *ts, struct template *t, const struct tre
 		unlink(tmp);
 		goto fail;
 	}
-	touch_used(t->dir);
+	template_touch_used(t->dir);
 	pthread_mutex_lock(&ts->lock);
 	ts->fetches++;
 	ts->fetch_bytes += r->size;
@@ -723,7 +505,7 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 	}
 	need_net = need_net && ts->cfg.net;
 	pthread_mutex_lock(&ts->lock);
-	t = find_locked(ts, r);
+	t = template_find_locked(ts, r);
 	if (!t && r->builtin) {
 		pthread_mutex_unlock(&ts->lock);
 		return kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no such built-in image", r->name);
@@ -736,9 +518,9 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 	if (!t->builtin && t->local && t->lock_fd < 0) {
 		/* Held from now on; then make sure another kiln-host sharing the
 		 * cache did not evict it before (fetch it again if so). */
-		t->lock_fd = lock_shared(t->dir);
+		t->lock_fd = template_lock_shared(t->dir);
 		if (t->lock_fd < 0 || access(t->rootfs, R_OK) < 0) {
-			entry_unload_locked(t);
+			template_entry_unload_locked(t);
 			t->local = 0;
 		}
 	}
@@ -777,7 +559,7 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 				if (r->env)
 					json_incref(r->env);
 				if (t->lock_fd < 0)
-					t->lock_fd = lock_shared(t->dir);
+					t->lock_fd = template_lock_shared(t->dir);
 			}
 			pthread_cond_broadcast(&ts->changed);
 			if (fr < 0) {
@@ -816,15 +598,15 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 				pp = &(*pp)->next;
 			if (*pp)
 				*pp = t->next;
-			entry_unload_locked(t);
-			entry_free(t);
+			template_entry_unload_locked(t);
+			template_entry_free(t);
 		}
 		pthread_mutex_unlock(&ts->lock);
 		return -1;
 	}
 	use_fill(t, tref ? tref : (t->builtin ? NULL : &t->tref), need_net, out);
 	if (!t->builtin)
-		touch_used(t->dir);
+		template_touch_used(t->dir);
 	pthread_mutex_unlock(&ts->lock);
 	if (fetched)
 		template_store_gc(ts, 1); /* the store grew: keep to the budget (this one is in use) */
@@ -839,7 +621,7 @@ void template_release(struct template_store *ts, struct template_use *u)
 		return;
 	pthread_mutex_lock(&ts->lock);
 	if (!t->builtin)
-		touch_used(t->dir);
+		template_touch_used(t->dir);
 	if (t->users)
 		t->users--;
 	pthread_mutex_unlock(&ts->lock);
@@ -931,9 +713,9 @@ int template_install(struct template_store *ts, const char *path, const struct t
 			return kiln_err_set(err, KERR_HOST_ERROR, "cannot install %s: %s", fin, strerror(errno));
 		}
 	}
-	touch_used(dir);
+	template_touch_used(dir);
 	pthread_mutex_lock(&ts->lock);
-	t = find_locked(ts, tref);
+	t = template_find_locked(ts, tref);
 	if (!t)
 		t = entry_new(ts, tref->name, 0, tref->sha256);
 	if (t && !t->local) {
@@ -1007,180 +789,4 @@ void template_store_metrics(struct template_store *ts, struct buf *b)
 		 "# TYPE kiln_host_snapshots_expired_total counter\n");
 	buf_printf(b, "kiln_host_snapshots_expired_total %llu\n", (unsigned long long)ts->snapshots_expired);
 	pthread_mutex_unlock(&ts->lock);
-}
-
-/* Whether a snapshot key is one this process has loaded (lock held). */
-static int snapshot_ours_locked(struct template_store *ts, const char *key)
-{
-	for (struct template *t = ts->list; t; t = t->next)
-		if ((t->have_snap && !strcmp(t->snap.key, key)) || (t->have_net_snap && !strcmp(t->net_snap.key, key)))
-			return 1;
-	return 0;
-}
-
-/* Remove the snapshots a customer template's directory notes (snap-KEY). */
-static void remove_template_snapshots(struct template_store *ts, const char *tdir)
-{
-	DIR *d = opendir(tdir);
-	struct dirent *e;
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		char sd[PATH_MAX + 64];
-
-		if (strncmp(e->d_name, "snap-", 5) || strlen(e->d_name) != 21 || strchr(e->d_name, '/'))
-			continue;
-		snprintf(sd, sizeof(sd), "%s/%s", ts->sdir, e->d_name + 5);
-		remove_unlocked(sd);
-	}
-	closedir(d);
-}
-
-int template_store_gc(struct template_store *ts, int force)
-{
-	struct template_lru *lru = NULL;
-	char (*names)[72] = NULL;
-	size_t n = 0, cap = 0, *idx = NULL, nidx;
-	uint64_t total;
-	int64_t now = clock_wall_ms();
-	int evicted = 0;
-	DIR *d;
-	struct dirent *e;
-
-	pthread_mutex_lock(&ts->lock);
-	if (!force && kclock_mono_ms(ts->cfg.clk) < ts->next_gc_ms) {
-		pthread_mutex_unlock(&ts->lock);
-		return 0;
-	}
-	ts->next_gc_ms = kclock_mono_ms(ts->cfg.clk) + TEMPLATE_GC_PERIOD_MS;
-	/* What we use is used now (pools restore from their snapshot all the time). */
-	for (struct template *t = ts->list; t; t = t->next) {
-		char sd[PATH_MAX + 32];
-
-		if (t->users && !t->builtin)
-			touch_used(t->dir);
-		if (t->have_snap) {
-			snprintf(sd, sizeof(sd), "%s/%s", ts->sdir, t->snap.key);
-			touch_used(sd);
-		}
-		if (t->have_net_snap) {
-			snprintf(sd, sizeof(sd), "%s/%s", ts->sdir, t->net_snap.key);
-			touch_used(sd);
-		}
-	}
-	/* Snapshots unused for the TTL, whoever made them (one another process
-	 * uses holds its lock and stays). */
-	if (ts->cfg.snapshot_ttl_s && (d = opendir(ts->sdir))) {
-		while ((e = readdir(d))) {
-			char sd[PATH_MAX + 32];
-
-			if (e->d_name[0] == '.' || strlen(e->d_name) != 16 || snapshot_ours_locked(ts, e->d_name))
-				continue;
-			snprintf(sd, sizeof(sd), "%s/%s", ts->sdir, e->d_name);
-			if (now - last_used_ms(sd) > (int64_t)ts->cfg.snapshot_ttl_s * 1000 && remove_unlocked(sd)) {
-				fprintf(stderr, "kiln-host: snapshot %s unused for %u s: removed\n", e->d_name,
-					ts->cfg.snapshot_ttl_s);
-				ts->snapshots_expired++;
-			}
-		}
-		closedir(d);
-	}
-	if (!ts->cfg.disk_budget_mib)
-		goto out;
-	/* The budget: customer templates (all of the cache's) plus every snapshot. */
-	total = du_at(AT_FDCWD, ts->sdir, 0) + du_at(AT_FDCWD, ts->tdir, 0);
-	if (total <= ts->cfg.disk_budget_mib << 20)
-		goto out;
-	if (!(d = opendir(ts->tdir)))
-		goto out;
-	while ((e = readdir(d))) {
-		char td[PATH_MAX + 80];
-		struct tref r;
-		struct template *t;
-
-		if (!tref_hex64_ok(e->d_name))
-			continue;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			void *a = realloc(lru, nc * sizeof(*lru)), *b;
-
-			if (!a)
-				break;
-			lru = a;
-			b = realloc(names, nc * sizeof(*names));
-			if (!b)
-				break;
-			names = b;
-			cap = nc;
-		}
-		snprintf(td, sizeof(td), "%s/%s", ts->tdir, e->d_name);
-		snprintf(names[n], sizeof(names[n]), "%s", e->d_name);
-		memset(&r, 0, sizeof(r));
-		snprintf(r.sha256, sizeof(r.sha256), "%s", e->d_name);
-		t = find_locked(ts, &r);
-		lru[n] = (struct template_lru){
-			.last_used_ms = last_used_ms(td),
-			.bytes = du_at(AT_FDCWD, td, 0),
-			.in_use = t && (t->users || t->fetching || t->snapping),
-			.evictable = 1,
-		};
-		{
-			/* The snapshots it noted count as its own. */
-			DIR *sdn = opendir(td);
-			struct dirent *se;
-
-			while (sdn && (se = readdir(sdn))) {
-				char sd[PATH_MAX + 64];
-
-				if (strncmp(se->d_name, "snap-", 5) || strlen(se->d_name) != 21)
-					continue;
-				snprintf(sd, sizeof(sd), "%s/%s", ts->sdir, se->d_name + 5);
-				lru[n].bytes += du_at(AT_FDCWD, sd, 0);
-			}
-			if (sdn)
-				closedir(sdn);
-		}
-		n++;
-	}
-	closedir(d);
-	idx = calloc(n ? n : 1, sizeof(*idx));
-	if (!idx)
-		goto out;
-	for (size_t i = 0; i < n; i++)
-		lru[i].id = names[i];
-	nidx = template_lru_choose(lru, n, total, ts->cfg.disk_budget_mib << 20, idx);
-	for (size_t i = 0; i < nidx; i++) {
-		char td[PATH_MAX + 80];
-		struct tref r;
-		struct template *t, **pp;
-
-		memset(&r, 0, sizeof(r));
-		snprintf(r.sha256, sizeof(r.sha256), "%s", names[idx[i]]);
-		snprintf(td, sizeof(td), "%s/%s", ts->tdir, names[idx[i]]);
-		t = find_locked(ts, &r);
-		if (t)
-			entry_unload_locked(t); /* our own locks go first */
-		remove_template_snapshots(ts, td);
-		if (!remove_unlocked(td))
-			continue; /* another process uses it: it stays */
-		fprintf(stderr, "kiln-host: template %s evicted (unused since %lld s, disk budget %llu MiB)\n",
-			names[idx[i]], (long long)((now - lru[idx[i]].last_used_ms) / 1000),
-			(unsigned long long)ts->cfg.disk_budget_mib);
-		ts->evictions++;
-		evicted++;
-		if (t) {
-			for (pp = &ts->list; *pp && *pp != t; pp = &(*pp)->next)
-				;
-			if (*pp)
-				*pp = t->next;
-			entry_free(t);
-		}
-	}
-out:
-	pthread_mutex_unlock(&ts->lock);
-	free(idx);
-	free(lru);
-	free(names);
-	return evicted;
 }
