@@ -237,9 +237,11 @@ $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
 
-# The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py).
+# The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py),
+# and docs/architecture.md's map names every product source file (scripts/map.py).
 layers:
 	@scripts/layers.py
+	@scripts/map.py
 
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).
 check: layers all unit fuzz bench-bins

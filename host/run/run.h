@@ -97,7 +97,7 @@ struct run_blocked {
  * state "error". The caller owns the returned reference. */
 json_t *run_task(const struct task_spec *spec, const struct run_opts *opts);
 
-/* Sessions (host/session.c): run one command of spec (its files, then its
+/* Sessions (host/session/session.c): run one command of spec (its files, then its
  * argv; no COLLECT) in vm, a running VM that outlives it: processes the
  * command leaves running are kept (PROTO_EXEC_KEEP). Returns a result like
  * run_task's without "outputs"; state "error" with end_reason "vm_error"

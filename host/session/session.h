@@ -146,7 +146,7 @@ char *session_output_key(const char *customer, const char *id, const char *rel, 
 
 struct envd;
 
-/* The session's envd channel (host/envd.h), opened on first use and
+/* The session's envd channel (host/envd/envd.h), opened on first use and
  * referenced for the caller (envd_unref), and its default env (*env: a new
  * reference to an object of strings, {} when it has none). Takes no
  * operation lock: envd requests run beside commands and each other; counts

@@ -1,5 +1,5 @@
 /* session_envd: what a session gives the E2B-style envd endpoints
- * (envd_http.c): its envd channel (host/envd.h), opened on first use and
+ * (envd_http.c): its envd channel (host/envd/envd.h), opened on first use and
  * closed with the VM, its default env, and its metrics. None of it takes
  * the session's operation lock: envd requests run beside commands, files
  * and each other. */

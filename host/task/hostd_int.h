@@ -1,7 +1,8 @@
-/* hostd_int: what hostd's files share (hostd.c: the task table, events and
- * the task lifecycle; upload.c: the upload threads, the janitor and the S3
+/* hostd_int: what hostd's files share (hostd.c: the task table and the
+ * task lifecycle; hostd_task.c: a task's record, events and final
+ * transition; upload.c: the upload threads, the janitor and the S3
  * settings; recover.c: recovery from the spool at start-up; hostd_metrics.c:
- * capacity and metrics). Not for other modules: they use hostd.h.
+ * capacity and metrics). Not for other rooms: they use task.h.
  *
  * Locking: d->lock guards the task table and every task's mutable fields;
  * functions named _locked are called with it held. */

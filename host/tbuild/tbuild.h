@@ -3,7 +3,7 @@
  * kiln-init can boot as a guest's root (docs/templates.md). Both run on the
  * calling thread, report progress line by line through log, and end early
  * (err "cancelled") once cancel_fd is readable. Neither uploads anything:
- * host/builds.c hashes, stores and publishes what they made.
+ * host/tbuild/builds.c hashes, stores and publishes what they made.
  *
  * Room: the tbuild room's door (host/tbuild/: template builds from
  * recipes and OCI archives, and the build jobs kiln-host runs). It may call

@@ -86,7 +86,7 @@ struct vm {
 	int agent_fd;   /* virtio-serial port "kiln.agent" (socketpair end) */
 	int qmp_fd;     /* QMP monitor (socketpair end) */
 	int envd_fd;    /* virtio-serial port "kiln.envd" (socketpair end; blocking;
-			 * the guest's envd, lib/eproto.h: host/envd.c dups it) */
+			 * the guest's envd, lib/eproto.h: host/envd/envd.c dups it) */
 	int lock_fd;    /* flock on <dir>/lock: held while this process owns the VM */
 	int cancel_fd;  /* from vm_config, not owned */
 	int input_fd;   /* > 0: vm_recv also returns ("input") when it is readable;
