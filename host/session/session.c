@@ -118,15 +118,6 @@ void session_teardown(struct session_table *ss, struct session *s)
 	fs_rmtree(s->dir);
 }
 
-void session_free(struct session *s)
-{
-	session_base_release(s);
-	json_decref(s->spec);
-	pthread_mutex_destroy(&s->op);
-	pthread_mutex_destroy(&s->wake);
-	free(s);
-}
-
 void sessions_close(struct session_table *ss)
 {
 	if (!ss)

@@ -45,17 +45,6 @@ int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned
 	return now_ms >= v->idle_check_ms;
 }
 
-void session_unref(struct session_table *ss, struct session *s)
-{
-	int free_it;
-
-	pthread_mutex_lock(&ss->lock);
-	free_it = --s->refs == 0 && s->state == SS_GONE;
-	pthread_mutex_unlock(&ss->lock);
-	if (free_it)
-		session_free(s);
-}
-
 /* The view of s the decision needs (ss->lock held). */
 static void idle_view_locked(const struct session *s, struct session_idle_view *v)
 {

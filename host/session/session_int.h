@@ -1,8 +1,9 @@
 /* session_int: what kiln-host's session files share (session.c: the
  * session table, its launcher thread, create and delete; session_io.c:
  * commands, interactive input, files and outputs over the agent channel;
- * session_pause.c: pause to S3 and resume). Not for other modules: they use
- * session.h.
+ * session_pause.c, session_resume.c, session_s3.c: pause to S3 and resume;
+ * session_ref.c: the last reference frees the record). Not for other rooms:
+ * they use session.h.
  *
  * Locking: ss->lock guards the list, every session's refs, exec_id and
  * input_wr; s->op is held for the whole of one operation (session_take).
@@ -160,6 +161,7 @@ void session_put(struct session_table *ss, struct session *s, int gone);
 /* Give back what a session holds on this host: its VM, its network, its
  * reservation and its directory (the caller holds s->op). */
 void session_teardown(struct session_table *ss, struct session *s);
+/* Free a session record (session_ref.c), its base RAM reference included. */
 void session_free(struct session *s);
 /* The public session object (see session.h). */
 json_t *session_json(const struct session_table *ss, const struct session *s);
@@ -213,7 +215,7 @@ int session_prestart_disk(const char *fetched, const char *disk, struct kiln_err
 /* Idle stop (session_idle.c) ------------------------------------------ */
 
 /* Drop a reference taken under ss->lock without an operation (the session
- * is freed when it was the last one and the session is gone). */
+ * is freed when it was the last one and the session is gone; session_ref.c). */
 void session_unref(struct session_table *ss, struct session *s);
 /* The caller holds s->wake and s->op: if the idler stopped the VM, continue
  * it and set the guest's clock (it fell behind while stopped) before the
@@ -248,7 +250,8 @@ void session_envd_close(struct session_table *ss, struct session *s, const char 
  * flight (session_pcache.c). Before the table goes. */
 void session_pcache_close(struct session_table *ss);
 
-/* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME. */
+/* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME
+ * (session_s3.c). */
 void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
 /* Which host wrote the session's manifest in S3 (its "host_id") into host
  * ("" when it names none): 1; 0 when S3 says there is no manifest; -1 when

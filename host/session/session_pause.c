@@ -58,11 +58,6 @@
 #include "proto.h"
 #include "task/task.h"
 
-void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name)
-{
-	snprintf(out, cap, "%s/sessions/%s/%s", customer, id, name);
-}
-
 /* ---- pause: the filtered stream and the disk layer as chunks ------------- */
 
 /* The filter thread's end of the pipe from QEMU, and the chunker after it. */

@@ -33,6 +33,11 @@
 #include "proto.h"
 #include "task/task.h"
 
+void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name)
+{
+	snprintf(out, cap, "%s/sessions/%s/%s", customer, id, name);
+}
+
 /* A manifest (at most 4 MiB) from S3 into a malloc'd buffer, through a
  * memfd (no temporary file, no fsync); its length, or -1 with err set. */
 ssize_t session_get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err)

@@ -93,42 +93,6 @@ static struct template *entry_new(struct template_store *ts, const char *name, i
 	return t;
 }
 
-void template_entry_unload_locked(struct template *t)
-{
-	if (t->pool) {
-		pool_stop(t->pool);
-		t->pool = NULL;
-	}
-	if (t->have_snap)
-		snapshot_close(&t->snap);
-	if (t->have_net_snap)
-		snapshot_close(&t->net_snap);
-	t->have_snap = t->have_net_snap = 0;
-	if (t->snap_lock >= 0)
-		close(t->snap_lock);
-	if (t->net_snap_lock >= 0)
-		close(t->net_snap_lock);
-	t->snap_lock = t->net_snap_lock = -1;
-	if (t->lock_fd >= 0)
-		close(t->lock_fd);
-	t->lock_fd = -1;
-}
-
-void template_entry_free(struct template *t)
-{
-	tref_free(&t->tref);
-	free(t);
-}
-
-struct template *template_find_locked(struct template_store *ts, const struct tref *r)
-{
-	for (struct template *t = ts->list; t; t = t->next) {
-		if (r->builtin ? t->builtin && !strcmp(t->name, r->name) : !t->builtin && !strcmp(t->sha256, r->sha256))
-			return t;
-	}
-	return NULL;
-}
-
 /* Load meta.json of a customer template directory found in the cache. */
 static void scan_customer(struct template_store *ts)
 {

@@ -1,8 +1,8 @@
 /* template_int: what the template store's files share (template.c,
- * template_disk.c, template_gc.c): its entries, the store, and the helpers
- * they call across files. The store's mutex guards the list and every
- * entry's fields (functions named _locked run with it held). Not for other
- * files: they use template.h. */
+ * template_disk.c, template_entry.c, template_gc.c): its entries, the
+ * store, and the helpers they call across files. The store's mutex guards
+ * the list and every entry's fields (functions named _locked run with it
+ * held). Not for other rooms: they use template.h. */
 #ifndef KILN_TEMPLATE_INT_H
 #define KILN_TEMPLATE_INT_H
 
@@ -52,11 +52,16 @@ struct template_store {
 	int64_t next_gc_ms;
 };
 
+/* ---- template_disk.c ---- */
+
 uint64_t template_du_at(int at, const char *name, int depth);
 int template_lock_shared(const char *dir);
 void template_touch_used(const char *dir);
 int64_t template_last_used_ms(const char *dir);
 int template_remove_unlocked(const char *dir);
+
+/* ---- template_entry.c (lock held) ---- */
+
 void template_entry_unload_locked(struct template *t);
 void template_entry_free(struct template *t);
 struct template *template_find_locked(struct template_store *ts, const struct tref *r);
