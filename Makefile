@@ -55,7 +55,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check layers test unit bench bench-bins demo fuzz clean
+.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -239,17 +239,17 @@ fuzz: $(FUZZ_BINS)
 
 # The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py),
 # and docs/architecture.md's map names every product source file (scripts/map.py).
-layers:
+tree-check:
 	@scripts/layers.py
 	@scripts/map.py
 
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).
-check: layers all unit fuzz bench-bins
+check: tree-check all unit fuzz bench-bins
 	@tests/run.sh check
 
 # tests/run.sh all runs check's programs first, then the integration scripts,
 # with one count at the end.
-test: deps layers
+test: deps tree-check
 	@$(MAKE) --no-print-directory all image unit fuzz bench-bins
 	@tests/run.sh
 
