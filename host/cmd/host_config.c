@@ -1,7 +1,7 @@
 /* host_config: parse and validate kiln-host's JSON configuration file. */
 #include "host_config.h"
-#include "vm/vm.h"
 #include "net/net.h"
+#include "vm/vm.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,8 +11,8 @@
 
 #include "conf.h"
 #include "fsutil.h"
-#include "task/task.h"
 #include "spec.h"
+#include "task/task.h"
 
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers" /* field tables leave min/max unset for strings */
 

@@ -8,10 +8,10 @@
 
 #include <jansson.h>
 
-#include "serve/serve.h"
 #include "err.h"
 #include "netaddr.h"
 #include "s3.h"
+#include "serve/serve.h"
 
 struct host_config {
 	const char *listen;          /* "ADDR:PORT" */

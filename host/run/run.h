@@ -14,9 +14,9 @@
 #include <jansson.h>
 
 #include "err.h"
-#include "spec.h"
 #include "net/net.h"
 #include "pool.h"
+#include "spec.h"
 #include "vm/vm.h"
 
 struct run_opts {
@@ -121,8 +121,8 @@ json_t *run_session_collect(struct vm *vm, const char *outdir, uint64_t budget, 
 enum run_state { RUN_SUCCEEDED, RUN_FAILED, RUN_TIMED_OUT, RUN_ERROR };
 
 /* The rest of the door: the room's other modules other rooms use. */
-#include "vm_ops.h"
 #include "outdir.h"
 #include "textbuf.h"
+#include "vm_ops.h"
 
 #endif

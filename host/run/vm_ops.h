@@ -20,8 +20,8 @@
 #include "err.h"
 #include "run.h"
 #include "s3.h"
-#include "vm/vm.h"
 #include "spec.h"
+#include "vm/vm.h"
 
 struct vm_ops {
 	/* Tasks (hostd). Run spec to completion in a fresh VM (run_task):

@@ -20,16 +20,16 @@
 #include <openssl/sha.h>
 
 #include "buf.h"
-#include "tbuild/tbuild.h"
 #include "clock.h"
 #include "condwait.h"
 #include "envd_http.h"
-#include "task/task.h"
 #include "httpd.h"
 #include "reply.h"
 #include "run/run.h"
 #include "session/session.h"
 #include "spec.h"
+#include "task/task.h"
+#include "tbuild/tbuild.h"
 #include "template/template.h"
 
 /* 401 unless the request carries "Authorization: Bearer <cluster token>".

@@ -20,8 +20,8 @@
 
 #include "dest.h"
 #include "err.h"
-#include "task/task.h"
 #include "run/run.h"
+#include "task/task.h"
 
 struct session_table;
 

@@ -23,8 +23,8 @@
 #include "net/net.h"
 #include "pause_cache.h"
 #include "session.h"
-#include "vm/vm.h"
 #include "template/template.h"
+#include "vm/vm.h"
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 

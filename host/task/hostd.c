@@ -35,10 +35,10 @@
 #include "excerpt.h"
 #include "hostd_int.h"
 #include "proto.h"
+#include "run/run.h"
 #include "spec.h"
 #include "spool.h"
 #include "template/template.h"
-#include "run/run.h"
 
 const double hostd_start_buckets[HOSTD_START_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 };
 

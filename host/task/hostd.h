@@ -11,9 +11,9 @@
 
 #include <jansson.h>
 
-#include "evlog.h"
 #include "dest.h"
 #include "err.h"
+#include "evlog.h"
 #include "run/run.h"
 #include "s3.h"
 

@@ -17,8 +17,8 @@
 #include "condwait.h"
 #include "connect.h"
 #include "fsutil.h"
-#include "io.h"
 #include "hostd_int.h"
+#include "io.h"
 #include "proto.h"
 #include "spool.h"
 

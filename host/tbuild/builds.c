@@ -21,10 +21,10 @@
 #include "clock.h"
 #include "condwait.h"
 #include "fsutil.h"
-#include "task/task.h"
 #include "recipe.h"
 #include "s3.h"
 #include "spec.h"
+#include "task/task.h"
 #include "tbuild.h"
 #include "template/template.h"
 

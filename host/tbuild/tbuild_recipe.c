@@ -32,8 +32,8 @@
 #include "net/net.h"
 #include "proto.h"
 #include "run/run.h"
-#include "vm/vm.h"
 #include "spec.h"
+#include "vm/vm.h"
 
 /* Free space the built image has on top of what it holds (+20%): what a
  * task of the template may write to its disk. */

@@ -35,8 +35,8 @@
 #include "clock.h"
 #include "fsutil.h"
 #include "io.h"
-#include "run/run.h"
 #include "proto.h"
+#include "run/run.h"
 #include "spec.h"
 
 /* ---- the store ---- */

@@ -26,8 +26,8 @@
 #include "buf.h"
 #include "err.h"
 #include "s3.h"
-#include "vm/vm.h"
 #include "tref.h"
+#include "vm/vm.h"
 
 struct pool;
 struct capacity;

@@ -23,8 +23,8 @@
 #include "clock.h"
 #include "fsutil.h"
 #include "io.h"
-#include "run/run.h"
 #include "proto.h"
+#include "run/run.h"
 #include "spec.h"
 
 /* Whether a snapshot key is one this process has loaded (lock held). */

@@ -199,10 +199,10 @@ void vm_log_tail(struct vm *vm, char *out, size_t cap);
 int vm_reap_stale(const char *run_dir);
 
 /* The rest of the door: the room's other modules other rooms use. */
-#include "snapshot.h"
-#include "qcow2.h"
 #include "migfilter.h"
-#include "vmmem.h"
 #include "pageload.h"
+#include "qcow2.h"
+#include "snapshot.h"
+#include "vmmem.h"
 
 #endif
