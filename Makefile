@@ -1,7 +1,7 @@
 # kiln: one non-recursive Makefile, everything built under build/.
 #   make            binaries: build/kiln, build/kiln-api, build/kiln-host, build/kiln-init (+ initramfs)
 #   make image      guest kernel and the built-in templates' root filesystems (cached in $(KILN_CACHE))
-#   make check      unit tests and fuzz corpus replay: no root, no VMs, well under a minute
+#   make check      the layering and map checks, unit tests and fuzz corpus replay: no root, no VMs, well under a minute
 #   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
 #   make demo       an example task, end to end
@@ -29,8 +29,16 @@ CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
+# kiln-host's rooms (host/ROOM/), listed top first: the order they link in.
+# Each is a static library with one public header; which room may include
+# which is host/LAYERS, checked by scripts/layers.py. host/main.c is kiln-host.
+HOST_ROOMS := cmd serve tbuild session task template run envd net vm
+HOST_ROOM_LIBS := $(foreach r,$(HOST_ROOMS),$(B)/host/$(r)/libkiln-host-$(r).a)
+# Tests, fuzzers and benchmarks include the rooms' headers by bare name.
+HOST_INC   := -Ihost $(addprefix -Ihost/,$(HOST_ROOMS))
 # The jail module is part of the host library (vm.c calls it); jail/main.c is kiln-jail.
-HOST_SRCS  := $(filter-out host/main.c,$(wildcard host/*.c)) $(filter-out jail/main.c,$(wildcard jail/*.c))
+JAIL_SRCS  := $(filter-out jail/main.c,$(wildcard jail/*.c))
+HOST_SRCS  := $(foreach r,$(HOST_ROOMS),$(wildcard host/$(r)/*.c)) $(JAIL_SRCS)
 HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
 # kiln-api: its module (store, quotas, HTTP layer, scheduler) is a library; api/main.c is the binary.
 API_SRCS   := $(filter-out api/main.c,$(wildcard api/*.c))
@@ -47,7 +55,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check test unit bench bench-bins demo fuzz clean
+.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -62,6 +70,23 @@ $(B)/guest-obj/%.o: %.c
 	$(CC) $(CFLAGS) -DKILN_GUEST -c $< -o $@
 
 $(B)/libkiln.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# A room's objects include other rooms' doors as "ROOM/ROOM.h".
+$(B)/host/%.o: CFLAGS += -Ihost
+
+# One archive per room (build/host/ROOM/libkiln-host-ROOM.a), which kiln-host
+# links top room first; libkiln-host.a holds them all (and the jail module)
+# for the tests, fuzzers and benchmarks.
+define host_room
+$(B)/host/$(1)/libkiln-host-$(1).a: $$(patsubst %.c,$(B)/%.o,$$(wildcard host/$(1)/*.c))
+	@rm -f $$@
+	ar rcs $$@ $$^
+endef
+$(foreach r,$(HOST_ROOMS),$(eval $(call host_room,$(r))))
+
+$(B)/libkiln-jail.a: $(JAIL_SRCS:%.c=$(B)/%.o)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -83,7 +108,7 @@ $(B)/kiln: $(B)/cli/main.o $(B)/libkiln-cli.a $(B)/libkiln.a
 $(B)/kiln-api: $(B)/api/main.o $(B)/libkiln-api.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(API_LIBS)
 
-$(B)/kiln-host: $(B)/host/main.o $(B)/libkiln-host.a $(B)/libkiln.a
+$(B)/kiln-host: $(B)/host/main.o $(HOST_ROOM_LIBS) $(B)/libkiln-jail.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(HOST_LIBS)
 
 $(B)/kiln-jail: $(B)/jail/main.o $(B)/libkiln-host.a $(B)/libkiln.a
@@ -106,12 +131,12 @@ image: deps
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources,
 # compiled once into an archive (fuzzer-no-link: coverage without a second
 # main) that every fuzzer links, instead of once per fuzzer.
-FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail -Ihost -Iapi -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail $(HOST_INC) -Iapi -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJS   := $(patsubst %.c,$(B)/fuzz-obj/%.o,$(LIB_SRCS) $(HOST_SRCS))
 $(B)/fuzz-obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -155,7 +180,7 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 $(B)/bench/%: bench/%.c bench/bench.h $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 # bench/api_*.c drive kiln-api's modules (the store) instead.
 $(B)/bench/api_%: bench/api_%.c $(B)/libkiln-api.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
@@ -179,7 +204,7 @@ $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 
 # envd's unit test links the guest's own sources (built for the host), not
 # the host libraries: it serves envd in a child over a socketpair.
-ENVD_TEST_SRCS := guest/envd.c guest/envd_proc.c guest/envd_fs.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
+ENVD_TEST_SRCS := guest/envd.c guest/envd_proc.c guest/envd_tx.c guest/envd_fs.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
 $(B)/tests/unit/test_envd: tests/unit/test_envd.c $(ENVD_TEST_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -DKILN_GUEST -Iguest -o $@ tests/unit/test_envd.c $(ENVD_TEST_SRCS) -lcmocka
@@ -207,18 +232,24 @@ $(B)/tests/no-vm-readv: tests/integration/no_vm_readv.c
 # Boots a guest that floods its serial console, for tests/integration/27-console.sh.
 $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Ihost -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -o $@ $(filter %.c %.a,$^) $(HOST_LIBS)
 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
 
+# The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py),
+# and docs/architecture.md's map names every product source file (scripts/map.py).
+tree-check:
+	@scripts/layers.py
+	@scripts/map.py
+
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).
-check: all unit fuzz bench-bins
+check: tree-check all unit fuzz bench-bins
 	@tests/run.sh check
 
 # tests/run.sh all runs check's programs first, then the integration scripts,
 # with one count at the end.
-test: deps
+test: deps tree-check
 	@$(MAKE) --no-print-directory all image unit fuzz bench-bins
 	@tests/run.sh
 

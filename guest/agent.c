@@ -1,8 +1,11 @@
-/* agent: the guest side of the host-guest protocol: receive buffer, frame
- * dispatch, SETUP, the FILE state machine; EXEC and COLLECT are handed to
- * task.c and collect.c. Driven only through fds, so a socketpair can stand in
- * for the virtio-serial port. */
-#include "agent.h"
+/* agent: the guest side of the host-guest protocol: frame dispatch, SETUP,
+ * the FILE state machine; EXEC and COLLECT are handed to task.c and
+ * collect.c. The channel itself (receive buffer, sending, the host's
+ * comings and goings) is agent_chan.c, which task.c and collect.c call too:
+ * they and this file sit above it, none below another. Driven only through
+ * fds, so a socketpair can stand in for the virtio-serial port. */
+#include "agent_int.h"
+
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,32 +31,6 @@
 #include "init.h"
 #include "task.h"
 #include "zygote.h"
-
-/* A FILE being received: its FILE_DATA frames are expected next. */
-struct agent_file {
-	int active;
-	int fd;     /* -1 once a failure was reported: the rest is skipped */
-	int dirfd;  /* the parent, to unlink a partial file */
-	uint64_t left;
-	char name[NAME_MAX + 1];
-	char path[PROTO_MAX_PATH + 1];
-};
-
-struct agent {
-	int chan;
-	int sigfd;
-	int connected; /* the host end of the port is open */
-	sigset_t sigio;
-	struct agent_config cfg;
-	struct agent_file file;
-	size_t rx_start, rx_end; /* unparsed bytes are rx[rx_start, rx_end) */
-	uint8_t rx[PROTO_MAX_FRAME];
-	uint8_t tx[PROTO_MAX_FRAME];
-	struct proto_exec exec; /* ~150 KiB: too big for the stack */
-	struct zygote zygote;   /* the pre-started interpreter (PREPARE), if any */
-	int64_t oom_baseline;   /* guest OOM kills before the next task (task.c) */
-	int refused;            /* an ERROR was sent since the last EXEC (PROTO_EXEC_IF_OK) */
-};
 
 struct agent *agent_create(int chan, const struct agent_config *cfg)
 {
@@ -85,106 +62,6 @@ fail:
 	return NULL;
 }
 
-/* ---- sending ------------------------------------------------------------ */
-
-/* Is the host end of the port open? A virtio-serial port whose host side is
- * closed polls POLLHUP (and POLLIN: reads return 0). */
-static void agent_check_host(struct agent *a)
-{
-	struct pollfd p = { .fd = a->chan, .events = POLLIN };
-
-	if (poll(&p, 1, 0) >= 0 && !(p.revents & POLLHUP))
-		a->connected = 1;
-}
-
-/* Waits until the channel takes more bytes. While the host end is closed the
- * port polls POLLHUP without POLLOUT, so poll() cannot wait for it: wait for
- * the SIGIO the port raises on reconnection (the 1 s timeout is only a safety
- * net), then look again. */
-static int agent_wait_writable(struct agent *a)
-{
-	static const struct timespec recheck = { .tv_sec = 1 };
-	struct pollfd p = { .fd = a->chan, .events = POLLOUT };
-
-	for (;;) {
-		if (poll(&p, 1, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (p.revents & POLLOUT)
-			return 0;
-		if (p.revents & POLLNVAL)
-			return -EBADF;
-		if (p.revents & POLLERR)
-			return -EIO;
-		sigtimedwait(&a->sigio, NULL, &recheck);
-	}
-}
-
-static int agent_write_all(struct agent *a, const uint8_t *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(a->chan, p, n);
-		int r;
-
-		if (w > 0) {
-			p += w;
-			n -= (size_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN) {
-			r = agent_wait_writable(a);
-			if (r < 0)
-				return r;
-			continue;
-		}
-		return w < 0 ? -errno : -EIO;
-	}
-	return 0;
-}
-
-uint8_t *agent_payload(struct agent *a)
-{
-	return a->tx + PROTO_HDR_SIZE;
-}
-
-int agent_send(struct agent *a, uint8_t type, const void *payload, size_t len)
-{
-	if (len > PROTO_MAX_PAYLOAD)
-		return -EMSGSIZE;
-	/* Header and payload in one buffer: each write() to a virtio port is
-	 * one virtqueue buffer, so a separate header would double them. */
-	if (len && payload != agent_payload(a))
-		memmove(agent_payload(a), payload, len);
-	proto_frame_header(a->tx, type, (uint32_t)len);
-	return agent_write_all(a, a->tx, PROTO_HDR_SIZE + len);
-}
-
-int agent_send_error(struct agent *a, int code, const char *fmt, ...)
-{
-	struct proto_error e;
-	va_list ap;
-	ssize_t n;
-
-	e.code = code;
-	va_start(ap, fmt);
-	vsnprintf(e.message, sizeof(e.message), fmt, ap);
-	va_end(ap);
-	n = proto_error_encode(agent_payload(a), PROTO_MAX_PAYLOAD, &e);
-	if (n < 0)
-		return (int)n; /* cannot happen: the message is bounded */
-	a->refused = 1;
-	return agent_send(a, PROTO_ERROR, agent_payload(a), (size_t)n);
-}
-
-static int agent_send_ok(struct agent *a, uint8_t type)
-{
-	return agent_send(a, PROTO_OK, &type, 1);
-}
-
 int agent_hello(struct agent *a)
 {
 	struct proto_hello h = { .version = PROTO_VERSION, .features = 0 };
@@ -200,30 +77,6 @@ int agent_hello(struct agent *a)
 }
 
 /* ---- FILE --------------------------------------------------------------- */
-
-static void file_reset(struct agent_file *f)
-{
-	if (f->fd >= 0)
-		close(f->fd);
-	if (f->dirfd >= 0)
-		close(f->dirfd);
-	f->fd = -1;
-	f->dirfd = -1;
-	f->active = 0;
-	f->left = 0;
-}
-
-/* Removes the partial file; the state stays active so that the FILE_DATA
- * frames still in flight are skipped. */
-static void file_drop(struct agent_file *f)
-{
-	if (f->fd < 0)
-		return;
-	close(f->fd);
-	f->fd = -1;
-	if (unlinkat(f->dirfd, f->name, 0) < 0 && errno != ENOENT)
-		init_log("FILE %s: removing the partial file: %s", f->path, strerror(errno));
-}
 
 static int path_under(const char *path, const char *dir)
 {
@@ -380,12 +233,12 @@ static int file_finish(struct agent *a)
 
 	f->fd = -1;
 	if (r < 0) {
-		/* Already closed: file_drop() only unlinks what it still holds. */
+		/* Already closed: agent_file_drop() only unlinks what it still holds. */
 		unlinkat(f->dirfd, f->name, 0);
-		file_reset(f);
+		agent_file_reset(f);
 		return agent_send_error(a, r, "FILE %s: close: %s", f->path, strerror(-r));
 	}
-	file_reset(f);
+	agent_file_reset(f);
 	return agent_send_ok(a, PROTO_FILE);
 }
 
@@ -418,7 +271,7 @@ static int file_begin(struct agent *a, const struct proto_frame *fr)
 skip:
 	/* The host has already sent the data: swallow it quietly. */
 	if (f->left == 0)
-		file_reset(f);
+		agent_file_reset(f);
 	return r;
 }
 
@@ -434,23 +287,23 @@ static int file_data(struct agent *a, const struct proto_frame *fr)
 	if (n > f->left) {
 		int reported = f->fd < 0;
 
-		file_drop(f);
-		file_reset(f);
+		agent_file_drop(f);
+		agent_file_reset(f);
 		if (reported)
 			return 0;
 		return agent_send_error(a, -EPROTO, "FILE %s: more data than announced", f->path);
 	}
 	f->left -= n;
 	if (f->fd >= 0 && (r = io_write_all(f->fd, p, n)) < 0) {
-		file_drop(f);
+		agent_file_drop(f);
 		if (f->left == 0)
-			file_reset(f);
+			agent_file_reset(f);
 		return agent_send_error(a, r, "FILE %s: write: %s", f->path, strerror(-r));
 	}
 	if (f->left > 0)
 		return 0;
 	if (f->fd < 0) {
-		file_reset(f); /* a failure was already reported */
+		agent_file_reset(f); /* a failure was already reported */
 		return 0;
 	}
 	return file_finish(a);
@@ -463,8 +316,8 @@ static int file_interrupted(struct agent *a, uint8_t type)
 	int reported = f->fd < 0;
 	unsigned long long left = f->left;
 
-	file_drop(f);
-	file_reset(f);
+	agent_file_drop(f);
+	agent_file_reset(f);
 	if (reported)
 		return 0;
 	return agent_send_error(a, -EPROTO, "FILE %s: %llu bytes missing (got a frame of type 0x%02x)",
@@ -527,101 +380,6 @@ static int agent_setup(struct agent *a, const struct proto_frame *fr)
 	return agent_send_ok(a, PROTO_SETUP);
 }
 
-/* ---- receiving and dispatch ------------------------------------------- */
-
-int agent_chan_pollfd(struct agent *a)
-{
-	return a->connected ? a->chan : -1;
-}
-
-int agent_sigfd(struct agent *a)
-{
-	return a->sigfd;
-}
-
-int agent_signals(struct agent *a)
-{
-	struct signalfd_siginfo si[8];
-
-	for (;;) {
-		ssize_t n = read(a->sigfd, si, sizeof(si));
-
-		if (n > 0)
-			continue;
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno != EAGAIN)
-			return -errno;
-		break;
-	}
-	if (!a->connected)
-		agent_check_host(a);
-	return 0;
-}
-
-/* The host closed its end. A restored snapshot clone may see this before
- * the new host connects, so it is not fatal: drop the partial state (the
- * next connection starts on a frame boundary) and wait for SIGIO. */
-static void agent_hangup(struct agent *a)
-{
-	a->connected = 0;
-	a->refused = 0;
-	a->rx_start = 0;
-	a->rx_end = 0;
-	file_drop(&a->file);
-	file_reset(&a->file);
-}
-
-int agent_read(struct agent *a)
-{
-	ssize_t n;
-
-	if (!a->connected)
-		return 0;
-	if (a->rx_start > 0) {
-		memmove(a->rx, a->rx + a->rx_start, a->rx_end - a->rx_start);
-		a->rx_end -= a->rx_start;
-		a->rx_start = 0;
-	}
-	/* Full: a whole frame is buffered (none exceeds the buffer) and must
-	 * be taken first. */
-	if (a->rx_end == sizeof(a->rx))
-		return 0;
-	n = read(a->chan, a->rx + a->rx_end, sizeof(a->rx) - a->rx_end);
-	if (n > 0) {
-		a->rx_end += (size_t)n;
-		return 0;
-	}
-	if (n == 0) {
-		agent_hangup(a);
-		return 0;
-	}
-	if (errno == EAGAIN || errno == EINTR)
-		return 0;
-	return -errno;
-}
-
-int agent_next_frame(struct agent *a, struct proto_frame *f)
-{
-	ssize_t n = proto_frame_parse(a->rx + a->rx_start, a->rx_end - a->rx_start, f);
-	int r;
-
-	if (n == 0)
-		return 0;
-	if (n < 0) {
-		/* Nothing after a bad header can be trusted to be aligned on a
-		 * frame: drop it all, and any file it was feeding. */
-		a->rx_start = 0;
-		a->rx_end = 0;
-		file_drop(&a->file);
-		file_reset(&a->file);
-		r = agent_send_error(a, -EPROTO, "bad frame header: receive buffer dropped");
-		return r < 0 ? r : 0;
-	}
-	a->rx_start += (size_t)n;
-	return 1;
-}
-
 static int agent_exec(struct agent *a, const struct proto_frame *fr)
 {
 	int refused = a->refused, r;
@@ -649,16 +407,6 @@ static int agent_collect(struct agent *a, const struct proto_frame *fr)
 	if (proto_reader_end(&r) < 0)
 		return agent_send_error(a, -EPROTO, "malformed COLLECT request");
 	return collect_run(a, a->cfg.output_dir, budget);
-}
-
-int64_t *agent_oom_baseline(struct agent *a)
-{
-	return &a->oom_baseline;
-}
-
-struct zygote *agent_zygote(struct agent *a)
-{
-	return &a->zygote;
 }
 
 /* PREPARE: pre-start the interpreter a snapshot will carry. Idempotent. */
@@ -838,8 +586,8 @@ void agent_destroy(struct agent *a)
 {
 	if (!a)
 		return;
-	file_drop(&a->file);
-	file_reset(&a->file);
+	agent_file_drop(&a->file);
+	agent_file_reset(&a->file);
 	close(a->sigfd);
 	close(a->chan);
 	free(a);

@@ -111,7 +111,7 @@ struct envd {
 	uint8_t tx[ENVD_TX_CAP];
 };
 
-/* ---- envd.c: sending ---- */
+/* ---- envd_tx.c: sending ---- */
 
 /* Room for one more frame of any size (and the host is connected). */
 int envd_tx_ok(struct envd *e);
@@ -123,8 +123,11 @@ void envd_tx_commit(struct envd *e, uint8_t type, size_t len);
 void envd_send_error(struct envd *e, uint32_t req, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void envd_send_done(struct envd *e, uint32_t req);
-/* A frame of n u32s. */
+/* Sends a frame of n u32s. */
 void envd_send_u32s(struct envd *e, uint8_t type, const uint32_t *v, unsigned n);
+/* Writes what the channel takes now: 0 or a negative errno when the channel
+ * failed. */
+int envd_flush(struct envd *e);
 
 /* ---- envd_proc.c: processes ---- */
 

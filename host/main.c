@@ -14,27 +14,20 @@
 
 #include <jansson.h>
 
-#include "fsutil.h"
 #include "clock.h"
+#include "cmd/cmd.h"
 #include "err.h"
-#include "run.h"
-#include "spec.h"
-#include "host_config.h"
-#include "serve.h"
-#include "session.h"
-#include "heartbeat.h"
-#include "hostd.h"
+#include "fsutil.h"
 #include "io.h"
-#include "pool.h"
-#include "net.h"
-#include "oci_cmd.h"
-#include "spool.h"
-#include "builds.h"
-#include "template.h"
-#include "tmpl_cmd.h"
-#include "snapshot.h"
-#include "vm.h"
-#include "vm_ops.h"
+#include "net/net.h"
+#include "run/run.h"
+#include "serve/serve.h"
+#include "session/session.h"
+#include "spec.h"
+#include "task/task.h"
+#include "tbuild/tbuild.h"
+#include "template/template.h"
+#include "vm/vm.h"
 
 #define SPEC_MAX_BYTES SPEC_MAX_JSON
 

@@ -11,7 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "oci_priv.h"
+#include "oci_int.h"
 
 static void check_err(const struct kiln_err *err)
 {

@@ -25,7 +25,7 @@
 #include "fsutil.h"
 #include "hostd.h"
 #include "session.h"
-#include "session_priv.h"
+#include "session_int.h"
 #include "proto.h"
 #include "vm.h"
 

@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "fsutil.h"
-#include "oci_priv.h"
+#include "oci_int.h"
 
 /* ---- tar ---------------------------------------------------------------------- */
 

@@ -1,0 +1,11 @@
+/* cmd: the cmd room's door (host/cmd/: kiln-host's configuration file and
+ * its offline subcommands, template-build and oci-build). It may call every
+ * other room and lib/; only host/main.c includes it. */
+#ifndef KILN_CMD_H
+#define KILN_CMD_H
+
+#include "host_config.h"
+#include "oci_cmd.h"
+#include "tmpl_cmd.h"
+
+#endif

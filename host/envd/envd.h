@@ -1,0 +1,130 @@
+/* envd: kiln-host's end of one session VM's `kiln.envd` port (lib/eproto.h,
+ * docs/e2b.md "Guest: envd"). One I/O thread per channel reads every frame
+ * the guest sends and writes what callers queued; callers (HTTP connection
+ * threads, envd_http.c) run requests over it concurrently: unary ones
+ * (STAT, LIST, ...) whose replies are queued per request id, file reads
+ * (DATA under the guest's window, acknowledged as the caller takes it),
+ * file writes, and process output streams (per guest pid, fanned out to
+ * every subscriber, acknowledged once the slowest subscriber took it; with
+ * no subscriber, output is dropped and acknowledged at once).
+ *
+ * Lifetime: envd_open when a session first needs it (it says HELLO and
+ * waits for the guest's answer before the first request goes out);
+ * envd_kill when the VM goes (pause, destroy): every pending request and
+ * stream fails with CONNECT_UNAVAILABLE; the last envd_unref frees it. A
+ * HELLO the guest sends on its own (its envd restarted) fails what is
+ * pending the same way. Thread-safe.
+ *
+ * Room: the envd room's one header (host/envd/: the host end of a
+ * session VM's envd channel). It may call lib/ only. */
+#ifndef KILN_ENVD_H
+#define KILN_ENVD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "connectrpc.h"
+#include "eproto.h"
+
+/* How long a request waits for the guest's HELLO before it is unavailable. */
+#define ENVD_HELLO_MS 5000
+
+struct envd;
+
+/* A channel over a copy of fd (the VM's envd socketpair end; fd itself stays
+ * the caller's). name is for log lines. NULL on ENOMEM or when the thread
+ * cannot start. */
+struct envd *envd_open(int fd, const char *name);
+/* The VM is going: fail everything pending with `why` (CONNECT_UNAVAILABLE),
+ * stop the I/O thread and close the copy. Idempotent. */
+void envd_kill(struct envd *e, const char *why);
+void envd_ref(struct envd *e);
+void envd_unref(struct envd *e);
+/* Wait until the caller's is the only reference left (every stream over
+ * e has ended), at most until deadline_ms (monotonic). */
+void envd_wait_idle(struct envd *e, int64_t deadline_ms);
+/* 1 until envd_kill. */
+int envd_alive(struct envd *e);
+/* References held now: the owner's plus one per request or stream in
+ * flight (a session is idle only with just its own). */
+int envd_refs(struct envd *e);
+
+/* An error a request ended with: a Connect code and a message. */
+struct envd_err {
+	enum connect_code code;
+	int errnum;    /* the guest's negative errno, 0 when it is not the guest's */
+	char msg[PROTO_MAX_MSG + 64];
+};
+
+/* ---- requests --------------------------------------------------------- */
+
+struct envd_req;
+
+/* A reply frame handed to the caller; payload valid until the next call on
+ * the request. */
+struct envd_reply {
+	uint8_t type;          /* EP_ENTRY, EP_PROC, EP_DATA, EP_DONE, EP_STARTED */
+	const uint8_t *payload;
+	size_t len;
+};
+
+/* Begin a request of `type` whose payload (with the request id at its start
+ * left for this call to fill: the first 4 bytes are overwritten) is p/len.
+ * Waits for the channel's HELLO (at most until deadline_ms, monotonic).
+ * NULL with err set (unavailable). */
+struct envd_req *envd_req_begin(struct envd *e, uint8_t type, uint8_t *p, size_t len, int64_t deadline_ms,
+				struct envd_err *err);
+uint32_t envd_req_id(const struct envd_req *r);
+/* The next reply of r: 1 with *out set, 0 when the request ended (DONE or
+ * ENTRY/STARTED as its last reply: see envd_req_next's callers), -1 with err
+ * set (the guest's ERROR, the channel died, or deadline_ms passed:
+ * deadline_exceeded). A DONE is returned as a reply too, after which the
+ * request has ended. */
+int envd_req_next(struct envd_req *r, struct envd_reply *out, int64_t deadline_ms, struct envd_err *err);
+/* Acknowledge n DATA bytes of a READ taken by the caller. */
+void envd_req_ack(struct envd_req *r, size_t n);
+/* Send more frames of the same request (WDATA, WEND): the 4-byte id at p's
+ * start is filled in. Waits while the channel's send queue is full, until
+ * deadline_ms. 0 or -1 with err (an ERROR the guest already sent for this
+ * request is returned here). */
+int envd_req_send(struct envd_req *r, uint8_t type, uint8_t *p, size_t len, int64_t deadline_ms, struct envd_err *err);
+/* Done with r; a READ or WRITE that has not ended is CANCELled. */
+void envd_req_free(struct envd_req *r);
+
+/* A frame with no reply (INPUT, CLOSE_STDIN, SIGNAL, RESIZE): queued.
+ * 0 or -1 with err (unavailable). Waits for HELLO as envd_req_begin. */
+int envd_send(struct envd *e, uint8_t type, const void *p, size_t len, int64_t deadline_ms, struct envd_err *err);
+
+/* ---- process output ---------------------------------------------------- */
+
+struct envd_sub;
+
+/* What envd_sub_next hands out. */
+enum envd_ev { ENVD_EV_NONE, ENVD_EV_DATA, ENVD_EV_END, ENVD_EV_ERROR };
+
+struct envd_event {
+	enum envd_ev kind;
+	uint8_t stream;        /* DATA: EP_STDOUT, EP_STDERR, EP_PTY */
+	const uint8_t *data;   /* DATA: valid until the next call */
+	size_t len;
+	uint8_t how;           /* END: PROTO_EXITED / PROTO_SIGNALED */
+	uint32_t status;       /* END: exit status or signal */
+	struct envd_err err;   /* ERROR */
+};
+
+/* START: req carries the encoded struct eproto_start (id filled in). On
+ * STARTED, a subscriber is attached to the new pid before any of its
+ * output is taken in; *sub gets it and *pid the pid. -1 with err (the
+ * guest's ERROR, unavailable, deadline). */
+int envd_start(struct envd *e, uint8_t *p, size_t len, int64_t deadline_ms, struct envd_sub **sub, uint32_t *pid,
+	       struct envd_err *err);
+/* Subscribe to pid's output from now on (Connect). The caller checks the
+ * pid exists (LIST) after subscribing: an END that came before is not
+ * seen. NULL with err. */
+struct envd_sub *envd_subscribe(struct envd *e, uint32_t pid, struct envd_err *err);
+/* The next event, waiting until deadline_ms: ENVD_EV_NONE when it passed. */
+void envd_sub_next(struct envd_sub *s, struct envd_event *ev, int64_t deadline_ms);
+/* Stop: what it did not take is acknowledged for it. */
+void envd_sub_free(struct envd_sub *s);
+
+#endif

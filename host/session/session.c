@@ -1,0 +1,579 @@
+/* session: kiln-host's long-lived sandboxes (see session.h): the session
+ * table, the launcher thread that starts their VMs, create and delete.
+ * Commands and files are in session_io.c, pause and resume in
+ * session_pause.c; what they share is in session_int.h.
+ *
+ * A session VM is a snapshot clone like a task's, with two differences: its
+ * disk layer is a qcow2 overlay of its own in <spool>/sessions/<id>/ (not
+ * QEMU's throw-away snapshot=on file), so that it can be saved; and its
+ * commands run with PROTO_EXEC_KEEP, so processes they start survive them. */
+#include "session_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "proto.h"
+#include "task/task.h"
+
+#define SESSION_LOAD_MS    300000
+#define SESSION_SETUP_MS   10000
+#define SESSION_MAX_ENV    256
+
+static void *launcher_main(void *arg)
+{
+	struct session_table *ss = arg;
+
+	pthread_mutex_lock(&ss->lock);
+	for (;;) {
+		struct launch *l;
+
+		while (!ss->queue && !ss->stopping)
+			pthread_cond_wait(&ss->launch_cond, &ss->lock);
+		if (!ss->queue)
+			break;
+		l = ss->queue;
+		ss->queue = l->next;
+		pthread_mutex_unlock(&ss->lock);
+		l->rc = vm_start(l->cfg, l->vm, l->err);
+		pthread_mutex_lock(&ss->lock);
+		l->done = 1;
+		pthread_cond_broadcast(&ss->launched_cond);
+	}
+	pthread_mutex_unlock(&ss->lock);
+	return NULL;
+}
+
+/* vm_start on the launcher thread. */
+static int launch_vm(struct session_table *ss, const struct vm_config *cfg, struct vm *vm, struct kiln_err *err)
+{
+	struct launch l = { .cfg = cfg, .vm = vm, .err = err };
+
+	pthread_mutex_lock(&ss->lock);
+	l.next = ss->queue;
+	ss->queue = &l;
+	pthread_cond_signal(&ss->launch_cond);
+	while (!l.done)
+		pthread_cond_wait(&ss->launched_cond, &ss->lock);
+	pthread_mutex_unlock(&ss->lock);
+	return l.rc;
+}
+
+struct session_table *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err)
+{
+	struct session_table *ss = calloc(1, sizeof(*ss));
+
+	if (!ss) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		return NULL;
+	}
+	ss->d = d;
+	snprintf(ss->host_id, sizeof(ss->host_id), "%s", host_id ? host_id : "");
+	snprintf(ss->root, sizeof(ss->root), "%s/sessions", spool_dir);
+	pthread_mutex_init(&ss->lock, NULL);
+	pthread_cond_init(&ss->launch_cond, NULL);
+	pthread_cond_init(&ss->launched_cond, NULL);
+	if (pthread_create(&ss->launcher, NULL, launcher_main, ss) != 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the session launcher thread");
+		free(ss);
+		return NULL;
+	}
+	ss->pre.enabled = 1;
+	if (session_prestart_open(ss, err) < 0) {
+		sessions_close(ss);
+		return NULL;
+	}
+	/* Sessions of an earlier process died with it (their VMs were its
+	 * children); paused ones are in S3, not here. */
+	fs_rmtree(ss->root);
+	if (fs_mkdir_p(ss->root, 0700) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", ss->root, strerror(errno));
+		sessions_close(ss);
+		return NULL;
+	}
+	return ss;
+}
+
+void session_teardown(struct session_table *ss, struct session *s)
+{
+	session_envd_close(ss, s, "the sandbox was destroyed");
+	vm_destroy(&s->vm);
+	if (s->has_tu) {
+		template_release(hostd_templates(ss->d), &s->tu);
+		s->has_tu = 0;
+	}
+	if (s->net) {
+		net_sandbox_stop(s->net, NULL);
+		s->net = NULL;
+	}
+	if (s->vcpus)
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+	s->vcpus = 0;
+	session_base_release(s);
+	fs_rmtree(s->dir);
+}
+
+void sessions_close(struct session_table *ss)
+{
+	if (!ss)
+		return;
+	session_pcache_close(ss);
+	session_idler_stop(ss);
+	pthread_mutex_lock(&ss->lock);
+	while (ss->list) {
+		struct session *s = ss->list;
+
+		ss->list = s->next;
+		pthread_mutex_unlock(&ss->lock);
+		pthread_mutex_lock(&s->op);
+		session_teardown(ss, s);
+		pthread_mutex_unlock(&s->op);
+		session_free(s);
+		pthread_mutex_lock(&ss->lock);
+	}
+	ss->stopping = 1;
+	pthread_cond_broadcast(&ss->launch_cond);
+	pthread_mutex_unlock(&ss->lock);
+	pthread_join(ss->launcher, NULL);
+	session_prestart_close(ss);
+	free(ss);
+}
+
+json_t *session_json(const struct session_table *ss, const struct session *s)
+{
+	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", s->id, "customer", s->customer, "state",
+			 s->state == SS_RUNNING ? "running" : s->state == SS_PAUSING ? "pausing" : "destroyed", "host_id",
+			 ss->host_id, "created_ms", (json_int_t)s->created_ms, "last_active_ms",
+			 (json_int_t)s->last_active_ms, "vcpus", (int)s->vcpus, "memory_mib", (int)s->memory_mib);
+
+	if (j && s->has_tu)
+		json_object_set_new(j, "template", json_string(s->tu.name));
+	/* Its vCPUs are stopped while it is idle (session_idle.c). */
+	if (j && s->state == SS_RUNNING)
+		json_object_set_new(j, "idle_stopped", json_boolean(s->stopped));
+	return j;
+}
+
+json_t *sessions_list(struct session_table *ss)
+{
+	json_t *a = json_array();
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next)
+		json_array_append_new(a, session_json(ss, s));
+	pthread_mutex_unlock(&ss->lock);
+	return json_pack("{s:o}", "sessions", a);
+}
+
+json_t *session_get(struct session_table *ss, const char *id)
+{
+	json_t *j = NULL;
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id))
+			j = session_json(ss, s);
+	pthread_mutex_unlock(&ss->lock);
+	return j;
+}
+
+/* session_take, and with wake, continue the VM if the idler stopped it
+ * (session_idle.c): every operation but destroying needs a running guest. */
+static struct session *take(struct session_table *ss, const char *id, int wake, struct kiln_err *err)
+{
+	struct session *s;
+
+	pthread_mutex_lock(&ss->lock);
+	for (s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id))
+			break;
+	if (s)
+		s->refs++;
+	pthread_mutex_unlock(&ss->lock);
+	if (!s) {
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
+		return NULL;
+	}
+	/* The idle stop decision holds wake (and op) for a moment: wait for
+	 * it rather than answer "busy", then find the VM as it left it. */
+	pthread_mutex_lock(&s->wake);
+	if (pthread_mutex_trylock(&s->op) != 0) {
+		pthread_mutex_unlock(&s->wake);
+		session_unref(ss, s);
+		kiln_err_set(err, KERR_BUSY, "session %s is busy with another request", id);
+		return NULL;
+	}
+	if (s->state == SS_GONE) {
+		pthread_mutex_unlock(&s->op);
+		pthread_mutex_unlock(&s->wake);
+		session_unref(ss, s);
+		kiln_err_set(err, KERR_NOT_FOUND, "no session %s on this host", id);
+		return NULL;
+	}
+	/* A VM that does not continue is broken: the operation finds out and
+	 * reports it as for any VM that stopped answering. */
+	if (wake && s->stopped) {
+		struct kiln_err e2 = { .errc = KERR_NONE };
+
+		session_wake_held(ss, s, &e2);
+	}
+	pthread_mutex_unlock(&s->wake);
+	return s;
+}
+
+/* Take the session for one operation: found, referenced, its op lock held,
+ * its VM running. NULL with err "not_found" or "busy". */
+struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err)
+{
+	return take(ss, id, 1, err);
+}
+
+/* End an operation; with gone, the session also leaves the list and is
+ * freed by whoever holds the last reference. */
+void session_put(struct session_table *ss, struct session *s, int gone)
+{
+	int free_it;
+
+	if (gone)
+		s->state = SS_GONE;
+	else
+		s->last_active_ms = clock_wall_ms();
+	pthread_mutex_unlock(&s->op);
+	pthread_mutex_lock(&ss->lock);
+	if (gone) {
+		for (struct session **pp = &ss->list; *pp; pp = &(*pp)->next)
+			if (*pp == s) {
+				*pp = s->next;
+				break;
+			}
+	}
+	free_it = --s->refs == 0 && s->state == SS_GONE;
+	pthread_mutex_unlock(&ss->lock);
+	if (free_it)
+		session_free(s);
+}
+
+/* ---- create ------------------------------------------------------------- */
+
+/* Parse a session spec ({"limits","network"}) as a task spec, so the same
+ * rules and messages apply. */
+int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err)
+{
+	const char *k;
+	json_t *v, *j;
+	char *text;
+	int r;
+
+	if (!json_is_object(spec))
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
+	json_object_foreach(spec, k, v)
+		if (strcmp(k, "limits") && strcmp(k, "network") && strcmp(k, "env"))
+			return kiln_err_set(err, KERR_INVALID_SPEC,
+					    "%s: a session spec has only \"limits\", \"network\" and \"env\"", k);
+	/* env: the default of every envd process; a task's rules, and fewer. */
+	if (json_object_size(json_object_get(spec, "env")) > SESSION_MAX_ENV)
+		return kiln_err_set(err, KERR_INVALID_SPEC, "env: must have at most %d entries (got %zu)", SESSION_MAX_ENV,
+				    json_object_size(json_object_get(spec, "env")));
+	j = json_deep_copy(spec);
+	json_object_set_new(j, "argv", json_pack("[s]", "true"));
+	text = json_dumps(j, JSON_COMPACT);
+	json_decref(j);
+	if (!text)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	r = spec_parse(text, strlen(text), out, err);
+	free(text);
+	return r;
+}
+
+/* The template a session of spec starts from (and is resumed against). */
+const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
+					struct kiln_err *err)
+{
+	const struct snapshot *snap = spec->egress ? ro->net_snap : ro->snap;
+
+	if (!snap) {
+		kiln_err_set(err, spec->egress && !(ro->net && ro->net->enabled) ? KERR_EGRESS_UNAVAILABLE : KERR_INVALID_SPEC,
+			     spec->egress && !(ro->net && ro->net->enabled)
+				     ? "network.egress: this host does not offer network egress"
+				     : "sessions need a snapshot: this host runs cold");
+		return NULL;
+	}
+	if (snap->memory_mib != spec->memory_mib || snap->vcpus != spec->vcpus) {
+		kiln_err_set(err, KERR_INVALID_SPEC,
+			     "limits: sessions on this host have %u MiB and %u vCPU (its snapshot's size), not %u MiB and %u",
+			     snap->memory_mib, snap->vcpus, spec->memory_mib, spec->vcpus);
+		return NULL;
+	}
+	return snap;
+}
+
+const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
+					     struct kiln_err *err)
+{
+	struct template_store *st = hostd_templates(ss->d);
+	struct run_opts ro = *hostd_run_opts(ss->d);
+	const struct snapshot *snap;
+
+	*has_tu = 0;
+	if (st) {
+		struct hostd_s3 s3;
+		int have_s3 = hostd_s3_take(ss->d, &s3) == 0, r;
+
+		r = template_acquire(st, tref, spec->egress, have_s3 ? &s3.c : NULL, tu, err);
+		if (have_s3)
+			hostd_s3_free(&s3);
+		if (r < 0)
+			return NULL;
+		ro.snap = tu->snap;
+		ro.net_snap = tu->net_snap;
+		*has_tu = 1;
+	} else if (tref && !(tref->builtin && !strcmp(tref->name, "default"))) {
+		kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no template store", tref->name);
+		return NULL;
+	}
+	snap = session_template(&ro, spec, err);
+	if (!snap && *has_tu) {
+		template_release(st, tu);
+		*has_tu = 0;
+	}
+	return snap;
+}
+
+struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
+			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err)
+{
+	struct session *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		return NULL;
+	}
+	snprintf(s->id, sizeof(s->id), "%s", id);
+	snprintf(s->customer, sizeof(s->customer), "%s", customer);
+	s->vm.pid = s->vm.pidfd = s->vm.agent_fd = s->vm.qmp_fd = s->vm.envd_fd = s->vm.lock_fd = -1;
+	s->spec = json_deep_copy(spec);
+	s->memory_mib = ts->memory_mib;
+	s->output_mib = ts->output_mib;
+	s->snap = snap;
+	snprintf(s->release, sizeof(s->release), "%s", snap->release);
+	snprintf(s->dir, sizeof(s->dir), "%s/%s", ss->root, id);
+	snprintf(s->disk, sizeof(s->disk), "%s/disk.qcow2", s->dir);
+	snprintf(s->state_path, sizeof(s->state_path), "%s/state", s->dir);
+	s->created_ms = s->last_active_ms = clock_wall_ms();
+	s->input_wr = -1;
+	s->base_fd = -1;
+	pthread_mutex_init(&s->op, NULL);
+	pthread_mutex_init(&s->wake, NULL);
+	return s;
+}
+
+/* Register s, unless a session with its id is here already. */
+int session_insert(struct session_table *ss, struct session *s, struct kiln_err *err)
+{
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *o = ss->list; o; o = o->next)
+		if (!strcmp(o->id, s->id)) {
+			pthread_mutex_unlock(&ss->lock);
+			return kiln_err_set(err, KERR_DUPLICATE, "session %s already runs on this host", s->id);
+		}
+	s->next = ss->list;
+	ss->list = s;
+	pthread_mutex_unlock(&ss->lock);
+	return 0;
+}
+
+/* The overlay that holds everything the session writes to its disk. */
+static int make_overlay(const char *disk, const char *backing, struct kiln_err *err)
+{
+	char *argv[] = { "/usr/bin/qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", (char *)backing,
+			 (char *)disk, NULL };
+
+	if (snapshot_run_cmd(argv) < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "qemu-img create %s failed", disk);
+	return 0;
+}
+
+/* Start the session's VM: its network (if any), then QEMU on the overlay
+ * s->disk (backed by the template's disk), loading state_fd (a template's
+ * device state, or a paused session's whole state with mem_ram). */
+int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+		 struct kiln_err *err)
+{
+	const struct run_opts *ro = hostd_run_opts(ss->d);
+	struct vm_config cfg = ro->vm;
+	/* Not on a base fetched from S3: a VM started ahead would keep that
+	 * RAM alive after its last session. */
+	int can_pre = s->base_fd < 0;
+
+	if (ts->egress) {
+		if (net_sandbox_start(ro->net, ts->net_rules, ts->nnet_rules, NULL, NULL, &s->net, err) < 0)
+			return -1;
+		cfg.net = 1;
+		cfg.net_fd = net_sandbox_tap_fd(s->net);
+	}
+	cfg.vcpus = s->snap->vcpus;
+	cfg.memory_mib = s->snap->memory_mib;
+	cfg.disk = s->disk;
+	cfg.disk_format = "qcow2";
+	cfg.disk_writable = 1;
+	cfg.disk_backing = s->snap->disk;
+	cfg.disk_backing2 = s->snap->backing;
+	cfg.incoming = 1;
+	cfg.cancel_fd = -1;
+	if (mem_ram) {
+		cfg.mem_ram = 1;
+		cfg.mem_fd = 0;
+		cfg.mem_file = NULL;
+	} else {
+		/* The snapshot's RAM, or the base fetched for a resumed session. */
+		cfg.mem_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
+		cfg.mem_file = s->snap->mem;
+		cfg.mem_share = 0;
+	}
+	s->prestarted = 0;
+	s->boot_ms[0] = proto_now_ms();
+	{
+		char pdisk[PATH_MAX + 16], pdir[PATH_MAX];
+		int have_disk = access(s->disk, F_OK) == 0;
+
+		if (can_pre && session_prestart_take(ss, &cfg, &s->vm, pdisk, sizeof(pdisk), pdir, sizeof(pdir)) == 0) {
+			/* Its overlay becomes the session's: as it is for a new
+			 * session, with the fetched disk layer copied in for a
+			 * resumed one. */
+			s->prestarted = 1;
+			if ((have_disk && session_prestart_disk(s->disk, pdisk, err) < 0) ||
+			    (rename(pdisk, s->disk) < 0 &&
+			     kiln_err_set(err, KERR_HOST_ERROR, "cannot move %s: %s", pdisk, strerror(errno)) < 0)) {
+				fs_rmtree(pdir); /* the VM goes with the session's teardown */
+				return -1;
+			}
+			fs_rmtree(pdir);
+		} else if (!have_disk && make_overlay(s->disk, s->snap->disk, err) < 0) {
+			return -1;
+		} else if (launch_vm(ss, &cfg, &s->vm, err) < 0) {
+			return -1;
+		}
+	}
+	if (can_pre)
+		session_prestart_want(ss, &cfg);
+	s->boot_ms[0] = proto_now_ms() - s->boot_ms[0];
+	if (s->booted)
+		s->booted(s->booted_ctx, s);
+	s->boot_ms[1] = proto_now_ms();
+	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
+		if (mem_ram)
+			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
+		return -1;
+	}
+	s->boot_ms[2] = proto_now_ms();
+	s->boot_ms[1] = s->boot_ms[2] - s->boot_ms[1];
+	if (vm_setup(&s->vm, proto_now_ms() + SESSION_SETUP_MS, err) < 0)
+		return -1;
+	s->boot_ms[2] = proto_now_ms() - s->boot_ms[2];
+	session_envd_enable(ss, s);
+	return 0;
+}
+
+int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
+		   const struct tref *tref, json_t **out, struct kiln_err *err)
+{
+	struct task_spec ts;
+	const struct snapshot *snap;
+	struct session *s;
+	struct template_use tu;
+	int fd, r, has_tu = 0;
+
+	*out = NULL;
+	if (!spool_id_ok(id) || !spool_id_ok(customer))
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
+				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+	if (session_parse_spec(spec, &ts, err) < 0)
+		return -1;
+	snap = session_template_take(ss, tref, &ts, &tu, &has_tu, err);
+	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
+		if (has_tu)
+			template_release(hostd_templates(ss->d), &tu);
+		spec_free(&ts);
+		return -1;
+	}
+	s = session_new(ss, id, customer, spec, &ts, snap, err);
+	if (!s) {
+		if (has_tu)
+			template_release(hostd_templates(ss->d), &tu);
+		hostd_release(ss->d, ts.vcpus, ts.memory_mib);
+		spec_free(&ts);
+		return -1;
+	}
+	s->tu = tu;
+	s->has_tu = has_tu;
+	s->vcpus = ts.vcpus;
+	pthread_mutex_lock(&s->op);
+	s->refs = 1;
+	if (session_insert(ss, s, err) < 0) {
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+		if (s->has_tu)
+			template_release(hostd_templates(ss->d), &s->tu);
+		pthread_mutex_unlock(&s->op);
+		session_free(s);
+		spec_free(&ts);
+		return -1;
+	}
+	r = -1;
+	fd = -1;
+	if (mkdir(s->dir, 0700) < 0)
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
+	else if ((fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
+		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
+	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0)
+		r = 0;
+	if (fd >= 0)
+		close(fd);
+	spec_free(&ts);
+	if (r < 0) {
+		session_teardown(ss, s);
+		session_put(ss, s, 1);
+		return -1;
+	}
+	*out = session_json(ss, s);
+	session_put(ss, s, 0);
+	return 0;
+}
+
+
+int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
+		   struct kiln_err *err)
+{
+	/* A stopped VM is destroyed as it is: no need to continue it. */
+	struct session *s = take(ss, id, 0, err);
+	struct hostd_s3 s3;
+	char cust[65] = "";
+	int found = s != NULL;
+
+	if (!s && err->errc != KERR_NOT_FOUND)
+		return -1; /* busy */
+	if (s) {
+		snprintf(cust, sizeof(cust), "%s", s->customer);
+		session_teardown(ss, s);
+		session_put(ss, s, 1);
+	} else if (customer && spool_id_ok(customer) && !keep_snapshot) {
+		snprintf(cust, sizeof(cust), "%s", customer);
+	}
+	if (keep_snapshot)
+		return found ? 0 : -1;
+	/* Its paused snapshot goes too: a destroyed session leaves nothing. */
+	if (cust[0])
+		pcache_drop(&ss->pcache, cust, id);
+	if (cust[0] && spool_id_ok(id) && hostd_s3_take(ss->d, &s3) == 0) {
+		session_pause_delete_s3(&s3.c, ss->root, cust, id);
+		hostd_s3_free(&s3);
+	}
+	if (!found && !cust[0])
+		return -1; /* err: not_found */
+	return 0;
+}

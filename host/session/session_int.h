@@ -1,0 +1,283 @@
+/* session_int: what kiln-host's session files share (session.c: the
+ * session table, its launcher thread, create and delete; session_io.c:
+ * commands, interactive input, files and outputs over the agent channel;
+ * session_pause.c, session_resume.c, session_s3.c: pause to S3 and resume;
+ * session_ref.c: the last reference frees the record). Not for other rooms:
+ * they use session.h.
+ *
+ * Locking: ss->lock guards the list, every session's refs, exec_id and
+ * input_wr; s->op is held for the whole of one operation (session_take).
+ * s->wake (session_idle.c) orders the idle stop against everything that
+ * wakes the VM: taken before s->op, never while holding it or ss->lock. */
+#ifndef KILN_SESSION_INT_H
+#define KILN_SESSION_INT_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "clock.h"
+#include "net/net.h"
+#include "pause_cache.h"
+#include "session.h"
+#include "template/template.h"
+#include "vm/vm.h"
+
+enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
+
+struct session {
+	char id[65], customer[65];
+	enum session_state state;
+	struct vm vm;
+	struct net_sandbox *net;
+	json_t *spec;            /* {"limits","network"}: kept for the manifest */
+	unsigned vcpus, memory_mib, output_mib;
+	const struct snapshot *snap;
+	struct template_use tu;  /* the session's template while it runs here */
+	int has_tu;
+	char release[65];
+	/* The RAM the VM maps copy-on-write when it is not the snapshot's: a
+	 * base fetched from S3 on resume (a sealed memfd shared by the
+	 * sessions on that base, see session_base_release); -1: snap->mem_fd. */
+	int base_fd;
+	char base_sha[65];
+	/* On a fetched base: the stream this session was resumed from without
+	 * its RAM block's pages (header, configuration, block list, firmware
+	 * pages, devices), kept by the resume as a fast pause's template: the
+	 * firmware pages are then the ones the session began with, not this
+	 * host's template's. "": none (the pause goes through QEMU). */
+	char resumed_tpl[PATH_MAX + 16];
+	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
+	int64_t created_ms, last_active_ms;
+	pthread_mutex_t op;      /* one operation at a time */
+	int refs;                /* under ss->lock */
+	/* The interactive command running now (under ss->lock): its id and the
+	 * write end of its input pipe (-1: none). */
+	char exec_id[33];
+	int input_wr;
+	/* The VM's envd channel (session_envd.c; under ss->lock): opened on
+	 * first use while envd_ok (the VM runs and is not being saved). */
+	struct envd *envd;
+	int envd_ok;
+	/* Idle stop (session_idle.c): stopped (written under wake and
+	 * ss->lock: the vCPUs are stopped, the guest clock lags), when the
+	 * idler may look at it next (under ss->lock), and the wake lock. */
+	pthread_mutex_t wake;
+	int stopped;
+	int64_t idle_check_ms;
+	/* The last CPU sample for GET .../metrics (under ss->lock). */
+	uint64_t cpu_prev_ns;
+	int64_t cpu_prev_us;
+	int prestarted;          /* its QEMU was started ahead (session_prestart.c) */
+	int64_t boot_ms[3];      /* session_boot's last: QEMU started or taken, state loaded, SETUP */
+	/* Called by session_boot once QEMU is there, before its state loads
+	 * (a resume's page loader; NULL: none). */
+	void (*booted)(void *ctx, struct session *s);
+	void *booted_ctx;
+	struct session *next;
+};
+
+/* A QEMU dies with the thread that started it (PR_SET_PDEATHSIG), and HTTP
+ * requests come on threads that end with them: session VMs are started on
+ * this process-long thread instead. */
+struct launch {
+	const struct vm_config *cfg;
+	struct vm *vm;
+	struct kiln_err *err;
+	int done, rc;
+	struct launch *next;
+};
+
+/* Let go of the session's fetched base RAM (s->base_fd), if any: the last
+ * session on it closes it. */
+void session_base_release(struct session *s);
+
+/* The session QEMU started ahead (session_prestart.c): what it was started
+ * for, and a request for the next one. */
+struct prestart_id {
+	dev_t mem_dev;
+	ino_t mem_ino;
+	unsigned memory_mib, vcpus;
+	char backing[600], backing2[600];
+};
+
+struct prestart_req {
+	struct prestart_id id;
+	struct vm_config cfg;  /* the host's run options; disk, RAM and backing from the request */
+	int mem_fd;            /* owned: a dup of the snapshot's RAM fd */
+	char mem_file[600];
+};
+
+struct session_prestart {
+	int enabled;           /* sessions.prestart (under ss->lock) */
+	int th_on, renice;
+	pthread_t th;
+	pthread_cond_t cond;   /* with ss->lock: a request, or stopping */
+	int want;              /* req holds a request */
+	struct prestart_req req;
+	int ready;             /* vm waits in -incoming defer on disk */
+	struct vm vm;
+	struct prestart_id id;
+	char dir[PATH_MAX], disk[PATH_MAX + 16];
+	unsigned seq;
+	uint64_t started_total, taken_total, missed_total;
+};
+
+struct session_table {
+	struct hostd *d;
+	char host_id[65];
+	char root[PATH_MAX];
+	pthread_mutex_t lock;
+	struct session *list;
+	pthread_t launcher;
+	pthread_cond_t launch_cond, launched_cond;
+	struct launch *queue;
+	int stopping;
+	int envd_stopped;        /* sessions_envd_stop: no envd channel opens any more */
+	/* Idle stop (session_idle.c): the delay (0: off), the thread, its
+	 * wake-up, and counters (under lock). */
+	unsigned idle_stop_ms;
+	int idler_on, idler_quit;
+	pthread_t idler;
+	pthread_cond_t idle_cond;
+	uint64_t stops_total, wakes_total, wake_failures;
+	struct session_prestart pre;
+	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
+	struct pause_cache pcache; /* sessions_set_pause_cache (root "": off) */
+	int pcache_hooked;         /* its sweep is on hostd's janitor timer */
+};
+
+/* Sessions of this host (session.c) ------------------------------------- */
+
+/* Take the session for one operation: found, referenced, its op lock held.
+ * NULL with err "not_found" or "busy". */
+struct session *session_take(struct session_table *ss, const char *id, struct kiln_err *err);
+/* End an operation; with gone, the session also leaves the list and is
+ * freed by whoever holds the last reference. */
+void session_put(struct session_table *ss, struct session *s, int gone);
+/* Give back what a session holds on this host: its VM, its network, its
+ * reservation and its directory (the caller holds s->op). */
+void session_teardown(struct session_table *ss, struct session *s);
+/* Free a session record (session_ref.c), its base RAM reference included. */
+void session_free(struct session *s);
+/* The public session object (see session.h). */
+json_t *session_json(const struct session_table *ss, const struct session *s);
+
+/* Parse a session spec ({"limits","network"}) as a task spec, so the same
+ * rules and messages apply. */
+int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err);
+/* The template a session of spec starts from (and is resumed against). */
+const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
+					struct kiln_err *err);
+/* session_template for tref's template (NULL: default) taken from the
+ * host's template store into *tu (*has_tu set; released by
+ * session_teardown or pause). NULL with err. */
+const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
+					     struct kiln_err *err);
+/* A new session, not yet registered (session_insert); NULL with err. */
+struct session *session_new(struct session_table *ss, const char *id, const char *customer, json_t *spec,
+			    const struct task_spec *ts, const struct snapshot *snap, struct kiln_err *err);
+/* Register s, unless a session with its id is here already. */
+int session_insert(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* Start the session's VM: its network (if any), then QEMU on the overlay
+ * s->disk (backed by the template's disk; made here when it does not exist,
+ * as for a new session), loading state_fd (a template's device state, or a
+ * paused session's whole state with mem_ram). A QEMU started ahead for the
+ * same configuration is taken when one waits (s->prestarted). */
+int session_boot(struct session_table *ss, struct session *s, const struct task_spec *ts, int state_fd, int mem_ram,
+		 struct kiln_err *err);
+
+/* The QEMU started ahead (session_prestart.c) ---------------------------- */
+
+/* Start / stop the prestart thread (sessions_open / sessions_close, after
+ * every session's VM is gone: its QEMUs die with the thread). */
+int session_prestart_open(struct session_table *ss, struct kiln_err *err);
+void session_prestart_close(struct session_table *ss);
+/* The VM started ahead for cfg, if one waits: moved into *vm (its priority
+ * raised), with the path of the overlay it has open (*disk) and that
+ * overlay's directory (*dir, for the caller to remove once the overlay is
+ * moved). 0, or -1: none, start one as usual. */
+int session_prestart_take(struct session_table *ss, const struct vm_config *cfg, struct vm *vm, char *disk,
+			  size_t disk_cap, char *dir, size_t dir_cap);
+/* A session booted with cfg: have a VM for the next one started ahead (in
+ * the background; nothing for a configuration it cannot serve). */
+void session_prestart_want(struct session_table *ss, const struct vm_config *cfg);
+/* Prometheus lines about it (sessions_metrics). */
+void session_prestart_metrics(struct session_table *ss, struct buf *b);
+/* Copy the file fetched (a paused session's disk layer) into disk, the
+ * overlay a prestarted QEMU holds open, in place. 0, or -1 with err. */
+int session_prestart_disk(const char *fetched, const char *disk, struct kiln_err *err);
+
+/* Idle stop (session_idle.c) ------------------------------------------ */
+
+/* Drop a reference taken under ss->lock without an operation (the session
+ * is freed when it was the last one and the session is gone; session_ref.c). */
+void session_unref(struct session_table *ss, struct session *s);
+/* The caller holds s->wake and s->op: if the idler stopped the VM, continue
+ * it and set the guest's clock (it fell behind while stopped) before the
+ * caller's request reaches it. 0, or -1 with err (the VM is broken). */
+int session_wake_held(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* Stop the idler thread (sessions_close, before the VMs go). */
+void session_idler_stop(struct session_table *ss);
+
+/* What the idler knows of a session when it decides whether to ask the
+ * guest (a pure function of it: unit-tested). */
+struct session_idle_view {
+	int running;        /* SS_RUNNING and booted (envd_ok) */
+	int stopped;        /* already stopped */
+	int interactive;    /* an interactive command is attached */
+	int envd_busy;      /* envd requests or streams are in flight */
+	int64_t last_active_ms, idle_check_ms;
+};
+/* 1 when the idler should ask the guest for its processes now. */
+int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned idle_stop_ms);
+
+/* The envd channel (session_envd.c) ---------------------------------- */
+
+/* The VM runs: envd may be used from now on (session_boot's end). */
+void session_envd_enable(struct session_table *ss, struct session *s);
+/* The VM is going (pause, teardown): the channel closes, its streams end
+ * with `unavailable`, and no new one opens. */
+void session_envd_close(struct session_table *ss, struct session *s, const char *why);
+
+/* Pause and resume (session_pause.c) ------------------------------------ */
+
+/* Take the pause cache's sweep off the janitor's timer, waiting for one in
+ * flight (session_pcache.c). Before the table goes. */
+void session_pcache_close(struct session_table *ss);
+
+/* The S3 key of a paused session's file name: CUSTOMER/sessions/ID/NAME
+ * (session_s3.c). */
+void session_s3_key(char *out, size_t cap, const char *customer, const char *id, const char *name);
+/* Which host wrote the session's manifest in S3 (its "host_id") into host
+ * ("" when it names none): 1; 0 when S3 says there is no manifest; -1 when
+ * it cannot be read (S3 unreachable, or not JSON). Blocking. */
+int session_pause_manifest_host(const struct s3_config *c, const char *customer, const char *id, char host[65]);
+/* Delete a paused session's objects in S3: the chunks its manifest names,
+ * the manifest, and version 1's fixed names (session_pause.c). dir: a
+ * directory for the manifest meanwhile. Missing objects are fine. */
+void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
+
+/* ---- pause and resume (session_pause.c, session_resume.c, session_s3.c) ---- */
+
+#define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
+#define SESSION_MANIFEST_V 1
+#define PAUSE_WORKERS      4  /* parallel chunk uploads and downloads */
+
+struct pmanifest;
+struct pchunk_list;
+
+ssize_t session_get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err);
+struct pmanifest *session_get_manifest(const struct s3_config *c, const char *customer, const char *id,
+				      struct kiln_err *err);
+int session_base_ensure(struct session *s, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+		       uint64_t *uploaded, struct kiln_err *err);
+int session_base_fetch(const struct s3_config *c, const char *sha, uint64_t size, struct kiln_err *err);
+void session_delete_old(struct session_table *ss, struct pmanifest *old);
+uint64_t session_zbytes(const struct pchunk_list *l);
+
+#endif

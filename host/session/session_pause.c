@@ -1,0 +1,595 @@
+/* session_pause: pause a session to S3 and resume it on any host with the
+ * same image (see session.h, docs/architecture.md
+ * "Sessions").
+ *
+ * Pause (manifest version 2): QEMU migrates the stopped VM into a pipe; a
+ * thread filters the stream (migfilter) so that it keeps only the RAM pages
+ * that differ from the template snapshot's RAM (the session's base: its
+ * RAM is that file mapped copy-on-write), cuts it into chunks that a few
+ * threads compress (zstd), hash and upload while the migration still runs,
+ * and keeps a local copy for a retry. The disk layer follows as chunks too,
+ * then a manifest naming the base by its SHA-256 and every chunk with its
+ * SHA-256 (written last: a snapshot without one does not exist). Chunks go
+ * under a fresh generation prefix per pause, so an interrupted pause never
+ * touches what the previous manifest names; the previous generation is
+ * deleted once the new manifest is in.
+ *
+ * The base itself goes to S3 once (PBASE_DIR "<sha256>/", chunks then
+ * its own manifest) before the first manifest that names it, so that any
+ * host can resume the session.
+ *
+ * Resume: the manifest, then every chunk in parallel, each checked before
+ * use; the base is this host's snapshot RAM when its SHA-256 matches, else
+ * its copy from S3 (every chunk checked, then the whole), shared by the
+ * sessions on it here; QEMU starts on the base mapped copy-on-write and
+ * loads the filtered stream over it. Manifest version 1 (whole files) still resumes.
+ * Clock and entropy are set anew afterwards, as after any restore.
+ *
+ * This file is the pause; session_resume.c the resume; session_s3.c what
+ * both keep in S3 (manifests, the shared base RAM, deleting old
+ * generations). */
+#include "session_int.h"
+#include "vm/vm.h"
+
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "fsutil.h"
+#include "io.h"
+#include "pause_chunks.h"
+#include "pause_manifest.h"
+#include "proto.h"
+#include "task/task.h"
+
+/* ---- pause: the filtered stream and the disk layer as chunks ------------- */
+
+/* The filter thread's end of the pipe from QEMU, and the chunker after it. */
+struct pause_stream {
+	int rfd;                 /* the pipe QEMU writes the stream into */
+	int local_fd;            /* the filtered stream's local copy (for a retry) */
+	struct pchunk_up *up;    /* NULL or failed: local copy only */
+	int up_ok;
+	struct migfilter_base base;
+	uint8_t *cur;
+	size_t len;
+	int rc;
+	struct kiln_err err;
+	struct migfilter_stats st;
+};
+
+static ssize_t ps_read(void *ctx, void *buf, size_t len)
+{
+	struct pause_stream *p = ctx;
+	ssize_t n;
+
+	while ((n = read(p->rfd, buf, len)) < 0 && errno == EINTR)
+		;
+	return n;
+}
+
+/* Hand the current chunk to the uploader (and the local copy). */
+static int ps_flush(struct pause_stream *p)
+{
+	if (!p->len)
+		return 0;
+	if (io_write_all(p->local_fd, p->cur, p->len) < 0)
+		return -1;
+	if (p->up_ok && pchunk_up_add(p->up, 0, p->cur, p->len) < 0)
+		p->up_ok = 0; /* the failure is reported by pchunk_up_finish */
+	else if (!p->up_ok)
+		pchunk_buf_free(p->cur);
+	p->cur = NULL;
+	p->len = 0;
+	return 0;
+}
+
+static int ps_write(void *ctx, const void *buf, size_t len)
+{
+	struct pause_stream *p = ctx;
+	const uint8_t *b = buf;
+
+	while (len) {
+		size_t n;
+
+		if (!p->cur && !(p->cur = pchunk_buf_alloc()))
+			return -1;
+		n = PCHUNK_RAW_MAX - p->len < len ? PCHUNK_RAW_MAX - p->len : len;
+		memcpy(p->cur + p->len, b, n);
+		p->len += n;
+		b += n;
+		len -= n;
+		if (p->len == PCHUNK_RAW_MAX && ps_flush(p) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static void *ps_thread(void *arg)
+{
+	struct pause_stream *p = arg;
+	char sink[65536];
+
+	p->rc = migfilter_run(ps_read, p, ps_write, p, &p->base, &p->st, &p->err);
+	if (p->rc == 0 && ps_flush(p) < 0)
+		p->rc = kiln_err_set(&p->err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
+	pchunk_buf_free(p->cur);
+	p->cur = NULL;
+	/* Whatever happened, QEMU must be able to finish writing. */
+	while (ps_read(p, sink, sizeof(sink)) > 0)
+		;
+	return NULL;
+}
+
+/* Queue a local file (the disk layer; or the state on a retry) as chunks.
+ * 0; -1 with err set (the file); -2 when an upload failed (the reason comes
+ * from pchunk_up_finish). */
+static int queue_file(struct pchunk_up *up, int stream, const char *path, struct kiln_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+	for (;;) {
+		uint8_t *b = pchunk_buf_alloc();
+		ssize_t n = b ? io_read_all(fd, b, PCHUNK_RAW_MAX) : -1;
+
+		if (n <= 0) {
+			pchunk_buf_free(b);
+			close(fd);
+			if (n < 0)
+				return kiln_err_set(err, KERR_HOST_ERROR, "reading %s: %s", path, strerror(errno));
+			return 0;
+		}
+		if (pchunk_up_add(up, stream, b, (size_t)n) < 0) {
+			close(fd);
+			return -2;
+		}
+	}
+}
+
+/* Write the version 2 manifest naming the chunks (the last PUT of a pause). */
+static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
+			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
+			   const struct migfilter_stats *fst, const struct pcache_seal *seal, struct kiln_err *err)
+{
+	json_t *m;
+	char key[512], *text;
+	int r;
+
+	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, s:{s:I, s:I}}",
+		      "version", PMANIFEST_V2, "id", s->id, "customer", s->customer, "template", s->snap->key, "net",
+		      s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
+		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
+		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size", (json_int_t)s->snap->mem_size,
+		      "state", pchunk_list_json(state), "disk", pchunk_list_json(disk), "pages", "seen",
+		      (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+	if (m && seal) {
+		/* The pause cache's key: only here, in S3, never on this host's
+		 * disk (pause_cache.h). */
+		char hex[2 * PCACHE_KEY_LEN + 1];
+
+		pcache_key_hex(seal->key, hex);
+		json_object_set_new(m, "cache_key", json_string(hex));
+		OPENSSL_cleanse(hex, sizeof(hex));
+	}
+	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	if (!text)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
+	r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
+	free(text);
+	return r;
+}
+
+
+/* The previous generation's manifest, fetched on a thread of its own while
+ * the pause checks the bucket and the base and saves the VM: one round trip
+ * off the pause's path. */
+struct old_fetch {
+	const struct s3_config *c;
+	const char *customer, *id;
+	struct pmanifest *pm;
+	pthread_t th;
+	int started;
+};
+
+static void *old_fetch_thread(void *arg)
+{
+	struct old_fetch *o = arg;
+
+	o->pm = session_get_manifest(o->c, o->customer, o->id, &(struct kiln_err){ .code = "" });
+	return NULL;
+}
+
+/* The manifest (NULL: none, unreadable, or already taken), the caller's
+ * once the fetch is done. */
+static struct pmanifest *old_fetch_join(struct old_fetch *o)
+{
+	struct pmanifest *pm;
+
+	if (o->started) {
+		pthread_join(o->th, NULL);
+		o->started = 0;
+	}
+	pm = o->pm;
+	o->pm = NULL;
+	return pm;
+}
+
+/* A saved VM and its network, destroyed (pause_v2, on a thread while the
+ * uploads finish; nothing else touches s->vm or s->net meanwhile: the pause
+ * holds s->op and the session is SS_PAUSING). */
+static void *vm_down_thread(void *arg)
+{
+	struct session *s = arg;
+
+	vm_destroy(&s->vm);
+	if (s->net) {
+		net_sandbox_stop(s->net, NULL);
+		s->net = NULL;
+	}
+	return NULL;
+}
+
+/* sessions.save_pages 2: the stream just composed checked page by page
+ * against QEMU's own save of the same stopped VM (vmmem_verify). A
+ * mismatch, or a check that cannot run, fails the pause (ps->rc): the VM,
+ * whole and stopped, then goes on as after any stream failure. */
+static void verify_pause(struct session *s, int base_fd, struct pause_stream *ps)
+{
+	struct vmmem_cmp cr;
+	int64_t t0 = proto_now_ms();
+
+	if (vmmem_verify(&s->vm, s->state_path, base_fd, s->snap->mem_size, s->dir, SESSION_SAVE_MS, &cr, &ps->err) <
+	    0) {
+		fprintf(stderr, "kiln-host: session %s: pause check failed: %s\n", s->id, ps->err.message);
+		ps->rc = -1;
+		return;
+	}
+	fprintf(stderr,
+		"kiln-host: session %s: pause checked: all %llu pages match QEMU's own save (%llu carried by the "
+		"stream, the rest the base's) in %lld ms\n",
+		s->id, (unsigned long long)cr.pages, (unsigned long long)cr.in_stream, (long long)(proto_now_ms() - t0));
+}
+
+/* Stop the VM into the filter (running) or take the local copy (a retry),
+ * upload the chunks, then the manifest. On success *bytes holds the
+ * compressed bytes sent. */
+static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
+		    uint64_t *base_bytes, struct migfilter_stats *fst, struct kiln_err *err)
+{
+	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
+	struct pchunk_list state = { 0 }, disk = { 0 };
+	struct pmanifest *old = NULL;
+	char prefix[512], gen[48], base_sha[65];
+	void *map = MAP_FAILED;
+	pthread_t th;
+	int pfd[2] = { -1, -1 }, started = 0, r = -1, fail_vm = 0, base_fd;
+	/* Where a pause's time goes (logged): the bucket, the base and the
+	 * previous manifest checked; QEMU's stream through the filter (chunks
+	 * upload meanwhile); the VM torn down; the last uploads; the manifest. */
+	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0;
+	unsigned rnd = 0;
+	struct old_fetch of = { .c = c, .customer = s->customer, .id = s->id };
+	pthread_t down_tid;
+	int down = 0, down_th = 0; /* the VM saved and going; on vm_down_thread */
+	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
+	int fast = 0;
+	struct pcache_seal seal = { .dir = "" };
+
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
+	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
+	of.started = pthread_create(&of.th, NULL, old_fetch_thread, &of) == 0;
+	if (!of.started)
+		of.pm = session_get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
+	/* The base: the snapshot's RAM (its hash cached after the first pause
+	 * of this snapshot), or the base this session was resumed on. */
+	if (s->base_fd >= 0)
+		snprintf(base_sha, sizeof(base_sha), "%s", s->base_sha);
+	else if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
+		goto out;
+	base_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
+	/* In S3 before any manifest names it (while the VM still runs: a
+	 * failure here leaves it running). */
+	if (session_base_ensure(s, c, base_fd, s->snap->mem_size, base_sha, base_bytes, err) < 0)
+		goto out;
+	t_prep = proto_now_ms();
+	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
+	if (!ps.up) {
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
+		goto out;
+	}
+	ps.up_ok = 1;
+	/* This pause's chunks are kept here too (an older pause's go), for a
+	 * resume on this host, sealed with a key of this pause's own that only
+	 * its manifest will hold. */
+	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0) {
+		if (pcache_key_new(seal.key) == 0) {
+			pchunk_up_cache(ps.up, &seal);
+		} else {
+			pcache_drop(&ss->pcache, s->customer, s->id); /* no key: nothing kept */
+			seal.dir[0] = '\0';
+		}
+	}
+	if (s->state == SS_RUNNING) {
+		ps.local_fd = open(s->state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (ps.local_fd < 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
+			goto out;
+		}
+		/* The changed pages read out of QEMU (vmmem.c), not QEMU's walk
+		 * of every page. On a base fetched from S3 the template is the
+		 * stream the session was resumed from (its firmware pages are
+		 * those of the template the session began on, not this host's):
+		 * without it, QEMU saves. */
+		sv = (struct vmmem_save){ .vm = &s->vm,
+					  .tpl_path = s->base_fd >= 0 ? s->resumed_tpl : s->snap->state,
+					  .base_fd = base_fd,
+					  .size = s->snap->mem_size, .disks_stay = ss->save_pages == 2, .pm_fd = -1,
+					  .tpl_fd = -1 };
+		if (ss->save_pages && (s->base_fd < 0 || s->resumed_tpl[0])) {
+			struct kiln_err fe;
+
+			fast = vmmem_save_open(&sv, &fe) == 0;
+			if (!fast)
+				fprintf(stderr, "kiln-host: session %s: saved through QEMU: %s\n", s->id, fe.message);
+		}
+		/* envd's streams end now (unavailable); its processes are saved
+		 * with the VM and a resumed session's new channel lists them. */
+		session_envd_close(ss, s, "the sandbox is being paused");
+		if (fast) {
+			int qemu_failed = 0;
+
+			r = vmmem_save_fast(&sv, proto_now_ms() + SESSION_SAVE_MS, ps_write, &ps, &ps.st, &qemu_failed,
+					    &ps.err);
+			vmmem_save_close(&sv);
+			if (r < 0 && qemu_failed) {
+				/* Nothing written yet: QEMU saves it whole instead
+				 * (a stopped VM migrates as a running one does). */
+				fprintf(stderr, "kiln-host: session %s: QEMU did not save its devices (%s): saving it whole\n",
+					s->id, ps.err.message);
+				fast = 0;
+			} else {
+				ps.rc = r;
+				if (r == 0 && ps_flush(&ps) < 0)
+					ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing the session's state: %s",
+							     strerror(errno));
+				pchunk_buf_free(ps.cur);
+				ps.cur = NULL;
+				r = 0;
+			}
+		}
+		if (!fast) {
+			/* Populated in the kernel: the filter compares every page the
+			 * stream carries, and a user-mode fault per 64 KiB costs more. */
+			map = mmap(NULL, s->snap->mem_size, PROT_READ, MAP_SHARED | MAP_POPULATE, base_fd, 0);
+			if (map == MAP_FAILED) {
+				kiln_err_set(err, KERR_HOST_ERROR, "mapping the base RAM: %s", strerror(errno));
+				goto keep_running;
+			}
+			ps.base = (struct migfilter_base){ .block = "mem", .data = map, .size = s->snap->mem_size };
+			if (pipe2(pfd, O_CLOEXEC) < 0) {
+				kiln_err_set(err, KERR_HOST_ERROR, "pipe: %s", strerror(errno));
+				goto keep_running;
+			}
+			/* A large pipe: QEMU writes in bursts while the filter compares. */
+			fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20);
+			ps.rfd = pfd[0];
+			if (pthread_create(&th, NULL, ps_thread, &ps) != 0) {
+				kiln_err_set(err, KERR_HOST_ERROR, "cannot start the stream filter");
+				goto keep_running;
+			}
+			started = 1;
+			r = snapshot_save_fd(&s->vm, pfd[1], SESSION_SAVE_MS, err);
+			close(pfd[1]);
+			pfd[1] = -1;
+			if (r < 0) {
+				/* QEMU may have stopped the guest: it cannot be trusted to go
+				 * on. Its end of the pipe closes with it. */
+				fail_vm = 1;
+				vm_destroy(&s->vm);
+			}
+			pthread_join(th, NULL);
+			started = 0;
+		}
+		t_saved = proto_now_ms();
+		*fst = ps.st;
+		if (close(ps.local_fd) < 0 && r == 0 && ps.rc == 0)
+			ps.rc = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing %s: %s", s->state_path, strerror(errno));
+		ps.local_fd = -1;
+		if (fast && r == 0 && ps.rc == 0 && ss->save_pages == 2)
+			verify_pause(s, base_fd, &ps);
+		if (r == 0 && ps.rc < 0) {
+			/* QEMU saved the VM but the stream could not be kept (a
+			 * format the filter does not know, a full disk): the VM is
+			 * whole and stopped, so it goes on instead of being lost. */
+			*err = ps.err;
+			r = -1;
+			if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL,
+				   &(struct kiln_err){ .code = "" }) == 0) {
+				session_envd_enable(ss, s);
+				goto out;
+			}
+		}
+		if (r < 0) {
+			fail_vm = 1;
+			goto out;
+		}
+		r = -1;
+		/* Saved: the VM and its network go now, on a thread of their own
+		 * while the uploads finish (joined below, before its capacity is
+		 * given back); the files stay until S3 has them. */
+		down = 1;
+		down_th = pthread_create(&down_tid, NULL, vm_down_thread, s) == 0;
+		if (!down_th)
+			vm_down_thread(s);
+		s->state = SS_PAUSING;
+		t_down = proto_now_ms();
+	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
+		goto out; /* a retry without the local copy of the stream */
+	}
+	/* -2: an upload failed; pchunk_up_finish says which. */
+	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
+		goto out;
+	r = pchunk_up_finish(ps.up, &state, &disk, bytes, err);
+	ps.up = NULL;
+	if (r < 0)
+		goto out;
+	if (down_th) {
+		pthread_join(down_tid, NULL);
+		down_th = 0;
+	}
+	t_up = proto_now_ms();
+	/* Read before the new manifest replaces it. */
+	old = old_fetch_join(&of);
+	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, seal.dir[0] ? &seal : NULL, err);
+	if (r == 0 && t_saved && fast)
+		fprintf(stderr,
+			"kiln-host: session %s saved from its pages: QEMU stopped and saved its devices in %lld ms; "
+			"%llu private pages read and composed with them in %lld ms\n",
+			s->id, (long long)sv.ms_devices, (unsigned long long)sv.private_pages, (long long)sv.ms_pages);
+	if (r == 0 && t_saved)
+		fprintf(stderr,
+			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
+			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), then %lld, "
+			"uploads and VM teardown finish %lld, manifest %lld\n",
+			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
+			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
+	if (r == 0 && old) {
+		/* The new manifest is in: the previous generation can go. */
+		session_delete_old(ss, old);
+		old = NULL;
+	}
+	if (r == 0)
+		pcache_prune(&ss->pcache, s->customer, s->id);
+	goto out;
+keep_running:
+	/* Nothing saved, the VM whole (stopped if the save that reads pages
+	 * stopped it before QEMU refused its part): it goes on. */
+	if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, &(struct kiln_err){ .code = "" }) == 0)
+		session_envd_enable(ss, s);
+	else
+		fail_vm = 1;
+out:
+	if (started) {
+		if (pfd[1] >= 0)
+			close(pfd[1]);
+		pfd[1] = -1;
+		pthread_join(th, NULL);
+	}
+	if (down_th)
+		pthread_join(down_tid, NULL);
+	if (down) {
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+		s->vcpus = 0;
+		if (s->has_tu) {
+			/* Paused: the template is no longer in use here. */
+			template_release(hostd_templates(ss->d), &s->tu);
+			s->has_tu = 0;
+		}
+	}
+	if (ps.up) {
+		struct kiln_err e2;
+
+		pchunk_up_finish(ps.up, &state, &disk, bytes, &e2);
+	}
+	if (pfd[0] >= 0)
+		close(pfd[0]);
+	if (pfd[1] >= 0)
+		close(pfd[1]);
+	if (ps.local_fd >= 0)
+		close(ps.local_fd);
+	if (map != MAP_FAILED)
+		munmap(map, s->snap->mem_size);
+	free(state.c);
+	free(disk.c);
+	if (!old)
+		old = old_fetch_join(&of);
+	if (old) {
+		pmanifest_free(old);
+		free(old);
+	}
+	/* No new manifest: what this pause kept names nothing (the older
+	 * pause's files went when it started; its resume fetches from S3). */
+	if (r < 0 && seal.dir[0])
+		pcache_drop(&ss->pcache, s->customer, s->id);
+	OPENSSL_cleanse(&seal, sizeof(seal));
+	return fail_vm ? -2 : r;
+}
+
+void sessions_set_save_pages(struct session_table *ss, int mode)
+{
+	ss->save_pages = mode;
+}
+
+json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err)
+{
+	struct session *s = session_take(ss, id, err);
+	int64_t t0 = proto_now_ms();
+	struct migfilter_stats fst = { 0 };
+	uint64_t bytes = 0, base_bytes = 0, disk_size = 0;
+	struct hostd_s3 s3;
+	struct stat st;
+	char prefix[512];
+	json_t *out;
+	int r;
+
+	if (!s)
+		return NULL;
+	if (hostd_s3_take(ss->d, &s3) < 0) {
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
+		session_put(ss, s, 0);
+		return NULL;
+	}
+	r = pause_v2(ss, s, &s3.c, &bytes, &base_bytes, &fst, err);
+	if (r == -2) {
+		fprintf(stderr, "kiln-host: session %s: pause failed (%s); the session ends\n", id, err->message);
+		hostd_s3_free(&s3);
+		session_teardown(ss, s);
+		session_put(ss, s, 1);
+		return NULL;
+	}
+	if (r < 0) {
+		char m[sizeof(err->message)];
+
+		snprintf(m, sizeof(m), "%s", err->message);
+		kiln_err_set(err, kiln_err_is_s3(err->errc) ? KERR_S3_UNAVAILABLE : err->errc,
+			     s->state == SS_PAUSING ? "the session is saved on this host but not yet in S3 (pause again to retry): %s"
+						    : "the session could not be paused and still runs: %s",
+			     m);
+		hostd_s3_free(&s3);
+		session_put(ss, s, 0);
+		return NULL;
+	}
+	if (stat(s->disk, &st) == 0)
+		disk_size = (uint64_t)st.st_size;
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", s->customer, s->id);
+	out = json_pack("{s:s, s:s, s:{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}}", "id", s->id, "state", "paused",
+			"snapshot", "bucket", s3.c.bucket, "prefix", prefix, "bytes", (json_int_t)bytes, "pause_ms",
+			(json_int_t)(proto_now_ms() - t0), "pages_changed", (json_int_t)fst.pages_kept, "pages_total",
+			(json_int_t)fst.pages, "disk_bytes", (json_int_t)disk_size, "base_bytes", (json_int_t)base_bytes);
+	hostd_s3_free(&s3);
+	session_teardown(ss, s);
+	session_put(ss, s, 1);
+	return out;
+}

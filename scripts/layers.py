@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+# scripts/layers.py: checks kiln-host's rooms against host/LAYERS (run by
+# make check). Fails, naming file and line, on an #include "..." in host/
+# that goes up or sideways where the table does not allow it, that names a
+# header of another room other than its door, or that names a header found
+# neither in the file's own room nor in lib/ or jail/; and on a folder of
+# host/ that the table does not list (or a listed one that is gone).
+#
+#   scripts/layers.py [ROOT]     (ROOT: the tree, default: this script's ..)
+import os
+import re
+import sys
+
+root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+host = os.path.join(root, "host")
+table = os.path.join(host, "LAYERS")
+errors = []
+
+
+def fail(where, msg):
+    errors.append("%s: %s" % (where, msg))
+
+
+doors, allowed, order = {}, {}, []
+with open(table) as f:
+    for n, line in enumerate(f, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = "host/LAYERS:%d" % n
+        if len(words) < 2 or not words[1].endswith(".h"):
+            fail(where, "want 'ROOM DOOR.h [ROOM ...]'")
+            continue
+        room, door, may = words[0], words[1], words[2:]
+        if room in doors:
+            fail(where, "room %s listed twice" % room)
+        for other in may:
+            if other not in doors:
+                fail(where, "%s may include %s, which is not listed above it (only lower rooms)" % (room, other))
+        doors[room], allowed[room] = door, set(may)
+        order.append(room)
+
+for room in order:
+    if not os.path.isfile(os.path.join(host, room, doors[room])):
+        fail("host/LAYERS", "room %s: no door host/%s/%s" % (room, room, doors[room]))
+for name in sorted(os.listdir(host)):
+    if os.path.isdir(os.path.join(host, name)) and name not in doors:
+        fail("host/" + name, "a folder host/LAYERS does not list")
+
+shared = [os.path.join(root, "lib"), os.path.join(root, "jail")]
+include = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+
+
+def check(path, room):
+    rel = os.path.relpath(path, root)
+    here = os.path.dirname(path)
+    with open(path, errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            m = include.match(line)
+            if not m:
+                continue
+            name, where = m.group(1), "%s:%d" % (rel, n)
+            if "/" in name:
+                other, header = name.split("/", 1)
+                if other not in doors:
+                    fail(where, '#include "%s": %s is not a room of host/LAYERS' % (name, other))
+                elif header != doors[other]:
+                    fail(where, '#include "%s": another room is entered by its door only, "%s/%s"'
+                         % (name, other, doors[other]))
+                elif other == room:
+                    fail(where, '#include "%s": a room includes its own headers by bare name' % name)
+                elif room is not None and other not in allowed[room]:
+                    fail(where, '#include "%s": room %s may not include room %s (host/LAYERS: %s may include %s)'
+                         % (name, room, other, room, " ".join(sorted(allowed[room])) or "no room"))
+            elif not any(os.path.isfile(os.path.join(d, name)) for d in [here] + shared):
+                fail(where, '#include "%s": not in host/%s/, lib/ or jail/ (another room\'s header? include its door)'
+                     % (name, room or ""))
+
+
+for name in sorted(os.listdir(host)):
+    path = os.path.join(host, name)
+    if name.endswith((".c", ".h")):
+        check(path, None)  # host/main.c: any door
+    elif name in doors:
+        for dirpath, _, files in os.walk(path):
+            for f in sorted(files):
+                if f.endswith((".c", ".h")):
+                    check(os.path.join(dirpath, f), name)
+
+for e in errors:
+    print(e, file=sys.stderr)
+if errors:
+    print("scripts/layers.py: %d include(s) against host/LAYERS" % len(errors), file=sys.stderr)
+    sys.exit(1)
+print("layers: %d rooms, every include in host/ follows host/LAYERS" % len(order))
