@@ -47,7 +47,7 @@ const struct envd_config envd_guest_config = {
 
 static void envd_hello(struct envd *e)
 {
-	uint32_t v[2] = { EPROTO_VERSION, 0 };
+	uint32_t v[2] = { EPROTO_VERSION, EPROTO_FEAT_PORTS };
 
 	envd_send_u32s(e, EP_HELLO, v, 2);
 }
@@ -73,6 +73,7 @@ static void envd_new_connection(struct envd *e, int keep_rx)
 			envd_job_free(e, i);
 	e->dead_next = 0;
 	memset(e->dead_writes, 0, sizeof(e->dead_writes));
+	envd_conns_drop(e); /* the old host's clients are gone with it */
 	for (i = 0; i < ENVD_MAX_PROCS; i++) {
 		struct envd_proc *p = e->procs[i];
 
@@ -198,6 +199,28 @@ static void envd_dispatch(struct envd *e, const struct proto_frame *f)
 		envd_new_connection(e, 1);
 		envd_send_done(e, v[1]);
 		return;
+	case EP_PORT_OPEN:
+		if (eproto_u32s_decode(f->payload, f->len, v, 2) < 0 || v[1] < 1 || v[1] > 65535)
+			return envd_malformed(e, f->type);
+		return envd_port_open(e, v[0], v[1]);
+	case EP_PORT_DATA:
+		if (eproto_idraw_decode(f->payload, f->len, &v[0], &raw, &n) < 0)
+			return envd_malformed(e, f->type);
+		return envd_port_data(e, v[0], raw, n);
+	case EP_PORT_ACK:
+		if (eproto_u32s_decode(f->payload, f->len, v, 2) < 0)
+			return envd_malformed(e, f->type);
+		return envd_port_ack(e, v[0], v[1]);
+	case EP_PORT_SHUT:
+	case EP_PORT_CLOSE:
+	case EP_PORTS:
+		if (eproto_u32s_decode(f->payload, f->len, v, 1) < 0)
+			return envd_malformed(e, f->type);
+		if (f->type == EP_PORT_SHUT)
+			return envd_port_shut(e, v[0]);
+		if (f->type == EP_PORT_CLOSE)
+			return envd_port_close(e, v[0]);
+		return envd_ports(e, v[0]);
 	case EP_STAT:
 	case EP_LISTDIR:
 	case EP_MKDIR:
@@ -318,6 +341,7 @@ int envd_serve(struct envd *e)
 {
 	struct pollfd *pfd = e->pfd;
 	struct envd_proc **pproc = e->pproc;
+	struct envd_conn **pconn = e->pconn;
 	uint8_t *pkind = e->pkind;
 	int r, i;
 
@@ -334,6 +358,7 @@ int envd_serve(struct envd *e)
 				envd_proc_free(e, i);
 		envd_serve_frames(e);
 		busy = envd_fs_jobs_run(e);
+		busy |= envd_conns_tick(e);
 		for (i = 0; i < ENVD_MAX_JOBS; i++)
 			if (e->jobs[i] && e->jobs[i]->kind == ENVD_JOB_LIST)
 				envd_list_step(e, e->jobs[i]);
@@ -383,6 +408,26 @@ int envd_serve(struct envd *e)
 				pkind[np++] = 4;
 			}
 		}
+		for (i = 0; i < ENVD_MAX_CONNS; i++) {
+			struct envd_conn *c = e->conns[i];
+			short ev = 0;
+
+			if (!c)
+				continue;
+			if (c->connecting)
+				ev = POLLOUT;
+			else {
+				if (envd_tx_ok(e) && !c->srv_eof && c->unacked < EPROTO_WINDOW)
+					ev |= POLLIN;
+				if (c->in.fd >= 0 && c->in.len)
+					ev |= POLLOUT;
+			}
+			if (!ev)
+				continue;
+			pfd[np] = (struct pollfd){ .fd = c->fd, .events = ev };
+			pconn[np] = c;
+			pkind[np++] = 5;
+		}
 		if (busy || (e->connected && envd_tx_ok(e) && e->rx_end > e->rx_start &&
 			     proto_frame_parse(e->rx + e->rx_start, e->rx_end - e->rx_start,
 					       &(struct proto_frame){ 0 }) != 0))
@@ -418,6 +463,9 @@ int envd_serve(struct envd *e)
 			case 4:
 				inq_flush(&pproc[i]->inq);
 				break;
+			case 5:
+				envd_conn_event(e, pconn[i], pfd[i].revents);
+				break;
 			}
 		}
 		if (!e->connected)
@@ -434,6 +482,7 @@ void envd_destroy(struct envd *e)
 	for (i = 0; i < ENVD_MAX_JOBS; i++)
 		if (e->jobs[i])
 			envd_job_free(e, i);
+	envd_conns_drop(e);
 	for (i = 0; i < ENVD_MAX_PROCS; i++) {
 		struct envd_proc *p = e->procs[i];
 

@@ -21,6 +21,8 @@
  * requests in progress at once. */
 #define ENVD_MAX_PROCS 1024
 #define ENVD_MAX_JOBS 64
+/* Port connections open at once (PORT_OPEN past it: PORT_CLOSED -EMFILE). */
+#define ENVD_MAX_CONNS 256
 /* Input a process has not read yet, held per process; past it INPUT bytes
  * are dropped (and logged) rather than block the channel. */
 #define ENVD_STDIN_MAX (1u << 20)
@@ -37,6 +39,8 @@ struct envd_config {
 	const char *group;    /* "/etc/group" */
 	const char *shadow;   /* "/etc/shadow" (appended to only when it exists) */
 	const char *home_dir; /* "/home": the default user's home is HOME_DIR/user */
+	/* Where PORTS reads the listening sockets (NULL: /proc/net/tcp, tcp6). */
+	const char *proc_net_tcp, *proc_net_tcp6;
 };
 
 /* The paths of a real guest. */

@@ -82,6 +82,20 @@ struct envd_name {
 	char name[EPROTO_MAX_USER + 1];
 };
 
+/* One port connection (envd_port.c), by the host's id. */
+struct envd_conn {
+	uint32_t id;
+	uint16_t port;
+	int fd;             /* the socket to the server on loopback */
+	int connecting;     /* connect() in progress: POLLOUT completes it */
+	int tried_v4, tried_v6;
+	struct inq in;      /* the host's bytes for the server (a duplicate of fd, shut at the end) */
+	uint64_t unacked;   /* PORT_DATA bytes sent to the host and not acknowledged */
+	uint64_t ack_due;   /* bytes the server took that the host has not been told of */
+	int host_shut;      /* the host's client sends no more */
+	int srv_eof;        /* the server sends no more: PORT_SHUT sent */
+};
+
 struct envd {
 	int chan, sigfd;
 	int connected;
@@ -92,6 +106,7 @@ struct envd {
 	uint64_t tx_appended, tx_sent; /* stream offsets, for a proc's END */
 	struct envd_proc *procs[ENVD_MAX_PROCS];
 	struct envd_job *jobs[ENVD_MAX_JOBS];
+	struct envd_conn *conns[ENVD_MAX_CONNS];
 	uint32_t dead_writes[ENVD_MAX_JOBS]; /* reqs of failed WRITEs: their WDATA/WEND are ignored */
 	unsigned dead_next;
 	struct envd_name names[ENVD_NAME_CACHE];
@@ -100,9 +115,10 @@ struct envd {
 	struct envd_user user;      /* START's */
 	char env_defs[6][PROTO_MAX_PATH + 16];
 	char *envp[6 + PROTO_MAX_ENV + 1];
-	struct pollfd pfd[2 + 3 * ENVD_MAX_PROCS];
-	struct envd_proc *pproc[2 + 3 * ENVD_MAX_PROCS];
-	uint8_t pkind[2 + 3 * ENVD_MAX_PROCS];
+	struct pollfd pfd[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
+	struct envd_proc *pproc[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
+	struct envd_conn *pconn[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
+	uint8_t pkind[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
 	struct eproto_start start;  /* scratch (~150 KiB) */
 	struct eproto_proc proc;    /* scratch for LIST */
 	struct eproto_fsreq fsreq;
@@ -151,6 +167,26 @@ void envd_reap(struct envd *e);
 void envd_proc_free(struct envd *e, int slot);
 /* Sends as much of LIST job j as the send buffer takes. */
 void envd_list_step(struct envd *e, struct envd_job *j);
+
+/* ---- envd_port.c: port connections ---- */
+
+struct envd_conn *envd_conn_find(struct envd *e, uint32_t id);
+/* PORT_OPEN, PORT_DATA, PORT_SHUT, PORT_ACK, PORT_CLOSE and PORTS from the
+ * host (decoded; the caller made sure a reply fits). */
+void envd_port_open(struct envd *e, uint32_t id, uint32_t port);
+void envd_port_data(struct envd *e, uint32_t id, const uint8_t *raw, size_t n);
+void envd_port_shut(struct envd *e, uint32_t id);
+void envd_port_ack(struct envd *e, uint32_t id, uint32_t bytes);
+void envd_port_close(struct envd *e, uint32_t id);
+void envd_ports(struct envd *e, uint32_t req);
+/* Poll events on a connection's socket: connect done (POLLOUT while
+ * connecting), the server's bytes (POLLIN), room for the host's (POLLOUT).
+ * c may be gone afterwards. */
+void envd_conn_event(struct envd *e, struct envd_conn *c, short revents);
+/* ACKs owed and connections that are done; 1 when one ended. */
+int envd_conns_tick(struct envd *e);
+/* A new host (or the end): every connection is forgotten, nothing sent. */
+void envd_conns_drop(struct envd *e);
 
 /* ---- envd_fs.c ---- */
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 void inq_init(struct inq *q, int fd, size_t cap)
@@ -13,6 +14,8 @@ void inq_init(struct inq *q, int fd, size_t cap)
 
 void inq_close(struct inq *q)
 {
+	if (q->fd >= 0 && q->shut)
+		shutdown(q->fd, SHUT_WR);
 	if (q->fd >= 0)
 		close(q->fd);
 	q->fd = -1;
@@ -35,6 +38,7 @@ static ssize_t inq_write(struct inq *q, const uint8_t *data, size_t n)
 		if (w < 0 && errno == EAGAIN)
 			break;
 		if (w <= 0) {
+			q->failed = 1;
 			inq_close(q); /* EPIPE, EIO: nobody reads any more; the rest is moot */
 			return -1;
 		}

@@ -17,6 +17,8 @@ struct inq {
 	uint8_t *buf; /* what waits; allocated when needed, freed when drained */
 	size_t len;
 	size_t cap;   /* most that may wait (allocated at once, when needed) */
+	int shut;     /* fd is a socket's duplicate: its end is shutdown(SHUT_WR), then close */
+	int failed;   /* fd was closed because the reader went away (EPIPE, EIO) */
 };
 
 /* An empty queue for fd (-1: none) holding at most cap bytes. */

@@ -323,6 +323,57 @@ int eproto_idraw_decode(const uint8_t *p, size_t len, uint32_t *id, const uint8_
 	return 0;
 }
 
+ssize_t eproto_idraw_encode(uint8_t *buf, size_t cap, uint32_t id, const void *raw, size_t n)
+{
+	WRITER(w, buf, cap);
+
+	if (n > EPROTO_MAX_CHUNK)
+		return -EINVAL;
+	proto_put_u32(&w, id);
+	if (!w.err && cap - w.len < n)
+		w.err = -ENOSPC;
+	if (!w.err && n) {
+		memcpy(buf + w.len, raw, n);
+		w.len += n;
+	}
+	return writer_done(&w);
+}
+
+ssize_t eproto_ports_encode(uint8_t *buf, size_t cap, uint32_t req, const uint16_t *ports, uint32_t n)
+{
+	WRITER(w, buf, cap);
+	uint32_t i;
+
+	if (n > EPROTO_MAX_PORTS)
+		return -EINVAL;
+	proto_put_u32(&w, req);
+	proto_put_u32(&w, n);
+	for (i = 0; i < n; i++)
+		proto_put_u32(&w, ports[i]);
+	return writer_done(&w);
+}
+
+int eproto_ports_decode(const uint8_t *p, size_t len, uint32_t *req, uint16_t ports[EPROTO_MAX_PORTS], uint32_t *n)
+{
+	struct proto_reader r;
+	uint32_t i, v;
+
+	proto_reader_init(&r, p, len);
+	*req = proto_get_u32(&r);
+	*n = proto_get_u32(&r);
+	if (!r.err && *n > EPROTO_MAX_PORTS)
+		r.err = -EPROTO;
+	for (i = 0; !r.err && i < *n; i++) {
+		v = proto_get_u32(&r);
+		if (!r.err && (v < 1 || v > 65535))
+			r.err = -EPROTO;
+		ports[i] = (uint16_t)v;
+	}
+	if (r.err)
+		*n = 0;
+	return proto_reader_end(&r);
+}
+
 ssize_t eproto_out_encode(uint8_t *buf, size_t cap, uint32_t pid, uint8_t stream, const void *raw, size_t n)
 {
 	WRITER(w, buf, cap);

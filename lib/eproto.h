@@ -39,6 +39,10 @@ enum eproto_type {
 	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry */
 	EP_PROC = 0x87,    /* u32 req, struct eproto_proc: one LIST row */
 	EP_DATA = 0x88,    /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK): a READ's content */
+	EP_PORT_OPENED = 0x89, /* u32 conn: PORT_OPEN connected */
+	EP_PORT_CLOSED = 0x8a, /* u32 conn, u32 code (0, or a negative errno as u32): the connection is gone and its id free
+				* again (after both sides' SHUT, a reset, a refused connect, or the host's PORT_CLOSE) */
+	EP_PORTS_LIST = 0x8b,  /* u32 req, u32 n (<= EPROTO_MAX_PORTS), n x u32 port: the TCP ports listened on, ascending */
 
 	/* host -> guest */
 	EP_START = 0x90,       /* struct eproto_start -> STARTED, then OUT* and END; or ERROR */
@@ -59,7 +63,20 @@ enum eproto_type {
 	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
 	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or nothing if it already ended */
+	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback -> PORT_OPENED or
+				* PORT_CLOSED (-ECONNREFUSED: nobody listens) */
+	EP_PORTS = 0xa2,       /* u32 req -> PORTS_LIST */
+
+	/* both ways, for a port connection (docs/e2b.md "Ports") */
+	EP_PORT_DATA = 0xb0,   /* u32 conn, then raw bytes (<= EPROTO_MAX_CHUNK), within the receiver's EPROTO_WINDOW */
+	EP_PORT_ACK = 0xb1,    /* u32 conn, u32 bytes the receiver has taken (written to the server / sent to the client) */
+	EP_PORT_SHUT = 0xb2,   /* u32 conn: the sender's side sends no more (a half close) */
+	EP_PORT_CLOSE = 0xb3,  /* host -> guest, u32 conn: abandon it (a reset) -> PORT_CLOSED */
 };
+
+/* HELLO's features (guest -> host): what this envd offers beyond version 1. */
+#define EPROTO_FEAT_PORTS 0x1u /* PORT_OPEN, PORTS and the port frames */
+#define EPROTO_MAX_PORTS 1024  /* ports in one PORTS_LIST */
 
 enum eproto_stream { EP_STDOUT = 1, EP_STDERR = 2, EP_PTY = 3 };
 
@@ -147,6 +164,11 @@ ssize_t eproto_out_encode(uint8_t *buf, size_t cap, uint32_t pid, uint8_t stream
 int eproto_out_decode(const uint8_t *p, size_t len, uint32_t *pid, uint8_t *stream, const uint8_t **raw, size_t *n);
 ssize_t eproto_end_encode(uint8_t *buf, size_t cap, uint32_t pid, uint8_t how, uint32_t status);
 int eproto_end_decode(const uint8_t *p, size_t len, uint32_t *pid, uint8_t *how, uint32_t *status);
+/* PORTS_LIST: ports[0..n) (n <= EPROTO_MAX_PORTS, each 1-65535). */
+ssize_t eproto_ports_encode(uint8_t *buf, size_t cap, uint32_t req, const uint16_t *ports, uint32_t n);
+int eproto_ports_decode(const uint8_t *p, size_t len, uint32_t *req, uint16_t ports[EPROTO_MAX_PORTS], uint32_t *n);
+/* PORT_DATA (and any u32 id + raw bytes <= EPROTO_MAX_CHUNK). */
+ssize_t eproto_idraw_encode(uint8_t *buf, size_t cap, uint32_t id, const void *raw, size_t n);
 ssize_t eproto_error_encode(uint8_t *buf, size_t cap, uint32_t req, int32_t code, const char *msg);
 int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
 

@@ -16,6 +16,7 @@ static struct eproto_proc proc_msg;
 static struct eproto_entry entry_msg;
 static struct eproto_fsreq fs_msg;
 static uint8_t enc[PROTO_MAX_PAYLOAD];
+static uint16_t ports[EPROTO_MAX_PORTS];
 
 static void same(ssize_t n, const uint8_t *p, size_t len)
 {
@@ -30,6 +31,7 @@ static void decode_all(const uint8_t *p, size_t len)
 	uint32_t v[3], id, status;
 	int32_t code;
 	uint8_t stream, how;
+	uint32_t pn;
 	size_t n, i;
 
 	if (eproto_start_decode(p, len, &start_msg) == 0) {
@@ -57,8 +59,16 @@ static void decode_all(const uint8_t *p, size_t len)
 	for (i = 1; i <= 3; i++)
 		if (eproto_u32s_decode(p, len, v, (unsigned)i) == 0)
 			same(eproto_u32s_encode(enc, sizeof(enc), v, (unsigned)i), p, len);
-	if (eproto_idraw_decode(p, len, &id, &raw, &n) == 0)
+	if (eproto_idraw_decode(p, len, &id, &raw, &n) == 0) {
 		check(raw == p + 4 && n == len - 4 && n <= EPROTO_MAX_CHUNK);
+		same(eproto_idraw_encode(enc, sizeof(enc), id, raw, n), p, len);
+	}
+	if (eproto_ports_decode(p, len, &id, ports, &pn) == 0) {
+		check(pn <= EPROTO_MAX_PORTS);
+		for (i = 0; i < pn; i++)
+			check(ports[i] >= 1);
+		same(eproto_ports_encode(enc, sizeof(enc), id, ports, pn), p, len);
+	}
 	if (eproto_out_decode(p, len, &id, &stream, &raw, &n) == 0) {
 		check(n <= EPROTO_MAX_CHUNK && stream >= EP_STDOUT && stream <= EP_PTY);
 		same(eproto_out_encode(enc, sizeof(enc), id, stream, raw, n), p, len);

@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -30,7 +32,7 @@
 
 #define OTHER_UID 54321 /* a second user, for the root-only checks */
 
-static char dir[64], passwd_path[128], group_path[128], home[128];
+static char dir[64], passwd_path[128], group_path[128], home[128], tcp_path[128], tcp6_path[128];
 static struct envd_config cfg;
 static int host = -1;
 static pid_t envd_pid = -1;
@@ -120,6 +122,7 @@ static void expect_hello(void)
 	assert_int_equal(expect_frame(&len), EP_HELLO);
 	assert_int_equal(eproto_u32s_decode(fr, len, v, 2), 0);
 	assert_int_equal(v[0], EPROTO_VERSION);
+	assert_int_equal(v[1], EPROTO_FEAT_PORTS);
 }
 
 static int32_t expect_error(uint32_t req)
@@ -153,7 +156,18 @@ static int envd_setup(void **state)
 	snprintf(text, sizeof(text), "root:x:0:\ngrp%u:x:%u:\nother:x:%d:\n", (unsigned)getgid(), (unsigned)getgid(),
 		 OTHER_UID);
 	put_file(group_path, text);
-	cfg = (struct envd_config){ .passwd = passwd_path, .group = group_path, .shadow = NULL, .home_dir = dir };
+	snprintf(tcp_path, sizeof(tcp_path), "%s/tcp", dir);
+	snprintf(tcp6_path, sizeof(tcp6_path), "%s/tcp6", dir);
+	/* /proc/net/tcp's shape: 8080 listening (0A) and 9090 connected (01);
+	 * tcp6: 8080 again and 3000 listening. */
+	put_file(tcp_path, "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+			   "   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n"
+			   "   1: 0100007F:2382 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 2\n");
+	put_file(tcp6_path, "  sl  local_address                         remote_address                        st\n"
+			    "   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A 0\n"
+			    "   1: 00000000000000000000000001000000:0BB8 00000000000000000000000000000000:0000 0A 0\n");
+	cfg = (struct envd_config){ .passwd = passwd_path, .group = group_path, .shadow = NULL, .home_dir = dir,
+				    .proc_net_tcp = tcp_path, .proc_net_tcp6 = tcp6_path };
 
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	envd_pid = fork();
@@ -977,6 +991,226 @@ static void test_ensure_user(void **state)
 	assert_int_equal(system(buf), 0);
 }
 
+/* ---- ports ---- */
+
+/* A listening socket on 127.0.0.1 (the test's own: envd's child shares its
+ * network), its port in *port. */
+static int listen_loopback(uint16_t *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(fd, 8), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	*port = ntohs(a.sin_port);
+	return fd;
+}
+
+static int accept_within(int lfd, int ms)
+{
+	struct pollfd p = { .fd = lfd, .events = POLLIN };
+
+	assert_int_equal(poll(&p, 1, ms), 1);
+	return accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+}
+
+static uint64_t acked; /* PORT_ACK bytes seen by next_port_frame */
+
+/* The next frame that is not a PORT_ACK (those are added up in acked). */
+static uint8_t next_port_frame(size_t *len)
+{
+	for (;;) {
+		uint8_t type = expect_frame(len);
+		uint32_t v[2];
+
+		if (type != EP_PORT_ACK)
+			return type;
+		assert_int_equal(eproto_u32s_decode(fr, *len, v, 2), 0);
+		acked += v[1];
+	}
+}
+
+static void expect_port_u32s(uint8_t want, uint32_t id, uint32_t second, unsigned n)
+{
+	uint32_t v[2];
+	size_t len;
+
+	assert_int_equal(next_port_frame(&len), want);
+	assert_int_equal(eproto_u32s_decode(fr, len, v, n), 0);
+	assert_int_equal(v[0], id);
+	if (n == 2)
+		assert_int_equal(v[1], second);
+}
+
+static void send_port_data(uint32_t id, const void *p, size_t n)
+{
+	ssize_t len = eproto_idraw_encode(pl, sizeof(pl), id, p, n);
+
+	assert_true(len >= 0);
+	send_frame(EP_PORT_DATA, pl, (size_t)len);
+}
+
+/* Bytes a server wrote, as they come in PORT_DATA frames of conn id (ACKed
+ * as they come when ack is set), up to want or a SHUT; the count. */
+static size_t port_read(uint32_t id, uint8_t *out, size_t want, int ack, int *shut)
+{
+	size_t got = 0, len;
+	uint32_t cid;
+	const uint8_t *raw;
+	size_t n;
+
+	*shut = 0;
+	while (got < want) {
+		uint8_t type = next_port_frame(&len);
+
+		if (type == EP_PORT_SHUT) {
+			*shut = 1;
+			break;
+		}
+		assert_int_equal(type, EP_PORT_DATA);
+		assert_int_equal(eproto_idraw_decode(fr, len, &cid, &raw, &n), 0);
+		assert_int_equal(cid, id);
+		assert_true(got + n <= want);
+		if (out)
+			memcpy(out + got, raw, n);
+		got += n;
+		if (ack) {
+			uint32_t v[2] = { id, (uint32_t)n };
+
+			send_u32s(EP_PORT_ACK, v, 2);
+		}
+	}
+	return got;
+}
+
+/* Hello features, a whole exchange both ways, half closes in both orders. */
+static void test_port_echo(void **state)
+{
+	uint16_t port;
+	int lfd = listen_loopback(&port), sfd, shut;
+	uint32_t open[2] = { 7, port }, seven = 7;
+	char buf[16] = { 0 };
+	uint8_t got[16];
+
+	send_u32s(EP_PORT_OPEN, open, 2);
+	sfd = accept_within(lfd, 5000);
+	assert_true(sfd >= 0);
+	expect_port_u32s(EP_PORT_OPENED, 7, 0, 1);
+	acked = 0;
+	send_port_data(7, "hello", 5);
+	assert_int_equal(read(sfd, buf, sizeof(buf)), 5);
+	assert_string_equal(buf, "hello");
+	assert_int_equal(write(sfd, "world!", 6), 6);
+	assert_int_equal(port_read(7, got, 6, 1, &shut), 6);
+	assert_memory_equal(got, "world!", 6);
+	assert_int_equal(acked, 5); /* the 5 bytes the server took */
+	/* The server's half close: SHUT; the host's: the server reads EOF. */
+	assert_int_equal(shutdown(sfd, SHUT_WR), 0);
+	assert_int_equal(port_read(7, NULL, 1, 1, &shut), 0);
+	assert_true(shut);
+	send_u32s(EP_PORT_SHUT, &seven, 1);
+	assert_int_equal(read(sfd, buf, sizeof(buf)), 0);
+	expect_port_u32s(EP_PORT_CLOSED, 7, 0, 2);
+	/* The id is free again. */
+	send_u32s(EP_PORT_OPEN, open, 2);
+	close(accept_within(lfd, 5000));
+	expect_port_u32s(EP_PORT_OPENED, 7, 0, 1);
+	close(sfd);
+	close(lfd);
+}
+
+/* Nobody listens: CLOSED -ECONNREFUSED at once, not a hang; a port out of
+ * range is a malformed frame. */
+static void test_port_refused(void **state)
+{
+	uint16_t port;
+	int lfd = listen_loopback(&port);
+	uint32_t open[2] = { 3, port }, zero[2] = { 4, 0 };
+
+	close(lfd);
+	send_u32s(EP_PORT_OPEN, open, 2);
+	expect_port_u32s(EP_PORT_CLOSED, 3, (uint32_t)-ECONNREFUSED, 2);
+	send_u32s(EP_PORT_OPEN, zero, 2);
+	assert_int_equal(expect_error(0), -EPROTO);
+}
+
+/* A server that writes 3 MiB to a host that does not ACK: one window and
+ * no more until the ACK; then the rest. */
+static void test_port_window(void **state)
+{
+	static uint8_t big[3 << 20];
+	uint16_t port;
+	int lfd = listen_loopback(&port), sfd, shut;
+	uint32_t open[2] = { 9, port }, ack[2] = { 9, EPROTO_WINDOW };
+	uint8_t type;
+	size_t len, off = 0;
+	pid_t w;
+
+	send_u32s(EP_PORT_OPEN, open, 2);
+	sfd = accept_within(lfd, 5000);
+	expect_port_u32s(EP_PORT_OPENED, 9, 0, 1);
+	memset(big, 'x', sizeof(big));
+	w = fork(); /* the server writes in a child: it blocks on a full socket */
+	assert_true(w >= 0);
+	if (w == 0) {
+		while (off < sizeof(big)) {
+			ssize_t n = write(sfd, big + off, sizeof(big) - off);
+
+			if (n <= 0)
+				_exit(1);
+			off += (size_t)n;
+		}
+		_exit(0);
+	}
+	assert_int_equal(port_read(9, NULL, EPROTO_WINDOW, 0, &shut), EPROTO_WINDOW);
+	assert_false(recv_frame(&type, fr, &len, 300)); /* the window is full */
+	send_u32s(EP_PORT_ACK, ack, 2);
+	assert_int_equal(port_read(9, NULL, sizeof(big) - EPROTO_WINDOW, 1, &shut), sizeof(big) - EPROTO_WINDOW);
+	assert_int_equal(waitpid(w, NULL, 0), w);
+	close(sfd);
+	close(lfd);
+}
+
+/* The host abandons a connection: the server sees it end, CLOSED frees
+ * the id; a CLOSE of an unknown id answers CLOSED too. */
+static void test_port_close(void **state)
+{
+	uint16_t port;
+	int lfd = listen_loopback(&port), sfd;
+	uint32_t open[2] = { 5, port }, five = 5, six = 6;
+	char c;
+
+	send_u32s(EP_PORT_OPEN, open, 2);
+	sfd = accept_within(lfd, 5000);
+	expect_port_u32s(EP_PORT_OPENED, 5, 0, 1);
+	send_u32s(EP_PORT_CLOSE, &five, 1);
+	expect_port_u32s(EP_PORT_CLOSED, 5, 0, 2);
+	assert_true(read(sfd, &c, 1) <= 0); /* a reset or the end */
+	send_u32s(EP_PORT_CLOSE, &six, 1);
+	expect_port_u32s(EP_PORT_CLOSED, 6, 0, 2);
+	close(sfd);
+	close(lfd);
+}
+
+/* PORTS: LISTEN sockets of tcp and tcp6, each port once, ascending. */
+static void test_ports_list(void **state)
+{
+	uint16_t ports[EPROTO_MAX_PORTS];
+	uint32_t req = next_req++, r, n;
+	size_t len;
+
+	send_u32s(EP_PORTS, &req, 1);
+	assert_int_equal(expect_frame(&len), EP_PORTS_LIST);
+	assert_int_equal(eproto_ports_decode(fr, len, &r, ports, &n), 0);
+	assert_int_equal(r, req);
+	assert_int_equal(n, 2);
+	assert_int_equal(ports[0], 3000);
+	assert_int_equal(ports[1], 8080);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, envd_setup, envd_teardown)
 
 int main(void)
@@ -986,6 +1220,7 @@ int main(void)
 		T(test_stdin_pipe),        T(test_stdin_bound), T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
 		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
+		T(test_port_echo),         T(test_port_refused), T(test_port_window),  T(test_port_close),   T(test_ports_list),
 		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
 	};
 
