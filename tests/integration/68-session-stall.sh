@@ -33,10 +33,7 @@ before_locks=$(count_slot_locks)
 # The host knows kiln-api's URL from the start; kiln-api starts after the
 # host-only part, so that its reconciliation does not destroy the session
 # made on the host directly.
-jq -n --arg port "$HP" --arg token "$TOKEN" --arg api "$URL" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
-	  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0}}' \
-	> "$T_TMP/h.json"
+host_config "$T_TMP/h.json" "127.0.0.1:$HP" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h\""
 host_start "$T_TMP/h.json" h
 h_pid=$host_pid
 if t_serving "http://127.0.0.1:$HP/healthz" "$h_pid" 600; then ok "kiln-host serves"

@@ -17,9 +17,8 @@ PORT=$((20000 + RANDOM % 10000))
 host_pid=
 before_cg=$(count_cgroups)
 
-jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "density", token: $token, spool_dir: $spool, run_dir: $run,
-	  capacity: {vcpus: 1024, cpu_overcommit: 1, memory_mib: 1048576}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
+host_config "$T_TMP/h.json" "127.0.0.1:$PORT" density \
+	'.run_dir += "/h" | .capacity = {vcpus: 1024, cpu_overcommit: 1, memory_mib: 1048576}'
 host_start "$T_TMP/h.json" h
 t_serving "http://127.0.0.1:$PORT/healthz" "$host_pid" 600 || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)
@@ -117,7 +116,7 @@ check "DELETE destroys each${bad:+ (not:$bad)}" test -z "$bad"
 for _ in $(seq 50); do [ "$(count_qemu)" = 0 ] && break; sleep 0.1; done
 check "destroyed: no QEMU, cgroups, mounts; capacity back to zero" \
 	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_mounts)" = 0 -a "$(capacity | jq -c '[.vcpus.used, .memory_mib.used]')" = "[0,0]"
-check "no session directories left in the spool" test "$(find "$T_TMP/spool/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0
+check "no session directories left in the spool" test "$(find "$T_TMP/spool-density/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0
 t_stop "$host_pid"; host_pid=
 check "kiln-host stopped cleanly; nothing left in its run directory" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)" = 0

@@ -17,9 +17,8 @@ host_pid=
 before_cg=$(count_cgroups)
 memcg=$(kiln_cgroup_parent memory)
 
-jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$T_TMP/spool" --arg run "$KILN_RUN_DIR/h" \
-	'{listen: ("127.0.0.1:" + $port), host_id: "overload", token: $token, spool_dir: $spool, run_dir: $run,
-	  capacity: {vcpus: 64, cpu_overcommit: 1, memory_mib: 768, memory_overcommit: 2}, pool: {size: 0, prestart: 0}}' > "$T_TMP/h.json"
+host_config "$T_TMP/h.json" "127.0.0.1:$PORT" overload \
+	'.run_dir += "/h" | .capacity = {vcpus: 64, cpu_overcommit: 1, memory_mib: 768, memory_overcommit: 2}'
 host_start "$T_TMP/h.json" h
 t_serving "http://127.0.0.1:$PORT/healthz" "$host_pid" 600 || t_bail "kiln-host starts" "$(tail -3 "$T_TMP/h.err")"
 h() { # METHOD PATH [curl args]: status echoed, body in $T_TMP/last (or -o)

@@ -36,13 +36,10 @@ addr[$PA]=$NET.11; addr[$PB]=$NET.12; addr[$PC]=$NET.13
 s3_local_start "$NET.1"
 
 start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not byte-identical to A's)
-	jq -n --arg n "$1" --arg listen "${addr[$2]}:$2" --arg token "$TOKEN" --arg spool "$T_TMP/spool-$1" --arg run "$KILN_RUN_DIR/$1" \
-		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg b "$BUCKET" --arg cache "${3:-}" \
-		'{listen: $listen, host_id: $n, token: $token, spool_dir: $spool, run_dir: $run,
-		  capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0, memory_mib: 512},
-		  sessions: ({prestart: 1} + (if $n == "c" then {} else {save_pages: 2} end)),
-		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}
-		 + (if $cache == "" then {} else {cache: $cache} end)' > "$T_TMP/$1.json"
+	host_config "$T_TMP/$1.json" "${addr[$2]}:$2" "$1" \
+		".run_dir += \"/$1\" | .pool.memory_mib = 512
+		 | .sessions = ({prestart: 1} + (if .host_id == \"c\" then {} else {save_pages: 2} end))
+		 | if \"${3:-}\" == \"\" then . else .cache = \"${3:-}\" end"
 	# nsenter --net: only the network namespace (ip netns exec would also
 	# remount /sys, hiding the cgroups the jail needs); it execs the host.
 	t_bg nsenter --net="/run/netns/kiln-pd-$N-$1" ${4:+"$4"} "$KILN_HOST" serve --config "$T_TMP/$1.json" \
