@@ -32,7 +32,7 @@ if [ -z "$key" ] || [ ! -f "$SNAP/mem" ]; then
 fi
 mem_sha=$(sha256sum "$SNAP/mem" | cut -d' ' -f1)
 before_qemu=$(count_qemu); before_entries=$(count_run_entries); before_cg=$(count_cgroups)
-before_locks=$(count_slot_locks)
+before_locks=$(count_own_slot_locks)
 
 LONG=$(sh_spec 'echo started; sleep 600' '{"limits":{"timeout_s":600}}')
 # start_long NAME [kiln-host run args...]: a task that runs until killed; sets
@@ -176,10 +176,10 @@ gone=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] || gone=$((gone + 1)); done
 if [ "$st" = 3 ] && [ "$gone" = 3 ] && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_qemu)" = "$before_qemu" ] \
    && [ "$(count_run_entries)" = "$before_entries" ] && [ "$(count_mounts)" = 0 ] && ! held "$slot_ino" \
-   && [ "$(count_slot_locks)" = "$before_locks" ]; then
+   && [ "$(count_own_slot_locks)" = "$before_locks" ]; then
 	ok "after the task: no QEMU, its 3 cgroups removed, no mounts, slot $slot free, no directory (counts as before)"
 else not_ok "cleanup after the task" "status=$st cgroups gone=$gone count=$(count_cgroups)/$before_cg qemu=$(count_qemu)" \
-	"entries=$(count_run_entries)/$before_entries mounts=$(count_mounts) locks=$(count_slot_locks)/$before_locks"; fi
+	"entries=$(count_run_entries)/$before_entries mounts=$(count_mounts) locks=$(count_own_slot_locks)/$before_locks"; fi
 
 # A clone that writes (almost) all of its RAM leaves the template unchanged.
 run_spec dirty "$(py_spec 'import os
@@ -211,10 +211,10 @@ else not_ok "QEMU dies with kiln-host" "alive=$(alive "$Q" && echo yes) cgroups 
 gone=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] || gone=$((gone + 1)); done
 if [ "$gone" = 3 ] && [ "$(count_cgroups)" = "$before_cg" ] && [ "$(count_run_entries)" = "$before_entries" ] \
-   && [ "$(count_qemu)" = "$before_qemu" ] && [ "$(count_mounts)" = 0 ] && [ "$(count_slot_locks)" = "$before_locks" ]; then
+   && [ "$(count_qemu)" = "$before_qemu" ] && [ "$(count_mounts)" = 0 ] && [ "$(count_own_slot_locks)" = "$before_locks" ]; then
 	ok "kiln-host reap removes the cgroups and the directory; no mounts, no slot lock left ($(cat "$T_TMP/reap.out"))"
 else not_ok "reap after SIGKILL" "gone=$gone cgroups=$(count_cgroups)/$before_cg entries=$(count_run_entries)" \
-	"qemu=$(count_qemu) mounts=$(count_mounts) locks=$(count_slot_locks)/$before_locks"; fi
+	"qemu=$(count_qemu) mounts=$(count_mounts) locks=$(count_own_slot_locks)/$before_locks"; fi
 
 start_long crash2
 t_stop "$host_pid" KILL; host_pid=
@@ -224,7 +224,7 @@ gone=0
 for d in "$MEMCG" "$CPUCG" "$PIDCG"; do [ -e "$d" ] || gone=$((gone + 1)); done
 if [ "$(r next .state)" = succeeded ] && [ "$gone" = 3 ] && [ "$(count_cgroups)" = "$before_cg" ] \
    && [ "$(count_run_entries)" = "$before_entries" ] && [ "$(count_qemu)" = "$before_qemu" ] \
-   && [ "$(count_slot_locks)" = "$before_locks" ]; then
+   && [ "$(count_own_slot_locks)" = "$before_locks" ]; then
 	ok "the next run reaps what a SIGKILLed kiln-host left (cgroups, directory) before its own VM"
 else not_ok "next run reaps" "gone=$gone cgroups=$(count_cgroups)/$before_cg entries=$(count_run_entries)" "$(show next)"; fi
 
@@ -256,7 +256,7 @@ qs=$(pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR"); nq=0; bad=""
 for q in $qs; do nq=$((nq + 1)); b=$(jailed "$q"); [ -n "$b" ] && bad+=" $q:$b"; done
 t_stop "$host_pid"; host_pid=
 if [ "$nq" = 2 ] && [ -z "$bad" ] && [ "$(count_qemu)" = "$before_qemu" ] && [ "$(count_cgroups)" = "$before_cg" ] \
-   && [ "$(count_slot_locks)" = "$before_locks" ]; then
+   && [ "$(count_own_slot_locks)" = "$before_locks" ]; then
 	ok "serve: the pool VM and the pre-started QEMU are jailed, each in its own slot; shutdown leaves no QEMU, cgroup or slot lock"
 else not_ok "pool jailed" "qemus=$nq$bad cgroups=$(count_cgroups)/$before_cg" "$(tail -3 "$T_TMP/serve.err")"; fi
 
@@ -285,9 +285,9 @@ if [ -x "$BB" ] && file -L "$BB" 2>/dev/null | grep -q 'statically linked'; then
 		ok "kiln-jail --memfd: a write to the sealed snapshot RAM fails with EPERM; the file is unchanged"
 	else not_ok "kiln-jail --memfd" "$wr"; fi
 	if [ "$(ls -d /run/kiln/jail-* 2>/dev/null | wc -l)" = 0 ] && [ "$(count_cgroups)" = "$before_cg" ] \
-	   && [ "$(count_slot_locks)" = "$before_locks" ]; then
+	   && [ "$(count_own_slot_locks)" = "$before_locks" ]; then
 		ok "kiln-jail leaves no directory, cgroup or slot lock"
-	else not_ok "kiln-jail cleanup" "$(ls -d /run/kiln/jail-* 2>&1) cgroups=$(count_cgroups)/$before_cg locks=$(count_slot_locks)"; fi
+	else not_ok "kiln-jail cleanup" "$(ls -d /run/kiln/jail-* 2>&1) cgroups=$(count_cgroups)/$before_cg locks=$(count_own_slot_locks)"; fi
 else
 	skip "kiln-jail with busybox" "no static /bin/busybox (busybox-static)"
 fi

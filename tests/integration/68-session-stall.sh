@@ -28,7 +28,7 @@ api_pid=''
 h_pid=''
 c_pids=()
 before_cg=$(count_cgroups)
-before_locks=$(count_slot_locks)
+before_locks=$(count_own_slot_locks)
 
 # The host knows kiln-api's URL from the start; kiln-api starts after the
 # host-only part, so that its reconciliation does not destroy the session
@@ -182,6 +182,6 @@ kill "$api_pid" "${c_pids[@]}"
 wait "$api_pid" "${c_pids[@]}" 2> /dev/null
 api_pid=''
 c_pids=()
-check "nothing left: QEMU $(count_qemu), cgroups $(count_cgroups) (before $before_cg), slot locks $(count_slot_locks) (before $before_locks)" \
-	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_slot_locks)" -le "$before_locks"
+check "nothing left: QEMU $(count_qemu), cgroups $(count_cgroups) (before $before_cg), slot locks $(count_own_slot_locks) (before $before_locks)" \
+	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_own_slot_locks)" -le "$before_locks"
 t_done

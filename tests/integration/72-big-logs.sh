@@ -31,7 +31,7 @@ api_pid=
 fake_pid=
 
 before_qemu=$(count_qemu)
-before_locks=$(count_slot_locks)
+before_locks=$(count_own_slot_locks)
 s3_local_start
 
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" \
@@ -151,6 +151,6 @@ t_stop "$fake_pid"; fake_pid=
 # ---- nothing left ----
 t_stop "$api_pid"; api_pid=
 for _ in $(seq 100); do [ "$(count_qemu)" = "$before_qemu" ] && break; sleep 0.1; done
-check "no QEMU or slot lock left (qemu $(count_qemu)/$before_qemu, locks $(count_slot_locks)/$before_locks)" \
-	[ "$(count_qemu)" = "$before_qemu" -a "$(count_slot_locks)" -le "$before_locks" ]
+check "no QEMU or slot lock left (qemu $(count_qemu)/$before_qemu, locks $(count_own_slot_locks)/$before_locks)" \
+	[ "$(count_qemu)" = "$before_qemu" -a "$(count_own_slot_locks)" -le "$before_locks" ]
 t_done

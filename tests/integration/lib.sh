@@ -397,7 +397,8 @@ count_run_entries() { find "$KILN_RUN_DIR" -mindepth 1 2>/dev/null | wc -l; }
 # What a jail takes besides its QEMU process: cgroup directories under the
 # kiln/ parents of this shell's own cgroups (kiln-host nests its VMs' cgroups
 # there), mounts naming the run directory in this (the host's) mount
-# namespace (jails mount only inside their own), and held slot locks.
+# namespace (jails mount only inside their own), and held slot locks
+# (count_own_slot_locks, below).
 kiln_cgroup_parent() { # CONTROLLER
 	local own
 	own=$(awk -F: -v c="$1" '{ n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c) print $3 }' /proc/self/cgroup)
@@ -421,12 +422,6 @@ count_cgroups() {
 	echo "$n"
 }
 count_mounts() { grep -c -- "$KILN_RUN_DIR" /proc/self/mountinfo || true; }
-count_slot_locks() {
-	local inodes
-	inodes=$(stat -c %i "${KILN_SLOT_DIR:-/run/kiln/slots}"/*.lock 2>/dev/null | sort -u)
-	if [ -z "$inodes" ]; then echo 0; return; fi
-	awk '$2 == "FLOCK" { split($6, a, ":"); print a[3] }' /proc/locks | grep -cxF -f <(echo "$inodes") || true
-}
 
 # count_own_slot_locks: the held slot locks taken by this test's processes
 # (kiln-host, kiln-jail: a command line naming its $T_TMP or run
