@@ -1,4 +1,6 @@
-/* session_core: struct sessions (start, stop, the requests held), the
+/* session_core: struct sessions (create, stop, the requests held; the
+ * reaper and lease renewer threads are started by sessions_start in
+ * session_reap.c, above this file), the
  * sessions with a request in flight and their leases in the store, and the
  * two actions both the endpoints (sessions.c) and the reaper
  * (session_reap.c) take: pausing and destroying a session (see sessions.h,
@@ -239,7 +241,7 @@ out:
  * LEASE_RENEW_MS, on a thread of its own because the reaper's host calls
  * can take longer than a lease lives; now and then a killed replica's
  * lapsed rows removed. */
-static void *renewer_main(void *arg)
+void *sessions_renewer_main(void *arg)
 {
 	struct sessions *ss = arg;
 	int64_t last_gc = 0;
@@ -560,32 +562,6 @@ struct sessions *sessions_create(const struct api_config *cfg, struct store *st,
 	pthread_mutex_init(&ss->lock, NULL);
 	pthread_mutex_init(&ss->lease_lock, NULL);
 	condwait_init(&ss->cond);
-	return ss;
-}
-
-struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
-				const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
-{
-	struct sessions *ss = sessions_create(cfg, st, sched, host, clock, err);
-
-	if (!ss)
-		return NULL;
-	if (pthread_create(&ss->reaper, NULL, sessions_reaper_main, ss) != 0) {
-		pthread_mutex_destroy(&ss->lock);
-		pthread_mutex_destroy(&ss->lease_lock);
-		pthread_cond_destroy(&ss->cond);
-		free(ss->token);
-		free(ss);
-		kiln_err_set(err, KERR_INTERNAL, "cannot start the session reaper");
-		return NULL;
-	}
-	ss->reaping = 1;
-	if (pthread_create(&ss->renewer, NULL, renewer_main, ss) != 0) {
-		sessions_stop(ss);
-		kiln_err_set(err, KERR_INTERNAL, "cannot start the session lease renewer");
-		return NULL;
-	}
-	ss->renewing = 1;
 	return ss;
 }
 

@@ -325,3 +325,32 @@ void *sessions_reaper_main(void *arg)
 	return NULL;
 }
 
+/* ---- the sessions' start: struct sessions (session_core.c) with the
+ * reaper and the lease renewer running. Here, above session_core.c, so that
+ * the core does not call up into the reaper. ---- */
+
+struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
+				const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err)
+{
+	struct sessions *ss = sessions_create(cfg, st, sched, host, clock, err);
+
+	if (!ss)
+		return NULL;
+	if (pthread_create(&ss->reaper, NULL, sessions_reaper_main, ss) != 0) {
+		pthread_mutex_destroy(&ss->lock);
+		pthread_mutex_destroy(&ss->lease_lock);
+		pthread_cond_destroy(&ss->cond);
+		free(ss->token);
+		free(ss);
+		kiln_err_set(err, KERR_INTERNAL, "cannot start the session reaper");
+		return NULL;
+	}
+	ss->reaping = 1;
+	if (pthread_create(&ss->renewer, NULL, sessions_renewer_main, ss) != 0) {
+		sessions_stop(ss);
+		kiln_err_set(err, KERR_INTERNAL, "cannot start the session lease renewer");
+		return NULL;
+	}
+	ss->renewing = 1;
+	return ss;
+}

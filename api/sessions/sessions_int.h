@@ -226,7 +226,12 @@ int sessions_reap_stale(int known, const struct store_session *cur, const char *
  * too). Ends are started on threads of their own. */
 void sessions_reap_once(struct sessions *ss, int reconcile);
 
-/* The reaper thread (sessions_start). */
+/* The reaper thread (sessions_start, in session_reap.c with it). */
 void *sessions_reaper_main(void *arg);
+
+/* The lease renewer thread (sessions_start; session_core.c): this
+ * process's leases renewed every LEASE_RENEW_MS, now and then a killed
+ * replica's lapsed rows removed. */
+void *sessions_renewer_main(void *arg);
 
 #endif

@@ -7,8 +7,9 @@
  * scheduler at once; every call takes the store's lock (one SQLite
  * connection). Returned json_t are new references the caller decrefs.
  *
- * Implemented in api/store/store.c (core: open/close, locks, change notification,
- * the shared page, compare-and-set and quota helpers), store_migrate.c,
+ * Implemented in api/store/store.c (core: locks, change notification,
+ * the shared page, compare-and-set and quota helpers), store_open.c (open,
+ * close, the listener), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
  * store_int.h is their private interface.
  *

@@ -191,7 +191,12 @@ void store_changed_here(struct store *s, const char *id, const char *event, json
  * Lock held. Nothing for SQLite. */
 int store_notify_queued_locked(struct store *s, const char *const *ids, int n, int64_t at);
 
-/* store_changed with event "state" and {"state":NAME,"at":at}. */
+/* Bump the change counter, wake this process's waiters and hand data (not
+ * consumed) to the listener and, when remote (it came from another
+ * replica), to the remote hook (store_open.c's listener callback). */
+void store_wake_local(struct store *s, const char *id, const char *event, json_t *data, int remote);
+
+/* store_changed with event "state" and {"state":NAME,"at":at} (store_tasks.c). */
 void store_task_changed(struct store *s, const char *task_id, enum task_state st, int64_t at);
 
 /* ---- one row by id (store.c) ---- */
@@ -254,7 +259,7 @@ struct store_cas {
  * (the row is in another state, or gone), -1 error. Lock held. */
 int store_cas_locked(struct store *s, struct sdb_stmt *st, const struct store_cas *c);
 
-/* ---- quotas (store.c, store_keys.c) ---- */
+/* ---- quotas (store.c; store_room_locked, store_customer_quota_locked: store_keys.c) ---- */
 
 /* The customer's stored quotas: 0, -ENOENT (no such customer), -EIO.
  * Lock held. (store_keys.c) */

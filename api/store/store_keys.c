@@ -550,3 +550,23 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost)
 		return -EIO;
 	return n ? 0 : -ENOENT;
 }
+
+/* ---- the running quota's check (the usage and the lock are store.c's) ---- */
+
+int store_room_locked(struct store *s, const char *customer, unsigned vcpus, unsigned memory_mib, int missing_ok,
+		      struct kiln_err *err)
+{
+	struct quota q;
+	struct usage u = { 0 };
+
+	if (store_lock_customer_locked(s, customer) < 0)
+		return -EIO;
+	if (store_customer_quota_locked(s, customer, &q) < 0) {
+		if (!missing_ok)
+			return -ENOENT;
+		quota_defaults(&q); /* a row whose customer is gone still runs under the defaults */
+	}
+	if (store_running_usage_locked(s, customer, &u) < 0)
+		return -EIO;
+	return quota_check_start(&q, &u, vcpus, memory_mib, err) < 0 ? -EDQUOT : 0;
+}

@@ -27,6 +27,12 @@ const char *task_state_name(enum task_state st)
 	return st < TASK_STATE_COUNT ? state_names[st] : "unknown";
 }
 
+void store_task_changed(struct store *s, const char *task_id, enum task_state st, int64_t at)
+{
+	store_changed(s, task_id, "state",
+		      json_pack("{s:s, s:I}", "state", task_state_name(st), "at", (json_int_t)at));
+}
+
 enum task_state task_state_parse(const char *str)
 {
 	return (enum task_state)store_name_index(state_names, TASK_STATE_COUNT, str);
