@@ -7,8 +7,9 @@
  * watcher thread that pushes it to its host (POST /v1/tasks; a 409 means a
  * previous kiln-api already did) and follows the host's event stream,
  * recording each state in the store with compare-and-set transitions, so
- * that a task cancelled or requeued meanwhile is never overwritten. */
-#include "scheduler.h"
+ * that a task cancelled or requeued meanwhile is never overwritten. The
+ * watchers are in scheduler_watch.c; scheduler_int.h is what both share. */
+#include "scheduler_int.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -21,433 +22,8 @@
 #include "base/base.h"
 #include "clock.h"
 #include "condwait.h"
-#include "excerpt.h"
 #include "hostcall/host_ops.h"
 #include "spec.h"
-
-#define MAX_HOSTS 256
-#define MAX_BATCH 256
-#define TICK_MS 100
-#define HOST_FULL_BACKOFF_MS 1000
-#define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
-#define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
-#define REATTACH_MS 5000          /* PostgreSQL: the leader reattaches this often */
-#define HOST_TEMPLATES 16           /* templates per host the scheduler keeps from its heartbeat */
-
-/* One template a host holds (capacity.templates): key as store_task.tkey. */
-struct host_template {
-	char key[72];
-	unsigned ready;              /* warm pool VMs of it */
-};
-
-struct host_view {
-	char id[65];
-	char url[256];
-	int64_t last_hb_ms;
-	int lost;                    /* as the store says (a heartbeat clears it) */
-	int was_lost;                /* lost at the previous refresh: a heartbeat means it is back */
-	unsigned vcpus_total, vcpus_used;
-	uint64_t mem_total, mem_used;
-	unsigned pool_ready, pool_mem, pool_vcpus;
-	int egress;                  /* offers network egress */
-	struct host_template templates[HOST_TEMPLATES];
-	int ntemplates;
-	/* Placed by us after the host's last heartbeat: not in its report yet. */
-	unsigned inflight_vcpus;
-	uint64_t inflight_mem;
-	int64_t full_until_ms;
-};
-
-struct watch {
-	struct sched *s;
-	char task[40], customer[65], host[65], url[256];
-	enum task_state state;       /* as last recorded by this watcher */
-	int push;                    /* push before following */
-	int superseded;              /* the task was placed again elsewhere: a newer watcher has it */
-	struct watch *next;
-};
-
-struct sched {
-	struct store *st;
-	struct sched_config cfg;
-	char *token;
-	pthread_t thread;
-	pthread_mutex_t lock;
-	pthread_cond_t wake;
-	int stopping, woken;
-	int want_full; /* the next tick reads the hosts and forwards cancels (sched_wake_full) */
-	struct host_view hosts[MAX_HOSTS];
-	int nhosts;
-	struct watch *watches;       /* placed tasks being followed */
-	int64_t started_ms;          /* hosts get a full timeout after our own start */
-	unsigned nwatchers;
-	const struct host_ops *ops;  /* how hosts are called (cfg.host or the real one) */
-	const struct kiln_clock *clock;
-	int threaded;                /* sched_start ran sched_main on s->thread */
-	int reattached;
-	int64_t last_reattach;       /* wall ms of the last forced reattach (PostgreSQL) */
-	int64_t last_full;
-};
-
-static int host_call(struct sched *s, const char *url, const char *method, const char *path, json_t *body,
-		     long timeout_ms, json_t **reply, struct kiln_err *err)
-{
-	return s->ops->call(s->ops->ctx, url, s->token, method, path, body, timeout_ms, reply, err);
-}
-
-static struct host_view *host_find_locked(struct sched *s, const char *id)
-{
-	for (int i = 0; i < s->nhosts; i++)
-		if (!strcmp(s->hosts[i].id, id))
-			return &s->hosts[i];
-	return NULL;
-}
-
-static void relay(struct sched *s, const char *task, const char *event, json_t *data)
-{
-	if (s->cfg.relay)
-		s->cfg.relay(s->cfg.relay_ctx, task, event, data);
-}
-
-/* ---- watchers ---- */
-
-/* The task's state in the store (TASK_STATE_COUNT if it is gone). */
-static enum task_state stored_state(struct sched *s, const char *id)
-{
-	json_t *j = store_task_json(s->st, id, NULL);
-	enum task_state st = task_state_parse(json_string_value(json_object_get(j, "state")));
-
-	json_decref(j);
-	return st;
-}
-
-/* Record the host's progress with compare-and-set from what this watcher
- * last recorded. Returns 1 recorded, 0 when the store moved on without us
- * (the task was cancelled through the API meanwhile: the host is told). */
-static int transition(struct watch *w, enum task_state to)
-{
-	if (w->state == to || to < w->state)
-		return 1;
-	if (store_task_transition(w->s->st, w->task, w->state, to, NULL) == 1) {
-		w->state = to;
-		return 1;
-	}
-	if (stored_state(w->s, w->task) == TASK_CANCELLED) {
-		char path[80];
-		struct kiln_err err = { .code = "" };
-
-		snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
-		host_call(w->s, w->url, "DELETE", path, NULL, 5000, NULL, &err);
-		w->state = TASK_CANCELLED; /* final in the store: stop following */
-	}
-	return 0;
-}
-
-static int finish(struct watch *w, json_t *host_task)
-{
-	json_t *res = json_object_get(host_task, "result");
-	enum task_state st = task_state_parse(json_string_value(json_object_get(host_task, "state")));
-	const char *reason = json_string_value(json_object_get(res, "end_reason"));
-
-	if (!task_state_final(st))
-		return 0;
-	/* The store keeps an excerpt, whatever the host sent: the logs are in S3. */
-	excerpt_result(res, EXCERPT_BYTES);
-	store_task_finish(w->s->st, w->task, st, reason ? reason : "", host_task);
-	w->state = st;
-	return 1;
-}
-
-struct follow_ctx {
-	struct watch *w;
-	int final_seen;
-	json_t *task; /* the final event's task JSON, when the host sent it */
-};
-
-static int on_host_event(void *ctx, const char *name, json_t *data)
-{
-	struct follow_ctx *f = ctx;
-	struct watch *w = f->w;
-
-	relay(w->s, w->task, name, data);
-	if (!strcmp(name, "state")) {
-		enum task_state st = task_state_parse(json_string_value(json_object_get(data, "state")));
-
-		if ((st == TASK_STARTING || st == TASK_RUNNING || st == TASK_UPLOADING) && !transition(w, st) &&
-		    task_state_final(w->state))
-			return 1;
-		else if (task_state_final(st)) {
-			json_t *t = json_object_get(data, "task");
-
-			f->final_seen = 1;
-			/* The task JSON rides on the final event (kiln-host since
-			 * manifest v2); else it is fetched next. */
-			if (json_is_object(t) && !strcmp(json_string_value(json_object_get(t, "id")) ?: "", w->task) &&
-			    task_state_final(task_state_parse(json_string_value(json_object_get(t, "state"))))) {
-				json_decref(f->task);
-				f->task = json_incref(t);
-			}
-			return 1;
-		}
-	}
-	return 0;
-}
-
-static int stopping(struct sched *s)
-{
-	int r;
-
-	pthread_mutex_lock(&s->lock);
-	r = s->stopping;
-	pthread_mutex_unlock(&s->lock);
-	return r;
-}
-
-static int host_is_lost(struct sched *s, const char *host)
-{
-	struct host_view *h;
-	int lost;
-
-	pthread_mutex_lock(&s->lock);
-	h = host_find_locked(s, host);
-	lost = !h || h->lost;
-	pthread_mutex_unlock(&s->lock);
-	return lost;
-}
-
-/* Push the task to its host. 1 pushed (or already there), 0 refused for now
- * (requeued), -1 host unreachable (left scheduled: lost-host handling or a
- * later retry settles it). */
-static int push(struct watch *w)
-{
-	struct sched *s = w->s;
-	struct store_task_push tp;
-	json_t *spec, *body, *reply = NULL;
-	struct kiln_err err = { .code = "" };
-	int st;
-
-	/* One read: the task's state and host, spec, template and destination. */
-	if (store_task_push_get(s->st, w->task, w->host, &tp) < 0)
-		return -1;
-	spec = tp.spec ? json_loads(tp.spec, 0, NULL) : NULL;
-	if (!spec) {
-		store_task_push_free(&tp);
-		return -1;
-	}
-	if (!tp.scheduled_on) {
-		/* Cancelled, or requeued (and maybe placed elsewhere), before it
-		 * reached the host: nothing to push. */
-		json_decref(spec);
-		store_task_push_free(&tp);
-		w->state = TASK_QUEUED;
-		return 0;
-	}
-	body = json_pack("{s:s, s:s, s:o}", "id", w->task, "customer", w->customer, "spec", spec);
-	{
-		/* The customer's own S3 destination, if it has one: its outputs,
-		 * logs and manifest go there. One it has but that cannot be opened
-		 * fails the task: never kiln's bucket instead. */
-		struct dest d;
-		char dest_id[40];
-		int r = tp.has_dest ? destination_unseal(s->cfg.dest_key, w->customer, &tp.dest, &d, dest_id, &err) : 0;
-
-		if (r < 0) {
-			json_t *e = json_pack("{s:s, s:{s:s, s:s}}", "state", "error", "error", "code", err.code,
-					      "message", err.message);
-
-			fprintf(stderr, "kiln-api: task %s: %s\n", w->task, err.message);
-			json_decref(body);
-			store_task_push_free(&tp);
-			store_task_finish(s->st, w->task, TASK_ERROR, err.code, e);
-			json_decref(e);
-			w->state = TASK_ERROR;
-			return 0;
-		}
-		store_task_set_dest(s->st, w->task, r == 1 ? dest_id : NULL);
-		if (r == 1) {
-			json_object_set_new(body, "destination", dest_to_json(&d, 1));
-			dest_wipe(&d);
-		}
-	}
-	{
-		/* Its template as resolved at submission (docs/templates.md):
-		 * the task runs even if the template was deleted since. */
-		json_t *tref = tp.tref ? json_loads(tp.tref, 0, NULL) : NULL;
-
-		if (tref)
-			json_object_set_new(body, "template", tref);
-	}
-	store_task_push_free(&tp);
-	st = host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);
-	json_decref(body); /* it held the destination's secret: not logged, freed here */
-	if (st == 202 || st == 409) {
-		json_decref(reply);
-		return 1;
-	}
-	if (st > 0) {
-		/* Refused (full, or the spec rejected): back to the queue, and the host
-		 * is left alone for a moment. */
-		struct host_view *h;
-
-		fprintf(stderr, "kiln-api: host %s refused task %s: HTTP %d %s\n", w->host, w->task, st,
-			json_string_value(json_object_get(json_object_get(reply, "error"), "message")) ?: "");
-		pthread_mutex_lock(&s->lock);
-		h = host_find_locked(s, w->host);
-		if (h)
-			h->full_until_ms = kclock_mono_ms(s->clock) + HOST_FULL_BACKOFF_MS;
-		pthread_mutex_unlock(&s->lock);
-		json_decref(reply);
-		if (st >= 400 && st < 500 && st != 409) {
-			json_t *e = json_pack("{s:s, s:{s:s, s:s}}", "state", "error", "error", "code", "host_refused",
-					      "message", "the host refused the task");
-
-			store_task_finish(s->st, w->task, TASK_ERROR, "host_refused", e);
-			json_decref(e);
-			w->state = TASK_ERROR;
-			return 0;
-		}
-		store_task_transition(s->st, w->task, TASK_SCHEDULED, TASK_QUEUED, "");
-		w->state = TASK_QUEUED;
-		return 0;
-	}
-	fprintf(stderr, "kiln-api: pushing task %s to %s: %s\n", w->task, w->host, err.message);
-	return -1;
-}
-
-/* Sleep ms, or less when the scheduler stops. */
-static void watch_sleep(struct sched *s, unsigned ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts); /* s->wake's clock */
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
-	pthread_mutex_lock(&s->lock);
-	while (!s->stopping && pthread_cond_timedwait(&s->wake, &s->lock, &ts) != ETIMEDOUT)
-		;
-	pthread_mutex_unlock(&s->lock);
-}
-
-static void *watch_main(void *arg)
-{
-	struct watch *w = arg;
-	struct sched *s = w->s;
-	unsigned backoff_ms = WATCH_BACKOFF_MIN_MS;
-
-	while (!stopping(s) && !task_state_final(w->state) && w->state != TASK_QUEUED &&
-	       !__atomic_load_n(&w->superseded, __ATOMIC_ACQUIRE)) {
-		struct follow_ctx f = { .w = w };
-		struct kiln_err err = { .code = "" };
-		json_t *t = NULL;
-		int st;
-
-		if (host_is_lost(s, w->host))
-			break; /* the lost-host handling settles the task */
-		if (w->push) {
-			int r = push(w);
-
-			if (r == 0)
-				break;
-			if (r < 0) {
-				watch_sleep(s, backoff_ms);
-				backoff_ms = backoff_ms * 2 < WATCH_BACKOFF_MAX_MS ? backoff_ms * 2 : WATCH_BACKOFF_MAX_MS;
-				continue;
-			}
-			w->push = 0;
-		}
-		s->ops->follow(s->ops->ctx, w->url, s->token, w->task, 30, on_host_event, &f, &err);
-		if (f.task) {
-			t = f.task;
-			st = 200;
-		} else {
-			char path[80];
-
-			snprintf(path, sizeof(path), "/v1/tasks/%s", w->task);
-			st = host_call(s, w->url, "GET", path, NULL, 10000, &t, &err);
-		}
-		if (st == 200 && finish(w, t)) {
-			json_decref(t);
-			break;
-		}
-		json_decref(t);
-		if (st == 404 && w->state == TASK_SCHEDULED) {
-			w->push = 1; /* never arrived (a previous kiln-api died before pushing) */
-			continue;
-		}
-		/* A round whose GET failed (host unreachable, an error status, a
-		 * reply over hostclient's size cap) waits, doubling up to
-		 * WATCH_BACKOFF_MAX_MS: a task whose GET keeps failing must not make
-		 * this thread spin on re-following and re-GETting its host. */
-		if (st == 200) {
-			if (!f.final_seen)
-				watch_sleep(s, WATCH_BACKOFF_MIN_MS);
-			backoff_ms = WATCH_BACKOFF_MIN_MS;
-		} else {
-			watch_sleep(s, backoff_ms);
-			backoff_ms = backoff_ms * 2 < WATCH_BACKOFF_MAX_MS ? backoff_ms * 2 : WATCH_BACKOFF_MAX_MS;
-		}
-	}
-	pthread_mutex_lock(&s->lock);
-	for (struct watch **pp = &s->watches; *pp; pp = &(*pp)->next)
-		if (*pp == w) {
-			*pp = w->next;
-			break;
-		}
-	s->nwatchers--;
-	/* Capacity may have freed: the hosts are read again (sched_wake_full,
-	 * under this same lock: once nwatchers is 0 sched_stop may free s). */
-	s->woken = 1;
-	s->want_full = 1;
-	pthread_cond_broadcast(&s->wake);
-	pthread_mutex_unlock(&s->lock);
-	free(w);
-	return NULL;
-}
-
-static int watch_start_locked(struct sched *s, const struct store_task *t, const struct host_view *h, int do_push)
-{
-	struct watch *w;
-	pthread_attr_t attr;
-	pthread_t th;
-
-	for (w = s->watches; w; w = w->next) {
-		if (strcmp(w->task, t->id) || __atomic_load_n(&w->superseded, __ATOMIC_ACQUIRE))
-			continue;
-		if (!strcmp(w->host, h->id))
-			return 0;
-		/* Its old watcher still waits on the host it was requeued from
-		 * (lost, or refusing): it stands down, a new one takes the task
-		 * to this host. */
-		__atomic_store_n(&w->superseded, 1, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&s->wake);
-	}
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return -1;
-	w->s = s;
-	snprintf(w->task, sizeof(w->task), "%s", t->id);
-	snprintf(w->customer, sizeof(w->customer), "%s", t->customer);
-	snprintf(w->host, sizeof(w->host), "%s", h->id);
-	snprintf(w->url, sizeof(w->url), "%s", h->url);
-	w->state = t->state;
-	w->push = do_push;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&th, &attr, watch_main, w) != 0) {
-		pthread_attr_destroy(&attr);
-		free(w);
-		return -1;
-	}
-	pthread_attr_destroy(&attr);
-	w->next = s->watches;
-	s->watches = w;
-	s->nwatchers++;
-	return 0;
-}
 
 /* ---- hosts ---- */
 
@@ -585,7 +161,7 @@ static void reconcile(struct sched *s, const char *host, const char *url)
 	struct kiln_err err = { .code = "" };
 	json_t *reply = NULL, *t;
 	size_t i;
-	int st = host_call(s, url, "GET", "/v1/tasks", NULL, 5000, &reply, &err);
+	int st = sched_host_call(s, url, "GET", "/v1/tasks", NULL, 5000, &reply, &err);
 
 	if (st != 200) {
 		fprintf(stderr, "kiln-api: reconciling with host %s: %s\n", host, st < 0 ? err.message : "unexpected status");
@@ -603,7 +179,7 @@ static void reconcile(struct sched *s, const char *host, const char *url)
 			continue;
 		if (!mine || task_state_final(ms) || ms == TASK_QUEUED || !mh || strcmp(mh, host)) {
 			snprintf(path, sizeof(path), "/v1/tasks/%s", id);
-			host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
+			sched_host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
 			fprintf(stderr, "kiln-api: host %s still had task %s (%s here): cancelled there\n", host, id,
 				mine ? task_state_name(ms) : "unknown");
 		}
@@ -745,7 +321,7 @@ static void place(struct sched *s)
 		if (r == 1) {
 			q[i].state = TASK_SCHEDULED;
 			reserve_locked(h, &q[i]);
-			watch_start_locked(s, &q[i], h, 1);
+			sched_watch_start_locked(s, &q[i], h, 1);
 		} else if (r == -EDQUOT && ncapped < 64) {
 			snprintf(capped[ncapped++], sizeof(capped[0]), "%s", q[i].customer);
 		}
@@ -780,9 +356,9 @@ static void reattach(struct sched *s)
 			struct host_view *h;
 
 			pthread_mutex_lock(&s->lock);
-			h = host_find_locked(s, t[i].host_id);
+			h = sched_host_find_locked(s, t[i].host_id);
 			if (h)
-				watch_start_locked(s, &t[i], h, t[i].state == TASK_SCHEDULED);
+				sched_watch_start_locked(s, &t[i], h, t[i].state == TASK_SCHEDULED);
 			pthread_mutex_unlock(&s->lock);
 		}
 	}
@@ -983,7 +559,7 @@ int sched_cancel(struct sched *s, const char *task_id)
 	if (!url[0])
 		return -1;
 	snprintf(path, sizeof(path), "/v1/tasks/%s", task_id);
-	st = host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
+	st = sched_host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
 	return st == 202 || st == 409 ? 0 : -1;
 }
 
@@ -1028,7 +604,7 @@ void sched_unplace(struct sched *s, const char *host_id, const struct sched_need
 	struct host_view *h;
 
 	pthread_mutex_lock(&s->lock);
-	h = host_find_locked(s, host_id);
+	h = sched_host_find_locked(s, host_id);
 	if (h) {
 		h->inflight_vcpus -= need->vcpus < h->inflight_vcpus ? need->vcpus : h->inflight_vcpus;
 		h->inflight_mem -= need->memory_mib < h->inflight_mem ? need->memory_mib : h->inflight_mem;
@@ -1041,7 +617,7 @@ void sched_host_full(struct sched *s, const char *host_id)
 	struct host_view *h;
 
 	pthread_mutex_lock(&s->lock);
-	h = host_find_locked(s, host_id);
+	h = sched_host_find_locked(s, host_id);
 	if (h)
 		h->full_until_ms = kclock_mono_ms(s->clock) + HOST_FULL_BACKOFF_MS;
 	pthread_mutex_unlock(&s->lock);
@@ -1053,7 +629,7 @@ int sched_host_state(struct sched *s, const char *host_id, char url[256])
 	int r = -1;
 
 	pthread_mutex_lock(&s->lock);
-	h = host_find_locked(s, host_id);
+	h = sched_host_find_locked(s, host_id);
 	if (h) {
 		r = !h->lost;
 		if (url)
@@ -1098,7 +674,7 @@ void sched_destination_changed(struct sched *s, const char *customer)
 		int st;
 
 		snprintf(path, sizeof(path), "/v1/tasks/%s/destination", id);
-		st = host_call(s, url, "PUT", path, body, 5000, NULL, &err);
+		st = sched_host_call(s, url, "PUT", path, body, 5000, NULL, &err);
 		json_decref(body);
 		if (st != 200 && st != 404)
 			fprintf(stderr, "kiln-api: task %s: cannot hand its host the destination's new credentials: %s\n",

@@ -3,7 +3,8 @@
  * kept in the store, and exec, files, input, pause, resume and outputs
  * proxied to its host. What they share with the reaper (requests in flight,
  * pause, destroy) is in session_core.c, the rules of state changes there
- * too. */
+ * too. Create and resume (admission, template, placement: shared with
+ * e2b.c) are in session_run.c, the answers in session_reply.c. */
 #include "sessions_int.h"
 
 #include <errno.h>
@@ -16,7 +17,6 @@
 
 #include <curl/curl.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
 #include "base/base.h"
 #include "buf.h"
@@ -24,81 +24,6 @@
 #include "reply.h"
 #include "s3.h"
 #include "templates/templates.h"
-
-/* ---- answers: kiln's error shape, or E2B's for the /e2b endpoints ---- */
-
-/* e with status (0: the table's), and an optional header; E2B's
- * {"code","message"} when r->e2b (create and resume are shared with e2b.c). */
-static enum MHD_Result answer_err(const struct sessions_request *r, unsigned status, const struct kiln_err *e,
-				  const char *hname, const char *hvalue)
-{
-	if (!status)
-		status = kiln_err_status(e->errc);
-	if (r->e2b)
-		return reply_e2b_error(r->conn, status, e->message, hname, hvalue);
-	return hname ? reply_err_status_h(r->conn, status, e, hname, hvalue) : reply_err_status(r->conn, status, e);
-}
-
-static enum MHD_Result answer(const struct sessions_request *r, unsigned status, enum kiln_errc code,
-			      const char *msg, const char *hname, const char *hvalue)
-{
-	struct kiln_err e = { .code = "" };
-
-	kiln_err_set(&e, code, "%s", msg);
-	return answer_err(r, status, &e, hname, hvalue);
-}
-
-/* ---- host answers ---- */
-
-/* Pass a host's answer on as it is: its status, bytes and content type.
- * An error that is not kiln-host's JSON error gets one. For E2B, a host's
- * error becomes E2B's shape with the host's message. */
-static enum MHD_Result relay_to(const struct sessions_request *rq, struct MHD_Connection *conn,
-				struct hostclient_reply *r)
-{
-	char *body = r->body;
-
-	if (rq && rq->e2b && r->status >= 400) {
-		char msg[300], m[256];
-
-		sessions_host_error_message(r, m, sizeof(m));
-		if (!m[0])
-			snprintf(m, sizeof(m), "the sandbox's host answered HTTP %d", r->status);
-		snprintf(msg, sizeof(msg), "%s", m);
-		return reply_e2b_error(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status, msg, NULL,
-				       NULL);
-	}
-	if (r->status >= 400) {
-		json_t *j = body ? json_loadb(body, r->len, 0, NULL) : NULL;
-		int ok = json_is_object(json_object_get(j, "error"));
-
-		json_decref(j);
-		if (!ok) {
-			char msg[96];
-
-			snprintf(msg, sizeof(msg), "the session's host answered HTTP %d", r->status);
-			return reply_error_status(conn, r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status,
-						  KERR_HOST_ERROR, msg);
-		}
-	}
-	r->body = NULL;
-	return reply_bytes(conn, (unsigned)r->status, body, r->len,
-			   r->content_type[0] ? r->content_type : (body ? "application/json" : NULL));
-}
-
-static enum MHD_Result relay(struct MHD_Connection *conn, struct hostclient_reply *r)
-{
-	return relay_to(NULL, conn, r);
-}
-
-static enum MHD_Result host_unavailable(struct MHD_Connection *conn, const char *why)
-{
-	char msg[600];
-
-	snprintf(msg, sizeof(msg), "the session's host cannot be reached: %s", why);
-	return reply_error_h(conn, KERR_HOST_UNAVAILABLE, msg, "Retry-After",
-			     RETRY_AFTER_S);
-}
 
 /* ---- endpoints ---- */
 
@@ -133,74 +58,6 @@ static enum MHD_Result reply_outcome(struct sessions *ss, struct MHD_Connection 
 	return reply_err_status(conn, o->status, &o->err);
 }
 
-static enum MHD_Result no_room(const struct sessions_request *rq, int r, const struct sched_need *need)
-{
-	char msg[200];
-
-	if (r == -EBUSY) {
-		snprintf(msg, sizeof(msg), "no host has room for %u vCPUs and %u MiB now: retry later", need->vcpus,
-			 need->memory_mib);
-		return answer(rq, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
-	}
-	if (r == -ENOENT)
-		return answer(rq, 0, KERR_NO_HOST, "no host is live", "Retry-After", RETRY_AFTER_S);
-	snprintf(msg, sizeof(msg), "no registered host has %u vCPUs and %u MiB of memory%s%s%s", need->vcpus,
-		 need->memory_mib, need->egress ? " and offers network egress" : "",
-		 need->tkey && need->tkey[0] == '@' ? " and the built-in template " : "",
-		 need->tkey && need->tkey[0] == '@' ? need->tkey + 1 : "");
-	return answer(rq, 0, KERR_NO_HOST_FITS, msg, NULL, NULL);
-}
-
-/* Submit rate and the running quota, checked before a host is picked (the
- * store checks the quota again, in the transaction that takes it). */
-static enum MHD_Result admit(struct sessions *ss, const struct sessions_request *r, const struct quota *q,
-			     unsigned vcpus, unsigned memory_mib, int *refused)
-{
-	struct kiln_err err = { .code = "" };
-	struct usage u;
-	int64_t retry_ms;
-
-	*refused = 1;
-	if (!quota_limiter_take(r->lim, r->customer, q->submit_rate, q->submit_burst, kclock_mono_ms(ss->clock), &retry_ms)) {
-		char ra[24], msg[160];
-
-		snprintf(ra, sizeof(ra), "%lld", (long long)(retry_ms > 1000 ? (retry_ms + 999) / 1000 : 1));
-		snprintf(msg, sizeof(msg), "more than %g submissions per second (burst %u): retry in %s s", q->submit_rate,
-			 q->submit_burst, ra);
-		return answer(r, 0, KERR_RATE_LIMITED, msg, "Retry-After", ra);
-	}
-	if (store_customer_usage(ss->st, r->customer, &u) < 0)
-		return answer(r, 0, KERR_INTERNAL, "cannot read the usage", NULL, NULL);
-	if (quota_check_start(q, &u, vcpus, memory_mib, &err) < 0)
-		return answer_err(r, MHD_HTTP_TOO_MANY_REQUESTS, &err, r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
-	*refused = 0;
-	return MHD_YES;
-}
-
-/* The scheduler's key of a resolved template (store_task.tkey) in buf, or
- * NULL for the default. */
-static const char *tkey_of(const struct template_use *u, char buf[72])
-{
-	if (!u->tref)
-		return NULL;
-	if (u->use.builtin)
-		snprintf(buf, 72, "@%s", u->row.name);
-	else
-		snprintf(buf, 72, "%s", u->row.sha256);
-	return buf;
-}
-
-/* A host request body gets the TREF (text; NULL: none) as "template". */
-static void with_tref(json_t *body, const char *tref)
-{
-	json_t *j = tref ? json_loads(tref, 0, NULL) : NULL;
-
-	if (body && j)
-		json_object_set_new(body, "template", j);
-	else
-		json_decref(j);
-}
-
 /* POST /v1/sessions */
 static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 {
@@ -224,119 +81,6 @@ static enum MHD_Result handle_create(void *ctx, struct httpd_req *req)
 		ret = reply_session(ss, r->conn, MHD_HTTP_CREATED, id);
 	api_session_request_free(&sr);
 	return ret;
-}
-
-int sessions_create_run(struct sessions *ss, const struct sessions_request *r, const struct quota *qp,
-			const struct api_session_request *sr, const struct sessions_e2b_new *e2b, char id[40],
-			enum MHD_Result *ret)
-{
-	struct kiln_err err = { .code = "" };
-	struct sched_need need;
-	struct sessions_placement p;
-	struct template_use tu;
-	struct quota q = *qp;
-	char host[65], url[256], tkey[72];
-	int refused, pr;
-
-	id[0] = '\0';
-	if (quota_check_task(&q, sr->vcpus, sr->memory_mib, 0, sr->output_mib, &err) < 0) {
-		*ret = answer_err(r, MHD_HTTP_BAD_REQUEST, &err, NULL, NULL);
-		return 0;
-	}
-	/* Its template, resolved now and kept with it (docs/templates.md). */
-	if (template_resolve(ss->st, r->customer, sr->template_name[0] ? sr->template_name : NULL, &tu, &err) < 0) {
-		*ret = answer_err(r, 0, &err, NULL, NULL);
-		return 0;
-	}
-	*ret = admit(ss, r, &q, sr->vcpus, sr->memory_mib, &refused);
-	if (refused) {
-		template_use_free(&tu);
-		return 0;
-	}
-	need = (struct sched_need){ .vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .egress = sr->egress,
-				    .tkey = tkey_of(&tu, tkey) };
-	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
-	if (pr < 0) {
-		template_use_free(&tu);
-		*ret = no_room(r, pr, &need);
-		return 0;
-	}
-	{
-		struct store_session_new n = {
-			.customer = r->customer, .spec_json = sr->spec_json, .metadata_json = sr->metadata_json,
-			.vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .idle_timeout_s = sr->idle_timeout_s,
-			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress, .tuse = tu.tref ? &tu.use : NULL,
-		};
-		/* With this process's lease (a request in flight) from the start:
-		 * no replica's reaper takes it in starting for a leftover. */
-		int cr = sessions_op_create(ss, &n, id, &err);
-
-		if (cr < 0) {
-			sched_unplace(ss->sched, host, &need);
-			template_use_free(&tu);
-			*ret = answer_err(r, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
-					  &err, cr == -EDQUOT && r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
-			return 0;
-		}
-	}
-	if (e2b) {
-		/* Its envd token, known before any host runs it (the relay checks it). */
-		unsigned char sha[32];
-		char tok[65];
-
-		sessions_e2b_token(ss, id, tok);
-		SHA256((const unsigned char *)tok, strlen(tok), sha);
-		OPENSSL_cleanse(tok, sizeof(tok));
-		if (store_session_set_e2b(ss->st, id, sha, e2b->template, e2b->env_json, e2b->auto_pause) != 1) {
-			store_session_discard(ss->st, id);
-			sessions_op_leave(ss, id);
-			sched_unplace(ss->sched, host, &need);
-			template_use_free(&tu);
-			*ret = answer(r, 0, KERR_INTERNAL, "cannot store the sandbox", NULL, NULL);
-			return 0;
-		}
-	}
-	{
-		json_t *spec = json_loads(sr->spec_json, 0, NULL);
-		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
-					 spec ? spec : json_object());
-		char *text;
-
-		with_tref(body, tu.tref);
-		template_use_free(&tu);
-		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-		json_decref(body);
-		snprintf(p.host, sizeof(p.host), "%s", host);
-		snprintf(p.url, sizeof(p.url), "%s", url);
-		pr = sessions_place_run(ss, &need, "/v1/sessions", text, CREATE_TIMEOUT_MS, &p);
-		free(text);
-	}
-	if (pr == 1) {
-		store_session_transition(ss->st, id, SESSION_STARTING, SESSION_RUNNING, p.host, "", NULL);
-		sessions_op_leave(ss, id);
-		fprintf(stderr, "kiln-api: session %s of %s running on %s\n", id, r->customer, p.host);
-		return 1;
-	}
-	store_session_discard(ss->st, id);
-	sessions_op_leave(ss, id);
-	if (pr == 0) {
-		char code[64], msg[256];
-
-		fprintf(stderr, "kiln-api: session %s: host %s refused it: HTTP %d %s: %s\n", id, p.host, p.hr.status,
-			sessions_host_error_code(&p.hr, code, sizeof(code)),
-			sessions_host_error_message(&p.hr, msg, sizeof(msg)));
-		*ret = relay_to(r, r->conn, &p.hr);
-		hostclient_reply_free(&p.hr);
-		return 0;
-	}
-	fprintf(stderr, "kiln-api: session %s: no host took it (%s)\n", id, p.last[0] ? p.last : "none with room");
-	{
-		char msg[400];
-
-		snprintf(msg, sizeof(msg), "no host could take the session now%s%s", p.last[0] ? ": " : "", p.last);
-		*ret = answer(r, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
-		return 0;
-	}
 }
 
 /* GET /v1/sessions */
@@ -389,7 +133,7 @@ static int need_running(struct sessions *ss, const struct sessions_request *r, c
 	}
 	hs = sched_host_state(ss->sched, cur->host_id, url);
 	if (hs != 1) {
-		*ret = host_unavailable(r->conn, hs == 0 ? "it is lost" : "it has not been heard from yet");
+		*ret = sessions_host_unavailable(r->conn, hs == 0 ? "it is lost" : "it has not been heard from yet");
 		return 0;
 	}
 	return 1;
@@ -406,7 +150,7 @@ static enum MHD_Result relay_or_lost(struct sessions *ss, const struct sessions_
 		return reply_error(r->conn, KERR_NOT_RUNNING,
 				   "the session's VM is gone from its host (it restarted?): the session is error/vm_lost");
 	}
-	return relay(r->conn, hr);
+	return sessions_relay(r->conn, hr);
 }
 
 /* ---- exec with ?stream=1: the host's event stream relayed as it comes ---- */
@@ -556,11 +300,11 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 		       (n = ss->host->stream_read(ss->host->ctx, sr->hs, chunk, sizeof(chunk), 30000, &err)) > 0)
 			if (buf_add(&b, chunk, (size_t)n) < 0)
 				break;
-		hr.body = b.p; /* NULL when nothing came, as relay() wants; freed with hr */
+		hr.body = b.p; /* NULL when nothing came, as sessions_relay() wants; freed with hr */
 		hr.len = b.len;
 		relay_free(sr);
 		if (st < 0)
-			return host_unavailable(r->conn, err.message);
+			return sessions_host_unavailable(r->conn, err.message);
 		ret = relay_or_lost(ss, r, url, id, &hr);
 		hostclient_reply_free(&hr);
 		return ret;
@@ -629,7 +373,7 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		json_decref(res);
 	}
 	sessions_op_leave_touch(ss, cur->id);
-	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+	ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
 	return ret;
 }
@@ -665,7 +409,7 @@ static enum MHD_Result handle_input(void *ctx, struct httpd_req *req)
 	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json", INPUT_TIMEOUT_MS,
 		       HOST_REPLY_MAX, &hr, &err);
 	free(text);
-	ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+	ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
 	return ret;
 }
@@ -715,7 +459,7 @@ static enum MHD_Result handle_files(void *ctx, struct httpd_req *req)
 		ret = reply_json(r->conn, MHD_HTTP_OK,
 				 json_pack("{s:s, s:I}", p ? "path" : "dir", p ? p : d, "size", (json_int_t)r->len));
 	else
-		ret = hr.status < 0 ? host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+		ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
 	hostclient_reply_free(&hr);
 	return ret;
 }
@@ -766,7 +510,7 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 	sessions_op_leave_touch(ss, cur->id);
 	if (hr.status < 0) {
 		dest_wipe(&dest);
-		return host_unavailable(r->conn, err.message);
+		return sessions_host_unavailable(r->conn, err.message);
 	}
 	if (hr.status != 200) {
 		dest_wipe(&dest);
@@ -811,149 +555,6 @@ static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 	if (sessions_resume_run(c->ss, c->r, &c->cur, &ret))
 		ret = reply_session(c->ss, c->r->conn, MHD_HTTP_OK, c->cur.id);
 	return ret;
-}
-
-static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
-		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret);
-
-int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
-			enum MHD_Result *ret)
-{
-	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
-	char *tref = store_use_tref(ss->st, cur->id), tkey[72] = "", prefer[65] = "";
-	json_t *sj = store_session_json(ss->st, cur->id, NULL);
-	int done;
-
-	/* Back to the host that paused it, when it has room: its pause cache
-	 * holds the chunks (no GETs). */
-	snprintf(prefer, sizeof(prefer), "%s",
-		 json_string_value(json_object_get(json_object_get(sj, "snapshot"), "host_id")) ?: "");
-	json_decref(sj);
-	need.prefer = prefer;
-
-	if (tref) {
-		json_t *tj = json_loads(tref, 0, NULL);
-
-		if (json_is_true(json_object_get(tj, "builtin")))
-			snprintf(tkey, sizeof(tkey), "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
-		else
-			snprintf(tkey, sizeof(tkey), "%s", json_string_value(json_object_get(tj, "sha256")) ?: "");
-		json_decref(tj);
-		need.tkey = tkey;
-	}
-	done = resume_with(ss, r, cur, &need, tref, ret);
-	free(tref);
-	return done;
-}
-
-static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
-		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret)
-{
-	struct kiln_err err = { .code = "" };
-	struct sched_need need = *need_in;
-	enum session_state prev;
-	struct sessions_placement p;
-	struct quota q;
-	char host[65], url[256], *spec_text;
-	int refused, pr, br;
-
-	if (!(cur->state == SESSION_PAUSED || (cur->state == SESSION_ERROR && cur->has_snapshot))) {
-		char msg[160];
-
-		snprintf(msg, sizeof(msg), "the session is %s%s: only a paused session can be resumed",
-			 session_state_name(cur->state),
-			 cur->state == SESSION_ERROR ? " and was never paused (no snapshot)" : "");
-		*ret = answer(r, 0, KERR_NOT_PAUSED, msg, NULL, NULL);
-		return 0;
-	}
-	if (store_customer_quota(ss->st, cur->customer, &q) < 0) {
-		*ret = answer(r, 0, KERR_FORBIDDEN, "this key's customer no longer exists", NULL, NULL);
-		return 0;
-	}
-	*ret = admit(ss, r, &q, cur->vcpus, cur->memory_mib, &refused);
-	if (refused)
-		return 0;
-	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
-	if (pr < 0) {
-		*ret = no_room(r, pr, &need);
-		return 0;
-	}
-	/* The host is recorded only once one has it: a failed attempt leaves
-	 * nothing to undo there. The lease comes first: no replica's reaper
-	 * may see it resuming with no request behind it. */
-	sessions_op_enter(ss, cur->id);
-	br = store_session_resume_begin(ss->st, cur->id, cur->customer, "", &prev, &err);
-	if (br != 1) {
-		sessions_op_leave(ss, cur->id);
-		sched_unplace(ss->sched, host, &need);
-		if (br == -EDQUOT)
-			*ret = answer_err(r, MHD_HTTP_TOO_MANY_REQUESTS, &err, r->e2b ? "Retry-After" : NULL,
-					  RETRY_AFTER_S);
-		else if (br == 0)
-			*ret = answer(r, 0, KERR_NOT_PAUSED, "the session changed state meanwhile", NULL, NULL);
-		else
-			*ret = answer_err(r, MHD_HTTP_INTERNAL_SERVER_ERROR, &err, NULL, NULL);
-		return 0;
-	}
-	spec_text = store_session_spec(ss->st, cur->id);
-	{
-		json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
-		json_t *body = json_pack("{s:s, s:o}", "customer", cur->customer, "spec", spec ? spec : json_object());
-		char *text;
-		char path[96];
-
-		with_tref(body, tref);
-		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-		json_decref(body);
-		free(spec_text);
-		snprintf(path, sizeof(path), "/v1/sessions/%s/resume", cur->id);
-		snprintf(p.host, sizeof(p.host), "%s", host);
-		snprintf(p.url, sizeof(p.url), "%s", url);
-		pr = sessions_place_run(ss, &need, path, text, SNAPSHOT_TIMEOUT_MS, &p);
-		free(text);
-	}
-	if (pr == 1) {
-		store_session_transition(ss->st, cur->id, SESSION_RESUMING, SESSION_RUNNING, p.host, "", NULL);
-		sessions_op_leave(ss, cur->id);
-		fprintf(stderr, "kiln-api: session %s resumed on %s\n", cur->id, p.host);
-		/* Not where it paused: that host's cached copies of its memory
-		 * are of no more use, and must not stay. */
-		if (need.prefer && need.prefer[0] && strcmp(need.prefer, p.host))
-			sessions_pcache_cleanup(ss, need.prefer, cur->id, cur->customer);
-		return 1;
-	}
-	if (pr == 0 && (p.hr.status == 404 || p.hr.status == 422)) {
-		/* Its snapshot is missing or damaged: nothing to resume, ever. */
-		const char *reason = p.hr.status == 404 ? "snapshot_missing" : "snapshot_corrupt";
-		char msg[256], why[400];
-
-		sessions_host_error_message(&p.hr, msg, sizeof(msg));
-		store_session_transition(ss->st, cur->id, SESSION_RESUMING, SESSION_ERROR, "", reason, NULL);
-		sessions_op_leave(ss, cur->id);
-		fprintf(stderr, "kiln-api: session %s: cannot resume: %s: %s\n", cur->id, reason, msg);
-		snprintf(why, sizeof(why), "the session's snapshot is %s (%s): the session is error/%s",
-			 p.hr.status == 404 ? "missing" : "damaged", msg, reason);
-		/* kiln-host's 404 no_snapshot is kiln-api's 409 (docs/api.md). */
-		*ret = answer(r, p.hr.status == 404 ? MHD_HTTP_CONFLICT : 422,
-			      p.hr.status == 404 ? KERR_NO_SNAPSHOT : KERR_SNAPSHOT_CORRUPT, why, NULL, NULL);
-		hostclient_reply_free(&p.hr);
-		return 0;
-	}
-	/* Refused, or nobody took it: as it was. */
-	store_session_transition(ss->st, cur->id, SESSION_RESUMING, prev, "", NULL, NULL);
-	sessions_op_leave(ss, cur->id);
-	if (pr == 0) {
-		*ret = relay_to(r, r->conn, &p.hr);
-		hostclient_reply_free(&p.hr);
-		return 0;
-	}
-	{
-		char msg[400];
-
-		snprintf(msg, sizeof(msg), "no host could resume the session now%s%s", p.last[0] ? ": " : "", p.last);
-		*ret = answer(r, 0, KERR_NO_CAPACITY, msg, "Retry-After", RETRY_AFTER_S);
-		return 0;
-	}
 }
 
 /* GET /v1/sessions/{id} */

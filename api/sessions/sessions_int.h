@@ -149,7 +149,30 @@ void sessions_pcache_cleanup(struct sessions *ss, const char *host_id, const cha
  * only its SHA-256. */
 void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65]);
 
-/* ---- sessions.c: create and resume, shared with the E2B API (e2b.c) ---- */
+/* ---- session_reply.c: the endpoints' answers ---- */
+
+/* e with status (0: the table's), and an optional header (hname NULL:
+ * none); E2B's {"code","message"} when r->e2b. */
+enum MHD_Result sessions_answer_err(const struct sessions_request *r, unsigned status, const struct kiln_err *e,
+				    const char *hname, const char *hvalue);
+
+/* sessions_answer_err with an error of code and msg. */
+enum MHD_Result sessions_answer(const struct sessions_request *r, unsigned status, enum kiln_errc code,
+				const char *msg, const char *hname, const char *hvalue);
+
+/* Pass a host's answer r on as it is (its status, bytes and content type;
+ * an error that is not kiln-host's JSON error gets one; for E2B, E2B's
+ * shape with the host's message). */
+enum MHD_Result sessions_relay_to(const struct sessions_request *rq, struct MHD_Connection *conn,
+				  struct hostclient_reply *r);
+
+/* sessions_relay_to for kiln's own endpoints. */
+enum MHD_Result sessions_relay(struct MHD_Connection *conn, struct hostclient_reply *r);
+
+/* 503 with Retry-After: the session's host cannot be reached now (why). */
+enum MHD_Result sessions_host_unavailable(struct MHD_Connection *conn, const char *why);
+
+/* ---- session_run.c: create and resume, shared with the E2B API (e2b.c) ---- */
 
 /* What an E2B create adds to a session. */
 struct sessions_e2b_new {
