@@ -40,8 +40,14 @@ HOST_INC   := -Ihost $(addprefix -Ihost/,$(HOST_ROOMS))
 JAIL_SRCS  := $(filter-out jail/main.c,$(wildcard jail/*.c))
 HOST_SRCS  := $(foreach r,$(HOST_ROOMS),$(wildcard host/$(r)/*.c)) $(JAIL_SRCS)
 HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
-# kiln-api: its module (store, quotas, HTTP layer, scheduler) is a library; api/main.c is the binary.
-API_SRCS   := $(filter-out api/main.c,$(wildcard api/*.c))
+# kiln-api's rooms (api/ROOM/), listed top first: the order they link in.
+# Each is a static library with one public header; which room may include
+# which is api/LAYERS, checked by scripts/layers.py. api/main.c is kiln-api.
+API_ROOMS  := http sessions templates scheduler base hostcall store
+API_ROOM_LIBS := $(foreach r,$(API_ROOMS),$(B)/api/$(r)/libkiln-api-$(r).a)
+# Tests, fuzzers and benchmarks include the rooms' headers by bare name.
+API_INC    := -Iapi $(addprefix -Iapi/,$(API_ROOMS))
+API_SRCS   := $(foreach r,$(API_ROOMS),$(wildcard api/$(r)/*.c))
 API_OBJS   := $(API_SRCS:%.c=$(B)/%.o)
 # kiln (the CLI and `kiln up`): its commands are a library; cli/main.c is the binary.
 CLI_SRCS   := $(filter-out cli/main.c,$(wildcard cli/*.c))
@@ -94,6 +100,19 @@ $(B)/libkiln-host.a: $(HOST_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# A room's objects include other rooms' doors as "ROOM/DOOR.h", as in host/.
+$(B)/api/%.o: CFLAGS += -Iapi
+
+# One archive per room (build/api/ROOM/libkiln-api-ROOM.a), which kiln-api
+# links top room first; libkiln-api.a holds them all for the tests,
+# fuzzers and benchmarks.
+define api_room
+$(B)/api/$(1)/libkiln-api-$(1).a: $$(patsubst %.c,$(B)/%.o,$$(wildcard api/$(1)/*.c))
+	@rm -f $$@
+	ar rcs $$@ $$^
+endef
+$(foreach r,$(API_ROOMS),$(eval $(call api_room,$(r))))
+
 $(B)/libkiln-api.a: $(API_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
@@ -105,7 +124,7 @@ $(B)/libkiln-cli.a: $(CLI_OBJS)
 $(B)/kiln: $(B)/cli/main.o $(B)/libkiln-cli.a $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CLI_LIBS)
 
-$(B)/kiln-api: $(B)/api/main.o $(B)/libkiln-api.a $(B)/libkiln.a
+$(B)/kiln-api: $(B)/api/main.o $(API_ROOM_LIBS) $(B)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(API_LIBS)
 
 $(B)/kiln-host: $(B)/host/main.o $(HOST_ROOM_LIBS) $(B)/libkiln-jail.a $(B)/libkiln.a
@@ -131,12 +150,12 @@ image: deps
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) -Iapi -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HOST_INC) $(API_INC) -Icli -o $@ $(filter %.c %.a,$^) -lcmocka $(HOST_LIBS) $(API_LIBS) -larchive
 
 # Fuzzers: clang + libFuzzer + ASan/UBSan over the project's own sources,
 # compiled once into an archive (fuzzer-no-link: coverage without a second
 # main) that every fuzzer links, instead of once per fuzzer.
-FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail $(HOST_INC) -Iapi -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -D_GNU_SOURCE -Ilib -Ijail $(HOST_INC) $(API_INC) -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJS   := $(patsubst %.c,$(B)/fuzz-obj/%.o,$(LIB_SRCS) $(HOST_SRCS))
 $(B)/fuzz-obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -151,24 +170,24 @@ $(B)/tests/fuzz/%: tests/fuzz/%.c $(B)/libkiln-fuzz.a
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/libkiln-fuzz.a $(HOST_LIBS)
 
 # kiln-api's request parsers need none of the host code.
-$(B)/tests/fuzz/fuzz_apireq: tests/fuzz/fuzz_apireq.c $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
+$(B)/tests/fuzz/fuzz_apireq: tests/fuzz/fuzz_apireq.c $(B)/fuzz-obj/api/base/request.o $(B)/fuzz-obj/api/store/quota.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/base/request.o $(B)/fuzz-obj/api/store/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
 # kiln-api's parsers of a request for an inline artifact (path, Range, signature).
-$(B)/tests/fuzz/fuzz_artifacts: tests/fuzz/fuzz_artifacts.c $(B)/fuzz-obj/api/artifacts.o $(B)/libkiln-fuzz.a
+$(B)/tests/fuzz/fuzz_artifacts: tests/fuzz/fuzz_artifacts.c $(B)/fuzz-obj/api/http/artifacts.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/artifacts.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/http/artifacts.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
 
-# The web console's path check (api/ui.c).
-$(B)/tests/fuzz/fuzz_uiname: tests/fuzz/fuzz_uiname.c $(B)/fuzz-obj/api/ui.o $(B)/libkiln-fuzz.a
+# The web console's path check (api/http/ui.c).
+$(B)/tests/fuzz/fuzz_uiname: tests/fuzz/fuzz_uiname.c $(B)/fuzz-obj/api/http/ui.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ui.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/http/ui.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
 
 # The E2B control API's input parsers (and kiln's session request parser after them).
-$(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a
+$(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/sessions/e2b_request.o $(B)/fuzz-obj/api/base/request.o $(B)/fuzz-obj/api/store/quota.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/e2b_request.o $(B)/fuzz-obj/api/request.o $(B)/fuzz-obj/api/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/sessions/e2b_request.o $(B)/fuzz-obj/api/base/request.o $(B)/fuzz-obj/api/store/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
 # kiln mcp's message handling (the CLI's pure protocol module).
 $(B)/tests/fuzz/fuzz_mcp: tests/fuzz/fuzz_mcp.c $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a
@@ -184,7 +203,7 @@ $(B)/bench/%: bench/%.c bench/bench.h $(B)/libkiln-host.a $(B)/libkiln.a
 # bench/api_*.c drive kiln-api's modules (the store) instead.
 $(B)/bench/api_%: bench/api_%.c $(B)/libkiln-api.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -Iapi -o $@ $(filter %.c %.a,$^) $(API_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) $(API_INC) -o $@ $(filter %.c %.a,$^) $(API_LIBS)
 
 # Built by make check and make test too, so that a change to what they use
 # cannot break make bench unnoticed.
@@ -237,10 +256,12 @@ $(B)/tests/console-flood: tests/integration/console_flood.c $(B)/libkiln-host.a 
 unit: $(B)/tests/console-flood $(UNIT_BINS) $(B)/tests/agent-drive $(B)/tests/jail-probe $(B)/tests/s3tool $(B)/tests/uring-probe $(B)/tests/no-vm-readv
 fuzz: $(FUZZ_BINS)
 
-# The tree's own rules: host/'s includes follow host/LAYERS (scripts/layers.py),
-# and docs/architecture.md's map names every product source file (scripts/map.py).
+# The tree's own rules: host/'s and api/'s includes follow host/LAYERS and
+# api/LAYERS (scripts/layers.py), and docs/architecture.md's map names every
+# product source file (scripts/map.py).
 tree-check:
-	@scripts/layers.py
+	@scripts/layers.py host
+	@scripts/layers.py api
 	@scripts/map.py
 
 # What needs neither root nor VMs (a developer's inner loop; CI's first step).

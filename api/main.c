@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "fsutil.h"
-#include "api_config.h"
+#include "http/server.h"
 #include "s3.h"
-#include "scheduler.h"
-#include "server.h"
-#include "sessions.h"
-#include "store.h"
-#include "templates.h"
+#include "scheduler/scheduler.h"
+#include "sessions/sessions.h"
+#include "store/store.h"
+#include "templates/templates.h"
 
 static void usage(FILE *f)
 {

@@ -5,7 +5,7 @@
 # own (scripts/pg-local.sh), one kiln-host on loopback, one session, RUNS
 # execs one after another (after 5 not counted): median, p90 and mean of
 # curl's time_total. The exec path's store writes (the session's activity
-# and its lease: api/session_core.c) are in these figures.
+# and its lease: api/sessions/session_core.c) are in these figures.
 # KILN_API=path compares another kiln-api build (e.g. main's).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,19 +1,27 @@
 #!/usr/bin/python3
-# scripts/layers.py: checks kiln-host's rooms against host/LAYERS (run by
-# make check). Fails, naming file and line, on an #include "..." in host/
-# that goes up or sideways where the table does not allow it, that names a
-# header of another room other than its door, or that names a header found
-# neither in the file's own room nor in lib/ or jail/; and on a folder of
-# host/ that the table does not list (or a listed one that is gone).
+# scripts/layers.py: checks a component's rooms against its LAYERS table,
+# host/LAYERS or api/LAYERS (run by make tree-check). Fails, naming file and
+# line, on an #include "..." in the component that goes up or sideways where
+# the table does not allow it, that names a header of another room other
+# than its door, or that names a header found neither in the file's own room
+# nor in the folders the component shares (lib/ and jail/ for host/, lib/
+# for api/); and on a folder of the component that the table does not list
+# (or a listed one that is gone).
 #
-#   scripts/layers.py [ROOT]     (ROOT: the tree, default: this script's ..)
+#   scripts/layers.py COMPONENT [ROOT]   (COMPONENT: host or api;
+#                                         ROOT: the tree, default: this script's ..)
 import os
 import re
 import sys
 
-root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-host = os.path.join(root, "host")
-table = os.path.join(host, "LAYERS")
+# The folders each component's files may include headers from, besides its own.
+SHARED = {"host": ("lib", "jail"), "api": ("lib",)}
+if len(sys.argv) < 2 or sys.argv[1] not in SHARED:
+    sys.exit("usage: scripts/layers.py %s [ROOT]" % "|".join(sorted(SHARED)))
+comp = sys.argv[1]
+root = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+folder = os.path.join(root, comp)
+table = os.path.join(folder, "LAYERS")
 errors = []
 
 
@@ -27,7 +35,7 @@ with open(table) as f:
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        where = "host/LAYERS:%d" % n
+        where = "%s/LAYERS:%d" % (comp, n)
         if len(words) < 2 or not words[1].endswith(".h"):
             fail(where, "want 'ROOM DOOR.h [ROOM ...]'")
             continue
@@ -41,13 +49,13 @@ with open(table) as f:
         order.append(room)
 
 for room in order:
-    if not os.path.isfile(os.path.join(host, room, doors[room])):
-        fail("host/LAYERS", "room %s: no door host/%s/%s" % (room, room, doors[room]))
-for name in sorted(os.listdir(host)):
-    if os.path.isdir(os.path.join(host, name)) and name not in doors:
-        fail("host/" + name, "a folder host/LAYERS does not list")
+    if not os.path.isfile(os.path.join(folder, room, doors[room])):
+        fail(comp + "/LAYERS", "room %s: no door %s/%s/%s" % (room, comp, room, doors[room]))
+for name in sorted(os.listdir(folder)):
+    if os.path.isdir(os.path.join(folder, name)) and name not in doors:
+        fail(comp + "/" + name, "a folder %s/LAYERS does not list" % comp)
 
-shared = [os.path.join(root, "lib"), os.path.join(root, "jail")]
+shared = [os.path.join(root, d) for d in SHARED[comp]]
 include = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 
 
@@ -63,24 +71,24 @@ def check(path, room):
             if "/" in name:
                 other, header = name.split("/", 1)
                 if other not in doors:
-                    fail(where, '#include "%s": %s is not a room of host/LAYERS' % (name, other))
+                    fail(where, '#include "%s": %s is not a room of %s/LAYERS' % (name, other, comp))
                 elif header != doors[other]:
                     fail(where, '#include "%s": another room is entered by its door only, "%s/%s"'
                          % (name, other, doors[other]))
                 elif other == room:
                     fail(where, '#include "%s": a room includes its own headers by bare name' % name)
                 elif room is not None and other not in allowed[room]:
-                    fail(where, '#include "%s": room %s may not include room %s (host/LAYERS: %s may include %s)'
-                         % (name, room, other, room, " ".join(sorted(allowed[room])) or "no room"))
+                    fail(where, '#include "%s": room %s may not include room %s (%s/LAYERS: %s may include %s)'
+                         % (name, room, other, comp, room, " ".join(sorted(allowed[room])) or "no room"))
             elif not any(os.path.isfile(os.path.join(d, name)) for d in [here] + shared):
-                fail(where, '#include "%s": not in host/%s/, lib/ or jail/ (another room\'s header? include its door)'
-                     % (name, room or ""))
+                fail(where, '#include "%s": not in %s/%s/ or %s (another room\'s header? include its door)'
+                     % (name, comp, room or "", ", ".join(d + "/" for d in SHARED[comp])))
 
 
-for name in sorted(os.listdir(host)):
-    path = os.path.join(host, name)
+for name in sorted(os.listdir(folder)):
+    path = os.path.join(folder, name)
     if name.endswith((".c", ".h")):
-        check(path, None)  # host/main.c: any door
+        check(path, None)  # host/main.c, api/main.c: any door
     elif name in doors:
         for dirpath, _, files in os.walk(path):
             for f in sorted(files):
@@ -90,6 +98,6 @@ for name in sorted(os.listdir(host)):
 for e in errors:
     print(e, file=sys.stderr)
 if errors:
-    print("scripts/layers.py: %d include(s) against host/LAYERS" % len(errors), file=sys.stderr)
+    print("scripts/layers.py: %d include(s) against %s/LAYERS" % (len(errors), comp), file=sys.stderr)
     sys.exit(1)
-print("layers: %d rooms, every include in host/ follows host/LAYERS" % len(order))
+print("layers: %d rooms, every include in %s/ follows %s/LAYERS" % (len(order), comp, comp))

@@ -1,0 +1,598 @@
+/* e2b: the E2B-compatible control API under /e2b (docs/e2b.md, "kiln-api:
+ * control API"). An E2B sandbox is a kiln session: create and connect go
+ * through the sessions' own create and resume (sessions_create_run,
+ * sessions_resume_run: the same quotas, submit rate, placement and retries),
+ * kill and pause through sessions_destroy and sessions_pause. E2B's timeout
+ * (the sandbox ends `timeout` s after create, connect or setTimeout,
+ * whatever its activity) is the session's max_lifetime_s, with an idle
+ * timeout as long, which therefore never ends it first. */
+#include "e2b.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "httpd.h"
+#include "reply.h"
+#include "sessions_int.h"
+#include "spec.h"
+
+#define E2B_LIST_MAX 100
+
+static enum MHD_Result not_found(struct MHD_Connection *conn, const char *id)
+{
+	char msg[128];
+
+	snprintf(msg, sizeof(msg), "sandbox %.40s not found", id);
+	return reply_e2b_error(conn, MHD_HTTP_NOT_FOUND, msg, NULL, NULL);
+}
+
+static enum MHD_Result bad_request(struct MHD_Connection *conn, const char *msg)
+{
+	return reply_e2b_error(conn, MHD_HTTP_BAD_REQUEST, msg, NULL, NULL);
+}
+
+/* An outcome of sessions_pause / sessions_destroy as E2B's error. */
+static enum MHD_Result reply_outcome_error(struct MHD_Connection *conn, const struct sessions_outcome *o)
+{
+	return reply_e2b_error(conn, o->status, o->err.message, o->status == 503 ? "Retry-After" : NULL,
+			       RETRY_AFTER_S);
+}
+
+/* ---- the sandbox object ---- */
+
+/* E2B's state of a session: "running", "paused", or NULL when E2B would
+ * not know it any more (destroyed, or failed without a snapshot). */
+static const char *e2b_state(const struct store_session *c)
+{
+	switch (c->state) {
+	case SESSION_STARTING:
+	case SESSION_RUNNING:
+	case SESSION_RESUMING:
+		return "running";
+	case SESSION_PAUSING:
+	case SESSION_PAUSED:
+		return "paused";
+	case SESSION_ERROR:
+		return c->has_snapshot ? "paused" : NULL;
+	default:
+		return NULL;
+	}
+}
+
+static json_t *rfc3339(int64_t ms)
+{
+	time_t t = (time_t)(ms / 1000);
+	struct tm tm;
+	char b[48], out[64];
+
+	gmtime_r(&t, &tm);
+	strftime(b, sizeof(b), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(out, sizeof(out), "%s.%03dZ", b, (int)(ms % 1000));
+	return json_string(out);
+}
+
+/* The templateID a session reports: E2B's as given, else kiln's template
+ * name, else "base". */
+static const char *template_of(const struct store_session *c, json_t *native)
+{
+	if (c->e2b_template[0])
+		return c->e2b_template;
+	return json_string_value(json_object_get(native, "template")) ?: "base";
+}
+
+/* The sandbox object of GET (token: with its envdAccessToken) from the
+ * session's row and its public JSON. NULL when E2B does not know it. */
+static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, int token)
+{
+	json_t *native = store_session_json(ss->st, c->id, NULL), *j, *md;
+	const char *state = e2b_state(c), *tpl;
+	json_t *limits;
+
+	if (!native || !state) {
+		json_decref(native);
+		return NULL;
+	}
+	tpl = template_of(c, native);
+	limits = json_object_get(native, "limits");
+	md = json_object_get(native, "metadata");
+	j = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:I, s:o, s:s, s:s, s:n}", "sandboxID", c->id,
+		      "templateID", tpl, "alias", tpl, "clientID", "kiln", "startedAt", rfc3339(c->created_ms), "endAt",
+		      rfc3339(c->started_ms + (int64_t)c->max_lifetime_s * 1000), "cpuCount", (int)c->vcpus, "memoryMB",
+		      (int)c->memory_mib, "diskSizeMB",
+		      (json_int_t)json_integer_value(json_object_get(limits, "output_mib")), "metadata",
+		      json_is_object(md) ? json_incref(md) : json_object(), "state", state, "envdVersion",
+		      E2B_ENVD_VERSION, "domain");
+	if (j && token) {
+		char tok[65];
+
+		sessions_e2b_token(ss, c->id, tok);
+		json_object_set_new(j, "envdAccessToken", json_string(tok));
+	}
+	json_decref(native);
+	return j;
+}
+
+/* The answer of create and connect. */
+static json_t *created_json(struct sessions *ss, const char *id)
+{
+	struct store_session c;
+	json_t *full, *j;
+
+	if (store_session_get(ss->st, id, NULL, &c) < 0 || !(full = sandbox_json(ss, &c, 1)))
+		return NULL;
+	j = json_pack("{s:O, s:O, s:O, s:O, s:O, s:O, s:n, s:n}", "sandboxID", json_object_get(full, "sandboxID"),
+		      "templateID", json_object_get(full, "templateID"), "alias", json_object_get(full, "alias"),
+		      "clientID", json_object_get(full, "clientID"), "envdVersion", json_object_get(full, "envdVersion"),
+		      "envdAccessToken", json_object_get(full, "envdAccessToken"), "domain", "trafficAccessToken");
+	json_decref(full);
+	return j;
+}
+
+/* ---- requests ---- */
+
+struct e2b_call {
+	struct sessions *ss;
+	const struct sessions_request *r;
+	struct store_session cur;
+};
+
+/* The {id} of the path, the caller's and known to E2B: 1, else 404 answered. */
+static int find(struct e2b_call *c, struct httpd_req *req, enum MHD_Result *ret)
+{
+	const char *id = req->param[0];
+
+	if (strlen(id) >= sizeof(c->cur.id) || store_session_get(c->ss->st, id, c->r->customer, &c->cur) < 0 ||
+	    !e2b_state(&c->cur)) {
+		*ret = not_found(req->conn, id);
+		return 0;
+	}
+	return 1;
+}
+
+/* The JSON object body (an empty body is {}): NULL with 400 answered. */
+static json_t *body_object(const struct sessions_request *r, enum MHD_Result *ret)
+{
+	json_error_t je;
+	json_t *j;
+
+	if (!r->body || !r->len)
+		return json_object();
+	if (r->len > API_SESSION_BODY_MAX) {
+		*ret = bad_request(r->conn, "the body is too large");
+		return NULL;
+	}
+	j = json_loadb(r->body, r->len, JSON_REJECT_DUPLICATES, &je);
+	if (!json_is_object(j)) {
+		char msg[256];
+
+		snprintf(msg, sizeof(msg), "the body is not a JSON object%s%.160s", j ? "" : ": ", j ? "" : je.text);
+		json_decref(j);
+		*ret = bad_request(r->conn, msg);
+		return NULL;
+	}
+	return j;
+}
+
+/* The session now ends timeout_s from now: its lifetime counts from
+ * started_ms (create or latest resume); idle as long, so it never fires
+ * first. extend_only: never sooner than it ends now (connect). */
+static int set_timeout(struct sessions *ss, const struct store_session *c, long timeout_s, int extend_only)
+{
+	int64_t now = kclock_wall_ms(ss->clock), elapsed_s;
+	long life;
+
+	elapsed_s = now > c->started_ms ? (now - c->started_ms + 999) / 1000 : 0;
+	life = (long)elapsed_s + timeout_s;
+	if (extend_only && life < (long)c->max_lifetime_s)
+		return 1;
+	if (life > (long)API_SESSION_MAX_LIFETIME_S)
+		life = API_SESSION_MAX_LIFETIME_S;
+	return store_session_set_limits(ss->st, c->id, c->customer, (unsigned)life, (unsigned)life);
+}
+
+/* POST /e2b/v2/sandboxes, POST /e2b/sandboxes */
+static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	struct kiln_err err = { .code = "" };
+	struct api_session_request sr;
+	struct e2b_create ec;
+	struct quota q;
+	enum MHD_Result ret = MHD_NO;
+	char msg[600], id[40], *ntext;
+	json_t *j;
+
+	if (store_customer_quota(ss->st, r->customer, &q) < 0)
+		return reply_e2b_error(req->conn, MHD_HTTP_FORBIDDEN, "this key's customer no longer exists", NULL,
+				       NULL);
+	if (e2b_create_parse(r->body, r->len, q.allow_egress, &ec, msg, sizeof(msg)) < 0)
+		return bad_request(req->conn, msg);
+	ntext = json_dumps(ec.native, JSON_COMPACT);
+	if (!ntext)
+		kiln_err_set(&err, KERR_INTERNAL, "out of memory");
+	if (!ntext || api_session_request_parse(ntext, strlen(ntext), q.allow_egress, &sr, &err) < 0) {
+		free(ntext);
+		e2b_create_free(&ec);
+		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
+	}
+	free(ntext);
+	/* The envVars go to hosts in the session's spec, as its "env". */
+	if (ec.env_json) {
+		json_t *sp = json_loads(sr.spec_json, 0, NULL);
+		char *spec;
+
+		json_object_set_new(sp, "env", json_loads(ec.env_json, 0, NULL));
+		spec = sp ? json_dumps(sp, JSON_COMPACT) : NULL;
+		json_decref(sp);
+		if (!spec) {
+			api_session_request_free(&sr);
+			e2b_create_free(&ec);
+			return reply_e2b_error(req->conn, 500, "out of memory", NULL, NULL);
+		}
+		free(sr.spec_json);
+		sr.spec_json = spec;
+	}
+	{
+		struct sessions_e2b_new e = { .template = ec.template, .env_json = ec.env_json, .auto_pause = ec.auto_pause };
+
+		if (sessions_create_run(ss, r, &q, &sr, &e, id, &ret)) {
+			j = created_json(ss, id);
+			ret = j ? reply_json(req->conn, MHD_HTTP_CREATED, j)
+				: reply_e2b_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
+		}
+	}
+	api_session_request_free(&sr);
+	e2b_create_free(&ec);
+	return ret;
+}
+
+/* GET /e2b/sandboxes/{id} */
+static enum MHD_Result h_get(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+	json_t *j;
+
+	if (!find(c, req, &ret))
+		return ret;
+	j = sandbox_json(c->ss, &c->cur, 1);
+	return j ? reply_json(req->conn, MHD_HTTP_OK, j) : not_found(req->conn, c->cur.id);
+}
+
+/* The v2 list's filters. */
+struct list_filter {
+	int running, paused;
+	json_t *metadata;            /* {k: v} all of which must match; NULL none */
+};
+
+static enum MHD_Result collect_state(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	struct list_filter *f = cls;
+	const char *p = value ? value : "";
+
+	if (strcmp(key, "state"))
+		return MHD_YES;
+	/* Repeated (state=a&state=b) or comma-separated (the SDK's form style). */
+	while (*p) {
+		size_t k = strcspn(p, ",");
+
+		if (k == 7 && !strncmp(p, "running", 7))
+			f->running = 1;
+		else if (k == 6 && !strncmp(p, "paused", 6))
+			f->paused = 1;
+		else
+			f->running = f->paused = -1000; /* marks it bad */
+		p += k;
+		if (*p == ',')
+			p++;
+	}
+	return MHD_YES;
+}
+
+static int filter_match(const struct list_filter *f, const struct store_session *c, json_t *native)
+{
+	const char *st = e2b_state(c), *k;
+	json_t *md = json_object_get(native, "metadata"), *v;
+
+	if (!st || (!strcmp(st, "running") ? !f->running : !f->paused))
+		return 0;
+	json_object_foreach(f->metadata, k, v)
+		if (!json_equal(json_object_get(md, k), v))
+			return 0;
+	return 1;
+}
+
+/* One page of the caller's sessions (newest first) as sandboxes that pass
+ * f, into arr; the next cursor (caller frees) or NULL at the end. */
+static int list_page(struct sessions *ss, const char *customer, const struct list_filter *f, unsigned limit,
+		     const char *cursor, json_t *arr, char **next, struct kiln_err *err)
+{
+	json_t *page = store_session_list(ss->st, customer, NULL, limit, cursor, next, err), *row;
+	size_t i;
+
+	if (!page)
+		return -1;
+	json_array_foreach(page, i, row) {
+		struct store_session c;
+		json_t *j;
+
+		if (store_session_get(ss->st, json_string_value(json_object_get(row, "id")) ?: "", customer, &c) < 0 ||
+		    !filter_match(f, &c, row))
+			continue;
+		if ((j = sandbox_json(ss, &c, 0)))
+			json_array_append_new(arr, j);
+	}
+	json_decref(page);
+	return 0;
+}
+
+/* GET /e2b/v2/sandboxes */
+static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	const char *lim = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "limit");
+	const char *tok = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "nextToken");
+	const char *md = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "metadata");
+	struct kiln_err err = { .code = "" };
+	struct list_filter f = { 0 };
+	enum MHD_Result ret;
+	long limit = E2B_LIST_MAX;
+	char *next = NULL;
+	json_t *arr;
+
+	if (lim) {
+		char *end;
+
+		limit = strtol(lim, &end, 10);
+		if (!*lim || *end || limit < 1 || limit > E2B_LIST_MAX)
+			return bad_request(req->conn, "limit: an integer from 1 to 100");
+	}
+	MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, collect_state, &f);
+	if (f.running < 0)
+		return bad_request(req->conn, "state: running or paused");
+	if (!f.running && !f.paused)
+		f.running = f.paused = 1;
+	if (md && md[0] && !(f.metadata = e2b_metadata_filter(md)))
+		return bad_request(req->conn, "metadata: key=value pairs joined by &");
+	arr = json_array();
+	if (list_page(c->ss, c->r->customer, &f, (unsigned)limit, tok && tok[0] ? tok : NULL, arr, &next, &err) < 0) {
+		json_decref(arr);
+		json_decref(f.metadata);
+		return reply_e2b_error(req->conn, err.errc == KERR_INVALID_REQUEST ? 400 : 500, err.message, NULL, NULL);
+	}
+	json_decref(f.metadata);
+	ret = reply_json_h(req->conn, MHD_HTTP_OK, arr, next ? "x-next-token" : NULL, next);
+	free(next);
+	return ret;
+}
+
+/* GET /e2b/sandboxes: the running ones, all (old SDKs). */
+static enum MHD_Result h_list(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct kiln_err err = { .code = "" };
+	struct list_filter f = { .running = 1 };
+	char *cursor = NULL, *next = NULL;
+	json_t *arr = json_array();
+
+	for (int pages = 0; pages < 50; pages++) {
+		if (list_page(c->ss, c->r->customer, &f, E2B_LIST_MAX, cursor, arr, &next, &err) < 0) {
+			free(cursor);
+			json_decref(arr);
+			return reply_e2b_error(req->conn, 500, err.message, NULL, NULL);
+		}
+		free(cursor);
+		cursor = next;
+		next = NULL;
+		if (!cursor)
+			break;
+	}
+	free(cursor);
+	return reply_json(req->conn, MHD_HTTP_OK, arr);
+}
+
+/* Run a session operation (destroy, pause) under the session's operation
+ * lock: 204, or the sandbox's 404, or the operation's error. */
+static enum MHD_Result run_op(struct e2b_call *c, struct httpd_req *req,
+			      void (*op)(struct sessions *, const char *, const char *, struct sessions_outcome *),
+			      const char *reason)
+{
+	struct sessions_outcome o = { 0 };
+
+	sessions_op_enter(c->ss, c->cur.id);
+	op(c->ss, c->cur.id, reason, &o);
+	sessions_op_leave(c->ss, c->cur.id);
+	if (o.status == 404)
+		return not_found(req->conn, c->cur.id);
+	if (o.status != 200)
+		return reply_outcome_error(req->conn, &o);
+	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+}
+
+/* DELETE /e2b/sandboxes/{id} */
+static enum MHD_Result h_kill(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+
+	if (!find(c, req, &ret))
+		return ret;
+	return run_op(c, req, sessions_destroy, "deleted");
+}
+
+/* POST /e2b/sandboxes/{id}/timeout {timeout} */
+static enum MHD_Result h_timeout(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+	json_t *b;
+	long t;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (!(b = body_object(c->r, &ret)))
+		return ret;
+	t = json_object_get(b, "timeout") ? e2b_timeout_of(b, -1) : -1;
+	json_decref(b);
+	if (t < 0)
+		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds) is required");
+	if (set_timeout(c->ss, &c->cur, t, 0) < 0)
+		return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+}
+
+/* POST /e2b/sandboxes/{id}/pause */
+static enum MHD_Result h_pause(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (!strcmp(e2b_state(&c->cur), "paused"))
+		return reply_e2b_error(req->conn, MHD_HTTP_CONFLICT, "the sandbox is paused already", NULL, NULL);
+	return run_op(c, req, sessions_pause, "paused");
+}
+
+/* POST /e2b/v2/sandboxes/{id}/connect {timeout}: resumes a paused one */
+static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct sessions *ss = c->ss;
+	enum MHD_Result ret;
+	unsigned status = MHD_HTTP_OK;
+	json_t *b, *j;
+	long t;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (!(b = body_object(c->r, &ret)))
+		return ret;
+	t = e2b_timeout_of(b, 0);
+	json_decref(b);
+	if (t < 0)
+		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds)");
+	switch (c->cur.state) {
+	case SESSION_RUNNING:
+		if (t > 0 && set_timeout(ss, &c->cur, t, 1) < 0)
+			return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+		break;
+	case SESSION_PAUSED:
+	case SESSION_ERROR:
+		/* It runs `timeout` s (E2B's default when absent) from its resume. */
+		if (!t)
+			t = E2B_DEFAULT_TIMEOUT_S;
+		if (store_session_set_limits(ss->st, c->cur.id, c->cur.customer, (unsigned)t, (unsigned)t) < 0)
+			return reply_e2b_error(req->conn, 500, "cannot store the timeout", NULL, NULL);
+		if (!sessions_resume_run(ss, c->r, &c->cur, &ret))
+			return ret;
+		status = MHD_HTTP_CREATED;
+		break;
+	default: {
+		char msg[128];
+
+		snprintf(msg, sizeof(msg), "the sandbox is %s: retry in a moment", session_state_name(c->cur.state));
+		return reply_e2b_error(req->conn, MHD_HTTP_CONFLICT, msg, NULL, NULL);
+	}
+	}
+	j = created_json(ss, c->cur.id);
+	return j ? reply_json(req->conn, status, j)
+		 : reply_e2b_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
+}
+
+/* GET /e2b/sandboxes/{id}/metrics: measured by its host now */
+static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct sessions *ss = c->ss;
+	struct kiln_err err = { .code = "" };
+	enum MHD_Result ret;
+	char url[256], path[96];
+	json_t *m = NULL, *j;
+	int64_t now;
+	int st;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (c->cur.state != SESSION_RUNNING)
+		return reply_json(req->conn, MHD_HTTP_OK, json_array());
+	if (sched_host_state(ss->sched, c->cur.host_id, url) != 1)
+		return reply_e2b_error(req->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the sandbox's host cannot be reached",
+				       "Retry-After", RETRY_AFTER_S);
+	snprintf(path, sizeof(path), "/v1/sessions/%s/metrics", c->cur.id);
+	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, &m, &err);
+	if (st != 200 || !json_is_object(m)) {
+		char msg[600];
+
+		json_decref(m);
+		snprintf(msg, sizeof(msg), "the sandbox's host could not measure it: %s",
+			 st < 0 ? err.message : "it did not answer with metrics");
+		return reply_e2b_error(req->conn, MHD_HTTP_BAD_GATEWAY, msg, NULL, NULL);
+	}
+	now = kclock_wall_ms(ss->clock);
+#define NUM(k) json_integer_value(json_object_get(m, k))
+	j = json_pack("[{s:o, s:I, s:I, s:f, s:I, s:I, s:I, s:I}]", "timestamp", rfc3339(now), "timestampUnix",
+		      (json_int_t)(now / 1000), "cpuCount", (json_int_t)NUM("cpu_count"), "cpuUsedPct",
+		      json_number_value(json_object_get(m, "cpu_used_pct")), "memUsed", (json_int_t)NUM("mem_used"),
+		      "memTotal", (json_int_t)NUM("mem_total"), "diskUsed", (json_int_t)NUM("disk_used"), "diskTotal",
+		      (json_int_t)NUM("disk_total"));
+#undef NUM
+	json_decref(m);
+	return reply_json(req->conn, MHD_HTTP_OK, j);
+}
+
+static const struct httpd_route e2b_routes[] = {
+	{ "POST", "/e2b/v2/sandboxes", h_create },
+	{ "GET", "/e2b/v2/sandboxes", h_list_v2 },
+	{ "POST", "/e2b/sandboxes", h_create },
+	{ "GET", "/e2b/sandboxes", h_list },
+	{ "GET", "/e2b/sandboxes/{id}", h_get },
+	{ "DELETE", "/e2b/sandboxes/{id}", h_kill },
+	{ "POST", "/e2b/sandboxes/{id}/timeout", h_timeout },
+	{ "POST", "/e2b/sandboxes/{id}/pause", h_pause },
+	{ "POST", "/e2b/v2/sandboxes/{id}/connect", h_connect },
+	{ "GET", "/e2b/sandboxes/{id}/metrics", h_metrics },
+};
+
+static const struct httpd_routes e2b_table = {
+	e2b_routes, sizeof(e2b_routes) / sizeof(e2b_routes[0]), "no such endpoint", ", ",
+};
+
+enum MHD_Result e2b_handle(struct sessions *ss, const struct sessions_request *r)
+{
+	struct e2b_call c = { .ss = ss, .r = r };
+	struct httpd_req req = { .conn = r->conn, .method = r->method };
+	char url[sizeof(req.path_)];
+	enum MHD_Result ret;
+
+	if (r->admin)
+		ret = reply_e2b_error(r->conn, MHD_HTTP_FORBIDDEN,
+				      "an admin key cannot use the E2B API: use a customer key", NULL, NULL);
+	else if ((size_t)snprintf(url, sizeof(url), "/e2b%s", r->path) >= sizeof(url))
+		ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
+	else {
+		const struct httpd_route *row;
+		char allow[64];
+
+		req.url = url;
+		switch (httpd_route_match(&e2b_table, r->method, url, &req, &row, allow, sizeof(allow))) {
+		case HTTPD_MATCH:
+			ret = row->handler(&c, &req);
+			break;
+		case HTTPD_NOT_ALLOWED:
+			ret = reply_e2b_error(r->conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed", "Allow", allow);
+			break;
+		default:
+			ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
+		}
+	}
+	sessions_release(ss);
+	return ret;
+}

@@ -1,0 +1,250 @@
+/* e2b_request: the E2B control API's input, checked (docs/e2b.md): the create
+ * body turned into a POST /v1/sessions body (what each E2B field becomes, or
+ * why it is refused), a body's timeout, and the v2 list's metadata filter as
+ * the SDK encodes it. Pure (jansson and the spec's env rules only), so that
+ * fuzz_e2breq drives it without a server. */
+#include "e2b.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "spec.h"
+
+#define E2B_MAX_ENV 256
+#define E2B_MAX_METADATA 1024
+
+long e2b_timeout_of(json_t *body, long def)
+{
+	json_t *v = json_object_get(body, "timeout");
+
+	if (!v || json_is_null(v))
+		return def;
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > E2B_MAX_TIMEOUT_S)
+		return -1;
+	/* 0 would end it at once: the shortest timeout there is. */
+	return json_integer_value(v) ? (long)json_integer_value(v) : 1;
+}
+
+/* A string map (metadata, envVars): NULL, or what is wrong with it. */
+static const char *string_map_bad(json_t *m, size_t max)
+{
+	const char *k;
+	json_t *v;
+
+	if (!json_is_object(m))
+		return "must be an object of strings";
+	if (json_object_size(m) > max)
+		return "has too many entries";
+	json_object_foreach(m, k, v)
+		if (!json_is_string(v))
+			return "must be an object of strings";
+	return NULL;
+}
+
+/* envVars checked with a task's env rules (and at most E2B_MAX_ENV): NULL
+ * (none) or compact JSON text in *out; -1 with msg. */
+static int env_of(json_t *b, char **out, char *msg, size_t cap)
+{
+	json_t *v = json_object_get(b, "envVars"), *probe;
+	struct kiln_err err = { .code = "" };
+	struct task_spec ts;
+	const char *bad;
+	char *text;
+	int r;
+
+	*out = NULL;
+	if (!v || json_is_null(v) || (json_is_object(v) && !json_object_size(v)))
+		return 0;
+	if ((bad = string_map_bad(v, E2B_MAX_ENV))) {
+		snprintf(msg, cap, "envVars: %s (at most %d)", bad, E2B_MAX_ENV);
+		return -1;
+	}
+	probe = json_pack("{s:[s], s:O}", "argv", "true", "env", v);
+	text = probe ? json_dumps(probe, JSON_COMPACT) : NULL;
+	json_decref(probe);
+	if (!text) {
+		snprintf(msg, cap, "out of memory");
+		return -1;
+	}
+	r = spec_parse(text, strlen(text), &ts, &err);
+	free(text);
+	if (r < 0) {
+		snprintf(msg, cap, "envVars: %s", err.message);
+		return -1;
+	}
+	spec_free(&ts);
+	*out = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+	if (!*out) {
+		snprintf(msg, cap, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+void e2b_create_free(struct e2b_create *c)
+{
+	json_decref(c->native);
+	free(c->env_json);
+	memset(c, 0, sizeof(*c));
+}
+
+int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_create *out, char *msg, size_t cap)
+{
+	json_t *b = NULL, *v, *n;
+	json_error_t je;
+
+	memset(out, 0, sizeof(*out));
+	snprintf(out->template, sizeof(out->template), "base");
+	if (len > API_SESSION_BODY_MAX) {
+		snprintf(msg, cap, "the body is larger than %d bytes", API_SESSION_BODY_MAX);
+		return -1;
+	}
+	/* An empty body is {} (the SDK sends one with every field absent). */
+	if (!body || !len) {
+		b = json_object();
+	} else if (spec_json_nodes(body, len, SPEC_MAX_JSON_NODES) > SPEC_MAX_JSON_NODES) {
+		snprintf(msg, cap, "the body has too many JSON values");
+	} else {
+		/* (json_is_object evaluates its argument twice: not around the load.) */
+		b = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+		if (!json_is_object(b))
+			snprintf(msg, cap, "the body is not a JSON object%s%.160s", b ? "" : ": ", b ? "" : je.text);
+	}
+	if (!json_is_object(b)) {
+		json_decref(b);
+		return -1;
+	}
+	n = out->native = json_object();
+	if (!n)
+		goto oom;
+	v = json_object_get(b, "templateID");
+	if (v && !json_is_null(v)) {
+		if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > SPEC_MAX_TEMPLATE_NAME) {
+			snprintf(msg, cap, "templateID: a template name of 1 to %d characters", SPEC_MAX_TEMPLATE_NAME);
+			goto fail;
+		}
+		snprintf(out->template, sizeof(out->template), "%s", json_string_value(v));
+		/* base (E2B's default) and default are kiln's default template. */
+		if (strcmp(out->template, "base") && strcmp(out->template, "default"))
+			json_object_set(n, "template", v);
+	}
+	out->timeout_s = e2b_timeout_of(b, E2B_DEFAULT_TIMEOUT_S);
+	if (out->timeout_s < 0) {
+		snprintf(msg, cap, "timeout: an integer from 0 to %d (seconds)", E2B_MAX_TIMEOUT_S);
+		goto fail;
+	}
+	/* The timeout ends it whatever its activity: the lifetime, and an idle
+	 * limit as long (which therefore never ends it first). */
+	json_object_set_new(n, "idle_timeout_s", json_integer(out->timeout_s));
+	json_object_set_new(n, "max_lifetime_s", json_integer(out->timeout_s));
+	v = json_object_get(b, "autoPause");
+	if (v && !json_is_null(v) && !json_is_boolean(v)) {
+		snprintf(msg, cap, "autoPause: must be a boolean");
+		goto fail;
+	}
+	/* E2B's default at the timeout is to kill the sandbox. */
+	out->auto_pause = json_is_true(v);
+	v = json_object_get(b, "metadata");
+	if (v && !json_is_null(v)) {
+		const char *bad = string_map_bad(v, E2B_MAX_METADATA);
+
+		if (bad) {
+			snprintf(msg, cap, "metadata: %s", bad);
+			goto fail;
+		}
+		json_object_set(n, "metadata", v);
+	}
+	/* Internet access is kiln's network egress, which the account must
+	 * allow; absent is kiln's default (none): hosts without egress take it. */
+	v = json_object_get(b, "allow_internet_access");
+	if (v && !json_is_null(v) && !json_is_boolean(v)) {
+		snprintf(msg, cap, "allow_internet_access: must be a boolean");
+		goto fail;
+	}
+	if (json_is_true(v)) {
+		if (!allow_egress) {
+			snprintf(msg, cap, "allow_internet_access: network egress is not allowed for your account");
+			goto fail;
+		}
+		json_object_set_new(n, "network", json_pack("{s:s}", "egress", "allow"));
+	}
+	v = json_object_get(b, "mcp");
+	if (v && !json_is_null(v)) {
+		snprintf(msg, cap, "mcp: MCP gateways are not supported by kiln");
+		goto fail;
+	}
+	v = json_object_get(b, "volumeMounts");
+	if (v && !json_is_null(v) && (!json_is_array(v) || json_array_size(v))) {
+		snprintf(msg, cap, "volumeMounts: volumes are not supported by kiln");
+		goto fail;
+	}
+	if (env_of(b, &out->env_json, msg, cap) < 0)
+		goto fail;
+	json_decref(b);
+	return 0;
+oom:
+	snprintf(msg, cap, "out of memory");
+fail:
+	json_decref(b);
+	e2b_create_free(out);
+	return -1;
+}
+
+int e2b_url_decode(const char *s, size_t n, int plus, char *out, size_t cap)
+{
+	size_t o = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		int ch = (unsigned char)s[i];
+
+		if (ch == '%') {
+			unsigned v;
+
+			if (i + 2 >= n || !isxdigit((unsigned char)s[i + 1]) || !isxdigit((unsigned char)s[i + 2]) ||
+			    sscanf(s + i + 1, "%2x", &v) != 1)
+				return -1;
+			ch = (int)v;
+			i += 2;
+		} else if (ch == '+' && plus) {
+			ch = ' ';
+		}
+		/* A NUL decoded would cut the value short: refused. */
+		if (!ch || o + 1 >= cap)
+			return -1;
+		out[o++] = (char)ch;
+	}
+	if (o >= cap)
+		return -1;
+	out[o] = '\0';
+	return 0;
+}
+
+json_t *e2b_metadata_filter(const char *q)
+{
+	json_t *m = json_object();
+	const char *p = q;
+
+	while (m && *p) {
+		size_t k = strcspn(p, "&");
+		const char *eq = memchr(p, '=', k);
+		char a[512], b[512], key[512], val[512];
+
+		/* The form's encoding, then encodeURIComponent's. */
+		if (!eq || e2b_url_decode(p, (size_t)(eq - p), 1, a, sizeof(a)) < 0 ||
+		    e2b_url_decode(eq + 1, k - (size_t)(eq + 1 - p), 1, b, sizeof(b)) < 0 ||
+		    e2b_url_decode(a, strlen(a), 0, key, sizeof(key)) < 0 ||
+		    e2b_url_decode(b, strlen(b), 0, val, sizeof(val)) < 0 || !key[0] ||
+		    json_object_size(m) >= E2B_MAX_METADATA) {
+			json_decref(m);
+			return NULL;
+		}
+		json_object_set_new(m, key, json_string(val));
+		p += k;
+		if (*p == '&')
+			p++;
+	}
+	return m;
+}

@@ -1,0 +1,72 @@
+/* sessions: kiln-api's sessions, long-lived sandboxes on one kiln-host each
+ * (docs/api.md, "Sessions"): the /v1/sessions endpoints (sessions.c), which
+ * check quotas, place a session on a host with the scheduler's rules
+ * (session_place.c), keep its row in the store and proxy exec, files, pause,
+ * resume and outputs to its host; and the reaper thread (session_reap.c),
+ * which ends sessions past their idle or lifetime
+ * limit (pausing them when the customer's session_auto_pause says so, else
+ * destroying them), settles sessions whose host is lost (error/host_lost),
+ * finishes what a killed kiln-api left half-done, and destroys sessions a
+ * host still runs that the store has settled otherwise.
+ *
+ * Room: the sessions room's door (api/sessions/: kiln's sessions API and
+ * its E2B-compatible face, e2b.c, e2b_relay.c and e2b_request.c, which
+ * drive the same sessions through sessions_int.h). It may call the
+ * templates, scheduler, base, hostcall and store rooms and lib/;
+ * sessions_int.h is the room's own. */
+#ifndef KILN_API_SESSIONS_H
+#define KILN_API_SESSIONS_H
+
+#include <stddef.h>
+
+#include <microhttpd.h>
+
+#include "base/base.h"
+#include "clock.h"
+#include "err.h"
+#include "hostcall/host_ops.h"
+#include "scheduler/scheduler.h"
+#include "store/store.h"
+
+struct sessions;
+
+/* Start the reaper. cfg, st, sched, host and clock stay owned by the
+ * caller and must outlive the sessions (sessions_stop first); hosts are
+ * called through host (production: &host_ops_hostclient) and time is read
+ * from clock (production: &clock_system; NULL means the real clocks too).
+ * NULL with err set. */
+struct sessions *sessions_start(const struct api_config *cfg, struct store *st, struct sched *sched,
+				const struct host_ops *host, const struct kiln_clock *clock, struct kiln_err *err);
+
+/* Stop the reaper, wait a moment (2 s) for the ends it started and the
+ * requests held, then free: 0. -1 when some still run: ss is left to them
+ * (and the caller should exit without freeing what they use). */
+int sessions_stop(struct sessions *ss);
+
+/* One authenticated request under /v1/sessions, with its whole body. */
+struct sessions_request {
+	struct MHD_Connection *conn;
+	const char *method;
+	const char *path;            /* after "/v1/sessions": "", "/ID", "/ID/exec", ... */
+	const char *body;            /* may be NULL */
+	size_t len;
+	const char *customer;        /* the caller's customer; "" for an admin key */
+	int admin;
+	struct quota_limiter *lim;   /* the submit-rate buckets (create and resume take a token) */
+	int e2b;                     /* an /e2b request (e2b.c): errors in E2B's shape */
+};
+
+/* Count one request about to be handled, under the lock that guards the
+ * caller's pointer to ss, so that sessions_stop (called once that pointer is
+ * cleared) waits for it. sessions_handle releases it. */
+void sessions_hold(struct sessions *ss);
+
+/* Answer a request held with sessions_hold (queues the response on
+ * r->conn). Called from libmicrohttpd's connection threads; may block for as
+ * long as the host takes (an exec). */
+enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r);
+
+/* The rest of the door. */
+#include "e2b.h"
+
+#endif
