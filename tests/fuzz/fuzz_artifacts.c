@@ -1,5 +1,5 @@
 /* fuzz_artifacts: libFuzzer target for kiln-api's parsers of a request for a
- * task's inline artifact (api/artifacts.c): the path
+ * task's inline artifact (api/http/artifacts.c): the path
  * /v1/tasks/ID/artifacts/NAME and the Range header, both from any client,
  * and the signature check of a signed link. Besides memory safety, checks
  * that a path accepted names only [A-Za-z0-9._-] segments that fit, that a

@@ -1,5 +1,5 @@
 /* fuzz_e2breq: libFuzzer target for the E2B control API's input parsers
- * (api/e2b_request.c). The first byte picks the parser: 0/1 the create body
+ * (api/sessions/e2b_request.c). The first byte picks the parser: 0/1 the create body
  * (1: the account allows egress), followed by kiln's own session request
  * parser on the body it made, as POST /e2b/v2/sandboxes runs them; 2 the
  * v2 list's metadata filter; 3 a percent-decode. Checks that an accepted

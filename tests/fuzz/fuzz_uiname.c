@@ -1,5 +1,5 @@
 /* fuzz_uiname: libFuzzer target for the web console's path check
- * (api/ui.c ui_file_name): the URL path under /ui of any client's request.
+ * (api/http/ui.c ui_file_name): the URL path under /ui of any client's request.
  * Besides memory safety, checks that a name accepted is a flat name: no
  * '/', not starting with '.', only [A-Za-z0-9_-] before its one known
  * extension, so no path can leave the console's directory. Input: the path. */

@@ -1,4 +1,4 @@
-/* fake_host_ops: a struct host_ops (api/host_ops.h) for unit tests of
+/* fake_host_ops: a struct host_ops (api/hostcall/host_ops.h) for unit tests of
  * kiln-api's scheduler and sessions, answering from a table of rules
  * (method, host URL, path prefix -> status and JSON body; status -1: the
  * host cannot be reached) and recording every call; and a kiln_clock the

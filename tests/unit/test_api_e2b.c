@@ -1,4 +1,4 @@
-/* test_api_e2b: kiln-api's E2B-compatible API (api/e2b.c, api/e2b_relay.c)
+/* test_api_e2b: kiln-api's E2B-compatible API (api/sessions/e2b.c, api/sessions/e2b_relay.c)
  * over real HTTP on loopback without VMs: kiln-api's server on a real store
  * and scheduler, hosts answered by fake_host_ops.h's rules (create, pause,
  * resume, destroy, metrics), and, for the envd relay, a small HTTP server

@@ -1,5 +1,5 @@
 /* test_artifacts: kiln-api's own links to logs carried inline in a task's
- * manifest (api/artifacts.c): what artifacts_sign puts in the answer, that
+ * manifest (api/http/artifacts.c): what artifacts_sign puts in the answer, that
  * its signature verifies for exactly the task, artifact and expiry it was
  * made for, the path split, and Range parsing (RFC 9110 single ranges). */
 #include <setjmp.h>

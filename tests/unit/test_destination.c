@@ -1,6 +1,6 @@
 /* test_destination: customers' own S3 destinations: lib/dest.c's
  * validation (endpoint, bucket, prefix, region, credentials, unknown
- * fields), api/destination.c's sealing (AES-256-GCM round trip, a fresh
+ * fields), api/base/destination.c's sealing (AES-256-GCM round trip, a fresh
  * nonce per seal, a wrong key, another customer's AAD and a flipped bit all
  * refused, nothing of the plaintext in the sealed bytes), the key file's
  * format, and the store's destination rows (same place keeps the id). */

@@ -17,7 +17,7 @@
 #include "err.h"
 
 /* Where kiln-api answers another status than kiln-host's (the table's) for
- * the same code: it translates its host's answer (api/sessions.c). */
+ * the same code: it translates its host's answer (api/sessions/sessions.c). */
 static const struct {
 	const char *code;
 	unsigned api_status;

@@ -1,4 +1,4 @@
-/* test_events: kiln-api's event hub (api/events.c) over a temporary SQLite
+/* test_events: kiln-api's event hub (api/http/events.c) over a temporary SQLite
  * store: no list for an unknown task; a list starts with the task's current
  * state; relayed events arrive as SSE blocks and "state" ones are refused
  * from the relay; the store's listener adds committed state changes; the

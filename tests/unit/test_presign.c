@@ -1,5 +1,5 @@
 /* test_presign: kiln-api signs S3 keys a host reports only under the task's
- * or session's own prefix (api/presign.c, lib/s3.c s3_key_under): fake host
+ * or session's own prefix (api/base/presign.c, lib/s3.c s3_key_under): fake host
  * reports naming another customer's objects, dot segments, a leading '/',
  * percent-encoded ways out, get no URL and a reason; honest ones get one. */
 #include <setjmp.h>

@@ -1,4 +1,4 @@
-/* test_scheduler: kiln-api's scheduler (api/scheduler.c) driven by hand
+/* test_scheduler: kiln-api's scheduler (api/scheduler/scheduler.c) driven by hand
  * (sched_create, sched_tick) over a real store on a temporary SQLite file,
  * with a fake host_ops and a hand-moved clock (fake_host_ops.h): placement
  * fairness across customers, pool preference, the push's retry rules (full:

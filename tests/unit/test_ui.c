@@ -1,4 +1,4 @@
-/* test_ui: the web console's static route (api/ui.c) over real HTTP: a
+/* test_ui: the web console's static route (api/http/ui.c) over real HTTP: a
  * libmicrohttpd daemon on loopback answering with ui_serve from a temporary
  * directory, fetched with libcurl. Known files with their Content-Type, the
  * CSP and nosniff on every answer (404s too), 404 for unknown names, dot
