@@ -137,21 +137,16 @@ int main(int argc, char **argv)
 	st = cfg.postgres ? store_open_pg(cfg.postgres, &err) : store_open(cfg.db, &err);
 	if (!st) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
-		api_config_free(&cfg);
-		return 3;
+		goto out_cfg;
 	}
 	if (store_leader_start(st) < 0) {
 		fprintf(stderr, "kiln-api: cannot start the leader election\n");
-		store_close(st);
-		api_config_free(&cfg);
-		return 3;
+		goto out_store;
 	}
 	srv = server_start(&cfg, st, NULL, &err);
 	if (!srv) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
-		store_close(st);
-		api_config_free(&cfg);
-		return 3;
+		goto out_store;
 	}
 	s3_global_init(); /* curl: presigning needs none, the scheduler's host client does */
 	{
@@ -168,10 +163,7 @@ int main(int argc, char **argv)
 		sched = sched_start(st, &sc, &err);
 		if (!sched) {
 			fprintf(stderr, "kiln-api: %s\n", err.message);
-			server_stop(srv);
-			store_close(st);
-			api_config_free(&cfg);
-			return 3;
+			goto out_server;
 		}
 		server_set_hooks(srv, &(struct server_hooks){ .submitted = on_submitted, .cancel_requested = on_cancel,
 							     .destination_changed = on_destination_changed, .ctx = sched });
@@ -180,13 +172,7 @@ int main(int argc, char **argv)
 	sessions = sessions_start(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
 	if (!sessions) {
 		fprintf(stderr, "kiln-api: %s\n", err.message);
-		server_set_hooks(srv, NULL);
-		store_set_remote_hook(st, NULL, NULL);
-		sched_stop(sched);
-		server_stop(srv);
-		store_close(st);
-		api_config_free(&cfg);
-		return 3;
+		goto out_sched;
 	}
 	server_set_sessions(srv, sessions);
 	templates = templates_create(&cfg, st, sched, &host_ops_hostclient, &clock_system, &err);
@@ -194,14 +180,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kiln-api: %s\n", templates ? "cannot start the template builder" : err.message);
 		templates_free(templates);
 		server_set_sessions(srv, NULL);
-		server_set_hooks(srv, NULL);
 		sessions_stop(sessions);
-		store_set_remote_hook(st, NULL, NULL);
-		sched_stop(sched);
-		server_stop(srv);
-		store_close(st);
-		api_config_free(&cfg);
-		return 3;
+		goto out_sched;
 	}
 	server_set_templates(srv, templates);
 	if (!cfg.cluster_token)
@@ -234,4 +214,17 @@ int main(int argc, char **argv)
 	store_close(st);
 	api_config_free(&cfg);
 	return 0;
+
+	/* A start that failed: undo what was started, in reverse order. */
+out_sched:
+	server_set_hooks(srv, NULL);
+	store_set_remote_hook(st, NULL, NULL);
+	sched_stop(sched);
+out_server:
+	server_stop(srv);
+out_store:
+	store_close(st);
+out_cfg:
+	api_config_free(&cfg);
+	return 3;
 }

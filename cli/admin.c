@@ -49,7 +49,7 @@ static int customer_create(int argc, char **argv, const struct cli_conn *conn)
 {
 	static const struct option opts[] = { { "name", required_argument, 0, 'n' }, { 0, 0, 0, 0 } };
 	const char *name = NULL;
-	json_t *body, *reply = NULL;
+	json_t *body;
 	int opt, rc;
 
 	optind = 1;
@@ -67,11 +67,8 @@ static int customer_create(int argc, char **argv, const struct cli_conn *conn)
 	body = json_pack("{s:s}", "id", argv[optind]);
 	if (name)
 		json_object_set_new(body, "name", json_string(name));
-	rc = cli_request(conn, "admin customer create", "POST", "/v1/admin/customers", body, 30, &reply);
+	rc = cli_request_print(conn, "admin customer create", "POST", "/v1/admin/customers", body, 30);
 	json_decref(body);
-	if (!rc)
-		cli_print_json(reply);
-	json_decref(reply);
 	return rc;
 }
 
@@ -149,11 +146,8 @@ int cmd_admin(int argc, char **argv)
 			return rc;
 		}
 		snprintf(path, sizeof(path), "/v1/admin/customers/%s/quotas", argv[3]);
-		rc = cli_request(&conn, "admin quota set", "PUT", path, body, 30, &reply);
+		rc = cli_request_print(&conn, "admin quota set", "PUT", path, body, 30);
 		json_decref(body);
-		if (!rc)
-			cli_print_json(reply);
-		json_decref(reply);
 		return rc;
 	}
 	if (IS(1, "key") && (IS(2, "create") || IS(2, "revoke")) && argc == 4 && name_ok(argv[3])) {

@@ -45,6 +45,12 @@ int cli_connect(struct creds *cr, int admin, struct cli_conn *conn);
 int cli_request(const struct cli_conn *conn, const char *what, const char *method, const char *path, json_t *body,
 		long timeout_s, json_t **reply);
 
+/* cli_request with the reply printed (cli_print_json) on success and freed:
+ * the exit status of a command whose output is the answer itself. body stays
+ * the caller's. */
+int cli_request_print(const struct cli_conn *conn, const char *what, const char *method, const char *path,
+		      json_t *body, long timeout_s);
+
 /* 1 when an output path from the server may be joined onto a local
  * directory: relative, at most 1024 bytes, no empty, "." or ".." components,
  * no control characters; else 0. Pure function. */

@@ -56,6 +56,18 @@ int cli_request(const struct cli_conn *conn, const char *what, const char *metho
 	return 0;
 }
 
+int cli_request_print(const struct cli_conn *conn, const char *what, const char *method, const char *path,
+		      json_t *body, long timeout_s)
+{
+	json_t *reply = NULL;
+	int rc = cli_request(conn, what, method, path, body, timeout_s, &reply);
+
+	if (!rc)
+		cli_print_json(reply);
+	json_decref(reply);
+	return rc;
+}
+
 void cli_print_json(json_t *v)
 {
 	json_dumpf(v, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);

@@ -58,7 +58,7 @@ static int destination_set(int argc, char **argv, const struct cli_conn *conn)
 	};
 	const char *endpoint = NULL, *bucket = NULL, *region = NULL, *prefix = NULL, *ak = NULL, *sk_file = NULL;
 	int verify = 1, opt, rc;
-	json_t *body, *reply = NULL;
+	json_t *body;
 	char *sk;
 
 	optind = 1;
@@ -91,11 +91,8 @@ static int destination_set(int argc, char **argv, const struct cli_conn *conn)
 		json_object_set_new(body, "region", json_string(region));
 	if (body && prefix)
 		json_object_set_new(body, "prefix", json_string(prefix));
-	rc = cli_request(conn, "destination set", "PUT", "/v1/destination", body, 60, &reply);
+	rc = cli_request_print(conn, "destination set", "PUT", "/v1/destination", body, 60);
 	json_decref(body);
-	if (!rc)
-		cli_print_json(reply);
-	json_decref(reply);
 	return rc;
 }
 

@@ -295,15 +295,16 @@ static int start_s3(struct up *u)
 	return 0;
 }
 
-/* Write a JSON document to path (mode 0600, via a temporary name). */
-static int write_json(json_t *doc, const char *path)
+/* Write len bytes of data to path: mode 0600, written and synced under a
+ * temporary name first, so that path is the old file or the whole new one. */
+static int write_file_atomic(const char *path, const char *data, size_t len)
 {
 	char tmp[PATH_MAX + 8];
 	int fd;
 
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || json_dumpfd(doc, fd, JSON_INDENT(2)) < 0 || fsync(fd) < 0 || close(fd) < 0 ||
+	if (fd < 0 || write(fd, data, len) != (ssize_t)len || fsync(fd) < 0 || close(fd) < 0 ||
 	    rename(tmp, path) < 0) {
 		say("%s: %s", path, strerror(errno));
 		if (fd >= 0)
@@ -313,30 +314,35 @@ static int write_json(json_t *doc, const char *path)
 	return 0;
 }
 
+/* Write a JSON document to path (mode 0600, via a temporary name). */
+static int write_json(json_t *doc, const char *path)
+{
+	char *text = json_dumps(doc, JSON_INDENT(2));
+	int r;
+
+	if (!text) {
+		say("%s: out of memory", path);
+		return -1;
+	}
+	r = write_file_atomic(path, text, strlen(text));
+	free(text);
+	return r;
+}
+
 /* DIR/destinations.key: the key that seals customers' own S3 destinations'
  * secrets in kiln-api's store (README, "Customer destinations"). Made once
  * (32 random bytes, hex, mode 0600) and kept: a new one would make every
  * stored destination undecryptable. */
 static int ensure_dest_key(const char *path)
 {
-	char hex[80], tmp[PATH_MAX + 8];
-	int fd;
+	char hex[80];
 
 	if (access(path, F_OK) == 0)
 		return 0;
 	if (random_hex(hex, 32) < 0)
 		return -1;
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	strcat(hex, "\n");
-	if (fd < 0 || write(fd, hex, strlen(hex)) != (ssize_t)strlen(hex) || fsync(fd) < 0 || close(fd) < 0 ||
-	    rename(tmp, path) < 0) {
-		say("%s: %s", path, strerror(errno));
-		if (fd >= 0)
-			unlink(tmp);
-		return -1;
-	}
-	return 0;
+	return write_file_atomic(path, hex, strlen(hex));
 }
 
 static int write_configs(struct up *u)

@@ -30,6 +30,16 @@ static void wait_real_ms(pthread_cond_t *c, pthread_mutex_t *mu, int64_t ms)
 	pthread_cond_timedwait(c, mu, &ts);
 }
 
+int condwait_flag(pthread_mutex_t *mu, const int *flag)
+{
+	int v;
+
+	pthread_mutex_lock(mu);
+	v = *flag;
+	pthread_mutex_unlock(mu);
+	return v;
+}
+
 int condwait_until(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t deadline_ms)
 {
 	int64_t left = deadline_ms - kclock_mono_ms(clk);

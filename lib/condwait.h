@@ -27,4 +27,8 @@ int condwait_init(pthread_cond_t *c);
  * wake-up: recheck and wait again). mu is held again on return. */
 int condwait_until(pthread_cond_t *c, pthread_mutex_t *mu, const struct kiln_clock *clk, int64_t deadline_ms);
 
+/* *flag, read with mu held (taken and released here): a flag such as
+ * "stopping" that another thread sets under mu and then signals. */
+int condwait_flag(pthread_mutex_t *mu, const int *flag);
+
 #endif

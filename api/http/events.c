@@ -239,12 +239,7 @@ void events_stop(struct events *h)
 
 int events_stopping(struct events *h)
 {
-	int stopping;
-
-	pthread_mutex_lock(&h->lock);
-	stopping = h->stopping;
-	pthread_mutex_unlock(&h->lock);
-	return stopping;
+	return condwait_flag(&h->lock, &h->stopping);
 }
 
 long events_read(struct ev_task *t, struct evlog_cursor *cur, char *buf, size_t max, int64_t deadline_ms)

@@ -327,13 +327,8 @@ static enum MHD_Result handle_sessions(struct server *s, struct MHD_Connection *
 		.conn = conn, .method = method, .path = url + 12, .body = httpd_body_data(body),
 		.len = httpd_body_len(body), .customer = c->customer, .admin = c->admin, .lim = s->lim,
 	};
-	struct sessions *ss;
+	struct sessions *ss = hold_sessions(s);
 
-	pthread_mutex_lock(&s->hooks_lock);
-	ss = s->sessions;
-	if (ss)
-		sessions_hold(ss);
-	pthread_mutex_unlock(&s->hooks_lock);
 	if (!ss)
 		return reply_error(conn, KERR_UNAVAILABLE, "sessions are not served now");
 	return sessions_handle(ss, &sr);

@@ -15,6 +15,7 @@
 
 #include "base/base.h"
 #include "clock.h"
+#include "condwait.h"
 #include "excerpt.h"
 #include "hostcall/host_ops.h"
 
@@ -124,12 +125,7 @@ static int on_host_event(void *ctx, const char *name, json_t *data)
 
 int sched_stopping(struct sched *s)
 {
-	int r;
-
-	pthread_mutex_lock(&s->lock);
-	r = s->stopping;
-	pthread_mutex_unlock(&s->lock);
-	return r;
+	return condwait_flag(&s->lock, &s->stopping);
 }
 
 static int host_is_lost(struct sched *s, const char *host)

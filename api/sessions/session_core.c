@@ -295,24 +295,26 @@ int sessions_host_raw(struct sessions *ss, const char *url, const char *method, 
 			     max_reply, r, err);
 }
 
-const char *sessions_host_error_code(const struct hostclient_reply *r, char *buf, size_t cap)
+/* The string error.FIELD of the host's JSON error answer r, copied into buf
+ * ("" when r has none); returns buf. */
+static const char *host_error_field(const struct hostclient_reply *r, const char *field, char *buf, size_t cap)
 {
 	json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
-	const char *c = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+	const char *v = json_string_value(json_object_get(json_object_get(j, "error"), field));
 
-	snprintf(buf, cap, "%s", c ? c : "");
+	snprintf(buf, cap, "%s", v ? v : "");
 	json_decref(j);
 	return buf;
 }
 
+const char *sessions_host_error_code(const struct hostclient_reply *r, char *buf, size_t cap)
+{
+	return host_error_field(r, "code", buf, cap);
+}
+
 const char *sessions_host_error_message(const struct hostclient_reply *r, char *buf, size_t cap)
 {
-	json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
-	const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
-
-	snprintf(buf, cap, "%s", m ? m : "");
-	json_decref(j);
-	return buf;
+	return host_error_field(r, "message", buf, cap);
 }
 
 /* Whether the host confirms it has no such session (GET answered 404). */

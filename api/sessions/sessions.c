@@ -153,6 +153,19 @@ static enum MHD_Result relay_or_lost(struct sessions *ss, const struct sessions_
 	return sessions_relay(r->conn, hr);
 }
 
+/* The host's answer to a call relayed for session id, to the client: 503
+ * when none came (hr->status < 0, why in err), else relay_or_lost(). Frees
+ * hr's body. */
+static enum MHD_Result relay_answer(struct sessions *ss, const struct sessions_request *r, const char *url,
+				    const char *id, struct hostclient_reply *hr, const struct kiln_err *err)
+{
+	enum MHD_Result ret = hr->status < 0 ? sessions_host_unavailable(r->conn, err->message)
+					     : relay_or_lost(ss, r, url, id, hr);
+
+	hostclient_reply_free(hr);
+	return ret;
+}
+
 /* ---- exec with ?stream=1: the host's event stream relayed as it comes ---- */
 
 struct stream_relay {
@@ -263,7 +276,6 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	struct kiln_err err = { .code = "" };
 	struct stream_relay *sr;
 	char path[96];
-	enum MHD_Result ret;
 	int st;
 
 	/* A stream holds a connection and a thread: counted per customer (an
@@ -303,11 +315,7 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 		hr.body = b.p; /* NULL when nothing came, as sessions_relay() wants; freed with hr */
 		hr.len = b.len;
 		relay_free(sr);
-		if (st < 0)
-			return sessions_host_unavailable(r->conn, err.message);
-		ret = relay_or_lost(ss, r, url, id, &hr);
-		hostclient_reply_free(&hr);
-		return ret;
+		return relay_answer(ss, r, url, id, &hr, &err);
 	}
 	return reply_sse(r->conn, 64 << 10, relay_read, sr, relay_free);
 }
@@ -373,9 +381,7 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		json_decref(res);
 	}
 	sessions_op_leave_touch(ss, cur->id);
-	ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
-	hostclient_reply_free(&hr);
-	return ret;
+	return relay_answer(ss, r, url, cur->id, &hr, &err);
 }
 
 /* POST /v1/sessions/{id}/input: input for the session's running interactive
@@ -409,9 +415,7 @@ static enum MHD_Result handle_input(void *ctx, struct httpd_req *req)
 	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json", INPUT_TIMEOUT_MS,
 		       HOST_REPLY_MAX, &hr, &err);
 	free(text);
-	ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
-	hostclient_reply_free(&hr);
-	return ret;
+	return relay_answer(ss, r, url, cur->id, &hr, &err);
 }
 
 /* GET and PUT /v1/sessions/{id}/files */
@@ -455,13 +459,11 @@ static enum MHD_Result handle_files(void *ctx, struct httpd_req *req)
 	sessions_host_raw(ss, url, req->method, path, put ? (r->body ? r->body : "") : NULL, put ? r->len : 0,
 		       put ? "application/octet-stream" : NULL, FILES_TIMEOUT_MS, HOST_REPLY_MAX, &hr, &err);
 	sessions_op_leave_touch(ss, cur->id);
-	if (put && hr.status >= 200 && hr.status < 300)
-		ret = reply_json(r->conn, MHD_HTTP_OK,
-				 json_pack("{s:s, s:I}", p ? "path" : "dir", p ? p : d, "size", (json_int_t)r->len));
-	else
-		ret = hr.status < 0 ? sessions_host_unavailable(r->conn, err.message) : relay_or_lost(ss, r, url, cur->id, &hr);
+	if (!(put && hr.status >= 200 && hr.status < 300))
+		return relay_answer(ss, r, url, cur->id, &hr, &err);
 	hostclient_reply_free(&hr);
-	return ret;
+	return reply_json(r->conn, MHD_HTTP_OK,
+			  json_pack("{s:s, s:I}", p ? "path" : "dir", p ? p : d, "size", (json_int_t)r->len));
 }
 
 /* POST /v1/sessions/{id}/outputs */
@@ -508,15 +510,9 @@ static enum MHD_Result handle_outputs(void *ctx, struct httpd_req *req)
 		free(body);
 	}
 	sessions_op_leave_touch(ss, cur->id);
-	if (hr.status < 0) {
-		dest_wipe(&dest);
-		return sessions_host_unavailable(r->conn, err.message);
-	}
 	if (hr.status != 200) {
 		dest_wipe(&dest);
-		ret = relay_or_lost(ss, r, url, cur->id, &hr);
-		hostclient_reply_free(&hr);
-		return ret;
+		return relay_answer(ss, r, url, cur->id, &hr, &err);
 	}
 	j = json_loadb(hr.body ? hr.body : "", hr.len, 0, NULL);
 	hostclient_reply_free(&hr);

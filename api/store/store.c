@@ -154,6 +154,16 @@ int store_stamp_locked(struct store *s, struct sdb_stmt *st, const char *id)
 	return rc == SDB_DONE ? n : -1;
 }
 
+int store_stamp(struct store *s, int slot, const char *sql, const char *id)
+{
+	int n;
+
+	pthread_mutex_lock(&s->lock);
+	n = store_stamp_locked(s, store_stmt(s, slot, sql), id);
+	pthread_mutex_unlock(&s->lock);
+	return n < 0 ? -1 : 0;
+}
+
 void store_copy_col(struct sdb_stmt *st, int i, char *out, size_t cap)
 {
 	const char *t = store_col_text(st, i);

@@ -136,6 +136,10 @@ int store_step(struct store *s, struct sdb_stmt *st);
  * sent, key revoked). Returns the rows changed, or -1 on a store error. */
 int store_stamp_locked(struct store *s, struct sdb_stmt *st, const char *id);
 
+/* store_stamp_locked on the statement store_stmt(s, slot, sql), taking
+ * s->lock. Returns 0 (a row changed or none), -1 on a store error. */
+int store_stamp(struct store *s, int slot, const char *sql, const char *id);
+
 static inline const char *store_col_text(struct sdb_stmt *st, int i)
 {
 	return sdb_col_text(st, i);

@@ -346,12 +346,7 @@ fail_sql:
 
 int store_session_touch(struct store *s, const char *id)
 {
-	int n;
-
-	pthread_mutex_lock(&s->lock);
-	n = store_stamp_locked(s, stmt(s, S_TOUCH), id);
-	pthread_mutex_unlock(&s->lock);
-	return n < 0 ? -1 : 0;
+	return store_stamp(s, STORE_SLOTS_SESSIONS + S_TOUCH, sessions_sql[S_TOUCH], id);
 }
 
 /* Run st (bound) under the lock held: 1 changed a row, 0 none, -1 error. */

@@ -803,12 +803,7 @@ int store_tasks_cancel_pending(struct store *s, struct store_task *out, int max)
 
 int store_task_cancel_sent(struct store *s, const char *id)
 {
-	int n;
-
-	pthread_mutex_lock(&s->lock);
-	n = store_stamp_locked(s, stmt(s, T_CANCEL_SENT), id);
-	pthread_mutex_unlock(&s->lock);
-	return n < 0 ? -1 : 0;
+	return store_stamp(s, STORE_SLOTS_TASKS + T_CANCEL_SENT, tasks_sql[T_CANCEL_SENT], id);
 }
 
 enum store_cancel store_task_cancel(struct store *s, const char *id, const char *customer, enum task_state *state)

@@ -49,12 +49,7 @@ void tpl_wake(struct templates *t)
 
 int tpl_stopping(struct templates *t)
 {
-	int r;
-
-	pthread_mutex_lock(&t->lock);
-	r = t->stopping;
-	pthread_mutex_unlock(&t->lock);
-	return r;
+	return condwait_flag(&t->lock, &t->stopping);
 }
 
 /* Wait up to ms on t->cond (or until stopping). */
