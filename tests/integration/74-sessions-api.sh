@@ -99,6 +99,7 @@ expect "create: 201 running on a host, limits filled in, metadata kept" 201 "$st
 	'(.id | test("^s_[0-9a-f]{32}$")) and .state == "running" and (.host | test("^h[12]$"))
 	 and .limits == {"vcpus":1,"memory_mib":256,"output_mib":64} and .network.egress == "none"
 	 and .metadata.job == 7 and .idle_timeout_s == 300 and .max_lifetime_s == 3600 and .expires_at > .created_at'
+[ "$st" = 201 ] || t_bail "the first session starts (everything below uses it)" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"
 S1=$(last .id); S1_HOST=$(last .host); N1=${S1_HOST#h}; N2=$((3 - N1)); OTHER=h$N2
 check "the host has it (200 from $S1_HOST, its vCPU counted)" \
 	[ "$(on_host "$N1" GET "/v1/sessions/$S1")" = 200 -a "$(vcpus_used "$N1")" = 1 ]
