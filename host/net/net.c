@@ -270,6 +270,38 @@ static int write_sysctl(const char *path, const char *value)
 	return r;
 }
 
+/* The netlink preamble: a socket on `bus` (NETLINK_ROUTE, NETLINK_NETFILTER)
+ * bound to a port the kernel picks, whose id goes to *portid. Returns the
+ * socket (mnl_socket_close it) or NULL with errno set. */
+static struct mnl_socket *nl_open(int bus, unsigned *portid)
+{
+	struct mnl_socket *nl = mnl_socket_open2(bus, SOCK_CLOEXEC);
+	int e;
+
+	if (!nl)
+		return NULL;
+	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
+		e = errno;
+		mnl_socket_close(nl);
+		errno = e;
+		return NULL;
+	}
+	*portid = mnl_socket_get_portid(nl);
+	return nl;
+}
+
+/* A request's header at the start of buf: type, flags, sequence number 1
+ * (one request a socket). */
+static struct nlmsghdr *nl_request_header(char *buf, uint16_t type, uint16_t flags)
+{
+	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
+
+	nlh->nlmsg_type = type;
+	nlh->nlmsg_flags = flags;
+	nlh->nlmsg_seq = 1;
+	return nlh;
+}
+
 /* Send one rtnetlink request (nlh, built in buf) from the calling thread's
  * namespace and read its acknowledgement into buf. Returns 0 or -errno (the
  * kernel's error for the request, e.g. -EEXIST, -ENODEV). */
@@ -280,14 +312,9 @@ static int rtnl_request(char *buf, size_t size, struct nlmsghdr *nlh)
 	ssize_t n;
 	int r;
 
-	nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
+	nl = nl_open(NETLINK_ROUTE, &portid);
 	if (!nl)
 		return -errno;
-	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
-		r = -errno;
-		goto out;
-	}
-	portid = mnl_socket_get_portid(nl);
 	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
 		r = -errno;
 		goto out;
@@ -313,10 +340,7 @@ static int veth_create(const char *inner, const char *outer, int outer_nsfd)
 	struct ifinfomsg *ifm;
 	struct nlattr *info, *data, *peer;
 
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = RTM_NEWLINK;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
-	nlh->nlmsg_seq = 1;
+	nlh = nl_request_header(buf, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK);
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, inner);
@@ -343,10 +367,7 @@ static int link_delete(const char *name)
 	struct nlmsghdr *nlh;
 	struct ifinfomsg *ifm;
 
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = RTM_DELLINK;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
-	nlh->nlmsg_seq = 1;
+	nlh = nl_request_header(buf, RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK);
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, name);
@@ -895,23 +916,16 @@ static int counters_read(struct kiln_counters *c)
 	struct mnl_socket *nl;
 	struct nlmsghdr *nlh;
 	struct nfgenmsg *nfg;
-	unsigned seq = 1, portid;
+	unsigned seq, portid;
 	ssize_t n;
 	int r;
 
 	memset(c, 0, sizeof(*c));
-	nl = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+	nl = nl_open(NETLINK_NETFILTER, &portid);
 	if (!nl)
 		return -errno;
-	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
-		r = -errno;
-		goto out;
-	}
-	portid = mnl_socket_get_portid(nl);
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-	nlh->nlmsg_seq = seq;
+	nlh = nl_request_header(buf, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ, NLM_F_REQUEST | NLM_F_DUMP);
+	seq = nlh->nlmsg_seq; /* buf is reused for the answers */
 	nfg = mnl_nlmsg_put_extra_header(nlh, sizeof(*nfg));
 	nfg->nfgen_family = NFPROTO_INET;
 	nfg->version = NFNETLINK_V0;

@@ -63,23 +63,6 @@ struct run_ctx {
 	size_t in_len;
 };
 
-static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
-{
-	struct proto_frame f;
-
-	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
-		return -1;
-	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
-		return 0;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
-	}
-	return kiln_err_set(&c->err, KERR_VM_ERROR, "%s: unexpected frame type 0x%02x from the guest", what, f.type);
-}
-
 static int wait_hello(struct run_ctx *c)
 {
 	struct proto_frame f;
@@ -129,7 +112,7 @@ static int send_files(struct run_ctx *c, int wait)
 			if (vm_send(&c->vm, PROTO_FILE_DATA, sf->data + off, len, deadline, &c->err) < 0)
 				return -1;
 		}
-		if (wait && recv_ok(c, PROTO_FILE, deadline, sf->path) < 0)
+		if (wait && vm_recv_ok(&c->vm, PROTO_FILE, deadline, sf->path, &c->err) < 0)
 			return -1;
 	}
 	return 0;
@@ -140,7 +123,8 @@ static int recv_files(struct run_ctx *c)
 	for (size_t i = 0; i < c->spec->nfiles; i++) {
 		const struct spec_file *sf = &c->spec->files[i];
 
-		if (recv_ok(c, PROTO_FILE, proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000, sf->path) < 0)
+		if (vm_recv_ok(&c->vm, PROTO_FILE, proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000, sf->path,
+			       &c->err) < 0)
 			return -1;
 	}
 	return 0;
@@ -209,14 +193,8 @@ static int exec_wait(struct run_ctx *c)
 
 	if (vm_recv(&c->vm, &f, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0)
 		return -1;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "exec: %s", e.message);
-	}
 	if (f.type != PROTO_STARTED)
-		return kiln_err_set(&c->err, KERR_VM_ERROR, "exec: unexpected frame type 0x%02x", f.type);
+		return vm_frame_err(&f, "exec", &c->err);
 	c->t_started = proto_now_us();
 	if (c->opts->on_event) {
 		struct run_started st = { .exec_id = c->opts->exec_id, .deadline_ms = run_deadline_ms(c) };
