@@ -25,8 +25,8 @@
 #include "session/session.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild/tbuild.h"
 #include "template/template.h"
+#include "template_build/template_build.h"
 #include "vm/vm.h"
 
 #define SPEC_MAX_BYTES SPEC_MAX_JSON
@@ -912,7 +912,7 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))
-		return tmpl_cmd_main(argc - 1, argv + 1);
+		return template_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

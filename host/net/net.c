@@ -75,7 +75,7 @@ static const char *const default_deny[] = {
 	"240.0.0.0/4",
 };
 
-int net_range_parse(const char *s, struct net_range *r)
+int net_range_parse(const char *s, struct net_range *range)
 {
 	unsigned part[4], prefix = 32;
 	const char *p = s;
@@ -106,17 +106,17 @@ int net_range_parse(const char *s, struct net_range *r)
 	} else if (*p) {
 		return -1;
 	}
-	r->addr = part[0] << 24 | part[1] << 16 | part[2] << 8 | part[3];
-	r->prefix = (uint8_t)prefix;
-	if (prefix < 32 && (r->addr & (0xffffffffu >> prefix)))
+	range->addr = part[0] << 24 | part[1] << 16 | part[2] << 8 | part[3];
+	range->prefix = (uint8_t)prefix;
+	if (prefix < 32 && (range->addr & (0xffffffffu >> prefix)))
 		return -1;
 	return 0;
 }
 
-static const char *range_str(const struct net_range *r, char *buf, size_t cap)
+static const char *range_str(const struct net_range *range, char *buf, size_t cap)
 {
-	snprintf(buf, cap, "%u.%u.%u.%u/%u", r->addr >> 24, (r->addr >> 16) & 255, (r->addr >> 8) & 255,
-		 r->addr & 255, r->prefix);
+	snprintf(buf, cap, "%u.%u.%u.%u/%u", range->addr >> 24, (range->addr >> 16) & 255, (range->addr >> 8) & 255,
+		 range->addr & 255, range->prefix);
 	return buf;
 }
 
@@ -376,14 +376,14 @@ static int link_delete(const char *name)
 
 /* ---- host-wide set-up --------------------------------------------------- */
 
-static int add_deny(struct net_host *h, const struct net_range *r, struct kiln_err *err)
+static int add_deny(struct net_host *h, const struct net_range *range, struct kiln_err *err)
 {
 	for (size_t i = 0; i < h->ndeny; i++)
-		if (h->deny[i].addr == r->addr && h->deny[i].prefix == r->prefix)
+		if (h->deny[i].addr == range->addr && h->deny[i].prefix == range->prefix)
 			return 0;
 	if (h->ndeny >= NET_MAX_RANGES)
 		return kiln_err_set(err, KERR_CONFIG, "network.deny: more than %d ranges", NET_MAX_RANGES);
-	h->deny[h->ndeny++] = *r;
+	h->deny[h->ndeny++] = *range;
 	return 0;
 }
 
@@ -667,15 +667,15 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	text_add(&t, "  iifname != \"" NET_TAP "\" drop\n");
 	text_add(&t, "  ip daddr @deny goto sbx_block\n");
 	for (size_t i = 0; i < s->nrules; i++) {
-		const struct spec_net_rule *r = &s->rules[i];
+		const struct spec_net_rule *rule = &s->rules[i];
 		char ports[16];
 
-		if (r->port_lo == r->port_hi)
-			snprintf(ports, sizeof(ports), "%u", r->port_lo);
+		if (rule->port_lo == rule->port_hi)
+			snprintf(ports, sizeof(ports), "%u", rule->port_lo);
 		else
-			snprintf(ports, sizeof(ports), "%u-%u", r->port_lo, r->port_hi);
-		if (r->kind == SPEC_NET_CIDR) {
-			struct net_range nr = { r->addr, r->prefix };
+			snprintf(ports, sizeof(ports), "%u-%u", rule->port_lo, rule->port_hi);
+		if (rule->kind == SPEC_NET_CIDR) {
+			struct net_range nr = { rule->addr, rule->prefix };
 
 			text_add(&t, "  ip daddr %s meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
 				 range_str(&nr, a, sizeof(a)), ports);
@@ -989,13 +989,13 @@ static uint64_t rules_matching(const struct net_sandbox *s, const char *name)
 	uint64_t m = 0;
 
 	for (size_t i = 0; i < s->nrules && i < 64; i++) {
-		const struct spec_net_rule *r = &s->rules[i];
+		const struct spec_net_rule *rule = &s->rules[i];
 		char pat[SPEC_MAX_NET_HOST + 3];
 
-		if (r->kind == SPEC_NET_HOST)
-			snprintf(pat, sizeof(pat), "%s", r->host);
-		else if (r->kind == SPEC_NET_WILDCARD)
-			snprintf(pat, sizeof(pat), "*.%s", r->host);
+		if (rule->kind == SPEC_NET_HOST)
+			snprintf(pat, sizeof(pat), "%s", rule->host);
+		else if (rule->kind == SPEC_NET_WILDCARD)
+			snprintf(pat, sizeof(pat), "*.%s", rule->host);
 		else
 			continue;
 		if (dns_name_match(pat, name))

@@ -29,8 +29,8 @@
 #include "session/session.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild/tbuild.h"
 #include "template/template.h"
+#include "template_build/template_build.h"
 
 /* 401 unless the request carries "Authorization: Bearer <cluster token>".
  * Both sides are hashed first so that the comparison takes the same time
@@ -75,13 +75,13 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *body, *spec, *v, *tmpl, *dj;
-	struct tref tref;
+	json_t *body, *spec, *v, *template, *dj;
+	struct template_ref ref;
 	struct dest dest = { .endpoint = "" };
 	int rc;
 
 	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer,
-				   &spec, &tmpl, &err);
+				   &spec, &template, &err);
 	if (!body)
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	dj = json_object_get(body, "destination");
@@ -89,18 +89,18 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 		json_decref(body);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
-	if (tmpl && tref_parse_json(tmpl, &tref, &err) < 0) {
+	if (template && template_ref_parse_json(template, &ref, &err) < 0) {
 		json_decref(body);
 		dest_wipe(&dest);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
 	rc = hostd_submit(s->hostd,
 			  &(struct hostd_submission){ .id = id, .customer = customer, .spec = spec,
-						      .tref = tmpl ? &tref : NULL, .dest = dj ? &dest : NULL },
+						      .ref = template ? &ref : NULL, .dest = dj ? &dest : NULL },
 			  &err);
 	dest_wipe(&dest);
-	if (tmpl)
-		tref_free(&tref);
+	if (template)
+		template_ref_free(&ref);
 	if (rc < 0) {
 		json_decref(body);
 		return reply_err(conn, &err);

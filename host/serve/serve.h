@@ -4,7 +4,7 @@
  *
  * Room: the serve room's door (host/serve/: the daemon's HTTP routes,
  * the envd HTTP API, the heartbeat to kiln-api and its list of API servers).
- * It may call every room below it (session, tbuild, task, template, run,
+ * It may call every room below it (session, template_build, task, template, run,
  * vm, net, envd) and lib/. The headers included at the end are part of this
  * door. */
 #ifndef KILN_SERVE_H

@@ -25,8 +25,8 @@
 #include "s3.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild.h"
 #include "template/template.h"
+#include "template_build.h"
 
 #define BUILD_LOG_TAIL     4096          /* bytes of log_tail */
 #define BUILD_EVENTS_MAX   (4u << 20)    /* per build's event log */
@@ -47,7 +47,7 @@ struct build {
 	unsigned timeout_s;
 	uint64_t max_bytes;
 	enum build_state state;
-	struct tref tref;            /* once ready */
+	struct template_ref ref;            /* once ready */
 	struct kiln_err err;         /* once failed */
 	char tail[BUILD_LOG_TAIL + 1];
 	size_t tail_len;
@@ -74,7 +74,7 @@ struct builds {
 static void build_free(struct build *x)
 {
 	recipe_free(&x->recipe);
-	tref_free(&x->tref);
+	template_ref_free(&x->ref);
 	evlog_free(&x->ev);
 	if (x->cancel_pipe[0] >= 0)
 		close(x->cancel_pipe[0]);
@@ -289,18 +289,18 @@ static json_t *end_json_locked(const struct build *x, int with_id)
 	if (with_id)
 		json_object_set_new(j, "id", json_string(x->id));
 	if (x->state == BS_READY)
-		json_object_set_new(j, "template", tref_json(&x->tref));
+		json_object_set_new(j, "template", template_ref_json(&x->ref));
 	if (x->state == BS_FAILED)
 		json_object_set_new(j, "error", json_pack("{s:s, s:s}", "code", x->err.code, "message", x->err.message));
 	return j;
 }
 
 /* The build's work: make the image, hash it, upload it, install it. 0 with
- * x->tref set, or -1 with err. */
+ * x->ref set, or -1 with err. */
 static int build_run(struct builds *b, struct build *x, const char *dir, struct kiln_err *err)
 {
 	char image[PATH_MAX + 32], archive[PATH_MAX + 32], scratch[PATH_MAX + 32], hex[65];
-	struct tbuild_meta meta = { 0 };
+	struct template_build_meta meta = { 0 };
 	struct hostd_s3 s3;
 	uint64_t size = 0;
 	int rc = -1;
@@ -309,7 +309,7 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	snprintf(image, sizeof(image), "%s/image.ext4", dir);
 	if (x->is_recipe) {
-		struct tbuild_recipe_req req = {
+		struct template_build_recipe_req req = {
 			.recipe = &x->recipe, .base_rootfs = template_default_rootfs(b->cfg.templates),
 			.ro = hostd_run_opts(b->cfg.d), .mirror = b->mirror, .timeout_s = x->timeout_s,
 			.max_bytes = x->max_bytes, .vcpus = b->cfg.vcpus, .memory_mib = b->cfg.memory_mib,
@@ -317,10 +317,10 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 		};
 
 		build_logf(x, "building recipe template %s from %s (mirror %s)", x->name, req.base_rootfs, b->mirror);
-		if (tbuild_recipe(&req, image, &meta, build_log, x, err) < 0)
+		if (template_build_recipe(&req, image, &meta, build_log, x, err) < 0)
 			goto out;
 	} else {
-		struct tbuild_oci_req req = {
+		struct template_build_oci_req req = {
 			.archive = archive, .work_dir = scratch, .max_bytes = x->max_bytes, .timeout_s = x->timeout_s,
 			.cancel_fd = x->cancel_pipe[0], .run_dir = hostd_run_opts(b->cfg.d)->vm.run_dir,
 		};
@@ -340,7 +340,7 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 			}
 		}
 		build_logf(x, "unpacking the image into template %s", x->name);
-		if (tbuild_oci(&req, image, &meta, build_log, x, err) < 0)
+		if (template_build_oci(&req, image, &meta, build_log, x, err) < 0)
 			goto out;
 		unlink(archive);
 	}
@@ -353,21 +353,21 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 			     (unsigned long long)x->max_bytes);
 		goto out;
 	}
-	memset(&x->tref, 0, sizeof(x->tref));
-	snprintf(x->tref.name, sizeof(x->tref.name), "%s", x->name);
-	snprintf(x->tref.sha256, sizeof(x->tref.sha256), "%s", hex);
-	x->tref.size = size;
-	snprintf(x->tref.s3_key, sizeof(x->tref.s3_key), TREF_S3_PREFIX "%s.ext4", hex);
-	x->tref.env = meta.env ? json_incref(meta.env) : NULL;
-	snprintf(x->tref.workdir, sizeof(x->tref.workdir), "%s", meta.workdir);
-	x->tref.user_set = 1;
-	x->tref.uid = meta.uid;
-	x->tref.gid = meta.gid;
-	build_logf(x, "image %s: %llu bytes; uploading to S3 as %s", hex, (unsigned long long)size, x->tref.s3_key);
+	memset(&x->ref, 0, sizeof(x->ref));
+	snprintf(x->ref.name, sizeof(x->ref.name), "%s", x->name);
+	snprintf(x->ref.sha256, sizeof(x->ref.sha256), "%s", hex);
+	x->ref.size = size;
+	snprintf(x->ref.s3_key, sizeof(x->ref.s3_key), TEMPLATE_REF_S3_PREFIX "%s.ext4", hex);
+	x->ref.env = meta.env ? json_incref(meta.env) : NULL;
+	snprintf(x->ref.workdir, sizeof(x->ref.workdir), "%s", meta.workdir);
+	x->ref.user_set = 1;
+	x->ref.uid = meta.uid;
+	x->ref.gid = meta.gid;
+	build_logf(x, "image %s: %llu bytes; uploading to S3 as %s", hex, (unsigned long long)size, x->ref.s3_key);
 	if (s3_ensure_bucket(&s3.c, err) < 0 ||
-	    s3_put_file(&s3.c, x->tref.s3_key, image, "application/octet-stream", NULL, NULL, err) < 0)
+	    s3_put_file(&s3.c, x->ref.s3_key, image, "application/octet-stream", NULL, NULL, err) < 0)
 		goto out;
-	if (template_install(b->cfg.templates, image, &x->tref, err) < 0)
+	if (template_install(b->cfg.templates, image, &x->ref, err) < 0)
 		goto out;
 	build_logf(x, "template %s ready", x->name);
 	rc = 0;
@@ -402,13 +402,13 @@ static void *build_main(void *arg)
 		kiln_err_set(&err, KERR_BUILD_FAILED, "the build failed");
 	if (rc < 0) {
 		x->err = err;
-		tref_free(&x->tref);
+		template_ref_free(&x->ref);
 		x->state = BS_FAILED;
 		log_locked(x, err.message);
 		fprintf(stderr, "kiln-host: build %s (%s): failed: %s: %s\n", x->id, x->name, err.code, err.message);
 	} else {
 		x->state = BS_READY;
-		fprintf(stderr, "kiln-host: build %s (%s): ready, %s\n", x->id, x->name, x->tref.sha256);
+		fprintf(stderr, "kiln-host: build %s (%s): ready, %s\n", x->id, x->name, x->ref.sha256);
 	}
 	x->ended_ms = clock_mono_ms();
 	end = end_json_locked(x, 0);
@@ -455,9 +455,9 @@ static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
 			x->timeout_s = (unsigned)json_integer_value(v);
 		} else if (!strcmp(k, "max_bytes")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    (uint64_t)json_integer_value(v) > TREF_MAX_SIZE)
+			    (uint64_t)json_integer_value(v) > TEMPLATE_REF_MAX_SIZE)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "max_bytes: expected 1..%llu",
-						    (unsigned long long)TREF_MAX_SIZE);
+						    (unsigned long long)TEMPLATE_REF_MAX_SIZE);
 			x->max_bytes = (uint64_t)json_integer_value(v);
 		} else {
 			return kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
@@ -493,15 +493,15 @@ static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
 			struct kiln_err kerr = { .code = "" };
 
 			if (!json_is_string(v) || json_string_length(v) >= sizeof(x->oci_key) ||
-			    s3_key_under(json_string_value(v), TREF_S3_PREFIX "uploads/", &kerr) < 0)
+			    s3_key_under(json_string_value(v), TEMPLATE_REF_S3_PREFIX "uploads/", &kerr) < 0)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.s3_key: expected a key under %suploads/",
-						    TREF_S3_PREFIX);
+						    TEMPLATE_REF_S3_PREFIX);
 			snprintf(x->oci_key, sizeof(x->oci_key), "%s", json_string_value(v));
 		} else if (!strcmp(k, "size")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-			    (uint64_t)json_integer_value(v) > TREF_MAX_SIZE)
+			    (uint64_t)json_integer_value(v) > TEMPLATE_REF_MAX_SIZE)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.size: expected 0..%llu",
-						    (unsigned long long)TREF_MAX_SIZE);
+						    (unsigned long long)TEMPLATE_REF_MAX_SIZE);
 			x->oci_size = (uint64_t)json_integer_value(v);
 		} else {
 			return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.%.64s: unknown field", k);

@@ -1,7 +1,7 @@
 /* builds: kiln-host's template builds (docs/templates.md, "Builds, on
  * kiln-host"): POST /v1/builds starts one on its own thread (a recipe in a
- * build VM through tbuild_recipe, or an OCI archive fetched from S3 through
- * tbuild_oci), GET reports it, GET .../events streams its log lines and its
+ * build VM through template_build_recipe, or an OCI archive fetched from S3 through
+ * template_build_oci), GET reports it, GET .../events streams its log lines and its
  * end, DELETE cancels it. A finished image is hashed (SHA-256), uploaded to
  * S3 as _templates/<sha256>.ext4 and installed into the local template
  * store; the build is then ready with its TREF. Builds live in memory only:
