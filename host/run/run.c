@@ -181,6 +181,18 @@ static int exec_send(struct run_ctx *c, uint32_t flags)
 	return vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err);
 }
 
+/* Free c and what it holds but its VM (the caller's to destroy or keep). */
+static void run_ctx_free(struct run_ctx *c)
+{
+	if (c->outdir_fd >= 0)
+		close(c->outdir_fd);
+	json_decref(c->outputs);
+	textcap_free(&c->out);
+	textcap_free(&c->errb);
+	free(c->iobuf);
+	free(c);
+}
+
 /* When the running task's timeout_s is up (proto_now_ms clock). */
 static int64_t run_deadline_ms(const struct run_ctx *c)
 {
@@ -772,13 +784,7 @@ done:
 	if (c->reserved_mib && opts->cap)
 		capacity_release(opts->cap, c->reserved_mib);
 	result = build_result(c, failed);
-	if (c->outdir_fd >= 0)
-		close(c->outdir_fd);
-	json_decref(c->outputs);
-	textcap_free(&c->out);
-	textcap_free(&c->errb);
-	free(c->iobuf);
-	free(c);
+	run_ctx_free(c);
 	return result;
 }
 
@@ -813,13 +819,7 @@ static struct run_ctx *session_ctx(struct vm *vm, const struct task_spec *spec, 
 static void session_ctx_free(struct run_ctx *c, struct vm *vm)
 {
 	*vm = c->vm;
-	if (c->outdir_fd >= 0)
-		close(c->outdir_fd);
-	json_decref(c->outputs);
-	textcap_free(&c->out);
-	textcap_free(&c->errb);
-	free(c->iobuf);
-	free(c);
+	run_ctx_free(c);
 }
 
 json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const struct run_opts *opts)

@@ -313,6 +313,18 @@ static int body_template_ref(json_t *j, struct template_ref *out, int *has, stru
 	return 0;
 }
 
+/* The end of a session create or resume: the template reference (NULL:
+ * none) and the request body j go, then the answer: status with out, or
+ * err when rc < 0. */
+static enum MHD_Result session_answer(struct httpd_req *r, json_t *j, struct template_ref *ref, int rc,
+				      unsigned status, json_t *out, struct kiln_err *err)
+{
+	if (ref)
+		template_ref_free(ref);
+	json_decref(j);
+	return rc < 0 ? reply_err(r->conn, err) : reply_json(r->conn, status, out);
+}
+
 /* POST /v1/sessions {"id","customer","spec","template"?} */
 enum MHD_Result serve_sessions_post(void *ctx, struct httpd_req *r)
 {
@@ -336,14 +348,7 @@ enum MHD_Result serve_sessions_post(void *ctx, struct httpd_req *r)
 			    json_string_value(json_object_get(j, "customer")),
 			    json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), has_ref ? &ref : NULL,
 			    &out, &err);
-	if (has_ref)
-		template_ref_free(&ref);
-	if (rc < 0) {
-		json_decref(j);
-		return reply_err(r->conn, &err);
-	}
-	json_decref(j);
-	return reply_json(r->conn, MHD_HTTP_CREATED, out);
+	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_CREATED, out, &err);
 }
 
 /* GET /v1/sessions/{id} */
@@ -510,14 +515,7 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 	}
 	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), has_ref ? &ref : NULL,
 			    &out, &err);
-	if (has_ref)
-		template_ref_free(&ref);
-	if (rc < 0) {
-		json_decref(j);
-		return reply_err(r->conn, &err);
-	}
-	json_decref(j);
-	return reply_json(r->conn, MHD_HTTP_OK, out);
+	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_OK, out, &err);
 }
 
 /* POST /v1/sessions/{id}/outputs */

@@ -822,19 +822,14 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 	}
 }
 
-int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
+/* Wait for the answer to cmd, just sent: its "return" member into *ret (a
+ * new reference; ret may be NULL), or err from its "error". Events and
+ * stray greetings in between are skipped; a MIGRATION status is kept for
+ * whoever waits for the migration's end. Returns 0 or -1 with err set. */
+static int qmp_answer(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
 {
-	size_t len = strlen(cmd);
 	struct qmp_msg m;
-	int r;
 
-	if (ret)
-		*ret = NULL;
-	r = proto_write_all(vm->qmp_fd, cmd, len, deadline_ms);
-	if (r == 0)
-		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
-	if (r < 0)
-		return kiln_err_set(err, KERR_VM_ERROR, "QMP send: %s", strerror(-r));
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
 			return -1;
@@ -849,13 +844,26 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 			qmp_msg_free(&m);
 			return -1;
 		}
-		/* Events and stray greetings; a MIGRATION status is kept for
-		 * whoever waits for the migration's end. */
 		if (m.kind == QMP_EVENT && !strcmp(m.event, "MIGRATION"))
 			snprintf(vm->migration, sizeof(vm->migration), "%s",
 				 json_string_value(json_object_get(json_object_get(m.root, "data"), "status")) ?: "");
 		qmp_msg_free(&m);
 	}
+}
+
+int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
+{
+	size_t len = strlen(cmd);
+	int r;
+
+	if (ret)
+		*ret = NULL;
+	r = proto_write_all(vm->qmp_fd, cmd, len, deadline_ms);
+	if (r == 0)
+		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
+	if (r < 0)
+		return kiln_err_set(err, KERR_VM_ERROR, "QMP send: %s", strerror(-r));
+	return qmp_answer(vm, cmd, deadline_ms, ret, err);
 }
 
 void vm_qmp_migration_reset(struct vm *vm)
@@ -893,7 +901,6 @@ int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, json_
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
 			      .msg_controllen = sizeof(ctl.buf) };
 	struct cmsghdr *c;
-	struct qmp_msg m;
 	int n = snprintf(line, sizeof(line), "%s\n", cmd);
 
 	if (ret)
@@ -924,22 +931,7 @@ int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, json_
 		}
 		return kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, w < 0 ? strerror(errno) : "short write");
 	}
-	for (;;) {
-		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
-			return -1;
-		if (m.kind == QMP_RETURN) {
-			if (ret)
-				*ret = json_incref(m.ret);
-			qmp_msg_free(&m);
-			return 0;
-		}
-		if (m.kind == QMP_ERROR) {
-			kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, m.errdesc);
-			qmp_msg_free(&m);
-			return -1;
-		}
-		qmp_msg_free(&m);
-	}
+	return qmp_answer(vm, cmd, deadline_ms, ret, err);
 }
 
 int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err)
