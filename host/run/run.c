@@ -271,22 +271,26 @@ static int forward_input(struct run_ctx *c)
 	}
 }
 
-static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
+/* Write ev (taken) as one line of opts->stream. The sandbox network's
+ * thread writes here too (egress_blocked), hence the lock. */
+static void stream_line(struct run_ctx *c, json_t *ev)
 {
-	json_t *ev;
-	char *s;
-
-	if (!c->opts->stream)
-		return;
-	s = textbuf_to_utf8((const char *)p, n);
-	ev = json_pack("{s:s, s:s}", "stream", name, "data", s ? s : "");
-	/* The sandbox network's thread writes here too (egress_blocked). */
 	flockfile(c->opts->stream);
 	json_dumpf(ev, c->opts->stream, JSON_COMPACT);
 	fputc('\n', c->opts->stream);
 	fflush(c->opts->stream);
 	funlockfile(c->opts->stream);
 	json_decref(ev);
+}
+
+static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
+{
+	char *s;
+
+	if (!c->opts->stream)
+		return;
+	s = textbuf_to_utf8((const char *)p, n);
+	stream_line(c, json_pack("{s:s, s:s}", "stream", name, "data", s ? s : ""));
 	free(s);
 }
 
@@ -297,15 +301,8 @@ static void on_blocked(void *ctx, const char *dst, unsigned port, const char *pr
 	struct run_blocked b = { .destination = dst, .port = port, .protocol = proto };
 
 	if (c->opts->stream) {
-		json_t *ev = json_pack("{s:s, s:s, s:i, s:s}", "event", "egress_blocked", "destination", dst, "port",
-				       (int)port, "protocol", proto);
-
-		flockfile(c->opts->stream);
-		json_dumpf(ev, c->opts->stream, JSON_COMPACT);
-		fputc('\n', c->opts->stream);
-		fflush(c->opts->stream);
-		funlockfile(c->opts->stream);
-		json_decref(ev);
+		stream_line(c, json_pack("{s:s, s:s, s:i, s:s}", "event", "egress_blocked", "destination", dst, "port",
+					 (int)port, "protocol", proto));
 	}
 	if (c->opts->on_event)
 		c->opts->on_event(c->opts->event_ctx, RUN_EV_BLOCKED, &b, sizeof(b));
