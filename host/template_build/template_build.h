@@ -3,11 +3,11 @@
  * kiln-init can boot as a guest's root (docs/templates.md). Both run on the
  * calling thread, report progress line by line through log, and end early
  * (err "cancelled") once cancel_fd is readable. Neither uploads anything:
- * host/template_build/builds.c hashes, stores and publishes what they made.
+ * host/template_build/template_builds.c hashes, stores and publishes what they made.
  *
  * Room: the template_build room's door (host/template_build/: template builds from
  * recipes and OCI archives, and the build jobs kiln-host runs). It may call
- * the task, template, run, vm and net rooms, lib/ and jail/. builds.h,
+ * the task, template, run, vm and net rooms, lib/ and jail/. template_builds.h,
  * included at the end, is part of this door. */
 #ifndef KILN_TEMPLATE_BUILD_H
 #define KILN_TEMPLATE_BUILD_H
@@ -74,6 +74,6 @@ int template_build_oci(const struct template_build_oci_req *req, const char *out
 	       template_build_log_fn log, void *ctx, struct kiln_err *err);
 
 /* The rest of the door: the room's other modules other rooms use. */
-#include "builds.h"
+#include "template_builds.h"
 
 #endif

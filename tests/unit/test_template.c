@@ -20,7 +20,7 @@
 #include <jansson.h>
 
 #include "buf.h"
-#include "builds.h"
+#include "template_builds.h"
 #include "fsutil.h"
 #include "template.h"
 
@@ -405,23 +405,23 @@ static void test_snapshot_ttl(void **state)
 	close(fd);
 }
 
-/* builds_host_mirror reads the host's apt sources as build-rootfs.sh does. */
+/* template_builds_host_mirror reads the host's apt sources as build-rootfs.sh does. */
 static void test_host_mirror(void **state)
 {
 	char r[256], p[512], m[512];
 
 	snprintf(r, sizeof(r), "%s/etc-root", root);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://deb.debian.org/debian");
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list.d", r);
 	assert_int_equal(fs_mkdir_p(p, 0755), 0);
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list", r);
 	write_file(p, "deb http://old.example/ubuntu jammy main\ndeb http://mirror.example/debian bookworm main\n", 88);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://mirror.example/debian");
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list.d/debian.sources", r);
 	write_file(p, "Types: deb\nURIs: http://deb822.example/debian/\nSuites: bookworm\n", 64);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://deb822.example/debian/");
 }
 
