@@ -32,7 +32,7 @@ LIB_OBJS   := $(LIB_SRCS:%.c=$(B)/%.o)
 # kiln-host's rooms (host/ROOM/), listed top first: the order they link in.
 # Each is a static library with one public header; which room may include
 # which is host/LAYERS, checked by scripts/layers.py. host/main.c is kiln-host.
-HOST_ROOMS := cmd serve tbuild session task template run envd net vm
+HOST_ROOMS := cmd serve template_build session task template run envd net vm
 HOST_ROOM_LIBS := $(foreach r,$(HOST_ROOMS),$(B)/host/$(r)/libkiln-host-$(r).a)
 # Tests, fuzzers and benchmarks include the rooms' headers by bare name.
 HOST_INC   := -Ihost $(addprefix -Ihost/,$(HOST_ROOMS))

@@ -283,11 +283,11 @@ static json_t *session_summary(json_t *s)
 
 static json_t *t_create(struct mcp_ctx *c, json_t *args)
 {
-	const char *tmpl;
+	const char *template;
 	long mem, vcpus, idle, life;
 	json_t *res = NULL, *body, *limits, *s;
 
-	if (arg_str(args, "create_sandbox", "template", 0, &tmpl, &res) < 0 ||
+	if (arg_str(args, "create_sandbox", "template", 0, &template, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "memory_mib", 128, 16384, &mem, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "vcpus", 1, 16, &vcpus, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "idle_timeout", 1, 86400, &idle, &res) < 0 ||
@@ -302,8 +302,8 @@ static json_t *t_create(struct mcp_ctx *c, json_t *args)
 	if (json_object_size(limits))
 		json_object_set(body, "limits", limits);
 	json_decref(limits);
-	if (tmpl)
-		json_object_set_new(body, "template", json_string(tmpl));
+	if (template)
+		json_object_set_new(body, "template", json_string(template));
 	if (idle)
 		json_object_set_new(body, "idle_timeout_s", json_integer(idle));
 	if (life)

@@ -25,8 +25,8 @@
 #include "session/session.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild/tbuild.h"
 #include "template/template.h"
+#include "template_build/template_build.h"
 #include "vm/vm.h"
 
 #define SPEC_MAX_BYTES SPEC_MAX_JSON
@@ -423,7 +423,7 @@ struct serve_state {
 	struct net_host net;
 	struct hostd *hostd;
 	struct session_table *sessions;
-	struct builds *builds;
+	struct template_builds *builds;
 	struct heartbeat *heartbeat;
 };
 
@@ -566,10 +566,10 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			strerror(errno));
 	{
 		char work[PATH_MAX];
-		struct builds_config bc = { .d = s.hostd, .templates = s.templates, .mirror = o->mirror, .work_dir = work };
+		struct template_builds_config bc = { .d = s.hostd, .templates = s.templates, .mirror = o->mirror, .work_dir = work };
 
 		snprintf(work, sizeof(work), "%s/builds", o->spool_dir);
-		s.builds = builds_open(&bc, &err);
+		s.builds = template_builds_open(&bc, &err);
 		if (!s.builds)
 			goto fail;
 	}
@@ -611,9 +611,9 @@ fail:
 	heartbeat_stop(s.heartbeat);
 	if (rc == 0)
 		hostd_stop(s.hostd);
-	builds_stop(s.builds);
+	template_builds_stop(s.builds);
 	serve_http_stop(http);
-	builds_close(s.builds);
+	template_builds_close(s.builds);
 	sessions_close(s.sessions);
 	hostd_close(s.hostd);
 	if (s.templates) {
@@ -912,7 +912,7 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))
-		return tmpl_cmd_main(argc - 1, argv + 1);
+		return template_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

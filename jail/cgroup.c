@@ -3,7 +3,7 @@
  * after the jail; its limits are written before the child joins. Removal
  * kills whatever is still listed, and a record written before any cgroup
  * exists lets jail_reap clean up after an owner that crashed. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <fcntl.h>
 #include <signal.h>

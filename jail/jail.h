@@ -15,7 +15,7 @@
 #define JAIL_MAX_PATHS 16
 #define JAIL_MAX_FDS   8
 
-struct jail_plan; /* mount-point layout; private to jail/ (jail_priv.h) */
+struct jail_plan; /* mount-point layout; private to jail/ (jail_int.h) */
 struct sock_filter;
 
 /* Host-wide settings, shared by every jail a process starts. Fill with

@@ -2,7 +2,7 @@
  * process's cgroups, builds the seccomp filter, and fills the base plan every
  * jail sees: programs with exactly the libraries their loader resolves,
  * and read-only paths. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <elf.h>
 #include <fcntl.h>

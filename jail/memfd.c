@@ -1,7 +1,7 @@
 /* memfd: a file's contents in a sealed memfd, the way a snapshot's RAM is
  * handed to the clones started from it (each maps it privately,
  * copy-on-write, and none can change it for the others). */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <fcntl.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * ops: directories and empty files of the tmpfs root, symbolic links
  * recreated as on the host, binds and /proc. Every path inside the jail is
  * the host path, so command lines need no rewriting. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <limits.h>
 #include <stdio.h>

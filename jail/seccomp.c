@@ -6,7 +6,7 @@
  * largest attack surface for an unprivileged process, so the jail denies them
  * before the exec; QEMU's filter then stacks on top. Built once per process
  * (libseccomp allocates) and only loaded by the child. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <sched.h>
 #include <stdlib.h>

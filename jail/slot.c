@@ -2,7 +2,7 @@
  * uid_base + n, held by an flock on <slot_dir>/<n>.lock for the jail's
  * lifetime (the kernel drops it when the owner dies, whatever kills it).
  * Several kiln-host processes may share the range. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * plan with system calls (new namespaces, tmpfs root, binds, rlimits,
  * credentials, seccomp, exec), so it is safe to start from a multi-threaded
  * process without an exec in between. */
-#include "jail_priv.h"
+#include "jail_int.h"
 
 #include <fcntl.h>
 #include <limits.h>

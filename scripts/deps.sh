@@ -14,7 +14,7 @@ pkgs=(
   # guest image: kernel and rootfs
   linux-source-6.1 bc bison flex libelf-dev cpio xz-utils debootstrap e2fsprogs
   busybox-static libcmocka-dev
-  # OCI image imports (host/tbuild/oci.c): skopeo turns a docker-archive into an OCI
+  # OCI image imports (host/template_build/oci.c): skopeo turns a docker-archive into an OCI
   # layout, umoci unpacks its layers (whiteouts, securejoin)
   umoci skopeo
   # running VMs

@@ -6,6 +6,6 @@
 
 #include "host_config.h"
 #include "oci_cmd.h"
-#include "tmpl_cmd.h"
+#include "template_cmd.h"
 
 #endif

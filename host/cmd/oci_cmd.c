@@ -1,4 +1,4 @@
-/* oci_cmd: `kiln-host template import`, a thin command over tbuild_oci. */
+/* oci_cmd: `kiln-host template import`, a thin command over template_build_oci. */
 #include "oci_cmd.h"
 
 #include <errno.h>
@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "tbuild/tbuild.h"
+#include "template_build/template_build.h"
 
 static void import_usage(FILE *f)
 {
@@ -43,8 +43,8 @@ int oci_cmd_import(int argc, char **argv)
 		{ "run-dir", required_argument, 0, 'r' }, { "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
-	struct tbuild_oci_req req = { .max_bytes = 4096ull << 20, .timeout_s = 1800, .cancel_fd = -1 };
-	struct tbuild_meta meta;
+	struct template_build_oci_req req = { .max_bytes = 4096ull << 20, .timeout_s = 1800, .cancel_fd = -1 };
+	struct template_build_meta meta;
 	struct kiln_err err = { 0 };
 	const char *out = NULL;
 	char work[PATH_MAX];
@@ -99,7 +99,7 @@ int oci_cmd_import(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	req.cancel_fd = signalfd(-1, &mask, SFD_CLOEXEC);
 
-	rc = tbuild_oci(&req, out, &meta, log_line, NULL, &err);
+	rc = template_build_oci(&req, out, &meta, log_line, NULL, &err);
 	if (rc == 0) {
 		if (stat(out, &st) < 0)
 			st.st_size = 0;

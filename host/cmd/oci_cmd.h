@@ -1,4 +1,4 @@
-/* oci_cmd: `kiln-host template import ARCHIVE --out FILE`, tbuild_oci from
+/* oci_cmd: `kiln-host template import ARCHIVE --out FILE`, template_build_oci from
  * the command line (operators and tests/integration/83-oci.sh). */
 #ifndef KILN_OCI_CMD_H
 #define KILN_OCI_CMD_H

@@ -448,14 +448,14 @@ static void *io_main(void *arg)
 	while (e->state != ENVD_DEAD) {
 		struct pollfd pf[2] = { { .fd = e->fd, .events = POLLIN | (e->out.len ? POLLOUT : 0) },
 					{ .fd = e->wake, .events = POLLIN } };
-		int r;
+		int rc;
 
 		pthread_mutex_unlock(&e->lock);
-		r = poll(pf, 2, -1);
+		rc = poll(pf, 2, -1);
 		pthread_mutex_lock(&e->lock);
-		if (r < 0 && errno == EINTR)
+		if (rc < 0 && errno == EINTR)
 			continue;
-		if (r < 0) {
+		if (rc < 0) {
 			die(e, "the sandbox's envd channel failed");
 			break;
 		}
@@ -660,7 +660,7 @@ static int wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err)
 
 int envd_send(struct envd *e, uint8_t type, const void *p, size_t len, int64_t deadline_ms, struct envd_err *err)
 {
-	int r = -1;
+	int rc = -1;
 
 	pthread_mutex_lock(&e->lock);
 	if (wait_ready(e, deadline_ms, err) == 0) {
@@ -672,11 +672,11 @@ int envd_send(struct envd *e, uint8_t type, const void *p, size_t len, int64_t d
 			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
 		else if (e->out.len >= ENVD_OUT_SOFT)
 			set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
-		else if ((r = queue_frame(e, type, p, len)) < 0)
+		else if ((rc = queue_frame(e, type, p, len)) < 0)
 			set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 	}
 	pthread_mutex_unlock(&e->lock);
-	return r < 0 ? -1 : 0;
+	return rc < 0 ? -1 : 0;
 }
 
 /* ---- requests ------------------------------------------------------------- */

@@ -75,7 +75,7 @@ static const char *const default_deny[] = {
 	"240.0.0.0/4",
 };
 
-int net_range_parse(const char *s, struct net_range *r)
+int net_range_parse(const char *s, struct net_range *range)
 {
 	unsigned part[4], prefix = 32;
 	const char *p = s;
@@ -106,17 +106,17 @@ int net_range_parse(const char *s, struct net_range *r)
 	} else if (*p) {
 		return -1;
 	}
-	r->addr = part[0] << 24 | part[1] << 16 | part[2] << 8 | part[3];
-	r->prefix = (uint8_t)prefix;
-	if (prefix < 32 && (r->addr & (0xffffffffu >> prefix)))
+	range->addr = part[0] << 24 | part[1] << 16 | part[2] << 8 | part[3];
+	range->prefix = (uint8_t)prefix;
+	if (prefix < 32 && (range->addr & (0xffffffffu >> prefix)))
 		return -1;
 	return 0;
 }
 
-static const char *range_str(const struct net_range *r, char *buf, size_t cap)
+static const char *range_str(const struct net_range *range, char *buf, size_t cap)
 {
-	snprintf(buf, cap, "%u.%u.%u.%u/%u", r->addr >> 24, (r->addr >> 16) & 255, (r->addr >> 8) & 255,
-		 r->addr & 255, r->prefix);
+	snprintf(buf, cap, "%u.%u.%u.%u/%u", range->addr >> 24, (range->addr >> 16) & 255, (range->addr >> 8) & 255,
+		 range->addr & 255, range->prefix);
 	return buf;
 }
 
@@ -270,6 +270,38 @@ static int write_sysctl(const char *path, const char *value)
 	return r;
 }
 
+/* The netlink preamble: a socket on `bus` (NETLINK_ROUTE, NETLINK_NETFILTER)
+ * bound to a port the kernel picks, whose id goes to *portid. Returns the
+ * socket (mnl_socket_close it) or NULL with errno set. */
+static struct mnl_socket *nl_open(int bus, unsigned *portid)
+{
+	struct mnl_socket *nl = mnl_socket_open2(bus, SOCK_CLOEXEC);
+	int e;
+
+	if (!nl)
+		return NULL;
+	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
+		e = errno;
+		mnl_socket_close(nl);
+		errno = e;
+		return NULL;
+	}
+	*portid = mnl_socket_get_portid(nl);
+	return nl;
+}
+
+/* A request's header at the start of buf: type, flags, sequence number 1
+ * (one request a socket). */
+static struct nlmsghdr *nl_request_header(char *buf, uint16_t type, uint16_t flags)
+{
+	struct nlmsghdr *nlh = mnl_nlmsg_put_header(buf);
+
+	nlh->nlmsg_type = type;
+	nlh->nlmsg_flags = flags;
+	nlh->nlmsg_seq = 1;
+	return nlh;
+}
+
 /* Send one rtnetlink request (nlh, built in buf) from the calling thread's
  * namespace and read its acknowledgement into buf. Returns 0 or -errno (the
  * kernel's error for the request, e.g. -EEXIST, -ENODEV). */
@@ -280,14 +312,9 @@ static int rtnl_request(char *buf, size_t size, struct nlmsghdr *nlh)
 	ssize_t n;
 	int r;
 
-	nl = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
+	nl = nl_open(NETLINK_ROUTE, &portid);
 	if (!nl)
 		return -errno;
-	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
-		r = -errno;
-		goto out;
-	}
-	portid = mnl_socket_get_portid(nl);
 	if (mnl_socket_sendto(nl, nlh, nlh->nlmsg_len) < 0) {
 		r = -errno;
 		goto out;
@@ -313,10 +340,7 @@ static int veth_create(const char *inner, const char *outer, int outer_nsfd)
 	struct ifinfomsg *ifm;
 	struct nlattr *info, *data, *peer;
 
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = RTM_NEWLINK;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
-	nlh->nlmsg_seq = 1;
+	nlh = nl_request_header(buf, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK);
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, inner);
@@ -343,10 +367,7 @@ static int link_delete(const char *name)
 	struct nlmsghdr *nlh;
 	struct ifinfomsg *ifm;
 
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = RTM_DELLINK;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
-	nlh->nlmsg_seq = 1;
+	nlh = nl_request_header(buf, RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK);
 	ifm = mnl_nlmsg_put_extra_header(nlh, sizeof(*ifm));
 	ifm->ifi_family = AF_UNSPEC;
 	mnl_attr_put_strz(nlh, IFLA_IFNAME, name);
@@ -355,14 +376,14 @@ static int link_delete(const char *name)
 
 /* ---- host-wide set-up --------------------------------------------------- */
 
-static int add_deny(struct net_host *h, const struct net_range *r, struct kiln_err *err)
+static int add_deny(struct net_host *h, const struct net_range *range, struct kiln_err *err)
 {
 	for (size_t i = 0; i < h->ndeny; i++)
-		if (h->deny[i].addr == r->addr && h->deny[i].prefix == r->prefix)
+		if (h->deny[i].addr == range->addr && h->deny[i].prefix == range->prefix)
 			return 0;
 	if (h->ndeny >= NET_MAX_RANGES)
 		return kiln_err_set(err, KERR_CONFIG, "network.deny: more than %d ranges", NET_MAX_RANGES);
-	h->deny[h->ndeny++] = *r;
+	h->deny[h->ndeny++] = *range;
 	return 0;
 }
 
@@ -646,15 +667,15 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	text_add(&t, "  iifname != \"" NET_TAP "\" drop\n");
 	text_add(&t, "  ip daddr @deny goto sbx_block\n");
 	for (size_t i = 0; i < s->nrules; i++) {
-		const struct spec_net_rule *r = &s->rules[i];
+		const struct spec_net_rule *rule = &s->rules[i];
 		char ports[16];
 
-		if (r->port_lo == r->port_hi)
-			snprintf(ports, sizeof(ports), "%u", r->port_lo);
+		if (rule->port_lo == rule->port_hi)
+			snprintf(ports, sizeof(ports), "%u", rule->port_lo);
 		else
-			snprintf(ports, sizeof(ports), "%u-%u", r->port_lo, r->port_hi);
-		if (r->kind == SPEC_NET_CIDR) {
-			struct net_range nr = { r->addr, r->prefix };
+			snprintf(ports, sizeof(ports), "%u-%u", rule->port_lo, rule->port_hi);
+		if (rule->kind == SPEC_NET_CIDR) {
+			struct net_range nr = { rule->addr, rule->prefix };
 
 			text_add(&t, "  ip daddr %s meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
 				 range_str(&nr, a, sizeof(a)), ports);
@@ -895,23 +916,16 @@ static int counters_read(struct kiln_counters *c)
 	struct mnl_socket *nl;
 	struct nlmsghdr *nlh;
 	struct nfgenmsg *nfg;
-	unsigned seq = 1, portid;
+	unsigned seq, portid;
 	ssize_t n;
 	int r;
 
 	memset(c, 0, sizeof(*c));
-	nl = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC);
+	nl = nl_open(NETLINK_NETFILTER, &portid);
 	if (!nl)
 		return -errno;
-	if (mnl_socket_bind(nl, 0, MNL_SOCKET_AUTOPID) < 0) {
-		r = -errno;
-		goto out;
-	}
-	portid = mnl_socket_get_portid(nl);
-	nlh = mnl_nlmsg_put_header(buf);
-	nlh->nlmsg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ;
-	nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-	nlh->nlmsg_seq = seq;
+	nlh = nl_request_header(buf, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ, NLM_F_REQUEST | NLM_F_DUMP);
+	seq = nlh->nlmsg_seq; /* buf is reused for the answers */
 	nfg = mnl_nlmsg_put_extra_header(nlh, sizeof(*nfg));
 	nfg->nfgen_family = NFPROTO_INET;
 	nfg->version = NFNETLINK_V0;
@@ -975,13 +989,13 @@ static uint64_t rules_matching(const struct net_sandbox *s, const char *name)
 	uint64_t m = 0;
 
 	for (size_t i = 0; i < s->nrules && i < 64; i++) {
-		const struct spec_net_rule *r = &s->rules[i];
+		const struct spec_net_rule *rule = &s->rules[i];
 		char pat[SPEC_MAX_NET_HOST + 3];
 
-		if (r->kind == SPEC_NET_HOST)
-			snprintf(pat, sizeof(pat), "%s", r->host);
-		else if (r->kind == SPEC_NET_WILDCARD)
-			snprintf(pat, sizeof(pat), "*.%s", r->host);
+		if (rule->kind == SPEC_NET_HOST)
+			snprintf(pat, sizeof(pat), "%s", rule->host);
+		else if (rule->kind == SPEC_NET_WILDCARD)
+			snprintf(pat, sizeof(pat), "*.%s", rule->host);
 		else
 			continue;
 		if (dns_name_match(pat, name))

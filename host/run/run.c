@@ -63,23 +63,6 @@ struct run_ctx {
 	size_t in_len;
 };
 
-static int recv_ok(struct run_ctx *c, uint8_t want, int64_t deadline, const char *what)
-{
-	struct proto_frame f;
-
-	if (vm_recv(&c->vm, &f, deadline, &c->err) < 0)
-		return -1;
-	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
-		return 0;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
-	}
-	return kiln_err_set(&c->err, KERR_VM_ERROR, "%s: unexpected frame type 0x%02x from the guest", what, f.type);
-}
-
 static int wait_hello(struct run_ctx *c)
 {
 	struct proto_frame f;
@@ -129,7 +112,7 @@ static int send_files(struct run_ctx *c, int wait)
 			if (vm_send(&c->vm, PROTO_FILE_DATA, sf->data + off, len, deadline, &c->err) < 0)
 				return -1;
 		}
-		if (wait && recv_ok(c, PROTO_FILE, deadline, sf->path) < 0)
+		if (wait && vm_recv_ok(&c->vm, PROTO_FILE, deadline, sf->path, &c->err) < 0)
 			return -1;
 	}
 	return 0;
@@ -140,7 +123,8 @@ static int recv_files(struct run_ctx *c)
 	for (size_t i = 0; i < c->spec->nfiles; i++) {
 		const struct spec_file *sf = &c->spec->files[i];
 
-		if (recv_ok(c, PROTO_FILE, proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000, sf->path) < 0)
+		if (vm_recv_ok(&c->vm, PROTO_FILE, proto_now_ms() + 10000 + (int64_t)(sf->size >> 22) * 1000, sf->path,
+			       &c->err) < 0)
 			return -1;
 	}
 	return 0;
@@ -197,6 +181,18 @@ static int exec_send(struct run_ctx *c, uint32_t flags)
 	return vm_send(&c->vm, PROTO_EXEC, buf, (size_t)n, deadline, &c->err);
 }
 
+/* Free c and what it holds but its VM (the caller's to destroy or keep). */
+static void run_ctx_free(struct run_ctx *c)
+{
+	if (c->outdir_fd >= 0)
+		close(c->outdir_fd);
+	json_decref(c->outputs);
+	textcap_free(&c->out);
+	textcap_free(&c->errb);
+	free(c->iobuf);
+	free(c);
+}
+
 /* When the running task's timeout_s is up (proto_now_ms clock). */
 static int64_t run_deadline_ms(const struct run_ctx *c)
 {
@@ -209,14 +205,8 @@ static int exec_wait(struct run_ctx *c)
 
 	if (vm_recv(&c->vm, &f, proto_now_ms() + SETUP_TIMEOUT_MS, &c->err) < 0)
 		return -1;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(&c->err, KERR_GUEST_ERROR, "exec: %s", e.message);
-	}
 	if (f.type != PROTO_STARTED)
-		return kiln_err_set(&c->err, KERR_VM_ERROR, "exec: unexpected frame type 0x%02x", f.type);
+		return vm_frame_err(&f, "exec", &c->err);
 	c->t_started = proto_now_us();
 	if (c->opts->on_event) {
 		struct run_started st = { .exec_id = c->opts->exec_id, .deadline_ms = run_deadline_ms(c) };
@@ -281,22 +271,26 @@ static int forward_input(struct run_ctx *c)
 	}
 }
 
-static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
+/* Write ev (taken) as one line of opts->stream. The sandbox network's
+ * thread writes here too (egress_blocked), hence the lock. */
+static void stream_line(struct run_ctx *c, json_t *ev)
 {
-	json_t *ev;
-	char *s;
-
-	if (!c->opts->stream)
-		return;
-	s = textbuf_to_utf8((const char *)p, n);
-	ev = json_pack("{s:s, s:s}", "stream", name, "data", s ? s : "");
-	/* The sandbox network's thread writes here too (egress_blocked). */
 	flockfile(c->opts->stream);
 	json_dumpf(ev, c->opts->stream, JSON_COMPACT);
 	fputc('\n', c->opts->stream);
 	fflush(c->opts->stream);
 	funlockfile(c->opts->stream);
 	json_decref(ev);
+}
+
+static void stream_event(struct run_ctx *c, const char *name, const uint8_t *p, size_t n)
+{
+	char *s;
+
+	if (!c->opts->stream)
+		return;
+	s = textbuf_to_utf8((const char *)p, n);
+	stream_line(c, json_pack("{s:s, s:s}", "stream", name, "data", s ? s : ""));
 	free(s);
 }
 
@@ -307,15 +301,8 @@ static void on_blocked(void *ctx, const char *dst, unsigned port, const char *pr
 	struct run_blocked b = { .destination = dst, .port = port, .protocol = proto };
 
 	if (c->opts->stream) {
-		json_t *ev = json_pack("{s:s, s:s, s:i, s:s}", "event", "egress_blocked", "destination", dst, "port",
-				       (int)port, "protocol", proto);
-
-		flockfile(c->opts->stream);
-		json_dumpf(ev, c->opts->stream, JSON_COMPACT);
-		fputc('\n', c->opts->stream);
-		fflush(c->opts->stream);
-		funlockfile(c->opts->stream);
-		json_decref(ev);
+		stream_line(c, json_pack("{s:s, s:s, s:i, s:s}", "event", "egress_blocked", "destination", dst, "port",
+					 (int)port, "protocol", proto));
 	}
 	if (c->opts->on_event)
 		c->opts->on_event(c->opts->event_ctx, RUN_EV_BLOCKED, &b, sizeof(b));
@@ -794,13 +781,7 @@ done:
 	if (c->reserved_mib && opts->cap)
 		capacity_release(opts->cap, c->reserved_mib);
 	result = build_result(c, failed);
-	if (c->outdir_fd >= 0)
-		close(c->outdir_fd);
-	json_decref(c->outputs);
-	textcap_free(&c->out);
-	textcap_free(&c->errb);
-	free(c->iobuf);
-	free(c);
+	run_ctx_free(c);
 	return result;
 }
 
@@ -835,13 +816,7 @@ static struct run_ctx *session_ctx(struct vm *vm, const struct task_spec *spec, 
 static void session_ctx_free(struct run_ctx *c, struct vm *vm)
 {
 	*vm = c->vm;
-	if (c->outdir_fd >= 0)
-		close(c->outdir_fd);
-	json_decref(c->outputs);
-	textcap_free(&c->out);
-	textcap_free(&c->errb);
-	free(c->iobuf);
-	free(c);
+	run_ctx_free(c);
 }
 
 json_t *run_session_exec(struct vm *vm, const struct task_spec *spec, const struct run_opts *opts)

@@ -69,7 +69,7 @@ static enum MHD_Result file_error(struct MHD_Connection *conn, const struct envd
 
 struct download {
 	struct envd *ch;
-	struct envd_req *r;
+	struct envd_req *req;
 	uint8_t *first;       /* the first DATA's bytes, read before answering */
 	size_t first_len, first_off;
 	int done;
@@ -90,13 +90,13 @@ static ssize_t download_read(void *cls, uint64_t pos, char *buf, size_t max)
 		memcpy(buf, d->first + d->first_off, n);
 		d->first_off += n;
 		if (d->first_off == d->first_len)
-			envd_req_ack(d->r, d->first_len);
+			envd_req_ack(d->req, d->first_len);
 		return (ssize_t)n;
 	}
 	if (d->done)
 		return MHD_CONTENT_READER_END_OF_STREAM;
 	for (;;) {
-		int k = envd_req_next(d->r, &rep, envd_http_now_ms() + UPLOAD_STALL_MS, &e);
+		int k = envd_req_next(d->req, &rep, envd_http_now_ms() + UPLOAD_STALL_MS, &e);
 
 		if (k < 0)
 			return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -122,7 +122,7 @@ static void download_free(void *cls)
 {
 	struct download *d = cls;
 
-	envd_req_free(d->r);
+	envd_req_free(d->req);
 	envd_unref(d->ch);
 	free(d->first);
 	free(d);
@@ -163,9 +163,9 @@ enum MHD_Result envd_http_files_get(struct session_table *ss, struct httpd_req *
 		free(d);
 		return file_error(r->conn, &e);
 	}
-	d->r = envd_http_fs_begin(d->ch, EP_READ, user, path, NULL, 0, envd_http_now_ms() + UNARY_DEFAULT_MS, &e);
+	d->req = envd_http_fs_begin(d->ch, EP_READ, user, path, NULL, 0, envd_http_now_ms() + UNARY_DEFAULT_MS, &e);
 	/* The first reply decides the status: an error, or the start of the bytes. */
-	k = d->r ? envd_req_next(d->r, &rep, envd_http_now_ms() + UNARY_DEFAULT_MS, &e) : -1;
+	k = d->req ? envd_req_next(d->req, &rep, envd_http_now_ms() + UNARY_DEFAULT_MS, &e) : -1;
 	if (k < 0) {
 		download_free(d);
 		return file_error(r->conn, &e);

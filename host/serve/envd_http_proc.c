@@ -37,20 +37,20 @@ int envd_http_proc_list(struct envd *ch, json_t *processes, uint32_t want_pid, c
 {
 	uint8_t buf[8];
 	ssize_t len = eproto_u32s_encode(buf, sizeof(buf), (uint32_t[]){ 0 }, 1);
-	struct envd_req *r = envd_req_begin(ch, EP_LIST, buf, (size_t)len, deadline, e);
+	struct envd_req *req = envd_req_begin(ch, EP_LIST, buf, (size_t)len, deadline, e);
 	struct eproto_proc *p;
 	struct envd_reply rep;
 	int n, ret = -1;
 
 	*found = 0;
-	if (!r)
+	if (!req)
 		return -1;
 	p = malloc(sizeof(*p));
 	if (!p) {
 		envd_http_eset(e, CONNECT_RESOURCE_EXHAUSTED, "out of memory");
 		goto out;
 	}
-	while ((n = envd_req_next(r, &rep, deadline, e)) == 1) {
+	while ((n = envd_req_next(req, &rep, deadline, e)) == 1) {
 		json_t *cfg, *args, *envs;
 
 		if (rep.type == EP_DONE)
@@ -90,7 +90,7 @@ int envd_http_proc_list(struct envd *ch, json_t *processes, uint32_t want_pid, c
 		ret = 0;
 out:
 	free(p);
-	envd_req_free(r);
+	envd_req_free(req);
 	return ret;
 }
 
@@ -140,7 +140,7 @@ static int jbytes(json_t *o, const char *k, uint8_t **out, size_t *n, int *prese
 static int send_input(struct envd *ch, uint32_t pid, const uint8_t *d, size_t n, int64_t deadline, struct envd_err *e)
 {
 	uint8_t *buf = malloc(4 + EPROTO_MAX_CHUNK);
-	int r = 0;
+	int rc = 0;
 
 	if (!buf) {
 		envd_http_eset(e, CONNECT_RESOURCE_EXHAUSTED, "out of memory");
@@ -150,15 +150,15 @@ static int send_input(struct envd *ch, uint32_t pid, const uint8_t *d, size_t n,
 	buf[1] = (uint8_t)(pid >> 8);
 	buf[2] = (uint8_t)(pid >> 16);
 	buf[3] = (uint8_t)(pid >> 24);
-	for (size_t off = 0; off < n && r == 0;) {
+	for (size_t off = 0; off < n && rc == 0;) {
 		size_t k = n - off > EPROTO_MAX_CHUNK ? EPROTO_MAX_CHUNK : n - off;
 
 		memcpy(buf + 4, d + off, k);
-		r = envd_send(ch, EP_INPUT, buf, 4 + k, deadline, e);
+		rc = envd_send(ch, EP_INPUT, buf, 4 + k, deadline, e);
 		off += k;
 	}
 	free(buf);
-	return r;
+	return rc;
 }
 
 static int parse_signal(json_t *v, uint32_t *sig)
@@ -208,7 +208,7 @@ json_t *envd_http_process_unary(struct envd *ch, const char *method, json_t *req
 		json_t *in = json_object_get(req, "input");
 		uint8_t *d = NULL;
 		size_t n = 0;
-		int present = 0, r;
+		int present = 0, rc;
 
 		if (!json_is_object(in)) {
 			envd_http_eset(e, CONNECT_INVALID_ARGUMENT, "input: expected {\"stdin\"|\"pty\": base64}");
@@ -218,9 +218,9 @@ json_t *envd_http_process_unary(struct envd *ch, const char *method, json_t *req
 			return NULL;
 		if (!present && jbytes(in, "pty", &d, &n, &present, e) < 0)
 			return NULL;
-		r = send_input(ch, pid, d, n, deadline, e);
+		rc = send_input(ch, pid, d, n, deadline, e);
 		free(d);
-		return r < 0 ? NULL : json_object();
+		return rc < 0 ? NULL : json_object();
 	}
 	v[0] = pid;
 	if (!strcmp(method, "CloseStdin")) {
@@ -430,17 +430,17 @@ static void pstream_free(void *cls)
 /* 200 application/connect+json over p (taken). */
 static enum MHD_Result pstream_reply(struct MHD_Connection *conn, struct pstream *p)
 {
-	struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, pstream_read, p,
+	struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, pstream_read, p,
 								   pstream_free);
 	enum MHD_Result ret;
 
-	if (!r) {
+	if (!resp) {
 		pstream_free(p);
 		return MHD_NO;
 	}
-	MHD_add_response_header(r, "Content-Type", "application/connect+json");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
+	MHD_add_response_header(resp, "Content-Type", "application/connect+json");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
 	return ret;
 }
 
@@ -448,17 +448,17 @@ static enum MHD_Result pstream_reply(struct MHD_Connection *conn, struct pstream
 enum MHD_Result envd_http_stream_error(struct MHD_Connection *conn, const struct envd_err *e)
 {
 	struct buf b = BUF_INIT;
-	struct MHD_Response *r;
+	struct MHD_Response *resp;
 	enum MHD_Result ret;
 
 	connect_end_append(&b, e->code, e->msg);
-	r = MHD_create_response_from_buffer(b.len, b.p ? b.p : "", MHD_RESPMEM_MUST_COPY);
+	resp = MHD_create_response_from_buffer(b.len, b.p ? b.p : "", MHD_RESPMEM_MUST_COPY);
 	buf_free(&b);
-	if (!r)
+	if (!resp)
 		return MHD_NO;
-	MHD_add_response_header(r, "Content-Type", "application/connect+json");
-	ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
+	MHD_add_response_header(resp, "Content-Type", "application/connect+json");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
 	return ret;
 }
 

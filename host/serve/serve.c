@@ -29,8 +29,8 @@
 #include "session/session.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild/tbuild.h"
 #include "template/template.h"
+#include "template_build/template_build.h"
 
 /* 401 unless the request carries "Authorization: Bearer <cluster token>".
  * Both sides are hashed first so that the comparison takes the same time
@@ -75,13 +75,13 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *body, *spec, *v, *tmpl, *dj;
-	struct tref tref;
+	json_t *body, *spec, *v, *template, *dj;
+	struct template_ref ref;
 	struct dest dest = { .endpoint = "" };
 	int rc;
 
 	body = hostd_request_parse(httpd_body_data(req) ? httpd_body_data(req) : "", httpd_body_len(req), &id, &customer,
-				   &spec, &tmpl, &err);
+				   &spec, &template, &err);
 	if (!body)
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	dj = json_object_get(body, "destination");
@@ -89,18 +89,18 @@ static enum MHD_Result handle_submit(struct serve_http *s, struct MHD_Connection
 		json_decref(body);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
-	if (tmpl && tref_parse_json(tmpl, &tref, &err) < 0) {
+	if (template && template_ref_parse_json(template, &ref, &err) < 0) {
 		json_decref(body);
 		dest_wipe(&dest);
 		return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
 	}
 	rc = hostd_submit(s->hostd,
 			  &(struct hostd_submission){ .id = id, .customer = customer, .spec = spec,
-						      .tref = tmpl ? &tref : NULL, .dest = dj ? &dest : NULL },
+						      .ref = template ? &ref : NULL, .dest = dj ? &dest : NULL },
 			  &err);
 	dest_wipe(&dest);
-	if (tmpl)
-		tref_free(&tref);
+	if (template)
+		template_ref_free(&ref);
 	if (rc < 0) {
 		json_decref(body);
 		return reply_err(conn, &err);
@@ -281,7 +281,7 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 }
 
 
-/* ---- builds (builds.c) ---- */
+/* ---- builds (template_builds.c) ---- */
 
 static enum MHD_Result no_builds(struct MHD_Connection *conn)
 {
@@ -297,7 +297,7 @@ static enum MHD_Result builds_post(void *ctx, struct httpd_req *r)
 
 	if (!s->builds)
 		return reply_error(r->conn, KERR_UNAVAILABLE, "this host does not build templates");
-	if (builds_submit(s->builds, httpd_body_data(r->body), httpd_body_len(r->body), &out, &err) < 0)
+	if (template_builds_submit(s->builds, httpd_body_data(r->body), httpd_body_len(r->body), &out, &err) < 0)
 		return reply_err(r->conn, &err);
 	return reply_json(r->conn, MHD_HTTP_ACCEPTED, out);
 }
@@ -306,7 +306,7 @@ static enum MHD_Result builds_post(void *ctx, struct httpd_req *r)
 static enum MHD_Result build_get(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
-	json_t *j = s->builds && strlen(r->param[0]) < 80 ? builds_get(s->builds, r->param[0]) : NULL;
+	json_t *j = s->builds && strlen(r->param[0]) < 80 ? template_builds_get(s->builds, r->param[0]) : NULL;
 
 	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_builds(r->conn);
 }
@@ -317,22 +317,22 @@ static enum MHD_Result build_cancel(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	json_t *j;
 
-	if (!s->builds || strlen(r->param[0]) >= 80 || builds_cancel(s->builds, r->param[0]) < 0)
+	if (!s->builds || strlen(r->param[0]) >= 80 || template_builds_cancel(s->builds, r->param[0]) < 0)
 		return no_builds(r->conn);
-	j = builds_get(s->builds, r->param[0]);
+	j = template_builds_get(s->builds, r->param[0]);
 	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : no_builds(r->conn);
 }
 
 struct build_sse {
 	struct serve_http *s;
-	struct build *x;
+	struct template_build_job *x;
 	struct evlog_cursor cursor;
 };
 
 static ssize_t build_sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct build_sse *e = cls;
-	long n = builds_events_read(e->s->builds, e->x, &e->cursor, buf, max, clock_mono_ms() + 15000);
+	long n = template_builds_events_read(e->s->builds, e->x, &e->cursor, buf, max, clock_mono_ms() + 15000);
 
 	if (n < 0)
 		return MHD_CONTENT_READER_END_OF_STREAM;
@@ -345,7 +345,7 @@ static void build_sse_free(void *cls)
 {
 	struct build_sse *e = cls;
 
-	builds_unref(e->s->builds, e->x);
+	template_builds_unref(e->s->builds, e->x);
 	free(e);
 }
 
@@ -361,7 +361,7 @@ static enum MHD_Result build_events(void *ctx, struct httpd_req *r)
 	if (!e)
 		return MHD_NO;
 	e->s = s;
-	e->x = builds_ref(s->builds, r->param[0]);
+	e->x = template_builds_ref(s->builds, r->param[0]);
 	if (!e->x) {
 		free(e);
 		return no_builds(r->conn);

@@ -4,7 +4,7 @@
  *
  * Room: the serve room's door (host/serve/: the daemon's HTTP routes,
  * the envd HTTP API, the heartbeat to kiln-api and its list of API servers).
- * It may call every room below it (session, tbuild, task, template, run,
+ * It may call every room below it (session, template_build, task, template, run,
  * vm, net, envd) and lib/. The headers included at the end are part of this
  * door. */
 #ifndef KILN_SERVE_H
@@ -63,7 +63,7 @@ struct serve_opts {
 struct hostd;
 struct session_table;
 struct serve_http;
-struct builds;
+struct template_builds;
 
 /* What the HTTP layer serves and where. Everything is borrowed and must
  * outlive the server. */
@@ -77,7 +77,7 @@ struct serve_http_config {
 	const struct run_opts *ro;    /* POST /v1/run */
 	struct hostd *hostd;
 	struct session_table *sessions;
-	struct builds *builds;        /* NULL: POST /v1/builds is 503 */
+	struct template_builds *builds;        /* NULL: POST /v1/builds is 503 */
 };
 
 /* Listen and serve on threads of libmicrohttpd's. NULL with err set. */

@@ -19,7 +19,7 @@ struct serve_http {
 	const struct run_opts *ro;
 	struct hostd *hostd;
 	struct session_table *sessions;
-	struct builds *builds;
+	struct template_builds *builds;
 	unsigned char token_hash[SHA256_DIGEST_LENGTH];
 };
 

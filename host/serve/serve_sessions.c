@@ -27,8 +27,8 @@
 #include "session/session.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild/tbuild.h"
 #include "template/template.h"
+#include "template_build/template_build.h"
 
 /* ---- sessions ---- */
 
@@ -300,17 +300,29 @@ enum MHD_Result serve_sessions_get_list(void *ctx, struct httpd_req *r)
 }
 
 /* The top-level "template" member of a session request (absent: *has 0). */
-static int body_tref(json_t *j, struct tref *out, int *has, struct kiln_err *err)
+static int body_template_ref(json_t *j, struct template_ref *out, int *has, struct kiln_err *err)
 {
 	json_t *v = json_object_get(j, "template");
 
 	*has = 0;
 	if (!v)
 		return 0;
-	if (tref_parse_json(v, out, err) < 0)
+	if (template_ref_parse_json(v, out, err) < 0)
 		return -1;
 	*has = 1;
 	return 0;
+}
+
+/* The end of a session create or resume: the template reference (NULL:
+ * none) and the request body j go, then the answer: status with out, or
+ * err when rc < 0. */
+static enum MHD_Result session_answer(struct httpd_req *r, json_t *j, struct template_ref *ref, int rc,
+				      unsigned status, json_t *out, struct kiln_err *err)
+{
+	if (ref)
+		template_ref_free(ref);
+	json_decref(j);
+	return rc < 0 ? reply_err(r->conn, err) : reply_json(r->conn, status, out);
 }
 
 /* POST /v1/sessions {"id","customer","spec","template"?} */
@@ -319,8 +331,8 @@ enum MHD_Result serve_sessions_post(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	json_t *j, *out = NULL;
-	struct tref tref;
-	int has_tref, rc;
+	struct template_ref ref;
+	int has_ref, rc;
 
 	if (!(j = body_json(r->body, &err)))
 		return reply_err(r->conn, &err);
@@ -328,22 +340,15 @@ enum MHD_Result serve_sessions_post(void *ctx, struct httpd_req *r)
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "id and customer: expected strings");
 	}
-	if (body_tref(j, &tref, &has_tref, &err) < 0) {
+	if (body_template_ref(j, &ref, &has_ref, &err) < 0) {
 		json_decref(j);
 		return reply_err(r->conn, &err);
 	}
 	rc = session_create(s->sessions, json_string_value(json_object_get(j, "id")),
 			    json_string_value(json_object_get(j, "customer")),
-			    json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), has_tref ? &tref : NULL,
+			    json_object_get(j, "spec") ? json_object_get(j, "spec") : json_object(), has_ref ? &ref : NULL,
 			    &out, &err);
-	if (has_tref)
-		tref_free(&tref);
-	if (rc < 0) {
-		json_decref(j);
-		return reply_err(r->conn, &err);
-	}
-	json_decref(j);
-	return reply_json(r->conn, MHD_HTTP_CREATED, out);
+	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_CREATED, out, &err);
 }
 
 /* GET /v1/sessions/{id} */
@@ -493,8 +498,8 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
 	json_t *j, *out = NULL;
-	struct tref tref;
-	int has_tref, rc;
+	struct template_ref ref;
+	int has_ref, rc;
 
 	if (!id)
 		return no_session(r->conn);
@@ -504,20 +509,13 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 		json_decref(j);
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected a string");
 	}
-	if (body_tref(j, &tref, &has_tref, &err) < 0) {
+	if (body_template_ref(j, &ref, &has_ref, &err) < 0) {
 		json_decref(j);
 		return reply_err(r->conn, &err);
 	}
-	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), has_tref ? &tref : NULL,
+	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), has_ref ? &ref : NULL,
 			    &out, &err);
-	if (has_tref)
-		tref_free(&tref);
-	if (rc < 0) {
-		json_decref(j);
-		return reply_err(r->conn, &err);
-	}
-	json_decref(j);
-	return reply_json(r->conn, MHD_HTTP_OK, out);
+	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_OK, out, &err);
 }
 
 /* POST /v1/sessions/{id}/outputs */

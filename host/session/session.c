@@ -312,7 +312,7 @@ const struct snapshot *session_template(const struct run_opts *ro, const struct 
 	return snap;
 }
 
-const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+const struct snapshot *session_template_take(struct session_table *ss, const struct template_ref *ref,
 					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
 					     struct kiln_err *err)
 {
@@ -325,7 +325,7 @@ const struct snapshot *session_template_take(struct session_table *ss, const str
 		struct hostd_s3 s3;
 		int have_s3 = hostd_s3_take(ss->d, &s3) == 0, r;
 
-		r = template_acquire(st, tref, spec->egress, have_s3 ? &s3.c : NULL, tu, err);
+		r = template_acquire(st, ref, spec->egress, have_s3 ? &s3.c : NULL, tu, err);
 		if (have_s3)
 			hostd_s3_free(&s3);
 		if (r < 0)
@@ -333,8 +333,8 @@ const struct snapshot *session_template_take(struct session_table *ss, const str
 		ro.snap = tu->snap;
 		ro.net_snap = tu->net_snap;
 		*has_tu = 1;
-	} else if (tref && !(tref->builtin && !strcmp(tref->name, "default"))) {
-		kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no template store", tref->name);
+	} else if (ref && !(ref->builtin && !strcmp(ref->name, "default"))) {
+		kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no template store", ref->name);
 		return NULL;
 	}
 	snap = session_template(&ro, spec, err);
@@ -481,7 +481,7 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 }
 
 int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
-		   const struct tref *tref, json_t **out, struct kiln_err *err)
+		   const struct template_ref *ref, json_t **out, struct kiln_err *err)
 {
 	struct task_spec ts;
 	const struct snapshot *snap;
@@ -495,7 +495,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
-	snap = session_template_take(ss, tref, &ts, &tu, &has_tu, err);
+	snap = session_template_take(ss, ref, &ts, &tu, &has_tu, err);
 	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
 		if (has_tu)
 			template_release(hostd_templates(ss->d), &tu);

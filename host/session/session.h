@@ -64,16 +64,16 @@ void sessions_close(struct session_table *ss);
 json_t *sessions_list(struct session_table *ss);
 json_t *session_get(struct session_table *ss, const char *id);
 
-struct tref;
+struct template_ref;
 
 /* Start a session. spec: {"limits":{...},"network":{...}} as in a task spec
- * (no code); tref: its template (NULL: default), made ready first (fetched,
+ * (no code); ref: its template (NULL: default), made ready first (fetched,
  * verified, snapshotted: this call may take a while) and kept in use until
  * the session is paused or destroyed. *out: the session object. Errors:
  * invalid_request, invalid_spec, duplicate, no_capacity,
  * egress_unavailable, no_template, invalid_image, s3_*, vm_error. */
 int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
-		   const struct tref *tref, json_t **out, struct kiln_err *err);
+		   const struct template_ref *ref, json_t **out, struct kiln_err *err);
 
 /* Run one command: req {"argv":[...]} or {"language","code"}, optional
  * "env", "cwd", "timeout_s", "stdin_b64", "interactive", "tty". on_event/ctx
@@ -124,11 +124,11 @@ int session_put_tar(struct session_table *ss, const char *id, const char *dir, c
 json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err *err);
 
 /* Resume a paused session of customer from S3 on this host, on the
- * template tref (NULL: default; it must be the one it was paused on: the
+ * template ref (NULL: default; it must be the one it was paused on: the
  * snapshot key says). Errors:
  * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
  * incompatible_snapshot (another image), no_capacity, vm_error. */
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct tref *tref, json_t **out,
+int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref, json_t **out,
 		   struct kiln_err *err);
 
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],

@@ -172,10 +172,10 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 /* The template a session of spec starts from (and is resumed against). */
 const struct snapshot *session_template(const struct run_opts *ro, const struct task_spec *spec,
 					struct kiln_err *err);
-/* session_template for tref's template (NULL: default) taken from the
+/* session_template for ref's template (NULL: default) taken from the
  * host's template store into *tu (*has_tu set; released by
  * session_teardown or pause). NULL with err. */
-const struct snapshot *session_template_take(struct session_table *ss, const struct tref *tref,
+const struct snapshot *session_template_take(struct session_table *ss, const struct template_ref *ref,
 					     const struct task_spec *spec, struct template_use *tu, int *has_tu,
 					     struct kiln_err *err);
 /* A new session, not yet registered (session_insert); NULL with err. */

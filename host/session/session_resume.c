@@ -383,7 +383,7 @@ uint64_t session_zbytes(const struct pchunk_list *l)
 	return n;
 }
 
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct tref *tref, json_t **out,
+int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref, json_t **out,
 		   struct kiln_err *err)
 {
 	struct hostd_s3 s3;
@@ -448,7 +448,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		goto fail;
 	}
 	have_ts = 1;
-	snap = session_template_take(ss, tref, &ts, &s->tu, &s->has_tu, err);
+	snap = session_template_take(ss, ref, &ts, &s->tu, &s->has_tu, err);
 	if (!snap)
 		goto fail;
 	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {

@@ -284,8 +284,8 @@ static void *worker_main(void *arg)
 			struct hostd_s3 s3;
 			int have_s3 = hostd_s3_take(d, &s3) == 0;
 
-			if (template_acquire(d->cfg.templates, t->tref, spec->egress, have_s3 ? &s3.c : NULL, &use, &err) < 0) {
-				fprintf(stderr, "kiln-host: task %s: template %s: %s\n", t->id, t->tref ? t->tref->name : "default",
+			if (template_acquire(d->cfg.templates, t->ref, spec->egress, have_s3 ? &s3.c : NULL, &use, &err) < 0) {
+				fprintf(stderr, "kiln-host: task %s: template %s: %s\n", t->id, t->ref ? t->ref->name : "default",
 					err.message);
 				result = hostd_error_result("host_error", err.code, err.message);
 				if (have_s3)
@@ -466,7 +466,7 @@ void hostd_close(struct hostd *d)
 }
 
 json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
-			    json_t **tmpl, struct kiln_err *err)
+			    json_t **template, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *j, *v;
@@ -474,8 +474,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 
 	*id = *customer = NULL;
 	*spec = NULL;
-	if (tmpl)
-		*tmpl = NULL;
+	if (template)
+		*template = NULL;
 	j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
 	if (!j) {
 		kiln_err_set(err, KERR_INVALID_JSON, "line %d, column %d: %s", je.line, je.column, je.text);
@@ -494,8 +494,8 @@ json_t *hostd_request_parse(const char *body, size_t len, const char **id, const
 			*(!strcmp(k, "id") ? id : customer) = json_string_value(v);
 		} else if (!strcmp(k, "spec")) {
 			*spec = v;
-		} else if (!strcmp(k, "template") && tmpl) {
-			*tmpl = v;
+		} else if (!strcmp(k, "template") && template) {
+			*template = v;
 		} else if (!strcmp(k, "destination")) {
 			/* the caller's (dest_from_json) */
 		} else {
@@ -512,15 +512,15 @@ fail:
 	json_decref(j);
 	*id = *customer = NULL;
 	*spec = NULL;
-	if (tmpl)
-		*tmpl = NULL;
+	if (template)
+		*template = NULL;
 	return NULL;
 }
 
 int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kiln_err *err)
 {
 	const char *id = sub->id, *customer = sub->customer;
-	const struct tref *tref = sub->tref;
+	const struct template_ref *ref = sub->ref;
 	const struct dest *dest = sub->dest;
 	struct task_spec *spec;
 	struct hostd_task *t;
@@ -556,14 +556,14 @@ int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kil
 	}
 	t = hostd_task_new(d, id, customer);
 	w = malloc(sizeof(*w));
-	if (t && tref && (t->tref = malloc(sizeof(*t->tref)))) {
-		*t->tref = *tref;
-		if (tref->env)
-			json_incref(tref->env);
+	if (t && ref && (t->ref = malloc(sizeof(*t->ref)))) {
+		*t->ref = *ref;
+		if (ref->env)
+			json_incref(ref->env);
 	}
 	if (t && dest && (t->dest = malloc(sizeof(*t->dest))))
 		*t->dest = *dest;
-	if (!t || !w || (tref && !t->tref) || (dest && !t->dest) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+	if (!t || !w || (ref && !t->ref) || (dest && !t->dest) || pipe2(t->cancel_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		spec_free(spec);
 		free(spec);
 		free(w);
@@ -590,7 +590,7 @@ int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kil
 		kiln_err_set(err, KERR_DUPLICATE, "task %s already exists on this host", id);
 		goto refuse;
 	}
-	if (d->cfg.templates && template_check(d->cfg.templates, tref, d->have_s3, err) < 0)
+	if (d->cfg.templates && template_check(d->cfg.templates, ref, d->have_s3, err) < 0)
 		goto refuse;
 	if (d->vcpus_used + t->vcpus > d->cfg.vcpus_total) {
 		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", t->vcpus, d->vcpus_used,

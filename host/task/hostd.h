@@ -46,7 +46,7 @@ struct hostd_config {
 struct hostd;
 struct hostd_task;
 struct template_store;
-struct tref;
+struct template_ref;
 struct vm_ops;
 struct kiln_clock;
 
@@ -72,12 +72,12 @@ void hostd_close(struct hostd *d);
  * "destination"?} ("destination" is left in the document for the caller's
  * dest_from_json): unknown
  * keys and duplicate keys are refused. Returns the parsed document (the
- * caller decrefs it; *id, *customer, *spec and *tmpl point into it; *tmpl
- * is NULL when there is no "template", and is parsed with tref_parse_json),
+ * caller decrefs it; *id, *customer, *spec and *template point into it; *template
+ * is NULL when there is no "template", and is parsed with template_ref_parse_json),
  * or NULL with err set ("invalid_json" or "invalid_request", naming the
  * field). Reentrant. */
 json_t *hostd_request_parse(const char *body, size_t len, const char **id, const char **customer, json_t **spec,
-			    json_t **tmpl, struct kiln_err *err);
+			    json_t **template, struct kiln_err *err);
 
 /* A task to accept (POST /v1/tasks). Nothing in it is kept: what the task
  * needs is copied. */
@@ -90,7 +90,7 @@ struct hostd_submission {
 	 * task's own thread; a failure there ends the task as error with the
 	 * template's error (no_template, invalid_image for a SHA-256 mismatch,
 	 * s3_*). */
-	const struct tref *tref;
+	const struct template_ref *ref;
 	/* The customer's own S3 destination (NULL: the host's S3): the task's
 	 * outputs, logs and manifest go there, under its prefix
 	 * (PREFIX + CUSTOMER/ID/...); kept in the task's spool record (mode

@@ -74,7 +74,7 @@ struct hostd_task {
 	int64_t next_upload_ms;      /* monotonic (the hostd's clock) */
 	int64_t upload_started_ms;
 	unsigned refs;               /* table + workers + streams */
-	struct tref *tref;           /* the task's template (NULL: default); until the worker ends */
+	struct template_ref *ref;           /* the task's template (NULL: default); until the worker ends */
 	struct dest *dest;           /* the customer's own S3 destination (NULL: the host's S3) */
 	struct hostd_task *next;
 };

@@ -46,9 +46,9 @@ void hostd_task_free(struct hostd_task *t)
 		dest_wipe(t->dest);
 		free(t->dest);
 	}
-	if (t->tref) {
-		tref_free(t->tref);
-		free(t->tref);
+	if (t->ref) {
+		template_ref_free(t->ref);
+		free(t->ref);
 	}
 	json_decref(t->result);
 	json_decref(t->outputs);

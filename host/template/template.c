@@ -105,24 +105,24 @@ static void scan_customer(struct template_store *ts)
 	while ((e = readdir(d))) {
 		char meta[PATH_MAX + 80], rootfs[PATH_MAX + 80];
 		struct kiln_err err = { .code = "" };
-		struct tref r;
+		struct template_ref ref;
 		struct stat st;
 		size_t len;
 		char *text;
 		struct template *t;
 
-		if (!tref_hex64_ok(e->d_name))
+		if (!template_ref_hex64_ok(e->d_name))
 			continue;
 		snprintf(meta, sizeof(meta), "%s/%s/meta.json", ts->tdir, e->d_name);
 		snprintf(rootfs, sizeof(rootfs), "%s/%s/rootfs.ext4", ts->tdir, e->d_name);
-		if (stat(rootfs, &st) < 0 || !(text = io_read_file(meta, TREF_MAX_JSON, &len)))
+		if (stat(rootfs, &st) < 0 || !(text = io_read_file(meta, TEMPLATE_REF_MAX_JSON, &len)))
 			continue;
-		if (tref_parse(text, len, &r, &err) == 0 && !r.builtin && !strcmp(r.sha256, e->d_name) &&
-		    (uint64_t)st.st_size == r.size && !template_find_locked(ts, &r) && (t = entry_new(ts, r.name, 0, r.sha256))) {
-			t->tref = r;
+		if (template_ref_parse(text, len, &ref, &err) == 0 && !ref.builtin && !strcmp(ref.sha256, e->d_name) &&
+		    (uint64_t)st.st_size == ref.size && !template_find_locked(ts, &ref) && (t = entry_new(ts, ref.name, 0, ref.sha256))) {
+			t->ref = ref;
 			t->local = 1;
 		} else {
-			tref_free(&r);
+			template_ref_free(&ref);
 		}
 		free(text);
 	}
@@ -266,7 +266,7 @@ struct template_store *template_store_open(const struct template_store_config *c
 			goto fail;
 		}
 		snprintf(t->rootfs, sizeof(t->rootfs), "%s/%s", ts->image_dir, e->d_name);
-		tref_builtin(&t->tref, name);
+		template_ref_builtin(&t->ref, name);
 		t->local = 1;
 		if (!strcmp(name, "default"))
 			ts->def = t;
@@ -316,35 +316,35 @@ void template_store_close(struct template_store *ts)
 	free(ts);
 }
 
-int template_check(struct template_store *ts, const struct tref *tref, int have_s3, struct kiln_err *err)
+int template_check(struct template_store *ts, const struct template_ref *ref, int have_s3, struct kiln_err *err)
 {
 	struct template *t;
 	int local;
 
-	if (!tref)
+	if (!ref)
 		return 0;
 	pthread_mutex_lock(&ts->lock);
-	t = template_find_locked(ts, tref);
+	t = template_find_locked(ts, ref);
 	local = t && t->local;
 	pthread_mutex_unlock(&ts->lock);
-	if (tref->builtin && !t)
-		return kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no such built-in image", tref->name);
-	if (!tref->builtin && !local && !have_s3) {
+	if (ref->builtin && !t)
+		return kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no such built-in image", ref->name);
+	if (!ref->builtin && !local && !have_s3) {
 		char p[PATH_MAX + 80];
 
-		snprintf(p, sizeof(p), "%s/%s/rootfs.ext4", ts->tdir, tref->sha256);
+		snprintf(p, sizeof(p), "%s/%s/rootfs.ext4", ts->tdir, ref->sha256);
 		if (access(p, R_OK) < 0)
 			return kiln_err_set(err, KERR_NO_S3, "template %s: not on this host, and no S3 to fetch it from",
-					    tref->name);
+					    ref->name);
 	}
 	return 0;
 }
 
 /* Write meta.json (the TREF) into dir, durably enough (temp + rename). */
-static int write_meta(const char *dir, const struct tref *r, struct kiln_err *err)
+static int write_meta(const char *dir, const struct template_ref *ref, struct kiln_err *err)
 {
 	char tmp[PATH_MAX + 32], fin[PATH_MAX + 32];
-	json_t *j = tref_json(r);
+	json_t *j = template_ref_json(ref);
 	int rc;
 
 	snprintf(tmp, sizeof(tmp), "%s/meta.json.tmp", dir);
@@ -360,18 +360,18 @@ static int write_meta(const char *dir, const struct tref *r, struct kiln_err *er
 
 /* Download t's image from S3 into a temporary file beside its final name,
  * verify size and SHA-256, then rename it into place (lock released). */
-static int fetch(struct template_store *ts, struct template *t, const struct tref *r, const struct s3_config *s3,
+static int fetch(struct template_store *ts, struct template *t, const struct template_ref *ref, const struct s3_config *s3,
 		 struct kiln_err *err)
 {
 	char tmp[PATH_MAX + 48];
 	struct stat st;
 
-	if (stat(t->rootfs, &st) == 0 && (uint64_t)st.st_size == r->size) {
+	if (stat(t->rootfs, &st) == 0 && (uint64_t)st.st_size == ref->size) {
 		/* Another kiln-host sharing the cache fetched (and verified) it. */
-		return write_meta(t->dir, r, err) < 0 ? -1 : 0;
+		return write_meta(t->dir, ref, err) < 0 ? -1 : 0;
 	}
 	if (!s3)
-		return kiln_err_set(err, KERR_NO_S3, "template %s: not on this host, and no S3 to fetch it from", r->name);
+		return kiln_err_set(err, KERR_NO_S3, "template %s: not on this host, and no S3 to fetch it from", ref->name);
 	if (fs_mkdir_p(t->dir, 0755) < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", t->dir, strerror(errno));
 	snprintf(tmp, sizeof(tmp), "%s/.fetch-%d-%lx", t->dir, (int)getpid(), (unsigned long)pthread_self());
@@ -379,35 +379,35 @@ static int fetch(struct template_store *ts, struct template *t, const struct tre
 		/* The object's size first: nothing larger (or smaller) than the
 		 * reference says is downloaded at all. */
 		uint64_t osize = 0;
-		int h = s3_head(s3, r->s3_key, &osize, err);
+		int h = s3_head(s3, ref->s3_key, &osize, err);
 
 		if (h == 0)
-			kiln_err_set(err, KERR_S3_NOT_FOUND, "template %s: %s is not in S3", r->name, r->s3_key);
-		else if (h > 0 && osize != r->size) {
+			kiln_err_set(err, KERR_S3_NOT_FOUND, "template %s: %s is not in S3", ref->name, ref->s3_key);
+		else if (h > 0 && osize != ref->size) {
 			kiln_err_set(err, KERR_INVALID_IMAGE,
-				     "template %s: %s is %llu bytes, the reference says %llu (refused, not fetched)", r->name,
-				     r->s3_key, (unsigned long long)osize, (unsigned long long)r->size);
-			fprintf(stderr, "kiln-host: REFUSED %s: %s\n", r->s3_key, err->message);
+				     "template %s: %s is %llu bytes, the reference says %llu (refused, not fetched)", ref->name,
+				     ref->s3_key, (unsigned long long)osize, (unsigned long long)ref->size);
+			fprintf(stderr, "kiln-host: REFUSED %s: %s\n", ref->s3_key, err->message);
 			pthread_mutex_lock(&ts->lock);
 			ts->verify_failures++;
 			pthread_mutex_unlock(&ts->lock);
 		}
-		if (h <= 0 || osize != r->size)
+		if (h <= 0 || osize != ref->size)
 			goto fail;
 	}
-	if (s3_get_file(s3, r->s3_key, tmp, err) < 0) {
+	if (s3_get_file(s3, ref->s3_key, tmp, err) < 0) {
 		unlink(tmp);
 		goto fail;
 	}
-	if (template_verify_file(tmp, r, err) < 0) {
-		fprintf(stderr, "kiln-host: REFUSED %s: %s\n", r->s3_key, err->message);
+	if (template_verify_file(tmp, ref, err) < 0) {
+		fprintf(stderr, "kiln-host: REFUSED %s: %s\n", ref->s3_key, err->message);
 		pthread_mutex_lock(&ts->lock);
 		ts->verify_failures++;
 		pthread_mutex_unlock(&ts->lock);
 		unlink(tmp);
 		goto fail;
 	}
-	if (chmod(tmp, 0444) < 0 || write_meta(t->dir, r, err) < 0 || rename(tmp, t->rootfs) < 0) {
+	if (chmod(tmp, 0444) < 0 || write_meta(t->dir, ref, err) < 0 || rename(tmp, t->rootfs) < 0) {
 		if (!err->code[0] || err->errc != KERR_HOST_ERROR)
 			kiln_err_set(err, KERR_HOST_ERROR, "cannot install %s: %s", t->rootfs, strerror(errno));
 		unlink(tmp);
@@ -416,7 +416,7 @@ static int fetch(struct template_store *ts, struct template *t, const struct tre
 	template_touch_used(t->dir);
 	pthread_mutex_lock(&ts->lock);
 	ts->fetches++;
-	ts->fetch_bytes += r->size;
+	ts->fetch_bytes += ref->size;
 	pthread_mutex_unlock(&ts->lock);
 	return 0;
 fail:
@@ -439,7 +439,7 @@ fail:
 	return -1;
 }
 
-static void use_fill(struct template *t, const struct tref *r, int need_net, struct template_use *out)
+static void use_fill(struct template *t, const struct template_ref *ref, int need_net, struct template_use *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->t = t;
@@ -448,34 +448,34 @@ static void use_fill(struct template *t, const struct tref *r, int need_net, str
 	out->snap = t->have_snap ? &t->snap : NULL;
 	out->net_snap = need_net && t->have_net_snap ? &t->net_snap : NULL;
 	out->pool = t->pool;
-	if (r && r->user_set) {
+	if (ref && ref->user_set) {
 		out->user_set = 1;
-		out->uid = r->uid;
-		out->gid = r->gid;
+		out->uid = ref->uid;
+		out->gid = ref->gid;
 	}
 }
 
-int template_acquire(struct template_store *ts, const struct tref *tref, int need_net, const struct s3_config *s3,
+int template_acquire(struct template_store *ts, const struct template_ref *want, int need_net, const struct s3_config *s3,
 		     struct template_use *out, struct kiln_err *err)
 {
-	struct tref def;
-	const struct tref *r = tref;
+	struct template_ref def;
+	const struct template_ref *ref = want; /* or the default */
 	struct template *t;
 	int tried_snap = 0, rc = 0, fetched = 0;
 
 	memset(out, 0, sizeof(*out));
-	if (!r) {
-		tref_builtin(&def, "default");
-		r = &def;
+	if (!ref) {
+		template_ref_builtin(&def, "default");
+		ref = &def;
 	}
 	need_net = need_net && ts->cfg.net;
 	pthread_mutex_lock(&ts->lock);
-	t = template_find_locked(ts, r);
-	if (!t && r->builtin) {
+	t = template_find_locked(ts, ref);
+	if (!t && ref->builtin) {
 		pthread_mutex_unlock(&ts->lock);
-		return kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no such built-in image", r->name);
+		return kiln_err_set(err, KERR_NO_TEMPLATE, "template %s: this host has no such built-in image", ref->name);
 	}
-	if (!t && !(t = entry_new(ts, r->name, 0, r->sha256))) {
+	if (!t && !(t = entry_new(ts, ref->name, 0, ref->sha256))) {
 		pthread_mutex_unlock(&ts->lock);
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
@@ -510,7 +510,7 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 
 			t->fetching = 1;
 			pthread_mutex_unlock(&ts->lock);
-			fr = fetch(ts, t, r, s3, &ferr);
+			fr = fetch(ts, t, ref, s3, &ferr);
 			pthread_mutex_lock(&ts->lock);
 			t->fetching = 0;
 			t->fetch_gen++;
@@ -519,10 +519,10 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 			if (fr == 0) {
 				fetched = 1;
 				t->local = 1;
-				tref_free(&t->tref);
-				t->tref = *r;
-				if (r->env)
-					json_incref(r->env);
+				template_ref_free(&t->ref);
+				t->ref = *ref;
+				if (ref->env)
+					json_incref(ref->env);
 				if (t->lock_fd < 0)
 					t->lock_fd = template_lock_shared(t->dir);
 			}
@@ -569,7 +569,7 @@ int template_acquire(struct template_store *ts, const struct tref *tref, int nee
 		pthread_mutex_unlock(&ts->lock);
 		return -1;
 	}
-	use_fill(t, tref ? tref : (t->builtin ? NULL : &t->tref), need_net, out);
+	use_fill(t, ref ? ref : (t->builtin ? NULL : &t->ref), need_net, out);
 	if (!t->builtin)
 		template_touch_used(t->dir);
 	pthread_mutex_unlock(&ts->lock);
@@ -654,41 +654,41 @@ fail:
 	return -1;
 }
 
-int template_install(struct template_store *ts, const char *path, const struct tref *tref, struct kiln_err *err)
+int template_install(struct template_store *ts, const char *path, const struct template_ref *ref, struct kiln_err *err)
 {
 	char dir[PATH_MAX + 80], fin[PATH_MAX + 96];
 	struct template *t;
 
-	if (tref->builtin)
+	if (ref->builtin)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot install a built-in");
-	if (template_verify_file(path, tref, err) < 0)
+	if (template_verify_file(path, ref, err) < 0)
 		return -1;
-	snprintf(dir, sizeof(dir), "%s/%s", ts->tdir, tref->sha256);
+	snprintf(dir, sizeof(dir), "%s/%s", ts->tdir, ref->sha256);
 	snprintf(fin, sizeof(fin), "%s/rootfs.ext4", dir);
 	if (fs_mkdir_p(dir, 0755) < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", dir, strerror(errno));
 	{
 		struct stat st;
 
-		if (stat(fin, &st) == 0 && (uint64_t)st.st_size == tref->size) {
+		if (stat(fin, &st) == 0 && (uint64_t)st.st_size == ref->size) {
 			/* The same image is here already (its name is its hash): the
 			 * file in place, perhaps backing running VMs, stays. */
 			unlink(path);
-		} else if (chmod(path, 0444) < 0 || write_meta(dir, tref, err) < 0 || move_file(path, fin) < 0) {
+		} else if (chmod(path, 0444) < 0 || write_meta(dir, ref, err) < 0 || move_file(path, fin) < 0) {
 			return kiln_err_set(err, KERR_HOST_ERROR, "cannot install %s: %s", fin, strerror(errno));
 		}
 	}
 	template_touch_used(dir);
 	pthread_mutex_lock(&ts->lock);
-	t = template_find_locked(ts, tref);
+	t = template_find_locked(ts, ref);
 	if (!t)
-		t = entry_new(ts, tref->name, 0, tref->sha256);
+		t = entry_new(ts, ref->name, 0, ref->sha256);
 	if (t && !t->local) {
 		t->local = 1;
-		tref_free(&t->tref);
-		t->tref = *tref;
-		if (tref->env)
-			json_incref(tref->env);
+		template_ref_free(&t->ref);
+		t->ref = *ref;
+		if (ref->env)
+			json_incref(ref->env);
 	}
 	pthread_mutex_unlock(&ts->lock);
 	return 0;

@@ -26,7 +26,7 @@
 #include "buf.h"
 #include "err.h"
 #include "s3.h"
-#include "tref.h"
+#include "template_ref.h"
 #include "vm/vm.h"
 
 struct pool;
@@ -78,12 +78,12 @@ struct template_use {
 	uint32_t uid, gid;
 };
 
-/* Quick admission check for tref (NULL: default), no I/O but stat: 0, or
+/* Quick admission check for ref (NULL: default), no I/O but stat: 0, or
  * -1 with err no_template (a built-in this host lacks) or no_s3 (a customer
  * template that is not here and no S3 to fetch it from: have_s3 0). */
-int template_check(struct template_store *ts, const struct tref *tref, int have_s3, struct kiln_err *err);
+int template_check(struct template_store *ts, const struct template_ref *ref, int have_s3, struct kiln_err *err);
 
-/* Take tref's template for one user (NULL: default), making it ready first:
+/* Take ref's template for one user (NULL: default), making it ready first:
  * fetched from S3 (s3 may be NULL when it is local) into a temporary file,
  * its SHA-256 verified, renamed into the store; then its snapshot (and with
  * need_net its NIC snapshot) opened or made. Concurrent callers for one
@@ -91,14 +91,14 @@ int template_check(struct template_store *ts, const struct tref *tref, int have_
  * (never evicted) until template_release. Returns 0, or -1 with err:
  * no_template, s3_* (fetch), invalid_image (SHA-256 or size mismatch: the
  * file is removed, never used), host_error. Blocks; any thread. */
-int template_acquire(struct template_store *ts, const struct tref *tref, int need_net, const struct s3_config *s3,
+int template_acquire(struct template_store *ts, const struct template_ref *ref, int need_net, const struct s3_config *s3,
 		     struct template_use *out, struct kiln_err *err);
 void template_release(struct template_store *ts, struct template_use *u);
 
 /* Install a built image (path, on the cache's file system) as the customer
- * template tref describes (its sha256 and size must match the file): moved
+ * template ref describes (its sha256 and size must match the file): moved
  * into the store (mode 0444) with its meta.json. 0 or -1 with err. */
-int template_install(struct template_store *ts, const char *path, const struct tref *tref, struct kiln_err *err);
+int template_install(struct template_store *ts, const char *path, const struct template_ref *ref, struct kiln_err *err);
 
 /* The default built-in image's path (builds start from it). */
 const char *template_default_rootfs(const struct template_store *ts);
@@ -126,9 +126,9 @@ int template_store_gc(struct template_store *ts, int force);
 
 /* Hash the file at path (SHA-256, lowercase hex) and its size. 0 or -errno. */
 int template_file_sha256(const char *path, char hex[65], uint64_t *size);
-/* Verify path against tref (size, then SHA-256): 0, or -1 with err
+/* Verify path against ref (size, then SHA-256): 0, or -1 with err
  * invalid_image saying which differs. */
-int template_verify_file(const char *path, const struct tref *tref, struct kiln_err *err);
+int template_verify_file(const char *path, const struct template_ref *ref, struct kiln_err *err);
 
 /* One candidate for eviction: a cache entry and what it occupies. */
 struct template_lru {

@@ -78,7 +78,7 @@ out:
 	return r;
 }
 
-int template_verify_file(const char *path, const struct tref *tref, struct kiln_err *err)
+int template_verify_file(const char *path, const struct template_ref *ref, struct kiln_err *err)
 {
 	char hex[65];
 	uint64_t size = 0;
@@ -86,14 +86,14 @@ int template_verify_file(const char *path, const struct tref *tref, struct kiln_
 
 	if (r < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(-r));
-	if (size != tref->size)
+	if (size != ref->size)
 		return kiln_err_set(err, KERR_INVALID_IMAGE,
 				    "template %s: the image is %llu bytes, the reference says %llu (refused, not used)",
-				    tref->name, (unsigned long long)size, (unsigned long long)tref->size);
-	if (strcmp(hex, tref->sha256))
+				    ref->name, (unsigned long long)size, (unsigned long long)ref->size);
+	if (strcmp(hex, ref->sha256))
 		return kiln_err_set(err, KERR_INVALID_IMAGE,
 				    "template %s: sha256 mismatch: the image hashes to %s, the reference says %s (refused, not used)",
-				    tref->name, hex, tref->sha256);
+				    ref->name, hex, ref->sha256);
 	return 0;
 }
 

@@ -31,11 +31,11 @@ void template_entry_unload_locked(struct template *t)
 
 void template_entry_free(struct template *t)
 {
-	tref_free(&t->tref);
+	template_ref_free(&t->ref);
 	free(t);
 }
 
-struct template *template_find_locked(struct template_store *ts, const struct tref *r)
+struct template *template_find_locked(struct template_store *ts, const struct template_ref *r)
 {
 	for (struct template *t = ts->list; t; t = t->next) {
 		if (r->builtin ? t->builtin && !strcmp(t->name, r->name) : !t->builtin && !strcmp(t->sha256, r->sha256))

@@ -114,10 +114,10 @@ int template_store_gc(struct template_store *ts, int force)
 		goto out;
 	while ((e = readdir(d))) {
 		char td[PATH_MAX + 80];
-		struct tref r;
+		struct template_ref r;
 		struct template *t;
 
-		if (!tref_hex64_ok(e->d_name))
+		if (!template_ref_hex64_ok(e->d_name))
 			continue;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 16;
@@ -170,7 +170,7 @@ int template_store_gc(struct template_store *ts, int force)
 	nidx = template_lru_choose(lru, n, total, ts->cfg.disk_budget_mib << 20, idx);
 	for (size_t i = 0; i < nidx; i++) {
 		char td[PATH_MAX + 80];
-		struct tref r;
+		struct template_ref r;
 		struct template *t, **pp;
 
 		memset(&r, 0, sizeof(r));

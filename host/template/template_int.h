@@ -21,7 +21,7 @@ struct template {
 	char sha256[65];
 	char dir[PATH_MAX];        /* customer: <cache>/templates/<sha256> */
 	char rootfs[PATH_MAX];
-	struct tref tref;          /* the customer template's meta.json (env decref'd with it) */
+	struct template_ref ref;          /* the customer template's meta.json (env decref'd with it) */
 	struct vm_config vmc;      /* base with this rootfs (pools keep pointers into it) */
 	int local;                 /* the image is on disk, verified */
 	int fetching, snapping;    /* slow work under way, the lock released */
@@ -64,6 +64,6 @@ int template_remove_unlocked(const char *dir);
 
 void template_entry_unload_locked(struct template *t);
 void template_entry_free(struct template *t);
-struct template *template_find_locked(struct template_store *ts, const struct tref *r);
+struct template *template_find_locked(struct template_store *ts, const struct template_ref *r);
 
 #endif

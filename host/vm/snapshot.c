@@ -119,23 +119,6 @@ int snapshot_run_cmd(char *const argv[])
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
-static int expect_ok(struct vm *vm, uint8_t want, int64_t deadline, const char *what, struct kiln_err *err)
-{
-	struct proto_frame f;
-
-	if (vm_recv(vm, &f, deadline, err) < 0)
-		return -1;
-	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
-		return 0;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
-	}
-	return kiln_err_set(err, KERR_VM_ERROR, "%s: unexpected frame 0x%02x", what, f.type);
-}
-
 /* Wait for the MIGRATION event that ends a migration, either way; it may
  * have come already, while the command that started it was answered. */
 static int wait_migration(struct vm *vm, int64_t deadline, struct kiln_err *err)
@@ -256,7 +239,7 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 	if (verbose)
 		fprintf(stderr, "[snapshot] booted in %lld ms; pre-starting Python\n", (long long)(proto_now_ms() - t0));
 	if (vm_send(&vm, PROTO_PREPARE, NULL, 0, proto_now_ms() + 10000, err) < 0 ||
-	    expect_ok(&vm, PROTO_PREPARE, proto_now_ms() + SNAP_PREPARE_TIMEOUT_MS, "prepare", err) < 0)
+	    vm_recv_ok(&vm, PROTO_PREPARE, proto_now_ms() + SNAP_PREPARE_TIMEOUT_MS, "prepare", err) < 0)
 		goto out;
 	/* Every clone inherits the guest caches this fills (no disk reads for
 	 * the task path after a restore). */

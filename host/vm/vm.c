@@ -717,6 +717,22 @@ static int vm_gone(struct vm *vm, struct kiln_err *err, const char *when)
 			    tail[0] ? ": " : "", tail);
 }
 
+/* The kiln error for wait_readable's answer n (0 or negative): a timeout
+ * while waiting for `peer`, a stop request, waiting input, QEMU gone (`when`
+ * says during what) or poll's own failure. Returns -1. */
+static int wait_err(struct vm *vm, int n, const char *peer, const char *when, struct kiln_err *err)
+{
+	if (n == -ETIMEDOUT)
+		return kiln_err_set(err, KERR_TIMEOUT, "timed out waiting for %s", peer);
+	if (n == -ECANCELED)
+		return kiln_err_set(err, KERR_INTERRUPTED, "kiln-host was asked to stop");
+	if (n == -EAGAIN)
+		return kiln_err_set(err, KERR_INPUT, "input for the guest is waiting");
+	if (n == 0)
+		return vm_gone(vm, err, when);
+	return kiln_err_set(err, KERR_HOST_ERROR, "poll: %s", strerror(-n));
+}
+
 /* One frame from the agent channel, whatever its type. */
 static int recv_frame(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err)
 {
@@ -737,16 +753,8 @@ static int recv_frame(struct vm *vm, struct proto_frame *f, int64_t deadline_ms,
 			return 0;
 		}
 		n = wait_readable(vm, vm->agent_fd, deadline_ms);
-		if (n == -ETIMEDOUT)
-			return kiln_err_set(err, KERR_TIMEOUT, "timed out waiting for the guest");
-		if (n == -ECANCELED)
-			return kiln_err_set(err, KERR_INTERRUPTED, "kiln-host was asked to stop");
-		if (n == -EAGAIN)
-			return kiln_err_set(err, KERR_INPUT, "input for the guest is waiting");
-		if (n == 0)
-			return vm_gone(vm, err, "while the guest was running");
-		if (n < 0)
-			return kiln_err_set(err, KERR_HOST_ERROR, "poll: %s", strerror((int)-n));
+		if (n <= 0)
+			return wait_err(vm, (int)n, "the guest", "while the guest was running", err);
 		n = read(vm->agent_fd, vm->rbuf + vm->rlen, PROTO_MAX_FRAME - vm->rlen);
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
@@ -803,16 +811,8 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 		if (vm->qlen >= QMP_MAX_LINE)
 			return kiln_err_set(err, KERR_VM_ERROR, "QMP message longer than %d bytes", QMP_MAX_LINE);
 		n = wait_readable(vm, vm->qmp_fd, deadline_ms);
-		if (n == -ETIMEDOUT)
-			return kiln_err_set(err, KERR_TIMEOUT, "timed out waiting for QMP");
-		if (n == -ECANCELED)
-			return kiln_err_set(err, KERR_INTERRUPTED, "kiln-host was asked to stop");
-		if (n == -EAGAIN)
-			return kiln_err_set(err, KERR_INPUT, "input for the guest is waiting");
-		if (n == 0)
-			return vm_gone(vm, err, "during a QMP exchange");
-		if (n < 0)
-			return kiln_err_set(err, KERR_HOST_ERROR, "poll: %s", strerror((int)-n));
+		if (n <= 0)
+			return wait_err(vm, (int)n, "QMP", "during a QMP exchange", err);
 		n = read(vm->qmp_fd, vm->qbuf + vm->qlen, QMP_MAX_LINE - vm->qlen);
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
@@ -822,19 +822,14 @@ static int qmp_read_msg(struct vm *vm, struct qmp_msg *m, int64_t deadline_ms, s
 	}
 }
 
-int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
+/* Wait for the answer to cmd, just sent: its "return" member into *ret (a
+ * new reference; ret may be NULL), or err from its "error". Events and
+ * stray greetings in between are skipped; a MIGRATION status is kept for
+ * whoever waits for the migration's end. Returns 0 or -1 with err set. */
+static int qmp_answer(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
 {
-	size_t len = strlen(cmd);
 	struct qmp_msg m;
-	int r;
 
-	if (ret)
-		*ret = NULL;
-	r = proto_write_all(vm->qmp_fd, cmd, len, deadline_ms);
-	if (r == 0)
-		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
-	if (r < 0)
-		return kiln_err_set(err, KERR_VM_ERROR, "QMP send: %s", strerror(-r));
 	for (;;) {
 		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
 			return -1;
@@ -849,13 +844,26 @@ int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, st
 			qmp_msg_free(&m);
 			return -1;
 		}
-		/* Events and stray greetings; a MIGRATION status is kept for
-		 * whoever waits for the migration's end. */
 		if (m.kind == QMP_EVENT && !strcmp(m.event, "MIGRATION"))
 			snprintf(vm->migration, sizeof(vm->migration), "%s",
 				 json_string_value(json_object_get(json_object_get(m.root, "data"), "status")) ?: "");
 		qmp_msg_free(&m);
 	}
+}
+
+int vm_qmp(struct vm *vm, const char *cmd, int64_t deadline_ms, json_t **ret, struct kiln_err *err)
+{
+	size_t len = strlen(cmd);
+	int r;
+
+	if (ret)
+		*ret = NULL;
+	r = proto_write_all(vm->qmp_fd, cmd, len, deadline_ms);
+	if (r == 0)
+		r = proto_write_all(vm->qmp_fd, "\n", 1, deadline_ms);
+	if (r < 0)
+		return kiln_err_set(err, KERR_VM_ERROR, "QMP send: %s", strerror(-r));
+	return qmp_answer(vm, cmd, deadline_ms, ret, err);
 }
 
 void vm_qmp_migration_reset(struct vm *vm)
@@ -893,7 +901,6 @@ int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, json_
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
 			      .msg_controllen = sizeof(ctl.buf) };
 	struct cmsghdr *c;
-	struct qmp_msg m;
 	int n = snprintf(line, sizeof(line), "%s\n", cmd);
 
 	if (ret)
@@ -924,22 +931,7 @@ int vm_qmp_fd(struct vm *vm, const char *cmd, int fd, int64_t deadline_ms, json_
 		}
 		return kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, w < 0 ? strerror(errno) : "short write");
 	}
-	for (;;) {
-		if (qmp_read_msg(vm, &m, deadline_ms, err) < 0)
-			return -1;
-		if (m.kind == QMP_RETURN) {
-			if (ret)
-				*ret = json_incref(m.ret);
-			qmp_msg_free(&m);
-			return 0;
-		}
-		if (m.kind == QMP_ERROR) {
-			kiln_err_set(err, KERR_VM_ERROR, "QMP %s: %s", cmd, m.errdesc);
-			qmp_msg_free(&m);
-			return -1;
-		}
-		qmp_msg_free(&m);
-	}
+	return qmp_answer(vm, cmd, deadline_ms, ret, err);
 }
 
 int vm_qmp_getfd(struct vm *vm, const char *name, int fd, int64_t deadline_ms, struct kiln_err *err)
@@ -968,21 +960,31 @@ int vm_setup_send(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
 	return vm_send(vm, PROTO_SETUP, buf, (size_t)n, deadline_ms, err);
 }
 
-int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+int vm_frame_err(const struct proto_frame *f, const char *what, struct kiln_err *err)
+{
+	if (f->type == PROTO_ERROR) {
+		struct proto_error e;
+
+		if (proto_error_decode(f->payload, f->len, &e) == 0)
+			return kiln_err_set(err, KERR_GUEST_ERROR, "%s: %s", what, e.message);
+	}
+	return kiln_err_set(err, KERR_VM_ERROR, "%s: unexpected frame type 0x%02x from the guest", what, f->type);
+}
+
+int vm_recv_ok(struct vm *vm, uint8_t want, int64_t deadline_ms, const char *what, struct kiln_err *err)
 {
 	struct proto_frame f;
 
 	if (vm_recv(vm, &f, deadline_ms, err) < 0)
 		return -1;
-	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == PROTO_SETUP)
+	if (f.type == PROTO_OK && f.len == 1 && f.payload[0] == want)
 		return 0;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
+	return vm_frame_err(&f, what, err);
+}
 
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(err, KERR_GUEST_ERROR, "setup: %s", e.message);
-	}
-	return kiln_err_set(err, KERR_VM_ERROR, "setup: unexpected frame type 0x%02x from the guest", f.type);
+int vm_setup_recv(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
+{
+	return vm_recv_ok(vm, PROTO_SETUP, deadline_ms, "setup", err);
 }
 
 int vm_setup(struct vm *vm, int64_t deadline_ms, struct kiln_err *err)
@@ -998,13 +1000,7 @@ int vm_procs(struct vm *vm, int64_t deadline_ms, uint32_t *count, uint32_t *pid,
 		return -1;
 	if (f.type == PROTO_PROCS && proto_procs_decode(f.payload, f.len, count, pid) == 0)
 		return 0;
-	if (f.type == PROTO_ERROR) {
-		struct proto_error e;
-
-		if (proto_error_decode(f.payload, f.len, &e) == 0)
-			return kiln_err_set(err, KERR_GUEST_ERROR, "procs: %s", e.message);
-	}
-	return kiln_err_set(err, KERR_VM_ERROR, "procs: unexpected frame type 0x%02x from the guest", f.type);
+	return vm_frame_err(&f, "procs", err);
 }
 
 int vm_set_nice(const struct vm *vm, int nice)

@@ -138,6 +138,16 @@ int vm_start(const struct vm_config *cfg, struct vm *vm, struct kiln_err *err);
  * Returns 0, or -1 with err set (timeout, QEMU exited, protocol error). */
 int vm_recv(struct vm *vm, struct proto_frame *f, int64_t deadline_ms, struct kiln_err *err);
 
+/* Receive the next agent frame and expect the guest's OK for the request
+ * of type want; anything else becomes the error vm_frame_err sets, `what`
+ * naming the request. Returns 0 or -1 with err set. */
+int vm_recv_ok(struct vm *vm, uint8_t want, int64_t deadline_ms, const char *what, struct kiln_err *err);
+
+/* Set err for an agent frame that is not the answer wanted: the guest's
+ * ERROR ("what: its message", KERR_GUEST_ERROR) or an unexpected type
+ * (KERR_VM_ERROR). Returns -1, so callers can `return vm_frame_err(...)`. */
+int vm_frame_err(const struct proto_frame *f, const char *what, struct kiln_err *err);
+
 /* Send one agent frame. Returns 0 or -1 with err set. */
 int vm_send(struct vm *vm, uint8_t type, const void *payload, size_t len, int64_t deadline_ms,
 	    struct kiln_err *err);

@@ -10,7 +10,7 @@
 
 #include "hostd.h"
 #include "spec.h"
-#include "tref.h"
+#include "template_ref.h"
 #include "spool.h"
 #include "fuzz.h"
 
@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct kiln_err err = { .code = "" };
 	const char *id, *customer;
-	json_t *spec, *tmpl, *j = hostd_request_parse((const char *)data, size, &id, &customer, &spec, &tmpl, &err);
+	json_t *spec, *template, *j = hostd_request_parse((const char *)data, size, &id, &customer, &spec, &template, &err);
 
 	if (!j) {
 		check(err.code[0] && err.message[0]);
@@ -26,11 +26,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	check(id && customer && spec);
-	if (tmpl) {
-		struct tref t;
+	if (template) {
+		struct template_ref t;
 
-		if (tref_parse_json(tmpl, &t, &err) == 0)
-			tref_free(&t);
+		if (template_ref_parse_json(template, &t, &err) == 0)
+			template_ref_free(&t);
 		else
 			check(err.message[0]);
 	}

@@ -238,7 +238,7 @@ u=$(users)
 check "the session is destroyed ($st); the template is free (users ${u:-none})" \
 	eval '{ [ "$st" = 200 ] || [ "$st" = 204 ]; } && [ "$u" = 0 ]'
 
-# --- builds: the framework's failure reporting (tbuild_* do the work) ---
+# --- builds: the framework's failure reporting (template_build_* do the work) ---
 wait_build() { # ID SECONDS: the build's JSON in $T_TMP/build-ID.json once not building
 	local deadline=$((SECONDS + $2))
 	while [ $SECONDS -lt $deadline ]; do
@@ -249,7 +249,7 @@ wait_build() { # ID SECONDS: the build's JSON in $T_TMP/build-ID.json once not b
 	return 1
 }
 vcpus_before=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)
-# A recipe whose step fails: build_failed, whatever tbuild_recipe's stage (a
+# A recipe whose step fails: build_failed, whatever template_build_recipe's stage (a
 # placeholder fails every build as build_failed; the real one names the step).
 st=$(api POST /v1/builds -H 'Content-Type: application/json' \
 	--data-binary '{"id":"b1","customer":"acme","recipe":{"name":"broken","from":"debian","run":["exit 3"]},"timeout_s":600}')

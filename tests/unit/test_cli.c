@@ -277,7 +277,7 @@ static void test_untar_hostile(void **state)
 }
 
 /* argv for cli_template_build_args from a NULL-terminated list. */
-static int tbuild_args(struct cli_template_args *a, char *msg, ...)
+static int template_build_args(struct cli_template_args *a, char *msg, ...)
 {
 	static char *argv[40];
 	int argc = 0;
@@ -297,7 +297,7 @@ static void test_template_build_args(void **state)
 	struct cli_template_args a;
 	char msg[300];
 
-	assert_int_equal(tbuild_args(&a, msg, "--name", "data", "--packages", "python3-numpy,jq", "--packages=curl",
+	assert_int_equal(template_build_args(&a, msg, "--name", "data", "--packages", "python3-numpy,jq", "--packages=curl",
 				     "--run", "echo hi > /etc/hi", "--preload", "numpy", "--no-wait", NULL),
 			 0);
 	assert_string_equal(a.name, "data");
@@ -307,42 +307,42 @@ static void test_template_build_args(void **state)
 	assert_int_equal(a.no_wait, 1);
 	assert_null(a.recipe_file);
 	assert_null(a.oci);
-	assert_int_equal(tbuild_args(&a, msg, "recipe.json", "--json", NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, "recipe.json", "--json", NULL), 0);
 	assert_string_equal(a.recipe_file, "recipe.json");
 	assert_null(a.name);
 	assert_int_equal(a.json, 1);
-	assert_int_equal(tbuild_args(&a, msg, "--oci", "img.tar", "--name", "img", NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, "--oci", "img.tar", "--name", "img", NULL), 0);
 	assert_string_equal(a.oci, "img.tar");
-	assert_int_equal(tbuild_args(&a, msg, "--help", NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, "--help", NULL), 0);
 	assert_int_equal(a.help, 1);
 	/* Refusals say why. */
-	assert_int_equal(tbuild_args(&a, msg, NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, NULL), -1);
 	assert_non_null(strstr(msg, "nothing to build"));
-	assert_int_equal(tbuild_args(&a, msg, "--packages", "jq", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--packages", "jq", NULL), -1);
 	assert_non_null(strstr(msg, "--name is needed"));
-	assert_int_equal(tbuild_args(&a, msg, "--oci", "img.tar", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--oci", "img.tar", NULL), -1);
 	assert_non_null(strstr(msg, "--name is needed"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "Data", "--packages", "jq", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "Data", "--packages", "jq", NULL), -1);
 	assert_non_null(strstr(msg, "--name Data"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--oci", "i.tar", "--packages", "jq", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--oci", "i.tar", "--packages", "jq", NULL), -1);
 	assert_non_null(strstr(msg, "--oci"));
-	assert_int_equal(tbuild_args(&a, msg, "r.json", "--run", "true", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "r.json", "--run", "true", NULL), -1);
 	assert_non_null(strstr(msg, "not both"));
-	assert_int_equal(tbuild_args(&a, msg, "r.json", "s.json", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "r.json", "s.json", NULL), -1);
 	assert_non_null(strstr(msg, "one recipe file"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", "local.txt", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--file", "local.txt", NULL), -1);
 	assert_non_null(strstr(msg, "LOCAL:/"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", "local.txt:etc/x", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--file", "local.txt:etc/x", NULL), -1);
 	assert_non_null(strstr(msg, "LOCAL:/"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--env", "NOEQUALS", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--env", "NOEQUALS", NULL), -1);
 	assert_non_null(strstr(msg, "NAME=VALUE"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--workdir", "rel", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--workdir", "rel", NULL), -1);
 	assert_non_null(strstr(msg, "absolute"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--run", "", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--run", "", NULL), -1);
 	assert_non_null(strstr(msg, "empty"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--bogus", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--bogus", NULL), -1);
 	assert_non_null(strstr(msg, "--bogus: unknown option"));
-	assert_int_equal(tbuild_args(&a, msg, "--name", NULL), -1);
+	assert_int_equal(template_build_args(&a, msg, "--name", NULL), -1);
 	assert_non_null(strstr(msg, "expects a value"));
 	{
 		/* More --run steps than a recipe may hold. */
@@ -379,7 +379,7 @@ static void test_template_recipe(void **state)
 	fclose(fp);
 	assert_int_equal(chmod(local, 0750), 0);
 	snprintf(farg, sizeof(farg), "%s:/usr/local/bin/hello", local);
-	assert_int_equal(tbuild_args(&a, msg, "--name", "data", "--packages", "python3-numpy, jq", "--packages",
+	assert_int_equal(template_build_args(&a, msg, "--name", "data", "--packages", "python3-numpy, jq", "--packages",
 				     "curl", "--run", "echo built > /etc/built", "--run", "hello", "--file", farg,
 				     "--preload", "numpy,pandas", "--env", "LANG=C.UTF-8", "--env", "X=a=b", "--workdir",
 				     "/srv", NULL),
@@ -415,7 +415,7 @@ static void test_template_recipe(void **state)
 	json_decref(r);
 
 	/* Only the keys given: --packages alone. */
-	assert_int_equal(tbuild_args(&a, msg, "--name", "p", "--packages", "jq", NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, "--name", "p", "--packages", "jq", NULL), 0);
 	r = cli_template_recipe(&a, msg, sizeof(msg));
 	assert_non_null(r);
 	assert_int_equal(json_object_size(r), 3);
@@ -423,7 +423,7 @@ static void test_template_recipe(void **state)
 
 	/* A missing local file, a bad package list: refused before any request. */
 	snprintf(farg, sizeof(farg), "%s/nope:/etc/x", dir);
-	assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--file", farg, NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, "--name", "x", "--file", farg, NULL), 0);
 	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
 	assert_non_null(strstr(msg, "No such file"));
 	{
@@ -431,7 +431,7 @@ static void test_template_recipe(void **state)
 
 		memset(big, 'a', sizeof(big));
 		big[sizeof(big) - 1] = '\0';
-		assert_int_equal(tbuild_args(&a, msg, "--name", "x", "--packages", big, NULL), 0);
+		assert_int_equal(template_build_args(&a, msg, "--name", "x", "--packages", big, NULL), 0);
 		assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
 		assert_non_null(strstr(msg, "longer than 100 bytes"));
 	}
@@ -442,20 +442,20 @@ static void test_template_recipe(void **state)
 	fp = fopen(rfile, "w");
 	fputs("{\"name\":\"fromfile\",\"packages\":[\"jq\"],\"run\":[\"true\"]}", fp);
 	fclose(fp);
-	assert_int_equal(tbuild_args(&a, msg, rfile, NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, rfile, NULL), 0);
 	r = cli_template_recipe(&a, msg, sizeof(msg));
 	assert_non_null(r);
 	assert_string_equal(json_string_value(json_object_get(r, "name")), "fromfile");
 	assert_int_equal(json_array_size(json_object_get(r, "run")), 1);
 	json_decref(r);
-	assert_int_equal(tbuild_args(&a, msg, rfile, "--name", "renamed", NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, rfile, "--name", "renamed", NULL), 0);
 	r = cli_template_recipe(&a, msg, sizeof(msg));
 	assert_string_equal(json_string_value(json_object_get(r, "name")), "renamed");
 	json_decref(r);
 	fp = fopen(rfile, "w");
 	fputs("{\"packages\":[\"jq\"]}", fp);
 	fclose(fp);
-	assert_int_equal(tbuild_args(&a, msg, rfile, NULL), 0);
+	assert_int_equal(template_build_args(&a, msg, rfile, NULL), 0);
 	assert_null(cli_template_recipe(&a, msg, sizeof(msg)));
 	assert_non_null(strstr(msg, "no \"name\""));
 	fp = fopen(rfile, "w");

@@ -29,7 +29,7 @@
 
 #include "fsutil.h"
 #include "jail.h"
-#include "jail_priv.h"
+#include "jail_int.h"
 
 static char dir[64];
 

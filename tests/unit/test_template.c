@@ -20,7 +20,7 @@
 #include <jansson.h>
 
 #include "buf.h"
-#include "builds.h"
+#include "template_builds.h"
 #include "fsutil.h"
 #include "template.h"
 
@@ -53,17 +53,17 @@ static void write_file(const char *path, const char *text, size_t len)
 	fclose(f);
 }
 
-static int parse(const char *text, struct tref *t, struct kiln_err *err)
+static int parse(const char *text, struct template_ref *t, struct kiln_err *err)
 {
-	return tref_parse(text, strlen(text), t, err);
+	return template_ref_parse(text, strlen(text), t, err);
 }
 
 #define SHA_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
-static void test_tref_parse(void **state)
+static void test_template_ref_parse(void **state)
 {
 	struct kiln_err err = { .code = "" };
-	struct tref t;
+	struct template_ref t;
 	static const struct {
 		const char *text, *msg;
 	} bad[] = {
@@ -89,7 +89,7 @@ static void test_tref_parse(void **state)
 	assert_string_equal(t.name, "python-data");
 	assert_true(t.builtin);
 	assert_false(t.user_set);
-	tref_free(&t);
+	template_ref_free(&t);
 
 	assert_int_equal(parse("{\"name\":\"data\",\"sha256\":\"" SHA_A "\",\"size\":123,\"s3_key\":\"_templates/" SHA_A
 			       ".ext4\",\"env\":[\"LANG=C.UTF-8\"],\"workdir\":\"/work\",\"uid\":0,\"gid\":0}",
@@ -103,19 +103,19 @@ static void test_tref_parse(void **state)
 	assert_int_equal(json_array_size(t.env), 1);
 	{
 		/* It round-trips (meta.json, build results). */
-		json_t *j = tref_json(&t);
+		json_t *j = template_ref_json(&t);
 		char *s = json_dumps(j, JSON_COMPACT);
-		struct tref b;
+		struct template_ref b;
 
 		assert_int_equal(parse(s, &b, &err), 0);
 		assert_string_equal(b.sha256, t.sha256);
 		assert_int_equal(b.uid, 0);
 		assert_true(b.user_set);
-		tref_free(&b);
+		template_ref_free(&b);
 		free(s);
 		json_decref(j);
 	}
-	tref_free(&t);
+	template_ref_free(&t);
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		memset(&err, 0, sizeof(err));
@@ -152,7 +152,7 @@ static void test_lru_choose(void **state)
 }
 
 /* A fake image, its SHA-256 and a TREF for it. */
-static void make_image(const char *path, const char *content, struct tref *t, const char *name)
+static void make_image(const char *path, const char *content, struct template_ref *t, const char *name)
 {
 	char hex[65];
 	uint64_t size;
@@ -169,7 +169,7 @@ static void make_image(const char *path, const char *content, struct tref *t, co
 static void test_verify(void **state)
 {
 	char p[256];
-	struct tref t;
+	struct template_ref t;
 	struct kiln_err err = { .code = "" };
 
 	snprintf(p, sizeof(p), "%s/img", root);
@@ -203,7 +203,7 @@ static void test_store_install_evict(void **state)
 	struct template_store_config cfg = { 0 };
 	struct template_store *ts;
 	struct kiln_err err = { .code = "" };
-	struct tref a, b, c, bad;
+	struct template_ref a, b, c, bad;
 	struct template_use use;
 	json_t *list;
 	static char big[400000];
@@ -242,7 +242,7 @@ static void test_store_install_evict(void **state)
 	 * stays, the new one goes. */
 	{
 		char shm[64], fin[600];
-		struct tref again;
+		struct template_ref again;
 		struct stat st1, st2;
 
 		snprintf(shm, sizeof(shm), "/dev/shm/kiln-test-template-%d", (int)getpid());
@@ -254,7 +254,7 @@ static void test_store_install_evict(void **state)
 		assert_int_equal(stat(fin, &st2), 0);
 		assert_true(st1.st_ino == st2.st_ino);
 		assert_int_equal(access(shm, F_OK), -1);
-		tref_free(&again);
+		template_ref_free(&again);
 	}
 	/* A file that is not what its reference says is refused. */
 	snprintf(p, sizeof(p), "%s/cache/new-bad", root);
@@ -280,10 +280,10 @@ static void test_store_install_evict(void **state)
 
 	/* Built-ins: the one it has, refused for the one it lacks. */
 	{
-		struct tref pd, none;
+		struct template_ref pd, none;
 
-		tref_builtin(&pd, "python-data");
-		tref_builtin(&none, "nope");
+		template_ref_builtin(&pd, "python-data");
+		template_ref_builtin(&none, "nope");
 		assert_int_equal(template_check(ts, &pd, 0, &err), 0);
 		assert_int_equal(template_check(ts, &none, 1, &err), -1);
 		assert_string_equal(err.code, "no_template");
@@ -292,7 +292,7 @@ static void test_store_install_evict(void **state)
 	}
 	/* Not here, no S3: refused without a trace in the store. */
 	{
-		struct tref far = a;
+		struct template_ref far = a;
 		char farp[600];
 
 		memset(far.sha256, 'e', 64);
@@ -337,7 +337,7 @@ static void test_store_install_evict(void **state)
 	assert_non_null(ts);
 	{
 		char shm[64], fin[600];
-		struct tref x;
+		struct template_ref x;
 
 		snprintf(shm, sizeof(shm), "/dev/shm/kiln-test-template-%d", (int)getpid());
 		big[0] = 'x';
@@ -346,13 +346,13 @@ static void test_store_install_evict(void **state)
 		snprintf(fin, sizeof(fin), "%s/templates/%s/rootfs.ext4", cache, x.sha256);
 		assert_int_equal(template_verify_file(fin, &x, &err), 0);
 		assert_int_equal(access(shm, F_OK), -1);
-		tref_free(&x);
+		template_ref_free(&x);
 	}
 	template_store_close(ts);
-	tref_free(&a);
-	tref_free(&b);
-	tref_free(&c);
-	tref_free(&bad);
+	template_ref_free(&a);
+	template_ref_free(&b);
+	template_ref_free(&c);
+	template_ref_free(&bad);
 }
 
 static void test_snapshot_ttl(void **state)
@@ -405,30 +405,30 @@ static void test_snapshot_ttl(void **state)
 	close(fd);
 }
 
-/* builds_host_mirror reads the host's apt sources as build-rootfs.sh does. */
+/* template_builds_host_mirror reads the host's apt sources as build-rootfs.sh does. */
 static void test_host_mirror(void **state)
 {
 	char r[256], p[512], m[512];
 
 	snprintf(r, sizeof(r), "%s/etc-root", root);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://deb.debian.org/debian");
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list.d", r);
 	assert_int_equal(fs_mkdir_p(p, 0755), 0);
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list", r);
 	write_file(p, "deb http://old.example/ubuntu jammy main\ndeb http://mirror.example/debian bookworm main\n", 88);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://mirror.example/debian");
 	snprintf(p, sizeof(p), "%s/etc/apt/sources.list.d/debian.sources", r);
 	write_file(p, "Types: deb\nURIs: http://deb822.example/debian/\nSuites: bookworm\n", 64);
-	builds_host_mirror(r, m, sizeof(m));
+	template_builds_host_mirror(r, m, sizeof(m));
 	assert_string_equal(m, "http://deb822.example/debian/");
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_tref_parse),
+		cmocka_unit_test(test_template_ref_parse),
 		cmocka_unit_test(test_lru_choose),
 		cmocka_unit_test(test_verify),
 		cmocka_unit_test(test_store_install_evict),

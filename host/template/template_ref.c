@@ -1,7 +1,7 @@
-/* tref: the template reference (TREF) kiln-api sends with tasks, sessions
+/* template_ref: the template reference (TREF) kiln-api sends with tasks, sessions
  * and build results (docs/templates.md, "kiln-api -> kiln-host"): parsed
  * from hostile-ish JSON with every field bounded, and written back. */
-#include "tref.h"
+#include "template_ref.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include "proto.h"
 #include "spec.h"
 
-int tref_hex64_ok(const char *s)
+int template_ref_hex64_ok(const char *s)
 {
 	size_t i;
 
@@ -20,7 +20,7 @@ int tref_hex64_ok(const char *s)
 	return i == 64;
 }
 
-static int tref_u32(json_t *v, const char *k, uint32_t *out, struct kiln_err *err)
+static int template_ref_u32(json_t *v, const char *k, uint32_t *out, struct kiln_err *err)
 {
 	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0xfffffffeLL)
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "template.%s: expected an integer 0..4294967294", k);
@@ -28,7 +28,7 @@ static int tref_u32(json_t *v, const char *k, uint32_t *out, struct kiln_err *er
 	return 0;
 }
 
-static int tref_str(json_t *v, const char *k, char *out, size_t cap, struct kiln_err *err)
+static int template_ref_str(json_t *v, const char *k, char *out, size_t cap, struct kiln_err *err)
 {
 	size_t n;
 
@@ -41,19 +41,19 @@ static int tref_str(json_t *v, const char *k, char *out, size_t cap, struct kiln
 	return 0;
 }
 
-static int tref_env(json_t *v, struct tref *out, struct kiln_err *err)
+static int template_ref_env(json_t *v, struct template_ref *out, struct kiln_err *err)
 {
 	size_t i;
 	json_t *e;
 
-	if (!json_is_array(v) || json_array_size(v) > TREF_MAX_ENV)
+	if (!json_is_array(v) || json_array_size(v) > TEMPLATE_REF_MAX_ENV)
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "template.env: expected an array of at most %d strings",
-				    TREF_MAX_ENV);
+				    TEMPLATE_REF_MAX_ENV);
 	json_array_foreach(v, i, e) {
 		const char *s = json_string_value(e);
 		size_t n = json_string_length(e), k;
 
-		if (!s || n == 0 || n > TREF_MAX_ENV_LEN || memchr(s, '\0', n))
+		if (!s || n == 0 || n > TEMPLATE_REF_MAX_ENV_LEN || memchr(s, '\0', n))
 			return kiln_err_set(err, KERR_INVALID_REQUEST, "template.env[%zu]: expected \"NAME=VALUE\"", i);
 		for (k = 0; k < n && s[k] != '='; k++)
 			if (!(s[k] == '_' || (s[k] >= 'A' && s[k] <= 'Z') || (s[k] >= 'a' && s[k] <= 'z') ||
@@ -66,7 +66,7 @@ static int tref_env(json_t *v, struct tref *out, struct kiln_err *err)
 	return 0;
 }
 
-int tref_parse_json(json_t *j, struct tref *out, struct kiln_err *err)
+int template_ref_parse_json(json_t *j, struct template_ref *out, struct kiln_err *err)
 {
 	const char *k;
 	json_t *v;
@@ -91,40 +91,40 @@ int tref_parse_json(json_t *j, struct tref *out, struct kiln_err *err)
 			}
 			out->builtin = json_is_true(v);
 		} else if (!strcmp(k, "sha256")) {
-			if (tref_str(v, k, out->sha256, sizeof(out->sha256), err) < 0)
+			if (template_ref_str(v, k, out->sha256, sizeof(out->sha256), err) < 0)
 				goto fail;
-			if (!tref_hex64_ok(out->sha256)) {
+			if (!template_ref_hex64_ok(out->sha256)) {
 				kiln_err_set(err, KERR_INVALID_REQUEST, "template.sha256: expected 64 lowercase hex digits");
 				goto fail;
 			}
 		} else if (!strcmp(k, "size")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    (uint64_t)json_integer_value(v) > TREF_MAX_SIZE) {
+			    (uint64_t)json_integer_value(v) > TEMPLATE_REF_MAX_SIZE) {
 				kiln_err_set(err, KERR_INVALID_REQUEST, "template.size: expected 1..%llu bytes",
-					     (unsigned long long)TREF_MAX_SIZE);
+					     (unsigned long long)TEMPLATE_REF_MAX_SIZE);
 				goto fail;
 			}
 			out->size = (uint64_t)json_integer_value(v);
 			have_size = 1;
 		} else if (!strcmp(k, "s3_key")) {
-			if (tref_str(v, k, out->s3_key, sizeof(out->s3_key), err) < 0)
+			if (template_ref_str(v, k, out->s3_key, sizeof(out->s3_key), err) < 0)
 				goto fail;
 		} else if (!strcmp(k, "env")) {
-			if (tref_env(v, out, err) < 0)
+			if (template_ref_env(v, out, err) < 0)
 				goto fail;
 		} else if (!strcmp(k, "workdir")) {
-			if (tref_str(v, k, out->workdir, sizeof(out->workdir), err) < 0)
+			if (template_ref_str(v, k, out->workdir, sizeof(out->workdir), err) < 0)
 				goto fail;
 			if (proto_abspath_ok(out->workdir) != 0) {
 				kiln_err_set(err, KERR_INVALID_REQUEST, "template.workdir: expected an absolute path");
 				goto fail;
 			}
 		} else if (!strcmp(k, "uid")) {
-			if (tref_u32(v, k, &out->uid, err) < 0)
+			if (template_ref_u32(v, k, &out->uid, err) < 0)
 				goto fail;
 			have_uid = 1;
 		} else if (!strcmp(k, "gid")) {
-			if (tref_u32(v, k, &out->gid, err) < 0)
+			if (template_ref_u32(v, k, &out->gid, err) < 0)
 				goto fail;
 			have_gid = 1;
 		} else {
@@ -158,7 +158,7 @@ int tref_parse_json(json_t *j, struct tref *out, struct kiln_err *err)
 	{
 		char want[128];
 
-		snprintf(want, sizeof(want), TREF_S3_PREFIX "%s.ext4", out->sha256);
+		snprintf(want, sizeof(want), TEMPLATE_REF_S3_PREFIX "%s.ext4", out->sha256);
 		if (strcmp(want, out->s3_key)) {
 			kiln_err_set(err, KERR_INVALID_REQUEST, "template.s3_key: expected %s", want);
 			goto fail;
@@ -166,28 +166,28 @@ int tref_parse_json(json_t *j, struct tref *out, struct kiln_err *err)
 	}
 	return 0;
 fail:
-	tref_free(out);
+	template_ref_free(out);
 	return -1;
 }
 
-int tref_parse(const char *text, size_t len, struct tref *out, struct kiln_err *err)
+int template_ref_parse(const char *text, size_t len, struct template_ref *out, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *j;
 	int r;
 
 	memset(out, 0, sizeof(*out));
-	if (len > TREF_MAX_JSON)
-		return kiln_err_set(err, KERR_INVALID_REQUEST, "template: larger than %u bytes", TREF_MAX_JSON);
+	if (len > TEMPLATE_REF_MAX_JSON)
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "template: larger than %u bytes", TEMPLATE_REF_MAX_JSON);
 	j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
 	if (!j)
 		return kiln_err_set(err, KERR_INVALID_JSON, "template: line %d, column %d: %s", je.line, je.column, je.text);
-	r = tref_parse_json(j, out, err);
+	r = template_ref_parse_json(j, out, err);
 	json_decref(j);
 	return r;
 }
 
-json_t *tref_json(const struct tref *t)
+json_t *template_ref_json(const struct template_ref *t)
 {
 	json_t *j = json_pack("{s:s}", "name", t->name);
 
@@ -211,13 +211,13 @@ json_t *tref_json(const struct tref *t)
 	return j;
 }
 
-void tref_free(struct tref *t)
+void template_ref_free(struct template_ref *t)
 {
 	json_decref(t->env);
 	t->env = NULL;
 }
 
-void tref_builtin(struct tref *t, const char *name)
+void template_ref_builtin(struct template_ref *t, const char *name)
 {
 	memset(t, 0, sizeof(*t));
 	snprintf(t->name, sizeof(t->name), "%s", name);

@@ -1,4 +1,4 @@
-/* oci: tbuild_oci, an uploaded image archive (docker-archive or OCI image
+/* oci: template_build_oci, an uploaded image archive (docker-archive or OCI image
  * layout tar) made into a template root file system.
  *
  * The archive is the customer's and so are the tools' inputs: GNU tar (an
@@ -15,7 +15,7 @@
  * owner in an xattr, which the walk over the finished tree (oci_tree.c, as
  * root, never following a link) applies while it removes device nodes and
  * set-uid bits. Then mkfs.ext4 -d makes the image from the tree. */
-#include "tbuild.h"
+#include "template_build.h"
 #include "oci_int.h"
 
 #include <errno.h>
@@ -56,8 +56,8 @@
 extern char **environ;
 
 struct oci_run {
-	const struct tbuild_oci_req *req;
-	tbuild_log_fn log;
+	const struct template_build_oci_req *req;
+	template_build_log_fn log;
 	void *ctx;
 	struct kiln_err *err;
 	int64_t deadline;
@@ -512,8 +512,8 @@ static void oci_log_tree(void *ctx, const char *fmt, ...)
 	oci_logf(r, "%s", line);
 }
 
-int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tbuild_meta *meta,
-	       tbuild_log_fn log, void *ctx, struct kiln_err *err)
+int template_build_oci(const struct template_build_oci_req *req, const char *out_ext4, struct template_build_meta *meta,
+	       template_build_log_fn log, void *ctx, struct kiln_err *err)
 {
 	struct oci_run *r = calloc(1, sizeof(*r));
 	struct oci_config cfg = { 0 };

@@ -1,4 +1,4 @@
-/* oci_int: the pieces of the OCI import (tbuild_oci, host/tbuild/oci.c) that tests
+/* oci_int: the pieces of the OCI import (template_build_oci, host/template_build/oci.c) that tests
  * and fuzzers reach directly. Everything here reads image data, which the
  * customer wrote: every length is bounded and every failure is an
  * invalid_image error saying what was wrong.

@@ -1,13 +1,13 @@
-/* builds: kiln-host's template builds (docs/templates.md, "Builds, on
+/* template_builds: kiln-host's template builds (docs/templates.md, "Builds, on
  * kiln-host"): POST /v1/builds starts one on its own thread (a recipe in a
- * build VM through tbuild_recipe, or an OCI archive fetched from S3 through
- * tbuild_oci), GET reports it, GET .../events streams its log lines and its
+ * build VM through template_build_recipe, or an OCI archive fetched from S3 through
+ * template_build_oci), GET reports it, GET .../events streams its log lines and its
  * end, DELETE cancels it. A finished image is hashed (SHA-256), uploaded to
  * S3 as _templates/<sha256>.ext4 and installed into the local template
  * store; the build is then ready with its TREF. Builds live in memory only:
  * a restarted host answers 404 and kiln-api queues the build again. */
-#ifndef KILN_BUILDS_H
-#define KILN_BUILDS_H
+#ifndef KILN_TEMPLATE_BUILDS_H
+#define KILN_TEMPLATE_BUILDS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -19,10 +19,10 @@
 
 struct hostd;
 struct template_store;
-struct builds;
-struct build;
+struct template_builds;
+struct template_build_job;
 
-struct builds_config {
+struct template_builds_config {
 	struct hostd *d;                  /* capacity, S3 settings, run options (egress, jail, run dir) */
 	struct template_store *templates; /* base image; where a finished image is installed */
 	const char *mirror;               /* Debian mirror (NULL: the host's apt sources, else deb.debian.org) */
@@ -31,12 +31,12 @@ struct builds_config {
 };
 
 /* NULL with err set. cfg's pointers must outlive the table. */
-struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err);
+struct template_builds *template_builds_open(const struct template_builds_config *cfg, struct kiln_err *err);
 /* Begin shutting down: refuse new builds, cancel running ones, end event
- * streams. Idempotent; NULL is fine; builds_close follows. */
-void builds_stop(struct builds *b);
-/* builds_stop, wait for the build threads, free everything. */
-void builds_close(struct builds *b);
+ * streams. Idempotent; NULL is fine; template_builds_close follows. */
+void template_builds_stop(struct template_builds *b);
+/* template_builds_stop, wait for the build threads, free everything. */
+void template_builds_close(struct template_builds *b);
 
 /* POST /v1/builds body: {"id","customer","recipe":{...}} or
  * {"id","customer","name","oci":{"s3_key","size"}}, plus optional
@@ -46,27 +46,27 @@ void builds_close(struct builds *b);
  * invalid_json/invalid_request/invalid_recipe (400), duplicate (409),
  * no_capacity, no_s3, egress_unavailable (503: a recipe with packages needs
  * egress to the mirror), host_error. Thread-safe. */
-int builds_submit(struct builds *b, const char *body, size_t len, json_t **out, struct kiln_err *err);
+int template_builds_submit(struct template_builds *b, const char *body, size_t len, json_t **out, struct kiln_err *err);
 
 /* {"id","state","template"?,"error"?,"log_tail"}, or NULL (unknown id). */
-json_t *builds_get(struct builds *b, const char *id);
+json_t *template_builds_get(struct template_builds *b, const char *id);
 
 /* Cancel: 0 (it ends as failed/cancelled; a finished one is left as it
  * is), -ENOENT for an unknown id. */
-int builds_cancel(struct builds *b, const char *id);
+int template_builds_cancel(struct template_builds *b, const char *id);
 
 /* Events of one build (as hostd_events_read for tasks): a reference from
- * builds_ref (NULL: unknown), events copied from *cursor, waiting until
+ * template_builds_ref (NULL: unknown), events copied from *cursor, waiting until
  * deadline_ms; bytes, 0 on timeout, -1 once the stream is over. */
-struct build *builds_ref(struct builds *b, const char *id);
-void builds_unref(struct builds *b, struct build *x);
-long builds_events_read(struct builds *b, struct build *x, struct evlog_cursor *cursor, char *buf, size_t cap,
+struct template_build_job *template_builds_ref(struct template_builds *b, const char *id);
+void template_builds_unref(struct template_builds *b, struct template_build_job *x);
+long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor, char *buf, size_t cap,
 			int64_t deadline_ms);
 
 /* The Debian mirror of the host's apt sources (as image/build-rootfs.sh's
  * mirror()): deb822 "URIs:" first, then sources.list; out gets
  * http://deb.debian.org/debian when neither names one. root: "" (or a test
  * directory standing for /). */
-void builds_host_mirror(const char *root, char *out, size_t cap);
+void template_builds_host_mirror(const char *root, char *out, size_t cap);
 
 #endif

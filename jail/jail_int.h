@@ -1,4 +1,4 @@
-/* jail_priv: what the pieces of the jail share and nothing outside jail/
+/* jail_int: what the pieces of the jail share and nothing outside jail/
  * (and its unit tests) may use. jail.h is the public interface.
  *
  *   plan.c     the mount-point layout every jail replays (struct jail_plan)

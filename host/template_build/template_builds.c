@@ -1,11 +1,11 @@
-/* builds: template builds on kiln-host (see builds.h). One mutex guards the
+/* template_builds: template builds on kiln-host (see template_builds.h). One mutex guards the
  * table and every build's mutable fields; each build runs on a detached
  * thread of its own that takes the lock only to log and to change state.
  * The event log of a build uses the table's mutex and condition variable
  * (lib/evlog.h). A build holds its VM's vCPUs and memory (hostd_reserve)
  * from acceptance to its end, and its scratch directory is removed on every
  * path. */
-#include "builds.h"
+#include "template_builds.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -25,8 +25,8 @@
 #include "s3.h"
 #include "spec.h"
 #include "task/task.h"
-#include "tbuild.h"
 #include "template/template.h"
+#include "template_build.h"
 
 #define BUILD_LOG_TAIL     4096          /* bytes of log_tail */
 #define BUILD_EVENTS_MAX   (4u << 20)    /* per build's event log */
@@ -38,7 +38,7 @@
 enum build_state { BS_BUILDING, BS_READY, BS_FAILED };
 static const char *const state_names[] = { "building", "ready", "failed" };
 
-struct build {
+struct template_build_job {
 	char id[65], customer[65], name[64];
 	struct recipe recipe;
 	int is_recipe;
@@ -47,7 +47,7 @@ struct build {
 	unsigned timeout_s;
 	uint64_t max_bytes;
 	enum build_state state;
-	struct tref tref;            /* once ready */
+	struct template_ref ref;            /* once ready */
 	struct kiln_err err;         /* once failed */
 	char tail[BUILD_LOG_TAIL + 1];
 	size_t tail_len;
@@ -56,25 +56,25 @@ struct build {
 	int cancelled;
 	int64_t ended_ms;
 	unsigned refs;               /* table + thread + streams */
-	struct builds *owner;
-	struct build *next;
+	struct template_builds *owner;
+	struct template_build_job *next;
 };
 
-struct builds {
-	struct builds_config cfg;
+struct template_builds {
+	struct template_builds_config cfg;
 	char work[PATH_MAX];
 	char mirror[512];
 	pthread_mutex_t lock;
 	pthread_cond_t changed;
-	struct build *list;
+	struct template_build_job *list;
 	unsigned threads;
 	int stopping;
 };
 
-static void build_free(struct build *x)
+static void build_free(struct template_build_job *x)
 {
 	recipe_free(&x->recipe);
-	tref_free(&x->tref);
+	template_ref_free(&x->ref);
 	evlog_free(&x->ev);
 	if (x->cancel_pipe[0] >= 0)
 		close(x->cancel_pipe[0]);
@@ -83,13 +83,13 @@ static void build_free(struct build *x)
 	free(x);
 }
 
-static void unref_locked(struct build *x)
+static void unref_locked(struct template_build_job *x)
 {
 	if (--x->refs == 0)
 		build_free(x);
 }
 
-void builds_host_mirror(const char *root, char *out, size_t cap)
+void template_builds_host_mirror(const char *root, char *out, size_t cap)
 {
 	char path[PATH_MAX], line[1024];
 	DIR *d;
@@ -140,9 +140,9 @@ void builds_host_mirror(const char *root, char *out, size_t cap)
 	}
 }
 
-struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err)
+struct template_builds *template_builds_open(const struct template_builds_config *cfg, struct kiln_err *err)
 {
-	struct builds *b = calloc(1, sizeof(*b));
+	struct template_builds *b = calloc(1, sizeof(*b));
 
 	if (!b) {
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
@@ -157,7 +157,7 @@ struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err
 	if (cfg->mirror)
 		snprintf(b->mirror, sizeof(b->mirror), "%s", cfg->mirror);
 	else
-		builds_host_mirror("", b->mirror, sizeof(b->mirror));
+		template_builds_host_mirror("", b->mirror, sizeof(b->mirror));
 	pthread_mutex_init(&b->lock, NULL);
 	condwait_init(&b->changed);
 	/* Builds of an earlier process died with it (kiln-api re-queues them). */
@@ -172,29 +172,29 @@ struct builds *builds_open(const struct builds_config *cfg, struct kiln_err *err
 	return b;
 }
 
-void builds_stop(struct builds *b)
+void template_builds_stop(struct template_builds *b)
 {
 	if (!b)
 		return;
 	pthread_mutex_lock(&b->lock);
 	b->stopping = 1;
-	for (struct build *x = b->list; x; x = x->next)
+	for (struct template_build_job *x = b->list; x; x = x->next)
 		if (x->state == BS_BUILDING && x->cancel_pipe[1] >= 0)
 			(void)!write(x->cancel_pipe[1], "x", 1);
 	pthread_cond_broadcast(&b->changed);
 	pthread_mutex_unlock(&b->lock);
 }
 
-void builds_close(struct builds *b)
+void template_builds_close(struct template_builds *b)
 {
 	if (!b)
 		return;
-	builds_stop(b);
+	template_builds_stop(b);
 	pthread_mutex_lock(&b->lock);
 	while (b->threads)
 		pthread_cond_wait(&b->changed, &b->lock);
 	while (b->list) {
-		struct build *x = b->list;
+		struct template_build_job *x = b->list;
 
 		b->list = x->next;
 		unref_locked(x);
@@ -206,21 +206,21 @@ void builds_close(struct builds *b)
 	free(b);
 }
 
-static struct build *find_locked(struct builds *b, const char *id)
+static struct template_build_job *find_locked(struct template_builds *b, const char *id)
 {
-	for (struct build *x = b->list; x; x = x->next)
+	for (struct template_build_job *x = b->list; x; x = x->next)
 		if (!strcmp(x->id, id))
 			return x;
 	return NULL;
 }
 
 /* Forget finished builds older than BUILD_KEEP_MS (lock held). */
-static void prune_locked(struct builds *b)
+static void prune_locked(struct template_builds *b)
 {
 	int64_t now = clock_mono_ms();
 
-	for (struct build **pp = &b->list; *pp;) {
-		struct build *x = *pp;
+	for (struct template_build_job **pp = &b->list; *pp;) {
+		struct template_build_job *x = *pp;
 
 		if (x->state != BS_BUILDING && now - x->ended_ms > BUILD_KEEP_MS) {
 			*pp = x->next;
@@ -232,7 +232,7 @@ static void prune_locked(struct builds *b)
 }
 
 /* One line of build output: an event, and the tail (lock held). */
-static void log_locked(struct build *x, const char *line)
+static void log_locked(struct template_build_job *x, const char *line)
 {
 	char cut[BUILD_LINE_MAX + 1];
 	size_t n = strnlen(line, BUILD_LINE_MAX);
@@ -261,15 +261,15 @@ static void log_locked(struct build *x, const char *line)
 
 static void build_log(void *ctx, const char *line)
 {
-	struct build *x = ctx;
+	struct template_build_job *x = ctx;
 
 	pthread_mutex_lock(&x->owner->lock);
 	log_locked(x, line);
 	pthread_mutex_unlock(&x->owner->lock);
 }
 
-static void build_logf(struct build *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void build_logf(struct build *x, const char *fmt, ...)
+static void build_logf(struct template_build_job *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void build_logf(struct template_build_job *x, const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -280,7 +280,7 @@ static void build_logf(struct build *x, const char *fmt, ...)
 	build_log(x, line);
 }
 
-static json_t *end_json_locked(const struct build *x, int with_id)
+static json_t *end_json_locked(const struct template_build_job *x, int with_id)
 {
 	json_t *j = json_pack("{s:s}", "state", state_names[x->state]);
 
@@ -289,18 +289,18 @@ static json_t *end_json_locked(const struct build *x, int with_id)
 	if (with_id)
 		json_object_set_new(j, "id", json_string(x->id));
 	if (x->state == BS_READY)
-		json_object_set_new(j, "template", tref_json(&x->tref));
+		json_object_set_new(j, "template", template_ref_json(&x->ref));
 	if (x->state == BS_FAILED)
 		json_object_set_new(j, "error", json_pack("{s:s, s:s}", "code", x->err.code, "message", x->err.message));
 	return j;
 }
 
 /* The build's work: make the image, hash it, upload it, install it. 0 with
- * x->tref set, or -1 with err. */
-static int build_run(struct builds *b, struct build *x, const char *dir, struct kiln_err *err)
+ * x->ref set, or -1 with err. */
+static int build_run(struct template_builds *b, struct template_build_job *x, const char *dir, struct kiln_err *err)
 {
 	char image[PATH_MAX + 32], archive[PATH_MAX + 32], scratch[PATH_MAX + 32], hex[65];
-	struct tbuild_meta meta = { 0 };
+	struct template_build_meta meta = { 0 };
 	struct hostd_s3 s3;
 	uint64_t size = 0;
 	int rc = -1;
@@ -309,7 +309,7 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	snprintf(image, sizeof(image), "%s/image.ext4", dir);
 	if (x->is_recipe) {
-		struct tbuild_recipe_req req = {
+		struct template_build_recipe_req req = {
 			.recipe = &x->recipe, .base_rootfs = template_default_rootfs(b->cfg.templates),
 			.ro = hostd_run_opts(b->cfg.d), .mirror = b->mirror, .timeout_s = x->timeout_s,
 			.max_bytes = x->max_bytes, .vcpus = b->cfg.vcpus, .memory_mib = b->cfg.memory_mib,
@@ -317,10 +317,10 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 		};
 
 		build_logf(x, "building recipe template %s from %s (mirror %s)", x->name, req.base_rootfs, b->mirror);
-		if (tbuild_recipe(&req, image, &meta, build_log, x, err) < 0)
+		if (template_build_recipe(&req, image, &meta, build_log, x, err) < 0)
 			goto out;
 	} else {
-		struct tbuild_oci_req req = {
+		struct template_build_oci_req req = {
 			.archive = archive, .work_dir = scratch, .max_bytes = x->max_bytes, .timeout_s = x->timeout_s,
 			.cancel_fd = x->cancel_pipe[0], .run_dir = hostd_run_opts(b->cfg.d)->vm.run_dir,
 		};
@@ -340,7 +340,7 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 			}
 		}
 		build_logf(x, "unpacking the image into template %s", x->name);
-		if (tbuild_oci(&req, image, &meta, build_log, x, err) < 0)
+		if (template_build_oci(&req, image, &meta, build_log, x, err) < 0)
 			goto out;
 		unlink(archive);
 	}
@@ -353,21 +353,21 @@ static int build_run(struct builds *b, struct build *x, const char *dir, struct 
 			     (unsigned long long)x->max_bytes);
 		goto out;
 	}
-	memset(&x->tref, 0, sizeof(x->tref));
-	snprintf(x->tref.name, sizeof(x->tref.name), "%s", x->name);
-	snprintf(x->tref.sha256, sizeof(x->tref.sha256), "%s", hex);
-	x->tref.size = size;
-	snprintf(x->tref.s3_key, sizeof(x->tref.s3_key), TREF_S3_PREFIX "%s.ext4", hex);
-	x->tref.env = meta.env ? json_incref(meta.env) : NULL;
-	snprintf(x->tref.workdir, sizeof(x->tref.workdir), "%s", meta.workdir);
-	x->tref.user_set = 1;
-	x->tref.uid = meta.uid;
-	x->tref.gid = meta.gid;
-	build_logf(x, "image %s: %llu bytes; uploading to S3 as %s", hex, (unsigned long long)size, x->tref.s3_key);
+	memset(&x->ref, 0, sizeof(x->ref));
+	snprintf(x->ref.name, sizeof(x->ref.name), "%s", x->name);
+	snprintf(x->ref.sha256, sizeof(x->ref.sha256), "%s", hex);
+	x->ref.size = size;
+	snprintf(x->ref.s3_key, sizeof(x->ref.s3_key), TEMPLATE_REF_S3_PREFIX "%s.ext4", hex);
+	x->ref.env = meta.env ? json_incref(meta.env) : NULL;
+	snprintf(x->ref.workdir, sizeof(x->ref.workdir), "%s", meta.workdir);
+	x->ref.user_set = 1;
+	x->ref.uid = meta.uid;
+	x->ref.gid = meta.gid;
+	build_logf(x, "image %s: %llu bytes; uploading to S3 as %s", hex, (unsigned long long)size, x->ref.s3_key);
 	if (s3_ensure_bucket(&s3.c, err) < 0 ||
-	    s3_put_file(&s3.c, x->tref.s3_key, image, "application/octet-stream", NULL, NULL, err) < 0)
+	    s3_put_file(&s3.c, x->ref.s3_key, image, "application/octet-stream", NULL, NULL, err) < 0)
 		goto out;
-	if (template_install(b->cfg.templates, image, &x->tref, err) < 0)
+	if (template_install(b->cfg.templates, image, &x->ref, err) < 0)
 		goto out;
 	build_logf(x, "template %s ready", x->name);
 	rc = 0;
@@ -379,8 +379,8 @@ out:
 
 static void *build_main(void *arg)
 {
-	struct build *x = arg;
-	struct builds *b = x->owner;
+	struct template_build_job *x = arg;
+	struct template_builds *b = x->owner;
 	struct kiln_err err = { .code = "" };
 	char dir[PATH_MAX + 80];
 	int rc;
@@ -402,13 +402,13 @@ static void *build_main(void *arg)
 		kiln_err_set(&err, KERR_BUILD_FAILED, "the build failed");
 	if (rc < 0) {
 		x->err = err;
-		tref_free(&x->tref);
+		template_ref_free(&x->ref);
 		x->state = BS_FAILED;
 		log_locked(x, err.message);
 		fprintf(stderr, "kiln-host: build %s (%s): failed: %s: %s\n", x->id, x->name, err.code, err.message);
 	} else {
 		x->state = BS_READY;
-		fprintf(stderr, "kiln-host: build %s (%s): ready, %s\n", x->id, x->name, x->tref.sha256);
+		fprintf(stderr, "kiln-host: build %s (%s): ready, %s\n", x->id, x->name, x->ref.sha256);
 	}
 	x->ended_ms = clock_mono_ms();
 	end = end_json_locked(x, 0);
@@ -425,7 +425,7 @@ static void *build_main(void *arg)
 }
 
 /* Parse the request into x (fields by name; unknown keys refused). */
-static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
+static int parse_request(json_t *j, struct template_build_job *x, struct kiln_err *err)
 {
 	const char *k;
 	json_t *v, *recipe = NULL, *oci = NULL;
@@ -455,9 +455,9 @@ static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
 			x->timeout_s = (unsigned)json_integer_value(v);
 		} else if (!strcmp(k, "max_bytes")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    (uint64_t)json_integer_value(v) > TREF_MAX_SIZE)
+			    (uint64_t)json_integer_value(v) > TEMPLATE_REF_MAX_SIZE)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "max_bytes: expected 1..%llu",
-						    (unsigned long long)TREF_MAX_SIZE);
+						    (unsigned long long)TEMPLATE_REF_MAX_SIZE);
 			x->max_bytes = (uint64_t)json_integer_value(v);
 		} else {
 			return kiln_err_set(err, KERR_INVALID_REQUEST, "%.64s: unknown field", k);
@@ -493,15 +493,15 @@ static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
 			struct kiln_err kerr = { .code = "" };
 
 			if (!json_is_string(v) || json_string_length(v) >= sizeof(x->oci_key) ||
-			    s3_key_under(json_string_value(v), TREF_S3_PREFIX "uploads/", &kerr) < 0)
+			    s3_key_under(json_string_value(v), TEMPLATE_REF_S3_PREFIX "uploads/", &kerr) < 0)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.s3_key: expected a key under %suploads/",
-						    TREF_S3_PREFIX);
+						    TEMPLATE_REF_S3_PREFIX);
 			snprintf(x->oci_key, sizeof(x->oci_key), "%s", json_string_value(v));
 		} else if (!strcmp(k, "size")) {
 			if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-			    (uint64_t)json_integer_value(v) > TREF_MAX_SIZE)
+			    (uint64_t)json_integer_value(v) > TEMPLATE_REF_MAX_SIZE)
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.size: expected 0..%llu",
-						    (unsigned long long)TREF_MAX_SIZE);
+						    (unsigned long long)TEMPLATE_REF_MAX_SIZE);
 			x->oci_size = (uint64_t)json_integer_value(v);
 		} else {
 			return kiln_err_set(err, KERR_INVALID_REQUEST, "oci.%.64s: unknown field", k);
@@ -512,9 +512,9 @@ static int parse_request(json_t *j, struct build *x, struct kiln_err *err)
 	return 0;
 }
 
-int builds_submit(struct builds *b, const char *body, size_t len, json_t **out, struct kiln_err *err)
+int template_builds_submit(struct template_builds *b, const char *body, size_t len, json_t **out, struct kiln_err *err)
 {
-	struct build *x;
+	struct template_build_job *x;
 	json_error_t je;
 	json_t *j;
 	struct hostd_s3 s3;
@@ -594,9 +594,9 @@ fail:
 	return -1;
 }
 
-json_t *builds_get(struct builds *b, const char *id)
+json_t *template_builds_get(struct template_builds *b, const char *id)
 {
-	struct build *x;
+	struct template_build_job *x;
 	json_t *j = NULL;
 
 	pthread_mutex_lock(&b->lock);
@@ -607,9 +607,9 @@ json_t *builds_get(struct builds *b, const char *id)
 	return j;
 }
 
-int builds_cancel(struct builds *b, const char *id)
+int template_builds_cancel(struct template_builds *b, const char *id)
 {
-	struct build *x;
+	struct template_build_job *x;
 
 	pthread_mutex_lock(&b->lock);
 	x = find_locked(b, id);
@@ -626,9 +626,9 @@ int builds_cancel(struct builds *b, const char *id)
 	return 0;
 }
 
-struct build *builds_ref(struct builds *b, const char *id)
+struct template_build_job *template_builds_ref(struct template_builds *b, const char *id)
 {
-	struct build *x;
+	struct template_build_job *x;
 
 	pthread_mutex_lock(&b->lock);
 	x = find_locked(b, id);
@@ -638,14 +638,14 @@ struct build *builds_ref(struct builds *b, const char *id)
 	return x;
 }
 
-void builds_unref(struct builds *b, struct build *x)
+void template_builds_unref(struct template_builds *b, struct template_build_job *x)
 {
 	pthread_mutex_lock(&b->lock);
 	unref_locked(x);
 	pthread_mutex_unlock(&b->lock);
 }
 
-long builds_events_read(struct builds *b, struct build *x, struct evlog_cursor *cursor, char *buf, size_t cap,
+long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor, char *buf, size_t cap,
 			int64_t deadline_ms)
 {
 	(void)b;

@@ -1,8 +1,8 @@
-/* tmpl_cmd: `kiln-host template build RECIPE.json --out FILE`: one recipe
- * template built in a build VM on this machine (tbuild_recipe), for
+/* template_cmd: `kiln-host template build RECIPE.json --out FILE`: one recipe
+ * template built in a build VM on this machine (template_build_recipe), for
  * operators and the integration tests. The build log goes to stderr, the
  * template's meta (env, workdir, uid, gid, size) as JSON to stdout. */
-#include "tmpl_cmd.h"
+#include "template_cmd.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -23,10 +23,10 @@
 #include "net/net.h"
 #include "recipe.h"
 #include "run/run.h"
-#include "tbuild/tbuild.h"
+#include "template_build/template_build.h"
 #include "vm/vm.h"
 
-static void tmpl_usage(FILE *f)
+static void template_cmd_usage(FILE *f)
 {
 	fputs("usage: kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N]\n"
 	      "           [--vcpus N] [--memory MiB] [--mirror URL] [--config FILE]\n"
@@ -39,7 +39,7 @@ static void tmpl_usage(FILE *f)
 }
 
 /* The Debian mirror this machine's apt uses, as image/build-rootfs.sh finds it. */
-static void tmpl_mirror(char *out, size_t cap)
+static void template_cmd_mirror(char *out, size_t cap)
 {
 	glob_t g;
 	char line[1024];
@@ -72,19 +72,19 @@ static void tmpl_mirror(char *out, size_t cap)
 	}
 }
 
-struct tmpl_log {
+struct template_cmd_log {
 	FILE *f;
 };
 
-static void tmpl_log_line(void *ctx, const char *line)
+static void template_cmd_log_line(void *ctx, const char *line)
 {
-	struct tmpl_log *l = ctx;
+	struct template_cmd_log *l = ctx;
 
 	fprintf(l->f, "%s\n", line);
 	fflush(l->f);
 }
 
-static int tmpl_fail(const struct kiln_err *err, int status)
+static int template_cmd_fail(const struct kiln_err *err, int status)
 {
 	json_t *r = json_pack("{s:{s:s, s:s}}", "error", "code", err->code, "message", err->message);
 
@@ -95,7 +95,7 @@ static int tmpl_fail(const struct kiln_err *err, int status)
 	return status;
 }
 
-static int tmpl_uint(const char *s, unsigned long min, unsigned long max, unsigned long *out)
+static int template_cmd_uint(const char *s, unsigned long min, unsigned long max, unsigned long *out)
 {
 	char *end;
 
@@ -104,7 +104,7 @@ static int tmpl_uint(const char *s, unsigned long min, unsigned long max, unsign
 	return errno || end == s || *end || *out < min || *out > max ? -1 : 0;
 }
 
-static int tmpl_build(int argc, char **argv)
+static int template_cmd_build(int argc, char **argv)
 {
 	enum { O_OUT = 1, O_TIMEOUT, O_MAX, O_VCPUS, O_MEM, O_MIRROR, O_CONFIG, O_ACCEL, O_IMAGE, O_RUN, O_QEMU,
 	       O_NOJAIL };
@@ -124,10 +124,10 @@ static int tmpl_build(int argc, char **argv)
 	const char *out = NULL, *config = NULL, *accel = "auto", *image_dir = NULL;
 	struct kiln_err err = { .code = "" };
 	struct run_opts ro = { .boot_timeout_s = 120 };
-	struct tbuild_recipe_req req = { .timeout_s = 1800, .max_bytes = 4096ull << 20, .vcpus = 2, .memory_mib = 1024,
+	struct template_build_recipe_req req = { .timeout_s = 1800, .max_bytes = 4096ull << 20, .vcpus = 2, .memory_mib = 1024,
 					 .cancel_fd = -1 };
-	struct tbuild_meta meta;
-	struct tmpl_log log = { stderr };
+	struct template_build_meta meta;
+	struct template_cmd_log log = { stderr };
 	struct recipe recipe;
 	unsigned long v;
 	size_t len;
@@ -139,30 +139,30 @@ static int tmpl_build(int argc, char **argv)
 	ro.vm.run_dir = getenv("KILN_RUN_DIR") && *getenv("KILN_RUN_DIR") ? getenv("KILN_RUN_DIR") : "/run/kiln";
 	ro.vm.disk_bps = VM_DISK_BPS;
 	ro.vm.disk_iops = VM_DISK_IOPS;
-	tmpl_mirror(mirror, sizeof(mirror));
+	template_cmd_mirror(mirror, sizeof(mirror));
 	req.mirror = mirror;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_OUT: out = optarg; break;
 		case O_TIMEOUT:
-			if (tmpl_uint(optarg, 1, 86400, &v) < 0)
-				return kiln_err_set(&err, KERR_USAGE, "--timeout: expected 1..86400 seconds"), tmpl_fail(&err, 2);
+			if (template_cmd_uint(optarg, 1, 86400, &v) < 0)
+				return kiln_err_set(&err, KERR_USAGE, "--timeout: expected 1..86400 seconds"), template_cmd_fail(&err, 2);
 			req.timeout_s = (unsigned)v;
 			break;
 		case O_MAX:
-			if (tmpl_uint(optarg, 64, 1u << 20, &v) < 0)
-				return kiln_err_set(&err, KERR_USAGE, "--max-mib: expected 64..1048576"), tmpl_fail(&err, 2);
+			if (template_cmd_uint(optarg, 64, 1u << 20, &v) < 0)
+				return kiln_err_set(&err, KERR_USAGE, "--max-mib: expected 64..1048576"), template_cmd_fail(&err, 2);
 			req.max_bytes = (uint64_t)v << 20;
 			break;
 		case O_VCPUS:
-			if (tmpl_uint(optarg, 1, 64, &v) < 0)
-				return kiln_err_set(&err, KERR_USAGE, "--vcpus: expected 1..64"), tmpl_fail(&err, 2);
+			if (template_cmd_uint(optarg, 1, 64, &v) < 0)
+				return kiln_err_set(&err, KERR_USAGE, "--vcpus: expected 1..64"), template_cmd_fail(&err, 2);
 			req.vcpus = (unsigned)v;
 			break;
 		case O_MEM:
-			if (tmpl_uint(optarg, 256, 1u << 20, &v) < 0)
-				return kiln_err_set(&err, KERR_USAGE, "--memory: expected 256.. MiB"), tmpl_fail(&err, 2);
+			if (template_cmd_uint(optarg, 256, 1u << 20, &v) < 0)
+				return kiln_err_set(&err, KERR_USAGE, "--memory: expected 256.. MiB"), template_cmd_fail(&err, 2);
 			req.memory_mib = (unsigned)v;
 			break;
 		case O_MIRROR: snprintf(mirror, sizeof(mirror), "%s", optarg); break;
@@ -172,22 +172,22 @@ static int tmpl_build(int argc, char **argv)
 		case O_RUN: ro.vm.run_dir = optarg; break;
 		case O_QEMU: ro.vm.qemu = optarg; break;
 		case O_NOJAIL: no_jail = 1; break;
-		case 'h': tmpl_usage(stdout); return 0;
-		default: tmpl_usage(stderr); return 2;
+		case 'h': template_cmd_usage(stdout); return 0;
+		default: template_cmd_usage(stderr); return 2;
 		}
 	}
 	if (!out || optind != argc - 1) {
-		tmpl_usage(stderr);
+		template_cmd_usage(stderr);
 		return 2;
 	}
 	text = io_read_file(argv[optind], RECIPE_MAX_JSON, &len);
 	if (!text)
 		return kiln_err_set(&err, KERR_INVALID_RECIPE, "cannot read %s: %s", argv[optind], strerror(errno)),
-		       tmpl_fail(&err, 2);
+		       template_cmd_fail(&err, 2);
 	rc = recipe_parse(text, len, &recipe, &err);
 	free(text);
 	if (rc < 0)
-		return tmpl_fail(&err, 2);
+		return template_cmd_fail(&err, 2);
 	req.recipe = &recipe;
 
 	ro.vm.accel = !strcmp(accel, "kvm") ? VM_ACCEL_KVM : !strcmp(accel, "tcg") ? VM_ACCEL_TCG : VM_ACCEL_AUTO;
@@ -235,7 +235,7 @@ static int tmpl_build(int argc, char **argv)
 	req.cancel_fd = signalfd(-1, &set, SFD_CLOEXEC);
 	vm_reap_stale(ro.vm.run_dir);
 
-	rc = tbuild_recipe(&req, out, &meta, tmpl_log_line, &log, &err);
+	rc = template_build_recipe(&req, out, &meta, template_cmd_log_line, &log, &err);
 	if (rc == 0) {
 		struct stat st;
 		json_t *j = json_pack("{s:O, s:s, s:i, s:i, s:I}", "env", meta.env, "workdir", meta.workdir, "uid",
@@ -255,19 +255,19 @@ static int tmpl_build(int argc, char **argv)
 	if (req.cancel_fd >= 0)
 		close(req.cancel_fd);
 	if (rc < 0)
-		return tmpl_fail(&err, err.errc == KERR_BUILD_FAILED || err.errc == KERR_BUILD_TIMEOUT ||
+		return template_cmd_fail(&err, err.errc == KERR_BUILD_FAILED || err.errc == KERR_BUILD_TIMEOUT ||
 					       err.errc == KERR_TOO_LARGE || err.errc == KERR_CANCELLED
 				       ? 1 : 3);
 	return 0;
 fail3:
 	recipe_free(&recipe);
-	return tmpl_fail(&err, 3);
+	return template_cmd_fail(&err, 3);
 }
 
-int tmpl_cmd_main(int argc, char **argv)
+int template_cmd_main(int argc, char **argv)
 {
 	if (argc >= 2 && !strcmp(argv[1], "build"))
-		return tmpl_build(argc - 1, argv + 1);
-	tmpl_usage(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
+		return template_cmd_build(argc - 1, argv + 1);
+	template_cmd_usage(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
 	return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 2;
 }

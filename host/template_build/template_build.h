@@ -1,16 +1,16 @@
-/* tbuild: turn a template recipe (a build VM) or an OCI archive (skopeo +
+/* template_build: turn a template recipe (a build VM) or an OCI archive (skopeo +
  * umoci in a jail) into a template root filesystem image: an ext4 file that
  * kiln-init can boot as a guest's root (docs/templates.md). Both run on the
  * calling thread, report progress line by line through log, and end early
  * (err "cancelled") once cancel_fd is readable. Neither uploads anything:
- * host/tbuild/builds.c hashes, stores and publishes what they made.
+ * host/template_build/template_builds.c hashes, stores and publishes what they made.
  *
- * Room: the tbuild room's door (host/tbuild/: template builds from
+ * Room: the template_build room's door (host/template_build/: template builds from
  * recipes and OCI archives, and the build jobs kiln-host runs). It may call
- * the task, template, run, vm and net rooms, lib/ and jail/. builds.h,
+ * the task, template, run, vm and net rooms, lib/ and jail/. template_builds.h,
  * included at the end, is part of this door. */
-#ifndef KILN_TBUILD_H
-#define KILN_TBUILD_H
+#ifndef KILN_TEMPLATE_BUILD_H
+#define KILN_TEMPLATE_BUILD_H
 
 #include <stdint.h>
 
@@ -22,7 +22,7 @@
 struct run_opts;
 
 /* What tasks of the template inherit. */
-struct tbuild_meta {
+struct template_build_meta {
 	json_t *env;          /* array of "K=V" strings (NULL: none); the caller decrefs */
 	char workdir[4097];   /* "": tasks' default (/work) */
 	uint32_t uid, gid;    /* the task user (recipe: 1000:1000) */
@@ -30,9 +30,9 @@ struct tbuild_meta {
 
 /* One line of build output (no newline; at most a few KiB, longer lines
  * are cut by the caller of log). Called on the building thread. */
-typedef void (*tbuild_log_fn)(void *ctx, const char *line);
+typedef void (*template_build_log_fn)(void *ctx, const char *line);
 
-struct tbuild_recipe_req {
+struct template_build_recipe_req {
 	const struct recipe *recipe;
 	const char *base_rootfs;     /* the default template's image, never written */
 	const struct run_opts *ro;   /* kernel, initramfs, accel, jail, run dir, egress (ro->net) */
@@ -52,10 +52,10 @@ struct tbuild_recipe_req {
  * which step and how it ended), build_timeout, too_large, cancelled,
  * egress_disabled, or host errors. Leaves no VM, file or directory behind
  * but out_ext4. */
-int tbuild_recipe(const struct tbuild_recipe_req *req, const char *out_ext4, struct tbuild_meta *meta,
-		  tbuild_log_fn log, void *ctx, struct kiln_err *err);
+int template_build_recipe(const struct template_build_recipe_req *req, const char *out_ext4, struct template_build_meta *meta,
+		  template_build_log_fn log, void *ctx, struct kiln_err *err);
 
-struct tbuild_oci_req {
+struct template_build_oci_req {
 	const char *archive;         /* docker-archive or OCI layout tar */
 	const char *work_dir;        /* scratch directory (created; removed before return) */
 	uint64_t max_bytes;          /* cap of the unpacked tree and of the image */
@@ -70,10 +70,10 @@ struct tbuild_oci_req {
  * make out_ext4 (mode 0444). meta gets the image's Env, WorkingDir and User.
  * 0, or -1 with err: invalid_image (not an image, unsafe layer, unknown
  * user: the message says what), too_large, build_timeout, cancelled. */
-int tbuild_oci(const struct tbuild_oci_req *req, const char *out_ext4, struct tbuild_meta *meta,
-	       tbuild_log_fn log, void *ctx, struct kiln_err *err);
+int template_build_oci(const struct template_build_oci_req *req, const char *out_ext4, struct template_build_meta *meta,
+	       template_build_log_fn log, void *ctx, struct kiln_err *err);
 
 /* The rest of the door: the room's other modules other rooms use. */
-#include "builds.h"
+#include "template_builds.h"
 
 #endif
