@@ -37,7 +37,7 @@ int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v);
 /* Make this process (a daemon: kiln-host, kiln-api) one of the last the
  * kernel's OOM killer picks: /proc/self/oom_score_adj = adj (negative needs
  * CAP_SYS_RESOURCE; without it the value is left as is). Sandboxes' QEMUs
- * set theirs high (host/vm.c). 0 or -errno. */
+ * set theirs high (host/vm/vm.c). 0 or -errno. */
 int fs_oom_score_adj(int adj);
 #define DAEMON_OOM_SCORE_ADJ (-500)
 

@@ -1,6 +1,6 @@
 /* artifacts: a task's small logs, which its host put inside manifest.json
  * rather than in objects of their own (one PUT for a small task: see
- * host/upload.c), served by kiln-api itself.
+ * host/task/upload.c), served by kiln-api itself.
  *
  * A host reports such a log as {"inline": base64, "size", "sha256",
  * "s3_key": null}. kiln-api keeps that with the task; in answers it becomes

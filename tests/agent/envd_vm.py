@@ -4,7 +4,7 @@ virtio-serial ports on Unix sockets, and checks the guest's envd over the
 real `kiln.envd` port: HELLO, the default user (uid 1001), processes with
 their streams, exit codes, a terminal, files, and HELLO again when the host
 reconnects. A developer's check of the guest side until kiln-host adds the
-port itself (host/vm.c); needs root for nothing but /dev/kvm-free QEMU.
+port itself (host/vm/vm.c); needs root for nothing but /dev/kvm-free QEMU.
 
   usage: envd_vm.py BUILD_DIR   (BUILD_DIR/image/{vmlinux,rootfs.ext4,initramfs.cpio})
 """

@@ -1,5 +1,5 @@
 /* fuzz_oci: the OCI import's parsers over customer-written bytes
- * (host/oci_parse.c). The first byte picks the parser, the rest is its
+ * (host/template_build/oci_parse.c). The first byte picks the parser, the rest is its
  * input: 0 the archive's tar headers, 1 index.json, 2 a manifest, 3 the
  * image config, 4 User + /etc/passwd + /etc/group (NUL-separated), 5
  * umoci's rootless owner xattr. None may read outside its input, and what

@@ -135,7 +135,7 @@ else not_ok "network namespace" "$links"; fi
 
 # From inside the jail, as QEMU's uid (jail-probe enters its namespaces).
 # The snapshot RAM is the memfd among QEMU's descriptors (its number follows
-# the sockets host/vm.c passes first).
+# the sockets host/vm/vm.c passes first).
 memfd_fd=5
 for f in /proc/"$Q"/fd/*; do
 	case $(readlink "$f" 2>/dev/null) in /memfd:*) memfd_fd=${f##*/}; break ;; esac

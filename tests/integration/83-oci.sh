@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# OCI image imports (host/oci.c, `kiln-host template import`): an image built
+# OCI image imports (host/template_build/oci.c, `kiln-host template import`): an image built
 # here from a local directory with umoci (no registry is reachable), as an
 # OCI layout tar and as a docker-archive (skopeo), imported and booted in a
 # real VM; its Env/WorkingDir/User read right. Then hostile archives written

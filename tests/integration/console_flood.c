@@ -1,4 +1,4 @@
-/* console-flood: boots kiln's VM driver (host/vm.c, jailed as kiln-host
+/* console-flood: boots kiln's VM driver (host/vm/vm.c, jailed as kiln-host
  * runs it) on an initramfs whose init writes the serial console as fast as
  * it can, waits, and prints what that cost the host: the console file in
  * the VM's directory, the bytes QEMU's console ring holds, QEMU's RSS.

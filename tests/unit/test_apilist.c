@@ -1,4 +1,4 @@
-/* test_apilist: kiln-host's list of kiln-api URLs (host/apilist.h): the
+/* test_apilist: kiln-host's list of kiln-api URLs (host/serve/apilist.h): the
  * flag's comma-separated form and the config's string or array, what is
  * refused, and the rotation the heartbeat makes when a replica stops
  * answering (a fake send standing for each replica). */

@@ -1,4 +1,4 @@
-/* test_envd_host: host/envd.c, kiln-host's end of the kiln.envd port,
+/* test_envd_host: host/envd/envd.c, kiln-host's end of the kiln.envd port,
  * against a fake guest on the other end of a socketpair (a thread that
  * answers frames as guest/envd.c does): the HELLO handshake before the
  * first request, replies routed by request id, START with its output

@@ -243,7 +243,7 @@ static void test_table_statuses(void **state)
 	for (unsigned c = KERR_NONE + 1; c < KERR_COUNT_; c++)
 		if (kiln_err_status(c) < 400 || kiln_err_status(c) > 599)
 			fail_msg("%s: status %u", kiln_err_name(c), kiln_err_status(c));
-	/* Where host/serve.c's two tables disagreed (sessions vs tasks), the
+	/* Where host/serve/serve.c's two tables disagreed (sessions vs tasks), the
 	 * documented session statuses (docs/api.md, kiln-host "Sessions"). */
 	assert_int_equal(kiln_err_status(KERR_BUSY), 409);
 	assert_int_equal(kiln_err_status(KERR_TOO_LARGE), 413);

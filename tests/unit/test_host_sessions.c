@@ -1,4 +1,4 @@
-/* test_host_sessions: kiln-host's session table (host/session.c,
+/* test_host_sessions: kiln-host's session table (host/session/session.c,
  * session_io.c, session_pause.c) without a VM: sessions_open clears what an
  * earlier process left in the spool; an empty list; create refuses bad ids,
  * bad specs and a host without a snapshot, giving its reservation back; every
@@ -194,7 +194,7 @@ static void test_checked_first(void **state)
 	assert_null(session_get(x->ss, "s1"));
 }
 
-/* The idle stop's decision (host/session_idle.c): ask the guest only for a
+/* The idle stop's decision (host/session/session_idle.c): ask the guest only for a
  * booted, running session that is not stopped yet, has no interactive
  * command or envd request in flight, had no request for the delay, and was
  * not found busy a moment ago; never with the delay 0. Then the idler and

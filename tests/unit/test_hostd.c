@@ -1,4 +1,4 @@
-/* Unit tests for hostd (host/hostd.c, upload.c, recover.c) over fake VM
+/* Unit tests for hostd (host/task/hostd.c, upload.c, recover.c) over fake VM
  * operations, a fake S3 and a hand-moved clock (fake_vm_ops.h), on a
  * temporary spool: crash recovery of every state a task record can be in
  * (accepted, starting, running, uploading, the five final states, past

@@ -1,4 +1,4 @@
-/* test_migfilter: unit tests for host/migfilter.c: which RAM page records a
+/* test_migfilter: unit tests for host/vm/migfilter.c: which RAM page records a
  * filtered QEMU migration stream keeps (only pages that differ from the
  * base; zero pages only over non-zero base pages; other blocks whole), that
  * a kept page after a dropped one carries its block name again, that device

@@ -1,7 +1,7 @@
-/* Unit tests for the OCI import's parsers (host/oci_parse.c: which archive,
+/* Unit tests for the OCI import's parsers (host/template_build/oci_parse.c: which archive,
  * index/manifest/config, the image's users and groups, umoci's rootless
  * owner record) and the walk that makes an unpacked tree fit to boot
- * (host/oci_tree.c: device nodes, set-uid bits, owners, links never
+ * (host/template_build/oci_tree.c: device nodes, set-uid bits, owners, links never
  * followed, kiln-init's directories; opening up a layout for the next
  * jail). No VM; the walk needs root (chown), and skips without it. */
 #include <errno.h>

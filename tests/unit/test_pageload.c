@@ -1,4 +1,4 @@
-/* test_pageload: unit tests for host/pageload.c, writing into this
+/* test_pageload: unit tests for host/vm/pageload.c, writing into this
  * process's own memory (process_vm_writev to itself) mapped as QEMU maps a
  * session's RAM (a memfd, private): every page handed over lands where it
  * belongs and nothing else changes, the memfd included; a flush returns

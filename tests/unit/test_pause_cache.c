@@ -1,4 +1,4 @@
-/* test_pause_cache: unit tests for host/pause_cache.c in a temporary spool:
+/* test_pause_cache: unit tests for host/session/pause_cache.c in a temporary spool:
  * a session's directory is made empty for a new pause and found for a
  * resume; ids that would leave the cache make no path; drop removes a
  * session's files; prune removes files past the age limit, then whole

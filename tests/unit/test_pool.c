@@ -1,4 +1,4 @@
-/* Unit tests for the warm pool (host/pool.c) over fake VM operations and a
+/* Unit tests for the warm pool (host/run/pool.c) over fake VM operations and a
  * hand-moved clock (fake_vm_ops.h): filling to the target, take preferring
  * a ready VM, refilling after a take, a VM that died in the pool, the
  * pre-started tier, the capacity limit, back-off after failures on the
