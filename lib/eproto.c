@@ -94,6 +94,21 @@ static void take_argv_env(struct proto_reader *r, char *strbuf, size_t *used, ui
 	env[*envc] = NULL;
 }
 
+/* The argv and env that end START and PROC, then the end of the payload:
+ * r's error; on an error argc and envc are 0 and the vectors empty. */
+static int end_argv_env(struct proto_reader *r, char *strbuf, size_t *used, uint32_t *argc, const char **argv,
+			uint32_t *envc, const char **env)
+{
+	*argc = *envc = 0;
+	if (!r->err)
+		take_argv_env(r, strbuf, used, argc, argv, envc, env);
+	if (proto_reader_end(r)) {
+		*argc = *envc = 0;
+		argv[0] = env[0] = NULL;
+	}
+	return r->err;
+}
+
 /* ---- START -------------------------------------------------------------- */
 
 ssize_t eproto_start_encode(uint8_t *buf, size_t cap, const struct eproto_start *m)
@@ -131,14 +146,7 @@ int eproto_start_decode(const uint8_t *p, size_t len, struct eproto_start *m)
 		r.err = -EPROTO;
 	if (!r.err && !(m->flags & EP_START_PTY) && (m->rows || m->cols))
 		r.err = -EPROTO;
-	m->argc = m->envc = 0;
-	if (!r.err)
-		take_argv_env(&r, m->strbuf, &used, &m->argc, m->argv, &m->envc, m->env);
-	if (proto_reader_end(&r)) {
-		m->argc = m->envc = 0;
-		m->argv[0] = m->env[0] = NULL;
-	}
-	return r.err;
+	return end_argv_env(&r, m->strbuf, &used, &m->argc, m->argv, &m->envc, m->env);
 }
 
 /* ---- PROC (a LIST row) -------------------------------------------------- */
@@ -169,14 +177,7 @@ int eproto_proc_decode(const uint8_t *p, size_t len, struct eproto_proc *m)
 	m->cwd = take_str(&r, m->strbuf, sizeof(m->strbuf), &used, PROTO_MAX_PATH);
 	if (!r.err && (m->flags & ~EP_START_FLAGS || m->pid == 0))
 		r.err = -EPROTO;
-	m->argc = m->envc = 0;
-	if (!r.err)
-		take_argv_env(&r, m->strbuf, &used, &m->argc, m->argv, &m->envc, m->env);
-	if (proto_reader_end(&r)) {
-		m->argc = m->envc = 0;
-		m->argv[0] = m->env[0] = NULL;
-	}
-	return r.err;
+	return end_argv_env(&r, m->strbuf, &used, &m->argc, m->argv, &m->envc, m->env);
 }
 
 /* ---- ENTRY -------------------------------------------------------------- */
