@@ -205,8 +205,10 @@ run_tap() { # suite timeout-seconds command...
 
 # ---- unit tests and fuzzers ------------------------------------------------------
 
-# Run every built program of one kind, then fail each source of that kind
-# whose program was not built (so a broken build rule cannot drop a test).
+# Run every built program of one kind that has a source, then fail each
+# source of that kind whose program was not built (so a broken build rule
+# cannot drop a test). A program without a source is a stale build of a
+# renamed or removed one: named, not run.
 run_built() { # kind(unit|fuzz) make-target runner-function
 	local kind=$1 target=$2 runner=$3 src name bin prefix
 	local -A seen=()
@@ -215,6 +217,10 @@ run_built() { # kind(unit|fuzz) make-target runner-function
 	for bin in "$B/tests/$kind/$prefix"*; do
 		[ -f "$bin" ] && [ -x "$bin" ] || continue
 		name=${bin##*/}
+		if [ ! -f "tests/$kind/$name.c" ]; then
+			echo "# $bin: no tests/$kind/$name.c (a stale build), not run"
+			continue
+		fi
 		seen[$name]=1
 		selected "$name" || continue
 		matched=$((matched + 1))
