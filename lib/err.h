@@ -43,6 +43,7 @@
 	KERR(NOT_PAUSED, "not_paused", 409)                                                          \
 	KERR(INCOMPATIBLE_SNAPSHOT, "incompatible_snapshot", 409)                                    \
 	KERR(NO_EXEC, "no_exec", 409)                                                                \
+	KERR(PORTS_UNSUPPORTED, "ports_unsupported", 409)                                            \
 	KERR(TEMPLATE_NOT_READY, "template_not_ready", 409)                                          \
 	KERR(TEMPLATE_IN_USE, "template_in_use", 409)                                                \
 	KERR(CANCELLED, "cancelled", 409)                                                            \
@@ -62,6 +63,7 @@
 	KERR(S3_ERROR, "s3_error", 502)                                                              \
 	KERR(S3_NOT_FOUND, "s3_not_found", 502)                                                      \
 	KERR(S3_KEY_OUTSIDE, "s3_key_outside", 502)                                                  \
+	KERR(PORT_CLOSED, "port_closed", 502)                                                        \
 	KERR(NO_HOST_FITS, "no_host_fits", 503)                                                      \
 	KERR(NO_CAPACITY, "no_capacity", 503)                                                        \
 	KERR(NO_HOST, "no_host", 503)                                                                \

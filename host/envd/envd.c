@@ -14,7 +14,7 @@
  * malformed frame kills the channel (the guest is not trusted to be in step
  * after one). Request ids start at 0x80000000 so that they never collide
  * with a guest pid in an ACK (the guest looks a READ's id up first). */
-#include "envd.h"
+#include "envd_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,73 +30,9 @@
 #include "condwait.h"
 #include "proto.h"
 
-#define ENVD_OUT_SOFT (1u << 20)   /* envd_req_send waits while the send queue holds more */
-#define ENVD_REQ_Q_MAX (16u << 20) /* replies of one request not yet taken (a huge LISTDIR fails) */
-#define ENVD_SUB_Q_MAX (2u * EPROTO_WINDOW + 4096)
-#define ENVD_REQ_BASE 0x80000000u
-#define REC_HDR 5                  /* queued record: u8 type, u32 length (host order) */
-
-enum envd_state { ENVD_HELLO_WAIT, ENVD_READY, ENVD_DEAD };
-
-struct envd_proc;
-
-struct envd_sub {
-	struct envd *e;
-	uint32_t pid;
-	struct envd_proc *p;   /* NULL once ended or failed */
-	uint64_t taken;        /* offset in p's output up to which this one took */
-	struct buf q;          /* records: u8 stream, u32 len, bytes */
-	size_t q_off, last_len;
-	uint8_t cur[PROTO_MAX_PAYLOAD]; /* the record handed out last */
-	int ended, failed;
-	uint8_t how;
-	uint32_t status;
-	struct envd_err err;
-	struct envd_sub *next; /* in p->subs */
-};
-
-struct envd_proc {
-	uint32_t pid;
-	uint64_t total_in, acked;
-	struct envd_sub *subs;
-	struct envd_proc *next;
-};
-
-struct envd_req {
-	struct envd *e;
-	uint32_t id;
-	uint8_t type;
-	struct buf q;          /* records: u8 type, u32 len, payload */
-	size_t q_off;
-	uint8_t cur[PROTO_MAX_PAYLOAD];
-	int ended, failed;
-	struct envd_err err;
-	struct envd_sub *start_sub; /* START: attached to the pid on STARTED */
-	uint32_t pid;
-	struct envd_req *next;
-};
-
-struct envd {
-	char name[80];
-	int fd, wake;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;   /* state, replies, output, room in the send queue */
-	pthread_t th;
-	int th_started, joined;
-	int refs;
-	enum envd_state state;
-	uint32_t next_id, hello_req;
-	struct buf out;        /* frames to write */
-	uint8_t *rbuf;
-	size_t rlen;
-	struct envd_req *reqs;
-	struct envd_proc *procs;
-	char why[200];         /* why it died */
-};
-
 /* ---- helpers (lock held) ------------------------------------------------ */
 
-static void set_err(struct envd_err *err, enum connect_code c, int errnum, const char *fmt, const char *arg)
+void envd_set_err(struct envd_err *err, enum connect_code c, int errnum, const char *fmt, const char *arg)
 {
 	if (!err)
 		return;
@@ -115,7 +51,7 @@ static void wake_io(struct envd *e)
 }
 
 /* Queue one frame for the guest (lock held). 0 or -ENOMEM. */
-static int queue_frame(struct envd *e, uint8_t type, const void *p, size_t len)
+int envd_queue_frame(struct envd *e, uint8_t type, const void *p, size_t len)
 {
 	uint8_t hdr[PROTO_HDR_SIZE];
 
@@ -131,13 +67,13 @@ static int queue_frame(struct envd *e, uint8_t type, const void *p, size_t len)
 	return 0;
 }
 
-static void queue_u32s(struct envd *e, uint8_t type, const uint32_t *v, unsigned n)
+void envd_queue_u32s(struct envd *e, uint8_t type, const uint32_t *v, unsigned n)
 {
 	uint8_t p[16];
 	ssize_t len = eproto_u32s_encode(p, sizeof(p), v, n);
 
 	if (len >= 0)
-		queue_frame(e, type, p, (size_t)len);
+		envd_queue_frame(e, type, p, (size_t)len);
 }
 
 static void put_u32(uint8_t *p, uint32_t v)
@@ -227,7 +163,7 @@ static void proc_ack(struct envd *e, struct envd_proc *p)
 	if (min > p->acked) {
 		uint32_t v[2] = { p->pid, (uint32_t)(min - p->acked) };
 
-		queue_u32s(e, EP_ACK, v, 2);
+		envd_queue_u32s(e, EP_ACK, v, 2);
 		p->acked = min;
 	}
 }
@@ -240,7 +176,7 @@ static void sub_attach(struct envd *e, struct envd_sub *s, uint32_t pid)
 		p = calloc(1, sizeof(*p));
 		if (!p) {
 			s->failed = 1;
-			set_err(&s->err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+			envd_set_err(&s->err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 			return;
 		}
 		p->pid = pid;
@@ -277,7 +213,7 @@ static void fail_all(struct envd *e, const char *why)
 	for (struct envd_req *r = e->reqs; r; r = r->next)
 		if (!r->ended && !r->failed) {
 			r->failed = 1;
-			set_err(&r->err, CONNECT_UNAVAILABLE, 0, "%s", why);
+			envd_set_err(&r->err, CONNECT_UNAVAILABLE, 0, "%s", why);
 		}
 	while (e->procs) {
 		struct envd_proc *p = e->procs;
@@ -285,11 +221,12 @@ static void fail_all(struct envd *e, const char *why)
 		for (struct envd_sub *s = p->subs; s; s = s->next) {
 			s->failed = 1;
 			s->p = NULL;
-			set_err(&s->err, CONNECT_UNAVAILABLE, 0, "%s", why);
+			envd_set_err(&s->err, CONNECT_UNAVAILABLE, 0, "%s", why);
 		}
 		e->procs = p->next;
 		free(p);
 	}
+	envd_ports_fail(e);
 	pthread_cond_broadcast(&e->cond);
 }
 
@@ -316,6 +253,8 @@ static void on_frame(struct envd *e, const struct proto_frame *f)
 	if (e->state == ENVD_HELLO_WAIT) {
 		/* Until our HELLO is answered, what comes is the old
 		 * connection's (a restored VM's envd sends it again). */
+		if (f->type == EP_HELLO && eproto_u32s_decode(f->payload, f->len, v, 2) == 0)
+			e->features = v[1];
 		if (f->type == EP_DONE && eproto_u32s_decode(f->payload, f->len, v, 1) == 0 && v[0] == e->hello_req) {
 			e->state = ENVD_READY;
 			pthread_cond_broadcast(&e->cond);
@@ -349,7 +288,7 @@ static void on_frame(struct envd *e, const struct proto_frame *f)
 			uint32_t a[2] = { pid, (uint32_t)n };
 
 			if (n)
-				queue_u32s(e, EP_ACK, a, 2);
+				envd_queue_u32s(e, EP_ACK, a, 2);
 			return;
 		}
 		for (struct envd_sub *s = p->subs; s; s = s->next)
@@ -398,10 +337,19 @@ static void on_frame(struct envd *e, const struct proto_frame *f)
 		pthread_cond_broadcast(&e->cond);
 		return;
 	}
+	case EP_PORT_OPENED:
+	case EP_PORT_CLOSED:
+	case EP_PORT_DATA:
+	case EP_PORT_ACK:
+	case EP_PORT_SHUT:
+		if (envd_port_frame(e, f) < 0)
+			goto malformed;
+		return;
 	case EP_DONE:
 	case EP_ENTRY:
 	case EP_PROC:
 	case EP_DATA:
+	case EP_PORTS_LIST:
 		if (f->len < 4)
 			goto malformed;
 		id = (uint32_t)f->payload[0] | (uint32_t)f->payload[1] << 8 | (uint32_t)f->payload[2] << 16 |
@@ -411,19 +359,19 @@ static void on_frame(struct envd *e, const struct proto_frame *f)
 			if (f->type == EP_DATA && f->len > 4) {
 				uint32_t a[2] = { id, (uint32_t)(f->len - 4) };
 
-				queue_u32s(e, EP_ACK, a, 2);
+				envd_queue_u32s(e, EP_ACK, a, 2);
 			}
 			return;
 		}
 		if (rec_add(&r->q, ENVD_REQ_Q_MAX, f->type, f->payload, f->len) < 0) {
 			r->failed = 1;
-			set_err(&r->err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "the answer is too large");
+			envd_set_err(&r->err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "the answer is too large");
 			if (r->type == EP_LISTDIR || r->type == EP_READ) {
 				uint32_t c = r->id;
 
-				queue_u32s(e, EP_CANCEL, &c, 1);
+				envd_queue_u32s(e, EP_CANCEL, &c, 1);
 			}
-		} else if (f->type == EP_DONE ||
+		} else if (f->type == EP_DONE || f->type == EP_PORTS_LIST ||
 			   (f->type == EP_ENTRY && r->type != EP_LISTDIR)) {
 			r->ended = 1;
 		}
@@ -501,6 +449,10 @@ static void *io_main(void *arg)
 			if (n > 0) {
 				buf_consume(&e->out, (size_t)n);
 				pthread_cond_broadcast(&e->cond);
+				if (e->ports_blocked && e->out.len < ENVD_OUT_SOFT) {
+					e->ports_blocked = 0;
+					envd_ports_wake(e);
+				}
 			} else if (n < 0 && errno != EAGAIN && errno != EINTR) {
 				die(e, "the sandbox is gone (its envd channel closed)");
 				break;
@@ -519,7 +471,7 @@ static void say_hello(struct envd *e)
 	uint32_t v[2] = { EPROTO_VERSION, e->next_id++ };
 
 	e->hello_req = v[1];
-	queue_u32s(e, EP_HELLO, v, 2);
+	envd_queue_u32s(e, EP_HELLO, v, 2);
 }
 
 struct envd *envd_open(int fd, const char *name)
@@ -637,7 +589,7 @@ void envd_unref(struct envd *e)
 }
 
 /* Wait for READY (lock held). 0 or -1 with err. */
-static int wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err)
+int envd_wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err)
 {
 	int64_t hello_until = proto_now_ms() + ENVD_HELLO_MS;
 
@@ -648,11 +600,11 @@ static int wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err)
 			/* Ask again for whoever comes next: an envd that started
 			 * since sees only a new HELLO. */
 			say_hello(e);
-			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", "the sandbox's envd does not answer");
+			envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", "the sandbox's envd does not answer");
 			return -1;
 		}
 	if (e->state == ENVD_DEAD) {
-		set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
+		envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
 		return -1;
 	}
 	return 0;
@@ -663,17 +615,17 @@ int envd_send(struct envd *e, uint8_t type, const void *p, size_t len, int64_t d
 	int rc = -1;
 
 	pthread_mutex_lock(&e->lock);
-	if (wait_ready(e, deadline_ms, err) == 0) {
+	if (envd_wait_ready(e, deadline_ms, err) == 0) {
 		/* Input for a guest that does not read waits here, not in memory. */
 		while (e->state == ENVD_READY && e->out.len >= ENVD_OUT_SOFT)
 			if (condwait_until(&e->cond, &e->lock, NULL, deadline_ms) == ETIMEDOUT)
 				break;
 		if (e->state != ENVD_READY)
-			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
+			envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
 		else if (e->out.len >= ENVD_OUT_SOFT)
-			set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
-		else if ((rc = queue_frame(e, type, p, len)) < 0)
-			set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+			envd_set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
+		else if ((rc = envd_queue_frame(e, type, p, len)) < 0)
+			envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 	}
 	pthread_mutex_unlock(&e->lock);
 	return rc < 0 ? -1 : 0;
@@ -687,7 +639,7 @@ static struct envd_req *req_new(struct envd *e, uint8_t type, uint8_t *p, size_t
 	struct envd_req *r = calloc(1, sizeof(*r));
 
 	if (!r) {
-		set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 		return NULL;
 	}
 	r->e = e;
@@ -695,7 +647,7 @@ static struct envd_req *req_new(struct envd *e, uint8_t type, uint8_t *p, size_t
 	r->start_sub = start_sub;
 	buf_init(&r->q, 0);
 	pthread_mutex_lock(&e->lock);
-	if (wait_ready(e, deadline_ms, err) < 0) {
+	if (envd_wait_ready(e, deadline_ms, err) < 0) {
 		pthread_mutex_unlock(&e->lock);
 		free(r);
 		return NULL;
@@ -704,9 +656,9 @@ static struct envd_req *req_new(struct envd *e, uint8_t type, uint8_t *p, size_t
 	if (r->id < ENVD_REQ_BASE)
 		r->id = e->next_id = ENVD_REQ_BASE; /* wrapped */
 	put_u32(p, r->id);
-	if (queue_frame(e, type, p, len) < 0) {
+	if (envd_queue_frame(e, type, p, len) < 0) {
 		pthread_mutex_unlock(&e->lock);
-		set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 		free(r);
 		return NULL;
 	}
@@ -750,13 +702,13 @@ int envd_req_next(struct envd_req *r, struct envd_reply *out, int64_t deadline_m
 			break;
 		}
 		if (e->state == ENVD_DEAD) {
-			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why);
+			envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why);
 			ret = -1;
 			break;
 		}
 		if (condwait_until(&e->cond, &e->lock, NULL, deadline_ms) == ETIMEDOUT &&
 		    !(r->q.len > r->q_off || r->failed || r->ended)) {
-			set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd did not answer in time");
+			envd_set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd did not answer in time");
 			ret = -1;
 			break;
 		}
@@ -773,7 +725,7 @@ void envd_req_ack(struct envd_req *r, size_t n)
 		return;
 	pthread_mutex_lock(&r->e->lock);
 	if (r->e->state == ENVD_READY && !r->ended && !r->failed)
-		queue_u32s(r->e, EP_ACK, v, 2);
+		envd_queue_u32s(r->e, EP_ACK, v, 2);
 	pthread_mutex_unlock(&r->e->lock);
 }
 
@@ -790,19 +742,19 @@ int envd_req_send(struct envd_req *r, uint8_t type, uint8_t *p, size_t len, int6
 			break;
 		}
 		if (e->state != ENVD_READY) {
-			set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
+			envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why[0] ? e->why : "the sandbox is gone");
 			break;
 		}
 		if (e->out.len < ENVD_OUT_SOFT) {
 			put_u32(p, r->id);
-			if (queue_frame(e, type, p, len) < 0)
-				set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+			if (envd_queue_frame(e, type, p, len) < 0)
+				envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 			else
 				ret = 0;
 			break;
 		}
 		if (condwait_until(&e->cond, &e->lock, NULL, deadline_ms) == ETIMEDOUT && e->out.len >= ENVD_OUT_SOFT) {
-			set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
+			envd_set_err(err, CONNECT_DEADLINE_EXCEEDED, 0, "%s", "the sandbox's envd does not take the data");
 			break;
 		}
 	}
@@ -828,7 +780,7 @@ void envd_req_free(struct envd_req *r)
 	if (!r->ended && !r->failed && e->state == ENVD_READY && (r->type == EP_READ || r->type == EP_WRITE)) {
 		uint32_t c = r->id;
 
-		queue_u32s(e, EP_CANCEL, &c, 1);
+		envd_queue_u32s(e, EP_CANCEL, &c, 1);
 	}
 	if (r->start_sub && !r->ended)
 		sub_free_locked(e, r->start_sub); /* never attached, never handed out */
@@ -872,7 +824,7 @@ int envd_start(struct envd *e, uint8_t *p, size_t len, int64_t deadline_ms, stru
 
 	*sub = NULL;
 	if (!s) {
-		set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 		return -1;
 	}
 	r = req_new(e, EP_START, p, len, deadline_ms, s, err);
@@ -887,7 +839,7 @@ int envd_start(struct envd *e, uint8_t *p, size_t len, int64_t deadline_ms, stru
 	n = envd_req_next(r, &rep, deadline_ms, err);
 	if (n < 0 || n == 1) {
 		if (n == 1)
-			set_err(err, CONNECT_INTERNAL, 0, "%s", "unexpected answer to START");
+			envd_set_err(err, CONNECT_INTERNAL, 0, "%s", "unexpected answer to START");
 		envd_req_free(r); /* frees s too: not attached */
 		return -1;
 	}
@@ -903,12 +855,12 @@ struct envd_sub *envd_subscribe(struct envd *e, uint32_t pid, struct envd_err *e
 	struct envd_sub *s = sub_new(e);
 
 	if (!s) {
-		set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
+		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", "out of memory");
 		return NULL;
 	}
 	pthread_mutex_lock(&e->lock);
 	if (e->state == ENVD_DEAD) {
-		set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why);
+		envd_set_err(err, CONNECT_UNAVAILABLE, 0, "%s", e->why);
 		buf_free(&s->q);
 		free(s);
 		e->refs--;

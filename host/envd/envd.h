@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "connectrpc.h"
 #include "eproto.h"
@@ -126,5 +127,44 @@ struct envd_sub *envd_subscribe(struct envd *e, uint32_t pid, struct envd_err *e
 void envd_sub_next(struct envd_sub *s, struct envd_event *ev, int64_t deadline_ms);
 /* Stop: what it did not take is acknowledged for it. */
 void envd_sub_free(struct envd_sub *s);
+
+/* ---- port connections --------------------------------------------------- */
+
+/* A TCP connection to a port a process listens on inside the guest,
+ * carried over the channel (the guest has no network interface for it).
+ * Nothing here blocks but envd_port_open: a caller polls envd_port_fd
+ * (readable after any change: data, room to send, an end) beside its own
+ * socket, calls envd_port_clear, then reads and writes until -EAGAIN. An
+ * open connection holds a reference on the channel (the session is busy). */
+struct envd_port;
+
+/* Connect to port (1-65535) on the guest's loopback; waits for the answer
+ * until deadline_ms. NULL with err: unavailable with errnum -ECONNREFUSED
+ * (nothing listens), resource_exhausted (-EMFILE: too many connections),
+ * failed_precondition (the image predates ports), deadline_exceeded. */
+struct envd_port *envd_port_open(struct envd *e, unsigned port, int64_t deadline_ms, struct envd_err *err);
+int envd_port_fd(const struct envd_port *c);
+void envd_port_clear(struct envd_port *c);
+/* Bytes the server sent (> 0; each read is acknowledged to the guest), 0
+ * when it sends no more (its half close, or a clean end), -EAGAIN when
+ * nothing is there yet, or the negative errno it ended with (-ECONNRESET:
+ * the channel died, -ENOBUFS: the guest broke its window). */
+ssize_t envd_port_read(struct envd_port *c, void *buf, size_t cap);
+/* Send up to n bytes (at most one chunk, within the window): the count
+ * taken, -EAGAIN when the window or the channel's queue is full, -EPIPE when
+ * the connection ended or was shut. */
+ssize_t envd_port_write(struct envd_port *c, const void *p, size_t n);
+/* Whether every byte sent was acknowledged (or the connection ended). */
+int envd_port_idle(struct envd_port *c);
+/* We send no more (the client's half close). */
+void envd_port_shut(struct envd_port *c);
+/* The connection ended and everything it received was read. */
+int envd_port_done(struct envd_port *c);
+/* Done: a connection that has not ended is reset. Frees c. */
+void envd_port_close(struct envd_port *c);
+
+/* The TCP ports listened on inside the guest, ascending (at most
+ * EPROTO_MAX_PORTS). 0, or -1 with err. */
+int envd_ports(struct envd *e, uint16_t *ports, uint32_t *n, int64_t deadline_ms, struct envd_err *err);
 
 #endif

@@ -397,6 +397,8 @@ static const struct httpd_route host_routes[] = {
 	{ "GET", "/v1/sessions/{id}/envd/files", serve_envd_files_get },
 	{ "POST", "/v1/sessions/{id}/envd/files", serve_envd_files_get }, /* never reached: streamed in handler() */
 	{ "POST", "/v1/sessions/{id}/envd/{service}/{method}", serve_envd_rpc_post },
+	{ "GET", "/v1/sessions/{id}/ports", serve_session_ports_get },
+	{ "GET", "/v1/sessions/{id}/ports/{port}/connect", serve_session_port_connect },
 	{ "POST", "/v1/builds", builds_post },
 	{ "GET", "/v1/builds/{id}", build_get },
 	{ "DELETE", "/v1/builds/{id}", build_cancel },
@@ -419,13 +421,6 @@ static enum MHD_Result reply_too_large(struct MHD_Connection *conn)
 {
 	return reply_error(conn, KERR_TOO_LARGE, "the request body is too large");
 }
-
-/* One request's state across the access handler's calls: its body, or an
- * envd upload streamed to the guest. */
-struct serve_conn {
-	struct httpd_body body;
-	struct envd_upload *up;
-};
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
@@ -470,7 +465,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		return reply_no_token(conn);
 	if (body->too_big)
 		return reply_too_large(conn);
-	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body };
+	r = (struct httpd_req){ .conn = conn, .method = method, .url = url, .body = body, .app = c };
 	return httpd_dispatch(&host_table, s, &r);
 }
 
@@ -481,6 +476,7 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, en
 	if (c) {
 		httpd_body_free(&c->body);
 		envd_upload_free(c->up);
+		serve_tunnel_done(cls, c->tun);
 		free(c);
 	}
 	*con_cls = NULL;
@@ -505,9 +501,11 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 	 * up after at most 60 s. poll(), not select(): each session holds
 	 * several descriptors, and past ~200 sessions a new connection's fd is
 	 * over FD_SETSIZE (1024), which select() refuses (connection reset). */
+	pthread_mutex_init(&s->tun_lock, NULL);
+	condwait_init(&s->tun_cond);
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-					MHD_USE_ERROR_LOG,
-				(uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+					MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE,
+				(uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
 				MHD_OPTION_SOCK_ADDR, c->addr,
 				MHD_OPTION_CONNECTION_TIMEOUT, c->connection_timeout_s ? c->connection_timeout_s : 300u,
 				MHD_OPTION_CONNECTION_LIMIT, c->max_connections ? c->max_connections : 1024u,
@@ -528,6 +526,8 @@ void serve_http_stop(struct serve_http *s)
 	/* envd streams wait on their channels: ending those lets them finish. */
 	if (s->sessions)
 		sessions_envd_stop(s->sessions);
+	/* Closing the channels ended every tunnel: wait for their threads. */
+	serve_tunnels_wait(s, proto_now_ms() + 5000);
 	MHD_stop_daemon(s->d);
 	free(s);
 }

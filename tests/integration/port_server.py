@@ -1,0 +1,109 @@
+# Servers a port test runs inside a sandbox (tests/integration/97-ports-host.sh,
+# 98-ports.sh): an echo server on 7000 (each connection's bytes back, then
+# its end once the client's ends), and HTTP on 8000: GET /big (the file
+# /tmp/big), GET /sse (five events, 0.1 s apart), POST / (the body's sha256
+# and length), GET /hdr (the request's headers as JSON).
+import hashlib
+import http.server
+import json
+import socket
+import socketserver
+import threading
+import time
+
+
+def echo_conn(c):
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        c.sendall(d)
+    c.shutdown(socket.SHUT_WR)
+    c.close()
+
+
+def echo_server():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 7000))
+    s.listen(256)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=echo_conn, args=(c,), daemon=True).start()
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        if self.path == "/big":
+            n = 0
+            with open("/tmp/big", "rb") as f:
+                data = f.read()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/sse":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(5):
+                self.wfile.write(("data: %d %f\n\n" % (i, time.time())).encode())
+                self.wfile.flush()
+                time.sleep(0.1)
+            self.close_connection = True
+        elif self.path == "/hdr":
+            b = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+        else:
+            b = b"hello from the sandbox\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+
+    def do_POST(self):
+        h = hashlib.sha256()
+        n = 0
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                d = self.rfile.read(size)
+                h.update(d)
+                n += len(d)
+                self.rfile.readline()
+        else:
+            left = int(self.headers.get("Content-Length", "0"))
+            while left:
+                d = self.rfile.read(min(left, 65536))
+                if not d:
+                    break
+                h.update(d)
+                n += len(d)
+                left -= len(d)
+        b = ("%s %d\n" % (h.hexdigest(), n)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+threading.Thread(target=echo_server, daemon=True).start()
+S(("127.0.0.1", 8000), H).serve_forever()
