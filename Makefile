@@ -24,7 +24,7 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lpthread
-API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lpthread -lm
+API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lhttp_parser -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)
@@ -43,7 +43,7 @@ HOST_OBJS  := $(HOST_SRCS:%.c=$(B)/%.o)
 # kiln-api's rooms (api/ROOM/), listed top first: the order they link in.
 # Each is a static library with one public header; which room may include
 # which is api/LAYERS, checked by scripts/layers.py. api/main.c is kiln-api.
-API_ROOMS  := http sessions templates scheduler base hostcall store
+API_ROOMS  := http ports sessions templates scheduler base hostcall store
 API_ROOM_LIBS := $(foreach r,$(API_ROOMS),$(B)/api/$(r)/libkiln-api-$(r).a)
 # Tests, fuzzers and benchmarks include the rooms' headers by bare name.
 API_INC    := -Iapi $(addprefix -Iapi/,$(API_ROOMS))

@@ -38,6 +38,7 @@
 #include "events.h"
 #include "httpd.h"
 #include "metrics.h"
+#include "ports/ports.h"
 #include "reply.h"
 #include "sessions/sessions.h"
 #include "store/store.h"
@@ -354,7 +355,24 @@ struct conn_state {
 	struct httpd_body body;      /* first: completed() frees both */
 	struct templates_upload *up;
 	int relay_refused;           /* an envd call refused before its body: the body is dropped */
+	int begun;                   /* the access handler was called for this request */
+	struct ports_call *port;     /* a request to a sandbox's port (api/ports) */
+	char *uri;                   /* the request target as sent (uri_log) */
 };
+
+/* libmicrohttpd's URI log callback: the first thing it learns of a request.
+ * The request target as the client wrote it is kept (the access handler
+ * gets the path decoded, and a port request passes it on as sent). */
+static void *uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+	struct conn_state *cs = calloc(1, sizeof(*cs));
+
+	(void)cls;
+	(void)conn;
+	if (cs && uri && strlen(uri) < 16384)
+		cs->uri = strdup(uri);
+	return cs;
+}
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
 			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
@@ -365,15 +383,41 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	struct httpd_req r;
 	struct caller c;
 
-	if (!cs) {
-		cs = calloc(1, sizeof(*cs));
+	if (!cs || !cs->begun) {
+		struct ports_match pm;
+		int pmr;
+
+		if (!cs)
+			cs = calloc(1, sizeof(*cs));
 		if (!cs)
 			return MHD_NO;
+		cs->begun = 1;
 		body = &cs->body;
 		/* Past the cap a chunked body is dropped, and the connection
 		 * closed once it goes on past twice the cap. */
 		httpd_body_init(body, s->max_body, s->max_body);
 		*con_cls = cs;
+		/* A sandbox's port: its body streams to the server in the
+		 * sandbox, whatever its size (api/ports). */
+		pmr = ports_match(conn, url, cs->uri, &pm);
+		if (pmr < 0)
+			return reply_error(conn, pm.way == PORTS_NATIVE && !strcmp(pm.target, "no such session")
+							 ? KERR_NOT_FOUND
+							 : KERR_INVALID_REQUEST,
+					   pm.target);
+		if (pmr > 0) {
+			struct sessions *ss;
+
+			if (pm.way == PORTS_NATIVE && !authenticate(s, conn, url, &c))
+				return reply_no_key(conn, url);
+			if (pm.way == PORTS_NATIVE && store_down(s->st))
+				return reply_error(conn, KERR_UNAVAILABLE, "the database is unreachable; retry");
+			ss = hold_sessions(s);
+			if (!ss)
+				return reply_error(conn, KERR_UNAVAILABLE, "sandboxes are not served now");
+			cs->port = ports_begin(ss, conn, method, &pm, pm.way == PORTS_NATIVE ? c.customer : NULL);
+			return cs->port ? MHD_YES : MHD_NO;
+		}
 		/* An OCI archive is streamed to a spool file under the
 		 * customer's own cap (max_template_mib), not collected. */
 		if (templates_is_upload(conn, method, url)) {
@@ -419,6 +463,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 				return reply_no_key(conn, url);
 		}
 		return MHD_YES;
+	}
+	if (cs->port) {
+		if (*upload_size)
+			return ports_feed(cs->port, upload, upload_size);
+		return ports_finish(cs->port, conn);
 	}
 	if (cs->up) {
 		if (*upload_size)
@@ -497,6 +546,8 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, en
 	if (cs) {
 		httpd_body_free(&cs->body);
 		templates_upload_free(cs->up);
+		ports_done(cs->port);
+		free(cs->uri);
 		free(cs);
 	}
 	*con_cls = NULL;
@@ -570,8 +621,9 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	/* poll(), not select(): with max_connections past ~1000 a connection's
 	 * fd can pass FD_SETSIZE (1024), which select() refuses. */
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-					MHD_USE_ERROR_LOG,
+					MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE,
 				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+				MHD_OPTION_URI_LOG_CALLBACK, uri_log, NULL,
 				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
 				MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
 				MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->max_connections_per_address,

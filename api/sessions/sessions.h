@@ -66,6 +66,31 @@ void sessions_hold(struct sessions *ss);
  * long as the host takes (an exec). */
 enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r);
 
+/* The end of a sessions_hold (sessions_handle and e2b_handle release it
+ * themselves; the ports room calls this). */
+void sessions_release(struct sessions *ss);
+
+/* ---- port traffic (api/ports: session_ports.c) ---- */
+
+struct sessions_port_target {
+	struct store_session row;
+	char host_url[256];          /* the live host the session runs on */
+	const char *token;           /* the cluster token the host wants (ss's) */
+};
+
+/* Whether a connection to one of session id's ports may go, and where: the
+ * session must be the customer's (NULL: any customer's; public_only: then
+ * only a sandbox made through /e2b, whose ports are public as E2B's are),
+ * running, on a live host. 0 with *t filled; -1 with err: not_found (for
+ * every session the caller may not see), not_running (409: paused,
+ * starting, in error), host_unavailable. Blocking (a store read). */
+int sessions_port_target(struct sessions *ss, const char *id, const char *customer, int public_only,
+			 struct sessions_port_target *t, struct kiln_err *err);
+/* A port connection opened / ended: the session is busy meanwhile (the
+ * reaper does not end it for idleness) and active at both ends. */
+void sessions_port_enter(struct sessions *ss, const char *id);
+void sessions_port_leave(struct sessions *ss, const char *id);
+
 /* The rest of the door. */
 #include "e2b.h"
 

@@ -107,8 +107,6 @@ int sessions_op_create(struct sessions *ss, struct store_session_new *n, char id
  * rewritten when a write failed or one went missing. */
 void sessions_leases_renew(struct sessions *ss);
 
-/* The end of a sessions_hold. */
-void sessions_release(struct sessions *ss);
 
 /* ss->host's call and raw, with the cluster token. */
 int sessions_host_call(struct sessions *ss, const char *url, const char *method, const char *path, json_t *body,

@@ -2,9 +2,13 @@
 # 98-ports.sh): an echo server on 7000 (each connection's bytes back, then
 # its end once the client's ends), and HTTP on 8000: GET /big (the file
 # /tmp/big), GET /sse (five events, 0.1 s apart), POST / (the body's sha256
-# and length), GET /hdr (the request's headers as JSON).
+# and length), GET /hdr (the request's headers as JSON), GET /ws (a WebSocket
+# that echoes every message). Each request's method and path is appended to
+# /tmp/requests.log.
+import base64
 import hashlib
 import http.server
+import struct
 import json
 import socket
 import socketserver
@@ -38,7 +42,45 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def ws_echo(self):
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        acc = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", acc.decode())
+        self.end_headers()
+        self.wfile.flush()
+        r = self.rfile
+        while True:
+            h = r.read(2)
+            if len(h) < 2:
+                return
+            op, n = h[0] & 0x0F, h[1] & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", r.read(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", r.read(8))[0]
+            mask = r.read(4) if h[1] & 0x80 else b"\0\0\0\0"
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(r.read(n)))
+            if n < 126:
+                out = bytes([0x80 | op, n])
+            elif n < 65536:
+                out = bytes([0x80 | op, 126]) + struct.pack(">H", n)
+            else:
+                out = bytes([0x80 | op, 127]) + struct.pack(">Q", n)
+            self.wfile.write(out + data)
+            self.wfile.flush()
+            if op == 8:
+                self.close_connection = True
+                return
+
     def do_GET(self):
+        with open("/tmp/requests.log", "a") as f:
+            f.write("GET %s\n" % self.path)
+        self.path = self.path.split("?", 1)[0]
+        if self.path == "/ws":
+            return self.ws_echo()
         if self.path == "/big":
             n = 0
             with open("/tmp/big", "rb") as f:
@@ -72,6 +114,8 @@ class H(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b)
 
     def do_POST(self):
+        with open("/tmp/requests.log", "a") as f:
+            f.write("POST %s\n" % self.path)
         h = hashlib.sha256()
         n = 0
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -103,6 +147,7 @@ class H(http.server.BaseHTTPRequestHandler):
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256
 
 
 threading.Thread(target=echo_server, daemon=True).start()

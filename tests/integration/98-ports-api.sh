@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# A sandbox's ports through kiln-api (docs/api.md "Ports", docs/e2b.md
+# "Ports"): servers in a session (port_server.py) reached with curl and
+# port_client.py at /v1/sessions/{id}/ports/{port}/... with the customer's
+# key and by E2B's header routing (E2b-Sandbox-Id, E2b-Sandbox-Port) for a
+# sandbox made through /e2b: small GETs, 20 MiB down and up (Content-Length
+# and chunked) by sha256, the headers the server sees (no kiln key), an
+# event stream, a WebSocket echoing 1,000 messages, 100 connections at once,
+# a port nobody listens on (502), no key (401), another customer's key and a
+# non-E2B session by header (404), a smuggling attempt refused before the
+# server, a paused session (409), and nothing left behind.
+. "$(dirname "$0")/lib.sh"
+t_plan 25
+require_image
+t_require_tools swift-proxy-server memcached jq curl
+t_require_built kiln-api kiln-host
+PY=/usr/bin/python3
+HERE=$(cd "$(dirname "$0")" && pwd)
+TOKEN=ports-token-$RANDOM$RANDOM$RANDOM
+ADMIN=ports-admin-$RANDOM$RANDOM$RANDOM
+API_PORT=$((20000 + RANDOM % 10000))
+URL=http://127.0.0.1:$API_PORT
+BUCKET=kiln-ports
+s3_local_start
+t_mark
+
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {max_connections_per_address: 256, quotas: {submit_rate: 1000, submit_burst: 1000}}'
+api_up "$T_TMP/api.json" "$URL"
+host_config "$T_TMP/h1.json" "127.0.0.1:$((API_PORT + 1))" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h1\""
+host_start "$T_TMP/h1.json" h1
+API=$URL
+if wait_live 1; then ok "kiln-host registers with kiln-api"; else t_bail "the host registers" "$(tail -3 "$T_TMP/h1.err")"; fi
+
+admin -X POST "$URL/v1/admin/customers" --data-binary '{"id":"acme"}' > /dev/null
+admin -X POST "$URL/v1/admin/customers" --data-binary '{"id":"beta"}' > /dev/null
+KA=$(admin -X POST "$URL/v1/admin/customers/acme/keys" | jq -r .key)
+KB=$(admin -X POST "$URL/v1/admin/customers/beta/keys" | jq -r .key)
+req() { # KEY METHOD PATH [curl args]: body in $T_TMP/last, status echoed
+	local key=$1 m=$2 p=$3; shift 3
+	curl -s -m 300 -o "$T_TMP/last" -D "$T_TMP/last.h" -w '%{http_code}' -X "$m" ${key:+-H "Authorization: Bearer $key"} "$@" "$URL$p"
+}
+last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+
+st=$(req "$KA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{}')
+S=$(last .id)
+[ "$st" = 201 ] || t_bail "a session starts" "$st $(cat "$T_TMP/last")"
+st=$(req "$KA" PUT "/v1/sessions/$S/files?path=/work/port_server.py" --data-binary @"$HERE/port_server.py")
+st=$(req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' --data-binary \
+	'{"argv":["sh","-c","head -c 20971520 /dev/urandom > /tmp/big; sha256sum /tmp/big | cut -d\" \" -f1; python3 /work/port_server.py > /tmp/srv.log 2>&1 & for i in $(seq 100); do grep -q \":1F40 \" /proc/net/tcp && break; sleep 0.1; done"]}')
+SUM=$(last .stdout | tr -d '\n')
+check "the servers start in the session" test "$st" = 200 -a ${#SUM} = 64
+P=/v1/sessions/$S/ports
+
+st=$(req "$KA" GET "$P/8000/")
+check "GET through /v1/sessions/{id}/ports/8000/: 200, the server's body" \
+	test "$st" = 200 -a "$(cat "$T_TMP/last")" = "hello from the sandbox"
+st=$(req "$KA" GET "$P/8000")
+check "the port's root without a slash: 200" test "$st" = 200
+st=$(req "$KA" GET "$P/8000/big")
+check "a 20 MiB download: 200, sha256 matches, Content-Length kept" \
+	test "$st" = 200 -a "$(sha256sum < "$T_TMP/last" | cut -d' ' -f1)" = "$SUM" -a "$(tr -d '\r' < "$T_TMP/last.h" | sed -n 's/^content-length: //Ip')" = 20971520
+head -c 20971520 /dev/urandom > "$T_TMP/up"
+UP="$(sha256sum < "$T_TMP/up" | cut -d' ' -f1) 20971520"
+st=$(req "$KA" POST "$P/8000/" --data-binary @"$T_TMP/up")
+check "a 20 MiB upload (Content-Length): the server saw every byte" test "$st" = 200 -a "$(cat "$T_TMP/last")" = "$UP"
+st=$(req "$KA" POST "$P/8000/" -H 'Transfer-Encoding: chunked' --data-binary @"$T_TMP/up")
+check "a 20 MiB upload (chunked): the server saw every byte" test "$st" = 200 -a "$(cat "$T_TMP/last")" = "$UP"
+st=$(req "$KA" GET "$P/8000/hdr?x=1" -H 'X-Test: yes')
+check "the server sees its headers and X-Forwarded-For, never the kiln key" \
+	test "$st" = 200 -a "$(last '.["x-test"]')" = yes -a "$(last '.["x-forwarded-for"]')" = 127.0.0.1 -a "$(last '.authorization // "none"')" = none
+t0=$(date +%s%N)
+st=$(req "$KA" GET "$P/8000/sse" -N)
+t1=$(date +%s%N)
+check "an event stream: 200 text/event-stream, five events" \
+	test "$st" = 200 -a "$(grep -c '^data: ' "$T_TMP/last")" = 5 -a "$(tr -d '\r' < "$T_TMP/last.h" | sed -n 's/^content-type: //Ip')" = text/event-stream
+out=$(PORT_HEADERS="Authorization=Bearer $KA" timeout 300 $PY "$HERE/port_client.py" "$URL" ws "$P/8000/ws" 1000)
+check "a WebSocket: 1,000 messages echoed in order ($out ms median)" test "${out% *}" = "echoed 1000"
+out=$(PORT_HEADERS="Authorization=Bearer $KA" timeout 300 $PY "$HERE/port_client.py" "$URL" many "$P/8000/" 100)
+check "100 connections at once: all 200" test "$out" = 100
+st=$(req "$KA" GET "$P/7999/")
+check "a port nobody listens on: 502 port_closed" test "$st" = 502 -a "$(last .error.code)" = port_closed
+st=$(req "" GET "$P/8000/")
+check "no key: 401" test "$st" = 401
+st=$(req "$KB" GET "$P/8000/")
+check "another customer's key: 404, as for no session" test "$st" = 404 -a "$(last .error.code)" = not_found
+st=$(req "$KA" GET "/v1/sessions/s_00000000000000000000000000000000/ports/8000/")
+check "an unknown session: 404" test "$st" = 404
+st=$(req "$KA" GET "$P/0/")
+check "port 0: 400" test "$st" = 400
+before=$(req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["wc","-l","/tmp/requests.log"]}' > /dev/null; last .stdout | cut -d' ' -f1)
+out=$(PORT_HEADERS="Authorization=Bearer $KA" timeout 60 $PY "$HERE/port_client.py" "$URL" smuggle "$P/8000/")
+after=$(req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["wc","-l","/tmp/requests.log"]}' > /dev/null; last .stdout | cut -d' ' -f1)
+check "Content-Length with Transfer-Encoding: 400, and the server saw nothing ($before -> $after)" test "$out" = 400 -a "$before" = "$after"
+
+# --- E2B's header routing ---
+e2b() { local m=$1 p=$2; shift 2; curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "X-API-KEY: $KA" -H 'Content-Type: application/json' "$@" "$URL/e2b$p"; }
+st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base","timeout":300}')
+E=$(last .sandboxID)
+check "an E2B sandbox starts" test "$st" = 201
+req "$KA" PUT "/v1/sessions/$E/files?path=/work/port_server.py" --data-binary @"$HERE/port_server.py" > /dev/null
+req "$KA" POST "/v1/sessions/$E/exec" -H 'Content-Type: application/json' --data-binary \
+	'{"argv":["sh","-c","echo hi > /tmp/big; python3 /work/port_server.py > /tmp/srv.log 2>&1 & for i in $(seq 100); do grep -q \":1F40 \" /proc/net/tcp && break; sleep 0.1; done"]}' > /dev/null
+st=$(req "" GET /any/path -H "E2b-Sandbox-Id: $E" -H "E2b-Sandbox-Port: 8000")
+check "E2B header routing: E2b-Sandbox-Id + E2b-Sandbox-Port reach the port, no key (public)" \
+	test "$st" = 200 -a "$(cat "$T_TMP/last")" = "hello from the sandbox"
+st=$(req "" GET /hdr -H "E2b-Sandbox-Id: $E" -H "E2b-Sandbox-Port: 8000")
+check "...routing headers are not passed on" test "$st" = 200 -a "$(last '.["e2b-sandbox-id"] // "none"')" = none
+out=$(PORT_HEADERS="E2b-Sandbox-Id=$E;E2b-Sandbox-Port=8000" timeout 120 $PY "$HERE/port_client.py" "$URL" ws /ws 100)
+check "a WebSocket by header routing" test "${out% *}" = "echoed 100"
+st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
+check "a session not made through /e2b is not public: 404" test "$st" = 404
+
+# --- paused ---
+st=$(req "$KA" POST "/v1/sessions/$S/pause")
+st=$(req "$KA" GET "$P/8000/")
+check "a paused session's port: 409 not_running" test "$st" = 409 -a "$(last .error.code)" = not_running
+req "$KA" DELETE "/v1/sessions/$S" > /dev/null
+st=$(e2b DELETE "/sandboxes/$E")
+check "the sandboxes are removed" test "$st" = 204
+t_nothing_left "nothing left behind (QEMU, files, cgroups, mounts)"
+t_done
