@@ -189,6 +189,11 @@ $(B)/tests/fuzz/fuzz_e2breq: tests/fuzz/fuzz_e2breq.c $(B)/fuzz-obj/api/sessions
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/sessions/e2b_request.o $(B)/fuzz-obj/api/base/request.o $(B)/fuzz-obj/api/store/quota.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lm
 
+# A sandbox server's HTTP answer as kiln-api's port proxy reads it.
+$(B)/tests/fuzz/fuzz_portresp: tests/fuzz/fuzz_portresp.c $(B)/fuzz-obj/api/ports/port_resp.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ports/port_resp.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lhttp_parser
+
 # kiln mcp's message handling (the CLI's pure protocol module).
 $(B)/tests/fuzz/fuzz_mcp: tests/fuzz/fuzz_mcp.c $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)

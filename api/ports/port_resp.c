@@ -63,7 +63,12 @@ static int on_headers_complete(http_parser *p)
 {
 	struct port_resp *r = of(p);
 
-	if (p->status_code >= 100 && p->status_code < 200 && p->status_code != 101) {
+	if (p->status_code < 100 || p->status_code > 599) {
+		snprintf(r->why, sizeof(r->why), "status %u is not an HTTP status", p->status_code);
+		r->bad_status = 1;
+		return -1;
+	}
+	if (p->status_code < 200 && p->status_code != 101) {
 		/* 100 Continue and the like: the answer is still to come. */
 		r->nh = 0;
 		r->hlen = 0;
@@ -141,8 +146,9 @@ long port_resp_feed(struct port_resp *r, const char *p, size_t n)
 	}
 	if (HTTP_PARSER_ERRNO(&r->p) != HPE_OK || r->too_big) {
 		r->failed = 1;
-		snprintf(r->why, sizeof(r->why), "%s",
-			 r->too_big ? "its head is too large" : http_errno_description(HTTP_PARSER_ERRNO(&r->p)));
+		if (!r->bad_status)
+			snprintf(r->why, sizeof(r->why), "%s",
+				 r->too_big ? "its head is too large" : http_errno_description(HTTP_PARSER_ERRNO(&r->p)));
 		return -1;
 	}
 	if (r->upgrade)

@@ -22,7 +22,7 @@ struct port_resp {
 	int head_request;            /* the request was HEAD: no body follows the head */
 	struct buf *body;            /* decoded body bytes are appended here */
 	int status;                  /* once head_done */
-	int head_done, done, upgrade, failed, too_big, interim;
+	int head_done, done, upgrade, failed, too_big, interim, bad_status;
 	int chunked, has_length;
 	uint64_t content_length;
 	char why[96];                /* failed: what was wrong */
