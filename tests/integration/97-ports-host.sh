@@ -8,7 +8,7 @@
 # listens on (502 port_closed, at once), the cluster token, a bad port, an
 # idle tunnel, DELETE with tunnels open, and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 20
+t_plan 27
 require_image
 PY=/usr/bin/python3
 TOKEN=ports-token-$RANDOM$RANDOM
@@ -67,6 +67,33 @@ check "no such session: 404" test "${out%% *}" = 404
 st=$(curl -s -m 30 -o "$T_TMP/last" -w '%{http_code}' -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PA/v1/sessions/s1/ports/8000/connect")
 check "connect without Upgrade: 400" test "$st" = 400
 check "a tunnel that sends nothing is held open" test "$(tun 8000 idle)" = held
+
+# Hostile servers: one that floods a client that does not read, one that
+# never reads what a client pushes, a guest with thousands of listeners.
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$host_pid/status"; }
+r0=$(rss)
+t_bg tun 7001 stall 4 > "$T_TMP/stall.out"
+stall_pid=$T_BG_PID
+sleep 2
+r1=$(rss)
+wait "$stall_pid"
+check "a server flooding a client that does not read: kiln-host holds at most ~2 MiB for it (RSS +$(((r1 - r0) / 1024)) MiB)" \
+	test $((r1 - r0)) -lt 16384
+check "...and the client then reads the flood" test "$(cat "$T_TMP/stall.out")" -gt 1048576
+r0=$(rss)
+pushed=$(tun 7002 push 3)
+r1=$(rss)
+check "a server that never reads: the tunnel takes a bounded amount ($((pushed / 1048576)) MiB in 3 s)" test "$pushed" -lt $((16 * 1048576))
+check "...kiln-host's memory does not grow with it (RSS +$(((r1 - r0) / 1024)) MiB)" test $((r1 - r0)) -lt 16384
+LS=$'import resource, socket, time\nsoft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\nresource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))\nls = []\nfor i in range(3000):\n    s = socket.socket()\n    s.bind(("127.0.0.1", 20000 + i))\n    s.listen(1)\n    ls.append(s)\nprint(len(ls), flush=True)\ntime.sleep(60)\n'
+printf '%s' "$LS" | h PUT "/v1/sessions/s1/files?path=/work/ls.py" --data-binary @- > /dev/null
+st=$(h POST /v1/sessions/s1/exec -H 'Content-Type: application/json' --data-binary \
+	'{"argv":["sh","-c","python3 /work/ls.py > /tmp/ls.out 2>&1 & for i in $(seq 100); do [ -s /tmp/ls.out ] && break; sleep 0.1; done; cat /tmp/ls.out"]}')
+check "3,000 listeners in the guest" test "$st" = 200 -a "$(last .stdout | tr -d '\n')" = 3000
+st=$(h GET /v1/sessions/s1/ports)
+check "GET .../ports with 3,000 listeners: 200, at most 1,024, ascending" \
+	test "$st" = 200 -a "$(last '.ports | length')" = 1024 -a "$(last '.ports == (.ports | sort)')" = true
+check "...and a port still connects" test "$(tun 7000 echo 1000)" = same
 
 # A tunnel open when the session goes: it ends (a reset), nothing hangs.
 t_bg tun 7000 idle > /dev/null

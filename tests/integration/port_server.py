@@ -1,6 +1,7 @@
 # Servers a port test runs inside a sandbox (tests/integration/97-ports-host.sh,
 # 98-ports.sh): an echo server on 7000 (each connection's bytes back, then
-# its end once the client's ends), and HTTP on 8000: GET /big (the file
+# its end once the client's ends), a flood on 7001 (writes without end), a
+# sink on 7002 (never reads), and HTTP on 8000: GET /big (the file
 # /tmp/big), GET /sse (five events, 0.1 s apart), POST / (the body's sha256
 # and length), GET /hdr (the request's headers as JSON), GET /ws (a WebSocket
 # that echoes every message). Each request's method and path is appended to
@@ -26,14 +27,31 @@ def echo_conn(c):
     c.close()
 
 
-def echo_server():
+def flood_conn(c):
+    block = b"x" * 65536
+    try:
+        while True:
+            c.sendall(block)
+    except OSError:
+        c.close()
+
+
+def sink_conn(c):
+    time.sleep(3600)  # never reads
+
+
+def serve(port, handler):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 7000))
+    s.bind(("127.0.0.1", port))
     s.listen(256)
     while True:
         c, _ = s.accept()
-        threading.Thread(target=echo_conn, args=(c,), daemon=True).start()
+        threading.Thread(target=handler, args=(c,), daemon=True).start()
+
+
+def echo_server():
+    serve(7000, echo_conn)
 
 
 class H(http.server.BaseHTTPRequestHandler):
@@ -151,4 +169,6 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 
 threading.Thread(target=echo_server, daemon=True).start()
+threading.Thread(target=serve, args=(7001, flood_conn), daemon=True).start()
+threading.Thread(target=serve, args=(7002, sink_conn), daemon=True).start()
 S(("127.0.0.1", 8000), H).serve_forever()

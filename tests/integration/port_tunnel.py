@@ -12,6 +12,10 @@ port_tunnel.py ADDR TOKEN SESSION PORT MODE [ARGS]
   many K N          K tunnels at once, each echoing N bytes: print how many
                     came back whole
   idle              open a tunnel, send nothing, hold it 2 s: print "held"
+  stall S           open a tunnel, read nothing for S seconds, then read for
+                    1 s: print the bytes read (a flooding server is held back)
+  push S            write without end for S seconds to a server that never
+                    reads: print the bytes the tunnel took
 Everything is bounded in time (60 s a socket operation)."""
 import http.client
 import os
@@ -94,7 +98,34 @@ def main():
                 body += d
         print(st, body.decode(errors="replace").strip().replace("\n", " "))
         return
-    if mode == "idle":
+    if mode == "stall":
+        import time
+        time.sleep(float(args[0]))
+        s.settimeout(1)
+        n = 0
+        end = time.monotonic() + 1
+        try:
+            while time.monotonic() < end:
+                d = s.recv(65536)
+                if not d:
+                    break
+                n += len(d)
+        except OSError:
+            pass
+        print(n)
+    elif mode == "push":
+        import time
+        s.setblocking(False)
+        n = 0
+        block = b"y" * 65536
+        end = time.monotonic() + float(args[0])
+        while time.monotonic() < end:
+            try:
+                n += s.send(block)
+            except BlockingIOError:
+                time.sleep(0.01)
+        print(n)
+    elif mode == "idle":
         import time
         time.sleep(2)
         print("held")
