@@ -129,6 +129,7 @@ int main(int argc, char **argv)
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	/* Should the host run short of memory, sandboxes go first. */
@@ -189,8 +190,21 @@ int main(int argc, char **argv)
 	fprintf(stderr, "kiln-api: serving on http://%s (db %s, S3 %s)\n", cfg.listen,
 		cfg.postgres ? "postgresql" : cfg.db,
 		cfg.s3.endpoint ? cfg.s3.endpoint : "none: outputs get no url");
-	while (sigwait(&set, &sig) != 0)
-		;
+	if (cfg.tls_listen)
+		fprintf(stderr, "kiln-api: serving TLS on %s (%s; SIGHUP reads it again)\n", cfg.tls_listen,
+			cfg.tls_cert_file);
+	for (;;) {
+		struct kiln_err rerr = { .code = "" };
+
+		if (sigwait(&set, &sig) != 0)
+			continue;
+		if (sig != SIGHUP)
+			break;
+		if (server_reload(srv, &rerr) < 0)
+			fprintf(stderr, "kiln-api: SIGHUP: %s (the running certificate stays)\n", rerr.message);
+		else if (cfg.tls_listen)
+			fprintf(stderr, "kiln-api: SIGHUP: TLS certificate read again from %s\n", cfg.tls_cert_file);
+	}
 	fprintf(stderr, "kiln-api: %s: shutting down\n", strsignal(sig));
 	server_set_hooks(srv, NULL);
 	/* HTTP threads still running see no sessions from here on; the reaper

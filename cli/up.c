@@ -27,12 +27,14 @@
 #include "clock.h"
 #include "cli.h"
 #include "fsutil.h"
+#include "up_tls.h"
 
 #define UP_DEFAULT_DIR "/var/lib/kiln/up"
 #define UP_DEFAULT_PORT 8080
 #define UP_BUCKET "kiln"
 #define UP_HOST_ID "local"
 #define UP_CUSTOMER "default"
+#define UP_DOMAIN "kiln.localhost"  /* resolves to loopback through nss-myhostname (scripts/deps.sh) */
 #define HOST_READY_TIMEOUT_S (30 * 60) /* a first snapshot on a slow TCG machine */
 #define HOST_STOP_TIMEOUT_S 60
 #define API_STOP_TIMEOUT_S 20
@@ -45,6 +47,9 @@ struct up {
 	char api_url[64], host_url[64];
 	char s3_endpoint[256], s3_region[64], s3_access[128], s3_secret[128];
 	int egress;        /* --egress: kiln-host offers egress, the customer may use it */
+	int tls_port;      /* kiln-api's TLS listener (443 when free) */
+	char domain[96];   /* the sandbox domain: kiln.localhost[:tls_port] */
+	struct up_tls tls; /* DIR/tls: the local CA and the domain's certificate */
 	pid_t api_pid, host_pid;
 	sigset_t sigs;     /* blocked in kiln up, waited for with sigtimedwait */
 	int stop;          /* SIGINT/SIGTERM/SIGHUP arrived */
@@ -92,9 +97,11 @@ static int random_hex(char *out, size_t bytes)
 }
 
 /* A TCP port on 127.0.0.1 that is free now (the kernel picks it). */
-static int free_port(void)
+/* Port want on loopback when nothing holds it (0: any free port): the port, or -1. */
+static int bind_port(int want)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons((uint16_t)want) };
 	socklen_t len = sizeof(a);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
 
@@ -104,6 +111,11 @@ static int free_port(void)
 		port = ntohs(a.sin_port);
 	close(fd);
 	return port;
+}
+
+static int free_port(void)
+{
+	return bind_port(0);
 }
 
 /* The binaries beside ours, and s3-local.sh: $KILN_S3_LOCAL, else
@@ -358,6 +370,16 @@ static int write_configs(struct up *u)
 	snprintf(path, sizeof(path), "%s/api.db", u->dir);
 	api = json_pack("{s:s, s:s, s:s, s:s, s:O}", "listen", listen, "db", path, "admin_key", u->admin_key,
 			"cluster_token", u->token, "s3", s3);
+	/* Sandboxes' ports at https://<port>-<id>.<domain> (E2B's getHost):
+	 * names under localhost resolve to loopback (nss-myhostname). */
+	if (api) {
+		char tls_listen[64];
+
+		snprintf(tls_listen, sizeof(tls_listen), "127.0.0.1:%d", u->tls_port);
+		json_object_set_new(api, "sandbox_domain", json_string(u->domain));
+		json_object_set_new(api, "tls", json_pack("{s:s, s:s, s:s}", "listen", tls_listen, "cert_file",
+							   u->tls.cert, "key_file", u->tls.key));
+	}
 	snprintf(p3, sizeof(p3), "%s/destinations.key", u->dir);
 	if (api && ensure_dest_key(p3) == 0)
 		json_object_set_new(api, "destinations", json_pack("{s:s}", "key_file", p3));
@@ -593,6 +615,11 @@ static int write_credentials(struct up *u)
 		{ "E2B_API_URL", e2b_api }, { "E2B_SANDBOX_URL", u->api_url }, { "E2B_API_KEY", u->customer_key },
 		{ "S3_ENDPOINT", u->s3_endpoint }, { "S3_REGION", u->s3_region }, { "S3_BUCKET", UP_BUCKET },
 		{ "S3_ACCESS_KEY", u->s3_access }, { "S3_SECRET_KEY", u->s3_secret },
+		/* https://<port>-<id>.<domain>: the local CA for Node, OpenSSL and
+		 * Python's requests (the bundle holds the system's too). */
+		{ "E2B_DOMAIN", u->domain }, { "KILN_SANDBOX_DOMAIN", u->domain },
+		{ "NODE_EXTRA_CA_CERTS", u->tls.ca }, { "SSL_CERT_FILE", u->tls.bundle },
+		{ "REQUESTS_CA_BUNDLE", u->tls.bundle },
 	};
 	char tmp[PATH_MAX + 16];
 	FILE *f;
@@ -741,6 +768,23 @@ int cmd_up(int argc, char **argv)
 		goto out;
 	}
 	snprintf(u.api_url, sizeof(u.api_url), "http://127.0.0.1:%d", u.port);
+	/* 443 when free, so that https://<port>-<id>.kiln.localhost needs no
+	 * port; else any, carried in the domain (the SDK appends it). */
+	u.tls_port = bind_port(443);
+	if (u.tls_port < 0)
+		u.tls_port = free_port();
+	if (u.tls_port == 443)
+		snprintf(u.domain, sizeof(u.domain), "%s", UP_DOMAIN);
+	else
+		snprintf(u.domain, sizeof(u.domain), "%s:%d", UP_DOMAIN, u.tls_port);
+	{
+		char why[300];
+
+		if (u.tls_port < 0 || up_tls_make(u.dir, u.domain, &u.tls, why, sizeof(why)) < 0) {
+			say("TLS for the sandbox domain: %s", u.tls_port < 0 ? "no free port" : why);
+			goto out;
+		}
+	}
 	sigemptyset(&u.sigs);
 	sigaddset(&u.sigs, SIGINT);
 	sigaddset(&u.sigs, SIGTERM);
@@ -769,11 +813,12 @@ int cmd_up(int argc, char **argv)
 	       "  API          %s\n"
 	       "  egress       %s\n"
 	       "  S3           %s (bucket %s, access key %s)\n"
+	       "  sandboxes    https://PORT-ID.%s (local CA %s)\n"
 	       "  credentials  %s (kiln reads it by default; or: . %s)\n"
 	       "  logs         %s/{api,host}.log, %s/log\n"
 	       "Ctrl-C or SIGTERM stops everything.\n",
 	       u.api_url, u.egress ? "on (kiln run --allow DEST:PORTS; template builds)" : "off (kiln up --egress)",
-	       u.s3_endpoint, UP_BUCKET, u.s3_access, u.creds, u.creds, u.dir, u.s3_dir);
+	       u.s3_endpoint, UP_BUCKET, u.s3_access, u.domain, u.tls.ca, u.creds, u.creds, u.dir, u.s3_dir);
 	fflush(stdout);
 	while (!u.stop && !u.died)
 		up_poll(&u, 1000, NULL, NULL);

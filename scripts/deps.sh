@@ -21,6 +21,8 @@ pkgs=(
   umoci skopeo
   # running VMs
   qemu-system-x86 qemu-utils iproute2 nftables libnftables-dev libmnl-dev
+  # kiln up's sandbox domain: names under .localhost resolve to loopback
+  libnss-myhostname
   # tests and benchmarks
   python3 jq curl hyperfine wrk
   # the Python SDK's test installs it with pip into a venv, offline

@@ -52,10 +52,32 @@ static int secret(const char *value, const char *file_path, const char *name, co
 	return 0;
 }
 
+/* A sandbox domain: a DNS name, perhaps with :PORT (E2B's SDK puts it after
+ * "<port>-<id>." in the host names getHost returns). */
+static int domain_ok(const char *d)
+{
+	size_t n = strlen(d), i = 0;
+
+	if (!n || n > 200 || d[0] == '.' || d[0] == '-')
+		return 0;
+	for (; i < n && d[i] != ':'; i++)
+		if (!((d[i] >= 'a' && d[i] <= 'z') || (d[i] >= 'A' && d[i] <= 'Z') || (d[i] >= '0' && d[i] <= '9') ||
+		      d[i] == '-' || d[i] == '.'))
+			return 0;
+	if (i < n) {
+		size_t k = n - i - 1;
+
+		if (k < 1 || k > 5 || strspn(d + i + 1, "0123456789") != k || atoi(d + i + 1) > 65535 || !atoi(d + i + 1))
+			return 0;
+	}
+	return d[i - 1] != '.';
+}
+
 int api_config_load(const char *path, struct api_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *s3 = NULL, *quotas = NULL, *dests = NULL, *store = NULL;
+	json_t *tls = NULL;
 	const char *pg = NULL, *pg_file = NULL;
 	const char *admin_key = NULL, *admin_key_file = NULL, *token = NULL, *token_file = NULL;
 	const char *sk = NULL, *sk_file = NULL;
@@ -77,7 +99,8 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "max_connections_per_address", CONF_U32, &c->max_connections_per_address, 1, 65536 },
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
 			{ "destinations", CONF_OBJ, &dests }, { "public_url", CONF_STR, &c->public_url },
-			{ "store", CONF_OBJ, &store }, { "ui_dir", CONF_STR, &c->ui_dir }, { 0 },
+			{ "store", CONF_OBJ, &store }, { "ui_dir", CONF_STR, &c->ui_dir },
+			{ "sandbox_domain", CONF_STR, &c->sandbox_domain }, { "tls", CONF_OBJ, &tls }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
@@ -88,6 +111,25 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 				     "%s: public_url: expected an http:// or https:// URL of at most 255 characters, "
 				     "without a query, fragment or trailing / (got \"%.300s\")",
 				     path, c->public_url);
+			goto fail;
+		}
+	}
+	if (c->sandbox_domain && !domain_ok(c->sandbox_domain)) {
+		kiln_err_set(err, KERR_CONFIG,
+			     "%s: sandbox_domain: expected a DNS name (letters, digits, '-' and '.', at most 200 "
+			     "characters), optionally with :PORT (got \"%.300s\")",
+			     path, c->sandbox_domain);
+		goto fail;
+	}
+	if (tls) {
+		const struct conf_field f[] = { { "listen", CONF_STR, &c->tls_listen },
+						{ "cert_file", CONF_STR, &c->tls_cert_file },
+						{ "key_file", CONF_STR, &c->tls_key_file }, { 0 } };
+
+		if (conf_take(tls, "tls", f, path, API_CONF_FLAGS, err) < 0)
+			goto fail;
+		if (!c->tls_listen || !c->tls_cert_file || !c->tls_key_file) {
+			kiln_err_set(err, KERR_CONFIG, "%s: tls: listen, cert_file and key_file are required", path);
 			goto fail;
 		}
 	}

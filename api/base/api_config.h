@@ -43,6 +43,13 @@ struct api_config {
 	/* ui_dir: the web console's files (api/http/ui.h); NULL: looked up beside
 	 * the binary. */
 	const char *ui_dir;
+	/* sandbox_domain: the domain of sandboxes' host names (E2B's
+	 * `<port>-<id>.<domain>`: docs/api.md "Ports"); returned as `domain` by
+	 * E2B's create and connect. NULL: none (host names are not routed). */
+	const char *sandbox_domain;
+	/* tls: a second listener that speaks TLS with the operator's
+	 * certificate (PEM files, read again on SIGHUP). NULL: none. */
+	const char *tls_listen, *tls_cert_file, *tls_key_file;
 	unsigned char dest_key[32];
 	int have_dest_key;
 	json_t *root;                /* owns the strings above */

@@ -363,7 +363,7 @@ struct conn_state {
 /* libmicrohttpd's URI log callback: the first thing it learns of a request.
  * The request target as the client wrote it is kept (the access handler
  * gets the path decoded, and a port request passes it on as sent). */
-static void *uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
+void *server_uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
 {
 	struct conn_state *cs = calloc(1, sizeof(*cs));
 
@@ -374,8 +374,8 @@ static void *uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
 	return cs;
 }
 
-static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-			       const char *version, const char *upload, size_t *upload_size, void **con_cls)
+enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+			     const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
 	struct server *s = cls;
 	struct conn_state *cs = *con_cls;
@@ -399,7 +399,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		*con_cls = cs;
 		/* A sandbox's port: its body streams to the server in the
 		 * sandbox, whatever its size (api/ports). */
-		pmr = ports_match(conn, url, cs->uri, &pm);
+		pmr = ports_match(conn, url, cs->uri, s->cfg->sandbox_domain, &pm);
 		if (pmr < 0)
 			return reply_error(conn, pm.way == PORTS_NATIVE && !strcmp(pm.target, "no such session")
 							 ? KERR_NOT_FOUND
@@ -539,7 +539,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	return httpd_dispatch(&api_table, s, &r);
 }
 
-static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+void server_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
 	struct conn_state *cs = *con_cls;
 
@@ -554,7 +554,7 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls, en
 }
 
 /* "ADDR:PORT" (IPv4) into sa. */
-static int parse_listen(const char *arg, struct sockaddr_in *sa)
+int server_parse_listen(const char *arg, struct sockaddr_in *sa)
 {
 	const char *colon = strrchr(arg, ':');
 	char host[64];
@@ -584,7 +584,7 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 		kiln_err_set(err, KERR_INTERNAL, "out of memory");
 		return NULL;
 	}
-	if (parse_listen(cfg->listen, &sa) < 0) {
+	if (server_parse_listen(cfg->listen, &sa) < 0) {
 		free(s);
 		kiln_err_set(err, KERR_CONFIG, "listen: expected IPv4-ADDRESS:PORT (got \"%s\")", cfg->listen);
 		return NULL;
@@ -622,8 +622,8 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 	 * fd can pass FD_SETSIZE (1024), which select() refuses. */
 	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
 					MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE,
-				ntohs(sa.sin_port), NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-				MHD_OPTION_URI_LOG_CALLBACK, uri_log, NULL,
+				ntohs(sa.sin_port), NULL, NULL, server_access, s, MHD_OPTION_NOTIFY_COMPLETED, server_completed, NULL,
+				MHD_OPTION_URI_LOG_CALLBACK, server_uri_log, NULL,
 				MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, cfg->connection_timeout_s,
 				MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
 				MHD_OPTION_PER_IP_CONNECTION_LIMIT, cfg->max_connections_per_address,
@@ -634,6 +634,11 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 		goto fail;
 	}
 	base_url_set(s, &sa);
+	if (cfg->tls_listen && server_tls_start(s, err) < 0) {
+		MHD_stop_daemon(s->d);
+		store_set_listener(st, NULL, NULL);
+		goto fail;
+	}
 	return s;
 fail:
 	quota_limiter_free(s->lim);
@@ -673,6 +678,7 @@ void server_stop(struct server *s)
 		return;
 	events_stop(s->ev);
 	store_wake_all(s->st);
+	server_tls_stop(s);
 	MHD_stop_daemon(s->d);
 	store_set_listener(s->st, NULL, NULL);
 	events_free(s->ev);

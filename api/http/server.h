@@ -44,6 +44,11 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 			    struct kiln_err *err);
 void server_set_hooks(struct server *s, const struct server_hooks *hooks);
 
+/* SIGHUP: read the TLS certificate and key again (tls.c); connections open
+ * now keep the old one until they end. 0, or -1 with err (the running
+ * certificate stays). Any thread. */
+int server_reload(struct server *s, struct kiln_err *err);
+
 /* Serve /v1/sessions with ss (sessions.h); until it is set (or after it is
  * set to NULL) those paths answer 503. */
 struct sessions;

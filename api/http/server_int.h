@@ -6,6 +6,7 @@
 #ifndef KILN_API_SERVER_INT_H
 #define KILN_API_SERVER_INT_H
 
+#include <netinet/in.h>
 #include <pthread.h>
 
 #include <microhttpd.h>
@@ -15,6 +16,7 @@
 #include "server.h"
 
 #define ADMIN_BODY_MAX (64u << 10)
+#define TLS_OLD_MAX 8              /* quiesced TLS daemons kept serving after reloads */
 
 struct server {
 	const struct api_config *cfg;
@@ -34,7 +36,29 @@ struct server {
 	const char *ui_dir;          /* the web console's files (ui.h); NULL: none */
 	char ui_dir_buf[4200];
 	char base_url[300];          /* the links kiln-api signs start here (base_url_set) */
+	/* The TLS listener (tls.c): the daemon taking new connections, and
+	 * those a reload quiesced (serving the connections they had). */
+	pthread_mutex_t tls_lock;
+	struct MHD_Daemon *tls_d;
+	struct tls_old {
+		struct MHD_Daemon *d;
+		char *cert, *key;
+	} tls_old[TLS_OLD_MAX];
+	char *tls_cert, *tls_key;    /* the PEM text tls_d was started with */
 };
+
+/* server.c: libmicrohttpd's callbacks, shared by both listeners. */
+enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+			     const char *version, const char *upload, size_t *upload_size, void **con_cls);
+void server_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe);
+void *server_uri_log(void *cls, const char *uri, struct MHD_Connection *conn);
+/* "ADDR:PORT" (IPv4) into sa: 0 or -1. */
+int server_parse_listen(const char *arg, struct sockaddr_in *sa);
+
+/* tls.c: the TLS listener (cfg->tls_listen): started by server_start,
+ * reloaded by server_reload (SIGHUP), stopped by server_stop. */
+int server_tls_start(struct server *s, struct kiln_err *err);
+void server_tls_stop(struct server *s);
 
 struct caller {
 	char customer[65]; /* "" for the admin */

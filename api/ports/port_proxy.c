@@ -212,8 +212,8 @@ static int build_head(struct ports_call *c, struct MHD_Connection *conn, const c
 	if (buf_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, m->target, host) < 0)
 		return kiln_err_set(&c->err, KERR_TOO_LARGE, "the request head is too large");
 	MHD_get_connection_values(conn, MHD_HEADER_KIND, add_header, &h);
-	if (h.bad || buf_printf(b, "X-Forwarded-For: %s\r\nX-Forwarded-Host: %s\r\nX-Forwarded-Proto: http\r\n", addr,
-				host) < 0)
+	if (h.bad || buf_printf(b, "X-Forwarded-For: %s\r\nX-Forwarded-Host: %s\r\nX-Forwarded-Proto: %s\r\n", addr,
+				host, MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION) ? "https" : "http") < 0)
 		return kiln_err_set(&c->err, KERR_TOO_LARGE, "the request head is too large");
 	if (c->upgrade) {
 		if (buf_printf(b, "Connection: Upgrade\r\nUpgrade: %s\r\n", upgrade) < 0)

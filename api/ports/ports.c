@@ -1,12 +1,13 @@
-/* ports: which requests are for a sandbox's port (ports.h). Two ways in
- * today: E2B's header routing (E2b-Sandbox-Id and E2b-Sandbox-Port on any
- * path; envd's own port 49983 stays the envd relay's) and kiln's native
- * path /v1/sessions/{id}/ports/{port}[/...], whose rest is the server's
- * path. */
+/* ports: which requests are for a sandbox's port (ports.h). Three ways in:
+ * a host name `<port>-<id>.<sandbox_domain>` (E2B's getHost), E2B's header
+ * routing (E2b-Sandbox-Id and E2b-Sandbox-Port on any path) -- envd's own
+ * port 49983 stays the envd relay's either way -- and kiln's native path
+ * /v1/sessions/{id}/ports/{port}[/...], whose rest is the server's path. */
 #include "ports_int.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 /* "1".."65535", digits only: the port, else 0. */
 static unsigned port_of(const char *s, size_t n)
@@ -40,14 +41,54 @@ static int id_ok(const char *id, size_t n)
 	return 1;
 }
 
-int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, struct ports_match *m)
+/* Host: "<port>-<id>.<domain>[:N]" (any case): 1 with port and id; 0 when
+ * the name is not under the domain in that shape. */
+static int host_route(const char *host, const char *domain, unsigned *port, char id[40])
 {
+	size_t hn, dn = strlen(domain), pn;
+	const char *dot, *dash;
+	const char *colon = strchr(domain, ':') ? NULL : strrchr(host, ':');
+
+	/* A domain with its own :PORT is matched with the port; else the
+	 * Host's port (if any) is not part of the name. */
+	hn = colon ? (size_t)(colon - host) : strlen(host);
+	if (hn <= dn + 1 || strncasecmp(host + hn - dn, domain, dn) || host[hn - dn - 1] != '.')
+		return 0;
+	dot = host + hn - dn - 1;
+	dash = memchr(host, '-', (size_t)(dot - host));
+	if (!dash)
+		return 0;
+	pn = (size_t)(dash - host);
+	*port = port_of(host, pn);
+	if (!*port || !id_ok(dash + 1, (size_t)(dot - dash - 1)))
+		return 0;
+	memcpy(id, dash + 1, (size_t)(dot - dash - 1));
+	id[dot - dash - 1] = 0;
+	return 1;
+}
+
+int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, const char *domain,
+		struct ports_match *m)
+{
+	const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
 	const char *sid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "E2b-Sandbox-Id");
 	const char *sport = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "E2b-Sandbox-Port");
 
 	memset(m, 0, sizeof(*m));
 	if (!uri)
 		uri = url;
+	if (domain && host && host_route(host, domain, &m->port, m->id)) {
+		if (m->port == PORTS_ENVD_PORT) {
+			m->port = 0;
+			m->id[0] = 0;
+			return 0; /* envd: the relay's (the SDK names the sandbox in its headers too) */
+		}
+		m->way = PORTS_E2B;
+		if (uri[0] != '/' || strlen(uri) >= sizeof(m->target))
+			return bad(m, "the request target is too long (8 KiB at most) or not a path");
+		snprintf(m->target, sizeof(m->target), "%s", uri);
+		return 1;
+	}
 	if (sid && sport) {
 		unsigned p = port_of(sport, strlen(sport));
 

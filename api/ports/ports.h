@@ -1,7 +1,8 @@
 /* ports: kiln-api's way into the TCP ports of a running sandbox (docs/api.md
  * "Ports", docs/e2b.md "Ports"). A request that names a session's port, by
- * E2B's headers (E2b-Sandbox-Id, E2b-Sandbox-Port) or by kiln's path
- * (/v1/sessions/{id}/ports/{port}/...), is checked (the caller's key or a
+ * E2B's headers (E2b-Sandbox-Id, E2b-Sandbox-Port), by its host name
+ * (`<port>-<id>.<sandbox_domain>`, what E2B's getHost returns) or by kiln's
+ * path (/v1/sessions/{id}/ports/{port}/...), is checked (the caller's key or a
  * public E2B sandbox; running; a live host), then carried to the server
  * listening on that port inside the VM through a tunnel kiln-host opens over
  * the VM's envd channel (the guest has no network interface for it). kiln-api
@@ -39,10 +40,12 @@ struct ports_match {
 
 /* Whether a request is for a sandbox's port, and which (before any of its
  * body is read). uri is the request target as the client sent it (the path
- * still percent-encoded, the query). 1 with *m filled; 0 when it is not a
+ * still percent-encoded, the query); domain the sandbox domain (NULL: host
+ * names are not routed). 1 with *m filled; 0 when it is not a
  * port request; -1 when it is one but malformed (a bad port, a target too
  * long): m->target then holds the message for a 400. */
-int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, struct ports_match *m);
+int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, const char *domain,
+		struct ports_match *m);
 
 struct ports_call;
 

@@ -91,6 +91,7 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 {
 	json_t *native = store_session_json(ss->st, c->id, NULL), *j, *md;
 	const char *state = e2b_state(c), *tpl;
+	char e2b_id[40];
 	json_t *limits;
 
 	if (!native || !state) {
@@ -100,13 +101,16 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 	tpl = template_of(c, native);
 	limits = json_object_get(native, "limits");
 	md = json_object_get(native, "metadata");
-	j = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:I, s:o, s:s, s:s, s:n}", "sandboxID", c->id,
+	j = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:i, s:i, s:I, s:o, s:s, s:s, s:n}", "sandboxID",
+		      store_session_id_e2b(c->id, e2b_id),
 		      "templateID", tpl, "alias", tpl, "clientID", "kiln", "startedAt", rfc3339(c->created_ms), "endAt",
 		      rfc3339(c->started_ms + (int64_t)c->max_lifetime_s * 1000), "cpuCount", (int)c->vcpus, "memoryMB",
 		      (int)c->memory_mib, "diskSizeMB",
 		      (json_int_t)json_integer_value(json_object_get(limits, "output_mib")), "metadata",
 		      json_is_object(md) ? json_incref(md) : json_object(), "state", state, "envdVersion",
 		      E2B_ENVD_VERSION, "domain");
+	if (j && ss->cfg->sandbox_domain)
+		json_object_set_new(j, "domain", json_string(ss->cfg->sandbox_domain));
 	if (j && token) {
 		char tok[65];
 
@@ -129,6 +133,8 @@ static json_t *created_json(struct sessions *ss, const char *id)
 		      "templateID", json_object_get(full, "templateID"), "alias", json_object_get(full, "alias"),
 		      "clientID", json_object_get(full, "clientID"), "envdVersion", json_object_get(full, "envdVersion"),
 		      "envdAccessToken", json_object_get(full, "envdAccessToken"), "domain", "trafficAccessToken");
+	if (j && ss->cfg->sandbox_domain)
+		json_object_set(j, "domain", json_object_get(full, "domain"));
 	json_decref(full);
 	return j;
 }

@@ -639,6 +639,15 @@ static enum MHD_Result route(struct sessions *ss, const struct sessions_request 
 		id[n] = '\0';
 		if (store_session_get(ss->st, id, r->admin ? NULL : r->customer, &c.cur) < 0)
 			return reply_not_found(r->conn, "no such session");
+		/* The routes below see the id as stored (an E2B sandbox id is
+		 * the same session spelt without its underscore). */
+		if (strcmp(id, c.cur.id)) {
+			if ((size_t)snprintf(url, sizeof(url), "/v1/sessions/%s%s", c.cur.id, r->path + 1 + n) >=
+			    sizeof(url))
+				return reply_not_found(r->conn, "no such endpoint");
+			req.url = url;
+			return httpd_dispatch(&session_table, &c, &req);
+		}
 		/* A destroyed session is gone for good: only its record (GET)
 		 * and DELETE (again is fine) answer, nothing under it. */
 		if (c.cur.state == SESSION_DESTROYED && r->path[1 + n] == '/')

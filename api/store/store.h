@@ -432,8 +432,16 @@ int store_session_resume_begin(struct store *s, const char *id, const char *cust
 int store_session_transition(struct store *s, const char *id, enum session_state from, enum session_state to,
 			     const char *host_id, const char *reason, json_t *snapshot);
 
-/* The row, if it belongs to customer (NULL: any). 0, or -ENOENT. */
+/* The row, if it belongs to customer (NULL: any). 0, or -ENOENT. id may be
+ * in E2B's spelling (store_session_id_e2b). */
 int store_session_get(struct store *s, const char *id, const char *customer, struct store_session *out);
+/* A session id as E2B's API shows it: "s_" + 32 hex digits becomes "s" +
+ * the digits, a name that can be a DNS label (E2B's getHost puts it in a
+ * host name, and TLS refuses an underscore in a server name). Either
+ * spelling names the session: store_session_id_canon turns E2B's back
+ * (other ids are returned as they are). out: 40 bytes; returns out or id. */
+const char *store_session_id_e2b(const char *id, char out[40]);
+const char *store_session_id_canon(const char *id, char out[40]);
 
 /* The public JSON (docs/api.md) of a session of customer (NULL: any), or NULL. */
 json_t *store_session_json(struct store *s, const char *id, const char *customer);

@@ -410,8 +410,34 @@ static int row_out(struct sdb_stmt *st, void *arg)
 	return 0;
 }
 
+/* "s" + 32 hex digits: E2B's spelling of a session id (no underscore, so
+ * that it can be a DNS label). */
+static int e2b_form(const char *id)
+{
+	return id[0] == 's' && strlen(id) == 33 && strspn(id + 1, "0123456789abcdef") == 32;
+}
+
+const char *store_session_id_canon(const char *id, char out[40])
+{
+	if (!e2b_form(id))
+		return id;
+	snprintf(out, 40, "s_%s", id + 1);
+	return out;
+}
+
+const char *store_session_id_e2b(const char *id, char out[40])
+{
+	if (strncmp(id, "s_", 2) || strlen(id) != 34 || strspn(id + 2, "0123456789abcdef") != 32)
+		return id;
+	snprintf(out, 40, "s%s", id + 2);
+	return out;
+}
+
 int store_session_get(struct store *s, const char *id, const char *customer, struct store_session *out)
 {
+	char canon[40];
+
+	id = store_session_id_canon(id, canon);
 	return store_row_by_id(s, STORE_SLOTS_SESSIONS + S_GET, sessions_sql[S_GET], id, customer, SC_CUSTOMER,
 			       row_out, out) < 0
 		       ? -ENOENT
