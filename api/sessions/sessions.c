@@ -346,10 +346,10 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		return reply_err(r->conn, &err);
 	{
 		/* The session's template: its env and workdir, as tasks get them. */
-		char *tref = store_use_tref(ss->st, cur->id);
+		char *ref = store_template_use_ref(ss->st, cur->id);
 
-		template_merge_exec(body, tref);
-		free(tref);
+		template_merge_exec(body, ref);
+		free(ref);
 	}
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {

@@ -291,7 +291,7 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 
 /* Record that task or session id uses the template u (inside the caller's
  * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
-int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
+int store_template_use_insert_locked(struct store *s, const char *id, const struct store_template_use *u);
 
 /* ---- destinations (store_destinations.c) ---- */
 

@@ -237,7 +237,7 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto fail_sql;
 	}
 	sdb_reset(st);
-	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
+	if (n->template_use && store_template_use_insert_locked(s, id, n->template_use) < 0)
 		goto fail_sql;
 	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;

@@ -327,7 +327,7 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	sdb_reset(st);
 	if (rc != SDB_DONE)
 		goto fail_sql;
-	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
+	if (t->template_use && store_template_use_insert_locked(s, p->id, t->template_use) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
@@ -581,7 +581,7 @@ int store_task_push_get(struct store *s, const char *id, const char *host_id, st
 				  !strcmp(host, host_id);
 		if (store_col_text(st, 2) && !(p->spec = strdup(store_col_text(st, 2))))
 			r = -1;
-		if (store_col_text(st, 3) && !(p->tref = strdup(store_col_text(st, 3))))
+		if (store_col_text(st, 3) && !(p->template_ref = strdup(store_col_text(st, 3))))
 			r = -1;
 		p->has_dest = store_col_text(st, 4) != NULL;
 		if (p->has_dest)
@@ -599,7 +599,7 @@ int store_task_push_get(struct store *s, const char *id, const char *host_id, st
 void store_task_push_free(struct store_task_push *p)
 {
 	free(p->spec);
-	free(p->tref);
+	free(p->template_ref);
 	memset(p, 0, sizeof(*p));
 }
 

@@ -274,7 +274,7 @@ int store_template_get(struct store *s, const char *id, struct store_template *o
 	return one_row(s, P_GET, id, NULL, out);
 }
 
-char *store_template_tref(struct store *s, const char *id)
+char *store_template_ref(struct store *s, const char *id)
 {
 	return store_text_by_id(s, STORE_SLOTS_TEMPLATES + P_TREF, tpl_sql[P_TREF], id);
 }
@@ -293,8 +293,8 @@ static json_t *ms_json(struct sdb_stmt *st, int i)
 static json_t *row_json(struct sdb_stmt *st, int log)
 {
 	const char *customer = store_col_text(st, JC_CUSTOMER) ?: "";
-	const char *tref_text = store_col_text(st, JC_TREF);
-	json_t *tref = tref_text ? json_loads(tref_text, 0, NULL) : NULL;
+	const char *ref_text = store_col_text(st, JC_TREF);
+	json_t *ref = ref_text ? json_loads(ref_text, 0, NULL) : NULL;
 	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:i, s:o, s:o, s:o}", "id",
 			      store_col_text(st, JC_ID) ?: "", "name", store_col_text(st, JC_NAME) ?: "", "kind",
 			      store_col_text(st, JC_KIND) ?: "", "state", store_col_text(st, JC_STATE) ?: "", "public",
@@ -303,7 +303,7 @@ static json_t *row_json(struct sdb_stmt *st, int log)
 			      "started_at", ms_json(st, JC_STARTED), "finished_at", ms_json(st, JC_FINISHED));
 
 	if (!j) {
-		json_decref(tref);
+		json_decref(ref);
 		return NULL;
 	}
 	json_object_set_new(j, "build_seconds",
@@ -315,14 +315,14 @@ static json_t *row_json(struct sdb_stmt *st, int log)
 							  store_col_text(st, JC_ERR_MSG) ?: ""));
 	else
 		json_object_set_new(j, "error", json_null());
-	if (json_is_object(tref)) {
+	if (json_is_object(ref)) {
 		static const char *const keys[] = { "env", "workdir", "uid", "gid" };
 
 		for (size_t i = 0; i < sizeof(keys) / sizeof(*keys); i++)
-			if (json_object_get(tref, keys[i]))
-				json_object_set(j, keys[i], json_object_get(tref, keys[i]));
+			if (json_object_get(ref, keys[i]))
+				json_object_set(j, keys[i], json_object_get(ref, keys[i]));
 	}
-	json_decref(tref);
+	json_decref(ref);
 	if (store_col_text(st, JC_HOST))
 		json_object_set_new(j, "host", json_string(store_col_text(st, JC_HOST)));
 	if (log)
@@ -550,10 +550,10 @@ int store_template_log(struct store *s, const char *id, const char *text, size_t
 	return r;
 }
 
-int store_template_finish(struct store *s, const char *id, json_t *tref, const char *code, const char *message)
+int store_template_finish(struct store *s, const char *id, json_t *ref, const char *code, const char *message)
 {
 	int64_t now = clock_wall_ms();
-	char *tref_text = tref ? json_dumps(tref, JSON_COMPACT) : NULL;
+	char *ref_text = ref ? json_dumps(ref, JSON_COMPACT) : NULL;
 	char customer[65] = "", oci[160] = "";
 	int64_t started = 0;
 	struct sdb_stmt *st;
@@ -586,12 +586,12 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 		goto out;
 	sdb_bind_text(st, 1, id);
 	sdb_bind_text(st, 2, code ? "failed" : "ready");
-	store_bind_opt_text(st, 3, code ? NULL : tref_text);
+	store_bind_opt_text(st, 3, code ? NULL : ref_text);
 	if (!code) {
-		store_bind_opt_text(st, 4, json_string_value(json_object_get(tref, "sha256")));
-		if (json_is_integer(json_object_get(tref, "size")))
-			sdb_bind_int64(st, 5, json_integer_value(json_object_get(tref, "size")));
-		store_bind_opt_text(st, 6, json_string_value(json_object_get(tref, "s3_key")));
+		store_bind_opt_text(st, 4, json_string_value(json_object_get(ref, "sha256")));
+		if (json_is_integer(json_object_get(ref, "size")))
+			sdb_bind_int64(st, 5, json_integer_value(json_object_get(ref, "size")));
+		store_bind_opt_text(st, 6, json_string_value(json_object_get(ref, "s3_key")));
 	}
 	store_bind_opt_text(st, 7, code);
 	store_bind_opt_text(st, 8, code ? (message ? message : "") : NULL);
@@ -629,7 +629,7 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	r = 1;
 out:
 	store_tx_unlock(&tx);
-	free(tref_text);
+	free(ref_text);
 	return r;
 }
 
@@ -729,7 +729,7 @@ int store_template_sha_referenced(struct store *s, const char *sha256)
 	return r;
 }
 
-int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u)
+int store_template_use_insert_locked(struct store *s, const char *id, const struct store_template_use *u)
 {
 	struct sdb_stmt *st = stmt(s, P_USE_INSERT);
 	int rc;
@@ -741,13 +741,13 @@ int store_tuse_insert_locked(struct store *s, const char *id, const struct store
 	sdb_bind_text(st, 3, u->name);
 	store_bind_opt_text(st, 4, u->sha256);
 	sdb_bind_int64(st, 5, u->builtin ? 1 : 0);
-	store_bind_opt_text(st, 6, u->tref_json);
+	store_bind_opt_text(st, 6, u->template_ref_json);
 	rc = store_step(s, st);
 	sdb_reset(st);
 	return rc == SDB_DONE ? 0 : -1;
 }
 
-char *store_use_tref(struct store *s, const char *id)
+char *store_template_use_ref(struct store *s, const char *id)
 {
 	return store_text_by_id(s, STORE_SLOTS_TEMPLATES + P_USE_TREF, tpl_sql[P_USE_TREF], id);
 }
