@@ -117,8 +117,11 @@ int store_template_new_id(char id[40])
 	return store_new_id("b_", id);
 }
 
-static void fill_row(struct sdb_stmt *st, struct store_template *t)
+/* One row into elem, a struct store_template (store_rows' row). */
+static void fill_row(struct sdb_stmt *st, void *elem)
 {
+	struct store_template *t = elem;
+
 	memset(t, 0, sizeof(*t));
 	store_copy_col(st, 0, t->id, sizeof(t->id));
 	store_copy_col(st, 1, t->customer, sizeof(t->customer));
@@ -474,19 +477,7 @@ rollback:
 
 static int rows(struct store *s, enum tpl_stmt id, struct store_template *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, id);
-	if (st) {
-		sdb_bind_int64(st, 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW)
-			fill_row(st, &out[n++]);
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_TEMPLATES + id, tpl_sql[id], NULL, out, sizeof(*out), max, fill_row);
 }
 
 int store_templates_queued(struct store *s, struct store_template *out, int max)
@@ -513,9 +504,7 @@ static int update(struct store *s, enum tpl_stmt id, const char *row, const char
 			sdb_bind_text(st, 2, t2);
 		if (with_i3)
 			sdb_bind_int64(st, 3, i3);
-		if (store_step(s, st) == SDB_DONE)
-			r = sdb_changes(s->db);
-		sdb_reset(st);
+		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -663,30 +652,24 @@ int store_template_progress(struct store *s, const char *id, enum template_state
 	return r;
 }
 
+/* One row of P_GC_LIST into elem, a struct store_template_gc. */
+static void gc_row(struct sdb_stmt *st, void *elem)
+{
+	struct store_template_gc *g = elem;
+
+	memset(g, 0, sizeof(*g));
+	g->seq = sdb_col_int64(st, 0);
+	store_copy_col(st, 1, g->build_id, sizeof(g->build_id));
+	store_copy_col(st, 2, g->host_id, sizeof(g->host_id));
+	store_copy_col(st, 3, g->oci_key, sizeof(g->oci_key));
+	store_copy_col(st, 4, g->sha256, sizeof(g->sha256));
+	store_copy_col(st, 5, g->s3_key, sizeof(g->s3_key));
+}
+
 int store_template_gc_list(struct store *s, struct store_template_gc *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, P_GC_LIST);
-	if (st) {
-		sdb_bind_int64(st, 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW) {
-			struct store_template_gc *g = &out[n++];
-
-			memset(g, 0, sizeof(*g));
-			g->seq = sdb_col_int64(st, 0);
-			store_copy_col(st, 1, g->build_id, sizeof(g->build_id));
-			store_copy_col(st, 2, g->host_id, sizeof(g->host_id));
-			store_copy_col(st, 3, g->oci_key, sizeof(g->oci_key));
-			store_copy_col(st, 4, g->sha256, sizeof(g->sha256));
-			store_copy_col(st, 5, g->s3_key, sizeof(g->s3_key));
-		}
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_TEMPLATES + P_GC_LIST, tpl_sql[P_GC_LIST], NULL, out, sizeof(*out), max,
+			  gc_row);
 }
 
 int store_template_gc_update(struct store *s, const struct store_template_gc *g)
