@@ -50,6 +50,21 @@ void api_task_request_free(struct api_task_request *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* Check probe (the part of a request that follows the task spec's rules)
+ * with spec_parse, messages and all: 0 and the parsed spec in *ts (free
+ * with spec_free), or -1 with err set. probe NULL: out of memory. */
+static int spec_probe(json_t *probe, struct task_spec *ts, struct kiln_err *err)
+{
+	char *text = probe ? json_dumps(probe, JSON_COMPACT) : NULL;
+	int r;
+
+	if (!text)
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
+	r = spec_parse(text, strlen(text), ts, err);
+	free(text);
+	return r < 0 ? -1 : 0;
+}
+
 /* A request's "metadata" md (a task's, a session's): an object of at most
  * API_METADATA_MAX bytes as compact JSON. 0 and that text in *text (caller
  * frees), or -1 with err set. */
@@ -313,7 +328,6 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 					    "metadata", "template", NULL };
 	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
 	struct task_spec ts;
-	char *probe_text = NULL;
 	int r = -1;
 
 	memset(out, 0, sizeof(*out));
@@ -377,12 +391,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		json_object_set(probe, "limits", limits);
 	if (net)
 		json_object_set(probe, "network", net);
-	probe_text = json_dumps(probe, JSON_COMPACT);
-	if (!probe_text) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
-	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+	if (spec_probe(probe, &ts, err) < 0)
 		goto out;
 	out->vcpus = ts.vcpus;
 	out->memory_mib = ts.memory_mib;
@@ -409,7 +418,6 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 out:
 	if (r < 0)
 		api_session_request_free(out);
-	free(probe_text);
 	json_decref(probe);
 	json_decref(spec);
 	json_decref(j);
@@ -476,7 +484,6 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	json_error_t je;
 	json_t *j, *v, *probe = NULL;
 	struct task_spec ts;
-	char *probe_text = NULL;
 	unsigned timeout_s = SPEC_DEFAULT_TIMEOUT_S;
 	int r = -1;
 
@@ -524,20 +531,11 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 		goto out;
 	/* argv or language+code, env, cwd: the task spec's rules and messages. */
 	probe = json_deep_copy(j);
-	if (!probe) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
 	json_object_del(probe, "timeout_s");
 	json_object_del(probe, "stdin_b64");
 	json_object_del(probe, "interactive");
 	json_object_del(probe, "tty");
-	probe_text = json_dumps(probe, JSON_COMPACT);
-	if (!probe_text) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
-	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+	if (spec_probe(probe, &ts, err) < 0)
 		goto out;
 	spec_free(&ts);
 	json_object_set_new(j, "timeout_s", json_integer(timeout_s));
@@ -545,7 +543,6 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	j = NULL;
 	r = 0;
 out:
-	free(probe_text);
 	json_decref(probe);
 	json_decref(j);
 	return r;

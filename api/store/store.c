@@ -430,20 +430,20 @@ int store_row_by_id(struct store *s, int slot, const char *sql, const char *id, 
 	return r;
 }
 
+/* store_text_by_id's row: column 0 copied into *(char **)arg. */
+static int copy_text(struct sdb_stmt *st, void *arg)
+{
+	const char *t = store_col_text(st, 0);
+
+	*(char **)arg = t ? strdup(t) : NULL;
+	return 0;
+}
+
 char *store_text_by_id(struct store *s, int slot, const char *sql, const char *id)
 {
-	struct sdb_stmt *st;
 	char *text = NULL;
 
-	pthread_mutex_lock(&s->lock);
-	st = store_stmt(s, slot, sql);
-	if (st) {
-		sdb_bind_text(st, 1, id);
-		if (sdb_step(st) == SDB_ROW && store_col_text(st, 0))
-			text = strdup(store_col_text(st, 0));
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
+	store_row_by_id(s, slot, sql, id, NULL, 0, copy_text, &text);
 	return text;
 }
 
