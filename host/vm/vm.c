@@ -32,6 +32,7 @@
 #include <jansson.h>
 
 #include "fsutil.h"
+#include "io.h"
 #include "qmp.h"
 
 #define VM_MAX_ARGS 96
@@ -394,25 +395,14 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 static void exec_qemu(char **argv, const char *dir, const int keep[QEMU_NKEEP], int log_fd, pid_t parent)
 {
 	char tmpdir[600];
-	int fd, tmp[QEMU_NKEEP], n = 0;
+	int tmp[QEMU_NKEEP], n = 0;
 
 	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(127);
 	setpgid(0, 0);
-	/* kiln-host may block signals it reads from a signalfd: QEMU starts clean. */
-	{
-		sigset_t none;
-
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-	}
-	fd = open("/dev/null", O_RDONLY);
-	if (fd >= 0) {
-		dup2(fd, 0);
-		close(fd);
-	}
+	io_child_reset(); /* kiln-host may block signals it reads from a signalfd: QEMU starts clean */
 	if (log_fd >= 0) {
 		dup2(log_fd, 1);
 		dup2(log_fd, 2);
