@@ -62,9 +62,10 @@ enum eproto_type {
 	EP_WRITE = 0x9d,       /* u32 req, str user, str path: begins a file; WDATA* and WEND follow */
 	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
-	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or nothing if it already ended */
-	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback -> PORT_OPENED or
-				* PORT_CLOSED (-ECONNREFUSED: nobody listens) */
+	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or
+				* nothing if it already ended */
+	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback ->
+				* PORT_OPENED or PORT_CLOSED (-ECONNREFUSED: nobody listens) */
 	EP_PORTS = 0xa2,       /* u32 req -> PORTS_LIST */
 
 	/* both ways, for a port connection (docs/e2b.md "Ports") */

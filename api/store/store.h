@@ -45,7 +45,8 @@ struct quota {
 	unsigned max_queued;         /* tasks queued/scheduled at once (429 beyond) */
 	int allow_egress;            /* 0: tasks asking for network egress get 400 */
 	int session_auto_pause;      /* idle/lifetime limits pause sessions (else destroy them) */
-	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls (429 beyond; 0: no limit) */
+	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls
+				      * (429 beyond; 0: no limit) */
 	/* Templates (docs/templates.md, "Quotas"). */
 	unsigned max_templates;      /* templates of the customer at once (429 beyond) */
 	unsigned max_template_mib;   /* an OCI archive and a built image (413 beyond) */

@@ -44,7 +44,8 @@ static const char *const keys_sql[K_COUNT] = {
 	[K_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost FROM hosts ORDER BY id",
 	[K_HOST_LOST] = "UPDATE hosts SET lost = ?1 WHERE id = ?2",
 	[K_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
-	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming') THEN 1 ELSE 0 END), 0),"
+	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming')"
+			 " THEN 1 ELSE 0 END), 0),"
 			 " coalesce(sum(CASE WHEN state = 'paused' THEN 1 ELSE 0 END), 0) FROM sessions WHERE customer = ?1",
 	[K_CUST_LIST] = "SELECT id, name, created_ms, quotas FROM customers WHERE id > ?1 ORDER BY id LIMIT ?2",
 	[K_KEY_LIST] = "SELECT id, created_ms, revoked_ms FROM keys WHERE customer = ?1 ORDER BY created_ms, id",

@@ -89,7 +89,8 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LEASE_GC] = "DELETE FROM session_leases WHERE expires_ms < " SDB_NOW_MS " - ?1",
 };
 
-_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES,
+	       "store_sessions.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum sessions_stmt id)
 {

@@ -25,7 +25,8 @@ static enum template_state state_parse(const char *s)
 	return (enum template_state)store_name_index(state_names, TEMPLATE_STATE_COUNT, s);
 }
 
-#define TPL_COLS "id, customer, name, kind, state, host_id, attempts, sha256, size, oci_key, oci_size, created_ms, started_ms"
+#define TPL_COLS                                                                                                \
+	"id, customer, name, kind, state, host_id, attempts, sha256, size, oci_key, oci_size, created_ms, started_ms"
 #define JSON_COLS                                                                                               \
 	"id, customer, name, kind, state, sha256, size, tref, attempts, error_code, error_message, created_ms,"  \
 	" started_ms, finished_ms, build_ms, host_id, log"
@@ -99,7 +100,8 @@ static const char *const tpl_sql[P_COUNT_] = {
 	[P_ROW_FOR_GC] = "SELECT state, host_id, oci_key, sha256, s3_key FROM templates WHERE id = ?1",
 };
 
-_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX, "store_templates.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX,
+	       "store_templates.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum tpl_stmt id)
 {

@@ -153,11 +153,11 @@ static const char *migrate_caps =
 
 static int write_manifest(const struct snapshot *s, const char *path, struct kiln_err *err)
 {
-	json_t *m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "release", s->release, "memory_mib",
-			      (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256", s->state_sha256, "mem_size",
-			      (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino, "mem_mtime_ns",
-			      (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns, "created",
-			      (json_int_t)time(NULL));
+	json_t *m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "release",
+			      s->release, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256",
+			      s->state_sha256, "mem_size", (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino,
+			      "mem_mtime_ns", (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns,
+			      "created", (json_int_t)time(NULL));
 	int r = m && json_object_set_new(m, "net", json_boolean(s->net)) == 0 ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
 
 	json_decref(m);

@@ -90,9 +90,10 @@ enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 	if (hw && fd >= 0)
 		return VM_ACCEL_KVM;
 	if (want == VM_ACCEL_KVM) {
-		kiln_err_set(err, KERR_KVM_UNAVAILABLE,
-			     "--accel kvm: %s", fd < 0 ? "/dev/kvm cannot be opened"
-			     : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software hypervisor that cannot boot the guest");
+		kiln_err_set(err, KERR_KVM_UNAVAILABLE, "--accel kvm: %s",
+			     fd < 0 ? "/dev/kvm cannot be opened"
+				    : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software "
+				      "hypervisor that cannot boot the guest");
 		return VM_ACCEL_AUTO;
 	}
 	return VM_ACCEL_TCG;
@@ -439,7 +440,10 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
 	char root[600], work[600], record[600], tmpdir[620];
 	char *envp[] = { tmpdir, NULL };
-	uint64_t fsize = file_size(cfg->disk), back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing) : file_size(cfg->disk_backing2), mem = (uint64_t)cfg->memory_mib << 20;
+	uint64_t fsize = file_size(cfg->disk),
+		 back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing)
+										     : file_size(cfg->disk_backing2),
+		 mem = (uint64_t)cfg->memory_mib << 20;
 	int nro = 0, nrw = 0;
 	struct stat kvm;
 
