@@ -239,7 +239,7 @@ int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m)
 
 /* ---- file-system requests ----------------------------------------------- */
 
-static int fsreq_type_ok(uint8_t type)
+enum eproto_fs_kind eproto_fs_kind_of(uint8_t type)
 {
 	switch (type) {
 	case EP_STAT:
@@ -249,10 +249,19 @@ static int fsreq_type_ok(uint8_t type)
 	case EP_REMOVE:
 	case EP_READ:
 	case EP_WRITE:
-		return 1;
+		return EPROTO_FS_REQ;
+	case EP_WDATA:
+	case EP_WEND:
+	case EP_CANCEL:
+		return EPROTO_FS_FOLLOW;
 	default:
-		return 0;
+		return EPROTO_FS_NONE;
 	}
+}
+
+static int fsreq_type_ok(uint8_t type)
+{
+	return eproto_fs_kind_of(type) == EPROTO_FS_REQ;
 }
 
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m)

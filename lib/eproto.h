@@ -150,6 +150,12 @@ ssize_t eproto_proc_encode(uint8_t *buf, size_t cap, const struct eproto_proc *m
 int eproto_proc_decode(const uint8_t *p, size_t len, struct eproto_proc *m);
 ssize_t eproto_entry_encode(uint8_t *buf, size_t cap, const struct eproto_entry *m);
 int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m);
+/* Which file-system request a message type is (the guest's envd_fs serves
+ * them all): FS_REQ, its payload a struct eproto_fsreq (STAT, LISTDIR,
+ * MKDIR, MOVE, REMOVE, READ, WRITE); FS_FOLLOW, what follows a request
+ * (WDATA, WEND, CANCEL: a u32 req first); FS_NONE, any other type. */
+enum eproto_fs_kind { EPROTO_FS_NONE, EPROTO_FS_REQ, EPROTO_FS_FOLLOW };
+enum eproto_fs_kind eproto_fs_kind_of(uint8_t type);
 /* type is the request's: STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ or WRITE. */
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m);
 int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eproto_fsreq *m);
