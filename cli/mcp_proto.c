@@ -18,13 +18,18 @@ static const char *const tool_defs[][3] = {
 	  "return its exit code, stdout and stderr. Files the code writes under /output come back as download "
 	  "links. Nothing persists after the run: for several steps on the same files use create_sandbox and exec.",
 	  "{\"type\":\"object\",\"properties\":{"
-	  "\"language\":{\"type\":\"string\",\"enum\":[\"python\",\"bash\",\"sh\"],\"description\":\"The language of code\"},"
-	  "\"code\":{\"type\":\"string\",\"description\":\"The program to run (runs in /work as an unprivileged user)\"},"
-	  "\"files\":{\"type\":\"array\",\"description\":\"Files to create before the code runs\",\"items\":{\"type\":\"object\","
+	  "\"language\":{\"type\":\"string\",\"enum\":[\"python\",\"bash\",\"sh\"],"
+	  "\"description\":\"The language of code\"},"
+	  "\"code\":{\"type\":\"string\","
+	  "\"description\":\"The program to run (runs in /work as an unprivileged user)\"},"
+	  "\"files\":{\"type\":\"array\","
+	  "\"description\":\"Files to create before the code runs\",\"items\":{\"type\":\"object\","
 	  "\"properties\":{\"path\":{\"type\":\"string\",\"description\":\"Where (relative paths are under /work)\"},"
 	  "\"content\":{\"type\":\"string\",\"description\":\"The file's text\"},"
-	  "\"content_base64\":{\"type\":\"string\",\"description\":\"Or its bytes, base64-encoded\"}},\"required\":[\"path\"]}},"
-	  "\"timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,\"description\":\"Seconds the code may run (default 30)\"}},"
+	  "\"content_base64\":{\"type\":\"string\","
+	  "\"description\":\"Or its bytes, base64-encoded\"}},\"required\":[\"path\"]}},"
+	  "\"timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,"
+	  "\"description\":\"Seconds the code may run (default 30)\"}},"
 	  "\"required\":[\"language\",\"code\"]}" },
 	{ "create_sandbox",
 	  "Create a sandbox: a Linux microVM (Debian, Python 3.11, no network) that stays up between commands, "
@@ -32,26 +37,33 @@ static const char *const tool_defs[][3] = {
 	  "after idle_timeout seconds without a command; destroy it with destroy_sandbox when done.",
 	  "{\"type\":\"object\",\"properties\":{"
 	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default)\"},"
-	  "\"memory_mib\":{\"type\":\"integer\",\"minimum\":128,\"maximum\":16384,\"description\":\"RAM in MiB (default 256)\"},"
+	  "\"memory_mib\":{\"type\":\"integer\",\"minimum\":128,\"maximum\":16384,"
+	  "\"description\":\"RAM in MiB (default 256)\"},"
 	  "\"vcpus\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":16,\"description\":\"CPUs (default 1)\"},"
-	  "\"idle_timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,\"description\":\"Seconds without a command before it ends (default 600)\"},"
-	  "\"lifetime\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":604800,\"description\":\"Seconds it may live at most (default 3600)\"}}}" },
+	  "\"idle_timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,"
+	  "\"description\":\"Seconds without a command before it ends (default 600)\"},"
+	  "\"lifetime\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":604800,"
+	  "\"description\":\"Seconds it may live at most (default 3600)\"}}}" },
 	{ "exec",
 	  "Run a shell command (bash -c) in a sandbox and return its exit code, stdout and stderr. Runs in /work "
 	  "as an unprivileged user; a non-zero exit is reported as an error result with the output.",
 	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID ","
 	  "\"command\":{\"type\":\"string\",\"description\":\"The command line, run by bash -c\"},"
 	  "\"cwd\":{\"type\":\"string\",\"description\":\"Working directory (default /work)\"},"
-	  "\"env\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"},\"description\":\"Environment variables\"},"
+	  "\"env\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"},"
+	  "\"description\":\"Environment variables\"},"
 	  "\"stdin\":{\"type\":\"string\",\"description\":\"Text given to the command as its stdin\"},"
-	  "\"timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,\"description\":\"Seconds it may run (default 30)\"}},"
+	  "\"timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,"
+	  "\"description\":\"Seconds it may run (default 30)\"}},"
 	  "\"required\":[\"sandbox_id\",\"command\"]}" },
 	{ "write_file",
 	  "Write a file in a sandbox (parent directories are created; an existing file is replaced).",
 	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID ","
 	  "\"path\":{\"type\":\"string\",\"description\":\"The file (relative paths are under /work)\"},"
-	  "\"content\":{\"type\":\"string\",\"description\":\"The file's text, or its bytes base64-encoded with encoding base64\"},"
-	  "\"encoding\":{\"type\":\"string\",\"enum\":[\"utf8\",\"base64\"],\"description\":\"How content is given (default utf8)\"}},"
+	  "\"content\":{\"type\":\"string\","
+	  "\"description\":\"The file's text, or its bytes base64-encoded with encoding base64\"},"
+	  "\"encoding\":{\"type\":\"string\",\"enum\":[\"utf8\",\"base64\"],"
+	  "\"description\":\"How content is given (default utf8)\"}},"
 	  "\"required\":[\"sandbox_id\",\"path\",\"content\"]}" },
 	{ "read_file",
 	  "Read a file from a sandbox: its text, or its bytes base64-encoded when it is not UTF-8 text.",
@@ -61,7 +73,8 @@ static const char *const tool_defs[][3] = {
 	{ "list_files",
 	  "List a directory of a sandbox: each entry's name, type (file, dir, link, other) and size.",
 	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID ","
-	  "\"path\":{\"type\":\"string\",\"description\":\"The directory (default /work; relative paths are under /work)\"}},"
+	  "\"path\":{\"type\":\"string\","
+	  "\"description\":\"The directory (default /work; relative paths are under /work)\"}},"
 	  "\"required\":[\"sandbox_id\"]}" },
 	{ "pause_sandbox",
 	  "Pause a sandbox: its memory and disk are saved and it stops using resources until resume_sandbox "

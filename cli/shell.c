@@ -298,8 +298,8 @@ int cmd_shell(int argc, char **argv)
 		return argc < 2 ? EXIT_USAGE : 0;
 	}
 	sh.id = argv[1];
-	if (!*sh.id || strlen(sh.id) > 64 || strspn(sh.id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
-						      strlen(sh.id)) {
+	if (!*sh.id || strlen(sh.id) > 64 ||
+	    strspn(sh.id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != strlen(sh.id)) {
 		fprintf(stderr, "kiln: shell: %s: not a session id\n", sh.id);
 		return EXIT_USAGE;
 	}

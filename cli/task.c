@@ -202,8 +202,12 @@ static int show_missing_output(json_t *task, const struct follow_view *v)
 		}
 		fputs(head ? head : "", out);
 		fflush(out);
-		fprintf(stderr, "\nkiln: [%s: %lld bytes in all; only the first and last %zu shown: %s.log could not be fetched (%s)]\n",
-			names[k], (long long)json_integer_value(json_object_get(res, names[k][3] == 'o' ? "stdout_bytes" : "stderr_bytes")),
+		fprintf(stderr,
+			"\nkiln: [%s: %lld bytes in all; only the first and last %zu shown: %s.log could not be "
+			"fetched (%s)]\n",
+			names[k],
+			(long long)json_integer_value(
+				json_object_get(res, names[k][3] == 'o' ? "stdout_bytes" : "stderr_bytes")),
 			strlen(tail), names[k], url ? err.message : "kiln-api has no s3 settings");
 		fputs(tail, out);
 	}

@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "cli.h"
 #include "fsutil.h"
+#include "io.h"
 #include "up_tls.h"
 
 #define UP_DEFAULT_DIR "/var/lib/kiln/up"
@@ -170,19 +171,12 @@ static pid_t spawn(struct up *u, char *const argv[], const char *log, int out_fd
 		return -1;
 	}
 	if (pid == 0) {
-		sigset_t none;
 		int fd;
 
 		setpgid(0, 0);
 		if (pdeath)
 			prctl(PR_SET_PDEATHSIG, SIGTERM);
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		fd = open("/dev/null", O_RDONLY);
-		if (fd >= 0) {
-			dup2(fd, 0);
-			close(fd);
-		}
+		io_child_reset();
 		if (log) {
 			fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 			if (fd >= 0) {

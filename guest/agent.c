@@ -556,17 +556,11 @@ int agent_serve(struct agent *a)
 			{ .fd = agent_chan_pollfd(a), .events = POLLIN },
 		};
 
-		if (poll(p, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (p[0].revents) {
-			r = agent_signals(a);
-			if (r < 0)
-				return r;
+		r = agent_poll(a, p, 2, -1);
+		if (r < 0)
+			return r;
+		if (r)
 			task_reap(0, NULL, NULL);
-		}
 		if (p[1].revents) {
 			r = agent_read(a);
 			if (r < 0)

@@ -4,6 +4,7 @@
 #ifndef KILN_GUEST_AGENT_H
 #define KILN_GUEST_AGENT_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -74,6 +75,12 @@ int agent_sigfd(struct agent *a);
 /* Call when agent_sigfd() is readable: empties it and notices a host that
  * came back. The caller then reaps children. Returns 0 or a negative errno. */
 int agent_signals(struct agent *a);
+
+/* poll(p, n, timeout) where p[0] is agent_sigfd(), then agent_signals when
+ * it is readable. 1: signals were read (the caller then reaps children);
+ * 0: none (an interrupted poll is this too, every revents 0 as after a
+ * timeout); or a negative errno. */
+int agent_poll(struct agent *a, struct pollfd *p, nfds_t n, int timeout);
 
 /* Call when agent_chan_pollfd() is readable: reads what the channel holds.
  * Returns 0 or a negative errno when the channel failed (fatal). A hang-up

@@ -186,6 +186,23 @@ int agent_signals(struct agent *a)
 	return 0;
 }
 
+int agent_poll(struct agent *a, struct pollfd *p, nfds_t n, int timeout)
+{
+	int r;
+
+	if (poll(p, n, timeout) < 0) {
+		if (errno != EINTR)
+			return -errno;
+		for (nfds_t i = 0; i < n; i++)
+			p[i].revents = 0;
+		return 0;
+	}
+	if (!p[0].revents)
+		return 0;
+	r = agent_signals(a);
+	return r < 0 ? r : 1;
+}
+
 /* The host closed its end. A restored snapshot clone may see this before
  * the new host connects, so it is not fatal: drop the partial state (the
  * next connection starts on a frame boundary) and wait for SIGIO. */

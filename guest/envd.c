@@ -221,18 +221,10 @@ static void envd_dispatch(struct envd *e, const struct proto_frame *f)
 		if (f->type == EP_PORT_CLOSE)
 			return envd_port_close(e, v[0]);
 		return envd_ports(e, v[0]);
-	case EP_STAT:
-	case EP_LISTDIR:
-	case EP_MKDIR:
-	case EP_MOVE:
-	case EP_REMOVE:
-	case EP_READ:
-	case EP_WRITE:
-	case EP_WDATA:
-	case EP_WEND:
-	case EP_CANCEL:
-		return envd_fs_request(e, f->type, f->payload, f->len);
 	default:
+		/* STAT to CANCEL: the file-system requests (envd_fs.c). */
+		if (eproto_fs_kind_of(f->type) != EPROTO_FS_NONE)
+			return envd_fs_request(e, f->type, f->payload, f->len);
 		return envd_malformed(e, f->type);
 	}
 }

@@ -582,18 +582,11 @@ static int task_loop(struct agent *a, struct task *t)
 			if (timeout < 0 || left < timeout)
 				timeout = (int)left;
 		}
-		if (poll(p, 6, timeout) < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (p[0].revents) {
-			r = agent_signals(a);
-			if (r < 0)
-				return r;
-			if (task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0)
-				task_ended(t);
-		}
+		r = agent_poll(a, p, 6, timeout);
+		if (r < 0)
+			return r;
+		if (r && task_reap(t->exited ? 0 : t->pid, &t->wstatus, &t->ru) > 0)
+			task_ended(t);
 		if (p[5].revents && !t->exited && task_read_done(t) > 0)
 			task_ended(t);
 		if (t->batch && t->flowing && (p[2].revents || p[3].revents)) {

@@ -592,7 +592,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 			goto fail;
 	}
 	fprintf(stderr,
-		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB (budget %llu MiB x %g), spool %s, S3 %s, egress %s)\n",
+		"kiln-host: %s serving on http://%s:%d (pool %u, pre-started %u, capacity %u vCPUs, %llu MiB (budget "
+		"%llu MiB x %g), spool %s, S3 %s, egress %s)\n",
 		o->host_id, o->listen_host, o->port, o->pool_size, o->prestart, hc.vcpus_total,
 		(unsigned long long)s.cap.total_mib, (unsigned long long)s.cap.budget_mib,
 		o->memory_overcommit > 0 ? o->memory_overcommit : 1.0, o->spool_dir, o->s3 ? o->s3->endpoint : "none",

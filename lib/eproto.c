@@ -67,6 +67,16 @@ static void put_strv(struct proto_writer *w, uint32_t n, const char *const *v)
 		proto_put_str(w, v[i] ? v[i] : "");
 }
 
+/* The argv and env that end START and PROC, then the frame's length (or
+ * the writer's error): end_argv_env's counterpart. */
+static ssize_t end_put_argv_env(struct proto_writer *w, uint32_t argc, const char *const *argv, uint32_t envc,
+				const char *const *env)
+{
+	put_strv(w, argc, argv);
+	put_strv(w, envc, env);
+	return writer_done(w);
+}
+
 /* argc/argv then envc/env, into the message's strbuf. */
 static void take_argv_env(struct proto_reader *r, char *strbuf, size_t *used, uint32_t *argc, const char **argv,
 			  uint32_t *envc, const char **env)
@@ -121,9 +131,7 @@ ssize_t eproto_start_encode(uint8_t *buf, size_t cap, const struct eproto_start 
 	proto_put_str(&w, m->user ? m->user : "");
 	proto_put_str(&w, m->cwd ? m->cwd : "");
 	proto_put_str(&w, m->tag ? m->tag : "");
-	put_strv(&w, m->argc, m->argv);
-	put_strv(&w, m->envc, m->env);
-	return writer_done(&w);
+	return end_put_argv_env(&w, m->argc, m->argv, m->envc, m->env);
 }
 
 int eproto_start_decode(const uint8_t *p, size_t len, struct eproto_start *m)
@@ -159,9 +167,7 @@ ssize_t eproto_proc_encode(uint8_t *buf, size_t cap, const struct eproto_proc *m
 	proto_put_u32(&w, m->flags);
 	proto_put_str(&w, m->tag ? m->tag : "");
 	proto_put_str(&w, m->cwd ? m->cwd : "");
-	put_strv(&w, m->argc, m->argv);
-	put_strv(&w, m->envc, m->env);
-	return writer_done(&w);
+	return end_put_argv_env(&w, m->argc, m->argv, m->envc, m->env);
 }
 
 int eproto_proc_decode(const uint8_t *p, size_t len, struct eproto_proc *m)
@@ -233,7 +239,7 @@ int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m)
 
 /* ---- file-system requests ----------------------------------------------- */
 
-static int fsreq_type_ok(uint8_t type)
+enum eproto_fs_kind eproto_fs_kind_of(uint8_t type)
 {
 	switch (type) {
 	case EP_STAT:
@@ -243,10 +249,19 @@ static int fsreq_type_ok(uint8_t type)
 	case EP_REMOVE:
 	case EP_READ:
 	case EP_WRITE:
-		return 1;
+		return EPROTO_FS_REQ;
+	case EP_WDATA:
+	case EP_WEND:
+	case EP_CANCEL:
+		return EPROTO_FS_FOLLOW;
 	default:
-		return 0;
+		return EPROTO_FS_NONE;
 	}
+}
+
+static int fsreq_type_ok(uint8_t type)
+{
+	return eproto_fs_kind_of(type) == EPROTO_FS_REQ;
 }
 
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m)

@@ -62,9 +62,10 @@ enum eproto_type {
 	EP_WRITE = 0x9d,       /* u32 req, str user, str path: begins a file; WDATA* and WEND follow */
 	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
-	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or nothing if it already ended */
-	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback -> PORT_OPENED or
-				* PORT_CLOSED (-ECONNREFUSED: nobody listens) */
+	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or
+				* nothing if it already ended */
+	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback ->
+				* PORT_OPENED or PORT_CLOSED (-ECONNREFUSED: nobody listens) */
 	EP_PORTS = 0xa2,       /* u32 req -> PORTS_LIST */
 
 	/* both ways, for a port connection (docs/e2b.md "Ports") */
@@ -149,6 +150,12 @@ ssize_t eproto_proc_encode(uint8_t *buf, size_t cap, const struct eproto_proc *m
 int eproto_proc_decode(const uint8_t *p, size_t len, struct eproto_proc *m);
 ssize_t eproto_entry_encode(uint8_t *buf, size_t cap, const struct eproto_entry *m);
 int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m);
+/* Which file-system request a message type is (the guest's envd_fs serves
+ * them all): FS_REQ, its payload a struct eproto_fsreq (STAT, LISTDIR,
+ * MKDIR, MOVE, REMOVE, READ, WRITE); FS_FOLLOW, what follows a request
+ * (WDATA, WEND, CANCEL: a u32 req first); FS_NONE, any other type. */
+enum eproto_fs_kind { EPROTO_FS_NONE, EPROTO_FS_REQ, EPROTO_FS_FOLLOW };
+enum eproto_fs_kind eproto_fs_kind_of(uint8_t type);
 /* type is the request's: STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ or WRITE. */
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m);
 int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eproto_fsreq *m);

@@ -1,10 +1,12 @@
-/* io: write-all / read-all loops over a file descriptor (lib/io.h). Built into
- * libkiln and into the static guest, so it uses libc only. */
+/* io: write-all / read-all loops over a file descriptor, and a forked
+ * child's clean start (lib/io.h). Built into libkiln and into the static
+ * guest, so it uses libc only. */
 #include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -149,4 +151,18 @@ fail:
 		close(fd);
 	errno = saved;
 	return NULL;
+}
+
+void io_child_reset(void)
+{
+	sigset_t none;
+	int fd;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	fd = open("/dev/null", O_RDONLY);
+	if (fd >= 0) {
+		dup2(fd, 0);
+		close(fd);
+	}
 }

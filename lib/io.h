@@ -3,7 +3,7 @@
  * io_write_all is for blocking fds; io_write_all_deadline also copes with
  * non-blocking fds (poll() for POLLOUT) and gives up at a CLOCK_MONOTONIC
  * deadline: it is the loop under proto_write_all/proto_send. No allocation
- * except in io_read_file. */
+ * except in io_read_file. io_child_reset: a forked child's clean start. */
 #ifndef KILN_IO_H
 #define KILN_IO_H
 
@@ -33,5 +33,10 @@ ssize_t io_read_small(const char *path, char *buf, size_t cap);
  * buffer the caller frees; *len (may be NULL) gets its length. Returns NULL
  * with errno set (EFBIG past max). Any thread. */
 char *io_read_file(const char *path, size_t max, size_t *len);
+
+/* In a forked child, before exec: no signal blocked (the parent may block
+ * those it reads from a signalfd) and stdin on /dev/null (left as it is
+ * when that cannot be opened). For the daemons the CLI starts and QEMU. */
+void io_child_reset(void);
 
 #endif

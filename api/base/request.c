@@ -50,11 +50,43 @@ void api_task_request_free(struct api_task_request *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* Check probe (the part of a request that follows the task spec's rules)
+ * with spec_parse, messages and all: 0 and the parsed spec in *ts (free
+ * with spec_free), or -1 with err set. probe NULL: out of memory. */
+static int spec_probe(json_t *probe, struct task_spec *ts, struct kiln_err *err)
+{
+	char *text = probe ? json_dumps(probe, JSON_COMPACT) : NULL;
+	int r;
+
+	if (!text)
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
+	r = spec_parse(text, strlen(text), ts, err);
+	free(text);
+	return r < 0 ? -1 : 0;
+}
+
+/* A request's "metadata" md (a task's, a session's): an object of at most
+ * API_METADATA_MAX bytes as compact JSON. 0 and that text in *text (caller
+ * frees), or -1 with err set. */
+static int metadata_text(json_t *md, char **text, struct kiln_err *err)
+{
+	if (!json_is_object(md))
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be an object");
+	*text = json_dumps(md, JSON_COMPACT);
+	if (!*text || strlen(*text) > API_METADATA_MAX) {
+		free(*text);
+		*text = NULL;
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be at most %d bytes as compact JSON",
+				    API_METADATA_MAX);
+	}
+	return 0;
+}
+
 int api_task_request_parse(const char *body, size_t len, struct api_task_request *out, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *root = NULL, *md, *net, *eg;
-	char *md_text = NULL;
+	char *md_text;
 
 	memset(out, 0, sizeof(*out));
 	if (!body)
@@ -80,18 +112,9 @@ int api_task_request_parse(const char *body, size_t len, struct api_task_request
 	}
 	md = json_object_get(root, "metadata");
 	if (md) {
-		if (!json_is_object(md)) {
-			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be an object");
+		if (metadata_text(md, &md_text, err) < 0)
 			goto fail;
-		}
-		md_text = json_dumps(md, JSON_COMPACT);
-		if (!md_text || strlen(md_text) > API_METADATA_MAX) {
-			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be at most %d bytes as compact JSON",
-				     API_METADATA_MAX);
-			goto fail;
-		}
 		free(md_text);
-		md_text = NULL;
 		out->metadata = json_incref(md);
 		json_object_del(root, "metadata");
 	}
@@ -122,7 +145,6 @@ int api_task_request_parse(const char *body, size_t len, struct api_task_request
 oom:
 	kiln_err_set(err, KERR_INTERNAL, "out of memory");
 fail:
-	free(md_text);
 	json_decref(root);
 	api_task_request_free(out);
 	return -1;
@@ -306,7 +328,6 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 					    "metadata", "template", NULL };
 	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
 	struct task_spec ts;
-	char *probe_text = NULL;
 	int r = -1;
 
 	memset(out, 0, sizeof(*out));
@@ -370,12 +391,7 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		json_object_set(probe, "limits", limits);
 	if (net)
 		json_object_set(probe, "network", net);
-	probe_text = json_dumps(probe, JSON_COMPACT);
-	if (!probe_text) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
-	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+	if (spec_probe(probe, &ts, err) < 0)
 		goto out;
 	out->vcpus = ts.vcpus;
 	out->memory_mib = ts.memory_mib;
@@ -388,18 +404,8 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		     &out->max_lifetime_s, err) < 0)
 		goto out;
 	v = json_object_get(j, "metadata");
-	if (v) {
-		if (!json_is_object(v)) {
-			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be an object");
-			goto out;
-		}
-		out->metadata_json = json_dumps(v, JSON_COMPACT);
-		if (!out->metadata_json || strlen(out->metadata_json) > API_METADATA_MAX) {
-			kiln_err_set(err, KERR_INVALID_REQUEST, "metadata: must be at most %d bytes as compact JSON",
-				     API_METADATA_MAX);
-			goto out;
-		}
-	}
+	if (v && metadata_text(v, &out->metadata_json, err) < 0)
+		goto out;
 	spec = json_pack("{s:{s:i, s:i, s:i}, s:o}", "limits", "vcpus", (int)out->vcpus, "memory_mib",
 			 (int)out->memory_mib, "output_mib", (int)out->output_mib, "network",
 			 net ? json_incref(net) : json_pack("{s:s}", "egress", "none"));
@@ -412,7 +418,6 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 out:
 	if (r < 0)
 		api_session_request_free(out);
-	free(probe_text);
 	json_decref(probe);
 	json_decref(spec);
 	json_decref(j);
@@ -425,15 +430,22 @@ static size_t b64_decoded_len(const char *b, size_t n)
 	return n / 4 * 3 - (n && b[n - 1] == '=') - (n > 1 && b[n - 2] == '=');
 }
 
-/* A string of padded standard base64 that decodes to at most max bytes
- * (the host decodes and checks it again). */
-static int b64_field_ok(json_t *v, size_t max)
+/* j's member key, when present, must be a string of padded standard
+ * base64 that decodes to at most max bytes (the host decodes and checks it
+ * again): 0, or -1 with err set (code c, the bound in MiB or else KiB). */
+static int b64_field_check(json_t *j, const char *key, size_t max, enum kiln_errc c, struct kiln_err *err)
 {
+	json_t *v = json_object_get(j, key);
 	const char *b = json_string_value(v);
 	size_t n = json_string_length(v);
+	int mib = max % (1u << 20) == 0;
 
-	return b && n % 4 == 0 && b64_decoded_len(b, n) <= max &&
-	       strspn(b, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == n;
+	if (!v || (b && n % 4 == 0 && b64_decoded_len(b, n) <= max &&
+		   strspn(b, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == n))
+		return 0;
+	kiln_err_set(err, c, "%s: expected padded standard base64 of at most %zu %s", key, mib ? max >> 20 : max >> 10,
+		     mib ? "MiB" : "KiB");
+	return -1;
 }
 
 /* A terminal size {"rows":N,"cols":N} (field names it in messages). */
@@ -472,7 +484,6 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	json_error_t je;
 	json_t *j, *v, *probe = NULL;
 	struct task_spec ts;
-	char *probe_text = NULL;
 	unsigned timeout_s = SPEC_DEFAULT_TIMEOUT_S;
 	int r = -1;
 
@@ -514,30 +525,17 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 		goto out;
 	}
 	/* stdin_b64: kiln-host decodes and checks it; bounded here. */
-	v = json_object_get(j, "stdin_b64");
-	if (v && !b64_field_ok(v, API_EXEC_STDIN_MAX)) {
-		kiln_err_set(err, KERR_INVALID_SPEC, "stdin_b64: expected padded standard base64 of at most %u MiB",
-			     API_EXEC_STDIN_MAX >> 20);
+	if (b64_field_check(j, "stdin_b64", API_EXEC_STDIN_MAX, KERR_INVALID_SPEC, err) < 0)
 		goto out;
-	}
 	if (tty_check(j, err) < 0)
 		goto out;
 	/* argv or language+code, env, cwd: the task spec's rules and messages. */
 	probe = json_deep_copy(j);
-	if (!probe) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
 	json_object_del(probe, "timeout_s");
 	json_object_del(probe, "stdin_b64");
 	json_object_del(probe, "interactive");
 	json_object_del(probe, "tty");
-	probe_text = json_dumps(probe, JSON_COMPACT);
-	if (!probe_text) {
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-		goto out;
-	}
-	if (spec_parse(probe_text, strlen(probe_text), &ts, err) < 0)
+	if (spec_probe(probe, &ts, err) < 0)
 		goto out;
 	spec_free(&ts);
 	json_object_set_new(j, "timeout_s", json_integer(timeout_s));
@@ -545,7 +543,6 @@ int api_exec_request_parse(const char *body, size_t len, unsigned max_timeout_s,
 	j = NULL;
 	r = 0;
 out:
-	free(probe_text);
 	json_decref(probe);
 	json_decref(j);
 	return r;
@@ -567,12 +564,8 @@ int api_input_request_parse(const char *body, size_t len, json_t **out, struct k
 		kiln_err_set(err, KERR_INVALID_REQUEST, "exec_id: expected the id from the exec's started event");
 		goto bad;
 	}
-	v = json_object_get(j, "data_b64");
-	if (v && !b64_field_ok(v, API_INPUT_MAX)) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "data_b64: expected padded standard base64 of at most %u KiB",
-			     API_INPUT_MAX >> 10);
+	if (b64_field_check(j, "data_b64", API_INPUT_MAX, KERR_INVALID_REQUEST, err) < 0)
 		goto bad;
-	}
 	v = json_object_get(j, "eof");
 	if (v && !json_is_boolean(v)) {
 		kiln_err_set(err, KERR_INVALID_REQUEST, "eof: must be true or false");

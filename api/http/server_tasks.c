@@ -253,11 +253,11 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		return reply_error(conn, KERR_NO_HOST_FITS, msg);
 	}
 	if (r == 1) {
-		json_t *tj = json_loads(tu.tref, 0, NULL);
+		json_t *tj = json_loads(tu.template_ref, 0, NULL);
 		int merge = json_object_get(tj, "env") || json_object_get(tj, "workdir");
 
 		json_decref(tj);
-		if (merge && !(merged = template_merge_spec(tr.spec_json, tr.spec_len, cwd_set, tu.tref, &err))) {
+		if (merge && !(merged = template_merge_spec(tr.spec_json, tr.spec_len, cwd_set, tu.template_ref, &err))) {
 			template_use_free(&tu);
 			api_task_request_free(&tr);
 			return reply_err_status(conn, MHD_HTTP_BAD_REQUEST, &err);
@@ -273,7 +273,7 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 		struct store_submit sub = {
 			.customer = c->customer, .spec_json = merged ? merged : tr.spec_json, .metadata_json = md,
 			.vcpus = vcpus, .memory_mib = memory_mib, .timeout_s = timeout_s, .output_mib = output_mib,
-			.idem_key = idem, .body_hash = hash_hex, .tuse = r == 1 ? &tu.use : NULL,
+			.idem_key = idem, .body_hash = hash_hex, .template_use = r == 1 ? &tu.use : NULL,
 			.shared = shared, .submit_rate = q.submit_rate, .submit_burst = q.submit_burst,
 			.max_queued = q.max_queued, .retry_ms = &retry_ms,
 		};

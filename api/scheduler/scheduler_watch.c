@@ -197,10 +197,10 @@ static int push(struct watch *w)
 	{
 		/* Its template as resolved at submission (docs/templates.md):
 		 * the task runs even if the template was deleted since. */
-		json_t *tref = tp.tref ? json_loads(tp.tref, 0, NULL) : NULL;
+		json_t *ref = tp.template_ref ? json_loads(tp.template_ref, 0, NULL) : NULL;
 
-		if (tref)
-			json_object_set_new(body, "template", tref);
+		if (ref)
+			json_object_set_new(body, "template", ref);
 	}
 	store_task_push_free(&tp);
 	st = sched_host_call(s, w->url, "POST", "/v1/tasks", body, 10000, &reply, &err);

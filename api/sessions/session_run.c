@@ -65,7 +65,7 @@ static enum MHD_Result admit(struct sessions *ss, const struct sessions_request 
  * NULL for the default. */
 static const char *tkey_of(const struct template_use *u, char buf[72])
 {
-	if (!u->tref)
+	if (!u->template_ref)
 		return NULL;
 	if (u->use.builtin)
 		snprintf(buf, 72, "@%s", u->row.name);
@@ -75,9 +75,9 @@ static const char *tkey_of(const struct template_use *u, char buf[72])
 }
 
 /* A host request body gets the TREF (text; NULL: none) as "template". */
-static void with_tref(json_t *body, const char *tref)
+static void with_template_ref(json_t *body, const char *ref)
 {
-	json_t *j = tref ? json_loads(tref, 0, NULL) : NULL;
+	json_t *j = ref ? json_loads(ref, 0, NULL) : NULL;
 
 	if (body && j)
 		json_object_set_new(body, "template", j);
@@ -124,7 +124,8 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		struct store_session_new n = {
 			.customer = r->customer, .spec_json = sr->spec_json, .metadata_json = sr->metadata_json,
 			.vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .idle_timeout_s = sr->idle_timeout_s,
-			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress, .tuse = tu.tref ? &tu.use : NULL,
+			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress,
+			.template_use = tu.template_ref ? &tu.use : NULL,
 		};
 		/* With this process's lease (a request in flight) from the start:
 		 * no replica's reaper takes it in starting for a leftover. */
@@ -161,7 +162,7 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 					 spec ? spec : json_object());
 		char *text;
 
-		with_tref(body, tu.tref);
+		with_template_ref(body, tu.template_ref);
 		template_use_free(&tu);
 		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
@@ -199,13 +200,13 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 }
 
 static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
-		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret);
+		       const struct sched_need *need_in, const char *ref, enum MHD_Result *ret);
 
 int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
 			enum MHD_Result *ret)
 {
 	struct sched_need need = { .vcpus = cur->vcpus, .memory_mib = cur->memory_mib, .egress = cur->egress };
-	char *tref = store_use_tref(ss->st, cur->id), tkey[72] = "", prefer[65] = "";
+	char *ref = store_template_use_ref(ss->st, cur->id), tkey[72] = "", prefer[65] = "";
 	json_t *sj = store_session_json(ss->st, cur->id, NULL);
 	int done;
 
@@ -216,8 +217,8 @@ int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, c
 	json_decref(sj);
 	need.prefer = prefer;
 
-	if (tref) {
-		json_t *tj = json_loads(tref, 0, NULL);
+	if (ref) {
+		json_t *tj = json_loads(ref, 0, NULL);
 
 		if (json_is_true(json_object_get(tj, "builtin")))
 			snprintf(tkey, sizeof(tkey), "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
@@ -226,13 +227,13 @@ int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, c
 		json_decref(tj);
 		need.tkey = tkey;
 	}
-	done = resume_with(ss, r, cur, &need, tref, ret);
-	free(tref);
+	done = resume_with(ss, r, cur, &need, ref, ret);
+	free(ref);
 	return done;
 }
 
 static int resume_with(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
-		       const struct sched_need *need_in, const char *tref, enum MHD_Result *ret)
+		       const struct sched_need *need_in, const char *ref, enum MHD_Result *ret)
 {
 	struct kiln_err err = { .code = "" };
 	struct sched_need need = *need_in;
@@ -287,7 +288,7 @@ static int resume_with(struct sessions *ss, const struct sessions_request *r, co
 		char *text;
 		char path[96];
 
-		with_tref(body, tref);
+		with_template_ref(body, ref);
 		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		free(spec_text);

@@ -320,6 +320,24 @@ static enum MHD_Result exec_stream(struct sessions *ss, const struct sessions_re
 	return reply_sse(r->conn, 64 << 10, relay_read, sr, relay_free);
 }
 
+/* POST body (JSON, consumed) to the session id's host at url, as
+ * /v1/sessions/{id}/what, into *hr: 0, or -1 when out of memory (nothing
+ * sent). */
+static int host_post_json(struct sessions *ss, const char *url, const char *id, const char *what, json_t *body,
+			  long timeout_ms, struct hostclient_reply *hr, struct kiln_err *err)
+{
+	char path[96], *text = json_dumps(body, JSON_COMPACT);
+
+	json_decref(body);
+	if (!text)
+		return -1;
+	snprintf(path, sizeof(path), "/v1/sessions/%s/%s", id, what);
+	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json", timeout_ms, HOST_REPLY_MAX, hr,
+			  err);
+	free(text);
+	return 0;
+}
+
 /* POST /v1/sessions/{id}/exec */
 static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 {
@@ -332,7 +350,7 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 	struct hostclient_reply hr;
 	struct quota q;
 	enum MHD_Result ret;
-	char url[256], path[96], *text;
+	char url[256];
 	json_t *body;
 	unsigned timeout_s;
 
@@ -346,10 +364,10 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		return reply_err(r->conn, &err);
 	{
 		/* The session's template: its env and workdir, as tasks get them. */
-		char *tref = store_use_tref(ss->st, cur->id);
+		char *ref = store_template_use_ref(ss->st, cur->id);
 
-		template_merge_exec(body, tref);
-		free(tref);
+		template_merge_exec(body, ref);
+		free(ref);
 	}
 	timeout_s = (unsigned)json_integer_value(json_object_get(body, "timeout_s"));
 	if (stream && (!strcmp(stream, "1") || !strcmp(stream, "true"))) {
@@ -357,15 +375,11 @@ static enum MHD_Result handle_exec(void *ctx, struct httpd_req *req)
 		json_decref(body);
 		return ret;
 	}
-	text = json_dumps(body, JSON_COMPACT);
-	json_decref(body);
-	if (!text)
-		return reply_internal(r->conn, "out of memory");
-	snprintf(path, sizeof(path), "/v1/sessions/%s/exec", cur->id);
 	sessions_op_enter_touch(ss, cur->id);
-	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json",
-		       (long)timeout_s * 1000 + EXEC_MARGIN_MS, HOST_REPLY_MAX, &hr, &err);
-	free(text);
+	if (host_post_json(ss, url, cur->id, "exec", body, (long)timeout_s * 1000 + EXEC_MARGIN_MS, &hr, &err) < 0) {
+		sessions_op_leave_touch(ss, cur->id);
+		return reply_internal(r->conn, "out of memory");
+	}
 	if (hr.status == 200) {
 		/* A command that broke the VM, or a VM the host's memory budget
 		 * had killed (host_memory), ended the session on the host. */
@@ -396,7 +410,7 @@ static enum MHD_Result handle_input(void *ctx, struct httpd_req *req)
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	enum MHD_Result ret;
-	char url[256], path[96], *text;
+	char url[256];
 	json_t *body;
 
 	if (r->admin)
@@ -407,14 +421,8 @@ static enum MHD_Result handle_input(void *ctx, struct httpd_req *req)
 		json_decref(body);
 		return ret;
 	}
-	text = json_dumps(body, JSON_COMPACT);
-	json_decref(body);
-	if (!text)
+	if (host_post_json(ss, url, cur->id, "input", body, INPUT_TIMEOUT_MS, &hr, &err) < 0)
 		return reply_internal(r->conn, "out of memory");
-	snprintf(path, sizeof(path), "/v1/sessions/%s/input", cur->id);
-	sessions_host_raw(ss, url, "POST", path, text, strlen(text), "application/json", INPUT_TIMEOUT_MS,
-		       HOST_REPLY_MAX, &hr, &err);
-	free(text);
 	return relay_answer(ss, r, url, cur->id, &hr, &err);
 }
 

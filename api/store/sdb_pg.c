@@ -13,6 +13,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -602,12 +603,32 @@ const void *pg_col_blob(struct sdb_pg_stmt *st, int i, int *n)
 /* ---- a background thread with a stop pipe ---- */
 
 /* The thread loops while !bg_stopping(b), polling b->stop_pipe[0] with its
- * own descriptors: bg_stop makes that readable and waits for the thread. */
+ * own descriptors: bg_stop makes that readable and waits for the thread.
+ * It has a connection of its own, to conninfo. The first member of the
+ * listener and of the leader's lock, which bg_new makes. */
 struct bg {
+	char *conninfo;              /* a copy of the store's */
 	pthread_t thread;
 	int stop;                    /* atomic */
 	int stop_pipe[2];
 };
+
+/* A new zeroed object of size bytes whose first member is a struct bg,
+ * with a copy of db's connection string. NULL unless db is PostgreSQL, or
+ * out of memory. */
+static void *bg_new(struct sdb *db, size_t size)
+{
+	struct bg *b;
+
+	if (db->kind != SDB_PG)
+		return NULL;
+	b = calloc(1, size);
+	if (b && !(b->conninfo = strdup(db->pg->conninfo))) {
+		free(b);
+		b = NULL;
+	}
+	return b;
+}
 
 static int bg_start(struct bg *b, void *(*fn)(void *), void *arg)
 {
@@ -637,21 +658,31 @@ static void bg_stop(struct bg *b)
 	close(b->stop_pipe[1]);
 }
 
+/* Free what bg_new made, stopping its thread first when started. */
+static void bg_free(struct bg *b, int started)
+{
+	if (started)
+		bg_stop(b);
+	free(b->conninfo);
+	free(b);
+}
+
 /* ---- LISTEN ---- */
 
 struct sdb_listener {
-	char *conninfo;
+	struct bg bg;                /* first: made by bg_new */
 	char channel[64];
 	sdb_notify_fn *fn;
 	void *arg;
 	PGconn *first;               /* connected by sdb_listen itself, or NULL */
-	struct bg bg;
 };
+
+_Static_assert(offsetof(struct sdb_listener, bg) == 0, "bg_free frees the listener by its bg");
 
 /* Connect and LISTEN: the connection, or NULL. */
 static PGconn *listen_connect(struct sdb_listener *l)
 {
-	PGconn *c = connect_to(l->conninfo);
+	PGconn *c = connect_to(l->bg.conninfo);
 	char sql[96];
 	PGresult *r;
 
@@ -716,24 +747,19 @@ static void *listen_main(void *arg)
 
 struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_fn *fn, void *arg)
 {
-	struct sdb_listener *l;
+	struct sdb_listener *l = bg_new(db, sizeof(*l));
 
-	if (db->kind != SDB_PG)
-		return NULL;
-	l = calloc(1, sizeof(*l));
 	if (!l)
 		return NULL;
-	l->conninfo = strdup(db->pg->conninfo);
 	snprintf(l->channel, sizeof(l->channel), "%s", channel);
 	l->fn = fn;
 	l->arg = arg;
 	/* LISTEN before returning: the caller reads after this, and
 	 * whatever is committed from then on is announced. */
-	l->first = l->conninfo ? listen_connect(l) : NULL;
-	if (!l->conninfo || bg_start(&l->bg, listen_main, l) < 0) {
+	l->first = listen_connect(l);
+	if (bg_start(&l->bg, listen_main, l) < 0) {
 		PQfinish(l->first);
-		free(l->conninfo);
-		free(l);
+		bg_free(&l->bg, 0);
 		return NULL;
 	}
 	return l;
@@ -741,21 +767,19 @@ struct sdb_listener *sdb_listen(struct sdb *db, const char *channel, sdb_notify_
 
 void sdb_listen_stop(struct sdb_listener *l)
 {
-	if (!l)
-		return;
-	bg_stop(&l->bg);
-	free(l->conninfo);
-	free(l);
+	if (l)
+		bg_free(&l->bg, 1);
 }
 
 /* ---- the leader's lock ---- */
 
 struct sdb_leader {
-	char *conninfo;
+	struct bg bg;                /* first: made by bg_new */
 	long long key;
 	int leader;                  /* atomic */
-	struct bg bg;
 };
+
+_Static_assert(offsetof(struct sdb_leader, bg) == 0, "bg_free frees the leader by its bg");
 
 /* 1 the lock is held (taken now or before), 0 not, -1 the connection failed. */
 static int try_lock(PGconn *c, long long key)
@@ -783,7 +807,7 @@ static void *leader_main(void *arg)
 		int v;
 
 		if (!c) {
-			c = connect_to(l->conninfo);
+			c = connect_to(l->bg.conninfo);
 			if (PQstatus(c) != CONNECTION_OK) {
 				PQfinish(c);
 				c = NULL;
@@ -814,18 +838,13 @@ static void *leader_main(void *arg)
 
 struct sdb_leader *sdb_leader_start(struct sdb *db, long long key)
 {
-	struct sdb_leader *l;
+	struct sdb_leader *l = bg_new(db, sizeof(*l));
 
-	if (db->kind != SDB_PG)
-		return NULL;
-	l = calloc(1, sizeof(*l));
 	if (!l)
 		return NULL;
-	l->conninfo = strdup(db->pg->conninfo);
 	l->key = key;
-	if (!l->conninfo || bg_start(&l->bg, leader_main, l) < 0) {
-		free(l->conninfo);
-		free(l);
+	if (bg_start(&l->bg, leader_main, l) < 0) {
+		bg_free(&l->bg, 0);
 		return NULL;
 	}
 	return l;
@@ -838,9 +857,6 @@ int sdb_leader_is(struct sdb_leader *l)
 
 void sdb_leader_stop(struct sdb_leader *l)
 {
-	if (!l)
-		return;
-	bg_stop(&l->bg);
-	free(l->conninfo);
-	free(l);
+	if (l)
+		bg_free(&l->bg, 1);
 }

@@ -140,18 +140,21 @@ int store_step(struct store *s, struct sdb_stmt *st)
 	return rc;
 }
 
+int store_update_locked(struct store *s, struct sdb_stmt *st)
+{
+	int rc = store_step(s, st), n = sdb_changes(s->db);
+
+	sdb_reset(st);
+	return rc == SDB_DONE ? n : -1;
+}
+
 int store_stamp_locked(struct store *s, struct sdb_stmt *st, const char *id)
 {
-	int rc, n;
-
 	if (!st)
 		return -1;
 	sdb_bind_int64(st, 1, clock_wall_ms());
 	sdb_bind_text(st, 2, id);
-	rc = store_step(s, st);
-	n = sdb_changes(s->db);
-	sdb_reset(st);
-	return rc == SDB_DONE ? n : -1;
+	return store_update_locked(s, st);
 }
 
 int store_stamp(struct store *s, int slot, const char *sql, const char *id)
@@ -427,21 +430,45 @@ int store_row_by_id(struct store *s, int slot, const char *sql, const char *id, 
 	return r;
 }
 
+/* store_text_by_id's row: column 0 copied into *(char **)arg. */
+static int copy_text(struct sdb_stmt *st, void *arg)
+{
+	const char *t = store_col_text(st, 0);
+
+	*(char **)arg = t ? strdup(t) : NULL;
+	return 0;
+}
+
 char *store_text_by_id(struct store *s, int slot, const char *sql, const char *id)
 {
-	struct sdb_stmt *st;
 	char *text = NULL;
 
+	store_row_by_id(s, slot, sql, id, NULL, 0, copy_text, &text);
+	return text;
+}
+
+/* ---- lists of rows ---- */
+
+int store_rows(struct store *s, int slot, const char *sql, const char *arg, void *out, size_t size, int max,
+	       void (*row)(struct sdb_stmt *st, void *elem))
+{
+	struct sdb_stmt *st;
+	int n = 0;
+
+	if (max <= 0)
+		return 0;
 	pthread_mutex_lock(&s->lock);
 	st = store_stmt(s, slot, sql);
 	if (st) {
-		sdb_bind_text(st, 1, id);
-		if (sdb_step(st) == SDB_ROW && store_col_text(st, 0))
-			text = strdup(store_col_text(st, 0));
+		if (arg)
+			sdb_bind_text(st, 1, arg);
+		sdb_bind_int64(st, arg ? 2 : 1, max);
+		while (n < max && store_step(s, st) == SDB_ROW)
+			row(st, (char *)out + (size_t)n++ * size);
 		sdb_reset(st);
 	}
 	pthread_mutex_unlock(&s->lock);
-	return text;
+	return n;
 }
 
 /* ---- pagination ---- */
@@ -530,7 +557,7 @@ static void bind_named_text(struct sdb_stmt *st, const char *name, const char *v
 
 int store_cas_locked(struct store *s, struct sdb_stmt *st, const struct store_cas *c)
 {
-	int i, rc, n;
+	int i, n;
 
 	bind_named_text(st, ":id", c->id);
 	bind_named_text(st, ":from", c->from);
@@ -541,12 +568,8 @@ int store_cas_locked(struct store *s, struct sdb_stmt *st, const struct store_ca
 	i = sdb_bind_index(st, ":now");
 	if (i)
 		sdb_bind_int64(st, i, c->now);
-	rc = store_step(s, st);
-	n = sdb_changes(s->db);
-	sdb_reset(st);
-	if (rc != SDB_DONE)
-		return -1;
-	return n > 0;
+	n = store_update_locked(s, st);
+	return n < 0 ? -1 : n > 0;
 }
 
 /* ---- the running quota ---- */

@@ -28,7 +28,7 @@
 #include "err.h"
 
 struct store;
-struct store_tuse;
+struct store_template_use;
 
 /* Quotas of one customer. 0 in a max_* field means "no limit" only where
  * noted; the defaults come from the API's configuration. */
@@ -45,7 +45,8 @@ struct quota {
 	unsigned max_queued;         /* tasks queued/scheduled at once (429 beyond) */
 	int allow_egress;            /* 0: tasks asking for network egress get 400 */
 	int session_auto_pause;      /* idle/lifetime limits pause sessions (else destroy them) */
-	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls (429 beyond; 0: no limit) */
+	unsigned max_streams;        /* long-lived requests at once: event and exec streams, wait= polls
+				      * (429 beyond; 0: no limit) */
 	/* Templates (docs/templates.md, "Quotas"). */
 	unsigned max_templates;      /* templates of the customer at once (429 beyond) */
 	unsigned max_template_mib;   /* an OCI archive and a built image (413 beyond) */
@@ -232,7 +233,7 @@ int store_dest_delete(struct store *s, const char *customer);
 struct store_task_push {
 	int scheduled_on;            /* the task is scheduled on the host asked about */
 	char *spec;                  /* its spec JSON (NULL: no such task) */
-	char *tref;                  /* its template as resolved at submission (NULL: none) */
+	char *template_ref;          /* its template as resolved at submission (NULL: none) */
 	int has_dest;                /* dest holds the customer's destination */
 	struct store_dest dest;
 };
@@ -260,7 +261,7 @@ struct store_submit {
 	unsigned vcpus, memory_mib, timeout_s, output_mib;
 	const char *idem_key;        /* may be NULL */
 	const char *body_hash;       /* SHA-256 hex of the request body */
-	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
+	const struct store_template_use *template_use; /* its template (NULL: default), recorded with it */
 	/* Replicas (PostgreSQL): the customer's submit rate and queue depth
 	 * are checked in the submission's own transaction, under the
 	 * customer's lock, against rows every replica shares (the bucket in
@@ -399,7 +400,7 @@ struct store_session_new {
 	unsigned vcpus, memory_mib, idle_timeout_s, max_lifetime_s;
 	int egress;
 	const char *host_id;         /* where it is being created */
-	const struct store_tuse *tuse; /* its template (NULL: default), recorded with it */
+	const struct store_template_use *template_use; /* its template (NULL: default), recorded with it */
 	const char *lease_owner;     /* non-NULL: its lease (count 1) taken in the same transaction */
 	int64_t lease_ttl_ms;
 };
@@ -503,9 +504,10 @@ int store_session_leases_gc(struct store *s, int64_t older_ms);
  * Customer templates belong to their customer; built-in ones (rows made
  * from hosts' heartbeats) have customer "" and are public. A name is unique
  * per customer, and no customer may take a public name. Tasks and sessions
- * record the template they use (struct store_tuse) so that they still run
- * after it is deleted; its image in S3 is deleted (store_template_gc_*) once
- * no template row, unfinished task or live session names its SHA-256. */
+ * record the template they use (struct store_template_use) so that they
+ * still run after it is deleted; its image in S3 is deleted
+ * (store_template_gc_*) once no template row, unfinished task or live
+ * session names its SHA-256. */
 
 enum template_state {
 	TEMPLATE_QUEUED,
@@ -535,12 +537,12 @@ struct store_template {
 };
 
 /* What a task or session records about its template. */
-struct store_tuse {
+struct store_template_use {
 	const char *template_id;     /* the row it resolved to */
 	const char *name;
 	const char *sha256;          /* NULL for a built-in */
 	int builtin;
-	const char *tref_json;       /* what is sent to hosts; NULL for a built-in without one */
+	const char *template_ref_json; /* what is sent to hosts; NULL for a built-in without one */
 };
 
 struct store_template_new {
@@ -572,7 +574,7 @@ int store_template_find(struct store *s, const char *customer, const char *name,
 int store_template_get(struct store *s, const char *id, struct store_template *out);
 
 /* The TREF text of a ready template (caller frees), NULL when it has none. */
-char *store_template_tref(struct store *s, const char *id);
+char *store_template_ref(struct store *s, const char *id);
 /* The recipe text of a recipe template (caller frees), or NULL. */
 char *store_template_recipe(struct store *s, const char *id);
 
@@ -601,11 +603,11 @@ int store_template_start(struct store *s, const char *id, const char *host_id);
 int store_template_requeue(struct store *s, const char *id);
 /* Append build output (kept: the last STORE_TEMPLATE_LOG_MAX bytes). */
 int store_template_log(struct store *s, const char *id, const char *text, size_t len);
-/* building (or queued) -> ready with tref (its sha256, size, s3_key read
+/* building (or queued) -> ready with ref, a TREF (its sha256, size, s3_key read
  * from it) or failed with code/message; the build time since started is
  * added to the customer's day. The uploaded archive is listed for clean-up.
  * 1 done, 0 the row is gone or settled, -1 error. */
-int store_template_finish(struct store *s, const char *id, json_t *tref, const char *code, const char *message);
+int store_template_finish(struct store *s, const char *id, json_t *ref, const char *code, const char *message);
 
 /* The state, log bytes ever written and the log kept now (caller frees),
  * for the events stream. 0, -ENOENT. */
@@ -614,7 +616,7 @@ int store_template_progress(struct store *s, const char *id, enum template_state
 
 /* The TREF a task or session (by id) was stored with (caller frees), NULL
  * when it uses the default template. */
-char *store_use_tref(struct store *s, const char *id);
+char *store_template_use_ref(struct store *s, const char *id);
 
 /* ---- clean-up of what deleted templates and ended builds leave ---- */
 struct store_template_gc {

@@ -131,6 +131,10 @@ void store_tx_unlock(struct store_tx *tx);
 /* sdb_step, logging an error other than DONE/ROW. Lock held. */
 int store_step(struct store *s, struct sdb_stmt *st);
 
+/* Run st (from store_stmt, bound; s->lock held), a write without rows, and
+ * reset it: the rows it changed, or -1 on a store error. */
+int store_update_locked(struct store *s, struct sdb_stmt *st);
+
 /* Run st (from stmt(), s->lock held) with ?1 = the wall clock in ms and
  * ?2 = id: the one-statement "mark this row now" writes (touch, cancel
  * sent, key revoked). Returns the rows changed, or -1 on a store error. */
@@ -216,6 +220,15 @@ int store_row_by_id(struct store *s, int slot, const char *sql, const char *id, 
  * or NULL. For the spec getters. Takes the lock. */
 char *store_text_by_id(struct store *s, int slot, const char *sql, const char *id);
 
+/* ---- lists of rows (store.c) ---- */
+
+/* Run slot/sql with ?1 = arg (when not NULL) and the next parameter = max,
+ * and call row on each of at most max rows with the next element of out
+ * (an array of elements of size bytes). Returns how many were filled (0 on
+ * a store error). Takes the lock. */
+int store_rows(struct store *s, int slot, const char *sql, const char *arg, void *out, size_t size, int max,
+	       void (*row)(struct sdb_stmt *st, void *elem));
+
 /* ---- pagination (store.c) ---- */
 
 /* A page of a newest-first list: its statement has ?1 customer, ?2 state
@@ -291,7 +304,7 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 
 /* Record that task or session id uses the template u (inside the caller's
  * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
-int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u);
+int store_template_use_insert_locked(struct store *s, const char *id, const struct store_template_use *u);
 
 /* ---- destinations (store_destinations.c) ---- */
 

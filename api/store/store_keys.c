@@ -44,7 +44,8 @@ static const char *const keys_sql[K_COUNT] = {
 	[K_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost FROM hosts ORDER BY id",
 	[K_HOST_LOST] = "UPDATE hosts SET lost = ?1 WHERE id = ?2",
 	[K_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
-	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming') THEN 1 ELSE 0 END), 0),"
+	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming')"
+			 " THEN 1 ELSE 0 END), 0),"
 			 " coalesce(sum(CASE WHEN state = 'paused' THEN 1 ELSE 0 END), 0) FROM sessions WHERE customer = ?1",
 	[K_CUST_LIST] = "SELECT id, name, created_ms, quotas FROM customers WHERE id > ?1 ORDER BY id LIMIT ?2",
 	[K_KEY_LIST] = "SELECT id, created_ms, revoked_ms FROM keys WHERE customer = ?1 ORDER BY created_ms, id",
@@ -57,6 +58,28 @@ static struct sdb_stmt *stmt(struct store *s, enum keys_stmt id)
 	return store_stmt(s, STORE_SLOTS_KEYS + id, keys_sql[id]);
 }
 
+/* Run statement id, an insert with ?1..?3 = t1..t3 and ?4 = the wall clock
+ * in ms (a new customer, a host's heartbeat): SDB_DONE or the error code
+ * (SDB_CONSTRAINT: the row exists). Takes the lock. */
+static int insert_now(struct store *s, enum keys_stmt id, const char *t1, const char *t2, const char *t3)
+{
+	struct sdb_stmt *st;
+	int rc = SDB_ERROR;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, id);
+	if (st) {
+		sdb_bind_text(st, 1, t1);
+		sdb_bind_text(st, 2, t2);
+		sdb_bind_text(st, 3, t3);
+		sdb_bind_int64(st, 4, clock_wall_ms());
+		rc = store_step(s, st);
+		sdb_reset(st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 /* ---- customers ---- */
 
 int store_customer_create(struct store *s, const char *id, const char *name, const struct quota *q,
@@ -64,23 +87,12 @@ int store_customer_create(struct store *s, const char *id, const char *name, con
 {
 	json_t *qj = quota_to_json(q);
 	char *qs = json_dumps(qj, JSON_COMPACT);
-	struct sdb_stmt *st;
-	int rc = SDB_ERROR;
+	int rc;
 
 	json_decref(qj);
 	if (!qs)
 		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, K_CUST_INSERT);
-	if (st) {
-		sdb_bind_text(st, 1, id);
-		sdb_bind_text(st, 2, name);
-		sdb_bind_text(st, 3, qs);
-		sdb_bind_int64(st, 4, clock_wall_ms());
-		rc = sdb_step(st);
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
+	rc = insert_now(s, K_CUST_INSERT, id, name, qs);
 	free(qs);
 	if (rc == SDB_CONSTRAINT)
 		return kiln_err_set(err, KERR_DUPLICATE, "a customer with the id \"%s\" exists", id);
@@ -131,7 +143,7 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 	json_t *qj = quota_to_json(q);
 	char *qs = json_dumps(qj, JSON_COMPACT);
 	struct sdb_stmt *st;
-	int rc = SDB_ERROR, n = 0;
+	int n = -1;
 
 	json_decref(qj);
 	if (!qs)
@@ -141,13 +153,11 @@ int store_customer_set_quota(struct store *s, const char *id, const struct quota
 	if (st) {
 		sdb_bind_text(st, 1, qs);
 		sdb_bind_text(st, 2, id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
+		n = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(qs);
-	if (rc != SDB_DONE)
+	if (n < 0)
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot update the quotas");
 	if (!n) {
 		kiln_err_set(err, KERR_NOT_FOUND, "no customer \"%s\"", id);
@@ -316,13 +326,12 @@ static int key_table_add(struct store *s, const struct key_entry *e)
 	}
 }
 
-int store_keys_load(struct store *s, struct kiln_err *err)
+/* Every row of st (K_KEY_GET, from stmt()) into the key table of into,
+ * then reset st: 0, -ENOMEM, or -EIO (the step failed). Lock held. */
+static int key_rows(struct sdb_stmt *st, struct store *into)
 {
-	struct sdb_stmt *st = stmt(s, K_KEY_GET);
-	int rc;
+	int rc, r = 0;
 
-	if (!st)
-		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read keys");
 	while ((rc = sdb_step(st)) == SDB_ROW) {
 		struct key_entry e = { .admin = sdb_col_int(st, 2), .revoked = !sdb_col_null(st, 4) };
 
@@ -331,13 +340,26 @@ int store_keys_load(struct store *s, struct kiln_err *err)
 		memcpy(e.hash, sdb_col_blob(st, 3), SHA256_DIGEST_LENGTH);
 		store_copy_col(st, 0, e.key_id, sizeof(e.key_id));
 		store_copy_col(st, 1, e.customer, sizeof(e.customer));
-		if (key_table_add(s, &e) < 0) {
-			sdb_reset(st);
-			return kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
+		if (key_table_add(into, &e) < 0) {
+			r = -ENOMEM;
+			break;
 		}
 	}
 	sdb_reset(st);
-	return rc == SDB_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "reading keys: %s", sdb_errmsg(s->db));
+	return r ? r : rc == SDB_DONE ? 0 : -EIO;
+}
+
+int store_keys_load(struct store *s, struct kiln_err *err)
+{
+	struct sdb_stmt *st = stmt(s, K_KEY_GET);
+	int r;
+
+	if (!st)
+		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read keys");
+	r = key_rows(st, s);
+	if (r == -ENOMEM)
+		return kiln_err_set(err, KERR_STORE_ERROR, "out of memory");
+	return r ? kiln_err_set(err, KERR_STORE_ERROR, "reading keys: %s", sdb_errmsg(s->db)) : 0;
 }
 
 int store_key_create(struct store *s, const char *customer, int admin, char **key_out, char key_id_out[32],
@@ -419,27 +441,13 @@ int store_keys_reload(struct store *s)
 {
 	struct store fresh = { 0 }; /* only its key table is used */
 	struct sdb_stmt *st;
-	int rc = SDB_ERROR;
+	int r;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_KEY_GET);
-	while (st && (rc = sdb_step(st)) == SDB_ROW) {
-		struct key_entry e = { .admin = sdb_col_int(st, 2), .revoked = !sdb_col_null(st, 4) };
-
-		if (sdb_col_bytes(st, 3) != SHA256_DIGEST_LENGTH)
-			continue;
-		memcpy(e.hash, sdb_col_blob(st, 3), SHA256_DIGEST_LENGTH);
-		store_copy_col(st, 0, e.key_id, sizeof(e.key_id));
-		store_copy_col(st, 1, e.customer, sizeof(e.customer));
-		if (key_table_add(&fresh, &e) < 0) {
-			rc = SDB_ERROR;
-			break;
-		}
-	}
-	if (st)
-		sdb_reset(st);
+	r = st ? key_rows(st, &fresh) : -EIO;
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SDB_DONE) {
+	if (r < 0) {
 		free(fresh.keys);
 		return -1;
 	}
@@ -486,22 +494,11 @@ int store_host_heartbeat(struct store *s, const char *host_id, const char *url, 
 			 struct kiln_err *err)
 {
 	char *cap = capacity ? json_dumps(capacity, JSON_COMPACT) : strdup("{}");
-	struct sdb_stmt *st;
-	int rc = SDB_ERROR;
+	int rc;
 
 	if (!cap)
 		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, K_HOST_HB);
-	if (st) {
-		sdb_bind_text(st, 1, host_id);
-		sdb_bind_text(st, 2, url);
-		sdb_bind_text(st, 3, cap);
-		sdb_bind_int64(st, 4, clock_wall_ms());
-		rc = store_step(s, st);
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
+	rc = insert_now(s, K_HOST_HB, host_id, url, cap);
 	free(cap);
 	return rc == SDB_DONE ? 0 : kiln_err_set(err, KERR_STORE_ERROR, "cannot record the heartbeat");
 }
@@ -534,19 +531,17 @@ json_t *store_host_list(struct store *s)
 int store_host_set_lost(struct store *s, const char *host_id, int lost)
 {
 	struct sdb_stmt *st;
-	int rc = SDB_ERROR, n = 0;
+	int n = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, K_HOST_LOST);
 	if (st) {
 		sdb_bind_int64(st, 1, lost ? 1 : 0);
 		sdb_bind_text(st, 2, host_id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
+		n = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (rc != SDB_DONE)
+	if (n < 0)
 		return -EIO;
 	return n ? 0 : -ENOENT;
 }

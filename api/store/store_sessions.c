@@ -89,7 +89,8 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LEASE_GC] = "DELETE FROM session_leases WHERE expires_ms < " SDB_NOW_MS " - ?1",
 };
 
-_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES, "store_sessions.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES,
+	       "store_sessions.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum sessions_stmt id)
 {
@@ -98,8 +99,11 @@ static struct sdb_stmt *stmt(struct store *s, enum sessions_stmt id)
 
 /* ---- rows ---- */
 
-static void session_row(struct sdb_stmt *st, struct store_session *out)
+/* One row into elem, a struct store_session (store_rows' row). */
+static void session_row(struct sdb_stmt *st, void *elem)
 {
+	struct store_session *out = elem;
+
 	memset(out, 0, sizeof(*out));
 	store_copy_col(st, SC_ID, out->id, sizeof(out->id));
 	store_copy_col(st, SC_CUSTOMER, out->customer, sizeof(out->customer));
@@ -237,7 +241,7 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		goto fail_sql;
 	}
 	sdb_reset(st);
-	if (n->tuse && store_tuse_insert_locked(s, id, n->tuse) < 0)
+	if (n->template_use && store_template_use_insert_locked(s, id, n->template_use) < 0)
 		goto fail_sql;
 	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;
@@ -252,18 +256,16 @@ fail_sql:
 int store_session_discard(struct store *s, const char *id)
 {
 	struct sdb_stmt *st;
-	int rc = SDB_ERROR, n = 0;
+	int n = -1;
 
 	pthread_mutex_lock(&s->lock);
 	st = stmt(s, S_DISCARD);
 	if (st) {
 		sdb_bind_text(st, 1, id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
+		n = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
-	return rc == SDB_DONE && n > 0;
+	return n > 0;
 }
 
 /* ---- changes of state ---- */
@@ -350,14 +352,6 @@ int store_session_touch(struct store *s, const char *id)
 }
 
 /* Run st (bound) under the lock held: 1 changed a row, 0 none, -1 error. */
-static int update_locked(struct store *s, struct sdb_stmt *st)
-{
-	int rc = store_step(s, st), n = sdb_changes(s->db);
-
-	sdb_reset(st);
-	return rc == SDB_DONE ? n > 0 : -1;
-}
-
 int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
 			  const char *env_json, int auto_pause)
 {
@@ -375,7 +369,7 @@ int store_session_set_e2b(struct store *s, const char *id, const unsigned char t
 		else
 			sdb_bind_int64(st, 4, auto_pause ? 1 : 0);
 		sdb_bind_text(st, 5, id);
-		r = update_locked(s, st);
+		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -394,7 +388,7 @@ int store_session_set_limits(struct store *s, const char *id, const char *custom
 		sdb_bind_int64(st, 2, max_lifetime_s);
 		sdb_bind_text(st, 3, id);
 		store_bind_opt_text(st, 4, customer);
-		r = update_locked(s, st);
+		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (r > 0)
@@ -483,21 +477,8 @@ char *store_session_spec(struct store *s, const char *id)
 
 int store_sessions_holding(struct store *s, struct store_session *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	if (max <= 0)
-		return 0;
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, S_HOLDING);
-	if (st) {
-		sdb_bind_int64(st, 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW)
-			session_row(st, &out[n++]);
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_SESSIONS + S_HOLDING, sessions_sql[S_HOLDING], NULL, out, sizeof(*out), max,
+			  session_row);
 }
 
 /* ---- leases ---- */
@@ -562,9 +543,7 @@ int store_session_leases_renew(struct store *s, const char *owner, int64_t ttl_m
 	if (st) {
 		sdb_bind_text(st, 1, owner);
 		sdb_bind_int64(st, 2, ttl_ms);
-		if (store_step(s, st) == SDB_DONE)
-			r = sdb_changes(s->db);
-		sdb_reset(st);
+		r = store_update_locked(s, st);
 	}
 	unrelax_locked(s, relaxed);
 	pthread_mutex_unlock(&s->lock);
@@ -604,9 +583,7 @@ int store_session_leases_gc(struct store *s, int64_t older_ms)
 	st = stmt(s, S_LEASE_GC);
 	if (st) {
 		sdb_bind_int64(st, 1, older_ms);
-		if (store_step(s, st) == SDB_DONE)
-			r = sdb_changes(s->db);
-		sdb_reset(st);
+		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;

@@ -327,7 +327,7 @@ static void submit_one_locked(struct store *s, struct pending_submit *p, int64_t
 	sdb_reset(st);
 	if (rc != SDB_DONE)
 		goto fail_sql;
-	if (t->tuse && store_tuse_insert_locked(s, p->id, t->tuse) < 0)
+	if (t->template_use && store_template_use_insert_locked(s, p->id, t->template_use) < 0)
 		goto fail_sql;
 	p->r = 0;
 	goto release;
@@ -581,7 +581,7 @@ int store_task_push_get(struct store *s, const char *id, const char *host_id, st
 				  !strcmp(host, host_id);
 		if (store_col_text(st, 2) && !(p->spec = strdup(store_col_text(st, 2))))
 			r = -1;
-		if (store_col_text(st, 3) && !(p->tref = strdup(store_col_text(st, 3))))
+		if (store_col_text(st, 3) && !(p->template_ref = strdup(store_col_text(st, 3))))
 			r = -1;
 		p->has_dest = store_col_text(st, 4) != NULL;
 		if (p->has_dest)
@@ -599,7 +599,7 @@ int store_task_push_get(struct store *s, const char *id, const char *host_id, st
 void store_task_push_free(struct store_task_push *p)
 {
 	free(p->spec);
-	free(p->tref);
+	free(p->template_ref);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -716,7 +716,7 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 	char *ht = host_task ? json_dumps(host_task, JSON_COMPACT) : NULL;
 	int64_t now = clock_wall_ms();
 	struct sdb_stmt *st;
-	int rc = SDB_ERROR, n = 0;
+	int n = -1;
 
 	if (!task_state_final(state)) {
 		free(ht);
@@ -730,13 +730,11 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 		store_bind_opt_text(st, 3, ht);
 		sdb_bind_int64(st, 4, now);
 		sdb_bind_text(st, 5, id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
+		n = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	free(ht);
-	if (rc != SDB_DONE)
+	if (n < 0)
 		return -1;
 	if (n)
 		store_task_changed(s, id, state, now);
@@ -745,41 +743,30 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 
 /* ---- the scheduler's queries ---- */
 
+/* One row of the scheduler's queries into elem, a struct store_task. */
+static void task_row(struct sdb_stmt *st, void *elem)
+{
+	struct store_task *t = elem;
+
+	memset(t, 0, sizeof(*t));
+	store_copy_col(st, 0, t->id, sizeof(t->id));
+	store_copy_col(st, 1, t->customer, sizeof(t->customer));
+	t->state = task_state_parse(store_col_text(st, 2));
+	t->vcpus = (unsigned)sdb_col_int64(st, 3);
+	t->memory_mib = (unsigned)sdb_col_int64(st, 4);
+	store_copy_col(st, 5, t->host_id, sizeof(t->host_id));
+	t->seq = sdb_col_int64(st, 6);
+	t->created_ms = sdb_col_int64(st, 7);
+	t->cancel_requested = sdb_col_int(st, 8);
+	t->egress = sdb_col_int(st, 9);
+	store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
+}
+
 /* Run statement id (?1 = arg when arg_text, ?last = max) into out. Takes
  * the lock. */
 static int fill_tasks(struct store *s, enum tasks_stmt id, const char *arg_text, struct store_task *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	if (max <= 0)
-		return 0;
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, id);
-	if (st) {
-		if (arg_text)
-			sdb_bind_text(st, 1, arg_text);
-		sdb_bind_int64(st, arg_text ? 2 : 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW) {
-			struct store_task *t = &out[n++];
-
-			memset(t, 0, sizeof(*t));
-			store_copy_col(st, 0, t->id, sizeof(t->id));
-			store_copy_col(st, 1, t->customer, sizeof(t->customer));
-			t->state = task_state_parse(store_col_text(st, 2));
-			t->vcpus = (unsigned)sdb_col_int64(st, 3);
-			t->memory_mib = (unsigned)sdb_col_int64(st, 4);
-			store_copy_col(st, 5, t->host_id, sizeof(t->host_id));
-			t->seq = sdb_col_int64(st, 6);
-			t->created_ms = sdb_col_int64(st, 7);
-			t->cancel_requested = sdb_col_int(st, 8);
-			t->egress = sdb_col_int(st, 9);
-			store_copy_col(st, 10, t->tkey, sizeof(t->tkey));
-		}
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_TASKS + id, tasks_sql[id], arg_text, out, sizeof(*out), max, task_row);
 }
 
 int store_tasks_in_state(struct store *s, enum task_state state, struct store_task *out, int max)
@@ -839,10 +826,8 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 			goto out;
 		sdb_bind_int64(st, 1, now);
 		sdb_bind_text(st, 2, id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
-		if (rc != SDB_DONE)
+		n = store_update_locked(s, st);
+		if (n < 0)
 			goto out;
 		/* Only this thread writes under the lock, so the state read
 		 * above still holds; n == 1 always. */
@@ -854,10 +839,8 @@ enum store_cancel store_task_cancel(struct store *s, const char *id, const char 
 		if (!st)
 			goto out;
 		sdb_bind_text(st, 1, id);
-		rc = store_step(s, st);
-		n = sdb_changes(s->db);
-		sdb_reset(st);
-		if (rc != SDB_DONE)
+		n = store_update_locked(s, st);
+		if (n < 0)
 			goto out;
 		r = STORE_CANCEL_REQUESTED;
 		if (!n)

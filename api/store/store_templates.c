@@ -25,7 +25,8 @@ static enum template_state state_parse(const char *s)
 	return (enum template_state)store_name_index(state_names, TEMPLATE_STATE_COUNT, s);
 }
 
-#define TPL_COLS "id, customer, name, kind, state, host_id, attempts, sha256, size, oci_key, oci_size, created_ms, started_ms"
+#define TPL_COLS                                                                                                \
+	"id, customer, name, kind, state, host_id, attempts, sha256, size, oci_key, oci_size, created_ms, started_ms"
 #define JSON_COLS                                                                                               \
 	"id, customer, name, kind, state, sha256, size, tref, attempts, error_code, error_message, created_ms,"  \
 	" started_ms, finished_ms, build_ms, host_id, log"
@@ -99,7 +100,8 @@ static const char *const tpl_sql[P_COUNT_] = {
 	[P_ROW_FOR_GC] = "SELECT state, host_id, oci_key, sha256, s3_key FROM templates WHERE id = ?1",
 };
 
-_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX, "store_templates.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX,
+	       "store_templates.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum tpl_stmt id)
 {
@@ -117,8 +119,11 @@ int store_template_new_id(char id[40])
 	return store_new_id("b_", id);
 }
 
-static void fill_row(struct sdb_stmt *st, struct store_template *t)
+/* One row into elem, a struct store_template (store_rows' row). */
+static void fill_row(struct sdb_stmt *st, void *elem)
 {
+	struct store_template *t = elem;
+
 	memset(t, 0, sizeof(*t));
 	store_copy_col(st, 0, t->id, sizeof(t->id));
 	store_copy_col(st, 1, t->customer, sizeof(t->customer));
@@ -274,7 +279,7 @@ int store_template_get(struct store *s, const char *id, struct store_template *o
 	return one_row(s, P_GET, id, NULL, out);
 }
 
-char *store_template_tref(struct store *s, const char *id)
+char *store_template_ref(struct store *s, const char *id)
 {
 	return store_text_by_id(s, STORE_SLOTS_TEMPLATES + P_TREF, tpl_sql[P_TREF], id);
 }
@@ -293,8 +298,8 @@ static json_t *ms_json(struct sdb_stmt *st, int i)
 static json_t *row_json(struct sdb_stmt *st, int log)
 {
 	const char *customer = store_col_text(st, JC_CUSTOMER) ?: "";
-	const char *tref_text = store_col_text(st, JC_TREF);
-	json_t *tref = tref_text ? json_loads(tref_text, 0, NULL) : NULL;
+	const char *ref_text = store_col_text(st, JC_TREF);
+	json_t *ref = ref_text ? json_loads(ref_text, 0, NULL) : NULL;
 	json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:i, s:o, s:o, s:o}", "id",
 			      store_col_text(st, JC_ID) ?: "", "name", store_col_text(st, JC_NAME) ?: "", "kind",
 			      store_col_text(st, JC_KIND) ?: "", "state", store_col_text(st, JC_STATE) ?: "", "public",
@@ -303,7 +308,7 @@ static json_t *row_json(struct sdb_stmt *st, int log)
 			      "started_at", ms_json(st, JC_STARTED), "finished_at", ms_json(st, JC_FINISHED));
 
 	if (!j) {
-		json_decref(tref);
+		json_decref(ref);
 		return NULL;
 	}
 	json_object_set_new(j, "build_seconds",
@@ -315,14 +320,14 @@ static json_t *row_json(struct sdb_stmt *st, int log)
 							  store_col_text(st, JC_ERR_MSG) ?: ""));
 	else
 		json_object_set_new(j, "error", json_null());
-	if (json_is_object(tref)) {
+	if (json_is_object(ref)) {
 		static const char *const keys[] = { "env", "workdir", "uid", "gid" };
 
 		for (size_t i = 0; i < sizeof(keys) / sizeof(*keys); i++)
-			if (json_object_get(tref, keys[i]))
-				json_object_set(j, keys[i], json_object_get(tref, keys[i]));
+			if (json_object_get(ref, keys[i]))
+				json_object_set(j, keys[i], json_object_get(ref, keys[i]));
 	}
-	json_decref(tref);
+	json_decref(ref);
 	if (store_col_text(st, JC_HOST))
 		json_object_set_new(j, "host", json_string(store_col_text(st, JC_HOST)));
 	if (log)
@@ -474,19 +479,7 @@ rollback:
 
 static int rows(struct store *s, enum tpl_stmt id, struct store_template *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, id);
-	if (st) {
-		sdb_bind_int64(st, 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW)
-			fill_row(st, &out[n++]);
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_TEMPLATES + id, tpl_sql[id], NULL, out, sizeof(*out), max, fill_row);
 }
 
 int store_templates_queued(struct store *s, struct store_template *out, int max)
@@ -513,9 +506,7 @@ static int update(struct store *s, enum tpl_stmt id, const char *row, const char
 			sdb_bind_text(st, 2, t2);
 		if (with_i3)
 			sdb_bind_int64(st, 3, i3);
-		if (store_step(s, st) == SDB_DONE)
-			r = sdb_changes(s->db);
-		sdb_reset(st);
+		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -550,10 +541,10 @@ int store_template_log(struct store *s, const char *id, const char *text, size_t
 	return r;
 }
 
-int store_template_finish(struct store *s, const char *id, json_t *tref, const char *code, const char *message)
+int store_template_finish(struct store *s, const char *id, json_t *ref, const char *code, const char *message)
 {
 	int64_t now = clock_wall_ms();
-	char *tref_text = tref ? json_dumps(tref, JSON_COMPACT) : NULL;
+	char *ref_text = ref ? json_dumps(ref, JSON_COMPACT) : NULL;
 	char customer[65] = "", oci[160] = "";
 	int64_t started = 0;
 	struct sdb_stmt *st;
@@ -586,12 +577,12 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 		goto out;
 	sdb_bind_text(st, 1, id);
 	sdb_bind_text(st, 2, code ? "failed" : "ready");
-	store_bind_opt_text(st, 3, code ? NULL : tref_text);
+	store_bind_opt_text(st, 3, code ? NULL : ref_text);
 	if (!code) {
-		store_bind_opt_text(st, 4, json_string_value(json_object_get(tref, "sha256")));
-		if (json_is_integer(json_object_get(tref, "size")))
-			sdb_bind_int64(st, 5, json_integer_value(json_object_get(tref, "size")));
-		store_bind_opt_text(st, 6, json_string_value(json_object_get(tref, "s3_key")));
+		store_bind_opt_text(st, 4, json_string_value(json_object_get(ref, "sha256")));
+		if (json_is_integer(json_object_get(ref, "size")))
+			sdb_bind_int64(st, 5, json_integer_value(json_object_get(ref, "size")));
+		store_bind_opt_text(st, 6, json_string_value(json_object_get(ref, "s3_key")));
 	}
 	store_bind_opt_text(st, 7, code);
 	store_bind_opt_text(st, 8, code ? (message ? message : "") : NULL);
@@ -629,7 +620,7 @@ int store_template_finish(struct store *s, const char *id, json_t *tref, const c
 	r = 1;
 out:
 	store_tx_unlock(&tx);
-	free(tref_text);
+	free(ref_text);
 	return r;
 }
 
@@ -663,30 +654,24 @@ int store_template_progress(struct store *s, const char *id, enum template_state
 	return r;
 }
 
+/* One row of P_GC_LIST into elem, a struct store_template_gc. */
+static void gc_row(struct sdb_stmt *st, void *elem)
+{
+	struct store_template_gc *g = elem;
+
+	memset(g, 0, sizeof(*g));
+	g->seq = sdb_col_int64(st, 0);
+	store_copy_col(st, 1, g->build_id, sizeof(g->build_id));
+	store_copy_col(st, 2, g->host_id, sizeof(g->host_id));
+	store_copy_col(st, 3, g->oci_key, sizeof(g->oci_key));
+	store_copy_col(st, 4, g->sha256, sizeof(g->sha256));
+	store_copy_col(st, 5, g->s3_key, sizeof(g->s3_key));
+}
+
 int store_template_gc_list(struct store *s, struct store_template_gc *out, int max)
 {
-	struct sdb_stmt *st;
-	int n = 0;
-
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, P_GC_LIST);
-	if (st) {
-		sdb_bind_int64(st, 1, max);
-		while (n < max && store_step(s, st) == SDB_ROW) {
-			struct store_template_gc *g = &out[n++];
-
-			memset(g, 0, sizeof(*g));
-			g->seq = sdb_col_int64(st, 0);
-			store_copy_col(st, 1, g->build_id, sizeof(g->build_id));
-			store_copy_col(st, 2, g->host_id, sizeof(g->host_id));
-			store_copy_col(st, 3, g->oci_key, sizeof(g->oci_key));
-			store_copy_col(st, 4, g->sha256, sizeof(g->sha256));
-			store_copy_col(st, 5, g->s3_key, sizeof(g->s3_key));
-		}
-		sdb_reset(st);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return n;
+	return store_rows(s, STORE_SLOTS_TEMPLATES + P_GC_LIST, tpl_sql[P_GC_LIST], NULL, out, sizeof(*out), max,
+			  gc_row);
 }
 
 int store_template_gc_update(struct store *s, const struct store_template_gc *g)
@@ -729,7 +714,7 @@ int store_template_sha_referenced(struct store *s, const char *sha256)
 	return r;
 }
 
-int store_tuse_insert_locked(struct store *s, const char *id, const struct store_tuse *u)
+int store_template_use_insert_locked(struct store *s, const char *id, const struct store_template_use *u)
 {
 	struct sdb_stmt *st = stmt(s, P_USE_INSERT);
 	int rc;
@@ -741,13 +726,13 @@ int store_tuse_insert_locked(struct store *s, const char *id, const struct store
 	sdb_bind_text(st, 3, u->name);
 	store_bind_opt_text(st, 4, u->sha256);
 	sdb_bind_int64(st, 5, u->builtin ? 1 : 0);
-	store_bind_opt_text(st, 6, u->tref_json);
+	store_bind_opt_text(st, 6, u->template_ref_json);
 	rc = store_step(s, st);
 	sdb_reset(st);
 	return rc == SDB_DONE ? 0 : -1;
 }
 
-char *store_use_tref(struct store *s, const char *id)
+char *store_template_use_ref(struct store *s, const char *id)
 {
 	return store_text_by_id(s, STORE_SLOTS_TEMPLATES + P_USE_TREF, tpl_sql[P_USE_TREF], id);
 }

@@ -132,15 +132,16 @@ static int hex64(const char *s)
 
 /* The TREF a host reported for a ready build, checked and with our name:
  * a new object, or NULL with why in msg. */
-static json_t *checked_tref(const struct store_template *row, json_t *tref, uint64_t max_bytes, char *msg, size_t cap)
+static json_t *checked_template_ref(const struct store_template *row, json_t *ref, uint64_t max_bytes, char *msg,
+				    size_t cap)
 {
-	const char *sha = json_string_value(json_object_get(tref, "sha256"));
-	const char *key = json_string_value(json_object_get(tref, "s3_key"));
-	json_int_t size = json_integer_value(json_object_get(tref, "size"));
+	const char *sha = json_string_value(json_object_get(ref, "sha256"));
+	const char *key = json_string_value(json_object_get(ref, "s3_key"));
+	json_int_t size = json_integer_value(json_object_get(ref, "size"));
 	char want[128];
 	json_t *out;
 
-	if (!json_is_object(tref) || !hex64(sha)) {
+	if (!json_is_object(ref) || !hex64(sha)) {
 		snprintf(msg, cap, "the host reported no valid sha256");
 		return NULL;
 	}
@@ -158,7 +159,7 @@ static json_t *checked_tref(const struct store_template *row, json_t *tref, uint
 			 (long long)size, (unsigned long long)(max_bytes >> 20));
 		return NULL;
 	}
-	out = json_deep_copy(tref);
+	out = json_deep_copy(ref);
 	json_object_set_new(out, "name", json_string(row->name));
 	json_object_del(out, "builtin");
 	return out;
@@ -339,11 +340,11 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 
 			if (state && !strcmp(state, "ready")) {
 				char msg[200];
-				json_t *tref = checked_tref(&row, json_object_get(b, "template"),
-							    (uint64_t)q.max_template_mib << 20, msg, sizeof(msg));
+				json_t *ref = checked_template_ref(&row, json_object_get(b, "template"),
+									  (uint64_t)q.max_template_mib << 20, msg, sizeof(msg));
 
-				if (tref) {
-					store_template_finish(t->st, row.id, tref, NULL, NULL);
+				if (ref) {
+					store_template_finish(t->st, row.id, ref, NULL, NULL);
 					tpl_changed(t);
 					fprintf(stderr, "kiln-api: template %s (%s) is ready\n", row.name, row.id);
 				} else if (!strncmp(msg, "too_large: ", 11)) {
@@ -351,7 +352,7 @@ static void follow_build(struct templates *t, struct store_template *row0, int p
 				} else {
 					fail_build(t, row.id, "build_failed", msg);
 				}
-				json_decref(tref);
+				json_decref(ref);
 				json_decref(b);
 				return;
 			}

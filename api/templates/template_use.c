@@ -29,40 +29,41 @@ int template_resolve(struct store *st, const char *customer, const char *name, s
 	if (!strcmp(u->row.kind, "builtin")) {
 		json_t *j = json_pack("{s:s, s:b}", "name", u->row.name, "builtin", 1);
 
-		u->tref = j ? json_dumps(j, JSON_COMPACT) : NULL;
+		u->template_ref = j ? json_dumps(j, JSON_COMPACT) : NULL;
 		json_decref(j);
 	} else {
-		u->tref = store_template_tref(st, u->row.id);
+		u->template_ref = store_template_ref(st, u->row.id);
 	}
-	if (!u->tref)
+	if (!u->template_ref)
 		return kiln_err_set(err, KERR_INTERNAL, "template %s has no image reference", name);
-	u->use = (struct store_tuse){
+	u->use = (struct store_template_use){
 		.template_id = u->row.id, .name = u->row.name, .sha256 = u->row.sha256[0] ? u->row.sha256 : NULL,
-		.builtin = !strcmp(u->row.kind, "builtin"), .tref_json = u->tref,
+		.builtin = !strcmp(u->row.kind, "builtin"), .template_ref_json = u->template_ref,
 	};
 	return 1;
 }
 
 void template_use_free(struct template_use *u)
 {
-	free(u->tref);
+	free(u->template_ref);
 	memset(u, 0, sizeof(*u));
 }
 
-char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const char *tref_json, struct kiln_err *err)
+char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const char *template_ref_json,
+			  struct kiln_err *err)
 {
-	json_t *spec = json_loadb(spec_json, len, 0, NULL), *tref = json_loads(tref_json, 0, NULL), *env, *v;
+	json_t *spec = json_loadb(spec_json, len, 0, NULL), *ref = json_loads(template_ref_json, 0, NULL), *env, *v;
 	struct task_spec check;
 	const char *workdir;
 	char *out = NULL;
 	size_t i;
 
-	if (!json_is_object(spec) || !json_is_object(tref)) {
+	if (!json_is_object(spec) || !json_is_object(ref)) {
 		kiln_err_set(err, KERR_INTERNAL, "cannot merge the template into the spec");
 		goto out;
 	}
 	env = json_object_get(spec, "env");
-	json_array_foreach(json_object_get(tref, "env"), i, v) {
+	json_array_foreach(json_object_get(ref, "env"), i, v) {
 		const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
 		char name[SPEC_MAX_ENV_KEY + 1];
 
@@ -77,7 +78,7 @@ char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const 
 		if (!json_object_get(env, name)) /* the task's own value wins */
 			json_object_set_new(env, name, json_string(eq + 1));
 	}
-	workdir = json_string_value(json_object_get(tref, "workdir"));
+	workdir = json_string_value(json_object_get(ref, "workdir"));
 	if (!cwd_set && workdir && strcmp(workdir, SPEC_DEFAULT_CWD))
 		json_object_set_new(spec, "cwd", json_string(workdir));
 	out = json_dumps(spec, JSON_COMPACT);
@@ -98,22 +99,22 @@ char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const 
 	spec_free(&check);
 out:
 	json_decref(spec);
-	json_decref(tref);
+	json_decref(ref);
 	return out;
 }
 
-void template_merge_exec(json_t *body, const char *tref_json)
+void template_merge_exec(json_t *body, const char *template_ref_json)
 {
-	json_t *tref = tref_json ? json_loads(tref_json, 0, NULL) : NULL, *env, *v;
-	const char *workdir = json_string_value(json_object_get(tref, "workdir"));
+	json_t *ref = template_ref_json ? json_loads(template_ref_json, 0, NULL) : NULL, *env, *v;
+	const char *workdir = json_string_value(json_object_get(ref, "workdir"));
 	size_t i;
 
-	if (!json_is_object(body) || !json_is_object(tref)) {
-		json_decref(tref);
+	if (!json_is_object(body) || !json_is_object(ref)) {
+		json_decref(ref);
 		return;
 	}
 	env = json_object_get(body, "env");
-	json_array_foreach(json_object_get(tref, "env"), i, v) {
+	json_array_foreach(json_object_get(ref, "env"), i, v) {
 		const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
 		char name[SPEC_MAX_ENV_KEY + 1];
 
@@ -130,7 +131,7 @@ void template_merge_exec(json_t *body, const char *tref_json)
 	}
 	if (workdir && !json_object_get(body, "cwd"))
 		json_object_set_new(body, "cwd", json_string(workdir));
-	json_decref(tref);
+	json_decref(ref);
 }
 
 void templates_heartbeat(struct store *st, json_t *capacity)

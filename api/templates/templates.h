@@ -88,8 +88,8 @@ void templates_heartbeat(struct store *st, json_t *capacity);
 /* What a task or session uses. */
 struct template_use {
 	struct store_template row;
-	char *tref;                  /* the TREF text sent to hosts (owned) */
-	struct store_tuse use;       /* points into row and tref */
+	char *template_ref;          /* the TREF text sent to hosts (owned) */
+	struct store_template_use use; /* points into row and template_ref */
 };
 
 /* Resolve "template":name for customer (docs/templates.md, lookup): 0 the
@@ -103,12 +103,12 @@ void template_use_free(struct template_use *u);
 /* The spec JSON with the template's env (the spec's own entries win) and
  * workdir (as "cwd" unless cwd_set) merged in, re-validated with
  * spec_parse: a new string (caller frees), or NULL with err set. */
-char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const char *tref_json,
+char *template_merge_spec(const char *spec_json, size_t len, int cwd_set, const char *template_ref_json,
 			  struct kiln_err *err);
 
 /* A session's exec body (api_exec_request_parse's) with its template's
  * env (the exec's own entries win) and workdir (as "cwd" unless given)
- * merged in; tref_json NULL: unchanged. */
-void template_merge_exec(json_t *body, const char *tref_json);
+ * merged in; template_ref_json NULL: unchanged. */
+void template_merge_exec(json_t *body, const char *template_ref_json);
 
 #endif

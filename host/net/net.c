@@ -648,7 +648,8 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 	 * NET_MAX_EVENTS entries each, so a guest rotating source ports (or
 	 * destinations) cannot make that listing large. */
 	text_add(&t,
-		 " set bflows { type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic,timeout; size 65536; timeout 60s; }\n"
+		 " set bflows { type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic,timeout; size "
+		 "65536; timeout 60s; }\n"
 		 " set bdest { type ipv4_addr . inet_proto . inet_service; flags dynamic; size %d; }\n"
 		 " set bother { type ipv4_addr . inet_proto; flags dynamic,timeout; size %d; timeout 60s; }\n",
 		 NET_MAX_EVENTS, NET_MAX_EVENTS);
@@ -691,7 +692,8 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 		     "  meta l4proto { tcp, udp } ip daddr . meta l4proto . th sport . th dport @bflows drop\n"
 		     /* no verdict: once bdest is full, the add fails and the next rule counts */
 		     "  meta l4proto { tcp, udp } add @bdest { ip daddr . meta l4proto . th dport }\n"
-		     "  meta l4proto { tcp, udp } add @bflows { ip daddr . meta l4proto . th sport . th dport } counter name blocked drop\n"
+		     "  meta l4proto { tcp, udp } add @bflows { ip daddr . meta l4proto . th sport . th dport } "
+		     "counter name blocked drop\n"
 		     "  meta l4proto { tcp, udp } counter name blocked drop\n"
 		     "  ip daddr . meta l4proto @bother drop\n"
 		     "  add @bother { ip daddr . meta l4proto } counter name blocked drop\n"
@@ -1304,7 +1306,8 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 
 	*out = NULL;
 	if (!h || !h->enabled)
-		return kiln_err_set(err, KERR_EGRESS_DISABLED, "this host does not offer network egress (network.egress in its configuration)");
+		return kiln_err_set(err, KERR_EGRESS_DISABLED,
+				    "this host does not offer network egress (network.egress in its configuration)");
 	if (n > 64)
 		return kiln_err_set(err, KERR_INVALID_SPEC, "network.allow: more than 64 rules");
 	s = calloc(1, sizeof(*s));

@@ -128,8 +128,8 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
  * snapshot key says). Errors:
  * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
  * incompatible_snapshot (another image), no_capacity, vm_error. */
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref, json_t **out,
-		   struct kiln_err *err);
+int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref,
+		   json_t **out, struct kiln_err *err);
 
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],
  * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,

@@ -431,7 +431,8 @@ static int exec_base64(struct session_table *ss, const char *id, json_t *argv, u
 	json_decref(req);
 	if (!res)
 		return -1;
-	if (json_integer_value(json_object_get(res, "exit_code")) != 0 || !json_is_integer(json_object_get(res, "exit_code"))) {
+	if (json_integer_value(json_object_get(res, "exit_code")) != 0 ||
+	    !json_is_integer(json_object_get(res, "exit_code"))) {
 		errs = json_string_value(json_object_get(res, "stderr")) ?: "";
 		if (strstr(errs, "No such file") || strstr(errs, "Not a directory"))
 			kiln_err_set(err, KERR_NOT_FOUND, "%.300s", errs);

@@ -173,13 +173,14 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 	char key[512], *text;
 	int r;
 
-	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, s:{s:I, s:I}}",
+	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
+		      "s:{s:I, s:I}}",
 		      "version", PMANIFEST_V2, "id", s->id, "customer", s->customer, "template", s->snap->key, "net",
 		      s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
 		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
-		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size", (json_int_t)s->snap->mem_size,
-		      "state", pchunk_list_json(state), "disk", pchunk_list_json(disk), "pages", "seen",
-		      (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
+		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),
+		      "pages", "seen", (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
 	if (m && seal) {
 		/* The pause cache's key: only here, in S3, never on this host's
 		 * disk (pause_cache.h). */

@@ -383,8 +383,8 @@ uint64_t session_zbytes(const struct pchunk_list *l)
 	return n;
 }
 
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref, json_t **out,
-		   struct kiln_err *err)
+int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref,
+		   json_t **out, struct kiln_err *err)
 {
 	struct hostd_s3 s3;
 	struct task_spec ts = { 0 };
@@ -563,7 +563,9 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 
 		fprintf(stderr,
 			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
-			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld; %zu of %zu chunks from this host's pause cache\n",
+			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in "
+			"meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld; %zu of %zu "
+			"chunks from this host's pause cache\n",
 			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
 			(long long)(t_fetch - t_base), (unsigned long long)session_zbytes(&pm.state),
 			(unsigned long long)session_zbytes(&pm.disk), (long long)(t_disk - t_fetch),

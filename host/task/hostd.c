@@ -530,9 +530,11 @@ int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kil
 	uint64_t free_mib;
 
 	if (!id || !spool_id_ok(id))
-		return kiln_err_set(err, KERR_INVALID_REQUEST, "id: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
+				    "id: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (!customer || !spool_id_ok(customer))
-		return kiln_err_set(err, KERR_INVALID_REQUEST, "customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
+				    "customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
 	if (!json_is_object(sub->spec))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	/* The one parse of the spec on this host: the worker gets the struct. */

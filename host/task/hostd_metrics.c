@@ -65,7 +65,9 @@ json_t *hostd_capacity_json(struct hostd *d)
 	 * overcommit); the budget and what the VMs really use sit beside it. */
 	if (j && (mem = json_object_get(j, "memory_mib")) && d->cap->budget_mib) {
 		json_object_set_new(mem, "budget", json_integer((json_int_t)d->cap->budget_mib));
-		json_object_set_new(mem, "usage", json_integer((json_int_t)(memcg_value(d->cap, "memory.usage_in_bytes", NULL) >> 20)));
+		uint64_t usage = memcg_value(d->cap, "memory.usage_in_bytes", NULL);
+
+		json_object_set_new(mem, "usage", json_integer((json_int_t)(usage >> 20)));
 	}
 	if (j && d->pool) {
 		json_t *po = json_object_get(j, "pool");

@@ -118,7 +118,8 @@ static void scan_customer(struct template_store *ts)
 		if (stat(rootfs, &st) < 0 || !(text = io_read_file(meta, TEMPLATE_REF_MAX_JSON, &len)))
 			continue;
 		if (template_ref_parse(text, len, &ref, &err) == 0 && !ref.builtin && !strcmp(ref.sha256, e->d_name) &&
-		    (uint64_t)st.st_size == ref.size && !template_find_locked(ts, &ref) && (t = entry_new(ts, ref.name, 0, ref.sha256))) {
+		    (uint64_t)st.st_size == ref.size && !template_find_locked(ts, &ref) &&
+		    (t = entry_new(ts, ref.name, 0, ref.sha256))) {
 			t->ref = ref;
 			t->local = 1;
 		} else {
@@ -360,8 +361,8 @@ static int write_meta(const char *dir, const struct template_ref *ref, struct ki
 
 /* Download t's image from S3 into a temporary file beside its final name,
  * verify size and SHA-256, then rename it into place (lock released). */
-static int fetch(struct template_store *ts, struct template *t, const struct template_ref *ref, const struct s3_config *s3,
-		 struct kiln_err *err)
+static int fetch(struct template_store *ts, struct template *t, const struct template_ref *ref,
+		 const struct s3_config *s3, struct kiln_err *err)
 {
 	char tmp[PATH_MAX + 48];
 	struct stat st;
@@ -455,8 +456,8 @@ static void use_fill(struct template *t, const struct template_ref *ref, int nee
 	}
 }
 
-int template_acquire(struct template_store *ts, const struct template_ref *want, int need_net, const struct s3_config *s3,
-		     struct template_use *out, struct kiln_err *err)
+int template_acquire(struct template_store *ts, const struct template_ref *want, int need_net,
+		     const struct s3_config *s3, struct template_use *out, struct kiln_err *err)
 {
 	struct template_ref def;
 	const struct template_ref *ref = want; /* or the default */

@@ -91,8 +91,8 @@ int template_check(struct template_store *ts, const struct template_ref *ref, in
  * (never evicted) until template_release. Returns 0, or -1 with err:
  * no_template, s3_* (fetch), invalid_image (SHA-256 or size mismatch: the
  * file is removed, never used), host_error. Blocks; any thread. */
-int template_acquire(struct template_store *ts, const struct template_ref *ref, int need_net, const struct s3_config *s3,
-		     struct template_use *out, struct kiln_err *err);
+int template_acquire(struct template_store *ts, const struct template_ref *ref, int need_net,
+		     const struct s3_config *s3, struct template_use *out, struct kiln_err *err);
 void template_release(struct template_store *ts, struct template_use *u);
 
 /* Install a built image (path, on the cache's file system) as the customer

@@ -34,6 +34,19 @@ static DIR *dir_stream(int dfd)
 	return d;
 }
 
+/* The next entry of d other than "." and "..": NULL at the end (errno 0)
+ * or on an error (errno set). */
+static struct dirent *dir_next(DIR *d)
+{
+	struct dirent *de;
+
+	do {
+		errno = 0;
+		de = readdir(d);
+	} while (de && (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")));
+	return de;
+}
+
 /* ---- usage: the watch while the jail unpacks ------------------------------- */
 
 struct usage {
@@ -51,11 +64,9 @@ static int usage_dir(int dfd, struct usage *u, int depth)
 		return 0; /* the final walk refuses it; the watch only counts */
 	if (!(d = dir_stream(dfd)))
 		return -errno;
-	while (r == 0 && (de = readdir(d))) {
+	while (r == 0 && (de = dir_next(d))) {
 		struct stat st;
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
 		/* Entries vanish while the unpacker works (whiteouts, renames). */
 		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue;
@@ -234,11 +245,8 @@ static int prep_dir(struct prep *p, int dfd, int depth)
 				    OCI_MAX_DEPTH);
 	if (!(d = dir_stream(dfd)))
 		return kiln_err_set(p->err, KERR_HOST_ERROR, "%s: %s", p->path, strerror(errno));
-	while (r == 0 && (errno = 0, de = readdir(d))) {
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
+	while (r == 0 && (de = dir_next(d)))
 		r = prep_entry(p, dfd, de->d_name, depth);
-	}
 	if (r == 0 && errno)
 		r = kiln_err_set(p->err, KERR_HOST_ERROR, "%s: readdir: %s", p->path, strerror(errno));
 	closedir(d);
@@ -374,11 +382,9 @@ static int open_up_dir(int dfd, int depth, uint64_t *n)
 		return -ELOOP;
 	if (!(d = dir_stream(dfd)))
 		return -errno;
-	while (r == 0 && (de = readdir(d))) {
+	while (r == 0 && (de = dir_next(d))) {
 		struct stat st;
 
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
 		if (++*n > OCI_MAX_INODES)
 			r = -EMLINK;
 		else if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)

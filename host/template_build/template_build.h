@@ -52,8 +52,8 @@ struct template_build_recipe_req {
  * which step and how it ended), build_timeout, too_large, cancelled,
  * egress_disabled, or host errors. Leaves no VM, file or directory behind
  * but out_ext4. */
-int template_build_recipe(const struct template_build_recipe_req *req, const char *out_ext4, struct template_build_meta *meta,
-		  template_build_log_fn log, void *ctx, struct kiln_err *err);
+int template_build_recipe(const struct template_build_recipe_req *req, const char *out_ext4,
+			  struct template_build_meta *meta, template_build_log_fn log, void *ctx, struct kiln_err *err);
 
 struct template_build_oci_req {
 	const char *archive;         /* docker-archive or OCI layout tar */

@@ -514,7 +514,9 @@ static int build_vm_steps(struct build_vm *b, struct kiln_err *err)
 		build_vm_log(b, "[build] apt-get update");
 		if (build_vm_write_files(b, "sources.list", &f, 1, err) < 0 ||
 		    build_vm_sh(b, "apt-get update",
-			  "rm -f /etc/apt/sources.list.d/*; exec apt-get -q -o Dpkg::Use-Pty=0 -o Acquire::Languages=none update --error-on=any", err) < 0) {
+				"rm -f /etc/apt/sources.list.d/*; exec apt-get -q -o Dpkg::Use-Pty=0"
+				" -o Acquire::Languages=none update --error-on=any",
+				err) < 0) {
 			free(argv);
 			return -1;
 		}
@@ -550,7 +552,8 @@ static int build_vm_steps(struct build_vm *b, struct kiln_err *err)
 		if (!fs)
 			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		for (size_t i = 0; i < recipe->nfiles; i++)
-			fs[i] = (struct build_vm_file){ recipe->files[i].path, recipe->files[i].data, recipe->files[i].len, recipe->files[i].mode };
+			fs[i] = (struct build_vm_file){ recipe->files[i].path, recipe->files[i].data, recipe->files[i].len,
+							recipe->files[i].mode };
 		build_vm_log(b, "[build] files: %zu", recipe->nfiles);
 		if (build_vm_write_files(b, "files", fs, recipe->nfiles, err) < 0) {
 			free(fs);
@@ -643,8 +646,8 @@ static int build_vm_publish(struct build_vm *b, const char *out_ext4, struct kil
 	return 0;
 }
 
-int template_build_recipe(const struct template_build_recipe_req *req, const char *out_ext4, struct template_build_meta *meta,
-		  template_build_log_fn log, void *ctx, struct kiln_err *err)
+int template_build_recipe(const struct template_build_recipe_req *req, const char *out_ext4,
+			  struct template_build_meta *meta, template_build_log_fn log, void *ctx, struct kiln_err *err)
 {
 	struct build_vm *b = calloc(1, sizeof(*b));
 	int rc = -1;

@@ -645,8 +645,8 @@ void template_builds_unref(struct template_builds *b, struct template_build_job 
 	pthread_mutex_unlock(&b->lock);
 }
 
-long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor, char *buf, size_t cap,
-			int64_t deadline_ms)
+long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor,
+				 char *buf, size_t cap, int64_t deadline_ms)
 {
 	(void)b;
 	return evlog_read(&x->ev, cursor, buf, cap, deadline_ms, 0);

@@ -60,8 +60,8 @@ int template_builds_cancel(struct template_builds *b, const char *id);
  * deadline_ms; bytes, 0 on timeout, -1 once the stream is over. */
 struct template_build_job *template_builds_ref(struct template_builds *b, const char *id);
 void template_builds_unref(struct template_builds *b, struct template_build_job *x);
-long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor, char *buf, size_t cap,
-			int64_t deadline_ms);
+long template_builds_events_read(struct template_builds *b, struct template_build_job *x, struct evlog_cursor *cursor,
+				 char *buf, size_t cap, int64_t deadline_ms);
 
 /* The Debian mirror of the host's apt sources (as image/build-rootfs.sh's
  * mirror()): deb822 "URIs:" first, then sources.list; out gets

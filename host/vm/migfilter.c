@@ -626,8 +626,8 @@ static int start(migfilter_read_fn rd, migfilter_view_fn view, void *rctx, migfi
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	*f = (struct mf){ .rd = rd, .view = view, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp, .comp_bi = -1,
-			  .st = st, .err = err, .last_in = -1, .last_out = -1 };
+	*f = (struct mf){ .rd = rd, .view = view, .rctx = rctx, .wr = wr, .wctx = wctx, .base = base, .comp = comp,
+			  .comp_bi = -1, .st = st, .err = err, .last_in = -1, .last_out = -1 };
 	/* Filter mode copies QEMU's device sections without parsing them: the
 	 * end is checked instead (copy_rest). */
 	if (!comp && !(f->tail = malloc(2 * MF_TAIL))) {
@@ -640,8 +640,8 @@ static int start(migfilter_read_fn rd, migfilter_view_fn view, void *rctx, migfi
 	return r;
 }
 
-int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
-		  struct migfilter_stats *st, struct kiln_err *err)
+int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx,
+		  const struct migfilter_base *base, struct migfilter_stats *st, struct kiln_err *err)
 {
 	return start(rd, NULL, rctx, wr, wctx, base, NULL, st, err);
 }

@@ -81,10 +81,10 @@ int migfilter_compose_run(migfilter_read_fn tpl_rd, void *tpl_ctx, const struct 
 /* Run the filter to the end of the stream. Returns 0, or -1 with err set
  * (KERR_SNAPSHOT_ERROR: a stream it does not understand, one that does
  * not end as QEMU ends one (EOF, then a whole VM description: a stream cut
- * inside the device sections it copies unparsed), or a read/write failure). base may be NULL (keep everything: a parse-only pass). Any
- * thread; no global state. */
-int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx, const struct migfilter_base *base,
-		  struct migfilter_stats *st, struct kiln_err *err);
+ * inside the device sections it copies unparsed), or a read/write failure). base may be NULL (keep everything: a
+ * parse-only pass). Any thread; no global state. */
+int migfilter_run(migfilter_read_fn rd, void *rctx, migfilter_write_fn wr, void *wctx,
+		  const struct migfilter_base *base, struct migfilter_stats *st, struct kiln_err *err);
 
 /* The same, reading through views: no copy of the stream into the filter.
  * A page handed to base->page stays valid until base->flush is next

@@ -153,11 +153,11 @@ static const char *migrate_caps =
 
 static int write_manifest(const struct snapshot *s, const char *path, struct kiln_err *err)
 {
-	json_t *m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "release", s->release, "memory_mib",
-			      (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256", s->state_sha256, "mem_size",
-			      (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino, "mem_mtime_ns",
-			      (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns, "created",
-			      (json_int_t)time(NULL));
+	json_t *m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "key", s->key, "release",
+			      s->release, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "state_sha256",
+			      s->state_sha256, "mem_size", (json_int_t)s->mem_size, "mem_ino", (json_int_t)s->mem_ino,
+			      "mem_mtime_ns", (json_int_t)s->mem_mtime_ns, "mem_ctime_ns", (json_int_t)s->mem_ctime_ns,
+			      "created", (json_int_t)time(NULL));
 	int r = m && json_object_set_new(m, "net", json_boolean(s->net)) == 0 ? json_dump_file(m, path, JSON_INDENT(1)) : -1;
 
 	json_decref(m);
@@ -560,46 +560,12 @@ int snapshot_restore(const struct snapshot *s, const struct vm_config *base, str
 	return snapshot_load(s, vm, err);
 }
 
-int snapshot_list(const char *cache, FILE *out)
-{
-	char root[PATH_MAX];
-	DIR *d;
-	struct dirent *e;
-	int n = 0;
-
-	snprintf(root, sizeof(root), "%s/snapshots", cache);
-	d = opendir(root);
-	fprintf(out, "%-16s %8s %5s  %-20s %s\n", "KEY", "MEMORY", "VCPUS", "CREATED", "STATUS");
-	if (!d)
-		return 0;
-	while ((e = readdir(d))) {
-		struct snapshot s;
-		struct kiln_err err = { .code = "" };
-		char manifest[PATH_MAX], when[32] = "?";
-		json_t *m;
-		int r;
-
-		if (e->d_name[0] == '.')
-			continue;
-		r = snapshot_check(cache, e->d_name, &s, &err);
-		snprintf(manifest, sizeof(manifest), "%s/%s/manifest.json", root, e->d_name);
-		m = json_load_file(manifest, 0, NULL);
-		if (m) {
-			time_t t = (time_t)json_integer_value(json_object_get(m, "created"));
-			struct tm tm;
-
-			strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&t, &tm));
-			json_decref(m);
-		}
-		fprintf(out, "%-16s %5u MiB %5u  %-20s %s\n", e->d_name, s.memory_mib, s.vcpus, when,
-			r == 0 ? "ok" : err.message);
-		n++;
-	}
-	closedir(d);
-	return n;
-}
-
-int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
+/* For each snapshot under cache/snapshots (not the dot entries), call fn
+ * with its directory, its key (the directory's name) and its manifest
+ * (NULL when unreadable; fn does not keep it). Returns how many entries fn
+ * counted (returned 1 for). */
+static int each_snapshot(const char *cache,
+			 int (*fn)(const char *dir, const char *key, json_t *manifest, void *arg), void *arg)
 {
 	char root[PATH_MAX];
 	DIR *d;
@@ -611,34 +577,83 @@ int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
 	if (!d)
 		return 0;
 	while ((e = readdir(d))) {
-		char dir[PATH_MAX], manifest[PATH_MAX], key[17] = "";
+		char dir[PATH_MAX], manifest[PATH_MAX];
 		json_t *m;
-		unsigned mem = 0, vcpus = 0;
-		struct vm_config nb = *base;
 
 		if (e->d_name[0] == '.')
 			continue;
 		snprintf(dir, sizeof(dir), "%s/%s", root, e->d_name);
 		snprintf(manifest, sizeof(manifest), "%s/manifest.json", dir);
 		m = json_load_file(manifest, 0, NULL);
-		if (m) {
-			mem = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
-			vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
-			nb.net = json_is_true(json_object_get(m, "net"));
-			json_decref(m);
-		}
-		/* Keep what the current inputs would select for that size (with or
-		 * without a NIC); the rest (older kernels, rootfs, kiln-init, QEMU,
-		 * or unreadable) goes. */
-		if (mem && vcpus && snapshot_key(&nb, mem, vcpus, key, NULL) == 0 && !strcmp(key, e->d_name))
-			continue;
-		if (fs_rmtree(dir) == 0) {
-			fprintf(out, "removed %s\n", e->d_name);
-			n++;
-		}
+		n += fn(dir, e->d_name, m, arg);
+		json_decref(m);
 	}
 	closedir(d);
 	return n;
+}
+
+struct snapshot_walk {
+	const char *cache;
+	const struct vm_config *base;
+	FILE *out;
+};
+
+/* snapshot_list's line for one snapshot. */
+static int list_one(const char *dir, const char *key, json_t *m, void *arg)
+{
+	struct snapshot_walk *w = arg;
+	struct snapshot s;
+	struct kiln_err err = { .code = "" };
+	char when[32] = "?";
+	int r = snapshot_check(w->cache, key, &s, &err);
+
+	if (m) {
+		time_t t = (time_t)json_integer_value(json_object_get(m, "created"));
+		struct tm tm;
+
+		strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime_r(&t, &tm));
+	}
+	fprintf(w->out, "%-16s %5u MiB %5u  %-20s %s\n", key, s.memory_mib, s.vcpus, when, r == 0 ? "ok" : err.message);
+	return 1;
+}
+
+int snapshot_list(const char *cache, FILE *out)
+{
+	struct snapshot_walk w = { .cache = cache, .out = out };
+
+	fprintf(out, "%-16s %8s %5s  %-20s %s\n", "KEY", "MEMORY", "VCPUS", "CREATED", "STATUS");
+	return each_snapshot(cache, list_one, &w);
+}
+
+/* snapshot_prune for one snapshot: 1 removed. */
+static int prune_one(const char *dir, const char *key, json_t *m, void *arg)
+{
+	struct snapshot_walk *w = arg;
+	char want[17] = "";
+	unsigned mem = 0, vcpus = 0;
+	struct vm_config nb = *w->base;
+
+	if (m) {
+		mem = (unsigned)json_integer_value(json_object_get(m, "memory_mib"));
+		vcpus = (unsigned)json_integer_value(json_object_get(m, "vcpus"));
+		nb.net = json_is_true(json_object_get(m, "net"));
+	}
+	/* Keep what the current inputs would select for that size (with or
+	 * without a NIC); the rest (older kernels, rootfs, kiln-init, QEMU,
+	 * or unreadable) goes. */
+	if (mem && vcpus && snapshot_key(&nb, mem, vcpus, want, NULL) == 0 && !strcmp(want, key))
+		return 0;
+	if (fs_rmtree(dir) < 0)
+		return 0;
+	fprintf(w->out, "removed %s\n", key);
+	return 1;
+}
+
+int snapshot_prune(const struct vm_config *base, const char *cache, FILE *out)
+{
+	struct snapshot_walk w = { .cache = cache, .base = base, .out = out };
+
+	return each_snapshot(cache, prune_one, &w);
 }
 
 int snapshot_rm(const char *cache, const char *key, struct kiln_err *err)

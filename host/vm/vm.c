@@ -32,6 +32,7 @@
 #include <jansson.h>
 
 #include "fsutil.h"
+#include "io.h"
 #include "qmp.h"
 
 #define VM_MAX_ARGS 96
@@ -89,9 +90,10 @@ enum vm_accel vm_accel_resolve(enum vm_accel want, struct kiln_err *err)
 	if (hw && fd >= 0)
 		return VM_ACCEL_KVM;
 	if (want == VM_ACCEL_KVM) {
-		kiln_err_set(err, KERR_KVM_UNAVAILABLE,
-			     "--accel kvm: %s", fd < 0 ? "/dev/kvm cannot be opened"
-			     : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software hypervisor that cannot boot the guest");
+		kiln_err_set(err, KERR_KVM_UNAVAILABLE, "--accel kvm: %s",
+			     fd < 0 ? "/dev/kvm cannot be opened"
+				    : "no hardware KVM module (kvm_intel/kvm_amd) is loaded; /dev/kvm is a software "
+				      "hypervisor that cannot boot the guest");
 		return VM_ACCEL_AUTO;
 	}
 	return VM_ACCEL_TCG;
@@ -394,25 +396,14 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 static void exec_qemu(char **argv, const char *dir, const int keep[QEMU_NKEEP], int log_fd, pid_t parent)
 {
 	char tmpdir[600];
-	int fd, tmp[QEMU_NKEEP], n = 0;
+	int tmp[QEMU_NKEEP], n = 0;
 
 	/* QEMU must not outlive kiln-host, whatever kills kiln-host. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(127);
 	setpgid(0, 0);
-	/* kiln-host may block signals it reads from a signalfd: QEMU starts clean. */
-	{
-		sigset_t none;
-
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-	}
-	fd = open("/dev/null", O_RDONLY);
-	if (fd >= 0) {
-		dup2(fd, 0);
-		close(fd);
-	}
+	io_child_reset(); /* kiln-host may block signals it reads from a signalfd: QEMU starts clean */
 	if (log_fd >= 0) {
 		dup2(log_fd, 1);
 		dup2(log_fd, 2);
@@ -449,7 +440,10 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
 	char root[600], work[600], record[600], tmpdir[620];
 	char *envp[] = { tmpdir, NULL };
-	uint64_t fsize = file_size(cfg->disk), back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing) : file_size(cfg->disk_backing2), mem = (uint64_t)cfg->memory_mib << 20;
+	uint64_t fsize = file_size(cfg->disk),
+		 back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing)
+										     : file_size(cfg->disk_backing2),
+		 mem = (uint64_t)cfg->memory_mib << 20;
 	int nro = 0, nrw = 0;
 	struct stat kvm;
 

@@ -73,7 +73,7 @@ static int create(const char *customer_id, const char *name, unsigned max, char 
 	return store_template_create(st, id, &n, err);
 }
 
-static json_t *tref_json(const char *name)
+static json_t *template_ref_json(const char *name)
 {
 	return json_pack("{s:s, s:s, s:i, s:s, s:[s], s:s, s:i, s:i}", "name", name, "sha256", SHA, "size", 4096,
 			 "s3_key", "_templates/" SHA ".ext4", "env", "LANG=C.UTF-8", "workdir", "/srv", "uid", 0, "gid", 0);
@@ -83,7 +83,7 @@ static json_t *tref_json(const char *name)
 static void ready(const char *customer_id, const char *name, char id[40])
 {
 	struct kiln_err err = { .code = "" };
-	json_t *t = tref_json(name);
+	json_t *t = template_ref_json(name);
 
 	assert_int_equal(create(customer_id, name, 0, id, &err), 0);
 	assert_int_equal(store_template_finish(st, id, t, NULL, NULL), 1);
@@ -279,16 +279,16 @@ static void test_resolve(void **state)
 	assert_string_equal(err.code, "not_found"); /* another customer's: as missing */
 	ready("acme", "data", a);
 	assert_int_equal(template_resolve(st, "acme", "data", &u, &err), 1);
-	assert_non_null(strstr(u.tref, SHA));
+	assert_non_null(strstr(u.template_ref, SHA));
 	assert_string_equal(u.use.sha256, SHA);
 	assert_false(u.use.builtin);
 	/* env merged (the task's own wins), workdir as cwd unless given. */
-	merged = template_merge_spec(S1, strlen(S1), 0, u.tref, &err);
+	merged = template_merge_spec(S1, strlen(S1), 0, u.template_ref, &err);
 	assert_non_null(merged);
 	assert_non_null(strstr(merged, "\"LANG\":\"fr\""));
 	assert_non_null(strstr(merged, "\"cwd\":\"/srv\""));
 	free(merged);
-	merged = template_merge_spec(S2, strlen(S2), 1, u.tref, &err);
+	merged = template_merge_spec(S2, strlen(S2), 1, u.template_ref, &err);
 	assert_non_null(merged);
 	assert_non_null(strstr(merged, "\"LANG\":\"C.UTF-8\""));
 	assert_non_null(strstr(merged, "\"cwd\":\"/tmp\""));
@@ -297,19 +297,19 @@ static void test_resolve(void **state)
 	{
 		json_t *b = json_pack("{s:[s], s:{s:s}}", "argv", "env", "env", "LANG", "fr");
 
-		template_merge_exec(b, u.tref);
+		template_merge_exec(b, u.template_ref);
 		assert_string_equal(json_string_value(json_object_get(json_object_get(b, "env"), "LANG")), "fr");
 		assert_string_equal(json_string_value(json_object_get(b, "cwd")), "/srv");
 		json_decref(b);
 		b = json_pack("{s:[s], s:s}", "argv", "env", "cwd", "/tmp");
-		template_merge_exec(b, u.tref);
+		template_merge_exec(b, u.template_ref);
 		assert_string_equal(json_string_value(json_object_get(json_object_get(b, "env"), "LANG")), "C.UTF-8");
 		assert_string_equal(json_string_value(json_object_get(b, "cwd")), "/tmp");
 		json_decref(b);
 	}
 	template_use_free(&u);
 	assert_int_equal(template_resolve(st, "acme", "python-data", &u, &err), 1);
-	assert_string_equal(u.tref, "{\"name\":\"python-data\",\"builtin\":true}");
+	assert_string_equal(u.template_ref, "{\"name\":\"python-data\",\"builtin\":true}");
 	assert_true(u.use.builtin);
 	template_use_free(&u);
 }
@@ -329,7 +329,7 @@ static void test_delete_in_use(void **state)
 	{
 		struct store_session_new n = {
 			.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
-			.max_lifetime_s = 600, .host_id = "h1", .tuse = &u.use,
+			.max_lifetime_s = 600, .host_id = "h1", .template_use = &u.use,
 		};
 
 		assert_int_equal(store_session_create(st, &n, sid, &err), 0);
@@ -337,7 +337,7 @@ static void test_delete_in_use(void **state)
 	{
 		struct store_submit t = {
 			.customer = "acme", .spec_json = "{\"argv\":[\"true\"]}", .vcpus = 1, .memory_mib = 256,
-			.body_hash = "h", .tuse = &u.use,
+			.body_hash = "h", .template_use = &u.use,
 		};
 
 		assert_int_equal(store_task_submit(st, &t, tid, &err), 0);
@@ -351,7 +351,7 @@ static void test_delete_in_use(void **state)
 	assert_int_equal(state_of(a), TEMPLATE_STATE_COUNT);
 	/* The queued task still has its TREF, and the image stays while it may run. */
 	{
-		char *t = store_use_tref(st, tid);
+		char *t = store_template_use_ref(st, tid);
 
 		assert_non_null(t);
 		assert_non_null(strstr(t, SHA));
@@ -390,7 +390,7 @@ static void test_build_ready(void **state)
 	templates_tick(tp);
 	assert_true(wait_state(id, TEMPLATE_READY));
 	assert_int_equal(fake_count("POST", "http://h1", "/v1/builds"), 1);
-	t = store_template_tref(st, id);
+	t = store_template_ref(st, id);
 	assert_non_null(t);
 	assert_non_null(strstr(t, "\"name\":\"data\""));
 	free(t);

@@ -78,10 +78,11 @@ static void heartbeat_templates(const char *id, const char *url, unsigned vu, co
 static void submit_template(const char *cust, const char *name, const char *sha, char id[40])
 {
 	struct kiln_err err = { .code = "" };
-	struct store_tuse u = { .template_id = "b_x", .name = name, .sha256 = sha, .builtin = !sha, .tref_json = "{}" };
+	struct store_template_use u = { .template_id = "b_x", .name = name, .sha256 = sha, .builtin = !sha,
+					  .template_ref_json = "{}" };
 	struct store_submit t = {
 		.customer = cust, .spec_json = "{\"argv\":[\"true\"]}", .vcpus = 1, .memory_mib = 256, .body_hash = "h",
-		.tuse = &u,
+		.template_use = &u,
 	};
 
 	if (store_task_submit(st, &t, id, &err) != 0)

@@ -1270,7 +1270,7 @@ static void test_push_get(void **state)
 	assert_int_equal(store_task_push_get(s, a, "h1", &tp), 0);
 	assert_string_equal(tp.spec, "{\"argv\":[\"true\"]}");
 	assert_false(tp.scheduled_on); /* queued */
-	assert_null(tp.tref);
+	assert_null(tp.template_ref);
 	assert_false(tp.has_dest);
 	store_task_push_free(&tp);
 	assert_int_equal(store_task_schedule(s, a, "h1"), 1);
