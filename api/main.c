@@ -125,15 +125,8 @@ int main(int argc, char **argv)
 	if (!cfg.admin_key)
 		fprintf(stderr, "kiln-api: warning: no admin_key configured: nobody can create customers or keys\n");
 
-	/* Signals are taken synchronously below; every thread inherits the mask. */
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	/* Should the host run short of memory, sandboxes go first. */
-	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
+	/* Signals are taken synchronously below (sigwait). */
+	fs_daemon_start(&set);
 
 	st = cfg.postgres ? store_open_pg(cfg.postgres, &err) : store_open(cfg.db, &err);
 	if (!st) {

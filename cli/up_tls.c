@@ -134,28 +134,18 @@ static int write_bytes(const char *path, const char *p, size_t n)
 	return 0;
 }
 
-static X509 *read_cert(const char *path)
+/* A PEM file's certificate (key 0) or private key (key 1); NULL when it
+ * has none. */
+static void *read_pem(const char *path, int key)
 {
 	FILE *f = fopen(path, "re");
-	X509 *c;
+	void *v;
 
 	if (!f)
 		return NULL;
-	c = PEM_read_X509(f, NULL, NULL, NULL);
+	v = key ? (void *)PEM_read_PrivateKey(f, NULL, NULL, NULL) : (void *)PEM_read_X509(f, NULL, NULL, NULL);
 	fclose(f);
-	return c;
-}
-
-static EVP_PKEY *read_key(const char *path)
-{
-	FILE *f = fopen(path, "re");
-	EVP_PKEY *k;
-
-	if (!f)
-		return NULL;
-	k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
-	fclose(f);
-	return k;
+	return v;
 }
 
 /* Whether cert still serves domain for at least UP_RENEW_DAYS and was signed by ca. */
@@ -194,8 +184,8 @@ int up_tls_make(const char *dir, const char *domain, struct up_tls *out, char *w
 	snprintf(out->key, sizeof(out->key), "%s/key.pem", out->dir);
 	snprintf(out->bundle, sizeof(out->bundle), "%s/ca-bundle.pem", out->dir);
 	snprintf(path, sizeof(path), "%s/ca.key", out->dir);
-	ca = read_cert(out->ca);
-	ca_key = read_key(path);
+	ca = read_pem(out->ca, 0);
+	ca_key = read_pem(path, 1);
 	if (!ca || !ca_key || X509_check_private_key(ca, ca_key) != 1) {
 		X509_free(ca);
 		EVP_PKEY_free(ca_key);
@@ -206,8 +196,8 @@ int up_tls_make(const char *dir, const char *domain, struct up_tls *out, char *w
 			goto out;
 		}
 	}
-	cert = read_cert(out->cert);
-	key = read_key(out->key);
+	cert = read_pem(out->cert, 0);
+	key = read_pem(out->key, 1);
 	if (!key || !cert_fits(cert, ca, host) || X509_check_private_key(cert, key) != 1) {
 		X509_free(cert);
 		EVP_PKEY_free(key);

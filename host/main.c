@@ -495,15 +495,8 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	s.cap.budget_mib = o->memory_capacity_mib ? o->memory_capacity_mib : mem_total_mib() * 8 / 10;
 	s.cap.total_mib = (uint64_t)((double)s.cap.budget_mib * (o->memory_overcommit > 0 ? o->memory_overcommit : 1.0));
 	s.cap.memcg = ro->vm.jail ? ro->vm.jail->cg_memory : NULL;
-	/* Signals are taken synchronously below; every thread inherits the mask. */
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	/* Should the host itself run short of memory, sandboxes go first. */
-	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
+	/* Signals are taken synchronously below (sigwait). */
+	fs_daemon_start(&set);
 	if (o->s3 || (o->api && o->api->n))
 		s3_global_init();
 

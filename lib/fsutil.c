@@ -5,6 +5,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -374,4 +376,15 @@ int fs_oom_score_adj(int adj)
 		r = -errno;
 	close(fd);
 	return r;
+}
+
+void fs_daemon_start(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	fs_oom_score_adj(DAEMON_OOM_SCORE_ADJ);
 }

@@ -41,4 +41,10 @@ int fs_proc_stat(pid_t pid, int first, int n, unsigned long long *v);
 int fs_oom_score_adj(int adj);
 #define DAEMON_OOM_SCORE_ADJ (-500)
 
+/* A daemon's start (kiln-api, kiln-host): SIGINT, SIGTERM and SIGHUP
+ * blocked in *set for sigwait (every thread started after inherits the
+ * mask), SIGPIPE ignored, and DAEMON_OOM_SCORE_ADJ: should the machine run
+ * short of memory, sandboxes go first. Main thread, before any other. */
+void fs_daemon_start(sigset_t *set);
+
 #endif

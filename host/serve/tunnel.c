@@ -262,6 +262,21 @@ static enum MHD_Result envd_failure(struct MHD_Connection *conn, const struct en
 	return reply_error(conn, KERR_UNAVAILABLE, e->msg[0] ? e->msg : "the sandbox cannot take the connection");
 }
 
+/* The envd channel of the session the path names, or NULL with err. */
+static struct envd *channel(struct serve_http *s, struct httpd_req *r, struct kiln_err *err)
+{
+	json_t *env = NULL;
+	struct envd *ch;
+
+	if (strlen(r->param[0]) >= 80) {
+		kiln_err_set(err, KERR_NOT_FOUND, "no such session on this host");
+		return NULL;
+	}
+	ch = session_envd(s->sessions, r->param[0], &env, err);
+	json_decref(env);
+	return ch;
+}
+
 /* GET /v1/sessions/{id}/ports/{port}/connect (Upgrade: kiln-tunnel) */
 enum MHD_Result serve_session_port_connect(void *ctx, struct httpd_req *r)
 {
@@ -273,17 +288,13 @@ enum MHD_Result serve_session_port_connect(void *ctx, struct httpd_req *r)
 	struct MHD_Response *resp;
 	struct tunnel *t;
 	struct envd *ch;
-	json_t *env = NULL;
 	enum MHD_Result ret;
 
 	if (!up || strcasecmp(up, "kiln-tunnel"))
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "expected Connection: Upgrade and Upgrade: kiln-tunnel");
 	if (!port)
 		return reply_error(r->conn, KERR_INVALID_REQUEST, "a port is 1-65535");
-	if (strlen(r->param[0]) >= 80)
-		return reply_not_found(r->conn, "no such session on this host");
-	ch = session_envd(s->sessions, r->param[0], &env, &err);
-	json_decref(env);
+	ch = channel(s, r, &err);
 	if (!ch)
 		return reply_err(r->conn, &err);
 	t = calloc(1, sizeof(*t));
@@ -321,13 +332,10 @@ enum MHD_Result serve_session_ports_get(void *ctx, struct httpd_req *r)
 	uint16_t ports[EPROTO_MAX_PORTS];
 	uint32_t n = 0;
 	struct envd *ch;
-	json_t *env = NULL, *a;
+	json_t *a;
 	int rc;
 
-	if (strlen(r->param[0]) >= 80)
-		return reply_not_found(r->conn, "no such session on this host");
-	ch = session_envd(s->sessions, r->param[0], &env, &err);
-	json_decref(env);
+	ch = channel(s, r, &err);
 	if (!ch)
 		return reply_err(r->conn, &err);
 	rc = envd_ports(ch, ports, &n, proto_now_ms() + TUNNEL_OPEN_MS, &e);
