@@ -371,6 +371,9 @@ static int write_configs(struct up *u)
 
 		snprintf(tls_listen, sizeof(tls_listen), "127.0.0.1:%d", u->tls_port);
 		json_object_set_new(api, "sandbox_domain", json_string(u->domain));
+		/* Every client of one machine's stack comes from 127.0.0.1: a
+		 * browser, an SDK's pool and a port's connections together. */
+		json_object_set_new(api, "max_connections_per_address", json_integer(1024));
 		json_object_set_new(api, "tls", json_pack("{s:s, s:s, s:s}", "listen", tls_listen, "cert_file",
 							   u->tls.cert, "key_file", u->tls.key));
 	}

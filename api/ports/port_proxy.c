@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -485,8 +486,20 @@ static void on_upgraded(void *cls, struct MHD_Connection *conn, void *req_cls, c
 	pthread_attr_t a;
 	pthread_t th;
 
-	(void)conn;
 	(void)req_cls;
+	{
+		/* Every frame goes out as it comes: libmicrohttpd may have corked
+		 * the client's TCP socket for the 101 (under TLS, sock is its
+		 * socketpair and the TCP socket is the connection's). */
+		const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+		int one = 1, zero = 0;
+
+		if (ci) {
+			setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof(zero));
+			setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		}
+		setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	}
 	if (!u) {
 		MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE);
 		call_unref(c);

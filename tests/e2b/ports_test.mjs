@@ -64,8 +64,8 @@ const host = (port) => `https://${sbx.getHost(port)}`;
 await check('servers start in the sandbox (http.server on 8001, port_server.py on 8000)', async () => {
   await sbx.files.write('/home/user/port_server.py', server);
   await sbx.commands.run('head -c 52428800 /dev/urandom > /tmp/big; mkdir -p /tmp/www && echo hello-https > /tmp/www/index.html');
-  await sbx.commands.run('cd /tmp/www && python3 -m http.server 8001', { background: true });
-  await sbx.commands.run('python3 /home/user/port_server.py', { background: true });
+  await sbx.commands.run('cd /tmp/www && python3 -m http.server 8001', { background: true, timeoutMs: 0 });
+  await sbx.commands.run('python3 /home/user/port_server.py', { background: true, timeoutMs: 0 });
   for (let i = 0; i < 100; i++) {
     const r = await sbx.commands.run('cat /proc/net/tcp');
     if (r.stdout.includes(':1F40 ') && r.stdout.includes(':1F41 ')) return;
@@ -132,7 +132,7 @@ await check("E2B's header routing: E2B_SANDBOX_URL with E2b-Sandbox-Id and E2b-S
   const r = await fetch(`${process.env.E2B_SANDBOX_URL}/index.html`, {
     headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8001' },
   });
-  assert.equal(r.status, 200);
+  assert.equal(r.status, 200, await r.clone().text());
   assert.equal((await r.text()).trim(), 'hello-https');
 });
 
@@ -152,12 +152,13 @@ await check('a paused sandbox: 409 not_running', async () => {
 await check('connect resumes it and the port answers again', async () => {
   await sbx.connect();
   const r = await fetch(`${host(8001)}/index.html`);
-  assert.equal(r.status, 200);
+  assert.equal(r.status, 200, await r.clone().text());
   assert.equal((await r.text()).trim(), 'hello-https');
 }, 300000);
 
 await check('Sandbox.kill()', async () => {
-  assert.equal(await sbx.kill(), undefined);
+  await sbx.kill();
+  assert.equal(await sbx.isRunning().catch(() => false), false);
 });
 console.log(`ports_test: ${counts.pass} passed, ${counts.fail} failed`);
 process.exit(counts.fail ? 1 : 0);
