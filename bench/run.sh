@@ -75,3 +75,7 @@ echo
 cdir=$(mktemp -d /tmp/kiln-bench-clones.XXXXXX)
 KILN_RUN_DIR=$cdir build/bench/clones build/image
 rmdir "$cdir" 2> /dev/null || true
+echo
+# A sandbox's ports through kiln-api: a small GET against the same loop inside the guest, a 50 MiB
+# download, a WebSocket round trip, and what 100 idle connections cost kiln-api and kiln-host.
+bench/ports.sh
