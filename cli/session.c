@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 
 #include "cli.h"
+#include "forward.h"
 #include "spec.h"
 #include "untar.h"
 
@@ -37,6 +38,8 @@ static void session_usage(FILE *f)
 		"                                              GUEST/ with a '/': the whole directory, as tar)\n"
 		"       kiln session ls ID [DIR]               (default /work)\n"
 		"       kiln session pause|resume|rm|info ID\n"
+		"       kiln session forward ID PORT [LOCAL_PORT]  (127.0.0.1:LOCAL_PORT, default PORT, to PORT\n"
+		"                                              in the session: any TCP, like kubectl port-forward)\n"
 		"       kiln session list [--all] [--json]\n"
 		"  A session is a sandbox that stays up between commands: files and the working\n"
 		"  directory's contents persist, each exec is a new process. It ends after --idle\n"
@@ -831,6 +834,18 @@ int cmd_session(int argc, char **argv)
 			session_usage(stderr);
 			return EXIT_USAGE;
 		}
+	} else if (VERB("forward")) {
+		char *e1 = NULL, *e2 = NULL;
+		long p = argc >= 4 ? strtol(argv[3], &e1, 10) : 0, lp = argc == 5 ? strtol(argv[4], &e2, 10) : -1;
+
+		if ((argc != 4 && argc != 5) || !id_ok(argv[2]) || !e1 || *e1 || p < 1 || p > 65535 ||
+		    (argc == 5 && (!e2 || *e2 || lp < 0 || lp > 65535))) {
+			session_usage(stderr);
+			return EXIT_USAGE;
+		}
+		if ((rc = cli_connect(&cr, 0, &conn)))
+			return rc;
+		return session_forward(argv[2], (unsigned)p, (int)lp, &conn);
 	} else if (VERB("shell")) {
 		return cmd_shell(argc - 1, argv + 1);
 	} else {

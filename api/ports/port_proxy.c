@@ -49,6 +49,7 @@ struct ports_call {
 	char host_body[1024];
 	int up_chunked;              /* the request body goes chunked */
 	int upgrade;                 /* the client asked for an Upgrade */
+	int tunnel;                  /* Upgrade: kiln-tunnel (native): bytes both ways, no HTTP to the server */
 	int eof;                     /* the server's side ended */
 	struct buf body;             /* answer body bytes not yet handed out */
 	size_t body_off;
@@ -279,7 +280,12 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 	if (ci)
 		c->client_fd = ci->connect_fd;
 	buf_init(&head, 16384 + sizeof(m->target));
-	if (build_head(c, conn, method, m, &head) < 0 ||
+	{
+		const char *up = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_UPGRADE);
+
+		c->tunnel = m->way == PORTS_NATIVE && up && !strcasecmp(up, "kiln-tunnel") && !strcmp(method, "GET");
+	}
+	if ((!c->tunnel && build_head(c, conn, method, m, &head) < 0) ||
 	    sessions_port_target(ss, m->id, customer, m->way == PORTS_E2B, &t, &c->err) < 0) {
 		c->failed = 1;
 		buf_free(&head);
@@ -294,6 +300,11 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 	}
 	sessions_port_enter(ss, c->id);
 	c->entered = 1;
+	if (c->tunnel) {
+		/* kiln session forward: the client speaks to the server itself. */
+		buf_free(&head);
+		return c;
+	}
 	if (port_send_all(c->fd, head.p, head.len, now_ms() + PORT_SEND_MS) < 0) {
 		kiln_err_set(&c->err, KERR_PORT_CLOSED, "the server on port %u closed the connection", m->port);
 		c->failed = 1;
@@ -528,6 +539,18 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 
 	if (c->failed == 1)
 		return reply_err(conn, &c->err);
+	if (c->tunnel) {
+		resp = MHD_create_response_for_upgrade(on_upgraded, c);
+		if (!resp)
+			return MHD_NO;
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, "kiln-tunnel");
+		call_ref(c); /* on_upgraded's */
+		ret = MHD_queue_response(conn, MHD_HTTP_SWITCHING_PROTOCOLS, resp);
+		MHD_destroy_response(resp);
+		if (ret != MHD_YES)
+			call_unref(c);
+		return ret;
+	}
 	if (c->up_chunked && port_send_all(c->fd, "0\r\n\r\n", 5, now_ms() + PORT_SEND_MS) < 0)
 		shutdown(c->fd, SHUT_WR);
 	/* The answer's head. */

@@ -610,6 +610,46 @@ static enum MHD_Result files_other(void *ctx, struct httpd_req *req)
 	return reply_method_not_allowed(req->conn, "GET, PUT");
 }
 
+/* GET /v1/sessions/{id}/ports: the TCP ports listened on inside the VM,
+ * each with the path that reaches it (docs/api.md "Ports"). */
+static enum MHD_Result handle_ports(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	const struct store_session *cur = &c->cur;
+	struct kiln_err err = { .code = "" };
+	enum MHD_Result ret;
+	char url[256], path[96];
+	json_t *m = NULL, *out, *ports;
+	size_t i;
+	int st;
+
+	(void)req;
+	if (!need_running(ss, r, cur, url, &ret))
+		return ret;
+	snprintf(path, sizeof(path), "/v1/sessions/%s/ports", cur->id);
+	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, &m, &err);
+	if (st != 200 || !json_is_array(json_object_get(m, "ports"))) {
+		if (st > 0 && json_is_object(json_object_get(m, "error")))
+			return reply_json(r->conn, (unsigned)st, m); /* the host's refusal (ports_unsupported, ...) */
+		json_decref(m);
+		return reply_error(r->conn, KERR_HOST_UNAVAILABLE, "the session's host could not list its ports");
+	}
+	out = json_array();
+	json_array_foreach(json_object_get(m, "ports"), i, ports) {
+		char p[128];
+		json_int_t n = json_integer_value(ports);
+
+		if (n < 1 || n > 65535)
+			continue;
+		snprintf(p, sizeof(p), "/v1/sessions/%s/ports/%d/", cur->id, (int)n);
+		json_array_append_new(out, json_pack("{s:I, s:s}", "port", n, "path", p));
+	}
+	json_decref(m);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:o}", "ports", out));
+}
+
 static const struct httpd_route session_routes[] = {
 	{ "GET", "/v1/sessions", handle_list },
 	{ "POST", "/v1/sessions", handle_create },
@@ -623,6 +663,7 @@ static const struct httpd_route session_routes[] = {
 	{ "POST", "/v1/sessions/{id}/outputs", handle_outputs },
 	{ "POST", "/v1/sessions/{id}/pause", handle_pause },
 	{ "POST", "/v1/sessions/{id}/resume", handle_resume },
+	{ "GET", "/v1/sessions/{id}/ports", handle_ports },
 };
 
 static const struct httpd_routes session_table = {

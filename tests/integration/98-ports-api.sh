@@ -10,7 +10,7 @@
 # non-E2B session by header (404), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 25
+t_plan 30
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -24,7 +24,7 @@ BUCKET=kiln-ports
 s3_local_start
 t_mark
 
-api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" '. + {max_connections_per_address: 256, quotas: {submit_rate: 1000, submit_burst: 1000}}'
+api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" ". + {sandbox_domain: \"kiln.localhost:$API_PORT\", max_connections_per_address: 256, quotas: {submit_rate: 1000, submit_burst: 1000}}"
 api_up "$T_TMP/api.json" "$URL"
 host_config "$T_TMP/h1.json" "127.0.0.1:$((API_PORT + 1))" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h1\""
 host_start "$T_TMP/h1.json" h1
@@ -49,6 +49,7 @@ st=$(req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' -
 	'{"argv":["sh","-c","head -c 20971520 /dev/urandom > /tmp/big; sha256sum /tmp/big | cut -d\" \" -f1; python3 /work/port_server.py > /tmp/srv.log 2>&1 & for i in $(seq 100); do grep -q \":1F40 \" /proc/net/tcp && break; sleep 0.1; done"]}')
 SUM=$(last .stdout | tr -d '\n')
 check "the servers start in the session" test "$st" = 200 -a ${#SUM} = 64
+for _ in $(seq 50); do req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["cat","/proc/net/tcp"]}' > /dev/null; last .stdout | grep -q ':1B5E ' && break; sleep 0.2; done
 P=/v1/sessions/$S/ports
 
 st=$(req "$KA" GET "$P/8000/")
@@ -92,6 +93,40 @@ out=$(PORT_HEADERS="Authorization=Bearer $KA" timeout 60 $PY "$HERE/port_client.
 after=$(req "$KA" POST "/v1/sessions/$S/exec" -H 'Content-Type: application/json' --data-binary '{"argv":["wc","-l","/tmp/requests.log"]}' > /dev/null; last .stdout | cut -d' ' -f1)
 check "Content-Length with Transfer-Encoding: 400, and the server saw nothing ($before -> $after)" test "$out" = 400 -a "$before" = "$after"
 
+st=$(req "$KA" GET "$P")
+check "GET /v1/sessions/{id}/ports lists 7000, 7001, 7002 and 8000 with their paths" \
+	test "$st" = 200 -a "$(last '[.ports[] | select(.port == 7000 or .port == 7001 or .port == 7002 or .port == 8000)] | length')" = 4 \
+	-a "$(last '.ports[] | select(.port == 8000) | .path')" = "$P/8000/"
+# kiln session forward: any TCP through kiln-api's raw tunnel.
+LP=$((API_PORT + 7))
+KILN_API=$URL KILN_KEY=$KA t_bg "$ROOT/build/kiln" session forward "$S" 7000 "$LP" > "$T_TMP/fwd.out" 2> "$T_TMP/fwd.err"
+fwd_pid=$T_BG_PID
+t_until 10 grep -q Forwarding "$T_TMP/fwd.out"
+out=$(timeout 60 $PY - "$LP" << 'EOF2'
+import os, socket, sys, threading
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+data = os.urandom(3 << 20)
+got = []
+def rd():
+    while True:
+        d = s.recv(65536)
+        if not d:
+            return
+        got.append(d)
+t = threading.Thread(target=rd); t.start()
+s.sendall(data); s.shutdown(socket.SHUT_WR); t.join(60)
+print("same" if b"".join(got) == data else "different")
+EOF2
+)
+check "kiln session forward ID 7000 LOCAL: 3 MiB echoed through 127.0.0.1:LOCAL, half close passed on" test "$out" = same
+kill "$fwd_pid"
+KILN_API=$URL KILN_KEY=$KB timeout 20 "$ROOT/build/kiln" session forward "$S" 8000 $((LP + 1)) > /dev/null 2>&1 &
+fwd2=$!
+t_until 10 eval "ss -ltn | grep -q ':$((LP + 1)) '"
+out=$(curl -s -m 10 "http://127.0.0.1:$((LP + 1))/" -o /dev/null -w '%{http_code}' || true)
+kill "$fwd2" 2> /dev/null; wait "$fwd2" 2> /dev/null
+check "kiln session forward with another customer's key: the connection is refused (no answer: $out)" test "$out" = 000
+
 # --- E2B's header routing ---
 e2b() { local m=$1 p=$2; shift 2; curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "X-API-KEY: $KA" -H 'Content-Type: application/json' "$@" "$URL/e2b$p"; }
 st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base","timeout":300}')
@@ -107,6 +142,11 @@ st=$(req "" GET /hdr -H "E2b-Sandbox-Id: $E" -H "E2b-Sandbox-Port: 8000")
 check "...routing headers are not passed on" test "$st" = 200 -a "$(last '.["e2b-sandbox-id"] // "none"')" = none
 out=$(PORT_HEADERS="E2b-Sandbox-Id=$E;E2b-Sandbox-Port=8000" timeout 120 $PY "$HERE/port_client.py" "$URL" ws /ws 100)
 check "a WebSocket by header routing" test "${out% *}" = "echoed 100"
+st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-$E.kiln.localhost:$API_PORT/")
+check "host name routing: http://8000-ID.kiln.localhost:PORT/ reaches the port" \
+	test "$st" = 200 -a "$(cat "$T_TMP/last")" = "hello from the sandbox"
+st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-s_${E#s}.kiln.localhost:$API_PORT/")
+check "...the stored spelling of its id works too (no TLS: no server-name check)" test "$st" = 200
 st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
 check "a session not made through /e2b is not public: 404" test "$st" = 404
 
