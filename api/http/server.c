@@ -415,7 +415,7 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 			ss = hold_sessions(s);
 			if (!ss)
 				return reply_error(conn, KERR_UNAVAILABLE, "sandboxes are not served now");
-			cs->port = ports_begin(ss, conn, method, &pm, pm.way == PORTS_NATIVE ? c.customer : NULL);
+			cs->port = ports_begin(ss, conn, method, &pm, pm.way == PORTS_NATIVE ? c.customer : NULL, s->lim);
 			return cs->port ? MHD_YES : MHD_NO;
 		}
 		/* An OCI archive is streamed to a spool file under the

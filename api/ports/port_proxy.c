@@ -252,9 +252,10 @@ static void host_refused(struct ports_call *c, const struct port_tunnel_fail *f)
 }
 
 struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn, const char *method,
-			       const struct ports_match *m, const char *customer)
+			       const struct ports_match *m, const char *customer, struct quota_limiter *lim)
 {
 	struct ports_call *c = calloc(1, sizeof(*c));
+	const char *traffic = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "e2b-traffic-access-token");
 	struct sessions_port_target t;
 	struct port_tunnel_fail f;
 	const union MHD_ConnectionInfo *ci;
@@ -285,11 +286,32 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 
 		c->tunnel = m->way == PORTS_NATIVE && up && !strcasecmp(up, "kiln-tunnel") && !strcmp(method, "GET");
 	}
-	if ((!c->tunnel && build_head(c, conn, method, m, &head) < 0) ||
-	    sessions_port_target(ss, m->id, customer, m->way == PORTS_E2B, &t, &c->err) < 0) {
+	if (!c->tunnel && build_head(c, conn, method, m, &head) < 0) {
 		c->failed = 1;
 		buf_free(&head);
 		return c;
+	}
+	if (sessions_port_target(ss, m->id, customer, m->way == PORTS_E2B, traffic, &t, &c->err) < 0) {
+		enum MHD_Result ret;
+
+		/* E2B's autoResume: the request resumes its paused sandbox. */
+		if (c->err.errc != KERR_NOT_RUNNING || !t.row.auto_resume ||
+		    !(t.row.state == SESSION_PAUSED || (t.row.state == SESSION_ERROR && t.row.has_snapshot))) {
+			c->failed = 1;
+			buf_free(&head);
+			return c;
+		}
+		if (!sessions_port_resume(ss, conn, lim, &t.row, &ret)) {
+			c->failed = 3; /* answered */
+			buf_free(&head);
+			return c;
+		}
+		c->err = (struct kiln_err){ .code = "" };
+		if (sessions_port_target(ss, m->id, customer, m->way == PORTS_E2B, traffic, &t, &c->err) < 0) {
+			c->failed = 1;
+			buf_free(&head);
+			return c;
+		}
 	}
 	c->fd = port_tunnel_open(t.host_url, t.token, t.row.id, m->port, now_ms() + PORT_OPEN_MS, &f);
 	if (c->fd < 0) {
@@ -537,6 +559,8 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 	enum MHD_Result ret;
 	int rc;
 
+	if (c->failed == 3)
+		return MHD_YES; /* the resume's refusal went out already */
 	if (c->failed == 1)
 		return reply_err(conn, &c->err);
 	if (c->tunnel) {

@@ -52,12 +52,13 @@ struct ports_call;
 /* Begin one proxied request (the first access-handler call). ss is held by
  * the caller (sessions_hold) and released by the call when it ends.
  * customer: the authenticated caller's for PORTS_NATIVE, NULL for
- * PORTS_E2B (public sandboxes). Returns the call, or NULL (out of memory:
+ * PORTS_E2B (public sandboxes, or private ones with the e2b-traffic-access-token
+ * header); lim: the submit-rate buckets (an autoResume resume takes a token). Returns the call, or NULL (out of memory:
  * close the connection). A refusal (not found, paused, nothing listens) is
  * kept in the call and answered by ports_finish, after the body was dropped
  * (at most 1 MiB of it; past that the connection closes). */
 struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn, const char *method,
-			       const struct ports_match *m, const char *customer);
+			       const struct ports_match *m, const char *customer, struct quota_limiter *lim);
 /* A piece of the request body: sent to the server as it comes. */
 enum MHD_Result ports_feed(struct ports_call *c, const char *data, size_t *size);
 /* The body ended: queue the server's answer (streamed as it comes), the

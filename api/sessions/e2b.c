@@ -111,6 +111,18 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 		      E2B_ENVD_VERSION, "domain");
 	if (j && ss->cfg->sandbox_domain)
 		json_object_set_new(j, "domain", json_string(ss->cfg->sandbox_domain));
+	if (j) {
+		json_object_set_new(j, "network", json_pack("{s:b}", "allowPublicTraffic", !c->private_traffic));
+		json_object_set_new(j, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
+							      c->auto_pause == 1 ? "pause" : "kill", "autoResume",
+							      c->auto_resume));
+	}
+	if (j && token && c->private_traffic) {
+		char tt[65];
+
+		sessions_traffic_token(ss, c->id, tt);
+		json_object_set_new(j, "trafficAccessToken", json_string(tt));
+	}
 	if (j && token) {
 		char tok[65];
 
@@ -135,6 +147,8 @@ static json_t *created_json(struct sessions *ss, const char *id)
 		      "envdAccessToken", json_object_get(full, "envdAccessToken"), "domain", "trafficAccessToken");
 	if (j && ss->cfg->sandbox_domain)
 		json_object_set(j, "domain", json_object_get(full, "domain"));
+	if (j && json_object_get(full, "trafficAccessToken"))
+		json_object_set(j, "trafficAccessToken", json_object_get(full, "trafficAccessToken"));
 	json_decref(full);
 	return j;
 }
@@ -246,7 +260,9 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 		sr.spec_json = spec;
 	}
 	{
-		struct sessions_e2b_new e = { .template = ec.template, .env_json = ec.env_json, .auto_pause = ec.auto_pause };
+		struct sessions_e2b_new e = { .template = ec.template, .env_json = ec.env_json, .auto_pause = ec.auto_pause,
+					      .flags = (ec.private_traffic ? STORE_E2B_PRIVATE : 0) |
+						       (ec.auto_resume ? STORE_E2B_AUTO_RESUME : 0) };
 
 		if (sessions_create_run(ss, r, &q, &sr, &e, id, &ret)) {
 			j = created_json(ss, id);

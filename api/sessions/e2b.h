@@ -63,6 +63,8 @@ struct e2b_create {
 	char template[64];           /* templateID as given ("base" when absent) */
 	long timeout_s;              /* 1..E2B_MAX_TIMEOUT_S */
 	int auto_pause;              /* autoPause: pause at the timeout (else destroy) */
+	int private_traffic;         /* network.allowPublicTraffic false: ports need the traffic token */
+	int auto_resume;             /* autoResume.enabled: a port request resumes it when paused */
 };
 
 /* Parse E2B's create body (len bytes; empty: {}): what each field becomes is

@@ -147,6 +147,33 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 	}
 	/* E2B's default at the timeout is to kill the sandbox. */
 	out->auto_pause = json_is_true(v);
+	/* autoResume: {"enabled": bool} (the SDK allows it only with autoPause). */
+	v = json_object_get(b, "autoResume");
+	if (v && !json_is_null(v)) {
+		json_t *en = json_object_get(v, "enabled");
+
+		if (!json_is_object(v) || (en && !json_is_null(en) && !json_is_boolean(en))) {
+			snprintf(msg, cap, "autoResume: expected {\"enabled\": true|false}");
+			goto fail;
+		}
+		out->auto_resume = json_is_true(en);
+		if (out->auto_resume && !out->auto_pause) {
+			snprintf(msg, cap, "autoResume: needs autoPause (a sandbox that is killed at its timeout cannot resume)");
+			goto fail;
+		}
+	}
+	/* network.allowPublicTraffic (default true): false makes its ports need
+	 * the trafficAccessToken create returns. Egress rules are not taken. */
+	v = json_object_get(b, "network");
+	if (v && !json_is_null(v)) {
+		json_t *pub = json_object_get(v, "allowPublicTraffic");
+
+		if (!json_is_object(v) || (pub && !json_is_null(pub) && !json_is_boolean(pub))) {
+			snprintf(msg, cap, "network.allowPublicTraffic: must be a boolean");
+			goto fail;
+		}
+		out->private_traffic = json_is_false(pub);
+	}
 	v = json_object_get(b, "metadata");
 	if (v && !json_is_null(v)) {
 		const char *bad = string_map_bad(v, E2B_MAX_METADATA);

@@ -498,16 +498,28 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 }
 
 
-void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65])
+static void e2b_mac(struct sessions *ss, const char *prefix, const char *id, char hex[65])
 {
 	unsigned char mac[EVP_MAX_MD_SIZE];
 	unsigned int n = 0;
+	char msg[128];
 
-	HMAC(EVP_sha256(), ss->e2b_key, sizeof(ss->e2b_key), (const unsigned char *)id, strlen(id), mac, &n);
+	snprintf(msg, sizeof(msg), "%s%s", prefix, id);
+	HMAC(EVP_sha256(), ss->e2b_key, sizeof(ss->e2b_key), (const unsigned char *)msg, strlen(msg), mac, &n);
 	for (unsigned i = 0; i < 32; i++)
 		sprintf(hex + 2 * i, "%02x", i < n ? mac[i] : 0);
 	hex[64] = '\0';
 	OPENSSL_cleanse(mac, sizeof(mac));
+}
+
+void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65])
+{
+	e2b_mac(ss, "", id, hex);
+}
+
+void sessions_traffic_token(struct sessions *ss, const char *id, char hex[65])
+{
+	e2b_mac(ss, "traffic:", id, hex);
 }
 
 /* ---- start and stop ---- */

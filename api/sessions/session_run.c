@@ -147,7 +147,7 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		sessions_e2b_token(ss, id, tok);
 		SHA256((const unsigned char *)tok, strlen(tok), sha);
 		OPENSSL_cleanse(tok, sizeof(tok));
-		if (store_session_set_e2b(ss->st, id, sha, e2b->template, e2b->env_json, e2b->auto_pause) != 1) {
+		if (store_session_set_e2b(ss->st, id, sha, e2b->template, e2b->env_json, e2b->auto_pause, e2b->flags) != 1) {
 			store_session_discard(ss->st, id);
 			sessions_op_leave(ss, id);
 			sched_unplace(ss->sched, host, &need);

@@ -80,12 +80,20 @@ struct sessions_port_target {
 
 /* Whether a connection to one of session id's ports may go, and where: the
  * session must be the customer's (NULL: any customer's; public_only: then
- * only a sandbox made through /e2b, whose ports are public as E2B's are),
- * running, on a live host. 0 with *t filled; -1 with err: not_found (for
- * every session the caller may not see), not_running (409: paused,
- * starting, in error), host_unavailable. Blocking (a store read). */
+ * only a sandbox made through /e2b, whose ports are public as E2B's are,
+ * unless it was made with allowPublicTraffic false: then traffic_token
+ * must be its trafficAccessToken), running, on a live host. 0 with *t
+ * filled (t->row even on failure, when the row was read); -1 with err:
+ * not_found (for every session the caller may not see), forbidden (no or a
+ * wrong traffic token), not_running (409: paused, starting, in error),
+ * host_unavailable. Blocking (a store read). */
 int sessions_port_target(struct sessions *ss, const char *id, const char *customer, int public_only,
-			 struct sessions_port_target *t, struct kiln_err *err);
+			 const char *traffic_token, struct sessions_port_target *t, struct kiln_err *err);
+/* A paused sandbox made with E2B's autoResume, resumed for a port request
+ * (as connect would, on any host with room): 1 resumed; 0 with the refusal
+ * answered on conn (*ret). Blocking. */
+int sessions_port_resume(struct sessions *ss, struct MHD_Connection *conn, struct quota_limiter *lim,
+			 const struct store_session *cur, enum MHD_Result *ret);
 /* A port connection opened / ended: the session is busy meanwhile (the
  * reaper does not end it for idleness) and active at both ends. */
 void sessions_port_enter(struct sessions *ss, const char *id);

@@ -146,6 +146,9 @@ void sessions_pcache_cleanup(struct sessions *ss, const char *host_id, const cha
  * per process), so that GET and connect can return it while the store keeps
  * only its SHA-256. */
 void sessions_e2b_token(struct sessions *ss, const char *id, char hex[65]);
+/* A private sandbox's trafficAccessToken (its ports' e2b-traffic-access-token):
+ * HMAC-SHA256(e2b_key, "traffic:" + id), hex. */
+void sessions_traffic_token(struct sessions *ss, const char *id, char hex[65]);
 
 /* ---- session_reply.c: the endpoints' answers ---- */
 
@@ -177,6 +180,7 @@ struct sessions_e2b_new {
 	const char *template;        /* E2B's templateID as given ("base") */
 	const char *env_json;        /* envVars (compact JSON) or NULL */
 	int auto_pause;              /* -1 the customer's rule, 0, 1 */
+	unsigned flags;              /* STORE_E2B_PRIVATE, STORE_E2B_AUTO_RESUME */
 };
 
 /* Create a session of r->customer from a parsed request (its quota q): the

@@ -201,7 +201,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 8
+#define STORE_SCHEMA_VERSION 9
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -389,6 +389,8 @@ struct store_session {
 	int has_e2b_token;
 	unsigned char e2b_token_sha[32];
 	int auto_pause;
+	int private_traffic;         /* E2B's network.allowPublicTraffic false: ports need the traffic token */
+	int auto_resume;             /* E2B's autoResume: a port request resumes it when paused */
 	char e2b_template[64];       /* the templateID it was created with ("" not through /e2b) */
 	int leased;                  /* a replica holds a live lease on it: a request in flight */
 };
@@ -463,8 +465,10 @@ int store_session_touch(struct store *s, const char *id);
  * token, the templateID it was created with, its envVars (JSON object text,
  * may be NULL) and autoPause (-1: the customer's session_auto_pause). 1 set,
  * 0 no such session, -1 error. */
+#define STORE_E2B_PRIVATE 0x1u      /* network.allowPublicTraffic false */
+#define STORE_E2B_AUTO_RESUME 0x2u  /* autoResume: traffic resumes it */
 int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
-			  const char *env_json, int auto_pause);
+			  const char *env_json, int auto_pause, unsigned flags);
 
 /* A session's idle and lifetime limits (E2B's timeout), of customer (NULL:
  * any). 1 set, 0 no such session, -1 error. */

@@ -79,6 +79,10 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	 * the per-owner statements scan it. */
 	"CREATE TABLE session_leases (session_id TEXT NOT NULL, owner TEXT NOT NULL, n INTEGER NOT NULL,"
 	"  expires_ms INTEGER NOT NULL, PRIMARY KEY (session_id, owner)) WITHOUT ROWID;",
+	/* 9: more of E2B's fields of a session (docs/e2b.md "Ports"): bit 0 its
+	 * ports are private (network.allowPublicTraffic false: the traffic
+	 * token is needed), bit 1 traffic resumes it when paused (autoResume) */
+	"ALTER TABLE sessions ADD COLUMN e2b_flags INTEGER;",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -33,12 +33,12 @@ enum session_state session_state_parse(const char *str)
 	"id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s, max_lifetime_s, egress,"         \
 	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
 	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id),"   \
-	" e2b_token, e2b_template, auto_pause,"                                                            \
+	" e2b_token, e2b_template, auto_pause, e2b_flags,"                                                 \
 	" EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = sessions.id AND l.expires_ms > " SDB_NOW_MS ")"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
-	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_LEASED,
+	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_E2B_FLAGS, SC_LEASED,
 };
 
 enum sessions_stmt {
@@ -76,7 +76,8 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
 		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 = 1 ELSE state = ?2 END)"
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
-	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4 WHERE id = ?5",
+	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4, e2b_flags = ?6"
+		  " WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
 		     " AND (?4 IS NULL OR customer = ?4)",
 	/* Leases: ?1 session, ?2 owner, ?3 count, ?4 time to live (ms). */
@@ -123,6 +124,8 @@ static void session_row(struct sdb_stmt *st, void *elem)
 		out->has_e2b_token = 1;
 	}
 	store_copy_col(st, SC_E2B_TEMPLATE, out->e2b_template, sizeof(out->e2b_template));
+	out->private_traffic = (sdb_col_int(st, SC_E2B_FLAGS) & STORE_E2B_PRIVATE) != 0;
+	out->auto_resume = (sdb_col_int(st, SC_E2B_FLAGS) & STORE_E2B_AUTO_RESUME) != 0;
 	out->auto_pause = sdb_col_null(st, SC_AUTO_PAUSE) ? -1
 										 : sdb_col_int(st, SC_AUTO_PAUSE) != 0;
 	out->leased = sdb_col_int(st, SC_LEASED) != 0;
@@ -353,7 +356,7 @@ int store_session_touch(struct store *s, const char *id)
 
 /* Run st (bound) under the lock held: 1 changed a row, 0 none, -1 error. */
 int store_session_set_e2b(struct store *s, const char *id, const unsigned char token_sha[32], const char *template,
-			  const char *env_json, int auto_pause)
+			  const char *env_json, int auto_pause, unsigned flags)
 {
 	struct sdb_stmt *st;
 	int r = -1;
@@ -369,6 +372,7 @@ int store_session_set_e2b(struct store *s, const char *id, const unsigned char t
 		else
 			sdb_bind_int64(st, 4, auto_pause ? 1 : 0);
 		sdb_bind_text(st, 5, id);
+		sdb_bind_int64(st, 6, flags);
 		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);

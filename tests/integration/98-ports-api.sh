@@ -10,7 +10,7 @@
 # non-E2B session by header (404), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 30
+t_plan 35
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -149,6 +149,28 @@ st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-s_${E#s}.kiln
 check "...the stored spelling of its id works too (no TLS: no server-name check)" test "$st" = 200
 st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
 check "a session not made through /e2b is not public: 404" test "$st" = 404
+
+# --- E2B's allowPublicTraffic false and autoResume ---
+st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base","timeout":300,"network":{"allowPublicTraffic":false},"autoPause":true,"autoResume":{"enabled":true}}')
+PV=$(last .sandboxID); TT=$(last .trafficAccessToken)
+check "a private sandbox: create returns a trafficAccessToken" test "$st" = 201 -a ${#TT} = 64
+req "$KA" PUT "/v1/sessions/$PV/files?path=/work/port_server.py" --data-binary @"$HERE/port_server.py" > /dev/null
+req "$KA" POST "/v1/sessions/$PV/exec" -H 'Content-Type: application/json' --data-binary \
+	'{"argv":["sh","-c","echo hi > /tmp/big; python3 /work/port_server.py > /tmp/srv.log 2>&1 & for i in $(seq 100); do grep -q \":1F40 \" /proc/net/tcp && break; sleep 0.1; done"]}' > /dev/null
+st=$(req "" GET / -H "E2b-Sandbox-Id: $PV" -H "E2b-Sandbox-Port: 8000")
+check "...its port without the token: 403 forbidden" test "$st" = 403 -a "$(last .error.code)" = forbidden
+st=$(req "" GET / -H "E2b-Sandbox-Id: $PV" -H "E2b-Sandbox-Port: 8000" -H "e2b-traffic-access-token: ${TT%?}0")
+check "...with a wrong token: 403" test "$st" = 403
+st=$(req "" GET / -H "E2b-Sandbox-Id: $PV" -H "E2b-Sandbox-Port: 8000" -H "e2b-traffic-access-token: $TT")
+check "...with its token: 200" test "$st" = 200 -a "$(cat "$T_TMP/last")" = "hello from the sandbox"
+st=$(e2b POST "/sandboxes/$PV/pause")
+paused=$(req "$KA" GET "/v1/sessions/$PV" > /dev/null; last .state)
+st=$(req "" GET / -H "E2b-Sandbox-Id: $PV" -H "E2b-Sandbox-Port: 8000" -H "e2b-traffic-access-token: $TT")
+body=$(cat "$T_TMP/last")
+state=$(req "$KA" GET "/v1/sessions/$PV" > /dev/null; last .state)
+check "autoResume: a request to a paused sandbox's port resumes it and is served, its server too ($paused -> $state)" \
+	test "$paused" = paused -a "$st" = 200 -a "$body" = "hello from the sandbox" -a "$state" = running
+e2b DELETE "/sandboxes/$PV" > /dev/null
 
 # --- paused ---
 st=$(req "$KA" POST "/v1/sessions/$S/pause")
