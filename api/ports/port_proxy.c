@@ -51,6 +51,8 @@ struct ports_call {
 	int upgrade;                 /* the client asked for an Upgrade */
 	int tunnel;                  /* Upgrade: kiln-tunnel (native): bytes both ways, no HTTP to the server */
 	int eof;                     /* the server's side ended */
+	int upgrade_queued;          /* a 101 was queued: on_upgraded holds a reference ... */
+	int upgraded;                /* ... which it took over (it ran) */
 	struct buf body;             /* answer body bytes not yet handed out */
 	size_t body_off;
 	struct port_resp *r;
@@ -519,6 +521,7 @@ static void on_upgraded(void *cls, struct MHD_Connection *conn, void *req_cls, c
 	pthread_attr_t a;
 	pthread_t th;
 
+	c->upgraded = 1; /* on the connection's thread, before its completed callback */
 	(void)req_cls;
 	{
 		/* Every frame goes out as it comes: libmicrohttpd may have corked
@@ -573,6 +576,8 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 		MHD_destroy_response(resp);
 		if (ret != MHD_YES)
 			call_unref(c);
+		else
+			c->upgrade_queued = 1;
 		return ret;
 	}
 	if (c->up_chunked && port_send_all(c->fd, "0\r\n\r\n", 5, now_ms() + PORT_SEND_MS) < 0)
@@ -617,6 +622,8 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 		MHD_destroy_response(resp);
 		if (ret != MHD_YES)
 			call_unref(c);
+		else
+			c->upgrade_queued = 1;
 		return ret;
 	}
 	resp = MHD_create_response_from_callback(c->r->has_length ? c->r->content_length : MHD_SIZE_UNKNOWN, PORT_READ,
@@ -632,6 +639,11 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 
 void ports_done(struct ports_call *c)
 {
-	if (c)
+	if (!c)
+		return;
+	/* libmicrohttpd calls on_upgraded before this; a 101 that never went
+	 * out (the client left first) never will: its reference goes here. */
+	if (c->upgrade_queued && !c->upgraded)
 		call_unref(c);
+	call_unref(c);
 }
