@@ -171,8 +171,27 @@ static const struct metric m_store_info = {
 	.help = "the store's backend",
 };
 
+static const struct metric m_port_requests = {
+	.name = "kiln_api_port_requests_total", .type = METRIC_COUNTER, .labels = { "way" },
+	.help = "requests to sandboxes' ports, by the way they came (kiln's path, or E2B's names and headers)",
+};
+static const struct metric m_port_refused = {
+	.name = "kiln_api_port_refused_total", .type = METRIC_COUNTER,
+	.help = "port requests answered with an error before reaching a server (not found, paused, nothing listens, ...)",
+};
+static const struct metric m_port_upgrades = {
+	.name = "kiln_api_port_upgrades_total", .type = METRIC_COUNTER,
+	.help = "WebSockets and raw tunnels spliced to sandboxes' ports",
+};
+static const struct metric m_port_open = {
+	.name = "kiln_api_port_connections", .type = METRIC_GAUGE,
+	.help = "port requests and spliced connections open now",
+};
+
 static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 {
+	struct ports_stats ps;
+	const char *ways[] = { "native", "e2b" };
 	struct server *s = ctx;
 	struct MHD_Response *resp;
 	struct buf b = BUF_INIT;
@@ -187,6 +206,15 @@ static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 		e = metric_write(&b, &m_store_up, store_ping(s->st) == 0);
 	if (!e)
 		e = metric_write_by(&b, &m_store_info, &backend, (uint64_t[]){ 1 }, 1);
+	ports_stats(&ps);
+	if (!e)
+		e = metric_write_by(&b, &m_port_requests, ways, (uint64_t[]){ ps.requests_native, ps.requests_e2b }, 2);
+	if (!e)
+		e = metric_write(&b, &m_port_refused, ps.refused);
+	if (!e)
+		e = metric_write(&b, &m_port_upgrades, ps.upgrades);
+	if (!e)
+		e = metric_write(&b, &m_port_open, ps.open);
 	if (e || !(text = buf_steal(&b, &n))) {
 		buf_free(&b);
 		return reply_internal(r->conn, "out of memory");

@@ -60,6 +60,18 @@ struct ports_call {
 	size_t raw_len, raw_off;
 };
 
+/* What /metrics says (ports_stats). */
+static uint64_t stat_requests[3], stat_refused, stat_upgrades, stat_open;
+
+void ports_stats(struct ports_stats *out)
+{
+	out->requests_native = __atomic_load_n(&stat_requests[PORTS_NATIVE], __ATOMIC_RELAXED);
+	out->requests_e2b = __atomic_load_n(&stat_requests[PORTS_E2B], __ATOMIC_RELAXED);
+	out->refused = __atomic_load_n(&stat_refused, __ATOMIC_RELAXED);
+	out->upgrades = __atomic_load_n(&stat_upgrades, __ATOMIC_RELAXED);
+	out->open = __atomic_load_n(&stat_open, __ATOMIC_RELAXED);
+}
+
 static int64_t now_ms(void)
 {
 	struct timespec ts;
@@ -72,6 +84,7 @@ static void call_unref(struct ports_call *c)
 {
 	if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL))
 		return;
+	__atomic_sub_fetch(&stat_open, 1, __ATOMIC_RELAXED);
 	if (c->fd >= 0)
 		close(c->fd);
 	if (c->entered)
@@ -269,6 +282,8 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 	}
 	c->ss = ss;
 	c->refs = 1;
+	__atomic_add_fetch(&stat_open, 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&stat_requests[m->way == PORTS_NATIVE ? PORTS_NATIVE : PORTS_E2B], 1, __ATOMIC_RELAXED);
 	c->fd = -1;
 	c->client_fd = -1;
 	c->port = m->port;
@@ -522,6 +537,7 @@ static void on_upgraded(void *cls, struct MHD_Connection *conn, void *req_cls, c
 	pthread_t th;
 
 	c->upgraded = 1; /* on the connection's thread, before its completed callback */
+	__atomic_add_fetch(&stat_upgrades, 1, __ATOMIC_RELAXED);
 	(void)req_cls;
 	{
 		/* Every frame goes out as it comes: libmicrohttpd may have corked
@@ -562,6 +578,8 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 	enum MHD_Result ret;
 	int rc;
 
+	if (c->failed == 1 || c->failed == 3)
+		__atomic_add_fetch(&stat_refused, 1, __ATOMIC_RELAXED);
 	if (c->failed == 3)
 		return MHD_YES; /* the resume's refusal went out already */
 	if (c->failed == 1)

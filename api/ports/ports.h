@@ -20,6 +20,7 @@
 #define KILN_API_PORTS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <microhttpd.h>
 
@@ -66,5 +67,14 @@ enum MHD_Result ports_feed(struct ports_call *c, const char *data, size_t *size)
 enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn);
 /* The request is over (libmicrohttpd's completed callback). NULL: no-op. */
 void ports_done(struct ports_call *c);
+
+/* Counts since start, for /metrics. Any thread. */
+struct ports_stats {
+	uint64_t requests_native, requests_e2b; /* port requests by way in */
+	uint64_t refused;                       /* answered with an error before reaching a server */
+	uint64_t upgrades;                      /* WebSockets and raw tunnels spliced */
+	uint64_t open;                          /* calls alive now (answers streaming, spliced connections) */
+};
+void ports_stats(struct ports_stats *out);
 
 #endif

@@ -24,6 +24,7 @@
 #include "condwait.h"
 #include "envd_http.h"
 #include "httpd.h"
+#include "metrics.h"
 #include "reply.h"
 #include "run/run.h"
 #include "session/session.h"
@@ -259,12 +260,22 @@ static enum MHD_Result capacity_get(void *ctx, struct httpd_req *r)
 	return reply_json(r->conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
 }
 
+static const struct metric m_tunnels = {
+	.name = "kiln_host_port_tunnels", .type = METRIC_GAUGE,
+	.help = "port tunnels open now (connections to sandboxes' ports, tunnel.c)",
+};
+static const struct metric m_tunnels_total = {
+	.name = "kiln_host_port_tunnels_total", .type = METRIC_COUNTER,
+	.help = "port tunnels opened since start",
+};
+
 /* GET /metrics (Prometheus text) */
 static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
 	char *m = hostd_metrics(s->hostd);
 	struct buf b = BUF_INIT;
+	uint64_t open, total;
 
 	if (!m)
 		return MHD_NO;
@@ -272,6 +283,12 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 	free(m);
 	if (s->sessions)
 		sessions_metrics(s->sessions, &b);
+	pthread_mutex_lock(&s->tun_lock);
+	open = (uint64_t)s->tunnels;
+	total = s->tunnels_total;
+	pthread_mutex_unlock(&s->tun_lock);
+	metric_write(&b, &m_tunnels, open);
+	metric_write(&b, &m_tunnels_total, total);
 	if (!b.len) {
 		buf_free(&b);
 		return MHD_NO;

@@ -27,6 +27,7 @@ struct serve_http {
 	pthread_mutex_t tun_lock;
 	pthread_cond_t tun_cond;
 	int tunnels;                  /* tunnel threads running (tunnel.c) */
+	uint64_t tunnels_total;       /* tunnels opened since start */
 };
 
 struct tunnel;

@@ -195,6 +195,7 @@ static void upgraded(void *cls, struct MHD_Connection *conn, void *req_cls, cons
 	pthread_mutex_lock(&s->tun_lock);
 	t->started = 1;
 	s->tunnels++;
+	s->tunnels_total++;
 	pthread_mutex_unlock(&s->tun_lock);
 	pthread_attr_init(&a);
 	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);

@@ -10,7 +10,7 @@
 # non-E2B session by header (404), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 35
+t_plan 37
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -171,6 +171,14 @@ state=$(req "$KA" GET "/v1/sessions/$PV" > /dev/null; last .state)
 check "autoResume: a request to a paused sandbox's port resumes it and is served, its server too ($paused -> $state)" \
 	test "$paused" = paused -a "$st" = 200 -a "$body" = "hello from the sandbox" -a "$state" = running
 e2b DELETE "/sandboxes/$PV" > /dev/null
+
+m=$(curl -s -m 10 "$URL/metrics")
+check "kiln-api's /metrics counts port requests by way, refusals and upgrades" \
+	eval "echo \"\$m\" | grep -Eq '^kiln_api_port_requests_total\\{way=\"native\"\\} [1-9]' &&
+	      echo \"\$m\" | grep -Eq '^kiln_api_port_requests_total\\{way=\"e2b\"\\} [1-9]' &&
+	      echo \"\$m\" | grep -Eq '^kiln_api_port_refused_total [1-9]' && echo \"\$m\" | grep -Eq '^kiln_api_port_upgrades_total [1-9]'"
+m=$(curl -s -m 10 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((API_PORT + 1))/metrics")
+check "kiln-host's /metrics counts its tunnels" eval "echo \"\$m\" | grep -Eq '^kiln_host_port_tunnels_total [1-9]'"
 
 # --- paused ---
 st=$(req "$KA" POST "/v1/sessions/$S/pause")
