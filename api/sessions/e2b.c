@@ -538,7 +538,6 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 	enum MHD_Result ret;
 	char url[256], path[96];
 	json_t *m = NULL, *j;
-	int64_t now;
 	int st;
 
 	if (!find(c, req, &ret))
@@ -548,9 +547,29 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 	if (sched_host_state(ss->sched, c->cur.host_id, url) != 1)
 		return reply_e2b_error(req->conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the sandbox's host cannot be reached",
 				       "Retry-After", RETRY_AFTER_S);
-	snprintf(path, sizeof(path), "/v1/sessions/%s/metrics", c->cur.id);
+	/* A series: the host's samples in [start, end] (unix seconds; start
+	 * defaults to the sandbox's own start), the last one measured now. */
+	{
+		const char *qs = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "start");
+		const char *qe = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "end");
+		char q[64];
+		int n;
+
+		if ((qs && (!qs[0] || strlen(qs) > 12 || strspn(qs, "0123456789") != strlen(qs))) ||
+		    (qe && (!qe[0] || strlen(qe) > 12 || strspn(qe, "0123456789") != strlen(qe))))
+			return bad_request(req->conn, "start, end: unix seconds");
+		n = snprintf(q, sizeof(q), "?start=%s", qs ? qs : "");
+		if (!qs)
+			snprintf(q + n, sizeof(q) - (size_t)n, "%lld", (long long)(c->cur.started_ms / 1000));
+		if (qe) {
+			size_t k = strlen(q);
+
+			snprintf(q + k, sizeof(q) - k, "&end=%s", qe);
+		}
+		snprintf(path, sizeof(path), "/v1/sessions/%s/metrics%s", c->cur.id, q);
+	}
 	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, &m, &err);
-	if (st != 200 || !json_is_object(m)) {
+	if (st != 200 || !json_is_array(json_object_get(m, "samples"))) {
 		char msg[600];
 
 		json_decref(m);
@@ -558,14 +577,24 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 			 st < 0 ? err.message : "it did not answer with metrics");
 		return reply_e2b_error(req->conn, MHD_HTTP_BAD_GATEWAY, msg, NULL, NULL);
 	}
-	now = kclock_wall_ms(ss->clock);
-#define NUM(k) json_integer_value(json_object_get(m, k))
-	j = json_pack("[{s:o, s:I, s:I, s:f, s:I, s:I, s:I, s:I}]", "timestamp", rfc3339(now), "timestampUnix",
-		      (json_int_t)(now / 1000), "cpuCount", (json_int_t)NUM("cpu_count"), "cpuUsedPct",
-		      json_number_value(json_object_get(m, "cpu_used_pct")), "memUsed", (json_int_t)NUM("mem_used"),
-		      "memTotal", (json_int_t)NUM("mem_total"), "diskUsed", (json_int_t)NUM("disk_used"), "diskTotal",
-		      (json_int_t)NUM("disk_total"));
+	j = json_array();
+	{
+		json_t *x;
+		size_t i;
+
+		json_array_foreach(json_object_get(m, "samples"), i, x) {
+			int64_t t = (int64_t)json_integer_value(json_object_get(x, "t_ms"));
+
+#define NUM(k) json_integer_value(json_object_get(x, k))
+			json_array_append_new(
+				j, json_pack("{s:o, s:I, s:I, s:f, s:I, s:I, s:I, s:I}", "timestamp", rfc3339(t),
+					     "timestampUnix", (json_int_t)(t / 1000), "cpuCount", (json_int_t)NUM("cpu_count"),
+					     "cpuUsedPct", json_number_value(json_object_get(x, "cpu_used_pct")), "memUsed",
+					     (json_int_t)NUM("mem_used"), "memTotal", (json_int_t)NUM("mem_total"), "diskUsed",
+					     (json_int_t)NUM("disk_used"), "diskTotal", (json_int_t)NUM("disk_total")));
 #undef NUM
+		}
+	}
 	json_decref(m);
 	return reply_json(req->conn, MHD_HTTP_OK, j);
 }

@@ -119,10 +119,35 @@ enum MHD_Result envd_http_health(struct session_table *ss, struct httpd_req *r)
 	return reply_bytes(r->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
 }
 
+/* A ?start= or ?end= of unix seconds (digits): 1 with *ms, 0 absent, -1 bad. */
+static int query_seconds(struct MHD_Connection *conn, const char *name, int64_t *ms)
+{
+	const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
+
+	if (!v)
+		return 0;
+	if (!v[0] || strlen(v) > 12 || strspn(v, "0123456789") != strlen(v))
+		return -1;
+	*ms = strtoll(v, NULL, 10) * 1000;
+	return 1;
+}
+
 enum MHD_Result envd_http_metrics(struct session_table *ss, struct httpd_req *r)
 {
 	struct kiln_err err = { .code = "" };
-	json_t *m = strlen(r->param[0]) < 80 ? session_metrics(ss, r->param[0], &err) : NULL;
+	int64_t start = 0, end = INT64_MAX / 2;
+	int hs = query_seconds(r->conn, "start", &start), he = query_seconds(r->conn, "end", &end);
+	json_t *m;
+
+	if (hs < 0 || he < 0)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "start, end: unix seconds");
+	if (hs || he) {
+		/* end is a whole second: samples within it count. */
+		m = strlen(r->param[0]) < 80 ? session_metrics_range(ss, r->param[0], start, he ? end + 999 : end, &err)
+					    : NULL;
+	} else {
+		m = strlen(r->param[0]) < 80 ? session_metrics(ss, r->param[0], &err) : NULL;
+	}
 
 	if (!m && !err.code[0])
 		kiln_err_set(&err, KERR_NOT_FOUND, "no such session on this host");

@@ -29,7 +29,9 @@ struct session_table;
  * (what an earlier process left there is removed: its VMs died with it).
  * Uses d for capacity, run options and S3. NULL with err set. */
 struct session_table *sessions_open(struct hostd *d, const char *host_id, const char *spool_dir, struct kiln_err *err);
-/* Stop idle sessions' vCPUs after idle_stop_ms without a request (0: never;
+/* Start the thread that samples running sessions' metrics (every 5 s) and,
+ * unless idle_stop_ms is 0, stops idle sessions' vCPUs after idle_stop_ms
+ * without a request (0: never;
  * see session_idle.c). Once, before requests come. 0 or -1 with err. */
 int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, struct kiln_err *err);
 /* Keep one session QEMU started ahead for the next create or resume
@@ -162,6 +164,12 @@ void sessions_envd_stop(struct session_table *ss);
  * measured now from the VM's cgroups and disk layer (cpu_used_pct: since
  * the last call, or since the VM started). NULL with err (not_found). */
 json_t *session_metrics(struct session_table *ss, const char *id, struct kiln_err *err);
+/* {"samples":[{..., t_ms}]}: the session's samples (one every 5 s while it
+ * runs on this host, the last hour kept) whose time (wall clock, ms) is in
+ * [start_ms, end_ms], then one measured now when the range reaches now.
+ * NULL with err (not_found). */
+json_t *session_metrics_range(struct session_table *ss, const char *id, int64_t start_ms, int64_t end_ms,
+			      struct kiln_err *err);
 
 /* Destroy the session (if it runs here) and, unless keep_snapshot, delete
  * its paused snapshot from S3 (customer may be NULL when the session runs

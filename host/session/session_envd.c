@@ -204,16 +204,87 @@ static uint64_t qcow2_virtual_size(const char *path)
 	return v;
 }
 
+/* What a measurement needs from the session, copied under ss->lock. */
+struct measure_in {
+	pid_t pid;
+	unsigned vcpus;
+	uint64_t mem_total;
+	char mem_path[700], disk[PATH_MAX + 16];
+};
+
+static void measure_in_locked(const struct session *s, struct measure_in *in)
+{
+	in->pid = s->vm.pid;
+	in->vcpus = s->vcpus ? s->vcpus : 1;
+	in->mem_total = (uint64_t)s->memory_mib << 20;
+	in->mem_path[0] = '\0';
+	if (s->vm.jail.cg[0][0])
+		snprintf(in->mem_path, sizeof(in->mem_path), "%s/memory.usage_in_bytes", s->vm.jail.cg[0]);
+	snprintf(in->disk, sizeof(in->disk), "%s", s->disk);
+}
+
+/* Memory and disk now (no lock: files only); the CPU share is the caller's. */
+static void measure(const struct measure_in *in, struct session_sample *out)
+{
+	uint64_t mem_used = 0, disk_used = 0;
+	struct stat st;
+
+	/* The VM's memory cgroup holds guest RAM and QEMU's own: what the
+	 * guest has is at most its RAM. Unjailed: QEMU's resident set. */
+	if (in->mem_path[0] && read_u64(in->mem_path, &mem_used) < 0)
+		mem_used = 0;
+	if (!mem_used) {
+		char path[64], line[256];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/status", (int)in->pid);
+		f = fopen(path, "re");
+		while (f && fgets(line, sizeof(line), f))
+			if (!strncmp(line, "VmRSS:", 6))
+				mem_used = strtoull(line + 6, NULL, 10) << 10;
+		if (f)
+			fclose(f);
+	}
+	if (mem_used > in->mem_total)
+		mem_used = in->mem_total;
+	if (stat(in->disk, &st) == 0)
+		disk_used = (uint64_t)st.st_blocks * 512;
+	out->t_ms = clock_wall_ms();
+	out->vcpus = in->vcpus;
+	out->mem_used = mem_used;
+	out->mem_total = in->mem_total;
+	out->disk_used = disk_used;
+	out->disk_total = qcow2_virtual_size(in->disk);
+}
+
+static double cpu_pct(uint64_t cpu_ns, uint64_t prev_ns, int64_t now_us, int64_t prev_us, unsigned vcpus)
+{
+	double pct = 0;
+
+	if (now_us > prev_us && cpu_ns >= prev_ns)
+		pct = (double)(cpu_ns - prev_ns) / 1000.0 / (double)(now_us - prev_us) / vcpus * 100.0;
+	return pct > 100 ? 100 : pct;
+}
+
+static json_t *sample_json(const struct session_sample *m, int with_time)
+{
+	json_t *j = json_pack("{s:i, s:f, s:I, s:I, s:I, s:I}", "cpu_count", (int)m->vcpus, "cpu_used_pct",
+			      (double)m->cpu_pct, "mem_used", (json_int_t)m->mem_used, "mem_total",
+			      (json_int_t)m->mem_total, "disk_used", (json_int_t)m->disk_used, "disk_total",
+			      (json_int_t)m->disk_total);
+
+	if (j && with_time)
+		json_object_set_new(j, "t_ms", json_integer(m->t_ms));
+	return j;
+}
+
 json_t *session_metrics(struct session_table *ss, const char *id, struct kiln_err *err)
 {
+	struct session_sample m;
+	struct measure_in in;
 	struct session *s;
-	char mem_path[700], disk[PATH_MAX + 16];
-	uint64_t mem_used = 0, mem_total, cpu_ns, prev_ns, disk_total, disk_used = 0;
+	uint64_t cpu_ns, prev_ns;
 	int64_t now_us = proto_now_us(), prev_us;
-	unsigned vcpus;
-	pid_t pid;
-	double pct = 0;
-	struct stat st;
 
 	pthread_mutex_lock(&ss->lock);
 	s = find_locked(ss, id);
@@ -222,46 +293,99 @@ json_t *session_metrics(struct session_table *ss, const char *id, struct kiln_er
 		kiln_err_set(err, KERR_NOT_FOUND, "no running session %s on this host", id);
 		return NULL;
 	}
-	pid = s->vm.pid;
-	vcpus = s->vcpus ? s->vcpus : 1;
-	mem_total = (uint64_t)s->memory_mib << 20;
-	mem_path[0] = '\0';
-	if (s->vm.jail.cg[0][0])
-		snprintf(mem_path, sizeof(mem_path), "%s/memory.usage_in_bytes", s->vm.jail.cg[0]);
-	snprintf(disk, sizeof(disk), "%s", s->disk);
-	cpu_ns = qemu_cpu_ns(pid);
+	measure_in_locked(s, &in);
+	cpu_ns = qemu_cpu_ns(in.pid);
 	prev_ns = s->cpu_prev_us ? s->cpu_prev_ns : 0;
 	prev_us = s->cpu_prev_us ? s->cpu_prev_us : s->vm.t_spawn_us;
 	s->cpu_prev_ns = cpu_ns;
 	s->cpu_prev_us = now_us;
 	pthread_mutex_unlock(&ss->lock);
+	measure(&in, &m);
+	m.cpu_pct = (float)cpu_pct(cpu_ns, prev_ns, now_us, prev_us, in.vcpus);
+	return sample_json(&m, 0);
+}
 
-	if (now_us > prev_us && cpu_ns >= prev_ns)
-		pct = (double)(cpu_ns - prev_ns) / 1000.0 / (double)(now_us - prev_us) / vcpus * 100.0;
-	if (pct > 100)
-		pct = 100;
-	/* The VM's memory cgroup holds guest RAM and QEMU's own: what the
-	 * guest has is at most its RAM. Unjailed: QEMU's resident set. */
-	if (mem_path[0] && read_u64(mem_path, &mem_used) < 0)
-		mem_used = 0;
-	if (!mem_used) {
-		char path[64], line[256];
-		FILE *f;
+json_t *session_metrics_range(struct session_table *ss, const char *id, int64_t start_ms, int64_t end_ms,
+			      struct kiln_err *err)
+{
+	json_t *now = session_metrics(ss, id, err), *a;
+	struct session *s;
 
-		snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-		f = fopen(path, "re");
-		while (f && fgets(line, sizeof(line), f))
-			if (!strncmp(line, "VmRSS:", 6))
-				mem_used = strtoull(line + 6, NULL, 10) << 10;
-		if (f)
-			fclose(f);
+	if (!now)
+		return NULL;
+	a = json_array();
+	pthread_mutex_lock(&ss->lock);
+	s = find_locked(ss, id);
+	for (unsigned i = 0; s && a && i < s->nsamples; i++) {
+		const struct session_sample *m =
+			&s->samples[(s->sample_head + SESSION_SAMPLES - s->nsamples + i) % SESSION_SAMPLES];
+
+		if (m->t_ms >= start_ms && m->t_ms <= end_ms)
+			json_array_append_new(a, sample_json(m, 1));
 	}
-	if (mem_used > mem_total)
-		mem_used = mem_total;
-	disk_total = qcow2_virtual_size(disk);
-	if (stat(disk, &st) == 0)
-		disk_used = (uint64_t)st.st_blocks * 512;
-	return json_pack("{s:i, s:f, s:I, s:I, s:I, s:I}", "cpu_count", (int)vcpus, "cpu_used_pct", pct, "mem_used",
-			 (json_int_t)mem_used, "mem_total", (json_int_t)mem_total, "disk_used", (json_int_t)disk_used,
-			 "disk_total", (json_int_t)disk_total);
+	pthread_mutex_unlock(&ss->lock);
+	/* Now as the last one, when the range reaches it. */
+	if (a && clock_wall_ms() >= start_ms && clock_wall_ms() <= end_ms + SESSION_SAMPLE_MS) {
+		json_object_set_new(now, "t_ms", json_integer(clock_wall_ms()));
+		json_array_append(a, now);
+	}
+	json_decref(now);
+	return a ? json_pack("{s:o}", "samples", a) : NULL;
+}
+
+void sessions_sample(struct session_table *ss)
+{
+	struct {
+		struct session *s;
+		struct measure_in in;
+		uint64_t cpu_ns, prev_ns;
+		int64_t now_us, prev_us;
+	} *due = NULL;
+	size_t n = 0, cap = 0;
+	int64_t now = proto_now_ms();
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next) {
+		if (s->state != SS_RUNNING || s->vm.pid <= 0 || now < s->sample_next_ms)
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			void *p = realloc(due, nc * sizeof(*due));
+
+			if (!p)
+				break;
+			due = p;
+			cap = nc;
+		}
+		s->sample_next_ms = now + SESSION_SAMPLE_MS;
+		s->refs++;
+		due[n].s = s;
+		measure_in_locked(s, &due[n].in);
+		due[n].prev_ns = s->sample_prev_us ? s->sample_prev_ns : 0;
+		due[n].prev_us = s->sample_prev_us ? s->sample_prev_us : s->vm.t_spawn_us;
+		n++;
+	}
+	pthread_mutex_unlock(&ss->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct session_sample m;
+
+		due[i].now_us = proto_now_us();
+		due[i].cpu_ns = qemu_cpu_ns(due[i].in.pid);
+		measure(&due[i].in, &m);
+		m.cpu_pct = (float)cpu_pct(due[i].cpu_ns, due[i].prev_ns, due[i].now_us, due[i].prev_us, due[i].in.vcpus);
+		pthread_mutex_lock(&ss->lock);
+		if (!due[i].s->samples)
+			due[i].s->samples = calloc(SESSION_SAMPLES, sizeof(struct session_sample));
+		if (due[i].s->samples && due[i].s->vm.pid == due[i].in.pid) {
+			due[i].s->samples[due[i].s->sample_head] = m;
+			due[i].s->sample_head = (due[i].s->sample_head + 1) % SESSION_SAMPLES;
+			if (due[i].s->nsamples < SESSION_SAMPLES)
+				due[i].s->nsamples++;
+			due[i].s->sample_prev_ns = due[i].cpu_ns;
+			due[i].s->sample_prev_us = due[i].now_us;
+		}
+		pthread_mutex_unlock(&ss->lock);
+		session_unref(ss, due[i].s);
+	}
+	free(due);
 }

@@ -140,6 +140,8 @@ static void *idler_main(void *arg)
 	struct session_table *ss = arg;
 	unsigned tick = ss->idle_stop_ms / 2 < IDLE_TICK_MAX_MS ? ss->idle_stop_ms / 2 : IDLE_TICK_MAX_MS;
 
+	if (!ss->idle_stop_ms)
+		tick = IDLE_TICK_MAX_MS; /* metrics only */
 	if (tick < 50)
 		tick = 50;
 	pthread_mutex_lock(&ss->lock);
@@ -148,7 +150,7 @@ static void *idler_main(void *arg)
 		int64_t now = clock_wall_ms(), until = proto_now_ms() + tick;
 		size_t n = 0;
 
-		for (struct session *s = ss->list; s && n < IDLE_MAX_BATCH; s = s->next) {
+		for (struct session *s = ss->list; s && n < IDLE_MAX_BATCH && ss->idle_stop_ms; s = s->next) {
 			struct session_idle_view v;
 
 			idle_view_locked(s, &v);
@@ -162,6 +164,7 @@ static void *idler_main(void *arg)
 			idle_try_stop(ss, due[i]);
 			session_unref(ss, due[i]);
 		}
+		sessions_sample(ss);
 		pthread_mutex_lock(&ss->lock);
 		while (!ss->idler_quit && condwait_until(&ss->idle_cond, &ss->lock, NULL, until) != ETIMEDOUT)
 			;
@@ -173,8 +176,9 @@ static void *idler_main(void *arg)
 int sessions_set_idle_stop(struct session_table *ss, unsigned idle_stop_ms, struct kiln_err *err)
 {
 	ss->idle_stop_ms = idle_stop_ms;
-	if (!idle_stop_ms || ss->idler_on)
+	if (ss->idler_on)
 		return 0;
+	/* The thread runs without idle stops too: it samples the metrics. */
 	if (condwait_init(&ss->idle_cond) != 0 || pthread_create(&ss->idler, NULL, idler_main, ss) != 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the session idler thread");
 	ss->idler_on = 1;

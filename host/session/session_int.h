@@ -28,6 +28,16 @@
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 
+/* One measurement of a running session (GET .../metrics?start=&end=). */
+#define SESSION_SAMPLE_MS 5000
+#define SESSION_SAMPLES 720      /* an hour of them */
+struct session_sample {
+	int64_t t_ms;            /* wall clock */
+	float cpu_pct;
+	uint32_t vcpus;
+	uint64_t mem_used, mem_total, disk_used, disk_total;
+};
+
 struct session {
 	char id[65], customer[65];
 	enum session_state state;
@@ -71,6 +81,14 @@ struct session {
 	/* The last CPU sample for GET .../metrics (under ss->lock). */
 	uint64_t cpu_prev_ns;
 	int64_t cpu_prev_us;
+	/* Its metrics over time (session_envd.c's sampler, every
+	 * SESSION_SAMPLE_MS; under ss->lock): a ring of the last
+	 * SESSION_SAMPLES, and the sampler's own CPU baseline. */
+	struct session_sample *samples;
+	unsigned nsamples, sample_head;
+	int64_t sample_next_ms;
+	uint64_t sample_prev_ns;
+	int64_t sample_prev_us;
 	int prestarted;          /* its QEMU was started ahead (session_prestart.c) */
 	int64_t boot_ms[3];      /* session_boot's last: QEMU started or taken, state loaded, SETUP */
 	/* Called by session_boot once QEMU is there, before its state loads
@@ -139,7 +157,7 @@ struct session_table {
 	int envd_stopped;        /* sessions_envd_stop: no envd channel opens any more */
 	/* Idle stop (session_idle.c): the delay (0: off), the thread, its
 	 * wake-up, and counters (under lock). */
-	unsigned idle_stop_ms;
+	unsigned idle_stop_ms;           /* 0: the idler thread only samples metrics */
 	int idler_on, idler_quit;
 	pthread_t idler;
 	pthread_cond_t idle_cond;
@@ -237,6 +255,10 @@ struct session_idle_view {
 int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned idle_stop_ms);
 
 /* The envd channel (session_envd.c) ---------------------------------- */
+
+/* Sample the running sessions due for one (the idler's thread, every
+ * pass; reads /proc, cgroups and disk layers without ss->lock). */
+void sessions_sample(struct session_table *ss);
 
 /* The VM runs: envd may be used from now on (session_boot's end). */
 void session_envd_enable(struct session_table *ss, struct session *s);

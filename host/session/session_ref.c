@@ -13,6 +13,7 @@ void session_free(struct session *s)
 {
 	session_base_release(s);
 	json_decref(s->spec);
+	free(s->samples);
 	pthread_mutex_destroy(&s->op);
 	pthread_mutex_destroy(&s->wake);
 	free(s);

@@ -10,7 +10,7 @@
 # non-E2B session by header (404), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 37
+t_plan 40
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -149,6 +149,17 @@ st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-s_${E#s}.kiln
 check "...the stored spelling of its id works too (no TLS: no server-name check)" test "$st" = 200
 st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
 check "a session not made through /e2b is not public: 404" test "$st" = 404
+
+# --- getMetrics over a range: the host samples every 5 s ---
+sleep 6
+st=$(e2b GET "/sandboxes/$E/metrics")
+check "metrics of a running sandbox: a series, oldest first, the last one now" \
+	test "$st" = 200 -a "$(last 'length >= 2 and (map(.timestampUnix) == (map(.timestampUnix) | sort)) and (.[-1].memTotal > 0)')" = true
+now=$(date +%s)
+st=$(e2b GET "/sandboxes/$E/metrics?start=$((now - 3600))&end=$((now - 1800))")
+check "...a range before it started: empty" test "$st" = 200 -a "$(last 'length')" = 0
+st=$(e2b GET "/sandboxes/$E/metrics?start=soon")
+check "...a bad start: 400" test "$st" = 400
 
 # --- E2B's allowPublicTraffic false and autoResume ---
 st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base","timeout":300,"network":{"allowPublicTraffic":false},"autoPause":true,"autoResume":{"enabled":true}}')

@@ -605,13 +605,28 @@ static void test_timeout_pause_connect_kill(void **state)
 	assert_int_equal(c.max_lifetime_s, 30);
 	/* metrics from the host */
 	snprintf(pp, sizeof(pp), "/v1/sessions/%s/metrics", id);
+	/* a series: the host's samples in the range asked (the sandbox's start by default) */
 	fake_rule("GET", NULL, pp, 200,
-		  "{\"cpu_count\":1,\"cpu_used_pct\":12.5,\"mem_used\":100,\"mem_total\":200,\"disk_used\":3,\"disk_total\":9}");
+		  "{\"samples\":[{\"cpu_count\":1,\"cpu_used_pct\":3,\"mem_used\":90,\"mem_total\":200,\"disk_used\":3,"
+		  "\"disk_total\":9,\"t_ms\":1700000000000},{\"cpu_count\":1,\"cpu_used_pct\":12.5,\"mem_used\":100,"
+		  "\"mem_total\":200,\"disk_used\":3,\"disk_total\":9,\"t_ms\":1700000005000}]}");
 	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/metrics", id);
 	api(&a, key_a, "GET", p, NULL);
 	assert_int_equal(a.status, 200);
-	assert_int_equal(json_integer_value(json_object_get(json_array_get(a.j, 0), "memTotal")), 200);
-	assert_true(json_number_value(json_object_get(json_array_get(a.j, 0), "cpuUsedPct")) == 12.5);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(a.j, 1), "memTotal")), 200);
+	assert_true(json_number_value(json_object_get(json_array_get(a.j, 1), "cpuUsedPct")) == 12.5);
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(a.j, 0), "timestampUnix")), 1700000000);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/metrics?start=1700000000&end=1700000100", id);
+	api(&a, key_a, "GET", p, NULL);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	snprintf(pp, sizeof(pp), "/v1/sessions/%s/metrics?start=1700000000&end=1700000100", id);
+	assert_int_equal(fake_count("GET", NULL, pp), 1); /* the range reaches the host */
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/metrics?start=soon", id);
+	api(&a, key_a, "GET", p, NULL);
+	assert_int_equal(a.status, 400);
 	answer_free(&a);
 	/* kill */
 	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
