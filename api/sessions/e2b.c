@@ -292,7 +292,33 @@ static enum MHD_Result h_get(void *ctx, struct httpd_req *req)
 struct list_filter {
 	int running, paused;
 	json_t *metadata;            /* {k: v} all of which must match; NULL none */
+	const char *template;        /* its templateID as given at create (NULL: any) */
+	int64_t started_after_ms;    /* created after (0: any) */
 };
+
+/* E2B's startedAfter (toISOString: 2026-12-07T03:50:00.000Z, or without
+ * the fraction): wall ms, or -1. */
+static int64_t iso_ms(const char *s)
+{
+	struct tm tm = { 0 };
+	const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+	long ms = 0;
+
+	if (!p)
+		return -1;
+	if (*p == '.') {
+		int digits = 0;
+
+		for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+			if (digits < 3)
+				ms = ms * 10 + (*p - '0');
+		for (; digits > 0 && digits < 3; digits++)
+			ms *= 10;
+	}
+	if (strcmp(p, "Z") && strcmp(p, "+00:00"))
+		return -1;
+	return (int64_t)timegm(&tm) * 1000 + ms;
+}
 
 static enum MHD_Result collect_state(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
@@ -328,7 +354,9 @@ static int filter_match(const struct list_filter *f, const struct store_session 
 	json_object_foreach(f->metadata, k, v)
 		if (!json_equal(json_object_get(md, k), v))
 			return 0;
-	return 1;
+	if (f->template && strcmp(f->template, c->e2b_template[0] ? c->e2b_template : "base"))
+		return 0;
+	return c->created_ms > f->started_after_ms;
 }
 
 /* One page of the caller's sessions (newest first) as sandboxes that pass
@@ -383,6 +411,17 @@ static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
 		f.running = f.paused = 1;
 	if (md && md[0] && !(f.metadata = e2b_metadata_filter(md)))
 		return bad_request(req->conn, "metadata: key=value pairs joined by &");
+	f.template = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "template");
+	if (f.template && !f.template[0])
+		f.template = NULL;
+	{
+		const char *sa = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "startedAfter");
+
+		if (sa && sa[0] && (f.started_after_ms = iso_ms(sa)) < 0) {
+			json_decref(f.metadata);
+			return bad_request(req->conn, "startedAfter: an RFC 3339 time (2026-12-07T03:50:00.000Z)");
+		}
+	}
 	arr = json_array();
 	if (list_page(c->ss, c->r->customer, &f, (unsigned)limit, tok && tok[0] ? tok : NULL, arr, &next, &err) < 0) {
 		json_decref(arr);

@@ -495,6 +495,23 @@ static void test_get_list_isolation(void **state)
 	api(&a, key_a, "GET", "/e2b/v2/sandboxes?state=sleeping", NULL);
 	assert_int_equal(a.status, 400);
 	answer_free(&a);
+	/* template and startedAfter (the SDK's toISOString) */
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?template=base", NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?template=other", NULL);
+	assert_int_equal(json_array_size(a.j), 0);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?startedAfter=2000-01-01T00%3A00%3A00.000Z", NULL);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_array_size(a.j), 1);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?startedAfter=2999-01-01T00%3A00%3A00Z", NULL);
+	assert_int_equal(json_array_size(a.j), 0);
+	answer_free(&a);
+	api(&a, key_a, "GET", "/e2b/v2/sandboxes?startedAfter=yesterday", NULL);
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
 	api(&a, key_b, "GET", "/e2b/sandboxes", NULL);
 	assert_int_equal(json_array_size(a.j), 1);
 	assert_string_equal(canon(str(json_array_get(a.j, 0), "sandboxID")), idb);
