@@ -819,7 +819,10 @@ static int envd_fs_op(struct envd *e, uint8_t type, const struct envd_user *u, c
 			envd_send_entry(e);
 		return r;
 	case EP_REMOVE:
+		/* As E2B's envd: a path that is not there is removed already. */
 		r = envd_rm_at(AT_FDCWD, path, 0);
+		if (r == -ENOENT)
+			r = 0;
 		if (r == 0)
 			envd_send_done(e, e->fsreq.req);
 		return r;

@@ -11,7 +11,7 @@
 # kiln-host not starting, or envd not answering its health check, is a
 # failure that ends the script.
 . "$(dirname "$0")/lib.sh"
-t_plan 81
+t_plan 82
 require_image
 t_require_tools swift-proxy-server memcached
 PY=/usr/bin/python3
@@ -283,6 +283,8 @@ st=$(rpc filesystem.Filesystem/Remove '{"path":"/home/user/d1"}')
 check "Remove (recursive): 200 {}" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/d1"}')
 check "Stat after Remove: 404" test "$st" = 404
+st=$(rpc filesystem.Filesystem/Remove '{"path":"/home/user/d1"}')
+check "Remove of a path that is not there: 200 {} (as E2B's envd)" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
 st=$(h GET "/v1/sessions/s1/envd/files?path=/home/user/nothing")
 check "download of a missing file: 404 {code:404, message}" test "$st" = 404 -a "$(last .code)" = 404
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/root"}')
