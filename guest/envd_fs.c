@@ -319,8 +319,11 @@ static void envd_name_of(struct envd *e, int group, uint32_t id, char out[EPROTO
 	memcpy(n->name, out, EPROTO_MAX_USER + 1);
 }
 
-/* Fills e->entry for name under dirfd (lstat: a symlink is itself), whose
- * absolute path is path. Returns 0 or a negative errno. */
+/* Fills e->entry for name under dirfd, whose absolute path is path. A
+ * symlink is reported as E2B's envd does: its own size, mode and times, the
+ * type of what it leads to (EP_OTHER when that is not there), and as its
+ * target the absolute path it resolves to (its own path when it does not
+ * resolve). Returns 0 or a negative errno. */
 static int envd_entry_at(struct envd *e, uint32_t req, int dirfd, const char *name, const char *path)
 {
 	struct eproto_entry *m = &e->entry;
@@ -343,8 +346,19 @@ static int envd_entry_at(struct envd *e, uint32_t req, int dirfd, const char *na
 	snprintf(m->name, sizeof(m->name), "%s", envd_basename(path));
 	snprintf(m->path, sizeof(m->path), "%s", path);
 	if (S_ISLNK(st.st_mode)) {
-		n = readlinkat(dirfd, name, m->target, PROTO_MAX_PATH);
-		m->target[n > 0 ? n : 0] = '\0';
+		char *real = realpath(path, NULL);
+		struct stat to;
+
+		(void)n;
+		if (real && strlen(real) <= PROTO_MAX_PATH)
+			snprintf(m->target, PROTO_MAX_PATH + 1, "%s", real);
+		else
+			snprintf(m->target, PROTO_MAX_PATH + 1, "%s", path);
+		free(real);
+		m->type = fstatat(dirfd, name, &to, 0) < 0 ? EP_OTHER
+			  : S_ISREG(to.st_mode)            ? EP_FILE
+			  : S_ISDIR(to.st_mode)            ? EP_DIR
+							   : EP_OTHER;
 	}
 	return 0;
 }

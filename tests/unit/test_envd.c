@@ -811,7 +811,9 @@ static void test_fs_dirs(void **state)
 		n++;
 		if (!strcmp(ent.name, "link")) {
 			saw_link = 1;
-			assert_int_equal(ent.type, EP_SYMLINK);
+			/* As E2B's envd: the type of what it leads to, the
+			 * absolute path it resolves to. */
+			assert_int_equal(ent.type, EP_DIR);
 			assert_string_equal(ent.target, "/");
 		}
 		if (!strcmp(ent.name, "y"))
@@ -822,6 +824,24 @@ static void test_fs_dirs(void **state)
 	}
 	assert_int_equal(n, 3);
 	assert_true(saw_link && saw_top && saw_deep);
+
+	/* A relative link: its target as the absolute path it resolves to; a
+	 * broken one: its own path, of no type (E2B's envd). */
+	snprintf(path, sizeof(path), "%s/x/rel", home);
+	assert_int_equal(symlink("y", path), 0);
+	req = next_req++;
+	send_fs(EP_STAT, req, "x/rel", NULL, 0);
+	expect_entry(req);
+	snprintf(path, sizeof(path), "%s/x/y", home);
+	assert_string_equal(ent.target, path);
+	assert_int_equal(ent.type, EP_DIR);
+	snprintf(path, sizeof(path), "%s/x/broken", home);
+	assert_int_equal(symlink("nowhere", path), 0);
+	req = next_req++;
+	send_fs(EP_STAT, req, "x/broken", NULL, 0);
+	expect_entry(req);
+	assert_string_equal(ent.target, path);
+	assert_int_equal(ent.type, EP_OTHER);
 
 	req = next_req++;
 	send_fs(EP_MOVE, req, "x/y/z/f.txt", "moved/g.txt", 0);
