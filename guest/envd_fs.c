@@ -410,7 +410,7 @@ void envd_job_free(struct envd *e, int slot)
 	if (j->dirfd >= 0)
 		close(j->dirfd);
 	for (i = 0; i < j->depth; i++)
-		closedir(j->dirs[i]);
+		envd_dirlevel_close(&j->dirs[i]);
 	free(j);
 	e->jobs[slot] = NULL;
 }
@@ -457,26 +457,91 @@ static int envd_is_dead_write(struct envd *e, uint32_t req)
 	return 0;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Read directory fd's names (at most ENVD_LIST_MAX, without . and ..) and
+ * sort them; lv keeps fd. 0, or a negative errno (fd closed). */
+static int envd_dirlevel_open(struct envd_dirlevel *lv, int fd)
+{
+	DIR *d;
+	struct dirent *de;
+	size_t cap = 0;
+	int r = 0;
+
+	memset(lv, 0, sizeof(*lv));
+	lv->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	d = lv->fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		r = -errno;
+		if (lv->fd >= 0)
+			close(lv->fd);
+		close(fd);
+		lv->fd = -1;
+		return r;
+	}
+	for (;;) {
+		errno = 0;
+		de = readdir(d);
+		if (!de) {
+			r = errno ? -errno : 0;
+			break;
+		}
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (lv->n == ENVD_LIST_MAX)
+			break;
+		if (lv->n == cap) {
+			size_t nc = cap ? 2 * cap : 64;
+			char **p = realloc(lv->names, nc * sizeof(*p));
+
+			if (!p) {
+				r = -ENOMEM;
+				break;
+			}
+			lv->names = p;
+			cap = nc;
+		}
+		if (!(lv->names[lv->n] = strdup(de->d_name))) {
+			r = -ENOMEM;
+			break;
+		}
+		lv->n++;
+	}
+	closedir(d);
+	if (r < 0) {
+		envd_dirlevel_close(lv);
+		return r;
+	}
+	qsort(lv->names, lv->n, sizeof(*lv->names), name_cmp);
+	return 0;
+}
+
+void envd_dirlevel_close(struct envd_dirlevel *lv)
+{
+	for (size_t i = 0; i < lv->n; i++)
+		free(lv->names[i]);
+	free(lv->names);
+	if (lv->fd >= 0)
+		close(lv->fd);
+	memset(lv, 0, sizeof(*lv));
+	lv->fd = -1;
+}
+
 /* A LISTDIR step: one entry (and a descent), or the end of a directory. */
 static int envd_listdir_step(struct envd *e, int slot)
 {
 	struct envd_job *j = e->jobs[slot];
-	DIR *d = j->dirs[j->depth - 1];
+	struct envd_dirlevel *lv = &j->dirs[j->depth - 1];
 	size_t base = j->plen[j->depth - 1], nlen;
-	struct dirent *de;
+	const char *name;
 	int r, fd;
 
-	errno = 0;
-	de = readdir(d);
-	if (!de) {
-		r = errno;
-		closedir(d);
+	if (lv->next == lv->n) {
+		envd_dirlevel_close(lv);
 		j->depth--;
-		if (r && j->depth == 0) {
-			envd_send_error(e, j->req, -r, "LISTDIR %s: %s", j->path, strerror(r));
-			envd_job_free(e, slot);
-			return 0;
-		}
 		if (j->depth == 0) {
 			envd_send_done(e, j->req);
 			envd_job_free(e, slot);
@@ -485,9 +550,8 @@ static int envd_listdir_step(struct envd *e, int slot)
 		j->path[j->plen[j->depth - 1]] = '\0';
 		return 1;
 	}
-	if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-		return 1;
-	nlen = strlen(de->d_name);
+	name = lv->names[lv->next++];
+	nlen = strlen(name);
 	if (base + 1 + nlen > PROTO_MAX_PATH)
 		return 1; /* cannot be named in the protocol: left out */
 	j->path[base] = '\0';
@@ -495,21 +559,16 @@ static int envd_listdir_step(struct envd *e, int slot)
 		j->path[base++] = '/';
 	else
 		base = 1; /* the top is "/" */
-	memcpy(j->path + base, de->d_name, nlen + 1);
-	r = envd_entry_at(e, j->req, dirfd(d), de->d_name, j->path);
+	memcpy(j->path + base, name, nlen + 1);
+	r = envd_entry_at(e, j->req, lv->fd, name, j->path);
 	if (r < 0)
 		return 1; /* gone meanwhile */
 	envd_send_entry(e);
 	if (e->entry.type != EP_DIR || j->depth >= j->depth_max)
 		return 1;
-	fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
+	fd = openat(lv->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || envd_dirlevel_open(&j->dirs[j->depth], fd) < 0)
 		return 1; /* not readable by the user: listed, not entered */
-	j->dirs[j->depth] = fdopendir(fd);
-	if (!j->dirs[j->depth]) {
-		close(fd);
-		return 1;
-	}
 	j->plen[j->depth] = base + nlen;
 	j->depth++;
 	return 1;
@@ -849,11 +908,10 @@ static int envd_fs_op(struct envd *e, uint8_t type, const struct envd_user *u, c
 			close(fd);
 			return 0; /* answered */
 		}
-		j->dirs[0] = fdopendir(fd);
-		if (!j->dirs[0]) {
-			close(fd);
+		r = envd_dirlevel_open(&j->dirs[0], fd);
+		if (r < 0) {
 			envd_job_free(e, slot);
-			return -ENOMEM;
+			return r;
 		}
 		j->depth = 1;
 		j->depth_max = (int)e->fsreq.depth;

@@ -22,6 +22,7 @@
 #define ENVD_TX_CAP (4 * PROTO_MAX_FRAME)
 /* LISTDIR's deepest level (eproto: depth 1-16). */
 #define ENVD_MAX_DEPTH 16
+#define ENVD_LIST_MAX 100000 /* LISTDIR: names read from one directory; more are left out */
 
 struct envd_user {
 	char name[EPROTO_MAX_USER + 1];
@@ -67,9 +68,15 @@ struct envd_job {
 	char name[256];
 	/* LIST: the next process slot to look at. */
 	int next;
-	/* LISTDIR: open directories from the top, and path lengths at each. */
+	/* LISTDIR: open directories from the top (each with its names read
+	 * and sorted, so entries go out in lexical order, depth first, as E2B's
+	 * envd walks), and path lengths at each. */
 	int depth_max, depth;
-	DIR *dirs[ENVD_MAX_DEPTH];
+	struct envd_dirlevel {
+		int fd;
+		char **names;
+		size_t n, next;
+	} dirs[ENVD_MAX_DEPTH];
 	size_t plen[ENVD_MAX_DEPTH];
 	char path[PROTO_MAX_PATH + 1];
 };
@@ -167,6 +174,8 @@ void envd_reap(struct envd *e);
 void envd_proc_free(struct envd *e, int slot);
 /* Sends as much of LIST job j as the send buffer takes. */
 void envd_list_step(struct envd *e, struct envd_job *j);
+/* A LISTDIR level's names and descriptor freed (envd_fs.c). */
+void envd_dirlevel_close(struct envd_dirlevel *lv);
 
 /* ---- envd_port.c: port connections ---- */
 

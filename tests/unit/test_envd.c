@@ -843,6 +843,34 @@ static void test_fs_dirs(void **state)
 	assert_string_equal(ent.target, path);
 	assert_int_equal(ent.type, EP_OTHER);
 
+	/* LISTDIR goes in lexical order, depth first (E2B's envd walks so). */
+	{
+		const char *names[] = { "ord", "ord/c", "ord/a", "ord/b", "ord/a/z", "ord/a/y" };
+		const char *want[] = { "a", "y", "z", "b", "c" };
+		int k = 0;
+
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+			snprintf(path, sizeof(path), "%s/%s", home, names[i]);
+			if (i == 0 || i == 2)
+				assert_int_equal(mkdir(path, 0755), 0);
+			else
+				assert_int_equal(close(open(path, O_CREAT | O_WRONLY, 0644)), 0);
+		}
+		req = next_req++;
+		send_fs(EP_LISTDIR, req, "ord", NULL, 2);
+		for (;;) {
+			type = expect_frame(&len);
+			if (type == EP_DONE)
+				break;
+			assert_int_equal(type, EP_ENTRY);
+			assert_int_equal(eproto_entry_decode(fr, len, &ent), 0);
+			assert_true(k < 5);
+			assert_string_equal(ent.name, want[k]);
+			k++;
+		}
+		assert_int_equal(k, 5);
+	}
+
 	req = next_req++;
 	send_fs(EP_MOVE, req, "x/y/z/f.txt", "moved/g.txt", 0);
 	expect_entry(req);
