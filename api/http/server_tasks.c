@@ -222,7 +222,9 @@ static enum MHD_Result handle_submit(struct server *s, struct MHD_Connection *co
 	/* Counting the queue costs a scan of it: only when a limit needs it. */
 	if (!shared && q.max_queued && store_customer_usage(s->st, c->customer, &u) < 0) {
 		api_task_request_free(&tr);
-		return reply_internal(conn, "cannot read the usage");
+		/* The database went away after the check at the door: a retry's
+		 * matter (503), as for the quota read above, not kiln-api's fault. */
+		return reply_error(conn, KERR_UNAVAILABLE, "the store is unavailable: retry");
 	}
 	if (!shared && q.max_queued && u.queued >= q.max_queued) {
 		char ra[24];
