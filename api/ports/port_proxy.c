@@ -572,6 +572,41 @@ static void on_upgraded(void *cls, struct MHD_Connection *conn, void *req_cls, c
 	pthread_attr_destroy(&a);
 }
 
+/* Answer 101 and hand the connection to on_upgraded: kiln session
+ * forward's raw tunnel (Upgrade: kiln-tunnel), or the server's own 101 with
+ * its headers (its Upgrade among them). */
+static enum MHD_Result queue_upgrade(struct ports_call *c, struct MHD_Connection *conn)
+{
+	struct MHD_Response *resp = MHD_create_response_for_upgrade(on_upgraded, c);
+	enum MHD_Result ret;
+
+	if (!resp)
+		return MHD_NO;
+	if (c->tunnel) {
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, "kiln-tunnel");
+	} else {
+		const char *name, *value;
+		size_t nl, vl;
+		char v[256];
+
+		copy_headers(c, resp); /* all but the hop's: Upgrade is added here */
+		for (size_t i = 0; port_resp_header(c->r, i, &name, &nl, &value, &vl); i++)
+			if (nl == 7 && !strncasecmp(name, "Upgrade", 7) && vl < sizeof(v)) {
+				memcpy(v, value, vl);
+				v[vl] = 0;
+				MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, v);
+			}
+	}
+	call_ref(c); /* on_upgraded's */
+	ret = MHD_queue_response(conn, MHD_HTTP_SWITCHING_PROTOCOLS, resp);
+	MHD_destroy_response(resp);
+	if (ret != MHD_YES)
+		call_unref(c);
+	else
+		c->upgrade_queued = 1;
+	return ret;
+}
+
 enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 {
 	struct MHD_Response *resp;
@@ -584,20 +619,8 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 		return MHD_YES; /* the resume's refusal went out already */
 	if (c->failed == 1)
 		return reply_err(conn, &c->err);
-	if (c->tunnel) {
-		resp = MHD_create_response_for_upgrade(on_upgraded, c);
-		if (!resp)
-			return MHD_NO;
-		MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, "kiln-tunnel");
-		call_ref(c); /* on_upgraded's */
-		ret = MHD_queue_response(conn, MHD_HTTP_SWITCHING_PROTOCOLS, resp);
-		MHD_destroy_response(resp);
-		if (ret != MHD_YES)
-			call_unref(c);
-		else
-			c->upgrade_queued = 1;
-		return ret;
-	}
+	if (c->tunnel)
+		return queue_upgrade(c, conn);
 	if (c->up_chunked && port_send_all(c->fd, "0\r\n\r\n", 5, now_ms() + PORT_SEND_MS) < 0)
 		shutdown(c->fd, SHUT_WR);
 	/* The answer's head. */
@@ -618,31 +641,7 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 				     c->port);
 			return reply_err(conn, &c->err);
 		}
-		resp = MHD_create_response_for_upgrade(on_upgraded, c);
-		if (!resp)
-			return MHD_NO;
-		copy_headers(c, resp);
-		for (size_t i = 0;; i++) {
-			const char *name, *value;
-			size_t nl, vl;
-			char v[256];
-
-			if (!port_resp_header(c->r, i, &name, &nl, &value, &vl))
-				break;
-			if (nl == 7 && !strncasecmp(name, "Upgrade", 7) && vl < sizeof(v)) {
-				memcpy(v, value, vl);
-				v[vl] = 0;
-				MHD_add_response_header(resp, MHD_HTTP_HEADER_UPGRADE, v);
-			}
-		}
-		call_ref(c); /* on_upgraded's */
-		ret = MHD_queue_response(conn, MHD_HTTP_SWITCHING_PROTOCOLS, resp);
-		MHD_destroy_response(resp);
-		if (ret != MHD_YES)
-			call_unref(c);
-		else
-			c->upgrade_queued = 1;
-		return ret;
+		return queue_upgrade(c, conn);
 	}
 	resp = MHD_create_response_from_callback(c->r->has_length ? c->r->content_length : MHD_SIZE_UNKNOWN, PORT_READ,
 						 answer_read, c, answer_free);

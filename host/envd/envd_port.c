@@ -194,11 +194,13 @@ struct envd_port *envd_port_open(struct envd *e, unsigned port, int64_t deadline
 		}
 	if (c->closed) {
 		int code = c->code;
+		char what[64];
 
 		port_unlink(e, c);
 		e->refs--; /* never the last: the caller holds one */
+		snprintf(what, sizeof(what), "nothing listens on port %u in the sandbox", port);
 		if (code == -ECONNREFUSED)
-			envd_set_err(err, CONNECT_UNAVAILABLE, code, "nothing listens on port %s in the sandbox", "");
+			envd_set_err(err, CONNECT_UNAVAILABLE, code, "%s", what);
 		else if (code == -ETIMEDOUT)
 			envd_set_err(err, CONNECT_DEADLINE_EXCEEDED, code, "%s", "the sandbox did not connect in time");
 		else if (code == -EMFILE)
@@ -207,8 +209,6 @@ struct envd_port *envd_port_open(struct envd *e, unsigned port, int64_t deadline
 		else
 			envd_set_err(err, CONNECT_UNAVAILABLE, code, "%s",
 				     e->state == ENVD_DEAD && e->why[0] ? e->why : "the sandbox refused the connection");
-		if (code == -ECONNREFUSED && err)
-			snprintf(err->msg, sizeof(err->msg), "nothing listens on port %u in the sandbox", port);
 		goto fail;
 	}
 	pthread_mutex_unlock(&e->lock);
