@@ -24,7 +24,7 @@ recipe=2
 # Free space in the image: it bounds what one task can write to its disk.
 free_mib=${KILN_ROOTFS_FREE_MIB:-1024}
 
-base_pkgs="python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux"
+base_pkgs="python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux sudo"
 case $name in
   default)     pkgs=$base_pkgs; preload="" ;;
   # libblas-dev, liblapack-dev: what keeps python3-pythran (scipy's) installed
@@ -87,6 +87,11 @@ if [ ! -f "$dest/rootfs.ext4" ]; then
   mkdir -p "$tree/work" "$tree/output" "$tree/kiln"
   chown 1000:1000 "$tree/work" "$tree/output"
   chmod 1777 "$tree/tmp"
+  # E2B's `user` (made by envd at first start, guest/envd_fs.c) has
+  # passwordless sudo, as in E2B's base image; the VM is the boundary, and
+  # task code runs as `sandbox`, which has none.
+  printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$tree/etc/sudoers.d/kiln-user"
+  chmod 0440 "$tree/etc/sudoers.d/kiln-user"
   if [ -n "$preload" ]; then
     # One module per line: kiln-init's pre-started interpreter imports each.
     mkdir -p "$tree/etc/kiln"

@@ -39,6 +39,7 @@ struct e2b_relay_request {
 	const char *body;            /* may be NULL */
 	size_t len;
 	struct quota_limiter *lim;   /* a streamed answer counts in the customer's max_streams */
+	const char *host_id;         /* the sandbox named by the host name (49983-<id>.<domain>), or NULL */
 };
 
 /* Before any of the body is read: whether the call's sandbox, token and
@@ -47,8 +48,10 @@ struct e2b_relay_request {
  * its end (answering before the body would close the connection under a
  * client still sending it, which then sees no answer). Both release ss
  * (held with sessions_hold). */
-int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn);
-enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path);
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *url,
+		      const char *host_id);
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *method,
+				 const char *url, const char *host_id);
 
 /* Relay r to its sandbox's host (e2b_relay.c), held with sessions_hold,
  * which this releases (a streamed answer holds ss until it ends). */

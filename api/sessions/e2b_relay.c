@@ -21,6 +21,7 @@
 
 #include <curl/curl.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include "buf.h"
@@ -157,22 +158,90 @@ static int token_ok(const struct store_session *c, const char *tok)
 struct refusal {
 	unsigned status;
 	enum connect_code code;
-	char msg[96];
+	char msg[112];
 };
 
-/* The sandbox the call names, if the token is its and it runs on a live
- * host (*cur, its host's url): 1, else 0 with *no saying why. */
-static int relay_check(struct sessions *ss, struct MHD_Connection *conn, struct store_session *cur, char url[256],
-		       struct refusal *no)
+static const char *arg(struct MHD_Connection *conn, const char *name)
+{
+	return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+/* A signed file URL (the SDK's uploadUrl/downloadUrl): /files with
+ * signature = "v1_" + base64(SHA-256("path:operation:user:token[:expiry]"))
+ * without its '=' padding, operation "read" for a GET, "write" for a POST,
+ * path and user the URL's own `path` and `username` ("" when absent), token
+ * the sandbox's envd token (derived, never stored: sessions_e2b_token), and
+ * expiry the URL's `signature_expiration` (Unix seconds) when it has one.
+ * So a signature opens one sandbox, one path, one user and one direction,
+ * until its expiry. 1: it does; 0: no signature or a wrong one; -1: right
+ * but expired. */
+static int signature_ok(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *url,
+			const struct store_session *c)
+{
+	const char *sig = arg(conn, "signature"), *exp = arg(conn, "signature_expiration");
+	const char *path = arg(conn, "path"), *user = arg(conn, "username"), *op;
+	unsigned char h[SHA256_DIGEST_LENGTH], want[48];
+	char tok[65];
+	struct buf raw;
+	size_t n;
+	int ok;
+
+	if (!sig || !method || !url || strcmp(url, "/files") || !c->has_e2b_token)
+		return 0;
+	if (!strcmp(method, "GET") || !strcmp(method, "HEAD"))
+		op = "read";
+	else if (!strcmp(method, "POST"))
+		op = "write";
+	else
+		return 0;
+	if (exp && (!exp[0] || strlen(exp) > 18 || strspn(exp, "0123456789") != strlen(exp)))
+		return 0;
+	sessions_e2b_token(ss, c->id, tok);
+	buf_init(&raw, 16384);
+	if (buf_printf(&raw, "%s:%s:%s:%s%s%s", path ? path : "", op, user ? user : "", tok, exp ? ":" : "",
+		       exp ? exp : "") < 0) {
+		buf_free(&raw);
+		OPENSSL_cleanse(tok, sizeof(tok));
+		return 0;
+	}
+	SHA256((const unsigned char *)raw.p, raw.len, h);
+	OPENSSL_cleanse(raw.p, raw.len);
+	buf_free(&raw);
+	OPENSSL_cleanse(tok, sizeof(tok));
+	n = (size_t)EVP_EncodeBlock(want, h, sizeof(h));
+	while (n && want[n - 1] == '=')
+		n--;
+	ok = strlen(sig) == n + 3 && !strncmp(sig, "v1_", 3) && CRYPTO_memcmp(sig + 3, want, n) == 0;
+	if (!ok)
+		return 0;
+	return exp && strtoll(exp, NULL, 10) <= kclock_wall_ms(ss->clock) / 1000 ? -1 : 1;
+}
+
+/* The sandbox the call names (E2b-Sandbox-Id, else envd's host name), if
+ * the token (X-Access-Token, or a signed file URL's signature) is its and
+ * it runs on a live host (*cur, its host's url): 1, else 0 with *no saying
+ * why. */
+static int relay_check(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *path,
+		       const char *host_id, struct store_session *cur, char url[256], struct refusal *no)
 {
 	const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "E2b-Sandbox-Id");
 	const char *tok = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Access-Token");
+	int sig = 0;
 
-	/* Unknown, ended, another's or a wrong token: one answer for all. */
+	if (!id)
+		id = host_id;
+	/* Unknown, ended, another's, a wrong token or signature: one answer
+	 * for all. */
 	if (!id || strlen(id) >= sizeof(cur->id) || store_session_get(ss->st, id, NULL, cur) < 0 ||
-	    cur->state == SESSION_DESTROYED || !token_ok(cur, tok)) {
+	    cur->state == SESSION_DESTROYED ||
+	    (!(tok ? token_ok(cur, tok) : (sig = signature_ok(ss, conn, method, path, cur))))) {
 		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
-					"missing or wrong X-Access-Token for this E2b-Sandbox-Id" };
+					"missing or wrong X-Access-Token (or file URL signature) for this sandbox" };
+		return 0;
+	}
+	if (sig < 0) {
+		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
+					"signature is already expired" };
 		return 0;
 	}
 	if (cur->state != SESSION_RUNNING) {
@@ -190,18 +259,20 @@ static int relay_check(struct sessions *ss, struct MHD_Connection *conn, struct 
 	return 1;
 }
 
-int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn)
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *path,
+		      const char *host_id)
 {
 	struct store_session cur;
 	struct refusal no;
 	char url[256];
-	int ok = relay_check(ss, conn, &cur, url, &no);
+	int ok = relay_check(ss, conn, method, path, host_id, &cur, url, &no);
 
 	sessions_release(ss);
 	return ok;
 }
 
-enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path)
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *method,
+				 const char *path, const char *host_id)
 {
 	struct store_session cur;
 	struct refusal no;
@@ -210,7 +281,7 @@ enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *con
 
 	/* Its body was dropped: a call that would pass now is not relayed
 	 * without it (the sandbox changed state meanwhile). */
-	if (relay_check(ss, conn, &cur, url, &no))
+	if (relay_check(ss, conn, method, path, host_id, &cur, url, &no))
 		no = (struct refusal){ MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				       "the sandbox changed state during the request: retry" };
 	ret = relay_error(conn, path, no.status, no.code, no.msg);
@@ -237,7 +308,7 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	int st, get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
 	enum MHD_Result ret;
 
-	if (!relay_check(ss, conn, &cur, url, &no))
+	if (!relay_check(ss, conn, r->method, r->url, r->host_id, &cur, url, &no))
 		return relay_error(conn, r->url, no.status, no.code, no.msg);
 	/* A compressed body (the SDK's gzip writes) would be written as it
 	 * is: refused, so that the caller sends the bytes themselves. */

@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <time.h>
 
 #include "fake_host_ops.h"
 #include "api_config.h"
@@ -719,6 +721,102 @@ static void test_relay_auth(void **state)
 	assert_int_equal(fake_count("POST", NULL, "/v1/sessions/"), 0);
 }
 
+/* E2B's file URL signature (the SDK's getSignature), made here the way the
+ * SDK makes it, for the relay to check. */
+static void sign(char *out, size_t cap, const char *fpath, const char *op, const char *user, const char *tok,
+		 const char *exp)
+{
+	char raw[600];
+	unsigned char h[32], b64[48];
+	int n;
+
+	snprintf(raw, sizeof(raw), "%s:%s:%s:%s%s%s", fpath, op, user, tok, exp ? ":" : "", exp ? exp : "");
+	SHA256((const unsigned char *)raw, strlen(raw), h);
+	n = EVP_EncodeBlock(b64, h, 32);
+	while (n && b64[n - 1] == '=')
+		n--;
+	snprintf(out, cap, "v1_%.*s", n, (const char *)b64);
+}
+
+/* curl's escaping of a query value (the signature's '+', '/' and '='). */
+static void q_esc(char *out, size_t cap, const char *v)
+{
+	char *e = curl_easy_escape(NULL, v, 0);
+
+	snprintf(out, cap, "%s", e);
+	curl_free(e);
+}
+
+static void test_relay_signed(void **state)
+{
+	char id[40], tok[65], idb[40], tokb[65], sig[80], esig[160], p[512], later[24], past[24];
+	struct answer a;
+
+	create(key_a, "{}", id, tok);
+	create(key_b, "{}", idb, tokb);
+	snprintf(later, sizeof(later), "%lld", (long long)time(NULL) + 600);
+	snprintf(past, sizeof(past), "%lld", (long long)time(NULL) - 5);
+	/* A read signature, no token: the call reaches the host. */
+	sign(sig, sizeof(sig), "/home/user/f", "read", "user", tok, NULL);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&username=user&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(str(a.j, "path"), "/home/user/f");
+	answer_free(&a);
+	/* The same URL as a write, for another sandbox, or another path: 401. */
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "x", 1);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	relay(&a, idb, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/files?path=/home/user/g&username=user&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Another user, or none: 401. */
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&username=root&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* An RPC path takes no signature. */
+	snprintf(p, sizeof(p), "/filesystem.Filesystem/Stat?signature=%s", esig);
+	relay(&a, id, NULL, "POST", p, "application/json", "{}", 2);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* A write signature with an expiry: good until then. */
+	sign(sig, sizeof(sig), "/tmp/up", "write", "", tok, later);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s", esig, later);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	/* The expiry changed: a wrong signature. */
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s9", esig, later);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Past its expiry: 401 saying so. */
+	sign(sig, sizeof(sig), "/tmp/up", "write", "", tok, past);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s", esig, past);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 401);
+	assert_non_null(strstr(str(a.j, "message"), "expired"));
+	answer_free(&a);
+	/* A wrong X-Access-Token is not saved by a good signature. */
+	sign(sig, sizeof(sig), "/home/user/f", "read", "", tok, NULL);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&signature=%s", esig);
+	relay(&a, id, "wrong", "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+}
+
 static void test_relay_passes(void **state)
 {
 	char id[40], tok[65], want[200];
@@ -1000,6 +1098,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rate_429, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_signed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_kind, setup, teardown),
