@@ -7,7 +7,7 @@
 # number and the free space.
 #   usage: build-rootfs.sh OUT_LINK [NAME]
 # Templates:
-#   default      python3 and the everyday tools (ps, curl, git, pip, venv) plus
+#   default      python3 and the everyday tools (ps, curl, git, pip, venv, sudo) plus
 #                e2fsprogs and mount (the recipe build VM runs mkfs.ext4 -d,
 #                resize2fs and mount --bind inside a `default` guest)
 #   python-data  default + numpy, pandas, matplotlib (Agg backend by default,

@@ -154,6 +154,12 @@ static int token_ok(const struct store_session *c, const char *tok)
 	return CRYPTO_memcmp(h, c->e2b_token_sha, sizeof(h)) == 0;
 }
 
+/* Whether the session's lifetime (E2B's timeout) has run out. */
+static int ran_out(struct sessions *ss, const struct store_session *c)
+{
+	return c->max_lifetime_s && kclock_wall_ms(ss->clock) >= c->started_ms + (int64_t)c->max_lifetime_s * 1000;
+}
+
 /* Why a call is refused. */
 struct refusal {
 	unsigned status;
@@ -230,13 +236,21 @@ static int relay_check(struct sessions *ss, struct MHD_Connection *conn, const c
 
 	if (!id)
 		id = host_id;
-	/* Unknown, ended, another's, a wrong token or signature: one answer
+	/* Unknown, killed, another's, a wrong token or signature: one answer
 	 * for all. */
 	if (!id || strlen(id) >= sizeof(cur->id) || store_session_get(ss->st, id, NULL, cur) < 0 ||
-	    cur->state == SESSION_DESTROYED ||
-	    (!(tok ? token_ok(cur, tok) : (sig = signature_ok(ss, conn, method, path, cur))))) {
+	    (!(tok ? token_ok(cur, tok) : (sig = signature_ok(ss, conn, method, path, cur)))) ||
+	    (cur->state == SESSION_DESTROYED && !ran_out(ss, cur))) {
 		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
 					"missing or wrong X-Access-Token (or file URL signature) for this sandbox" };
+		return 0;
+	}
+	/* Its time is up (E2B: the sandbox's timeout), ended by the reaper or
+	 * about to be: not running, as E2B answers it (502, isRunning()
+	 * false), to the holder of its token only. */
+	if (cur->state == SESSION_DESTROYED || (cur->state == SESSION_RUNNING && ran_out(ss, cur))) {
+		*no = (struct refusal){ MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE,
+					"the sandbox reached its end of life (its timeout)" };
 		return 0;
 	}
 	if (sig < 0) {

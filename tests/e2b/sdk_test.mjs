@@ -197,6 +197,11 @@ try {
     assert.equal(r.stdout, 'root\n/root\n');
   });
 
+  await check("'user' has passwordless sudo, as in E2B's base", async () => {
+    const r = await sbx.commands.run('sudo -n whoami && sudo -n -u user id -un');
+    assert.equal(r.stdout, 'root\nuser\n');
+  });
+
   await check('a command outliving timeoutMs raises TimeoutError, and it is killed', async () => {
     const t = performance.now();
     await rejects(() => sbx.commands.run('sleep 37', { timeoutMs: 1500 }), TimeoutError);
@@ -409,6 +414,23 @@ try {
     return `${Math.round(left)} s left`;
   });
 
+  await check("E2B's timeout tests: shortened, it is not running after its end (isRunning false); shortened then lengthened, it runs", async () => {
+    const [a, b] = await Promise.all([Sandbox.create({ timeoutMs: 120_000 }), Sandbox.create({ timeoutMs: 120_000 })]);
+    try {
+      await Promise.all([a.setTimeout(5000), b.setTimeout(5000)]);
+      await new Promise((r) => setTimeout(r, 1000));
+      await b.setTimeout(10_000);
+      await new Promise((r) => setTimeout(r, 5500));
+      assert.equal(await a.isRunning({ requestTimeoutMs: 1000 }), false, 'shortened: still running after its end');
+      assert.equal(await b.isRunning(), true, 'lengthened: not running');
+      const e = await a.commands.run('true').then(() => null, (x) => x);
+      assert.ok(e instanceof sdk.TimeoutError || e instanceof SandboxNotFoundError, `a command after the end: ${e}`);
+      assert.ok((await b.getInfo()).endAt instanceof Date);
+    } finally {
+      await Promise.all([a.kill().catch(() => {}), b.kill().catch(() => {})]);
+    }
+  }, 60_000);
+
   await check('getMetrics: CPU and memory measured by the host', async () => {
     const m = await sbx.getMetrics();
     assert.ok(Array.isArray(m) && m.length >= 1, `metrics: ${JSON.stringify(m)}`);
@@ -492,7 +514,7 @@ try {
     const b = await sdkFailure(() => Volume.list(), 'Volume.list');
     return `${a}; ${b}`;
   }, 30000);
-  await check('unsupported: downloadUrl/uploadUrl give URLs kiln refuses (no sandbox id in them)', async () => {
+  await check('with E2B_SANDBOX_URL, downloadUrl gives a URL on it that names no sandbox: refused (signed URLs need E2B_DOMAIN)', async () => {
     const url = await sbx.downloadUrl('/home/user/big.bin');
     const res = await fetch(url);
     await res.arrayBuffer();
@@ -550,9 +572,13 @@ try {
   }, 300_000);
 
   // ---- kill ----
-  await check('kill, then every call fails cleanly with an SDK error (no hang)', async () => {
+  await check('kill, then every call fails cleanly with an SDK error (no hang); a running command ends as E2B says', async () => {
+    const running = await sbx.commands.run('sleep 60', { background: true, timeoutMs: 0 });
     assert.equal(await sbx.kill(), true);
     const errs = [];
+    const waited = await running.wait().then(() => null, (e) => e);
+    assert.ok(waited instanceof SandboxError, `wait() after kill: ${waited}`);
+    assert.match(waited.message, /sandbox was killed or reached its end of life/);
     errs.push(await sdkFailure(() => sbx.commands.run('echo hi'), 'commands.run after kill'));
     errs.push(await sdkFailure(() => sbx.files.read('/home/user/persist.txt'), 'files.read after kill'));
     errs.push(await sdkFailure(() => sbx.files.write('/home/user/x', 'x'), 'files.write after kill'));

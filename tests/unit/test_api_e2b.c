@@ -1061,6 +1061,53 @@ static void test_reaper_auto_pause_per_session(void **state)
 	fail_msg("p1 not paused or p2 not destroyed");
 }
 
+/* E2B's timeout tests: a sandbox whose timeout ran out answers /health
+ * 502 (isRunning() false), before the reaper and after it; a killed one is
+ * gone (401, isRunning() raises), as is one asked about with a wrong token. */
+static void test_relay_end_of_life(void **state)
+{
+	char id[40], tok[65], idk[40], tokk[65], p[128];
+	struct answer a;
+
+	create(key_a, "{\"timeout\":10}", id, tok);
+	create(key_b, "{\"timeout\":10}", idk, tokk);
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", idk);
+	api(&a, key_b, "DELETE", p, NULL);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	relay(&a, idk, tokk, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	clock_advance(11000);
+	/* Past its end, the reaper not there yet. */
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 502);
+	answer_free(&a);
+	relay(&a, id, tok, "POST", "/process.Process/List", "application/json", "{}", 2);
+	assert_int_equal(a.status, 502);
+	assert_string_equal(str(a.j, "code"), "unavailable");
+	assert_non_null(strstr(str(a.j, "message"), "end of life"));
+	answer_free(&a);
+	relay(&a, id, tokk, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Ended by the reaper: still 502 for its token. */
+	sessions_reap_once(ss, 0);
+	for (int i = 0; i < 1000; i++) {
+		struct store_session c;
+
+		if (store_session_get(st, id, NULL, &c) == 0 && c.state == SESSION_DESTROYED)
+			break;
+		real_nap();
+	}
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 502);
+	answer_free(&a);
+}
+
 static void test_url_decode(void **state)
 {
 	char out[16];
@@ -1099,6 +1146,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_signed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_end_of_life, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_kind, setup, teardown),
