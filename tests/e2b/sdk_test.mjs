@@ -451,9 +451,17 @@ try {
     return `${all.length} listed`;
   });
 
-  await check('Sandbox.connect to the running sandbox', async () => {
+  await check('Sandbox.connect to the running sandbox; its commands.connect attaches to a command the first client started', async () => {
+    const h = await sbx.commands.run('for i in 1 2 3; do sleep 0.7; echo tick$i; done; exit 3', { background: true, timeoutMs: 0 });
     const again = await Sandbox.connect(id);
     assert.equal((await again.commands.run('echo via-connect')).stdout, 'via-connect\n');
+    assert.ok((await again.commands.list()).some((p) => p.pid === h.pid), 'the command is listed for the new client');
+    let out = '';
+    const c = await again.commands.connect(h.pid, { onStdout: (d) => { out += d; } });
+    const r = await c.wait().then(() => null, (e) => e);
+    assert.equal(r && r.exitCode, 3, `wait(): ${r}`);
+    assert.match(out, /tick3\n$/);
+    await h.disconnect();
   });
 
   // ---- another customer, wrong keys and tokens ----

@@ -17,7 +17,7 @@ SDK=$("$ROOT/scripts/e2b-sdk.sh" 2> "$T_TMP/sdk.err") || t_skip_all "the E2B SDK
 
 before_cg=$(count_cgroups)
 before_mounts=$(count_mounts)
-before_node=$(pgrep -c -f "sdk_test.mjs" || true)
+before_node=$(pgrep -c -f "$ROOT/tests/e2b/sdk_test.mjs" || true)
 e2b_stack_start
 
 # ---- the SDK test: each of its checks is a result ----
@@ -47,7 +47,7 @@ check "acme holds nothing: usage running 0, sessions 0, paused 0 ($(jq -c .usage
 	[ "$st" = 200 -a "$(jq -r '.usage.running + .usage.sessions + .usage.paused_sessions' "$T_TMP/usage.json")" = 0 ]
 for _ in $(seq 50); do [ "$(vcpus_used)" = 0 ] && break; sleep 0.2; done
 check "the host holds no vCPU ($(vcpus_used))" [ "$(vcpus_used)" = 0 ]
-check "no node process of the test is left" [ "$(pgrep -c -f "sdk_test.mjs" || true)" = "$before_node" ]
+check "no node process of the test is left" [ "$(pgrep -c -f "$ROOT/tests/e2b/sdk_test.mjs" || true)" = "$before_node" ]
 
 e2b_stack_stop
 check "nothing left: no QEMU ($(count_qemu)), VM directories ($(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)), mounts ($(count_mounts) = $before_mounts), cgroups ($(count_cgroups) = $before_cg)" \
