@@ -33,8 +33,11 @@ case $name in
                preload="numpy pandas matplotlib matplotlib.pyplot" ;;
   *) echo "build-rootfs.sh: unknown template '$name' (default, python-data)" >&2; exit 2 ;;
 esac
-key=$(printf 'bookworm minbase\nname=%s\npackages=%s\npreload=%s\nfree_mib=%s\nrecipe=%s\n' \
-        "$name" "$pkgs" "$preload" "$free_mib" "$recipe" | sha256sum | cut -c1-16)
+# Files of this folder copied into every image: part of the key.
+here=$(cd "$(dirname "$0")" && pwd)
+files_sum=$(cat "$here/mcp-gateway" | sha256sum | cut -c1-16)
+key=$(printf 'bookworm minbase\nname=%s\npackages=%s\npreload=%s\nfree_mib=%s\nrecipe=%s\nfiles=%s\n' \
+        "$name" "$pkgs" "$preload" "$free_mib" "$recipe" "$files_sum" | sha256sum | cut -c1-16)
 dest=$cache/rootfs/$key
 tag="[rootfs $name]"
 
@@ -92,6 +95,9 @@ if [ ! -f "$dest/rootfs.ext4" ]; then
   # task code runs as `sandbox`, which has none.
   printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$tree/etc/sudoers.d/kiln-user"
   chmod 0440 "$tree/etc/sudoers.d/kiln-user"
+  # E2B's SDK starts `mcp-gateway` in a sandbox made with `mcp`: kiln's
+  # stand-in says it is not supported (docs/e2b.md).
+  install -m 0755 "$here/mcp-gateway" "$tree/usr/local/bin/mcp-gateway"
   if [ -n "$preload" ]; then
     # One module per line: kiln-init's pre-started interpreter imports each.
     mkdir -p "$tree/etc/kiln"

@@ -517,6 +517,15 @@ try {
     const b = await sdkFailure(() => sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), 'sandbox.updateNetwork');
     return `${a}; ${b}`;
   }, 30000);
+  await check("unsupported: an MCP gateway cannot start: the SDK's own 'Failed to start MCP gateway' and the sandbox is killed", async () => {
+    const before = new Set((await listAll()).map((s) => s.sandboxId));
+    const e = await Sandbox.create({ mcp: { exa: {} } }).then((s) => { s.kill(); return null; }, (x) => x);
+    assert.ok(e instanceof SandboxError, `create with mcp: ${e}`);
+    assert.match(e.message, /^Failed to start MCP gateway: kiln: MCP gateways are not supported/);
+    raised.push(`Sandbox.create({mcp}): ${errName(e)} ${e.message.split('\n')[0]}`);
+    const left = (await listAll()).filter((s) => !before.has(s.sandboxId));
+    assert.deepEqual(left.map((s) => s.sandboxId), [], 'the SDK killed the sandbox it made');
+  }, 60000);
   await check('unsupported: Volume.create / Volume.list fail cleanly', async () => {
     const a = await sdkFailure(() => Volume.create(`kiln-${RUN}`), 'Volume.create');
     const b = await sdkFailure(() => Volume.list(), 'Volume.list');

@@ -412,7 +412,7 @@ static void test_create_refused(void **state)
 {
 	static const char *const bad[] = {
 		"{\"envVars\":{\"A\":1}}", "{\"envVars\":{\"1A\":\"x\"}}", "{\"timeout\":-1}",
-		"{\"timeout\":999999}", "{\"autoPause\":\"yes\"}", "{\"mcp\":{\"x\":{}}}", "{\"metadata\":[1]}",
+		"{\"timeout\":999999}", "{\"autoPause\":\"yes\"}", "{\"mcp\":[1]}", "{\"metadata\":[1]}",
 		"{\"templateID\":5}", "[1]", "{",
 	};
 	struct answer a;
