@@ -78,6 +78,12 @@ await check('fetch(https:// + getHost(8001)): python -m http.server answers over
   const r = await fetch(`${host(8001)}/index.html`);
   assert.equal(r.status, 200);
   assert.equal((await r.text()).trim(), 'hello-https');
+  // kiln's own API lists the port with that URL.
+  const s = await (await fetch(`${process.env.KILN_API}/v1/sessions/${sbx.sandboxId}`, {
+    headers: { Authorization: `Bearer ${process.env.KILN_KEY}` },
+  })).json();
+  const p = (s.ports || []).find((x) => x.port === 8001);
+  assert.equal(p && p.url, `${host(8001)}/`, `GET /v1/sessions/{id}: ${JSON.stringify(s.ports)}`);
   return sbx.getHost(8001);
 });
 

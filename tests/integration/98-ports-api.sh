@@ -10,7 +10,7 @@
 # non-E2B session by header (404), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 40
+t_plan 41
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -97,6 +97,10 @@ st=$(req "$KA" GET "$P")
 check "GET /v1/sessions/{id}/ports lists 7000, 7001, 7002 and 8000 with their paths" \
 	test "$st" = 200 -a "$(last '[.ports[] | select(.port == 7000 or .port == 7001 or .port == 7002 or .port == 8000)] | length')" = 4 \
 	-a "$(last '.ports[] | select(.port == 8000) | .path')" = "$P/8000/"
+st=$(req "$KA" GET "/v1/sessions/$S")
+check "GET /v1/sessions/{id} of the running session carries the same list (8000 at $P/8000/, no host-name url: not an E2B sandbox)" \
+	test "$st" = 200 -a "$(last .state)" = running -a "$(last '.ports[] | select(.port == 8000) | .path')" = "$P/8000/" \
+	-a "$(last '[.ports[] | select(.url)] | length')" = 0
 # kiln session forward: any TCP through kiln-api's raw tunnel.
 LP=$((API_PORT + 7))
 KILN_API=$URL KILN_KEY=$KA t_bg "$ROOT/build/kiln" session forward "$S" 7000 "$LP" > "$T_TMP/fwd.out" 2> "$T_TMP/fwd.err"

@@ -3,7 +3,8 @@
 # up` (local S3, kiln-api with its sandbox domain and TLS listener, one
 # kiln-host), then E2B's own SDK (e2b 2.51.0, unmodified) running
 # tests/e2b/ports_test.mjs with nothing but what DIR/credentials holds:
-# getHost(port) and https fetches through kiln up's local CA, 50 MiB each
+# getHost(port) and https fetches through kiln up's local CA (and the URL
+# in GET /v1/sessions/{id}), 50 MiB each
 # way by sha256, 100 connections, a WebSocket of 1,000 messages, header
 # routing, signed file URLs (uploadUrl, downloadUrl: good, expired, another
 # path, operation or sandbox), 502 and 409 (each of its checks is one result). Also: the
