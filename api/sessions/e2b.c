@@ -294,6 +294,7 @@ struct list_filter {
 	json_t *metadata;            /* {k: v} all of which must match; NULL none */
 	const char *template;        /* its templateID as given at create (NULL: any) */
 	int64_t started_after_ms;    /* created after (0: any) */
+	int oldest_first;            /* E2B's order=asc (default desc: newest first) */
 };
 
 /* E2B's startedAfter (toISOString: 2026-12-07T03:50:00.000Z, or without
@@ -364,7 +365,8 @@ static int filter_match(const struct list_filter *f, const struct store_session 
 static int list_page(struct sessions *ss, const char *customer, const struct list_filter *f, unsigned limit,
 		     const char *cursor, json_t *arr, char **next, struct kiln_err *err)
 {
-	json_t *page = store_session_list(ss->st, customer, NULL, limit, cursor, next, err), *row;
+	json_t *page = store_session_list_order(ss->st, customer, NULL, limit, cursor, f->oldest_first, next, err);
+	json_t *row;
 	size_t i;
 
 	if (!page)
@@ -414,6 +416,15 @@ static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
 	f.template = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "template");
 	if (f.template && !f.template[0])
 		f.template = NULL;
+	{
+		const char *o = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "order");
+
+		if (o && o[0] && strcmp(o, "asc") && strcmp(o, "desc")) {
+			json_decref(f.metadata);
+			return bad_request(req->conn, "order: asc or desc (by start time)");
+		}
+		f.oldest_first = o && !strcmp(o, "asc");
+	}
 	{
 		const char *sa = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "startedAfter");
 

@@ -522,13 +522,33 @@ static void test_get_list_isolation(void **state)
 
 static void test_pagination(void **state)
 {
-	char id[40], tok[65];
+	char id[40], tok[65], ids[3][40];
 	struct answer a;
 	char p[300];
 	int seen = 0;
 
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 3; i++) {
 		create(key_b, "{}", id, tok);
+		store_session_id_e2b(id, ids[i]);
+	}
+	/* order=asc: oldest first, across pages; desc (the default) newest first. */
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=asc&limit=2", NULL);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[0]);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 1), "sandboxID")), ids[1]);
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes?order=asc&limit=2&nextToken=%s", a.next_token);
+	answer_free(&a);
+	api(&a, key_b, "GET", p, NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=desc&limit=1", NULL);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=sideways", NULL);
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
 	api(&a, key_b, "GET", "/e2b/v2/sandboxes?limit=2", NULL);
 	assert_int_equal(json_array_size(a.j), 2);
 	assert_true(a.next_token[0]);
