@@ -437,7 +437,7 @@ int envd_serve(struct envd *e)
 		for (i = 0; i < ENVD_MAX_WATCHES; i++) {
 			struct envd_watch *w = e->watches[i];
 
-			if (!w || !envd_tx_ok(e) || w->off < w->len)
+			if (!w || !envd_tx_ok(e) || w->off < w->len || w->ending)
 				continue;
 			pfd[np] = (struct pollfd){ .fd = w->fd, .events = POLLIN };
 			pwatch[np] = w;

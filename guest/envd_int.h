@@ -119,6 +119,7 @@ struct envd_watch {
 	struct envd_watch_dir dirs[ENVD_WATCH_DIRS];
 	size_t ndirs;
 	int op_next;    /* operations of the event at off already sent */
+	int ending;     /* a negative errno: WATCH_END{id, ending} is due, nothing else */
 	size_t off, len; /* inotify events read and not yet sent: buf[off, len) */
 	uint8_t buf[16384];
 };

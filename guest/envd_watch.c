@@ -289,6 +289,18 @@ static int watch_send(struct envd *e, int slot)
 {
 	struct envd_watch *w = e->watches[slot];
 
+	if (w->ending) {
+		char msg[128];
+
+		if (!envd_tx_ok(e))
+			return 0;
+		if (w->ending == -EMFILE)
+			snprintf(msg, sizeof(msg), "watcher error: more than %d directories to watch", ENVD_WATCH_DIRS);
+		else
+			snprintf(msg, sizeof(msg), "watcher error: %s", strerror(-w->ending));
+		watch_end(e, slot, 1, w->ending, msg);
+		return -1;
+	}
 	while (w->off < w->len) {
 		const struct inotify_event *ev = (const void *)(w->buf + w->off);
 		size_t size = sizeof(*ev) + ev->len;
@@ -346,13 +358,10 @@ static int watch_send(struct envd *e, int slot)
 				}
 			}
 			if (r == -EMFILE || r == -ENOMEM) {
-				char msg[128];
-
-				if (!envd_tx_ok(e)) /* the event is sent: end it now, without the reason */
-					return watch_end(e, slot, 0, 0, ""), -1;
-				snprintf(msg, sizeof(msg), "watcher error: more than %d directories to watch", ENVD_WATCH_DIRS);
-				watch_end(e, slot, 1, r, msg);
-				return -1;
+				/* The event is out; its WATCH_END goes when there is
+				 * room (watch_send's first step), nothing before it. */
+				w->ending = r;
+				return watch_send(e, slot);
 			}
 		}
 	}
@@ -380,7 +389,7 @@ void envd_watch_read(struct envd *e, struct envd_watch *w)
 int envd_watches_run(struct envd *e)
 {
 	for (int i = 0; i < ENVD_MAX_WATCHES; i++)
-		if (e->watches[i] && e->watches[i]->off < e->watches[i]->len && envd_tx_ok(e))
+		if (e->watches[i] && (e->watches[i]->off < e->watches[i]->len || e->watches[i]->ending) && envd_tx_ok(e))
 			watch_send(e, i);
 	return 0;
 }

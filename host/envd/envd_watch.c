@@ -179,7 +179,7 @@ static struct envd_watch *watch_open(struct envd *e, const char *user, const cha
 		goto fail;
 	}
 	if (!path || !*path || strlen(path) > PROTO_MAX_PATH || strlen(user) > EPROTO_MAX_USER) {
-		envd_set_err(err, CONNECT_INVALID_ARGUMENT, 0, "path: expected 1-%s bytes", "4096");
+		envd_set_err(err, CONNECT_INVALID_ARGUMENT, 0, "%s", "path: expected 1-4096 bytes (and a user name of at most 32)");
 		goto fail;
 	}
 	w->e = e;
@@ -205,7 +205,10 @@ static struct envd_watch *watch_open(struct envd *e, const char *user, const cha
 	for (struct envd_watch *o = e->watches; rc == 0 && o; o = o->next)
 		count++;
 	if (rc == 0 && count >= ENVD_MAX_WATCHES) {
-		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "at most %s directory watches per sandbox", "16");
+		char why[80];
+
+		snprintf(why, sizeof(why), "at most %d directory watches per sandbox", ENVD_MAX_WATCHES);
+		envd_set_err(err, CONNECT_RESOURCE_EXHAUSTED, 0, "%s", why);
 		rc = -1;
 	}
 	if (rc == 0) {

@@ -1369,6 +1369,31 @@ static void test_watch(void **state)
 		send_u32s(EP_UNWATCH, &id, 1);
 		expect_wend(id, 0);
 	}
+
+	/* ENVD_WATCH_DIRS directories per watch: a tree one larger is refused;
+	 * one that grows past it ends with -EMFILE after the CREATE. */
+	snprintf(p, sizeof(p), "%s/big", home);
+	assert_int_equal(mkdir(p, 0755), 0);
+	for (int i = 0; i < ENVD_WATCH_DIRS - 1; i++) {
+		snprintf(p2, sizeof(p2), "%s/big/d%d", home, i);
+		assert_int_equal(mkdir(p2, 0755), 0);
+	}
+	req = next_req++;
+	send_watch(req, 8, EP_WATCH_RECURSIVE, "big");
+	expect_done(req);
+	snprintf(p2, sizeof(p2), "%s/big/d0/more", home);
+	assert_int_equal(mkdir(p2, 0755), 0);
+	expect_wevent(8, EP_WEV_CREATE, "d0/more");
+	expect_wend(8, -EMFILE);
+	req = next_req++;
+	send_watch(req, 9, EP_WATCH_RECURSIVE, "big");
+	assert_int_equal(expect_error(req), -EMFILE);
+	/* Not recursive: one directory, however large the tree. */
+	req = next_req++;
+	send_watch(req, 9, 0, "big");
+	expect_done(req);
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 9 }, 1);
+	expect_wend(9, 0);
 }
 
 #define T(f) cmocka_unit_test_setup_teardown(f, envd_setup, envd_teardown)
