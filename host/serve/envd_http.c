@@ -2,8 +2,9 @@
  * envd_http.h): the RPC dispatch, health and metrics. The families:
  * envd_http_proc.c (process.Process), envd_http_fs.c
  * (filesystem.Filesystem), envd_http_watch.c (its directory watching),
- * envd_http_files.c (downloads and multipart uploads); what they all share (checked request fields, the Connect request
- * message, the session's channel) is envd_http_req.c.
+ * envd_http_files.c (downloads and multipart uploads); what they all share
+ * (checked request fields, the Connect request message, the session's
+ * channel) is envd_http_req.c.
  *
  * Connect's JSON codec as @connectrpc/connect 2.x expects it: unary calls
  * answer application/json (errors: the code's HTTP status and
