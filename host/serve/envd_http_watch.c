@@ -84,6 +84,12 @@ static void wstream_fill(struct wstream *s)
 
 	if (s->deadline && s->deadline < until)
 		until = s->deadline;
+	if (s->deadline && envd_http_now_ms() >= s->deadline) {
+		/* Events that keep coming do not hold the deadline off. */
+		connect_end_append(&s->st, CONNECT_DEADLINE_EXCEEDED, "the watch's deadline (Connect-Timeout-Ms) passed");
+		s->finished = 1;
+		return;
+	}
 	/* What is queued goes out together; then wait for more. */
 	while (taken < WSTREAM_BATCH &&
 	       (n = envd_watch_next(s->w, &s->ev, taken ? envd_http_now_ms() : until, &e)) == 1) {
@@ -100,11 +106,8 @@ static void wstream_fill(struct wstream *s)
 		s->finished = 1;
 		return;
 	}
-	if (s->deadline && envd_http_now_ms() >= s->deadline) {
-		connect_end_append(&s->st, CONNECT_DEADLINE_EXCEEDED, "the watch's deadline (Connect-Timeout-Ms) passed");
-		s->finished = 1;
-		return;
-	}
+	if (s->deadline && envd_http_now_ms() >= s->deadline)
+		return; /* the next fill ends it */
 	wstream_msg(s, json_pack("{s:{}}", "keepalive"));
 }
 

@@ -13,7 +13,7 @@
 # kiln-host not starting, or envd not answering its health check, is a
 # failure that ends the script.
 . "$(dirname "$0")/lib.sh"
-t_plan 101
+t_plan 102
 require_image
 t_require_tools swift-proxy-server memcached
 PY=/usr/bin/python3
@@ -358,6 +358,11 @@ check "WatchDir of a file: end-of-stream invalid_argument" test "$(frames "$T_TM
 wstream '{"path":"/root"}' "$T_TMP/wroot" > /dev/null
 check "WatchDir of /root as user: end-of-stream permission_denied (the watch is the user's)" \
 	test "$(frames "$T_TMP/wroot" | tail -1 | jq -r .msg.error.code)" = permission_denied
+t0=$(date +%s)
+wstream '{"path":"/home/user/w"}' "$T_TMP/wdl" -H 'Connect-Timeout-Ms: 1500' > /dev/null
+t1=$(date +%s)
+check "WatchDir's Connect-Timeout-Ms: end-of-stream deadline_exceeded, after about 1.5 s ($((t1 - t0)) s)" \
+	test "$(frames "$T_TMP/wdl" | tail -1 | jq -r .msg.error.code)" = deadline_exceeded -a $((t1 - t0)) -lt 20
 st=$(rpc filesystem.Filesystem/CreateWatcher '{"path":"/home/user/w","recursive":true}')
 wid=$(last .watcherId)
 check "CreateWatcher: 200 {watcherId}" test "$st" = 200 -a -n "$wid" -a "$wid" != null
