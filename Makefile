@@ -228,7 +228,7 @@ $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 
 # envd's unit test links the guest's own sources (built for the host), not
 # the host libraries: it serves envd in a child over a socketpair.
-ENVD_TEST_SRCS := guest/envd.c guest/envd_port.c guest/envd_proc.c guest/envd_tx.c guest/envd_fs.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
+ENVD_TEST_SRCS := guest/envd.c guest/envd_port.c guest/envd_proc.c guest/envd_tx.c guest/envd_fs.c guest/envd_watch.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
 $(B)/tests/unit/test_envd: tests/unit/test_envd.c $(ENVD_TEST_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -DKILN_GUEST -Iguest -o $@ tests/unit/test_envd.c $(ENVD_TEST_SRCS) -lcmocka

@@ -471,3 +471,85 @@ int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *co
 		r.err = -EPROTO;
 	return proto_reader_end(&r);
 }
+
+/* ---- watches ------------------------------------------------------------- */
+
+ssize_t eproto_watch_encode(uint8_t *buf, size_t cap, const struct eproto_watch *m)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, m->req);
+	proto_put_u32(&w, m->id);
+	proto_put_u32(&w, m->flags);
+	proto_put_str(&w, m->user);
+	proto_put_str(&w, m->path);
+	return writer_done(&w);
+}
+
+int eproto_watch_decode(const uint8_t *p, size_t len, struct eproto_watch *m)
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	m->req = proto_get_u32(&r);
+	m->id = proto_get_u32(&r);
+	m->flags = proto_get_u32(&r);
+	proto_get_str(&r, m->user, EPROTO_MAX_USER);
+	proto_get_str(&r, m->path, PROTO_MAX_PATH);
+	if (!r.err && (m->flags & ~EP_WATCH_FLAGS || !user_ok(m->user) || m->path[0] == '\0'))
+		r.err = -EPROTO;
+	if (proto_reader_end(&r)) {
+		m->user[0] = m->path[0] = '\0';
+		m->flags = 0;
+	}
+	return r.err;
+}
+
+ssize_t eproto_wevent_encode(uint8_t *buf, size_t cap, uint32_t id, uint8_t event, const char *name)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, id);
+	proto_put_u8(&w, event);
+	proto_put_str(&w, name);
+	return writer_done(&w);
+}
+
+int eproto_wevent_decode(const uint8_t *p, size_t len, uint32_t *id, uint8_t *event, char name[PROTO_MAX_PATH + 1])
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*id = proto_get_u32(&r);
+	*event = proto_get_u8(&r);
+	proto_get_str(&r, name, PROTO_MAX_PATH);
+	/* The guest names what changed under the watched directory: never an
+	 * absolute path or one that climbs out of it. */
+	if (!r.err && (*event < EP_WEV_CREATE || *event > EP_WEV_CHMOD || (strcmp(name, ".") && proto_relpath_ok(name))))
+		r.err = -EPROTO;
+	if (proto_reader_end(&r))
+		name[0] = '\0';
+	return r.err;
+}
+
+ssize_t eproto_wend_encode(uint8_t *buf, size_t cap, uint32_t id, int32_t code, const char *msg)
+{
+	WRITER(w, buf, cap);
+	size_t n = strlen(msg);
+
+	proto_put_u32(&w, id);
+	proto_put_u32(&w, (uint32_t)code);
+	proto_put_bytes(&w, msg, n > PROTO_MAX_MSG ? PROTO_MAX_MSG : n);
+	return writer_done(&w);
+}
+
+int eproto_wend_decode(const uint8_t *p, size_t len, uint32_t *id, int32_t *code, char msg[PROTO_MAX_MSG + 1])
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*id = proto_get_u32(&r);
+	*code = (int32_t)proto_get_u32(&r);
+	proto_get_str(&r, msg, PROTO_MAX_MSG);
+	if (!r.err && (*code > 0 || *code < -4095))
+		r.err = -EPROTO;
+	return proto_reader_end(&r);
+}

@@ -43,6 +43,9 @@ enum eproto_type {
 	EP_PORT_CLOSED = 0x8a, /* u32 conn, u32 code (0, or a negative errno as u32): the connection is gone and its id free
 				* again (after both sides' SHUT, a reset, a refused connect, or the host's PORT_CLOSE) */
 	EP_PORTS_LIST = 0x8b,  /* u32 req, u32 n (<= EPROTO_MAX_PORTS), n x u32 port: the TCP ports listened on, ascending */
+	EP_WATCH_EVENT = 0x8c, /* u32 id, u8 event (enum eproto_wevent), str name: one change under a WATCH (eproto_wevent_*) */
+	EP_WATCH_END = 0x8d,   /* u32 id, u32 code (0: UNWATCH asked; else a negative errno as u32), str message: the
+				* watch is gone and its id free (eproto_wend_*) */
 
 	/* host -> guest */
 	EP_START = 0x90,       /* struct eproto_start -> STARTED, then OUT* and END; or ERROR */
@@ -67,6 +70,8 @@ enum eproto_type {
 	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback ->
 				* PORT_OPENED or PORT_CLOSED (-ECONNREFUSED: nobody listens) */
 	EP_PORTS = 0xa2,       /* u32 req -> PORTS_LIST */
+	EP_WATCH = 0xa3,       /* struct eproto_watch -> DONE{req} (then WATCH_EVENT{id}* until WATCH_END{id}) or ERROR */
+	EP_UNWATCH = 0xa4,     /* u32 id: stop watching -> WATCH_END{id, 0}, or nothing if it has ended already */
 
 	/* both ways, for a port connection (docs/e2b.md "Ports") */
 	EP_PORT_DATA = 0xb0,   /* u32 conn, then raw bytes (<= EPROTO_MAX_CHUNK), within the receiver's EPROTO_WINDOW */
@@ -78,6 +83,21 @@ enum eproto_type {
 /* HELLO's features (guest -> host): what this envd offers beyond version 1. */
 #define EPROTO_FEAT_PORTS 0x1u /* PORT_OPEN, PORTS and the port frames */
 #define EPROTO_MAX_PORTS 1024  /* ports in one PORTS_LIST */
+#define EPROTO_FEAT_WATCH 0x2u /* WATCH, UNWATCH and the watch frames */
+
+/* A WATCH_EVENT's event: E2B's filesystem.EventType numbers. */
+enum eproto_wevent { EP_WEV_CREATE = 1, EP_WEV_WRITE = 2, EP_WEV_REMOVE = 3, EP_WEV_RENAME = 4, EP_WEV_CHMOD = 5 };
+#define EP_WATCH_RECURSIVE 0x1u /* WATCH flags: subdirectories too, those made later included */
+#define EP_WATCH_FLAGS EP_WATCH_RECURSIVE
+
+/* WATCH: watch directory path (absolute, or relative to the user's home) as
+ * user ("" = the default user). id is the host's name for the watch, unique
+ * among its watches on this connection. */
+struct eproto_watch {
+	uint32_t req, id, flags;
+	char user[EPROTO_MAX_USER + 1];
+	char path[PROTO_MAX_PATH + 1];
+};
 
 enum eproto_stream { EP_STDOUT = 1, EP_STDERR = 2, EP_PTY = 3 };
 
@@ -176,6 +196,16 @@ ssize_t eproto_ports_encode(uint8_t *buf, size_t cap, uint32_t req, const uint16
 int eproto_ports_decode(const uint8_t *p, size_t len, uint32_t *req, uint16_t ports[EPROTO_MAX_PORTS], uint32_t *n);
 /* PORT_DATA (and any u32 id + raw bytes <= EPROTO_MAX_CHUNK). */
 ssize_t eproto_idraw_encode(uint8_t *buf, size_t cap, uint32_t id, const void *raw, size_t n);
+/* WATCH. */
+ssize_t eproto_watch_encode(uint8_t *buf, size_t cap, const struct eproto_watch *m);
+int eproto_watch_decode(const uint8_t *p, size_t len, struct eproto_watch *m);
+/* WATCH_EVENT: name is relative to the watched directory (proto_relpath_ok)
+ * or "." for the directory itself. */
+ssize_t eproto_wevent_encode(uint8_t *buf, size_t cap, uint32_t id, uint8_t event, const char *name);
+int eproto_wevent_decode(const uint8_t *p, size_t len, uint32_t *id, uint8_t *event, char name[PROTO_MAX_PATH + 1]);
+/* WATCH_END: code 0 or a negative errno (-4095..-1); msg cut at PROTO_MAX_MSG. */
+ssize_t eproto_wend_encode(uint8_t *buf, size_t cap, uint32_t id, int32_t code, const char *msg);
+int eproto_wend_decode(const uint8_t *p, size_t len, uint32_t *id, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
 ssize_t eproto_error_encode(uint8_t *buf, size_t cap, uint32_t req, int32_t code, const char *msg);
 int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
 

@@ -1,6 +1,6 @@
 /* envd_http_int: what envd_http's files share (envd_http_req.c: checked
  * request fields, the Connect request message, the channel; envd_http_fs.c,
- * envd_http_proc.c, envd_http_files.c: the RPC families; envd_http.c: the
+ * envd_http_proc.c, envd_http_files.c, envd_http_watch.c: the RPC families; envd_http.c: the
  * dispatch over them).
  * Not for other files: serve.c uses envd_http.h. */
 #ifndef KILN_ENVD_HTTP_INT_H
@@ -56,5 +56,13 @@ int envd_http_proc_list(struct envd *ch, json_t *processes, uint32_t want_pid, c
 json_t *envd_http_process_unary(struct envd *ch, const char *method, json_t *req, int64_t deadline, struct envd_err *e);
 enum MHD_Result envd_http_stream_error(struct MHD_Connection *conn, const struct envd_err *e);
 enum MHD_Result envd_http_process_stream(struct session_table *ss, struct httpd_req *r, const char *method);
+
+/* ---- envd_http_watch.c: WatchDir and the polling watchers ---- */
+
+enum MHD_Result envd_http_watch_stream(struct session_table *ss, struct httpd_req *r);
+/* CreateWatcher, GetWatcherEvents, RemoveWatcher. */
+int envd_http_watch_method(const char *method);
+json_t *envd_http_watch_unary(struct envd *ch, const char *method, const char *user, json_t *req, int64_t deadline,
+			      struct envd_err *e);
 
 #endif

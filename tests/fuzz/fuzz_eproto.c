@@ -17,6 +17,8 @@ static struct eproto_entry entry_msg;
 static struct eproto_fsreq fs_msg;
 static uint8_t enc[PROTO_MAX_PAYLOAD];
 static uint16_t ports[EPROTO_MAX_PORTS];
+static struct eproto_watch watch_msg;
+static char wname[PROTO_MAX_PATH + 1];
 
 static void same(ssize_t n, const uint8_t *p, size_t len)
 {
@@ -75,6 +77,18 @@ static void decode_all(const uint8_t *p, size_t len)
 	}
 	if (eproto_end_decode(p, len, &id, &how, &status) == 0)
 		same(eproto_end_encode(enc, sizeof(enc), id, how, status), p, len);
+	if (eproto_watch_decode(p, len, &watch_msg) == 0) {
+		check(watch_msg.path[0] != '\0' && !(watch_msg.flags & ~EP_WATCH_FLAGS));
+		same(eproto_watch_encode(enc, sizeof(enc), &watch_msg), p, len);
+	}
+	if (eproto_wevent_decode(p, len, &id, &how, wname) == 0) {
+		check(how >= EP_WEV_CREATE && how <= EP_WEV_CHMOD && (!strcmp(wname, ".") || proto_relpath_ok(wname) == 0));
+		same(eproto_wevent_encode(enc, sizeof(enc), id, how, wname), p, len);
+	}
+	if (eproto_wend_decode(p, len, &id, &code, msg) == 0) {
+		check(code <= 0);
+		same(eproto_wend_encode(enc, sizeof(enc), id, code, msg), p, len);
+	}
 	if (eproto_error_decode(p, len, &id, &code, msg) == 0) {
 		check(code < 0);
 		same(eproto_error_encode(enc, sizeof(enc), id, code, msg), p, len);

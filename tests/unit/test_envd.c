@@ -122,7 +122,7 @@ static void expect_hello(void)
 	assert_int_equal(expect_frame(&len), EP_HELLO);
 	assert_int_equal(eproto_u32s_decode(fr, len, v, 2), 0);
 	assert_int_equal(v[0], EPROTO_VERSION);
-	assert_int_equal(v[1], EPROTO_FEAT_PORTS);
+	assert_int_equal(v[1], EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH);
 }
 
 static int32_t expect_error(uint32_t req)
@@ -1260,6 +1260,142 @@ static void test_ports_list(void **state)
 	assert_int_equal(ports[1], 8080);
 }
 
+/* ---- directory watches ---- */
+
+static void send_watch(uint32_t req, uint32_t id, uint32_t flags, const char *path)
+{
+	static struct eproto_watch w;
+	ssize_t n;
+
+	memset(&w, 0, sizeof(w));
+	w.req = req;
+	w.id = id;
+	w.flags = flags;
+	snprintf(w.path, sizeof(w.path), "%s", path);
+	n = eproto_watch_encode(pl, sizeof(pl), &w);
+	assert_true(n > 0);
+	send_frame(EP_WATCH, pl, (size_t)n);
+}
+
+static void expect_wevent(uint32_t id, uint8_t type, const char *name)
+{
+	char got[PROTO_MAX_PATH + 1];
+	uint32_t i;
+	uint8_t t;
+	size_t len;
+
+	assert_int_equal(expect_frame(&len), EP_WATCH_EVENT);
+	assert_int_equal(eproto_wevent_decode(fr, len, &i, &t, got), 0);
+	assert_int_equal(i, id);
+	assert_string_equal(got, name);
+	assert_int_equal(t, type);
+}
+
+static void expect_wend(uint32_t id, int32_t code)
+{
+	char msg[PROTO_MAX_MSG + 1];
+	uint32_t i;
+	int32_t c;
+	size_t len;
+
+	assert_int_equal(expect_frame(&len), EP_WATCH_END);
+	assert_int_equal(eproto_wend_decode(fr, len, &i, &c, msg), 0);
+	assert_int_equal(i, id);
+	assert_int_equal(c, code);
+}
+
+static void test_watch(void **state)
+{
+	char w[256], p[300], p2[300];
+	uint32_t req, id;
+
+	snprintf(w, sizeof(w), "%s/w", home);
+	req = next_req++;
+	send_watch(req, 7, 0, w);
+	assert_int_equal(expect_error(req), -ENOENT);
+	snprintf(p, sizeof(p), "%s/afile", home);
+	put_file(p, "x");
+	req = next_req++;
+	send_watch(req, 7, 0, p);
+	assert_int_equal(expect_error(req), -ENOTDIR);
+
+	/* Recursive, by a path relative to the home. */
+	assert_int_equal(mkdir(w, 0755), 0);
+	req = next_req++;
+	send_watch(req, 7, EP_WATCH_RECURSIVE, "w");
+	expect_done(req);
+	snprintf(p, sizeof(p), "%s/a", w);
+	put_file(p, "x");
+	expect_wevent(7, EP_WEV_CREATE, "a");
+	expect_wevent(7, EP_WEV_WRITE, "a");
+	snprintf(p2, sizeof(p2), "%s/b", w);
+	assert_int_equal(rename(p, p2), 0);
+	expect_wevent(7, EP_WEV_RENAME, "a");
+	expect_wevent(7, EP_WEV_CREATE, "b");
+	assert_int_equal(chmod(p2, 0600), 0);
+	expect_wevent(7, EP_WEV_CHMOD, "b");
+	/* A directory made now is watched once its CREATE is out. */
+	snprintf(p, sizeof(p), "%s/sub", w);
+	assert_int_equal(mkdir(p, 0755), 0);
+	expect_wevent(7, EP_WEV_CREATE, "sub");
+	snprintf(p, sizeof(p), "%s/sub/c", w);
+	put_file(p, "y");
+	expect_wevent(7, EP_WEV_CREATE, "sub/c");
+	expect_wevent(7, EP_WEV_WRITE, "sub/c");
+	assert_int_equal(unlink(p2), 0);
+	expect_wevent(7, EP_WEV_REMOVE, "b");
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 7 }, 1);
+	expect_wend(7, 0);
+	/* Gone: a change now sends nothing, and UNWATCH again neither. */
+	put_file(p2, "z");
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 7 }, 1);
+	req = next_req++;
+	send_u32s(EP_LIST, &req, 1);
+	expect_done(req);
+
+	/* At most ENVD_MAX_WATCHES; an id in use is refused. */
+	for (id = 100; id < 100 + ENVD_MAX_WATCHES; id++) {
+		req = next_req++;
+		send_watch(req, id, 0, w);
+		expect_done(req);
+	}
+	req = next_req++;
+	send_watch(req, 100, 0, w);
+	assert_int_equal(expect_error(req), -EBUSY);
+	req = next_req++;
+	send_watch(req, 999, 0, w);
+	assert_int_equal(expect_error(req), -EMFILE);
+	for (id = 100; id < 100 + ENVD_MAX_WATCHES; id++) {
+		send_u32s(EP_UNWATCH, &id, 1);
+		expect_wend(id, 0);
+	}
+
+	/* ENVD_WATCH_DIRS directories per watch: a tree one larger is refused;
+	 * one that grows past it ends with -EMFILE after the CREATE. */
+	snprintf(p, sizeof(p), "%s/big", home);
+	assert_int_equal(mkdir(p, 0755), 0);
+	for (int i = 0; i < ENVD_WATCH_DIRS - 1; i++) {
+		snprintf(p2, sizeof(p2), "%s/big/d%d", home, i);
+		assert_int_equal(mkdir(p2, 0755), 0);
+	}
+	req = next_req++;
+	send_watch(req, 8, EP_WATCH_RECURSIVE, "big");
+	expect_done(req);
+	snprintf(p2, sizeof(p2), "%s/big/d0/more", home);
+	assert_int_equal(mkdir(p2, 0755), 0);
+	expect_wevent(8, EP_WEV_CREATE, "d0/more");
+	expect_wend(8, -EMFILE);
+	req = next_req++;
+	send_watch(req, 9, EP_WATCH_RECURSIVE, "big");
+	assert_int_equal(expect_error(req), -EMFILE);
+	/* Not recursive: one directory, however large the tree. */
+	req = next_req++;
+	send_watch(req, 9, 0, "big");
+	expect_done(req);
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 9 }, 1);
+	expect_wend(9, 0);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, envd_setup, envd_teardown)
 
 int main(void)
@@ -1270,6 +1406,7 @@ int main(void)
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
 		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
 		T(test_port_echo),         T(test_port_refused), T(test_port_window),  T(test_port_close),   T(test_ports_list),
+		T(test_watch),
 		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
 	};
 

@@ -1,6 +1,7 @@
 /* test_eproto: unit tests for lib/eproto.c, the guest envd protocol: every
  * codec round-trips, and malformed payloads (bad flags, ranges, NULs,
- * truncation, trailing bytes, hostile entries) are refused. */
+ * truncation, trailing bytes, hostile entries, watch event names outside
+ * the watched directory) are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -224,12 +225,92 @@ static void test_small(void **state)
 	assert_int_equal(eproto_idraw_decode(pl, 3, &pid, &raw, &n), -EPROTO);
 }
 
+static void test_watch(void **state)
+{
+	static struct eproto_watch in, out;
+	char name[PROTO_MAX_PATH + 1], msg[PROTO_MAX_MSG + 1], big[PROTO_MAX_MSG + 10];
+	static const char *const bad_names[] = { "", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/.", ".." };
+	uint32_t id;
+	int32_t code;
+	uint8_t ev;
+	ssize_t n;
+
+	memset(&in, 0, sizeof(in));
+	in.req = 9;
+	in.id = 3;
+	in.flags = EP_WATCH_RECURSIVE;
+	strcpy(in.user, "user");
+	strcpy(in.path, "/home/user/w");
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_true(n > 0);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), 0);
+	assert_int_equal(out.req, 9);
+	assert_int_equal(out.id, 3);
+	assert_int_equal(out.flags, EP_WATCH_RECURSIVE);
+	assert_string_equal(out.user, "user");
+	assert_string_equal(out.path, "/home/user/w");
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n + 1, &out), -EPROTO);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n - 1, &out), -EPROTO);
+	assert_string_equal(out.path, "");
+	in.flags = 0x4; /* unknown flag */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+	in.flags = 0;
+	in.path[0] = '\0'; /* no path */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+	strcpy(in.path, "w");
+	strcpy(in.user, "-rf"); /* not a user name */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+
+	/* WATCH_EVENT: a relative name, or "." for the directory itself */
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_RENAME, "sub/f.txt");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	assert_int_equal(id, 3);
+	assert_int_equal(ev, EP_WEV_RENAME);
+	assert_string_equal(name, "sub/f.txt");
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_REMOVE, ".");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n + 1, &id, &ev, name), -EPROTO);
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(*bad_names); i++) {
+		n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_CREATE, bad_names[i]);
+		assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+		assert_string_equal(name, "");
+	}
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, 0, "f"); /* no such event */
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_CHMOD + 1, "f");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_WRITE, "ab");
+	assert_int_equal(n, 11);
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	pl[10] = '\0'; /* a NUL inside the name */
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+
+	/* WATCH_END: 0 or a negative errno; the message cut at the bound */
+	n = eproto_wend_encode(pl, sizeof(pl), 3, 0, "");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), 0);
+	assert_int_equal(code, 0);
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	n = eproto_wend_encode(pl, sizeof(pl), 3, -EOVERFLOW, big);
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), 0);
+	assert_int_equal(code, -EOVERFLOW);
+	assert_int_equal(strlen(msg), PROTO_MAX_MSG);
+	n = eproto_wend_encode(pl, sizeof(pl), 3, 1, "positive");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), -EPROTO);
+	n = eproto_wend_encode(pl, sizeof(pl), 3, -5000, "past errno");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), -EPROTO);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_start_roundtrip), cmocka_unit_test(test_start_invalid),
 		cmocka_unit_test(test_proc_roundtrip),  cmocka_unit_test(test_entry),
 		cmocka_unit_test(test_fsreq),           cmocka_unit_test(test_small),
+		cmocka_unit_test(test_watch),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
