@@ -7,7 +7,7 @@
 # number and the free space.
 #   usage: build-rootfs.sh OUT_LINK [NAME]
 # Templates:
-#   default      python3 and the everyday tools (ps, curl, git, pip, venv, sudo) plus
+#   default      python3 (also as `python`) and the everyday tools (ps, curl, git, pip, venv, sudo) plus
 #                e2fsprogs and mount (the recipe build VM runs mkfs.ext4 -d,
 #                resize2fs and mount --bind inside a `default` guest)
 #   python-data  default + numpy, pandas, matplotlib (Agg backend by default,
@@ -24,7 +24,7 @@ recipe=2
 # Free space in the image: it bounds what one task can write to its disk.
 free_mib=${KILN_ROOTFS_FREE_MIB:-1024}
 
-base_pkgs="python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux sudo"
+base_pkgs="python3 python-is-python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux sudo"
 case $name in
   default)     pkgs=$base_pkgs; preload="" ;;
   # libblas-dev, liblapack-dev: what keeps python3-pythran (scipy's) installed

@@ -7,7 +7,7 @@
 # and chunked) by sha256, the headers the server sees (no kiln key), an
 # event stream, a WebSocket echoing 1,000 messages, 100 connections at once,
 # a port nobody listens on (502), no key (401), another customer's key and a
-# non-E2B session by header (404), a smuggling attempt refused before the
+# non-E2B session by header (E2B's 502 "The sandbox was not found"), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
 t_plan 41
@@ -152,7 +152,8 @@ check "host name routing: http://8000-ID.kiln.localhost:PORT/ reaches the port" 
 st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-s_${E#s}.kiln.localhost:$API_PORT/")
 check "...the stored spelling of its id works too (no TLS: no server-name check)" test "$st" = 200
 st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
-check "a session not made through /e2b is not public: 404" test "$st" = 404
+check "a session not made through /e2b is not public: E2B's 502 'The sandbox was not found', as for no sandbox" \
+	test "$st" = 502 -a "$(last .message)" = "The sandbox was not found" -a "$(last .sandboxId)" = "$S"
 
 # --- getMetrics over a range: the host samples every 5 s ---
 sleep 6

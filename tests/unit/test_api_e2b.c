@@ -528,9 +528,30 @@ static void test_pagination(void **state)
 	int seen = 0;
 
 	for (int i = 0; i < 3; i++) {
-		create(key_b, "{}", id, tok);
+		create(key_b, i == 1 ? "{}" : "{\"metadata\":{\"g\":\"y\"}}", id, tok);
 		store_session_id_e2b(id, ids[i]);
 	}
+	/* A full page after which nothing passes the filter has no token (E2B's
+	 * SDK reads a token as "there is more"); the filter skips the middle one. */
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?metadata=g%3Dy&limit=2", NULL);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?metadata=g%3Dy&limit=1", NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	assert_true(a.next_token[0]);
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes?metadata=g%%3Dy&limit=1&nextToken=%s", a.next_token);
+	answer_free(&a);
+	api(&a, key_b, "GET", p, NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[0]);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?limit=3", NULL);
+	assert_int_equal(json_array_size(a.j), 3);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
 	/* order=asc: oldest first, across pages; desc (the default) newest first. */
 	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=asc&limit=2", NULL);
 	assert_int_equal(json_array_size(a.j), 2);
@@ -636,7 +657,12 @@ static void test_timeout_pause_connect_kill(void **state)
 	assert_int_equal(store_session_get(st, id, NULL, &c), 0);
 	assert_int_equal(c.state, SESSION_RUNNING);
 	assert_int_equal(c.max_lifetime_s, 30);
-	/* running: 200; a shorter timeout does not shorten it */
+	/* running: 200; a shorter timeout does not shorten it (also by the
+	 * older SDKs' path, without v2) */
+	api(&a, key_a, "POST", p, "{\"timeout\":5}");
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/connect", id);
 	api(&a, key_a, "POST", p, "{\"timeout\":5}");
 	assert_int_equal(a.status, 200);
 	answer_free(&a);
