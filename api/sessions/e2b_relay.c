@@ -103,25 +103,28 @@ static const char *const relayed[][2] = {
 struct relay_headers {
 	char *line[RELAY_MAX_HEADERS + 1];
 	size_t n;
-	int bad;
+	int bad;       /* out of memory */
+	int bad_meta;  /* an X-Metadata-* header that could not go */
 };
 
-static void headers_add(struct relay_headers *h, const char *name, const char *v)
+/* 0, or -1 when the header is not relayed: a value that does not fit, or
+ * would end the header line. */
+static int headers_add(struct relay_headers *h, const char *name, const char *v)
 {
 	size_t len;
 
-	/* A value that does not fit, or would end the header line, is not relayed. */
 	if (!v || strlen(v) > RELAY_HEADER_MAX || strpbrk(v, "\r\n") || h->n >= RELAY_MAX_HEADERS)
-		return;
+		return -1;
 	len = strlen(name) + strlen(v) + 3;
 	h->line[h->n] = malloc(len);
 	if (!h->line[h->n]) {
 		h->bad = 1;
-		return;
+		return -1;
 	}
 	snprintf(h->line[h->n], len, "%s: %s", name, v);
 	h->n++;
 	h->line[h->n] = NULL;
+	return 0;
 }
 
 static enum MHD_Result add_meta_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
@@ -129,8 +132,11 @@ static enum MHD_Result add_meta_header(void *cls, enum MHD_ValueKind kind, const
 	struct relay_headers *h = cls;
 
 	(void)kind;
-	if (!strncasecmp(key, "X-Metadata-", 11) && strlen(key) <= 11 + 256 && !strpbrk(key, "\r\n:"))
-		headers_add(h, key, value ? value : "");
+	/* Metadata that cannot go is refused, never dropped: the file would
+	 * be written without it. */
+	if (!strncasecmp(key, "X-Metadata-", 11) &&
+	    (strlen(key) > 11 + 256 || strpbrk(key, "\r\n:") || headers_add(h, key, value ? value : "") < 0))
+		h->bad_meta = 1;
 	return MHD_YES;
 }
 
@@ -417,15 +423,21 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 		buf_free(&q);
 	}
 	for (size_t i = 0; i < N_RELAYED; i++)
-		headers_add(&hh, relayed[i][1], MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]));
+		(void)headers_add(&hh, relayed[i][1], MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]));
 	if (!strcmp(r->url, "/files")) {
 		char mb[32];
 
 		/* The bound on a gzip body once inflated: kiln-api's own. */
 		snprintf(mb, sizeof(mb), "%llu",
 			 (unsigned long long)(ss->cfg && ss->cfg->max_body_mib ? ss->cfg->max_body_mib : 64) << 20);
-		headers_add(&hh, "Kiln-Max-Body-Bytes", mb);
+		(void)headers_add(&hh, "Kiln-Max-Body-Bytes", mb);
 		MHD_get_connection_values(conn, MHD_HEADER_KIND, add_meta_header, &hh);
+		if (hh.bad_meta && !hh.bad) {
+			headers_free(&hh);
+			buf_free(&path);
+			return relay_error(conn, r->url, MHD_HTTP_BAD_REQUEST, CONNECT_INVALID_ARGUMENT,
+					   "invalid metadata: more than 4096 bytes, or more than 416 X-Metadata-* headers");
+		}
 	}
 	rl = hh.bad ? NULL : calloc(1, sizeof(*rl));
 	if (!rl) {
