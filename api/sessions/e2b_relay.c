@@ -397,6 +397,15 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 					   "a Connect call is a POST");
 		if (connect_call_check_media(kind, ctype, why, sizeof(why)) < 0)
 			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED, why);
+		/* Connect's own compression is not served (kiln-host inflates
+		 * /files bodies only): refused rather than parsed compressed. */
+		{
+			const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
+
+			if (ce && ce[0] && strcasecmp(ce, "identity"))
+				return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
+						   "a compressed Connect request (Content-Encoding) is not supported");
+		}
 	}
 	streaming = connect_kind_streams(kind);
 	if (!ss->host->stream_open_raw)

@@ -920,6 +920,17 @@ static void test_relay_passes(void **state)
 		assert_string_equal(str(a.j, "Accept-Encoding"), "gzip");
 		assert_string_equal(a.content_encoding, "gzip");
 		answer_free(&a);
+		{
+			const char *rpcz[5] = { hid, htok, "Content-Type: application/json", "Content-Encoding: gzip", NULL };
+
+			/* Connect's own compression is not served: 415, not relayed. */
+			calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+			call(&a, "POST", "/filesystem.Filesystem/Stat", rpcz, "\x1f\x8b\x08", 3);
+			assert_int_equal(a.status, 415);
+			assert_string_equal(str(a.j, "code"), "unimplemented");
+			assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls0);
+			answer_free(&a);
+		}
 		memset(huge, 'v', sizeof(huge) - 1);
 		memcpy(huge, "X-Metadata-Big: ", 16);
 		calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
