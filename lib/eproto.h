@@ -36,7 +36,7 @@ enum eproto_type {
 	EP_END = 0x83,     /* u32 pid, u8 how (PROTO_EXITED / PROTO_SIGNALED), u32 status: after its last OUT */
 	EP_ERROR = 0x84,   /* u32 req, i32 code (negative errno), str message (<= PROTO_MAX_MSG): the request failed */
 	EP_DONE = 0x85,    /* u32 req: the request succeeded (or a LIST / LISTDIR / READ ended) */
-	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry */
+	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry (then bytes meta when the file has metadata) */
 	EP_PROC = 0x87,    /* u32 req, struct eproto_proc: one LIST row */
 	EP_DATA = 0x88,    /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK): a READ's content */
 	EP_PORT_OPENED = 0x89, /* u32 conn: PORT_OPEN connected */
@@ -62,7 +62,8 @@ enum eproto_type {
 	EP_MOVE = 0x9a,        /* u32 req, str user, str src, str dst -> ENTRY (of dst) or ERROR */
 	EP_REMOVE = 0x9b,      /* u32 req, str user, str path -> DONE or ERROR (recursive for a directory) */
 	EP_READ = 0x9c,        /* u32 req, str user, str path -> DATA* then DONE, or ERROR (possibly after DATA) */
-	EP_WRITE = 0x9d,       /* u32 req, str user, str path: begins a file; WDATA* and WEND follow */
+	EP_WRITE = 0x9d,       /* u32 req, str user, str path (then bytes meta, when given): begins a file; WDATA* and
+				* WEND follow */
 	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
 	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or
@@ -135,6 +136,16 @@ struct eproto_proc {
 };
 
 enum eproto_ftype { EP_FILE = 1, EP_DIR = 2, EP_SYMLINK = 3, EP_OTHER = 4 };
+/* File metadata (E2B's `metadata`, kept by the guest as xattrs named
+ * EPROTO_META_XATTR + key, as E2B's envd keeps them): on the wire a `bytes`
+ * of pairs "key\0value\0". Keys 1-EPROTO_MAX_META_KEY bytes, keys and
+ * values printable ASCII (0x20-0x7e), each key once; the sum over the pairs
+ * of strlen(EPROTO_META_XATTR) + key + value at most EPROTO_MAX_META (E2B's
+ * budget: ext4 keeps a file's xattrs in one 4 KiB block). */
+#define EPROTO_META_XATTR "user.e2b."
+#define EPROTO_MAX_META 4096
+#define EPROTO_MAX_META_KEY (255 - 9) /* an xattr name is at most 255 bytes */
+
 /* A file's metadata, from lstat (a symlink is reported as itself, with its
  * target). path is absolute; name is its last component. */
 struct eproto_entry {
@@ -149,6 +160,8 @@ struct eproto_entry {
 	char name[256];
 	char path[PROTO_MAX_PATH + 1];
 	char target[PROTO_MAX_PATH + 1]; /* a symlink's target, else "" */
+	uint32_t meta_len;               /* metadata pairs (see EPROTO_META_XATTR); 0: none */
+	char meta[EPROTO_MAX_META];
 };
 
 /* A file-system request: STAT, LISTDIR, MKDIR, MOVE (path2 = dst), REMOVE,
@@ -159,6 +172,8 @@ struct eproto_fsreq {
 	char path[PROTO_MAX_PATH + 1];
 	char path2[PROTO_MAX_PATH + 1];
 	uint32_t depth; /* LISTDIR only */
+	uint32_t meta_len; /* WRITE only: the new file's metadata pairs; 0: none */
+	char meta[EPROTO_MAX_META];
 };
 
 /* Encoders write a payload (no frame header) into buf and return its length,
@@ -179,6 +194,16 @@ enum eproto_fs_kind eproto_fs_kind_of(uint8_t type);
 /* type is the request's: STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ or WRITE. */
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m);
 int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eproto_fsreq *m);
+
+/* Metadata pairs (EPROTO_META_XATTR): meta_check: 0 when p[0..n) is a
+ * well-formed set, else -EPROTO. meta_add: append key=value to the set
+ * buf[0..*len) (EPROTO_MAX_META bytes): 0, -EINVAL for a key or value that
+ * may not be one (empty or long key, a byte out of 0x20-0x7e, a key there
+ * already), -E2BIG past the budget. meta_next: the pair at *off (then
+ * moved past it): 1, or 0 at the end. */
+int eproto_meta_check(const char *p, size_t n);
+int eproto_meta_add(char *buf, uint32_t *len, const char *key, size_t klen, const char *val, size_t vlen);
+int eproto_meta_next(const char *p, size_t n, size_t *off, const char **key, const char **val);
 
 /* The small fixed messages. */
 ssize_t eproto_u32s_encode(uint8_t *buf, size_t cap, const uint32_t *v, unsigned n);

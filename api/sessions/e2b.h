@@ -17,8 +17,10 @@
 
 /* The envdVersion kiln's sandboxes report: what the SDK 2.51.0 gates its
  * calls on (>= 0.4.0: no default user sent; >= 0.5.2: stdin can be closed;
- * >= 0.5.7: octet-stream uploads for streamed data). */
-#define E2B_ENVD_VERSION "0.5.7"
+ * >= 0.5.7: octet-stream uploads for streamed data and for gzip: true;
+ * >= 0.6.2: files.write's metadata, as X-Metadata-* headers). Not 0.6.3:
+ * watchDir's includeEntry and later gates are not served. */
+#define E2B_ENVD_VERSION "0.6.2"
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
 

@@ -11,7 +11,9 @@
  * (the reaper does not idle it out). An RPC is checked before it goes:
  * one of envd's methods, with Connect's JSON Content-Type for its kind
  * (lib/connect_call.h, the table kiln-host serves by); a streaming method
- * counts in the customer's max_streams. */
+ * counts in the customer's max_streams. A gzip body goes as it came, with
+ * its Content-Encoding: kiln-host inflates it on its way to the guest, at
+ * most max_body_mib (sent as Kiln-Max-Body-Bytes), as a plain body. */
 #include "e2b.h"
 
 #include <stdio.h>
@@ -88,8 +90,62 @@ static const char *const relayed[][2] = {
 	{ "Connect-Timeout-Ms", "Connect-Timeout-Ms" },
 	{ "Keepalive-Ping-Interval", "Keepalive-Ping-Interval" },
 	{ "Authorization", "E2b-Authorization" },
+	{ "Content-Encoding", "Content-Encoding" },
+	{ "Accept-Encoding", "Accept-Encoding" },
 };
 #define N_RELAYED (sizeof(relayed) / sizeof(relayed[0]))
+/* X-Metadata-KEY headers (a file's metadata, at most 4 KiB in all, each
+ * pair at least 10 bytes of it) go too. */
+#define RELAY_MAX_META 416
+#define RELAY_MAX_HEADERS (N_RELAYED + 1 + RELAY_MAX_META)
+#define RELAY_HEADER_MAX 4400
+
+struct relay_headers {
+	char *line[RELAY_MAX_HEADERS + 1];
+	size_t n;
+	int bad;       /* out of memory */
+	int bad_meta;  /* an X-Metadata-* header that could not go */
+};
+
+/* 0, or -1 when the header is not relayed: a value that does not fit, or
+ * would end the header line. */
+static int headers_add(struct relay_headers *h, const char *name, const char *v)
+{
+	size_t len;
+
+	if (!v || strlen(v) > RELAY_HEADER_MAX || strpbrk(v, "\r\n") || h->n >= RELAY_MAX_HEADERS)
+		return -1;
+	len = strlen(name) + strlen(v) + 3;
+	h->line[h->n] = malloc(len);
+	if (!h->line[h->n]) {
+		h->bad = 1;
+		return -1;
+	}
+	snprintf(h->line[h->n], len, "%s: %s", name, v);
+	h->n++;
+	h->line[h->n] = NULL;
+	return 0;
+}
+
+static enum MHD_Result add_meta_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	struct relay_headers *h = cls;
+
+	(void)kind;
+	/* Metadata that cannot go is refused, never dropped: the file would
+	 * be written without it. */
+	if (!strncasecmp(key, "X-Metadata-", 11) &&
+	    (strlen(key) > 11 + 256 || strpbrk(key, "\r\n:") || headers_add(h, key, value ? value : "") < 0))
+		h->bad_meta = 1;
+	return MHD_YES;
+}
+
+static void headers_free(struct relay_headers *h)
+{
+	for (size_t i = 0; i < h->n; i++)
+		free(h->line[i]);
+	h->n = 0;
+}
 
 /* ---- the answer, streamed ---- */
 
@@ -316,23 +372,13 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	struct relay *rl;
 	struct query_b qb;
 	struct buf path;
-	const char *hdrs[N_RELAYED + 1];
-	char lines[N_RELAYED][600], url[256];
-	size_t nh = 0;
+	struct relay_headers hh = { .n = 0 };
+	char url[256];
 	int st, get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
 	enum MHD_Result ret;
 
 	if (!relay_check(ss, conn, r->method, r->url, r->host_id, &cur, url, &no))
 		return relay_error(conn, r->url, no.status, no.code, no.msg);
-	/* A compressed body (the SDK's gzip writes) would be written as it
-	 * is: refused, so that the caller sends the bytes themselves. */
-	{
-		const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
-
-		if (ce && ce[0] && strcasecmp(ce, "identity"))
-			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
-					   "a compressed request body (Content-Encoding) is not supported: send it as is");
-	}
 	/* An RPC is one of envd's methods (lib/connect_call.c's table, which
 	 * kiln-host serves by too), and whether it streams is the method's
 	 * kind, never the Content-Type's spelling: a stream holds a thread, a
@@ -351,6 +397,15 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 					   "a Connect call is a POST");
 		if (connect_call_check_media(kind, ctype, why, sizeof(why)) < 0)
 			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED, why);
+		/* Connect's own compression is not served (kiln-host inflates
+		 * /files bodies only): refused rather than parsed compressed. */
+		{
+			const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
+
+			if (ce && ce[0] && strcasecmp(ce, "identity"))
+				return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
+						   "a compressed Connect request (Content-Encoding) is not supported");
+		}
 	}
 	streaming = connect_kind_streams(kind);
 	if (!ss->host->stream_open_raw)
@@ -376,19 +431,26 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 		}
 		buf_free(&q);
 	}
-	for (size_t i = 0; i < N_RELAYED; i++) {
-		const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]);
+	for (size_t i = 0; i < N_RELAYED; i++)
+		(void)headers_add(&hh, relayed[i][1], MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]));
+	if (!strcmp(r->url, "/files")) {
+		char mb[32];
 
-		/* A value that does not fit, or would end the header line, is not relayed. */
-		if (!v || strlen(v) > 512 || strpbrk(v, "\r\n"))
-			continue;
-		snprintf(lines[nh], sizeof(lines[nh]), "%s: %s", relayed[i][1], v);
-		hdrs[nh] = lines[nh];
-		nh++;
+		/* The bound on a gzip body once inflated: kiln-api's own. */
+		snprintf(mb, sizeof(mb), "%llu",
+			 (unsigned long long)(ss->cfg && ss->cfg->max_body_mib ? ss->cfg->max_body_mib : 64) << 20);
+		(void)headers_add(&hh, "Kiln-Max-Body-Bytes", mb);
+		MHD_get_connection_values(conn, MHD_HEADER_KIND, add_meta_header, &hh);
+		if (hh.bad_meta && !hh.bad) {
+			headers_free(&hh);
+			buf_free(&path);
+			return relay_error(conn, r->url, MHD_HTTP_BAD_REQUEST, CONNECT_INVALID_ARGUMENT,
+					   "invalid metadata: more than 4096 bytes, or more than 416 X-Metadata-* headers");
+		}
 	}
-	hdrs[nh] = NULL;
-	rl = calloc(1, sizeof(*rl));
+	rl = hh.bad ? NULL : calloc(1, sizeof(*rl));
 	if (!rl) {
+		headers_free(&hh);
 		buf_free(&path);
 		return reply_internal(conn, "out of memory");
 	}
@@ -402,6 +464,7 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 			char msg[128];
 
 			free(rl);
+			headers_free(&hh);
 			buf_free(&path);
 			snprintf(msg, sizeof(msg), "more than %u streams open at once", q.max_streams);
 			return relay_error(conn, r->url, MHD_HTTP_TOO_MANY_REQUESTS, CONNECT_RESOURCE_EXHAUSTED, msg);
@@ -414,8 +477,10 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	rl->quiet_since = kclock_mono_ms(ss->clock);
 	sessions_hold(ss); /* the answer outlives the request's handler */
 	sessions_op_enter_touch(ss, cur.id);
-	rl->hs = ss->host->stream_open_raw(ss->host->ctx, url, ss->token, r->method, path.p, hdrs,
-					   get ? NULL : (r->body ? r->body : ""), get ? 0 : r->len, ctype, &err);
+	rl->hs = ss->host->stream_open_raw(ss->host->ctx, url, ss->token, r->method, path.p,
+					   (const char *const *)hh.line, get ? NULL : (r->body ? r->body : ""),
+					   get ? 0 : r->len, ctype, &err);
+	headers_free(&hh);
 	buf_free(&path);
 	st = rl->hs ? ss->host->stream_status(ss->host->ctx, rl->hs, RELAY_STATUS_MS, &err) : -1;
 	if (st < 0) {
@@ -436,6 +501,17 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 
 		if (ct && ct[0])
 			MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
+	}
+	/* A download compressed on the host (Accept-Encoding: gzip) says so. */
+	if (ss->host->stream_header) {
+		static const char *const back[] = { "Content-Encoding", "Vary" };
+
+		for (size_t i = 0; i < sizeof(back) / sizeof(back[0]); i++) {
+			const char *v = ss->host->stream_header(ss->host->ctx, rl->hs, back[i]);
+
+			if (v && v[0] && !strpbrk(v, "\r\n"))
+				MHD_add_response_header(resp, back[i], v);
+		}
 	}
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	ret = MHD_queue_response(conn, (unsigned)st, resp);

@@ -43,8 +43,10 @@ struct envd *envd_http_channel(struct session_table *ss, const char *id, json_t 
 /* ---- envd_http_fs.c: filesystem.Filesystem (and one guest request with
  * replies, which downloads and uploads use too) ---- */
 
+/* meta, meta_len: a WRITE's metadata pairs (lib/eproto.h), else NULL, 0. */
 struct envd_req *envd_http_fs_begin(struct envd *ch, uint8_t type, const char *user, const char *path, const char *path2,
-				 uint32_t depth, int64_t deadline, struct envd_err *e);
+				 uint32_t depth, const char *meta, uint32_t meta_len, int64_t deadline,
+				 struct envd_err *e);
 json_t *envd_http_one_entry(struct envd_req *r, int64_t deadline, struct envd_err *e);
 json_t *envd_http_fs_unary(struct envd *ch, const char *method, const char *user, json_t *req, int64_t deadline,
 			   struct envd_err *e);

@@ -304,24 +304,51 @@ try {
     assert.equal(sha256(back), sha256(data));
   }, 120_000);
 
-  await check('files.write with gzip: the right bytes or a clean error, never the compressed ones', async () => {
+  await check('files.write and files.read with gzip: true (text, binary, a stream): the bytes themselves, sha256 equal', async () => {
     const text = 'gzip me '.repeat(1000);
-    let how;
-    try {
-      await sbx.files.write('/home/user/gz.txt', text, { gzip: true });
-      const back = await sbx.files.read('/home/user/gz.txt');
-      assert.equal(back.length, text.length, `wrote ${text.length} bytes, read back ${back.length}`);
-      assert.equal(back, text);
-      how = 'written and read back';
-    } catch (e) {
-      if (e instanceof assert.AssertionError) throw e;
-      assert.ok(isSdkError(e), `raised ${errText(e)}, not one of the SDK's error classes`);
-      how = `refused: ${errText(e)}`;
-    }
-    raised.push(`files.write(gzip: true): ${how}`);
-    await sbx.files.write('/home/user/gz-plain.txt', text);
-    assert.equal(await sbx.files.read('/home/user/gz-plain.txt', { gzip: true }), text, 'read with gzip: true');
-    return how;
+    const w = await sbx.files.write('/home/user/gz.txt', text, { gzip: true });
+    assert.equal(w.path, '/home/user/gz.txt');
+    assert.equal(await sbx.files.read('/home/user/gz.txt'), text);
+    assert.equal(await sbx.files.read('/home/user/gz.txt', { gzip: true }), text, 'read with gzip: true');
+    const bin = Buffer.concat([randomBytes(400_000), Buffer.alloc(400_000, 7)]);
+    await sbx.files.write('/home/user/gz.bin', new Blob([bin]), { gzip: true });
+    const back = await sbx.files.read('/home/user/gz.bin', { format: 'bytes', gzip: true });
+    assert.equal(sha256(back), sha256(bin), 'binary, gzip both ways');
+    const r = await sbx.commands.run('sha256sum /home/user/gz.bin');
+    assert.equal(r.stdout.split(' ')[0], sha256(bin), 'in the guest');
+    const s = await sbx.files.read('/home/user/gz.bin', { format: 'stream', gzip: true });
+    const h = createHash('sha256');
+    for await (const c of s) h.update(c);
+    assert.equal(h.digest('hex'), sha256(bin), 'read as a stream with gzip: true');
+  }, 120_000);
+
+  await check('files.write([{path, data}, ...]) with gzip: true and home-relative paths: each at its path', async () => {
+    const res = await sbx.files.write([
+      { path: 'gzmulti/a.txt', data: 'A-gz' },
+      { path: '/home/user/gzmulti/deeper/b.txt', data: 'B-gz' },
+    ], { gzip: true });
+    assert.deepEqual(res.map((r) => r.path).sort(), ['/home/user/gzmulti/a.txt', '/home/user/gzmulti/deeper/b.txt']);
+    assert.equal(await sbx.files.read('/home/user/gzmulti/a.txt'), 'A-gz');
+    assert.equal(await sbx.files.read('/home/user/gzmulti/deeper/b.txt'), 'B-gz');
+  });
+
+  await check('files.write with metadata: in the answer, getInfo, list and rename; an overwrite clears it', async () => {
+    const md = { author: 'kiln', purpose: 'sdk test' };
+    const w = await sbx.files.write('/home/user/meta/m.txt', 'with metadata', { metadata: md });
+    assert.deepEqual(w.metadata, md, 'the write answer');
+    assert.deepEqual((await sbx.files.getInfo('/home/user/meta/m.txt')).metadata, md, 'getInfo');
+    const l = await sbx.files.list('/home/user/meta');
+    assert.deepEqual(l.find((e) => e.name === 'm.txt').metadata, md, 'list');
+    const mv = await sbx.files.rename('/home/user/meta/m.txt', '/home/user/meta/n.txt');
+    assert.deepEqual(mv.metadata, md, 'rename');
+    const many = await sbx.files.write([{ path: '/home/user/meta/x.txt', data: 'x' }, { path: '/home/user/meta/y.txt', data: 'y' }],
+      { metadata: { batch: '1' } });
+    assert.deepEqual(many.map((e) => e.metadata), [{ batch: '1' }, { batch: '1' }], 'every file of a multipart write');
+    await sbx.files.write('/home/user/meta/n.txt', 'overwritten');
+    assert.equal((await sbx.files.getInfo('/home/user/meta/n.txt')).metadata, undefined, 'cleared on overwrite');
+    const big = await sdkFailure(() => sbx.files.write('/home/user/meta/big.txt', 'x', { metadata: { v: 'x'.repeat(5000) } }),
+      'files.write(metadata over 4 KiB)');
+    return big;
   });
 
   await check('files.write of two files in one request (two multipart parts)', async () => {
@@ -333,6 +360,9 @@ try {
     assert.deepEqual(res.map((r) => r.path).sort(), ['/home/user/multi/a.txt', '/home/user/multi/deeper/b.txt']);
     assert.equal(await sbx.files.read('/home/user/multi/a.txt'), 'A-content');
     assert.equal(await sbx.files.read('/home/user/multi/deeper/b.txt'), 'B-content');
+    const rel = await sbx.files.writeFiles([{ path: 'relmulti/c.txt', data: 'C' }, { path: 'relmulti/d.txt', data: 'D' }]);
+    assert.deepEqual(rel.map((r) => r.path).sort(), ['/home/user/relmulti/c.txt', '/home/user/relmulti/d.txt'], 'home-relative');
+    assert.equal(await sbx.files.read('/home/user/relmulti/d.txt'), 'D');
   });
 
   await check('files.makeDir (true, then false when it exists) and files.list (depth 1 and 2)', async () => {

@@ -1,7 +1,8 @@
 /* fuzz_eproto: libFuzzer target for the guest envd protocol (lib/eproto.c).
  * Splits the input into lib/proto frames and hands every payload to every
  * decoder, each from an exact-size heap copy so that ASan sees any read past
- * the payload. A payload that decodes must re-encode to the same bytes. */
+ * the payload. A payload that decodes must re-encode to the same bytes; a
+ * payload that is a well-formed metadata set must rebuild to itself. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +52,7 @@ static void decode_all(const uint8_t *p, size_t len)
 	}
 	if (eproto_entry_decode(p, len, &entry_msg) == 0) {
 		check(entry_msg.type >= EP_FILE && entry_msg.type <= EP_OTHER && !strchr(entry_msg.name, '/'));
+		check(entry_msg.meta_len <= EPROTO_MAX_META && eproto_meta_check(entry_msg.meta, entry_msg.meta_len) == 0);
 		same(eproto_entry_encode(enc, sizeof(enc), &entry_msg), p, len);
 	}
 	for (i = 0; i < sizeof(fstypes); i++)
@@ -58,6 +60,18 @@ static void decode_all(const uint8_t *p, size_t len)
 			check(fs_msg.path[0] != '\0');
 			same(eproto_fsreq_encode(enc, sizeof(enc), fstypes[i], &fs_msg), p, len);
 		}
+	/* A metadata set that checks is rebuilt pair by pair into the same bytes. */
+	if (eproto_meta_check((const char *)p, len) == 0) {
+		static char rebuilt[EPROTO_MAX_META];
+		uint32_t rl = 0;
+		size_t off = 0;
+		const char *k, *v;
+
+		check(len <= EPROTO_MAX_META);
+		while (eproto_meta_next((const char *)p, len, &off, &k, &v))
+			check(eproto_meta_add(rebuilt, &rl, k, strlen(k), v, strlen(v)) == 0);
+		check(rl == len && (!len || memcmp(rebuilt, p, len) == 0));
+	}
 	for (i = 1; i <= 3; i++)
 		if (eproto_u32s_decode(p, len, v, (unsigned)i) == 0)
 			same(eproto_u32s_encode(enc, sizeof(enc), v, (unsigned)i), p, len);

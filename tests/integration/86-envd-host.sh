@@ -3,8 +3,9 @@
 # driven with curl against kiln-host's own endpoints in a real session VM:
 # Connect streams checked envelope by envelope, exit codes, the Content-Type
 # by the method's kind (any case the same; the other kind's 415), a background
-# process with List/SendInput/Connect/SendSignal, uploads (multipart and raw)
-# and downloads by sha256, the file-system RPCs and their error codes,
+# process with List/SendInput/Connect/SendSignal, uploads (multipart with one
+# or two parts, raw, gzip within and past Kiln-Max-Body-Bytes, X-Metadata-*)
+# and downloads by sha256 (also gzip), the file-system RPCs and their error codes,
 # directory watching (WatchDir streams, polling watchers, a client's
 # disconnect freeing the guest's inotify instance, the bound), the
 # Connect-Timeout-Ms deadline, metrics, pause+resume with a process still
@@ -13,7 +14,7 @@
 # kiln-host not starting, or envd not answering its health check, is a
 # failure that ends the script.
 . "$(dirname "$0")/lib.sh"
-t_plan 102
+t_plan 106
 require_image
 t_require_tools swift-proxy-server memcached
 PY=/usr/bin/python3
@@ -264,6 +265,27 @@ curl -s -m 120 -o "$T_TMP/big.back" -w '%{http_code}' -H "Authorization: Bearer 
 check "download: the same bytes (sha256)" test "$(cat "$T_TMP/dl.st")" = 200 -a "$(sha256sum < "$T_TMP/big.back" | cut -d' ' -f1)" = "$want"
 st=$(h POST "/v1/sessions/s1/envd/files?path=raw.txt&username=root" -H 'Content-Type: application/octet-stream' --data-binary 'raw bytes')
 check "application/octet-stream upload as root, relative to its home" test "$st" = 200 -a "$(last '.[0].path')" = /root/raw.txt
+printf 'A' > "$T_TMP/pa"; printf 'BB' > "$T_TMP/pb"
+st=$(h POST "/v1/sessions/s1/envd/files" -F "file=@$T_TMP/pa;filename=/home/user/two/a.txt" -F "file=@$T_TMP/pb;filename=two/sub/b.txt")
+check "multipart with two parts and no ?path=: each at its filename's path ($st $(last 'map(.path) | join(" ")'))" \
+	test "$st" = 200 -a "$(last 'map(.path) | join(" ")')" = "/home/user/two/a.txt /home/user/two/sub/b.txt"
+head -c $((2 << 20)) /dev/zero | gzip -c > "$T_TMP/z.gz"
+st=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/z.bin" -H 'Content-Type: application/octet-stream' \
+	-H 'Content-Encoding: gzip' -H 'Kiln-Max-Body-Bytes: 1048576' --data-binary @"$T_TMP/z.gz")
+st2=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/z.bin" -H 'Content-Type: application/octet-stream' \
+	-H 'Content-Encoding: gzip' --data-binary @"$T_TMP/z.gz")
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/z.bin"}' > /dev/null
+check "gzip upload: 413 past Kiln-Max-Body-Bytes (1 MiB < 2), 200 within the default 64 MiB, 2 MiB written ($st $st2 $(last .entry.size))" \
+	test "$st" = 413 -a "$st2" = 200 -a "$(last .entry.size)" = 2097152
+curl -s -m 60 -o "$T_TMP/z.back" -D "$T_TMP/z.hdr" -H "Authorization: Bearer $TOKEN" -H 'Accept-Encoding: gzip' "$U/envd/files?path=/home/user/z.bin"
+check "download with Accept-Encoding: gzip: Content-Encoding gzip, $(stat -c %s "$T_TMP/z.back") bytes that inflate to the file" \
+	test "$(tr -d '\r' < "$T_TMP/z.hdr" | sed -n 's/^content-encoding: *//Ip')" = gzip -a \
+	"$(gzip -dc < "$T_TMP/z.back" | sha256sum)" = "$(head -c $((2 << 20)) /dev/zero | sha256sum)"
+st=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/m.txt" -H 'Content-Type: application/octet-stream' \
+	-H 'X-Metadata-Owner-Team: infra' --data-binary 'm')
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/m.txt"}' > /dev/null
+check "X-Metadata-Owner-Team: metadata {owner-team} in the upload's answer and Stat ($st $(last '.entry.metadata | tojson'))" \
+	test "$st" = 200 -a "$(last '.entry.metadata["owner-team"]')" = infra
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/up/big.bin"}')
 check "Stat: entry (size as a string, type, owner, permissions)" \
 	test "$st" = 200 -a "$(jq -c '.entry | [.name, .type, .size, .owner, .permissions]' "$T_TMP/last")" = '["big.bin","FILE_TYPE_FILE","5242880","user","-rw-r--r--"]'

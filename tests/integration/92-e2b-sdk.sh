@@ -9,7 +9,7 @@
 # stack is left (processes, mounts, cgroups, VM directories).
 # The plain protocol with curl: 93-e2b-protocol.sh.
 . "$(dirname "$0")/lib.sh"
-t_plan 56
+t_plan 58
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require
@@ -27,9 +27,9 @@ client_results sdk "$T_TMP/sdk.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" \
 	E2B_TEST_OTHER_KEY="$KB" KILN_E2B_SDK="$SDK" \
 	timeout -k 5 600 node "$ROOT/tests/e2b/sdk_test.mjs"
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
-# tests/e2b/sdk_test.mjs prints exactly 47 checks (E2B_TEST_OTHER_KEY set).
-check "the SDK test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 47)" \
-	[ -n "$summary" -a "$C_N" = 47 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
+# tests/e2b/sdk_test.mjs prints exactly 49 checks (E2B_TEST_OTHER_KEY set).
+check "the SDK test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 49)" \
+	[ -n "$summary" -a "$C_N" = 49 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
 
 # ---- what the killed sandbox leaves: nothing ----
 SBX=$(sed -n 's/^PASS Sandbox.create() .* (\([^ ]*\) in [0-9]* ms).*/\1/p' "$T_TMP/sdk.out" | head -n 1)

@@ -135,10 +135,18 @@ static enum MHD_Result echo_handler(void *cls, struct MHD_Connection *conn, cons
 		hdr(j, conn, "Connect-Protocol-Version");
 		hdr(j, conn, "Connect-Timeout-Ms");
 		hdr(j, conn, "X-Access-Token");
+		hdr(j, conn, "Content-Encoding");
+		hdr(j, conn, "Accept-Encoding");
+		hdr(j, conn, "Kiln-Max-Body-Bytes");
+		hdr(j, conn, "X-Metadata-Author");
 		text = json_dumps(j, JSON_COMPACT);
 		json_decref(j);
 		resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
 		MHD_add_response_header(resp, "Content-Type", "application/json");
+		/* As kiln-host answers a download asked for in gzip (the body is
+		 * not: only the header's relaying is looked at). */
+		if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Accept-Encoding"))
+			MHD_add_response_header(resp, "Content-Encoding", "gzip");
 		ret = MHD_queue_response(conn, strstr(url, "/health") ? 204 : 200, resp);
 	}
 	MHD_destroy_response(resp);
@@ -206,6 +214,7 @@ static int setup(void **state)
 	ops = fake_ops;
 	ops.stream_open_raw = host_ops_hostclient.stream_open_raw;
 	ops.stream_content_type = host_ops_hostclient.stream_content_type;
+	ops.stream_header = host_ops_hostclient.stream_header;
 	ops.stream_status = host_ops_hostclient.stream_status;
 	ops.stream_read = host_ops_hostclient.stream_read;
 	ops.stream_close = host_ops_hostclient.stream_close;
@@ -263,6 +272,7 @@ struct answer {
 	char retry_after[32];
 	char next_token[160];
 	char content_type[128];
+	char content_encoding[32];
 	struct buf raw;
 };
 
@@ -280,6 +290,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg)
 		snprintf(a->next_token, sizeof(a->next_token), "%s", line + 14);
 	if (!strncasecmp(line, "Content-Type: ", 14))
 		snprintf(a->content_type, sizeof(a->content_type), "%s", line + 14);
+	if (!strncasecmp(line, "Content-Encoding: ", 18))
+		snprintf(a->content_encoding, sizeof(a->content_encoding), "%s", line + 18);
 	return len;
 }
 
@@ -906,17 +918,52 @@ static void test_relay_passes(void **state)
 	assert_string_equal(str(a.j, "sha"), hex);
 	answer_free(&a);
 	free(blob);
-	/* A compressed body is refused, not written compressed. */
+	/* A compressed body goes as it came, with its Content-Encoding and the
+	 * bound on its inflated size (kiln-host inflates it); metadata headers
+	 * go too; Accept-Encoding goes and the answer's Content-Encoding comes
+	 * back; metadata that cannot go is a 400, never dropped. */
 	{
-		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip", NULL };
+		static char huge[5100];
+		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip",
+				     "X-Metadata-Author: mish", NULL };
 		char hid[100], htok[120];
-		const char *all[5] = { hid, htok, hs[0], hs[1], NULL };
+		const char *all[6] = { hid, htok, hs[0], hs[1], hs[2], NULL };
+		const char *get[4] = { hid, htok, "Accept-Encoding: gzip", NULL };
+		const char *bigmeta[4] = { hid, htok, huge, NULL };
+		int calls0;
 
 		snprintf(hid, sizeof(hid), "E2b-Sandbox-Id: %s", id);
 		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
 		call(&a, "POST", "/files?path=/tmp/z", all, "\x1f\x8b\x08", 3);
-		assert_int_equal(a.status, 415);
-		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 415);
+		assert_int_equal(a.status, 200);
+		assert_string_equal(str(a.j, "Content-Encoding"), "gzip");
+		assert_string_equal(str(a.j, "X-Metadata-Author"), "mish");
+		assert_string_equal(str(a.j, "Kiln-Max-Body-Bytes"), "16777216"); /* the test API's max_body_mib, 16 */
+		assert_int_equal(json_integer_value(json_object_get(a.j, "len")), 3);
+		answer_free(&a);
+		call(&a, "GET", "/files?path=/tmp/z", get, NULL, 0);
+		assert_int_equal(a.status, 200);
+		assert_string_equal(str(a.j, "Accept-Encoding"), "gzip");
+		assert_string_equal(a.content_encoding, "gzip");
+		answer_free(&a);
+		{
+			const char *rpcz[5] = { hid, htok, "Content-Type: application/json", "Content-Encoding: gzip", NULL };
+
+			/* Connect's own compression is not served: 415, not relayed. */
+			calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+			call(&a, "POST", "/filesystem.Filesystem/Stat", rpcz, "\x1f\x8b\x08", 3);
+			assert_int_equal(a.status, 415);
+			assert_string_equal(str(a.j, "code"), "unimplemented");
+			assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls0);
+			answer_free(&a);
+		}
+		memset(huge, 'v', sizeof(huge) - 1);
+		memcpy(huge, "X-Metadata-Big: ", 16);
+		calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+		call(&a, "POST", "/files?path=/tmp/z", bigmeta, "x", 1);
+		assert_int_equal(a.status, 400);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 400);
+		assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls0);
 		answer_free(&a);
 	}
 	/* A method that is no name does not reach the host. */

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "envd.h"
@@ -743,6 +744,55 @@ static void test_fs_write_read_stat(void **state)
 	assert_int_equal(expect_error(req), -EISDIR);
 }
 
+/* WRITE's metadata becomes user.e2b.* xattrs, ENTRY reads them back
+ * (leaving out what is not printable), MOVE keeps them, an overwrite
+ * without metadata clears them. */
+static void test_fs_metadata(void **state)
+{
+	char path[256], path2[256], v[64];
+	uint32_t req = next_req++;
+	const char *k, *val;
+	size_t off = 0;
+	ssize_t n;
+	uint32_t want;
+
+	memset(&q, 0, sizeof(q));
+	q.req = req;
+	snprintf(q.path, sizeof(q.path), "meta/m.txt");
+	assert_int_equal(eproto_meta_add(q.meta, &q.meta_len, "author", 6, "mish", 4), 0);
+	assert_int_equal(eproto_meta_add(q.meta, &q.meta_len, "purpose", 7, "unit test", 9), 0);
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_WRITE, &q);
+	assert_true(n > 0);
+	want = q.meta_len; /* send_fs clears q */
+	send_frame(EP_WRITE, pl, (size_t)n);
+	send_u32s(EP_WEND, &req, 1);
+	snprintf(path, sizeof(path), "%s/meta/m.txt", home);
+	expect_entry(req);
+	n = getxattr(path, "user.e2b.author", v, sizeof(v));
+	if (n < 0 && errno == ENOTSUP)
+		skip(); /* this file system keeps no user xattrs */
+	assert_int_equal(n, 4);
+	assert_memory_equal(v, "mish", 4);
+	assert_int_equal(ent.meta_len, want);
+	assert_memory_equal(ent.meta, "author\0mish\0purpose\0unit test\0", want);
+	/* A pair set in the sandbox that is not printable ASCII is left out. */
+	assert_int_equal(setxattr(path, "user.e2b.bin", "\x01\x02", 2, 0), 0);
+	assert_int_equal(setxattr(path, "user.other", "x", 1, 0), 0);
+	req = next_req++;
+	send_fs(EP_STAT, req, path, NULL, 0);
+	expect_entry(req);
+	assert_int_equal(ent.meta_len, want);
+	assert_int_equal(eproto_meta_next(ent.meta, ent.meta_len, &off, &k, &val), 1);
+	req = next_req++;
+	snprintf(path2, sizeof(path2), "%s/meta/n.txt", home);
+	send_fs(EP_MOVE, req, path, path2, 0);
+	expect_entry(req);
+	assert_int_equal(ent.meta_len, want);
+	write_file("meta/n.txt", "again", 5);
+	assert_int_equal(ent.meta_len, 0);
+	assert_true(getxattr(path2, "user.e2b.author", v, sizeof(v)) < 0);
+}
+
 static void test_fs_write_cancel(void **state)
 {
 	uint32_t req = next_req++;
@@ -1404,7 +1454,7 @@ int main(void)
 		T(test_echo_streams_exit), T(test_env_cwd_user), T(test_start_errors), T(test_signal),
 		T(test_stdin_pipe),        T(test_stdin_bound), T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
-		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
+		T(test_fs_write_read_stat), T(test_fs_metadata), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
 		T(test_port_echo),         T(test_port_refused), T(test_port_window),  T(test_port_close),   T(test_ports_list),
 		T(test_watch),
 		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
