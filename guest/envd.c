@@ -47,7 +47,7 @@ const struct envd_config envd_guest_config = {
 
 static void envd_hello(struct envd *e)
 {
-	uint32_t v[2] = { EPROTO_VERSION, EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH };
+	uint32_t v[2] = { EPROTO_VERSION, EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH | EPROTO_FEAT_META };
 
 	envd_send_u32s(e, EP_HELLO, v, 2);
 }

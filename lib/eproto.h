@@ -85,6 +85,7 @@ enum eproto_type {
 #define EPROTO_FEAT_PORTS 0x1u /* PORT_OPEN, PORTS and the port frames */
 #define EPROTO_MAX_PORTS 1024  /* ports in one PORTS_LIST */
 #define EPROTO_FEAT_WATCH 0x2u /* WATCH, UNWATCH and the watch frames */
+#define EPROTO_FEAT_META 0x4u  /* WRITE's and ENTRY's trailing metadata set (an older envd refuses a WRITE with one) */
 
 /* A WATCH_EVENT's event: E2B's filesystem.EventType numbers. */
 enum eproto_wevent { EP_WEV_CREATE = 1, EP_WEV_WRITE = 2, EP_WEV_REMOVE = 3, EP_WEV_RENAME = 4, EP_WEV_CHMOD = 5 };

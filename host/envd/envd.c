@@ -596,6 +596,18 @@ void envd_unref(struct envd *e)
 }
 
 /* Wait for READY (lock held). 0 or -1 with err. */
+int envd_has_feature(struct envd *e, uint32_t feature, int64_t deadline_ms, struct envd_err *err)
+{
+	int r;
+
+	pthread_mutex_lock(&e->lock);
+	r = envd_wait_ready(e, deadline_ms, err);
+	if (r == 0)
+		r = (e->features & feature) == feature;
+	pthread_mutex_unlock(&e->lock);
+	return r;
+}
+
 int envd_wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err)
 {
 	int64_t hello_until = proto_now_ms() + ENVD_HELLO_MS;

@@ -167,6 +167,11 @@ void envd_port_close(struct envd_port *c);
  * EPROTO_MAX_PORTS). 0, or -1 with err. */
 int envd_ports(struct envd *e, uint16_t *ports, uint32_t *n, int64_t deadline_ms, struct envd_err *err);
 
+/* Whether the guest's envd said it has feature (EPROTO_FEAT_*) in its
+ * HELLO, waiting for the HELLO until deadline_ms: 1 or 0, or -1 with err
+ * set (the envd does not answer, the sandbox is gone). */
+int envd_has_feature(struct envd *e, uint32_t feature, int64_t deadline_ms, struct envd_err *err);
+
 /* ---- directory watches ---------------------------------------------------- */
 
 /* A watch of a directory inside the guest (E2B's WatchDir and its polling

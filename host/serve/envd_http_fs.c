@@ -134,6 +134,21 @@ struct envd_req *envd_http_fs_begin(struct envd *ch, uint8_t type, const char *u
 		envd_http_eset(e, CONNECT_INVALID_ARGUMENT, "metadata: more than %d bytes", EPROTO_MAX_META);
 		goto out;
 	}
+	/* A sandbox paused before file metadata came resumes with an envd
+	 * that would refuse the WRITE: say so at once. */
+	if (meta_len) {
+		struct envd_err fe = { 0 };
+		int has = envd_has_feature(ch, EPROTO_FEAT_META, deadline, &fe);
+
+		if (has <= 0) {
+			if (has < 0)
+				*e = fe;
+			else
+				envd_http_eset(e, CONNECT_UNIMPLEMENTED,
+					       "this sandbox's image predates file metadata: write without it, or rebuild its template");
+			goto out;
+		}
+	}
 	if (meta_len)
 		memcpy(q->meta, meta, meta_len);
 	q->meta_len = meta_len;

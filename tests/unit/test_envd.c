@@ -123,7 +123,7 @@ static void expect_hello(void)
 	assert_int_equal(expect_frame(&len), EP_HELLO);
 	assert_int_equal(eproto_u32s_decode(fr, len, v, 2), 0);
 	assert_int_equal(v[0], EPROTO_VERSION);
-	assert_int_equal(v[1], EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH);
+	assert_int_equal(v[1], EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH | EPROTO_FEAT_META);
 }
 
 static int32_t expect_error(uint32_t req)

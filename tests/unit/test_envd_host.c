@@ -719,6 +719,18 @@ static void test_watch_old_guest(void **state)
 	assert_int_equal(envd_watcher_create(ch, "", "dir", 0, proto_now_ms() + 5000, id, &e), -1);
 	assert_int_equal(e.code, CONNECT_UNIMPLEMENTED);
 	assert_int_equal(envd_refs(ch), 1);
+	/* Nor file metadata: a WRITE with it would be refused by that envd. */
+	assert_int_equal(envd_has_feature(ch, EPROTO_FEAT_META, proto_now_ms() + 5000, &e), 0);
+}
+
+/* What the HELLO said is what envd_has_feature answers. */
+static void test_features(void **state)
+{
+	struct envd_err e;
+
+	assert_int_equal(envd_has_feature(ch, EPROTO_FEAT_WATCH, proto_now_ms() + 5000, &e), 1);
+	assert_int_equal(envd_has_feature(ch, EPROTO_FEAT_META, proto_now_ms() + 5000, &e), 0);
+	assert_int_equal(envd_has_feature(ch, EPROTO_FEAT_WATCH | EPROTO_FEAT_META, proto_now_ms() + 5000, &e), 0);
 }
 
 int main(void)
@@ -739,6 +751,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_watcher_overflow, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_watch_hostile_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_watch_old_guest, setup_old, teardown_old),
+		cmocka_unit_test_setup_teardown(test_features, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
