@@ -26,6 +26,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <net/if.h>
+#include <net/if_arp.h>
 #include <net/route.h>
 #include <poll.h>
 #include <sched.h>
@@ -52,6 +53,11 @@
 #define NET_TAP        "tap0"
 #define NET_GUEST      "10.0.2.2"
 #define NET_GW         "10.0.2.1"
+/* The gateway's (tap0's) MAC, the same in every sandbox: a guest paused
+ * and resumed (another tap, here or on another host) keeps the neighbour
+ * entry it had for 10.0.2.1, which a random MAC would make stale for up to
+ * a minute (locally administered, unicast). */
+static const unsigned char net_gw_mac[6] = { 0x02, 0x6b, 0x69, 0x6c, 0x6e, 0x01 };
 #define NET_UPLINK     "eth0"
 #define NET_HOST_IFPFX "kv" /* host ends of the veth pairs: kv<index> */
 #define NET_DNS_PORT   53
@@ -799,6 +805,12 @@ static int sandbox_setup(struct net_sandbox *s, int root_sock)
 	ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
 	if (ioctl(s->tap_fd, TUNSETIFF, &ifr) < 0) {
 		r = setup_fail(s, "TUNSETIFF", errno);
+		goto out;
+	}
+	ifr.ifr_hwaddr.sa_family = ARPHRD_ETHER;
+	memcpy(ifr.ifr_hwaddr.sa_data, net_gw_mac, sizeof(net_gw_mac));
+	if (ioctl(sock, SIOCSIFHWADDR, &ifr) < 0) {
+		r = setup_fail(s, "tap0's MAC", errno);
 		goto out;
 	}
 	if ((r = if_addr(sock, NET_TAP, ntohl(inet_addr(NET_GW)), 30)) < 0 || (r = if_up(sock, NET_TAP)) < 0) {
