@@ -118,7 +118,7 @@ int sessions_network_run(struct sessions *ss, const struct sessions_request *r, 
 		/* The host has the new rules; the stored spec would bring the
 		 * old ones back on a resume. Said, not hidden. */
 		fprintf(stderr, "kiln-api: session %s: its host applied new egress rules but the store did not take "
-				"them (%s)\n", cur->id, sr == 0 ? "it is no longer running" : "store error");
+				"them (%s)\n", cur->id, sr == 0 ? "the session is gone" : "store error");
 		*ret = sessions_answer(r, 500, KERR_STORE_ERROR,
 				       "the host applied the rules but they could not be stored: send them again", NULL,
 				       NULL);

@@ -84,7 +84,9 @@ static const char *const sessions_sql[S_COUNT] = {
 		  " WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
 		     " AND (?4 IS NULL OR customer = ?4)",
-	[S_SET_SPEC] = "UPDATE sessions SET spec = ?1 WHERE id = ?2 AND state = 'running'",
+	/* Whatever its state now: its host has applied the spec already (a
+	 * pause that took it meanwhile wrote it into the manifest). */
+	[S_SET_SPEC] = "UPDATE sessions SET spec = ?1 WHERE id = ?2",
 	/* Leases: ?1 session, ?2 owner, ?3 count, ?4 time to live (ms). */
 	[S_LEASE_SET] = "INSERT INTO session_leases(session_id, owner, n, expires_ms)"
 			" VALUES (?1, ?2, ?3, " SDB_NOW_MS " + ?4)"

@@ -5,13 +5,19 @@
 # established meanwhile is reset), the sandbox's ruleset is replaced in its
 # namespace (sets of host-name rules come and go with their rules), bad
 # rules and a session without a network device are refused, and nothing is
-# left behind. Numbered 64 (not 100): run.sh takes the scripts in glob
+# left behind. Then the same through kiln-api: E2B's updateNetwork (curl
+# on PUT /e2b/sandboxes/{id}/network; this script's stack is the only one
+# with an egress-capable host, so the SDK's own check is not in
+# tests/e2b/sdk_test.mjs), create's allowOut/denyOut, getInfo's network, the
+# rules surviving a pause and a resume (kiln-api's stored spec, the
+# manifest's), and the native PUT /v1/sessions/{id}/network. Numbered 64 (not 100): run.sh takes the scripts in glob
 # order, where 100 would sort between 10 and 11; this one belongs beside
 # 65-egress, whose namespaces and peers it mirrors.
 . "$(dirname "$0")/lib.sh"
-t_plan 21
+t_plan 33
 require_image
-t_require_tools ip nsenter nft
+t_require_tools ip nsenter nft swift-proxy-server memcached
+t_require_built kiln-api kiln-host
 
 N=$((RANDOM % 200 + 20))
 BR=kubr$N
@@ -45,6 +51,7 @@ h() {
 		-H 'Content-Type: application/json' "$@" "$HOST_URL$p"
 }
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
+lastc() { jq -c "$1" "$T_TMP/last" 2> /dev/null; }
 net_put() { h PUT /v1/sessions/$1/network --data-binary "$2"; } # ID BODY
 # probe: from inside s1, what the peer's address, the name and its address give.
 PROBE='import json, socket
@@ -160,11 +167,91 @@ st2=$(net_put s2 '{"allow":["198.51.100.20:8080"]}')
 check "a session created without egress has no device to change: 409 no_network ($(last .error.message | head -c 120))" \
 	test "$st" = 201 -a "$st2" = 409 -a "$(last .error.code)" = no_network
 
-# --- nothing left ---
 h DELETE /v1/sessions/s1 > /dev/null
 h DELETE /v1/sessions/s2 > /dev/null
 for _ in $(seq 50); do [ "$(host_netns)" = 1 ] && [ "$(host_links)" = 0 ] && break; sleep 0.1; done
 check "once destroyed its namespace (tap, rules) and veth are gone" test "$(host_netns)" = 1 -a "$(host_links)" = 0
 t_stop "$host_pid"; host_pid=
+
+# --- through kiln-api: E2B's updateNetwork and the native endpoint ---
+BUCKET=kiln-egress-upd
+s3_local_start "$NET.1"
+ADMIN=egress-upd-admin-$RANDOM$RANDOM
+API_PORT=$((20000 + RANDOM % 10000))
+API=http://$NET.1:$API_PORT
+api_config "$T_TMP/api.json" "$NET.1:$API_PORT" '. + {host_lost_after_s: 5, quotas: {submit_rate: 1000, submit_burst: 1000}}'
+api_up "$T_TMP/api.json" "$API"
+host_config "$T_TMP/host2.json" "$NET.10:7070" eu \
+	".run_dir += \"/eu\" | .capacity = {vcpus: 2} | .api = \"$API\" | .heartbeat_ms = 500
+	 | .network = {egress: true, dns_upstream: \"$NET.1:5353\", link_range: \"10.202.0.0/16\"}"
+host_start "$T_TMP/host2.json" host2 "$PFX-host"
+wait_live 1 120 || t_bail "kiln-host registers with kiln-api" "$(tail -3 "$T_TMP/host2.err")"
+KEY=$(new_customer acme '{"name":"Acme"}')
+admin -X PUT --data '{"allow_egress":true}' "$API/v1/admin/customers/acme/quotas" > /dev/null
+# e2b METHOD PATH [curl args]: the control API as acme; body in $T_TMP/last, status echoed
+e2b() {
+	local m=$1 p=$2; shift 2
+	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "X-API-KEY: $KEY" \
+		-H 'Content-Type: application/json' "$@" "$API/e2b$p"
+}
+# native METHOD PATH [curl args]: kiln's own API as acme
+native() {
+	local m=$1 p=$2; shift 2
+	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $KEY" \
+		-H 'Content-Type: application/json' "$@" "$API$p"
+}
+aprobe() { # the probe in sandbox $SB, through kiln-api's exec
+	native POST "/v1/sessions/$SB/exec" --data-binary "$(jq -cn --arg c "$PROBE" '{language:"python", code:$c}')" > /dev/null
+	last .stdout > "$T_TMP/probe.json"
+}
+st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base","timeout":900,"network":{"allowOut":["198.51.100.20"],"denyOut":["0.0.0.0/0"]}}')
+SB=$(last .sandboxID)
+cp "$T_TMP/last" "$T_TMP/create.json"
+st2=$(native GET "/v1/sessions/$SB")
+if [ "$st" = 201 ] && [ "$st2" = 200 ] && [ "$(lastc .network.allow)" = '["198.51.100.20:1-65535"]' ]; then
+	ok "E2B create with allowOut and denyOut [0.0.0.0/0]: 201, stored as kiln's rule on every port"
+else t_bail "E2B create with allowOut" "$st $(head -c 600 "$T_TMP/create.json"); $st2 $(head -c 600 "$T_TMP/last")"; fi
+aprobe
+check "the allowOut address answers, the name is refused ($(cat "$T_TMP/probe.json"))" \
+	test "$(pv ip)" = allowed -a "$(pv name)" = ERR:gaierror
+st=$(e2b PUT "/sandboxes/$SB/network" --data-binary '{"allowOut":["allowed.test"],"denyOut":["0.0.0.0/0"]}')
+check "updateNetwork (PUT /e2b/sandboxes/{id}/network) with a host name: 204" test "$st" = 204
+aprobe
+check "now the address is blocked and the name resolves and answers ($(cat "$T_TMP/probe.json"))" \
+	test "$(pv ip)" = ERR:TimeoutError -a "$(pv name)" = 203.0.113.21 -a "$(pv pinned)" = allowed
+st=$(e2b GET "/sandboxes/$SB")
+check "getInfo's network shows allowOut [allowed.test], denyOut [0.0.0.0/0]" \
+	test "$st" = 200 -a "$(lastc .network.allowOut)" = '["allowed.test"]' -a "$(lastc .network.denyOut)" = '["0.0.0.0/0"]'
+st=$(e2b PUT "/sandboxes/$SB/network" --data-binary '{"denyOut":["8.8.8.8"]}')
+st2=$(e2b PUT "/sandboxes/$SB/network" --data-binary '{"egressProxy":{"address":"proxy.example:1080"}}')
+check "a partial denyOut and an egressProxy are 400s ($(last .message))" test "$st" = 400 -a "$st2" = 400
+st=$(e2b POST "/sandboxes/$SB/pause")
+st2=$(e2b POST "/v2/sandboxes/$SB/connect" --data-binary '{"timeout":900}')
+aprobe
+check "after a pause and a resume the updated rules hold ($st, $st2: $(cat "$T_TMP/probe.json"))" \
+	test "$st" = 204 -a "$st2" = 201 -a "$(pv ip)" = ERR:TimeoutError -a "$(pv name)" = 203.0.113.21 -a "$(pv pinned)" = allowed
+st=$(e2b PUT "/sandboxes/$SB/network" --data-binary '{}')
+aprobe
+check "updateNetwork({}) clears the lists: every public address ($st: $(cat "$T_TMP/probe.json"))" \
+	test "$st" = 204 -a "$(pv ip)" = allowed -a "$(pv name)" = ERR:gaierror
+st=$(native PUT "/v1/sessions/$SB/network" --data-binary '{"allow":[]}')
+aprobe
+check "the native PUT /v1/sessions/{id}/network with no rules: 200, nothing reachable ($(cat "$T_TMP/probe.json"))" \
+	test "$st" = 200 -a "$(pv ip)" = ERR:TimeoutError -a "$(pv name)" = ERR:gaierror
+st=$(e2b POST /v2/sandboxes --data-binary '{"templateID":"base"}')
+SB2=$(last .sandboxID)
+st2=$(e2b PUT "/sandboxes/$SB2/network" --data-binary '{}')
+check "a sandbox created without internet access has no device to change: 409 ($(last .message | head -c 100))" \
+	test "$st" = 201 -a "$st2" = 409
+st=$(e2b PUT /sandboxes/nosuch/network --data-binary '{}')
+check "an unknown sandbox: 404" test "$st" = 404
+e2b DELETE "/sandboxes/$SB" > /dev/null
+e2b DELETE "/sandboxes/$SB2" > /dev/null
+
+# --- nothing left ---
+for _ in $(seq 100); do [ "$(host_netns)" = 1 ] && [ "$(host_links)" = 0 ] && break; sleep 0.1; done
+check "every sandbox's namespace and veth are gone" test "$(host_netns)" = 1 -a "$(host_links)" = 0
+t_stop "$host_pid"; host_pid=
+t_stop "$api_pid"; api_pid=
 t_nothing_left "nothing left: QEMU, run directories, cgroups, namespaces, bridge"
 t_done
