@@ -651,7 +651,6 @@ static enum MHD_Result h_network(void *ctx, struct httpd_req *req)
 	struct sessions *ss = c->ss;
 	struct kiln_err err = { .code = "" };
 	enum MHD_Result ret;
-	struct quota q;
 	char msg[600];
 	json_t *net;
 
@@ -659,9 +658,7 @@ static enum MHD_Result h_network(void *ctx, struct httpd_req *req)
 		return ret;
 	if (e2b_network_update_parse(c->r->body, c->r->len, &net, msg, sizeof(msg)) < 0)
 		return bad_request(req->conn, msg);
-	if (store_customer_quota(ss->st, c->r->customer, &q) < 0)
-		quota_defaults(&q);
-	if (sessions_network_check(net, q.allow_egress, &err) < 0) {
+	if (sessions_network_check(net, &err) < 0) {
 		json_decref(net);
 		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
 	}

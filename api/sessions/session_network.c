@@ -14,7 +14,7 @@
 
 #define NETWORK_TIMEOUT_MS 15000 /* the host waits up to 10 s for the sandbox's thread */
 
-int sessions_network_check(json_t *network, int allow_egress, struct kiln_err *err)
+int sessions_network_check(json_t *network, struct kiln_err *err)
 {
 	struct task_spec ts;
 	json_t *probe;
@@ -41,9 +41,6 @@ int sessions_network_check(json_t *network, int allow_egress, struct kiln_err *e
 		return kiln_err_set(err, KERR_INVALID_SPEC,
 				    "network.egress: a session with a network device keeps egress \"allow\" (\"allow\": [] "
 				    "reaches nothing)");
-	if (!allow_egress)
-		return kiln_err_set(err, KERR_EGRESS_NOT_ALLOWED,
-				    "network.egress: network egress is not allowed for your account");
 	return 0;
 }
 
@@ -53,6 +50,7 @@ int sessions_network_run(struct sessions *ss, const struct sessions_request *r, 
 	struct kiln_err err = { .code = "" };
 	struct hostclient_reply hr;
 	char url[256], path[96], msg[300], *spec_text, *body;
+	struct quota q;
 	json_t *spec;
 	int hs, sr;
 
@@ -67,6 +65,15 @@ int sessions_network_run(struct sessions *ss, const struct sessions_request *r, 
 			 "the %s has no network device (created without egress): its egress rules cannot be changed",
 			 r->e2b ? "sandbox" : "session");
 		*ret = sessions_answer(r, 0, KERR_NO_NETWORK, msg, NULL, NULL);
+		return 0;
+	}
+	/* The account's egress, after what the session itself says: a session
+	 * without a device is told so whatever the account may do. */
+	if (store_customer_quota(ss->st, cur->customer, &q) < 0)
+		quota_defaults(&q);
+	if (!q.allow_egress) {
+		*ret = sessions_answer(r, 0, KERR_EGRESS_NOT_ALLOWED,
+				       "network.egress: network egress is not allowed for your account", NULL, NULL);
 		return 0;
 	}
 	hs = sched_host_state(ss->sched, cur->host_id, url);

@@ -624,7 +624,6 @@ static enum MHD_Result handle_network(void *ctx, struct httpd_req *req)
 	const struct sessions_request *r = c->r;
 	struct kiln_err err = { .code = "" };
 	enum MHD_Result ret;
-	struct quota q;
 	json_error_t je;
 	json_t *net;
 
@@ -635,9 +634,7 @@ static enum MHD_Result handle_network(void *ctx, struct httpd_req *req)
 	net = json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
 	if (!net)
 		return reply_error(req->conn, KERR_INVALID_JSON, je.text);
-	if (store_customer_quota(ss->st, c->cur.customer, &q) < 0)
-		quota_defaults(&q);
-	if (sessions_network_check(net, q.allow_egress, &err) < 0) {
+	if (sessions_network_check(net, &err) < 0) {
 		json_decref(net);
 		return reply_err(req->conn, &err);
 	}

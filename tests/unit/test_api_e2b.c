@@ -1471,15 +1471,33 @@ static void test_network_update(void **state)
 	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "not_running");
 	answer_free(&a);
 	assert_int_equal(fake_count("PUT", host_url, "/v1/sessions/"), puts);
-	/* An account without egress: its quota refuses before anything else. */
+	/* An account without egress: a session without a device hears that
+	 * first; one with a device (the quota taken away since) hears of the
+	 * quota, and nothing reaches the host. */
 	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_a);
 	create(key_a, "{}", id2, tok);
 	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id2);
+	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
+	assert_int_equal(a.status, 409);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "no_network");
+	answer_free(&a);
+	{
+		struct kiln_err qerr = { .code = "" };
+		struct quota q;
+
+		assert_int_equal(store_customer_quota(st, "gamma", &q), 0);
+		q.allow_egress = 0;
+		assert_int_equal(store_customer_set_quota(st, "gamma", &q, &qerr), 0);
+	}
+	assert_int_equal(store_session_transition(st, id, SESSION_PAUSED, SESSION_RUNNING, NULL, NULL, NULL), 1);
+	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_g);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id);
 	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
 	assert_int_equal(a.status, 400);
 	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")),
 			    "egress_not_allowed");
 	answer_free(&a);
+	assert_int_equal(fake_count("PUT", host_url, "/v1/sessions/"), puts);
 }
 
 static void test_url_decode(void **state)
