@@ -899,13 +899,17 @@ static int parse_network(json_t *j, struct task_spec *out, struct kiln_err *err)
 		return 0;
 	}
 	if (!allow)
-		return fail(err, "network.allow", "is required with egress \"allow\" (1 to %d rules such as "
-			    "\"example.org:443\")", SPEC_MAX_NET_RULES);
+		return fail(err, "network.allow", "is required with egress \"allow\" (0 to %d rules such as "
+			    "\"example.org:443\"; [] reaches nothing until the rules are changed)", SPEC_MAX_NET_RULES);
 	if (!json_is_array(allow))
 		return fail(err, "network.allow", "must be an array of strings (got %s)", json_kind(allow));
 	n = json_array_size(allow);
-	if (n < 1 || n > SPEC_MAX_NET_RULES)
-		return fail(err, "network.allow", "must have 1 to %d entries (got %zu)", SPEC_MAX_NET_RULES, n);
+	/* [] is a network device that reaches nothing yet: its rules can be
+	 * changed while it runs (a session's PUT .../network). */
+	if (n > SPEC_MAX_NET_RULES)
+		return fail(err, "network.allow", "must have 0 to %d entries (got %zu)", SPEC_MAX_NET_RULES, n);
+	if (!n)
+		return 0;
 	out->net_rules = calloc(n, sizeof(*out->net_rules));
 	if (!out->net_rules)
 		return fail_nomem(err);

@@ -104,7 +104,7 @@ struct task_spec {
 	uint32_t vcpus, memory_mib, timeout_s, output_mib;
 	int egress;                       /* 0: "none" (no NIC at all), 1: "allow" */
 	struct spec_net_rule *net_rules;  /* nnet_rules entries (NULL with egress 0) */
-	size_t nnet_rules;                /* 0 with egress 0, else 1..SPEC_MAX_NET_RULES, all distinct */
+	size_t nnet_rules;                /* 0 with egress 0, else 0..SPEC_MAX_NET_RULES, all distinct */
 };
 
 /*
@@ -116,7 +116,7 @@ struct task_spec {
  * values and duplicate keys are errors; absent optional keys take defaults.
  * File contents are standard base64 (RFC 4648 alphabet, padded to a multiple
  * of 4, no whitespace). "network.egress" is "none" (the default; "allow" must
- * then be absent) or "allow" with 1..SPEC_MAX_NET_RULES distinct rules in
+ * then be absent) or "allow" with 0..SPEC_MAX_NET_RULES distinct rules in
  * "network.allow"; an error in a rule names it, e.g. network.allow[2]: "...": ...
  *
  * Returns 0 with *out filled (all memory owned by *out, release it with

@@ -112,7 +112,10 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 	if (j && ss->cfg->sandbox_domain)
 		json_object_set_new(j, "domain", json_string(ss->cfg->sandbox_domain));
 	if (j) {
-		json_object_set_new(j, "network", json_pack("{s:b}", "allowPublicTraffic", !c->private_traffic));
+		json_t *net = e2b_network_info(json_object_get(native, "network"));
+
+		json_object_set_new(net, "allowPublicTraffic", json_boolean(!c->private_traffic));
+		json_object_set_new(j, "network", net);
 		json_object_set_new(j, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
 							      c->auto_pause == 1 ? "pause" : "kill", "autoResume",
 							      c->auto_resume));
@@ -639,6 +642,32 @@ static enum MHD_Result h_connect(void *ctx, struct httpd_req *req)
 		 : reply_e2b_error(req->conn, 500, "the sandbox cannot be read back", NULL, NULL);
 }
 
+/* PUT /e2b/sandboxes/{id}/network: updateNetwork, the running sandbox's
+ * egress rules replaced (e2b_network_update_parse's mapping, then the
+ * sessions' own PUT .../network): 204. */
+static enum MHD_Result h_network(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct sessions *ss = c->ss;
+	struct kiln_err err = { .code = "" };
+	enum MHD_Result ret;
+	char msg[600];
+	json_t *net;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (e2b_network_update_parse(c->r->body, c->r->len, &net, msg, sizeof(msg)) < 0)
+		return bad_request(req->conn, msg);
+	if (sessions_network_check(net, &err) < 0) {
+		json_decref(net);
+		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
+	}
+	if (sessions_network_run(ss, c->r, &c->cur, net, &ret))
+		ret = reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+	json_decref(net);
+	return ret;
+}
+
 /* GET /e2b/sandboxes/{id}/metrics: measured by its host now */
 static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 {
@@ -721,6 +750,7 @@ static const struct httpd_route e2b_routes[] = {
 	{ "POST", "/e2b/v2/sandboxes/{id}/connect", h_connect },
 	{ "POST", "/e2b/sandboxes/{id}/connect", h_connect }, /* older SDKs' path */
 	{ "GET", "/e2b/sandboxes/{id}/metrics", h_metrics },
+	{ "PUT", "/e2b/sandboxes/{id}/network", h_network },
 };
 
 static const struct httpd_routes e2b_table = {

@@ -79,6 +79,32 @@ struct e2b_create {
 int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_create *out, char *msg, size_t cap);
 void e2b_create_free(struct e2b_create *c);
 
+/* E2B's egress settings as kiln's network object (new reference in *out):
+ * internet is allow_internet_access (NULL or null: absent, E2B's default
+ * true), allow_out / deny_out network.allowOut / denyOut (NULL or null:
+ * absent). Exactly as docs/e2b.md "Network" says: denyOut ["0.0.0.0/0"] or
+ * allow_internet_access false: {"egress":"allow","allow":[each allowOut
+ * entry on ports 1-65535]} (duplicates dropped; [] when none); otherwise
+ * every public address: ["0.0.0.0/0:1-65535"] (allowOut checked, adding
+ * nothing). Refused (-1 with msg naming the field): a denyOut entry other
+ * than a CIDR block or an address, any denyOut that is not all traffic
+ * while all traffic is allowed (kiln's policy is an allowlist), an entry
+ * with a ':' (a port or IPv6), one kiln's rule parser refuses, more than
+ * SPEC_MAX_NET_RULES entries. */
+int e2b_network_map(json_t *internet, json_t *allow_out, json_t *deny_out, json_t **out, char *msg, size_t cap);
+
+/* An updateNetwork body (PUT /e2b/sandboxes/{id}/network: allowOut,
+ * denyOut, allow_internet_access; egressProxy and non-empty rules refused;
+ * omitted fields are cleared, so {} is all public traffic) as kiln's
+ * network object (*out, new reference): 0, or -1 with msg. */
+int e2b_network_update_parse(const char *body, size_t len, json_t **out, char *msg, size_t cap);
+
+/* getInfo's network.allowOut / denyOut from kiln's network object (NULL or
+ * egress "none": nothing allowed): {"allowOut":[rules, ":1-65535" dropped],
+ * "denyOut":["0.0.0.0/0"]} (new reference): kiln always denies what its
+ * rules do not allow. */
+json_t *e2b_network_info(json_t *network);
+
 /* A body's "timeout" in seconds: def when absent or null, 0 as 1,
  * 1..E2B_MAX_TIMEOUT_S; -1 when bad. */
 long e2b_timeout_of(json_t *body, long def);

@@ -615,6 +615,35 @@ static enum MHD_Result handle_pause(void *ctx, struct httpd_req *req)
 	return reply_outcome(c->ss, req->conn, id, &o);
 }
 
+/* PUT /v1/sessions/{id}/network {"egress":"allow","allow":[...]}: the
+ * running session's egress rules replaced (docs/api.md). */
+static enum MHD_Result handle_network(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+	struct sessions *ss = c->ss;
+	const struct sessions_request *r = c->r;
+	struct kiln_err err = { .code = "" };
+	enum MHD_Result ret;
+	json_error_t je;
+	json_t *net;
+
+	if (r->admin)
+		return admin_refused(req->conn);
+	if (r->len > API_SESSION_BODY_MAX)
+		return reply_error(req->conn, KERR_TOO_LARGE, "the body is too large");
+	net = json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
+	if (!net)
+		return reply_error(req->conn, KERR_INVALID_JSON, je.text);
+	if (sessions_network_check(net, &err) < 0) {
+		json_decref(net);
+		return reply_err(req->conn, &err);
+	}
+	if (sessions_network_run(ss, r, &c->cur, net, &ret))
+		ret = reply_session(ss, req->conn, MHD_HTTP_OK, c->cur.id);
+	json_decref(net);
+	return ret;
+}
+
 /* Any other method on files: an admin key is refused before the method is
  * (for the POST operations it is the other way round: kept as it was). */
 static enum MHD_Result files_other(void *ctx, struct httpd_req *req)
@@ -703,6 +732,7 @@ static const struct httpd_route session_routes[] = {
 	{ "POST", "/v1/sessions/{id}/outputs", handle_outputs },
 	{ "POST", "/v1/sessions/{id}/pause", handle_pause },
 	{ "POST", "/v1/sessions/{id}/resume", handle_resume },
+	{ "PUT", "/v1/sessions/{id}/network", handle_network },
 	{ "GET", "/v1/sessions/{id}/ports", handle_ports },
 };
 

@@ -173,6 +173,23 @@ enum MHD_Result sessions_relay(struct MHD_Connection *conn, struct hostclient_re
 /* 503 with Retry-After: the session's host cannot be reached now (why). */
 enum MHD_Result sessions_host_unavailable(struct MHD_Connection *conn, const char *why);
 
+/* ---- session_network.c: egress rules changed while a session runs ---- */
+
+/* Check network, a session spec's "network" object ("egress" absent is
+ * "allow", set in it), as create checks it: the spec's rules and errors
+ * (invalid_spec), egress "allow" required (a session with a network device
+ * keeps it). 0 or -1 with err. */
+int sessions_network_check(json_t *network, struct kiln_err *err);
+
+/* Apply network (checked) to the running session cur through its host,
+ * then store it in the session's spec (which every resume sends): 1, and
+ * the caller answers; 0 with *ret answered (r->e2b: E2B's shape), in this
+ * order: not_running, no_network (created without egress),
+ * egress_not_allowed (the customer's allow_egress), host_unavailable, the
+ * host's refusal as it came, store_error. Blocking. */
+int sessions_network_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+			 json_t *network, enum MHD_Result *ret);
+
 /* ---- session_run.c: create and resume, shared with the E2B API (e2b.c) ---- */
 
 /* What an E2B create adds to a session. */

@@ -461,6 +461,10 @@ json_t *store_session_list_order(struct store *s, const char *customer, const ch
 
 /* The spec JSON text the session was created with (caller frees) or NULL. */
 char *store_session_spec(struct store *s, const char *id);
+/* Replace a session's spec (its egress rules changed while it runs: PUT
+ * /v1/sessions/{id}/network, after its host applied them): the spec a
+ * resume sends on. 1 set, 0 no such session, -1 error. */
+int store_session_set_spec(struct store *s, const char *id, const char *spec_json);
 
 /* last_active_ms = now (an exec or files call started or ended). */
 int store_session_touch(struct store *s, const char *id);

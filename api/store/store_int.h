@@ -27,7 +27,7 @@ enum store_slots {
 	STORE_SLOTS_KEYS = 10,      /* store_keys.c: customers, keys, hosts */
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
-	STORE_SLOTS_TEMPLATES = 72, /* store_templates.c */
+	STORE_SLOTS_TEMPLATES = 76, /* store_templates.c */
 	STORE_SLOTS_MAX = 112,
 };
 

@@ -42,7 +42,7 @@ enum {
 };
 
 enum sessions_stmt {
-	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS,
+	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS, S_SET_SPEC,
 	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC,
 	S_COUNT
 };
@@ -84,6 +84,9 @@ static const char *const sessions_sql[S_COUNT] = {
 		  " WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
 		     " AND (?4 IS NULL OR customer = ?4)",
+	/* Whatever its state now: its host has applied the spec already (a
+	 * pause that took it meanwhile wrote it into the manifest). */
+	[S_SET_SPEC] = "UPDATE sessions SET spec = ?1 WHERE id = ?2",
 	/* Leases: ?1 session, ?2 owner, ?3 count, ?4 time to live (ms). */
 	[S_LEASE_SET] = "INSERT INTO session_leases(session_id, owner, n, expires_ms)"
 			" VALUES (?1, ?2, ?3, " SDB_NOW_MS " + ?4)"
@@ -396,6 +399,24 @@ int store_session_set_limits(struct store *s, const char *id, const char *custom
 		sdb_bind_int64(st, 2, max_lifetime_s);
 		sdb_bind_text(st, 3, id);
 		store_bind_opt_text(st, 4, customer);
+		r = store_update_locked(s, st);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (r > 0)
+		store_changed(s, id, "session", NULL);
+	return r;
+}
+
+int store_session_set_spec(struct store *s, const char *id, const char *spec_json)
+{
+	struct sdb_stmt *st;
+	int r = -1;
+
+	pthread_mutex_lock(&s->lock);
+	st = stmt(s, S_SET_SPEC);
+	if (st) {
+		sdb_bind_text(st, 1, spec_json);
+		sdb_bind_text(st, 2, id);
 		r = store_update_locked(s, st);
 	}
 	pthread_mutex_unlock(&s->lock);

@@ -26,6 +26,7 @@
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
 #include <net/if.h>
+#include <net/if_arp.h>
 #include <net/route.h>
 #include <poll.h>
 #include <sched.h>
@@ -52,6 +53,11 @@
 #define NET_TAP        "tap0"
 #define NET_GUEST      "10.0.2.2"
 #define NET_GW         "10.0.2.1"
+/* The gateway's (tap0's) MAC, the same in every sandbox: a guest paused
+ * and resumed (another tap, here or on another host) keeps the neighbour
+ * entry it had for 10.0.2.1, which a random MAC would make stale for up to
+ * a minute (locally administered, unicast). */
+static const unsigned char net_gw_mac[6] = { 0x02, 0x6b, 0x69, 0x6c, 0x6e, 0x01 };
 #define NET_UPLINK     "eth0"
 #define NET_HOST_IFPFX "kv" /* host ends of the veth pairs: kv<index> */
 #define NET_DNS_PORT   53
@@ -612,6 +618,20 @@ struct net_sandbox {
 	struct kiln_err err;
 	int cut_done, cut_rc;     /* net_sandbox_cut's answer (lock held) */
 	struct kiln_err cut_err;
+	int is_cut;               /* net_sandbox_cut took it off the network (its thread only) */
+	/* net_sandbox_update's request and answer (lock held): the new rules
+	 * (owned by whoever holds them: the request, then the thread), the
+	 * request's number and the last one answered. */
+	int upd_fd;
+	struct spec_net_rule *upd_rules;
+	size_t upd_n;
+	uint64_t upd_seq, upd_done_seq;
+	int upd_rc;
+	struct kiln_err upd_err;
+	/* The ruleset's generation (its thread only): every flow a rule lets
+	 * through is marked with it (ct mark), and an established flow of an
+	 * earlier generation is checked again against the rules of now. */
+	uint32_t gen;
 	struct net_stats st;      /* dns counters live here; nft ones filled from the kernel */
 	struct nft_ctx *nft, *nft_json;
 	int dns_fd, up_fd;
@@ -623,6 +643,56 @@ struct net_sandbox {
 static uint32_t link_base(const struct net_sandbox *s)
 {
 	return s->h->link.addr + s->link_idx * 4;
+}
+
+/* The rules of chain sbx_forward for rules[0..n) at generation gen, one a
+ * line, each after pfx ("  " inside a chain's braces, "add rule inet kiln
+ * sbx_forward " for a command). Host-name rule i lets through the addresses
+ * in set host<i>, which the resolver fills. A flow a rule lets through is
+ * marked with gen; established flows of that mark pass at once, replies of
+ * an earlier generation's flows pass too, and the guest's side of such a
+ * flow is checked against the rules again (net_sandbox_update): it is
+ * marked anew when a rule still lets it through, else a TCP flow is reset
+ * towards the guest (sbx_reset) and any other is dropped as blocked. */
+static void forward_rules(const struct net_host *h, const struct spec_net_rule *rules, size_t n, uint32_t gen,
+			  const char *pfx, struct text *t)
+{
+	char a[32];
+
+	text_add(t, "%siifname \"" NET_TAP "\" ip saddr != " NET_GUEST " drop\n", pfx);
+	text_add(t, "%smeta nfproto ipv6 drop\n", pfx);
+	if (h->bandwidth_bytes_s) {
+		uint64_t burst = h->bandwidth_bytes_s / 8 < 16384 ? 16384 : h->bandwidth_bytes_s / 8;
+
+		text_add(t, "%siifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n", pfx,
+			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
+		text_add(t, "%soifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n", pfx,
+			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
+	}
+	text_add(t, "%sct state established,related ct mark %u goto sbx_pass\n", pfx, gen);
+	text_add(t, "%sct state established,related iifname != \"" NET_TAP "\" goto sbx_pass\n", pfx);
+	text_add(t, "%siifname != \"" NET_TAP "\" drop\n", pfx);
+	text_add(t, "%sip daddr @deny goto sbx_block\n", pfx);
+	for (size_t i = 0; i < n; i++) {
+		const struct spec_net_rule *rule = &rules[i];
+		char ports[16];
+
+		if (rule->port_lo == rule->port_hi)
+			snprintf(ports, sizeof(ports), "%u", rule->port_lo);
+		else
+			snprintf(ports, sizeof(ports), "%u-%u", rule->port_lo, rule->port_hi);
+		if (rule->kind == SPEC_NET_CIDR) {
+			struct net_range nr = { rule->addr, rule->prefix };
+
+			text_add(t, "%sip daddr %s meta l4proto { tcp, udp } th dport %s ct mark set %u goto sbx_allow\n",
+				 pfx, range_str(&nr, a, sizeof(a)), ports, gen);
+		} else {
+			text_add(t, "%sip daddr @host%zu meta l4proto { tcp, udp } th dport %s ct mark set %u goto sbx_allow\n",
+				 pfx, i, ports, gen);
+		}
+	}
+	text_add(t, "%sct state established,related meta l4proto tcp goto sbx_reset\n", pfx);
+	text_add(t, "%sgoto sbx_block\n", pfx);
 }
 
 /* The sandbox's ruleset: see the comment at the top of the file. */
@@ -654,38 +724,11 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 		 " set bother { type ipv4_addr . inet_proto; flags dynamic,timeout; size %d; timeout 60s; }\n",
 		 NET_MAX_EVENTS, NET_MAX_EVENTS);
 	text_add(&t, " chain sbx_forward { type filter hook forward priority 0; policy drop;\n");
-	text_add(&t, "  iifname \"" NET_TAP "\" ip saddr != " NET_GUEST " drop\n");
-	text_add(&t, "  meta nfproto ipv6 drop\n");
-	if (h->bandwidth_bytes_s) {
-		uint64_t burst = h->bandwidth_bytes_s / 8 < 16384 ? 16384 : h->bandwidth_bytes_s / 8;
-
-		text_add(&t, "  iifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n",
-			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
-		text_add(&t, "  oifname \"" NET_TAP "\" limit rate over %llu bytes/second burst %llu bytes drop\n",
-			 (unsigned long long)h->bandwidth_bytes_s, (unsigned long long)burst);
-	}
-	text_add(&t, "  ct state established,related goto sbx_pass\n");
-	text_add(&t, "  iifname != \"" NET_TAP "\" drop\n");
-	text_add(&t, "  ip daddr @deny goto sbx_block\n");
-	for (size_t i = 0; i < s->nrules; i++) {
-		const struct spec_net_rule *rule = &s->rules[i];
-		char ports[16];
-
-		if (rule->port_lo == rule->port_hi)
-			snprintf(ports, sizeof(ports), "%u", rule->port_lo);
-		else
-			snprintf(ports, sizeof(ports), "%u-%u", rule->port_lo, rule->port_hi);
-		if (rule->kind == SPEC_NET_CIDR) {
-			struct net_range nr = { rule->addr, rule->prefix };
-
-			text_add(&t, "  ip daddr %s meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
-				 range_str(&nr, a, sizeof(a)), ports);
-		} else {
-			text_add(&t, "  ip daddr @host%zu meta l4proto { tcp, udp } th dport %s counter name allowed goto sbx_pass\n",
-				 i, ports);
-		}
-	}
-	text_add(&t, "  goto sbx_block\n }\n");
+	forward_rules(h, s->rules, s->nrules, s->gen, "  ", &t);
+	text_add(&t, " }\n");
+	/* A flow a rule let through: counted when it is new (not when an
+	 * earlier generation's flow passes a check again). */
+	text_add(&t, " chain sbx_allow {\n  ct state new counter name allowed\n  goto sbx_pass\n }\n");
 	text_add(&t, " chain sbx_pass {\n  iifname \"" NET_TAP "\" counter name bytes_out accept\n"
 		     "  counter name bytes_in accept\n }\n");
 	text_add(&t, " chain sbx_block {\n"
@@ -698,6 +741,17 @@ static char *sandbox_ruleset(const struct net_sandbox *s)
 		     "  ip daddr . meta l4proto @bother drop\n"
 		     "  add @bother { ip daddr . meta l4proto } counter name blocked drop\n"
 		     "  counter name blocked drop\n }\n");
+	/* An established TCP flow the rules no longer let through (after an
+	 * update): the guest's packet goes no further and the guest is told
+	 * at once with a reset, rather than left to time out. Counted and
+	 * reported as sbx_block does, once a flow. */
+	text_add(&t, " chain sbx_reset {\n"
+		     "  meta l4proto tcp add @bdest { ip daddr . meta l4proto . th dport }\n"
+		     "  meta l4proto tcp ip daddr . meta l4proto . th sport . th dport @bflows reject with tcp reset\n"
+		     "  meta l4proto tcp add @bflows { ip daddr . meta l4proto . th sport . th dport } counter name "
+		     "blocked reject with tcp reset\n"
+		     "  meta l4proto tcp reject with tcp reset\n"
+		     "  goto sbx_block\n }\n");
 	/* The namespace itself: only the resolver, only from the guest. */
 	text_add(&t, " chain sbx_input { type filter hook input priority 0; policy drop;\n"
 		     "  iif lo accept\n"
@@ -751,6 +805,12 @@ static int sandbox_setup(struct net_sandbox *s, int root_sock)
 	ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
 	if (ioctl(s->tap_fd, TUNSETIFF, &ifr) < 0) {
 		r = setup_fail(s, "TUNSETIFF", errno);
+		goto out;
+	}
+	ifr.ifr_hwaddr.sa_family = ARPHRD_ETHER;
+	memcpy(ifr.ifr_hwaddr.sa_data, net_gw_mac, sizeof(net_gw_mac));
+	if (ioctl(sock, SIOCSIFHWADDR, &ifr) < 0) {
+		r = setup_fail(s, "tap0's MAC", errno);
 		goto out;
 	}
 	if ((r = if_addr(sock, NET_TAP, ntohl(inet_addr(NET_GW)), 30)) < 0 || (r = if_up(sock, NET_TAP)) < 0) {
@@ -1204,6 +1264,73 @@ static int sandbox_cut(struct net_sandbox *s)
 	/* Queries in flight get no answer: the guest could not receive it. */
 	for (size_t i = 0; i < NET_DNS_PENDING; i++)
 		s->pending[i].used = 0;
+	s->is_cut = 1;
+	return 0;
+}
+
+/* Runs on the sandbox's thread (in its namespace): net_sandbox_update's
+ * work. One nftables transaction replaces chain sbx_forward's rules with
+ * rules[0..n)'s at the next generation, adds the sets of new host-name
+ * rules, empties those whose rule now names another host (a rule that keeps
+ * its index and its name keeps the addresses resolved for it), and deletes
+ * the sets no rule uses any more; the kernel applies all of it or none.
+ * Then the resolver matches names against the new rules, and the queries
+ * in flight are matched again (a name no rule takes any more is answered
+ * NXDOMAIN now). On success rules become s->rules (owned), else they are
+ * freed; returns 0 or -1 with s->upd_err. */
+static int sandbox_update(struct net_sandbox *s, struct spec_net_rule *rules, size_t n)
+{
+	struct text t = { 0 };
+	size_t most = n > s->nrules ? n : s->nrules;
+	int r;
+
+	if (s->is_cut) {
+		free(rules);
+		return kiln_err_set(&s->upd_err, KERR_NOT_RUNNING, "the sandbox was taken off the network for good");
+	}
+	text_add(&t, "flush chain inet kiln sbx_forward\n");
+	for (size_t i = 0; i < most; i++) {
+		int was = i < s->nrules && s->rules[i].kind != SPEC_NET_CIDR;
+		int is = i < n && rules[i].kind != SPEC_NET_CIDR;
+
+		if (is && !was)
+			text_add(&t, "add set inet kiln host%zu { type ipv4_addr; flags timeout; size 4096; }\n", i);
+		else if (is && (s->rules[i].kind != rules[i].kind || strcmp(s->rules[i].host, rules[i].host)))
+			text_add(&t, "flush set inet kiln host%zu\n", i);
+	}
+	forward_rules(s->h, rules, n, s->gen + 1, "add rule inet kiln sbx_forward ", &t);
+	for (size_t i = 0; i < s->nrules; i++)
+		if (s->rules[i].kind != SPEC_NET_CIDR && !(i < n && rules[i].kind != SPEC_NET_CIDR))
+			text_add(&t, "delete set inet kiln host%zu\n", i);
+	if (t.oom) {
+		buf_free(&t.b);
+		free(rules);
+		return kiln_err_set(&s->upd_err, KERR_HOST_ERROR, "out of memory");
+	}
+	r = nft_run(s->nft, t.b.p, NULL, &s->upd_err);
+	buf_free(&t.b);
+	if (r < 0) {
+		free(rules);
+		return -1;
+	}
+	free(s->rules);
+	s->rules = rules;
+	s->nrules = n;
+	s->gen++;
+	for (size_t i = 0; i < NET_DNS_PENDING; i++) {
+		struct dns_pending *p = &s->pending[i];
+
+		if (!p->used)
+			continue;
+		p->rules = rules_matching(s, p->q.name);
+		if (!p->rules) {
+			p->used = 0;
+			pthread_mutex_lock(&s->lock);
+			s->st.dns_refused++;
+			pthread_mutex_unlock(&s->lock);
+			dns_reply(s, &p->q, &p->from, DNS_RCODE_NXDOMAIN, NULL, 0, 0);
+		}
+	}
 	return 0;
 }
 
@@ -1237,16 +1364,17 @@ static void *sandbox_main(void *arg)
 		return NULL;
 	next_poll = proto_now_ms() + NET_POLL_MS;
 	for (;;) {
-		struct pollfd pf[4] = {
+		struct pollfd pf[5] = {
 			{ .fd = s->stop_fd, .events = POLLIN },
 			{ .fd = s->dns_fd, .events = POLLIN },
 			{ .fd = s->up_fd, .events = POLLIN },
 			{ .fd = s->cut_fd, .events = POLLIN },
+			{ .fd = s->upd_fd, .events = POLLIN },
 		};
 		int64_t now = proto_now_ms();
 		int wait = next_poll > now ? (int)(next_poll - now) : 0;
 
-		if (poll(pf, 4, wait) < 0 && errno != EINTR)
+		if (poll(pf, 5, wait) < 0 && errno != EINTR)
 			break;
 		if (pf[0].revents)
 			break;
@@ -1259,6 +1387,32 @@ static void *sandbox_main(void *arg)
 				pthread_mutex_lock(&s->lock);
 				s->cut_done = 1;
 				s->cut_rc = r;
+				pthread_cond_broadcast(&s->cond);
+				pthread_mutex_unlock(&s->lock);
+			}
+			continue;
+		}
+		if (pf[4].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(s->upd_fd, &v, sizeof(v)) == sizeof(v)) {
+				struct spec_net_rule *rules;
+				uint64_t seq;
+				size_t n;
+				int r;
+
+				pthread_mutex_lock(&s->lock);
+				rules = s->upd_rules;
+				n = s->upd_n;
+				seq = s->upd_seq;
+				s->upd_rules = NULL;
+				pthread_mutex_unlock(&s->lock);
+				if (seq == s->upd_done_seq)
+					continue; /* answered already */
+				r = sandbox_update(s, rules, n);
+				pthread_mutex_lock(&s->lock);
+				s->upd_rc = r;
+				s->upd_done_seq = seq;
 				pthread_cond_broadcast(&s->cond);
 				pthread_mutex_unlock(&s->lock);
 			}
@@ -1292,6 +1446,9 @@ static void sandbox_free(struct net_sandbox *s)
 		close(s->stop_fd);
 	if (s->cut_fd >= 0)
 		close(s->cut_fd);
+	if (s->upd_fd >= 0)
+		close(s->upd_fd);
+	free(s->upd_rules);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s->rules);
@@ -1308,8 +1465,8 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 	if (!h || !h->enabled)
 		return kiln_err_set(err, KERR_EGRESS_DISABLED,
 				    "this host does not offer network egress (network.egress in its configuration)");
-	if (n > 64)
-		return kiln_err_set(err, KERR_INVALID_SPEC, "network.allow: more than 64 rules");
+	if (n > SPEC_MAX_NET_RULES)
+		return kiln_err_set(err, KERR_INVALID_SPEC, "network.allow: more than %d rules", SPEC_MAX_NET_RULES);
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
@@ -1321,8 +1478,10 @@ int net_sandbox_start(struct net_host *h, const struct spec_net_rule *rules, siz
 	pthread_cond_init(&s->cond, NULL);
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
 	s->cut_fd = eventfd(0, EFD_CLOEXEC);
+	s->upd_fd = eventfd(0, EFD_CLOEXEC);
+	s->gen = 1;
 	s->rules = n ? calloc(n, sizeof(*rules)) : NULL;
-	if (s->stop_fd < 0 || s->cut_fd < 0 || (n && !s->rules)) {
+	if (s->stop_fd < 0 || s->cut_fd < 0 || s->upd_fd < 0 || (n && !s->rules)) {
 		sandbox_free(s);
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	}
@@ -1396,6 +1555,61 @@ int net_sandbox_cut(struct net_sandbox *s, struct kiln_err *err)
 	rc = s->cut_rc;
 	if (rc < 0)
 		*err = s->cut_err;
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int net_sandbox_update(struct net_sandbox *s, const struct spec_net_rule *rules, size_t n, struct kiln_err *err)
+{
+	struct spec_net_rule *copy = NULL;
+	int64_t deadline = proto_now_ms() + NET_SETUP_MS;
+	uint64_t one = 1, seq;
+	int rc;
+
+	if (!s)
+		return kiln_err_set(err, KERR_NOT_RUNNING, "the sandbox has no network");
+	if (n > SPEC_MAX_NET_RULES)
+		return kiln_err_set(err, KERR_INVALID_SPEC, "network.allow: more than %d rules", SPEC_MAX_NET_RULES);
+	if (n && !(copy = malloc(n * sizeof(*rules))))
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	if (n)
+		memcpy(copy, rules, n * sizeof(*rules));
+	pthread_mutex_lock(&s->lock);
+	if (s->upd_seq != s->upd_done_seq) {
+		/* An earlier request timed out and the thread has yet to do it. */
+		pthread_mutex_unlock(&s->lock);
+		free(copy);
+		return kiln_err_set(err, KERR_BUSY, "an earlier update of the sandbox's network is still being applied");
+	}
+	s->upd_rules = copy;
+	s->upd_n = n;
+	seq = ++s->upd_seq;
+	pthread_mutex_unlock(&s->lock);
+	if (write(s->upd_fd, &one, sizeof(one)) != sizeof(one)) {
+		rc = errno;
+		pthread_mutex_lock(&s->lock);
+		free(s->upd_rules);
+		s->upd_rules = NULL;
+		s->upd_done_seq = seq;
+		pthread_mutex_unlock(&s->lock);
+		return kiln_err_set(err, KERR_NET_ERROR, "sandbox network: cannot reach its thread: %s", strerror(rc));
+	}
+	pthread_mutex_lock(&s->lock);
+	while (s->upd_done_seq != seq) {
+		struct timespec ts;
+
+		if (proto_now_ms() > deadline) {
+			pthread_mutex_unlock(&s->lock);
+			return kiln_err_set(err, KERR_NET_ERROR, "sandbox network: the update took longer than %d ms",
+					    NET_SETUP_MS);
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+	}
+	rc = s->upd_rc;
+	if (rc < 0)
+		*err = s->upd_err;
 	pthread_mutex_unlock(&s->lock);
 	return rc;
 }

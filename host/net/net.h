@@ -97,6 +97,22 @@ int net_sandbox_tap_fd(const struct net_sandbox *s);
  * net_sandbox_stop. */
 int net_sandbox_cut(struct net_sandbox *s, struct kiln_err *err);
 
+/* Replace the running sandbox's egress rules with rules[0..n) (0..
+ * SPEC_MAX_NET_RULES, as spec_parse gives them; n 0: nothing is reachable,
+ * every name is refused). Done on the sandbox's thread in its namespace, in
+ * one nftables transaction (the old rules or the new, never a mix), after
+ * which its resolver answers names by the new rules. Addresses resolved for
+ * a host-name rule stay allowed when the rule at the same index names the
+ * same host; otherwise they go. Established flows are checked again by
+ * their guest's next packet: one the new rules let through goes on; a TCP
+ * flow they do not is reset towards the guest, any other is dropped (both
+ * counted and reported as blocked). Waits for the thread (up to 10 s).
+ * Returns 0, or -1 with err: "not_running" when the sandbox was cut off
+ * (net_sandbox_cut) or s is NULL, "busy" while an earlier update that timed
+ * out is still pending, "net_error" when nftables refused (the old rules
+ * stay). Any thread; rules are copied. */
+int net_sandbox_update(struct net_sandbox *s, const struct spec_net_rule *rules, size_t n, struct kiln_err *err);
+
 /* Stop the sandbox's thread, read its final counters into *st (may be NULL),
  * and free it; the namespace, tap, veth and rules go with it (the kernel
  * removes a namespace shortly after its last user). Call after QEMU exited.

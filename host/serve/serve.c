@@ -407,6 +407,7 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions/{id}/exec", serve_session_exec_post },
 	{ "POST", "/v1/sessions/{id}/input", serve_session_input_post },
 	{ "POST", "/v1/sessions/{id}/pause", serve_session_pause_post },
+	{ "PUT", "/v1/sessions/{id}/network", serve_session_network_put },
 	{ "POST", "/v1/sessions/{id}/resume", serve_session_resume_post },
 	{ "POST", "/v1/sessions/{id}/outputs", serve_session_outputs_post },
 	{ "GET", "/v1/sessions/{id}/metrics", serve_session_metrics_get },

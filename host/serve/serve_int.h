@@ -52,6 +52,7 @@ enum MHD_Result serve_session_files(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_exec_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_input_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_pause_post(void *ctx, struct httpd_req *r);
+enum MHD_Result serve_session_network_put(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_outputs_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_envd_rpc_post(void *ctx, struct httpd_req *r);

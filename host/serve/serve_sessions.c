@@ -477,6 +477,27 @@ enum MHD_Result serve_session_input_post(void *ctx, struct httpd_req *r)
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
+/* PUT /v1/sessions/{id}/network {"egress":"allow","allow":[...]}: the
+ * session's egress rules replaced while it runs ("egress" may be left out:
+ * a session with a network device keeps "allow"). */
+enum MHD_Result serve_session_network_put(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *j, *out;
+
+	if (!id)
+		return no_session(r->conn);
+	if (!(j = body_json(r->body, &err)))
+		return reply_err(r->conn, &err);
+	if (!json_object_get(j, "egress"))
+		json_object_set_new(j, "egress", json_string("allow"));
+	out = session_network(s->sessions, id, j, &err);
+	json_decref(j);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
+}
+
 /* POST /v1/sessions/{id}/pause */
 enum MHD_Result serve_session_pause_post(void *ctx, struct httpd_req *r)
 {

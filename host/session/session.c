@@ -547,6 +547,66 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 }
 
 
+/* ---- network ------------------------------------------------------------ */
+
+json_t *session_network(struct session_table *ss, const char *id, json_t *network, struct kiln_err *err)
+{
+	/* The rules live in kiln-host's namespace, not in the guest: a VM
+	 * the idler stopped need not be continued for them. */
+	struct session *s = take(ss, id, 0, err);
+	struct task_spec ts;
+	json_t *spec, *out = NULL;
+
+	if (!s)
+		return NULL;
+	if (s->state != SS_RUNNING) {
+		kiln_err_set(err, KERR_NOT_RUNNING, "session %s is being paused", id);
+		goto out;
+	}
+	if (!s->net) {
+		kiln_err_set(err, KERR_NO_NETWORK,
+			     "session %s has no network device (it was created with egress \"none\"): its egress rules "
+			     "cannot be changed; create it with \"egress\":\"allow\" (\"allow\": [] reaches nothing) "
+			     "to change them later", id);
+		goto out;
+	}
+	if (!json_is_object(network)) {
+		kiln_err_set(err, KERR_INVALID_REQUEST, "expected the network object {\"egress\":\"allow\",\"allow\":[...]}");
+		goto out;
+	}
+	/* The whole spec as it would be, parsed as create parses it: the same
+	 * rules, bounds and messages. */
+	spec = json_is_object(s->spec) ? json_deep_copy(s->spec) : json_object();
+	if (!spec || json_object_set(spec, "network", network) < 0) {
+		json_decref(spec);
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	if (session_parse_spec(spec, &ts, err) < 0) {
+		json_decref(spec);
+		goto out;
+	}
+	if (!ts.egress) {
+		kiln_err_set(err, KERR_INVALID_SPEC,
+			     "network.egress: a session with a network device keeps egress \"allow\" (\"allow\": [] "
+			     "reaches nothing)");
+	} else if (net_sandbox_update(s->net, ts.net_rules, ts.nnet_rules, err) == 0) {
+		/* What a pause writes to the manifest, and a resume (here or
+		 * on another host) builds the network from. */
+		json_decref(s->spec);
+		s->spec = spec;
+		spec = NULL;
+		out = json_pack("{s:s, s:O}", "id", s->id, "network", network);
+		if (!out)
+			kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	}
+	json_decref(spec);
+	spec_free(&ts);
+out:
+	session_put(ss, s, 0);
+	return out;
+}
+
 int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err)
 {

@@ -77,6 +77,16 @@ struct template_ref;
 int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 		   const struct template_ref *ref, json_t **out, struct kiln_err *err);
 
+/* Replace a running session's egress rules: network is the spec's
+ * "network" object ({"egress":"allow","allow":[...]}), checked as create
+ * checks it, applied at once (net_sandbox_update: one nftables transaction
+ * in the sandbox's namespace) and kept in the session's spec, so that a
+ * pause's manifest, and the resume that follows on any host, carry it.
+ * Returns {"id","network"} (new reference) or NULL with err: not_found,
+ * busy, not_running (being paused), no_network (created with egress
+ * "none": no network device to change), invalid_spec, net_error. */
+json_t *session_network(struct session_table *ss, const char *id, json_t *network, struct kiln_err *err);
+
 /* Run one command: req {"argv":[...]} or {"language","code"}, optional
  * "env", "cwd", "timeout_s", "stdin_b64", "interactive", "tty". on_event/ctx
  * (may be NULL): output as it comes (RUN_EV_STDOUT/STDERR), and

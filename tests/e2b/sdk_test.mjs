@@ -563,9 +563,12 @@ try {
     assert.equal(await Sandbox.deleteSnapshot('no-such-snapshot'), false, 'deleteSnapshot');
     return `${a}; ${b}; deleteSnapshot: false`;
   }, 30000);
-  await check('unsupported: fork / updateNetwork fail cleanly', async () => {
+  await check('unsupported: fork fails cleanly; updateNetwork on a sandbox without internet access is a 409', async () => {
     const a = await sdkFailure(() => sbx.fork(), 'sandbox.fork');
+    // This stack's host offers no egress, so sbx has no network device to
+    // change (64-egress-update.sh updates one through /e2b with curl).
     const b = await sdkFailure(() => sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), 'sandbox.updateNetwork');
+    assert.ok(/409/.test(b) && /no network device/.test(b), `updateNetwork raised ${b}`);
     return `${a}; ${b}`;
   }, 30000);
   await check("unsupported: an MCP gateway cannot start: the SDK's own 'Failed to start MCP gateway' and the sandbox is killed", async () => {

@@ -2,9 +2,13 @@
  * (api/sessions/e2b_request.c). The first byte picks the parser: 0/1 the create body
  * (1: the account allows egress), followed by kiln's own session request
  * parser on the body it made, as POST /e2b/v2/sandboxes runs them; 2 the
- * v2 list's metadata filter; 3 a percent-decode. Checks that an accepted
- * create has a timeout in range mirrored in both session limits, a template
- * name and a refusal says why; that decoding never grows its input. */
+ * v2 list's metadata filter; 3 a percent-decode; with bits 3 and 4 both
+ * set (0x18), an updateNetwork body instead. Checks that an accepted create
+ * has a timeout in range mirrored in both session limits, a template name
+ * and a refusal says why; that decoding never grows its input; that an
+ * accepted updateNetwork body is a network object with egress "allow" and
+ * at most 64 rules, each accepted by the spec's parser (spec_parse on it),
+ * and shows back in getInfo's form. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +16,7 @@
 
 #include "e2b.h"
 #include "request.h"
+#include "spec.h"
 #include "fuzz.h"
 
 static void create(const char *p, size_t n, int egress)
@@ -48,6 +53,34 @@ static void create(const char *p, size_t n, int egress)
 	e2b_create_free(&c);
 }
 
+static void network_update(const char *p, size_t n)
+{
+	struct kiln_err err = { .code = "" };
+	struct task_spec ts;
+	char msg[600] = "";
+	json_t *net = NULL, *probe, *info;
+	char *text;
+
+	if (e2b_network_update_parse(p, n, &net, msg, sizeof(msg)) < 0) {
+		check(msg[0] && !net);
+		return;
+	}
+	check(json_is_object(net) && !strcmp(json_string_value(json_object_get(net, "egress")) ?: "", "allow"));
+	check(json_array_size(json_object_get(net, "allow")) <= SPEC_MAX_NET_RULES);
+	probe = json_pack("{s:[s], s:O}", "argv", "true", "network", net);
+	text = probe ? json_dumps(probe, JSON_COMPACT) : NULL;
+	check(text);
+	check(spec_parse(text, strlen(text), &ts, &err) == 0);
+	check(ts.egress == 1 && ts.nnet_rules == json_array_size(json_object_get(net, "allow")));
+	spec_free(&ts);
+	info = e2b_network_info(net);
+	check(json_array_size(json_object_get(info, "allowOut")) == ts.nnet_rules || ts.nnet_rules == 0);
+	json_decref(info);
+	free(text);
+	json_decref(probe);
+	json_decref(net);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *s;
@@ -59,6 +92,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	memcpy(s, data + 1, size - 1);
 	s[size - 1] = '\0';
+	if ((data[0] & 0x18) == 0x18) {
+		network_update(s, size - 1);
+		free(s);
+		return 0;
+	}
 	switch (data[0] & 3) {
 	case 0:
 	case 1:

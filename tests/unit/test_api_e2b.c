@@ -1201,6 +1201,305 @@ static void test_relay_end_of_life(void **state)
 	answer_free(&a);
 }
 
+/* ---- network: updateNetwork and create's egress fields ---- */
+
+/* e2b_network_map on (allow_internet_access, allowOut, denyOut) as JSON
+ * texts ("" absent): the allow list it makes, or an error containing err. */
+static void map_case(const char *internet, const char *ao, const char *dn, const char *want, const char *err)
+{
+	json_t *i = internet[0] ? json_loads(internet, JSON_DECODE_ANY, NULL) : NULL;
+	json_t *a = ao[0] ? json_loads(ao, JSON_DECODE_ANY, NULL) : NULL;
+	json_t *d = dn[0] ? json_loads(dn, JSON_DECODE_ANY, NULL) : NULL, *out = NULL;
+	char msg[600] = "";
+	int r = e2b_network_map(i, a, d, &out, msg, sizeof(msg));
+
+	if (err) {
+		if (r != -1 || out || !strstr(msg, err))
+			fail_msg("%s %s %s: wanted an error with \"%s\", got %d \"%s\"", internet, ao, dn, err, r, msg);
+	} else {
+		json_t *w = json_loads(want, 0, NULL);
+
+		if (r != 0 || !json_equal(json_object_get(out, "allow"), w) ||
+		    strcmp(json_string_value(json_object_get(out, "egress")) ?: "", "allow"))
+			fail_msg("%s %s %s: wanted %s, got %d %s", internet, ao, dn, want, r, msg);
+		json_decref(w);
+	}
+	json_decref(out);
+	json_decref(i);
+	json_decref(a);
+	json_decref(d);
+}
+
+static int upd(const char *body, json_t **out, char *msg, size_t cap)
+{
+	return e2b_network_update_parse(body, strlen(body), out, msg, cap);
+}
+
+static void test_network_mapping(void **state)
+{
+	char msg[600];
+	json_t *out, *info;
+
+	/* Nothing denied: every public address, allowOut adding nothing. */
+	map_case("", "", "", "[\"0.0.0.0/0:1-65535\"]", NULL);
+	map_case("true", "", "", "[\"0.0.0.0/0:1-65535\"]", NULL);
+	map_case("", "[\"example.com\"]", "[]", "[\"0.0.0.0/0:1-65535\"]", NULL);
+	map_case("", "[\"0.0.0.0/0\"]", "", "[\"0.0.0.0/0:1-65535\"]", NULL);
+	/* All denied: allowOut only, on every port (allowOut beats denyOut). */
+	map_case("", "[\"example.com\",\"*.pypi.org\",\"1.2.3.4\",\"8.8.8.0/24\"]", "[\"0.0.0.0/0\"]",
+		 "[\"example.com:1-65535\",\"*.pypi.org:1-65535\",\"1.2.3.4:1-65535\",\"8.8.8.0/24:1-65535\"]", NULL);
+	map_case("false", "[\"Example.COM\",\"example.com\",\"1.2.3.4/32\"]", "",
+		 "[\"example.com:1-65535\",\"1.2.3.4:1-65535\"]", NULL);
+	map_case("false", "", "", "[]", NULL);
+	map_case("true", "", "[\"0.0.0.0/0\"]", "[]", NULL);
+	/* A partial deny list with everything else denied anyway adds nothing. */
+	map_case("", "[\"1.1.1.1\"]", "[\"0.0.0.0/0\",\"8.8.8.8\"]", "[\"1.1.1.1:1-65535\"]", NULL);
+	/* Refused, naming the field. */
+	map_case("", "", "[\"8.8.8.8\"]", NULL, "denyOut[0]: \"8.8.8.8\": kiln's egress policy is an allowlist");
+	map_case("true", "[\"1.1.1.1\"]", "[\"8.8.8.0/24\"]", NULL, "denyOut[0]");
+	map_case("", "", "[\"0.0.0.0/0\",\"example.com\"]", NULL, "denyOut[1]: \"example.com\": a CIDR block");
+	map_case("", "[\"example.com:443\"]", "[\"0.0.0.0/0\"]", NULL, "allowOut[0]: \"example.com:443\": IPv6 and ports");
+	map_case("", "[\"::1\"]", "[\"0.0.0.0/0\"]", NULL, "allowOut[0]");
+	map_case("", "[\"ok.org\",\"exa mple.org\"]", "[\"0.0.0.0/0\"]", NULL, "allowOut[1]: \"exa mple.org\": ");
+	map_case("", "[\"1.2.3.4/8\"]", "[\"0.0.0.0/0\"]", NULL, "allowOut[0]: \"1.2.3.4/8\": the host bits are set");
+	map_case("", "[5]", "", NULL, "allowOut[0]: must be a string");
+	map_case("", "\"x\"", "", NULL, "allowOut: an array");
+	map_case("", "", "{}", NULL, "denyOut: an array");
+	map_case("\"yes\"", "", "", NULL, "allow_internet_access: must be a boolean");
+	map_case("", "[\"\"]", "[\"0.0.0.0/0\"]", NULL, "allowOut[0]: must be 1 to");
+	{
+		char big[200] = "[";
+
+		for (int k = 0; k < 65; k++)
+			snprintf(big + strlen(big), sizeof(big) - strlen(big), "%s1", k ? "," : "");
+		strcat(big, "]");
+		/* 65 entries (of anything) are refused before each is read. */
+		json_t *a = json_loads(big, 0, NULL);
+
+		assert_non_null(a);
+		assert_int_equal(e2b_network_map(NULL, a, NULL, &out, msg, sizeof(msg)), -1);
+		assert_non_null(strstr(msg, "at most 64"));
+		json_decref(a);
+	}
+	/* The update body: transforms and a proxy refused; {} is all public. */
+	assert_int_equal(upd("{}", &out, msg, sizeof(msg)), 0);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(out, "allow"), 0)), "0.0.0.0/0:1-65535");
+	json_decref(out);
+	assert_int_equal(e2b_network_update_parse(NULL, 0, &out, msg, sizeof(msg)), 0);
+	json_decref(out);
+	assert_int_equal(upd("{\"rules\":{}}", &out, msg, sizeof(msg)), 0);
+	json_decref(out);
+	assert_int_equal(upd("{\"egressProxy\":{\"address\":\"p:1080\"}}", &out, msg, sizeof(msg)), -1);
+	assert_non_null(strstr(msg, "egressProxy: an egress proxy is not supported"));
+	assert_null(out);
+	assert_int_equal(upd("{\"rules\":{\"a.com\":[{}]}}", &out, msg, sizeof(msg)), -1);
+	assert_non_null(strstr(msg, "rules: per-domain transform rules are not supported"));
+	assert_int_equal(upd("[1]", &out, msg, sizeof(msg)), -1);
+	assert_int_equal(upd("{\"allowOut\":[\"a.b\"],\"denyOut\":[\"0.0.0.0/0\"]}", &out, msg, sizeof(msg)), 0);
+	/* getInfo's view of it. */
+	info = e2b_network_info(out);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(info, "allowOut"), 0)), "a.b");
+	assert_int_equal(json_array_size(json_object_get(info, "allowOut")), 1);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(info, "denyOut"), 0)), "0.0.0.0/0");
+	json_decref(info);
+	json_decref(out);
+	out = json_pack("{s:s, s:[s, s]}", "egress", "allow", "allow", "0.0.0.0/0:1-65535", "example.org:443");
+	info = e2b_network_info(out);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(info, "allowOut"), 0)), "0.0.0.0/0");
+	assert_string_equal(json_string_value(json_array_get(json_object_get(info, "allowOut"), 1)), "example.org:443");
+	json_decref(info);
+	json_decref(out);
+	info = e2b_network_info(NULL);
+	assert_int_equal(json_array_size(json_object_get(info, "allowOut")), 0);
+	json_decref(info);
+}
+
+/* The customer gamma, which may have egress, and h1 offering it. */
+static void egress_customer(char *key)
+{
+	struct kiln_err err = { .code = "" };
+	char key_id[32], *k = NULL;
+	json_t *cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:b}", "vcpus", "total", 8, "used", 0, "memory_mib",
+				"total", 8192, "used", 0, "egress", 1);
+	struct quota q;
+
+	assert_int_equal(store_host_heartbeat(st, "h1", host_url, cap, &err), 0);
+	json_decref(cap);
+	sched_tick(sc);
+	quota_defaults(&q);
+	q.max_running = 8;
+	q.allow_egress = 1;
+	q.submit_rate = 1000;
+	q.submit_burst = 1000;
+	assert_int_equal(store_customer_create(st, "gamma", "gamma", &q, &err), 0);
+	assert_int_equal(store_key_create(st, "gamma", 0, &k, key_id, &err), 0);
+	snprintf(key, 128, "%s", k);
+	free(k);
+}
+
+/* The network object stored in session id's spec, as compact JSON. */
+static char *stored_network(const char *id)
+{
+	char *spec = store_session_spec(st, id), *out;
+	json_t *j = spec ? json_loads(spec, 0, NULL) : NULL;
+
+	out = json_dumps(json_object_get(j, "network"), JSON_COMPACT | JSON_ENCODE_ANY);
+	json_decref(j);
+	free(spec);
+	return out;
+}
+
+static void test_network_update(void **state)
+{
+	char key_g[128], id[40], id2[40], tok[65], p[128], hp[128], *n;
+	const char *hs[3];
+	char auth[200];
+	struct answer a;
+	int puts;
+
+	egress_customer(key_g);
+	/* allow_internet_access: true is the all-public rule (lib/spec.c
+	 * refused the bare {"egress":"allow"} create used to send). */
+	create(key_g, "{\"allow_internet_access\":true}", id, tok);
+	n = stored_network(id);
+	assert_string_equal(n, "{\"egress\":\"allow\",\"allow\":[\"0.0.0.0/0:1-65535\"]}");
+	free(n);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
+	api(&a, key_g, "GET", p, NULL);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(json_object_get(a.j, "network"),
+									      "allowOut"), 0)), "0.0.0.0/0");
+	assert_true(json_is_true(json_object_get(json_object_get(a.j, "network"), "allowPublicTraffic")));
+	answer_free(&a);
+	/* create's network.allowOut / denyOut */
+	create(key_g, "{\"network\":{\"allowOut\":[\"pypi.org\"],\"denyOut\":[\"0.0.0.0/0\"]}}", id2, tok);
+	n = stored_network(id2);
+	assert_string_equal(n, "{\"egress\":\"allow\",\"allow\":[\"pypi.org:1-65535\"]}");
+	free(n);
+	api(&a, key_g, "POST", "/e2b/v2/sandboxes", "{\"network\":{\"denyOut\":[\"8.8.8.8\"]},\"allow_internet_access\":true}");
+	assert_int_equal(a.status, 400);
+	assert_non_null(strstr(str(a.j, "message"), "network.denyOut[0]"));
+	answer_free(&a);
+	api(&a, key_a, "POST", "/e2b/v2/sandboxes", "{\"network\":{\"allowOut\":[\"pypi.org\"]}}");
+	assert_int_equal(a.status, 400); /* acme may not have egress */
+	assert_non_null(strstr(str(a.j, "message"), "not allowed for your account"));
+	answer_free(&a);
+
+	/* updateNetwork: mapped, sent to the host, stored. */
+	snprintf(hp, sizeof(hp), "/v1/sessions/%s/network", id);
+	fake_rule("PUT", NULL, "/v1/sessions/", 200, "{}");
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/network", id);
+	api(&a, key_g, "PUT", p, "{\"allowOut\":[\"example.com\",\"1.2.3.4\"],\"denyOut\":[\"0.0.0.0/0\"]}");
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	assert_int_equal(fake_count("PUT", host_url, hp), 1);
+	n = stored_network(id);
+	assert_string_equal(n, "{\"egress\":\"allow\",\"allow\":[\"example.com:1-65535\",\"1.2.3.4:1-65535\"]}");
+	free(n);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", id);
+	api(&a, key_g, "GET", p, NULL);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(json_object_get(a.j, "network"),
+									      "allowOut"), 1)), "1.2.3.4");
+	answer_free(&a);
+	/* Refused before the host hears of it. */
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/network", id);
+	{
+		static const char *const bad[] = {
+			"{\"denyOut\":[\"8.8.8.8\"]}", "{\"egressProxy\":{\"address\":\"x:1\"}}",
+			"{\"rules\":{\"a.com\":[{}]}}", "{\"allowOut\":[\"a b\"],\"allow_internet_access\":false}", "{",
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			api(&a, key_g, "PUT", p, bad[i]);
+			if (a.status != 400 || json_integer_value(json_object_get(a.j, "code")) != 400)
+				fail_msg("%s: %ld", bad[i], a.status);
+			answer_free(&a);
+		}
+	}
+	assert_int_equal(fake_count("PUT", host_url, hp), 1);
+	/* Another customer's: 404, as E2B's SDK maps to SandboxNotFoundError. */
+	api(&a, key_b, "PUT", p, "{}");
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+	/* The host's refusal comes through with its status. */
+	fake_rule("PUT", NULL, hp, 409, "{\"error\":{\"code\":\"no_network\",\"message\":\"no device\"}}");
+	api(&a, key_g, "PUT", p, "{}");
+	assert_int_equal(a.status, 409);
+	assert_string_equal(str(a.j, "message"), "no device");
+	answer_free(&a);
+	n = stored_network(id);
+	assert_non_null(strstr(n, "example.com:1-65535")); /* unchanged */
+	free(n);
+	fake_rule("PUT", NULL, hp, 200, "{}");
+
+	/* The native endpoint, with the customer's key. */
+	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_g);
+	hs[0] = auth;
+	hs[1] = "Content-Type: application/json";
+	hs[2] = NULL;
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id);
+	call(&a, "PUT", p, hs, "{\"allow\":[\"203.0.113.0/24:443\"]}", 32);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(json_string_value(json_array_get(json_object_get(json_object_get(a.j, "network"), "allow"),
+							     0)), "203.0.113.0/24:443");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "network"), "egress")), "allow");
+	answer_free(&a);
+	call(&a, "PUT", p, hs, "{\"allow\":[\"203.0.113.0/24\"]}", 28);
+	assert_int_equal(a.status, 400);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "invalid_spec");
+	answer_free(&a);
+	call(&a, "PUT", p, hs, "{\"egress\":\"none\"}", 17);
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
+	puts = fake_count("PUT", host_url, "/v1/sessions/");
+	/* A sandbox created without egress has no device: 409 no_network. */
+	create(key_g, "{}", id2, tok);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id2);
+	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
+	assert_int_equal(a.status, 409);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "no_network");
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/network", id2);
+	api(&a, key_g, "PUT", p, "{}");
+	assert_int_equal(a.status, 409);
+	answer_free(&a);
+	/* Paused: 409 not_running. */
+	assert_int_equal(store_session_transition(st, id, SESSION_RUNNING, SESSION_PAUSED, "", NULL, NULL), 1);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id);
+	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
+	assert_int_equal(a.status, 409);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "not_running");
+	answer_free(&a);
+	assert_int_equal(fake_count("PUT", host_url, "/v1/sessions/"), puts);
+	/* An account without egress: a session without a device hears that
+	 * first; one with a device (the quota taken away since) hears of the
+	 * quota, and nothing reaches the host. */
+	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_a);
+	create(key_a, "{}", id2, tok);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id2);
+	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
+	assert_int_equal(a.status, 409);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")), "no_network");
+	answer_free(&a);
+	{
+		struct kiln_err qerr = { .code = "" };
+		struct quota q;
+
+		assert_int_equal(store_customer_quota(st, "gamma", &q), 0);
+		q.allow_egress = 0;
+		assert_int_equal(store_customer_set_quota(st, "gamma", &q, &qerr), 0);
+	}
+	assert_int_equal(store_session_transition(st, id, SESSION_PAUSED, SESSION_RUNNING, NULL, NULL, NULL), 1);
+	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key_g);
+	snprintf(p, sizeof(p), "/v1/sessions/%s/network", id);
+	call(&a, "PUT", p, hs, "{\"allow\":[]}", 12);
+	assert_int_equal(a.status, 400);
+	assert_string_equal(json_string_value(json_object_get(json_object_get(a.j, "error"), "code")),
+			    "egress_not_allowed");
+	answer_free(&a);
+	assert_int_equal(fake_count("PUT", host_url, "/v1/sessions/"), puts);
+}
+
 static void test_url_decode(void **state)
 {
 	char out[16];
@@ -1245,6 +1544,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_relay_stream_kind, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_paused_502, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_auto_pause_per_session, setup, teardown),
+		cmocka_unit_test(test_network_mapping),
+		cmocka_unit_test_setup_teardown(test_network_update, setup, teardown),
 		cmocka_unit_test(test_url_decode),
 		cmocka_unit_test_setup_teardown(test_token_derivation, setup, teardown),
 	};
