@@ -127,8 +127,12 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 			goto fail;
 		}
 		snprintf(out->template, sizeof(out->template), "%s", json_string_value(v));
-		/* base (E2B's default) and default are kiln's default template. */
-		if (strcmp(out->template, "base") && strcmp(out->template, "default"))
+		/* base (E2B's default) and default are kiln's default template;
+		 * code-interpreter-v1 (the Code Interpreter SDK's default) is the
+		 * built-in code-interpreter. */
+		if (!strcmp(out->template, "code-interpreter-v1"))
+			json_object_set_new(n, "template", json_string("code-interpreter"));
+		else if (strcmp(out->template, "base") && strcmp(out->template, "default"))
 			json_object_set(n, "template", v);
 	}
 	out->timeout_s = e2b_timeout_of(b, E2B_DEFAULT_TIMEOUT_S);

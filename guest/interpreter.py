@@ -1,0 +1,995 @@
+#!/usr/bin/python3
+# kiln-interpreter: the code interpreter of the `code-interpreter` template,
+# on 127.0.0.1:49999 in the guest, speaking what E2B's Code Interpreter SDK
+# (@e2b/code-interpreter 2.8.0) sends (docs/e2b.md "Code Interpreter").
+#
+# kiln-init starts it at boot (guest/interp.c) as root, with fd 0 the reseed
+# pipe (a byte after every snapshot restore) and fd 3 the ready pipe; it drops
+# to the E2B user `user`, imports numpy, pandas and matplotlib, warms them up
+# (one plot rendered, one DataFrame formatted), forks a fork server, makes the
+# default Python context and writes 'R' to fd 3: the template's snapshot is
+# taken after that, so a restored sandbox's first cell pays no start.
+#
+# Processes: this server (threads, one per HTTP connection) -> the fork
+# server (single-threaded; forks a context's worker from the warm imports)
+# -> one worker per Python context, its own process group. A worker runs
+# cells one at a time and writes its events as JSON lines on a pipe; its fd 1
+# and 2 (what subprocesses and C code write) are two more pipes this server
+# reads. A bash context is a bash process fed through its stdin.
+#
+# Everything a cell sends is bounded: stdout and stderr at OUT_MAX bytes a
+# cell (the rest dropped, and said so), one representation at REPR_MAX bytes.
+import array, ast, base64, builtins, io, json, linecache, os, pwd, random, select, signal, socket
+import sys, threading, time, traceback, uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT = 49999
+USER = "user"
+OUT_MAX = 8 << 20        # bytes of stdout+stderr one cell may send
+REPR_MAX = 32 << 20      # bytes of one representation (a PNG, an HTML table)
+BODY_MAX = 16 << 20      # bytes of a request body
+INTERRUPT_GRACE_S = 3.0  # after SIGINT, then the context is killed and restarted
+LANGS = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
+
+# ---- the worker: runs the cells of one Python context ---------------------
+
+MIME = (("text/plain", "text"), ("text/html", "html"), ("text/markdown", "markdown"),
+        ("image/svg+xml", "svg"), ("image/png", "png"), ("image/jpeg", "jpeg"),
+        ("application/pdf", "pdf"), ("text/latex", "latex"), ("application/json", "json"),
+        ("application/javascript", "javascript"))
+REPRS = (("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
+         ("_repr_png_", "png"), ("_repr_jpeg_", "jpeg"), ("_repr_pdf_", "pdf"),
+         ("_repr_latex_", "latex"), ("_repr_json_", "json"), ("_repr_javascript_", "javascript"))
+BINARY = ("png", "jpeg", "pdf")
+
+
+def _jsonable(v):
+    """A value json.dumps takes (numpy scalars, timestamps, NaN as None)."""
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if hasattr(v, "item"):
+        try:
+            return _jsonable(v.item())
+        except Exception:
+            pass
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    return str(v)
+
+
+def _num(v):
+    try:
+        f = float(v)
+        return None if f != f else f
+    except Exception:
+        return _jsonable(v)
+
+
+def _axis_info(ax, which):
+    """E2B's per-axis fields: label, scale, ticks and tick labels; dates as ISO text."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    scale = axis.get_scale()
+    ticks = list(axis.get_majorticklocs())
+    labels = [t.get_text() for t in axis.get_majorticklabels()]
+    conv = getattr(axis, "converter", None) or (axis.get_converter() if hasattr(axis, "get_converter") else None)
+    if conv is not None and "date" in type(conv).__name__.lower():
+        import matplotlib.dates as mdates
+        scale = "datetime"
+        ticks = [mdates.num2date(t).isoformat() for t in ticks]
+    elif any(labels) and not all(_is_number(l) for l in labels if l):
+        scale = "categorical" if scale == "linear" and _categorical(axis) else scale
+    return {"%s_label" % which: axis.get_label_text() or None, "%s_scale" % which: scale,
+            "%s_ticks" % which: [_num(t) if not isinstance(t, str) else t for t in ticks],
+            "%s_tick_labels" % which: labels}
+
+
+def _is_number(s):
+    try:
+        float(s.replace("\u2212", "-"))
+        return True
+    except ValueError:
+        return False
+
+
+def _categorical(axis):
+    units = getattr(axis, "units", None)
+    return units is not None and type(units).__name__ == "UnitData"
+
+
+def _axes_chart(ax):
+    """The chart E2B's SDK models for one Axes, or None (an empty or unknown one)."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.patches import Rectangle, Wedge
+    title = ax.get_title() or None
+    base = {"title": title}
+    box = getattr(ax, "_kiln_box", None)
+    if box:
+        c = dict(base, type="box_and_whisker", elements=box)
+        c.update({"x_label": ax.get_xlabel() or None, "y_label": ax.get_ylabel() or None})
+        return c
+    wedges = [p for p in ax.patches if isinstance(p, Wedge)]
+    if wedges:
+        texts = [t.get_text() for t in ax.texts]
+        els = []
+        for i, w in enumerate(wedges):
+            label = w.get_label()
+            if not label or label.startswith("_"):
+                label = texts[i * 2] if len(texts) >= 2 * len(wedges) else (texts[i] if i < len(texts) else str(i))
+            els.append({"label": label, "angle": abs(w.theta2 - w.theta1), "radius": w.r})
+        return dict(base, type="pie", elements=els)
+    bars = []
+    for cont in getattr(ax, "containers", []):
+        if type(cont).__name__ != "BarContainer":
+            continue
+        group = cont.get_label()
+        group = group if group and not group.startswith("_") else ""
+        xlabels = [t.get_text() for t in ax.get_xticklabels()]
+        xticks = list(ax.get_xticks())
+        for r in cont.patches:
+            x = r.get_x() + r.get_width() / 2
+            label = ""
+            for t, l in zip(xticks, xlabels):
+                if abs(t - x) < 1e-6 + r.get_width() / 2:
+                    label = l
+                    break
+            bars.append({"label": label or str(_num(x)), "value": _num(r.get_height()), "group": group})
+    if bars:
+        c = dict(base, type="bar", elements=bars)
+        c.update({"x_label": ax.get_xlabel() or None, "y_label": ax.get_ylabel() or None})
+        return c
+    points = [l for l in ax.get_lines() if l.get_linestyle() not in ("None", "", " ")]
+    scatter = [c for c in ax.collections if isinstance(c, PathCollection)]
+    kind, els = None, []
+    if points:
+        kind = "line"
+        for i, l in enumerate(points):
+            xs, ys = l.get_xdata(orig=False), l.get_ydata(orig=False)
+            label = l.get_label()
+            els.append({"label": label if label and not label.startswith("_") else "line %d" % i,
+                        "points": [[_num(x), _num(y)] for x, y in zip(xs, ys)]})
+    elif scatter:
+        kind = "scatter"
+        for i, c in enumerate(scatter):
+            label = c.get_label()
+            els.append({"label": label if label and not label.startswith("_") else "scatter %d" % i,
+                        "points": [[_num(x), _num(y)] for x, y in c.get_offsets()]})
+    if not kind:
+        return None
+    c = dict(base, type=kind, elements=els)
+    c.update(_axis_info(ax, "x"))
+    c.update(_axis_info(ax, "y"))
+    if c.get("x_scale") == "datetime":
+        import matplotlib.dates as mdates
+        for e in els:
+            e["points"] = [[mdates.num2date(x).isoformat() if isinstance(x, float) else x, y] for x, y in e["points"]]
+    return c
+
+
+def figure_chart(fig):
+    """E2B's `chart` for a figure: one Axes' chart, several as a superchart."""
+    charts = []
+    for ax in fig.get_axes():
+        try:
+            c = _axes_chart(ax)
+        except Exception:
+            c = None
+        if c:
+            charts.append(c)
+    if not charts:
+        return None
+    if len(charts) == 1:
+        return charts[0]
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else None
+    return {"type": "superchart", "title": title, "elements": charts}
+
+
+def _boxplot_recorder(orig):
+    """Axes.boxplot, keeping E2B's box-and-whisker elements on the Axes."""
+    def boxplot(ax, x, *args, **kw):
+        out = orig(ax, x, *args, **kw)
+        try:
+            labels = kw.get("labels") or kw.get("tick_labels")
+            els = []
+            for i, box in enumerate(out.get("boxes", [])):
+                whis = [w.get_ydata() for w in out["whiskers"][2 * i:2 * i + 2]]
+                med = out["medians"][i].get_ydata()
+                fl = out["fliers"][i].get_ydata() if i < len(out["fliers"]) else []
+                if hasattr(box, "get_path"):
+                    ys = box.get_path().vertices[:, 1]
+                else:
+                    ys = box.get_ydata()
+                label = str(labels[i]) if labels is not None and i < len(labels) else str(i + 1)
+                els.append({"label": label, "min": _num(min(whis[0])), "first_quartile": _num(min(ys)),
+                            "median": _num(med[0]), "third_quartile": _num(max(ys)),
+                            "max": _num(max(whis[1])), "outliers": [_num(v) for v in fl]})
+            ax._kiln_box = els
+        except Exception:
+            pass
+        return out
+    return boxplot
+
+
+def _b64(v):
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode()
+    return v
+
+
+def _data_of(obj):
+    """E2B's `data` for a pandas DataFrame: {column: [values]}, JSON-safe."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(obj, pd.DataFrame):
+        return None
+    split = json.loads(obj.to_json(orient="split", date_format="iso", default_handler=str))
+    cols = [str(c) for c in split["columns"]]
+    return {c: [row[i] for row in split["data"]] for i, c in enumerate(cols)}
+
+
+def representations(obj):
+    """Every representation obj has, as E2B's result fields (text always)."""
+    out = {}
+    is_class = isinstance(obj, type)
+    mpl_figure = None
+    fm = sys.modules.get("matplotlib.figure")
+    if fm is not None and isinstance(obj, fm.Figure):
+        mpl_figure = obj
+    if not is_class and mpl_figure is None:
+        mb = getattr(obj, "_repr_mimebundle_", None)
+        if callable(mb):
+            try:
+                b = mb()
+                if isinstance(b, tuple):
+                    b = b[0]
+                for mime, key in MIME:
+                    if isinstance(b, dict) and b.get(mime) is not None:
+                        out[key] = b[mime]
+            except Exception:
+                pass
+        for attr, key in REPRS:
+            if key in out:
+                continue
+            f = getattr(obj, attr, None)
+            if not callable(f):
+                continue
+            try:
+                v = f()
+            except Exception:
+                continue
+            if isinstance(v, tuple):  # (data, metadata)
+                v = v[0]
+            if v is not None:
+                out[key] = v
+    if mpl_figure is not None:
+        buf = io.BytesIO()
+        mpl_figure.savefig(buf, format="png", bbox_inches="tight")
+        out["png"] = buf.getvalue()
+        try:
+            ch = figure_chart(mpl_figure)
+            if ch:
+                out["chart"] = _jsonable(ch)
+        except Exception:
+            pass
+    if "text" not in out:
+        try:
+            out["text"] = repr(obj)
+        except Exception as e:
+            out["text"] = "<repr failed: %s: %s>" % (type(e).__name__, e)
+    try:
+        d = _data_of(obj)
+        if d is not None:
+            out["data"] = d
+    except Exception:
+        pass
+    for k in list(out):
+        v = _b64(out[k]) if k in BINARY else out[k]
+        if k == "json" and not isinstance(v, str):
+            v = _jsonable(v)
+        size = len(v) if isinstance(v, str) else len(json.dumps(v, default=str))
+        if size > REPR_MAX:
+            if k == "text":
+                v = v[:4096] + "\n[kiln: representation of %d bytes cut to 4096]" % size
+            else:
+                del out[k]
+                out.setdefault("text", "")
+                continue
+        out[k] = v
+    return out
+
+
+class CellStream(io.TextIOBase):
+    """sys.stdout or sys.stderr in a worker: text to events, bounded per cell."""
+
+    def __init__(self, worker, name):
+        self.worker, self.name, self.buf = worker, name, []
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        w = self.worker
+        n = len(s)
+        if w.out_left <= 0:
+            w.out_dropped += n
+            return n
+        if n > w.out_left:
+            w.out_dropped += n - w.out_left
+            s = s[:w.out_left]
+        w.out_left -= len(s)
+        self.buf.append(s)
+        if "\n" in s or sum(map(len, self.buf)) > 65536:
+            self.flush()
+        return n
+
+    def flush(self):
+        if self.buf:
+            text, self.buf = "".join(self.buf), []
+            self.worker.emit({"type": self.name, "text": text})
+
+    def isatty(self):
+        return False
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def fileno(self):
+        return 1 if self.name == "stdout" else 2
+
+
+class Worker:
+    """One Python context: a namespace and its execution count."""
+
+    def __init__(self, req_fd, ev_fd):
+        self.req = os.fdopen(req_fd, "rb")
+        self.ev = os.fdopen(ev_fd, "wb", buffering=0)
+        self.ns = {"__name__": "__main__", "__builtins__": builtins}
+        self.count = 0
+        self.gen = None
+        self.out_left, self.out_dropped = OUT_MAX, 0
+        self.stdout, self.stderr = CellStream(self, "stdout"), CellStream(self, "stderr")
+
+    def emit(self, ev):
+        try:
+            self.ev.write(json.dumps(ev, default=str).encode() + b"\n")
+        except (BrokenPipeError, OSError):
+            os._exit(0)  # the server is gone
+
+    def display(self, *objs, **kw):
+        """IPython's display(): each object as a result, in order."""
+        self.stdout.flush()
+        self.stderr.flush()
+        for o in objs:
+            r = representations(o)
+            r.update(type="result", is_main_result=False)
+            self.emit(r)
+
+    def flush_figures(self, *a, **kw):
+        """plt.show() and the end of a cell: every open figure as a result, then closed."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        for num in list(plt.get_fignums()):
+            fig = plt.figure(num)
+            self.display(fig)
+        plt.close("all")
+
+    def reseed(self, gen):
+        """After a snapshot restore every clone held the same random state."""
+        if gen == self.gen:
+            return
+        self.gen = gen
+        random.seed()
+        np = sys.modules.get("numpy")
+        if np is not None:
+            np.random.seed()
+
+    def error(self, e, skip_own=True):
+        tb = e.__traceback__
+        while skip_own and tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        if isinstance(e, SyntaxError):
+            lines = traceback.format_exception_only(type(e), e)
+        else:
+            lines = traceback.format_exception(type(e), e, tb)
+        self.emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": "".join(lines)})
+
+    def run(self, code):
+        self.count += 1
+        fname = "<cell %d>" % self.count
+        linecache.cache[fname] = (len(code), None, code.splitlines(True), fname)
+        try:
+            tree = ast.parse(code, fname, "exec")
+        except SyntaxError as e:
+            self.error(e)
+            return
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        try:
+            exec(compile(tree, fname, "exec"), self.ns)
+            if last is not None:
+                value = eval(compile(last, fname, "eval"), self.ns)
+                if value is not None and not code.rstrip().endswith(";"):
+                    self.ns["_"] = value
+                    self.stdout.flush()
+                    self.stderr.flush()
+                    fm = sys.modules.get("matplotlib.figure")
+                    if fm is not None and isinstance(value, fm.Figure):
+                        import matplotlib.pyplot as plt
+                        if value.number in plt.get_fignums():
+                            plt.close(value)
+                    r = representations(value)
+                    r.update(type="result", is_main_result=True)
+                    self.emit(r)
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: the context lives on
+            self.stdout.flush()
+            self.stderr.flush()
+            self.error(e)
+
+    def serve(self):
+        builtins.display = self.display
+        try:
+            import IPython.display as ipd
+            ipd.display = self.display
+            import IPython.core.display_functions as idf
+            idf.display = self.display
+        except Exception:
+            pass
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is not None:
+            plt.show = self.flush_figures
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+        while True:
+            try:
+                line = self.req.readline()
+                if not line:
+                    os._exit(0)
+                req = json.loads(line)
+                self.reseed(req.get("gen"))
+                self.out_left, self.out_dropped = OUT_MAX, 0
+                env = req.get("env") or {}
+                saved = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                try:
+                    self.run(req.get("code", ""))
+                    self.flush_figures()
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+                    self.stdout.flush()
+                    self.stderr.flush()
+                    if self.out_dropped:
+                        self.emit({"type": "stderr", "text": "\n[kiln: %d characters of output dropped: a cell may "
+                                   "send at most %d]\n" % (self.out_dropped, OUT_MAX)})
+                self.emit({"type": "__done__", "count": self.count})
+            except KeyboardInterrupt:
+                # SIGINT raced the end of a cell: the cell is over anyway.
+                self.emit({"type": "__done__", "count": self.count})
+
+
+# ---- the fork server: forks workers from the warm process ------------------
+
+def fork_server(sock):
+    """Loop: a request names a cwd; answer the worker's pid and its 4 descriptors."""
+    try:
+        os.close(3)  # the ready pipe is the server's
+    except OSError:
+        pass
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    while True:
+        msg = sock.recv(4096)
+        if not msg:
+            os._exit(0)
+        cwd = msg.decode()
+        req_r, req_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                for fd in (req_w, ev_r, out_r, err_r):
+                    os.close(fd)
+                os.setpgid(0, 0)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                devnull = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                for fd in (devnull, out_w, err_w):
+                    os.close(fd)
+                os.makedirs(cwd, exist_ok=True)
+                os.chdir(cwd)
+                w = Worker(req_r, ev_w)
+                w.reseed(-1)
+                w.serve()
+            except BaseException:
+                traceback.print_exc()
+            os._exit(1)
+        for fd in (req_r, ev_w, out_w, err_w):
+            os.close(fd)
+        socket.send_fds(sock, [str(pid).encode()], [req_w, ev_r, out_r, err_r])
+        for fd in (req_w, ev_r, out_r, err_r):
+            os.close(fd)
+
+
+# ---- the server ---------------------------------------------------------
+
+class Context:
+    """A context: its language, cwd and the process that holds its state."""
+
+    def __init__(self, server, language, cwd, ident=None):
+        self.server, self.language, self.cwd = server, language, cwd
+        self.id = ident or str(uuid.uuid4())
+        self.lock = threading.Lock()
+        self.pid = 0
+        self.fds = []
+        self.bash = None
+
+    def info(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def start(self):
+        if self.language == "python":
+            pid, fds = self.server.fork_worker(self.cwd)
+            self.pid = pid
+            self.req, self.ev, self.out, self.err = fds
+            self.evbuf = b""
+        else:
+            os.makedirs(self.cwd, exist_ok=True)
+            st_r, st_w = os.pipe()
+            self.bash = __import__("subprocess").Popen(
+                ["/bin/bash", "--noprofile", "--norc"], stdin=-1, stdout=-1, stderr=-1, cwd=self.cwd,
+                pass_fds=(st_w,), start_new_session=True, env=dict(os.environ, KILN_STATUS_FD=str(st_w)))
+            os.close(st_w)
+            self.pid = self.bash.pid
+            self.req, self.out, self.err, self.ev = self.bash.stdin.fileno(), self.bash.stdout.fileno(), \
+                self.bash.stderr.fileno(), st_r
+            self.evbuf = b""
+            os.write(self.req, b"exec 3>&$KILN_STATUS_FD; unset KILN_STATUS_FD; trap : INT\n")
+        self.count = 0
+
+    def stop(self):
+        if self.pid > 0:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.bash is not None:
+            for f in (self.bash.stdin, self.bash.stdout, self.bash.stderr):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            try:
+                self.bash.wait(timeout=5)
+            except Exception:
+                pass
+            os.close(self.ev)
+            self.bash = None
+        elif self.pid > 0:
+            for fd in (self.req, self.ev, self.out, self.err):
+                os.close(fd)
+        self.pid = 0
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def interrupt(self):
+        try:
+            if self.language == "python":
+                os.kill(self.pid, signal.SIGINT)
+            else:
+                os.killpg(self.pid, signal.SIGINT)
+        except OSError:
+            pass
+
+    def request(self, code, env, gen):
+        """Hand a cell to the process; False when it is gone."""
+        try:
+            if self.language == "python":
+                os.write(self.req, json.dumps({"code": code, "env": env, "gen": gen}).encode() + b"\n")
+            else:
+                path = "/tmp/.kiln-cell-%s.sh" % self.id
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(code + "\n")
+                pre, post = [], []
+                for i, (k, v) in enumerate(env.items()):
+                    q = "'" + v.replace("'", "'\\''") + "'"
+                    pre.append('if [ -n "${%s+x}" ]; then __kiln_o%d=$%s; __kiln_h%d=1; else __kiln_h%d=; fi; export %s=%s'
+                               % (k, i, k, i, i, k, q))
+                    post.append('if [ -n "$__kiln_h%d" ]; then %s=$__kiln_o%d; else unset %s; fi' % (i, k, i, k))
+                script = "\n".join(pre + [". %s; __kiln_rc=$?" % path] + post + ['printf "%d\\n" "$__kiln_rc" >&3', ""])
+                self.count += 1
+                os.write(self.req, script.encode())
+            return True
+        except OSError:
+            return False
+
+    def next_event(self, data):
+        """Events from the event pipe's bytes; the cell's end as {'type': '__done__'}."""
+        self.evbuf += data
+        evs = []
+        while b"\n" in self.evbuf:
+            line, self.evbuf = self.evbuf.split(b"\n", 1)
+            if self.language == "python":
+                evs.append(json.loads(line))
+            else:
+                evs.append({"type": "__done__", "count": self.count, "status": int(line or b"0")})
+        return evs
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "kiln-interpreter"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def reply(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def fail(self, code, msg):
+        self.reply(code, {"error": msg, "message": msg})
+
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if n < 0 or n > BODY_MAX:
+            raise ValueError("the body is larger than %d bytes" % BODY_MAX)
+        raw = self.rfile.read(n) if n else b"{}"
+        b = json.loads(raw or b"{}")
+        if not isinstance(b, dict):
+            raise ValueError("the body is not a JSON object")
+        return b
+
+    def route(self):
+        return self.path.split("?", 1)[0].rstrip("/") or "/"
+
+    def do_GET(self):
+        p = self.route()
+        if p == "/health":
+            self.reply(200, "OK")
+        elif p == "/contexts":
+            self.reply(200, [c.info() for c in self.server.app.contexts_list()])
+        else:
+            self.fail(404, "no such route: GET %s" % p)
+
+    def do_DELETE(self):
+        p = self.route().split("/")
+        if len(p) == 3 and p[1] == "contexts":
+            if self.server.app.remove(p[2]):
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self.fail(404, "context %s not found" % p[2])
+        else:
+            self.fail(404, "no such route: DELETE %s" % self.route())
+
+    def do_POST(self):
+        app = self.server.app
+        p = self.route()
+        parts = p.split("/")
+        try:
+            b = self.body()
+        except ValueError as e:
+            return self.fail(400, str(e))
+        if p == "/execute":
+            return self.execute(b)
+        if p == "/contexts":
+            lang = LANGS.get((b.get("language") or "python").lower())
+            if not lang:
+                return self.fail(400, "language %r is not supported (python, bash)" % b.get("language"))
+            cwd = b.get("cwd") or app.home
+            if not isinstance(cwd, str) or not cwd.startswith("/"):
+                return self.fail(400, "cwd: an absolute path")
+            try:
+                c = app.create(lang, cwd)
+            except OSError as e:
+                return self.fail(500, "cannot start the context: %s" % e)
+            return self.reply(200, c.info())
+        if len(parts) == 4 and parts[1] == "contexts" and parts[3] == "restart":
+            c = app.get(parts[2])
+            if not c:
+                return self.fail(404, "context %s not found" % parts[2])
+            with c.lock:
+                c.restart()
+            return self.reply(200, c.info())
+        self.fail(404, "no such route: POST %s" % p)
+
+    def chunk(self, ev):
+        """One NDJSON line as one chunk; False once the client is gone."""
+        if self.gone:
+            return False
+        data = json.dumps(ev).encode() + b"\n"
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except OSError:
+            self.gone = True
+        return not self.gone
+
+    def execute(self, b):
+        app = self.server.app
+        code = b.get("code")
+        if not isinstance(code, str):
+            return self.fail(400, "code: a string")
+        env = b.get("env_vars") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k.isidentifier() and isinstance(v, str)
+                                                for k, v in env.items()):
+            return self.fail(400, "env_vars: a map of variable names to strings")
+        cid = b.get("context_id")
+        if cid:
+            c = app.get(cid)
+            if not c:
+                return self.fail(404, "context %s not found" % cid)
+        else:
+            lang = LANGS.get((b.get("language") or "python").lower())
+            if not lang:
+                return self.fail(400, "language %r is not supported (python, bash)" % b.get("language"))
+            c = app.default(lang)
+        with c.lock:
+            if c.pid <= 0:
+                c.start()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.gone = False
+            self.run_cell(c, code, env)
+            if not self.gone:
+                try:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass
+        self.close_connection = self.gone
+
+    def run_cell(self, c, code, env):
+        app = self.server.app
+        if not c.request(code, env, app.gen):
+            c.restart()
+            c.request(code, env, app.gen)
+        out_left = OUT_MAX
+        interrupted_at = None
+        done = None
+        client = self.connection
+        names = {c.out: "stdout", c.err: "stderr"}
+        open_fds = [c.ev, c.out, c.err]
+        while done is None:
+            fds = [fd for fd in open_fds] + ([] if self.gone else [client])
+            wait = 1.0
+            if interrupted_at is not None:
+                wait = max(0.0, interrupted_at + INTERRUPT_GRACE_S - time.monotonic())
+            r, _, _ = select.select(fds, [], [], wait)
+            if not r and interrupted_at is not None:
+                # Deaf to SIGINT: the context starts again, empty.
+                c.restart()
+                self.chunk({"type": "error", "name": "KernelRestarted", "value": "the cell did not stop on an "
+                            "interrupt: the context was restarted and its state is lost", "traceback": ""})
+                break
+            if client in r:
+                try:
+                    peek = client.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    peek = b"x"
+                except OSError:
+                    peek = b""
+                if not peek:  # the client gave up (the SDK's timeoutMs): interrupt the cell
+                    self.gone = True
+                    if interrupted_at is None:
+                        interrupted_at = time.monotonic()
+                        c.interrupt()
+                else:
+                    time.sleep(0.01)  # a pipelined request: nothing to read until this one ends
+            for fd in r:
+                if fd == client:
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.remove(fd)
+                    if fd == c.ev:
+                        break
+                    continue
+                if fd == c.ev:
+                    for ev in c.next_event(data):
+                        if ev.get("type") == "__done__":
+                            done = ev
+                        else:
+                            self.chunk(ev)
+                else:
+                    if out_left > 0:
+                        text = data[:out_left].decode("utf-8", "replace")
+                        out_left -= len(data)
+                        self.chunk({"type": names[fd], "text": text})
+            if c.ev not in open_fds and done is None:
+                # The process died under the cell (os._exit, a crash, the OOM killer).
+                c.restart()
+                self.chunk({"type": "error", "name": "KernelRestarted", "value": "the context's interpreter "
+                            "exited during the cell: it was restarted and its state is lost", "traceback": ""})
+                break
+        if done is not None:
+            # What subprocesses wrote before the cell ended.
+            for fd, name in ((c.out, "stdout"), (c.err, "stderr")):
+                while fd in open_fds and out_left > 0 and select.select([fd], [], [], 0)[0]:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        break
+                    out_left -= len(data)
+                    self.chunk({"type": name, "text": data.decode("utf-8", "replace")})
+            self.chunk({"type": "number_of_executions", "execution_count": done.get("count", 0)})
+        self.chunk({"type": "end_of_execution"})
+
+
+class App:
+    def __init__(self, fork_sock, home):
+        self.fork_sock, self.home = fork_sock, home
+        self.fork_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.contexts = {}
+        self.defaults = {}
+        self.gen = 0
+
+    def fork_worker(self, cwd):
+        with self.fork_lock:
+            self.fork_sock.send(cwd.encode())
+            msg, fds, _, _ = socket.recv_fds(self.fork_sock, 64, 4)
+            if len(fds) != 4:
+                raise OSError("the fork server failed")
+            return int(msg), fds
+
+    def create(self, lang, cwd, default=False):
+        c = Context(self, lang, cwd)
+        c.start()
+        with self.lock:
+            self.contexts[c.id] = c
+            if default:
+                self.defaults[lang] = c
+        return c
+
+    def default(self, lang):
+        with self.lock:
+            c = self.defaults.get(lang)
+            if c and c.id in self.contexts:
+                return c
+        return self.create(lang, self.home, default=True)
+
+    def get(self, cid):
+        with self.lock:
+            return self.contexts.get(cid)
+
+    def contexts_list(self):
+        with self.lock:
+            return list(self.contexts.values())
+
+    def remove(self, cid):
+        with self.lock:
+            c = self.contexts.pop(cid, None)
+            for k, v in list(self.defaults.items()):
+                if v is c:
+                    del self.defaults[k]
+        if not c:
+            return False
+        with c.lock:
+            c.stop()
+        return True
+
+    def watch_reseed(self):
+        """fd 0: one byte from kiln-init after every restore; the next cells reseed."""
+        while True:
+            try:
+                b = os.read(0, 64)
+            except OSError:
+                return
+            if not b:
+                return
+            self.gen += 1
+
+
+def warm_up():
+    """Imports and first uses under TCG cost seconds: pay them before the snapshot."""
+    try:
+        import numpy, pandas, matplotlib
+    except ImportError:  # an image without the data stack: plain Python still works
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+    Axes.boxplot = _boxplot_recorder(Axes.boxplot)
+    try:
+        import IPython.display  # noqa: F401 (display objects: HTML, Markdown, Image)
+    except Exception:
+        pass
+    df = pandas.DataFrame({"a": numpy.arange(3), "b": ["x", "y", "z"]})
+    representations(df)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [1, 4, 9], label="warm")
+    ax.set_title("warm")
+    representations(fig)
+    plt.close("all")
+    fig, ax = plt.subplots()
+    ax.bar(["a", "b"], [1, 2])
+    representations(fig)
+    plt.close("all")
+
+
+def drop_privileges():
+    """Run as E2B's `user` (envd creates it at boot: wait for it a little)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            pw = pwd.getpwnam(USER)
+            break
+        except KeyError:
+            if time.monotonic() > deadline:
+                pw = pwd.getpwuid(1000)
+                break
+            time.sleep(0.05)
+    if os.getuid() == 0:
+        os.initgroups(pw.pw_name, pw.pw_gid)
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+    home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/tmp"
+    os.environ.update(HOME=home, USER=pw.pw_name, LOGNAME=pw.pw_name, SHELL="/bin/bash",
+                      PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", MPLBACKEND="Agg",
+                      PYTHONUNBUFFERED="1")
+    if os.path.isdir("/var/lib/kiln-interpreter/matplotlib"):
+        os.environ["MPLCONFIGDIR"] = "/var/lib/kiln-interpreter/matplotlib"  # the image's font cache
+    os.chdir(home)
+    return home
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # KILN_INTERP_PORT: a test of this program outside a guest (no user switch).
+    port = int(os.environ.get("KILN_INTERP_PORT") or 0)
+    home = drop_privileges() if not port else os.getcwd()
+    # Bound first: a client that comes early waits in the backlog, not refused.
+    server = ThreadingHTTPServer(("127.0.0.1", port or PORT), Handler, bind_and_activate=False)
+    server.allow_reuse_address = True
+    server.daemon_threads = True
+    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.server_bind()
+    server.server_activate()
+    warm_up()
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        server.socket.close()
+        fork_server(b)
+    b.close()
+    app = App(a, home)
+    server.app = app
+    app.default("python")
+    try:
+        os.write(3, b"R")
+        os.close(3)
+    except OSError:
+        pass
+    threading.Thread(target=app.watch_reseed, daemon=True).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
