@@ -455,6 +455,7 @@ class Worker:
                 req = json.loads(line)
                 self.reseed(req.get("gen"))
                 self.out_left, self.out_dropped = OUT_MAX, 0
+                os.environ.update(req.get("base_env") or {})
                 env = req.get("env") or {}
                 saved = {k: os.environ.get(k) for k in env}
                 os.environ.update(env)
@@ -528,6 +529,13 @@ def fork_server(sock):
 
 # ---- the server ---------------------------------------------------------
 
+def _sh_quote(v):
+    return "'" + v.replace("'", "'\\''") + "'"
+
+
+SANDBOX_ENV = "/kiln/session-env.json"
+
+
 class Context:
     """A context: its language, cwd and the process that holds its state."""
 
@@ -600,17 +608,18 @@ class Context:
 
     def request(self, code, env, gen):
         """Hand a cell to the process; False when it is gone."""
+        base = self.server.sandbox_env()
         try:
             if self.language == "python":
-                os.write(self.req, json.dumps({"code": code, "env": env, "gen": gen}).encode() + b"\n")
+                os.write(self.req, json.dumps({"code": code, "env": env, "gen": gen, "base_env": base}).encode() + b"\n")
             else:
                 path = "/tmp/.kiln-cell-%s.sh" % self.id
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(code + "\n")
-                pre, post = [], []
+                pre, post = ["export %s=%s" % (k, _sh_quote(v)) for k, v in base.items()], []
                 for i, (k, v) in enumerate(env.items()):
-                    q = "'" + v.replace("'", "'\\''") + "'"
+                    q = _sh_quote(v)
                     pre.append('if [ -n "${%s+x}" ]; then __kiln_o%d=$%s; __kiln_h%d=1; else __kiln_h%d=; fi; export %s=%s'
                                % (k, i, k, i, i, k, q))
                     post.append('if [ -n "$__kiln_h%d" ]; then %s=$__kiln_o%d; else unset %s; fi' % (i, k, i, k))
@@ -637,6 +646,11 @@ class Context:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kiln-interpreter"
+
+    def setup(self):
+        super().setup()
+        # Small events must leave at once, not wait for the client's ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, fmt, *args):
         pass
@@ -718,16 +732,24 @@ class Handler(BaseHTTPRequestHandler):
         self.fail(404, "no such route: POST %s" % p)
 
     def chunk(self, ev):
-        """One NDJSON line as one chunk; False once the client is gone."""
-        if self.gone:
-            return False
-        data = json.dumps(ev).encode() + b"\n"
+        """One NDJSON line as one chunk, held until flush(): a cell's events
+        that are ready together leave in one write (one frame on the way)."""
+        if not self.gone:
+            data = json.dumps(ev).encode() + b"\n"
+            self.pending.append(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def flush(self, last=False):
+        if last:
+            self.pending.append(b"0\r\n\r\n")
+        if self.gone or not self.pending:
+            self.pending = []
+            return
         try:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"".join(self.pending))
             self.wfile.flush()
         except OSError:
             self.gone = True
-        return not self.gone
+        self.pending = []
 
     def execute(self, b):
         app = self.server.app
@@ -756,13 +778,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.gone = False
+            self.pending = []
             self.run_cell(c, code, env)
-            if not self.gone:
-                try:
-                    self.wfile.write(b"0\r\n\r\n")
-                    self.wfile.flush()
-                except OSError:
-                    pass
+            self.flush(last=True)
         self.close_connection = self.gone
 
     def run_cell(self, c, code, env):
@@ -777,6 +795,7 @@ class Handler(BaseHTTPRequestHandler):
         names = {c.out: "stdout", c.err: "stderr"}
         open_fds = [c.ev, c.out, c.err]
         while done is None:
+            self.flush()
             fds = [fd for fd in open_fds] + ([] if self.gone else [client])
             wait = 1.0
             if interrupted_at is not None:
@@ -849,6 +868,28 @@ class App:
         self.contexts = {}
         self.defaults = {}
         self.gen = 0
+        self.env_key, self.env = None, {}
+
+    def sandbox_env(self):
+        """The sandbox's envs (Sandbox.create's envVars): kiln-host writes them to
+        SANDBOX_ENV when the session starts. Read again when it changes;
+        anything but a map of names to strings is ignored."""
+        try:
+            st = os.stat(SANDBOX_ENV)
+        except OSError:
+            return {}
+        key = (st.st_mtime_ns, st.st_size)
+        if key != self.env_key:
+            env = {}
+            try:
+                with open(SANDBOX_ENV, "rb") as f:
+                    j = json.loads(f.read(1 << 20))
+                if isinstance(j, dict):
+                    env = {k: v for k, v in j.items() if isinstance(k, str) and k.isidentifier() and isinstance(v, str)}
+            except (OSError, ValueError):
+                pass
+            self.env_key, self.env = key, env
+        return self.env
 
     def fork_worker(self, cwd):
         with self.fork_lock:

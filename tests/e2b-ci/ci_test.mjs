@@ -83,7 +83,8 @@ async function run() {
 
   let sbx;
   await check('Sandbox.create() on the SDK\'s default template (code-interpreter-v1)', async () => {
-    sbx = await Sandbox.create({ timeoutMs: 900000, envs: { KILN_SBX_ENV: 'from-create' } });
+    // The first sandbox of the template on a fresh host waits for its snapshot (the warm-up under TCG).
+    sbx = await Sandbox.create({ timeoutMs: 900000, requestTimeoutMs: 600000, envs: { KILN_SBX_ENV: 'from-create' } });
     return sbx.sandboxId;
   });
   if (!sbx) finish();
@@ -264,15 +265,13 @@ async function run() {
     assert.equal(e.results[0].html, undefined);
   });
 
-  // Not built yet (the guest does not know the sandbox's envs): said, not passed.
-  try {
-    const e = await sbx.runCode('import os; os.environ.get("KILN_SBX_ENV")');
-    if (e.text === "'from-create'") { counts.pass++; console.log('PASS env vars given to Sandbox.create apply to cells'); }
-    else console.log(`SKIP env vars given to Sandbox.create apply to cells: not implemented yet (got ${e.text})`);
-  } catch (e) {
-    counts.fail++;
-    console.log(`FAIL env vars given to Sandbox.create apply to cells: ${e.message}`);
-  }
+  await check('env vars given to Sandbox.create apply to cells (Python and bash); a call\'s own win', async () => {
+    assert.equal((await sbx.runCode('import os; os.environ.get("KILN_SBX_ENV")')).text, "'from-create'");
+    const b = await sbx.runCode('echo "[$KILN_SBX_ENV]"', { language: 'bash' });
+    assert.equal(b.logs.stdout.join(''), '[from-create]\n');
+    const c = await sbx.runCode('import os; os.environ["KILN_SBX_ENV"]', { envs: { KILN_SBX_ENV: 'call' } });
+    assert.equal(c.text, "'call'");
+  });
 
   await check('a killed sandbox: runCode fails cleanly', async () => {
     const id = sbx.sandboxId;
