@@ -53,12 +53,17 @@ static void __attribute__((noreturn)) interp_exec(const char *prog, int reseed, 
 				     "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "MPLBACKEND=Agg", NULL };
 	int log = open(INTERP_LOG, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 
-	if (dup2(reseed, 0) < 0 || dup2(ready, 3) < 0)
+	/* PID 1 may have had no 0, 1 or 2 open when it made the pipes: move
+	 * every descriptor above 3 before placing them, so that no dup2
+	 * overwrites another one's source. */
+	if (log < 0)
+		log = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	reseed = fcntl(reseed, F_DUPFD_CLOEXEC, 10);
+	ready = fcntl(ready, F_DUPFD_CLOEXEC, 10);
+	log = fcntl(log, F_DUPFD_CLOEXEC, 10);
+	if (reseed < 0 || ready < 0 || log < 0 || dup2(reseed, 0) < 0 || dup2(ready, 3) < 0 || dup2(log, 1) < 0 ||
+	    dup2(log, 2) < 0)
 		_exit(127);
-	if (log >= 0) {
-		dup2(log, 1);
-		dup2(log, 2);
-	}
 	execve("/usr/bin/python3", (char *const[]){ "python3", "-u", (char *)prog, NULL }, env);
 	_exit(127);
 }

@@ -19,9 +19,9 @@
 #
 # Everything a cell sends is bounded: stdout and stderr at OUT_MAX bytes a
 # cell (the rest dropped, and said so), one representation at REPR_MAX bytes.
-import array, ast, base64, builtins, io, json, linecache, os, pwd, random, select, signal, socket
+import ast, base64, builtins, errno, io, json, linecache, os, pwd, random, select, signal, socket
 import sys, threading, time, traceback, uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import queue
 
 PORT = 49999
 USER = "user"
@@ -29,6 +29,7 @@ OUT_MAX = 8 << 20        # bytes of stdout+stderr one cell may send
 REPR_MAX = 32 << 20      # bytes of one representation (a PNG, an HTML table)
 BODY_MAX = 16 << 20      # bytes of a request body
 INTERRUPT_GRACE_S = 3.0  # after SIGINT, then the context is killed and restarted
+DONE_PREFIX = b'{"type": "__done__"'
 LANGS = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
 
 # ---- the worker: runs the cells of one Python context ---------------------
@@ -105,7 +106,7 @@ def _categorical(axis):
 def _axes_chart(ax):
     """The chart E2B's SDK models for one Axes, or None (an empty or unknown one)."""
     from matplotlib.collections import PathCollection
-    from matplotlib.patches import Rectangle, Wedge
+    from matplotlib.patches import Wedge
     title = ax.get_title() or None
     base = {"title": title}
     box = getattr(ax, "_kiln_box", None)
@@ -630,88 +631,155 @@ class Context:
         except OSError:
             return False
 
-    def next_event(self, data):
-        """Events from the event pipe's bytes; the cell's end as {'type': '__done__'}."""
+    def lines(self, data):
+        """Complete lines of the event pipe's bytes."""
         self.evbuf += data
-        evs = []
-        while b"\n" in self.evbuf:
-            line, self.evbuf = self.evbuf.split(b"\n", 1)
-            if self.language == "python":
-                evs.append(json.loads(line))
-            else:
-                evs.append({"type": "__done__", "count": self.count, "status": int(line or b"0")})
-        return evs
+        if b"\n" not in self.evbuf:
+            return []
+        *lines, self.evbuf = self.evbuf.split(b"\n")
+        return lines
+
+    def done_of(self, line):
+        """The execution count a cell's last line carries."""
+        if self.language == "python":
+            return json.loads(line)["count"]
+        return self.count
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "kiln-interpreter"
+class BadRequest(Exception):
+    pass
 
-    def setup(self):
-        super().setup()
-        # Small events must leave at once, not wait for the client's ACK.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, fmt, *args):
-        pass
+REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 411: "Length Required",
+           413: "Payload Too Large", 500: "Internal Server Error"}
+HEAD_MAX = 64 << 10
 
-    def reply(self, code, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+
+class Conn:
+    """One client connection: requests read and answered in turn (keep-alive).
+    The HTTP is parsed here, small and bounded, rather than by http.server:
+    under TCG every line of Python costs, and the SDK's cell is one small
+    request."""
+
+    def __init__(self, app, sock):
+        self.app, self.sock, self.buf = app, sock, b""
+        self.gone, self.pending, self.keep = False, [], True
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _fill(self):
+        d = self.sock.recv(65536)
+        if not d:
+            raise EOFError
+        self.buf += d
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > HEAD_MAX:
+                raise BadRequest("a line longer than %d bytes" % HEAD_MAX)
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def read(self):
+        """(method, path, body) of the next request; EOFError at the end."""
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > HEAD_MAX:
+                raise BadRequest("headers longer than %d bytes" % HEAD_MAX)
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise BadRequest("not an HTTP/1.x request line")
+        method, target, version = parts
+        headers = {}
+        for l in lines[1:]:
+            k, _, v = l.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        self.keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            chunks, total = [], 0
+            while True:
+                size = int(self._line().split(b";")[0], 16)
+                if size == 0:
+                    while self._line():  # trailers
+                        pass
+                    break
+                total += size
+                if total > BODY_MAX:
+                    raise BadRequest("the body is larger than %d bytes" % BODY_MAX)
+                chunks.append(self._take(size))
+                self._take(2)
+            body = b"".join(chunks)
+        else:
+            n = int(headers.get("content-length") or 0)
+            if n < 0 or n > BODY_MAX:
+                raise BadRequest("the body is larger than %d bytes" % BODY_MAX)
+            body = self._take(n)
+        return method, target.split("?", 1)[0].rstrip("/") or "/", body
+
+    def reply(self, code, obj=None):
+        body = b"" if obj is None else json.dumps(obj).encode()
+        head = "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+            code, REASONS.get(code, "Error"), len(body), "" if self.keep else "Connection: close\r\n")
+        self.sock.sendall(head.encode() + body)
 
     def fail(self, code, msg):
         self.reply(code, {"error": msg, "message": msg})
 
-    def body(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        if n < 0 or n > BODY_MAX:
-            raise ValueError("the body is larger than %d bytes" % BODY_MAX)
-        raw = self.rfile.read(n) if n else b"{}"
-        b = json.loads(raw or b"{}")
-        if not isinstance(b, dict):
-            raise ValueError("the body is not a JSON object")
-        return b
-
-    def route(self):
-        return self.path.split("?", 1)[0].rstrip("/") or "/"
-
-    def do_GET(self):
-        p = self.route()
-        if p == "/health":
-            self.reply(200, "OK")
-        elif p == "/contexts":
-            self.reply(200, [c.info() for c in self.server.app.contexts_list()])
-        else:
-            self.fail(404, "no such route: GET %s" % p)
-
-    def do_DELETE(self):
-        p = self.route().split("/")
-        if len(p) == 3 and p[1] == "contexts":
-            if self.server.app.remove(p[2]):
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-            else:
-                self.fail(404, "context %s not found" % p[2])
-        else:
-            self.fail(404, "no such route: DELETE %s" % self.route())
-
-    def do_POST(self):
-        app = self.server.app
-        p = self.route()
-        parts = p.split("/")
+    def serve(self):
         try:
-            b = self.body()
-        except ValueError as e:
-            return self.fail(400, str(e))
+            while True:
+                try:
+                    method, path, body = self.read()
+                except BadRequest as e:
+                    self.keep = False
+                    self.fail(400, str(e))
+                    return
+                except ValueError:
+                    self.keep = False
+                    self.fail(400, "a malformed request")
+                    return
+                self.route(method, path, body)
+                if not self.keep or self.gone:
+                    return
+        except (EOFError, OSError):
+            return
+        finally:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    def route(self, method, p, raw):
+        app = self.app
+        parts = p.split("/")
+        if method == "GET" and p == "/health":
+            return self.reply(200, "OK")
+        if method == "GET" and p == "/contexts":
+            return self.reply(200, [c.info() for c in app.contexts_list()])
+        if method == "DELETE" and len(parts) == 3 and parts[1] == "contexts":
+            if app.remove(parts[2]):
+                return self.reply(204)
+            return self.fail(404, "context %s not found" % parts[2])
+        if method != "POST":
+            return self.fail(404, "no such route: %s %s" % (method, p))
+        try:
+            b = json.loads(raw or b"{}")
+        except ValueError:
+            return self.fail(400, "the body is not JSON")
+        if not isinstance(b, dict):
+            return self.fail(400, "the body is not a JSON object")
         if p == "/execute":
             return self.execute(b)
         if p == "/contexts":
-            lang = LANGS.get((b.get("language") or "python").lower())
+            lang = LANGS.get(str(b.get("language") or "python").lower())
             if not lang:
                 return self.fail(400, "language %r is not supported (python, bash)" % b.get("language"))
             cwd = b.get("cwd") or app.home
@@ -731,12 +799,14 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, c.info())
         self.fail(404, "no such route: POST %s" % p)
 
-    def chunk(self, ev):
-        """One NDJSON line as one chunk, held until flush(): a cell's events
-        that are ready together leave in one write (one frame on the way)."""
+    def chunk(self, data):
+        """One NDJSON line (bytes, without its newline) as one chunk, held
+        until flush(): events that are ready together leave in one write."""
         if not self.gone:
-            data = json.dumps(ev).encode() + b"\n"
-            self.pending.append(b"%x\r\n%s\r\n" % (len(data), data))
+            self.pending.append(b"%x\r\n%s\n\r\n" % (len(data) + 1, data))
+
+    def event(self, ev):
+        self.chunk(json.dumps(ev).encode())
 
     def flush(self, last=False):
         if last:
@@ -745,14 +815,13 @@ class Handler(BaseHTTPRequestHandler):
             self.pending = []
             return
         try:
-            self.wfile.write(b"".join(self.pending))
-            self.wfile.flush()
+            self.sock.sendall(b"".join(self.pending))
         except OSError:
             self.gone = True
         self.pending = []
 
     def execute(self, b):
-        app = self.server.app
+        app = self.app
         code = b.get("code")
         if not isinstance(code, str):
             return self.fail(400, "code: a string")
@@ -766,37 +835,33 @@ class Handler(BaseHTTPRequestHandler):
             if not c:
                 return self.fail(404, "context %s not found" % cid)
         else:
-            lang = LANGS.get((b.get("language") or "python").lower())
+            lang = LANGS.get(str(b.get("language") or "python").lower())
             if not lang:
                 return self.fail(400, "language %r is not supported (python, bash)" % b.get("language"))
             c = app.default(lang)
         with c.lock:
             if c.pid <= 0:
                 c.start()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-ndjson")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self.pending = [b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                            b"Transfer-Encoding: chunked\r\n%s\r\n" % (b"" if self.keep else b"Connection: close\r\n")]
             self.gone = False
-            self.pending = []
             self.run_cell(c, code, env)
             self.flush(last=True)
-        self.close_connection = self.gone
 
     def run_cell(self, c, code, env):
-        app = self.server.app
+        app = self.app
         if not c.request(code, env, app.gen):
             c.restart()
             c.request(code, env, app.gen)
         out_left = OUT_MAX
         interrupted_at = None
         done = None
-        client = self.connection
+        client = self.sock
         names = {c.out: "stdout", c.err: "stderr"}
         open_fds = [c.ev, c.out, c.err]
         while done is None:
             self.flush()
-            fds = [fd for fd in open_fds] + ([] if self.gone else [client])
+            fds = open_fds + ([] if self.gone else [client])
             wait = 1.0
             if interrupted_at is not None:
                 wait = max(0.0, interrupted_at + INTERRUPT_GRACE_S - time.monotonic())
@@ -804,7 +869,7 @@ class Handler(BaseHTTPRequestHandler):
             if not r and interrupted_at is not None:
                 # Deaf to SIGINT: the context starts again, empty.
                 c.restart()
-                self.chunk({"type": "error", "name": "KernelRestarted", "value": "the cell did not stop on an "
+                self.event({"type": "error", "name": "KernelRestarted", "value": "the cell did not stop on an "
                             "interrupt: the context was restarted and its state is lost", "traceback": ""})
                 break
             if client in r:
@@ -824,27 +889,24 @@ class Handler(BaseHTTPRequestHandler):
             for fd in r:
                 if fd == client:
                     continue
-                data = os.read(fd, 65536)
+                data = os.read(fd, 1 << 20)
                 if not data:
                     open_fds.remove(fd)
-                    if fd == c.ev:
-                        break
                     continue
                 if fd == c.ev:
-                    for ev in c.next_event(data):
-                        if ev.get("type") == "__done__":
-                            done = ev
+                    for line in c.lines(data):
+                        if line.startswith(DONE_PREFIX) or c.language != "python":
+                            done = c.done_of(line)
                         else:
-                            self.chunk(ev)
-                else:
-                    if out_left > 0:
-                        text = data[:out_left].decode("utf-8", "replace")
-                        out_left -= len(data)
-                        self.chunk({"type": names[fd], "text": text})
+                            self.chunk(line)
+                elif out_left > 0:
+                    text = data[:out_left].decode("utf-8", "replace")
+                    out_left -= len(data)
+                    self.event({"type": names[fd], "text": text})
             if c.ev not in open_fds and done is None:
                 # The process died under the cell (os._exit, a crash, the OOM killer).
                 c.restart()
-                self.chunk({"type": "error", "name": "KernelRestarted", "value": "the context's interpreter "
+                self.event({"type": "error", "name": "KernelRestarted", "value": "the context's interpreter "
                             "exited during the cell: it was restarted and its state is lost", "traceback": ""})
                 break
         if done is not None:
@@ -855,9 +917,9 @@ class Handler(BaseHTTPRequestHandler):
                     if not data:
                         break
                     out_left -= len(data)
-                    self.chunk({"type": name, "text": data.decode("utf-8", "replace")})
-            self.chunk({"type": "number_of_executions", "execution_count": done.get("count", 0)})
-        self.chunk({"type": "end_of_execution"})
+                    self.event({"type": name, "text": data.decode("utf-8", "replace")})
+            self.chunk(b'{"type": "number_of_executions", "execution_count": %d}' % done)
+        self.chunk(b'{"type": "end_of_execution"}')
 
 
 class App:
@@ -1000,36 +1062,80 @@ def drop_privileges():
     return home
 
 
+class Pool:
+    """Threads that serve connections, started before the snapshot (a thread
+    start costs ~8 ms under TCG); more when every one is busy, up to THREADS_MAX."""
+
+    THREADS = 8
+    THREADS_MAX = 128
+
+    def __init__(self, app):
+        self.app, self.q, self.lock = app, queue.SimpleQueue(), threading.Lock()
+        self.idle = self.threads = 0
+        for _ in range(self.THREADS):
+            self.spawn()
+
+    def spawn(self):
+        with self.lock:
+            self.threads += 1
+            self.idle += 1
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            sock = self.q.get()
+            with self.lock:
+                self.idle -= 1
+            try:
+                Conn(self.app, sock).serve()
+            except Exception:
+                traceback.print_exc()
+            with self.lock:
+                self.idle += 1
+
+    def hand(self, sock):
+        with self.lock:
+            more = self.idle == 0 and self.threads < self.THREADS_MAX
+        if more:
+            self.spawn()
+        self.q.put(sock)
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # KILN_INTERP_PORT: a test of this program outside a guest (no user switch).
     port = int(os.environ.get("KILN_INTERP_PORT") or 0)
     home = drop_privileges() if not port else os.getcwd()
     # Bound first: a client that comes early waits in the backlog, not refused.
-    server = ThreadingHTTPServer(("127.0.0.1", port or PORT), Handler, bind_and_activate=False)
-    server.allow_reuse_address = True
-    server.daemon_threads = True
-    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.server_bind()
-    server.server_activate()
+    lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", port or PORT))
+    lsock.listen(128)
     warm_up()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         a.close()
-        server.socket.close()
+        lsock.close()
         fork_server(b)
     b.close()
     app = App(a, home)
-    server.app = app
     app.default("python")
+    pool = Pool(app)
+    threading.Thread(target=app.watch_reseed, daemon=True).start()
     try:
         os.write(3, b"R")
         os.close(3)
     except OSError:
         pass
-    threading.Thread(target=app.watch_reseed, daemon=True).start()
-    server.serve_forever()
+    while True:
+        try:
+            sock, _ = lsock.accept()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(0.1)  # out of descriptors: let connections end
+            continue
+        pool.hand(sock)
 
 
 if __name__ == "__main__":
