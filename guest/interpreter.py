@@ -435,6 +435,17 @@ class Worker:
             self.stderr.flush()
             self.error(e)
 
+    def warm(self):
+        """A cell's whole path once, in a scratch namespace, counting nothing:
+        after a restore TCG has translated none of it."""
+        ns, count = self.ns, self.count
+        self.ns = {"__name__": "__main__", "__builtins__": builtins}
+        try:
+            self.run("_kiln_warm = 1\n_kiln_warm + 1")
+        finally:
+            self.ns, self.count = ns, count
+        self.emit({"type": "__done__", "count": self.count})
+
     def serve(self):
         builtins.display = self.display
         try:
@@ -455,6 +466,9 @@ class Worker:
                     os._exit(0)
                 req = json.loads(line)
                 self.reseed(req.get("gen"))
+                if req.get("warm"):
+                    self.warm()
+                    continue
                 self.out_left, self.out_dropped = OUT_MAX, 0
                 os.environ.update(req.get("base_env") or {})
                 env = req.get("env") or {}
@@ -607,12 +621,13 @@ class Context:
         except OSError:
             pass
 
-    def request(self, code, env, gen):
+    def request(self, code, env, gen, warm=False):
         """Hand a cell to the process; False when it is gone."""
         base = self.server.sandbox_env()
         try:
             if self.language == "python":
-                os.write(self.req, json.dumps({"code": code, "env": env, "gen": gen, "base_env": base}).encode() + b"\n")
+                os.write(self.req, json.dumps({"code": code, "env": env, "gen": gen, "base_env": base,
+                                               "warm": warm}).encode() + b"\n")
             else:
                 path = "/tmp/.kiln-cell-%s.sh" % self.id
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -825,6 +840,7 @@ class Conn:
         code = b.get("code")
         if not isinstance(code, str):
             return self.fail(400, "code: a string")
+        warm = b.get("warm") is True  # watch_reseed's warm-up after a restore: counts nothing
         env = b.get("env_vars") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and k.isidentifier() and isinstance(v, str)
                                                 for k, v in env.items()):
@@ -845,14 +861,14 @@ class Conn:
             self.pending = [b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
                             b"Transfer-Encoding: chunked\r\n%s\r\n" % (b"" if self.keep else b"Connection: close\r\n")]
             self.gone = False
-            self.run_cell(c, code, env)
+            self.run_cell(c, code, env, warm)
             self.flush(last=True)
 
-    def run_cell(self, c, code, env):
+    def run_cell(self, c, code, env, warm=False):
         app = self.app
-        if not c.request(code, env, app.gen):
+        if not c.request(code, env, app.gen, warm):
             c.restart()
-            c.request(code, env, app.gen)
+            c.request(code, env, app.gen, warm)
         out_left = OUT_MAX
         interrupted_at = None
         done = None
@@ -930,6 +946,7 @@ class App:
         self.contexts = {}
         self.defaults = {}
         self.gen = 0
+        self.port = PORT
         self.env_key, self.env = None, {}
 
     def sandbox_env(self):
@@ -1007,6 +1024,18 @@ class App:
             if not b:
                 return
             self.gen += 1
+            # A restore: while the client's first request is still on its
+            # way, walk a cell's whole path once (a request to ourselves
+            # that counts nothing), so that TCG has translated it.
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+                    body = b'{"code": "", "warm": true}'
+                    s.sendall(b"POST /execute HTTP/1.1\r\nHost: warm\r\nContent-Length: %d\r\n"
+                              b"Connection: close\r\n\r\n%s" % (len(body), body))
+                    while s.recv(65536):
+                        pass
+            except OSError:
+                pass
 
 
 def warm_up():
@@ -1120,6 +1149,7 @@ def main():
         fork_server(b)
     b.close()
     app = App(a, home)
+    app.port = port or PORT
     app.default("python")
     pool = Pool(app)
     threading.Thread(target=app.watch_reseed, daemon=True).start()
