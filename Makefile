@@ -23,7 +23,7 @@ ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
-HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lpthread
+HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lz -lpthread
 API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lhttp_parser -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
@@ -229,7 +229,7 @@ $(B)/tests/agent-drive: $(AGENT_DRIVE_SRCS) $(wildcard guest/*.h lib/*.h)
 
 # envd's unit test links the guest's own sources (built for the host), not
 # the host libraries: it serves envd in a child over a socketpair.
-ENVD_TEST_SRCS := guest/envd.c guest/envd_port.c guest/envd_proc.c guest/envd_tx.c guest/envd_fs.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
+ENVD_TEST_SRCS := guest/envd.c guest/envd_port.c guest/envd_proc.c guest/envd_tx.c guest/envd_fs.c guest/envd_watch.c guest/inq.c guest/execpath.c guest/init.c lib/proto.c lib/eproto.c lib/io.c
 $(B)/tests/unit/test_envd: tests/unit/test_envd.c $(ENVD_TEST_SRCS) $(wildcard guest/*.h lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -DKILN_GUEST -Iguest -o $@ tests/unit/test_envd.c $(ENVD_TEST_SRCS) -lcmocka

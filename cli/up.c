@@ -605,11 +605,14 @@ static int shell_safe(const char *s)
 
 static int write_credentials(struct up *u)
 {
-	/* E2B's SDK reads these three (docs/e2b.md): `set -a; . DIR/credentials`. */
+	/* E2B's SDK reads these (docs/e2b.md): `set -a; . DIR/credentials`.
+	 * No E2B_SANDBOX_URL: with E2B_DOMAIN the SDK reaches envd as E2B's
+	 * cloud does, at https://49983-<id>.<domain> (kiln-api's TLS
+	 * listener), so that the file URLs it signs name their sandbox. */
 	char e2b_api[sizeof(u->api_url) + 8];
 	const char *lines[][2] = {
 		{ "KILN_API", u->api_url }, { "KILN_KEY", u->customer_key }, { "KILN_ADMIN_KEY", u->admin_key },
-		{ "E2B_API_URL", e2b_api }, { "E2B_SANDBOX_URL", u->api_url }, { "E2B_API_KEY", u->customer_key },
+		{ "E2B_API_URL", e2b_api }, { "E2B_API_KEY", u->customer_key },
 		{ "S3_ENDPOINT", u->s3_endpoint }, { "S3_REGION", u->s3_region }, { "S3_BUCKET", UP_BUCKET },
 		{ "S3_ACCESS_KEY", u->s3_access }, { "S3_SECRET_KEY", u->s3_secret },
 		/* https://<port>-<id>.<domain>: the local CA for Node, OpenSSL and

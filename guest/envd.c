@@ -47,7 +47,7 @@ const struct envd_config envd_guest_config = {
 
 static void envd_hello(struct envd *e)
 {
-	uint32_t v[2] = { EPROTO_VERSION, EPROTO_FEAT_PORTS };
+	uint32_t v[2] = { EPROTO_VERSION, EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH };
 
 	envd_send_u32s(e, EP_HELLO, v, 2);
 }
@@ -74,6 +74,7 @@ static void envd_new_connection(struct envd *e, int keep_rx)
 	e->dead_next = 0;
 	memset(e->dead_writes, 0, sizeof(e->dead_writes));
 	envd_conns_drop(e); /* the old host's clients are gone with it */
+	envd_watches_drop(e); /* ... and its watchers */
 	for (i = 0; i < ENVD_MAX_PROCS; i++) {
 		struct envd_proc *p = e->procs[i];
 
@@ -221,6 +222,17 @@ static void envd_dispatch(struct envd *e, const struct proto_frame *f)
 		if (f->type == EP_PORT_CLOSE)
 			return envd_port_close(e, v[0]);
 		return envd_ports(e, v[0]);
+	case EP_WATCH: {
+		struct eproto_watch m;
+
+		if (eproto_watch_decode(f->payload, f->len, &m) < 0)
+			return envd_malformed(e, f->type);
+		return envd_watch_start(e, &m);
+	}
+	case EP_UNWATCH:
+		if (eproto_u32s_decode(f->payload, f->len, v, 1) < 0)
+			return envd_malformed(e, f->type);
+		return envd_unwatch(e, v[0]);
 	default:
 		/* STAT to CANCEL: the file-system requests (envd_fs.c). */
 		if (eproto_fs_kind_of(f->type) != EPROTO_FS_NONE)
@@ -334,6 +346,7 @@ int envd_serve(struct envd *e)
 	struct pollfd *pfd = e->pfd;
 	struct envd_proc **pproc = e->pproc;
 	struct envd_conn **pconn = e->pconn;
+	struct envd_watch **pwatch = e->pwatch;
 	uint8_t *pkind = e->pkind;
 	int r, i;
 
@@ -351,6 +364,7 @@ int envd_serve(struct envd *e)
 		envd_serve_frames(e);
 		busy = envd_fs_jobs_run(e);
 		busy |= envd_conns_tick(e);
+		busy |= envd_watches_run(e);
 		for (i = 0; i < ENVD_MAX_JOBS; i++)
 			if (e->jobs[i] && e->jobs[i]->kind == ENVD_JOB_LIST)
 				envd_list_step(e, e->jobs[i]);
@@ -420,6 +434,15 @@ int envd_serve(struct envd *e)
 			pconn[np] = c;
 			pkind[np++] = 5;
 		}
+		for (i = 0; i < ENVD_MAX_WATCHES; i++) {
+			struct envd_watch *w = e->watches[i];
+
+			if (!w || !envd_tx_ok(e) || w->off < w->len || w->ending)
+				continue;
+			pfd[np] = (struct pollfd){ .fd = w->fd, .events = POLLIN };
+			pwatch[np] = w;
+			pkind[np++] = 6;
+		}
 		if (busy || (e->connected && envd_tx_ok(e) && e->rx_end > e->rx_start &&
 			     proto_frame_parse(e->rx + e->rx_start, e->rx_end - e->rx_start,
 					       &(struct proto_frame){ 0 }) != 0))
@@ -458,6 +481,9 @@ int envd_serve(struct envd *e)
 			case 5:
 				envd_conn_event(e, pconn[i], pfd[i].revents);
 				break;
+			case 6:
+				envd_watch_read(e, pwatch[i]);
+				break;
 			}
 		}
 		if (!e->connected)
@@ -475,6 +501,7 @@ void envd_destroy(struct envd *e)
 		if (e->jobs[i])
 			envd_job_free(e, i);
 	envd_conns_drop(e);
+	envd_watches_drop(e);
 	for (i = 0; i < ENVD_MAX_PROCS; i++) {
 		struct envd_proc *p = e->procs[i];
 

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "init.h"
@@ -324,6 +325,8 @@ static void envd_name_of(struct envd *e, int group, uint32_t id, char out[EPROTO
  * type of what it leads to (EP_OTHER when that is not there), and as its
  * target the absolute path it resolves to (its own path when it does not
  * resolve). Returns 0 or a negative errno. */
+static void envd_entry_meta(struct eproto_entry *m, const char *path);
+
 static int envd_entry_at(struct envd *e, uint32_t req, int dirfd, const char *name, const char *path)
 {
 	struct eproto_entry *m = &e->entry;
@@ -360,7 +363,32 @@ static int envd_entry_at(struct envd *e, uint32_t req, int dirfd, const char *na
 			  : S_ISDIR(to.st_mode)            ? EP_DIR
 							   : EP_OTHER;
 	}
+	envd_entry_meta(m, path);
 	return 0;
+}
+
+/* The file's metadata (xattrs EPROTO_META_XATTR + key) into m->meta, as
+ * E2B's envd reads it back: a file system without xattrs, a pair that is
+ * not printable ASCII (set inside the sandbox with setfattr) or one past
+ * the budget is left out, never an error. Follows a symlink. */
+static void envd_entry_meta(struct eproto_entry *m, const char *path)
+{
+	char names[8192], val[EPROTO_MAX_META + 1];
+	ssize_t n = listxattr(path, names, sizeof(names));
+	size_t plen = strlen(EPROTO_META_XATTR);
+
+	m->meta_len = 0;
+	for (ssize_t off = 0; n > 0 && off < n; off += (ssize_t)strlen(names + off) + 1) {
+		const char *name = names + off;
+		ssize_t vl;
+
+		if (strncmp(name, EPROTO_META_XATTR, plen) || !name[plen])
+			continue;
+		vl = getxattr(path, name, val, sizeof(val) - 1);
+		if (vl < 0)
+			continue;
+		(void)eproto_meta_add(m->meta, &m->meta_len, name + plen, strlen(name + plen), val, (size_t)vl);
+	}
 }
 
 static void envd_send_entry(struct envd *e)
@@ -729,6 +757,26 @@ static int envd_open_parent(const char *path, char name[256])
 	return fd < 0 ? -errno : fd;
 }
 
+/* The new file's metadata, on its temporary inode (so an overwrite keeps
+ * none of the old file's). A file system without user xattrs takes none,
+ * as E2B's envd: the answer's entry, read back, then shows none. */
+static int envd_write_meta(int fd, const char *meta, size_t len)
+{
+	char name[sizeof(EPROTO_META_XATTR) + EPROTO_MAX_META_KEY];
+	const char *k, *v;
+	size_t off = 0;
+
+	while (eproto_meta_next(meta, len, &off, &k, &v)) {
+		snprintf(name, sizeof(name), "%s%s", EPROTO_META_XATTR, k);
+		if (fsetxattr(fd, name, v, strlen(v), 0) < 0) {
+			if (errno == ENOTSUP)
+				return 0;
+			return errno == ENOSPC || errno == E2BIG ? -ENOSPC : -errno;
+		}
+	}
+	return 0;
+}
+
 static void envd_write_begin(struct envd *e, const struct envd_user *u, const char *path)
 {
 	struct envd_job *j;
@@ -764,6 +812,9 @@ static void envd_write_begin(struct envd *e, const struct envd_user *u, const ch
 		r = -errno;
 		goto fail;
 	}
+	r = envd_write_meta(j->fd, e->fsreq.meta, e->fsreq.meta_len);
+	if (r < 0)
+		goto fail;
 	return;
 fail:
 	envd_send_error(e, j->req, r, "WRITE %s: %s", path, strerror(-r));

@@ -103,6 +103,27 @@ struct envd_conn {
 	int srv_eof;        /* the server sends no more: PORT_SHUT sent */
 };
 
+/* Directory watches (envd_watch.c). */
+#define ENVD_MAX_WATCHES 16   /* at once; WATCH past it: -EMFILE */
+#define ENVD_WATCH_DIRS 1024  /* directories one (recursive) watch follows */
+struct envd_watch_dir {
+	int wd;
+	char *rel; /* relative to the watched directory, "" for itself */
+};
+struct envd_watch {
+	uint32_t id;    /* the host's */
+	uint32_t flags; /* WATCH flags */
+	int fd;         /* inotify */
+	struct envd_user user;
+	char root[PROTO_MAX_PATH + 1];
+	struct envd_watch_dir dirs[ENVD_WATCH_DIRS];
+	size_t ndirs;
+	int op_next;    /* operations of the event at off already sent */
+	int ending;     /* a negative errno: WATCH_END{id, ending} is due, nothing else */
+	size_t off, len; /* inotify events read and not yet sent: buf[off, len) */
+	uint8_t buf[16384];
+};
+
 struct envd {
 	int chan, sigfd;
 	int connected;
@@ -114,6 +135,7 @@ struct envd {
 	struct envd_proc *procs[ENVD_MAX_PROCS];
 	struct envd_job *jobs[ENVD_MAX_JOBS];
 	struct envd_conn *conns[ENVD_MAX_CONNS];
+	struct envd_watch *watches[ENVD_MAX_WATCHES];
 	uint32_t dead_writes[ENVD_MAX_JOBS]; /* reqs of failed WRITEs: their WDATA/WEND are ignored */
 	unsigned dead_next;
 	struct envd_name names[ENVD_NAME_CACHE];
@@ -122,10 +144,12 @@ struct envd {
 	struct envd_user user;      /* START's */
 	char env_defs[6][PROTO_MAX_PATH + 16];
 	char *envp[6 + PROTO_MAX_ENV + 1];
-	struct pollfd pfd[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
-	struct envd_proc *pproc[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
-	struct envd_conn *pconn[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
-	uint8_t pkind[2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS];
+#define ENVD_NPOLL (2 + 3 * ENVD_MAX_PROCS + ENVD_MAX_CONNS + ENVD_MAX_WATCHES)
+	struct pollfd pfd[ENVD_NPOLL];
+	struct envd_proc *pproc[ENVD_NPOLL];
+	struct envd_conn *pconn[ENVD_NPOLL];
+	struct envd_watch *pwatch[ENVD_NPOLL];
+	uint8_t pkind[ENVD_NPOLL];
 	struct eproto_start start;  /* scratch (~150 KiB) */
 	struct eproto_proc proc;    /* scratch for LIST */
 	struct eproto_fsreq fsreq;
@@ -196,6 +220,21 @@ void envd_conn_event(struct envd *e, struct envd_conn *c, short revents);
 int envd_conns_tick(struct envd *e);
 /* A new host (or the end): every connection is forgotten, nothing sent. */
 void envd_conns_drop(struct envd *e);
+
+/* ---- envd_watch.c: directory watches ---- */
+
+/* WATCH (decoded; a reply fits): DONE{req} with the watch running, or ERROR. */
+void envd_watch_start(struct envd *e, const struct eproto_watch *m);
+/* UNWATCH: WATCH_END{id, 0}; nothing for an id that is not watching. */
+void envd_unwatch(struct envd *e, uint32_t id);
+/* POLLIN on w->fd: its events out as far as the send buffer takes them. */
+void envd_watch_read(struct envd *e, struct envd_watch *w);
+/* Sends the events watches read earlier, as room allows. Returns 0. */
+int envd_watches_run(struct envd *e);
+/* A new host (or the end): every watch is closed, nothing sent. */
+void envd_watches_drop(struct envd *e);
+/* Watches open now. */
+int envd_watch_count(struct envd *e);
 
 /* ---- envd_fs.c ---- */
 

@@ -7,7 +7,7 @@
 # number and the free space.
 #   usage: build-rootfs.sh OUT_LINK [NAME]
 # Templates:
-#   default      python3 and the everyday tools (ps, curl, git, pip, venv) plus
+#   default      python3 (also as `python`) and the everyday tools (ps, curl, git, pip, venv, sudo) plus
 #                e2fsprogs and mount (the recipe build VM runs mkfs.ext4 -d,
 #                resize2fs and mount --bind inside a `default` guest)
 #   python-data  default + numpy, pandas, matplotlib (Agg backend by default,
@@ -27,7 +27,7 @@ recipe=2
 # Free space in the image: it bounds what one task can write to its disk.
 free_mib=${KILN_ROOTFS_FREE_MIB:-1024}
 
-base_pkgs="python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux"
+base_pkgs="python3 python-is-python3 procps curl ca-certificates git python3-pip python3-venv e2fsprogs mount util-linux sudo"
 case $name in
   default)     pkgs=$base_pkgs; preload="" ;;
   # libblas-dev, liblapack-dev: what keeps python3-pythran (scipy's) installed
@@ -41,8 +41,11 @@ case $name in
                interpreter=$(dirname "$0")/../guest/interpreter.py ;;
   *) echo "build-rootfs.sh: unknown template '$name' (default, python-data, code-interpreter)" >&2; exit 2 ;;
 esac
-key=$(printf 'bookworm minbase\nname=%s\npackages=%s\npreload=%s\nfree_mib=%s\nrecipe=%s\n' \
-        "$name" "$pkgs" "$preload" "$free_mib" "$recipe" | sha256sum | cut -c1-16)
+# Files of this folder copied into every image: part of the key.
+here=$(cd "$(dirname "$0")" && pwd)
+files_sum=$(cat "$here/mcp-gateway" | sha256sum | cut -c1-16)
+key=$(printf 'bookworm minbase\nname=%s\npackages=%s\npreload=%s\nfree_mib=%s\nrecipe=%s\nfiles=%s\n' \
+        "$name" "$pkgs" "$preload" "$free_mib" "$recipe" "$files_sum" | sha256sum | cut -c1-16)
 # A template that ships kiln's code interpreter: its program is an input too.
 [ -z "${interpreter:-}" ] || key=$(printf '%s\ninterpreter=%s\n' "$key" "$(sha256sum < "$interpreter")" | sha256sum | cut -c1-16)
 dest=$cache/rootfs/$key
@@ -97,6 +100,14 @@ if [ ! -f "$dest/rootfs.ext4" ]; then
   mkdir -p "$tree/work" "$tree/output" "$tree/kiln"
   chown 1000:1000 "$tree/work" "$tree/output"
   chmod 1777 "$tree/tmp"
+  # E2B's `user` (made by envd at first start, guest/envd_fs.c) has
+  # passwordless sudo, as in E2B's base image; the VM is the boundary, and
+  # task code runs as `sandbox`, which has none.
+  printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' > "$tree/etc/sudoers.d/kiln-user"
+  chmod 0440 "$tree/etc/sudoers.d/kiln-user"
+  # E2B's SDK starts `mcp-gateway` in a sandbox made with `mcp`: kiln's
+  # stand-in says it is not supported (docs/e2b.md).
+  install -m 0755 "$here/mcp-gateway" "$tree/usr/local/bin/mcp-gateway"
   if [ -n "$preload" ]; then
     # One module per line: kiln-init's pre-started interpreter imports each.
     mkdir -p "$tree/etc/kiln"

@@ -204,7 +204,30 @@ ssize_t eproto_entry_encode(uint8_t *buf, size_t cap, const struct eproto_entry 
 	proto_put_str(&w, m->name);
 	proto_put_str(&w, m->path);
 	proto_put_str(&w, m->target);
+	if (m->meta_len)
+		proto_put_bytes(&w, m->meta, m->meta_len);
 	return writer_done(&w);
+}
+
+/* An optional trailing metadata set (ENTRY, WRITE): read when bytes are
+ * left, checked, copied into meta. */
+static void take_meta(struct proto_reader *r, char meta[EPROTO_MAX_META], uint32_t *meta_len)
+{
+	const uint8_t *p;
+	size_t n;
+
+	*meta_len = 0;
+	if (r->err || r->off >= r->len)
+		return;
+	p = proto_get_bytes(r, EPROTO_MAX_META, &n);
+	if (!p)
+		return;
+	if (n == 0 || eproto_meta_check((const char *)p, n) < 0) {
+		r->err = -EPROTO;
+		return;
+	}
+	memcpy(meta, p, n);
+	*meta_len = (uint32_t)n;
 }
 
 int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m)
@@ -225,6 +248,7 @@ int eproto_entry_decode(const uint8_t *p, size_t len, struct eproto_entry *m)
 	proto_get_str(&r, m->name, sizeof(m->name) - 1);
 	proto_get_str(&r, m->path, PROTO_MAX_PATH);
 	proto_get_str(&r, m->target, PROTO_MAX_PATH);
+	take_meta(&r, m->meta, &m->meta_len);
 	/* The guest is hostile: a type out of range, a nanosecond field past a
 	 * second, a size past what a signed 64-bit JSON string may say, or a
 	 * name with a slash is refused here, once, for every user. */
@@ -277,6 +301,8 @@ ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct
 		proto_put_str(&w, m->path2);
 	if (type == EP_LISTDIR)
 		proto_put_u32(&w, m->depth);
+	if (type == EP_WRITE && m->meta_len)
+		proto_put_bytes(&w, m->meta, m->meta_len);
 	return writer_done(&w);
 }
 
@@ -284,7 +310,7 @@ int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eprot
 {
 	struct proto_reader r;
 
-	m->req = m->depth = 0;
+	m->req = m->depth = m->meta_len = 0;
 	m->user[0] = m->path[0] = m->path2[0] = '\0';
 	if (!fsreq_type_ok(type))
 		return -EPROTO;
@@ -299,9 +325,91 @@ int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eprot
 		if (!r.err && (m->depth < 1 || m->depth > 16))
 			r.err = -EPROTO;
 	}
+	if (type == EP_WRITE)
+		take_meta(&r, m->meta, &m->meta_len);
 	if (!r.err && (!user_ok(m->user) || m->path[0] == '\0' || (type == EP_MOVE && m->path2[0] == '\0')))
 		r.err = -EPROTO;
 	return proto_reader_end(&r);
+}
+
+/* ---- metadata pairs ------------------------------------------------------ */
+
+static int meta_text_ok(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+			return 0;
+	return 1;
+}
+
+int eproto_meta_next(const char *p, size_t n, size_t *off, const char **key, const char **val)
+{
+	const char *k, *v, *e;
+
+	if (*off >= n)
+		return 0;
+	k = p + *off;
+	v = memchr(k, '\0', n - *off);
+	if (!v)
+		return 0;
+	v++;
+	e = v < p + n ? memchr(v, '\0', (size_t)(p + n - v)) : NULL;
+	if (!e)
+		return 0;
+	*key = k;
+	*val = v;
+	*off = (size_t)(e + 1 - p);
+	return 1;
+}
+
+int eproto_meta_check(const char *p, size_t n)
+{
+	size_t off = 0, cost = 0;
+	const char *k, *v;
+
+	if (n > EPROTO_MAX_META || (n && p[n - 1] != '\0'))
+		return -EPROTO;
+	while (off < n) {
+		size_t start = off, kl, vl, o2 = 0;
+		const char *k2, *v2;
+
+		if (!eproto_meta_next(p, n, &off, &k, &v))
+			return -EPROTO; /* an odd number of strings */
+		kl = strlen(k);
+		vl = strlen(v);
+		if (kl == 0 || kl > EPROTO_MAX_META_KEY || !meta_text_ok(k, kl) || !meta_text_ok(v, vl))
+			return -EPROTO;
+		cost += strlen(EPROTO_META_XATTR) + kl + vl;
+		if (cost > EPROTO_MAX_META)
+			return -EPROTO;
+		/* Each key once (at most a few hundred pairs fit the budget). */
+		while (o2 < start && eproto_meta_next(p, start, &o2, &k2, &v2))
+			if (!strcmp(k2, k))
+				return -EPROTO;
+	}
+	return 0;
+}
+
+int eproto_meta_add(char *buf, uint32_t *len, const char *key, size_t klen, const char *val, size_t vlen)
+{
+	size_t off = 0, cost = strlen(EPROTO_META_XATTR) + klen + vlen;
+	const char *k, *v;
+
+	if (klen == 0 || klen > EPROTO_MAX_META_KEY || !meta_text_ok(key, klen) || !meta_text_ok(val, vlen))
+		return -EINVAL;
+	while (eproto_meta_next(buf, *len, &off, &k, &v)) {
+		if (strlen(k) == klen && !memcmp(k, key, klen))
+			return -EINVAL;
+		cost += strlen(EPROTO_META_XATTR) + strlen(k) + strlen(v);
+	}
+	if (cost > EPROTO_MAX_META || *len + klen + vlen + 2 > EPROTO_MAX_META)
+		return -E2BIG;
+	memcpy(buf + *len, key, klen);
+	buf[*len + klen] = '\0';
+	memcpy(buf + *len + klen + 1, val, vlen);
+	buf[*len + klen + 1 + vlen] = '\0';
+	*len += (uint32_t)(klen + vlen + 2);
+	return 0;
 }
 
 /* ---- small fixed messages ------------------------------------------------ */
@@ -468,6 +576,88 @@ int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *co
 	proto_get_str(&r, msg, PROTO_MAX_MSG);
 	/* Codes are negative errnos: anything else would read as success. */
 	if (!r.err && (*code >= 0 || *code < -4095))
+		r.err = -EPROTO;
+	return proto_reader_end(&r);
+}
+
+/* ---- watches ------------------------------------------------------------- */
+
+ssize_t eproto_watch_encode(uint8_t *buf, size_t cap, const struct eproto_watch *m)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, m->req);
+	proto_put_u32(&w, m->id);
+	proto_put_u32(&w, m->flags);
+	proto_put_str(&w, m->user);
+	proto_put_str(&w, m->path);
+	return writer_done(&w);
+}
+
+int eproto_watch_decode(const uint8_t *p, size_t len, struct eproto_watch *m)
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	m->req = proto_get_u32(&r);
+	m->id = proto_get_u32(&r);
+	m->flags = proto_get_u32(&r);
+	proto_get_str(&r, m->user, EPROTO_MAX_USER);
+	proto_get_str(&r, m->path, PROTO_MAX_PATH);
+	if (!r.err && (m->flags & ~EP_WATCH_FLAGS || !user_ok(m->user) || m->path[0] == '\0'))
+		r.err = -EPROTO;
+	if (proto_reader_end(&r)) {
+		m->user[0] = m->path[0] = '\0';
+		m->flags = 0;
+	}
+	return r.err;
+}
+
+ssize_t eproto_wevent_encode(uint8_t *buf, size_t cap, uint32_t id, uint8_t event, const char *name)
+{
+	WRITER(w, buf, cap);
+	proto_put_u32(&w, id);
+	proto_put_u8(&w, event);
+	proto_put_str(&w, name);
+	return writer_done(&w);
+}
+
+int eproto_wevent_decode(const uint8_t *p, size_t len, uint32_t *id, uint8_t *event, char name[PROTO_MAX_PATH + 1])
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*id = proto_get_u32(&r);
+	*event = proto_get_u8(&r);
+	proto_get_str(&r, name, PROTO_MAX_PATH);
+	/* The guest names what changed under the watched directory: never an
+	 * absolute path or one that climbs out of it. */
+	if (!r.err && (*event < EP_WEV_CREATE || *event > EP_WEV_CHMOD || (strcmp(name, ".") && proto_relpath_ok(name))))
+		r.err = -EPROTO;
+	if (proto_reader_end(&r))
+		name[0] = '\0';
+	return r.err;
+}
+
+ssize_t eproto_wend_encode(uint8_t *buf, size_t cap, uint32_t id, int32_t code, const char *msg)
+{
+	WRITER(w, buf, cap);
+	size_t n = strlen(msg);
+
+	proto_put_u32(&w, id);
+	proto_put_u32(&w, (uint32_t)code);
+	proto_put_bytes(&w, msg, n > PROTO_MAX_MSG ? PROTO_MAX_MSG : n);
+	return writer_done(&w);
+}
+
+int eproto_wend_decode(const uint8_t *p, size_t len, uint32_t *id, int32_t *code, char msg[PROTO_MAX_MSG + 1])
+{
+	struct proto_reader r;
+
+	proto_reader_init(&r, p, len);
+	*id = proto_get_u32(&r);
+	*code = (int32_t)proto_get_u32(&r);
+	proto_get_str(&r, msg, PROTO_MAX_MSG);
+	if (!r.err && (*code > 0 || *code < -4095))
 		r.err = -EPROTO;
 	return proto_reader_end(&r);
 }

@@ -36,13 +36,16 @@ enum eproto_type {
 	EP_END = 0x83,     /* u32 pid, u8 how (PROTO_EXITED / PROTO_SIGNALED), u32 status: after its last OUT */
 	EP_ERROR = 0x84,   /* u32 req, i32 code (negative errno), str message (<= PROTO_MAX_MSG): the request failed */
 	EP_DONE = 0x85,    /* u32 req: the request succeeded (or a LIST / LISTDIR / READ ended) */
-	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry */
+	EP_ENTRY = 0x86,   /* u32 req, struct eproto_entry (then bytes meta when the file has metadata) */
 	EP_PROC = 0x87,    /* u32 req, struct eproto_proc: one LIST row */
 	EP_DATA = 0x88,    /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK): a READ's content */
 	EP_PORT_OPENED = 0x89, /* u32 conn: PORT_OPEN connected */
 	EP_PORT_CLOSED = 0x8a, /* u32 conn, u32 code (0, or a negative errno as u32): the connection is gone and its id free
 				* again (after both sides' SHUT, a reset, a refused connect, or the host's PORT_CLOSE) */
 	EP_PORTS_LIST = 0x8b,  /* u32 req, u32 n (<= EPROTO_MAX_PORTS), n x u32 port: the TCP ports listened on, ascending */
+	EP_WATCH_EVENT = 0x8c, /* u32 id, u8 event (enum eproto_wevent), str name: one change under a WATCH (eproto_wevent_*) */
+	EP_WATCH_END = 0x8d,   /* u32 id, u32 code (0: UNWATCH asked; else a negative errno as u32), str message: the
+				* watch is gone and its id free (eproto_wend_*) */
 
 	/* host -> guest */
 	EP_START = 0x90,       /* struct eproto_start -> STARTED, then OUT* and END; or ERROR */
@@ -59,7 +62,8 @@ enum eproto_type {
 	EP_MOVE = 0x9a,        /* u32 req, str user, str src, str dst -> ENTRY (of dst) or ERROR */
 	EP_REMOVE = 0x9b,      /* u32 req, str user, str path -> DONE or ERROR (recursive for a directory) */
 	EP_READ = 0x9c,        /* u32 req, str user, str path -> DATA* then DONE, or ERROR (possibly after DATA) */
-	EP_WRITE = 0x9d,       /* u32 req, str user, str path: begins a file; WDATA* and WEND follow */
+	EP_WRITE = 0x9d,       /* u32 req, str user, str path (then bytes meta, when given): begins a file; WDATA* and
+				* WEND follow */
 	EP_WDATA = 0x9e,       /* u32 req, then raw bytes (<= EPROTO_MAX_CHUNK) */
 	EP_WEND = 0x9f,        /* u32 req -> ENTRY (the written file) or ERROR */
 	EP_CANCEL = 0xa0,      /* u32 req: abandon a READ or WRITE (a partial file is removed) -> ERROR -ECANCELED, or
@@ -67,6 +71,8 @@ enum eproto_type {
 	EP_PORT_OPEN = 0xa1,   /* u32 conn (the host's id), u32 port (1-65535): connect to the port on loopback ->
 				* PORT_OPENED or PORT_CLOSED (-ECONNREFUSED: nobody listens) */
 	EP_PORTS = 0xa2,       /* u32 req -> PORTS_LIST */
+	EP_WATCH = 0xa3,       /* struct eproto_watch -> DONE{req} (then WATCH_EVENT{id}* until WATCH_END{id}) or ERROR */
+	EP_UNWATCH = 0xa4,     /* u32 id: stop watching -> WATCH_END{id, 0}, or nothing if it has ended already */
 
 	/* both ways, for a port connection (docs/e2b.md "Ports") */
 	EP_PORT_DATA = 0xb0,   /* u32 conn, then raw bytes (<= EPROTO_MAX_CHUNK), within the receiver's EPROTO_WINDOW */
@@ -78,6 +84,21 @@ enum eproto_type {
 /* HELLO's features (guest -> host): what this envd offers beyond version 1. */
 #define EPROTO_FEAT_PORTS 0x1u /* PORT_OPEN, PORTS and the port frames */
 #define EPROTO_MAX_PORTS 1024  /* ports in one PORTS_LIST */
+#define EPROTO_FEAT_WATCH 0x2u /* WATCH, UNWATCH and the watch frames */
+
+/* A WATCH_EVENT's event: E2B's filesystem.EventType numbers. */
+enum eproto_wevent { EP_WEV_CREATE = 1, EP_WEV_WRITE = 2, EP_WEV_REMOVE = 3, EP_WEV_RENAME = 4, EP_WEV_CHMOD = 5 };
+#define EP_WATCH_RECURSIVE 0x1u /* WATCH flags: subdirectories too, those made later included */
+#define EP_WATCH_FLAGS EP_WATCH_RECURSIVE
+
+/* WATCH: watch directory path (absolute, or relative to the user's home) as
+ * user ("" = the default user). id is the host's name for the watch, unique
+ * among its watches on this connection. */
+struct eproto_watch {
+	uint32_t req, id, flags;
+	char user[EPROTO_MAX_USER + 1];
+	char path[PROTO_MAX_PATH + 1];
+};
 
 enum eproto_stream { EP_STDOUT = 1, EP_STDERR = 2, EP_PTY = 3 };
 
@@ -115,6 +136,16 @@ struct eproto_proc {
 };
 
 enum eproto_ftype { EP_FILE = 1, EP_DIR = 2, EP_SYMLINK = 3, EP_OTHER = 4 };
+/* File metadata (E2B's `metadata`, kept by the guest as xattrs named
+ * EPROTO_META_XATTR + key, as E2B's envd keeps them): on the wire a `bytes`
+ * of pairs "key\0value\0". Keys 1-EPROTO_MAX_META_KEY bytes, keys and
+ * values printable ASCII (0x20-0x7e), each key once; the sum over the pairs
+ * of strlen(EPROTO_META_XATTR) + key + value at most EPROTO_MAX_META (E2B's
+ * budget: ext4 keeps a file's xattrs in one 4 KiB block). */
+#define EPROTO_META_XATTR "user.e2b."
+#define EPROTO_MAX_META 4096
+#define EPROTO_MAX_META_KEY (255 - 9) /* an xattr name is at most 255 bytes */
+
 /* A file's metadata, from lstat (a symlink is reported as itself, with its
  * target). path is absolute; name is its last component. */
 struct eproto_entry {
@@ -129,6 +160,8 @@ struct eproto_entry {
 	char name[256];
 	char path[PROTO_MAX_PATH + 1];
 	char target[PROTO_MAX_PATH + 1]; /* a symlink's target, else "" */
+	uint32_t meta_len;               /* metadata pairs (see EPROTO_META_XATTR); 0: none */
+	char meta[EPROTO_MAX_META];
 };
 
 /* A file-system request: STAT, LISTDIR, MKDIR, MOVE (path2 = dst), REMOVE,
@@ -139,6 +172,8 @@ struct eproto_fsreq {
 	char path[PROTO_MAX_PATH + 1];
 	char path2[PROTO_MAX_PATH + 1];
 	uint32_t depth; /* LISTDIR only */
+	uint32_t meta_len; /* WRITE only: the new file's metadata pairs; 0: none */
+	char meta[EPROTO_MAX_META];
 };
 
 /* Encoders write a payload (no frame header) into buf and return its length,
@@ -160,6 +195,16 @@ enum eproto_fs_kind eproto_fs_kind_of(uint8_t type);
 ssize_t eproto_fsreq_encode(uint8_t *buf, size_t cap, uint8_t type, const struct eproto_fsreq *m);
 int eproto_fsreq_decode(const uint8_t *p, size_t len, uint8_t type, struct eproto_fsreq *m);
 
+/* Metadata pairs (EPROTO_META_XATTR): meta_check: 0 when p[0..n) is a
+ * well-formed set, else -EPROTO. meta_add: append key=value to the set
+ * buf[0..*len) (EPROTO_MAX_META bytes): 0, -EINVAL for a key or value that
+ * may not be one (empty or long key, a byte out of 0x20-0x7e, a key there
+ * already), -E2BIG past the budget. meta_next: the pair at *off (then
+ * moved past it): 1, or 0 at the end. */
+int eproto_meta_check(const char *p, size_t n);
+int eproto_meta_add(char *buf, uint32_t *len, const char *key, size_t klen, const char *val, size_t vlen);
+int eproto_meta_next(const char *p, size_t n, size_t *off, const char **key, const char **val);
+
 /* The small fixed messages. */
 ssize_t eproto_u32s_encode(uint8_t *buf, size_t cap, const uint32_t *v, unsigned n);
 /* Exactly n u32s and nothing else. */
@@ -176,6 +221,16 @@ ssize_t eproto_ports_encode(uint8_t *buf, size_t cap, uint32_t req, const uint16
 int eproto_ports_decode(const uint8_t *p, size_t len, uint32_t *req, uint16_t ports[EPROTO_MAX_PORTS], uint32_t *n);
 /* PORT_DATA (and any u32 id + raw bytes <= EPROTO_MAX_CHUNK). */
 ssize_t eproto_idraw_encode(uint8_t *buf, size_t cap, uint32_t id, const void *raw, size_t n);
+/* WATCH. */
+ssize_t eproto_watch_encode(uint8_t *buf, size_t cap, const struct eproto_watch *m);
+int eproto_watch_decode(const uint8_t *p, size_t len, struct eproto_watch *m);
+/* WATCH_EVENT: name is relative to the watched directory (proto_relpath_ok)
+ * or "." for the directory itself. */
+ssize_t eproto_wevent_encode(uint8_t *buf, size_t cap, uint32_t id, uint8_t event, const char *name);
+int eproto_wevent_decode(const uint8_t *p, size_t len, uint32_t *id, uint8_t *event, char name[PROTO_MAX_PATH + 1]);
+/* WATCH_END: code 0 or a negative errno (-4095..-1); msg cut at PROTO_MAX_MSG. */
+ssize_t eproto_wend_encode(uint8_t *buf, size_t cap, uint32_t id, int32_t code, const char *msg);
+int eproto_wend_decode(const uint8_t *p, size_t len, uint32_t *id, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
 ssize_t eproto_error_encode(uint8_t *buf, size_t cap, uint32_t req, int32_t code, const char *msg);
 int eproto_error_decode(const uint8_t *p, size_t len, uint32_t *req, int32_t *code, char msg[PROTO_MAX_MSG + 1]);
 

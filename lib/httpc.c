@@ -616,6 +616,13 @@ const char *httpc_stream_content_type(struct httpc_stream *s)
 	return curl_easy_getinfo(s->h, CURLINFO_CONTENT_TYPE, &ct) == CURLE_OK && ct ? ct : "";
 }
 
+const char *httpc_stream_header(struct httpc_stream *s, const char *name)
+{
+	struct curl_header *h = NULL;
+
+	return curl_easy_header(s->h, name, 0, CURLH_HEADER, -1, &h) == CURLHE_OK && h && h->value ? h->value : "";
+}
+
 const char *httpc_stream_error(const struct httpc_stream *s)
 {
 	return curl_easy_strerror(s->result ? s->result : CURLE_GOT_NOTHING);

@@ -162,6 +162,10 @@ long httpc_stream_read(struct httpc_stream *s, char *buf, size_t max, long wait_
 /* The reply's Content-Type once its status is known ("" when none). */
 const char *httpc_stream_content_type(struct httpc_stream *s);
 
+/* A header of the reply (its last value) once its status is known, or ""
+ * when it has none. The string lives until the next call on s. */
+const char *httpc_stream_header(struct httpc_stream *s, const char *name);
+
 /* curl's words for why the transfer ended without (all of) an answer. */
 const char *httpc_stream_error(const struct httpc_stream *s);
 

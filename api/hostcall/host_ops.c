@@ -61,6 +61,12 @@ static const char *real_stream_content_type(void *ctx, struct hostclient_stream 
 	return hostclient_stream_content_type(h);
 }
 
+static const char *real_stream_header(void *ctx, struct hostclient_stream *h, const char *name)
+{
+	(void)ctx;
+	return hostclient_stream_header(h, name);
+}
+
 static void real_stream_close(void *ctx, struct hostclient_stream *h)
 {
 	(void)ctx;
@@ -86,5 +92,6 @@ const struct host_ops host_ops_hostclient = {
 	.stream_close = real_stream_close,
 	.stream_open_raw = real_stream_open_raw,
 	.stream_content_type = real_stream_content_type,
+	.stream_header = real_stream_header,
 	.ctx = NULL,
 };

@@ -44,6 +44,8 @@ struct host_ops {
 						     const void *body, size_t len, const char *content_type,
 						     struct kiln_err *err);
 	const char *(*stream_content_type)(void *ctx, struct hostclient_stream *h);
+	/* hostclient_stream_header (may be NULL in a fake: no header relayed) */
+	const char *(*stream_header)(void *ctx, struct hostclient_stream *h, const char *name);
 	/* hostclient_follow_path (may be NULL in a fake: builds are then
 	 * followed by GET /v1/builds/{id} alone) */
 	int (*follow_path)(void *ctx, const char *base, const char *token, const char *path, long stall_s,

@@ -158,6 +158,11 @@ const char *hostclient_stream_content_type(struct hostclient_stream *h)
 	return httpc_stream_content_type(h->s);
 }
 
+const char *hostclient_stream_header(struct hostclient_stream *h, const char *name)
+{
+	return httpc_stream_header(h->s, name);
+}
+
 int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struct kiln_err *err)
 {
 	int st = httpc_stream_status(h->s, timeout_ms);

@@ -65,6 +65,9 @@ struct hostclient_stream *hostclient_stream_open_raw(const char *base, const cha
 /* The reply's Content-Type once its status is known ("" when none). */
 const char *hostclient_stream_content_type(struct hostclient_stream *h);
 
+/* A header of the reply ("" when none), once its status is known. */
+const char *hostclient_stream_header(struct hostclient_stream *h, const char *name);
+
 /* Wait (at most timeout_ms) until the reply's status is known: the status,
  * or -1 with err set (no answer, or none in time). */
 int hostclient_stream_status(struct hostclient_stream *h, long timeout_ms, struct kiln_err *err);

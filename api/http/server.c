@@ -336,11 +336,11 @@ static enum MHD_Result handle_e2b(struct server *s, struct MHD_Connection *conn,
 
 /* The envd relay's root paths (e2b_relay.c): the sandbox's token, not a key. */
 static enum MHD_Result handle_relay(struct server *s, struct MHD_Connection *conn, const char *method,
-				    const char *url, const struct httpd_body *body)
+				    const char *url, const struct httpd_body *body, const char *host_id)
 {
 	struct e2b_relay_request rr = {
 		.conn = conn, .method = method, .url = url, .body = httpd_body_data(body), .len = httpd_body_len(body),
-		.lim = s->lim,
+		.lim = s->lim, .host_id = host_id,
 	};
 	struct sessions *ss = hold_sessions(s);
 
@@ -386,6 +386,7 @@ struct conn_state {
 	int begun;                   /* the access handler was called for this request */
 	struct ports_call *port;     /* a request to a sandbox's port (api/ports) */
 	char *uri;                   /* the request target as sent (uri_log) */
+	char envd_id[40];            /* the sandbox envd's host name names (49983-<id>.<domain>), or "" */
 };
 
 /* libmicrohttpd's URI log callback: the first thing it learns of a request.
@@ -433,6 +434,8 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 							 ? KERR_NOT_FOUND
 							 : KERR_INVALID_REQUEST,
 					   pm.target);
+		if (pmr == 0 && pm.port == PORTS_ENVD_PORT)
+			snprintf(cs->envd_id, sizeof(cs->envd_id), "%s", pm.id);
 		if (pmr > 0) {
 			struct sessions *ss;
 
@@ -474,7 +477,7 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 		if (e2b_relay_path(url)) {
 			struct sessions *ss = hold_sessions(s);
 
-			if (ss && !e2b_relay_allowed(ss, conn)) {
+			if (ss && !e2b_relay_allowed(ss, conn, method, url, cs->envd_id[0] ? cs->envd_id : NULL)) {
 				cs->relay_refused = 1;
 				body->too_big = 1;
 				body->drop_max = s->max_body;
@@ -510,7 +513,7 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 		if (!ss)
 			return reply_e2b_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "sandboxes are not served now", NULL,
 					       NULL);
-		return e2b_relay_refuse(ss, conn, url);
+		return e2b_relay_refuse(ss, conn, method, url, cs->envd_id[0] ? cs->envd_id : NULL);
 	}
 	if (body->too_big)
 		return reply_too_large(s, conn);
@@ -527,7 +530,7 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 		if (!s->have_token || !tok || !secret_matches(tok, s->token_hash))
 			return reply_unauthorized(conn, "missing or wrong cluster token (Authorization: Bearer ...)");
 	} else if (e2b_relay_path(url)) {
-		return handle_relay(s, conn, method, url, body);
+		return handle_relay(s, conn, method, url, body, cs->envd_id[0] ? cs->envd_id : NULL);
 	} else if (!keyless(url)) {
 		char id[80], name[ARTIFACT_NAME_MAX];
 		int link = artifact_link(s, conn, url, id, sizeof(id), name);

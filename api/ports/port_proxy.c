@@ -50,6 +50,7 @@ struct ports_call {
 	int up_chunked;              /* the request body goes chunked */
 	int upgrade;                 /* the client asked for an Upgrade */
 	int tunnel;                  /* Upgrade: kiln-tunnel (native): bytes both ways, no HTTP to the server */
+	int e2b;                     /* reached E2B's way (header routing, host name) */
 	int eof;                     /* the server's side ended */
 	int upgrade_queued;          /* a 101 was queued: on_upgraded holds a reference ... */
 	int upgraded;                /* ... which it took over (it ran) */
@@ -288,6 +289,7 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 	c->client_fd = -1;
 	c->port = m->port;
 	snprintf(c->id, sizeof(c->id), "%s", m->id);
+	c->e2b = m->way == PORTS_E2B;
 	buf_init(&c->body, 0);
 	c->r = malloc(sizeof(*c->r));
 	if (!c->r) {
@@ -617,6 +619,14 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn)
 		__atomic_add_fetch(&stat_refused, 1, __ATOMIC_RELAXED);
 	if (c->failed == 3)
 		return MHD_YES; /* the resume's refusal went out already */
+	if (c->failed == 1 && c->e2b && c->err.errc == KERR_NOT_FOUND) {
+		/* E2B's edge for a sandbox it does not know (killed, timed
+		 * out, never was, or another's): its 502 and body. */
+		json_t *j = json_pack("{s:i, s:s, s:s}", "code", 502, "message", "The sandbox was not found",
+				      "sandboxId", c->id);
+
+		return j ? reply_json(conn, MHD_HTTP_BAD_GATEWAY, j) : MHD_NO;
+	}
 	if (c->failed == 1)
 		return reply_err(conn, &c->err);
 	if (c->tunnel)

@@ -78,11 +78,8 @@ int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, c
 	if (!uri)
 		uri = url;
 	if (domain && host && host_route(host, domain, &m->port, m->id)) {
-		if (m->port == PORTS_ENVD_PORT) {
-			m->port = 0;
-			m->id[0] = 0;
-			return 0; /* envd: the relay's (the SDK names the sandbox in its headers too) */
-		}
+		if (m->port == PORTS_ENVD_PORT)
+			return 0; /* envd: the relay's, which reads m->id when no header names the sandbox */
 		m->way = PORTS_E2B;
 		if (uri[0] != '/' || strlen(uri) >= sizeof(m->target))
 			return bad(m, "the request target is too long (8 KiB at most) or not a path");

@@ -43,7 +43,10 @@ struct ports_match {
  * body is read). uri is the request target as the client sent it (the path
  * still percent-encoded, the query); domain the sandbox domain (NULL: host
  * names are not routed). 1 with *m filled; 0 when it is not a
- * port request; -1 when it is one but malformed (a bad port, a target too
+ * port request (for envd's own host name `49983-<id>.<domain>`, with
+ * m->port PORTS_ENVD_PORT and m->id the sandbox it names: the envd relay's,
+ * which takes the id from there when the request has no E2b-Sandbox-Id, as
+ * a signed file URL has none); -1 when it is one but malformed (a bad port, a target too
  * long): m->target then holds the message for a 400. */
 int ports_match(struct MHD_Connection *conn, const char *url, const char *uri, const char *domain,
 		struct ports_match *m);

@@ -294,6 +294,7 @@ struct list_filter {
 	json_t *metadata;            /* {k: v} all of which must match; NULL none */
 	const char *template;        /* its templateID as given at create (NULL: any) */
 	int64_t started_after_ms;    /* created after (0: any) */
+	int oldest_first;            /* E2B's order=asc (default desc: newest first) */
 };
 
 /* E2B's startedAfter (toISOString: 2026-12-07T03:50:00.000Z, or without
@@ -356,30 +357,91 @@ static int filter_match(const struct list_filter *f, const struct store_session 
 			return 0;
 	if (f->template && strcmp(f->template, c->e2b_template[0] ? c->e2b_template : "base"))
 		return 0;
-	return c->created_ms > f->started_after_ms;
+	return c->created_ms >= f->started_after_ms; /* E2B's startedAfter includes the instant */
 }
 
-/* One page of the caller's sessions (newest first) as sandboxes that pass
- * f, into arr; the next cursor (caller frees) or NULL at the end. */
+/* Whether a row of the store's listing is a sandbox that passes f (*c
+ * then holds it). */
+static int row_match(struct sessions *ss, const char *customer, const struct list_filter *f, json_t *row,
+		     struct store_session *c)
+{
+	return store_session_get(ss->st, json_string_value(json_object_get(row, "id")) ?: "", customer, c) == 0 &&
+	       filter_match(f, c, row);
+}
+
+/* Rows looked at past a full page for whether another sandbox passes the
+ * filter: past that, the next page's token is given anyway. */
+#define LIST_PEEK_MAX 5000
+
+/* One page of the caller's sandboxes that pass f (newest first, or oldest
+ * with order=asc), at most limit, into arr; the next page's cursor (caller
+ * frees), or NULL when no sandbox after this page passes f (E2B's SDK takes
+ * a token for "there is more"). The store is read in batches of exactly
+ * what the page still misses, so a full page ends where a batch ends and
+ * that batch's cursor is the next page's. */
 static int list_page(struct sessions *ss, const char *customer, const struct list_filter *f, unsigned limit,
 		     const char *cursor, json_t *arr, char **next, struct kiln_err *err)
 {
-	json_t *page = store_session_list(ss->st, customer, NULL, limit, cursor, next, err), *row;
+	char *cur = cursor ? strdup(cursor) : NULL, *after = NULL;
+	unsigned have = 0, peeked = 0;
+	struct store_session c;
+	json_t *page, *row;
+	int more = 0;
 	size_t i;
 
-	if (!page)
-		return -1;
-	json_array_foreach(page, i, row) {
-		struct store_session c;
-		json_t *j;
+	*next = NULL;
+	if (cursor && !cur)
+		return kiln_err_set(err, KERR_INTERNAL, "out of memory");
+	do {
+		page = store_session_list_order(ss->st, customer, NULL, limit - have, cur, f->oldest_first, &after, err);
+		if (!page) {
+			free(cur);
+			return -1;
+		}
+		json_array_foreach(page, i, row) {
+			json_t *j;
 
-		if (store_session_get(ss->st, json_string_value(json_object_get(row, "id")) ?: "", customer, &c) < 0 ||
-		    !filter_match(f, &c, row))
-			continue;
-		if ((j = sandbox_json(ss, &c, 0)))
-			json_array_append_new(arr, j);
+			if (row_match(ss, customer, f, row, &c) && (j = sandbox_json(ss, &c, 0))) {
+				json_array_append_new(arr, j);
+				have++;
+			}
+		}
+		json_decref(page);
+		free(cur);
+		cur = after;
+		after = NULL;
+	} while (cur && have < limit);
+	/* A full page: is there a sandbox after it that passes f? */
+	if (cur) {
+		char *p = strdup(cur);
+
+		while (p && !more && peeked < LIST_PEEK_MAX) {
+			page = store_session_list_order(ss->st, customer, NULL, 100, p, f->oldest_first, &after, err);
+			free(p);
+			p = after;
+			after = NULL;
+			if (!page) {
+				free(p);
+				free(cur);
+				return -1;
+			}
+			json_array_foreach(page, i, row) {
+				peeked++;
+				if (row_match(ss, customer, f, row, &c)) {
+					more = 1;
+					break;
+				}
+			}
+			json_decref(page);
+		}
+		if (p && !more)
+			more = 1; /* looked far enough: say there may be more */
+		free(p);
 	}
-	json_decref(page);
+	if (more)
+		*next = cur;
+	else
+		free(cur);
 	return 0;
 }
 
@@ -414,6 +476,15 @@ static enum MHD_Result h_list_v2(void *ctx, struct httpd_req *req)
 	f.template = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "template");
 	if (f.template && !f.template[0])
 		f.template = NULL;
+	{
+		const char *o = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "order");
+
+		if (o && o[0] && strcmp(o, "asc") && strcmp(o, "desc")) {
+			json_decref(f.metadata);
+			return bad_request(req->conn, "order: asc or desc (by start time)");
+		}
+		f.oldest_first = o && !strcmp(o, "asc");
+	}
 	{
 		const char *sa = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "startedAfter");
 
@@ -648,6 +719,7 @@ static const struct httpd_route e2b_routes[] = {
 	{ "POST", "/e2b/sandboxes/{id}/timeout", h_timeout },
 	{ "POST", "/e2b/sandboxes/{id}/pause", h_pause },
 	{ "POST", "/e2b/v2/sandboxes/{id}/connect", h_connect },
+	{ "POST", "/e2b/sandboxes/{id}/connect", h_connect }, /* older SDKs' path */
 	{ "GET", "/e2b/sandboxes/{id}/metrics", h_metrics },
 };
 

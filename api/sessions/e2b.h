@@ -17,8 +17,10 @@
 
 /* The envdVersion kiln's sandboxes report: what the SDK 2.51.0 gates its
  * calls on (>= 0.4.0: no default user sent; >= 0.5.2: stdin can be closed;
- * >= 0.5.7: octet-stream uploads for streamed data). */
-#define E2B_ENVD_VERSION "0.5.7"
+ * >= 0.5.7: octet-stream uploads for streamed data and for gzip: true;
+ * >= 0.6.2: files.write's metadata, as X-Metadata-* headers). Not 0.6.3:
+ * watchDir's includeEntry and later gates are not served. */
+#define E2B_ENVD_VERSION "0.6.2"
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
 
@@ -39,6 +41,7 @@ struct e2b_relay_request {
 	const char *body;            /* may be NULL */
 	size_t len;
 	struct quota_limiter *lim;   /* a streamed answer counts in the customer's max_streams */
+	const char *host_id;         /* the sandbox named by the host name (49983-<id>.<domain>), or NULL */
 };
 
 /* Before any of the body is read: whether the call's sandbox, token and
@@ -47,8 +50,10 @@ struct e2b_relay_request {
  * its end (answering before the body would close the connection under a
  * client still sending it, which then sees no answer). Both release ss
  * (held with sessions_hold). */
-int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn);
-enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path);
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *url,
+		      const char *host_id);
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *method,
+				 const char *url, const char *host_id);
 
 /* Relay r to its sandbox's host (e2b_relay.c), held with sessions_hold,
  * which this releases (a streamed answer holds ss until it ends). */

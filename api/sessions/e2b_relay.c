@@ -11,7 +11,9 @@
  * (the reaper does not idle it out). An RPC is checked before it goes:
  * one of envd's methods, with Connect's JSON Content-Type for its kind
  * (lib/connect_call.h, the table kiln-host serves by); a streaming method
- * counts in the customer's max_streams. */
+ * counts in the customer's max_streams. A gzip body goes as it came, with
+ * its Content-Encoding: kiln-host inflates it on its way to the guest, at
+ * most max_body_mib (sent as Kiln-Max-Body-Bytes), as a plain body. */
 #include "e2b.h"
 
 #include <stdio.h>
@@ -21,6 +23,7 @@
 
 #include <curl/curl.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include "buf.h"
@@ -87,8 +90,62 @@ static const char *const relayed[][2] = {
 	{ "Connect-Timeout-Ms", "Connect-Timeout-Ms" },
 	{ "Keepalive-Ping-Interval", "Keepalive-Ping-Interval" },
 	{ "Authorization", "E2b-Authorization" },
+	{ "Content-Encoding", "Content-Encoding" },
+	{ "Accept-Encoding", "Accept-Encoding" },
 };
 #define N_RELAYED (sizeof(relayed) / sizeof(relayed[0]))
+/* X-Metadata-KEY headers (a file's metadata, at most 4 KiB in all, each
+ * pair at least 10 bytes of it) go too. */
+#define RELAY_MAX_META 416
+#define RELAY_MAX_HEADERS (N_RELAYED + 1 + RELAY_MAX_META)
+#define RELAY_HEADER_MAX 4400
+
+struct relay_headers {
+	char *line[RELAY_MAX_HEADERS + 1];
+	size_t n;
+	int bad;       /* out of memory */
+	int bad_meta;  /* an X-Metadata-* header that could not go */
+};
+
+/* 0, or -1 when the header is not relayed: a value that does not fit, or
+ * would end the header line. */
+static int headers_add(struct relay_headers *h, const char *name, const char *v)
+{
+	size_t len;
+
+	if (!v || strlen(v) > RELAY_HEADER_MAX || strpbrk(v, "\r\n") || h->n >= RELAY_MAX_HEADERS)
+		return -1;
+	len = strlen(name) + strlen(v) + 3;
+	h->line[h->n] = malloc(len);
+	if (!h->line[h->n]) {
+		h->bad = 1;
+		return -1;
+	}
+	snprintf(h->line[h->n], len, "%s: %s", name, v);
+	h->n++;
+	h->line[h->n] = NULL;
+	return 0;
+}
+
+static enum MHD_Result add_meta_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	struct relay_headers *h = cls;
+
+	(void)kind;
+	/* Metadata that cannot go is refused, never dropped: the file would
+	 * be written without it. */
+	if (!strncasecmp(key, "X-Metadata-", 11) &&
+	    (strlen(key) > 11 + 256 || strpbrk(key, "\r\n:") || headers_add(h, key, value ? value : "") < 0))
+		h->bad_meta = 1;
+	return MHD_YES;
+}
+
+static void headers_free(struct relay_headers *h)
+{
+	for (size_t i = 0; i < h->n; i++)
+		free(h->line[i]);
+	h->n = 0;
+}
 
 /* ---- the answer, streamed ---- */
 
@@ -153,26 +210,108 @@ static int token_ok(const struct store_session *c, const char *tok)
 	return CRYPTO_memcmp(h, c->e2b_token_sha, sizeof(h)) == 0;
 }
 
+/* Whether the session's lifetime (E2B's timeout) has run out. */
+static int ran_out(struct sessions *ss, const struct store_session *c)
+{
+	return c->max_lifetime_s && kclock_wall_ms(ss->clock) >= c->started_ms + (int64_t)c->max_lifetime_s * 1000;
+}
+
 /* Why a call is refused. */
 struct refusal {
 	unsigned status;
 	enum connect_code code;
-	char msg[96];
+	char msg[112];
 };
 
-/* The sandbox the call names, if the token is its and it runs on a live
- * host (*cur, its host's url): 1, else 0 with *no saying why. */
-static int relay_check(struct sessions *ss, struct MHD_Connection *conn, struct store_session *cur, char url[256],
-		       struct refusal *no)
+static const char *arg(struct MHD_Connection *conn, const char *name)
+{
+	return MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+/* A signed file URL (the SDK's uploadUrl/downloadUrl): /files with
+ * signature = "v1_" + base64(SHA-256("path:operation:user:token[:expiry]"))
+ * without its '=' padding, operation "read" for a GET, "write" for a POST,
+ * path and user the URL's own `path` and `username` ("" when absent), token
+ * the sandbox's envd token (derived, never stored: sessions_e2b_token), and
+ * expiry the URL's `signature_expiration` (Unix seconds) when it has one.
+ * So a signature opens one sandbox, one path, one user and one direction,
+ * until its expiry. 1: it does; 0: no signature or a wrong one; -1: right
+ * but expired. */
+static int signature_ok(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *url,
+			const struct store_session *c)
+{
+	const char *sig = arg(conn, "signature"), *exp = arg(conn, "signature_expiration");
+	const char *path = arg(conn, "path"), *user = arg(conn, "username"), *op;
+	unsigned char h[SHA256_DIGEST_LENGTH], want[48];
+	char tok[65];
+	struct buf raw;
+	size_t n;
+	int ok;
+
+	if (!sig || !method || !url || strcmp(url, "/files") || !c->has_e2b_token)
+		return 0;
+	if (!strcmp(method, "GET") || !strcmp(method, "HEAD"))
+		op = "read";
+	else if (!strcmp(method, "POST"))
+		op = "write";
+	else
+		return 0;
+	if (exp && (!exp[0] || strlen(exp) > 18 || strspn(exp, "0123456789") != strlen(exp)))
+		return 0;
+	sessions_e2b_token(ss, c->id, tok);
+	buf_init(&raw, 16384);
+	if (buf_printf(&raw, "%s:%s:%s:%s%s%s", path ? path : "", op, user ? user : "", tok, exp ? ":" : "",
+		       exp ? exp : "") < 0) {
+		buf_free(&raw);
+		OPENSSL_cleanse(tok, sizeof(tok));
+		return 0;
+	}
+	SHA256((const unsigned char *)raw.p, raw.len, h);
+	OPENSSL_cleanse(raw.p, raw.len);
+	buf_free(&raw);
+	OPENSSL_cleanse(tok, sizeof(tok));
+	n = (size_t)EVP_EncodeBlock(want, h, sizeof(h));
+	while (n && want[n - 1] == '=')
+		n--;
+	ok = strlen(sig) == n + 3 && !strncmp(sig, "v1_", 3) && CRYPTO_memcmp(sig + 3, want, n) == 0;
+	if (!ok)
+		return 0;
+	return exp && strtoll(exp, NULL, 10) <= kclock_wall_ms(ss->clock) / 1000 ? -1 : 1;
+}
+
+/* The sandbox the call names (E2b-Sandbox-Id, else envd's host name), if
+ * the token (X-Access-Token, or a signed file URL's signature) is its and
+ * it runs on a live host (*cur, its host's url): 1, else 0 with *no saying
+ * why. */
+static int relay_check(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *path,
+		       const char *host_id, struct store_session *cur, char url[256], struct refusal *no)
 {
 	const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "E2b-Sandbox-Id");
 	const char *tok = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Access-Token");
+	int sig = 0;
 
-	/* Unknown, ended, another's or a wrong token: one answer for all. */
+	if (!id)
+		id = host_id;
+	/* Unknown, killed, another's, a wrong token or signature: one answer
+	 * for all. */
 	if (!id || strlen(id) >= sizeof(cur->id) || store_session_get(ss->st, id, NULL, cur) < 0 ||
-	    cur->state == SESSION_DESTROYED || !token_ok(cur, tok)) {
+	    (!(tok ? token_ok(cur, tok) : (sig = signature_ok(ss, conn, method, path, cur)))) ||
+	    (cur->state == SESSION_DESTROYED && !ran_out(ss, cur))) {
 		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
-					"missing or wrong X-Access-Token for this E2b-Sandbox-Id" };
+					"missing or wrong X-Access-Token (or file URL signature) for this sandbox" };
+		return 0;
+	}
+	/* Its time is up (E2B: the sandbox's timeout), ended by the reaper or
+	 * about to be: not running, as E2B answers it (502, isRunning()
+	 * false), to the holder of its token only. */
+	if (cur->state == SESSION_DESTROYED || (cur->state == SESSION_RUNNING && ran_out(ss, cur))) {
+		*no = (struct refusal){ MHD_HTTP_BAD_GATEWAY, CONNECT_UNAVAILABLE,
+					"the sandbox reached its end of life (its timeout)" };
+		return 0;
+	}
+	if (sig < 0) {
+		*no = (struct refusal){ MHD_HTTP_UNAUTHORIZED, CONNECT_UNAUTHENTICATED,
+					"signature is already expired" };
 		return 0;
 	}
 	if (cur->state != SESSION_RUNNING) {
@@ -190,18 +329,20 @@ static int relay_check(struct sessions *ss, struct MHD_Connection *conn, struct 
 	return 1;
 }
 
-int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn)
+int e2b_relay_allowed(struct sessions *ss, struct MHD_Connection *conn, const char *method, const char *path,
+		      const char *host_id)
 {
 	struct store_session cur;
 	struct refusal no;
 	char url[256];
-	int ok = relay_check(ss, conn, &cur, url, &no);
+	int ok = relay_check(ss, conn, method, path, host_id, &cur, url, &no);
 
 	sessions_release(ss);
 	return ok;
 }
 
-enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *path)
+enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *conn, const char *method,
+				 const char *path, const char *host_id)
 {
 	struct store_session cur;
 	struct refusal no;
@@ -210,7 +351,7 @@ enum MHD_Result e2b_relay_refuse(struct sessions *ss, struct MHD_Connection *con
 
 	/* Its body was dropped: a call that would pass now is not relayed
 	 * without it (the sandbox changed state meanwhile). */
-	if (relay_check(ss, conn, &cur, url, &no))
+	if (relay_check(ss, conn, method, path, host_id, &cur, url, &no))
 		no = (struct refusal){ MHD_HTTP_SERVICE_UNAVAILABLE, CONNECT_UNAVAILABLE,
 				       "the sandbox changed state during the request: retry" };
 	ret = relay_error(conn, path, no.status, no.code, no.msg);
@@ -231,23 +372,13 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	struct relay *rl;
 	struct query_b qb;
 	struct buf path;
-	const char *hdrs[N_RELAYED + 1];
-	char lines[N_RELAYED][600], url[256];
-	size_t nh = 0;
+	struct relay_headers hh = { .n = 0 };
+	char url[256];
 	int st, get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD");
 	enum MHD_Result ret;
 
-	if (!relay_check(ss, conn, &cur, url, &no))
+	if (!relay_check(ss, conn, r->method, r->url, r->host_id, &cur, url, &no))
 		return relay_error(conn, r->url, no.status, no.code, no.msg);
-	/* A compressed body (the SDK's gzip writes) would be written as it
-	 * is: refused, so that the caller sends the bytes themselves. */
-	{
-		const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
-
-		if (ce && ce[0] && strcasecmp(ce, "identity"))
-			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
-					   "a compressed request body (Content-Encoding) is not supported: send it as is");
-	}
 	/* An RPC is one of envd's methods (lib/connect_call.c's table, which
 	 * kiln-host serves by too), and whether it streams is the method's
 	 * kind, never the Content-Type's spelling: a stream holds a thread, a
@@ -266,6 +397,15 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 					   "a Connect call is a POST");
 		if (connect_call_check_media(kind, ctype, why, sizeof(why)) < 0)
 			return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED, why);
+		/* Connect's own compression is not served (kiln-host inflates
+		 * /files bodies only): refused rather than parsed compressed. */
+		{
+			const char *ce = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Encoding");
+
+			if (ce && ce[0] && strcasecmp(ce, "identity"))
+				return relay_error(conn, r->url, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, CONNECT_UNIMPLEMENTED,
+						   "a compressed Connect request (Content-Encoding) is not supported");
+		}
 	}
 	streaming = connect_kind_streams(kind);
 	if (!ss->host->stream_open_raw)
@@ -291,19 +431,26 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 		}
 		buf_free(&q);
 	}
-	for (size_t i = 0; i < N_RELAYED; i++) {
-		const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]);
+	for (size_t i = 0; i < N_RELAYED; i++)
+		(void)headers_add(&hh, relayed[i][1], MHD_lookup_connection_value(conn, MHD_HEADER_KIND, relayed[i][0]));
+	if (!strcmp(r->url, "/files")) {
+		char mb[32];
 
-		/* A value that does not fit, or would end the header line, is not relayed. */
-		if (!v || strlen(v) > 512 || strpbrk(v, "\r\n"))
-			continue;
-		snprintf(lines[nh], sizeof(lines[nh]), "%s: %s", relayed[i][1], v);
-		hdrs[nh] = lines[nh];
-		nh++;
+		/* The bound on a gzip body once inflated: kiln-api's own. */
+		snprintf(mb, sizeof(mb), "%llu",
+			 (unsigned long long)(ss->cfg && ss->cfg->max_body_mib ? ss->cfg->max_body_mib : 64) << 20);
+		(void)headers_add(&hh, "Kiln-Max-Body-Bytes", mb);
+		MHD_get_connection_values(conn, MHD_HEADER_KIND, add_meta_header, &hh);
+		if (hh.bad_meta && !hh.bad) {
+			headers_free(&hh);
+			buf_free(&path);
+			return relay_error(conn, r->url, MHD_HTTP_BAD_REQUEST, CONNECT_INVALID_ARGUMENT,
+					   "invalid metadata: more than 4096 bytes, or more than 416 X-Metadata-* headers");
+		}
 	}
-	hdrs[nh] = NULL;
-	rl = calloc(1, sizeof(*rl));
+	rl = hh.bad ? NULL : calloc(1, sizeof(*rl));
 	if (!rl) {
+		headers_free(&hh);
 		buf_free(&path);
 		return reply_internal(conn, "out of memory");
 	}
@@ -317,6 +464,7 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 			char msg[128];
 
 			free(rl);
+			headers_free(&hh);
 			buf_free(&path);
 			snprintf(msg, sizeof(msg), "more than %u streams open at once", q.max_streams);
 			return relay_error(conn, r->url, MHD_HTTP_TOO_MANY_REQUESTS, CONNECT_RESOURCE_EXHAUSTED, msg);
@@ -329,8 +477,10 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 	rl->quiet_since = kclock_mono_ms(ss->clock);
 	sessions_hold(ss); /* the answer outlives the request's handler */
 	sessions_op_enter_touch(ss, cur.id);
-	rl->hs = ss->host->stream_open_raw(ss->host->ctx, url, ss->token, r->method, path.p, hdrs,
-					   get ? NULL : (r->body ? r->body : ""), get ? 0 : r->len, ctype, &err);
+	rl->hs = ss->host->stream_open_raw(ss->host->ctx, url, ss->token, r->method, path.p,
+					   (const char *const *)hh.line, get ? NULL : (r->body ? r->body : ""),
+					   get ? 0 : r->len, ctype, &err);
+	headers_free(&hh);
 	buf_free(&path);
 	st = rl->hs ? ss->host->stream_status(ss->host->ctx, rl->hs, RELAY_STATUS_MS, &err) : -1;
 	if (st < 0) {
@@ -351,6 +501,17 @@ static enum MHD_Result relay_call(struct sessions *ss, const struct e2b_relay_re
 
 		if (ct && ct[0])
 			MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ct);
+	}
+	/* A download compressed on the host (Accept-Encoding: gzip) says so. */
+	if (ss->host->stream_header) {
+		static const char *const back[] = { "Content-Encoding", "Vary" };
+
+		for (size_t i = 0; i < sizeof(back) / sizeof(back[0]); i++) {
+			const char *v = ss->host->stream_header(ss->host->ctx, rl->hs, back[i]);
+
+			if (v && v[0] && !strpbrk(v, "\r\n"))
+				MHD_add_response_header(resp, back[i], v);
+		}
 	}
 	MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
 	ret = MHD_queue_response(conn, (unsigned)st, resp);

@@ -128,11 +128,14 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 		}
 		snprintf(out->template, sizeof(out->template), "%s", json_string_value(v));
 		/* base (E2B's default) and default are kiln's default template;
-		 * code-interpreter-v1 (the Code Interpreter SDK's default) is the
-		 * built-in code-interpreter. */
+		 * so is mcp-gateway, the SDK's template for `mcp` (whose
+		 * gateway kiln's images do not have: below); code-interpreter-v1
+		 * (the Code Interpreter SDK's default) is the built-in
+		 * code-interpreter. */
 		if (!strcmp(out->template, "code-interpreter-v1"))
 			json_object_set_new(n, "template", json_string("code-interpreter"));
-		else if (strcmp(out->template, "base") && strcmp(out->template, "default"))
+		else if (strcmp(out->template, "base") && strcmp(out->template, "default") &&
+			 strcmp(out->template, "mcp-gateway"))
 			json_object_set(n, "template", v);
 	}
 	out->timeout_s = e2b_timeout_of(b, E2B_DEFAULT_TIMEOUT_S);
@@ -202,9 +205,14 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 		}
 		json_object_set_new(n, "network", json_pack("{s:s}", "egress", "allow"));
 	}
+	/* mcp: the SDK itself then runs `mcp-gateway --config ...` in the
+	 * sandbox; kiln's images have only a stand-in that says MCP gateways
+	 * are not supported and fails, so the SDK raises its own "Failed to
+	 * start MCP gateway: ..." and kills the sandbox, as with E2B when a
+	 * gateway cannot start (image/mcp-gateway). */
 	v = json_object_get(b, "mcp");
-	if (v && !json_is_null(v)) {
-		snprintf(msg, cap, "mcp: MCP gateways are not supported by kiln");
+	if (v && !json_is_null(v) && !json_is_object(v)) {
+		snprintf(msg, cap, "mcp: must be an object (MCP server configurations)");
 		goto fail;
 	}
 	v = json_object_get(b, "volumeMounts");

@@ -561,12 +561,28 @@ static enum MHD_Result handle_resume(void *ctx, struct httpd_req *req)
 	return ret;
 }
 
-/* GET /v1/sessions/{id} */
+/* GET /v1/sessions/{id}: the record, and for a running session the ports
+ * listened on in it, when its host lists them within PORTS_IN_GET_MS (else
+ * the record comes without "ports": GET /v1/sessions/{id}/ports says why). */
+#define PORTS_IN_GET_MS 2000
+static json_t *port_list(struct sessions *ss, const struct store_session *cur, const char *url, int64_t timeout_ms,
+			 int *st, json_t **m);
 static enum MHD_Result handle_get(void *ctx, struct httpd_req *req)
 {
 	struct call *c = ctx;
+	json_t *j = store_session_json(c->ss->st, req->param[0], NULL), *m = NULL, *ports;
+	char url[256];
+	int st;
 
-	return reply_session(c->ss, req->conn, MHD_HTTP_OK, req->param[0]);
+	if (!j)
+		return reply_internal(req->conn, "the session cannot be read back");
+	if (c->cur.state == SESSION_RUNNING && sched_host_state(c->ss->sched, c->cur.host_id, url) == 1) {
+		ports = port_list(c->ss, &c->cur, url, PORTS_IN_GET_MS, &st, &m);
+		if (ports)
+			json_object_set_new(j, "ports", ports);
+		json_decref(m);
+	}
+	return reply_json(req->conn, MHD_HTTP_OK, j);
 }
 
 /* DELETE /v1/sessions/{id} */
@@ -610,43 +626,67 @@ static enum MHD_Result files_other(void *ctx, struct httpd_req *req)
 	return reply_method_not_allowed(req->conn, "GET, PUT");
 }
 
+/* The TCP ports listened on inside the running session cur on the host at
+ * url, each with the path that reaches it through kiln-api and, for a
+ * sandbox made through /e2b when kiln-api has a sandbox domain, its
+ * https URL (E2B's getHost): a new array, or NULL with *m the host's
+ * answer when it refused (owned by the caller) or NULL. */
+static json_t *port_list(struct sessions *ss, const struct store_session *cur, const char *url, int64_t timeout_ms,
+			 int *st, json_t **m)
+{
+	struct kiln_err err = { .code = "" };
+	char path[96], e2b_id[40];
+	json_t *out, *ports;
+	size_t i;
+
+	*m = NULL;
+	snprintf(path, sizeof(path), "/v1/sessions/%s/ports", cur->id);
+	*st = sessions_host_call(ss, url, "GET", path, NULL, timeout_ms, m, &err);
+	if (*st != 200 || !json_is_array(json_object_get(*m, "ports")))
+		return NULL;
+	out = json_array();
+	store_session_id_e2b(cur->id, e2b_id);
+	json_array_foreach(json_object_get(*m, "ports"), i, ports) {
+		char p[128], u[256];
+		json_int_t n = json_integer_value(ports);
+		json_t *e;
+
+		if (n < 1 || n > 65535)
+			continue;
+		snprintf(p, sizeof(p), "/v1/sessions/%s/ports/%d/", cur->id, (int)n);
+		e = json_pack("{s:I, s:s}", "port", n, "path", p);
+		if (e && cur->has_e2b_token && ss->cfg->sandbox_domain) {
+			snprintf(u, sizeof(u), "https://%d-%s.%s/", (int)n, e2b_id, ss->cfg->sandbox_domain);
+			json_object_set_new(e, "url", json_string(u));
+		}
+		json_array_append_new(out, e);
+	}
+	json_decref(*m);
+	*m = NULL;
+	return out;
+}
+
 /* GET /v1/sessions/{id}/ports: the TCP ports listened on inside the VM,
  * each with the path that reaches it (docs/api.md "Ports"). */
 static enum MHD_Result handle_ports(void *ctx, struct httpd_req *req)
 {
 	struct call *c = ctx;
-	struct sessions *ss = c->ss;
 	const struct sessions_request *r = c->r;
-	const struct store_session *cur = &c->cur;
-	struct kiln_err err = { .code = "" };
 	enum MHD_Result ret;
-	char url[256], path[96];
-	json_t *m = NULL, *out, *ports;
-	size_t i;
+	char url[256];
+	json_t *m, *out;
 	int st;
 
 	(void)req;
-	if (!need_running(ss, r, cur, url, &ret))
+	if (!need_running(c->ss, r, &c->cur, url, &ret))
 		return ret;
-	snprintf(path, sizeof(path), "/v1/sessions/%s/ports", cur->id);
-	st = sessions_host_call(ss, url, "GET", path, NULL, SHORT_TIMEOUT_MS, &m, &err);
-	if (st != 200 || !json_is_array(json_object_get(m, "ports"))) {
+	out = port_list(c->ss, &c->cur, url, SHORT_TIMEOUT_MS, &st, &m);
+	if (!out) {
 		if (st > 0 && json_is_object(json_object_get(m, "error")))
 			return reply_json(r->conn, (unsigned)st, m); /* the host's refusal (ports_unsupported, ...) */
 		json_decref(m);
 		return reply_error(r->conn, KERR_HOST_UNAVAILABLE, "the session's host could not list its ports");
 	}
-	out = json_array();
-	json_array_foreach(json_object_get(m, "ports"), i, ports) {
-		char p[128];
-		json_int_t n = json_integer_value(ports);
-
-		if (n < 1 || n > 65535)
-			continue;
-		snprintf(p, sizeof(p), "/v1/sessions/%s/ports/%d/", cur->id, (int)n);
-		json_array_append_new(out, json_pack("{s:I, s:s}", "port", n, "path", p));
-	}
-	json_decref(m);
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:o}", "ports", out));
 }
 

@@ -489,7 +489,7 @@ int store_cursor_parse(const char *cursor, int64_t *before)
 json_t *store_page_run(struct store *s, const struct store_page *p, unsigned limit, const char *cursor,
 		       char **next_cursor, struct kiln_err *err)
 {
-	int64_t before = INT64_MAX, last = 0;
+	int64_t before = p->ascending ? 0 : INT64_MAX, last = 0;
 	struct sdb_stmt *st;
 	json_t *arr;
 	unsigned n = 0;

@@ -454,6 +454,10 @@ json_t *store_session_json(struct store *s, const char *id, const char *customer
  * "all": every state. */
 json_t *store_session_list(struct store *s, const char *customer, const char *state, unsigned limit,
 			   const char *cursor, char **next_cursor, struct kiln_err *err);
+/* The same, oldest first when oldest_first (a cursor of one order is not
+ * one of the other's: it pages on from where that page ended). */
+json_t *store_session_list_order(struct store *s, const char *customer, const char *state, unsigned limit,
+				 const char *cursor, int oldest_first, char **next_cursor, struct kiln_err *err);
 
 /* The spec JSON text the session was created with (caller frees) or NULL. */
 char *store_session_spec(struct store *s, const char *id);

@@ -242,6 +242,7 @@ struct store_page {
 	int seq_col;                 /* the row's seq column: the cursor */
 	json_t *(*row_json)(struct sdb_stmt *st); /* one element of the page */
 	const char *what;            /* "tasks", "sessions": for the error message */
+	int ascending;               /* sql pages oldest first: ?3 is the seq after which to start */
 };
 
 #define STORE_PAGE_MAX 1000

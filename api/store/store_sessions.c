@@ -42,7 +42,7 @@ enum {
 };
 
 enum sessions_stmt {
-	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_E2B, S_LIMITS,
+	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS,
 	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC,
 	S_COUNT
 };
@@ -76,6 +76,10 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LIST] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
 		   " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 = 1 ELSE state = ?2 END)"
 		   " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
+	/* Oldest first (E2B's order=asc): ?3 is the seq after which to start. */
+	[S_LIST_ASC] = "SELECT " SESS_COLS " FROM sessions WHERE (?1 IS NULL OR customer = ?1)"
+		       " AND (CASE WHEN ?2 IS NULL THEN state != 'destroyed' WHEN ?2 = 'all' THEN 1 = 1 ELSE state = ?2 END)"
+		       " AND seq > ?3 ORDER BY seq ASC LIMIT ?4",
 	[S_E2B] = "UPDATE sessions SET e2b_token = ?1, e2b_template = ?2, env = ?3, auto_pause = ?4, e2b_flags = ?6"
 		  " WHERE id = ?5",
 	[S_LIMITS] = "UPDATE sessions SET idle_timeout_s = ?1, max_lifetime_s = ?2 WHERE id = ?3"
@@ -465,10 +469,17 @@ static int state_valid(const char *state)
 json_t *store_session_list(struct store *s, const char *customer, const char *state, unsigned limit,
 			   const char *cursor, char **next_cursor, struct kiln_err *err)
 {
+	return store_session_list_order(s, customer, state, limit, cursor, 0, next_cursor, err);
+}
+
+json_t *store_session_list_order(struct store *s, const char *customer, const char *state, unsigned limit,
+				 const char *cursor, int oldest_first, char **next_cursor, struct kiln_err *err)
+{
+	int q = oldest_first ? S_LIST_ASC : S_LIST;
 	struct store_page p = {
-		.slot = STORE_SLOTS_SESSIONS + S_LIST, .sql = sessions_sql[S_LIST], .customer = customer,
+		.slot = STORE_SLOTS_SESSIONS + q, .sql = sessions_sql[q], .customer = customer,
 		.state = state, .state_valid = state_valid, .seq_col = SC_SEQ, .row_json = session_row_json,
-		.what = "sessions",
+		.what = "sessions", .ascending = oldest_first,
 	};
 
 	return store_page_run(s, &p, limit, cursor, next_cursor, err);

@@ -227,6 +227,7 @@ static void fail_all(struct envd *e, const char *why)
 		free(p);
 	}
 	envd_ports_fail(e);
+	envd_watches_fail(e, why);
 	pthread_cond_broadcast(&e->cond);
 }
 
@@ -343,6 +344,11 @@ static void on_frame(struct envd *e, const struct proto_frame *f)
 	case EP_PORT_ACK:
 	case EP_PORT_SHUT:
 		if (envd_port_frame(e, f) < 0)
+			goto malformed;
+		return;
+	case EP_WATCH_EVENT:
+	case EP_WATCH_END:
+		if (envd_watch_frame(e, f) < 0)
 			goto malformed;
 		return;
 	case EP_DONE:
@@ -579,6 +585,7 @@ void envd_unref(struct envd *e)
 		return;
 	envd_kill(e, "the sandbox's envd channel closed");
 	/* No request or subscriber is left: each held a reference. */
+	envd_watches_free(e); /* polling watchers: they hold no reference */
 	close(e->fd);
 	close(e->wake);
 	buf_free(&e->out);

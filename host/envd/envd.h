@@ -167,4 +167,57 @@ void envd_port_close(struct envd_port *c);
  * EPROTO_MAX_PORTS). 0, or -1 with err. */
 int envd_ports(struct envd *e, uint16_t *ports, uint32_t *n, int64_t deadline_ms, struct envd_err *err);
 
+/* ---- directory watches ---------------------------------------------------- */
+
+/* A watch of a directory inside the guest (E2B's WatchDir and its polling
+ * watchers): the guest's inotify, made with the user's permissions; events
+ * named relative to the directory. Bounds (docs/e2b.md "Watching
+ * directories"): ENVD_MAX_WATCHES per channel, streams and watchers
+ * together; each holds at most ENVD_WATCH_Q_EVENTS events and
+ * ENVD_WATCH_Q_BYTES bytes of names not taken, past which it fails
+ * (internal: "queue overflow"). */
+#define ENVD_MAX_WATCHES 16
+#define ENVD_WATCH_Q_EVENTS 4096u
+#define ENVD_WATCH_Q_BYTES (1u << 20)
+#define ENVD_WATCHER_ID 24 /* "w" and 16 hex digits, NUL-terminated */
+
+struct envd_watch;
+
+struct envd_wevent {
+	uint8_t type; /* enum eproto_wevent */
+	char name[PROTO_MAX_PATH + 1];
+};
+
+/* Watch directory path (absolute, or relative to the user's home) as user
+ * ("" = the default), its subdirectories too when recursive (those made
+ * later included). Waits for the guest's answer until deadline_ms. NULL with
+ * err: not_found, invalid_argument (not a directory), permission_denied,
+ * resource_exhausted (ENVD_MAX_WATCHES), unimplemented (the image predates
+ * watching), unavailable, deadline_exceeded. The watch holds a reference on
+ * the channel (the session is busy) until envd_watch_close. */
+struct envd_watch *envd_watch_open(struct envd *e, const char *user, const char *path, int recursive,
+				   int64_t deadline_ms, struct envd_err *err);
+/* The next event: 1 with *ev, 0 when deadline_ms passed first, -1 with err
+ * when the watch ended (an overflow, the guest ended it, the channel died);
+ * events queued before the end are handed out first. */
+int envd_watch_next(struct envd_watch *w, struct envd_wevent *ev, int64_t deadline_ms, struct envd_err *err);
+/* Done: the guest is told to stop watching. Frees w. */
+void envd_watch_close(struct envd_watch *w);
+
+/* A polling watcher (CreateWatcher): as envd_watch_open, but kept on the
+ * channel (without keeping the session busy) until envd_watcher_remove or
+ * the channel's end; *id names it. 0 or -1 with err. */
+int envd_watcher_create(struct envd *e, const char *user, const char *path, int recursive, int64_t deadline_ms,
+			char id[ENVD_WATCHER_ID], struct envd_err *err);
+/* Hands every event queued on watcher id to fn (called with the channel's
+ * lock held: fn must not call into e) and forgets them. -1 with err:
+ * not_found, or the error the watcher failed with. */
+int envd_watcher_events(struct envd *e, const char *id, void (*fn)(void *arg, uint8_t type, const char *name),
+			void *arg, struct envd_err *err);
+/* 0, or -1 with err (not_found). */
+int envd_watcher_remove(struct envd *e, const char *id, struct envd_err *err);
+/* Watches on the channel now, those the guest has not yet confirmed closed
+ * included. */
+int envd_watch_count(struct envd *e);
+
 #endif

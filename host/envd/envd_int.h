@@ -57,6 +57,7 @@ struct envd_req {
 };
 
 struct envd_port;
+struct envd_watch;
 
 struct envd {
 	char name[80];
@@ -76,6 +77,8 @@ struct envd {
 	uint32_t features;      /* the guest HELLO's (EPROTO_FEAT_*) */
 	uint32_t next_conn;     /* port connection ids: never reused while the channel lives */
 	struct envd_port *ports; /* open port connections (envd_port.c) */
+	uint32_t next_watch;     /* watch ids: never reused while the channel lives */
+	struct envd_watch *watches; /* directory watches (envd_watch.c) */
 	int ports_blocked;      /* a port write found the send queue full: wake them as it drains */
 	char why[200];         /* why it died */
 };
@@ -94,5 +97,12 @@ int envd_wait_ready(struct envd *e, int64_t deadline_ms, struct envd_err *err);
 int envd_port_frame(struct envd *e, const struct proto_frame *f);
 void envd_ports_fail(struct envd *e);
 void envd_ports_wake(struct envd *e);
+
+/* Directory watches (envd_watch.c), lock held: a WATCH_EVENT or WATCH_END
+ * (0, or -1 when malformed); every watch failed (the channel died or the
+ * guest's envd restarted); every watch freed (the channel's last reference). */
+int envd_watch_frame(struct envd *e, const struct proto_frame *f);
+void envd_watches_fail(struct envd *e, const char *why);
+void envd_watches_free(struct envd *e);
 
 #endif

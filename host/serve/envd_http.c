@@ -1,9 +1,10 @@
 /* envd_http: the E2B-compatible envd endpoints of kiln-host (see
  * envd_http.h): the RPC dispatch, health and metrics. The families:
  * envd_http_proc.c (process.Process), envd_http_fs.c
- * (filesystem.Filesystem), envd_http_files.c (downloads and multipart
- * uploads); what they all share (checked request fields, the Connect request
- * message, the session's channel) is envd_http_req.c.
+ * (filesystem.Filesystem), envd_http_watch.c (its directory watching),
+ * envd_http_files.c (downloads and multipart uploads); what they all share
+ * (checked request fields, the Connect request message, the session's
+ * channel) is envd_http_req.c.
  *
  * Connect's JSON codec as @connectrpc/connect 2.x expects it: unary calls
  * answer application/json (errors: the code's HTTP status and
@@ -64,7 +65,9 @@ enum MHD_Result envd_http_rpc(struct session_table *ss, struct httpd_req *r)
 	}
 	if (kind == CONNECT_KIND_SERVER_STREAM && !strcmp(svc, "process.Process"))
 		return envd_http_process_stream(ss, r, method);
-	/* Any other streaming call (WatchDir, StreamInput): Connect's clients
+	if (kind == CONNECT_KIND_SERVER_STREAM && !strcmp(svc, "filesystem.Filesystem") && !strcmp(method, "WatchDir"))
+		return envd_http_watch_stream(ss, r);
+	/* Any other streaming call (StreamInput): Connect's clients
 	 * read a streaming call's error from its end-of-stream message, not
 	 * from an HTTP status, so the answer is a stream that ends at once. */
 	if (connect_kind_streams(kind)) {
@@ -89,6 +92,8 @@ enum MHD_Result envd_http_rpc(struct session_table *ss, struct httpd_req *r)
 	if (ch) {
 		if (!strcmp(svc, "process.Process"))
 			out = envd_http_process_unary(ch, method, req, deadline, &e);
+		else if (envd_http_watch_method(method))
+			out = envd_http_watch_unary(ch, method, user, req, deadline, &e);
 		else
 			out = envd_http_fs_unary(ch, method, user, req, deadline, &e);
 		envd_unref(ch);

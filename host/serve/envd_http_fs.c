@@ -92,6 +92,16 @@ static json_t *entry_json(const struct eproto_entry *en)
 	json_object_set_new(j, "modifiedTime", json_string(ts));
 	if (en->target[0])
 		json_object_set_new(j, "symlinkTarget", json_string(en->target));
+	if (en->meta_len) {
+		json_t *md = json_object();
+		const char *k, *v;
+		size_t off = 0;
+
+		/* Checked by eproto_entry_decode: printable ASCII, each key once. */
+		while (eproto_meta_next(en->meta, en->meta_len, &off, &k, &v))
+			json_object_set_new(md, k, json_string(v));
+		json_object_set_new(j, "metadata", md);
+	}
 	return j;
 }
 
@@ -99,7 +109,8 @@ static json_t *entry_json(const struct eproto_entry *en)
 
 /* A file-system request (STAT, LISTDIR, MKDIR, MOVE, REMOVE, READ, WRITE). */
 struct envd_req *envd_http_fs_begin(struct envd *ch, uint8_t type, const char *user, const char *path, const char *path2,
-				 uint32_t depth, int64_t deadline, struct envd_err *e)
+				 uint32_t depth, const char *meta, uint32_t meta_len, int64_t deadline,
+				 struct envd_err *e)
 {
 	struct eproto_fsreq *q = calloc(1, sizeof(*q));
 	uint8_t *buf = malloc(PROTO_MAX_PAYLOAD);
@@ -119,6 +130,13 @@ struct envd_req *envd_http_fs_begin(struct envd *ch, uint8_t type, const char *u
 	if (path2)
 		snprintf(q->path2, sizeof(q->path2), "%s", path2);
 	q->depth = depth;
+	if (meta_len > sizeof(q->meta)) {
+		envd_http_eset(e, CONNECT_INVALID_ARGUMENT, "metadata: more than %d bytes", EPROTO_MAX_META);
+		goto out;
+	}
+	if (meta_len)
+		memcpy(q->meta, meta, meta_len);
+	q->meta_len = meta_len;
 	n = eproto_fsreq_encode(buf, PROTO_MAX_PAYLOAD, type, q);
 	if (n < 0) {
 		envd_http_eset(e, CONNECT_INVALID_ARGUMENT, "the request does not fit the guest protocol");
@@ -207,7 +225,7 @@ json_t *envd_http_fs_unary(struct envd *ch, const char *method, const char *user
 		envd_http_eset(e, CONNECT_INVALID_ARGUMENT, type == EP_MOVE ? "source and destination: expected paths" : "path: expected a path");
 		return NULL;
 	}
-	r = envd_http_fs_begin(ch, type, user, path, path2, depth, deadline, e);
+	r = envd_http_fs_begin(ch, type, user, path, path2, depth, NULL, 0, deadline, e);
 	if (!r)
 		return NULL;
 	switch (type) {

@@ -1,6 +1,6 @@
 /* envd_http_int: what envd_http's files share (envd_http_req.c: checked
  * request fields, the Connect request message, the channel; envd_http_fs.c,
- * envd_http_proc.c, envd_http_files.c: the RPC families; envd_http.c: the
+ * envd_http_proc.c, envd_http_files.c, envd_http_watch.c: the RPC families; envd_http.c: the
  * dispatch over them).
  * Not for other files: serve.c uses envd_http.h. */
 #ifndef KILN_ENVD_HTTP_INT_H
@@ -43,8 +43,10 @@ struct envd *envd_http_channel(struct session_table *ss, const char *id, json_t 
 /* ---- envd_http_fs.c: filesystem.Filesystem (and one guest request with
  * replies, which downloads and uploads use too) ---- */
 
+/* meta, meta_len: a WRITE's metadata pairs (lib/eproto.h), else NULL, 0. */
 struct envd_req *envd_http_fs_begin(struct envd *ch, uint8_t type, const char *user, const char *path, const char *path2,
-				 uint32_t depth, int64_t deadline, struct envd_err *e);
+				 uint32_t depth, const char *meta, uint32_t meta_len, int64_t deadline,
+				 struct envd_err *e);
 json_t *envd_http_one_entry(struct envd_req *r, int64_t deadline, struct envd_err *e);
 json_t *envd_http_fs_unary(struct envd *ch, const char *method, const char *user, json_t *req, int64_t deadline,
 			   struct envd_err *e);
@@ -56,5 +58,13 @@ int envd_http_proc_list(struct envd *ch, json_t *processes, uint32_t want_pid, c
 json_t *envd_http_process_unary(struct envd *ch, const char *method, json_t *req, int64_t deadline, struct envd_err *e);
 enum MHD_Result envd_http_stream_error(struct MHD_Connection *conn, const struct envd_err *e);
 enum MHD_Result envd_http_process_stream(struct session_table *ss, struct httpd_req *r, const char *method);
+
+/* ---- envd_http_watch.c: WatchDir and the polling watchers ---- */
+
+enum MHD_Result envd_http_watch_stream(struct session_table *ss, struct httpd_req *r);
+/* CreateWatcher, GetWatcherEvents, RemoveWatcher. */
+int envd_http_watch_method(const char *method);
+json_t *envd_http_watch_unary(struct envd *ch, const char *method, const char *user, json_t *req, int64_t deadline,
+			      struct envd_err *e);
 
 #endif

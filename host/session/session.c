@@ -101,7 +101,8 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 
 void session_teardown(struct session_table *ss, struct session *s)
 {
-	session_envd_close(ss, s, "the sandbox was destroyed");
+	/* E2B's words for it (its SDK tells the user the same thing). */
+	session_envd_close(ss, s, "the sandbox was killed or reached its end of life");
 	vm_destroy(&s->vm);
 	if (s->has_tu) {
 		template_release(hostd_templates(ss->d), &s->tu);

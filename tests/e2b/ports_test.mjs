@@ -78,6 +78,12 @@ await check('fetch(https:// + getHost(8001)): python -m http.server answers over
   const r = await fetch(`${host(8001)}/index.html`);
   assert.equal(r.status, 200);
   assert.equal((await r.text()).trim(), 'hello-https');
+  // kiln's own API lists the port with that URL.
+  const s = await (await fetch(`${process.env.KILN_API}/v1/sessions/${sbx.sandboxId}`, {
+    headers: { Authorization: `Bearer ${process.env.KILN_KEY}` },
+  })).json();
+  const p = (s.ports || []).find((x) => x.port === 8001);
+  assert.equal(p && p.url, `${host(8001)}/`, `GET /v1/sessions/{id}: ${JSON.stringify(s.ports)}`);
   return sbx.getHost(8001);
 });
 
@@ -128,12 +134,54 @@ await check('a WebSocket echoes 1,000 messages in order', async () => {
   return `round trip p50 ${rtts[500].toFixed(1)} ms`;
 });
 
-await check("E2B's header routing: E2B_SANDBOX_URL with E2b-Sandbox-Id and E2b-Sandbox-Port", async () => {
-  const r = await fetch(`${process.env.E2B_SANDBOX_URL}/index.html`, {
+await check("E2B's header routing: kiln-api's URL with E2b-Sandbox-Id and E2b-Sandbox-Port", async () => {
+  const r = await fetch(`${process.env.E2B_SANDBOX_URL || process.env.KILN_API}/index.html`, {
     headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8001' },
   });
   assert.equal(r.status, 200, await r.clone().text());
   assert.equal((await r.text()).trim(), 'hello-https');
+});
+
+// Signed file URLs: envd by its host name (49983-<id>.<domain>, no
+// E2B_SANDBOX_URL in the credentials), the signature in the query.
+await check('uploadUrl(): a multipart POST to the signed URL writes the file', async () => {
+  const url = await sbx.uploadUrl('/home/user/signed.txt');
+  assert.match(url, /^https:\/\/49983-/);
+  assert.match(url, /[?&]signature=v1_/);
+  const form = new FormData();
+  form.append('file', new Blob(['signed-upload\n']), 'signed.txt');
+  const r = await fetch(url, { method: 'POST', body: form });
+  assert.equal(r.status, 200, await r.clone().text());
+  assert.equal(await sbx.files.read('/home/user/signed.txt'), 'signed-upload\n');
+});
+
+await check('downloadUrl(): a GET of the signed URL reads it, also with an expiry', async () => {
+  const r = await fetch(await sbx.downloadUrl('/home/user/signed.txt'));
+  assert.equal(r.status, 200);
+  assert.equal(await r.text(), 'signed-upload\n');
+  const r2 = await fetch(await sbx.downloadUrl('/home/user/signed.txt', { useSignatureExpiration: 60 }));
+  assert.equal(r2.status, 200);
+  assert.equal(await r2.text(), 'signed-upload\n');
+});
+
+await check('signed URLs refused: expired, another path, the other operation, another sandbox (401)', async () => {
+  const expired = await sbx.downloadUrl('/home/user/signed.txt', { useSignatureExpiration: -5 });
+  assert.equal((await fetch(expired)).status, 401);
+  const good = new URL(await sbx.downloadUrl('/home/user/signed.txt'));
+  const other = new URL(good);
+  other.searchParams.set('path', '/etc/shadow');
+  assert.equal((await fetch(other)).status, 401, 'another path');
+  assert.equal((await fetch(good, { method: 'POST', body: new FormData() })).status, 401, 'a read signature used to write');
+  const sbx2 = await Sandbox.create({ timeoutMs: 120000 });
+  try {
+    const moved = new URL(good);
+    moved.host = moved.host.replace(sbx.sandboxId, sbx2.sandboxId);
+    assert.notEqual(moved.host, good.host);
+    assert.equal((await fetch(moved)).status, 401, 'another sandbox');
+  } finally {
+    await sbx2.kill();
+  }
+  assert.equal((await fetch(good)).status, 200, 'the good URL still works');
 });
 
 await check('a port nobody listens on: 502', async () => {

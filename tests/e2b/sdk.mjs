@@ -13,8 +13,11 @@ export async function loadSdk() {
   return { sdk, version: pkg.version };
 }
 
-// The three variables an E2B script needs; anything else is the test's own.
+// The variables an E2B script needs (envd at E2B_SANDBOX_URL, or by host
+// name under E2B_DOMAIN as kiln up's credentials have it); anything else is
+// the test's own.
 export function requireEnv() {
-  const missing = ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY'].filter((k) => !process.env[k]);
+  const missing = ['E2B_API_URL', 'E2B_API_KEY'].filter((k) => !process.env[k]);
+  if (!process.env.E2B_SANDBOX_URL && !process.env.E2B_DOMAIN) missing.push('E2B_SANDBOX_URL or E2B_DOMAIN');
   if (missing.length) throw new Error(`set ${missing.join(', ')} (kiln up writes them into DIR/credentials)`);
 }

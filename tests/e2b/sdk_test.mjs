@@ -197,6 +197,11 @@ try {
     assert.equal(r.stdout, 'root\n/root\n');
   });
 
+  await check("'user' has passwordless sudo, as in E2B's base", async () => {
+    const r = await sbx.commands.run('sudo -n whoami && sudo -n -u user id -un');
+    assert.equal(r.stdout, 'root\nuser\n');
+  });
+
   await check('a command outliving timeoutMs raises TimeoutError, and it is killed', async () => {
     const t = performance.now();
     await rejects(() => sbx.commands.run('sleep 37', { timeoutMs: 1500 }), TimeoutError);
@@ -299,24 +304,51 @@ try {
     assert.equal(sha256(back), sha256(data));
   }, 120_000);
 
-  await check('files.write with gzip: the right bytes or a clean error, never the compressed ones', async () => {
+  await check('files.write and files.read with gzip: true (text, binary, a stream): the bytes themselves, sha256 equal', async () => {
     const text = 'gzip me '.repeat(1000);
-    let how;
-    try {
-      await sbx.files.write('/home/user/gz.txt', text, { gzip: true });
-      const back = await sbx.files.read('/home/user/gz.txt');
-      assert.equal(back.length, text.length, `wrote ${text.length} bytes, read back ${back.length}`);
-      assert.equal(back, text);
-      how = 'written and read back';
-    } catch (e) {
-      if (e instanceof assert.AssertionError) throw e;
-      assert.ok(isSdkError(e), `raised ${errText(e)}, not one of the SDK's error classes`);
-      how = `refused: ${errText(e)}`;
-    }
-    raised.push(`files.write(gzip: true): ${how}`);
-    await sbx.files.write('/home/user/gz-plain.txt', text);
-    assert.equal(await sbx.files.read('/home/user/gz-plain.txt', { gzip: true }), text, 'read with gzip: true');
-    return how;
+    const w = await sbx.files.write('/home/user/gz.txt', text, { gzip: true });
+    assert.equal(w.path, '/home/user/gz.txt');
+    assert.equal(await sbx.files.read('/home/user/gz.txt'), text);
+    assert.equal(await sbx.files.read('/home/user/gz.txt', { gzip: true }), text, 'read with gzip: true');
+    const bin = Buffer.concat([randomBytes(400_000), Buffer.alloc(400_000, 7)]);
+    await sbx.files.write('/home/user/gz.bin', new Blob([bin]), { gzip: true });
+    const back = await sbx.files.read('/home/user/gz.bin', { format: 'bytes', gzip: true });
+    assert.equal(sha256(back), sha256(bin), 'binary, gzip both ways');
+    const r = await sbx.commands.run('sha256sum /home/user/gz.bin');
+    assert.equal(r.stdout.split(' ')[0], sha256(bin), 'in the guest');
+    const s = await sbx.files.read('/home/user/gz.bin', { format: 'stream', gzip: true });
+    const h = createHash('sha256');
+    for await (const c of s) h.update(c);
+    assert.equal(h.digest('hex'), sha256(bin), 'read as a stream with gzip: true');
+  }, 120_000);
+
+  await check('files.write([{path, data}, ...]) with gzip: true and home-relative paths: each at its path', async () => {
+    const res = await sbx.files.write([
+      { path: 'gzmulti/a.txt', data: 'A-gz' },
+      { path: '/home/user/gzmulti/deeper/b.txt', data: 'B-gz' },
+    ], { gzip: true });
+    assert.deepEqual(res.map((r) => r.path).sort(), ['/home/user/gzmulti/a.txt', '/home/user/gzmulti/deeper/b.txt']);
+    assert.equal(await sbx.files.read('/home/user/gzmulti/a.txt'), 'A-gz');
+    assert.equal(await sbx.files.read('/home/user/gzmulti/deeper/b.txt'), 'B-gz');
+  });
+
+  await check('files.write with metadata: in the answer, getInfo, list and rename; an overwrite clears it', async () => {
+    const md = { author: 'kiln', purpose: 'sdk test' };
+    const w = await sbx.files.write('/home/user/meta/m.txt', 'with metadata', { metadata: md });
+    assert.deepEqual(w.metadata, md, 'the write answer');
+    assert.deepEqual((await sbx.files.getInfo('/home/user/meta/m.txt')).metadata, md, 'getInfo');
+    const l = await sbx.files.list('/home/user/meta');
+    assert.deepEqual(l.find((e) => e.name === 'm.txt').metadata, md, 'list');
+    const mv = await sbx.files.rename('/home/user/meta/m.txt', '/home/user/meta/n.txt');
+    assert.deepEqual(mv.metadata, md, 'rename');
+    const many = await sbx.files.write([{ path: '/home/user/meta/x.txt', data: 'x' }, { path: '/home/user/meta/y.txt', data: 'y' }],
+      { metadata: { batch: '1' } });
+    assert.deepEqual(many.map((e) => e.metadata), [{ batch: '1' }, { batch: '1' }], 'every file of a multipart write');
+    await sbx.files.write('/home/user/meta/n.txt', 'overwritten');
+    assert.equal((await sbx.files.getInfo('/home/user/meta/n.txt')).metadata, undefined, 'cleared on overwrite');
+    const big = await sdkFailure(() => sbx.files.write('/home/user/meta/big.txt', 'x', { metadata: { v: 'x'.repeat(5000) } }),
+      'files.write(metadata over 4 KiB)');
+    return big;
   });
 
   await check('files.write of two files in one request (two multipart parts)', async () => {
@@ -328,6 +360,9 @@ try {
     assert.deepEqual(res.map((r) => r.path).sort(), ['/home/user/multi/a.txt', '/home/user/multi/deeper/b.txt']);
     assert.equal(await sbx.files.read('/home/user/multi/a.txt'), 'A-content');
     assert.equal(await sbx.files.read('/home/user/multi/deeper/b.txt'), 'B-content');
+    const rel = await sbx.files.writeFiles([{ path: 'relmulti/c.txt', data: 'C' }, { path: 'relmulti/d.txt', data: 'D' }]);
+    assert.deepEqual(rel.map((r) => r.path).sort(), ['/home/user/relmulti/c.txt', '/home/user/relmulti/d.txt'], 'home-relative');
+    assert.equal(await sbx.files.read('/home/user/relmulti/d.txt'), 'D');
   });
 
   await check('files.makeDir (true, then false when it exists) and files.list (depth 1 and 2)', async () => {
@@ -361,6 +396,31 @@ try {
     return `${i.permissions} ${i.owner}:${i.group} mode ${i.mode.toString(8)}`;
   });
 
+  await check('files.watchDir: create, write, rename, remove in order, names relative to the directory; stop() ends it', async () => {
+    await sbx.files.makeDir('/home/user/watched');
+    const seen = [];
+    const h = await sbx.files.watchDir('/home/user/watched', (ev) => { seen.push(`${ev.type} ${ev.name}`); });
+    await sbx.commands.run('cd /home/user/watched && echo a > f1 && mv f1 f2 && rm f2');
+    await waitFor(() => seen.includes('remove f2'), 20000, `the remove event (seen: ${seen})`);
+    assert.deepEqual(seen, ['create f1', 'write f1', 'rename f1', 'create f2', 'remove f2']);
+    await h.stop();
+    const n = seen.length;
+    await sbx.commands.run('touch /home/user/watched/after-stop');
+    await sleep(1000);
+    assert.deepEqual(seen.slice(n), [], 'events after stop()');
+    return seen.join(', ');
+  }, 60000);
+  await check('files.watchDir recursive: a directory made later is watched; a missing path raises FileNotFoundError', async () => {
+    const seen = [];
+    const h = await sbx.files.watchDir('/home/user/watched', (ev) => { seen.push(`${ev.type} ${ev.name}`); },
+      { recursive: true });
+    await sbx.commands.run('mkdir /home/user/watched/sub && sleep 0.5 && echo x > /home/user/watched/sub/inner');
+    await waitFor(() => seen.includes('write sub/inner'), 20000, `sub/inner written (seen: ${seen})`);
+    await h.stop();
+    assert.deepEqual(seen, ['create sub', 'create sub/inner', 'write sub/inner']);
+    await rejects(() => sbx.files.watchDir('/home/user/no-such-dir', () => {}), FileNotFoundError);
+    return seen.join(', ');
+  }, 60000);
   await check('files.remove of a file and of a directory tree', async () => {
     await sbx.files.remove('/home/user/d/renamed.txt');
     assert.equal(await sbx.files.exists('/home/user/d/renamed.txt'), false);
@@ -409,6 +469,23 @@ try {
     return `${Math.round(left)} s left`;
   });
 
+  await check("E2B's timeout tests: shortened, it is not running after its end (isRunning false); shortened then lengthened, it runs", async () => {
+    const [a, b] = await Promise.all([Sandbox.create({ timeoutMs: 120_000 }), Sandbox.create({ timeoutMs: 120_000 })]);
+    try {
+      await Promise.all([a.setTimeout(5000), b.setTimeout(5000)]);
+      await new Promise((r) => setTimeout(r, 1000));
+      await b.setTimeout(10_000);
+      await new Promise((r) => setTimeout(r, 5500));
+      assert.equal(await a.isRunning({ requestTimeoutMs: 1000 }), false, 'shortened: still running after its end');
+      assert.equal(await b.isRunning(), true, 'lengthened: not running');
+      const e = await a.commands.run('true').then(() => null, (x) => x);
+      assert.ok(e instanceof sdk.TimeoutError || e instanceof SandboxNotFoundError, `a command after the end: ${e}`);
+      assert.ok((await b.getInfo()).endAt instanceof Date);
+    } finally {
+      await Promise.all([a.kill().catch(() => {}), b.kill().catch(() => {})]);
+    }
+  }, 60_000);
+
   await check('getMetrics: CPU and memory measured by the host', async () => {
     const m = await sbx.getMetrics();
     assert.ok(Array.isArray(m) && m.length >= 1, `metrics: ${JSON.stringify(m)}`);
@@ -429,9 +506,17 @@ try {
     return `${all.length} listed`;
   });
 
-  await check('Sandbox.connect to the running sandbox', async () => {
+  await check('Sandbox.connect to the running sandbox; its commands.connect attaches to a command the first client started', async () => {
+    const h = await sbx.commands.run('for i in 1 2 3; do sleep 0.7; echo tick$i; done; exit 3', { background: true, timeoutMs: 0 });
     const again = await Sandbox.connect(id);
     assert.equal((await again.commands.run('echo via-connect')).stdout, 'via-connect\n');
+    assert.ok((await again.commands.list()).some((p) => p.pid === h.pid), 'the command is listed for the new client');
+    let out = '';
+    const c = await again.commands.connect(h.pid, { onStdout: (d) => { out += d; } });
+    const r = await c.wait().then(() => null, (e) => e);
+    assert.equal(r && r.exitCode, 3, `wait(): ${r}`);
+    assert.match(out, /tick3\n$/);
+    await h.disconnect();
   });
 
   // ---- another customer, wrong keys and tokens ----
@@ -472,10 +557,6 @@ try {
     sdkFailure(() => Sandbox.create('no-such-template-kiln-test'), 'Sandbox.create(unknown template)'));
 
   // ---- what kiln does not support: a clean SDK error, never a hang ----
-  await check('unsupported: files.watchDir fails cleanly, saying it is not supported', async () => {
-    const t = await sdkFailure(() => sbx.files.watchDir('/home/user', () => {}), 'files.watchDir');
-    assert.match(t, /unimplemented.*not supported/, t);
-  }, 30000);
   await check('unsupported: createSnapshot / listSnapshots fail cleanly, deleteSnapshot is false', async () => {
     const a = await sdkFailure(() => sbx.createSnapshot(), 'sandbox.createSnapshot');
     const b = await sdkFailure(() => Sandbox.listSnapshots().nextItems(), 'Sandbox.listSnapshots');
@@ -487,12 +568,21 @@ try {
     const b = await sdkFailure(() => sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), 'sandbox.updateNetwork');
     return `${a}; ${b}`;
   }, 30000);
+  await check("unsupported: an MCP gateway cannot start: the SDK's own 'Failed to start MCP gateway' and the sandbox is killed", async () => {
+    const before = new Set((await listAll()).map((s) => s.sandboxId));
+    const e = await Sandbox.create({ mcp: { exa: {} } }).then((s) => { s.kill(); return null; }, (x) => x);
+    assert.ok(e instanceof SandboxError, `create with mcp: ${e}`);
+    assert.match(e.message, /^Failed to start MCP gateway: kiln: MCP gateways are not supported/);
+    raised.push(`Sandbox.create({mcp}): ${errName(e)} ${e.message.split('\n')[0]}`);
+    const left = (await listAll()).filter((s) => !before.has(s.sandboxId));
+    assert.deepEqual(left.map((s) => s.sandboxId), [], 'the SDK killed the sandbox it made');
+  }, 60000);
   await check('unsupported: Volume.create / Volume.list fail cleanly', async () => {
     const a = await sdkFailure(() => Volume.create(`kiln-${RUN}`), 'Volume.create');
     const b = await sdkFailure(() => Volume.list(), 'Volume.list');
     return `${a}; ${b}`;
   }, 30000);
-  await check('unsupported: downloadUrl/uploadUrl give URLs kiln refuses (no sandbox id in them)', async () => {
+  await check('with E2B_SANDBOX_URL, downloadUrl gives a URL on it that names no sandbox: refused (signed URLs need E2B_DOMAIN)', async () => {
     const url = await sbx.downloadUrl('/home/user/big.bin');
     const res = await fetch(url);
     await res.arrayBuffer();
@@ -550,9 +640,13 @@ try {
   }, 300_000);
 
   // ---- kill ----
-  await check('kill, then every call fails cleanly with an SDK error (no hang)', async () => {
+  await check('kill, then every call fails cleanly with an SDK error (no hang); a running command ends as E2B says', async () => {
+    const running = await sbx.commands.run('sleep 60', { background: true, timeoutMs: 0 });
     assert.equal(await sbx.kill(), true);
     const errs = [];
+    const waited = await running.wait().then(() => null, (e) => e);
+    assert.ok(waited instanceof SandboxError, `wait() after kill: ${waited}`);
+    assert.match(waited.message, /sandbox was killed or reached its end of life/);
     errs.push(await sdkFailure(() => sbx.commands.run('echo hi'), 'commands.run after kill'));
     errs.push(await sdkFailure(() => sbx.files.read('/home/user/persist.txt'), 'files.read after kill'));
     errs.push(await sdkFailure(() => sbx.files.write('/home/user/x', 'x'), 'files.write after kill'));

@@ -3,15 +3,18 @@
 # driven with curl against kiln-host's own endpoints in a real session VM:
 # Connect streams checked envelope by envelope, exit codes, the Content-Type
 # by the method's kind (any case the same; the other kind's 415), a background
-# process with List/SendInput/Connect/SendSignal, uploads (multipart and raw)
-# and downloads by sha256, the file-system RPCs and their error codes, the
+# process with List/SendInput/Connect/SendSignal, uploads (multipart with one
+# or two parts, raw, gzip within and past Kiln-Max-Body-Bytes, X-Metadata-*)
+# and downloads by sha256 (also gzip), the file-system RPCs and their error codes,
+# directory watching (WatchDir streams, polling watchers, a client's
+# disconnect freeing the guest's inotify instance, the bound), the
 # Connect-Timeout-Ms deadline, metrics, pause+resume with a process still
 # listed and the session's env kept, and nothing left behind.
 # KILN_TEST_IMAGE_DIR: another image directory to boot (default build/image).
 # kiln-host not starting, or envd not answering its health check, is a
 # failure that ends the script.
 . "$(dirname "$0")/lib.sh"
-t_plan 82
+t_plan 106
 require_image
 t_require_tools swift-proxy-server memcached
 PY=/usr/bin/python3
@@ -262,6 +265,27 @@ curl -s -m 120 -o "$T_TMP/big.back" -w '%{http_code}' -H "Authorization: Bearer 
 check "download: the same bytes (sha256)" test "$(cat "$T_TMP/dl.st")" = 200 -a "$(sha256sum < "$T_TMP/big.back" | cut -d' ' -f1)" = "$want"
 st=$(h POST "/v1/sessions/s1/envd/files?path=raw.txt&username=root" -H 'Content-Type: application/octet-stream' --data-binary 'raw bytes')
 check "application/octet-stream upload as root, relative to its home" test "$st" = 200 -a "$(last '.[0].path')" = /root/raw.txt
+printf 'A' > "$T_TMP/pa"; printf 'BB' > "$T_TMP/pb"
+st=$(h POST "/v1/sessions/s1/envd/files" -F "file=@$T_TMP/pa;filename=/home/user/two/a.txt" -F "file=@$T_TMP/pb;filename=two/sub/b.txt")
+check "multipart with two parts and no ?path=: each at its filename's path ($st $(last 'map(.path) | join(" ")'))" \
+	test "$st" = 200 -a "$(last 'map(.path) | join(" ")')" = "/home/user/two/a.txt /home/user/two/sub/b.txt"
+head -c $((2 << 20)) /dev/zero | gzip -c > "$T_TMP/z.gz"
+st=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/z.bin" -H 'Content-Type: application/octet-stream' \
+	-H 'Content-Encoding: gzip' -H 'Kiln-Max-Body-Bytes: 1048576' --data-binary @"$T_TMP/z.gz")
+st2=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/z.bin" -H 'Content-Type: application/octet-stream' \
+	-H 'Content-Encoding: gzip' --data-binary @"$T_TMP/z.gz")
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/z.bin"}' > /dev/null
+check "gzip upload: 413 past Kiln-Max-Body-Bytes (1 MiB < 2), 200 within the default 64 MiB, 2 MiB written ($st $st2 $(last .entry.size))" \
+	test "$st" = 413 -a "$st2" = 200 -a "$(last .entry.size)" = 2097152
+curl -s -m 60 -o "$T_TMP/z.back" -D "$T_TMP/z.hdr" -H "Authorization: Bearer $TOKEN" -H 'Accept-Encoding: gzip' "$U/envd/files?path=/home/user/z.bin"
+check "download with Accept-Encoding: gzip: Content-Encoding gzip, $(stat -c %s "$T_TMP/z.back") bytes that inflate to the file" \
+	test "$(tr -d '\r' < "$T_TMP/z.hdr" | sed -n 's/^content-encoding: *//Ip')" = gzip -a \
+	"$(gzip -dc < "$T_TMP/z.back" | sha256sum)" = "$(head -c $((2 << 20)) /dev/zero | sha256sum)"
+st=$(h POST "/v1/sessions/s1/envd/files?path=/home/user/m.txt" -H 'Content-Type: application/octet-stream' \
+	-H 'X-Metadata-Owner-Team: infra' --data-binary 'm')
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/m.txt"}' > /dev/null
+check "X-Metadata-Owner-Team: metadata {owner-team} in the upload's answer and Stat ($st $(last '.entry.metadata | tojson'))" \
+	test "$st" = 200 -a "$(last '.entry.metadata["owner-team"]')" = infra
 st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/up/big.bin"}')
 check "Stat: entry (size as a string, type, owner, permissions)" \
 	test "$st" = 200 -a "$(jq -c '.entry | [.name, .type, .size, .owner, .permissions]' "$T_TMP/last")" = '["big.bin","FILE_TYPE_FILE","5242880","user","-rw-r--r--"]'
@@ -291,6 +315,103 @@ st=$(rpc filesystem.Filesystem/Stat '{"path":"/root"}')
 check "Stat of /root as user: allowed (a directory's own entry)" test "$st" = 200
 st=$(rpc filesystem.Filesystem/ListDir '{"path":"/root"}')
 check "ListDir of /root as user: 403 permission_denied" test "$st" = 403 -a "$(last .code)" = permission_denied
+
+# --- directory watching: WatchDir streams and polling watchers ---
+# wstream JSON OUT [curl args]: a WatchDir stream, the raw body in OUT;
+# wstream_bg the same for t_bg, curl itself the background process (so that
+# killing it is the client going away)
+wstream() {
+	local j=$1 out=$2; shift 2
+	envelope "$j" > "$out.req"
+	curl -sN -m 300 -o "$out" -w '%{http_code}' -H "Authorization: Bearer $TOKEN" \
+		-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' "$@" \
+		--data-binary @"$out.req" "$U/envd/filesystem.Filesystem/WatchDir"
+}
+wstream_bg() {
+	local j=$1 out=$2; shift 2
+	envelope "$j" > "$out.req"
+	exec curl -sN -m 300 -o "$out" -H "Authorization: Bearer $TOKEN" \
+		-H 'Content-Type: application/connect+json' -H 'Connect-Protocol-Version: 1' "$@" \
+		--data-binary @"$out.req" "$U/envd/filesystem.Filesystem/WatchDir"
+}
+# wevents FILE: the stream's filesystem events so far, "TYPE name" a line
+wevents() { frames "$1" 2> /dev/null | jq -r 'select(.msg.filesystem) | .msg.filesystem | "\(.type | ltrimstr("EVENT_TYPE_")) \(.name)"'; }
+wstarted() { for _ in $(seq 150); do frames "$1" 2> /dev/null | head -1 | grep -q '"start":{}' && return 0; sleep 0.2; done; return 1; }
+wuntil() { for _ in $(seq 100); do wevents "$1" | grep -qx "$2" && return 0; sleep 0.2; done; return 1; }
+# inotify instances the guest's envd holds (a root process counts its descriptors)
+guest_inotify() {
+	stream Start '{"process":{"cmd":"/bin/sh","args":["-c","for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = kiln-envd ] && ls -l $p/fd 2>/dev/null; done | grep -c inotify"]}}' \
+		"$T_TMP/ino" -H "E2b-Authorization: Basic $(b64 root:)" > /dev/null
+	outs "$T_TMP/ino" stdout | tr -d '\n'
+}
+inotify_is() { for _ in $(seq 60); do [ "$(guest_inotify)" = "$1" ] && return 0; sleep 0.5; done; return 1; }
+rpc filesystem.Filesystem/MakeDir '{"path":"/home/user/w/pre"}' > /dev/null
+ino0=$(guest_inotify)
+t_bg wstream_bg '{"path":"/home/user/w"}' "$T_TMP/w1" -H 'Keepalive-Ping-Interval: 1' > /dev/null
+w1_curl=$T_BG_PID
+t_bg wstream_bg '{"path":"w","recursive":true}' "$T_TMP/w2" -H 'Keepalive-Ping-Interval: 1' > /dev/null
+w2_curl=$T_BG_PID
+wstarted "$T_TMP/w1" && wstarted "$T_TMP/w2"
+check "WatchDir: 200, the first message {\"start\":{}} (both streams)" \
+	test "$(frames "$T_TMP/w1" 2> /dev/null | head -1 | jq -c '[.flags, .msg]')" = '[0,{"start":{}}]' -a \
+	"$(frames "$T_TMP/w2" 2> /dev/null | head -1 | jq -c '[.flags, .msg]')" = '[0,{"start":{}}]'
+check "two open watches: two more inotify instances in the guest's envd (${ino0:-?} before)" inotify_is "$((${ino0:-0} + 2))"
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","cd /home/user/w && echo a > f1 && mv f1 f2 && rm f2 && mkdir nd && sleep 0.5 && echo b > nd/inner && echo c > pre/x && chmod 600 pre/x"]}}' \
+	"$T_TMP/wp" > /dev/null
+wuntil "$T_TMP/w2" "CHMOD pre/x"
+check "WatchDir: create, write, rename (old name; the new one's create), remove, in order" \
+	test "$(wevents "$T_TMP/w1" | head -6 | tr '\n' ',')" = "CREATE f1,WRITE f1,RENAME f1,CREATE f2,REMOVE f2,CREATE nd,"
+check "WatchDir without recursive: nothing from subdirectories ($(wevents "$T_TMP/w1" | wc -l) events)" \
+	test -z "$(wevents "$T_TMP/w1" | grep /)"
+check "WatchDir recursive (a path relative to the home): a directory made later is watched, names relative to the watched one" \
+	test "$(wevents "$T_TMP/w2" | tr '\n' ',')" = "CREATE f1,WRITE f1,RENAME f1,CREATE f2,REMOVE f2,CREATE nd,CREATE nd/inner,WRITE nd/inner,CREATE pre/x,WRITE pre/x,CHMOD pre/x,"
+check "WatchDir: keepalives while nothing happens (Keepalive-Ping-Interval 1)" \
+	test "$(frames "$T_TMP/w1" 2> /dev/null | grep -c keepalive)" -ge 1
+kill "$w1_curl" 2> /dev/null
+wait "$w1_curl" 2> /dev/null
+check "a client that goes away: its guest watch is removed (inotify instances $((${ino0:-0} + 1)))" inotify_is "$((${ino0:-0} + 1))"
+kill "$w2_curl" 2> /dev/null
+wait "$w2_curl" 2> /dev/null
+check "...and the other's too (back to ${ino0:-?})" inotify_is "${ino0:-0}"
+wstream '{"path":"/home/user/nothere"}' "$T_TMP/wnf" > /dev/null
+check "WatchDir of a missing path: end-of-stream not_found" test "$(frames "$T_TMP/wnf" | tail -1 | jq -r '.flags, .msg.error.code' | tr '\n' ' ')" = "2 not_found "
+wstream '{"path":"/etc/hostname"}' "$T_TMP/wnd" > /dev/null
+check "WatchDir of a file: end-of-stream invalid_argument" test "$(frames "$T_TMP/wnd" | tail -1 | jq -r .msg.error.code)" = invalid_argument
+wstream '{"path":"/root"}' "$T_TMP/wroot" > /dev/null
+check "WatchDir of /root as user: end-of-stream permission_denied (the watch is the user's)" \
+	test "$(frames "$T_TMP/wroot" | tail -1 | jq -r .msg.error.code)" = permission_denied
+t0=$(date +%s)
+wstream '{"path":"/home/user/w"}' "$T_TMP/wdl" -H 'Connect-Timeout-Ms: 1500' > /dev/null
+t1=$(date +%s)
+check "WatchDir's Connect-Timeout-Ms: end-of-stream deadline_exceeded, after about 1.5 s ($((t1 - t0)) s)" \
+	test "$(frames "$T_TMP/wdl" | tail -1 | jq -r .msg.error.code)" = deadline_exceeded -a $((t1 - t0)) -lt 20
+st=$(rpc filesystem.Filesystem/CreateWatcher '{"path":"/home/user/w","recursive":true}')
+wid=$(last .watcherId)
+check "CreateWatcher: 200 {watcherId}" test "$st" = 200 -a -n "$wid" -a "$wid" != null
+stream Start '{"process":{"cmd":"/bin/sh","args":["-c","touch /home/user/w/p1; rm /home/user/w/nd/inner"]}}' "$T_TMP/wp2" > /dev/null
+got=
+for _ in $(seq 50); do
+	rpc filesystem.Filesystem/GetWatcherEvents "{\"watcherId\":\"$wid\"}" > /dev/null
+	got="$got$(jq -r '.events[]? | "\(.type) \(.name),"' "$T_TMP/last" | tr -d '\n')"
+	case $got in *"EVENT_TYPE_REMOVE nd/inner,"*) break ;; esac
+	sleep 0.2
+done
+check "GetWatcherEvents: the events since CreateWatcher ($got)" \
+	test "$got" = "EVENT_TYPE_CREATE p1,EVENT_TYPE_CHMOD p1,EVENT_TYPE_REMOVE nd/inner,"
+st=$(rpc filesystem.Filesystem/GetWatcherEvents "{\"watcherId\":\"$wid\"}")
+check "GetWatcherEvents drains: nothing new the second time" test "$st" = 200 -a "$(jq -c '.events // []' "$T_TMP/last")" = '[]'
+st=$(rpc filesystem.Filesystem/RemoveWatcher "{\"watcherId\":\"$wid\"}")
+check "RemoveWatcher: 200 {}" test "$st" = 200 -a "$(cat "$T_TMP/last")" = '{}'
+st=$(rpc filesystem.Filesystem/GetWatcherEvents "{\"watcherId\":\"$wid\"}")
+check "GetWatcherEvents of a removed watcher: 404 not_found" test "$st" = 404 -a "$(last .code)" = not_found
+st=$(rpc filesystem.Filesystem/CreateWatcher '{"path":"/home/user/nothere"}')
+check "CreateWatcher of a missing path: 404 not_found" test "$st" = 404 -a "$(last .code)" = not_found
+ids=()
+for _ in $(seq 16); do rpc filesystem.Filesystem/CreateWatcher '{"path":"/home/user/w"}' > /dev/null; ids+=("$(last .watcherId)"); done
+st=$(rpc filesystem.Filesystem/CreateWatcher '{"path":"/home/user/w"}')
+check "a 17th watch: resource_exhausted (16 per sandbox)" test "$(last .code)" = resource_exhausted
+for i in "${ids[@]}"; do rpc filesystem.Filesystem/RemoveWatcher "{\"watcherId\":\"$i\"}" > /dev/null; done
+check "the 16 watchers removed: the guest's inotify instances back to ${ino0:-?}" inotify_is "${ino0:-0}"
 
 # --- the real Connect client (the E2B SDK's) parses what kiln-host sends ---
 # scripts/e2b-sdk.sh installs the pinned SDK into its cache when missing and

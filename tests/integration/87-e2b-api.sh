@@ -86,7 +86,7 @@ st=$(e2b "$KA" POST /v2/sandboxes --data-binary \
 	'{"templateID":"base","timeout":120,"metadata":{"app":"it87"},'"$ENVVARS"'"secure":true,"allow_internet_access":false}')
 expect "create: 201 with sandboxID, envdAccessToken, envdVersion" 201 "$st" \
 	'(.sandboxID | test("^s[0-9a-f]{32}$")) and (.envdAccessToken | test("^[0-9a-f]{64}$"))
-	 and .templateID == "base" and .envdVersion == "0.5.7" and .domain == null'
+	 and .templateID == "base" and .envdVersion == "0.6.2" and .domain == null'
 A=$(last .sandboxID); TA=$(last .envdAccessToken)
 st=$(e2b "$KA" GET "/sandboxes/$A")
 expect "get: running, metadata, cpu/memory, the same token" 200 "$st" \

@@ -37,8 +37,8 @@ else
 	t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
 fi
 names=$(sed -n 's/^\([A-Z0-9_]*\)=.*/\1/p' "$UP/credentials" | sort | tr '\n' ' ')
-check "credentials: the sixteen variables, mode 0600 ($names)" \
-	[ "$names" = "E2B_API_KEY E2B_API_URL E2B_DOMAIN E2B_SANDBOX_URL KILN_ADMIN_KEY KILN_API KILN_KEY KILN_SANDBOX_DOMAIN NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE S3_ACCESS_KEY S3_BUCKET S3_ENDPOINT S3_REGION S3_SECRET_KEY SSL_CERT_FILE " \
+check "credentials: the fifteen variables, mode 0600 ($names)" \
+	[ "$names" = "E2B_API_KEY E2B_API_URL E2B_DOMAIN KILN_ADMIN_KEY KILN_API KILN_KEY KILN_SANDBOX_DOMAIN NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE S3_ACCESS_KEY S3_BUCKET S3_ENDPOINT S3_REGION S3_SECRET_KEY SSL_CERT_FILE " \
 	-a "$(stat -c %a "$UP/credentials")" = 600 ]
 running_procs=$(stack_procs)
 dkey=$(cat "$UP/destinations.key" 2> /dev/null)

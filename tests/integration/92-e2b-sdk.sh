@@ -9,7 +9,7 @@
 # stack is left (processes, mounts, cgroups, VM directories).
 # The plain protocol with curl: 93-e2b-protocol.sh.
 . "$(dirname "$0")/lib.sh"
-t_plan 52
+t_plan 58
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require
@@ -17,7 +17,7 @@ SDK=$("$ROOT/scripts/e2b-sdk.sh" 2> "$T_TMP/sdk.err") || t_skip_all "the E2B SDK
 
 before_cg=$(count_cgroups)
 before_mounts=$(count_mounts)
-before_node=$(pgrep -c -f "sdk_test.mjs" || true)
+before_node=$(pgrep -c -f "$ROOT/tests/e2b/sdk_test.mjs" || true)
 e2b_stack_start
 
 # ---- the SDK test: each of its checks is a result ----
@@ -27,9 +27,9 @@ client_results sdk "$T_TMP/sdk.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" \
 	E2B_TEST_OTHER_KEY="$KB" KILN_E2B_SDK="$SDK" \
 	timeout -k 5 600 node "$ROOT/tests/e2b/sdk_test.mjs"
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
-# tests/e2b/sdk_test.mjs prints exactly 43 checks (E2B_TEST_OTHER_KEY set).
-check "the SDK test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 43)" \
-	[ -n "$summary" -a "$C_N" = 43 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
+# tests/e2b/sdk_test.mjs prints exactly 49 checks (E2B_TEST_OTHER_KEY set).
+check "the SDK test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 49)" \
+	[ -n "$summary" -a "$C_N" = 49 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/sdk.out" && echo 1 || echo 0)" ]
 
 # ---- what the killed sandbox leaves: nothing ----
 SBX=$(sed -n 's/^PASS Sandbox.create() .* (\([^ ]*\) in [0-9]* ms).*/\1/p' "$T_TMP/sdk.out" | head -n 1)
@@ -47,7 +47,7 @@ check "acme holds nothing: usage running 0, sessions 0, paused 0 ($(jq -c .usage
 	[ "$st" = 200 -a "$(jq -r '.usage.running + .usage.sessions + .usage.paused_sessions' "$T_TMP/usage.json")" = 0 ]
 for _ in $(seq 50); do [ "$(vcpus_used)" = 0 ] && break; sleep 0.2; done
 check "the host holds no vCPU ($(vcpus_used))" [ "$(vcpus_used)" = 0 ]
-check "no node process of the test is left" [ "$(pgrep -c -f "sdk_test.mjs" || true)" = "$before_node" ]
+check "no node process of the test is left" [ "$(pgrep -c -f "$ROOT/tests/e2b/sdk_test.mjs" || true)" = "$before_node" ]
 
 e2b_stack_stop
 check "nothing left: no QEMU ($(count_qemu)), VM directories ($(find "$KILN_RUN_DIR" -mindepth 2 2> /dev/null | wc -l)), mounts ($(count_mounts) = $before_mounts), cgroups ($(count_cgroups) = $before_cg)" \

@@ -9,10 +9,13 @@
 # parts, a part without filename when path is given, binary data strewn with
 # CRLF and boundary-like bytes, a raw octet-stream body, a malformed body
 # (400), a body over kiln-api's max_body_mib (413), a missing file (404), a
-# directory (400); pause, connect, kill; nothing left behind.
+# directory (400); one path per upload (400 for a second part to it); gzip
+# bodies (octet-stream and multipart, sha256 equal), a gzip bomb past
+# max_body_mib (413), gzip downloads; X-Metadata-* written, listed, moved,
+# cleared on overwrite, bounded; pause, connect, kill; nothing left behind.
 # The SDK itself: 92-e2b-sdk.sh.
 . "$(dirname "$0")/lib.sh"
-t_plan 67
+t_plan 82
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require
@@ -65,7 +68,7 @@ header() { tr -d '\r' < "$T_TMP/hdr" | sed -n "s/^$1: *//Ip" | tail -n 1; }
 st=$(e2b "$KA" POST /v2/sandboxes -H 'Content-Type: application/json' \
 	--data '{"templateID":"base","timeout":900,"envVars":{"E2B_T":"ninety-three"},"metadata":{"t":"93"}}')
 expect "POST /e2b/v2/sandboxes: 201 {sandboxID, templateID, clientID, envdVersion, envdAccessToken (64 hex), domain: null}" 201 "$st" \
-	'(.sandboxID | length > 0) and (.envdAccessToken | test("^[0-9a-f]{64}$")) and (.envdVersion | length > 0) and .domain == null and (.clientID | length > 0) and (.templateID | length > 0)'
+	'(.sandboxID | length > 0) and (.envdAccessToken | test("^[0-9a-f]{64}$")) and .envdVersion == "0.6.2" and .domain == null and (.clientID | length > 0) and (.templateID | length > 0)'
 SID=$(last .sandboxID)
 TOK=$(last .envdAccessToken)
 st=$(e2b "$KA" GET "/sandboxes/$SID")
@@ -203,6 +206,77 @@ st=$(envd "/files?path=/home/user/big.bin" -X POST -H "Content-Type: multipart/f
 check "a body over max_body_mib (3 MiB > 2): 413 ($st)" [ "$st" = 413 ]
 rpc filesystem.Filesystem/Stat '{"path":"/home/user/big.bin"}' > /dev/null
 check "... and nothing was written" [ "$(last .code)" = not_found ]
+
+# ---- /files: several parts, gzip, metadata (E2B's envd 0.6.2) ----
+$WIRE multipart "$B" "$T_TMP/dup.body" "name=file;filename=/home/user/dup/a.txt:@$T_TMP/a.txt" \
+	"name=file;filename=/home/user/dup/b.txt:@$T_TMP/a.txt"
+st=$(envd "/files?path=/home/user/dup/one.txt" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/dup.body")
+check "two parts with ?path= (one path for both, as E2B's envd): 400 naming the path ($st)" \
+	[ "$st" = 400 -a "$(last '.message | test("same path")')" = true ]
+$WIRE multipart "$B" "$T_TMP/dup2.body" "name=file;filename=/home/user/dup/c.txt:@$T_TMP/a.txt" \
+	"name=file;filename=/home/user/dup/c.txt:@$T_TMP/b.bin"
+st=$(envd "/files" -X POST -H "Content-Type: multipart/form-data; boundary=$B" --data-binary @"$T_TMP/dup2.body")
+envd "/files?path=/home/user/dup/c.txt" > /dev/null
+check "two parts named alike: 400, the first part's file stays ($st)" [ "$st" = 400 ] && cmp -s "$T_TMP/last" "$T_TMP/a.txt"
+head -c 700000 /dev/urandom > "$T_TMP/gz.bin"; printf 'text %.0s' $(seq 20000) >> "$T_TMP/gz.bin"
+gzip -c < "$T_TMP/gz.bin" > "$T_TMP/gz.bin.gz"
+st=$(envd "/files?path=/home/user/gz/raw.bin" -X POST -H 'Content-Type: application/octet-stream' -H 'Content-Encoding: gzip' \
+	--data-binary @"$T_TMP/gz.bin.gz")
+envd "/files?path=/home/user/gz/raw.bin" > /dev/null
+check "Content-Encoding: gzip, octet-stream (the SDK's gzip: true): 200, sha256 of what is read back equal ($st)" \
+	[ "$st" = 200 -a "$(sha256sum < "$T_TMP/last")" = "$(sha256sum < "$T_TMP/gz.bin")" ]
+$WIRE multipart "$B" "$T_TMP/gzmp.body" "name=file;filename=/home/user/gz/mp-a.txt:@$T_TMP/a.txt" \
+	"name=file;filename=/home/user/gz/mp-b.bin:@$T_TMP/gz.bin"
+gzip -c < "$T_TMP/gzmp.body" > "$T_TMP/gzmp.body.gz"
+st=$(envd "/files" -X POST -H "Content-Type: multipart/form-data; boundary=$B" -H 'Content-Encoding: gzip' --data-binary @"$T_TMP/gzmp.body.gz")
+paths=$(last 'map(.path) | sort | join(" ")')
+envd "/files?path=/home/user/gz/mp-b.bin" > /dev/null
+check "a gzip multipart body with two parts: 200, both at their paths, read back equal ($st $paths)" \
+	[ "$st" = 200 -a "$paths" = "/home/user/gz/mp-a.txt /home/user/gz/mp-b.bin" ] && cmp -s "$T_TMP/last" "$T_TMP/gz.bin"
+head -c $((3 << 20)) /dev/zero | gzip -c > "$T_TMP/bomb.gz"
+st=$(envd "/files?path=/home/user/gz/bomb.bin" -X POST -H 'Content-Type: application/octet-stream' -H 'Content-Encoding: gzip' \
+	--data-binary @"$T_TMP/bomb.gz")
+check "a gzip body of $(stat -c %s "$T_TMP/bomb.gz") bytes that inflates past max_body_mib (3 MiB > 2): 413 {code: 413} ($st $(last .message))" \
+	[ "$st" = 413 -a "$(last .code)" = 413 ]
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/gz/bomb.bin"}' > /dev/null
+check "... and nothing was written" [ "$(last .code)" = not_found ]
+printf 'not gzip at all' > "$T_TMP/notgz"
+st=$(envd "/files?path=/home/user/gz/bad.bin" -X POST -H 'Content-Type: application/octet-stream' -H 'Content-Encoding: gzip' \
+	--data-binary @"$T_TMP/notgz")
+st2=$(envd "/files?path=/home/user/gz/br.bin" -X POST -H 'Content-Type: application/octet-stream' -H 'Content-Encoding: br' \
+	--data-binary @"$T_TMP/notgz")
+check "a body that is not gzip: 400; Content-Encoding br: 400 ($st $st2)" [ "$st" = 400 -a "$st2" = 400 ]
+st=$(envd "/files?path=/home/user/gz/raw.bin" -H 'Accept-Encoding: gzip')
+ce=$(header Content-Encoding)
+check "GET /files with Accept-Encoding: gzip: 200 Content-Encoding gzip (as E2B's envd), inflates to the file ($st '$ce' $(stat -c %s "$T_TMP/last") bytes)" \
+	[ "$st" = 200 -a "$ce" = gzip ] && [ "$(gzip -dc < "$T_TMP/last" | sha256sum)" = "$(sha256sum < "$T_TMP/gz.bin")" ]
+envd "/files?path=/home/user/nofn.txt" -H 'Accept-Encoding: gzip' > /dev/null
+small=$(gzip -dc < "$T_TMP/last" 2> /dev/null); ce=$(header Content-Encoding)
+st=$(envd "/files?path=/home/user/gz/raw.bin" -H 'Accept-Encoding: identity;q=0')
+check "Accept-Encoding: gzip of a 6-byte file is gzip too ('$ce' '$small'); identity;q=0 alone: 406 ($st)" \
+	[ "$ce" = gzip -a "$small" = alpha -a "$st" = 406 ]
+st=$(envd "/files?path=/home/user/meta/m.txt" -X POST -H 'Content-Type: application/octet-stream' \
+	-H 'X-Metadata-Author: mish' -H 'x-metadata-purpose: the test' --data-binary @"$T_TMP/a.txt")
+check "X-Metadata-* on an upload: 200, the entry's metadata with lowercased keys ($st $(last '.[0].metadata | tojson'))" \
+	[ "$st" = 200 -a "$(last '.[0].metadata == {"author":"mish","purpose":"the test"}')" = true ]
+st=$(rpc filesystem.Filesystem/Stat '{"path":"/home/user/meta/m.txt"}')
+check "... Stat shows it" [ "$(last '.entry.metadata.author == "mish" and .entry.metadata.purpose == "the test"')" = true ]
+st=$(rpc filesystem.Filesystem/ListDir '{"path":"/home/user/meta","depth":1}')
+check "... ListDir shows it" [ "$(last '[.entries[] | select(.name == "m.txt") | .metadata.author] == ["mish"]')" = true ]
+st=$(rpc filesystem.Filesystem/Move '{"source":"/home/user/meta/m.txt","destination":"/home/user/meta/n.txt"}')
+check "... Move's entry keeps it ($st)" [ "$st" = 200 -a "$(last '.entry.metadata.author')" = mish ]
+st=$(envd "/files?path=/home/user/meta/n.txt" -X POST -H 'Content-Type: application/octet-stream' --data-binary @"$T_TMP/a.txt")
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/meta/n.txt"}' > /dev/null
+check "an overwrite without metadata clears it ($st $(last '.entry.metadata | tojson'))" [ "$st" = 200 -a "$(last '.entry.metadata')" = null ]
+st=$(envd "/files?path=/home/user/meta/bad.txt" -X POST -H 'Content-Type: application/octet-stream' \
+	-H "X-Metadata-Big: $(head -c 4100 /dev/zero | tr '\0' x)" --data-binary @"$T_TMP/a.txt")
+st2=$(envd "/files?path=/home/user/meta/bad.txt" -X POST -H 'Content-Type: application/octet-stream' \
+	-H "X-Metadata-Tab: a$(printf '\t')b" --data-binary @"$T_TMP/a.txt")
+st3=$(envd "/files?path=/home/user/meta/bad.txt" -X POST -H 'Content-Type: application/octet-stream' \
+	-H "X-Metadata-Huge: $(head -c 6000 /dev/zero | tr '\0' x)" --data-binary @"$T_TMP/a.txt")
+rpc filesystem.Filesystem/Stat '{"path":"/home/user/meta/bad.txt"}' > /dev/null
+check "metadata over 4096 bytes (4100 and 6000), a value with a tab: 400 each, naming metadata; nothing written ($st $st2 $st3)" \
+	[ "$st" = 400 -a "$st2" = 400 -a "$st3" = 400 -a "$(last .code)" = not_found ]
 
 st1=$(envd "/files?path=/home/user/mp/a.txt")
 st=$(envd "/files?path=/home/user/no-such-file")

@@ -7,10 +7,10 @@
 # and chunked) by sha256, the headers the server sees (no kiln key), an
 # event stream, a WebSocket echoing 1,000 messages, 100 connections at once,
 # a port nobody listens on (502), no key (401), another customer's key and a
-# non-E2B session by header (404), a smuggling attempt refused before the
+# non-E2B session by header (E2B's 502 "The sandbox was not found"), a smuggling attempt refused before the
 # server, a paused session (409), and nothing left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 40
+t_plan 41
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -97,6 +97,10 @@ st=$(req "$KA" GET "$P")
 check "GET /v1/sessions/{id}/ports lists 7000, 7001, 7002 and 8000 with their paths" \
 	test "$st" = 200 -a "$(last '[.ports[] | select(.port == 7000 or .port == 7001 or .port == 7002 or .port == 8000)] | length')" = 4 \
 	-a "$(last '.ports[] | select(.port == 8000) | .path')" = "$P/8000/"
+st=$(req "$KA" GET "/v1/sessions/$S")
+check "GET /v1/sessions/{id} of the running session carries the same list (8000 at $P/8000/, no host-name url: not an E2B sandbox)" \
+	test "$st" = 200 -a "$(last .state)" = running -a "$(last '.ports[] | select(.port == 8000) | .path')" = "$P/8000/" \
+	-a "$(last '[.ports[] | select(.url)] | length')" = 0
 # kiln session forward: any TCP through kiln-api's raw tunnel.
 LP=$((API_PORT + 7))
 KILN_API=$URL KILN_KEY=$KA t_bg "$ROOT/build/kiln" session forward "$S" 7000 "$LP" > "$T_TMP/fwd.out" 2> "$T_TMP/fwd.err"
@@ -148,7 +152,8 @@ check "host name routing: http://8000-ID.kiln.localhost:PORT/ reaches the port" 
 st=$(curl -s -m 60 -o "$T_TMP/last" -w '%{http_code}' "http://8000-s_${E#s}.kiln.localhost:$API_PORT/")
 check "...the stored spelling of its id works too (no TLS: no server-name check)" test "$st" = 200
 st=$(req "" GET / -H "E2b-Sandbox-Id: $S" -H "E2b-Sandbox-Port: 8000")
-check "a session not made through /e2b is not public: 404" test "$st" = 404
+check "a session not made through /e2b is not public: E2B's 502 'The sandbox was not found', as for no sandbox" \
+	test "$st" = 502 -a "$(last .message)" = "The sandbox was not found" -a "$(last .sandboxId)" = "$S"
 
 # --- getMetrics over a range: the host samples every 5 s ---
 sleep 6

@@ -3,14 +3,16 @@
 # up` (local S3, kiln-api with its sandbox domain and TLS listener, one
 # kiln-host), then E2B's own SDK (e2b 2.51.0, unmodified) running
 # tests/e2b/ports_test.mjs with nothing but what DIR/credentials holds:
-# getHost(port) and https fetches through kiln up's local CA, 50 MiB each
+# getHost(port) and https fetches through kiln up's local CA (and the URL
+# in GET /v1/sessions/{id}), 50 MiB each
 # way by sha256, 100 connections, a WebSocket of 1,000 messages, header
-# routing, 502 and 409 (each of its checks is one result). Also: the
+# routing, signed file URLs (uploadUrl, downloadUrl: good, expired, another
+# path, operation or sandbox), 502 and 409 (each of its checks is one result). Also: the
 # certificate kiln up made (for *.kiln.localhost, from its CA), a SIGHUP
 # that reloads it without dropping a connection, and nothing of the stack
 # left after kiln up stops.
 . "$(dirname "$0")/lib.sh"
-t_plan 21
+t_plan 24
 require_image
 t_require_tools swift-proxy-server memcached jq node openssl
 t_require_built kiln kiln-api kiln-host
@@ -47,8 +49,8 @@ client_results sdk "$T_TMP/ports.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" "$
 	timeout -k 5 900 node --experimental-websocket --no-warnings "$ROOT/tests/e2b/ports_test.mjs" \
 	"$ROOT/tests/integration/port_server.py"
 summary=$(grep '^ports_test: ' "$T_TMP/ports.out" | tail -n 1)
-check "the SDK's ports test ran to its end: ${summary:-no summary} ($C_N checks of 12)" \
-	[ -n "$summary" -a "$C_N" = 12 -a "${C_RC:-1}" = 0 ]
+check "the SDK's ports test ran to its end: ${summary:-no summary} ($C_N checks of 15)" \
+	[ -n "$summary" -a "$C_N" = 15 -a "${C_RC:-1}" = 0 ]
 
 # ---- SIGHUP: a new certificate, an open connection kept ----
 /usr/bin/python3 - "$TLS" "$CA" > "$T_TMP/held.out" 2>&1 << 'EOF2' &

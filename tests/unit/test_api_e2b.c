@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include <microhttpd.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <time.h>
 
 #include "fake_host_ops.h"
 #include "api_config.h"
@@ -133,10 +135,18 @@ static enum MHD_Result echo_handler(void *cls, struct MHD_Connection *conn, cons
 		hdr(j, conn, "Connect-Protocol-Version");
 		hdr(j, conn, "Connect-Timeout-Ms");
 		hdr(j, conn, "X-Access-Token");
+		hdr(j, conn, "Content-Encoding");
+		hdr(j, conn, "Accept-Encoding");
+		hdr(j, conn, "Kiln-Max-Body-Bytes");
+		hdr(j, conn, "X-Metadata-Author");
 		text = json_dumps(j, JSON_COMPACT);
 		json_decref(j);
 		resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
 		MHD_add_response_header(resp, "Content-Type", "application/json");
+		/* As kiln-host answers a download asked for in gzip (the body is
+		 * not: only the header's relaying is looked at). */
+		if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Accept-Encoding"))
+			MHD_add_response_header(resp, "Content-Encoding", "gzip");
 		ret = MHD_queue_response(conn, strstr(url, "/health") ? 204 : 200, resp);
 	}
 	MHD_destroy_response(resp);
@@ -204,6 +214,7 @@ static int setup(void **state)
 	ops = fake_ops;
 	ops.stream_open_raw = host_ops_hostclient.stream_open_raw;
 	ops.stream_content_type = host_ops_hostclient.stream_content_type;
+	ops.stream_header = host_ops_hostclient.stream_header;
 	ops.stream_status = host_ops_hostclient.stream_status;
 	ops.stream_read = host_ops_hostclient.stream_read;
 	ops.stream_close = host_ops_hostclient.stream_close;
@@ -261,6 +272,7 @@ struct answer {
 	char retry_after[32];
 	char next_token[160];
 	char content_type[128];
+	char content_encoding[32];
 	struct buf raw;
 };
 
@@ -278,6 +290,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg)
 		snprintf(a->next_token, sizeof(a->next_token), "%s", line + 14);
 	if (!strncasecmp(line, "Content-Type: ", 14))
 		snprintf(a->content_type, sizeof(a->content_type), "%s", line + 14);
+	if (!strncasecmp(line, "Content-Encoding: ", 18))
+		snprintf(a->content_encoding, sizeof(a->content_encoding), "%s", line + 18);
 	return len;
 }
 
@@ -424,7 +438,7 @@ static void test_create_refused(void **state)
 {
 	static const char *const bad[] = {
 		"{\"envVars\":{\"A\":1}}", "{\"envVars\":{\"1A\":\"x\"}}", "{\"timeout\":-1}",
-		"{\"timeout\":999999}", "{\"autoPause\":\"yes\"}", "{\"mcp\":{\"x\":{}}}", "{\"metadata\":[1]}",
+		"{\"timeout\":999999}", "{\"autoPause\":\"yes\"}", "{\"mcp\":[1]}", "{\"metadata\":[1]}",
 		"{\"templateID\":5}", "[1]", "{",
 	};
 	struct answer a;
@@ -534,13 +548,54 @@ static void test_get_list_isolation(void **state)
 
 static void test_pagination(void **state)
 {
-	char id[40], tok[65];
+	char id[40], tok[65], ids[3][40];
 	struct answer a;
 	char p[300];
 	int seen = 0;
 
-	for (int i = 0; i < 3; i++)
-		create(key_b, "{}", id, tok);
+	for (int i = 0; i < 3; i++) {
+		create(key_b, i == 1 ? "{}" : "{\"metadata\":{\"g\":\"y\"}}", id, tok);
+		store_session_id_e2b(id, ids[i]);
+	}
+	/* A full page after which nothing passes the filter has no token (E2B's
+	 * SDK reads a token as "there is more"); the filter skips the middle one. */
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?metadata=g%3Dy&limit=2", NULL);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?metadata=g%3Dy&limit=1", NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	assert_true(a.next_token[0]);
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes?metadata=g%%3Dy&limit=1&nextToken=%s", a.next_token);
+	answer_free(&a);
+	api(&a, key_b, "GET", p, NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[0]);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?limit=3", NULL);
+	assert_int_equal(json_array_size(a.j), 3);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	/* order=asc: oldest first, across pages; desc (the default) newest first. */
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=asc&limit=2", NULL);
+	assert_int_equal(json_array_size(a.j), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[0]);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 1), "sandboxID")), ids[1]);
+	snprintf(p, sizeof(p), "/e2b/v2/sandboxes?order=asc&limit=2&nextToken=%s", a.next_token);
+	answer_free(&a);
+	api(&a, key_b, "GET", p, NULL);
+	assert_int_equal(json_array_size(a.j), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	assert_false(a.next_token[0]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=desc&limit=1", NULL);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(a.j, 0), "sandboxID")), ids[2]);
+	answer_free(&a);
+	api(&a, key_b, "GET", "/e2b/v2/sandboxes?order=sideways", NULL);
+	assert_int_equal(a.status, 400);
+	answer_free(&a);
 	api(&a, key_b, "GET", "/e2b/v2/sandboxes?limit=2", NULL);
 	assert_int_equal(json_array_size(a.j), 2);
 	assert_true(a.next_token[0]);
@@ -628,7 +683,12 @@ static void test_timeout_pause_connect_kill(void **state)
 	assert_int_equal(store_session_get(st, id, NULL, &c), 0);
 	assert_int_equal(c.state, SESSION_RUNNING);
 	assert_int_equal(c.max_lifetime_s, 30);
-	/* running: 200; a shorter timeout does not shorten it */
+	/* running: 200; a shorter timeout does not shorten it (also by the
+	 * older SDKs' path, without v2) */
+	api(&a, key_a, "POST", p, "{\"timeout\":5}");
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s/connect", id);
 	api(&a, key_a, "POST", p, "{\"timeout\":5}");
 	assert_int_equal(a.status, 200);
 	answer_free(&a);
@@ -733,6 +793,102 @@ static void test_relay_auth(void **state)
 	assert_int_equal(fake_count("POST", NULL, "/v1/sessions/"), 0);
 }
 
+/* E2B's file URL signature (the SDK's getSignature), made here the way the
+ * SDK makes it, for the relay to check. */
+static void sign(char *out, size_t cap, const char *fpath, const char *op, const char *user, const char *tok,
+		 const char *exp)
+{
+	char raw[600];
+	unsigned char h[32], b64[48];
+	int n;
+
+	snprintf(raw, sizeof(raw), "%s:%s:%s:%s%s%s", fpath, op, user, tok, exp ? ":" : "", exp ? exp : "");
+	SHA256((const unsigned char *)raw, strlen(raw), h);
+	n = EVP_EncodeBlock(b64, h, 32);
+	while (n && b64[n - 1] == '=')
+		n--;
+	snprintf(out, cap, "v1_%.*s", n, (const char *)b64);
+}
+
+/* curl's escaping of a query value (the signature's '+', '/' and '='). */
+static void q_esc(char *out, size_t cap, const char *v)
+{
+	char *e = curl_easy_escape(NULL, v, 0);
+
+	snprintf(out, cap, "%s", e);
+	curl_free(e);
+}
+
+static void test_relay_signed(void **state)
+{
+	char id[40], tok[65], idb[40], tokb[65], sig[80], esig[160], p[512], later[24], past[24];
+	struct answer a;
+
+	create(key_a, "{}", id, tok);
+	create(key_b, "{}", idb, tokb);
+	snprintf(later, sizeof(later), "%lld", (long long)time(NULL) + 600);
+	snprintf(past, sizeof(past), "%lld", (long long)time(NULL) - 5);
+	/* A read signature, no token: the call reaches the host. */
+	sign(sig, sizeof(sig), "/home/user/f", "read", "user", tok, NULL);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&username=user&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 200);
+	assert_string_equal(str(a.j, "path"), "/home/user/f");
+	answer_free(&a);
+	/* The same URL as a write, for another sandbox, or another path: 401. */
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "x", 1);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	relay(&a, idb, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/files?path=/home/user/g&username=user&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Another user, or none: 401. */
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&username=root&signature=%s", esig);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* An RPC path takes no signature. */
+	snprintf(p, sizeof(p), "/filesystem.Filesystem/Stat?signature=%s", esig);
+	relay(&a, id, NULL, "POST", p, "application/json", "{}", 2);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* A write signature with an expiry: good until then. */
+	sign(sig, sizeof(sig), "/tmp/up", "write", "", tok, later);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s", esig, later);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+	/* The expiry changed: a wrong signature. */
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s9", esig, later);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Past its expiry: 401 saying so. */
+	sign(sig, sizeof(sig), "/tmp/up", "write", "", tok, past);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/tmp/up&signature=%s&signature_expiration=%s", esig, past);
+	relay(&a, id, NULL, "POST", p, "application/octet-stream", "abc", 3);
+	assert_int_equal(a.status, 401);
+	assert_non_null(strstr(str(a.j, "message"), "expired"));
+	answer_free(&a);
+	/* A wrong X-Access-Token is not saved by a good signature. */
+	sign(sig, sizeof(sig), "/home/user/f", "read", "", tok, NULL);
+	q_esc(esig, sizeof(esig), sig);
+	snprintf(p, sizeof(p), "/files?path=/home/user/f&signature=%s", esig);
+	relay(&a, id, "wrong", "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	relay(&a, id, NULL, "GET", p, NULL, NULL, 0);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+}
+
 static void test_relay_passes(void **state)
 {
 	char id[40], tok[65], want[200];
@@ -776,17 +932,52 @@ static void test_relay_passes(void **state)
 	assert_string_equal(str(a.j, "sha"), hex);
 	answer_free(&a);
 	free(blob);
-	/* A compressed body is refused, not written compressed. */
+	/* A compressed body goes as it came, with its Content-Encoding and the
+	 * bound on its inflated size (kiln-host inflates it); metadata headers
+	 * go too; Accept-Encoding goes and the answer's Content-Encoding comes
+	 * back; metadata that cannot go is a 400, never dropped. */
 	{
-		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip", NULL };
+		static char huge[5100];
+		const char *hs[] = { "Content-Type: application/octet-stream", "Content-Encoding: gzip",
+				     "X-Metadata-Author: mish", NULL };
 		char hid[100], htok[120];
-		const char *all[5] = { hid, htok, hs[0], hs[1], NULL };
+		const char *all[6] = { hid, htok, hs[0], hs[1], hs[2], NULL };
+		const char *get[4] = { hid, htok, "Accept-Encoding: gzip", NULL };
+		const char *bigmeta[4] = { hid, htok, huge, NULL };
+		int calls0;
 
 		snprintf(hid, sizeof(hid), "E2b-Sandbox-Id: %s", id);
 		snprintf(htok, sizeof(htok), "X-Access-Token: %s", tok);
 		call(&a, "POST", "/files?path=/tmp/z", all, "\x1f\x8b\x08", 3);
-		assert_int_equal(a.status, 415);
-		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 415);
+		assert_int_equal(a.status, 200);
+		assert_string_equal(str(a.j, "Content-Encoding"), "gzip");
+		assert_string_equal(str(a.j, "X-Metadata-Author"), "mish");
+		assert_string_equal(str(a.j, "Kiln-Max-Body-Bytes"), "16777216"); /* the test API's max_body_mib, 16 */
+		assert_int_equal(json_integer_value(json_object_get(a.j, "len")), 3);
+		answer_free(&a);
+		call(&a, "GET", "/files?path=/tmp/z", get, NULL, 0);
+		assert_int_equal(a.status, 200);
+		assert_string_equal(str(a.j, "Accept-Encoding"), "gzip");
+		assert_string_equal(a.content_encoding, "gzip");
+		answer_free(&a);
+		{
+			const char *rpcz[5] = { hid, htok, "Content-Type: application/json", "Content-Encoding: gzip", NULL };
+
+			/* Connect's own compression is not served: 415, not relayed. */
+			calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+			call(&a, "POST", "/filesystem.Filesystem/Stat", rpcz, "\x1f\x8b\x08", 3);
+			assert_int_equal(a.status, 415);
+			assert_string_equal(str(a.j, "code"), "unimplemented");
+			assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls0);
+			answer_free(&a);
+		}
+		memset(huge, 'v', sizeof(huge) - 1);
+		memcpy(huge, "X-Metadata-Big: ", 16);
+		calls0 = __atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST);
+		call(&a, "POST", "/files?path=/tmp/z", bigmeta, "x", 1);
+		assert_int_equal(a.status, 400);
+		assert_int_equal(json_integer_value(json_object_get(a.j, "code")), 400);
+		assert_int_equal(__atomic_load_n(&echo_calls, __ATOMIC_SEQ_CST), calls0);
 		answer_free(&a);
 	}
 	/* A method that is no name does not reach the host. */
@@ -977,6 +1168,53 @@ static void test_reaper_auto_pause_per_session(void **state)
 	fail_msg("p1 not paused or p2 not destroyed");
 }
 
+/* E2B's timeout tests: a sandbox whose timeout ran out answers /health
+ * 502 (isRunning() false), before the reaper and after it; a killed one is
+ * gone (401, isRunning() raises), as is one asked about with a wrong token. */
+static void test_relay_end_of_life(void **state)
+{
+	char id[40], tok[65], idk[40], tokk[65], p[128];
+	struct answer a;
+
+	create(key_a, "{\"timeout\":10}", id, tok);
+	create(key_b, "{\"timeout\":10}", idk, tokk);
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", idk);
+	api(&a, key_b, "DELETE", p, NULL);
+	assert_int_equal(a.status, 204);
+	answer_free(&a);
+	relay(&a, idk, tokk, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	clock_advance(11000);
+	/* Past its end, the reaper not there yet. */
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 502);
+	answer_free(&a);
+	relay(&a, id, tok, "POST", "/process.Process/List", "application/json", "{}", 2);
+	assert_int_equal(a.status, 502);
+	assert_string_equal(str(a.j, "code"), "unavailable");
+	assert_non_null(strstr(str(a.j, "message"), "end of life"));
+	answer_free(&a);
+	relay(&a, id, tokk, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* Ended by the reaper: still 502 for its token. */
+	sessions_reap_once(ss, 0);
+	for (int i = 0; i < 1000; i++) {
+		struct store_session c;
+
+		if (store_session_get(st, id, NULL, &c) == 0 && c.state == SESSION_DESTROYED)
+			break;
+		real_nap();
+	}
+	relay(&a, id, tok, "GET", "/health", NULL, NULL, 0);
+	assert_int_equal(a.status, 502);
+	answer_free(&a);
+}
+
 static void test_url_decode(void **state)
 {
 	char out[16];
@@ -1015,6 +1253,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_rate_429, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_timeout_pause_connect_kill, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_auth, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_signed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_relay_end_of_life, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_passes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relay_stream_kind, setup, teardown),

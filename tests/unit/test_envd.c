@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "envd.h"
@@ -122,7 +123,7 @@ static void expect_hello(void)
 	assert_int_equal(expect_frame(&len), EP_HELLO);
 	assert_int_equal(eproto_u32s_decode(fr, len, v, 2), 0);
 	assert_int_equal(v[0], EPROTO_VERSION);
-	assert_int_equal(v[1], EPROTO_FEAT_PORTS);
+	assert_int_equal(v[1], EPROTO_FEAT_PORTS | EPROTO_FEAT_WATCH);
 }
 
 static int32_t expect_error(uint32_t req)
@@ -743,6 +744,55 @@ static void test_fs_write_read_stat(void **state)
 	assert_int_equal(expect_error(req), -EISDIR);
 }
 
+/* WRITE's metadata becomes user.e2b.* xattrs, ENTRY reads them back
+ * (leaving out what is not printable), MOVE keeps them, an overwrite
+ * without metadata clears them. */
+static void test_fs_metadata(void **state)
+{
+	char path[256], path2[256], v[64];
+	uint32_t req = next_req++;
+	const char *k, *val;
+	size_t off = 0;
+	ssize_t n;
+	uint32_t want;
+
+	memset(&q, 0, sizeof(q));
+	q.req = req;
+	snprintf(q.path, sizeof(q.path), "meta/m.txt");
+	assert_int_equal(eproto_meta_add(q.meta, &q.meta_len, "author", 6, "mish", 4), 0);
+	assert_int_equal(eproto_meta_add(q.meta, &q.meta_len, "purpose", 7, "unit test", 9), 0);
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_WRITE, &q);
+	assert_true(n > 0);
+	want = q.meta_len; /* send_fs clears q */
+	send_frame(EP_WRITE, pl, (size_t)n);
+	send_u32s(EP_WEND, &req, 1);
+	snprintf(path, sizeof(path), "%s/meta/m.txt", home);
+	expect_entry(req);
+	n = getxattr(path, "user.e2b.author", v, sizeof(v));
+	if (n < 0 && errno == ENOTSUP)
+		skip(); /* this file system keeps no user xattrs */
+	assert_int_equal(n, 4);
+	assert_memory_equal(v, "mish", 4);
+	assert_int_equal(ent.meta_len, want);
+	assert_memory_equal(ent.meta, "author\0mish\0purpose\0unit test\0", want);
+	/* A pair set in the sandbox that is not printable ASCII is left out. */
+	assert_int_equal(setxattr(path, "user.e2b.bin", "\x01\x02", 2, 0), 0);
+	assert_int_equal(setxattr(path, "user.other", "x", 1, 0), 0);
+	req = next_req++;
+	send_fs(EP_STAT, req, path, NULL, 0);
+	expect_entry(req);
+	assert_int_equal(ent.meta_len, want);
+	assert_int_equal(eproto_meta_next(ent.meta, ent.meta_len, &off, &k, &val), 1);
+	req = next_req++;
+	snprintf(path2, sizeof(path2), "%s/meta/n.txt", home);
+	send_fs(EP_MOVE, req, path, path2, 0);
+	expect_entry(req);
+	assert_int_equal(ent.meta_len, want);
+	write_file("meta/n.txt", "again", 5);
+	assert_int_equal(ent.meta_len, 0);
+	assert_true(getxattr(path2, "user.e2b.author", v, sizeof(v)) < 0);
+}
+
 static void test_fs_write_cancel(void **state)
 {
 	uint32_t req = next_req++;
@@ -1260,6 +1310,142 @@ static void test_ports_list(void **state)
 	assert_int_equal(ports[1], 8080);
 }
 
+/* ---- directory watches ---- */
+
+static void send_watch(uint32_t req, uint32_t id, uint32_t flags, const char *path)
+{
+	static struct eproto_watch w;
+	ssize_t n;
+
+	memset(&w, 0, sizeof(w));
+	w.req = req;
+	w.id = id;
+	w.flags = flags;
+	snprintf(w.path, sizeof(w.path), "%s", path);
+	n = eproto_watch_encode(pl, sizeof(pl), &w);
+	assert_true(n > 0);
+	send_frame(EP_WATCH, pl, (size_t)n);
+}
+
+static void expect_wevent(uint32_t id, uint8_t type, const char *name)
+{
+	char got[PROTO_MAX_PATH + 1];
+	uint32_t i;
+	uint8_t t;
+	size_t len;
+
+	assert_int_equal(expect_frame(&len), EP_WATCH_EVENT);
+	assert_int_equal(eproto_wevent_decode(fr, len, &i, &t, got), 0);
+	assert_int_equal(i, id);
+	assert_string_equal(got, name);
+	assert_int_equal(t, type);
+}
+
+static void expect_wend(uint32_t id, int32_t code)
+{
+	char msg[PROTO_MAX_MSG + 1];
+	uint32_t i;
+	int32_t c;
+	size_t len;
+
+	assert_int_equal(expect_frame(&len), EP_WATCH_END);
+	assert_int_equal(eproto_wend_decode(fr, len, &i, &c, msg), 0);
+	assert_int_equal(i, id);
+	assert_int_equal(c, code);
+}
+
+static void test_watch(void **state)
+{
+	char w[256], p[300], p2[300];
+	uint32_t req, id;
+
+	snprintf(w, sizeof(w), "%s/w", home);
+	req = next_req++;
+	send_watch(req, 7, 0, w);
+	assert_int_equal(expect_error(req), -ENOENT);
+	snprintf(p, sizeof(p), "%s/afile", home);
+	put_file(p, "x");
+	req = next_req++;
+	send_watch(req, 7, 0, p);
+	assert_int_equal(expect_error(req), -ENOTDIR);
+
+	/* Recursive, by a path relative to the home. */
+	assert_int_equal(mkdir(w, 0755), 0);
+	req = next_req++;
+	send_watch(req, 7, EP_WATCH_RECURSIVE, "w");
+	expect_done(req);
+	snprintf(p, sizeof(p), "%s/a", w);
+	put_file(p, "x");
+	expect_wevent(7, EP_WEV_CREATE, "a");
+	expect_wevent(7, EP_WEV_WRITE, "a");
+	snprintf(p2, sizeof(p2), "%s/b", w);
+	assert_int_equal(rename(p, p2), 0);
+	expect_wevent(7, EP_WEV_RENAME, "a");
+	expect_wevent(7, EP_WEV_CREATE, "b");
+	assert_int_equal(chmod(p2, 0600), 0);
+	expect_wevent(7, EP_WEV_CHMOD, "b");
+	/* A directory made now is watched once its CREATE is out. */
+	snprintf(p, sizeof(p), "%s/sub", w);
+	assert_int_equal(mkdir(p, 0755), 0);
+	expect_wevent(7, EP_WEV_CREATE, "sub");
+	snprintf(p, sizeof(p), "%s/sub/c", w);
+	put_file(p, "y");
+	expect_wevent(7, EP_WEV_CREATE, "sub/c");
+	expect_wevent(7, EP_WEV_WRITE, "sub/c");
+	assert_int_equal(unlink(p2), 0);
+	expect_wevent(7, EP_WEV_REMOVE, "b");
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 7 }, 1);
+	expect_wend(7, 0);
+	/* Gone: a change now sends nothing, and UNWATCH again neither. */
+	put_file(p2, "z");
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 7 }, 1);
+	req = next_req++;
+	send_u32s(EP_LIST, &req, 1);
+	expect_done(req);
+
+	/* At most ENVD_MAX_WATCHES; an id in use is refused. */
+	for (id = 100; id < 100 + ENVD_MAX_WATCHES; id++) {
+		req = next_req++;
+		send_watch(req, id, 0, w);
+		expect_done(req);
+	}
+	req = next_req++;
+	send_watch(req, 100, 0, w);
+	assert_int_equal(expect_error(req), -EBUSY);
+	req = next_req++;
+	send_watch(req, 999, 0, w);
+	assert_int_equal(expect_error(req), -EMFILE);
+	for (id = 100; id < 100 + ENVD_MAX_WATCHES; id++) {
+		send_u32s(EP_UNWATCH, &id, 1);
+		expect_wend(id, 0);
+	}
+
+	/* ENVD_WATCH_DIRS directories per watch: a tree one larger is refused;
+	 * one that grows past it ends with -EMFILE after the CREATE. */
+	snprintf(p, sizeof(p), "%s/big", home);
+	assert_int_equal(mkdir(p, 0755), 0);
+	for (int i = 0; i < ENVD_WATCH_DIRS - 1; i++) {
+		snprintf(p2, sizeof(p2), "%s/big/d%d", home, i);
+		assert_int_equal(mkdir(p2, 0755), 0);
+	}
+	req = next_req++;
+	send_watch(req, 8, EP_WATCH_RECURSIVE, "big");
+	expect_done(req);
+	snprintf(p2, sizeof(p2), "%s/big/d0/more", home);
+	assert_int_equal(mkdir(p2, 0755), 0);
+	expect_wevent(8, EP_WEV_CREATE, "d0/more");
+	expect_wend(8, -EMFILE);
+	req = next_req++;
+	send_watch(req, 9, EP_WATCH_RECURSIVE, "big");
+	assert_int_equal(expect_error(req), -EMFILE);
+	/* Not recursive: one directory, however large the tree. */
+	req = next_req++;
+	send_watch(req, 9, 0, "big");
+	expect_done(req);
+	send_u32s(EP_UNWATCH, (uint32_t[]){ 9 }, 1);
+	expect_wend(9, 0);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, envd_setup, envd_teardown)
 
 int main(void)
@@ -1268,8 +1454,9 @@ int main(void)
 		T(test_echo_streams_exit), T(test_env_cwd_user), T(test_start_errors), T(test_signal),
 		T(test_stdin_pipe),        T(test_stdin_bound), T(test_pty),          T(test_linger),       T(test_linger_drain), T(test_list),
 		T(test_window),            T(test_window_full),  T(test_malformed),    T(test_host_hello),
-		T(test_fs_write_read_stat), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
+		T(test_fs_write_read_stat), T(test_fs_metadata), T(test_fs_write_cancel), T(test_fs_dirs),  T(test_other_user),
 		T(test_port_echo),         T(test_port_refused), T(test_port_window),  T(test_port_close),   T(test_ports_list),
+		T(test_watch),
 		cmocka_unit_test(test_resolve), cmocka_unit_test(test_ensure_user),
 	};
 

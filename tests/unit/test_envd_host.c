@@ -4,7 +4,9 @@
  * first request, replies routed by request id, START with its output
  * delivered to the subscriber and acknowledged as it is taken, output with
  * no subscriber acknowledged at once, a READ's window, a guest HELLO that
- * fails what is pending, envd_kill, and a malformed frame. */
+ * fails what is pending, envd_kill, a malformed frame, and directory
+ * watches (events in order, errors, the bound, a queue overflow, a guest
+ * without the feature, a hostile event name). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,7 +37,11 @@ struct guest {
 	uint32_t last_signal[2];
 	uint32_t read_req;      /* a READ waiting for its first chunk's ACK */
 	int start_how;          /* a START waiting for its first chunk's ACK (0: none) */
+	int unwatched;          /* UNWATCHes seen */
 };
+
+/* What the fake guest's HELLO offers (test_watch_old_guest: nothing). */
+static uint32_t g_features = EPROTO_FEAT_WATCH;
 
 static void g_send(struct guest *g, uint8_t type, const void *p, size_t n)
 {
@@ -101,9 +107,50 @@ static void g_frame(struct guest *g, const struct proto_frame *f)
 		pthread_mutex_unlock(&g->lock);
 		/* Leftovers of an old connection first: the host must skip them. */
 		g_out(g, 100, "stale");
-		g_u32s(g, EP_HELLO, (uint32_t[]){ EPROTO_VERSION, 0 }, 2);
+		g_u32s(g, EP_HELLO, (uint32_t[]){ EPROTO_VERSION, g_features }, 2);
 		g_u32s(g, EP_DONE, &v[1], 1);
 		return;
+	case EP_WATCH: {
+		static struct eproto_watch w;
+		static uint8_t b[PROTO_MAX_PAYLOAD];
+		ssize_t n;
+
+		assert_int_equal(eproto_watch_decode(f->payload, f->len, &w), 0);
+		if (!strcmp(w.path, "missing") || !strcmp(w.path, "file")) {
+			n = eproto_error_encode(b, sizeof(b), w.req, !strcmp(w.path, "missing") ? -ENOENT : -ENOTDIR, "no");
+			g_send(g, EP_ERROR, b, (size_t)n);
+			return;
+		}
+		g_u32s(g, EP_DONE, &w.req, 1);
+		if (!strcmp(w.path, "evil")) {
+			n = eproto_wevent_encode(b, sizeof(b), w.id, EP_WEV_CREATE, "ok");
+			g_send(g, EP_WATCH_EVENT, b, (size_t)n);
+			/* A name outside the watched directory: the encoder writes
+			 * it, the host's decoder must refuse it. */
+			n = eproto_wevent_encode(b, sizeof(b), w.id, EP_WEV_CREATE, "../../etc/passwd");
+			g_send(g, EP_WATCH_EVENT, b, (size_t)n);
+			return;
+		}
+		for (int i = 0; i < (!strcmp(w.path, "flood") ? (int)ENVD_WATCH_Q_EVENTS + 10 : 1); i++) {
+			n = eproto_wevent_encode(b, sizeof(b), w.id, EP_WEV_CREATE, "a");
+			g_send(g, EP_WATCH_EVENT, b, (size_t)n);
+		}
+		n = eproto_wevent_encode(b, sizeof(b), w.id, EP_WEV_WRITE, "sub/b");
+		g_send(g, EP_WATCH_EVENT, b, (size_t)n);
+		return;
+	}
+	case EP_UNWATCH: {
+		uint8_t b[64];
+		ssize_t n;
+
+		assert_int_equal(eproto_u32s_decode(f->payload, f->len, v, 1), 0);
+		pthread_mutex_lock(&g->lock);
+		g->unwatched++;
+		pthread_mutex_unlock(&g->lock);
+		n = eproto_wend_encode(b, sizeof(b), v[0], 0, "");
+		g_send(g, EP_WATCH_END, b, (size_t)n);
+		return;
+	}
 	case EP_ACK:
 		assert_int_equal(eproto_u32s_decode(f->payload, f->len, v, 2), 0);
 		pthread_mutex_lock(&g->lock);
@@ -517,6 +564,163 @@ static void test_no_hello_unavailable(void **state)
 	close(sv[1]);
 }
 
+/* ---- directory watches ---- */
+
+static int unwatched(void)
+{
+	int n;
+
+	pthread_mutex_lock(&g->lock);
+	n = g->unwatched;
+	pthread_mutex_unlock(&g->lock);
+	return n;
+}
+
+static int wait_watches(int want)
+{
+	for (int t = 0; t < 500; t++) {
+		if (envd_watch_count(ch) == want)
+			return 1;
+		usleep(10000);
+	}
+	return 0;
+}
+
+static void test_watch_stream(void **state)
+{
+	static struct envd_wevent ev;
+	struct envd_err e;
+	struct envd_watch *w = envd_watch_open(ch, "user", "dir", 1, proto_now_ms() + 5000, &e);
+
+	assert_non_null(w);
+	assert_int_equal(envd_watch_count(ch), 1);
+	assert_int_equal(envd_watch_next(w, &ev, proto_now_ms() + 5000, &e), 1);
+	assert_int_equal(ev.type, EP_WEV_CREATE);
+	assert_string_equal(ev.name, "a");
+	assert_int_equal(envd_watch_next(w, &ev, proto_now_ms() + 5000, &e), 1);
+	assert_int_equal(ev.type, EP_WEV_WRITE);
+	assert_string_equal(ev.name, "sub/b");
+	/* Nothing more: the deadline passes. */
+	assert_int_equal(envd_watch_next(w, &ev, proto_now_ms() + 100, &e), 0);
+	/* The channel is busy while the stream is open. */
+	assert_int_equal(envd_refs(ch), 2);
+	envd_watch_close(w);
+	assert_int_equal(envd_refs(ch), 1);
+	/* UNWATCH went; the watch is gone once the guest's WATCH_END came. */
+	assert_true(wait_watches(0));
+	assert_int_equal(unwatched(), 1);
+
+	assert_null(envd_watch_open(ch, "user", "missing", 0, proto_now_ms() + 5000, &e));
+	assert_int_equal(e.code, CONNECT_NOT_FOUND);
+	assert_null(envd_watch_open(ch, "user", "file", 0, proto_now_ms() + 5000, &e));
+	assert_int_equal(e.code, CONNECT_INVALID_ARGUMENT);
+	assert_int_equal(envd_watch_count(ch), 0);
+	assert_int_equal(envd_refs(ch), 1);
+}
+
+static void collect(void *arg, uint8_t type, const char *name)
+{
+	char *out = arg;
+
+	snprintf(out + strlen(out), 256 - strlen(out), "%u %s,", type, name);
+}
+
+static void test_watchers(void **state)
+{
+	char ids[ENVD_MAX_WATCHES][ENVD_WATCHER_ID], id[ENVD_WATCHER_ID], got[256] = "";
+	struct envd_err e;
+	int i;
+
+	assert_int_equal(envd_watcher_create(ch, "", "dir", 0, proto_now_ms() + 5000, ids[0], &e), 0);
+	assert_int_equal(ids[0][0], 'w');
+	/* A polling watcher does not keep the channel busy. */
+	assert_int_equal(envd_refs(ch), 1);
+	for (int t = 0; t < 500 && !strstr(got, "sub/b"); t++) {
+		assert_int_equal(envd_watcher_events(ch, ids[0], collect, got, &e), 0);
+		usleep(10000);
+	}
+	assert_string_equal(got, "1 a,2 sub/b,");
+	got[0] = '\0';
+	assert_int_equal(envd_watcher_events(ch, ids[0], collect, got, &e), 0);
+	assert_string_equal(got, ""); /* drained */
+	for (i = 1; i < ENVD_MAX_WATCHES; i++)
+		assert_int_equal(envd_watcher_create(ch, "", "dir", 0, proto_now_ms() + 5000, ids[i], &e), 0);
+	assert_int_equal(envd_watcher_create(ch, "", "dir", 0, proto_now_ms() + 5000, id, &e), -1);
+	assert_int_equal(e.code, CONNECT_RESOURCE_EXHAUSTED);
+	for (i = 0; i < ENVD_MAX_WATCHES; i++)
+		assert_int_equal(envd_watcher_remove(ch, ids[i], &e), 0);
+	assert_true(wait_watches(0));
+	assert_int_equal(unwatched(), ENVD_MAX_WATCHES);
+	assert_int_equal(envd_watcher_events(ch, ids[0], collect, got, &e), -1);
+	assert_int_equal(e.code, CONNECT_NOT_FOUND);
+	assert_int_equal(envd_watcher_remove(ch, ids[0], &e), -1);
+	assert_int_equal(e.code, CONNECT_NOT_FOUND);
+}
+
+static void test_watcher_overflow(void **state)
+{
+	char id[ENVD_WATCHER_ID], got[256] = "";
+	struct envd_err e;
+	int rc = 0;
+
+	/* More events than a watch may hold untaken: it fails, the guest is
+	 * told to stop it, and every later look answers the error. */
+	assert_int_equal(envd_watcher_create(ch, "", "flood", 0, proto_now_ms() + 5000, id, &e), 0);
+	for (int t = 0; t < 500 && unwatched() == 0; t++)
+		usleep(10000);
+	assert_int_equal(unwatched(), 1);
+	for (int k = 0; k < 2; k++) {
+		rc = envd_watcher_events(ch, id, collect, got, &e);
+		assert_int_equal(rc, -1);
+		assert_int_equal(e.code, CONNECT_INTERNAL);
+		assert_non_null(strstr(e.msg, "queue overflow"));
+	}
+	assert_int_equal(envd_watcher_remove(ch, id, &e), 0);
+	assert_true(wait_watches(0));
+}
+
+static void test_watch_hostile_name(void **state)
+{
+	static struct envd_wevent ev;
+	struct envd_err e;
+	struct envd_watch *w = envd_watch_open(ch, "user", "evil", 0, proto_now_ms() + 5000, &e);
+	int n;
+
+	assert_non_null(w);
+	/* The good event is handed out; the hostile one kills the channel. */
+	while ((n = envd_watch_next(w, &ev, proto_now_ms() + 5000, &e)) == 1)
+		assert_string_equal(ev.name, "ok");
+	assert_int_equal(n, -1);
+	assert_int_equal(e.code, CONNECT_UNAVAILABLE);
+	assert_int_equal(envd_alive(ch), 0);
+	envd_watch_close(w);
+	assert_int_equal(envd_watch_count(ch), 0);
+}
+
+static int setup_old(void **state)
+{
+	g_features = 0;
+	return setup(state);
+}
+
+static int teardown_old(void **state)
+{
+	g_features = EPROTO_FEAT_WATCH;
+	return teardown(state);
+}
+
+static void test_watch_old_guest(void **state)
+{
+	struct envd_err e;
+	char id[ENVD_WATCHER_ID];
+
+	assert_null(envd_watch_open(ch, "user", "dir", 0, proto_now_ms() + 5000, &e));
+	assert_int_equal(e.code, CONNECT_UNIMPLEMENTED);
+	assert_int_equal(envd_watcher_create(ch, "", "dir", 0, proto_now_ms() + 5000, id, &e), -1);
+	assert_int_equal(e.code, CONNECT_UNIMPLEMENTED);
+	assert_int_equal(envd_refs(ch), 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -530,6 +734,11 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill_fails_streams, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_malformed_kills, setup, teardown),
 		cmocka_unit_test(test_no_hello_unavailable),
+		cmocka_unit_test_setup_teardown(test_watch_stream, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_watchers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_watcher_overflow, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_watch_hostile_name, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_watch_old_guest, setup_old, teardown_old),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

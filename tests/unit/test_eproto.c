@@ -1,6 +1,7 @@
 /* test_eproto: unit tests for lib/eproto.c, the guest envd protocol: every
  * codec round-trips, and malformed payloads (bad flags, ranges, NULs,
- * truncation, trailing bytes, hostile entries) are refused. */
+ * truncation, trailing bytes, hostile entries, watch event names outside
+ * the watched directory, malformed metadata sets) are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "eproto.h"
@@ -182,6 +184,96 @@ static void test_fsreq(void **state)
 	assert_int_equal(eproto_fsreq_encode(pl, sizeof(pl), EP_HELLO, &r), -EINVAL);
 }
 
+/* Metadata sets: built with meta_add, bounded, refused when malformed, and
+ * carried by ENTRY and WRITE (absent: the payload of an older peer). */
+static void test_meta(void **state)
+{
+	static struct eproto_entry e, o;
+	static struct eproto_fsreq r, ro;
+	char big[EPROTO_MAX_META + 16];
+	const char *k, *v;
+	size_t off = 0;
+	ssize_t n;
+	int i;
+
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "author", 6, "mish", 4), 0);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "purpose", 7, "a b", 3), 0);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "empty", 5, "", 0), 0);
+	assert_int_equal(e.meta_len, 7 + 5 + 8 + 4 + 6 + 1);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "author", 6, "again", 5), -EINVAL); /* a key once */
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "", 0, "x", 1), -EINVAL);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "tab", 3, "a\tb", 3), -EINVAL);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "h\xc3\xa9", 3, "x", 1), -EINVAL);
+	memset(big, 'k', sizeof(big));
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, big, EPROTO_MAX_META_KEY + 1, "x", 1), -EINVAL);
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, big, EPROTO_MAX_META_KEY, "x", 1), 0);
+	/* the budget: prefix + key + value summed, at most 4096 */
+	assert_int_equal(eproto_meta_add(e.meta, &e.meta_len, "v", 1, big, 4000), -E2BIG);
+	assert_int_equal(eproto_meta_check(e.meta, e.meta_len), 0);
+	assert_int_equal(eproto_meta_next(e.meta, e.meta_len, &off, &k, &v), 1);
+	assert_string_equal(k, "author");
+	assert_string_equal(v, "mish");
+	assert_int_equal(eproto_meta_next(e.meta, e.meta_len, &off, &k, &v), 1);
+	assert_int_equal(eproto_meta_next(e.meta, e.meta_len, &off, &k, &v), 1);
+	assert_string_equal(k, "empty");
+	assert_string_equal(v, "");
+	assert_int_equal(eproto_meta_next(e.meta, e.meta_len, &off, &k, &v), 1);
+	assert_int_equal(eproto_meta_next(e.meta, e.meta_len, &off, &k, &v), 0);
+	/* malformed sets */
+	assert_int_equal(eproto_meta_check("a\0b", 3), -EPROTO);        /* no final NUL */
+	assert_int_equal(eproto_meta_check("a\0", 2), -EPROTO);         /* a key without value */
+	assert_int_equal(eproto_meta_check("\0b\0", 3), -EPROTO);       /* an empty key */
+	assert_int_equal(eproto_meta_check("a\0b\0a\0c\0", 8), -EPROTO); /* a key twice */
+	assert_int_equal(eproto_meta_check("a\0\x7f\0", 4), -EPROTO);   /* not printable */
+	assert_int_equal(eproto_meta_check("a\0b\0", 4), 0);
+	/* many small pairs: the budget counts the prefix of each */
+	memset(&r, 0, sizeof(r));
+	for (i = 0; i < 1000; i++) {
+		char key[16];
+		int rc;
+
+		snprintf(key, sizeof(key), "k%d", i);
+		rc = eproto_meta_add(r.meta, &r.meta_len, key, strlen(key), "", 0);
+		if (rc == -E2BIG)
+			break;
+		assert_int_equal(rc, 0);
+	}
+	assert_true(i > 300 && i < 400);
+	assert_int_equal(eproto_meta_check(r.meta, r.meta_len), 0);
+	/* ENTRY with and without */
+	e.req = 1;
+	e.type = EP_FILE;
+	strcpy(e.name, "a");
+	strcpy(e.path, "/a");
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_true(n > 0);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), 0);
+	assert_int_equal(o.meta_len, e.meta_len);
+	assert_memory_equal(o.meta, e.meta, e.meta_len);
+	pl[n - 2] = 0x01; /* a byte of a value made unprintable */
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), -EPROTO);
+	e.meta_len = 0;
+	n = eproto_entry_encode(pl, sizeof(pl), &e);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n, &o), 0);
+	assert_int_equal(o.meta_len, 0);
+	/* an empty set is never sent: refused */
+	memset(pl + n, 0, 4);
+	assert_int_equal(eproto_entry_decode(pl, (size_t)n + 4, &o), -EPROTO);
+	/* WRITE carries it; other requests may not */
+	strcpy(r.user, "user");
+	strcpy(r.path, "/w");
+	r.req = 9;
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_WRITE, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_WRITE, &ro), 0);
+	assert_int_equal(ro.meta_len, r.meta_len);
+	assert_memory_equal(ro.meta, r.meta, r.meta_len);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_STAT, &ro), -EPROTO);
+	r.meta_len = 0;
+	n = eproto_fsreq_encode(pl, sizeof(pl), EP_WRITE, &r);
+	assert_int_equal(eproto_fsreq_decode(pl, (size_t)n, EP_WRITE, &ro), 0);
+	assert_int_equal(ro.meta_len, 0);
+}
+
 static void test_small(void **state)
 {
 	uint32_t v[2] = { 5, 6 }, w[2], pid, st;
@@ -224,12 +316,92 @@ static void test_small(void **state)
 	assert_int_equal(eproto_idraw_decode(pl, 3, &pid, &raw, &n), -EPROTO);
 }
 
+static void test_watch(void **state)
+{
+	static struct eproto_watch in, out;
+	char name[PROTO_MAX_PATH + 1], msg[PROTO_MAX_MSG + 1], big[PROTO_MAX_MSG + 10];
+	static const char *const bad_names[] = { "", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/.", ".." };
+	uint32_t id;
+	int32_t code;
+	uint8_t ev;
+	ssize_t n;
+
+	memset(&in, 0, sizeof(in));
+	in.req = 9;
+	in.id = 3;
+	in.flags = EP_WATCH_RECURSIVE;
+	strcpy(in.user, "user");
+	strcpy(in.path, "/home/user/w");
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_true(n > 0);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), 0);
+	assert_int_equal(out.req, 9);
+	assert_int_equal(out.id, 3);
+	assert_int_equal(out.flags, EP_WATCH_RECURSIVE);
+	assert_string_equal(out.user, "user");
+	assert_string_equal(out.path, "/home/user/w");
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n + 1, &out), -EPROTO);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n - 1, &out), -EPROTO);
+	assert_string_equal(out.path, "");
+	in.flags = 0x4; /* unknown flag */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+	in.flags = 0;
+	in.path[0] = '\0'; /* no path */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+	strcpy(in.path, "w");
+	strcpy(in.user, "-rf"); /* not a user name */
+	n = eproto_watch_encode(pl, sizeof(pl), &in);
+	assert_int_equal(eproto_watch_decode(pl, (size_t)n, &out), -EPROTO);
+
+	/* WATCH_EVENT: a relative name, or "." for the directory itself */
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_RENAME, "sub/f.txt");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	assert_int_equal(id, 3);
+	assert_int_equal(ev, EP_WEV_RENAME);
+	assert_string_equal(name, "sub/f.txt");
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_REMOVE, ".");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n + 1, &id, &ev, name), -EPROTO);
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(*bad_names); i++) {
+		n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_CREATE, bad_names[i]);
+		assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+		assert_string_equal(name, "");
+	}
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, 0, "f"); /* no such event */
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_CHMOD + 1, "f");
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+	n = eproto_wevent_encode(pl, sizeof(pl), 3, EP_WEV_WRITE, "ab");
+	assert_int_equal(n, 11);
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), 0);
+	pl[10] = '\0'; /* a NUL inside the name */
+	assert_int_equal(eproto_wevent_decode(pl, (size_t)n, &id, &ev, name), -EPROTO);
+
+	/* WATCH_END: 0 or a negative errno; the message cut at the bound */
+	n = eproto_wend_encode(pl, sizeof(pl), 3, 0, "");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), 0);
+	assert_int_equal(code, 0);
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	n = eproto_wend_encode(pl, sizeof(pl), 3, -EOVERFLOW, big);
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), 0);
+	assert_int_equal(code, -EOVERFLOW);
+	assert_int_equal(strlen(msg), PROTO_MAX_MSG);
+	n = eproto_wend_encode(pl, sizeof(pl), 3, 1, "positive");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), -EPROTO);
+	n = eproto_wend_encode(pl, sizeof(pl), 3, -5000, "past errno");
+	assert_int_equal(eproto_wend_decode(pl, (size_t)n, &id, &code, msg), -EPROTO);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_start_roundtrip), cmocka_unit_test(test_start_invalid),
 		cmocka_unit_test(test_proc_roundtrip),  cmocka_unit_test(test_entry),
 		cmocka_unit_test(test_fsreq),           cmocka_unit_test(test_small),
+		cmocka_unit_test(test_watch),           cmocka_unit_test(test_meta),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
