@@ -48,8 +48,10 @@ if (main) await run();
 async function run() {
   let sdk;
   try {
-    for (const k of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY'])
+    for (const k of ['E2B_API_URL', 'E2B_API_KEY'])
       if (!process.env[k]) throw new Error(`set ${k} (kiln up writes it into DIR/credentials)`);
+    // kiln up names the sandboxes by E2B_DOMAIN (https://49999-<id>.<domain>); E2B_SANDBOX_URL routes by headers.
+    if (!process.env.E2B_SANDBOX_URL && !process.env.E2B_DOMAIN) throw new Error('set E2B_SANDBOX_URL or E2B_DOMAIN');
     sdk = await loadCiSdk();
   } catch (e) {
     console.log(`ci_test: cannot start: ${e.message}`);
