@@ -101,6 +101,19 @@ async function run() {
     assert.ok(b.executionCount >= 2, `executionCount ${b.executionCount}`);
   });
 
+  await check('clones of the snapshot do not share random state (random, numpy.random)', async () => {
+    const cell = 'import random, numpy\n(random.random(), float(numpy.random.rand()))';
+    const other = await Sandbox.create({ requestTimeoutMs: 600000 });
+    try {
+      const [a, b] = [(await sbx.runCode(cell)).text, (await other.runCode(cell)).text];
+      assert.match(a, /^\(0\.\d+, 0\.\d+\)$/);
+      assert.notEqual(a, b);
+      return `${a} vs ${b}`;
+    } finally {
+      await other.kill();
+    }
+  });
+
   await check('stdout and stderr reach onStdout/onStderr in order, and the logs', async () => {
     const seen = [];
     const e = await sbx.runCode(
