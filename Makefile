@@ -147,6 +147,7 @@ image: deps
 	@image/build-kernel.sh $(B)/image/vmlinux
 	@image/build-rootfs.sh $(B)/image/rootfs.ext4 default
 	@image/build-rootfs.sh $(B)/image/rootfs-python-data.ext4 python-data
+	@image/build-rootfs.sh $(B)/image/rootfs-code-interpreter.ext4 code-interpreter
 
 $(B)/tests/unit/%: tests/unit/%.c $(B)/libkiln-cli.a $(B)/libkiln-api.a $(B)/libkiln-host.a $(B)/libkiln.a
 	@mkdir -p $(dir $@)

@@ -61,6 +61,9 @@ echo
 # E2B's SDK: Sandbox.create() -> first commands.run('echo hi'), SDK vs the native session API.
 RUNS=$RUNS bench/e2b.sh
 echo
+# E2B's Code Interpreter SDK: create -> first runCode('1+1'), warm runCode('x+1'), a plot to PNG.
+RUNS=$RUNS bench/code_interpreter.sh
+echo
 # Density: idle sessions per host in steps (memory, CPU, create time, exec latency), KSM off/on.
 bench/density.sh
 echo

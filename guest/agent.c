@@ -376,6 +376,9 @@ static int agent_setup(struct agent *a, const struct proto_frame *fr)
 		r = agent_add_entropy(s.entropy, s.entropy_len);
 		if (r < 0)
 			return agent_send_error(a, r, "SETUP: adding entropy: %s", strerror(-r));
+		/* The kernel's state is this clone's own now: the interpreter's
+		 * contexts take theirs from it before their next cell. */
+		interp_reseed(&a->cfg.interp);
 	}
 	return agent_send_ok(a, PROTO_SETUP);
 }
@@ -409,18 +412,25 @@ static int agent_collect(struct agent *a, const struct proto_frame *fr)
 	return collect_run(a, a->cfg.output_dir, budget);
 }
 
-/* PREPARE: pre-start the interpreter a snapshot will carry. Idempotent. */
+/* PREPARE: pre-start the interpreter a snapshot will carry, and wait for
+ * the template's code interpreter service (started at boot) to be warm.
+ * Idempotent. */
 static int agent_prepare(struct agent *a, const struct proto_frame *fr)
 {
+	int64_t deadline = proto_now_ms() + 110000;
 	int r;
 
 	if (fr->len)
 		return agent_send_error(a, -EPROTO, "malformed PREPARE request");
 	if (a->zygote.pid <= 0) {
-		r = zygote_start(&a->zygote, proto_now_ms() + 120000);
+		r = zygote_start(&a->zygote, deadline);
 		if (r < 0)
 			return agent_send_error(a, r, "PREPARE: cannot pre-start python3: %s", strerror(-r));
 	}
+	r = interp_wait_ready(&a->cfg.interp, deadline);
+	if (r < 0)
+		return agent_send_error(a, r, "PREPARE: the code interpreter did not start: %s (%s)", strerror(-r),
+					"/var/log/kiln-interpreter.log in the guest");
 	return agent_send_ok(a, PROTO_PREPARE);
 }
 
@@ -497,6 +507,8 @@ static int agent_procs(struct agent *a, const struct proto_frame *fr)
 		if (a->cfg.envd_sup > 0 && (pid == a->cfg.envd_sup || ppid == a->cfg.envd_sup))
 			continue;
 		if (a->zygote.pid > 0 && pid == a->zygote.pid)
+			continue;
+		if (interp_owns(&a->cfg.interp, pid, ppid))
 			continue;
 		if (!count++)
 			first = (uint32_t)pid;

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "interp.h"
+
 #include "proto.h"
 
 /* Opaque: one per channel. */
@@ -19,6 +21,7 @@ struct agent_config {
 	const char *output_dir; /* COLLECT walks this ("/output") */
 	uint32_t file_uid, file_gid; /* owner of FILE files and the dirs made for them (1000) */
 	pid_t envd_sup;              /* envd's supervisor (envd_spawn); it and its children are ours */
+	struct interp interp;        /* the template's code interpreter (interp_spawn), if any */
 };
 
 /* Takes over `chan` (a connected stream: the virtio-serial port, or one end

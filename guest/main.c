@@ -7,6 +7,7 @@
 #include "agent.h"
 #include "envd.h"
 #include "init.h"
+#include "interp.h"
 
 int main(void)
 {
@@ -31,6 +32,11 @@ int main(void)
 	if (r < 0)
 		init_log("envd: %s", strerror(-r));
 	cfg.envd_sup = r > 0 ? r : 0;
+	/* The template's code interpreter, if its image has one: it starts
+	 * now, warms up while the VM boots, and is in the snapshots. */
+	r = interp_spawn(&cfg.interp);
+	if (r < 0)
+		init_log("interpreter: %s", strerror(-r));
 	chan = init_open_port(INIT_PORT_NAME);
 	a = agent_create(chan, &cfg);
 	if (!a)

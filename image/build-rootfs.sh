@@ -14,6 +14,9 @@
 #                font cache built), scipy; kiln-init's pre-started interpreter
 #                imports numpy, pandas, matplotlib and matplotlib.pyplot
 #                (/etc/kiln/preload)
+#   code-interpreter  python-data + IPython's display objects, and kiln's code
+#                interpreter service (guest/interpreter.py, E2B's port 49999):
+#                kiln-init starts it at boot, warm, before the snapshot
 set -euo pipefail
 
 out=${1:?usage: build-rootfs.sh OUT_LINK [NAME]}
@@ -31,13 +34,20 @@ case $name in
   # once OpenBLAS is removed (below).
   python-data) pkgs="$base_pkgs python3-numpy python3-pandas python3-matplotlib python3-scipy libblas-dev liblapack-dev"
                preload="numpy pandas matplotlib matplotlib.pyplot" ;;
-  *) echo "build-rootfs.sh: unknown template '$name' (default, python-data)" >&2; exit 2 ;;
+  code-interpreter) pkgs="$base_pkgs python3-numpy python3-pandas python3-matplotlib python3-scipy libblas-dev liblapack-dev python3-ipython"
+               # The interpreter service holds the data stack; a second copy
+               # in the task zygote would not fit a 256 MiB sandbox beside it.
+               preload=""
+               interpreter=$(dirname "$0")/../guest/interpreter.py ;;
+  *) echo "build-rootfs.sh: unknown template '$name' (default, python-data, code-interpreter)" >&2; exit 2 ;;
 esac
 # Files of this folder copied into every image: part of the key.
 here=$(cd "$(dirname "$0")" && pwd)
 files_sum=$(cat "$here/mcp-gateway" | sha256sum | cut -c1-16)
 key=$(printf 'bookworm minbase\nname=%s\npackages=%s\npreload=%s\nfree_mib=%s\nrecipe=%s\nfiles=%s\n' \
         "$name" "$pkgs" "$preload" "$free_mib" "$recipe" "$files_sum" | sha256sum | cut -c1-16)
+# A template that ships kiln's code interpreter: its program is an input too.
+[ -z "${interpreter:-}" ] || key=$(printf '%s\ninterpreter=%s\n' "$key" "$(sha256sum < "$interpreter")" | sha256sum | cut -c1-16)
 dest=$cache/rootfs/$key
 tag="[rootfs $name]"
 
@@ -120,6 +130,20 @@ if [ ! -f "$dest/rootfs.ext4" ]; then
       /usr/bin/python3 -c 'import matplotlib.font_manager' ||
       { echo "$tag cannot build matplotlib's font cache" >&2; exit 1; }
     ls "$tree"/work/.cache/matplotlib/fontlist-*.json > /dev/null
+  fi
+
+  if [ -n "${interpreter:-}" ]; then
+    # kiln-init starts what /etc/kiln/interpreter names (guest/interp.c). Its
+    # matplotlib config and font cache are shared by whoever runs it (E2B's
+    # user is made by envd at boot): built now, once.
+    mkdir -p "$tree/usr/lib/kiln" "$tree/etc/kiln" "$tree/var/lib/kiln-interpreter/matplotlib"
+    install -m 0644 "$interpreter" "$tree/usr/lib/kiln/interpreter.py"
+    echo /usr/lib/kiln/interpreter.py > "$tree/etc/kiln/interpreter"
+    chroot "$tree" env -i HOME=/root PATH=/usr/bin:/bin MPLCONFIGDIR=/var/lib/kiln-interpreter/matplotlib \
+      /usr/bin/python3 -c 'import matplotlib.font_manager' ||
+      { echo "$tag cannot build the interpreter's matplotlib font cache" >&2; exit 1; }
+    chmod -R a+rwX "$tree/var/lib/kiln-interpreter"
+    chmod 1777 "$tree/var/lib/kiln-interpreter/matplotlib"
   fi
 
   used_mib=$(du -sm "$tree" | cut -f1)

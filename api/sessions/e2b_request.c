@@ -353,9 +353,13 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 		snprintf(out->template, sizeof(out->template), "%s", json_string_value(v));
 		/* base (E2B's default) and default are kiln's default template;
 		 * so is mcp-gateway, the SDK's template for `mcp` (whose
-		 * gateway kiln's images do not have: below). */
-		if (strcmp(out->template, "base") && strcmp(out->template, "default") &&
-		    strcmp(out->template, "mcp-gateway"))
+		 * gateway kiln's images do not have: below); code-interpreter-v1
+		 * (the Code Interpreter SDK's default) is the built-in
+		 * code-interpreter. */
+		if (!strcmp(out->template, "code-interpreter-v1"))
+			json_object_set_new(n, "template", json_string("code-interpreter"));
+		else if (strcmp(out->template, "base") && strcmp(out->template, "default") &&
+			 strcmp(out->template, "mcp-gateway"))
 			json_object_set(n, "template", v);
 	}
 	out->timeout_s = e2b_timeout_of(b, E2B_DEFAULT_TIMEOUT_S);

@@ -481,6 +481,51 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 	return 0;
 }
 
+/* The session's env (an E2B sandbox's envVars) as a file the guest's code
+ * interpreter reads (/kiln/session-env.json, guest/interpreter.py): envd
+ * gets it with every command, but a cell runs in a process started before
+ * the snapshot. Written once at create (a resumed session has it on its
+ * disk); nothing when there is no env. */
+static int session_env_file(struct session *s, struct kiln_err *err)
+{
+	json_t *env = json_object_get(s->spec, "env");
+	struct proto_file m = { .mode = 0644 };
+	int64_t deadline = proto_now_ms() + 10000;
+	uint8_t *buf;
+	char *text;
+	ssize_t n;
+	int r = -1;
+
+	if (!json_is_object(env) || !json_object_size(env))
+		return 0;
+	text = json_dumps(env, JSON_COMPACT);
+	buf = malloc(PROTO_MAX_PAYLOAD);
+	if (!text || !buf) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	m.size = strlen(text);
+	snprintf(m.path, sizeof(m.path), "/kiln/session-env.json");
+	n = proto_file_encode(buf, PROTO_MAX_PAYLOAD, &m);
+	if (n < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "the session's env file header does not encode");
+		goto out;
+	}
+	if (vm_send(&s->vm, PROTO_FILE, buf, (size_t)n, deadline, err) < 0)
+		goto out;
+	for (size_t off = 0; off < m.size; off += PROTO_MAX_PAYLOAD) {
+		size_t len = m.size - off < PROTO_MAX_PAYLOAD ? m.size - off : PROTO_MAX_PAYLOAD;
+
+		if (vm_send(&s->vm, PROTO_FILE_DATA, text + off, len, deadline, err) < 0)
+			goto out;
+	}
+	r = vm_recv_ok(&s->vm, PROTO_FILE, deadline, "the session's env file", err);
+out:
+	free(buf);
+	free(text);
+	return r;
+}
+
 int session_create(struct session_table *ss, const char *id, const char *customer, json_t *spec,
 		   const struct template_ref *ref, json_t **out, struct kiln_err *err)
 {
@@ -531,7 +576,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 	else if ((fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
-	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0)
+	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0 && session_env_file(s, err) == 0)
 		r = 0;
 	if (fd >= 0)
 		close(fd);

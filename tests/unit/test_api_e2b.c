@@ -420,6 +420,20 @@ static void test_create_fields(void **state)
 	answer_free(&a);
 }
 
+/* The Code Interpreter SDK's default template is the built-in code-interpreter;
+ * the sandbox reports the name it was asked for. */
+static void test_create_code_interpreter(void **state)
+{
+	static const char body[] = "{\"templateID\":\"code-interpreter-v1\"}";
+	struct e2b_create c;
+	char msg[256];
+
+	assert_int_equal(e2b_create_parse(body, sizeof(body) - 1, 0, &c, msg, sizeof(msg)), 0);
+	assert_string_equal(c.template, "code-interpreter-v1");
+	assert_string_equal(json_string_value(json_object_get(c.native, "template")), "code-interpreter");
+	e2b_create_free(&c);
+}
+
 static void test_create_refused(void **state)
 {
 	static const char *const bad[] = {
@@ -1529,6 +1543,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_create_fields, setup, teardown),
+		cmocka_unit_test(test_create_code_interpreter),
 		cmocka_unit_test_setup_teardown(test_create_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_get_list_isolation, setup, teardown),

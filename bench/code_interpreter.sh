@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# kiln's code interpreter (figures, not pass/fail) through E2B's unmodified
+# Code Interpreter SDK (@e2b/code-interpreter 2.8.0) against one `kiln up`
+# stack: Sandbox.create() -> first runCode('1+1'), warm runCode('x+1'), a
+# matplotlib plot to PNG. bench/code_interpreter.mjs does the measuring.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-20}
+[ -r build/image/rootfs-code-interpreter.ext4 ] ||
+	{ echo "code-interpreter: not measured: build/image/rootfs-code-interpreter.ext4 is missing (make image)"; exit 0; }
+if ! SDK=$(scripts/e2b-ci-sdk.sh 2> /tmp/kiln-bench-ci-sdk.err); then
+	echo "code-interpreter: not measured: the SDK could not be installed: $(tail -n 1 /tmp/kiln-bench-ci-sdk.err)"
+	exit 0
+fi
+TMP=$(mktemp -d /tmp/kiln-bench-ci.XXXXXX)
+PORT=$((30000 + RANDOM % 10000))
+up_pid=
+cleanup() {
+	[ -z "$up_pid" ] || { kill -TERM "$up_pid" 2> /dev/null || true; wait "$up_pid" 2> /dev/null || true; }
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+build/kiln up --dir "$TMP/up" --port "$PORT" > "$TMP/up.out" 2> "$TMP/up.err" &
+up_pid=$!
+for _ in $(seq 2400); do
+	grep -q '^kiln up: ready' "$TMP/up.out" 2> /dev/null && break
+	kill -0 "$up_pid" 2> /dev/null || break
+	sleep 0.25
+done
+grep -q '^kiln up: ready' "$TMP/up.out" || { echo "code-interpreter: not measured: kiln up did not get ready: $(tail -n 3 "$TMP/up.err")"; exit 0; }
+(
+	set -a
+	. "$TMP/up/credentials"
+	set +a
+	KILN_E2B_CI_SDK=$SDK node bench/code_interpreter.mjs "$RUNS"
+)
