@@ -554,6 +554,14 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 			return reply_no_key(conn, url);
 		if (is_e2b(url))
 			return handle_e2b(s, conn, method, url, body, &c);
+		if (ports_code_path(url)) {
+			struct sessions *ss = hold_sessions(s);
+
+			if (!ss)
+				return reply_error(conn, KERR_UNAVAILABLE, "sessions are not served now");
+			return ports_code_handle(ss, conn, method, url, httpd_body_data(body), httpd_body_len(body),
+						 c.customer);
+		}
 		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
 			return handle_sessions(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/templates") || !strncmp(url, "/v1/templates/", 14))
