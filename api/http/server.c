@@ -263,6 +263,7 @@ static const struct httpd_route api_routes[] = {
 	{ "GET", "/v1/tasks/{id}/events", server_rt_task_events },
 	{ "POST", "/v1/tasks/{id}/cancel", server_rt_task_cancel },
 	{ "GET", "/v1/tasks/{id}/artifacts/{name}", server_rt_task_artifact },
+	{ "GET", "/v1/tasks/{id}/outputs/{n}", server_rt_task_output },
 	{ "GET", "/v1/usage", server_rt_usage },
 	{ "GET", "/v1/destination", server_rt_dest },
 	{ "PUT", "/v1/destination", server_rt_dest },

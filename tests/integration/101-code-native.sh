@@ -173,7 +173,6 @@ code "$SID" "$(cell '1')" gone
 check "a deleted session: 404 not_found or 409 not_running ($(st gone) $(r gone .error.code))" \
 	[ "$(st gone)" = 404 -o "$(st gone)" = 409 ]
 
-[ -z "$KILN_TEST_KEEP" ] || cp -r "$T_TMP" "$KILN_TEST_KEEP"
 kill -TERM "$up_pid"
 wait "$up_pid"
 up_pid=
