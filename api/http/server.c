@@ -556,12 +556,16 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 		if (is_e2b(url))
 			return handle_e2b(s, conn, method, url, body, &c);
 		if (ports_code_path(url)) {
-			struct sessions *ss = hold_sessions(s);
+			struct sessions *ss;
+			struct quota q;
 
+			if (!c.admin && store_customer_quota(s->st, c.customer, &q) < 0)
+				return reply_error(conn, KERR_STORE_ERROR, "cannot read the customer's quotas");
+			ss = hold_sessions(s);
 			if (!ss)
 				return reply_error(conn, KERR_UNAVAILABLE, "sessions are not served now");
 			return ports_code_handle(ss, conn, method, url, httpd_body_data(body), httpd_body_len(body),
-						 c.customer);
+						 c.customer, s->lim, c.admin ? 0 : q.max_streams, c.admin);
 		}
 		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
 			return handle_sessions(s, conn, method, url, body, &c);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "reply.h"
+#include "store/store.h" /* quota_limiter_stream_open */
 
 #define CODE_PORT 49999
 #define CODE_OPEN_MS 15000
@@ -41,6 +42,8 @@
 struct code_call {
 	struct sessions *ss;
 	char id[40];
+	struct quota_limiter *lim;   /* non-NULL: a stream of customer's was counted there */
+	char customer[65];
 	int fd;                      /* the tunnel to port 49999 (-1: none) */
 	int client_fd;               /* the client's socket, polled for its hang-up */
 	int entered;                 /* sessions_port_enter done */
@@ -73,6 +76,8 @@ static void call_free(struct code_call *c)
 		close(c->fd);
 	if (c->entered)
 		sessions_port_leave(c->ss, c->id);
+	if (c->lim)
+		quota_limiter_stream_close(c->lim, c->customer);
 	sessions_release(c->ss);
 	buf_free(&c->body);
 	buf_free(&c->out);
@@ -641,7 +646,8 @@ static enum MHD_Result run_whole(struct code_call *c, struct MHD_Connection *con
 }
 
 enum MHD_Result ports_code_handle(struct sessions *ss, struct MHD_Connection *conn, const char *method,
-				  const char *url, const char *body, size_t len, const char *customer)
+				  const char *url, const char *body, size_t len, const char *customer,
+				  struct quota_limiter *lim, unsigned max_streams, int admin)
 {
 	struct code_call *c = calloc(1, sizeof(*c));
 	char cid[CODE_ID_MAX + 1];
@@ -687,6 +693,16 @@ enum MHD_Result ports_code_handle(struct sessions *ss, struct MHD_Connection *co
 	if (!send) {
 		call_free(c);
 		return reply_err(conn, &err);
+	}
+	/* A cell holds a connection and a thread as long as it runs. */
+	if (!admin && lim) {
+		if (!quota_limiter_stream_open(lim, customer, max_streams)) {
+			free(send);
+			call_free(c);
+			return reply_too_many_streams(conn, max_streams);
+		}
+		c->lim = lim;
+		snprintf(c->customer, sizeof(c->customer), "%s", customer);
 	}
 	c->deadline_ms = now_ms() + c->timeout_ms;
 	if (code_send(c, customer, "POST", "/execute", send, &err) < 0) {

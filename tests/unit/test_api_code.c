@@ -50,7 +50,7 @@ static struct sessions *ss;
 static struct server *srv;
 static struct api_config cfg;
 static struct MHD_Daemon *host;
-static char key_a[128], key_b[128];
+static char key_a[128], key_b[128], key_c[128];
 static char noint_id[40];            /* the session whose port 49999 has nothing */
 
 /* What the stand-in interpreter saw last (under lock). */
@@ -281,7 +281,7 @@ static void heartbeat(const char *id, const char *url)
 	json_decref(cap);
 }
 
-static void customer(const char *id, char *key)
+static void customer(const char *id, char *key, unsigned max_streams)
 {
 	struct kiln_err err = { .code = "" };
 	char key_id[32], *k = NULL;
@@ -289,6 +289,8 @@ static void customer(const char *id, char *key)
 
 	quota_defaults(&q);
 	q.max_running = 8;
+	if (max_streams)
+		q.max_streams = max_streams;
 	assert_int_equal(store_customer_create(st, id, id, &q, &err), 0);
 	assert_int_equal(store_key_create(st, id, 0, &k, key_id, &err), 0);
 	snprintf(key, 128, "%s", k);
@@ -351,9 +353,13 @@ static int setup(void **state)
 	heartbeat("h1", host_url);
 	sched_tick(sc);
 	assert_int_equal(sched_host_state(sc, "h1", NULL), 1);
-	customer("acme", key_a);
-	customer("beta", key_b);
+	customer("acme", key_a, 0);
+	customer("beta", key_b, 0);
+	customer("gamma", key_c, 1);
 	noint_id[0] = 0;
+	pthread_mutex_lock(&seen_lock);
+	seen_path[0] = 0;
+	pthread_mutex_unlock(&seen_lock);
 	return 0;
 }
 
@@ -836,6 +842,45 @@ static void test_contexts(void **state)
 	answer_free(&a);
 }
 
+struct bg_cell {
+	char id[40];
+	struct answer a;
+};
+
+static void *bg_slow(void *arg)
+{
+	struct bg_cell *b = arg;
+
+	code(&b->a, key_c, b->id, "{\"code\":\"slow\",\"timeout_ms\":1500}", 1);
+	return NULL;
+}
+
+/* A cell is a long-lived request: counted against max_streams while it runs,
+ * and given back when it ends. */
+static void test_streams_counted(void **state)
+{
+	struct bg_cell b;
+	struct answer a;
+	pthread_t th;
+
+	session("gamma", b.id);
+	seen_interrupted = 0;
+	assert_int_equal(pthread_create(&th, NULL, bg_slow, &b), 0);
+	for (int i = 0; i < 200 && !seen_path[0]; i++)
+		usleep(10000);
+	usleep(200000); /* the first cell is running (the stand-in got it) */
+	code(&a, key_c, b.id, "{\"code\":\"1+1\"}", 0);
+	assert_int_equal(a.status, 429);
+	assert_string_equal(err_code(&a), "too_many_streams");
+	answer_free(&a);
+	pthread_join(th, NULL);
+	assert_int_equal(b.a.status, 200);
+	answer_free(&b.a);
+	code(&a, key_c, b.id, "{\"code\":\"1+1\"}", 0);
+	assert_int_equal(a.status, 200);
+	answer_free(&a);
+}
+
 /* ---- the pure parts ---- */
 
 static int collect(void *cls, const char *name, json_t *ev)
@@ -924,6 +969,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_caps, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_contexts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_streams_counted, setup, teardown),
 		cmocka_unit_test(test_event_reader),
 		cmocka_unit_test(test_request_body),
 	};
