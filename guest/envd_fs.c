@@ -428,10 +428,10 @@ void envd_job_free(struct envd *e, int slot)
 
 	if (j->fd >= 0)
 		close(j->fd);
-	if (j->kind == ENVD_JOB_WRITE && j->fd >= 0 && j->dirfd >= 0) {
-		/* Abandoned or failed: nothing may stay behind. */
+	if (j->kind == ENVD_JOB_WRITE && j->fd >= 0 && j->dirfd >= 0 && j->created) {
+		/* A new file abandoned or failed: it does not stay behind. */
 		if (envd_fs_enter(&j->user) == 0) {
-			unlinkat(j->dirfd, j->tmpname, 0);
+			unlinkat(j->dirfd, j->name, 0);
 			envd_fs_leave();
 		}
 	}
@@ -777,11 +777,26 @@ static int envd_write_meta(int fd, const char *meta, size_t len)
 	return 0;
 }
 
+/* E2B's metadata of an overwritten file goes (a write sets its own). */
+static int envd_clear_meta(int fd)
+{
+	char names[4096], *n;
+	ssize_t len = flistxattr(fd, names, sizeof(names));
+
+	if (len < 0)
+		return errno == ENOTSUP ? 0 : errno == ERANGE ? -E2BIG : -errno;
+	for (n = names; n < names + len; n += strlen(n) + 1)
+		if (!strncmp(n, EPROTO_META_XATTR, sizeof(EPROTO_META_XATTR) - 1) && fremovexattr(fd, n) < 0 &&
+		    errno != ENODATA)
+			return -errno;
+	return 0;
+}
+
 static void envd_write_begin(struct envd *e, const struct envd_user *u, const char *path)
 {
 	struct envd_job *j;
 	struct stat st;
-	int slot, r, i;
+	int slot, r;
 
 	j = envd_job_new(e, e->fsreq.req, ENVD_JOB_WRITE, u, &slot);
 	if (!j) {
@@ -800,15 +815,34 @@ static void envd_write_begin(struct envd *e, const struct envd_user *u, const ch
 		r = -EISDIR;
 		goto fail;
 	}
-	/* A temporary name in the same directory, renamed at WEND: a WRITE
-	 * that is cancelled or abandoned leaves nothing. */
-	for (i = 0; i < 16; i++) {
-		snprintf(j->tmpname, sizeof(j->tmpname), ".kiln-write.%u.%d", e->fsreq.req, i);
-		j->fd = openat(j->dirfd, j->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-		if (j->fd >= 0 || errno != EEXIST)
-			break;
-	}
+	/* In place, as E2B's envd writes: a watcher sees CREATE (a new file)
+	 * and WRITE of the file's own name, and an overwrite keeps the file's
+	 * owner, mode and other attributes (E2B's metadata is replaced). A new
+	 * file whose write fails or is cancelled is removed; an overwrite that
+	 * fails leaves what was written, as E2B's does. Non-blocking open and
+	 * a regular file only: a FIFO put there must not hold envd. */
+	j->fd = openat(j->dirfd, j->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+	if (j->fd >= 0)
+		j->created = 1;
+	else if (errno == EEXIST)
+		j->fd = openat(j->dirfd, j->name, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	if (j->fd < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (fstat(j->fd, &st) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+		goto fail;
+	}
+	if (!j->created && (ftruncate(j->fd, 0) < 0 || (r = envd_clear_meta(j->fd)) < 0)) {
+		r = r < 0 ? r : -errno;
+		goto fail;
+	}
+	if (fcntl(j->fd, F_SETFL, 0) < 0) {
 		r = -errno;
 		goto fail;
 	}
@@ -867,16 +901,11 @@ static void envd_write_end(struct envd *e, uint32_t req)
 	r = close(j->fd) < 0 ? -errno : 0;
 	j->fd = -1;
 	if (r == 0 && (r = envd_fs_enter(&j->user)) == 0) {
-		if (renameat(j->dirfd, j->tmpname, j->dirfd, j->name) < 0)
-			r = -errno;
-		if (r < 0)
-			unlinkat(j->dirfd, j->tmpname, 0);
-		else
-			r = envd_entry_at(e, req, j->dirfd, j->name, j->path);
+		r = envd_entry_at(e, req, j->dirfd, j->name, j->path);
 		envd_fs_leave();
-	} else {
+	} else if (j->created) {
 		envd_fs_enter(&j->user);
-		unlinkat(j->dirfd, j->tmpname, 0);
+		unlinkat(j->dirfd, j->name, 0);
 		envd_fs_leave();
 	}
 	if (r < 0)

@@ -419,7 +419,22 @@ try {
     await h.stop();
     assert.deepEqual(seen, ['create sub', 'create sub/inner', 'write sub/inner']);
     await rejects(() => sbx.files.watchDir('/home/user/no-such-dir', () => {}), FileNotFoundError);
-    return seen.join(', ');
+    // files.write writes in place, as E2B's envd: a new file is CREATE +
+    // WRITE of its own name, an overwrite WRITE (E2B's watch test waits
+    // for that WRITE), never a temporary name.
+    const seen2 = [];
+    const h2 = await sbx.files.watchDir('/home/user/watched', (ev) => { seen2.push(`${ev.type} ${ev.name}`); });
+    await sbx.files.write('/home/user/watched/w.txt', 'one');
+    await sbx.files.write('/home/user/watched/w.txt', 'two');
+    await sbx.files.write('/home/user/watched/end', '');
+    await waitFor(() => seen2.includes('create end'), 20000, `the last file (seen: ${seen2})`);
+    await h2.stop();
+    const ws = seen2.filter((x) => !x.startsWith('chmod'));
+    assert.ok(ws.every((x) => / (w\.txt|end)$/.test(x)), `only the files' own names: ${seen2}`);
+    assert.equal(ws[0], 'create w.txt');
+    assert.ok(ws.filter((x) => x === 'write w.txt').length >= 2, `a write event per write: ${seen2}`);
+    assert.equal(await sbx.files.read('/home/user/watched/w.txt'), 'two');
+    return `${seen.join(', ')}; ${seen2.join(', ')}`;
   }, 60000);
   await check('files.remove of a file and of a directory tree', async () => {
     await sbx.files.remove('/home/user/d/renamed.txt');
