@@ -698,6 +698,42 @@ static int envd_mkdir_parents(const char *path)
 	return 0;
 }
 
+/* The missing parents of path (and path itself when self) made the way
+ * E2B's envd makes them: as root, then given to u, so that a user may write
+ * /new/dir/file (the sandbox is theirs; E2B's `user` has sudo). Called
+ * under u's identity (envd_fs_enter), which it leaves for the mkdirs and
+ * takes again. An existing directory is left as it is. */
+static int envd_mkdir_for(const struct envd_user *u, const char *path, int self)
+{
+	char buf[PROTO_MAX_PATH + 1];
+	char *slash;
+	int r = 0;
+
+	if (geteuid() != 0) /* tests: no one to be but the caller */
+		return self ? (envd_mkdir_parents(path) < 0 || mkdir(path, 0755) < 0 ? -errno : 0)
+			    : envd_mkdir_parents(path);
+	envd_fs_leave();
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (slash = strchr(buf + 1, '/'); r == 0; slash = strchr(slash + 1, '/')) {
+		if (slash)
+			*slash = '\0';
+		else if (!self)
+			break;
+		if (mkdir(buf, 0755) == 0) {
+			if (lchown(buf, u->uid, u->gid) < 0)
+				r = -errno;
+		} else if (errno != EEXIST || !slash) {
+			r = -errno;
+		}
+		if (!slash)
+			break;
+		*slash = '/';
+	}
+	if (envd_fs_enter(u) < 0 && r == 0)
+		r = -EPERM;
+	return r;
+}
+
 /* Removes name under dirfd and, for a directory, what it holds, never
  * following a symlink. */
 static int envd_rm_at(int dfd, const char *name, int depth)
@@ -803,7 +839,7 @@ static void envd_write_begin(struct envd *e, const struct envd_user *u, const ch
 		envd_dead_write(e, e->fsreq.req);
 		return;
 	}
-	r = envd_mkdir_parents(path);
+	r = envd_mkdir_for(u, path, 0);
 	if (r < 0)
 		goto fail;
 	r = envd_open_parent(path, j->name);
@@ -954,16 +990,14 @@ static int envd_fs_op(struct envd *e, uint8_t type, const struct envd_user *u, c
 			envd_send_entry(e);
 		return r;
 	case EP_MKDIR:
-		r = envd_mkdir_parents(path);
-		if (r == 0 && mkdir(path, 0755) < 0)
-			r = -errno;
+		r = envd_mkdir_for(u, path, 1);
 		if (r == 0)
 			r = envd_entry_at(e, e->fsreq.req, AT_FDCWD, path, path);
 		if (r == 0)
 			envd_send_entry(e);
 		return r;
 	case EP_MOVE:
-		r = envd_mkdir_parents(path2);
+		r = envd_mkdir_for(u, path2, 0);
 		if (r == 0 && rename(path, path2) < 0)
 			r = -errno;
 		if (r == 0)
