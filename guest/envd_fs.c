@@ -428,10 +428,10 @@ void envd_job_free(struct envd *e, int slot)
 
 	if (j->fd >= 0)
 		close(j->fd);
-	if (j->kind == ENVD_JOB_WRITE && j->fd >= 0 && j->dirfd >= 0) {
-		/* Abandoned or failed: nothing may stay behind. */
+	if (j->kind == ENVD_JOB_WRITE && j->fd >= 0 && j->dirfd >= 0 && j->created) {
+		/* A new file abandoned or failed: it does not stay behind. */
 		if (envd_fs_enter(&j->user) == 0) {
-			unlinkat(j->dirfd, j->tmpname, 0);
+			unlinkat(j->dirfd, j->name, 0);
 			envd_fs_leave();
 		}
 	}
@@ -698,6 +698,42 @@ static int envd_mkdir_parents(const char *path)
 	return 0;
 }
 
+/* The missing parents of path (and path itself when self) made the way
+ * E2B's envd makes them: as root, then given to u, so that a user may write
+ * /new/dir/file (the sandbox is theirs; E2B's `user` has sudo). Called
+ * under u's identity (envd_fs_enter), which it leaves for the mkdirs and
+ * takes again. An existing directory is left as it is. */
+static int envd_mkdir_for(const struct envd_user *u, const char *path, int self)
+{
+	char buf[PROTO_MAX_PATH + 1];
+	char *slash;
+	int r = 0;
+
+	if (geteuid() != 0) /* tests: no one to be but the caller */
+		return self ? (envd_mkdir_parents(path) < 0 || mkdir(path, 0755) < 0 ? -errno : 0)
+			    : envd_mkdir_parents(path);
+	envd_fs_leave();
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (slash = strchr(buf + 1, '/'); r == 0; slash = strchr(slash + 1, '/')) {
+		if (slash)
+			*slash = '\0';
+		else if (!self)
+			break;
+		if (mkdir(buf, 0755) == 0) {
+			if (lchown(buf, u->uid, u->gid) < 0)
+				r = -errno;
+		} else if (errno != EEXIST || !slash) {
+			r = -errno;
+		}
+		if (!slash)
+			break;
+		*slash = '/';
+	}
+	if (envd_fs_enter(u) < 0 && r == 0)
+		r = -EPERM;
+	return r;
+}
+
 /* Removes name under dirfd and, for a directory, what it holds, never
  * following a symlink. */
 static int envd_rm_at(int dfd, const char *name, int depth)
@@ -777,18 +813,33 @@ static int envd_write_meta(int fd, const char *meta, size_t len)
 	return 0;
 }
 
+/* E2B's metadata of an overwritten file goes (a write sets its own). */
+static int envd_clear_meta(int fd)
+{
+	char names[4096], *n;
+	ssize_t len = flistxattr(fd, names, sizeof(names));
+
+	if (len < 0)
+		return errno == ENOTSUP ? 0 : errno == ERANGE ? -E2BIG : -errno;
+	for (n = names; n < names + len; n += strlen(n) + 1)
+		if (!strncmp(n, EPROTO_META_XATTR, sizeof(EPROTO_META_XATTR) - 1) && fremovexattr(fd, n) < 0 &&
+		    errno != ENODATA)
+			return -errno;
+	return 0;
+}
+
 static void envd_write_begin(struct envd *e, const struct envd_user *u, const char *path)
 {
 	struct envd_job *j;
 	struct stat st;
-	int slot, r, i;
+	int slot, r;
 
 	j = envd_job_new(e, e->fsreq.req, ENVD_JOB_WRITE, u, &slot);
 	if (!j) {
 		envd_dead_write(e, e->fsreq.req);
 		return;
 	}
-	r = envd_mkdir_parents(path);
+	r = envd_mkdir_for(u, path, 0);
 	if (r < 0)
 		goto fail;
 	r = envd_open_parent(path, j->name);
@@ -800,15 +851,34 @@ static void envd_write_begin(struct envd *e, const struct envd_user *u, const ch
 		r = -EISDIR;
 		goto fail;
 	}
-	/* A temporary name in the same directory, renamed at WEND: a WRITE
-	 * that is cancelled or abandoned leaves nothing. */
-	for (i = 0; i < 16; i++) {
-		snprintf(j->tmpname, sizeof(j->tmpname), ".kiln-write.%u.%d", e->fsreq.req, i);
-		j->fd = openat(j->dirfd, j->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-		if (j->fd >= 0 || errno != EEXIST)
-			break;
-	}
+	/* In place, as E2B's envd writes: a watcher sees CREATE (a new file)
+	 * and WRITE of the file's own name, and an overwrite keeps the file's
+	 * owner, mode and other attributes (E2B's metadata is replaced). A new
+	 * file whose write fails or is cancelled is removed; an overwrite that
+	 * fails leaves what was written, as E2B's does. Non-blocking open and
+	 * a regular file only: a FIFO put there must not hold envd. */
+	j->fd = openat(j->dirfd, j->name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+	if (j->fd >= 0)
+		j->created = 1;
+	else if (errno == EEXIST)
+		j->fd = openat(j->dirfd, j->name, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	if (j->fd < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (fstat(j->fd, &st) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+		goto fail;
+	}
+	if (!j->created && (ftruncate(j->fd, 0) < 0 || (r = envd_clear_meta(j->fd)) < 0)) {
+		r = r < 0 ? r : -errno;
+		goto fail;
+	}
+	if (fcntl(j->fd, F_SETFL, 0) < 0) {
 		r = -errno;
 		goto fail;
 	}
@@ -867,16 +937,11 @@ static void envd_write_end(struct envd *e, uint32_t req)
 	r = close(j->fd) < 0 ? -errno : 0;
 	j->fd = -1;
 	if (r == 0 && (r = envd_fs_enter(&j->user)) == 0) {
-		if (renameat(j->dirfd, j->tmpname, j->dirfd, j->name) < 0)
-			r = -errno;
-		if (r < 0)
-			unlinkat(j->dirfd, j->tmpname, 0);
-		else
-			r = envd_entry_at(e, req, j->dirfd, j->name, j->path);
+		r = envd_entry_at(e, req, j->dirfd, j->name, j->path);
 		envd_fs_leave();
-	} else {
+	} else if (j->created) {
 		envd_fs_enter(&j->user);
-		unlinkat(j->dirfd, j->tmpname, 0);
+		unlinkat(j->dirfd, j->name, 0);
 		envd_fs_leave();
 	}
 	if (r < 0)
@@ -925,16 +990,14 @@ static int envd_fs_op(struct envd *e, uint8_t type, const struct envd_user *u, c
 			envd_send_entry(e);
 		return r;
 	case EP_MKDIR:
-		r = envd_mkdir_parents(path);
-		if (r == 0 && mkdir(path, 0755) < 0)
-			r = -errno;
+		r = envd_mkdir_for(u, path, 1);
 		if (r == 0)
 			r = envd_entry_at(e, e->fsreq.req, AT_FDCWD, path, path);
 		if (r == 0)
 			envd_send_entry(e);
 		return r;
 	case EP_MOVE:
-		r = envd_mkdir_parents(path2);
+		r = envd_mkdir_for(u, path2, 0);
 		if (r == 0 && rename(path, path2) < 0)
 			r = -errno;
 		if (r == 0)

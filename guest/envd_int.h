@@ -64,7 +64,7 @@ struct envd_job {
 	uint64_t unacked; /* READ: DATA bytes not acknowledged */
 	/* WRITE: dirfd of the target's directory, temporary and final names. */
 	int dirfd;
-	char tmpname[300];
+	int created;                 /* WRITE: this write made the file (removed if it fails) */
 	char name[256];
 	/* LIST: the next process slot to look at. */
 	int next;

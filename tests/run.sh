@@ -179,8 +179,14 @@ run_tap() { # suite timeout-seconds command...
 			echo "[$suite] # $line"
 		fi
 	done < <(
-		timeout -k 10 "$limit" "$@" 2>&1 </dev/null
+		# timeout leads its own process group: once the program has
+		# ended, whatever it left in that group goes too (a child still
+		# holding this pipe would keep the loop above waiting forever).
+		timeout -k 10 "$limit" "$@" 2>&1 </dev/null &
+		tpid=$!
+		wait "$tpid"
 		echo $? >"$tmp/rc"
+		kill -KILL -- "-$tpid" 2>/dev/null
 	)
 	rc=$(cat "$tmp/rc" 2>/dev/null || echo 255)
 

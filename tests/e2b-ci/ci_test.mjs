@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 import { inflateSync } from 'node:zlib';
+import { checker } from '../e2b/sdk.mjs';
 
 export async function loadCiSdk() {
   const dir = process.env.KILN_E2B_CI_SDK;
@@ -60,24 +61,8 @@ async function run() {
   const { Sandbox } = sdk;
   const counts = { pass: 0, fail: 0 };
 
-  async function check(name, fn, ms = 180000) {
-    const t0 = performance.now();
-    let timer;
-    try {
-      const detail = await Promise.race([
-        Promise.resolve().then(fn),
-        new Promise((_, rej) => { timer = setTimeout(() => rej(new Error(`no answer after ${ms / 1000} s`)), ms); }),
-      ]);
-      counts.pass++;
-      console.log(`PASS ${name}${detail ? ` (${detail})` : ''} [${Math.round(performance.now() - t0)} ms]`);
-    } catch (e) {
-      counts.fail++;
-      console.log(`FAIL ${name}: ${String(e && e.message).split('\n')[0].slice(0, 300)}`);
-      for (const l of String((e && e.stack) || e).split('\n').slice(1, 6)) console.log(`    ${l}`);
-    } finally {
-      clearTimeout(timer);
-    }
-  }
+  const check = checker(counts, 180000);
+
   const finish = () => {
     console.log(`ci_test: ${counts.pass} passed, ${counts.fail} failed`);
     process.exit(counts.fail ? 1 : 0);

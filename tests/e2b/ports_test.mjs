@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
-import { loadSdk, requireEnv } from './sdk.mjs';
+import { checker, loadSdk, requireEnv } from './sdk.mjs';
 
 let sdk;
 try {
@@ -28,24 +28,7 @@ const counts = { pass: 0, fail: 0 };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const sha256 = (buf) => createHash('sha256').update(buf).digest('hex');
 
-async function check(name, fn, ms = 120000) {
-  const t0 = performance.now();
-  let timer;
-  try {
-    const detail = await Promise.race([
-      Promise.resolve().then(fn),
-      new Promise((_, rej) => { timer = setTimeout(() => rej(new Error(`no answer after ${ms / 1000} s`)), ms); }),
-    ]);
-    counts.pass++;
-    console.log(`PASS ${name}${detail ? ` (${detail})` : ''} [${Math.round(performance.now() - t0)} ms]`);
-  } catch (e) {
-    counts.fail++;
-    console.log(`FAIL ${name}: ${String(e && e.message).split('\n')[0].slice(0, 300)}`);
-    for (const l of String((e && e.stack) || e).split('\n').slice(1, 6)) console.log(`    ${l}`);
-  } finally {
-    clearTimeout(timer);
-  }
-}
+const check = checker(counts, 120000);
 
 const server = readFileSync(process.argv[2]);
 let sbx;

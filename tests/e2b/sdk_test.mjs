@@ -351,7 +351,7 @@ try {
     return big;
   });
 
-  await check('files.write of two files in one request (two multipart parts)', async () => {
+  await check('files.write of two files in one request (two multipart parts); parents made for the user, also under /', async () => {
     const res = await sbx.files.write([
       { path: '/home/user/multi/a.txt', data: 'A-content' },
       { path: '/home/user/multi/deeper/b.txt', data: 'B-content' },
@@ -363,6 +363,14 @@ try {
     const rel = await sbx.files.writeFiles([{ path: 'relmulti/c.txt', data: 'C' }, { path: 'relmulti/d.txt', data: 'D' }]);
     assert.deepEqual(rel.map((r) => r.path).sort(), ['/home/user/relmulti/c.txt', '/home/user/relmulti/d.txt'], 'home-relative');
     assert.equal(await sbx.files.read('/home/user/relmulti/d.txt'), 'D');
+    // A new directory under / (E2B's write test writes /0/...): made as
+    // E2B's envd makes it, then the user's.
+    const top = await sbx.files.write([{ path: '/0/multi_test_file0.txt', data: 'zero' }, { path: '/home/user/m1.txt', data: 'one' }]);
+    assert.equal(top.length, 2);
+    assert.equal(await sbx.files.read('/0/multi_test_file0.txt'), 'zero');
+    assert.equal((await sbx.commands.run('stat -c %U:%G /0 /0/multi_test_file0.txt')).stdout, 'user:user\nuser:user\n');
+    assert.equal(await sbx.files.makeDir('/kiln-top/inner'), true);
+    assert.equal((await sbx.commands.run('stat -c %U /kiln-top /kiln-top/inner')).stdout, 'user\nuser\n');
   });
 
   await check('files.makeDir (true, then false when it exists) and files.list (depth 1 and 2)', async () => {
@@ -419,7 +427,22 @@ try {
     await h.stop();
     assert.deepEqual(seen, ['create sub', 'create sub/inner', 'write sub/inner']);
     await rejects(() => sbx.files.watchDir('/home/user/no-such-dir', () => {}), FileNotFoundError);
-    return seen.join(', ');
+    // files.write writes in place, as E2B's envd: a new file is CREATE +
+    // WRITE of its own name, an overwrite WRITE (E2B's watch test waits
+    // for that WRITE), never a temporary name.
+    const seen2 = [];
+    const h2 = await sbx.files.watchDir('/home/user/watched', (ev) => { seen2.push(`${ev.type} ${ev.name}`); });
+    await sbx.files.write('/home/user/watched/w.txt', 'one');
+    await sbx.files.write('/home/user/watched/w.txt', 'two');
+    await sbx.files.write('/home/user/watched/end', '');
+    await waitFor(() => seen2.includes('create end'), 20000, `the last file (seen: ${seen2})`);
+    await h2.stop();
+    const ws = seen2.filter((x) => !x.startsWith('chmod'));
+    assert.ok(ws.every((x) => / (w\.txt|end)$/.test(x)), `only the files' own names: ${seen2}`);
+    assert.equal(ws[0], 'create w.txt');
+    assert.ok(ws.filter((x) => x === 'write w.txt').length >= 2, `a write event per write: ${seen2}`);
+    assert.equal(await sbx.files.read('/home/user/watched/w.txt'), 'two');
+    return `${seen.join(', ')}; ${seen2.join(', ')}`;
   }, 60000);
   await check('files.remove of a file and of a directory tree', async () => {
     await sbx.files.remove('/home/user/d/renamed.txt');

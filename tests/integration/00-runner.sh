@@ -3,7 +3,7 @@
 # directory of their own, run through the real runner, and its counts, its
 # list of skips and its exit status checked. Needs nothing but bash.
 . "$(dirname "$0")/lib.sh"
-t_plan 19
+t_plan 20
 
 D=$T_TMP/scripts
 ALLOW=$T_TMP/allow
@@ -97,6 +97,18 @@ script 13-both.sh 'echo "1..1"; echo "ok 1 - a"'
 printf '#!/usr/bin/env bash\necho "1..0 # SKIP second"\n' > "$D/14-second.sh"; chmod +x "$D/14-second.sh"
 runner
 expect "every script runs, and the skip list comes before the last line" "1 passed, 0 failed, 1 skipped" 0 "# SKIPPED"
+
+# A program that leaves a child holding its output: the runner goes on
+# when the program ends (it waited forever before), and the child is gone.
+script 15-leaves.sh "echo 1..1; (exec -a kiln-runner-leftover-$$ sleep 600) & echo ok 1 - a"
+t0=$(date +%s)
+timeout 120 env KILN_TEST_INTEGRATION_DIR="$D" KILN_TEST_SKIPS_ALLOWED="$ALLOW" KILN_TEST_STRICT=0 \
+	"$ROOT/tests/run.sh" integration > "$T_TMP/out" 2>&1
+RC=$?
+left=$(pgrep -c -f "kiln-runner-leftover-$$" || true)
+check "a child left holding the program's output: the runner ends ($(($(date +%s) - t0)) s, status $RC) and the child is killed ($left left)" \
+	[ "$RC" = 0 -a "$(tail -n 1 "$T_TMP/out")" = "1 passed, 0 failed" -a "$left" = 0 ]
+pkill -f "kiln-runner-leftover-$$" 2> /dev/null || true
 
 # lib.sh's jq: with -e, nothing printed is a failure (jq 1.6 says 0).
 printf '' | jq -e '.ok' > /dev/null; rc1=$?

@@ -16,25 +16,11 @@ CI=$ROOT/build/image/rootfs-code-interpreter.ext4
 t_require_tools swift-proxy-server memcached jq node
 t_require_built kiln kiln-api kiln-host
 SDK=$("$ROOT/scripts/e2b-ci-sdk.sh" 2> "$T_TMP/sdk.err") || t_skip_all "the Code Interpreter SDK could not be installed: $(tail -n 1 "$T_TMP/sdk.err")"
-KILN=$ROOT/build/kiln
-UP=$T_TMP/up
-PORT=$((20000 + RANDOM % 12000))
-stack_procs() { pgrep -f -- "$UP/" | grep -vx "$$" | wc -l; }
-before_procs=$(stack_procs)
-
-t_bg "$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
-up_pid=$T_BG_PID
-for _ in $(seq 1200); do
-	grep -q '^kiln up: ready' "$T_TMP/up.out" 2> /dev/null && break
-	kill -0 "$up_pid" 2> /dev/null || break
-	sleep 0.25
-done
-grep -q '^kiln up: ready' "$T_TMP/up.out" || t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
+before_procs=$(up_procs)
+kiln_up
 
 # ---- the SDK: only the credentials file's variables reach node ----
-creds=()
-while IFS= read -r l; do case $l in *=*) creds+=("$l") ;; esac; done < "$UP/credentials"
-client_results ci "$T_TMP/ci.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" "${creds[@]}" KILN_E2B_CI_SDK="$SDK" \
+client_results ci "$T_TMP/ci.out" env -i PATH=/usr/bin:/bin HOME="$T_TMP" "${up_creds[@]}" KILN_E2B_CI_SDK="$SDK" \
 	timeout -k 5 1500 node --no-warnings "$ROOT/tests/e2b-ci/ci_test.mjs"
 summary=$(grep '^ci_test: ' "$T_TMP/ci.out" | tail -n 1)
 check "the SDK's code interpreter test ran to its end: ${summary:-no summary} ($C_N checks)" \
@@ -43,7 +29,7 @@ check "the SDK's code interpreter test ran to its end: ${summary:-no summary} ($
 kill -TERM "$up_pid"
 wait "$up_pid"
 up_pid=
-for _ in $(seq 100); do [ "$(stack_procs)" = "$before_procs" ] && break; sleep 0.1; done
-t_nothing_left "kiln up stopped: no process of the stack left ($(stack_procs)), nor QEMU, files, cgroups, mounts" \
-	[ "$(stack_procs)" = "$before_procs" ]
+for _ in $(seq 100); do [ "$(up_procs)" = "$before_procs" ] && break; sleep 0.1; done
+t_nothing_left "kiln up stopped: no process of the stack left ($(up_procs)), nor QEMU, files, cgroups, mounts" \
+	[ "$(up_procs)" = "$before_procs" ]
 t_done

@@ -45,6 +45,26 @@ t_cleanup() {
 T_PIDS=()
 T_BG_PID=
 t_bg() { "$@" & T_BG_PID=$!; T_PIDS+=("$T_BG_PID"); }
+
+# kiln_up [ARGS...]: `kiln up` on a directory and a port of this test's own
+# (UP, PORT; the stack's processes counted by up_procs), in the background
+# (up_pid), waited for until it says it is ready (else t_bail with its
+# log); up_creds then holds DIR/credentials' lines, for `env -i`.
+kiln_up() {
+	UP=$T_TMP/up
+	PORT=$((20000 + RANDOM % 12000))
+	t_bg "$ROOT/build/kiln" up --dir "$UP" --port "$PORT" "$@" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
+	up_pid=$T_BG_PID
+	for _ in $(seq 1200); do
+		grep -q '^kiln up: ready' "$T_TMP/up.out" 2> /dev/null && break
+		kill -0 "$up_pid" 2> /dev/null || break
+		sleep 0.25
+	done
+	grep -q '^kiln up: ready' "$T_TMP/up.out" || t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
+	up_creds=()
+	while IFS= read -r l; do case $l in *=*) up_creds+=("$l") ;; esac; done < "$UP/credentials"
+}
+up_procs() { pgrep -f -- "$T_TMP/up/" | grep -vx "$$" | wc -l; }
 t_child() { [ -n "$1" ] && [ "$(sed 's/^.*) //' "/proc/$1/stat" 2> /dev/null | cut -d' ' -f2)" = "$$" ]; }
 t_stop() {
 	local p=$1 sig=${2:-TERM} i
