@@ -16,19 +16,8 @@ CI=$ROOT/build/image/rootfs-code-interpreter.ext4
 t_require_tools swift-proxy-server memcached jq
 t_require_built kiln kiln-api kiln-host
 KILN=$ROOT/build/kiln
-UP=$T_TMP/up
-PORT=$((20000 + RANDOM % 12000))
-stack_procs() { pgrep -f -- "$UP/" | grep -vx "$$" | wc -l; }
-before_procs=$(stack_procs)
-
-t_bg "$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
-up_pid=$T_BG_PID
-for _ in $(seq 1200); do
-	grep -q '^kiln up: ready' "$T_TMP/up.out" 2> /dev/null && break
-	kill -0 "$up_pid" 2> /dev/null || break
-	sleep 0.25
-done
-grep -q '^kiln up: ready' "$T_TMP/up.out" || t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
+before_procs=$(up_procs)
+kiln_up
 API=$(sed -n 's/^KILN_API=//p' "$UP/credentials")
 KEY=$(sed -n 's/^KILN_KEY=//p' "$UP/credentials")
 SANDBOX_DOMAIN=$(sed -n 's/^KILN_SANDBOX_DOMAIN=//p' "$UP/credentials")
@@ -176,7 +165,7 @@ check "a deleted session: 404 not_found or 409 not_running ($(st gone) $(r gone 
 kill -TERM "$up_pid"
 wait "$up_pid"
 up_pid=
-for _ in $(seq 100); do [ "$(stack_procs)" = "$before_procs" ] && break; sleep 0.1; done
-t_nothing_left "kiln up stopped: no process of the stack left ($(stack_procs)), nor QEMU, files, cgroups, mounts" \
-	[ "$(stack_procs)" = "$before_procs" ]
+for _ in $(seq 100); do [ "$(up_procs)" = "$before_procs" ] && break; sleep 0.1; done
+t_nothing_left "kiln up stopped: no process of the stack left ($(up_procs)), nor QEMU, files, cgroups, mounts" \
+	[ "$(up_procs)" = "$before_procs" ]
 t_done

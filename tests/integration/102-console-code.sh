@@ -16,20 +16,9 @@ t_require_built kiln kiln-api kiln-host
 [ -x /usr/bin/chromium ] || t_skip_all "/usr/bin/chromium missing: run scripts/deps.sh"
 DEPS=$("$ROOT/scripts/console-deps.sh" 2> "$T_TMP/deps.err") || t_skip_all "playwright-core could not be installed: $(tail -n 1 "$T_TMP/deps.err")"
 KILN=$ROOT/build/kiln
-UP=$T_TMP/up
-PORT=$((20000 + RANDOM % 12000))
-stack_procs() { pgrep -f -- "$UP/" | grep -vx "$$" | wc -l; }
-before_procs=$(stack_procs)
+before_procs=$(up_procs)
 before_chrome=$(pgrep -c -x chromium || true)
-
-t_bg "$KILN" up --dir "$UP" --port "$PORT" > "$T_TMP/up.out" 2> "$T_TMP/up.err"
-up_pid=$T_BG_PID
-for _ in $(seq 1200); do
-	grep -q '^kiln up: ready' "$T_TMP/up.out" 2> /dev/null && break
-	kill -0 "$up_pid" 2> /dev/null || break
-	sleep 0.25
-done
-grep -q '^kiln up: ready' "$T_TMP/up.out" || t_bail "kiln up gets ready" "$(tail -5 "$T_TMP/up.err")"
+kiln_up
 API=$(sed -n 's/^KILN_API=//p' "$UP/credentials")
 KEY=$(sed -n 's/^KILN_KEY=//p' "$UP/credentials")
 
@@ -66,9 +55,9 @@ cust -X DELETE "$API/v1/sessions/$SESSION" > /dev/null
 kill -TERM "$up_pid"
 wait "$up_pid"
 up_pid=
-for _ in $(seq 100); do [ "$(stack_procs)" = "$before_procs" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ "$(up_procs)" = "$before_procs" ] && break; sleep 0.1; done
 for _ in $(seq 50); do [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ] && break; sleep 0.2; done
 check "no Chromium of the test is left" [ "$(pgrep -c -x chromium || true)" = "$before_chrome" ]
-t_nothing_left "kiln up stopped: no process of the stack left ($(stack_procs)), nor QEMU, files, cgroups, mounts" \
-	[ "$(stack_procs)" = "$before_procs" ]
+t_nothing_left "kiln up stopped: no process of the stack left ($(up_procs)), nor QEMU, files, cgroups, mounts" \
+	[ "$(up_procs)" = "$before_procs" ]
 t_done
