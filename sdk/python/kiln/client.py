@@ -332,8 +332,11 @@ class Session:
         if timeout is not None:
             body["timeout_ms"] = max(1, int(timeout * 1000))
         # Always the stream: kiln-api keeps nothing of it, and a quiet cell's
-        # stream has a keepalive every 15 s (the socket's timeout is per read).
-        events = self._c._t.events(self._path("/code"), timeout=60.0, method="POST", json_body=body)
+        # stream has a keepalive every 15 s (the socket's timeout is per read);
+        # but a cell waits for its context's previous cell, within its own
+        # timeout (default 300 s), before the stream's head comes.
+        events = self._c._t.events(self._path("/code"), timeout=(timeout or 300.0) + 30.0, method="POST",
+                                   json_body=body)
         return execution_from_events(events, on_stdout, on_stderr, on_result, on_error)
 
     def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> "Context":
