@@ -129,13 +129,16 @@ async function outputImage(taskId, n) {
 
 // A DataFrame's data ({column: [values]}) as a table of text.
 function dataTable(data) {
-	const cols = Object.keys(data || {});
-	const n = Math.min(200, Math.max(0, ...cols.map((c) => Array.isArray(data[c]) ? data[c].length : 0)));
+	const cols = Object.keys(data || {}).slice(0, 100);
+	const all = cols.reduce((m, c) => Math.max(m, Array.isArray(data[c]) ? data[c].length : 0), 0);
+	const n = Math.min(200, all);
 	const cell = (v) => el('td', {}, v === null || v === undefined ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v));
 	const rows = [];
 	for (let i = 0; i < n; i++)
 		rows.push(el('tr', {}, cols.map((c) => cell(Array.isArray(data[c]) ? data[c][i] : undefined))));
-	return el('table', { class: 'data-table' }, el('thead', {}, el('tr', {}, cols.map((c) => el('th', {}, c)))), el('tbody', {}, rows));
+	const note = all > n || Object.keys(data || {}).length > cols.length
+		? el('p', { class: 'note' }, `the first ${n} of ${all} rows and ${cols.length} of ${Object.keys(data).length} columns`) : null;
+	return el('div', {}, el('table', { class: 'data-table' }, el('thead', {}, el('tr', {}, cols.map((c) => el('th', {}, c)))), el('tbody', {}, rows)), note);
 }
 
 // One code execution (docs/api.md "Code") into root.
