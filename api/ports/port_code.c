@@ -30,14 +30,11 @@
 #define CODE_OPEN_MS 15000
 #define CODE_SEND_MS 60000
 #define CODE_SMALL_MS 60000              /* a contexts call (a context's start included) */
-#define CODE_DEFAULT_TIMEOUT_MS 300000
-#define CODE_MAX_TIMEOUT_MS 3600000
 #define CODE_WHOLE_MAX (32u << 20)       /* event bytes held for a whole answer */
 #define CODE_LINE_MAX (64u << 20)        /* one event line of a stream (a representation is <= 32 MiB) */
 #define CODE_SMALL_MAX (1u << 20)        /* a contexts answer, an error body */
 #define CODE_KEEPALIVE_MS 15000          /* a quiet stream's comment line */
 #define CODE_READ 65536
-#define CODE_ID_MAX 128                  /* a context id */
 
 struct code_call {
 	struct sessions *ss;
@@ -90,19 +87,6 @@ static void call_free(struct code_call *c)
 
 enum code_route { CODE_NONE, CODE_RUN, CODE_CONTEXTS, CODE_CONTEXT, CODE_RESTART };
 
-/* A context id as a path segment: what the interpreter makes (UUIDs) and
- * nothing that could change the path it is put in. */
-static int cid_ok(const char *s, size_t n)
-{
-	if (!n || n > CODE_ID_MAX)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
-		      s[i] == '-' || s[i] == '_' || (s[i] == '.' && i > 0)))
-			return 0;
-	return 1;
-}
-
 /* Which code route url is: id and cid filled (cid "" when none). CODE_NONE
  * when it is not one; -1 when it is one but malformed. */
 static int code_route(const char *url, char id[40], char cid[CODE_ID_MAX + 1])
@@ -132,7 +116,7 @@ static int code_route(const char *url, char id[40], char cid[CODE_ID_MAX + 1])
 		return CODE_CONTEXTS;
 	rest++;
 	n = strcspn(rest, "/");
-	if (!cid_ok(rest, n))
+	if (!code_cid_ok(rest, n))
 		return -1;
 	memcpy(cid, rest, n);
 	cid[n] = 0;
@@ -385,97 +369,6 @@ static enum MHD_Result contexts_call(struct code_call *c, struct MHD_Connection 
 }
 
 /* ---- running a cell ---- */
-
-static int env_name_ok(const char *k)
-{
-	if (!k[0] || strlen(k) > 256 || (k[0] >= '0' && k[0] <= '9'))
-		return 0;
-	for (; *k; k++)
-		if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') || *k == '_'))
-			return 0;
-	return 1;
-}
-
-/* The body of POST /code into the interpreter's request (a new string) and
- * the cell's timeout: NULL with err when it is not one. */
-char *ports_code_request(const char *body, size_t len, unsigned *timeout_ms, struct kiln_err *err)
-{
-	json_error_t jerr;
-	json_t *in = json_loadb(body ? body : "", len, 0, &jerr);
-	json_t *code, *lang, *cid, *env, *tmo, *o;
-	const char *k;
-	json_t *v;
-	char *s;
-
-	*timeout_ms = CODE_DEFAULT_TIMEOUT_MS;
-	if (!json_is_object(in)) {
-		json_decref(in);
-		kiln_err_set(err, KERR_INVALID_JSON, "the body is not a JSON object");
-		return NULL;
-	}
-	code = json_object_get(in, "code");
-	lang = json_object_get(in, "language");
-	cid = json_object_get(in, "context_id");
-	env = json_object_get(in, "env_vars");
-	tmo = json_object_get(in, "timeout_ms");
-	if (json_is_null(lang))
-		lang = NULL;
-	if (json_is_null(cid))
-		cid = NULL;
-	if (json_is_null(env))
-		env = NULL;
-	if (json_is_null(tmo))
-		tmo = NULL;
-	if (!json_is_string(code)) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "code: a string is required");
-		goto bad;
-	}
-	if (lang && (!json_is_string(lang) || json_string_length(lang) > 32 || !json_string_length(lang))) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "language: a string (python, bash)");
-		goto bad;
-	}
-	if (cid && (!json_is_string(cid) || !cid_ok(json_string_value(cid), json_string_length(cid)))) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "context_id: a context's id");
-		goto bad;
-	}
-	if (lang && cid) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "give context_id or language, not both (a context has its language)");
-		goto bad;
-	}
-	if (env && !json_is_object(env)) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "env_vars: an object of variable names to strings");
-		goto bad;
-	}
-	json_object_foreach(env, k, v)
-		if (!env_name_ok(k) || !json_is_string(v)) {
-			kiln_err_set(err, KERR_INVALID_REQUEST, "env_vars: %.64s: a variable name ([A-Za-z_][A-Za-z0-9_]*) "
-				     "with a string value", k);
-			goto bad;
-		}
-	if (tmo && (!json_is_integer(tmo) || json_integer_value(tmo) < 1 ||
-		    json_integer_value(tmo) > CODE_MAX_TIMEOUT_MS)) {
-		kiln_err_set(err, KERR_INVALID_REQUEST, "timeout_ms: an integer from 1 to %u", CODE_MAX_TIMEOUT_MS);
-		goto bad;
-	}
-	if (tmo)
-		*timeout_ms = (unsigned)json_integer_value(tmo);
-	o = json_pack("{s:O}", "code", code);
-	if (o && lang)
-		json_object_set(o, "language", lang);
-	if (o && cid)
-		json_object_set(o, "context_id", cid);
-	if (o && env)
-		json_object_set(o, "env_vars", env);
-	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	json_decref(in);
-	if (!s)
-		kiln_err_set(err, KERR_INTERNAL, "out of memory");
-	return s;
-bad:
-	json_decref(in);
-	return NULL;
-}
 
 /* Drain the decoded body into the event reader. */
 static int code_drain(struct code_call *c, code_ev_fn fn)

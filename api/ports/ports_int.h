@@ -110,4 +110,13 @@ int code_exec_feed(struct code_exec *x, const char *p, size_t n, code_ev_fn fn, 
 json_t *code_exec_result(const struct code_exec *x);
 void code_exec_free(struct code_exec *x);
 
+#define CODE_DEFAULT_TIMEOUT_MS 300000
+#define CODE_MAX_TIMEOUT_MS 3600000
+#define CODE_ID_MAX 128              /* a context id */
+
+/* Whether s (n bytes) is a context id: [A-Za-z0-9_-] and inner dots, 1 to
+ * CODE_ID_MAX bytes (what the interpreter makes, UUIDs; nothing that could
+ * change the path it is put in). */
+int code_cid_ok(const char *s, size_t n);
+
 #endif
