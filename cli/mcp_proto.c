@@ -43,7 +43,9 @@ static const char *const tool_defs[][3] = {
 	  "so files and background processes persist from one exec to the next. Returns its sandbox_id. It ends "
 	  "after idle_timeout seconds without a command; destroy it with destroy_sandbox when done.",
 	  "{\"type\":\"object\",\"properties\":{"
-	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default)\"},"
+	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default; "
+	  "python-data has numpy, pandas and matplotlib; code-interpreter adds a live notebook interpreter for "
+	  "run_code with sandbox_id)\"},"
 	  "\"memory_mib\":{\"type\":\"integer\",\"minimum\":128,\"maximum\":16384,"
 	  "\"description\":\"RAM in MiB (default 256)\"},"
 	  "\"vcpus\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":16,\"description\":\"CPUs (default 1)\"},"
