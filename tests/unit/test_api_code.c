@@ -132,7 +132,11 @@ static void execute(int fd, const char *code)
 	} else if (!strcmp(code, "big")) {
 		/* 40 MiB of stdout, in 1 MiB events. */
 		char *line = malloc((1u << 20) + 64);
-		int n = sprintf(line, "{\"type\": \"stdout\", \"text\": \"");
+		int n;
+
+		if (!line)
+			return;
+		n = sprintf(line, "{\"type\": \"stdout\", \"text\": \"");
 
 		memset(line + n, 'x', 1u << 20);
 		strcpy(line + n + (1u << 20), "\"}");
