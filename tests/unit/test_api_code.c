@@ -8,8 +8,9 @@
  * passed byte for byte, a timeout that closes the tunnel (the interpreter's
  * interrupt) and reports TimeoutError, the whole answer's cap (413) and a
  * stream that passes it, lines that are no events skipped, a cut answer,
- * no_interpreter, contexts and their errors, and the refusals (body, key,
- * another customer's session, a paused one). The event reader
+ * no_interpreter, contexts and their errors, the refusals (body, key,
+ * another customer's session, a paused one), max_streams; and GET
+ * /v1/tasks/{id}/outputs/{n} over a stand-in S3. The event reader
  * (port_code_ev.c) and the body check are tested on their own too. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -273,6 +274,30 @@ static enum MHD_Result host_handler(void *cls, struct MHD_Connection *conn, cons
 	return ret;
 }
 
+/* ---- the stand-in S3 (GET of one object) ---- */
+
+static struct MHD_Daemon *s3;
+static char s3_url[64], s3_object[256];  /* the path it has: /bucket/key */
+
+static enum MHD_Result s3_handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+				  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+	static const char bytes[] = "\x89PNG-not-really";
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+	int have = !strcmp(method, "GET") && !strcmp(url, s3_object);
+
+	if (!*con_cls) {
+		*con_cls = (void *)1;
+		return MHD_YES;
+	}
+	resp = have ? MHD_create_response_from_buffer(sizeof(bytes) - 1, (void *)bytes, MHD_RESPMEM_PERSISTENT)
+		    : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	ret = MHD_queue_response(conn, have ? 200 : 404, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
 /* ---- setup ---- */
 
 static void heartbeat(const char *id, const char *url)
@@ -337,9 +362,23 @@ static int setup(void **state)
 	}
 	assert_non_null(host);
 	snprintf(host_url, sizeof(host_url), "http://127.0.0.1:%d", hport);
+	for (int i = 0; i < 20 && !s3; i++) {
+		int p = 30000 + (int)((getpid() * 11 + seq * 37 + i * 13 + 5) % 20000);
+
+		s3 = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, (uint16_t)p, NULL,
+				      NULL, s3_handler, NULL, MHD_OPTION_END);
+		snprintf(s3_url, sizeof(s3_url), "http://127.0.0.1:%d", p);
+	}
+	assert_non_null(s3);
 	api_config_defaults(&cfg);
 	cfg.cluster_token = "tok";
 	cfg.max_body_mib = 16;
+	cfg.s3.endpoint = s3_url;
+	cfg.s3.region = "us-east-1";
+	cfg.s3.bucket = "kbucket";
+	cfg.s3.access_key = "ak";
+	cfg.s3.secret_key = "sk";
+	cfg.s3.attempts = 1;
 	for (int i = 0; i < 20 && !srv; i++) {
 		int port = 30000 + (int)((getpid() * 13 + seq * 71 + i * 29 + 11) % 20000);
 
@@ -377,6 +416,8 @@ static int teardown(void **state)
 	store_close(st);
 	MHD_stop_daemon(host);
 	host = NULL;
+	MHD_stop_daemon(s3);
+	s3 = NULL;
 	return 0;
 }
 
@@ -386,6 +427,7 @@ struct answer {
 	long status;
 	json_t *j;
 	char content_type[128];
+	char disposition[64], csp[128], nosniff[32];
 	struct buf raw;
 	double secs;
 };
@@ -400,6 +442,12 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg)
 	line[strcspn(line, "\r\n")] = '\0';
 	if (!strncasecmp(line, "Content-Type: ", 14))
 		snprintf(a->content_type, sizeof(a->content_type), "%s", line + 14);
+	if (!strncasecmp(line, "Content-Disposition: ", 21))
+		snprintf(a->disposition, sizeof(a->disposition), "%s", line + 21);
+	if (!strncasecmp(line, "Content-Security-Policy: ", 25))
+		snprintf(a->csp, sizeof(a->csp), "%s", line + 25);
+	if (!strncasecmp(line, "X-Content-Type-Options: ", 24))
+		snprintf(a->nosniff, sizeof(a->nosniff), "%s", line + 24);
 	return len;
 }
 
@@ -885,6 +933,74 @@ static void test_streams_counted(void **state)
 	answer_free(&a);
 }
 
+/* GET /v1/tasks/{id}/outputs/{n}: an output's bytes from S3, as an
+ * attachment that is never rendered; only keys under the task's prefix,
+ * 16 MiB at most, the customer's own tasks, with a key. */
+static void test_task_output(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	char id[40], key[128], p[128];
+	struct answer a;
+	json_t *ht;
+
+	assert_int_equal(store_task_insert(st, "acme", "{}", NULL, 1, 256, NULL, "h", id, &err), 0);
+	snprintf(key, sizeof(key), "acme/%s/outputs/plot.png", id);
+	snprintf(s3_object, sizeof(s3_object), "/kbucket/%s", key);
+	ht = json_pack("{s:{s:i}, s:[{s:s, s:i, s:s}, {s:s, s:i, s:s}, {s:s, s:I, s:s}]}", "result", "exit_code", 0,
+		       "outputs", "path", "plot.png", "size", 15, "s3_key", key, "path", "evil.png", "size", 3, "s3_key",
+		       "beta/t_x/outputs/evil.png", "path", "big.bin", "size", (json_int_t)17000000, "s3_key", key);
+	assert_int_equal(store_task_finish(st, id, TASK_SUCCEEDED, "exited", ht), 1);
+	json_decref(ht);
+
+	snprintf(p, sizeof(p), "/v1/tasks/%s/outputs/0", id);
+	call(&a, key_a, "GET", p, NULL, 0);
+	if (a.status != 200) {
+		struct answer t;
+		char tp[80];
+
+		snprintf(tp, sizeof(tp), "/v1/tasks/%s", id);
+		call(&t, key_a, "GET", tp, NULL, 0);
+		fail_msg("%ld %.*s / %.*s", a.status, (int)a.raw.len, a.raw.p ? a.raw.p : "", (int)t.raw.len, t.raw.p);
+	}
+	assert_int_equal(a.raw.len, 15);
+	assert_memory_equal(a.raw.p, "\x89PNG-not-really", 15);
+	assert_string_equal(a.content_type, "application/octet-stream");
+	assert_string_equal(a.disposition, "attachment");
+	assert_string_equal(a.nosniff, "nosniff");
+	assert_non_null(strstr(a.csp, "sandbox"));
+	answer_free(&a);
+	/* Another customer's task, no key. */
+	call(&a, key_b, "GET", p, NULL, 0);
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+	call(&a, NULL, "GET", p, NULL, 0);
+	assert_int_equal(a.status, 401);
+	answer_free(&a);
+	/* A key outside the task's prefix is not fetched; past 16 MiB; no such output. */
+	snprintf(p, sizeof(p), "/v1/tasks/%s/outputs/1", id);
+	call(&a, key_a, "GET", p, NULL, 0);
+	assert_int_equal(a.status, 404);
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/v1/tasks/%s/outputs/2", id);
+	call(&a, key_a, "GET", p, NULL, 0);
+	assert_int_equal(a.status, 413);
+	answer_free(&a);
+	for (int i = 0; i < 3; i++) {
+		static const char *const bad[] = { "3", "x", "-1" };
+
+		snprintf(p, sizeof(p), "/v1/tasks/%s/outputs/%s", id, bad[i]);
+		call(&a, key_a, "GET", p, NULL, 0);
+		assert_int_equal(a.status, 404);
+		answer_free(&a);
+	}
+	/* The object gone from S3: an S3 error, not bytes. */
+	s3_object[0] = 0;
+	snprintf(p, sizeof(p), "/v1/tasks/%s/outputs/0", id);
+	call(&a, key_a, "GET", p, NULL, 0);
+	assert_true(a.status >= 500);
+	answer_free(&a);
+}
+
 /* ---- the pure parts ---- */
 
 static int collect(void *cls, const char *name, json_t *ev)
@@ -974,6 +1090,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_contexts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streams_counted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_task_output, setup, teardown),
 		cmocka_unit_test(test_event_reader),
 		cmocka_unit_test(test_request_body),
 	};
