@@ -197,7 +197,7 @@ function key() {
 }
 
 async function api(method, path, body, opts) {
-	const headers = { Authorization: 'Bearer ' + key() };
+	const headers = { Authorization: 'Bearer ' + key(), ...((opts && opts.headers) || {}) };
 	let payload;
 	if (body !== undefined && !(body instanceof Blob) && typeof body !== 'string') {
 		headers['Content-Type'] = 'application/json';
@@ -222,8 +222,8 @@ async function api(method, path, body, opts) {
 
 // Reads a text/event-stream with fetch (EventSource cannot send the
 // Authorization header). onEvent(name, data) per event; resolves at the end.
-async function eventStream(path, onEvent, signal) {
-	const r = await api('GET', path, undefined, { raw: true, signal });
+async function eventStream(path, onEvent, signal, method, body) {
+	const r = await api(method || 'GET', path, body, { raw: true, signal, headers: { Accept: 'text/event-stream' } });
 	const reader = r.body.getReader();
 	const dec = new TextDecoder();
 	let buf = '';
@@ -507,12 +507,36 @@ const customerViews = {
 			ev.preventDefault();
 			guarded(box, async () => {
 				clear(results).append(el('p', { class: 'note' }, 'running…'));
+				// Streamed (server-sent events): output shows as the cell
+				// writes it; the page is drawn at most every 100 ms.
+				const ex = { results: [], logs: { stdout: [], stderr: [] }, error: null, execution_count: null };
+				let ended = false, timer = null;
+				const draw = () => { timer = null; renderExecution(results, ex); };
 				try {
-					renderExecution(results, await api('POST', p + '/code', { code: code.value, language: codeLang.value }));
+					await eventStream(p + '/code', (name, d) => {
+						if ((name === 'stdout' || name === 'stderr') && d && typeof d.text === 'string')
+							ex.logs[name].push(d.text);
+						else if (name === 'result' && d && typeof d === 'object')
+							ex.results.push(d);
+						else if (name === 'error' && d && typeof d === 'object')
+							ex.error = d;
+						else if ((name === 'execution_count' || name === 'end') && d && d.execution_count !== undefined && d.execution_count !== null)
+							ex.execution_count = d.execution_count;
+						if (name === 'end')
+							ended = true;
+						if (!timer)
+							timer = setTimeout(draw, 100);
+					}, abortable(), 'POST', { code: code.value, language: codeLang.value });
 				} catch (e) {
 					clear(results);
 					throw e;
+				} finally {
+					if (timer)
+						clearTimeout(timer);
 				}
+				if (!ended && !ex.error)
+					ex.error = { name: 'InterpreterError', value: 'the stream of the cell was cut', traceback: '' };
+				renderExecution(results, ex);
 			});
 		});
 		const dir = el('input', { id: 'files-dir', value: '/work' });

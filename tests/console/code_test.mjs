@@ -84,6 +84,7 @@ try {
 		'class Hostile:',
 		'    def _repr_html_(self):',
 		'        return \'<p id="hello">hello from html</p><script>parent.document.title = "pwned"</script><img src="x" onerror="parent.document.title = 1">\'',
+		'print("started")',
 		'plt.plot([1, 2, 3], [3, 1, 2]); plt.title("from the page"); plt.show()',
 		'display(pd.DataFrame({"col_a": [1, 2], "col_b": ["x", "y"]}))',
 		'display(Hostile())',
@@ -110,9 +111,11 @@ try {
 		assert(heads.join(',') === 'col_a,col_b' && cells.join(',') === '1,x,2,y', heads + ' / ' + cells);
 		return cells.join(',');
 	});
-	await check('the main result\'s text is 2', async () => {
+	await check('the main result\'s text is 2; the cell\'s stdout is shown', async () => {
 		const t = await page.locator('#code-results .code-result[data-main="yes"] pre.code-text').textContent();
 		assert(t === '2', t);
+		const out = await page.locator('#code-results pre.code-stdout').textContent();
+		assert(out === 'started\n', JSON.stringify(out));
 	});
 	await check('the HTML is only in an iframe with an empty sandbox attribute (no allow-same-origin, no scripts)', async () => {
 		const frames = page.locator('#code-results iframe.html-result');

@@ -90,14 +90,21 @@ class H(http.server.BaseHTTPRequestHandler):
         if not self.authed():
             return
         if self.path == "/v1/sessions/%s/code" % SESSION and body.get("code"):
-            return self.send(200, {"results": [
+            ex = {"results": [
                 {"text": "<Figure size 160x120>", "png": base64.b64encode(png(160, 120)).decode(),
                  "chart": {"type": "line", "title": "from the page"}, "is_main_result": False},
                 {"text": "   col_a col_b", "html": "<table><tr><td>1</td></tr></table>",
                  "data": {"col_a": [1, 2], "col_b": ["x", "y"]}, "is_main_result": False},
                 {"text": "<Hostile>", "html": HOSTILE, "is_main_result": False},
                 {"text": "2", "is_main_result": True}],
-                "logs": {"stdout": [], "stderr": []}, "error": None, "execution_count": 1})
+                "logs": {"stdout": [], "stderr": []}, "error": None, "execution_count": 1}
+            if "text/event-stream" not in (self.headers.get("Accept") or ""):
+                return self.send(200, ex)
+            # As kiln-api streams it: one event a result, in order, then the count and the end.
+            events = [("stdout", {"text": "started\n"})] + [("result", r) for r in ex["results"]] + [
+                ("execution_count", {"execution_count": 1}), ("end", {"execution_count": 1})]
+            data = "".join("event: %s\ndata: %s\n\n" % (n, json.dumps(d)) for n, d in events).encode()
+            return self.send(200, data, "text/event-stream")
         self.send(404, {"error": {"code": "not_found", "message": "no such endpoint"}})
 
 
