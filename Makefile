@@ -195,6 +195,16 @@ $(B)/tests/fuzz/fuzz_portresp: tests/fuzz/fuzz_portresp.c $(B)/fuzz-obj/api/port
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ports/port_resp.o $(B)/libkiln-fuzz.a $(HOST_LIBS) -lhttp_parser
 
+# The code interpreter's event lines as kiln-api's code API reads them.
+$(B)/tests/fuzz/fuzz_codeev: tests/fuzz/fuzz_codeev.c $(B)/fuzz-obj/api/ports/port_code_ev.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ports/port_code_ev.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+
+# POST /v1/sessions/{id}/code's body as kiln-api checks it.
+$(B)/tests/fuzz/fuzz_codereq: tests/fuzz/fuzz_codereq.c $(B)/fuzz-obj/api/ports/port_code_ev.o $(B)/libkiln-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(B)/fuzz-obj/api/ports/port_code_ev.o $(B)/libkiln-fuzz.a $(HOST_LIBS)
+
 # kiln mcp's message handling (the CLI's pure protocol module).
 $(B)/tests/fuzz/fuzz_mcp: tests/fuzz/fuzz_mcp.c $(B)/fuzz-obj/cli/mcp_proto.o $(B)/libkiln-fuzz.a
 	@mkdir -p $(dir $@)

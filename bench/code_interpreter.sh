@@ -2,7 +2,8 @@
 # kiln's code interpreter (figures, not pass/fail) through E2B's unmodified
 # Code Interpreter SDK (@e2b/code-interpreter 2.8.0) against one `kiln up`
 # stack: Sandbox.create() -> first runCode('1+1'), warm runCode('x+1'), a
-# matplotlib plot to PNG. bench/code_interpreter.mjs does the measuring.
+# matplotlib plot to PNG. bench/code_interpreter.mjs does the measuring; then
+# the same three through kiln's native API (bench/code_native.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-20}
@@ -33,4 +34,5 @@ grep -q '^kiln up: ready' "$TMP/up.out" || { echo "code-interpreter: not measure
 	. "$TMP/up/credentials"
 	set +a
 	KILN_E2B_CI_SDK=$SDK node bench/code_interpreter.mjs "$RUNS"
+	python3 bench/code_native.py "$RUNS"
 )

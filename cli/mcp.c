@@ -11,6 +11,7 @@
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
+#include "buf.h"
 #include "cli.h"
 #include "follow.h"
 #include "mcp.h"
@@ -191,6 +192,80 @@ static json_t *command_summary(json_t *result, int *failed)
 
 /* ---- the tools ---- */
 
+/* run_code with sandbox_id: one cell in the sandbox's code interpreter
+ * (POST /v1/sessions/{id}/code, docs/api.md "Code"). The result: a JSON
+ * text with stdout, stderr, each result's text and formats, the error and
+ * the execution count; then each PNG or JPEG result as an image item, so
+ * that the agent sees its chart. */
+static json_t *run_cell(struct mcp_ctx *c, const char *sid, const char *lang, const char *code, long timeout)
+{
+	json_t *res = NULL, *body, *ex = NULL, *out, *results, *r, *images, *img, *e;
+	char path[128];
+	const char *k;
+	json_t *v;
+	size_t i;
+
+	if (!id_ok(sid))
+		return mcp_text_result(1, "run_code: bad argument: \"sandbox_id\" is not a sandbox id");
+	if (!timeout || timeout > 3600)
+		timeout = timeout ? 3600 : 300; /* the code API's bound: an hour */
+	body = json_pack("{s:s, s:I}", "code", code, "timeout_ms", (json_int_t)timeout * 1000);
+	if (lang)
+		json_object_set_new(body, "language", json_string(!strcmp(lang, "sh") ? "bash" : lang));
+	snprintf(path, sizeof(path), "/v1/sessions/%s/code", sid);
+	if (request(c, "run_code", "POST", path, body, timeout + 60, &ex, &res) < 0) {
+		json_decref(body);
+		return res;
+	}
+	json_decref(body);
+	{
+		struct buf so = BUF_INIT, se = BUF_INIT;
+
+		json_array_foreach(json_object_get(json_object_get(ex, "logs"), "stdout"), i, v)
+			buf_adds(&so, json_string_value(v) ?: "");
+		json_array_foreach(json_object_get(json_object_get(ex, "logs"), "stderr"), i, v)
+			buf_adds(&se, json_string_value(v) ?: "");
+		out = json_pack("{s:s, s:s}", "stdout", so.p ? so.p : "", "stderr", se.p ? se.p : "");
+		buf_free(&so);
+		buf_free(&se);
+	}
+	results = json_array();
+	images = json_array();
+	json_array_foreach(json_object_get(ex, "results"), i, r) {
+		json_t *o = json_pack("{s:O?, s:b}", "text", json_object_get(r, "text"), "is_main_result",
+				      json_is_true(json_object_get(r, "is_main_result")));
+		json_t *formats = json_array();
+
+		json_object_foreach(r, k, v)
+			if (strcmp(k, "text") && strcmp(k, "is_main_result") && !json_is_null(v))
+				json_array_append_new(formats, json_string(k));
+		json_object_set_new(o, "formats", formats);
+		if (json_object_get(r, "data"))
+			json_object_set(o, "data", json_object_get(r, "data"));
+		if (json_is_string(json_object_get(r, "png")) || json_is_string(json_object_get(r, "jpeg"))) {
+			int png = json_is_string(json_object_get(r, "png"));
+
+			img = json_pack("{s:s, s:O, s:s}", "type", "image", "data", json_object_get(r, png ? "png" : "jpeg"),
+					"mimeType", png ? "image/png" : "image/jpeg");
+			json_array_append_new(images, img);
+			json_object_set_new(o, "image", json_integer((json_int_t)json_array_size(images)));
+		}
+		json_array_append_new(results, o);
+	}
+	json_object_set_new(out, "results", results);
+	e = json_object_get(ex, "error");
+	json_object_set(out, "error", e ? e : json_null());
+	json_object_set(out, "execution_count", json_object_get(ex, "execution_count") ?: json_null());
+	if (json_array_size(images))
+		json_object_set_new(out, "images", json_sprintf("%zu image(s) follow, in results' order (\"image\": n)",
+								json_array_size(images)));
+	json_decref(ex);
+	res = mcp_json_result(e && !json_is_null(e), out);
+	json_array_extend(json_object_get(res, "content"), images);
+	json_decref(images);
+	return res;
+}
+
 static json_t *t_run_code(struct mcp_ctx *c, json_t *args)
 {
 	const char *lang, *code, *tid;
@@ -200,10 +275,18 @@ static json_t *t_run_code(struct mcp_ctx *c, json_t *args)
 	size_t i;
 	int failed;
 
-	if (arg_str(args, "run_code", "language", 1, &lang, &res) < 0 ||
+	const char *sid;
+
+	if (arg_str(args, "run_code", "sandbox_id", 0, &sid, &res) < 0 ||
+	    arg_str(args, "run_code", "language", !sid, &lang, &res) < 0 ||
 	    arg_str(args, "run_code", "code", 1, &code, &res) < 0 ||
 	    arg_int(args, "run_code", "timeout", 1, 86400, &timeout, &res) < 0)
 		return res;
+	if (sid && lang && strcmp(lang, "python") && strcmp(lang, "bash") && strcmp(lang, "sh"))
+		return mcp_text_result(1, "run_code: bad argument: \"language\" must be python, bash or sh, not \"%.40s\"",
+				       lang);
+	if (sid)
+		return run_cell(c, sid, lang, code, timeout);
 	if (strcmp(lang, "python") && strcmp(lang, "bash") && strcmp(lang, "sh"))
 		return mcp_text_result(1, "run_code: bad argument: \"language\" must be python, bash or sh, not \"%.40s\"",
 				       lang);

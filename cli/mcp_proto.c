@@ -16,10 +16,17 @@ static const char *const tool_defs[][3] = {
 	{ "run_code",
 	  "Run a piece of code once in a fresh, isolated Linux microVM (Debian, Python 3.11, no network) and "
 	  "return its exit code, stdout and stderr. Files the code writes under /output come back as download "
-	  "links. Nothing persists after the run: for several steps on the same files use create_sandbox and exec.",
+	  "links. Nothing persists after the run: for several steps on the same files use create_sandbox and exec. "
+	  "With sandbox_id (a sandbox created with template code-interpreter) the code is a notebook cell run in "
+	  "that sandbox's live interpreter instead: variables and imports persist from one call to the next, and "
+	  "the result carries the cell's stdout, stderr, its rich results (the last expression's value, display() "
+	  "calls, DataFrames) and its error; every matplotlib figure (plt.show()) and PNG or JPEG result comes "
+	  "back as an image.",
 	  "{\"type\":\"object\",\"properties\":{"
+	  "\"sandbox_id\":{\"type\":\"string\",\"description\":\"Run in this sandbox's code interpreter "
+	  "(template code-interpreter) instead of a fresh VM\"},"
 	  "\"language\":{\"type\":\"string\",\"enum\":[\"python\",\"bash\",\"sh\"],"
-	  "\"description\":\"The language of code\"},"
+	  "\"description\":\"The language of code (required without sandbox_id; with it, default python)\"},"
 	  "\"code\":{\"type\":\"string\","
 	  "\"description\":\"The program to run (runs in /work as an unprivileged user)\"},"
 	  "\"files\":{\"type\":\"array\","
@@ -29,14 +36,16 @@ static const char *const tool_defs[][3] = {
 	  "\"content_base64\":{\"type\":\"string\","
 	  "\"description\":\"Or its bytes, base64-encoded\"}},\"required\":[\"path\"]}},"
 	  "\"timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,"
-	  "\"description\":\"Seconds the code may run (default 30)\"}},"
-	  "\"required\":[\"language\",\"code\"]}" },
+	  "\"description\":\"Seconds the code may run (default 30; with sandbox_id, 300)\"}},"
+	  "\"required\":[\"code\"]}" },
 	{ "create_sandbox",
 	  "Create a sandbox: a Linux microVM (Debian, Python 3.11, no network) that stays up between commands, "
 	  "so files and background processes persist from one exec to the next. Returns its sandbox_id. It ends "
 	  "after idle_timeout seconds without a command; destroy it with destroy_sandbox when done.",
 	  "{\"type\":\"object\",\"properties\":{"
-	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default)\"},"
+	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default; "
+	  "python-data has numpy, pandas and matplotlib; code-interpreter adds a live notebook interpreter for "
+	  "run_code with sandbox_id)\"},"
 	  "\"memory_mib\":{\"type\":\"integer\",\"minimum\":128,\"maximum\":16384,"
 	  "\"description\":\"RAM in MiB (default 256)\"},"
 	  "\"vcpus\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":16,\"description\":\"CPUs (default 1)\"},"

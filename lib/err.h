@@ -45,6 +45,7 @@
 	KERR(NO_EXEC, "no_exec", 409)                                                                \
 	KERR(PORTS_UNSUPPORTED, "ports_unsupported", 409)                                            \
 	KERR(NO_NETWORK, "no_network", 409)                                                          \
+	KERR(NO_INTERPRETER, "no_interpreter", 409)                                                  \
 	KERR(TEMPLATE_NOT_READY, "template_not_ready", 409)                                          \
 	KERR(TEMPLATE_IN_USE, "template_in_use", 409)                                                \
 	KERR(CANCELLED, "cancelled", 409)                                                            \

@@ -5,7 +5,13 @@
 //   ids, error messages) reaches the DOM as text: el() below only ever makes
 //   text nodes from strings, and nothing here uses innerHTML, outerHTML,
 //   insertAdjacentHTML, document.write or eval;
-// - links are made only from http(s) URLs (safeUrl);
+// - links are made only from http(s) URLs (safeUrl); images only from
+//   base64 data URLs of the image types imageData() allows;
+// - the one piece of HTML shown as HTML is a code result's `html` (a
+//   DataFrame's table, a cell's display(HTML(...))): it goes only into an
+//   iframe's srcdoc with an empty sandbox attribute (sandboxedHtml), so it
+//   runs no script, has an opaque origin (never the console's: no key, no
+//   API) and cannot navigate the console; the console's CSP stays as it is;
 // - the API key lives in sessionStorage (this tab only) and travels only in
 //   the Authorization header of same-origin requests, never in a URL.
 'use strict';
@@ -81,6 +87,101 @@ function status(msg) {
 	$('status').textContent = msg || '';
 }
 
+// A base64 image as an <img> (data: URL, which the CSP's img-src allows).
+const IMAGE_TYPES = { png: 'image/png', jpeg: 'image/jpeg', gif: 'image/gif', svg: 'image/svg+xml' };
+const IMAGE_EXT = { png: 'png', jpg: 'jpeg', jpeg: 'jpeg', gif: 'gif', svg: 'svg' };
+const INLINE_MAX = 16 << 20; // kiln-api's GET /v1/tasks/{id}/outputs/{n} bound
+function imageData(kind, b64, alt) {
+	const mime = IMAGE_TYPES[kind];
+	const s = String(b64 || '').replace(/\s+/g, '');
+	if (!mime || !/^[A-Za-z0-9+/]*={0,2}$/.test(s))
+		return el('p', { class: 'note' }, 'an image that is not valid base64');
+	const img = document.createElement('img');
+	img.alt = alt || kind;
+	img.className = 'result-image';
+	img.setAttribute('data-kind', kind);
+	img.src = 'data:' + mime + ';base64,' + s;
+	return img;
+}
+
+// HTML from a sandbox (a code result) in a frame of its own: an empty
+// sandbox attribute (no allow-scripts, no allow-same-origin) gives it an
+// opaque origin with no script, no forms, no popups, no top navigation.
+function sandboxedHtml(html) {
+	const f = document.createElement('iframe');
+	f.setAttribute('sandbox', '');
+	f.setAttribute('referrerpolicy', 'no-referrer');
+	f.setAttribute('title', 'HTML result (sandboxed)');
+	f.className = 'html-result';
+	f.srcdoc = String(html);
+	return f;
+}
+
+// Output n of a task, fetched with the key: its bytes in base64.
+async function outputImage(taskId, n) {
+	const r = await api('GET', '/v1/tasks/' + encodeURIComponent(taskId) + '/outputs/' + n, undefined, { raw: true });
+	const bytes = new Uint8Array(await r.arrayBuffer());
+	let bin = '';
+	for (let i = 0; i < bytes.length; i += 0x8000)
+		bin += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+	return btoa(bin);
+}
+
+// A DataFrame's data ({column: [values]}) as a table of text.
+function dataTable(data) {
+	const cols = Object.keys(data || {}).slice(0, 100);
+	const all = cols.reduce((m, c) => Math.max(m, Array.isArray(data[c]) ? data[c].length : 0), 0);
+	const n = Math.min(200, all);
+	const cell = (v) => el('td', {}, v === null || v === undefined ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+	const rows = [];
+	for (let i = 0; i < n; i++)
+		rows.push(el('tr', {}, cols.map((c) => cell(Array.isArray(data[c]) ? data[c][i] : undefined))));
+	const note = all > n || Object.keys(data || {}).length > cols.length
+		? el('p', { class: 'note' }, `the first ${n} of ${all} rows and ${cols.length} of ${Object.keys(data).length} columns`) : null;
+	return el('div', {}, el('table', { class: 'data-table' }, el('thead', {}, el('tr', {}, cols.map((c) => el('th', {}, c)))), el('tbody', {}, rows)), note);
+}
+
+// One code execution (docs/api.md "Code") into root.
+function renderExecution(root, ex) {
+	clear(root);
+	const logs = ex.logs || {};
+	if ((logs.stdout || []).length)
+		root.append(el('pre', { class: 'code-stdout' }, logs.stdout.join('')));
+	if ((logs.stderr || []).length)
+		root.append(el('pre', { class: 'code-stderr stderr' }, logs.stderr.join('')));
+	(ex.results || []).forEach((r, i) => {
+		const box = el('div', { class: 'code-result', 'data-result': String(i), 'data-main': r.is_main_result ? 'yes' : 'no' });
+		let shown = false;
+		for (const kind of ['png', 'jpeg'])
+			if (typeof r[kind] === 'string') {
+				box.append(imageData(kind, r[kind], (r.chart && r.chart.title) || 'result ' + i));
+				shown = true;
+			}
+		if (!shown && typeof r.svg === 'string') {
+			// as an image: a script inside an SVG does not run in <img>
+			box.append(imageData('svg', btoa(unescape(encodeURIComponent(r.svg))), 'svg result ' + i));
+			shown = true;
+		}
+		if (r.data && typeof r.data === 'object') {
+			box.append(dataTable(r.data));
+			shown = true;
+		} else if (typeof r.html === 'string') {
+			box.append(sandboxedHtml(r.html));
+			shown = true;
+		}
+		if (r.chart && typeof r.chart === 'object')
+			box.append(el('p', { class: 'note chart-info' }, 'chart: ' + (r.chart.type || '') + (r.chart.title ? ', ' + r.chart.title : '')));
+		if (!shown || r.is_main_result)
+			box.append(el('pre', { class: 'code-text' }, r.text || ''));
+		root.append(box);
+	});
+	if (ex.error)
+		root.append(el('pre', { class: 'code-error stderr' }, (ex.error.name || '') + ': ' + (ex.error.value || '') +
+			(ex.error.traceback ? '\n' + ex.error.traceback : '')));
+	root.append(el('p', { class: 'note', id: 'code-count' }, ex.execution_count !== null && ex.execution_count !== undefined
+		? 'execution ' + ex.execution_count : ''));
+}
+
 // ---- the API ----
 
 class ApiError extends Error {
@@ -96,7 +197,7 @@ function key() {
 }
 
 async function api(method, path, body, opts) {
-	const headers = { Authorization: 'Bearer ' + key() };
+	const headers = { Authorization: 'Bearer ' + key(), ...((opts && opts.headers) || {}) };
 	let payload;
 	if (body !== undefined && !(body instanceof Blob) && typeof body !== 'string') {
 		headers['Content-Type'] = 'application/json';
@@ -121,8 +222,8 @@ async function api(method, path, body, opts) {
 
 // Reads a text/event-stream with fetch (EventSource cannot send the
 // Authorization header). onEvent(name, data) per event; resolves at the end.
-async function eventStream(path, onEvent, signal) {
-	const r = await api('GET', path, undefined, { raw: true, signal });
+async function eventStream(path, onEvent, signal, method, body) {
+	const r = await api(method || 'GET', path, body, { raw: true, signal, headers: { Accept: 'text/event-stream' } });
 	const reader = r.body.getReader();
 	const dec = new TextDecoder();
 	let buf = '';
@@ -236,7 +337,7 @@ const customerViews = {
 			for (const t of j.tasks)
 				body.append(el('tr', { class: 'clickable', 'data-task': t.id, on: { click: () => openTask(t.id) } },
 					el('td', {}, t.id), el('td', {}, stateBadge(t.state)), el('td', {}, fmtTime(t.created_at)),
-					el('td', {}, t.template || ''), el('td', {}, t.metadata ? JSON.stringify(t.metadata) : '')));
+					el('td', { 'data-template': t.template || 'default' }, t.template || 'default'), el('td', {}, t.metadata ? JSON.stringify(t.metadata) : '')));
 			if (!j.tasks.length)
 				body.append(el('tr', {}, el('td', {}, 'no tasks')));
 		};
@@ -262,6 +363,7 @@ const customerViews = {
 			clear(head).append(el('table', {}, el('tbody', {},
 				el('tr', {}, el('th', {}, 'state'), el('td', { id: 'task-state' }, stateBadge(t.state))),
 				el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(t.created_at))),
+				el('tr', {}, el('th', {}, 'template'), el('td', { id: 'task-template' }, t.template || 'default')),
 				el('tr', {}, el('th', {}, 'host'), el('td', {}, t.host || '')),
 				el('tr', {}, el('th', {}, 'end reason'), el('td', {}, t.end_reason || '')),
 				el('tr', {}, el('th', {}, 'exit code'), el('td', { id: 'task-exit' }, t.result && t.result.exit_code !== undefined ? String(t.result.exit_code) : '')),
@@ -279,7 +381,21 @@ const customerViews = {
 				if (a && a.url)
 					links.push(el('li', {}, el('a', { href: a.url, download: n, rel: 'noopener noreferrer', 'data-artifact': n }, n)));
 			outs.append(links.length ? el('ul', {}, links) : el('p', { class: 'note' }, FINAL.has(t.state) ? 'no outputs' : 'outputs appear when the task ends'));
+			// Image outputs inline, fetched through kiln-api (the CSP allows
+			// no other origin) and shown from data: URLs.
+			(t.outputs || []).forEach((o, i) => {
+				const kind = IMAGE_EXT[String(o.path || '').split('.').pop().toLowerCase()];
+				if (!kind || !o.url || o.size > INLINE_MAX)
+					return;
+				const fig = el('figure', { class: 'output-image', 'data-output-image': o.path });
+				outs.append(fig);
+				if (!images.has(i))
+					images.set(i, outputImage(id, i));
+				images.get(i).then((b64) => fig.append(imageData(kind, b64, o.path), el('figcaption', {}, o.path)),
+					(e) => fig.append(el('p', { class: 'error' }, o.path + ': ' + (e.message || e))));
+			});
 		};
+		const images = new Map();
 		const t = await api('GET', '/v1/tasks/' + encodeURIComponent(id));
 		render(t);
 		if (FINAL.has(t.state) && t.result) {
@@ -382,6 +498,47 @@ const customerViews = {
 				await refresh();
 			});
 		});
+		const code = el('textarea', { id: 'code-input', rows: 6, placeholder: 'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]); plt.show()' });
+		const codeLang = el('select', { id: 'code-language' }, ['python', 'bash'].map((l) => el('option', { value: l }, l)));
+		const results = el('div', { id: 'code-results' });
+		const codeForm = el('form', { class: 'row', id: 'code-form' }, el('label', {}, 'Language', codeLang), el('label', {}, 'Cell', code),
+			el('button', { type: 'submit', id: 'code-go' }, 'Run'));
+		codeForm.addEventListener('submit', (ev) => {
+			ev.preventDefault();
+			guarded(box, async () => {
+				clear(results).append(el('p', { class: 'note' }, 'running…'));
+				// Streamed (server-sent events): output shows as the cell
+				// writes it; the page is drawn at most every 100 ms.
+				const ex = { results: [], logs: { stdout: [], stderr: [] }, error: null, execution_count: null };
+				let ended = false, timer = null;
+				const draw = () => { timer = null; renderExecution(results, ex); };
+				try {
+					await eventStream(p + '/code', (name, d) => {
+						if ((name === 'stdout' || name === 'stderr') && d && typeof d.text === 'string')
+							ex.logs[name].push(d.text);
+						else if (name === 'result' && d && typeof d === 'object')
+							ex.results.push(d);
+						else if (name === 'error' && d && typeof d === 'object')
+							ex.error = d;
+						else if ((name === 'execution_count' || name === 'end') && d && d.execution_count !== undefined && d.execution_count !== null)
+							ex.execution_count = d.execution_count;
+						if (name === 'end')
+							ended = true;
+						if (!timer)
+							timer = setTimeout(draw, 100);
+					}, abortable(), 'POST', { code: code.value, language: codeLang.value });
+				} catch (e) {
+					clear(results);
+					throw e;
+				} finally {
+					if (timer)
+						clearTimeout(timer);
+				}
+				if (!ended && !ex.error)
+					ex.error = { name: 'InterpreterError', value: 'the stream of the cell was cut', traceback: '' };
+				renderExecution(results, ex);
+			});
+		});
 		const dir = el('input', { id: 'files-dir', value: '/work' });
 		const files = el('tbody', { id: 'file-rows' });
 		const filesForm = el('form', { class: 'row' }, el('label', {}, 'Directory', dir), el('button', { type: 'submit', id: 'files-go' }, 'List'));
@@ -395,12 +552,15 @@ const customerViews = {
 		append(root, el('h2', {}, 'Session ', el('span', { id: 'session-id' }, id)), head,
 			el('p', {}, btn('Pause', () => api('POST', p + '/pause')), ' ', btn('Resume', () => api('POST', p + '/resume')), ' ',
 				btn('Destroy', () => api('DELETE', p))), box,
-			el('h3', {}, 'Exec'), execForm, out, err, el('h3', {}, 'Files'), filesForm,
+			el('h3', {}, 'Exec'), execForm, out, err,
+			el('h3', {}, 'Code'), el('p', { class: 'note' }, 'A notebook cell in the session\'s code interpreter (template code-interpreter): variables persist between cells; figures, tables and HTML show below (HTML in a sandboxed frame).'),
+			codeForm, results, el('h3', {}, 'Files'), filesForm,
 			el('table', {}, el('thead', {}, el('tr', {}, ['name', 'type', 'size'].map((h) => el('th', {}, h)))), files));
 		const refresh = async () => {
 			const s = await api('GET', p);
 			clear(head).append(el('table', {}, el('tbody', {},
 				el('tr', {}, el('th', {}, 'state'), el('td', { id: 'session-state' }, stateBadge(s.state))),
+				el('tr', {}, el('th', {}, 'template'), el('td', { id: 'session-template' }, s.template || 'default')),
 				el('tr', {}, el('th', {}, 'host'), el('td', {}, s.host || '')),
 				el('tr', {}, el('th', {}, 'created'), el('td', {}, fmtTime(s.created_at))),
 				el('tr', {}, el('th', {}, 'expires'), el('td', {}, fmtTime(s.expires_at))),

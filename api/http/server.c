@@ -263,6 +263,7 @@ static const struct httpd_route api_routes[] = {
 	{ "GET", "/v1/tasks/{id}/events", server_rt_task_events },
 	{ "POST", "/v1/tasks/{id}/cancel", server_rt_task_cancel },
 	{ "GET", "/v1/tasks/{id}/artifacts/{name}", server_rt_task_artifact },
+	{ "GET", "/v1/tasks/{id}/outputs/{n}", server_rt_task_output },
 	{ "GET", "/v1/usage", server_rt_usage },
 	{ "GET", "/v1/destination", server_rt_dest },
 	{ "PUT", "/v1/destination", server_rt_dest },
@@ -554,6 +555,18 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 			return reply_no_key(conn, url);
 		if (is_e2b(url))
 			return handle_e2b(s, conn, method, url, body, &c);
+		if (ports_code_path(url)) {
+			struct sessions *ss;
+			struct quota q;
+
+			if (!c.admin && store_customer_quota(s->st, c.customer, &q) < 0)
+				return reply_error(conn, KERR_STORE_ERROR, "cannot read the customer's quotas");
+			ss = hold_sessions(s);
+			if (!ss)
+				return reply_error(conn, KERR_UNAVAILABLE, "sessions are not served now");
+			return ports_code_handle(ss, conn, method, url, httpd_body_data(body), httpd_body_len(body),
+						 c.customer, s->lim, c.admin ? 0 : q.max_streams, c.admin);
+		}
 		if (!strcmp(url, "/v1/sessions") || !strncmp(url, "/v1/sessions/", 13))
 			return handle_sessions(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/templates") || !strncmp(url, "/v1/templates/", 14))

@@ -74,6 +74,7 @@ enum MHD_Result server_rt_task_get(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_task_events(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_task_cancel(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_task_artifact(void *ctx, struct httpd_req *r);
+enum MHD_Result server_rt_task_output(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_usage(void *ctx, struct httpd_req *r);
 
 /* server_admin.c: /v1/destination..., /v1/admin/..., /v1/hosts/{id}/heartbeat */

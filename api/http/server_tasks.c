@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "artifacts.h"
 #include "base/base.h"
@@ -572,6 +575,79 @@ enum MHD_Result server_rt_task_artifact(void *ctx, struct httpd_req *r)
 		return reply_not_found(r->conn, "no such task");
 	ret = artifacts_reply(r->conn, j, r->param[1]);
 	json_decref(j);
+	return ret;
+}
+
+/* GET /v1/tasks/{id}/outputs/{n}: output n's bytes (its index in the
+ * task's outputs), fetched from S3 by kiln-api for a caller with a key: the
+ * web console shows image outputs inline, and its CSP lets it reach no
+ * origin but kiln-api's. At most OUTPUT_FETCH_MAX bytes. Served as an
+ * attachment of type application/octet-stream with nosniff and a sandbox
+ * CSP, so that nothing a task wrote is ever rendered in kiln-api's origin. */
+#define OUTPUT_FETCH_MAX (16u << 20)
+
+enum MHD_Result server_rt_task_output(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const struct caller *c = r->app;
+	struct kiln_err err = { .code = "" };
+	json_t *j = store_task_json(s->st, r->param[0], c->admin ? NULL : c->customer), *o;
+	const char *key, *n = r->param[1];
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+	struct stat sb;
+	char *body = NULL;
+	json_int_t size;
+	int fd;
+
+	if (!j)
+		return reply_not_found(r->conn, "no such task");
+	if (!n[0] || strlen(n) > 6 || strspn(n, "0123456789") != strlen(n) ||
+	    !(o = json_array_get(json_object_get(j, "outputs"), (size_t)strtoul(n, NULL, 10)))) {
+		json_decref(j);
+		return reply_not_found(r->conn, "no such output (outputs are numbered from 0 in the task's outputs)");
+	}
+	if (json_object_get(j, "destination")) {
+		json_decref(j);
+		return reply_not_found(r->conn, "this task's outputs went to your destination: fetch them through their url");
+	}
+	/* Only a key under the task's own prefix (as presign_task signs). */
+	presign_task(&s->cfg->s3, 60, j, "", time(NULL));
+	key = json_string_value(json_object_get(o, "s3_key"));
+	size = json_integer_value(json_object_get(o, "size"));
+	if (!key || !json_is_string(json_object_get(o, "url"))) {
+		json_decref(j);
+		return reply_not_found(r->conn, "this output cannot be fetched (no S3 object under the task's prefix)");
+	}
+	if (size < 0 || size > (json_int_t)OUTPUT_FETCH_MAX) {
+		json_decref(j);
+		return reply_error(r->conn, KERR_TOO_LARGE, "outputs over 16 MiB are fetched through their url");
+	}
+	fd = memfd_create("kiln-output", MFD_CLOEXEC);
+	if (fd < 0 || s3_get_fd(&s->cfg->s3, key, fd, &err) < 0 || fstat(fd, &sb) < 0 ||
+	    (uint64_t)sb.st_size > OUTPUT_FETCH_MAX || !(body = malloc((size_t)sb.st_size + 1)) ||
+	    pread(fd, body, (size_t)sb.st_size, 0) != sb.st_size) {
+		if (fd >= 0)
+			close(fd);
+		free(body);
+		json_decref(j);
+		return reply_error(r->conn, err.code[0] ? KERR_S3_ERROR : KERR_INTERNAL,
+				   err.code[0] ? err.message : "the output could not be read");
+	}
+	close(fd);
+	json_decref(j);
+	resp = MHD_create_response_from_buffer((size_t)sb.st_size, body, MHD_RESPMEM_MUST_FREE);
+	if (!resp) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
+	MHD_add_response_header(resp, "Content-Disposition", "attachment");
+	MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+	MHD_add_response_header(resp, "Content-Security-Policy", "sandbox; default-src 'none'");
+	MHD_add_response_header(resp, "Cache-Control", "private, no-store");
+	ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
 	return ret;
 }
 

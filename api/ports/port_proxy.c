@@ -249,24 +249,6 @@ static int build_head(struct ports_call *c, struct MHD_Connection *conn, const c
 	return buf_add(b, "\r\n", 2) < 0 ? kiln_err_set(&c->err, KERR_TOO_LARGE, "the request head is too large") : 0;
 }
 
-/* kiln-host refused the tunnel: its answer as kiln's error. */
-static void host_refused(struct ports_call *c, const struct port_tunnel_fail *f)
-{
-	json_t *j = f->status ? json_loads(f->body, 0, NULL) : NULL;
-	json_t *e = json_object_get(j, "error");
-	const char *code = json_string_value(json_object_get(e, "code"));
-	const char *msg = json_string_value(json_object_get(e, "message"));
-	enum kiln_errc k = code ? kiln_err_lookup(code) : KERR_NONE;
-
-	if (!f->status)
-		kiln_err_set(&c->err, KERR_HOST_UNAVAILABLE, "the session's host cannot be reached: %s", f->why);
-	else if (k == KERR_NONE)
-		kiln_err_set(&c->err, KERR_HOST_ERROR, "the session's host answered %u", f->status);
-	else
-		kiln_err_set(&c->err, k, "%s", msg ? msg : code);
-	json_decref(j);
-}
-
 struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn, const char *method,
 			       const struct ports_match *m, const char *customer, struct quota_limiter *lim)
 {
@@ -334,7 +316,7 @@ struct ports_call *ports_begin(struct sessions *ss, struct MHD_Connection *conn,
 	}
 	c->fd = port_tunnel_open(t.host_url, t.token, t.row.id, m->port, now_ms() + PORT_OPEN_MS, &f);
 	if (c->fd < 0) {
-		host_refused(c, &f);
+		port_tunnel_error(&f, &c->err);
 		c->failed = 1;
 		buf_free(&head);
 		return c;

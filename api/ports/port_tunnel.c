@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 static int64_t now_ms(void)
 {
 	struct timespec ts;
@@ -214,4 +216,21 @@ out:
 	buf_free(&body);
 	free(r);
 	return rc;
+}
+
+void port_tunnel_error(const struct port_tunnel_fail *f, struct kiln_err *err)
+{
+	json_t *j = f->status ? json_loads(f->body, 0, NULL) : NULL;
+	json_t *e = json_object_get(j, "error");
+	const char *code = json_string_value(json_object_get(e, "code"));
+	const char *msg = json_string_value(json_object_get(e, "message"));
+	enum kiln_errc k = code ? kiln_err_lookup(code) : KERR_NONE;
+
+	if (!f->status)
+		kiln_err_set(err, KERR_HOST_UNAVAILABLE, "the session's host cannot be reached: %s", f->why);
+	else if (k == KERR_NONE)
+		kiln_err_set(err, KERR_HOST_ERROR, "the session's host answered %u", f->status);
+	else
+		kiln_err_set(err, k, "%s", msg ? msg : code);
+	json_decref(j);
 }

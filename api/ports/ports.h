@@ -71,6 +71,24 @@ enum MHD_Result ports_finish(struct ports_call *c, struct MHD_Connection *conn);
 /* The request is over (libmicrohttpd's completed callback). NULL: no-op. */
 void ports_done(struct ports_call *c);
 
+/* ---- the code interpreter (port_code.c; docs/api.md "Code") ---- */
+
+/* Whether url is one of the code routes (/v1/sessions/{id}/code,
+ * /v1/sessions/{id}/code/contexts[/{cid}[/restart]]), malformed ones too. */
+int ports_code_path(const char *url);
+/* Answer one code request of customer (its body read whole: body, len). ss
+ * is held by the caller and released by the call (when a stream ends, for
+ * one). A cell, whole or streamed, is a long-lived request: counted in lim
+ * against max_streams (0: no limit) unless admin. Blocking: a connection
+ * thread of its own. */
+enum MHD_Result ports_code_handle(struct sessions *ss, struct MHD_Connection *conn, const char *method,
+				  const char *url, const char *body, size_t len, const char *customer,
+				  struct quota_limiter *lim, unsigned max_streams, int admin);
+/* POST /code's body checked and written again as the interpreter's request
+ * (a new string, free()), with the cell's timeout in *timeout_ms; NULL with
+ * err (invalid_json, invalid_request). Pure. */
+char *ports_code_request(const char *body, size_t len, unsigned *timeout_ms, struct kiln_err *err);
+
 /* Counts since start, for /metrics. Any thread. */
 struct ports_stats {
 	uint64_t requests_native, requests_e2b; /* port requests by way in */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <http_parser.h>
+#include <jansson.h>
 
 #include "buf.h"
 #include "ports.h"
@@ -62,6 +63,11 @@ struct port_tunnel_fail {
 int port_tunnel_open(const char *base, const char *token, const char *id, unsigned port, int64_t deadline_ms,
 		     struct port_tunnel_fail *f);
 
+/* kiln-host's refusal of a tunnel (*f from port_tunnel_open) as kiln's
+ * error: its own code and message when it gave one, host_unavailable when
+ * it could not be reached, host_error otherwise. */
+void port_tunnel_error(const struct port_tunnel_fail *f, struct kiln_err *err);
+
 /* Write all of p to fd, waiting until deadline_ms: 0 or a negative errno. */
 int port_send_all(int fd, const void *p, size_t n, int64_t deadline_ms);
 
@@ -72,5 +78,45 @@ int port_send_all(int fd, const void *p, size_t n, int64_t deadline_ms);
  * Closes server; client is the caller's (MHD's). */
 void port_splice(int client, int server, const char *to_server, size_t to_server_len, const char *to_client,
 		 size_t to_client_len);
+
+/* ---- port_code_ev.c: the code interpreter's event lines (pure) ---- */
+
+/* An event as kiln hands it on: name (stdout, stderr, result, error,
+ * execution_count, end) and its object (borrowed). A negative return stops
+ * the feed with it. */
+typedef int (*code_ev_fn)(void *cls, const char *name, json_t *ev);
+
+struct code_exec {
+	struct buf line;             /* a line not yet ended (at most line_max bytes) */
+	size_t held_max, held;       /* the model's bytes: at most held_max (0: nothing kept, a stream) */
+	json_t *results, *out, *err; /* the model (held_max > 0) */
+	json_t *error;               /* the cell's error, or NULL */
+	long long count;             /* the execution count (-1: none yet) */
+	int ended;                   /* end_of_execution was read: later lines are ignored */
+	int too_big;                 /* a line or the model passed its cap */
+	unsigned events, skipped;    /* events handed on; lines that were none */
+};
+
+/* Begin reading one answer: held_max bytes of events kept for the whole
+ * model (0: none kept), a line held up to line_max bytes (0: unbounded). */
+void code_exec_init(struct code_exec *x, size_t held_max, size_t line_max);
+/* Feed n bytes of the answer's body: each event that ends in them goes to
+ * fn (NULL: none) and into the model. 0, -E2BIG (a cap passed: x->too_big),
+ * or fn's negative return. */
+int code_exec_feed(struct code_exec *x, const char *p, size_t n, code_ev_fn fn, void *cls);
+/* The model so far, a new reference: {"results":[...], "logs":{"stdout":[...],
+ * "stderr":[...]}, "error":{name,value,traceback}|null,
+ * "execution_count":N|null}. */
+json_t *code_exec_result(const struct code_exec *x);
+void code_exec_free(struct code_exec *x);
+
+#define CODE_DEFAULT_TIMEOUT_MS 300000
+#define CODE_MAX_TIMEOUT_MS 3600000
+#define CODE_ID_MAX 128              /* a context id */
+
+/* Whether s (n bytes) is a context id: [A-Za-z0-9_-] and inner dots, 1 to
+ * CODE_ID_MAX bytes (what the interpreter makes, UUIDs; nothing that could
+ * change the path it is put in). */
+int code_cid_ok(const char *s, size_t n);
 
 #endif

@@ -49,6 +49,7 @@ enum {
 };
 #define SCHED_BASE "id, customer, state, vcpus, memory_mib, host_id, seq, created_ms, cancel_requested"
 /* Whether the task asks for network egress: only hosts that offer it take it. */
+#define LIST_TEMPLATE ", NULL, (SELECT u.name FROM template_uses u WHERE u.id = tasks.id)"
 #define SCHED_EGRESS "coalesce((SELECT CASE WHEN json_extract(sp.spec, '$.network.egress') = 'allow'"     \
 		     " THEN 1 ELSE 0 END FROM task_specs sp WHERE sp.id = tasks.id), 0) AS egress"
 /* Its template, as the scheduler matches it against hosts' heartbeats. */
@@ -93,12 +94,15 @@ static const char *const tasks_sql[T_COUNT] = {
 	[T_CANCEL_PENDING] = "SELECT " SCHED_COLS " FROM tasks WHERE cancel_requested = 1 AND cancel_sent_ms IS NULL"
 			     " AND state IN ('starting', 'running') ORDER BY seq LIMIT ?1",
 	[T_CANCEL_SENT] = "UPDATE tasks SET cancel_sent_ms = ?1 WHERE id = ?2",
-	/* Pages (store_page_run): ?1 customer, ?2 state, ?3 before seq, ?4 limit. */
-	[T_LIST_ALL] = "SELECT " TASK_COLS " FROM tasks WHERE seq < ?3 ORDER BY seq DESC LIMIT ?4",
-	[T_LIST_ALL_STATE] = "SELECT " TASK_COLS " FROM tasks WHERE state = ?2 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
-	[T_LIST_CUST] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
-	[T_LIST_CUST_STATE] = "SELECT " TASK_COLS " FROM tasks WHERE customer = ?1 AND state = ?2 AND seq < ?3"
-			      " ORDER BY seq DESC LIMIT ?4",
+	/* Pages (store_page_run): ?1 customer, ?2 state, ?3 before seq, ?4 limit.
+	 * The template's name too (TC_TEMPLATE; no host_task in a list). */
+	[T_LIST_ALL] = "SELECT " TASK_COLS LIST_TEMPLATE " FROM tasks WHERE seq < ?3 ORDER BY seq DESC LIMIT ?4",
+	[T_LIST_ALL_STATE] = "SELECT " TASK_COLS LIST_TEMPLATE " FROM tasks WHERE state = ?2 AND seq < ?3"
+			     " ORDER BY seq DESC LIMIT ?4",
+	[T_LIST_CUST] = "SELECT " TASK_COLS LIST_TEMPLATE " FROM tasks WHERE customer = ?1 AND seq < ?3"
+			" ORDER BY seq DESC LIMIT ?4",
+	[T_LIST_CUST_STATE] = "SELECT " TASK_COLS LIST_TEMPLATE " FROM tasks WHERE customer = ?1 AND state = ?2"
+			      " AND seq < ?3 ORDER BY seq DESC LIMIT ?4",
 	/* Shared quotas (store_submit.shared). */
 	[T_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
 	[T_BUCKET_GET] = "SELECT tokens, last_ms FROM submit_buckets WHERE customer = ?1",
@@ -479,6 +483,10 @@ static json_t *row_json(struct sdb_stmt *st, int full)
 		      "output_mib", store_opt_int(st, TC_OUTPUT), "host", store_opt_str(st, TC_HOST), "end_reason",
 		      store_opt_str(st, TC_END_REASON), "cancel_requested", sdb_col_int(st, TC_CANCEL_REQ),
 		      "idempotency_key", store_opt_str(st, TC_IDEM), "timings", timings);
+	/* The template it was accepted with (absent: the default), in lists too
+	 * (the console's template column). */
+	if (j && store_col_text(st, TC_TEMPLATE))
+		json_object_set_new(j, "template", json_string(store_col_text(st, TC_TEMPLATE)));
 	if (j && full) {
 		const char *ht = store_col_text(st, TC_HOST_TASK);
 		json_t *h = ht ? json_loads(ht, 0, NULL) : NULL, *v;
@@ -493,9 +501,6 @@ static json_t *row_json(struct sdb_stmt *st, int full)
 		if (v)
 			json_object_set(j, "error", v);
 		json_decref(h);
-		/* The template it was accepted with (absent: the default). */
-		if (store_col_text(st, TC_TEMPLATE))
-			json_object_set_new(j, "template", json_string(store_col_text(st, TC_TEMPLATE)));
 		/* The customer's destination its outputs went to (absent: kiln's bucket). */
 		if (store_col_text(st, TC_DEST))
 			json_object_set_new(j, "destination", json_string(store_col_text(st, TC_DEST)));

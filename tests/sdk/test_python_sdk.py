@@ -238,6 +238,87 @@ class Retries(unittest.TestCase):
             srv.server_close()
 
 
+class Code(unittest.TestCase):
+    def test_run_code_events(self):
+        """run_code: the SSE body, callbacks in order, .text, .png bytes, .data, .chart, error, contexts, 409"""
+        import base64
+        png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+        seen = []
+
+        def sse(*events):
+            return "".join("event: %s\ndata: %s\n\n" % (n, json.dumps(d)) for n, d in events).encode()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def answer(self, code, body, ctype="application/json"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(n) or b"{}")
+                seen.append((self.path, self.headers.get("Accept"), body))
+                if self.path == "/v1/sessions/s_plain/code":
+                    return self.answer(409, json.dumps({"error": {"code": "no_interpreter", "message": "none"}}).encode())
+                if self.path.endswith("/code/contexts"):
+                    return self.answer(201, json.dumps({"id": "c9", "language": "python", "cwd": "/tmp"}).encode())
+                if body.get("code") == "cut":
+                    return self.answer(200, sse(("stdout", {"text": "a"})), "text/event-stream")
+                self.answer(200, sse(("stdout", {"text": "one\n"}), ("stderr", {"text": "two\n"}),
+                                     ("result", {"text": "<Figure>", "png": base64.b64encode(png).decode(),
+                                                 "chart": {"type": "line"}, "is_main_result": False}),
+                                     ("result", {"text": "2", "html": "<b>2</b>", "data": {"a": [1]},
+                                                 "is_main_result": True}),
+                                     ("error", {"name": "ValueError", "value": "boom", "traceback": "tb"}),
+                                     ("execution_count", {"execution_count": 4}), ("end", {"execution_count": 4})),
+                            "text/event-stream")
+
+            def do_GET(self):
+                self.answer(200, json.dumps({"contexts": [{"id": "c9", "language": "python", "cwd": "/tmp"}]}).encode())
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        th = threading.Thread(target=srv.serve_forever, daemon=True)
+        th.start()
+        try:
+            c = kiln.Client("http://127.0.0.1:%d" % srv.server_address[1], "kiln_x_y")
+            s = kiln.Session(c, {"id": "s_1", "state": "running"}, keep=True)
+            order = []
+            ex = s.run_code("x", env={"K": "v"}, timeout=2.5, on_stdout=lambda t: order.append(("out", t)),
+                            on_stderr=lambda t: order.append(("err", t)),
+                            on_result=lambda r: order.append(("result", r.text)))
+            self.assertEqual(seen[-1], ("/v1/sessions/s_1/code", "text/event-stream",
+                                        {"code": "x", "env_vars": {"K": "v"}, "timeout_ms": 2500}))
+            self.assertEqual(order, [("out", "one\n"), ("err", "two\n"), ("result", "<Figure>"), ("result", "2")])
+            self.assertEqual(ex.text, "2")
+            self.assertEqual(ex.results[0].png, png)
+            self.assertEqual(ex.results[0].chart, {"type": "line"})
+            self.assertEqual((ex.results[1].html, ex.results[1].data), ("<b>2</b>", {"a": [1]}))
+            self.assertEqual(ex.results[1].formats(), ["html", "data"])
+            self.assertEqual((ex.error.name, ex.error.value), ("ValueError", "boom"))
+            self.assertEqual((ex.execution_count, ex.logs.stdout, ex.logs.stderr), (4, ["one\n"], ["two\n"]))
+            self.assertEqual(s.run_code("cut").error.name, "InterpreterError")
+            ctx = s.create_code_context(cwd="/tmp")
+            self.assertEqual((ctx.id, seen[-1][2]), ("c9", {"cwd": "/tmp"}))
+            s.run_code("y", context=ctx)
+            self.assertEqual(seen[-1][2], {"code": "y", "context_id": "c9"})
+            self.assertEqual([x.id for x in s.list_code_contexts()], ["c9"])
+            with self.assertRaises(kiln.ValidationError):
+                s.run_code("y", language="python", context=ctx)
+            with self.assertRaises(kiln.ConflictError) as cm:
+                kiln.Session(c, {"id": "s_plain"}, keep=True).run_code("1+1")
+            self.assertEqual(cm.exception.code, "no_interpreter")
+        finally:
+            srv.shutdown()
+            srv.server_close()
+
+
 class Report(unittest.TextTestResult):
     def addSuccess(self, test):
         super().addSuccess(test)

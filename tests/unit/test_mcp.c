@@ -121,6 +121,19 @@ static void test_tools(void **state)
 		assert_true(strlen(json_string_value(json_object_get(tool, "description"))) > 30);
 		assert_string_equal(json_string_value(json_object_get(json_object_get(tool, "inputSchema"), "type")), "object");
 	}
+	/* run_code: code is required; sandbox_id (a code interpreter) and
+	 * language are not (language is checked by the tool without
+	 * sandbox_id). */
+	for (i = 0; i < json_array_size(t); i++) {
+		json_t *tool = json_array_get(t, i), *schema = json_object_get(tool, "inputSchema");
+
+		if (strcmp(json_string_value(json_object_get(tool, "name")), "run_code"))
+			continue;
+		assert_int_equal(json_array_size(json_object_get(schema, "required")), 1);
+		assert_string_equal(json_string_value(json_array_get(json_object_get(schema, "required"), 0)), "code");
+		assert_non_null(json_object_get(json_object_get(schema, "properties"), "sandbox_id"));
+		assert_non_null(strstr(json_string_value(json_object_get(tool, "description")), "image"));
+	}
 	json_decref(j);
 
 	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"exec\","

@@ -8,6 +8,7 @@
 Standard library only. See sdk/python/README.md.
 """
 from .client import Client, Event, ExecResult, Output, Result, Session, Task
+from .code import CodeResult, Context, Execution, ExecutionError, Logs
 from .errors import (AuthError, ConflictError, ConnectionError, ForbiddenError, KilnError, NotFoundError,
                      QuotaError, ServerError, TaskFailed, UnavailableError, ValidationError)
 
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Task", "Result", "Output", "Event", "Session", "ExecResult",
+    "Execution", "CodeResult", "ExecutionError", "Logs", "Context",
     "KilnError", "AuthError", "ForbiddenError", "NotFoundError", "ValidationError", "ConflictError",
     "QuotaError", "UnavailableError", "ServerError", "TaskFailed", "ConnectionError",
 ]

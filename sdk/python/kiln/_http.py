@@ -141,13 +141,20 @@ class Transport:
         return status == 503 and err.code in _RETRY_503
 
     # -- event streams --
-    def events(self, path: str, timeout: Optional[float] = None) -> Iterator[Tuple[str, Any]]:
-        """GET a text/event-stream on a connection of its own; yields
-        (event name, parsed data) until the server ends the stream."""
+    def events(self, path: str, timeout: Optional[float] = None, *, method: str = "GET",
+               json_body: Any = None) -> Iterator[Tuple[str, Any]]:
+        """GET (or method, with a JSON body) a text/event-stream on a
+        connection of its own; yields (event name, parsed data) until the
+        server ends the stream."""
         c = self._new_conn(timeout if timeout is not None else self.timeout)
         try:
             try:
-                c.request("GET", self._prefix + path, headers=self.headers({"Accept": "text/event-stream"}))
+                h = self.headers({"Accept": "text/event-stream"})
+                body = None
+                if json_body is not None:
+                    body = json.dumps(json_body).encode()
+                    h["Content-Type"] = "application/json"
+                c.request(method, self._prefix + path, body=body, headers=h)
                 r = c.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 raise errors.ConnectionError("kiln-api at %s: %s" % (self.base_url, e)) from e

@@ -8,10 +8,11 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import errors
 from ._http import Transport, download
+from .code import CodeResult, Context, Execution, ExecutionError, execution_from_events
 
 __all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult"]
 
@@ -302,6 +303,68 @@ class Session:
         """Destroy the VM and the session's snapshot (again is fine)."""
         _, _, self.session = self._c._t.request("DELETE", self._path(), timeout=120)
         return self.session
+
+    # -- the code interpreter (a session of the template code-interpreter) --
+    def run_code(self, code: str, language: Optional[str] = None, context: Union["Context", str, None] = None,
+                 env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+                 on_stdout: Optional[Callable[[str], None]] = None, on_stderr: Optional[Callable[[str], None]] = None,
+                 on_result: Optional[Callable[["CodeResult"], None]] = None,
+                 on_error: Optional[Callable[["ExecutionError"], None]] = None) -> "Execution":
+        """Run a cell in the session's code interpreter; returns its
+        :class:`Execution` (``.results`` with ``.text``, ``.png`` bytes,
+        ``.html``, ``.data``, ``.chart``..., ``.logs``, ``.error``,
+        ``.text``). ``language``: ``"python"`` (default) or ``"bash"``, in
+        that language's default context; ``context``: a :class:`Context` (or
+        its id) instead. ``env``: variables for this cell. ``timeout``
+        (seconds): the cell is interrupted then and ``.error`` is a
+        TimeoutError. The callbacks see output and results as they come.
+        A session without the interpreter raises :class:`kiln.ConflictError`
+        (``no_interpreter``). Not retried."""
+        if language is not None and context is not None:
+            raise errors.ValidationError("run_code: give language or context, not both")
+        body: Dict[str, Any] = {"code": code}
+        if language is not None:
+            body["language"] = language
+        if context is not None:
+            body["context_id"] = context if isinstance(context, str) else context.id
+        if env:
+            body["env_vars"] = dict(env)
+        if timeout is not None:
+            body["timeout_ms"] = max(1, int(timeout * 1000))
+        # Always the stream: kiln-api keeps nothing of it, and a quiet cell's
+        # stream has a keepalive every 15 s (the socket's timeout is per read);
+        # but a cell waits for its context's previous cell, within its own
+        # timeout (default 300 s), before the stream's head comes.
+        events = self._c._t.events(self._path("/code"), timeout=(timeout or 300.0) + 30.0, method="POST",
+                                   json_body=body)
+        return execution_from_events(events, on_stdout, on_stderr, on_result, on_error)
+
+    def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> "Context":
+        """A new context (its own variables and cwd) in the interpreter."""
+        body: Dict[str, Any] = {}
+        if language is not None:
+            body["language"] = language
+        if cwd is not None:
+            body["cwd"] = cwd
+        _, _, r = self._c._t.request("POST", self._path("/code/contexts"), json_body=body, timeout=90, retry=False)
+        return Context.from_json(r)
+
+    def list_code_contexts(self) -> List["Context"]:
+        """The interpreter's contexts (the default ones, once used, too)."""
+        _, _, r = self._c._t.request("GET", self._path("/code/contexts"))
+        return [Context.from_json(x) for x in r.get("contexts", [])]
+
+    def restart_code_context(self, context: Union["Context", str]) -> "Context":
+        """Clear a context's state (it keeps its id, language and cwd)."""
+        cid = context if isinstance(context, str) else context.id
+        _, _, r = self._c._t.request("POST", self._path("/code/contexts/" + _q(cid) + "/restart"), timeout=90,
+                                     retry=False)
+        return Context.from_json(r)
+
+    def remove_code_context(self, context: Union["Context", str]) -> None:
+        """Remove a context."""
+        cid = context if isinstance(context, str) else context.id
+        self._c._t.request("DELETE", self._path("/code/contexts/" + _q(cid)), raw=True)
 
     def __enter__(self) -> "Session":
         return self
