@@ -187,7 +187,7 @@ static void init_dev_links(void)
 			init_log("symlink %s: %s", links[i][1], strerror(errno));
 }
 
-static int init_write_file(const char *path, const char *text)
+int init_write_file(const char *path, const char *text)
 {
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
 	size_t n = strlen(text);

@@ -44,6 +44,9 @@ int init_channel_signals(int chan);
  * SIGPIPE, and the mask and ignored signals survive exec. */
 void init_child_signals(void);
 
+/* Writes text to path (a /proc or /sys knob) in one write: 0 or -errno. */
+int init_write_file(const char *path, const char *text);
+
 void init_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Logs the message, waits for the console to drain and reboots; with

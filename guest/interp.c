@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -50,7 +51,10 @@ static int interp_program(char *out, size_t cap)
 static void __attribute__((noreturn)) interp_exec(const char *prog, int reseed, int ready)
 {
 	static char *const env[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-				     "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "MPLBACKEND=Agg", NULL };
+				     "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1", "MPLBACKEND=Agg",
+				     /* A fixed threshold: glibc's moving one would keep a
+				      * relayed 20 MiB result's memory in the heap. */
+				     "MALLOC_MMAP_THRESHOLD_=131072", NULL };
 	int log = open(INTERP_LOG, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 
 	/* PID 1 may have had no 0, 1 or 2 open when it made the pipes: move
@@ -63,6 +67,16 @@ static void __attribute__((noreturn)) interp_exec(const char *prog, int reseed, 
 	log = fcntl(log, F_DUPFD_CLOEXEC, 10);
 	if (reseed < 0 || ready < 0 || log < 0 || dup2(reseed, 0) < 0 || dup2(ready, 3) < 0 || dup2(log, 1) < 0 ||
 	    dup2(log, 2) < 0)
+		_exit(127);
+	/* kiln-init's -1000 must not reach the interpreter: a cell that eats
+	 * the guest's memory would leave the OOM killer nothing to kill but
+	 * the kernel itself (a panic: the sandbox gone). The service gets 0;
+	 * it raises its contexts' processes to INTERP_OOM_CONTEXT, so they go
+	 * first (the context restarts, the sandbox lives). kiln-init's priority
+	 * is not the cells' either. RLIMIT_RTPRIO 1: the service's threads run
+	 * round-robin (interpreter.py's _realtime), its contexts drop it. */
+	if (init_write_file("/proc/self/oom_score_adj", "0") < 0 || setpriority(PRIO_PROCESS, 0, 0) < 0 ||
+	    setrlimit(RLIMIT_RTPRIO, &(struct rlimit){ 1, 1 }) < 0)
 		_exit(127);
 	execve("/usr/bin/python3", (char *const[]){ "python3", "-u", (char *)prog, NULL }, env);
 	_exit(127);

@@ -5,10 +5,13 @@
 #
 # kiln-init starts it at boot (guest/interp.c) as root, with fd 0 the reseed
 # pipe (a byte after every snapshot restore) and fd 3 the ready pipe; it drops
-# to the E2B user `user`, imports numpy, pandas and matplotlib, warms them up
-# (one plot rendered, one DataFrame formatted), forks a fork server, makes the
-# default Python context and writes 'R' to fd 3: the template's snapshot is
-# taken after that, so a restored sandbox's first cell pays no start.
+# to the E2B user `user` and forks a fork server, which imports numpy, pandas
+# and matplotlib and warms them up (one plot rendered, one DataFrame
+# formatted); then it makes the default Python context and writes 'R' to fd 3:
+# the template's snapshot is taken after that, so a restored sandbox's first
+# cell pays no start. Memory: contexts have oom_score_adj OOM_CONTEXT, the
+# service 0, so a cell that exhausts the guest loses its context, not the
+# sandbox.
 #
 # Processes: this server (threads, one per HTTP connection) -> the fork
 # server (single-threaded; forks a context's worker from the warm imports)
@@ -21,13 +24,16 @@
 # cell (the rest dropped, and said so), one representation at REPR_MAX bytes.
 import ast, base64, builtins, errno, io, json, linecache, os, pwd, random, select, signal, socket
 import struct, sys, threading, time, traceback, uuid, zlib
-import queue
+import queue, resource
 
 PORT = 49999
 USER = "user"
 OUT_MAX = 8 << 20        # bytes of stdout+stderr one cell may send
 REPR_MAX = 32 << 20      # bytes of one representation (a PNG, an HTML table)
 BODY_MAX = 16 << 20      # bytes of a request body
+EMIT_SLICE = 1 << 20     # characters of an event line encoded at a time
+OOM_CONTEXT = "500"      # a context's oom_score_adj: the OOM killer takes a cell before the service
+CONTEXT_NPROC = 512      # processes the sandbox's user may have for a context's cells to fork more
 INTERRUPT_GRACE_S = 3.0  # after SIGINT, then the context is killed and restarted
 DONE_PREFIX = b'{"type": "__done__"'
 LANGS = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
@@ -379,10 +385,27 @@ class Worker:
         self.gen = None
         self.out_left, self.out_dropped = OUT_MAX, 0
         self.stdout, self.stderr = CellStream(self, "stdout"), CellStream(self, "stderr")
+        self.pid = os.getpid()
 
     def emit(self, ev):
+        if os.getpid() != self.pid:
+            # A process the cell forked (os.fork, multiprocessing's fork):
+            # the context's event pipe is its worker's alone. Its prints go
+            # where a subprocess's do; nothing else of it is a result.
+            if ev.get("type") in ("stdout", "stderr"):
+                try:
+                    os.write(1 if ev["type"] == "stdout" else 2, ev["text"].encode("utf-8", "replace"))
+                except OSError:
+                    pass
+            return
         try:
-            self.ev.write(json.dumps(ev, default=str).encode() + b"\n")
+            # Written a MiB at a time, never one more copy of it whole: a
+            # result may be tens of MiB in a guest of a few hundred.
+            # UTF-8, not \u escapes: 6 bytes for each non-ASCII character.
+            line = json.dumps(ev, default=str, ensure_ascii=False)
+            for i in range(0, len(line), EMIT_SLICE):
+                self.ev.write(line[i:i + EMIT_SLICE].encode("utf-8", "replace"))
+            self.ev.write(b"\n")
         except (BrokenPipeError, OSError):
             os._exit(0)  # the server is gone
 
@@ -500,6 +523,8 @@ class Worker:
                 try:
                     self.run(req.get("code", ""))
                     self.flush_figures()
+                    if os.getpid() != self.pid:
+                        os._exit(0)  # a fork of the cell came back here: it ends, never serves
                 finally:
                     for k, v in saved.items():
                         if v is None:
@@ -542,6 +567,7 @@ def fork_server(sock):
                 for fd in (req_w, ev_r, out_r, err_r):
                     os.close(fd)
                 os.setpgid(0, 0)
+                _oom_context()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 devnull = os.open("/dev/null", os.O_RDONLY)
@@ -566,6 +592,34 @@ def fork_server(sock):
 
 
 # ---- the server ---------------------------------------------------------
+
+def _oom_context():
+    """This process (a context's) goes before the service when memory runs
+    out, forks no more once the user has CONTEXT_NPROC processes, and may not
+    take the service's real-time priority."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(OOM_CONTEXT)
+    except OSError:
+        pass
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (CONTEXT_NPROC, CONTEXT_NPROC))
+        resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+    except (OSError, ValueError):
+        pass
+
+
+def _realtime():
+    """The calling thread of the service runs before any cell: a fork bomb
+    or a cell spinning on every core would otherwise starve the thread that
+    must see the client go and interrupt it. Round-robin at priority 1 (the
+    RLIMIT_RTPRIO interp.c gives), reset on fork: what it starts runs as any
+    process. The service only relays; the kernel keeps 5% for the rest."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass
+
 
 def _sh_quote(v):
     return "'" + v.replace("'", "'\\''") + "'"
@@ -593,7 +647,7 @@ class Context:
             pid, fds = self.server.fork_worker(self.cwd)
             self.pid = pid
             self.req, self.ev, self.out, self.err = fds
-            self.evbuf = b""
+            self.evbuf = []
         else:
             os.makedirs(self.cwd, exist_ok=True)
             st_r, st_w = os.pipe()
@@ -604,8 +658,10 @@ class Context:
             self.pid = self.bash.pid
             self.req, self.out, self.err, self.ev = self.bash.stdin.fileno(), self.bash.stdout.fileno(), \
                 self.bash.stderr.fileno(), st_r
-            self.evbuf = b""
-            os.write(self.req, b"exec 3>&$KILN_STATUS_FD; unset KILN_STATUS_FD; trap : INT\n")
+            self.evbuf = []
+            os.write(self.req, b"exec 3>&$KILN_STATUS_FD; unset KILN_STATUS_FD; trap : INT; "
+                     b"echo %s 2>/dev/null >/proc/self/oom_score_adj; ulimit -r 0 -u %d\n"
+                     % (OOM_CONTEXT.encode(), CONTEXT_NPROC))
         self.count = 0
 
     def stop(self):
@@ -636,13 +692,45 @@ class Context:
         self.start()
 
     def interrupt(self):
+        """SIGINT to the cell (a bash context's whole group, as Ctrl-C)."""
         try:
             if self.language == "python":
+                self.kill_forks()
                 os.kill(self.pid, signal.SIGINT)
             else:
                 os.killpg(self.pid, signal.SIGINT)
         except OSError:
             pass
+
+    def kill_forks(self):
+        """Kills the copies of this context's worker that its cells forked and
+        left running (a fork bomb; a multiprocessing pool): an interrupt
+        reaches the worker only, and they would go on. The group is stopped
+        first so that none forks while they are found (a group signal is
+        never lost to a fork in progress); what the cells exec'd (a server
+        started with subprocess) is another program and lives on."""
+        try:
+            with open("/proc/%d/cmdline" % self.pid, "rb") as f:
+                mine = f.read()
+        except OSError:
+            return
+        os.killpg(self.pid, signal.SIGSTOP)
+        try:
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) == self.pid:
+                    continue
+                try:
+                    with open("/proc/%s/stat" % name, "rb") as f:
+                        stat = f.read()
+                    if int(stat[stat.rindex(b")") + 2:].split()[2]) != self.pid:
+                        continue
+                    with open("/proc/%s/cmdline" % name, "rb") as f:
+                        if f.read() == mine:
+                            os.kill(int(name), signal.SIGKILL)
+                except (OSError, ValueError, IndexError):
+                    continue
+        finally:
+            os.killpg(self.pid, signal.SIGCONT)
 
     def request(self, code, env, gen, warm=False):
         """Hand a cell to the process; False when it is gone."""
@@ -670,11 +758,16 @@ class Context:
             return False
 
     def lines(self, data):
-        """Complete lines of the event pipe's bytes."""
-        self.evbuf += data
-        if b"\n" not in self.evbuf:
+        """Complete lines of the event pipe's bytes. A line's pieces are kept
+        in a list until its end comes: a 20 MiB result read a MiB at a time
+        is joined once, not copied twenty times."""
+        if b"\n" not in data:
+            self.evbuf.append(data)
             return []
-        *lines, self.evbuf = self.evbuf.split(b"\n")
+        first, *lines = data.split(b"\n")
+        self.evbuf.append(first)
+        lines.insert(0, b"".join(self.evbuf))
+        self.evbuf = [lines.pop()]
         return lines
 
     def done_of(self, line):
@@ -691,6 +784,7 @@ class BadRequest(Exception):
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 411: "Length Required",
            413: "Payload Too Large", 500: "Internal Server Error"}
 HEAD_MAX = 64 << 10
+FLUSH_JOIN_MAX = 256 << 10  # pending chunks up to this many bytes leave in one write
 
 
 class Conn:
@@ -839,12 +933,13 @@ class Conn:
 
     def chunk(self, data):
         """One NDJSON line (bytes, without its newline) as one chunk, held
-        until flush(): events that are ready together leave in one write."""
+        until flush(): events that are ready together leave in one write.
+        Its head, body and tail stay apart: a large line is not copied."""
         if not self.gone:
-            self.pending.append(b"%x\r\n%s\n\r\n" % (len(data) + 1, data))
+            self.pending += (b"%x\r\n" % (len(data) + 1), data, b"\n\r\n")
 
     def event(self, ev):
-        self.chunk(json.dumps(ev).encode())
+        self.chunk(json.dumps(ev, ensure_ascii=False).encode("utf-8", "replace"))
 
     def flush(self, last=False):
         if last:
@@ -853,7 +948,11 @@ class Conn:
             self.pending = []
             return
         try:
-            self.sock.sendall(b"".join(self.pending))
+            if sum(map(len, self.pending)) <= FLUSH_JOIN_MAX:
+                self.sock.sendall(b"".join(self.pending))
+            else:
+                for piece in self.pending:
+                    self.sock.sendall(piece)
         except OSError:
             self.gone = True
         self.pending = []
@@ -1104,6 +1203,14 @@ def drop_privileges():
         os.initgroups(pw.pw_name, pw.pw_gid)
         os.setgid(pw.pw_gid)
         os.setuid(pw.pw_uid)
+        # setuid made this process undumpable: its /proc/self files became
+        # root's, and a context could not raise its own oom_score_adj
+        # (_oom_context). The cells run as this same user anyway.
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+        except Exception:
+            pass
     home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/tmp"
     os.environ.update(HOME=home, USER=pw.pw_name, LOGNAME=pw.pw_name, SHELL="/bin/bash",
                       PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", MPLBACKEND="Agg",
@@ -1134,6 +1241,7 @@ class Pool:
         threading.Thread(target=self.run, daemon=True).start()
 
     def run(self):
+        _realtime()
         while True:
             sock = self.q.get()
             with self.lock:
@@ -1155,20 +1263,25 @@ class Pool:
 
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)  # interp.c's, for these processes only
     # KILN_INTERP_PORT: a test of this program outside a guest (no user switch).
     port = int(os.environ.get("KILN_INTERP_PORT") or 0)
     home = drop_privileges() if not port else os.getcwd()
+    _realtime()
     # Bound first: a client that comes early waits in the backlog, not refused.
     lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lsock.bind(("127.0.0.1", port or PORT))
     lsock.listen(128)
-    warm_up()
+    # The fork server imports and warms the data stack, not this server:
+    # this one only relays, and stays small (a 20 MiB result it relayed is
+    # given back, not kept in a heap shared with numpy's pages).
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         a.close()
         lsock.close()
+        warm_up()
         fork_server(b)
     b.close()
     app = App(a, home)

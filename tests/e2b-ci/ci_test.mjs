@@ -258,6 +258,24 @@ async function run() {
     assert.equal(r.stdout, 'alive\n');
   });
 
+  await check('hostile: a cell that eats the guest\'s memory: the OOM killer takes its context, the sandbox survives', async () => {
+    const e = await sbx.runCode('a = []\nwhile True:\n    a.append(b"m" * (4 << 20))', { timeoutMs: 120000 });
+    assert.equal(e.error?.name, 'KernelRestarted', JSON.stringify(e.error));
+    assert.equal((await sbx.runCode('1 + 2')).text, '3');
+    const r = await sbx.commands.run('echo alive');
+    assert.equal(r.stdout, 'alive\n');
+  }, 180000);
+
+  await check('hostile: a fork bomb past its timeoutMs: the context is killed whole, the sandbox survives', async () => {
+    const t0 = performance.now();
+    await assert.rejects(sbx.runCode('import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass',
+      { timeoutMs: 5000 }), /timed out/i);
+    assert.equal((await sbx.runCode('2 + 2', { timeoutMs: 60000 })).text, '4');
+    const r = await sbx.commands.run('ps -e --no-headers | wc -l');
+    assert.ok(Number(r.stdout) < 100, `${r.stdout.trim()} processes left in the guest`);
+    return `next cell after ${Math.round(performance.now() - t0)} ms, ${r.stdout.trim()} processes`;
+  }, 180000);
+
   await check('hostile: a huge display() is bounded', async () => {
     const e = await sbx.runCode('class Big:\n    def _repr_html_(self):\n        return "x" * (40 << 20)\ndisplay(Big())\n7',
       { timeoutMs: 120000 });

@@ -119,6 +119,16 @@ check "env_vars reach the cell ($(r env '.results[0].text'))" [ "$(r env '.resul
 code "$SID" '{"code":"echo hi-$((1+2))","language":"bash"}' bash
 check "a bash cell ($(rj bash .logs.stdout))" [ "$(rj bash '.logs.stdout')" = '["hi-3\n"]' ]
 
+# ---- a huge display(): past what a whole answer holds, whole in a stream ----
+BIG=$'class Big:\n    def _repr_html_(self):\n        return "<p>" + "x" * (20 << 20) + "</p>"\ndisplay(Big(), Big())'
+code "$SID" "$(cell "$BIG")" big
+curl -s -N -m 120 -H "Authorization: Bearer $KEY" -H 'Accept: text/event-stream' -H 'Content-Type: application/json' \
+	--data-binary "$(cell "$BIG")" "$API/v1/sessions/$SID/code" -o "$T_TMP/big.sse"
+code "$SID" "$(cell '1+1')" afterbig
+check "two 20 MiB display()s: whole 413 too_large, streamed whole ($(stat -c %s "$T_TMP/big.sse") bytes, $(grep -c '^event: result' "$T_TMP/big.sse") results); the next cell runs" \
+	[ "$(st big)" = 413 -a "$(r big .error.code)" = too_large -a "$(grep -c '^event: result' "$T_TMP/big.sse")" = 2 \
+	-a "$(stat -c %s "$T_TMP/big.sse")" -gt $((40 << 20)) -a "$(r afterbig '.results[0].text')" = 2 ]
+
 # ---- the Python SDK: session.run_code ----
 if [ -r "$ROOT/sdk/python/kiln/__init__.py" ] && grep -q 'def run_code' "$ROOT/sdk/python/kiln/"*.py; then
 	out=$(env -i PATH=/usr/bin:/bin HOME="$T_TMP" PYTHONPATH="$ROOT/sdk/python" PYTHONDONTWRITEBYTECODE=1 \
