@@ -34,5 +34,5 @@ grep -q '^kiln up: ready' "$TMP/up.out" || { echo "code-interpreter: not measure
 	. "$TMP/up/credentials"
 	set +a
 	KILN_E2B_CI_SDK=$SDK node bench/code_interpreter.mjs "$RUNS"
-	python3 bench/code_native.py "$RUNS"
+	bench/code_native.py "$RUNS"
 )
