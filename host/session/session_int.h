@@ -60,6 +60,12 @@ struct session {
 	 * firmware pages are then the ones the session began with, not this
 	 * host's template's. "": none (the pause goes through QEMU). */
 	char resumed_tpl[PATH_MAX + 16];
+	/* The layers its RAM came from (session_resume.c; phash.h): what each
+	 * page the load wrote held, the manifest's generation and delta depth.
+	 * layers_ok: the next pause may be a delta over that manifest. */
+	struct phash layers;
+	char layers_gen[48];
+	int layers_depth, layers_ok;
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
