@@ -609,8 +609,10 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			pm.state.n + pm.disk.n);
 	}
 	/* Its memory is in the VM now: the kept chunks go (its next pause
-	 * keeps its own). */
-	pcache_drop(&ss->pcache, customer, id);
+	 * keeps its own), but for a version 3 manifest's: its next pause may
+	 * be a delta over them, and a resume here then reads them here. */
+	if (pm.version < PMANIFEST_V3)
+		pcache_drop(&ss->pcache, customer, id);
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
 	r = 0;
