@@ -217,8 +217,8 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 
 	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
 		      "s:{s:I, s:I}}",
-		      "version", tail ? PMANIFEST_V3 : PMANIFEST_V2, "id", s->id, "customer", s->customer, "template", s->snap->key, "net",
-		      s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
+		      "version", tail ? PMANIFEST_V3 : PMANIFEST_V2, "id", s->id, "customer", s->customer, "template",
+		      s->snap->key, "net", s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
 		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
 		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),
@@ -505,6 +505,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 				fprintf(stderr, "kiln-host: session %s: QEMU did not save its devices (%s): saving it whole\n",
 					s->id, ps.err.message);
 				fast = 0;
+				ps.delta = 0; /* QEMU's stream is whole, and not cut */
 			} else {
 				ps.rc = r;
 				if (r == 0 && ps_flush(&ps) < 0)
