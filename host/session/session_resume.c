@@ -416,7 +416,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	json_t *m = NULL, *files;
 	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
-	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0;
+	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0, paged = 0;
 	/* Where a resume's time goes (logged): the manifest, the base when it
 	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
 	 * loading the state while it streams in. */
@@ -577,6 +577,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	close(fd);
 	fd = -1;
 	/* QEMU loaded a whole stream; the feed must agree that it was all checked. */
+	paged = feed.pl != NULL; /* the join frees the loader */
 	if (state_feed_join(&feed, err) < 0)
 		goto fail;
 	state_feed_keep_tpl(&feed, s);
@@ -585,7 +586,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * only what changes from here (session_pause.c). */
 	phash_free(&s->layers);
 	s->layers_ok = 0;
-	if (pm.version >= PMANIFEST_V3 && feed.pl && feed.ph_ok && phash_finish(&feed.ph) == 0) {
+	if (pm.version >= PMANIFEST_V3 && paged && feed.ph_ok && phash_finish(&feed.ph) == 0) {
 		s->layers = feed.ph;
 		memset(&feed.ph, 0, sizeof(feed.ph));
 		snprintf(s->layers_gen, sizeof(s->layers_gen), "%s", pm.generation);
