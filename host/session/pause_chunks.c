@@ -439,6 +439,9 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ra
 				     p->key);
 			goto out;
 		}
+		if (g->cache && g->cache->keep && g->cache->dir[0]) {
+			(void)pcache_put(g->cache, p->sha256, z, p->zsize); /* best effort */
+		}
 	}
 	if (p->size <= PCHUNK_RAW_MAX) {
 		if (!rb->p && (rb->p = buf_alloc(p->size)))

@@ -315,6 +315,25 @@ static void keep_named(struct pmanifest *old, const struct pchunk_list *state, c
 	}
 }
 
+/* The pause cache holds exactly the copies of what the new manifest names
+ * (a delta's layers kept by the resume, this pause's own; an older tail
+ * or disk chunk goes). */
+static void cache_keep_named(const struct pcache_seal *seal, const struct pchunk_list *state,
+			     const struct pchunk_list *disk)
+{
+	const char **shas = malloc((state->n + disk->n + 1) * sizeof(*shas));
+	size_t n = 0;
+
+	if (!shas)
+		return;
+	for (size_t i = 0; i < state->n; i++)
+		shas[n++] = state->c[i].sha256;
+	for (size_t i = 0; i < disk->n; i++)
+		shas[n++] = disk->c[i].sha256;
+	pcache_keep_only(seal, shas, n);
+	free(shas);
+}
+
 /* The previous generation's manifest, fetched on a thread of its own while
  * the pause checks the bucket and the base and saves the VM: one round trip
  * off the pause's path. */
@@ -450,7 +469,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	 * of a version 3 manifest left them) and their key: the new manifest
 	 * holds it again. */
 	chain = (s->state == SS_RUNNING ? pause_may_delta(ss, s, old) : s->saved_delta) && old && old->has_cache_key;
-	if (pcache_dir(&ss->pcache, s->customer, s->id, !chain, seal.dir, sizeof(seal.dir)) == 0) {
+	if (pcache_dir(&ss->pcache, s->customer, s->id, !chain, seal.dir, sizeof(seal.dir)) == 0 ||
+	    (chain && pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0)) {
 		if (chain) {
 			memcpy(seal.key, old->cache_key, PCACHE_KEY_LEN);
 			pchunk_up_cache(ps.up, &seal);
@@ -655,6 +675,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		session_delete_old(ss, old);
 		old = NULL;
 	}
+	if (r == 0 && seal.dir[0])
+		cache_keep_named(&seal, &state, &disk);
 	if (r == 0)
 		pcache_prune(&ss->pcache, s->customer, s->id);
 	goto out;

@@ -416,7 +416,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	json_t *m = NULL, *files;
 	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
-	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0, paged = 0;
+	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0, paged = 0, made_cache = 0;
 	/* Where a resume's time goes (logged): the manifest, the base when it
 	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
 	 * loading the state while it streams in. */
@@ -513,8 +513,14 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	if (pm.version >= PMANIFEST_V2) {
 		/* Its chunks from this host's pause cache where they are there,
 		 * opened with the key its manifest holds. */
-		if (pm.has_cache_key && pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0)
+		/* Version 3: what comes from S3 is kept here too (the layers a
+		 * delta pause names again), in a directory made if missing. */
+		if (pm.has_cache_key && (pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0 ||
+					 (pm.version >= PMANIFEST_V3 &&
+					  (made_cache = pcache_dir(&ss->pcache, customer, id, 1, seal.dir, sizeof(seal.dir)) == 0)))) {
 			memcpy(seal.key, pm.cache_key, sizeof(seal.key));
+			seal.keep = pm.version >= PMANIFEST_V3;
+		}
 		if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0)
 			goto fail;
 	} else {
@@ -636,6 +642,10 @@ fail:
 		else if (boot_failed && pm.version >= PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 	}
+	/* What this resume kept in a directory it made goes with it: a
+	 * failed resume holds nothing here. */
+	if (made_cache)
+		pcache_drop(&ss->pcache, customer, id);
 	session_put(ss, s, 1);
 out:
 	phash_free(&feed.ph);
