@@ -13,22 +13,8 @@ if ! SDK=$(scripts/e2b-ci-sdk.sh 2> /tmp/kiln-bench-ci-sdk.err); then
 	echo "code-interpreter: not measured: the SDK could not be installed: $(tail -n 1 /tmp/kiln-bench-ci-sdk.err)"
 	exit 0
 fi
-TMP=$(mktemp -d /tmp/kiln-bench-ci.XXXXXX)
-PORT=$((30000 + RANDOM % 10000))
-up_pid=
-cleanup() {
-	[ -z "$up_pid" ] || { kill -TERM "$up_pid" 2> /dev/null || true; wait "$up_pid" 2> /dev/null || true; }
-	rm -rf "$TMP"
-}
-trap cleanup EXIT
-build/kiln up --dir "$TMP/up" --port "$PORT" > "$TMP/up.out" 2> "$TMP/up.err" &
-up_pid=$!
-for _ in $(seq 2400); do
-	grep -q '^kiln up: ready' "$TMP/up.out" 2> /dev/null && break
-	kill -0 "$up_pid" 2> /dev/null || break
-	sleep 0.25
-done
-grep -q '^kiln up: ready' "$TMP/up.out" || { echo "code-interpreter: not measured: kiln up did not get ready: $(tail -n 3 "$TMP/up.err")"; exit 0; }
+. bench/up.sh
+bench_up code-interpreter || exit 0
 (
 	set -a
 	. "$TMP/up/credentials"

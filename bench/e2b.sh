@@ -12,22 +12,8 @@ if ! SDK=$(scripts/e2b-sdk.sh 2> /tmp/kiln-bench-e2b-sdk.err); then
 	exit 0
 fi
 grep -qa '/e2b/' build/kiln-api || { echo "e2b: not measured: build/kiln-api has no E2B API"; exit 0; }
-TMP=$(mktemp -d /tmp/kiln-bench-e2b.XXXXXX)
-PORT=$((30000 + RANDOM % 10000))
-up_pid=
-cleanup() {
-	[ -z "$up_pid" ] || { kill -TERM "$up_pid" 2> /dev/null || true; wait "$up_pid" 2> /dev/null || true; }
-	rm -rf "$TMP"
-}
-trap cleanup EXIT
-build/kiln up --dir "$TMP/up" --port "$PORT" > "$TMP/up.out" 2> "$TMP/up.err" &
-up_pid=$!
-for _ in $(seq 2400); do
-	[ -f "$TMP/up/credentials" ] && break
-	kill -0 "$up_pid" 2> /dev/null || break
-	sleep 0.25
-done
-[ -f "$TMP/up/credentials" ] || { echo "e2b: not measured: kiln up did not get ready: $(tail -n 3 "$TMP/up.err")"; exit 0; }
+. bench/up.sh
+bench_up e2b || exit 0
 (
 	set -a
 	. "$TMP/up/credentials"

@@ -46,6 +46,9 @@ echo
 # Sessions: pause/resume time by guest memory size, exec round trip.
 bench/session.sh
 echo
+# Pause and resume through kiln-api with 64 MiB of incompressible memory: the first pause, unchanged and changed re-pauses (deltas).
+RUNS=$RUNS bench/pause_api.sh
+echo
 # A session exec through kiln-api (SQLite), and the store's writes per exec (its lease), SQLite and PostgreSQL.
 bench/session_exec.sh
 pgdir=$(mktemp -d /tmp/kiln-bench-pg.XXXXXX)

@@ -8,6 +8,8 @@ pkgs=(
   build-essential pkg-config clang lld libclang-rt-14-dev
   libjansson-dev libcurl4-openssl-dev libssl-dev libseccomp-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libzstd-dev
+  # pause deltas hash each page with XXH3 (host/vm/phash.c; the header only)
+  libxxhash-dev
   # kiln-api's port proxy reads the sandbox servers' HTTP answers with it
   libhttp-parser-dev
   # kiln-api's PostgreSQL store (libpq) and the server its tests and

@@ -361,3 +361,34 @@ out:
 	}
 	return r;
 }
+
+void pcache_keep_only(const struct pcache_seal *seal, const char *const *shas, size_t n)
+{
+	char (*names)[PATH_MAX] = n ? calloc(n, sizeof(*names)) : NULL;
+	DIR *d;
+	struct dirent *e;
+
+	if ((n && !names) || !seal->dir[0]) {
+		free(names);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (seal_path(seal, shas[i], names[i], sizeof(names[i])) < 0)
+			names[i][0] = '\0';
+	if ((d = opendir(seal->dir))) {
+		while ((e = readdir(d))) {
+			char path[PATH_MAX];
+			size_t i;
+
+			if (e->d_name[0] == '.' ||
+			    snprintf(path, sizeof(path), "%s/%s", seal->dir, e->d_name) >= (int)sizeof(path))
+				continue;
+			for (i = 0; i < n && strcmp(names[i], path); i++)
+				;
+			if (i == n)
+				unlink(path);
+		}
+		closedir(d);
+	}
+	free(names);
+}

@@ -65,6 +65,9 @@ int pcache_sweep(const struct pause_cache *pc, pcache_gone_fn gone, void *ctx);
 struct pcache_seal {
 	char dir[PATH_MAX];
 	unsigned char key[PCACHE_KEY_LEN];
+	/* A resume's: a chunk fetched from S3 (and checked) is kept here too,
+	 * for the layers a later delta pause and resume reuse. */
+	int keep;
 };
 
 /* A fresh random key for a pause. 0, or -1 (no randomness: keep nothing). */
@@ -89,5 +92,10 @@ int pcache_put(const struct pcache_seal *seal, const char *sha, const void *z, s
  * is removed; the caller fetches from S3, and still checks the hash). Any
  * thread. */
 int pcache_get(const struct pcache_seal *seal, const char *sha, void *z, size_t n);
+
+/* Remove from seal->dir every file that is not the copy of one of the n
+ * chunks shas names (after a pause: the copies are then exactly what its
+ * manifest names). */
+void pcache_keep_only(const struct pcache_seal *seal, const char *const *shas, size_t n);
 
 #endif

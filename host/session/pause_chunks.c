@@ -43,6 +43,9 @@ struct pchunk_up {
 	size_t cap[2];
 	uint64_t bytes;
 	struct pcache_seal cache; /* where each chunk is kept too, sealed (dir "": nowhere) */
+	struct pchunk *known;     /* already in S3 (pchunk_up_known) */
+	size_t nknown;
+	uint64_t reused;          /* chunks not sent: known */
 	pthread_t th[PCHUNK_WORKERS_MAX];
 };
 
@@ -64,6 +67,43 @@ static int cache_read(const struct pcache_seal *cache, const struct pchunk *p, v
 		return -1;
 	sha_hex(z, p->zsize, sha);
 	return strcmp(sha, p->sha256) ? -1 : 0;
+}
+
+/* A chunk already in S3 with these compressed bytes (its hash and size). */
+static const struct pchunk *find_known(const struct pchunk_up *u, const struct pchunk *pc)
+{
+	for (size_t i = 0; i < u->nknown; i++)
+		if (u->known[i].zsize == pc->zsize && u->known[i].size == pc->size &&
+		    !strcmp(u->known[i].sha256, pc->sha256))
+			return &u->known[i];
+	return NULL;
+}
+
+int pchunk_up_known(struct pchunk_up *u, const struct pchunk_list *a, const struct pchunk_list *b)
+{
+	size_t n = (a ? a->n : 0) + (b ? b->n : 0);
+	struct pchunk *k = n ? malloc(n * sizeof(*k)) : NULL;
+
+	if (n && !k)
+		return -1;
+	if (a && a->n)
+		memcpy(k, a->c, a->n * sizeof(*k));
+	if (b && b->n)
+		memcpy(k + (a ? a->n : 0), b->c, b->n * sizeof(*k));
+	free(u->known);
+	u->known = k;
+	u->nknown = n;
+	return 0;
+}
+
+size_t pchunk_up_count(struct pchunk_up *u, int stream)
+{
+	size_t n;
+
+	pthread_mutex_lock(&u->lock);
+	n = u->out[stream].n;
+	pthread_mutex_unlock(&u->lock);
+	return n;
 }
 
 static void *up_worker(void *arg)
@@ -101,9 +141,18 @@ static void *up_worker(void *arg)
 			if (ZSTD_isError(zn)) {
 				kiln_err_set(&e, KERR_HOST_ERROR, "zstd: %s", ZSTD_getErrorName(zn));
 			} else {
+				const struct pchunk *k;
+
 				pc.zsize = zn;
 				sha_hex(z, zn, pc.sha256);
-				r = s3_put_buffer(u->c, pc.key, z, zn, "application/zstd", &e);
+				if ((k = find_known(u, &pc)) != NULL) {
+					/* In S3 already (an unchanged disk, the same
+					 * bytes as a kept layer): named, not sent. */
+					snprintf(pc.key, sizeof(pc.key), "%s", k->key);
+					r = 0;
+				} else {
+					r = s3_put_buffer(u->c, pc.key, z, zn, "application/zstd", &e);
+				}
 				if (r == 0 && u->cache.dir[0])
 					(void)pcache_put(&u->cache, pc.sha256, z, zn);
 			}
@@ -118,8 +167,13 @@ static void *up_worker(void *arg)
 				u->err = e;
 			u->failed = 1;
 		} else {
+			int sent = strncmp(pc.key, u->prefix, strlen(u->prefix)) == 0;
+
 			u->out[j->stream].c[j->index] = pc;
-			u->bytes += pc.zsize;
+			if (sent)
+				u->bytes += pc.zsize;
+			else
+				u->reused++;
 		}
 		free(j);
 		pthread_cond_broadcast(&u->cond);
@@ -280,6 +334,7 @@ int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchu
 	pthread_mutex_destroy(&u->lock);
 	pthread_cond_destroy(&u->cond);
 	OPENSSL_cleanse(&u->cache, sizeof(u->cache)); /* the key lives on only in the manifest */
+	free(u->known);
 	free(u);
 	return r;
 }
@@ -383,6 +438,9 @@ static int get_one(struct getter *g, size_t i, const struct pchunk *p, struct ra
 			kiln_err_set(e, KERR_SNAPSHOT_CORRUPT, "chunk %s: sha256 differs from the manifest (S3 copy damaged)",
 				     p->key);
 			goto out;
+		}
+		if (g->cache && g->cache->keep && g->cache->dir[0]) {
+			(void)pcache_put(g->cache, p->sha256, z, p->zsize); /* best effort */
 		}
 	}
 	if (p->size <= PCHUNK_RAW_MAX) {

@@ -32,6 +32,11 @@ void pchunk_buf_free(void *buf);
  * before the first pchunk_up_add. */
 void pchunk_up_cache(struct pchunk_up *u, const struct pcache_seal *cache);
 
+/* Chunks already in S3 (a copy is taken; call before the first
+ * pchunk_up_add): a chunk whose compressed bytes hash to one of theirs
+ * (and have its size) is not sent again; the list names the known key. */
+int pchunk_up_known(struct pchunk_up *u, const struct pchunk_list *a, const struct pchunk_list *b);
+
 /* Queue buf (len <= PCHUNK_RAW_MAX bytes, from pchunk_buf_alloc; the uploader frees it)
  * as the next chunk of stream 0 (state) or 1 (disk). Blocks while too many
  * chunks wait (bounded memory). 0, or -1 once an upload failed. */
@@ -42,6 +47,9 @@ int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len);
  * 0, or -1 with err set to the first failure. Frees u either way. */
 int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchunk_list *disk, uint64_t *bytes,
 		     struct kiln_err *err);
+
+/* Chunks queued so far on stream (0 or 1). */
+size_t pchunk_up_count(struct pchunk_up *u, int stream);
 
 /* Download every chunk of l with `workers` threads into out_fd at its
  * offset, each checked against its size and SHA-256 before it is

@@ -66,10 +66,11 @@ int pmanifest_parse(const char *text, size_t len, const char *customer, const ch
 		out->version = PMANIFEST_V1;
 		return 0;
 	}
-	if (v != PMANIFEST_V2)
+	if (v != PMANIFEST_V2 && v != PMANIFEST_V3)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT,
-				    "the paused session's manifest has version %lld; this host reads versions 1 and 2", (long long)v);
-	out->version = PMANIFEST_V2;
+				    "the paused session's manifest has version %lld; this host reads versions 1 to 3",
+				    (long long)v);
+	out->version = (int)v;
 	base = json_object_get(m, "base");
 	if (!hex64(json_string_value(json_object_get(base, "sha256"))) ||
 	    !json_is_integer(json_object_get(base, "size")) || json_integer_value(json_object_get(base, "size")) <= 0)
@@ -82,6 +83,21 @@ int pmanifest_parse(const char *text, size_t len, const char *customer, const ch
 		return -1;
 	if (!out->state.n || !out->disk.n)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has an empty chunk list");
+	if (v == PMANIFEST_V3) {
+		json_t *t = json_object_get(m, "tail"), *d = json_object_get(m, "depth");
+		const char *g = json_string_value(json_object_get(m, "generation"));
+
+		/* At least one chunk of pages before the devices' chunks. */
+		if (!json_is_integer(t) || json_integer_value(t) < 1 ||
+		    (uint64_t)json_integer_value(t) >= (uint64_t)out->state.n || !json_is_integer(d) ||
+		    json_integer_value(d) < 0 || json_integer_value(d) > PMANIFEST_DEPTH_MAX || !g || !*g ||
+		    strlen(g) >= sizeof(out->generation))
+			return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT,
+					    "the paused session's manifest has no valid tail, depth or generation");
+		out->tail = (size_t)json_integer_value(t);
+		out->depth = (int)json_integer_value(d);
+		snprintf(out->generation, sizeof(out->generation), "%s", g);
+	}
 	/* Only for the pause cache: without it a resume fetches from S3. */
 	out->has_cache_key = pcache_key_parse(json_string_value(json_object_get(m, "cache_key")), out->cache_key) == 0;
 	return 0;

@@ -16,6 +16,16 @@
 
 #define PMANIFEST_V1         1        /* whole state + disk.qcow2 objects (still resumed) */
 #define PMANIFEST_V2         2
+/* Version 3 (2026-12-07): version 2 plus "tail", the number of the state's
+ * last chunks that hold the devices (after the RAM's pages: the stream is
+ * cut there), and "depth", how many delta pauses are layered since the
+ * last full one. The state's chunks before the tail are the layers a later
+ * pause may reuse, appending only the pages changed since (a delta); they
+ * may sit under older generations of the same session. Hosts before it
+ * refuse it ("reads versions 1 and 2"): a delta over chunks they would not
+ * know is a layer. */
+#define PMANIFEST_V3         3
+#define PMANIFEST_DEPTH_MAX  64       /* deltas a manifest may layer (pauses compact before) */
 /* A chunk's uncompressed size: the most a pause cuts and a resume accepts.
  * 16 MiB since 2026-12-06 (8 before; those still resume, but a pause cut at
  * 16 does not resume on a host from before): on the local S3 each GET costs
@@ -48,12 +58,18 @@ struct pmanifest {
 	 * cache is not read. */
 	unsigned char cache_key[PCACHE_KEY_LEN];
 	int has_cache_key;
+	/* Version 3: the state's last `tail` chunks are the devices (1 or
+	 * more; 0 before version 3: the layers are not known), `depth` deltas
+	 * are layered, and the pause that wrote it was `generation`. */
+	size_t tail;
+	int depth;
+	char generation[48];
 };
 
 /* Parse and check a manifest for the session customer/id: version 1 (only
  * its identity is checked here; the caller knows the v1 layout) or 2 (base
  * hash, chunk lists: keys under "<customer>/sessions/<id>/", sizes within
- * bounds, hex hashes). 0, or -1 with err set (snapshot_corrupt). Free with
+ * bounds, hex hashes) or 3 (also tail, depth and generation). 0, or -1 with err set (snapshot_corrupt). Free with
  * pmanifest_free (also after a failure). Pure; any thread. */
 int pmanifest_parse(const char *text, size_t len, const char *customer, const char *id, struct pmanifest *out,
 		    struct kiln_err *err);

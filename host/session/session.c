@@ -116,6 +116,8 @@ void session_teardown(struct session_table *ss, struct session *s)
 		hostd_release(ss->d, s->vcpus, s->memory_mib);
 	s->vcpus = 0;
 	session_base_release(s);
+	phash_free(&s->layers); /* the VM whose pages it describes is gone */
+	s->layers_ok = 0;
 	fs_rmtree(s->dir);
 }
 

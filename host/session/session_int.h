@@ -60,6 +60,18 @@ struct session {
 	 * firmware pages are then the ones the session began with, not this
 	 * host's template's. "": none (the pause goes through QEMU). */
 	char resumed_tpl[PATH_MAX + 16];
+	/* The layers its RAM came from (session_resume.c; phash.h): what each
+	 * page the load wrote held, the manifest's generation and delta depth.
+	 * layers_ok: the next pause may be a delta over that manifest. */
+	struct phash layers;
+	char layers_gen[48];
+	int layers_depth, layers_ok;
+	/* A pause saved here but not yet in S3 (SS_PAUSING; retried from the
+	 * local copy): where the devices begin in that copy, and for a delta
+	 * the generation whose layers it goes over and its depth. */
+	uint64_t saved_tail_off;
+	int saved_cut, saved_delta, saved_depth;
+	char saved_over[48];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */

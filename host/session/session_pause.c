@@ -72,6 +72,12 @@ struct pause_stream {
 	int rc;
 	struct kiln_err err;
 	struct migfilter_stats st;
+	/* Layers (manifest version 3): the stream is cut where the RAM's pages
+	 * end (cut: that happened), so that the devices are the last chunks; a
+	 * delta drops what comes before the pages (the layers hold it). */
+	int delta, cut;
+	size_t flushed, tail_at;    /* chunks handed on; of them, before the devices */
+	uint64_t local_off, tail_off; /* bytes in the local copy; where the devices begin */
 };
 
 static ssize_t ps_read(void *ctx, void *buf, size_t len)
@@ -91,6 +97,8 @@ static int ps_flush(struct pause_stream *p)
 		return 0;
 	if (io_write_all(p->local_fd, p->cur, p->len) < 0)
 		return -1;
+	p->local_off += p->len;
+	p->flushed++;
 	if (p->up_ok && pchunk_up_add(p->up, 0, p->cur, p->len) < 0)
 		p->up_ok = 0; /* the failure is reported by pchunk_up_finish */
 	else if (!p->up_ok)
@@ -121,6 +129,27 @@ static int ps_write(void *ctx, const void *buf, size_t len)
 	return 0;
 }
 
+/* vmmem's marks: 0 before the RAM's pages, 1 after them. */
+static int ps_mark(void *ctx, int phase)
+{
+	struct pause_stream *p = ctx;
+
+	if (phase == 0) {
+		if (p->delta) {
+			if (p->flushed) /* a prefix longer than a chunk: not this layout */
+				return -1;
+			p->len = 0; /* the header, configuration and firmware: in the layers */
+		}
+		return 0;
+	}
+	if (ps_flush(p) < 0)
+		return -1;
+	p->tail_at = p->flushed;
+	p->tail_off = p->local_off;
+	p->cut = 1;
+	return 0;
+}
+
 static void *ps_thread(void *arg)
 {
 	struct pause_stream *p = arg;
@@ -140,15 +169,21 @@ static void *ps_thread(void *arg)
 /* Queue a local file (the disk layer; or the state on a retry) as chunks.
  * 0; -1 with err set (the file); -2 when an upload failed (the reason comes
  * from pchunk_up_finish). */
-static int queue_file(struct pchunk_up *up, int stream, const char *path, struct kiln_err *err)
+static int queue_range(struct pchunk_up *up, int stream, const char *path, uint64_t from, uint64_t to,
+		       struct kiln_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+	if (lseek(fd, (off_t)from, SEEK_SET) < 0) {
+		close(fd);
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
+	}
 	for (;;) {
 		uint8_t *b = pchunk_buf_alloc();
-		ssize_t n = b ? io_read_all(fd, b, PCHUNK_RAW_MAX) : -1;
+		size_t want = to - from < PCHUNK_RAW_MAX ? (size_t)(to - from) : PCHUNK_RAW_MAX;
+		ssize_t n = b ? (want ? io_read_all(fd, b, want) : 0) : -1;
 
 		if (n <= 0) {
 			pchunk_buf_free(b);
@@ -157,6 +192,7 @@ static int queue_file(struct pchunk_up *up, int stream, const char *path, struct
 				return kiln_err_set(err, KERR_HOST_ERROR, "reading %s: %s", path, strerror(errno));
 			return 0;
 		}
+		from += (uint64_t)n;
 		if (pchunk_up_add(up, stream, b, (size_t)n) < 0) {
 			close(fd);
 			return -2;
@@ -164,10 +200,16 @@ static int queue_file(struct pchunk_up *up, int stream, const char *path, struct
 	}
 }
 
+static int queue_file(struct pchunk_up *up, int stream, const char *path, struct kiln_err *err)
+{
+	return queue_range(up, stream, path, 0, UINT64_MAX, err);
+}
+
 /* Write the version 2 manifest naming the chunks (the last PUT of a pause). */
 static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
 			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
-			   const struct migfilter_stats *fst, const struct pcache_seal *seal, struct kiln_err *err)
+			   size_t tail, int depth, const struct migfilter_stats *fst, const struct pcache_seal *seal,
+			   struct kiln_err *err)
 {
 	json_t *m;
 	char key[512], *text;
@@ -175,12 +217,16 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 
 	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
 		      "s:{s:I, s:I}}",
-		      "version", PMANIFEST_V2, "id", s->id, "customer", s->customer, "template", s->snap->key, "net",
-		      s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
+		      "version", tail ? PMANIFEST_V3 : PMANIFEST_V2, "id", s->id, "customer", s->customer, "template",
+		      s->snap->key, "net", s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
 		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
 		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),
 		      "pages", "seen", (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+	if (m && tail) {
+		json_object_set_new(m, "tail", json_integer((json_int_t)tail));
+		json_object_set_new(m, "depth", json_integer(depth));
+	}
 	if (m && seal) {
 		/* The pause cache's key: only here, in S3, never on this host's
 		 * disk (pause_cache.h). */
@@ -200,6 +246,93 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 	return r;
 }
 
+
+/* Deltas layered over a full pause before the next pause is full again
+ * (each is a few chunks a resume fetches and loads in turn). */
+#define PAUSE_DELTA_MAX 8
+
+/* May this pause send only the pages changed since the session's layers?
+ * Its RAM was loaded from the manifest now in S3 (old: the same
+ * generation), page by page with their hashes; the layers are not too
+ * deep nor, with what was written over, more than twice the RAM; and the
+ * pause is not the checked kind (sessions.save_pages 2 compares the whole
+ * stream with QEMU's own save). */
+static int pause_may_delta(const struct session_table *ss, const struct session *s, const struct pmanifest *old)
+{
+	uint64_t layers = 0;
+
+	if (!s->layers_ok || !old || old->version < PMANIFEST_V3 || strcmp(old->generation, s->layers_gen) ||
+	    old->depth >= PAUSE_DELTA_MAX || ss->save_pages == 2)
+		return 0;
+	for (size_t i = 0; i + old->tail < old->state.n; i++)
+		layers += old->state.c[i].size;
+	return layers <= 2 * s->snap->mem_size;
+}
+
+/* The state's chunk list of a delta: the layers of old (its chunks before
+ * the devices), then this pause's own. 0, or -1 (out of memory). */
+static int layer_over(struct pchunk_list *state, const struct pmanifest *old)
+{
+	size_t keep = old->state.n - old->tail;
+	struct pchunk *c = malloc((keep + state->n) * sizeof(*c));
+
+	if (!c)
+		return -1;
+	memcpy(c, old->state.c, keep * sizeof(*c));
+	memcpy(c + keep, state->c, state->n * sizeof(*c));
+	free(state->c);
+	state->c = c;
+	state->n += keep;
+	state->total = 0;
+	for (size_t i = 0; i < state->n; i++) {
+		c[i].offset = state->total;
+		state->total += c[i].size;
+	}
+	return 0;
+}
+
+static int named_in(const char *key, const struct pchunk_list *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		if (!strcmp(l->c[i].key, key))
+			return 1;
+	return 0;
+}
+
+/* Leave out of old's lists (what goes once the new manifest is in) every
+ * chunk the new one names too: a layer, an unchanged disk chunk. */
+static void keep_named(struct pmanifest *old, const struct pchunk_list *state, const struct pchunk_list *disk)
+{
+	struct pchunk_list *ls[2] = { &old->state, &old->disk };
+
+	for (int j = 0; j < 2; j++) {
+		size_t o = 0;
+
+		for (size_t i = 0; i < ls[j]->n; i++)
+			if (!named_in(ls[j]->c[i].key, state) && !named_in(ls[j]->c[i].key, disk))
+				ls[j]->c[o++] = ls[j]->c[i];
+		ls[j]->n = o;
+	}
+}
+
+/* The pause cache holds exactly the copies of what the new manifest names
+ * (a delta's layers kept by the resume, this pause's own; an older tail
+ * or disk chunk goes). */
+static void cache_keep_named(const struct pcache_seal *seal, const struct pchunk_list *state,
+			     const struct pchunk_list *disk)
+{
+	const char **shas = malloc((state->n + disk->n + 1) * sizeof(*shas));
+	size_t n = 0;
+
+	if (!shas)
+		return;
+	for (size_t i = 0; i < state->n; i++)
+		shas[n++] = state->c[i].sha256;
+	for (size_t i = 0; i < disk->n; i++)
+		shas[n++] = disk->c[i].sha256;
+	pcache_keep_only(seal, shas, n);
+	free(shas);
+}
 
 /* The previous generation's manifest, fetched on a thread of its own while
  * the pause checks the bucket and the base and saves the VM: one round trip
@@ -295,6 +428,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
 	int fast = 0;
 	struct pcache_seal seal = { .dir = "" };
+	size_t tail = 0;
+	int chain;
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -321,11 +456,25 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		goto out;
 	}
 	ps.up_ok = 1;
+	/* The previous manifest: what is in S3 already is not sent again, and
+	 * a delta goes over its layers. */
+	old = old_fetch_join(&of);
+	if (old && pchunk_up_known(ps.up, &old->state, &old->disk) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
 	/* This pause's chunks are kept here too (an older pause's go), for a
 	 * resume on this host, sealed with a key of this pause's own that only
-	 * its manifest will hold. */
-	if (pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0) {
-		if (pcache_key_new(seal.key) == 0) {
+	 * its manifest will hold. A delta keeps its layers' copies (the resume
+	 * of a version 3 manifest left them) and their key: the new manifest
+	 * holds it again. */
+	chain = (s->state == SS_RUNNING ? pause_may_delta(ss, s, old) : s->saved_delta) && old && old->has_cache_key;
+	if (pcache_dir(&ss->pcache, s->customer, s->id, !chain, seal.dir, sizeof(seal.dir)) == 0 ||
+	    (chain && pcache_dir(&ss->pcache, s->customer, s->id, 1, seal.dir, sizeof(seal.dir)) == 0)) {
+		if (chain) {
+			memcpy(seal.key, old->cache_key, PCACHE_KEY_LEN);
+			pchunk_up_cache(ps.up, &seal);
+		} else if (pcache_key_new(seal.key) == 0) {
 			pchunk_up_cache(ps.up, &seal);
 		} else {
 			pcache_drop(&ss->pcache, s->customer, s->id); /* no key: nothing kept */
@@ -355,6 +504,12 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			if (!fast)
 				fprintf(stderr, "kiln-host: session %s: saved through QEMU: %s\n", s->id, fe.message);
 		}
+		if (fast) {
+			ps.delta = pause_may_delta(ss, s, old);
+			sv.delta = ps.delta ? &s->layers : NULL;
+			sv.mark = ps_mark;
+			sv.mark_ctx = &ps;
+		}
 		/* envd's streams end now (unavailable); its processes are saved
 		 * with the VM and a resumed session's new channel lists them. */
 		session_envd_close(ss, s, "the sandbox is being paused");
@@ -370,6 +525,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 				fprintf(stderr, "kiln-host: session %s: QEMU did not save its devices (%s): saving it whole\n",
 					s->id, ps.err.message);
 				fast = 0;
+				ps.delta = 0; /* QEMU's stream is whole, and not cut */
 			} else {
 				ps.rc = r;
 				if (r == 0 && ps_flush(&ps) < 0)
@@ -445,9 +601,30 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		if (!down_th)
 			vm_down_thread(s);
 		s->state = SS_PAUSING;
+		/* For a retry from the local copy, if S3 does not take it now. */
+		s->saved_cut = ps.cut;
+		s->saved_tail_off = ps.tail_off;
+		s->saved_delta = ps.delta;
+		s->saved_depth = ps.delta ? old->depth + 1 : 0;
+		snprintf(s->saved_over, sizeof(s->saved_over), "%s", ps.delta ? old->generation : "");
 		t_down = proto_now_ms();
-	} else if ((r = queue_file(ps.up, 0, s->state_path, err)) == -1) {
-		goto out; /* a retry without the local copy of the stream */
+	} else {
+		/* A retry: the local copy, cut where its devices begin; a delta
+		 * goes over the same layers, still what S3's manifest names. */
+		ps.cut = s->saved_cut;
+		ps.delta = s->saved_delta;
+		if (ps.delta && (!old || strcmp(old->generation, s->saved_over))) {
+			kiln_err_set(err, KERR_HOST_ERROR, "the layers this pause goes over are no longer the session's");
+			goto out;
+		}
+		if (!ps.cut) {
+			r = queue_file(ps.up, 0, s->state_path, err);
+		} else if ((r = queue_range(ps.up, 0, s->state_path, 0, s->saved_tail_off, err)) == 0) {
+			ps.tail_at = pchunk_up_count(ps.up, 0);
+			r = queue_range(ps.up, 0, s->state_path, s->saved_tail_off, UINT64_MAX, err);
+		}
+		if (r == -1)
+			goto out; /* a retry without the local copy of the stream */
 	}
 	/* -2: an upload failed; pchunk_up_finish says which. */
 	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
@@ -461,9 +638,18 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		down_th = 0;
 	}
 	t_up = proto_now_ms();
-	/* Read before the new manifest replaces it. */
-	old = old_fetch_join(&of);
-	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, fst, seal.dir[0] ? &seal : NULL, err);
+	r = -1;
+	if (ps.cut && state.n <= ps.tail_at) {
+		kiln_err_set(err, KERR_HOST_ERROR, "the session's state has no devices after its pages");
+		goto out;
+	}
+	tail = ps.cut ? state.n - ps.tail_at : 0;
+	if (ps.delta && layer_over(&state, old) < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		goto out;
+	}
+	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, tail, ps.delta ? old->depth + 1 : 0, fst,
+			    seal.dir[0] ? &seal : NULL, err);
 	if (r == 0 && t_saved && fast)
 		fprintf(stderr,
 			"kiln-host: session %s saved from its pages: QEMU stopped and saved its devices in %lld ms; "
@@ -476,11 +662,21 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 			"uploads and VM teardown finish %lld, manifest %lld\n",
 			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
 			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
+	if (r == 0 && ps.delta)
+		fprintf(stderr,
+			"kiln-host: session %s: a delta over %zu chunks of layers (depth %d): %llu of %llu private pages "
+			"unchanged, %llu back to the base's\n",
+			s->id, old->state.n - old->tail, old->depth + 1, (unsigned long long)sv.pages_same,
+			(unsigned long long)sv.private_pages, (unsigned long long)sv.pages_gone);
 	if (r == 0 && old) {
-		/* The new manifest is in: the previous generation can go. */
+		/* The new manifest is in: what the previous generation has that
+		 * the new one does not name can go. */
+		keep_named(old, &state, &disk);
 		session_delete_old(ss, old);
 		old = NULL;
 	}
+	if (r == 0 && seal.dir[0])
+		cache_keep_named(&seal, &state, &disk);
 	if (r == 0)
 		pcache_prune(&ss->pcache, s->customer, s->id);
 	goto out;

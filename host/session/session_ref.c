@@ -12,6 +12,7 @@
 void session_free(struct session *s)
 {
 	session_base_release(s);
+	phash_free(&s->layers);
 	json_decref(s->spec);
 	free(s->samples);
 	pthread_mutex_destroy(&s->op);

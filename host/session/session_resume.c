@@ -119,7 +119,29 @@ struct state_feed {
 	int tee_fd, tee_failed;
 	int64_t chunks_done_ms; /* when the last chunk was fetched, checked and streamed */
 	int locks;              /* the slot's mutex and condition are set up */
+	/* Each loaded page's hash, for the next pause's delta (the filter
+	 * thread's; ph_ok 0: out of memory, no delta). */
+	struct phash ph;
+	int ph_ok;
 };
+
+/* The loader's page, hashed on the way (phash.h: a later record of a page
+ * replaces an earlier one, as its write does). */
+static int feed_page(void *ctx, uint64_t addr, const uint8_t *data)
+{
+	struct state_feed *f = ctx;
+
+	if (f->ph_ok && phash_add(&f->ph, (uint32_t)(addr / 4096), phash_page(data)) < 0) {
+		phash_free(&f->ph);
+		f->ph_ok = 0;
+	}
+	return pageload_page(f->pl, addr, data);
+}
+
+static int feed_flush(void *ctx)
+{
+	return pageload_flush(((struct state_feed *)ctx)->pl);
+}
 
 /* The chunks' side: hand buf over and wait until the filter is done with
  * it, or has stopped (-1). */
@@ -202,8 +224,8 @@ static int feed_write(void *ctx, const void *buf, size_t len)
 static void *state_filter_thread(void *arg)
 {
 	struct state_feed *f = arg;
-	struct migfilter_base mb = { .block = "mem", .size = f->pl_size, .page = pageload_page, .flush = pageload_flush,
-				     .ctx = f->pl };
+	struct migfilter_base mb = { .block = "mem", .size = f->pl_size, .page = feed_page, .flush = feed_flush,
+				     .ctx = f };
 
 	/* Without the loader the stream passes through whole. */
 	f->frc = migfilter_run_view(feed_view, &f->slot, feed_write, f, f->pl ? &mb : NULL, &f->st, &f->ferr);
@@ -317,7 +339,8 @@ static int fetch_v2(const struct s3_config *c, struct session *s, const struct p
 		(void)setsockopt(p[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
 		shutdown(p[0], SHUT_WR); /* one way: kiln-host to QEMU */
 	}
-	*f = (struct state_feed){ .c = c, .l = &pm->state, .cache = cache, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1 };
+	*f = (struct state_feed){ .c = c, .l = &pm->state, .cache = cache, .rc = -1, .fd = p[1], .frc = -1, .tee_fd = -1,
+				  .ph_ok = 1 };
 	f->locks = 1;
 	pthread_mutex_init(&f->slot.mu, NULL);
 	pthread_cond_init(&f->slot.cv, NULL);
@@ -393,7 +416,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	json_t *m = NULL, *files;
 	struct pmanifest pm = { 0 };
 	char key[512], path[PATH_MAX + 32];
-	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0;
+	int fd = -1, r = -1, have_ts = 0, reserved = 0, boot_failed = 0, paged = 0, made_cache = 0;
 	/* Where a resume's time goes (logged): the manifest, the base when it
 	 * comes from S3, the disk layer, the disk's rebase, QEMU starting and
 	 * loading the state while it streams in. */
@@ -457,7 +480,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
 		goto fail;
 	}
-	if (pm.version == PMANIFEST_V2) {
+	if (pm.version >= PMANIFEST_V2) {
 		char base_sha[65];
 
 		if (snapshot_mem_sha256(snap, base_sha, err) < 0)
@@ -487,11 +510,17 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->memory_mib = ts.memory_mib;
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
-	if (pm.version == PMANIFEST_V2) {
+	if (pm.version >= PMANIFEST_V2) {
 		/* Its chunks from this host's pause cache where they are there,
 		 * opened with the key its manifest holds. */
-		if (pm.has_cache_key && pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0)
+		/* Version 3: what comes from S3 is kept here too (the layers a
+		 * delta pause names again), in a directory made if missing. */
+		if (pm.has_cache_key && (pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0 ||
+					 (pm.version >= PMANIFEST_V3 &&
+					  (made_cache = pcache_dir(&ss->pcache, customer, id, 1, seal.dir, sizeof(seal.dir)) == 0)))) {
 			memcpy(seal.key, pm.cache_key, sizeof(seal.key));
+			seal.keep = pm.version >= PMANIFEST_V3;
+		}
 		if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0)
 			goto fail;
 	} else {
@@ -531,7 +560,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		}
 	}
 	t_disk = proto_now_ms();
-	if (pm.version != PMANIFEST_V2)
+	if (pm.version < PMANIFEST_V2)
 		fd = open(s->state_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->state_path, strerror(errno));
@@ -539,11 +568,11 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	}
 	/* Version 2: the base mapped copy-on-write, the changed pages over it,
 	 * written in as they arrive once QEMU is there. */
-	if (pm.version == PMANIFEST_V2 && feed.pl) {
+	if (pm.version >= PMANIFEST_V2 && feed.pl) {
 		s->booted = feed_booted;
 		s->booted_ctx = &feed;
 	}
-	r = session_boot(ss, s, &ts, fd, pm.version != PMANIFEST_V2, err);
+	r = session_boot(ss, s, &ts, fd, pm.version < PMANIFEST_V2, err);
 	s->booted = NULL;
 	if (r < 0) {
 		r = -1;
@@ -554,10 +583,22 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	close(fd);
 	fd = -1;
 	/* QEMU loaded a whole stream; the feed must agree that it was all checked. */
+	paged = feed.pl != NULL; /* the join frees the loader */
 	if (state_feed_join(&feed, err) < 0)
 		goto fail;
 	state_feed_keep_tpl(&feed, s);
 	unlink(s->state_path); /* the RAM is in the VM now */
+	/* A version 3 manifest loaded page by page: its next pause may send
+	 * only what changes from here (session_pause.c). */
+	phash_free(&s->layers);
+	s->layers_ok = 0;
+	if (pm.version >= PMANIFEST_V3 && paged && feed.ph_ok && phash_finish(&feed.ph) == 0) {
+		s->layers = feed.ph;
+		memset(&feed.ph, 0, sizeof(feed.ph));
+		snprintf(s->layers_gen, sizeof(s->layers_gen), "%s", pm.generation);
+		s->layers_depth = pm.depth;
+		s->layers_ok = 1;
+	}
 	{
 		int64_t now = proto_now_ms();
 
@@ -575,8 +616,10 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			pm.state.n + pm.disk.n);
 	}
 	/* Its memory is in the VM now: the kept chunks go (its next pause
-	 * keeps its own). */
-	pcache_drop(&ss->pcache, customer, id);
+	 * keeps its own), but for a version 3 manifest's: its next pause may
+	 * be a delta over them, and a resume here then reads them here. */
+	if (pm.version < PMANIFEST_V3)
+		pcache_drop(&ss->pcache, customer, id);
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
 	r = 0;
@@ -596,11 +639,16 @@ fail:
 		/* A chunk that failed its check cut the stream: that is why. */
 		if (state_feed_join(&feed, &ferr) < 0 && boot_failed && ferr.errc == KERR_SNAPSHOT_CORRUPT)
 			*err = ferr;
-		else if (boot_failed && pm.version == PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+		else if (boot_failed && pm.version >= PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 	}
+	/* What this resume kept in a directory it made goes with it: a
+	 * failed resume holds nothing here. */
+	if (made_cache)
+		pcache_drop(&ss->pcache, customer, id);
 	session_put(ss, s, 1);
 out:
+	phash_free(&feed.ph);
 	OPENSSL_cleanse(&seal, sizeof(seal));
 	if (have_ts)
 		spec_free(&ts);

@@ -151,7 +151,40 @@ struct walk {
 	struct iovec liov[VMMEM_BATCH], riov[VMMEM_BATCH];
 	int n, nr;
 	struct kiln_err *err;
+	size_t cur;                   /* the delta table's cursor */
+	uint8_t base_page[VMMEM_PAGE];
+	struct migfilter_out *o;
 };
+
+/* A page the delta's table has that is no longer QEMU's private copy: it
+ * reads as the base's now, which the layers in S3 do not say. */
+static int walk_gone(void *ctx, uint32_t pg)
+{
+	struct walk *w = ctx;
+	ssize_t n = pread(w->sv->base_fd, w->base_page, VMMEM_PAGE, (off_t)pg * VMMEM_PAGE);
+
+	if (n != VMMEM_PAGE)
+		return kiln_err_set(w->err, KERR_HOST_ERROR, "reading the base RAM: %s",
+				    n < 0 ? strerror(errno) : "short read");
+	w->sv->pages_gone++;
+	return migfilter_page_out(w->o, (uint64_t)pg * VMMEM_PAGE, w->base_page);
+}
+
+/* In a delta: is the page at addr as the table has it? -1: the walk fails. */
+static int walk_same(struct walk *w, uint64_t addr, const uint8_t *data)
+{
+	const struct phash_ent *e;
+	uint32_t pg = (uint32_t)(addr / VMMEM_PAGE);
+	int rc;
+
+	e = phash_next(w->sv->delta, &w->cur, pg, walk_gone, w, &rc);
+	if (rc < 0)
+		return -1;
+	if (!e || e->pg != pg)
+		return 0;
+	w->cur++;
+	return e->h == phash_page(data);
+}
 
 static int walk_flush(struct walk *w, struct migfilter_out *o)
 {
@@ -168,9 +201,17 @@ static int walk_flush(struct walk *w, struct migfilter_out *o)
 	/* Every private page goes, not compared with the base: one that
 	 * matches it again is rare, and reading the base's page costs more
 	 * (2 us a page here, cold) than the few bytes it compresses to. */
-	for (int i = 0; i < w->n; i++)
-		if (migfilter_page_out(o, w->addr[i], w->buf + (size_t)i * VMMEM_PAGE) < 0)
+	for (int i = 0; i < w->n; i++) {
+		const uint8_t *page = w->buf + (size_t)i * VMMEM_PAGE;
+		int same = w->sv->delta ? walk_same(w, w->addr[i], page) : 0;
+
+		if (same < 0)
 			return -1;
+		if (same)
+			w->sv->pages_same++;
+		else if (migfilter_page_out(o, w->addr[i], page) < 0)
+			return -1;
+	}
 	w->sv->private_pages += (uint64_t)w->n;
 	w->n = w->nr = 0;
 	return 0;
@@ -185,6 +226,11 @@ static int walk_pages(void *ctx, struct migfilter_out *o)
 
 	if (!ent)
 		return kiln_err_set(w->err, KERR_HOST_ERROR, "out of memory");
+	w->o = o;
+	if (sv->mark && sv->mark(sv->mark_ctx, 0) < 0) {
+		kiln_err_set(w->err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
+		goto out;
+	}
 	for (uint64_t first = 0; first < npages; first += VMMEM_PM_ENTS) {
 		uint64_t cnt = npages - first < VMMEM_PM_ENTS ? npages - first : VMMEM_PM_ENTS;
 		off_t at = (off_t)((sv->ram / VMMEM_PAGE + first) * sizeof(uint64_t));
@@ -216,6 +262,15 @@ static int walk_pages(void *ctx, struct migfilter_out *o)
 		}
 	}
 	r = walk_flush(w, o);
+	if (r == 0 && sv->delta) {
+		int rc;
+
+		/* The table's pages past the last private one. */
+		phash_next(sv->delta, &w->cur, UINT32_MAX, walk_gone, w, &rc);
+		r = rc;
+	}
+	if (r == 0 && sv->mark && sv->mark(sv->mark_ctx, 1) < 0)
+		r = kiln_err_set(w->err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
 out:
 	free(ent);
 	return r;
@@ -273,7 +328,7 @@ int vmmem_save_fast(struct vmmem_save *sv, int64_t deadline_ms, migfilter_write_
 	int dev = -1, r = -1;
 
 	*qemu_failed = 0;
-	sv->private_pages = 0;
+	sv->private_pages = sv->pages_same = sv->pages_gone = 0;
 	if (!w)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	w->sv = sv;

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "err.h"
+#include "phash.h"
 #include "migfilter.h"
 #include "vm.h"
 
@@ -34,11 +35,22 @@ struct vmmem_save {
 	 * own save of the same VM that follows (vmmem_verify: QEMU 7.2 aborts
 	 * on releasing them twice); that save releases them. */
 	int disks_stay;
+	/* A delta pause (NULL: every private page goes): a private page whose
+	 * hash is the table's is left out (the chunks already in S3 hold it);
+	 * a page the table has that is no longer private goes as the base's
+	 * (it reads as the base's now). */
+	const struct phash *delta;
+	/* Called with 0 just before the block's first page goes to the writer
+	 * and with 1 just after its last: the writer cuts its chunks there. */
+	int (*mark)(void *ctx, int phase);
+	void *mark_ctx;
 	/* filled by vmmem_save_open */
 	uintptr_t ram;
 	int pm_fd, tpl_fd;
 	/* filled by vmmem_save_fast */
-	uint64_t private_pages; /* pages QEMU holds a private copy of (read and sent) */
+	uint64_t private_pages; /* pages QEMU holds a private copy of (read; sent unless the delta's) */
+	uint64_t pages_same;    /* of those, left out of a delta: as in the table */
+	uint64_t pages_gone;    /* the table's pages no longer private, sent as the base's */
 	int64_t ms_devices, ms_pages; /* QEMU's device state; the pages read and composed */
 };
 

@@ -39,11 +39,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct kiln_err err = { .code = "" };
 
 	if (pmanifest_parse((const char *)data, size, "acme", "s1", &m, &err) == 0) {
-		check(m.version == PMANIFEST_V1 || m.version == PMANIFEST_V2);
-		if (m.version == PMANIFEST_V2) {
+		check(m.version == PMANIFEST_V1 || m.version == PMANIFEST_V2 || m.version == PMANIFEST_V3);
+		if (m.version >= PMANIFEST_V2) {
 			check(strlen(m.base_sha256) == 64 && m.base_size > 0);
 			check_list(&m.state);
 			check_list(&m.disk);
+			/* Version 3: pages before the devices, a bounded depth. */
+			check(m.version == PMANIFEST_V3 ? m.tail >= 1 && m.tail < m.state.n && m.depth >= 0 &&
+								 m.depth <= PMANIFEST_DEPTH_MAX && m.generation[0]
+							  : m.tail == 0);
 		} else {
 			check(!m.has_cache_key); /* version 1 has no pause cache */
 		}
