@@ -96,14 +96,17 @@ void session_base_prep_want(struct session_table *ss, const struct snapshot *sna
 		return;
 	p->snap.mem_fd = -1;
 	p->j.drop = prep_job_drop;
-	if (hostd_s3_take(ss->d, &p->s3) < 0) { /* no S3: nothing to prepare for */
-		free(p);
-		return;
-	}
+	/* Every session create comes here: the claim (a lookup) first. */
 	snprintf(p->id, sizeof(p->id), "%s %llu %llu", snap->dir, (unsigned long long)snap->mem_ino,
 		 (unsigned long long)snap->mem_mtime_ns);
 	if (!base_book_claim(ss->bases, p->id, proto_now_ms(), BASE_BOOK_RETRY_MS)) {
-		prep_job_drop(&p->j);
+		free(p);
+		return;
+	}
+	/* No S3 (yet: SIGHUP may bring it): nothing to prepare for now. */
+	if (hostd_s3_take(ss->d, &p->s3) < 0) {
+		base_book_done(ss->bases, p->id, 0, proto_now_ms());
+		free(p);
 		return;
 	}
 	p->snap = *snap;

@@ -271,6 +271,8 @@ int session_base_ensure(struct base_book *bk, const struct s3_config *c, int fd,
 	r = s3_head(c, key, NULL, err);
 	if (r == 0)
 		r = base_upload(bk, c, fd, size, sha, template_key, ahead, prefix, key, &zbytes, err) < 0 ? -1 : 1;
+	else if (r > 0)
+		r = 0; /* the upload we waited for put it there */
 	base_book_leave(bk, sha);
 	if (r <= 0)
 		return r;
