@@ -12,8 +12,13 @@
 # CPU time each process (QEMU, kiln-host, the S3 server) used in it. At
 # 256 MiB also the same for a session that changed almost nothing (the
 # floor a lazy resume could reach if its page faults cost nothing).
-# The first pause of a snapshot also hashes its RAM (cached after): rounds
-# after the first count. KILN_HOST=path compares another build (e.g. main's).
+# The first pause of a snapshot also hashes its RAM (cached after) and, in
+# a fresh bucket, finds or puts its base there: rounds after the first
+# count; the first pause is printed on its own (its time, base_bytes, and
+# whether kiln-host had put the base in S3 ahead of it). KILN_HOST=path
+# compares another build (e.g. main's). SESSION_PREPARE_BASE=0 turns the
+# base's preparation ahead off (sessions.prepare_base), 1 on; empty leaves
+# the key out (on; builds from before it have none).
 # SESSION_PRESTART=1 (the default) keeps a session QEMU started ahead
 # (sessions.prestart); 0 turns it off; empty leaves the key out (builds
 # from before it). SESSION_SAVE_PAGES=0 has a pause save through QEMU's
@@ -26,6 +31,7 @@ KILN_HOST=${KILN_HOST:-build/kiln-host}
 SIZES=${SESSION_SIZES:-128 256 512}
 PRESTART=${SESSION_PRESTART-1}
 SAVE_PAGES=${SESSION_SAVE_PAGES-}
+PREPARE_BASE=${SESSION_PREPARE_BASE-}
 TMP=$(mktemp -d /tmp/kiln-bench-session.XXXXXX)
 export KILN_RUN_DIR=${KILN_RUN_DIR:-$TMP/run}
 PORT=$((30000 + RANDOM % 10000))
@@ -55,11 +61,13 @@ printf '  %-8s %10s %10s %14s %12s %14s %14s\n' memory "pause ms" "resume ms" "r
 for mem in $SIZES; do
 	jq -n --arg port "$PORT" --arg token "$TOKEN" --arg spool "$TMP/spool" --arg run "$KILN_RUN_DIR" --argjson mem "$mem" \
 		--arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" --arg pre "$PRESTART" --arg sp "$SAVE_PAGES" \
+		--arg pb "$PREPARE_BASE" \
 		'{listen: ("127.0.0.1:" + $port), host_id: "bench", token: $token, spool_dir: $spool, run_dir: $run,
 		  pool: {size: 0, prestart: 0, memory_mib: $mem},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: "kiln-bench", access_key: $ak, secret_key: $sk}}
 		 + {sessions: ((if $pre == "" then {} else {prestart: ($pre | tonumber)} end)
-			       + (if $sp == "" then {} else {save_pages: ($sp | tonumber)} end))}' > "$TMP/host.json"
+			       + (if $sp == "" then {} else {save_pages: ($sp | tonumber)} end)
+			       + (if $pb == "" then {} else {prepare_base: ($pb == "1")} end))}' > "$TMP/host.json"
 	"$KILN_HOST" serve --config "$TMP/host.json" > /dev/null 2> "$TMP/host.err" &
 	host_pid=$!
 	for _ in $(seq 1800); do
@@ -73,8 +81,10 @@ for mem in $SIZES; do
 	# A process holding 64 MiB of written memory across the pauses.
 	h -X POST "$U/b$mem/exec" --data '{"argv":["sh","-c","python3 -c \"import time; b = bytearray(64 << 20); b[::4096] = b\\\"x\\\" * (len(b) // 4096); time.sleep(3600)\" > /dev/null 2>&1 & sleep 2"]}' > /dev/null
 	: > "$TMP/p"; : > "$TMP/r"; : > "$TMP/re"; : > "$TMP/b"; : > "$TMP/busy"; : > "$TMP/who"
-	# One warm-up round (the first pause of a snapshot hashes its RAM once).
-	h -X POST "$U/b$mem/pause" > /dev/null; h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > /dev/null
+	# One warm-up round (the first pause of a snapshot hashes its RAM once,
+	# and finds its base in S3 or puts it there): reported on its own.
+	t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/first"; fp=$(ms "$t")
+	h -X POST "$U/b$mem/resume" --data '{"customer":"bench"}' > /dev/null
 	for _ in $(seq "$RUNS"); do
 		t=$(date +%s%N); h -X POST "$U/b$mem/pause" > "$TMP/pause"; ms "$t" >> "$TMP/p"
 		jq -r '.snapshot.bytes // 0' "$TMP/pause" >> "$TMP/b"
@@ -99,6 +109,7 @@ names = collections.Counter(n for r in rows for n in r)
 print(", ".join("%s %d" % (n, statistics.median(int(r.get(n, 0)) for r in rows))
       for n in sorted(names, key=lambda n: -statistics.mean(int(r.get(n, 0)) for r in rows))[:6]))' < "$TMP/who")"
 	echo "    last pause: $(cat "$TMP/pages") sent (a diff against the base snapshot; '- of -': the whole RAM)"
+	echo "    first pause of this snapshot (a fresh bucket): $fp ms (kiln-host's $(jq -r '.snapshot.pause_ms // "?"' "$TMP/first") ms), base_bytes $(jq -r '.snapshot.base_bytes // "?"' "$TMP/first"); base ahead: $(grep -o 'base [0-9a-f]* \(already \)\?in S3 (.*ahead of any pause)' "$TMP/host.err" | tail -n 1 | sed 's/base \([0-9a-f]\{12\}\)[0-9a-f]*/\1/' || true)"
 	# Where a resume's time goes (kiln-host logs each; "QEMU load" includes
 	# the state streaming in, which an older build fetched whole first).
 	grep -o 'resumed in .*' "$TMP/host.err" | tail -n "$RUNS" | /usr/bin/python3 -c '

@@ -553,6 +553,11 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	/* Unset: as the host starts QEMUs ahead for restores (prestart). */
 	sessions_set_prestart(s.sessions, o->session_prestart >= 0 ? o->session_prestart : o->prestart > 0);
 	sessions_set_save_pages(s.sessions, o->session_save_pages < 0 ? 1 : o->session_save_pages);
+	/* The default template's snapshots are ready: their base RAM goes to
+	 * S3 now, in the background, rather than on the first pause. */
+	sessions_set_prepare_base(s.sessions, o->session_prepare_base != 0);
+	sessions_prepare_base(s.sessions, s.def.snap);
+	sessions_prepare_base(s.sessions, s.def.net_snap);
 	if (sessions_set_pause_cache(s.sessions, o->spool_dir, o->session_pause_cache_mib, o->session_pause_cache_age_s,
 				     o->session_pause_cache_sweep_s) < 0)
 		fprintf(stderr, "kiln-host: %s/pause-cache: %s (resumes fetch every chunk from S3)\n", o->spool_dir,
@@ -685,6 +690,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->session_prestart = hc->session_prestart;
 	if (hc->session_save_pages >= 0)
 		so->session_save_pages = hc->session_save_pages;
+	if (hc->session_prepare_base >= 0)
+		so->session_prepare_base = hc->session_prepare_base;
 	if (hc->session_pause_cache_mib >= 0)
 		so->session_pause_cache_mib = (unsigned)hc->session_pause_cache_mib;
 	if (hc->session_pause_cache_age_s >= 0)
@@ -726,6 +733,7 @@ static int cmd_serve(int argc, char **argv)
 	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
 				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
 				 .pool_max = -1, .session_idle_stop_ms = 1500, .session_prestart = -1, .session_save_pages = -1,
+				 .session_prepare_base = -1,
 				 .session_pause_cache_mib = 1024, .session_pause_cache_age_s = 3600,
 				 .session_pause_cache_sweep_s = 60,
 				 .upload_inline_max = HOSTD_INLINE_MAX_DEFAULT };

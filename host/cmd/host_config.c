@@ -28,7 +28,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	memset(c, 0, sizeof(*c));
 	c->pool_size = c->pool_max = c->prestart = c->snapshot_memory_mib = c->snapshot_vcpus = c->cold = -1;
 	c->pool_refills = -1;
-	c->session_prestart = c->session_save_pages = -1;
+	c->session_prestart = c->session_save_pages = c->session_prepare_base = -1;
 	c->session_pause_cache_mib = c->session_pause_cache_age_s = c->session_pause_cache_sweep_s = -1;
 	c->root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
 	if (!c->root)
@@ -79,6 +79,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "idle_stop_ms", CONF_U32, &c->session_idle_stop_ms, 0, 3600000 },
 			{ "prestart", CONF_INT, &c->session_prestart, 0, 1 },
 			{ "save_pages", CONF_INT, &c->session_save_pages, 0, 2 },
+			{ "prepare_base", CONF_BOOL, &c->session_prepare_base },
 			{ "pause_cache_mib", CONF_INT, &c->session_pause_cache_mib, 0, 1 << 20 },
 			{ "pause_cache_max_age_s", CONF_INT, &c->session_pause_cache_age_s, 60, 30 * 86400 },
 			{ "pause_cache_sweep_s", CONF_INT, &c->session_pause_cache_sweep_s, 1, 3600 }, { 0 },

@@ -52,6 +52,7 @@ struct host_config {
 	int session_idle_stop_set;
 	int session_prestart;          /* "sessions": {"prestart"}: 0 or 1; -1: unset */
 	int session_save_pages;        /* "sessions": {"save_pages"}: 0, 1 or 2 (checked); -1: unset (on) */
+	int session_prepare_base;      /* "sessions": {"prepare_base"}: 0 or 1; -1: unset (on) */
 	int session_pause_cache_mib;   /* "sessions": {"pause_cache_mib"} (0: off); -1: unset */
 	int session_pause_cache_age_s; /* "sessions": {"pause_cache_max_age_s"}; -1: unset */
 	int session_pause_cache_sweep_s; /* "sessions": {"pause_cache_sweep_s"}; -1: unset */

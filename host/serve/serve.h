@@ -57,6 +57,7 @@ struct serve_opts {
 	unsigned session_idle_stop_ms; /* stop an idle session's vCPUs after (0: never) */
 	int session_prestart;          /* keep a session QEMU started ahead (1) or not (0); -1: as prestart > 0 */
 	int session_save_pages;        /* a pause reads the changed pages itself (1, -1; 2: and checks them) or QEMU saves all (0) */
+	int session_prepare_base;      /* snapshots' base RAM goes to S3 ahead of the first pause (1, -1) or with it (0) */
 	unsigned session_pause_cache_mib, session_pause_cache_age_s, session_pause_cache_sweep_s; /* sessions_set_pause_cache */
 };
 

@@ -78,8 +78,15 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 	pthread_mutex_init(&ss->lock, NULL);
 	pthread_cond_init(&ss->launch_cond, NULL);
 	pthread_cond_init(&ss->launched_cond, NULL);
+	ss->prepare_base = 1;
+	if (!(ss->bases = base_book_new())) {
+		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		free(ss);
+		return NULL;
+	}
 	if (pthread_create(&ss->launcher, NULL, launcher_main, ss) != 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot start the session launcher thread");
+		base_book_unref(ss->bases);
 		free(ss);
 		return NULL;
 	}
@@ -125,6 +132,7 @@ void sessions_close(struct session_table *ss)
 {
 	if (!ss)
 		return;
+	session_base_prep_stop(ss);
 	session_pcache_close(ss);
 	session_idler_stop(ss);
 	pthread_mutex_lock(&ss->lock);
@@ -144,6 +152,7 @@ void sessions_close(struct session_table *ss)
 	pthread_mutex_unlock(&ss->lock);
 	pthread_join(ss->launcher, NULL);
 	session_prestart_close(ss);
+	base_book_unref(ss->bases);
 	free(ss);
 }
 
@@ -589,6 +598,9 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 		return -1;
 	}
 	*out = session_json(ss, s);
+	/* Its snapshot is ready for sessions: its base goes to S3 now, off
+	 * this request (nothing when that was done already). */
+	session_base_prep_want(ss, snap);
 	session_put(ss, s, 0);
 	return 0;
 }

@@ -43,6 +43,17 @@ void sessions_set_prestart(struct session_table *ss, int on);
  * then checked page by page against QEMU's own save of the same stopped VM
  * (vmmem_verify: a diagnostic, a full save more per pause). */
 void sessions_set_save_pages(struct session_table *ss, int mode);
+/* Put the base RAM of each snapshot that sessions start from into S3
+ * ahead of its first pause (session_base_prep.c; on unless turned off
+ * here): sessions_prepare_base for the host's own snapshots, and on the
+ * first session created here on any other. */
+void sessions_set_prepare_base(struct session_table *ss, int on);
+struct snapshot;
+/* snap (the default template's, NULL: nothing) is ready for sessions:
+ * hash its RAM and make sure its base is in S3 on a background thread (at
+ * low priority, one snapshot at a time; logged; a failure leaves it to the
+ * first pause). Returns at once; after sessions_set_prepare_base. */
+void sessions_prepare_base(struct session_table *ss, const struct snapshot *snap);
 /* Keep each pause's chunks under spool_dir too (pause_cache.h), so that a
  * resume on this host reads them locally: at most budget_mib MiB (0: off),
  * none older than max_age_s; every sweep_s seconds (on the janitor's timer)

@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "base_book.h"
 #include "clock.h"
 #include "net/net.h"
 #include "pause_cache.h"
@@ -178,6 +179,10 @@ struct session_table {
 	int save_pages;          /* sessions_set_save_pages: 0, 1, 2 (checked) */
 	struct pause_cache pcache; /* sessions_set_pause_cache (root "": off) */
 	int pcache_hooked;         /* its sweep is on hostd's janitor timer */
+	/* Bases in S3 ahead of the first pause (session_base_prep.c), and the
+	 * lock per base that session_base_ensure takes. */
+	struct base_book *bases;
+	int prepare_base;        /* sessions_set_prepare_base */
 };
 
 /* Sessions of this host (session.c) ------------------------------------- */
@@ -296,6 +301,20 @@ int session_pause_manifest_host(const struct s3_config *c, const char *customer,
  * directory for the manifest meanwhile. Missing objects are fine. */
 void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
 
+/* The base ahead of the first pause (session_base_prep.c) ---------------- */
+
+/* snap is ready for sessions here: unless it was done (or is under way, or
+ * failed less than BASE_BOOK_RETRY_MS ago), hash its RAM and put its base
+ * in S3 on a worker thread (one at a time, at low priority), so that its
+ * first pause finds it there. Does nothing without S3 or with
+ * prepare_base off. Never blocks on I/O; any thread; snap must stay valid
+ * for the call only (its RAM fd is duplicated). */
+void session_base_prep_want(struct session_table *ss, const struct snapshot *snap);
+/* Stop preparing (sessions_close): waits up to BASE_PREP_STOP_MS for a
+ * preparation under way, then leaves it to end with the process. */
+#define BASE_PREP_STOP_MS 2000
+void session_base_prep_stop(struct session_table *ss);
+
 /* ---- pause and resume (session_pause.c, session_resume.c, session_s3.c) ---- */
 
 #define SESSION_SAVE_MS    300000 /* pausing a VM into its file */
@@ -308,8 +327,18 @@ struct pchunk_list;
 ssize_t session_get_small(const struct s3_config *c, const char *key, char **out, struct kiln_err *err);
 struct pmanifest *session_get_manifest(const struct s3_config *c, const char *customer, const char *id,
 				      struct kiln_err *err);
-int session_base_ensure(struct session *s, const struct s3_config *c, int fd, uint64_t size, const char *sha,
-		       uint64_t *uploaded, struct kiln_err *err);
+/* Make sure the base RAM (fd, size, sha; of the snapshot template_key) is
+ * in S3 under PBASE_DIR "<sha>/" before a manifest names it: a HEAD of the
+ * base's manifest (one round trip per pause: unlike a local marker it stays
+ * true when someone empties the bucket); when missing, under bk's lock for
+ * sha (one upload of a base at a time in this process: whoever waited
+ * looks again), its chunks (zstd) then its manifest. ahead: the
+ * preparation ahead of a pause (session_base_prep.c), which gives up once
+ * bk is stopping and logs for itself. 1: uploaded (*uploaded += the
+ * compressed bytes sent); 0: it was there; -1 with err. Blocking; any
+ * thread. */
+int session_base_ensure(struct base_book *bk, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+			const char *template_key, int ahead, uint64_t *uploaded, struct kiln_err *err);
 int session_base_fetch(const struct s3_config *c, const char *sha, uint64_t size, struct kiln_err *err);
 void session_delete_old(struct session_table *ss, struct pmanifest *old);
 uint64_t session_zbytes(const struct pchunk_list *l);

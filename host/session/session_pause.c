@@ -447,7 +447,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	base_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
 	/* In S3 before any manifest names it (while the VM still runs: a
 	 * failure here leaves it running). */
-	if (session_base_ensure(s, c, base_fd, s->snap->mem_size, base_sha, base_bytes, err) < 0)
+	if (session_base_ensure(ss->bases, c, base_fd, s->snap->mem_size, base_sha, s->snap->key, 0, base_bytes,
+				err) < 0)
 		goto out;
 	t_prep = proto_now_ms();
 	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);

@@ -191,19 +191,70 @@ static int base_add(const char *sha, int fd)
 	return fd;
 }
 
-/* Make sure the session's base RAM (fd, size, sha) is in S3 under
- * PBASE_DIR "<sha>/" before a manifest names it: a HEAD of the base's
- * manifest (one round trip per pause: unlike a local marker it stays true
- * when someone empties the bucket); when missing, its chunks (zstd) then its
- * manifest. *uploaded: compressed bytes sent. */
-int session_base_ensure(struct session *s, const struct s3_config *c, int fd, uint64_t size, const char *sha,
-		       uint64_t *uploaded, struct kiln_err *err)
+/* Upload the base RAM (fd, size, sha) under prefix: its chunks (zstd),
+ * then its manifest (key), written last. Ahead of a pause (ahead), it
+ * gives up between chunks once the book is stopping. *bytes: compressed
+ * bytes sent. 0, or -1 with err. */
+static int base_upload(struct base_book *bk, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+		       const char *template_key, int ahead, const char *prefix, const char *key, uint64_t *bytes,
+		       struct kiln_err *err)
 {
-	char prefix[128], key[192], *text;
 	struct pchunk_list l = { 0 }, none = { 0 };
 	struct pchunk_up *up;
-	uint64_t session_zbytes = 0;
+	char *text;
 	json_t *m;
+	int r;
+
+	if (s3_ensure_bucket(c, err) < 0)
+		return -1;
+	if (!(up = pchunk_up_start(c, prefix, PAUSE_WORKERS)))
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
+	for (uint64_t off = 0; off < size;) {
+		size_t n = size - off < PCHUNK_RAW_MAX ? (size_t)(size - off) : PCHUNK_RAW_MAX;
+		uint8_t *b;
+
+		if (ahead && base_book_stopping(bk)) {
+			pchunk_up_finish(up, &l, &none, bytes, &(struct kiln_err){ .code = "" });
+			free(l.c);
+			free(none.c);
+			return kiln_err_set(err, KERR_HOST_ERROR, "kiln-host is shutting down");
+		}
+		b = pchunk_buf_alloc();
+		if (!b || pread(fd, b, n, (off_t)off) != (ssize_t)n) {
+			pchunk_buf_free(b);
+			pchunk_up_finish(up, &l, &none, bytes, &(struct kiln_err){ .code = "" });
+			free(l.c);
+			free(none.c);
+			return kiln_err_set(err, KERR_HOST_ERROR, "reading the base RAM: %s", strerror(errno));
+		}
+		if (pchunk_up_add(up, 0, b, n) < 0)
+			break; /* the reason comes from pchunk_up_finish */
+		off += n;
+	}
+	if (pchunk_up_finish(up, &l, &none, bytes, err) < 0) {
+		free(l.c);
+		free(none.c);
+		return -1;
+	}
+	free(none.c);
+	m = json_pack("{s:i, s:s, s:I, s:s, s:o}", "version", PBASE_V, "sha256", sha, "size", (json_int_t)size,
+		      "template", template_key, "mem", pchunk_list_json(&l));
+	free(l.c);
+	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	if (!text)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
+	free(text);
+	return r < 0 ? -1 : 0;
+}
+
+int session_base_ensure(struct base_book *bk, const struct s3_config *c, int fd, uint64_t size, const char *sha,
+			const char *template_key, int ahead, uint64_t *uploaded, struct kiln_err *err)
+{
+	char prefix[128], key[192];
+	uint64_t zbytes = 0;
+	int64_t t0 = proto_now_ms();
 	int r;
 
 	pbase_prefix(prefix, sizeof(prefix), sha);
@@ -211,50 +262,25 @@ int session_base_ensure(struct session *s, const struct s3_config *c, int fd, ui
 	/* Its manifest there also says the bucket is: otherwise it is made
 	 * first (one round trip per pause, not two). */
 	r = s3_head(c, key, NULL, err);
-	if (r < 0)
-		return -1;
-	if (r == 0) {
-		int64_t t0 = proto_now_ms();
-
-		if (s3_ensure_bucket(c, err) < 0)
-			return -1;
-
-		if (!(up = pchunk_up_start(c, prefix, PAUSE_WORKERS)))
-			return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
-		for (uint64_t off = 0; off < size;) {
-			size_t n = size - off < PCHUNK_RAW_MAX ? (size_t)(size - off) : PCHUNK_RAW_MAX;
-			uint8_t *b = pchunk_buf_alloc();
-
-			if (!b || pread(fd, b, n, (off_t)off) != (ssize_t)n) {
-				pchunk_buf_free(b);
-				pchunk_up_finish(up, &l, &none, &session_zbytes, &(struct kiln_err){ .code = "" });
-				free(l.c);
-				free(none.c);
-				return kiln_err_set(err, KERR_HOST_ERROR, "reading the base RAM: %s", strerror(errno));
-			}
-			if (pchunk_up_add(up, 0, b, n) < 0)
-				break; /* the reason comes from pchunk_up_finish */
-			off += n;
-		}
-		if (pchunk_up_finish(up, &l, &none, &session_zbytes, err) < 0)
-			return -1;
-		free(none.c);
-		m = json_pack("{s:i, s:s, s:I, s:s, s:o}", "version", PBASE_V, "sha256", sha, "size", (json_int_t)size,
-			      "template", s->snap->key, "mem", pchunk_list_json(&l));
-		free(l.c);
-		text = m ? json_dumps(m, JSON_COMPACT) : NULL;
-		json_decref(m);
-		if (!text)
-			return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-		r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
-		free(text);
-		if (r < 0)
-			return -1;
-		*uploaded += session_zbytes;
+	if (r != 0)
+		return r < 0 ? -1 : 0;
+	/* Missing: one thread of this process uploads it at a time (a pause
+	 * and the preparation ahead of it, or two pauses); whoever waited
+	 * looks again, and finds it there unless that upload failed. */
+	base_book_enter(bk, sha);
+	r = s3_head(c, key, NULL, err);
+	if (r == 0)
+		r = base_upload(bk, c, fd, size, sha, template_key, ahead, prefix, key, &zbytes, err) < 0 ? -1 : 1;
+	else if (r > 0)
+		r = 0; /* the upload we waited for put it there */
+	base_book_leave(bk, sha);
+	if (r <= 0)
+		return r;
+	*uploaded += zbytes;
+	if (!ahead)
 		fprintf(stderr, "kiln-host: base RAM %.16s: %llu bytes compressed into S3 in %lld ms\n", sha,
-			(unsigned long long)session_zbytes, (long long)(proto_now_ms() - t0));
-	}
-	return 0;
+			(unsigned long long)zbytes, (long long)(proto_now_ms() - t0));
+	return 1;
 }
 
 /* A paused session's base RAM from S3 (manifest, then every chunk checked

@@ -8,7 +8,10 @@
 # B pausing it in turn (reading its pages itself, the stream it was resumed
 # from as the template), each fast pause checked page by page against
 # QEMU's own save of the VM,
-# from the base RAM the first pause put in S3, with all of it intact; a
+# from the base RAM that A put in S3 ahead of any pause (sessions.prepare_base,
+# on: the first pause uploads none of it; B, with it off, puts nothing ahead
+# and its first pause on its own snapshot uploads that base itself), with
+# all of it intact; a
 # flipped byte in any chunk object (RAM, disk or base) fails the resume
 # clearly and the session stays paused;
 # a host where process_vm_readv is refused (a seccomp filter) resumes and
@@ -17,7 +20,7 @@
 # (the manifest, written last, names only whole chunks); DELETE removes the
 # chunks; nothing is left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 39
+t_plan 43
 require_image
 t_require_tools ip nsenter swift-proxy-server memcached python3
 t_require_python boto3
@@ -38,7 +41,8 @@ s3_local_start "$NET.1"
 start_host() { # NAME PORT [CACHE [WRAPPER]]: B builds its own snapshot (RAM not byte-identical to A's)
 	host_config "$T_TMP/$1.json" "${addr[$2]}:$2" "$1" \
 		".run_dir += \"/$1\" | .pool.memory_mib = 512
-		 | .sessions = ({prestart: 1} + (if .host_id == \"c\" then {} else {save_pages: 2} end))
+		 | .sessions = ({prestart: 1} + (if .host_id == \"c\" then {} else {save_pages: 2} end)
+		               + (if .host_id == \"b\" then {prepare_base: false} else {} end))
 		 | if \"${3:-}\" == \"\" then . else .cache = \"${3:-}\" end"
 	# nsenter --net: only the network namespace (ip netns exec would also
 	# remount /sys, hiding the cgroups the jail needs); it execs the host.
@@ -103,6 +107,14 @@ CACHE_B=$T_TMP/cache-b
 if start_host a "$PA" && start_host b "$PB" "$CACHE_B"; then ok "two kiln-hosts, each in its own network namespace, share one S3"
 else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
 
+# --- A's base RAM goes to S3 ahead of any pause (sessions.prepare_base) ---
+# kiln-host logs "base SHA in S3 (N bytes in M ms, ahead of any pause)".
+ahead() { grep -o "kiln-host: base [0-9a-f]\{64\} $1" "$T_TMP/$2.err" | tail -1 | cut -d' ' -f3; }
+t_until 180 test -n "$(ahead 'in S3 (' a)"
+PBASE=$(ahead 'in S3 (' a)
+check "A put its snapshot's base RAM (${PBASE:0:12}) in S3 by itself, before any pause ($(grep -o 'base [0-9a-f]* in S3 (.*' "$T_TMP/a.err" | tail -1 | cut -c 71-))" \
+	test "${#PBASE}" = 64 -a "$(s3py exists ".bases/$PBASE/manifest.json")" = yes
+
 st=$(h "$PA" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s1","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
 if [ "$st" = 201 ] && [ "$(last .state)" = running ]; then ok "a 512 MiB session runs on A"; else t_bail "a 512 MiB session runs on A ($st)" "$(cat "$T_TMP/last")"; fi
 
@@ -134,8 +146,8 @@ check "...A read the changed pages out of QEMU itself ($(grep -o 'saved from its
 check "...and every page of its RAM matches QEMU's own save of the same VM ($(grep -o 'pause checked: .*' "$T_TMP/a.err" | tail -1))" \
 	grep -q "session s1: pause checked: all 1310[0-9]* pages match QEMU's own save" "$T_TMP/a.err"
 BASE=$(s3py base $M)
-check "the base RAM (${BASE:0:12}) went to S3 with the first pause ($(last .snapshot.base_bytes) bytes; $(grep -o 'compressed into S3 in [0-9]* ms' "$T_TMP/a.err" | tail -1))" \
-	test "$(s3py exists ".bases/$BASE/manifest.json")" = yes -a "$(last .snapshot.base_bytes)" -gt 0
+check "the first pause diffs against that base (${BASE:0:12}), found in S3: it uploaded none of it (base_bytes $(last .snapshot.base_bytes))" \
+	test "$BASE" = "$PBASE" -a "$(last .snapshot.base_bytes)" = 0 -a "$(grep -c 'compressed into S3 in' "$T_TMP/a.err")" = 0
 
 # --- a flipped bit in any chunk: refused, the session stays paused ---
 for which in state:0 state:-1 disk:0 base:0 base:-1; do
@@ -156,6 +168,15 @@ check "resume on B: 200 running ($st $(last .error.message); $t1 ms, base $(grep
 sha_b=$(cut -c1-64 "$CACHE_B"/snapshots/*/mem.sha256 2> /dev/null | head -1)
 check "...B's own snapshot RAM (${sha_b:0:12}) is not the base (${BASE:0:12}): B used the base from S3" \
 	test "${#sha_b}" = 64 -a "$sha_b" != "$BASE"
+# B runs with sessions.prepare_base false: its own base goes to S3 with the
+# first pause of a session on it, as before there was a preparation.
+check "B (sessions.prepare_base false) put nothing of its own snapshot in S3 ahead" \
+	test "$(s3py exists ".bases/$sha_b/manifest.json")" = no -a "$(grep -c 'ahead of any pause' "$T_TMP/b.err")" = 0
+st=$(h "$PB" POST /v1/sessions -H 'Content-Type: application/json' --data-binary '{"id":"s2","customer":"acme","spec":{"limits":{"memory_mib":512}}}')
+st2=$(h "$PB" POST /v1/sessions/s2/pause)
+check "...so the first pause of a session on it uploads that base itself ($st $st2, base_bytes $(last .snapshot.base_bytes); $(grep -o 'compressed into S3 in [0-9]* ms' "$T_TMP/b.err" | tail -1))" \
+	test "$st" = 201 -a "$st2" = 200 -a "$(last .snapshot.base_bytes)" -gt 0 -a "$(s3py exists ".bases/$sha_b/manifest.json")" = yes
+h "$PB" DELETE "/v1/sessions/s2?customer=acme" > /dev/null
 a1=$(ask "$PB")
 check "after resume: the same process answers on its socket with its 200 MiB intact ($a1)" test "$a1" = "$h0 $h0 $pid0"
 h "$PB" GET "/v1/sessions/s1/files?path=/work/data.bin" > /dev/null
@@ -196,6 +217,9 @@ else
 	check "...as of the cut pause (its manifest was in): the mark file is there" test "$(last .stdout)" = after
 fi
 start_host a "$PA" || not_ok "A restarts" "$(tail -3 "$T_TMP/a.err")"
+t_until 120 test -n "$(ahead 'already in S3' a)"
+check "A, restarted, finds its base already in S3 ($(ahead 'already in S3' a | cut -c1-12)): nothing more uploaded" \
+	test "$(ahead 'already in S3' a)" = "$PBASE" -a "$(grep -c "base $PBASE in S3 (" "$T_TMP/a.err")" = 1
 
 # --- where process_vm_readv is refused: host C (A's snapshot, a seccomp
 # filter refusing process_vm_readv/writev) loads and saves through QEMU ---

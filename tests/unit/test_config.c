@@ -57,6 +57,10 @@ static void test_full(void **state)
 	assert_string_equal(c.s3.secret_key, "s3cr3t");
 	assert_string_equal(c.s3.access_key, "a:b");
 	assert_int_equal(c.retention_s, 3600);
+	assert_int_equal(c.session_prepare_base, -1); /* unset: on */
+	config_free(&c);
+	assert_int_equal(config_load(write_file("s.json", "{\"sessions\":{\"prepare_base\":false}}"), &c, &err), 0);
+	assert_int_equal(c.session_prepare_base, 0);
 	config_free(&c);
 }
 
@@ -84,6 +88,7 @@ static void test_refusals(void **state)
 	refused("{\"token_file\":\"/nonexistent/kiln-token\"}", "cannot read");
 	refused("{\"listen\":\"x\",", "bad.json:");
 	refused("{\"token\":\"a\",\"token\":\"b\"}", "duplicate");
+	refused("{\"sessions\":{\"prepare_base\":1}}", "sessions.prepare_base: expected true or false");
 	refused("{\"network\":{\"egres\":true}}", "network.egres: unknown setting");
 	refused("{\"network\":{\"egress\":1}}", "network.egress: expected true or false");
 	refused("{\"network\":{\"deny\":[\"10.0.0.1/8\"]}}", "network.deny[0]");
