@@ -409,6 +409,8 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions/{id}/pause", serve_session_pause_post },
 	{ "PUT", "/v1/sessions/{id}/network", serve_session_network_put },
 	{ "POST", "/v1/sessions/{id}/resume", serve_session_resume_post },
+	{ "POST", "/v1/sessions/{id}/checkpoint", serve_session_checkpoint_post },
+	{ "DELETE", "/v1/snapshots/{id}", serve_snapshot_del },
 	{ "POST", "/v1/sessions/{id}/outputs", serve_session_outputs_post },
 	{ "GET", "/v1/sessions/{id}/metrics", serve_session_metrics_get },
 	{ "GET", "/v1/sessions/{id}/envd/health", serve_envd_health_get },

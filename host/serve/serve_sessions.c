@@ -512,13 +512,15 @@ enum MHD_Result serve_session_pause_post(void *ctx, struct httpd_req *r)
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }
 
-/* POST /v1/sessions/{id}/resume {"customer","template"?} */
+/* POST /v1/sessions/{id}/resume {"customer","template"?,"snapshot"?}: a
+ * paused session back, or (with "snapshot") a new session id started from
+ * that snapshot. */
 enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 {
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
-	json_t *j, *out = NULL;
+	json_t *j, *out = NULL, *snap;
 	struct template_ref ref;
 	int has_ref, rc;
 
@@ -534,9 +536,57 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 		json_decref(j);
 		return reply_err(r->conn, &err);
 	}
-	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")), has_ref ? &ref : NULL,
-			    &out, &err);
+	snap = json_object_get(j, "snapshot");
+	if (snap && !json_is_string(snap)) {
+		json_decref(j);
+		if (has_ref)
+			template_ref_free(&ref);
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "snapshot: expected a string");
+	}
+	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")),
+			    json_string_value(snap), has_ref ? &ref : NULL, &out, &err);
 	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_OK, out, &err);
+}
+
+/* POST /v1/sessions/{id}/checkpoint {"customer"?,"snapshot"}: the running
+ * session's state kept as that snapshot in S3; the session goes on. */
+enum MHD_Result serve_session_checkpoint_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *id = session_id(r);
+	json_t *j, *out, *cust;
+
+	if (!id)
+		return no_session(r->conn);
+	if (!(j = body_json(r->body, &err)))
+		return reply_err(r->conn, &err);
+	cust = json_object_get(j, "customer");
+	if (!json_is_string(json_object_get(j, "snapshot")) || (cust && !json_is_string(cust))) {
+		json_decref(j);
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "snapshot (and customer): expected strings");
+	}
+	out = session_checkpoint(s->sessions, id, json_string_value(cust),
+				 json_string_value(json_object_get(j, "snapshot")), &err);
+	json_decref(j);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
+}
+
+/* DELETE /v1/snapshots/{id}?customer=C: every object of the snapshot in S3
+ * (kiln-api asks once no session started from it is left). */
+enum MHD_Result serve_snapshot_del(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *customer = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer");
+	int n;
+
+	if (!customer)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected ?customer=");
+	n = sessions_snapshot_delete(s->sessions, customer, r->param[0], &err);
+	if (n < 0)
+		return reply_err(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:i}", "id", r->param[0], "deleted", n));
 }
 
 /* POST /v1/sessions/{id}/outputs */

@@ -16,10 +16,19 @@ static int hex64(const char *s)
 	return 1;
 }
 
-static int chunks_parse(json_t *o, const char *prefix, struct pchunk_list *l, struct kiln_err *err)
+/* A chunk's key: under prefix, or under alt (NULL: none); a name after it,
+ * with no "..". */
+static int key_under(const char *key, const char *prefix)
+{
+	size_t plen = strlen(prefix);
+
+	return !strncmp(key, prefix, plen) && strlen(key) > plen && !strstr(key + plen, "..");
+}
+
+static int chunks_parse(json_t *o, const char *prefix, const char *alt, struct pchunk_list *l, struct kiln_err *err)
 {
 	json_t *arr = json_object_get(o, "chunks"), *c;
-	size_t i, plen = strlen(prefix);
+	size_t i;
 
 	if (!json_is_array(arr) || json_array_size(arr) > PCHUNK_MAX)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has no valid chunk list");
@@ -33,8 +42,8 @@ static int chunks_parse(json_t *o, const char *prefix, struct pchunk_list *l, st
 		const char *sha = json_string_value(json_object_get(c, "sha256"));
 		json_t *size = json_object_get(c, "size"), *zsize = json_object_get(c, "zsize");
 
-		if (!key || strncmp(key, prefix, plen) || strlen(key) >= sizeof(p->key) || strlen(key) == plen ||
-		    strstr(key + plen, "..") || !hex64(sha) || !json_is_integer(size) || !json_is_integer(zsize) ||
+		if (!key || !(key_under(key, prefix) || (alt && key_under(key, alt))) || strlen(key) >= sizeof(p->key) ||
+		    !hex64(sha) || !json_is_integer(size) || !json_is_integer(zsize) ||
 		    json_integer_value(size) <= 0 || json_integer_value(size) > PCHUNK_RAW_MAX ||
 		    json_integer_value(zsize) <= 0 || json_integer_value(zsize) > PCHUNK_RAW_MAX + (1 << 20))
 			return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest: chunk %zu is invalid", i);
@@ -51,9 +60,29 @@ static int chunks_parse(json_t *o, const char *prefix, struct pchunk_list *l, st
 int pmanifest_parse(const char *text, size_t len, const char *customer, const char *id, struct pmanifest *out,
 		    struct kiln_err *err)
 {
+	return pmanifest_parse_at(text, len, customer, PMANIFEST_SESSIONS, id, out, err);
+}
+
+/* An id of ours: 1-64 of [A-Za-z0-9_.-], not starting with '.'. */
+static int id_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n < 1 || n > 64 || s[0] == '.')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+		      s[i] == '_' || s[i] == '.' || s[i] == '-'))
+			return 0;
+	return 1;
+}
+
+int pmanifest_parse_at(const char *text, size_t len, const char *customer, const char *where, const char *id,
+		       struct pmanifest *out, struct kiln_err *err)
+{
 	json_error_t je;
-	json_t *m, *base;
-	char prefix[512];
+	json_t *m, *base, *from;
+	char prefix[512], alt[512];
 	json_int_t v;
 
 	memset(out, 0, sizeof(*out));
@@ -77,9 +106,18 @@ int pmanifest_parse(const char *text, size_t len, const char *customer, const ch
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest does not name its base");
 	memcpy(out->base_sha256, json_string_value(json_object_get(base, "sha256")), 65);
 	out->base_size = (uint64_t)json_integer_value(json_object_get(base, "size"));
-	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
-	if (chunks_parse(json_object_get(m, "state"), prefix, &out->state, err) < 0 ||
-	    chunks_parse(json_object_get(m, "disk"), prefix, &out->disk, err) < 0)
+	/* Its own chunks, and those of the snapshot it was started from (a
+	 * fork's or a named one's: they stay until no session of it is left). */
+	snprintf(prefix, sizeof(prefix), "%s/%s/%s/", customer, where, id);
+	from = json_object_get(m, "from_snapshot");
+	if (from && !id_ok(json_string_value(from)))
+		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest: from_snapshot is invalid");
+	if (from) {
+		snprintf(out->from_snapshot, sizeof(out->from_snapshot), "%s", json_string_value(from));
+		snprintf(alt, sizeof(alt), "%s/" PMANIFEST_SNAPSHOTS "/%s/", customer, out->from_snapshot);
+	}
+	if (chunks_parse(json_object_get(m, "state"), prefix, from ? alt : NULL, &out->state, err) < 0 ||
+	    chunks_parse(json_object_get(m, "disk"), prefix, from ? alt : NULL, &out->disk, err) < 0)
 		return -1;
 	if (!out->state.n || !out->disk.n)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest has an empty chunk list");
@@ -147,7 +185,7 @@ int pbase_parse(const char *text, size_t len, const char *sha, uint64_t size, st
 			     sha);
 		goto out;
 	}
-	if (chunks_parse(json_object_get(m, "mem"), prefix, out, err) < 0)
+	if (chunks_parse(json_object_get(m, "mem"), prefix, NULL, out, err) < 0)
 		goto out;
 	if (out->total != size) {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the base RAM %.16s in S3: its chunks do not add up to its size", sha);

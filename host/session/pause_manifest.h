@@ -64,16 +64,30 @@ struct pmanifest {
 	size_t tail;
 	int depth;
 	char generation[48];
+	/* "from_snapshot": the snapshot the session was started from (a
+	 * fork's or a named one), whose chunks its manifest may name too. */
+	char from_snapshot[65];
 };
 
 /* Parse and check a manifest for the session customer/id: version 1 (only
  * its identity is checked here; the caller knows the v1 layout) or 2 (base
- * hash, chunk lists: keys under "<customer>/sessions/<id>/", sizes within
+ * hash, chunk lists: keys under "<customer>/sessions/<id>/" or, with
+ * "from_snapshot", "<customer>/snapshots/<that id>/", sizes within
  * bounds, hex hashes) or 3 (also tail, depth and generation). 0, or -1 with err set (snapshot_corrupt). Free with
  * pmanifest_free (also after a failure). Pure; any thread. */
 int pmanifest_parse(const char *text, size_t len, const char *customer, const char *id, struct pmanifest *out,
 		    struct kiln_err *err);
 void pmanifest_free(struct pmanifest *m);
+
+/* Where manifests live under "<customer>/": a session's, a snapshot's. */
+#define PMANIFEST_SESSIONS   "sessions"
+#define PMANIFEST_SNAPSHOTS  "snapshots"
+
+/* pmanifest_parse for the manifest under "<customer>/<where>/<id>/" (where:
+ * PMANIFEST_SESSIONS or PMANIFEST_SNAPSHOTS): its chunk keys under that
+ * prefix, or under the snapshot "from_snapshot" names. */
+int pmanifest_parse_at(const char *text, size_t len, const char *customer, const char *where, const char *id,
+		       struct pmanifest *out, struct kiln_err *err);
 
 /* A base RAM in S3 (shared by every session paused against it, on any
  * host): its chunks under PBASE_DIR "<sha256>/", then a manifest

@@ -148,11 +148,30 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 
 /* Resume a paused session of customer from S3 on this host, on the
  * template ref (NULL: default; it must be the one it was paused on: the
- * snapshot key says). Errors:
+ * snapshot key says). With from_snapshot (NULL: none), id is a new
+ * session started from that snapshot of customer's (session_checkpoint);
+ * its manifest is copied to the session's own place once it runs. Errors:
  * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
  * incompatible_snapshot (another image), no_capacity, vm_error. */
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref,
+int session_resume(struct session_table *ss, const char *id, const char *customer, const char *from_snapshot,
+		   const struct template_ref *ref,
 		   json_t **out, struct kiln_err *err);
+
+/* Checkpoint a running session of customer (NULL: any) to the snapshot
+ * snapshot_id in S3 ("<customer>/snapshots/<snapshot_id>/": its chunks, then
+ * manifest.json), for sessions started from it (session_resume with
+ * from_snapshot: a fork's children, a named snapshot's sessions): the VM is
+ * stopped while its pages are read and its disk copied, then goes on.
+ * Returns {"id","snapshot":{"id","bucket","prefix","bytes","stop_ms","ms"}}
+ * or NULL with err (not_found, busy, not_running, no_s3, s3_unavailable,
+ * host_error: nothing kept in S3 then). */
+json_t *session_checkpoint(struct session_table *ss, const char *id, const char *customer, const char *snapshot_id,
+			   struct kiln_err *err);
+
+/* Delete every object of customer's snapshot snapshot_id in S3 (its
+ * manifest first). The number deleted, or -1 with err. */
+int sessions_snapshot_delete(struct session_table *ss, const char *customer, const char *snapshot_id,
+			     struct kiln_err *err);
 
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],
  * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,

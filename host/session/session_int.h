@@ -73,6 +73,9 @@ struct session {
 	uint64_t saved_tail_off;
 	int saved_cut, saved_delta, saved_depth;
 	char saved_over[48];
+	/* The snapshot it was started from ("": none): its manifests carry it,
+	 * and may name that snapshot's chunks (never deleted by its pauses). */
+	char from_snapshot[65];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */

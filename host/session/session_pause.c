@@ -95,7 +95,7 @@ static int ps_flush(struct pause_stream *p)
 {
 	if (!p->len)
 		return 0;
-	if (io_write_all(p->local_fd, p->cur, p->len) < 0)
+	if (p->local_fd >= 0 && io_write_all(p->local_fd, p->cur, p->len) < 0)
 		return -1;
 	p->local_off += p->len;
 	p->flushed++;
@@ -176,7 +176,7 @@ static int queue_range(struct pchunk_up *up, int stream, const char *path, uint6
 
 	if (fd < 0)
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
-	if (lseek(fd, (off_t)from, SEEK_SET) < 0) {
+	if (from && lseek(fd, (off_t)from, SEEK_SET) < 0) {
 		close(fd);
 		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", path, strerror(errno));
 	}
@@ -205,15 +205,12 @@ static int queue_file(struct pchunk_up *up, int stream, const char *path, struct
 	return queue_range(up, stream, path, 0, UINT64_MAX, err);
 }
 
-/* Write the version 2 manifest naming the chunks (the last PUT of a pause). */
-static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
-			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
-			   size_t tail, int depth, const struct migfilter_stats *fst, const struct pcache_seal *seal,
-			   struct kiln_err *err)
+/* A version 2 or 3 manifest naming the chunks (NULL: out of memory). */
+static json_t *manifest_json(struct session_table *ss, struct session *s, const char *gen, const char *base_sha,
+			     const struct pchunk_list *state, const struct pchunk_list *disk, size_t tail, int depth,
+			     const struct migfilter_stats *fst, const struct pcache_seal *seal)
 {
 	json_t *m;
-	char key[512], *text;
-	int r;
 
 	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
 		      "s:{s:I, s:I}}",
@@ -236,16 +233,38 @@ static int put_manifest_v2(struct session_table *ss, struct session *s, const st
 		json_object_set_new(m, "cache_key", json_string(hex));
 		OPENSSL_cleanse(hex, sizeof(hex));
 	}
-	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	return m;
+}
+
+/* PUT the manifest m (taken) at key. */
+static int put_manifest(const struct s3_config *c, const char *key, json_t *m, struct kiln_err *err)
+{
+	char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	int r;
+
 	json_decref(m);
 	if (!text)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
-	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
 	r = s3_put_buffer(c, key, text, strlen(text), "application/json", err);
 	free(text);
 	return r;
 }
 
+/* Write the session's manifest naming the chunks (the last PUT of a pause). */
+static int put_manifest_v2(struct session_table *ss, struct session *s, const struct s3_config *c, const char *gen,
+			   const char *base_sha, const struct pchunk_list *state, const struct pchunk_list *disk,
+			   size_t tail, int depth, const struct migfilter_stats *fst, const struct pcache_seal *seal,
+			   struct kiln_err *err)
+{
+	json_t *m = manifest_json(ss, s, gen, base_sha, state, disk, tail, depth, fst, seal);
+	char key[512];
+
+	/* Started from a snapshot: its chunks may be among the layers. */
+	if (m && s->from_snapshot[0])
+		json_object_set_new(m, "from_snapshot", json_string(s->from_snapshot));
+	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
+	return put_manifest(c, key, m, err);
+}
 
 /* Deltas layered over a full pause before the next pause is full again
  * (each is a few chunks a resume fetches and loads in turn). */
@@ -300,16 +319,23 @@ static int named_in(const char *key, const struct pchunk_list *l)
 }
 
 /* Leave out of old's lists (what goes once the new manifest is in) every
- * chunk the new one names too: a layer, an unchanged disk chunk. */
-static void keep_named(struct pmanifest *old, const struct pchunk_list *state, const struct pchunk_list *disk)
+ * chunk the new one names too (a layer, an unchanged disk chunk) and every
+ * chunk that is not the session's own (a snapshot's: it goes with the
+ * snapshot). */
+static void keep_named(const struct session *s, struct pmanifest *old, const struct pchunk_list *state,
+		       const struct pchunk_list *disk)
 {
 	struct pchunk_list *ls[2] = { &old->state, &old->disk };
+	char own[512];
+	size_t olen;
 
+	olen = (size_t)snprintf(own, sizeof(own), "%s/sessions/%s/", s->customer, s->id);
 	for (int j = 0; j < 2; j++) {
 		size_t o = 0;
 
 		for (size_t i = 0; i < ls[j]->n; i++)
-			if (!named_in(ls[j]->c[i].key, state) && !named_in(ls[j]->c[i].key, disk))
+			if (!strncmp(ls[j]->c[i].key, own, olen) && !named_in(ls[j]->c[i].key, state) &&
+			    !named_in(ls[j]->c[i].key, disk))
 				ls[j]->c[o++] = ls[j]->c[i];
 		ls[j]->n = o;
 	}
@@ -672,7 +698,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	if (r == 0 && old) {
 		/* The new manifest is in: what the previous generation has that
 		 * the new one does not name can go. */
-		keep_named(old, &state, &disk);
+		keep_named(s, old, &state, &disk);
 		session_delete_old(ss, old);
 		old = NULL;
 	}
@@ -789,5 +815,182 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 	hostd_s3_free(&s3);
 	session_teardown(ss, s);
 	session_put(ss, s, 1);
+	return out;
+}
+
+/* ---- checkpoint: a running session kept as a snapshot ---------------------- */
+
+/* Save the running session s to customer's snapshot snap_id: its pages read
+ * out of the stopped VM and its disk layer copied, then the VM goes on
+ * while the chunks upload (under "<customer>/snapshots/<snap_id>/", a whole
+ * save: no layer of the session's own pauses is named, so those never
+ * hold a snapshot's data) and the manifest last. *stop_ms: how long the VM
+ * stood still. */
+static int checkpoint_v3(struct session_table *ss, struct session *s, const struct s3_config *c, const char *snap_id,
+			 uint64_t *bytes, int64_t *stop_ms, struct kiln_err *err)
+{
+	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
+	struct pchunk_list state = { 0 }, disk = { 0 };
+	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
+	char prefix[512], gen[48], base_sha[65], ckdisk[PATH_MAX + 32], key[512];
+	int base_fd, qemu_failed = 0, r = -1, went_on = 0, dfd;
+	uint64_t base_up = 0;
+	int64_t t_stop = 0;
+	unsigned rnd = 0;
+	json_t *m;
+
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
+	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
+	snprintf(prefix, sizeof(prefix), "%s/" PMANIFEST_SNAPSHOTS "/%s/%s/", s->customer, snap_id, gen);
+	snprintf(ckdisk, sizeof(ckdisk), "%s/checkpoint.qcow2", s->dir);
+	if (s->base_fd >= 0)
+		snprintf(base_sha, sizeof(base_sha), "%s", s->base_sha);
+	else if (snapshot_mem_sha256(s->snap, base_sha, err) < 0)
+		return -1;
+	base_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
+	if (session_base_ensure(ss->bases, c, base_fd, s->snap->mem_size, base_sha, s->snap->key, 0, &base_up, err) < 0)
+		return -1;
+	sv = (struct vmmem_save){ .vm = &s->vm, .tpl_path = s->base_fd >= 0 ? s->resumed_tpl : s->snap->state,
+				  .base_fd = base_fd, .size = s->snap->mem_size, .disks_stay = 1, .pm_fd = -1,
+				  .tpl_fd = -1, .mark = ps_mark, .mark_ctx = &ps };
+	/* Only the save that reads pages leaves the VM able to go on (QEMU's
+	 * own hands its disks over, as to a migration's target). */
+	if (!ss->save_pages || (s->base_fd >= 0 && !s->resumed_tpl[0]))
+		return kiln_err_set(err, KERR_HOST_ERROR,
+				    "this session cannot be copied while it runs (sessions.save_pages is off, or it "
+				    "was resumed from a base without its template stream)");
+	if (vmmem_save_open(&sv, err) < 0)
+		return -1;
+	ps.up = pchunk_up_start(c, prefix, PAUSE_WORKERS);
+	if (!ps.up) {
+		vmmem_save_close(&sv);
+		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
+	}
+	ps.up_ok = 1;
+	dfd = open(ckdisk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (dfd < 0) {
+		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", ckdisk, strerror(errno));
+		vmmem_save_close(&sv);
+		goto out;
+	}
+	close(dfd);
+	/* envd's streams end now, as at a pause: the copies must not hold a
+	 * channel in the middle of a message (the session's own reopens). */
+	session_envd_close(ss, s, "the sandbox is being copied (fork or snapshot): reconnect");
+	t_stop = proto_now_ms();
+	r = vmmem_save_fast(&sv, proto_now_ms() + SESSION_SAVE_MS, ps_write, &ps, &ps.st, &qemu_failed, &ps.err);
+	vmmem_save_close(&sv);
+	if (r == 0 && ps_flush(&ps) < 0)
+		r = kiln_err_set(&ps.err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
+	pchunk_buf_free(ps.cur);
+	ps.cur = NULL;
+	if (r == 0 && !ps.cut)
+		r = kiln_err_set(&ps.err, KERR_HOST_ERROR, "the session's state has no devices after its pages");
+	/* The disk layer as it is now (QEMU flushed it when it stopped). */
+	if (r == 0)
+		r = session_prestart_disk(s->disk, ckdisk, &ps.err);
+	/* The VM goes on, its clock set again (it stood still meanwhile). */
+	if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) == 0 &&
+	    vm_setup(&s->vm, proto_now_ms() + 10000, &(struct kiln_err){ .code = "" }) == 0)
+		went_on = 1;
+	*stop_ms = proto_now_ms() - t_stop;
+	if (went_on)
+		session_envd_enable(ss, s);
+	if (r < 0) {
+		*err = ps.err;
+		goto out;
+	}
+	if (!went_on) {
+		r = -2; /* err: why it did not go on */
+		goto out;
+	}
+	r = queue_file(ps.up, 1, ckdisk, err);
+	if (r == -1)
+		goto out;
+	r = pchunk_up_finish(ps.up, &state, &disk, bytes, err);
+	ps.up = NULL;
+	if (r < 0)
+		goto out;
+	m = manifest_json(ss, s, gen, base_sha, &state, &disk, state.n - ps.tail_at, 0, &ps.st, NULL);
+	if (m) {
+		json_object_set_new(m, "id", json_string(snap_id));
+		json_object_set_new(m, "session", json_string(s->id));
+	}
+	snprintf(key, sizeof(key), "%s/" PMANIFEST_SNAPSHOTS "/%s/manifest.json", s->customer, snap_id);
+	r = put_manifest(c, key, m, err);
+out:
+	if (ps.up) {
+		struct kiln_err e2;
+
+		pchunk_up_finish(ps.up, &state, &disk, bytes, &e2);
+	}
+	pchunk_buf_free(ps.cur);
+	unlink(ckdisk);
+	free(state.c);
+	free(disk.c);
+	return r;
+}
+
+json_t *session_checkpoint(struct session_table *ss, const char *id, const char *customer, const char *snapshot_id,
+			   struct kiln_err *err)
+{
+	struct session *s;
+	struct hostd_s3 s3;
+	uint64_t bytes = 0;
+	int64_t t0 = proto_now_ms(), stop_ms = 0;
+	json_t *out;
+	int r;
+
+	if (!spool_id_ok(snapshot_id)) {
+		kiln_err_set(err, KERR_INVALID_REQUEST,
+			     "snapshot: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+		return NULL;
+	}
+	if (!(s = session_take(ss, id, err)))
+		return NULL;
+	if (customer && strcmp(customer, s->customer)) {
+		session_put(ss, s, 0);
+		kiln_err_set(err, KERR_NOT_FOUND, "no such session");
+		return NULL;
+	}
+	if (s->state != SS_RUNNING) {
+		session_put(ss, s, 0);
+		kiln_err_set(err, KERR_NOT_RUNNING, "the session is not running");
+		return NULL;
+	}
+	if (hostd_s3_take(ss->d, &s3) < 0) {
+		session_put(ss, s, 0);
+		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
+		return NULL;
+	}
+	r = checkpoint_v3(ss, s, &s3.c, snapshot_id, &bytes, &stop_ms, err);
+	if (r < 0) {
+		/* Whatever reached S3 goes: there is no snapshot. */
+		sessions_snapshot_delete(ss, s->customer, snapshot_id, &(struct kiln_err){ .code = "" });
+		if (kiln_err_is_s3(err->errc))
+			kiln_err_set(err, KERR_S3_UNAVAILABLE, "the session could not be copied to S3 (it goes on): %s",
+				     err->message);
+	}
+	if (r == -2) {
+		fprintf(stderr, "kiln-host: session %s: did not go on after its copy (%s); the session ends\n", id,
+			err->message);
+		hostd_s3_free(&s3);
+		session_teardown(ss, s);
+		session_put(ss, s, 1);
+		return NULL;
+	}
+	if (r < 0) {
+		hostd_s3_free(&s3);
+		session_put(ss, s, 0);
+		return NULL;
+	}
+	fprintf(stderr, "kiln-host: session %s copied to snapshot %s in %lld ms (stopped %lld ms, %llu bytes)\n", id,
+		snapshot_id, (long long)(proto_now_ms() - t0), (long long)stop_ms, (unsigned long long)bytes);
+	out = json_pack("{s:s, s:{s:s, s:s, s:s+++, s:I, s:I, s:I}}", "id", s->id, "snapshot", "id", snapshot_id, "bucket",
+			s3.c.bucket, "prefix", s->customer, "/" PMANIFEST_SNAPSHOTS "/", snapshot_id, "/", "bytes",
+			(json_int_t)bytes, "stop_ms", (json_int_t)stop_ms, "ms", (json_int_t)(proto_now_ms() - t0));
+	hostd_s3_free(&s3);
+	session_put(ss, s, 0);
 	return out;
 }

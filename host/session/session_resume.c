@@ -406,8 +406,34 @@ uint64_t session_zbytes(const struct pchunk_list *l)
 	return n;
 }
 
-int session_resume(struct session_table *ss, const char *id, const char *customer, const struct template_ref *ref,
-		   json_t **out, struct kiln_err *err)
+/* A session started from a snapshot gets the snapshot's manifest as its
+ * own (its id, the snapshot named), so that its first pause may be a delta
+ * over the snapshot's chunks and a resume finds it. Without it (a failed
+ * PUT, said) that pause is a whole one. */
+static void adopt_manifest(const struct s3_config *c, const struct session *s, const struct pmanifest *pm,
+			   const char *from_snapshot)
+{
+	json_t *m = json_deep_copy(pm->root);
+	struct kiln_err e = { .code = "" };
+	char key[512], *text;
+
+	if (m) {
+		json_object_set_new(m, "id", json_string(s->id));
+		json_object_set_new(m, "from_snapshot", json_string(from_snapshot));
+		json_object_del(m, "cache_key");
+		json_object_del(m, "session");
+	}
+	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
+	if (!text || s3_put_buffer(c, key, text, strlen(text), "application/json", &e) < 0)
+		fprintf(stderr, "kiln-host: session %s: keeping snapshot %s's manifest as its own: %s\n", s->id,
+			from_snapshot, text ? e.message : "out of memory");
+	free(text);
+}
+
+int session_resume(struct session_table *ss, const char *id, const char *customer, const char *from_snapshot,
+		   const struct template_ref *ref, json_t **out, struct kiln_err *err)
 {
 	struct hostd_s3 s3;
 	struct task_spec ts = { 0 };
@@ -426,9 +452,10 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	size_t disk_hits = 0;
 
 	*out = NULL;
-	if (!spool_id_ok(id) || !spool_id_ok(customer))
+	if (!spool_id_ok(id) || !spool_id_ok(customer) || (from_snapshot && !spool_id_ok(from_snapshot)))
 		return kiln_err_set(err, KERR_INVALID_REQUEST,
-				    "id and customer: expected 1-64 characters of [A-Za-z0-9_.-], not starting with '.'");
+				    "id, customer and snapshot: expected 1-64 characters of [A-Za-z0-9_.-], not starting "
+				    "with '.'");
 	if (hostd_s3_take(ss->d, &s3) < 0)
 		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 	s = session_new(ss, id, customer, NULL, &(struct task_spec){ .memory_mib = 0 }, &(struct snapshot){ .mem_fd = -1 },
@@ -448,17 +475,22 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		goto fail;
 	}
 	/* The manifest first: without it there is no paused session. */
-	session_s3_key(key, sizeof(key), customer, id, "manifest.json");
+	if (from_snapshot)
+		snprintf(key, sizeof(key), "%s/" PMANIFEST_SNAPSHOTS "/%s/manifest.json", customer, from_snapshot);
+	else
+		session_s3_key(key, sizeof(key), customer, id, "manifest.json");
 	{
 		char *text = NULL;
 		ssize_t len = session_get_small(&s3.c, key, &text, err);
 
 		if (len < 0) {
 			if (err->errc == KERR_S3_NOT_FOUND)
-				kiln_err_set(err, KERR_NO_SNAPSHOT, "no paused session %s", id);
+				kiln_err_set(err, KERR_NO_SNAPSHOT, from_snapshot ? "no snapshot %s" : "no paused session %s",
+					     from_snapshot ? from_snapshot : id);
 			goto fail;
 		}
-		r = pmanifest_parse(text, (size_t)len, customer, id, &pm, err);
+		r = pmanifest_parse_at(text, (size_t)len, customer, from_snapshot ? PMANIFEST_SNAPSHOTS : PMANIFEST_SESSIONS,
+				       from_snapshot ? from_snapshot : id, &pm, err);
 		free(text);
 		if (r < 0)
 			goto fail;
@@ -510,6 +542,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	s->memory_mib = ts.memory_mib;
 	s->output_mib = ts.output_mib;
 	snprintf(s->release, sizeof(s->release), "%s", snap->release);
+	snprintf(s->from_snapshot, sizeof(s->from_snapshot), "%s", from_snapshot ? from_snapshot : pm.from_snapshot);
 	if (pm.version >= PMANIFEST_V2) {
 		/* Its chunks from this host's pause cache where they are there,
 		 * opened with the key its manifest holds. */
@@ -620,6 +653,8 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * be a delta over them, and a resume here then reads them here. */
 	if (pm.version < PMANIFEST_V3)
 		pcache_drop(&ss->pcache, customer, id);
+	if (from_snapshot)
+		adopt_manifest(&s3.c, s, &pm, from_snapshot);
 	*out = session_json(ss, s);
 	session_put(ss, s, 0);
 	r = 0;

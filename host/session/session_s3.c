@@ -448,27 +448,62 @@ static int collect_key(void *ctx, const char *key)
 	return 0;
 }
 
-void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id)
+/* Delete everything under prefix, the manifest mkey first: from then on
+ * nothing names missing chunks. The number of objects deleted. */
+static int delete_prefix(const struct s3_config *c, const char *prefix, const char *mkey, const char *what)
 {
 	struct kiln_err e = { .code = "" };
 	struct key_list l = { 0 };
-	char prefix[512], mkey[512];
+	int n = 0;
 
-	(void)dir;
-	/* Everything under the session's prefix: the manifest's chunks, the
-	 * older layout's files, and chunks a pause cut short left unnamed.
-	 * The manifest goes first: from then on there is no paused session,
-	 * never one that names missing chunks. */
-	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
-	session_s3_key(mkey, sizeof(mkey), customer, id, "manifest.json");
 	if (s3_list(c, prefix, collect_key, &l, &e) < 0)
-		fprintf(stderr, "kiln-host: session %s: listing %s: %s\n", id, prefix, e.message);
+		fprintf(stderr, "kiln-host: %s: listing %s: %s\n", what, prefix, e.message);
 	if (s3_delete(c, mkey, &e) < 0)
-		fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, mkey, e.message);
+		fprintf(stderr, "kiln-host: %s: deleting %s: %s\n", what, mkey, e.message);
 	for (size_t i = 0; i < l.n; i++) {
-		if (strcmp(l.k[i], mkey) && s3_delete(c, l.k[i], &e) < 0)
-			fprintf(stderr, "kiln-host: session %s: deleting %s: %s\n", id, l.k[i], e.message);
+		if (!strcmp(l.k[i], mkey))
+			n++;
+		else if (s3_delete(c, l.k[i], &e) < 0)
+			fprintf(stderr, "kiln-host: %s: deleting %s: %s\n", what, l.k[i], e.message);
+		else
+			n++;
 		free(l.k[i]);
 	}
 	free(l.k);
+	return n;
+}
+
+void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id)
+{
+	char prefix[512], mkey[512], what[96];
+
+	(void)dir;
+	/* Everything under the session's prefix: the manifest's chunks, the
+	 * older layout's files, and chunks a pause cut short left unnamed
+	 * (never a snapshot's, which its manifest may name too). */
+	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
+	session_s3_key(mkey, sizeof(mkey), customer, id, "manifest.json");
+	snprintf(what, sizeof(what), "session %s", id);
+	delete_prefix(c, prefix, mkey, what);
+}
+
+int sessions_snapshot_delete(struct session_table *ss, const char *customer, const char *snapshot_id,
+			     struct kiln_err *err)
+{
+	struct hostd_s3 s3;
+	char prefix[512], mkey[512], what[96];
+	int n;
+
+	if (!spool_id_ok(customer) || !spool_id_ok(snapshot_id))
+		return kiln_err_set(err, KERR_INVALID_REQUEST,
+				    "customer and snapshot: expected 1-64 characters of [A-Za-z0-9_.-], not starting "
+				    "with '.'");
+	if (hostd_s3_take(ss->d, &s3) < 0)
+		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
+	snprintf(prefix, sizeof(prefix), "%s/" PMANIFEST_SNAPSHOTS "/%s/", customer, snapshot_id);
+	snprintf(mkey, sizeof(mkey), "%smanifest.json", prefix);
+	snprintf(what, sizeof(what), "snapshot %s", snapshot_id);
+	n = delete_prefix(&s3.c, prefix, mkey, what);
+	hostd_s3_free(&s3);
+	return n;
 }

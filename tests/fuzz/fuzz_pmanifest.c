@@ -4,6 +4,7 @@
  * session's or the base's prefix, bounded sizes, offsets that add up). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,9 +29,16 @@ static void check_list_under(const struct pchunk_list *l, const char *prefix)
 	check(off == l->total);
 }
 
-static void check_list(const struct pchunk_list *l)
+/* Under the session's prefix, or the snapshot's it was started from. */
+static void check_list(const struct pchunk_list *l, const char *from)
 {
-	check_list_under(l, "acme/sessions/s1/");
+	char alt[128];
+
+	snprintf(alt, sizeof(alt), "acme/snapshots/%s/", from);
+	for (size_t i = 0; i < l->n; i++)
+		check(!strncmp(l->c[i].key, "acme/sessions/s1/", 17) ||
+		      (from[0] && !strncmp(l->c[i].key, alt, strlen(alt)) && !strstr(l->c[i].key, "..")));
+	check_list_under(l, "acme/s");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -42,8 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(m.version == PMANIFEST_V1 || m.version == PMANIFEST_V2 || m.version == PMANIFEST_V3);
 		if (m.version >= PMANIFEST_V2) {
 			check(strlen(m.base_sha256) == 64 && m.base_size > 0);
-			check_list(&m.state);
-			check_list(&m.disk);
+			check_list(&m.state, m.from_snapshot);
+			check_list(&m.disk, m.from_snapshot);
 			/* Version 3: pages before the devices, a bounded depth. */
 			check(m.version == PMANIFEST_V3 ? m.tail >= 1 && m.tail < m.state.n && m.depth >= 0 &&
 								 m.depth <= PMANIFEST_DEPTH_MAX && m.generation[0]

@@ -5,6 +5,9 @@ manifest and the objects under its prefix.
   s3_layers.py orphans PREFIX       -> objects under PREFIX that its
                                        manifest.json does not name (one a line)
   s3_layers.py count PREFIX         -> how many objects are under PREFIX
+  s3_layers.py damage MANIFEST_KEY  -> flips a byte of its first state chunk
+  s3_layers.py prefixes MANIFEST_KEY -> the distinct prefixes (up to the
+                                       id) its chunks are under
 Environment: S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, BUCKET."""
 import json, os, sys
 
@@ -46,3 +49,12 @@ elif op == "orphans":
             print(k)
 elif op == "count":
     print(len(keys(arg)))
+elif op == "damage":
+    k = manifest(arg)["state"]["chunks"][0]["key"]
+    b = bytearray(s3.get_object(Bucket=B, Key=k)["Body"].read())
+    b[len(b) // 2] ^= 0xFF
+    s3.put_object(Bucket=B, Key=k, Body=bytes(b))
+elif op == "prefixes":
+    m = manifest(arg)
+    print(" ".join(sorted({"/".join(c["key"].split("/")[:3]) for part in ("state", "disk")
+                           for c in m[part]["chunks"]})))

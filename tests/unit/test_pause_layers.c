@@ -134,12 +134,54 @@ static void test_manifest_v3(void **state)
 	pmanifest_free(&m);
 }
 
+/* A session started from a snapshot names that snapshot's chunks and its
+ * own, nothing else; a snapshot's own manifest its own. */
+static void test_manifest_from_snapshot(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct pmanifest m;
+	char text[4096];
+	const char *fmt = "{\"version\":2,\"id\":\"%s\",\"customer\":\"acme\",\"spec\":{},%s\"base\":{\"sha256\":"
+			  "\"" SHA "\",\"size\":4096},\"state\":{\"chunks\":[{\"key\":\"%s\",\"size\":4096,"
+			  "\"zsize\":100,\"sha256\":\"" SHA "\"}]},\"disk\":{\"chunks\":[{\"key\":\"%s/d\",\"size\":4096,"
+			  "\"zsize\":100,\"sha256\":\"" SHA "\"}]}}";
+
+	snprintf(text, sizeof(text), fmt, "s1", "\"from_snapshot\":\"k1\",", "acme/snapshots/k1/g/s0", "acme/snapshots/k1/g/s0");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), 0);
+	assert_string_equal(m.from_snapshot, "k1");
+	pmanifest_free(&m);
+	/* Another snapshot's, another customer's, or one named by no
+	 * from_snapshot: refused. */
+	snprintf(text, sizeof(text), fmt, "s1", "\"from_snapshot\":\"k1\",", "acme/snapshots/k2/g/s0", "acme/snapshots/k2/g/s0");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), -1);
+	pmanifest_free(&m);
+	snprintf(text, sizeof(text), fmt, "s1", "\"from_snapshot\":\"k1\",", "evil/snapshots/k1/g/s0", "evil/snapshots/k1/g/s0");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), -1);
+	pmanifest_free(&m);
+	snprintf(text, sizeof(text), fmt, "s1", "", "acme/snapshots/k1/g/s0", "acme/snapshots/k1/g/s0");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), -1);
+	pmanifest_free(&m);
+	snprintf(text, sizeof(text), fmt, "s1", "\"from_snapshot\":\"../x\",", "acme/snapshots/../x/g/s0", "acme/snapshots/../x/g/s0");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), -1);
+	pmanifest_free(&m);
+	snprintf(text, sizeof(text), fmt, "s1", "\"from_snapshot\":\"k1\",", "acme/snapshots/k1/../../x", "acme/snapshots/k1/../../x");
+	assert_int_equal(pmanifest_parse(text, strlen(text), "acme", "s1", &m, &err), -1);
+	pmanifest_free(&m);
+	/* The snapshot's own manifest, read where snapshots live. */
+	snprintf(text, sizeof(text), fmt, "k1", "", "acme/snapshots/k1/g/s0", "acme/snapshots/k1/g/s0");
+	assert_int_equal(pmanifest_parse_at(text, strlen(text), "acme", PMANIFEST_SNAPSHOTS, "k1", &m, &err), 0);
+	pmanifest_free(&m);
+	assert_int_equal(pmanifest_parse_at(text, strlen(text), "acme", PMANIFEST_SESSIONS, "k1", &m, &err), -1);
+	pmanifest_free(&m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_phash_later_wins),
 		cmocka_unit_test(test_phash_walk),
 		cmocka_unit_test(test_manifest_v3),
+		cmocka_unit_test(test_manifest_from_snapshot),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
