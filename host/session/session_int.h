@@ -302,6 +302,9 @@ int session_pause_manifest_host(const struct s3_config *c, const char *customer,
 /* Delete a paused session's objects in S3: the chunks its manifest names,
  * the manifest, and version 1's fixed names (session_pause.c). dir: a
  * directory for the manifest meanwhile. Missing objects are fine. */
+/* The pause-cache id of a snapshot's copies ("snapshot.<id>": a session id
+ * of the same name would only miss, its key being another). */
+void session_snapshot_cache_id(char *out, size_t cap, const char *snapshot_id);
 void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
 
 /* The base ahead of the first pause (session_base_prep.c) ---------------- */

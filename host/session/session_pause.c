@@ -832,9 +832,10 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
-	char prefix[512], gen[48], base_sha[65], ckdisk[PATH_MAX + 32], key[512];
+	char prefix[512], gen[48], base_sha[65], ckdisk[PATH_MAX + 32], key[512], cid[80];
 	int base_fd, qemu_failed = 0, r = -1, went_on = 0, dfd;
 	uint64_t base_up = 0;
+	struct pcache_seal seal = { .dir = "" };
 	int64_t t_stop = 0;
 	unsigned rnd = 0;
 	json_t *m;
@@ -868,6 +869,16 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 		return kiln_err_set(err, KERR_HOST_ERROR, "cannot start the uploader");
 	}
 	ps.up_ok = 1;
+	/* Kept here too: sessions started from it on this host (a fork's
+	 * children) read the chunks locally, with the key only its manifest
+	 * holds. */
+	session_snapshot_cache_id(cid, sizeof(cid), snap_id);
+	if (pcache_dir(&ss->pcache, s->customer, cid, 1, seal.dir, sizeof(seal.dir)) == 0) {
+		if (pcache_key_new(seal.key) == 0)
+			pchunk_up_cache(ps.up, &seal);
+		else
+			seal.dir[0] = '\0';
+	}
 	dfd = open(ckdisk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (dfd < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", ckdisk, strerror(errno));
@@ -912,7 +923,8 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	ps.up = NULL;
 	if (r < 0)
 		goto out;
-	m = manifest_json(ss, s, gen, base_sha, &state, &disk, state.n - ps.tail_at, 0, &ps.st, NULL);
+	m = manifest_json(ss, s, gen, base_sha, &state, &disk, state.n - ps.tail_at, 0, &ps.st,
+			  seal.dir[0] ? &seal : NULL);
 	if (m) {
 		json_object_set_new(m, "id", json_string(snap_id));
 		json_object_set_new(m, "session", json_string(s->id));
@@ -929,6 +941,9 @@ out:
 	unlink(ckdisk);
 	free(state.c);
 	free(disk.c);
+	if (r < 0 && seal.dir[0])
+		pcache_drop(&ss->pcache, s->customer, cid);
+	OPENSSL_cleanse(&seal, sizeof(seal));
 	return r;
 }
 

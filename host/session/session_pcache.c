@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "s3.h"
@@ -45,6 +46,18 @@ static int sweep_gone(void *ctx, const char *customer, const char *id)
 	char host[65];
 	int r;
 
+	if (!strncmp(id, "snapshot.", 9)) {
+		/* A snapshot's copies: gone with its manifest. */
+		char key[512], *text = NULL;
+		struct kiln_err e = { .code = "" };
+
+		snprintf(key, sizeof(key), "%s/snapshots/%s/manifest.json", customer, id + 9);
+		if (session_get_small(w->c, key, &text, &e) >= 0) {
+			free(text);
+			return 0;
+		}
+		return e.errc == KERR_S3_NOT_FOUND;
+	}
 	if (held_here(w->ss, id))
 		return 0;
 	r = session_pause_manifest_host(w->c, customer, id, host);

@@ -548,7 +548,14 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		 * opened with the key its manifest holds. */
 		/* Version 3: what comes from S3 is kept here too (the layers a
 		 * delta pause names again), in a directory made if missing. */
-		if (pm.has_cache_key && (pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0 ||
+		/* A snapshot's: its copies, kept where the checkpoint ran, read only. */
+		if (from_snapshot) {
+			char cid[80];
+
+			session_snapshot_cache_id(cid, sizeof(cid), from_snapshot);
+			if (pm.has_cache_key && pcache_dir(&ss->pcache, customer, cid, 0, seal.dir, sizeof(seal.dir)) == 0)
+				memcpy(seal.key, pm.cache_key, sizeof(seal.key));
+		} else if (pm.has_cache_key && (pcache_dir(&ss->pcache, customer, id, 0, seal.dir, sizeof(seal.dir)) == 0 ||
 					 (pm.version >= PMANIFEST_V3 &&
 					  (made_cache = pcache_dir(&ss->pcache, customer, id, 1, seal.dir, sizeof(seal.dir)) == 0)))) {
 			memcpy(seal.key, pm.cache_key, sizeof(seal.key));

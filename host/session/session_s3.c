@@ -487,6 +487,11 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
 	delete_prefix(c, prefix, mkey, what);
 }
 
+void session_snapshot_cache_id(char *out, size_t cap, const char *snapshot_id)
+{
+	snprintf(out, cap, "snapshot.%s", snapshot_id);
+}
+
 int sessions_snapshot_delete(struct session_table *ss, const char *customer, const char *snapshot_id,
 			     struct kiln_err *err)
 {
@@ -505,5 +510,7 @@ int sessions_snapshot_delete(struct session_table *ss, const char *customer, con
 	snprintf(what, sizeof(what), "snapshot %s", snapshot_id);
 	n = delete_prefix(&s3.c, prefix, mkey, what);
 	hostd_s3_free(&s3);
+	session_snapshot_cache_id(what, sizeof(what), snapshot_id);
+	pcache_drop(&ss->pcache, customer, what);
 	return n;
 }

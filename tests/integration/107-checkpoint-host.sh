@@ -9,10 +9,11 @@
 # the parent; the copies' randomness differs; a copy's pause is a delta over
 # the snapshot's chunks and resumes on the other host; copies of copies
 # work for 20 generations; a damaged snapshot chunk gives a clear error and
-# leaves nothing started; DELETE /v1/snapshots removes its objects; nothing
-# is left on the hosts.
+# leaves nothing started; a copy on the snapshot's host reads its chunks
+# from that host's pause cache; DELETE /v1/snapshots removes its objects
+# and copies; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 16
+t_plan 17
 require_image
 t_require_tools swift-proxy-server memcached python3
 t_require_python boto3
@@ -75,6 +76,9 @@ check "the snapshot's objects are its manifest's ($orph others), under its own p
 sa=$(from "$PA" c1 k1); sb=$(from "$PB" c2 k1)
 check "two sessions start from k1, on A and on B ($sa $sb)" test "$sa" = 200 -a "$sb" = 200
 g1=$(ask "$PA" c1 hash); g2=$(ask "$PB" c2 hash)
+hits=$(grep -o 'session c1 resumed.*' "$T_TMP/a.err" | grep -o '[0-9]* of [0-9]* chunks from this host.s pause cache')
+check "... c1, on the host that took the snapshot, read its chunks from that host's pause cache ($hits)" \
+	test -n "$hits" -a "${hits%% *}" -gt 0
 check "... both have the process with its bytes and the file" \
 	test "$g1" = "$want" -a "$g2" = "$want" -a "$(sh_in "$PA" c1 'cat /work/who')" = parent \
 	-a "$(sh_in "$PB" c2 'cat /work/who')" = parent
@@ -100,29 +104,30 @@ check "destroying c1 removes its own objects, not the snapshot's ($(s3l count ac
 
 # Copies of copies: 20 generations, each a snapshot of the last, on
 # alternate hosts, each one changing the bytes.
-cur=c2; port=$PB; okg=1; want=$(ask "$PB" c2 hash)
+declare -a sp; cur=c2; port=$PB; okg=1; want=$(ask "$PB" c2 hash)
 for g in $(seq 1 20); do
 	[ "$(ckpt "$port" "$cur" "g$g")" = 200 ] || { okg=0; echo "# gen $g: checkpoint: $(cat "$T_TMP/last")"; break; }
+	sp[g]=$port # its copies are there
 	prev=$cur; pport=$port; cur=gen$g
 	[ "$port" = "$PA" ] && port=$PB || port=$PA
 	[ "$(from "$port" "$cur" "g$g")" = 200 ] || { okg=0; echo "# gen $g: start: $(cat "$T_TMP/last")"; break; }
 	[ "$(ask "$port" "$cur" hash)" = "$want" ] || { okg=0; echo "# gen $g: bytes differ"; break; }
 	want=$(ask "$port" "$cur" mutate)
 	h "$pport" DELETE "/v1/sessions/$prev?customer=acme" > /dev/null
-	[ $g -gt 1 ] && h "$PA" DELETE "/v1/snapshots/g$((g - 1))?customer=acme" > /dev/null
+	[ $g -gt 1 ] && h "${sp[g - 1]}" DELETE "/v1/snapshots/g$((g - 1))?customer=acme" > /dev/null
 done
 check "20 generations of copies of copies, across both hosts, each with its parent's bytes" test "$okg" = 1
 
 s3l damage acme/snapshots/k1/manifest.json
-st=$(from "$PA" bad k1)
+st=$(from "$PB" bad k1)
 check "a damaged snapshot chunk: HTTP $st $(last .error.code) ($(last .error.message | head -c 100))" \
 	test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt
 check "... and nothing of that session is left started" \
-	test "$(h "$PA" GET /v1/sessions/bad)" = 404 -a "$(s3l count acme/sessions/bad/)" = 0
+	test "$(h "$PB" GET /v1/sessions/bad)" = 404 -a "$(s3l count acme/sessions/bad/)" = 0
 
 h "$PA" DELETE "/v1/snapshots/k1?customer=acme" > /dev/null
 n=$(last .deleted)
-h "$PA" DELETE "/v1/snapshots/g20?customer=acme" > /dev/null
+h "${sp[20]}" DELETE "/v1/snapshots/g20?customer=acme" > /dev/null
 check "DELETE /v1/snapshots removes every object of a snapshot ($n; $(s3l count acme/snapshots/) left of all)" \
 	test "$n" -gt 2 -a "$(s3l count acme/snapshots/k1/)" = 0 -a "$(s3l count acme/snapshots/)" = 0
 for s in s1 "$cur"; do
@@ -135,5 +140,6 @@ pids=()
 check "nothing left: no QEMU, VM directories, session files or cgroups; S3 holds no session's objects" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
+	-a "$(find "$T_TMP/spool-a/pause-cache" "$T_TMP/spool-b/pause-cache" -path '*snapshot.*' -type f 2> /dev/null | wc -l)" = 0 \
 	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0
 t_done
