@@ -24,13 +24,6 @@ struct mcp_ctx {
 	char config_error[600]; /* why there is no API or key: every tool says so */
 };
 
-static int id_ok(const char *id)
-{
-	size_t n = id ? strlen(id) : 0;
-
-	return n && n < 40 && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == n;
-}
-
 /* An API answer that is not 2xx (or none) as a tool error. Steals reply. */
 static json_t *api_error(const char *what, int status, json_t *reply, const struct kiln_err *err)
 {
@@ -113,7 +106,7 @@ static int arg_sandbox(json_t *args, const char *tool, const char **id, json_t *
 {
 	if (arg_str(args, tool, "sandbox_id", 1, id, res) < 0)
 		return -1;
-	if (!id_ok(*id)) {
+	if (!cli_id_ok(*id)) {
 		*res = mcp_text_result(1, "%s: bad argument: \"sandbox_id\" \"%.60s\" is not a sandbox id (s_...)",
 				       tool, *id);
 		return -1;
@@ -205,7 +198,7 @@ static json_t *run_cell(struct mcp_ctx *c, const char *sid, const char *lang, co
 	json_t *v;
 	size_t i;
 
-	if (!id_ok(sid))
+	if (!cli_id_ok(sid))
 		return mcp_text_result(1, "run_code: bad argument: \"sandbox_id\" is not a sandbox id");
 	if (!timeout || timeout > 3600)
 		timeout = timeout ? 3600 : 300; /* the code API's bound: an hour */
@@ -318,7 +311,7 @@ static json_t *t_run_code(struct mcp_ctx *c, json_t *args)
 	}
 	json_decref(body);
 	tid = json_string_value(json_object_get(task, "id"));
-	if (!tid || !id_ok(tid)) {
+	if (!tid || !cli_id_ok(tid)) {
 		json_decref(task);
 		return mcp_text_result(1, "run_code: kiln-api answered without a task id");
 	}
