@@ -5,8 +5,8 @@
 # the host kept from one task to the next), kiln task list/get/logs/
 # cancel, kiln session fork and kiln snapshot create|list|get|delete with
 # kiln session create --snapshot, kiln admin (customer, key, revoke), bad
-# usage; finally SIGTERM to
-# kiln up: exit 0, credentials gone, no process or cgroup of the stack left.
+# usage; finally SIGTERM to kiln up: exit 0, credentials gone, no process or
+# cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
 t_plan 45
 require_image
