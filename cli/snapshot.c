@@ -87,7 +87,13 @@ static int snapshot_create(int argc, char **argv, const struct cli_conn *conn)
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "n:j", opts, NULL)) != -1) {
 		if (opt == 'n') {
-			json_object_set_new(body, "name", json_string(optarg));
+			json_t *name = json_string(optarg);
+
+			if (!name) { /* jansson takes only UTF-8 */
+				fprintf(stderr, "kiln: snapshot create: --name: not UTF-8 text\n");
+				goto out;
+			}
+			json_object_set_new(body, "name", name);
 		} else if (opt == 'j') {
 			json = 1;
 		} else {
@@ -97,10 +103,6 @@ static int snapshot_create(int argc, char **argv, const struct cli_conn *conn)
 	}
 	if (optind != argc - 1 || !cli_id_ok(argv[optind])) {
 		snapshot_usage(stderr);
-		goto out;
-	}
-	if (json_object_get(body, "name") && !json_string_value(json_object_get(body, "name"))) {
-		fprintf(stderr, "kiln: snapshot create: --name: not UTF-8 text\n");
 		goto out;
 	}
 	snprintf(path, sizeof(path), "/v1/sessions/%s/snapshots", argv[optind]);
