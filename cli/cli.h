@@ -27,6 +27,7 @@ int cmd_shell(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_destination(int argc, char **argv);
 int cmd_mcp(int argc, char **argv);
+int cmd_snapshot(int argc, char **argv);
 
 /* The exit status for a session command's result: the command's exit code,
  * 1 when it failed without one (signal, timeout), 3 when kiln could not run
@@ -130,6 +131,25 @@ int cli_template_build_args(int argc, char **argv, struct cli_template_args *out
  * blanks; --file reads the local file (base64, its permission bits as the
  * mode). NULL with why in msg. Caller decrefs. */
 json_t *cli_template_recipe(const struct cli_template_args *a, char *msg, size_t msg_size);
+
+/* "12.3 MiB" for a byte count ("-" when negative: unknown). */
+void cli_human_size(long long n, char *out, size_t size);
+
+/* A time in milliseconds since the epoch (a JSON integer) as local
+ * "YYYY-MM-DD HH:MM:SS"; "-" when ms is not an integer. */
+void cli_format_ms(json_t *ms, char *out, size_t size);
+
+/* ---- kiln session fork, kiln snapshot (pure functions) ---- */
+
+/* 1 when id may be put into a request path as a session or snapshot id
+ * (s_..., snap_...): 1-63 of A-Z a-z 0-9 _ . - and not "." or ".."; else 0. */
+int cli_id_ok(const char *id);
+
+/* The path of one page of `kiln snapshot list`:
+ * "/v1/snapshots?limit=100[&name=N][&session_id=S][&after=T]", each value
+ * URL-escaped (NULL or "": left out). 0, or -1 when it does not fit in size
+ * or cannot be escaped. */
+int cli_snapshot_list_path(const char *name, const char *session_id, const char *after, char *out, size_t size);
 
 /* Print a JSON value indented on stdout. */
 void cli_print_json(json_t *v);

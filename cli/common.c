@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <curl/curl.h>
+
 #include "cli.h"
 
 int cli_connect(struct creds *cr, int admin, struct cli_conn *conn)
@@ -66,6 +68,63 @@ int cli_request_print(const struct cli_conn *conn, const char *what, const char 
 		cli_print_json(reply);
 	json_decref(reply);
 	return rc;
+}
+
+int cli_id_ok(const char *id)
+{
+	size_t n = id ? strlen(id) : 0;
+
+	return n && n < 64 && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == n &&
+	       strcmp(id, ".") && strcmp(id, "..");
+}
+
+int cli_snapshot_list_path(const char *name, const char *session_id, const char *after, char *out, size_t size)
+{
+	const char *keys[] = { "name", "session_id", "after" }, *vals[] = { name, session_id, after };
+	size_t i, len;
+	int n = snprintf(out, size, "/v1/snapshots?limit=100");
+
+	if (n < 0 || (size_t)n >= size)
+		return -1;
+	len = (size_t)n;
+	for (i = 0; i < 3; i++) {
+		char *enc;
+
+		if (!vals[i] || !*vals[i])
+			continue;
+		if (!(enc = curl_easy_escape(NULL, vals[i], 0)))
+			return -1;
+		n = snprintf(out + len, size - len, "&%s=%s", keys[i], enc);
+		curl_free(enc);
+		if (n < 0 || (size_t)n >= size - len)
+			return -1;
+		len += (size_t)n;
+	}
+	return 0;
+}
+
+void cli_human_size(long long n, char *out, size_t size)
+{
+	if (n < 0)
+		snprintf(out, size, "-");
+	else if (n < 1024 * 1024)
+		snprintf(out, size, "%.1f KiB", (double)n / 1024);
+	else if (n < 1024LL * 1024 * 1024)
+		snprintf(out, size, "%.1f MiB", (double)n / (1024 * 1024));
+	else
+		snprintf(out, size, "%.2f GiB", (double)n / (1024.0 * 1024 * 1024));
+}
+
+void cli_format_ms(json_t *ms, char *out, size_t size)
+{
+	time_t secs = (time_t)(json_integer_value(ms) / 1000);
+	struct tm tm;
+
+	out[0] = '\0';
+	if (json_is_integer(ms) && localtime_r(&secs, &tm))
+		strftime(out, size, "%Y-%m-%d %H:%M:%S", &tm);
+	else
+		snprintf(out, size, "-");
 }
 
 void cli_print_json(json_t *v)

@@ -1,5 +1,5 @@
 /* kiln: the command-line client of kiln-api (kiln run, kiln task, kiln
- * session, kiln template, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
+ * session, kiln snapshot, kiln template, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
  * the cli/ modules; usage and exit statuses in cli.h and the README. */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -13,8 +13,10 @@ static void usage(FILE *f)
 		   "  up [--dir DIR] [--port P] [--egress] the local stack: S3, kiln-api, one kiln-host\n"
 		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
-		   "  session create|exec|put|get|ls|pause|resume|rm|list|info ...\n"
+		   "  session create|exec|put|get|ls|pause|resume|fork|rm|list|info ...\n"
 		   "                                       long-lived sandboxes (kiln session --help)\n"
+		   "  snapshot create|list|get|delete ...  a session's state kept, to start sessions from\n"
+		   "                                       (kiln snapshot --help)\n"
 		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
 		   "  template build|list|get|rm ...       environments to run in (kiln template --help)\n"
 		   "  destination set|show|test|delete     outputs to your own S3 bucket (kiln destination --help)\n"
@@ -48,6 +50,8 @@ int main(int argc, char **argv)
 		rc = cmd_task(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "session"))
 		rc = cmd_session(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "snapshot"))
+		rc = cmd_snapshot(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "shell"))
 		rc = cmd_shell(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "template"))

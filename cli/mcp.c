@@ -24,13 +24,6 @@ struct mcp_ctx {
 	char config_error[600]; /* why there is no API or key: every tool says so */
 };
 
-static int id_ok(const char *id)
-{
-	size_t n = id ? strlen(id) : 0;
-
-	return n && n < 40 && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == n;
-}
-
 /* An API answer that is not 2xx (or none) as a tool error. Steals reply. */
 static json_t *api_error(const char *what, int status, json_t *reply, const struct kiln_err *err)
 {
@@ -113,7 +106,7 @@ static int arg_sandbox(json_t *args, const char *tool, const char **id, json_t *
 {
 	if (arg_str(args, tool, "sandbox_id", 1, id, res) < 0)
 		return -1;
-	if (!id_ok(*id)) {
+	if (!cli_id_ok(*id)) {
 		*res = mcp_text_result(1, "%s: bad argument: \"sandbox_id\" \"%.60s\" is not a sandbox id (s_...)",
 				       tool, *id);
 		return -1;
@@ -205,7 +198,7 @@ static json_t *run_cell(struct mcp_ctx *c, const char *sid, const char *lang, co
 	json_t *v;
 	size_t i;
 
-	if (!id_ok(sid))
+	if (!cli_id_ok(sid))
 		return mcp_text_result(1, "run_code: bad argument: \"sandbox_id\" is not a sandbox id");
 	if (!timeout || timeout > 3600)
 		timeout = timeout ? 3600 : 300; /* the code API's bound: an hour */
@@ -318,7 +311,7 @@ static json_t *t_run_code(struct mcp_ctx *c, json_t *args)
 	}
 	json_decref(body);
 	tid = json_string_value(json_object_get(task, "id"));
-	if (!tid || !id_ok(tid)) {
+	if (!tid || !cli_id_ok(tid)) {
 		json_decref(task);
 		return mcp_text_result(1, "run_code: kiln-api answered without a task id");
 	}
@@ -359,14 +352,29 @@ static json_t *t_run_code(struct mcp_ctx *c, json_t *args)
 
 static json_t *session_summary(json_t *s)
 {
-	return json_pack("{s:O?, s:O?, s:O?, s:O?}", "sandbox_id", json_object_get(s, "id"), "state",
-			 json_object_get(s, "state"), "template", json_object_get(s, "template"), "expires_at",
-			 json_object_get(s, "expires_at"));
+	json_t *o = json_pack("{s:O?, s:O?, s:O?, s:O?}", "sandbox_id", json_object_get(s, "id"), "state",
+			      json_object_get(s, "state"), "template", json_object_get(s, "template"), "expires_at",
+			      json_object_get(s, "expires_at"));
+
+	if (json_is_string(json_object_get(s, "snapshot_id")))
+		json_object_set(o, "snapshot_id", json_object_get(s, "snapshot_id"));
+	return o;
+}
+
+/* A snapshot as the tools show it: kiln-api's JSON with "id" as
+ * "snapshot_id" and "session_id" as "sandbox_id". */
+static json_t *snapshot_summary(json_t *s)
+{
+	return json_pack("{s:O?, s:O?, s:O?, s:O?, s:O?, s:O?, s:O?, s:O?}", "snapshot_id", json_object_get(s, "id"),
+			 "name", json_object_get(s, "name"), "sandbox_id", json_object_get(s, "session_id"), "template",
+			 json_object_get(s, "template"), "memory_mib", json_object_get(s, "memory_mib"), "vcpus",
+			 json_object_get(s, "vcpus"), "bytes", json_object_get(s, "bytes"), "created_ms",
+			 json_object_get(s, "created_ms"));
 }
 
 static json_t *t_create(struct mcp_ctx *c, json_t *args)
 {
-	const char *template;
+	const char *template, *snap;
 	long mem, vcpus, idle, life;
 	json_t *res = NULL, *body, *limits, *s;
 
@@ -374,9 +382,19 @@ static json_t *t_create(struct mcp_ctx *c, json_t *args)
 	    arg_int(args, "create_sandbox", "memory_mib", 128, 16384, &mem, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "vcpus", 1, 16, &vcpus, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "idle_timeout", 1, 86400, &idle, &res) < 0 ||
-	    arg_int(args, "create_sandbox", "lifetime", 1, 604800, &life, &res) < 0)
+	    arg_int(args, "create_sandbox", "lifetime", 1, 604800, &life, &res) < 0 ||
+	    arg_str(args, "create_sandbox", "snapshot_id", 0, &snap, &res) < 0)
 		return res;
+	if (snap && !cli_id_ok(snap))
+		return mcp_text_result(1, "create_sandbox: bad argument: \"snapshot_id\" \"%.60s\" is not a snapshot id "
+					  "(snap_...)", snap);
+	if (snap && (template || mem || vcpus))
+		return mcp_text_result(1, "create_sandbox: bad argument: with \"snapshot_id\" the sandbox has the "
+					  "snapshot's template, memory and vCPUs: leave out \"template\", \"memory_mib\" "
+					  "and \"vcpus\"");
 	body = json_object();
+	if (snap)
+		json_object_set_new(body, "snapshot", json_string(snap));
 	limits = json_object();
 	if (mem)
 		json_object_set_new(limits, "memory_mib", json_integer(mem));
@@ -567,6 +585,118 @@ static json_t *t_lifecycle(struct mcp_ctx *c, const char *tool, json_t *args)
 	return res;
 }
 
+/* fork_sandbox: POST /v1/sessions/{id}/fork. An error result only when no
+ * fork was made; refusals of some are listed in "errors" either way. */
+static json_t *t_fork(struct mcp_ctx *c, json_t *args)
+{
+	const char *id;
+	json_t *res = NULL, *body, *r, *ids, *boxes, *errs, *v;
+	long count;
+	char path[128];
+	size_t i;
+
+	if (arg_sandbox(args, "fork_sandbox", &id, &res) < 0 ||
+	    arg_int(args, "fork_sandbox", "count", 1, 20, &count, &res) < 0)
+		return res;
+	body = json_pack("{s:i}", "count", (int)(count ? count : 1));
+	snprintf(path, sizeof(path), "/v1/sessions/%s/fork", id);
+	if (request(c, "fork_sandbox", "POST", path, body, 960, &r, &res) < 0) {
+		json_decref(body);
+		return res;
+	}
+	json_decref(body);
+	ids = json_array();
+	boxes = json_array();
+	json_array_foreach(json_object_get(r, "sessions"), i, v) {
+		json_array_append(ids, json_object_get(v, "id") ?: json_null());
+		json_array_append_new(boxes, session_summary(v));
+	}
+	errs = json_object_get(r, "errors");
+	res = json_pack("{s:s, s:o, s:O?, s:o, s:o}", "parent", id, "sandbox_ids", ids, "stop_ms",
+			json_object_get(r, "stop_ms"), "sandboxes", boxes, "errors",
+			json_is_array(errs) ? json_incref(errs) : json_array());
+	json_decref(r);
+	return mcp_json_result(!json_array_size(ids), res);
+}
+
+static json_t *t_snapshot(struct mcp_ctx *c, json_t *args)
+{
+	const char *id, *name;
+	json_t *res = NULL, *body, *r;
+	char path[128];
+
+	if (arg_sandbox(args, "snapshot_sandbox", &id, &res) < 0 ||
+	    arg_str(args, "snapshot_sandbox", "name", 0, &name, &res) < 0)
+		return res;
+	body = name ? json_pack("{s:s}", "name", name) : json_object();
+	snprintf(path, sizeof(path), "/v1/sessions/%s/snapshots", id);
+	if (request(c, "snapshot_sandbox", "POST", path, body, 960, &r, &res) < 0) {
+		json_decref(body);
+		return res;
+	}
+	json_decref(body);
+	res = mcp_json_result(0, snapshot_summary(r));
+	json_decref(r);
+	return res;
+}
+
+#define LIST_MAX_PAGES 100 /* 10 000 snapshots: more would not help an agent */
+
+/* list_snapshots: every page of GET /v1/snapshots (following "next"). */
+static json_t *t_list_snapshots(struct mcp_ctx *c, json_t *args)
+{
+	const char *name;
+	json_t *res = NULL, *all, *r, *v;
+	char path[2048], after[512] = "";
+	size_t i;
+	int pages;
+
+	if (arg_str(args, "list_snapshots", "name", 0, &name, &res) < 0)
+		return res;
+	all = json_array();
+	for (pages = 0; pages < LIST_MAX_PAGES; pages++) {
+		const char *tok;
+
+		if (cli_snapshot_list_path(name, NULL, after, path, sizeof(path)) < 0) {
+			json_decref(all);
+			return mcp_text_result(1, "list_snapshots: bad argument: \"name\" is too long");
+		}
+		if (request(c, "list_snapshots", "GET", path, NULL, 30, &r, &res) < 0) {
+			json_decref(all);
+			return res;
+		}
+		json_array_foreach(json_object_get(r, "snapshots"), i, v)
+			json_array_append_new(all, snapshot_summary(v));
+		tok = json_string_value(json_object_get(r, "next"));
+		if (!tok || !*tok || strlen(tok) >= sizeof(after) || !strcmp(tok, after)) {
+			/* The last page, or a token that would not move on. */
+			json_decref(r);
+			break;
+		}
+		snprintf(after, sizeof(after), "%s", tok);
+		json_decref(r);
+	}
+	return mcp_json_result(0, json_pack("{s:o}", "snapshots", all));
+}
+
+static json_t *t_delete_snapshot(struct mcp_ctx *c, json_t *args)
+{
+	const char *id;
+	json_t *res = NULL, *r;
+	char path[128];
+
+	if (arg_str(args, "delete_snapshot", "snapshot_id", 1, &id, &res) < 0)
+		return res;
+	if (!cli_id_ok(id))
+		return mcp_text_result(1, "delete_snapshot: bad argument: \"snapshot_id\" \"%.60s\" is not a snapshot "
+					  "id (snap_...)", id);
+	snprintf(path, sizeof(path), "/v1/snapshots/%s", id);
+	if (request(c, "delete_snapshot", "DELETE", path, NULL, 120, &r, &res) < 0)
+		return res;
+	json_decref(r);
+	return mcp_text_result(0, "deleted snapshot %s", id);
+}
+
 static json_t *call(void *ctx, const char *name, json_t *args)
 {
 	struct mcp_ctx *c = ctx;
@@ -586,6 +716,14 @@ static json_t *call(void *ctx, const char *name, json_t *args)
 		return t_read(c, args);
 	if (!strcmp(name, "list_files"))
 		return t_list(c, args);
+	if (!strcmp(name, "fork_sandbox"))
+		return t_fork(c, args);
+	if (!strcmp(name, "snapshot_sandbox"))
+		return t_snapshot(c, args);
+	if (!strcmp(name, "list_snapshots"))
+		return t_list_snapshots(c, args);
+	if (!strcmp(name, "delete_snapshot"))
+		return t_delete_snapshot(c, args);
 	return t_lifecycle(c, name, args);
 }
 

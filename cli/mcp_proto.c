@@ -41,7 +41,8 @@ static const char *const tool_defs[][3] = {
 	{ "create_sandbox",
 	  "Create a sandbox: a Linux microVM (Debian, Python 3.11, no network) that stays up between commands, "
 	  "so files and background processes persist from one exec to the next. Returns its sandbox_id. It ends "
-	  "after idle_timeout seconds without a command; destroy it with destroy_sandbox when done.",
+	  "after idle_timeout seconds without a command; destroy it with destroy_sandbox when done. With "
+	  "snapshot_id it starts as the snapshot's sandbox was, running processes included.",
 	  "{\"type\":\"object\",\"properties\":{"
 	  "\"template\":{\"type\":\"string\",\"description\":\"The environment (default: default; "
 	  "python-data has numpy, pandas and matplotlib; code-interpreter adds a live notebook interpreter for "
@@ -52,7 +53,10 @@ static const char *const tool_defs[][3] = {
 	  "\"idle_timeout\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":86400,"
 	  "\"description\":\"Seconds without a command before it ends (default 600)\"},"
 	  "\"lifetime\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":604800,"
-	  "\"description\":\"Seconds it may live at most (default 3600)\"}}}" },
+	  "\"description\":\"Seconds it may live at most (default 3600)\"},"
+	  "\"snapshot_id\":{\"type\":\"string\",\"description\":\"Start from this snapshot (snapshot_sandbox, "
+	  "list_snapshots: snap_...) with its memory, processes and files; its template, memory and vCPUs are the "
+	  "snapshot's, so template, memory_mib and vcpus cannot go with it\"}}}" },
 	{ "exec",
 	  "Run a shell command (bash -c) in a sandbox and return its exit code, stdout and stderr. Runs in /work "
 	  "as an unprivileged user; a non-zero exit is reported as an error result with the output.",
@@ -95,6 +99,31 @@ static const char *const tool_defs[][3] = {
 	{ "destroy_sandbox",
 	  "Destroy a sandbox and everything in it, for good.",
 	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID "},\"required\":[\"sandbox_id\"]}" },
+	{ "fork_sandbox",
+	  "Fork a running sandbox: make count new sandboxes, each with the sandbox's memory, running processes, "
+	  "variables and files as they are at this instant (the sandbox itself goes on). Returns the new "
+	  "sandbox_ids: try several approaches from one state, one per fork, keep the one that works and destroy "
+	  "the others. Changes in one are invisible to the others. Each fork counts against the quotas as a "
+	  "sandbox; those refused are listed in errors.",
+	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID ","
+	  "\"count\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":20,"
+	  "\"description\":\"How many forks (default 1)\"}},\"required\":[\"sandbox_id\"]}" },
+	{ "snapshot_sandbox",
+	  "Save a running sandbox's state (memory, processes, files) as a snapshot that outlives it; "
+	  "create_sandbox with snapshot_id starts any number of sandboxes from it. The sandbox goes on. Returns the "
+	  "snapshot_id. Snapshots count against a quota until delete_snapshot.",
+	  "{\"type\":\"object\",\"properties\":{\"sandbox_id\":" SANDBOX_ID ","
+	  "\"name\":{\"type\":\"string\",\"description\":\"A name to find it by (list_snapshots)\"}},"
+	  "\"required\":[\"sandbox_id\"]}" },
+	{ "list_snapshots",
+	  "List your snapshots, newest first: each one's snapshot_id, name, the sandbox it was taken of, "
+	  "template, size and creation time (milliseconds since the epoch).",
+	  "{\"type\":\"object\",\"properties\":{"
+	  "\"name\":{\"type\":\"string\",\"description\":\"Only the snapshots of this name\"}}}" },
+	{ "delete_snapshot",
+	  "Delete a snapshot for good (sandboxes already started from it are not affected).",
+	  "{\"type\":\"object\",\"properties\":{\"snapshot_id\":{\"type\":\"string\","
+	  "\"description\":\"The snapshot's id (snap_...)\"}},\"required\":[\"snapshot_id\"]}" },
 };
 
 #define NTOOLS (sizeof(tool_defs) / sizeof(tool_defs[0]))
@@ -195,7 +224,10 @@ static char *initialize(struct mcp_server *s, json_t *id, json_t *params)
 					  "kiln runs code in isolated Linux microVMs. run_code runs a program once; "
 					  "create_sandbox gives a VM that keeps its files between exec calls "
 					  "(write_file, read_file, list_files, exec, pause_sandbox, resume_sandbox, "
-					  "destroy_sandbox). Destroy sandboxes you no longer need."));
+					  "destroy_sandbox). fork_sandbox branches a running sandbox into copies, to try "
+					  "several things from one state; snapshot_sandbox keeps a state to start new "
+					  "sandboxes from (create_sandbox snapshot_id). Destroy sandboxes and delete "
+					  "snapshots you no longer need."));
 }
 
 static char *tools_call(struct mcp_server *s, json_t *id, json_t *params)

@@ -1,4 +1,4 @@
-/* session: `kiln session create|exec|put|get|ls|pause|resume|rm|list|info`,
+/* session: `kiln session create|exec|put|get|ls|pause|resume|fork|rm|list|info`,
  * over kiln-api's /v1/sessions (docs/api.md, "Sessions"). */
 #include <errno.h>
 #include <getopt.h>
@@ -29,6 +29,7 @@ static void session_usage(FILE *f)
 	fprintf(f,
 		"usage: kiln session create [--memory MiB] [--vcpus N] [--output MiB] [--allow DEST:PORTS]...\n"
 		"                           [--idle S] [--lifetime S] [--template NAME] [--json]\n"
+		"       kiln session create --snapshot SNAP_ID [--idle S] [--lifetime S] [--json]\n"
 		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-] [--json]\n"
 		"                            -- COMMAND [ARGS...]\n"
 		"       kiln session exec ID [options] --code FILE.py|FILE.sh\n"
@@ -38,6 +39,7 @@ static void session_usage(FILE *f)
 		"                                              GUEST/ with a '/': the whole directory, as tar)\n"
 		"       kiln session ls ID [DIR]               (default /work)\n"
 		"       kiln session pause|resume|rm|info ID\n"
+		"       kiln session fork ID [--count N] [--json]  (N new sessions, 1-20, default 1: one id a line)\n"
 		"       kiln session forward ID PORT [LOCAL_PORT]  (127.0.0.1:LOCAL_PORT, default PORT, to PORT\n"
 		"                                              in the session: any TCP, like kubectl port-forward)\n"
 		"       kiln session list [--all] [--json]\n"
@@ -46,6 +48,11 @@ static void session_usage(FILE *f)
 		"  seconds without a command (default 600) or --lifetime seconds (default 3600);\n"
 		"  pause saves it to S3 and frees its quota, resume brings it back on any host.\n"
 		"  --template: the environment it runs in (default: default; kiln template list).\n"
+		"  --snapshot: start from a snapshot (kiln snapshot --help) with its memory, processes\n"
+		"  and files; its vCPUs, memory, template and network are the snapshot's.\n"
+		"  fork makes N new sessions with the running session's memory, processes and files\n"
+		"  at one instant (the session goes on); it exits 1 when any of them was refused\n"
+		"  (the others' ids are still printed).\n"
 		"  --stdin gives the command a file (\"-\": kiln's own stdin, read to its end first) as\n"
 		"  its stdin, at most 16 MiB; without it the command's stdin is at EOF.\n"
 		"  For an interactive terminal in a session: kiln shell ID (kiln shell --help).\n"
@@ -196,23 +203,18 @@ int cli_session_get_target(const char *guest, const char *local, char *out, size
 
 /* ---- commands ---- */
 
-static int id_ok(const char *id)
-{
-	size_t n = strlen(id);
-
-	return n && n < 40 && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == n;
-}
-
 static void describe(json_t *s)
 {
 	json_t *lim = json_object_get(s, "limits");
 
 	const char *tpl = json_string_value(json_object_get(s, "template"));
+	const char *snap = json_string_value(json_object_get(s, "snapshot_id"));
 
-	fprintf(stderr, "kiln: session %s %s%s%s%s%s (%lld vCPU, %lld MiB; idle limit %lld s, lifetime %lld s)\n",
+	fprintf(stderr, "kiln: session %s %s%s%s%s%s%s%s (%lld vCPU, %lld MiB; idle limit %lld s, lifetime %lld s)\n",
 		json_string_value(json_object_get(s, "id")), json_string_value(json_object_get(s, "state")),
 		json_string_value(json_object_get(s, "host")) ? " on " : "",
 		json_string_value(json_object_get(s, "host")) ?: "", tpl ? ", template " : "", tpl ? tpl : "",
+		snap ? ", from snapshot " : "", snap ? snap : "",
 		(long long)json_integer_value(json_object_get(lim, "vcpus")),
 		(long long)json_integer_value(json_object_get(lim, "memory_mib")),
 		(long long)json_integer_value(json_object_get(s, "idle_timeout_s")),
@@ -225,14 +227,17 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 		{ "memory", required_argument, 0, 'm' }, { "vcpus", required_argument, 0, 'c' },
 		{ "output", required_argument, 0, 'o' }, { "idle", required_argument, 0, 'i' },
 		{ "lifetime", required_argument, 0, 'l' }, { "allow", required_argument, 0, 'a' },
-		{ "template", required_argument, 0, 'T' }, { "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
+		{ "template", required_argument, 0, 'T' }, { "snapshot", required_argument, 0, 'S' },
+		{ "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
 	};
 	json_t *body = json_object(), *limits = json_object(), *allow = json_array(), *reply = NULL;
 	struct kiln_err terr = { .code = "" };
-	int opt, json = 0, rc = EXIT_USAGE;
+	int opt, json = 0, rc = EXIT_USAGE, shaped = 0; /* shaped: --memory, --vcpus, --template or --allow */
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:T:j", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:T:S:j", opts, NULL)) != -1) {
+		if (opt == 'm' || opt == 'c' || opt == 'T' || opt == 'a')
+			shaped = 1;
 		const char *key = opt == 'm' ? "memory_mib" : opt == 'c' ? "vcpus" : opt == 'o' ? "output_mib"
 				: opt == 'i' ? "idle_timeout_s" : "max_lifetime_s";
 		char *end;
@@ -263,6 +268,13 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 			}
 			json_object_set_new(body, "template", json_string(optarg));
 			break;
+		case 'S':
+			if (!cli_id_ok(optarg)) {
+				fprintf(stderr, "kiln: session create: --snapshot %s: not a snapshot id (snap_...)\n", optarg);
+				goto out;
+			}
+			json_object_set_new(body, "snapshot", json_string(optarg));
+			break;
 		case 'j':
 			json = 1;
 			break;
@@ -273,6 +285,12 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 	}
 	if (optind != argc) {
 		session_usage(stderr);
+		goto out;
+	}
+	if (shaped && json_object_get(body, "snapshot")) {
+		/* kiln-api refuses them too (400): say it before asking. */
+		fprintf(stderr, "kiln: session create: --snapshot gives the session its vCPUs, memory, template and "
+			"network: --memory, --vcpus, --template and --allow cannot go with it\n");
 		goto out;
 	}
 	if (json_object_size(limits))
@@ -294,6 +312,68 @@ out:
 	json_decref(allow);
 	json_decref(reply);
 	return rc;
+}
+
+/* kiln session fork ID [--count N] [--json]: POST /v1/sessions/{id}/fork.
+ * The children's ids on stdout, one a line; each refusal on stderr; exit 1
+ * when any child was refused. */
+static int session_fork(int argc, char **argv, const struct cli_conn *conn)
+{
+	static const struct option opts[] = { { "count", required_argument, 0, 'n' }, { "json", no_argument, 0, 'j' },
+					      { 0, 0, 0, 0 } };
+	json_t *body, *reply = NULL, *v;
+	const char *id;
+	char path[128], *end;
+	int opt, json = 0, rc;
+	long count = 1;
+	size_t i, made, refused;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "n:j", opts, NULL)) != -1) {
+		if (opt == 'n') {
+			errno = 0;
+			count = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || count < 1 || count > 20) {
+				fprintf(stderr, "kiln: session fork: --count: expected 1 to 20, got \"%s\"\n", optarg);
+				return EXIT_USAGE;
+			}
+		} else if (opt == 'j') {
+			json = 1;
+		} else {
+			session_usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (optind != argc - 1 || !cli_id_ok(argv[optind])) {
+		session_usage(stderr);
+		return EXIT_USAGE;
+	}
+	id = argv[optind];
+	snprintf(path, sizeof(path), "/v1/sessions/%s/fork", id);
+	body = json_pack("{s:i}", "count", (int)count);
+	/* Children are admitted one by one, each a restore: allow them time. */
+	rc = cli_request(conn, "session fork", "POST", path, body, 960, &reply);
+	json_decref(body);
+	if (rc)
+		return rc;
+	made = json_array_size(json_object_get(reply, "sessions"));
+	refused = json_array_size(json_object_get(reply, "errors"));
+	if (json) {
+		cli_print_json(reply);
+	} else {
+		/* The ids alone on stdout, so that a script can read them. */
+		json_array_foreach(json_object_get(reply, "sessions"), i, v)
+			printf("%s\n", json_string_value(json_object_get(v, "id")) ?: "?");
+		fprintf(stderr, "kiln: session fork: %s: %zu of %ld %s made (the parent stopped %lld ms)\n", id, made,
+			count, count == 1 ? "child" : "children",
+			(long long)json_integer_value(json_object_get(reply, "stop_ms")));
+	}
+	json_array_foreach(json_object_get(reply, "errors"), i, v)
+		fprintf(stderr, "kiln: session fork: a child was refused: %s: %s\n",
+			json_string_value(json_object_get(v, "code")) ?: "error",
+			json_string_value(json_object_get(v, "message")) ?: "(no message)");
+	json_decref(reply);
+	return refused || !made ? EXIT_REFUSED : 0;
 }
 
 struct exec_view {
@@ -395,7 +475,7 @@ static int session_exec(int argc, char **argv, const struct cli_conn *conn)
 		session_usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (!id_ok(a.id)) {
+	if (!cli_id_ok(a.id)) {
 		fprintf(stderr, "kiln: session exec: %s: not a session id\n", a.id);
 		return EXIT_USAGE;
 	}
@@ -807,7 +887,7 @@ int cmd_session(int argc, char **argv)
 	verb = argv[1];
 #define VERB(s) (!strcmp(verb, s))
 	/* Usage is checked before any configuration is looked for. */
-	if (VERB("create") || VERB("list")) {
+	if (VERB("create") || VERB("list") || VERB("fork")) {
 		/* options checked by getopt below */
 	} else if (VERB("exec")) {
 		if (argc < 3) {
@@ -815,22 +895,22 @@ int cmd_session(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	} else if (VERB("pause") || VERB("resume") || VERB("rm") || VERB("info")) {
-		if (argc != 3 || !id_ok(argv[2])) {
+		if (argc != 3 || !cli_id_ok(argv[2])) {
 			session_usage(stderr);
 			return EXIT_USAGE;
 		}
 	} else if (VERB("put")) {
-		if (argc != 5 || !id_ok(argv[2])) {
+		if (argc != 5 || !cli_id_ok(argv[2])) {
 			session_usage(stderr);
 			return EXIT_USAGE;
 		}
 	} else if (VERB("get")) {
-		if ((argc != 4 && argc != 5) || !id_ok(argv[2])) {
+		if ((argc != 4 && argc != 5) || !cli_id_ok(argv[2])) {
 			session_usage(stderr);
 			return EXIT_USAGE;
 		}
 	} else if (VERB("ls")) {
-		if ((argc != 3 && argc != 4) || !id_ok(argv[2])) {
+		if ((argc != 3 && argc != 4) || !cli_id_ok(argv[2])) {
 			session_usage(stderr);
 			return EXIT_USAGE;
 		}
@@ -838,7 +918,7 @@ int cmd_session(int argc, char **argv)
 		char *e1 = NULL, *e2 = NULL;
 		long p = argc >= 4 ? strtol(argv[3], &e1, 10) : 0, lp = argc == 5 ? strtol(argv[4], &e2, 10) : -1;
 
-		if ((argc != 4 && argc != 5) || !id_ok(argv[2]) || !e1 || *e1 || p < 1 || p > 65535 ||
+		if ((argc != 4 && argc != 5) || !cli_id_ok(argv[2]) || !e1 || *e1 || p < 1 || p > 65535 ||
 		    (argc == 5 && (!e2 || *e2 || lp < 0 || lp > 65535))) {
 			session_usage(stderr);
 			return EXIT_USAGE;
@@ -870,6 +950,8 @@ int cmd_session(int argc, char **argv)
 		return session_create(argc - 1, argv + 1, &conn);
 	if (VERB("list"))
 		return session_list(argc - 1, argv + 1, &conn);
+	if (VERB("fork"))
+		return session_fork(argc - 1, argv + 1, &conn);
 	if (VERB("exec"))
 		return session_exec(argc - 1, argv + 1, &conn);
 	if (VERB("put"))

@@ -419,29 +419,9 @@ static long long size_of(json_t *t)
 	return json_is_integer(s) ? (long long)json_integer_value(s) : -1;
 }
 
-static void human_size(long long n, char *out, size_t size)
-{
-	if (n < 0)
-		snprintf(out, size, "-");
-	else if (n < 1024 * 1024)
-		snprintf(out, size, "%.1f KiB", (double)n / 1024);
-	else if (n < 1024LL * 1024 * 1024)
-		snprintf(out, size, "%.1f MiB", (double)n / (1024 * 1024));
-	else
-		snprintf(out, size, "%.2f GiB", (double)n / (1024.0 * 1024 * 1024));
-}
-
 static void when_of(json_t *t, char *out, size_t size)
 {
-	json_t *ca = json_object_get(t, "created_at");
-	time_t secs = (time_t)(json_integer_value(ca) / 1000);
-	struct tm tm;
-
-	out[0] = '\0';
-	if (json_is_integer(ca) && localtime_r(&secs, &tm))
-		strftime(out, size, "%Y-%m-%d %H:%M:%S", &tm);
-	else
-		snprintf(out, size, "-");
+	cli_format_ms(json_object_get(t, "created_at"), out, size);
 }
 
 static const char *state_of(json_t *t)
@@ -463,7 +443,7 @@ static int say_final(const char *name, json_t *t)
 	char sz[32];
 
 	if (!strcmp(st, "ready")) {
-		human_size(size_of(t), sz, sizeof(sz));
+		cli_human_size(size_of(t), sz, sizeof(sz));
 		fprintf(stderr, "kiln: template %s ready: %s, sha256 %s\n", name, sz,
 			json_string_value(json_object_get(t, "sha256")) ?: "-");
 		return 0;
@@ -658,7 +638,7 @@ static int template_list(int argc, char **argv, const struct cli_conn *conn)
 	json_array_foreach(list, i, t) {
 		char sz[32], when[64];
 
-		human_size(size_of(t), sz, sizeof(sz));
+		cli_human_size(size_of(t), sz, sizeof(sz));
 		when_of(t, when, sizeof(when));
 		printf("%-32s %-9s %-6s %-10s %s\n", json_string_value(json_object_get(t, "name")) ?: "?", state_of(t),
 		       json_is_true(json_object_get(t, "public")) ? "yes" : "no", sz, when);
@@ -676,7 +656,7 @@ static void describe_template(json_t *t)
 
 	if (!log)
 		log = json_string_value(json_object_get(t, "log"));
-	human_size(size_of(t), sz, sizeof(sz));
+	cli_human_size(size_of(t), sz, sizeof(sz));
 	when_of(t, when, sizeof(when));
 	printf("name     %s\n"
 	       "kind     %s\n"

@@ -3,10 +3,12 @@
 # kiln-api, one kiln-host) in the background, then kiln run (live output,
 # outputs downloaded, exit codes, --file/--env, kiln-api's connection to
 # the host kept from one task to the next), kiln task list/get/logs/
-# cancel, kiln admin (customer, key, revoke), bad usage; finally SIGTERM to
-# kiln up: exit 0, credentials gone, no process or cgroup of the stack left.
+# cancel, kiln session fork and kiln snapshot create|list|get|delete with
+# kiln session create --snapshot, kiln admin (customer, key, revoke), bad
+# usage; finally SIGTERM to kiln up: exit 0, credentials gone, no process or
+# cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
-t_plan 36
+t_plan 45
 require_image
 t_require_tools swift-proxy-server memcached jq
 t_require_built kiln kiln-api kiln-host
@@ -133,6 +135,40 @@ check "kiln task cancel of a running task ($(cat "$T_TMP/cancel.out")); kiln run
 rc=$?
 check "cancelling it again: exit 1 and the API's message ($(cat "$T_TMP/cancel2.err"))" \
 	eval '[ "$rc" = 1 ] && grep -q "409 not_cancellable" "$T_TMP/cancel2.err"'
+
+# --- kiln session fork and kiln snapshot (issue 41), on the real stack ---
+# (the same commands against a stand-in kiln-api, their requests and errors:
+# 106-snapshot-clients.sh)
+FS=$("$KILN" session create --memory 256 --idle 300 2> "$T_TMP/fs.err")
+"$KILN" session exec "$FS" -- sh -c 'echo parent-state > /work/state.txt' > /dev/null 2>> "$T_TMP/fs.err"
+"$KILN" session fork "$FS" --count 2 > "$T_TMP/fork.out" 2> "$T_TMP/fork.err"
+rc=$?
+kids=$(grep '^s_' "$T_TMP/fork.out")
+check "kiln session fork --count 2: two new ids, one a line, exit 0 ($(tr '\n' ' ' < "$T_TMP/fork.err"))" \
+	[ "$rc" = 0 -a "$(wc -l < "$T_TMP/fork.out")" = 2 -a "$(sort -u <<< "$kids" | wc -l)" = 2 -a -z "$(grep -x -- "$FS" <<< "$kids")" ]
+got=
+for k in $kids; do got="$got $("$KILN" session get "$k" state.txt - 2> /dev/null)"; done
+check "each fork has the parent's file ($got)" [ "$got" = " parent-state parent-state" ]
+k1=$(head -n 1 <<< "$kids") k2=$(tail -n 1 <<< "$kids")
+"$KILN" session exec "$k1" -- sh -c 'echo changed > /work/state.txt' > /dev/null 2>&1
+check "a change in one fork is invisible to the other and to the parent" \
+	[ "$("$KILN" session get "$k1" state.txt - 2> /dev/null)" = changed \
+	-a "$("$KILN" session get "$k2" state.txt - 2> /dev/null)" = parent-state \
+	-a "$("$KILN" session get "$FS" state.txt - 2> /dev/null)" = parent-state ]
+SNAP=$("$KILN" snapshot create "$FS" --name "cli-test-$$" 2> "$T_TMP/snap.err")
+rc=$?
+check "kiln snapshot create: the snapshot's id alone on stdout ($SNAP; $(tr '\n' ' ' < "$T_TMP/snap.err"))" \
+	[ "$rc" = 0 -a "${SNAP#snap_}" != "$SNAP" ]
+check "kiln snapshot list --name shows it" grep -q "^$SNAP  *cli-test-$$  *$FS " <("$KILN" snapshot list --name "cli-test-$$" 2>&1)
+check "kiln snapshot get --json: its session" [ "$("$KILN" snapshot get "$SNAP" --json 2> /dev/null | jq -r .session_id)" = "$FS" ]
+NS=$("$KILN" session create --snapshot "$SNAP" --idle 120 2> "$T_TMP/ns.err")
+check "kiln session create --snapshot: a new session with the snapshot's file ($NS; $(tr '\n' ' ' < "$T_TMP/ns.err"))" \
+	[ -n "$NS" -a "$NS" != "$FS" -a "$("$KILN" session get "$NS" state.txt - 2> /dev/null)" = parent-state ]
+check "kiln snapshot delete; then the list no longer has it" \
+	[ "$("$KILN" snapshot delete "$SNAP" 2>&1)" = "$SNAP deleted" -a -z "$("$KILN" snapshot list --name "cli-test-$$" 2>&1 | grep "^$SNAP")" ]
+bad=
+for s in $FS $kids $NS; do [ "$("$KILN" session rm "$s" 2>&1)" = "$s destroyed" ] || bad="$bad $s"; done
+check "the parent, its forks and the session from the snapshot are destroyed${bad:+ (not:$bad)}" [ -z "$bad" ]
 
 # --- admin: a customer, a key, a run with it, revoke ---
 "$KILN" admin customer create "acme$RANDOM" --name Acme > "$T_TMP/cust.json" 2>&1

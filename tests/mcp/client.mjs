@@ -3,7 +3,7 @@
 // scripts/mcp-sdk.sh; KILN_MCP_SDK is its node_modules). Spawns
 // KILN_BIN mcp with KILN_API/KILN_KEY (a real stack: tests/integration/95-mcp.sh)
 // and prints one line per check: "PASS what" or "FAIL what: why", then
-// "mcp_test: N passed, M failed". Every run prints the same 43 checks
+// "mcp_test: N passed, M failed". Every run prints the same 51 checks
 // (95-mcp.sh expects exactly that many).
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
@@ -43,8 +43,8 @@ check('ping', pong, pongWhy);
 
 const { tools } = await client.listTools();
 const names = tools.map((t) => t.name).sort();
-const want = ['create_sandbox', 'destroy_sandbox', 'exec', 'list_files', 'pause_sandbox', 'read_file',
-  'resume_sandbox', 'run_code', 'write_file'];
+const want = ['create_sandbox', 'delete_snapshot', 'destroy_sandbox', 'exec', 'fork_sandbox', 'list_files',
+  'list_snapshots', 'pause_sandbox', 'read_file', 'resume_sandbox', 'run_code', 'snapshot_sandbox', 'write_file'];
 check(`tools/list: ${names.join(' ')}`, JSON.stringify(names) === JSON.stringify(want), names.join(' '));
 check('every tool has a description and an object input schema',
   tools.every((t) => t.description?.length > 20 && t.inputSchema?.type === 'object'), show(tools));
@@ -110,6 +110,43 @@ s = r.structuredContent ?? {};
 check('exec: a failing command is an error result with exit code 7, stdout and stderr',
   r.isError === true && s.exit_code === 7 && s.stdout === 'before\n' && /nonexistent/.test(s.stderr), show(r));
 await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'echo kept > /tmp/state' } }, undefined, LONG);
+
+// ---- fork and snapshots (issue 41; requests and errors against a stand-in: 106-snapshot-clients.sh) ----
+t0 = Date.now();
+r = await client.callTool({ name: 'fork_sandbox', arguments: { sandbox_id: id, count: 2 } }, undefined, LONG);
+const forks = r.structuredContent?.sandbox_ids ?? [];
+check(`fork_sandbox: two new sandbox_ids, no errors (${Date.now() - t0} ms, the sandbox stopped ${r.structuredContent?.stop_ms} ms)`,
+  !r.isError && forks.length === 2 && forks.every((f) => /^s_/.test(f) && f !== id) && forks[0] !== forks[1] &&
+  (r.structuredContent?.errors ?? [1]).length === 0, show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: forks[0], command: 'cat /tmp/state notes/hello.txt; echo fork0 > /tmp/state' } }, undefined, LONG);
+check('a fork has the sandbox\'s files (/tmp too)', !r.isError && r.structuredContent?.stdout === 'kept\nhéllo\n', show(r));
+r = await client.callTool({ name: 'exec', arguments: { sandbox_id: id, command: 'cat /tmp/state' } }, undefined, LONG);
+const r2 = await client.callTool({ name: 'exec', arguments: { sandbox_id: forks[1], command: 'cat /tmp/state' } }, undefined, LONG);
+check('a change in one fork is invisible to the sandbox and to the other fork',
+  r.structuredContent?.stdout === 'kept\n' && r2.structuredContent?.stdout === 'kept\n', `${show(r)} ${show(r2)}`);
+const snapName = `mcp-test-${process.pid}`;
+r = await client.callTool({ name: 'snapshot_sandbox', arguments: { sandbox_id: id, name: snapName } }, undefined, LONG);
+const snapId = r.structuredContent?.snapshot_id;
+check(`snapshot_sandbox: ${snapId} of ${id}`, !r.isError && /^snap_/.test(snapId ?? '') &&
+  r.structuredContent?.sandbox_id === id && r.structuredContent?.name === snapName, show(r));
+r = await client.callTool({ name: 'list_snapshots', arguments: { name: snapName } });
+check('list_snapshots {name}: that snapshot', !r.isError &&
+  JSON.stringify((r.structuredContent?.snapshots ?? []).map((x) => x.snapshot_id)) === JSON.stringify([snapId]), show(r));
+r = await client.callTool({ name: 'create_sandbox', arguments: { snapshot_id: snapId, idle_timeout: 120 } }, undefined, LONG);
+const fromSnap = r.structuredContent?.sandbox_id;
+const r3 = await client.callTool({ name: 'exec', arguments: { sandbox_id: fromSnap, command: 'cat /tmp/state notes/hello.txt' } }, undefined, LONG);
+check('create_sandbox {snapshot_id}: a new sandbox with the snapshot\'s files',
+  !r.isError && /^s_/.test(fromSnap ?? '') && fromSnap !== id && r3.structuredContent?.stdout === 'kept\nhéllo\n', `${show(r)} ${show(r3)}`);
+let gone = true;
+for (const f of [...forks, fromSnap]) {
+  r = await client.callTool({ name: 'destroy_sandbox', arguments: { sandbox_id: f } }, undefined, LONG);
+  gone = gone && !r.isError && r.structuredContent?.state === 'destroyed';
+}
+check('destroy_sandbox of the forks and of the sandbox from the snapshot', gone, show(r));
+r = await client.callTool({ name: 'delete_snapshot', arguments: { snapshot_id: snapId } }, undefined, LONG);
+const r4 = await client.callTool({ name: 'list_snapshots', arguments: { name: snapName } });
+check('delete_snapshot: deleted; list_snapshots no longer has it',
+  !r.isError && (r4.structuredContent?.snapshots ?? [1]).length === 0, `${show(r)} ${show(r4)}`);
 t0 = Date.now();
 r = await client.callTool({ name: 'pause_sandbox', arguments: { sandbox_id: id } }, undefined, LONG);
 check(`pause_sandbox: paused (${Date.now() - t0} ms)`, !r.isError && r.structuredContent?.state === 'paused', show(r));

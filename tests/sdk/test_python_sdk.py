@@ -187,6 +187,57 @@ class Sessions(unittest.TestCase):
         self.assertEqual(c.get_session(sid).state, "destroyed")
 
 
+class Forks(unittest.TestCase):
+    """Issue 41 on the real stack (the requests and error handling against a
+    stand-in: tests/sdk/test_sdk_snapshots.py)."""
+
+    def test_fork(self):
+        """fork(2): each child has the parent's file and background process; changes stay in one"""
+        c = kiln.Client()
+        with c.session(limits={"memory_mib": 256}) as s:
+            s.write("/work/state.txt", "parent")
+            s.exec("nohup sh -c 'echo $$ > /work/bg.pid; exec sleep 3600' > /dev/null 2>&1 &")
+            time.sleep(0.5)
+            pid = s.read("/work/bg.pid").strip().decode()
+            kids = s.fork(count=2)
+            try:
+                self.assertEqual((len(kids), kids.errors), (2, []))
+                self.assertIsInstance(kids.stop_ms, int)
+                self.assertEqual(len({k.id for k in kids} | {s.id}), 3)
+                for k in kids:
+                    self.assertEqual(k.state, "running")
+                    self.assertEqual(k.read("/work/state.txt"), b"parent")
+                    self.assertEqual(k.exec("kill -0 %s && echo alive" % pid).stdout, "alive\n")
+                kids[0].write("/work/state.txt", "child0")
+                self.assertEqual(kids[1].read("/work/state.txt"), b"parent")
+                self.assertEqual(s.read("/work/state.txt"), b"parent")
+            finally:
+                for k in kids:
+                    k.destroy()
+
+    def test_snapshot(self):
+        """snapshot(name): listed, read, a session started from it has its files, deleted"""
+        c = kiln.Client()
+        name = "sdk-test-%d" % os.getpid()
+        with c.session(limits={"memory_mib": 256}) as s:
+            s.write("/work/kept.txt", "in the snapshot")
+            snap = s.snapshot(name=name)
+        try:
+            self.assertTrue(snap.id.startswith("snap_"))
+            self.assertEqual((snap.name, snap.session_id), (name, s.id))
+            self.assertEqual([x.id for x in c.snapshots(name=name)], [snap.id])
+            self.assertEqual(c.snapshot(snap.id).session_id, s.id)
+            # The session it was taken of is gone: the snapshot outlives it.
+            with c.session(snapshot=snap) as n:
+                self.assertEqual(n.session.get("snapshot_id"), snap.id)
+                self.assertEqual(n.read("/work/kept.txt"), b"in the snapshot")
+        finally:
+            snap.delete()
+        with self.assertRaises(kiln.NotFoundError):
+            c.snapshot(snap.id)
+        self.assertEqual(list(c.snapshots(name=name)), [])
+
+
 class Retries(unittest.TestCase):
     def test_retry_on_503_with_retry_after(self):
         """429/503 are retried honouring Retry-After, with one idempotency key"""

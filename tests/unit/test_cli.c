@@ -1,6 +1,7 @@
 /* Unit tests for the kiln CLI's parsers of untrusted or user-written input:
- * credentials-file lines, output paths named by the server, and the
- * arguments of kiln session exec/put/get. */
+ * credentials-file lines, output paths named by the server, the
+ * arguments of kiln session exec/put/get, ids put into request paths and
+ * the query of kiln snapshot list. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -184,6 +185,45 @@ static void test_session_paths(void **state)
 	assert_string_equal(out, want);
 	assert_int_equal(cli_session_get_target("/work/", dir, out, sizeof(out)), -1);
 	rmdir(dir);
+}
+
+/* Session and snapshot ids go into request paths as they are: nothing that
+ * could leave the path's segment or the query. */
+static void test_ids_and_snapshot_list_path(void **state)
+{
+	char out[256], tiny[40], big[80];
+
+	assert_true(cli_id_ok("s_0123456789abcdef0123456789abcdef"));
+	assert_true(cli_id_ok("snap_0123456789abcdef0123456789abcdef"));
+	assert_false(cli_id_ok(""));
+	assert_false(cli_id_ok(NULL));
+	assert_false(cli_id_ok("."));
+	assert_false(cli_id_ok(".."));
+	assert_false(cli_id_ok("../x"));
+	assert_false(cli_id_ok("s_1?x=1"));
+	assert_false(cli_id_ok("s_1/fork"));
+	assert_false(cli_id_ok("s 1"));
+	assert_false(cli_id_ok("s_1%2f"));
+	memset(big, 'a', sizeof(big));
+	big[63] = '\0';
+	assert_true(cli_id_ok(big));
+	big[63] = 'a';
+	big[64] = '\0';
+	assert_false(cli_id_ok(big)); /* 64 bytes: longer than any id */
+
+	assert_int_equal(cli_snapshot_list_path(NULL, NULL, NULL, out, sizeof(out)), 0);
+	assert_string_equal(out, "/v1/snapshots?limit=100");
+	assert_int_equal(cli_snapshot_list_path("", "", "", out, sizeof(out)), 0);
+	assert_string_equal(out, "/v1/snapshots?limit=100");
+	assert_int_equal(cli_snapshot_list_path("my snap&x=1", "s_1", "tok/+=", out, sizeof(out)), 0);
+	assert_string_equal(out, "/v1/snapshots?limit=100&name=my%20snap%26x%3D1&session_id=s_1&after=tok%2F%2B%3D");
+	assert_int_equal(cli_snapshot_list_path(NULL, NULL, "t2", out, sizeof(out)), 0);
+	assert_string_equal(out, "/v1/snapshots?limit=100&after=t2");
+	/* Never cut short: a path that does not fit is an error. */
+	assert_int_equal(cli_snapshot_list_path(NULL, NULL, NULL, tiny, 23), -1);
+	assert_int_equal(cli_snapshot_list_path(NULL, NULL, NULL, tiny, 24), 0);
+	assert_int_equal(cli_snapshot_list_path("n", NULL, NULL, tiny, 31), 0);
+	assert_int_equal(cli_snapshot_list_path("nam", NULL, NULL, tiny, 32), -1);
 }
 
 /* ---- a guest's tar archive, unpacked ---- */
@@ -480,6 +520,7 @@ int main(void)
 		cmocka_unit_test(test_output_paths),
 		cmocka_unit_test(test_session_exec_args),
 		cmocka_unit_test(test_session_paths),
+		cmocka_unit_test(test_ids_and_snapshot_list_path),
 		cmocka_unit_test(test_untar_hostile),
 		cmocka_unit_test(test_template_build_args),
 		cmocka_unit_test(test_template_recipe),

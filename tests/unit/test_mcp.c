@@ -113,7 +113,7 @@ static void test_tools(void **state)
 
 	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}");
 	t = json_object_get(json_object_get(j, "result"), "tools");
-	assert_int_equal(json_array_size(t), 9);
+	assert_int_equal(json_array_size(t), 13);
 	for (i = 0; i < json_array_size(t); i++) {
 		json_t *tool = json_array_get(t, i);
 
@@ -134,6 +134,47 @@ static void test_tools(void **state)
 		assert_non_null(json_object_get(json_object_get(schema, "properties"), "sandbox_id"));
 		assert_non_null(strstr(json_string_value(json_object_get(tool, "description")), "image"));
 	}
+	/* Fork and snapshots (issue 41): what each requires; create_sandbox's
+	 * snapshot_id is optional like its other arguments. */
+	{
+		static const char *const want[][2] = {
+			{ "fork_sandbox", "[\"sandbox_id\"]" }, { "snapshot_sandbox", "[\"sandbox_id\"]" },
+			{ "list_snapshots", NULL }, { "delete_snapshot", "[\"snapshot_id\"]" }, { "create_sandbox", NULL },
+		};
+		size_t w;
+
+		for (w = 0; w < sizeof(want) / sizeof(want[0]); w++) {
+			json_t *schema = NULL, *req;
+			char *got;
+
+			assert_true(mcp_tool_known(want[w][0]));
+			for (i = 0; i < json_array_size(t); i++)
+				if (!strcmp(json_string_value(json_object_get(json_array_get(t, i), "name")), want[w][0]))
+					schema = json_object_get(json_array_get(t, i), "inputSchema");
+			assert_non_null(schema);
+			req = json_object_get(schema, "required");
+			if (!want[w][1]) {
+				assert_null(req);
+				continue;
+			}
+			got = json_dumps(req, JSON_COMPACT);
+			assert_string_equal(got, want[w][1]);
+			free(got);
+		}
+		for (i = 0; i < json_array_size(t); i++) {
+			json_t *tool = json_array_get(t, i), *props;
+			const char *name = json_string_value(json_object_get(tool, "name"));
+
+			props = json_object_get(json_object_get(tool, "inputSchema"), "properties");
+			if (!strcmp(name, "create_sandbox"))
+				assert_string_equal(json_string_value(json_object_get(json_object_get(props, "snapshot_id"), "type")),
+						    "string");
+			if (!strcmp(name, "fork_sandbox")) {
+				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "count"), "minimum")), 1);
+				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "count"), "maximum")), 20);
+			}
+		}
+	}
 	json_decref(j);
 
 	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"exec\","
@@ -147,6 +188,13 @@ static void test_tools(void **state)
 	assert_string_equal(last_tool, "create_sandbox");
 	assert_int_equal(json_object_size(last_args), 0);
 	assert_true(json_is_false(json_object_get(json_object_get(j, "result"), "isError")));
+	json_decref(j);
+
+	/* The new tools reach the tool function with their arguments. */
+	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"tools/call\",\"params\":{\"name\":\"fork_sandbox\","
+		    "\"arguments\":{\"sandbox_id\":\"s_1\",\"count\":3}}}");
+	assert_string_equal(last_tool, "fork_sandbox");
+	assert_int_equal(json_integer_value(json_object_get(last_args, "count")), 3);
 	json_decref(j);
 
 	last_tool[0] = '\0';

@@ -1,4 +1,5 @@
-"""The kiln client: tasks (run, submit, wait, stream, cancel) and sessions."""
+"""The kiln client: tasks (run, submit, wait, stream, cancel), sessions,
+their forks and named snapshots."""
 from __future__ import annotations
 
 import base64
@@ -14,7 +15,7 @@ from . import errors
 from ._http import Transport, download
 from .code import CodeResult, Context, Execution, ExecutionError, execution_from_events
 
-__all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult"]
+__all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult", "Snapshot", "ForkResult"]
 
 FINAL = ("succeeded", "failed", "timed_out", "cancelled", "error")
 Files = Union[Mapping[str, Union[bytes, str]], Sequence[Mapping[str, Any]], None]
@@ -299,6 +300,42 @@ class Session:
         return [Output(o.get("path", ""), o.get("size", 0), o.get("sha256", ""), o.get("s3_key"), o.get("url"),
                        o.get("skipped")) for o in r.get("outputs", [])]
 
+    def fork(self, count: int = 1) -> "ForkResult":
+        """Make ``count`` (1-20) new sessions, each with this running
+        session's memory, processes and files at one instant (this one goes
+        on; it is stopped for ``stop_ms`` of it). Returns them as a
+        :class:`ForkResult`: a list of :class:`Session` (not destroyed on
+        ``with`` exit unless used as one themselves) whose ``errors`` holds
+        a typed :class:`kiln.KilnError` for each fork kiln-api refused (a
+        quota, no room). When none was made, the first refusal is raised,
+        with all of them in its ``errors``."""
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 20:
+            raise errors.ValidationError("count: an integer from 1 to 20 (got %r)" % (count,), code="invalid_request")
+        _, _, r = self._c._t.request("POST", self._path("/fork"), json_body={"count": count}, timeout=600)
+        out = ForkResult(Session(self._c, x) for x in r.get("sessions") or [])
+        out.errors = [errors.from_error(e) for e in r.get("errors") or []]
+        out.stop_ms = r.get("stop_ms")
+        out.raw = r
+        if not out:
+            err = out.errors[0] if out.errors else errors.KilnError("fork of %s: no session made" % self.id,
+                                                                    code="fork_failed", body=r)
+            err.errors = out.errors  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    def snapshot(self, name: Optional[str] = None) -> "Snapshot":
+        """Keep this running session's memory, processes and files as a
+        named snapshot in S3 that outlives it (the session goes on); start
+        sessions from it with ``client.session(snapshot=...)``. It counts
+        against the quotas ``max_snapshots`` and ``max_snapshot_mib`` until
+        :meth:`Snapshot.delete`. A paused session raises
+        :class:`kiln.ConflictError` (``not_running``)."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        _, _, r = self._c._t.request("POST", self._path("/snapshots"), json_body=body, timeout=300)
+        return Snapshot(self._c, r)
+
     def destroy(self) -> Dict[str, Any]:
         """Destroy the VM and the session's snapshot (again is fine)."""
         _, _, self.session = self._c._t.request("DELETE", self._path(), timeout=120)
@@ -378,6 +415,60 @@ class Session:
 
     def __repr__(self) -> str:
         return "<kiln.Session %s %s>" % (self.id, self.state)
+
+
+class ForkResult(List["Session"]):
+    """What :meth:`Session.fork` made: a list of the new :class:`Session`
+    objects, with ``errors`` (a :class:`kiln.KilnError` for each fork
+    refused), ``stop_ms`` (how long the parent was stopped) and ``raw``
+    (kiln-api's answer)."""
+    errors: List[errors.KilnError]
+    stop_ms: Optional[int]
+    raw: Dict[str, Any]
+
+
+class Snapshot:
+    """A named snapshot: a session's state kept in S3. ``id``
+    (``snap_...``), ``name``, ``session_id`` (the session it was taken of),
+    ``template``, ``vcpus``, ``memory_mib``, ``bytes``, ``created_ms``,
+    ``stop_ms``, ``snapshot`` (kiln-api's JSON); :meth:`delete`,
+    :meth:`refresh`, :meth:`session` (start a session from it)."""
+
+    def __init__(self, client: "Client", snapshot: Dict[str, Any]):
+        self._c = client
+        self._set(snapshot)
+
+    def _set(self, snapshot: Dict[str, Any]) -> None:
+        self.snapshot = snapshot
+        self.id: str = snapshot["id"]
+        self.name: Optional[str] = snapshot.get("name")
+        self.session_id: Optional[str] = snapshot.get("session_id")
+        self.template: Optional[str] = snapshot.get("template")
+        self.vcpus: Optional[int] = snapshot.get("vcpus")
+        self.memory_mib: Optional[int] = snapshot.get("memory_mib")
+        self.bytes: Optional[int] = snapshot.get("bytes")
+        self.created_ms: Optional[int] = snapshot.get("created_ms")
+        self.stop_ms: Optional[int] = snapshot.get("stop_ms")
+
+    def refresh(self) -> Dict[str, Any]:
+        """Read it again; returns kiln-api's JSON."""
+        _, _, r = self._c._t.request("GET", "/v1/snapshots/" + _q(self.id))
+        self._set(r)
+        return r
+
+    def delete(self) -> Dict[str, Any]:
+        """Delete it (sessions started from it go on); another delete
+        raises :class:`kiln.NotFoundError`."""
+        _, _, r = self._c._t.request("DELETE", "/v1/snapshots/" + _q(self.id), timeout=120)
+        return r
+
+    def session(self, **kw: Any) -> "Session":
+        """``client.session(snapshot=this, **kw)``: a new session started
+        from it."""
+        return self._c.session(snapshot=self, **kw)
+
+    def __repr__(self) -> str:
+        return "<kiln.Snapshot %s%s>" % (self.id, " %r" % self.name if self.name else "")
 
 
 def _q(s: str) -> str:
@@ -469,10 +560,21 @@ class Client:
     # -- sessions --
     def session(self, *, template: Optional[str] = None, limits: Optional[Mapping[str, int]] = None,
                 network: Optional[Mapping[str, Any]] = None, idle_timeout_s: Optional[int] = None,
-                max_lifetime_s: Optional[int] = None, metadata: Any = None, keep: bool = False) -> Session:
+                max_lifetime_s: Optional[int] = None, metadata: Any = None, keep: bool = False,
+                snapshot: Union["Snapshot", str, None] = None) -> Session:
         """Create a session (a running sandbox); use ``with`` to destroy it
-        at the end (``keep=True``: leave it)."""
+        at the end (``keep=True``: leave it). ``snapshot`` (a
+        :class:`Snapshot` or its id): start it from that snapshot, with its
+        memory, processes and files; its vCPUs, memory, template and network
+        are the snapshot's, so ``template``, ``network`` and
+        ``limits`` vcpus/memory_mib cannot go with it."""
         body: Dict[str, Any] = {}
+        if snapshot is not None:
+            if template is not None or network is not None or set(limits or ()) & {"vcpus", "memory_mib"}:
+                raise errors.ValidationError("snapshot: the session has the snapshot's vcpus, memory, template and "
+                                             "network: leave out template, network and limits' vcpus/memory_mib",
+                                             code="invalid_request")
+            body["snapshot"] = snapshot if isinstance(snapshot, str) else snapshot.id
         for k, v in (("template", template), ("limits", dict(limits) if limits else None),
                      ("network", dict(network) if network else None), ("idle_timeout_s", idle_timeout_s),
                      ("max_lifetime_s", max_lifetime_s), ("metadata", metadata)):
@@ -485,3 +587,29 @@ class Client:
         """An existing session by id (not destroyed on ``with`` exit)."""
         _, _, s = self._t.request("GET", "/v1/sessions/" + _q(session_id))
         return Session(self, s, keep=True)
+
+    # -- snapshots --
+    def snapshot(self, snapshot_id: str) -> Snapshot:
+        """A snapshot by id (another customer's raises
+        :class:`kiln.NotFoundError`)."""
+        _, _, r = self._t.request("GET", "/v1/snapshots/" + _q(snapshot_id))
+        return Snapshot(self, r)
+
+    def snapshots(self, name: Optional[str] = None, session_id: Optional[str] = None,
+                  page_size: int = 100) -> Iterator[Snapshot]:
+        """Every snapshot, newest first (``name``, ``session_id``: only
+        those), as an iterator that reads one page of ``page_size`` at a
+        time, following kiln-api's ``next`` token."""
+        after: Optional[str] = None
+        while True:
+            q = [("limit", str(page_size))]
+            for k, v in (("name", name), ("session_id", session_id), ("after", after)):
+                if v:
+                    q.append((k, v))
+            _, _, r = self._t.request("GET", "/v1/snapshots?" + urllib.parse.urlencode(q))
+            for x in r.get("snapshots") or []:
+                yield Snapshot(self, x)
+            nxt = r.get("next")
+            if not nxt or nxt == after:  # the last page (or a token that would not move on)
+                return
+            after = nxt

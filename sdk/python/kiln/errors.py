@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 __all__ = [
     "KilnError", "AuthError", "ForbiddenError", "NotFoundError", "ValidationError", "ConflictError",
-    "QuotaError", "UnavailableError", "ServerError", "TaskFailed", "ConnectionError",
+    "QuotaError", "UnavailableError", "ServerError", "TaskFailed", "ConnectionError", "from_error",
 ]
 
 
@@ -128,3 +128,29 @@ def from_response(status: int, body: Any, retry_after: Optional[float]) -> KilnE
     if status == 503:
         return UnavailableError(msg, retry_after=retry_after, **kw)
     return ServerError(msg, **kw)
+
+
+# Codes kiln-api answers in an error list (a fork's refused children carry no
+# HTTP status of their own): the status each comes with as a whole answer.
+_CODE_STATUS = {
+    "unauthorized": 401, "forbidden": 403, "not_found": 404, "no_snapshot": 404,
+    "invalid_request": 400, "invalid_spec": 400, "over_quota": 400,
+    "busy": 409, "not_running": 409, "not_paused": 409, "incompatible_snapshot": 409, "snapshot_corrupt": 422,
+    "rate_limited": 429, "quota_exceeded": 429, "queue_full": 429,
+    "no_capacity": 503, "no_host": 503, "host_unavailable": 503, "unavailable": 503, "s3_unavailable": 503,
+    "no_s3": 503, "internal": 500, "host_error": 500,
+}
+
+
+def from_error(err: Any) -> KilnError:
+    """The typed error for one ``{"code", "message"}`` of an error list
+    (a fork's ``errors``): the class its code has as a whole answer
+    (``quota_exceeded``: :class:`QuotaError`, ``no_capacity``:
+    :class:`UnavailableError`...); ``status`` is that answer's status, 0 for
+    a code the SDK does not know (then a :class:`KilnError`)."""
+    code = err.get("code", "") if isinstance(err, dict) else ""
+    msg = (err.get("message", "") if isinstance(err, dict) else "") or code or "refused"
+    status = _CODE_STATUS.get(code)
+    if status is None:
+        return KilnError(msg, code=code, body=err)
+    return from_response(status, {"error": err}, None)
