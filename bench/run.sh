@@ -49,6 +49,9 @@ echo
 # Pause and resume through kiln-api with 64 MiB of incompressible memory: the first pause, unchanged and changed re-pauses (deltas).
 RUNS=$RUNS bench/pause_api.sh
 echo
+# Forks and named snapshots through kiln-api: fork to 1 and 10 children, the parent's stand-still, an idle child's PSS, create from a snapshot.
+bench/fork_api.sh
+echo
 # A session exec through kiln-api (SQLite), and the store's writes per exec (its lease), SQLite and PostgreSQL.
 bench/session_exec.sh
 pgdir=$(mktemp -d /tmp/kiln-bench-pg.XXXXXX)

@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""Forks and named snapshots through kiln-api (figures, not pass/fail;
+issue 41's benchmark): a 256 MiB session whose process holds 64 MiB of
+incompressible bytes. RUNS rounds each of: fork to 1 child -> its first exec
+answered; fork to 10 children -> all ten answered (each child's first exec
+sent as soon as the fork returns, in parallel); the parent's stand-still
+during the fork (the host's stop_ms); PSS of an idle child's QEMU against
+the parent's (both on this host; /proc/PID/smaps_rollup, root); a named
+snapshot, then a session created from it to its first exec answered,
+against a session created from the template.
+Targets (issue 41): fork to 1 child 150 ms, 10 children 1 s, parent's
+pause 50 ms, idle child PSS <= 1/4 of the parent's.
+Environment: KILN_API, KILN_KEY.   usage: bench/fork_api.py [RUNS]"""
+import base64, glob, http.client, json, os, statistics, sys, threading, time, urllib.parse
+
+RUNS = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("RUNS", 3))
+u = urllib.parse.urlsplit(os.environ["KILN_API"])
+H = {"Authorization": "Bearer " + os.environ["KILN_KEY"], "Content-Type": "application/json"}
+HOLD = ("import os, socket\nb = bytearray(64 << 20)\nr = open('/dev/urandom', 'rb', buffering=0)\n"
+        "m = memoryview(b)\nfor i in range(0, len(b), 1 << 20):\n    r.readinto(m[i:i + (1 << 20)])\n"
+        "s = socket.socket(socket.AF_UNIX)\ns.bind('/tmp/h.sock')\ns.listen()\nwhile True:\n    c, _ = s.accept()\n"
+        "    c.sendall(b'ok')\n    c.close()\n")
+
+
+def call(method, path, body=None):
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
+    try:
+        conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=H)
+        r = conn.getresponse()
+        data = r.read()
+    finally:
+        conn.close()
+    if r.status >= 300:
+        raise SystemExit("fork-api: %s %s: %d %s" % (method, path, r.status, data[:300]))
+    return json.loads(data) if data else None
+
+
+def first_exec(sid, out, i, t0):
+    call("POST", "/v1/sessions/%s/exec" % sid, {"argv": ["true"]})
+    out[i] = (time.monotonic() - t0) * 1000
+
+
+def fork(parent, n):
+    """Fork to n children; ms until every child answered its first exec,
+    the parent's stand-still, the children's ids."""
+    t0 = time.monotonic()
+    a = call("POST", "/v1/sessions/%s/fork" % parent, {"count": n})
+    kids = [c["id"] for c in a.get("sessions", [])]
+    if len(kids) != n:
+        raise SystemExit("fork-api: fork to %d made %d: %s" % (n, len(kids), a.get("errors")))
+    done = [0.0] * n
+    th = [threading.Thread(target=first_exec, args=(k, done, i, t0)) for i, k in enumerate(kids)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return max(done), a.get("stop_ms", 0), kids
+
+
+def qemu_pss_kib(sid):
+    """PSS of the QEMU running session sid on this host (0: not found)."""
+    for cmd in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            argv = open(cmd, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"qemu-system-x86_64") and any(sid.encode() in a for a in argv):
+            for line in open(cmd.replace("cmdline", "smaps_rollup")):
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    return 0
+
+
+def create_to_exec(body):
+    t0 = time.monotonic()
+    s = call("POST", "/v1/sessions", body)
+    call("POST", "/v1/sessions/%s/exec" % s["id"], {"argv": ["true"]})
+    ms = (time.monotonic() - t0) * 1000
+    call("DELETE", "/v1/sessions/" + s["id"])
+    return ms
+
+
+s = call("POST", "/v1/sessions", {"limits": {"memory_mib": 256}})
+sid = s["id"]
+P = "/v1/sessions/" + sid
+snap = None
+try:
+    call("POST", P + "/exec", {"argv": ["sh", "-c", "cat > /tmp/hold.py && (python3 /tmp/hold.py > /dev/null 2>&1 &) "
+                                        "&& sleep 3"], "stdin_b64": base64.b64encode(HOLD.encode()).decode()})
+    one, ten, stops, pss = [], [], [], []
+    for _ in range(RUNS):
+        ms, stop, kids = fork(sid, 1)
+        one.append(ms)
+        stops.append(stop)
+        for k in kids:
+            call("DELETE", "/v1/sessions/" + k)
+    for _ in range(RUNS):
+        ms, stop, kids = fork(sid, 10)
+        ten.append(ms)
+        stops.append(stop)
+        time.sleep(3)  # idle
+        pss.append((qemu_pss_kib(kids[0]), qemu_pss_kib(sid)))
+        for k in kids:
+            call("DELETE", "/v1/sessions/" + k)
+    snap = call("POST", P + "/snapshots", {"name": "bench"})
+    from_snap = [create_to_exec({"snapshot": snap["id"]}) for _ in range(RUNS)]
+    from_tpl = [create_to_exec({"limits": {"memory_mib": 256}}) for _ in range(RUNS)]
+    med = statistics.median
+    print("fork-api: 256 MiB session, 64 MiB of random bytes in a process, through kiln-api (kiln up, one host); "
+          "medians of %d" % RUNS)
+    print("  fork to 1 child, to its first exec answered: %.0f ms (target 150)" % med(one))
+    print("  fork to 10 children, to all ten answered:    %.0f ms (target 1000)" % med(ten))
+    print("  the parent stood still:                      %.0f ms (target 50)" % med(stops))
+    if all(p[0] and p[1] for p in pss):
+        c, p = med(x[0] for x in pss), med(x[1] for x in pss)
+        print("  PSS, an idle child of ten: %.1f MiB, the parent: %.1f MiB (ratio %.2f; target <= 0.25)"
+              % (c / 1024, p / 1024, c / p))
+    else:
+        print("  PSS: the QEMUs were not found on this host (not root, or another host runs them)")
+    print("  create from the named snapshot to first exec: %.0f ms; from the template: %.0f ms"
+          % (med(from_snap), med(from_tpl)))
+finally:
+    if snap:
+        call("DELETE", "/v1/snapshots/" + snap["id"])
+    call("DELETE", P)
