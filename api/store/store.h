@@ -737,8 +737,9 @@ int store_snapshot_usage(struct store *s, const char *customer, unsigned *count,
  * their number, or -1. */
 int store_snapshot_users(struct store *s, const char *id);
 
-/* Deleted snapshots whose rows remain (their objects may still be in S3),
- * oldest deletion first, at most max: the number filled. */
+/* Deleted snapshots whose rows remain (their objects may still be in S3)
+ * and that no session uses any more (all destroyed), oldest deletion
+ * first, at most max: the number filled. */
 int store_snapshots_deleted(struct store *s, struct store_snapshot *out, int max);
 
 /* The rest of the door. */

@@ -43,7 +43,9 @@ static const char *const snap_sql[K_COUNT] = {
 	[K_USAGE] = "SELECT count(*), coalesce(sum(bytes), 0) FROM snapshots WHERE customer = ?1 AND kind = 'named'"
 		    " AND deleted_ms IS NULL",
 	[K_USERS] = "SELECT count(*) FROM sessions WHERE from_snapshot = ?1 AND state != 'destroyed'",
-	[K_DELETED] = "SELECT " SNAP_COLS " FROM snapshots WHERE deleted_ms IS NOT NULL ORDER BY deleted_ms LIMIT ?1",
+	[K_DELETED] = "SELECT " SNAP_COLS " FROM snapshots WHERE deleted_ms IS NOT NULL AND NOT EXISTS"
+		      " (SELECT 1 FROM sessions s WHERE s.from_snapshot = snapshots.id AND s.state != 'destroyed')"
+		      " ORDER BY deleted_ms LIMIT ?1",
 	[K_USE_COPY] = "INSERT INTO template_uses(id, template_id, name, sha256, builtin, tref)"
 		       " SELECT ?1, template_id, name, sha256, builtin, tref FROM template_uses WHERE id = ?2",
 };

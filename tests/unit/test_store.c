@@ -1495,17 +1495,20 @@ static void test_snapshots(void **state)
 	assert_int_equal(store_snapshot_usage(s, "acme", &count, &bytes), 0);
 	assert_int_equal(count, 1);
 	assert_int_equal(bytes, 20u << 20);
+	/* The session from it keeps it until destroyed (paused too). */
 	{
 		struct store_snapshot del[4];
 
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 0);
+		assert_int_equal(store_session_transition(s, child, SESSION_STARTING, SESSION_PAUSED, "", NULL, NULL), 1);
+		assert_int_equal(store_snapshot_users(s, a), 1);
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 0);
+		assert_int_equal(store_session_transition(s, child, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL),
+				 1);
+		assert_int_equal(store_snapshot_users(s, a), 0);
 		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
 		assert_string_equal(del[0].id, a);
 	}
-	/* The session from it keeps it until destroyed. */
-	assert_int_equal(store_session_transition(s, child, SESSION_STARTING, SESSION_PAUSED, "", NULL, NULL), 1);
-	assert_int_equal(store_snapshot_users(s, a), 1);
-	assert_int_equal(store_session_transition(s, child, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL), 1);
-	assert_int_equal(store_snapshot_users(s, a), 0);
 	/* Removed: its row and its template use (the image is still the session's). */
 	assert_int_equal(store_snapshot_remove(s, a), 1);
 	assert_int_equal(store_snapshot_remove(s, a), 0);
