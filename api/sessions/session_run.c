@@ -224,7 +224,9 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
 			create_src_free(&src);
-			*ret = sessions_answer_err(r, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
+			*ret = sessions_answer_err(r, cr == -EDQUOT   ? MHD_HTTP_TOO_MANY_REQUESTS
+						   : cr == -ENOENT ? MHD_HTTP_NOT_FOUND
+								   : MHD_HTTP_INTERNAL_SERVER_ERROR,
 						   &err, cr == -EDQUOT && r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
 			return 0;
 		}

@@ -417,7 +417,9 @@ struct store_session_new {
  * quota (tasks and sessions together: max_running, max_vcpus,
  * max_memory_mib) leaves room: checked and inserted in one transaction.
  * Returns 0 with the new id ("s_" + 32 hex digits) in id_out; -EDQUOT with
- * err code "quota_exceeded" naming the limit; -1 with err set otherwise. */
+ * err code "quota_exceeded" naming the limit; -ENOENT with err "not_found"
+ * when n->from_snapshot is not (any more) a snapshot of the customer; -1
+ * with err set otherwise. */
 int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err);
 
 /* Remove a session that never reached running (its host refused it), only

@@ -313,6 +313,10 @@ int store_template_use_insert_locked(struct store *s, const char *id, const stru
  * (store_snapshots.c) */
 int store_template_use_copy_locked(struct store *s, const char *to, const char *from);
 
+/* Whether the customer's snapshot id exists and is not deleted: 1, 0, -1.
+ * Lock held. (store_snapshots.c) */
+int store_snapshot_live_locked(struct store *s, const char *id, const char *customer);
+
 /* ---- destinations (store_destinations.c) ---- */
 
 /* The destination columns id, endpoint, region, bucket, prefix, access_key,

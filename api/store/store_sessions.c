@@ -235,6 +235,18 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the usage of %s", n->customer);
 	if (room == -EDQUOT)
 		return -EDQUOT;
+	/* Its snapshot still there, in the transaction that records the
+	 * session as its user: a deletion sees the one or the other. */
+	if (n->from_snapshot) {
+		int live = store_snapshot_live_locked(s, n->from_snapshot, n->customer);
+
+		if (live < 0)
+			goto fail_sql;
+		if (!live) {
+			kiln_err_set(err, KERR_NOT_FOUND, "snapshot: no such snapshot");
+			return -ENOENT;
+		}
+	}
 	if (store_new_id("s_", id) < 0)
 		return kiln_err_set(err, KERR_INTERNAL, "no randomness");
 	st = stmt(s, S_INSERT);

@@ -23,7 +23,7 @@ enum {
 
 enum snap_stmt {
 	K_INSERT, K_GET, K_SPEC, K_LIST, K_MARK, K_REMOVE, K_REMOVE_USE, K_USAGE, K_USERS, K_DELETED, K_USE_COPY,
-	K_COUNT
+	K_LIVE, K_COUNT
 };
 
 static const char *const snap_sql[K_COUNT] = {
@@ -46,6 +46,7 @@ static const char *const snap_sql[K_COUNT] = {
 	[K_DELETED] = "SELECT " SNAP_COLS " FROM snapshots WHERE deleted_ms IS NOT NULL AND NOT EXISTS"
 		      " (SELECT 1 FROM sessions s WHERE s.from_snapshot = snapshots.id AND s.state != 'destroyed')"
 		      " ORDER BY deleted_ms LIMIT ?1",
+	[K_LIVE] = "SELECT 1 FROM snapshots WHERE id = ?1 AND customer = ?2 AND deleted_ms IS NULL",
 	[K_USE_COPY] = "INSERT INTO template_uses(id, template_id, name, sha256, builtin, tref)"
 		       " SELECT ?1, template_id, name, sha256, builtin, tref FROM template_uses WHERE id = ?2",
 };
@@ -125,6 +126,20 @@ int store_template_use_copy_locked(struct store *s, const char *to, const char *
 	rc = store_step(s, st);
 	sdb_reset(st);
 	return rc == SDB_DONE ? 0 : -1;
+}
+
+int store_snapshot_live_locked(struct store *s, const char *id, const char *customer)
+{
+	struct sdb_stmt *st = stmt(s, K_LIVE);
+	int rc;
+
+	if (!st)
+		return -1;
+	sdb_bind_text(st, 1, id);
+	sdb_bind_text(st, 2, customer);
+	rc = store_step(s, st);
+	sdb_reset(st);
+	return rc == SDB_ROW ? 1 : rc == SDB_DONE ? 0 : -1;
 }
 
 /* The customer's named snapshots now: 0 or -1. Lock held. */

@@ -457,6 +457,8 @@ static void test_snapshot_quotas(void **state)
 	call(&a, key_c, 0, "GET", "/v1/usage", NULL);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(a.j, "quotas"), "max_snapshots")), 5);
 	assert_int_equal(json_integer_value(json_object_get(json_object_get(a.j, "quotas"), "max_snapshot_mib")), 1);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(a.j, "usage"), "snapshots")), 1);
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(a.j, "usage"), "snapshot_bytes")), 1048576);
 	answer_free(&a);
 }
 

@@ -1492,6 +1492,20 @@ static void test_snapshots(void **state)
 	assert_int_equal(store_snapshot_get(s, a, "acme", 1, &k), 0);
 	assert_true(k.deleted_ms > 0);
 	assert_null(store_snapshot_json(s, a, "acme"));
+	/* No new session from it (nor from another customer's). */
+	{
+		struct store_session_new cn = {
+			.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+			.max_lifetime_s = 60, .host_id = "h1", .from_snapshot = a,
+		};
+		char none[40];
+
+		assert_int_equal(store_session_create(s, &cn, none, &err), -ENOENT);
+		assert_string_equal(err.code, "not_found");
+		cn.from_snapshot = b;
+		cn.customer = "beta";
+		assert_int_equal(store_session_create(s, &cn, none, &err), -ENOENT);
+	}
 	assert_int_equal(store_snapshot_usage(s, "acme", &count, &bytes), 0);
 	assert_int_equal(count, 1);
 	assert_int_equal(bytes, 20u << 20);
