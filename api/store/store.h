@@ -715,7 +715,8 @@ int store_snapshot_create(struct store *s, const struct store_snapshot_new *n, s
  * with_deleted: 0 and *out, -ENOENT, -EIO. */
 int store_snapshot_get(struct store *s, const char *id, const char *customer, int with_deleted,
 		       struct store_snapshot *out);
-/* Its public JSON (docs/api.md), customer's and not deleted; NULL if none. */
+/* Its public JSON (docs/api.md), customer's, named (a fork's is never
+ * shown) and not deleted; NULL if none. */
 json_t *store_snapshot_json(struct store *s, const char *id, const char *customer);
 /* Its spec JSON text (caller frees) or NULL. */
 char *store_snapshot_spec(struct store *s, const char *id);
@@ -725,8 +726,9 @@ char *store_snapshot_spec(struct store *s, const char *id);
 json_t *store_snapshot_list(struct store *s, const char *customer, const char *name, const char *session_id,
 			    unsigned limit, const char *cursor, char **next_cursor, struct kiln_err *err);
 
-/* Mark the snapshot deleted (customer NULL: any): 1 marked, 0 no such
- * snapshot (or deleted already), -1 error. */
+/* Mark the snapshot deleted (customer NULL: any, a fork's too; else only
+ * the customer's named ones): 1 marked, 0 no such snapshot (or deleted
+ * already), -1 error. */
 int store_snapshot_mark_deleted(struct store *s, const char *id, const char *customer);
 /* Remove the row and its template use (its objects are gone): 1, 0, -1. */
 int store_snapshot_remove(struct store *s, const char *id);

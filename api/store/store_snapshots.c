@@ -36,8 +36,9 @@ static const char *const snap_sql[K_COUNT] = {
 	[K_LIST] = "SELECT " SNAP_COLS " FROM snapshots WHERE customer = ?1 AND kind = 'named' AND deleted_ms IS NULL"
 		   " AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR session_id = ?3) AND seq < ?4"
 		   " ORDER BY seq DESC LIMIT ?5",
+	/* A customer deletes its named ones; a fork's is kiln-api's (?3 NULL). */
 	[K_MARK] = "UPDATE snapshots SET deleted_ms = ?1 WHERE id = ?2 AND deleted_ms IS NULL"
-		   " AND (?3 IS NULL OR customer = ?3)",
+		   " AND (?3 IS NULL OR (customer = ?3 AND kind = 'named'))",
 	[K_REMOVE] = "DELETE FROM snapshots WHERE id = ?1",
 	[K_REMOVE_USE] = "DELETE FROM template_uses WHERE id = ?1",
 	[K_USAGE] = "SELECT count(*), coalesce(sum(bytes), 0) FROM snapshots WHERE customer = ?1 AND kind = 'named'"
@@ -236,10 +237,14 @@ static int get_row(struct sdb_stmt *st, void *arg)
 
 	if (!a->with_deleted && !sdb_col_null(st, KC_DELETED))
 		return -ENOENT;
-	if (a->want_json)
+	if (a->want_json) {
+		/* A fork's own snapshot is never shown. */
+		if (strcmp(store_col_text(st, KC_KIND) ?: "", "named"))
+			return -ENOENT;
 		a->j = snapshot_row_json(st);
-	else
+	} else {
 		snapshot_row(st, a->out);
+	}
 	return 0;
 }
 

@@ -1438,6 +1438,12 @@ static void test_snapshots(void **state)
 	text = store_snapshot_spec(s, a);
 	assert_non_null(strstr(text, "memory_mib"));
 	free(text);
+	/* A fork's: never shown, deleted by kiln-api only. */
+	assert_null(store_snapshot_json(s, f, "acme"));
+	assert_int_equal(store_snapshot_get(s, f, "acme", 0, &k), 0);
+	assert_string_equal(k.kind, "fork");
+	assert_int_equal(store_snapshot_mark_deleted(s, f, "acme"), 0);
+	assert_int_equal(store_snapshot_mark_deleted(s, f, NULL), 1);
 	/* The list: newest first, pages, filters; forks left out. */
 	arr = store_snapshot_list(s, "acme", NULL, NULL, 1, NULL, &next, &err);
 	assert_int_equal(json_array_size(arr), 1);
@@ -1513,15 +1519,17 @@ static void test_snapshots(void **state)
 	{
 		struct store_snapshot del[4];
 
-		assert_int_equal(store_snapshots_deleted(s, del, 4), 0);
+		/* (f, the fork's, deleted and used by none, is listed.) */
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
+		assert_string_equal(del[0].id, f);
 		assert_int_equal(store_session_transition(s, child, SESSION_STARTING, SESSION_PAUSED, "", NULL, NULL), 1);
 		assert_int_equal(store_snapshot_users(s, a), 1);
-		assert_int_equal(store_snapshots_deleted(s, del, 4), 0);
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
 		assert_int_equal(store_session_transition(s, child, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL),
 				 1);
 		assert_int_equal(store_snapshot_users(s, a), 0);
-		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
-		assert_string_equal(del[0].id, a);
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 2);
+		assert_true(!strcmp(del[0].id, a) || !strcmp(del[1].id, a));
 	}
 	/* Removed: its row and its template use (the image is still the session's). */
 	assert_int_equal(store_snapshot_remove(s, a), 1);
