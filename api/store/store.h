@@ -10,7 +10,8 @@
  * Implemented in api/store/store.c (core: locks, change notification,
  * the shared page, compare-and-set and quota helpers), store_open.c (open,
  * close, the listener), store_migrate.c,
- * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
+ * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c,
+ * store_snapshots.c;
  * store_int.h is their private interface.
  *
  * Room: the store room's door (api/store/: the store over its two backends,
