@@ -2,7 +2,7 @@
  * (docs/api.md, "Sessions"): the /v1/sessions endpoints (sessions.c), which
  * check quotas, place a session on a host with the scheduler's rules
  * (session_place.c), keep its row in the store and proxy exec, files, pause,
- * resume and outputs to its host, takes named snapshots and forks
+ * resume and outputs to its host, and take named snapshots and forks
  * (session_snapshots.c, with /v1/snapshots); and the reaper thread (session_reap.c),
  * which ends sessions past their idle or lifetime
  * limit (pausing them when the customer's session_auto_pause says so, else

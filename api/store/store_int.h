@@ -5,7 +5,8 @@
  * notification, the shared page, compare-and-set and quota helpers),
  * store_migrate.c (schema), store_keys.c (customers, keys, hosts),
  * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
- * store_templates.c (templates, what tasks and sessions use, clean-up).
+ * store_templates.c (templates, what tasks and sessions use, clean-up),
+ * store_snapshots.c (snapshots of sessions).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_INT_H
