@@ -13,6 +13,7 @@
 #include "sessions_int.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -480,6 +481,15 @@ void sessions_snapshots_gc(struct sessions *ss)
 	struct store_snapshot del[64];
 	int n = store_snapshots_deleted(ss->st, del, 64);
 
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
+		int stopping;
+
+		/* Each may wait for a host: a stop does not wait for them all. */
+		pthread_mutex_lock(&ss->lock);
+		stopping = ss->stopping;
+		pthread_mutex_unlock(&ss->lock);
+		if (stopping)
+			break;
 		sessions_snapshot_release(ss, del[i].id);
+	}
 }
