@@ -325,7 +325,8 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 			      struct kiln_err *err)
 {
 	static const char *const keys[] = { "image", "limits", "network", "idle_timeout_s", "max_lifetime_s",
-					    "metadata", "template", NULL };
+					    "metadata", "template", "snapshot", NULL };
+	static const char *const from_snapshot[] = { "image", "limits", "network", "template", NULL };
 	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
 	struct task_spec ts;
 	int r = -1;
@@ -352,6 +353,36 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 	}
 	if (check_keys(j, keys, err))
 		goto out;
+	v = json_object_get(j, "snapshot");
+	if (v) {
+		const char *k = json_string_value(v);
+
+		/* "snap_" and 24 hex digits (store.h's STORE_SNAPSHOT_ID_LEN). */
+		if (!k || json_string_length(v) != 29 || strncmp(k, "snap_", 5) ||
+		    strspn(k + 5, "0123456789abcdef") != 24) {
+			kiln_err_set(err, KERR_INVALID_REQUEST, "snapshot: a snapshot id (\"snap_\" and 24 hex digits)");
+			goto out;
+		}
+		for (const char *const *f = from_snapshot; *f; f++)
+			if (json_object_get(j, *f)) {
+				kiln_err_set(err, KERR_INVALID_REQUEST,
+					     "%s: a session started from a snapshot has the snapshot's limits, network and"
+					     " template: leave it out",
+					     *f);
+				goto out;
+			}
+		snprintf(out->snapshot, sizeof(out->snapshot), "%s", k);
+		if (opt_uint(j, "idle_timeout_s", API_SESSION_MAX_IDLE_S, API_SESSION_DEFAULT_IDLE_S,
+			     &out->idle_timeout_s, err) < 0 ||
+		    opt_uint(j, "max_lifetime_s", API_SESSION_MAX_LIFETIME_S, API_SESSION_DEFAULT_LIFETIME_S,
+			     &out->max_lifetime_s, err) < 0)
+			goto out;
+		v = json_object_get(j, "metadata");
+		if (v && metadata_text(v, &out->metadata_json, err) < 0)
+			goto out;
+		r = 0;
+		goto out;
+	}
 	v = json_object_get(j, "image");
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "default"))) {
 		kiln_err_set(err, KERR_INVALID_REQUEST, "image: only \"default\" exists");

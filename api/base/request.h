@@ -73,10 +73,14 @@ struct api_session_request {
 	unsigned vcpus, memory_mib, output_mib, idle_timeout_s, max_lifetime_s;
 	int egress;            /* network.egress is "allow" */
 	char template_name[64]; /* "template" ("" when absent: the default) */
+	char snapshot[40];     /* "snapshot": start from this snapshot ("" none); then spec_json is NULL
+				* and vcpus, memory_mib, output_mib, egress 0: they are the snapshot's */
 };
 
 /* Parse {"image","limits","network","idle_timeout_s","max_lifetime_s",
- * "metadata"} (all optional): image "default" only; limits vcpus, memory_mib
+ * "metadata","template","snapshot"} (all optional; "snapshot", a snapshot
+ * id, excludes image, limits, network and template: a session from a
+ * snapshot has the snapshot's): image "default" only; limits vcpus, memory_mib
  * and output_mib with the task spec's ranges and defaults (no timeout_s:
  * sessions have idle and lifetime limits, and each exec its own timeout);
  * network as a task's (a network.egress other than "none" without

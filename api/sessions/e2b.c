@@ -246,6 +246,11 @@ static enum MHD_Result h_create(void *ctx, struct httpd_req *req)
 		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
 	}
 	free(ntext);
+	if (ec.env_json && sr.snapshot[0]) {
+		api_session_request_free(&sr);
+		e2b_create_free(&ec);
+		return bad_request(req->conn, "envVars: a sandbox started from a snapshot has the snapshot's environment");
+	}
 	/* The envVars go to hosts in the session's spec, as its "env". */
 	if (ec.env_json) {
 		json_t *sp = json_loads(sr.spec_json, 0, NULL);
@@ -738,6 +743,200 @@ static enum MHD_Result h_metrics(void *ctx, struct httpd_req *req)
 	return reply_json(req->conn, MHD_HTTP_OK, j);
 }
 
+/* ---- fork and snapshots (docs/e2b.md "Fork and snapshots") ---- */
+
+/* POST /e2b/sandboxes/{id}/fork {timeout, count}: 201 with one entry per
+ * child, {"sandbox": create's answer} or {"error": {"code": status,
+ * "message"}}. */
+static enum MHD_Result h_fork(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct sessions *ss = c->ss;
+	struct kiln_err err = { .code = "" };
+	struct api_session_request child;
+	enum MHD_Result ret;
+	json_t *b, *v, *ids, *errors, *out, *x;
+	long count = 1, t;
+	int64_t stop_ms;
+	struct quota q;
+	char body[160];
+	size_t i;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (!(b = body_object(c->r, &ret)))
+		return ret;
+	v = json_object_get(b, "count");
+	if (v && !json_is_null(v)) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > SESSIONS_FORK_MAX) {
+			json_decref(b);
+			return bad_request(req->conn, "count: an integer from 1 to 20");
+		}
+		count = (long)json_integer_value(v);
+	}
+	/* E2B's default lifetime of a fork (its API's SandboxForkRequest). */
+	t = e2b_timeout_of(b, E2B_FORK_DEFAULT_TIMEOUT_S);
+	json_decref(b);
+	if (t < 0)
+		return bad_request(req->conn, "timeout: an integer from 0 to 86400 (seconds)");
+	if (store_customer_quota(ss->st, c->cur.customer, &q) < 0)
+		quota_defaults(&q);
+	snprintf(body, sizeof(body), "{\"snapshot\":\"snap_000000000000000000000000\",\"idle_timeout_s\":%ld,"
+		 "\"max_lifetime_s\":%ld}", t, t);
+	if (api_session_request_parse(body, strlen(body), q.allow_egress, &child, &err) < 0)
+		return reply_e2b_error(req->conn, kiln_err_status(err.errc), err.message, NULL, NULL);
+	ids = json_array();
+	errors = json_array();
+	{
+		/* The children are E2B sandboxes as their parent is: its template
+		 * name, autoPause and flags (its envVars are in the spec). */
+		struct sessions_e2b_new e = {
+			.template = c->cur.e2b_template[0] ? c->cur.e2b_template : "base", .auto_pause = c->cur.auto_pause,
+			.flags = (c->cur.private_traffic ? STORE_E2B_PRIVATE : 0) | (c->cur.auto_resume ? STORE_E2B_AUTO_RESUME : 0),
+		};
+
+		if (!sessions_fork_run(ss, c->r, &c->cur, (unsigned)count, &child, &e, ids, errors, &stop_ms, &ret)) {
+			api_session_request_free(&child);
+			json_decref(ids);
+			json_decref(errors);
+			return ret;
+		}
+	}
+	api_session_request_free(&child);
+	out = json_array();
+	json_array_foreach(ids, i, x) {
+		json_t *j = created_json(ss, json_string_value(x));
+
+		if (j)
+			json_array_append_new(out, json_pack("{s:o}", "sandbox", j));
+	}
+	json_array_foreach(errors, i, x)
+		json_array_append_new(out, json_pack("{s:{s:O, s:O}}", "error", "code", json_object_get(x, "status"),
+						     "message", json_object_get(x, "message")));
+	json_decref(ids);
+	json_decref(errors);
+	return reply_json(req->conn, MHD_HTTP_CREATED, out);
+}
+
+/* E2B's SnapshotInfo of a snapshot's public JSON. */
+static json_t *snapshot_info(json_t *k)
+{
+	json_t *names = json_array();
+	const char *name = json_string_value(json_object_get(k, "name"));
+
+	if (name)
+		json_array_append_new(names, json_string(name));
+	return json_pack("{s:O, s:o}", "snapshotID", json_object_get(k, "id"), "names", names);
+}
+
+/* POST /e2b/sandboxes/{id}/snapshots {name?}: 201 {snapshotID, names} */
+static enum MHD_Result h_snapshot(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	enum MHD_Result ret;
+	char id[40], name[STORE_SNAPSHOT_NAME_MAX + 1] = "";
+	int64_t stop_ms;
+	json_t *b, *v, *k;
+
+	if (!find(c, req, &ret))
+		return ret;
+	if (!(b = body_object(c->r, &ret)))
+		return ret;
+	v = json_object_get(b, "name");
+	if (v && !json_is_null(v)) {
+		if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v) ||
+		    !sessions_snapshot_name_ok(json_string_value(v))) {
+			json_decref(b);
+			return bad_request(req->conn, "name: 1-63 characters of A-Z, a-z, 0-9, '.', '_', '-', ':' and '/',"
+						      " starting with a letter or digit");
+		}
+		snprintf(name, sizeof(name), "%s", json_string_value(v));
+	}
+	json_decref(b);
+	if (!sessions_snapshot_take(c->ss, c->r, &c->cur, name[0] ? name : NULL, 0, id, &stop_ms, &ret))
+		return ret;
+	k = store_snapshot_json(c->ss->st, id, c->cur.customer);
+	if (!k)
+		return reply_e2b_error(req->conn, 500, "the snapshot cannot be read back", NULL, NULL);
+	ret = reply_json(req->conn, MHD_HTTP_CREATED, snapshot_info(k));
+	json_decref(k);
+	return ret;
+}
+
+/* GET /e2b/snapshots?sandboxID=&name=&limit=&nextToken=: [SnapshotInfo],
+ * the next page's token in x-next-token. name may be a snapshot's id. */
+static enum MHD_Result h_snapshot_list(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	const char *lim = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "limit");
+	const char *tok = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "nextToken");
+	const char *sid = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "sandboxID");
+	const char *name = MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, "name");
+	struct kiln_err err = { .code = "" };
+	long limit = E2B_LIST_MAX;
+	char *next = NULL, canon[40];
+	enum MHD_Result ret;
+	json_t *arr, *out, *k;
+	size_t i;
+
+	if (lim) {
+		char *end;
+
+		limit = strtol(lim, &end, 10);
+		if (!*lim || *end || limit < 1 || limit > E2B_LIST_MAX)
+			return bad_request(req->conn, "limit: an integer from 1 to 100");
+	}
+	if (sid && !sid[0])
+		sid = NULL;
+	if (sid && strlen(sid) >= 40)
+		return bad_request(req->conn, "sandboxID: a sandbox id");
+	if (name && !name[0])
+		name = NULL;
+	out = json_array();
+	if (name && store_snapshot_id_valid(name)) {
+		/* By its id: that one, if it is the caller's (and the sandbox's). */
+		k = store_snapshot_json(c->ss->st, name, c->r->customer);
+		if (k && (!sid || !strcmp(store_session_id_canon(sid, canon), json_string_value(json_object_get(k, "session_id")) ?: "")))
+			json_array_append_new(out, snapshot_info(k));
+		json_decref(k);
+		return reply_json(req->conn, MHD_HTTP_OK, out);
+	}
+	if (name && !sessions_snapshot_name_ok(name)) {
+		json_decref(out);
+		return bad_request(req->conn, "name: a snapshot's name or id");
+	}
+	arr = store_snapshot_list(c->ss->st, c->r->customer, name, sid ? store_session_id_canon(sid, canon) : NULL,
+				  (unsigned)limit, tok && tok[0] ? tok : NULL, &next, &err);
+	if (!arr) {
+		json_decref(out);
+		return reply_e2b_error(req->conn, err.errc == KERR_INVALID_REQUEST ? 400 : 500, err.message, NULL, NULL);
+	}
+	json_array_foreach(arr, i, k)
+		json_array_append_new(out, snapshot_info(k));
+	json_decref(arr);
+	ret = reply_json_h(req->conn, MHD_HTTP_OK, out, next ? "x-next-token" : NULL, next);
+	free(next);
+	return ret;
+}
+
+/* DELETE /e2b/snapshots/{id}, and DELETE /e2b/templates/{id} (the SDK's
+ * deleteSnapshot: E2B's snapshots are templates) for a snapshot's id:
+ * 204, or 404 (the SDK's false). */
+static enum MHD_Result h_snapshot_delete(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	char msg[128];
+	int m = sessions_snapshot_delete(c->ss, req->param[0], c->r->customer);
+
+	if (m < 0)
+		return reply_e2b_error(req->conn, 500, "cannot delete the snapshot", NULL, NULL);
+	if (m == 0) {
+		snprintf(msg, sizeof(msg), "snapshot %.40s not found", req->param[0]);
+		return reply_e2b_error(req->conn, MHD_HTTP_NOT_FOUND, msg, NULL, NULL);
+	}
+	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+}
+
 static const struct httpd_route e2b_routes[] = {
 	{ "POST", "/e2b/v2/sandboxes", h_create },
 	{ "GET", "/e2b/v2/sandboxes", h_list_v2 },
@@ -751,6 +950,11 @@ static const struct httpd_route e2b_routes[] = {
 	{ "POST", "/e2b/sandboxes/{id}/connect", h_connect }, /* older SDKs' path */
 	{ "GET", "/e2b/sandboxes/{id}/metrics", h_metrics },
 	{ "PUT", "/e2b/sandboxes/{id}/network", h_network },
+	{ "POST", "/e2b/sandboxes/{id}/fork", h_fork },
+	{ "POST", "/e2b/sandboxes/{id}/snapshots", h_snapshot },
+	{ "GET", "/e2b/snapshots", h_snapshot_list },
+	{ "DELETE", "/e2b/snapshots/{id}", h_snapshot_delete },
+	{ "DELETE", "/e2b/templates/{id}", h_snapshot_delete },
 };
 
 static const struct httpd_routes e2b_table = {

@@ -23,6 +23,7 @@
 #define E2B_ENVD_VERSION "0.6.2"
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
+#define E2B_FORK_DEFAULT_TIMEOUT_S 15 /* E2B's API: a fork's children live 15 s unless told */
 
 /* Answer a request under /e2b (r->path: what follows "/e2b"; r->e2b set)
  * held with sessions_hold, which this releases. Blocking (a create or a

@@ -356,7 +356,12 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 		 * gateway kiln's images do not have: below); code-interpreter-v1
 		 * (the Code Interpreter SDK's default) is the built-in
 		 * code-interpreter. */
-		if (!strcmp(out->template, "code-interpreter-v1"))
+		/* A snapshot's id (Sandbox.create(snapshotId) sends it as the
+		 * templateID): a sandbox started from that snapshot. */
+		if (strlen(out->template) == 29 && !strncmp(out->template, "snap_", 5) &&
+		    strspn(out->template + 5, "0123456789abcdef") == 24)
+			json_object_set(n, "snapshot", v);
+		else if (!strcmp(out->template, "code-interpreter-v1"))
 			json_object_set_new(n, "template", json_string("code-interpreter"));
 		else if (strcmp(out->template, "base") && strcmp(out->template, "default") &&
 			 strcmp(out->template, "mcp-gateway"))

@@ -483,8 +483,12 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 					fprintf(stderr, "kiln-api: session %s: destroying it on %s: %s\n", id, url,
 						st < 0 ? err.message : "unexpected status");
 			}
-			if (store_session_transition(ss->st, id, cur.state, SESSION_DESTROYED, "", reason, NULL) == 1)
+			if (store_session_transition(ss->st, id, cur.state, SESSION_DESTROYED, "", reason, NULL) == 1) {
+				/* The last user of a deleted snapshot: its objects can go. */
+				if (cur.from_snapshot[0])
+					sessions_snapshot_release(ss, cur.from_snapshot);
 				return;
+			}
 			break; /* changed meanwhile: look again */
 		default:
 			o->status = 409;
@@ -497,6 +501,35 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 	kiln_err_set(&o->err, KERR_BUSY, "the session keeps changing state: try again");
 }
 
+
+int sessions_snapshot_release(struct sessions *ss, const char *id)
+{
+	struct kiln_err err = { .code = "" };
+	struct store_snapshot k;
+	char url[256], path[200];
+	int users, st;
+
+	if (store_snapshot_get(ss->st, id, NULL, 1, &k) < 0 || !k.deleted_ms)
+		return 0;
+	users = store_snapshot_users(ss->st, id);
+	if (users != 0)
+		return users < 0 ? -1 : 0;
+	/* The host it was taken on holds cached copies of its chunks too: its
+	 * DELETE drops them along with the objects. Any live host else. */
+	if (!(k.host_id[0] && sched_host_state(ss->sched, k.host_id, url) == 1) && !any_live_host(ss, url))
+		return -1;
+	snprintf(path, sizeof(path), "/v1/snapshots/%s?customer=%s", k.id, k.customer);
+	st = sessions_host_call(ss, url, "DELETE", path, NULL, 60000, NULL, &err);
+	if (st != 200) {
+		fprintf(stderr, "kiln-api: snapshot %s: deleting its objects: %s (retried later)\n", k.id,
+			st < 0 ? err.message : "unexpected status");
+		return -1;
+	}
+	if (store_snapshot_remove(ss->st, k.id) < 0)
+		return -1;
+	fprintf(stderr, "kiln-api: snapshot %s of %s: its objects are deleted\n", k.id, k.customer);
+	return 1;
+}
 
 static void e2b_mac(struct sessions *ss, const char *prefix, const char *id, char hex[65])
 {

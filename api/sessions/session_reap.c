@@ -300,7 +300,7 @@ void sessions_reap_once(struct sessions *ss, int reconcile)
 void *sessions_reaper_main(void *arg)
 {
 	struct sessions *ss = arg;
-	int64_t last_reconcile = kclock_mono_ms(ss->clock);
+	int64_t last_reconcile = kclock_mono_ms(ss->clock), last_gc = last_reconcile;
 
 	pthread_mutex_lock(&ss->lock);
 	while (!ss->stopping) {
@@ -311,6 +311,14 @@ void *sessions_reaper_main(void *arg)
 		if (reconcile)
 			last_reconcile = kclock_mono_ms(ss->clock);
 		sessions_reap_once(ss, reconcile);
+		/* Deleted snapshots' objects that could not go when they could
+		 * have (a host away), and rows a killed kiln-api left. Only the
+		 * scheduler's leader: one replica at a time. */
+		if (kclock_mono_ms(ss->clock) - last_gc >= SNAPSHOT_GC_EVERY_MS) {
+			last_gc = kclock_mono_ms(ss->clock);
+			if (store_is_leader(ss->st))
+				sessions_snapshots_gc(ss);
+		}
 		pthread_mutex_lock(&ss->lock);
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_nsec += REAP_TICK_MS * 1000000L;

@@ -18,6 +18,11 @@ enum MHD_Result sessions_answer_err(const struct sessions_request *r, unsigned s
 {
 	if (!status)
 		status = kiln_err_status(e->errc);
+	if (r->capture) {
+		r->capture->status = status;
+		r->capture->err = *e;
+		return MHD_YES;
+	}
 	if (r->e2b)
 		return reply_e2b_error(r->conn, status, e->message, hname, hvalue);
 	return hname ? reply_err_status_h(r->conn, status, e, hname, hvalue) : reply_err_status(r->conn, status, e);
@@ -42,6 +47,15 @@ enum MHD_Result sessions_relay_to(const struct sessions_request *rq, struct MHD_
 {
 	char *body = r->body;
 
+	if (rq && rq->capture) {
+		char code[64], m[256];
+
+		sessions_host_error_code(r, code, sizeof(code));
+		sessions_host_error_message(r, m, sizeof(m));
+		rq->capture->status = r->status >= 500 ? MHD_HTTP_BAD_GATEWAY : (unsigned)r->status;
+		kiln_err_relay(&rq->capture->err, code, KERR_HOST_ERROR, "%s", m[0] ? m : "the host refused it");
+		return MHD_YES;
+	}
 	if (rq && rq->e2b && r->status >= 400) {
 		char msg[300], m[256];
 

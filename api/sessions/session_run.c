@@ -85,6 +85,89 @@ static void with_template_ref(json_t *body, const char *ref)
 		json_decref(j);
 }
 
+/* The scheduler's key of a TREF's text (ref may be NULL: none) in buf, or
+ * NULL for the default: its sha256, or "@" + a built-in's name. */
+static const char *tkey_of_ref(const char *ref, char buf[72])
+{
+	json_t *tj = ref ? json_loads(ref, 0, NULL) : NULL;
+
+	if (!tj)
+		return NULL;
+	if (json_is_true(json_object_get(tj, "builtin")))
+		snprintf(buf, 72, "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
+	else
+		snprintf(buf, 72, "%s", json_string_value(json_object_get(tj, "sha256")) ?: "");
+	json_decref(tj);
+	return buf;
+}
+
+/* What a new session is made of: the request's own spec and template, or
+ * a snapshot's (sr->snapshot): its spec, limits, template and the host it
+ * was taken on (placement prefers it: the chunks may be cached there). */
+struct create_src {
+	const char *spec;            /* borrowed from sr, or snap_spec */
+	char *snap_spec;
+	unsigned vcpus, memory_mib;
+	int egress;
+	struct template_use tu;      /* the request's template (no snapshot) */
+	char *snap_ref;              /* the snapshot's TREF text (NULL: the default) */
+	const char *ref;             /* the TREF sent to hosts: tu's or snap_ref */
+	char tkey[72];
+	char prefer[65];
+};
+
+static void create_src_free(struct create_src *c)
+{
+	template_use_free(&c->tu);
+	free(c->snap_spec);
+	free(c->snap_ref);
+}
+
+/* Fill c for sr: 1, or 0 with the error answered. */
+static int create_src_get(struct sessions *ss, const struct sessions_request *r, const struct api_session_request *sr,
+			  struct create_src *c, const char **tkey, enum MHD_Result *ret)
+{
+	struct kiln_err err = { .code = "" };
+	struct store_snapshot k;
+
+	memset(c, 0, sizeof(*c));
+	*tkey = NULL;
+	if (!sr->snapshot[0]) {
+		/* Its template, resolved now and kept with it (docs/templates.md). */
+		if (template_resolve(ss->st, r->customer, sr->template_name[0] ? sr->template_name : NULL, &c->tu,
+				     &err) < 0) {
+			*ret = sessions_answer_err(r, 0, &err, NULL, NULL);
+			return 0;
+		}
+		c->spec = sr->spec_json;
+		c->vcpus = sr->vcpus;
+		c->memory_mib = sr->memory_mib;
+		c->egress = sr->egress;
+		c->ref = c->tu.template_ref;
+		*tkey = tkey_of(&c->tu, c->tkey);
+		return 1;
+	}
+	/* Another customer's, or deleted: no such snapshot. */
+	if (store_snapshot_get(ss->st, sr->snapshot, r->customer, 0, &k) < 0) {
+		*ret = sessions_answer(r, MHD_HTTP_NOT_FOUND, KERR_NOT_FOUND, "snapshot: no such snapshot", NULL, NULL);
+		return 0;
+	}
+	c->snap_spec = store_snapshot_spec(ss->st, k.id);
+	if (!c->snap_spec) {
+		*ret = sessions_answer(r, 0, KERR_STORE_ERROR, "cannot read the snapshot", NULL, NULL);
+		return 0;
+	}
+	c->spec = c->snap_spec;
+	c->vcpus = k.vcpus;
+	c->memory_mib = k.memory_mib;
+	c->egress = k.egress;
+	c->snap_ref = store_template_use_ref(ss->st, k.id);
+	c->ref = c->snap_ref;
+	*tkey = tkey_of_ref(c->snap_ref, c->tkey);
+	snprintf(c->prefer, sizeof(c->prefer), "%s", k.host_id);
+	return 1;
+}
+
 int sessions_create_run(struct sessions *ss, const struct sessions_request *r, const struct quota *qp,
 			const struct api_session_request *sr, const struct sessions_e2b_new *e2b, char id[40],
 			enum MHD_Result *ret)
@@ -92,40 +175,47 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 	struct kiln_err err = { .code = "" };
 	struct sched_need need;
 	struct sessions_placement p;
-	struct template_use tu;
+	struct create_src src;
 	struct quota q = *qp;
-	char host[65], url[256], tkey[72];
+	char host[65], url[256], path[96];
+	const char *tkey;
 	int refused, pr;
 
 	id[0] = '\0';
-	if (quota_check_task(&q, sr->vcpus, sr->memory_mib, 0, sr->output_mib, &err) < 0) {
+	if (!create_src_get(ss, r, sr, &src, &tkey, ret))
+		return 0;
+	if (quota_check_task(&q, src.vcpus, src.memory_mib, 0, sr->output_mib, &err) < 0) {
+		create_src_free(&src);
 		*ret = sessions_answer_err(r, MHD_HTTP_BAD_REQUEST, &err, NULL, NULL);
 		return 0;
 	}
-	/* Its template, resolved now and kept with it (docs/templates.md). */
-	if (template_resolve(ss->st, r->customer, sr->template_name[0] ? sr->template_name : NULL, &tu, &err) < 0) {
-		*ret = sessions_answer_err(r, 0, &err, NULL, NULL);
+	if (src.egress && !q.allow_egress) {
+		create_src_free(&src);
+		*ret = sessions_answer(r, 0, KERR_EGRESS_NOT_ALLOWED,
+				       "the snapshot's session has network egress, which your account is not allowed",
+				       NULL, NULL);
 		return 0;
 	}
-	*ret = admit(ss, r, &q, sr->vcpus, sr->memory_mib, &refused);
+	*ret = admit(ss, r, &q, src.vcpus, src.memory_mib, &refused);
 	if (refused) {
-		template_use_free(&tu);
+		create_src_free(&src);
 		return 0;
 	}
-	need = (struct sched_need){ .vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .egress = sr->egress,
-				    .tkey = tkey_of(&tu, tkey) };
+	need = (struct sched_need){ .vcpus = src.vcpus, .memory_mib = src.memory_mib, .egress = src.egress,
+				    .tkey = tkey, .prefer = src.prefer[0] ? src.prefer : NULL };
 	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
 	if (pr < 0) {
-		template_use_free(&tu);
+		create_src_free(&src);
 		*ret = no_room(r, pr, &need);
 		return 0;
 	}
 	{
 		struct store_session_new n = {
-			.customer = r->customer, .spec_json = sr->spec_json, .metadata_json = sr->metadata_json,
-			.vcpus = sr->vcpus, .memory_mib = sr->memory_mib, .idle_timeout_s = sr->idle_timeout_s,
-			.max_lifetime_s = sr->max_lifetime_s, .egress = sr->egress,
-			.template_use = tu.template_ref ? &tu.use : NULL,
+			.customer = r->customer, .spec_json = src.spec, .metadata_json = sr->metadata_json,
+			.vcpus = src.vcpus, .memory_mib = src.memory_mib, .idle_timeout_s = sr->idle_timeout_s,
+			.max_lifetime_s = sr->max_lifetime_s, .egress = src.egress,
+			.template_use = !sr->snapshot[0] && src.tu.template_ref ? &src.tu.use : NULL,
+			.from_snapshot = sr->snapshot[0] ? sr->snapshot : NULL,
 		};
 		/* With this process's lease (a request in flight) from the start:
 		 * no replica's reaper takes it in starting for a leftover. */
@@ -133,8 +223,10 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
-			template_use_free(&tu);
-			*ret = sessions_answer_err(r, cr == -EDQUOT ? MHD_HTTP_TOO_MANY_REQUESTS : MHD_HTTP_INTERNAL_SERVER_ERROR,
+			create_src_free(&src);
+			*ret = sessions_answer_err(r, cr == -EDQUOT   ? MHD_HTTP_TOO_MANY_REQUESTS
+						   : cr == -ENOENT ? MHD_HTTP_NOT_FOUND
+								   : MHD_HTTP_INTERNAL_SERVER_ERROR,
 						   &err, cr == -EDQUOT && r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
 			return 0;
 		}
@@ -151,30 +243,41 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 			store_session_discard(ss->st, id);
 			sessions_op_leave(ss, id);
 			sched_unplace(ss->sched, host, &need);
-			template_use_free(&tu);
+			create_src_free(&src);
 			*ret = sessions_answer(r, 0, KERR_INTERNAL, "cannot store the sandbox", NULL, NULL);
 			return 0;
 		}
 	}
 	{
-		json_t *spec = json_loads(sr->spec_json, 0, NULL);
-		json_t *body = json_pack("{s:s, s:s, s:o}", "id", id, "customer", r->customer, "spec",
-					 spec ? spec : json_object());
+		json_t *spec = json_loads(src.spec, 0, NULL);
+		json_t *body = json_pack("{s:s, s:o}", "customer", r->customer, "spec", spec ? spec : json_object());
 		char *text;
 
-		with_template_ref(body, tu.template_ref);
-		template_use_free(&tu);
+		/* A new session from a snapshot is a resume of the snapshot under
+		 * its new id (kiln-host's POST /v1/sessions/{id}/resume with
+		 * "snapshot"); else a create. */
+		if (sr->snapshot[0]) {
+			json_object_set_new(body, "snapshot", json_string(sr->snapshot));
+			snprintf(path, sizeof(path), "/v1/sessions/%s/resume", id);
+		} else {
+			json_object_set_new(body, "id", json_string(id));
+			snprintf(path, sizeof(path), "/v1/sessions");
+		}
+		with_template_ref(body, src.ref);
+		create_src_free(&src);
 		text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 		json_decref(body);
 		snprintf(p.host, sizeof(p.host), "%s", host);
 		snprintf(p.url, sizeof(p.url), "%s", url);
-		pr = sessions_place_run(ss, &need, "/v1/sessions", text, CREATE_TIMEOUT_MS, &p);
+		pr = sessions_place_run(ss, &need, path, text, sr->snapshot[0] ? SNAPSHOT_TIMEOUT_MS : CREATE_TIMEOUT_MS,
+					&p);
 		free(text);
 	}
 	if (pr == 1) {
 		store_session_transition(ss->st, id, SESSION_STARTING, SESSION_RUNNING, p.host, "", NULL);
 		sessions_op_leave(ss, id);
-		fprintf(stderr, "kiln-api: session %s of %s running on %s\n", id, r->customer, p.host);
+		fprintf(stderr, "kiln-api: session %s of %s running on %s%s%s\n", id, r->customer, p.host,
+			sr->snapshot[0] ? " from snapshot " : "", sr->snapshot);
 		return 1;
 	}
 	store_session_discard(ss->st, id);
@@ -217,16 +320,7 @@ int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, c
 	json_decref(sj);
 	need.prefer = prefer;
 
-	if (ref) {
-		json_t *tj = json_loads(ref, 0, NULL);
-
-		if (json_is_true(json_object_get(tj, "builtin")))
-			snprintf(tkey, sizeof(tkey), "@%s", json_string_value(json_object_get(tj, "name")) ?: "");
-		else
-			snprintf(tkey, sizeof(tkey), "%s", json_string_value(json_object_get(tj, "sha256")) ?: "");
-		json_decref(tj);
-		need.tkey = tkey;
-	}
+	need.tkey = tkey_of_ref(ref, tkey);
 	done = resume_with(ss, r, cur, &need, ref, ret);
 	free(ref);
 	return done;

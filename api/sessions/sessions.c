@@ -719,6 +719,21 @@ static enum MHD_Result handle_ports(void *ctx, struct httpd_req *req)
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:o}", "ports", out));
 }
 
+/* POST /v1/sessions/{id}/snapshots, /fork (session_snapshots.c) */
+static enum MHD_Result handle_snapshot(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+
+	return sessions_rt_snapshot(c->ss, c->r, &c->cur);
+}
+
+static enum MHD_Result handle_fork(void *ctx, struct httpd_req *req)
+{
+	struct call *c = ctx;
+
+	return sessions_rt_fork(c->ss, c->r, &c->cur);
+}
+
 static const struct httpd_route session_routes[] = {
 	{ "GET", "/v1/sessions", handle_list },
 	{ "POST", "/v1/sessions", handle_create },
@@ -734,6 +749,8 @@ static const struct httpd_route session_routes[] = {
 	{ "POST", "/v1/sessions/{id}/resume", handle_resume },
 	{ "PUT", "/v1/sessions/{id}/network", handle_network },
 	{ "GET", "/v1/sessions/{id}/ports", handle_ports },
+	{ "POST", "/v1/sessions/{id}/snapshots", handle_snapshot },
+	{ "POST", "/v1/sessions/{id}/fork", handle_fork },
 };
 
 static const struct httpd_routes session_table = {

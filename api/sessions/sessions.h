@@ -2,7 +2,8 @@
  * (docs/api.md, "Sessions"): the /v1/sessions endpoints (sessions.c), which
  * check quotas, place a session on a host with the scheduler's rules
  * (session_place.c), keep its row in the store and proxy exec, files, pause,
- * resume and outputs to its host; and the reaper thread (session_reap.c),
+ * resume and outputs to its host, and take named snapshots and forks
+ * (session_snapshots.c, with /v1/snapshots); and the reaper thread (session_reap.c),
  * which ends sessions past their idle or lifetime
  * limit (pausing them when the customer's session_auto_pause says so, else
  * destroying them), settles sessions whose host is lost (error/host_lost),
@@ -43,6 +44,13 @@ struct sessions *sessions_start(const struct api_config *cfg, struct store *st, 
  * (and the caller should exit without freeing what they use). */
 int sessions_stop(struct sessions *ss);
 
+/* An error a request would have answered, kept instead (a fork's
+ * children: each refusal is one entry of the fork's answer). */
+struct sessions_capture {
+	unsigned status;             /* 0: nothing captured */
+	struct kiln_err err;
+};
+
 /* One authenticated request under /v1/sessions, with its whole body. */
 struct sessions_request {
 	struct MHD_Connection *conn;
@@ -54,6 +62,7 @@ struct sessions_request {
 	int admin;
 	struct quota_limiter *lim;   /* the submit-rate buckets (create and resume take a token) */
 	int e2b;                     /* an /e2b request (e2b.c): errors in E2B's shape */
+	struct sessions_capture *capture; /* non-NULL: errors go there, nothing is answered */
 };
 
 /* Count one request about to be handled, under the lock that guards the
@@ -65,6 +74,11 @@ void sessions_hold(struct sessions *ss);
  * r->conn). Called from libmicrohttpd's connection threads; may block for as
  * long as the host takes (an exec). */
 enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_request *r);
+
+/* Answer a request under /v1/snapshots (r->path: what follows
+ * "/v1/snapshots") held with sessions_hold, which this releases
+ * (session_snapshots.c). */
+enum MHD_Result sessions_snapshots_handle(struct sessions *ss, const struct sessions_request *r);
 
 /* The end of a sessions_hold (sessions_handle and e2b_handle release it
  * themselves; the ports room calls this). */

@@ -136,6 +136,13 @@ struct sessions_outcome {
  * moves the VM through S3); any thread. */
 void sessions_pause(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
 void sessions_destroy(struct sessions *ss, const char *id, const char *reason, struct sessions_outcome *o);
+/* A deleted snapshot (store.h "Snapshots") whose last session (any state
+ * but destroyed) is gone: its objects are deleted (DELETE
+ * /v1/snapshots/ID?customer= on the host it was taken on when live, else
+ * any live host), then its row. 1 done, 0 not deleted or still used, -1
+ * failed (no live host, the host refused, the store: the reaper retries).
+ * Blocking (one host call); any thread. */
+int sessions_snapshot_release(struct sessions *ss, const char *id);
 /* A session paused on host_id resumed on another host: ask host_id (when
  * live) to remove its pause-cache copies of the session's memory. Best
  * effort, logged; blocking (one short host call). */
@@ -213,6 +220,55 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
  * resumed (nothing answered), 0 answered (*ret). Blocking. */
 int sessions_resume_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
 			enum MHD_Result *ret);
+
+/* ---- session_snapshots.c: named snapshots and forks ---- */
+
+#define SESSIONS_FORK_MAX 20        /* children of one fork */
+#define SNAPSHOT_GC_EVERY_MS 60000  /* the reaper retries deleted snapshots' objects this often */
+
+/* Take a snapshot of the running session cur (fork: a fork's hidden one,
+ * outside the snapshot quotas; else a named one, name may be NULL): its
+ * host saves it to S3 (POST /v1/sessions/{id}/checkpoint), then the row
+ * goes in under the customer's max_snapshots and max_snapshot_mib. 1 with
+ * id (40 bytes) and *stop_ms (how long the VM was stopped); 0 with the
+ * error answered (*ret; r->e2b, r->capture as sessions_answer does), in
+ * this order: not_running (409), host_unavailable (503), quota_exceeded
+ * (429, max_snapshots before the host is asked), the host's refusal as it
+ * came (vm_lost: 409 not_running), quota_exceeded (max_snapshot_mib, once
+ * the bytes are known), store_error. Nothing is recorded on failure, and
+ * what the host may have written is deleted. Blocking. */
+int sessions_snapshot_take(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+			   const char *name, int fork, char id[40], int64_t *stop_ms, enum MHD_Result *ret);
+
+/* Fork cur into count sessions: its snapshot (sessions_snapshot_take with
+ * fork), then count creates from it with child (its snapshot field set
+ * here), each admitted as any create (e2b: an E2B create's fields, may be
+ * NULL); the ids of those that run go into ids, each refusal into errors
+ * ({"status","code","message"}); then the snapshot is deleted (its
+ * objects once the last child is destroyed). 1 (the caller answers), or 0
+ * with the snapshot's error answered (*ret). Blocking. */
+int sessions_fork_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
+		      unsigned count, struct api_session_request *child, const struct sessions_e2b_new *e2b,
+		      json_t *ids, json_t *errors, int64_t *stop_ms, enum MHD_Result *ret);
+
+/* Delete the customer's (NULL: any) snapshot id: marked at once (gone for
+ * the customer, out of its quota), its objects as sessions_snapshot_release
+ * says. 1 deleted, 0 no such snapshot, -1 store error. Blocking. */
+int sessions_snapshot_delete(struct sessions *ss, const char *id, const char *customer);
+
+/* Whether name is a snapshot name: 1-63 characters of A-Z, a-z, 0-9 and
+ * "._-:/", starting with a letter or digit. */
+int sessions_snapshot_name_ok(const char *name);
+
+/* POST /v1/sessions/{id}/snapshots and /fork (sessions.c routes them). */
+enum MHD_Result sessions_rt_snapshot(struct sessions *ss, const struct sessions_request *r,
+				     const struct store_session *cur);
+enum MHD_Result sessions_rt_fork(struct sessions *ss, const struct sessions_request *r,
+				 const struct store_session *cur);
+
+/* The reaper's pass over deleted snapshots whose objects are still there
+ * (a host was unreachable, or the last session ended elsewhere). */
+void sessions_snapshots_gc(struct sessions *ss);
 
 /* ---- session_place.c ---- */
 

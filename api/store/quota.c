@@ -29,6 +29,8 @@ void quota_defaults(struct quota *q)
 		.max_template_mib = 4096,
 		.build_minutes_per_day = 120,
 		.build_timeout_s = 1800,
+		.max_snapshots = 100,
+		.max_snapshot_mib = 20480,
 	};
 }
 
@@ -60,6 +62,8 @@ static const struct qfield qfields[] = {
 	QF(max_template_mib, Q_UINT, 1048576),
 	QF(build_minutes_per_day, Q_UINT, 1440),
 	QF(build_timeout_s, Q_UINT, 86400),
+	QF(max_snapshots, Q_UINT, 1000000),
+	QF(max_snapshot_mib, Q_U64, 1e12),
 };
 #define NQFIELDS (sizeof(qfields) / sizeof(qfields[0]))
 

@@ -10,7 +10,8 @@
  * Implemented in api/store/store.c (core: locks, change notification,
  * the shared page, compare-and-set and quota helpers), store_open.c (open,
  * close, the listener), store_migrate.c,
- * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c;
+ * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c,
+ * store_snapshots.c;
  * store_int.h is their private interface.
  *
  * Room: the store room's door (api/store/: the store over its two backends,
@@ -52,6 +53,9 @@ struct quota {
 	unsigned max_template_mib;   /* an OCI archive and a built image (413 beyond) */
 	unsigned build_minutes_per_day; /* build time per UTC day (429 beyond) */
 	unsigned build_timeout_s;    /* one build */
+	/* Snapshots (docs/api.md, "Snapshots"): named ones, not deleted. */
+	unsigned max_snapshots;      /* snapshots at once (429 beyond; 0: no limit) */
+	uint64_t max_snapshot_mib;   /* their bytes together (429 beyond; 0: no limit) */
 };
 
 /* Task states (docs/api.md). */
@@ -201,7 +205,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 9
+#define STORE_SCHEMA_VERSION 10
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -393,6 +397,7 @@ struct store_session {
 	int auto_resume;             /* E2B's autoResume: a port request resumes it when paused */
 	char e2b_template[64];       /* the templateID it was created with ("" not through /e2b) */
 	int leased;                  /* a replica holds a live lease on it: a request in flight */
+	char from_snapshot[40];      /* the snapshot it was started from ("" none) */
 };
 
 struct store_session_new {
@@ -405,13 +410,17 @@ struct store_session_new {
 	const struct store_template_use *template_use; /* its template (NULL: default), recorded with it */
 	const char *lease_owner;     /* non-NULL: its lease (count 1) taken in the same transaction */
 	int64_t lease_ttl_ms;
+	const char *from_snapshot;   /* started from this snapshot (NULL: none); template_use NULL:
+				      * the snapshot's template use is copied */
 };
 
 /* Insert a session in state starting on n->host_id if the customer's running
  * quota (tasks and sessions together: max_running, max_vcpus,
  * max_memory_mib) leaves room: checked and inserted in one transaction.
  * Returns 0 with the new id ("s_" + 32 hex digits) in id_out; -EDQUOT with
- * err code "quota_exceeded" naming the limit; -1 with err set otherwise. */
+ * err code "quota_exceeded" naming the limit; -ENOENT with err "not_found"
+ * when n->from_snapshot is not (any more) a snapshot of the customer; -1
+ * with err set otherwise. */
 int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err);
 
 /* Remove a session that never reached running (its host refused it), only
@@ -645,6 +654,99 @@ int store_template_gc_update(struct store *s, const struct store_template_gc *g)
 /* 1 when a template row, an unfinished task or a live session still names
  * sha256; 0 not; -1 error. */
 int store_template_sha_referenced(struct store *s, const char *sha256);
+/* ==== Snapshots (docs/api.md "Snapshots"; store_snapshots.c) ====
+ * A snapshot is a running session's state (memory, devices, disk) that
+ * its host saved to S3 under CUSTOMER/snapshots/ID/. The row keeps what
+ * starting sessions from it takes: the source session's spec, limits and
+ * template (a template_uses row under the snapshot's id), and where it was
+ * taken (its host caches the chunks). kind "named": the customer's, listed,
+ * counted in max_snapshots and max_snapshot_mib; "fork": a fork's own,
+ * hidden and deleted once its children started. A deleted snapshot
+ * (deleted_ms set) is gone for its customer at once; its row stays until
+ * its objects in S3 are deleted, which waits for the sessions started from
+ * it (any state but destroyed). */
+
+#define STORE_SNAPSHOT_ID_LEN 29     /* "snap_" + 24 hex digits */
+#define STORE_SNAPSHOT_NAME_MAX 63
+
+struct store_snapshot {
+	char id[40];
+	char customer[65];
+	char name[STORE_SNAPSHOT_NAME_MAX + 1]; /* "" when it has none */
+	char session_id[40];         /* the session it was taken of */
+	char kind[8];                /* "named" or "fork" */
+	char host_id[65];            /* where it was taken */
+	unsigned vcpus, memory_mib;
+	int egress;
+	uint64_t bytes;              /* what its host uploaded for it */
+	int64_t stop_ms;             /* how long the session was stopped for it */
+	int64_t created_ms;
+	int64_t deleted_ms;          /* 0: not deleted */
+};
+
+struct store_snapshot_new {
+	const char *id;              /* store_snapshot_new_id */
+	const char *customer;
+	const char *name;            /* NULL: none */
+	const char *session_id;      /* its template use is copied from this session's */
+	const char *kind;            /* "named" or "fork" */
+	const char *host_id;
+	const char *spec_json;       /* the session's spec */
+	unsigned vcpus, memory_mib;
+	int egress;
+	uint64_t bytes;
+	int64_t stop_ms;
+	/* kind named: the customer's quotas (0: no limit), checked against its
+	 * other named snapshots in the insert's transaction. */
+	unsigned max_snapshots;
+	uint64_t max_snapshot_mib;
+};
+
+/* A new snapshot id ("snap_" + 24 hex digits, 40 bytes): 0 or -1. */
+int store_snapshot_new_id(char id[40]);
+/* Whether id has the form of a snapshot id. */
+int store_snapshot_id_valid(const char *id);
+
+/* Insert a snapshot row (committed). -EDQUOT with err "quota_exceeded"
+ * naming max_snapshots or max_snapshot_mib (nothing inserted); -1 with err
+ * "store_error". */
+int store_snapshot_create(struct store *s, const struct store_snapshot_new *n, struct kiln_err *err);
+
+/* The snapshot id of customer (NULL: any), not deleted unless
+ * with_deleted: 0 and *out, -ENOENT, -EIO. */
+int store_snapshot_get(struct store *s, const char *id, const char *customer, int with_deleted,
+		       struct store_snapshot *out);
+/* Its public JSON (docs/api.md), customer's, named (a fork's is never
+ * shown) and not deleted; NULL if none. */
+json_t *store_snapshot_json(struct store *s, const char *id, const char *customer);
+/* Its spec JSON text (caller frees) or NULL. */
+char *store_snapshot_spec(struct store *s, const char *id);
+
+/* The customer's named snapshots that are not deleted, newest first, with
+ * name and session_id filters (NULL: any), as store_task_list pages. */
+json_t *store_snapshot_list(struct store *s, const char *customer, const char *name, const char *session_id,
+			    unsigned limit, const char *cursor, char **next_cursor, struct kiln_err *err);
+
+/* Mark the snapshot deleted (customer NULL: any, a fork's too; else only
+ * the customer's named ones): 1 marked, 0 no such snapshot (or deleted
+ * already), -1 error. */
+int store_snapshot_mark_deleted(struct store *s, const char *id, const char *customer);
+/* Remove the row and its template use (its objects are gone): 1, 0, -1. */
+int store_snapshot_remove(struct store *s, const char *id);
+
+/* The customer's named snapshots that are not deleted: how many, their
+ * bytes. 0 or -1. */
+int store_snapshot_usage(struct store *s, const char *customer, unsigned *count, uint64_t *bytes);
+
+/* Sessions started from snapshot id that are in any state but destroyed:
+ * their number, or -1. */
+int store_snapshot_users(struct store *s, const char *id);
+
+/* Deleted snapshots whose rows remain (their objects may still be in S3)
+ * and that no session uses any more (all destroyed), oldest deletion
+ * first, at most max: the number filled. */
+int store_snapshots_deleted(struct store *s, struct store_snapshot *out, int max);
+
 /* The rest of the door. */
 #include "quota.h"
 

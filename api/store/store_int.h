@@ -5,7 +5,8 @@
  * notification, the shared page, compare-and-set and quota helpers),
  * store_migrate.c (schema), store_keys.c (customers, keys, hosts),
  * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
- * store_templates.c (templates, what tasks and sessions use, clean-up).
+ * store_templates.c (templates, what tasks and sessions use, clean-up),
+ * store_snapshots.c (snapshots of sessions).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_INT_H
@@ -28,7 +29,8 @@ enum store_slots {
 	STORE_SLOTS_TASKS = 24,     /* store_tasks.c: statements, then one transition per target state */
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
 	STORE_SLOTS_TEMPLATES = 76, /* store_templates.c */
-	STORE_SLOTS_MAX = 112,
+	STORE_SLOTS_SNAPSHOTS = 112, /* store_snapshots.c */
+	STORE_SLOTS_MAX = 128,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */
@@ -306,6 +308,15 @@ int store_room_locked(struct store *s, const char *customer, unsigned vcpus, uns
 /* Record that task or session id uses the template u (inside the caller's
  * transaction). 0, or -1 (SQLite's error message is in s->db). Lock held. */
 int store_template_use_insert_locked(struct store *s, const char *id, const struct store_template_use *u);
+
+/* Give task or session `to` the template use of `from` (a snapshot), in the
+ * caller's transaction; nothing when from has none. 0 or -1. Lock held.
+ * (store_snapshots.c) */
+int store_template_use_copy_locked(struct store *s, const char *to, const char *from);
+
+/* Whether the customer's snapshot id exists and is not deleted: 1, 0, -1.
+ * Lock held. (store_snapshots.c) */
+int store_snapshot_live_locked(struct store *s, const char *id, const char *customer);
 
 /* ---- destinations (store_destinations.c) ---- */
 

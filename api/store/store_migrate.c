@@ -83,6 +83,24 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	 * ports are private (network.allowPublicTraffic false: the traffic
 	 * token is needed), bit 1 traffic resumes it when paused (autoResume) */
 	"ALTER TABLE sessions ADD COLUMN e2b_flags INTEGER;",
+	/* 10: named snapshots and forks (docs/api.md "Snapshots"): a running
+	 * session's state kept in S3 under CUSTOMER/snapshots/ID/ with what
+	 * starting sessions from it takes (its spec, limits; its template is
+	 * a template_uses row under the snapshot's id). kind 'named' (the
+	 * customer's, counted in max_snapshots/max_snapshot_mib) or 'fork'
+	 * (hidden, the few seconds of a fork). deleted_ms: gone for the
+	 * customer; the row stays until its objects in S3 are (no session
+	 * started from it is left but destroyed ones). A session records the
+	 * snapshot it was started from. */
+	"CREATE TABLE snapshots (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, name TEXT, session_id TEXT NOT NULL, kind TEXT NOT NULL, host_id TEXT,"
+	"  vcpus INTEGER NOT NULL, memory_mib INTEGER NOT NULL, egress INTEGER NOT NULL DEFAULT 0,"
+	"  bytes INTEGER NOT NULL DEFAULT 0, stop_ms INTEGER, created_ms INTEGER NOT NULL, deleted_ms INTEGER,"
+	"  spec TEXT NOT NULL);"
+	"CREATE INDEX snapshots_customer ON snapshots(customer, seq);"
+	"CREATE INDEX snapshots_deleted ON snapshots(deleted_ms) WHERE deleted_ms IS NOT NULL;"
+	"ALTER TABLE sessions ADD COLUMN from_snapshot TEXT;"
+	"CREATE INDEX sessions_from_snapshot ON sessions(from_snapshot) WHERE from_snapshot IS NOT NULL;",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -34,11 +34,12 @@ enum session_state session_state_parse(const char *str)
 	" snapshot IS NOT NULL, created_ms, started_ms, last_active_ms, paused_ms, ended_ms, end_reason,"  \
 	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id),"   \
 	" e2b_token, e2b_template, auto_pause, e2b_flags,"                                                 \
-	" EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = sessions.id AND l.expires_ms > " SDB_NOW_MS ")"
+	" EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = sessions.id AND l.expires_ms > " SDB_NOW_MS "),"\
+	" from_snapshot"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
-	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_E2B_FLAGS, SC_LEASED,
+	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_E2B_FLAGS, SC_LEASED, SC_FROM_SNAPSHOT,
 };
 
 enum sessions_stmt {
@@ -49,8 +50,8 @@ enum sessions_stmt {
 
 static const char *const sessions_sql[S_COUNT] = {
 	[S_INSERT] = "INSERT INTO sessions(id, customer, state, host_id, vcpus, memory_mib, idle_timeout_s,"
-		     " max_lifetime_s, egress, created_ms, started_ms, last_active_ms, metadata, spec)"
-		     " VALUES (?1, ?2, 'starting', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9, ?10, ?11)",
+		     " max_lifetime_s, egress, created_ms, started_ms, last_active_ms, metadata, spec, from_snapshot)"
+		     " VALUES (?1, ?2, 'starting', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9, ?10, ?11, ?12)",
 	[S_GET] = "SELECT " SESS_COLS " FROM sessions WHERE id = ?1",
 	[S_DISCARD] = "DELETE FROM sessions WHERE id = ?1 AND state = 'starting'",
 	/* :host and :reason: NULL keeps, '' clears; :snapshot: NULL keeps. */
@@ -136,6 +137,7 @@ static void session_row(struct sdb_stmt *st, void *elem)
 	out->auto_pause = sdb_col_null(st, SC_AUTO_PAUSE) ? -1
 										 : sdb_col_int(st, SC_AUTO_PAUSE) != 0;
 	out->leased = sdb_col_int(st, SC_LEASED) != 0;
+	store_copy_col(st, SC_FROM_SNAPSHOT, out->from_snapshot, sizeof(out->from_snapshot));
 }
 
 /* The public JSON of the session row st is on. */
@@ -172,6 +174,9 @@ static json_t *session_row_json(struct sdb_stmt *st)
 	/* The template it was created with (absent: the default). */
 	if (j && store_col_text(st, SC_TEMPLATE))
 		json_object_set_new(j, "template", json_string(store_col_text(st, SC_TEMPLATE)));
+	/* The snapshot it was started from (absent: none). */
+	if (j && store_col_text(st, SC_FROM_SNAPSHOT))
+		json_object_set_new(j, "snapshot_id", json_string(store_col_text(st, SC_FROM_SNAPSHOT)));
 	return j;
 }
 
@@ -230,6 +235,18 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 		return kiln_err_set(err, KERR_STORE_ERROR, "cannot read the usage of %s", n->customer);
 	if (room == -EDQUOT)
 		return -EDQUOT;
+	/* Its snapshot still there, in the transaction that records the
+	 * session as its user: a deletion sees the one or the other. */
+	if (n->from_snapshot) {
+		int live = store_snapshot_live_locked(s, n->from_snapshot, n->customer);
+
+		if (live < 0)
+			goto fail_sql;
+		if (!live) {
+			kiln_err_set(err, KERR_NOT_FOUND, "snapshot: no such snapshot");
+			return -ENOENT;
+		}
+	}
 	if (store_new_id("s_", id) < 0)
 		return kiln_err_set(err, KERR_INTERNAL, "no randomness");
 	st = stmt(s, S_INSERT);
@@ -246,12 +263,16 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	sdb_bind_int64(st, 9, now);
 	store_bind_opt_text(st, 10, n->metadata_json);
 	sdb_bind_text(st, 11, n->spec_json);
+	store_bind_opt_text(st, 12, n->from_snapshot);
 	if (store_step(s, st) != SDB_DONE) {
 		sdb_reset(st);
 		goto fail_sql;
 	}
 	sdb_reset(st);
 	if (n->template_use && store_template_use_insert_locked(s, id, n->template_use) < 0)
+		goto fail_sql;
+	/* From a snapshot: its template, as the snapshot recorded it. */
+	if (!n->template_use && n->from_snapshot && store_template_use_copy_locked(s, id, n->from_snapshot) < 0)
 		goto fail_sql;
 	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;

@@ -92,7 +92,9 @@ static const char *const tpl_sql[P_COUNT_] = {
 		      " OR EXISTS (SELECT 1 FROM template_uses u JOIN tasks t ON t.id = u.id WHERE u.sha256 = ?1"
 		      "  AND t.state IN ('queued', 'scheduled', 'starting', 'running', 'uploading'))"
 		      " OR EXISTS (SELECT 1 FROM template_uses u JOIN sessions s ON s.id = u.id WHERE u.sha256 = ?1"
-		      "  AND s.state != 'destroyed')",
+		      "  AND s.state != 'destroyed')"
+		      /* A snapshot's row stays until its objects are gone: sessions may still start from it. */
+		      " OR EXISTS (SELECT 1 FROM template_uses u JOIN snapshots k ON k.id = u.id WHERE u.sha256 = ?1)",
 	[P_USE_INSERT] = "INSERT INTO template_uses(id, template_id, name, sha256, builtin, tref)"
 			 " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
 	[P_PUBLIC_EXISTS] = "SELECT 1 FROM templates WHERE customer = '' AND name = ?1",
@@ -100,7 +102,7 @@ static const char *const tpl_sql[P_COUNT_] = {
 	[P_ROW_FOR_GC] = "SELECT state, host_id, oci_key, sha256, s3_key FROM templates WHERE id = ?1",
 };
 
-_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_MAX,
+_Static_assert(STORE_SLOTS_TEMPLATES + P_COUNT_ <= STORE_SLOTS_SNAPSHOTS,
 	       "store_templates.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum tpl_stmt id)

@@ -580,20 +580,44 @@ try {
     sdkFailure(() => Sandbox.create('no-such-template-kiln-test'), 'Sandbox.create(unknown template)'));
 
   // ---- what kiln does not support: a clean SDK error, never a hang ----
-  await check('unsupported: createSnapshot / listSnapshots fail cleanly, deleteSnapshot is false', async () => {
-    const a = await sdkFailure(() => sbx.createSnapshot(), 'sandbox.createSnapshot');
-    const b = await sdkFailure(() => Sandbox.listSnapshots().nextItems(), 'Sandbox.listSnapshots');
-    assert.equal(await Sandbox.deleteSnapshot('no-such-snapshot'), false, 'deleteSnapshot');
-    return `${a}; ${b}; deleteSnapshot: false`;
-  }, 30000);
-  await check('unsupported: fork fails cleanly; updateNetwork on a sandbox without internet access is a 409', async () => {
-    const a = await sdkFailure(() => sbx.fork(), 'sandbox.fork');
+  // ---- named snapshots and fork (docs/e2b.md "Fork and snapshots") ----
+  await check('createSnapshot, listSnapshots, Sandbox.create(snapshotId) with its file, deleteSnapshot', async () => {
+    await sbx.files.write('/home/user/snap.txt', `snap-${RUN}`);
+    const name = `kiln-${RUN}`;
+    const snap = await sbx.createSnapshot({ name });
+    assert.match(snap.snapshotId, /^snap_[0-9a-f]{24}$/);
+    assert.deepEqual(snap.names, [name]);
+    const listed = await Sandbox.listSnapshots({ sandboxId: id }).nextItems();
+    assert.ok(listed.some((s) => s.snapshotId === snap.snapshotId), `listSnapshots: ${JSON.stringify(listed)}`);
+    const child = await Sandbox.create(snap.snapshotId, { timeoutMs: 120_000 });
+    try {
+      assert.equal(await child.files.read('/home/user/snap.txt'), `snap-${RUN}`);
+      await child.files.write('/home/user/snap.txt', 'child');
+      assert.equal(await sbx.files.read('/home/user/snap.txt'), `snap-${RUN}`, "the parent does not see the child's change");
+    } finally {
+      await child.kill().catch(() => {});
+    }
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true, 'deleteSnapshot');
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'deleteSnapshot again');
+    assert.equal(await Sandbox.deleteSnapshot('no-such-snapshot'), false, 'deleteSnapshot of nothing');
+    return `${snap.snapshotId}, ${child.sandboxId}`;
+  }, 300_000);
+  await check('fork: a Sandbox with the parent\'s files; updateNetwork on a sandbox without internet access is a 409', async () => {
+    const [kid] = await sbx.fork({ count: 1, timeoutMs: 120_000 });
+    assert.ok(kid instanceof Sandbox, `fork gave ${errText(kid)}`);
+    try {
+      assert.equal(await kid.files.read('/home/user/snap.txt'), `snap-${RUN}`);
+      assert.equal((await kid.commands.run('echo forked')).stdout, 'forked\n');
+    } finally {
+      await kid.kill().catch(() => {});
+    }
+    assert.equal((await sbx.commands.run('echo parent')).stdout, 'parent\n', 'the parent goes on');
     // This stack's host offers no egress, so sbx has no network device to
     // change (64-egress-update.sh updates one through /e2b with curl).
     const b = await sdkFailure(() => sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), 'sandbox.updateNetwork');
     assert.ok(/409/.test(b) && /no network device/.test(b), `updateNetwork raised ${b}`);
-    return `${a}; ${b}`;
-  }, 30000);
+    return `${kid.sandboxId}; ${b}`;
+  }, 300_000);
   await check("unsupported: an MCP gateway cannot start: the SDK's own 'Failed to start MCP gateway' and the sandbox is killed", async () => {
     const before = new Set((await listAll()).map((s) => s.sandboxId));
     const e = await Sandbox.create({ mcp: { exa: {} } }).then((s) => { s.kill(); return null; }, (x) => x);

@@ -61,6 +61,17 @@ static void session_request(const char *body, size_t len, int allow_egress)
 		check(!r.spec_json && !r.metadata_json);
 		return;
 	}
+	if (r.snapshot[0]) {
+		/* From a snapshot: its id's form, none of what the snapshot decides. */
+		check(strlen(r.snapshot) == 29 && !strncmp(r.snapshot, "snap_", 5) &&
+		      strspn(r.snapshot + 5, "0123456789abcdef") == 24);
+		check(!r.spec_json && !r.vcpus && !r.memory_mib && !r.egress && !r.template_name[0]);
+		check(r.idle_timeout_s >= 1 && r.idle_timeout_s <= API_SESSION_MAX_IDLE_S);
+		check(r.max_lifetime_s >= 1 && r.max_lifetime_s <= API_SESSION_MAX_LIFETIME_S);
+		check(!r.metadata_json || strlen(r.metadata_json) <= API_METADATA_MAX);
+		api_session_request_free(&r);
+		return;
+	}
 	check(r.vcpus >= SPEC_MIN_VCPUS && r.vcpus <= SPEC_MAX_VCPUS);
 	check(r.memory_mib >= SPEC_MIN_MEMORY_MIB && r.memory_mib <= SPEC_MAX_MEMORY_MIB);
 	check(r.output_mib >= SPEC_MIN_OUTPUT_MIB && r.output_mib <= SPEC_MAX_OUTPUT_MIB);

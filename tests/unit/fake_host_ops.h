@@ -31,6 +31,7 @@ struct fake_rule {
 
 struct fake_call {
 	char method[8], url[64], path[160];
+	char body[1024];             /* the request body (JSON text), truncated; "" none */
 };
 
 struct fake_host {
@@ -96,9 +97,25 @@ __attribute__((unused)) static const char *fake_nth_url(const char *method, cons
 	return u;
 }
 
-/* Record the call, find its rule: the status (404 when no rule), its body
- * copied into body (cap bytes). */
-static int fake_answer(const char *method, const char *url, const char *path, char *body, size_t cap)
+/* The body of the i-th call matching method path* ("" when none). */
+__attribute__((unused)) static const char *fake_nth_body(const char *method, const char *path, int nth)
+{
+	const char *b = "";
+
+	pthread_mutex_lock(&fake.lock);
+	for (int i = 0; i < fake.ncalls; i++)
+		if (!strcmp(fake.calls[i].method, method) && !strncmp(fake.calls[i].path, path, strlen(path)) && !nth--) {
+			b = fake.calls[i].body;
+			break;
+		}
+	pthread_mutex_unlock(&fake.lock);
+	return b;
+}
+
+/* Record the call (with req, len bytes of its body), find its rule: the
+ * status (404 when no rule), its body copied into body (cap bytes). */
+static int fake_answer_req(const char *method, const char *url, const char *path, const void *req, size_t len,
+			   char *body, size_t cap)
 {
 	int st = 404;
 
@@ -110,6 +127,7 @@ static int fake_answer(const char *method, const char *url, const char *path, ch
 		snprintf(c->method, sizeof(c->method), "%s", method);
 		snprintf(c->url, sizeof(c->url), "%s", url);
 		snprintf(c->path, sizeof(c->path), "%s", path);
+		snprintf(c->body, sizeof(c->body), "%.*s", (int)(req ? len : 0), req ? (const char *)req : "");
 	}
 	for (int i = fake.nrules - 1; i >= 0; i--) {
 		struct fake_rule *r = &fake.rules[i];
@@ -128,9 +146,10 @@ static int fake_answer(const char *method, const char *url, const char *path, ch
 static int fake_call(void *ctx, const char *base, const char *token, const char *method, const char *path,
 		     json_t *body, long timeout_ms, json_t **reply, struct kiln_err *err)
 {
-	char b[512];
-	int st = fake_answer(method, base, path, b, sizeof(b));
+	char b[512], *req = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	int st = fake_answer_req(method, base, path, req, req ? strlen(req) : 0, b, sizeof(b));
 
+	free(req);
 	if (reply)
 		*reply = NULL;
 	if (st < 0) {
@@ -168,7 +187,7 @@ static int fake_raw(void *ctx, const char *base, const char *token, const char *
 		    struct hostclient_reply *r, struct kiln_err *err)
 {
 	char b[512];
-	int st = fake_answer(method, base, path, b, sizeof(b));
+	int st = fake_answer_req(method, base, path, body, len, b, sizeof(b));
 
 	memset(r, 0, sizeof(*r));
 	r->status = st;

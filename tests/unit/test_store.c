@@ -213,7 +213,7 @@ static void test_migrations(void **state)
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
 	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
-	    " DROP TABLE session_leases; UPDATE schema_version SET version = 1");
+	    " DROP TABLE session_leases; DROP TABLE snapshots; UPDATE schema_version SET version = 1");
 	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
@@ -224,6 +224,8 @@ static void test_migrations(void **state)
 	assert_int_equal(has_rel("templates"), 1);
 	assert_int_equal(has_rel("destinations"), 1);
 	assert_int_equal(has_rel("session_leases"), 1);
+	assert_int_equal(has_rel("snapshots"), 1);
+	assert_int_equal(has_rel("sessions_from_snapshot"), 1);
 	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks'"
 				    " AND column_name = 'destination'"
 				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
@@ -1327,6 +1329,221 @@ static void test_tx_cleanup(void **state)
 	store_close(s);
 }
 
+/* Snapshots: ids, create with the template use copied from the session,
+ * the named quota (count and bytes) in the insert's transaction, get and
+ * JSON scoped to the customer, the list's filters and keyset pages (newest
+ * first, forks and deleted ones left out), deletion in two steps, sessions
+ * started from one (their template use, "snapshot_id", the users count
+ * that keeps the objects). */
+static void snap_new(struct store *s, const char *cust, const char *session, const char *name, const char *kind,
+		     uint64_t bytes, char id[40])
+{
+	struct kiln_err err = { .code = "" };
+	struct store_snapshot_new n = {
+		.id = id, .customer = cust, .name = name, .session_id = session, .kind = kind, .host_id = "h1",
+		.spec_json = "{\"limits\":{\"vcpus\":1,\"memory_mib\":256}}", .vcpus = 1, .memory_mib = 256,
+		.bytes = bytes, .stop_ms = 12, .max_snapshots = 3, .max_snapshot_mib = 100,
+	};
+
+	assert_int_equal(store_snapshot_new_id(id), 0);
+	if (store_snapshot_create(s, &n, &err) != 0)
+		fail_msg("snapshot: %s", err.message);
+}
+
+static void test_snapshots(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *s = open_ok();
+	struct store_template_use tu = { .template_id = "b_x", .name = "py", .sha256 = "ab", .template_ref_json = "{\"sha256\":\"ab\"}" };
+	struct store_session_new sn = {
+		.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+		.max_lifetime_s = 60, .host_id = "h1", .template_use = &tu,
+	};
+	struct store_snapshot k;
+	struct store_session c;
+	char sess[40], sess2[40], a[40], b[40], f[40], x[40], child[40], *text, *next = NULL;
+	unsigned count;
+	uint64_t bytes;
+	json_t *j, *arr;
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	assert_int_equal(store_session_create(s, &sn, sess, &err), 0);
+	session_new(s, "acme", sess2);
+	/* Ids. */
+	assert_int_equal(store_snapshot_new_id(a), 0);
+	assert_true(store_snapshot_id_valid(a));
+	assert_int_equal(strlen(a), STORE_SNAPSHOT_ID_LEN);
+	assert_false(store_snapshot_id_valid("snap_0123"));
+	assert_false(store_snapshot_id_valid("snap_0123456789abcdef0123456G"));
+	assert_false(store_snapshot_id_valid(NULL));
+	/* Named ones count; a fork's does not and is not listed. */
+	snap_new(s, "acme", sess, "one", "named", 10u << 20, a);
+	snap_new(s, "acme", sess2, NULL, "named", 20u << 20, b);
+	snap_new(s, "acme", sess, NULL, "fork", 90u << 20, f);
+	assert_int_equal(store_snapshot_usage(s, "acme", &count, &bytes), 0);
+	assert_int_equal(count, 2);
+	assert_int_equal(bytes, 30u << 20);
+	/* The template use of its session, copied. */
+	text = store_template_use_ref(s, a);
+	assert_non_null(text);
+	assert_string_equal(text, "{\"sha256\":\"ab\"}");
+	free(text);
+	assert_null(store_template_use_ref(s, b));
+	assert_int_equal(store_template_sha_referenced(s, "ab"), 1);
+	/* The quota, in the insert's transaction: bytes, then count. */
+	{
+		struct store_snapshot_new n = {
+			.id = x, .customer = "acme", .session_id = sess, .kind = "named", .spec_json = "{}", .vcpus = 1,
+			.memory_mib = 256, .bytes = 71u << 20, .max_snapshots = 3, .max_snapshot_mib = 100,
+		};
+
+		assert_int_equal(store_snapshot_new_id(x), 0);
+		assert_int_equal(store_snapshot_create(s, &n, &err), -EDQUOT);
+		assert_string_equal(err.code, "quota_exceeded");
+		assert_non_null(strstr(err.message, "max_snapshot_mib"));
+		n.bytes = 70u << 20;
+		n.max_snapshots = 2;
+		assert_int_equal(store_snapshot_create(s, &n, &err), -EDQUOT);
+		assert_non_null(strstr(err.message, "max_snapshots"));
+		assert_int_equal(store_snapshot_get(s, x, NULL, 1, &k), -ENOENT);
+		/* A fork's is not the named quota's. */
+		n.kind = "fork";
+		assert_int_equal(store_snapshot_create(s, &n, &err), 0);
+	}
+	/* Get: the customer's only. */
+	assert_int_equal(store_snapshot_get(s, a, "acme", 0, &k), 0);
+	assert_string_equal(k.name, "one");
+	assert_string_equal(k.session_id, sess);
+	assert_string_equal(k.kind, "named");
+	assert_string_equal(k.host_id, "h1");
+	assert_int_equal(k.bytes, 10u << 20);
+	assert_int_equal(k.stop_ms, 12);
+	assert_int_equal(k.deleted_ms, 0);
+	assert_int_equal(store_snapshot_get(s, a, "beta", 0, &k), -ENOENT);
+	assert_int_equal(store_snapshot_get(s, "s_nope", NULL, 0, &k), -ENOENT);
+	assert_null(store_snapshot_json(s, a, "beta"));
+	j = store_snapshot_json(s, a, "acme");
+	assert_non_null(j);
+	assert_string_equal(json_string_value(json_object_get(j, "id")), a);
+	assert_string_equal(json_string_value(json_object_get(j, "name")), "one");
+	assert_string_equal(json_string_value(json_object_get(j, "template")), "py");
+	assert_int_equal(json_integer_value(json_object_get(j, "bytes")), 10 << 20);
+	assert_int_equal(json_integer_value(json_object_get(j, "memory_mib")), 256);
+	json_decref(j);
+	j = store_snapshot_json(s, b, NULL);
+	assert_true(json_is_null(json_object_get(j, "name")));
+	assert_string_equal(json_string_value(json_object_get(j, "template")), "default");
+	json_decref(j);
+	text = store_snapshot_spec(s, a);
+	assert_non_null(strstr(text, "memory_mib"));
+	free(text);
+	/* A fork's: never shown, deleted by kiln-api only. */
+	assert_null(store_snapshot_json(s, f, "acme"));
+	assert_int_equal(store_snapshot_get(s, f, "acme", 0, &k), 0);
+	assert_string_equal(k.kind, "fork");
+	assert_int_equal(store_snapshot_mark_deleted(s, f, "acme"), 0);
+	assert_int_equal(store_snapshot_mark_deleted(s, f, NULL), 1);
+	/* The list: newest first, pages, filters; forks left out. */
+	arr = store_snapshot_list(s, "acme", NULL, NULL, 1, NULL, &next, &err);
+	assert_int_equal(json_array_size(arr), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "id")), b);
+	assert_non_null(next);
+	json_decref(arr);
+	arr = store_snapshot_list(s, "acme", NULL, NULL, 1, next, &text, &err);
+	free(next);
+	assert_int_equal(json_array_size(arr), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "id")), a);
+	assert_null(text);
+	json_decref(arr);
+	arr = store_snapshot_list(s, "acme", "one", NULL, 10, NULL, &next, &err);
+	assert_int_equal(json_array_size(arr), 1);
+	json_decref(arr);
+	arr = store_snapshot_list(s, "acme", NULL, sess2, 10, NULL, &next, &err);
+	assert_int_equal(json_array_size(arr), 1);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "id")), b);
+	json_decref(arr);
+	arr = store_snapshot_list(s, "beta", NULL, NULL, 10, NULL, &next, &err);
+	assert_int_equal(json_array_size(arr), 0);
+	json_decref(arr);
+	assert_null(store_snapshot_list(s, "acme", NULL, NULL, 0, NULL, &next, &err));
+	assert_null(store_snapshot_list(s, "acme", NULL, NULL, 10, "x", &next, &err));
+	assert_string_equal(err.code, "invalid_request");
+	/* A session started from a: its template use and the snapshot's id. */
+	{
+		struct store_session_new cn = {
+			.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+			.max_lifetime_s = 60, .host_id = "h1", .from_snapshot = a,
+		};
+
+		assert_int_equal(store_session_create(s, &cn, child, &err), 0);
+	}
+	assert_int_equal(store_session_get(s, child, NULL, &c), 0);
+	assert_string_equal(c.from_snapshot, a);
+	text = store_template_use_ref(s, child);
+	assert_string_equal(text, "{\"sha256\":\"ab\"}");
+	free(text);
+	j = store_session_json(s, child, NULL);
+	assert_string_equal(json_string_value(json_object_get(j, "snapshot_id")), a);
+	assert_string_equal(json_string_value(json_object_get(j, "template")), "py");
+	json_decref(j);
+	assert_int_equal(store_snapshot_users(s, a), 1);
+	assert_int_equal(store_snapshot_users(s, b), 0);
+	/* Deleted: gone for the customer, out of the quota and the list; the
+	 * row stays for the clean-up. Another customer cannot. */
+	assert_int_equal(store_snapshot_mark_deleted(s, a, "beta"), 0);
+	assert_int_equal(store_snapshot_mark_deleted(s, a, "acme"), 1);
+	assert_int_equal(store_snapshot_mark_deleted(s, a, "acme"), 0);
+	assert_int_equal(store_snapshot_get(s, a, "acme", 0, &k), -ENOENT);
+	assert_int_equal(store_snapshot_get(s, a, "acme", 1, &k), 0);
+	assert_true(k.deleted_ms > 0);
+	assert_null(store_snapshot_json(s, a, "acme"));
+	/* No new session from it (nor from another customer's). */
+	{
+		struct store_session_new cn = {
+			.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+			.max_lifetime_s = 60, .host_id = "h1", .from_snapshot = a,
+		};
+		char none[40];
+
+		assert_int_equal(store_session_create(s, &cn, none, &err), -ENOENT);
+		assert_string_equal(err.code, "not_found");
+		cn.from_snapshot = b;
+		cn.customer = "beta";
+		assert_int_equal(store_session_create(s, &cn, none, &err), -ENOENT);
+	}
+	assert_int_equal(store_snapshot_usage(s, "acme", &count, &bytes), 0);
+	assert_int_equal(count, 1);
+	assert_int_equal(bytes, 20u << 20);
+	/* The session from it keeps it until destroyed (paused too). */
+	{
+		struct store_snapshot del[4];
+
+		/* (f, the fork's, deleted and used by none, is listed.) */
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
+		assert_string_equal(del[0].id, f);
+		assert_int_equal(store_session_transition(s, child, SESSION_STARTING, SESSION_PAUSED, "", NULL, NULL), 1);
+		assert_int_equal(store_snapshot_users(s, a), 1);
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 1);
+		assert_int_equal(store_session_transition(s, child, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL),
+				 1);
+		assert_int_equal(store_snapshot_users(s, a), 0);
+		assert_int_equal(store_snapshots_deleted(s, del, 4), 2);
+		assert_true(!strcmp(del[0].id, a) || !strcmp(del[1].id, a));
+	}
+	/* Removed: its row and its template use (the image is still the session's). */
+	assert_int_equal(store_snapshot_remove(s, a), 1);
+	assert_int_equal(store_snapshot_remove(s, a), 0);
+	assert_null(store_template_use_ref(s, a));
+	assert_int_equal(store_snapshot_get(s, a, NULL, 1, &k), -ENOENT);
+	/* Reopened: all there. */
+	store_close(s);
+	s = open_ok();
+	assert_int_equal(store_snapshot_get(s, b, "acme", 0, &k), 0);
+	assert_int_equal(k.egress, 0);
+	store_close(s);
+}
+
 #define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
 
 int main(void)
@@ -1350,6 +1567,7 @@ int main(void)
 		BOTH(test_session_leases),
 		BOTH(test_push_get),
 		BOTH(test_tx_cleanup),
+		BOTH(test_snapshots),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
 	};
