@@ -446,7 +446,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	/* Where a pause's time goes (logged): the bucket, the base and the
 	 * previous manifest checked; QEMU's stream through the filter (chunks
 	 * upload meanwhile); the VM torn down; the last uploads; the manifest. */
-	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0;
+	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0, t_vols = 0;
 	unsigned rnd = 0;
 	struct old_fetch of = { .c = c, .customer = s->customer, .id = s->id };
 	pthread_t down_tid;
@@ -675,6 +675,12 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
+	/* Its read-write volumes as they were when the VM stopped (QEMU
+	 * flushed them into their slots), before the manifest that makes the
+	 * pause: a resume fills the slots with exactly this. */
+	if (session_vols_save(ss, s, c, "pause", bytes, err) < 0)
+		goto out;
+	t_vols = proto_now_ms();
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, tail, ps.delta ? old->depth + 1 : 0, fst,
 			    seal.dir[0] ? &seal : NULL, err);
 	if (r == 0 && t_saved && fast)
@@ -686,9 +692,10 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		fprintf(stderr,
 			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
 			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), then %lld, "
-			"uploads and VM teardown finish %lld, manifest %lld\n",
+			"uploads and VM teardown finish %lld, volumes %lld, manifest %lld\n",
 			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
-			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
+			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(t_vols - t_up),
+			(long long)(proto_now_ms() - t_vols));
 	if (r == 0 && ps.delta)
 		fprintf(stderr,
 			"kiln-host: session %s: a delta over %zu chunks of layers (depth %d): %llu of %llu private pages "
@@ -957,6 +964,15 @@ json_t *session_checkpoint(struct session_table *ss, const char *id, const char 
 	if (s->state != SS_RUNNING) {
 		session_put(ss, s, 0);
 		kiln_err_set(err, KERR_NOT_RUNNING, "the session is not running");
+		return NULL;
+	}
+	/* A copy would be a second writer of the same volume (read-only ones
+	 * are fine: the copies fill their slots from S3 too). */
+	if (session_vols_rw(s)) {
+		session_put(ss, s, 0);
+		kiln_err_set(err, KERR_VOLUME_ATTACHED,
+			     "the session has a read-write volume mounted: it cannot be forked or snapshotted (mount it "
+			     "read-only, or destroy the session and mount the volume in new ones)");
 		return NULL;
 	}
 	if (hostd_s3_take(ss->d, &s3) < 0) {

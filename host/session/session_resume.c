@@ -674,7 +674,8 @@ fail:
 		/* A chunk that failed its check cut the stream: that is why. */
 		if (state_feed_join(&feed, &ferr) < 0 && boot_failed && ferr.errc == KERR_SNAPSHOT_CORRUPT)
 			*err = ferr;
-		else if (boot_failed && pm.version >= PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+		else if (boot_failed && !s->vol_failed && pm.version >= PMANIFEST_V2 &&
+			 err->errc != KERR_SNAPSHOT_CORRUPT)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 	}
 	/* What this resume kept in a directory it made goes with it: a
