@@ -3,7 +3,8 @@
 manifest and the objects under its prefix.
   s3_layers.py fields MANIFEST_KEY  -> "version depth tail nstate"
   s3_layers.py orphans PREFIX       -> objects under PREFIX that its
-                                       manifest.json does not name (one a line)
+                                       manifest.json does not name (one a line;
+                                       a session's, a snapshot's or a volume's)
   s3_layers.py count PREFIX         -> how many objects are under PREFIX
   s3_layers.py damage MANIFEST_KEY  -> flips a byte of its first state chunk
   s3_layers.py prefixes MANIFEST_KEY -> the distinct prefixes (up to the
@@ -43,7 +44,9 @@ if op == "fields":
     print(m["version"], m.get("depth", "-"), m.get("tail", "-"), len(m["state"]["chunks"]))
 elif op == "orphans":
     m = manifest(arg + "manifest.json")
-    named = {c["key"] for part in ("state", "disk") for c in m[part]["chunks"]}
+    # A session's or snapshot's (state, disk) or a volume's (chunks).
+    named = {c["key"] for part in ("state", "disk") if part in m for c in m[part]["chunks"]}
+    named |= {c["key"] for c in m.get("chunks", []) if isinstance(m.get("chunks"), list)}
     for k in keys(arg):
         if k != arg + "manifest.json" and k not in named:
             print(k)
