@@ -8,10 +8,11 @@
 # is read in the next, on the other host; a read-only mount cannot write
 # (EROFS) and is never uploaded; the file survives pause and resume on the
 # other host; a session with a read-write volume cannot be checkpointed
-# (409 volume_attached); a sync before a SIGKILL is kept; DELETE
+# (409 volume_attached), one with a read-only volume can, and its copy on
+# the other host has it mounted; a sync before a SIGKILL is kept; DELETE
 # /v1/volumes removes every object; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 18
+t_plan 19
 require_image
 t_require_tools swift-proxy-server memcached python3 jq curl
 t_require_python boto3
@@ -94,6 +95,13 @@ out=$(sh_in "$PB" s3 'cat /ro/g; touch /ro/x 2>&1; echo rc=$?')
 check "a read-only mount reads it and cannot write (${out//$'\n'/ })" \
 	test "$st" = 201 -a "$(echo "$out" | head -1)" = unsynced-but-paused \
 	-a -n "$(echo "$out" | grep 'Read-only file system')" -a "$(echo "$out" | tail -1)" != rc=0
+st=$(h "$PB" POST "/v1/sessions/s3/checkpoint" -H 'Content-Type: application/json' --data-binary '{"customer":"acme","snapshot":"k1"}')
+st2=$(j "$PA" POST /v1/sessions/c1/resume --data-binary '{"customer":"acme","snapshot":"k1"}')
+out=$(sh_in "$PA" c1 'cat /ro/f; grep -c " /ro ext4 ro" /proc/mounts')
+check "a session with a read-only volume is checkpointed ($st), and its copy on A has it mounted, filled from S3 ($st2: ${out//$'\n'/ })" \
+	test "$st" = 200 -a "$st2" = 200 -a "$out" = $'hello-from-s1\nbefore-pause\n1'
+h "$PA" DELETE "/v1/sessions/c1?customer=acme" > /dev/null
+h "$PA" DELETE "/v1/snapshots/k1?customer=acme" > /dev/null
 sh_in "$PB" s3 'mount -o remount,rw /ro 2>/dev/null; echo x > /ro/x 2>/dev/null; sync' > /dev/null
 h "$PB" DELETE "/v1/sessions/s3?customer=acme" > /dev/null
 vol > /dev/null
@@ -124,5 +132,6 @@ for p in "$pid_a" "$pid_b"; do wait "$p" 2> /dev/null; done
 check "nothing left: no QEMU, VM directories, session files or cgroups; S3 holds no session's objects" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
-	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0
+	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0 \
+	-a "$(s3l count acme/snapshots/)" = 0
 t_done
