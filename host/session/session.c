@@ -638,6 +638,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 		return -1;
 	}
 	*out = session_json(ss, s);
+	s->vols_live = 1;
 	/* Its snapshot is ready for sessions: its base goes to S3 now, off
 	 * this request (nothing when that was done already). */
 	session_base_prep_want(ss, snap);

@@ -92,6 +92,11 @@ struct session {
 	 * upload. Otherwise a teardown (a VM that broke, a failed resume)
 	 * uploads them, best effort. */
 	int vols_filled, vols_done;
+	int vols_live;           /* created or resumed: its guest has used them */
+	/* A resume's: the generation of each volume its manifest names (the
+	 * one the paused guest saw; {"id":"gen"}, NULL: none). A read-write
+	 * volume that has moved on since is not mounted under that guest. */
+	json_t *vol_expect;
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
 	int refs;                /* under ss->lock */

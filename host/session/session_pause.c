@@ -220,6 +220,15 @@ static json_t *manifest_json(struct session_table *ss, struct session *s, const 
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
 		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),
 		      "pages", "seen", (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+	/* The generation of each volume the saved guest has mounted: a resume
+	 * refuses a read-write one that has moved on since. */
+	if (m && s->nvols) {
+		json_t *g = json_object();
+
+		for (size_t i = 0; g && i < s->nvols; i++)
+			json_object_set_new(g, s->vols[i].id, json_string(s->vol_gen[i]));
+		json_object_set_new(m, "volume_generations", g);
+	}
 	if (m && tail) {
 		json_object_set_new(m, "tail", json_integer((json_int_t)tail));
 		json_object_set_new(m, "depth", json_integer(depth));

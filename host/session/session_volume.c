@@ -218,6 +218,16 @@ static int named(const struct pchunk_list *l, const char *key)
 	return 0;
 }
 
+static int same_chunks(const struct pchunk_list *a, const struct pchunk_list *b)
+{
+	if (a->n != b->n)
+		return 0;
+	for (size_t i = 0; i < a->n; i++)
+		if (a->c[i].offset != b->c[i].offset || strcmp(a->c[i].key, b->c[i].key))
+			return 0;
+	return 1;
+}
+
 int vol_upload(const struct s3_config *c, const char *customer, const char *id, unsigned size_mib,
 	       const char *path, const char *host_id, const char *expect_gen, char generation[48], uint64_t *bytes,
 	       struct kiln_err *err)
@@ -295,6 +305,14 @@ int vol_upload(const struct s3_config *c, const char *customer, const char *id, 
 	r = -1;
 	for (size_t i = 0; i < l.n && i < n; i++)
 		l.c[i].offset = offs[i];
+	/* Nothing changed (every chunk known, at the same place): the current
+	 * version stays, generation and all, so that a manifest naming it
+	 * (a paused session's) still matches. */
+	if (have && same_chunks(&l, &old.chunks)) {
+		snprintf(generation, 48, "%s", old.generation);
+		r = 0;
+		goto out;
+	}
 	m = vmanifest_json(customer, id, size_mib, generation, host_id, &l);
 	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
 	json_decref(m);
@@ -385,6 +403,29 @@ int session_vols_rw(const struct session *s)
 	return 0;
 }
 
+/* A resumed guest has volume i mounted as it was at the pause (its page
+ * cache, its ext4's in-memory state): the slot must hold that version. A
+ * read-write volume another session wrote since is refused (the guest
+ * would write over it from stale metadata); a read-only one is mounted as
+ * it is now, logged (kiln-api keeps writers away from paused readers). */
+static int vol_expected(const struct session *s, unsigned i, struct kiln_err *err)
+{
+	const char *want = json_string_value(json_object_get(s->vol_expect, s->vols[i].id));
+
+	if (!want || !strcmp(want, s->vol_gen[i]))
+		return 0;
+	if (s->vols[i].read_only) {
+		fprintf(stderr,
+			"kiln-host: session %s: read-only volume %s changed since the guest mounted it (%s, now %s)\n",
+			s->id, s->vols[i].id, want[0] ? want : "new", s->vol_gen[i][0] ? s->vol_gen[i] : "none");
+		return 0;
+	}
+	return kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+			    "volume %s was written by another session since this one paused (version %s, now %s): it "
+			    "cannot be mounted under this session's memory again", s->vols[i].id, want[0] ? want : "new",
+			    s->vol_gen[i][0] ? s->vol_gen[i] : "none");
+}
+
 int session_vols_fill(struct session_table *ss, struct session *s, struct kiln_err *err)
 {
 	struct hostd_s3 s3;
@@ -406,6 +447,8 @@ int session_vols_fill(struct session_table *ss, struct session *s, struct kiln_e
 
 		slot_paths(s, i, img, sizeof(img), NULL, 0);
 		r = vol_fill(&s3.c, s->customer, &s->vols[i], img, uid, gid, s->vol_gen[i], &s->vol_fresh[i], &bytes, err);
+		if (r == 0)
+			r = vol_expected(s, i, err);
 		if (r == 0)
 			r = slot_meta_write(s, i, err);
 		if (r == 0 && i + 1 == s->nvols)
@@ -552,7 +595,9 @@ void session_vols_teardown(struct session_table *ss, struct session *s)
 	struct hostd_s3 s3;
 	struct kiln_err e = { .code = "" };
 
-	if (!s->vols_filled || s->vols_done || !session_vols_rw(s))
+	/* A create or resume that failed leaves the volume as it was in S3
+	 * (its generation is what the session's manifest names). */
+	if (!s->vols_filled || !s->vols_live || s->vols_done || !session_vols_rw(s))
 		return;
 	s->vols_done = 1;
 	if (hostd_s3_take(ss->d, &s3) < 0)

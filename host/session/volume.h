@@ -97,7 +97,9 @@ int vol_fill(const struct s3_config *c, const char *customer, const struct vol_m
  * current manifest's chunks the new one does not name go. With
  * expect_gen (NULL: any), the volume's current generation must be that
  * one ("" : none yet), else nothing is written (err busy: another writer
- * moved it on). *generation: the new one; *bytes: compressed bytes sent.
+ * moved it on). When every window is a chunk the current manifest names
+ * at the same offset, nothing is written and the current generation stays.
+ * *generation: the new one (or that one); *bytes: compressed bytes sent.
  * 0, or -1 with err. */
 int vol_upload(const struct s3_config *c, const char *customer, const char *id, unsigned size_mib,
 	       const char *path, const char *host_id, const char *expect_gen, char generation[48], uint64_t *bytes,

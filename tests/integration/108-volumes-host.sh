@@ -85,15 +85,16 @@ out=$(sh_in "$PA" s2 'cat /mnt/work/f /mnt/work/g')
 check "... and resumes on A with the volume as it was, the unsynced file too (${out//$'\n'/ })" \
 	test "$st" = 200 -a "$out" = $'hello-from-s1\nbefore-pause\nunsynced-but-paused'
 vol > /dev/null; gen2=$(last .generation)
+sh_in "$PA" s2 'echo written-after-resume-not-synced > /mnt/work/h' > /dev/null
 st=$(h "$PA" DELETE "/v1/sessions/s2?customer=acme")
 vol > /dev/null; gen3=$(last .generation)
-check "destroying it keeps v1 in S3 again (generations $gen1, $gen2, $gen3)" \
+check "destroying it (a sync in the guest first) keeps v1 in S3 again (generations $gen1, $gen2, $gen3)" \
 	test "$st" = 200 -a "$gen2" != "$gen1" -a "$gen3" != "$gen2"
 
 st=$(create "$PB" s3 '[{"id":"v1","path":"/ro","read_only":true,"size_mib":64}]')
-out=$(sh_in "$PB" s3 'cat /ro/g; touch /ro/x 2>&1; echo rc=$?')
+out=$(sh_in "$PB" s3 'cat /ro/g /ro/h; touch /ro/x 2>&1; echo rc=$?')
 check "a read-only mount reads it and cannot write (${out//$'\n'/ })" \
-	test "$st" = 201 -a "$(echo "$out" | head -1)" = unsynced-but-paused \
+	test "$st" = 201 -a "$(echo "$out" | head -2)" = $'unsynced-but-paused\nwritten-after-resume-not-synced' \
 	-a -n "$(echo "$out" | grep 'Read-only file system')" -a "$(echo "$out" | tail -1)" != rc=0
 st=$(h "$PB" POST "/v1/sessions/s3/checkpoint" -H 'Content-Type: application/json' --data-binary '{"customer":"acme","snapshot":"k1"}')
 st2=$(j "$PA" POST /v1/sessions/c1/resume --data-binary '{"customer":"acme","snapshot":"k1"}')
