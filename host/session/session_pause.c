@@ -418,6 +418,27 @@ static void *vm_down_thread(void *arg)
 	return NULL;
 }
 
+/* A pause's volume uploads (session_vols_save), on a thread beside the
+ * session's own chunks; nothing else touches the session's volume fields
+ * meanwhile (the pause holds s->op and the VM is saved). */
+struct vols_job {
+	struct session_table *ss;
+	struct session *s;
+	const struct s3_config *c;
+	uint64_t bytes;
+	int rc, started, ran;
+	struct kiln_err err;
+	pthread_t th;
+};
+
+static void *vols_thread(void *arg)
+{
+	struct vols_job *j = arg;
+
+	j->rc = session_vols_save(j->ss, j->s, j->c, "pause", &j->bytes, &j->err);
+	return NULL;
+}
+
 /* sessions.save_pages 2: the stream just composed checked page by page
  * against QEMU's own save of the same stopped VM (vmmem_verify). A
  * mismatch, or a check that cannot run, fails the pause (ps->rc): the VM,
@@ -465,6 +486,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	struct pcache_seal seal = { .dir = "" };
 	size_t tail = 0;
 	int chain;
+	struct vols_job vj = { .started = 0 };
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -662,6 +684,15 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		if (r == -1)
 			goto out; /* a retry without the local copy of the stream */
 	}
+	/* The read-write volumes go up meanwhile, on a thread of their own
+	 * (the VM is saved: its slots no longer change). */
+	if (session_vols_rw(s)) {
+		vj = (struct vols_job){ .ss = ss, .s = s, .c = c, .err = { .code = "" } };
+		vj.started = pthread_create(&vj.th, NULL, vols_thread, &vj) == 0;
+		if (!vj.started)
+			vols_thread(&vj);
+		vj.ran = 1;
+	}
 	/* -2: an upload failed; pchunk_up_finish says which. */
 	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
 		goto out;
@@ -685,11 +716,18 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		goto out;
 	}
 	/* Its read-write volumes as they were when the VM stopped (QEMU
-	 * flushed them into their slots), before the manifest that makes the
-	 * pause: a resume fills the slots with exactly this. */
-	if (session_vols_save(ss, s, c, "pause", bytes, err) < 0)
-		goto out;
+	 * flushed them into their slots), in before the manifest that makes
+	 * the pause: a resume fills the slots with exactly this. */
+	if (vj.started) {
+		pthread_join(vj.th, NULL);
+		vj.started = 0;
+	}
 	t_vols = proto_now_ms();
+	if (vj.ran && vj.rc < 0) {
+		*err = vj.err;
+		goto out;
+	}
+	*bytes += vj.bytes;
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, tail, ps.delta ? old->depth + 1 : 0, fst,
 			    seal.dir[0] ? &seal : NULL, err);
 	if (r == 0 && t_saved && fast)
@@ -701,7 +739,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		fprintf(stderr,
 			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
 			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), then %lld, "
-			"uploads and VM teardown finish %lld, volumes %lld, manifest %lld\n",
+			"uploads and VM teardown finish %lld, volumes (uploading meanwhile) %lld more, manifest %lld\n",
 			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
 			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(t_vols - t_up),
 			(long long)(proto_now_ms() - t_vols));
@@ -731,6 +769,8 @@ keep_running:
 	else
 		fail_vm = 1;
 out:
+	if (vj.started)
+		pthread_join(vj.th, NULL);
 	if (started) {
 		if (pfd[1] >= 0)
 			close(pfd[1]);
