@@ -157,7 +157,7 @@ static int vol_mkfs(const char *path, unsigned size_mib, unsigned uid, unsigned 
 	return 0;
 }
 
-int vol_fill(const struct s3_config *c, const char *customer, const struct vol_mount *v, const char *path,
+int vol_fill(const struct s3_config *c, const char *customer, struct vol_mount *v, const char *path,
 	     unsigned uid, unsigned gid, char generation[48], int *fresh, uint64_t *bytes, struct kiln_err *err)
 {
 	struct vmanifest m;
@@ -187,9 +187,12 @@ int vol_fill(const struct s3_config *c, const char *customer, const struct vol_m
 		r = 0;
 		goto out;
 	}
-	if (m.size_mib != v->size_mib)
+	if (m.size_mib != v->size_mib) {
+		/* Its ext4 is that size: what is uploaded later too. */
 		fprintf(stderr, "kiln-host: volume %s: %u MiB in S3 (the spec says %u): its own size is kept\n", v->id,
 			m.size_mib, v->size_mib);
+		v->size_mib = m.size_mib;
+	}
 	f.l = &m.chunks;
 	if (pchunk_stream_all(c, &m.chunks, fill_write, &f, PAUSE_WORKERS, NULL, NULL, err) < 0) {
 		if (err->errc == KERR_SNAPSHOT_CORRUPT)

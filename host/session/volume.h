@@ -85,9 +85,11 @@ int vol_get_manifest(const struct s3_config *c, const char *customer, const char
  * from S3 (only the stored extents are written: the rest stays holes), or,
  * when it has no manifest, a new ext4 of v->size_mib whose root directory
  * uid:gid own. *generation: the manifest's generation ("" for a new
- * volume), *fresh: 1 for a new one, *bytes: the bytes fetched. 0, or -1
+ * volume), *fresh: 1 for a new one, *bytes: the bytes fetched; an
+ * existing volume's own size replaces v->size_mib (the spec's is only for
+ * a new one; uploads then cover the whole of it). 0, or -1
  * with err (snapshot_corrupt naming the volume, s3_*, host_error). */
-int vol_fill(const struct s3_config *c, const char *customer, const struct vol_mount *v, const char *path,
+int vol_fill(const struct s3_config *c, const char *customer, struct vol_mount *v, const char *path,
 	     unsigned uid, unsigned gid, char generation[48], int *fresh, uint64_t *bytes, struct kiln_err *err);
 
 /* Keep the slot file at path in S3 as customer's volume id's new version:

@@ -9,10 +9,11 @@
 # (EROFS) and is never uploaded; the file survives pause and resume on the
 # other host; a session with a read-write volume cannot be checkpointed
 # (409 volume_attached), one with a read-only volume can, and its copy on
-# the other host has it mounted; a sync before a SIGKILL is kept; DELETE
+# the other host has it mounted; a sync before a SIGKILL is kept; a damaged
+# chunk is a clear error and starts nothing; DELETE
 # /v1/volumes removes every object; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 19
+t_plan 20
 require_image
 t_require_tools swift-proxy-server memcached python3 jq curl
 t_require_python boto3
@@ -123,6 +124,12 @@ st=$(create "$PB" s5 "$RW")
 check "the next session reads the file synced before the crash ($st)" \
 	test "$st" = 201 -a "$(sh_in "$PB" s5 'cat /data/crash')" = synced-before-crash
 h "$PB" DELETE "/v1/sessions/s5?customer=acme" > /dev/null
+
+s3l damage acme/volumes/v1/manifest.json
+st=$(create "$PA" s6 "$RW")
+check "a damaged volume chunk: HTTP $st $(last .error.code) ($(last .error.message | head -c 120)), and nothing of the session is left" \
+	test "$st" = 422 -a "$(last .error.code)" = snapshot_corrupt -a -n "$(last .error.message | grep 'volume v1')" \
+	-a "$(h "$PA" GET /v1/sessions/s6)" = 404
 
 n0=$(s3l count acme/volumes/v1/)
 st=$(h "$PA" DELETE "/v1/volumes/v1?customer=acme")

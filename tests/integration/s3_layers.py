@@ -7,6 +7,7 @@ manifest and the objects under its prefix.
                                        a session's, a snapshot's or a volume's)
   s3_layers.py count PREFIX         -> how many objects are under PREFIX
   s3_layers.py damage MANIFEST_KEY  -> flips a byte of its first state chunk
+                                       (a volume's: its first chunk)
   s3_layers.py prefixes MANIFEST_KEY -> the distinct prefixes (up to the
                                        id) its chunks are under
 Environment: S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, BUCKET."""
@@ -53,7 +54,8 @@ elif op == "orphans":
 elif op == "count":
     print(len(keys(arg)))
 elif op == "damage":
-    k = manifest(arg)["state"]["chunks"][0]["key"]
+    m = manifest(arg)
+    k = (m["state"]["chunks"] if "state" in m else m["chunks"])[0]["key"]
     b = bytearray(s3.get_object(Bucket=B, Key=k)["Body"].read())
     b[len(b) // 2] ^= 0xFF
     s3.put_object(Bucket=B, Key=k, Body=bytes(b))
