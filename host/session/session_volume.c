@@ -336,9 +336,7 @@ out:
 		struct kiln_err e2;
 		uint64_t b2 = 0;
 
-		pchunk_up_finish(up, &st, &l, &b2, &e2);
-		memset(&l, 0, sizeof(l));
-		memset(&st, 0, sizeof(st));
+		pchunk_up_finish(up, &st, &l, &b2, &e2); /* its lists, if any, are freed below */
 	}
 	if (fd >= 0)
 		close(fd);
