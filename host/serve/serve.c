@@ -411,6 +411,8 @@ static const struct httpd_route host_routes[] = {
 	{ "POST", "/v1/sessions/{id}/resume", serve_session_resume_post },
 	{ "POST", "/v1/sessions/{id}/checkpoint", serve_session_checkpoint_post },
 	{ "DELETE", "/v1/snapshots/{id}", serve_snapshot_del },
+	{ "GET", "/v1/volumes/{id}", serve_volume_get },
+	{ "DELETE", "/v1/volumes/{id}", serve_volume_del },
 	{ "POST", "/v1/sessions/{id}/outputs", serve_session_outputs_post },
 	{ "GET", "/v1/sessions/{id}/metrics", serve_session_metrics_get },
 	{ "GET", "/v1/sessions/{id}/envd/health", serve_envd_health_get },

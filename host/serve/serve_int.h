@@ -56,6 +56,8 @@ enum MHD_Result serve_session_network_put(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_checkpoint_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_snapshot_del(void *ctx, struct httpd_req *r);
+enum MHD_Result serve_volume_get(void *ctx, struct httpd_req *r);
+enum MHD_Result serve_volume_del(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_session_outputs_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_envd_rpc_post(void *ctx, struct httpd_req *r);
 enum MHD_Result serve_envd_files_get(void *ctx, struct httpd_req *r);

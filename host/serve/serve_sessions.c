@@ -589,6 +589,38 @@ enum MHD_Result serve_snapshot_del(void *ctx, struct httpd_req *r)
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:i}", "id", r->param[0], "deleted", n));
 }
 
+/* GET /v1/volumes/{id}?customer=C: the volume's manifest in S3, summed up
+ * (404 not_found: it has none). */
+enum MHD_Result serve_volume_get(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *customer = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer");
+	json_t *out;
+
+	if (!customer)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected ?customer=");
+	out = sessions_volume_get(s->sessions, customer, r->param[0], &err);
+	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
+}
+
+/* DELETE /v1/volumes/{id}?customer=C: every object of the volume in S3
+ * (kiln-api asks when the customer deletes it, none mounting it). */
+enum MHD_Result serve_volume_del(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	struct kiln_err err = { .code = "" };
+	const char *customer = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "customer");
+	int n;
+
+	if (!customer)
+		return reply_error(r->conn, KERR_INVALID_REQUEST, "customer: expected ?customer=");
+	n = sessions_volume_delete(s->sessions, customer, r->param[0], &err);
+	if (n < 0)
+		return reply_err(r->conn, &err);
+	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:s, s:i}", "id", r->param[0], "deleted", n));
+}
+
 /* POST /v1/sessions/{id}/outputs */
 enum MHD_Result serve_session_outputs_post(void *ctx, struct httpd_req *r)
 {

@@ -96,7 +96,10 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 		return NULL;
 	}
 	/* Sessions of an earlier process died with it (their VMs were its
-	 * children); paused ones are in S3, not here. */
+	 * children); paused ones are in S3, not here. What their guests wrote
+	 * to read-write volumes (and synced: it is in the slot files) goes to
+	 * S3 first. */
+	sessions_vols_recover(ss);
 	fs_rmtree(ss->root);
 	if (fs_mkdir_p(ss->root, 0700) < 0) {
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", ss->root, strerror(errno));
@@ -111,6 +114,7 @@ void session_teardown(struct session_table *ss, struct session *s)
 	/* E2B's words for it (its SDK tells the user the same thing). */
 	session_envd_close(ss, s, "the sandbox was killed or reached its end of life");
 	vm_destroy(&s->vm);
+	session_vols_teardown(ss, s); /* before its directory goes */
 	if (s->has_tu) {
 		template_release(hostd_templates(ss->d), &s->tu);
 		s->has_tu = 0;
@@ -142,6 +146,9 @@ void sessions_close(struct session_table *ss)
 		ss->list = s->next;
 		pthread_mutex_unlock(&ss->lock);
 		pthread_mutex_lock(&s->op);
+		/* Shutting down: its read-write volumes are kept as at a destroy. */
+		if (session_vols_keep(ss, s, &(struct kiln_err){ .code = "" }) < 0)
+			fprintf(stderr, "kiln-host: session %s: its volumes could not be kept in S3 at shutdown\n", s->id);
 		session_teardown(ss, s);
 		pthread_mutex_unlock(&s->op);
 		session_free(s);
@@ -165,6 +172,8 @@ json_t *session_json(const struct session_table *ss, const struct session *s)
 
 	if (j && s->has_tu)
 		json_object_set_new(j, "template", json_string(s->tu.name));
+	if (j && json_is_array(json_object_get(s->spec, "volumes")))
+		json_object_set(j, "volumes", json_object_get(s->spec, "volumes"));
 	/* Its vCPUs are stopped while it is idle (session_idle.c). */
 	if (j && s->state == SS_RUNNING)
 		json_object_set_new(j, "idle_stopped", json_boolean(s->stopped));
@@ -284,14 +293,23 @@ int session_parse_spec(json_t *spec, struct task_spec *out, struct kiln_err *err
 	if (!json_is_object(spec))
 		return kiln_err_set(err, KERR_INVALID_REQUEST, "spec: expected an object");
 	json_object_foreach(spec, k, v)
-		if (strcmp(k, "limits") && strcmp(k, "network") && strcmp(k, "env"))
+		if (strcmp(k, "limits") && strcmp(k, "network") && strcmp(k, "env") && strcmp(k, "volumes"))
 			return kiln_err_set(err, KERR_INVALID_SPEC,
-					    "%s: a session spec has only \"limits\", \"network\" and \"env\"", k);
+					    "%s: a session spec has only \"limits\", \"network\", \"env\" and \"volumes\"",
+					    k);
+	{
+		struct vol_mount vols[VOL_SLOTS];
+		size_t nvols;
+
+		if (vol_spec_parse(json_object_get(spec, "volumes"), vols, &nvols, err) < 0)
+			return -1;
+	}
 	/* env: the default of every envd process; a task's rules, and fewer. */
 	if (json_object_size(json_object_get(spec, "env")) > SESSION_MAX_ENV)
 		return kiln_err_set(err, KERR_INVALID_SPEC, "env: must have at most %d entries (got %zu)", SESSION_MAX_ENV,
 				    json_object_size(json_object_get(spec, "env")));
 	j = json_deep_copy(spec);
+	json_object_del(j, "volumes"); /* not a task's */
 	json_object_set_new(j, "argv", json_pack("[s]", "true"));
 	text = json_dumps(j, JSON_COMPACT);
 	json_decref(j);
@@ -438,6 +456,9 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 	cfg.disk_backing2 = s->snap->backing;
 	cfg.incoming = 1;
 	cfg.cancel_fd = -1;
+	cfg.vol_dir = s->dir; /* its volume slots: <dir>/vol<N>.img */
+	if (session_vols_parse(s, err) < 0)
+		return -1;
 	if (mem_ram) {
 		cfg.mem_ram = 1;
 		cfg.mem_fd = 0;
@@ -465,6 +486,18 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 				fs_rmtree(pdir); /* the VM goes with the session's teardown */
 				return -1;
 			}
+			/* Its volume slots too (the inodes it holds open). */
+			for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
+				char from[PATH_MAX + 32], to[PATH_MAX + 32];
+
+				vm_vol_path(from, sizeof(from), pdir, &s->vm, i);
+				vm_vol_path(to, sizeof(to), s->dir, &s->vm, i);
+				if (rename(from, to) < 0) {
+					kiln_err_set(err, KERR_HOST_ERROR, "cannot move %s: %s", from, strerror(errno));
+					fs_rmtree(pdir);
+					return -1;
+				}
+			}
 			fs_rmtree(pdir);
 		} else if (!have_disk && make_overlay(s->disk, s->snap->disk, err) < 0) {
 			return -1;
@@ -477,6 +510,12 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 	s->boot_ms[0] = proto_now_ms() - s->boot_ms[0];
 	if (s->booted)
 		s->booted(s->booted_ctx, s);
+	/* The volumes in their slots before the guest runs (it sees them as
+	 * it left them: a resumed guest has them mounted already). */
+	if (session_vols_fill(ss, s, err) < 0) {
+		s->vol_failed = 1;
+		return -1;
+	}
 	s->boot_ms[1] = proto_now_ms();
 	if (snapshot_load_fd(&s->vm, state_fd, SESSION_LOAD_MS, err) < 0) {
 		if (mem_ram)
@@ -587,7 +626,8 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 		kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", s->dir, strerror(errno));
 	else if ((fd = open(snap->state, O_RDONLY | O_CLOEXEC)) < 0)
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "%s: %s", snap->state, strerror(errno));
-	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0 && session_env_file(s, err) == 0)
+	else if (fd >= 0 && session_boot(ss, s, &ts, fd, 0, err) == 0 && session_env_file(s, err) == 0 &&
+		 session_vols_mount(ss, s, err) == 0)
 		r = 0;
 	if (fd >= 0)
 		close(fd);
@@ -598,6 +638,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 		return -1;
 	}
 	*out = session_json(ss, s);
+	s->vols_live = 1;
 	/* Its snapshot is ready for sessions: its base goes to S3 now, off
 	 * this request (nothing when that was done already). */
 	session_base_prep_want(ss, snap);
@@ -666,17 +707,37 @@ out:
 	return out;
 }
 
+/* Whether session id (if here) has a read-write volume. */
+static int has_rw_volume(struct session_table *ss, const char *id)
+{
+	int rw = 0;
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next)
+		if (!strcmp(s->id, id))
+			rw = session_vols_rw(s);
+	pthread_mutex_unlock(&ss->lock);
+	return rw;
+}
+
 int session_delete(struct session_table *ss, const char *id, const char *customer, int keep_snapshot,
 		   struct kiln_err *err)
 {
-	/* A stopped VM is destroyed as it is: no need to continue it. */
-	struct session *s = take(ss, id, 0, err);
+	/* A stopped VM is destroyed as it is: no need to continue it, unless
+	 * it has a read-write volume (its guest syncs it first). */
+	struct session *s = take(ss, id, has_rw_volume(ss, id), err);
 	struct hostd_s3 s3;
 	char cust[65] = "";
 	int found = s != NULL;
 
 	if (!s && err->errc != KERR_NOT_FOUND)
 		return -1; /* busy */
+	if (s && keep_snapshot)
+		s->vols_done = 1; /* a stale copy: its volumes are not the truth */
+	else if (s && session_vols_keep(ss, s, err) < 0) {
+		session_put(ss, s, 0);
+		return -1;
+	}
 	if (s) {
 		snprintf(cust, sizeof(cust), "%s", s->customer);
 		session_teardown(ss, s);

@@ -173,6 +173,17 @@ json_t *session_checkpoint(struct session_table *ss, const char *id, const char 
 int sessions_snapshot_delete(struct session_table *ss, const char *customer, const char *snapshot_id,
 			     struct kiln_err *err);
 
+/* A volume of customer's in S3 ("<customer>/volumes/<id>/", docs/
+ * architecture.md "Volumes"): {"id","exists":true,"bytes" (data stored,
+ * uncompressed),"stored_bytes","size_mib","generation","chunks"} from its
+ * manifest, or NULL with err (not_found: no manifest; invalid_request,
+ * no_s3, s3_*, snapshot_corrupt). */
+json_t *sessions_volume_get(struct session_table *ss, const char *customer, const char *id, struct kiln_err *err);
+/* Delete every object of customer's volume id in S3 (its manifest first):
+ * the number deleted (0: nothing was there), or -1 with err. kiln-api asks
+ * once no session mounts it. */
+int sessions_volume_delete(struct session_table *ss, const char *customer, const char *id, struct kiln_err *err);
+
 /* Upload /output to CUSTOMER/sessions/ID/outputs/: {"outputs":[...],
  * "truncated":bool}. A file whose name makes no valid key, or is not UTF-8,
  * is listed with "skipped" (the reason) and "s3_key" null. */

@@ -26,6 +26,7 @@
 #include "session.h"
 #include "template/template.h"
 #include "vm/vm.h"
+#include "volume.h"
 
 enum session_state { SS_RUNNING, SS_PAUSING, SS_GONE };
 
@@ -77,6 +78,25 @@ struct session {
 	 * and may name that snapshot's chunks (never deleted by its pauses). */
 	char from_snapshot[65];
 	char dir[PATH_MAX], disk[PATH_MAX + 16], state_path[PATH_MAX + 16];
+	/* Its volumes (the spec's "volumes", session_volume.c): slot i holds
+	 * vols[i], filled from the volume's generation vol_gen[i] ("": new),
+	 * which its next upload expects to replace. */
+	struct vol_mount vols[VOL_SLOTS];
+	size_t nvols;
+	char vol_gen[VOL_SLOTS][48];
+	int vol_fresh[VOL_SLOTS];
+	int vol_failed;          /* session_boot failed on a volume (not the state) */
+	/* Every slot was filled (session_vols_fill); the read-write ones are
+	 * in S3 as this session last saw them (a pause's, a destroy's upload,
+	 * or a stale copy that must not write): the teardown has nothing to
+	 * upload. Otherwise a teardown (a VM that broke, a failed resume)
+	 * uploads them, best effort. */
+	int vols_filled, vols_done;
+	int vols_live;           /* created or resumed: its guest has used them */
+	/* A resume's: the generation of each volume its manifest names (the
+	 * one the paused guest saw; {"id":"gen"}, NULL: none). A read-write
+	 * volume that has moved on since is not mounted under that guest. */
+	json_t *vol_expect;
 	int64_t created_ms, last_active_ms;
 	pthread_mutex_t op;      /* one operation at a time */
 	int refs;                /* under ss->lock */
@@ -306,6 +326,42 @@ int session_pause_manifest_host(const struct s3_config *c, const char *customer,
  * of the same name would only miss, its key being another). */
 void session_snapshot_cache_id(char *out, size_t cap, const char *snapshot_id);
 void session_pause_delete_s3(const struct s3_config *c, const char *dir, const char *customer, const char *id);
+
+/* Delete everything under prefix, the manifest mkey first (what: for the
+ * log). The number of objects deleted (session_s3.c). */
+int session_s3_delete_prefix(const struct s3_config *c, const char *prefix, const char *mkey, const char *what);
+
+/* Volumes (session_volume.c) --------------------------------------------- */
+
+/* s->vols from s->spec's "volumes". 0, or -1 with err (invalid_spec). */
+int session_vols_parse(struct session *s, struct kiln_err *err);
+/* 1 when the session has a read-write volume. */
+int session_vols_rw(const struct session *s);
+/* Fill the session's slots (<dir>/vol<N>.img, the files its QEMU holds
+ * open) from S3, or make new volumes, before the guest runs; each slot's
+ * record (vol<N>.json) after it. 0, or -1 with err. */
+int session_vols_fill(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* Mount each volume in the guest (as its root; a new session's). */
+int session_vols_mount(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* `sync` as the guest's root (before a destroy's upload). */
+int session_vols_sync_guest(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* Upload each read-write volume's slot as the volume's new version (the
+ * VM stopped or gone: QEMU flushed it); why: for the log; *bytes (may be
+ * NULL) += bytes sent. 0, or -1 with err naming the volume. */
+int session_vols_save(struct session_table *ss, struct session *s, const struct s3_config *c, const char *why,
+		      uint64_t *bytes, struct kiln_err *err);
+/* A destroy's first step (s->op held): with read-write volumes, `sync` in
+ * the guest (if it runs), stop the VM, upload them. 0 (also: nothing to
+ * do), or -1 with err (s3_unavailable, busy...): the VM goes on and the
+ * session must stay. */
+int session_vols_keep(struct session_table *ss, struct session *s, struct kiln_err *err);
+/* session_teardown's: the VM is gone; unless the volumes were kept
+ * already (vols_done), upload the read-write ones as the slots hold them
+ * (best effort, logged). */
+void session_vols_teardown(struct session_table *ss, struct session *s);
+/* sessions_open, before it removes what an earlier kiln-host left: every
+ * read-write volume slot with a record goes to S3. */
+void sessions_vols_recover(struct session_table *ss);
 
 /* The base ahead of the first pause (session_base_prep.c) ---------------- */
 

@@ -220,6 +220,15 @@ static json_t *manifest_json(struct session_table *ss, struct session *s, const 
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
 		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),
 		      "pages", "seen", (json_int_t)fst->pages, "kept", (json_int_t)fst->pages_kept);
+	/* The generation of each volume the saved guest has mounted: a resume
+	 * refuses a read-write one that has moved on since. */
+	if (m && s->nvols) {
+		json_t *g = json_object();
+
+		for (size_t i = 0; g && i < s->nvols; i++)
+			json_object_set_new(g, s->vols[i].id, json_string(s->vol_gen[i]));
+		json_object_set_new(m, "volume_generations", g);
+	}
 	if (m && tail) {
 		json_object_set_new(m, "tail", json_integer((json_int_t)tail));
 		json_object_set_new(m, "depth", json_integer(depth));
@@ -409,6 +418,27 @@ static void *vm_down_thread(void *arg)
 	return NULL;
 }
 
+/* A pause's volume uploads (session_vols_save), on a thread beside the
+ * session's own chunks; nothing else touches the session's volume fields
+ * meanwhile (the pause holds s->op and the VM is saved). */
+struct vols_job {
+	struct session_table *ss;
+	struct session *s;
+	const struct s3_config *c;
+	uint64_t bytes;
+	int rc, started, ran;
+	struct kiln_err err;
+	pthread_t th;
+};
+
+static void *vols_thread(void *arg)
+{
+	struct vols_job *j = arg;
+
+	j->rc = session_vols_save(j->ss, j->s, j->c, "pause", &j->bytes, &j->err);
+	return NULL;
+}
+
 /* sessions.save_pages 2: the stream just composed checked page by page
  * against QEMU's own save of the same stopped VM (vmmem_verify). A
  * mismatch, or a check that cannot run, fails the pause (ps->rc): the VM,
@@ -446,7 +476,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	/* Where a pause's time goes (logged): the bucket, the base and the
 	 * previous manifest checked; QEMU's stream through the filter (chunks
 	 * upload meanwhile); the VM torn down; the last uploads; the manifest. */
-	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0;
+	int64_t t0 = proto_now_ms(), t_prep = 0, t_saved = 0, t_down = 0, t_up = 0, t_vols = 0;
 	unsigned rnd = 0;
 	struct old_fetch of = { .c = c, .customer = s->customer, .id = s->id };
 	pthread_t down_tid;
@@ -456,6 +486,7 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 	struct pcache_seal seal = { .dir = "" };
 	size_t tail = 0;
 	int chain;
+	struct vols_job vj = { .started = 0 };
 
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
@@ -653,6 +684,15 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		if (r == -1)
 			goto out; /* a retry without the local copy of the stream */
 	}
+	/* The read-write volumes go up meanwhile, on a thread of their own
+	 * (the VM is saved: its slots no longer change). */
+	if (session_vols_rw(s)) {
+		vj = (struct vols_job){ .ss = ss, .s = s, .c = c, .err = { .code = "" } };
+		vj.started = pthread_create(&vj.th, NULL, vols_thread, &vj) == 0;
+		if (!vj.started)
+			vols_thread(&vj);
+		vj.ran = 1;
+	}
 	/* -2: an upload failed; pchunk_up_finish says which. */
 	if (r != -2 && (r = queue_file(ps.up, 1, s->disk, err)) == -1)
 		goto out;
@@ -675,6 +715,19 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto out;
 	}
+	/* Its read-write volumes as they were when the VM stopped (QEMU
+	 * flushed them into their slots), in before the manifest that makes
+	 * the pause: a resume fills the slots with exactly this. */
+	if (vj.started) {
+		pthread_join(vj.th, NULL);
+		vj.started = 0;
+	}
+	t_vols = proto_now_ms();
+	if (vj.ran && vj.rc < 0) {
+		*err = vj.err;
+		goto out;
+	}
+	*bytes += vj.bytes;
 	r = put_manifest_v2(ss, s, c, gen, base_sha, &state, &disk, tail, ps.delta ? old->depth + 1 : 0, fst,
 			    seal.dir[0] ? &seal : NULL, err);
 	if (r == 0 && t_saved && fast)
@@ -686,9 +739,10 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		fprintf(stderr,
 			"kiln-host: session %s paused in %lld ms: prepare %lld (bucket, base, previous manifest), "
 			"save %lld (QEMU's stream through the filter, chunks uploading meanwhile), then %lld, "
-			"uploads and VM teardown finish %lld, manifest %lld\n",
+			"uploads and VM teardown finish %lld, volumes (uploading meanwhile) %lld more, manifest %lld\n",
 			s->id, (long long)(proto_now_ms() - t0), (long long)(t_prep - t0), (long long)(t_saved - t_prep),
-			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(proto_now_ms() - t_up));
+			(long long)(t_down - t_saved), (long long)(t_up - t_down), (long long)(t_vols - t_up),
+			(long long)(proto_now_ms() - t_vols));
 	if (r == 0 && ps.delta)
 		fprintf(stderr,
 			"kiln-host: session %s: a delta over %zu chunks of layers (depth %d): %llu of %llu private pages "
@@ -715,6 +769,8 @@ keep_running:
 	else
 		fail_vm = 1;
 out:
+	if (vj.started)
+		pthread_join(vj.th, NULL);
 	if (started) {
 		if (pfd[1] >= 0)
 			close(pfd[1]);
@@ -972,6 +1028,15 @@ json_t *session_checkpoint(struct session_table *ss, const char *id, const char 
 	if (s->state != SS_RUNNING) {
 		session_put(ss, s, 0);
 		kiln_err_set(err, KERR_NOT_RUNNING, "the session is not running");
+		return NULL;
+	}
+	/* A copy would be a second writer of the same volume (read-only ones
+	 * are fine: the copies fill their slots from S3 too). */
+	if (session_vols_rw(s)) {
+		session_put(ss, s, 0);
+		kiln_err_set(err, KERR_VOLUME_ATTACHED,
+			     "the session has a read-write volume mounted: it cannot be forked or snapshotted (mount it "
+			     "read-only, or destroy the session and mount the volume in new ones)");
 		return NULL;
 	}
 	if (hostd_s3_take(ss->d, &s3) < 0) {

@@ -114,6 +114,7 @@ static void spawn(struct session_table *ss, struct session_prestart *p, const st
 	cfg.mem_file = rq->mem_file[0] ? rq->mem_file : NULL;
 	cfg.incoming = 1;
 	cfg.cancel_fd = -1;
+	cfg.vol_dir = dir; /* its volume slots: moved with the overlay to the session that takes it */
 	if (vm_start(&cfg, &vm, &err) < 0) {
 		fprintf(stderr, "kiln-host: session prestart: %s\n", err.message);
 		fs_rmtree(dir);

@@ -14,6 +14,7 @@ void session_free(struct session *s)
 	session_base_release(s);
 	phash_free(&s->layers);
 	json_decref(s->spec);
+	json_decref(s->vol_expect);
 	free(s->samples);
 	pthread_mutex_destroy(&s->op);
 	pthread_mutex_destroy(&s->wake);

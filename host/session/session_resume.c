@@ -537,6 +537,8 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	/* The real values, now that they are known. */
 	json_decref(s->spec);
 	s->spec = json_deep_copy(json_object_get(m, "spec"));
+	if (json_is_object(json_object_get(m, "volume_generations")))
+		s->vol_expect = json_incref(json_object_get(m, "volume_generations"));
 	s->snap = snap;
 	s->vcpus = ts.vcpus;
 	s->memory_mib = ts.memory_mib;
@@ -663,6 +665,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	if (from_snapshot)
 		adopt_manifest(&s3.c, s, &pm, from_snapshot);
 	*out = session_json(ss, s);
+	s->vols_live = 1;
 	session_put(ss, s, 0);
 	r = 0;
 	goto out;
@@ -681,7 +684,8 @@ fail:
 		/* A chunk that failed its check cut the stream: that is why. */
 		if (state_feed_join(&feed, &ferr) < 0 && boot_failed && ferr.errc == KERR_SNAPSHOT_CORRUPT)
 			*err = ferr;
-		else if (boot_failed && pm.version >= PMANIFEST_V2 && err->errc != KERR_SNAPSHOT_CORRUPT)
+		else if (boot_failed && !s->vol_failed && pm.version >= PMANIFEST_V2 &&
+			 err->errc != KERR_SNAPSHOT_CORRUPT)
 			kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's state does not load: %s", err->message);
 	}
 	/* What this resume kept in a directory it made goes with it: a

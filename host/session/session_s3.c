@@ -450,7 +450,7 @@ static int collect_key(void *ctx, const char *key)
 
 /* Delete everything under prefix, the manifest mkey first: from then on
  * nothing names missing chunks. The number of objects deleted. */
-static int delete_prefix(const struct s3_config *c, const char *prefix, const char *mkey, const char *what)
+int session_s3_delete_prefix(const struct s3_config *c, const char *prefix, const char *mkey, const char *what)
 {
 	struct kiln_err e = { .code = "" };
 	struct key_list l = { 0 };
@@ -484,7 +484,7 @@ void session_pause_delete_s3(const struct s3_config *c, const char *dir, const c
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/", customer, id);
 	session_s3_key(mkey, sizeof(mkey), customer, id, "manifest.json");
 	snprintf(what, sizeof(what), "session %s", id);
-	delete_prefix(c, prefix, mkey, what);
+	session_s3_delete_prefix(c, prefix, mkey, what);
 }
 
 void session_snapshot_cache_id(char *out, size_t cap, const char *snapshot_id)
@@ -508,7 +508,7 @@ int sessions_snapshot_delete(struct session_table *ss, const char *customer, con
 	snprintf(prefix, sizeof(prefix), "%s/" PMANIFEST_SNAPSHOTS "/%s/", customer, snapshot_id);
 	snprintf(mkey, sizeof(mkey), "%smanifest.json", prefix);
 	snprintf(what, sizeof(what), "snapshot %s", snapshot_id);
-	n = delete_prefix(&s3.c, prefix, mkey, what);
+	n = session_s3_delete_prefix(&s3.c, prefix, mkey, what);
 	hostd_s3_free(&s3);
 	session_snapshot_cache_id(what, sizeof(what), snapshot_id);
 	pcache_drop(&ss->pcache, customer, what);

@@ -63,8 +63,8 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	key_add_file(md, "rootfs", base->disk, 0);
 	key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
-	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 5%s\n", memory_mib, vcpus,
-		 vm_accel_name(base->accel), vm_cpu_model(base->accel), base->net ? " net 1" : "");
+	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 6 volslots %u%s\n", memory_mib, vcpus,
+		 vm_accel_name(base->accel), vm_cpu_model(base->accel), VM_VOL_SLOTS, base->net ? " net 1" : "");
 	EVP_DigestUpdate(md, line, strlen(line));
 	EVP_DigestFinal_ex(md, d, &dl);
 	EVP_MD_CTX_free(md);

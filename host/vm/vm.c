@@ -377,6 +377,19 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 		ARG("-device");
 		ARG("virtio-blk-device,drive=out,serial=" VM_DISK2_SERIAL);
 	}
+	/* The volume slots, after every other device (disk2 included): a
+	 * template build's VM keeps its vda/vdb, and the slots are the same
+	 * in every VM, so every snapshot has them (snapshot_key's format).
+	 * writeback, not unsafe: the guest's flush (sync) reaches the file. */
+	for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
+		char vp[600];
+
+		vm_vol_path(vp, sizeof(vp), cfg->vol_dir, vm, i);
+		ARG("-drive");
+		ARG("id=vol%u,if=none,file=%s,format=raw,cache=writeback%s", i, vp, thr);
+		ARG("-device");
+		ARG("virtio-blk-device,drive=vol%u,serial=" VM_VOL_SERIAL "%u", i, i);
+	}
 	ARG("-chardev");
 	ARG("socket,id=qmp,fd=%d", QEMU_FD_QMP);
 	ARG("-mon");
@@ -423,6 +436,40 @@ static void exec_qemu(char **argv, const char *dir, const int keep[QEMU_NKEEP], 
 	_exit(127);
 }
 
+void vm_vol_path(char *out, size_t cap, const char *dir, const struct vm *vm, unsigned slot)
+{
+	if (dir)
+		snprintf(out, cap, "%s/vol%u.img", dir, slot);
+	else
+		snprintf(out, cap, "%s/vol/vol%u.img", vm->dir, slot);
+}
+
+/* The VM's empty volume slots (sparse files of VM_VOL_SLOT_BYTES). */
+static int make_vol_slots(const struct vm_config *cfg, const struct vm *vm, struct kiln_err *err)
+{
+	char path[600];
+
+	if (!cfg->vol_dir) {
+		snprintf(path, sizeof(path), "%s/vol", vm->dir);
+		if (mkdir(path, 0700) < 0)
+			return kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
+	}
+	for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
+		int fd;
+
+		vm_vol_path(path, sizeof(path), cfg->vol_dir, vm, i);
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 || ftruncate(fd, (off_t)VM_VOL_SLOT_BYTES) < 0) {
+			kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		close(fd);
+	}
+	return 0;
+}
+
 /* Size of the file at path (0 when it cannot be read). */
 static uint64_t file_size(const char *path)
 {
@@ -438,7 +485,7 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 			struct kiln_err *err)
 {
 	struct jail_spec spec = { .proc = 1, .stdout_fd = log_fd, .stderr_fd = log_fd };
-	char root[600], work[600], record[600], tmpdir[620];
+	char root[600], work[600], record[600], tmpdir[620], vps[VM_VOL_SLOTS][600];
 	char *envp[] = { tmpdir, NULL };
 	uint64_t fsize = file_size(cfg->disk),
 		 back = file_size(cfg->disk_backing) > file_size(cfg->disk_backing2) ? file_size(cfg->disk_backing)
@@ -474,6 +521,13 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 		if (file_size(cfg->disk2) > fsize)
 			fsize = file_size(cfg->disk2);
 	}
+	for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
+		vm_vol_path(vps[i], sizeof(vps[i]), cfg->vol_dir, vm, i);
+		spec.rw[nrw++] = vps[i];
+	}
+	/* A guest may write anywhere in a volume slot. */
+	if (VM_VOL_SLOT_BYTES > fsize)
+		fsize = VM_VOL_SLOT_BYTES;
 	if (cfg->mem_file && cfg->mem_fd <= 0) {
 		/* A template writes its RAM file: it must exist to be bound. */
 		int fd = open(cfg->mem_file, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -528,7 +582,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	int agent[2] = { -1, -1 }, qmp[2] = { -1, -1 }, envd[2] = { -1, -1 }, log_fd = -1;
 	struct qmp_msg m;
 	pid_t parent = getpid();
-	char path[600], abs[7][PATH_MAX];
+	char path[600], abs[8][PATH_MAX];
 	struct vm_config abs_cfg = *cfg_in, *cfg = &abs_cfg;
 	FILE *f;
 
@@ -539,6 +593,7 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 	abs_cfg.disk_backing2 = absolute(cfg_in->disk_backing2, abs[5], sizeof(abs[5]));
 	abs_cfg.mem_file = absolute(cfg_in->mem_file, abs[4], sizeof(abs[4]));
 	abs_cfg.disk2 = absolute(cfg_in->disk2, abs[6], sizeof(abs[6]));
+	abs_cfg.vol_dir = absolute(cfg_in->vol_dir, abs[7], sizeof(abs[7]));
 	memset(vm, 0, sizeof(*vm));
 	vm->pidfd = vm->agent_fd = vm->qmp_fd = vm->envd_fd = vm->lock_fd = -1;
 	vm->jail.slot_fd = -1;
@@ -576,6 +631,8 @@ int vm_start(const struct vm_config *cfg_in, struct vm *vm, struct kiln_err *err
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 		goto fail;
 	}
+	if (make_vol_slots(cfg, vm, err) < 0)
+		goto fail;
 	build_argv(cfg, vm, argv, store);
 	vm->t_spawn_us = proto_now_us();
 	{

@@ -47,6 +47,15 @@ struct vm_config {
 	 * placed after every other device. NULL: none. Its size counts towards
 	 * QEMU's file size limit, so a qcow2 `disk` may grow as large as it. */
 	const char *disk2;
+	/* Volume slots (docs/architecture.md "Volumes"): VM_VOL_SLOTS raw
+	 * drives of VM_VOL_SLOT_BYTES each (sparse), serials "kiln-vol0"...,
+	 * cache=writeback (a guest flush reaches the file: fdatasync), placed
+	 * after every other device, in every VM: the layout is part of every
+	 * snapshot, so a clone of any template can mount a volume. vm_start
+	 * creates them empty as vol_dir/vol<N>.img (NULL: in the VM's own
+	 * directory), bound read-write into the jail; a session fills one in
+	 * place (the inode QEMU holds open) before its guest runs. */
+	const char *vol_dir;
 	/* The guest's disk I/O, throttled by QEMU's block layer whatever the
 	 * host's page cache absorbs: bytes and requests per second, reads and
 	 * writes together (0: no limit). A guest cannot saturate the host's
@@ -79,6 +88,16 @@ struct vm_config {
 };
 
 #define VM_TB_MIB 64
+
+#define VM_VOL_SLOTS      2
+#define VM_VOL_SLOT_BYTES (64ull << 30) /* the guest's view: fixed by the template snapshot */
+#define VM_VOL_SERIAL     "kiln-vol"    /* + the slot's number */
+
+struct vm;
+
+/* The path of slot's file for a VM started with vol_dir dir (NULL: the VM's
+ * own, vm->dir). */
+void vm_vol_path(char *out, size_t cap, const char *dir, const struct vm *vm, unsigned slot);
 
 struct vm {
 	pid_t pid;

@@ -126,7 +126,7 @@ fsize=$(lim "Max file size"); read -r fs_soft fs_hard <<< "$fsize"
 if [ "$(lim "Max core file size")" = "0 0" ] && [ "$(lim "Max open files")" = "256 256" ] \
    && [ "$(lim "Max processes")" = "129 129" ] && [ "$(lim "Max msgqueue size")" = "0 0" ] \
    && [ "$fs_soft" = "$fs_hard" ] && [ "$fs_soft" != unlimited ] && [ "$fs_soft" -ge "$(stat -Lc %s "$ROOT/build/image/rootfs.ext4")" ]; then
-	ok "rlimits: core 0, nofile 256, nproc 129, msgqueue 0, fsize $((fs_soft >> 20)) MiB (rootfs size + slack)"
+	ok "rlimits: core 0, nofile 256, nproc 129, msgqueue 0, fsize $((fs_soft >> 20)) MiB (rootfs or volume slot size + slack)"
 else not_ok "rlimits" "$(cat "/proc/$Q/limits")"; fi
 
 links=$(nsenter -t "$Q" -n ip -o link 2>&1)

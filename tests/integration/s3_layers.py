@@ -3,9 +3,11 @@
 manifest and the objects under its prefix.
   s3_layers.py fields MANIFEST_KEY  -> "version depth tail nstate"
   s3_layers.py orphans PREFIX       -> objects under PREFIX that its
-                                       manifest.json does not name (one a line)
+                                       manifest.json does not name (one a line;
+                                       a session's, a snapshot's or a volume's)
   s3_layers.py count PREFIX         -> how many objects are under PREFIX
   s3_layers.py damage MANIFEST_KEY  -> flips a byte of its first state chunk
+                                       (a volume's: its first chunk)
   s3_layers.py prefixes MANIFEST_KEY -> the distinct prefixes (up to the
                                        id) its chunks are under
 Environment: S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, BUCKET."""
@@ -43,14 +45,17 @@ if op == "fields":
     print(m["version"], m.get("depth", "-"), m.get("tail", "-"), len(m["state"]["chunks"]))
 elif op == "orphans":
     m = manifest(arg + "manifest.json")
-    named = {c["key"] for part in ("state", "disk") for c in m[part]["chunks"]}
+    # A session's or snapshot's (state, disk) or a volume's (chunks).
+    named = {c["key"] for part in ("state", "disk") if part in m for c in m[part]["chunks"]}
+    named |= {c["key"] for c in m.get("chunks", []) if isinstance(m.get("chunks"), list)}
     for k in keys(arg):
         if k != arg + "manifest.json" and k not in named:
             print(k)
 elif op == "count":
     print(len(keys(arg)))
 elif op == "damage":
-    k = manifest(arg)["state"]["chunks"][0]["key"]
+    m = manifest(arg)
+    k = (m["state"]["chunks"] if "state" in m else m["chunks"])[0]["key"]
     b = bytearray(s3.get_object(Bucket=B, Key=k)["Body"].read())
     b[len(b) // 2] ^= 0xFF
     s3.put_object(Bucket=B, Key=k, Body=bytes(b))
