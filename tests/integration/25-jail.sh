@@ -102,11 +102,13 @@ else not_ok "QEMU's root" "entries: $entries" "not allowed:$extra" "dev: $(ls -A
 awk '{ print $5, $6 }' "/proc/$Q/mountinfo" > "$T_TMP/mounts"
 rw=$(awk '$2 ~ /^rw/ { print $1 }' "$T_TMP/mounts" | sort | tr '\n' ' ')
 suid=$(awk '$2 !~ /nosuid/' "$T_TMP/mounts" | wc -l)
-if [ "$rw" = "$(printf '%s\n' /proc "$VMDIR/vm" | sort | tr '\n' ' ')" ] && [ "$suid" = 0 ] \
+# The volume slots (docs/architecture.md "Volumes") are the VM's own files too.
+want_rw=$(printf '%s\n' /proc "$VMDIR/vm" "$VMDIR/vol/vol0.img" "$VMDIR/vol/vol1.img" | sort | tr '\n' ' ')
+if [ "$rw" = "$want_rw" ] && [ "$suid" = 0 ] \
    && grep -q '^/usr/bin/qemu-system-x86_64 ro,' "$T_TMP/mounts" && grep -q '/libc.so.6 ro,' "$T_TMP/mounts" \
    && grep -q "^$(readlink -f "$ROOT/build/image/rootfs.ext4") ro," "$T_TMP/mounts" && grep -q "^/ ro," "$T_TMP/mounts"; then
-	ok "$(wc -l < "$T_TMP/mounts") mounts: all nosuid, read-only except $VMDIR/vm and /proc; qemu, libc, the rootfs and / itself read-only"
-else not_ok "QEMU's mounts" "rw: $rw (want /proc and $VMDIR/vm)" "without nosuid: $suid" "$(head -5 "$T_TMP/mounts")"; fi
+	ok "$(wc -l < "$T_TMP/mounts") mounts: all nosuid, read-only except $VMDIR/vm, its two volume slots and /proc; qemu, libc, the rootfs and / itself read-only"
+else not_ok "QEMU's mounts" "rw: $rw (want $want_rw)" "without nosuid: $suid" "$(head -5 "$T_TMP/mounts")"; fi
 check "none of the jail's mounts is visible in the host's mount namespace" [ "$(count_mounts)" = 0 ]
 
 # Cgroups: guest RAM + 192 MiB + RAM/16 (256 MiB guest), 1 vCPU of quota, 128 + vCPUs pids.
@@ -161,7 +163,7 @@ if [ -z "$wr_bad" ] && grep -q "^write $VMDIR/vm/qemu.log ok$" "$T_TMP/probe.out
 else not_ok "files inside the jail" "$(cat "$T_TMP/probe.out")"; fi
 pids_seen=$(pv proc_pids | tr ',' '\n' | grep -c '^[0-9]')
 if [ "$(pv netifs)" = lo ] && [ "$(pv hostname)" = kiln ] && [ "$pids_seen" -le 2 ] \
-   && [ "$(pv rw_mounts | tr ',' '\n' | sort | tr '\n' ' ')" = "$(printf '%s\n' /proc "$VMDIR/vm" | sort | tr '\n' ' ')" ]; then
+   && [ "$(pv rw_mounts | tr ',' '\n' | sort | tr '\n' ' ')" = "$want_rw" ]; then
 	ok "inside the jail: only lo, hostname kiln, /proc shows only the jail's own processes ($(pv proc_pids)), the same two writable mounts"
 else not_ok "inside the jail" "$(cat "$T_TMP/probe.out")"; fi
 
