@@ -175,35 +175,72 @@ int sessions_snapshot_take(struct sessions *ss, const struct sessions_request *r
 
 /* ---- fork ---- */
 
+/* One child of a fork, started on a thread of its own: the children of a
+ * fork start together (their hosts load them in parallel). */
+struct fork_child {
+	struct sessions *ss;
+	struct sessions_request rc;
+	struct sessions_capture cap;
+	const struct store_session *cur;
+	const struct api_session_request *child;
+	const struct sessions_e2b_new *e2b;
+	char id[40];
+	int ok;
+	pthread_t th;
+	int started;
+};
+
+static void *fork_child_run(void *arg)
+{
+	struct fork_child *c = arg;
+	enum MHD_Result ignored;
+	struct quota q;
+
+	c->rc.capture = &c->cap;
+	/* Each child is admitted as any create is (rate, running quota):
+	 * the store checks the quota again in the insert's transaction, so
+	 * children starting together cannot pass it. */
+	if (store_customer_quota(c->ss->st, c->cur->customer, &q) < 0)
+		quota_defaults(&q);
+	c->ok = sessions_create_run(c->ss, &c->rc, &q, c->child, c->e2b, c->id, &ignored);
+	return NULL;
+}
+
 int sessions_fork_run(struct sessions *ss, const struct sessions_request *r, const struct store_session *cur,
 		      unsigned count, struct api_session_request *child, const struct sessions_e2b_new *e2b,
 		      json_t *ids, json_t *errors, int64_t *stop_ms, enum MHD_Result *ret)
 {
+	struct fork_child *kids;
 	char snap[40];
-	struct quota q;
 
-	if (!sessions_snapshot_take(ss, r, cur, NULL, 1, snap, stop_ms, ret))
+	if (!(kids = calloc(count ? count : 1, sizeof(*kids)))) {
+		*ret = sessions_answer(r, 0, KERR_INTERNAL, "out of memory", NULL, NULL);
 		return 0;
+	}
+	if (!sessions_snapshot_take(ss, r, cur, NULL, 1, snap, stop_ms, ret)) {
+		free(kids);
+		return 0;
+	}
 	snprintf(child->snapshot, sizeof(child->snapshot), "%s", snap);
 	for (unsigned i = 0; i < count; i++) {
-		struct sessions_capture cap = { 0 };
-		struct sessions_request rc = *r;
-		enum MHD_Result ignored;
-		char id[40];
-
-		rc.capture = &cap;
-		/* Each child is admitted as any create is (rate, running quota):
-		 * the quotas read afresh, since the last child took some. */
-		if (store_customer_quota(ss->st, cur->customer, &q) < 0)
-			quota_defaults(&q);
-		if (sessions_create_run(ss, &rc, &q, child, e2b, id, &ignored)) {
-			json_array_append_new(ids, json_string(id));
-			continue;
-		}
-		json_array_append_new(errors, json_pack("{s:i, s:s, s:s}", "status", (int)cap.status, "code",
-							cap.err.code[0] ? cap.err.code : "internal", "message",
-							cap.err.message));
+		kids[i] = (struct fork_child){ .ss = ss, .rc = *r, .cur = cur, .child = child, .e2b = e2b };
+		kids[i].started = pthread_create(&kids[i].th, NULL, fork_child_run, &kids[i]) == 0;
+		if (!kids[i].started)
+			fork_child_run(&kids[i]);
 	}
+	for (unsigned i = 0; i < count; i++) {
+		struct fork_child *c = &kids[i];
+
+		if (c->started)
+			pthread_join(c->th, NULL);
+		if (c->ok)
+			json_array_append_new(ids, json_string(c->id));
+		else
+			json_array_append_new(errors, json_pack("{s:i, s:s, s:s}", "status", (int)c->cap.status, "code",
+								c->cap.err.code[0] ? c->cap.err.code : "internal",
+								"message", c->cap.err.message));
+	}
+	free(kids);
 	/* The fork's snapshot is its children's only: gone for everyone now,
 	 * its objects once the last child is destroyed (at once if none started). */
 	store_snapshot_mark_deleted(ss->st, snap, NULL);
