@@ -28,6 +28,7 @@ int cmd_template(int argc, char **argv);
 int cmd_destination(int argc, char **argv);
 int cmd_mcp(int argc, char **argv);
 int cmd_snapshot(int argc, char **argv);
+int cmd_volume(int argc, char **argv);
 
 /* The exit status for a session command's result: the command's exit code,
  * 1 when it failed without one (signal, timeout), 3 when kiln could not run
@@ -150,6 +151,19 @@ int cli_id_ok(const char *id);
  * URL-escaped (NULL or "": left out). 0, or -1 when it does not fit in size
  * or cannot be escaped. */
 int cli_snapshot_list_path(const char *name, const char *session_id, const char *after, char *out, size_t size);
+
+/* ---- kiln volume, kiln session create --volume (pure functions) ---- */
+
+/* 1 when name is a volume name kiln-api accepts: 1-63 of A-Z a-z 0-9 . _ -
+ * (not "." or ".."); else 0. */
+int cli_volume_name_ok(const char *name);
+
+/* One `--volume NAME:PATH[:ro|:rw]` of kiln session create as kiln-api's
+ * {"name","path","read_only"} (read_only only when ":ro" or ":rw" was
+ * given). PATH must be absolute and not "/" (kiln-api checks the rest: not
+ * under /proc, /sys, /dev, none inside another). NULL with why in msg.
+ * Caller decrefs. */
+json_t *cli_volume_mount(const char *arg, char *msg, size_t msg_size);
 
 /* Print a JSON value indented on stdout. */
 void cli_print_json(json_t *v);

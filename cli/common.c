@@ -103,6 +103,59 @@ int cli_snapshot_list_path(const char *name, const char *session_id, const char 
 	return 0;
 }
 
+int cli_volume_name_ok(const char *name)
+{
+	return cli_id_ok(name);
+}
+
+json_t *cli_volume_mount(const char *arg, char *msg, size_t msg_size)
+{
+	const char *colon = arg ? strchr(arg, ':') : NULL;
+	char name[64], path[4096];
+	size_t nlen, plen;
+	int ro = -1;
+	json_t *v;
+
+	if (!colon) {
+		snprintf(msg, msg_size, "expected NAME:PATH[:ro], got \"%.80s\"", arg ? arg : "");
+		return NULL;
+	}
+	nlen = (size_t)(colon - arg);
+	if (nlen >= sizeof(name)) {
+		snprintf(msg, msg_size, "the volume name is longer than 63 characters");
+		return NULL;
+	}
+	memcpy(name, arg, nlen);
+	name[nlen] = '\0';
+	if (!cli_volume_name_ok(name)) {
+		snprintf(msg, msg_size, "\"%.63s\" is not a volume name (1-63 of A-Z a-z 0-9 . _ -)", name);
+		return NULL;
+	}
+	plen = strlen(colon + 1);
+	if (plen >= sizeof(path)) {
+		snprintf(msg, msg_size, "the path is too long");
+		return NULL;
+	}
+	memcpy(path, colon + 1, plen + 1);
+	/* A trailing ":ro" or ":rw" is the mode (a path ending so needs it given). */
+	if (plen >= 3 && (!strcmp(path + plen - 3, ":ro") || !strcmp(path + plen - 3, ":rw"))) {
+		ro = path[plen - 1] == 'o';
+		path[plen - 3] = '\0';
+	}
+	if (path[0] != '/' || !strcmp(path, "/") || strchr(path, ':')) {
+		snprintf(msg, msg_size, "\"%.200s\": the path must be absolute, not \"/\", and the mode :ro or :rw",
+			 path);
+		return NULL;
+	}
+	if (ro < 0)
+		v = json_pack("{s:s, s:s}", "name", name, "path", path);
+	else
+		v = json_pack("{s:s, s:s, s:b}", "name", name, "path", path, "read_only", ro);
+	if (!v) /* jansson takes only UTF-8 */
+		snprintf(msg, msg_size, "the path is not UTF-8 text");
+	return v;
+}
+
 void cli_human_size(long long n, char *out, size_t size)
 {
 	if (n < 0)

@@ -1,5 +1,5 @@
 /* kiln: the command-line client of kiln-api (kiln run, kiln task, kiln
- * session, kiln snapshot, kiln template, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
+ * session, kiln snapshot, kiln volume, kiln template, kiln admin) and `kiln up`, the one-command local stack. A thin dispatcher over
  * the cli/ modules; usage and exit statuses in cli.h and the README. */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -17,6 +17,7 @@ static void usage(FILE *f)
 		   "                                       long-lived sandboxes (kiln session --help)\n"
 		   "  snapshot create|list|get|delete ...  a session's state kept, to start sessions from\n"
 		   "                                       (kiln snapshot --help)\n"
+		   "  volume create|list|get|delete ...    filesystems that outlive sessions (kiln volume --help)\n"
 		   "  shell SESSION [-- COMMAND...]        an interactive terminal in a session\n"
 		   "  template build|list|get|rm ...       environments to run in (kiln template --help)\n"
 		   "  destination set|show|test|delete     outputs to your own S3 bucket (kiln destination --help)\n"
@@ -52,6 +53,8 @@ int main(int argc, char **argv)
 		rc = cmd_session(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "snapshot"))
 		rc = cmd_snapshot(argc - 1, argv + 1);
+	else if (!strcmp(argv[1], "volume"))
+		rc = cmd_volume(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "shell"))
 		rc = cmd_shell(argc - 1, argv + 1);
 	else if (!strcmp(argv[1], "template"))

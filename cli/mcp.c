@@ -356,9 +356,90 @@ static json_t *session_summary(json_t *s)
 			      json_object_get(s, "state"), "template", json_object_get(s, "template"), "expires_at",
 			      json_object_get(s, "expires_at"));
 
+	json_t *vols = json_object_get(s, "volumes"), *v;
+	size_t i;
+
 	if (json_is_string(json_object_get(s, "snapshot_id")))
 		json_object_set(o, "snapshot_id", json_object_get(s, "snapshot_id"));
+	if (json_array_size(vols)) {
+		json_t *out = json_array();
+
+		json_array_foreach(vols, i, v)
+			json_array_append_new(out, json_pack("{s:O?, s:O?, s:O?, s:b}", "name", json_object_get(v, "name"),
+							     "volume_id", json_object_get(v, "id"), "path",
+							     json_object_get(v, "path"), "read_only",
+							     json_is_true(json_object_get(v, "read_only"))));
+		json_object_set_new(o, "volumes", out);
+	}
 	return o;
+}
+
+/* A volume as the tools show it: kiln-api's JSON with "id" as "volume_id"
+ * and each mount's "session_id" as "sandbox_id". */
+static json_t *volume_summary(json_t *v)
+{
+	json_t *o = json_pack("{s:O?, s:O?, s:O?, s:O?}", "volume_id", json_object_get(v, "id"), "name",
+			      json_object_get(v, "name"), "size_mib", json_object_get(v, "size_mib"), "created_ms",
+			      json_object_get(v, "created_ms")),
+	       *mounts = json_array(), *m;
+	size_t i;
+
+	json_array_foreach(json_object_get(v, "mounted_by"), i, m)
+		json_array_append_new(mounts, json_pack("{s:O?, s:b}", "sandbox_id", json_object_get(m, "session_id"),
+							"read_only", json_is_true(json_object_get(m, "read_only"))));
+	json_object_set_new(o, "mounted_by", mounts);
+	if (json_object_get(v, "bytes"))
+		json_object_set(o, "bytes", json_object_get(v, "bytes"));
+	return o;
+}
+
+/* create_sandbox's "volumes": at most 2 {"name","path","read_only"?}, as
+ * kiln-api's session "volumes" into *out (caller decrefs; NULL when absent).
+ * -1 with *res the bad-argument result. */
+static int arg_volumes(json_t *args, json_t **out, json_t **res)
+{
+	json_t *vols = json_object_get(args, "volumes"), *v;
+	size_t i;
+
+	*out = NULL;
+	if (!vols || json_is_null(vols))
+		return 0;
+	if (!json_is_array(vols) || json_array_size(vols) > 2) {
+		*res = mcp_text_result(1, "create_sandbox: bad argument: \"volumes\" must be a list of at most 2 "
+					  "{\"name\",\"path\",\"read_only\"}");
+		return -1;
+	}
+	*out = json_array();
+	json_array_foreach(vols, i, v) {
+		const char *name = json_string_value(json_object_get(v, "name"));
+		const char *path = json_string_value(json_object_get(v, "path"));
+		json_t *ro = json_object_get(v, "read_only"), *m;
+
+		if (!name || !cli_volume_name_ok(name)) {
+			*res = mcp_text_result(1, "create_sandbox: bad argument: volumes[%zu].name must be a volume's name "
+						  "(create_volume, list_volumes)", i);
+			goto bad;
+		}
+		if (!path || path[0] != '/' || !path[1] || strlen(path) > 4095) {
+			*res = mcp_text_result(1, "create_sandbox: bad argument: volumes[%zu].path must be an absolute "
+						  "path other than /, such as /data", i);
+			goto bad;
+		}
+		if (ro && !json_is_boolean(ro)) {
+			*res = mcp_text_result(1, "create_sandbox: bad argument: volumes[%zu].read_only must be true or "
+						  "false", i);
+			goto bad;
+		}
+		m = json_pack("{s:s, s:s}", "name", name, "path", path);
+		if (ro)
+			json_object_set(m, "read_only", ro);
+		json_array_append_new(*out, m);
+	}
+	return 0;
+bad:
+	json_decref(*out);
+	*out = NULL;
+	return -1;
 }
 
 /* A snapshot as the tools show it: kiln-api's JSON with "id" as
@@ -376,7 +457,7 @@ static json_t *t_create(struct mcp_ctx *c, json_t *args)
 {
 	const char *template, *snap;
 	long mem, vcpus, idle, life;
-	json_t *res = NULL, *body, *limits, *s;
+	json_t *res = NULL, *body, *limits, *s, *vols;
 
 	if (arg_str(args, "create_sandbox", "template", 0, &template, &res) < 0 ||
 	    arg_int(args, "create_sandbox", "memory_mib", 128, 16384, &mem, &res) < 0 ||
@@ -392,7 +473,11 @@ static json_t *t_create(struct mcp_ctx *c, json_t *args)
 		return mcp_text_result(1, "create_sandbox: bad argument: with \"snapshot_id\" the sandbox has the "
 					  "snapshot's template, memory and vCPUs: leave out \"template\", \"memory_mib\" "
 					  "and \"vcpus\"");
+	if (arg_volumes(args, &vols, &res) < 0)
+		return res;
 	body = json_object();
+	if (vols)
+		json_object_set_new(body, "volumes", vols);
 	if (snap)
 		json_object_set_new(body, "snapshot", json_string(snap));
 	limits = json_object();
@@ -697,6 +782,72 @@ static json_t *t_delete_snapshot(struct mcp_ctx *c, json_t *args)
 	return mcp_text_result(0, "deleted snapshot %s", id);
 }
 
+static json_t *t_create_volume(struct mcp_ctx *c, json_t *args)
+{
+	const char *name;
+	long size;
+	json_t *res = NULL, *body, *r;
+
+	if (arg_str(args, "create_volume", "name", 1, &name, &res) < 0 ||
+	    arg_int(args, "create_volume", "size_mib", 16, 65536, &size, &res) < 0)
+		return res;
+	if (!cli_volume_name_ok(name))
+		return mcp_text_result(1, "create_volume: bad argument: \"name\" \"%.60s\" is not a volume name (1-63 "
+					  "of A-Z a-z 0-9 . _ -)", name);
+	body = json_pack("{s:s}", "name", name);
+	if (size)
+		json_object_set_new(body, "size_mib", json_integer(size));
+	if (request(c, "create_volume", "POST", "/v1/volumes", body, 60, &r, &res) < 0) {
+		json_decref(body);
+		return res;
+	}
+	json_decref(body);
+	res = mcp_json_result(0, volume_summary(r));
+	json_decref(r);
+	return res;
+}
+
+static json_t *t_list_volumes(struct mcp_ctx *c, json_t *args)
+{
+	const char *name;
+	json_t *res = NULL, *all, *r, *v;
+	char path[128];
+	size_t i;
+
+	if (arg_str(args, "list_volumes", "name", 0, &name, &res) < 0)
+		return res;
+	if (name && !cli_volume_name_ok(name))
+		return mcp_text_result(1, "list_volumes: bad argument: \"name\" \"%.60s\" is not a volume name", name);
+	/* A name is of URL-safe characters only (cli_volume_name_ok). */
+	snprintf(path, sizeof(path), "/v1/volumes%s%s", name ? "?name=" : "", name ? name : "");
+	if (request(c, "list_volumes", "GET", path, NULL, 30, &r, &res) < 0)
+		return res;
+	all = json_array();
+	json_array_foreach(json_object_get(r, "volumes"), i, v)
+		json_array_append_new(all, volume_summary(v));
+	json_decref(r);
+	return mcp_json_result(0, json_pack("{s:o}", "volumes", all));
+}
+
+static json_t *t_delete_volume(struct mcp_ctx *c, json_t *args)
+{
+	const char *vol;
+	json_t *res = NULL, *r;
+	char path[128];
+
+	if (arg_str(args, "delete_volume", "volume", 1, &vol, &res) < 0)
+		return res;
+	if (!cli_volume_name_ok(vol))
+		return mcp_text_result(1, "delete_volume: bad argument: \"volume\" \"%.60s\" is not a volume's id or "
+					  "name", vol);
+	snprintf(path, sizeof(path), "/v1/volumes/%s", vol);
+	if (request(c, "delete_volume", "DELETE", path, NULL, 120, &r, &res) < 0)
+		return res;
+	res = mcp_text_result(0, "deleted volume %s", json_string_value(json_object_get(r, "id")) ?: vol);
+	json_decref(r);
+	return res;
+}
+
 static json_t *call(void *ctx, const char *name, json_t *args)
 {
 	struct mcp_ctx *c = ctx;
@@ -724,6 +875,12 @@ static json_t *call(void *ctx, const char *name, json_t *args)
 		return t_list_snapshots(c, args);
 	if (!strcmp(name, "delete_snapshot"))
 		return t_delete_snapshot(c, args);
+	if (!strcmp(name, "create_volume"))
+		return t_create_volume(c, args);
+	if (!strcmp(name, "list_volumes"))
+		return t_list_volumes(c, args);
+	if (!strcmp(name, "delete_volume"))
+		return t_delete_volume(c, args);
 	return t_lifecycle(c, name, args);
 }
 

@@ -56,7 +56,14 @@ static const char *const tool_defs[][3] = {
 	  "\"description\":\"Seconds it may live at most (default 3600)\"},"
 	  "\"snapshot_id\":{\"type\":\"string\",\"description\":\"Start from this snapshot (snapshot_sandbox, "
 	  "list_snapshots: snap_...) with its memory, processes and files; its template, memory and vCPUs are the "
-	  "snapshot's, so template, memory_mib and vcpus cannot go with it\"}}}" },
+	  "snapshot's, so template, memory_mib and vcpus cannot go with it\"},"
+	  "\"volumes\":{\"type\":\"array\",\"maxItems\":2,\"description\":\"Volumes (create_volume) to mount: "
+	  "what is written there and synced is kept for the next sandbox that mounts it. Read-write by one sandbox "
+	  "at a time, read-only by any number\",\"items\":{\"type\":\"object\",\"properties\":{"
+	  "\"name\":{\"type\":\"string\",\"description\":\"The volume's name\"},"
+	  "\"path\":{\"type\":\"string\",\"description\":\"Where it appears in the sandbox, e.g. /data\"},"
+	  "\"read_only\":{\"type\":\"boolean\",\"description\":\"Mount it read-only (default false)\"}},"
+	  "\"required\":[\"name\",\"path\"]}}}}" },
 	{ "exec",
 	  "Run a shell command (bash -c) in a sandbox and return its exit code, stdout and stderr. Runs in /work "
 	  "as an unprivileged user; a non-zero exit is reported as an error result with the output.",
@@ -124,6 +131,25 @@ static const char *const tool_defs[][3] = {
 	  "Delete a snapshot for good (sandboxes already started from it are not affected).",
 	  "{\"type\":\"object\",\"properties\":{\"snapshot_id\":{\"type\":\"string\","
 	  "\"description\":\"The snapshot's id (snap_...)\"}},\"required\":[\"snapshot_id\"]}" },
+	{ "create_volume",
+	  "Create a volume: a named filesystem of your own that outlives sandboxes. Mount it with create_sandbox's "
+	  "volumes; what a sandbox writes there and syncs is in the next sandbox that mounts it. Returns its "
+	  "volume_id.",
+	  "{\"type\":\"object\",\"properties\":{"
+	  "\"name\":{\"type\":\"string\",\"description\":\"Its name, unique among your volumes (1-63 of "
+	  "A-Z a-z 0-9 . _ -)\"},"
+	  "\"size_mib\":{\"type\":\"integer\",\"minimum\":16,\"maximum\":65536,"
+	  "\"description\":\"Its size in MiB (default 1024)\"}},\"required\":[\"name\"]}" },
+	{ "list_volumes",
+	  "List your volumes, newest first: each one's volume_id, name, size_mib, creation time (milliseconds since "
+	  "the epoch) and the sandboxes that mount it.",
+	  "{\"type\":\"object\",\"properties\":{"
+	  "\"name\":{\"type\":\"string\",\"description\":\"Only the volume of this name\"}}}" },
+	{ "delete_volume",
+	  "Delete a volume and its files for good. Refused while a sandbox (even a paused one) mounts it: destroy "
+	  "that sandbox first.",
+	  "{\"type\":\"object\",\"properties\":{\"volume\":{\"type\":\"string\","
+	  "\"description\":\"The volume's id (vol_...) or name\"}},\"required\":[\"volume\"]}" },
 };
 
 #define NTOOLS (sizeof(tool_defs) / sizeof(tool_defs[0]))
@@ -226,7 +252,8 @@ static char *initialize(struct mcp_server *s, json_t *id, json_t *params)
 					  "(write_file, read_file, list_files, exec, pause_sandbox, resume_sandbox, "
 					  "destroy_sandbox). fork_sandbox branches a running sandbox into copies, to try "
 					  "several things from one state; snapshot_sandbox keeps a state to start new "
-					  "sandboxes from (create_sandbox snapshot_id). Destroy sandboxes and delete "
+					  "sandboxes from (create_sandbox snapshot_id); create_volume makes a filesystem "
+					  "that outlives sandboxes, mounted with create_sandbox volumes. Destroy sandboxes and delete "
 					  "snapshots you no longer need."));
 }
 

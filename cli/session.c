@@ -29,6 +29,7 @@ static void session_usage(FILE *f)
 	fprintf(f,
 		"usage: kiln session create [--memory MiB] [--vcpus N] [--output MiB] [--allow DEST:PORTS]...\n"
 		"                           [--idle S] [--lifetime S] [--template NAME] [--json]\n"
+		"                           [--volume NAME:PATH[:ro]]...\n"
 		"       kiln session create --snapshot SNAP_ID [--idle S] [--lifetime S] [--json]\n"
 		"       kiln session exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--stdin FILE|-] [--json]\n"
 		"                            -- COMMAND [ARGS...]\n"
@@ -48,11 +49,14 @@ static void session_usage(FILE *f)
 		"  seconds without a command (default 600) or --lifetime seconds (default 3600);\n"
 		"  pause saves it to S3 and frees its quota, resume brings it back on any host.\n"
 		"  --template: the environment it runs in (default: default; kiln template list).\n"
+		"  --volume: mount the volume NAME (kiln volume --help) at PATH, read-write (one session\n"
+		"  at a time) or, with :ro, read-only (any number); at most 2.\n"
 		"  --snapshot: start from a snapshot (kiln snapshot --help) with its memory, processes\n"
 		"  and files; its vCPUs, memory, template and network are the snapshot's.\n"
 		"  fork makes N new sessions with the running session's memory, processes and files\n"
 		"  at one instant (the session goes on); it exits 1 when any of them was refused\n"
-		"  (the others' ids are still printed).\n"
+		"  (the others' ids are still printed). A session with a read-write --volume cannot\n"
+		"  be forked or snapshotted (409 volume_attached).\n"
 		"  --stdin gives the command a file (\"-\": kiln's own stdin, read to its end first) as\n"
 		"  its stdin, at most 16 MiB; without it the command's stdin is at EOF.\n"
 		"  For an interactive terminal in a session: kiln shell ID (kiln shell --help).\n"
@@ -205,7 +209,8 @@ int cli_session_get_target(const char *guest, const char *local, char *out, size
 
 static void describe(json_t *s)
 {
-	json_t *lim = json_object_get(s, "limits");
+	json_t *lim = json_object_get(s, "limits"), *v;
+	size_t i;
 
 	const char *tpl = json_string_value(json_object_get(s, "template"));
 	const char *snap = json_string_value(json_object_get(s, "snapshot_id"));
@@ -219,6 +224,11 @@ static void describe(json_t *s)
 		(long long)json_integer_value(json_object_get(lim, "memory_mib")),
 		(long long)json_integer_value(json_object_get(s, "idle_timeout_s")),
 		(long long)json_integer_value(json_object_get(s, "max_lifetime_s")));
+	json_array_foreach(json_object_get(s, "volumes"), i, v)
+		fprintf(stderr, "kiln: volume %s (%s) mounted at %s, %s\n",
+			json_string_value(json_object_get(v, "name")) ?: "?", json_string_value(json_object_get(v, "id")) ?: "?",
+			json_string_value(json_object_get(v, "path")) ?: "?",
+			json_is_true(json_object_get(v, "read_only")) ? "read-only" : "read-write");
 }
 
 static int session_create(int argc, char **argv, const struct cli_conn *conn)
@@ -228,14 +238,14 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 		{ "output", required_argument, 0, 'o' }, { "idle", required_argument, 0, 'i' },
 		{ "lifetime", required_argument, 0, 'l' }, { "allow", required_argument, 0, 'a' },
 		{ "template", required_argument, 0, 'T' }, { "snapshot", required_argument, 0, 'S' },
-		{ "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
+		{ "volume", required_argument, 0, 'V' }, { "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
 	};
-	json_t *body = json_object(), *limits = json_object(), *allow = json_array(), *reply = NULL;
+	json_t *body = json_object(), *limits = json_object(), *allow = json_array(), *vols = json_array(), *reply = NULL;
 	struct kiln_err terr = { .code = "" };
 	int opt, json = 0, rc = EXIT_USAGE, shaped = 0; /* shaped: --memory, --vcpus, --template or --allow */
 
 	optind = 1;
-	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:T:S:j", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "m:c:o:i:l:a:T:S:V:j", opts, NULL)) != -1) {
 		if (opt == 'm' || opt == 'c' || opt == 'T' || opt == 'a')
 			shaped = 1;
 		const char *key = opt == 'm' ? "memory_mib" : opt == 'c' ? "vcpus" : opt == 'o' ? "output_mib"
@@ -275,6 +285,17 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 			}
 			json_object_set_new(body, "snapshot", json_string(optarg));
 			break;
+		case 'V': {
+			char why[320];
+			json_t *m = cli_volume_mount(optarg, why, sizeof(why));
+
+			if (!m) {
+				fprintf(stderr, "kiln: session create: --volume: %s\n", why);
+				goto out;
+			}
+			json_array_append_new(vols, m);
+			break;
+		}
 		case 'j':
 			json = 1;
 			break;
@@ -282,6 +303,11 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 			session_usage(stderr);
 			goto out;
 		}
+	}
+	if (json_array_size(vols) > 2) {
+		/* kiln-api's bound (every VM has two volume slots): say it before asking. */
+		fprintf(stderr, "kiln: session create: at most 2 --volume\n");
+		goto out;
 	}
 	if (optind != argc) {
 		session_usage(stderr);
@@ -297,6 +323,8 @@ static int session_create(int argc, char **argv, const struct cli_conn *conn)
 		json_object_set(body, "limits", limits);
 	if (json_array_size(allow))
 		json_object_set_new(body, "network", json_pack("{s:s, s:O}", "egress", "allow", "allow", allow));
+	if (json_array_size(vols))
+		json_object_set(body, "volumes", vols);
 	if ((rc = cli_request(conn, "session create", "POST", "/v1/sessions", body, 180, &reply)))
 		goto out;
 	if (json) {
@@ -310,6 +338,7 @@ out:
 	json_decref(body);
 	json_decref(limits);
 	json_decref(allow);
+	json_decref(vols);
 	json_decref(reply);
 	return rc;
 }

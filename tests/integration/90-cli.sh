@@ -4,11 +4,12 @@
 # outputs downloaded, exit codes, --file/--env, kiln-api's connection to
 # the host kept from one task to the next), kiln task list/get/logs/
 # cancel, kiln session fork and kiln snapshot create|list|get|delete with
-# kiln session create --snapshot, kiln admin (customer, key, revoke), bad
+# kiln session create --snapshot, kiln volume create|list|get|delete with
+# kiln session create --volume, kiln admin (customer, key, revoke), bad
 # usage; finally SIGTERM to kiln up: exit 0, credentials gone, no process or
 # cgroup of the stack left.
 . "$(dirname "$0")/lib.sh"
-t_plan 45
+t_plan 50
 require_image
 t_require_tools swift-proxy-server memcached jq
 t_require_built kiln kiln-api kiln-host
@@ -169,6 +170,29 @@ check "kiln snapshot delete; then the list no longer has it" \
 bad=
 for s in $FS $kids $NS; do [ "$("$KILN" session rm "$s" 2>&1)" = "$s destroyed" ] || bad="$bad $s"; done
 check "the parent, its forks and the session from the snapshot are destroyed${bad:+ (not:$bad)}" [ -z "$bad" ]
+
+# --- kiln volume and kiln session create --volume (issue 41), on the real stack ---
+# (the same commands against a stand-in kiln-api, their requests and errors:
+# 110-volume-clients.sh)
+VN=cli-vol-$$
+VOL=$("$KILN" volume create "$VN" --size 64 2> "$T_TMP/vol.err")
+rc=$?
+check "kiln volume create --size 64: the volume's id alone on stdout ($VOL; $(tr '\n' ' ' < "$T_TMP/vol.err"))" \
+	[ "$rc" = 0 -a "${VOL#vol_}" != "$VOL" ]
+VS=$("$KILN" session create --memory 256 --idle 300 --volume "$VN:/data" 2> "$T_TMP/vs.err")
+"$KILN" session exec "$VS" -- sh -c 'echo kept-in-volume > /data/note.txt && sync' > /dev/null 2>> "$T_TMP/vs.err"
+check "kiln session create --volume NAME:/data: mounted read-write, a file written there; volume list names the session ($VS; $(tr '\n' ' ' < "$T_TMP/vs.err" | head -c 300))" \
+	[ -n "$VS" -a -n "$(grep "volume $VN ($VOL) mounted at /data, read-write" "$T_TMP/vs.err")" \
+	-a -n "$("$KILN" volume list --name "$VN" 2>&1 | grep "^$VOL  *$VN  *64 .*$VS (rw)")" ]
+check "kiln volume delete of a mounted volume: refused, volume_busy" \
+	grep -q 'HTTP 409 volume_busy' <("$KILN" volume delete "$VN" 2>&1)
+"$KILN" session rm "$VS" > /dev/null 2>&1
+VS2=$("$KILN" session create --memory 256 --idle 300 --volume "$VN:/mnt/v:ro" 2> "$T_TMP/vs2.err")
+check "the next session (read-only, elsewhere) reads the file the last one synced ($VS2; $(tr '\n' ' ' < "$T_TMP/vs2.err" | head -c 300))" \
+	[ -n "$VS2" -a "$("$KILN" session exec "$VS2" -- cat /mnt/v/note.txt 2> /dev/null)" = kept-in-volume ]
+"$KILN" session rm "$VS2" > /dev/null 2>&1
+check "kiln volume delete once no session mounts it; then get is not_found" \
+	[ "$("$KILN" volume delete "$VN" 2>&1)" = "$VOL deleted" -a -n "$("$KILN" volume get "$VOL" 2>&1 | grep 'HTTP 404 not_found')" ]
 
 # --- admin: a customer, a key, a run with it, revoke ---
 "$KILN" admin customer create "acme$RANDOM" --name Acme > "$T_TMP/cust.json" 2>&1

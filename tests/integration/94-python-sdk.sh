@@ -6,7 +6,7 @@
 # is one result here. Then the SDK is installed with pip into a fresh venv,
 # offline, and imported from there; and nothing of the stack is left.
 . "$(dirname "$0")/lib.sh"
-t_plan 27
+t_plan 28
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require
@@ -21,9 +21,9 @@ client_results -e "$T_TMP/sdk.err" sdk "$T_TMP/sdk.out" \
 	KILN_API="$URL" KILN_KEY="$KA" KILN_TEST_ADMIN="$ADMIN" KILN_TEST_OTHER_KEY="$KB" \
 	timeout -k 5 900 "$PY" "$ROOT/tests/sdk/test_python_sdk.py"
 summary=$(grep '^sdk_test: ' "$T_TMP/sdk.out" | tail -n 1)
-# tests/sdk/test_python_sdk.py has exactly 16 tests.
-check "the SDK's unittest ran to its end: ${summary:-no summary} ($C_N checks of 16)" \
-	[ "$summary" = "sdk_test: $C_N run, 0 failed" -a "$C_N" = 16 ]
+# tests/sdk/test_python_sdk.py has exactly 17 tests.
+check "the SDK's unittest ran to its end: ${summary:-no summary} ($C_N checks of 17)" \
+	[ "$summary" = "sdk_test: $C_N run, 0 failed" -a "$C_N" = 17 ]
 [ -n "$summary" ] || echo "# $(tail -n 5 "$T_TMP/sdk.err")"
 
 # pip install ./sdk/python, offline, into a venv that sees Debian's setuptools

@@ -7,12 +7,12 @@
 # tests/mcp/client.mjs: tools/list, run_code (with a file in and an output
 # file out, downloaded through its url), a failing program, a sandbox round
 # trip (create, write, read, list, exec, fork, snapshot, a sandbox from the
-# snapshot, pause, resume, destroy), a failing command, bad arguments, a wrong key and malformed protocol lines; each of
+# snapshot, a volume written in one sandbox and read in the next, pause, resume, destroy), a failing command, bad arguments, a wrong key and malformed protocol lines; each of
 # its checks is one result here (KILN_MCP_BIN runs another kiln binary, e.g. a
 # wrapper that runs it under valgrind). Then: nothing of acme's is left running and
 # nothing of the stack is left (processes, mounts, cgroups, VM directories).
 . "$(dirname "$0")/lib.sh"
-t_plan 59
+t_plan 63
 require_image
 . "$ROOT/tests/e2b/stack.sh"
 e2b_require
@@ -28,9 +28,9 @@ client_results mcp "$T_TMP/mcp.out" \
 	env -i PATH=/usr/bin:/bin HOME="$T_TMP" KILN_MCP_SDK="$SDK" KILN_BIN="${KILN_MCP_BIN:-$ROOT/build/kiln}" \
 	KILN_API="$URL" KILN_KEY="$KA" timeout -k 5 900 node "$ROOT/tests/mcp/client.mjs"
 summary=$(grep '^mcp_test: ' "$T_TMP/mcp.out" | tail -n 1)
-# client.mjs prints exactly 51 checks on every run (one fewer means one died unseen).
-check "the MCP client test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 51)" \
-	[ -n "$summary" -a "$C_N" = 51 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/mcp.out" && echo 1 || echo 0)" ]
+# client.mjs prints exactly 55 checks on every run (one fewer means one died unseen).
+check "the MCP client test ran to its end: ${summary:-no summary} (exit ${C_RC:-?}, $C_N checks of 55)" \
+	[ -n "$summary" -a "$C_N" = 55 -a "${C_RC:-1}" = "$(grep -q '^FAIL ' "$T_TMP/mcp.out" && echo 1 || echo 0)" ]
 
 SBX=$(sed -n 's/^SANDBOX \(s_[^ ]*\)$/\1/p' "$T_TMP/mcp.out" | head -n 1)
 if [ -n "$SBX" ]; then

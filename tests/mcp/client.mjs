@@ -3,7 +3,7 @@
 // scripts/mcp-sdk.sh; KILN_MCP_SDK is its node_modules). Spawns
 // KILN_BIN mcp with KILN_API/KILN_KEY (a real stack: tests/integration/95-mcp.sh)
 // and prints one line per check: "PASS what" or "FAIL what: why", then
-// "mcp_test: N passed, M failed". Every run prints the same 51 checks
+// "mcp_test: N passed, M failed". Every run prints the same 55 checks
 // (95-mcp.sh expects exactly that many).
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
@@ -43,8 +43,9 @@ check('ping', pong, pongWhy);
 
 const { tools } = await client.listTools();
 const names = tools.map((t) => t.name).sort();
-const want = ['create_sandbox', 'delete_snapshot', 'destroy_sandbox', 'exec', 'fork_sandbox', 'list_files',
-  'list_snapshots', 'pause_sandbox', 'read_file', 'resume_sandbox', 'run_code', 'snapshot_sandbox', 'write_file'];
+const want = ['create_sandbox', 'create_volume', 'delete_snapshot', 'delete_volume', 'destroy_sandbox', 'exec',
+  'fork_sandbox', 'list_files', 'list_snapshots', 'list_volumes', 'pause_sandbox', 'read_file', 'resume_sandbox',
+  'run_code', 'snapshot_sandbox', 'write_file'];
 check(`tools/list: ${names.join(' ')}`, JSON.stringify(names) === JSON.stringify(want), names.join(' '));
 check('every tool has a description and an object input schema',
   tools.every((t) => t.description?.length > 20 && t.inputSchema?.type === 'object'), show(tools));
@@ -147,6 +148,30 @@ r = await client.callTool({ name: 'delete_snapshot', arguments: { snapshot_id: s
 const r4 = await client.callTool({ name: 'list_snapshots', arguments: { name: snapName } });
 check('delete_snapshot: deleted; list_snapshots no longer has it',
   !r.isError && (r4.structuredContent?.snapshots ?? [1]).length === 0, `${show(r)} ${show(r4)}`);
+
+// ---- volumes (issue 41; requests and errors against a stand-in: 110-volume-clients.sh) ----
+const volName = `mcp-vol-${process.pid}`;
+r = await client.callTool({ name: 'create_volume', arguments: { name: volName, size_mib: 64 } }, undefined, LONG);
+const volId = r.structuredContent?.volume_id;
+check(`create_volume: ${volId}`, !r.isError && /^vol_/.test(volId ?? '') && r.structuredContent?.size_mib === 64, show(r));
+r = await client.callTool({ name: 'create_sandbox', arguments: { volumes: [{ name: volName, path: '/data' }], idle_timeout: 120 } }, undefined, LONG);
+const volBox = r.structuredContent?.sandbox_id;
+const w = await client.callTool({ name: 'exec', arguments: { sandbox_id: volBox, command: 'echo in-volume > /data/v.txt && sync' } }, undefined, LONG);
+const lv = await client.callTool({ name: 'list_volumes', arguments: { name: volName } });
+check('create_sandbox {volumes}: mounted read-write at /data, a file written and synced; list_volumes names the sandbox',
+  !r.isError && /^s_/.test(volBox ?? '') && r.structuredContent?.volumes?.[0]?.path === '/data' && !w.isError &&
+  lv.structuredContent?.volumes?.[0]?.mounted_by?.[0]?.sandbox_id === volBox, `${show(r)} ${show(w)} ${show(lv)}`);
+await client.callTool({ name: 'destroy_sandbox', arguments: { sandbox_id: volBox } }, undefined, LONG);
+r = await client.callTool({ name: 'create_sandbox', arguments: { volumes: [{ name: volName, path: '/mnt/v', read_only: true }], idle_timeout: 120 } }, undefined, LONG);
+const volBox2 = r.structuredContent?.sandbox_id;
+const rd = await client.callTool({ name: 'exec', arguments: { sandbox_id: volBox2, command: 'cat /mnt/v/v.txt' } }, undefined, LONG);
+check('the next sandbox (read-only) reads the file the last one synced',
+  !r.isError && rd.structuredContent?.stdout === 'in-volume\n', `${show(r)} ${show(rd)}`);
+await client.callTool({ name: 'destroy_sandbox', arguments: { sandbox_id: volBox2 } }, undefined, LONG);
+r = await client.callTool({ name: 'delete_volume', arguments: { volume: volName } }, undefined, LONG);
+const lv2 = await client.callTool({ name: 'list_volumes', arguments: { name: volName } });
+check('delete_volume: deleted; list_volumes no longer has it',
+  !r.isError && (lv2.structuredContent?.volumes ?? [1]).length === 0, `${show(r)} ${show(lv2)}`);
 t0 = Date.now();
 r = await client.callTool({ name: 'pause_sandbox', arguments: { sandbox_id: id } }, undefined, LONG);
 check(`pause_sandbox: paused (${Date.now() - t0} ms)`, !r.isError && r.structuredContent?.state === 'paused', show(r));

@@ -238,6 +238,36 @@ class Forks(unittest.TestCase):
         self.assertEqual(list(c.snapshots(name=name)), [])
 
 
+class Volumes(unittest.TestCase):
+    """Issue 41's volumes on the real stack (the requests and error handling
+    against a stand-in: tests/sdk/test_sdk_volumes.py)."""
+
+    def test_volume(self):
+        """create_volume; a file written and synced in one session is read in the next; busy while mounted; delete"""
+        c = kiln.Client()
+        v = c.create_volume("sdk-vol-%d" % os.getpid(), size_mib=64)
+        try:
+            self.assertTrue(v.id.startswith("vol_"))
+            self.assertEqual((v.size_mib, v.mounted_by), (64, []))
+            with c.session(limits={"memory_mib": 256}, volumes={"/data": v}) as s:
+                self.assertEqual([(m["id"], m["path"], m["read_only"]) for m in s.volumes], [(v.id, "/data", False)])
+                s.exec("echo kept > /data/kept.txt && sync", check=True)
+                self.assertEqual(c.volume(v.name).mounted_by, [{"session_id": s.id, "read_only": False}])
+                with self.assertRaises(kiln.ConflictError) as cm:
+                    c.session(volumes={"/data": v})
+                self.assertEqual(cm.exception.code, "volume_busy")
+                with self.assertRaises(kiln.ConflictError):
+                    v.delete()
+            with c.session(limits={"memory_mib": 256}, volumes=[v.mount("/ro", read_only=True)]) as s:
+                self.assertEqual(s.read("/ro/kept.txt"), b"kept\n")
+            self.assertEqual(v.refresh()["mounted_by"], [])
+            self.assertGreater(v.bytes or 0, 0)
+        finally:
+            v.delete()
+        with self.assertRaises(kiln.NotFoundError):
+            c.volume(v.id)
+
+
 class Retries(unittest.TestCase):
     def test_retry_on_503_with_retry_after(self):
         """429/503 are retried honouring Retry-After, with one idempotency key"""

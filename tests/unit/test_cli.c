@@ -1,7 +1,7 @@
 /* Unit tests for the kiln CLI's parsers of untrusted or user-written input:
  * credentials-file lines, output paths named by the server, the
- * arguments of kiln session exec/put/get, ids put into request paths and
- * the query of kiln snapshot list. */
+ * arguments of kiln session exec/put/get, ids put into request paths, the
+ * query of kiln snapshot list and kiln session create's --volume. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -224,6 +224,53 @@ static void test_ids_and_snapshot_list_path(void **state)
 	assert_int_equal(cli_snapshot_list_path(NULL, NULL, NULL, tiny, 24), 0);
 	assert_int_equal(cli_snapshot_list_path("n", NULL, NULL, tiny, 31), 0);
 	assert_int_equal(cli_snapshot_list_path("nam", NULL, NULL, tiny, 32), -1);
+}
+
+/* --volume NAME:PATH[:ro|:rw]: the name as a path segment may carry, the
+ * path absolute, the mode only when given; anything else refused with why. */
+static void test_volume_mount(void **state)
+{
+	static const char *const bad[] = {
+		"ws", "ws:", ":/data", "ws:data", "ws:/", "ws:/:ro", "../x:/data", "a/b:/data", "ws:/data:rx",
+		"ws:/data:ro:ro", "ws:/a:b", "..:/data", "ws /x:/data",
+		"0123456789012345678901234567890123456789012345678901234567890123:/data", /* a 64-byte name */
+	};
+	char msg[320], *got;
+	json_t *m;
+	size_t i;
+
+	assert_true(cli_volume_name_ok("ws"));
+	assert_true(cli_volume_name_ok("my.vol_1-2"));
+	assert_true(cli_volume_name_ok("vol_0123456789abcdef01234567"));
+	assert_false(cli_volume_name_ok(""));
+	assert_false(cli_volume_name_ok(".."));
+	assert_false(cli_volume_name_ok("a/b"));
+	assert_false(cli_volume_name_ok("a?b"));
+
+	m = cli_volume_mount("ws:/data", msg, sizeof(msg));
+	got = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	assert_string_equal(got, "{\"name\":\"ws\",\"path\":\"/data\"}");
+	free(got);
+	json_decref(m);
+	m = cli_volume_mount("ws:/mnt/my data:ro", msg, sizeof(msg));
+	got = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	assert_string_equal(got, "{\"name\":\"ws\",\"path\":\"/mnt/my data\",\"read_only\":true}");
+	free(got);
+	json_decref(m);
+	m = cli_volume_mount("ws:/data:rw", msg, sizeof(msg));
+	assert_true(json_is_false(json_object_get(m, "read_only")));
+	assert_string_equal(json_string_value(json_object_get(m, "path")), "/data");
+	json_decref(m);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		msg[0] = '\0';
+		m = cli_volume_mount(bad[i], msg, sizeof(msg));
+		if (m)
+			fail_msg("--volume %s was taken", bad[i]);
+		assert_true(msg[0] != '\0');
+	}
+	assert_null(cli_volume_mount(NULL, msg, sizeof(msg)));
+	assert_null(cli_volume_mount("ws:/caf\xe9", msg, sizeof(msg))); /* not UTF-8 */
+	assert_non_null(strstr(msg, "UTF-8"));
 }
 
 /* ---- a guest's tar archive, unpacked ---- */
@@ -521,6 +568,7 @@ int main(void)
 		cmocka_unit_test(test_session_exec_args),
 		cmocka_unit_test(test_session_paths),
 		cmocka_unit_test(test_ids_and_snapshot_list_path),
+		cmocka_unit_test(test_volume_mount),
 		cmocka_unit_test(test_untar_hostile),
 		cmocka_unit_test(test_template_build_args),
 		cmocka_unit_test(test_template_recipe),

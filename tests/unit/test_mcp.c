@@ -113,7 +113,7 @@ static void test_tools(void **state)
 
 	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\"}");
 	t = json_object_get(json_object_get(j, "result"), "tools");
-	assert_int_equal(json_array_size(t), 13);
+	assert_int_equal(json_array_size(t), 16);
 	for (i = 0; i < json_array_size(t); i++) {
 		json_t *tool = json_array_get(t, i);
 
@@ -140,6 +140,7 @@ static void test_tools(void **state)
 		static const char *const want[][2] = {
 			{ "fork_sandbox", "[\"sandbox_id\"]" }, { "snapshot_sandbox", "[\"sandbox_id\"]" },
 			{ "list_snapshots", NULL }, { "delete_snapshot", "[\"snapshot_id\"]" }, { "create_sandbox", NULL },
+			{ "create_volume", "[\"name\"]" }, { "list_volumes", NULL }, { "delete_volume", "[\"volume\"]" },
 		};
 		size_t w;
 
@@ -169,6 +170,19 @@ static void test_tools(void **state)
 			if (!strcmp(name, "create_sandbox"))
 				assert_string_equal(json_string_value(json_object_get(json_object_get(props, "snapshot_id"), "type")),
 						    "string");
+			if (!strcmp(name, "create_sandbox")) {
+				json_t *vols = json_object_get(props, "volumes");
+				char *req = json_dumps(json_object_get(json_object_get(vols, "items"), "required"), JSON_COMPACT);
+
+				assert_string_equal(json_string_value(json_object_get(vols, "type")), "array");
+				assert_int_equal(json_integer_value(json_object_get(vols, "maxItems")), 2);
+				assert_string_equal(req, "[\"name\",\"path\"]");
+				free(req);
+			}
+			if (!strcmp(name, "create_volume")) {
+				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "size_mib"), "minimum")), 16);
+				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "size_mib"), "maximum")), 65536);
+			}
 			if (!strcmp(name, "fork_sandbox")) {
 				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "count"), "minimum")), 1);
 				assert_int_equal(json_integer_value(json_object_get(json_object_get(props, "count"), "maximum")), 20);
@@ -195,6 +209,17 @@ static void test_tools(void **state)
 		    "\"arguments\":{\"sandbox_id\":\"s_1\",\"count\":3}}}");
 	assert_string_equal(last_tool, "fork_sandbox");
 	assert_int_equal(json_integer_value(json_object_get(last_args, "count")), 3);
+	json_decref(j);
+	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"create_sandbox\","
+		    "\"arguments\":{\"volumes\":[{\"name\":\"ws\",\"path\":\"/data\"}]}}}");
+	assert_string_equal(last_tool, "create_sandbox");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(last_args, "volumes"), 0), "path")),
+			    "/data");
+	json_decref(j);
+	j = ask(&s, "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"tools/call\",\"params\":{\"name\":\"delete_volume\","
+		    "\"arguments\":{\"volume\":\"ws\"}}}");
+	assert_string_equal(last_tool, "delete_volume");
+	assert_string_equal(json_string_value(json_object_get(last_args, "volume")), "ws");
 	json_decref(j);
 
 	last_tool[0] = '\0';

@@ -1,5 +1,5 @@
 """The kiln client: tasks (run, submit, wait, stream, cancel), sessions,
-their forks and named snapshots."""
+their forks, named snapshots and volumes."""
 from __future__ import annotations
 
 import base64
@@ -15,7 +15,7 @@ from . import errors
 from ._http import Transport, download
 from .code import CodeResult, Context, Execution, ExecutionError, execution_from_events
 
-__all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult", "Snapshot", "ForkResult"]
+__all__ = ["Client", "Task", "Result", "Output", "Event", "Session", "ExecResult", "Snapshot", "ForkResult", "Volume"]
 
 FINAL = ("succeeded", "failed", "timed_out", "cancelled", "error")
 Files = Union[Mapping[str, Union[bytes, str]], Sequence[Mapping[str, Any]], None]
@@ -226,6 +226,11 @@ class Session:
     @property
     def state(self) -> str:
         return self.session.get("state", "")
+
+    @property
+    def volumes(self) -> List[Dict[str, Any]]:
+        """The volumes it mounts: ``[{"name", "id", "path", "read_only"}]``."""
+        return list(self.session.get("volumes") or [])
 
     def _path(self, rest: str = "") -> str:
         return "/v1/sessions/" + _q(self.id) + rest
@@ -471,6 +476,82 @@ class Snapshot:
         return "<kiln.Snapshot %s%s>" % (self.id, " %r" % self.name if self.name else "")
 
 
+class Volume:
+    """A volume: a named filesystem of the customer's, kept in S3 between
+    the sessions that mount it. ``id`` (``vol_...``), ``name``,
+    ``size_mib``, ``created_ms``, ``mounted_by`` (``[{"session_id",
+    "read_only"}]``), ``bytes`` (data stored; ``None`` when never written or
+    unknown: only :meth:`Client.volume` and :meth:`refresh` give it),
+    ``volume`` (kiln-api's JSON); :meth:`refresh`, :meth:`delete`."""
+
+    def __init__(self, client: "Client", volume: Dict[str, Any]):
+        self._c = client
+        self._set(volume)
+
+    def _set(self, volume: Dict[str, Any]) -> None:
+        self.volume = volume
+        self.id: str = volume["id"]
+        self.name: str = volume.get("name", "")
+        self.size_mib: Optional[int] = volume.get("size_mib")
+        self.created_ms: Optional[int] = volume.get("created_ms")
+        self.mounted_by: List[Dict[str, Any]] = list(volume.get("mounted_by") or [])
+        self.bytes: Optional[int] = volume.get("bytes")
+
+    def refresh(self) -> Dict[str, Any]:
+        """Read it again (with ``bytes``); returns kiln-api's JSON."""
+        _, _, r = self._c._t.request("GET", "/v1/volumes/" + _q(self.id))
+        self._set(r)
+        return r
+
+    def delete(self) -> Dict[str, Any]:
+        """Delete it and its files for good. A volume a session mounts (even
+        a paused one) raises :class:`kiln.ConflictError` (``volume_busy``);
+        no host to delete its files: :class:`kiln.UnavailableError`
+        (nothing changed); another delete: :class:`kiln.NotFoundError`."""
+        _, _, r = self._c._t.request("DELETE", "/v1/volumes/" + _q(self.id), timeout=120)
+        return r
+
+    def mount(self, path: str, read_only: bool = False) -> Dict[str, Any]:
+        """This volume as one entry of ``client.session(volumes=[...])``."""
+        return {"name": self.name, "path": path, "read_only": read_only}
+
+    def __repr__(self) -> str:
+        return "<kiln.Volume %s %r>" % (self.id, self.name)
+
+
+Mounts = Union[Sequence[Mapping[str, Any]], Mapping[str, Union["Volume", str]], None]
+
+
+def _mounts(volumes: Mounts) -> List[Dict[str, Any]]:
+    """Client.session's ``volumes`` as kiln-api's ``[{"name","path","read_only"}]``:
+    a list of ``{"name" (or a Volume), "path", "read_only"?}``, or a mapping
+    ``{path: name or Volume}`` (each read-write)."""
+    def name_of(v: Any) -> str:
+        if isinstance(v, Volume):
+            return v.name
+        if isinstance(v, str) and v:
+            return v
+        raise errors.ValidationError("volumes: a volume's name or a kiln.Volume (got %r)" % (v,),
+                                     code="invalid_request")
+
+    out: List[Dict[str, Any]] = []
+    if isinstance(volumes, Mapping):
+        for path, v in volumes.items():
+            out.append({"name": name_of(v), "path": path})
+    else:
+        for m in volumes or []:
+            if not isinstance(m, Mapping) or "path" not in m or "name" not in m:
+                raise errors.ValidationError('volumes: each one {"name", "path", "read_only"?} (got %r)' % (m,),
+                                             code="invalid_request")
+            e = {"name": name_of(m["name"]), "path": m["path"]}
+            if m.get("read_only") is not None:
+                e["read_only"] = bool(m["read_only"])
+            out.append(e)
+    if len(out) > 2:
+        raise errors.ValidationError("volumes: at most 2 (got %d)" % len(out), code="invalid_request")
+    return out
+
+
 def _q(s: str) -> str:
     return urllib.parse.quote(s, safe="/" if s.startswith("/") else "")
 
@@ -561,14 +642,21 @@ class Client:
     def session(self, *, template: Optional[str] = None, limits: Optional[Mapping[str, int]] = None,
                 network: Optional[Mapping[str, Any]] = None, idle_timeout_s: Optional[int] = None,
                 max_lifetime_s: Optional[int] = None, metadata: Any = None, keep: bool = False,
-                snapshot: Union["Snapshot", str, None] = None) -> Session:
+                snapshot: Union["Snapshot", str, None] = None, volumes: Mounts = None) -> Session:
         """Create a session (a running sandbox); use ``with`` to destroy it
         at the end (``keep=True``: leave it). ``snapshot`` (a
         :class:`Snapshot` or its id): start it from that snapshot, with its
         memory, processes and files; its vCPUs, memory, template and network
         are the snapshot's, so ``template``, ``network`` and
-        ``limits`` vcpus/memory_mib cannot go with it."""
+        ``limits`` vcpus/memory_mib cannot go with it. ``volumes``: at most 2
+        volumes to mount, as ``[{"name": "ws", "path": "/data",
+        "read_only": False}]`` (``name`` may be a :class:`Volume`) or
+        ``{"/data": "ws"}`` (read-write). One session at a time mounts a
+        volume read-write (another one: :class:`kiln.ConflictError`
+        ``volume_busy``), any number read-only."""
         body: Dict[str, Any] = {}
+        if volumes:
+            body["volumes"] = _mounts(volumes)
         if snapshot is not None:
             if template is not None or network is not None or set(limits or ()) & {"vcpus", "memory_mib"}:
                 raise errors.ValidationError("snapshot: the session has the snapshot's vcpus, memory, template and "
@@ -613,3 +701,27 @@ class Client:
             if not nxt or nxt == after:  # the last page (or a token that would not move on)
                 return
             after = nxt
+
+    # -- volumes --
+    def create_volume(self, name: str, size_mib: Optional[int] = None) -> Volume:
+        """Create a volume (``size_mib``: 16-65536, default 1024, at most the
+        customer's ``max_volume_mib``). A name already taken raises
+        :class:`kiln.ConflictError`; past ``max_volumes``,
+        :class:`kiln.QuotaError`."""
+        body: Dict[str, Any] = {"name": name}
+        if size_mib is not None:
+            body["size_mib"] = size_mib
+        _, _, r = self._t.request("POST", "/v1/volumes", json_body=body, timeout=60)
+        return Volume(self, r)
+
+    def volumes(self, name: Optional[str] = None) -> List[Volume]:
+        """Every volume, newest first (``name``: only that one)."""
+        path = "/v1/volumes" + ("?" + urllib.parse.urlencode({"name": name}) if name else "")
+        _, _, r = self._t.request("GET", path)
+        return [Volume(self, x) for x in r.get("volumes") or []]
+
+    def volume(self, id_or_name: str) -> Volume:
+        """A volume by id (``vol_...``) or name, with ``bytes`` and
+        ``mounted_by`` (none of that name: :class:`kiln.NotFoundError`)."""
+        _, _, r = self._t.request("GET", "/v1/volumes/" + _q(id_or_name))
+        return Volume(self, r)

@@ -136,6 +136,7 @@ _CODE_STATUS = {
     "unauthorized": 401, "forbidden": 403, "not_found": 404, "no_snapshot": 404,
     "invalid_request": 400, "invalid_spec": 400, "over_quota": 400,
     "busy": 409, "not_running": 409, "not_paused": 409, "incompatible_snapshot": 409, "snapshot_corrupt": 422,
+    "volume_busy": 409, "volume_attached": 409, "conflict": 409,
     "rate_limited": 429, "quota_exceeded": 429, "queue_full": 429,
     "no_capacity": 503, "no_host": 503, "host_unavailable": 503, "unavailable": 503, "s3_unavailable": 503,
     "no_s3": 503, "internal": 500, "host_error": 500,
