@@ -10,7 +10,7 @@ snapshot, then a session created from it to its first exec answered,
 against a session created from the template.
 Targets (issue 41): fork to 1 child 150 ms, 10 children 1 s, parent's
 pause 50 ms, idle child PSS <= 1/4 of the parent's.
-Environment: KILN_API, KILN_KEY.   usage: bench/fork_api.py [RUNS]"""
+Environment: KILN_API, KILN_KEY, KILN_ADMIN_KEY (kiln up's credentials).   usage: bench/fork_api.py [RUNS]"""
 import base64, glob, http.client, json, os, statistics, sys, threading, time, urllib.parse
 
 RUNS = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("RUNS", 3))
@@ -41,13 +41,16 @@ def first_exec(sid, out, i, t0):
 
 
 def fork(parent, n):
-    """Fork to n children; ms until every child answered its first exec,
-    the parent's stand-still, the children's ids."""
+    """Fork to n children; ms until every child made answered its first
+    exec, the parent's stand-still, the children's ids (fewer than n when
+    the host had no room: kiln up's host admits 4 vCPUs a core, issue 44)."""
     t0 = time.monotonic()
     a = call("POST", "/v1/sessions/%s/fork" % parent, {"count": n})
     kids = [c["id"] for c in a.get("sessions", [])]
-    if len(kids) != n:
-        raise SystemExit("fork-api: fork to %d made %d: %s" % (n, len(kids), a.get("errors")))
+    if not kids:
+        raise SystemExit("fork-api: fork to %d made none: %s" % (n, a.get("errors")))
+    refused.update(e.get("code", "?") for e in a.get("errors", []))
+    n = len(kids)
     done = [0.0] * n
     th = [threading.Thread(target=first_exec, args=(k, done, i, t0)) for i, k in enumerate(kids)]
     for t in th:
@@ -58,16 +61,27 @@ def fork(parent, n):
 
 
 def qemu_pss_kib(sid):
-    """PSS of the QEMU running session sid on this host (0: not found)."""
+    """PSS of the QEMU running session sid on this host (0: not found): the
+    one whose command line or open files name the session's directory."""
+    mark = ("/sessions/%s/" % sid).encode()
     for cmd in glob.glob("/proc/[0-9]*/cmdline"):
+        pdir = cmd[:-len("cmdline")]
         try:
             argv = open(cmd, "rb").read().split(b"\0")
+            if not argv or not argv[0].endswith(b"qemu-system-x86_64"):
+                continue
+            names = [a for a in argv]
+            for fd in os.listdir(pdir + "fd"):
+                try:
+                    names.append(os.readlink(pdir + "fd/" + fd).encode())
+                except OSError:
+                    pass
+            if any(mark in a for a in names):
+                for line in open(pdir + "smaps_rollup"):
+                    if line.startswith("Pss:"):
+                        return int(line.split()[1])
         except OSError:
             continue
-        if argv and argv[0].endswith(b"qemu-system-x86_64") and any(sid.encode() in a for a in argv):
-            for line in open(cmd.replace("cmdline", "smaps_rollup")):
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
     return 0
 
 
@@ -80,6 +94,19 @@ def create_to_exec(body):
     return ms
 
 
+refused = set()
+# kiln up's customer may run 4 sessions: a fork to ten needs eleven.
+ADMIN = dict(H, Authorization="Bearer " + os.environ["KILN_ADMIN_KEY"])
+_c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=60)
+_c.request("GET", "/v1/usage", headers=H)
+CUSTOMER = json.loads(_c.getresponse().read())["customer"]
+_c.request("PUT", "/v1/admin/customers/%s/quotas" % CUSTOMER, body=json.dumps({"max_running": 16, "max_vcpus": 16,
+                                                                               "max_memory_mib": 16384}),
+           headers=ADMIN)
+_r = _c.getresponse()
+_r.read()
+if _r.status != 200:
+    raise SystemExit("fork-api: raising the quota: HTTP %d" % _r.status)
 s = call("POST", "/v1/sessions", {"limits": {"memory_mib": 256}})
 sid = s["id"]
 P = "/v1/sessions/" + sid
@@ -87,7 +114,7 @@ snap = None
 try:
     call("POST", P + "/exec", {"argv": ["sh", "-c", "cat > /tmp/hold.py && (python3 /tmp/hold.py > /dev/null 2>&1 &) "
                                         "&& sleep 3"], "stdin_b64": base64.b64encode(HOLD.encode()).decode()})
-    one, ten, stops, pss = [], [], [], []
+    one, ten, stops, pss, made = [], [], [], [], []
     for _ in range(RUNS):
         ms, stop, kids = fork(sid, 1)
         one.append(ms)
@@ -97,6 +124,7 @@ try:
     for _ in range(RUNS):
         ms, stop, kids = fork(sid, 10)
         ten.append(ms)
+        made.append(len(kids))
         stops.append(stop)
         time.sleep(3)  # idle
         pss.append((qemu_pss_kib(kids[0]), qemu_pss_kib(sid)))
@@ -109,7 +137,8 @@ try:
     print("fork-api: 256 MiB session, 64 MiB of random bytes in a process, through kiln-api (kiln up, one host); "
           "medians of %d" % RUNS)
     print("  fork to 1 child, to its first exec answered: %.0f ms (target 150)" % med(one))
-    print("  fork to 10 children, to all ten answered:    %.0f ms (target 1000)" % med(ten))
+    print("  fork to 10 children, to all %d made answered: %.0f ms (target 1000 for ten)%s"
+          % (min(made), med(ten), "; the others refused: " + ", ".join(sorted(refused)) if refused else ""))
     print("  the parent stood still:                      %.0f ms (target 50)" % med(stops))
     if all(p[0] and p[1] for p in pss):
         c, p = med(x[0] for x in pss), med(x[1] for x in pss)

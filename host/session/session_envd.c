@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -333,6 +334,36 @@ json_t *session_metrics_range(struct session_table *ss, const char *id, int64_t 
 	return a ? json_pack("{s:o}", "samples", a) : NULL;
 }
 
+/* A session's volume slots hold at most their volume (its size_mib, and
+ * what ext4 may write past its end: VOL_SLOT_SLACK); an empty slot nothing.
+ * A guest (its root) that writes past that into the slot's device would
+ * fill the host's disk (the slot is a 64 GiB sparse file): its VM is
+ * killed at the sample that sees it, within SESSION_SAMPLE_MS of writes
+ * at the disk throttle's rate. Unlocked reads of the slots' sizes: nvols
+ * and vols[] do not change while the VM runs. */
+#define VOL_SLOT_SLACK (64ull << 20)
+
+static void vol_slots_check(const struct session *s, pid_t pid)
+{
+	for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
+		uint64_t allow = (i < s->nvols ? (uint64_t)s->vols[i].size_mib << 20 : 0) + VOL_SLOT_SLACK;
+		char path[PATH_MAX + 32];
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s/vol%u.img", s->dir, i);
+		if (stat(path, &st) < 0 || (uint64_t)st.st_blocks * 512 <= allow)
+			continue;
+		fprintf(stderr,
+			"kiln-host: session %s: its volume slot %u holds %llu MiB, past the %llu MiB its volume may: its VM "
+			"is stopped (SIGKILL)\n",
+			s->id, i, (unsigned long long)((uint64_t)st.st_blocks * 512 >> 20),
+			(unsigned long long)(allow >> 20));
+		if (pid > 0)
+			kill(pid, SIGKILL);
+		return;
+	}
+}
+
 void sessions_sample(struct session_table *ss)
 {
 	struct {
@@ -366,6 +397,8 @@ void sessions_sample(struct session_table *ss)
 		n++;
 	}
 	pthread_mutex_unlock(&ss->lock);
+	for (size_t i = 0; i < n; i++)
+		vol_slots_check(due[i].s, due[i].in.pid);
 	for (size_t i = 0; i < n; i++) {
 		struct session_sample m;
 

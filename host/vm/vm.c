@@ -386,7 +386,8 @@ static void build_argv(const struct vm_config *cfg, const struct vm *vm, char **
 
 		vm_vol_path(vp, sizeof(vp), cfg->vol_dir, vm, i);
 		ARG("-drive");
-		ARG("id=vol%u,if=none,file=%s,format=raw,cache=writeback%s", i, vp, thr);
+		ARG("id=vol%u,if=none,file=%s,format=raw,cache=writeback%s%s", i, vp, vm_vol_readonly(cfg) ? ",readonly=on" : "",
+		    thr);
 		ARG("-device");
 		ARG("virtio-blk-device,drive=vol%u,serial=" VM_VOL_SERIAL "%u", i, i);
 	}
@@ -444,6 +445,16 @@ void vm_vol_path(char *out, size_t cap, const char *dir, const struct vm *vm, un
 		snprintf(out, cap, "%s/vol/vol%u.img", vm->dir, slot);
 }
 
+int vm_vol_readonly(const struct vm_config *cfg)
+{
+	/* A clone that is no session's (a task's, a warm pool VM) never mounts
+	 * a volume: its slots are read-only drives, so a guest that writes
+	 * them gets I/O errors and takes no disk of the host's. The guest
+	 * negotiated its features on a writable drive when the template was
+	 * made; read-only adds one it did not take, which a restore accepts. */
+	return !cfg->vol_dir && cfg->incoming && !cfg->disk_writable;
+}
+
 /* The VM's empty volume slots (sparse files of VM_VOL_SLOT_BYTES). */
 static int make_vol_slots(const struct vm_config *cfg, const struct vm *vm, struct kiln_err *err)
 {
@@ -459,7 +470,10 @@ static int make_vol_slots(const struct vm_config *cfg, const struct vm *vm, stru
 
 		vm_vol_path(path, sizeof(path), cfg->vol_dir, vm, i);
 		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd < 0 || ftruncate(fd, (off_t)VM_VOL_SLOT_BYTES) < 0) {
+		/* A read-only slot is bound as is (not given to the jail's uid):
+		 * readable by all, and empty. */
+		if (fd < 0 || ftruncate(fd, (off_t)VM_VOL_SLOT_BYTES) < 0 ||
+		    (vm_vol_readonly(cfg) && fchmod(fd, 0644) < 0)) {
 			kiln_err_set(err, KERR_HOST_ERROR, "cannot create %s: %s", path, strerror(errno));
 			if (fd >= 0)
 				close(fd);
@@ -523,10 +537,14 @@ static int spawn_jailed(const struct vm_config *cfg, struct vm *vm, char **argv,
 	}
 	for (unsigned i = 0; i < VM_VOL_SLOTS; i++) {
 		vm_vol_path(vps[i], sizeof(vps[i]), cfg->vol_dir, vm, i);
-		spec.rw[nrw++] = vps[i];
+		if (vm_vol_readonly(cfg))
+			spec.ro[nro++] = vps[i];
+		else
+			spec.rw[nrw++] = vps[i];
 	}
-	/* A guest may write anywhere in a volume slot. */
-	if (VM_VOL_SLOT_BYTES > fsize)
+	/* A guest may write anywhere in a writable volume slot (a session's
+	 * sampler stops one that writes past its volume: session_envd.c). */
+	if (!vm_vol_readonly(cfg) && VM_VOL_SLOT_BYTES > fsize)
 		fsize = VM_VOL_SLOT_BYTES;
 	if (cfg->mem_file && cfg->mem_fd <= 0) {
 		/* A template writes its RAM file: it must exist to be bound. */

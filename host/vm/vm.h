@@ -95,6 +95,10 @@ struct vm_config {
 
 struct vm;
 
+/* Whether cfg's volume slots are read-only drives: a restored VM that is no
+ * session's (vol_dir NULL; not a template build's, which writes its disk). */
+int vm_vol_readonly(const struct vm_config *cfg);
+
 /* The path of slot's file for a VM started with vol_dir dir (NULL: the VM's
  * own, vm->dir). */
 void vm_vol_path(char *out, size_t cap, const char *dir, const struct vm *vm, unsigned slot);

@@ -102,12 +102,14 @@ else not_ok "QEMU's root" "entries: $entries" "not allowed:$extra" "dev: $(ls -A
 awk '{ print $5, $6 }' "/proc/$Q/mountinfo" > "$T_TMP/mounts"
 rw=$(awk '$2 ~ /^rw/ { print $1 }' "$T_TMP/mounts" | sort | tr '\n' ' ')
 suid=$(awk '$2 !~ /nosuid/' "$T_TMP/mounts" | wc -l)
-# The volume slots (docs/architecture.md "Volumes") are the VM's own files too.
-want_rw=$(printf '%s\n' /proc "$VMDIR/vm" "$VMDIR/vol/vol0.img" "$VMDIR/vol/vol1.img" | sort | tr '\n' ' ')
+# A task's volume slots (docs/architecture.md "Volumes") are read-only binds:
+# it never mounts a volume.
+want_rw=$(printf '%s\n' /proc "$VMDIR/vm" | sort | tr '\n' ' ')
 if [ "$rw" = "$want_rw" ] && [ "$suid" = 0 ] \
    && grep -q '^/usr/bin/qemu-system-x86_64 ro,' "$T_TMP/mounts" && grep -q '/libc.so.6 ro,' "$T_TMP/mounts" \
-   && grep -q "^$(readlink -f "$ROOT/build/image/rootfs.ext4") ro," "$T_TMP/mounts" && grep -q "^/ ro," "$T_TMP/mounts"; then
-	ok "$(wc -l < "$T_TMP/mounts") mounts: all nosuid, read-only except $VMDIR/vm, its two volume slots and /proc; qemu, libc, the rootfs and / itself read-only"
+   && grep -q "^$(readlink -f "$ROOT/build/image/rootfs.ext4") ro," "$T_TMP/mounts" && grep -q "^/ ro," "$T_TMP/mounts" \
+   && grep -q "^$VMDIR/vol/vol0.img ro," "$T_TMP/mounts"; then
+	ok "$(wc -l < "$T_TMP/mounts") mounts: all nosuid, read-only except $VMDIR/vm and /proc (a task's volume slots too); qemu, libc, the rootfs and / itself read-only"
 else not_ok "QEMU's mounts" "rw: $rw (want $want_rw)" "without nosuid: $suid" "$(head -5 "$T_TMP/mounts")"; fi
 check "none of the jail's mounts is visible in the host's mount namespace" [ "$(count_mounts)" = 0 ]
 
