@@ -13,7 +13,7 @@
 # chunk is a clear error and starts nothing; DELETE
 # /v1/volumes removes every object; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 20
+t_plan 21
 require_image
 t_require_tools swift-proxy-server memcached python3 jq curl
 t_require_python boto3
@@ -125,6 +125,16 @@ check "the next session reads the file synced before the crash ($st)" \
 	test "$st" = 201 -a "$(sh_in "$PB" s5 'cat /data/crash')" = synced-before-crash
 h "$PB" DELETE "/v1/sessions/s5?customer=acme" > /dev/null
 
+# A slot holding more than its volume (what a guest's root writing past its
+# volume into the slot's device would leave: here the host allocates it, as
+# a guest's writes would) has its VM stopped by the sampler: the host's
+# disk is not the guest's to fill.
+create "$PA" s7 '[]' > /dev/null
+fallocate -o 0 -l 96M "$T_TMP/spool-a/sessions/s7/vol0.img"
+for _ in $(seq 40); do grep -q 'session s7: its volume slot 0 holds' "$T_TMP/a.err" && break; sleep 0.5; done
+check "an empty volume slot holding 96 MiB has its VM stopped ($(grep -o 'session s7: its volume slot.*' "$T_TMP/a.err" | head -c 110))" \
+	grep -q 'session s7: its volume slot 0 holds 96 MiB' "$T_TMP/a.err"
+h "$PA" DELETE "/v1/sessions/s7?customer=acme" > /dev/null
 s3l damage acme/volumes/v1/manifest.json
 st=$(create "$PA" s6 "$RW")
 check "a damaged volume chunk: HTTP $st $(last .error.code) ($(last .error.message | head -c 120)), and nothing of the session is left" \
