@@ -119,6 +119,16 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 		json_object_set_new(j, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
 							      c->auto_pause == 1 ? "pause" : "kill", "autoResume",
 							      c->auto_resume));
+		/* volumeMounts [{name, path}] (getInfo's), from the session's volumes. */
+		{
+			json_t *vm = json_array(), *v;
+			size_t i;
+
+			json_array_foreach(json_object_get(native, "volumes"), i, v)
+				json_array_append_new(vm, json_pack("{s:O, s:O}", "name", json_object_get(v, "name"), "path",
+								    json_object_get(v, "path")));
+			json_object_set_new(j, "volumeMounts", vm);
+		}
 	}
 	if (j && token && c->private_traffic) {
 		char tt[65];

@@ -591,6 +591,15 @@ static void test_e2b_volumes(void **state)
 		assert_true(json_is_false(json_object_get(v, "read_only")));
 		json_decref(j);
 	}
+	/* getInfo's volumeMounts. */
+	snprintf(p, sizeof(p), "/e2b/sandboxes/%s", e2b_id);
+	call(&a, key_a, 1, "GET", p, NULL);
+	assert_int_equal(a.status, 200);
+	assert_int_equal(json_array_size(json_object_get(a.j, "volumeMounts")), 1);
+	assert_string_equal(str(json_array_get(json_object_get(a.j, "volumeMounts"), 0), "name"), "work");
+	assert_string_equal(str(json_array_get(json_object_get(a.j, "volumeMounts"), 0), "path"), "/home/user/work");
+	answer_free(&a);
+	snprintf(p, sizeof(p), "/e2b/volumes/%s", vid);
 	call(&a, key_a, 1, "POST", "/e2b/v2/sandboxes", "{\"volumeMounts\":[{\"name\":\"work\",\"path\":\"/w\"}]}");
 	assert_int_equal(a.status, 409);
 	answer_free(&a);
