@@ -1,7 +1,8 @@
 /* sessions_int.h: what api/sessions/sessions.c (the endpoints), session_core.c
  * (struct sessions, requests in flight, pause and destroy),
- * session_place.c (placing a create or resume on a host, with retries) and
- * session_reap.c (the reaper) share. Not for other modules; unit tests
+ * session_place.c (placing a create or resume on a host, with retries),
+ * session_snapshots.c, session_volumes.c and session_reap.c (the reaper)
+ * share. Not for other modules; unit tests
  * include it to drive placement and the reaper's decisions by hand. */
 #ifndef KILN_API_SESSIONS_INT_H
 #define KILN_API_SESSIONS_INT_H
