@@ -9,7 +9,10 @@
  * session half: create under the quota, transitions, resume, discard, and
  * the leases replicas hold on sessions (two handles on one database); push's
  * one read of a task (store_task_push_get) and STORE_TX's release of the
- * lock and an open transaction on an early return. */
+ * lock and an open transaction on an early return; volumes (quota, names,
+ * the one-writer rule with the session's insert, deletion refused while
+ * mounted), and on PostgreSQL the one-writer rule and deletion raced
+ * across two handles. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1686,6 +1689,79 @@ static void test_volumes(void **state)
 	store_close(s);
 }
 
+
+/* The one-writer rule across replicas (PostgreSQL, two handles): two
+ * read-write mounts of one volume at once, one on each, give one session
+ * and one volume_busy; a mount and a deletion at once never both happen. */
+struct vol_racer {
+	struct store *s;
+	const char *volume;
+	int del;                     /* mark the volume deleted instead of mounting it */
+	int r;
+	char id[40];
+};
+
+static void *vol_race(void *arg)
+{
+	struct vol_racer *x = arg;
+	struct kiln_err err = { .code = "" };
+	struct store_volume_mount m = { .read_only = 0 };
+	struct store_session_new sn = {
+		.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+		.max_lifetime_s = 60, .host_id = "h1", .volumes = &m, .nvolumes = 1,
+	};
+
+	snprintf(m.volume_id, sizeof(m.volume_id), "%s", x->volume);
+	snprintf(m.path, sizeof(m.path), "/data");
+	x->r = x->del ? store_volume_mark_deleted(x->s, x->volume, "acme", &err) : store_session_create(x->s, &sn, x->id, &err);
+	return NULL;
+}
+
+static void test_volume_replicas(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *a, *b;
+	struct quota q;
+
+	assert_true(pg); /* registered for the PostgreSQL pass only */
+	a = open_ok();
+	b = open_ok();
+	quota_defaults(&q);
+	q.max_running = 100;
+	q.max_vcpus = 100;
+	q.max_memory_mib = 100000;
+	customer(a, "acme", &q);
+	for (int round = 0; round < 5; round++) {
+		char v[40], name[16];
+		struct vol_racer x = { .s = a }, y = { .s = b };
+		pthread_t tx, ty;
+
+		snprintf(name, sizeof(name), "v%d", round);
+		assert_int_equal(store_volume_create(a, "acme", name, 16, 0, v, &err), 0);
+		x.volume = y.volume = v;
+		/* Two writers at once: one wins. */
+		assert_int_equal(pthread_create(&tx, NULL, vol_race, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, vol_race, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		if (!((x.r == 0 && y.r == -EBUSY) || (x.r == -EBUSY && y.r == 0)))
+			fail_msg("round %d: two writers got %d and %d", round, x.r, y.r);
+		assert_int_equal(store_session_transition(a, x.r == 0 ? x.id : y.id, SESSION_STARTING, SESSION_DESTROYED, "",
+							  "deleted", NULL), 1);
+		/* A writer and a deletion at once: never both. */
+		x = (struct vol_racer){ .s = a, .volume = v, .del = 1 };
+		y = (struct vol_racer){ .s = b, .volume = v };
+		assert_int_equal(pthread_create(&tx, NULL, vol_race, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, vol_race, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		if (!((x.r == 1 && y.r == -EINVAL) || (x.r == -EBUSY && y.r == 0)))
+			fail_msg("round %d: deletion %d, mount %d", round, x.r, y.r);
+	}
+	store_close(a);
+	store_close(b);
+}
+
 #define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
 
 int main(void)
@@ -1713,6 +1789,7 @@ int main(void)
 		BOTH(test_volumes),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
+		cmocka_unit_test_setup(test_volume_replicas, setup_pg),
 	};
 	int r;
 	char cmd[300];
