@@ -41,6 +41,8 @@
 	KERR(BUSY, "busy", 409)                                                                      \
 	KERR(NOT_RUNNING, "not_running", 409)                                                        \
 	KERR(VOLUME_ATTACHED, "volume_attached", 409)                                                \
+	KERR(VOLUME_BUSY, "volume_busy", 409)                                                        \
+	KERR(CONFLICT, "conflict", 409)                                                              \
 	KERR(NOT_PAUSED, "not_paused", 409)                                                          \
 	KERR(INCOMPATIBLE_SNAPSHOT, "incompatible_snapshot", 409)                                    \
 	KERR(NO_EXEC, "no_exec", 409)                                                                \

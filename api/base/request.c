@@ -297,6 +297,110 @@ fail:
 
 /* ---- sessions ---- */
 
+int api_volume_name_ok(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	return n >= 1 && n <= 63 &&
+	       strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+}
+
+int api_volume_path_ok(const char *p)
+{
+	static const char *const refused[] = { "/proc", "/sys", "/dev" };
+	size_t n = p ? strlen(p) : 0;
+
+	/* kiln-host's vol_path_ok, so that a refusal is a 400 here and not
+	 * a host's invalid_spec after placement. */
+	if (n < 2 || n > 255 || p[0] != '/' || p[n - 1] == '/')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+			return 0;
+	for (const char *c = p + 1;;) {
+		const char *e = strchr(c, '/');
+		size_t len = e ? (size_t)(e - c) : strlen(c);
+
+		if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
+			return 0;
+		if (!e)
+			break;
+		c = e + 1;
+	}
+	for (size_t i = 0; i < sizeof(refused) / sizeof(*refused); i++) {
+		size_t l = strlen(refused[i]);
+
+		if (!strncmp(p, refused[i], l) && (p[l] == '\0' || p[l] == '/'))
+			return 0;
+	}
+	return 1;
+}
+
+/* a is b, or under it. */
+static int path_within(const char *a, const char *b)
+{
+	size_t l = strlen(b);
+
+	return !strncmp(a, b, l) && (a[l] == '\0' || a[l] == '/');
+}
+
+/* "volumes": [{"name","path","read_only"?}] into out. 0 or -1 with err. */
+static int volumes_parse(json_t *v, struct api_session_request *out, struct kiln_err *err)
+{
+	json_t *e;
+	size_t i;
+
+	if (!json_is_array(v))
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes: expected an array of {\"name\",\"path\",\"read_only\"?}");
+	if (json_array_size(v) > API_SESSION_VOLUMES_MAX)
+		return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes: a session mounts at most %d (got %zu)",
+				    API_SESSION_VOLUMES_MAX, json_array_size(v));
+	json_array_foreach(v, i, e) {
+		struct api_volume_req *m = &out->volumes[i];
+		const char *k, *name, *path;
+		json_t *f, *ro;
+
+		if (!json_is_object(e))
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes[%zu]: expected an object", i);
+		json_object_foreach(e, k, f)
+			if (strcmp(k, "name") && strcmp(k, "path") && strcmp(k, "read_only")) {
+				kiln_err_set(err, KERR_INVALID_REQUEST,
+					     "volumes[%zu].%.64s: a volume mount has only \"name\", \"path\" and \"read_only\"",
+					     i, k);
+				scrub(err->message);
+				return -1;
+			}
+		name = json_string_value(json_object_get(e, "name"));
+		path = json_string_value(json_object_get(e, "path"));
+		ro = json_object_get(e, "read_only");
+		if (!name || strlen(name) != json_string_length(json_object_get(e, "name")) || !api_volume_name_ok(name))
+			return kiln_err_set(err, KERR_INVALID_REQUEST,
+					    "volumes[%zu].name: a volume's name (1-63 characters of A-Z, a-z, 0-9, '.', '_', '-')",
+					    i);
+		if (!path || strlen(path) != json_string_length(json_object_get(e, "path")) || !api_volume_path_ok(path))
+			return kiln_err_set(err, KERR_INVALID_REQUEST,
+					    "volumes[%zu].path: an absolute, normalised path of at most 255 characters (no"
+					    " \"//\", \".\", \"..\" or trailing '/'), not \"/\" and not under /proc, /sys or /dev",
+					    i);
+		if (ro && !json_is_boolean(ro))
+			return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes[%zu].read_only: expected true or false", i);
+		for (size_t j = 0; j < i; j++) {
+			if (!strcmp(out->volumes[j].name, name))
+				return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes[%zu].name: volume %s is mounted twice",
+						    i, name);
+			if (path_within(path, out->volumes[j].path) || path_within(out->volumes[j].path, path))
+				return kiln_err_set(err, KERR_INVALID_REQUEST,
+						    "volumes[%zu].path: %s and %s: one volume would be mounted inside another",
+						    i, path, out->volumes[j].path);
+		}
+		snprintf(m->name, sizeof(m->name), "%s", name);
+		snprintf(m->path, sizeof(m->path), "%s", path);
+		m->read_only = json_is_true(ro);
+	}
+	out->nvolumes = (unsigned)json_array_size(v);
+	return 0;
+}
+
 void api_session_request_free(struct api_session_request *r)
 {
 	if (!r)
@@ -325,8 +429,8 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 			      struct kiln_err *err)
 {
 	static const char *const keys[] = { "image", "limits", "network", "idle_timeout_s", "max_lifetime_s",
-					    "metadata", "template", "snapshot", NULL };
-	static const char *const from_snapshot[] = { "image", "limits", "network", "template", NULL };
+					    "metadata", "template", "snapshot", "volumes", NULL };
+	static const char *const from_snapshot[] = { "image", "limits", "network", "template", "volumes", NULL };
 	json_t *j, *v, *limits, *net, *probe = NULL, *spec = NULL;
 	struct task_spec ts;
 	int r = -1;
@@ -366,8 +470,8 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		for (const char *const *f = from_snapshot; *f; f++)
 			if (json_object_get(j, *f)) {
 				kiln_err_set(err, KERR_INVALID_REQUEST,
-					     "%s: a session started from a snapshot has the snapshot's limits, network and"
-					     " template: leave it out",
+					     "%s: a session started from a snapshot has the snapshot's limits, network,"
+					     " template and volumes: leave it out",
 					     *f);
 				goto out;
 			}
@@ -383,6 +487,9 @@ int api_session_request_parse(const char *body, size_t len, int allow_egress, st
 		r = 0;
 		goto out;
 	}
+	v = json_object_get(j, "volumes");
+	if (v && volumes_parse(v, out, err) < 0)
+		goto out;
 	v = json_object_get(j, "image");
 	if (v && (!json_is_string(v) || strcmp(json_string_value(v), "default"))) {
 		kiln_err_set(err, KERR_INVALID_REQUEST, "image: only \"default\" exists");

@@ -64,6 +64,7 @@ int api_heartbeat_parse(const char *body, size_t len, char *url, json_t **capaci
 #define API_EXEC_STDIN_MAX              (16u << 20) /* an exec's stdin_b64, decoded (kiln-host's bound) */
 #define API_INPUT_MAX                   (256u << 10) /* one input request's data_b64, decoded (kiln-host's bound) */
 #define API_TTY_MAX                     4096 /* a terminal's rows and cols (the guest protocol's bound) */
+#define API_SESSION_VOLUMES_MAX         2    /* a VM's volume slots (kiln-host's VM_VOL_SLOTS) */
 
 /* A POST /v1/sessions body, checked. */
 struct api_session_request {
@@ -75,12 +76,28 @@ struct api_session_request {
 	char template_name[64]; /* "template" ("" when absent: the default) */
 	char snapshot[40];     /* "snapshot": start from this snapshot ("" none); then spec_json is NULL
 				* and vcpus, memory_mib, output_mib, egress 0: they are the snapshot's */
+	struct api_volume_req {
+		char name[64];         /* a volume's name (or id): api_volume_name_ok */
+		char path[256];        /* its mount point: api_volume_path_ok */
+		int read_only;
+	} volumes[API_SESSION_VOLUMES_MAX]; /* "volumes" (not with "snapshot") */
+	unsigned nvolumes;
 };
 
+/* A volume's name: 1-63 characters of [A-Za-z0-9._-]. 1 when ok. */
+int api_volume_name_ok(const char *name);
+
+/* A volume's mount point as kiln-host accepts it: absolute, normalised (no
+ * "//", ".", "..", trailing '/', control characters), at most 255 bytes,
+ * not "/", not /proc, /sys, /dev or under them. 1 when ok. */
+int api_volume_path_ok(const char *path);
+
 /* Parse {"image","limits","network","idle_timeout_s","max_lifetime_s",
- * "metadata","template","snapshot"} (all optional; "snapshot", a snapshot
- * id, excludes image, limits, network and template: a session from a
- * snapshot has the snapshot's): image "default" only; limits vcpus, memory_mib
+ * "metadata","template","snapshot","volumes"} (all optional; "snapshot", a
+ * snapshot id, excludes image, limits, network, template and volumes: a
+ * session from a snapshot has the snapshot's); volumes: at most
+ * API_SESSION_VOLUMES_MAX {"name","path","read_only"?}, each name once, no
+ * path inside another; image "default" only; limits vcpus, memory_mib
  * and output_mib with the task spec's ranges and defaults (no timeout_s:
  * sessions have idle and lifetime limits, and each exec its own timeout);
  * network as a task's (a network.egress other than "none" without

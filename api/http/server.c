@@ -379,6 +379,21 @@ static enum MHD_Result handle_snapshots(struct server *s, struct MHD_Connection 
 	return sessions_snapshots_handle(ss, &sr);
 }
 
+/* /v1/volumes/...: session_volumes.c */
+static enum MHD_Result handle_volumes(struct server *s, struct MHD_Connection *conn, const char *method,
+				      const char *url, const struct httpd_body *body, const struct caller *c)
+{
+	struct sessions_request sr = {
+		.conn = conn, .method = method, .path = url + 11, .body = httpd_body_data(body),
+		.len = httpd_body_len(body), .customer = c->customer, .admin = c->admin, .lim = s->lim,
+	};
+	struct sessions *ss = hold_sessions(s);
+
+	if (!ss)
+		return reply_error(conn, KERR_UNAVAILABLE, "volumes are not served now");
+	return sessions_volumes_handle(ss, &sr);
+}
+
 static enum MHD_Result handle_templates(struct server *s, struct MHD_Connection *conn, const char *method,
 					const char *url, const struct httpd_body *body, const struct caller *c)
 {
@@ -586,6 +601,8 @@ enum MHD_Result server_access(void *cls, struct MHD_Connection *conn, const char
 			return handle_sessions(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/snapshots") || !strncmp(url, "/v1/snapshots/", 14))
 			return handle_snapshots(s, conn, method, url, body, &c);
+		if (!strcmp(url, "/v1/volumes") || !strncmp(url, "/v1/volumes/", 12))
+			return handle_volumes(s, conn, method, url, body, &c);
 		if (!strcmp(url, "/v1/templates") || !strncmp(url, "/v1/templates/", 14))
 			return handle_templates(s, conn, method, url, body, &c);
 		if (!strncmp(url, "/v1/admin/", 10)) {

@@ -112,7 +112,7 @@ enum MHD_Result server_rt_customer_get(void *ctx, struct httpd_req *r)
 	struct server *s = ctx;
 	struct quota q;
 	struct usage u;
-	unsigned snaps = 0;
+	unsigned snaps = 0, vols = 0;
 	uint64_t snap_bytes = 0;
 	char id[65];
 	json_t *j;
@@ -120,12 +120,14 @@ enum MHD_Result server_rt_customer_get(void *ctx, struct httpd_req *r)
 	if (admin_customer(s, r, id, &q) < 0)
 		return reply_not_found(r->conn, "no such customer");
 	j = store_customer_json(s->st, id);
-	if (j && store_customer_usage(s->st, id, &u) == 0 && store_snapshot_usage(s->st, id, &snaps, &snap_bytes) == 0)
+	if (j && store_customer_usage(s->st, id, &u) == 0 && store_snapshot_usage(s->st, id, &snaps, &snap_bytes) == 0 &&
+	    store_volume_count(s->st, id, &vols) == 0)
 		json_object_set_new(j, "usage",
-				    json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:i, s:I}", "running", (int)u.running, "vcpus",
+				    json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:i, s:I, s:i}", "running", (int)u.running, "vcpus",
 					      (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued,
 					      "sessions", (int)u.sessions, "paused_sessions", (int)u.paused_sessions,
-					      "snapshots", (int)snaps, "snapshot_bytes", (json_int_t)snap_bytes));
+					      "snapshots", (int)snaps, "snapshot_bytes", (json_int_t)snap_bytes, "volumes",
+					      (int)vols));
 	return j ? reply_json(r->conn, MHD_HTTP_OK, j) : reply_internal(r->conn, "cannot read the customer");
 }
 

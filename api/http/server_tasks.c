@@ -508,20 +508,21 @@ static enum MHD_Result handle_usage(struct server *s, struct MHD_Connection *con
 {
 	struct quota q;
 	struct usage u;
-	unsigned snaps;
+	unsigned snaps, vols;
 	uint64_t snap_bytes;
 
 	if (c->admin)
 		return reply_error(conn, KERR_FORBIDDEN, "an admin key has no usage: use a customer key");
 	if (store_customer_quota(s->st, c->customer, &q) < 0 || store_customer_usage(s->st, c->customer, &u) < 0 ||
-	    store_snapshot_usage(s->st, c->customer, &snaps, &snap_bytes) < 0)
+	    store_snapshot_usage(s->st, c->customer, &snaps, &snap_bytes) < 0 ||
+	    store_volume_count(s->st, c->customer, &vols) < 0)
 		return reply_internal(conn, "cannot read the usage");
 	return reply_json(conn, MHD_HTTP_OK,
-			  json_pack("{s:s, s:o, s:{s:i, s:i, s:I, s:i, s:i, s:i, s:i, s:I}, s:{s:f, s:i, s:f}}", "customer",
+			  json_pack("{s:s, s:o, s:{s:i, s:i, s:I, s:i, s:i, s:i, s:i, s:I, s:i}, s:{s:f, s:i, s:f}}", "customer",
 				    c->customer, "quotas", quota_to_json(&q), "usage", "running", (int)u.running, "vcpus",
 				    (int)u.vcpus, "memory_mib", (json_int_t)u.memory_mib, "queued", (int)u.queued,
 				    "sessions", (int)u.sessions, "paused_sessions", (int)u.paused_sessions, "snapshots",
-				    (int)snaps, "snapshot_bytes", (json_int_t)snap_bytes, "submit", "rate",
+				    (int)snaps, "snapshot_bytes", (json_int_t)snap_bytes, "volumes", (int)vols, "submit", "rate",
 				    q.submit_rate, "burst", (int)q.submit_burst, "tokens",
 				    quota_limiter_peek(s->lim, c->customer, q.submit_rate, q.submit_burst, clock_mono_ms())));
 }

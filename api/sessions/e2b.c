@@ -119,6 +119,16 @@ static json_t *sandbox_json(struct sessions *ss, const struct store_session *c, 
 		json_object_set_new(j, "lifecycle", json_pack("{s:s, s:b}", "onTimeout",
 							      c->auto_pause == 1 ? "pause" : "kill", "autoResume",
 							      c->auto_resume));
+		/* volumeMounts [{name, path}] (getInfo's), from the session's volumes. */
+		{
+			json_t *vm = json_array(), *v;
+			size_t i;
+
+			json_array_foreach(json_object_get(native, "volumes"), i, v)
+				json_array_append_new(vm, json_pack("{s:O, s:O}", "name", json_object_get(v, "name"), "path",
+								    json_object_get(v, "path")));
+			json_object_set_new(j, "volumeMounts", vm);
+		}
 	}
 	if (j && token && c->private_traffic) {
 		char tt[65];
@@ -937,6 +947,100 @@ static enum MHD_Result h_snapshot_delete(void *ctx, struct httpd_req *req)
 	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
 }
 
+/* ---- volumes (docs/e2b.md "Volumes") ---- */
+
+/* E2B's VolumeAndToken of a volume: the SDK takes a null token and domain
+ * as "use your own configuration" (the /volumecontent file API is not
+ * kiln's: mount the volume in a sandbox instead). */
+static json_t *volume_info(const struct store_volume *v, int with_token)
+{
+	json_t *j = json_pack("{s:s, s:s}", "volumeID", v->id, "name", v->name);
+
+	if (j && with_token) {
+		json_object_set_new(j, "token", json_null());
+		json_object_set_new(j, "domain", json_null());
+	}
+	return j;
+}
+
+/* POST /e2b/volumes {name}: 201 {volumeID, name, token, domain} */
+static enum MHD_Result h_volume_create(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct store_volume v;
+	enum MHD_Result ret;
+	char name[STORE_VOLUME_NAME_MAX + 1];
+	json_t *b, *n;
+
+	if (!(b = body_object(c->r, &ret)))
+		return ret;
+	n = json_object_get(b, "name");
+	if (!json_is_string(n) || strlen(json_string_value(n)) != json_string_length(n) ||
+	    json_string_length(n) > STORE_VOLUME_NAME_MAX) {
+		json_decref(b);
+		return bad_request(req->conn, "name: 1-63 characters of A-Z, a-z, 0-9, '.', '_' and '-' (required)");
+	}
+	snprintf(name, sizeof(name), "%s", json_string_value(n));
+	json_decref(b);
+	if (!sessions_volume_create(c->ss, c->r, name, SESSIONS_VOLUME_MIB_DEFAULT, &v, &ret))
+		return ret;
+	return reply_json(req->conn, MHD_HTTP_CREATED, volume_info(&v, 1));
+}
+
+/* GET /e2b/volumes: [{volumeID, name}] */
+static enum MHD_Result h_volume_list(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	json_t *arr = store_volume_list(c->ss->st, c->r->customer, NULL), *out, *x;
+	size_t i;
+
+	if (!arr)
+		return reply_e2b_error(req->conn, 500, "cannot list the volumes", NULL, NULL);
+	out = json_array();
+	json_array_foreach(arr, i, x)
+		json_array_append_new(out, json_pack("{s:O, s:O}", "volumeID", json_object_get(x, "id"), "name",
+						     json_object_get(x, "name")));
+	json_decref(arr);
+	return reply_json(req->conn, MHD_HTTP_OK, out);
+}
+
+/* The caller's volume {id} (its id, or else its name): 1, or 0 with 404. */
+static int volume_find(struct e2b_call *c, struct httpd_req *req, struct store_volume *v, enum MHD_Result *ret)
+{
+	char msg[128];
+
+	if (store_volume_get(c->ss->st, req->param[0], c->r->customer, v) == 0)
+		return 1;
+	snprintf(msg, sizeof(msg), "volume %.64s not found", req->param[0]);
+	*ret = reply_e2b_error(req->conn, MHD_HTTP_NOT_FOUND, msg, NULL, NULL);
+	return 0;
+}
+
+/* GET /e2b/volumes/{volumeID}: {volumeID, name, token, domain} */
+static enum MHD_Result h_volume_get(void *ctx, struct httpd_req *req)
+{
+	struct store_volume v;
+	enum MHD_Result ret;
+
+	if (!volume_find(ctx, req, &v, &ret))
+		return ret;
+	return reply_json(req->conn, MHD_HTTP_OK, volume_info(&v, 1));
+}
+
+/* DELETE /e2b/volumes/{volumeID}: 204; 404; 409 while a sandbox mounts it */
+static enum MHD_Result h_volume_delete(void *ctx, struct httpd_req *req)
+{
+	struct e2b_call *c = ctx;
+	struct store_volume v;
+	enum MHD_Result ret;
+
+	if (!volume_find(c, req, &v, &ret))
+		return ret;
+	if (!sessions_volume_delete(c->ss, c->r, &v, &ret))
+		return ret;
+	return reply_bytes(req->conn, MHD_HTTP_NO_CONTENT, NULL, 0, NULL);
+}
+
 static const struct httpd_route e2b_routes[] = {
 	{ "POST", "/e2b/v2/sandboxes", h_create },
 	{ "GET", "/e2b/v2/sandboxes", h_list_v2 },
@@ -955,6 +1059,10 @@ static const struct httpd_route e2b_routes[] = {
 	{ "GET", "/e2b/snapshots", h_snapshot_list },
 	{ "DELETE", "/e2b/snapshots/{id}", h_snapshot_delete },
 	{ "DELETE", "/e2b/templates/{id}", h_snapshot_delete },
+	{ "POST", "/e2b/volumes", h_volume_create },
+	{ "GET", "/e2b/volumes", h_volume_list },
+	{ "GET", "/e2b/volumes/{id}", h_volume_get },
+	{ "DELETE", "/e2b/volumes/{id}", h_volume_delete },
 };
 
 static const struct httpd_routes e2b_table = {
@@ -986,7 +1094,14 @@ enum MHD_Result e2b_handle(struct sessions *ss, const struct sessions_request *r
 			ret = reply_e2b_error(r->conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed", "Allow", allow);
 			break;
 		default:
-			ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
+			/* E2B's volume file API (the SDK's Volume.readFile, writeFile, …). */
+			if (!strncmp(url, "/e2b/volumecontent/", 19) || !strcmp(url, "/e2b/volumecontent"))
+				ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND,
+						      "kiln has no volume content API (/volumecontent): mount the volume"
+						      " in a sandbox (volumeMounts) and use the sandbox's files API",
+						      NULL, NULL);
+			else
+				ret = reply_e2b_error(r->conn, MHD_HTTP_NOT_FOUND, "no such endpoint", NULL, NULL);
 		}
 	}
 	sessions_release(ss);

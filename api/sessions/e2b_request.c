@@ -465,10 +465,32 @@ int e2b_create_parse(const char *body, size_t len, int allow_egress, struct e2b_
 		snprintf(msg, cap, "mcp: must be an object (MCP server configurations)");
 		goto fail;
 	}
+	/* volumeMounts [{name, path}]: read-write mounts of the customer's
+	 * volumes by name, kiln's "volumes" (checked by its parser next). */
 	v = json_object_get(b, "volumeMounts");
-	if (v && !json_is_null(v) && (!json_is_array(v) || json_array_size(v))) {
-		snprintf(msg, cap, "volumeMounts: volumes are not supported by kiln");
-		goto fail;
+	if (v && !json_is_null(v)) {
+		json_t *vols = json_array(), *e;
+		size_t i;
+
+		if (!json_is_array(v) || !vols) {
+			json_decref(vols);
+			snprintf(msg, cap, "volumeMounts: expected an array of {\"name\", \"path\"}");
+			goto fail;
+		}
+		json_array_foreach(v, i, e) {
+			json_t *name = json_object_get(e, "name"), *path = json_object_get(e, "path");
+
+			if (!json_is_string(name) || !json_is_string(path)) {
+				json_decref(vols);
+				snprintf(msg, cap, "volumeMounts[%zu]: expected {\"name\", \"path\"} (strings)", i);
+				goto fail;
+			}
+			json_array_append_new(vols, json_pack("{s:O, s:O}", "name", name, "path", path));
+		}
+		if (json_array_size(vols))
+			json_object_set_new(n, "volumes", vols);
+		else
+			json_decref(vols);
 	}
 	if (env_of(b, &out->env_json, msg, cap) < 0)
 		goto fail;

@@ -477,8 +477,27 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 			 * goes to the host that paused it (snapshot_host). */
 			if (cur.state == SESSION_RUNNING ? sched_host_state(ss->sched, cur.host_id, url) == 1
 							 : cur.has_snapshot && snapshot_host(ss, id, url)) {
+				json_t *reply = NULL;
+				const char *code;
+
 				snprintf(path, sizeof(path), "/v1/sessions/%s?customer=%s", id, cur.customer);
-				st = sessions_host_call(ss, url, "DELETE", path, NULL, 60000, NULL, &err);
+				st = sessions_host_call(ss, url, "DELETE", path, NULL, 60000, &reply, &err);
+				code = json_string_value(json_object_get(json_object_get(reply, "error"), "code"));
+				if (cur.state == SESSION_RUNNING && st == 503 && code && !strcmp(code, "s3_unavailable")) {
+					/* Its read-write volume could not be uploaded: the host
+					 * keeps it running, so does the store (destroy again). */
+					const char *m = json_string_value(
+						json_object_get(json_object_get(reply, "error"), "message"));
+
+					o->status = 503;
+					kiln_err_set(&o->err, KERR_S3_UNAVAILABLE,
+						     "the session's volume could not be saved to S3, so the session keeps"
+						     " running: destroy it again later (%s)",
+						     m ? m : "S3 refused the upload");
+					json_decref(reply);
+					return;
+				}
+				json_decref(reply);
 				if (st != 200 && st != 404)
 					fprintf(stderr, "kiln-api: session %s: destroying it on %s: %s\n", id, url,
 						st < 0 ? err.message : "unexpected status");

@@ -1,8 +1,10 @@
 /* session_run: creating and resuming a session, for POST /v1/sessions,
  * POST /v1/sessions/{id}/resume and E2B's create, connect and resume
  * (e2b.c) alike: admission (quotas, the submit rate), the template
- * resolved to its TREF, placement on a host with retries (session_place.c)
- * and the row kept in the store (see sessions_int.h). */
+ * resolved to its TREF, the volumes by name (the host's spec gets their ids
+ * and sizes; the mounts go in with the row under the one-writer rule),
+ * placement on a host with retries (session_place.c) and the row kept in
+ * the store (see sessions_int.h). */
 #include "sessions_int.h"
 
 #include <errno.h>
@@ -114,6 +116,9 @@ struct create_src {
 	const char *ref;             /* the TREF sent to hosts: tu's or snap_ref */
 	char tkey[72];
 	char prefer[65];
+	char *vol_spec;              /* the request's spec with its "volumes" for hosts (owned) */
+	struct store_volume_mount mounts[STORE_SESSION_VOLUMES_MAX]; /* recorded with the row */
+	unsigned nmounts;
 };
 
 static void create_src_free(struct create_src *c)
@@ -121,6 +126,83 @@ static void create_src_free(struct create_src *c)
 	template_use_free(&c->tu);
 	free(c->snap_spec);
 	free(c->snap_ref);
+	free(c->vol_spec);
+}
+
+/* The request's volumes by name (the customer's, not deleted) into c's
+ * mounts, and c->spec with the host's "volumes" [{"id","path","read_only",
+ * "size_mib"}]: 1, or 0 with the error answered (400: no such volume). */
+static int volumes_resolve(struct sessions *ss, const struct sessions_request *r,
+			   const struct api_session_request *sr, struct create_src *c, enum MHD_Result *ret)
+{
+	json_t *spec, *vols;
+
+	if (!sr->nvolumes)
+		return 1;
+	spec = json_loads(c->spec ? c->spec : "{}", 0, NULL);
+	vols = json_array();
+	for (unsigned i = 0; spec && vols && i < sr->nvolumes && i < STORE_SESSION_VOLUMES_MAX; i++) {
+		struct store_volume_mount *m = &c->mounts[i];
+		struct store_volume v;
+		char msg[200];
+		int g = store_volume_get(ss->st, sr->volumes[i].name, r->customer, &v);
+
+		if (g < 0) {
+			json_decref(spec);
+			json_decref(vols);
+			if (g == -ENOENT)
+				snprintf(msg, sizeof(msg), "volumes[%u].name: no volume named %s (POST /v1/volumes first)", i,
+					 sr->volumes[i].name);
+			else
+				snprintf(msg, sizeof(msg), "cannot read the volumes");
+			*ret = sessions_answer(r, 0, g == -ENOENT ? KERR_INVALID_REQUEST : KERR_STORE_ERROR, msg, NULL, NULL);
+			return 0;
+		}
+		memset(m, 0, sizeof(*m));
+		snprintf(m->volume_id, sizeof(m->volume_id), "%s", v.id);
+		snprintf(m->name, sizeof(m->name), "%s", v.name);
+		snprintf(m->path, sizeof(m->path), "%s", sr->volumes[i].path);
+		m->read_only = sr->volumes[i].read_only;
+		c->nmounts++;
+		json_array_append_new(vols, json_pack("{s:s, s:s, s:b, s:i}", "id", v.id, "path", m->path, "read_only",
+						      m->read_only, "size_mib", (int)v.size_mib));
+	}
+	if (spec && vols)
+		json_object_set_new(spec, "volumes", vols);
+	else
+		json_decref(vols);
+	c->vol_spec = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+	json_decref(spec);
+	if (!c->vol_spec) {
+		*ret = sessions_answer(r, 0, KERR_INTERNAL, "out of memory", NULL, NULL);
+		return 0;
+	}
+	c->spec = c->vol_spec;
+	return 1;
+}
+
+/* A snapshot's spec's "volumes" (read-only ones: a checkpoint with a
+ * read-write volume is refused) as c's mounts: its children mount them
+ * too, and their rows say so. */
+static void volumes_of_snapshot(struct create_src *c)
+{
+	json_t *spec = json_loads(c->spec ? c->spec : "{}", 0, NULL), *e;
+	size_t i;
+
+	json_array_foreach(json_object_get(spec, "volumes"), i, e) {
+		struct store_volume_mount *m;
+		const char *id = json_string_value(json_object_get(e, "id"));
+		const char *path = json_string_value(json_object_get(e, "path"));
+
+		if (!id || !path || c->nmounts >= STORE_SESSION_VOLUMES_MAX)
+			continue;
+		m = &c->mounts[c->nmounts++];
+		memset(m, 0, sizeof(*m));
+		snprintf(m->volume_id, sizeof(m->volume_id), "%s", id);
+		snprintf(m->path, sizeof(m->path), "%s", path);
+		m->read_only = json_is_true(json_object_get(e, "read_only"));
+	}
+	json_decref(spec);
 }
 
 /* Fill c for sr: 1, or 0 with the error answered. */
@@ -145,6 +227,10 @@ static int create_src_get(struct sessions *ss, const struct sessions_request *r,
 		c->egress = sr->egress;
 		c->ref = c->tu.template_ref;
 		*tkey = tkey_of(&c->tu, c->tkey);
+		if (!volumes_resolve(ss, r, sr, c, ret)) {
+			create_src_free(c);
+			return 0;
+		}
 		return 1;
 	}
 	/* Another customer's, or deleted: no such snapshot. */
@@ -165,6 +251,7 @@ static int create_src_get(struct sessions *ss, const struct sessions_request *r,
 	c->ref = c->snap_ref;
 	*tkey = tkey_of_ref(c->snap_ref, c->tkey);
 	snprintf(c->prefer, sizeof(c->prefer), "%s", k.host_id);
+	volumes_of_snapshot(c);
 	return 1;
 }
 
@@ -216,6 +303,7 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 			.max_lifetime_s = sr->max_lifetime_s, .egress = src.egress,
 			.template_use = !sr->snapshot[0] && src.tu.template_ref ? &src.tu.use : NULL,
 			.from_snapshot = sr->snapshot[0] ? sr->snapshot : NULL,
+			.volumes = src.mounts, .nvolumes = src.nmounts,
 		};
 		/* With this process's lease (a request in flight) from the start:
 		 * no replica's reaper takes it in starting for a leftover. */
@@ -224,8 +312,11 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		if (cr < 0) {
 			sched_unplace(ss->sched, host, &need);
 			create_src_free(&src);
+			/* -EBUSY volume_busy (409), -EINVAL a volume deleted meanwhile
+			 * (400): the table's status. */
 			*ret = sessions_answer_err(r, cr == -EDQUOT   ? MHD_HTTP_TOO_MANY_REQUESTS
 						   : cr == -ENOENT ? MHD_HTTP_NOT_FOUND
+						   : cr == -EBUSY || cr == -EINVAL ? 0
 								   : MHD_HTTP_INTERNAL_SERVER_ERROR,
 						   &err, cr == -EDQUOT && r->e2b ? "Retry-After" : NULL, RETRY_AFTER_S);
 			return 0;

@@ -70,6 +70,23 @@ int sessions_snapshot_take(struct sessions *ss, const struct sessions_request *r
 		*ret = sessions_answer(r, 0, KERR_NOT_RUNNING, msg, NULL, NULL);
 		return 0;
 	}
+	{
+		/* A read-write volume: its copies would be a second writer
+		 * (kiln-host refuses too; this spares the host the request). */
+		struct store_volume_mount m[STORE_SESSION_VOLUMES_MAX];
+		int n = store_session_volumes(ss->st, cur->id, m, STORE_SESSION_VOLUMES_MAX);
+
+		for (int i = 0; i < n; i++)
+			if (!m[i].read_only) {
+				snprintf(msg, sizeof(msg),
+					 "the session mounts volume %s read-write at %s: a %s would be a second writer"
+					 " (mount it read-only to %s)",
+					 m[i].name[0] ? m[i].name : m[i].volume_id, m[i].path, fork ? "fork" : "snapshot",
+					 fork ? "fork" : "snapshot");
+				*ret = sessions_answer(r, 0, KERR_VOLUME_ATTACHED, msg, NULL, NULL);
+				return 0;
+			}
+	}
 	hs = sched_host_state(ss->sched, cur->host_id, url);
 	if (hs != 1) {
 		snprintf(msg, sizeof(msg), "the session's host cannot be reached: %s",

@@ -3,7 +3,8 @@
  * check quotas, place a session on a host with the scheduler's rules
  * (session_place.c), keep its row in the store and proxy exec, files, pause,
  * resume and outputs to its host, and take named snapshots and forks
- * (session_snapshots.c, with /v1/snapshots); and the reaper thread (session_reap.c),
+ * (session_snapshots.c, with /v1/snapshots), and keep the customer's volumes
+ * (session_volumes.c, /v1/volumes); and the reaper thread (session_reap.c),
  * which ends sessions past their idle or lifetime
  * limit (pausing them when the customer's session_auto_pause says so, else
  * destroying them), settles sessions whose host is lost (error/host_lost),
@@ -79,6 +80,10 @@ enum MHD_Result sessions_handle(struct sessions *ss, const struct sessions_reque
  * "/v1/snapshots") held with sessions_hold, which this releases
  * (session_snapshots.c). */
 enum MHD_Result sessions_snapshots_handle(struct sessions *ss, const struct sessions_request *r);
+
+/* Answer a request under /v1/volumes (r->path: what follows "/v1/volumes")
+ * held with sessions_hold, which this releases (session_volumes.c). */
+enum MHD_Result sessions_volumes_handle(struct sessions *ss, const struct sessions_request *r);
 
 /* The end of a sessions_hold (sessions_handle and e2b_handle release it
  * themselves; the ports room calls this). */

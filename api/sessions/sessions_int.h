@@ -1,7 +1,8 @@
 /* sessions_int.h: what api/sessions/sessions.c (the endpoints), session_core.c
  * (struct sessions, requests in flight, pause and destroy),
- * session_place.c (placing a create or resume on a host, with retries) and
- * session_reap.c (the reaper) share. Not for other modules; unit tests
+ * session_place.c (placing a create or resume on a host, with retries),
+ * session_snapshots.c, session_volumes.c and session_reap.c (the reaper)
+ * share. Not for other modules; unit tests
  * include it to drive placement and the reaper's decisions by hand. */
 #ifndef KILN_API_SESSIONS_INT_H
 #define KILN_API_SESSIONS_INT_H
@@ -269,6 +270,33 @@ enum MHD_Result sessions_rt_fork(struct sessions *ss, const struct sessions_requ
 /* The reaper's pass over deleted snapshots whose objects are still there
  * (a host was unreachable, or the last session ended elsewhere). */
 void sessions_snapshots_gc(struct sessions *ss);
+
+/* ---- session_volumes.c: volumes (docs/api.md "Volumes") ---- */
+
+#define SESSIONS_VOLUME_MIB_DEFAULT 1024
+#define SESSIONS_VOLUME_MIB_MIN 16         /* kiln-host's VOL_SIZE_MIB_MIN: ext4 with a journal */
+#define SESSIONS_VOLUME_MIB_MAX 65536      /* kiln-host's slot: VM_VOL_SLOT_BYTES */
+
+/* Create r->customer's volume name of size_mib: the name's form, the size
+ * (16-65536: 400 invalid_request; over max_volume_mib: 400 over_quota),
+ * a name taken (409 conflict), max_volumes (429 quota_exceeded). 1 with
+ * *out, or 0 with the error answered (*ret; r->e2b: E2B's shape).
+ * Blocking (the store). */
+int sessions_volume_create(struct sessions *ss, const struct sessions_request *r, const char *name, long size_mib,
+			   struct store_volume *out, enum MHD_Result *ret);
+
+/* Delete r->customer's volume v: no live host 503 host_unavailable (nothing
+ * changes); marked deleted unless a session that is not destroyed mounts
+ * it (409 volume_busy); then a live host deletes its objects (DELETE
+ * /v1/volumes/{id}?customer=), and when it cannot the mark is undone
+ * (503 host_unavailable). 1 deleted, 0 answered (*ret). Blocking. */
+int sessions_volume_delete(struct sessions *ss, const struct sessions_request *r, const struct store_volume *v,
+			   enum MHD_Result *ret);
+
+/* The data bytes of v's latest version in S3 as a live host reads them
+ * from its manifest (GET /v1/volumes/{id}?customer=): an integer, or null
+ * (no host live, never written, an error). New reference. Blocking. */
+json_t *sessions_volume_bytes(struct sessions *ss, const struct store_volume *v);
 
 /* ---- session_place.c ---- */
 

@@ -31,6 +31,8 @@ void quota_defaults(struct quota *q)
 		.build_timeout_s = 1800,
 		.max_snapshots = 100,
 		.max_snapshot_mib = 20480,
+		.max_volumes = 20,
+		.max_volume_mib = 10240,
 	};
 }
 
@@ -64,6 +66,8 @@ static const struct qfield qfields[] = {
 	QF(build_timeout_s, Q_UINT, 86400),
 	QF(max_snapshots, Q_UINT, 1000000),
 	QF(max_snapshot_mib, Q_U64, 1e12),
+	QF(max_volumes, Q_UINT, 1000000),
+	QF(max_volume_mib, Q_UINT, 65536),
 };
 #define NQFIELDS (sizeof(qfields) / sizeof(qfields[0]))
 

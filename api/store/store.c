@@ -5,8 +5,8 @@
  * running usage and the customer's lock). The rest: store_open.c (open,
  * close, the listener; on top), store_migrate.c (schema), store_keys.c
  * (customers, keys, hosts, the running quota's check), store_tasks.c,
- * store_sessions.c, store_templates.c, store_destinations.c, store_snapshots.c; store_int.h is
- * what they share.
+ * store_sessions.c, store_templates.c, store_destinations.c, store_snapshots.c,
+ * store_volumes.c; store_int.h is what they share.
  *
  * One connection (api/store/sdb.h: SQLite or PostgreSQL), one mutex (s->lock)
  * around every use of it; statements are prepared once and reset after each

@@ -11,7 +11,7 @@
  * the shared page, compare-and-set and quota helpers), store_open.c (open,
  * close, the listener), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c,
- * store_snapshots.c;
+ * store_snapshots.c, store_volumes.c;
  * store_int.h is their private interface.
  *
  * Room: the store room's door (api/store/: the store over its two backends,
@@ -56,6 +56,9 @@ struct quota {
 	/* Snapshots (docs/api.md, "Snapshots"): named ones, not deleted. */
 	unsigned max_snapshots;      /* snapshots at once (429 beyond; 0: no limit) */
 	uint64_t max_snapshot_mib;   /* their bytes together (429 beyond; 0: no limit) */
+	/* Volumes (docs/api.md, "Volumes"): not deleted. */
+	unsigned max_volumes;        /* volumes at once (429 beyond; 0: no limit) */
+	unsigned max_volume_mib;     /* one volume's size_mib (400 beyond; 0: up to 65536) */
 };
 
 /* Task states (docs/api.md). */
@@ -205,7 +208,7 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost);
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 10
+#define STORE_SCHEMA_VERSION 11
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -400,6 +403,15 @@ struct store_session {
 	char from_snapshot[40];      /* the snapshot it was started from ("" none) */
 };
 
+/* One volume mount of a session (docs/api.md "Volumes"). */
+#define STORE_SESSION_VOLUMES_MAX 2
+struct store_volume_mount {
+	char volume_id[40];
+	char name[64];               /* the volume's name (filled by reads; not needed to attach) */
+	char path[256];              /* its mount point in the guest */
+	int read_only;
+};
+
 struct store_session_new {
 	const char *customer;
 	const char *spec_json;       /* {"limits":{...},"network":{...}}: sent to hosts as is */
@@ -412,6 +424,9 @@ struct store_session_new {
 	int64_t lease_ttl_ms;
 	const char *from_snapshot;   /* started from this snapshot (NULL: none); template_use NULL:
 				      * the snapshot's template use is copied */
+	const struct store_volume_mount *volumes; /* its mounts (volume_id, path, read_only), recorded
+						   * in the insert's transaction (store_volumes.c) */
+	unsigned nvolumes;           /* 0..STORE_SESSION_VOLUMES_MAX */
 };
 
 /* Insert a session in state starting on n->host_id if the customer's running
@@ -419,8 +434,11 @@ struct store_session_new {
  * max_memory_mib) leaves room: checked and inserted in one transaction.
  * Returns 0 with the new id ("s_" + 32 hex digits) in id_out; -EDQUOT with
  * err code "quota_exceeded" naming the limit; -ENOENT with err "not_found"
- * when n->from_snapshot is not (any more) a snapshot of the customer; -1
- * with err set otherwise. */
+ * when n->from_snapshot is not (any more) a snapshot of the customer;
+ * -EINVAL with err "invalid_request" when one of n->volumes is not (any
+ * more) a volume of the customer; -EBUSY with err "volume_busy" when a
+ * read-write one is mounted read-write by another session that is not
+ * destroyed; -1 with err set otherwise. */
 int store_session_create(struct store *s, const struct store_session_new *n, char id_out[40], struct kiln_err *err);
 
 /* Remove a session that never reached running (its host refused it), only
@@ -746,6 +764,70 @@ int store_snapshot_users(struct store *s, const char *id);
  * and that no session uses any more (all destroyed), oldest deletion
  * first, at most max: the number filled. */
 int store_snapshots_deleted(struct store *s, struct store_snapshot *out, int max);
+
+/* ==== Volumes (docs/api.md "Volumes"; store_volumes.c) ====
+ * A volume is a customer's named file system kept in S3 under
+ * CUSTOMER/volumes/ID/ by the hosts of the sessions that mount it; the row
+ * is its name, size and whether it is deleted. A session's mounts are
+ * volume_mounts rows written in the transaction that inserts the session
+ * (store_session_create), and stay with the row (a destroyed session's are
+ * history). The one-writer rule: a read-write mount is refused while
+ * another session in any state but destroyed holds a read-write mount of
+ * the volume; a volume is deleted only while no session but destroyed ones
+ * mounts it. Both checks run under the customer's lock, so replicas see
+ * the one or the other. */
+
+#define STORE_VOLUME_ID_LEN 28       /* "vol_" + 24 hex digits */
+#define STORE_VOLUME_NAME_MAX 63
+
+struct store_volume {
+	char id[40];
+	char customer[65];
+	char name[STORE_VOLUME_NAME_MAX + 1];
+	unsigned size_mib;
+	int64_t created_ms;
+	int64_t deleted_ms;          /* 0: not deleted */
+};
+
+/* Whether id has the form of a volume id. */
+int store_volume_id_valid(const char *id);
+
+/* Create the customer's volume name of size_mib under max_volumes (0: no
+ * limit; its volumes not deleted), checked in the insert's transaction: 0
+ * with its id in id_out (40 bytes); -EDQUOT with err "quota_exceeded"
+ * naming max_volumes; -EEXIST with err "conflict" (a volume of that name
+ * exists); -1 with err "store_error". */
+int store_volume_create(struct store *s, const char *customer, const char *name, unsigned size_mib,
+			unsigned max_volumes, char id_out[40], struct kiln_err *err);
+
+/* The customer's volume (not deleted) whose id is id_or_name, or else whose
+ * name it is: 0 and *out, -ENOENT, -EIO. */
+int store_volume_get(struct store *s, const char *id_or_name, const char *customer, struct store_volume *out);
+
+/* Its public JSON {"id","name","size_mib","created_ms","mounted_by":[{"session_id",
+ * "read_only"}]} (mounted_by: sessions in any state but destroyed, oldest
+ * first), or NULL when v cannot be read. */
+json_t *store_volume_json(struct store *s, const struct store_volume *v);
+
+/* The customer's volumes not deleted, newest first (name: only that one;
+ * NULL: all), each as store_volume_json: a new array or NULL (store error). */
+json_t *store_volume_list(struct store *s, const char *customer, const char *name);
+
+/* The customer's volumes not deleted: 0 with *count, or -1. */
+int store_volume_count(struct store *s, const char *customer, unsigned *count);
+
+/* Mark the customer's volume id deleted if no session but destroyed ones
+ * mounts it: 1 marked; 0 no such volume (or deleted already); -EBUSY with
+ * err "volume_busy" naming a session that mounts it; -1 error. */
+int store_volume_mark_deleted(struct store *s, const char *id, const char *customer, struct kiln_err *err);
+
+/* Undo store_volume_mark_deleted (its objects could not be deleted): 1, 0
+ * when it cannot be (a volume of that name was created since), -1. */
+int store_volume_unmark_deleted(struct store *s, const char *id);
+
+/* Session id's mounts (the volume's name filled in) into out[0..max): how
+ * many, or -1. */
+int store_session_volumes(struct store *s, const char *session_id, struct store_volume_mount *out, int max);
 
 /* The rest of the door. */
 #include "quota.h"

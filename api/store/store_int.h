@@ -6,7 +6,8 @@
  * store_migrate.c (schema), store_keys.c (customers, keys, hosts),
  * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
  * store_templates.c (templates, what tasks and sessions use, clean-up),
- * store_snapshots.c (snapshots of sessions).
+ * store_snapshots.c (snapshots of sessions), store_volumes.c (volumes and
+ * sessions' mounts).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_INT_H
@@ -30,7 +31,8 @@ enum store_slots {
 	STORE_SLOTS_SESSIONS = 56,  /* store_sessions.c */
 	STORE_SLOTS_TEMPLATES = 76, /* store_templates.c */
 	STORE_SLOTS_SNAPSHOTS = 112, /* store_snapshots.c */
-	STORE_SLOTS_MAX = 128,
+	STORE_SLOTS_VOLUMES = 128,  /* store_volumes.c */
+	STORE_SLOTS_MAX = 144,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */
@@ -317,6 +319,15 @@ int store_template_use_copy_locked(struct store *s, const char *to, const char *
 /* Whether the customer's snapshot id exists and is not deleted: 1, 0, -1.
  * Lock held. (store_snapshots.c) */
 int store_snapshot_live_locked(struct store *s, const char *id, const char *customer);
+
+/* Record session id's mounts (n of them) of the customer's volumes, in the
+ * caller's transaction (the session's insert), the customer's lock held:
+ * 0; -EINVAL with err "invalid_request" (a volume that is not, or no
+ * longer, the customer's); -EBUSY with err "volume_busy" (a read-write
+ * mount while another session that is not destroyed has one); -1 with
+ * err "store_error". Lock held. (store_volumes.c) */
+int store_volume_attach_locked(struct store *s, const char *id, const char *customer,
+			       const struct store_volume_mount *m, unsigned n, struct kiln_err *err);
 
 /* ---- destinations (store_destinations.c) ---- */
 

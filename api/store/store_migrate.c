@@ -101,6 +101,19 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"CREATE INDEX snapshots_deleted ON snapshots(deleted_ms) WHERE deleted_ms IS NOT NULL;"
 	"ALTER TABLE sessions ADD COLUMN from_snapshot TEXT;"
 	"CREATE INDEX sessions_from_snapshot ON sessions(from_snapshot) WHERE from_snapshot IS NOT NULL;",
+	/* 11: volumes (docs/api.md "Volumes"): a customer's named file system
+	 * kept in S3 under CUSTOMER/volumes/ID/ by the hosts that mount it.
+	 * Names are unique per customer among volumes not deleted; a deleted
+	 * one's row stays (deleted_ms) as history. volume_mounts: a session's
+	 * mounts, written with the session's row; the one-writer rule and
+	 * deletion look at those whose session is not destroyed. */
+	"CREATE TABLE volumes (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+	"  customer TEXT NOT NULL, name TEXT NOT NULL, size_mib INTEGER NOT NULL, created_ms INTEGER NOT NULL,"
+	"  deleted_ms INTEGER);"
+	"CREATE UNIQUE INDEX volumes_name ON volumes(customer, name) WHERE deleted_ms IS NULL;"
+	"CREATE TABLE volume_mounts (session_id TEXT NOT NULL, volume_id TEXT NOT NULL, path TEXT NOT NULL,"
+	"  read_only INTEGER NOT NULL, PRIMARY KEY (session_id, volume_id));"
+	"CREATE INDEX volume_mounts_volume ON volume_mounts(volume_id);",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -35,15 +35,23 @@ enum session_state session_state_parse(const char *str)
 	" metadata, snapshot, spec, seq, (SELECT u.name FROM template_uses u WHERE u.id = sessions.id),"   \
 	" e2b_token, e2b_template, auto_pause, e2b_flags,"                                                 \
 	" EXISTS (SELECT 1 FROM session_leases l WHERE l.session_id = sessions.id AND l.expires_ms > " SDB_NOW_MS "),"\
-	" from_snapshot"
+	" from_snapshot,"                                                                                  \
+	" (" SESS_VOL " LIMIT 1), (" SESS_VOL " LIMIT 1 OFFSET 1)"
+/* One of its volume mounts as "ID w|r NAME PATH" (ids and names have no
+ * spaces; the path, last, may), by path: a session has at most two. */
+#define SESS_VOL                                                                                           \
+	"SELECT m.volume_id || ' ' || CASE WHEN m.read_only <> 0 THEN 'r' ELSE 'w' END || ' ' ||"          \
+	" coalesce(v.name, '-') || ' ' || m.path FROM volume_mounts m LEFT JOIN volumes v ON v.id = m.volume_id" \
+	" WHERE m.session_id = sessions.id ORDER BY m.path"
 enum {
 	SC_ID, SC_CUSTOMER, SC_STATE, SC_HOST, SC_VCPUS, SC_MEMORY, SC_IDLE, SC_LIFETIME, SC_EGRESS, SC_HAS_SNAP,
 	SC_CREATED, SC_STARTED, SC_ACTIVE, SC_PAUSED, SC_ENDED, SC_END_REASON, SC_METADATA, SC_SNAPSHOT, SC_SPEC,
 	SC_SEQ, SC_TEMPLATE, SC_E2B_TOKEN, SC_E2B_TEMPLATE, SC_AUTO_PAUSE, SC_E2B_FLAGS, SC_LEASED, SC_FROM_SNAPSHOT,
+	SC_VOL0, SC_VOL1,
 };
 
 enum sessions_stmt {
-	S_INSERT, S_GET, S_DISCARD, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS, S_SET_SPEC,
+	S_INSERT, S_GET, S_DISCARD, S_DISCARD_MOUNTS, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS, S_SET_SPEC,
 	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC,
 	S_COUNT
 };
@@ -54,6 +62,7 @@ static const char *const sessions_sql[S_COUNT] = {
 		     " VALUES (?1, ?2, 'starting', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9, ?10, ?11, ?12)",
 	[S_GET] = "SELECT " SESS_COLS " FROM sessions WHERE id = ?1",
 	[S_DISCARD] = "DELETE FROM sessions WHERE id = ?1 AND state = 'starting'",
+	[S_DISCARD_MOUNTS] = "DELETE FROM volume_mounts WHERE session_id = ?1",
 	/* :host and :reason: NULL keeps, '' clears; :snapshot: NULL keeps. */
 	[S_TRANS] = "UPDATE sessions SET state = :to,"
 		    " host_id = CASE WHEN :host IS NULL THEN host_id WHEN :host = '' THEN NULL ELSE :host END,"
@@ -140,6 +149,24 @@ static void session_row(struct sdb_stmt *st, void *elem)
 	store_copy_col(st, SC_FROM_SNAPSHOT, out->from_snapshot, sizeof(out->from_snapshot));
 }
 
+/* Its volume mounts (SC_VOL0, SC_VOL1) as [{"name","id","path","read_only"}]. */
+static json_t *volumes_json(struct sdb_stmt *st)
+{
+	json_t *arr = json_array();
+
+	for (int c = SC_VOL0; arr && c <= SC_VOL1; c++) {
+		const char *t = store_col_text(st, c);
+		char id[40], mode[2], name[STORE_VOLUME_NAME_MAX + 1];
+		int off = 0;
+
+		if (!t || sscanf(t, "%39s %1s %63s %n", id, mode, name, &off) != 3 || !off)
+			continue;
+		json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:b}", "name", name, "id", id, "path", t + off,
+						     "read_only", mode[0] == 'r'));
+	}
+	return arr;
+}
+
 /* The public JSON of the session row st is on. */
 static json_t *session_row_json(struct sdb_stmt *st)
 {
@@ -177,6 +204,8 @@ static json_t *session_row_json(struct sdb_stmt *st)
 	/* The snapshot it was started from (absent: none). */
 	if (j && store_col_text(st, SC_FROM_SNAPSHOT))
 		json_object_set_new(j, "snapshot_id", json_string(store_col_text(st, SC_FROM_SNAPSHOT)));
+	if (j)
+		json_object_set_new(j, "volumes", volumes_json(st));
 	return j;
 }
 
@@ -274,6 +303,14 @@ int store_session_create(struct store *s, const struct store_session_new *n, cha
 	/* From a snapshot: its template, as the snapshot recorded it. */
 	if (!n->template_use && n->from_snapshot && store_template_use_copy_locked(s, id, n->from_snapshot) < 0)
 		goto fail_sql;
+	/* Its volumes: the one-writer rule checked and its mounts recorded
+	 * with the row, under the customer's lock (store_room_locked took it). */
+	if (n->nvolumes) {
+		int vr = store_volume_attach_locked(s, id, n->customer, n->volumes, n->nvolumes, err);
+
+		if (vr < 0)
+			return vr;
+	}
 	if (n->lease_owner && lease_set_locked(s, id, n->lease_owner, 1, n->lease_ttl_ms) < 0)
 		goto fail_sql;
 	if (store_tx_commit(&tx) < 0)
@@ -294,6 +331,13 @@ int store_session_discard(struct store *s, const char *id)
 	if (st) {
 		sdb_bind_text(st, 1, id);
 		n = store_update_locked(s, st);
+	}
+	/* Its mounts with it: they held its volumes. */
+	st = n > 0 ? stmt(s, S_DISCARD_MOUNTS) : NULL;
+	if (st) {
+		sdb_bind_text(st, 1, id);
+		if (store_update_locked(s, st) < 0)
+			n = -1;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return n > 0;

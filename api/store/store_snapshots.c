@@ -52,7 +52,7 @@ static const char *const snap_sql[K_COUNT] = {
 		       " SELECT ?1, template_id, name, sha256, builtin, tref FROM template_uses WHERE id = ?2",
 };
 
-_Static_assert(STORE_SLOTS_SNAPSHOTS + K_COUNT <= STORE_SLOTS_MAX, "store_snapshots.c's statements overflow their slots");
+_Static_assert(STORE_SLOTS_SNAPSHOTS + K_COUNT <= STORE_SLOTS_VOLUMES, "store_snapshots.c's statements overflow their slots");
 
 static struct sdb_stmt *stmt(struct store *s, enum snap_stmt id)
 {

@@ -627,11 +627,34 @@ try {
     const left = (await listAll()).filter((s) => !before.has(s.sandboxId));
     assert.deepEqual(left.map((s) => s.sandboxId), [], 'the SDK killed the sandbox it made');
   }, 60000);
-  await check('unsupported: Volume.create / Volume.list fail cleanly', async () => {
-    const a = await sdkFailure(() => Volume.create(`kiln-${RUN}`), 'Volume.create');
-    const b = await sdkFailure(() => Volume.list(), 'Volume.list');
-    return `${a}; ${b}`;
-  }, 30000);
+  // ---- volumes (docs/e2b.md "Volumes"): one writer at a time ----
+  await check('Volume.create, list, getInfo; Sandbox.create({volumeMounts}) keeps a synced file for the next sandbox; a second writer and Volume.destroy while mounted raise; Volume.destroy', async () => {
+    const vol = await Volume.create(`kiln-${RUN}`);
+    assert.match(vol.volumeId, /^vol_[0-9a-f]{24}$/);
+    const listed = await Volume.list();
+    assert.ok(listed.some((v) => v.volumeId === vol.volumeId && v.name === vol.name), `Volume.list: ${JSON.stringify(listed)}`);
+    assert.equal((await Volume.getInfo(vol.volumeId)).name, vol.name);
+    const a = await Sandbox.create({ volumeMounts: { '/home/user/vol': vol }, timeoutMs: 120_000 });
+    try {
+      assert.deepEqual((await a.getInfo()).volumeMounts, [{ name: vol.name, path: '/home/user/vol' }]);
+      await a.commands.run(`echo vol-${RUN} > /home/user/vol/f && sync`);
+      const w = await sdkFailure(() => Sandbox.create({ volumeMounts: { '/v': vol.name }, timeoutMs: 60_000 }), 'a second writer');
+      assert.ok(/409/.test(w), `a second writer raised ${w}`);
+      const d = await sdkFailure(() => Volume.destroy(vol.volumeId), 'Volume.destroy while mounted');
+      assert.ok(/409/.test(d), `Volume.destroy while mounted raised ${d}`);
+    } finally {
+      await a.kill().catch(() => {});
+    }
+    const b = await Sandbox.create({ volumeMounts: { '/data': vol.name }, timeoutMs: 120_000 });
+    try {
+      assert.equal((await b.commands.run('cat /data/f')).stdout, `vol-${RUN}\n`, 'the next sandbox reads the file');
+    } finally {
+      await b.kill().catch(() => {});
+    }
+    assert.equal(await Volume.destroy(vol.volumeId), true, 'Volume.destroy');
+    assert.equal(await Volume.destroy(vol.volumeId), false, 'Volume.destroy again');
+    return `${vol.volumeId}, ${a.sandboxId}, ${b.sandboxId}`;
+  }, 300_000);
   await check('with E2B_SANDBOX_URL, downloadUrl gives a URL on it that names no sandbox: refused (signed URLs need E2B_DOMAIN)', async () => {
     const url = await sbx.downloadUrl('/home/user/big.bin');
     const res = await fetch(url);

@@ -4,7 +4,8 @@
  * runs them), 1 POST /v1/admin/customers, 2 PUT .../quotas, 3 a host
  * heartbeat, 4 POST /v1/sessions, 5 POST /v1/sessions/{id}/exec. Checks that
  * metadata never reaches the spec, that accepted values are within their
- * bounds (a session's spec is one a host's spec_parse accepts), and that
+ * bounds (a session's spec is one a host's spec_parse accepts; its volume
+ * mounts have names and mount points kiln-host accepts), and that
  * every refusal says why. */
 #include <stdint.h>
 #include <stdio.h>
@@ -65,7 +66,7 @@ static void session_request(const char *body, size_t len, int allow_egress)
 		/* From a snapshot: its id's form, none of what the snapshot decides. */
 		check(strlen(r.snapshot) == 29 && !strncmp(r.snapshot, "snap_", 5) &&
 		      strspn(r.snapshot + 5, "0123456789abcdef") == 24);
-		check(!r.spec_json && !r.vcpus && !r.memory_mib && !r.egress && !r.template_name[0]);
+		check(!r.spec_json && !r.vcpus && !r.memory_mib && !r.egress && !r.template_name[0] && !r.nvolumes);
 		check(r.idle_timeout_s >= 1 && r.idle_timeout_s <= API_SESSION_MAX_IDLE_S);
 		check(r.max_lifetime_s >= 1 && r.max_lifetime_s <= API_SESSION_MAX_LIFETIME_S);
 		check(!r.metadata_json || strlen(r.metadata_json) <= API_METADATA_MAX);
@@ -79,6 +80,20 @@ static void session_request(const char *body, size_t len, int allow_egress)
 	check(r.max_lifetime_s >= 1 && r.max_lifetime_s <= API_SESSION_MAX_LIFETIME_S);
 	check(allow_egress || !r.egress);
 	check(!r.metadata_json || strlen(r.metadata_json) <= API_METADATA_MAX);
+	/* Volumes: at most two, names and mount points as kiln-host takes
+	 * them, each name once, neither path inside the other. */
+	check(r.nvolumes <= API_SESSION_VOLUMES_MAX);
+	for (unsigned i = 0; i < r.nvolumes; i++) {
+		check(api_volume_name_ok(r.volumes[i].name) && api_volume_path_ok(r.volumes[i].path));
+		check(r.volumes[i].read_only == 0 || r.volumes[i].read_only == 1);
+		for (unsigned k = 0; k < i; k++) {
+			size_t a = strlen(r.volumes[k].path), b = strlen(r.volumes[i].path);
+
+			check(strcmp(r.volumes[k].name, r.volumes[i].name));
+			check(strncmp(r.volumes[k].path, r.volumes[i].path, a < b ? a : b) ||
+			      (a < b ? r.volumes[i].path[a] != '/' : a > b ? r.volumes[k].path[b] != '/' : 0));
+		}
+	}
 	/* A template name, when given, is one the spec accepts. */
 	check(!r.template_name[0] || spec_template_name_check(r.template_name, "template", NULL) == 0);
 	/* What hosts get: only limits and network, and a spec with a command

@@ -4,8 +4,9 @@
  * parser on the body it made, as POST /e2b/v2/sandboxes runs them; 2 the
  * v2 list's metadata filter; 3 a percent-decode; with bits 3 and 4 both
  * set (0x18), an updateNetwork body instead. Checks that an accepted create
- * has a timeout in range mirrored in both session limits, a template name
- * and a refusal says why; that decoding never grows its input; that an
+ * has a timeout in range mirrored in both session limits, a template name,
+ * its volumeMounts as read-write mounts kiln-host accepts, and a refusal
+ * says why; that decoding never grows its input; that an
  * accepted updateNetwork body is a network object with egress "allow" and
  * at most 64 rules, each accepted by the spec's parser (spec_parse on it),
  * and shows back in getInfo's form. */
@@ -45,6 +46,11 @@ static void create(const char *p, size_t n, int egress)
 	check(text);
 	if (api_session_request_parse(text, strlen(text), egress, &sr, &err) == 0) {
 		check(sr.idle_timeout_s == (unsigned)c.timeout_s && sr.max_lifetime_s == (unsigned)c.timeout_s);
+		/* volumeMounts: read-write mounts, as many as the body had. */
+		check(sr.nvolumes == json_array_size(json_object_get(c.native, "volumes")));
+		for (unsigned i = 0; i < sr.nvolumes; i++)
+			check(!sr.volumes[i].read_only && api_volume_name_ok(sr.volumes[i].name) &&
+			      api_volume_path_ok(sr.volumes[i].path));
 		api_session_request_free(&sr);
 	} else {
 		check(err.message[0]);

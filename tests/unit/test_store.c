@@ -9,7 +9,10 @@
  * session half: create under the quota, transitions, resume, discard, and
  * the leases replicas hold on sessions (two handles on one database); push's
  * one read of a task (store_task_push_get) and STORE_TX's release of the
- * lock and an open transaction on an early return. */
+ * lock and an open transaction on an early return; volumes (quota, names,
+ * the one-writer rule with the session's insert, deletion refused while
+ * mounted), and on PostgreSQL the one-writer rule and deletion raced
+ * across two handles. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -213,7 +216,8 @@ static void test_migrations(void **state)
 	sql("DROP INDEX tasks_state; DROP INDEX tasks_customer_state; DROP TABLE sessions;"
 	    " DROP TABLE templates; DROP TABLE template_uses; DROP TABLE template_gc; DROP TABLE build_usage;"
 	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
-	    " DROP TABLE session_leases; DROP TABLE snapshots; UPDATE schema_version SET version = 1");
+	    " DROP TABLE session_leases; DROP TABLE snapshots; DROP TABLE volumes; DROP TABLE volume_mounts;"
+	    " UPDATE schema_version SET version = 1");
 	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
@@ -226,6 +230,9 @@ static void test_migrations(void **state)
 	assert_int_equal(has_rel("session_leases"), 1);
 	assert_int_equal(has_rel("snapshots"), 1);
 	assert_int_equal(has_rel("sessions_from_snapshot"), 1);
+	assert_int_equal(has_rel("volumes"), 1);
+	assert_int_equal(has_rel("volumes_name"), 1);
+	assert_int_equal(has_rel("volume_mounts"), 1);
 	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks'"
 				    " AND column_name = 'destination'"
 				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
@@ -1544,6 +1551,217 @@ static void test_snapshots(void **state)
 	store_close(s);
 }
 
+
+/* Volumes: ids, create under max_volumes with names unique among those
+ * not deleted, get by id or name scoped to the customer, the list, the
+ * one-writer rule checked with the session's insert (read-only mounts
+ * beside a writer, a paused writer still holding it, a destroyed or
+ * discarded one not), the session JSON's "volumes", deletion refused while
+ * mounted and its undo. */
+static void vol_session(struct store *s, const char *cust, const struct store_volume_mount *m, unsigned n,
+			char id[40], int want, const char *code)
+{
+	struct kiln_err err = { .code = "" };
+	struct store_session_new sn = {
+		.customer = cust, .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+		.max_lifetime_s = 60, .host_id = "h1", .volumes = m, .nvolumes = n,
+	};
+	int r = store_session_create(s, &sn, id, &err);
+
+	if (r != want)
+		fail_msg("session with volumes: want %d, got %d (%s)", want, r, err.message);
+	if (code)
+		assert_string_equal(err.code, code);
+}
+
+static void test_volumes(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *s = open_ok();
+	struct store_volume v, w;
+	struct store_volume_mount m[2], got[4];
+	char a[40], b[40], x[40], s1[40], s2[40], s3[40], s4[40];
+	unsigned count;
+	json_t *j, *arr;
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	assert_false(store_volume_id_valid("vol_12"));
+	assert_false(store_volume_id_valid(NULL));
+	assert_int_equal(store_volume_create(s, "acme", "data", 1024, 2, a, &err), 0);
+	assert_true(store_volume_id_valid(a));
+	/* The name is taken (a conflict); another customer's may be the same. */
+	assert_int_equal(store_volume_create(s, "acme", "data", 16, 2, x, &err), -EEXIST);
+	assert_string_equal(err.code, "conflict");
+	assert_int_equal(store_volume_create(s, "beta", "data", 16, 2, x, &err), 0);
+	assert_int_equal(store_volume_create(s, "acme", "cache", 64, 2, b, &err), 0);
+	assert_int_equal(store_volume_create(s, "acme", "third", 64, 2, x, &err), -EDQUOT);
+	assert_string_equal(err.code, "quota_exceeded");
+	assert_non_null(strstr(err.message, "max_volumes"));
+	assert_int_equal(store_volume_count(s, "acme", &count), 0);
+	assert_int_equal(count, 2);
+	/* By id or name; the customer's only. */
+	assert_int_equal(store_volume_get(s, a, "acme", &v), 0);
+	assert_string_equal(v.name, "data");
+	assert_int_equal(v.size_mib, 1024);
+	assert_true(v.created_ms > 0);
+	assert_int_equal(store_volume_get(s, "cache", "acme", &w), 0);
+	assert_string_equal(w.id, b);
+	assert_int_equal(store_volume_get(s, a, "beta", &w), -ENOENT);
+	assert_int_equal(store_volume_get(s, "nope", "acme", &w), -ENOENT);
+	arr = store_volume_list(s, "acme", NULL);
+	assert_int_equal(json_array_size(arr), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "id")), b);
+	json_decref(arr);
+	arr = store_volume_list(s, "acme", "data");
+	assert_int_equal(json_array_size(arr), 1);
+	json_decref(arr);
+	/* A writer, then a second writer refused, a reader beside it fine. */
+	memset(m, 0, sizeof(m));
+	snprintf(m[0].volume_id, sizeof(m[0].volume_id), "%s", a);
+	snprintf(m[0].path, sizeof(m[0].path), "/data");
+	snprintf(m[1].volume_id, sizeof(m[1].volume_id), "%s", b);
+	snprintf(m[1].path, sizeof(m[1].path), "/cache");
+	m[1].read_only = 1;
+	vol_session(s, "acme", m, 2, s1, 0, NULL);
+	vol_session(s, "acme", m, 1, s2, -EBUSY, "volume_busy");
+	m[0].read_only = 1;
+	vol_session(s, "acme", m, 1, s2, 0, NULL);
+	/* Another customer's volume: not attachable. */
+	vol_session(s, "beta", m, 1, s3, -EINVAL, "invalid_request");
+	/* What the session shows and what the volume shows. */
+	assert_int_equal(store_session_volumes(s, s1, got, 4), 2);
+	assert_string_equal(got[0].path, "/cache");
+	assert_string_equal(got[0].name, "cache");
+	assert_int_equal(got[0].read_only, 1);
+	assert_string_equal(got[1].volume_id, a);
+	assert_int_equal(got[1].read_only, 0);
+	j = store_session_json(s, s1, NULL);
+	arr = json_object_get(j, "volumes");
+	assert_int_equal(json_array_size(arr), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 1), "name")), "data");
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 1), "id")), a);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 1), "path")), "/data");
+	assert_true(json_is_false(json_object_get(json_array_get(arr, 1), "read_only")));
+	json_decref(j);
+	j = store_session_json(s, s2, NULL);
+	assert_true(json_is_true(json_object_get(json_array_get(json_object_get(j, "volumes"), 0), "read_only")));
+	json_decref(j);
+	assert_int_equal(store_volume_get(s, a, "acme", &v), 0);
+	j = store_volume_json(s, &v);
+	assert_int_equal(json_array_size(json_object_get(j, "mounted_by")), 2);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "mounted_by"), 0),
+							      "session_id")), s1);
+	json_decref(j);
+	/* Deletion: refused while mounted (paused too). */
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), -EBUSY);
+	assert_string_equal(err.code, "volume_busy");
+	assert_int_equal(store_session_transition(s, s1, SESSION_STARTING, SESSION_PAUSED, "", NULL, NULL), 1);
+	m[0].read_only = 0;
+	vol_session(s, "acme", m, 1, s3, -EBUSY, "volume_busy");
+	/* The writer destroyed: another may write. */
+	assert_int_equal(store_session_transition(s, s1, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	vol_session(s, "acme", m, 1, s3, 0, NULL);
+	/* A discarded session (its host refused it) leaves no mount behind. */
+	assert_int_equal(store_session_discard(s, s3), 1);
+	vol_session(s, "acme", m, 1, s4, 0, NULL);
+	assert_int_equal(store_session_transition(s, s4, SESSION_STARTING, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), -EBUSY); /* s2 reads it */
+	assert_int_equal(store_session_transition(s, s2, SESSION_STARTING, SESSION_ERROR, "", "vm_lost", NULL), 1);
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), -EBUSY); /* error is not destroyed */
+	assert_int_equal(store_session_transition(s, s2, SESSION_ERROR, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	assert_int_equal(store_volume_mark_deleted(s, a, "beta", &err), 0);
+	/* Undo, then delete for good. */
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), 1);
+	assert_int_equal(store_volume_get(s, "data", "acme", &v), -ENOENT);
+	assert_int_equal(store_volume_unmark_deleted(s, a), 1);
+	assert_int_equal(store_volume_get(s, "data", "acme", &v), 0);
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), 1);
+	assert_int_equal(store_volume_mark_deleted(s, a, "acme", &err), 0);
+	/* Gone: not attachable, its name free again, out of the count. */
+	vol_session(s, "acme", m, 1, s4, -EINVAL, "invalid_request");
+	assert_int_equal(store_volume_create(s, "acme", "data", 16, 2, x, &err), 0);
+	assert_int_equal(store_volume_unmark_deleted(s, a), 0); /* the name is taken now */
+	/* The destroyed session still names it (history). */
+	j = store_session_json(s, s1, NULL);
+	assert_int_equal(json_array_size(json_object_get(j, "volumes")), 2);
+	json_decref(j);
+	store_close(s);
+}
+
+
+/* The one-writer rule across replicas (PostgreSQL, two handles): two
+ * read-write mounts of one volume at once, one on each, give one session
+ * and one volume_busy; a mount and a deletion at once never both happen. */
+struct vol_racer {
+	struct store *s;
+	const char *volume;
+	int del;                     /* mark the volume deleted instead of mounting it */
+	int r;
+	char id[40];
+};
+
+static void *vol_race(void *arg)
+{
+	struct vol_racer *x = arg;
+	struct kiln_err err = { .code = "" };
+	struct store_volume_mount m = { .read_only = 0 };
+	struct store_session_new sn = {
+		.customer = "acme", .spec_json = "{}", .vcpus = 1, .memory_mib = 256, .idle_timeout_s = 60,
+		.max_lifetime_s = 60, .host_id = "h1", .volumes = &m, .nvolumes = 1,
+	};
+
+	snprintf(m.volume_id, sizeof(m.volume_id), "%s", x->volume);
+	snprintf(m.path, sizeof(m.path), "/data");
+	x->r = x->del ? store_volume_mark_deleted(x->s, x->volume, "acme", &err) : store_session_create(x->s, &sn, x->id, &err);
+	return NULL;
+}
+
+static void test_volume_replicas(void **state)
+{
+	struct kiln_err err = { .code = "" };
+	struct store *a, *b;
+	struct quota q;
+
+	assert_true(pg); /* registered for the PostgreSQL pass only */
+	a = open_ok();
+	b = open_ok();
+	quota_defaults(&q);
+	q.max_running = 100;
+	q.max_vcpus = 100;
+	q.max_memory_mib = 100000;
+	customer(a, "acme", &q);
+	for (int round = 0; round < 5; round++) {
+		char v[40], name[16];
+		struct vol_racer x = { .s = a }, y = { .s = b };
+		pthread_t tx, ty;
+
+		snprintf(name, sizeof(name), "v%d", round);
+		assert_int_equal(store_volume_create(a, "acme", name, 16, 0, v, &err), 0);
+		x.volume = y.volume = v;
+		/* Two writers at once: one wins. */
+		assert_int_equal(pthread_create(&tx, NULL, vol_race, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, vol_race, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		if (!((x.r == 0 && y.r == -EBUSY) || (x.r == -EBUSY && y.r == 0)))
+			fail_msg("round %d: two writers got %d and %d", round, x.r, y.r);
+		assert_int_equal(store_session_transition(a, x.r == 0 ? x.id : y.id, SESSION_STARTING, SESSION_DESTROYED, "",
+							  "deleted", NULL), 1);
+		/* A writer and a deletion at once: never both. */
+		x = (struct vol_racer){ .s = a, .volume = v, .del = 1 };
+		y = (struct vol_racer){ .s = b, .volume = v };
+		assert_int_equal(pthread_create(&tx, NULL, vol_race, &x), 0);
+		assert_int_equal(pthread_create(&ty, NULL, vol_race, &y), 0);
+		pthread_join(tx, NULL);
+		pthread_join(ty, NULL);
+		if (!((x.r == 1 && y.r == -EINVAL) || (x.r == -EBUSY && y.r == 0)))
+			fail_msg("round %d: deletion %d, mount %d", round, x.r, y.r);
+	}
+	store_close(a);
+	store_close(b);
+}
+
 #define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
 
 int main(void)
@@ -1568,8 +1786,10 @@ int main(void)
 		BOTH(test_push_get),
 		BOTH(test_tx_cleanup),
 		BOTH(test_snapshots),
+		BOTH(test_volumes),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
+		cmocka_unit_test_setup(test_volume_replicas, setup_pg),
 	};
 	int r;
 	char cmd[300];
