@@ -532,19 +532,24 @@ static const char vol_mount_sh[] =
 	"[ \"$(cat \"$b/serial\" 2>/dev/null)\" = \"$1\" ] && dev=/dev/${b##*/}; done; "
 	"[ -n \"$dev\" ] || { echo \"no disk with serial $1\" >&2; exit 1; }; "
 	"blockdev --flushbufs \"$dev\" 2>/dev/null || echo 3 > /proc/sys/vm/drop_caches; "
-	"mkdir -p -- \"$2\" && mount -t ext4 -o \"$3\" \"$dev\" \"$2\"";
+	"mkdir -p -- \"$2\" && mount -t ext4 -o \"$3\" \"$dev\" \"$2\" && "
+	/* A new volume's root: every user of the guest may make files there
+	 * (sticky, as /tmp): kiln's commands run as `sandbox`, E2B's as
+	 * `user`, and either may be the first to use it. */
+	"{ [ \"$4\" != new ] || chmod 1777 \"$2\"; }";
 
 int session_vols_mount(struct session_table *ss, struct session *s, struct kiln_err *err)
 {
 	for (unsigned i = 0; i < s->nvols; i++) {
 		char serial[32], what[128];
 		char *argv[] = { "/bin/sh", "-c", (char *)vol_mount_sh, "kiln-volume", serial, s->vols[i].path,
-				 s->vols[i].read_only ? "ro,noatime" : "rw,noatime", NULL };
+				 s->vols[i].read_only ? "ro,noatime" : "rw,noatime",
+				 s->vol_fresh[i] && !s->vols[i].read_only ? "new" : "old", NULL };
 		int64_t t0 = proto_now_ms();
 
 		snprintf(serial, sizeof(serial), VM_VOL_SERIAL "%u", i);
 		snprintf(what, sizeof(what), "mounting volume %s at %s", s->vols[i].id, s->vols[i].path);
-		if (guest_root(ss, s, what, argv, 7, VOL_MOUNT_MS / 1000, err) < 0)
+		if (guest_root(ss, s, what, argv, 8, VOL_MOUNT_MS / 1000, err) < 0)
 			return -1;
 		fprintf(stderr, "kiln-host: session %s: volume %s mounted at %s in %lld ms\n", s->id, s->vols[i].id,
 			s->vols[i].path, (long long)(proto_now_ms() - t0));

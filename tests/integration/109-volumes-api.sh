@@ -53,7 +53,7 @@ e2b() { # KEY METHOD PATH [curl args]: E2B's control API (X-API-KEY)
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 expect() { # NAME STATUS GOT [jq condition]
 	local name=$1 want=$2 got=$3 cond=${4:-true}
-	if [ "$got" = "$want" ] && [ "$(last "$cond")" = true ]; then ok "$name"
+	if [ "$got" = "$want" ] && { [ "$cond" = true ] || [ "$(last "$cond")" = true ]; }; then ok "$name"
 	else not_ok "$name" "status $got (want $want), body: $(head -c 600 "$T_TMP/last")"; fi
 }
 sh_ex() { req "$1" POST "/v1/sessions/$2/exec" --data-binary "$(jq -cn --arg s "$3" '{argv: ["sh", "-c", $s]}')"; }
