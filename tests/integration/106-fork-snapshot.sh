@@ -11,7 +11,7 @@
 # started from it runs is gone for the customer at once, its objects stay
 # while that session pauses and resumes, and go once it is destroyed.
 . "$(dirname "$0")/lib.sh"
-t_plan 51
+t_plan 53
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host tests/s3tool
@@ -33,7 +33,7 @@ api_up "$T_TMP/api.json" "$URL"
 start_host() { # N: host hN on API_PORT+N
 	local port=$((API_PORT + $1))
 	host_config "$T_TMP/h$1.json" "127.0.0.1:$port" "h$1" \
-		".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h$1\" | .capacity.cpu_overcommit = 4"
+		".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h$1\" | .capacity.cpu_overcommit = 8"
 	host_start "$T_TMP/h$1.json" "h$1"
 	h_pids[$1]=$host_pid
 }
@@ -69,7 +69,7 @@ for _ in $(seq 3000); do [ "$(live_hosts)" = 2 ] && break; sleep 0.2; done
 if [ "$(live_hosts)" = 2 ]; then ok "two kiln-hosts register with kiln-api"
 else t_bail "hosts register" "$(tail -3 "$T_TMP/h1.err") $(tail -3 "$T_TMP/h2.err")"; fi
 
-admin -X POST --data '{"id":"acme","quotas":{"max_running":12,"max_vcpus":12,"max_memory_mib":8192}}' \
+admin -X POST --data '{"id":"acme","quotas":{"max_running":16,"max_vcpus":16,"max_memory_mib":8192}}' \
 	"$URL/v1/admin/customers" > /dev/null
 admin -X POST --data '{"id":"beta"}' "$URL/v1/admin/customers" > /dev/null
 admin -X POST --data '{"id":"cee","quotas":{"max_snapshots":1}}' "$URL/v1/admin/customers" > /dev/null
@@ -153,6 +153,22 @@ expect "the parent still runs" 200 "$(req "$KA" GET "/v1/sessions/$P")" '.state 
 for i in 0 1 2; do req "$KA" DELETE "/v1/sessions/${F[$i]}" > /dev/null; done
 check "its children destroyed: the fork snapshot's objects go" manifest_gone "acme/snapshots/$FK/manifest.json" 30
 for i in 1 2; do req "$KA" DELETE "/v1/sessions/${C[$i]}" > /dev/null; done
+
+# ---- fork to ten, on the parent's host ----
+PH=$(req "$KA" GET "/v1/sessions/$P" > /dev/null; last .host)
+st=$(req "$KA" POST "/v1/sessions/$P/fork" --data-binary '{"count":10}')
+expect "fork count 10: 200, ten sessions, no errors" 200 "$st" \
+	"(.sessions | length) == 10 and .errors == [] and ([.sessions[].state] | unique) == [\"running\"]"
+mapfile -t T < <(last '.sessions[].id')
+hosts=$(last '[.sessions[].host] | unique | join(" ")')
+good=0
+for i in $(seq 0 9); do
+	ex "$KA" "${T[$i]:-none}" "$ASK" > /dev/null
+	[ "$(last .stdout)" = "$VAL" ] && good=$((good + 1))
+done
+check "... all ten answer with the parent's process and value ($good), on the parent's host ($hosts; the parent's $PH)" \
+	[ "$good" = 10 -a "$hosts" = "$PH" ]
+for i in $(seq 0 9); do req "$KA" DELETE "/v1/sessions/${T[$i]:-none}" > /dev/null; done
 
 # ---- quotas ----
 st=$(req "$KC" POST /v1/sessions --data-binary '{}')

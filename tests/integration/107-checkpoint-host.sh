@@ -3,7 +3,8 @@
 # docs/architecture.md "Snapshots and forks"): POST .../checkpoint keeps a
 # running session's memory, processes and disk as a snapshot in S3 while the
 # session goes on; POST .../resume with "snapshot" starts new sessions from
-# it, on this host or another. Two kiln-hosts on one local S3: every copy
+# it, on this host or another. Two kiln-hosts, each in a network namespace
+# of its own (veth to a bridge), on one local S3 on the bridge: every copy
 # has the parent's process (its random bytes and listening socket), its
 # file and its variables; a change in one is invisible to the others and to
 # the parent; the copies' randomness differs; a copy's pause is a delta over
@@ -15,25 +16,31 @@
 . "$(dirname "$0")/lib.sh"
 t_plan 17
 require_image
-t_require_tools swift-proxy-server memcached python3
+t_require_tools ip nsenter swift-proxy-server memcached python3
 t_require_python boto3
 
 S3_DIR=$T_TMP/s3
 TOKEN=ckpt-token-$RANDOM$RANDOM
 PA=$((20000 + RANDOM % 10000)); PB=$((PA + 1))
 BUCKET=kiln-ckpt
+N=$((RANDOM % 200 + 20))
+NET=10.233.$N
+declare -A addr
 pids=()
-s3_local_start
+net_bridge "kck$N" "$NET.1"
+for n in a:11 b:12; do net_ns "kiln-ck-$N-${n%:*}" "kck$N${n%:*}" "$NET.${n#*:}"; done
+addr[$PA]=$NET.11; addr[$PB]=$NET.12
+s3_local_start "$NET.1"
 before_cg=$(count_cgroups)
-start_host() { # NAME PORT
-	host_config "$T_TMP/$1.json" "127.0.0.1:$2" "$1" ".run_dir += \"/$1\""
-	host_start "$T_TMP/$1.json" "$1"
+start_host() { # NAME PORT: in its namespace (nsenter --net only: the jail needs /sys's cgroups)
+	host_config "$T_TMP/$1.json" "${addr[$2]}:$2" "$1" ".run_dir += \"/$1\""
+	host_start "$T_TMP/$1.json" "$1" "kiln-ck-$N-$1"
 	pids+=("$host_pid")
-	t_serving "http://127.0.0.1:$2/healthz" "$host_pid"
+	t_serving "http://${addr[$2]}:$2/healthz" "$host_pid"
 }
 h() { # PORT METHOD PATH [curl args]: body in $T_TMP/last, status echoed
 	local port=$1 m=$2 p=$3; shift 3
-	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://127.0.0.1:$port$p"
+	curl -s -m 300 -o "$T_TMP/last" -w '%{http_code}' -X "$m" -H "Authorization: Bearer $TOKEN" "$@" "http://${addr[$port]}:$port$p"
 }
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 s3l() { S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY S3_SECRET_KEY=$S3_SECRET_KEY BUCKET=$BUCKET \
@@ -52,7 +59,7 @@ sh_in() { # PORT SESSION COMMAND: its stdout
 ckpt() { j "$1" POST "/v1/sessions/$2/checkpoint" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\"}"; }
 from() { j "$1" POST "/v1/sessions/$2/resume" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\"}"; }
 
-if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
+if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts, each in its own network namespace, share one S3"
 else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
 
 # A process holding 16 MiB of random bytes behind a listening socket;
@@ -137,9 +144,10 @@ done
 for p in "${pids[@]}"; do kill "$p"; done
 for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
 pids=()
-check "nothing left: no QEMU, VM directories, session files or cgroups; S3 holds no session's objects" \
+net_down
+check "nothing left: no QEMU, VM directories, session files, cgroups or namespaces; S3 holds no session's objects" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/pause-cache" "$T_TMP/spool-b/pause-cache" -path '*snapshot.*' -type f 2> /dev/null | wc -l)" = 0 \
-	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0
+	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0 -a "$(net_left)" = 0
 t_done
