@@ -144,10 +144,11 @@ done
 for p in "${pids[@]}"; do kill "$p"; done
 for p in "${pids[@]}"; do wait "$p" 2> /dev/null; done
 pids=()
+left_s3=$(s3l count acme/sessions/) # before the bridge S3 listens on goes
 net_down
 check "nothing left: no QEMU, VM directories, session files, cgroups or namespaces; S3 holds no session's objects" \
 	test "$(count_qemu)" = 0 -a "$(find "$KILN_RUN_DIR" -mindepth 2 | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/sessions" "$T_TMP/spool-b/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0 \
 	-a "$(find "$T_TMP/spool-a/pause-cache" "$T_TMP/spool-b/pause-cache" -path '*snapshot.*' -type f 2> /dev/null | wc -l)" = 0 \
-	-a "$(count_cgroups)" = "$before_cg" -a "$(s3l count acme/sessions/)" = 0 -a "$(net_left)" = 0
+	-a "$(count_cgroups)" = "$before_cg" -a "$left_s3" = 0 -a "$(net_left)" = 0
 t_done
