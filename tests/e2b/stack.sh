@@ -37,7 +37,7 @@ e2b_stack_start() {
 		--arg run "$KILN_RUN_DIR/h1" --arg ep "$S3_ENDPOINT" --arg ak "$S3_ACCESS_KEY" --arg sk "$S3_SECRET_KEY" \
 		--arg b "$BUCKET" \
 		'{listen: $listen, host_id: "h1", token: $token, api: $api, heartbeat_ms: 500,
-		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 2}, pool: {size: 0, prestart: 0},
+		  spool_dir: $spool, run_dir: $run, capacity: {vcpus: 2, cpu_overcommit: 4}, pool: {size: 0, prestart: 0},
 		  s3: {endpoint: $ep, region: "us-east-1", bucket: $b, access_key: $ak, secret_key: $sk}}' > "$T_TMP/h1.json"
 	host_start "$T_TMP/h1.json" h1
 	h_pid=$host_pid
