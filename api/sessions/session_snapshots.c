@@ -6,7 +6,7 @@
  * under the customer's snapshot quotas; nothing is recorded when the host
  * fails, and what it may have written is deleted. New sessions start from
  * one through sessions_create_run (session_run.c). A fork is a hidden
- * snapshot, `count` sessions started from it one by one (each admitted as
+ * snapshot, `count` sessions started from it together, a thread each (each admitted as
  * any create is), then the snapshot deleted: its objects go once the last
  * of those sessions is destroyed (sessions_snapshot_release,
  * session_core.c; the reaper retries what a host could not delete). */
