@@ -109,12 +109,16 @@ static void refresh_hosts_locked(struct sched *s)
 			if (old[j].last_hb_ms == v->last_hb_ms) {
 				v->inflight_vcpus = old[j].inflight_vcpus;
 				v->inflight_mem = old[j].inflight_mem;
+				v->released_vcpus = old[j].released_vcpus;
+				v->released_mem = old[j].released_mem;
 				memcpy(v->templates, old[j].templates, sizeof(v->templates));
 				v->ntemplates = old[j].ntemplates;
 			}
 			v->full_until_ms = old[j].full_until_ms;
 			v->was_lost = old[j].lost;
 		}
+		v->vcpus_used -= v->released_vcpus < v->vcpus_used ? v->released_vcpus : v->vcpus_used;
+		v->mem_used -= v->released_mem < v->mem_used ? v->released_mem : v->mem_used;
 		n++;
 	}
 	s->nhosts = n;
@@ -608,6 +612,21 @@ void sched_unplace(struct sched *s, const char *host_id, const struct sched_need
 	if (h) {
 		h->inflight_vcpus -= need->vcpus < h->inflight_vcpus ? need->vcpus : h->inflight_vcpus;
 		h->inflight_mem -= need->memory_mib < h->inflight_mem ? need->memory_mib : h->inflight_mem;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sched_release(struct sched *s, const char *host_id, unsigned vcpus, unsigned memory_mib)
+{
+	struct host_view *h;
+
+	pthread_mutex_lock(&s->lock);
+	h = sched_host_find_locked(s, host_id);
+	if (h) {
+		h->released_vcpus += vcpus;
+		h->released_mem += memory_mib;
+		h->vcpus_used -= vcpus < h->vcpus_used ? vcpus : h->vcpus_used;
+		h->mem_used -= memory_mib < h->mem_used ? memory_mib : h->mem_used;
 	}
 	pthread_mutex_unlock(&s->lock);
 }

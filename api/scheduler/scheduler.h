@@ -101,6 +101,11 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 /* Undo sched_place's accounting (the host or the quota refused). */
 void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need);
 
+/* A session of vcpus and memory_mib left host_id (destroyed or paused
+ * there): its room counts as free at once, not from the host's next
+ * heartbeat (a create right after a destroy finds it). Thread-safe. */
+void sched_release(struct sched *s, const char *host_id, unsigned vcpus, unsigned memory_mib);
+
 /* The host answered that it is full: place nothing there for a moment. */
 void sched_host_full(struct sched *s, const char *host_id);
 

@@ -41,6 +41,10 @@ struct host_view {
 	/* Placed by us after the host's last heartbeat: not in its report yet. */
 	unsigned inflight_vcpus;
 	uint64_t inflight_mem;
+	/* Left it (destroyed, paused) after its last heartbeat: still in its
+	 * report, taken off used until the next one. */
+	unsigned released_vcpus;
+	uint64_t released_mem;
 	int64_t full_until_ms;
 };
 

@@ -385,6 +385,7 @@ void sessions_pause(struct sessions *ss, const char *id, const char *reason, str
 			json_object_set_new(snap, "host_id", json_string(cur.host_id));
 		store_session_transition(ss->st, id, SESSION_PAUSING, SESSION_PAUSED, "", reason,
 					 json_is_object(snap) ? snap : NULL);
+		sched_release(ss->sched, cur.host_id, cur.vcpus, cur.memory_mib);
 		json_decref(j);
 	} else if (r.status == 404 && sessions_host_lacks(ss, url, id)) {
 		sessions_vm_lost(ss, id, SESSION_PAUSING);
@@ -503,6 +504,8 @@ void sessions_destroy(struct sessions *ss, const char *id, const char *reason, s
 						st < 0 ? err.message : "unexpected status");
 			}
 			if (store_session_transition(ss->st, id, cur.state, SESSION_DESTROYED, "", reason, NULL) == 1) {
+				if (cur.state == SESSION_RUNNING)
+					sched_release(ss->sched, cur.host_id, cur.vcpus, cur.memory_mib);
 				/* The last user of a deleted snapshot: its objects can go. */
 				if (cur.from_snapshot[0])
 					sessions_snapshot_release(ss, cur.from_snapshot);
