@@ -1165,3 +1165,37 @@ void spec_free(struct task_spec *s)
 	free(s->net_rules);
 	memset(s, 0, sizeof(*s));
 }
+
+int spec_volume_path_ok(const char *p)
+{
+	static const char *const refused[] = { "/proc", "/sys", "/dev" };
+	size_t n = p ? strlen(p) : 0;
+
+	if (n < 2 || n > SPEC_VOLUME_PATH_MAX || p[0] != '/' || p[n - 1] == '/')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+			return 0;
+	/* Every component is a name, not "", "." or "..". */
+	for (const char *c = p + 1;;) {
+		const char *e = strchr(c, '/');
+		size_t len = e ? (size_t)(e - c) : strlen(c);
+
+		if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
+			return 0;
+		if (!e)
+			break;
+		c = e + 1;
+	}
+	for (size_t i = 0; i < sizeof(refused) / sizeof(*refused); i++)
+		if (spec_path_within(p, refused[i]))
+			return 0;
+	return 1;
+}
+
+int spec_path_within(const char *a, const char *b)
+{
+	size_t l = strlen(b);
+
+	return !strncmp(a, b, l) && (a[l] == '\0' || a[l] == '/');
+}

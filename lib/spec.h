@@ -147,4 +147,13 @@ void spec_free(struct task_spec *s);
  * Reentrant. */
 void spec_net_rule_format(const struct spec_net_rule *r, char *out, size_t cap);
 
+/* A volume's mount point in the guest (kiln-api and kiln-host apply the
+ * same rule): absolute, normalised (no "//", ".", ".." or trailing '/'), at
+ * most SPEC_VOLUME_PATH_MAX bytes, no control characters, not "/" and not
+ * under /proc, /sys or /dev. */
+#define SPEC_VOLUME_PATH_MAX 255
+int spec_volume_path_ok(const char *path);
+/* Path a is b, or under it (component-wise). */
+int spec_path_within(const char *a, const char *b);
+
 #endif

@@ -307,41 +307,9 @@ int api_volume_name_ok(const char *name)
 
 int api_volume_path_ok(const char *p)
 {
-	static const char *const refused[] = { "/proc", "/sys", "/dev" };
-	size_t n = p ? strlen(p) : 0;
-
-	/* kiln-host's vol_path_ok, so that a refusal is a 400 here and not
-	 * a host's invalid_spec after placement. */
-	if (n < 2 || n > 255 || p[0] != '/' || p[n - 1] == '/')
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
-			return 0;
-	for (const char *c = p + 1;;) {
-		const char *e = strchr(c, '/');
-		size_t len = e ? (size_t)(e - c) : strlen(c);
-
-		if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
-			return 0;
-		if (!e)
-			break;
-		c = e + 1;
-	}
-	for (size_t i = 0; i < sizeof(refused) / sizeof(*refused); i++) {
-		size_t l = strlen(refused[i]);
-
-		if (!strncmp(p, refused[i], l) && (p[l] == '\0' || p[l] == '/'))
-			return 0;
-	}
-	return 1;
-}
-
-/* a is b, or under it. */
-static int path_within(const char *a, const char *b)
-{
-	size_t l = strlen(b);
-
-	return !strncmp(a, b, l) && (a[l] == '\0' || a[l] == '/');
+	/* kiln-host's rule, so that a refusal is a 400 here and not a host's
+	 * invalid_spec after placement. */
+	return spec_volume_path_ok(p);
 }
 
 /* "volumes": [{"name","path","read_only"?}] into out. 0 or -1 with err. */
@@ -388,7 +356,7 @@ static int volumes_parse(json_t *v, struct api_session_request *out, struct kiln
 			if (!strcmp(out->volumes[j].name, name))
 				return kiln_err_set(err, KERR_INVALID_REQUEST, "volumes[%zu].name: volume %s is mounted twice",
 						    i, name);
-			if (path_within(path, out->volumes[j].path) || path_within(out->volumes[j].path, path))
+			if (spec_path_within(path, out->volumes[j].path) || spec_path_within(out->volumes[j].path, path))
 				return kiln_err_set(err, KERR_INVALID_REQUEST,
 						    "volumes[%zu].path: %s and %s: one volume would be mounted inside another",
 						    i, path, out->volumes[j].path);

@@ -7,46 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec.h"
 #include "task/task.h"
 
-/* Mount points the guest's own file systems need. */
-static const char *const vol_path_refused[] = { "/proc", "/sys", "/dev" };
-
+/* The rule kiln-api applies too (lib/spec.c). */
 int vol_path_ok(const char *p)
 {
-	size_t n = p ? strlen(p) : 0;
-
-	if (n < 2 || n > VOL_PATH_MAX || p[0] != '/' || p[n - 1] == '/')
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
-			return 0;
-	/* Normalised: every component is a name, not "", "." or "..". */
-	for (const char *c = p + 1;;) {
-		const char *e = strchr(c, '/');
-		size_t len = e ? (size_t)(e - c) : strlen(c);
-
-		if (len == 0 || (len == 1 && c[0] == '.') || (len == 2 && c[0] == '.' && c[1] == '.'))
-			return 0;
-		if (!e)
-			break;
-		c = e + 1;
-	}
-	for (size_t i = 0; i < sizeof(vol_path_refused) / sizeof(*vol_path_refused); i++) {
-		size_t l = strlen(vol_path_refused[i]);
-
-		if (!strncmp(p, vol_path_refused[i], l) && (p[l] == '\0' || p[l] == '/'))
-			return 0;
-	}
-	return 1;
-}
-
-/* a is b, or under it. */
-static int path_within(const char *a, const char *b)
-{
-	size_t l = strlen(b);
-
-	return !strncmp(a, b, l) && (a[l] == '\0' || a[l] == '/');
+	return spec_volume_path_ok(p);
 }
 
 int vol_spec_parse(json_t *volumes, struct vol_mount out[VOL_SLOTS], size_t *n, struct kiln_err *err)
@@ -97,7 +64,7 @@ int vol_spec_parse(json_t *volumes, struct vol_mount out[VOL_SLOTS], size_t *n, 
 			if (!strcmp(out[j].id, id))
 				return kiln_err_set(err, KERR_INVALID_SPEC, "volumes[%zu].id: volume %s is mounted twice", i,
 						    id);
-			if (path_within(path, out[j].path) || path_within(out[j].path, path))
+			if (spec_path_within(path, out[j].path) || spec_path_within(out[j].path, path))
 				return kiln_err_set(err, KERR_INVALID_SPEC,
 						    "volumes[%zu].path: %s and %s: one volume would be mounted inside "
 						    "another", i, path, out[j].path);

@@ -16,10 +16,11 @@
 #include "err.h"
 #include "pause_manifest.h"
 #include "s3.h"
+#include "spec.h"
 #include "vm/vm.h"
 
 #define VOL_SLOTS          VM_VOL_SLOTS
-#define VOL_PATH_MAX       255
+#define VOL_PATH_MAX       SPEC_VOLUME_PATH_MAX
 #define VOL_SIZE_MIB_MIN   16                        /* ext4 with a journal */
 #define VOL_SIZE_MIB_MAX   (VM_VOL_SLOT_BYTES >> 20) /* the slot's fixed size */
 #define VOL_MANIFEST_V     1
