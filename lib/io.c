@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -165,4 +166,35 @@ void io_child_reset(void)
 		dup2(fd, 0);
 		close(fd);
 	}
+}
+
+int io_copy_at(int in, int out, uint64_t off, uint64_t len)
+{
+	off_t at_in = (off_t)off, at_out = (off_t)off;
+	int fallback = 0;
+
+	while (len) {
+		size_t want = len > (1u << 30) ? 1u << 30 : (size_t)len;
+		ssize_t n;
+
+		if (!fallback) {
+			n = copy_file_range(in, &at_in, out, &at_out, want, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+				fallback = 1;
+				if (lseek(out, at_out, SEEK_SET) < 0)
+					return -errno;
+				continue;
+			}
+		} else {
+			n = sendfile(out, in, &at_in, want);
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;
+		len -= (uint64_t)n;
+	}
+	return 0;
 }

@@ -34,6 +34,13 @@ ssize_t io_read_small(const char *path, char *buf, size_t cap);
  * with errno set (EFBIG past max). Any thread. */
 char *io_read_file(const char *path, size_t max, size_t *len);
 
+/* Copy len bytes of in from offset off to out at the same offset, in the
+ * kernel: copy_file_range, or sendfile where that refuses (across file
+ * systems: a file and a memfd). Neither fd's position is used but out's,
+ * which the fallback moves. 0, or a negative errno (-EIO: in ended early).
+ * Any thread. */
+int io_copy_at(int in, int out, uint64_t off, uint64_t len);
+
 /* In a forked child, before exec: no signal blocked (the parent may block
  * those it reads from a signalfd) and stdin on /dev/null (left as it is
  * when that cannot be opened). For the daemons the CLI starts and QEMU. */

@@ -118,7 +118,9 @@ int sessions_snapshot_take(struct sessions *ss, const struct sessions_request *r
 		*ret = sessions_answer(r, 0, KERR_INTERNAL, "no randomness", NULL, NULL);
 		return 0;
 	}
-	body = json_pack("{s:s, s:s}", "customer", cur->customer, "snapshot", id);
+	/* A fork's: its host keeps a copy of the RAM that the children it
+	 * starts share copy-on-write. */
+	body = json_pack("{s:s, s:s, s:b}", "customer", cur->customer, "snapshot", id, "fork", fork);
 	text = body ? json_dumps(body, JSON_COMPACT) : NULL;
 	json_decref(body);
 	if (!text) {

@@ -555,19 +555,22 @@ enum MHD_Result serve_session_checkpoint_post(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
-	json_t *j, *out, *cust;
+	json_t *j, *out, *cust, *fork;
 
 	if (!id)
 		return no_session(r->conn);
 	if (!(j = body_json(r->body, &err)))
 		return reply_err(r->conn, &err);
 	cust = json_object_get(j, "customer");
-	if (!json_is_string(json_object_get(j, "snapshot")) || (cust && !json_is_string(cust))) {
+	fork = json_object_get(j, "fork");
+	if (!json_is_string(json_object_get(j, "snapshot")) || (cust && !json_is_string(cust)) ||
+	    (fork && !json_is_boolean(fork))) {
 		json_decref(j);
-		return reply_error(r->conn, KERR_INVALID_REQUEST, "snapshot (and customer): expected strings");
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
+				   "snapshot (and customer): expected strings; fork: expected a boolean");
 	}
 	out = session_checkpoint(s->sessions, id, json_string_value(cust),
-				 json_string_value(json_object_get(j, "snapshot")), &err);
+				 json_string_value(json_object_get(j, "snapshot")), json_is_true(fork), &err);
 	json_decref(j);
 	return out ? reply_json(r->conn, MHD_HTTP_OK, out) : reply_err(r->conn, &err);
 }

@@ -127,6 +127,8 @@ void session_teardown(struct session_table *ss, struct session *s)
 		hostd_release(ss->d, s->vcpus, s->memory_mib);
 	s->vcpus = 0;
 	session_base_release(s);
+	fork_base_put(s->fork);
+	s->fork = NULL;
 	phash_free(&s->layers); /* the VM whose pages it describes is gone */
 	s->layers_ok = 0;
 	fs_rmtree(s->dir);
@@ -159,6 +161,7 @@ void sessions_close(struct session_table *ss)
 	pthread_mutex_unlock(&ss->lock);
 	pthread_join(ss->launcher, NULL);
 	session_prestart_close(ss);
+	fork_base_drop_all();
 	base_book_unref(ss->bases);
 	free(ss);
 }
@@ -177,6 +180,12 @@ json_t *session_json(const struct session_table *ss, const struct session *s)
 	/* Its vCPUs are stopped while it is idle (session_idle.c). */
 	if (j && s->state == SS_RUNNING)
 		json_object_set_new(j, "idle_stopped", json_boolean(s->stopped));
+	/* Its QEMU (an operator's look at one VM: /proc/PID/smaps_rollup), and
+	 * whether it shares a fork's copy of its parent's RAM. */
+	if (j && s->state == SS_RUNNING && s->vm.pid > 0)
+		json_object_set_new(j, "vm_pid", json_integer(s->vm.pid));
+	if (j && s->fork)
+		json_object_set_new(j, "fork_shared", json_true());
 	return j;
 }
 
@@ -439,7 +448,7 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 	struct vm_config cfg = ro->vm;
 	/* Not on a base fetched from S3: a VM started ahead would keep that
 	 * RAM alive after its last session. */
-	int can_pre = s->base_fd < 0;
+	int can_pre = s->base_fd < 0 && !s->fork;
 
 	if (ts->egress) {
 		if (net_sandbox_start(ro->net, ts->net_rules, ts->nnet_rules, NULL, NULL, &s->net, err) < 0)
@@ -465,7 +474,7 @@ int session_boot(struct session_table *ss, struct session *s, const struct task_
 		cfg.mem_file = NULL;
 	} else {
 		/* The snapshot's RAM, or the base fetched for a resumed session. */
-		cfg.mem_fd = s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
+		cfg.mem_fd = s->fork ? s->fork->mem_fd : s->base_fd >= 0 ? s->base_fd : s->snap->mem_fd;
 		cfg.mem_file = s->snap->mem;
 		cfg.mem_share = 0;
 	}

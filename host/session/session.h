@@ -164,9 +164,11 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
  * stopped while its pages are read and its disk copied, then goes on.
  * Returns {"id","snapshot":{"id","bucket","prefix","bytes","stop_ms","ms"}}
  * or NULL with err (not_found, busy, not_running, no_s3, s3_unavailable,
- * host_error: nothing kept in S3 then). */
+ * host_error: nothing kept in S3 then). With fork, a copy of its RAM is
+ * also kept here a while, which the sessions started from it on this host
+ * map copy-on-write (session_fork.c). */
 json_t *session_checkpoint(struct session_table *ss, const char *id, const char *customer, const char *snapshot_id,
-			   struct kiln_err *err);
+			   int fork, struct kiln_err *err);
 
 /* Delete every object of customer's snapshot snapshot_id in S3 (its
  * manifest first). The number deleted, or -1 with err. */

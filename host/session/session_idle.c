@@ -211,6 +211,11 @@ static const struct metric m_wakes = {
 	.help = "Stopped sessions continued for a request, by result.",
 };
 
+static const struct metric m_fork_bases = {
+	.name = "kiln_host_fork_bases", .type = METRIC_GAUGE,
+	.help = "Copies of a forked session's RAM kept for the children started here (session_fork.c).",
+};
+
 void sessions_metrics(struct session_table *ss, struct buf *b)
 {
 	static const char *const vcpus[] = { "running", "stopped" }, *const results[] = { "ok", "failed" };
@@ -226,5 +231,6 @@ void sessions_metrics(struct session_table *ss, struct buf *b)
 	metric_write(b, &m_idle_stops, ss->stops_total);
 	metric_write_by(b, &m_wakes, results, (uint64_t[]){ ss->wakes_total, ss->wake_failures }, 2);
 	pthread_mutex_unlock(&ss->lock);
+	metric_write(b, &m_fork_bases, (uint64_t)fork_base_count());
 	session_prestart_metrics(ss, b);
 }

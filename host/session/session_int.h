@@ -74,6 +74,10 @@ struct session {
 	uint64_t saved_tail_off;
 	int saved_cut, saved_delta, saved_depth;
 	char saved_over[48];
+	/* A fork child started on its parent's host: the parent's RAM at the
+	 * copy, which its VM maps instead of base_fd/snap->mem_fd (those stay
+	 * the base its manifests name); NULL: none (session_fork.c). */
+	struct fork_base *fork;
 	/* The snapshot it was started from ("": none): its manifests carry it,
 	 * and may name that snapshot's chunks (never deleted by its pauses). */
 	char from_snapshot[65];
@@ -207,6 +211,53 @@ struct session_table {
 	struct base_book *bases;
 	int prepare_base;        /* sessions_set_prepare_base */
 };
+
+/* Forks' copies of their parent's RAM (session_fork.c) ------------------- */
+
+struct fork_base {
+	struct fork_base *next;
+	int refs;
+	char customer[65], snap_id[65], gen[48];
+	char tpl_key[96];        /* the template the parent ran (its snapshot key) */
+	uint64_t size;
+	int mem_fd;              /* the parent's RAM at the copy: a sealed memfd */
+	int stream_fd;           /* its state stream without the RAM block's pages */
+	int disk_fd;             /* its disk layer (qcow2 over the template's) */
+	uint64_t disk_size;
+	struct phash pages;      /* the pages it holds apart from the template's RAM */
+	int64_t used_ms;
+};
+
+/* A fork base of size bytes holding ram_fd's pages (the RAM file the
+ * parent's VM maps), its stream and disk still empty; one reference. NULL
+ * with err. */
+struct fork_base *fork_base_new(int ram_fd, uint64_t size, const char *tpl_key, struct kiln_err *err);
+/* Before the stop: the pages the parent holds apart from the file its RAM
+ * maps are allocated in the copy (sv opened), so that the stop only copies
+ * them (a page made private meanwhile is allocated then). 0 or -1 with
+ * err (then the stop allocates them all). */
+int fork_base_prepare(struct fork_base *fb, struct vmmem_save *sv, struct kiln_err *err);
+/* Once its pages, stream and pages' hashes are written: the disk layer
+ * copied in from the file disk, the table finished, the RAM sealed. */
+int fork_base_seal(struct fork_base *fb, const char *disk, struct kiln_err *err);
+/* Offer fb to the children of customer's snapshot snap_id (manifest
+ * generation gen) started here; the caller keeps its own reference. */
+void fork_base_publish(struct fork_base *fb, const char *customer, const char *snap_id, const char *gen);
+/* The published base of that snapshot and generation on template tpl_key,
+ * referenced, or NULL. */
+struct fork_base *fork_base_find(const char *customer, const char *snap_id, const char *gen, const char *tpl_key);
+void fork_base_put(struct fork_base *fb);
+/* Unpublish that snapshot's base (deleted; NULL, NULL: only those past
+ * their time); all of them (shutting down). */
+void fork_base_drop(const char *customer, const char *snap_id);
+void fork_base_drop_all(void);
+/* How many are published (the sweep and tests). */
+int fork_base_count(void);
+/* A copy of its finished pages table (a child's layers). 0 or -1. */
+int fork_base_copy_pages(const struct fork_base *fb, struct phash *out);
+/* A new read-only descriptor of its stream, with its own offset (QEMU
+ * reads it). -1 with errno. */
+int fork_base_open(const struct fork_base *fb);
 
 /* Sessions of this host (session.c) ------------------------------------- */
 

@@ -78,6 +78,9 @@ struct pause_stream {
 	int delta, cut;
 	size_t flushed, tail_at;    /* chunks handed on; of them, before the devices */
 	uint64_t local_off, tail_off; /* bytes in the local copy; where the devices begin */
+	/* A fork's copy of the stream without the RAM block's pages (the
+	 * children on this host map the RAM instead): -1, none. */
+	int fork_fd, in_pages;
 };
 
 static ssize_t ps_read(void *ctx, void *buf, size_t len)
@@ -113,6 +116,8 @@ static int ps_write(void *ctx, const void *buf, size_t len)
 	struct pause_stream *p = ctx;
 	const uint8_t *b = buf;
 
+	if (p->fork_fd >= 0 && !p->in_pages && io_write_all(p->fork_fd, buf, len) < 0)
+		return -1;
 	while (len) {
 		size_t n;
 
@@ -134,6 +139,7 @@ static int ps_mark(void *ctx, int phase)
 {
 	struct pause_stream *p = ctx;
 
+	p->in_pages = phase == 0;
 	if (phase == 0) {
 		if (p->delta) {
 			if (p->flushed) /* a prefix longer than a chunk: not this layout */
@@ -466,7 +472,7 @@ static void verify_pause(struct session *s, int base_fd, struct pause_stream *ps
 static int pause_v2(struct session_table *ss, struct session *s, const struct s3_config *c, uint64_t *bytes,
 		    uint64_t *base_bytes, struct migfilter_stats *fst, struct kiln_err *err)
 {
-	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
+	struct pause_stream ps = { .rfd = -1, .local_fd = -1, .fork_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
 	struct pmanifest *old = NULL;
 	char prefix[512], gen[48], base_sha[65];
@@ -554,7 +560,8 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 					  .tpl_path = s->base_fd >= 0 ? s->resumed_tpl : s->snap->state,
 					  .base_fd = base_fd,
 					  .size = s->snap->mem_size, .disks_stay = ss->save_pages == 2, .pm_fd = -1,
-					  .tpl_fd = -1 };
+					  .tpl_fd = -1, .map_fd = s->fork ? s->fork->mem_fd : -1,
+					  .also = s->fork ? &s->fork->pages : NULL, .copy_fd = -1 };
 		if (ss->save_pages && (s->base_fd < 0 || s->resumed_tpl[0])) {
 			struct kiln_err fe;
 
@@ -883,9 +890,10 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
  * hold a snapshot's data) and the manifest last. *stop_ms: how long the VM
  * stood still. */
 static int checkpoint_v3(struct session_table *ss, struct session *s, const struct s3_config *c, const char *snap_id,
-			 uint64_t *bytes, int64_t *stop_ms, struct kiln_err *err)
+			 int fork, uint64_t *bytes, int64_t *stop_ms, struct kiln_err *err)
 {
-	struct pause_stream ps = { .rfd = -1, .local_fd = -1 };
+	struct fork_base *fb = NULL;
+	struct pause_stream ps = { .rfd = -1, .local_fd = -1, .fork_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
 	char prefix[512], gen[48], base_sha[65], ckdisk[PATH_MAX + 32], key[512], cid[80];
@@ -910,7 +918,9 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 		return -1;
 	sv = (struct vmmem_save){ .vm = &s->vm, .tpl_path = s->base_fd >= 0 ? s->resumed_tpl : s->snap->state,
 				  .base_fd = base_fd, .size = s->snap->mem_size, .disks_stay = 1, .pm_fd = -1,
-				  .tpl_fd = -1, .mark = ps_mark, .mark_ctx = &ps };
+				  .tpl_fd = -1, .mark = ps_mark, .mark_ctx = &ps,
+				  .map_fd = s->fork ? s->fork->mem_fd : -1, .also = s->fork ? &s->fork->pages : NULL,
+				  .copy_fd = -1 };
 	/* Only the save that reads pages leaves the VM able to go on (QEMU's
 	 * own hands its disks over, as to a migration's target). */
 	if (!ss->save_pages || (s->base_fd >= 0 && !s->resumed_tpl[0]))
@@ -942,6 +952,25 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 		goto out;
 	}
 	close(dfd);
+	/* A fork's children on this host map a copy of the parent's RAM: it
+	 * holds the RAM file's pages now (while the VM runs), the walk below
+	 * writes the parent's own over them. Only on this host's template
+	 * (a session on a base fetched from S3 has its children load theirs). */
+	if (fork && s->base_fd < 0) {
+		struct kiln_err fe = { .code = "" };
+
+		fb = fork_base_new(s->fork ? s->fork->mem_fd : base_fd, s->snap->mem_size, s->snap->key, &fe);
+		if (fb && fork_base_prepare(fb, &sv, &fe) < 0)
+			fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM is made in the stop: %s\n", s->id,
+				fe.message);
+		if (fb) {
+			sv.copy_fd = fb->mem_fd;
+			sv.copy_pages = &fb->pages;
+			ps.fork_fd = fb->stream_fd;
+		} else {
+			fprintf(stderr, "kiln-host: session %s: its children load their own RAM: %s\n", s->id, fe.message);
+		}
+	}
 	/* envd's streams end now, as at a pause: the copies must not hold a
 	 * channel in the middle of a message (the session's own reopens). */
 	session_envd_close(ss, s, "the sandbox is being copied (fork or snapshot): reconnect");
@@ -957,6 +986,15 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	/* The disk layer as it is now (QEMU flushed it when it stopped). */
 	if (r == 0)
 		r = session_prestart_disk(s->disk, ckdisk, &ps.err);
+	if (r == 0 && fb) {
+		struct kiln_err fe = { .code = "" };
+
+		if (fork_base_seal(fb, ckdisk, &fe) < 0) {
+			fprintf(stderr, "kiln-host: session %s: its children load their own RAM: %s\n", s->id, fe.message);
+			fork_base_put(fb);
+			fb = NULL;
+		}
+	}
 	/* The VM goes on, its clock set again (it stood still meanwhile). */
 	if (vm_qmp(&s->vm, "{\"execute\":\"cont\"}", proto_now_ms() + 10000, NULL, err) == 0 &&
 	    vm_setup(&s->vm, proto_now_ms() + 10000, &(struct kiln_err){ .code = "" }) == 0)
@@ -987,7 +1025,10 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	}
 	snprintf(key, sizeof(key), "%s/" PMANIFEST_SNAPSHOTS "/%s/manifest.json", s->customer, snap_id);
 	r = put_manifest(c, key, m, err);
+	if (r == 0 && fb)
+		fork_base_publish(fb, s->customer, snap_id, gen);
 out:
+	fork_base_put(fb);
 	if (ps.up) {
 		struct kiln_err e2;
 
@@ -1004,7 +1045,7 @@ out:
 }
 
 json_t *session_checkpoint(struct session_table *ss, const char *id, const char *customer, const char *snapshot_id,
-			   struct kiln_err *err)
+			   int fork, struct kiln_err *err)
 {
 	struct session *s;
 	struct hostd_s3 s3;
@@ -1044,7 +1085,7 @@ json_t *session_checkpoint(struct session_table *ss, const char *id, const char 
 		kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
 		return NULL;
 	}
-	r = checkpoint_v3(ss, s, &s3.c, snapshot_id, &bytes, &stop_ms, err);
+	r = checkpoint_v3(ss, s, &s3.c, snapshot_id, fork, &bytes, &stop_ms, err);
 	if (r < 0) {
 		/* Whatever reached S3 goes: there is no snapshot. */
 		sessions_snapshot_delete(ss, s->customer, snapshot_id, &(struct kiln_err){ .code = "" });

@@ -72,6 +72,7 @@ static void sweep_run(void *ctx)
 	struct sweep w = { .ss = ss };
 	int n;
 
+	fork_base_drop(NULL, NULL); /* forks' RAM copies past their time */
 	if (hostd_s3_take(ss->d, &s3) < 0) {
 		pcache_prune(&ss->pcache, NULL, NULL);
 		return;

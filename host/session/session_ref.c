@@ -12,6 +12,7 @@
 void session_free(struct session *s)
 {
 	session_base_release(s);
+	fork_base_put(s->fork);
 	phash_free(&s->layers);
 	json_decref(s->spec);
 	json_decref(s->vol_expect);

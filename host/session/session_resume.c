@@ -432,6 +432,25 @@ static void adopt_manifest(const struct s3_config *c, const struct session *s, c
 	free(text);
 }
 
+/* A fork child's disk layer and state stream from its fork base: the
+ * layer copied to s->disk, *state_fd the stream (its pages are in the RAM
+ * the VM maps). */
+static int fork_child_files(struct session *s, int *state_fd, struct kiln_err *err)
+{
+	int dst = open(s->disk, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), rc;
+
+	if (dst < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "%s: %s", s->disk, strerror(errno));
+	rc = io_copy_at(s->fork->disk_fd, dst, 0, s->fork->disk_size);
+	if (close(dst) < 0 && rc == 0)
+		rc = -errno;
+	if (rc < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "writing %s: %s", s->disk, strerror(-rc));
+	if ((*state_fd = fork_base_open(s->fork)) < 0)
+		return kiln_err_set(err, KERR_HOST_ERROR, "a fork's state: %s", strerror(errno));
+	return 0;
+}
+
 int session_resume(struct session_table *ss, const char *id, const char *customer, const char *from_snapshot,
 		   const struct template_ref *ref, json_t **out, struct kiln_err *err)
 {
@@ -563,8 +582,15 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			memcpy(seal.key, pm.cache_key, sizeof(seal.key));
 			seal.keep = pm.version >= PMANIFEST_V3;
 		}
-		if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0)
+		/* A fork's child on its parent's host: the parent's RAM mapped,
+		 * only the devices loaded (session_fork.c). */
+		if (from_snapshot && pm.version >= PMANIFEST_V3 && s->base_fd < 0 &&
+		    (s->fork = fork_base_find(customer, from_snapshot, pm.generation, snap->key))) {
+			if (fork_child_files(s, &fd, err) < 0)
+				goto fail;
+		} else if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0) {
 			goto fail;
+		}
 	} else {
 		files = json_object_get(m, "files");
 		for (size_t i = 0; i < sizeof(snap_files) / sizeof(*snap_files); i++) {
@@ -641,6 +667,12 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		s->layers_depth = pm.depth;
 		s->layers_ok = 1;
 	}
+	/* A fork's child: its pages are the fork base's, which the table says. */
+	if (s->fork && fork_base_copy_pages(s->fork, &s->layers) == 0) {
+		snprintf(s->layers_gen, sizeof(s->layers_gen), "%s", pm.generation);
+		s->layers_depth = pm.depth;
+		s->layers_ok = 1;
+	}
 	{
 		int64_t now = proto_now_ms();
 
@@ -648,14 +680,14 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 			"kiln-host: session %s resumed in %lld ms: manifest %lld, base %lld, disk layer %lld "
 			"(state %llu + disk %llu bytes in S3), disk rebase %lld, QEMU load %lld (the state streamed in "
 			"meanwhile; %s: QEMU %lld, load %lld, setup %lld); state chunks all in at %lld; %zu of %zu "
-			"chunks from this host's pause cache\n",
+			"chunks from this host's pause cache%s\n",
 			id, (long long)(now - t0), (long long)(t_manifest - t0), (long long)(t_base - t_manifest),
 			(long long)(t_fetch - t_base), (unsigned long long)session_zbytes(&pm.state),
 			(unsigned long long)session_zbytes(&pm.disk), (long long)(t_disk - t_fetch),
 			(long long)(now - t_disk), s->prestarted ? "QEMU started ahead" : "QEMU started now",
 			(long long)s->boot_ms[0], (long long)s->boot_ms[1], (long long)s->boot_ms[2],
 			(long long)(feed.chunks_done_ms ? feed.chunks_done_ms - t0 : 0), feed.hits + disk_hits,
-			pm.state.n + pm.disk.n);
+			pm.state.n + pm.disk.n, s->fork ? "; a fork's child: its parent's RAM shared, no page loaded" : "");
 	}
 	/* Its memory is in the VM now: the kept chunks go (its next pause
 	 * keeps its own), but for a version 3 manifest's: its next pause may

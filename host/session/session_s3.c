@@ -512,5 +512,6 @@ int sessions_snapshot_delete(struct session_table *ss, const char *customer, con
 	hostd_s3_free(&s3);
 	session_snapshot_cache_id(what, sizeof(what), snapshot_id);
 	pcache_drop(&ss->pcache, customer, what);
+	fork_base_drop(customer, snapshot_id);
 	return n;
 }

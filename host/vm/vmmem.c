@@ -108,7 +108,8 @@ int vmmem_save_open(struct vmmem_save *sv, struct kiln_err *err)
 	sv->pm_fd = sv->tpl_fd = -1;
 	if (!vmmem_usable())
 		return kiln_err_set(err, KERR_HOST_ERROR, "process_vm_readv is not allowed here");
-	if (sv->size % VMMEM_PAGE || !(sv->ram = vmmem_find_ram(sv->vm->pid, sv->base_fd, sv->size)))
+	if (sv->size % VMMEM_PAGE || !(sv->ram = vmmem_find_ram(sv->vm->pid, sv->map_fd >= 0 ? sv->map_fd : sv->base_fd,
+								 sv->size)))
 		return kiln_err_set(err, KERR_HOST_ERROR, "the VM's RAM is not in QEMU %d's address space",
 				    (int)sv->vm->pid);
 	snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)sv->vm->pid);
@@ -148,20 +149,24 @@ struct walk {
 	struct vmmem_save *sv;
 	uint8_t *buf;                 /* VMMEM_BATCH pages */
 	uint64_t addr[VMMEM_BATCH];   /* offsets into the block */
+	uint64_t h[VMMEM_BATCH];      /* their hashes (a delta or a fork copy) */
 	struct iovec liov[VMMEM_BATCH], riov[VMMEM_BATCH];
 	int n, nr;
 	struct kiln_err *err;
 	size_t cur;                   /* the delta table's cursor */
+	size_t acur;                  /* sv->also's cursor */
 	uint8_t base_page[VMMEM_PAGE];
 	struct migfilter_out *o;
 };
 
 /* A page the delta's table has that is no longer QEMU's private copy: it
- * reads as the base's now, which the layers in S3 do not say. */
+ * reads as the mapped file's now (the base's), which the layers in S3 do
+ * not say. */
 static int walk_gone(void *ctx, uint32_t pg)
 {
 	struct walk *w = ctx;
-	ssize_t n = pread(w->sv->base_fd, w->base_page, VMMEM_PAGE, (off_t)pg * VMMEM_PAGE);
+	int fd = w->sv->map_fd >= 0 ? w->sv->map_fd : w->sv->base_fd;
+	ssize_t n = pread(fd, w->base_page, VMMEM_PAGE, (off_t)pg * VMMEM_PAGE);
 
 	if (n != VMMEM_PAGE)
 		return kiln_err_set(w->err, KERR_HOST_ERROR, "reading the base RAM: %s",
@@ -170,8 +175,9 @@ static int walk_gone(void *ctx, uint32_t pg)
 	return migfilter_page_out(w->o, (uint64_t)pg * VMMEM_PAGE, w->base_page);
 }
 
-/* In a delta: is the page at addr as the table has it? -1: the walk fails. */
-static int walk_same(struct walk *w, uint64_t addr, const uint8_t *data)
+/* In a delta: is the page at addr (hash h) as the table has it? -1: the
+ * walk fails. */
+static int walk_same(struct walk *w, uint64_t addr, uint64_t h)
 {
 	const struct phash_ent *e;
 	uint32_t pg = (uint32_t)(addr / VMMEM_PAGE);
@@ -183,7 +189,31 @@ static int walk_same(struct walk *w, uint64_t addr, const uint8_t *data)
 	if (!e || e->pg != pg)
 		return 0;
 	w->cur++;
-	return e->h == phash_page(data);
+	return e->h == h;
+}
+
+/* The fork copy: the batch's pages at their offsets (runs of adjacent
+ * pages in one write; the buffer holds them in address order), and their
+ * hashes. */
+static int walk_copy(struct walk *w, const uint64_t *h)
+{
+	struct vmmem_save *sv = w->sv;
+
+	for (int i = 0, j; i < w->n; i = j) {
+		ssize_t want, got;
+
+		for (j = i + 1; j < w->n && w->addr[j] == w->addr[j - 1] + VMMEM_PAGE; j++)
+			;
+		want = (ssize_t)(j - i) * VMMEM_PAGE;
+		got = pwrite(sv->copy_fd, w->buf + (size_t)i * VMMEM_PAGE, (size_t)want, (off_t)w->addr[i]);
+		if (got != want)
+			return kiln_err_set(w->err, KERR_HOST_ERROR, "writing the fork's copy of the RAM: %s",
+					    got < 0 ? strerror(errno) : "short write");
+	}
+	for (int i = 0; i < w->n; i++)
+		if (phash_add(sv->copy_pages, (uint32_t)(w->addr[i] / VMMEM_PAGE), h[i]) < 0)
+			return kiln_err_set(w->err, KERR_HOST_ERROR, "out of memory");
+	return 0;
 }
 
 static int walk_flush(struct walk *w, struct migfilter_out *o)
@@ -201,9 +231,14 @@ static int walk_flush(struct walk *w, struct migfilter_out *o)
 	/* Every private page goes, not compared with the base: one that
 	 * matches it again is rare, and reading the base's page costs more
 	 * (2 us a page here, cold) than the few bytes it compresses to. */
+	if (w->sv->delta || w->sv->copy_fd >= 0)
+		for (int i = 0; i < w->n; i++)
+			w->h[i] = phash_page(w->buf + (size_t)i * VMMEM_PAGE);
+	if (w->sv->copy_fd >= 0 && walk_copy(w, w->h) < 0)
+		return -1;
 	for (int i = 0; i < w->n; i++) {
 		const uint8_t *page = w->buf + (size_t)i * VMMEM_PAGE;
-		int same = w->sv->delta ? walk_same(w, w->addr[i], page) : 0;
+		int same = w->sv->delta ? walk_same(w, w->addr[i], w->h[i]) : 0;
 
 		if (same < 0)
 			return -1;
@@ -215,6 +250,18 @@ static int walk_flush(struct walk *w, struct migfilter_out *o)
 	w->sv->private_pages += (uint64_t)w->n;
 	w->n = w->nr = 0;
 	return 0;
+}
+
+/* Whether sv->also names page pg (asked in ascending order). */
+static int walk_also(struct walk *w, uint64_t pg)
+{
+	const struct phash *a = w->sv->also;
+
+	if (!a)
+		return 0;
+	while (w->acur < a->n && a->e[w->acur].pg < pg)
+		w->acur++;
+	return w->acur < a->n && a->e[w->acur].pg == pg;
 }
 
 static int walk_pages(void *ctx, struct migfilter_out *o)
@@ -245,8 +292,9 @@ static int walk_pages(void *ctx, struct migfilter_out *o)
 			uint64_t e = ent[i], addr = (first + i) * VMMEM_PAGE;
 
 			/* Present and not the file's page: QEMU's private copy.
-			 * Swapped out: read too (reading brings it back). */
-			if (!((e & PM_PRESENT && !(e & PM_FILE)) || e & PM_SWAP))
+			 * Swapped out: read too (reading brings it back). And
+			 * what `also` names, whatever it is. */
+			if (!((e & PM_PRESENT && !(e & PM_FILE)) || e & PM_SWAP) && !walk_also(w, first + i))
 				continue;
 			w->addr[w->n] = addr;
 			w->liov[w->n] = (struct iovec){ .iov_base = w->buf + (size_t)w->n * VMMEM_PAGE,
@@ -271,6 +319,52 @@ static int walk_pages(void *ctx, struct migfilter_out *o)
 	}
 	if (r == 0 && sv->mark && sv->mark(sv->mark_ctx, 1) < 0)
 		r = kiln_err_set(w->err, KERR_HOST_ERROR, "writing the session's state: %s", strerror(errno));
+out:
+	free(ent);
+	return r;
+}
+
+int vmmem_private_runs(struct vmmem_save *sv, int (*fn)(void *ctx, uint64_t off, uint64_t len), void *ctx,
+		       struct kiln_err *err)
+{
+	uint64_t npages = sv->size / VMMEM_PAGE, *ent = malloc(VMMEM_PM_ENTS * sizeof(uint64_t)), run = 0, len = 0;
+	size_t acur = 0;
+	int r = -1;
+
+	if (!ent)
+		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+	for (uint64_t first = 0; first < npages; first += VMMEM_PM_ENTS) {
+		uint64_t cnt = npages - first < VMMEM_PM_ENTS ? npages - first : VMMEM_PM_ENTS;
+		off_t at = (off_t)((sv->ram / VMMEM_PAGE + first) * sizeof(uint64_t));
+		ssize_t got = pread(sv->pm_fd, ent, cnt * sizeof(uint64_t), at);
+
+		if (got != (ssize_t)(cnt * sizeof(uint64_t))) {
+			kiln_err_set(err, KERR_HOST_ERROR, "reading QEMU %d's pagemap: %s", (int)sv->vm->pid,
+				     got < 0 ? strerror(errno) : "short read");
+			goto out;
+		}
+		for (uint64_t i = 0; i < cnt; i++) {
+			uint64_t e = ent[i], pg = first + i;
+			int want = (e & PM_PRESENT && !(e & PM_FILE)) || e & PM_SWAP;
+
+			if (!want && sv->also) {
+				while (acur < sv->also->n && sv->also->e[acur].pg < pg)
+					acur++;
+				want = acur < sv->also->n && sv->also->e[acur].pg == pg;
+			}
+			if (want && len && run + len == pg) {
+				len++;
+				continue;
+			}
+			if (len && fn(ctx, run * VMMEM_PAGE, len * VMMEM_PAGE) < 0)
+				goto out;
+			run = pg;
+			len = want;
+		}
+	}
+	if (len && fn(ctx, run * VMMEM_PAGE, len * VMMEM_PAGE) < 0)
+		goto out;
+	r = 0;
 out:
 	free(ent);
 	return r;

@@ -40,6 +40,20 @@ struct vmmem_save {
 	 * a page the table has that is no longer private goes as the base's
 	 * (it reads as the base's now). */
 	const struct phash *delta;
+	/* The file QEMU maps the RAM from, when it is not base_fd (-1: it is):
+	 * a fork child's maps its parent's RAM as it was at the copy, while
+	 * base_fd stays the template's RAM that the manifests name. */
+	int map_fd;
+	/* Pages read even where QEMU holds no private copy (NULL: none): they
+	 * read as map_fd's, which differs from the base there (a fork child's
+	 * parent's pages). A finished table. */
+	const struct phash *also;
+	/* A copy of the RAM as it is saved, for a fork's children on this host
+	 * (copy_fd -1: none): each page read is written to copy_fd at its
+	 * offset (which holds map_fd's pages already) and its hash added to
+	 * copy_pages (not finished). */
+	int copy_fd;
+	struct phash *copy_pages;
 	/* Called with 0 just before the block's first page goes to the writer
 	 * and with 1 just after its last: the writer cuts its chunks there. */
 	int (*mark)(void *ctx, int phase);
@@ -72,6 +86,13 @@ int vmmem_save_fast(struct vmmem_save *sv, int64_t deadline_ms, migfilter_write_
 		    struct migfilter_stats *st, int *qemu_failed, struct kiln_err *err);
 
 void vmmem_save_close(struct vmmem_save *sv);
+
+/* After vmmem_save_open, while the VM may still run: each run of pages
+ * QEMU holds a private copy of now (or that `also` names), as fn(ctx,
+ * offset, length) in address order (a fork prepares its copy's pages out
+ * of the stop). 0, or -1 with err (fn's -1 stops the walk). */
+int vmmem_private_runs(struct vmmem_save *sv, int (*fn)(void *ctx, uint64_t off, uint64_t len), void *ctx,
+		       struct kiln_err *err);
 
 /* ---- checking a fast save against QEMU's own (sessions.save_pages 2) ----
  * One RAM block, page by page: every page of QEMU's full stream (qemu_rd:

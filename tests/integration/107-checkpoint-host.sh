@@ -8,13 +8,17 @@
 # has the parent's process (its random bytes and listening socket), its
 # file and its variables; a change in one is invisible to the others and to
 # the parent; the copies' randomness differs; a copy's pause is a delta over
-# the snapshot's chunks and resumes on the other host; copies of copies
+# the snapshot's chunks and resumes on the other host; a fork's checkpoint
+# ({"fork":true}) keeps a copy of the parent's RAM that its children on that
+# host map copy-on-write (each holds a fraction of the parent's private
+# memory), whose pauses, resumes elsewhere and own forks keep every page;
+# copies of copies
 # work for 20 generations; a damaged snapshot chunk gives a clear error and
 # leaves nothing started; a copy on the snapshot's host reads its chunks
 # from that host's pause cache; DELETE /v1/snapshots removes its objects
 # and copies; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 17
+t_plan 25
 require_image
 t_require_tools ip nsenter swift-proxy-server memcached python3
 t_require_python boto3
@@ -108,6 +112,56 @@ h "$PA" DELETE "/v1/sessions/c1?customer=acme" > /dev/null
 check "destroying c1 removes its own objects, not the snapshot's ($(s3l count acme/sessions/c1/) / $(s3l count acme/snapshots/k1/))" \
 	test "$(s3l count acme/sessions/c1/)" = 0 -a "$(s3l orphans acme/snapshots/k1/ | wc -l)" = 0 \
 	-a "$(s3l count acme/snapshots/k1/)" -gt 2
+
+# ---- a fork: its children on the parent's host share the parent's RAM ----
+ckptf() { j "$1" POST "/v1/sessions/$2/checkpoint" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\",\"fork\":true}"; }
+vm_kib() { # PORT SESSION FIELD: that smaps_rollup field of its QEMU (kB)
+	h "$1" GET "/v1/sessions/$2" > /dev/null
+	awk -v f="$3:" '$1 == f {print $2}' "/proc/$(last .vm_pid)/smaps_rollup" 2> /dev/null
+}
+metric() { curl -s -H "Authorization: Bearer $TOKEN" "http://${addr[$1]}:$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
+want=$(ask "$PA" s1 hash)
+st=$(ckptf "$PA" s1 f1)
+check "a fork's checkpoint of s1: $(last .snapshot.bytes) bytes, the VM stood still $(last .snapshot.stop_ms) ms; A keeps a copy of its RAM ($(metric "$PA" kiln_host_fork_bases))" \
+	test "$st" = 200 -a "$(metric "$PA" kiln_host_fork_bases)" = 1
+okf=1
+for k in 1 2 3; do
+	[ "$(from "$PA" "fk$k" f1)" = 200 -a "$(last .fork_shared)" = true ] || { okf=0; echo "# fk$k: $(cat "$T_TMP/last")"; }
+done
+check "three children of the fork start on A, sharing its RAM (fork_shared)" test "$okf" = 1
+okf=1
+for k in 1 2 3; do
+	[ "$(ask "$PA" "fk$k" hash)" = "$want" -a "$(sh_in "$PA" "fk$k" 'cat /work/who')" = parent ] || okf=0
+done
+pa=$(vm_kib "$PA" s1 Anonymous); ca=$(vm_kib "$PA" fk2 Anonymous)
+check "... each has the process with its bytes and the file; a child's private memory is a fraction of the parent's (${ca} / ${pa} KiB)" \
+	test "$okf" = 1 -a -n "$ca" -a -n "$pa" -a "$((ca * 2))" -lt "$pa"
+mf=$(ask "$PA" fk1 mutate)
+sh_in "$PA" fk1 'echo fk1 > /work/who; sync' > /dev/null
+check "a change in fork child 1 is invisible to child 2 and to the parent" \
+	test "$mf" != "$want" -a "$(ask "$PA" fk2 hash)" = "$want" -a "$(ask "$PA" s1 hash)" = "$want" \
+	-a "$(sh_in "$PA" fk2 'cat /work/who')" = parent
+r1=$(sh_in "$PA" fk1 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"')
+r2=$(sh_in "$PA" fk2 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"')
+check "the children's randomness differs ($r1 / $r2)" test -n "$r1" -a "${#r1}" = 32 -a "$r1" != "$r2"
+h "$PA" POST /v1/sessions/fk1/pause > /dev/null
+pb=$(last .snapshot.bytes); pf=$(s3l prefixes acme/sessions/fk1/manifest.json)
+st=$(j "$PB" POST /v1/sessions/fk1/resume --data-binary '{"customer":"acme"}')
+check "fork child 1's pause is a delta over the fork's chunks ($pb bytes; $pf) and resumes on B with its change" \
+	test "$st" = 200 -a "$pf" = "acme/sessions/fk1 acme/snapshots/f1" -a "$(ask "$PB" fk1 hash)" = "$mf" \
+	-a "$(sh_in "$PB" fk1 'cat /work/who')" = fk1
+# A child's own copy: the pages it shares with the fork's RAM are in it.
+m2=$(ask "$PA" fk2 mutate)
+st=$(ckptf "$PA" fk2 f2)
+a=$(from "$PA" gk1 f2); ash=$(last .fork_shared); b=$(from "$PB" gk2 f2)
+check "a fork of fork child 2: its children on A (sharing: $ash) and on B (from S3) have its bytes" \
+	test "$st" = 200 -a "$a" = 200 -a "$ash" = true -a "$b" = 200 -a "$(ask "$PA" gk1 hash)" = "$m2" \
+	-a "$(ask "$PB" gk2 hash)" = "$m2"
+for s in fk1:$PB fk2:$PA fk3:$PA gk1:$PA gk2:$PB; do h "${s#*:}" DELETE "/v1/sessions/${s%:*}?customer=acme" > /dev/null; done
+h "$PA" DELETE "/v1/snapshots/f1?customer=acme" > /dev/null
+h "$PA" DELETE "/v1/snapshots/f2?customer=acme" > /dev/null
+check "deleting the fork snapshots drops A's copies of the RAM ($(metric "$PA" kiln_host_fork_bases) left)" \
+	test "$(metric "$PA" kiln_host_fork_bases)" = 0 -a "$(s3l count acme/snapshots/f1/)" = 0
 
 # Copies of copies: 20 generations, each a snapshot of the last, on
 # alternate hosts, each one changing the bytes.
