@@ -76,6 +76,8 @@ struct api_session_request {
 	char template_name[64]; /* "template" ("" when absent: the default) */
 	char snapshot[40];     /* "snapshot": start from this snapshot ("" none); then spec_json is NULL
 				* and vcpus, memory_mib, output_mib, egress 0: they are the snapshot's */
+	unsigned snapshot_wait_ms; /* not from the body: a fork's children wait this long for the
+				    * snapshot's manifest (its upload goes on while they start) */
 	struct api_volume_req {
 		char name[64];         /* a volume's name (or id): api_volume_name_ok */
 		char path[256];        /* its mount point: api_volume_path_ok */

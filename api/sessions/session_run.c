@@ -349,6 +349,8 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 		 * "snapshot"); else a create. */
 		if (sr->snapshot[0]) {
 			json_object_set_new(body, "snapshot", json_string(sr->snapshot));
+			if (sr->snapshot_wait_ms)
+				json_object_set_new(body, "wait_ms", json_integer(sr->snapshot_wait_ms));
 			snprintf(path, sizeof(path), "/v1/sessions/%s/resume", id);
 		} else {
 			json_object_set_new(body, "id", json_string(id));

@@ -194,6 +194,8 @@ int sessions_snapshot_take(struct sessions *ss, const struct sessions_request *r
 
 /* ---- fork ---- */
 
+#define FORK_SNAPSHOT_WAIT_MS 120000
+
 /* One child of a fork, started on a thread of its own: the children of a
  * fork start together (their hosts load them in parallel). */
 struct fork_child {
@@ -241,6 +243,9 @@ int sessions_fork_run(struct sessions *ss, const struct sessions_request *r, con
 		return 0;
 	}
 	snprintf(child->snapshot, sizeof(child->snapshot), "%s", snap);
+	/* Its host answers once the children there can start; the chunks
+	 * reach S3 after, and a child on another host waits for them. */
+	child->snapshot_wait_ms = FORK_SNAPSHOT_WAIT_MS;
 	for (unsigned i = 0; i < count; i++) {
 		kids[i] = (struct fork_child){ .ss = ss, .rc = *r, .cur = cur, .child = child, .e2b = e2b };
 		kids[i].started = pthread_create(&kids[i].th, NULL, fork_child_run, &kids[i]) == 0;

@@ -520,7 +520,7 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 	struct serve_http *s = ctx;
 	struct kiln_err err = { .code = "" };
 	const char *id = session_id(r);
-	json_t *j, *out = NULL, *snap;
+	json_t *j, *out = NULL, *snap, *wait;
 	struct template_ref ref;
 	int has_ref, rc;
 
@@ -537,14 +537,19 @@ enum MHD_Result serve_session_resume_post(void *ctx, struct httpd_req *r)
 		return reply_err(r->conn, &err);
 	}
 	snap = json_object_get(j, "snapshot");
-	if (snap && !json_is_string(snap)) {
+	wait = json_object_get(j, "wait_ms");
+	if ((snap && !json_is_string(snap)) ||
+	    (wait && (!snap || !json_is_integer(wait) || json_integer_value(wait) < 0 ||
+		      json_integer_value(wait) > SESSION_SNAPSHOT_WAIT_MAX_MS))) {
 		json_decref(j);
 		if (has_ref)
 			template_ref_free(&ref);
-		return reply_error(r->conn, KERR_INVALID_REQUEST, "snapshot: expected a string");
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
+				   "snapshot: expected a string; wait_ms (with a snapshot): expected 0 to 300000");
 	}
 	rc = session_resume(s->sessions, id, json_string_value(json_object_get(j, "customer")),
-			    json_string_value(snap), has_ref ? &ref : NULL, &out, &err);
+			    json_string_value(snap), wait ? (unsigned)json_integer_value(wait) : 0,
+			    has_ref ? &ref : NULL, &out, &err);
 	return session_answer(r, j, has_ref ? &ref : NULL, rc, MHD_HTTP_OK, out, &err);
 }
 

@@ -78,6 +78,7 @@ struct session_table *sessions_open(struct hostd *d, const char *host_id, const 
 	pthread_mutex_init(&ss->lock, NULL);
 	pthread_cond_init(&ss->launch_cond, NULL);
 	pthread_cond_init(&ss->launched_cond, NULL);
+	pthread_cond_init(&ss->ckpt_cond, NULL);
 	ss->prepare_base = 1;
 	if (!(ss->bases = base_book_new())) {
 		kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
@@ -139,6 +140,11 @@ void sessions_close(struct session_table *ss)
 	if (!ss)
 		return;
 	session_base_prep_stop(ss);
+	/* Forks' uploads first: they adopt their children's manifests. */
+	pthread_mutex_lock(&ss->lock);
+	while (ss->ckpt_jobs)
+		pthread_cond_wait(&ss->ckpt_cond, &ss->lock);
+	pthread_mutex_unlock(&ss->lock);
 	session_pcache_close(ss);
 	session_idler_stop(ss);
 	pthread_mutex_lock(&ss->lock);

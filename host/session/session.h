@@ -149,13 +149,16 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 /* Resume a paused session of customer from S3 on this host, on the
  * template ref (NULL: default; it must be the one it was paused on: the
  * snapshot key says). With from_snapshot (NULL: none), id is a new
- * session started from that snapshot of customer's (session_checkpoint);
+ * session started from that snapshot of customer's (session_checkpoint),
+ * its manifest awaited up to snapshot_wait_ms;
  * its manifest is copied to the session's own place once it runs. Errors:
  * duplicate (running here), no_snapshot, snapshot_corrupt (damaged in S3),
  * incompatible_snapshot (another image), no_capacity, vm_error. */
 int session_resume(struct session_table *ss, const char *id, const char *customer, const char *from_snapshot,
-		   const struct template_ref *ref,
-		   json_t **out, struct kiln_err *err);
+		   unsigned snapshot_wait_ms, const struct template_ref *ref, json_t **out, struct kiln_err *err);
+/* snapshot_wait_ms: a snapshot whose manifest is not in S3 yet (a fork's,
+ * still uploading) is looked for again until then (at most this). */
+#define SESSION_SNAPSHOT_WAIT_MAX_MS 300000
 
 /* Checkpoint a running session of customer (NULL: any) to the snapshot
  * snapshot_id in S3 ("<customer>/snapshots/<snapshot_id>/": its chunks, then

@@ -25,11 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "io.h"
+#include "s3.h"
 #include "vm/vmmem.h"
 #include "proto.h"
 
@@ -37,6 +39,7 @@
 #define FORK_MAX     4
 
 static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fork_cond = PTHREAD_COND_INITIALIZER;
 static struct fork_base *forks;  /* published, newest first */
 
 static int memfd(const char *name, struct kiln_err *err)
@@ -131,6 +134,7 @@ static void fork_base_free(struct fork_base *fb)
 	if (fb->disk_fd >= 0)
 		close(fb->disk_fd);
 	phash_free(&fb->pages);
+	json_decref(fb->manifest);
 	free(fb);
 }
 
@@ -205,7 +209,7 @@ void fork_base_publish(struct fork_base *fb, const char *customer, const char *s
 	put_list(stale);
 }
 
-struct fork_base *fork_base_find(const char *customer, const char *snap_id, const char *gen, const char *tpl_key)
+struct fork_base *fork_base_find(const char *customer, const char *snap_id)
 {
 	struct fork_base *found = NULL, *stale = NULL;
 	int64_t now = proto_now_ms();
@@ -213,8 +217,7 @@ struct fork_base *fork_base_find(const char *customer, const char *snap_id, cons
 	pthread_mutex_lock(&fork_lock);
 	take_stale_locked(NULL, NULL, now, &stale);
 	for (struct fork_base *fb = forks; fb && !found; fb = fb->next)
-		if (!strcmp(fb->customer, customer) && !strcmp(fb->snap_id, snap_id) && !strcmp(fb->gen, gen) &&
-		    !strcmp(fb->tpl_key, tpl_key)) {
+		if (!strcmp(fb->customer, customer) && !strcmp(fb->snap_id, snap_id) && fb->upload != FORK_FAILED) {
 			fb->refs++;
 			fb->used_ms = now;
 			found = fb;
@@ -222,6 +225,144 @@ struct fork_base *fork_base_find(const char *customer, const char *snap_id, cons
 	pthread_mutex_unlock(&fork_lock);
 	put_list(stale);
 	return found;
+}
+
+json_t *fork_base_claim(struct fork_base *fb, struct session *s, int *uploaded)
+{
+	json_t *m;
+
+	pthread_mutex_lock(&fork_lock);
+	*uploaded = fb->upload == FORK_UPLOADED;
+	m = json_incref(fb->manifest);
+	s->fork = fb;
+	s->adopt_pending = !*uploaded;
+	pthread_mutex_unlock(&fork_lock);
+	return m;
+}
+
+int fork_pending_manifest(const struct fork_base *fb, json_t *m, struct pmanifest *pm, struct kiln_err *err)
+{
+	const char *sha = json_string_value(json_object_get(json_object_get(m, "base"), "sha256"));
+	json_t *tail = json_object_get(m, "tail");
+
+	if (!sha || strlen(sha) != 64 || !json_is_integer(tail) || json_integer_value(tail) < 1)
+		return kiln_err_set(err, KERR_HOST_ERROR, "a fork's manifest here is incomplete");
+	memset(pm, 0, sizeof(*pm));
+	pm->root = json_incref(m);
+	pm->version = PMANIFEST_V3;
+	snprintf(pm->base_sha256, sizeof(pm->base_sha256), "%s", sha);
+	pm->base_size = fb->size;
+	pm->tail = (size_t)json_integer_value(tail);
+	snprintf(pm->generation, sizeof(pm->generation), "%s", fb->gen);
+	return 0;
+}
+
+void fork_base_finish(struct fork_base *fb, int state, json_t *manifest)
+{
+	json_t *old;
+
+	pthread_mutex_lock(&fork_lock);
+	old = fb->manifest;
+	fb->manifest = manifest;
+	fb->upload = state;
+	pthread_cond_broadcast(&fork_cond);
+	pthread_mutex_unlock(&fork_lock);
+	json_decref(old);
+}
+
+int fork_base_wait(struct fork_base *fb, int timeout_ms)
+{
+	struct timespec until;
+	int state;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&fork_lock);
+	while (fb->upload == FORK_UPLOADING && pthread_cond_timedwait(&fork_cond, &fork_lock, &until) == 0)
+		;
+	state = fb->upload;
+	pthread_mutex_unlock(&fork_lock);
+	return state;
+}
+
+/* The child's manifest: the snapshot's, as its own (session_resume.c's
+ * adopt_manifest does the same for a child that started after the upload). */
+static void adopt(struct session *s, const struct s3_config *c)
+{
+	json_t *m;
+	struct kiln_err e = { .code = "" };
+	char key[512], *text = NULL;
+
+	pthread_mutex_lock(&fork_lock);
+	m = s->fork->upload == FORK_UPLOADED ? json_deep_copy(s->fork->manifest) : NULL;
+	pthread_mutex_unlock(&fork_lock);
+	s->adopt_pending = 0;
+	if (!m) {
+		/* No snapshot in S3: its next pause is whole. */
+		phash_free(&s->layers);
+		s->layers_ok = 0;
+		return;
+	}
+	json_object_set_new(m, "id", json_string(s->id));
+	json_object_set_new(m, "from_snapshot", json_string(s->fork->snap_id));
+	json_object_del(m, "cache_key");
+	json_object_del(m, "session");
+	text = json_dumps(m, JSON_COMPACT);
+	json_decref(m);
+	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
+	if (!text || s3_put_buffer(c, key, text, strlen(text), "application/json", &e) < 0) {
+		fprintf(stderr, "kiln-host: session %s: keeping snapshot %s's manifest as its own: %s\n", s->id,
+			s->fork->snap_id, text ? e.message : "out of memory");
+		phash_free(&s->layers);
+		s->layers_ok = 0;
+	}
+	free(text);
+}
+
+void fork_child_settle(struct session *s, const struct s3_config *c)
+{
+	if (!s->fork || !s->adopt_pending)
+		return;
+	fork_base_wait(s->fork, 600000);
+	adopt(s, c);
+}
+
+void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const struct s3_config *c)
+{
+	struct session **kids = NULL;
+	size_t n = 0, cap = 0;
+
+	pthread_mutex_lock(&ss->lock);
+	for (struct session *s = ss->list; s; s = s->next)
+		if (s->fork == fb && s->adopt_pending) {
+			if (n == cap) {
+				struct session **k = realloc(kids, (cap = cap ? 2 * cap : 16) * sizeof(*k));
+
+				if (!k)
+					break;
+				kids = k;
+			}
+			s->refs++;
+			kids[n++] = s;
+		}
+	pthread_mutex_unlock(&ss->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct session *s = kids[i];
+
+		/* Its op lock: not while a pause, a destroy or a copy of it runs
+		 * (a pause adopts itself first; a destroyed one needs nothing). */
+		pthread_mutex_lock(&s->op);
+		if (s->state == SS_RUNNING && s->adopt_pending)
+			adopt(s, c);
+		pthread_mutex_unlock(&s->op);
+		session_unref(ss, s);
+	}
+	free(kids);
 }
 
 void fork_base_drop(const char *customer, const char *snap_id)

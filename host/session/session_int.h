@@ -23,6 +23,7 @@
 #include "clock.h"
 #include "net/net.h"
 #include "pause_cache.h"
+#include "pause_manifest.h"
 #include "session.h"
 #include "template/template.h"
 #include "vm/vm.h"
@@ -78,6 +79,7 @@ struct session {
 	 * copy, which its VM maps instead of base_fd/snap->mem_fd (those stay
 	 * the base its manifests name); NULL: none (session_fork.c). */
 	struct fork_base *fork;
+	int adopt_pending;       /* started before its fork's upload ended: its manifest comes then */
 	/* The snapshot it was started from ("": none): its manifests carry it,
 	 * and may name that snapshot's chunks (never deleted by its pauses). */
 	char from_snapshot[65];
@@ -210,6 +212,10 @@ struct session_table {
 	 * lock per base that session_base_ensure takes. */
 	struct base_book *bases;
 	int prepare_base;        /* sessions_set_prepare_base */
+	/* Fork checkpoints whose upload goes on, on threads of their own
+	 * (session_pause.c): sessions_close waits for them (under lock). */
+	int ckpt_jobs;
+	pthread_cond_t ckpt_cond;
 };
 
 /* Forks' copies of their parent's RAM (session_fork.c) ------------------- */
@@ -226,7 +232,17 @@ struct fork_base {
 	uint64_t disk_size;
 	struct phash pages;      /* the pages it holds apart from the template's RAM */
 	int64_t used_ms;
+	/* Its snapshot's upload goes on after the checkpoint answered (the
+	 * children here start meanwhile): FORK_UPLOADING, then FORK_UPLOADED
+	 * or FORK_FAILED (under the fork lock; fork_base_wait). manifest:
+	 * while uploading, the snapshot's manifest without its chunk lists
+	 * (what a child needs to start); once uploaded, as in S3. */
+	int upload;
+	json_t *manifest;
+	char base_sha[65];
 };
+
+enum { FORK_UPLOADING, FORK_UPLOADED, FORK_FAILED };
 
 /* A fork base of size bytes holding ram_fd's pages (the RAM file the
  * parent's VM maps), its stream and disk still empty; one reference. NULL
@@ -243,9 +259,26 @@ int fork_base_seal(struct fork_base *fb, const char *disk, struct kiln_err *err)
 /* Offer fb to the children of customer's snapshot snap_id (manifest
  * generation gen) started here; the caller keeps its own reference. */
 void fork_base_publish(struct fork_base *fb, const char *customer, const char *snap_id, const char *gen);
-/* The published base of that snapshot and generation on template tpl_key,
- * referenced, or NULL. */
-struct fork_base *fork_base_find(const char *customer, const char *snap_id, const char *gen, const char *tpl_key);
+/* The published base of that snapshot, referenced, or NULL. */
+struct fork_base *fork_base_find(const char *customer, const char *snap_id);
+/* The child s takes fb (found: its reference) and its manifest (a new
+ * reference): *uploaded 1, the one in S3; 0, the one without its chunk
+ * lists, and then s->adopt_pending is set in the same instant. */
+json_t *fork_base_claim(struct fork_base *fb, struct session *s, int *uploaded);
+/* pm as a child needs it from that incomplete manifest m (no chunks). */
+int fork_pending_manifest(const struct fork_base *fb, json_t *m, struct pmanifest *pm, struct kiln_err *err);
+/* The upload is over: state FORK_UPLOADED (manifest: the one in S3, taken)
+ * or FORK_FAILED (manifest NULL); those waiting wake. */
+void fork_base_finish(struct fork_base *fb, int state, json_t *manifest);
+/* Wait up to timeout_ms for the upload to end: its state. */
+int fork_base_wait(struct fork_base *fb, int timeout_ms);
+/* The fork's upload ended: each child of fb started here before it ends
+ * gets the snapshot's manifest as its own (or, on FORK_FAILED, pauses
+ * whole), unless its own pause did that first (s->adopt_pending). */
+void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const struct s3_config *c);
+/* A child's side of that, under its op lock: wait for the upload, then
+ * adopt. */
+void fork_child_settle(struct session *s, const struct s3_config *c);
 void fork_base_put(struct fork_base *fb);
 /* Unpublish that snapshot's base (deleted; NULL, NULL: only those past
  * their time); all of them (shutting down). */

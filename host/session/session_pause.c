@@ -498,6 +498,10 @@ static int pause_v2(struct session_table *ss, struct session *s, const struct s3
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
 	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
 	snprintf(prefix, sizeof(prefix), "%s/sessions/%s/%s/", s->customer, s->id, gen);
+	/* A fork's child started before the fork's upload ended: its manifest
+	 * (the snapshot's, which a delta goes over) first. */
+	if (s->state == SS_RUNNING)
+		fork_child_settle(s, c);
 	of.started = pthread_create(&of.th, NULL, old_fetch_thread, &of) == 0;
 	if (!of.started)
 		of.pm = session_get_manifest(c, s->customer, s->id, &(struct kiln_err){ .code = "" });
@@ -889,10 +893,93 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
  * save: no layer of the session's own pauses is named, so those never
  * hold a snapshot's data) and the manifest last. *stop_ms: how long the VM
  * stood still. */
+/* A fork's upload, after its checkpoint answered: the children on this
+ * host run meanwhile on the fork's copy of the RAM (session_fork.c). */
+struct ckpt_job {
+	struct session_table *ss;
+	struct hostd_s3 s3;          /* the uploader's S3 (its own: the request's goes) */
+	struct pchunk_up *up;
+	struct fork_base *fb;        /* a reference */
+	json_t *m;                   /* the manifest, its chunk lists to come */
+	size_t tail_at;
+	char key[512], customer[65], snap_id[65], cid[80], session[65];
+	int64_t t0;
+};
+
+static void *ckpt_job_run(void *arg)
+{
+	struct ckpt_job *j = arg;
+	struct session_table *ss = j->ss;
+	struct pchunk_list state = { 0 }, disk = { 0 };
+	struct kiln_err err = { .code = "" };
+	uint64_t bytes = 0;
+	int r = pchunk_up_finish(j->up, &state, &disk, &bytes, &err);
+
+	if (r == 0) {
+		json_object_set_new(j->m, "state", pchunk_list_json(&state));
+		json_object_set_new(j->m, "disk", pchunk_list_json(&disk));
+		json_object_set_new(j->m, "tail", json_integer((json_int_t)(state.n - j->tail_at)));
+		r = put_manifest(&j->s3.c, j->key, json_incref(j->m), &err);
+	}
+	if (r == 0) {
+		fprintf(stderr, "kiln-host: session %s: fork snapshot %s in S3 %lld ms after its copy (%llu bytes)\n",
+			j->session, j->snap_id, (long long)(proto_now_ms() - j->t0), (unsigned long long)bytes);
+		fork_base_finish(j->fb, FORK_UPLOADED, j->m);
+		j->m = NULL;
+	} else {
+		struct kiln_err e2 = { .code = "" };
+
+		fprintf(stderr, "kiln-host: session %s: fork snapshot %s did not reach S3 (its children here pause whole; "
+				"none starts elsewhere): %s\n", j->session, j->snap_id, err.message);
+		fork_base_finish(j->fb, FORK_FAILED, NULL);
+		pcache_drop(&ss->pcache, j->customer, j->cid);
+		sessions_snapshot_delete(ss, j->customer, j->snap_id, &e2);
+	}
+	fork_children_adopt(ss, j->fb, &j->s3.c);
+	fork_base_put(j->fb);
+	json_decref(j->m);
+	free(state.c);
+	free(disk.c);
+	hostd_s3_free(&j->s3);
+	pthread_mutex_lock(&ss->lock);
+	ss->ckpt_jobs--;
+	pthread_cond_broadcast(&ss->ckpt_cond);
+	pthread_mutex_unlock(&ss->lock);
+	free(j);
+	return NULL;
+}
+
+/* Hand the rest of a fork's checkpoint to a thread: the fork's RAM copy
+ * published with the manifest as far as it is known. Takes job, fb (a
+ * reference) and m. */
+static void ckpt_job_start(struct session_table *ss, struct ckpt_job *j, struct fork_base *fb, json_t *m)
+{
+	pthread_t th;
+	pthread_attr_t a;
+
+	j->ss = ss;
+	j->fb = fb;
+	j->m = m;
+	snprintf(fb->base_sha, sizeof(fb->base_sha), "%s",
+		 json_string_value(json_object_get(json_object_get(m, "base"), "sha256")) ?: "");
+	fb->upload = FORK_UPLOADING;
+	fb->manifest = json_deep_copy(m);
+	fork_base_publish(fb, j->customer, j->snap_id, json_string_value(json_object_get(m, "generation")) ?: "");
+	pthread_mutex_lock(&ss->lock);
+	ss->ckpt_jobs++;
+	pthread_mutex_unlock(&ss->lock);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &a, ckpt_job_run, j) != 0)
+		ckpt_job_run(j);
+	pthread_attr_destroy(&a);
+}
+
 static int checkpoint_v3(struct session_table *ss, struct session *s, const struct s3_config *c, const char *snap_id,
 			 int fork, uint64_t *bytes, int64_t *stop_ms, struct kiln_err *err)
 {
 	struct fork_base *fb = NULL;
+	struct ckpt_job *job = NULL;
 	struct pause_stream ps = { .rfd = -1, .local_fd = -1, .fork_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
@@ -904,6 +991,16 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	unsigned rnd = 0;
 	json_t *m;
 
+	/* A fork's upload goes on after the answer: its uploader has an S3 of
+	 * its own. */
+	if (fork && s->base_fd < 0 && (job = calloc(1, sizeof(*job)))) {
+		if (hostd_s3_take(ss->d, &job->s3) == 0) {
+			c = &job->s3.c;
+		} else {
+			free(job);
+			job = NULL;
+		}
+	}
 	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
 		rnd = (unsigned)getpid() ^ (unsigned)proto_now_ms();
 	snprintf(gen, sizeof(gen), "%lld-%08x", (long long)clock_wall_ms(), rnd);
@@ -1013,6 +1110,32 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	r = queue_file(ps.up, 1, ckdisk, err);
 	if (r == -1)
 		goto out;
+	if (job && fb && r == 0) {
+		/* The children here need only the fork's RAM copy and what the
+		 * manifest says besides its chunks: the answer goes now, the
+		 * chunks and the manifest follow (ckpt_job_run). */
+		m = manifest_json(ss, s, gen, base_sha, &state, &disk, pchunk_up_count(ps.up, 0) - ps.tail_at, 0, &ps.st,
+				  seal.dir[0] ? &seal : NULL);
+		if (m) {
+			json_object_set_new(m, "id", json_string(snap_id));
+			json_object_set_new(m, "session", json_string(s->id));
+			job->up = ps.up;
+			ps.up = NULL;
+			job->tail_at = ps.tail_at;
+			job->t0 = proto_now_ms();
+			snprintf(job->key, sizeof(job->key), "%s/" PMANIFEST_SNAPSHOTS "/%s/manifest.json", s->customer,
+				 snap_id);
+			snprintf(job->customer, sizeof(job->customer), "%s", s->customer);
+			snprintf(job->snap_id, sizeof(job->snap_id), "%s", snap_id);
+			snprintf(job->cid, sizeof(job->cid), "%s", cid);
+			snprintf(job->session, sizeof(job->session), "%s", s->id);
+			*bytes = ps.st.out_bytes; /* the stream's, uncompressed: S3's comes later */
+			ckpt_job_start(ss, job, fb, m);
+			job = NULL;
+			fb = NULL;
+			goto out;
+		}
+	}
 	r = pchunk_up_finish(ps.up, &state, &disk, bytes, err);
 	ps.up = NULL;
 	if (r < 0)
@@ -1033,6 +1156,10 @@ out:
 		struct kiln_err e2;
 
 		pchunk_up_finish(ps.up, &state, &disk, bytes, &e2);
+	}
+	if (job) {
+		hostd_s3_free(&job->s3);
+		free(job);
 	}
 	pchunk_buf_free(ps.cur);
 	unlink(ckdisk);

@@ -452,7 +452,7 @@ static int fork_child_files(struct session *s, int *state_fd, struct kiln_err *e
 }
 
 int session_resume(struct session_table *ss, const char *id, const char *customer, const char *from_snapshot,
-		   const struct template_ref *ref, json_t **out, struct kiln_err *err)
+		   unsigned snapshot_wait_ms, const struct template_ref *ref, json_t **out, struct kiln_err *err)
 {
 	struct hostd_s3 s3;
 	struct task_spec ts = { 0 };
@@ -500,8 +500,37 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		session_s3_key(key, sizeof(key), customer, id, "manifest.json");
 	{
 		char *text = NULL;
-		ssize_t len = session_get_small(&s3.c, key, &text, err);
+		ssize_t len = -1;
+		struct fork_base *fb = from_snapshot ? fork_base_find(customer, from_snapshot) : NULL;
+		int64_t wait_until = proto_now_ms() + (int64_t)(snapshot_wait_ms > SESSION_SNAPSHOT_WAIT_MAX_MS
+									? SESSION_SNAPSHOT_WAIT_MAX_MS
+									: snapshot_wait_ms);
 
+		if (fb) {
+			/* A fork's child on its parent's host: the manifest is
+			 * here, complete or (its upload still going) without its
+			 * chunk lists, which this child does not need. */
+			int uploaded;
+			json_t *fm = fork_base_claim(fb, s, &uploaded);
+
+			if (!uploaded) {
+				r = fork_pending_manifest(fb, fm, &pm, err);
+				json_decref(fm);
+				if (r < 0)
+					goto fail;
+				r = -1;
+				m = json_incref(pm.root);
+				goto have_manifest;
+			}
+			text = json_dumps(fm, JSON_COMPACT);
+			json_decref(fm);
+			len = text ? (ssize_t)strlen(text) : kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
+		}
+		/* A fork's snapshot may still be uploading when its children on
+		 * other hosts start (snapshot_wait_ms): its manifest comes last. */
+		while (!text && (len = session_get_small(&s3.c, key, &text, err)) < 0 && err->errc == KERR_S3_NOT_FOUND &&
+		       proto_now_ms() < wait_until)
+			usleep(50000);
 		if (len < 0) {
 			if (err->errc == KERR_S3_NOT_FOUND)
 				kiln_err_set(err, KERR_NO_SNAPSHOT, from_snapshot ? "no snapshot %s" : "no paused session %s",
@@ -516,6 +545,7 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		r = -1;
 		m = json_incref(pm.root);
 	}
+have_manifest:
 	t_manifest = proto_now_ms();
 	if (session_parse_spec(json_object_get(m, "spec"), &ts, err) < 0) {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's spec is invalid");
@@ -584,8 +614,17 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 		}
 		/* A fork's child on its parent's host: the parent's RAM mapped,
 		 * only the devices loaded (session_fork.c). */
-		if (from_snapshot && pm.version >= PMANIFEST_V3 && s->base_fd < 0 &&
-		    (s->fork = fork_base_find(customer, from_snapshot, pm.generation, snap->key))) {
+		if (s->fork && (pm.version < PMANIFEST_V3 || s->base_fd >= 0 || strcmp(s->fork->tpl_key, snap->key))) {
+			if (s->adopt_pending) {
+				kiln_err_set(err, KERR_HOST_ERROR,
+					     "snapshot %s is still uploading and its copy here is of another template: "
+					     "try again in a moment", from_snapshot);
+				goto fail;
+			}
+			fork_base_put(s->fork); /* not this one's: loaded from the chunks */
+			s->fork = NULL;
+		}
+		if (s->fork) {
 			if (fork_child_files(s, &fd, err) < 0)
 				goto fail;
 		} else if (fetch_v2(&s3.c, s, &pm, seal.dir[0] ? &seal : NULL, &disk_hits, &fd, &feed, err) < 0) {
@@ -694,7 +733,9 @@ int session_resume(struct session_table *ss, const char *id, const char *custome
 	 * be a delta over them, and a resume here then reads them here. */
 	if (pm.version < PMANIFEST_V3)
 		pcache_drop(&ss->pcache, customer, id);
-	if (from_snapshot)
+	/* A fork's child started while the fork's upload goes on gets its
+	 * manifest when that ends (fork_children_adopt). */
+	if (from_snapshot && !s->adopt_pending)
 		adopt_manifest(&s3.c, s, &pm, from_snapshot);
 	*out = session_json(ss, s);
 	s->vols_live = 1;

@@ -505,6 +505,15 @@ int sessions_snapshot_delete(struct session_table *ss, const char *customer, con
 				    "with '.'");
 	if (hostd_s3_take(ss->d, &s3) < 0)
 		return kiln_err_set(err, KERR_NO_S3, "this host has no S3 configured");
+	/* A fork's upload still going here: its last objects land first. */
+	{
+		struct fork_base *fb = fork_base_find(customer, snapshot_id);
+
+		if (fb) {
+			fork_base_wait(fb, SESSION_SNAPSHOT_WAIT_MAX_MS);
+			fork_base_put(fb);
+		}
+	}
 	snprintf(prefix, sizeof(prefix), "%s/" PMANIFEST_SNAPSHOTS "/%s/", customer, snapshot_id);
 	snprintf(mkey, sizeof(mkey), "%smanifest.json", prefix);
 	snprintf(what, sizeof(what), "snapshot %s", snapshot_id);

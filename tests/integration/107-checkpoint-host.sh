@@ -62,6 +62,9 @@ sh_in() { # PORT SESSION COMMAND: its stdout
 }
 ckpt() { j "$1" POST "/v1/sessions/$2/checkpoint" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\"}"; }
 from() { j "$1" POST "/v1/sessions/$2/resume" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\"}"; }
+# a fork's snapshot may still be uploading when its checkpoint answers: a
+# host other than the parent's waits for its manifest (as kiln-api asks)
+fromw() { j "$1" POST "/v1/sessions/$2/resume" --data-binary "{\"customer\":\"acme\",\"snapshot\":\"$3\",\"wait_ms\":60000}"; }
 
 if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts, each in its own network namespace, share one S3"
 else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi
@@ -153,7 +156,7 @@ check "fork child 1's pause is a delta over the fork's chunks ($pb bytes; $pf) a
 # A child's own copy: the pages it shares with the fork's RAM are in it.
 m2=$(ask "$PA" fk2 mutate)
 st=$(ckptf "$PA" fk2 f2)
-a=$(from "$PA" gk1 f2); ash=$(last .fork_shared); b=$(from "$PB" gk2 f2)
+a=$(from "$PA" gk1 f2); ash=$(last .fork_shared); b=$(fromw "$PB" gk2 f2)
 check "a fork of fork child 2: its children on A (sharing: $ash) and on B (from S3) have its bytes" \
 	test "$st" = 200 -a "$a" = 200 -a "$ash" = true -a "$b" = 200 -a "$(ask "$PA" gk1 hash)" = "$m2" \
 	-a "$(ask "$PB" gk2 hash)" = "$m2"

@@ -186,9 +186,9 @@ static void test_checked_first(void **state)
 	assert_int_equal(session_put_file(x->ss, "s1", "/work/a", "x", (64u << 20) + 1, &err), -1);
 	assert_string_equal(err.code, "too_large");
 	/* session_pause.c: resume checks the ids, then wants S3. */
-	assert_int_equal(session_resume(x->ss, "s1", "a/b", NULL, NULL, &out, &err), -1);
+	assert_int_equal(session_resume(x->ss, "s1", "a/b", NULL, 0, NULL, &out, &err), -1);
 	assert_string_equal(err.code, "invalid_request");
-	assert_int_equal(session_resume(x->ss, "s1", "acme", NULL, NULL, &out, &err), -1);
+	assert_int_equal(session_resume(x->ss, "s1", "acme", NULL, 0, NULL, &out, &err), -1);
 	assert_string_equal(err.code, "no_s3");
 	assert_null(out);
 	assert_null(session_get(x->ss, "s1"));
