@@ -11,6 +11,7 @@ against a session created from the template.
 Targets (issue 41): fork to 1 child 150 ms, 10 children 1 s, parent's
 pause 50 ms, idle child PSS <= 1/4 of the parent's.
 Environment: KILN_API, KILN_KEY, KILN_ADMIN_KEY (kiln up's credentials).   usage: bench/fork_api.py [RUNS]"""
+import sys
 import base64, glob, http.client, json, os, statistics, sys, threading, time, urllib.parse
 
 RUNS = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("RUNS", 3))
@@ -36,8 +37,12 @@ def call(method, path, body=None):
 
 
 def first_exec(sid, out, i, t0):
-    call("POST", "/v1/sessions/%s/exec" % sid, {"argv": ["true"]})
-    out[i] = (time.monotonic() - t0) * 1000
+    try:
+        call("POST", "/v1/sessions/%s/exec" % sid, {"argv": ["true"]})
+        out[i] = (time.monotonic() - t0) * 1000
+    except SystemExit as e:  # said, and not counted as a time
+        out[i] = None
+        print("fork-api: a child's first exec failed: %s" % e, file=sys.stderr)
 
 
 def fork(parent, n):
@@ -46,6 +51,7 @@ def fork(parent, n):
     the host had no room: kiln up's host admits 4 vCPUs a core, issue 44)."""
     t0 = time.monotonic()
     a = call("POST", "/v1/sessions/%s/fork" % parent, {"count": n})
+    answered.append((n, (time.monotonic() - t0) * 1000))
     kids = [c["id"] for c in a.get("sessions", [])]
     if not kids:
         raise SystemExit("fork-api: fork to %d made none: %s" % (n, a.get("errors")))
@@ -57,7 +63,10 @@ def fork(parent, n):
         t.start()
     for t in th:
         t.join()
-    return max(done), a.get("stop_ms", 0), kids
+    ok = [d for d in done if d is not None]
+    if not ok:
+        raise SystemExit("fork-api: no child of a fork to %d answered its first exec" % n)
+    return max(ok), a.get("stop_ms", 0), kids
 
 
 def qemu_pss_kib(sid):
@@ -95,6 +104,7 @@ def create_to_exec(body):
 
 
 refused = set()
+answered = []  # (count, ms until the fork call answered)
 # kiln up's customer may run 4 sessions: a fork to ten needs eleven.
 ADMIN = dict(H, Authorization="Bearer " + os.environ["KILN_ADMIN_KEY"])
 _c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=60)
@@ -139,6 +149,8 @@ try:
     print("  fork to 1 child, to its first exec answered: %.0f ms (target 150)" % med(one))
     print("  fork to 10 children, to all %d made answered: %.0f ms (target 1000 for ten)%s"
           % (min(made), med(ten), "; the others refused: " + ", ".join(sorted(refused)) if refused else ""))
+    print("  of which the fork call itself (children started): %.0f ms for 1, %.0f ms for 10"
+          % (med([ms for c, ms in answered if c == 1]), med([ms for c, ms in answered if c == 10])))
     print("  the parent stood still:                      %.0f ms (target 50)" % med(stops))
     if all(p[0] and p[1] for p in pss):
         c, p = med(x[0] for x in pss), med(x[1] for x in pss)

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,6 +40,8 @@ struct pchunk_up {
 	pthread_cond_t cond;
 	struct job *head, *tail;
 	int queued, workers, stopping, failed;
+	int held;                 /* pchunk_up_hold: the workers wait, the queue is not bounded */
+	int nice;                 /* pchunk_up_background: the workers' niceness from their next chunk */
 	struct kiln_err err;
 	struct pchunk_list out[2];
 	size_t cap[2];
@@ -96,6 +100,23 @@ int pchunk_up_known(struct pchunk_up *u, const struct pchunk_list *a, const stru
 	return 0;
 }
 
+void pchunk_up_background(struct pchunk_up *u, int nice)
+{
+	pthread_mutex_lock(&u->lock);
+	u->nice = nice;
+	pthread_mutex_unlock(&u->lock);
+}
+
+#define PCHUNK_HOLD_MAX 16
+
+void pchunk_up_hold(struct pchunk_up *u, int on)
+{
+	pthread_mutex_lock(&u->lock);
+	u->held = on;
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->lock);
+}
+
 size_t pchunk_up_count(struct pchunk_up *u, int stream)
 {
 	size_t n;
@@ -109,6 +130,7 @@ size_t pchunk_up_count(struct pchunk_up *u, int stream)
 static void *up_worker(void *arg)
 {
 	struct pchunk_up *u = arg;
+	int niced = 0;
 
 	pthread_mutex_lock(&u->lock);
 	for (;;) {
@@ -119,8 +141,11 @@ static void *up_worker(void *arg)
 		void *z;
 		int r = -1;
 
-		while (!u->head && !u->stopping)
+		while ((!u->head || u->held) && !u->stopping)
 			pthread_cond_wait(&u->cond, &u->lock);
+		/* This thread only (Linux: a thread's own niceness). */
+		if (u->nice != niced && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), u->nice) == 0)
+			niced = u->nice;
 		if (!u->head)
 			break;
 		j = u->head;
@@ -262,7 +287,13 @@ int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len)
 
 	pthread_mutex_lock(&u->lock);
 	/* One chunk waiting per worker busy, and two more: 16 MiB each. */
-	while (!u->failed && u->queued >= u->workers + 2)
+	/* Held: up to PCHUNK_HOLD_MAX chunks more (256 MiB), then the
+	 * workers go on after all (a large RAM is not kept twice). */
+	if (u->held && u->queued >= u->workers + 2 + PCHUNK_HOLD_MAX) {
+		u->held = 0;
+		pthread_cond_broadcast(&u->cond);
+	}
+	while (!u->failed && !u->held && u->queued >= u->workers + 2)
 		pthread_cond_wait(&u->cond, &u->lock);
 	if (!j || u->failed || u->out[stream].n >= PCHUNK_MAX) {
 		if (!u->failed) {

@@ -48,6 +48,16 @@ int pchunk_up_add(struct pchunk_up *u, int stream, void *buf, size_t len);
 int pchunk_up_finish(struct pchunk_up *u, struct pchunk_list *state, struct pchunk_list *disk, uint64_t *bytes,
 		     struct kiln_err *err);
 
+/* on: the workers leave the queue alone and pchunk_up_add does not wait
+ * for room (the chunks stay in memory: a checkpoint's stand-still, whose
+ * CPU the compression would take), up to 16 chunks more, past which they
+ * go on anyway; off: they go on. */
+void pchunk_up_hold(struct pchunk_up *u, int on);
+
+/* The workers compress and send at this niceness from their next chunk
+ * on (a fork's upload, behind the children starting on the same cores). */
+void pchunk_up_background(struct pchunk_up *u, int nice);
+
 /* Chunks queued so far on stream (0 or 1). */
 size_t pchunk_up_count(struct pchunk_up *u, int stream);
 

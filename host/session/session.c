@@ -114,6 +114,7 @@ void session_teardown(struct session_table *ss, struct session *s)
 {
 	/* E2B's words for it (its SDK tells the user the same thing). */
 	session_envd_close(ss, s, "the sandbox was killed or reached its end of life");
+	fork_child_cancel(s); /* a destroyed child's prefix must stay empty */
 	vm_destroy(&s->vm);
 	session_vols_teardown(ss, s); /* before its directory goes */
 	if (s->has_tu) {
@@ -415,6 +416,7 @@ struct session *session_new(struct session_table *ss, const char *id, const char
 	s->base_fd = -1;
 	pthread_mutex_init(&s->op, NULL);
 	pthread_mutex_init(&s->wake, NULL);
+	pthread_mutex_init(&s->adopt_mu, NULL);
 	return s;
 }
 

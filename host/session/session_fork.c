@@ -326,10 +326,24 @@ static void adopt(struct session *s, const struct s3_config *c)
 
 void fork_child_settle(struct session *s, const struct s3_config *c)
 {
-	if (!s->fork || !s->adopt_pending)
+	if (!s->fork)
 		return;
-	fork_base_wait(s->fork, 600000);
-	adopt(s, c);
+	pthread_mutex_lock(&s->adopt_mu);
+	if (s->adopt_pending) {
+		pthread_mutex_unlock(&s->adopt_mu);
+		fork_base_wait(s->fork, SESSION_SNAPSHOT_WAIT_MAX_MS);
+		pthread_mutex_lock(&s->adopt_mu);
+		if (s->adopt_pending)
+			adopt(s, c);
+	}
+	pthread_mutex_unlock(&s->adopt_mu);
+}
+
+void fork_child_cancel(struct session *s)
+{
+	pthread_mutex_lock(&s->adopt_mu);
+	s->adopt_pending = 0;
+	pthread_mutex_unlock(&s->adopt_mu);
 }
 
 void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const struct s3_config *c)
@@ -354,12 +368,12 @@ void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const s
 	for (size_t i = 0; i < n; i++) {
 		struct session *s = kids[i];
 
-		/* Its op lock: not while a pause, a destroy or a copy of it runs
-		 * (a pause adopts itself first; a destroyed one needs nothing). */
-		pthread_mutex_lock(&s->op);
-		if (s->state == SS_RUNNING && s->adopt_pending)
+		/* Not its op lock: its client's requests go on meanwhile. A
+		 * pause adopts first, a teardown cancels (fork_child_cancel). */
+		pthread_mutex_lock(&s->adopt_mu);
+		if (s->adopt_pending)
 			adopt(s, c);
-		pthread_mutex_unlock(&s->op);
+		pthread_mutex_unlock(&s->adopt_mu);
 		session_unref(ss, s);
 	}
 	free(kids);

@@ -79,7 +79,11 @@ struct session {
 	 * copy, which its VM maps instead of base_fd/snap->mem_fd (those stay
 	 * the base its manifests name); NULL: none (session_fork.c). */
 	struct fork_base *fork;
-	int adopt_pending;       /* started before its fork's upload ended: its manifest comes then */
+	/* Started before its fork's upload ended: its manifest comes then
+	 * (fork_children_adopt, or its own pause first); under adopt_mu,
+	 * which that PUT holds (not the op lock: a client's exec goes on). */
+	int adopt_pending;
+	pthread_mutex_t adopt_mu;
 	/* The snapshot it was started from ("": none): its manifests carry it,
 	 * and may name that snapshot's chunks (never deleted by its pauses). */
 	char from_snapshot[65];
@@ -276,9 +280,10 @@ int fork_base_wait(struct fork_base *fb, int timeout_ms);
  * gets the snapshot's manifest as its own (or, on FORK_FAILED, pauses
  * whole), unless its own pause did that first (s->adopt_pending). */
 void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const struct s3_config *c);
-/* A child's side of that, under its op lock: wait for the upload, then
- * adopt. */
+/* A child's side of that, at its pause: wait for the upload, then adopt. */
 void fork_child_settle(struct session *s, const struct s3_config *c);
+/* Its teardown: no adoption from now on (one under way ends first). */
+void fork_child_cancel(struct session *s);
 void fork_base_put(struct fork_base *fb);
 /* Unpublish that snapshot's base (deleted; NULL, NULL: only those past
  * their time); all of them (shutting down). */

@@ -980,6 +980,8 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 {
 	struct fork_base *fb = NULL;
 	struct ckpt_job *job = NULL;
+	int64_t t_begin = proto_now_ms();
+	int queued = 0;
 	struct pause_stream ps = { .rfd = -1, .local_fd = -1, .fork_fd = -1 };
 	struct pchunk_list state = { 0 }, disk = { 0 };
 	struct vmmem_save sv = { .pm_fd = -1, .tpl_fd = -1 };
@@ -1056,10 +1058,17 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	if (fork && s->base_fd < 0) {
 		struct kiln_err fe = { .code = "" };
 
+		int64_t t_fb = proto_now_ms(), t_copied;
+
 		fb = fork_base_new(s->fork ? s->fork->mem_fd : base_fd, s->snap->mem_size, s->snap->key, &fe);
+		t_copied = proto_now_ms();
 		if (fb && fork_base_prepare(fb, &sv, &fe) < 0)
 			fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM is made in the stop: %s\n", s->id,
 				fe.message);
+		if (fb)
+			fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM: the base's pages in %lld ms, its "
+					"own allocated in %lld ms\n", s->id, (long long)(t_copied - t_fb),
+				(long long)(proto_now_ms() - t_copied));
 		if (fb) {
 			sv.copy_fd = fb->mem_fd;
 			sv.copy_pages = &fb->pages;
@@ -1071,6 +1080,9 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	/* envd's streams end now, as at a pause: the copies must not hold a
 	 * channel in the middle of a message (the session's own reopens). */
 	session_envd_close(ss, s, "the sandbox is being copied (fork or snapshot): reconnect");
+	/* Compressing and sending wait until the VM goes on: on a small host
+	 * they would take the stand-still's CPU. */
+	pchunk_up_hold(ps.up, 1);
 	t_stop = proto_now_ms();
 	r = vmmem_save_fast(&sv, proto_now_ms() + SESSION_SAVE_MS, ps_write, &ps, &ps.st, &qemu_failed, &ps.err);
 	vmmem_save_close(&sv);
@@ -1083,6 +1095,10 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	/* The disk layer as it is now (QEMU flushed it when it stopped). */
 	if (r == 0)
 		r = session_prestart_disk(s->disk, ckdisk, &ps.err);
+	/* Queued while the uploader is held: once it goes on, a queue of the
+	 * stream's chunks would make this wait for room. */
+	if (r == 0 && (queued = queue_file(ps.up, 1, ckdisk, &ps.err)) == -1)
+		r = -1;
 	if (r == 0 && fb) {
 		struct kiln_err fe = { .code = "" };
 
@@ -1097,6 +1113,9 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	    vm_setup(&s->vm, proto_now_ms() + 10000, &(struct kiln_err){ .code = "" }) == 0)
 		went_on = 1;
 	*stop_ms = proto_now_ms() - t_stop;
+	if (job && fb)
+		pchunk_up_background(ps.up, 10);
+	pchunk_up_hold(ps.up, 0);
 	if (went_on)
 		session_envd_enable(ss, s);
 	if (r < 0) {
@@ -1107,9 +1126,7 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 		r = -2; /* err: why it did not go on */
 		goto out;
 	}
-	r = queue_file(ps.up, 1, ckdisk, err);
-	if (r == -1)
-		goto out;
+	r = queued; /* -2: an upload failed, which pchunk_up_finish says */
 	if (job && fb && r == 0) {
 		/* The children here need only the fork's RAM copy and what the
 		 * manifest says besides its chunks: the answer goes now, the
@@ -1130,6 +1147,9 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 			snprintf(job->cid, sizeof(job->cid), "%s", cid);
 			snprintf(job->session, sizeof(job->session), "%s", s->id);
 			*bytes = ps.st.out_bytes; /* the stream's, uncompressed: S3's comes later */
+			fprintf(stderr, "kiln-host: session %s: fork %s ready here: %lld ms before the stop, %lld in it, %lld "
+					"after\n", s->id, snap_id, (long long)(t_stop - t_begin), (long long)*stop_ms,
+				(long long)(proto_now_ms() - t_stop - *stop_ms));
 			ckpt_job_start(ss, job, fb, m);
 			job = NULL;
 			fb = NULL;

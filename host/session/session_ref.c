@@ -19,6 +19,7 @@ void session_free(struct session *s)
 	free(s->samples);
 	pthread_mutex_destroy(&s->op);
 	pthread_mutex_destroy(&s->wake);
+	pthread_mutex_destroy(&s->adopt_mu);
 	free(s);
 }
 
