@@ -290,38 +290,45 @@ int fork_base_wait(struct fork_base *fb, int timeout_ms)
 	return state;
 }
 
-/* The child's manifest: the snapshot's, as its own (session_resume.c's
- * adopt_manifest does the same for a child that started after the upload). */
+int session_adopt_manifest(const struct s3_config *c, const struct session *s, json_t *root, const char *from_snapshot)
+{
+	json_t *m = json_deep_copy(root);
+	struct kiln_err e = { .code = "" };
+	char key[512], *text;
+	int r = -1;
+
+	if (m) {
+		json_object_set_new(m, "id", json_string(s->id));
+		json_object_set_new(m, "from_snapshot", json_string(from_snapshot));
+		json_object_del(m, "cache_key");
+		json_object_del(m, "session");
+	}
+	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+	json_decref(m);
+	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
+	if (!text || (r = s3_put_buffer(c, key, text, strlen(text), "application/json", &e)) < 0)
+		fprintf(stderr, "kiln-host: session %s: keeping snapshot %s's manifest as its own: %s\n", s->id,
+			from_snapshot, text ? e.message : "out of memory");
+	free(text);
+	return r < 0 ? -1 : 0;
+}
+
+/* A fork's child started during the upload, once it ended: the snapshot's
+ * manifest as its own, or (no snapshot in S3) a whole next pause. Under
+ * s->adopt_mu. */
 static void adopt(struct session *s, const struct s3_config *c)
 {
 	json_t *m;
-	struct kiln_err e = { .code = "" };
-	char key[512], *text = NULL;
 
 	pthread_mutex_lock(&fork_lock);
-	m = s->fork->upload == FORK_UPLOADED ? json_deep_copy(s->fork->manifest) : NULL;
+	m = s->fork->upload == FORK_UPLOADED ? json_incref(s->fork->manifest) : NULL;
 	pthread_mutex_unlock(&fork_lock);
 	s->adopt_pending = 0;
-	if (!m) {
-		/* No snapshot in S3: its next pause is whole. */
+	if (!m || session_adopt_manifest(c, s, m, s->fork->snap_id) < 0) {
 		phash_free(&s->layers);
 		s->layers_ok = 0;
-		return;
 	}
-	json_object_set_new(m, "id", json_string(s->id));
-	json_object_set_new(m, "from_snapshot", json_string(s->fork->snap_id));
-	json_object_del(m, "cache_key");
-	json_object_del(m, "session");
-	text = json_dumps(m, JSON_COMPACT);
 	json_decref(m);
-	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
-	if (!text || s3_put_buffer(c, key, text, strlen(text), "application/json", &e) < 0) {
-		fprintf(stderr, "kiln-host: session %s: keeping snapshot %s's manifest as its own: %s\n", s->id,
-			s->fork->snap_id, text ? e.message : "out of memory");
-		phash_free(&s->layers);
-		s->layers_ok = 0;
-	}
-	free(text);
 }
 
 void fork_child_settle(struct session *s, const struct s3_config *c)

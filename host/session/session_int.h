@@ -280,6 +280,11 @@ int fork_base_wait(struct fork_base *fb, int timeout_ms);
  * gets the snapshot's manifest as its own (or, on FORK_FAILED, pauses
  * whole), unless its own pause did that first (s->adopt_pending). */
 void fork_children_adopt(struct session_table *ss, struct fork_base *fb, const struct s3_config *c);
+/* A session started from a snapshot gets the snapshot's manifest (root)
+ * as its own (its id, the snapshot named), so that its first pause may be
+ * a delta over the snapshot's chunks and a resume finds it. Without it (a
+ * failed PUT, said: -1) that pause is a whole one. */
+int session_adopt_manifest(const struct s3_config *c, const struct session *s, json_t *root, const char *from_snapshot);
 /* A child's side of that, at its pause: wait for the upload, then adopt. */
 void fork_child_settle(struct session *s, const struct s3_config *c);
 /* Its teardown: no adoption from now on (one under way ends first). */

@@ -406,32 +406,6 @@ uint64_t session_zbytes(const struct pchunk_list *l)
 	return n;
 }
 
-/* A session started from a snapshot gets the snapshot's manifest as its
- * own (its id, the snapshot named), so that its first pause may be a delta
- * over the snapshot's chunks and a resume finds it. Without it (a failed
- * PUT, said) that pause is a whole one. */
-static void adopt_manifest(const struct s3_config *c, const struct session *s, const struct pmanifest *pm,
-			   const char *from_snapshot)
-{
-	json_t *m = json_deep_copy(pm->root);
-	struct kiln_err e = { .code = "" };
-	char key[512], *text;
-
-	if (m) {
-		json_object_set_new(m, "id", json_string(s->id));
-		json_object_set_new(m, "from_snapshot", json_string(from_snapshot));
-		json_object_del(m, "cache_key");
-		json_object_del(m, "session");
-	}
-	text = m ? json_dumps(m, JSON_COMPACT) : NULL;
-	json_decref(m);
-	session_s3_key(key, sizeof(key), s->customer, s->id, "manifest.json");
-	if (!text || s3_put_buffer(c, key, text, strlen(text), "application/json", &e) < 0)
-		fprintf(stderr, "kiln-host: session %s: keeping snapshot %s's manifest as its own: %s\n", s->id,
-			from_snapshot, text ? e.message : "out of memory");
-	free(text);
-}
-
 /* A fork child's disk layer and state stream from its fork base: the
  * layer copied to s->disk, *state_fd the stream (its pages are in the RAM
  * the VM maps). */
@@ -736,7 +710,7 @@ have_manifest:
 	/* A fork's child started while the fork's upload goes on gets its
 	 * manifest when that ends (fork_children_adopt). */
 	if (from_snapshot && !s->adopt_pending)
-		adopt_manifest(&s3.c, s, &pm, from_snapshot);
+		session_adopt_manifest(&s3.c, s, pm.root, from_snapshot);
 	*out = session_json(ss, s);
 	s->vols_live = 1;
 	session_put(ss, s, 0);
