@@ -32,7 +32,7 @@
 
 #include "io.h"
 #include "s3.h"
-#include "vm/vmmem.h"
+#include "vm/vm.h"
 #include "proto.h"
 
 #define FORK_KEEP_MS 120000
