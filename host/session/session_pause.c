@@ -887,12 +887,6 @@ json_t *session_pause(struct session_table *ss, const char *id, struct kiln_err 
 
 /* ---- checkpoint: a running session kept as a snapshot ---------------------- */
 
-/* Save the running session s to customer's snapshot snap_id: its pages read
- * out of the stopped VM and its disk layer copied, then the VM goes on
- * while the chunks upload (under "<customer>/snapshots/<snap_id>/", a whole
- * save: no layer of the session's own pauses is named, so those never
- * hold a snapshot's data) and the manifest last. *stop_ms: how long the VM
- * stood still. */
 /* A fork's upload, after its checkpoint answered: the children on this
  * host run meanwhile on the fork's copy of the RAM (session_fork.c). */
 struct ckpt_job {
@@ -902,7 +896,7 @@ struct ckpt_job {
 	struct fork_base *fb;        /* a reference */
 	json_t *m;                   /* the manifest, its chunk lists to come */
 	size_t tail_at;
-	char key[512], customer[65], snap_id[65], cid[80], session[65];
+	char key[512], customer[65], snap_id[65], session[65];
 	int64_t t0;
 };
 
@@ -932,8 +926,7 @@ static void *ckpt_job_run(void *arg)
 		fprintf(stderr, "kiln-host: session %s: fork snapshot %s did not reach S3 (its children here pause whole; "
 				"none starts elsewhere): %s\n", j->session, j->snap_id, err.message);
 		fork_base_finish(j->fb, FORK_FAILED, NULL);
-		pcache_drop(&ss->pcache, j->customer, j->cid);
-		sessions_snapshot_delete(ss, j->customer, j->snap_id, &e2);
+		sessions_snapshot_delete(ss, j->customer, j->snap_id, &e2); /* its cache copies too */
 	}
 	fork_children_adopt(ss, j->fb, &j->s3.c);
 	fork_base_put(j->fb);
@@ -975,6 +968,14 @@ static void ckpt_job_start(struct session_table *ss, struct ckpt_job *j, struct 
 	pthread_attr_destroy(&a);
 }
 
+/* Save the running session s to customer's snapshot snap_id: its pages read
+ * out of the stopped VM and its disk layer copied, then the VM goes on
+ * while the chunks upload (under "<customer>/snapshots/<snap_id>/", a whole
+ * save: no layer of the session's own pauses is named, so those never
+ * hold a snapshot's data) and the manifest last. *stop_ms: how long the VM
+ * stood still. With fork (on this host's template), a copy of its RAM is
+ * published for the children here and the upload ends after the return
+ * (ckpt_job_run). */
 static int checkpoint_v3(struct session_table *ss, struct session *s, const struct s3_config *c, const char *snap_id,
 			 int fork, uint64_t *bytes, int64_t *stop_ms, struct kiln_err *err)
 {
@@ -1058,23 +1059,16 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 	if (fork && s->base_fd < 0) {
 		struct kiln_err fe = { .code = "" };
 
-		int64_t t_fb = proto_now_ms(), t_copied;
-
 		fb = fork_base_new(s->fork ? s->fork->mem_fd : base_fd, s->snap->mem_size, s->snap->key, &fe);
-		t_copied = proto_now_ms();
-		if (fb && fork_base_prepare(fb, &sv, &fe) < 0)
-			fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM is made in the stop: %s\n", s->id,
-				fe.message);
-		if (fb)
-			fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM: the base's pages in %lld ms, its "
-					"own allocated in %lld ms\n", s->id, (long long)(t_copied - t_fb),
-				(long long)(proto_now_ms() - t_copied));
-		if (fb) {
+		if (!fb) {
+			fprintf(stderr, "kiln-host: session %s: its children load their own RAM: %s\n", s->id, fe.message);
+		} else {
+			if (fork_base_prepare(fb, &sv, &fe) < 0)
+				fprintf(stderr, "kiln-host: session %s: a fork's copy of its RAM is made in the stop: %s\n",
+					s->id, fe.message);
 			sv.copy_fd = fb->mem_fd;
 			sv.copy_pages = &fb->pages;
 			ps.fork_fd = fb->stream_fd;
-		} else {
-			fprintf(stderr, "kiln-host: session %s: its children load their own RAM: %s\n", s->id, fe.message);
 		}
 	}
 	/* envd's streams end now, as at a pause: the copies must not hold a
@@ -1144,7 +1138,6 @@ static int checkpoint_v3(struct session_table *ss, struct session *s, const stru
 				 snap_id);
 			snprintf(job->customer, sizeof(job->customer), "%s", s->customer);
 			snprintf(job->snap_id, sizeof(job->snap_id), "%s", snap_id);
-			snprintf(job->cid, sizeof(job->cid), "%s", cid);
 			snprintf(job->session, sizeof(job->session), "%s", s->id);
 			*bytes = ps.st.out_bytes; /* the stream's, uncompressed: S3's comes later */
 			fprintf(stderr, "kiln-host: session %s: fork %s ready here: %lld ms before the stop, %lld in it, %lld "
