@@ -4,7 +4,8 @@
 # running session's memory, processes and disk as a snapshot in S3 while the
 # session goes on; POST .../resume with "snapshot" starts new sessions from
 # it, on this host or another. Two kiln-hosts, each in a network namespace
-# of its own (veth to a bridge), on one local S3 on the bridge: every copy
+# of its own (veth to a bridge), on one local S3 on the bridge: a snapshot
+# started five times across the two hosts; every copy
 # has the parent's process (its random bytes and listening socket), its
 # file and its variables; a change in one is invisible to the others and to
 # the parent; the copies' randomness differs; a copy's pause is a delta over
@@ -18,7 +19,7 @@
 # from that host's pause cache; DELETE /v1/snapshots removes its objects
 # and copies; nothing is left on the hosts.
 . "$(dirname "$0")/lib.sh"
-t_plan 25
+t_plan 26
 require_image
 t_require_tools ip nsenter swift-proxy-server memcached python3
 t_require_python boto3
@@ -101,9 +102,23 @@ sh_in "$PA" c1 'echo c1 > /work/who; sync' > /dev/null
 check "a change in c1 is invisible to c2 and to s1" \
 	test "$m1" != "$want" -a "$(ask "$PB" c2 hash)" = "$want" -a "$(ask "$PA" s1 hash)" = "$want" \
 	-a "$(sh_in "$PB" c2 'cat /work/who')" = parent -a "$(sh_in "$PA" s1 'cat /work/who')" = parent
-r1=$(sh_in "$PA" c1 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"')
-r2=$(sh_in "$PB" c2 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"')
-check "the copies' randomness differs (reseeded: $r1 / $r2)" test -n "$r1" -a "${#r1}" = 32 -a "$r1" != "$r2"
+# Three more starts of k1 (A, B, B): five copies across two hosts.
+ok5=1
+for s in c3:$PA c4:$PB c5:$PB; do
+	[ "$(from "${s#*:}" "${s%:*}" k1)" = 200 ] || { ok5=0; echo "# ${s%:*}: $(cat "$T_TMP/last")"; continue; }
+	[ "$(ask "${s#*:}" "${s%:*}" hash)" = "$want" -a "$(sh_in "${s#*:}" "${s%:*}" 'cat /work/who')" = parent ] || ok5=0
+done
+rnd=()
+for s in c1:$PA c2:$PB c3:$PA c4:$PB c5:$PB; do
+	rnd+=("$(sh_in "${s#*:}" "${s%:*}" 'head -c 16 /dev/urandom | od -An -tx1 | tr -d " \n"')")
+done
+r1=${rnd[0]} r2=${rnd[1]}
+ndiff=$(printf '%s\n' "${rnd[@]}" | grep -c '^[0-9a-f]\{32\}$' ; :)
+nuniq=$(printf '%s\n' "${rnd[@]}" | sort -u | grep -c '^[0-9a-f]\{32\}$' ; :)
+check "k1 started five times (two on A, three on B): each has the process's bytes and the file" test "$ok5" = 1
+check "the five copies' randomness differs (reseeded: $nuniq distinct of $ndiff; $r1 / $r2 ...)" \
+	test "$ndiff" = 5 -a "$nuniq" = 5
+for s in c3:$PA c4:$PB c5:$PB; do h "${s#*:}" DELETE "/v1/sessions/${s%:*}?customer=acme" > /dev/null; done
 
 h "$PA" POST /v1/sessions/c1/pause > /dev/null
 p1=$(s3l prefixes acme/sessions/c1/manifest.json)
