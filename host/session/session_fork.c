@@ -16,7 +16,8 @@
  * delta over the snapshot's chunks leaves them out by their hash.
  *
  * The fork bases are kept for FORK_KEEP_MS after their last use, at most
- * FORK_MAX of them (the oldest goes first); a child holds its own reference,
+ * FORK_MAX of them (the oldest goes first, but never while its upload
+ * goes on); a child holds its own reference,
  * and QEMU's mapping keeps the pages while any child runs. */
 #include "session_int.h"
 
@@ -162,13 +163,16 @@ void fork_base_put(struct fork_base *fb)
 }
 
 /* Unlink the published bases that are too old, or past FORK_MAX, or
- * matching (customer, snap_id) when given; their references go onto *out. */
+ * matching (customer, snap_id) when given; their references go onto *out.
+ * A base whose upload is still going stays whatever its age or rank: the
+ * snapshot's DELETE finds it to wait for the upload (else the upload's
+ * chunks and manifest would land after the DELETE listed the prefix). */
 static void take_stale_locked(const char *customer, const char *snap_id, int64_t now, struct fork_base **out)
 {
 	int kept = 0;
 
 	for (struct fork_base **p = &forks, *fb; (fb = *p);) {
-		int drop = now - fb->used_ms > FORK_KEEP_MS || kept >= FORK_MAX ||
+		int drop = (fb->upload != FORK_UPLOADING && (now - fb->used_ms > FORK_KEEP_MS || kept >= FORK_MAX)) ||
 			   (customer && !strcmp(fb->customer, customer) && !strcmp(fb->snap_id, snap_id));
 
 		if (drop) {
