@@ -24,11 +24,21 @@ void cfgcheck_use(struct cfgcheck *c, const char *setting, const char *fmt, ...)
 	fputc('\n', c->out);
 }
 
+/* One line per problem: libraries' messages (libpq, nftables) may hold
+ * newlines of their own. */
 static void problem(struct cfgcheck *c, const char *kind, const char *setting, const char *fmt, va_list ap)
 {
-	fprintf(c->problems, "%s: %s: ", kind, setting);
-	vfprintf(c->problems, fmt, ap);
-	fputc('\n', c->problems);
+	char msg[1024];
+	size_t n;
+
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	n = strlen(msg);
+	while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+		msg[--n] = '\0';
+	for (char *p = msg; *p; p++)
+		if (*p == '\n' || *p == '\r' || *p == '\t')
+			*p = ' ';
+	fprintf(c->problems, "%s: %s: %s\n", kind, setting, msg);
 }
 
 void cfgcheck_error(struct cfgcheck *c, const char *setting, const char *fmt, ...)

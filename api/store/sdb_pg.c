@@ -224,17 +224,9 @@ static PGconn *connect_to(const char *conninfo)
 int store_pg_ping(const char *conninfo, int *version, struct kiln_err *err)
 {
 	PGconn *conn = connect_to(conninfo);
-	size_t n;
 
 	if (!conn || PQstatus(conn) != CONNECTION_OK) {
 		kiln_err_set(err, KERR_STORE_ERROR, "postgresql: %s", conn ? PQerrorMessage(conn) : "out of memory");
-		/* libpq's message ends in a newline: one line per problem */
-		n = strlen(err->message);
-		while (n && (err->message[n - 1] == '\n' || err->message[n - 1] == ' '))
-			err->message[--n] = '\0';
-		for (char *p = err->message; *p; p++)
-			if (*p == '\n')
-				*p = ' ';
 		PQfinish(conn);
 		return -1;
 	}
