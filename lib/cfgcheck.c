@@ -80,7 +80,7 @@ int cfgcheck_dir(struct cfgcheck *c, const char *setting, const char *dir)
 	 * start: it must be a directory we may write in. */
 	strcpy(probe, dir);
 	while (stat(probe, &st) < 0) {
-		if (errno != ENOENT) {
+		if (errno != ENOENT && errno != ENOTDIR) { /* ENOTDIR: a file on the way, reported below */
 			cfgcheck_error(c, setting, "%s: %s", probe, strerror(errno));
 			return -1;
 		}

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@ static void check_store(struct cfgcheck *c, const struct api_config *cfg)
 	const char *pg = cfg->postgres;
 	struct kiln_err err = { .code = "" };
 	char dir[PATH_MAX], *slash;
+	struct stat st;
 	int version;
 
 	/* store_open takes a postgresql:// URI in db too. */
@@ -84,7 +86,11 @@ static void check_store(struct cfgcheck *c, const struct api_config *cfg)
 		strcpy(dir, "/");
 	else
 		*slash = '\0';
-	if (access(dir, W_OK | X_OK) < 0)
+	if (stat(dir, &st) < 0)
+		cfgcheck_error(c, "db", "directory %s of %s: %s", dir, cfg->db, strerror(errno));
+	else if (!S_ISDIR(st.st_mode))
+		cfgcheck_error(c, "db", "%s (the directory of %s) is not a directory", dir, cfg->db);
+	else if (access(dir, W_OK | X_OK) < 0)
 		cfgcheck_error(c, "db", "directory %s of %s is not writable: %s", dir, cfg->db, strerror(errno));
 	else
 		cfgcheck_use(c, "db", "%s (will be created)", cfg->db);

@@ -165,7 +165,7 @@ static void check_api(struct cfgcheck *c, const struct serve_opts *so)
 		cfgcheck_use(c, "api", "none (standalone: no heartbeat)");
 		return;
 	}
-	if (!so->token)
+	if (!so->token || !*so->token)
 		cfgcheck_error(c, "token", "not set: kiln-api refuses a host without the cluster token");
 	for (unsigned i = 0; i < so->api->n; i++) {
 		char url[APILIST_URL_MAX + 16];
@@ -206,7 +206,7 @@ int check_cmd_run(const char *path, const struct host_config *hc, const struct s
 		cfgcheck_error(&c, "host_id", "\"%s\": expected 1-64 characters of [A-Za-z0-9_.-]", so->host_id);
 	else
 		cfgcheck_use(&c, "host_id", "%s", so->host_id);
-	cfgcheck_use(&c, "token", "%s", so->token ? "set" : "not set");
+	cfgcheck_use(&c, "token", "%s", so->token && *so->token ? "set" : "not set");
 	cfgcheck_use(&c, "advertise_url", "%s", so->advertise ? so->advertise : "(from listen)");
 	check_accel(&c, vm->accel);
 	check_qemu(&c, vm->qemu);
