@@ -165,8 +165,6 @@ static void check_api(struct cfgcheck *c, const struct serve_opts *so)
 		cfgcheck_use(c, "api", "none (standalone: no heartbeat)");
 		return;
 	}
-	if (!so->token || !*so->token)
-		cfgcheck_error(c, "token", "not set: kiln-api refuses a host without the cluster token");
 	for (unsigned i = 0; i < so->api->n; i++) {
 		char url[APILIST_URL_MAX + 16];
 		struct httpc_req q = { .url = url,
@@ -206,7 +204,12 @@ int check_cmd_run(const char *path, const struct host_config *hc, const struct s
 		cfgcheck_error(&c, "host_id", "\"%s\": expected 1-64 characters of [A-Za-z0-9_.-]", so->host_id);
 	else
 		cfgcheck_use(&c, "host_id", "%s", so->host_id);
-	cfgcheck_use(&c, "token", "%s", so->token && *so->token ? "set" : "not set");
+	/* serve refuses to start without one (and kiln-api a host without it). */
+	if (!so->token || !*so->token)
+		cfgcheck_error(&c, "token", "not set: serve needs the cluster token (token or token_file, or "
+					    "KILN_CLUSTER_TOKEN)");
+	else
+		cfgcheck_use(&c, "token", "set");
 	cfgcheck_use(&c, "advertise_url", "%s", so->advertise ? so->advertise : "(from listen)");
 	check_accel(&c, vm->accel);
 	check_qemu(&c, vm->qemu);

@@ -169,7 +169,7 @@ caught "a missing bucket" kiln-host "$T_TMP/host-s3bucket.json" "s3: endpoint .*
 variant "$H" "$T_TMP/host-api.json" ".api = \"http://127.0.0.1:$CLOSED\""
 caught "kiln-api not answering" kiln-host "$T_TMP/host-api.json" "api: http://127.0.0.1:$CLOSED/healthz: "
 variant "$H" "$T_TMP/host-token.json" 'del(.token)'
-caught "a missing cluster token with an api" kiln-host "$T_TMP/host-token.json" "token: not set"
+caught "a missing cluster token" kiln-host "$T_TMP/host-token.json" "token: not set"
 variant "$H" "$T_TMP/host-listen.json" '.listen = "localhost:7070"'
 caught "a listen address that is not IPv4" kiln-host "$T_TMP/host-listen.json" "listen: \"localhost\" is not an IPv4 address"
 
