@@ -140,7 +140,7 @@ else
 	passes host-good kiln-host "$H" "^  listen +127.0.0.1:$HPORT" "^  accel +(kvm|tcg) " \
 		"^  image_dir \(vmlinux\) +$IMG/vmlinux" "^  spool_dir +$T_TMP/spool-hcc \(will be created, [0-9]+ MiB free\)" \
 		"^  cache +$T_TMP/cache \(will be created" "^  capacity +vcpus 2 \(x2 overcommit\)" \
-		"^  s3 +$S3_ENDPOINT bucket $BUCKET" "^  api +$URL \(healthz 200\)" "^  nftables +usable" \
+		"^  s3 +$S3_ENDPOINT bucket $BUCKET" "^  api +$URL \(healthz 200\)" "^(  nftables +usable|warning: nftables: )" \
 		"configuration ok"
 fi
 check "kiln-host: check-config created none of the directories it checked" \
