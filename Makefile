@@ -24,7 +24,7 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lz -lpthread
-API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lsqlite3 -lpq -lhttp_parser -lpthread -lm
+API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lgnutls -lsqlite3 -lpq -lhttp_parser -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 
 LIB_SRCS   := $(wildcard lib/*.c)

@@ -20,8 +20,11 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
 		   "       kiln-api migrate [--config FILE] [--db FILE]\n"
+		   "       kiln-api check-config FILE\n"
 		   "  Serves the kiln API; see README \"kiln-api configuration\". migrate brings the\n"
-		   "  store's schema (SQLite or PostgreSQL) to this version and exits.\n");
+		   "  store's schema (SQLite or PostgreSQL) to this version and exits. check-config\n"
+		   "  checks what FILE would use (store, TLS, S3, ...) without serving: exit 0 when\n"
+		   "  fine, 1 with one line per problem.\n");
 }
 
 static void on_submitted(void *ctx)
@@ -53,6 +56,29 @@ static void on_destination_changed(void *ctx, const char *customer)
 	sched_destination_changed(ctx, customer);
 }
 
+/* kiln-api check-config FILE: the real loader, then server_check_config. */
+static int cmd_check_config(int argc, char **argv)
+{
+	struct kiln_err err = { .code = "" };
+	struct api_config cfg;
+	int problems;
+
+	if (argc != 2 || argv[1][0] == '-') {
+		usage(stderr);
+		return 2;
+	}
+	/* The settings (stdout) and the problems (stderr) stay in order when
+	 * both go to one terminal or file. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (api_config_load(argv[1], &cfg, &err) < 0) {
+		fprintf(stderr, "error: %s\nkiln-api: %s: 1 problem(s)\n", err.message, argv[1]);
+		return 1;
+	}
+	problems = server_check_config(&cfg, argv[1]);
+	api_config_free(&cfg);
+	return problems ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -70,6 +96,8 @@ int main(int argc, char **argv)
 	sigset_t set;
 	int opt, sig, migrate = 0;
 
+	if (argc > 1 && !strcmp(argv[1], "check-config"))
+		return cmd_check_config(argc - 1, argv + 1);
 	if (argc > 1 && !strcmp(argv[1], "migrate")) {
 		migrate = 1;
 		argv[1] = argv[0];

@@ -40,6 +40,7 @@ static void usage(FILE *f)
 	      "                       [--api URL[,URL...]] [--advertise URL]\n"
 	      "                       [--listen ADDR:PORT] [--pool N] [--pool-max N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
+	      "       kiln-host check-config FILE   check what serve --config FILE would use (starts nothing)\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
 	      "       kiln-host template import ARCHIVE --out FILE [--work-dir DIR] [--max-mib N] [--timeout S]\n"
@@ -143,6 +144,22 @@ static int common_opt(struct common *c, int opt, const char *arg)
 	return 0;
 }
 
+/* The image directory when none was given: <binary dir>/image. */
+static void common_image_dir(struct common *c)
+{
+	ssize_t n;
+	char *slash;
+
+	if (c->image_dir)
+		return;
+	n = readlink("/proc/self/exe", c->exe_dir, sizeof(c->exe_dir) - 8);
+	c->exe_dir[n > 0 ? n : 0] = '\0';
+	slash = strrchr(c->exe_dir, '/');
+	if (slash)
+		strcpy(slash, "/image");
+	c->image_dir = c->exe_dir;
+}
+
 /* Resolve the accelerator and the image files. */
 static int common_finish(struct common *c, struct kiln_err *err)
 {
@@ -157,16 +174,7 @@ static int common_finish(struct common *c, struct kiln_err *err)
 	c->vm.accel = vm_accel_resolve(c->vm.accel, err);
 	if (c->vm.accel == VM_ACCEL_AUTO)
 		return -1;
-	if (!c->image_dir) {
-		ssize_t n = readlink("/proc/self/exe", c->exe_dir, sizeof(c->exe_dir) - 8);
-		char *slash;
-
-		c->exe_dir[n > 0 ? n : 0] = '\0';
-		slash = strrchr(c->exe_dir, '/');
-		if (slash)
-			strcpy(slash, "/image");
-		c->image_dir = c->exe_dir;
-	}
+	common_image_dir(c);
 	if (image_path(c->kernel, sizeof(c->kernel), c->image_dir, "vmlinux", err) < 0 ||
 	    image_path(c->initrd, sizeof(c->initrd), c->image_dir, "initramfs.cpio", err) < 0 ||
 	    image_path(c->disk, sizeof(c->disk), c->image_dir, "rootfs.ext4", err) < 0)
@@ -710,6 +718,58 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 	return 0;
 }
 
+/* serve's settings before the configuration file and the flags; host_id
+ * (cap bytes) receives the default host id (the host name). */
+static void serve_defaults(struct serve_opts *so, char *host_id, size_t cap)
+{
+	*so = (struct serve_opts){ .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
+				   .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
+				   .pool_max = -1, .session_idle_stop_ms = 1500, .session_prestart = -1,
+				   .session_save_pages = -1, .session_prepare_base = -1,
+				   .session_pause_cache_mib = 1024, .session_pause_cache_age_s = 3600,
+				   .session_pause_cache_sweep_s = 60, .upload_inline_max = HOSTD_INLINE_MAX_DEFAULT };
+	if (gethostname(host_id, cap - 1) < 0 || !host_id[0])
+		snprintf(host_id, cap, "host");
+	so->host_id = host_id;
+	so->token = getenv("KILN_CLUSTER_TOKEN");
+}
+
+/* kiln-host check-config FILE: the file through the real loader and
+ * serve_apply_config over serve's defaults, then check_cmd_run. Never
+ * starts QEMU. */
+static int cmd_check_config(int argc, char **argv)
+{
+	static struct common cm;
+	static struct host_config hc;
+	static char host[64], host_id[65];
+	struct serve_opts so;
+	struct kiln_err err = { .code = "" };
+	struct check_cmd_vm vm;
+	int problems;
+
+	if (argc != 2 || argv[1][0] == '-') {
+		usage(stderr);
+		return 2;
+	}
+	/* The settings (stdout) and the problems (stderr) stay in order when
+	 * both go to one terminal or file. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	common_init(&cm);
+	serve_defaults(&so, host_id, sizeof(host_id));
+	if (config_load(argv[1], &hc, &err) < 0 || serve_apply_config(&hc, &so, &cm, host, sizeof(host), &err) < 0) {
+		fprintf(stderr, "error: %s\nkiln-host: %s: 1 problem(s)\n", err.message, argv[1]);
+		return 1;
+	}
+	so.config_path = argv[1];
+	so.cache = cm.cache;
+	common_image_dir(&cm);
+	vm = (struct check_cmd_vm){ .accel = cm.accel, .image_dir = cm.image_dir, .run_dir = cm.vm.run_dir,
+				    .cache = cm.cache, .qemu = cm.vm.qemu };
+	problems = check_cmd_run(argv[1], &hc, &so, &vm);
+	config_free(&hc);
+	return problems ? 1 : 0;
+}
+
 static int cmd_serve(int argc, char **argv)
 {
 	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o',
@@ -730,23 +790,14 @@ static int cmd_serve(int argc, char **argv)
 	static struct host_config hc;
 	static struct apilist flag_api;
 	static char host[64], host_id[65];
-	struct serve_opts so = { .listen_host = "127.0.0.1", .port = 7070, .snap_memory_mib = 256, .snap_vcpus = 1,
-				 .prestart = 1, .spool_dir = "/var/lib/kiln/spool", .snapshot_ttl_s = 7 * 86400,
-				 .pool_max = -1, .session_idle_stop_ms = 1500, .session_prestart = -1, .session_save_pages = -1,
-				 .session_prepare_base = -1,
-				 .session_pause_cache_mib = 1024, .session_pause_cache_age_s = 3600,
-				 .session_pause_cache_sweep_s = 60,
-				 .upload_inline_max = HOSTD_INLINE_MAX_DEFAULT };
+	struct serve_opts so;
 	struct run_opts ro = { .boot_timeout_s = 60 };
 	struct kiln_err err = { .code = "" };
 	unsigned v;
 	int c;
 
 	common_init(&cm);
-	if (gethostname(host_id, sizeof(host_id) - 1) < 0 || !host_id[0])
-		snprintf(host_id, sizeof(host_id), "host");
-	so.host_id = host_id;
-	so.token = getenv("KILN_CLUSTER_TOKEN");
+	serve_defaults(&so, host_id, sizeof(host_id));
 	/* The configuration file comes first, wherever --config stands. */
 	for (int i = 1; i < argc; i++) {
 		const char *path = NULL;
@@ -911,6 +962,8 @@ int main(int argc, char **argv)
 		return cmd_snapshot(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "serve"))
 		return cmd_serve(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "check-config"))
+		return cmd_check_config(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))

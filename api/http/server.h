@@ -44,6 +44,14 @@ struct server *server_start(const struct api_config *cfg, struct store *st, cons
 			    struct kiln_err *err);
 void server_set_hooks(struct server *s, const struct server_hooks *hooks);
 
+/* `kiln-api check-config` (check_config.c): check what cfg (loaded from
+ * path) would use without serving: the listen addresses, the store (the
+ * SQLite file's directory, or a connection to PostgreSQL), the TLS
+ * certificate and key (a matching PEM pair), S3 (one request on the bucket),
+ * the web console's files. Prints the settings to stdout and one line per
+ * problem to stderr. Returns the number of errors (0: fine). */
+int server_check_config(const struct api_config *cfg, const char *path);
+
 /* SIGHUP: read the TLS certificate and key again (tls.c); connections open
  * now keep the old one until they end. 0, or -1 with err (the running
  * certificate stays). Any thread. */

@@ -55,6 +55,9 @@ void *server_uri_log(void *cls, const char *uri, struct MHD_Connection *conn);
 /* "ADDR:PORT" (IPv4) into sa: 0 or -1. */
 int server_parse_listen(const char *arg, struct sockaddr_in *sa);
 
+/* tls.c: the PEM file path (tls.WHAT) read into a new string (caller frees),
+ * or NULL with err set when it cannot be read or holds no PEM block. */
+char *tls_read_pem(const char *path, const char *what, struct kiln_err *err);
 /* tls.c: the TLS listener (cfg->tls_listen): started by server_start,
  * reloaded by server_reload (SIGHUP), stopped by server_stop. */
 int server_tls_start(struct server *s, struct kiln_err *err);

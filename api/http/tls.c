@@ -19,7 +19,7 @@
 
 #define TLS_PEM_MAX (1u << 20)
 
-static char *read_pem(const char *path, const char *what, struct kiln_err *err)
+char *tls_read_pem(const char *path, const char *what, struct kiln_err *err)
 {
 	size_t n = 0;
 	char *p = io_read_file(path, TLS_PEM_MAX, &n);
@@ -68,10 +68,10 @@ static struct MHD_Daemon *tls_daemon(struct server *s, const char *cert, const c
 
 int server_tls_start(struct server *s, struct kiln_err *err)
 {
-	char *cert = read_pem(s->cfg->tls_cert_file, "cert_file", err), *key = NULL;
+	char *cert = tls_read_pem(s->cfg->tls_cert_file, "cert_file", err), *key = NULL;
 
 	pthread_mutex_init(&s->tls_lock, NULL);
-	if (!cert || !(key = read_pem(s->cfg->tls_key_file, "key_file", err)) ||
+	if (!cert || !(key = tls_read_pem(s->cfg->tls_key_file, "key_file", err)) ||
 	    !(s->tls_d = tls_daemon(s, cert, key, err))) {
 		free(cert);
 		free(key);
@@ -90,8 +90,8 @@ int server_reload(struct server *s, struct kiln_err *err)
 
 	if (!s->cfg->tls_listen)
 		return 0;
-	cert = read_pem(s->cfg->tls_cert_file, "cert_file", err);
-	if (!cert || !(key = read_pem(s->cfg->tls_key_file, "key_file", err))) {
+	cert = tls_read_pem(s->cfg->tls_cert_file, "cert_file", err);
+	if (!cert || !(key = tls_read_pem(s->cfg->tls_key_file, "key_file", err))) {
 		free(cert);
 		return -1;
 	}

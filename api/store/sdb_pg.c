@@ -221,6 +221,20 @@ static PGconn *connect_to(const char *conninfo)
 	return PQconnectdbParams(keys, vals, 1);
 }
 
+int store_pg_ping(const char *conninfo, int *version, struct kiln_err *err)
+{
+	PGconn *conn = connect_to(conninfo);
+
+	if (!conn || PQstatus(conn) != CONNECTION_OK) {
+		kiln_err_set(err, KERR_STORE_ERROR, "postgresql: %s", conn ? PQerrorMessage(conn) : "out of memory");
+		PQfinish(conn);
+		return -1;
+	}
+	*version = PQserverVersion(conn);
+	PQfinish(conn);
+	return 0;
+}
+
 /* NOTICEs ("relation already exists, skipping") are not worth a log line. */
 static void quiet(void *arg, const char *message)
 {

@@ -106,6 +106,12 @@ void store_close(struct store *s);
 /* `kiln-api migrate`: bring target's schema (SQLite path, or PostgreSQL
  * conninfo when pg or a postgresql:// URI) to this version. 0 or -1. */
 int store_migrate_only(const char *target, int pg, struct kiln_err *err);
+
+/* Connect to the PostgreSQL server conninfo names (the store's own
+ * connection settings: a 3 s connect timeout) and disconnect, touching no
+ * table: `kiln-api check-config`. 0 with the server's version (e.g. 150004)
+ * in *version, or -1 with err set to libpq's words. Any thread. */
+int store_pg_ping(const char *conninfo, int *version, struct kiln_err *err);
 /* Whether the database answers now (PostgreSQL: a round trip, reconnecting
  * if the connection was lost): 0 yes, -1 no. SQLite: always 0. */
 int store_ping(struct store *s);

@@ -471,6 +471,18 @@ static int parse_config(struct net_host *h, json_t *c, struct kiln_err *err)
 	return 0;
 }
 
+int net_nft_check(struct kiln_err *err)
+{
+	struct nft_ctx *ctx = nft_open(0);
+	int r;
+
+	if (!ctx)
+		return kiln_err_set(err, KERR_NET_ERROR, "nftables: cannot create a libnftables context");
+	r = nft_run(ctx, "list ruleset", NULL, err);
+	nft_ctx_free(ctx);
+	return r;
+}
+
 int net_config_check(json_t *config, struct net_host *h, struct kiln_err *err)
 {
 	memset(h, 0, sizeof(*h));

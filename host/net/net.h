@@ -62,6 +62,11 @@ int net_range_parse(const char *s, struct net_range *r);
  * touching the system: for checking a configuration file. 0 or -1 with err. */
 int net_config_check(json_t *config, struct net_host *h, struct kiln_err *err);
 
+/* Whether libnftables works here: `list ruleset` in the current network
+ * namespace (needs CAP_NET_ADMIN), nothing changed. 0 or -1 with err set
+ * to nftables' own words. For `kiln-host check-config`. */
+int net_nft_check(struct kiln_err *err);
+
 /* Set up host-wide egress from the "network" config section (NULL: the
  * defaults; settings listed in README "Configuration"): parse and check it,
  * open the current network namespace, turn on IPv4 forwarding, install the
