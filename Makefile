@@ -5,11 +5,20 @@
 #   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
 #   make demo       an example task, end to end
-# Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln
+#   make install    binaries, console, helper scripts, images and example configs under $(DESTDIR)$(PREFIX) and /etc/kiln
+#   make deb        build/kiln_<VERSION>_amd64.deb (dpkg-deb; docs/operations.md)
+# Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln, PREFIX=/usr/local, DESTDIR=
 
 B          := build
 KILN_CACHE ?= /var/cache/kiln
 export KILN_CACHE
+
+# The version, from one place: VERSION, plus the commit when built in a git
+# checkout (a tarball has none: the plain VERSION). Only lib/version.c sees
+# it; build/version.txt changes (and version.o rebuilds) only when it does.
+VERSION      := $(shell cat VERSION)
+GIT_HASH     := $(shell git rev-parse --short HEAD 2>/dev/null)
+KILN_VERSION := $(VERSION)$(if $(GIT_HASH),+g$(GIT_HASH))
 
 CC       ?= gcc
 WERROR   ?= 1
@@ -61,7 +70,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean
+.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean install deb FORCE
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -70,6 +79,13 @@ deps:
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/version.txt: FORCE
+	@mkdir -p $(B)
+	@echo '$(KILN_VERSION)' | cmp -s - $@ || echo '$(KILN_VERSION)' > $@
+$(B)/lib/version.o $(B)/fuzz-obj/lib/version.o: $(B)/version.txt
+$(B)/lib/version.o: CFLAGS += -DKILN_VERSION='"$(KILN_VERSION)"'
+$(B)/fuzz-obj/lib/version.o: FUZZ_CFLAGS += -DKILN_VERSION='"$(KILN_VERSION)"'
 
 $(B)/guest-obj/%.o: %.c
 	@mkdir -p $(dir $@)
