@@ -314,6 +314,69 @@ demo: deps
 	@$(MAKE) --no-print-directory all image
 	@scripts/demo.sh
 
+# ---- install and package (docs/operations.md) ----
+# Everything in bin/ (kiln up starts kiln-api and kiln-host from beside
+# itself); the images under lib/kiln/image (arch-dependent; kiln-host looks
+# there, lib/paths.c); the console, helper scripts and example configs
+# under share/kiln; configuration in $(SYSCONFDIR)/kiln (an existing file is
+# never replaced: `make install` over an edited api.json leaves it).
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+SYSCONFDIR   ?= /etc
+UNITDIR      ?= $(PREFIX)/lib/systemd/system
+BINDIR       := $(PREFIX)/bin
+KILN_LIBDIR  := $(PREFIX)/lib/kiln
+KILN_DATADIR := $(PREFIX)/share/kiln
+DOCDIR       := $(PREFIX)/share/doc/kiln
+UNITS        := kiln-api.service kiln-host.service
+
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(KILN_LIBDIR)/image $(DESTDIR)$(KILN_DATADIR)/ui \
+		$(DESTDIR)$(KILN_DATADIR)/examples $(DESTDIR)$(DOCDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/kiln
+	install -m 0755 $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(DESTDIR)$(BINDIR)/
+	install -m 0644 $(B)/image/initramfs.cpio $(DESTDIR)$(KILN_LIBDIR)/image/
+	@# The kernel and root images only when built (make image): they are large and optional here.
+	@for f in $(B)/image/vmlinux $(B)/image/rootfs*.ext4; do \
+		if [ -e "$$f" ]; then echo "install -m 0644 $$f $(DESTDIR)$(KILN_LIBDIR)/image/"; \
+			install -m 0644 "$$f" $(DESTDIR)$(KILN_LIBDIR)/image/ || exit 1; \
+		else echo "install: $$f not built (make image): not installed"; fi; \
+	done
+	install -m 0644 ui/index.html ui/app.js ui/app.css $(DESTDIR)$(KILN_DATADIR)/ui/
+	install -m 0755 scripts/s3-local.sh $(DESTDIR)$(KILN_DATADIR)/
+	install -m 0644 packaging/etc/api.json packaging/etc/host.json $(DESTDIR)$(KILN_DATADIR)/examples/
+	@for f in api.json host.json; do \
+		if [ -e $(DESTDIR)$(SYSCONFDIR)/kiln/$$f ]; then echo "install: $(DESTDIR)$(SYSCONFDIR)/kiln/$$f exists: kept"; \
+		else echo "install -m 0644 packaging/etc/$$f $(DESTDIR)$(SYSCONFDIR)/kiln/$$f"; \
+			install -m 0644 packaging/etc/$$f $(DESTDIR)$(SYSCONFDIR)/kiln/$$f || exit 1; fi; \
+	done
+	for u in $(UNITS); do \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' packaging/systemd/$$u.in > $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; \
+	done
+	install -m 0644 README.md docs/operations.md $(DESTDIR)$(DOCDIR)/
+
+# build/kiln_<VERSION>_amd64.deb: `make install` into a staging root with
+# PREFIX=/usr (units in /lib/systemd/system, as on Debian 12), Depends from
+# dpkg-shlibdeps over the staged binaries plus the tools they run
+# (packaging/deb/control.in), every file under /etc a conffile.
+DEB      := $(B)/kiln_$(VERSION)_amd64.deb
+DEB_ROOT := $(B)/deb/debian/kiln
+deb: all
+	rm -rf $(B)/deb $(DEB)
+	@mkdir -p $(B)/deb/debian
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_ROOT) PREFIX=/usr UNITDIR=/lib/systemd/system > /dev/null
+	install -d -m 0755 $(DEB_ROOT)/DEBIAN
+	install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm $(DEB_ROOT)/DEBIAN/
+	cd $(DEB_ROOT) && find etc -type f | sort | sed 's|^|/|' > DEBIAN/conffiles
+	@# dpkg-shlibdeps wants a debian/control beside the staged package; it reads only its package names.
+	printf 'Source: kiln\n\nPackage: kiln\nArchitecture: amd64\n' > $(B)/deb/debian/control
+	cd $(B)/deb && dpkg-shlibdeps -O -edebian/kiln/usr/bin/kiln -edebian/kiln/usr/bin/kiln-api \
+		-edebian/kiln/usr/bin/kiln-host -edebian/kiln/usr/bin/kiln-jail > shlibs.txt
+	shlibs=$$(sed -n 's/^shlibs:Depends=//p' $(B)/deb/shlibs.txt); size=$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1); \
+		sed -e 's|@VERSION@|$(VERSION)|' -e "s|@SHLIBS@|$$shlibs|" -e "s|@SIZE@|$$size|" \
+		packaging/deb/control.in > $(DEB_ROOT)/DEBIAN/control
+	dpkg-deb --root-owner-group --build $(DEB_ROOT) $(DEB)
+
 clean:
 	rm -rf $(B)
 
