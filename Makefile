@@ -13,11 +13,12 @@ B          := build
 KILN_CACHE ?= /var/cache/kiln
 export KILN_CACHE
 
-# The version, from one place: VERSION, plus the commit when built in a git
-# checkout (a tarball has none: the plain VERSION). Only lib/version.c sees
-# it; build/version.txt changes (and version.o rebuilds) only when it does.
+# The version, from one place: VERSION, plus the commit when this tree is a
+# git checkout (a tarball has no .git: the plain VERSION, even unpacked inside
+# another repository). Only lib/version.c sees it; build/version.txt changes
+# (and version.o rebuilds) only when it does.
 VERSION      := $(shell cat VERSION)
-GIT_HASH     := $(shell git rev-parse --short HEAD 2>/dev/null)
+GIT_HASH     := $(shell [ -e .git ] && git rev-parse --short HEAD 2>/dev/null)
 KILN_VERSION := $(VERSION)$(if $(GIT_HASH),+g$(GIT_HASH))
 
 CC       ?= gcc
@@ -341,7 +342,7 @@ install: all
 			install -m 0644 "$$f" $(DESTDIR)$(KILN_LIBDIR)/image/ || exit 1; \
 		else echo "install: $$f not built (make image): not installed"; fi; \
 	done
-	install -m 0644 ui/index.html ui/app.js ui/app.css $(DESTDIR)$(KILN_DATADIR)/ui/
+	install -m 0644 $(wildcard ui/*) $(DESTDIR)$(KILN_DATADIR)/ui/
 	install -m 0755 scripts/s3-local.sh $(DESTDIR)$(KILN_DATADIR)/
 	install -m 0644 packaging/etc/api.json packaging/etc/host.json $(DESTDIR)$(KILN_DATADIR)/examples/
 	@for f in api.json host.json; do \
