@@ -5,7 +5,7 @@
 # the installed kiln-api's /healthz, /metrics and console, and the systemd
 # units through systemd-analyze verify. No root, no VM.
 . "$(dirname "$0")/lib.sh"
-t_plan 22
+t_plan 23
 t_require_tools make dpkg-deb dpkg-shlibdeps jq curl systemd-analyze
 t_require_built kiln kiln-api kiln-host kiln-jail
 [ -r "$ROOT/build/image/initramfs.cpio" ] || t_skip_all "build/image/initramfs.cpio missing: run make all"
@@ -52,10 +52,48 @@ mkdir -p "$T_TMP/ctrl"
 dpkg-deb --control "$DEB" "$T_TMP/ctrl"
 check "postinst, prerm and postrm are executable and parse (sh -n)" \
 	bash -c 'for s in postinst prerm postrm; do [ -x "$1/$s" ] && sh -n "$1/$s" || exit 1; done' _ "$T_TMP/ctrl"
-check "postinst makes the kiln system user and never replaces an existing key file" \
-	bash -c 'grep -q "adduser --system" "$1" && grep -q "\[ ! -e \"/etc/kiln/\$f\" \]" "$1"' _ "$T_TMP/ctrl/postinst"
-check "postrm's purge removes /etc/kiln and /var/cache/kiln and leaves /var/lib/kiln" \
-	bash -c 'grep -q "rm -rf /etc/kiln /var/cache/kiln" "$1" && ! grep -q "rm -rf.*/var/lib/kiln" "$1"' _ "$T_TMP/ctrl/postrm"
+
+# The maintainer scripts for real, over throwaway overlays of /etc and /var
+# in a mount namespace of their own: what they write lands in $T_TMP, the
+# machine's users and directories stay as they are.
+maint() {
+	local o=$T_TMP/overlay
+	mkdir -p "$o/eu" "$o/ew" "$o/vu" "$o/vw"
+	unshare -m --propagation private bash -c '
+		c=$1 o=$2 r=$3
+		mount -t overlay overlay -o "lowerdir=/etc,upperdir=$o/eu,workdir=$o/ew" /etc &&
+			mount -t overlay overlay -o "lowerdir=/var,upperdir=$o/vu,workdir=$o/vw" /var || exit 90
+		export DPKG_MAINTSCRIPT_PACKAGE=kiln
+		rm -rf /etc/kiln /var/lib/kiln /var/cache/kiln
+		# A first install: a kiln user this machine has goes (from the overlay only).
+		! getent passwd kiln > /dev/null || deluser --system kiln > /dev/null 2>&1 || exit 91
+		DPKG_MAINTSCRIPT_NAME=postinst sh "$c/postinst" configure || exit 92
+		{ getent passwd kiln | cut -d: -f1,6,7
+		  stat -c "%U:%G %a %n" /etc/kiln/cluster-token /etc/kiln/admin-key /var/lib/kiln/api /var/lib/kiln/spool
+		  grep -cxE "[0-9a-f]{64}" /etc/kiln/cluster-token; } > "$r/first"
+		echo "operator-key-0123456789" > /etc/kiln/admin-key
+		DPKG_MAINTSCRIPT_NAME=postinst sh "$c/postinst" configure 0.41.0 || exit 93
+		cat /etc/kiln/admin-key > "$r/upgrade"
+		touch /var/lib/kiln/spool/result /var/cache/kiln/snapshot
+		DPKG_MAINTSCRIPT_NAME=postrm sh "$c/postrm" purge || exit 94
+		for d in /etc/kiln /var/cache/kiln /var/lib/kiln/spool/result; do [ -e "$d" ] && echo "$d"; done > "$r/purged"
+	' _ "$T_TMP/ctrl" "$o" "$T_TMP" > "$T_TMP/maint.out" 2>&1
+}
+if [ "$(id -u)" -ne 0 ] || ! command -v unshare > /dev/null || ! grep -qw overlay /proc/filesystems; then
+	why="needs root, unshare and overlayfs (to run them over throwaway copies of /etc and /var)"
+	skip "postinst makes the kiln user, its directories and keys" "$why"
+	skip "postinst on upgrade keeps an edited key" "$why"
+	skip "postrm purge removes /etc/kiln and /var/cache/kiln, keeps /var/lib/kiln" "$why"
+else
+	maint
+	mrc=$?
+	[ "$mrc" -eq 0 ] || sed 's/^/# maint: /' "$T_TMP/maint.out"
+	check "postinst makes the kiln user (no home, no login), api/ and spool/ dirs, keys root:kiln 0640 (status $mrc)" \
+		[ "$(tr '\n' '|' < "$T_TMP/first" 2> /dev/null)" = "kiln:/nonexistent:/usr/sbin/nologin|root:kiln 640 /etc/kiln/cluster-token|root:kiln 640 /etc/kiln/admin-key|kiln:kiln 750 /var/lib/kiln/api|root:root 700 /var/lib/kiln/spool|1|" ]
+	check "postinst on upgrade keeps an edited key" [ "$(cat "$T_TMP/upgrade" 2> /dev/null)" = operator-key-0123456789 ]
+	check "postrm purge removes /etc/kiln and /var/cache/kiln, keeps /var/lib/kiln" \
+		[ "$(cat "$T_TMP/purged" 2> /dev/null || echo none)" = /var/lib/kiln/spool/result ]
+fi
 
 # ---- make install DESTDIR=: the binaries find their files under their prefix ----
 D=$T_TMP/destdir
