@@ -898,7 +898,7 @@ static int cmd_reap(int argc, char **argv)
 static int cmd_paths(int argc, char **argv)
 {
 	static const struct option opts[] = { COMMON_OPTIONS, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
-	struct common cm;
+	static struct common cm; /* large (the jail config): not on the stack, as in the other commands */
 	char exe[PATH_MAX];
 	json_t *r;
 	int c;
