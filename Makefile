@@ -5,11 +5,21 @@
 #   make test       deps, then check, then integration tests with real VMs
 #   make bench      benchmarks (figures, not pass/fail)
 #   make demo       an example task, end to end
-# Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln
+#   make install    binaries, console, helper scripts, images and example configs under $(DESTDIR)$(PREFIX) and /etc/kiln
+#   make deb        build/kiln_<VERSION>_amd64.deb (dpkg-deb; docs/operations.md)
+# Knobs: WERROR=0, SANITIZE=address,undefined, KILN_CACHE=/var/cache/kiln, PREFIX=/usr/local, DESTDIR=
 
 B          := build
 KILN_CACHE ?= /var/cache/kiln
 export KILN_CACHE
+
+# The version, from one place: VERSION, plus the commit when this tree is a
+# git checkout (a tarball has no .git: the plain VERSION, even unpacked inside
+# another repository). Only lib/version.c sees it; build/version.txt changes
+# (and version.o rebuilds) only when it does.
+VERSION      := $(shell cat VERSION)
+GIT_HASH     := $(shell [ -e .git ] && git rev-parse --short HEAD 2>/dev/null)
+KILN_VERSION := $(VERSION)$(if $(GIT_HASH),+g$(GIT_HASH))
 
 CC       ?= gcc
 WERROR   ?= 1
@@ -61,7 +71,7 @@ UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/unit/%)
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/tests/fuzz/%)
 
-.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean
+.PHONY: all deps image check tree-check test unit bench bench-bins demo fuzz clean install deb FORCE
 all: $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(B)/kiln-init $(B)/image/initramfs.cpio
 
 deps:
@@ -70,6 +80,13 @@ deps:
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/version.txt: FORCE
+	@mkdir -p $(B)
+	@echo '$(KILN_VERSION)' | cmp -s - $@ || echo '$(KILN_VERSION)' > $@
+$(B)/lib/version.o $(B)/fuzz-obj/lib/version.o: $(B)/version.txt
+$(B)/lib/version.o: CFLAGS += -DKILN_VERSION='"$(KILN_VERSION)"'
+$(B)/fuzz-obj/lib/version.o: FUZZ_CFLAGS += -DKILN_VERSION='"$(KILN_VERSION)"'
 
 $(B)/guest-obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -297,6 +314,69 @@ bench: deps
 demo: deps
 	@$(MAKE) --no-print-directory all image
 	@scripts/demo.sh
+
+# ---- install and package (docs/operations.md) ----
+# Everything in bin/ (kiln up starts kiln-api and kiln-host from beside
+# itself); the images under lib/kiln/image (arch-dependent; kiln-host looks
+# there, lib/paths.c); the console, helper scripts and example configs
+# under share/kiln; configuration in $(SYSCONFDIR)/kiln (an existing file is
+# never replaced: `make install` over an edited api.json leaves it).
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+SYSCONFDIR   ?= /etc
+UNITDIR      ?= $(PREFIX)/lib/systemd/system
+BINDIR       := $(PREFIX)/bin
+KILN_LIBDIR  := $(PREFIX)/lib/kiln
+KILN_DATADIR := $(PREFIX)/share/kiln
+DOCDIR       := $(PREFIX)/share/doc/kiln
+UNITS        := kiln-api.service kiln-host.service
+
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(KILN_LIBDIR)/image $(DESTDIR)$(KILN_DATADIR)/ui \
+		$(DESTDIR)$(KILN_DATADIR)/examples $(DESTDIR)$(DOCDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/kiln
+	install -m 0755 $(B)/kiln $(B)/kiln-api $(B)/kiln-host $(B)/kiln-jail $(DESTDIR)$(BINDIR)/
+	install -m 0644 $(B)/image/initramfs.cpio $(DESTDIR)$(KILN_LIBDIR)/image/
+	@# The kernel and root images only when built (make image): they are large and optional here.
+	@for f in $(B)/image/vmlinux $(B)/image/rootfs*.ext4; do \
+		if [ -e "$$f" ]; then echo "install -m 0644 $$f $(DESTDIR)$(KILN_LIBDIR)/image/"; \
+			install -m 0644 "$$f" $(DESTDIR)$(KILN_LIBDIR)/image/ || exit 1; \
+		else echo "install: $$f not built (make image): not installed"; fi; \
+	done
+	install -m 0644 $(wildcard ui/*) $(DESTDIR)$(KILN_DATADIR)/ui/
+	install -m 0755 scripts/s3-local.sh $(DESTDIR)$(KILN_DATADIR)/
+	install -m 0644 packaging/etc/api.json packaging/etc/host.json $(DESTDIR)$(KILN_DATADIR)/examples/
+	@for f in api.json host.json; do \
+		if [ -e $(DESTDIR)$(SYSCONFDIR)/kiln/$$f ]; then echo "install: $(DESTDIR)$(SYSCONFDIR)/kiln/$$f exists: kept"; \
+		else echo "install -m 0644 packaging/etc/$$f $(DESTDIR)$(SYSCONFDIR)/kiln/$$f"; \
+			install -m 0644 packaging/etc/$$f $(DESTDIR)$(SYSCONFDIR)/kiln/$$f || exit 1; fi; \
+	done
+	for u in $(UNITS); do \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' packaging/systemd/$$u.in > $(DESTDIR)$(UNITDIR)/$$u || exit 1; \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; \
+	done
+	install -m 0644 README.md docs/operations.md $(DESTDIR)$(DOCDIR)/
+
+# build/kiln_<VERSION>_amd64.deb: `make install` into a staging root with
+# PREFIX=/usr (units in /lib/systemd/system, as on Debian 12), Depends from
+# dpkg-shlibdeps over the staged binaries plus the tools they run
+# (packaging/deb/control.in), every file under /etc a conffile.
+DEB      := $(B)/kiln_$(VERSION)_amd64.deb
+DEB_ROOT := $(B)/deb/debian/kiln
+deb: all
+	rm -rf $(B)/deb $(DEB)
+	@mkdir -p $(B)/deb/debian
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_ROOT) PREFIX=/usr UNITDIR=/lib/systemd/system > /dev/null
+	install -d -m 0755 $(DEB_ROOT)/DEBIAN
+	install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm $(DEB_ROOT)/DEBIAN/
+	cd $(DEB_ROOT) && find etc -type f | sort | sed 's|^|/|' > DEBIAN/conffiles
+	@# dpkg-shlibdeps wants a debian/control beside the staged package; it reads only its package names.
+	printf 'Source: kiln\n\nPackage: kiln\nArchitecture: amd64\n' > $(B)/deb/debian/control
+	cd $(B)/deb && dpkg-shlibdeps -O -edebian/kiln/usr/bin/kiln -edebian/kiln/usr/bin/kiln-api \
+		-edebian/kiln/usr/bin/kiln-host -edebian/kiln/usr/bin/kiln-jail > shlibs.txt
+	shlibs=$$(sed -n 's/^shlibs:Depends=//p' $(B)/deb/shlibs.txt); size=$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1); \
+		sed -e 's|@VERSION@|$(VERSION)|' -e "s|@SHLIBS@|$$shlibs|" -e "s|@SIZE@|$$size|" \
+		packaging/deb/control.in > $(DEB_ROOT)/DEBIAN/control
+	dpkg-deb --root-owner-group --build $(DEB_ROOT) $(DEB)
 
 clean:
 	rm -rf $(B)

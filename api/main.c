@@ -15,12 +15,14 @@
 #include "sessions/sessions.h"
 #include "store/store.h"
 #include "templates/templates.h"
+#include "version.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln-api [--config FILE] [--listen ADDR:PORT] [--db FILE]\n"
 		   "       kiln-api migrate [--config FILE] [--db FILE]\n"
 		   "       kiln-api check-config FILE\n"
+		   "       kiln-api --version\n"
 		   "  Serves the kiln API; see README \"kiln-api configuration\". migrate brings the\n"
 		   "  store's schema (SQLite or PostgreSQL) to this version and exits. check-config\n"
 		   "  checks what FILE would use (store, TLS, S3, ...) without serving: exit 0 when\n"
@@ -98,6 +100,10 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "check-config"))
 		return cmd_check_config(argc - 1, argv + 1);
+	if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) {
+		printf("kiln-api %s\n", kiln_version());
+		return 0;
+	}
 	if (argc > 1 && !strcmp(argv[1], "migrate")) {
 		migrate = 1;
 		argv[1] = argv[0];

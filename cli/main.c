@@ -6,11 +6,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "version.h"
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kiln COMMAND [ARGS]\n"
 		   "  up [--dir DIR] [--port P] [--egress] the local stack: S3, kiln-api, one kiln-host\n"
+		   "  --version                            print the version\n"
 		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
 		   "  session create|exec|put|get|ls|pause|resume|fork|rm|list|info ...\n"
@@ -36,6 +38,10 @@ int main(int argc, char **argv)
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+		printf("kiln %s\n", kiln_version());
+		return 0;
 	}
 	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);

@@ -20,6 +20,7 @@
 #include "fsutil.h"
 #include "io.h"
 #include "net/net.h"
+#include "paths.h"
 #include "run/run.h"
 #include "serve/serve.h"
 #include "session/session.h"
@@ -27,6 +28,7 @@
 #include "task/task.h"
 #include "template/template.h"
 #include "template_build/template_build.h"
+#include "version.h"
 #include "vm/vm.h"
 
 #define SPEC_MAX_BYTES SPEC_MAX_JSON
@@ -44,9 +46,12 @@ static void usage(FILE *f)
 	      "       kiln-host reap [--run-dir DIR]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
 	      "       kiln-host template import ARCHIVE --out FILE [--work-dir DIR] [--max-mib N] [--timeout S]\n"
+	      "       kiln-host paths [--image-dir DIR] [--run-dir DIR] [--cache DIR]   the paths it would use (JSON)\n"
+	      "       kiln-host --version\n"
 	      "options:\n"
 	      "  --accel auto|kvm|tcg   hypervisor (auto: KVM only with hardware virtualisation)\n"
-	      "  --image-dir DIR        vmlinux, initramfs.cpio, rootfs.ext4 (default: <binary dir>/image)\n"
+	      "  --image-dir DIR        vmlinux, initramfs.cpio, rootfs.ext4 (default: <binary dir>/image, else\n"
+	      "                         <binary dir>/../lib/kiln/image when installed)\n"
 	      "  --run-dir DIR          per-VM state (default: $KILN_RUN_DIR or /run/kiln)\n"
 	      "  --qemu PATH            QEMU binary (default: qemu-system-x86_64)\n"
 	      "  --cache DIR            snapshot cache (default: $KILN_CACHE or /var/cache/kiln)\n"
@@ -110,7 +115,7 @@ struct common {
 	int no_jail;
 	struct vm_config vm;
 	struct jail_config jail;
-	char kernel[PATH_MAX], initrd[PATH_MAX], disk[PATH_MAX], exe_dir[PATH_MAX];
+	char kernel[PATH_MAX], initrd[PATH_MAX], disk[PATH_MAX], image_buf[PATH_MAX];
 };
 
 enum { OPT_ACCEL = 1000, OPT_IMAGE_DIR, OPT_RUN_DIR, OPT_QEMU, OPT_CACHE, OPT_NO_JAIL };
@@ -145,19 +150,13 @@ static int common_opt(struct common *c, int opt, const char *arg)
 }
 
 /* The image directory when none was given: <binary dir>/image. */
-static void common_image_dir(struct common *c)
+/* The image directory when none was given: beside the binary (the build
+ * tree) or under its prefix (installed; lib/paths.c). NULL: none found. */
+static const char *common_image_dir(struct common *c)
 {
-	ssize_t n;
-	char *slash;
-
-	if (c->image_dir)
-		return;
-	n = readlink("/proc/self/exe", c->exe_dir, sizeof(c->exe_dir) - 8);
-	c->exe_dir[n > 0 ? n : 0] = '\0';
-	slash = strrchr(c->exe_dir, '/');
-	if (slash)
-		strcpy(slash, "/image");
-	c->image_dir = c->exe_dir;
+	if (!c->image_dir)
+		c->image_dir = paths_image_dir(c->image_buf, sizeof(c->image_buf));
+	return c->image_dir;
 }
 
 /* Resolve the accelerator and the image files. */
@@ -174,7 +173,8 @@ static int common_finish(struct common *c, struct kiln_err *err)
 	c->vm.accel = vm_accel_resolve(c->vm.accel, err);
 	if (c->vm.accel == VM_ACCEL_AUTO)
 		return -1;
-	common_image_dir(c);
+	if (!common_image_dir(c))
+		return kiln_err_set(err, KERR_IMAGE_MISSING, "cannot find the image directory: give --image-dir");
 	if (image_path(c->kernel, sizeof(c->kernel), c->image_dir, "vmlinux", err) < 0 ||
 	    image_path(c->initrd, sizeof(c->initrd), c->image_dir, "initramfs.cpio", err) < 0 ||
 	    image_path(c->disk, sizeof(c->disk), c->image_dir, "rootfs.ext4", err) < 0)
@@ -946,6 +946,42 @@ static int cmd_reap(int argc, char **argv)
 	return 0;
 }
 
+/* kiln-host paths: the directories it would use, resolved as the other
+ * commands resolve them (flags, else the defaults), without starting
+ * anything: one JSON object on stdout. */
+static int cmd_paths(int argc, char **argv)
+{
+	static const struct option opts[] = { COMMON_OPTIONS, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 } };
+	static struct common cm; /* large (the jail config): not on the stack, as in the other commands */
+	char exe[PATH_MAX];
+	json_t *r;
+	int c;
+
+	common_init(&cm);
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (common_opt(&cm, c, optarg))
+			continue;
+		if (c == 'h') {
+			usage(stdout);
+			return 0;
+		}
+		usage(stderr);
+		return 2;
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	common_image_dir(&cm);
+	r = json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:s}", "version", kiln_version(), "binary_dir",
+		      paths_exe_dir(exe, sizeof(exe)) ? NULL : exe, "image_dir", cm.image_dir, "run_dir", cm.vm.run_dir,
+		      "cache", cm.cache, "qemu", cm.vm.qemu);
+	json_dumpf(r, stdout, JSON_INDENT(2));
+	putchar('\n');
+	json_decref(r);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	/* A guest channel closing under a write must be an error, not a death. */
@@ -968,6 +1004,12 @@ int main(int argc, char **argv)
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))
 		return template_cmd_main(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "paths"))
+		return cmd_paths(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+		printf("kiln-host %s\n", kiln_version());
+		return 0;
+	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
 		usage(stdout);
 		return 0;

@@ -38,6 +38,7 @@
 #include "events.h"
 #include "httpd.h"
 #include "metrics.h"
+#include "version.h"
 #include "ports/ports.h"
 #include "reply.h"
 #include "sessions/sessions.h"
@@ -149,10 +150,12 @@ static enum MHD_Result rt_healthz(void *ctx, struct httpd_req *r)
 
 	if (store_ping(s->st) < 0)
 		return reply_json(r->conn, MHD_HTTP_SERVICE_UNAVAILABLE,
-				  json_pack("{s:s, s:s}", "status", "unavailable", "reason", "the database is unreachable"));
+				  json_pack("{s:s, s:s, s:s}", "status", "unavailable", "reason",
+					    "the database is unreachable", "version", kiln_version()));
 	/* leader: this replica runs the scheduler now (always, on SQLite). */
 	return reply_json(r->conn, MHD_HTTP_OK,
-			  json_pack("{s:s, s:b}", "status", "ok", "leader", store_is_leader(s->st)));
+			  json_pack("{s:s, s:b, s:s}", "status", "ok", "leader", store_is_leader(s->st), "version",
+				    kiln_version()));
 }
 
 /* GET /metrics (no key, like /healthz): this replica's view, Prometheus
@@ -201,7 +204,9 @@ static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 	char *text;
 	int e;
 
-	e = metric_write(&b, &m_leader, store_is_leader(s->st) != 0);
+	e = version_metric(&b);
+	if (!e)
+		e = metric_write(&b, &m_leader, store_is_leader(s->st) != 0);
 	if (!e)
 		e = metric_write(&b, &m_store_up, store_ping(s->st) == 0);
 	if (!e)

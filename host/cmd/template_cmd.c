@@ -21,6 +21,7 @@
 #include "host_config.h"
 #include "io.h"
 #include "net/net.h"
+#include "paths.h"
 #include "recipe.h"
 #include "run/run.h"
 #include "template_build/template_build.h"
@@ -120,7 +121,7 @@ static int template_cmd_build(int argc, char **argv)
 	static struct jail_config jc;
 	static struct host_config hc;
 	static struct net_host net;
-	static char kernel[PATH_MAX], initrd[PATH_MAX], rootfs[PATH_MAX], base[PATH_MAX], exe[PATH_MAX], mirror[1024];
+	static char kernel[PATH_MAX], initrd[PATH_MAX], rootfs[PATH_MAX], base[PATH_MAX], image_buf[PATH_MAX], mirror[1024];
 	const char *out = NULL, *config = NULL, *accel = "auto", *image_dir = NULL;
 	struct kiln_err err = { .code = "" };
 	struct run_opts ro = { .boot_timeout_s = 120 };
@@ -194,15 +195,9 @@ static int template_cmd_build(int argc, char **argv)
 	ro.vm.accel = vm_accel_resolve(ro.vm.accel, &err);
 	if (ro.vm.accel == VM_ACCEL_AUTO)
 		goto fail3;
-	if (!image_dir) {
-		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 8);
-		char *slash;
-
-		exe[n > 0 ? n : 0] = '\0';
-		slash = strrchr(exe, '/');
-		if (slash)
-			strcpy(slash, "/image");
-		image_dir = exe;
+	if (!image_dir && !(image_dir = paths_image_dir(image_buf, sizeof(image_buf)))) {
+		kiln_err_set(&err, KERR_IMAGE_MISSING, "cannot find the image directory: give --image-dir");
+		goto fail3;
 	}
 	snprintf(kernel, sizeof(kernel), "%s/vmlinux", image_dir);
 	snprintf(initrd, sizeof(initrd), "%s/initramfs.cpio", image_dir);

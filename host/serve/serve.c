@@ -25,6 +25,7 @@
 #include "envd_http.h"
 #include "httpd.h"
 #include "metrics.h"
+#include "version.h"
 #include "reply.h"
 #include "run/run.h"
 #include "session/session.h"
@@ -279,6 +280,7 @@ static enum MHD_Result metrics_get(void *ctx, struct httpd_req *r)
 
 	if (!m)
 		return MHD_NO;
+	version_metric(&b);
 	buf_adds(&b, m);
 	free(m);
 	if (s->sessions)
@@ -482,7 +484,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 	if (*upload_size)
 		return httpd_body_feed(body, upload, upload_size);
 	if (!strcmp(url, "/healthz"))
-		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "host_id", s->host_id));
+		return reply_json(conn, MHD_HTTP_OK, json_pack("{s:s, s:s, s:s}", "status", "ok", "host_id", s->host_id, "version",
+						       kiln_version()));
 	if (!authorized(s, conn))
 		return reply_no_token(conn);
 	if (body->too_big)

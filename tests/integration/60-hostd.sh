@@ -4,7 +4,7 @@
 # streams, cancel, duplicates, capacity, S3 failures that heal, a 200 MiB
 # multipart output, and recovery after SIGKILL. Nothing is left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 26
+t_plan 27
 require_image
 
 t_require_tools swift-proxy-server memcached python3
@@ -208,6 +208,12 @@ if grep -q '^kiln_host_tasks{state="succeeded"} 9' "$T_TMP/last.json" && grep -q
    && grep -Eq '^kiln_host_upload_bytes_total [1-9]' "$T_TMP/last.json" && grep -q '^kiln_host_vms_running 0' "$T_TMP/last.json"; then
 	ok "GET /metrics: tasks by state, start latency histogram, VMs running, upload bytes"
 else not_ok "metrics" "$(grep -v '^#' "$T_TMP/last.json" | head -20)"; fi
+# The version (lib/version.c): the same string in --version, /healthz and /metrics.
+v=$("$KILN_HOST" --version | sed 's/^kiln-host //')
+if [ -n "$v" ] && [ "$(curl -s "$URL/healthz" | jq -r .version)" = "$v" ] &&
+   grep -qxF "kiln_build_info{version=\"$v\"} 1" "$T_TMP/last.json"; then
+	ok "kiln-host's version ($v) in --version, /healthz and kiln_build_info in /metrics"
+else not_ok "version" "--version: $v, /healthz: $(curl -s "$URL/healthz"), $(grep kiln_build_info "$T_TMP/last.json")"; fi
 
 # --- wrong S3 secret: stays uploading with a clear error, fixed by SIGHUP ---
 write_config "not-the-secret"

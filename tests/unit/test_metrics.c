@@ -1,6 +1,7 @@
 /* test_metrics: lib/metrics.c's Prometheus text: HELP/TYPE lines, samples
  * with and without labels, label value and HELP escaping, histograms'
- * cumulative buckets, and a capped buffer's error. */
+ * cumulative buckets, a capped buffer's error, and lib/version.c's
+ * kiln_build_info gauge. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,9 +9,11 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "metrics.h"
+#include "version.h"
 
 static void test_plain(void **state)
 {
@@ -116,11 +119,28 @@ static void test_capped(void **state)
 	buf_free(&b);
 }
 
+/* The version gauge both daemons' /metrics start with: one sample, value 1,
+ * labelled with the same string --version prints. */
+static void test_build_info(void **state)
+{
+	struct buf b = BUF_INIT;
+	char want[256];
+	const char *v = kiln_version();
+
+	(void)state;
+	assert_true(v[0] >= '0' && v[0] <= '9');
+	assert_int_equal(version_metric(&b), 0);
+	snprintf(want, sizeof(want), "# TYPE kiln_build_info gauge\nkiln_build_info{version=\"%s\"} 1\n", v);
+	assert_non_null(strstr(b.p, want));
+	assert_non_null(strstr(b.p, "# HELP kiln_build_info "));
+	buf_free(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_plain),     cmocka_unit_test(test_labels),   cmocka_unit_test(test_escaping),
-		cmocka_unit_test(test_histogram), cmocka_unit_test(test_capped),
+		cmocka_unit_test(test_histogram), cmocka_unit_test(test_capped),    cmocka_unit_test(test_build_info),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
