@@ -41,6 +41,7 @@ static void usage(FILE *f)
 	      "                       [--listen ADDR:PORT] [--pool N] [--pool-max N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
+	      "       kiln-host drain [--deadline S] [--config FILE] [--url URL] [--token T] | undrain [...]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
 	      "       kiln-host template import ARCHIVE --out FILE [--work-dir DIR] [--max-mib N] [--timeout S]\n"
 	      "options:\n"
@@ -911,6 +912,8 @@ int main(int argc, char **argv)
 		return cmd_snapshot(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "serve"))
 		return cmd_serve(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "drain") || !strcmp(argv[1], "undrain"))
+		return drain_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))

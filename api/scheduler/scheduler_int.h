@@ -36,6 +36,8 @@ struct host_view {
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
 	int egress;                  /* offers network egress */
+	int draining;                /* drained (by an admin or kiln-host drain): no new work */
+	int64_t drain_deadline_ms;   /* wall ms its tasks go back to the queue (0: none) */
 	struct host_template templates[HOST_TEMPLATES];
 	int ntemplates;
 	/* Placed by us after the host's last heartbeat: not in its report yet. */
