@@ -443,7 +443,9 @@ static void tick_locked(struct sched *s, int full)
 			snprintf(back[nback], sizeof(back[0]), "%s", h->id);
 			snprintf(back_url[nback++], sizeof(back_url[0]), "%s", h->url);
 		}
-		if (!h->lost && h->draining && h->drain_deadline_ms > 0 && now >= h->drain_deadline_ms) {
+		/* Reading the placed tasks costs a scan of each state: not every tick. */
+		if (!h->lost && h->draining && h->drain_deadline_ms > 0 && now >= h->drain_deadline_ms &&
+		    (now - s->last_drain_check >= DRAIN_CHECK_MS || now < s->last_drain_check)) {
 			if (!due) {
 				due = calloc(MAX_HOSTS, sizeof(*due));
 				due_url = calloc(MAX_HOSTS, sizeof(*due_url));
@@ -457,6 +459,8 @@ static void tick_locked(struct sched *s, int full)
 	pthread_mutex_unlock(&s->lock);
 	for (int i = 0; i < nlost; i++)
 		host_lost(s, lost[i]);
+	if (ndue)
+		s->last_drain_check = now;
 	for (int i = 0; i < ndue; i++)
 		drain_requeue(s, due[i], due_url[i]);
 	free(due);

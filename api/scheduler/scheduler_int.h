@@ -18,6 +18,7 @@
 #define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
 #define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
 #define REATTACH_MS 5000          /* PostgreSQL: the leader reattaches this often */
+#define DRAIN_CHECK_MS 1000         /* past a drain's deadline, its host's tasks are looked for this often */
 #define HOST_TEMPLATES 16           /* templates per host the scheduler keeps from its heartbeat */
 
 /* One template a host holds (capacity.templates): key as store_task.tkey. */
@@ -79,6 +80,7 @@ struct sched {
 	int reattached;
 	int64_t last_reattach;       /* wall ms of the last forced reattach (PostgreSQL) */
 	int64_t last_full;
+	int64_t last_drain_check;    /* wall ms draining hosts' deadlines were last acted on */
 };
 
 /* A host call through s->ops with the cluster token (hostclient.h's
