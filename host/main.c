@@ -44,6 +44,7 @@ static void usage(FILE *f)
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host check-config FILE   check what serve --config FILE would use (starts nothing)\n"
 	      "       kiln-host reap [--run-dir DIR]\n"
+	      "       kiln-host drain [--deadline S] [--config FILE] [--url URL] [--token T] | undrain [...]\n"
 	      "       kiln-host template build RECIPE.json --out FILE [--timeout S] [--max-mib N] [--config FILE] [options]\n"
 	      "       kiln-host template import ARCHIVE --out FILE [--work-dir DIR] [--max-mib N] [--timeout S]\n"
 	      "       kiln-host paths [--image-dir DIR] [--run-dir DIR] [--cache DIR]   the paths it would use (JSON)\n"
@@ -1000,6 +1001,8 @@ int main(int argc, char **argv)
 		return cmd_serve(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "check-config"))
 		return cmd_check_config(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "drain") || !strcmp(argv[1], "undrain"))
+		return drain_cmd_main(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "template") && argc > 2 && !strcmp(argv[2], "import"))
 		return oci_cmd_import(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "template"))

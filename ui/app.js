@@ -666,20 +666,34 @@ function openSession(id) {
 const adminViews = {
 	async hosts(root) {
 		const body = el('tbody', { id: 'host-rows' });
+		const box = errorBox();
 		append(root, el('h2', {}, 'Hosts'),
-			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'state', 'url', 'vCPUs used/total', 'memory MiB used/total', 'pool ready/target', 'running tasks', 'last heartbeat'].map((h) => el('th', {}, h)))), body));
+			el('p', { class: 'note' }, 'Drain: the host takes no new work, its sessions are paused (they resume on another host), its tasks finish; it says "drained" once empty. Undrain reverses it.'),
+			box,
+			el('table', {}, el('thead', {}, el('tr', {}, ['id', 'state', 'url', 'vCPUs used/total', 'memory MiB used/total', 'pool ready/target', 'running tasks', 'last heartbeat', 'drain'].map((h) => el('th', {}, h)))), body));
+		const load = async () => {
+			const j = await api('GET', '/v1/admin/hosts');
+			clear(body);
+			for (const h of j.hosts) {
+				const c = h.capacity || {};
+				const v = c.vcpus || {}, m = c.memory_mib || {}, p = c.pool || {};
+				const action = h.draining ? 'undrain' : 'drain';
+				const b = el('button', { type: 'button', 'data-action': action }, action === 'drain' ? 'Drain' : 'Undrain');
+				b.addEventListener('click', () => guarded(box, async () => {
+					await api('POST', '/v1/admin/hosts/' + encodeURIComponent(h.id) + '/' + action);
+					await load();
+				}));
+				const left = !h.draining ? '' : h.drained ? 'drained ' :
+					`${h.tasks_left ?? '?'} task(s), ${h.sessions_left ?? '?'} session(s) left `;
+				body.append(el('tr', { 'data-host': h.id }, el('td', {}, h.id), el('td', {}, stateBadge(h.state)), el('td', {}, h.url),
+					el('td', {}, `${v.used ?? ''}/${v.total ?? ''}`), el('td', {}, `${m.used ?? ''}/${m.total ?? ''}`),
+					el('td', {}, `${p.ready ?? ''}/${p.target ?? ''}`), el('td', {}, String(c.running_tasks ?? '')),
+					el('td', {}, fmtTime(h.last_heartbeat_ms)), el('td', { class: 'drain' }, left, b)));
+			}
+		};
 		every(3000, async () => {
 			try {
-				const j = await api('GET', '/v1/admin/hosts');
-				clear(body);
-				for (const h of j.hosts) {
-					const c = h.capacity || {};
-					const v = c.vcpus || {}, m = c.memory_mib || {}, p = c.pool || {};
-					body.append(el('tr', { 'data-host': h.id }, el('td', {}, h.id), el('td', {}, stateBadge(h.state)), el('td', {}, h.url),
-						el('td', {}, `${v.used ?? ''}/${v.total ?? ''}`), el('td', {}, `${m.used ?? ''}/${m.total ?? ''}`),
-						el('td', {}, `${p.ready ?? ''}/${p.target ?? ''}`), el('td', {}, String(c.running_tasks ?? '')),
-						el('td', {}, fmtTime(h.last_heartbeat_ms))));
-				}
+				await load();
 			} catch (e) {
 				showError(e);
 			}
@@ -696,9 +710,11 @@ const adminViews = {
 		every(5000, async () => {
 			try {
 				const j = await api('GET', '/v1/admin/hosts');
-				const sum = { live: 0, lost: 0, vt: 0, vu: 0, mt: 0, mu: 0, pr: 0, rt: 0, up: 0 };
+				const sum = { live: 0, lost: 0, draining: 0, vt: 0, vu: 0, mt: 0, mu: 0, pr: 0, rt: 0, up: 0 };
 				for (const h of j.hosts) {
-					if (h.state !== 'live') {
+					if (h.state === 'draining')
+						sum.draining++;
+					else if (h.state !== 'live') {
 						sum.lost++;
 						continue;
 					}
@@ -715,7 +731,7 @@ const adminViews = {
 				samples.push({ t: Date.now(), a: sum.vu, b: sum.rt });
 				if (samples.length > 360)
 					samples.shift();
-				clear(cards).append(card('live hosts', sum.live), card('lost hosts', sum.lost), card('vCPUs used', sum.vu, sum.vt),
+				clear(cards).append(card('live hosts', sum.live), card('draining hosts', sum.draining), card('lost hosts', sum.lost), card('vCPUs used', sum.vu, sum.vt),
 					card('memory MiB used', sum.mu, sum.mt), card('warm VMs ready', sum.pr), card('running tasks', sum.rt),
 					card('uploading tasks', sum.up));
 				clear(chart).append(lineChart(samples, ['vCPUs used', 'running tasks'], sum.vt));

@@ -191,6 +191,47 @@ static const struct metric m_port_open = {
 	.help = "port requests and spliced connections open now",
 };
 
+static const struct metric m_hosts = {
+	.name = "kiln_api_hosts", .type = METRIC_GAUGE, .labels = { "state" },
+	.help = "registered hosts by state (live, draining: no new work, lost: no heartbeat)",
+};
+static const struct metric m_host_draining = {
+	.name = "kiln_api_host_draining", .type = METRIC_GAUGE, .labels = { "host" },
+	.help = "1 for each registered host that is draining (docs/api.md \"Drain\"), 0 for the others",
+};
+
+/* The hosts' states as GET /v1/admin/hosts shows them (lost once quiet for
+ * host_lost_after_s), by state and per host. */
+static int metrics_hosts(struct server *s, struct buf *b)
+{
+	static const char *const states[] = { "live", "draining", "lost" };
+	int64_t cutoff = clock_wall_ms() - (int64_t)s->cfg->host_lost_after_s * 1000;
+	json_t *hosts = store_host_list(s->st), *h;
+	uint64_t count[3] = { 0 };
+	size_t i;
+	int e;
+
+	json_array_foreach(hosts, i, h) {
+		const char *st = json_string_value(json_object_get(h, "state")) ?: "";
+
+		if (json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff || !strcmp(st, "lost"))
+			count[2]++;
+		else
+			count[!strcmp(st, "draining")]++;
+	}
+	e = metric_write_by(b, &m_hosts, states, count, 3);
+	if (!e)
+		e = metric_head(b, &m_host_draining);
+	json_array_foreach(hosts, i, h) {
+		const char *id = json_string_value(json_object_get(h, "id")) ?: "";
+
+		if (!e)
+			e = metric_sample(b, &m_host_draining, &id, json_is_true(json_object_get(h, "draining")));
+	}
+	json_decref(hosts);
+	return e;
+}
+
 static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 {
 	struct ports_stats ps;
@@ -220,6 +261,8 @@ static enum MHD_Result rt_metrics(void *ctx, struct httpd_req *r)
 		e = metric_write(&b, &m_port_upgrades, ps.upgrades);
 	if (!e)
 		e = metric_write(&b, &m_port_open, ps.open);
+	if (!e)
+		e = metrics_hosts(s, &b);
 	if (e || !(text = buf_steal(&b, &n))) {
 		buf_free(&b);
 		return reply_internal(r->conn, "out of memory");
@@ -286,6 +329,8 @@ static const struct httpd_route api_routes[] = {
 	{ "POST", "/v1/admin/customers/{id}/keys", server_rt_customer_key },
 	{ "DELETE", "/v1/admin/keys/{id}", server_rt_key_revoke },
 	{ "GET", "/v1/admin/hosts", server_rt_hosts },
+	{ "POST", "/v1/admin/hosts/{id}/drain", server_rt_host_drain },
+	{ "POST", "/v1/admin/hosts/{id}/undrain", server_rt_host_undrain },
 	{ "POST", "/v1/hosts/{id}/heartbeat", server_rt_host_heartbeat },
 };
 

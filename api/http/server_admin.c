@@ -230,11 +230,101 @@ enum MHD_Result server_rt_hosts(void *ctx, struct httpd_req *r)
 	size_t i;
 
 	/* A host the scheduler has not yet marked shows as lost once its
-	 * heartbeat is older than host_lost_after_s. */
-	json_array_foreach(hosts, i, h)
+	 * heartbeat is older than host_lost_after_s. A draining one says what
+	 * it still holds and, once nothing, that it is drained. */
+	json_array_foreach(hosts, i, h) {
+		unsigned tasks, sessions;
+
 		if (json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
 			json_object_set_new(h, "state", json_string("lost"));
+		if (!json_is_true(json_object_get(h, "draining")) ||
+		    store_host_load(s->st, json_string_value(json_object_get(h, "id")), &tasks, &sessions) < 0)
+			continue;
+		json_object_set_new(h, "tasks_left", json_integer(tasks));
+		json_object_set_new(h, "sessions_left", json_integer(sessions));
+		json_object_set_new(h, "drained", json_boolean(!tasks && !sessions));
+	}
 	return reply_json(r->conn, MHD_HTTP_OK, json_pack("{s:o}", "hosts", hosts));
+}
+
+/* The host of a drain route as store_host_list has it (caller decrefs), or
+ * NULL: none by that id. */
+static json_t *admin_host(struct server *s, const char *id)
+{
+	json_t *hosts = store_host_list(s->st), *h, *found = NULL;
+	size_t i;
+
+	json_array_foreach(hosts, i, h)
+		if (!strcmp(json_string_value(json_object_get(h, "id")) ?: "", id))
+			found = json_incref(h);
+	json_decref(hosts);
+	return found;
+}
+
+/* POST /v1/admin/hosts/{id}/drain: {"deadline_s": N} optional (1..604800):
+ * past it, tasks still running there go back to the queue. */
+enum MHD_Result server_rt_host_drain(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const char *id = r->param[0];
+	json_int_t deadline_s = 0;
+	json_t *h;
+	int rc;
+
+	if (strlen(id) >= 65 || !(h = admin_host(s, id)))
+		return reply_not_found(r->conn, "no such host");
+	json_decref(h);
+	if (httpd_body_len(r->body) > ADMIN_BODY_MAX)
+		return reply_error(r->conn, KERR_TOO_LARGE, "a drain request is at most 64 KiB");
+	if (httpd_body_len(r->body)) {
+		json_t *b = json_loadb(httpd_body_data(r->body), httpd_body_len(r->body), 0, NULL);
+		json_t *d = json_object_get(b, "deadline_s");
+
+		if (!json_is_object(b) || (d && !json_is_null(d) && !json_is_integer(d))) {
+			json_decref(b);
+			return reply_error(r->conn, KERR_INVALID_REQUEST,
+					   "expected {\"deadline_s\": N} (seconds, optional)");
+		}
+		deadline_s = json_integer_value(d);
+		json_decref(b);
+		if (d && !json_is_null(d) && (deadline_s < 1 || deadline_s > 604800))
+			return reply_error(r->conn, KERR_INVALID_REQUEST, "deadline_s: 1..604800 (seconds)");
+	}
+	rc = store_host_set_drain(s->st, id, 1, deadline_s ? clock_wall_ms() + (int64_t)deadline_s * 1000 : 0);
+	if (rc == -ENOENT)
+		return reply_not_found(r->conn, "no such host");
+	if (rc < 0)
+		return reply_internal(r->conn, "cannot record the drain");
+	h = admin_host(s, id);
+	return h ? reply_json(r->conn, MHD_HTTP_OK, h) : reply_internal(r->conn, "cannot read the host");
+}
+
+/* POST /v1/admin/hosts/{id}/undrain. A host that itself reports draining
+ * (kiln-host drain) stays so until kiln-host undrain: 409. */
+enum MHD_Result server_rt_host_undrain(void *ctx, struct httpd_req *r)
+{
+	struct server *s = ctx;
+	const char *id = r->param[0];
+	json_t *h;
+	int rc;
+
+	if (strlen(id) >= 65 || !(h = admin_host(s, id)))
+		return reply_not_found(r->conn, "no such host");
+	json_decref(h);
+	rc = store_host_set_drain(s->st, id, 0, 0);
+	if (rc == -ENOENT)
+		return reply_not_found(r->conn, "no such host");
+	if (rc < 0)
+		return reply_internal(r->conn, "cannot record the undrain");
+	h = admin_host(s, id);
+	if (!h)
+		return reply_internal(r->conn, "cannot read the host");
+	if (json_is_true(json_object_get(json_object_get(h, "capacity"), "draining"))) {
+		json_decref(h);
+		return reply_error_status(r->conn, MHD_HTTP_CONFLICT, KERR_CONFLICT,
+					  "the host itself reports draining (kiln-host drain): run kiln-host undrain on it");
+	}
+	return reply_json(r->conn, MHD_HTTP_OK, h);
 }
 
 /* POST /v1/hosts/{id}/heartbeat (the cluster token was checked before) */

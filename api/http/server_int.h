@@ -93,6 +93,8 @@ enum MHD_Result server_rt_customer_quotas(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_customer_key(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_key_revoke(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_hosts(void *ctx, struct httpd_req *r);
+enum MHD_Result server_rt_host_drain(void *ctx, struct httpd_req *r);
+enum MHD_Result server_rt_host_undrain(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_host_heartbeat(void *ctx, struct httpd_req *r);
 
 #endif

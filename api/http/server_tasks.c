@@ -101,7 +101,8 @@ static int host_has_builtin(json_t *cap, const char *name)
 
 /* Whether some live host is big enough (by its reported totals) and, for
  * a built-in template (builtin not NULL), has it; 1 also when no host is
- * live (the task waits for one). */
+ * live (the task waits for one). A draining host counts: the task waits
+ * for its undrain as for a host to come. */
 static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib, int egress, const char *builtin)
 {
 	json_t *hosts = store_host_list(s->st), *h;
@@ -114,7 +115,9 @@ static int some_host_fits(struct server *s, unsigned vcpus, unsigned memory_mib,
 		json_int_t v = json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "total"));
 		json_int_t m = json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "total"));
 
-		if (strcmp(json_string_value(json_object_get(h, "state")) ?: "", "live") ||
+		const char *state = json_string_value(json_object_get(h, "state")) ?: "";
+
+		if ((strcmp(state, "live") && strcmp(state, "draining")) ||
 		    json_integer_value(json_object_get(h, "last_heartbeat_ms")) < cutoff)
 			continue;
 		live++;

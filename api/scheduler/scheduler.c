@@ -100,6 +100,8 @@ static void refresh_hosts_locked(struct sched *s)
 		v->pool_mem = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "memory_mib"));
 		v->pool_vcpus = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "vcpus"));
 		v->egress = json_is_true(json_object_get(cap, "egress"));
+		v->draining = json_is_true(json_object_get(h, "draining"));
+		v->drain_deadline_ms = json_integer_value(json_object_get(h, "drain_deadline_ms"));
 		host_templates(v, json_object_get(cap, "templates"));
 		for (int j = 0; j < nold; j++) {
 			if (strcmp(old[j].id, v->id))
@@ -152,6 +154,43 @@ static void host_lost(struct sched *s, const char *host)
 				      "state", "error", "error", "the task's host stopped answering; it was not run again");
 			store_task_finish(s->st, t[i].id, TASK_ERROR, "host_lost", e);
 			json_decref(e);
+		}
+	}
+	free(t);
+}
+
+/* A draining host's deadline passed: the tasks still running there go back
+ * to the queue (placed elsewhere, from the start: the deadline is the
+ * operator's word that they may run again) and are cancelled on it. Tasks
+ * uploading have run to the end and are left to finish. The watcher of
+ * each is marked superseded after the compare-and-set, so that the host's
+ * answer to the cancel is not recorded over the requeue. */
+static void drain_requeue(struct sched *s, const char *host, const char *url)
+{
+	static const enum task_state placed[] = { TASK_SCHEDULED, TASK_STARTING, TASK_RUNNING };
+	struct store_task *t = calloc(MAX_BATCH, sizeof(*t));
+
+	if (!t)
+		return;
+	for (size_t k = 0; k < sizeof(placed) / sizeof(*placed); k++) {
+		int n = store_tasks_in_state(s->st, placed[k], t, MAX_BATCH);
+
+		for (int i = 0; i < n; i++) {
+			struct kiln_err err = { .code = "" };
+			char path[80];
+
+			if (strcmp(t[i].host_id, host) || store_task_transition(s->st, t[i].id, placed[k], TASK_QUEUED, "") != 1)
+				continue;
+			pthread_mutex_lock(&s->lock);
+			for (struct watch *w = s->watches; w; w = w->next)
+				if (!strcmp(w->task, t[i].id))
+					__atomic_store_n(&w->superseded, 1, __ATOMIC_RELEASE);
+			pthread_mutex_unlock(&s->lock);
+			snprintf(path, sizeof(path), "/v1/tasks/%s", t[i].id);
+			if (url[0])
+				sched_host_call(s, url, "DELETE", path, NULL, 5000, NULL, &err);
+			fprintf(stderr, "kiln-api: host %s is draining past its deadline: task %s (%s) requeued\n", host,
+				t[i].id, task_state_name(placed[k]));
 		}
 	}
 	free(t);
@@ -221,7 +260,9 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 		long free_v, score;
 		int64_t free_m;
 
-		if (h->lost || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress) ||
+		/* A draining host takes nothing new: not a queued task, not a
+		 * session's create, not even the resume that prefers it. */
+		if (h->lost || h->draining || !h->url[0] || now < h->full_until_ms || (t->egress && !h->egress) ||
 		    excluded(h->id, exclude, nexclude))
 			continue;
 		if (t->tkey[0] == '@' && !ht)
@@ -278,7 +319,7 @@ static int any_room_locked(struct sched *s, int64_t now)
 
 		if (h->pool_ready)
 			free_m += h->pool_mem;
-		if (!h->lost && h->url[0] && now >= h->full_until_ms && free_v >= SPEC_MIN_VCPUS &&
+		if (!h->lost && !h->draining && h->url[0] && now >= h->full_until_ms && free_v >= SPEC_MIN_VCPUS &&
 		    free_m >= SPEC_MIN_MEMORY_MIB)
 			return 1;
 	}
@@ -376,7 +417,8 @@ static void tick_locked(struct sched *s, int full)
 {
 	int64_t now = kclock_wall_ms(s->clock);
 	char lost[MAX_HOSTS][65], back[MAX_HOSTS][65], back_url[MAX_HOSTS][256];
-	int nlost = 0, nback = 0;
+	char (*due)[65] = NULL, (*due_url)[256] = NULL;
+	int nlost = 0, nback = 0, ndue = 0;
 
 	if (full) {
 		s->last_full = now;
@@ -401,10 +443,28 @@ static void tick_locked(struct sched *s, int full)
 			snprintf(back[nback], sizeof(back[0]), "%s", h->id);
 			snprintf(back_url[nback++], sizeof(back_url[0]), "%s", h->url);
 		}
+		/* Reading the placed tasks costs a scan of each state: not every tick. */
+		if (!h->lost && h->draining && h->drain_deadline_ms > 0 && now >= h->drain_deadline_ms &&
+		    (now - s->last_drain_check >= DRAIN_CHECK_MS || now < s->last_drain_check)) {
+			if (!due) {
+				due = calloc(MAX_HOSTS, sizeof(*due));
+				due_url = calloc(MAX_HOSTS, sizeof(*due_url));
+			}
+			if (due && due_url) {
+				snprintf(due[ndue], sizeof(due[0]), "%s", h->id);
+				snprintf(due_url[ndue++], sizeof(due_url[0]), "%s", h->url);
+			}
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	for (int i = 0; i < nlost; i++)
 		host_lost(s, lost[i]);
+	if (ndue)
+		s->last_drain_check = now;
+	for (int i = 0; i < ndue; i++)
+		drain_requeue(s, due[i], due_url[i]);
+	free(due);
+	free(due_url);
 	for (int i = 0; i < nback; i++)
 		reconcile(s, back[i], back_url[i]);
 	if (!s->reattached) {
@@ -592,7 +652,7 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 	for (int i = 0; i < s->nhosts; i++) {
 		struct host_view *v = &s->hosts[i];
 
-		if (v->lost || !v->url[0])
+		if (v->lost || v->draining || !v->url[0])
 			continue;
 		live++;
 		if (v->vcpus_total >= need->vcpus && v->mem_total >= need->memory_mib && (!need->egress || v->egress) &&
@@ -654,6 +714,19 @@ int sched_host_state(struct sched *s, const char *host_id, char url[256])
 		if (url)
 			snprintf(url, 256, "%s", h->url);
 	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int sched_host_draining(struct sched *s, const char *host_id)
+{
+	struct host_view *h;
+	int r = 0;
+
+	pthread_mutex_lock(&s->lock);
+	h = sched_host_find_locked(s, host_id);
+	if (h)
+		r = h->draining && !h->lost;
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }

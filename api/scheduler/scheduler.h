@@ -3,7 +3,8 @@
  * quota), pushes them to their host, follows each placed task's event stream
  * to record its progress and relay its output, forwards cancels, and handles
  * hosts that stop heartbeating (never-started tasks go back to the queue;
- * started ones end as error/host_lost). All state that matters is in the
+ * started ones end as error/host_lost) and draining hosts (no new work; past
+ * a drain's deadline their running tasks go back to the queue). All state that matters is in the
  * store, so a restarted kiln-api picks up where the last one stopped.
  *
  * Room: the scheduler room's door (api/scheduler/). It may call the base,
@@ -112,6 +113,10 @@ void sched_host_full(struct sched *s, const char *host_id);
 /* 1 the host is live (url filled when not NULL, 256 bytes), 0 it is lost,
  * -1 unknown (not seen yet since this kiln-api started: do not judge). */
 int sched_host_state(struct sched *s, const char *host_id, char url[256]);
+
+/* 1 the host is live and draining (docs/api.md "Drain": it takes no new
+ * work, its sessions are paused off it), else 0. Thread-safe. */
+int sched_host_draining(struct sched *s, const char *host_id);
 
 /* The live hosts (ids and URLs), at most max. Returns how many. */
 int sched_live_hosts(struct sched *s, char (*ids)[65], char (*urls)[256], int max);

@@ -18,6 +18,7 @@
 #define WATCH_BACKOFF_MIN_MS 200   /* a watcher's first wait after a failed round */
 #define WATCH_BACKOFF_MAX_MS 10000 /* doubling up to this */
 #define REATTACH_MS 5000          /* PostgreSQL: the leader reattaches this often */
+#define DRAIN_CHECK_MS 1000         /* past a drain's deadline, its host's tasks are looked for this often */
 #define HOST_TEMPLATES 16           /* templates per host the scheduler keeps from its heartbeat */
 
 /* One template a host holds (capacity.templates): key as store_task.tkey. */
@@ -36,6 +37,8 @@ struct host_view {
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
 	int egress;                  /* offers network egress */
+	int draining;                /* drained (by an admin or kiln-host drain): no new work */
+	int64_t drain_deadline_ms;   /* wall ms its tasks go back to the queue (0: none) */
 	struct host_template templates[HOST_TEMPLATES];
 	int ntemplates;
 	/* Placed by us after the host's last heartbeat: not in its report yet. */
@@ -77,6 +80,7 @@ struct sched {
 	int reattached;
 	int64_t last_reattach;       /* wall ms of the last forced reattach (PostgreSQL) */
 	int64_t last_full;
+	int64_t last_drain_check;    /* wall ms draining hosts' deadlines were last acted on */
 };
 
 /* A host call through s->ops with the cluster token (hostclient.h's

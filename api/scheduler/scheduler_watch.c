@@ -81,6 +81,12 @@ static int finish(struct watch *w, json_t *host_task)
 
 	if (!task_state_final(st))
 		return 0;
+	/* Requeued off a draining host (drain_requeue): the host's end of it
+	 * (cancelled there) is not the task's. */
+	if (__atomic_load_n(&w->superseded, __ATOMIC_ACQUIRE)) {
+		w->state = TASK_QUEUED;
+		return 1;
+	}
 	/* The store keeps an excerpt, whatever the host sent: the logs are in S3. */
 	excerpt_result(res, EXCERPT_BYTES);
 	store_task_finish(w->s->st, w->task, st, reason ? reason : "", host_task);

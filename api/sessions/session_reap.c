@@ -69,6 +69,7 @@ struct ender {
 	char id[40];
 	char reason[32];
 	int pause;
+	int drain;       /* off a draining host: paused, never destroyed (retried next tick) */
 };
 
 static void *ender_main(void *arg)
@@ -80,7 +81,7 @@ static void *ender_main(void *arg)
 	if (e->pause) {
 		sessions_pause(e->ss, e->id, e->reason, &o);
 		paused = 1;
-		if (sessions_reap_destroy_after_pause(&o)) {
+		if (!e->drain && sessions_reap_destroy_after_pause(&o)) {
 			/* The log says what happened: destroyed, not paused. */
 			paused = 0;
 			sessions_destroy(e->ss, e->id, e->reason, &o);
@@ -101,7 +102,9 @@ static void *ender_main(void *arg)
 }
 
 /* End a session past a limit on a thread of its own (a pause moves its
- * memory to S3: seconds), marked busy meanwhile so the next tick skips it. */
+ * memory to S3: seconds), marked busy meanwhile so the next tick skips it.
+ * reason "drain": paused whatever its auto-pause says (its host is being
+ * emptied; it resumes elsewhere on its next use). */
 static void end_later(struct sessions *ss, const struct store_session *cur, const char *reason)
 {
 	struct ender *e = calloc(1, sizeof(*e));
@@ -128,8 +131,10 @@ static void end_later(struct sessions *ss, const struct store_session *cur, cons
 	snprintf(e->id, sizeof(e->id), "%s", cur->id);
 	snprintf(e->reason, sizeof(e->reason), "%s", reason);
 	/* A session's own choice (E2B's autoPause) before its customer's. */
-	e->pause = cur->auto_pause >= 0 ? cur->auto_pause
-					: store_customer_quota(ss->st, cur->customer, &q) == 0 && q.session_auto_pause;
+	e->drain = !strcmp(reason, "drain");
+	e->pause = e->drain || (cur->auto_pause >= 0 ? cur->auto_pause
+						     : store_customer_quota(ss->st, cur->customer, &q) == 0 &&
+							       q.session_auto_pause);
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	if (pthread_create(&th, &attr, ender_main, e) != 0) {
@@ -265,9 +270,17 @@ void sessions_reap_once(struct sessions *ss, int reconcile)
 		struct store_session *c = &held[i];
 		int hs = c->host_id[0] ? sched_host_state(ss->sched, c->host_id, NULL) : -1;
 
+		int busy = c->leased || sessions_op_busy(ss, c->id);
+
+		/* Its host is draining: paused to S3 when nothing runs in it
+		 * (the next use resumes it on another host). */
+		if (c->state == SESSION_RUNNING && hs == 1 && !busy && sched_host_draining(ss->sched, c->host_id)) {
+			end_later(ss, c, "drain");
+			continue;
+		}
 		/* Busy: a request in flight on any replica (its lease), or here
 		 * (a lease write that failed is retried by the renewer). */
-		switch (sessions_reap_decide(c, hs, c->leased || sessions_op_busy(ss, c->id), now)) {
+		switch (sessions_reap_decide(c, hs, busy, now)) {
 		case REAP_KEEP:
 			break;
 		case REAP_SETTLE:

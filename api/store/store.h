@@ -207,14 +207,25 @@ int store_customer_usage(struct store *s, const char *customer, struct usage *u)
  * GET /v1/capacity of kiln-host reports) and the time now. */
 int store_host_heartbeat(struct store *s, const char *host_id, const char *url, json_t *capacity,
 			 struct kiln_err *err);
-/* All hosts with their last heartbeat and state (live/lost). */
+/* All hosts with their last heartbeat and state: "lost", else "draining"
+ * (an admin drained it, or its heartbeat says "draining": kiln-host drain),
+ * else "live"; with "draining" (bool) and, when set, "drain_deadline_ms". */
 json_t *store_host_list(struct store *s);
 int store_host_set_lost(struct store *s, const char *host_id, int lost);
+
+/* An admin's drain of a host (persisted): drain 1 sets it with deadline_ms
+ * (wall ms; 0: none), 0 clears both. 0, -ENOENT (no such host), -EIO. */
+int store_host_set_drain(struct store *s, const char *host_id, int drain, int64_t deadline_ms);
+
+/* What still holds a VM on a host: tasks placed there and not final
+ * (scheduled, starting, running, uploading) and sessions there that hold
+ * one (starting, running, pausing, resuming). 0, or -EIO. */
+int store_host_load(struct store *s, const char *host_id, unsigned *tasks, unsigned *sessions);
 
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 11
+#define STORE_SCHEMA_VERSION 12
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 

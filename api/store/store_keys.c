@@ -41,7 +41,8 @@ static const char *const keys_sql[K_COUNT] = {
 	[K_HOST_HB] = "INSERT INTO hosts(id, url, capacity, last_heartbeat_ms, registered_ms, lost)"
 		      " VALUES (?1, ?2, ?3, ?4, ?4, 0) ON CONFLICT(id) DO UPDATE SET url = excluded.url,"
 		      " capacity = excluded.capacity, last_heartbeat_ms = excluded.last_heartbeat_ms, lost = 0",
-	[K_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost FROM hosts ORDER BY id",
+	[K_HOST_LIST] = "SELECT id, url, capacity, last_heartbeat_ms, registered_ms, lost, drain, drain_deadline_ms"
+			" FROM hosts ORDER BY id",
 	[K_HOST_LOST] = "UPDATE hosts SET lost = ?1 WHERE id = ?2",
 	[K_USAGE_QUEUED] = "SELECT count(*) FROM tasks WHERE customer = ?1 AND state = 'queued'",
 	[K_USAGE_SESS] = "SELECT coalesce(sum(CASE WHEN state IN ('starting', 'running', 'pausing', 'resuming')"
@@ -513,14 +514,23 @@ json_t *store_host_list(struct store *s)
 	if (st) {
 		while (store_step(s, st) == SDB_ROW) {
 			const char *cap = store_col_text(st, 2);
-			json_t *c = cap ? json_loads(cap, 0, NULL) : NULL;
+			json_t *c = cap ? json_loads(cap, 0, NULL) : NULL, *h;
+			/* Drained by an admin (the row) or by kiln-host drain (its
+			 * heartbeat): either way it takes no new work. */
+			int host_drain = json_is_true(json_object_get(c, "draining"));
+			int drain = sdb_col_int(st, 6) || host_drain;
+			int64_t deadline = sdb_col_null(st, 7) ? 0 : sdb_col_int64(st, 7);
 
-			json_array_append_new(arr, json_pack("{s:s, s:s, s:o, s:I, s:I, s:s}", "id",
-							     store_col_text(st, 0), "url", store_col_text(st, 1),
-							     "capacity", c ? c : json_object(), "last_heartbeat_ms",
-							     (json_int_t)sdb_col_int64(st, 3), "registered_ms",
-							     (json_int_t)sdb_col_int64(st, 4), "state",
-							     sdb_col_int(st, 5) ? "lost" : "live"));
+			if (!deadline && host_drain)
+				deadline = json_integer_value(json_object_get(c, "drain_deadline_ms"));
+			h = json_pack("{s:s, s:s, s:o, s:I, s:I, s:s, s:b}", "id", store_col_text(st, 0), "url",
+				      store_col_text(st, 1), "capacity", c ? c : json_object(), "last_heartbeat_ms",
+				      (json_int_t)sdb_col_int64(st, 3), "registered_ms", (json_int_t)sdb_col_int64(st, 4),
+				      "state", sdb_col_int(st, 5) ? "lost" : drain ? "draining" : "live", "draining", drain);
+			if (h && drain && deadline > 0)
+				json_object_set_new(h, "drain_deadline_ms", json_integer((json_int_t)deadline));
+			if (h)
+				json_array_append_new(arr, h);
 		}
 		sdb_reset(st);
 	}
@@ -544,6 +554,52 @@ int store_host_set_lost(struct store *s, const char *host_id, int lost)
 	if (n < 0)
 		return -EIO;
 	return n ? 0 : -ENOENT;
+}
+
+int store_host_set_drain(struct store *s, const char *host_id, int drain, int64_t deadline_ms)
+{
+	struct sdb_stmt *st = NULL;
+	int n = -1;
+
+	/* An admin's call, seldom: a statement of its own, not a slot. */
+	pthread_mutex_lock(&s->lock);
+	if (sdb_prepare(s->db, "UPDATE hosts SET drain = ?1, drain_deadline_ms = ?2 WHERE id = ?3", &st) == 0) {
+		sdb_bind_int64(st, 1, drain ? 1 : 0);
+		if (drain && deadline_ms > 0)
+			sdb_bind_int64(st, 2, deadline_ms);
+		else
+			sdb_bind_null(st, 2);
+		sdb_bind_text(st, 3, host_id);
+		n = store_update_locked(s, st);
+	}
+	sdb_finalize(st);
+	pthread_mutex_unlock(&s->lock);
+	if (n < 0)
+		return -EIO;
+	return n ? 0 : -ENOENT;
+}
+
+int store_host_load(struct store *s, const char *host_id, unsigned *tasks, unsigned *sessions)
+{
+	struct sdb_stmt *st = NULL;
+	int rc = SDB_ERROR;
+
+	*tasks = *sessions = 0;
+	pthread_mutex_lock(&s->lock);
+	if (sdb_prepare(s->db, "SELECT (SELECT count(*) FROM tasks WHERE host_id = ?1"
+			       " AND state IN ('scheduled', 'starting', 'running', 'uploading')),"
+			       " (SELECT count(*) FROM sessions WHERE host_id = ?1"
+			       " AND state IN ('starting', 'running', 'pausing', 'resuming'))", &st) == 0) {
+		sdb_bind_text(st, 1, host_id);
+		rc = store_step(s, st);
+		if (rc == SDB_ROW) {
+			*tasks = (unsigned)sdb_col_int64(st, 0);
+			*sessions = (unsigned)sdb_col_int64(st, 1);
+		}
+	}
+	sdb_finalize(st);
+	pthread_mutex_unlock(&s->lock);
+	return rc == SDB_ROW ? 0 : -EIO;
 }
 
 /* ---- the running quota's check (the usage and the lock are store.c's) ---- */

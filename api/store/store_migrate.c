@@ -114,6 +114,11 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"CREATE TABLE volume_mounts (session_id TEXT NOT NULL, volume_id TEXT NOT NULL, path TEXT NOT NULL,"
 	"  read_only INTEGER NOT NULL, PRIMARY KEY (session_id, volume_id));"
 	"CREATE INDEX volume_mounts_volume ON volume_mounts(volume_id);",
+	/* 12: drain (docs/api.md "Hosts"): an admin's drain of a host outlives a
+	 * kiln-api restart; drain_deadline_ms (wall ms, NULL: none) is when
+	 * its running tasks still there go back to the queue */
+	"ALTER TABLE hosts ADD COLUMN drain INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE hosts ADD COLUMN drain_deadline_ms INTEGER;",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -261,6 +261,39 @@ static enum MHD_Result capacity_get(void *ctx, struct httpd_req *r)
 	return reply_json(r->conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
 }
 
+/* POST /v1/drain {"deadline_s": N optional} and POST /v1/undrain (kiln-host
+ * drain / undrain, with the cluster token): the capacity, and so the next
+ * heartbeat, says so; kiln-api does the rest (docs/api.md "Drain"). */
+static enum MHD_Result drain_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+	json_int_t deadline_s = 0;
+
+	if (httpd_body_len(r->body)) {
+		json_t *b = json_loadb(httpd_body_data(r->body), httpd_body_len(r->body), 0, NULL);
+		json_t *d = json_object_get(b, "deadline_s");
+
+		deadline_s = json_integer_value(d);
+		if (!json_is_object(b) || (d && !json_is_null(d) && (!json_is_integer(d) || deadline_s < 1 ||
+								      deadline_s > 604800))) {
+			json_decref(b);
+			return reply_error(r->conn, KERR_INVALID_REQUEST,
+					   "expected {\"deadline_s\": N} (1..604800 seconds, optional)");
+		}
+		json_decref(b);
+	}
+	hostd_set_drain(s->hostd, 1, deadline_s ? clock_wall_ms() + (int64_t)deadline_s * 1000 : 0);
+	return reply_json(r->conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
+}
+
+static enum MHD_Result undrain_post(void *ctx, struct httpd_req *r)
+{
+	struct serve_http *s = ctx;
+
+	hostd_set_drain(s->hostd, 0, 0);
+	return reply_json(r->conn, MHD_HTTP_OK, hostd_capacity_json(s->hostd));
+}
+
 static const struct metric m_tunnels = {
 	.name = "kiln_host_port_tunnels", .type = METRIC_GAUGE,
 	.help = "port tunnels open now (connections to sandboxes' ports, tunnel.c)",
@@ -428,6 +461,8 @@ static const struct httpd_route host_routes[] = {
 	{ "DELETE", "/v1/builds/{id}", build_cancel },
 	{ "GET", "/v1/builds/{id}/events", build_events },
 	{ "GET", "/v1/capacity", capacity_get },
+	{ "POST", "/v1/drain", drain_post },
+	{ "POST", "/v1/undrain", undrain_post },
 	{ "GET", "/metrics", metrics_get },
 	{ "POST", "/v1/run", run_post },
 };

@@ -735,6 +735,14 @@ long hostd_events_read(struct hostd *d, struct hostd_task *t, struct evlog_curso
 	return n == EVLOG_END ? -1 : n;
 }
 
+void hostd_set_drain(struct hostd *d, int draining, int64_t deadline_ms)
+{
+	pthread_mutex_lock(&d->lock);
+	d->draining = draining != 0;
+	d->drain_deadline_ms = draining && deadline_ms > 0 ? deadline_ms : 0;
+	pthread_mutex_unlock(&d->lock);
+}
+
 int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
 {
 	uint64_t free_mib;

@@ -142,6 +142,11 @@ long hostd_events_read(struct hostd *d, struct hostd_task *t, struct evlog_curso
 /* GET /v1/capacity and GET /metrics bodies (caller frees / decrefs). */
 json_t *hostd_capacity_json(struct hostd *d);
 
+/* kiln-host drain / undrain: the capacity (and so the heartbeat) says
+ * "draining" (with "drain_deadline_ms", wall ms, when deadline_ms > 0), and
+ * kiln-api sends no new work here (docs/api.md "Drain"). Any thread. */
+void hostd_set_drain(struct hostd *d, int draining, int64_t deadline_ms);
+
 /* Capacity for work that is not a task (sessions): reserve vCPUs and guest
  * memory, or refuse with err "no_capacity" naming which; and give it back. */
 int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err);

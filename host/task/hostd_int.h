@@ -97,6 +97,8 @@ struct hostd {
 	struct hostd_task *tasks;   /* all tasks, newest first */
 	size_t ntasks;
 	unsigned vcpus_used;
+	int draining;               /* kiln-host drain: reported in the capacity (heartbeat) */
+	int64_t drain_deadline_ms;  /* wall ms, 0: none */
 	unsigned workers;           /* worker threads alive (detached) */
 	int stopping;
 	/* S3 settings: copied, replaced by hostd_set_s3. */

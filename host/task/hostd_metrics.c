@@ -36,6 +36,8 @@ static uint64_t memcg_value(const struct capacity *cap, const char *file, const 
 json_t *hostd_capacity_json(struct hostd *d)
 {
 	unsigned running = 0, uploading = 0, vcpus_used;
+	int draining;
+	int64_t drain_deadline_ms;
 	uint64_t total_mib, used_mib;
 	struct pool_stats ps = { 0 };
 	json_t *j, *mem;
@@ -46,6 +48,8 @@ json_t *hostd_capacity_json(struct hostd *d)
 		uploading += t->state == TS_UPLOADING;
 	}
 	vcpus_used = d->vcpus_used;
+	draining = d->draining;
+	drain_deadline_ms = d->drain_deadline_ms;
 	pthread_mutex_unlock(&d->lock);
 	pthread_mutex_lock(&d->cap->lock);
 	total_mib = d->cap->total_mib;
@@ -68,6 +72,12 @@ json_t *hostd_capacity_json(struct hostd *d)
 		uint64_t usage = memcg_value(d->cap, "memory.usage_in_bytes", NULL);
 
 		json_object_set_new(mem, "usage", json_integer((json_int_t)(usage >> 20)));
+	}
+	/* kiln-host drain: kiln-api takes the heartbeat's word for it. */
+	if (j && draining) {
+		json_object_set_new(j, "draining", json_true());
+		if (drain_deadline_ms > 0)
+			json_object_set_new(j, "drain_deadline_ms", json_integer((json_int_t)drain_deadline_ms));
 	}
 	if (j && d->pool) {
 		json_t *po = json_object_get(j, "pool");

@@ -3,7 +3,8 @@
  * fake host_ops with a hand-moved clock (fake_host_ops.h): the reaper's
  * decisions as a pure function (idle timeout, max lifetime, busy sessions,
  * leftovers, lost hosts), the reaper acting on them (destroy, auto-pause,
- * pause failing, paused sessions left alone, leftovers settled, host lost),
+ * pause failing, paused sessions left alone, leftovers settled, host lost,
+ * a draining host's sessions paused),
  * two replicas on one store (one's lease keeps a session from the other's
  * reaper, a lapsed one does not; renewal), and the one placement retry
  * loop create and resume share (which host errors go on to the next host,
@@ -329,6 +330,46 @@ static void test_reaper_host_lost(void **state)
 	assert_string_equal(reason_of(id, r), "host_lost");
 }
 
+/* A draining host's running sessions are paused (whatever the customer's
+ * auto-pause says), not while a request runs in them, and a pause that
+ * fails is tried again rather than the session destroyed. */
+static void test_reaper_drain_pauses(void **state)
+{
+	char a[40], b[40], pa[96], pb[96], r[64];
+
+	customer(0);
+	ready_h1();
+	session("h1", 1, a);
+	session("h1", 1, b);
+	snprintf(pa, sizeof(pa), "/v1/sessions/%s/pause", a);
+	snprintf(pb, sizeof(pb), "/v1/sessions/%s/pause", b);
+	fake_rule("POST", "http://h1", pa, 200, "{\"snapshot\":{\"key\":\"k\",\"bytes\":1}}");
+	fake_rule("POST", "http://h1", pb, 500, "{\"error\":{\"code\":\"snapshot_failed\",\"message\":\"s3\"}}");
+	sessions_reap_once(ss, 0);
+	real_nap();
+	assert_int_equal(fake_count("POST", "http://h1", pa), 0); /* not draining yet */
+	assert_int_equal(store_host_set_drain(st, "h1", 1, 0), 0);
+	sched_tick(sc);
+	sessions_op_enter(ss, a);
+	sessions_reap_once(ss, 0);
+	real_nap();
+	assert_int_equal(state_of(a), SESSION_RUNNING); /* a request runs in it */
+	sessions_op_leave(ss, a);
+	assert_true(wait_state(b, SESSION_RUNNING));
+	assert_true(fake_count("POST", "http://h1", pb) >= 1);
+	sessions_reap_once(ss, 0);
+	assert_true(wait_state(a, SESSION_PAUSED));
+	assert_string_equal(reason_of(a, r), "drain");
+	/* b's pause failed: still running (not destroyed), tried again. */
+	for (int i = 0; i < 100 && fake_count("POST", "http://h1", pb) < 2; i++) {
+		sessions_reap_once(ss, 0);
+		real_nap();
+	}
+	assert_true(fake_count("POST", "http://h1", pb) >= 2);
+	assert_true(wait_state(b, SESSION_RUNNING));
+	assert_int_equal(fake_count("DELETE", "http://h1", "/v1/sessions/"), 0);
+}
+
 /* Transient states no request is behind (a killed kiln-api's): the host
  * says how they ended. */
 static void test_reaper_settles_leftovers(void **state)
@@ -614,6 +655,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_reaper_auto_pause, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_pause_fails_destroys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_host_lost, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reaper_drain_pauses, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_settles_leftovers, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reaper_other_replica, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_place_retries_next_host, setup, teardown),

@@ -4,9 +4,10 @@
  * fairness across customers, pool preference, the push's retry rules (full:
  * back to the queue and the host left alone for a moment; refused: error;
  * unreachable: pushed again), host loss and return, placement outside
- * the queue (sched_place, as sessions use it), and templates' preference
+ * the queue (sched_place, as sessions use it), templates' preference
  * (a warm VM of the template, then a host holding it, then any; built-ins
- * only where listed). */
+ * only where listed), and drain (a draining host takes nothing new, not
+ * even a resume that prefers it; past its deadline its tasks are requeued). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -647,6 +648,100 @@ static void test_destination_unavailable(void **state)
 	assert_int_equal(fake_count("POST", H1, "/v1/tasks"), 0);
 }
 
+/* A draining host (an admin's, in the store; or its own heartbeat's, kiln-host
+ * drain) takes no queued task, no session, not even the resume that
+ * prefers it or a warm pool VM of the task's size; its tasks keep running
+ * until a deadline passes, then go back to the queue (cancelled there) and
+ * on to another host. Undrained, it takes work again. */
+static void test_drain(void **state)
+{
+	struct sched_need n = { .vcpus = 1, .memory_mib = 256, .prefer = "h1" };
+	char t0[40], t1[40], t2[40], t3[40], id[65], url[256], h[65], del[80];
+	unsigned tasks, sessions;
+	json_t *hosts, *cap;
+	struct kiln_err err = { .code = "" };
+
+	customer("a", 20);
+	/* h1: empty, with warm pool VMs of the tasks' size: it wins every pick. */
+	heartbeat("h1", H1, 8, 0, 2, 256);
+	heartbeat("h2", H2, 8, 4, 0, 0);
+	sched_tick(sc);
+	submit("a", 256, t0);
+	sched_tick(sc);
+	assert_string_equal(host_of(t0, h), "h1");
+	assert_true(wait_count("POST", H1, "/v1/tasks", 1));
+	assert_int_equal(store_task_transition(st, t0, TASK_SCHEDULED, TASK_RUNNING, NULL), 1);
+
+	assert_int_equal(store_host_set_drain(st, "nohost", 1, 0), -ENOENT);
+	assert_int_equal(store_host_set_drain(st, "h1", 1, 0), 0);
+	sched_tick(sc);
+	assert_int_equal(sched_host_draining(sc, "h1"), 1);
+	assert_int_equal(sched_host_draining(sc, "h2"), 0);
+	assert_int_equal(sched_host_state(sc, "h1", NULL), 1); /* still live: its work goes on */
+	hosts = store_host_list(st);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "draining");
+	assert_true(json_is_true(json_object_get(json_array_get(hosts, 0), "draining")));
+	assert_null(json_object_get(json_array_get(hosts, 0), "drain_deadline_ms"));
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 1), "state")), "live");
+	json_decref(hosts);
+	assert_int_equal(store_host_load(st, "h1", &tasks, &sessions), 0);
+	assert_int_equal(tasks, 1);
+	assert_int_equal(sessions, 0);
+
+	/* New work goes to h2; a resume that prefers h1 too. */
+	submit("a", 256, t1);
+	sched_tick(sc);
+	assert_string_equal(host_of(t1, h), "h2");
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h2");
+	sched_unplace(sc, "h2", &n);
+	/* Without a deadline its running task is left alone. */
+	heartbeat("h1", H1, 8, 1, 2, 256);
+	heartbeat("h2", H2, 8, 5, 0, 0);
+	sched_tick(sc);
+	assert_int_equal(state_of(t0), TASK_RUNNING);
+	assert_string_equal(host_of(t0, h), "h1");
+
+	/* Past a deadline: requeued, cancelled on h1, placed on h2. */
+	assert_int_equal(store_host_set_drain(st, "h1", 1, 1), 0);
+	sched_tick(sc);
+	snprintf(del, sizeof(del), "/v1/tasks/%s", t0);
+	assert_int_equal(fake_count("DELETE", H1, del), 1);
+	assert_string_equal(host_of(t0, h), "h2");
+	assert_int_equal(state_of(t0), TASK_SCHEDULED);
+	assert_int_equal(store_host_load(st, "h1", &tasks, &sessions), 0);
+	assert_int_equal(tasks, 0);
+
+	/* Undrained: h1 (the emptiest, warm VMs) takes work again. */
+	assert_int_equal(store_host_set_drain(st, "h1", 0, 0), 0);
+	sched_tick(sc);
+	assert_int_equal(sched_host_draining(sc, "h1"), 0);
+	submit("a", 256, t2);
+	sched_tick(sc);
+	assert_string_equal(host_of(t2, h), "h1");
+
+	/* The host's own word (kiln-host drain, in its heartbeat) counts the same. */
+	cap = json_pack("{s:{s:i, s:i}, s:{s:i, s:i}, s:b, s:I}", "vcpus", "total", 8, "used", 0, "memory_mib", "total",
+			4096, "used", 0, "draining", 1, "drain_deadline_ms", (json_int_t)4102444800000);
+	assert_int_equal(store_host_heartbeat(st, "h1", H1, cap, &err), 0);
+	json_decref(cap);
+	sched_tick(sc);
+	assert_int_equal(sched_host_draining(sc, "h1"), 1);
+	hosts = store_host_list(st);
+	assert_string_equal(json_string_value(json_object_get(json_array_get(hosts, 0), "state")), "draining");
+	assert_int_equal(json_integer_value(json_object_get(json_array_get(hosts, 0), "drain_deadline_ms")),
+			 4102444800000);
+	json_decref(hosts);
+	submit("a", 256, t3);
+	sched_tick(sc);
+	assert_string_equal(host_of(t3, h), "h2");
+	n.prefer = "";
+	heartbeat("h2", H2, 8, 8, 0, 0);
+	sched_tick(sc);
+	/* Only a draining host has room: none to place on. */
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -666,6 +761,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_place_builtin, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_destination_pushed, setup_dest_key, teardown),
 		cmocka_unit_test_setup_teardown(test_destination_unavailable, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
 	};
 	char cmd[300];
 	int r;
