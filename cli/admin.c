@@ -1,5 +1,5 @@
 /* admin: `kiln admin customer create | quota set | key create | key revoke
- * | hosts`, over kiln-api's admin endpoints (admin key). */
+ * | hosts | drain | undrain`, over kiln-api's admin endpoints (admin key). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,8 @@ static void admin_usage(FILE *f)
 		   "       kiln admin key create CUSTOMER\n"
 		   "       kiln admin key revoke KEY_ID|KEY\n"
 		   "       kiln admin hosts\n"
+		   "       kiln admin drain HOST [--deadline S]   (no new work; sessions paused off it; docs/api.md \"Drain\")\n"
+		   "       kiln admin undrain HOST\n"
 		   "  Uses KILN_API and KILN_ADMIN_KEY (else the credentials file of `kiln up`).\n");
 }
 
@@ -80,19 +82,29 @@ static int hosts(const struct cli_conn *conn)
 
 	if (rc)
 		return rc;
-	printf("%-16s %-6s %-28s %-9s %-12s %s\n", "ID", "STATE", "URL", "VCPUS", "MEMORY_MIB", "POOL_READY");
+	printf("%-16s %-8s %-28s %-9s %-12s %-10s %s\n", "ID", "STATE", "URL", "VCPUS", "MEMORY_MIB", "POOL_READY",
+	       "LEFT");
 	json_array_foreach(json_object_get(reply, "hosts"), i, h) {
 		json_t *cap = json_object_get(h, "capacity");
 		json_t *v = json_object_get(cap, "vcpus"), *m = json_object_get(cap, "memory_mib");
-		char vc[32], mem[48];
+		char vc[32], mem[48], left[64];
 
 		snprintf(vc, sizeof(vc), "%lld/%lld", (long long)json_integer_value(json_object_get(v, "used")),
 			 (long long)json_integer_value(json_object_get(v, "total")));
 		snprintf(mem, sizeof(mem), "%lld/%lld", (long long)json_integer_value(json_object_get(m, "used")),
 			 (long long)json_integer_value(json_object_get(m, "total")));
-		printf("%-16s %-6s %-28s %-9s %-12s %lld\n", json_string_value(json_object_get(h, "id")),
+		/* A draining host: what it still holds, or "drained". */
+		if (!json_is_true(json_object_get(h, "draining")))
+			snprintf(left, sizeof(left), "-");
+		else if (json_is_true(json_object_get(h, "drained")))
+			snprintf(left, sizeof(left), "drained");
+		else
+			snprintf(left, sizeof(left), "%lld tasks, %lld sessions",
+				 (long long)json_integer_value(json_object_get(h, "tasks_left")),
+				 (long long)json_integer_value(json_object_get(h, "sessions_left")));
+		printf("%-16s %-8s %-28s %-9s %-12s %-10lld %s\n", json_string_value(json_object_get(h, "id")),
 		       json_string_value(json_object_get(h, "state")), json_string_value(json_object_get(h, "url")), vc,
-		       mem, (long long)json_integer_value(json_object_get(json_object_get(cap, "pool"), "ready")));
+		       mem, (long long)json_integer_value(json_object_get(json_object_get(cap, "pool"), "ready")), left);
 	}
 	json_decref(reply);
 	return 0;
@@ -124,6 +136,29 @@ int cmd_admin(int argc, char **argv)
 		if ((rc = cli_connect(&cr, 1, &conn)))
 			return rc;
 		return hosts(&conn);
+	}
+	if ((IS(1, "drain") || IS(1, "undrain")) && argc >= 3 && name_ok(argv[2])) {
+		int drain = IS(1, "drain");
+		long deadline = 0;
+		char *end;
+
+		if (argc == 5 && drain && !strcmp(argv[3], "--deadline")) {
+			deadline = strtol(argv[4], &end, 10);
+			if (!*argv[4] || *end || deadline < 1 || deadline > 604800) {
+				fprintf(stderr, "kiln: admin drain: --deadline: expected seconds, 1-604800\n");
+				return EXIT_USAGE;
+			}
+		} else if (argc != 3) {
+			admin_usage(stderr);
+			return EXIT_USAGE;
+		}
+		if ((rc = cli_connect(&cr, 1, &conn)))
+			return rc;
+		snprintf(path, sizeof(path), "/v1/admin/hosts/%s/%s", argv[2], drain ? "drain" : "undrain");
+		body = deadline ? json_pack("{s:I}", "deadline_s", (json_int_t)deadline) : json_object();
+		rc = cli_request_print(&conn, drain ? "admin drain" : "admin undrain", "POST", path, body, 30);
+		json_decref(body);
+		return rc;
 	}
 	if (IS(1, "quota") && IS(2, "set") && argc >= 5 && name_ok(argv[3])) {
 		body = json_object();

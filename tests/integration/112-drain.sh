@@ -4,13 +4,14 @@
 # h1: GET /v1/admin/hosts and /metrics say so, new sessions and tasks go to
 # h2, the task on h1 runs to its end, the session is paused to S3 and its
 # resume runs on h2 with its file intact, and h1 then reports drained (no
-# tasks or sessions left). The drain survives a kiln-api restart; undrain
-# makes h1 eligible again. `kiln-host drain --config` on h2 (the host's own
+# tasks or sessions left; `kiln admin hosts` shows it, `kiln admin drain
+# --deadline` sets a deadline). The drain survives a kiln-api restart;
+# `kiln admin undrain` makes h1 eligible again. `kiln-host drain --config` on h2 (the host's own
 # word, in its heartbeat) drains it the same way: its sessions are paused,
 # new work goes to h1; an admin's undrain of it is 409, `kiln-host undrain`
 # ends it.
 . "$(dirname "$0")/lib.sh"
-t_plan 28
+t_plan 30
 require_image
 t_require_tools swift-proxy-server memcached jq curl
 t_require_built kiln-api kiln-host
@@ -128,6 +129,12 @@ expect "its resume runs on h2 (not the host that paused it)" 200 "$st" '.state =
 check "... with its file" [ "$(out "$KA" "$S" 'cat /tmp/drain.txt')" = kept ]
 check "h1 reports drained: no tasks or sessions left" \
 	host_is h1 '.state == "draining" and .drained == true and .tasks_left == 0 and .sessions_left == 0' 60
+KILN_API=$URL KILN_ADMIN_KEY=$ADMIN "$ROOT/build/kiln" admin hosts > "$T_TMP/hosts.out" 2>&1
+check "kiln admin hosts shows h1 draining and drained ($(grep '^h1 ' "$T_TMP/hosts.out" | tr -s ' '))" \
+	grep -qE '^h1 +draining .* drained$' "$T_TMP/hosts.out"
+KILN_API=$URL KILN_ADMIN_KEY=$ADMIN "$ROOT/build/kiln" admin drain h1 --deadline 600 > "$T_TMP/kdrain.out" 2>&1
+check "kiln admin drain h1 --deadline 600: a deadline 10 minutes out" \
+	jq -e '.state == "draining" and .drain_deadline_ms > (now * 1000 + 590000)' "$T_TMP/kdrain.out"
 
 # ---- a kiln-api restart keeps it ----
 t_stop "$api_pid"
@@ -139,8 +146,8 @@ expect "... and takes no session" 201 "$st" '.host == "h2"'
 N3=$(last .id)
 
 # ---- undrain h1; drain h2 with kiln-host drain ----
-expect "POST /v1/admin/hosts/h1/undrain: 200 live" 200 "$(req "$ADMIN" POST /v1/admin/hosts/h1/undrain)" \
-	'.state == "live" and .draining == false'
+KILN_API=$URL KILN_ADMIN_KEY=$ADMIN "$ROOT/build/kiln" admin undrain h1 > "$T_TMP/last" 2>&1
+check "kiln admin undrain h1: live" [ "$(last '.state == "live" and .draining == false')" = true ]
 check "/metrics: kiln_api_hosts{state=\"draining\"} 0" [ "$(metric 'kiln_api_hosts{state="draining"}')" = 0 ]
 "$KILN_HOST" drain --config "$T_TMP/h2.json" > "$T_TMP/drain.out" 2>&1
 check "kiln-host drain --config h2.json: exit 0, draining" grep -q "h2: draining" "$T_TMP/drain.out"
