@@ -218,10 +218,10 @@ static json_t *manifest_json(struct session_table *ss, struct session *s, const 
 {
 	json_t *m;
 
-	m = json_pack("{s:i, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
+	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:b, s:i, s:i, s:O, s:s, s:I, s:s, s:s, s:{s:s, s:s, s:I}, s:o, s:o, "
 		      "s:{s:I, s:I}}",
 		      "version", tail ? PMANIFEST_V3 : PMANIFEST_V2, "id", s->id, "customer", s->customer, "template",
-		      s->snap->key, "net", s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
+		      s->snap->key, "resume_key", s->snap->rkey, "net", s->snap->net, "memory_mib", (int)s->memory_mib, "vcpus", (int)s->vcpus, "spec", s->spec,
 		      "guest_kernel", s->release, "paused_ms", (json_int_t)clock_wall_ms(), "host_id", ss->host_id,
 		      "generation", gen, "base", "sha256", base_sha, "block", "mem", "size",
 		      (json_int_t)s->snap->mem_size, "state", pchunk_list_json(state), "disk", pchunk_list_json(disk),

@@ -529,11 +529,23 @@ have_manifest:
 	snap = session_template_take(ss, ref, &ts, &s->tu, &s->has_tu, err);
 	if (!snap)
 		goto fail;
+	/* Another template snapshot (a new kiln-init or kernel, say after an
+	 * upgrade) will do when what the paused guest needs from the host is
+	 * the same: its rootfs, QEMU and machine (snapshot_resume_key). */
 	if (strcmp(json_string_value(json_object_get(m, "template")) ?: "", snap->key)) {
-		kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
-			     "the session was paused on a host with another image (template %.20s, this host's %s)",
-			     json_string_value(json_object_get(m, "template")) ?: "?", snap->key);
-		goto fail;
+		const char *rk = json_string_value(json_object_get(m, "resume_key"));
+
+		if (!rk || !rk[0] || strcmp(rk, snap->rkey)) {
+			kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+				     "the session was paused on a host with another image (template %.20s, resume key "
+				     "%.20s; this host's %s, %s): another rootfs, QEMU or machine",
+				     json_string_value(json_object_get(m, "template")) ?: "?", rk ?: "none", snap->key,
+				     snap->rkey[0] ? snap->rkey : "none");
+			goto fail;
+		}
+		fprintf(stderr, "kiln-host: session %s: paused on template snapshot %.20s, resumed on %s (same rootfs, "
+			"QEMU and machine: resume key %s)\n", s->id,
+			json_string_value(json_object_get(m, "template")) ?: "?", snap->key, snap->rkey);
 	}
 	if (pm.version >= PMANIFEST_V2) {
 		char base_sha[65];
@@ -624,9 +636,17 @@ have_manifest:
 	 * same bytes); -u: only the header changes. qemu-img runs as root and
 	 * the header came from S3 (written by a jailed QEMU): it must be a plain
 	 * overlay of this template first, nothing that makes qemu-img open
-	 * another host file (an external data file) or parse more than that. */
-	if (qcow2_file_check(s->disk, snap->disk, err) < 0)
-		goto fail;
+	 * another host file (an external data file) or parse more than that.
+	 * Paused on another template snapshot with this resume key (above): of
+	 * that one's disk, which this host's has the same rootfs under. */
+	{
+		const char *mt = json_string_value(json_object_get(m, "template")) ?: "";
+		char paused_on[64];
+
+		snprintf(paused_on, sizeof(paused_on), "%.20s/disk.qcow2", mt);
+		if (qcow2_file_check(s->disk, strcmp(mt, snap->key) ? paused_on : snap->disk, err) < 0)
+			goto fail;
+	}
 	{
 		char *argv[] = { "/usr/bin/qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-F", "qcow2", "-b",
 				 (char *)snap->disk, s->disk, NULL };

@@ -149,6 +149,8 @@ static int snapshot_get(struct template_store *ts, struct vm_config *vmc, int ne
 				    err) < 0)
 			return -1;
 	}
+	if (snapshot_resume_key(&c, ts->cfg.snap_memory_mib, ts->cfg.snap_vcpus, out->rkey, NULL) < 0)
+		out->rkey[0] = '\0';
 	snprintf(dir, sizeof(dir), "%s/%s", ts->sdir, out->key);
 	template_touch_used(dir);
 	*lock = template_lock_shared(dir);

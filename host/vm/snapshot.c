@@ -48,8 +48,10 @@ static void key_add_file(EVP_MD_CTX *md, const char *label, const char *path, in
 	EVP_DigestUpdate(md, line, strlen(line));
 }
 
-int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
-		 struct kiln_err *err)
+/* The key over the rootfs, QEMU and the machine line, and with boot also
+ * over the kernel and initramfs (snapshot_key) or not (snapshot_resume_key). */
+static int key_of(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, int boot, char key[17],
+		  struct kiln_err *err)
 {
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
 	unsigned char d[32];
@@ -59,9 +61,13 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	if (!md)
 		return kiln_err_set(err, KERR_HOST_ERROR, "out of memory");
 	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-	key_add_file(md, "kernel", base->kernel, 0);
+	if (boot)
+		key_add_file(md, "kernel", base->kernel, 0);
+	else
+		EVP_DigestUpdate(md, "resume\n", 7);
 	key_add_file(md, "rootfs", base->disk, 0);
-	key_add_file(md, "initramfs", base->initrd, 1);
+	if (boot)
+		key_add_file(md, "initramfs", base->initrd, 1);
 	key_add_file(md, "qemu", base->qemu, 0);
 	snprintf(line, sizeof(line), "memory %u vcpus %u accel %s cpu %s format 6 volslots %u%s\n", memory_mib, vcpus,
 		 vm_accel_name(base->accel), vm_cpu_model(base->accel), VM_VOL_SLOTS, base->net ? " net 1" : "");
@@ -71,6 +77,18 @@ int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcp
 	for (int i = 0; i < 8; i++)
 		snprintf(key + 2 * i, 3, "%02x", d[i]);
 	return 0;
+}
+
+int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
+		 struct kiln_err *err)
+{
+	return key_of(base, memory_mib, vcpus, 1, key, err);
+}
+
+int snapshot_resume_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
+			struct kiln_err *err)
+{
+	return key_of(base, memory_mib, vcpus, 0, key, err);
 }
 
 /* The backing file named in a qcow2 header (version 2 or 3), or "" for none. */

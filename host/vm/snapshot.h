@@ -29,12 +29,25 @@ struct snapshot {
 	 * every later clone starts from. Copies of the struct share it. */
 	int mem_fd;
 	char backing[600];     /* disk.qcow2's backing file (the rootfs), bound read-only into clones */
+	/* The resume key (snapshot_resume_key), "" until the template store
+	 * sets it: a session paused on this snapshot resumes on any snapshot
+	 * with the same one, whatever kernel or kiln-init booted it. */
+	char rkey[17];
 };
 
 /* The key of the snapshot for base's kernel, rootfs, initramfs, QEMU, memory
  * size and vCPUs: a change to any of them selects a different snapshot. */
 int snapshot_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
 		 struct kiln_err *err);
+
+/* The key of what a paused session's guest needs from the host to go on:
+ * the rootfs (its disk layer sits on it), QEMU and the machine (memory,
+ * vCPUs, accelerator, CPU model, device layout, NIC). Not the kernel or the
+ * initramfs: a paused guest holds its own kernel and kiln-init in its RAM,
+ * so a new kiln-init (every kiln upgrade) or kernel makes a new template
+ * snapshot for new VMs but leaves paused sessions resumable. */
+int snapshot_resume_key(const struct vm_config *base, unsigned memory_mib, unsigned vcpus, char key[17],
+			struct kiln_err *err);
 
 /* Boot a template VM from base, prepare it and save it under
  * <cache>/snapshots/<key>/ (replacing any snapshot with that key), and load
