@@ -6,9 +6,11 @@
 # Grafana dashboard whose panels all have queries, and every kiln_* name
 # either file mentions is a metric the daemons emit: the `.name = "kiln_..."`
 # declarations under api/, host/ and lib/ (a histogram's _bucket, _sum and
-# _count too). Each alert is named in docs/operations.md. No root, no VM.
+# _count too). Each alert is named in docs/operations.md, and the example
+# api.json and host.json there load through the daemons' own loaders
+# (check-config: every key exists). No root, no VM.
 . "$(dirname "$0")/lib.sh"
-t_plan 12
+t_plan 14
 t_require_tools python3 jq
 
 MON=$ROOT/packaging/monitoring
@@ -115,6 +117,35 @@ for x in p:
 ' "$DASH"
 bad=$(unknown "$DASH" | tr '\n' ' ')
 check "every kiln_* name in kiln-dashboard.json is a metric the code emits (unknown: ${bad:-none})" [ -z "$bad" ]
+
+# ---- docs/operations.md's example configurations ----
+# sample HEADING: the first indented JSON block after that heading.
+sample() {
+	awk -v h="$1" '$0 == h {p = 1} p && /^    \{/ {q = 1} q {print} q && /^    \}/ {exit}' "$ROOT/docs/operations.md" |
+		sed -e 's/^    //' -e "s|/etc/kiln/|$T_TMP/etc-|g" -e 's|https\?://[a-z0-9.-]*amazonaws.com|http://127.0.0.1:1|' \
+			-e 's|http://10\.0\.1\.[0-9]*:8080|http://127.0.0.1:1|g'
+}
+for f in admin-key cluster-token s3-secret; do echo "example-$f-0123456789abcdef" > "$T_TMP/etc-$f"; done
+echo 'postgresql://kiln@127.0.0.1:1/kiln?connect_timeout=2' > "$T_TMP/etc-pg.conninfo"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T_TMP/etc-destinations.key"
+chmod 600 "$T_TMP/etc-destinations.key"
+# loads DAEMON FILE: check-config got past the loader (it prints what it would
+# use only then; S3, PostgreSQL and kiln-api are unreachable here, as meant).
+loads() {
+	timeout 60 "$ROOT/build/$1" check-config "$2" > "$T_TMP/$1.cc.out" 2> "$T_TMP/$1.cc.err"
+	grep -q 'would use:' "$T_TMP/$1.cc.out" && ! grep -q 'unknown setting\|cannot parse\|invalid JSON' "$T_TMP/$1.cc.err"
+}
+if [ -x "$ROOT/build/kiln-api" ] && [ -x "$ROOT/build/kiln-host" ]; then
+	sample '### kiln-api configuration' > "$T_TMP/api.json"
+	sample '### kiln-host configuration' > "$T_TMP/host.json"
+	check "docs/operations.md's api.json loads (kiln-api check-config: every key exists)" loads kiln-api "$T_TMP/api.json" ||
+		echo "# $(head -3 "$T_TMP/kiln-api.cc.err")"
+	check "docs/operations.md's host.json loads (kiln-host check-config: every key exists)" loads kiln-host "$T_TMP/host.json" ||
+		echo "# $(head -3 "$T_TMP/kiln-host.cc.err")"
+else
+	skip "docs/operations.md's api.json loads" "build/kiln-api missing (make all)"
+	skip "docs/operations.md's host.json loads" "build/kiln-host missing (make all)"
+fi
 
 # ---- the check itself catches a name nobody emits ----
 sed 's/kiln_host_upload_failures_total/kiln_host_upload_failure_total/' "$ALERTS" > "$T_TMP/bad.yml"
