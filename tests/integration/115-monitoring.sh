@@ -138,10 +138,10 @@ loads() {
 if [ -x "$ROOT/build/kiln-api" ] && [ -x "$ROOT/build/kiln-host" ]; then
 	sample '### kiln-api configuration' > "$T_TMP/api.json"
 	sample '### kiln-host configuration' > "$T_TMP/host.json"
-	check "docs/operations.md's api.json loads (kiln-api check-config: every key exists)" loads kiln-api "$T_TMP/api.json" ||
-		echo "# $(head -3 "$T_TMP/kiln-api.cc.err")"
-	check "docs/operations.md's host.json loads (kiln-host check-config: every key exists)" loads kiln-host "$T_TMP/host.json" ||
-		echo "# $(head -3 "$T_TMP/kiln-host.cc.err")"
+	for d in api host; do
+		name="docs/operations.md's $d.json loads (kiln-$d check-config: every key exists)"
+		if loads "kiln-$d" "$T_TMP/$d.json"; then ok "$name"; else not_ok "$name" "$(head -3 "$T_TMP/kiln-$d.cc.err")"; fi
+	done
 else
 	skip "docs/operations.md's api.json loads" "build/kiln-api missing (make all)"
 	skip "docs/operations.md's host.json loads" "build/kiln-host missing (make all)"
