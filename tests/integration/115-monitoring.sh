@@ -6,11 +6,13 @@
 # Grafana dashboard whose panels all have queries, and every kiln_* name
 # either file mentions is a metric the daemons emit: the `.name = "kiln_..."`
 # declarations under api/, host/ and lib/ (a histogram's _bucket, _sum and
-# _count too). Each alert is named in docs/operations.md, and the example
+# _count too). Each alert is named in docs/operations.md, whose kiln_*
+# names are all emitted too; every declared metric is documented in
+# docs/api.md or docs/operations.md; and the example
 # api.json and host.json there load through the daemons' own loaders
 # (check-config: every key exists). No root, no VM.
 . "$(dirname "$0")/lib.sh"
-t_plan 14
+t_plan 16
 t_require_tools python3 jq
 
 MON=$ROOT/packaging/monitoring
@@ -117,6 +119,13 @@ for x in p:
 ' "$DASH"
 bad=$(unknown "$DASH" | tr '\n' ' ')
 check "every kiln_* name in kiln-dashboard.json is a metric the code emits (unknown: ${bad:-none})" [ -z "$bad" ]
+
+# ---- the documentation ----
+bad=$(unknown "$ROOT/docs/operations.md" | tr '\n' ' ')
+check "every kiln_* name in docs/operations.md is a metric the code emits (unknown: ${bad:-none})" [ -z "$bad" ]
+undoc=$(awk '{print $1}' "$T_TMP/declared" | sort -u |
+	comm -23 - <(cat "$ROOT/docs/api.md" "$ROOT/docs/operations.md" | grep -oE 'kiln_[a-z0-9_]+' | sort -u) | tr '\n' ' ')
+check "every metric the code declares is documented in docs/api.md or docs/operations.md (missing: ${undoc:-none})" [ -z "$undoc" ]
 
 # ---- docs/operations.md's example configurations ----
 # sample HEADING: the first indented JSON block after that heading.
