@@ -27,6 +27,8 @@ pkgs=(
   libnss-myhostname
   # tests and benchmarks
   python3 jq curl hyperfine wrk
+  # tests/integration/115-monitoring.sh parses packaging/monitoring/kiln-alerts.yml
+  python3-yaml
   # the Python SDK's test installs it with pip into a venv, offline
   python3-venv python3-pip python3-setuptools
   # the E2B SDK tests and benchmark (scripts/e2b-sdk.sh installs the SDK)
