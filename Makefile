@@ -345,6 +345,9 @@ install: all
 	install -m 0644 $(wildcard ui/*) $(DESTDIR)$(KILN_DATADIR)/ui/
 	install -m 0755 scripts/s3-local.sh $(DESTDIR)$(KILN_DATADIR)/
 	install -m 0644 packaging/etc/api.json packaging/etc/host.json $(DESTDIR)$(KILN_DATADIR)/examples/
+	install -d $(DESTDIR)$(KILN_DATADIR)/monitoring
+	install -m 0644 packaging/monitoring/kiln-alerts.yml packaging/monitoring/kiln-dashboard.json \
+		$(DESTDIR)$(KILN_DATADIR)/monitoring/
 	@for f in api.json host.json; do \
 		if [ -e $(DESTDIR)$(SYSCONFDIR)/kiln/$$f ]; then echo "install: $(DESTDIR)$(SYSCONFDIR)/kiln/$$f exists: kept"; \
 		else echo "install -m 0644 packaging/etc/$$f $(DESTDIR)$(SYSCONFDIR)/kiln/$$f"; \

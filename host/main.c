@@ -543,7 +543,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.host_id = o->host_id,
 		.spool_dir = o->spool_dir,
 		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
-					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : 4.0)),
+					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : SERVE_CPU_OVERCOMMIT)),
 		.s3 = o->s3,
 		.dest_allow = o->dest_allow,
 		.upload_workers = o->upload_workers,

@@ -225,7 +225,7 @@ int check_cmd_run(const char *path, const struct host_config *hc, const struct s
 		/* serve's default memory budget is 80% of RAM (host/main.c). */
 		cfgcheck_use(&c, "capacity", "vcpus %u (x%.2g overcommit), memory %llu MiB%s",
 			     so->vcpus_capacity ? so->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1),
-			     so->cpu_overcommit > 0 ? so->cpu_overcommit : 1.0,
+			     so->cpu_overcommit > 0 ? so->cpu_overcommit : SERVE_CPU_OVERCOMMIT,
 			     (unsigned long long)(so->memory_capacity_mib ? so->memory_capacity_mib : ram_mib * 8 / 10),
 			     so->memory_capacity_mib ? "" : " (80% of RAM)");
 	}

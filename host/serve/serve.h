@@ -10,6 +10,9 @@
 #ifndef KILN_SERVE_H
 #define KILN_SERVE_H
 
+/* vCPUs handed out per host CPU when the configuration names none. */
+#define SERVE_CPU_OVERCOMMIT 4.0
+
 #include <netinet/in.h>
 
 #include "apilist.h"
@@ -33,7 +36,7 @@ struct serve_opts {
 	unsigned snap_memory_mib, snap_vcpus; /* the snapshot (and pool) size */
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */
 	unsigned vcpus_capacity;      /* 0: the host's CPUs */
-	double cpu_overcommit;        /* vCPUs handed out per host CPU (default 4) */
+	double cpu_overcommit;        /* vCPUs handed out per host CPU (0: SERVE_CPU_OVERCOMMIT) */
 	double memory_overcommit;     /* nominal guest MiB admitted per MiB of memory budget (default 1) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	const struct netaddr_allow *dest_allow; /* destinations.allow_addresses (NULL: none) */

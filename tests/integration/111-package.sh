@@ -35,6 +35,7 @@ for f in /usr/bin/kiln /usr/bin/kiln-api /usr/bin/kiln-host /usr/bin/kiln-jail \
 	/lib/systemd/system/kiln-api.service /lib/systemd/system/kiln-host.service \
 	/etc/kiln/api.json /etc/kiln/host.json /usr/lib/kiln/image/initramfs.cpio \
 	/usr/share/kiln/ui/index.html /usr/share/kiln/ui/app.js /usr/share/kiln/s3-local.sh \
+	/usr/share/kiln/monitoring/kiln-alerts.yml /usr/share/kiln/monitoring/kiln-dashboard.json \
 	/usr/share/doc/kiln/operations.md; do
 	has "$f" || missing+=" $f"
 done

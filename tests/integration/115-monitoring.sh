@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The monitoring files in the tree (docs/operations.md, "Monitoring"):
 # packaging/monitoring/kiln-alerts.yml parses as Prometheus rule groups
-# (PyYAML, Debian's python3-yaml; promtool too when Debian's prometheus is
-# installed), packaging/monitoring/kiln-dashboard.json parses (jq) as a
+# (PyYAML, Debian's python3-yaml) and through promtool (from Debian's
+# prometheus package, scripts/promtool.sh), packaging/monitoring/kiln-dashboard.json parses (jq) as a
 # Grafana dashboard whose panels all have queries, and every kiln_* name
 # either file mentions is a metric the daemons emit: the `.name = "kiln_..."`
 # declarations under api/, host/ and lib/ (a histogram's _bucket, _sum and
@@ -66,9 +66,10 @@ else
 	not_ok "kiln-alerts.yml parses as Prometheus rule groups" "$(tail -3 "$T_TMP/alerts.out")"
 fi
 # promtool parses every PromQL expression: the rules', and the dashboard's
-# queries written as recording rules. PROMTOOL may name one (e.g. extracted
-# from Debian's prometheus package with dpkg-deb -x) when it is not in PATH.
-PROMTOOL=${PROMTOOL:-$(command -v promtool || true)}
+# queries written as recording rules. PROMTOOL may name one; else
+# scripts/promtool.sh finds it (PATH, or taken from Debian's prometheus
+# package into the cache).
+PROMTOOL=${PROMTOOL:-$("$ROOT/scripts/promtool.sh" 2> "$T_TMP/promtool.err" || true)}
 if [ -n "$PROMTOOL" ] && [ -x "$PROMTOOL" ]; then
 	jq '[.panels[] | select(.type != "row") | .targets[].expr] | to_entries
 		| {groups: [{name: "dashboard", rules: map({record: "kiln_dashboard:q\(.key)", expr: .value})}]}' \
@@ -81,7 +82,8 @@ if [ -n "$PROMTOOL" ] && [ -x "$PROMTOOL" ]; then
 		not_ok "promtool check rules accepts kiln-alerts.yml and the dashboard's queries" "$(tail -5 "$T_TMP/promtool.out")"
 	fi
 else
-	skip "promtool check rules accepts kiln-alerts.yml and the dashboard's queries" "promtool missing (Debian: prometheus)"
+	not_ok "promtool check rules accepts kiln-alerts.yml and the dashboard's queries" \
+		"no promtool: $(tail -n 1 "$T_TMP/promtool.err" 2> /dev/null)"
 fi
 bad=$(unknown "$ALERTS" | tr '\n' ' ')
 check "every kiln_* name in kiln-alerts.yml is a metric the code emits (unknown: ${bad:-none})" [ -z "$bad" ]
