@@ -225,7 +225,7 @@ int store_host_load(struct store *s, const char *host_id, unsigned *tasks, unsig
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 12
+#define STORE_SCHEMA_VERSION 13
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -845,6 +845,40 @@ int store_volume_unmark_deleted(struct store *s, const char *id);
 /* Session id's mounts (the volume's name filled in) into out[0..max): how
  * many, or -1. */
 int store_session_volumes(struct store *s, const char *session_id, struct store_volume_mount *out, int max);
+
+/* ---- metering (store_usage.c; docs/api.md "Usage history") ----
+ *
+ * Usage is kept per customer and wall-clock minute. A task's VM time is
+ * recorded when it reaches its final state, a session's when its running
+ * interval ends (pause, destroy, error), split over the minutes it spans;
+ * each in the transaction of the transition that ends it, which happens
+ * once, so a restart or another replica never counts it twice. A session
+ * still running shows its current interval once it ends. */
+
+#define STORE_USAGE_MINUTE_MS 60000LL
+
+struct usage_bucket {
+	int64_t start_ms;            /* the bucket's first ms */
+	int64_t vcpu_ms, mib_ms;     /* ms x vCPUs, ms x MiB */
+	int64_t tasks, sessions;     /* started */
+};
+
+/* Add `ms x vcpus` and `ms x mib` for the interval [start_ms, end_ms)
+ * split over the minutes it spans, and `tasks`/`sessions` in at_ms's
+ * minute, for customer: one upsert per minute. At most
+ * STORE_USAGE_SPLIT_MAX minutes are written: a longer interval's early
+ * part goes into its first minute. 0 or -1. Takes the lock unless
+ * locked. (Also for the unit tests.) */
+#define STORE_USAGE_SPLIT_MAX 20160 /* two weeks */
+int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
+		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions);
+
+/* Customer's usage in [from_ms, from_ms + n x step_ms) in n buckets of
+ * step_ms (from_ms and step_ms multiples of a minute; n <= max) into out,
+ * every bucket filled (zeros where nothing ran): 0, or -1 (a store error,
+ * or bad arguments). */
+int store_usage_history(struct store *s, const char *customer, int64_t from_ms, int64_t step_ms, int n,
+			struct usage_bucket *out);
 
 /* The rest of the door. */
 #include "quota.h"
