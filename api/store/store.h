@@ -861,6 +861,8 @@ struct usage_bucket {
 	int64_t start_ms;            /* the bucket's first ms */
 	int64_t vcpu_ms, mib_ms;     /* ms x vCPUs, ms x MiB */
 	int64_t tasks, sessions;     /* started */
+	int64_t snapshot_bytes;      /* the largest sample of the step (levels) */
+	int64_t volume_mib;
 };
 
 /* Add `ms x vcpus` and `ms x mib` for the interval [start_ms, end_ms)
@@ -872,6 +874,11 @@ struct usage_bucket {
 #define STORE_USAGE_SPLIT_MAX 20160 /* two weeks */
 int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
 		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions);
+
+/* Sample every customer's stored levels (named snapshots' bytes, volumes'
+ * sizes) into now's minute, replacing a sample there: the leader, once a
+ * minute (minutes without a sample read as 0). 0 or -1. */
+int store_usage_sample_stored(struct store *s, int64_t now);
 
 /* Customer's usage in [from_ms, from_ms + n x step_ms) in n buckets of
  * step_ms (from_ms and step_ms multiples of a minute; n <= max) into out,

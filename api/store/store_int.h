@@ -33,7 +33,7 @@ enum store_slots {
 	STORE_SLOTS_SNAPSHOTS = 112, /* store_snapshots.c */
 	STORE_SLOTS_VOLUMES = 128,  /* store_volumes.c */
 	STORE_SLOTS_USAGE = 144,    /* store_usage.c */
-	STORE_SLOTS_MAX = 148,
+	STORE_SLOTS_MAX = 152,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */

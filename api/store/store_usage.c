@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-enum usage_stmt { U_ADD, U_TASK, U_SESSION, U_HISTORY, U_COUNT_ };
+enum usage_stmt { U_ADD, U_TASK, U_SESSION, U_HISTORY, U_SAMPLE_SNAP, U_SAMPLE_VOL, U_COUNT_ };
 
 static const char *const usage_sql[U_COUNT_] = {
 	/* Both engines' upsert; the sums are the row's own plus the new. */
@@ -20,9 +20,20 @@ static const char *const usage_sql[U_COUNT_] = {
 	[U_TASK] = "SELECT customer, vcpus, memory_mib, starting_ms, running_ms, ended_ms FROM tasks WHERE id = ?1",
 	[U_SESSION] = "SELECT customer, vcpus, memory_mib, started_ms FROM sessions WHERE id = ?1",
 	/* ?2 from, ?3 end (exclusive), ?4 step. */
-	[U_HISTORY] = "SELECT (minute_ms - ?2) / ?4, sum(vcpu_ms), sum(mib_ms), sum(tasks), sum(sessions)"
+	[U_HISTORY] = "SELECT (minute_ms - ?2) / ?4, sum(vcpu_ms), sum(mib_ms), sum(tasks), sum(sessions),"
+		      " max(snapshot_bytes), max(volume_mib)"
 		      " FROM usage_minutes WHERE customer = ?1 AND minute_ms >= ?2 AND minute_ms < ?3"
 		      " GROUP BY (minute_ms - ?2) / ?4",
+	/* Levels, ?1 the minute: set (a second sample in the minute, by
+	 * another replica that was leader a moment ago, only repeats it).
+	 * What /v1/usage counts: named snapshots, volumes not deleted. */
+	[U_SAMPLE_SNAP] = "INSERT INTO usage_minutes(customer, minute_ms, snapshot_bytes)"
+			  " SELECT customer, ?1, sum(bytes) FROM snapshots WHERE kind = 'named' AND deleted_ms IS NULL"
+			  " GROUP BY customer"
+			  " ON CONFLICT(customer, minute_ms) DO UPDATE SET snapshot_bytes = excluded.snapshot_bytes",
+	[U_SAMPLE_VOL] = "INSERT INTO usage_minutes(customer, minute_ms, volume_mib)"
+			 " SELECT customer, ?1, sum(size_mib) FROM volumes WHERE deleted_ms IS NULL GROUP BY customer"
+			 " ON CONFLICT(customer, minute_ms) DO UPDATE SET volume_mib = excluded.volume_mib",
 };
 
 _Static_assert(STORE_SLOTS_USAGE + U_COUNT_ <= STORE_SLOTS_MAX, "store_usage.c's statements overflow their slots");
@@ -168,6 +179,25 @@ int store_usage_session_locked(struct store *s, const char *id, enum session_sta
 	return add_locked(s, customer, started, now, vcpus, mib, now, 0, 0);
 }
 
+int store_usage_sample_stored(struct store *s, int64_t now)
+{
+	static const enum usage_stmt which[] = { U_SAMPLE_SNAP, U_SAMPLE_VOL };
+	STORE_TX(tx);
+
+	if (store_tx_start(&tx, s) < 0)
+		return -1;
+	for (size_t i = 0; i < sizeof(which) / sizeof(which[0]); i++) {
+		struct sdb_stmt *st = stmt(s, which[i]);
+
+		if (!st)
+			return -1;
+		sdb_bind_int64(st, 1, minute_of(now));
+		if (store_update_locked(s, st) < 0)
+			return -1;
+	}
+	return store_tx_commit(&tx);
+}
+
 int store_usage_history(struct store *s, const char *customer, int64_t from_ms, int64_t step_ms, int n,
 			struct usage_bucket *out)
 {
@@ -199,6 +229,8 @@ int store_usage_history(struct store *s, const char *customer, int64_t from_ms, 
 		out[i].mib_ms = sdb_col_int64(st, 2);
 		out[i].tasks = sdb_col_int64(st, 3);
 		out[i].sessions = sdb_col_int64(st, 4);
+		out[i].snapshot_bytes = sdb_col_int64(st, 5);
+		out[i].volume_mib = sdb_col_int64(st, 6);
 	}
 	if (rc != SDB_DONE)
 		r = -1;

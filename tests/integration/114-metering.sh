@@ -150,7 +150,7 @@ check "the admin's view of acme equals acme's own" [ "$(lastc .totals)" = "$A_NO
 code=$(curl -s -m 30 -o "$T_TMP/h.csv" -w '%{http_code}' -H "Authorization: Bearer $KA" -H 'Accept: text/csv' \
 	"$URL/v1/usage/history?from=$FROM&step=1m")
 check "Accept: text/csv: 200 with the header line" \
-	[ "$code" = 200 -a "$(head -1 "$T_TMP/h.csv" | tr -d '\r')" = start_ms,start,vcpu_seconds,mib_seconds,tasks_started,sessions_started ]
+	[ "$code" = 200 -a "$(head -1 "$T_TMP/h.csv" | tr -d '\r')" = start_ms,start,vcpu_seconds,mib_seconds,tasks_started,sessions_started,snapshot_bytes,volume_mib ]
 csv_tasks=$(tail -n +2 "$T_TMP/h.csv" | awk -F, '{n += $5} END {print n + 0}')
 csv_vcpu=$(tail -n +2 "$T_TMP/h.csv" | awk -F, '{s += $3} END {printf "%d", s * 1000 + 0.5}')
 json_vcpu=$(jq -r '(.vcpu_seconds * 1000 | round)' <<< "$A_NOW")

@@ -1905,6 +1905,32 @@ static void test_metering(void **state)
 	usage_total(s, "acme", &tot);
 	assert_int_equal(tot.vcpu_ms, dur);
 	assert_int_equal(tot.sessions, 1);
+
+	/* Stored levels: sampled into a minute (set, not added: a second
+	 * sample there repeats it), the bucket's largest sample read back;
+	 * deleted snapshots and volumes and forks are not counted. */
+	sql("INSERT INTO snapshots(id, customer, name, session_id, kind, vcpus, memory_mib, bytes, created_ms, spec)"
+	    " VALUES ('k1', 'beta', 'one', 's', 'named', 1, 256, 1000, 1, '{}'),"
+	    " ('k2', 'beta', 'two', 's', 'named', 1, 256, 500, 1, '{}'),"
+	    " ('k3', 'beta', NULL, 's', 'fork', 1, 256, 7000, 1, '{}')");
+	sql("INSERT INTO snapshots(id, customer, name, session_id, kind, vcpus, memory_mib, bytes, created_ms,"
+	    " deleted_ms, spec) VALUES ('k4', 'beta', 'gone', 's', 'named', 1, 256, 9000, 1, 2, '{}')");
+	sql("INSERT INTO volumes(id, customer, name, size_mib, created_ms) VALUES ('v1', 'beta', 'data', 2048, 1)");
+	assert_int_equal(store_usage_sample_stored(s, base + 5000), 0);
+	assert_int_equal(store_usage_sample_stored(s, base + 6000), 0);
+	sql("UPDATE snapshots SET deleted_ms = 3 WHERE id = 'k2'");
+	assert_int_equal(store_usage_sample_stored(s, base + 65000), 0);
+	assert_int_equal(store_usage_history(s, "beta", base, 60000, 4, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 1500);
+	assert_int_equal(b[0].volume_mib, 2048);
+	assert_int_equal(b[1].snapshot_bytes, 1000);
+	assert_int_equal(b[2].snapshot_bytes, 0);
+	assert_int_equal(store_usage_history(s, "beta", base, 120000, 2, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 1500);
+	assert_int_equal(b[0].vcpu_ms, 0); /* levels leave the flows alone */
+	assert_int_equal(store_usage_history(s, "acme", base, 60000, 4, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 0);
+	assert_int_equal(b[0].vcpu_ms, 60000); /* and the flows keep theirs */
 	store_close(s);
 
 	/* Durable: a reopened store reads the same. */
