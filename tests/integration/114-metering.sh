@@ -7,7 +7,7 @@
 # after it are added once; the admin's view and the CSV agree; bad
 # parameters are 400s.
 . "$(dirname "$0")/lib.sh"
-t_plan 14
+t_plan 15
 require_image
 t_require_tools swift-proxy-server memcached jq curl awk
 t_require_built kiln-api kiln-host
@@ -39,6 +39,8 @@ req() {
 }
 last() { jq -r "$1" "$T_TMP/last" 2> /dev/null; }
 lastc() { jq -c "$1" "$T_TMP/last" 2> /dev/null; }
+# flows: the history's totals without the sampled levels
+flows() { lastc '.totals | del(.snapshot_bytes_max, .volume_mib_max)'; }
 # destroy KEY ID: DELETE the session and wait until it is destroyed
 destroy() {
 	req "$1" DELETE "/v1/sessions/$2" > /dev/null
@@ -126,16 +128,22 @@ hist "$KA"
 check "acme: 2 tasks and 2 sessions started" [ "$(last .totals.tasks_started)" = 2 -a "$(last .totals.sessions_started)" = 2 ]
 matches "$KA" "acme: vCPU- and MiB-seconds match its 2 tasks' timings and the ended session (not the running one's)" 1
 matches "$KB" "beta: 1 task, no session, vCPU- and MiB-seconds match its timing"
-hist "$KA"; A_BEFORE=$(lastc .totals)
-hist "$KB"; B_BEFORE=$(lastc .totals)
+hist "$KA"; A_BEFORE=$(flows)
+hist "$KB"; B_BEFORE=$(flows)
+# A stored level: beta's volume, sampled by the leader once a minute.
+[ "$(req "$KB" POST /v1/volumes --data-binary '{"name":"meter","size_mib":64}')" = 201 ] ||
+	t_bail "beta creates a volume" "$(head -c 300 "$T_TMP/last")"
 
 # ---- a kiln-api restart ----
 t_stop "$api_pid"
 api_up "$T_TMP/api.json" "$URL"
 hist "$KA"
-check "after a restart acme's totals are unchanged" [ "$(lastc .totals)" = "$A_BEFORE" ]
+check "after a restart acme's totals are unchanged" [ "$(flows)" = "$A_BEFORE" ]
 hist "$KB"
-check "after a restart beta's totals are unchanged" [ "$(lastc .totals)" = "$B_BEFORE" ]
+check "after a restart beta's totals are unchanged" [ "$(flows)" = "$B_BEFORE" ]
+# The restarted leader samples at its first tick.
+for _ in $(seq 50); do hist "$KB"; [ "$(last .totals.volume_mib_max)" = 64 ] && break; sleep 0.2; done
+check "beta's volume (64 MiB) shows in its history's volume_mib" [ "$(last .totals.volume_mib_max)" = 64 ]
 
 # ---- work after it: the session that ran across it ends, a new task ----
 sleep 1
