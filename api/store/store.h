@@ -11,7 +11,7 @@
  * the shared page, compare-and-set and quota helpers), store_open.c (open,
  * close, the listener), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c,
- * store_snapshots.c, store_volumes.c;
+ * store_snapshots.c, store_volumes.c, store_usage.c (metering);
  * store_int.h is their private interface.
  *
  * Room: the store room's door (api/store/: the store over its two backends,
@@ -867,10 +867,10 @@ struct usage_bucket {
 
 /* Add `ms x vcpus` and `ms x mib` for the interval [start_ms, end_ms)
  * split over the minutes it spans, and `tasks`/`sessions` in at_ms's
- * minute, for customer: one upsert per minute. At most
+ * minute, for customer: one upsert per minute, in a transaction of its
+ * own (the transitions use the same code inside theirs). At most
  * STORE_USAGE_SPLIT_MAX minutes are written: a longer interval's early
- * part goes into its first minute. 0 or -1. Takes the lock unless
- * locked. (Also for the unit tests.) */
+ * part goes into its first minute written. 0 or -1. Takes the lock. */
 #define STORE_USAGE_SPLIT_MAX 20160 /* two weeks */
 int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
 		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions);

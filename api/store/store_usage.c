@@ -5,8 +5,6 @@
  * replica commits it), and read back in buckets of a given step. */
 #include "store_int.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <string.h>
 
 enum usage_stmt { U_ADD, U_TASK, U_SESSION, U_HISTORY, U_SAMPLE_SNAP, U_SAMPLE_VOL, U_COUNT_ };
