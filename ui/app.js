@@ -574,23 +574,54 @@ const customerViews = {
 	async usage(root) {
 		const cards = el('div', { class: 'grid', id: 'usage-cards' });
 		const chart = el('div', { id: 'usage-chart' });
+		// History from the store's metering (GET /v1/usage/history): what
+		// ran before this page was opened too.
+		const ranges = { '24h': [86400000, '1h'], '1h': [3600000, '1m'], '7d': [7 * 86400000, '6h'], '30d': [30 * 86400000, '1d'] };
+		const pick = el('select', { id: 'usage-range' }, Object.keys(ranges).map((k) => el('option', { value: k }, 'last ' + k)));
+		const csv = el('button', { id: 'usage-csv' }, 'download CSV');
+		const totals = el('p', { class: 'note', id: 'usage-totals' });
+		const query = () => {
+			const [span, step] = ranges[pick.value] || ranges['24h'];
+			const to = Date.now();
+			return `/v1/usage/history?from=${to - span}&to=${to}&step=${step}`;
+		};
+		const history = async () => {
+			const h = await api('GET', query());
+			const pts = (h.buckets || []).map((b) => ({ t: b.start_ms, a: b.vcpu_seconds || 0, b: (b.mib_seconds || 0) / 1024 }));
+			const t = h.totals || {};
+			totals.textContent = `${(t.vcpu_seconds || 0).toFixed(1)} vCPU-seconds, ${((t.mib_seconds || 0) / 1024).toFixed(1)} GiB-seconds, ` +
+				`${t.tasks_started || 0} tasks and ${t.sessions_started || 0} sessions started, at most ` +
+				`${((t.snapshot_bytes_max || 0) / 1048576).toFixed(1)} MiB of snapshots and ${t.volume_mib_max || 0} MiB of volumes ` +
+				'(a running session\'s time appears once it pauses or ends)';
+			clear(chart).append(lineChart(pts, ['vCPU-seconds per step', 'GiB-seconds per step']));
+		};
+		pick.addEventListener('change', () => history().catch(showError));
+		csv.addEventListener('click', async () => {
+			try {
+				const r = await api('GET', query() + '&format=csv', undefined, { raw: true });
+				// A blob: URL of our own bytes (el() allows only http(s) links).
+				const a = document.createElement('a');
+				a.href = URL.createObjectURL(await r.blob());
+				a.download = 'kiln-usage.csv';
+				a.click();
+				setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+			} catch (e) {
+				showError(e);
+			}
+		});
 		append(root, el('h2', {}, 'Usage against quotas'), cards,
-			el('h3', {}, 'Over time (sampled every 5 s while this page is open)'), chart);
-		const samples = ui.usageSamples || (ui.usageSamples = []);
+			el('h3', {}, 'History (metered)'), el('p', {}, pick, ' ', csv), totals, chart);
+		every(60000, () => history().catch(showError));
 		every(5000, async () => {
 			try {
 				const u = await api('GET', '/v1/usage');
 				const q = u.quotas || {};
 				const g = u.usage || {};
-				samples.push({ t: Date.now(), a: g.running || 0, b: g.queued || 0 });
-				if (samples.length > 360)
-					samples.shift();
 				clear(cards).append(
 					card('running', g.running, q.max_running), card('vCPUs', g.vcpus, q.max_vcpus),
 					card('memory MiB', g.memory_mib, q.max_memory_mib), card('queued', g.queued, q.max_queued),
 					card('sessions', g.sessions), card('paused sessions', g.paused_sessions),
 					card('submit tokens', u.submit ? Math.floor(u.submit.tokens) : '', u.submit ? u.submit.burst : undefined));
-				clear(chart).append(lineChart(samples, ['running', 'queued'], q.max_running));
 			} catch (e) {
 				showError(e);
 			}
@@ -862,7 +893,7 @@ function signOut(msg) {
 	stopView();
 	sessionStorage.removeItem(KEY);
 	ui.role = null;
-	ui.usageSamples = ui.clusterSamples = null;
+	ui.clusterSamples = null;
 	$('signin-view').hidden = false;
 	$('app-view').hidden = true;
 	clear($('app-view'));

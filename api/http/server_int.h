@@ -1,7 +1,7 @@
 /* server_int.h: what kiln-api's HTTP layer's files share: server.c
  * (authentication, dispatch, the route table, health and metrics, start and
- * stop), server_tasks.c (the task and usage routes) and server_admin.c (the
- * destination, admin and host routes): struct server and the routes the
+ * stop), server_tasks.c (the task and usage routes), server_admin.c (the
+ * destination, admin and host routes) and server_usage.c (usage history): struct server and the routes the
  * table in server.c names. Not for other rooms. */
 #ifndef KILN_API_SERVER_INT_H
 #define KILN_API_SERVER_INT_H
@@ -96,5 +96,9 @@ enum MHD_Result server_rt_hosts(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_host_drain(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_host_undrain(void *ctx, struct httpd_req *r);
 enum MHD_Result server_rt_host_heartbeat(void *ctx, struct httpd_req *r);
+
+/* server_usage.c: /v1/usage/history, /v1/admin/customers/{id}/usage/history */
+enum MHD_Result server_rt_usage_history(void *ctx, struct httpd_req *r);
+enum MHD_Result server_rt_admin_usage_history(void *ctx, struct httpd_req *r);
 
 #endif

@@ -79,6 +79,7 @@ struct sched {
 	int threaded;                /* sched_start ran sched_main on s->thread */
 	int reattached;
 	int64_t last_reattach;       /* wall ms of the last forced reattach (PostgreSQL) */
+	int64_t last_stored_sample;  /* wall ms of the last stored-levels sample (metering) */
 	int64_t last_full;
 	int64_t last_drain_check;    /* wall ms draining hosts' deadlines were last acted on */
 };

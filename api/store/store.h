@@ -11,7 +11,7 @@
  * the shared page, compare-and-set and quota helpers), store_open.c (open,
  * close, the listener), store_migrate.c,
  * store_keys.c (customers, keys, hosts), store_tasks.c, store_sessions.c, store_templates.c,
- * store_snapshots.c, store_volumes.c;
+ * store_snapshots.c, store_volumes.c, store_usage.c (metering);
  * store_int.h is their private interface.
  *
  * Room: the store room's door (api/store/: the store over its two backends,
@@ -225,7 +225,7 @@ int store_host_load(struct store *s, const char *host_id, unsigned *tasks, unsig
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 12
+#define STORE_SCHEMA_VERSION 13
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -845,6 +845,47 @@ int store_volume_unmark_deleted(struct store *s, const char *id);
 /* Session id's mounts (the volume's name filled in) into out[0..max): how
  * many, or -1. */
 int store_session_volumes(struct store *s, const char *session_id, struct store_volume_mount *out, int max);
+
+/* ---- metering (store_usage.c; docs/api.md "Usage history") ----
+ *
+ * Usage is kept per customer and wall-clock minute. A task's VM time is
+ * recorded when it reaches its final state, a session's when its running
+ * interval ends (pause, destroy, error), split over the minutes it spans;
+ * each in the transaction of the transition that ends it, which happens
+ * once, so a restart or another replica never counts it twice. A session
+ * still running shows its current interval once it ends. */
+
+#define STORE_USAGE_MINUTE_MS 60000LL
+
+struct usage_bucket {
+	int64_t start_ms;            /* the bucket's first ms */
+	int64_t vcpu_ms, mib_ms;     /* ms x vCPUs, ms x MiB */
+	int64_t tasks, sessions;     /* started */
+	int64_t snapshot_bytes;      /* the largest sample of the step (levels) */
+	int64_t volume_mib;
+};
+
+/* Add `ms x vcpus` and `ms x mib` for the interval [start_ms, end_ms)
+ * split over the minutes it spans, and `tasks`/`sessions` in at_ms's
+ * minute, for customer: one upsert per minute, in a transaction of its
+ * own (the transitions use the same code inside theirs). At most
+ * STORE_USAGE_SPLIT_MAX minutes are written: a longer interval's early
+ * part goes into its first minute written. 0 or -1. Takes the lock. */
+#define STORE_USAGE_SPLIT_MAX 20160 /* two weeks */
+int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
+		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions);
+
+/* Sample every customer's stored levels (named snapshots' bytes, volumes'
+ * sizes) into now's minute, replacing a sample there: the leader, once a
+ * minute (minutes without a sample read as 0). 0 or -1. */
+int store_usage_sample_stored(struct store *s, int64_t now);
+
+/* Customer's usage in [from_ms, from_ms + n x step_ms) in n buckets of
+ * step_ms (from_ms and step_ms multiples of a minute; n <= max) into out,
+ * every bucket filled (zeros where nothing ran): 0, or -1 (a store error,
+ * or bad arguments). */
+int store_usage_history(struct store *s, const char *customer, int64_t from_ms, int64_t step_ms, int n,
+			struct usage_bucket *out);
 
 /* The rest of the door. */
 #include "quota.h"

@@ -7,7 +7,7 @@
  * store_tasks.c (tasks, group commit of submissions), store_sessions.c,
  * store_templates.c (templates, what tasks and sessions use, clean-up),
  * store_snapshots.c (snapshots of sessions), store_volumes.c (volumes and
- * sessions' mounts).
+ * sessions' mounts), store_usage.c (metering: usage per customer and minute).
  * Every function here that touches SQLite wants s->lock held unless it says
  * otherwise ("(lock held)"). */
 #ifndef KILN_STORE_INT_H
@@ -32,7 +32,8 @@ enum store_slots {
 	STORE_SLOTS_TEMPLATES = 76, /* store_templates.c */
 	STORE_SLOTS_SNAPSHOTS = 112, /* store_snapshots.c */
 	STORE_SLOTS_VOLUMES = 128,  /* store_volumes.c */
-	STORE_SLOTS_MAX = 144,
+	STORE_SLOTS_USAGE = 144,    /* store_usage.c */
+	STORE_SLOTS_MAX = 152,
 };
 
 /* The core's statements (slots STORE_SLOTS_CORE + these). */
@@ -336,6 +337,25 @@ int store_volume_attach_locked(struct store *s, const char *id, const char *cust
  * by the caller). */
 #define STORE_DEST_COLS "id, endpoint, region, bucket, prefix, access_key, secret_sealed, created_ms, updated_ms"
 void store_dest_row(struct sdb_stmt *st, int c, struct store_dest *out);
+
+/* ---- metering (store_usage.c); lock held, inside the transaction that
+ * ends what is metered, so that it is counted exactly once ---- */
+
+/* Task id has just reached a final state: its VM time (from starting_ms,
+ * or running_ms, to ended_ms, weighted by its vCPUs and memory) into its
+ * customer's minutes, and one task started (in starting_ms's minute) if it
+ * ever started. 0 or -1. */
+int store_usage_task_locked(struct store *s, const char *id);
+
+/* Session id has just moved from `from` to `to` at now: from running or
+ * pausing to paused, destroyed or error ends its interval (started_ms to
+ * now), from starting to running counts one session started. 0 or -1. */
+int store_usage_session_locked(struct store *s, const char *id, enum session_state from, enum session_state to,
+			       int64_t now);
+
+/* Whether a session's move from `from` to `to` is one
+ * store_usage_session_locked records something for. */
+int store_usage_session_metered(enum session_state from, enum session_state to);
 
 /* ---- the pieces' own set-up ---- */
 

@@ -119,6 +119,18 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	 * its running tasks still there go back to the queue */
 	"ALTER TABLE hosts ADD COLUMN drain INTEGER NOT NULL DEFAULT 0;"
 	"ALTER TABLE hosts ADD COLUMN drain_deadline_ms INTEGER;",
+	/* 13: metering (docs/api.md "Usage history"): per customer and wall
+	 * minute (minute_ms, a multiple of 60000), the VM time that ended,
+	 * weighted (vcpu_ms: ms x vCPUs, mib_ms: ms x MiB), the tasks and
+	 * sessions started. Written by store_usage.c in the transaction that
+	 * ends the interval, by adding (ON CONFLICT ... DO UPDATE). Besides,
+	 * levels sampled once a minute by the leader (set, not added):
+	 * snapshot_bytes (named snapshots kept), volume_mib (volumes' sizes). */
+	"CREATE TABLE usage_minutes (customer TEXT NOT NULL, minute_ms INTEGER NOT NULL,"
+	"  vcpu_ms INTEGER NOT NULL DEFAULT 0, mib_ms INTEGER NOT NULL DEFAULT 0,"
+	"  tasks INTEGER NOT NULL DEFAULT 0, sessions INTEGER NOT NULL DEFAULT 0,"
+	"  snapshot_bytes INTEGER NOT NULL DEFAULT 0, volume_mib INTEGER NOT NULL DEFAULT 0,"
+	"  PRIMARY KEY (customer, minute_ms)) WITHOUT ROWID;",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

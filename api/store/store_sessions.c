@@ -368,9 +368,24 @@ int store_session_transition(struct store *s, const char *id, enum session_state
 		free(snap);
 		return -1;
 	}
-	pthread_mutex_lock(&s->lock);
-	r = transition_locked(s, id, from, to, host_id, reason, snap, clock_wall_ms());
-	pthread_mutex_unlock(&s->lock);
+	if (store_usage_session_metered(from, to)) {
+		/* Metered: the change and its usage in one transaction, so that
+		 * only the one compare-and-set that succeeds counts it. */
+		int64_t now = clock_wall_ms();
+		STORE_TX(tx);
+
+		r = -1;
+		if (store_tx_start(&tx, s) == 0) {
+			r = transition_locked(s, id, from, to, host_id, reason, snap, now);
+			if (r > 0 && (store_usage_session_locked(s, id, from, to, now) < 0 || store_tx_commit(&tx) < 0))
+				r = -1;
+		}
+		store_tx_unlock(&tx);
+	} else {
+		pthread_mutex_lock(&s->lock);
+		r = transition_locked(s, id, from, to, host_id, reason, snap, clock_wall_ms());
+		pthread_mutex_unlock(&s->lock);
+	}
 	free(snap);
 	if (r > 0) {
 		/* Long-polls and other waiters on the store see sessions change too. */

@@ -669,6 +669,20 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 	 * them (store_task_schedule) and the end after them stay durable, and
 	 * a durable commit makes every earlier one durable too. */
 	relaxed = to == TASK_STARTING || to == TASK_RUNNING || to == TASK_UPLOADING;
+	/* The end: its usage metered in the transaction that ends it (once). */
+	if (task_state_final(to)) {
+		STORE_TX(tx);
+
+		if (store_tx_start(&tx, s) < 0)
+			return -1;
+		r = transition_locked(s, id, from, to, host_id, now);
+		if (r > 0 && (store_usage_task_locked(s, id) < 0 || store_tx_commit(&tx) < 0))
+			r = -1;
+		store_tx_unlock(&tx);
+		if (r > 0)
+			store_task_changed(s, id, to, now);
+		return r;
+	}
 	pthread_mutex_lock(&s->lock);
 	if (relaxed)
 		relaxed = sdb_durable(s->db, 0) == 0;
@@ -727,17 +741,25 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 		free(ht);
 		return -1;
 	}
-	pthread_mutex_lock(&s->lock);
-	st = stmt(s, T_FINISH);
-	if (st) {
-		sdb_bind_text(st, 1, task_state_name(state));
-		store_bind_opt_text(st, 2, end_reason);
-		store_bind_opt_text(st, 3, ht);
-		sdb_bind_int64(st, 4, now);
-		sdb_bind_text(st, 5, id);
-		n = store_update_locked(s, st);
+	{
+		STORE_TX(tx);
+
+		st = store_tx_start(&tx, s) < 0 ? NULL : stmt(s, T_FINISH);
+		if (st) {
+			sdb_bind_text(st, 1, task_state_name(state));
+			store_bind_opt_text(st, 2, end_reason);
+			store_bind_opt_text(st, 3, ht);
+			sdb_bind_int64(st, 4, now);
+			sdb_bind_text(st, 5, id);
+			n = store_update_locked(s, st);
+			/* Its usage, once: only the update that ended it meters it. */
+			if (n > 0 && store_usage_task_locked(s, id) < 0)
+				n = -1;
+			if (n >= 0 && store_tx_commit(&tx) < 0)
+				n = -1;
+		}
+		store_tx_unlock(&tx);
 	}
-	pthread_mutex_unlock(&s->lock);
 	free(ht);
 	if (n < 0)
 		return -1;

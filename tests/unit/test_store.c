@@ -218,7 +218,7 @@ static void test_migrations(void **state)
 	    " DROP TABLE destinations; ALTER TABLE tasks DROP COLUMN destination; DROP TABLE submit_buckets;"
 	    " DROP TABLE session_leases; DROP TABLE snapshots; DROP TABLE volumes; DROP TABLE volume_mounts;"
 	    " ALTER TABLE hosts DROP COLUMN drain_deadline_ms; ALTER TABLE hosts DROP COLUMN drain;"
-	    " UPDATE schema_version SET version = 1");
+	    " DROP TABLE usage_minutes; UPDATE schema_version SET version = 1");
 	assert_int_equal(has_rel("tasks_state"), 0);
 	s = open_ok();
 	assert_int_equal(store_schema_version(s), STORE_SCHEMA_VERSION);
@@ -234,6 +234,7 @@ static void test_migrations(void **state)
 	assert_int_equal(has_rel("volumes"), 1);
 	assert_int_equal(has_rel("volumes_name"), 1);
 	assert_int_equal(has_rel("volume_mounts"), 1);
+	assert_int_equal(has_rel("usage_minutes"), 1);
 	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'tasks'"
 				    " AND column_name = 'destination'"
 				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
@@ -1787,6 +1788,159 @@ static void test_volume_replicas(void **state)
 	store_close(b);
 }
 
+/* Sum of the customer's buckets over the last two hours. */
+static void usage_total(struct store *s, const char *cust, struct usage_bucket *tot)
+{
+	struct usage_bucket b[120];
+	int64_t now = clock_wall_ms(), from = now - now % 60000 - 119 * 60000LL;
+
+	memset(tot, 0, sizeof(*tot));
+	assert_int_equal(store_usage_history(s, cust, from, 60000, 120, b), 0);
+	for (int i = 0; i < 120; i++) {
+		tot->vcpu_ms += b[i].vcpu_ms;
+		tot->mib_ms += b[i].mib_ms;
+		tot->tasks += b[i].tasks;
+		tot->sessions += b[i].sessions;
+	}
+}
+
+/* Metering: an interval split over the minutes it spans and added up
+ * (upsert), read back per minute and per larger step; a task's and a
+ * session's usage recorded once, at the transition that ends it, and
+ * never again by a repeated or lost compare-and-set. */
+static void test_metering(void **state)
+{
+	struct store *s = open_ok();
+	const int64_t base = 1700000040000LL; /* a whole minute */
+	struct usage_bucket b[4], tot;
+	char t[40], x[40];
+	int dur;
+
+	customer(s, "acme", NULL);
+	customer(s, "beta", NULL);
+	/* 30 s of minute 0, all of minute 1, 30 s of minute 2; one task. */
+	assert_int_equal(store_usage_add(s, "acme", base + 30000, base + 150000, 2, 256, base + 30000, 1, 0), 0);
+	assert_int_equal(store_usage_history(s, "acme", base, 60000, 4, b), 0);
+	assert_int_equal(b[0].start_ms, base);
+	assert_int_equal(b[3].start_ms, base + 180000);
+	assert_int_equal(b[0].vcpu_ms, 60000);
+	assert_int_equal(b[1].vcpu_ms, 120000);
+	assert_int_equal(b[2].vcpu_ms, 60000);
+	assert_int_equal(b[3].vcpu_ms, 0);
+	assert_int_equal(b[1].mib_ms, 60000LL * 256);
+	assert_int_equal(b[0].tasks, 1);
+	assert_int_equal(b[1].tasks, 0);
+	/* Adding again adds to the same rows. */
+	assert_int_equal(store_usage_add(s, "acme", base + 60000, base + 61000, 1, 0, base + 60000, 0, 1), 0);
+	assert_int_equal(store_usage_history(s, "acme", base, 120000, 2, b), 0);
+	assert_int_equal(b[0].vcpu_ms, 60000 + 120000 + 1000);
+	assert_int_equal(b[0].sessions, 1);
+	assert_int_equal(b[1].vcpu_ms, 60000);
+	assert_int_equal(b[0].tasks, 1);
+	/* Another customer's are its own; bad arguments are refused. */
+	assert_int_equal(store_usage_history(s, "beta", base, 60000, 4, b), 0);
+	assert_int_equal(b[1].vcpu_ms, 0);
+	assert_int_equal(store_usage_history(s, "acme", base + 1, 60000, 4, b), -1);
+	assert_int_equal(store_usage_history(s, "acme", base, 90000, 4, b), -1);
+
+	/* A task: its VM time from starting to its end, once. */
+	submit(s, "beta", t);
+	assert_int_equal(store_task_schedule(s, t, "h1"), 1);
+	assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+	assert_int_equal(store_task_transition(s, t, TASK_STARTING, TASK_RUNNING, NULL), 1);
+	{
+		char q[120];
+
+		snprintf(q, sizeof(q), "UPDATE tasks SET starting_ms = starting_ms - 90000 WHERE id = '%s'", t);
+		sql(q);
+	}
+	assert_int_equal(store_task_transition(s, t, TASK_RUNNING, TASK_SUCCEEDED, NULL), 1);
+	dur = sql_int("SELECT ended_ms - starting_ms FROM tasks");
+	assert_true(dur >= 90000);
+	usage_total(s, "beta", &tot);
+	assert_int_equal(tot.vcpu_ms, dur);
+	assert_int_equal(tot.mib_ms, (int64_t)dur * 256);
+	assert_int_equal(tot.tasks, 1);
+	/* Its end again (another replica's, a retry): no change, no count. */
+	assert_int_equal(store_task_transition(s, t, TASK_RUNNING, TASK_SUCCEEDED, NULL), 0);
+	assert_int_equal(store_task_finish(s, t, TASK_FAILED, "error", NULL), 0);
+	usage_total(s, "beta", &tot);
+	assert_int_equal(tot.vcpu_ms, dur);
+	assert_int_equal(tot.tasks, 1);
+
+	/* store_task_finish meters too; a task never started counts nothing. */
+	submit(s, "beta", t);
+	assert_int_equal(store_task_finish(s, t, TASK_CANCELLED, "cancelled", NULL), 1);
+	usage_total(s, "beta", &tot);
+	assert_int_equal(tot.tasks, 1);
+	submit(s, "beta", t);
+	assert_int_equal(store_task_schedule(s, t, "h1"), 1);
+	assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+	assert_int_equal(store_task_finish(s, t, TASK_FAILED, "error", NULL), 1);
+	usage_total(s, "beta", &tot);
+	assert_int_equal(tot.tasks, 2);
+
+	/* A session: started once; its running interval at its pause, none
+	 * while paused, a new one after a resume at its destruction. */
+	session_new(s, "acme", x);
+	assert_int_equal(store_session_transition(s, x, SESSION_STARTING, SESSION_RUNNING, "h1", "", NULL), 1);
+	{
+		char q[120];
+
+		snprintf(q, sizeof(q), "UPDATE sessions SET started_ms = started_ms - 120000 WHERE id = '%s'", x);
+		sql(q);
+	}
+	assert_int_equal(store_session_transition(s, x, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL), 1);
+	usage_total(s, "acme", &tot);
+	assert_int_equal(tot.sessions, 1);
+	assert_int_equal(tot.vcpu_ms, 0); /* still its interval: not ended */
+	assert_int_equal(store_session_transition(s, x, SESSION_PAUSING, SESSION_PAUSED, "", "paused", NULL), 1);
+	dur = sql_int("SELECT paused_ms - started_ms FROM sessions");
+	assert_true(dur >= 120000);
+	usage_total(s, "acme", &tot);
+	assert_int_equal(tot.vcpu_ms, dur);
+	assert_int_equal(tot.mib_ms, (int64_t)dur * 256);
+	assert_int_equal(store_session_transition(s, x, SESSION_PAUSING, SESSION_PAUSED, "", "paused", NULL), 0);
+	assert_int_equal(store_session_transition(s, x, SESSION_PAUSED, SESSION_DESTROYED, "", "deleted", NULL), 1);
+	usage_total(s, "acme", &tot);
+	assert_int_equal(tot.vcpu_ms, dur);
+	assert_int_equal(tot.sessions, 1);
+
+	/* Stored levels: sampled into a minute (set, not added: a second
+	 * sample there repeats it), the bucket's largest sample read back;
+	 * deleted snapshots and volumes and forks are not counted. */
+	sql("INSERT INTO snapshots(id, customer, name, session_id, kind, vcpus, memory_mib, bytes, created_ms, spec)"
+	    " VALUES ('k1', 'beta', 'one', 's', 'named', 1, 256, 1000, 1, '{}'),"
+	    " ('k2', 'beta', 'two', 's', 'named', 1, 256, 500, 1, '{}'),"
+	    " ('k3', 'beta', NULL, 's', 'fork', 1, 256, 7000, 1, '{}')");
+	sql("INSERT INTO snapshots(id, customer, name, session_id, kind, vcpus, memory_mib, bytes, created_ms,"
+	    " deleted_ms, spec) VALUES ('k4', 'beta', 'gone', 's', 'named', 1, 256, 9000, 1, 2, '{}')");
+	sql("INSERT INTO volumes(id, customer, name, size_mib, created_ms) VALUES ('v1', 'beta', 'data', 2048, 1)");
+	assert_int_equal(store_usage_sample_stored(s, base + 5000), 0);
+	assert_int_equal(store_usage_sample_stored(s, base + 6000), 0);
+	sql("UPDATE snapshots SET deleted_ms = 3 WHERE id = 'k2'");
+	assert_int_equal(store_usage_sample_stored(s, base + 65000), 0);
+	assert_int_equal(store_usage_history(s, "beta", base, 60000, 4, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 1500);
+	assert_int_equal(b[0].volume_mib, 2048);
+	assert_int_equal(b[1].snapshot_bytes, 1000);
+	assert_int_equal(b[2].snapshot_bytes, 0);
+	assert_int_equal(store_usage_history(s, "beta", base, 120000, 2, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 1500);
+	assert_int_equal(b[0].vcpu_ms, 0); /* levels leave the flows alone */
+	assert_int_equal(store_usage_history(s, "acme", base, 60000, 4, b), 0);
+	assert_int_equal(b[0].snapshot_bytes, 0);
+	assert_int_equal(b[0].vcpu_ms, 60000); /* and the flows keep theirs */
+	store_close(s);
+
+	/* Durable: a reopened store reads the same. */
+	s = open_ok();
+	usage_total(s, "acme", &tot);
+	assert_int_equal(tot.vcpu_ms, dur);
+	assert_int_equal(tot.sessions, 1);
+	store_close(s);
+}
+
 #define BOTH(t) cmocka_unit_test_setup(t, setup), cmocka_unit_test_setup(t, setup_pg)
 
 int main(void)
@@ -1812,6 +1966,7 @@ int main(void)
 		BOTH(test_tx_cleanup),
 		BOTH(test_snapshots),
 		BOTH(test_volumes),
+		BOTH(test_metering),
 		/* Replicas share one PostgreSQL: no SQLite pass to skip. */
 		cmocka_unit_test_setup(test_replicas, setup_pg),
 		cmocka_unit_test_setup(test_volume_replicas, setup_pg),
