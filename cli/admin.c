@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "spec.h"
 
 static void admin_usage(FILE *f)
 {
@@ -144,8 +145,8 @@ int cmd_admin(int argc, char **argv)
 
 		if (argc == 5 && drain && !strcmp(argv[3], "--deadline")) {
 			deadline = strtol(argv[4], &end, 10);
-			if (!*argv[4] || *end || deadline < 1 || deadline > 604800) {
-				fprintf(stderr, "kiln: admin drain: --deadline: expected seconds, 1-604800\n");
+			if (!*argv[4] || *end || deadline < 1 || deadline > SPEC_DRAIN_DEADLINE_MAX_S) {
+				fprintf(stderr, "kiln: admin drain: --deadline: expected seconds, 1-%d\n", SPEC_DRAIN_DEADLINE_MAX_S);
 				return EXIT_USAGE;
 			}
 		} else if (argc != 3) {

@@ -152,6 +152,10 @@ void spec_net_rule_format(const struct spec_net_rule *r, char *out, size_t cap);
  * most SPEC_VOLUME_PATH_MAX bytes, no control characters, not "/" and not
  * under /proc, /sys or /dev. */
 #define SPEC_VOLUME_PATH_MAX 255
+
+/* A drain's deadline (kiln admin drain, kiln-host drain, both hosts' and
+ * kiln-api's endpoints): 1 s to a week. */
+#define SPEC_DRAIN_DEADLINE_MAX_S 604800
 int spec_volume_path_ok(const char *path);
 /* Path a is b, or under it (component-wise). */
 int spec_path_within(const char *a, const char *b);

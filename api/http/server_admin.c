@@ -5,6 +5,7 @@
  * before the table). */
 #include "server_int.h"
 
+#include "spec.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,7 +288,7 @@ enum MHD_Result server_rt_host_drain(void *ctx, struct httpd_req *r)
 		}
 		deadline_s = json_integer_value(d);
 		json_decref(b);
-		if (d && !json_is_null(d) && (deadline_s < 1 || deadline_s > 604800))
+		if (d && !json_is_null(d) && (deadline_s < 1 || deadline_s > SPEC_DRAIN_DEADLINE_MAX_S))
 			return reply_error(r->conn, KERR_INVALID_REQUEST, "deadline_s: 1..604800 (seconds)");
 	}
 	rc = store_host_set_drain(s->st, id, 1, deadline_s ? clock_wall_ms() + (int64_t)deadline_s * 1000 : 0);

@@ -15,6 +15,7 @@
 #include "err.h"
 #include "host_config.h"
 #include "httpc.h"
+#include "spec.h"
 
 static void drain_usage(FILE *f)
 {
@@ -71,8 +72,9 @@ int drain_cmd_main(int argc, char **argv)
 			char *end;
 
 			deadline_s = strtol(optarg, &end, 10);
-			if (!drain || *end || deadline_s < 1 || deadline_s > 604800) {
-				fprintf(stderr, "kiln-host: --deadline: seconds, 1..604800, and only with drain\n");
+			if (!drain || *end || deadline_s < 1 || deadline_s > SPEC_DRAIN_DEADLINE_MAX_S) {
+				fprintf(stderr, "kiln-host: --deadline: seconds, 1..%d, and only with drain\n",
+					SPEC_DRAIN_DEADLINE_MAX_S);
 				return 2;
 			}
 			break;

@@ -275,7 +275,7 @@ static enum MHD_Result drain_post(void *ctx, struct httpd_req *r)
 
 		deadline_s = json_integer_value(d);
 		if (!json_is_object(b) || (d && !json_is_null(d) && (!json_is_integer(d) || deadline_s < 1 ||
-								      deadline_s > 604800))) {
+								      deadline_s > SPEC_DRAIN_DEADLINE_MAX_S))) {
 			json_decref(b);
 			return reply_error(r->conn, KERR_INVALID_REQUEST,
 					   "expected {\"deadline_s\": N} (1..604800 seconds, optional)");
