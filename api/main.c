@@ -177,6 +177,7 @@ int main(int argc, char **argv)
 		goto out_store;
 	}
 	s3_global_init(); /* curl: presigning needs none, the scheduler's host client does */
+	hostclient_set_ca(cfg.hosts_ca_file); /* before anything calls a host */
 	{
 		struct sched_config sc = {
 			.cluster_token = cfg.cluster_token,

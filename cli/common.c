@@ -30,6 +30,7 @@ int cli_connect(struct creds *cr, int admin, struct cli_conn *conn)
 	}
 	conn->api = cr->api;
 	conn->key = key;
+	conn->ca_file = cr->ca_file[0] ? cr->ca_file : NULL;
 	return 0;
 }
 

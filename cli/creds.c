@@ -57,6 +57,7 @@ int creds_load(struct creds *c, struct kiln_err *err)
 		{ "KILN_ADMIN_KEY", c->admin_key, sizeof(c->admin_key) },
 		{ "S3_ENDPOINT", c->s3_endpoint, sizeof(c->s3_endpoint) },
 		{ "S3_BUCKET", c->s3_bucket, sizeof(c->s3_bucket) },
+		{ "KILN_CA_FILE", c->ca_file, sizeof(c->ca_file) },
 	};
 	const char *path = getenv("KILN_CREDENTIALS");
 	char line[2048], name[64], value[1024];

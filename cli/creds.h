@@ -13,6 +13,7 @@
 struct creds {
 	char api[512], key[512], admin_key[512];
 	char s3_endpoint[512], s3_bucket[256];
+	char ca_file[1024]; /* KILN_CA_FILE: the CA verifying an https:// API ("": the system's) */
 	char file[4096]; /* the credentials file consulted */
 	int file_found;  /* it exists */
 };

@@ -34,6 +34,7 @@ static struct httpc_req api_req(const struct cli_conn *c, const char *method, co
 		.method = method,
 		.url = url,
 		.bearer = c->key,
+		.ca_file = c->ca_file,
 		.max_reply = REPLY_MAX,
 		.lim = { .timeout_ms = timeout_s * 1000, .connect_timeout_ms = CONNECT_MS },
 	};

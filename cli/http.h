@@ -12,6 +12,7 @@
 struct cli_conn {
 	const char *api; /* "http://127.0.0.1:8080", no trailing slash needed */
 	const char *key; /* Bearer key, may be NULL */
+	const char *ca_file; /* PEM CA verifying an https:// API (NULL: the system's) */
 };
 
 /* One request to api + path with an optional JSON body. Returns the HTTP

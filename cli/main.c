@@ -13,6 +13,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kiln COMMAND [ARGS]\n"
 		   "  up [--dir DIR] [--port P] [--egress] the local stack: S3, kiln-api, one kiln-host\n"
 		   "  --version                            print the version\n"
+		   "  --ca-file PEM COMMAND ...            verify an https:// API with this CA (or KILN_CA_FILE)\n"
 		   "  run FILE.py|FILE.sh [options]        run a file in a microVM (kiln run --help)\n"
 		   "  task get|list|cancel|logs ...        inspect tasks\n"
 		   "  session create|exec|put|get|ls|pause|resume|fork|rm|list|info ...\n"
@@ -25,7 +26,7 @@ static void usage(FILE *f)
 		   "  destination set|show|test|delete     outputs to your own S3 bucket (kiln destination --help)\n"
 		   "  mcp                                  an MCP server on stdin/stdout for AI agents (docs/mcp.md)\n"
 		   "  admin customer|quota|key|hosts ...   administer (admin key)\n"
-		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, else the credentials file of\n"
+		   "Configuration: KILN_API, KILN_KEY, KILN_ADMIN_KEY, KILN_CA_FILE, else the credentials file of\n"
 		   "`kiln up` (KILN_CREDENTIALS, else " CREDS_DEFAULT_FILE ").\n"
 		   "Exit status: 0 ok; 1 refused by the API or the task failed (run: the task's exit code);\n"
 		   "2 bad usage or no configuration; 3 API unreachable or a task error.\n");
@@ -35,6 +36,13 @@ int main(int argc, char **argv)
 {
 	int rc;
 
+	/* kiln --ca-file PEM COMMAND ...: as KILN_CA_FILE=PEM. */
+	if (argc >= 3 && !strcmp(argv[1], "--ca-file")) {
+		setenv("KILN_CA_FILE", argv[2], 1);
+		argv[2] = argv[0];
+		argv += 2;
+		argc -= 2;
+	}
 	if (argc < 2) {
 		usage(stderr);
 		return EXIT_USAGE;

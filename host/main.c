@@ -39,7 +39,8 @@ static void usage(FILE *f)
 	      "       kiln-host snapshot create [--image default] [--memory MiB] [--vcpus N] [--force] [options]\n"
 	      "       kiln-host snapshot list | snapshot rm KEY... | snapshot prune\n"
 	      "       kiln-host serve [--config FILE] [--token T] [--host-id ID] [--spool-dir DIR]\n"
-	      "                       [--api URL[,URL...]] [--advertise URL]\n"
+	      "                       [--api URL[,URL...]] [--api-ca-file PEM] [--advertise URL]\n"
+	      "                       [--tls-cert PEM --tls-key PEM]\n"
 	      "                       [--listen ADDR:PORT] [--pool N] [--pool-max N] [--prestart N] [--memory-capacity MiB]\n"
 	      "                       [--vcpus-capacity N] [--cpu-overcommit X] [--snapshot-memory MiB] [--cold] [options]\n"
 	      "       kiln-host check-config FILE   check what serve --config FILE would use (starts nothing)\n"
@@ -476,6 +477,34 @@ static unsigned refills_for(long ncpu)
 	return (unsigned)(n < 1 ? 1 : n > 4 ? 4 : n);
 }
 
+/* A PEM file of at most 1 MiB for the TLS listener; malloc'd text or NULL
+ * with err set. */
+static char *read_pem(const char *path, const char *what, struct kiln_err *err)
+{
+	size_t n = 0;
+	char *p = io_read_file(path, 1u << 20, &n);
+
+	if (!p || !n || !strstr(p, "-----BEGIN ")) {
+		kiln_err_set(err, KERR_CONFIG, "%s: %s %s", what, path, p && n ? "is not PEM" : "cannot be read");
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+static int read_tls(const struct serve_opts *o, char **cert, char **key, struct kiln_err *err)
+{
+	if (!o->tls_cert_file || !o->tls_key_file)
+		return kiln_err_set(err, KERR_USAGE, "TLS needs both a certificate and its key (--tls-cert, --tls-key)");
+	if (!(*cert = read_pem(o->tls_cert_file, "tls.cert_file", err)) ||
+	    !(*key = read_pem(o->tls_key_file, "tls.key_file", err))) {
+		free(*cert);
+		*cert = NULL;
+		return -1;
+	}
+	return 0;
+}
+
 /* kiln-host serve: reap what a crashed predecessor left, prepare the default
  * snapshot (and the one with a NIC for egress) and the warm pool, open hostd
  * (which recovers the spool) and the sessions, serve HTTP, register with
@@ -488,12 +517,18 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	struct serve_http_config http_cfg;
 	struct kiln_err err = { .code = "" };
 	struct hostd_config hc;
+	char *tls_cert = NULL, *tls_key = NULL;
 	sigset_t set;
 	int sig, rc = 3;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
 	if (!o->token || !o->token[0]) {
 		fprintf(stderr, "kiln-host: serve needs a cluster token (--token, or token/token_file in the config)\n");
+		return 2;
+	}
+	/* TLS material is read first: a bad file is said before minutes of start-up. */
+	if ((o->tls_cert_file || o->tls_key_file) && read_tls(o, &tls_cert, &tls_key, &err) < 0) {
+		fprintf(stderr, "kiln-host: %s\n", err.message);
 		return 2;
 	}
 	/* The host's TSC rate (50 ms, once per process) is measured here, not
@@ -584,7 +619,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.host_id = o->host_id, .token = o->token, .listen_host = o->listen_host, .addr = o->addr,
 		.port = o->port, .connection_timeout_s = o->connection_timeout_s, .max_connections = o->max_connections,
 		.max_connections_per_address = o->max_connections_per_address, .ro = &s.ro, .hostd = s.hostd,
-		.sessions = s.sessions, .builds = s.builds,
+		.sessions = s.sessions, .builds = s.builds, .tls_cert = tls_cert, .tls_key = tls_key,
 	};
 	http = serve_http_start(&http_cfg, &err);
 	if (!http)
@@ -592,9 +627,9 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 	if (o->api && o->api->n) {
 		char adv[128];
 
-		snprintf(adv, sizeof(adv), "http://%s:%d", o->listen_host, o->port);
+		snprintf(adv, sizeof(adv), "%s://%s:%d", tls_cert ? "https" : "http", o->listen_host, o->port);
 		s.heartbeat = heartbeat_start(s.hostd, o->api, o->host_id, o->advertise ? o->advertise : adv, o->token,
-					      o->heartbeat_ms, &err);
+					      o->api_ca_file, o->heartbeat_ms, &err);
 		if (!s.heartbeat)
 			goto fail;
 	}
@@ -629,6 +664,8 @@ fail:
 		template_store_close(s.templates); /* its pools and snapshots */
 	}
 	net_host_fini(&s.net);
+	free(tls_cert); /* after the daemon that served with them */
+	free(tls_key);
 	if (rc)
 		fprintf(stderr, "kiln-host: %s\n", err.message);
 	return rc;
@@ -652,6 +689,12 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->api = &hc->api;
 	if (hc->advertise_url)
 		so->advertise = hc->advertise_url;
+	if (hc->api_ca_file)
+		so->api_ca_file = hc->api_ca_file;
+	if (hc->tls_cert_file) {
+		so->tls_cert_file = hc->tls_cert_file;
+		so->tls_key_file = hc->tls_key_file;
+	}
 	so->heartbeat_ms = hc->heartbeat_ms;
 	if (hc->accel)
 		cm->accel = hc->accel;
@@ -774,7 +817,8 @@ static int cmd_check_config(int argc, char **argv)
 static int cmd_serve(int argc, char **argv)
 {
 	enum { O_CONFIG = 'C', O_TOKEN = 't', O_HOST_ID = 'h', O_SPOOL = 's', O_VCPUS = 'v', O_OVERCOMMIT = 'o',
-	       O_API = 'A', O_ADVERTISE = 'a', O_POOL_MAX = 'X', O_MEM_OVERCOMMIT = 'O' };
+	       O_API = 'A', O_ADVERTISE = 'a', O_POOL_MAX = 'X', O_MEM_OVERCOMMIT = 'O', O_API_CA = 0x100,
+	       O_TLS_CERT, O_TLS_KEY };
 	static const struct option opts[] = {
 		{ "config", required_argument, 0, O_CONFIG }, { "token", required_argument, 0, O_TOKEN },
 		{ "api", required_argument, 0, O_API }, { "advertise", required_argument, 0, O_ADVERTISE },
@@ -784,6 +828,8 @@ static int cmd_serve(int argc, char **argv)
 		{ "prestart", required_argument, 0, 'P' }, { "pool-max", required_argument, 0, O_POOL_MAX },
 		{ "memory-capacity", required_argument, 0, 'M' }, { "snapshot-memory", required_argument, 0, 'm' },
 		{ "memory-overcommit", required_argument, 0, O_MEM_OVERCOMMIT },
+		{ "api-ca-file", required_argument, 0, O_API_CA }, { "tls-cert", required_argument, 0, O_TLS_CERT },
+		{ "tls-key", required_argument, 0, O_TLS_KEY },
 		{ "cold", no_argument, 0, 'c' }, COMMON_OPTIONS, { 0, 0, 0, 0 },
 	};
 	static struct common cm;
@@ -829,6 +875,9 @@ static int cmd_serve(int argc, char **argv)
 			so.api = &flag_api;
 			break;
 		case O_ADVERTISE: so.advertise = optarg; break;
+		case O_API_CA: so.api_ca_file = optarg; break;
+		case O_TLS_CERT: so.tls_cert_file = optarg; break;
+		case O_TLS_KEY: so.tls_key_file = optarg; break;
 		case O_VCPUS:
 			if (parse_uint(optarg, 1, 4096, &so.vcpus_capacity) < 0) {
 				kiln_err_set(&err, KERR_USAGE, "--vcpus-capacity: expected 1..4096");

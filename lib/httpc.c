@@ -115,6 +115,8 @@ static CURLcode req_setup(CURL *h, const struct httpc_req *q, struct curl_slist 
 		e |= curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	if (q->range)
 		e |= curl_easy_setopt(h, CURLOPT_RANGE, q->range);
+	if (q->ca_file)
+		e |= curl_easy_setopt(h, CURLOPT_CAINFO, q->ca_file);
 	e |= httpc_set_limits(h, &q->lim);
 	return e;
 }

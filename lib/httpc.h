@@ -50,6 +50,11 @@ struct httpc_req {
 	long (*body_read)(void *body_ctx, char *p, size_t n);
 	void *body_ctx;
 	const char *range;        /* "100-": a Range request; NULL: none */
+	/* PEM file of the CA(s) that verify an https:// server, in place of
+	 * the system's; NULL: the system's. Per request, so that calls to
+	 * kiln's own daemons (a private CA) and to S3 (a public one) share the
+	 * process and its connection cache. */
+	const char *ca_file;
 	const char *const *headers; /* more "Name: value" lines, NULL-terminated; NULL: none */
 	struct httpc_limits lim;
 	size_t max_reply;         /* cap of the reply body (0: HTTPC_REPLY_MAX); of one event in a follow */

@@ -12,6 +12,12 @@
 
 #include "buf.h"
 
+/* GnuTLS priorities of kiln-api's and kiln-host's TLS listeners: TLS 1.2
+ * and 1.3 only, AEAD ciphers, ECDHE key exchange (forward secrecy). */
+#define HTTPD_TLS_PRIORITIES                                                                                 \
+	"SECURE128:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-256-GCM:+AES-128-GCM:+CHACHA20-POLY1305:" \
+	"-KX-ALL:+ECDHE-RSA:+ECDHE-ECDSA"
+
 /* ---- request bodies ---- */
 
 /* One request's body, collected across the access handler's calls. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <openssl/crypto.h>
 
@@ -77,7 +78,7 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 {
 	json_error_t je;
 	json_t *s3 = NULL, *quotas = NULL, *dests = NULL, *store = NULL;
-	json_t *tls = NULL;
+	json_t *tls = NULL, *hosts = NULL;
 	const char *pg = NULL, *pg_file = NULL;
 	const char *admin_key = NULL, *admin_key_file = NULL, *token = NULL, *token_file = NULL;
 	const char *sk = NULL, *sk_file = NULL;
@@ -100,7 +101,8 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			{ "connection_timeout_s", CONF_U32, &c->connection_timeout_s, 5, 86400 },
 			{ "destinations", CONF_OBJ, &dests }, { "public_url", CONF_STR, &c->public_url },
 			{ "store", CONF_OBJ, &store }, { "ui_dir", CONF_STR, &c->ui_dir },
-			{ "sandbox_domain", CONF_STR, &c->sandbox_domain }, { "tls", CONF_OBJ, &tls }, { 0 },
+			{ "sandbox_domain", CONF_STR, &c->sandbox_domain }, { "tls", CONF_OBJ, &tls },
+			{ "hosts", CONF_OBJ, &hosts }, { 0 },
 		};
 		if (conf_take(c->root, "", top, path, API_CONF_FLAGS, err) < 0)
 			goto fail;
@@ -130,6 +132,18 @@ int api_config_load(const char *path, struct api_config *c, struct kiln_err *err
 			goto fail;
 		if (!c->tls_listen || !c->tls_cert_file || !c->tls_key_file) {
 			kiln_err_set(err, KERR_CONFIG, "%s: tls: listen, cert_file and key_file are required", path);
+			goto fail;
+		}
+	}
+	if (hosts) {
+		const struct conf_field f[] = { { "ca_file", CONF_STR, &c->hosts_ca_file },
+						{ "require_tls", CONF_BOOL, &c->hosts_require_tls }, { 0 } };
+
+		if (conf_take(hosts, "hosts", f, path, API_CONF_FLAGS, err) < 0)
+			goto fail;
+		if (c->hosts_ca_file && access(c->hosts_ca_file, R_OK) < 0) {
+			kiln_err_set(err, KERR_CONFIG, "%s: hosts.ca_file: cannot read %s: %s", path, c->hosts_ca_file,
+				     strerror(errno));
 			goto fail;
 		}
 	}

@@ -50,6 +50,12 @@ struct api_config {
 	/* tls: a second listener that speaks TLS with the operator's
 	 * certificate (PEM files, read again on SIGHUP). NULL: none. */
 	const char *tls_listen, *tls_cert_file, *tls_key_file;
+	/* hosts: how kiln-api reaches kiln-hosts. ca_file (PEM) verifies an
+	 * https:// host (NULL: the system's CAs); require_tls refuses a
+	 * heartbeat that names an http:// URL, so that the cluster token never
+	 * goes to a host in clear. */
+	const char *hosts_ca_file;
+	int hosts_require_tls;
 	unsigned char dest_key[32];
 	int have_dest_key;
 	json_t *root;                /* owns the strings above */

@@ -15,6 +15,18 @@
 #define CONNECT_MAX_MS 2000L
 #define FOLLOW_DRAIN_MS 200L
 
+static const char *host_ca;
+
+void hostclient_set_ca(const char *ca_file)
+{
+	host_ca = ca_file;
+}
+
+const char *hostclient_ca(void)
+{
+	return host_ca;
+}
+
 /* A request to base + path with the cluster token; timeout_ms 0: none. */
 static void host_req(struct httpc_req *q, char *url, size_t size, const char *base, const char *token,
 		     const char *method, const char *path, long timeout_ms)
@@ -24,6 +36,7 @@ static void host_req(struct httpc_req *q, char *url, size_t size, const char *ba
 		.method = method,
 		.url = url,
 		.bearer = token,
+		.ca_file = host_ca,
 		.lim = { .timeout_ms = timeout_ms,
 			 .connect_timeout_ms = timeout_ms && timeout_ms < CONNECT_MAX_MS ? timeout_ms : CONNECT_MAX_MS },
 	};

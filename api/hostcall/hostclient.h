@@ -4,9 +4,27 @@
 #ifndef KILN_HOSTCLIENT_H
 #define KILN_HOSTCLIENT_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include <jansson.h>
 
 #include "err.h"
+
+/* The CA file (PEM) that verifies hosts' https:// URLs (configuration
+ * `hosts.ca_file`); NULL: the system's CAs. Set once at start, before any
+ * call; the string must outlive every call. */
+void hostclient_set_ca(const char *ca_file);
+const char *hostclient_ca(void);
+
+/* A byte stream to a host's base URL for a tunnel: for http:// a TCP
+ * connection, for https:// a TLS connection verified with hostclient_ca()
+ * whose plaintext is pumped by a thread of its own to the returned end of a
+ * socketpair (closing it ends the pump and the connection; a shutdown of
+ * its write side is not passed on over TLS). The fd is nonblocking and
+ * close-on-exec. Returns -1 with why set when no connection was made by
+ * deadline_ms (CLOCK_MONOTONIC ms). */
+int hostclient_connect(const char *base, int64_t deadline_ms, char *why, size_t why_len);
 
 /* One request: method, base URL + path, optional JSON body. Returns the
  * HTTP status (the response JSON in *reply when it parses; may be NULL), or

@@ -346,6 +346,12 @@ enum MHD_Result server_rt_host_heartbeat(void *ctx, struct httpd_req *r)
 		return reply_error(r->conn, KERR_TOO_LARGE, "heartbeats are at most 64 KiB");
 	if (api_heartbeat_parse(httpd_body_data(r->body), httpd_body_len(r->body), url, &cap, &err) < 0)
 		return reply_err_status(r->conn, MHD_HTTP_BAD_REQUEST, &err);
+	if (s->cfg->hosts_require_tls && strncmp(url, "https://", 8)) {
+		json_decref(cap);
+		return reply_error(r->conn, KERR_INVALID_REQUEST,
+				   "url: this kiln-api requires hosts to serve TLS (hosts.require_tls): expected an "
+				   "https:// URL (set the host's tls section and advertise https://)");
+	}
 	if (store_host_heartbeat(s->st, id, url, cap, &err) < 0) {
 		json_decref(cap);
 		return reply_err_status(r->conn, MHD_HTTP_INTERNAL_SERVER_ERROR, &err);

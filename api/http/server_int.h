@@ -40,6 +40,7 @@ struct server {
 	 * those a reload quiesced (serving the connections they had). */
 	pthread_mutex_t tls_lock;
 	struct MHD_Daemon *tls_d;
+	int tls_lfd;                 /* the TLS listening socket every daemon accepts on (a dup each) */
 	struct tls_old {
 		struct MHD_Daemon *d;
 		char *cert, *key;

@@ -1,5 +1,6 @@
 /* port_tunnel: kiln-api's end of kiln-host's port tunnel (docs/api.md,
- * "kiln-host: ports"): a TCP connection to the session's host, `GET
+ * "kiln-host: ports"): a connection to the session's host (TCP, or TLS
+ * for an https:// host: hostclient_connect), `GET
  * /v1/sessions/{id}/ports/{port}/connect` with `Upgrade: kiln-tunnel` and
  * the cluster token, and after the host's 101 a raw byte pipe to the port in
  * the sandbox. The host's answer head is read with port_resp (bounded); an
@@ -9,9 +10,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +19,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+
+#include "hostcall/host_ops.h"
 
 static int64_t now_ms(void)
 {
@@ -67,81 +67,6 @@ int port_send_all(int fd, const void *p, size_t n, int64_t deadline_ms)
 	return 0;
 }
 
-/* "http://HOST:PORT[/]" into host and port; -1 when it is not that. */
-static int split_base(const char *base, char host[256], char port[8])
-{
-	const char *h, *colon, *end;
-
-	if (strncmp(base, "http://", 7))
-		return -1;
-	h = base + 7;
-	end = h + strcspn(h, "/");
-	if (*h == '[') { /* [v6]:port */
-		const char *rb = memchr(h, ']', (size_t)(end - h));
-
-		if (!rb || rb[1] != ':')
-			return -1;
-		colon = rb + 1;
-		h++;
-		if ((size_t)(rb - h) >= 256)
-			return -1;
-		memcpy(host, h, (size_t)(rb - h));
-		host[rb - h] = 0;
-	} else {
-		colon = memchr(h, ':', (size_t)(end - h));
-		if (!colon || (size_t)(colon - h) >= 256 || colon == h)
-			return -1;
-		memcpy(host, h, (size_t)(colon - h));
-		host[colon - h] = 0;
-	}
-	if (end - colon - 1 < 1 || end - colon - 1 > 5)
-		return -1;
-	memcpy(port, colon + 1, (size_t)(end - colon - 1));
-	port[end - colon - 1] = 0;
-	return 0;
-}
-
-static int connect_host(const char *base, int64_t deadline_ms, struct port_tunnel_fail *f)
-{
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
-	char host[256], port[8];
-	int fd = -1, rc;
-
-	if (split_base(base, host, port) < 0) {
-		snprintf(f->why, sizeof(f->why), "the host's URL %.120s is not http://HOST:PORT", base);
-		return -1;
-	}
-	rc = getaddrinfo(host, port, &hints, &ai);
-	if (rc) {
-		snprintf(f->why, sizeof(f->why), "%.120s: %s", host, gai_strerror(rc));
-		return -1;
-	}
-	for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-		fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-		if (fd < 0)
-			continue;
-		/* A relay: a request's head and body go out as they come. With
-		 * Nagle the body (a second small write) waited for the host's
-		 * delayed ACK: 40 ms on every POST to a port. */
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
-		if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
-			break;
-		if (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline_ms) == 0) {
-			int err = 0;
-			socklen_t len = sizeof(err);
-
-			if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && !err)
-				break;
-			errno = err ? err : ETIMEDOUT;
-		}
-		snprintf(f->why, sizeof(f->why), "%.120s: %s", base, strerror(errno));
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
-	return fd;
-}
-
 int port_tunnel_open(const char *base, const char *token, const char *id, unsigned port, int64_t deadline_ms,
 		     struct port_tunnel_fail *f)
 {
@@ -156,7 +81,7 @@ int port_tunnel_open(const char *base, const char *token, const char *id, unsign
 		snprintf(f->why, sizeof(f->why), "out of memory");
 		return -1;
 	}
-	fd = connect_host(base, deadline_ms, f);
+	fd = hostclient_connect(base, deadline_ms, f->why, sizeof(f->why));
 	if (fd < 0)
 		goto out;
 	n = snprintf(req, sizeof(req),

@@ -20,7 +20,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 {
 	json_error_t je;
 	json_t *capacity = NULL, *pool = NULL, *s3 = NULL, *upload = NULL, *network = NULL, *outputs = NULL, *disk = NULL;
-	json_t *templates = NULL, *sessions = NULL, *api = NULL, *dests = NULL;
+	json_t *templates = NULL, *sessions = NULL, *api = NULL, *dests = NULL, *tls = NULL;
 	const char *token_file = NULL, *secret_file = NULL;
 	uint64_t timeout = 0;
 	int attempts = 0;
@@ -43,7 +43,8 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			{ "cold", CONF_BOOL, &c->cold }, { "capacity", CONF_OBJ, &capacity },
 			{ "pool", CONF_OBJ, &pool }, { "s3", CONF_OBJ, &s3 }, { "upload", CONF_OBJ, &upload },
 			{ "retention_s", CONF_U32, &c->retention_s, 60, 365 * 86400 }, { "api", CONF_OBJ, &api },
-			{ "advertise_url", CONF_STR, &c->advertise_url },
+			{ "advertise_url", CONF_STR, &c->advertise_url }, { "api_ca_file", CONF_STR, &c->api_ca_file },
+			{ "tls", CONF_OBJ, &tls },
 			{ "heartbeat_ms", CONF_U32, &c->heartbeat_ms, 100, 60000 }, { "network", CONF_OBJ, &network },
 			{ "outputs", CONF_OBJ, &outputs }, { "disk", CONF_OBJ, &disk },
 			{ "debug_console", CONF_BOOL, &c->debug_console }, { "templates", CONF_OBJ, &templates },
@@ -64,6 +65,17 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 			goto fail;
 		if (netaddr_allow_from_json(&c->dest_allow, allow, "destinations.allow_addresses", &aerr) < 0) {
 			kiln_err_set(err, KERR_CONFIG, "%s: %s", path, aerr.message);
+			goto fail;
+		}
+	}
+	if (tls) {
+		const struct conf_field f[] = { { "cert_file", CONF_STR, &c->tls_cert_file },
+						{ "key_file", CONF_STR, &c->tls_key_file }, { 0 } };
+
+		if (conf_take(tls, "tls", f, path, 0, err) < 0)
+			goto fail;
+		if (!c->tls_cert_file || !c->tls_key_file) {
+			kiln_err_set(err, KERR_CONFIG, "%s: tls: cert_file and key_file are both required", path);
 			goto fail;
 		}
 	}

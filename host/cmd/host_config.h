@@ -19,6 +19,8 @@ struct host_config {
 	const char *token;           /* cluster token (or read from token_file) */
 	struct apilist api;          /* "api": kiln-api URL(s) to heartbeat to (n 0: unset) */
 	const char *advertise_url;   /* how kiln-api reaches us */
+	const char *api_ca_file;     /* PEM CA verifying https:// api URLs (NULL: the system's) */
+	const char *tls_cert_file, *tls_key_file; /* "tls": serve HTTPS with these (PEM; both or none) */
 	unsigned heartbeat_ms;
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */

@@ -16,6 +16,7 @@ struct heartbeat {
 	struct hostd *d;
 	struct apilist api;     /* kiln-api base URLs; api.cur the one in use */
 	char *host_id, *advertise, *token;
+	char *ca_file;          /* NULL: the system's CAs */
 	unsigned period_ms;
 	pthread_t thread;
 	int started;
@@ -40,7 +41,7 @@ static int send_one(struct heartbeat *h, struct httpc *c, const char *url, long 
 	/* A replica's machine gone silent costs the connect timeout, not the
 	 * whole one, before the next URL is tried. */
 	struct httpc_req q = {
-		.method = "POST", .url = url, .bearer = h->token,
+		.method = "POST", .url = url, .bearer = h->token, .ca_file = h->ca_file,
 		.lim = { .timeout_ms = 5000, .connect_timeout_ms = 2000 },
 	};
 	struct httpc_reply r;
@@ -127,7 +128,8 @@ static void *heartbeat_main(void *arg)
 }
 
 struct heartbeat *heartbeat_start(struct hostd *d, const struct apilist *api, const char *host_id,
-				  const char *advertise, const char *token, unsigned period_ms, struct kiln_err *err)
+				  const char *advertise, const char *token, const char *ca_file, unsigned period_ms,
+				  struct kiln_err *err)
 {
 	struct heartbeat *h = calloc(1, sizeof(*h));
 	unsigned i;
@@ -137,7 +139,7 @@ struct heartbeat *heartbeat_start(struct hostd *d, const struct apilist *api, co
 	h->d = d;
 	h->period_ms = period_ms ? period_ms : 1000;
 	if (apilist_copy(&h->api, api) < 0 || !(h->host_id = strdup(host_id)) || !(h->token = strdup(token)) ||
-	    !(h->advertise = strdup(advertise)))
+	    !(h->advertise = strdup(advertise)) || (ca_file && !(h->ca_file = strdup(ca_file))))
 		goto oom;
 	for (i = 0; i < APILIST_MAX; i++)
 		strcpy(h->last[i], "(none yet)");
@@ -170,6 +172,7 @@ void heartbeat_stop(struct heartbeat *h)
 	apilist_free(&h->api);
 	free(h->host_id);
 	free(h->token);
+	free(h->ca_file);
 	free(h->advertise);
 	free(h);
 }

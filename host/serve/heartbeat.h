@@ -12,14 +12,17 @@
 struct heartbeat;
 
 /* Start the heartbeat thread: api the kiln-api base URLs (copied; at least
- * one), advertise the URL kiln-api reaches this host's API at. The first
+ * one), advertise the URL kiln-api reaches this host's API at, ca_file
+ * (copied; NULL: the system's CAs) the PEM CA that verifies https:// API
+ * URLs. The first
  * heartbeat is sent at once, to api's first URL. A beat that gets no
  * connection, times out or is answered 5xx is sent to the next URL at once
  * (each URL once per period); the URL that answered stays in use. Failures
  * are logged once per URL and change of error, and retried next period.
  * Returns NULL with err set when the thread cannot start. */
 struct heartbeat *heartbeat_start(struct hostd *d, const struct apilist *api, const char *host_id,
-				  const char *advertise, const char *token, unsigned period_ms, struct kiln_err *err);
+				  const char *advertise, const char *token, const char *ca_file, unsigned period_ms,
+				  struct kiln_err *err);
 void heartbeat_stop(struct heartbeat *h);
 
 #endif

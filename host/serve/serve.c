@@ -563,16 +563,38 @@ struct serve_http *serve_http_start(const struct serve_http_config *c, struct ki
 	 * over FD_SETSIZE (1024), which select() refuses (connection reset). */
 	pthread_mutex_init(&s->tun_lock, NULL);
 	condwait_init(&s->tun_cond);
-	s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-					MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE,
-				(uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-				MHD_OPTION_SOCK_ADDR, c->addr,
-				MHD_OPTION_CONNECTION_TIMEOUT, c->connection_timeout_s ? c->connection_timeout_s : 300u,
-				MHD_OPTION_CONNECTION_LIMIT, c->max_connections ? c->max_connections : 1024u,
-				MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-				c->max_connections_per_address ? c->max_connections_per_address : 512u, MHD_OPTION_END);
+	/* With TLS (the cluster token and every session's traffic then never
+	 * cross the network in clear) the same routes are served over HTTPS
+	 * only; a tunnel's upgraded connection is then a socketpair that
+	 * libmicrohttpd pumps through TLS. */
+	{
+		struct MHD_OptionItem tls[] = {
+			{ MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)c->tls_cert },
+			{ MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)c->tls_key },
+			{ MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)HTTPD_TLS_PRIORITIES },
+			{ MHD_OPTION_END, 0, NULL },
+		};
+		unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+				 MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE;
+
+		if (c->tls_cert && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+			kiln_err_set(err, KERR_CONFIG, "tls: this libmicrohttpd was built without TLS");
+			free(s);
+			return NULL;
+		}
+		if (c->tls_cert)
+			flags |= MHD_USE_TLS;
+		s->d = MHD_start_daemon(flags, (uint16_t)c->port, NULL, NULL, handler, s, MHD_OPTION_NOTIFY_COMPLETED,
+					completed, s, MHD_OPTION_SOCK_ADDR, c->addr, MHD_OPTION_CONNECTION_TIMEOUT,
+					c->connection_timeout_s ? c->connection_timeout_s : 300u,
+					MHD_OPTION_CONNECTION_LIMIT, c->max_connections ? c->max_connections : 1024u,
+					MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+					c->max_connections_per_address ? c->max_connections_per_address : 512u,
+					MHD_OPTION_ARRAY, c->tls_cert ? tls : tls + 3, MHD_OPTION_END);
+	}
 	if (!s->d) {
-		kiln_err_set(err, KERR_HOST_ERROR, "cannot listen on %s:%d", c->listen_host, c->port);
+		kiln_err_set(err, KERR_HOST_ERROR, "cannot listen on %s:%d%s", c->listen_host, c->port,
+			     c->tls_cert ? " with TLS (is the key the certificate's?)" : "");
 		free(s);
 		return NULL;
 	}

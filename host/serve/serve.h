@@ -43,7 +43,9 @@ struct serve_opts {
 	unsigned upload_workers, max_backoff_s, retention_s;
 	unsigned upload_inline_max;   /* logs up to this many bytes go inside manifest.json (0: never) */
 	const struct apilist *api;    /* kiln-api URLs to heartbeat to (NULL or none: standalone) */
-	const char *advertise;        /* URL kiln-api reaches this host at (default http://listen) */
+	const char *advertise;        /* URL kiln-api reaches this host at (default http(s)://listen) */
+	const char *api_ca_file;      /* PEM CA verifying https:// api URLs (NULL: the system's) */
+	const char *tls_cert_file, *tls_key_file; /* serve HTTPS (both or none) */
 	unsigned heartbeat_ms;        /* 0: 1000 */
 	unsigned max_connections;     /* open HTTP connections in all (0: 1024) */
 	unsigned max_connections_per_address; /* from one IP address (0: 512; kiln-api is one address) */
@@ -78,6 +80,7 @@ struct serve_http_config {
 	struct sockaddr_in *addr;
 	int port;
 	unsigned connection_timeout_s, max_connections, max_connections_per_address; /* 0: 300, 1024, 512 */
+	const char *tls_cert, *tls_key; /* PEM text: serve HTTPS only (NULL: plain HTTP) */
 	const struct run_opts *ro;    /* POST /v1/run */
 	struct hostd *hostd;
 	struct session_table *sessions;

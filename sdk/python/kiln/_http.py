@@ -3,6 +3,7 @@ in and out, retries with back-off on 429 and 503 honouring Retry-After."""
 from __future__ import annotations
 
 import http.client
+import ssl
 import json
 import random
 import socket
@@ -29,11 +30,23 @@ def _retry_after(h: Optional[str]) -> Optional[float]:
         return None
 
 
+_trusted_cas: set = set()  # CA files clients were given: downloads trust them too
+
+
+def _download_context() -> Optional[ssl.SSLContext]:
+    if not _trusted_cas:
+        return None
+    ctx = ssl.create_default_context()
+    for f in sorted(_trusted_cas):
+        ctx.load_verify_locations(cafile=f)
+    return ctx
+
+
 class Transport:
     """Talks to one kiln-api. Thread-safe: each thread has its own connection."""
 
     def __init__(self, base_url: str, key: str, *, timeout: float = 70.0, max_retries: int = 4,
-                 backoff: float = 0.25, max_backoff: float = 10.0):
+                 backoff: float = 0.25, max_backoff: float = 10.0, ca_file: Optional[str] = None):
         u = urllib.parse.urlsplit(base_url.rstrip("/"))
         if u.scheme not in ("http", "https") or not u.hostname:
             raise errors.ValidationError("api_url: expected an http:// or https:// URL (got %r)" % base_url)
@@ -48,11 +61,21 @@ class Transport:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self._local = threading.local()
+        # An https:// kiln-api with a private CA: that CA verifies it (and,
+        # for this process, the signed download links it hands out).
+        self._ssl = None
+        if ca_file:
+            try:
+                self._ssl = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise errors.ValidationError("ca_file: cannot load %s: %s" % (ca_file, e)) from e
+            _trusted_cas.add(ca_file)
 
     # -- connections --
     def _new_conn(self, timeout: Optional[float]) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=timeout)
+        if self._scheme == "https":
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _conn(self) -> http.client.HTTPConnection:
         c = getattr(self._local, "conn", None)
@@ -198,8 +221,10 @@ def download(url: str, timeout: float = 300.0, headers: Optional[Dict[str, str]]
     u = urllib.parse.urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise errors.ValidationError("url: not an http(s) URL: %r" % url)
-    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    c = cls(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout=timeout)
+    if u.scheme == "https":
+        c = http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=timeout, context=_download_context())
+    else:
+        c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
     try:
         path = u.path + ("?" + u.query if u.query else "")
         c.request("GET", path, headers=dict(headers or {}, **{"User-Agent": USER_AGENT}))

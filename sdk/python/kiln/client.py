@@ -562,17 +562,20 @@ class Client:
     ``Client("http://127.0.0.1:8080", "kiln_…")``, or with no arguments from
     ``KILN_API`` and ``KILN_KEY``. ``max_retries`` bounds retries of
     requests refused with 429 or 503 (waiting ``Retry-After``, else an
-    exponential back-off)."""
+    exponential back-off). ``ca_file`` (else ``KILN_CA_FILE``): a PEM file
+    of the CA that verifies an ``https://`` kiln-api signed by a private
+    CA, in place of the system's."""
 
     def __init__(self, api_url: Optional[str] = None, key: Optional[str] = None, *, timeout: float = 70.0,
-                 max_retries: int = 4):
+                 max_retries: int = 4, ca_file: Optional[str] = None):
         api_url = api_url or os.environ.get("KILN_API")
         key = key or os.environ.get("KILN_KEY")
         if not api_url:
             raise errors.ValidationError("api_url: give it, or set KILN_API")
         if not key:
             raise errors.AuthError("no API key: give key=, or set KILN_KEY", status=401, code="unauthorized")
-        self._t = Transport(api_url, key, timeout=timeout, max_retries=max_retries)
+        self._t = Transport(api_url, key, timeout=timeout, max_retries=max_retries,
+                            ca_file=ca_file or os.environ.get("KILN_CA_FILE") or None)
 
     @property
     def api_url(self) -> str:
