@@ -34,7 +34,7 @@ ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
-HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lzstd -lz -lpthread
+HOST_LIBS := -lnftables -lmnl -lseccomp -ljansson -lcurl -lcrypto -lmicrohttpd -lgnutls -lzstd -lz -lpthread
 API_LIBS  := -ljansson -lcurl -lcrypto -lmicrohttpd -lgnutls -lsqlite3 -lpq -lhttp_parser -lpthread -lm
 CLI_LIBS  := -ljansson -lcurl -lcrypto -larchive
 

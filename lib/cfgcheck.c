@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
+#include <time.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <string.h>
@@ -12,6 +14,10 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "io.h"
+
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
 
 void cfgcheck_use(struct cfgcheck *c, const char *setting, const char *fmt, ...)
 {
@@ -154,5 +160,104 @@ int cfgcheck_s3(struct cfgcheck *c, const char *setting, const struct s3_config 
 		cfgcheck_error(c, setting, "endpoint %s bucket %s: %s (%s)", s3->endpoint, bucket, err.message, err.code);
 		return -1;
 	}
+	return 0;
+}
+
+#define CFGCHECK_PEM_MAX (1u << 20)
+
+/* path's PEM text (malloc'd), or NULL with an error reported. */
+static char *read_pem(struct cfgcheck *c, const char *setting, const char *path)
+{
+	size_t n = 0;
+	char *p = path ? io_read_file(path, CFGCHECK_PEM_MAX, &n) : NULL;
+
+	if (!path)
+		cfgcheck_error(c, setting, "not set");
+	else if (!p)
+		cfgcheck_error(c, setting, "cannot read %s: %s", path, strerror(errno));
+	else if (!n)
+		cfgcheck_error(c, setting, "%s is empty", path);
+	else if (!strstr(p, "-----BEGIN "))
+		cfgcheck_error(c, setting, "%s is not PEM", path);
+	else
+		return p;
+	free(p);
+	return NULL;
+}
+
+int cfgcheck_tls_pair(struct cfgcheck *c, const char *prefix, const char *cert_file, const char *key_file)
+{
+	gnutls_certificate_credentials_t cred = NULL;
+	gnutls_x509_crt_t crt = NULL;
+	gnutls_datum_t cd, kd, dn = { 0 };
+	char cs[64], ks[64], when[32], *cert, *key = NULL;
+	time_t expires;
+	int r, rc = -1;
+
+	snprintf(cs, sizeof(cs), "%s.cert_file", prefix);
+	snprintf(ks, sizeof(ks), "%s.key_file", prefix);
+	if (!(cert = read_pem(c, cs, cert_file)) || !(key = read_pem(c, ks, key_file)))
+		goto out;
+	cd = (gnutls_datum_t){ (unsigned char *)cert, (unsigned)strlen(cert) };
+	kd = (gnutls_datum_t){ (unsigned char *)key, (unsigned)strlen(key) };
+	if (gnutls_x509_crt_init(&crt) < 0 || gnutls_certificate_allocate_credentials(&cred) < 0) {
+		cfgcheck_error(c, prefix, "gnutls: out of memory");
+		goto out;
+	}
+	r = gnutls_x509_crt_import(crt, &cd, GNUTLS_X509_FMT_PEM);
+	if (r < 0) {
+		cfgcheck_error(c, cs, "%s is not a PEM certificate: %s", cert_file, gnutls_strerror(r));
+		goto out;
+	}
+	r = gnutls_certificate_set_x509_key_mem(cred, &cd, &kd, GNUTLS_X509_FMT_PEM);
+	if (r == GNUTLS_E_CERTIFICATE_KEY_MISMATCH) {
+		cfgcheck_error(c, ks, "%s is not the key of %s", key_file, cert_file);
+		goto out;
+	}
+	if (r < 0) {
+		cfgcheck_error(c, ks, "%s and %s do not load as a pair: %s", cert_file, key_file, gnutls_strerror(r));
+		goto out;
+	}
+	expires = gnutls_x509_crt_get_expiration_time(crt);
+	strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&expires));
+	if (gnutls_x509_crt_get_dn3(crt, &dn, 0) < 0)
+		dn.data = NULL;
+	cfgcheck_use(c, cs, "%s (%s, expires %s)", cert_file, dn.data ? (const char *)dn.data : "?", when);
+	cfgcheck_use(c, ks, "%s (matches the certificate)", key_file);
+	if (expires != (time_t)-1 && expires < time(NULL))
+		cfgcheck_warn(c, cs, "%s expired on %s", cert_file, when);
+	gnutls_free(dn.data);
+	rc = 0;
+out:
+	if (cred)
+		gnutls_certificate_free_credentials(cred);
+	if (crt)
+		gnutls_x509_crt_deinit(crt);
+	free(cert);
+	free(key);
+	return rc;
+}
+
+int cfgcheck_ca_file(struct cfgcheck *c, const char *setting, const char *ca_file)
+{
+	gnutls_x509_crt_t *list = NULL;
+	unsigned n = 0;
+	char *pem = read_pem(c, setting, ca_file);
+	gnutls_datum_t d;
+	int r;
+
+	if (!pem)
+		return -1;
+	d = (gnutls_datum_t){ (unsigned char *)pem, (unsigned)strlen(pem) };
+	r = gnutls_x509_crt_list_import2(&list, &n, &d, GNUTLS_X509_FMT_PEM, 0);
+	free(pem);
+	if (r < 0 || !n) {
+		cfgcheck_error(c, setting, "%s holds no PEM certificate: %s", ca_file, r < 0 ? gnutls_strerror(r) : "none");
+		return -1;
+	}
+	for (unsigned i = 0; i < n; i++)
+		gnutls_x509_crt_deinit(list[i]);
+	gnutls_free(list);
+	cfgcheck_use(c, setting, "%s (%u certificate%s)", ca_file, n, n == 1 ? "" : "s");
 	return 0;
 }

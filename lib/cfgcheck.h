@@ -40,6 +40,17 @@ int cfgcheck_dir(struct cfgcheck *c, const char *setting, const char *dir);
 /* The regular file path can be opened for reading. 0 or -1 (reported). */
 int cfgcheck_file(struct cfgcheck *c, const char *setting, const char *path);
 
+/* TLS material, loaded with GnuTLS as the listeners load it. The pair:
+ * cert_file is a PEM certificate, key_file its key (they load as one
+ * pair); the subject and expiry are reported, an expired certificate is a
+ * warning. prefix names the section ("tls"): settings PREFIX.cert_file and
+ * PREFIX.key_file. 0 or -1 (reported). */
+int cfgcheck_tls_pair(struct cfgcheck *c, const char *prefix, const char *cert_file, const char *key_file);
+
+/* ca_file (setting names it) holds one or more PEM certificates to verify
+ * peers with; how many is reported. 0 or -1 (reported). */
+int cfgcheck_ca_file(struct cfgcheck *c, const char *setting, const char *ca_file);
+
 /* One ListObjectsV2 request on the bucket (a short timeout, one attempt):
  * the endpoint answers, the credentials are accepted and the bucket
  * exists. setting: "s3". Needs s3_global_init. 0 or -1 (reported, naming

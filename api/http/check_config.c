@@ -14,23 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <gnutls/gnutls.h>
-#include <gnutls/x509.h>
 
 #include "cfgcheck.h"
 #include "s3.h"
 #include "ui.h"
-
-/* err's message, without the "SETTING: " the loaders already put first. */
-static void report(struct cfgcheck *c, const char *setting, const struct kiln_err *err)
-{
-	size_t n = strlen(setting);
-	const char *m = err->message;
-
-	if (!strncmp(m, setting, n) && !strncmp(m + n, ": ", 2))
-		m += n + 2;
-	cfgcheck_error(c, setting, "%s", m);
-}
 
 static void check_listen(struct cfgcheck *c, const char *setting, const char *listen, const char *scheme)
 {
@@ -96,71 +83,22 @@ static void check_store(struct cfgcheck *c, const struct api_config *cfg)
 		cfgcheck_use(c, "db", "%s (will be created)", cfg->db);
 }
 
-/* The certificate and key are PEM that GnuTLS (libmicrohttpd's TLS) loads
- * as one pair: the key is the certificate's. */
 static void check_tls(struct cfgcheck *c, const struct api_config *cfg)
 {
-	struct kiln_err err = { .code = "" };
-	gnutls_certificate_credentials_t cred = NULL;
-	gnutls_x509_crt_t crt = NULL;
-	gnutls_datum_t cd, kd, dn = { 0 };
-	char *cert, *key = NULL, when[32];
-	time_t expires;
-	int r;
-
 	if (!cfg->tls_listen) {
 		cfgcheck_use(c, "tls", "off");
-		return;
+	} else {
+		check_listen(c, "tls.listen", cfg->tls_listen, "https");
+		cfgcheck_tls_pair(c, "tls", cfg->tls_cert_file, cfg->tls_key_file);
 	}
-	check_listen(c, "tls.listen", cfg->tls_listen, "https");
-	cert = tls_read_pem(cfg->tls_cert_file, "cert_file", &err);
-	if (!cert) {
-		report(c, "tls.cert_file", &err);
-		return;
-	}
-	key = tls_read_pem(cfg->tls_key_file, "key_file", &err);
-	if (!key) {
-		report(c, "tls.key_file", &err);
-		goto out;
-	}
-	cd = (gnutls_datum_t){ (unsigned char *)cert, (unsigned)strlen(cert) };
-	kd = (gnutls_datum_t){ (unsigned char *)key, (unsigned)strlen(key) };
-	if (gnutls_x509_crt_init(&crt) < 0 || gnutls_certificate_allocate_credentials(&cred) < 0) {
-		cfgcheck_error(c, "tls", "gnutls: out of memory");
-		goto out;
-	}
-	r = gnutls_x509_crt_import(crt, &cd, GNUTLS_X509_FMT_PEM);
-	if (r < 0) {
-		cfgcheck_error(c, "tls.cert_file", "%s is not a PEM certificate: %s", cfg->tls_cert_file, gnutls_strerror(r));
-		goto out;
-	}
-	r = gnutls_certificate_set_x509_key_mem(cred, &cd, &kd, GNUTLS_X509_FMT_PEM);
-	if (r == GNUTLS_E_CERTIFICATE_KEY_MISMATCH) {
-		cfgcheck_error(c, "tls.key_file", "%s is not the key of %s", cfg->tls_key_file, cfg->tls_cert_file);
-		goto out;
-	}
-	if (r < 0) {
-		cfgcheck_error(c, "tls.key_file", "%s and %s do not load as a pair: %s", cfg->tls_cert_file,
-			       cfg->tls_key_file, gnutls_strerror(r));
-		goto out;
-	}
-	expires = gnutls_x509_crt_get_expiration_time(crt);
-	strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&expires));
-	if (gnutls_x509_crt_get_dn3(crt, &dn, 0) < 0)
-		dn.data = NULL;
-	cfgcheck_use(c, "tls.cert_file", "%s (%s, expires %s)", cfg->tls_cert_file,
-		     dn.data ? (const char *)dn.data : "?", when);
-	cfgcheck_use(c, "tls.key_file", "%s (matches the certificate)", cfg->tls_key_file);
-	if (expires != (time_t)-1 && expires < time(NULL))
-		cfgcheck_warn(c, "tls.cert_file", "%s expired on %s", cfg->tls_cert_file, when);
-	gnutls_free(dn.data);
-out:
-	if (cred)
-		gnutls_certificate_free_credentials(cred);
-	if (crt)
-		gnutls_x509_crt_deinit(crt);
-	free(cert);
-	free(key);
+	if (cfg->hosts_ca_file)
+		cfgcheck_ca_file(c, "hosts.ca_file", cfg->hosts_ca_file);
+	else
+		cfgcheck_use(c, "hosts.ca_file", "none: https:// hosts are verified with the system's CAs");
+	if (cfg->hosts_require_tls)
+		cfgcheck_use(c, "hosts.require_tls", "yes: a host that heartbeats an http:// URL is refused");
+	else
+		cfgcheck_use(c, "hosts.require_tls", "no: http:// hosts are accepted (the cluster token crosses in clear)");
 }
 
 int server_check_config(const struct api_config *cfg, const char *path)

@@ -168,6 +168,7 @@ static void check_api(struct cfgcheck *c, const struct serve_opts *so)
 	for (unsigned i = 0; i < so->api->n; i++) {
 		char url[APILIST_URL_MAX + 16];
 		struct httpc_req q = { .url = url,
+				       .ca_file = so->api_ca_file,
 				       .lim = { .timeout_ms = CFGCHECK_TIMEOUT_S * 1000,
 						.connect_timeout_ms = CFGCHECK_TIMEOUT_S * 1000 },
 				       .max_reply = 4096 };
@@ -211,7 +212,16 @@ int check_cmd_run(const char *path, const struct host_config *hc, const struct s
 					    "KILN_CLUSTER_TOKEN)");
 	else
 		cfgcheck_use(&c, "token", "set");
-	cfgcheck_use(&c, "advertise_url", "%s", so->advertise ? so->advertise : "(from listen)");
+	cfgcheck_use(&c, "advertise_url", "%s", so->advertise ? so->advertise :
+						    so->tls_cert_file ? "https://LISTEN" : "http://LISTEN");
+	if (so->tls_cert_file || so->tls_key_file)
+		cfgcheck_tls_pair(&c, "tls", so->tls_cert_file, so->tls_key_file);
+	else
+		cfgcheck_use(&c, "tls", "off: the host's API (and the cluster token) is served in clear");
+	if (so->advertise && so->tls_cert_file && strncmp(so->advertise, "https://", 8))
+		cfgcheck_error(&c, "advertise_url", "%s: the host serves TLS only, so it must be https://", so->advertise);
+	if (so->api_ca_file)
+		cfgcheck_ca_file(&c, "api_ca_file", so->api_ca_file);
 	check_accel(&c, vm->accel);
 	check_qemu(&c, vm->qemu);
 	check_images(&c, vm->image_dir);

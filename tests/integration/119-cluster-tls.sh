@@ -16,7 +16,7 @@
 # served. `kiln` and the Python SDK reach the HTTPS API with a CA file.
 # Nothing is left behind.
 . "$(dirname "$0")/lib.sh"
-t_plan 17
+t_plan 19
 require_image
 t_require_tools swift-proxy-server memcached jq curl openssl
 t_require_built kiln kiln-api kiln-host
@@ -53,10 +53,24 @@ cp "$C/api1.pem" "$C/api.pem"
 cp "$C/api1.key" "$C/api.key"
 export CURL_CA_BUNDLE=$C/ca.pem # every curl below verifies with the test CA
 
+# ---- check-config sees the TLS settings ----
+host_config "$T_TMP/bad-host.json" "127.0.0.1:$H1_PORT" hx ".tls = {cert_file: \"$C/host.pem\", key_file: \"$C/rogue.key\"} |
+	.api_ca_file = \"$C/host.key\" | .advertise_url = \"http://127.0.0.1:$H1_PORT\""
+"$KILN_HOST" check-config "$T_TMP/bad-host.json" > "$T_TMP/chk-host" 2>&1
+host_checked() {
+	grep -q 'tls.key_file.*is not the key of' "$T_TMP/chk-host" && grep -q 'api_ca_file.*no PEM certificate' "$T_TMP/chk-host" &&
+		grep -q 'advertise_url.*must be https' "$T_TMP/chk-host"
+}
+check "kiln-host check-config: a key that is not the certificate's, a CA file with no certificate, an http:// advertise_url with TLS" host_checked
+
 api_config "$T_TMP/api.json" "127.0.0.1:$API_PORT" ". + {host_lost_after_s: 5, quotas: {submit_rate: 1000, submit_burst: 1000},
 	tls: {listen: \"127.0.0.1:$TLS_PORT\", cert_file: \"$C/api.pem\", key_file: \"$C/api.key\"},
 	hosts: {ca_file: \"$C/ca.pem\", require_tls: true}}"
 api_up "$T_TMP/api.json" "$URL"
+api_config "$T_TMP/bad-api.json" "127.0.0.1:$API_PORT" ". + {hosts: {ca_file: \"$C/host.key\", require_tls: true}}"
+"$ROOT/build/kiln-api" check-config "$T_TMP/bad-api.json" > "$T_TMP/chk-api" 2>&1
+api_checked() { grep -q 'hosts.ca_file.*no PEM certificate' "$T_TMP/chk-api" && grep -q 'hosts.require_tls.*yes' "$T_TMP/chk-api"; }
+check "kiln-api check-config: hosts.ca_file with no certificate is an error; require_tls is reported" api_checked
 API=$URL
 host_config "$T_TMP/h1.json" "127.0.0.1:$H1_PORT" h1 ".api = \"$URL\" | .heartbeat_ms = 500 | .run_dir += \"/h1\" |
 	.api_ca_file = \"$C/ca.pem\" | .tls = {cert_file: \"$C/host.pem\", key_file: \"$C/host.key\"}"
