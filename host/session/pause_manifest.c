@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "version.h"
+
 static int hex64(const char *s)
 {
 	if (!s || strlen(s) != 64)
@@ -90,15 +92,23 @@ int pmanifest_parse_at(const char *text, size_t len, const char *customer, const
 	if (!json_is_object(m) || strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
 	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id) || !json_is_object(json_object_get(m, "spec")))
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the paused session's manifest is unreadable or not this session's");
-	v = json_integer_value(json_object_get(m, "version"));
+	/* No version: the first release's (1). A newer one is another kiln's
+	 * format, not damage: 409 incompatible_snapshot, which leaves the
+	 * session paused and its objects in S3 (422 would end it as corrupt). */
+	v = json_object_get(m, "version") ? json_integer_value(json_object_get(m, "version")) : PMANIFEST_V1;
+	if (v > PMANIFEST_V3)
+		return kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+				    "%s/%s/%s/manifest.json has version %lld, newer than this kiln-host (%s) reads "
+				    "(1 to %d): written by a newer kiln; resume it on an upgraded host",
+				    customer, where, id, (long long)v, kiln_version(), PMANIFEST_V3);
 	if (v == PMANIFEST_V1) {
 		out->version = PMANIFEST_V1;
 		return 0;
 	}
 	if (v != PMANIFEST_V2 && v != PMANIFEST_V3)
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT,
-				    "the paused session's manifest has version %lld; this host reads versions 1 to 3",
-				    (long long)v);
+				    "the paused session's manifest has version %lld; this host reads versions 1 to %d",
+				    (long long)v, PMANIFEST_V3);
 	out->version = (int)v;
 	base = json_object_get(m, "base");
 	if (!hex64(json_string_value(json_object_get(base, "sha256"))) ||
@@ -178,7 +188,16 @@ int pbase_parse(const char *text, size_t len, const char *sha, uint64_t size, st
 
 	memset(out, 0, sizeof(*out));
 	pbase_prefix(prefix, sizeof(prefix), sha);
-	if (!json_is_object(m) || json_integer_value(json_object_get(m, "version")) != PBASE_V ||
+	if (json_is_object(m) && json_integer_value(json_object_get(m, "version")) > PBASE_V) {
+		kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+			     PBASE_DIR "%.16s/manifest.json has version %lld, newer than this kiln-host (%s) reads (%d): "
+			     "written by a newer kiln",
+			     sha, (long long)json_integer_value(json_object_get(m, "version")), kiln_version(), PBASE_V);
+		goto out;
+	}
+	/* No version: the first release's (1). */
+	if (!json_is_object(m) ||
+	    (json_object_get(m, "version") && json_integer_value(json_object_get(m, "version")) != PBASE_V) ||
 	    strcmp(json_string_value(json_object_get(m, "sha256")) ?: "", sha) ||
 	    json_integer_value(json_object_get(m, "size")) != (json_int_t)size) {
 		kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "the base RAM %.16s in S3: its manifest is unreadable or not this base's",

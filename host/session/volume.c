@@ -9,6 +9,7 @@
 
 #include "spec.h"
 #include "task/task.h"
+#include "version.h"
 
 /* The rule kiln-api applies too (lib/spec.c). */
 int vol_path_ok(const char *p)
@@ -110,7 +111,16 @@ int vmanifest_parse(const char *text, size_t len, const char *customer, const ch
 
 	memset(out, 0, sizeof(*out));
 	m = out->root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-	if (!json_is_object(m) || json_integer_value(json_object_get(m, "version")) != VOL_MANIFEST_V ||
+	/* A newer version is another kiln's format, not damage: refused as
+	 * such, the volume left as it is. No version: the first release's. */
+	if (json_is_object(m) && json_integer_value(json_object_get(m, "version")) > VOL_MANIFEST_V)
+		return kiln_err_set(err, KERR_INCOMPATIBLE_SNAPSHOT,
+				    "%s/" PMANIFEST_VOLUMES "/%s/manifest.json has version %lld, newer than this kiln-host "
+				    "(%s) reads (%d): written by a newer kiln",
+				    customer, id, (long long)json_integer_value(json_object_get(m, "version")), kiln_version(),
+				    VOL_MANIFEST_V);
+	if (!json_is_object(m) ||
+	    (json_object_get(m, "version") && json_integer_value(json_object_get(m, "version")) != VOL_MANIFEST_V) ||
 	    strcmp(json_string_value(json_object_get(m, "customer")) ?: "", customer) ||
 	    strcmp(json_string_value(json_object_get(m, "id")) ?: "", id))
 		return kiln_err_set(err, KERR_SNAPSHOT_CORRUPT, "volume %s: its manifest is unreadable or not this volume's", id);

@@ -165,9 +165,9 @@ json_t *hostd_record_json_locked(struct hostd_task *t)
 
 static json_t *record_core_locked(struct hostd_task *t)
 {
-	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:O*, s:O, s:O, s:s*}", "version", 1, "id", t->id,
-			 "customer", t->customer, "state", hostd_state_names[t->state], "final_state",
-			 hostd_state_names[t->final_state], "created_ms", (json_int_t)t->created_ms, "running_ms",
+	return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:O*, s:O, s:O, s:s*}", "version",
+			 SPOOL_RECORD_V, "id", t->id, "customer", t->customer, "state", hostd_state_names[t->state],
+			 "final_state", hostd_state_names[t->final_state], "created_ms", (json_int_t)t->created_ms, "running_ms",
 			 (json_int_t)t->running_ms, "ended_ms", (json_int_t)t->ended_ms, "finished_ms",
 			 (json_int_t)t->finished_ms, "result", t->result, "outputs", t->outputs, "artifacts", t->artifacts,
 			 "last_error",

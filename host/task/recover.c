@@ -19,6 +19,7 @@
 #include "excerpt.h"
 #include "hostd_int.h"
 #include "spool.h"
+#include "version.h"
 
 static void recover_one(struct hostd *d, const char *id)
 {
@@ -34,6 +35,14 @@ static void recover_one(struct hostd *d, const char *id)
 
 	snprintf(path, sizeof(path), "%s/tasks/%s/record.json", d->spool, id);
 	r = json_load_file(path, 0, &je);
+	if (json_integer_value(json_object_get(r, "version")) > SPOOL_RECORD_V) {
+		/* Another kiln-host's format: kept as it is for the one that reads it. */
+		fprintf(stderr, "kiln-host: spool: task %s: %s has version %lld, newer than this kiln-host (%s) reads "
+			"(%d): left as it is, not taken as a task\n", id, path,
+			(long long)json_integer_value(json_object_get(r, "version")), kiln_version(), SPOOL_RECORD_V);
+		json_decref(r);
+		return;
+	}
 	customer = json_string_value(json_object_get(r, "customer"));
 	s = hostd_state_parse(json_string_value(json_object_get(r, "state")));
 	fs = hostd_state_parse(json_string_value(json_object_get(r, "final_state")));

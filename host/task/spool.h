@@ -9,6 +9,11 @@
 
 #include "err.h"
 
+/* record.json's "version". A record without one is the first release's (1);
+ * a newer one (a later kiln-host's, before a downgrade) is left where it is,
+ * untouched, and not taken as a task (hostd_recover says so). */
+#define SPOOL_RECORD_V 1
+
 /* Make SPOOL and SPOOL/tasks. Returns 0 or -1 with err set. */
 int spool_init(const char *spool, struct kiln_err *err);
 

@@ -596,8 +596,26 @@ static void recover_damaged(void **state)
 	write_record(x, "tmpleft", record("tmpleft", "succeeded", "succeeded", atomic_load(&x->clk.wall),
 					  result_json("succeeded", NULL)));
 	put_file(x, "tmpleft", ".record.json.tmp", "{\"state\":\"accep");
+	/* A later kiln-host's record (a downgrade): left as it is for the one
+	 * that reads it, not a task here. One without a version is the first
+	 * release's: loaded. */
+	{
+		json_t *r = record("newer", "succeeded", "succeeded", atomic_load(&x->clk.wall),
+				   result_json("succeeded", NULL));
+
+		json_object_set_new(r, "version", json_integer(SPOOL_RECORD_V + 1));
+		write_record(x, "newer", r);
+		r = record("noversion", "succeeded", "succeeded", atomic_load(&x->clk.wall),
+			   result_json("succeeded", NULL));
+		json_object_del(r, "version");
+		write_record(x, "noversion", r);
+	}
 
 	open_hostd(x, 1);
+	assert_null(hostd_task_json(x->d, "newer"));
+	assert_true(exists(x, "newer", "record.json"));
+	assert_false(moved_aside(x, "newer"));
+	assert_state(x, "noversion", "succeeded");
 	for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
 		assert_null(hostd_task_json(x->d, bad[i]));
 		assert_false(exists(x, bad[i], NULL));
@@ -612,7 +630,7 @@ static void recover_damaged(void **state)
 	{
 		json_t *a = hostd_task_list(x->d, 0);
 
-		assert_int_equal(json_array_size(a), 1);
+		assert_int_equal(json_array_size(a), 2);
 		json_decref(a);
 	}
 	/* The spool still works. */

@@ -134,6 +134,31 @@ static void test_manifest_v3(void **state)
 	pmanifest_free(&m);
 }
 
+/* A manifest of a later kiln (a version past 3) is refused as incompatible
+ * (409: the session stays paused), naming the object and both versions; one
+ * without a version is the first release's (1). A base's manifest the same. */
+static void test_manifest_versions(void **state)
+{
+	const char *newer = "{\"version\":4,\"id\":\"s1\",\"customer\":\"acme\",\"spec\":{}}";
+	const char *none = "{\"id\":\"s1\",\"customer\":\"acme\",\"spec\":{}}";
+	const char *base = "{\"version\":2,\"sha256\":\"" SHA "\",\"size\":4096,\"mem\":{\"chunks\":[]}}";
+	struct kiln_err err = { .code = "" };
+	struct pmanifest m;
+	struct pchunk_list l;
+
+	assert_int_equal(pmanifest_parse(newer, strlen(newer), "acme", "s1", &m, &err), -1);
+	assert_int_equal(err.errc, KERR_INCOMPATIBLE_SNAPSHOT);
+	assert_non_null(strstr(err.message, "acme/sessions/s1/manifest.json has version 4"));
+	assert_non_null(strstr(err.message, "(1 to 3)"));
+	pmanifest_free(&m);
+	assert_int_equal(pmanifest_parse(none, strlen(none), "acme", "s1", &m, &err), 0);
+	assert_int_equal(m.version, PMANIFEST_V1);
+	pmanifest_free(&m);
+	assert_int_equal(pbase_parse(base, strlen(base), SHA, 4096, &l, &err), -1);
+	assert_int_equal(err.errc, KERR_INCOMPATIBLE_SNAPSHOT);
+	assert_non_null(strstr(err.message, "has version 2"));
+}
+
 /* A session started from a snapshot names that snapshot's chunks and its
  * own, nothing else; a snapshot's own manifest its own. */
 static void test_manifest_from_snapshot(void **state)
@@ -181,6 +206,7 @@ int main(void)
 		cmocka_unit_test(test_phash_later_wins),
 		cmocka_unit_test(test_phash_walk),
 		cmocka_unit_test(test_manifest_v3),
+		cmocka_unit_test(test_manifest_versions),
 		cmocka_unit_test(test_manifest_from_snapshot),
 	};
 

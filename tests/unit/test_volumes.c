@@ -203,8 +203,21 @@ static void test_manifest(void **state)
 	assert_int_equal(mparse("{\"version\":1,\"customer\":\"acme\",\"id\":\"v2\",\"size_mib\":64,\"generation\":\"g\","
 				"\"chunks\":[]}", &m), -1);
 	vmanifest_free(&m);
-	assert_int_equal(mparse("{\"version\":2,\"customer\":\"acme\",\"id\":\"v1\",\"size_mib\":64,\"generation\":\"g\","
-				"\"chunks\":[]}", &m), -1);
+	{
+		/* A later kiln's version: incompatible (the volume left as it is),
+		 * named with both versions; none at all: the first release's. */
+		const char *v2 = "{\"version\":2,\"customer\":\"acme\",\"id\":\"v1\",\"size_mib\":64,"
+				 "\"generation\":\"g\",\"chunks\":[]}";
+		struct kiln_err err = { .code = "" };
+
+		assert_int_equal(vmanifest_parse(v2, strlen(v2), "acme", "v1", &m, &err), -1);
+		assert_int_equal(err.errc, KERR_INCOMPATIBLE_SNAPSHOT);
+		assert_non_null(strstr(err.message, "acme/volumes/v1/manifest.json has version 2"));
+		assert_non_null(strstr(err.message, "reads (1)"));
+		vmanifest_free(&m);
+	}
+	assert_int_equal(mparse("{\"customer\":\"acme\",\"id\":\"v1\",\"size_mib\":64,\"generation\":\"g\","
+				"\"chunks\":[]}", &m), 0);
 	vmanifest_free(&m);
 	assert_int_equal(mparse("{\"version\":1,\"customer\":\"acme\",\"id\":\"v1\",\"size_mib\":8,\"generation\":\"g\","
 				"\"chunks\":[]}", &m), -1);
