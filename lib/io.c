@@ -31,6 +31,24 @@ int io_write_all(int fd, const void *p, size_t n)
 	return 0;
 }
 
+int io_wait(int fd, short events, int64_t deadline_ms)
+{
+	for (;;) {
+		int64_t left = deadline_ms - clock_mono_ms();
+		struct pollfd pf = { .fd = fd, .events = events };
+		int rc;
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		/* Bounded so a clock that moved is noticed. */
+		rc = poll(&pf, 1, left > 60000 ? 60000 : (int)left);
+		if (rc > 0)
+			return 0;
+		if (rc < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
 int io_write_all_deadline(int fd, const void *p, size_t n, int64_t deadline_ms)
 {
 	const char *c = p;

@@ -15,6 +15,12 @@
  * 0, or a negative errno (-EIO if write() returned 0). Any thread. */
 int io_write_all(int fd, const void *p, size_t n);
 
+/* Wait with poll() until fd has one of events (POLLIN, POLLOUT) or
+ * deadline_ms (clock_mono_ms() milliseconds) passes. 0 when ready (or on
+ * an error or hang-up of fd: the next read or write says which),
+ * -ETIMEDOUT, or a negative errno. Any thread. */
+int io_wait(int fd, short events, int64_t deadline_ms);
+
 /* Write all n bytes to a blocking or non-blocking fd; on EAGAIN wait with
  * poll() until deadline_ms (clock_mono_ms() milliseconds; <= 0: no deadline).
  * 0, -ETIMEDOUT, or a negative errno. Any thread. */

@@ -18,18 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+#include "io.h"
+
 #define PUMP_BUF (64u << 10)
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* "SCHEME://HOST:PORT[/...]" into host and port; -1 when it is not that. */
 static int split_base(const char *base, size_t scheme_len, char host[256], char port[8])
@@ -61,23 +55,6 @@ static int split_base(const char *base, size_t scheme_len, char host[256], char 
 	return 0;
 }
 
-static int wait_out(int fd, int64_t deadline_ms)
-{
-	for (;;) {
-		int64_t left = deadline_ms - now_ms();
-		struct pollfd pf = { .fd = fd, .events = POLLOUT };
-		int rc;
-
-		if (left <= 0)
-			return -ETIMEDOUT;
-		rc = poll(&pf, 1, left > 60000 ? 60000 : (int)left);
-		if (rc > 0)
-			return 0;
-		if (rc < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
 static int connect_tcp(const char *base, int64_t deadline_ms, char *why, size_t why_len)
 {
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
@@ -103,7 +80,7 @@ static int connect_tcp(const char *base, int64_t deadline_ms, char *why, size_t 
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
 		if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
 			break;
-		if (errno == EINPROGRESS && wait_out(fd, deadline_ms) == 0) {
+		if (errno == EINPROGRESS && io_wait(fd, POLLOUT, deadline_ms) == 0) {
 			int err = 0;
 			socklen_t len = sizeof(err);
 
@@ -225,7 +202,7 @@ static int connect_tls(const char *base, int64_t deadline_ms, char *why, size_t 
 {
 	char errbuf[CURL_ERROR_SIZE] = "", host[256], port[8];
 	struct pump *p = calloc(1, sizeof(*p));
-	int64_t left = deadline_ms - now_ms();
+	int64_t left = deadline_ms - clock_mono_ms();
 	curl_socket_t sock = CURL_SOCKET_BAD;
 	int sv[2] = { -1, -1 };
 	pthread_attr_t attr;

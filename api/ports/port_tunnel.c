@@ -15,37 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
 #include "hostcall/host_ops.h"
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int wait_fd(int fd, short ev, int64_t deadline_ms)
-{
-	for (;;) {
-		int64_t left = deadline_ms - now_ms();
-		struct pollfd pf = { .fd = fd, .events = ev };
-		int rc;
-
-		if (left <= 0)
-			return -ETIMEDOUT;
-		rc = poll(&pf, 1, left > 60000 ? 60000 : (int)left);
-		if (rc > 0)
-			return 0;
-		if (rc < 0 && errno != EINTR)
-			return -errno;
-	}
-}
+#include "io.h"
 
 int port_send_all(int fd, const void *p, size_t n, int64_t deadline_ms)
 {
@@ -61,7 +36,7 @@ int port_send_all(int fd, const void *p, size_t n, int64_t deadline_ms)
 		}
 		if (k < 0 && errno != EAGAIN && errno != EINTR)
 			return -errno;
-		if ((k = wait_fd(fd, POLLOUT, deadline_ms)) < 0)
+		if ((k = io_wait(fd, POLLOUT, deadline_ms)) < 0)
 			return (int)k;
 	}
 	return 0;
@@ -101,7 +76,7 @@ int port_tunnel_open(const char *base, const char *token, const char *id, unsign
 		ssize_t k = recv(fd, in, want, MSG_DONTWAIT);
 
 		if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
-			if (wait_fd(fd, POLLIN, deadline_ms) < 0) {
+			if (io_wait(fd, POLLIN, deadline_ms) < 0) {
 				snprintf(f->why, sizeof(f->why), "%.120s: no answer in time", base);
 				goto out;
 			}
