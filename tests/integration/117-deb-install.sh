@@ -140,7 +140,6 @@ for f in "$ROOT"/build/image/rootfs*.ext4; do
 done
 
 # ---- the daemons as the units start them ----
-TOKEN=$(cat "$R/etc/kiln/cluster-token")
 ADMIN=$(cat "$R/etc/kiln/admin-key")
 API_PORT=$((20000 + RANDOM % 10000))
 HOST_PORT=$((API_PORT + 1))
