@@ -101,6 +101,12 @@ static void child_mounts(const struct child *a)
 	const char *dst;
 	struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV };
 
+	/* The root's directories and mount points get exactly the modes below
+	 * (0755, 0644), whatever umask the owner runs under: kiln-host.service
+	 * has UMask=0077, which made them root's 0700 and every execve by the
+	 * slot uid EACCES. The program gets the owner's umask back at the end. */
+	mode_t old_umask = umask(022);
+
 	/* Nothing mounted here propagates back to the host, and host mount
 	 * events do not reach in. */
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -183,6 +189,7 @@ static void child_mounts(const struct child *a)
 		child_fail(a, "detach the old root", NULL);
 	if (chdir("/") < 0)
 		child_fail(a, "chdir /", NULL);
+	umask(old_umask);
 }
 
 static void child_limits(const struct child *a)

@@ -286,8 +286,9 @@ int snapshot_create(const struct vm_config *base, const char *cache, unsigned me
 		goto out;
 	vm_destroy(&vm);
 	/* The jailed template wrote its RAM file and overlay as its slot uid:
-	 * from now on they are root's, read by every clone. */
-	if (lchown(s.mem, 0, 0) < 0 || lchown(s.disk, 0, 0) < 0 || chmod(s.mem, 0644) < 0) {
+	 * from now on they are root's, read by every clone (0644 whatever the
+	 * umask: qemu-img made the overlay under kiln-host's). */
+	if (lchown(s.mem, 0, 0) < 0 || lchown(s.disk, 0, 0) < 0 || chmod(s.mem, 0644) < 0 || chmod(s.disk, 0644) < 0) {
 		kiln_err_set(err, KERR_SNAPSHOT_ERROR, "chown %s: %s", s.dir, strerror(errno));
 		goto out;
 	}
