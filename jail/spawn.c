@@ -102,9 +102,9 @@ static void child_mounts(const struct child *a)
 	struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV };
 
 	/* The root's directories and mount points get exactly the modes below
-	 * (0755, 0644), whatever umask the owner runs under: kiln-host.service
-	 * has UMask=0077, which made them root's 0700 and every execve by the
-	 * slot uid EACCES. The program gets the owner's umask back at the end. */
+	 * (0755, 0644), whatever umask the owner runs under: under a umask of
+	 * 0077 (kiln-host.service once had it) they were root's 0700 and every
+	 * execve by the slot uid EACCES. The program gets the owner's umask back at the end. */
 	mode_t old_umask = umask(022);
 
 	/* Nothing mounted here propagates back to the host, and host mount
