@@ -10,9 +10,10 @@
 # heartbeating to both: a task sends a known number of bytes to a sink in
 # another namespace and the history's egress_bytes counts them (and not
 # wildly more); tasks submitted through both replicas are counted once,
-# the same read through either, and after one replica's restart.
+# the same read through either, and after one replica's restart; a paused
+# session's bytes show in the sampled pause_bytes.
 . "$(dirname "$0")/lib.sh"
-t_plan 22
+t_plan 23
 require_image
 t_require_tools swift-proxy-server memcached jq curl awk ip nsenter nft python3
 t_require_built kiln-api kiln-host
@@ -196,7 +197,7 @@ t_stop "$h_pid"
 
 # ---- two replicas on one PostgreSQL, a host with egress ----
 if ! ls /usr/lib/postgresql/*/bin/postgres > /dev/null 2>&1; then
-	for n in $(seq 6); do skip "replicas and egress ($n)" "no PostgreSQL server: run scripts/deps.sh"; done
+	for n in $(seq 7); do skip "replicas and egress ($n)" "no PostgreSQL server: run scripts/deps.sh"; done
 else
 pg_start || t_bail "PostgreSQL (scripts/pg-local.sh) starts"
 rurl() { echo "http://$NET.1:$((API_PORT + 10 + $1))"; } # replica 0, 1
@@ -268,6 +269,18 @@ start_replica 0
 URL=$(rurl 0); hist "$KC"; R0B=$(flows)
 URL=$(rurl 1); hist "$KC"; R1B=$(flows)
 check "after replica 0's restart both read the same totals as before" [ "$R0B" = "$R0" -a "$R1B" = "$R0" ]
+# A paused session's stored bytes: a level the leader samples once a minute.
+URL=$(rurl 1)
+st=$(req "$KC" POST /v1/sessions --data-binary '{"idle_timeout_s":900}')
+[ "$st" = 201 ] || t_bail "gamma's session starts" "status $st: $(head -c 300 "$T_TMP/last")"
+SP=$(last .id)
+st=$(req "$KC" POST "/v1/sessions/$SP/pause")
+PB=$(last .snapshot.bytes)
+[ "$st" = 200 ] || t_bail "gamma's session pauses" "status $st: $(head -c 300 "$T_TMP/last")"
+for _ in $(seq 75); do hist "$KC"; [ "$(last .totals.pause_bytes_max)" = "$PB" ] && break; sleep 1; done
+check "the paused session's bytes in S3 ($PB, its pause's) show in pause_bytes within a minute" \
+	[ "${PB:-0}" -gt 0 -a "$(last .totals.pause_bytes_max)" = "$PB" ]
+destroy "$KC" "$SP"
 t_stop "${api_pids[0]}"
 t_stop "${api_pids[1]}"
 t_stop "$h_pid"
