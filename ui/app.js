@@ -590,8 +590,11 @@ const customerViews = {
 			const pts = (h.buckets || []).map((b) => ({ t: b.start_ms, a: b.vcpu_seconds || 0, b: (b.mib_seconds || 0) / 1024 }));
 			const t = h.totals || {};
 			totals.textContent = `${(t.vcpu_seconds || 0).toFixed(1)} vCPU-seconds, ${((t.mib_seconds || 0) / 1024).toFixed(1)} GiB-seconds, ` +
-				`${t.tasks_started || 0} tasks and ${t.sessions_started || 0} sessions started, at most ` +
-				`${((t.snapshot_bytes_max || 0) / 1048576).toFixed(1)} MiB of snapshots and ${t.volume_mib_max || 0} MiB of volumes ` +
+				`${t.tasks_started || 0} tasks and ${t.sessions_started || 0} sessions started, ` +
+				`${((t.egress_bytes || 0) / 1048576).toFixed(1)} MiB sent out by tasks, at most ` +
+				`${((t.snapshot_bytes_max || 0) / 1048576).toFixed(1)} MiB of snapshots, ${t.volume_mib_max || 0} MiB of volumes, ` +
+				`${((t.pause_bytes_max || 0) / 1048576).toFixed(1)} MiB of paused sessions and ` +
+				`${((t.template_bytes_max || 0) / 1048576).toFixed(1)} MiB of templates ` +
 				'(a running session\'s time appears once it pauses or ends)';
 			clear(chart).append(lineChart(pts, ['vCPU-seconds per step', 'GiB-seconds per step']));
 		};

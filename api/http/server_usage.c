@@ -144,10 +144,15 @@ static enum MHD_Result history(struct server *s, struct MHD_Connection *conn, co
 		tot.mib_ms += b[i].mib_ms;
 		tot.tasks += b[i].tasks;
 		tot.sessions += b[i].sessions;
+		tot.egress_bytes += b[i].egress_bytes;
 		if (b[i].snapshot_bytes > tot.snapshot_bytes)
 			tot.snapshot_bytes = b[i].snapshot_bytes;
 		if (b[i].volume_mib > tot.volume_mib)
 			tot.volume_mib = b[i].volume_mib;
+		if (b[i].pause_bytes > tot.pause_bytes)
+			tot.pause_bytes = b[i].pause_bytes;
+		if (b[i].template_bytes > tot.template_bytes)
+			tot.template_bytes = b[i].template_bytes;
 	}
 	if (csv) {
 		struct buf out = BUF_INIT;
@@ -156,13 +161,14 @@ static enum MHD_Result history(struct server *s, struct MHD_Connection *conn, co
 		int bad;
 
 		bad = buf_adds(&out, "start_ms,start,vcpu_seconds,mib_seconds,tasks_started,sessions_started,"
-				       "snapshot_bytes,volume_mib\r\n") < 0;
+				       "snapshot_bytes,volume_mib,egress_bytes,pause_bytes,template_bytes\r\n") < 0;
 		for (int64_t i = 0; !bad && i < n; i++) {
 			iso(b[i].start_ms, when);
-			bad = buf_printf(&out, "%lld,%s,%.3f,%.3f,%lld,%lld,%lld,%lld\r\n", (long long)b[i].start_ms, when,
-					 b[i].vcpu_ms / 1000.0, b[i].mib_ms / 1000.0, (long long)b[i].tasks,
-					 (long long)b[i].sessions, (long long)b[i].snapshot_bytes,
-					 (long long)b[i].volume_mib) < 0;
+			bad = buf_printf(&out, "%lld,%s,%.3f,%.3f,%lld,%lld,%lld,%lld,%lld,%lld,%lld\r\n",
+					 (long long)b[i].start_ms, when, b[i].vcpu_ms / 1000.0, b[i].mib_ms / 1000.0,
+					 (long long)b[i].tasks, (long long)b[i].sessions, (long long)b[i].snapshot_bytes,
+					 (long long)b[i].volume_mib, (long long)b[i].egress_bytes,
+					 (long long)b[i].pause_bytes, (long long)b[i].template_bytes) < 0;
 		}
 		free(b);
 		body = bad ? NULL : buf_steal(&out, &len);
@@ -174,20 +180,24 @@ static enum MHD_Result history(struct server *s, struct MHD_Connection *conn, co
 	json_t *arr = json_array();
 
 	for (int64_t i = 0; arr && i < n; i++)
-		json_array_append_new(arr, json_pack("{s:I, s:f, s:f, s:I, s:I, s:I, s:I}", "start_ms",
+		json_array_append_new(arr, json_pack("{s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "start_ms",
 						     (json_int_t)b[i].start_ms, "vcpu_seconds", b[i].vcpu_ms / 1000.0,
 						     "mib_seconds", b[i].mib_ms / 1000.0, "tasks_started",
 						     (json_int_t)b[i].tasks, "sessions_started", (json_int_t)b[i].sessions,
 						     "snapshot_bytes", (json_int_t)b[i].snapshot_bytes, "volume_mib",
-						     (json_int_t)b[i].volume_mib));
+						     (json_int_t)b[i].volume_mib, "egress_bytes", (json_int_t)b[i].egress_bytes,
+						     "pause_bytes", (json_int_t)b[i].pause_bytes, "template_bytes",
+						     (json_int_t)b[i].template_bytes));
 	free(b);
 	return reply_json(conn, MHD_HTTP_OK,
-			  json_pack("{s:s, s:I, s:I, s:I, s:o, s:{s:f, s:f, s:I, s:I, s:I, s:I}}", "customer", customer,
-				    "from_ms", (json_int_t)from, "to_ms", (json_int_t)to, "step_s", (json_int_t)(step / 1000),
-				    "buckets", arr, "totals", "vcpu_seconds", tot.vcpu_ms / 1000.0, "mib_seconds",
-				    tot.mib_ms / 1000.0, "tasks_started", (json_int_t)tot.tasks, "sessions_started",
-				    (json_int_t)tot.sessions, "snapshot_bytes_max", (json_int_t)tot.snapshot_bytes,
-				    "volume_mib_max", (json_int_t)tot.volume_mib));
+			  json_pack("{s:s, s:I, s:I, s:I, s:o, s:{s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}", "customer",
+				    customer, "from_ms", (json_int_t)from, "to_ms", (json_int_t)to, "step_s",
+				    (json_int_t)(step / 1000), "buckets", arr, "totals", "vcpu_seconds", tot.vcpu_ms / 1000.0,
+				    "mib_seconds", tot.mib_ms / 1000.0, "tasks_started", (json_int_t)tot.tasks,
+				    "sessions_started", (json_int_t)tot.sessions, "egress_bytes", (json_int_t)tot.egress_bytes,
+				    "snapshot_bytes_max", (json_int_t)tot.snapshot_bytes, "volume_mib_max",
+				    (json_int_t)tot.volume_mib, "pause_bytes_max", (json_int_t)tot.pause_bytes,
+				    "template_bytes_max", (json_int_t)tot.template_bytes));
 }
 
 /* GET /v1/usage/history */

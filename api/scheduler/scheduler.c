@@ -467,8 +467,8 @@ static void tick_locked(struct sched *s, int full)
 	free(due_url);
 	for (int i = 0; i < nback; i++)
 		reconcile(s, back[i], back_url[i]);
-	/* Metering's levels (snapshot bytes, volume sizes): sampled by the
-	 * leader once a minute (store_usage_sample_stored). */
+	/* Metering's levels (snapshot, pause and template bytes, volume
+	 * sizes): sampled by the leader once a minute (store_usage_sample_stored). */
 	if (now - s->last_stored_sample >= 60000 || now < s->last_stored_sample) {
 		s->last_stored_sample = now;
 		if (store_usage_sample_stored(s->st, now) < 0)

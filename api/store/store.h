@@ -225,7 +225,7 @@ int store_host_load(struct store *s, const char *host_id, unsigned *tasks, unsig
 /* ==== Additions for the HTTP layer and the scheduler ====
  * (The functions above are the original contract; these extend it.) */
 
-#define STORE_SCHEMA_VERSION 13
+#define STORE_SCHEMA_VERSION 14
 
 /* ---- customers' S3 destinations (store_destinations.c) ---- */
 
@@ -861,22 +861,26 @@ struct usage_bucket {
 	int64_t start_ms;            /* the bucket's first ms */
 	int64_t vcpu_ms, mib_ms;     /* ms x vCPUs, ms x MiB */
 	int64_t tasks, sessions;     /* started */
+	int64_t egress_bytes;        /* sent out by tasks that ended */
 	int64_t snapshot_bytes;      /* the largest sample of the step (levels) */
 	int64_t volume_mib;
+	int64_t pause_bytes;         /* paused sessions' (what their last pause sent) */
+	int64_t template_bytes;      /* ready templates' sizes */
 };
 
 /* Add `ms x vcpus` and `ms x mib` for the interval [start_ms, end_ms)
- * split over the minutes it spans, and `tasks`/`sessions` in at_ms's
- * minute, for customer: one upsert per minute, in a transaction of its
+ * split over the minutes it spans, and `tasks`/`sessions`/`egress_bytes`
+ * (negative: 0) in at_ms's minute, for customer: one upsert per minute, in a transaction of its
  * own (the transitions use the same code inside theirs). At most
  * STORE_USAGE_SPLIT_MAX minutes are written: a longer interval's early
  * part goes into its first minute written. 0 or -1. Takes the lock. */
 #define STORE_USAGE_SPLIT_MAX 20160 /* two weeks */
 int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
-		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions);
+		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions, int64_t egress_bytes);
 
 /* Sample every customer's stored levels (named snapshots' bytes, volumes'
- * sizes) into now's minute, replacing a sample there: the leader, once a
+ * sizes, paused sessions' pause bytes, ready templates' sizes) into now's
+ * minute, replacing a sample there: the leader, once a
  * minute (minutes without a sample read as 0). 0 or -1. */
 int store_usage_sample_stored(struct store *s, int64_t now);
 

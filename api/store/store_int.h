@@ -343,9 +343,10 @@ void store_dest_row(struct sdb_stmt *st, int c, struct store_dest *out);
 
 /* Task id has just reached a final state: its VM time (from starting_ms,
  * or running_ms, to ended_ms, weighted by its vCPUs and memory) into its
- * customer's minutes, and one task started (in starting_ms's minute) if it
- * ever started. 0 or -1. */
-int store_usage_task_locked(struct store *s, const char *id);
+ * customer's minutes, one task started (in starting_ms's minute) and the
+ * egress_bytes its sandbox sent (its host's result; in ended_ms's minute)
+ * if it ever started. 0 or -1. */
+int store_usage_task_locked(struct store *s, const char *id, int64_t egress_bytes);
 
 /* Session id has just moved from `from` to `to` at now: from running or
  * pausing to paused, destroyed or error ends its interval (started_ms to

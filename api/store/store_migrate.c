@@ -131,6 +131,16 @@ static const char *const migrations[STORE_SCHEMA_VERSION] = {
 	"  tasks INTEGER NOT NULL DEFAULT 0, sessions INTEGER NOT NULL DEFAULT 0,"
 	"  snapshot_bytes INTEGER NOT NULL DEFAULT 0, volume_mib INTEGER NOT NULL DEFAULT 0,"
 	"  PRIMARY KEY (customer, minute_ms)) WITHOUT ROWID;",
+	/* 14: more metering: egress_bytes (a flow: the bytes a task's sandbox
+	 * sent out, as its host's result reports them, added with the task's
+	 * VM time), pause_bytes and template_bytes (levels sampled as
+	 * snapshot_bytes: paused sessions' stored bytes, ready templates'
+	 * sizes). A session keeps what its last pause sent (pause_bytes, from
+	 * the host's pause reply; 0 for pauses before this migration). */
+	"ALTER TABLE usage_minutes ADD COLUMN egress_bytes INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE usage_minutes ADD COLUMN pause_bytes INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE usage_minutes ADD COLUMN template_bytes INTEGER NOT NULL DEFAULT 0;"
+	"ALTER TABLE sessions ADD COLUMN pause_bytes INTEGER NOT NULL DEFAULT 0;",
 };
 
 int store_exec(struct sdb *db, const char *sql, struct kiln_err *err)

@@ -52,7 +52,7 @@ enum {
 
 enum sessions_stmt {
 	S_INSERT, S_GET, S_DISCARD, S_DISCARD_MOUNTS, S_TRANS, S_TOUCH, S_SPEC, S_HOLDING, S_LIST, S_LIST_ASC, S_E2B, S_LIMITS, S_SET_SPEC,
-	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC,
+	S_LEASE_SET, S_LEASE_DROP, S_LEASE_RENEW, S_LEASE_DROP_OWNER, S_LEASE_GC, S_PAUSE_BYTES,
 	S_COUNT
 };
 
@@ -105,6 +105,8 @@ static const char *const sessions_sql[S_COUNT] = {
 	[S_LEASE_RENEW] = "UPDATE session_leases SET expires_ms = " SDB_NOW_MS " + ?2 WHERE owner = ?1",
 	[S_LEASE_DROP_OWNER] = "DELETE FROM session_leases WHERE owner = ?1",
 	[S_LEASE_GC] = "DELETE FROM session_leases WHERE expires_ms < " SDB_NOW_MS " - ?1",
+	/* What its pause sent to S3 (metering's pause_bytes, store_usage.c). */
+	[S_PAUSE_BYTES] = "UPDATE sessions SET pause_bytes = ?2 WHERE id = ?1",
 };
 
 _Static_assert(STORE_SLOTS_SESSIONS + S_COUNT <= STORE_SLOTS_TEMPLATES,
@@ -358,6 +360,21 @@ static int transition_locked(struct store *s, const char *id, enum session_state
 	return st ? store_cas_locked(s, st, &c) : -1;
 }
 
+/* Lock held: a pause's stored bytes (the host's snapshot.bytes; absent,
+ * negative or not an integer: 0) onto the session's row. 0 or -1. */
+static int pause_bytes_locked(struct store *s, const char *id, json_t *snapshot)
+{
+	json_t *b = json_object_get(snapshot, "bytes");
+	json_int_t v = json_is_integer(b) ? json_integer_value(b) : 0;
+	struct sdb_stmt *st = stmt(s, S_PAUSE_BYTES);
+
+	if (!st)
+		return -1;
+	sdb_bind_text(st, 1, id);
+	sdb_bind_int64(st, 2, v > 0 ? (int64_t)v : 0);
+	return store_update_locked(s, st) < 0 ? -1 : 0;
+}
+
 int store_session_transition(struct store *s, const char *id, enum session_state from, enum session_state to,
 			     const char *host_id, const char *reason, json_t *snapshot)
 {
@@ -377,6 +394,8 @@ int store_session_transition(struct store *s, const char *id, enum session_state
 		r = -1;
 		if (store_tx_start(&tx, s) == 0) {
 			r = transition_locked(s, id, from, to, host_id, reason, snap, now);
+			if (r > 0 && to == SESSION_PAUSED && snapshot && pause_bytes_locked(s, id, snapshot) < 0)
+				r = -1;
 			if (r > 0 && (store_usage_session_locked(s, id, from, to, now) < 0 || store_tx_commit(&tx) < 0))
 				r = -1;
 		}

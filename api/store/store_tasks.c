@@ -676,7 +676,7 @@ int store_task_transition(struct store *s, const char *id, enum task_state from,
 		if (store_tx_start(&tx, s) < 0)
 			return -1;
 		r = transition_locked(s, id, from, to, host_id, now);
-		if (r > 0 && (store_usage_task_locked(s, id) < 0 || store_tx_commit(&tx) < 0))
+		if (r > 0 && (store_usage_task_locked(s, id, 0) < 0 || store_tx_commit(&tx) < 0))
 			r = -1;
 		store_tx_unlock(&tx);
 		if (r > 0)
@@ -729,10 +729,21 @@ int store_task_schedule(struct store *s, const char *id, const char *host_id)
 	return 1;
 }
 
+/* The bytes a task's sandbox sent out, as its host's result says
+ * (result.network.bytes_out; 0 when absent, negative or not an integer). */
+static int64_t task_egress_bytes(json_t *host_task)
+{
+	json_t *n = json_object_get(json_object_get(json_object_get(host_task, "result"), "network"), "bytes_out");
+	json_int_t v = json_is_integer(n) ? json_integer_value(n) : 0;
+
+	return v > 0 ? (int64_t)v : 0;
+}
+
 int store_task_finish(struct store *s, const char *id, enum task_state state, const char *end_reason,
 		      json_t *host_task)
 {
 	char *ht = host_task ? json_dumps(host_task, JSON_COMPACT) : NULL;
+	int64_t egress = task_egress_bytes(host_task);
 	int64_t now = clock_wall_ms();
 	struct sdb_stmt *st;
 	int n = -1;
@@ -753,7 +764,7 @@ int store_task_finish(struct store *s, const char *id, enum task_state state, co
 			sdb_bind_text(st, 5, id);
 			n = store_update_locked(s, st);
 			/* Its usage, once: only the update that ended it meters it. */
-			if (n > 0 && store_usage_task_locked(s, id) < 0)
+			if (n > 0 && store_usage_task_locked(s, id, egress) < 0)
 				n = -1;
 			if (n >= 0 && store_tx_commit(&tx) < 0)
 				n = -1;

@@ -1,25 +1,29 @@
 /* store_usage: metering in kiln-api's store: per customer and wall-clock
  * minute, the weighted VM time of tasks and sessions and the tasks and
- * sessions started (usage_minutes, migration 13), added in the transaction
- * of the state change that ends an interval (exactly once, whichever
- * replica commits it), and read back in buckets of a given step. */
+ * sessions started and the bytes tasks sent out (usage_minutes, migrations
+ * 13 and 14), added in the transaction of the state change that ends an
+ * interval (exactly once, whichever replica commits it); the stored
+ * levels sampled by the leader; read back in buckets of a given step. */
 #include "store_int.h"
 
 #include <string.h>
 
-enum usage_stmt { U_ADD, U_TASK, U_SESSION, U_HISTORY, U_SAMPLE_SNAP, U_SAMPLE_VOL, U_COUNT_ };
+enum usage_stmt {
+	U_ADD, U_TASK, U_SESSION, U_HISTORY, U_SAMPLE_SNAP, U_SAMPLE_VOL, U_SAMPLE_PAUSE, U_SAMPLE_TMPL, U_COUNT_
+};
 
 static const char *const usage_sql[U_COUNT_] = {
 	/* Both engines' upsert; the sums are the row's own plus the new. */
-	[U_ADD] = "INSERT INTO usage_minutes(customer, minute_ms, vcpu_ms, mib_ms, tasks, sessions)"
-		  " VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(customer, minute_ms) DO UPDATE SET"
+	[U_ADD] = "INSERT INTO usage_minutes(customer, minute_ms, vcpu_ms, mib_ms, tasks, sessions, egress_bytes)"
+		  " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(customer, minute_ms) DO UPDATE SET"
 		  " vcpu_ms = usage_minutes.vcpu_ms + excluded.vcpu_ms, mib_ms = usage_minutes.mib_ms + excluded.mib_ms,"
-		  " tasks = usage_minutes.tasks + excluded.tasks, sessions = usage_minutes.sessions + excluded.sessions",
+		  " tasks = usage_minutes.tasks + excluded.tasks, sessions = usage_minutes.sessions + excluded.sessions,"
+		  " egress_bytes = usage_minutes.egress_bytes + excluded.egress_bytes",
 	[U_TASK] = "SELECT customer, vcpus, memory_mib, starting_ms, running_ms, ended_ms FROM tasks WHERE id = ?1",
 	[U_SESSION] = "SELECT customer, vcpus, memory_mib, started_ms FROM sessions WHERE id = ?1",
 	/* ?2 from, ?3 end (exclusive), ?4 step. */
 	[U_HISTORY] = "SELECT (minute_ms - ?2) / ?4, sum(vcpu_ms), sum(mib_ms), sum(tasks), sum(sessions),"
-		      " max(snapshot_bytes), max(volume_mib)"
+		      " max(snapshot_bytes), max(volume_mib), sum(egress_bytes), max(pause_bytes), max(template_bytes)"
 		      " FROM usage_minutes WHERE customer = ?1 AND minute_ms >= ?2 AND minute_ms < ?3"
 		      " GROUP BY (minute_ms - ?2) / ?4",
 	/* Levels, ?1 the minute: set (a second sample in the minute, by
@@ -32,6 +36,16 @@ static const char *const usage_sql[U_COUNT_] = {
 	[U_SAMPLE_VOL] = "INSERT INTO usage_minutes(customer, minute_ms, volume_mib)"
 			 " SELECT customer, ?1, sum(size_mib) FROM volumes WHERE deleted_ms IS NULL GROUP BY customer"
 			 " ON CONFLICT(customer, minute_ms) DO UPDATE SET volume_mib = excluded.volume_mib",
+	/* Paused sessions: what their last pause sent to S3 (the host's
+	 * reply's snapshot.bytes, kept in sessions.pause_bytes). */
+	[U_SAMPLE_PAUSE] = "INSERT INTO usage_minutes(customer, minute_ms, pause_bytes)"
+			   " SELECT customer, ?1, sum(pause_bytes) FROM sessions WHERE state = 'paused' GROUP BY customer"
+			   " ON CONFLICT(customer, minute_ms) DO UPDATE SET pause_bytes = excluded.pause_bytes",
+	/* The customer's ready templates (built-in ones have no customer). */
+	[U_SAMPLE_TMPL] = "INSERT INTO usage_minutes(customer, minute_ms, template_bytes)"
+			  " SELECT customer, ?1, sum(size) FROM templates WHERE state = 'ready' AND customer <> ''"
+			  " AND size IS NOT NULL GROUP BY customer"
+			  " ON CONFLICT(customer, minute_ms) DO UPDATE SET template_bytes = excluded.template_bytes",
 };
 
 _Static_assert(STORE_SLOTS_USAGE + U_COUNT_ <= STORE_SLOTS_MAX, "store_usage.c's statements overflow their slots");
@@ -52,7 +66,7 @@ static int64_t minute_of(int64_t ms)
 
 /* One upsert (lock held): 0 or -1. */
 static int add_one_locked(struct store *s, const char *customer, int64_t minute, int64_t ms, unsigned vcpus,
-			  unsigned mib, unsigned tasks, unsigned sessions)
+			  unsigned mib, unsigned tasks, unsigned sessions, int64_t egress_bytes)
 {
 	struct sdb_stmt *st = stmt(s, U_ADD);
 
@@ -64,16 +78,21 @@ static int add_one_locked(struct store *s, const char *customer, int64_t minute,
 	sdb_bind_int64(st, 4, ms * (int64_t)mib);
 	sdb_bind_int64(st, 5, tasks);
 	sdb_bind_int64(st, 6, sessions);
+	sdb_bind_int64(st, 7, egress_bytes);
 	return store_update_locked(s, st) < 0 ? -1 : 0;
 }
 
 static int add_locked(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
-		      unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions)
+		      unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions, int64_t egress_bytes)
 {
 	int64_t m, first, last;
 
-	if (tasks || sessions)
-		if (add_one_locked(s, customer, minute_of(at_ms), 0, 0, 0, tasks, sessions) < 0)
+	if (egress_bytes < 0)
+		egress_bytes = 0;
+	/* The counts and the bytes go into at_ms's minute (bytes counted at
+	 * the end that reports them, not spread over the interval). */
+	if (tasks || sessions || egress_bytes)
+		if (add_one_locked(s, customer, minute_of(at_ms), 0, 0, 0, tasks, sessions, egress_bytes) < 0)
 			return -1;
 	if (end_ms <= start_ms || (!vcpus && !mib))
 		return 0;
@@ -86,27 +105,27 @@ static int add_locked(struct store *s, const char *customer, int64_t start_ms, i
 	for (m = first; m <= last; m += STORE_USAGE_MINUTE_MS) {
 		int64_t a = m == first ? start_ms : m, b = m + STORE_USAGE_MINUTE_MS < end_ms ? m + STORE_USAGE_MINUTE_MS : end_ms;
 
-		if (b > a && add_one_locked(s, customer, m, b - a, vcpus, mib, 0, 0) < 0)
+		if (b > a && add_one_locked(s, customer, m, b - a, vcpus, mib, 0, 0, 0) < 0)
 			return -1;
 	}
 	return 0;
 }
 
 int store_usage_add(struct store *s, const char *customer, int64_t start_ms, int64_t end_ms, unsigned vcpus,
-		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions)
+		    unsigned mib, int64_t at_ms, unsigned tasks, unsigned sessions, int64_t egress_bytes)
 {
 	int r;
 	STORE_TX(tx);
 
 	if (store_tx_start(&tx, s) < 0)
 		return -1;
-	r = add_locked(s, customer, start_ms, end_ms, vcpus, mib, at_ms, tasks, sessions);
+	r = add_locked(s, customer, start_ms, end_ms, vcpus, mib, at_ms, tasks, sessions, egress_bytes);
 	if (r < 0 || store_tx_commit(&tx) < 0)
 		return -1;
 	return 0;
 }
 
-int store_usage_task_locked(struct store *s, const char *id)
+int store_usage_task_locked(struct store *s, const char *id, int64_t egress_bytes)
 {
 	struct sdb_stmt *st = stmt(s, U_TASK);
 	char customer[65] = "";
@@ -136,7 +155,10 @@ int store_usage_task_locked(struct store *s, const char *id)
 	sdb_reset(st);
 	if (!found || !started)
 		return 0;
-	return add_locked(s, customer, start, end, vcpus, mib, start, 1, 0);
+	/* The task in its start's minute; the bytes it sent in its end's. */
+	if (add_locked(s, customer, start, end, vcpus, mib, start, 1, 0, 0) < 0)
+		return -1;
+	return egress_bytes > 0 ? add_locked(s, customer, 0, 0, 0, 0, end, 0, 0, egress_bytes) : 0;
 }
 
 int store_usage_session_metered(enum session_state from, enum session_state to)
@@ -173,13 +195,13 @@ int store_usage_session_locked(struct store *s, const char *id, enum session_sta
 	if (!found)
 		return 0;
 	if (to == SESSION_RUNNING)
-		return add_locked(s, customer, 0, 0, 0, 0, now, 0, 1);
-	return add_locked(s, customer, started, now, vcpus, mib, now, 0, 0);
+		return add_locked(s, customer, 0, 0, 0, 0, now, 0, 1, 0);
+	return add_locked(s, customer, started, now, vcpus, mib, now, 0, 0, 0);
 }
 
 int store_usage_sample_stored(struct store *s, int64_t now)
 {
-	static const enum usage_stmt which[] = { U_SAMPLE_SNAP, U_SAMPLE_VOL };
+	static const enum usage_stmt which[] = { U_SAMPLE_SNAP, U_SAMPLE_VOL, U_SAMPLE_PAUSE, U_SAMPLE_TMPL };
 	STORE_TX(tx);
 
 	if (store_tx_start(&tx, s) < 0)
@@ -229,6 +251,9 @@ int store_usage_history(struct store *s, const char *customer, int64_t from_ms, 
 		out[i].sessions = sdb_col_int64(st, 4);
 		out[i].snapshot_bytes = sdb_col_int64(st, 5);
 		out[i].volume_mib = sdb_col_int64(st, 6);
+		out[i].egress_bytes = sdb_col_int64(st, 7);
+		out[i].pause_bytes = sdb_col_int64(st, 8);
+		out[i].template_bytes = sdb_col_int64(st, 9);
 	}
 	if (rc != SDB_DONE)
 		r = -1;

@@ -239,6 +239,16 @@ static void test_migrations(void **state)
 				    " AND column_name = 'destination'"
 				  : "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'destination'"),
 			 1);
+	/* Migration 14's columns. */
+	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'usage_minutes'"
+				    " AND column_name IN ('egress_bytes', 'pause_bytes', 'template_bytes')"
+				  : "SELECT count(*) FROM pragma_table_info('usage_minutes')"
+				    " WHERE name IN ('egress_bytes', 'pause_bytes', 'template_bytes')"),
+			 3);
+	assert_int_equal(sql_int(pg ? "SELECT count(*) FROM information_schema.columns WHERE table_name = 'sessions'"
+				    " AND column_name = 'pause_bytes'"
+				  : "SELECT count(*) FROM pragma_table_info('sessions') WHERE name = 'pause_bytes'"),
+			 1);
 	assert_int_equal(sql_int("SELECT count(*) FROM schema_version"), 1);
 	/* Opening twice more changes nothing; a host's drain (migration 12)
 	 * outlives a reopen (a kiln-api restart). */
@@ -1801,6 +1811,7 @@ static void usage_total(struct store *s, const char *cust, struct usage_bucket *
 		tot->mib_ms += b[i].mib_ms;
 		tot->tasks += b[i].tasks;
 		tot->sessions += b[i].sessions;
+		tot->egress_bytes += b[i].egress_bytes;
 	}
 }
 
@@ -1819,7 +1830,7 @@ static void test_metering(void **state)
 	customer(s, "acme", NULL);
 	customer(s, "beta", NULL);
 	/* 30 s of minute 0, all of minute 1, 30 s of minute 2; one task. */
-	assert_int_equal(store_usage_add(s, "acme", base + 30000, base + 150000, 2, 256, base + 30000, 1, 0), 0);
+	assert_int_equal(store_usage_add(s, "acme", base + 30000, base + 150000, 2, 256, base + 30000, 1, 0, 0), 0);
 	assert_int_equal(store_usage_history(s, "acme", base, 60000, 4, b), 0);
 	assert_int_equal(b[0].start_ms, base);
 	assert_int_equal(b[3].start_ms, base + 180000);
@@ -1831,12 +1842,21 @@ static void test_metering(void **state)
 	assert_int_equal(b[0].tasks, 1);
 	assert_int_equal(b[1].tasks, 0);
 	/* Adding again adds to the same rows. */
-	assert_int_equal(store_usage_add(s, "acme", base + 60000, base + 61000, 1, 0, base + 60000, 0, 1), 0);
+	assert_int_equal(store_usage_add(s, "acme", base + 60000, base + 61000, 1, 0, base + 60000, 0, 1, 0), 0);
 	assert_int_equal(store_usage_history(s, "acme", base, 120000, 2, b), 0);
 	assert_int_equal(b[0].vcpu_ms, 60000 + 120000 + 1000);
 	assert_int_equal(b[0].sessions, 1);
 	assert_int_equal(b[1].vcpu_ms, 60000);
 	assert_int_equal(b[0].tasks, 1);
+	/* Egress bytes go into at_ms's minute, added; negative ones count 0. */
+	assert_int_equal(store_usage_add(s, "acme", 0, 0, 0, 0, base + 130000, 0, 0, 7000), 0);
+	assert_int_equal(store_usage_add(s, "acme", 0, 0, 0, 0, base + 140000, 0, 0, 500), 0);
+	assert_int_equal(store_usage_add(s, "acme", 0, 0, 0, 0, base + 140000, 0, 0, -9), 0);
+	assert_int_equal(store_usage_history(s, "acme", base, 60000, 4, b), 0);
+	assert_int_equal(b[2].egress_bytes, 7500);
+	assert_int_equal(b[1].egress_bytes, 0);
+	assert_int_equal(b[2].tasks, 0);
+	assert_int_equal(b[2].vcpu_ms, 60000);
 	/* Another customer's are its own; bad arguments are refused. */
 	assert_int_equal(store_usage_history(s, "beta", base, 60000, 4, b), 0);
 	assert_int_equal(b[1].vcpu_ms, 0);
@@ -1880,6 +1900,42 @@ static void test_metering(void **state)
 	usage_total(s, "beta", &tot);
 	assert_int_equal(tot.tasks, 2);
 
+	/* Egress: a task's result's network.bytes_out, once, in the
+	 * transaction that ends it, whichever replica (another store handle
+	 * on the same database) commits the end; both read the same. */
+	{
+		struct store *s2 = open_ok();
+		struct usage_bucket tot2;
+		json_t *ht = json_pack("{s:s, s:{s:s, s:{s:s, s:I}}}", "state", "succeeded", "result", "end_reason",
+				       "exited", "network", "egress", "allow", "bytes_out", (json_int_t)123456);
+		json_t *bad = json_pack("{s:{s:{s:s}}}", "result", "network", "bytes_out", "many");
+
+		usage_total(s, "beta", &tot);
+		assert_int_equal(tot.egress_bytes, 0);
+		submit(s, "beta", t);
+		assert_int_equal(store_task_schedule(s, t, "h1"), 1);
+		assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+		assert_int_equal(store_task_finish(s2, t, TASK_SUCCEEDED, "exited", ht), 1);
+		assert_int_equal(store_task_finish(s, t, TASK_SUCCEEDED, "exited", ht), 0);
+		assert_int_equal(store_task_finish(s2, t, TASK_SUCCEEDED, "exited", ht), 0);
+		usage_total(s, "beta", &tot);
+		usage_total(s2, "beta", &tot2);
+		assert_int_equal(tot.egress_bytes, 123456);
+		assert_int_equal(tot.tasks, 3);
+		assert_memory_equal(&tot, &tot2, sizeof(tot));
+		/* A host's result without a number there adds no bytes. */
+		submit(s, "beta", t);
+		assert_int_equal(store_task_schedule(s, t, "h1"), 1);
+		assert_int_equal(store_task_transition(s, t, TASK_SCHEDULED, TASK_STARTING, NULL), 1);
+		assert_int_equal(store_task_finish(s, t, TASK_SUCCEEDED, "exited", bad), 1);
+		usage_total(s2, "beta", &tot2);
+		assert_int_equal(tot2.egress_bytes, 123456);
+		assert_int_equal(tot2.tasks, 4);
+		json_decref(ht);
+		json_decref(bad);
+		store_close(s2);
+	}
+
 	/* A session: started once; its running interval at its pause, none
 	 * while paused, a new one after a resume at its destruction. */
 	session_new(s, "acme", x);
@@ -1916,6 +1972,20 @@ static void test_metering(void **state)
 	sql("INSERT INTO snapshots(id, customer, name, session_id, kind, vcpus, memory_mib, bytes, created_ms,"
 	    " deleted_ms, spec) VALUES ('k4', 'beta', 'gone', 's', 'named', 1, 256, 9000, 1, 2, '{}')");
 	sql("INSERT INTO volumes(id, customer, name, size_mib, created_ms) VALUES ('v1', 'beta', 'data', 2048, 1)");
+	/* Templates: the customer's ready ones (not failed, not built-in). */
+	sql("INSERT INTO templates(id, customer, name, kind, state, size, created_ms) VALUES"
+	    " ('tp1', 'beta', 'one', 'recipe', 'ready', 4000, 1), ('tp2', 'beta', 'two', 'recipe', 'failed', 99, 1),"
+	    " ('tp3', '', 'base', 'recipe', 'ready', 777, 1), ('tp4', 'beta', 'three', 'recipe', 'ready', 1000, 1)");
+	/* A paused session: what its pause sent, from the host's reply. */
+	{
+		json_t *snap = json_pack("{s:s, s:I}", "prefix", "beta/sessions/x/", "bytes", (json_int_t)3000);
+
+		session_new(s, "beta", x);
+		assert_int_equal(store_session_transition(s, x, SESSION_STARTING, SESSION_RUNNING, "h1", "", NULL), 1);
+		assert_int_equal(store_session_transition(s, x, SESSION_RUNNING, SESSION_PAUSING, NULL, NULL, NULL), 1);
+		assert_int_equal(store_session_transition(s, x, SESSION_PAUSING, SESSION_PAUSED, "", "paused", snap), 1);
+		json_decref(snap);
+	}
 	assert_int_equal(store_usage_sample_stored(s, base + 5000), 0);
 	assert_int_equal(store_usage_sample_stored(s, base + 6000), 0);
 	sql("UPDATE snapshots SET deleted_ms = 3 WHERE id = 'k2'");
@@ -1923,6 +1993,10 @@ static void test_metering(void **state)
 	assert_int_equal(store_usage_history(s, "beta", base, 60000, 4, b), 0);
 	assert_int_equal(b[0].snapshot_bytes, 1500);
 	assert_int_equal(b[0].volume_mib, 2048);
+	assert_int_equal(b[0].template_bytes, 5000);
+	assert_int_equal(b[0].pause_bytes, 3000);
+	assert_int_equal(b[1].pause_bytes, 3000);
+	assert_int_equal(b[0].egress_bytes, 0);
 	assert_int_equal(b[1].snapshot_bytes, 1000);
 	assert_int_equal(b[2].snapshot_bytes, 0);
 	assert_int_equal(store_usage_history(s, "beta", base, 120000, 2, b), 0);
