@@ -72,6 +72,11 @@ int session_wake_held(struct session_table *ss, struct session *s, struct kiln_e
 		r = vm_setup(&s->vm, proto_now_ms() + IDLE_WAKE_SETUP_MS, err);
 	pthread_mutex_lock(&ss->lock);
 	s->stopped = 0;
+	/* Its vCPUs run again: active, even past the host's capacity (the
+	 * VMs' CPU shares decide who gets the cores). */
+	if (s->vcpus_idle)
+		hostd_vcpus_wake(ss->d, s->vcpus_idle);
+	s->vcpus_idle = 0;
 	/* A request is on its way: the idle delay starts again. */
 	s->last_active_ms = clock_wall_ms();
 	if (r < 0)
@@ -84,6 +89,18 @@ int session_wake_held(struct session_table *ss, struct session *s, struct kiln_e
 		return -1;
 	}
 	return 0;
+}
+
+void session_reservation_release(struct session_table *ss, struct session *s)
+{
+	pthread_mutex_lock(&ss->lock);
+	if (s->vcpus_idle)
+		hostd_vcpus_wake(ss->d, s->vcpus_idle);
+	s->vcpus_idle = 0;
+	pthread_mutex_unlock(&ss->lock);
+	if (s->vcpus)
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+	s->vcpus = 0;
 }
 
 /* Decide for one session (referenced by the caller) and stop it if it is
@@ -128,6 +145,11 @@ static void idle_try_stop(struct session_table *ss, struct session *s)
 	}
 	pthread_mutex_lock(&ss->lock);
 	s->stopped = 1;
+	/* Stopped vCPUs use no CPU: they stop counting against the capacity. */
+	if (s->vcpus && !s->vcpus_idle) {
+		hostd_vcpus_idle(ss->d, s->vcpus);
+		s->vcpus_idle = s->vcpus;
+	}
 	ss->stops_total++;
 	pthread_mutex_unlock(&ss->lock);
 out:
