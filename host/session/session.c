@@ -607,7 +607,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
 	snap = session_template_take(ss, ref, &ts, &tu, &has_tu, err);
-	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
+	if (!snap || hostd_reserve_wait(ss->d, ts.vcpus, ts.memory_mib, session_admit_wait_ms(ss), err) < 0) {
 		if (has_tu)
 			template_release(hostd_templates(ss->d), &tu);
 		spec_free(&ts);

@@ -36,6 +36,7 @@
 #define IDLE_WAKE_SETUP_MS 10000
 #define IDLE_BUSY_RECHECK_MS 2000 /* a guest that runs something: ask again after */
 #define IDLE_MAX_BATCH    64    /* sessions examined per pass (the rest wait for the next) */
+#define IDLE_ADMIT_SLACK_MS 1000 /* session_admit_wait_ms: the stop itself, under load */
 
 int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned idle_stop_ms)
 {
@@ -89,6 +90,14 @@ int session_wake_held(struct session_table *ss, struct session *s, struct kiln_e
 		return -1;
 	}
 	return 0;
+}
+
+unsigned session_admit_wait_ms(const struct session_table *ss)
+{
+	/* The last session to go idle had its last request at most
+	 * idle_stop_ms ago; the idler's next look and its stop (a PROCS query,
+	 * a QMP stop: slower when creates load the CPUs) follow. */
+	return ss->idle_stop_ms ? ss->idle_stop_ms + IDLE_TICK_MAX_MS + IDLE_ADMIT_SLACK_MS : 0;
 }
 
 void session_reservation_release(struct session_table *ss, struct session *s)

@@ -375,6 +375,11 @@ int session_prestart_disk(const char *fetched, const char *disk, struct kiln_err
  * reservation goes through here. The caller holds s->op, not ss->lock. */
 void session_reservation_release(struct session_table *ss, struct session *s);
 
+/* How long a new or resumed session waits for active vCPUs to go idle
+ * before it is refused (hostd_reserve_wait): about one idle delay and the
+ * idler's look; 0 with idle stop off. */
+unsigned session_admit_wait_ms(const struct session_table *ss);
+
 /* Drop a reference taken under ss->lock without an operation (the session
  * is freed when it was the last one and the session is gone; session_ref.c). */
 void session_unref(struct session_table *ss, struct session *s);

@@ -162,6 +162,7 @@ static void release_reservation_locked(struct hostd *d, struct hostd_task *t)
 {
 	if (t->reserved) {
 		d->vcpus_used -= t->vcpus;
+		pthread_cond_broadcast(&d->vcpus_freed);
 		capacity_release(d->cap, t->memory_mib);
 		t->reserved = 0;
 	}
@@ -399,6 +400,7 @@ struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *
 	pthread_mutex_init(&d->lock, NULL);
 	condwait_init(&d->changed);
 	condwait_init(&d->upload_wake);
+	condwait_init(&d->vcpus_freed);
 	hostd_s3_set_locked(d, cfg->s3);
 	if (spool_init(d->spool, err) < 0 || hostd_recover(d, err) < 0)
 		goto fail;
@@ -425,6 +427,7 @@ void hostd_stop(struct hostd *d)
 {
 	pthread_mutex_lock(&d->lock);
 	d->stopping = 1;
+	pthread_cond_broadcast(&d->vcpus_freed);
 	for (struct hostd_task *t = d->tasks; t; t = t->next)
 		if (t->cancel_pipe[1] >= 0 && (t->state == TS_STARTING || t->state == TS_RUNNING))
 			(void)!write(t->cancel_pipe[1], "x", 1);
@@ -752,29 +755,42 @@ int hostd_vcpus_admit_locked(struct hostd *d, unsigned n, struct kiln_err *err)
 
 	/* 64-bit sums: the counters are unsigned and woken sessions may have
 	 * taken the active ones past the total. */
-	if ((uint64_t)d->vcpus_used + n > d->cfg.vcpus_total)
-		return kiln_err_set(err, KERR_NO_CAPACITY,
-				    "not enough vCPUs: %u requested, %u of %u busy running work (the %u of idle "
-				    "sessions do not count)",
-				    n, d->vcpus_used, d->cfg.vcpus_total, d->vcpus_idle);
-	if ((uint64_t)d->vcpus_used + d->vcpus_idle + n > idle_max)
-		return kiln_err_set(err, KERR_NO_CAPACITY,
-				    "not enough vCPUs: %u requested, %u running work and %u held by idle sessions, of %u "
-				    "this host admits in all (capacity.idle_vcpus)",
-				    n, d->vcpus_used, d->vcpus_idle, idle_max);
+	if ((uint64_t)d->vcpus_used + n > d->cfg.vcpus_total) {
+		kiln_err_set(err, KERR_NO_CAPACITY,
+			     "not enough vCPUs: %u requested, %u of %u busy running work (the %u of idle "
+			     "sessions do not count)",
+			     n, d->vcpus_used, d->cfg.vcpus_total, d->vcpus_idle);
+		return -1;
+	}
+	if ((uint64_t)d->vcpus_used + d->vcpus_idle + n > idle_max) {
+		kiln_err_set(err, KERR_NO_CAPACITY,
+			     "not enough vCPUs: %u requested, %u running work and %u held by idle sessions, of %u "
+			     "this host admits in all (capacity.idle_vcpus)",
+			     n, d->vcpus_used, d->vcpus_idle, idle_max);
+		return -2;
+	}
 	return 0;
 }
 
-int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
+int hostd_reserve_wait(struct hostd *d, unsigned vcpus, unsigned memory_mib, unsigned wait_ms, struct kiln_err *err)
 {
+	int64_t until = kclock_mono_ms(d->clk) + wait_ms;
 	uint64_t free_mib;
+	int r;
 
 	pthread_mutex_lock(&d->lock);
-	if (d->stopping) {
-		pthread_mutex_unlock(&d->lock);
-		return kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
+	for (;;) {
+		if (d->stopping) {
+			pthread_mutex_unlock(&d->lock);
+			return kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
+		}
+		r = hostd_vcpus_admit_locked(d, vcpus, err);
+		/* Only the active vCPUs are worth a wait: sessions that had
+		 * their last request idle_stop_ms ago are about to be stopped. */
+		if (r != -1 || !wait_ms || condwait_until(&d->vcpus_freed, &d->lock, d->clk, until) == ETIMEDOUT)
+			break;
 	}
-	if (hostd_vcpus_admit_locked(d, vcpus, err) < 0) {
+	if (r < 0) {
 		pthread_mutex_unlock(&d->lock);
 		return -1;
 	}
@@ -792,10 +808,16 @@ int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct k
 	return 0;
 }
 
+int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
+{
+	return hostd_reserve_wait(d, vcpus, memory_mib, 0, err);
+}
+
 void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib)
 {
 	pthread_mutex_lock(&d->lock);
 	d->vcpus_used -= vcpus;
+	pthread_cond_broadcast(&d->vcpus_freed);
 	pthread_mutex_unlock(&d->lock);
 	capacity_release(d->cap, memory_mib);
 }
@@ -806,6 +828,7 @@ void hostd_vcpus_idle(struct hostd *d, unsigned n)
 	assert(n <= d->vcpus_used);
 	d->vcpus_used -= n;
 	d->vcpus_idle += n;
+	pthread_cond_broadcast(&d->vcpus_freed);
 	pthread_mutex_unlock(&d->lock);
 }
 

@@ -156,6 +156,11 @@ void hostd_set_drain(struct hostd *d, int draining, int64_t deadline_ms);
  * may not pass vcpus_total, active and idle ones together not
  * vcpus_idle_max (tasks are admitted by the same rule). Thread-safe. */
 int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err);
+/* hostd_reserve, but when only the active vCPUs are full, wait up to wait_ms
+ * for some to go idle or be released before refusing (a session created
+ * right after others finds them active until the idler has stopped them:
+ * a short wait, not a refusal). Blocks the caller: not on an event loop. */
+int hostd_reserve_wait(struct hostd *d, unsigned vcpus, unsigned memory_mib, unsigned wait_ms, struct kiln_err *err);
 /* hostd_release gives back active vCPUs: a caller that moved its vCPUs to
  * idle moves them back (hostd_vcpus_wake) first. */
 void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib);

@@ -83,8 +83,9 @@ struct hostd_task {
 #define HOSTD_START_BUCKETS 11
 extern const double hostd_start_buckets[HOSTD_START_BUCKETS];
 
-/* May n more active vCPUs be admitted? 0, or -1 with err "no_capacity"
- * (d->lock held; hostd.c). */
+/* May n more active vCPUs be admitted? 0; -1 with err "no_capacity" when
+ * the active ones are full, -2 when the bound on all is reached (d->lock
+ * held; hostd.c). */
 int hostd_vcpus_admit_locked(struct hostd *d, unsigned n, struct kiln_err *err);
 
 struct hostd {
@@ -98,6 +99,7 @@ struct hostd {
 	char spool[4096];
 	pthread_mutex_t lock;
 	pthread_cond_t changed, upload_wake;
+	pthread_cond_t vcpus_freed;     /* active vCPUs went idle or were released (hostd_reserve_wait) */
 	struct hostd_task *tasks;   /* all tasks, newest first */
 	size_t ntasks;
 	unsigned vcpus_used;        /* reserved and running work: tasks, builds, sessions not idle-stopped */

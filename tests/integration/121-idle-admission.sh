@@ -4,7 +4,8 @@
 # 12 sessions of 1 vCPU created one by one, each once the one before it is
 # idle-stopped; every one answers an exec; GET /v1/capacity and /metrics
 # count the idle ones apart. With 2 sessions kept busy (a background sleep),
-# a new session is 503 no_capacity saying so, while waking an idle one still
+# a new session is 503 no_capacity saying so (after the create's short wait
+# for vCPUs to go idle), while waking an idle one still
 # works (past the total: the VMs' CPU shares decide). Deleting everything
 # brings every count back to 0 and leaves nothing behind.
 . "$(dirname "$0")/lib.sh"

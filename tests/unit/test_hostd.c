@@ -1177,6 +1177,14 @@ static void check_vcpus(struct fixture *x, int used, int idle, int idle_max)
 	json_decref(j);
 }
 
+/* The idler, 50 ms from now: one vCPU goes idle. */
+static void *idle_one_later(void *arg)
+{
+	usleep(50000);
+	hostd_vcpus_idle(arg, 1);
+	return NULL;
+}
+
 /* Idle sessions' vCPUs do not count against the active capacity, only
  * against the bound on all; a wake never fails, even past the total. */
 static void vcpus_idle_admission(void **state)
@@ -1190,6 +1198,17 @@ static void vcpus_idle_admission(void **state)
 	assert_int_equal(hostd_reserve(x->d, 1, 64, &err), -1);
 	assert_string_equal(err.code, "no_capacity");
 	assert_non_null(strstr(err.message, "busy running work"));
+	/* A session that waits (hostd_reserve_wait) gets in when one goes idle. */
+	{
+		pthread_t th;
+
+		assert_int_equal(pthread_create(&th, NULL, idle_one_later, x->d), 0);
+		assert_int_equal(hostd_reserve_wait(x->d, 1, 64, 60000, &err), 0);
+		pthread_join(th, NULL);
+		check_vcpus(x, 4, 1, 256);
+		hostd_vcpus_wake(x->d, 1);
+		hostd_release(x->d, 1, 64);
+	}
 	/* Two go idle: two more fit, then the active ones are full again. */
 	hostd_vcpus_idle(x->d, 2);
 	check_vcpus(x, 2, 2, 256);
