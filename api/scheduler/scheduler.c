@@ -151,6 +151,7 @@ static void refresh_hosts_locked(struct sched *s)
 	}
 	s->nhosts = n;
 	json_decref(list);
+	pthread_cond_broadcast(&s->hosts_read);
 }
 
 /* A host went quiet: tasks it never started go back to the queue; started
@@ -597,6 +598,7 @@ struct sched *sched_create(struct store *st, const struct sched_config *cfg, str
 		s->cfg.host_lost_after_ms = 10000;
 	pthread_mutex_init(&s->lock, NULL);
 	condwait_init(&s->wake);
+	condwait_init(&s->hosts_read);
 	return s;
 }
 
@@ -694,6 +696,27 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 	}
 	pthread_mutex_unlock(&s->lock);
 	return !live ? -ENOENT : !big ? -E2BIG : -EBUSY;
+}
+
+int sched_place_wait(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
+		     char host_id[65], char url[256], unsigned wait_ms)
+{
+	int64_t until = kclock_mono_ms(s->clock) + wait_ms;
+	int r, stop;
+
+	for (;;) {
+		r = sched_place(s, need, exclude, nexclude, host_id, url);
+		if (r != -EBUSY || !wait_ms)
+			return r;
+		/* Without the scheduler's thread (sched_create) the hosts are
+		 * only read by sched_tick: nothing would change. */
+		pthread_mutex_lock(&s->lock);
+		stop = !s->threaded || s->stopping ||
+		       condwait_until(&s->hosts_read, &s->lock, s->clock, until) == ETIMEDOUT;
+		pthread_mutex_unlock(&s->lock);
+		if (stop)
+			return sched_place(s, need, exclude, nexclude, host_id, url);
+	}
 }
 
 void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need)
@@ -816,6 +839,7 @@ void sched_stop(struct sched *s)
 	pthread_mutex_lock(&s->lock);
 	s->stopping = 1;
 	pthread_cond_broadcast(&s->wake);
+	pthread_cond_broadcast(&s->hosts_read);
 	pthread_mutex_unlock(&s->lock);
 	if (s->threaded)
 		pthread_join(s->thread, NULL);

@@ -70,6 +70,7 @@ struct sched {
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t wake;
+	pthread_cond_t hosts_read;   /* broadcast after each read of the hosts (sched_place_wait) */
 	int stopping, woken;
 	int want_full; /* the next tick reads the hosts and forwards cancels (sched_wake_full) */
 	struct host_view hosts[MAX_HOSTS];
