@@ -579,6 +579,7 @@ static int serve_main(const struct serve_opts *o, const struct run_opts *ro)
 		.spool_dir = o->spool_dir,
 		.vcpus_total = (unsigned)((o->vcpus_capacity ? o->vcpus_capacity : (unsigned)(ncpu > 0 ? ncpu : 1)) *
 					  (o->cpu_overcommit > 0 ? o->cpu_overcommit : SERVE_CPU_OVERCOMMIT)),
+		.vcpus_idle_max = o->idle_vcpus,
 		.s3 = o->s3,
 		.dest_allow = o->dest_allow,
 		.upload_workers = o->upload_workers,
@@ -710,6 +711,8 @@ static int serve_apply_config(const struct host_config *hc, struct serve_opts *s
 		so->vcpus_capacity = hc->vcpus;
 	if (hc->cpu_overcommit > 0)
 		so->cpu_overcommit = hc->cpu_overcommit;
+	if (hc->idle_vcpus)
+		so->idle_vcpus = hc->idle_vcpus;
 	if (hc->memory_mib)
 		so->memory_capacity_mib = hc->memory_mib;
 	if (hc->memory_overcommit > 0)

@@ -27,6 +27,30 @@
 
 /* ---- hosts ---- */
 
+/* vCPUs h could still admit, by kiln-host's rule (hostd_reserve): the ones
+ * running work against vcpus_total, and with the idle sessions' against
+ * vcpus_idle_max (a host that does not report it: the first bound only). */
+static long host_free_vcpus(const struct host_view *h)
+{
+	long active = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
+	long all = (long)h->vcpus_idle_max - (long)h->vcpus_used - (long)h->vcpus_idle - (long)h->inflight_vcpus;
+
+	return h->vcpus_idle_max && all < active ? all : active;
+}
+
+/* n vCPUs left h after its last report: whether they were idle or running
+ * work there is unknown here, so they come off the idle ones first (an
+ * idle session is the likelier to be destroyed), then the used ones: the
+ * active count may stay too high until the next heartbeat, never too low. */
+static void host_vcpus_released(struct host_view *h, unsigned n)
+{
+	unsigned i = n < h->vcpus_idle ? n : h->vcpus_idle;
+
+	h->vcpus_idle -= i;
+	n -= i;
+	h->vcpus_used -= n < h->vcpus_used ? n : h->vcpus_used;
+}
+
 /* capacity.templates of a heartbeat into v: built-ins as "@NAME", others
  * by their SHA-256. Built-ins first and always (a built-in task may only go
  * to a host that lists it: a long list of customer templates must not push
@@ -94,6 +118,8 @@ static void refresh_hosts_locked(struct sched *s)
 			  !strcmp(json_string_value(json_object_get(h, "state")) ?: "", "lost");
 		v->vcpus_total = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "total"));
 		v->vcpus_used = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "used"));
+		v->vcpus_idle = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "idle"));
+		v->vcpus_idle_max = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "vcpus"), "idle_max"));
 		v->mem_total = (uint64_t)json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "total"));
 		v->mem_used = (uint64_t)json_integer_value(json_object_get(json_object_get(cap, "memory_mib"), "used"));
 		v->pool_ready = (unsigned)json_integer_value(json_object_get(json_object_get(cap, "pool"), "ready"));
@@ -119,12 +145,13 @@ static void refresh_hosts_locked(struct sched *s)
 			v->full_until_ms = old[j].full_until_ms;
 			v->was_lost = old[j].lost;
 		}
-		v->vcpus_used -= v->released_vcpus < v->vcpus_used ? v->released_vcpus : v->vcpus_used;
+		host_vcpus_released(v, v->released_vcpus);
 		v->mem_used -= v->released_mem < v->mem_used ? v->released_mem : v->mem_used;
 		n++;
 	}
 	s->nhosts = n;
 	json_decref(list);
+	pthread_cond_broadcast(&s->hosts_read);
 }
 
 /* A host went quiet: tasks it never started go back to the queue; started
@@ -267,7 +294,7 @@ static struct host_view *pick_host_locked(struct sched *s, const struct store_ta
 			continue;
 		if (t->tkey[0] == '@' && !ht)
 			continue;
-		free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
+		free_v = host_free_vcpus(h);
 		free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
 		/* A pool VM of the task's size brings its own memory (pool VMs
 		 * have no NIC: not for a task with egress). */
@@ -314,7 +341,7 @@ static int any_room_locked(struct sched *s, int64_t now)
 {
 	for (int i = 0; i < s->nhosts; i++) {
 		const struct host_view *h = &s->hosts[i];
-		long free_v = (long)h->vcpus_total - (long)h->vcpus_used - (long)h->inflight_vcpus;
+		long free_v = host_free_vcpus(h);
 		int64_t free_m = (int64_t)h->mem_total - (int64_t)h->mem_used - (int64_t)h->inflight_mem;
 
 		if (h->pool_ready)
@@ -571,6 +598,7 @@ struct sched *sched_create(struct store *st, const struct sched_config *cfg, str
 		s->cfg.host_lost_after_ms = 10000;
 	pthread_mutex_init(&s->lock, NULL);
 	condwait_init(&s->wake);
+	condwait_init(&s->hosts_read);
 	return s;
 }
 
@@ -670,6 +698,27 @@ int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[
 	return !live ? -ENOENT : !big ? -E2BIG : -EBUSY;
 }
 
+int sched_place_wait(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
+		     char host_id[65], char url[256], unsigned wait_ms)
+{
+	int64_t until = kclock_mono_ms(s->clock) + wait_ms;
+	int r, stop;
+
+	for (;;) {
+		r = sched_place(s, need, exclude, nexclude, host_id, url);
+		if (r != -EBUSY || !wait_ms)
+			return r;
+		/* Without the scheduler's thread (sched_create) the hosts are
+		 * only read by sched_tick: nothing would change. */
+		pthread_mutex_lock(&s->lock);
+		stop = !s->threaded || s->stopping ||
+		       condwait_until(&s->hosts_read, &s->lock, s->clock, until) == ETIMEDOUT;
+		pthread_mutex_unlock(&s->lock);
+		if (stop)
+			return sched_place(s, need, exclude, nexclude, host_id, url);
+	}
+}
+
 void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need)
 {
 	struct host_view *h;
@@ -692,7 +741,7 @@ void sched_release(struct sched *s, const char *host_id, unsigned vcpus, unsigne
 	if (h) {
 		h->released_vcpus += vcpus;
 		h->released_mem += memory_mib;
-		h->vcpus_used -= vcpus < h->vcpus_used ? vcpus : h->vcpus_used;
+		host_vcpus_released(h, vcpus);
 		h->mem_used -= memory_mib < h->mem_used ? memory_mib : h->mem_used;
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -790,6 +839,7 @@ void sched_stop(struct sched *s)
 	pthread_mutex_lock(&s->lock);
 	s->stopping = 1;
 	pthread_cond_broadcast(&s->wake);
+	pthread_cond_broadcast(&s->hosts_read);
 	pthread_mutex_unlock(&s->lock);
 	if (s->threaded)
 		pthread_join(s->thread, NULL);

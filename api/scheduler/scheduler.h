@@ -99,6 +99,14 @@ struct sched_need {
 int sched_place(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
 		char host_id[65], char url[256]);
 
+/* sched_place, but while the answer is -EBUSY wait up to wait_ms for the
+ * hosts' next heartbeats and try again (a session's create: its host's
+ * sessions that go idle free their vCPUs within a few seconds, and the
+ * heartbeat says so). Only with the scheduler's thread (sched_start); blocks
+ * the caller. */
+int sched_place_wait(struct sched *s, const struct sched_need *need, char (*exclude)[65], int nexclude,
+		     char host_id[65], char url[256], unsigned wait_ms);
+
 /* Undo sched_place's accounting (the host or the quota refused). */
 void sched_unplace(struct sched *s, const char *host_id, const struct sched_need *need);
 

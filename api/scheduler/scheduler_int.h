@@ -33,7 +33,10 @@ struct host_view {
 	int64_t last_hb_ms;
 	int lost;                    /* as the store says (a heartbeat clears it) */
 	int was_lost;                /* lost at the previous refresh: a heartbeat means it is back */
-	unsigned vcpus_total, vcpus_used;
+	/* vCPUs: used runs work and counts against total; idle is held by
+	 * idle-stopped sessions, which count only against idle_max, the bound
+	 * on used + idle (0: a host that does not report it). */
+	unsigned vcpus_total, vcpus_used, vcpus_idle, vcpus_idle_max;
 	uint64_t mem_total, mem_used;
 	unsigned pool_ready, pool_mem, pool_vcpus;
 	int egress;                  /* offers network egress */
@@ -67,6 +70,7 @@ struct sched {
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t wake;
+	pthread_cond_t hosts_read;   /* broadcast after each read of the hosts (sched_place_wait) */
 	int stopping, woken;
 	int want_full; /* the next tick reads the hosts and forwards cancels (sched_wake_full) */
 	struct host_view hosts[MAX_HOSTS];

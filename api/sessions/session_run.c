@@ -290,7 +290,7 @@ int sessions_create_run(struct sessions *ss, const struct sessions_request *r, c
 	}
 	need = (struct sched_need){ .vcpus = src.vcpus, .memory_mib = src.memory_mib, .egress = src.egress,
 				    .tkey = tkey, .prefer = src.prefer[0] ? src.prefer : NULL };
-	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
+	pr = sched_place_wait(ss->sched, &need, NULL, 0, host, url, PLACE_WAIT_MS);
 	if (pr < 0) {
 		create_src_free(&src);
 		*ret = no_room(r, pr, &need);
@@ -446,7 +446,7 @@ static int resume_with(struct sessions *ss, const struct sessions_request *r, co
 	*ret = admit(ss, r, &q, cur->vcpus, cur->memory_mib, &refused);
 	if (refused)
 		return 0;
-	pr = sched_place(ss->sched, &need, NULL, 0, host, url);
+	pr = sched_place_wait(ss->sched, &need, NULL, 0, host, url, PLACE_WAIT_MS);
 	if (pr < 0) {
 		*ret = no_room(r, pr, &need);
 		return 0;

@@ -19,6 +19,10 @@
 #define RECONCILE_EVERY_MS 10000
 #define KEEPALIVE_MS 15000
 #define MAX_ATTEMPTS 4              /* hosts tried for one create or resume */
+/* A create or resume that finds no host with room waits this long for
+ * one: sessions go idle (and stop counting against a host's active vCPUs)
+ * ~2 s after their last request, and the next heartbeat says so. */
+#define PLACE_WAIT_MS 4000
 #define CREATE_TIMEOUT_MS 120000
 #define SNAPSHOT_TIMEOUT_MS 900000  /* pause and resume move the VM's memory and disk through S3 */
 #define FILES_TIMEOUT_MS 300000

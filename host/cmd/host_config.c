@@ -169,6 +169,7 @@ int config_load(const char *path, struct host_config *c, struct kiln_err *err)
 	if (capacity) {
 		const struct conf_field f[] = {
 			{ "vcpus", CONF_U32, &c->vcpus, 1, 4096 },
+			{ "idle_vcpus", CONF_U32, &c->idle_vcpus, 1, 1 << 24 },
 			{ "memory_mib", CONF_U64, &c->memory_mib, 128, 1 << 30 },
 			{ "cpu_overcommit", CONF_DOUBLE, &c->cpu_overcommit, 1, 64 },
 			{ "memory_overcommit", CONF_DOUBLE, &c->memory_overcommit, 1, 32 }, { 0 },

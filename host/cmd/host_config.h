@@ -24,6 +24,7 @@ struct host_config {
 	unsigned heartbeat_ms;
 	const char *accel, *image_dir, *run_dir, *cache, *qemu, *spool_dir;
 	unsigned vcpus;              /* 0: unset */
+	unsigned idle_vcpus;         /* capacity.idle_vcpus; 0: unset */
 	double cpu_overcommit;       /* 0: unset */
 	double memory_overcommit;    /* 0: unset */
 	uint64_t memory_mib;         /* 0: unset */

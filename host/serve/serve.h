@@ -37,6 +37,7 @@ struct serve_opts {
 	uint64_t memory_capacity_mib; /* 0: 80% of the host's RAM */
 	unsigned vcpus_capacity;      /* 0: the host's CPUs */
 	double cpu_overcommit;        /* vCPUs handed out per host CPU (0: SERVE_CPU_OVERCOMMIT) */
+	unsigned idle_vcpus;          /* vCPUs admitted in all, idle sessions' included (0: 64 x the active total) */
 	double memory_overcommit;     /* nominal guest MiB admitted per MiB of memory budget (default 1) */
 	const struct s3_config *s3;   /* NULL: no S3 (only POST /v1/run works) */
 	const struct netaddr_allow *dest_allow; /* destinations.allow_addresses (NULL: none) */

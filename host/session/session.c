@@ -125,9 +125,7 @@ void session_teardown(struct session_table *ss, struct session *s)
 		net_sandbox_stop(s->net, NULL);
 		s->net = NULL;
 	}
-	if (s->vcpus)
-		hostd_release(ss->d, s->vcpus, s->memory_mib);
-	s->vcpus = 0;
+	session_reservation_release(ss, s);
 	session_base_release(s);
 	fork_base_put(s->fork);
 	s->fork = NULL;
@@ -609,7 +607,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 	if (session_parse_spec(spec, &ts, err) < 0)
 		return -1;
 	snap = session_template_take(ss, ref, &ts, &tu, &has_tu, err);
-	if (!snap || hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0) {
+	if (!snap || hostd_reserve_wait(ss->d, ts.vcpus, ts.memory_mib, session_admit_wait_ms(ss), err) < 0) {
 		if (has_tu)
 			template_release(hostd_templates(ss->d), &tu);
 		spec_free(&ts);
@@ -629,7 +627,7 @@ int session_create(struct session_table *ss, const char *id, const char *custome
 	pthread_mutex_lock(&s->op);
 	s->refs = 1;
 	if (session_insert(ss, s, err) < 0) {
-		hostd_release(ss->d, s->vcpus, s->memory_mib);
+		session_reservation_release(ss, s); /* never idle: not in the table yet */
 		if (s->has_tu)
 			template_release(hostd_templates(ss->d), &s->tu);
 		pthread_mutex_unlock(&s->op);

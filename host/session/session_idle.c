@@ -36,6 +36,7 @@
 #define IDLE_WAKE_SETUP_MS 10000
 #define IDLE_BUSY_RECHECK_MS 2000 /* a guest that runs something: ask again after */
 #define IDLE_MAX_BATCH    64    /* sessions examined per pass (the rest wait for the next) */
+#define IDLE_ADMIT_SLACK_MS 1000 /* session_admit_wait_ms: the stop itself, under load */
 
 int session_idle_due(const struct session_idle_view *v, int64_t now_ms, unsigned idle_stop_ms)
 {
@@ -72,6 +73,11 @@ int session_wake_held(struct session_table *ss, struct session *s, struct kiln_e
 		r = vm_setup(&s->vm, proto_now_ms() + IDLE_WAKE_SETUP_MS, err);
 	pthread_mutex_lock(&ss->lock);
 	s->stopped = 0;
+	/* Its vCPUs run again: active, even past the host's capacity (the
+	 * VMs' CPU shares decide who gets the cores). */
+	if (s->vcpus_idle)
+		hostd_vcpus_wake(ss->d, s->vcpus_idle);
+	s->vcpus_idle = 0;
 	/* A request is on its way: the idle delay starts again. */
 	s->last_active_ms = clock_wall_ms();
 	if (r < 0)
@@ -84,6 +90,26 @@ int session_wake_held(struct session_table *ss, struct session *s, struct kiln_e
 		return -1;
 	}
 	return 0;
+}
+
+unsigned session_admit_wait_ms(const struct session_table *ss)
+{
+	/* The last session to go idle had its last request at most
+	 * idle_stop_ms ago; the idler's next look and its stop (a PROCS query,
+	 * a QMP stop: slower when creates load the CPUs) follow. */
+	return ss->idle_stop_ms ? ss->idle_stop_ms + IDLE_TICK_MAX_MS + IDLE_ADMIT_SLACK_MS : 0;
+}
+
+void session_reservation_release(struct session_table *ss, struct session *s)
+{
+	pthread_mutex_lock(&ss->lock);
+	if (s->vcpus_idle)
+		hostd_vcpus_wake(ss->d, s->vcpus_idle);
+	s->vcpus_idle = 0;
+	pthread_mutex_unlock(&ss->lock);
+	if (s->vcpus)
+		hostd_release(ss->d, s->vcpus, s->memory_mib);
+	s->vcpus = 0;
 }
 
 /* Decide for one session (referenced by the caller) and stop it if it is
@@ -128,6 +154,11 @@ static void idle_try_stop(struct session_table *ss, struct session *s)
 	}
 	pthread_mutex_lock(&ss->lock);
 	s->stopped = 1;
+	/* Stopped vCPUs use no CPU: they stop counting against the capacity. */
+	if (s->vcpus && !s->vcpus_idle) {
+		hostd_vcpus_idle(ss->d, s->vcpus);
+		s->vcpus_idle = s->vcpus;
+	}
 	ss->stops_total++;
 	pthread_mutex_unlock(&ss->lock);
 out:

@@ -123,6 +123,9 @@ struct session {
 	 * idler may look at it next (under ss->lock), and the wake lock. */
 	pthread_mutex_t wake;
 	int stopped;
+	/* Its vCPUs hostd counts as idle while stopped (hostd_vcpus_idle;
+	 * under ss->lock): 0 when they count as active. */
+	unsigned vcpus_idle;
 	int64_t idle_check_ms;
 	/* The last CPU sample for GET .../metrics (under ss->lock). */
 	uint64_t cpu_prev_ns;
@@ -365,6 +368,17 @@ void session_prestart_metrics(struct session_table *ss, struct buf *b);
 int session_prestart_disk(const char *fetched, const char *disk, struct kiln_err *err);
 
 /* Idle stop (session_idle.c) ------------------------------------------ */
+
+/* Give s's vCPUs and memory back to the host, once (s->vcpus becomes 0):
+ * vCPUs the idler moved to idle move back first, under ss->lock, so hostd's
+ * active and idle counts stay exact. Every release of a session's
+ * reservation goes through here. The caller holds s->op, not ss->lock. */
+void session_reservation_release(struct session_table *ss, struct session *s);
+
+/* How long a new or resumed session waits for active vCPUs to go idle
+ * before it is refused (hostd_reserve_wait): about one idle delay and the
+ * idler's look; 0 with idle stop off. */
+unsigned session_admit_wait_ms(const struct session_table *ss);
 
 /* Drop a reference taken under ss->lock without an operation (the session
  * is freed when it was the last one and the session is gone; session_ref.c). */

@@ -791,8 +791,7 @@ out:
 	if (down_th)
 		pthread_join(down_tid, NULL);
 	if (down) {
-		hostd_release(ss->d, s->vcpus, s->memory_mib);
-		s->vcpus = 0;
+		session_reservation_release(ss, s);
 		if (s->has_tu) {
 			/* Paused: the template is no longer in use here. */
 			template_release(hostd_templates(ss->d), &s->tu);

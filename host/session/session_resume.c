@@ -566,7 +566,7 @@ have_manifest:
 		}
 	}
 	t_base = proto_now_ms();
-	if (hostd_reserve(ss->d, ts.vcpus, ts.memory_mib, err) < 0)
+	if (hostd_reserve_wait(ss->d, ts.vcpus, ts.memory_mib, session_admit_wait_ms(ss), err) < 0)
 		goto fail;
 	reserved = 1;
 	/* The real values, now that they are known. */

@@ -19,6 +19,7 @@
  * uploaded), uploading (the upload resumes) or final. */
 #include "hostd.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -161,6 +162,7 @@ static void release_reservation_locked(struct hostd *d, struct hostd_task *t)
 {
 	if (t->reserved) {
 		d->vcpus_used -= t->vcpus;
+		pthread_cond_broadcast(&d->vcpus_freed);
 		capacity_release(d->cap, t->memory_mib);
 		t->reserved = 0;
 	}
@@ -390,9 +392,15 @@ struct hostd *hostd_open(const struct hostd_config *cfg, const struct run_opts *
 	snprintf(d->spool, sizeof(d->spool), "%s", cfg->spool_dir);
 	d->cfg.host_id = d->host_id;
 	d->cfg.spool_dir = d->spool;
+	/* Idle sandboxes cost memory, not CPU: by default memory is the limit. */
+	if (!d->cfg.vcpus_idle_max)
+		d->cfg.vcpus_idle_max = 64 * d->cfg.vcpus_total;
+	if (d->cfg.vcpus_idle_max < d->cfg.vcpus_total)
+		d->cfg.vcpus_idle_max = d->cfg.vcpus_total;
 	pthread_mutex_init(&d->lock, NULL);
 	condwait_init(&d->changed);
 	condwait_init(&d->upload_wake);
+	condwait_init(&d->vcpus_freed);
 	hostd_s3_set_locked(d, cfg->s3);
 	if (spool_init(d->spool, err) < 0 || hostd_recover(d, err) < 0)
 		goto fail;
@@ -419,6 +427,7 @@ void hostd_stop(struct hostd *d)
 {
 	pthread_mutex_lock(&d->lock);
 	d->stopping = 1;
+	pthread_cond_broadcast(&d->vcpus_freed);
 	for (struct hostd_task *t = d->tasks; t; t = t->next)
 		if (t->cancel_pipe[1] >= 0 && (t->state == TS_STARTING || t->state == TS_RUNNING))
 			(void)!write(t->cancel_pipe[1], "x", 1);
@@ -594,11 +603,8 @@ int hostd_submit(struct hostd *d, const struct hostd_submission *sub, struct kil
 	}
 	if (d->cfg.templates && template_check(d->cfg.templates, ref, d->have_s3, err) < 0)
 		goto refuse;
-	if (d->vcpus_used + t->vcpus > d->cfg.vcpus_total) {
-		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", t->vcpus, d->vcpus_used,
-			     d->cfg.vcpus_total);
+	if (hostd_vcpus_admit_locked(d, t->vcpus, err) < 0)
 		goto refuse;
-	}
 	if (!capacity_reserve(d->cap, t->memory_mib)) {
 		pthread_mutex_lock(&d->cap->lock);
 		free_mib = d->cap->total_mib - d->cap->used_mib;
@@ -743,18 +749,48 @@ void hostd_set_drain(struct hostd *d, int draining, int64_t deadline_ms)
 	pthread_mutex_unlock(&d->lock);
 }
 
-int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
+int hostd_vcpus_admit_locked(struct hostd *d, unsigned n, struct kiln_err *err)
 {
+	unsigned idle_max = d->cfg.vcpus_idle_max;
+
+	/* 64-bit sums: the counters are unsigned and woken sessions may have
+	 * taken the active ones past the total. */
+	if ((uint64_t)d->vcpus_used + n > d->cfg.vcpus_total) {
+		kiln_err_set(err, KERR_NO_CAPACITY,
+			     "not enough vCPUs: %u requested, %u of %u busy running work (the %u of idle "
+			     "sessions do not count)",
+			     n, d->vcpus_used, d->cfg.vcpus_total, d->vcpus_idle);
+		return -1;
+	}
+	if ((uint64_t)d->vcpus_used + d->vcpus_idle + n > idle_max) {
+		kiln_err_set(err, KERR_NO_CAPACITY,
+			     "not enough vCPUs: %u requested, %u running work and %u held by idle sessions, of %u "
+			     "this host admits in all (capacity.idle_vcpus)",
+			     n, d->vcpus_used, d->vcpus_idle, idle_max);
+		return -2;
+	}
+	return 0;
+}
+
+int hostd_reserve_wait(struct hostd *d, unsigned vcpus, unsigned memory_mib, unsigned wait_ms, struct kiln_err *err)
+{
+	int64_t until = kclock_mono_ms(d->clk) + wait_ms;
 	uint64_t free_mib;
+	int r;
 
 	pthread_mutex_lock(&d->lock);
-	if (d->stopping) {
-		pthread_mutex_unlock(&d->lock);
-		return kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
+	for (;;) {
+		if (d->stopping) {
+			pthread_mutex_unlock(&d->lock);
+			return kiln_err_set(err, KERR_NO_CAPACITY, "kiln-host is shutting down");
+		}
+		r = hostd_vcpus_admit_locked(d, vcpus, err);
+		/* Only the active vCPUs are worth a wait: sessions that had
+		 * their last request idle_stop_ms ago are about to be stopped. */
+		if (r != -1 || !wait_ms || condwait_until(&d->vcpus_freed, &d->lock, d->clk, until) == ETIMEDOUT)
+			break;
 	}
-	if (d->vcpus_used + vcpus > d->cfg.vcpus_total) {
-		kiln_err_set(err, KERR_NO_CAPACITY, "not enough vCPUs: %u requested, %u of %u in use", vcpus, d->vcpus_used,
-			     d->cfg.vcpus_total);
+	if (r < 0) {
 		pthread_mutex_unlock(&d->lock);
 		return -1;
 	}
@@ -772,12 +808,37 @@ int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct k
 	return 0;
 }
 
+int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err)
+{
+	return hostd_reserve_wait(d, vcpus, memory_mib, 0, err);
+}
+
 void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib)
 {
 	pthread_mutex_lock(&d->lock);
 	d->vcpus_used -= vcpus;
+	pthread_cond_broadcast(&d->vcpus_freed);
 	pthread_mutex_unlock(&d->lock);
 	capacity_release(d->cap, memory_mib);
+}
+
+void hostd_vcpus_idle(struct hostd *d, unsigned n)
+{
+	pthread_mutex_lock(&d->lock);
+	assert(n <= d->vcpus_used);
+	d->vcpus_used -= n;
+	d->vcpus_idle += n;
+	pthread_cond_broadcast(&d->vcpus_freed);
+	pthread_mutex_unlock(&d->lock);
+}
+
+void hostd_vcpus_wake(struct hostd *d, unsigned n)
+{
+	pthread_mutex_lock(&d->lock);
+	assert(n <= d->vcpus_idle);
+	d->vcpus_idle -= n;
+	d->vcpus_used += n;
+	pthread_mutex_unlock(&d->lock);
 }
 
 struct template_store *hostd_templates(const struct hostd *d)

@@ -23,7 +23,10 @@
 struct hostd_config {
 	const char *host_id;
 	const char *spool_dir;
-	unsigned vcpus_total;        /* vCPUs that may be handed out (overcommit applied) */
+	unsigned vcpus_total;        /* vCPUs that may run work at once (overcommit applied) */
+	/* vCPUs admitted in all, idle-stopped sessions' included
+	 * (capacity.idle_vcpus; 0: 64 x vcpus_total; at least vcpus_total). */
+	unsigned vcpus_idle_max;
 	const struct s3_config *s3;  /* NULL: no S3 (POST /v1/tasks is refused) */
 	/* The operator's exceptions for customers' destinations
 	 * (destinations.allow_addresses; NULL: none). Every connection to a
@@ -147,10 +150,29 @@ json_t *hostd_capacity_json(struct hostd *d);
  * kiln-api sends no new work here (docs/api.md "Drain"). Any thread. */
 void hostd_set_drain(struct hostd *d, int draining, int64_t deadline_ms);
 
-/* Capacity for work that is not a task (sessions): reserve vCPUs and guest
- * memory, or refuse with err "no_capacity" naming which; and give it back. */
+/* Capacity for work that is not a task (sessions, builds): reserve vCPUs
+ * and guest memory, or refuse with err "no_capacity" naming which; and give
+ * it back. The vCPUs are admitted as active (running work): the active ones
+ * may not pass vcpus_total, active and idle ones together not
+ * vcpus_idle_max (tasks are admitted by the same rule). Thread-safe. */
 int hostd_reserve(struct hostd *d, unsigned vcpus, unsigned memory_mib, struct kiln_err *err);
+/* hostd_reserve, but when only the active vCPUs are full, wait up to wait_ms
+ * for some to go idle or be released before refusing (a session created
+ * right after others finds them active until the idler has stopped them:
+ * a short wait, not a refusal). Blocks the caller: not on an event loop. */
+int hostd_reserve_wait(struct hostd *d, unsigned vcpus, unsigned memory_mib, unsigned wait_ms, struct kiln_err *err);
+/* hostd_release gives back active vCPUs: a caller that moved its vCPUs to
+ * idle moves them back (hostd_vcpus_wake) first. */
 void hostd_release(struct hostd *d, unsigned vcpus, unsigned memory_mib);
+/* A session's vCPUs were stopped while it is idle: n reserved vCPUs move from
+ * active to idle, so they no longer count against vcpus_total. And back:
+ * hostd_vcpus_wake never refuses, even when the active ones then pass
+ * vcpus_total (a woken sandbox still runs; the VMs' equal CPU shares decide
+ * who gets the cores, so a burst of wake-ups slows down rather than fails).
+ * The session room calls these under its table's lock: hostd takes no
+ * session lock, so that order is the only one. Thread-safe. */
+void hostd_vcpus_idle(struct hostd *d, unsigned n);
+void hostd_vcpus_wake(struct hostd *d, unsigned n);
 /* The template store (NULL: none). */
 struct template_store *hostd_templates(const struct hostd *d);
 /* The run options tasks use (image, snapshots, network, jail). */

@@ -83,6 +83,11 @@ struct hostd_task {
 #define HOSTD_START_BUCKETS 11
 extern const double hostd_start_buckets[HOSTD_START_BUCKETS];
 
+/* May n more active vCPUs be admitted? 0; -1 with err "no_capacity" when
+ * the active ones are full, -2 when the bound on all is reached (d->lock
+ * held; hostd.c). */
+int hostd_vcpus_admit_locked(struct hostd *d, unsigned n, struct kiln_err *err);
+
 struct hostd {
 	struct hostd_config cfg;
 	struct run_opts ro;
@@ -94,9 +99,11 @@ struct hostd {
 	char spool[4096];
 	pthread_mutex_t lock;
 	pthread_cond_t changed, upload_wake;
+	pthread_cond_t vcpus_freed;     /* active vCPUs went idle or were released (hostd_reserve_wait) */
 	struct hostd_task *tasks;   /* all tasks, newest first */
 	size_t ntasks;
-	unsigned vcpus_used;
+	unsigned vcpus_used;        /* reserved and running work: tasks, builds, sessions not idle-stopped */
+	unsigned vcpus_idle;        /* reserved by idle-stopped sessions (hostd_vcpus_idle) */
 	int draining;               /* kiln-host drain: reported in the capacity (heartbeat) */
 	int64_t drain_deadline_ms;  /* wall ms, 0: none */
 	unsigned workers;           /* worker threads alive (detached) */

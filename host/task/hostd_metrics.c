@@ -35,7 +35,7 @@ static uint64_t memcg_value(const struct capacity *cap, const char *file, const 
 
 json_t *hostd_capacity_json(struct hostd *d)
 {
-	unsigned running = 0, uploading = 0, vcpus_used;
+	unsigned running = 0, uploading = 0, vcpus_used, vcpus_idle;
 	int draining;
 	int64_t drain_deadline_ms;
 	uint64_t total_mib, used_mib;
@@ -48,6 +48,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 		uploading += t->state == TS_UPLOADING;
 	}
 	vcpus_used = d->vcpus_used;
+	vcpus_idle = d->vcpus_idle;
 	draining = d->draining;
 	drain_deadline_ms = d->drain_deadline_ms;
 	pthread_mutex_unlock(&d->lock);
@@ -57,9 +58,10 @@ json_t *hostd_capacity_json(struct hostd *d)
 	pthread_mutex_unlock(&d->cap->lock);
 	if (d->pool)
 		pool_stats(d->pool, &ps);
-	j = json_pack("{s:s, s:s, s:{s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
+	j = json_pack("{s:s, s:s, s:{s:i, s:i, s:i, s:i}, s:{s:I, s:I}, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:b}", "host_id",
 			 d->host_id, "accel", d->cfg.accel ? d->cfg.accel : "tcg", "vcpus", "total",
-			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "memory_mib", "total", (json_int_t)total_mib,
+			 (int)d->cfg.vcpus_total, "used", (int)vcpus_used, "idle", (int)vcpus_idle, "idle_max",
+			 (int)d->cfg.vcpus_idle_max, "memory_mib", "total", (json_int_t)total_mib,
 			 "used", (json_int_t)used_mib, "running_tasks", (int)running, "uploading_tasks", (int)uploading,
 			 "pool", "ready", d->pool ? (int)pool_ready(d->pool) : 0, "prestarted",
 			 d->pool ? (int)pool_prestarted(d->pool) : 0, "memory_mib",
@@ -96,7 +98,7 @@ json_t *hostd_capacity_json(struct hostd *d)
 
 /* kiln_host_*: every metric hostd_metrics writes, declared once. */
 enum {
-	M_TASKS, M_ACCEPTED, M_FINISHED, M_START, M_VMS, M_UP_BYTES, M_UP_FILES, M_UP_FAIL, M_VCPUS, M_POOL_READY,
+	M_TASKS, M_ACCEPTED, M_FINISHED, M_START, M_VMS, M_UP_BYTES, M_UP_FILES, M_UP_FAIL, M_VCPUS, M_VCPUS_IDLE, M_POOL_READY,
 	M_POOL_TARGET, M_POOL_TAKES, M_POOL_MISSES, M_MEM_USED, M_MEM_ADMITTED, M_MEM_BUDGET, M_MEM_USAGE,
 	M_MEM_HITS, M_EG_SANDBOXES, M_EG_CONNS, M_EG_BYTES, M_EG_DNS, M_COUNT
 };
@@ -136,7 +138,11 @@ static const struct metric host_metrics[M_COUNT] = {
 	},
 	[M_VCPUS] = {
 		.name = "kiln_host_vcpus_used", .type = METRIC_GAUGE,
-		.help = "vCPUs reserved by tasks.",
+		.help = "vCPUs reserved and running work (tasks, builds, sessions whose vCPUs run).",
+	},
+	[M_VCPUS_IDLE] = {
+		.name = "kiln_host_vcpus_idle", .type = METRIC_GAUGE,
+		.help = "vCPUs reserved by idle sessions whose vCPUs are stopped (not counted against the capacity).",
 	},
 	[M_POOL_READY] = {
 		.name = "kiln_host_pool_ready", .type = METRIC_GAUGE,
@@ -211,6 +217,7 @@ char *hostd_metrics(struct hostd *d)
 	metric_write(&b, &host_metrics[M_UP_FILES], d->upload_files);
 	metric_write(&b, &host_metrics[M_UP_FAIL], d->upload_failures);
 	metric_write(&b, &host_metrics[M_VCPUS], d->vcpus_used);
+	metric_write(&b, &host_metrics[M_VCPUS_IDLE], d->vcpus_idle);
 	pthread_mutex_unlock(&d->lock);
 	metric_write(&b, &host_metrics[M_POOL_READY], d->pool ? pool_ready(d->pool) : 0);
 	if (d->pool) {

@@ -25,7 +25,7 @@ h_pid=
 e2b_stack_stop() { t_stop "$h_pid"; h_pid=; t_stop "$api_pid"; api_pid=; }
 
 live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "live")] | length' 2> /dev/null; }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST_URL/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$HOST_URL/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle'; }
 
 e2b_stack_start() {
 	local extra=${1:-.}

@@ -73,7 +73,7 @@ elif op in ("flip", "flipchunk"):  # damage one byte in the middle of the object
 }
 # metric PORT NAME: a value from the host's /metrics
 metric() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1 == k { print $2 }'; }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$1/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle'; }
 
 if start_host a "$PA" && start_host b "$PB"; then ok "two kiln-hosts share one S3"
 else t_bail "hosts start" "$(tail -3 "$T_TMP/a.err") $(tail -3 "$T_TMP/b.err")"; fi

@@ -49,7 +49,7 @@ else
 	not_ok "$N sessions start" "created $created, QEMUs $(count_qemu)" "$(head -c 300 "$T_TMP/c1") $(tail -3 "$T_TMP/h.err")"
 fi
 check "the host counts them: $N vCPUs, $((N * 256)) MiB" \
-	test "$(capacity | jq -c '[.vcpus.used, .memory_mib.used]')" = "[$N,$((N * 256))]"
+	test "$(capacity | jq -c '[.vcpus.used + .vcpus.idle, .memory_mib.used]')" = "[$N,$((N * 256))]"
 
 # Idle: kiln-host stops each idle session's vCPUs (sessions.idle_stop_ms,
 # default 1.5 s); /metrics counts them.
@@ -115,7 +115,7 @@ for i in $(seq "$N"); do [ "$(h DELETE "/v1/sessions/d$i")" = 200 ] || bad="$bad
 check "DELETE destroys each${bad:+ (not:$bad)}" test -z "$bad"
 for _ in $(seq 50); do [ "$(count_qemu)" = 0 ] && break; sleep 0.1; done
 check "destroyed: no QEMU, cgroups, mounts; capacity back to zero" \
-	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_mounts)" = 0 -a "$(capacity | jq -c '[.vcpus.used, .memory_mib.used]')" = "[0,0]"
+	test "$(count_qemu)" = 0 -a "$(count_cgroups)" = "$before_cg" -a "$(count_mounts)" = 0 -a "$(capacity | jq -c '[.vcpus.used + .vcpus.idle, .memory_mib.used]')" = "[0,0]"
 check "no session directories left in the spool" test "$(find "$T_TMP/spool-density/sessions" -mindepth 1 2> /dev/null | wc -l)" = 0
 t_stop "$host_pid"; host_pid=
 check "kiln-host stopped cleanly; nothing left in its run directory" \

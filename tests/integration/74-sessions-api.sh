@@ -50,7 +50,7 @@ live_hosts() { admin "$URL/v1/admin/hosts" | jq '[.hosts[] | select(.state == "l
 wait_live() { for _ in $(seq $(($2 * 5))); do [ "$(live_hosts)" = "$1" ] && return 0; sleep 0.2; done; return 1; }
 # on_host N METHOD PATH: the host's own API (cluster token), status echoed
 on_host() { curl -s -o /dev/null -w '%{http_code}' -m 30 -X "$2" -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((PORT + $1))$3"; }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((PORT + $1))/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((PORT + $1))/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle'; }
 # host_qemu N: pids of QEMU processes under host N's run directory
 host_qemu() { pgrep -f "qemu-system-x86_64.*$KILN_RUN_DIR/h$1/" || true; }
 

@@ -50,7 +50,7 @@ expect() { # NAME STATUS GOT [jq condition]
 }
 ex() { req "$1" POST "/v1/sessions/$2/exec" -H 'Content-Type: application/json' --data-binary "$3"; }
 state_of() { req "$1" GET "/v1/sessions/$2" > /dev/null; last .state; }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((API_PORT + $1))/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$((API_PORT + $1))/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle'; }
 # s3_head KEY: s3tool's status for the object (0 there, 3 absent, else an error)
 s3_head() {
 	S3_BUCKET=$BUCKET S3_REGION=us-east-1 S3_ENDPOINT=$S3_ENDPOINT S3_ACCESS_KEY=$S3_ACCESS_KEY \

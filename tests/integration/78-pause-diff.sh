@@ -100,7 +100,7 @@ elif op == "count":  # objects under a prefix
     print(sum(1 for _ in s3.get_paginator("list_objects_v2").paginate(Bucket=b, Prefix=key) for _ in _.get("Contents", [])))
 ' "$@"
 }
-vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://${addr[$1]}:$1/v1/capacity" | jq -r .vcpus.used; }
+vcpus_used() { curl -s -m 5 -H "Authorization: Bearer $TOKEN" "http://${addr[$1]}:$1/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle'; }
 M=acme/sessions/s1/manifest.json
 
 CACHE_B=$T_TMP/cache-b

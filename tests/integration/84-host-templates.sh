@@ -248,7 +248,7 @@ wait_build() { # ID SECONDS: the build's JSON in $T_TMP/build-ID.json once not b
 	done
 	return 1
 }
-vcpus_before=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)
+vcpus_before=$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle')
 # A recipe whose step fails: build_failed, whatever template_build_recipe's stage (a
 # placeholder fails every build as build_failed; the real one names the step).
 st=$(api POST /v1/builds -H 'Content-Type: application/json' \
@@ -291,7 +291,7 @@ check "an unknown build: 404 (kiln-api re-queues)" test "$st" = 404
 st=$(api DELETE /v1/builds/nope)
 check "cancelling an unknown build: 404" test "$st" = 404
 check "builds gave back their vCPUs" \
-	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before"
+	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle')" = "$vcpus_before"
 
 # --- builds end to end: ready, in S3, in the store, tasks run on them ---
 s3py_head() { # KEY: its size, or "none"
@@ -381,7 +381,7 @@ if [ "$st" = 202 ] && wait_build b8 120 && [ "$(jq -r '.state + " " + .error.cod
 	ok "a build past its timeout_s: failed/build_timeout"
 else not_ok "build timeout" "status $st: $(head -c 800 "$T_TMP/build-b8.json")"; fi
 check "after the builds: vCPUs back, no QEMU but the pool's" \
-	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r .vcpus.used)" = "$vcpus_before" \
+	test "$(curl -s -m 5 -H "Authorization: Bearer $TOKEN" "$URL/v1/capacity" | jq -r '.vcpus.used + .vcpus.idle')" = "$vcpus_before" \
 	-a "$(count_qemu)" -le $((before_q + 2))
 check "no build scratch directory left" test -z "$(ls -A "$T_TMP/spool-tpl/builds" 2> /dev/null)"
 stop_host

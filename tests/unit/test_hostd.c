@@ -43,6 +43,7 @@ struct fixture {
 	char spool[64];
 	struct hostd *d;
 	unsigned inline_max; /* hostd_config.inline_log_max (0: every log an object) */
+	unsigned idle_max;   /* hostd_config.vcpus_idle_max (0: the default) */
 	/* For the scripted runs. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -96,6 +97,7 @@ static void open_hostd(struct fixture *x, int with_s3)
 		.host_id = "h1",
 		.spool_dir = x->spool,
 		.vcpus_total = 4,
+		.vcpus_idle_max = x->idle_max,
 		.s3 = with_s3 ? &x->s3 : NULL,
 		.upload_workers = 1,
 		.inline_log_max = x->inline_max,
@@ -1161,6 +1163,110 @@ static void submit_refusals(void **state)
 	assert_non_null(strstr(err.message, "memory"));
 }
 
+/* GET /v1/capacity's vcpus.used / idle / idle_max. */
+static void check_vcpus(struct fixture *x, int used, int idle, int idle_max)
+{
+	json_t *j = hostd_capacity_json(x->d), *v;
+
+	assert_non_null(j);
+	v = json_object_get(j, "vcpus");
+	assert_int_equal(json_integer_value(json_object_get(v, "total")), 4);
+	assert_int_equal(json_integer_value(json_object_get(v, "used")), used);
+	assert_int_equal(json_integer_value(json_object_get(v, "idle")), idle);
+	assert_int_equal(json_integer_value(json_object_get(v, "idle_max")), idle_max);
+	json_decref(j);
+}
+
+/* The idler, 50 ms from now: one vCPU goes idle. */
+static void *idle_one_later(void *arg)
+{
+	usleep(50000);
+	hostd_vcpus_idle(arg, 1);
+	return NULL;
+}
+
+/* Idle sessions' vCPUs do not count against the active capacity, only
+ * against the bound on all; a wake never fails, even past the total. */
+static void vcpus_idle_admission(void **state)
+{
+	struct fixture *x = *state;
+	struct kiln_err err = { .code = "" };
+	open_hostd(x, 1);
+	check_vcpus(x, 0, 0, 4 * 64); /* the default bound */
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(hostd_reserve(x->d, 1, 64, &err), 0);
+	assert_int_equal(hostd_reserve(x->d, 1, 64, &err), -1);
+	assert_string_equal(err.code, "no_capacity");
+	assert_non_null(strstr(err.message, "busy running work"));
+	/* A session that waits (hostd_reserve_wait) gets in when one goes idle. */
+	{
+		pthread_t th;
+
+		assert_int_equal(pthread_create(&th, NULL, idle_one_later, x->d), 0);
+		assert_int_equal(hostd_reserve_wait(x->d, 1, 64, 60000, &err), 0);
+		pthread_join(th, NULL);
+		check_vcpus(x, 4, 1, 256);
+		hostd_vcpus_wake(x->d, 1);
+		hostd_release(x->d, 1, 64);
+	}
+	/* Two go idle: two more fit, then the active ones are full again. */
+	hostd_vcpus_idle(x->d, 2);
+	check_vcpus(x, 2, 2, 256);
+	assert_int_equal(hostd_reserve(x->d, 2, 64, &err), 0);
+	check_vcpus(x, 4, 2, 256);
+	assert_int_equal(hostd_reserve(x->d, 1, 64, &err), -1);
+	assert_string_equal(err.code, "no_capacity");
+	/* Tasks are admitted by the same rule. */
+	assert_int_equal(submit(x, "t1", "{\"argv\":[\"true\"]}", &err), -1);
+	assert_string_equal(err.code, "no_capacity");
+	/* Both wake: 6 active on 4, and nothing new until they are back under. */
+	hostd_vcpus_wake(x->d, 2);
+	check_vcpus(x, 6, 0, 256);
+	assert_int_equal(hostd_reserve(x->d, 1, 64, &err), -1);
+	assert_non_null(strstr(err.message, "6 of 4"));
+	/* An idle reservation is released the way the session room does it:
+	 * woken back to active first, then given back. */
+	hostd_vcpus_idle(x->d, 1);
+	check_vcpus(x, 5, 1, 256);
+	hostd_vcpus_wake(x->d, 1);
+	hostd_release(x->d, 1, 64);
+	check_vcpus(x, 5, 0, 256);
+	for (int i = 0; i < 3; i++)
+		hostd_release(x->d, 1, 64);
+	hostd_release(x->d, 2, 64);
+	check_vcpus(x, 0, 0, 256);
+	pthread_mutex_lock(&x->cap.lock);
+	assert_int_equal(x->cap.used_mib, 0);
+	pthread_mutex_unlock(&x->cap.lock);
+	close_hostd(x);
+
+	/* The bound on all (capacity.idle_vcpus): 6 on a host of 4 active. */
+	x->idle_max = 6;
+	open_hostd(x, 1);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(hostd_reserve(x->d, 1, 64, &err), 0);
+	hostd_vcpus_idle(x->d, 4);
+	assert_int_equal(hostd_reserve(x->d, 2, 64, &err), 0);
+	check_vcpus(x, 2, 4, 6);
+	assert_int_equal(hostd_reserve(x->d, 1, 64, &err), -1);
+	assert_string_equal(err.code, "no_capacity");
+	assert_non_null(strstr(err.message, "capacity.idle_vcpus"));
+	hostd_vcpus_wake(x->d, 4);
+	for (int i = 0; i < 4; i++)
+		hostd_release(x->d, 1, 64);
+	hostd_release(x->d, 2, 64);
+	check_vcpus(x, 0, 0, 6);
+	pthread_mutex_lock(&x->cap.lock);
+	assert_int_equal(x->cap.used_mib, 0);
+	pthread_mutex_unlock(&x->cap.lock);
+	close_hostd(x);
+
+	/* A bound below the active total is raised to it. */
+	x->idle_max = 2;
+	open_hostd(x, 1);
+	check_vcpus(x, 0, 0, 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1177,6 +1283,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(cancel_running_task, setup, teardown),
 		cmocka_unit_test_setup_teardown(shutdown_mid_run_then_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(submit_refusals, setup, teardown),
+		cmocka_unit_test_setup_teardown(vcpus_idle_admission, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

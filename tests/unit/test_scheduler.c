@@ -495,6 +495,53 @@ static void test_place_outside_queue(void **state)
 	assert_string_equal(id, "h2");
 }
 
+/* A heartbeat with idle sessions: vcpus {total, used, idle, idle_max}. */
+static void heartbeat_idle(const char *id, const char *url, unsigned vt, unsigned vu, unsigned vi, unsigned vmax)
+{
+	struct kiln_err err = { .code = "" };
+	json_t *cap = json_pack("{s:{s:i, s:i, s:i, s:i}, s:{s:i, s:i}, s:{s:i, s:i, s:i}, s:b}", "vcpus", "total", vt,
+				"used", vu, "idle", vi, "idle_max", vmax, "memory_mib", "total", 65536, "used", 0, "pool",
+				"ready", 0, "memory_mib", 256, "vcpus", 1, "egress", 0);
+
+	assert_int_equal(store_host_heartbeat(st, id, url, cap, &err), 0);
+	json_decref(cap);
+}
+
+/* Placement by kiln-host's rule: idle sessions' vCPUs do not fill a host,
+ * only the bound on all does; a session that left (sched_release) comes off
+ * the idle ones first. */
+static void test_place_idle(void **state)
+{
+	struct sched_need n = { .vcpus = 1, .memory_mib = 256 };
+	char id[65], url[256];
+
+	heartbeat_idle("h1", H1, 2, 1, 40, 48); /* 1 active free, 7 in all */
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h1");
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY); /* 2 of 2 active */
+	/* The bound on all: 3 active free, 1 in all. */
+	heartbeat_idle("h1", H1, 4, 1, 46, 48);
+	clock_advance(1000);
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY);
+	sched_unplace(sc, "h1", &n);
+	heartbeat_idle("h1", H1, 2, 2, 46, 48);
+	clock_advance(1000);
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY); /* active full */
+	/* An idle one destroyed: it was counted idle, so active stays full. */
+	sched_release(sc, "h1", 1, 256);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), -EBUSY);
+	/* A host that does not report idle_max: the active bound only. */
+	heartbeat("h2", H2, 2, 0, 0, 0);
+	clock_advance(1000);
+	sched_tick(sc);
+	assert_int_equal(sched_place(sc, &n, NULL, 0, id, url), 0);
+	assert_string_equal(id, "h2");
+}
+
 /* need->prefer (a session's resume: the host that paused it) comes first
  * when it has room, even over an emptier host; when it is full, lost, or
  * unknown, the usual rules pick. */
@@ -762,6 +809,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_destination_pushed, setup_dest_key, teardown),
 		cmocka_unit_test_setup_teardown(test_destination_unavailable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_place_idle, setup, teardown),
 	};
 	char cmd[300];
 	int r;
