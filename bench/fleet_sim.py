@@ -5,7 +5,8 @@ Each host listens on its own port (127.0.0.1:BASE_PORT+i, host id
 PREFIX-i), heartbeats as kiln-host does (host/serve/heartbeat.c: POST
 {api}/v1/hosts/{id}/heartbeat, Bearer cluster token, body {"url","capacity"}
 as GET /v1/capacity answers, one kept connection, every --heartbeat-ms;
-with several kiln-api URLs the next is tried on no answer or a 5xx), and
+with several kiln-api URLs host I starts with the (I mod n)th and the next
+is tried on no answer or a 5xx), and
 serves the part of the host API kiln-api's scheduler drives (docs/api.md,
 "kiln-host serve"): POST /v1/tasks (202, 409 duplicate, 503 no_capacity
 when its vCPUs or memory do not fit), GET /v1/tasks/{id}/events (state
@@ -18,12 +19,14 @@ and memory from its push to its end (--run-ms after --start-ms).
 Faults: --die I:T (host I stops heartbeating and answering at T s: its
 listener closes and its connections are cut), --slow MS (each answer
 delayed), --drop P (a request's connection cut unanswered with
-probability P); also at run time through the control port.
+probability P); also at run time through the control port. --hold: every
+host reports itself full (and refuses pushes) until POST /hold?on=0, so
+that a burst queues first and placement is then measured alone.
 
 Control (--control-port, 127.0.0.1): GET /stats (counts, and checks:
 over-capacity pushes, tasks pushed to two hosts, tasks ended on two
 hosts); GET /pushes (every push: task, host, customer, time); POST
-/die?host=I. Times are wall-clock seconds (time.time()).
+/die?host=I; POST /hold?on=1|0. Times are wall-clock seconds (time.time()).
 
 usage: fleet_sim.py --api URL[,URL...] --token T [--hosts N] [--base-port P]
        [--control-port C] [--heartbeat-ms MS] [--vcpus V] [--memory-mib M]
@@ -51,6 +54,7 @@ class Stats:
         self.push_hosts = {}      # task -> [host index...]
         self.final_hosts = {}     # task -> [host index...]
         self.over_capacity = 0    # pushes that did not fit (refused 503)
+        self.held_refusals = 0    # pushes while the fleet was held full
         self.heartbeats = 0
         self.heartbeat_errors = 0
         self.heartbeat_ms = []    # round trip of the last heartbeats (ring)
@@ -73,16 +77,18 @@ class Host:
         self.dead = False
         self.server = None
         self.writers = set()
-        self.api_cur = 0
+        self.api_cur = i % len(sim.apis)  # hosts spread over the kiln-api URLs, as operators would list them
         self.hb_conn = None
+        self.kick = asyncio.Event()
 
     # ---- capacity, as kiln-host's GET /v1/capacity ----
     def capacity(self):
         a = self.sim.a
         running = sum(1 for t in self.tasks.values() if t["state"] not in FINAL)
+        held = self.sim.held
         return {"host_id": self.id, "accel": "tcg",
-                "vcpus": {"total": a.vcpus, "used": self.used_v},
-                "memory_mib": {"total": a.memory_mib, "used": self.used_m},
+                "vcpus": {"total": a.vcpus, "used": a.vcpus if held else self.used_v},
+                "memory_mib": {"total": a.memory_mib, "used": a.memory_mib if held else self.used_m},
                 "running_tasks": running, "uploading_tasks": 0,
                 "pool": {"ready": 0, "prestarted": 0, "memory_mib": 0, "vcpus": 0}, "egress": False,
                 "templates": [{"name": "default", "sha256": None, "builtin": True, "ready": 0, "snapshot": True}]}
@@ -131,7 +137,11 @@ class Host:
                 st.heartbeat_errors += 1
                 if status and status < 500:
                     break
-            await asyncio.sleep(max(0, a.heartbeat_ms / 1000 - (time.monotonic() - t0)))
+            self.kick.clear()
+            try:
+                await asyncio.wait_for(self.kick.wait(), max(0, a.heartbeat_ms / 1000 - (time.monotonic() - t0)))
+            except asyncio.TimeoutError:
+                pass
         await self.hb_close()
 
     # ---- dying ----
@@ -198,6 +208,9 @@ class Host:
             return 409, {"error": {"code": "duplicate", "message": "a task with this id exists on this host"}}
         lim = (body.get("spec") or {}).get("limits") or {}
         v, m = int(lim.get("vcpus") or 1), int(lim.get("memory_mib") or 256)
+        if self.sim.held:
+            st.held_refusals += 1
+            return 503, {"error": {"code": "no_capacity", "message": "held full (fleet_sim --hold)"}}
         if self.used_v + v > a.vcpus or self.used_m + m > a.memory_mib:
             st.over_capacity += 1
             return 503, {"error": {"code": "no_capacity", "message": "vcpus %d+%d of %d, memory %d+%d of %d MiB"
@@ -405,6 +418,8 @@ class Sim:
         self.stats = Stats()
         self.hosts = [Host(self, i) for i in range(a.hosts)]
         self.t0 = time.time()
+        self.held = a.hold
+        self.released_at = None
 
     def summary(self):
         st = self.stats
@@ -420,6 +435,7 @@ class Sim:
                 "heartbeat_rtt_ms": {"p50": pct(0.5), "p99": pct(0.99)},
                 "requests": st.requests, "pushes": len(st.pushes), "tasks": len(st.push_hosts),
                 "finals": sum(len(h) for h in st.final_hosts.values()), "over_capacity": st.over_capacity,
+                "held": self.held, "held_refusals": st.held_refusals, "released_at": self.released_at,
                 "pushed_twice": len(two_push), "pushed_twice_not_lost": len(bad_push),
                 "ended_twice": len(two_final), "sessions": st.sessions, "execs": st.execs,
                 "used_vcpus": sum(h.used_v for h in self.hosts),
@@ -439,6 +455,13 @@ class Sim:
                 elif u.path == "/pushes":
                     await send(w, 200, {"pushes": self.stats.pushes,
                                         "finals": self.stats.final_hosts})
+                elif u.path == "/hold" and method == "POST":
+                    self.held = q.get("on", ["1"])[0] == "1"
+                    if not self.held:
+                        self.released_at = time.time()
+                        for h in self.hosts:  # a heartbeat at once, as capacity frees on a real host
+                            h.kick.set()
+                    await send(w, 200, {"held": self.held})
                 elif u.path == "/die" and method == "POST":
                     i = int(q.get("host", ["0"])[0])
                     await self.hosts[i].die()
@@ -484,6 +507,7 @@ def main():
     p.add_argument("--run-ms", type=int, default=1000)
     p.add_argument("--start-ms", type=int, default=0, help="accepted, before starting")
     p.add_argument("--prefix", default="sim")
+    p.add_argument("--hold", action="store_true", help="start held full (capacity all used) until POST /hold?on=0")
     p.add_argument("--die", action="append", default=[], help="I:T: host I dies at T s")
     p.add_argument("--slow", type=int, default=0, help="ms before each answer")
     p.add_argument("--drop", type=float, default=0, help="probability of cutting a request's connection")
