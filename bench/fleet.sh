@@ -2,11 +2,13 @@
 # bench/fleet.sh: kiln-api on PostgreSQL against a fleet of simulated hosts
 # (bench/fleet_sim.py, one process), issue 43. Figures only. Per step
 # (REPLICAS x HOSTS, each on a PostgreSQL of its own, scripts/pg-local.sh):
-#   1. idle: the replicas alone for IDLE_S s: CPU% and RSS (the baseline)
+#   1. idle: the replicas alone for IDLE_S s: CPU% and RSS (the baseline);
+#      then (wrk) BURST0_S s of the burst below without hosts: its baseline
 #   2. heartbeats: HOSTS hosts heartbeating every HB_MS for HB_S s: CPU% of
 #      each replica and of PostgreSQL (its postmaster and backends, exited
-#      ones included), CPU per host (the leader's CPU over the baseline /
-#      hosts), RSS per replica and per host (over the baseline), PostgreSQL's
+#      ones included), CPU per heartbeat (the leader's CPU over the baseline
+#      / the heartbeats it answers: HOSTS/REPLICAS per period), the leader's
+#      RSS and per host it answers (over the baseline), PostgreSQL's
 #      PSS, the simulator's heartbeat round trip
 #   3. burst: CUSTOMERS customers (quotas lifted), submissions taken
 #      round-robin over them, CONC at once spread over the replicas (wrk
@@ -23,9 +25,11 @@
 #      time until another replica's /healthz says leader
 # Then compared with the issue's targets. Knobs (env): REPLICAS ("1 3"),
 # HOSTS ("100 1000"), HB_MS (1000), HB_S (10), IDLE_S (5), CUSTOMERS (200),
-# BURST_S (8), TASKS (10000), CONC (32), VCPUS per host (32), RUN_MS per task (1000),
+# BURST_S (8), BURST0_S (3, 0: none), TASKS (10000), CONC (32), VCPUS per host (32), RUN_MS per task (1000),
 # PLACE_S (the most a burst's placement is waited for, 120), FAILOVERS (3).
 # A quick run: REPLICAS=1 HOSTS=100 BURST_S=2 bench/fleet.sh
+# KEEP=1: the temporary directory (configurations, kiln-api and simulator
+# logs) is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -46,13 +50,14 @@ VCPUS=${VCPUS:-32}
 RUN_MS=${RUN_MS:-1000}
 PLACE_S=${PLACE_S:-120}
 BURST_S=${BURST_S:-8}
+BURST0_S=${BURST0_S:-3}
 BURST_TOOL=${BURST_TOOL:-$(command -v wrk > /dev/null && echo wrk || echo python)}
 FAILOVERS=${FAILOVERS:-3}
 HZ=$(getconf CLK_TCK)
 tmp=$(mktemp -d /tmp/kiln-bench-fleet.XXXXXX)
 pgdir=
 base=$((20000 + RANDOM % 9000))
-simport=$((30000 + RANDOM % 20000))
+simport=$((9000 + RANDOM % 8000)) # below the ephemeral ports (32768-): the hosts on simport+1..+HOSTS
 admin=bench-admin-$RANDOM$RANDOM$RANDOM
 token=bench-token-$RANDOM$RANDOM$RANDOM$RANDOM
 pids=()
@@ -66,7 +71,7 @@ stop_all() {
 	if [ -n "$pgdir" ]; then scripts/pg-local.sh stop "$pgdir" || true; rm -rf "$pgdir"; fi
 	pgdir=
 }
-cleanup() { stop_all; rm -rf "$tmp"; }
+cleanup() { stop_all; if [ -n "${KEEP:-}" ]; then echo "bench/fleet: kept $tmp" >&2; else rm -rf "$tmp"; fi; }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
 
@@ -127,10 +132,24 @@ sample_end() {
 wrk_sum() {
 	cat "$tmp"/wrk*.out | awk -v s="$BURST_S" '
 				function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /m$/) return v * 60000; return v * 1000 }
-				/requests in/ { n += $1 } /Non-2xx/ { bad += $NF } /Socket errors/ { err += 1 }
+				/requests in/ { n += $1 } /Non-2xx/ { bad += $NF } /Socket errors/ { gsub(",", ""); bad += $4 + $6 + $8 + $10 }
 				/^ +50%/ { p50 = (ms($2) > p50 ? ms($2) : p50) } /^ +99%/ { p99 = (ms($2) > p99 ? ms($2) : p99) }
 				/Latency/ && !/Distribution/ { mx = (ms($4) > mx ? ms($4) : mx) }
 				END { printf "{\"submitted\": %d, \"errors\": %d, \"seconds\": %s, \"rate\": %.1f, \"p50_ms\": %.1f, \"p99_ms\": %.1f, \"max_ms\": %.1f}\n", n - bad, bad, s, (n - bad) / s, p50, p99, mx }'
+}
+# burst SECONDS: wrk, one per replica, CONC connections spread over them,
+# for SECONDS s, the customers' keys in turn (fleet_load.py wrk-lua); the
+# figures in b (wrk_sum)
+burst() {
+	local w=() r
+	[ -f "$tmp/burst.lua" ] || $PY bench/fleet_load.py wrk-lua "$tmp/keys.json" "$tmp/burst.lua"
+	rm -f "$tmp"/wrk*.out
+	for r in $(seq 0 $((R - 1))); do
+		wrk -t1 -c$((CONC / R)) -d"${1}s" --timeout 30s --latency -s "$tmp/burst.lua" "$(url "$r")" > "$tmp/wrk$r.out" &
+		w+=($!)
+	done
+	wait "${w[@]}"
+	b=$(BURST_S=$1 wrk_sum)
 }
 declare -a cpu0
 live_hosts() { curl -s -m 10 -H "Authorization: Bearer $admin" "$(url "$1")/v1/admin/hosts" | jq '[(.hosts // .)[] | select(.state == "live")] | length' 2> /dev/null || echo 0; }
@@ -148,10 +167,20 @@ for R in $REPLICAS; do
 		apis=$(for r in $(seq 0 $((R - 1))); do url "$r"; done | paste -sd,)
 		for _ in $(seq 50); do L=$(leader); [ -n "$L" ] && break; sleep 0.1; done
 		# 1. idle
+		rm -f "$tmp/burst.lua"
+		$PY bench/fleet_load.py customers "$(url 0)" "$admin" "$CUSTOMERS" c "$tmp/keys.json"
 		sample_begin; sleep "$IDLE_S"; sample_end
 		idle_leader=${cpu[$L]}
 		rss0=$(rss_kib "${pids[$L]}")
 		echo "idle (no hosts): $(cpus_list), PostgreSQL ${cpu_pg}%; leader (r$L) RSS $((rss0 / 1024)) MiB"
+		b0='{"submitted": 0}'
+		if [ "$BURST_TOOL" = wrk ] && [ "$BURST0_S" -gt 0 ]; then
+			# the same submissions without hosts, for BURST0_S s: the baseline
+			# of the burst below (these tasks are placed with the burst's)
+			burst "$BURST0_S"
+			b0=$b
+			echo "burst without hosts (wrk, ${BURST0_S} s): $(jq -r '"\(.submitted) submitted, \(.rate)/s; submit latency p50 \(.p50_ms) ms p99 \(.p99_ms) ms"' <<< "$b0")"
+		fi
 		# 2. heartbeats
 		$PY bench/fleet_sim.py --api "$apis" --token "$token" --hosts "$N" --base-port "$((simport + 1))" \
 			--control-port "$simport" --heartbeat-ms "$HB_MS" --vcpus "$VCPUS" --memory-mib $((VCPUS * 1024)) \
@@ -159,14 +188,20 @@ for R in $REPLICAS; do
 		sim_pid=$!
 		sim="http://127.0.0.1:$simport"
 		t_live=$(date +%s%N)
-		for _ in $(seq 600); do [ "$(live_hosts "$L")" -ge "$N" ] && break; sleep 0.2; done
+		for _ in $(seq 600); do
+			kill -0 "$sim_pid" 2> /dev/null || { echo "bench/fleet: the simulator ended: $(tail -3 "$tmp/sim.err")" >&2; exit 1; }
+			[ "$(live_hosts "$L")" -ge "$N" ] && break
+			sleep 0.2
+		done
 		echo "hosts live: $(live_hosts "$L") of $N after $((($(date +%s%N) - t_live) / 1000000)) ms"
 		sleep 2
 		sample_begin; sleep "$HB_S"; sample_end
 		rss1=$(rss_kib "${pids[$L]}")
 		hb_leader=${cpu[$L]}
-		per_host_us=$(awk -v c="$hb_leader" -v i="$idle_leader" -v n="$N" -v ms="$HB_MS" 'BEGIN {printf "%.0f", (c - i) / 100 * 1e6 * ms / 1000 / n}')
-		per_host_mem=$(((rss1 - rss0) / N))
+		# The hosts are spread over the replicas (fleet_sim: host I starts
+		# with the (I mod R)th URL): the leader answers N/R of them.
+		per_host_us=$(awk -v c="$hb_leader" -v i="$idle_leader" -v n="$N" -v r="$R" -v ms="$HB_MS" 'BEGIN {printf "%.0f", (c - i) / 100 * 1e6 * ms / 1000 / (n / r)}')
+		per_host_mem=$(((rss1 - rss0) * R / N))
 		st=$(curl -s "$sim/stats")
 		echo "heartbeats: $(cpus_list), PostgreSQL ${cpu_pg}% (PSS $(($(pg_pss_kib) / 1024)) MiB);" \
 			"leader over idle: $(awk -v c="$hb_leader" -v i="$idle_leader" 'BEGIN {printf "%.1f", c - i}')% of a core," \
@@ -175,19 +210,9 @@ for R in $REPLICAS; do
 			"p99 $(jq .heartbeat_rtt_ms.p99 <<< "$st") ms, errors $(jq .heartbeat_errors <<< "$st")"
 		hb_pg=$cpu_pg
 		# 3. burst
-		$PY bench/fleet_load.py customers "$(url 0)" "$admin" "$CUSTOMERS" c "$tmp/keys.json"
 		sample_begin
 		if [ "$BURST_TOOL" = wrk ]; then
-			# wrk: one per replica, CONC connections spread over them, for
-			# BURST_S s; the customers' keys in turn (fleet_load.py wrk-lua)
-			$PY bench/fleet_load.py wrk-lua "$tmp/keys.json" "$tmp/burst.lua"
-			w=()
-			for r in $(seq 0 $((R - 1))); do
-				wrk -t1 -c$((CONC / R)) -d"${BURST_S}s" --latency -s "$tmp/burst.lua" "$(url "$r")" > "$tmp/wrk$r.out" &
-				w+=($!)
-			done
-			wait "${w[@]}"
-			b=$(wrk_sum)
+			burst "$BURST_S"
 		else
 			b=$($PY bench/fleet_load.py burst "$apis" "$tmp/keys.json" "$TASKS" "$CONC" "$tmp/sub.json")
 		fi
@@ -197,7 +222,7 @@ for R in $REPLICAS; do
 		sample_begin
 		curl -s -X POST "$sim/hold?on=0" > /dev/null
 		if [ "$BURST_TOOL" = wrk ]; then
-			p=$($PY bench/fleet_load.py placed-all "$sim" "$(jq .submitted <<< "$b")" "$PLACE_S")
+			p=$($PY bench/fleet_load.py placed-all "$sim" "$(($(jq .submitted <<< "$b") + $(jq .submitted <<< "$b0")))" "$PLACE_S")
 		else
 			p=$($PY bench/fleet_load.py placed "$sim" "$tmp/sub.json" "$PLACE_S")
 		fi

@@ -201,7 +201,7 @@ def wrk_lua(keysf, out):
         f.write('local n = math.random(#keys)\n'
                 'local body = \'{"language":"python","code":"print(1)"}\'\n'
                 'request = function()\n'
-                '  n = n %% #keys + 1\n'
+                '  n = n % #keys + 1\n'
                 '  return wrk.format("POST", "/v1/tasks", {["Authorization"] = "Bearer " .. keys[n],'
                 ' ["Content-Type"] = "application/json"}, body)\n'
                 'end\n')
