@@ -132,7 +132,7 @@ async def burst_main(apis, keys, ntasks, conc, out):
                     conn[1].close()
                     conn = None
                 await asyncio.sleep(0.1)
-            if st == 202 or st == 201:
+            if st in (200, 201, 202):  # 200: an Idempotency-Key replayed (a retry after a lost answer)
                 recs.append({"id": json.loads(data)["id"], "customer": k["customer"], "t": t0, "ms": ms})
             else:
                 errors.append("%s %s" % (st, data[:200]))

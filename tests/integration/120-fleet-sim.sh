@@ -81,15 +81,15 @@ start_api "$L" || t_bail "kiln-api replica $L restarts" "$(tail -3 "$T_TMP/api$L
 wait "$burst"
 check "2,000 submissions accepted over both replicas (the SIGKILLed one's in flight retried)" \
 	jqe '.submitted == 2000 and .errors == 0' "$T_TMP/burst.json"
-cat "$T_TMP/burst.json" | sed 's/^/# burst: /'
+echo "# burst: $(cat "$T_TMP/burst.json")"
 $PY "$ROOT/bench/fleet_load.py" ended "$API" "$T_TMP/keys.json" "$T_TMP/sub.json" 120 > "$T_TMP/ended.json"
-sed 's/^/# ended: /' "$T_TMP/ended.json"
+echo "# ended: $(cat "$T_TMP/ended.json")"
 check "every task is final" jqe '.final == 2000 and .not_final == 0' "$T_TMP/ended.json"
 check "each succeeded or, started on the dead host, ended host_lost" \
 	jqe '.states | del(.succeeded) | del(."error:host_lost") | length == 0' "$T_TMP/ended.json"
 sim "$S/stats" > "$T_TMP/stats.json"
 sim "$S/pushes" > "$T_TMP/pushes.json"
-sed 's/^/# simulator: /' "$T_TMP/stats.json"
+echo "# simulator: $(cat "$T_TMP/stats.json")"
 check "no task ended on two hosts, and as many ended on the hosts as succeeded in kiln-api" \
 	jqe --argjson ok "$(jq '.states.succeeded // 0' "$T_TMP/ended.json")" '.ended_twice == 0 and .finals == $ok' "$T_TMP/stats.json"
 check "no task pushed to a second host unless its first was lost" jqe '.pushed_twice_not_lost == 0' "$T_TMP/stats.json"
@@ -105,7 +105,7 @@ lost = [t for t in on_dead if states.get(t) == "error:host_lost" and not fin.get
 bad = sorted(on_dead - set(requeued) - set(lost))
 print(json.dumps({"on_dead": len(on_dead), "requeued_elsewhere": len(requeued), "host_lost": len(lost), "bad": bad[:5]}))
 PY
-sed 's/^/# dead host: /' "$T_TMP/dead.json"
+echo "# dead host: $(cat "$T_TMP/dead.json")"
 check "the dead host's unstarted tasks were requeued and ended elsewhere, its started ones host_lost" \
 	jqe '.on_dead > 0 and .requeued_elsewhere > 0 and (.bad | length) == 0' "$T_TMP/dead.json"
 # The simulator refuses such a push (503 no_capacity, as kiln-host does): no
