@@ -13,7 +13,7 @@ when its vCPUs or memory do not fit), GET /v1/tasks/{id}/events (state
 events starting, running and the final one carrying the task, chunked, the
 stream then ends), GET /v1/tasks/{id}, GET /v1/tasks, DELETE /v1/tasks/{id},
 GET /v1/capacity, and sessions (POST /v1/sessions, .../exec, .../pause,
-DELETE) in the simplest form. Capacity is honest: a task holds its vCPUs
+.../resume, DELETE) in the simplest form. Capacity is honest: a task holds its vCPUs
 and memory from its push to its end (--run-ms after --start-ms).
 
 Faults: --die I:T (host I stops heartbeating and answering at T s: its
@@ -270,8 +270,9 @@ class Host:
     # ---- sessions (enough for create, exec, pause, destroy) ----
     def session(self, method, parts, body):
         st, a = self.sim.stats, self.sim.a
-        if method == "POST" and len(parts) == 2:
-            sid = body.get("id") or "s%d" % len(self.sessions)
+        resume = method == "POST" and len(parts) == 4 and parts[3] == "resume"
+        if (method == "POST" and len(parts) == 2) or resume:
+            sid = parts[2] if resume else body.get("id") or "s%d" % len(self.sessions)
             lim = (body.get("spec") or body).get("limits") or {}
             v, m = int(lim.get("vcpus") or 1), int(lim.get("memory_mib") or 256)
             if self.used_v + v > a.vcpus or self.used_m + m > a.memory_mib:
@@ -281,7 +282,7 @@ class Host:
             self.used_m += m
             self.sessions[sid] = {"v": v, "m": m}
             st.sessions += 1
-            return 201, {"id": sid, "state": "running"}
+            return (200 if resume else 201), {"id": sid, "state": "running"}
         sid = parts[2] if len(parts) > 2 else ""
         s = self.sessions.get(sid)
         if not s:
