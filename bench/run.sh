@@ -88,3 +88,8 @@ echo
 # A sandbox's ports through kiln-api: a small GET against the same loop inside the guest, a 50 MiB
 # download, a WebSocket round trip, and what 100 idle connections cost kiln-api and kiln-host.
 bench/ports.sh
+echo
+# The control plane against simulated hosts (issue 43): kiln-api on PostgreSQL with 1 and 3 replicas
+# and 100 and 1,000 hosts of bench/fleet_sim.py: heartbeat cost, memory per host, submit latency
+# under a burst, placement throughput, failover. No VMs; sizes by FLEET_* (bench/fleet.sh's knobs).
+REPLICAS=${FLEET_REPLICAS:-1 3} HOSTS=${FLEET_HOSTS:-100 1000} PLACE_S=${FLEET_PLACE_S:-30} bench/fleet.sh
