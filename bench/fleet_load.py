@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""fleet_load.py: the client side of bench/fleet.sh and tests/integration/120-fleet-sim.sh.
+"""fleet_load.py: the client side of bench/fleet.sh (and of the fleet test, 120-fleet-sim.sh).
 
     fleet_load.py customers API ADMIN N PREFIX KEYS.json
         N customers PREFIX-0.. with every quota that would hold a burst back
